@@ -1,0 +1,165 @@
+#include "fake_device_identity.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+namespace fakecuda {
+namespace {
+
+long EnvLong(const char* name, long fallback, long min, long max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < min || value > max) return fallback;
+  return value;
+}
+
+// Layout of one device's shared-memory object: a version word and a fixed array of slots.
+constexpr uint32_t kBoardMagic = 0xfa4ec0d1;
+constexpr int kSlots = 256;
+struct Slot {
+  int32_t pid;  // 0: free
+  uint32_t pad;
+  int64_t used_bytes;
+};
+struct Board {
+  uint32_t magic;
+  uint32_t pad;
+  Slot slots[kSlots];
+};
+
+constexpr int kMaxBoards = 64;
+
+class BoardMap {
+ public:
+  static BoardMap& Get() {
+    static BoardMap* map = new BoardMap;  // leaked: used until process exit
+    return *map;
+  }
+  Board* Open(int device) {
+    if (device < 0 || device >= kMaxBoards) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (boards_[device] != nullptr) return boards_[device];
+    const char* prefix = std::getenv("FAKECUDA_SHM_NAME");
+    char name[256];
+    if (prefix != nullptr && *prefix != '\0') {
+      std::snprintf(name, sizeof(name), "/%s-dev%d", prefix, device);
+    } else {
+      std::snprintf(name, sizeof(name), "/fakecuda-%u-dev%d", static_cast<unsigned>(getuid()),
+                    device);
+    }
+    int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) return nullptr;
+    if (ftruncate(fd, sizeof(Board)) != 0) {
+      close(fd);
+      return nullptr;
+    }
+    void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (mem == MAP_FAILED) return nullptr;
+    auto* board = static_cast<Board*>(mem);
+    uint32_t expected = 0;
+    __atomic_compare_exchange_n(&board->magic, &expected, kBoardMagic, false, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&board->magic, __ATOMIC_SEQ_CST) != kBoardMagic) {
+      munmap(mem, sizeof(Board));
+      return nullptr;
+    }
+    boards_[device] = board;
+    return board;
+  }
+  // This process's slot on `board`, claimed on first use (a free slot or one of a dead process).
+  Slot* OwnSlot(int device, Board* board) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (own_[device] != nullptr) return own_[device];
+    int32_t me = getpid();
+    for (Slot& slot : board->slots) {
+      int32_t holder = __atomic_load_n(&slot.pid, __ATOMIC_SEQ_CST);
+      bool claimable = holder == 0 || (holder != me && kill(holder, 0) != 0 && errno == ESRCH);
+      if (holder == me) claimable = true;
+      if (claimable &&
+          __atomic_compare_exchange_n(&slot.pid, &holder, me, false, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&slot.used_bytes, 0, __ATOMIC_SEQ_CST);
+        own_[device] = &slot;
+        return &slot;
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  Board* boards_[kMaxBoards] = {};
+  Slot* own_[kMaxBoards] = {};
+};
+
+}  // namespace
+
+FakeTopology ReadTopologyFromEnv() {
+  FakeTopology topology;
+  topology.device_count = static_cast<int>(EnvLong("FAKECUDA_DEVICES", 1, 1, 64));
+  topology.total_bytes =
+      static_cast<uint64_t>(EnvLong("FAKECUDA_TOTAL_MIB", 16384, 1, 1L << 24)) << 20;
+  return topology;
+}
+
+void DeviceUuid(int index, unsigned char out[16]) {
+  // A fixed pattern plus the index: stable across runs and processes, distinct per device.
+  static constexpr unsigned char kBase[16] = {0xfa, 0x4e, 0xc0, 0xda, 0x00, 0x00, 0x40, 0x00,
+                                              0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+  for (int i = 0; i < 16; ++i) out[i] = kBase[i];
+  out[12] = static_cast<unsigned char>((index >> 24) & 0xff);
+  out[13] = static_cast<unsigned char>((index >> 16) & 0xff);
+  out[14] = static_cast<unsigned char>((index >> 8) & 0xff);
+  out[15] = static_cast<unsigned char>(index & 0xff);
+}
+
+std::string DeviceUuidString(int index) {
+  unsigned char b[16];
+  DeviceUuid(index, b);
+  char text[64];
+  std::snprintf(text, sizeof(text),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return text;
+}
+
+std::string DevicePciBusId(int index) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "0000:%02x:00.0", (index + 0x18) & 0xff);
+  return text;
+}
+
+void UsageBoard::Add(int device, int64_t delta) {
+  Board* board = BoardMap::Get().Open(device);
+  if (board == nullptr) return;
+  Slot* slot = BoardMap::Get().OwnSlot(device, board);
+  if (slot == nullptr) return;
+  __atomic_add_fetch(&slot->used_bytes, delta, __ATOMIC_SEQ_CST);
+}
+
+uint64_t UsageBoard::Used(int device) {
+  Board* board = BoardMap::Get().Open(device);
+  if (board == nullptr) return 0;
+  int64_t sum = 0;
+  for (Slot& slot : board->slots) {
+    int32_t pid = __atomic_load_n(&slot.pid, __ATOMIC_SEQ_CST);
+    if (pid == 0) continue;
+    if (pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH) continue;
+    sum += __atomic_load_n(&slot.used_bytes, __ATOMIC_SEQ_CST);
+  }
+  return sum > 0 ? static_cast<uint64_t>(sum) : 0;
+}
+
+}  // namespace fakecuda

@@ -1,0 +1,234 @@
+// Internal state of the fake CUDA driver (libcuda.so.1 built from tests/fakecuda). Not a public
+// header: tests talk to the fake only through the exported C ABI (cuda.h plus fakecuda_api.h).
+//
+// Locking: Driver::mu guards every table in Driver. It is never held while waiting for a stream
+// (stream work items may take it themselves). Objects reachable from work items (streams, events,
+// kernels) are shared_ptr-owned so that a concurrent destroy cannot free them under a worker.
+#ifndef TF_TESTS_FAKECUDA_FAKE_DRIVER_H_
+#define TF_TESTS_FAKECUDA_FAKE_DRIVER_H_
+
+// Everything cuda.h declares is defined with default visibility; the version script decides what
+// the library exports.
+#pragma GCC visibility push(default)
+#include <cuda.h>
+
+#include "fakecuda_api.h"
+#pragma GCC visibility pop
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "fake_device_identity.h"
+#include "stream_worker.h"
+
+#define FAKECUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fakecuda {
+
+inline constexpr size_t kGranularity = 2u << 20;  // VMM and array granularity, bytes
+inline constexpr size_t kPitchAlignment = 512;     // bytes
+
+inline size_t RoundUp(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+struct Context;
+struct PhysicalMemory;
+
+struct Stream {
+  Context* ctx = nullptr;
+  unsigned flags = 0;
+  int priority = 0;
+  StreamWorker worker;
+};
+
+struct Event {
+  unsigned flags = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // records issued (guarded by mu)
+  uint64_t completed = 0;  // records whose stream position was reached (guarded by mu)
+  std::chrono::steady_clock::time_point when;  // time of the last completed record
+};
+
+struct Context {
+  CUdevice device = 0;
+  unsigned flags = 0;
+  bool primary = false;
+  std::shared_ptr<Stream> null_stream;
+  std::set<Stream*> streams;  // streams created in this context, besides null_stream
+};
+
+// A host function standing in for a device kernel. Parameter layout is known when registered
+// through fakecuda_register_kernel_ex; then launch arguments are copied at launch time as CUDA does.
+struct Kernel {
+  std::string module;
+  std::string name;
+  FakecudaKernelFn fn = nullptr;
+  void* user = nullptr;
+  bool layout_known = false;
+  std::vector<size_t> offsets;  // bytes into the argument buffer
+  std::vector<size_t> sizes;    // bytes
+  size_t buffer_bytes = 0;
+};
+
+// Arguments captured for one launch. With a known layout they are a private copy.
+struct LaunchArgs {
+  std::shared_ptr<Kernel> kernel;
+  unsigned grid[3] = {1, 1, 1};
+  unsigned block[3] = {1, 1, 1};
+  std::vector<unsigned char> buffer;
+  std::vector<void*> params;
+  void** raw_params = nullptr;  // used when the layout is unknown
+  void Run() const;
+};
+
+enum class MemoryKind { kDevice, kManaged, kHost, kGraph, kVmmMapping };
+
+struct MemPool {
+  CUdevice device = 0;
+  std::map<int, uint64_t> attributes;  // stored as given
+  uint64_t used_bytes = 0;
+};
+
+struct Allocation {
+  uintptr_t base = 0;
+  size_t size = 0;         // bytes requested
+  size_t mapped = 0;       // bytes of host mapping owned by this record (0: not owned)
+  size_t counted = 0;      // bytes charged against the device (0 for host and VMM mappings)
+  MemoryKind kind = MemoryKind::kDevice;
+  CUdevice device = 0;
+  Context* ctx = nullptr;
+  MemPool* pool = nullptr;                // stream-ordered allocations
+  PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
+};
+
+struct PhysicalMemory {
+  CUdevice device = 0;
+  size_t size = 0;
+  int fd = -1;
+  int mappings = 0;
+  bool released = false;
+};
+
+struct FakeArray {
+  CUdevice device = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  unsigned levels = 1;
+  size_t bytes = 0;  // counted against the device
+  void* mem = nullptr;
+};
+
+struct Module {
+  std::string name;
+};
+
+enum class GraphNodeKind { kKernel, kMemAlloc, kMemFree };
+
+struct GraphNode {
+  GraphNodeKind kind = GraphNodeKind::kKernel;
+  std::shared_ptr<LaunchArgs> launch;  // kKernel
+  uintptr_t dptr = 0;                  // kMemAlloc, kMemFree
+  size_t bytes = 0;                    // kMemAlloc
+  CUdevice device = 0;                 // kMemAlloc
+  std::shared_ptr<void> region;        // kMemAlloc: the host range behind dptr (unmapped last)
+};
+
+struct Graph {
+  std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order is execution order
+};
+
+struct GraphExec {
+  std::vector<GraphNode> nodes;
+};
+
+struct DeviceState {
+  uint64_t used_bytes = 0;
+  std::unique_ptr<Context> primary;
+  unsigned primary_flags = 0;
+  int primary_refs = 0;
+  std::unique_ptr<MemPool> default_pool;
+  MemPool* current_pool = nullptr;
+};
+
+class Driver {
+ public:
+  static Driver& Get();
+
+  std::mutex mu;
+  std::atomic<bool> initialized{false};
+  FakeTopology topology;                    // fixed at cuInit
+  std::vector<DeviceState> devices;         // guarded by mu
+  std::set<Context*> contexts;              // live contexts (primary ones included)
+  std::vector<std::unique_ptr<Context>> owned_contexts;  // from cuCtxCreate
+  std::map<Stream*, std::shared_ptr<Stream>> streams;
+  std::map<Event*, std::shared_ptr<Event>> events;
+  std::map<uintptr_t, Allocation> allocations;
+  std::map<MemPool*, std::unique_ptr<MemPool>> pools;
+  std::map<PhysicalMemory*, std::unique_ptr<PhysicalMemory>> physical;
+  std::map<uintptr_t, size_t> reservations;  // VMM address reservations: base -> bytes
+  std::map<FakeArray*, std::unique_ptr<FakeArray>> arrays;
+  std::map<Module*, std::unique_ptr<Module>> modules;
+  std::map<Graph*, std::unique_ptr<Graph>> graphs;
+  std::map<GraphExec*, std::unique_ptr<GraphExec>> graph_execs;
+
+  // REQUIRES mu. Charges `bytes` to `device`; false (nothing charged) when it would exceed total.
+  bool Charge(CUdevice device, size_t bytes);
+  // REQUIRES mu.
+  void Uncharge(CUdevice device, size_t bytes);
+  // REQUIRES mu. The allocation containing `ptr`, or nullptr.
+  Allocation* FindAllocation(uintptr_t ptr);
+  // REQUIRES mu. The current thread's context if it is alive, else nullptr.
+  Context* CurrentContextLocked();
+};
+
+// Current context of the calling thread (validated), or an error through `err`.
+Context* CurrentContext(CUresult* err);
+
+// The stream behind a handle (NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD mean the current
+// context's null stream), or nullptr and an error.
+std::shared_ptr<Stream> ResolveStream(CUstream handle, CUresult* err);
+
+// Blocks until all blocking streams of `ctx` are idle (what the legacy default stream's
+// synchronous calls wait for). Takes mu briefly.
+void SynchronizeContextStreams(Context* ctx, bool blocking_only);
+
+// Returns the injected error for this call of `function` if one is armed (see
+// fakecuda_fail_nth), else CUDA_SUCCESS.
+CUresult InjectedFault(const char* function);
+
+// Maps host-backed "device" memory: page aligned, zero-filled, lazily committed.
+void* MapHostMemory(size_t bytes);
+void UnmapHostMemory(void* ptr, size_t bytes);
+
+// REQUIRES not holding mu. Looks up a kernel by CUfunction / CUkernel handle.
+std::shared_ptr<Kernel> FindKernel(const void* handle);
+// Builds the captured arguments for a launch; CUDA_ERROR_INVALID_VALUE on a bad configuration.
+CUresult BuildLaunch(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                     void** kernel_params, void** extra, LaunchArgs* out);
+
+}  // namespace fakecuda
+
+// Entry checks every exported function starts with: an injected fault first, then cuInit.
+#define FAKECUDA_ENTER()                                                      \
+  do {                                                                        \
+    if (CUresult fault_ = ::fakecuda::InjectedFault(__func__); fault_ != CUDA_SUCCESS) \
+      return fault_;                                                          \
+    if (!::fakecuda::Driver::Get().initialized.load(std::memory_order_acquire)) \
+      return CUDA_ERROR_NOT_INITIALIZED;                                      \
+  } while (0)
+
+#define FAKECUDA_REQUIRE_CONTEXT(ctx_var)                                     \
+  CUresult ctx_err_ = CUDA_SUCCESS;                                           \
+  ::fakecuda::Context* ctx_var = ::fakecuda::CurrentContext(&ctx_err_);       \
+  if (ctx_var == nullptr) return ctx_err_
+
+#endif  // TF_TESTS_FAKECUDA_FAKE_DRIVER_H_

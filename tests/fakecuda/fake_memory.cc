@@ -1,0 +1,798 @@
+// Fake driver memory: linear device memory (host-backed), host memory, stream-ordered pools,
+// virtual memory management, arrays and pointer queries.
+//
+// Device memory is host memory mapped with mmap, so a CUdeviceptr is a host address and copies are
+// plain memcpy. Every device allocation is charged against its device's total, rounded up to the
+// 2 MiB granularity the real driver reports, and fails with CUDA_ERROR_OUT_OF_MEMORY past it.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "fake_driver.h"
+
+namespace fakecuda {
+namespace {
+
+// Allocates `bytes` of device memory on the current context's device and records it.
+CUresult AllocateDevice(CUdeviceptr* dptr, size_t bytes, MemoryKind kind, MemPool* pool) {
+  if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  size_t counted = RoundUp(bytes, kGranularity);
+  Driver& d = Driver::Get();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.Charge(ctx->device, counted)) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* mem = MapHostMemory(bytes);
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (mem == nullptr) {
+    d.Uncharge(ctx->device, counted);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  Allocation a;
+  a.base = reinterpret_cast<uintptr_t>(mem);
+  a.size = bytes;
+  a.mapped = bytes;
+  a.counted = counted;
+  a.kind = kind;
+  a.device = ctx->device;
+  a.ctx = ctx;
+  a.pool = pool;
+  if (pool != nullptr) pool->used_bytes += counted;
+  d.allocations[a.base] = a;
+  *dptr = a.base;
+  return CUDA_SUCCESS;
+}
+
+// REQUIRES d.mu. Removes the allocation starting at `ptr` and uncharges it; the host mapping is
+// returned through `unmap` (to be released after the lock is dropped).
+CUresult ForgetDeviceAllocation(Driver& d, CUdeviceptr ptr, std::pair<void*, size_t>* unmap) {
+  auto it = d.allocations.find(ptr);
+  if (it == d.allocations.end() || it->second.kind == MemoryKind::kHost ||
+      it->second.kind == MemoryKind::kVmmMapping) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Allocation& a = it->second;
+  d.Uncharge(a.device, a.counted);
+  // Pool lookups need the pool to be alive: cuMemPoolDestroy clears `pool` of its allocations.
+  if (a.pool != nullptr) a.pool->used_bytes -= a.counted;
+  *unmap = {reinterpret_cast<void*>(a.base), a.mapped};
+  d.allocations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult FreeDevice(CUdeviceptr ptr) {
+  Driver& d = Driver::Get();
+  std::pair<void*, size_t> unmap{nullptr, 0};
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (CUresult r = ForgetDeviceAllocation(d, ptr, &unmap); r != CUDA_SUCCESS) return r;
+  }
+  if (unmap.second != 0) UnmapHostMemory(unmap.first, unmap.second);
+  return CUDA_SUCCESS;
+}
+
+size_t FormatBytes(CUarray_format format) {
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    default:
+      return 4;
+  }
+}
+
+// Bytes of one array level: width * height * depth * channels * element size.
+size_t LevelBytes(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned level) {
+  size_t w = std::max<size_t>(desc.Width >> level, 1);
+  size_t h = desc.Height == 0 ? 1 : std::max<size_t>(desc.Height >> level, 1);
+  size_t z = desc.Depth == 0 ? 1 : std::max<size_t>(desc.Depth >> level, 1);
+  return w * h * z * desc.NumChannels * FormatBytes(desc.Format);
+}
+
+CUresult CreateArray(FakeArray** out, const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels) {
+  if (desc.Width == 0 || desc.NumChannels == 0 || desc.NumChannels > 4 || levels == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  size_t bytes = 0;
+  for (unsigned level = 0; level < levels; ++level) bytes += LevelBytes(desc, level);
+  bytes = RoundUp(bytes, kGranularity);
+  auto array = std::make_unique<FakeArray>();
+  array->device = ctx->device;
+  array->desc = desc;
+  array->levels = levels;
+  array->bytes = bytes;
+  Driver& d = Driver::Get();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.Charge(ctx->device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  array->mem = MapHostMemory(bytes);
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (array->mem == nullptr) {
+    d.Uncharge(ctx->device, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *out = array.get();
+  d.arrays[array.get()] = std::move(array);
+  return CUDA_SUCCESS;
+}
+
+CUresult DestroyArray(FakeArray* array) {
+  Driver& d = Driver::Get();
+  std::unique_ptr<FakeArray> owned;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.arrays.find(array);
+    if (array == nullptr || it == d.arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
+    owned = std::move(it->second);
+    d.arrays.erase(it);
+    d.Uncharge(owned->device, owned->bytes);
+  }
+  UnmapHostMemory(owned->mem, owned->bytes);
+  return CUDA_SUCCESS;
+}
+
+CUresult ArrayRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, FakeArray* array) {
+  if (req == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.arrays.count(array) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
+  req->size = array->bytes;
+  req->alignment = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+// Runs `op` ordered after the work already queued on the legacy default stream (and the other
+// blocking streams) of the current context, as the driver's synchronous copies are.
+template <typename Op>
+CUresult RunSynchronous(Op op) {
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  SynchronizeContextStreams(ctx, /*blocking_only=*/true);
+  op();
+  return CUDA_SUCCESS;
+}
+
+template <typename Op>
+CUresult RunAsync(CUstream handle, Op op) {
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  stream->worker.Enqueue(op);
+  return CUDA_SUCCESS;
+}
+
+template <typename T>
+void Fill(CUdeviceptr dst, T value, size_t count) {
+  T* p = reinterpret_cast<T*>(dst);
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+}
+
+void* AsHost(CUdeviceptr p) { return reinterpret_cast<void*>(p); }
+
+}  // namespace
+}  // namespace fakecuda
+
+using fakecuda::Driver;
+using fakecuda::MemoryKind;
+
+// ---- Linear device memory ----
+
+CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  FAKECUDA_ENTER();
+  return fakecuda::AllocateDevice(dptr, bytesize, MemoryKind::kDevice, nullptr);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width_bytes, size_t height,
+                            unsigned int element_bytes) {
+  FAKECUDA_ENTER();
+  if (pitch == nullptr || width_bytes == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  size_t rounded = fakecuda::RoundUp(width_bytes, fakecuda::kPitchAlignment);
+  CUresult r = fakecuda::AllocateDevice(dptr, rounded * height, MemoryKind::kDevice, nullptr);
+  if (r == CUDA_SUCCESS) *pitch = rounded;
+  return r;
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  FAKECUDA_ENTER();
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+  return fakecuda::AllocateDevice(dptr, bytesize, MemoryKind::kManaged, nullptr);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  FAKECUDA_ENTER();
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  if (dptr == 0) return CUDA_SUCCESS;
+  // Like the driver, freeing waits for work that may still use the memory.
+  fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
+  return fakecuda::FreeDevice(dptr);
+}
+
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  FAKECUDA_ENTER();
+  if (free_bytes == nullptr || total_bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *total_bytes = d.topology.total_bytes;
+  *free_bytes = d.topology.total_bytes - d.devices[ctx->device].used_bytes;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  FAKECUDA_ENTER();
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(dptr);
+  if (a == nullptr || a->kind == MemoryKind::kHost) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = a->base;
+  if (psize != nullptr) *psize = a->size;
+  return CUDA_SUCCESS;
+}
+
+// ---- Host memory (page-locked in the real driver; not charged to the device) ----
+
+namespace {
+CUresult AllocateHost(void** pp, size_t bytesize) {
+  if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  void* mem = fakecuda::MapHostMemory(bytesize);
+  if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation a;
+  a.base = reinterpret_cast<uintptr_t>(mem);
+  a.size = bytesize;
+  a.mapped = bytesize;
+  a.kind = MemoryKind::kHost;
+  a.device = ctx->device;
+  a.ctx = ctx;
+  d.allocations[a.base] = a;
+  *pp = mem;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  FAKECUDA_ENTER();
+  return AllocateHost(pp, bytesize);
+}
+
+CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)flags;
+  return AllocateHost(pp, bytesize);
+}
+
+CUresult cuMemFreeHost(void* p) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::pair<void*, size_t> unmap{nullptr, 0};
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.allocations.find(reinterpret_cast<uintptr_t>(p));
+    if (it == d.allocations.end() || it->second.kind != MemoryKind::kHost) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    unmap = {p, it->second.mapped};
+    d.allocations.erase(it);
+  }
+  fakecuda::UnmapHostMemory(unmap.first, unmap.second);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int flags) {
+  FAKECUDA_ENTER();
+  if (pdptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(reinterpret_cast<uintptr_t>(p));
+  if (a == nullptr || a->kind != MemoryKind::kHost) return CUDA_ERROR_INVALID_VALUE;
+  *pdptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+// ---- Stream-ordered allocation and pools ----
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  FAKECUDA_ENTER();
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (dev < 0 || dev >= d.topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(d.devices[dev].default_pool.get());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+  FAKECUDA_ENTER();
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (dev < 0 || dev >= d.topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = reinterpret_cast<CUmemoryPool>(d.devices[dev].current_pool);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  FAKECUDA_ENTER();
+  if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  int dev = props->location.id;
+  if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || dev < 0 ||
+      dev >= d.topology.device_count) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto p = std::make_unique<fakecuda::MemPool>();
+  p->device = dev;
+  *pool = reinterpret_cast<CUmemoryPool>(p.get());
+  d.pools[p.get()] = std::move(p);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool handle) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* pool = reinterpret_cast<fakecuda::MemPool*>(handle);
+  auto it = d.pools.find(pool);
+  if (it == d.pools.end()) return CUDA_ERROR_INVALID_VALUE;
+  // Allocations still out keep their memory; they just stop belonging to a pool.
+  for (auto& [base, a] : d.allocations) {
+    if (a.pool == pool) a.pool = nullptr;
+  }
+  for (auto& state : d.devices) {
+    if (state.current_pool == pool) state.current_pool = state.default_pool.get();
+  }
+  d.pools.erase(it);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+fakecuda::MemPool* LivePool(Driver& d, CUmemoryPool handle) {
+  auto* pool = reinterpret_cast<fakecuda::MemPool*>(handle);
+  if (d.pools.count(pool) != 0) return pool;
+  for (auto& state : d.devices) {
+    if (state.default_pool.get() == pool) return pool;
+  }
+  return nullptr;
+}
+}  // namespace
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool handle, CUmemPool_attribute attr, void* value) {
+  FAKECUDA_ENTER();
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::MemPool* pool = LivePool(d, handle);
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  bool is_int = attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+  pool->attributes[attr] =
+      is_int ? static_cast<uint64_t>(*static_cast<int*>(value)) : *static_cast<cuuint64_t*>(value);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool handle, CUmemPool_attribute attr, void* value) {
+  FAKECUDA_ENTER();
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::MemPool* pool = LivePool(d, handle);
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = pool->attributes.count(attr) != 0 ? pool->attributes[attr] : 0;
+  if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT || attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT) {
+    v = pool->used_bytes;
+  }
+  if (attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) {
+    *static_cast<int*>(value) = static_cast<int>(v);
+  } else {
+    *static_cast<cuuint64_t*>(value) = v;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool handle,
+                                 CUstream stream) {
+  FAKECUDA_ENTER();
+  CUresult err = CUDA_SUCCESS;
+  if (fakecuda::ResolveStream(stream, &err) == nullptr) return err;
+  fakecuda::MemPool* pool = nullptr;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    pool = LivePool(d, handle);
+    if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Memory is handed out at once; being available earlier than stream order is harmless.
+  return fakecuda::AllocateDevice(dptr, bytesize, MemoryKind::kDevice, pool);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  FAKECUDA_ENTER();
+  CUresult err = CUDA_SUCCESS;
+  if (fakecuda::ResolveStream(stream, &err) == nullptr) return err;
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  fakecuda::MemPool* pool = nullptr;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    pool = d.devices[ctx->device].current_pool;
+  }
+  return fakecuda::AllocateDevice(dptr, bytesize, MemoryKind::kDevice, pool);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream handle) {
+  FAKECUDA_ENTER();
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<fakecuda::Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.allocations.find(dptr);
+    if (it == d.allocations.end() || it->second.kind == MemoryKind::kHost ||
+        it->second.kind == MemoryKind::kVmmMapping) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  // The memory stays valid for the work queued before the free.
+  stream->worker.Enqueue([dptr] { fakecuda::FreeDevice(dptr); });
+  return CUDA_SUCCESS;
+}
+
+// ---- Virtual memory management ----
+//
+// A reservation is an inaccessible anonymous mapping. A physical allocation is a memfd of its size,
+// charged to the device. cuMemMap maps the memfd over the reserved range (so two mappings of one
+// handle alias), still inaccessible; cuMemSetAccess makes it readable and writable.
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags option) {
+  FAKECUDA_ENTER();
+  (void)option;
+  if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *granularity = fakecuda::kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr || prop == nullptr || flags != 0 || size == 0 ||
+      size % fakecuda::kGranularity != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Driver& d = Driver::Get();
+  int dev = prop->location.id;
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || dev < 0 ||
+      dev >= d.topology.device_count) {
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.Charge(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    if (fd >= 0) close(fd);
+    d.Uncharge(dev, size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  auto phys = std::make_unique<fakecuda::PhysicalMemory>();
+  phys->device = dev;
+  phys->size = size;
+  phys->fd = fd;
+  *handle = reinterpret_cast<CUmemGenericAllocationHandle>(phys.get());
+  d.physical[phys.get()] = std::move(phys);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// REQUIRES d.mu. Frees a released physical allocation once nothing maps it.
+void MaybeFreePhysical(Driver& d, fakecuda::PhysicalMemory* phys) {
+  if (!phys->released || phys->mappings > 0) return;
+  d.Uncharge(phys->device, phys->size);
+  close(phys->fd);
+  d.physical.erase(phys);
+}
+}  // namespace
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
+  if (d.physical.count(phys) == 0 || phys->released) return CUDA_ERROR_INVALID_VALUE;
+  phys->released = true;
+  MaybeFreePhysical(d, phys);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  FAKECUDA_ENTER();
+  (void)alignment;
+  (void)addr;  // a hint only
+  if (ptr == nullptr || size == 0 || size % fakecuda::kGranularity != 0 || flags != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Over-reserve so the start can be aligned to the granularity.
+  size_t span = size + fakecuda::kGranularity;
+  void* raw = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  uintptr_t start = fakecuda::RoundUp(reinterpret_cast<uintptr_t>(raw), fakecuda::kGranularity);
+  uintptr_t raw_start = reinterpret_cast<uintptr_t>(raw);
+  if (start > raw_start) munmap(raw, start - raw_start);
+  uintptr_t end = start + size;
+  if (raw_start + span > end) munmap(reinterpret_cast<void*>(end), raw_start + span - end);
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.reservations[start] = size;
+  *ptr = start;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.reservations.find(ptr);
+  if (it == d.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  munmap(fakecuda::AsHost(ptr), size);
+  d.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// REQUIRES d.mu. True when [ptr, ptr+size) lies inside one reservation.
+bool InReservation(Driver& d, CUdeviceptr ptr, size_t size) {
+  auto it = d.reservations.upper_bound(ptr);
+  if (it == d.reservations.begin()) return false;
+  --it;
+  return ptr >= it->first && ptr + size <= it->first + it->second;
+}
+}  // namespace
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
+  if (flags != 0 || d.physical.count(phys) == 0 || phys->released || size == 0 ||
+      offset + size > phys->size || !InReservation(d, ptr, size) ||
+      d.FindAllocation(ptr) != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  void* mapped = mmap(fakecuda::AsHost(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, phys->fd,
+                      static_cast<off_t>(offset));
+  if (mapped == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  ++phys->mappings;
+  fakecuda::Allocation a;
+  a.base = ptr;
+  a.size = size;
+  a.kind = MemoryKind::kVmmMapping;
+  a.device = phys->device;
+  a.ctx = d.CurrentContextLocked();
+  a.physical = phys;
+  d.allocations[ptr] = a;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.allocations.find(ptr);
+  if (it == d.allocations.end() || it->second.kind != MemoryKind::kVmmMapping ||
+      it->second.size != size) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  fakecuda::PhysicalMemory* phys = it->second.physical;
+  mmap(fakecuda::AsHost(ptr), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+       -1, 0);
+  d.allocations.erase(it);
+  --phys->mappings;
+  MaybeFreePhysical(d, phys);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  FAKECUDA_ENTER();
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (!InReservation(d, ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  int prot = PROT_NONE;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ) prot |= PROT_READ;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_READ | PROT_WRITE;
+  }
+  if (mprotect(fakecuda::AsHost(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+// ---- Arrays and mipmapped arrays ----
+
+CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY3D_DESCRIPTOR d3{};
+  d3.Width = desc->Width;
+  d3.Height = desc->Height;
+  d3.Format = desc->Format;
+  d3.NumChannels = desc->NumChannels;
+  return fakecuda::CreateArray(reinterpret_cast<fakecuda::FakeArray**>(handle), d3, 1);
+}
+
+CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return fakecuda::CreateArray(reinterpret_cast<fakecuda::FakeArray**>(handle), *desc, 1);
+}
+
+CUresult cuArrayDestroy(CUarray handle) {
+  FAKECUDA_ENTER();
+  return fakecuda::DestroyArray(reinterpret_cast<fakecuda::FakeArray*>(handle));
+}
+
+CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray handle,
+                                      CUdevice dev) {
+  FAKECUDA_ENTER();
+  (void)dev;
+  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle));
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                unsigned int levels) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return fakecuda::CreateArray(reinterpret_cast<fakecuda::FakeArray**>(handle), *desc, levels);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
+  FAKECUDA_ENTER();
+  return fakecuda::DestroyArray(reinterpret_cast<fakecuda::FakeArray*>(handle));
+}
+
+CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req,
+                                               CUmipmappedArray handle, CUdevice dev) {
+  FAKECUDA_ENTER();
+  (void)dev;
+  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle));
+}
+
+// ---- Pointer queries ----
+
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  FAKECUDA_ENTER();
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(ptr);
+  if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  bool host = a->kind == MemoryKind::kHost;
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a->ctx);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      *static_cast<CUdeviceptr*>(data) = ptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (!host && a->kind != MemoryKind::kManaged) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<void**>(data) = fakecuda::AsHost(ptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = a->kind == MemoryKind::kManaged ? 1 : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = a->device;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = a->base;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = a->size;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<CUmemoryPool*>(data) = reinterpret_cast<CUmemoryPool>(a->pool);
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// ---- Copies and memset (unified addressing: every copy is a memcpy) ----
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { std::memmove(fakecuda::AsHost(dst), fakecuda::AsHost(src), bytes); });
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { std::memcpy(fakecuda::AsHost(dst), src, bytes); });
+}
+
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { std::memcpy(dst, fakecuda::AsHost(src), bytes); });
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { std::memmove(fakecuda::AsHost(dst), fakecuda::AsHost(src), bytes); });
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { std::memmove(fakecuda::AsHost(dst), fakecuda::AsHost(src), bytes); });
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { std::memcpy(fakecuda::AsHost(dst), src, bytes); });
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { std::memcpy(dst, fakecuda::AsHost(src), bytes); });
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { std::memmove(fakecuda::AsHost(dst), fakecuda::AsHost(src), bytes); });
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t count) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { std::memset(fakecuda::AsHost(dst), value, count); });
+}
+
+CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short value, size_t count) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { fakecuda::Fill(dst, value, count); });
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t count) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { fakecuda::Fill(dst, value, count); });
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { std::memset(fakecuda::AsHost(dst), value, count); });
+}
+
+CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { fakecuda::Fill(dst, value, count); });
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(stream, [=] { fakecuda::Fill(dst, value, count); });
+}

@@ -1,0 +1,439 @@
+// Fake driver modules, libraries and kernel launches. Kernels are host functions registered with
+// fakecuda_register_kernel(_ex); a module image is the NUL-terminated text "fakecuda:<module>".
+#include <cstring>
+#include <thread>
+
+#include "fake_driver.h"
+
+namespace fakecuda {
+namespace {
+
+constexpr const char kImagePrefix[] = "fakecuda:";
+
+// Registered kernels. Thread-safe (own mutex; usable before cuInit). A kernel object is never
+// freed: handles given out stay valid even when a name is registered again.
+class KernelRegistry {
+ public:
+  static KernelRegistry& Get() {
+    static KernelRegistry* registry = new KernelRegistry;  // leaked: handles outlive everything
+    return *registry;
+  }
+
+  void Register(std::shared_ptr<Kernel> kernel) {
+    std::lock_guard<std::mutex> lock(mu_);
+    all_[kernel.get()] = kernel;
+    by_name_[kernel->module + '\n' + kernel->name] = std::move(kernel);
+  }
+  std::shared_ptr<Kernel> Find(const std::string& module, const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_name_.find(module + '\n' + name);
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<Kernel> FromHandle(const void* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = all_.find(static_cast<const Kernel*>(handle));
+    return it == all_.end() ? nullptr : it->second;
+  }
+  // Attributes set with cuFuncSetAttribute, by kernel.
+  void SetAttribute(const Kernel* kernel, int attribute, int value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    attributes_[{kernel, attribute}] = value;
+  }
+  bool GetAttribute(const Kernel* kernel, int attribute, int* value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attributes_.find({kernel, attribute});
+    if (it == attributes_.end()) return false;
+    *value = it->second;
+    return true;
+  }
+
+ private:
+  KernelRegistry() { RegisterBuiltins(); }
+  void RegisterBuiltins();
+
+  std::mutex mu_;
+  std::map<const Kernel*, std::shared_ptr<Kernel>> all_;
+  std::map<std::string, std::shared_ptr<Kernel>> by_name_;
+  std::map<std::pair<const Kernel*, int>, int> attributes_;
+};
+
+std::shared_ptr<Kernel> MakeKernel(const char* module, const char* name, FakecudaKernelFn fn,
+                                   void* user, bool layout_known, size_t count,
+                                   const size_t* sizes) {
+  auto kernel = std::make_shared<Kernel>();
+  kernel->module = module;
+  kernel->name = name;
+  kernel->fn = fn;
+  kernel->user = user;
+  kernel->layout_known = layout_known;
+  size_t offset = 0;
+  for (size_t i = 0; i < count; ++i) {
+    size_t align = 1;
+    while (align < sizes[i] && align < 8) align *= 2;
+    offset = RoundUp(offset, align);
+    kernel->offsets.push_back(offset);
+    kernel->sizes.push_back(sizes[i]);
+    offset += sizes[i];
+  }
+  kernel->buffer_bytes = offset;
+  return kernel;
+}
+
+void SleepMicroseconds(void** params, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       void*) {
+  unsigned us = *static_cast<unsigned*>(params[0]);
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+void FillU32(void** params, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*) {
+  CUdeviceptr dst = *static_cast<CUdeviceptr*>(params[0]);
+  unsigned value = *static_cast<unsigned*>(params[1]);
+  size_t count = *static_cast<size_t*>(params[2]);
+  auto* p = reinterpret_cast<unsigned*>(dst);
+  for (size_t i = 0; i < count; ++i) p[i] = value;
+}
+
+void KernelRegistry::RegisterBuiltins() {
+  const size_t sleep_sizes[] = {sizeof(unsigned)};
+  const size_t fill_sizes[] = {sizeof(CUdeviceptr), sizeof(unsigned), sizeof(size_t)};
+  for (auto kernel : {MakeKernel("builtin", "sleep_us", SleepMicroseconds, nullptr, true, 1,
+                                 sleep_sizes),
+                      MakeKernel("builtin", "fill_u32", FillU32, nullptr, true, 3, fill_sizes)}) {
+    all_[kernel.get()] = kernel;
+    by_name_[kernel->module + '\n' + kernel->name] = kernel;
+  }
+}
+
+// The module name in an image "fakecuda:<name>", or an empty string for any other image.
+std::string ModuleNameFromImage(const void* image) {
+  if (image == nullptr) return "";
+  const char* text = static_cast<const char*>(image);
+  if (std::strncmp(text, kImagePrefix, sizeof(kImagePrefix) - 1) != 0) return "";
+  return text + sizeof(kImagePrefix) - 1;
+}
+
+CUresult LoadModule(Module** out, const void* image) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::string name = ModuleNameFromImage(image);
+  if (name.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  auto module = std::make_unique<Module>();
+  module->name = name;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *out = module.get();
+  d.modules[module.get()] = std::move(module);
+  return CUDA_SUCCESS;
+}
+
+CUresult UnloadModule(Module* module) {
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return d.modules.erase(module) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult ModuleKernel(Module* module, const char* name, std::shared_ptr<Kernel>* out) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::string module_name;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.modules.count(module) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    module_name = module->name;
+  }
+  *out = KernelRegistry::Get().Find(module_name, name);
+  return *out == nullptr ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+}
+
+int FunctionAttribute(const Kernel* kernel, CUfunction_attribute attribute) {
+  int value = 0;
+  if (KernelRegistry::Get().GetAttribute(kernel, attribute, &value)) return value;
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: return 1024;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: return 32;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION: return 90;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: return 90;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: return 49152;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: return -1;
+    default: return 0;
+  }
+}
+
+CUresult Launch(CUfunction f, const unsigned grid[3], const unsigned block[3], CUstream handle,
+                void** kernel_params, void** extra) {
+  auto launch = std::make_shared<LaunchArgs>();
+  if (CUresult r = BuildLaunch(f, grid, block, kernel_params, extra, launch.get());
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  stream->worker.Enqueue([launch] { launch->Run(); });
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+std::shared_ptr<Kernel> FindKernel(const void* handle) {
+  return KernelRegistry::Get().FromHandle(handle);
+}
+
+void LaunchArgs::Run() const {
+  void** p = kernel->layout_known ? const_cast<void**>(params.data()) : raw_params;
+  kernel->fn(p, grid[0], grid[1], grid[2], block[0], block[1], block[2], kernel->user);
+}
+
+CUresult BuildLaunch(CUfunction f, const unsigned grid[3], const unsigned block[3],
+                     void** kernel_params, void** extra, LaunchArgs* out) {
+  out->kernel = FindKernel(f);
+  if (out->kernel == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  uint64_t threads = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (grid[i] == 0 || block[i] == 0) return CUDA_ERROR_INVALID_VALUE;
+    out->grid[i] = grid[i];
+    out->block[i] = block[i];
+    threads *= block[i];
+  }
+  if (threads > 1024 || block[2] > 64) return CUDA_ERROR_INVALID_VALUE;
+  const Kernel& k = *out->kernel;
+  if (!k.layout_known) {
+    if (kernel_params == nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+    out->raw_params = kernel_params;
+    return CUDA_SUCCESS;
+  }
+  out->buffer.assign(k.buffer_bytes, 0);
+  if (kernel_params != nullptr) {
+    for (size_t i = 0; i < k.sizes.size(); ++i) {
+      std::memcpy(out->buffer.data() + k.offsets[i], kernel_params[i], k.sizes[i]);
+    }
+  } else if (extra != nullptr) {
+    const void* buffer = nullptr;
+    size_t size = 0;
+    for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<size_t*>(extra[i + 1]);
+    }
+    if (buffer == nullptr || size < k.buffer_bytes) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(out->buffer.data(), buffer, k.buffer_bytes);
+  } else if (!k.sizes.empty()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t offset : k.offsets) out->params.push_back(out->buffer.data() + offset);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace fakecuda
+
+using fakecuda::Driver;
+using fakecuda::Kernel;
+using fakecuda::Module;
+
+FAKECUDA_EXPORT int fakecuda_register_kernel(const char* module_name, const char* kernel_name,
+                                             FakecudaKernelFn fn, void* user) {
+  if (module_name == nullptr || kernel_name == nullptr || fn == nullptr) return -1;
+  fakecuda::KernelRegistry::Get().Register(
+      fakecuda::MakeKernel(module_name, kernel_name, fn, user, false, 0, nullptr));
+  return 0;
+}
+
+FAKECUDA_EXPORT int fakecuda_register_kernel_ex(const char* module_name, const char* kernel_name,
+                                                FakecudaKernelFn fn, void* user,
+                                                size_t num_params, const size_t* param_sizes) {
+  if (module_name == nullptr || kernel_name == nullptr || fn == nullptr) return -1;
+  if (num_params > 0 && param_sizes == nullptr) return -1;
+  fakecuda::KernelRegistry::Get().Register(
+      fakecuda::MakeKernel(module_name, kernel_name, fn, user, true, num_params, param_sizes));
+  return 0;
+}
+
+// ---- Modules ----
+
+CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  FAKECUDA_ENTER();
+  return fakecuda::LoadModule(reinterpret_cast<Module**>(module), image);
+}
+
+CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int num_options,
+                            CUjit_option* options, void** option_values) {
+  FAKECUDA_ENTER();
+  (void)num_options;
+  (void)options;
+  (void)option_values;
+  return fakecuda::LoadModule(reinterpret_cast<Module**>(module), image);
+}
+
+CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fat_cubin) {
+  FAKECUDA_ENTER();
+  return fakecuda::LoadModule(reinterpret_cast<Module**>(module), fat_cubin);
+}
+
+CUresult cuModuleUnload(CUmodule module) {
+  FAKECUDA_ENTER();
+  return fakecuda::UnloadModule(reinterpret_cast<Module*>(module));
+}
+
+CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  FAKECUDA_ENTER();
+  if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Kernel> kernel;
+  CUresult r = fakecuda::ModuleKernel(reinterpret_cast<Module*>(module), name, &kernel);
+  if (r == CUDA_SUCCESS) *function = reinterpret_cast<CUfunction>(kernel.get());
+  return r;
+}
+
+// ---- Libraries (context-independent modules; the handle is a Module as well) ----
+
+CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jit_options,
+                           void** jit_values, unsigned int num_jit, CUlibraryOption* lib_options,
+                           void** lib_values, unsigned int num_lib) {
+  FAKECUDA_ENTER();
+  (void)jit_options;
+  (void)jit_values;
+  (void)num_jit;
+  (void)lib_options;
+  (void)lib_values;
+  (void)num_lib;
+  return fakecuda::LoadModule(reinterpret_cast<Module**>(library), code);
+}
+
+CUresult cuLibraryUnload(CUlibrary library) {
+  FAKECUDA_ENTER();
+  return fakecuda::UnloadModule(reinterpret_cast<Module*>(library));
+}
+
+CUresult cuLibraryGetModule(CUmodule* module, CUlibrary library) {
+  FAKECUDA_ENTER();
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.modules.count(reinterpret_cast<Module*>(library)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  *module = reinterpret_cast<CUmodule>(library);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryGetKernel(CUkernel* kernel_out, CUlibrary library, const char* name) {
+  FAKECUDA_ENTER();
+  if (kernel_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Kernel> kernel;
+  CUresult r = fakecuda::ModuleKernel(reinterpret_cast<Module*>(library), name, &kernel);
+  if (r == CUDA_SUCCESS) *kernel_out = reinterpret_cast<CUkernel>(kernel.get());
+  return r;
+}
+
+// A CUkernel and its CUfunction are the same registered kernel here.
+CUresult cuKernelGetFunction(CUfunction* function, CUkernel kernel) {
+  FAKECUDA_ENTER();
+  if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  if (fakecuda::FindKernel(kernel) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *function = reinterpret_cast<CUfunction>(kernel);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkernel kernel,
+                              CUdevice dev) {
+  FAKECUDA_ENTER();
+  (void)dev;
+  if (value == nullptr || attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *value = fakecuda::FunctionAttribute(k.get(), attribute);
+  return CUDA_SUCCESS;
+}
+
+// ---- Functions ----
+
+CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction function) {
+  FAKECUDA_ENTER();
+  if (value == nullptr || attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(function);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *value = fakecuda::FunctionAttribute(k.get(), attribute);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute, int value) {
+  FAKECUDA_ENTER();
+  if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(function);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  fakecuda::KernelRegistry::Get().SetAttribute(k.get(), attribute, value);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
+  FAKECUDA_ENTER();
+  (void)config;
+  return fakecuda::FindKernel(function) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuFuncGetName(const char** name, CUfunction function) {
+  FAKECUDA_ENTER();
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(function);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = k->name.c_str();  // the kernel object is never freed
+  return CUDA_SUCCESS;
+}
+
+CUresult cuFuncGetParamInfo(CUfunction function, size_t index, size_t* offset, size_t* size) {
+  FAKECUDA_ENTER();
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(function);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!k->layout_known || index >= k->sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset != nullptr) *offset = k->offsets[index];
+  if (size != nullptr) *size = k->sizes[index];
+  return CUDA_SUCCESS;
+}
+
+// ---- Launches ----
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y,
+                        unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+                        unsigned int block_z, unsigned int shared_bytes, CUstream stream,
+                        void** kernel_params, void** extra) {
+  FAKECUDA_ENTER();
+  (void)shared_bytes;
+  const unsigned grid[3] = {grid_x, grid_y, grid_z};
+  const unsigned block[3] = {block_x, block_y, block_z};
+  return fakecuda::Launch(f, grid, block, stream, kernel_params, extra);
+}
+
+FAKECUDA_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int grid_x,
+                                             unsigned int grid_y, unsigned int grid_z,
+                                             unsigned int block_x, unsigned int block_y,
+                                             unsigned int block_z, unsigned int shared_bytes,
+                                             CUstream stream, void** kernel_params,
+                                             void** extra) {
+  FAKECUDA_ENTER();
+  (void)shared_bytes;
+  const unsigned grid[3] = {grid_x, grid_y, grid_z};
+  const unsigned block[3] = {block_x, block_y, block_z};
+  return fakecuda::Launch(f, grid, block, stream, kernel_params, extra);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernel_params,
+                          void** extra) {
+  FAKECUDA_ENTER();
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+  const unsigned block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+  return fakecuda::Launch(f, grid, block, config->hStream, kernel_params, extra);
+}
+
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int grid_x, unsigned int grid_y,
+                                   unsigned int grid_z, unsigned int block_x,
+                                   unsigned int block_y, unsigned int block_z,
+                                   unsigned int shared_bytes, CUstream stream,
+                                   void** kernel_params) {
+  FAKECUDA_ENTER();
+  (void)shared_bytes;
+  const unsigned grid[3] = {grid_x, grid_y, grid_z};
+  const unsigned block[3] = {block_x, block_y, block_z};
+  return fakecuda::Launch(f, grid, block, stream, kernel_params, nullptr);
+}

@@ -1,0 +1,234 @@
+// Fake driver streams and events. Each stream owns a worker thread (StreamWorker); an event record
+// is a work item that stamps the steady-clock time when the stream reaches it.
+#include "fake_driver.h"
+
+using fakecuda::Driver;
+using fakecuda::Event;
+using fakecuda::Stream;
+
+namespace {
+
+CUresult CreateStream(CUstream* handle, unsigned flags, int priority) {
+  if (handle == nullptr || (flags & ~static_cast<unsigned>(CU_STREAM_NON_BLOCKING)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Context* ctx = d.CurrentContextLocked();
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  auto stream = std::make_shared<Stream>();
+  stream->ctx = ctx;
+  stream->flags = flags;
+  stream->priority = std::clamp(priority, -5, 0);
+  ctx->streams.insert(stream.get());
+  *handle = reinterpret_cast<CUstream>(stream.get());
+  d.streams[stream.get()] = std::move(stream);
+  return CUDA_SUCCESS;
+}
+
+std::shared_ptr<Event> FindEvent(CUevent handle) {
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.events.find(reinterpret_cast<Event*>(handle));
+  return it == d.events.end() ? nullptr : it->second;
+}
+
+CUresult RecordEvent(CUevent event_handle, CUstream stream_handle) {
+  std::shared_ptr<Event> event = FindEvent(event_handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
+  if (stream == nullptr) return err;
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    generation = ++event->recorded;
+  }
+  stream->worker.Enqueue([event, generation] {
+    std::lock_guard<std::mutex> lock(event->mu);
+    event->when = std::chrono::steady_clock::now();
+    event->completed = std::max(event->completed, generation);
+    event->cv.notify_all();
+  });
+  return CUDA_SUCCESS;
+}
+
+// The time of the event's last record, once that record has completed.
+CUresult CompletedTime(Event& event, std::chrono::steady_clock::time_point* when) {
+  std::lock_guard<std::mutex> lock(event.mu);
+  if (event.recorded == 0) return CUDA_ERROR_INVALID_HANDLE;
+  if (event.completed < event.recorded) return CUDA_ERROR_NOT_READY;
+  *when = event.when;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult cuStreamCreate(CUstream* handle, unsigned int flags) {
+  FAKECUDA_ENTER();
+  return CreateStream(handle, flags, 0);
+}
+
+CUresult cuStreamCreateWithPriority(CUstream* handle, unsigned int flags, int priority) {
+  FAKECUDA_ENTER();
+  return CreateStream(handle, flags, priority);
+}
+
+CUresult cuStreamDestroy_v2(CUstream handle) {
+  FAKECUDA_ENTER();
+  std::shared_ptr<Stream> stream;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.streams.find(reinterpret_cast<Stream*>(handle));
+    if (it == d.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
+    stream = std::move(it->second);
+    d.streams.erase(it);
+    if (d.contexts.count(stream->ctx) != 0) stream->ctx->streams.erase(stream.get());
+  }
+  // Queued work still completes (as in CUDA); the worker thread exits once it has.
+  stream->worker.Drain();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream handle) {
+  FAKECUDA_ENTER();
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  stream->worker.Drain();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamQuery(CUstream handle) {
+  FAKECUDA_ENTER();
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  return stream->worker.Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuStreamGetPriority(CUstream handle, int* priority) {
+  FAKECUDA_ENTER();
+  if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  *priority = stream->priority;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetFlags(CUstream handle, unsigned int* flags) {
+  FAKECUDA_ENTER();
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  *flags = stream->flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent event_handle, unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)flags;
+  std::shared_ptr<Event> event = FindEvent(event_handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
+  if (stream == nullptr) return err;
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(event->mu);
+    generation = event->recorded;  // waits for the most recent record, as CUDA does
+  }
+  if (generation == 0) return CUDA_SUCCESS;
+  stream->worker.Enqueue([event, generation] {
+    std::unique_lock<std::mutex> lock(event->mu);
+    event->cv.wait(lock, [&] { return event->completed >= generation; });
+  });
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream handle, CUstreamCaptureMode mode) {
+  FAKECUDA_ENTER();
+  (void)handle;
+  (void)mode;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuStreamIsCapturing(CUstream handle, CUstreamCaptureStatus* status) {
+  FAKECUDA_ENTER();
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  if (fakecuda::ResolveStream(handle, &err) == nullptr) return err;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventCreate(CUevent* handle, unsigned int flags) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  auto event = std::make_shared<Event>();
+  event->flags = flags;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *handle = reinterpret_cast<CUevent>(event.get());
+  d.events[event.get()] = std::move(event);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventDestroy_v2(CUevent handle) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  // Pending records and waits hold their own reference.
+  if (d.events.erase(reinterpret_cast<Event*>(handle)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventRecord(CUevent event, CUstream stream) {
+  FAKECUDA_ENTER();
+  return RecordEvent(event, stream);
+}
+
+CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)flags;
+  return RecordEvent(event, stream);
+}
+
+CUresult cuEventQuery(CUevent handle) {
+  FAKECUDA_ENTER();
+  std::shared_ptr<Event> event = FindEvent(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard<std::mutex> lock(event->mu);
+  return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent handle) {
+  FAKECUDA_ENTER();
+  std::shared_ptr<Event> event = FindEvent(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::unique_lock<std::mutex> lock(event->mu);
+  uint64_t target = event->recorded;
+  event->cv.wait(lock, [&] { return event->completed >= target; });
+  return CUDA_SUCCESS;
+}
+
+CUresult cuEventElapsedTime_v2(float* ms, CUevent start_handle, CUevent end_handle) {
+  FAKECUDA_ENTER();
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Event> start = FindEvent(start_handle);
+  std::shared_ptr<Event> end = FindEvent(end_handle);
+  if (start == nullptr || end == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING) != 0) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  std::chrono::steady_clock::time_point t0, t1;
+  if (CUresult r = CompletedTime(*start, &t0); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CompletedTime(*end, &t1); r != CUDA_SUCCESS) return r;
+  *ms = std::chrono::duration<float, std::milli>(t1 - t0).count();
+  return CUDA_SUCCESS;
+}
