@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,7 +38,7 @@ constexpr size_t kMiB = 1u << 20;
   X(cuMemUnmap) X(cuMemSetAccess) X(cuArrayCreate_v2) X(cuArrayDestroy)                        \
   X(cuPointerGetAttribute) X(cuMemAllocHost_v2) X(cuMemFreeHost) X(cuMemAllocAsync)            \
   X(cuMemFreeAsync) X(cuLibraryLoadData) X(cuLibraryGetKernel) X(cuKernelGetFunction)         \
-  X(cuGetErrorName)
+  X(cuGetErrorName) X(cuMemsetD8Async)
 
 struct FakeCuda {
 #define DECLARE(name) decltype(&::name) name = nullptr;
@@ -454,6 +455,30 @@ TEST_F(FakeCudaTest, GetProcAddressFindsTheNewestExport) {
   const char* name = nullptr;
   ASSERT_EQ(cu().cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &name), CUDA_SUCCESS);
   EXPECT_STREQ(name, "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+TEST_F(FakeCudaTest, ConcurrentThreadsShareTheDeviceSafely) {
+  size_t before = FreeBytes();
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      if (cu().cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) ++failures;
+      CUstream stream = nullptr;
+      if (cu().cuStreamCreate(&stream, 0) != CUDA_SUCCESS) ++failures;
+      for (int i = 0; i < 50; ++i) {
+        CUdeviceptr p = 0;
+        if (cu().cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS) ++failures;
+        if (cu().cuMemsetD8Async(p, 1, 4096, stream) != CUDA_SUCCESS) ++failures;
+        if (cu().cuMemFreeAsync(p, stream) != CUDA_SUCCESS) ++failures;
+      }
+      if (cu().cuStreamSynchronize(stream) != CUDA_SUCCESS) ++failures;
+      if (cu().cuStreamDestroy_v2(stream) != CUDA_SUCCESS) ++failures;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(FreeBytes(), before);
 }
 
 TEST_F(FakeCudaTest, NvmlReportsTheSameDevicesAndMemoryInUse) {
