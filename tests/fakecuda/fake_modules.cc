@@ -437,3 +437,13 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int grid_x, unsigned i
   const unsigned block[3] = {block_x, block_y, block_z};
   return fakecuda::Launch(f, grid, block, stream, kernel_params, nullptr);
 }
+
+CUresult cuLaunchHostFunc(CUstream stream_handle, CUhostFn fn, void* user_data) {
+  FAKECUDA_ENTER();
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<fakecuda::Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
+  if (stream == nullptr) return err;
+  stream->worker.Enqueue([fn, user_data] { fn(user_data); });
+  return CUDA_SUCCESS;
+}

@@ -232,3 +232,9 @@ CUresult cuEventElapsedTime_v2(float* ms, CUevent start_handle, CUevent end_hand
   *ms = std::chrono::duration<float, std::milli>(t1 - t0).count();
   return CUDA_SUCCESS;
 }
+
+// CUDA 12 programs call the unversioned name; the semantics are the same here.
+#undef cuEventElapsedTime
+FAKECUDA_EXPORT CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  return cuEventElapsedTime_v2(ms, start, end);
+}
