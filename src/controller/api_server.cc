@@ -1,0 +1,338 @@
+#include "controller/api_server.h"
+
+#include <httplib.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace tf::controller {
+namespace {
+
+using nlohmann::json;
+
+void Reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void ReplyError(httplib::Response& res, const Status& s) {
+  Reply(res, HttpStatusFor(s),
+        {{"error", {{"code", std::string(StatusCodeName(s.code()))}, {"message", s.message()}}}});
+}
+
+// Typed access to an optional field of a JSON request object, with a clear message.
+class Fields {
+ public:
+  explicit Fields(const json& j) : j_(j) {}
+  Status status() const { return status_; }
+
+  std::string Str(const char* name, bool required = false) {
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) {
+      if (required) Fail(std::string("field '") + name + "' is required");
+      return {};
+    }
+    if (!it->is_string()) {
+      Fail(std::string("field '") + name + "' must be a string");
+      return {};
+    }
+    return it->get<std::string>();
+  }
+  double Num(const char* name, bool required = false) {
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) {
+      if (required) Fail(std::string("field '") + name + "' is required");
+      return 0;
+    }
+    if (!it->is_number()) {
+      Fail(std::string("field '") + name + "' must be a number");
+      return 0;
+    }
+    return it->get<double>();
+  }
+  int64_t Int(const char* name, bool required = false) {
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) {
+      if (required) Fail(std::string("field '") + name + "' is required");
+      return 0;
+    }
+    if (!it->is_number_integer()) {
+      Fail(std::string("field '") + name + "' must be an integer");
+      return 0;
+    }
+    return it->get<int64_t>();
+  }
+  const json* Array(const char* name) {
+    auto it = j_.find(name);
+    if (it == j_.end() || it->is_null()) return nullptr;
+    if (!it->is_array()) {
+      Fail(std::string("field '") + name + "' must be an array");
+      return nullptr;
+    }
+    return &*it;
+  }
+
+ private:
+  void Fail(std::string m) {
+    if (status_.ok()) status_ = InvalidArgument(std::move(m));
+  }
+  const json& j_;
+  Status status_;
+};
+
+StatusOr<json> ParseBody(const httplib::Request& req) {
+  if (req.body.empty()) return InvalidArgument("request body must be a JSON object");
+  json j = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgument("request body is not valid JSON");
+  if (!j.is_object()) return InvalidArgument("request body must be a JSON object");
+  return j;
+}
+
+json NodeJson(const NodeStatus& n) {
+  json j = ToJson(n.node);
+  j["last_heartbeat_ms"] = n.last_heartbeat_ms;
+  return j;
+}
+
+json GpuJson(const GpuStatus& g) {
+  json j = ToJson(g.gpu);
+  j["utilization_percent"] = g.utilization_percent;
+  j["memory_used_mib"] = g.memory_used_mib;
+  j["sampled_ms"] = g.sampled_ms;
+  return j;
+}
+
+template <typename T, typename F>
+json Array(const std::vector<T>& items, F to_json) {
+  json a = json::array();
+  for (const T& i : items) a.push_back(to_json(i));
+  return a;
+}
+
+}  // namespace
+
+bool TokenEquals(const std::string& expected, const std::string& presented) {
+  // Compare every byte of the presented token against the expected one (cycled), so the time
+  // taken reveals neither a matching prefix nor the expected length.
+  if (expected.empty()) return false;
+  unsigned char diff = expected.size() == presented.size() ? 0 : 1;
+  for (size_t i = 0; i < presented.size(); ++i)
+    diff |= static_cast<unsigned char>(presented[i] ^ expected[i % expected.size()]);
+  return diff == 0 && !presented.empty();
+}
+
+ApiServer::ApiServer(Controller* controller, std::string token)
+    : controller_(controller), token_(std::move(token)),
+      server_(std::make_unique<httplib::Server>()) {
+  Routes();
+}
+
+ApiServer::~ApiServer() { Stop(); }
+
+StatusOr<int> ApiServer::Bind(const std::string& host, int port) {
+  if (port == 0) {
+    int p = server_->bind_to_any_port(host);
+    if (p <= 0) return Unavailable("cannot bind " + host + " on any port");
+    return p;
+  }
+  if (!server_->bind_to_port(host, port))
+    return Unavailable("cannot bind " + host + ":" + std::to_string(port) + " (in use?)");
+  return port;
+}
+
+void ApiServer::Start() {
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // The socket is already bound and listening: connections queue until the loop accepts them.
+}
+
+void ApiServer::Stop() {
+  if (thread_.joinable()) {
+    server_->stop();
+    thread_.join();
+  }
+}
+
+void ApiServer::Routes() {
+  httplib::Server& s = *server_;
+  s.set_keep_alive_max_count(100000);
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
+    std::string auth = req.get_header_value("Authorization");
+    static const std::string kBearer = "Bearer ";
+    bool ok = auth.rfind(kBearer, 0) == 0 && TokenEquals(token_, auth.substr(kBearer.size()));
+    if (ok) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    ReplyError(res, Unauthenticated("missing or wrong bearer token"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (res.status == 404 && res.body.empty())
+      ReplyError(res, NotFound("no route " + req.method + " " + req.path));
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unexpected error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    ReplyError(res, Internal(what));
+  });
+  Controller* c = controller_;
+
+  s.Get("/healthz", [c](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"ok", true}, {"serving", c->Serving()}});
+  });
+  s.Get("/metrics", [c](const httplib::Request&, httplib::Response& res) {
+    res.set_content(c->MetricsText(), "text/plain; version=0.0.4");
+  });
+
+  // Pools.
+  s.Get("/v1/pools", [c](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"pools", Array(c->ListPools(), [](const Pool& p) { return ToJson(p); })}});
+  });
+  s.Post("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    std::string name = f.Str("name", true);
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    StatusOr<Pool> p = c->CreatePool(name);
+    if (!p.ok()) return ReplyError(res, p.status());
+    Reply(res, 201, ToJson(*p));
+  });
+  s.Get(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<Pool> p = c->GetPool(req.matches[1]);
+    if (!p.ok()) return ReplyError(res, p.status());
+    Reply(res, 200, ToJson(*p));
+  });
+  s.Delete(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    Status st = c->DeletePool(req.matches[1]);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"deleted", std::string(req.matches[1])}});
+  });
+
+  // Nodes and GPUs.
+  s.Get("/v1/nodes", [c](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"nodes", Array(c->ListNodes(), NodeJson)}});
+  });
+  s.Post("/v1/nodes", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}};
+    if (const json* gpus = f.Array("gpus")) {
+      for (const json& g : *gpus) {
+        if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));
+        Fields gf(g);
+        GpuReport r{gf.Str("uuid", true), gf.Str("model"), static_cast<int>(gf.Int("index")),
+                    g.contains("numa_node") ? static_cast<int>(gf.Int("numa_node")) : -1,
+                    gf.Num("tflops", true), gf.Int("vram_mib", true)};
+        if (!gf.status().ok()) return ReplyError(res, InvalidArgument("gpus: " + gf.status().message()));
+        reg.gpus.push_back(std::move(r));
+      }
+    }
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    StatusOr<Node> n = c->RegisterNode(reg);
+    if (!n.ok()) return ReplyError(res, n.status());
+    Reply(res, 200, ToJson(*n));
+  });
+  s.Get(R"(/v1/nodes/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<NodeStatus> n = c->GetNode(req.matches[1]);
+    if (!n.ok()) return ReplyError(res, n.status());
+    Reply(res, 200, NodeJson(*n));
+  });
+  s.Post(R"(/v1/nodes/([^/]+)/heartbeat)", [c](const httplib::Request& req, httplib::Response& res) {
+    std::vector<GpuSample> samples;
+    if (!req.body.empty()) {
+      StatusOr<json> body = ParseBody(req);
+      if (!body.ok()) return ReplyError(res, body.status());
+      Fields f(*body);
+      if (const json* gpus = f.Array("gpus")) {
+        for (const json& g : *gpus) {
+          if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));
+          Fields gf(g);
+          GpuSample smp{gf.Str("uuid", true), gf.Num("utilization_percent"), gf.Int("memory_used_mib")};
+          if (!gf.status().ok()) return ReplyError(res, InvalidArgument("gpus: " + gf.status().message()));
+          samples.push_back(std::move(smp));
+        }
+      }
+      if (!f.status().ok()) return ReplyError(res, f.status());
+    }
+    Status st = c->Heartbeat(req.matches[1], samples);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"ok", true}});
+  });
+  s.Get("/v1/gpus", [c](const httplib::Request& req, httplib::Response& res) {
+    Reply(res, 200, {{"gpus", Array(c->ListGpus(req.get_param_value("pool")), GpuJson)}});
+  });
+
+  // Workloads.
+  s.Get("/v1/workloads", [c](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"workloads", Array(c->ListWorkloads(), [](const Workload& w) { return ToJson(w); })}});
+  });
+  s.Post("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    Workload w{f.Str("name", true), f.Str("pool"), f.Num("tflops", true), f.Int("vram_mib", true),
+               body->contains("gpu_count") ? static_cast<int>(f.Int("gpu_count")) : 1, Qos::kMedium};
+    std::string qos = f.Str("qos");
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    if (!qos.empty()) {
+      StatusOr<Qos> q = ParseQos(qos);
+      if (!q.ok()) return ReplyError(res, q.status());
+      w.qos = *q;
+    }
+    StatusOr<Workload> out = c->CreateWorkload(w);
+    if (!out.ok()) return ReplyError(res, out.status());
+    Reply(res, 201, ToJson(*out));
+  });
+  s.Get(R"(/v1/workloads/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<Workload> w = c->GetWorkload(req.matches[1]);
+    if (!w.ok()) return ReplyError(res, w.status());
+    Reply(res, 200, ToJson(*w));
+  });
+  s.Delete(R"(/v1/workloads/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    Status st = c->DeleteWorkload(req.matches[1]);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"deleted", std::string(req.matches[1])}});
+  });
+
+  // Allocations.
+  s.Get("/v1/allocations", [c](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"allocations", Array(c->ListAllocations(), [](const Allocation& a) { return ToJson(a); })}});
+  });
+  s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    AllocationRequest a{f.Str("workload"), f.Str("pool"),  f.Num("tflops"), f.Int("vram_mib"),
+                        static_cast<int>(f.Int("gpu_count")), f.Str("qos"), f.Str("gpu_model")};
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    if (a.workload.empty() && (!body->contains("tflops") || !body->contains("vram_mib")))
+      return ReplyError(res, InvalidArgument("give 'tflops' and 'vram_mib', or a 'workload'"));
+    if (body->contains("tflops") && !(a.tflops > 0))
+      return ReplyError(res, InvalidArgument("tflops must be a positive number"));
+    if (body->contains("vram_mib") && a.vram_mib <= 0)
+      return ReplyError(res, InvalidArgument("vram_mib must be a positive integer"));
+    if (body->contains("gpu_count") && a.gpu_count <= 0)
+      return ReplyError(res, InvalidArgument("gpu_count must be a positive integer"));
+    StatusOr<Allocation> out = c->Allocate(a);
+    if (!out.ok()) return ReplyError(res, out.status());
+    Reply(res, 201, ToJson(*out));
+  });
+  s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
+    if (!a.ok()) return ReplyError(res, a.status());
+    Reply(res, 200, ToJson(*a));
+  });
+  s.Delete(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    Status st = c->Release(req.matches[1]);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"released", std::string(req.matches[1])}});
+  });
+}
+
+}  // namespace tf::controller

@@ -1,0 +1,56 @@
+// ApiServer: the controller's HTTP/JSON API (cpp-httplib) in front of a Controller.
+//
+// Every request but GET /healthz must carry "Authorization: Bearer <token>" (compared in
+// constant time); otherwise 401. Errors are JSON: {"error": {"code": "invalid_argument",
+// "message": "..."}} with 400 (bad input), 401, 404, 409 (conflict or no capacity), 503 (this
+// replica is not the leader). A rejected request changes nothing.
+//
+//   GET  /healthz                        liveness, no token: {"ok": true, "serving": bool}
+//   GET  /metrics                        Prometheus text
+//   GET|POST /v1/pools, GET|DELETE /v1/pools/{name}
+//   GET|POST /v1/nodes (POST registers), GET /v1/nodes/{name}, POST /v1/nodes/{name}/heartbeat
+//   GET  /v1/gpus[?pool=NAME]
+//   GET|POST /v1/workloads, GET|DELETE /v1/workloads/{name}
+//   GET|POST /v1/allocations, GET|DELETE /v1/allocations/{id}
+//
+// Thread safety: requests run on the server's worker threads; the Controller serializes them.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "controller/controller.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace tf::controller {
+
+// Constant-time equality of two secrets (time depends only on the presented length).
+bool TokenEquals(const std::string& expected, const std::string& presented);
+
+class ApiServer {
+ public:
+  // `controller` must outlive the server. `token` must not be empty.
+  ApiServer(Controller* controller, std::string token);
+  ~ApiServer();
+
+  // Binds host:port (port 0 picks a free one); returns the bound port.
+  StatusOr<int> Bind(const std::string& host, int port);
+  // Serves on a background thread until Stop().
+  void Start();
+  void Stop();
+
+ private:
+  void Routes();
+
+  Controller* const controller_;
+  const std::string token_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+};
+
+}  // namespace tf::controller

@@ -1,0 +1,399 @@
+#include "controller/cli_commands.h"
+
+#include <httplib.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "controller/api_server.h"
+#include "controller/http_client.h"
+#include "controller/replica.h"
+#include "hypervisor/node_agent.h"
+#include "hypervisor/nvml_gpu_source.h"
+
+namespace tf::controller {
+namespace {
+
+using nlohmann::json;
+
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop.store(true); }
+
+void InstallSignalHandlers() {
+  g_stop.store(false);
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+void SleepUntilStop(int ms) {
+  for (int waited = 0; waited < ms && !g_stop.load(); waited += 50)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+StatusOr<std::string> ResolveToken(const std::string& token, const std::string& file) {
+  if (!token.empty()) return token;
+  if (file.empty()) return InvalidArgument("a bearer token is required (--token or --token-file)");
+  std::ifstream in(file);
+  std::string t;
+  if (!in || !std::getline(in, t) || t.empty()) return InvalidArgument("cannot read a token from " + file);
+  return t;
+}
+
+std::string NewToken() {
+  std::random_device rd;
+  std::ostringstream o;
+  for (int i = 0; i < 8; ++i) o << std::hex << std::setw(8) << std::setfill('0') << rd();
+  return o.str();
+}
+
+std::string DefaultIdentity() {
+  char host[128] = {};
+  gethostname(host, sizeof host - 1);
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+// A running controller: store, election, state machine, API and the replica loop.
+struct ControllerRuntime {
+  std::unique_ptr<Store> store;
+  std::unique_ptr<LeaderElection> election;
+  SystemClock clock;
+  std::unique_ptr<Controller> controller;
+  std::unique_ptr<ApiServer> api;
+  std::unique_ptr<ReplicaLoop> loop;
+  int port = 0;
+
+  Status Start(const ControllerOptions& o, const std::string& token) {
+    StatusOr<std::unique_ptr<Store>> s = OpenStore(o.store);
+    if (!s.ok()) return s.status();
+    store = std::move(s).value();
+    StatusOr<std::unique_ptr<LeaderElection>> e =
+        MakeLeaderElection(store.get(), o.identity.empty() ? DefaultIdentity() : o.identity,
+                           o.leader_ttl_seconds);
+    if (!e.ok()) return e.status();
+    election = std::move(e).value();
+    ControllerConfig cfg;
+    cfg.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
+    cfg.lost_grace_ms = o.lost_grace_ms;
+    controller = std::make_unique<Controller>(store.get(), &clock, MakeCompactFirstPlacement(),
+                                              election.get(), cfg);
+    loop = std::make_unique<ReplicaLoop>(controller.get(), election.get(), 500);
+    loop->RunOnce();  // lead (and rebuild) before the first request when nobody else leads
+    api = std::make_unique<ApiServer>(controller.get(), token);
+    StatusOr<int> p = api->Bind(o.listen_host, o.port);
+    if (!p.ok()) return p.status();
+    port = *p;
+    api->Start();
+    loop->Start();
+    return Status::Ok();
+  }
+  void Stop() {
+    if (loop) loop->Stop();
+    if (api) api->Stop();
+    if (election) election->Resign();
+  }
+};
+
+// The node agent with its metrics endpoint and heartbeat loop, until g_stop.
+int AgentLoop(const HypervisorOptions& o, const std::string& token) {
+  hypervisor::NvmlGpuSource source(o.nvml_library);
+  hypervisor::UnattachedQuotaRegions regions;
+  SystemClock clock;
+  hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", ""};
+  if (!o.catalog_overrides_file.empty()) {
+    std::ifstream in(o.catalog_overrides_file);
+    if (!in) {
+      std::fprintf(stderr, "hypervisor: cannot read %s\n", o.catalog_overrides_file.c_str());
+      return 2;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ao.catalog_overrides = ss.str();
+  }
+  httplib::Server metrics;
+  std::thread metrics_thread;
+  if (o.metrics_port >= 0) {
+    int port = o.metrics_port == 0 ? metrics.bind_to_any_port(o.metrics_host)
+                                   : (metrics.bind_to_port(o.metrics_host, o.metrics_port) ? o.metrics_port : -1);
+    if (port <= 0) {
+      std::fprintf(stderr, "hypervisor: cannot bind metrics on %s:%d\n", o.metrics_host.c_str(), o.metrics_port);
+      return 1;
+    }
+    ao.address = o.metrics_host + ":" + std::to_string(port);
+    std::fprintf(stderr, "hypervisor: metrics at http://%s/metrics\n", ao.address.c_str());
+  }
+  hypervisor::NodeAgent agent(ao, &source, &regions, &clock);
+  if (o.metrics_port >= 0) {
+    metrics.Get("/metrics", [&agent](const httplib::Request&, httplib::Response& res) {
+      res.set_content(agent.MetricsText(), "text/plain; version=0.0.4");
+    });
+    metrics_thread = std::thread([&metrics] { metrics.listen_after_bind(); });
+  }
+  Status st = agent.Start();
+  while (!st.ok() && !g_stop.load()) {
+    std::fprintf(stderr, "hypervisor: %s (retrying)\n", st.ToString().c_str());
+    if (st.code() == StatusCode::kUnauthenticated) break;
+    SleepUntilStop(2000);
+    st = agent.Start();
+  }
+  if (st.ok()) {
+    std::fprintf(stderr, "hypervisor: node %s registered with %s (%zu GPU(s)%s%s)\n",
+                 agent.node_name().c_str(), o.controller_url.c_str(), agent.gpus().size(),
+                 agent.discovery_message().empty() ? "" : ": ", agent.discovery_message().c_str());
+  }
+  int rc = st.ok() ? 0 : 1;
+  while (st.ok() && !g_stop.load()) {
+    SleepUntilStop(o.heartbeat_interval_ms);
+    if (g_stop.load()) break;
+    Status hb = agent.HeartbeatOnce();
+    if (!hb.ok()) std::fprintf(stderr, "hypervisor: %s\n", hb.ToString().c_str());
+  }
+  regions.DetachAll();
+  if (metrics_thread.joinable()) {
+    metrics.stop();
+    metrics_thread.join();
+  }
+  return rc;
+}
+
+// ---- client helpers ----
+
+std::ostream& Out(const ClientOptions& c) { return c.out ? *c.out : std::cout; }
+
+StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std::string& path,
+                    const std::string& body = "") {
+  HttpClient client(c.url, c.token);
+  StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
+                             : method == "POST" ? client.Post(path, body)
+                                                : client.Delete(path);
+  if (!r.ok()) return r.status();
+  json j = json::parse(r->body, nullptr, false);
+  if (r->status >= 300) {
+    std::string msg = (!j.is_discarded() && j.contains("error")) ? j["error"].value("message", r->body) : r->body;
+    return Unavailable("HTTP " + std::to_string(r->status) + ": " + msg);
+  }
+  if (j.is_discarded()) return Internal("the controller answered something that is not JSON");
+  return j;
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "error: %s\n", s.message().c_str());
+  return 1;
+}
+
+// Prints rows as left-aligned columns sized to their widest cell.
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (w.size() <= i) w.push_back(0);
+      w[i] = std::max(w[i], r[i].size());
+    }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(w[i] - r[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
+
+std::string Fixed(double v, int digits = 1) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << v;
+  return o.str();
+}
+
+}  // namespace
+
+void RequestShutdown() { g_stop.store(true); }
+
+int RunController(const ControllerOptions& o) {
+  StatusOr<std::string> token = ResolveToken(o.token, o.token_file);
+  if (!token.ok()) {
+    Fail(token.status());
+    return 2;
+  }
+  InstallSignalHandlers();
+  ControllerRuntime rt;
+  Status st = rt.Start(o, *token);
+  if (!st.ok()) {
+    rt.Stop();
+    return Fail(st);
+  }
+  std::printf("tfusion controller listening on http://%s:%d (store %s, %s)\n", o.listen_host.c_str(),
+              rt.port, rt.store->Describe().c_str(), rt.controller->Serving() ? "leader" : "standby");
+  std::fflush(stdout);
+  while (!g_stop.load()) SleepUntilStop(1000);
+  rt.Stop();
+  return 0;
+}
+
+int RunHypervisor(const HypervisorOptions& o) {
+  StatusOr<std::string> token = ResolveToken(o.token, o.token_file);
+  if (!token.ok()) {
+    Fail(token.status());
+    return 2;
+  }
+  InstallSignalHandlers();
+  return AgentLoop(o, *token);
+}
+
+int RunUp(const UpOptions& o) {
+  ::mkdir(o.state_dir.c_str(), 0700);
+  std::string token = o.token;
+  const std::string token_path = o.state_dir + "/token";
+  if (token.empty()) {
+    std::ifstream in(token_path);
+    std::getline(in, token);
+  }
+  if (token.empty()) {
+    token = NewToken();
+    std::ofstream out(token_path);
+    out << token << "\n";
+    ::chmod(token_path.c_str(), 0600);
+  }
+  InstallSignalHandlers();
+  ControllerOptions co;
+  co.listen_host = o.listen_host;
+  co.port = o.port;
+  co.store = "sqlite:" + o.state_dir + "/state.db";
+  ControllerRuntime rt;
+  Status st = rt.Start(co, token);
+  if (!st.ok()) {
+    rt.Stop();
+    return Fail(st);
+  }
+  if (!rt.controller->Serving()) {
+    rt.Stop();
+    return Fail(FailedPrecondition("another controller already uses " + co.store));
+  }
+  std::string url = "http://" + o.listen_host + ":" + std::to_string(rt.port);
+  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s\n",
+              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str());
+  std::fflush(stdout);
+  HypervisorOptions ho;
+  ho.controller_url = url;
+  ho.metrics_host = o.listen_host;
+  ho.metrics_port = o.metrics_port;
+  int rc = AgentLoop(ho, token);
+  while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
+  rt.Stop();
+  return rc;
+}
+
+int PoolList(const ClientOptions& c) {
+  StatusOr<json> pools = Call(c, "GET", "/v1/pools");
+  if (!pools.ok()) return Fail(pools.status());
+  StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
+  if (!gpus.ok()) return Fail(gpus.status());
+  std::vector<std::vector<std::string>> rows{{"POOL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
+  for (const json& p : (*pools)["pools"]) {
+    std::string name = p.value("name", "");
+    int n = 0;
+    double t = 0, ut = 0;
+    int64_t v = 0, uv = 0;
+    for (const json& g : (*gpus)["gpus"]) {
+      if (g.value("pool", "") != name) continue;
+      ++n;
+      t += g.value("tflops", 0.0);
+      ut += g.value("used_tflops", 0.0);
+      v += g.value("vram_mib", int64_t{0});
+      uv += g.value("used_vram_mib", int64_t{0});
+    }
+    rows.push_back({name, std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
+  }
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+int PoolCreate(const ClientOptions& c, const std::string& name) {
+  StatusOr<json> r = Call(c, "POST", "/v1/pools", json{{"name", name}}.dump());
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "pool " << name << " created\n";
+  return 0;
+}
+
+int PoolDelete(const ClientOptions& c, const std::string& name) {
+  StatusOr<json> r = Call(c, "DELETE", "/v1/pools/" + name);
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "pool " << name << " deleted\n";
+  return 0;
+}
+
+int NodeList(const ClientOptions& c) {
+  StatusOr<json> nodes = Call(c, "GET", "/v1/nodes");
+  if (!nodes.ok()) return Fail(nodes.status());
+  StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
+  if (!gpus.ok()) return Fail(gpus.status());
+  std::vector<std::vector<std::string>> rows{{"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS"}};
+  for (const json& n : (*nodes)["nodes"]) {
+    std::string name = n.value("name", "");
+    int count = 0;
+    double t = 0;
+    int64_t v = 0;
+    for (const json& g : (*gpus)["gpus"])
+      if (g.value("node", "") == name) {
+        ++count;
+        t += g.value("tflops", 0.0);
+        v += g.value("vram_mib", int64_t{0});
+      }
+    rows.push_back({name, n.value("pool", ""), n.value("state", ""), std::to_string(count), Fixed(t),
+                    std::to_string(v), n.value("address", "")});
+  }
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+int Ps(const ClientOptions& c) {
+  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  if (!allocs.ok()) return Fail(allocs.status());
+  std::vector<std::vector<std::string>> rows{{"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "VRAM_MIB"}};
+  for (const json& a : (*allocs)["allocations"]) {
+    std::string gpus;
+    double t = 0;
+    int64_t v = 0;
+    for (const json& g : a["vgpus"]) {
+      gpus += (gpus.empty() ? "" : ",") + g.value("gpu", "");
+      t += g.value("tflops", 0.0);
+      v += g.value("vram_mib", int64_t{0});
+    }
+    rows.push_back({a.value("id", ""), a.value("workload", "-").empty() ? "-" : a.value("workload", "-"),
+                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(t), std::to_string(v)});
+  }
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+int Top(const ClientOptions& c) {
+  StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
+  if (!gpus.ok()) return Fail(gpus.status());
+  std::vector<std::vector<std::string>> rows{{"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB"}};
+  for (const json& g : (*gpus)["gpus"]) {
+    rows.push_back({g.value("uuid", ""), g.value("node", ""), g.value("model", ""),
+                    Fixed(g.value("utilization_percent", 0.0), 0),
+                    std::to_string(g.value("memory_used_mib", int64_t{0})),
+                    Fixed(g.value("used_tflops", 0.0)) + "/" + Fixed(g.value("tflops", 0.0)),
+                    std::to_string(g.value("used_vram_mib", int64_t{0})) + "/" +
+                        std::to_string(g.value("vram_mib", int64_t{0}))});
+  }
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+}  // namespace tf::controller

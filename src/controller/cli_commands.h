@@ -1,0 +1,67 @@
+// Entry points that the `tfusion` CLI (src/cli) calls: the daemons (controller, node agent, the
+// all-in-one `up`) and the client commands that print tables. No argument parsing here: the CLI
+// fills the option structs. Every function returns a process exit code (0 ok, 1 failure, 2 bad
+// options) and prints errors to stderr.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace tf::controller {
+
+struct ControllerOptions {
+  std::string listen_host = "127.0.0.1";
+  int port = 9300;                        // 0: any free port (printed)
+  std::string store = "sqlite:tfusion-state.db";  // "sqlite:PATH" or "etcd:http://H:P[,...]"
+  std::string token;                      // bearer token; or read from token_file
+  std::string token_file;
+  std::string identity;                   // replica identity for leader election; default host:pid
+  int leader_ttl_seconds = 10;            // etcd lease TTL
+  int64_t heartbeat_timeout_ms = 15'000;  // a node silent this long is marked lost
+  int64_t lost_grace_ms = 60'000;         // a lost node's allocations are released after this
+};
+
+struct HypervisorOptions {
+  std::string controller_url = "http://127.0.0.1:9300";
+  std::string token;
+  std::string token_file;
+  std::string node_name;                 // default: hostname
+  std::string pool;                      // default: the controller's default pool
+  int heartbeat_interval_ms = 5'000;
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = 9400;               // per-GPU Prometheus metrics at /metrics; -1: off
+  std::string nvml_library = "libnvidia-ml.so.1";
+  std::string catalog_overrides_file;    // lines "name_substring tflops [vram_mib]"
+};
+
+struct UpOptions {
+  std::string state_dir = ".tfusion";    // holds state.db and the generated token
+  std::string listen_host = "127.0.0.1";
+  int port = 9300;
+  int metrics_port = 9400;
+  std::string token;                     // empty: reuse STATE_DIR/token or generate one
+};
+
+struct ClientOptions {
+  std::string url = "http://127.0.0.1:9300";
+  std::string token;
+  std::ostream* out = nullptr;           // default std::cout
+};
+
+// Runs until SIGINT/SIGTERM (or RequestShutdown()).
+int RunController(const ControllerOptions& options);
+int RunHypervisor(const HypervisorOptions& options);
+int RunUp(const UpOptions& options);
+// Makes the running RunController/RunHypervisor/RunUp return (async-signal-safe).
+void RequestShutdown();
+
+// Client commands: print a table (or an error) and return an exit code.
+int PoolList(const ClientOptions& client);                          // tfusion pool ls
+int PoolCreate(const ClientOptions& client, const std::string& name);  // tfusion pool create NAME
+int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
+int NodeList(const ClientOptions& client);                          // tfusion node ls
+int Ps(const ClientOptions& client);                                // tfusion ps (allocations)
+int Top(const ClientOptions& client);                               // tfusion top (GPUs, usage)
+
+}  // namespace tf::controller

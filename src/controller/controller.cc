@@ -1,0 +1,691 @@
+#include "controller/controller.h"
+
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace tf::controller {
+namespace {
+
+constexpr int kMaxCommitAttempts = 3;
+constexpr int kMaxGpusPerAllocation = 64;
+
+std::string PoolKey(const std::string& n) { return kPoolPrefix + n; }
+std::string NodeKey(const std::string& n) { return kNodePrefix + n; }
+std::string GpuKey(const std::string& u) { return kGpuPrefix + u; }
+std::string WorkloadKey(const std::string& n) { return kWorkloadPrefix + n; }
+std::string AllocationKey(const std::string& id) { return kAllocationPrefix + id; }
+
+template <typename T>
+std::string Dump(const T& v) {
+  return ToJson(v).dump();
+}
+
+Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count) {
+  if (!std::isfinite(tflops) || tflops <= 0) return InvalidArgument("tflops must be a positive number");
+  if (vram_mib <= 0) return InvalidArgument("vram_mib must be a positive integer");
+  if (gpu_count < 1 || gpu_count > kMaxGpusPerAllocation)
+    return InvalidArgument("gpu_count must be between 1 and " +
+                           std::to_string(kMaxGpusPerAllocation));
+  return Status::Ok();
+}
+
+}  // namespace
+
+int HttpStatusFor(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::kOk: return 200;
+    case StatusCode::kInvalidArgument: return 400;
+    case StatusCode::kUnauthenticated: return 401;
+    case StatusCode::kPermissionDenied: return 403;
+    case StatusCode::kNotFound: return 404;
+    case StatusCode::kAlreadyExists:
+    case StatusCode::kFailedPrecondition:
+    case StatusCode::kAborted:
+    case StatusCode::kOutOfMemory:
+    case StatusCode::kResourceExhausted: return 409;
+    case StatusCode::kUnavailable: return 503;
+    case StatusCode::kNotSupported: return 501;
+    default: return 500;
+  }
+}
+
+Controller::Controller(Store* store, const Clock* clock, std::unique_ptr<PlacementEngine> placement,
+                       LeaderElection* election, ControllerConfig config)
+    : store_(store), clock_(clock), placement_(std::move(placement)), election_(election),
+      config_(std::move(config)), rng_(std::random_device{}()) {}
+
+Status Controller::Rebuild() {
+  std::lock_guard<std::mutex> lock(mu_);
+  serving_ = false;
+  pools_.clear();
+  nodes_.clear();
+  gpus_.clear();
+  workloads_.clear();
+  allocations_.clear();
+  last_heartbeat_ms_.clear();
+  samples_.clear();
+  sampled_ms_.clear();
+  pool_gpus_.clear();
+
+  auto load = [&](const char* prefix, auto parse, auto& into, auto name_of) -> Status {
+    StatusOr<std::vector<KeyValue>> kvs = store_->List(prefix);
+    if (!kvs.ok()) return kvs.status();
+    for (const KeyValue& kv : *kvs) {
+      auto v = parse(kv.value);
+      if (!v.ok()) return Internal(kv.key + ": " + v.status().message());
+      std::string name = name_of(*v);
+      into[name] = {std::move(v).value(), kv.mod_revision};
+    }
+    return Status::Ok();
+  };
+  TF_RETURN_IF_ERROR(load(kPoolPrefix, PoolFromJson, pools_, [](const Pool& p) { return p.name; }));
+  TF_RETURN_IF_ERROR(load(kNodePrefix, NodeFromJson, nodes_, [](const Node& n) { return n.name; }));
+  TF_RETURN_IF_ERROR(load(kGpuPrefix, GpuFromJson, gpus_, [](const Gpu& g) { return g.uuid; }));
+  TF_RETURN_IF_ERROR(
+      load(kWorkloadPrefix, WorkloadFromJson, workloads_, [](const Workload& w) { return w.name; }));
+  TF_RETURN_IF_ERROR(load(kAllocationPrefix, AllocationFromJson, allocations_,
+                          [](const Allocation& a) { return a.id; }));
+
+  // GPU usage and allocations are written in the same transaction, so they agree; say so loudly
+  // if a store was edited by hand and they do not.
+  std::unordered_map<std::string, std::pair<double, int64_t>> used;
+  for (const auto& [id, a] : allocations_)
+    for (const Vgpu& v : a.value.vgpus) {
+      used[v.gpu_uuid].first += v.tflops;
+      used[v.gpu_uuid].second += v.vram_mib;
+    }
+  for (const auto& [uuid, g] : gpus_) {
+    auto u = used[uuid];
+    if (std::fabs(u.first - g.value.used_tflops) > 1e-6 || u.second != g.value.used_vram_mib)
+      std::fprintf(stderr, "controller: GPU %s usage (%.3f TFLOPS, %lld MiB) disagrees with its "
+                   "allocations (%.3f TFLOPS, %lld MiB)\n", uuid.c_str(), g.value.used_tflops,
+                   static_cast<long long>(g.value.used_vram_mib), u.first,
+                   static_cast<long long>(u.second));
+  }
+
+  TF_RETURN_IF_ERROR(EnsurePoolLocked(config_.default_pool));
+  const int64_t now = clock_->NowMs();
+  for (const auto& [name, n] : nodes_) last_heartbeat_ms_[name] = now;
+  std::set<std::string> pools;
+  for (const auto& [uuid, g] : gpus_) pools.insert(g.value.pool);
+  for (const std::string& p : pools) IndexPoolLocked(p);
+  serving_ = true;
+  return Status::Ok();
+}
+
+bool Controller::Serving() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return serving_ && (election_ == nullptr || election_->IsLeader());
+}
+
+void Controller::StopServing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  serving_ = false;
+}
+
+Status Controller::CheckServingLocked() const {
+  if (!serving_) return Unavailable("this controller replica is not serving (not the leader)");
+  if (election_ && !election_->IsLeader())
+    return Unavailable("this controller replica lost leadership");
+  return Status::Ok();
+}
+
+StatusOr<int64_t> Controller::CommitLocked(std::vector<Compare> compares,
+                                           const std::vector<Write>& writes) {
+  if (election_) {
+    if (std::optional<Compare> fence = election_->Fence()) compares.push_back(*fence);
+  }
+  StatusOr<int64_t> rev = store_->Commit(compares, writes);
+  if (!rev.ok() && rev.status().code() == StatusCode::kAborted) ++counters_.commit_conflicts;
+  return rev;
+}
+
+Status Controller::EnsurePoolLocked(const std::string& name) {
+  if (pools_.count(name)) return Status::Ok();
+  Pool p{name, clock_->NowMs()};
+  StatusOr<int64_t> rev = CommitLocked({Compare::Absent(PoolKey(name))}, {Write::Put(PoolKey(name), Dump(p))});
+  if (!rev.ok()) {
+    if (rev.status().code() != StatusCode::kAborted) return rev.status();
+    // Another writer created it (or we are fenced off): read what is there.
+    StatusOr<std::optional<KeyValue>> kv = store_->Get(PoolKey(name));
+    if (!kv.ok()) return kv.status();
+    if (!kv->has_value()) return rev.status();
+    StatusOr<Pool> stored = PoolFromJson((*kv)->value);
+    if (!stored.ok()) return stored.status();
+    pools_[name] = {*stored, (*kv)->mod_revision};
+    return Status::Ok();
+  }
+  pools_[name] = {p, *rev};
+  return Status::Ok();
+}
+
+void Controller::IndexPoolLocked(const std::string& pool) {
+  std::vector<const Gpu*>& v = pool_gpus_[pool];
+  v.clear();
+  for (const auto& [uuid, g] : gpus_)
+    if (g.value.pool == pool) v.push_back(&g.value);
+  std::stable_sort(v.begin(), v.end(), [](const Gpu* a, const Gpu* b) {
+    return a->node != b->node ? a->node < b->node : a->index < b->index;
+  });
+  if (v.empty()) pool_gpus_.erase(pool);
+}
+
+std::string Controller::NewAllocationIdLocked() {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "a-%016llx", static_cast<unsigned long long>(rng_()));
+  return buf;
+}
+
+Status Controller::ReloadGpusLocked(const std::vector<std::string>& uuids) {
+  for (const std::string& uuid : uuids) {
+    StatusOr<std::optional<KeyValue>> kv = store_->Get(GpuKey(uuid));
+    if (!kv.ok()) return kv.status();
+    auto it = gpus_.find(uuid);
+    if (!kv->has_value()) {
+      if (it != gpus_.end()) {
+        std::string pool = it->second.value.pool;
+        gpus_.erase(it);
+        IndexPoolLocked(pool);
+      }
+      continue;
+    }
+    StatusOr<Gpu> g = GpuFromJson((*kv)->value);
+    if (!g.ok()) return g.status();
+    if (it != gpus_.end() && it->second.value.pool == g->pool && it->second.value.node == g->node) {
+      it->second = {*g, (*kv)->mod_revision};  // in place: pool index pointers stay valid
+    } else {
+      std::string old_pool = it != gpus_.end() ? it->second.value.pool : g->pool;
+      gpus_[uuid] = {*g, (*kv)->mod_revision};
+      IndexPoolLocked(old_pool);
+      IndexPoolLocked(g->pool);
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- pools ----
+
+StatusOr<Pool> Controller::CreatePool(const std::string& name) {
+  TF_RETURN_IF_ERROR(ValidateName("pool name", name));
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  if (pools_.count(name)) return AlreadyExists("pool '" + name + "' already exists");
+  Pool p{name, clock_->NowMs()};
+  StatusOr<int64_t> rev =
+      CommitLocked({Compare::Absent(PoolKey(name))}, {Write::Put(PoolKey(name), Dump(p))});
+  if (!rev.ok()) return rev.status();
+  pools_[name] = {p, *rev};
+  return p;
+}
+
+std::vector<Pool> Controller::ListPools() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Pool> out;
+  for (const auto& [n, p] : pools_) out.push_back(p.value);
+  return out;
+}
+
+StatusOr<Pool> Controller::GetPool(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) return NotFound("pool '" + name + "' not found");
+  return it->second.value;
+}
+
+Status Controller::DeletePool(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  auto it = pools_.find(name);
+  if (it == pools_.end()) return NotFound("pool '" + name + "' not found");
+  if (name == config_.default_pool)
+    return FailedPrecondition("the default pool '" + name + "' cannot be deleted");
+  for (const auto& [n, node] : nodes_)
+    if (node.value.pool == name)
+      return FailedPrecondition("pool '" + name + "' still has node '" + n + "'");
+  StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(name), it->second.revision)},
+                                       {Write::Delete(PoolKey(name))});
+  if (!rev.ok()) return rev.status();
+  pools_.erase(it);
+  return Status::Ok();
+}
+
+// ---- nodes ----
+
+StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
+  NodeRegistration reg = reg_in;
+  if (reg.pool.empty()) reg.pool = config_.default_pool;
+  TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
+  TF_RETURN_IF_ERROR(ValidateName("pool name", reg.pool));
+  std::set<std::string> seen;
+  for (const GpuReport& g : reg.gpus) {
+    TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
+    if (!seen.insert(g.uuid).second) return InvalidArgument("GPU " + g.uuid + " is listed twice");
+    if (!std::isfinite(g.tflops) || g.tflops < 0)
+      return InvalidArgument("GPU " + g.uuid + ": tflops must be a number >= 0");
+    if (g.vram_mib < 0) return InvalidArgument("GPU " + g.uuid + ": vram_mib must be >= 0");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  if (!pools_.count(reg.pool)) return NotFound("pool '" + reg.pool + "' not found");
+
+  const int64_t now = clock_->NowMs();
+  std::vector<Compare> compares;
+  std::vector<Write> writes;
+  std::vector<Gpu> new_gpus;
+  std::vector<std::string> removed;
+  auto node_it = nodes_.find(reg.name);
+  std::string old_pool = node_it != nodes_.end() ? node_it->second.value.pool : reg.pool;
+  compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
+                                             : Compare::Absent(NodeKey(reg.name)));
+  Node node{reg.name, reg.pool, reg.address, NodeState::kReady, now, 0};
+  writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
+  for (const GpuReport& r : reg.gpus) {
+    Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};
+    auto it = gpus_.find(r.uuid);
+    if (it != gpus_.end()) {
+      if (it->second.value.node != reg.name)
+        return AlreadyExists("GPU " + r.uuid + " is registered to node '" + it->second.value.node + "'");
+      g.used_tflops = it->second.value.used_tflops;  // the agent restarted: usage stays
+      g.used_vram_mib = it->second.value.used_vram_mib;
+      if (g.used_tflops > 0 && g.pool != it->second.value.pool)
+        return FailedPrecondition("GPU " + r.uuid + " holds allocations in pool '" +
+                                  it->second.value.pool + "'; release them before moving the node");
+      compares.push_back(Compare::At(GpuKey(r.uuid), it->second.revision));
+    } else {
+      compares.push_back(Compare::Absent(GpuKey(r.uuid)));
+    }
+    writes.push_back(Write::Put(GpuKey(r.uuid), Dump(g)));
+    new_gpus.push_back(g);
+  }
+  // GPUs the node no longer reports: forget idle ones, keep busy ones unschedulable so their
+  // allocations stay accounted until released.
+  std::vector<Gpu> kept;
+  for (const auto& [uuid, g] : gpus_) {
+    if (g.value.node != reg.name || seen.count(uuid)) continue;
+    compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+    if (g.value.used_tflops <= 0 && g.value.used_vram_mib <= 0) {
+      writes.push_back(Write::Delete(GpuKey(uuid)));
+      removed.push_back(uuid);
+    } else {
+      Gpu k = g.value;
+      k.schedulable = false;
+      writes.push_back(Write::Put(GpuKey(uuid), Dump(k)));
+      kept.push_back(k);
+    }
+  }
+  StatusOr<int64_t> rev = CommitLocked(compares, writes);
+  if (!rev.ok()) return rev.status();
+  nodes_[reg.name] = {node, *rev};
+  for (const std::string& uuid : removed) gpus_.erase(uuid);
+  for (const Gpu& g : new_gpus) gpus_[g.uuid] = {g, *rev};
+  for (const Gpu& g : kept) gpus_[g.uuid] = {g, *rev};
+  last_heartbeat_ms_[reg.name] = now;
+  IndexPoolLocked(reg.pool);
+  if (old_pool != reg.pool) IndexPoolLocked(old_pool);
+  return node;
+}
+
+Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
+  const int64_t now = clock_->NowMs();
+  last_heartbeat_ms_[name] = now;
+  for (const GpuSample& s : samples) {
+    auto g = gpus_.find(s.uuid);
+    if (g == gpus_.end() || g->second.value.node != name) continue;
+    samples_[s.uuid] = s;
+    sampled_ms_[s.uuid] = now;
+  }
+  if (it->second.value.state == NodeState::kReady) return Status::Ok();
+  // A lost node came back: it is ready again (allocations released meanwhile stay released).
+  Node node = it->second.value;
+  node.state = NodeState::kReady;
+  node.lost_since_ms = 0;
+  std::vector<Compare> compares{Compare::At(NodeKey(name), it->second.revision)};
+  std::vector<Write> writes{Write::Put(NodeKey(name), Dump(node))};
+  std::vector<Gpu> updated;
+  for (const auto& [uuid, g] : gpus_) {
+    if (g.value.node != name) continue;
+    Gpu u = g.value;
+    u.schedulable = true;
+    compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+    writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
+    updated.push_back(u);
+  }
+  StatusOr<int64_t> rev = CommitLocked(compares, writes);
+  if (!rev.ok()) return rev.status();
+  it->second = {node, *rev};
+  for (const Gpu& g : updated) gpus_[g.uuid] = {g, *rev};
+  return Status::Ok();
+}
+
+std::vector<NodeStatus> Controller::ListNodes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<NodeStatus> out;
+  for (const auto& [name, n] : nodes_) {
+    auto hb = last_heartbeat_ms_.find(name);
+    out.push_back({n.value, hb == last_heartbeat_ms_.end() ? 0 : hb->second});
+  }
+  return out;
+}
+
+StatusOr<NodeStatus> Controller::GetNode(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return NotFound("node '" + name + "' not found");
+  auto hb = last_heartbeat_ms_.find(name);
+  return NodeStatus{it->second.value, hb == last_heartbeat_ms_.end() ? 0 : hb->second};
+}
+
+std::vector<GpuStatus> Controller::ListGpus(const std::string& pool_filter) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<GpuStatus> out;
+  for (const auto& [uuid, g] : gpus_) {
+    if (!pool_filter.empty() && g.value.pool != pool_filter) continue;
+    GpuStatus s{g.value, 0, 0, 0};
+    if (auto it = samples_.find(uuid); it != samples_.end()) {
+      s.utilization_percent = it->second.utilization_percent;
+      s.memory_used_mib = it->second.memory_used_mib;
+      s.sampled_ms = sampled_ms_.at(uuid);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// ---- workloads ----
+
+StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
+  Workload w = w_in;
+  if (w.pool.empty()) w.pool = config_.default_pool;
+  TF_RETURN_IF_ERROR(ValidateName("workload name", w.name));
+  TF_RETURN_IF_ERROR(ValidateName("pool name", w.pool));
+  TF_RETURN_IF_ERROR(ValidateResources(w.tflops, w.vram_mib, w.gpu_count));
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
+  if (workloads_.count(w.name)) return AlreadyExists("workload '" + w.name + "' already exists");
+  StatusOr<int64_t> rev = CommitLocked({Compare::Absent(WorkloadKey(w.name))},
+                                       {Write::Put(WorkloadKey(w.name), Dump(w))});
+  if (!rev.ok()) return rev.status();
+  workloads_[w.name] = {w, *rev};
+  return w;
+}
+
+std::vector<Workload> Controller::ListWorkloads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Workload> out;
+  for (const auto& [n, w] : workloads_) out.push_back(w.value);
+  return out;
+}
+
+StatusOr<Workload> Controller::GetWorkload(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workloads_.find(name);
+  if (it == workloads_.end()) return NotFound("workload '" + name + "' not found");
+  return it->second.value;
+}
+
+Status Controller::DeleteWorkload(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  auto it = workloads_.find(name);
+  if (it == workloads_.end()) return NotFound("workload '" + name + "' not found");
+  StatusOr<int64_t> rev = CommitLocked({Compare::At(WorkloadKey(name), it->second.revision)},
+                                       {Write::Delete(WorkloadKey(name))});
+  if (!rev.ok()) return rev.status();
+  workloads_.erase(it);
+  return Status::Ok();
+}
+
+// ---- allocations ----
+
+StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  PlacementRequest pr{req.pool, req.tflops, req.vram_mib, req.gpu_count, Qos::kMedium, req.gpu_model};
+  std::string qos = req.qos;
+  if (!req.workload.empty()) {
+    TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
+    auto w = workloads_.find(req.workload);
+    if (w == workloads_.end()) return NotFound("workload '" + req.workload + "' not found");
+    const Workload& wl = w->second.value;
+    if (pr.pool.empty()) pr.pool = wl.pool;
+    if (pr.tflops == 0) pr.tflops = wl.tflops;
+    if (pr.vram_mib == 0) pr.vram_mib = wl.vram_mib;
+    if (pr.gpu_count == 0) pr.gpu_count = wl.gpu_count;
+    if (qos.empty()) qos = QosName(wl.qos);
+  }
+  if (pr.pool.empty()) pr.pool = config_.default_pool;
+  if (pr.gpu_count == 0) pr.gpu_count = 1;
+  if (!qos.empty()) {
+    StatusOr<Qos> q = ParseQos(qos);
+    if (!q.ok()) return q.status();
+    pr.qos = *q;
+  }
+  TF_RETURN_IF_ERROR(ValidateName("pool name", pr.pool));
+  TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count));
+  if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
+
+  static const std::vector<const Gpu*> kNoGpus;
+  Status last;
+  for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
+    auto pg = pool_gpus_.find(pr.pool);
+    StatusOr<PlacementDecision> d = placement_->Place(pr, pg == pool_gpus_.end() ? kNoGpus : pg->second);
+    if (!d.ok()) {
+      ++counters_.allocations_refused;
+      return d.status();
+    }
+    Allocation a{NewAllocationIdLocked(), req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs()};
+    std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
+    std::vector<Write> writes;
+    std::vector<Gpu> updated;
+    for (const std::string& uuid : d->gpu_uuids) {
+      const Versioned<Gpu>& g = gpus_.at(uuid);
+      Gpu u = g.value;
+      u.used_tflops += pr.tflops;
+      u.used_vram_mib += pr.vram_mib;
+      compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+      writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
+      updated.push_back(std::move(u));
+      a.vgpus.push_back(Vgpu{uuid, pr.tflops, pr.vram_mib});
+    }
+    writes.push_back(Write::Put(AllocationKey(a.id), Dump(a)));
+    StatusOr<int64_t> rev = CommitLocked(compares, writes);
+    if (rev.ok()) {
+      for (Gpu& u : updated) {
+        Versioned<Gpu>& g = gpus_.at(u.uuid);
+        g.value = std::move(u);  // in place: pool index pointers stay valid
+        g.revision = *rev;
+      }
+      allocations_[a.id] = {a, *rev};
+      ++counters_.allocations_granted;
+      return a;
+    }
+    last = rev.status();
+    if (last.code() != StatusCode::kAborted) return last;
+    if (election_ && !election_->IsLeader())
+      return Unavailable("this controller replica lost leadership");
+    // Another writer changed one of the GPUs: read them again and place again.
+    TF_RETURN_IF_ERROR(ReloadGpusLocked(d->gpu_uuids));
+  }
+  return Status(StatusCode::kAborted, "allocation kept conflicting with concurrent writers: " + last.message());
+}
+
+Status Controller::Release(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TF_RETURN_IF_ERROR(CheckServingLocked());
+  return ReleaseLocked(id, /*lost_node=*/false);
+}
+
+Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
+  Status last;
+  for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
+    auto it = allocations_.find(id);
+    if (it == allocations_.end()) return NotFound("allocation '" + id + "' not found");
+    const Allocation& a = it->second.value;
+    std::vector<Compare> compares{Compare::At(AllocationKey(id), it->second.revision)};
+    std::vector<Write> writes{Write::Delete(AllocationKey(id))};
+    std::vector<Gpu> updated;
+    std::vector<std::string> uuids;
+    for (const Vgpu& v : a.vgpus) {
+      auto g = gpus_.find(v.gpu_uuid);
+      if (g == gpus_.end()) continue;
+      Gpu u = g->second.value;
+      u.used_tflops = std::max(0.0, u.used_tflops - v.tflops);
+      if (u.used_tflops < 1e-9) u.used_tflops = 0;
+      u.used_vram_mib = std::max<int64_t>(0, u.used_vram_mib - v.vram_mib);
+      compares.push_back(Compare::At(GpuKey(u.uuid), g->second.revision));
+      writes.push_back(Write::Put(GpuKey(u.uuid), Dump(u)));
+      uuids.push_back(u.uuid);
+      updated.push_back(std::move(u));
+    }
+    StatusOr<int64_t> rev = CommitLocked(compares, writes);
+    if (rev.ok()) {
+      for (Gpu& u : updated) {
+        Versioned<Gpu>& g = gpus_.at(u.uuid);
+        g.value = std::move(u);
+        g.revision = *rev;
+      }
+      placement_->Release(it->second.value);
+      allocations_.erase(it);
+      ++(lost_node ? counters_.allocations_released_lost_node : counters_.allocations_released);
+      return Status::Ok();
+    }
+    last = rev.status();
+    if (last.code() != StatusCode::kAborted) return last;
+    if (election_ && !election_->IsLeader())
+      return Unavailable("this controller replica lost leadership");
+    TF_RETURN_IF_ERROR(ReloadGpusLocked(uuids));
+  }
+  return Status(StatusCode::kAborted, "release kept conflicting with concurrent writers: " + last.message());
+}
+
+std::vector<Allocation> Controller::ListAllocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Allocation> out;
+  out.reserve(allocations_.size());
+  for (const auto& [id, a] : allocations_) out.push_back(a.value);
+  return out;
+}
+
+StatusOr<Allocation> Controller::GetAllocation(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.find(id);
+  if (it == allocations_.end()) return NotFound("allocation '" + id + "' not found");
+  return it->second.value;
+}
+
+// ---- liveness ----
+
+void Controller::Tick() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!CheckServingLocked().ok()) return;
+  const int64_t now = clock_->NowMs();
+  std::vector<std::string> expired;
+  for (auto& [name, n] : nodes_) {
+    if (n.value.state == NodeState::kReady) {
+      if (now - last_heartbeat_ms_[name] <= config_.heartbeat_timeout_ms) continue;
+      Node node = n.value;
+      node.state = NodeState::kLost;
+      node.lost_since_ms = now;
+      std::vector<Compare> compares{Compare::At(NodeKey(name), n.revision)};
+      std::vector<Write> writes{Write::Put(NodeKey(name), Dump(node))};
+      std::vector<Gpu> updated;
+      for (const auto& [uuid, g] : gpus_) {
+        if (g.value.node != name) continue;
+        Gpu u = g.value;
+        u.schedulable = false;
+        compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+        writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
+        updated.push_back(u);
+      }
+      StatusOr<int64_t> rev = CommitLocked(compares, writes);
+      if (!rev.ok()) {
+        std::fprintf(stderr, "controller: marking node %s lost failed: %s\n", name.c_str(),
+                     rev.status().ToString().c_str());
+        continue;
+      }
+      n = {node, *rev};
+      for (Gpu& u : updated) {
+        Versioned<Gpu>& g = gpus_.at(u.uuid);
+        g.value = std::move(u);
+        g.revision = *rev;
+      }
+      ++counters_.nodes_marked_lost;
+      std::fprintf(stderr, "controller: node %s missed heartbeats for %lld ms: marked lost\n",
+                   name.c_str(), static_cast<long long>(now - last_heartbeat_ms_[name]));
+    } else if (now - n.value.lost_since_ms >= config_.lost_grace_ms) {
+      expired.push_back(name);
+    }
+  }
+  for (const std::string& name : expired) {
+    std::vector<std::string> ids;
+    for (const auto& [id, a] : allocations_)
+      if (a.value.node == name) ids.push_back(id);
+    for (const std::string& id : ids) {
+      Status st = ReleaseLocked(id, /*lost_node=*/true);
+      if (!st.ok())
+        std::fprintf(stderr, "controller: releasing %s of lost node %s failed: %s\n", id.c_str(),
+                     name.c_str(), st.ToString().c_str());
+    }
+  }
+}
+
+ControllerCounters Controller::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+std::string Controller::MetricsText() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream o;
+  bool leader = serving_ && (election_ == nullptr || election_->IsLeader());
+  o << "# HELP tf_controller_leader 1 when this replica leads and serves.\n"
+    << "# TYPE tf_controller_leader gauge\ntf_controller_leader " << (leader ? 1 : 0) << "\n";
+  size_t ready = 0, lost = 0;
+  for (const auto& [n, node] : nodes_) (node.value.state == NodeState::kReady ? ready : lost)++;
+  o << "# HELP tf_controller_nodes Registered nodes by state.\n# TYPE tf_controller_nodes gauge\n"
+    << "tf_controller_nodes{state=\"ready\"} " << ready << "\n"
+    << "tf_controller_nodes{state=\"lost\"} " << lost << "\n";
+  struct PoolSums { double cap_t = 0, used_t = 0; int64_t cap_v = 0, used_v = 0; size_t gpus = 0; };
+  std::map<std::string, PoolSums> sums;
+  for (const auto& [n, p] : pools_) sums[n];
+  for (const auto& [uuid, g] : gpus_) {
+    PoolSums& s = sums[g.value.pool];
+    s.cap_t += g.value.tflops;
+    s.used_t += g.value.used_tflops;
+    s.cap_v += g.value.vram_mib;
+    s.used_v += g.value.used_vram_mib;
+    s.gpus++;
+  }
+  auto family = [&](const char* name, const char* help, auto get) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+    for (const auto& [pool, s] : sums) o << name << "{pool=\"" << pool << "\"} " << get(s) << "\n";
+  };
+  family("tf_pool_gpus", "Physical GPUs in the pool.", [](const PoolSums& s) { return double(s.gpus); });
+  family("tf_pool_capacity_tflops", "FP16 TFLOPS capacity of the pool.", [](const PoolSums& s) { return s.cap_t; });
+  family("tf_pool_allocated_tflops", "FP16 TFLOPS allocated in the pool.", [](const PoolSums& s) { return s.used_t; });
+  family("tf_pool_capacity_vram_mib", "VRAM capacity of the pool in MiB.", [](const PoolSums& s) { return double(s.cap_v); });
+  family("tf_pool_allocated_vram_mib", "VRAM allocated in the pool in MiB.", [](const PoolSums& s) { return double(s.used_v); });
+  o << "# HELP tf_controller_allocations Live allocations.\n# TYPE tf_controller_allocations gauge\n"
+    << "tf_controller_allocations " << allocations_.size() << "\n";
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n" << name << " " << v << "\n";
+  };
+  counter("tf_controller_allocations_granted_total", "Allocations granted.", counters_.allocations_granted);
+  counter("tf_controller_allocations_refused_total", "Allocations refused for lack of capacity.", counters_.allocations_refused);
+  counter("tf_controller_allocations_released_total", "Allocations released by request.", counters_.allocations_released);
+  counter("tf_controller_allocations_released_lost_node_total", "Allocations released because their node was lost.", counters_.allocations_released_lost_node);
+  counter("tf_controller_commit_conflicts_total", "Store transactions refused by a compare (CAS).", counters_.commit_conflicts);
+  counter("tf_controller_nodes_marked_lost_total", "Times a node was marked lost.", counters_.nodes_marked_lost);
+  return o.str();
+}
+
+}  // namespace tf::controller

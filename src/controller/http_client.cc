@@ -1,0 +1,42 @@
+#include "controller/http_client.h"
+
+#include <httplib.h>
+
+namespace tf::controller {
+
+HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms)
+    : base_url_(base_url), token_(std::move(bearer_token)),
+      cli_(std::make_unique<httplib::Client>(base_url)) {
+  cli_->set_keep_alive(true);
+  cli_->set_connection_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+  cli_->set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+  cli_->set_write_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
+  if (!token_.empty()) cli_->set_bearer_token_auth(token_.c_str());
+}
+
+HttpClient::~HttpClient() = default;
+
+namespace {
+StatusOr<HttpResponse> Convert(const httplib::Result& r, const std::string& what) {
+  if (!r) return Unavailable(what + ": " + httplib::to_string(r.error()));
+  return HttpResponse{r->status, r->body};
+}
+}  // namespace
+
+StatusOr<HttpResponse> HttpClient::Get(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Convert(cli_->Get(path.c_str()), "GET " + base_url_ + path);
+}
+
+StatusOr<HttpResponse> HttpClient::Post(const std::string& path, const std::string& json_body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Convert(cli_->Post(path.c_str(), json_body, "application/json"),
+                 "POST " + base_url_ + path);
+}
+
+StatusOr<HttpResponse> HttpClient::Delete(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Convert(cli_->Delete(path.c_str()), "DELETE " + base_url_ + path);
+}
+
+}  // namespace tf::controller

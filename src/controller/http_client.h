@@ -1,0 +1,45 @@
+// HttpClient: a small blocking HTTP/1.1 client (keep-alive) used by the etcd store, the node
+// agent and the CLI helpers. It hides cpp-httplib from their headers.
+// Thread safety: every method may be called from several threads; requests are serialized on one
+// connection.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+
+namespace httplib {
+class Client;
+}
+
+namespace tf::controller {
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+
+class HttpClient {
+ public:
+  // `base_url` is "http://host:port". `bearer_token` may be empty (no Authorization header).
+  HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms = 5000);
+  ~HttpClient();
+
+  // kUnavailable when the server cannot be reached or the connection breaks; any HTTP status
+  // (even 4xx/5xx) is a successful exchange and is returned.
+  StatusOr<HttpResponse> Get(const std::string& path);
+  StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
+  StatusOr<HttpResponse> Delete(const std::string& path);
+
+  const std::string& base_url() const { return base_url_; }
+
+ private:
+  const std::string base_url_;
+  const std::string token_;
+  std::mutex mu_;
+  std::unique_ptr<httplib::Client> cli_;
+};
+
+}  // namespace tf::controller

@@ -1,0 +1,151 @@
+#include "controller/model.h"
+
+#include <nlohmann/json.hpp>
+
+namespace tf::controller {
+
+using nlohmann::json;
+
+const char* QosName(Qos q) {
+  switch (q) {
+    case Qos::kLow: return "low";
+    case Qos::kMedium: return "medium";
+    case Qos::kHigh: return "high";
+    case Qos::kCritical: return "critical";
+  }
+  return "medium";
+}
+
+StatusOr<Qos> ParseQos(const std::string& s) {
+  if (s == "low") return Qos::kLow;
+  if (s == "medium") return Qos::kMedium;
+  if (s == "high") return Qos::kHigh;
+  if (s == "critical") return Qos::kCritical;
+  return InvalidArgument("qos must be one of low, medium, high, critical (got '" + s + "')");
+}
+
+json ToJson(const Pool& p) { return {{"name", p.name}, {"created_ms", p.created_ms}}; }
+
+json ToJson(const Node& n) {
+  return {{"name", n.name},
+          {"pool", n.pool},
+          {"address", n.address},
+          {"state", n.state == NodeState::kReady ? "ready" : "lost"},
+          {"registered_ms", n.registered_ms},
+          {"lost_since_ms", n.lost_since_ms}};
+}
+
+json ToJson(const Gpu& g) {
+  return {{"uuid", g.uuid},           {"node", g.node},
+          {"pool", g.pool},           {"model", g.model},
+          {"index", g.index},         {"numa_node", g.numa_node},
+          {"tflops", g.tflops},       {"vram_mib", g.vram_mib},
+          {"used_tflops", g.used_tflops}, {"used_vram_mib", g.used_vram_mib},
+          {"schedulable", g.schedulable}};
+}
+
+json ToJson(const Workload& w) {
+  return {{"name", w.name},         {"pool", w.pool},           {"tflops", w.tflops},
+          {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)}};
+}
+
+json ToJson(const Allocation& a) {
+  json vgpus = json::array();
+  for (const Vgpu& v : a.vgpus)
+    vgpus.push_back({{"gpu", v.gpu_uuid}, {"tflops", v.tflops}, {"vram_mib", v.vram_mib}});
+  return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
+          {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
+          {"created_ms", a.created_ms}};
+}
+
+namespace {
+
+template <typename T, typename F>
+StatusOr<T> Parse(const std::string& text, const char* what, F fill) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal(std::string("stored ") + what + " is not JSON");
+  try {
+    T v;
+    fill(j, v);
+    return v;
+  } catch (const json::exception& e) {
+    return Internal(std::string("stored ") + what + " is malformed: " + e.what());
+  }
+}
+
+}  // namespace
+
+StatusOr<Pool> PoolFromJson(const std::string& text) {
+  return Parse<Pool>(text, "pool", [](const json& j, Pool& p) {
+    p.name = j.at("name").get<std::string>();
+    p.created_ms = j.value("created_ms", int64_t{0});
+  });
+}
+
+StatusOr<Node> NodeFromJson(const std::string& text) {
+  return Parse<Node>(text, "node", [](const json& j, Node& n) {
+    n.name = j.at("name").get<std::string>();
+    n.pool = j.at("pool").get<std::string>();
+    n.address = j.value("address", "");
+    n.state = j.value("state", "ready") == "lost" ? NodeState::kLost : NodeState::kReady;
+    n.registered_ms = j.value("registered_ms", int64_t{0});
+    n.lost_since_ms = j.value("lost_since_ms", int64_t{0});
+  });
+}
+
+StatusOr<Gpu> GpuFromJson(const std::string& text) {
+  return Parse<Gpu>(text, "gpu", [](const json& j, Gpu& g) {
+    g.uuid = j.at("uuid").get<std::string>();
+    g.node = j.at("node").get<std::string>();
+    g.pool = j.at("pool").get<std::string>();
+    g.model = j.value("model", "");
+    g.index = j.value("index", 0);
+    g.numa_node = j.value("numa_node", -1);
+    g.tflops = j.at("tflops").get<double>();
+    g.vram_mib = j.at("vram_mib").get<int64_t>();
+    g.used_tflops = j.value("used_tflops", 0.0);
+    g.used_vram_mib = j.value("used_vram_mib", int64_t{0});
+    g.schedulable = j.value("schedulable", true);
+  });
+}
+
+StatusOr<Workload> WorkloadFromJson(const std::string& text) {
+  return Parse<Workload>(text, "workload", [](const json& j, Workload& w) {
+    w.name = j.at("name").get<std::string>();
+    w.pool = j.at("pool").get<std::string>();
+    w.tflops = j.at("tflops").get<double>();
+    w.vram_mib = j.at("vram_mib").get<int64_t>();
+    w.gpu_count = j.value("gpu_count", 1);
+    StatusOr<Qos> q = ParseQos(j.value("qos", "medium"));
+    w.qos = q.ok() ? *q : Qos::kMedium;
+  });
+}
+
+StatusOr<Allocation> AllocationFromJson(const std::string& text) {
+  return Parse<Allocation>(text, "allocation", [](const json& j, Allocation& a) {
+    a.id = j.at("id").get<std::string>();
+    a.workload = j.value("workload", "");
+    a.pool = j.at("pool").get<std::string>();
+    a.node = j.at("node").get<std::string>();
+    StatusOr<Qos> q = ParseQos(j.value("qos", "medium"));
+    a.qos = q.ok() ? *q : Qos::kMedium;
+    for (const json& v : j.at("vgpus")) {
+      a.vgpus.push_back(Vgpu{v.at("gpu").get<std::string>(), v.at("tflops").get<double>(),
+                             v.at("vram_mib").get<int64_t>()});
+    }
+    a.created_ms = j.value("created_ms", int64_t{0});
+  });
+}
+
+Status ValidateName(const std::string& what, const std::string& name) {
+  if (name.empty() || name.size() > 128)
+    return InvalidArgument(what + " must be 1-128 characters long");
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) return InvalidArgument(what + " '" + name + "' may only hold [A-Za-z0-9._:-]");
+  }
+  return Status::Ok();
+}
+
+}  // namespace tf::controller

@@ -1,0 +1,99 @@
+// The controller's objects as stored (JSON values under the keys below) and as served by the API.
+// Units: compute in FP16 dense TFLOPS, memory in MiB, times in milliseconds since the epoch of
+// the controller's Clock.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "common/status.h"
+
+namespace tf::controller {
+
+// Key layout in the Store. Names are validated (ValidateName) so they never contain '/'.
+inline constexpr char kPoolPrefix[] = "/tf/pools/";
+inline constexpr char kNodePrefix[] = "/tf/nodes/";
+inline constexpr char kGpuPrefix[] = "/tf/gpus/";
+inline constexpr char kWorkloadPrefix[] = "/tf/workloads/";
+inline constexpr char kAllocationPrefix[] = "/tf/allocations/";
+
+enum class Qos { kLow, kMedium, kHigh, kCritical };
+const char* QosName(Qos q);
+StatusOr<Qos> ParseQos(const std::string& s);
+
+struct Pool {
+  std::string name;
+  int64_t created_ms = 0;
+};
+
+enum class NodeState { kReady, kLost };
+
+struct Node {
+  std::string name;
+  std::string pool;
+  std::string address;  // where the agent can be reached ("10.0.0.5:9400"), informational
+  NodeState state = NodeState::kReady;
+  int64_t registered_ms = 0;
+  int64_t lost_since_ms = 0;  // when it was marked lost; 0 while ready
+};
+
+struct Gpu {
+  std::string uuid;
+  std::string node;
+  std::string pool;
+  std::string model;
+  int index = 0;
+  int numa_node = -1;
+  double tflops = 0;      // capacity
+  int64_t vram_mib = 0;   // capacity
+  double used_tflops = 0;  // sum over the allocations on this GPU
+  int64_t used_vram_mib = 0;
+  bool schedulable = true;  // false while its node is lost
+};
+
+struct Workload {
+  std::string name;
+  std::string pool;
+  double tflops = 0;       // per vGPU
+  int64_t vram_mib = 0;    // per vGPU
+  int gpu_count = 1;
+  Qos qos = Qos::kMedium;
+};
+
+// One vGPU: a slice of one physical GPU.
+struct Vgpu {
+  std::string gpu_uuid;
+  double tflops = 0;
+  int64_t vram_mib = 0;
+};
+
+struct Allocation {
+  std::string id;
+  std::string workload;  // may be empty
+  std::string pool;
+  std::string node;
+  Qos qos = Qos::kMedium;
+  std::vector<Vgpu> vgpus;
+  int64_t created_ms = 0;
+};
+
+// JSON (de)serialization; the same shape is stored and served.
+nlohmann::json ToJson(const Pool& p);
+nlohmann::json ToJson(const Node& n);
+nlohmann::json ToJson(const Gpu& g);
+nlohmann::json ToJson(const Workload& w);
+nlohmann::json ToJson(const Allocation& a);
+// Parse a stored value; kInternal when the store holds something unreadable.
+StatusOr<Pool> PoolFromJson(const std::string& text);
+StatusOr<Node> NodeFromJson(const std::string& text);
+StatusOr<Gpu> GpuFromJson(const std::string& text);
+StatusOr<Workload> WorkloadFromJson(const std::string& text);
+StatusOr<Allocation> AllocationFromJson(const std::string& text);
+
+// Names of pools, nodes, workloads and GPU UUIDs: 1-128 characters of [A-Za-z0-9._:-].
+Status ValidateName(const std::string& what, const std::string& name);
+
+}  // namespace tf::controller

@@ -1,0 +1,59 @@
+#include "controller/replica.h"
+
+#include <cstdio>
+
+namespace tf::controller {
+
+ReplicaLoop::ReplicaLoop(Controller* controller, LeaderElection* election, int period_ms)
+    : controller_(controller), election_(election), period_ms_(period_ms) {}
+
+ReplicaLoop::~ReplicaLoop() { Stop(); }
+
+void ReplicaLoop::RunOnce() {
+  if (!controller_->Serving()) {
+    controller_->StopServing();
+    bool lead = true;
+    if (election_) {
+      StatusOr<bool> won = election_->TryAcquire();
+      if (!won.ok()) {
+        std::fprintf(stderr, "controller: election: %s\n", won.status().ToString().c_str());
+        return;
+      }
+      lead = *won;
+    }
+    if (!lead) return;
+    Status st = controller_->Rebuild();
+    if (!st.ok()) {
+      std::fprintf(stderr, "controller: rebuilding state from the store failed: %s\n",
+                   st.ToString().c_str());
+      if (election_) election_->Resign();
+      return;
+    }
+    std::fprintf(stderr, "controller: %s leads; state rebuilt from the store\n",
+                 election_ ? election_->Identity().c_str() : "this replica");
+  }
+  controller_->Tick();
+}
+
+void ReplicaLoop::Start() {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      RunOnce();
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::milliseconds(period_ms_), [this] { return stop_; });
+    }
+  });
+}
+
+void ReplicaLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace tf::controller

@@ -1,0 +1,152 @@
+#include "hypervisor/node_agent.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace tf::hypervisor {
+
+using nlohmann::json;
+
+namespace {
+std::string Hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == '\0') return "localhost";
+  std::string h = buf;
+  for (char& c : h)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '-';
+  return h;
+}
+
+Status FromHttp(const StatusOr<controller::HttpResponse>& r, const std::string& what) {
+  if (!r.ok()) return r.status();
+  if (r->status == 200 || r->status == 201) return Status::Ok();
+  std::string msg = r->body;
+  json j = json::parse(r->body, nullptr, false);
+  if (!j.is_discarded() && j.contains("error")) msg = j["error"].value("message", r->body);
+  StatusCode code = r->status == 401   ? StatusCode::kUnauthenticated
+                    : r->status == 404 ? StatusCode::kNotFound
+                    : r->status == 400 ? StatusCode::kInvalidArgument
+                    : r->status == 409 ? StatusCode::kFailedPrecondition
+                                       : StatusCode::kUnavailable;
+  return Status(code, what + ": HTTP " + std::to_string(r->status) + ": " + msg);
+}
+}  // namespace
+
+NodeAgent::NodeAgent(NodeAgentOptions options, GpuSource* source, VgpuQuotaRegionSeam* regions,
+                     const controller::Clock* clock)
+    : options_(std::move(options)), source_(source), regions_(regions), clock_(clock),
+      client_(options_.controller_url, options_.token) {
+  if (options_.node_name.empty()) options_.node_name = Hostname();
+  if (!options_.catalog_overrides.empty()) {
+    Status st = catalog_.LoadOverrides(options_.catalog_overrides);
+    if (!st.ok()) std::fprintf(stderr, "hypervisor: GPU catalog overrides ignored: %s\n", st.ToString().c_str());
+  }
+}
+
+Status NodeAgent::Discover() {
+  StatusOr<std::vector<DiscoveredGpu>> found = source_->Discover();
+  std::vector<AgentGpu> gpus;
+  if (!found.ok()) {
+    discovery_message_ = found.status().message();
+    std::fprintf(stderr, "hypervisor: %s\n", discovery_message_.c_str());
+  } else {
+    for (const DiscoveredGpu& d : *found) {
+      AgentGpu g{d, d.name, 0, {d.uuid, 0, 0}};
+      StatusOr<GpuModelSpec> spec = catalog_.Lookup(d.name);
+      if (spec.ok()) {
+        g.model = spec->name;
+        g.tflops = spec->fp16_tflops;
+        if (g.device.multiprocessor_count == 0) g.device.multiprocessor_count = spec->sm_count;
+      } else {
+        std::fprintf(stderr, "hypervisor: GPU %d '%s' is not in the GPU catalog: 0 TFLOPS offered "
+                     "(add an override line '<name> <tflops>')\n", d.index, d.name.c_str());
+      }
+      Status st = regions_->AttachGpu(d);
+      if (!st.ok()) std::fprintf(stderr, "hypervisor: quota region of %s: %s\n", d.uuid.c_str(), st.ToString().c_str());
+      gpus.push_back(std::move(g));
+    }
+    if (gpus.empty()) discovery_message_ = "the NVIDIA driver reports no GPU on this machine";
+    std::fprintf(stderr, "hypervisor: %zu GPU(s) discovered\n", gpus.size());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  gpus_ = std::move(gpus);
+  discovered_ = true;
+  return Status::Ok();
+}
+
+Status NodeAgent::Register() {
+  json gpus = json::array();
+  for (const AgentGpu& g : this->gpus()) {
+    json j = {{"uuid", g.device.uuid}, {"model", g.model}, {"index", g.device.index},
+              {"tflops", g.tflops},    {"vram_mib", g.device.memory_total_mib}};
+    if (g.device.numa_node >= 0) j["numa_node"] = g.device.numa_node;
+    gpus.push_back(j);
+  }
+  json body = {{"name", options_.node_name}, {"address", options_.address}, {"gpus", gpus}};
+  if (!options_.pool.empty()) body["pool"] = options_.pool;
+  return FromHttp(client_.Post("/v1/nodes", body.dump()), "registering node " + options_.node_name);
+}
+
+Status NodeAgent::Start() {
+  if (!discovered_) TF_RETURN_IF_ERROR(Discover());
+  return Register();
+}
+
+Status NodeAgent::HeartbeatOnce() {
+  StatusOr<std::vector<GpuUtilization>> samples = source_->Sample();
+  json gpus = json::array();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (samples.ok()) {
+      for (const GpuUtilization& u : *samples) {
+        for (AgentGpu& g : gpus_)
+          if (g.device.uuid == u.uuid) g.last_sample = u;
+        gpus.push_back({{"uuid", u.uuid}, {"utilization_percent", u.gpu_percent},
+                        {"memory_used_mib", u.memory_used_mib}});
+      }
+    }
+  }
+  Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
+                                    json{{"gpus", gpus}}.dump()),
+                       "heartbeat");
+  if (st.code() == StatusCode::kNotFound) st = Register();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (st.ok()) {
+    ++heartbeats_ok_;
+    last_heartbeat_ms_ = clock_->NowMs();
+  } else {
+    ++heartbeats_failed_;
+  }
+  return st;
+}
+
+std::vector<AgentGpu> NodeAgent::gpus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gpus_;
+}
+
+std::string NodeAgent::MetricsText() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream o;
+  o << "# HELP tf_node_gpus GPUs discovered on this node.\n# TYPE tf_node_gpus gauge\n"
+    << "tf_node_gpus " << gpus_.size() << "\n";
+  auto per_gpu = [&](const char* name, const char* help, auto get) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+    for (const AgentGpu& g : gpus_)
+      o << name << "{gpu=\"" << g.device.uuid << "\",index=\"" << g.device.index << "\",model=\""
+        << g.model << "\"} " << get(g) << "\n";
+  };
+  per_gpu("tf_gpu_capacity_tflops", "FP16 dense TFLOPS from the GPU catalog.", [](const AgentGpu& g) { return g.tflops; });
+  per_gpu("tf_gpu_memory_total_mib", "VRAM of the GPU in MiB.", [](const AgentGpu& g) { return double(g.device.memory_total_mib); });
+  per_gpu("tf_gpu_memory_used_mib", "VRAM in use in MiB (last sample).", [](const AgentGpu& g) { return double(g.last_sample.memory_used_mib); });
+  per_gpu("tf_gpu_utilization_percent", "GPU busy percent (last sample).", [](const AgentGpu& g) { return g.last_sample.gpu_percent; });
+  o << "# HELP tf_node_heartbeats_total Heartbeats sent, by result.\n# TYPE tf_node_heartbeats_total counter\n"
+    << "tf_node_heartbeats_total{result=\"ok\"} " << heartbeats_ok_ << "\n"
+    << "tf_node_heartbeats_total{result=\"failed\"} " << heartbeats_failed_ << "\n";
+  return o.str();
+}
+
+}  // namespace tf::hypervisor
