@@ -185,7 +185,7 @@ LeaseGrant GpuRegion::TryAcquireLease(uint32_t slot, int64_t now_ns, int64_t qua
   if (h != 0) l->handoff.compare_exchange_strong(h, 0, std::memory_order_relaxed);  // consumed or expired
   l->lease_start_ns.store(now_ns, std::memory_order_relaxed);
   l->lease_deadline_ns.store(now_ns + quantum_ns, std::memory_order_relaxed);
-  p->wait_since_ns.store(0, std::memory_order_relaxed);
+  ClearWaiting(p);
   v->leases_total.fetch_add(1, std::memory_order_relaxed);
   g.granted = true;
   g.deadline_ns = now_ns + quantum_ns;
@@ -222,7 +222,7 @@ RegionError GpuRegion::ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int
   LeaseBlock* l = lease();
   uint64_t w = l->word.load(std::memory_order_acquire);
   if (OwnerOf(w) != slot + 1) return RegionError::kNotHolder;
-  int32_t target = PickHandoffTarget(slot, now_ns);
+  int32_t target = l->wanting.load(std::memory_order_relaxed) > 0 ? PickHandoffTarget(slot, now_ns) : -1;
   if (target >= 0) {
     l->handoff.store(MakeHandoff(static_cast<uint32_t>(target) + 1, now_ns + kHandoffHoldNs),
                      std::memory_order_release);
@@ -255,7 +255,9 @@ int64_t GpuRegion::WaitForLease(uint32_t slot, int64_t timeout_ns) {
   LeaseBlock* l = lease();
   const int64_t start = MonotonicNowNs();
   int64_t expected = 0;
-  p->wait_since_ns.compare_exchange_strong(expected, start, std::memory_order_relaxed);
+  if (p->wait_since_ns.compare_exchange_strong(expected, start, std::memory_order_relaxed)) {
+    l->wanting.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // Announce ourselves before sampling the word: a releaser that frees the word after this
   // sample sees waiters > 0 and wakes us; one that freed it before changed the generation, and
@@ -290,8 +292,15 @@ int64_t GpuRegion::WaitForLease(uint32_t slot, int64_t timeout_ns) {
   return waited;
 }
 
+void GpuRegion::ClearWaiting(ProcessSlot* p) {
+  if (p->wait_since_ns.load(std::memory_order_relaxed) != 0 &&
+      p->wait_since_ns.exchange(0, std::memory_order_relaxed) != 0) {
+    lease()->wanting.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 void GpuRegion::CancelWait(uint32_t slot) {
-  if (ValidActiveProcess(slot)) process(slot)->wait_since_ns.store(0, std::memory_order_relaxed);
+  if (ValidActiveProcess(slot)) ClearWaiting(process(slot));
 }
 
 void GpuRegion::CountLaunches(uint32_t slot, uint64_t n) {

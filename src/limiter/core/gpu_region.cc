@@ -410,7 +410,7 @@ void GpuRegion::FreeProcessSlotLocked(uint32_t slot) {
   uint64_t used = v->vram_used_bytes.load(std::memory_order_relaxed);
   v->vram_used_bytes.store(used >= held ? used - held : 0, std::memory_order_relaxed);
   p->vram_bytes.store(0, std::memory_order_relaxed);
-  p->wait_since_ns.store(0, std::memory_order_relaxed);
+  ClearWaiting(p);
   p->state.store(kSlotFree, std::memory_order_release);
 }
 

@@ -219,6 +219,7 @@ class GpuRegion {
   int64_t RefillTokens(VgpuSlot* v, int64_t now_ns);
   void FreeLeaseIfHeldBy(uint32_t slot);
   int32_t PickHandoffTarget(uint32_t releaser, int64_t now_ns) const;
+  void ClearWaiting(ProcessSlot* p);  // wait_since_ns -> 0, keeping LeaseBlock::wanting exact
 
   static RegionError MapFile(int fd, const char* path, GpuRegion* out, RegionErrorDetail* why);
 

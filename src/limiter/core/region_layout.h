@@ -118,7 +118,8 @@ struct alignas(kCacheLine) LeaseBlock {
   // CLOCK_MONOTONIC microseconds. While it is unexpired only the target may acquire.
   std::atomic<uint64_t> handoff;
   std::atomic<uint32_t> waiters;           // processes inside WaitForLease (skip FUTEX_WAKE at 0)
-  uint32_t reserved0;
+  std::atomic<uint32_t> wanting;           // process slots with wait_since_ns != 0 (skip the
+                                           // handoff scan at 0)
   std::atomic<uint64_t> steals_total;      // leases taken from dead or overdue holders
   uint8_t reserved1[16];
 };
