@@ -149,7 +149,10 @@ static_assert(offsetof(VgpuSlot, id) == 64);
 static_assert(offsetof(VgpuSlot, mutex) == 128);
 static_assert(offsetof(VgpuSlot, tokens_ns) == 192);
 static_assert(sizeof(ProcessSlot) == 64);
+static_assert(offsetof(ProcessSlot, start_time_ticks) == 16 && offsetof(ProcessSlot, wait_since_ns) == 40);
 static_assert(sizeof(LeaseBlock) == 64);
+static_assert(offsetof(LeaseBlock, handoff) == 24 && offsetof(LeaseBlock, waiters) == 32 &&
+              offsetof(LeaseBlock, steals_total) == 40);
 static_assert(kVgpuArrayOffset == 512 && kProcessArrayOffset == 16896 && kLeaseOffset == 49664);
 static_assert(kRegionTotalSize == 49728);
 
