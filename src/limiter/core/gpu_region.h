@@ -1,0 +1,231 @@
+// GpuRegion: one process's mapping of the shared-memory region of one physical GPU, and every
+// operation on it (vGPU table, process table, VRAM ledger, compute lease, snapshot).
+//
+// One region per physical GPU: the file <dir>/gpu-<GPU UUID>.region (dir defaults to
+// kDefaultRegionDir). The node agent (or `tfusion run` when no agent runs) creates it and the
+// vGPUs; the limiter inside each tenant process attaches, registers its process and then calls
+// the ledger and lease functions. Layout and protocol: region_layout.h, docs/shm-layout.md.
+//
+// Thread safety: a GpuRegion may be used by any number of threads of its process concurrently,
+// except Create/Attach/Detach/move, which REQUIRE no concurrent use of that object. All
+// cross-process coordination happens inside the region (robust mutexes, atomics, futex).
+//
+// Failure: nothing throws, nothing allocates, nothing logs; every fallible call returns a
+// RegionError. No call blocks without a bound (robust locks time out after 2 s, lease waits take a
+// timeout).
+//
+// Units: bytes for VRAM, parts-per-million of the whole GPU for compute shares, CLOCK_MONOTONIC
+// nanoseconds for every *_ns time (MonotonicNowNs()).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "limiter/core/region_error.h"
+#include "limiter/core/region_layout.h"
+
+namespace tf::limiter {
+
+inline constexpr const char* kDefaultRegionDir = "/dev/shm/tensorfusion";
+
+// Why TryAcquireLease did not grant.
+enum class LeaseDenial : uint8_t {
+  kNone = 0,     // granted
+  kNoTokens,     // this vGPU's bucket is empty (or in debt); retry_after_ns says when it is not
+  kHeld,         // another process holds the lease; retry_after_ns is its remaining quantum
+  kHandoff,      // the lease is reserved for a longer-waiting process for up to 200 us
+  kError,        // invalid process slot (see error)
+};
+
+struct LeaseGrant {
+  bool granted = false;
+  bool unthrottled = false;      // share >= 100%: the lease is not used at all; submit freely
+  LeaseDenial denial = LeaseDenial::kNone;
+  RegionError error = RegionError::kOk;
+  int64_t deadline_ns = 0;       // when granted: release by then (INT64_MAX when unthrottled)
+  int64_t retry_after_ns = 0;    // when denied: a hint of how long to wait, >= 0
+};
+
+struct VgpuInfo {
+  uint32_t index;
+  char id[kVgpuIdBytes];
+  uint64_t vram_limit_bytes;
+  uint64_t vram_used_bytes;
+  uint64_t compute_share_ppm;
+  int64_t tokens_ns;
+  uint64_t busy_ns_total;
+  uint64_t throttled_ns_total;
+  uint64_t launches_total;
+  uint64_t leases_total;
+  uint64_t oom_total;
+  uint64_t drift_events;
+  uint32_t process_count;
+};
+
+struct ProcessInfo {
+  uint32_t slot;
+  uint32_t vgpu_index;
+  int32_t pid;
+  uint64_t start_time_ticks;
+  uint64_t vram_bytes;
+  uint64_t throttled_ns;
+  bool waiting;
+  bool holds_lease;
+};
+
+// A point-in-time copy for `tfusion smi` (values are read without locks: each is exact, the set
+// is not one atomic cut). About 40 KiB; callers may keep it on the heap.
+struct RegionSnapshot {
+  char gpu_uuid[kGpuUuidBytes];
+  char gpu_name[kGpuNameBytes];
+  uint64_t total_vram_bytes;
+  uint64_t capacity_mtflops;
+  int32_t lease_owner_slot;  // -1 when FREE
+  uint64_t lease_steals_total;
+  uint32_t vgpu_count;
+  VgpuInfo vgpus[kMaxVgpus];
+  uint32_t process_count;
+  ProcessInfo processes[kMaxProcesses];
+};
+
+class GpuRegion {
+ public:
+  GpuRegion() = default;
+  ~GpuRegion() { Detach(); }
+  GpuRegion(GpuRegion&& other) noexcept;
+  GpuRegion& operator=(GpuRegion&& other) noexcept;
+  GpuRegion(const GpuRegion&) = delete;
+  GpuRegion& operator=(const GpuRegion&) = delete;
+
+  // Writes "<dir>/gpu-<uuid>.region" into buf. Returns false if it does not fit.
+  static bool RegionPath(const char* dir, const char* uuid, char* buf, size_t len);
+
+  // Creates the region for one GPU, or attaches to the existing one if it is compatible (same
+  // layout, same uuid and total VRAM; capacity_mtflops and gpu name are then updated).
+  // Creates `dir` (mode 01777) if missing; the file is 0666. The file appears atomically: it is
+  // built under a temporary name and published with link(2), so no process ever sees a half
+  // initialised header and a racing creator never replaces a region already in use (the loser
+  // attaches to the winner's). On failure *out is left detached.
+  static RegionError Create(const char* dir, const char* uuid, const char* name,
+                            uint64_t total_vram_bytes, uint64_t capacity_mtflops, GpuRegion* out,
+                            RegionErrorDetail* why = nullptr);
+
+  // Maps an existing region read-write. Refuses (never ignores) a bad magic, a different
+  // layout_version, any size mismatch and a truncated file, with a reason in *why.
+  static RegionError Attach(const char* path, GpuRegion* out, RegionErrorDetail* why = nullptr);
+
+  // Unmaps. Does not detach this process's slots (DetachProcess does). Idempotent.
+  void Detach();
+  bool attached() const { return base_ != nullptr; }
+  const char* path() const { return path_; }
+  const char* gpu_uuid() const { return header()->gpu_uuid; }
+  const char* gpu_name() const { return header()->gpu_name; }
+  uint64_t total_vram_bytes() const { return header()->total_vram_bytes; }
+  uint64_t capacity_mtflops() const { return header()->capacity_mtflops.load(std::memory_order_relaxed); }
+
+  // ---- vGPU table (owner side: node agent / tfusion run) ----
+
+  // Creates the vGPU `id` (1..63 chars) or updates the limits of the existing one. A lowered
+  // limit below current use is accepted: further Reserve calls fail until use drops.
+  // compute_share_ppm must be > 0; >= kShareWholeGpuPpm means unthrottled. kFull when 64 exist.
+  RegionError CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes,
+                                 uint64_t compute_share_ppm, uint32_t* index_out);
+  RegionError FindVgpu(const char* id, uint32_t* index_out) const;
+  // Frees the vGPU slot. Reaps dead processes first; kBusy while a live process is attached.
+  RegionError RemoveVgpu(uint32_t vgpu_index);
+
+  // ---- process table ----
+
+  // Registers process `pid` (usually getpid()) as a user of vGPU `vgpu_index` and returns its
+  // process slot; the slot's identity is (pid, start time). If the table is full, dead slots are
+  // reaped and the search retried once. kNotFound when pid does not exist.
+  RegionError AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* slot_out);
+  // Frees the slot, returning all VRAM it held to its vGPU, and the lease if it held it.
+  RegionError DetachProcess(uint32_t slot);
+  // Frees the slots of processes that no longer exist (gone, zombie, or pid reused: start time
+  // differs), with their VRAM and lease. Returns how many were freed. Costs one /proc read per
+  // active slot (a few us each): never call it per allocation.
+  uint32_t ReapDead();
+  // Same, restricted to processes of one vGPU.
+  uint32_t ReapDeadOfVgpu(uint32_t vgpu_index);
+
+  // ---- VRAM ledger (limiter side; bytes should already be rounded to the driver granularity) ----
+
+  // Atomically across processes: if used + bytes <= limit, adds bytes to the vGPU and to this
+  // process slot and returns kOk; else reaps dead processes of this vGPU, retries once, and then
+  // returns kOutOfMemory (counted in oom_total). Call before the real allocation; Release if the
+  // allocation then fails. Cost: one uncontended robust lock, ~50 ns.
+  RegionError Reserve(uint32_t slot, uint64_t bytes);
+  // Returns bytes from this process slot to its vGPU. Never underflows: releasing more than the
+  // slot holds releases what it holds and counts a drift event (returned as kInvalidArgument, the
+  // accounting is still consistent).
+  RegionError Release(uint32_t slot, uint64_t bytes);
+  // Momentary values, lock-free. 0 for an invalid index.
+  uint64_t Used(uint32_t vgpu_index) const;
+  uint64_t Limit(uint32_t vgpu_index) const;
+  uint64_t ProcessBytes(uint32_t slot) const;
+
+  // ---- compute lease (limiter hook layer) ----
+  //
+  // Protocol per process slot (the hook layer REQUIRES that at most one thread of a process acts
+  // on its slot's lease at a time):
+  //   g = TryAcquireLease(slot, now, quantum);
+  //   if (g.unthrottled) submit freely;            // never touches the lease
+  //   else if (g.granted) { submit until g.deadline_ns; ReleaseLease(slot, measured_busy, now); }
+  //   else WaitForLease(slot, timeout) and try again.
+
+  // Refills the vGPU's bucket (share x elapsed, capped at max(share x 100 ms, 2 ms)), then grants
+  // when tokens > 0 and the lease is FREE (or already ours), honouring a pending handoff hint for
+  // someone else. Steals the lease from a dead holder, or from one more than 1 s past its deadline.
+  // Lock-free; ~50-100 ns uncontended (one /proc read only when the holder is overdue).
+  LeaseGrant TryAcquireLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns);
+  // Debits measured_busy_ns (GPU-busy time measured with events, >= 0) from the vGPU's bucket
+  // (debt is carried), adds it to busy_ns_total, hands the lease to the longest-waiting process
+  // whose vGPU has tokens (200 us hint), frees the word and wakes waiters. kNotHolder when the
+  // lease had been stolen meanwhile (the time is still charged).
+  RegionError ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns);
+  // Sleeps (shared futex on the generation word) until the lease is released, this vGPU's bucket
+  // refills, a handoff hint expires, or timeout_ns passes, whichever is first; returns at once
+  // when there is nothing to wait for. Marks the slot as waiting (for handoff) until its next
+  // grant, and adds the time slept to throttled counters. Returns the ns slept.
+  int64_t WaitForLease(uint32_t slot, int64_t timeout_ns);
+  // Stops counting this slot as waiting (a process that no longer wants the lease). Optional.
+  void CancelWait(uint32_t slot);
+  // Adds n to the vGPU's launches_total (relaxed; batch it, it is a shared cache line).
+  void CountLaunches(uint32_t slot, uint64_t n);
+
+  // ---- observation ----
+  void Snapshot(RegionSnapshot* out) const;
+
+ private:
+  RegionHeader* header() const { return reinterpret_cast<RegionHeader*>(base_); }
+  VgpuSlot* vgpu(uint32_t i) const {
+    return reinterpret_cast<VgpuSlot*>(base_ + kVgpuArrayOffset) + i;
+  }
+  ProcessSlot* process(uint32_t i) const {
+    return reinterpret_cast<ProcessSlot*>(base_ + kProcessArrayOffset) + i;
+  }
+  LeaseBlock* lease() const { return reinterpret_cast<LeaseBlock*>(base_ + kLeaseOffset); }
+  bool ValidActiveProcess(uint32_t slot) const;
+
+  RegionError LockTable();
+  RegionError LockVgpu(uint32_t vgpu_index);
+  // REQUIRES table_mutex and the slot's vGPU mutex held.
+  void FreeProcessSlotLocked(uint32_t slot);
+  uint32_t Reap(int64_t only_vgpu);  // only_vgpu < 0: all
+  // Lease helpers (compute_lease.cc).
+  int64_t RefillTokens(VgpuSlot* v, int64_t now_ns);
+  void FreeLeaseIfHeldBy(uint32_t slot);
+  int32_t PickHandoffTarget(uint32_t releaser, int64_t now_ns) const;
+  void ClearWaiting(ProcessSlot* p);  // wait_since_ns -> 0, keeping LeaseBlock::wanting exact
+
+  static RegionError MapFile(int fd, const char* path, GpuRegion* out, RegionErrorDetail* why);
+
+  uint8_t* base_ = nullptr;
+  size_t map_size_ = 0;
+  char path_[256] = {};
+};
+
+}  // namespace tf::limiter

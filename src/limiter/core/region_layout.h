@@ -1,0 +1,159 @@
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 1.
+//
+// docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
+// static_asserts at the bottom pin every documented offset so the two cannot drift silently.
+// Changing any field, size or meaning REQUIRES bumping kLayoutVersion: attach refuses a mismatch.
+//
+// Everything here lives in a MAP_SHARED mapping used by unrelated processes, so:
+//  - only fixed-width fields; std::atomic only of always-lock-free types (asserted below);
+//  - no pointers, no virtuals, no C++ objects with heap state;
+//  - every array element and every independently written group starts on its own cache line.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace tf::limiter {
+
+inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kMaxVgpus = 64;
+inline constexpr uint32_t kMaxProcesses = 512;
+inline constexpr size_t kCacheLine = 64;
+inline constexpr size_t kVgpuIdBytes = 64;    // NUL-terminated, so at most 63 characters
+inline constexpr size_t kGpuUuidBytes = 64;   // "GPU-xxxxxxxx-...", NUL-terminated
+inline constexpr size_t kGpuNameBytes = 96;   // "NVIDIA H100 80GB HBM3", NUL-terminated
+inline constexpr uint64_t kShareWholeGpuPpm = 1'000'000;  // compute_share_ppm of a whole GPU
+
+enum SlotState : uint32_t { kSlotFree = 0, kSlotActive = 1 };
+
+// Offset 0, 512 bytes. Written once by the creator before the file becomes visible (link(2)),
+// except capacity_mtflops which the owner may update atomically.
+struct alignas(kCacheLine) RegionHeader {
+  char magic[8];                   // "TFVGPU01", no NUL
+  uint32_t layout_version;         // kLayoutVersion
+  uint32_t header_size;            // sizeof(RegionHeader)
+  uint32_t vgpu_slot_size;         // sizeof(VgpuSlot)
+  uint32_t process_slot_size;      // sizeof(ProcessSlot)
+  uint32_t lease_block_size;       // sizeof(LeaseBlock)
+  uint32_t max_vgpus;              // kMaxVgpus
+  uint32_t max_processes;          // kMaxProcesses
+  uint32_t mutex_size;             // sizeof(pthread_mutex_t) of the creator's libc
+  uint64_t total_size;             // bytes of the whole layout (the file may be longer, never shorter)
+  uint64_t vgpu_array_offset;      // bytes from the start of the file
+  uint64_t process_array_offset;
+  uint64_t lease_offset;
+  uint64_t total_vram_bytes;       // physical VRAM of the GPU, bytes
+  std::atomic<uint64_t> capacity_mtflops;  // FP16 dense capacity, milli-TFLOPS
+  uint64_t created_unix_ns;        // CLOCK_REALTIME at creation, for `tfusion smi`
+  uint8_t reserved0[32];
+  char gpu_uuid[kGpuUuidBytes];    // offset 128
+  char gpu_name[kGpuNameBytes];    // offset 192
+  uint8_t reserved1[32];
+  // Offset 320. Robust, process-shared. Guards slot allocation: vGPU create/remove and process
+  // attach/detach/reap. Lock order: table_mutex before any VgpuSlot::mutex.
+  alignas(kCacheLine) pthread_mutex_t table_mutex;
+  uint8_t reserved2[512 - 320 - sizeof(pthread_mutex_t)];
+};
+
+// 256 bytes each, kMaxVgpus of them.
+struct alignas(kCacheLine) VgpuSlot {
+  // Line 0: identity and limits. state flips under table_mutex; limits are atomic stores by the
+  // owner (CreateOrUpdateVgpu) and may be read by anyone at any time.
+  std::atomic<uint32_t> state;            // SlotState
+  uint32_t reserved0;
+  std::atomic<uint64_t> vram_limit_bytes;
+  std::atomic<uint64_t> compute_share_ppm;  // 1,000,000 = whole GPU; >= that: unthrottled
+  // Written only under `mutex`; read lock-free (a momentary value) by Used() and Snapshot().
+  // Invariant at every unlock: vram_used_bytes == sum of vram_bytes of active ProcessSlots
+  // whose vgpu_index is this slot.
+  std::atomic<uint64_t> vram_used_bytes;
+  std::atomic<uint64_t> drift_events;     // Release() of more than was held (clamped at zero)
+  std::atomic<uint64_t> oom_total;        // Reserve() refusals
+  uint8_t reserved1[16];
+  // Line 1: identity string, written before state becomes active, then immutable.
+  char id[kVgpuIdBytes];
+  // Line 2: robust, process-shared; guards vram_used_bytes and the vram_bytes of its processes.
+  alignas(kCacheLine) pthread_mutex_t mutex;
+  // Line 3: compute token bucket and counters, updated lock-free by lease holders and waiters.
+  alignas(kCacheLine) std::atomic<int64_t> tokens_ns;  // GPU-busy ns this vGPU may still use; may be negative (debt)
+  std::atomic<int64_t> last_refill_ns;      // CLOCK_MONOTONIC ns of the last refill
+  std::atomic<uint64_t> busy_ns_total;      // measured GPU-busy ns charged (ReleaseLease)
+  std::atomic<uint64_t> throttled_ns_total; // ns processes of this vGPU waited for the lease
+  std::atomic<uint64_t> launches_total;     // kernel launches reported by the hook layer
+  std::atomic<uint64_t> leases_total;       // leases granted
+  uint8_t reserved2[16];
+};
+
+// 64 bytes each, kMaxProcesses of them.
+struct alignas(kCacheLine) ProcessSlot {
+  std::atomic<uint32_t> state;        // SlotState; flips under table_mutex (and the vGPU mutex to free)
+  std::atomic<uint32_t> vgpu_index;   // set before state becomes active, then immutable
+  std::atomic<int32_t> pid;           // in the PID namespace of the process that attached it
+  uint32_t reserved0;
+  std::atomic<uint64_t> start_time_ticks;  // /proc/<pid>/stat field 22 (clock ticks since boot)
+  std::atomic<uint64_t> vram_bytes;        // VRAM this process holds; written under the vGPU mutex
+  std::atomic<uint64_t> throttled_ns;      // ns this process waited for the lease
+  std::atomic<int64_t> wait_since_ns;      // CLOCK_MONOTONIC ns it started waiting; 0 = not waiting
+  uint8_t reserved1[16];
+};
+
+// 64 bytes, one per GPU. The compute lease: at most one throttled process submits at a time.
+struct alignas(kCacheLine) LeaseBlock {
+  // One atomic snapshot of the lease, so a steal decision and its CAS see the same state:
+  //   bits 63..54  owner process slot + 1 (0 = FREE)
+  //   bits 53..32  deadline, CLOCK_MONOTONIC milliseconds modulo 2^22 (compared with wrap-around)
+  //   bits 31..0   generation, bumped on every release and steal. It is the futex word waiters
+  //                sleep on (little-endian: the low half sits at the word's own address).
+  std::atomic<uint64_t> word;
+  // Informational copies for waiters and `tfusion smi`, stored just after a grant; the
+  // authoritative deadline is the one in `word`.
+  std::atomic<int64_t> lease_start_ns;     // CLOCK_MONOTONIC ns the current lease was granted
+  std::atomic<int64_t> lease_deadline_ns;  // start + quantum; kNoDeadline while FREE
+  // Fairness hint. High 16 bits: target process slot + 1 (0 = none); low 48 bits: hint expiry in
+  // CLOCK_MONOTONIC microseconds. While it is unexpired only the target may acquire.
+  std::atomic<uint64_t> handoff;
+  std::atomic<uint32_t> waiters;           // processes inside WaitForLease (skip FUTEX_WAKE at 0)
+  std::atomic<uint32_t> wanting;           // process slots with wait_since_ns != 0 (skip the
+                                           // handoff scan at 0)
+  std::atomic<uint64_t> steals_total;      // leases taken from dead or overdue holders
+  uint8_t reserved1[16];
+};
+
+inline constexpr int64_t kNoDeadline = INT64_MAX;
+
+inline constexpr uint64_t kVgpuArrayOffset = sizeof(RegionHeader);
+inline constexpr uint64_t kProcessArrayOffset = kVgpuArrayOffset + kMaxVgpus * sizeof(VgpuSlot);
+inline constexpr uint64_t kLeaseOffset = kProcessArrayOffset + kMaxProcesses * sizeof(ProcessSlot);
+inline constexpr uint64_t kRegionTotalSize = kLeaseOffset + sizeof(LeaseBlock);
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<int32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && sizeof(std::atomic<uint32_t>) == 4);
+static_assert(sizeof(pthread_mutex_t) <= 64, "a robust mutex must fit in one cache line");
+static_assert(std::is_standard_layout_v<RegionHeader> && std::is_standard_layout_v<VgpuSlot> &&
+              std::is_standard_layout_v<ProcessSlot> && std::is_standard_layout_v<LeaseBlock>);
+// Pinned by docs/shm-layout.md.
+static_assert(sizeof(RegionHeader) == 512);
+static_assert(offsetof(RegionHeader, gpu_uuid) == 128);
+static_assert(offsetof(RegionHeader, gpu_name) == 192);
+static_assert(offsetof(RegionHeader, table_mutex) == 320);
+static_assert(sizeof(VgpuSlot) == 256);
+static_assert(offsetof(VgpuSlot, id) == 64);
+static_assert(offsetof(VgpuSlot, mutex) == 128);
+static_assert(offsetof(VgpuSlot, tokens_ns) == 192);
+static_assert(sizeof(ProcessSlot) == 64);
+static_assert(offsetof(ProcessSlot, start_time_ticks) == 16 && offsetof(ProcessSlot, wait_since_ns) == 40);
+static_assert(sizeof(LeaseBlock) == 64);
+static_assert(offsetof(LeaseBlock, handoff) == 24 && offsetof(LeaseBlock, waiters) == 32 &&
+              offsetof(LeaseBlock, steals_total) == 40);
+static_assert(kVgpuArrayOffset == 512 && kProcessArrayOffset == 16896 && kLeaseOffset == 49664);
+static_assert(kRegionTotalSize == 49728);
+
+}  // namespace tf::limiter
