@@ -133,7 +133,8 @@ def main():
     ap.add_argument("--elapsed", default="?")
     args = ap.parse_args()
     pre = tc.read(os.path.join(args.logs, "preflight.log")).splitlines()
-    gpu = next((l for l in pre if "," in l and "name" not in l.lower()), "unknown GPU")
+    header = next((i for i, l in enumerate(pre) if l.startswith("name,")), None)
+    gpu = pre[header + 1] if header is not None and header + 1 < len(pre) else "unknown (see logs/preflight.log)"
     lines = ["# GPU tier results", "", f"- GPU (name, driver, memory, used, compute mode, persistence): {gpu}",
              f"- {pre[0] if pre else ''}", f"- wall time of run_all.sh: {args.elapsed} s", "", "## Tests", ""]
     lines += tests_table(args.logs)
