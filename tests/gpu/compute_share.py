@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Compute isolation: tenants of given shares saturate one GPU at once; each tenant's share of
+GPU time is measured from its own kernels' %globaltimer intervals (one clock for the whole GPU).
+
+Per scenario, all tenants start together (ready/go files), run --seconds, and log the running
+segments of every kernel. Share of a tenant in a window = length of the union of its segments
+in the window / window length. Windows are 1 s over the common active window of all tenants,
+with the first second dropped. A limited split passes when every tenant's mean is within
+--tolerance percentage points of its target; the limiter at 100% passes when its kernels/s is
+within 1% of native.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import tier_common as tc
+
+WINDOW_NS = 1_000_000_000
+
+# name, mode, targets (None: native, no limiter)
+SCENARIOS = [
+    ("native-1x100", "native", [None]),
+    ("limiter-1x100", "limiter", [100]),
+    ("10/90", "limiter", [10, 90]),
+    ("30/70", "limiter", [30, 70]),
+    ("50/50", "limiter", [50, 50]),
+    ("25/75", "limiter", [25, 75]),
+    ("4x25", "limiter", [25, 25, 25, 25]),
+    ("native-2x", "native", [None, None]),
+]
+
+
+def load_segments(path):
+    segs = []
+    for line in tc.read(path).splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        a, b = line.split()
+        segs.append((int(a), int(b)))
+    segs.sort()
+    merged = []
+    for a, b in segs:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def busy_in(merged, lo, hi):
+    total = 0
+    for a, b in merged:
+        if b <= lo:
+            continue
+        if a >= hi:
+            break
+        total += min(b, hi) - max(a, lo)
+    return total
+
+
+def window_shares(all_segments):
+    """Per tenant list of % shares per 1 s window over the common active window."""
+    if any(not s for s in all_segments):
+        return None
+    start = max(s[0][0] for s in all_segments) + WINDOW_NS  # drop the first second
+    end = min(s[-1][1] for s in all_segments)
+    windows = []
+    t = start
+    while t + WINDOW_NS <= end:
+        windows.append((t, t + WINDOW_NS))
+        t += WINDOW_NS
+    if not windows:
+        return None
+    return [[100.0 * busy_in(s, lo, hi) / WINDOW_NS for lo, hi in windows] for s in all_segments]
+
+
+def run_scenario(args, name, mode, targets, results_rows, throughput):
+    tag = name.replace("/", "-")
+    work = os.path.join(args.work, tag)
+    os.makedirs(work, exist_ok=True)
+    go = os.path.join(work, "go")
+    procs, outs, readies = [], [], []
+    stamp = f"{os.getpid()}-{int(time.time())}"
+    for i, target in enumerate(targets):
+        out = os.path.join(work, f"t{i}.seg")
+        ready = os.path.join(work, f"t{i}.ready")
+        cmd = [args.tenant, "--seconds", str(args.seconds), "--spin-us", str(args.spin_us),
+               "--depth", str(args.depth), "--out", out, "--ready-file", ready, "--go-file", go]
+        if mode == "limiter":
+            cmd = tc.limited(args.tfusion, "4GiB", target, f"cs-{tag}-t{i}-{stamp}", cmd)
+        procs.append(tc.start(cmd, os.path.join(args.logs, f"compute-{tag}-t{i}.log")))
+        outs.append(out)
+        readies.append(ready)
+    all_ready = tc.wait_files(readies, 45, procs)
+    tc.touch(go)
+    statuses = [tc.finish(p, args.seconds + 40) for p in procs]
+    if not all_ready:
+        return f"tenants not ready within 45 s (exit statuses {[s[0] for s in statuses]})"
+    bad = [i for i, (rc, _) in enumerate(statuses) if rc != 0]
+    if bad:
+        return f"tenant(s) {bad} failed (exit statuses {[s[0] for s in statuses]})"
+    segments = [load_segments(o) for o in outs]
+    shares = window_shares(segments)
+    if shares is None:
+        return "no common 1 s window (tenants did not overlap long enough)"
+    verdict_notes = []
+    for i, (target, series) in enumerate(zip(targets, shares)):
+        mean = statistics.mean(series)
+        row = {"split": name, "tenant": i, "target": target, "mean": mean, "min": min(series),
+               "max": max(series), "stdev": statistics.pstdev(series), "windows": len(series)}
+        results_rows.append(row)
+        if target is not None and abs(mean - target) > args.tolerance:
+            verdict_notes.append(f"t{i} {mean:.1f}% vs {target}%")
+    total = sum(statistics.mean(s) for s in shares)
+    results_rows.append({"split": name, "tenant": "sum", "target": None, "mean": total,
+                         "min": None, "max": None, "stdev": None, "windows": len(shares[0])})
+    if len(targets) == 1:
+        r = tc.parse_results(statuses[0][1])
+        throughput[name] = {k: float(r[k]) for k in ("gpu_kernels_per_s", "host_kernels_per_s", "kernels")
+                            if k in r}
+    return verdict_notes
+
+
+def fmt(v, digits=1):
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tfusion", required=True)
+    ap.add_argument("--tenant", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--logs", required=True)
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--md", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--spin-us", type=float, default=300)
+    ap.add_argument("--depth", type=int, default=8)
+    ap.add_argument("--tolerance", type=float, default=5.0)
+    ap.add_argument("--budget-s", type=float, default=150)
+    ap.add_argument("--only", default="", help="comma-separated scenario names")
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    os.makedirs(args.work, exist_ok=True)
+    os.makedirs(args.logs, exist_ok=True)
+    wanted = set(filter(None, args.only.split(",")))
+    rows, throughput = [], {}
+    for name, mode, targets in SCENARIOS:
+        if wanted and name not in wanted:
+            continue
+        test = f"compute share {name}"
+        if time.monotonic() + args.seconds + 15 > deadline:
+            tc.record(args.results, test, "SKIP", "time budget spent")
+            continue
+        outcome = run_scenario(args, name, mode, targets, rows, throughput)
+        if isinstance(outcome, str):
+            tc.record(args.results, test, "FAIL", outcome)
+        elif mode == "native":
+            tc.record(args.results, test, "INFO", "reference run, no target")
+        else:
+            tc.record(args.results, test, "FAIL" if outcome else "PASS",
+                      "; ".join(outcome) or f"all tenants within ±{args.tolerance:g} points")
+
+    native = throughput.get("native-1x100", {}).get("gpu_kernels_per_s")
+    lim = throughput.get("limiter-1x100", {}).get("gpu_kernels_per_s")
+    loss = None
+    if native and lim:
+        loss = 100.0 * (1.0 - lim / native)
+        tc.record(args.results, "compute throughput limiter 100% vs native", "PASS" if loss <= 1.0 else "FAIL",
+                  f"loss {loss:.2f}% (target <= 1%)")
+    else:
+        tc.record(args.results, "compute throughput limiter 100% vs native", "FAIL", "missing a run")
+
+    lines = [f"### Compute isolation ({args.seconds:g} s runs, {args.spin_us:g} µs spin kernels, "
+             f"{args.depth} queued per tenant, 1 s windows, first second dropped)", "",
+             "| split | tenant | target % | measured mean % | min % | max % | stdev | windows |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        target = "native" if r["target"] is None and r["tenant"] != "sum" else fmt(r["target"], 0)
+        lines.append(f"| {r['split']} | {r['tenant']} | {target} | {fmt(r['mean'])} | {fmt(r['min'])} | "
+                     f"{fmt(r['max'])} | {fmt(r['stdev'], 2)} | {r['windows']} |")
+    lines += ["", "### Compute throughput, one tenant at 100%", "",
+              "| run | kernels | kernels/s (GPU clock) | kernels/s (host) | loss vs native |",
+              "| --- | --- | --- | --- | --- |"]
+    for name in ("native-1x100", "limiter-1x100"):
+        t = throughput.get(name, {})
+        lines.append(f"| {name} | {fmt(t.get('kernels'), 0)} | {fmt(t.get('gpu_kernels_per_s'))} | "
+                     f"{fmt(t.get('host_kernels_per_s'))} | "
+                     f"{fmt(loss, 2) + ' %' if name != 'native-1x100' and loss is not None else '-'} |")
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(args.json, "w") as f:
+        json.dump({"rows": rows, "throughput": throughput}, f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
