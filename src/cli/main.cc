@@ -1,0 +1,106 @@
+// tfusion: one binary for the CLI and the daemons.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/run_command.h"
+#include "controller/cli_commands.h"
+
+namespace {
+
+void AddClientFlags(CLI::App* cmd, tf::controller::ClientOptions* c) {
+  cmd->add_option("--url", c->url, "controller URL")->envname("TFUSION_URL")->capture_default_str();
+  cmd->add_option("--token", c->token, "API token")->envname("TFUSION_TOKEN");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"TensorFusion: GPU virtualization and pooling"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tfusion 0.1.0");
+
+  // ---- local vGPU
+  tf::cli::RunOptions run;
+  auto* run_cmd = app.add_subcommand("run", "run a command on a vGPU of this machine");
+  run_cmd->add_option("--vram", run.vram, "VRAM ceiling, e.g. 8GiB or 512MiB (default: the whole GPU)");
+  run_cmd->add_option("--tflops", run.tflops, "compute share in FP16 dense TFLOPS");
+  run_cmd->add_option("--percent", run.percent, "compute share in percent of the GPU");
+  run_cmd->add_option("--gpu", run.gpu, "GPU index as nvidia-smi numbers them")->capture_default_str();
+  run_cmd->add_option("--vgpu", run.vgpu, "vGPU name shared by several processes");
+  run_cmd->add_option("--driver", run.driver, "path of the real libcuda.so.1");
+  run_cmd->add_option("--nvml", run.nvml, "path of the real libnvidia-ml.so.1");
+  run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
+
+  bool smi_processes = false;
+  auto* smi_cmd = app.add_subcommand("smi", "show the vGPUs of this machine, their limits and use");
+  smi_cmd->add_flag("--processes,-p", smi_processes, "also list processes");
+
+  // ---- control plane
+  tf::controller::UpOptions up;
+  auto* up_cmd = app.add_subcommand("up", "start the controller and this machine's node agent");
+  up_cmd->add_option("--state-dir", up.state_dir, "state folder")->capture_default_str();
+  up_cmd->add_option("--listen", up.listen_host, "API address")->capture_default_str();
+  up_cmd->add_option("--port", up.port, "API port")->capture_default_str();
+  up_cmd->add_option("--metrics-port", up.metrics_port, "node metrics port")->capture_default_str();
+  up_cmd->add_option("--token", up.token, "API token (default: generated)");
+
+  tf::controller::ControllerOptions ctl;
+  auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
+  ctl_cmd->add_option("--listen", ctl.listen_host, "API address")->capture_default_str();
+  ctl_cmd->add_option("--port", ctl.port, "API port (0: any)")->capture_default_str();
+  ctl_cmd->add_option("--store", ctl.store, "sqlite:PATH or etcd:http://HOST:PORT[,...]")->capture_default_str();
+  ctl_cmd->add_option("--token", ctl.token, "API token")->envname("TFUSION_TOKEN");
+  ctl_cmd->add_option("--token-file", ctl.token_file, "file holding the API token");
+  ctl_cmd->add_option("--identity", ctl.identity, "replica name for leader election");
+
+  tf::controller::HypervisorOptions hv;
+  auto* hv_cmd = app.add_subcommand("hypervisor", "run the node agent of this machine");
+  hv_cmd->add_option("--controller", hv.controller_url, "controller URL")->capture_default_str();
+  hv_cmd->add_option("--token", hv.token, "API token")->envname("TFUSION_TOKEN");
+  hv_cmd->add_option("--token-file", hv.token_file, "file holding the API token");
+  hv_cmd->add_option("--node", hv.node_name, "node name (default: host name)");
+  hv_cmd->add_option("--pool", hv.pool, "pool to join");
+  hv_cmd->add_option("--metrics-port", hv.metrics_port, "metrics port (-1: off)")->capture_default_str();
+  hv_cmd->add_option("--catalog-overrides", hv.catalog_overrides_file, "GPU model overrides file");
+
+  tf::controller::ClientOptions client;
+  auto* pool_cmd = app.add_subcommand("pool", "list, create or remove pools");
+  pool_cmd->require_subcommand(1);
+  auto* pool_ls = pool_cmd->add_subcommand("ls", "list pools");
+  std::string pool_name;
+  auto* pool_create = pool_cmd->add_subcommand("create", "create a pool");
+  pool_create->add_option("name", pool_name)->required();
+  auto* pool_rm = pool_cmd->add_subcommand("rm", "remove a pool");
+  pool_rm->add_option("name", pool_name)->required();
+  for (auto* c : {pool_ls, pool_create, pool_rm}) AddClientFlags(c, &client);
+  auto* node_cmd = app.add_subcommand("node", "list nodes");
+  node_cmd->require_subcommand(1);
+  auto* node_ls = node_cmd->add_subcommand("ls", "list nodes and their GPUs");
+  AddClientFlags(node_ls, &client);
+  auto* ps_cmd = app.add_subcommand("ps", "list allocations");
+  AddClientFlags(ps_cmd, &client);
+  auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use");
+  AddClientFlags(top_cmd, &client);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  if (run_cmd->parsed()) return tf::cli::RunCommand(run);
+  if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
+  if (up_cmd->parsed()) return tf::controller::RunUp(up);
+  if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
+  if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);
+  if (pool_ls->parsed()) return tf::controller::PoolList(client);
+  if (pool_create->parsed()) return tf::controller::PoolCreate(client, pool_name);
+  if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
+  if (node_ls->parsed()) return tf::controller::NodeList(client);
+  if (ps_cmd->parsed()) return tf::controller::Ps(client);
+  if (top_cmd->parsed()) return tf::controller::Top(client);
+  return 1;
+}

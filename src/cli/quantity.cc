@@ -1,0 +1,68 @@
+#include "cli/quantity.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace tf::cli {
+namespace {
+
+std::string Lower(std::string_view s) {
+  std::string out;
+  for (char c : s) out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  return out;
+}
+
+Status Bad(std::string_view flag, std::string_view text, const char* why) {
+  return InvalidArgument(std::string(flag) + " " + std::string(text) + ": " + why);
+}
+
+}  // namespace
+
+StatusOr<double> ParsePositive(std::string_view flag, std::string_view text, double max) {
+  std::string s(text);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end == s.c_str() || *end != '\0') return Bad(flag, text, "not a number");
+  if (!std::isfinite(v) || v <= 0) return Bad(flag, text, "must be greater than zero");
+  if (max > 0 && v > max) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "must be at most %g", max);
+    return Bad(flag, text, buf);
+  }
+  return v;
+}
+
+StatusOr<uint64_t> ParseVramSize(std::string_view flag, std::string_view text) {
+  std::string s(text);
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end == s.c_str()) return Bad(flag, text, "not a size (examples: 8GiB, 512MiB)");
+  std::string unit = Lower(std::string_view(end));
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  double mult;
+  if (unit.empty() || unit == "mib" || unit == "m" || unit == "mi") mult = 1024.0 * 1024;
+  else if (unit == "gib" || unit == "g" || unit == "gi") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "kib" || unit == "k" || unit == "ki") mult = 1024.0;
+  else if (unit == "tib" || unit == "t" || unit == "ti") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "b") mult = 1;
+  else return Bad(flag, text, "unknown unit (use B, KiB, MiB, GiB or TiB)");
+  if (!std::isfinite(v) || v <= 0) return Bad(flag, text, "must be greater than zero");
+  double bytes = v * mult;
+  if (bytes >= 1.8e19) return Bad(flag, text, "too large");
+  if (bytes < 1) return Bad(flag, text, "smaller than one byte");
+  return static_cast<uint64_t>(bytes);
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  char buf[32];
+  if (bytes >= (1ull << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%llu MiB", static_cast<unsigned long long>(bytes >> 20));
+  }
+  return buf;
+}
+
+}  // namespace tf::cli

@@ -1,0 +1,242 @@
+#include "cli/run_command.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "cli/local_vgpu.h"
+#include "cli/quantity.h"
+#include "common/gpu_catalog.h"
+#include "limiter/core/gpu_region.h"
+
+namespace tf::cli {
+namespace {
+
+using limiter::GpuRegion;
+using limiter::RegionError;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tfusion run: %s\n", message.c_str());
+  return 2;
+}
+
+pid_t g_child = 0;
+void Forward(int sig) {
+  if (g_child > 0) kill(g_child, sig);
+}
+
+// Limits in the region's units from the flags: VRAM bytes and share in parts per million.
+struct Limits {
+  uint64_t vram_bytes = 0;
+  uint64_t share_ppm = limiter::kShareWholeGpuPpm;
+};
+
+StatusOr<Limits> ResolveLimits(const RunOptions& o, const LocalGpu& gpu) {
+  Limits l;
+  l.vram_bytes = gpu.total_bytes;
+  if (!o.vram.empty()) {
+    auto v = ParseVramSize("--vram", o.vram);
+    if (!v.ok()) return v.status();
+    if (*v > gpu.total_bytes) {
+      return InvalidArgument("--vram " + o.vram + " is more than GPU " + std::to_string(gpu.index) +
+                             " (" + gpu.name + ") has: " + FormatBytes(gpu.total_bytes));
+    }
+    l.vram_bytes = *v;
+  }
+  if (!o.tflops.empty() && !o.percent.empty()) {
+    return InvalidArgument("give either --tflops or --percent, not both");
+  }
+  if (!o.percent.empty()) {
+    auto p = ParsePositive("--percent", o.percent, 100);
+    if (!p.ok()) return p.status();
+    l.share_ppm = static_cast<uint64_t>(std::llround(*p * 10'000));
+  } else if (!o.tflops.empty()) {
+    auto t = ParsePositive("--tflops", o.tflops);
+    if (!t.ok()) return t.status();
+    GpuCatalog catalog;
+    if (const char* f = getenv("TFUSION_CATALOG_OVERRIDES"); f && *f) {
+      FILE* in = std::fopen(f, "r");
+      if (!in) return InvalidArgument(std::string("TFUSION_CATALOG_OVERRIDES: cannot read ") + f);
+      std::string text;
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof(buf), in)) > 0) text.append(buf, n);
+      std::fclose(in);
+      Status s = catalog.LoadOverrides(text);
+      if (!s.ok()) return s;
+    }
+    auto spec = catalog.Lookup(gpu.name);
+    if (!spec.ok()) {
+      return InvalidArgument("GPU model '" + gpu.name +
+                             "' is not in the catalog: use --percent, or add it with "
+                             "TFUSION_CATALOG_OVERRIDES");
+    }
+    auto share = ShareFromTflops(*t, spec->fp16_tflops);
+    if (!share.ok()) {
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "--tflops %s: GPU %d (%s) has %.1f TFLOPS", o.tflops.c_str(),
+                    gpu.index, gpu.name.c_str(), spec->fp16_tflops);
+      return InvalidArgument(buf);
+    }
+    l.share_ppm = static_cast<uint64_t>(std::llround(*share * 1e6));
+    if (l.share_ppm == 0) l.share_ppm = 1;
+  }
+  return l;
+}
+
+uint64_t CapacityMtflops(const std::string& name) {
+  GpuCatalog catalog;
+  auto spec = catalog.Lookup(name);
+  return spec.ok() ? static_cast<uint64_t>(spec->fp16_tflops * 1000) : 0;
+}
+
+}  // namespace
+
+int RunCommand(const RunOptions& o) {
+  if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
+  if (o.gpu < 0) return Fail("--gpu must be 0 or more");
+  auto driver = FindDriverLibrary("libcuda.so.1", o.driver, "TFUSION_REAL_LIBCUDA");
+  if (!driver.ok()) return Fail(driver.status().message());
+  auto nvml = FindDriverLibrary("libnvidia-ml.so.1", o.nvml, "TFUSION_REAL_LIBNVML");
+  if (!nvml.ok()) return Fail(nvml.status().message());
+  auto inject = InjectDir();
+  if (!inject.ok()) return Fail(inject.status().message());
+  auto gpus = DiscoverGpus(*nvml);
+  if (!gpus.ok()) return Fail(gpus.status().message());
+  const LocalGpu* gpu = nullptr;
+  for (const auto& g : *gpus) {
+    if (g.index == o.gpu) gpu = &g;
+  }
+  if (gpu == nullptr) {
+    return Fail("--gpu " + std::to_string(o.gpu) + ": this machine has " +
+                std::to_string(gpus->size()) + " GPU(s), numbered from 0");
+  }
+  auto limits = ResolveLimits(o, *gpu);
+  if (!limits.ok()) return Fail(limits.status().message());
+
+  GpuRegion region;
+  limiter::RegionErrorDetail why;
+  RegionError e = GpuRegion::Create(RegionDir().c_str(), gpu->uuid.c_str(), gpu->name.c_str(),
+                                    gpu->total_bytes, CapacityMtflops(gpu->name), &region, &why);
+  if (e != RegionError::kOk) {
+    return Fail("cannot open the shared region of GPU " + gpu->uuid + ": " +
+                limiter::RegionErrorName(e) + " " + why.message);
+  }
+  std::string vgpu_id = o.vgpu.empty() ? "run-" + std::to_string(getpid()) : o.vgpu;
+  if (vgpu_id.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
+  uint32_t existing = 0;
+  if (!o.vgpu.empty() && region.FindVgpu(vgpu_id.c_str(), &existing) == RegionError::kOk) {
+    uint64_t old_limit = region.Limit(existing);
+    if (old_limit != limits->vram_bytes && region.Used(existing) > limits->vram_bytes) {
+      return Fail("vGPU '" + vgpu_id + "' already uses " + FormatBytes(region.Used(existing)) +
+                  ", more than --vram " + o.vram);
+    }
+  }
+  uint32_t index = 0;
+  e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
+  if (e != RegionError::kOk) return Fail("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+
+  std::string ld = *inject;
+  if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) ld += std::string(":") + old;
+  std::string region_path = region.path();
+
+  g_child = fork();
+  if (g_child < 0) return Fail(std::string("fork: ") + std::strerror(errno));
+  if (g_child == 0) {
+    setenv("LD_LIBRARY_PATH", ld.c_str(), 1);
+    setenv("TFUSION_REAL_LIBCUDA", driver->c_str(), 1);
+    setenv("TFUSION_REAL_LIBNVML", nvml->c_str(), 1);
+    setenv("TFUSION_REGION", region_path.c_str(), 1);
+    setenv("TFUSION_VGPU", vgpu_id.c_str(), 1);
+    setenv("CUDA_VISIBLE_DEVICES", gpu->uuid.c_str(), 1);
+    setenv("TRITON_LIBCUDA_PATH", inject->c_str(), 1);
+    std::vector<char*> argv;
+    for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = &Forward;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  int status = 0;
+  while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (o.vgpu.empty()) {
+    region.ReapDeadOfVgpu(index);
+    region.RemoveVgpu(index);  // busy while a detached grandchild still uses it: left for reaping
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int SmiCommand(bool all_processes) {
+  std::string dir = RegionDir();
+  std::vector<std::string> files;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* ent = readdir(d)) {
+      std::string f(ent->d_name);
+      if (f.rfind("gpu-", 0) == 0 && f.size() > 7 && f.substr(f.size() - 7) == ".region") files.push_back(dir + "/" + f);
+    }
+    closedir(d);
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    std::printf("No vGPUs on this machine (no GPU regions in %s).\n", dir.c_str());
+    return 0;
+  }
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  int rc = 0;
+  for (const auto& f : files) {
+    GpuRegion region;
+    limiter::RegionErrorDetail why;
+    RegionError e = GpuRegion::Attach(f.c_str(), &region, &why);
+    if (e != RegionError::kOk) {
+      std::fprintf(stderr, "tfusion smi: %s: %s %s\n", f.c_str(), limiter::RegionErrorName(e), why.message);
+      rc = 1;
+      continue;
+    }
+    region.ReapDead();
+    region.Snapshot(snap.get());
+    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS\n", snap->gpu_uuid, snap->gpu_name,
+                FormatBytes(snap->total_vram_bytes).c_str(), snap->capacity_mtflops / 1000.0);
+    std::printf("  %-24s %12s %12s %8s %6s %12s %12s %10s %5s\n", "VGPU", "VRAM USED", "VRAM LIMIT",
+                "SHARE", "PROCS", "GPU BUSY s", "THROTTLED s", "LAUNCHES", "OOMS");
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      const auto& v = snap->vgpus[i];
+      char share[16];
+      if (v.compute_share_ppm >= limiter::kShareWholeGpuPpm) std::snprintf(share, sizeof(share), "100%%");
+      else std::snprintf(share, sizeof(share), "%.1f%%", v.compute_share_ppm / 10'000.0);
+      std::printf("  %-24s %12s %12s %8s %6u %12.3f %12.3f %10llu %5llu\n", v.id,
+                  FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(), share,
+                  v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9,
+                  static_cast<unsigned long long>(v.launches_total), static_cast<unsigned long long>(v.oom_total));
+    }
+    if (all_processes) {
+      std::printf("  %-8s %-24s %12s %12s\n", "PID", "VGPU", "VRAM", "THROTTLED s");
+      for (uint32_t i = 0; i < snap->process_count; ++i) {
+        const auto& p = snap->processes[i];
+        const char* id = "?";
+        for (uint32_t k = 0; k < snap->vgpu_count; ++k) {
+          if (snap->vgpus[k].index == p.vgpu_index) id = snap->vgpus[k].id;
+        }
+        std::printf("  %-8d %-24s %12s %12.3f\n", p.pid, id, FormatBytes(p.vram_bytes).c_str(), p.throttled_ns / 1e9);
+      }
+    }
+  }
+  return rc;
+}
+
+}  // namespace tf::cli

@@ -1,0 +1,31 @@
+// `tfusion run`: runs a command on a local vGPU (VRAM ceiling and compute share enforced by the
+// limiter injected in front of the driver).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tf::cli {
+
+struct RunOptions {
+  std::string vram;      // "8GiB"; empty = the whole GPU
+  std::string tflops;    // FP16 dense TFLOPS; exclusive with percent
+  std::string percent;   // share of the GPU in percent (0, 100]
+  int gpu = 0;           // NVML index of the physical GPU (as nvidia-smi numbers them)
+  std::string vgpu;      // vGPU id shared by several processes; empty = a private one
+  std::string driver;    // the real libcuda.so.1 (default: found on this machine)
+  std::string nvml;      // the real libnvidia-ml.so.1 (default: found on this machine)
+  std::vector<std::string> command;
+};
+
+// Validates, prepares the vGPU, runs the command and returns its exit status (128+signal when
+// it was killed). Problems before the command starts are reported on stderr with exit status 2.
+int RunCommand(const RunOptions& options);
+
+// `tfusion smi`: every vGPU of every GPU region on this machine.
+int SmiCommand(bool all_processes);
+
+}  // namespace tf::cli

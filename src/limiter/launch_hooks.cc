@@ -1,0 +1,114 @@
+// Every kernel-submission entry point goes through the compute gate of the process's vGPU:
+// plain, extended (cuLaunchKernelEx), cooperative, legacy grid launches and CUDA graphs, in
+// their legacy-stream and per-thread-stream (_ptsz) forms.
+#include "limiter/compute_gate.h"
+#include "limiter/export_support.h"
+
+namespace tf::limiter {
+namespace {
+
+template <typename Call>
+inline CUresult Gated(CUstream stream, bool per_thread, Call&& call) {
+  ComputeGate& gate = ComputeGate::Instance();
+  if (__builtin_expect(!gate.throttled(), 1)) return call();
+  gate.Enter(stream, per_thread);
+  CUresult r = call();
+  gate.Exit();
+  return r;
+}
+
+}  // namespace
+
+#define TF_REAL_OR_MISSING(name)          \
+  auto fn = Real().name;                  \
+  if (__builtin_expect(fn == nullptr, 0)) return Missing(driver::Fn::name);
+
+CUresult Hook_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz,
+                             unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
+                             void** extra) {
+  TF_REAL_OR_MISSING(cuLaunchKernel)
+  return Gated(hStream, false, [&] {
+    return fn(f, gx, gy, gz, bx, by, bz, sharedMemBytes, hStream, kernelParams, extra);
+  });
+}
+
+CUresult Hook_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                  unsigned int bx, unsigned int by, unsigned int bz,
+                                  unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
+                                  void** extra) {
+  TF_REAL_OR_MISSING(cuLaunchKernel_ptsz)
+  return Gated(hStream, true, [&] {
+    return fn(f, gx, gy, gz, bx, by, bz, sharedMemBytes, hStream, kernelParams, extra);
+  });
+}
+
+CUresult Hook_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                               void** extra) {
+  TF_REAL_OR_MISSING(cuLaunchKernelEx)
+  CUstream s = config ? config->hStream : nullptr;
+  return Gated(s, false, [&] { return fn(config, f, kernelParams, extra); });
+}
+
+CUresult Hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** kernelParams,
+                                    void** extra) {
+  TF_REAL_OR_MISSING(cuLaunchKernelEx_ptsz)
+  CUstream s = config ? config->hStream : nullptr;
+  return Gated(s, true, [&] { return fn(config, f, kernelParams, extra); });
+}
+
+CUresult Hook_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                        unsigned int gz, unsigned int bx, unsigned int by,
+                                        unsigned int bz, unsigned int sharedMemBytes,
+                                        CUstream hStream, void** kernelParams) {
+  TF_REAL_OR_MISSING(cuLaunchCooperativeKernel)
+  return Gated(hStream, false, [&] {
+    return fn(f, gx, gy, gz, bx, by, bz, sharedMemBytes, hStream, kernelParams);
+  });
+}
+
+CUresult Hook_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                             unsigned int gz, unsigned int bx, unsigned int by,
+                                             unsigned int bz, unsigned int sharedMemBytes,
+                                             CUstream hStream, void** kernelParams) {
+  TF_REAL_OR_MISSING(cuLaunchCooperativeKernel_ptsz)
+  return Gated(hStream, true, [&] {
+    return fn(f, gx, gy, gz, bx, by, bz, sharedMemBytes, hStream, kernelParams);
+  });
+}
+
+CUresult Hook_cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS* launchParamsList,
+                                                   unsigned int numDevices, unsigned int flags) {
+  TF_REAL_OR_MISSING(cuLaunchCooperativeKernelMultiDevice)
+  CUstream s = (launchParamsList && numDevices) ? launchParamsList[0].hStream : nullptr;
+  return Gated(s, false, [&] { return fn(launchParamsList, numDevices, flags); });
+}
+
+CUresult Hook_cuLaunch(CUfunction f) {
+  TF_REAL_OR_MISSING(cuLaunch)
+  return Gated(nullptr, false, [&] { return fn(f); });
+}
+
+CUresult Hook_cuLaunchGrid(CUfunction f, int grid_width, int grid_height) {
+  TF_REAL_OR_MISSING(cuLaunchGrid)
+  return Gated(nullptr, false, [&] { return fn(f, grid_width, grid_height); });
+}
+
+CUresult Hook_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream) {
+  TF_REAL_OR_MISSING(cuLaunchGridAsync)
+  return Gated(hStream, false, [&] { return fn(f, grid_width, grid_height, hStream); });
+}
+
+CUresult Hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  TF_REAL_OR_MISSING(cuGraphLaunch)
+  return Gated(hStream, false, [&] { return fn(hGraphExec, hStream); });
+}
+
+CUresult Hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+  TF_REAL_OR_MISSING(cuGraphLaunch_ptsz)
+  return Gated(hStream, true, [&] { return fn(hGraphExec, hStream); });
+}
+
+#undef TF_REAL_OR_MISSING
+
+}  // namespace tf::limiter

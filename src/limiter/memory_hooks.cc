@@ -1,0 +1,363 @@
+// VRAM quota: every device-memory allocation path reserves its rounded size in the vGPU's
+// shared ledger before the real allocation and rolls back when the driver fails; every free
+// returns what its allocation charged. Memory reports (cuMemGetInfo, cuDeviceTotalMem) show the
+// slice. A process without a vGPU passes straight through.
+#include <atomic>
+#include <cstdint>
+
+#include "limiter/allocation_table.h"
+#include "limiter/export_support.h"
+#include "limiter/guest_log.h"
+#include "limiter/runtime.h"
+
+namespace tf::limiter {
+namespace {
+
+std::atomic<bool> g_oom_logged{false};
+
+// Reserves `bytes` (already rounded) for this process; false when over quota.
+bool Reserve(Binding* b, uint64_t bytes) {
+  RegionError e = b->region.Reserve(b->slot, bytes);
+  if (e == RegionError::kOk) return true;
+  if (!g_oom_logged.exchange(true)) {
+    GuestLog("vGPU '%s': allocation of %llu MiB refused (%s): %llu of %llu MiB in use",
+             b->vgpu_id, static_cast<unsigned long long>(bytes >> 20), RegionErrorName(e),
+             static_cast<unsigned long long>(b->region.Used(b->vgpu) >> 20),
+             static_cast<unsigned long long>(b->region.Limit(b->vgpu) >> 20));
+  }
+  return false;
+}
+
+void Release(Binding* b, uint64_t bytes) {
+  if (bytes != 0) b->region.Release(b->slot, bytes);
+}
+
+// The common shape of an allocation: reserve, call, roll back on failure, record on success.
+template <typename Call>
+CUresult Charged(uint64_t charge, AllocKind kind, Call&& call) {
+  Binding* b = Bound();
+  if (b == nullptr) {
+    if (BindingFailed()) return CUDA_ERROR_OPERATING_SYSTEM;
+    uint64_t ignored = 0;
+    return call(&ignored);
+  }
+  if (!Reserve(b, charge)) return CUDA_ERROR_OUT_OF_MEMORY;
+  uint64_t key = 0;
+  CUresult r = call(&key);
+  if (r != CUDA_SUCCESS) {
+    Release(b, charge);
+    return r;
+  }
+  AllocationTable::Instance().Insert(kind, key, charge);
+  return r;
+}
+
+// Returns the charge of a freed object after the real free succeeded.
+void Uncharge(AllocKind kind, uint64_t key) {
+  Binding* b = Bound();
+  if (b == nullptr) return;
+  Release(b, AllocationTable::Instance().Erase(kind, key));
+}
+
+uint64_t FormatBytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 4;
+    default:
+      return 16;  // unknown or block-compressed formats: charge the widest element
+  }
+}
+
+uint64_t ArrayBytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_format f) {
+  uint64_t bytes = static_cast<uint64_t>(w) * (h ? h : 1) * (d ? d : 1);
+  return bytes * (channels ? channels : 1) * FormatBytes(f);
+}
+
+}  // namespace
+
+CUresult Hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  auto fn = Real().cuMemAlloc_v2;
+  if (!fn) return Missing(driver::Fn::cuMemAlloc_v2);
+  return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {
+    CUresult r = fn(dptr, bytesize);
+    if (r == CUDA_SUCCESS) *key = *dptr;
+    return r;
+  });
+}
+
+CUresult Hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
+                                 size_t Height, unsigned int ElementSizeBytes) {
+  auto fn = Real().cuMemAllocPitch_v2;
+  if (!fn) return Missing(driver::Fn::cuMemAllocPitch_v2);
+  // The pitch is chosen by the driver; charge an upper bound (rows padded to 512 bytes).
+  uint64_t row = (static_cast<uint64_t>(WidthInBytes) + 511) / 512 * 512;
+  return Charged(RoundToGranule(row * Height), AllocKind::kDevicePtr, [&](uint64_t* key) {
+    CUresult r = fn(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r == CUDA_SUCCESS) *key = *dptr;
+    return r;
+  });
+}
+
+CUresult Hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  auto fn = Real().cuMemAllocManaged;
+  if (!fn) return Missing(driver::Fn::cuMemAllocManaged);
+  return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {
+    CUresult r = fn(dptr, bytesize, flags);
+    if (r == CUDA_SUCCESS) *key = *dptr;
+    return r;
+  });
+}
+
+CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
+  auto fn = Real().cuMemFree_v2;
+  if (!fn) return Missing(driver::Fn::cuMemFree_v2);
+  CUresult r = fn(dptr);
+  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
+  return r;
+}
+
+// ---- stream-ordered allocation (default and explicit pools) ----
+
+#define TF_ASYNC_ALLOC(name, ...)                                                   \
+  auto fn = Real().name;                                                            \
+  if (!fn) return Missing(driver::Fn::name);                                        \
+  return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) { \
+    CUresult r = fn(__VA_ARGS__);                                                   \
+    if (r == CUDA_SUCCESS) *key = *dptr;                                            \
+    return r;                                                                       \
+  });
+
+CUresult Hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  TF_ASYNC_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream)
+}
+CUresult Hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  TF_ASYNC_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream)
+}
+CUresult Hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream) {
+  TF_ASYNC_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream)
+}
+CUresult Hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                           CUstream hStream) {
+  TF_ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream)
+}
+#undef TF_ASYNC_ALLOC
+
+CUresult Hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  auto fn = Real().cuMemFreeAsync;
+  if (!fn) return Missing(driver::Fn::cuMemFreeAsync);
+  CUresult r = fn(dptr, hStream);
+  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
+  return r;
+}
+
+CUresult Hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  auto fn = Real().cuMemFreeAsync_ptsz;
+  if (!fn) return Missing(driver::Fn::cuMemFreeAsync_ptsz);
+  CUresult r = fn(dptr, hStream);
+  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
+  return r;
+}
+
+// ---- virtual memory management (PyTorch expandable segments, NCCL) ----
+
+CUresult Hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                          const CUmemAllocationProp* prop, unsigned long long flags) {
+  auto fn = Real().cuMemCreate;
+  if (!fn) return Missing(driver::Fn::cuMemCreate);
+  // Host-located physical memory (NCCL's cuMem host buffers) is not VRAM.
+  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+    return fn(handle, size, prop, flags);
+  }
+  return Charged(RoundToGranule(size), AllocKind::kVmmHandle, [&](uint64_t* key) {
+    CUresult r = fn(handle, size, prop, flags);
+    if (r == CUDA_SUCCESS) *key = *handle;
+    return r;
+  });
+}
+
+CUresult Hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
+  auto fn = Real().cuMemRelease;
+  if (!fn) return Missing(driver::Fn::cuMemRelease);
+  CUresult r = fn(handle);
+  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kVmmHandle, handle);
+  return r;
+}
+
+// ---- arrays and mipmapped arrays ----
+
+CUresult Hook_cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d) {
+  auto fn = Real().cuArrayCreate_v2;
+  if (!fn) return Missing(driver::Fn::cuArrayCreate_v2);
+  uint64_t bytes = d ? ArrayBytes(d->Width, d->Height, 1, d->NumChannels, d->Format) : 0;
+  return Charged(RoundToGranule(bytes), AllocKind::kArray, [&](uint64_t* key) {
+    CUresult r = fn(pHandle, d);
+    if (r == CUDA_SUCCESS) *key = reinterpret_cast<uint64_t>(*pHandle);
+    return r;
+  });
+}
+
+CUresult Hook_cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
+  auto fn = Real().cuArray3DCreate_v2;
+  if (!fn) return Missing(driver::Fn::cuArray3DCreate_v2);
+  uint64_t bytes = d ? ArrayBytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format) : 0;
+  return Charged(RoundToGranule(bytes), AllocKind::kArray, [&](uint64_t* key) {
+    CUresult r = fn(pHandle, d);
+    if (r == CUDA_SUCCESS) *key = reinterpret_cast<uint64_t>(*pHandle);
+    return r;
+  });
+}
+
+CUresult Hook_cuArrayDestroy(CUarray hArray) {
+  auto fn = Real().cuArrayDestroy;
+  if (!fn) return Missing(driver::Fn::cuArrayDestroy);
+  CUresult r = fn(hArray);
+  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kArray, reinterpret_cast<uint64_t>(hArray));
+  return r;
+}
+
+CUresult Hook_cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                     unsigned int numMipmapLevels) {
+  auto fn = Real().cuMipmappedArrayCreate;
+  if (!fn) return Missing(driver::Fn::cuMipmappedArrayCreate);
+  // The levels of a full mip chain add up to less than twice the base level.
+  uint64_t base = d ? ArrayBytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format) : 0;
+  uint64_t bytes = numMipmapLevels > 1 ? base * 2 : base;
+  return Charged(RoundToGranule(bytes), AllocKind::kMipmappedArray, [&](uint64_t* key) {
+    CUresult r = fn(pHandle, d, numMipmapLevels);
+    if (r == CUDA_SUCCESS) *key = reinterpret_cast<uint64_t>(*pHandle);
+    return r;
+  });
+}
+
+CUresult Hook_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+  auto fn = Real().cuMipmappedArrayDestroy;
+  if (!fn) return Missing(driver::Fn::cuMipmappedArrayDestroy);
+  CUresult r = fn(hMipmappedArray);
+  if (r == CUDA_SUCCESS) {
+    Uncharge(AllocKind::kMipmappedArray, reinterpret_cast<uint64_t>(hMipmappedArray));
+  }
+  return r;
+}
+
+// ---- graph memory nodes: charged from creation until the node or its graph is destroyed ----
+
+namespace {
+template <typename Call>
+CUresult ChargedGraphNode(CUgraph graph, uint64_t bytes, CUgraphNode* node, Call&& call) {
+  CUresult r = Charged(RoundToGranule(bytes), AllocKind::kGraphNode, [&](uint64_t* key) {
+    CUresult rr = call();
+    if (rr == CUDA_SUCCESS) *key = reinterpret_cast<uint64_t>(*node);
+    return rr;
+  });
+  if (r == CUDA_SUCCESS && Bound() != nullptr) {
+    AllocationTable::Instance().AttachToGraph(reinterpret_cast<uint64_t>(graph),
+                                              reinterpret_cast<uint64_t>(*node));
+  }
+  return r;
+}
+}  // namespace
+
+CUresult Hook_cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode* dependencies, size_t numDependencies,
+                                     CUDA_MEM_ALLOC_NODE_PARAMS* nodeParams) {
+  auto fn = Real().cuGraphAddMemAllocNode;
+  if (!fn) return Missing(driver::Fn::cuGraphAddMemAllocNode);
+  if (nodeParams == nullptr || phGraphNode == nullptr) {
+    return fn(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+  }
+  return ChargedGraphNode(hGraph, nodeParams->bytesize, phGraphNode, [&] {
+    return fn(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+  });
+}
+
+CUresult Hook_cuGraphAddNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                             const CUgraphNode* dependencies, size_t numDependencies,
+                             CUgraphNodeParams* nodeParams) {
+  auto fn = Real().cuGraphAddNode;
+  if (!fn) return Missing(driver::Fn::cuGraphAddNode);
+  if (nodeParams == nullptr || phGraphNode == nullptr ||
+      nodeParams->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+    return fn(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+  }
+  return ChargedGraphNode(hGraph, nodeParams->alloc.bytesize, phGraphNode, [&] {
+    return fn(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+  });
+}
+
+CUresult Hook_cuGraphAddNode_v2(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData,
+                                size_t numDependencies, CUgraphNodeParams* nodeParams) {
+  auto fn = Real().cuGraphAddNode_v2;
+  if (!fn) return Missing(driver::Fn::cuGraphAddNode_v2);
+  if (nodeParams == nullptr || phGraphNode == nullptr ||
+      nodeParams->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+    return fn(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+  }
+  return ChargedGraphNode(hGraph, nodeParams->alloc.bytesize, phGraphNode, [&] {
+    return fn(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
+  });
+}
+
+CUresult Hook_cuGraphDestroyNode(CUgraphNode hNode) {
+  auto fn = Real().cuGraphDestroyNode;
+  if (!fn) return Missing(driver::Fn::cuGraphDestroyNode);
+  CUresult r = fn(hNode);
+  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kGraphNode, reinterpret_cast<uint64_t>(hNode));
+  return r;
+}
+
+CUresult Hook_cuGraphDestroy(CUgraph hGraph) {
+  auto fn = Real().cuGraphDestroy;
+  if (!fn) return Missing(driver::Fn::cuGraphDestroy);
+  CUresult r = fn(hGraph);
+  if (r == CUDA_SUCCESS) {
+    if (Binding* b = Bound()) {
+      Release(b, AllocationTable::Instance().EraseGraph(reinterpret_cast<uint64_t>(hGraph)));
+    }
+  }
+  return r;
+}
+
+// ---- what the tenant is told about memory: the slice, consistently with NVML ----
+
+CUresult Hook_cuMemGetInfo_v2(size_t* free, size_t* total) {
+  auto fn = Real().cuMemGetInfo_v2;
+  if (!fn) return Missing(driver::Fn::cuMemGetInfo_v2);
+  size_t real_free = 0, real_total = 0;
+  CUresult r = fn(&real_free, &real_total);
+  Binding* b = Bound();
+  if (r != CUDA_SUCCESS || b == nullptr) {
+    if (free) *free = real_free;
+    if (total) *total = real_total;
+    return r;
+  }
+  uint64_t limit = b->region.Limit(b->vgpu);
+  uint64_t used = b->region.Used(b->vgpu);
+  uint64_t slice_free = used >= limit ? 0 : limit - used;
+  if (slice_free > real_free) slice_free = real_free;
+  if (free) *free = slice_free;
+  if (total) *total = limit;
+  return r;
+}
+
+CUresult Hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  auto fn = Real().cuDeviceTotalMem_v2;
+  if (!fn) return Missing(driver::Fn::cuDeviceTotalMem_v2);
+  CUresult r = fn(bytes, dev);
+  if (r == CUDA_SUCCESS && bytes != nullptr) {
+    if (Binding* b = Bound()) *bytes = b->region.Limit(b->vgpu);
+  }
+  return r;
+}
+
+}  // namespace tf::limiter

@@ -1,0 +1,275 @@
+// A driver-API program run under `tfusion run` in the fake-driver tests: it exercises what the
+// limiter enforces and prints "key=value" lines the tests check. Linked against libcuda.so.1
+// like any CUDA program; the library path decides whether it gets the driver or the limiter.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CHECK(call)                                                        \
+  do {                                                                     \
+    CUresult r_ = (call);                                                  \
+    if (r_ != CUDA_SUCCESS) {                                              \
+      std::printf("error=%s:%d\n", #call, static_cast<int>(r_));           \
+      std::exit(3);                                                        \
+    }                                                                      \
+  } while (0)
+
+constexpr size_t kChunk = 64ull << 20;
+
+CUcontext Setup() {
+  CHECK(cuInit(0));
+  CUdevice dev;
+  CHECK(cuDeviceGet(&dev, 0));
+  CUcontext ctx;
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  return ctx;
+}
+
+// Allocates 64 MiB chunks until refused; prints the total and the error; frees one chunk and
+// shows a new allocation then succeeds.
+int Alloc() {
+  Setup();
+  std::vector<CUdeviceptr> got;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < 4096; ++i) {
+    CUdeviceptr p;
+    last = cuMemAlloc(&p, kChunk);
+    if (last != CUDA_SUCCESS) break;
+    got.push_back(p);
+  }
+  size_t free = 0, total = 0;
+  CHECK(cuMemGetInfo(&free, &total));
+  std::printf("allocated_mib=%zu\nerror=%d\nfree_mib=%zu\ntotal_mib=%zu\n", got.size() * 64,
+              static_cast<int>(last), free >> 20, total >> 20);
+  size_t dev_total = 0;
+  CHECK(cuDeviceTotalMem(&dev_total, 0));
+  std::printf("device_total_mib=%zu\n", dev_total >> 20);
+  if (got.empty()) return 1;
+  CHECK(cuMemFree(got.back()));
+  got.pop_back();
+  CUdeviceptr again;
+  std::printf("realloc_after_free=%d\n", static_cast<int>(cuMemAlloc(&again, kChunk)));
+  return 0;
+}
+
+// The other allocation paths, each until refused: prints path=<mib>:<error>.
+int Paths() {
+  Setup();
+  auto report = [](const char* path, size_t n, CUresult r) {
+    std::printf("%s=%zu:%d\n", path, n * 64, static_cast<int>(r));
+  };
+  {
+    std::vector<CUdeviceptr> v;
+    CUresult r;
+    for (;;) {
+      CUdeviceptr p;
+      size_t pitch;
+      r = cuMemAllocPitch(&p, &pitch, 8192, kChunk / 8192, 4);
+      if (r != CUDA_SUCCESS) break;
+      v.push_back(p);
+    }
+    report("pitch", v.size(), r);
+    for (auto p : v) cuMemFree(p);
+  }
+  {
+    std::vector<CUdeviceptr> v;
+    CUresult r;
+    for (;;) {
+      CUdeviceptr p;
+      r = cuMemAllocAsync(&p, kChunk, nullptr);
+      if (r != CUDA_SUCCESS) break;
+      v.push_back(p);
+    }
+    report("async", v.size(), r);
+    for (auto p : v) cuMemFreeAsync(p, nullptr);
+    cuStreamSynchronize(nullptr);
+  }
+  {
+    CUmemPoolProps props = {};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CUmemoryPool pool;
+    CHECK(cuMemPoolCreate(&pool, &props));
+    std::vector<CUdeviceptr> v;
+    CUresult r;
+    for (;;) {
+      CUdeviceptr p;
+      r = cuMemAllocFromPoolAsync(&p, kChunk, pool, nullptr);
+      if (r != CUDA_SUCCESS) break;
+      v.push_back(p);
+    }
+    report("pool", v.size(), r);
+    for (auto p : v) cuMemFreeAsync(p, nullptr);
+    cuStreamSynchronize(nullptr);
+  }
+  {
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    std::vector<CUmemGenericAllocationHandle> v;
+    CUresult r;
+    for (;;) {
+      CUmemGenericAllocationHandle h;
+      r = cuMemCreate(&h, kChunk, &prop, 0);
+      if (r != CUDA_SUCCESS) break;
+      v.push_back(h);
+    }
+    report("vmm", v.size(), r);
+    for (auto h : v) cuMemRelease(h);
+  }
+  {
+    std::vector<CUdeviceptr> v;
+    CUresult r;
+    for (;;) {
+      CUdeviceptr p;
+      r = cuMemAllocManaged(&p, kChunk, CU_MEM_ATTACH_GLOBAL);
+      if (r != CUDA_SUCCESS) break;
+      v.push_back(p);
+    }
+    report("managed", v.size(), r);
+    for (auto p : v) cuMemFree(p);
+  }
+  {
+    CUDA_ARRAY3D_DESCRIPTOR d = {};
+    d.Width = 4096;
+    d.Height = 4096;
+    d.Depth = 1;
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;  // 64 MiB
+    std::vector<CUarray> v;
+    CUresult r;
+    for (;;) {
+      CUarray a;
+      r = cuArray3DCreate(&a, &d);
+      if (r != CUDA_SUCCESS) break;
+      v.push_back(a);
+    }
+    report("array3d", v.size(), r);
+    for (auto a : v) cuArrayDestroy(a);
+  }
+  {
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS p = {};
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = 0;
+    p.bytesize = kChunk;
+    size_t n = 0;
+    CUresult r;
+    for (;;) {
+      CUgraphNode node;
+      r = cuGraphAddMemAllocNode(&node, g, nullptr, 0, &p);
+      if (r != CUDA_SUCCESS) break;
+      ++n;
+    }
+    report("graph_node", n, r);
+    CHECK(cuGraphDestroy(g));
+  }
+  size_t free = 0, total = 0;
+  CHECK(cuMemGetInfo(&free, &total));
+  std::printf("free_after_mib=%zu\ntotal_mib=%zu\n", free >> 20, total >> 20);
+  return 0;
+}
+
+// Every way of finding an entry point lands in the same library as the direct call.
+int ProcAddr() {
+  Setup();
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  auto lib_of = [](void* p) {
+    Dl_info info{};
+    if (p == nullptr || dladdr(p, &info) == 0 || info.dli_fname == nullptr) return std::string("none");
+    char resolved[4096];
+    std::string f = realpath(info.dli_fname, resolved) ? resolved : info.dli_fname;
+    return f.substr(f.rfind('/') + 1) + ":" + (info.dli_sname ? info.dli_sname : "?");
+  };
+  struct Case {
+    const char* base;
+    cuuint64_t flags;
+  } cases[] = {{"cuMemAlloc", CU_GET_PROC_ADDRESS_DEFAULT},
+               {"cuLaunchKernel", CU_GET_PROC_ADDRESS_DEFAULT},
+               {"cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+               {"cuGraphLaunch", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+               {"cuMemGetInfo", CU_GET_PROC_ADDRESS_DEFAULT},
+               {"cuGetProcAddress", CU_GET_PROC_ADDRESS_DEFAULT}};
+  for (const auto& c : cases) {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult st;
+    CUresult r = cuGetProcAddress(c.base, &p, 13000, c.flags, &st);
+    std::printf("gpa_%s_%llu=%d:%s\n", c.base, static_cast<unsigned long long>(c.flags), static_cast<int>(r),
+                lib_of(p).c_str());
+  }
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st;
+  std::printf("gpa_unknown=%d\n", static_cast<int>(cuGetProcAddress("cuNoSuchThing", &p, 13000, 0, &st)));
+  std::printf("dlsym_cuMemAlloc_v2=%s\n", lib_of(dlsym(h, "cuMemAlloc_v2")).c_str());
+  std::printf("dlsym_cuLaunchKernelEx=%s\n", lib_of(dlsym(h, "cuLaunchKernelEx")).c_str());
+  std::printf("direct_cuMemAlloc=%s\n", lib_of(reinterpret_cast<void*>(&cuMemAlloc)).c_str());
+  return 0;
+}
+
+// Holds `mib` of VRAM until killed.
+int Hold(size_t mib) {
+  Setup();
+  CUdeviceptr p;
+  CHECK(cuMemAlloc(&p, mib << 20));
+  std::printf("holding=%zu\n", mib);
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+// Launches `seconds` worth of 2 ms sleep kernels open-loop (4 in flight) and reports how many
+// completed per second: the kernel time share this process got.
+int Launch(double seconds) {
+  Setup();
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction f;
+  CHECK(cuModuleGetFunction(&f, mod, "sleep_us"));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  static unsigned us = 2000;
+  void* params[] = {&us};
+  auto t0 = std::chrono::steady_clock::now();
+  long launched = 0;
+  CUevent done[4];
+  for (auto& e : done) CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  for (;;) {
+    double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (el >= seconds) break;
+    CUevent& e = done[launched % 4];
+    if (launched >= 4) CHECK(cuEventSynchronize(e));
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+    CHECK(cuEventRecord(e, s));
+    ++launched;
+  }
+  CHECK(cuStreamSynchronize(s));
+  double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("kernels=%ld\nseconds=%.3f\nbusy_fraction=%.3f\n", launched, el, launched * 0.002 / el);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cmd = argc > 1 ? argv[1] : "";
+  if (cmd == "alloc") return Alloc();
+  if (cmd == "paths") return Paths();
+  if (cmd == "procaddr") return ProcAddr();
+  if (cmd == "hold" && argc > 2) return Hold(std::strtoull(argv[2], nullptr, 10));
+  if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
+  std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
+  return 2;
+}

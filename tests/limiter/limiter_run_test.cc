@@ -1,0 +1,177 @@
+// The local vGPU end to end on the fake driver: `tfusion run` injects the limiter in front of
+// tests/fakecuda, and a driver-API program (limiter_probe) sees the slice. What is asserted is
+// what a user would notice: allocations stop at the ceiling with CUDA_ERROR_OUT_OF_MEMORY, the
+// reported memory is the slice, every lookup path lands on the limiter, processes of one vGPU
+// share its quota, a killed process leaves nothing behind, and a 50% share halves throughput.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+  std::map<std::string, std::string> kv;
+};
+
+class LimiterRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tf-limiter-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    env_ = "TFUSION_SHM_DIR=" + dir_ + " FAKECUDA_SHM_NAME=/tf-lt-" + std::to_string(getpid()) + " ";
+  }
+  void TearDown() override {
+    std::string cmd = "rm -rf '" + dir_ + "'";
+    EXPECT_EQ(system(cmd.c_str()), 0);
+  }
+
+  std::string Tfusion(const std::string& flags, const std::string& probe_args) const {
+    return env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " " + flags +
+           " -- " + TF_PROBE + " " + probe_args;
+  }
+
+  static Result Run(const std::string& cmd) {
+    Result r;
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+    int st = pclose(p);
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::istringstream lines(r.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      auto eq = line.find('=');
+      if (eq != std::string::npos) r.kv[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return r;
+  }
+
+  std::string dir_;
+  std::string env_;
+};
+
+TEST_F(LimiterRunTest, AllocationStopsAtTheCeilingWithOutOfMemory) {
+  Result r = Run(Tfusion("--vram 1GiB", "alloc"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["allocated_mib"], "1024") << r.out;
+  EXPECT_EQ(r.kv["error"], "2") << "CUDA_ERROR_OUT_OF_MEMORY expected\n" << r.out;
+  EXPECT_EQ(r.kv["total_mib"], "1024");
+  EXPECT_EQ(r.kv["device_total_mib"], "1024");
+  EXPECT_EQ(r.kv["free_mib"], "0");
+  EXPECT_EQ(r.kv["realloc_after_free"], "0") << "a freed chunk must be allocatable again";
+}
+
+TEST_F(LimiterRunTest, WithoutTheLimiterTheWholeDeviceIsAvailable) {
+  Result r = Run(env_ + "FAKECUDA_TOTAL_MIB=4096 LD_LIBRARY_PATH=" + TF_FAKECUDA_DIR + " " + TF_PROBE + " alloc");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["allocated_mib"], "4096") << r.out;
+  EXPECT_EQ(r.kv["total_mib"], "4096");
+}
+
+TEST_F(LimiterRunTest, EveryAllocationPathStopsAtTheCeiling) {
+  Result r = Run(Tfusion("--vram 1GiB", "paths"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const char* path : {"pitch", "async", "pool", "vmm", "managed", "array3d", "graph_node"}) {
+    EXPECT_EQ(r.kv[path], "1024:2") << path << "\n" << r.out;
+  }
+  EXPECT_EQ(r.kv["free_after_mib"], "1024") << "every path must give its quota back\n" << r.out;
+}
+
+TEST_F(LimiterRunTest, EveryLookupPathLandsOnTheLimiter) {
+  Result r = Run(Tfusion("--vram 1GiB", "procaddr"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string lib = "libtfusion-limiter.so:";
+  EXPECT_EQ(r.kv["gpa_cuMemAlloc_0"], "0:" + lib + "cuMemAlloc_v2");
+  EXPECT_EQ(r.kv["gpa_cuLaunchKernel_0"], "0:" + lib + "cuLaunchKernel");
+  EXPECT_EQ(r.kv["gpa_cuLaunchKernel_2"], "0:" + lib + "cuLaunchKernel_ptsz");
+  EXPECT_EQ(r.kv["gpa_cuGraphLaunch_2"], "0:" + lib + "cuGraphLaunch_ptsz");
+  EXPECT_EQ(r.kv["gpa_cuMemGetInfo_0"], "0:" + lib + "cuMemGetInfo_v2");
+  EXPECT_EQ(r.kv["gpa_cuGetProcAddress_0"], "0:" + lib + "cuGetProcAddress_v2");
+  EXPECT_EQ(r.kv["gpa_unknown"], "500") << "CUDA_ERROR_NOT_FOUND for an unknown name";
+  EXPECT_EQ(r.kv["dlsym_cuMemAlloc_v2"], lib + "cuMemAlloc_v2");
+  EXPECT_EQ(r.kv["dlsym_cuLaunchKernelEx"], lib + "cuLaunchKernelEx");
+  EXPECT_EQ(r.kv["direct_cuMemAlloc"], lib + "cuMemAlloc_v2");
+}
+
+TEST_F(LimiterRunTest, ProcessesOfOneVgpuShareItsQuotaAndAKilledOneLeavesNothing) {
+  // First holder takes 600 MiB of a shared 1 GiB vGPU and stays alive.
+  std::string holder = Tfusion("--vram 1GiB --vgpu shared", "hold 600") + " > " + dir_ + "/holder.out 2>&1";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", ("exec env " + holder).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  bool holding = false;
+  for (int i = 0; i < 100 && !holding; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    holding = Run("cat " + dir_ + "/holder.out").out.find("holding=600") != std::string::npos;
+  }
+  ASSERT_TRUE(holding) << Run("cat " + dir_ + "/holder.out").out;
+  // A second process of the same vGPU cannot take another 600 MiB.
+  Result second = Run(Tfusion("--vram 1GiB --vgpu shared", "hold 600"));
+  EXPECT_NE(second.rc, 0);
+  EXPECT_NE(second.out.find("cuMemAlloc"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find(":2"), std::string::npos) << "out of memory expected: " << second.out;
+  // kill -9 the whole holder (tfusion run and the program): its quota comes back.
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  Result after = Run(Tfusion("--vram 1GiB --vgpu shared", "alloc"));
+  ASSERT_EQ(after.rc, 0) << after.out;
+  EXPECT_EQ(after.kv["allocated_mib"], "1024") << after.out;
+  Result smi = Run(env_ + TF_TFUSION + " smi");
+  EXPECT_NE(smi.out.find("shared"), std::string::npos) << smi.out;
+  EXPECT_NE(smi.out.find("1.0 GiB"), std::string::npos) << smi.out;
+}
+
+TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
+  Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
+  ASSERT_EQ(full.rc, 0) << full.out;
+  Result half = Run(Tfusion("--vram 1GiB --percent 50", "launch 1.5"));
+  ASSERT_EQ(half.rc, 0) << half.out;
+  double f = std::stod(full.kv["busy_fraction"]);
+  double h = std::stod(half.kv["busy_fraction"]);
+  EXPECT_GT(f, 0.85) << full.out;
+  EXPECT_GT(h, 0.38) << half.out;
+  EXPECT_LT(h, 0.62) << half.out;
+}
+
+TEST_F(LimiterRunTest, BadFlagsAreRefusedWithAClearMessage) {
+  struct Case {
+    std::string flags;
+    std::string message;
+  } cases[] = {
+      {"--vram 0", "must be greater than zero"},
+      {"--vram 8XB", "unknown unit"},
+      {"--vram 100TiB", "is more than GPU 0"},
+      {"--percent 150", "at most 100"},
+      {"--percent 20 --tflops 100", "not both"},
+      {"--tflops 5000", "TFLOPS"},
+      {"--gpu 7", "--gpu 7"},
+  };
+  for (const auto& c : cases) {
+    Result r = Run(Tfusion(c.flags, "alloc"));
+    EXPECT_EQ(r.rc, 2) << c.flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.flags << "\n" << r.out;
+  }
+  Result nodriver = Run(env_ + TF_TFUSION + " run --driver /nonexistent/libcuda.so.1 -- true");
+  EXPECT_EQ(nodriver.rc, 2);
+  EXPECT_NE(nodriver.out.find("no such file"), std::string::npos) << nodriver.out;
+}
+
+}  // namespace
