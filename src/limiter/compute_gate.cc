@@ -52,6 +52,8 @@ void ComputeGate::ResetAfterFork() {
   pthread_mutex_init(&mu_, nullptr);
   pthread_cond_init(&cv_, nullptr);
   governor_started_ = false;
+  exiting_ = false;
+  ending_in_progress_ = false;
   state_.store(kNoLease);
   in_launch_.store(0);
   stream_count_.store(0);
@@ -62,7 +64,6 @@ void ComputeGate::ResetAfterFork() {
 bool ComputeGate::FastPathAllows(CUstream stream, bool per_thread) {
   in_launch_.fetch_add(1, std::memory_order_seq_cst);
   if (state_.load(std::memory_order_seq_cst) == kHeld &&
-      NowNs() < deadline_ns_.load(std::memory_order_relaxed) &&
       t_last_generation == lease_generation_.load(std::memory_order_relaxed) &&
       t_last_stream == stream && t_last_per_thread == per_thread) {
     return true;
@@ -85,6 +86,11 @@ void ComputeGate::SlowPath(CUstream stream, bool per_thread) {
   pthread_mutex_lock(&mu_);
   EnsureGovernorLocked();
   for (;;) {
+    if (exiting_) {  // the process is exiting: never block it
+      in_launch_.fetch_add(1, std::memory_order_seq_cst);
+      pthread_mutex_unlock(&mu_);
+      return;
+    }
     int st = state_.load(std::memory_order_seq_cst);
     if (st == kHeld && NowNs() < deadline_ns_.load()) {
       if (RegisterStreamLocked(stream, per_thread)) {
@@ -200,11 +206,25 @@ void ComputeGate::EnsureGovernorLocked() {
   pthread_attr_destroy(&attr);
 }
 
+void ComputeGate::Shutdown() {
+  pthread_mutex_lock(&mu_);
+  exiting_ = true;
+  pthread_cond_broadcast(&cv_);
+  int64_t give_up = NowNs() + 500'000'000;
+  while (ending_in_progress_ && NowNs() < give_up) {
+    timespec ts;
+    AbsDeadline(&ts, 5'000'000);
+    pthread_cond_timedwait(&cv_, &mu_, &ts);
+  }
+  pthread_mutex_unlock(&mu_);
+}
+
 void* ComputeGate::GovernorMain(void* self) {
   auto* gate = static_cast<ComputeGate*>(self);
   pthread_mutex_lock(&gate->mu_);
   for (;;) {
-    while (gate->state_.load() != kHeld) pthread_cond_wait(&gate->cv_, &gate->mu_);
+    while (gate->state_.load() != kHeld && !gate->exiting_) pthread_cond_wait(&gate->cv_, &gate->mu_);
+    if (gate->exiting_) break;
     int64_t left = gate->deadline_ns_.load() - NowNs();
     if (left > 0) {
       timespec ts;
@@ -214,12 +234,14 @@ void* ComputeGate::GovernorMain(void* self) {
     }
     gate->EndLease();  // drops and re-takes mu_ while the GPU drains
   }
+  pthread_mutex_unlock(&gate->mu_);
   return nullptr;
 }
 
 void ComputeGate::EndLease() {
   // REQUIRES mu_ held. Stop new submissions, let in-flight ones finish their driver call.
   state_.store(kEnding, std::memory_order_seq_cst);
+  ending_in_progress_ = true;
   while (in_launch_.load(std::memory_order_seq_cst) != 0) {
     pthread_mutex_unlock(&mu_);
     sched_yield();
@@ -266,6 +288,7 @@ void ComputeGate::EndLease() {
   }
   stream_count_.store(0);
   state_.store(kNoLease, std::memory_order_seq_cst);
+  ending_in_progress_ = false;
   pthread_cond_broadcast(&cv_);
 }
 

@@ -8,8 +8,8 @@
 // token bucket. Because no other tenant runs during the lease, event time is exact GPU time; a
 // single huge kernel or a deep queue is charged in full and paid back before the next lease.
 //
-// Hot path (lease held, stream already seen in this lease): two seq_cst atomics, one monotonic
-// clock read, a thread-local stream check. No lock, no syscall, no driver query. An unthrottled
+// Hot path (lease held, stream already seen in this lease): two seq_cst atomics and a
+// thread-local stream check; the lease's deadline is enforced by the governor, not per launch. No lock, no syscall, no driver query. An unthrottled
 // vGPU (share >= 100%) or an unbound process skips the gate with one predictable branch.
 //
 // Thread safety: Enter/Exit from any number of launching threads; one governor thread per process.
@@ -34,6 +34,10 @@ class ComputeGate {
   void Configure(Binding* binding);
   // A forked child has no governor thread and holds no lease.
   void ResetAfterFork();
+  // At process exit, before the driver tears itself down: stops the governor (waiting, bounded,
+  // for a lease it is closing) so that no thread of ours calls into CUDA afterwards, and lets
+  // launchers through unthrottled.
+  void Shutdown();
 
   bool throttled() const { return throttled_; }
 
@@ -78,6 +82,8 @@ class ComputeGate {
   pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;  // lease transitions and the stream list
   pthread_cond_t cv_ = PTHREAD_COND_INITIALIZER;    // state changes
   bool governor_started_ = false;
+  bool exiting_ = false;           // guarded by mu_
+  bool ending_in_progress_ = false;  // guarded by mu_: EndLease is between its CUDA calls
   uint64_t launches_unreported_ = 0;
 
   StreamUse streams_[kMaxStreams];

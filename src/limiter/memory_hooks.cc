@@ -229,9 +229,12 @@ CUresult Hook_cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY
                                      unsigned int numMipmapLevels) {
   auto fn = Real().cuMipmappedArrayCreate;
   if (!fn) return Missing(driver::Fn::cuMipmappedArrayCreate);
-  // The levels of a full mip chain add up to less than twice the base level.
-  uint64_t base = d ? ArrayBytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format) : 0;
-  uint64_t bytes = numMipmapLevels > 1 ? base * 2 : base;
+  // Each level halves every extent (never below 1).
+  uint64_t bytes = 0;
+  for (unsigned l = 0; d != nullptr && l < numMipmapLevels && l < 32; ++l) {
+    auto level = [l](size_t e) -> size_t { return e == 0 ? 0 : ((e >> l) ? (e >> l) : 1); };
+    bytes += ArrayBytes(level(d->Width), level(d->Height), level(d->Depth), d->NumChannels, d->Format);
+  }
   return Charged(RoundToGranule(bytes), AllocKind::kMipmappedArray, [&](uint64_t* key) {
     CUresult r = fn(pHandle, d, numMipmapLevels);
     if (r == CUDA_SUCCESS) *key = reinterpret_cast<uint64_t>(*pHandle);

@@ -32,7 +32,9 @@ namespace {
 
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
 pthread_mutex_t g_bind_mu = PTHREAD_MUTEX_INITIALIZER;
-Binding g_binding;
+// Never destroyed: threads of the tenant (and our governor) may still use it while the process
+// runs its exit-time destructors, and unmapping the region under them would crash the tenant.
+Binding& g_binding = *new Binding();
 std::atomic<bool> g_missing_logged[driver::kFunctionCount];
 
 extern "C" CUresult tf_opaque_not_initialized() { return CUDA_ERROR_NOT_INITIALIZED; }
@@ -109,15 +111,22 @@ struct LoadTimeSetup {
   }
 } g_load_time_setup;
 
-// At normal exit the process gives its VRAM and its lease back at once (a crash is covered by
-// reaping dead processes).
-__attribute__((destructor)) void DetachAtExit() {
+// At normal exit the process stops its governor and gives its VRAM and its lease back at once
+// (a crash is covered by reaping dead processes). Registered with atexit after the real cuInit,
+// so it runs before the driver's own exit-time teardown.
+void DetachAtExit() {
   if (!g_ready.load(std::memory_order_acquire)) return;
+  ComputeGate::Instance().Shutdown();
   if (g_binding.configured && !g_binding.failed && g_binding.slot_pid == static_cast<int>(getpid())) {
     g_binding.region.DetachProcess(g_binding.slot);
     g_binding.slot_pid = 0;
   }
 }
+
+__attribute__((destructor)) void DetachAtUnload() { DetachAtExit(); }
+
+pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+void RegisterExitHandler() { atexit(&DetachAtExit); }
 
 }  // namespace
 
@@ -190,8 +199,9 @@ CUresult Hook_cuInit(unsigned int flags) {
   if (real.cuInit == nullptr) return CUDA_ERROR_NO_DEVICE;
   if (BindingFailed()) return CUDA_ERROR_OPERATING_SYSTEM;
   CUresult r = real.cuInit(flags);
-  if (r == CUDA_SUCCESS && RawBinding() != nullptr && Bound() == nullptr) {
-    return CUDA_ERROR_OPERATING_SYSTEM;
+  if (r == CUDA_SUCCESS && RawBinding() != nullptr) {
+    if (Bound() == nullptr) return CUDA_ERROR_OPERATING_SYSTEM;
+    pthread_once(&g_exit_once, &RegisterExitHandler);
   }
   return r;
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Copies what the GPU tier needs from a build folder into a small, stripped folder that can be
+# shipped to a GPU machine: bash tests/gpu/stage_build.sh BUILD_DIR STAGE_DIR
+set -euo pipefail
+B=$1
+S=$2
+rm -rf "$S"
+mkdir -p "$S/src/cli" "$S/src/limiter/inject" "$S/tests/gpu" "$S/bench/gpu"
+cp "$B/src/cli/tfusion" "$S/src/cli/"
+# Control-plane libraries from this machine's packages that a stock GPU host may lack.
+mkdir -p "$S/src/cli/deps"
+for lib in libcpp-httplib libbrotlidec libbrotlienc libbrotlicommon libsqlite3; do
+  p=$(ldd "$B/src/cli/tfusion" | awk -v l="$lib" '$1 ~ "^"l {print $3}')
+  [ -n "$p" ] && cp -L "$p" "$S/src/cli/deps/"
+done
+cp "$B/src/limiter/libtfusion-limiter.so" "$S/src/limiter/"
+if [ -d "$B/src/limiter/nvml" ]; then
+  mkdir -p "$S/src/limiter/nvml"
+  cp "$B"/src/limiter/nvml/libtfusion-nvml.so "$S/src/limiter/nvml/"
+fi
+cp -P "$B"/src/limiter/inject/* "$S/src/limiter/inject/"
+for f in drvtest compute_tenant rt_smoke rt_oom tier_kernels.fatbin; do
+  [ -e "$B/tests/gpu/$f" ] && cp "$B/tests/gpu/$f" "$S/tests/gpu/"
+done
+for f in launch_overhead startup_probe tier_kernels.fatbin; do
+  [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
+done
+find "$S" -type f -perm -u+x -exec strip --strip-debug {} + 2>/dev/null || true
+strip --strip-debug "$S"/src/limiter/*.so "$S"/src/limiter/nvml/*.so 2>/dev/null || true
+du -sh "$S"
