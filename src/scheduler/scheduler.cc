@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 namespace tf::sched {
 namespace {
@@ -53,6 +54,7 @@ size_t Scheduler::ShapeKeyHash::operator()(const ShapeKey& k) const {
 
 Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
   if (options_.cache_shapes < 1) options_.cache_shapes = 1;
+  rng_state_ = options_.tie_break_seed;
 }
 
 void Scheduler::SetWorkloadMix(WorkloadMix mix) {
@@ -278,9 +280,14 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
         cpu_left = static_cast<double>(n.cpu_capacity - n.cpu_used - cpu) / static_cast<double>(n.cpu_capacity);
       }
       score = -(gpu_left + options_.best_fit_cpu_weight * cpu_left);
+      if (options_.k8s_integer_scores) {
+        score = std::floor(100.0 * (1.0 + score / (1.0 + options_.best_fit_cpu_weight)));
+      }
       break;
     }
-    case PlacementMode::kFgd: score = -frag_delta; break;
+    case PlacementMode::kFgd:
+      score = options_.k8s_integer_scores ? std::floor(100.0 / (1.0 + std::exp(frag_delta / 1000.0))) : -frag_delta;
+      break;
     case PlacementMode::kFragAware: {
       int64_t idle_after = 0;
       for (int i = 0; i < ng; ++i) idle_after += view.free_milli[i];
@@ -354,6 +361,8 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
   CacheEntry* row = &cache_[static_cast<size_t>(slot) * num_nodes];
   NodeId best = -1;
   double best_score = 0;
+  uint32_t ties = 0;
+  const bool random_ties = options_.tie_break_seed != 0;
   for (NodeId id : state_.pool_nodes(pool)) {
     const NodeState& n = state_.node(id);
     CacheEntry& c = row[id];
@@ -362,9 +371,18 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
       c.version = n.version;
       c.generation = gen;
     }
-    if (c.eval.fits && (best < 0 || c.eval.score > best_score)) {
+    if (!c.eval.fits) continue;
+    if (best < 0 || c.eval.score > best_score) {
       best = id;
       best_score = c.eval.score;
+      ties = 1;
+    } else if (random_ties && c.eval.score == best_score) {
+      // Reservoir sampling over the tied nodes (splitmix64).
+      uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      if (z % ++ties == 0) best = id;
     }
   }
   if (best < 0) {

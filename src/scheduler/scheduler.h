@@ -29,6 +29,13 @@ struct SchedulerOptions {
   double frag_aware_leftover_weight = 0.05;
   // BestFit: weight of host-CPU leftover fraction against GPU leftover fraction.
   double best_fit_cpu_weight = 1.0;
+  // Ties between equally scored nodes: 0 = lowest node index; otherwise a uniformly random pick
+  // among the tied nodes from a PRNG with this seed (what kube-scheduler's selectHost does).
+  uint64_t tie_break_seed = 0;
+  // BestFit and FGD references: score nodes as kube-scheduler score plugins do, an integer
+  // 0..100, so near-equal scores tie (FGD: 100 x sigmoid(-delta / 1000); BestFit: 100 x (1 -
+  // mean leftover fraction)). The published FGD/BestFit numbers come from such a simulator.
+  bool k8s_integer_scores = false;
 };
 
 class Scheduler {
@@ -126,6 +133,7 @@ class Scheduler {
   mutable std::vector<ShapeKey> key_of_slot_;
   mutable int next_victim_slot_ = 0;
   mutable size_t cache_nodes_ = 0;
+  mutable uint64_t rng_state_ = 0;
   uint32_t mix_generation_ = 1;
   // Per-node fragmentation before placement, for FGD (index 0) and FragAware (index 1).
   mutable std::vector<uint32_t> frag_version_[2];
