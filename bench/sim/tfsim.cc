@@ -157,6 +157,16 @@ int main(int argc, char** argv) {
       a.options.k8s_integer_scores = true;
     } else if (f == "--frag-aware-leftover") {
       a.options.frag_aware_leftover_weight = std::atof(value().c_str());
+    } else if (f == "--frag-aware-quantum") {
+      a.options.frag_aware_quantum_milli = std::atof(value().c_str());
+    } else if (f == "--frag-aware-cpu") {
+      a.options.frag_aware_cpu_weight = std::atof(value().c_str());
+    } else if (f == "--frag-aware-fgd-measure") {
+      a.options.frag_aware_stranded_measure = false;
+    } else if (f == "--frag-aware-blend") {
+      a.options.frag_aware_fgd_blend = std::atof(value().c_str());
+    } else if (f == "--frag-aware-demand") {
+      a.options.frag_aware_demand_weighted = true;
     } else if (f == "--best-fit-cpu") {
       a.options.best_fit_cpu_weight = std::atof(value().c_str());
     } else if (f == "--policies") {

@@ -95,9 +95,16 @@ int Scheduler::CacheSlot(const ShapeKey& key) const {
   return slot;
 }
 
-double Scheduler::FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool demand) const {
-  int which = demand ? 1 : 0;
-  if (id < 0) return NodeFragmentation(MakeFragView(n), mix);
+double Scheduler::Measure(const FragView& v, const WorkloadMix& mix, bool ours) const {
+  if (!ours || !options_.frag_aware_stranded_measure) return NodeFragmentation(v, mix);
+  const double blend = options_.frag_aware_fgd_blend;
+  double stranded = NodeStrandedGpu(v, mix);
+  return blend > 0 ? blend * NodeFragmentation(v, mix) + (1 - blend) * stranded : stranded;
+}
+
+double Scheduler::FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool ours) const {
+  int which = ours ? 1 : 0;
+  if (id < 0) return Measure(MakeFragView(n), mix, ours);
   size_t i = static_cast<size_t>(id);
   if (frag_value_[which].size() != state_.nodes().size()) {
     frag_value_[which].assign(state_.nodes().size(), 0);
@@ -105,7 +112,7 @@ double Scheduler::FragBefore(NodeId id, const NodeState& n, const WorkloadMix& m
     frag_generation_[which].assign(state_.nodes().size(), 0);
   }
   if (frag_version_[which][i] != n.version || frag_generation_[which][i] != mix_generation_) {
-    frag_value_[which][i] = NodeFragmentation(MakeFragView(n), mix);
+    frag_value_[which][i] = Measure(MakeFragView(n), mix, ours);
     frag_version_[which][i] = n.version;
     frag_generation_[which][i] = mix_generation_;
   }
@@ -155,7 +162,8 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
   }
 
   const bool frag = MeasuresFragmentation(mode);
-  const bool demand = mode == PlacementMode::kFragAware;
+  const bool ours = mode == PlacementMode::kFragAware;
+  const bool demand = ours && options_.frag_aware_demand_weighted;
   WorkloadMix self_mix;
   const WorkloadMix* mix = demand ? &demand_mix_ : &mix_;
   if (frag && mix->empty()) {
@@ -189,7 +197,7 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
 
   if (k == 1 && frag) {
     // The GPU inside the node is chosen by the same fragmentation rule as the node.
-    double before = FragBefore(id, n, *mix, demand);
+    double before = FragBefore(id, n, *mix, ours);
     double best = 0;
     int best_gpu = -1;
     int64_t seen_free[64];
@@ -204,7 +212,7 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
       seen_free[ns] = f;
       seen_model[ns++] = view.model_id[gi];
       view.free_milli[gi] = after_milli(gi);
-      double d = NodeFragmentation(view, *mix) - before;
+      double d = Measure(view, *mix, ours) - before;
       view.free_milli[gi] = f;
       if (best_gpu < 0 || d < best) {
         best = d;
@@ -251,15 +259,15 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
       for (int c = 0; c < k; ++c) chosen |= uint64_t{1} << cand[c];
     }
     if (frag) {
-      double before = FragBefore(id, n, *mix, demand);
+      double before = FragBefore(id, n, *mix, ours);
       for (uint64_t m = chosen; m; m &= m - 1) {
         int gi = std::countr_zero(m);
         view.free_milli[gi] = after_milli(gi);
       }
-      frag_delta = NodeFragmentation(view, *mix) - before;
+      frag_delta = Measure(view, *mix, ours) - before;
     }
   } else if (frag) {
-    frag_delta = NodeFragmentation(view, *mix) - FragBefore(id, n, *mix, demand);
+    frag_delta = Measure(view, *mix, ours) - FragBefore(id, n, *mix, ours);
   }
 
   MilliTflops add = 0;
@@ -289,9 +297,18 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
       score = options_.k8s_integer_scores ? std::floor(100.0 / (1.0 + std::exp(frag_delta / 1000.0))) : -frag_delta;
       break;
     case PlacementMode::kFragAware: {
+      // Coarse fragmentation delta first (differences below one quantum are noise of a myopic
+      // estimate), then pack: least idle GPU left on the node, then least host CPU left.
+      double q = options_.frag_aware_quantum_milli;
+      double bucket = q > 0 ? std::floor(frag_delta / q) : frag_delta;
       int64_t idle_after = 0;
       for (int i = 0; i < ng; ++i) idle_after += view.free_milli[i];
-      score = -frag_delta - options_.frag_aware_leftover_weight * static_cast<double>(idle_after);
+      double cpu_left = 0;
+      if (n.TracksCpu()) {
+        cpu_left = static_cast<double>(view.cpu_free) / static_cast<double>(n.cpu_capacity);
+      }
+      score = -bucket * 1e6 - options_.frag_aware_leftover_weight * static_cast<double>(idle_after) -
+              options_.frag_aware_cpu_weight * cpu_left;
       break;
     }
   }

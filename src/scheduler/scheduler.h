@@ -25,8 +25,18 @@ struct PreemptionPlan {
 
 struct SchedulerOptions {
   int cache_shapes = 64;  // distinct request shapes whose per-node decisions are cached
-  // FragAware: weight of the best-fit leftover term (milli-GPU) against the fragmentation delta.
-  double frag_aware_leftover_weight = 0.05;
+  // FragAware: fragmentation deltas are compared in buckets of this many milli-GPU (0 = exact);
+  // among equal deltas the node with the least idle GPU (weight per milli-GPU) and host CPU
+  // fraction left wins.
+  double frag_aware_quantum_milli = 0;
+  double frag_aware_leftover_weight = 1.0;
+  double frag_aware_cpu_weight = 0;
+  // FragAware: weigh workload shapes by GPU demand instead of by count.
+  bool frag_aware_demand_weighted = false;
+  // FragAware: measure with NodeStrandedGpu (true) or FGD's NodeFragmentation (false).
+  bool frag_aware_stranded_measure = true;
+  // FragAware: weight of FGD's measure blended into the stranded measure (0..1).
+  double frag_aware_fgd_blend = 0.5;
   // BestFit: weight of host-CPU leftover fraction against GPU leftover fraction.
   double best_fit_cpu_weight = 1.0;
   // Ties between equally scored nodes: 0 = lowest node index; otherwise a uniformly random pick
@@ -112,7 +122,8 @@ class Scheduler {
 
   Evaluation Evaluate(const NodeState& n, const Request& r, uint64_t model_mask, PlacementMode mode,
                       NodeId id) const;
-  double FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool demand) const;
+  double Measure(const FragView& v, const WorkloadMix& mix, bool ours) const;
+  double FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool ours) const;
   int CacheSlot(const ShapeKey& key) const;
   Status CheckQuota(const Request& r, const Placement& p) const;
   void Account(const Request& r, const Placement& p, int sign);
