@@ -125,3 +125,12 @@ void WorkloadQueue::RetryPending() {
 }
 
 }  // namespace tf::sched
+
+namespace tf::sched {
+
+const WorkloadStatus* WorkloadQueue::status(std::string_view id) const {
+  auto it = status_.find(std::string(id));
+  return it == status_.end() ? nullptr : &it->second;
+}
+
+}  // namespace tf::sched
