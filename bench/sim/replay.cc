@@ -91,8 +91,9 @@ StatusOr<StaticResult> RunStatic(const std::vector<TraceNode>& nodes, const std:
 }
 
 StatusOr<DynamicResult> RunDynamic(const std::vector<TraceNode>& nodes, const std::vector<TracePod>& pods,
-                                   sched::PlacementMode mode) {
-  sched::Scheduler s;
+                                   sched::PlacementMode mode, double compress,
+                                   const sched::SchedulerOptions& options) {
+  sched::Scheduler s(options);
   TF_RETURN_IF_ERROR(BuildCluster(nodes, mode, &s));
   s.SetWorkloadMix(MixOf(pods, s.state()));
   sched::WorkloadQueue queue(&s, /*allow_preemption=*/false);
@@ -102,10 +103,15 @@ StatusOr<DynamicResult> RunDynamic(const std::vector<TraceNode>& nodes, const st
     size_t pod;
   };
   std::vector<Event> events;
+  std::vector<int64_t> arrival(pods.size(), 0);
+  int64_t first_arrival = INT64_MAX, last_arrival = 0;
   for (size_t i = 0; i < pods.size(); ++i) {
     if (!Placeable(pods[i]) || pods[i].deletion_time <= pods[i].creation_time) continue;
-    events.push_back({pods[i].creation_time, 1, i});
-    events.push_back({pods[i].deletion_time, 0, i});
+    arrival[i] = static_cast<int64_t>(static_cast<double>(pods[i].creation_time) / compress);
+    first_arrival = std::min(first_arrival, arrival[i]);
+    last_arrival = std::max(last_arrival, arrival[i]);
+    events.push_back({arrival[i], 1, i});
+    events.push_back({arrival[i] + pods[i].deletion_time - pods[i].creation_time, 0, i});
   }
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) {
     return a.t != b.t ? a.t < b.t : (a.kind != b.kind ? a.kind < b.kind : a.pod < b.pod);
@@ -116,9 +122,13 @@ StatusOr<DynamicResult> RunDynamic(const std::vector<TraceNode>& nodes, const st
   DynamicResult res;
   double area = 0, used = 0;
   int64_t prev_t = events.empty() ? 0 : events.front().t;
+  prev_t = first_arrival;
   for (const Event& e : events) {
-    area += used * static_cast<double>(e.t - prev_t);
-    prev_t = e.t;
+    if (e.t > first_arrival) {
+      int64_t until = std::min(e.t, last_arrival);
+      if (until > prev_t) area += used * static_cast<double>(until - prev_t);
+      prev_t = std::max(prev_t, until);
+    }
     const TracePod& p = pods[e.pod];
     std::string id = std::to_string(e.pod);
     if (e.kind == 1) {
@@ -132,10 +142,10 @@ StatusOr<DynamicResult> RunDynamic(const std::vector<TraceNode>& nodes, const st
       size_t idx = std::stoul(qe.request_id);
       placed[idx] = 1;
       used += static_cast<double>(pods[idx].gpu_demand());
-      delays[static_cast<int>(ToQos(pods[idx].qos))].push_back(static_cast<double>(e.t - pods[idx].creation_time));
+      delays[static_cast<int>(ToQos(pods[idx].qos))].push_back(static_cast<double>(e.t - arrival[idx]));
     }
   }
-  const double span = events.empty() ? 1 : static_cast<double>(events.back().t - events.front().t);
+  const double span = static_cast<double>(last_arrival - first_arrival);
   res.time_avg_allocation = span > 0 ? 100.0 * area / span / total : 0;
   for (int q = 0; q < 4; ++q) {
     res.count[q] = static_cast<int64_t>(delays[q].size());
@@ -148,8 +158,9 @@ StatusOr<DynamicResult> RunDynamic(const std::vector<TraceNode>& nodes, const st
 }
 
 StatusOr<MicroResult> RunMicro(const std::vector<TraceNode>& nodes, const std::vector<TracePod>& pods,
-                               sched::PlacementMode mode, int replicate_to, int64_t decisions) {
-  sched::Scheduler s;
+                               sched::PlacementMode mode, int replicate_to, int64_t decisions,
+                               const sched::SchedulerOptions& options) {
+  sched::Scheduler s(options);
   TF_RETURN_IF_ERROR(BuildCluster(nodes, mode, &s, replicate_to));
   s.SetWorkloadMix(MixOf(pods, s.state()));
   const int64_t total = s.state().TotalCapacity() / 1000;

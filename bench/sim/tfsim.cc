@@ -26,6 +26,7 @@ struct Args {
                                          PlacementMode::kNodeCompactGpuLowLoad, PlacementMode::kFragAware};
   int seeds = 10;
   long decisions = 20000;
+  std::vector<double> compress = {1, 3000, 100000};
   tf::sched::SchedulerOptions options = [] {
     tf::sched::SchedulerOptions o;
     o.k8s_integer_scores = true;  // the references behave as kube-scheduler plugins
@@ -86,14 +87,16 @@ int RunStaticTable(const Args& a, const std::vector<tf::sim::TraceNode>& nodes, 
 int RunDynamicTable(const Args& a, const std::vector<tf::sim::TraceNode>& nodes) {
   auto pods = tf::sim::LoadPods(a.data + "/openb_pod_list_" + a.trace + ".csv");
   if (!pods.ok()) return Fail(pods.status());
-  std::printf("\n### Dynamic replay, trace `%s` (creation/deletion times, QoS-ordered queue, no preemption)\n\n",
+  std::printf("\n### Dynamic replay, trace `%s` (trace lifetimes, arrivals compressed by a factor, QoS-ordered "
+              "queue, no preemption)\n\n",
               a.trace.c_str());
-  std::printf("| policy | time-avg allocation | placed | never placed | delay p50/p99 s: critical | high | medium | low |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| policy | compress | time-avg allocation | placed | never placed | delay p50 / p99 s: critical | high | medium | low |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (double f : a.compress)
   for (PlacementMode m : a.policies) {
-    auto r = tf::sim::RunDynamic(nodes, *pods, m);
+    auto r = tf::sim::RunDynamic(nodes, *pods, m, f, a.options);
     if (!r.ok()) return Fail(r.status());
-    std::printf("| %s | %.2f%% | %lld | %lld |", std::string(tf::sched::PlacementModeName(m)).c_str(),
+    std::printf("| %s | %.0fx | %.2f%% | %lld | %lld |", std::string(tf::sched::PlacementModeName(m)).c_str(), f,
                 r->time_avg_allocation, static_cast<long long>(r->placed), static_cast<long long>(r->never_placed));
     for (int q = 3; q >= 0; --q) std::printf(" %.0f / %.0f (n=%lld) |", r->delay_p50[q], r->delay_p99[q],
                                               static_cast<long long>(r->count[q]));
@@ -111,7 +114,7 @@ int RunMicroTable(const Args& a, const std::vector<tf::sim::TraceNode>& nodes) {
   std::printf("| policy | nodes | decisions/s | p50 µs | p99 µs | max µs |\n|---|---:|---:|---:|---:|---:|\n");
   for (PlacementMode m : a.policies) {
     for (int n : {0, 5000}) {
-      auto r = tf::sim::RunMicro(nodes, *pods, m, n, a.decisions);
+      auto r = tf::sim::RunMicro(nodes, *pods, m, n, a.decisions, a.options);
       if (!r.ok()) return Fail(r.status());
       std::printf("| %s | %d | %.0f | %.1f | %.1f | %.1f |\n", std::string(tf::sched::PlacementModeName(m)).c_str(),
                   r->nodes, r->decisions_per_second, r->p50_us, r->p99_us, r->max_us);
@@ -120,7 +123,7 @@ int RunMicroTable(const Args& a, const std::vector<tf::sim::TraceNode>& nodes) {
   }
   std::printf("\n### One whole FGD-protocol replay (default trace, seed 42)\n\n| policy | pods | wall s |\n|---|---:|---:|\n");
   for (PlacementMode m : a.policies) {
-    auto r = tf::sim::RunStatic(nodes, *pods, m, 42);
+    auto r = tf::sim::RunStatic(nodes, *pods, m, 42, a.options);
     if (!r.ok()) return Fail(r.status());
     std::printf("| %s | %lld | %.3f |\n", std::string(tf::sched::PlacementModeName(m)).c_str(),
                 static_cast<long long>(r->pods), r->wall_seconds);
@@ -151,6 +154,8 @@ int main(int argc, char** argv) {
       a.seeds = std::atoi(value().c_str());
     } else if (f == "--decisions") {
       a.decisions = std::atol(value().c_str());
+    } else if (f == "--compress") {
+      a.compress = {std::atof(value().c_str())};
     } else if (f == "--tie-seed") {
       a.options.tie_break_seed = std::strtoull(value().c_str(), nullptr, 10);
     } else if (f == "--k8s-integer-scores") {

@@ -384,16 +384,18 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
     const NodeState& n = state_.node(id);
     CacheEntry& c = row[id];
     if (c.version != n.version || c.generation != gen) {
-      c.eval = Evaluate(n, r, mm, mode, id);
+      Evaluation e = Evaluate(n, r, mm, mode, id);
+      c.score = e.fits ? e.score : -HUGE_VAL;
+      c.gpus = e.gpus;
       c.version = n.version;
       c.generation = gen;
     }
-    if (!c.eval.fits) continue;
-    if (best < 0 || c.eval.score > best_score) {
+    if (c.score == -HUGE_VAL) continue;
+    if (best < 0 || c.score > best_score) {
       best = id;
-      best_score = c.eval.score;
+      best_score = c.score;
       ties = 1;
-    } else if (random_ties && c.eval.score == best_score) {
+    } else if (random_ties && c.score == best_score) {
       // Reservoir sampling over the tied nodes (splitmix64).
       uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ull);
       z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -411,7 +413,7 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
   p.request_id = r.id;
   p.node = best;
   p.node_name = n.name;
-  for (uint64_t m = row[best].eval.gpus; m; m &= m - 1) p.gpus.push_back(std::countr_zero(m));
+  for (uint64_t m = row[best].gpus; m; m &= m - 1) p.gpus.push_back(std::countr_zero(m));
   if (!p.gpus.empty()) p.compute_per_gpu = ClusterState::ComputeNeed(r, n.gpus[static_cast<size_t>(p.gpus[0])]);
   p.vram_per_gpu_mib = r.vram_request_mib;
   if (r.tflops_request <= 0) TF_RETURN_IF_ERROR(CheckQuota(r, p));

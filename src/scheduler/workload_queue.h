@@ -49,6 +49,9 @@ class WorkloadQueue {
   // Fails a node: its workloads become pending and the queue is retried.
   Status FailNode(std::string_view name);
 
+  // Retries the queue; call after capacity was added (a node joined, a quota was raised).
+  void Retry() { RetryPending(); }
+
   const WorkloadStatus* status(std::string_view id) const;
   size_t pending_count() const { return pending_.size(); }
   // Events since the last call, in order.
