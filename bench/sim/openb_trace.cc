@@ -98,8 +98,8 @@ StatusOr<std::vector<TracePod>> LoadPods(const std::string& path) {
   return out;
 }
 
-Status BuildCluster(const std::vector<TraceNode>& nodes, sched::PlacementMode mode, sched::Scheduler* s,
-                    int replicate_to) {
+Status BuildCluster(const std::vector<TraceNode>& nodes, const std::vector<TracePod>& pods,
+                    sched::PlacementMode mode, sched::Scheduler* s, int replicate_to) {
   TF_RETURN_IF_ERROR(s->AddPool(sched::PoolSpec{"openb", 1.0, mode}));
   std::vector<const TraceNode*> gpu_nodes;
   for (const TraceNode& n : nodes) {
@@ -122,6 +122,7 @@ Status BuildCluster(const std::vector<TraceNode>& nodes, sched::PlacementMode mo
     }
     TF_RETURN_IF_ERROR(s->AddNode(spec));
   }
+  s->SetWorkloadMix(MixOf(pods, s->state()));
   return Status::Ok();
 }
 

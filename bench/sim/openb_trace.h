@@ -40,9 +40,10 @@ StatusOr<std::vector<TracePod>> LoadPods(const std::string& path);
 constexpr double kSimGpuTflops = 1000.0;
 constexpr int64_t kSimGpuVramMib = 1 << 20;  // VRAM is not in the trace: never the constraint
 
-// One pool "openb" with the given mode; GPU-only nodes (gpus > 0) are added.
-Status BuildCluster(const std::vector<TraceNode>& nodes, sched::PlacementMode mode, sched::Scheduler* s,
-                    int replicate_to = 0);
+// One pool "openb" with the given mode holding the GPU nodes (gpus > 0), cycled up to
+// `replicate_to` nodes when that is larger; the scheduler's workload mix is the pods' (MixOf).
+Status BuildCluster(const std::vector<TraceNode>& nodes, const std::vector<TracePod>& pods,
+                    sched::PlacementMode mode, sched::Scheduler* s, int replicate_to = 0);
 sched::Request ToRequest(const TracePod& p, const std::string& id);
 sched::Qos ToQos(const std::string& trace_qos);
 // The trace's shape distribution (one weight per pod), what FGD measures fragmentation against.

@@ -48,8 +48,7 @@ StatusOr<StaticResult> RunStatic(const std::vector<TraceNode>& nodes, const std:
                                  sched::PlacementMode mode, uint64_t seed,
                                  const sched::SchedulerOptions& options) {
   sched::Scheduler s(options);
-  TF_RETURN_IF_ERROR(BuildCluster(nodes, mode, &s));
-  s.SetWorkloadMix(MixOf(pods, s.state()));
+  TF_RETURN_IF_ERROR(BuildCluster(nodes, pods, mode, &s));
   const double total = static_cast<double>(s.state().TotalCapacity()) / 1000.0;  // milli-GPU
   std::vector<const TracePod*> order = Sample(pods, static_cast<int64_t>(1.3 * total), seed);
 
@@ -94,8 +93,7 @@ StatusOr<DynamicResult> RunDynamic(const std::vector<TraceNode>& nodes, const st
                                    sched::PlacementMode mode, double compress,
                                    const sched::SchedulerOptions& options) {
   sched::Scheduler s(options);
-  TF_RETURN_IF_ERROR(BuildCluster(nodes, mode, &s));
-  s.SetWorkloadMix(MixOf(pods, s.state()));
+  TF_RETURN_IF_ERROR(BuildCluster(nodes, pods, mode, &s));
   sched::WorkloadQueue queue(&s, /*allow_preemption=*/false);
   struct Event {
     int64_t t;
@@ -161,8 +159,7 @@ StatusOr<MicroResult> RunMicro(const std::vector<TraceNode>& nodes, const std::v
                                sched::PlacementMode mode, int replicate_to, int64_t decisions,
                                const sched::SchedulerOptions& options) {
   sched::Scheduler s(options);
-  TF_RETURN_IF_ERROR(BuildCluster(nodes, mode, &s, replicate_to));
-  s.SetWorkloadMix(MixOf(pods, s.state()));
+  TF_RETURN_IF_ERROR(BuildCluster(nodes, pods, mode, &s, replicate_to));
   const int64_t total = s.state().TotalCapacity() / 1000;
   std::vector<const TracePod*> stream = Sample(pods, INT64_MAX / 4 > 0 ? total * 40 : 0, 7);
   std::deque<std::pair<std::string, int64_t>> live;
