@@ -33,7 +33,10 @@ bool ToInt(const std::string& s, int64_t* v) {
   return r.ec == std::errc() && r.ptr == s.data() + s.size();
 }
 
-StatusOr<std::vector<std::vector<std::string>>> ReadCsv(const std::string& path, size_t columns) {
+// Rows with `columns` fields, or with `short_columns` fields padded with empty ones (the
+// multigpuNN files carry only name, cpu_milli, memory_mib, num_gpu, gpu_milli).
+StatusOr<std::vector<std::vector<std::string>>> ReadCsv(const std::string& path, size_t columns,
+                                                       size_t short_columns) {
   std::ifstream in(path);
   if (!in) return NotFound("cannot open trace file '" + path + "'");
   std::string line;
@@ -44,6 +47,7 @@ StatusOr<std::vector<std::vector<std::string>>> ReadCsv(const std::string& path,
     ++line_no;
     if (line.empty() || line == "\r") continue;
     auto f = SplitCsv(line);
+    if (f.size() == short_columns) f.resize(columns);
     if (f.size() != columns) {
       return InvalidArgument(path + ":" + std::to_string(line_no) + ": expected " + std::to_string(columns) +
                              " columns, got " + std::to_string(f.size()));
@@ -56,7 +60,7 @@ StatusOr<std::vector<std::vector<std::string>>> ReadCsv(const std::string& path,
 }  // namespace
 
 StatusOr<std::vector<TraceNode>> LoadNodes(const std::string& path) {
-  auto rows = ReadCsv(path, 5);
+  auto rows = ReadCsv(path, 5, 5);
   if (!rows.ok()) return rows.status();
   std::vector<TraceNode> out;
   for (const auto& f : *rows) {
@@ -74,7 +78,7 @@ StatusOr<std::vector<TraceNode>> LoadNodes(const std::string& path) {
 }
 
 StatusOr<std::vector<TracePod>> LoadPods(const std::string& path) {
-  auto rows = ReadCsv(path, 11);
+  auto rows = ReadCsv(path, 11, 5);
   if (!rows.ok()) return rows.status();
   std::vector<TracePod> out;
   for (const auto& f : *rows) {

@@ -200,7 +200,13 @@ int main(int argc, char** argv) {
     if (a.trace == "all") {
       for (const char* t : kTraces) rc |= RunStaticTable(a, *nodes, t);
     } else {
-      rc |= RunStaticTable(a, *nodes, a.trace);
+      size_t start = 0;  // a comma-separated list of trace names
+      while (start <= a.trace.size()) {
+        size_t comma = a.trace.find(',', start);
+        rc |= RunStaticTable(a, *nodes, a.trace.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
     }
   }
   if (a.experiment == "dynamic" || a.experiment == "all") rc |= RunDynamicTable(a, *nodes);
