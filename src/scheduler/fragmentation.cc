@@ -76,4 +76,34 @@ double NodeFragmentation(const FragView& v, const WorkloadMix& mix) {
   return frag;
 }
 
+double NodeStrandedGpu(const FragView& v, const WorkloadMix& mix) {
+  uint64_t models = 0;
+  int64_t total = 0;
+  for (int i = 0; i < v.gpus; ++i) {
+    total += v.free_milli[i];
+    models |= uint64_t{1} << v.model_id[i];
+  }
+  if (total == 0) return 0;
+  double frag = 0;
+  int64_t last_milli = -1;
+  int64_t slots = 0;  // copies of a one-GPU slice of size last_milli that the GPUs could take
+  for (const WorkloadShape& s : mix.shapes()) {
+    if (s.gpu_count == 0 || (models & s.model_mask) == 0 || s.memory_mib > v.mem_free) {
+      frag += s.weight * static_cast<double>(total);
+      continue;
+    }
+    if (s.gpu_milli != last_milli) {
+      last_milli = s.gpu_milli;
+      slots = 0;
+      for (int i = 0; i < v.gpus; ++i) slots += v.free_milli[i] / s.gpu_milli;
+    }
+    int64_t copies = slots / s.gpu_count;
+    if (s.cpu_milli > 0) copies = std::min(copies, v.cpu_free / s.cpu_milli);
+    if (s.memory_mib > 0) copies = std::min(copies, v.mem_free / s.memory_mib);
+    int64_t usable = std::min(total, copies * s.gpu_count * s.gpu_milli);
+    frag += s.weight * static_cast<double>(total - usable);
+  }
+  return frag;
+}
+
 }  // namespace tf::sched

@@ -51,6 +51,12 @@ struct FragView {
 FragView MakeFragView(const NodeState& n);
 // Expected fragment of the node in milli-GPU. O(G log G + shapes).
 double NodeFragmentation(const FragView& v, const WorkloadMix& mix);
+// FragAware's measure, a capacity-aware generalisation of the one above: for each shape, the idle
+// GPU that a stream of copies of that shape could not consume, given how many copies fit the
+// node's GPUs (sum over GPUs of floor(free / per-GPU need)) and how many its host CPU and memory
+// allow. Unlike NodeFragmentation it sees the remainder left on a partly used GPU and idle GPUs
+// stranded by host CPU running out. O(G x distinct per-GPU sizes + shapes).
+double NodeStrandedGpu(const FragView& v, const WorkloadMix& mix);
 // Sum of idle milli-GPU of the view.
 int64_t IdleMilli(const FragView& v);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 namespace tf::sched {
 namespace {
@@ -53,6 +54,7 @@ size_t Scheduler::ShapeKeyHash::operator()(const ShapeKey& k) const {
 
 Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
   if (options_.cache_shapes < 1) options_.cache_shapes = 1;
+  rng_state_ = options_.tie_break_seed;
 }
 
 void Scheduler::SetWorkloadMix(WorkloadMix mix) {
@@ -93,9 +95,16 @@ int Scheduler::CacheSlot(const ShapeKey& key) const {
   return slot;
 }
 
-double Scheduler::FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool demand) const {
-  int which = demand ? 1 : 0;
-  if (id < 0) return NodeFragmentation(MakeFragView(n), mix);
+double Scheduler::Measure(const FragView& v, const WorkloadMix& mix, bool ours) const {
+  if (!ours || !options_.frag_aware_stranded_measure) return NodeFragmentation(v, mix);
+  const double blend = options_.frag_aware_fgd_blend;
+  double stranded = NodeStrandedGpu(v, mix);
+  return blend > 0 ? blend * NodeFragmentation(v, mix) + (1 - blend) * stranded : stranded;
+}
+
+double Scheduler::FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool ours) const {
+  int which = ours ? 1 : 0;
+  if (id < 0) return Measure(MakeFragView(n), mix, ours);
   size_t i = static_cast<size_t>(id);
   if (frag_value_[which].size() != state_.nodes().size()) {
     frag_value_[which].assign(state_.nodes().size(), 0);
@@ -103,7 +112,7 @@ double Scheduler::FragBefore(NodeId id, const NodeState& n, const WorkloadMix& m
     frag_generation_[which].assign(state_.nodes().size(), 0);
   }
   if (frag_version_[which][i] != n.version || frag_generation_[which][i] != mix_generation_) {
-    frag_value_[which][i] = NodeFragmentation(MakeFragView(n), mix);
+    frag_value_[which][i] = Measure(MakeFragView(n), mix, ours);
     frag_version_[which][i] = n.version;
     frag_generation_[which][i] = mix_generation_;
   }
@@ -153,7 +162,8 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
   }
 
   const bool frag = MeasuresFragmentation(mode);
-  const bool demand = mode == PlacementMode::kFragAware;
+  const bool ours = mode == PlacementMode::kFragAware;
+  const bool demand = ours && options_.frag_aware_demand_weighted;
   WorkloadMix self_mix;
   const WorkloadMix* mix = demand ? &demand_mix_ : &mix_;
   if (frag && mix->empty()) {
@@ -187,7 +197,7 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
 
   if (k == 1 && frag) {
     // The GPU inside the node is chosen by the same fragmentation rule as the node.
-    double before = FragBefore(id, n, *mix, demand);
+    double before = FragBefore(id, n, *mix, ours);
     double best = 0;
     int best_gpu = -1;
     int64_t seen_free[64];
@@ -202,7 +212,7 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
       seen_free[ns] = f;
       seen_model[ns++] = view.model_id[gi];
       view.free_milli[gi] = after_milli(gi);
-      double d = NodeFragmentation(view, *mix) - before;
+      double d = Measure(view, *mix, ours) - before;
       view.free_milli[gi] = f;
       if (best_gpu < 0 || d < best) {
         best = d;
@@ -249,15 +259,15 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
       for (int c = 0; c < k; ++c) chosen |= uint64_t{1} << cand[c];
     }
     if (frag) {
-      double before = FragBefore(id, n, *mix, demand);
+      double before = FragBefore(id, n, *mix, ours);
       for (uint64_t m = chosen; m; m &= m - 1) {
         int gi = std::countr_zero(m);
         view.free_milli[gi] = after_milli(gi);
       }
-      frag_delta = NodeFragmentation(view, *mix) - before;
+      frag_delta = Measure(view, *mix, ours) - before;
     }
   } else if (frag) {
-    frag_delta = NodeFragmentation(view, *mix) - FragBefore(id, n, *mix, demand);
+    frag_delta = Measure(view, *mix, ours) - FragBefore(id, n, *mix, ours);
   }
 
   MilliTflops add = 0;
@@ -278,13 +288,27 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
         cpu_left = static_cast<double>(n.cpu_capacity - n.cpu_used - cpu) / static_cast<double>(n.cpu_capacity);
       }
       score = -(gpu_left + options_.best_fit_cpu_weight * cpu_left);
+      if (options_.k8s_integer_scores) {
+        score = std::floor(100.0 * (1.0 + score / (1.0 + options_.best_fit_cpu_weight)));
+      }
       break;
     }
-    case PlacementMode::kFgd: score = -frag_delta; break;
+    case PlacementMode::kFgd:
+      score = options_.k8s_integer_scores ? std::floor(100.0 / (1.0 + std::exp(frag_delta / 1000.0))) : -frag_delta;
+      break;
     case PlacementMode::kFragAware: {
+      // Coarse fragmentation delta first (differences below one quantum are noise of a myopic
+      // estimate), then pack: least idle GPU left on the node, then least host CPU left.
+      double q = options_.frag_aware_quantum_milli;
+      double bucket = q > 0 ? std::floor(frag_delta / q) : frag_delta;
       int64_t idle_after = 0;
       for (int i = 0; i < ng; ++i) idle_after += view.free_milli[i];
-      score = -frag_delta - options_.frag_aware_leftover_weight * static_cast<double>(idle_after);
+      double cpu_left = 0;
+      if (n.TracksCpu()) {
+        cpu_left = static_cast<double>(view.cpu_free) / static_cast<double>(n.cpu_capacity);
+      }
+      score = -bucket * 1e6 - options_.frag_aware_leftover_weight * static_cast<double>(idle_after) -
+              options_.frag_aware_cpu_weight * cpu_left;
       break;
     }
   }
@@ -354,17 +378,30 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
   CacheEntry* row = &cache_[static_cast<size_t>(slot) * num_nodes];
   NodeId best = -1;
   double best_score = 0;
+  uint32_t ties = 0;
+  const bool random_ties = options_.tie_break_seed != 0;
   for (NodeId id : state_.pool_nodes(pool)) {
     const NodeState& n = state_.node(id);
     CacheEntry& c = row[id];
     if (c.version != n.version || c.generation != gen) {
-      c.eval = Evaluate(n, r, mm, mode, id);
+      Evaluation e = Evaluate(n, r, mm, mode, id);
+      c.score = e.fits ? e.score : -HUGE_VAL;
+      c.gpus = e.gpus;
       c.version = n.version;
       c.generation = gen;
     }
-    if (c.eval.fits && (best < 0 || c.eval.score > best_score)) {
+    if (c.score == -HUGE_VAL) continue;
+    if (best < 0 || c.score > best_score) {
       best = id;
-      best_score = c.eval.score;
+      best_score = c.score;
+      ties = 1;
+    } else if (random_ties && c.score == best_score) {
+      // Reservoir sampling over the tied nodes (splitmix64).
+      uint64_t z = (rng_state_ += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      if (z % ++ties == 0) best = id;
     }
   }
   if (best < 0) {
@@ -376,7 +413,7 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
   p.request_id = r.id;
   p.node = best;
   p.node_name = n.name;
-  for (uint64_t m = row[best].eval.gpus; m; m &= m - 1) p.gpus.push_back(std::countr_zero(m));
+  for (uint64_t m = row[best].gpus; m; m &= m - 1) p.gpus.push_back(std::countr_zero(m));
   if (!p.gpus.empty()) p.compute_per_gpu = ClusterState::ComputeNeed(r, n.gpus[static_cast<size_t>(p.gpus[0])]);
   p.vram_per_gpu_mib = r.vram_request_mib;
   if (r.tflops_request <= 0) TF_RETURN_IF_ERROR(CheckQuota(r, p));

@@ -24,11 +24,30 @@ struct PreemptionPlan {
 };
 
 struct SchedulerOptions {
-  int cache_shapes = 64;  // distinct request shapes whose per-node decisions are cached
-  // FragAware: weight of the best-fit leftover term (milli-GPU) against the fragmentation delta.
-  double frag_aware_leftover_weight = 0.05;
+  // Distinct request shapes whose per-node decisions are cached (24 bytes per node each). The
+  // openb default trace has 151 shapes (host CPU and memory included).
+  int cache_shapes = 256;
+  // FragAware: fragmentation deltas are compared in buckets of this many milli-GPU (0 = exact);
+  // among equal deltas the node with the least idle GPU (weight per milli-GPU) and host CPU
+  // fraction left wins.
+  double frag_aware_quantum_milli = 0;
+  double frag_aware_leftover_weight = 1.0;
+  double frag_aware_cpu_weight = 0;
+  // FragAware: weigh workload shapes by GPU demand instead of by count.
+  bool frag_aware_demand_weighted = false;
+  // FragAware: measure with NodeStrandedGpu (true) or FGD's NodeFragmentation (false).
+  bool frag_aware_stranded_measure = true;
+  // FragAware: weight of FGD's measure blended into the stranded measure (0..1).
+  double frag_aware_fgd_blend = 0.5;
   // BestFit: weight of host-CPU leftover fraction against GPU leftover fraction.
   double best_fit_cpu_weight = 1.0;
+  // Ties between equally scored nodes: 0 = lowest node index; otherwise a uniformly random pick
+  // among the tied nodes from a PRNG with this seed (what kube-scheduler's selectHost does).
+  uint64_t tie_break_seed = 0;
+  // BestFit and FGD references: score nodes as kube-scheduler score plugins do, an integer
+  // 0..100, so near-equal scores tie (FGD: 100 x sigmoid(-delta / 1000); BestFit: 100 x (1 -
+  // mean leftover fraction)). The published FGD/BestFit numbers come from such a simulator.
+  bool k8s_integer_scores = false;
 };
 
 class Scheduler {
@@ -85,7 +104,8 @@ class Scheduler {
   struct CacheEntry {
     uint32_t version = 0;
     uint32_t generation = 0;
-    Evaluation eval;
+    double score = 0;  // -infinity: does not fit
+    uint64_t gpus = 0;
   };
   struct ShapeKey {
     int pool;
@@ -105,7 +125,8 @@ class Scheduler {
 
   Evaluation Evaluate(const NodeState& n, const Request& r, uint64_t model_mask, PlacementMode mode,
                       NodeId id) const;
-  double FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool demand) const;
+  double Measure(const FragView& v, const WorkloadMix& mix, bool ours) const;
+  double FragBefore(NodeId id, const NodeState& n, const WorkloadMix& mix, bool ours) const;
   int CacheSlot(const ShapeKey& key) const;
   Status CheckQuota(const Request& r, const Placement& p) const;
   void Account(const Request& r, const Placement& p, int sign);
@@ -126,6 +147,7 @@ class Scheduler {
   mutable std::vector<ShapeKey> key_of_slot_;
   mutable int next_victim_slot_ = 0;
   mutable size_t cache_nodes_ = 0;
+  mutable uint64_t rng_state_ = 0;
   uint32_t mix_generation_ = 1;
   // Per-node fragmentation before placement, for FGD (index 0) and FragAware (index 1).
   mutable std::vector<uint32_t> frag_version_[2];

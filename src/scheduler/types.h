@@ -22,7 +22,7 @@ enum class PlacementMode : uint8_t {
   kNodeCompactGpuLowLoad,  // TensorFusion default: most-loaded node, least-loaded GPU in it
   kBestFit,                // reference: least leftover GPU (then CPU) after placement
   kFgd,                    // reference: fragmentation gradient descent (Weng et al., ATC'23)
-  kFragAware,              // ours: demand-weighted fragmentation delta with best-fit tie-break
+  kFragAware,              // ours: blended FGD + stranded-GPU delta, packing tie-break
 };
 
 std::string_view QosName(Qos q);

@@ -1,0 +1,240 @@
+#include "scheduler/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "scheduler_test_util.h"
+
+namespace tf::sched {
+namespace {
+
+using testing::Node;
+using testing::Req;
+
+Scheduler Cluster(PlacementMode mode, std::initializer_list<NodeSpec> nodes, double oversell = 1.0) {
+  Scheduler s;
+  EXPECT_TRUE(s.AddPool(PoolSpec{"p", oversell, mode}).ok());
+  for (const NodeSpec& n : nodes) EXPECT_TRUE(s.AddNode(n).ok()) << n.name;
+  return s;
+}
+
+TEST(ValidateRequestTest, RejectsMalformedRequestsWithReasons) {
+  Request r = Req("a", 10);
+  EXPECT_TRUE(ValidateRequest(r).ok());
+  auto expect_bad = [](Request bad, const std::string& needle) {
+    Status s = ValidateRequest(bad);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  Request x = r;
+  x.id = "";
+  expect_bad(x, "id");
+  x = r;
+  x.compute_percent_request = 50;
+  expect_bad(x, "exactly one");
+  x = r;
+  x.tflops_request = 0;
+  expect_bad(x, "exactly one");
+  x = r;
+  x.tflops_limit = 5;
+  expect_bad(x, "limit is below");
+  x = r;
+  x.vram_limit_mib = 10;
+  expect_bad(x, "VRAM limit");
+  x = r;
+  x.gpu_count = 65;
+  expect_bad(x, "gpu_count");
+  x = r;
+  x.tflops_request = std::nan("");
+  expect_bad(x, "finite");
+  x = r;
+  x.remote = true;
+  x.cpu_milli = 100;
+  expect_bad(x, "remote");
+  x = r;
+  x.tflops_request = 0;
+  x.compute_percent_request = 150;
+  expect_bad(x, "(0, 100]");
+}
+
+TEST(SchedulerTest, VramLimitAboveRequestIsAllowedAndOnlyTheRequestCounts) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n1", 1, "A100-80GB", 312, 10000)});
+  Request a = Req("a", 10, 6000);
+  a.vram_limit_mib = 20000;
+  ASSERT_TRUE(s.Schedule(a).ok());
+  EXPECT_EQ(s.Schedule(Req("b", 10, 5000)).status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(s.Schedule(Req("c", 10, 4000)).ok());
+}
+
+TEST(SchedulerTest, CompactFirstPacksLowLoadFirstSpreads) {
+  Scheduler pack = Cluster(PlacementMode::kCompactFirst, {Node("n1", 2), Node("n2", 2)});
+  auto a = pack.Schedule(Req("a", 100));
+  auto b = pack.Schedule(Req("b", 100));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->node_name, b->node_name);
+  EXPECT_EQ(a->gpus, b->gpus);
+
+  Scheduler spread = Cluster(PlacementMode::kLowLoadFirst, {Node("n1", 2), Node("n2", 2)});
+  a = spread.Schedule(Req("a", 100));
+  b = spread.Schedule(Req("b", 100));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->node_name, b->node_name);
+}
+
+TEST(SchedulerTest, NodeCompactGpuLowLoadPacksNodesButSpreadsGpus) {
+  Scheduler s = Cluster(PlacementMode::kNodeCompactGpuLowLoad, {Node("n1", 2), Node("n2", 2)});
+  auto a = s.Schedule(Req("a", 100));
+  auto b = s.Schedule(Req("b", 100));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->node_name, b->node_name);  // the loaded node
+  EXPECT_NE(a->gpus, b->gpus);            // its idle GPU
+}
+
+TEST(SchedulerTest, PercentRequestScalesWithTheGpu) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("h", 1, "H100-SXM", 989.4)});
+  Request r = Req("a", 0);
+  r.tflops_request = 0;
+  r.compute_percent_request = 50;
+  auto p = s.Schedule(r);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->compute_per_gpu, ToMilliTflops(494.7));
+}
+
+TEST(SchedulerTest, MultiGpuIsAllOrNothingAndPrefersNvlinkPeers) {
+  NodeSpec n = Node("n1", 4);
+  // GPUs 1 and 3 are NVLink peers; 0 and 2 are not linked to anyone.
+  n.gpus[1].nvlink_peers = 1u << 3;
+  n.gpus[3].nvlink_peers = 1u << 1;
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {n});
+  auto p = s.Schedule(Req("pair", 100, 1024, Qos::kMedium, 2));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->gpus, (std::vector<int>{1, 3}));
+  EXPECT_EQ(s.Schedule(Req("five", 100, 1024, Qos::kMedium, 5)).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.state().node(0).used_sum, 2 * ToMilliTflops(100));  // the failed one took nothing
+}
+
+TEST(SchedulerTest, MultiGpuPrefersOneNumaNode) {
+  Scheduler s = Cluster(PlacementMode::kLowLoadFirst, {Node("n1", 4)});  // GPUs 0,1 NUMA 0; 2,3 NUMA 1
+  ASSERT_TRUE(s.Schedule(Req("x", 50)).ok());  // loads one GPU of one NUMA node
+  auto p = s.Schedule(Req("pair", 100, 1024, Qos::kMedium, 2));
+  ASSERT_TRUE(p.ok());
+  const auto& gpus = s.state().node(0).gpus;
+  EXPECT_EQ(gpus[static_cast<size_t>(p->gpus[0])].numa_node, gpus[static_cast<size_t>(p->gpus[1])].numa_node);
+}
+
+TEST(SchedulerTest, ModelAllowListIsHonoured) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("a100", 1), Node("h100", 1, "H100-SXM", 989.4)});
+  Request r = Req("r", 10);
+  r.gpu_models = {"H100-SXM"};
+  auto p = s.Schedule(r);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->node_name, "h100");
+  r.id = "r2";
+  r.gpu_models = {"B200"};
+  EXPECT_EQ(s.Schedule(r).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(SchedulerTest, OversellRatioAdmitsMoreTflopsThanPhysical) {
+  Scheduler plain = Cluster(PlacementMode::kCompactFirst, {Node("n", 1, "A100-80GB", 100)});
+  ASSERT_TRUE(plain.Schedule(Req("a", 80)).ok());
+  EXPECT_FALSE(plain.Schedule(Req("b", 80)).ok());
+  Scheduler sold = Cluster(PlacementMode::kCompactFirst, {Node("n", 1, "A100-80GB", 100)}, 2.0);
+  ASSERT_TRUE(sold.Schedule(Req("a", 80)).ok());
+  EXPECT_TRUE(sold.Schedule(Req("b", 80)).ok());
+  EXPECT_FALSE(sold.Schedule(Req("c", 80)).ok());
+}
+
+TEST(SchedulerTest, HostCpuIsCountedForLocalButNotRemote) {
+  NodeSpec n = Node("n", 2);
+  n.cpu_milli = 4000;
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {n});
+  Request local = Req("local", 10);
+  local.cpu_milli = 3000;
+  ASSERT_TRUE(s.Schedule(local).ok());
+  Request local2 = local;
+  local2.id = "local2";
+  EXPECT_EQ(s.Schedule(local2).status().code(), StatusCode::kUnavailable);
+  Request remote = Req("remote", 10);
+  remote.remote = true;
+  EXPECT_TRUE(s.Schedule(remote).ok());
+}
+
+TEST(SchedulerTest, TenantQuotaIsEnforcedAndFreedOnRelease) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 4)});
+  s.SetTenantQuota("t", TenantQuota{150, 0, 0});
+  ASSERT_TRUE(s.Schedule(Req("a", 100)).ok());
+  auto over = s.Schedule(Req("b", 100));
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.status().message().find("TFLOPS quota"), std::string::npos);
+  ASSERT_TRUE(s.Release("a").ok());
+  EXPECT_TRUE(s.Schedule(Req("b", 100)).ok());
+  s.SetTenantQuota("t", TenantQuota{0, 0, 1});
+  EXPECT_EQ(s.Schedule(Req("c", 1)).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(SchedulerTest, PreemptionPicksFewestVictimsOnOneGpu) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 2, "A100-80GB", 100)});
+  // GPU A: three small lows; GPU B: one big low. The big one is the single victim that suffices.
+  ASSERT_TRUE(s.Schedule(Req("big", 90, 1024, Qos::kLow)).ok());
+  for (const char* id : {"s1", "s2", "s3"}) ASSERT_TRUE(s.Schedule(Req(id, 30, 1024, Qos::kLow)).ok());
+  Request hi = Req("hi", 80, 1024, Qos::kHigh);
+  ASSERT_EQ(s.Place(hi).status().code(), StatusCode::kUnavailable);
+  auto plan = s.PlanPreemption(hi);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->victims, (std::vector<std::string>{"big"}));
+  auto evicted = s.ExecutePreemption(hi, *plan);
+  ASSERT_TRUE(evicted.ok());
+  EXPECT_NE(s.state().FindAllocation("hi"), nullptr);
+  EXPECT_EQ(s.state().FindAllocation("big"), nullptr);
+}
+
+TEST(SchedulerTest, PreemptionIsNeverFutileOrUpward) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 1, "A100-80GB", 100)});
+  ASSERT_TRUE(s.Schedule(Req("crit", 60, 1024, Qos::kCritical)).ok());
+  ASSERT_TRUE(s.Schedule(Req("low", 40, 1024, Qos::kLow)).ok());
+  // Evicting "low" frees 40, the request needs 50: futile, so nothing is proposed.
+  EXPECT_EQ(s.PlanPreemption(Req("hi", 50, 1024, Qos::kHigh)).status().code(), StatusCode::kUnavailable);
+  // Equal QoS never preempts.
+  EXPECT_FALSE(s.PlanPreemption(Req("low2", 30, 1024, Qos::kLow)).ok());
+  EXPECT_NE(s.state().FindAllocation("low"), nullptr);
+}
+
+TEST(SchedulerTest, FailedNodeReleasesItsWorkloads) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n1", 1), Node("n2", 1)});
+  auto a = s.Schedule(Req("a", 10));
+  ASSERT_TRUE(a.ok());
+  auto displaced = s.FailNode(a->node_name);
+  ASSERT_TRUE(displaced.ok());
+  ASSERT_EQ(displaced->size(), 1u);
+  auto again = s.Schedule(Req("a", 10));
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->node_name, a->node_name);
+}
+
+TEST(SchedulerTest, FgdAvoidsBreakingAWholeGpuWhenAPartialOneFits) {
+  Scheduler s = Cluster(PlacementMode::kFgd, {Node("n1", 2, "A100-80GB", 1000), Node("n2", 2, "A100-80GB", 1000)});
+  WorkloadShape whole;
+  whole.gpu_milli = 1000;
+  WorkloadShape half;
+  half.gpu_milli = 500;
+  s.SetWorkloadMix(WorkloadMix({whole, half}));
+  ASSERT_TRUE(s.Schedule(Req("h1", 500)).ok());
+  auto h2 = s.Schedule(Req("h2", 500));
+  ASSERT_TRUE(h2.ok());
+  // The second half shares the first one's GPU, keeping three whole GPUs free.
+  EXPECT_EQ(h2->node_name, s.state().FindAllocation("h1")->placement.node_name);
+  EXPECT_EQ(h2->gpus, s.state().FindAllocation("h1")->placement.gpus);
+}
+
+TEST(SchedulerTest, DecisionsStayCorrectAcrossCachedShapes) {
+  // The same shape repeatedly: the cache must see each commit.
+  Scheduler s = Cluster(PlacementMode::kLowLoadFirst, {Node("n1", 1, "A100-80GB", 100), Node("n2", 1, "A100-80GB", 100)});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s.Schedule(Req("r" + std::to_string(i), 50)).ok()) << i;
+  EXPECT_FALSE(s.Schedule(Req("r4", 50)).ok());
+  ASSERT_TRUE(s.Release("r2").ok());
+  EXPECT_TRUE(s.Schedule(Req("r4", 50)).ok());
+}
+
+}  // namespace
+}  // namespace tf::sched
