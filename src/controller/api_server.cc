@@ -162,6 +162,9 @@ void ApiServer::Routes() {
     bool ok = auth.rfind(kBearer, 0) == 0 && TokenEquals(token_, auth.substr(kBearer.size()));
     if (ok) return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("WWW-Authenticate", "Bearer");
+    // The request body has not been read at this point: close the connection rather than let
+    // the unread body be parsed as the next request.
+    res.set_header("Connection", "close");
     ReplyError(res, Unauthenticated("missing or wrong bearer token"));
     return httplib::Server::HandlerResponse::Handled;
   });
