@@ -155,6 +155,7 @@ void ApiServer::Stop() {
 void ApiServer::Routes() {
   httplib::Server& s = *server_;
   s.set_keep_alive_max_count(100000);
+  s.set_tcp_nodelay(true);  // small JSON replies: no Nagle/delayed-ACK stalls (40 ms)
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
