@@ -8,6 +8,7 @@ HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, in
     : base_url_(base_url), token_(std::move(bearer_token)),
       cli_(std::make_unique<httplib::Client>(base_url)) {
   cli_->set_keep_alive(true);
+  cli_->set_tcp_nodelay(true);
   cli_->set_connection_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
   cli_->set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
   cli_->set_write_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);

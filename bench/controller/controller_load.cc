@@ -1,0 +1,135 @@
+// Controller load benchmark (prints numbers; not a pass/fail test).
+//  1. Latency: allocate/release API calls over HTTP against an in-process controller on the
+//     embedded SQLite store (WAL, synchronous=FULL), paced at a target rate.
+//  2. Memory: RSS with many nodes and allocations held in the controller.
+// Usage: controller_load [calls_per_second=1000] [seconds=10] [nodes=5000] [allocations=50000]
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "controller/api_server.h"
+#include "controller/http_client.h"
+#include "controller/sqlite_store.h"
+
+using namespace tf::controller;
+using Clk = std::chrono::steady_clock;
+
+namespace {
+
+long RssKiB() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+void Register(Controller& c, int nodes, int gpus_per_node, int pools) {
+  for (int p = 0; p < pools; ++p) (void)c.CreatePool("pool-" + std::to_string(p));
+  for (int n = 0; n < nodes; ++n) {
+    NodeRegistration reg{"node-" + std::to_string(n), pools ? "pool-" + std::to_string(n % pools) : "", "", {}};
+    for (int g = 0; g < gpus_per_node; ++g)
+      reg.gpus.push_back({"GPU-" + std::to_string(n) + "-" + std::to_string(g), "H100-SXM", g, 0, 989.0, 81559});
+    if (!c.RegisterNode(reg).ok()) std::abort();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rate = argc > 1 ? std::atoi(argv[1]) : 1000;
+  const int seconds = argc > 2 ? std::atoi(argv[2]) : 10;
+  const int mem_nodes = argc > 3 ? std::atoi(argv[3]) : 5000;
+  const int mem_allocs = argc > 4 ? std::atoi(argv[4]) : 50000;
+  std::string dir = std::filesystem::temp_directory_path() / ("tfbench-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+
+  {  // Phase 1: latency over HTTP.
+    SystemClock clock;
+    auto store = std::move(SqliteStore::Open(dir + "/latency.db")).value();
+    Controller c(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+    if (!c.Rebuild().ok()) return 1;
+    Register(c, 100, 8, 0);
+    ApiServer api(&c, "bench-token");
+    int port = *api.Bind("127.0.0.1", 0);
+    api.Start();
+    const int threads = 4;
+    const auto interval = std::chrono::nanoseconds(1'000'000'000LL * threads / rate);
+    std::vector<std::vector<double>> lat(threads);
+    std::atomic<int> errors{0};
+    std::vector<std::thread> ts;
+    auto start = Clk::now();
+    for (int t = 0; t < threads; ++t) {
+      ts.emplace_back([&, t] {
+        HttpClient client("http://127.0.0.1:" + std::to_string(port), "bench-token");
+        auto next = start + interval * t / threads;
+        std::string id;
+        while (Clk::now() - start < std::chrono::seconds(seconds)) {
+          std::this_thread::sleep_until(next);
+          next += interval;
+          auto t0 = Clk::now();
+          bool ok;
+          if (id.empty()) {
+            auto r = client.Post("/v1/allocations", R"({"tflops":10,"vram_mib":1024})");
+            ok = r.ok() && r->status == 201;
+            if (ok) id = nlohmann::json::parse(r->body)["id"];
+          } else {
+            auto r = client.Delete("/v1/allocations/" + id);
+            ok = r.ok() && r->status == 200;
+            id.clear();
+          }
+          lat[t].push_back(std::chrono::duration<double, std::milli>(Clk::now() - t0).count());
+          if (!ok) ++errors;
+        }
+      });
+    }
+    for (auto& th : ts) th.join();
+    double elapsed = std::chrono::duration<double>(Clk::now() - start).count();
+    std::vector<double> all;
+    for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+    std::sort(all.begin(), all.end());
+    auto pct = [&](double p) { return all[std::min(all.size() - 1, size_t(p * all.size()))]; };
+    std::printf("latency: target %d calls/s, achieved %.0f calls/s over %.1f s, %zu calls, %d errors\n",
+                rate, all.size() / elapsed, elapsed, all.size(), errors.load());
+    std::printf("latency: p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f ms\n",
+                pct(0.50), pct(0.90), pct(0.99), pct(0.999), all.back());
+    api.Stop();
+  }
+
+  {  // Phase 2: memory with many nodes and allocations (50 pools so each placement scans one).
+    long before = RssKiB();
+    SystemClock clock;
+    auto store = std::move(SqliteStore::Open(dir + "/memory.db")).value();
+    Controller c(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+    if (!c.Rebuild().ok()) return 1;
+    auto t0 = Clk::now();
+    Register(c, mem_nodes, 8, 50);
+    for (int i = 0; i < mem_allocs; ++i) {
+      AllocationRequest r{"", "pool-" + std::to_string(i % 50), 10, 1024, 1, "", ""};
+      if (!c.Allocate(r).ok()) {
+        std::fprintf(stderr, "allocation %d failed\n", i);
+        return 1;
+      }
+    }
+    double fill_s = std::chrono::duration<double>(Clk::now() - t0).count();
+    long rss = RssKiB();
+    std::printf("memory: %d nodes, %d GPUs, %zu allocations: RSS %.1f MiB (process before: %.1f MiB), filled in %.1f s\n",
+                mem_nodes, mem_nodes * 8, c.ListAllocations().size(), rss / 1024.0, before / 1024.0, fill_s);
+    auto r0 = Clk::now();
+    Controller again(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+    if (!again.Rebuild().ok()) return 1;
+    std::printf("restart: rebuilt %zu allocations from the store in %.2f s\n", again.ListAllocations().size(),
+                std::chrono::duration<double>(Clk::now() - r0).count());
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}

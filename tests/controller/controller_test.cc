@@ -1,0 +1,135 @@
+#include "controller/controller.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/sqlite_store.h"
+#include "test_cluster.h"
+
+namespace tf::controller {
+namespace {
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = std::move(SqliteStore::Open(dir_.path() + "/state.db")).value();
+    Restart();
+  }
+  void Restart() {
+    ControllerConfig cfg;
+    cfg.heartbeat_timeout_ms = 10'000;
+    cfg.lost_grace_ms = 30'000;
+    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeCompactFirstPlacement(), nullptr, cfg);
+    ASSERT_TRUE(c_->Rebuild().ok());
+  }
+  testing::TempDir dir_;
+  FakeClock clock_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Controller> c_;
+};
+
+TEST_F(ControllerTest, AllocatesUntilCapacityIsExhaustedThenReleases) {
+  testing::AddNodes(*c_, 1, 2);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {  // 4 x 50 TFLOPS fill two 100-TFLOPS GPUs
+    auto a = c_->Allocate({"", "", 50, 1024, 1, "high", ""});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ids.push_back(a->id);
+  }
+  auto full = c_->Allocate({"", "", 1, 1, 1, "", ""});
+  EXPECT_EQ(full.status().code(), StatusCode::kOutOfMemory);
+  ASSERT_TRUE(c_->Release(ids[0]).ok());
+  EXPECT_EQ(c_->Release(ids[0]).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(c_->Allocate({"", "", 50, 1, 1, "", ""}).ok());
+}
+
+TEST_F(ControllerTest, CompactFirstPacksOntoTheFullestGpu) {
+  testing::AddNodes(*c_, 1, 2);
+  auto a = c_->Allocate({"", "", 30, 1, 1, "", ""});
+  auto b = c_->Allocate({"", "", 30, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->vgpus[0].gpu_uuid, b->vgpus[0].gpu_uuid);
+}
+
+TEST_F(ControllerTest, MultiGpuAllocationsStayOnOneNode) {
+  testing::AddNodes(*c_, 2, 2);
+  auto a = c_->Allocate({"", "", 10, 1, 2, "", ""});
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(a->vgpus.size(), 2u);
+  EXPECT_NE(a->vgpus[0].gpu_uuid, a->vgpus[1].gpu_uuid);
+  EXPECT_EQ(c_->Allocate({"", "", 10, 1, 3, "", ""}).status().code(), StatusCode::kOutOfMemory);
+}
+
+TEST_F(ControllerTest, WorkloadSuppliesDefaults) {
+  testing::AddNodes(*c_, 1, 1);
+  ASSERT_TRUE(c_->CreateWorkload({"train", "", 20, 4096, 1, Qos::kHigh}).ok());
+  auto a = c_->Allocate({"train", "", 0, 0, 0, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->vgpus[0].tflops, 20);
+  EXPECT_EQ(a->qos, Qos::kHigh);
+  EXPECT_EQ(c_->Allocate({"nope", "", 0, 0, 0, "", ""}).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ControllerTest, RejectsBadInputWithoutChangingAnything) {
+  testing::AddNodes(*c_, 1, 1);
+  EXPECT_EQ(c_->Allocate({"", "", -1, 1, 1, "", ""}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_->Allocate({"", "", 1, 1, 1, "urgent", ""}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_->Allocate({"", "nopool", 1, 1, 1, "", ""}).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(c_->CreatePool("bad/name").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c_->ListAllocations().empty());
+}
+
+TEST_F(ControllerTest, SilentNodeIsMarkedLostThenItsAllocationsAreReleased) {
+  testing::AddNodes(*c_, 2, 1);
+  auto a = c_->Allocate({"", "", 100, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok());
+  const std::string busy = a->node, other = busy == "node-0" ? "node-1" : "node-0";
+  clock_.AdvanceMs(9'000);
+  ASSERT_TRUE(c_->Heartbeat(other, {}).ok());
+  c_->Tick();
+  EXPECT_EQ(c_->GetNode(busy)->node.state, NodeState::kReady);
+  clock_.AdvanceMs(2'000);  // 11 s silent
+  c_->Tick();
+  EXPECT_EQ(c_->GetNode(busy)->node.state, NodeState::kLost);
+  EXPECT_EQ(c_->ListAllocations().size(), 1u);  // still within the grace period
+  // A lost node's GPUs take no new work.
+  ASSERT_TRUE(c_->Heartbeat(other, {}).ok());
+  clock_.AdvanceMs(29'000);
+  ASSERT_TRUE(c_->Heartbeat(other, {}).ok());
+  c_->Tick();
+  EXPECT_EQ(c_->ListAllocations().size(), 1u);
+  clock_.AdvanceMs(1'000);
+  c_->Tick();
+  EXPECT_TRUE(c_->ListAllocations().empty());
+  EXPECT_EQ(c_->counters().allocations_released_lost_node, 1u);
+  // It comes back: ready and schedulable again.
+  ASSERT_TRUE(c_->Heartbeat(busy, {}).ok());
+  EXPECT_EQ(c_->GetNode(busy)->node.state, NodeState::kReady);
+  EXPECT_TRUE(c_->Allocate({"", "", 100, 1, 1, "", ""}).ok());
+}
+
+TEST_F(ControllerTest, RestartRebuildsStateFromTheStore) {
+  testing::AddNodes(*c_, 1, 1);
+  auto a = c_->Allocate({"", "", 60, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok());
+  Restart();
+  ASSERT_EQ(c_->ListAllocations().size(), 1u);
+  EXPECT_EQ(c_->ListAllocations()[0].id, a->id);
+  // The capacity taken before the restart is still taken.
+  EXPECT_EQ(c_->Allocate({"", "", 50, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  EXPECT_TRUE(c_->Allocate({"", "", 40, 1, 1, "", ""}).ok());
+}
+
+TEST_F(ControllerTest, TwoControllersOnOneStoreNeverDoubleAllocate) {
+  // Without leader election both write: the GPU revision CAS must stop the second.
+  testing::AddNodes(*c_, 1, 1);
+  Controller other(store_.get(), &clock_, MakeCompactFirstPlacement(), nullptr);
+  ASSERT_TRUE(other.Rebuild().ok());
+  ASSERT_TRUE(c_->Allocate({"", "", 70, 1, 1, "", ""}).ok());
+  // `other` still believes the GPU is empty; its commit conflicts, it re-reads and refuses.
+  EXPECT_EQ(other.Allocate({"", "", 70, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  EXPECT_GE(other.counters().commit_conflicts, 1u);
+  EXPECT_TRUE(other.Allocate({"", "", 30, 1, 1, "", ""}).ok());
+}
+
+}  // namespace
+}  // namespace tf::controller

@@ -1,0 +1,76 @@
+// kill -9 of a controller on the embedded store: nothing acknowledged is lost.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "controller/sqlite_store.h"
+#include "test_cluster.h"
+
+namespace tf::controller {
+namespace {
+
+TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
+  testing::TempDir dir;
+  const std::string db = dir.path() + "/state.db";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: a controller that allocates as fast as it can and reports each acknowledged id.
+    close(fds[0]);
+    SystemClock clock;
+    auto store = std::move(SqliteStore::Open(db)).value();
+    Controller c(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+    if (!c.Rebuild().ok()) _exit(3);
+    testing::AddNodes(c, 4, 8);
+    for (;;) {
+      auto a = c.Allocate({"", "", 0.5, 16, 1, "", ""});
+      if (!a.ok()) _exit(4);
+      std::string line = a->id + "\n";
+      if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(5);
+    }
+  }
+  close(fds[1]);
+  std::set<std::string> acked;
+  std::string buf;
+  char chunk[256];
+  while (acked.size() < 300) {
+    ssize_t n = read(fds[0], chunk, sizeof chunk);
+    ASSERT_GT(n, 0) << "child died early";
+    buf.append(chunk, n);
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      acked.insert(buf.substr(0, nl));
+      buf.erase(0, nl + 1);
+    }
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fds[0]);
+
+  FakeClock clock;
+  auto store = std::move(SqliteStore::Open(db)).value();
+  Controller c(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+  ASSERT_TRUE(c.Rebuild().ok());
+  std::set<std::string> stored;
+  double used = 0;
+  for (const Allocation& a : c.ListAllocations()) {
+    stored.insert(a.id);
+    for (const Vgpu& v : a.vgpus) used += v.tflops;
+  }
+  for (const std::string& id : acked) EXPECT_TRUE(stored.count(id)) << id << " was acknowledged but lost";
+  double gpu_used = 0;
+  for (const GpuStatus& g : c.ListGpus("")) {
+    gpu_used += g.gpu.used_tflops;
+    EXPECT_LE(g.gpu.used_tflops, g.gpu.tflops + 1e-9);
+  }
+  EXPECT_NEAR(gpu_used, used, 1e-6);  // GPU usage agrees with the allocations exactly
+}
+
+}  // namespace
+}  // namespace tf::controller
