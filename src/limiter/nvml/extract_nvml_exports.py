@@ -15,6 +15,9 @@ What counts as an exported function:
     a declared function (the left-hand side is the name older binaries were linked against).
 Type aliases (`#define nvmlBlacklistDeviceInfo_t ...`) and struct-version macros are not
 functions and are skipped.
+
+Plus UNDECLARED below: entry points the real libnvidia-ml.so.1 exports that nvml.h does not
+declare (checked with `nm -D --defined-only` on a real driver's library).
 """
 import re
 import sys
@@ -23,6 +26,12 @@ import sys
 DECL = re.compile(r"\bDECLDIR\b[^;(){}]*?\b(nvml[A-Za-z0-9_]+)\s*\(")
 ALIAS = re.compile(r"^\s*#\s*define\s+(nvml[A-Za-z0-9_]+)\s+(nvml[A-Za-z0-9_]+)\s*(?://.*)?$",
                    re.MULTILINE)
+
+
+# Exported by libnvidia-ml.so.1 but absent from nvml.h. nvidia-smi uses the first.
+UNDECLARED = [
+    "nvmlInternalGetExportTable",
+]
 
 
 def strip_comments(text):
@@ -44,7 +53,7 @@ def main(argv):
     if len(argv) < 2:
         sys.stderr.write(__doc__)
         return 2
-    names = set()
+    names = set(UNDECLARED)
     for path in argv[1:]:
         found = names_of(path)
         if not found:
