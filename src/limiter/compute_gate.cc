@@ -219,6 +219,25 @@ void ComputeGate::Shutdown() {
   pthread_mutex_unlock(&mu_);
 }
 
+void ComputeGate::Quiesce(bool context_destroyed) {
+  pthread_mutex_lock(&mu_);
+  int64_t give_up = NowNs() + 2'000'000'000;
+  while ((state_.load() != kNoLease || ending_in_progress_) && !exiting_ && NowNs() < give_up) {
+    end_now_ = true;
+    pthread_cond_broadcast(&cv_);
+    timespec ts;
+    AbsDeadline(&ts, 1'000'000);
+    pthread_cond_timedwait(&cv_, &mu_, &ts);
+  }
+  end_now_ = false;
+  if (context_destroyed && state_.load() == kNoLease) {
+    for (int k = 0; k < 2; ++k) {
+      while (free_event_count_[k] > 0) Real().cuEventDestroy_v2(free_events_[k][--free_event_count_[k]]);
+    }
+  }
+  pthread_mutex_unlock(&mu_);
+}
+
 void* ComputeGate::GovernorMain(void* self) {
   auto* gate = static_cast<ComputeGate*>(self);
   pthread_mutex_lock(&gate->mu_);
@@ -226,7 +245,7 @@ void* ComputeGate::GovernorMain(void* self) {
     while (gate->state_.load() != kHeld && !gate->exiting_) pthread_cond_wait(&gate->cv_, &gate->mu_);
     if (gate->exiting_) break;
     int64_t left = gate->deadline_ns_.load() - NowNs();
-    if (left > 0) {
+    if (left > 0 && !gate->end_now_) {
       timespec ts;
       AbsDeadline(&ts, left);
       pthread_cond_timedwait(&gate->cv_, &gate->mu_, &ts);
@@ -263,7 +282,14 @@ void ComputeGate::EndLease() {
   for (int i = 0; i < n; ++i) {
     if (!recorded[i]) continue;
     if (streams_[i].ctx) real.cuCtxSetCurrent(streams_[i].ctx);
-    if (real.cuEventSynchronize(streams_[i].end) != CUDA_SUCCESS) continue;
+    // Poll for the drain first: a blocking wait wakes up tens of microseconds late, and the GPU
+    // stays idle for that long at every hand-over. Long drains fall back to blocking.
+    CUresult q = CUDA_ERROR_NOT_READY;
+    for (int64_t spin_until = NowNs() + 3'000'000; q == CUDA_ERROR_NOT_READY && NowNs() < spin_until;) {
+      q = real.cuEventQuery(streams_[i].end);
+    }
+    if (q == CUDA_ERROR_NOT_READY) q = real.cuEventSynchronize(streams_[i].end);
+    if (q != CUDA_SUCCESS) continue;
     float begin_ms = 0, end_ms = 0;
     if (real.cuEventElapsedTime_v2 != nullptr) {
       if (real.cuEventElapsedTime_v2(&begin_ms, streams_[0].begin, streams_[i].begin) != CUDA_SUCCESS ||

@@ -38,6 +38,10 @@ class ComputeGate {
   // for a lease it is closing) so that no thread of ours calls into CUDA afterwards, and lets
   // launchers through unthrottled.
   void Shutdown();
+  // Before a stream or context the open lease may refer to is destroyed: closes the lease (the
+  // GPU drains what was submitted under it and the time is charged) and, when contexts go away,
+  // drops the pooled timing events. Blocks for at most the drain of the work already queued.
+  void Quiesce(bool context_destroyed);
 
   bool throttled() const { return throttled_; }
 
@@ -83,6 +87,7 @@ class ComputeGate {
   pthread_cond_t cv_ = PTHREAD_COND_INITIALIZER;    // state changes
   bool governor_started_ = false;
   bool exiting_ = false;           // guarded by mu_
+  bool end_now_ = false;           // guarded by mu_: close the lease without waiting for its deadline
   bool ending_in_progress_ = false;  // guarded by mu_: EndLease is between its CUDA calls
   uint64_t launches_unreported_ = 0;
 

@@ -109,6 +109,25 @@ CUresult Hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   return Gated(hStream, true, [&] { return fn(hGraphExec, hStream); });
 }
 
+// ---- destruction of streams and contexts: close the compute lease first ----
+
+#define TF_QUIESCED(name, context, ...)                                   \
+  TF_REAL_OR_MISSING(name)                                                \
+  if (ComputeGate::Instance().throttled()) ComputeGate::Instance().Quiesce(context); \
+  return fn(__VA_ARGS__);
+
+CUresult Hook_cuStreamDestroy(CUstream hStream) { TF_QUIESCED(cuStreamDestroy, false, hStream) }
+CUresult Hook_cuStreamDestroy_v2(CUstream hStream) { TF_QUIESCED(cuStreamDestroy_v2, false, hStream) }
+CUresult Hook_cuCtxDestroy(CUcontext ctx) { TF_QUIESCED(cuCtxDestroy, true, ctx) }
+CUresult Hook_cuCtxDestroy_v2(CUcontext ctx) { TF_QUIESCED(cuCtxDestroy_v2, true, ctx) }
+CUresult Hook_cuDevicePrimaryCtxRelease(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxRelease, true, dev) }
+CUresult Hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  TF_QUIESCED(cuDevicePrimaryCtxRelease_v2, true, dev)
+}
+CUresult Hook_cuDevicePrimaryCtxReset(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxReset, true, dev) }
+CUresult Hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxReset_v2, true, dev) }
+#undef TF_QUIESCED
+
 #undef TF_REAL_OR_MISSING
 
 }  // namespace tf::limiter
