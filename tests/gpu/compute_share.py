@@ -19,7 +19,7 @@ import tier_common as tc
 
 WINDOW_NS = 1_000_000_000
 
-# name, mode, targets (None: native, no limiter)
+# name, mode, targets (None: native, no limiter)[, launch path per tenant]
 SCENARIOS = [
     ("native-1x100", "native", [None]),
     ("limiter-1x100", "limiter", [100]),
@@ -29,6 +29,9 @@ SCENARIOS = [
     ("25/75", "limiter", [25, 75]),
     ("4x25", "limiter", [25, 25, 25, 25]),
     ("native-2x", "native", [None, None]),
+    # Every other submission path is governed too: extended, cooperative and graph launches.
+    ("50/50 ex+graph", "limiter", [50, 50], ["ex", "graph"]),
+    ("30/70 coop+kernel", "limiter", [30, 70], ["coop", "kernel"]),
 ]
 
 
@@ -76,8 +79,8 @@ def window_shares(all_segments):
     return [[100.0 * busy_in(s, lo, hi) / WINDOW_NS for lo, hi in windows] for s in all_segments]
 
 
-def run_scenario(args, name, mode, targets, results_rows, throughput):
-    tag = name.replace("/", "-")
+def run_scenario(args, name, mode, targets, results_rows, throughput, launches=None):
+    tag = name.replace("/", "-").replace(" ", "-").replace("+", "-")
     work = os.path.join(args.work, tag)
     os.makedirs(work, exist_ok=True)
     go = os.path.join(work, "go")
@@ -88,6 +91,8 @@ def run_scenario(args, name, mode, targets, results_rows, throughput):
         ready = os.path.join(work, f"t{i}.ready")
         cmd = [args.tenant, "--seconds", str(args.seconds), "--spin-us", str(args.spin_us),
                "--depth", str(args.depth), "--out", out, "--ready-file", ready, "--go-file", go]
+        if launches:
+            cmd += ["--launch", launches[i]]
         if mode == "limiter":
             cmd = tc.limited(args.tfusion, "4GiB", target, f"cs-{tag}-t{i}-{stamp}", cmd)
         procs.append(tc.start(cmd, os.path.join(args.logs, f"compute-{tag}-t{i}.log")))
@@ -148,14 +153,16 @@ def main():
     os.makedirs(args.logs, exist_ok=True)
     wanted = set(filter(None, args.only.split(",")))
     rows, throughput = [], {}
-    for name, mode, targets in SCENARIOS:
+    for scenario in SCENARIOS:
+        name, mode, targets = scenario[:3]
+        launches = scenario[3] if len(scenario) > 3 else None
         if wanted and name not in wanted:
             continue
         test = f"compute share {name}"
         if time.monotonic() + args.seconds + 15 > deadline:
             tc.record(args.results, test, "SKIP", "time budget spent")
             continue
-        outcome = run_scenario(args, name, mode, targets, rows, throughput)
+        outcome = run_scenario(args, name, mode, targets, rows, throughput, launches)
         if isinstance(outcome, str):
             tc.record(args.results, test, "FAIL", outcome)
         elif mode == "native":

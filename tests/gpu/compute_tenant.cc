@@ -7,6 +7,9 @@
 //
 //   compute_tenant --seconds 6 --spin-us 300 --depth 8 --out FILE
 //                  [--ready-file F --go-file G]   start together with the other tenants
+//                  [--launch kernel|ex|coop|graph] which submission path to use (default kernel):
+//                  cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, or a one-node
+//                  CUDA graph re-pointed with cuGraphExecKernelNodeSetParams and cuGraphLaunch
 #include <unistd.h>
 
 #include <cstdio>
@@ -41,7 +44,12 @@ int Run(const Flags& flags) {
   const std::string out_path = flags.Str("out", "");
   const std::string ready_file = flags.Str("ready-file", "");
   const std::string go_file = flags.Str("go-file", "");
+  const std::string mode = flags.Str("launch", "kernel");
   if (!FlagsOk(flags)) return 2;
+  if (mode != "kernel" && mode != "ex" && mode != "coop" && mode != "graph") {
+    std::fprintf(stderr, "--launch must be kernel, ex, coop or graph\n");
+    return 2;
+  }
   if (out_path.empty() || depth < 1 || seconds <= 0 || spin_us <= 0) {
     std::fprintf(stderr, "usage: compute_tenant --seconds S --spin-us U --depth N --out FILE\n");
     return 2;
@@ -70,8 +78,42 @@ int Run(const Flags& flags) {
   for (auto& event : done) TF_CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
 
   unsigned long long busy_ns = static_cast<unsigned long long>(spin_us * 1000);
-  auto launch = [&](CUdeviceptr slot) {
+  CUgraph graph = nullptr;
+  CUgraphExec graph_exec = nullptr;
+  CUgraphNode graph_node = nullptr;
+  CUDA_KERNEL_NODE_PARAMS node = {};
+  CUdeviceptr node_slot = 0;
+  void* node_params[] = {&busy_ns, &node_slot};
+  if (mode == "graph") {
+    node.func = spin;
+    node.gridDimX = grid;
+    node.gridDimY = node.gridDimZ = 1;
+    node.blockDimX = kThreadsPerBlock;
+    node.blockDimY = node.blockDimZ = 1;
+    node.kernelParams = node_params;
+    TF_CHECK(cuGraphCreate(&graph, 0));
+    TF_CHECK(cuGraphAddKernelNode(&graph_node, graph, nullptr, 0, &node));
+    TF_CHECK(cuGraphInstantiate(&graph_exec, graph, 0));
+  }
+  auto launch = [&](CUdeviceptr slot) -> CUresult {
     void* params[] = {&busy_ns, &slot};
+    if (mode == "ex") {
+      CUlaunchConfig config = {};
+      config.gridDimX = grid;
+      config.gridDimY = config.gridDimZ = 1;
+      config.blockDimX = kThreadsPerBlock;
+      config.blockDimY = config.blockDimZ = 1;
+      config.hStream = stream;
+      return cuLaunchKernelEx(&config, spin, params, nullptr);
+    }
+    if (mode == "coop") {
+      return cuLaunchCooperativeKernel(spin, grid, 1, 1, kThreadsPerBlock, 1, 1, 0, stream, params);
+    }
+    if (mode == "graph") {
+      node_slot = slot;
+      CUresult rc = cuGraphExecKernelNodeSetParams(graph_exec, graph_node, &node);
+      return rc != CUDA_SUCCESS ? rc : cuGraphLaunch(graph_exec, stream);
+    }
     return cuLaunchKernel(spin, grid, 1, 1, kThreadsPerBlock, 1, 1, 0, stream, params, nullptr);
   };
   // Warm-up (module load, first-launch costs), not logged.
@@ -131,6 +173,9 @@ int Run(const Flags& flags) {
   ResultF("host_kernels_per_s", static_cast<double>(launched) * 1e9 / static_cast<double>(drained - start));
   // GPU-side throughput: kernels per second between the first start and the last end.
   if (last > first) ResultF("gpu_kernels_per_s", static_cast<double>(launched) * 1e9 / static_cast<double>(last - first));
+  Result("launch", mode);
+  if (graph_exec != nullptr) cuGraphExecDestroy(graph_exec);
+  if (graph != nullptr) cuGraphDestroy(graph);
   for (auto& event : done) cuEventDestroy(event);
   cuStreamDestroy(stream);
   cuMemFree(log);
