@@ -128,6 +128,8 @@ void ComputeGate::SlowPath(CUstream stream, bool per_thread) {
         launches_unreported_ = 0;
       }
       deadline_ns_.store(g.deadline_ns);
+      segment_start_ns_ = NowNs();
+      provisional_ns_ = 0;
       lease_generation_.fetch_add(1);
       stream_count_.store(0);
       state_.store(kHeld, std::memory_order_seq_cst);
@@ -251,10 +253,26 @@ void* ComputeGate::GovernorMain(void* self) {
       pthread_cond_timedwait(&gate->cv_, &gate->mu_, &ts);
       continue;
     }
+    if (!gate->end_now_ && gate->RenewLease()) continue;
     gate->EndLease();  // drops and re-takes mu_ while the GPU drains
   }
   pthread_mutex_unlock(&gate->mu_);
   return nullptr;
+}
+
+bool ComputeGate::RenewLease() {
+  // REQUIRES mu_ held, state_ == kHeld. Nobody else waiting and budget left: keep the GPU fed
+  // instead of draining it, charging the segment's wall time provisionally.
+  Binding* b = Bound();
+  if (b == nullptr) return false;
+  int64_t now = NowNs();
+  int64_t segment = now - segment_start_ns_;
+  LeaseGrant g = b->region.ExtendLease(b->slot, now, kQuantumNs, segment > 0 ? segment : 0);
+  if (!g.granted) return false;
+  provisional_ns_ += segment > 0 ? segment : 0;
+  segment_start_ns_ = now;
+  deadline_ns_.store(g.deadline_ns);
+  return true;
 }
 
 void ComputeGate::EndLease() {
@@ -306,7 +324,8 @@ void ComputeGate::EndLease() {
   }
   int64_t busy_ns = any ? static_cast<int64_t>((last_end_ms - first_begin_ms) * 1e6) : 0;
   if (busy_ns < 0) busy_ns = 0;
-  if (Binding* b = Bound()) b->region.ReleaseLease(b->slot, busy_ns, NowNs());
+  if (Binding* b = Bound()) b->region.ReleaseLease(b->slot, busy_ns, NowNs(), provisional_ns_);
+  provisional_ns_ = 0;
   pthread_mutex_lock(&mu_);
   for (int i = 0; i < n; ++i) {
     GiveEvent(streams_[i].begin, false);

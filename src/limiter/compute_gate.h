@@ -72,6 +72,7 @@ class ComputeGate {
   void EnsureGovernorLocked();
   static void* GovernorMain(void* self);
   void EndLease();
+  bool RenewLease();
   CUevent TakeEvent(bool blocking);
   void GiveEvent(CUevent ev, bool blocking);
 
@@ -81,6 +82,8 @@ class ComputeGate {
   std::atomic<int> state_{kNoLease};
   std::atomic<int> in_launch_{0};
   std::atomic<int64_t> deadline_ns_{0};
+  int64_t segment_start_ns_ = 0;   // guarded by mu_: when the lease was granted or last renewed
+  int64_t provisional_ns_ = 0;     // guarded by mu_: debited by renewals, reconciled at release
   std::atomic<uint64_t> lease_generation_{0};
 
   pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;  // lease transitions and the stream list

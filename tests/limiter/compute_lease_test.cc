@@ -227,3 +227,52 @@ TEST_F(ComputeLeaseTest, CostPerCall) {
 
 }  // namespace
 }  // namespace tf::limiter::testing
+
+namespace tf::limiter::testing {
+namespace {
+
+class LeaseRenewalTest : public ComputeLeaseTest {};
+
+TEST_F(LeaseRenewalTest, AloneTheHolderRenewsAndTheChargeIsReconciled) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("solo", kGiB, 500'000, &a), RegionError::kOk);  // 50%: burst 50 ms
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  int64_t now = MonotonicNowNs();
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, 10 * kMs).granted);
+  // Nobody else wants the GPU: the lease runs on, and 10 ms of wall time is debited at once.
+  LeaseGrant r = region_.ExtendLease(sa, now, 10 * kMs, 10 * kMs);
+  ASSERT_TRUE(r.granted);
+  EXPECT_EQ(r.deadline_ns, now + 10 * kMs);
+  RegionSnapshot* snap = new RegionSnapshot;
+  region_.Snapshot(snap);
+  int64_t after_renewal = snap->vgpus[0].tokens_ns;
+  // Releasing with 8 ms measured credits back the 2 ms the provisional charge over-counted.
+  ASSERT_EQ(region_.ReleaseLease(sa, 8 * kMs, now, 10 * kMs), RegionError::kOk);
+  region_.Snapshot(snap);
+  EXPECT_EQ(snap->vgpus[0].tokens_ns, after_renewal + 2 * kMs);
+  EXPECT_EQ(snap->vgpus[0].busy_ns_total, static_cast<uint64_t>(8 * kMs));
+  delete snap;
+  // A renewal is refused when the bucket cannot cover the provisional charge.
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, 10 * kMs).granted);
+  EXPECT_FALSE(region_.ExtendLease(sa, now, 10 * kMs, 500 * kMs).granted);
+}
+
+TEST_F(LeaseRenewalTest, AWaitingTenantWithBudgetGetsItsTurnInstead) {
+  uint32_t a = 0, b = 0, sa = 0, sb = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("b", kGiB, 500'000, &b), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(b, getpid(), &sb), RegionError::kOk);
+  int64_t now = MonotonicNowNs();
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, 10 * kMs).granted);
+  EXPECT_FALSE(region_.TryAcquireLease(sb, now, 10 * kMs).granted);
+  region_.WaitForLease(sb, 1 * kMs);  // b is now a waiter with tokens
+  LeaseGrant r = region_.ExtendLease(sa, MonotonicNowNs(), 10 * kMs, 1 * kMs);
+  EXPECT_FALSE(r.granted);
+  EXPECT_EQ(r.denial, LeaseDenial::kHandoff);
+  // Only the holder may renew.
+  EXPECT_EQ(region_.ExtendLease(sb, now, 10 * kMs, 0).error, RegionError::kNotHolder);
+}
+
+}  // namespace
+}  // namespace tf::limiter::testing

@@ -264,6 +264,23 @@ int Launch(double seconds) {
   return 0;
 }
 
+// Launches n no-op kernels back to back (for instruction counts of the launch path).
+int LaunchLoop(long n) {
+  Setup();
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction f;
+  CHECK(cuModuleGetFunction(&f, mod, "sleep_us"));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  static unsigned us = 0;
+  void* params[] = {&us};
+  for (long i = 0; i < n; ++i) CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("launched=%ld\n", n);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,6 +290,7 @@ int main(int argc, char** argv) {
   if (cmd == "procaddr") return ProcAddr();
   if (cmd == "hold" && argc > 2) return Hold(std::strtoull(argv[2], nullptr, 10));
   if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
+  if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;
 }

@@ -212,13 +212,54 @@ int32_t GpuRegion::PickHandoffTarget(uint32_t releaser, int64_t now_ns) const {
   return best;
 }
 
-RegionError GpuRegion::ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns) {
+LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns,
+                                  int64_t provisional_ns) {
+  LeaseGrant g;
+  if (!ValidActiveProcess(slot) || quantum_ns <= 0 || provisional_ns < 0) {
+    g.denial = LeaseDenial::kError;
+    g.error = RegionError::kInvalidArgument;
+    return g;
+  }
+  LeaseBlock* l = lease();
+  const uint32_t me = slot + 1;
+  uint64_t w = l->word.load(std::memory_order_acquire);
+  if (OwnerOf(w) != me) {
+    g.denial = LeaseDenial::kError;
+    g.error = RegionError::kNotHolder;
+    return g;
+  }
+  if (l->wanting.load(std::memory_order_relaxed) > 0 && PickHandoffTarget(slot, now_ns) >= 0) {
+    g.denial = LeaseDenial::kHandoff;  // someone else can use the GPU: take turns
+    return g;
+  }
+  VgpuSlot* v = vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
+  int64_t tokens = RefillTokens(v, now_ns);
+  if (tokens - provisional_ns <= 0) {
+    g.denial = LeaseDenial::kNoTokens;
+    return g;
+  }
+  uint64_t nw = MakeWord(me, now_ns + quantum_ns, GenOf(w));
+  if (!l->word.compare_exchange_strong(w, nw, std::memory_order_acq_rel)) {
+    g.denial = LeaseDenial::kError;  // stolen meanwhile
+    g.error = RegionError::kNotHolder;
+    return g;
+  }
+  v->tokens_ns.fetch_sub(provisional_ns, std::memory_order_relaxed);
+  l->lease_deadline_ns.store(now_ns + quantum_ns, std::memory_order_relaxed);
+  g.granted = true;
+  g.deadline_ns = now_ns + quantum_ns;
+  return g;
+}
+
+RegionError GpuRegion::ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns,
+                                    int64_t already_charged_ns) {
   if (!ValidActiveProcess(slot)) return RegionError::kInvalidArgument;
   VgpuSlot* v = vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
   if (measured_busy_ns < 0) measured_busy_ns = 0;
+  if (already_charged_ns < 0) already_charged_ns = 0;
   v->busy_ns_total.fetch_add(static_cast<uint64_t>(measured_busy_ns), std::memory_order_relaxed);
   if (v->compute_share_ppm.load(std::memory_order_relaxed) >= kShareWholeGpuPpm) return RegionError::kOk;
-  v->tokens_ns.fetch_sub(measured_busy_ns, std::memory_order_relaxed);
+  v->tokens_ns.fetch_sub(measured_busy_ns - already_charged_ns, std::memory_order_relaxed);
   LeaseBlock* l = lease();
   uint64_t w = l->word.load(std::memory_order_acquire);
   if (OwnerOf(w) != slot + 1) return RegionError::kNotHolder;

@@ -185,7 +185,17 @@ class GpuRegion {
   // (debt is carried), adds it to busy_ns_total, hands the lease to the longest-waiting process
   // whose vGPU has tokens (200 us hint), frees the word and wakes waiters. kNotHolder when the
   // lease had been stolen meanwhile (the time is still charged).
-  RegionError ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns);
+  // already_charged_ns: what ExtendLease debited provisionally during this lease; the bucket is
+  // debited measured_busy_ns - already_charged_ns (a negative difference is credited back).
+  RegionError ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns,
+                           int64_t already_charged_ns = 0);
+  // Renews the holder's lease for another quantum without the drain and hand-over a release
+  // costs, when no waiting process of any vGPU could use the lease and this vGPU's bucket still
+  // holds more than provisional_ns. provisional_ns (an upper bound of the GPU time used since the
+  // last renewal: the wall time) is then debited at once, so the bucket tracks use while the
+  // lease runs on; ReleaseLease reconciles it with the measured time. Lock-free.
+  // Returns granted with the new deadline, or denied (the caller releases as usual).
+  LeaseGrant ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns, int64_t provisional_ns);
   // Sleeps (shared futex on the generation word) until the lease is released, this vGPU's bucket
   // refills, a handoff hint expires, or timeout_ns passes, whichever is first; returns at once
   // when there is nothing to wait for. Marks the slot as waiting (for handoff) until its next
