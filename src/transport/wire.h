@@ -23,7 +23,7 @@ inline constexpr uint16_t kProtocolVersionMax = 1;
 inline constexpr size_t kFrameHeaderSize = 28;
 inline constexpr size_t kBulkDescriptorSize = 24;
 // Largest payload of one frame. Larger data (module images, copies) travels as bulk.
-inline constexpr uint32_t kMaxPayloadBytes = 4u << 20;
+inline constexpr uint32_t kMaxPayloadBytes = 1u << 20;
 // Largest bulk buffer of one frame on any transport; a transport may allow less
 // (Transport::max_bulk_bytes()). Callers split larger copies into slices.
 inline constexpr uint64_t kMaxBulkBytes = 64ull << 20;
