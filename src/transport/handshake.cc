@@ -135,6 +135,13 @@ bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, ui
                 hello.min_version, hello.max_version);
     return false;
   }
+  if ((hello.features_required & ~hello.features_supported) != 0) {
+    refuse->Set(RefusalReason::kMalformedHello,
+                "client requires features it does not list as supported: 0x%016llx",
+                static_cast<unsigned long long>(hello.features_required &
+                                                ~hello.features_supported));
+    return false;
+  }
   uint16_t lo = hello.min_version > policy.min_version ? hello.min_version : policy.min_version;
   uint16_t hi = hello.max_version < policy.max_version ? hello.max_version : policy.max_version;
   if (lo > hi) {

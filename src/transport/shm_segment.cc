@@ -35,7 +35,10 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_n
 
 void Notify(std::atomic<uint32_t>* seq, std::atomic<uint32_t>* sleeping) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Clearing the flag makes one wake-up per sleep: frames published while the consumer is still
+  // waking up cost no further system call.
   if (sleeping->load(std::memory_order_relaxed) == 0) return;
+  if (sleeping->exchange(0, std::memory_order_acq_rel) == 0) return;
   seq->fetch_add(1, std::memory_order_release);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(seq), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }

@@ -123,7 +123,7 @@ TransportStatus WaitFor(Ready ready, Check check, std::atomic<uint32_t>* seq,
   if (ready()) return TransportStatus::Ok();
   const int64_t spin_end = NowNs() + spin_ns;
   do {
-    for (int i = 0; i < 64; ++i) CpuRelax();
+    for (int i = 0; i < 4; ++i) CpuRelax();
     if (ready()) return TransportStatus::Ok();
   } while (NowNs() < spin_end);
   for (;;) {

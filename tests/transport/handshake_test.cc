@@ -128,6 +128,18 @@ TEST(HandshakeTest, UnknownRequiredFeatureIsRefused) {
             std::string::npos);
 }
 
+// Found by wire_fuzz: such a hello used to be accepted with a feature set lacking what the
+// client required, which the client then rejected.
+TEST(HandshakeTest, RequiredFeatureNotInClientsOwnSupportedSetIsMalformed) {
+  ClientHello h = MakeHello();
+  h.features_supported = 0;
+  h.features_required = kFeatureDeferredErrors;
+  ServerHello ok;
+  Refusal no;
+  ASSERT_FALSE(NegotiateHandshake(h, ServerPolicy{}, 1, &ok, &no));
+  EXPECT_EQ(no.reason, static_cast<uint16_t>(RefusalReason::kMalformedHello));
+}
+
 TEST(HandshakeTest, ServerRequiredFeatureMissingInClientIsRefused) {
   ClientHello h = MakeHello();
   h.features_supported = 0;
