@@ -1,0 +1,101 @@
+// The connection handshake: the client's hello, the server's hello or refusal, and the server's
+// negotiation policy. Payload layouts are in docs/protocol.md ("Handshake").
+//
+// All structures are fixed-size (no allocation): tokens up to kMaxTokenBytes, host ids up to
+// kMaxHostIdBytes, refusal messages up to kMaxRefusalMessageBytes. Decoders reject anything
+// longer, any trailing byte and any truncation with WireError::kMalformed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "transport/wire.h"
+
+namespace tf::transport {
+
+inline constexpr uint32_t kMaxTokenBytes = 256;
+inline constexpr uint32_t kMaxHostIdBytes = 128;
+inline constexpr uint32_t kMaxRefusalMessageBytes = 256;
+// Upper bound of an encoded hello/refusal payload (for stack buffers).
+inline constexpr size_t kMaxHandshakePayload = 1024;
+
+// Feature bits. A side lists what it supports and what it requires of the peer; the session runs
+// with the intersection of the supported sets. A bit this build does not know is never in its
+// supported set, so a peer that *requires* it is refused with kUnknownRequiredFeature.
+inline constexpr uint64_t kFeatureDeferredErrors = 1ull << 0;  // async errors at next sync reply
+inline constexpr uint64_t kFeatureBulkArena = 1ull << 1;       // shm bulk slices by arena offset
+inline constexpr uint64_t kKnownFeatures = kFeatureDeferredErrors | kFeatureBulkArena;
+
+struct ClientHello {
+  uint16_t min_version = kProtocolVersionMin;
+  uint16_t max_version = kProtocolVersionMax;
+  uint64_t features_supported = kKnownFeatures;
+  uint64_t features_required = 0;
+  uint32_t token_length = 0;
+  uint8_t token[kMaxTokenBytes] = {};
+  uint32_t client_pid = 0;  // as the client sees itself; informational (namespaces differ)
+  uint32_t host_id_length = 0;
+  char host_id[kMaxHostIdBytes] = {};  // not NUL-terminated on the wire
+
+  // Copies; returns false (and leaves the field unchanged) when too long.
+  bool SetToken(const void* data, size_t n);
+  bool SetHostId(const char* s);
+};
+
+struct ServerHello {
+  uint16_t version = 0;   // the chosen protocol version
+  uint64_t features = 0;  // the session's features: both sides support them
+  uint64_t session_id = 0;
+};
+
+// Why a server refused; values are fixed on the wire.
+enum class RefusalReason : uint16_t {
+  kVersionMismatch = 1,
+  kUnknownRequiredFeature = 2,  // the client requires a feature the server does not know
+  kMissingRequiredFeature = 3,  // the server requires a feature the client does not support
+  kBadToken = 4,
+  kMalformedHello = 5,
+  kServerBusy = 6,
+  kInternal = 7,
+};
+const char* RefusalReasonName(uint16_t reason);
+
+struct Refusal {
+  uint16_t reason = 0;  // a RefusalReason value (unknown values are kept as they are)
+  uint32_t message_length = 0;
+  char message[kMaxRefusalMessageBytes] = {};  // not NUL-terminated on the wire
+
+  // printf-style, truncated to kMaxRefusalMessageBytes.
+  void Set(RefusalReason r, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+};
+
+// Encoders return the payload size written into out, or 0 when cap is too small.
+size_t EncodeClientHello(const ClientHello& h, uint8_t* out, size_t cap);
+size_t EncodeServerHello(const ServerHello& h, uint8_t* out, size_t cap);
+size_t EncodeRefusal(const Refusal& r, uint8_t* out, size_t cap);
+WireError DecodeClientHello(const uint8_t* data, size_t size, ClientHello* out);
+WireError DecodeServerHello(const uint8_t* data, size_t size, ServerHello* out);
+WireError DecodeRefusal(const uint8_t* data, size_t size, Refusal* out);
+
+// What a server accepts. token == nullptr with token_length 0 accepts any token (tests, local).
+struct ServerPolicy {
+  uint16_t min_version = kProtocolVersionMin;
+  uint16_t max_version = kProtocolVersionMax;
+  uint64_t features_supported = kKnownFeatures;
+  uint64_t features_required = 0;
+  const uint8_t* token = nullptr;
+  size_t token_length = 0;
+};
+
+// Server side: decides on a client's hello. Returns true and fills *accept (with session_id), or
+// false and fills *refuse with a reason and a message naming the mismatch. The token is compared
+// in constant time.
+bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, uint64_t session_id,
+                        ServerHello* accept, Refusal* refuse);
+
+// Client side: checks that a server hello is consistent with what the client offered (version in
+// range, features a subset of the client's, every required feature present). On failure writes a
+// reason into msg (NUL-terminated) and returns false.
+bool CheckServerHello(const ClientHello& offered, const ServerHello& got, char* msg, size_t msg_cap);
+
+}  // namespace tf::transport

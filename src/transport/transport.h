@@ -1,0 +1,117 @@
+// Transport: one connection between a client stub and a worker session, carrying frames
+// (header + payload + optional bulk buffer) in order, in both directions.
+//
+// Implementations: TCP (tcp_transport.h) and shared memory (shm_transport.h); RDMA later behind
+// the same interface. Connect/accept live with each implementation because their rendezvous
+// differs; both run the handshake (handshake.h) before a Transport exists, so every Transport is
+// an authenticated session with a negotiated version and feature set (session()).
+//
+// Thread safety: Send and Flush may be called from any number of threads concurrently; Receive
+// from one thread at a time (it may run concurrently with Send). Close may be called from any
+// thread; it wakes a blocked Receive or Send, which then return kClosed.
+//
+// Bounded time: nothing blocks without a deadline. Receive takes a timeout; Send and Flush are
+// bounded by TransportOptions::io_timeout_ms. A peer that dies is reported as kPeerDead (or
+// kPeerClosed after an orderly close) within TransportOptions::liveness_timeout_ms, never a hang.
+//
+// Failure: after any error other than kTimeout (from Receive when no frame arrived), the transport
+// is broken and every later call returns the same error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "transport/handshake.h"
+#include "transport/transport_status.h"
+#include "transport/wire.h"
+
+namespace tf::transport {
+
+struct TransportOptions {
+  int connect_timeout_ms = 5000;    // connect + handshake
+  int io_timeout_ms = 10000;        // Send/Flush, and the rest of a frame once its header arrived
+  int liveness_timeout_ms = 1500;   // how late a dead peer may be noticed (TCP keepalive; shm
+                                    // checks the peer well within this)
+  // Shared memory only.
+  uint64_t shm_ring_bytes = 4ull << 20;   // each direction's command ring; a power of two
+  uint64_t shm_arena_bytes = 64ull << 20; // bulk arena, split evenly between the two directions
+  uint32_t shm_spin_ns = 20000;           // spin this long before sleeping on a futex
+};
+
+// A frame to send. The transport sets the version, and kFlagBulkFollows iff bulk_length > 0.
+struct OutFrame {
+  uint16_t opcode = 0;
+  uint16_t flags = 0;  // kFlagReplyExpected, kFlagError
+  uint64_t sequence = 0;
+  const void* payload = nullptr;
+  uint32_t payload_length = 0;
+  const void* bulk = nullptr;
+  uint64_t bulk_length = 0;
+};
+
+// A received frame. payload and bulk are views owned by the transport, valid until the next
+// Receive or Close on it. On shared memory they point into memory the peer can write: copy a
+// field before validating it and do not read it twice.
+struct InFrame {
+  FrameHeader header;
+  const uint8_t* payload = nullptr;
+  uint32_t payload_length = 0;
+  const uint8_t* bulk = nullptr;
+  uint64_t bulk_length = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Queues or writes one frame, preserving order with every other Send on this transport.
+  // Returns once the caller's payload and bulk buffers may be reused. Frames without
+  // kFlagReplyExpected and without bulk may be batched with later ones (delivered promptly
+  // without further calls); a frame with kFlagReplyExpected or bulk is handed on before Send
+  // returns, together with everything queued before it.
+  // Errors: kInvalidArgument (payload or bulk over the limits below: nothing sent), kTimeout
+  // (peer not draining within io_timeout_ms: broken), kPeerDead, kPeerClosed, kClosed, kIo.
+  virtual TransportStatus Send(const OutFrame& frame) = 0;
+
+  // Waits (bounded by io_timeout_ms) until every frame queued so far is handed to the kernel or
+  // the ring.
+  virtual TransportStatus Flush() = 0;
+
+  // Waits up to timeout_ms (>= 0; 0 polls) for the next frame. kTimeout when none arrived (the
+  // transport stays usable); other errors are final.
+  virtual TransportStatus Receive(InFrame* frame, int timeout_ms) = 0;
+
+  // Idempotent. Queued frames are flushed for at most io_timeout_ms first; the peer then sees
+  // kPeerClosed after it has received them.
+  virtual void Close() = 0;
+
+  virtual uint32_t max_payload_bytes() const = 0;
+  virtual uint64_t max_bulk_bytes() const = 0;
+  virtual const ServerHello& session() const = 0;
+  virtual const char* kind() const = 0;  // "tcp", "shm"
+};
+
+// A server endpoint that accepts clients.
+class Listener {
+ public:
+  virtual ~Listener() = default;
+
+  // Waits up to timeout_ms for a client, runs the handshake against policy and, on success,
+  // returns the session's transport and the client's hello. A client the policy refuses is told
+  // why (a Refusal frame) and the call returns kRefused with that reason; the listener stays
+  // usable. *out is set only on success.
+  virtual TransportStatus Accept(const ServerPolicy& policy, const TransportOptions& options,
+                                 int timeout_ms, std::unique_ptr<Transport>* out,
+                                 ClientHello* peer) = 0;
+
+  // What a client passes to Connect*: "HOST:PORT" with the bound port for TCP, the socket path
+  // for shared memory.
+  virtual const char* address() const = 0;
+  virtual void Close() = 0;
+};
+
+// Monotonic clock in nanoseconds (CLOCK_MONOTONIC).
+int64_t MonotonicNowNs();
+
+}  // namespace tf::transport
