@@ -62,122 +62,71 @@ int Alloc() {
   return 0;
 }
 
+// Calls alloc() (which returns a CUresult and an object) until it is refused, prints
+// path=<MiB obtained>:<error>, then hands every object to release().
+template <typename T, typename Alloc, typename Release>
+void UntilRefused(const char* path, Alloc alloc, Release release) {
+  std::vector<T> got;
+  CUresult r;
+  for (;;) {
+    T obj{};
+    r = alloc(&obj);
+    if (r != CUDA_SUCCESS) break;
+    got.push_back(obj);
+  }
+  std::printf("%s=%zu:%d\n", path, got.size() * 64, static_cast<int>(r));
+  for (const T& obj : got) release(obj);
+}
+
 // The other allocation paths, each until refused: prints path=<mib>:<error>.
 int Paths() {
   Setup();
-  auto report = [](const char* path, size_t n, CUresult r) {
-    std::printf("%s=%zu:%d\n", path, n * 64, static_cast<int>(r));
-  };
-  {
-    std::vector<CUdeviceptr> v;
-    CUresult r;
-    for (;;) {
-      CUdeviceptr p;
-      size_t pitch;
-      r = cuMemAllocPitch(&p, &pitch, 8192, kChunk / 8192, 4);
-      if (r != CUDA_SUCCESS) break;
-      v.push_back(p);
-    }
-    report("pitch", v.size(), r);
-    for (auto p : v) cuMemFree(p);
-  }
-  {
-    std::vector<CUdeviceptr> v;
-    CUresult r;
-    for (;;) {
-      CUdeviceptr p;
-      r = cuMemAllocAsync(&p, kChunk, nullptr);
-      if (r != CUDA_SUCCESS) break;
-      v.push_back(p);
-    }
-    report("async", v.size(), r);
-    for (auto p : v) cuMemFreeAsync(p, nullptr);
-    cuStreamSynchronize(nullptr);
-  }
-  {
-    CUmemPoolProps props = {};
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = 0;
-    CUmemoryPool pool;
-    CHECK(cuMemPoolCreate(&pool, &props));
-    std::vector<CUdeviceptr> v;
-    CUresult r;
-    for (;;) {
-      CUdeviceptr p;
-      r = cuMemAllocFromPoolAsync(&p, kChunk, pool, nullptr);
-      if (r != CUDA_SUCCESS) break;
-      v.push_back(p);
-    }
-    report("pool", v.size(), r);
-    for (auto p : v) cuMemFreeAsync(p, nullptr);
-    cuStreamSynchronize(nullptr);
-  }
-  {
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
-    std::vector<CUmemGenericAllocationHandle> v;
-    CUresult r;
-    for (;;) {
-      CUmemGenericAllocationHandle h;
-      r = cuMemCreate(&h, kChunk, &prop, 0);
-      if (r != CUDA_SUCCESS) break;
-      v.push_back(h);
-    }
-    report("vmm", v.size(), r);
-    for (auto h : v) cuMemRelease(h);
-  }
-  {
-    std::vector<CUdeviceptr> v;
-    CUresult r;
-    for (;;) {
-      CUdeviceptr p;
-      r = cuMemAllocManaged(&p, kChunk, CU_MEM_ATTACH_GLOBAL);
-      if (r != CUDA_SUCCESS) break;
-      v.push_back(p);
-    }
-    report("managed", v.size(), r);
-    for (auto p : v) cuMemFree(p);
-  }
-  {
-    CUDA_ARRAY3D_DESCRIPTOR d = {};
-    d.Width = 4096;
-    d.Height = 4096;
-    d.Depth = 1;
-    d.Format = CU_AD_FORMAT_FLOAT;
-    d.NumChannels = 1;  // 64 MiB
-    std::vector<CUarray> v;
-    CUresult r;
-    for (;;) {
-      CUarray a;
-      r = cuArray3DCreate(&a, &d);
-      if (r != CUDA_SUCCESS) break;
-      v.push_back(a);
-    }
-    report("array3d", v.size(), r);
-    for (auto a : v) cuArrayDestroy(a);
-  }
-  {
-    CUgraph g;
-    CHECK(cuGraphCreate(&g, 0));
-    CUDA_MEM_ALLOC_NODE_PARAMS p = {};
-    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.poolProps.location.id = 0;
-    p.bytesize = kChunk;
-    size_t n = 0;
-    CUresult r;
-    for (;;) {
-      CUgraphNode node;
-      r = cuGraphAddMemAllocNode(&node, g, nullptr, 0, &p);
-      if (r != CUDA_SUCCESS) break;
-      ++n;
-    }
-    report("graph_node", n, r);
-    CHECK(cuGraphDestroy(g));
-  }
+  UntilRefused<CUdeviceptr>(
+      "pitch", [](CUdeviceptr* p) { size_t pitch; return cuMemAllocPitch(p, &pitch, 8192, kChunk / 8192, 4); },
+      [](CUdeviceptr p) { cuMemFree(p); });
+  UntilRefused<CUdeviceptr>(
+      "async", [](CUdeviceptr* p) { return cuMemAllocAsync(p, kChunk, nullptr); },
+      [](CUdeviceptr p) { cuMemFreeAsync(p, nullptr); });
+  cuStreamSynchronize(nullptr);
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool pool;
+  CHECK(cuMemPoolCreate(&pool, &props));
+  UntilRefused<CUdeviceptr>(
+      "pool", [pool](CUdeviceptr* p) { return cuMemAllocFromPoolAsync(p, kChunk, pool, nullptr); },
+      [](CUdeviceptr p) { cuMemFreeAsync(p, nullptr); });
+  cuStreamSynchronize(nullptr);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  UntilRefused<CUmemGenericAllocationHandle>(
+      "vmm", [&prop](CUmemGenericAllocationHandle* h) { return cuMemCreate(h, kChunk, &prop, 0); },
+      [](CUmemGenericAllocationHandle h) { cuMemRelease(h); });
+  UntilRefused<CUdeviceptr>(
+      "managed", [](CUdeviceptr* p) { return cuMemAllocManaged(p, kChunk, CU_MEM_ATTACH_GLOBAL); },
+      [](CUdeviceptr p) { cuMemFree(p); });
+  CUDA_ARRAY3D_DESCRIPTOR d = {};
+  d.Width = 4096;
+  d.Height = 4096;
+  d.Depth = 1;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;  // 64 MiB
+  UntilRefused<CUarray>(
+      "array3d", [&d](CUarray* a) { return cuArray3DCreate(a, &d); }, [](CUarray a) { cuArrayDestroy(a); });
+  CUgraph g;
+  CHECK(cuGraphCreate(&g, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS np = {};
+  np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  np.poolProps.location.id = 0;
+  np.bytesize = kChunk;
+  UntilRefused<CUgraphNode>(
+      "graph_node", [&](CUgraphNode* n) { return cuGraphAddMemAllocNode(n, g, nullptr, 0, &np); },
+      [](CUgraphNode) {});
+  CHECK(cuGraphDestroy(g));
   size_t free = 0, total = 0;
   CHECK(cuMemGetInfo(&free, &total));
   std::printf("free_after_mib=%zu\ntotal_mib=%zu\n", free >> 20, total >> 20);
