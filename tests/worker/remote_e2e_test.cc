@@ -337,3 +337,66 @@ TEST_F(RemoteTest, AKilledClientsSessionEndsAndItsMemoryIsFreed) {
 }
 
 }  // namespace
+
+namespace {
+
+// The stub as a library: every driver entry point is a real ELF symbol, it needs nothing but libc,
+// and it fails cleanly before cuInit and without a worker.
+TEST(RemoteStub, ExportsEveryDriverEntryPointAndNeedsOnlyLibc) {
+  void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  std::ifstream in(TF_EXPORTS_TXT);
+  std::string name;
+  int n = 0;
+  while (std::getline(in, name)) {
+    if (name.empty() || name[0] == '#') continue;
+    EXPECT_NE(dlsym(h, name.c_str()), nullptr) << name;
+    ++n;
+  }
+  EXPECT_GT(n, 600);
+  EXPECT_NE(dlsym(h, "tfusion_client_version"), nullptr);
+  FILE* p = popen((std::string("readelf -d ") + TF_CLIENT + " 2>/dev/null").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t k;
+  while ((k = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
+  pclose(p);
+  if (out.empty()) GTEST_SKIP() << "readelf not available";
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find("(NEEDED)") == std::string::npos) continue;
+    EXPECT_TRUE(line.find("[libc.so.6]") != std::string::npos ||
+                line.find("[ld-linux-x86-64.so.2]") != std::string::npos)
+        << line;
+  }
+  EXPECT_NE(out.find("Library soname: [libcuda.so.1]"), std::string::npos);
+}
+
+TEST(RemoteStub, FailsCleanlyBeforeCuInitAndWithoutAWorker) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    unsetenv("TFUSION_REMOTE");
+    void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+    if (!h) _exit(10);
+    auto alloc = reinterpret_cast<int (*)(unsigned long long*, size_t)>(dlsym(h, "cuMemAlloc_v2"));
+    auto init = reinterpret_cast<int (*)(unsigned)>(dlsym(h, "cuInit"));
+    auto count = reinterpret_cast<int (*)(int*)>(dlsym(h, "cuDeviceGetCount"));
+    unsigned long long p;
+    int c = 0;
+    if (alloc(&p, 64) != 3) _exit(11);   // CUDA_ERROR_NOT_INITIALIZED
+    if (init(0) != 100) _exit(12);       // CUDA_ERROR_NO_DEVICE
+    if (count(&c) != 3) _exit(13);
+    setenv("TFUSION_REMOTE", "127.0.0.1:1", 1);  // nobody listens on port 1
+    if (init(0) != 100) _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace

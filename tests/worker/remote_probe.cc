@@ -269,6 +269,37 @@ int Fork() {
   return 0;
 }
 
+// Per-call costs: fire-and-forget launches and synchronous round trips.
+int Bench() {
+  Setup();
+  CUfunction sleep_us = Kernel("sleep_us");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  unsigned us = 0;
+  void* params[] = {&us};
+  const int kLaunches = 20000, kTrips = 2000;
+  CHECK(cuStreamSynchronize(s));
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kLaunches; ++i) CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  auto t1 = std::chrono::steady_clock::now();
+  CHECK(cuStreamSynchronize(s));
+  auto t2 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kTrips; ++i) CHECK(cuStreamQuery(s));
+  auto t3 = std::chrono::steady_clock::now();
+  std::vector<char> big(64 << 20);
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, big.size()));
+  auto t4 = std::chrono::steady_clock::now();
+  CHECK(cuMemcpyHtoD(d, big.data(), big.size()));
+  CHECK(cuMemcpyDtoH(big.data(), d, big.size()));
+  auto t5 = std::chrono::steady_clock::now();
+  auto ns = [](auto a, auto b) { return std::chrono::duration<double, std::nano>(b - a).count(); };
+  std::printf("launch_submit_ns=%.0f\nlaunch_drain_ns=%.0f\nroundtrip_us=%.1f\ncopy_gib_s=%.2f\n",
+              ns(t0, t1) / kLaunches, ns(t0, t2) / kLaunches, ns(t2, t3) / kTrips / 1000,
+              2.0 * big.size() / (1 << 30) / (ns(t4, t5) / 1e9));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -280,6 +311,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "hold")) return Hold();
   if (!strcmp(mode, "loop")) return Loop();
   if (!strcmp(mode, "fork")) return Fork();
+  if (!strcmp(mode, "bench")) return Bench();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
