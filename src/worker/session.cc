@@ -93,7 +93,12 @@ class Session {
   std::map<int32_t, int> primary_retains_;  // device -> retains held by the client
   std::map<uint64_t, int32_t> primary_ctx_;  // context -> device
   std::map<uint64_t, std::set<uint64_t>> modules_;  // module -> its functions
-  std::map<uint64_t, uint64_t> functions_;          // function -> module
+  struct FunctionEntry {
+    uint64_t module = 0;
+    bool layout_known = false;
+    std::vector<size_t> sizes;  // each parameter's size, when known
+  };
+  std::map<uint64_t, FunctionEntry> functions_;
   std::map<std::pair<uint64_t, uint64_t>, Image> images_;
   std::deque<Staged> staged_;
 
@@ -396,7 +401,9 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuModuleGetFunction, &f, As<CUmodule>(m), fname.c_str());
       if (r != CUDA_SUCCESS) return r;
       mod->second.insert(H(f));
-      functions_[H(f)] = m;
+      FunctionEntry& fe = functions_[H(f)];
+      fe = FunctionEntry();
+      fe.module = m;
       out.U64(H(f));
       // The parameter layout, so that the client can serialise kernelParams by size.
       std::vector<std::pair<size_t, size_t>> layout;
@@ -410,6 +417,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (pr != CUDA_ERROR_INVALID_VALUE) {
         out.U32(remote::kUnknownParamCount);
       } else {
+        fe.layout_known = true;
+        for (auto [off, size] : layout) fe.sizes.push_back(size);
         out.U32(static_cast<uint32_t>(layout.size()));
         for (auto [off, size] : layout) {
           out.U64(off);
@@ -438,8 +447,10 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       rd.U32(&shmem);
       rd.U64(&s);
       if (!rd.U32(&mode)) return CUDA_ERROR_INVALID_VALUE;
-      if (!functions_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+      auto fit = functions_.find(f);
+      if (fit == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      const FunctionEntry& fe = fit->second;
       void* params[remote::kMaxKernelParams];
       void** kernel_params = nullptr;
       void* extra[5] = {};
@@ -449,11 +460,15 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       // copies them at launch.
       if (mode == remote::kLaunchParams) {
         uint32_t n = 0;
-        if (!rd.U32(&n) || n > remote::kMaxKernelParams) return CUDA_ERROR_INVALID_VALUE;
+        // The driver reads every parameter the kernel declares: the client must send exactly
+        // those, each of its size, or the session would read past what arrived.
+        if (!rd.U32(&n) || !fe.layout_known || n != fe.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
         for (uint32_t i = 0; i < n; ++i) {
           const uint8_t* p = nullptr;
           uint32_t len = 0;
-          if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes)) return CUDA_ERROR_INVALID_VALUE;
+          if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes) || len != fe.sizes[i]) {
+            return CUDA_ERROR_INVALID_VALUE;
+          }
           params[i] = const_cast<uint8_t*>(p);
         }
         kernel_params = params;
@@ -468,8 +483,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
         extra[3] = &extra_size;
         extra[4] = CU_LAUNCH_PARAM_END;
         extra_p = extra;
-      } else if (mode != remote::kLaunchNoParams) {
-        return CUDA_ERROR_INVALID_VALUE;
+      } else if (mode != remote::kLaunchNoParams || (fe.layout_known && !fe.sizes.empty())) {
+        return CUDA_ERROR_INVALID_VALUE;  // a kernel with parameters launched without them
       }
       if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       auto launch = fn == Fn::cuLaunchKernel ? d_.cuLaunchKernel : d_.cuLaunchKernel_ptsz;
