@@ -14,6 +14,13 @@ Outputs (into --out, never edited by hand):
   tf_trace.cc          a formatter that renders any call's arguments for the trace log
   tf_limiter_exports.cc  every exported symbol of libtfusion-limiter.so
   tf_limiter_exports.map the linker version script (only cu* exported)
+With --mode client (and --client-implemented api/client_implemented.txt) it writes only:
+  tf_client_exports.cc   every exported symbol of libtfusion-client.so (the remote stub): listed
+                         entry points call tf::client::Impl_<name>, all others answer
+                         CUDA_ERROR_NOT_SUPPORTED through tf::client::Unsupported
+  tf_client_exports.map  its linker version script (only cu* exported)
+  tf_client_impl.h       the declarations of the Impl_ functions the stub must define
+  tf_client_errors.inc   X(name, value) for every CUresult (cuGetErrorName/String in the stub)
 """
 import argparse
 import os
@@ -92,9 +99,14 @@ def main():
     ap.add_argument("--procaddress", required=True)
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--mode", choices=("driver", "client"), default="driver")
+    ap.add_argument("--client-implemented")
     a = ap.parse_args()
+    if a.mode == "client" and not a.client_implemented:
+        fail("--mode client needs --client-implemented")
 
-    protos = parse_prototypes(preprocess(a.cc, os.path.dirname(a.cuda_h)))
+    pp = preprocess(a.cc, os.path.dirname(a.cuda_h))
+    protos = parse_prototypes(pp)
     exports = sorted(set(read_lines(a.exports)))
     manifest = {}
     for ln, line in enumerate(read_lines(a.manifest), 1):
@@ -123,6 +135,9 @@ def main():
 
     def args(name):
         return ", ".join(n for _, n in protos[name])
+
+    if a.mode == "client":
+        return gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp)
 
     def trace(name):
         targs = "".join(", " + n for _, n in protos[name])
@@ -293,6 +308,65 @@ def main():
         for e in exports:
             f.write("    %s;\n" % e)
         f.write("    tfusion_limiter_version;\n  local: *;\n};\n")
+    return 0
+
+
+def gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp):
+    m = re.search(r"enum cudaError_enum \{(.*?)\}", pp)
+    if not m:
+        fail("cuda.h: enum cudaError_enum not found")
+    errors = []
+    for item in m.group(1).split(","):
+        em = re.match(r"\s*(CUDA_\w+)\s*=\s*(\d+)\s*$", item)
+        if em:
+            errors.append((em.group(1), int(em.group(2))))
+    with open(os.path.join(a.out, "tf_client_errors.inc"), "w") as f:
+        f.write(BANNER)
+        f.write("// X(name, value) for every CUresult cuda.h defines.\n")
+        for name, value in errors:
+            f.write("X(%s, %d)\n" % (name, value))
+    implemented = []
+    for name in read_lines(a.client_implemented):
+        name = name.strip()
+        if name not in exports:
+            fail("%s: %s is not an exported driver function" % (a.client_implemented, name))
+        if name not in typed:
+            fail("%s: %s has no prototype in cuda.h" % (a.client_implemented, name))
+        implemented.append(name)
+    impl = set(implemented)
+    with open(os.path.join(a.out, "tf_client_impl.h"), "w") as f:
+        f.write(BANNER)
+        f.write("#pragma once\n#include \"tf_driver_api.h\"\n\nnamespace tf::client {\n")
+        for e in sorted(impl):
+            f.write("CUresult Impl_%s(%s);\n" % (e, decl(e)))
+        f.write("// Every entry point the stub does not implement: CUDA_ERROR_NOT_SUPPORTED, logged once.\n")
+        f.write("CUresult Unsupported(tf::driver::Fn fn);\n")
+        f.write("// Our own exported function for an entry point id (for cuGetProcAddress); nullptr if none.\n")
+        f.write("void* OwnExport(int id);\n")
+        f.write("}  // namespace tf::client\n")
+    with open(os.path.join(a.out, "tf_client_exports.cc"), "w") as f:
+        f.write(BANNER)
+        f.write('#include "tf_client_impl.h"\n\n#define TF_EXPORT __attribute__((visibility("default")))\n\n')
+        f.write("using tf::driver::Fn;\n")
+        for e in typed:
+            if e in impl:
+                body = "  return tf::client::Impl_%s(%s);\n" % (e, args(e))
+            else:
+                body = "".join("  (void)%s;\n" % n for _, n in protos[e]) + \
+                    "  return tf::client::Unsupported(Fn::%s);\n" % e
+            f.write('extern "C" TF_EXPORT CUresult %s(%s) {\n%s}\n' % (e, decl(e), body))
+        f.write("\n// Entry points without a prototype in cuda.h (graphics interop): not supported remotely.\n")
+        for e in opaque:
+            f.write('extern "C" TF_EXPORT CUresult %s() { return tf::client::Unsupported(Fn::%s); }\n' % (e, e))
+        f.write("\nnamespace tf::client {\nvoid* OwnExport(int id) {\n  switch (id) {\n")
+        for e in exports:
+            f.write("    case %d: return reinterpret_cast<void*>(&%s);\n" % (ids[e], e))
+        f.write("    default: return nullptr;\n  }\n}\n}  // namespace tf::client\n")
+    with open(os.path.join(a.out, "tf_client_exports.map"), "w") as f:
+        f.write("/* " + BANNER.strip()[3:] + " */\n{\n  global:\n")
+        for e in exports:
+            f.write("    %s;\n" % e)
+        f.write("    tfusion_client_version;\n  local: *;\n};\n")
     return 0
 
 

@@ -1,0 +1,148 @@
+#include "cli/remote_run.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "worker/worker.h"
+
+namespace tf::cli {
+namespace {
+
+pid_t g_remote_child = 0;
+void ForwardSignal(int sig) {
+  if (g_remote_child > 0) kill(g_remote_child, sig);
+}
+
+bool IsFile(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string ExeDirectory() {
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  std::string s(buf);
+  auto slash = s.rfind('/');
+  return slash == std::string::npos ? "." : s.substr(0, slash);
+}
+
+std::string ClientInjectDir(std::string* looked) {
+  std::vector<std::string> candidates;
+  if (const char* env = getenv("TFUSION_CLIENT_DIR"); env && *env) candidates.push_back(env);
+  std::string exe = ExeDirectory();
+  candidates.push_back(exe + "/../client/inject");
+  candidates.push_back(exe + "/../lib/tensorfusion/client-inject");
+  for (const auto& c : candidates) {
+    if (IsFile(c + "/libcuda.so.1")) {
+      char real[PATH_MAX];
+      return realpath(c.c_str(), real) ? std::string(real) : c;
+    }
+    *looked += (looked->empty() ? "" : ", ") + c;
+  }
+  return "";
+}
+
+}  // namespace
+
+int RunRemote(const std::string& remote, const std::string& token,
+              const std::vector<std::string>& command) {
+  if (command.empty()) {
+    fprintf(stderr, "tfusion run: no command given (usage: tfusion run --remote HOST:PORT -- CMD)\n");
+    return 2;
+  }
+  if (remote.empty()) {
+    fprintf(stderr, "tfusion run: --remote needs HOST:PORT or unix:/path of a tfusion worker\n");
+    return 2;
+  }
+  std::string looked;
+  std::string inject = ClientInjectDir(&looked);
+  if (inject.empty()) {
+    fprintf(stderr, "tfusion run: the remote client library is not installed (looked in %s; set "
+                    "TFUSION_CLIENT_DIR)\n", looked.c_str());
+    return 2;
+  }
+  std::string ld = inject;
+  if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) ld += std::string(":") + old;
+  g_remote_child = fork();
+  if (g_remote_child < 0) {
+    fprintf(stderr, "tfusion run: fork: %s\n", strerror(errno));
+    return 2;
+  }
+  if (g_remote_child == 0) {
+    setenv("LD_LIBRARY_PATH", ld.c_str(), 1);
+    setenv("TFUSION_REMOTE", remote.c_str(), 1);
+    if (!token.empty()) setenv("TFUSION_TOKEN", token.c_str(), 1);
+    setenv("TRITON_LIBCUDA_PATH", inject.c_str(), 1);
+    unsetenv("TFUSION_REAL_LIBCUDA");
+    std::vector<char*> argv;
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  struct sigaction sa = {};
+  sa.sa_handler = &ForwardSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  int status = 0;
+  while (waitpid(g_remote_child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
+                     const std::string& driver, const std::vector<std::string>& session_env,
+                     const std::string& ready_file) {
+  worker::WorkerOptions o;
+  o.listen = listen;
+  o.token = token;
+  o.ready_file = ready_file;
+  o.driver_path = driver;
+  if (o.driver_path.empty()) {
+    if (const char* env = getenv("TFUSION_REAL_LIBCUDA"); env && *env) o.driver_path = env;
+  }
+  if (o.driver_path.empty()) {
+    for (const char* p : {"/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1",
+                          "/usr/local/nvidia/lib64/libcuda.so.1", "/usr/lib/wsl/lib/libcuda.so.1",
+                          "/lib/x86_64-linux-gnu/libcuda.so.1"}) {
+      if (IsFile(p)) {
+        o.driver_path = p;
+        break;
+      }
+    }
+  }
+  if (o.driver_path.empty()) {
+    fprintf(stderr, "tfusion worker: no NVIDIA driver found (give --driver or set "
+                    "TFUSION_REAL_LIBCUDA)\n");
+    return 2;
+  }
+  for (const auto& kv : session_env) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      fprintf(stderr, "tfusion worker: --session-env wants KEY=VALUE, got '%s'\n", kv.c_str());
+      return 2;
+    }
+    o.session_env.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  if (token.empty()) {
+    fprintf(stderr, "tfusion worker: warning: no --token: any client that reaches the listener "
+                    "is accepted\n");
+  }
+  return worker::RunWorker(o);
+}
+
+}  // namespace tf::cli

@@ -1,0 +1,298 @@
+// The remote client stub's connection to its worker: connect at cuInit, the device snapshot,
+// synchronous and fire-and-forget calls, deferred errors, loss of the worker, fork.
+#include "client/client.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+
+#include "tf_client_impl.h"
+#include "transport/shm_transport.h"
+#include "transport/tcp_transport.h"
+
+#define TF_EXPORT __attribute__((visibility("default")))
+
+// Lets `tfusion run` and tests tell this library from a real driver.
+extern "C" TF_EXPORT const char* tfusion_client_version() { return "tensorfusion-client 0.1"; }
+
+namespace tf::client {
+namespace {
+
+using transport::InFrame;
+using transport::OutFrame;
+using transport::TransportStatus;
+
+std::atomic<bool> g_unsupported_logged[driver::kFunctionCount];
+thread_local uint64_t t_ctx = 0;
+
+void AtForkChild() {
+  // The child has none of the parent's threads: the parent's connection (and its flusher thread)
+  // cannot be used or closed here. Leak it; the first call in the child connects afresh.
+  ClientState& st = State();
+  pthread_mutex_init(&st.mu, nullptr);
+  if (st.session != nullptr) {
+    (void)st.session->transport.release();
+    st.session = nullptr;
+  }
+  t_ctx = 0;
+}
+
+struct LoadTimeSetup {
+  LoadTimeSetup() { pthread_atfork(nullptr, nullptr, &AtForkChild); }
+} g_setup;
+
+constexpr int kReceiveSliceMs = 1000;
+
+}  // namespace
+
+void ClientLog(const char* fmt, ...) {
+  char buf[512];
+  int n = snprintf(buf, sizeof(buf), "tfusion-client: ");
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = static_cast<size_t>(n) + (m > 0 ? std::min<size_t>(m, sizeof(buf) - n - 2) : 0);
+  buf[len++] = '\n';
+  ssize_t ignored = write(2, buf, len);
+  (void)ignored;
+}
+
+ClientState& State() {
+  static ClientState* s = new ClientState();  // never destroyed: other threads may run at exit
+  return *s;
+}
+
+uint64_t CurrentContext() { return t_ctx; }
+void SetCurrentContext(uint64_t ctx) { t_ctx = ctx; }
+
+CUresult Unsupported(driver::Fn fn) {
+  int i = static_cast<int>(fn);
+  if (i >= 0 && i < driver::kFunctionCount && !g_unsupported_logged[i].exchange(true)) {
+    ClientLog("%s is not supported by the remote vGPU yet: returning CUDA_ERROR_NOT_SUPPORTED",
+              driver::FunctionName(fn));
+  }
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+Locked::Locked() {
+  ClientState& st = State();
+  pthread_mutex_lock(&st.mu);
+  if (st.session == nullptr) {
+    if (!st.init_called) {
+      r_ = CUDA_ERROR_NOT_INITIALIZED;
+      return;
+    }
+    r_ = ConnectLocked();  // a forked child's first use
+    if (r_ != CUDA_SUCCESS) return;
+  }
+  s_ = st.session;
+  if (s_->sticky != CUDA_SUCCESS) {
+    r_ = s_->sticky;
+    s_ = nullptr;
+  }
+}
+
+Locked::~Locked() { pthread_mutex_unlock(&State().mu); }
+
+CUresult LoseConnection(Session* s, const TransportStatus& why) {
+  if (s->sticky != kLostConnectionError) {
+    ClientLog("lost the connection to the worker (%s: %s): every further CUDA call fails",
+              transport::TransportErrcName(why.code()), why.message());
+  }
+  s->sticky = kLostConnectionError;
+  return kLostConnectionError;
+}
+
+namespace {
+
+// Waits for the reply to `seq`. Frames that are not it (async error events) are skipped.
+CUresult AwaitReply(Session* s, uint64_t seq, InFrame* in) {
+  for (;;) {
+    TransportStatus st = s->transport->Receive(in, kReceiveSliceMs);
+    if (st.code() == transport::TransportErrc::kTimeout) continue;
+    if (!st.ok()) return LoseConnection(s, st);
+    if (in->header.opcode == static_cast<uint16_t>(transport::Opcode::kCallReply) &&
+        in->header.sequence == seq) {
+      return CUDA_SUCCESS;
+    }
+  }
+}
+
+CUresult SendFrame(Session* s, uint16_t op, uint16_t flags, const transport::Writer& payload,
+                   const void* bulk, uint64_t bulk_len, uint64_t* seq) {
+  if (!payload.ok()) return CUDA_ERROR_INVALID_VALUE;
+  OutFrame f;
+  f.opcode = op;
+  f.flags = flags;
+  f.sequence = s->next_seq++;
+  f.payload = payload.data();
+  f.payload_length = static_cast<uint32_t>(payload.size());
+  f.bulk = bulk;
+  f.bulk_length = bulk_len;
+  TransportStatus st = s->transport->Send(f);
+  if (!st.ok()) {
+    if (st.code() == transport::TransportErrc::kInvalidArgument) {
+      ClientLog("call 0x%04x refused by the transport: %s", op, st.message());
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return LoseConnection(s, st);
+  }
+  if (seq) *seq = f.sequence;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult PrepareContext(Session* s, bool needs_ctx) {
+  if (!needs_ctx) return CUDA_SUCCESS;
+  uint64_t ctx = t_ctx;
+  if (ctx == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (s->worker_ctx == ctx) return CUDA_SUCCESS;
+  uint8_t buf[8];
+  transport::Writer w(buf, sizeof(buf));
+  w.U64(ctx);
+  CUresult r = SendFrame(s, remote::Op(driver::Fn::cuCtxSetCurrent), 0, w, nullptr, 0, nullptr);
+  if (r == CUDA_SUCCESS) s->worker_ctx = ctx;
+  return r;
+}
+
+CUresult SendAsync(Session* s, uint16_t op, const transport::Writer& payload, const void* bulk,
+                   uint64_t bulk_len) {
+  return SendFrame(s, op, 0, payload, bulk, bulk_len, nullptr);
+}
+
+CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
+                  const void* bulk, uint64_t bulk_len) {
+  uint64_t seq = 0;
+  CUresult r = SendFrame(s, op, transport::kFlagReplyExpected, payload, bulk, bulk_len, &seq);
+  if (r != CUDA_SUCCESS) return r;
+  InFrame in;
+  r = AwaitReply(s, seq, &in);
+  if (r != CUDA_SUCCESS) return r;
+  transport::Reader rd(in.payload, in.payload_length);
+  if (in.header.flags & transport::kFlagError) {
+    uint64_t failed_seq = 0;
+    uint16_t failed_op = 0;
+    int32_t err = 0;
+    rd.U64(&failed_seq);
+    rd.U16(&failed_op);
+    rd.I32(&err);
+    if (!rd.Finish() || err == 0) {
+      return LoseConnection(
+          s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0, "bad deferred error"));
+    }
+    if (remote::IsStickyError(err)) s->sticky = static_cast<CUresult>(err);
+    return static_cast<CUresult>(err);
+  }
+  int32_t result = 0;
+  if (!rd.I32(&result)) {
+    return LoseConnection(
+        s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0, "short reply"));
+  }
+  if (remote::IsStickyError(result)) s->sticky = static_cast<CUresult>(result);
+  if (result == CUDA_SUCCESS && reply != nullptr) {
+    reply->reader = rd;
+    reply->bulk = in.bulk;
+    reply->bulk_len = in.bulk_length;
+  }
+  return static_cast<CUresult>(result);
+}
+
+namespace {
+
+CUresult FetchSessionInfo(Session* s) {
+  transport::Writer w(nullptr, 0);
+  ReplyView rv;
+  uint64_t seq = 0;
+  CUresult r = SendFrame(s, remote::kOpSessionInfo, transport::kFlagReplyExpected, w, nullptr, 0, &seq);
+  if (r != CUDA_SUCCESS) return r;
+  InFrame in;
+  r = AwaitReply(s, seq, &in);
+  if (r != CUDA_SUCCESS) return r;
+  transport::Reader rd(in.payload, in.payload_length);
+  int32_t init_result = 0, version = 0;
+  uint32_t count = 0;
+  rd.I32(&init_result);
+  rd.I32(&version);
+  rd.U32(&count);
+  if (!rd.ok() || count > remote::kMaxDevices) {
+    return LoseConnection(s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
+                                                    "malformed session info"));
+  }
+  s->driver_version = version;
+  s->devices.resize(count);
+  for (auto& d : s->devices) {
+    const uint8_t* name = nullptr;
+    uint32_t name_len = 0;
+    rd.Blob(&name, &name_len, remote::kMaxDeviceName);
+    if (name) memcpy(d.name, name, name_len);
+    rd.Bytes(d.uuid.bytes, sizeof(d.uuid.bytes));
+    rd.U64(&d.total_mem);
+    uint32_t n = 0;
+    rd.U32(&n);
+    if (!rd.ok() || n > remote::kMaxAttributes) break;
+    d.attrs.resize(n);
+    for (auto& v : d.attrs) rd.I32(&v);
+  }
+  if (!rd.Finish()) {
+    return LoseConnection(s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
+                                                    "malformed session info"));
+  }
+  return static_cast<CUresult>(init_result);
+}
+
+}  // namespace
+
+CUresult ConnectLocked() {
+  ClientState& st = State();
+  const char* remote = getenv("TFUSION_REMOTE");
+  if (remote == nullptr || *remote == '\0') {
+    ClientLog("TFUSION_REMOTE is not set (HOST:PORT or unix:/path of a tfusion worker): no device");
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  const char* token = getenv("TFUSION_TOKEN");
+  transport::ClientHello hello;
+  if (token && !hello.SetToken(token, strlen(token))) {
+    ClientLog("TFUSION_TOKEN is longer than %u bytes", transport::kMaxTokenBytes);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  hello.client_pid = static_cast<uint32_t>(getpid());
+  char host[128] = {};
+  gethostname(host, sizeof(host) - 1);
+  hello.SetHostId(host);
+  transport::TransportOptions opt;
+  std::unique_ptr<transport::Transport> t;
+  TransportStatus ts = strncmp(remote, "unix:", 5) == 0
+                           ? transport::ConnectShm(remote + 5, hello, opt, &t)
+                           : transport::ConnectTcp(remote, hello, opt, &t);
+  if (!ts.ok()) {
+    if (ts.code() == transport::TransportErrc::kRefused) {
+      ClientLog("the worker at %s refused this client: %s", remote, ts.message());
+      return ts.refusal_reason() == static_cast<uint16_t>(transport::RefusalReason::kBadToken)
+                 ? CUDA_ERROR_NOT_PERMITTED
+                 : CUDA_ERROR_NO_DEVICE;
+    }
+    ClientLog("cannot connect to the worker at %s: %s: %s", remote,
+              transport::TransportErrcName(ts.code()), ts.message());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  auto* s = new Session();
+  s->transport = std::move(t);
+  CUresult r = FetchSessionInfo(s);
+  if (r != CUDA_SUCCESS) {
+    if (s->sticky == CUDA_SUCCESS) ClientLog("the worker's driver failed cuInit with error %d", r);
+    s->transport->Close();
+    delete s;
+    return r;
+  }
+  st.session = s;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace tf::client

@@ -1,0 +1,107 @@
+// Internal interface of the remote client stub (libtfusion-client.so): the one connection of this
+// process to its worker session, and the call helpers the Impl_ functions use.
+//
+// Threading: one process-wide mutex serialises every exchange with the worker (an async call is a
+// queue push on TCP, a ring write on shared memory; a synchronous call holds it until its reply).
+// The current context is per thread, as in CUDA; before a call that depends on it the stub tells
+// the session which context to use (an asynchronous cuCtxSetCurrent) when it changed.
+//
+// Failure: when the transport breaks (worker died, network gone) every later call returns
+// kLostConnectionError, logged once. Errors never escape as exceptions (built -fno-exceptions).
+#pragma once
+
+#include <cuda.h>
+#include <pthread.h>
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "client/remote_protocol.h"
+#include "transport/transport.h"
+
+namespace tf::client {
+
+inline constexpr CUresult kLostConnectionError = CUDA_ERROR_LAUNCH_FAILED;
+
+void ClientLog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+struct DeviceInfo {
+  char name[remote::kMaxDeviceName + 1] = {};
+  CUuuid uuid = {};
+  uint64_t total_mem = 0;
+  std::vector<int> attrs;
+};
+
+struct FunctionInfo {
+  uint64_t module = 0;
+  bool layout_known = false;
+  std::vector<uint64_t> offsets, sizes;
+};
+
+// Everything that belongs to one connection. Dropped (and leaked, never closed) in a forked child.
+struct Session {
+  std::unique_ptr<transport::Transport> transport;
+  uint64_t next_seq = 1;
+  CUresult sticky = CUDA_SUCCESS;   // a sticky CUDA error or the lost connection
+  uint64_t worker_ctx = ~0ull;      // the context the session was last told to use; ~0 unknown
+  int driver_version = 0;
+  std::vector<DeviceInfo> devices;
+  std::unordered_set<uint64_t> images_sent;  // by hash_lo ^ rotated hash_hi
+  std::unordered_map<uint64_t, FunctionInfo> functions;
+  std::unordered_map<uint64_t, int> contexts;  // context -> device
+  std::vector<uint8_t> reply_copy;             // scratch
+};
+
+struct ClientState {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  bool init_called = false;     // the application called cuInit (reconnect after fork)
+  CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+  Session* session = nullptr;   // null until connected
+};
+ClientState& State();
+
+// The thread's current context (0 when none).
+uint64_t CurrentContext();
+void SetCurrentContext(uint64_t ctx);
+
+// Locks the state and makes sure a session exists (connecting after a fork). Holders use the
+// Locked object's session; its result() is the error to return when there is none.
+class Locked {
+ public:
+  Locked();
+  ~Locked();
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+  Session* session() const { return s_; }
+  CUresult result() const { return r_; }
+
+ private:
+  Session* s_ = nullptr;
+  CUresult r_ = CUDA_SUCCESS;
+};
+
+// Connects to TFUSION_REMOTE and fetches the device snapshot. Caller holds State().mu.
+CUresult ConnectLocked();
+
+// The helpers below require the caller to hold State().mu with a live session.
+// needs_ctx: the call acts on the thread's current context (INVALID_CONTEXT when there is none).
+CUresult PrepareContext(Session* s, bool needs_ctx);
+// Fire-and-forget.
+CUresult SendAsync(Session* s, uint16_t op, const transport::Writer& payload,
+                   const void* bulk = nullptr, uint64_t bulk_len = 0);
+// Sends and waits for the reply. On CUDA_SUCCESS, *reader reads the outputs (valid until the next
+// call) and *bulk/*bulk_len give the reply's bulk.
+struct ReplyView {
+  transport::Reader reader{nullptr, 0};
+  const uint8_t* bulk = nullptr;
+  uint64_t bulk_len = 0;
+};
+CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
+                  const void* bulk = nullptr, uint64_t bulk_len = 0);
+// Marks the session broken (logged once) and returns kLostConnectionError.
+CUresult LoseConnection(Session* s, const transport::TransportStatus& why);
+
+}  // namespace tf::client

@@ -1,0 +1,811 @@
+// The entry points the remote stub implements (api/client_implemented.txt). Device queries are
+// answered from the snapshot taken at connect; everything else is one call to the worker session,
+// fire-and-forget where CUDA's contract is asynchronous.
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "client/client.h"
+#include "driver/procaddress.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::Writer;
+
+#define TF_LOCK(name)                       \
+  Locked name;                              \
+  if (name.session() == nullptr) return name.result();
+
+#define TF_CTX(lock)                                                    \
+  if (CUresult ctx_r_ = PrepareContext(lock.session(), true); ctx_r_ != CUDA_SUCCESS) \
+    return ctx_r_;
+
+uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// Sends a fixed payload synchronously and returns the result (no outputs).
+CUresult Simple(Locked& l, Fn fn, const Writer& w) {
+  return CallSync(l.session(), Op(fn), w, nullptr);
+}
+
+const DeviceInfo* Device(Session* s, CUdevice dev) {
+  if (dev < 0 || static_cast<size_t>(dev) >= s->devices.size()) return nullptr;
+  return &s->devices[dev];
+}
+
+// 128-bit content hash of a module image (two independent 64-bit FNV-1a lanes).
+void HashImage(const uint8_t* p, size_t n, uint64_t* lo, uint64_t* hi) {
+  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull ^ n;
+  for (size_t i = 0; i < n; ++i) {
+    a = (a ^ p[i]) * 0x100000001b3ull;
+    b = (b ^ p[n - 1 - i]) * 0x100000001b3ull;
+  }
+  *lo = a;
+  *hi = b;
+}
+
+// The size of a module image: a fatbinary, an ELF cubin, or NUL-terminated text (PTX, or the
+// fake driver's "fakecuda:<module>").
+size_t ImageSize(const void* image, const void** start) {
+  const uint8_t* p = static_cast<const uint8_t*>(image);
+  uint32_t magic;
+  memcpy(&magic, p, 4);
+  if (magic == 0x466243B1u) {  // fat binary wrapper: { int magic; int version; data; ... }
+    const void* data;
+    memcpy(&data, p + 8, sizeof(data));
+    return ImageSize(data, start);
+  }
+  *start = image;
+  if (magic == 0xBA55ED50u) {  // fatbin: u32 magic, u16 version, u16 header size, u64 body size
+    uint16_t hs;
+    uint64_t body;
+    memcpy(&hs, p + 6, 2);
+    memcpy(&body, p + 8, 8);
+    return hs + body;
+  }
+  if (p[0] == 0x7f && p[1] == 'E' && p[2] == 'L' && p[3] == 'F' && p[4] == 2) {  // ELF64
+    uint64_t phoff, shoff;
+    uint16_t phentsize, phnum, shentsize, shnum;
+    memcpy(&phoff, p + 32, 8);
+    memcpy(&shoff, p + 40, 8);
+    memcpy(&phentsize, p + 54, 2);
+    memcpy(&phnum, p + 56, 2);
+    memcpy(&shentsize, p + 58, 2);
+    memcpy(&shnum, p + 60, 2);
+    uint64_t end = std::max<uint64_t>(shoff + uint64_t(shentsize) * shnum,
+                                      phoff + uint64_t(phentsize) * phnum);
+    // Section contents may lie after the header table.
+    for (uint16_t i = 0; i < shnum; ++i) {
+      const uint8_t* sh = p + shoff + uint64_t(i) * shentsize;
+      uint32_t type;
+      uint64_t off, size;
+      memcpy(&type, sh + 4, 4);
+      memcpy(&off, sh + 24, 8);
+      memcpy(&size, sh + 32, 8);
+      if (type != 8 /*SHT_NOBITS*/) end = std::max(end, off + size);
+    }
+    return end;
+  }
+  return strlen(static_cast<const char*>(image)) + 1;
+}
+
+CUresult LoadModule(CUmodule* module, const void* image) {
+  if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  const void* start = nullptr;
+  size_t n = ImageSize(image, &start);
+  if (n == 0 || n > remote::kMaxImageBytes) return CUDA_ERROR_INVALID_IMAGE;
+  uint64_t lo, hi;
+  HashImage(static_cast<const uint8_t*>(start), n, &lo, &hi);
+  uint64_t key = lo ^ ((hi << 1) | (hi >> 63));
+  if (!s->images_sent.count(key)) {
+    uint64_t slice = s->transport->max_bulk_bytes();
+    for (uint64_t off = 0; off < n; off += slice) {
+      uint8_t buf[32];
+      Writer w(buf, sizeof(buf));
+      w.U64(lo);
+      w.U64(hi);
+      w.U64(n);
+      w.U64(off);
+      CUresult r = SendAsync(s, remote::kOpImageChunk, w, static_cast<const uint8_t*>(start) + off,
+                             std::min<uint64_t>(slice, n - off));
+      if (r != CUDA_SUCCESS) return r;
+    }
+    s->images_sent.insert(key);
+  }
+  uint8_t buf[32];
+  Writer w(buf, sizeof(buf));
+  w.U64(lo);
+  w.U64(hi);
+  w.U64(n);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuModuleLoadData), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t m = 0;
+  if (!rv.reader.U64(&m)) return CUDA_ERROR_UNKNOWN;
+  *module = reinterpret_cast<CUmodule>(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream, bool async) {
+  if (n == 0) return CUDA_SUCCESS;
+  if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint64_t slice = s->transport->max_bulk_bytes();
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  for (uint64_t off = 0; off < n; off += slice) {
+    uint64_t len = std::min<uint64_t>(slice, n - off);
+    uint8_t buf[24];
+    Writer w(buf, sizeof(buf));
+    w.U64(dst + off);
+    CUresult r;
+    if (async) {
+      w.U64(H(stream));
+      r = SendAsync(s, Op(Fn::cuMemcpyHtoDAsync_v2), w, p + off, len);
+    } else {
+      r = CallSync(s, Op(Fn::cuMemcpyHtoD_v2), w, nullptr, p + off, len);
+    }
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool async) {
+  if (n == 0) return CUDA_SUCCESS;
+  if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint64_t slice = s->transport->max_bulk_bytes();
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  for (uint64_t off = 0; off < n; off += slice) {
+    uint64_t len = std::min<uint64_t>(slice, n - off);
+    uint8_t buf[24];
+    Writer w(buf, sizeof(buf));
+    w.U64(src + off);
+    w.U64(len);
+    if (async) w.U64(H(stream));
+    ReplyView rv;
+    CUresult r = CallSync(s, Op(async ? Fn::cuMemcpyDtoHAsync_v2 : Fn::cuMemcpyDtoH_v2), w, &rv);
+    if (r != CUDA_SUCCESS) return r;
+    if (rv.bulk_len != len) return CUDA_ERROR_UNKNOWN;
+    memcpy(p + off, rv.bulk, len);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Memset(Fn fn, CUdeviceptr dst, uint32_t value, size_t n, CUstream stream, bool async) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[32];
+  Writer w(buf, sizeof(buf));
+  w.U64(dst);
+  w.U32(value);
+  w.U64(n);
+  if (async) {
+    w.U64(H(stream));
+    return SendAsync(l.session(), Op(fn), w);
+  }
+  return Simple(l, fn, w);
+}
+
+CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                unsigned by, unsigned bz, unsigned shmem, CUstream stream, void** params,
+                void** extra) {
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (params != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  auto it = s->functions.find(H(f));
+  if (it == s->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
+  const FunctionInfo& fi = it->second;
+  static thread_local uint8_t buf[remote::kMaxKernelParamBytes + 8192];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(f));
+  w.U32(gx);
+  w.U32(gy);
+  w.U32(gz);
+  w.U32(bx);
+  w.U32(by);
+  w.U32(bz);
+  w.U32(shmem);
+  w.U64(H(stream));
+  if (extra != nullptr) {
+    const void* buffer = nullptr;
+    size_t size = 0;
+    for (int i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) memcpy(&size, extra[i + 1], sizeof(size));
+      else return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (buffer == nullptr || size > remote::kMaxKernelParamBytes) return CUDA_ERROR_INVALID_VALUE;
+    w.U32(remote::kLaunchExtraBuffer);
+    w.Blob(buffer, static_cast<uint32_t>(size));
+  } else if (!fi.layout_known) {
+    if (params != nullptr) {
+      static std::atomic<bool> logged{false};
+      if (!logged.exchange(true)) {
+        ClientLog("cuLaunchKernel: the worker's driver does not describe this kernel's parameters "
+                  "(cuFuncGetParamInfo): cannot forward kernelParams");
+      }
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    w.U32(remote::kLaunchNoParams);
+  } else {
+    if (params == nullptr && !fi.sizes.empty()) return CUDA_ERROR_INVALID_VALUE;
+    w.U32(remote::kLaunchParams);
+    w.U32(static_cast<uint32_t>(fi.sizes.size()));
+    for (size_t i = 0; i < fi.sizes.size(); ++i) w.Blob(params[i], static_cast<uint32_t>(fi.sizes[i]));
+  }
+  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
+  return SendAsync(s, Op(fn), w);
+}
+
+}  // namespace
+
+// ---- initialisation, version, lookup, errors
+
+CUresult Impl_cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  ClientState& st = State();
+  pthread_mutex_lock(&st.mu);
+  CUresult r = CUDA_SUCCESS;
+  if (st.session == nullptr) {
+    r = ConnectLocked();
+    st.init_called = r == CUDA_SUCCESS;
+    st.init_result = r;
+  }
+  pthread_mutex_unlock(&st.mu);
+  return r;
+}
+
+CUresult Impl_cuDriverGetVersion(int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Answerable before cuInit in CUDA: the version this stub's tables were built for, replaced by
+  // the worker's once connected.
+  ClientState& st = State();
+  pthread_mutex_lock(&st.mu);
+  *version = st.session ? st.session->driver_version : CUDA_VERSION;
+  pthread_mutex_unlock(&st.mu);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+CUresult Resolve(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags,
+                 CUdriverProcAddressQueryResult* status) {
+  if (symbol == nullptr || pfn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pfn = nullptr;
+  driver::ProcLookup hit = driver::LookupProcAddress(symbol, cuda_version, flags);
+  int id = hit.fn;
+  if (id < 0 && !hit.known_base) id = driver::FunctionId(symbol);  // an exact exported name
+  if (id >= 0) {
+    *pfn = OwnExport(id);
+    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+  }
+  if (status) {
+    *status = hit.needs_newer_version ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                      : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+struct ErrorEntry {
+  const char* name;
+  int value;
+};
+const ErrorEntry kErrors[] = {
+#define X(name, value) {#name, value},
+#include "tf_client_errors.inc"
+#undef X
+};
+
+// "CUDA_ERROR_INVALID_VALUE" -> "invalid value" (stable storage, built once per entry).
+const char* Describe(size_t i) {
+  static char texts[sizeof(kErrors) / sizeof(kErrors[0])][96];
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, [] {
+    for (size_t k = 0; k < sizeof(kErrors) / sizeof(kErrors[0]); ++k) {
+      const char* n = kErrors[k].name;
+      if (strncmp(n, "CUDA_ERROR_", 11) == 0) n += 11;
+      else if (strncmp(n, "CUDA_", 5) == 0) n += 5;
+      size_t j = 0;
+      for (; n[j] && j + 1 < sizeof(texts[k]); ++j) {
+        char c = n[j];
+        texts[k][j] = c == '_' ? ' ' : (c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
+      }
+      texts[k][j] = '\0';
+    }
+  });
+  return texts[i];
+}
+}  // namespace
+
+CUresult Impl_cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                                  CUdriverProcAddressQueryResult* symbolStatus) {
+  return Resolve(symbol, pfn, cudaVersion, flags, symbolStatus);
+}
+CUresult Impl_cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+  return Resolve(symbol, pfn, cudaVersion, flags, nullptr);
+}
+
+CUresult Impl_cuGetErrorName(CUresult error, const char** pStr) {
+  if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& e : kErrors) {
+    if (e.value == static_cast<int>(error)) {
+      *pStr = e.name;
+      return CUDA_SUCCESS;
+    }
+  }
+  *pStr = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult Impl_cuGetErrorString(CUresult error, const char** pStr) {
+  if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof(kErrors) / sizeof(kErrors[0]); ++i) {
+    if (kErrors[i].value == static_cast<int>(error)) {
+      *pStr = Describe(i);
+      return CUDA_SUCCESS;
+    }
+  }
+  *pStr = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// ---- devices
+
+CUresult Impl_cuDeviceGetCount(int* count) {
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  *count = static_cast<int>(l.session()->devices.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGet(CUdevice* device, int ordinal) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!Device(l.session(), ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGetName(char* name, int len, CUdevice dev) {
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = Device(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, static_cast<size_t>(len), "%s", d->name);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = Device(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  *uuid = d->uuid;
+  return CUDA_SUCCESS;
+}
+CUresult Impl_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return Impl_cuDeviceGetUuid_v2(uuid, dev); }
+
+CUresult Impl_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = Device(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = d->total_mem;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = Device(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  int a = static_cast<int>(attrib);
+  if (a < 0 || static_cast<size_t>(a) >= d->attrs.size()) return CUDA_ERROR_INVALID_VALUE;
+  *pi = d->attrs[a];
+  return CUDA_SUCCESS;
+}
+
+// ---- contexts
+
+CUresult Impl_cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!Device(l.session(), dev)) return CUDA_ERROR_INVALID_DEVICE;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.I32(dev);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuDevicePrimaryCtxRetain), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t c = 0;
+  if (!rv.reader.U64(&c)) return CUDA_ERROR_UNKNOWN;
+  l.session()->contexts[c] = dev;
+  *ctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  TF_LOCK(l);
+  if (!Device(l.session(), dev)) return CUDA_ERROR_INVALID_DEVICE;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.I32(dev);
+  return Simple(l, Fn::cuDevicePrimaryCtxRelease_v2, w);
+}
+CUresult Impl_cuDevicePrimaryCtxRelease(CUdevice dev) { return Impl_cuDevicePrimaryCtxRelease_v2(dev); }
+
+CUresult Impl_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!Device(l.session(), dev)) return CUDA_ERROR_INVALID_DEVICE;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.I32(dev);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuDevicePrimaryCtxGetState), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t f = 0;
+  int32_t a = 0;
+  rv.reader.U32(&f);
+  if (!rv.reader.I32(&a)) return CUDA_ERROR_UNKNOWN;
+  *flags = f;
+  *active = a;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+  TF_LOCK(l);
+  if (!Device(l.session(), dev)) return CUDA_ERROR_INVALID_DEVICE;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.I32(dev);
+  w.U32(flags);
+  return Simple(l, Fn::cuDevicePrimaryCtxSetFlags_v2, w);
+}
+CUresult Impl_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  return Impl_cuDevicePrimaryCtxSetFlags_v2(dev, flags);
+}
+
+CUresult Impl_cuCtxGetCurrent(CUcontext* pctx) {
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  *pctx = reinterpret_cast<CUcontext>(CurrentContext());
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxSetCurrent(CUcontext ctx) {
+  TF_LOCK(l);
+  if (ctx != nullptr && !l.session()->contexts.count(H(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+  SetCurrentContext(H(ctx));
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxGetDevice(CUdevice* device) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->contexts.find(CurrentContext());
+  if (it == l.session()->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = it->second;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxSynchronize() {
+  TF_LOCK(l);
+  TF_CTX(l);
+  return Simple(l, Fn::cuCtxSynchronize, Writer(nullptr, 0));
+}
+
+CUresult Impl_cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                             CUdevice dev) {
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params != nullptr) return Unsupported(Fn::cuCtxCreate_v4);  // green contexts, affinity
+  TF_LOCK(l);
+  Session* s = l.session();
+  if (!Device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U32(flags);
+  w.I32(dev);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuCtxCreate_v4), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t c = 0;
+  if (!rv.reader.U64(&c)) return CUDA_ERROR_UNKNOWN;
+  s->contexts[c] = dev;
+  s->worker_ctx = c;  // cuCtxCreate makes it current on the session's thread
+  SetCurrentContext(c);
+  *pctx = reinterpret_cast<CUcontext>(c);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxDestroy_v2(CUcontext ctx) {
+  TF_LOCK(l);
+  Session* s = l.session();
+  if (!s->contexts.count(H(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(ctx));
+  CUresult r = Simple(l, Fn::cuCtxDestroy_v2, w);
+  if (r == CUDA_SUCCESS) {
+    s->contexts.erase(H(ctx));
+    s->worker_ctx = ~0ull;
+    if (CurrentContext() == H(ctx)) SetCurrentContext(0);
+  }
+  return r;
+}
+
+// ---- memory
+
+CUresult Impl_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(bytesize);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemAlloc_v2), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t p = 0;
+  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
+  *dptr = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuMemFree_v2(CUdeviceptr dptr) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(dptr);
+  return Simple(l, Fn::cuMemFree_v2, w);
+}
+
+CUresult Impl_cuMemGetInfo_v2(size_t* free, size_t* total) {
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetInfo_v2), Writer(nullptr, 0), &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t f = 0, t = 0;
+  rv.reader.U64(&f);
+  if (!rv.reader.U64(&t)) return CUDA_ERROR_UNKNOWN;
+  *free = f;
+  *total = t;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  return MemcpyHtoD(dst, src, n, nullptr, false);
+}
+CUresult Impl_cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream stream) {
+  return MemcpyHtoD(dst, src, n, stream, true);
+}
+CUresult Impl_cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  return MemcpyDtoH(dst, src, n, nullptr, false);
+}
+CUresult Impl_cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream stream) {
+  return MemcpyDtoH(dst, src, n, stream, true);
+}
+
+CUresult Impl_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.U64(dst);
+  w.U64(src);
+  w.U64(n);
+  return Simple(l, Fn::cuMemcpyDtoD_v2, w);
+}
+
+CUresult Impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[32];
+  Writer w(buf, sizeof(buf));
+  w.U64(dst);
+  w.U64(src);
+  w.U64(n);
+  w.U64(H(stream));
+  return SendAsync(l.session(), Op(Fn::cuMemcpyDtoDAsync_v2), w);
+}
+
+CUresult Impl_cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
+  return Memset(Fn::cuMemsetD8_v2, dst, v, n, nullptr, false);
+}
+CUresult Impl_cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
+  return Memset(Fn::cuMemsetD32_v2, dst, v, n, nullptr, false);
+}
+CUresult Impl_cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
+  return Memset(Fn::cuMemsetD8Async, dst, v, n, stream, true);
+}
+CUresult Impl_cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream stream) {
+  return Memset(Fn::cuMemsetD32Async, dst, v, n, stream, true);
+}
+
+// ---- modules and launches
+
+CUresult Impl_cuModuleLoadData(CUmodule* module, const void* image) { return LoadModule(module, image); }
+CUresult Impl_cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
+                                 CUjit_option* options, void** optionValues) {
+  // JIT options (log buffers, optimisation level) are not forwarded in this version.
+  (void)numOptions;
+  (void)options;
+  (void)optionValues;
+  return LoadModule(module, image);
+}
+CUresult Impl_cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
+  return LoadModule(module, fatCubin);
+}
+
+CUresult Impl_cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  if (hfunc == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  size_t len = strlen(name);
+  if (len > remote::kMaxFunctionName) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[remote::kMaxFunctionName + 16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(hmod));
+  w.Blob(name, static_cast<uint32_t>(len));
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuModuleGetFunction), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t f = 0;
+  uint32_t n = 0;
+  rv.reader.U64(&f);
+  rv.reader.U32(&n);
+  FunctionInfo fi;
+  fi.module = H(hmod);
+  if (n != remote::kUnknownParamCount) {
+    if (n > remote::kMaxKernelParams) return CUDA_ERROR_UNKNOWN;
+    fi.layout_known = true;
+    fi.offsets.resize(n);
+    fi.sizes.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      rv.reader.U64(&fi.offsets[i]);
+      rv.reader.U64(&fi.sizes[i]);
+    }
+  }
+  if (!rv.reader.ok()) return CUDA_ERROR_UNKNOWN;
+  s->functions[f] = std::move(fi);
+  *hfunc = reinterpret_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuModuleUnload(CUmodule hmod) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(hmod));
+  CUresult r = Simple(l, Fn::cuModuleUnload, w);
+  if (r == CUDA_SUCCESS) {
+    for (auto it = s->functions.begin(); it != s->functions.end();) {
+      if (it->second.module == H(hmod)) it = s->functions.erase(it);
+      else ++it;
+    }
+  }
+  return r;
+}
+
+CUresult Impl_cuFuncGetParamInfo(CUfunction func, size_t index, size_t* offset, size_t* size) {
+  TF_LOCK(l);
+  auto it = l.session()->functions.find(H(func));
+  if (it == l.session()->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (!it->second.layout_known || index >= it->second.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset) *offset = it->second.offsets[index];
+  if (size) *size = it->second.sizes[index];
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                             CUstream stream, void** params, void** extra) {
+  return Launch(Fn::cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+CUresult Impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                  unsigned int bx, unsigned int by, unsigned int bz,
+                                  unsigned int shmem, CUstream stream, void** params, void** extra) {
+  return Launch(Fn::cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+// ---- streams and events
+
+namespace {
+CUresult CreateHandle(Fn fn, uint32_t flags, uint64_t* out) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U32(flags);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  if (!rv.reader.U64(out)) return CUDA_ERROR_UNKNOWN;
+  return CUDA_SUCCESS;
+}
+
+CUresult OnHandle(Fn fn, uint64_t h) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(h);
+  return Simple(l, fn, w);
+}
+}  // namespace
+
+CUresult Impl_cuStreamCreate(CUstream* stream, unsigned int flags) {
+  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = 0;
+  CUresult r = CreateHandle(Fn::cuStreamCreate, flags, &h);
+  if (r == CUDA_SUCCESS) *stream = reinterpret_cast<CUstream>(h);
+  return r;
+}
+CUresult Impl_cuStreamDestroy_v2(CUstream s) { return OnHandle(Fn::cuStreamDestroy_v2, H(s)); }
+CUresult Impl_cuStreamSynchronize(CUstream s) { return OnHandle(Fn::cuStreamSynchronize, H(s)); }
+CUresult Impl_cuStreamQuery(CUstream s) { return OnHandle(Fn::cuStreamQuery, H(s)); }
+
+CUresult Impl_cuEventCreate(CUevent* event, unsigned int flags) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t h = 0;
+  CUresult r = CreateHandle(Fn::cuEventCreate, flags, &h);
+  if (r == CUDA_SUCCESS) *event = reinterpret_cast<CUevent>(h);
+  return r;
+}
+
+CUresult Impl_cuEventRecord(CUevent event, CUstream stream) {
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(event));
+  w.U64(H(stream));
+  return SendAsync(l.session(), Op(Fn::cuEventRecord), w);
+}
+
+CUresult Impl_cuEventSynchronize(CUevent e) { return OnHandle(Fn::cuEventSynchronize, H(e)); }
+CUresult Impl_cuEventQuery(CUevent e) { return OnHandle(Fn::cuEventQuery, H(e)); }
+CUresult Impl_cuEventDestroy_v2(CUevent e) { return OnHandle(Fn::cuEventDestroy_v2, H(e)); }
+
+CUresult Impl_cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(start));
+  w.U64(H(end));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuEventElapsedTime_v2), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t bits = 0;
+  if (!rv.reader.U32(&bits)) return CUDA_ERROR_UNKNOWN;
+  memcpy(ms, &bits, sizeof(bits));
+  return CUDA_SUCCESS;
+}
+CUresult Impl_cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  return Impl_cuEventElapsedTime_v2(ms, start, end);
+}
+
+}  // namespace tf::client

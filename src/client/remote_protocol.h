@@ -1,0 +1,59 @@
+// The driver-call layer of the remote vGPU protocol (docs/remote.md), shared by the client stub
+// (src/client) and the worker session (src/worker). The frame format, handshake and transports are
+// in src/transport (docs/protocol.md); this file fixes what the payloads of driver calls hold.
+//
+// Opcodes: a driver call travels as 0x0100 + its generated entry-point id (tf::driver::Fn); the
+// two control messages below are this layer's own. Every field is little-endian, written with
+// transport::Writer and read with transport::Reader. Handles (contexts, streams, events, modules,
+// functions) travel as u64 values the worker chose; the client never dereferences them and the
+// worker accepts only values in its session's tables. Device pointers travel unchanged.
+//
+// Replies (opcode kCallReply, the request's sequence): payload i32 CUresult, then the call's
+// outputs (only when the result is CUDA_SUCCESS). A reply with kFlagError reports an earlier
+// asynchronous failure instead (deferred error): payload u64 failed sequence, u16 failed opcode,
+// i32 CUresult; the client returns that CUresult from the synchronizing call.
+#pragma once
+
+#include <cstdint>
+
+#include "tf_driver_api.h"
+#include "transport/wire.h"
+
+namespace tf::remote {
+
+// Control: the client asks the session to initialise the driver (cuInit(0)) and describe its
+// devices. Sent once per connection, right after the handshake, reply-expected.
+// Reply: i32 cuInit result, i32 driver version, u32 device count, then per device:
+//   blob name (<= 256 bytes), 16 bytes uuid, u64 total memory, u32 attribute count N,
+//   N x i32 (the value of CUdevice_attribute i for i in [0, N); 0 where the driver refuses).
+inline constexpr uint16_t kOpSessionInfo = 0x0010;
+// Control, fire-and-forget: one slice of a module image. Payload: u64 hash_lo, u64 hash_hi,
+// u64 total length, u64 offset; bulk: the slice. The worker assembles images by hash and keeps
+// them for the session; cuModuleLoadData* then names the image by hash only.
+inline constexpr uint16_t kOpImageChunk = 0x0011;
+
+inline constexpr uint32_t kMaxDeviceName = 256;
+inline constexpr uint32_t kMaxDevices = 64;
+inline constexpr uint32_t kMaxAttributes = 512;
+inline constexpr uint32_t kMaxKernelParams = 1024;
+inline constexpr uint32_t kMaxKernelParamBytes = 64 * 1024;
+inline constexpr uint32_t kMaxFunctionName = 4096;
+inline constexpr uint64_t kMaxImageBytes = 2ull << 30;
+inline constexpr uint32_t kUnknownParamCount = 0xFFFFFFFFu;
+
+// Launch argument encodings (cuLaunchKernel payload field "mode").
+inline constexpr uint32_t kLaunchNoParams = 0;
+inline constexpr uint32_t kLaunchParams = 1;       // u32 count, count x blob (each argument's bytes)
+inline constexpr uint32_t kLaunchExtraBuffer = 2;  // blob: the CU_LAUNCH_PARAM_BUFFER_POINTER bytes
+
+constexpr uint16_t Op(driver::Fn fn) {
+  return transport::DriverCallOpcode(static_cast<uint16_t>(fn));
+}
+
+// Errors after which CUDA's context is unusable: they stay sticky on both sides.
+constexpr bool IsStickyError(int r) {
+  return r == 700 /*ILLEGAL_ADDRESS*/ || r == 710 /*ASSERT*/ || r == 714 || r == 715 || r == 716 ||
+         r == 717 || r == 718 || r == 719 /*LAUNCH_FAILED*/ || r == 214 /*ECC_UNCORRECTABLE*/;
+}
+
+}  // namespace tf::remote

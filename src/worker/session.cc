@@ -1,0 +1,715 @@
+// The session replay loop: one frame at a time, in order, on one thread.
+#include "worker/session.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "client/remote_protocol.h"
+#include "driver/driver_table.h"
+
+namespace tf::worker {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::InFrame;
+using transport::OutFrame;
+using transport::Reader;
+using transport::TransportStatus;
+using transport::Writer;
+
+uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
+template <class T>
+T As(uint64_t v) {
+  return reinterpret_cast<T>(v);
+}
+
+void Log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void Log(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "tfusion-worker[%d]: %s\n", static_cast<int>(getpid()), buf);
+}
+
+struct Staged {
+  std::unique_ptr<uint8_t[]> bytes;
+  CUevent done = nullptr;
+};
+
+struct Image {
+  std::vector<uint8_t> bytes;
+  uint64_t filled = 0;
+};
+
+class Session {
+ public:
+  Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
+      : opt_(o), t_(std::move(t)) {}
+
+  int Run();
+
+ private:
+  // Dispatch of one driver call. Returns the CUresult; outputs go to out/out_bulk.
+  CUresult Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_t bulk_len, Writer& out);
+  void Reply(uint64_t seq, CUresult r, const Writer& out);
+  void ReplyDeferred(uint64_t seq);
+  CUresult SessionInfo(Writer& out);
+  bool LoadDriver();
+  void PollStaged(bool wait);
+  void Cleanup();
+
+  bool Range(uint64_t p, uint64_t n) const {
+    if (n == 0) return true;
+    auto it = allocs_.upper_bound(p);
+    if (it == allocs_.begin()) return false;
+    --it;
+    uint64_t end = it->first + it->second;
+    return p >= it->first && n <= end - p;
+  }
+  bool Stream(uint64_t s) const { return s <= 2 || streams_.count(s); }
+  bool Device(int32_t d) const { return d >= 0 && d < device_count_; }
+
+  const WorkerOptions& opt_;
+  std::unique_ptr<transport::Transport> t_;
+  driver::DriverTable d_;
+  int device_count_ = 0;
+  bool initialised_ = false;
+
+  std::map<uint64_t, uint64_t> allocs_;  // base -> size
+  std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
+  std::map<int32_t, int> primary_retains_;  // device -> retains held by the client
+  std::map<uint64_t, int32_t> primary_ctx_;  // context -> device
+  std::map<uint64_t, std::set<uint64_t>> modules_;  // module -> its functions
+  struct FunctionEntry {
+    uint64_t module = 0;
+    bool layout_known = false;
+    std::vector<size_t> sizes;  // each parameter's size, when known
+  };
+  std::map<uint64_t, FunctionEntry> functions_;
+  std::map<std::pair<uint64_t, uint64_t>, Image> images_;
+  std::deque<Staged> staged_;
+
+  // The first failure of an asynchronous call since the last synchronizing reply.
+  uint64_t pending_seq_ = 0;
+  uint16_t pending_op_ = 0;
+  CUresult pending_ = CUDA_SUCCESS;
+  CUresult sticky_ = CUDA_SUCCESS;
+
+  std::vector<uint8_t> payload_;  // a private copy of the frame's payload
+  std::vector<uint8_t> out_buf_ = std::vector<uint8_t>(64 * 1024);
+  std::vector<uint8_t> reply_bulk_;
+  uint64_t reply_bulk_len_ = 0;
+};
+
+#define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
+
+bool IsSyncPoint(uint16_t op) {
+  static const Fn kSync[] = {Fn::cuCtxSynchronize,    Fn::cuStreamSynchronize, Fn::cuStreamQuery,
+                             Fn::cuEventSynchronize,  Fn::cuEventQuery,        Fn::cuMemcpyHtoD_v2,
+                             Fn::cuMemcpyDtoH_v2,     Fn::cuMemcpyDtoD_v2,     Fn::cuMemsetD8_v2,
+                             Fn::cuMemsetD32_v2,      Fn::cuMemFree_v2,        Fn::cuMemcpyDtoHAsync_v2};
+  for (Fn f : kSync) {
+    if (Op(f) == op) return true;
+  }
+  return false;
+}
+
+bool Session::LoadDriver() {
+  for (const auto& [k, v] : opt_.session_env) setenv(k.c_str(), v.c_str(), 1);
+  void* h = dlopen(opt_.driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    Log("cannot load the driver %s: %s", opt_.driver_path.c_str(), dlerror());
+    return false;
+  }
+  d_.Load(h);
+  // Test hook for the fake driver: TFUSION_WORKER_FAKE_FAIL=name:n:error arms fakecuda_fail_nth.
+  if (const char* spec = getenv("TFUSION_WORKER_FAKE_FAIL"); spec && *spec) {
+    using FailNth = void (*)(const char*, int, int);
+    auto fail = reinterpret_cast<FailNth>(dlsym(h, "fakecuda_fail_nth"));
+    char name[128] = {};
+    int n = 0, err = 0;
+    if (fail && sscanf(spec, "%127[^:]:%d:%d", name, &n, &err) == 3) fail(name, n, err);
+  }
+  return true;
+}
+
+CUresult Session::SessionInfo(Writer& out) {
+  CUresult r = CALL(cuInit, 0);
+  int version = 0;
+  CALL(cuDriverGetVersion, &version);
+  int count = 0;
+  if (r == CUDA_SUCCESS) r = CALL(cuDeviceGetCount, &count);
+  if (r != CUDA_SUCCESS) count = 0;
+  if (count > static_cast<int>(remote::kMaxDevices)) count = remote::kMaxDevices;
+  device_count_ = count;
+  initialised_ = r == CUDA_SUCCESS;
+  out.I32(r);
+  out.I32(version);
+  out.U32(static_cast<uint32_t>(count));
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev = 0;
+    CALL(cuDeviceGet, &dev, i);
+    char name[remote::kMaxDeviceName] = {};
+    CALL(cuDeviceGetName, name, sizeof(name) - 1, dev);
+    out.Blob(name, static_cast<uint32_t>(strnlen(name, sizeof(name))));
+    CUuuid uuid = {};
+    if (d_.cuDeviceGetUuid_v2) d_.cuDeviceGetUuid_v2(&uuid, dev);
+    else CALL(cuDeviceGetUuid, &uuid, dev);
+    out.Bytes(uuid.bytes, sizeof(uuid.bytes));
+    size_t total = 0;
+    CALL(cuDeviceTotalMem_v2, &total, dev);
+    out.U64(total);
+    out.U32(CU_DEVICE_ATTRIBUTE_MAX);
+    for (int a = 0; a < CU_DEVICE_ATTRIBUTE_MAX; ++a) {
+      int v = 0;
+      if (a == 0 || CALL(cuDeviceGetAttribute, &v, static_cast<CUdevice_attribute>(a), dev) !=
+                        CUDA_SUCCESS) {
+        v = 0;
+      }
+      out.I32(v);
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+void Session::PollStaged(bool wait) {
+  while (!staged_.empty()) {
+    Staged& s = staged_.front();
+    CUresult q = s.done ? (wait ? CALL(cuEventSynchronize, s.done) : CALL(cuEventQuery, s.done))
+                        : CUDA_SUCCESS;
+    if (q == CUDA_ERROR_NOT_READY) return;
+    if (s.done) CALL(cuEventDestroy_v2, s.done);
+    staged_.pop_front();
+  }
+}
+
+CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_t bulk_len,
+                           Writer& out) {
+  if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
+  const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
+  switch (fn) {
+    case Fn::cuCtxSetCurrent: {
+      uint64_t c = 0;
+      if (!rd.U64(&c) || (c != 0 && !contexts_.count(c))) return CUDA_ERROR_INVALID_CONTEXT;
+      return CALL(cuCtxSetCurrent, As<CUcontext>(c));
+    }
+    case Fn::cuDevicePrimaryCtxRetain: {
+      int32_t dev = 0;
+      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      CUcontext c = nullptr;
+      CUresult r = CALL(cuDevicePrimaryCtxRetain, &c, dev);
+      if (r != CUDA_SUCCESS) return r;
+      contexts_.insert(H(c));
+      primary_ctx_[H(c)] = dev;
+      ++primary_retains_[dev];
+      out.U64(H(c));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuDevicePrimaryCtxRelease_v2: {
+      int32_t dev = 0;
+      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      if (primary_retains_[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+      CUresult r = CALL(cuDevicePrimaryCtxRelease_v2, dev);
+      if (r == CUDA_SUCCESS) --primary_retains_[dev];
+      return r;
+    }
+    case Fn::cuDevicePrimaryCtxGetState: {
+      int32_t dev = 0;
+      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      unsigned flags = 0;
+      int active = 0;
+      CUresult r = CALL(cuDevicePrimaryCtxGetState, dev, &flags, &active);
+      out.U32(flags);
+      out.I32(active);
+      return r;
+    }
+    case Fn::cuDevicePrimaryCtxSetFlags_v2: {
+      int32_t dev = 0;
+      uint32_t flags = 0;
+      rd.I32(&dev);
+      if (!rd.U32(&flags) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      return CALL(cuDevicePrimaryCtxSetFlags_v2, dev, flags);
+    }
+    case Fn::cuCtxCreate_v4: {
+      uint32_t flags = 0;
+      int32_t dev = 0;
+      rd.U32(&flags);
+      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      CUcontext c = nullptr;
+      CUresult r = CALL(cuCtxCreate_v4, &c, nullptr, flags, dev);
+      if (r != CUDA_SUCCESS) return r;
+      contexts_.insert(H(c));
+      created_contexts_.insert(H(c));
+      out.U64(H(c));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuCtxDestroy_v2: {
+      uint64_t c = 0;
+      if (!rd.U64(&c) || !created_contexts_.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
+      CUresult r = CALL(cuCtxDestroy_v2, As<CUcontext>(c));
+      if (r == CUDA_SUCCESS) {
+        created_contexts_.erase(c);
+        contexts_.erase(c);
+      }
+      return r;
+    }
+    case Fn::cuCtxSynchronize:
+      return CALL(cuCtxSynchronize);
+    case Fn::cuMemAlloc_v2: {
+      uint64_t n = 0;
+      if (!rd.U64(&n) || n == 0) return CUDA_ERROR_INVALID_VALUE;
+      CUdeviceptr p = 0;
+      CUresult r = CALL(cuMemAlloc_v2, &p, n);
+      if (r != CUDA_SUCCESS) return r;
+      allocs_[p] = n;
+      out.U64(p);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemFree_v2: {
+      uint64_t p = 0;
+      if (!rd.U64(&p) || !allocs_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuMemFree_v2, p);
+      if (r == CUDA_SUCCESS) allocs_.erase(p);
+      return r;
+    }
+    case Fn::cuMemGetInfo_v2: {
+      size_t f = 0, t = 0;
+      CUresult r = CALL(cuMemGetInfo_v2, &f, &t);
+      out.U64(f);
+      out.U64(t);
+      return r;
+    }
+    case Fn::cuMemcpyHtoD_v2: {
+      uint64_t dst = 0;
+      if (!rd.U64(&dst) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
+      return CALL(cuMemcpyHtoD_v2, dst, bulk, bulk_len);
+    }
+    case Fn::cuMemcpyHtoDAsync_v2: {
+      uint64_t dst = 0, s = 0;
+      rd.U64(&dst);
+      if (!rd.U64(&s) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      // The bulk view dies at the next Receive: stage it until the copy has run.
+      Staged st;
+      st.bytes.reset(new uint8_t[bulk_len]);
+      memcpy(st.bytes.get(), bulk, bulk_len);
+      CUresult r = CALL(cuMemcpyHtoDAsync_v2, dst, st.bytes.get(), bulk_len, As<CUstream>(s));
+      if (r != CUDA_SUCCESS) return r;
+      if (CALL(cuEventCreate, &st.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
+          CALL(cuEventRecord, st.done, As<CUstream>(s)) != CUDA_SUCCESS) {
+        if (st.done) CALL(cuEventDestroy_v2, st.done);
+        st.done = nullptr;
+        CALL(cuStreamSynchronize, As<CUstream>(s));
+      }
+      staged_.push_back(std::move(st));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemcpyDtoH_v2:
+    case Fn::cuMemcpyDtoHAsync_v2: {
+      uint64_t src = 0, n = 0, s = 0;
+      rd.U64(&src);
+      rd.U64(&n);
+      if (fn == Fn::cuMemcpyDtoHAsync_v2) rd.U64(&s);
+      if (!rd.ok() || n == 0 || n > t_->max_bulk_bytes() || !Range(src, n)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      if (reply_bulk_.size() < n) reply_bulk_.resize(n);
+      CUresult r;
+      if (fn == Fn::cuMemcpyDtoH_v2) {
+        r = CALL(cuMemcpyDtoH_v2, reply_bulk_.data(), src, n);
+      } else {
+        r = CALL(cuMemcpyDtoHAsync_v2, reply_bulk_.data(), src, n, As<CUstream>(s));
+        if (r == CUDA_SUCCESS) r = CALL(cuStreamSynchronize, As<CUstream>(s));
+      }
+      if (r == CUDA_SUCCESS) reply_bulk_len_ = n;
+      return r;
+    }
+    case Fn::cuMemcpyDtoD_v2:
+    case Fn::cuMemcpyDtoDAsync_v2: {
+      uint64_t dst = 0, src = 0, n = 0, s = 0;
+      rd.U64(&dst);
+      rd.U64(&src);
+      rd.U64(&n);
+      if (fn == Fn::cuMemcpyDtoDAsync_v2) rd.U64(&s);
+      if (!rd.ok() || !Range(dst, n) || !Range(src, n)) return CUDA_ERROR_INVALID_VALUE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      return fn == Fn::cuMemcpyDtoD_v2 ? CALL(cuMemcpyDtoD_v2, dst, src, n)
+                                       : CALL(cuMemcpyDtoDAsync_v2, dst, src, n, As<CUstream>(s));
+    }
+    case Fn::cuMemsetD8_v2:
+    case Fn::cuMemsetD32_v2:
+    case Fn::cuMemsetD8Async:
+    case Fn::cuMemsetD32Async: {
+      uint64_t dst = 0, n = 0, s = 0;
+      uint32_t v = 0;
+      rd.U64(&dst);
+      rd.U32(&v);
+      rd.U64(&n);
+      const bool async = fn == Fn::cuMemsetD8Async || fn == Fn::cuMemsetD32Async;
+      const uint64_t elem = (fn == Fn::cuMemsetD8_v2 || fn == Fn::cuMemsetD8Async) ? 1 : 4;
+      if (async) rd.U64(&s);
+      if (!rd.ok() || n > (~0ull / elem) || !Range(dst, n * elem)) return CUDA_ERROR_INVALID_VALUE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      switch (fn) {
+        case Fn::cuMemsetD8_v2: return CALL(cuMemsetD8_v2, dst, static_cast<unsigned char>(v), n);
+        case Fn::cuMemsetD32_v2: return CALL(cuMemsetD32_v2, dst, v, n);
+        case Fn::cuMemsetD8Async:
+          return CALL(cuMemsetD8Async, dst, static_cast<unsigned char>(v), n, As<CUstream>(s));
+        default: return CALL(cuMemsetD32Async, dst, v, n, As<CUstream>(s));
+      }
+    }
+    case Fn::cuModuleLoadData: {
+      uint64_t lo = 0, hi = 0, n = 0;
+      rd.U64(&lo);
+      rd.U64(&hi);
+      if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
+      auto it = images_.find({lo, hi});
+      if (it == images_.end() || it->second.filled != n || it->second.bytes.size() != n) {
+        return CUDA_ERROR_INVALID_IMAGE;
+      }
+      CUmodule m = nullptr;
+      CUresult r = CALL(cuModuleLoadData, &m, it->second.bytes.data());
+      if (r != CUDA_SUCCESS) return r;
+      modules_[H(m)];
+      out.U64(H(m));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuModuleGetFunction: {
+      uint64_t m = 0;
+      const uint8_t* name = nullptr;
+      uint32_t len = 0;
+      rd.U64(&m);
+      if (!rd.Blob(&name, &len, remote::kMaxFunctionName)) return CUDA_ERROR_INVALID_VALUE;
+      auto mod = modules_.find(m);
+      if (mod == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      std::string fname(reinterpret_cast<const char*>(name), len);
+      CUfunction f = nullptr;
+      CUresult r = CALL(cuModuleGetFunction, &f, As<CUmodule>(m), fname.c_str());
+      if (r != CUDA_SUCCESS) return r;
+      mod->second.insert(H(f));
+      FunctionEntry& fe = functions_[H(f)];
+      fe = FunctionEntry();
+      fe.module = m;
+      out.U64(H(f));
+      // The parameter layout, so that the client can serialise kernelParams by size.
+      std::vector<std::pair<size_t, size_t>> layout;
+      CUresult pr = CUDA_SUCCESS;
+      for (size_t i = 0; i < remote::kMaxKernelParams; ++i) {
+        size_t off = 0, size = 0;
+        pr = CALL(cuFuncGetParamInfo, f, i, &off, &size);
+        if (pr != CUDA_SUCCESS) break;
+        layout.emplace_back(off, size);
+      }
+      if (pr != CUDA_ERROR_INVALID_VALUE) {
+        out.U32(remote::kUnknownParamCount);
+      } else {
+        fe.layout_known = true;
+        for (auto [off, size] : layout) fe.sizes.push_back(size);
+        out.U32(static_cast<uint32_t>(layout.size()));
+        for (auto [off, size] : layout) {
+          out.U64(off);
+          out.U64(size);
+        }
+      }
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuModuleUnload: {
+      uint64_t m = 0;
+      if (!rd.U64(&m) || !modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = CALL(cuModuleUnload, As<CUmodule>(m));
+      if (r == CUDA_SUCCESS) {
+        for (uint64_t f : modules_[m]) functions_.erase(f);
+        modules_.erase(m);
+      }
+      return r;
+    }
+    case Fn::cuLaunchKernel:
+    case Fn::cuLaunchKernel_ptsz: {
+      uint64_t f = 0, s = 0;
+      uint32_t g[3] = {}, b[3] = {}, shmem = 0, mode = 0;
+      rd.U64(&f);
+      for (auto& v : g) rd.U32(&v);
+      for (auto& v : b) rd.U32(&v);
+      rd.U32(&shmem);
+      rd.U64(&s);
+      if (!rd.U32(&mode)) return CUDA_ERROR_INVALID_VALUE;
+      auto fit = functions_.find(f);
+      if (fit == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      const FunctionEntry& fe = fit->second;
+      void* params[remote::kMaxKernelParams];
+      void** kernel_params = nullptr;
+      void* extra[5] = {};
+      void** extra_p = nullptr;
+      size_t extra_size = 0;
+      // Arguments point into payload_, our private copy, which outlives the call; the driver
+      // copies them at launch.
+      if (mode == remote::kLaunchParams) {
+        uint32_t n = 0;
+        // The driver reads every parameter the kernel declares: the client must send exactly
+        // those, each of its size, or the session would read past what arrived.
+        if (!rd.U32(&n) || !fe.layout_known || n != fe.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+        for (uint32_t i = 0; i < n; ++i) {
+          const uint8_t* p = nullptr;
+          uint32_t len = 0;
+          if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes) || len != fe.sizes[i]) {
+            return CUDA_ERROR_INVALID_VALUE;
+          }
+          params[i] = const_cast<uint8_t*>(p);
+        }
+        kernel_params = params;
+      } else if (mode == remote::kLaunchExtraBuffer) {
+        const uint8_t* p = nullptr;
+        uint32_t len = 0;
+        if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes)) return CUDA_ERROR_INVALID_VALUE;
+        extra_size = len;
+        extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+        extra[1] = const_cast<uint8_t*>(p);
+        extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+        extra[3] = &extra_size;
+        extra[4] = CU_LAUNCH_PARAM_END;
+        extra_p = extra;
+      } else if (mode != remote::kLaunchNoParams || (fe.layout_known && !fe.sizes.empty())) {
+        return CUDA_ERROR_INVALID_VALUE;  // a kernel with parameters launched without them
+      }
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto launch = fn == Fn::cuLaunchKernel ? d_.cuLaunchKernel : d_.cuLaunchKernel_ptsz;
+      if (launch == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      return launch(As<CUfunction>(f), g[0], g[1], g[2], b[0], b[1], b[2], shmem, As<CUstream>(s),
+                    kernel_params, extra_p);
+    }
+    case Fn::cuStreamCreate: {
+      uint32_t flags = 0;
+      if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+      CUstream s = nullptr;
+      CUresult r = CALL(cuStreamCreate, &s, flags);
+      if (r != CUDA_SUCCESS) return r;
+      streams_.insert(H(s));
+      out.U64(H(s));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuStreamDestroy_v2: {
+      uint64_t s = 0;
+      if (!rd.U64(&s) || !streams_.count(s)) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = CALL(cuStreamDestroy_v2, As<CUstream>(s));
+      if (r == CUDA_SUCCESS) streams_.erase(s);
+      return r;
+    }
+    case Fn::cuStreamSynchronize:
+    case Fn::cuStreamQuery: {
+      uint64_t s = 0;
+      if (!rd.U64(&s) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = fn == Fn::cuStreamSynchronize ? CALL(cuStreamSynchronize, As<CUstream>(s))
+                                                 : CALL(cuStreamQuery, As<CUstream>(s));
+      PollStaged(false);
+      return r;
+    }
+    case Fn::cuEventCreate: {
+      uint32_t flags = 0;
+      if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+      CUevent e = nullptr;
+      CUresult r = CALL(cuEventCreate, &e, flags);
+      if (r != CUDA_SUCCESS) return r;
+      events_.insert(H(e));
+      out.U64(H(e));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuEventRecord: {
+      uint64_t e = 0, s = 0;
+      rd.U64(&e);
+      if (!rd.U64(&s) || !events_.count(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      return CALL(cuEventRecord, As<CUevent>(e), As<CUstream>(s));
+    }
+    case Fn::cuEventSynchronize:
+    case Fn::cuEventQuery:
+    case Fn::cuEventDestroy_v2: {
+      uint64_t e = 0;
+      if (!rd.U64(&e) || !events_.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+      if (fn == Fn::cuEventSynchronize) return CALL(cuEventSynchronize, As<CUevent>(e));
+      if (fn == Fn::cuEventQuery) return CALL(cuEventQuery, As<CUevent>(e));
+      CUresult r = CALL(cuEventDestroy_v2, As<CUevent>(e));
+      if (r == CUDA_SUCCESS) events_.erase(e);
+      return r;
+    }
+    case Fn::cuEventElapsedTime_v2: {
+      uint64_t a = 0, b = 0;
+      rd.U64(&a);
+      if (!rd.U64(&b) || !events_.count(a) || !events_.count(b)) return CUDA_ERROR_INVALID_HANDLE;
+      float ms = 0;
+      CUresult r = d_.cuEventElapsedTime_v2
+                       ? d_.cuEventElapsedTime_v2(&ms, As<CUevent>(a), As<CUevent>(b))
+                       : CALL(cuEventElapsedTime, &ms, As<CUevent>(a), As<CUevent>(b));
+      uint32_t bits;
+      memcpy(&bits, &ms, sizeof(bits));
+      out.U32(bits);
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
+  uint8_t head[4];
+  Writer w(head, sizeof(head));
+  w.I32(r);
+  // result + outputs in one payload
+  std::vector<uint8_t> payload(4 + (r == CUDA_SUCCESS ? out.size() : 0));
+  memcpy(payload.data(), head, 4);
+  if (r == CUDA_SUCCESS && out.size()) memcpy(payload.data() + 4, out.data(), out.size());
+  OutFrame f;
+  f.opcode = static_cast<uint16_t>(transport::Opcode::kCallReply);
+  f.sequence = seq;
+  f.payload = payload.data();
+  f.payload_length = static_cast<uint32_t>(payload.size());
+  if (r == CUDA_SUCCESS && reply_bulk_len_ > 0) {
+    f.bulk = reply_bulk_.data();
+    f.bulk_length = reply_bulk_len_;
+  }
+  // Delivered promptly without a Flush (transport.h); a dead client is noticed by the next Receive.
+  (void)t_->Send(f);
+}
+
+void Session::ReplyDeferred(uint64_t seq) {
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(pending_seq_);
+  w.U16(pending_op_);
+  w.I32(pending_);
+  OutFrame f;
+  f.opcode = static_cast<uint16_t>(transport::Opcode::kCallReply);
+  f.flags = transport::kFlagError;
+  f.sequence = seq;
+  f.payload = w.data();
+  f.payload_length = static_cast<uint32_t>(w.size());
+  (void)t_->Send(f);
+  pending_ = CUDA_SUCCESS;
+}
+
+void Session::Cleanup() {
+  if (!initialised_) return;
+  uint64_t any_ctx = contexts_.empty() ? 0 : *contexts_.begin();
+  if (any_ctx) CALL(cuCtxSetCurrent, As<CUcontext>(any_ctx));
+  PollStaged(true);
+  for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
+  for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
+  for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
+  for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
+  for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
+  for (auto& [dev, n] : primary_retains_) {
+    for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
+  }
+  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules", allocs_.size(),
+      streams_.size(), events_.size(), modules_.size());
+  allocs_.clear();
+}
+
+int Session::Run() {
+  if (!LoadDriver()) {
+    t_->Close();
+    return 1;
+  }
+  for (;;) {
+    InFrame in;
+    TransportStatus st = t_->Receive(&in, 100);
+    if (st.code() == transport::TransportErrc::kTimeout) {
+      PollStaged(false);
+      continue;
+    }
+    if (!st.ok()) {
+      if (st.code() != transport::TransportErrc::kPeerClosed) {
+        Log("client gone: %s: %s", transport::TransportErrcName(st.code()), st.message());
+      }
+      break;
+    }
+    const uint16_t op = in.header.opcode;
+    const bool wants_reply = in.header.flags & transport::kFlagReplyExpected;
+    if (op == static_cast<uint16_t>(transport::Opcode::kGoodbye)) break;
+    payload_.assign(in.payload, in.payload + in.payload_length);
+    Reader rd(payload_.data(), payload_.size());
+    Writer out(out_buf_.data(), out_buf_.size());
+    reply_bulk_len_ = 0;
+    CUresult r;
+    if (op == remote::kOpSessionInfo) {
+      r = SessionInfo(out);
+      if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
+      if (wants_reply) {
+        // The session info is the payload itself (its first field is cuInit's result).
+        OutFrame f;
+        f.opcode = static_cast<uint16_t>(transport::Opcode::kCallReply);
+        f.sequence = in.header.sequence;
+        f.payload = out.data();
+        f.payload_length = static_cast<uint32_t>(out.size());
+        (void)t_->Send(f);
+      }
+      continue;
+    }
+    if (op == remote::kOpImageChunk) {
+      uint64_t lo = 0, hi = 0, total = 0, off = 0;
+      rd.U64(&lo);
+      rd.U64(&hi);
+      rd.U64(&total);
+      rd.U64(&off);
+      if (rd.Finish() && total > 0 && total <= remote::kMaxImageBytes && off <= total &&
+          in.bulk_length <= total - off) {
+        Image& img = images_[{lo, hi}];
+        if (img.bytes.empty()) img.bytes.resize(total);
+        if (img.bytes.size() == total) {
+          memcpy(img.bytes.data() + off, in.bulk, in.bulk_length);
+          img.filled += in.bulk_length;
+        }
+      }
+      continue;
+    }
+    if (!transport::IsDriverCallOpcode(op)) {
+      if (wants_reply) Reply(in.header.sequence, CUDA_ERROR_NOT_SUPPORTED, out);
+      continue;
+    }
+    if (sticky_ != CUDA_SUCCESS) {
+      if (wants_reply) Reply(in.header.sequence, sticky_, out);
+      continue;
+    }
+    r = Dispatch(op, rd, in.bulk, in.bulk_length, out);
+    if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
+    if (r != CUDA_SUCCESS && remote::IsStickyError(r)) sticky_ = r;
+    if (!wants_reply) {
+      if (r != CUDA_SUCCESS && pending_ == CUDA_SUCCESS) {
+        pending_ = r;
+        pending_seq_ = in.header.sequence;
+        pending_op_ = op;
+      }
+      continue;
+    }
+    if (pending_ != CUDA_SUCCESS && IsSyncPoint(op)) {
+      ReplyDeferred(in.header.sequence);
+      continue;
+    }
+    Reply(in.header.sequence, r, out);
+  }
+  Cleanup();
+  t_->Close();
+  return 0;
+}
+
+}  // namespace
+
+int RunSession(const WorkerOptions& options, std::unique_ptr<transport::Transport> transport) {
+  Session s(options, std::move(transport));
+  return s.Run();
+}
+
+}  // namespace tf::worker

@@ -1,0 +1,171 @@
+// The worker's parent process: opens the listeners, keeps one spare child waiting in Accept, and
+// reaps sessions. The parent never loads the driver, so every session is forked from a process
+// that has not touched CUDA, and a session that crashes takes no other client with it.
+#include "worker/worker.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "transport/shm_transport.h"
+#include "transport/tcp_transport.h"
+#include "worker/session.h"
+
+namespace tf::worker {
+namespace {
+
+std::atomic<bool> g_signal_stop{false};
+void OnStopSignal(int) { g_signal_stop.store(true); }
+
+// A session closes every listening socket it inherited (without unlinking the unix path, which
+// belongs to the parent), so a restarted worker can bind again while old sessions run.
+void CloseInheritedListeners(int keep_fd) {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return;
+  std::set<int> fds;
+  while (dirent* e = readdir(d)) {
+    int fd = atoi(e->d_name);
+    if (fd > 2 && fd != dirfd(d) && fd != keep_fd) fds.insert(fd);
+  }
+  closedir(d);
+  for (int fd : fds) {
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening) close(fd);
+  }
+}
+
+// The spare: waits for one client, tells the parent, and becomes that client's session.
+[[noreturn]] void SpareMain(const WorkerOptions& o,
+                            std::vector<std::unique_ptr<transport::Listener>>& listeners,
+                            pid_t parent, int notify_fd) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(0);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  transport::ServerPolicy policy;
+  policy.token = reinterpret_cast<const uint8_t*>(o.token.data());
+  policy.token_length = o.token.size();
+  transport::TransportOptions topt;
+  const int slice_ms = listeners.size() > 1 ? 50 : 500;
+  for (;;) {
+    for (auto& l : listeners) {
+      std::unique_ptr<transport::Transport> t;
+      transport::ClientHello peer;
+      transport::TransportStatus st = l->Accept(policy, topt, slice_ms, &t, &peer);
+      if (st.code() == transport::TransportErrc::kTimeout) continue;
+      if (!st.ok()) {
+        fprintf(stderr, "tfusion-worker: %s: %s\n", l->address(), st.message());
+        continue;
+      }
+      char one = 1;
+      ssize_t ignored = write(notify_fd, &one, 1);
+      (void)ignored;
+      close(notify_fd);
+      CloseInheritedListeners(-1);
+      fprintf(stderr, "tfusion-worker[%d]: session %llx for client pid %u on %.*s via %s\n",
+              static_cast<int>(getpid()), static_cast<unsigned long long>(t->session().session_id),
+              peer.client_pid, static_cast<int>(peer.host_id_length), peer.host_id, t->kind());
+      _exit(RunSession(o, std::move(t)));
+    }
+  }
+}
+
+}  // namespace
+
+int RunWorker(const WorkerOptions& o) {
+  if (o.listen.empty()) {
+    fprintf(stderr, "tfusion worker: nothing to listen on (give --listen HOST:PORT or unix:/path)\n");
+    return 2;
+  }
+  if (o.driver_path.empty()) {
+    fprintf(stderr, "tfusion worker: no driver library given\n");
+    return 2;
+  }
+  std::vector<std::unique_ptr<transport::Listener>> listeners;
+  std::string ready;
+  for (const auto& addr : o.listen) {
+    std::unique_ptr<transport::Listener> l;
+    const bool is_unix = addr.rfind("unix:", 0) == 0;
+    transport::TransportStatus st =
+        is_unix ? transport::ListenShm(addr.c_str() + 5, &l) : transport::ListenTcp(addr.c_str(), &l);
+    if (!st.ok()) {
+      fprintf(stderr, "tfusion worker: cannot listen on %s: %s\n", addr.c_str(), st.message());
+      return 2;
+    }
+    fprintf(stderr, "tfusion-worker: listening on %s%s\n", is_unix ? "unix:" : "", l->address());
+    ready += std::string(is_unix ? "unix " : "tcp ") + l->address() + "\n";
+    listeners.push_back(std::move(l));
+  }
+  if (!o.ready_file.empty()) {
+    std::string tmp = o.ready_file + ".tmp";
+    if (FILE* f = fopen(tmp.c_str(), "w")) {
+      fputs(ready.c_str(), f);
+      fclose(f);
+      rename(tmp.c_str(), o.ready_file.c_str());
+    }
+  }
+  if (o.install_signal_handlers) {
+    struct sigaction sa = {};
+    sa.sa_handler = &OnStopSignal;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  const pid_t self = getpid();
+  pid_t spare = 0;
+  int notify[2] = {-1, -1};
+  auto stopping = [&] { return g_signal_stop.load() || (o.stop && o.stop->load()); };
+  while (!stopping()) {
+    if (spare == 0) {
+      if (notify[0] >= 0) close(notify[0]);
+      if (pipe2(notify, O_CLOEXEC) != 0) {
+        fprintf(stderr, "tfusion worker: pipe: %s\n", strerror(errno));
+        return 2;
+      }
+      spare = fork();
+      if (spare < 0) {
+        fprintf(stderr, "tfusion worker: fork: %s\n", strerror(errno));
+        spare = 0;
+        sleep(1);
+        continue;
+      }
+      if (spare == 0) {
+        close(notify[0]);
+        SpareMain(o, listeners, self, notify[1]);
+      }
+      close(notify[1]);
+      notify[1] = -1;
+    }
+    pollfd p{notify[0], POLLIN, 0};
+    int n = poll(&p, 1, 200);
+    if (n > 0) {
+      char c;
+      if (read(notify[0], &c, 1) == 1) spare = 0;  // it became a session: start another spare
+    }
+    int status;
+    pid_t dead;
+    while ((dead = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (dead == spare) spare = 0;
+    }
+  }
+  if (spare > 0) kill(spare, SIGKILL);
+  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  for (auto& l : listeners) l->Close();
+  return 0;
+}
+
+}  // namespace tf::worker

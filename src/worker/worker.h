@@ -1,0 +1,39 @@
+// The remote vGPU worker (`tfusion worker`): accepts client stubs over TCP and/or the shared-memory
+// transport, authenticates them in the handshake, and runs each client in its own session process
+// forked BEFORE anything touches CUDA. The session loads the driver with dlopen (the real libcuda,
+// the limiter in front of it, or tests/fakecuda), replays the client's calls, validates every
+// handle and device pointer against its own tables, and frees everything when the client goes
+// away. See docs/remote.md.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tf::worker {
+
+struct WorkerOptions {
+  // Each "HOST:PORT" (TCP; port 0 picks one) or "unix:/path" (shared memory, same host).
+  std::vector<std::string> listen;
+  // Clients must present this token (compared in constant time). Empty accepts any client.
+  std::string token;
+  // The driver each session loads: a real libcuda.so.1, libtfusion-limiter.so, or the fake.
+  std::string driver_path;
+  // Environment set in each session before the driver is loaded (the vGPU binding of the
+  // limiter: TFUSION_REGION, TFUSION_VGPU, TFUSION_REAL_LIBCUDA, ...).
+  std::vector<std::pair<std::string, std::string>> session_env;
+  // When not empty, the bound addresses are written here (one per line, "tcp HOST:PORT" or
+  // "unix PATH") once the worker accepts clients; written to a temporary name and renamed.
+  std::string ready_file;
+  // Set to stop the worker (RunWorker also stops on SIGINT/SIGTERM when install_signal_handlers).
+  std::atomic<bool>* stop = nullptr;
+  bool install_signal_handlers = true;
+};
+
+// Runs until stopped. Returns 0 after a requested stop, 2 when a listener cannot be opened or the
+// options are invalid (the reason is printed on stderr). Sessions end with the worker (they get
+// SIGKILL when it exits), which their clients see as a lost connection.
+int RunWorker(const WorkerOptions& options);
+
+}  // namespace tf::worker

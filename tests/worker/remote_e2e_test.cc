@@ -1,0 +1,402 @@
+// The remote vGPU end to end on the fake driver: remote_probe (an unmodified driver-API program)
+// runs through the client stub (libcuda.so.1 -> libtfusion-client.so), the TCP or shared-memory
+// transport and a tfusion-worker whose sessions load tests/fakecuda. What is asserted is what a
+// user would notice: the same results as on the driver itself, errors that arrive when CUDA would
+// report them, a refused token, a dead worker that turns into errors quickly, and a dead client
+// whose memory comes back.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nvml_types.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Result {
+  int rc = -1;
+  std::string out;
+  std::map<std::string, std::string> kv;
+};
+
+void ParseKv(Result* r) {
+  std::istringstream lines(r->out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) r->kv[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+}
+
+// A child process with extra environment and its stdout+stderr on a pipe.
+struct Child {
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string out;
+
+  void Start(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+    int p[2];
+    ASSERT_EQ(pipe(p), 0);
+    pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      dup2(p[1], 1);
+      dup2(p[1], 2);
+      close(p[0]);
+      close(p[1]);
+      for (const auto& kv : env) putenv(strdup(kv.c_str()));
+      std::vector<char*> a;
+      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+      a.push_back(nullptr);
+      execv(a[0], a.data());
+      _exit(127);
+    }
+    close(p[1]);
+    out_fd = p[0];
+  }
+  // Reads until `needle` appears or the timeout passes.
+  bool WaitFor(const std::string& needle, int timeout_ms) {
+    auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (out.find(needle) == std::string::npos) {
+      int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      if (left <= 0) return false;
+      pollfd pf{out_fd, POLLIN, 0};
+      if (poll(&pf, 1, left) <= 0) continue;
+      char buf[4096];
+      ssize_t n = read(out_fd, buf, sizeof(buf));
+      if (n <= 0) return out.find(needle) != std::string::npos;
+      out.append(buf, n);
+    }
+    return true;
+  }
+  // Waits for exit (up to timeout_ms); returns the exit status or -1 on timeout.
+  int Wait(int timeout_ms) {
+    auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    int status = 0;
+    for (;;) {
+      pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) break;
+      if (Clock::now() > deadline) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    WaitFor("\x01never", 0);
+    char buf[4096];
+    ssize_t n;
+    fcntl(out_fd, F_SETFL, O_NONBLOCK);
+    while ((n = read(out_fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+    close(out_fd);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  ~Child() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+class RemoteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tf-remote-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    shm_name_ = "/tf-rt-" + std::to_string(getpid());
+  }
+  void TearDown() override {
+    StopWorker();
+    std::string cmd = "rm -rf '" + dir_ + "' /dev/shm" + shm_name_ + "*";
+    EXPECT_EQ(system(cmd.c_str()), 0);
+  }
+
+  void StartWorker(const std::vector<std::string>& extra_env = {}, const std::string& token = "sekrit") {
+    std::vector<std::string> env = {"FAKECUDA_SHM_NAME=" + shm_name_};
+    env.insert(env.end(), extra_env.begin(), extra_env.end());
+    std::string ready = dir_ + "/ready";
+    worker_.Start({TF_WORKER, "--listen", "127.0.0.1:0", "--listen", "unix:" + dir_ + "/worker.sock",
+                   "--token", token, "--driver", TF_FAKECUDA, "--ready-file", ready},
+                  env);
+    for (int i = 0; i < 500; ++i) {
+      std::ifstream in(ready);
+      std::string kind, addr;
+      while (in >> kind >> addr) {
+        if (kind == "tcp") tcp_ = addr;
+        if (kind == "unix") unix_ = "unix:" + addr;
+      }
+      if (!tcp_.empty() && !unix_.empty()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL() << "the worker did not become ready";
+  }
+  void StopWorker() {
+    if (worker_.pid > 0) {
+      kill(worker_.pid, SIGTERM);
+      if (worker_.Wait(5000) < 0) kill(worker_.pid, SIGKILL);
+    }
+  }
+
+  // The probe through RunRemote (what `tfusion run --remote` does).
+  Result Remote(const std::string& addr, const std::string& mode, const std::string& token = "sekrit") {
+    Child c;
+    c.Start({TF_REMOTE_RUN, addr, token, "--", TF_PROBE, mode},
+            {std::string("TFUSION_CLIENT_DIR=") + TF_CLIENT_INJECT});
+    Result r;
+    r.rc = c.Wait(60000);
+    r.out = c.out;
+    ParseKv(&r);
+    return r;
+  }
+  // The probe on the fake driver itself.
+  Result Direct(const std::string& mode) {
+    Child c;
+    c.Start({TF_PROBE, mode}, {std::string("LD_LIBRARY_PATH=") + TF_FAKECUDA_DIR,
+                               "FAKECUDA_SHM_NAME=" + shm_name_ + "-direct"});
+    Result r;
+    r.rc = c.Wait(60000);
+    r.out = c.out;
+    ParseKv(&r);
+    return r;
+  }
+  // The probe with the stub injected by hand, as a child the test controls.
+  void StartProbe(Child* c, const std::string& addr, const std::string& mode) {
+    c->Start({TF_PROBE, mode}, {std::string("LD_LIBRARY_PATH=") + TF_CLIENT_INJECT,
+                                "TFUSION_REMOTE=" + addr, "TFUSION_TOKEN=sekrit"});
+  }
+
+  std::string dir_, shm_name_, tcp_, unix_;
+  Child worker_;
+};
+
+TEST_F(RemoteTest, OverTcpTheProgramSeesWhatTheDriverGivesIt) {
+  StartWorker();
+  Result direct = Direct("basic");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  Result remote = Remote(tcp_, "basic");
+  ASSERT_EQ(remote.rc, 0) << remote.out;
+  EXPECT_EQ(remote.kv["done"], "1");
+  EXPECT_EQ(remote.kv["kernel_fill_ok"], "1");
+  EXPECT_EQ(remote.kv["htod_dtod_dtoh_equal"], "1");
+  EXPECT_EQ(remote.kv["elapsed_ge_20ms"], "1");
+  EXPECT_EQ(remote.kv["device_name"], "Fake GPU H100");
+  EXPECT_EQ(remote.out, direct.out) << "remote and direct runs differ";
+}
+
+TEST_F(RemoteTest, OverSharedMemoryTheProgramSeesWhatTheDriverGivesIt) {
+  StartWorker();
+  Result direct = Direct("basic");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  Result remote = Remote(unix_, "basic");
+  ASSERT_EQ(remote.rc, 0) << remote.out;
+  EXPECT_EQ(remote.kv["done"], "1");
+  EXPECT_EQ(remote.out, direct.out) << "remote and direct runs differ";
+}
+
+TEST_F(RemoteTest, AFailedAsyncLaunchSurfacesAtTheNextStreamSynchronize) {
+  StartWorker({"TFUSION_WORKER_FAKE_FAIL=cuLaunchKernel:1:1"});  // CUDA_ERROR_INVALID_VALUE
+  Result r = Remote(tcp_, "deferred");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["launch"], "0") << "a launch is fire-and-forget";
+  EXPECT_EQ(r.kv["sync1"], "1") << r.out;
+  EXPECT_EQ(r.kv["sync2"], "0") << "a non-sticky error is reported once";
+  EXPECT_EQ(r.kv["launch2"], "0");
+  EXPECT_EQ(r.kv["sync3"], "0");
+}
+
+TEST_F(RemoteTest, AStickyAsyncErrorStaysSticky) {
+  StartWorker({"TFUSION_WORKER_FAKE_FAIL=cuLaunchKernel:1:719"});  // CUDA_ERROR_LAUNCH_FAILED
+  Result r = Remote(unix_, "deferred");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["launch"], "0");
+  EXPECT_EQ(r.kv["sync1"], "719") << r.out;
+  EXPECT_EQ(r.kv["sync2"], "719");
+  EXPECT_EQ(r.kv["launch2"], "719");
+  EXPECT_EQ(r.kv["sync3"], "719");
+}
+
+TEST_F(RemoteTest, AWrongTokenIsRefusedAtCuInitWithAClearMessage) {
+  StartWorker();
+  Result r = Remote(tcp_, "init", "not-the-token");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["init"], "800") << "CUDA_ERROR_NOT_PERMITTED expected\n" << r.out;
+  EXPECT_NE(r.out.find("refused this client"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bad_token"), std::string::npos) << r.out;
+  Result ok = Remote(tcp_, "init");
+  EXPECT_EQ(ok.kv["init"], "0") << "the worker keeps serving after a refusal\n" << ok.out;
+}
+
+TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
+  StartWorker();
+  Result r = Remote(tcp_, "bad");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["htod_overrun"], "1");  // CUDA_ERROR_INVALID_VALUE
+  EXPECT_EQ(r.kv["dtoh_wild"], "1");
+  EXPECT_EQ(r.kv["free_inside"], "1");
+  EXPECT_EQ(r.kv["stream_bogus"], "400");  // CUDA_ERROR_INVALID_HANDLE
+  EXPECT_EQ(r.kv["event_bogus"], "400");
+  EXPECT_EQ(r.kv["module_bogus"], "400");
+  EXPECT_EQ(r.kv["unsupported"], "801");  // CUDA_ERROR_NOT_SUPPORTED
+  EXPECT_NE(r.out.find("cuMemAllocHost_v2 is not supported"), std::string::npos) << r.out;
+  EXPECT_EQ(r.kv["still_works"], "0");
+  EXPECT_EQ(r.kv["procaddr_is_export"], "1");
+}
+
+TEST_F(RemoteTest, AForkedChildGetsItsOwnConnection) {
+  StartWorker();
+  Result r = Remote(unix_, "fork");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["child_value"], "42") << r.out;
+  EXPECT_EQ(r.kv["child_status"], "0");
+  EXPECT_EQ(r.kv["parent_value"], "3");
+}
+
+void KillWorkerAndExpectFastFailure(RemoteTest* t, Child* worker, Child* probe) {
+  ASSERT_TRUE(probe->WaitFor("ready=1", 10000)) << probe->out;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto killed = Clock::now();
+  kill(worker->pid, SIGKILL);
+  int rc = probe->Wait(5000);
+  double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+  ASSERT_EQ(rc, 0) << "the client did not notice the dead worker within 5 s\n" << probe->out;
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_NE(probe->out.find("loop_error=719"), std::string::npos) << probe->out;
+  EXPECT_NE(probe->out.find("next_error=719"), std::string::npos) << probe->out;
+  EXPECT_NE(probe->out.find("lost the connection"), std::string::npos) << probe->out;
+  (void)t;
+  std::printf("client noticed the dead worker after %.3f s\n", seconds);
+}
+
+TEST_F(RemoteTest, AKilledWorkerTurnsIntoErrorsWithinSecondsOverTcp) {
+  StartWorker();
+  Child probe;
+  StartProbe(&probe, tcp_, "loop");
+  KillWorkerAndExpectFastFailure(this, &worker_, &probe);
+}
+
+TEST_F(RemoteTest, AKilledWorkerTurnsIntoErrorsWithinSecondsOverSharedMemory) {
+  StartWorker();
+  Child probe;
+  StartProbe(&probe, unix_, "loop");
+  KillWorkerAndExpectFastFailure(this, &worker_, &probe);
+}
+
+// Memory in use on the fake device, as NVML sees it across processes.
+struct Nvml {
+  void* h = nullptr;
+  int (*get_memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlDevice_t dev = nullptr;
+  bool Open() {
+    h = dlopen(TF_FAKENVML, RTLD_NOW | RTLD_LOCAL);
+    if (!h) return false;
+    auto init = reinterpret_cast<int (*)()>(dlsym(h, "nvmlInit_v2"));
+    auto by_index = reinterpret_cast<int (*)(unsigned, nvmlDevice_t*)>(
+        dlsym(h, "nvmlDeviceGetHandleByIndex_v2"));
+    get_memory = reinterpret_cast<int (*)(nvmlDevice_t, nvmlMemory_t*)>(
+        dlsym(h, "nvmlDeviceGetMemoryInfo"));
+    return init && by_index && get_memory && init() == 0 && by_index(0, &dev) == 0;
+  }
+  uint64_t UsedMib() {
+    nvmlMemory_t m = {};
+    get_memory(dev, &m);
+    return m.used >> 20;
+  }
+};
+
+TEST_F(RemoteTest, AKilledClientsSessionEndsAndItsMemoryIsFreed) {
+  StartWorker();
+  setenv("FAKECUDA_SHM_NAME", shm_name_.c_str(), 1);
+  Nvml nvml;
+  ASSERT_TRUE(nvml.Open());
+  Child probe;
+  StartProbe(&probe, tcp_, "hold");
+  ASSERT_TRUE(probe.WaitFor("ready=1", 10000)) << probe.out;
+  EXPECT_GE(nvml.UsedMib(), 512u);
+  kill(probe.pid, SIGKILL);
+  probe.Wait(5000);
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (nvml.UsedMib() != 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(nvml.UsedMib(), 0u);
+  ASSERT_TRUE(worker_.WaitFor("session ended: freed 1 allocations", 5000)) << worker_.out;
+}
+
+}  // namespace
+
+namespace {
+
+// The stub as a library: every driver entry point is a real ELF symbol, it needs nothing but libc,
+// and it fails cleanly before cuInit and without a worker.
+TEST(RemoteStub, ExportsEveryDriverEntryPointAndNeedsOnlyLibc) {
+  void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  std::ifstream in(TF_EXPORTS_TXT);
+  std::string name;
+  int n = 0;
+  while (std::getline(in, name)) {
+    if (name.empty() || name[0] == '#') continue;
+    EXPECT_NE(dlsym(h, name.c_str()), nullptr) << name;
+    ++n;
+  }
+  EXPECT_GT(n, 600);
+  EXPECT_NE(dlsym(h, "tfusion_client_version"), nullptr);
+  FILE* p = popen((std::string("readelf -d ") + TF_CLIENT + " 2>/dev/null").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t k;
+  while ((k = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
+  pclose(p);
+  if (out.empty()) GTEST_SKIP() << "readelf not available";
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find("(NEEDED)") == std::string::npos) continue;
+    EXPECT_TRUE(line.find("[libc.so.6]") != std::string::npos ||
+                line.find("[ld-linux-x86-64.so.2]") != std::string::npos)
+        << line;
+  }
+  EXPECT_NE(out.find("Library soname: [libcuda.so.1]"), std::string::npos);
+}
+
+TEST(RemoteStub, FailsCleanlyBeforeCuInitAndWithoutAWorker) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    unsetenv("TFUSION_REMOTE");
+    void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+    if (!h) _exit(10);
+    auto alloc = reinterpret_cast<int (*)(unsigned long long*, size_t)>(dlsym(h, "cuMemAlloc_v2"));
+    auto init = reinterpret_cast<int (*)(unsigned)>(dlsym(h, "cuInit"));
+    auto count = reinterpret_cast<int (*)(int*)>(dlsym(h, "cuDeviceGetCount"));
+    unsigned long long p;
+    int c = 0;
+    if (alloc(&p, 64) != 3) _exit(11);   // CUDA_ERROR_NOT_INITIALIZED
+    if (init(0) != 100) _exit(12);       // CUDA_ERROR_NO_DEVICE
+    if (count(&c) != 3) _exit(13);
+    setenv("TFUSION_REMOTE", "127.0.0.1:1", 1);  // nobody listens on port 1
+    if (init(0) != 100) _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace

@@ -1,0 +1,322 @@
+// A driver-API program for the remote vGPU tests: run directly on tests/fakecuda or through the
+// client stub and a worker, it prints "key=value" lines the tests compare. Linked against
+// libcuda.so.1 like any CUDA program; the library path decides what it gets.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+#define CHECK(call)                                                        \
+  do {                                                                     \
+    CUresult r_ = (call);                                                  \
+    if (r_ != CUDA_SUCCESS) {                                              \
+      std::printf("error=%s:%d\n", #call, static_cast<int>(r_));           \
+      std::fflush(stdout);                                                 \
+      std::exit(3);                                                        \
+    }                                                                      \
+  } while (0)
+
+CUcontext Setup() {
+  CHECK(cuInit(0));
+  CUdevice dev;
+  CHECK(cuDeviceGet(&dev, 0));
+  CUcontext ctx;
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  return ctx;
+}
+
+CUfunction Kernel(const char* name) {
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction f;
+  CHECK(cuModuleGetFunction(&f, mod, name));
+  return f;
+}
+
+void Fill(CUfunction fill, CUdeviceptr dst, unsigned value, size_t count, CUstream s) {
+  void* params[] = {&dst, &value, &count};
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+}
+
+// Device queries, memory, copies, kernels, streams and events.
+int Basic() {
+  int version = 0;
+  CHECK(cuInit(0));
+  CHECK(cuDriverGetVersion(&version));
+  std::printf("driver_version=%d\n", version);
+  int count = 0;
+  CHECK(cuDeviceGetCount(&count));
+  std::printf("device_count=%d\n", count);
+  CUdevice dev;
+  CHECK(cuDeviceGet(&dev, 0));
+  char name[256];
+  CHECK(cuDeviceGetName(name, sizeof(name), dev));
+  std::printf("device_name=%s\n", name);
+  CUuuid uuid;
+  CHECK(cuDeviceGetUuid(&uuid, dev));
+  std::printf("uuid=");
+  for (unsigned char b : uuid.bytes) std::printf("%02x", b);
+  std::printf("\n");
+  size_t total = 0;
+  CHECK(cuDeviceTotalMem(&total, dev));
+  std::printf("total_mib=%zu\n", total >> 20);
+  int major = 0, minor = 0, sms = 0;
+  CHECK(cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev));
+  CHECK(cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
+  CHECK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  std::printf("cc=%d.%d\nsms=%d\n", major, minor, sms);
+  const char* ename = nullptr;
+  CHECK(cuGetErrorName(CUDA_ERROR_INVALID_VALUE, &ename));
+  std::printf("error_name=%s\n", ename);
+
+  CUcontext ctx;
+  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CHECK(cuCtxSetCurrent(ctx));
+  CUcontext cur = nullptr;
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("current_is_primary=%d\n", cur == ctx);
+  CUdevice cdev = -1;
+  CHECK(cuCtxGetDevice(&cdev));
+  std::printf("ctx_device=%d\n", cdev);
+  unsigned flags = 0;
+  int active = 0;
+  CHECK(cuDevicePrimaryCtxGetState(dev, &flags, &active));
+  std::printf("primary_active=%d\n", active);
+
+  constexpr size_t kCount = 1 << 20;  // 4 MiB of u32
+  CUdeviceptr a, b;
+  CHECK(cuMemAlloc(&a, kCount * 4));
+  CHECK(cuMemAlloc(&b, kCount * 4));
+  size_t free_b = 0, total_b = 0;
+  CHECK(cuMemGetInfo(&free_b, &total_b));
+  std::printf("meminfo_used_mib=%zu\n", (total_b - free_b) >> 20);
+
+  std::vector<uint32_t> host(kCount);
+  for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<uint32_t>(i * 2654435761u);
+  CHECK(cuMemcpyHtoD(a, host.data(), kCount * 4));
+  CHECK(cuMemcpyDtoD(b, a, kCount * 4));
+  std::vector<uint32_t> back(kCount);
+  CHECK(cuMemcpyDtoH(back.data(), b, kCount * 4));
+  std::printf("htod_dtod_dtoh_equal=%d\n", back == host);
+
+  CUfunction fill = Kernel("fill_u32");
+  size_t off = 0, psize = 0;
+  CHECK(cuFuncGetParamInfo(fill, 2, &off, &psize));
+  std::printf("fill_param2=%zu:%zu\n", off, psize);
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUevent e0, e1;
+  CHECK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+  CHECK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+  CHECK(cuEventRecord(e0, s));
+  Fill(fill, a, 0xC0FFEEu, kCount, s);
+  CUfunction sleep_us = Kernel("sleep_us");
+  unsigned us = 20000;
+  void* sp[] = {&us};
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s, sp, nullptr));
+  CHECK(cuEventRecord(e1, s));
+  CHECK(cuMemcpyDtoHAsync(back.data(), a, kCount * 4, s));
+  CHECK(cuStreamSynchronize(s));
+  bool all = true;
+  for (uint32_t v : back) all = all && v == 0xC0FFEEu;
+  std::printf("kernel_fill_ok=%d\n", all);
+  CHECK(cuEventSynchronize(e1));
+  std::printf("event_query=%d\n", static_cast<int>(cuEventQuery(e1)));
+  float ms = 0;
+  CHECK(cuEventElapsedTime(&ms, e0, e1));
+  std::printf("elapsed_ge_20ms=%d\n", ms >= 19.0f);
+
+  // Async upload, memsets, and stream ordering.
+  for (size_t i = 0; i < kCount; ++i) host[i] = 7;
+  CHECK(cuMemcpyHtoDAsync(b, host.data(), kCount * 4, s));
+  CHECK(cuMemsetD32Async(b, 5, 16, s));
+  CHECK(cuMemsetD8Async(b + 64, 1, 4, s));
+  CHECK(cuStreamSynchronize(s));
+  // (Not reused before the sync: the fake driver reads pageable sources late, CUDA does not.)
+  std::fill(host.begin(), host.end(), 9);
+  CHECK(cuMemcpyDtoH(back.data(), b, kCount * 4));
+  std::printf("async_htod=%u,%u,%08x,%u\n", back[0], back[15], back[16], back[kCount - 1]);
+  CHECK(cuMemsetD32(b, 11, kCount));
+  CHECK(cuMemsetD8(b, 0, 4));
+  CHECK(cuMemcpyDtoH(back.data(), b, 8));
+  std::printf("memset=%u,%u\n", back[0], back[1]);
+  std::printf("stream_query=%d\n", static_cast<int>(cuStreamQuery(s)));
+  CHECK(cuCtxSynchronize());
+
+  CHECK(cuEventDestroy(e0));
+  CHECK(cuEventDestroy(e1));
+  CHECK(cuStreamDestroy(s));
+  CHECK(cuMemFree(a));
+  CHECK(cuMemFree(b));
+  CHECK(cuMemGetInfo(&free_b, &total_b));
+  std::printf("meminfo_after_free_used_mib=%zu\n", (total_b - free_b) >> 20);
+  CHECK(cuDevicePrimaryCtxRelease(dev));
+  std::printf("done=1\n");
+  return 0;
+}
+
+// An asynchronous failure (armed in the worker's fake driver) surfaces at the next sync.
+int Deferred() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, 0));
+  void* params[3];
+  size_t count = 16;
+  unsigned value = 1;
+  params[0] = &a;
+  params[1] = &value;
+  params[2] = &count;
+  std::printf("launch=%d\n", static_cast<int>(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr)));
+  std::printf("sync1=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+  std::printf("sync2=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+  std::printf("launch2=%d\n", static_cast<int>(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr)));
+  std::printf("sync3=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+  return 0;
+}
+
+// Bad handles and pointers fail their call only; the session keeps working.
+int BadHandles() {
+  Setup();
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  std::vector<char> buf(8192);
+  std::printf("htod_overrun=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 8192)));
+  std::printf("dtoh_wild=%d\n", static_cast<int>(cuMemcpyDtoH(buf.data(), 0x1234, 16)));
+  std::printf("free_inside=%d\n", static_cast<int>(cuMemFree(a + 16)));
+  std::printf("stream_bogus=%d\n",
+              static_cast<int>(cuStreamSynchronize(reinterpret_cast<CUstream>(0xdead0000))));
+  std::printf("event_bogus=%d\n",
+              static_cast<int>(cuEventQuery(reinterpret_cast<CUevent>(0xbeef0000))));
+  CUfunction f;
+  std::printf("module_bogus=%d\n", static_cast<int>(cuModuleGetFunction(
+                                       &f, reinterpret_cast<CUmodule>(0x4000), "fill_u32")));
+  std::printf("unsupported=%d\n", static_cast<int>(cuMemAllocHost(reinterpret_cast<void**>(&f), 64)));
+  std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
+  // Lookups through cuGetProcAddress land on this library's own exports.
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st;
+  CHECK(cuGetProcAddress("cuMemAlloc", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st));
+  std::printf("procaddr_is_export=%d\n", p == dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+  return 0;
+}
+
+// Holds memory and waits to be killed.
+int Hold() {
+  Setup();
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 512ull << 20));
+  std::printf("ready=1\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+// Synchronises every 20 ms until a call fails; prints the error.
+int Loop() {
+  Setup();
+  std::printf("ready=1\n");
+  std::fflush(stdout);
+  for (;;) {
+    CUresult r = cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) {
+      std::printf("loop_error=%d\n", static_cast<int>(r));
+      CUdeviceptr p;
+      std::printf("next_error=%d\n", static_cast<int>(cuMemAlloc(&p, 64)));
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// A forked child gets its own connection on first use.
+int Fork() {
+  Setup();
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  pid_t pid = fork();
+  if (pid == 0) {
+    CUcontext ctx = Setup();
+    (void)ctx;
+    CUfunction fill = Kernel("fill_u32");
+    CUdeviceptr b;
+    CHECK(cuMemAlloc(&b, 4096));
+    Fill(fill, b, 42, 16, nullptr);
+    uint32_t v[16];
+    CHECK(cuMemcpyDtoH(v, b, sizeof(v)));
+    std::printf("child_value=%u\n", v[15]);
+    std::fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  uint32_t v = 3;
+  CHECK(cuMemcpyHtoD(a, &v, 4));
+  v = 0;
+  CHECK(cuMemcpyDtoH(&v, a, 4));
+  std::printf("parent_value=%u\nchild_status=%d\n", v, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return 0;
+}
+
+// Per-call costs: fire-and-forget launches and synchronous round trips.
+int Bench() {
+  Setup();
+  CUfunction sleep_us = Kernel("sleep_us");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  unsigned us = 0;
+  void* params[] = {&us};
+  const int kLaunches = 20000, kTrips = 2000;
+  CHECK(cuStreamSynchronize(s));
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kLaunches; ++i) CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  auto t1 = std::chrono::steady_clock::now();
+  CHECK(cuStreamSynchronize(s));
+  auto t2 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kTrips; ++i) CHECK(cuStreamQuery(s));
+  auto t3 = std::chrono::steady_clock::now();
+  std::vector<char> big(64 << 20);
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, big.size()));
+  auto t4 = std::chrono::steady_clock::now();
+  CHECK(cuMemcpyHtoD(d, big.data(), big.size()));
+  CHECK(cuMemcpyDtoH(big.data(), d, big.size()));
+  auto t5 = std::chrono::steady_clock::now();
+  auto ns = [](auto a, auto b) { return std::chrono::duration<double, std::nano>(b - a).count(); };
+  std::printf("launch_submit_ns=%.0f\nlaunch_drain_ns=%.0f\nroundtrip_us=%.1f\ncopy_gib_s=%.2f\n",
+              ns(t0, t1) / kLaunches, ns(t0, t2) / kLaunches, ns(t2, t3) / kTrips / 1000,
+              2.0 * big.size() / (1 << 30) / (ns(t4, t5) / 1e9));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  const char* mode = argc > 1 ? argv[1] : "basic";
+  if (!strcmp(mode, "basic")) return Basic();
+  if (!strcmp(mode, "deferred")) return Deferred();
+  if (!strcmp(mode, "bad")) return BadHandles();
+  if (!strcmp(mode, "hold")) return Hold();
+  if (!strcmp(mode, "loop")) return Loop();
+  if (!strcmp(mode, "fork")) return Fork();
+  if (!strcmp(mode, "bench")) return Bench();
+  if (!strcmp(mode, "init")) {
+    CUresult r = cuInit(0);
+    std::printf("init=%d\n", static_cast<int>(r));
+    return 0;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode);
+  return 2;
+}
