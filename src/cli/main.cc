@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/remote_run.h"
 #include "cli/run_command.h"
 #include "controller/cli_commands.h"
 
@@ -32,11 +33,23 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--vgpu", run.vgpu, "vGPU name shared by several processes");
   run_cmd->add_option("--driver", run.driver, "path of the real libcuda.so.1");
   run_cmd->add_option("--nvml", run.nvml, "path of the real libnvidia-ml.so.1");
+  std::string remote, remote_token;
+  run_cmd->add_option("--remote", remote, "run on a remote GPU worker: HOST:PORT (TCP) or unix:PATH");
+  run_cmd->add_option("--token", remote_token, "token of the remote worker")->envname("TFUSION_TOKEN");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
   auto* smi_cmd = app.add_subcommand("smi", "show the vGPUs of this machine, their limits and use");
   smi_cmd->add_flag("--processes,-p", smi_processes, "also list processes");
+
+  std::vector<std::string> worker_listen, worker_env;
+  std::string worker_token, worker_driver, worker_ready;
+  auto* worker_cmd = app.add_subcommand("worker", "serve remote vGPU clients on this GPU host");
+  worker_cmd->add_option("--listen", worker_listen, "HOST:PORT or unix:PATH (repeatable)")->required();
+  worker_cmd->add_option("--token", worker_token, "token clients must present")->envname("TFUSION_TOKEN");
+  worker_cmd->add_option("--driver", worker_driver, "driver library the sessions load");
+  worker_cmd->add_option("--session-env", worker_env, "K=V set in every session (repeatable)");
+  worker_cmd->add_option("--ready-file", worker_ready, "file written once listening");
 
   // ---- control plane
   tf::controller::UpOptions up;
@@ -91,7 +104,18 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (run_cmd->parsed() && !remote.empty()) {
+    if (!run.vram.empty() || !run.tflops.empty() || !run.percent.empty() || !run.vgpu.empty()) {
+      std::fprintf(stderr, "tfusion run: --vram/--tflops/--percent/--vgpu are set on the worker's side "
+                           "for --remote (worker --session-env); not yet per client\n");
+      return 2;
+    }
+    return tf::cli::RunRemote(remote, remote_token, run.command);
+  }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
+  if (worker_cmd->parsed()) {
+    return tf::cli::RunWorkerCommand(worker_listen, worker_token, worker_driver, worker_env, worker_ready);
+  }
   if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
   if (up_cmd->parsed()) return tf::controller::RunUp(up);
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
