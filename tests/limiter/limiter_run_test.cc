@@ -146,9 +146,11 @@ TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
   ASSERT_EQ(half.rc, 0) << half.out;
   double f = std::stod(full.kv["busy_fraction"]);
   double h = std::stod(half.kv["busy_fraction"]);
-  EXPECT_GT(f, 0.85) << full.out;
-  EXPECT_GT(h, 0.38) << half.out;
-  EXPECT_LT(h, 0.62) << half.out;
+  // The fake's "kernels" are host sleeps, so a busy CI machine slows both runs alike: compare the
+  // throttled run with the unthrottled one rather than with an absolute number.
+  EXPECT_GT(f, 0.6) << full.out;
+  EXPECT_GT(h / f, 0.40) << full.out << half.out;
+  EXPECT_LT(h / f, 0.62) << full.out << half.out;
 }
 
 TEST_F(LimiterRunTest, BadFlagsAreRefusedWithAClearMessage) {
