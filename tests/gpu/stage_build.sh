@@ -19,6 +19,11 @@ if [ -d "$B/src/limiter/nvml" ]; then
   cp "$B"/src/limiter/nvml/libtfusion-nvml.so "$S/src/limiter/nvml/"
 fi
 cp -P "$B"/src/limiter/inject/* "$S/src/limiter/inject/"
+if [ -f "$B/src/client/libtfusion-client.so" ]; then
+  mkdir -p "$S/src/client/inject"
+  cp "$B/src/client/libtfusion-client.so" "$S/src/client/"
+  cp -P "$B"/src/client/inject/* "$S/src/client/inject/"
+fi
 for f in drvtest compute_tenant rt_smoke rt_oom tier_kernels.fatbin; do
   [ -e "$B/tests/gpu/$f" ] && cp "$B/tests/gpu/$f" "$S/tests/gpu/"
 done
@@ -26,5 +31,5 @@ for f in launch_overhead startup_probe tier_kernels.fatbin; do
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
 find "$S" -type f -perm -u+x -exec strip --strip-debug {} + 2>/dev/null || true
-strip --strip-debug "$S"/src/limiter/*.so "$S"/src/limiter/nvml/*.so 2>/dev/null || true
+strip --strip-debug "$S"/src/limiter/*.so "$S"/src/limiter/nvml/*.so "$S"/src/client/*.so 2>/dev/null || true
 du -sh "$S"
