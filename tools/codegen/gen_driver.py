@@ -128,7 +128,22 @@ def main():
             fail("%s has no prototype in cuda.h and can only be passed through" % e)
 
     os.makedirs(a.out, exist_ok=True)
-    ids = {name: i for i, name in enumerate(exports)}
+    # Ids are stable across releases (they are wire opcodes): api/driver_ids.tsv, beside the
+    # per-release folders, is the only place they are assigned.
+    ids_path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.exports))), "driver_ids.tsv")
+    ids = {}
+    for line in read_lines(ids_path):
+        cols = line.split("\t")
+        if len(cols) != 2 or not cols[0].isdigit():
+            fail("%s: bad line %r (want: id<TAB>name)" % (ids_path, line))
+        if cols[1] in ids or int(cols[0]) in ids.values():
+            fail("%s: %s or id %s appears twice" % (ids_path, cols[1], cols[0]))
+        ids[cols[1]] = int(cols[0])
+    unnumbered = [e for e in exports if e not in ids]
+    if unnumbered:
+        fail("%s: no stable id for %s; append them with the next free ids" % (ids_path, " ".join(unnumbered)))
+    id_count = max(ids.values()) + 1
+    name_of = {i: n for n, i in ids.items() if n in exports}
 
     def decl(name):
         return ", ".join("%s %s" % (t, n) for t, n in protos[name])
@@ -166,7 +181,7 @@ def main():
         for e in exports:
             f.write("  %s = %d,\n" % (e, ids[e]))
         f.write("};\n")
-        f.write("inline constexpr int kFunctionCount = %d;\n" % len(exports))
+        f.write("inline constexpr int kFunctionCount = %d;  // ids are dense up to here\n" % id_count)
         f.write("enum class CallClass : uint8_t { kLocal, kAsync, kSync };\n")
         f.write("// Name of an entry point by id; nullptr when out of range.\n")
         f.write("const char* FunctionName(Fn fn);\n")
@@ -180,28 +195,34 @@ def main():
         f.write(BANNER)
         f.write('#include "driver/driver_table.h"\n\n#include <dlfcn.h>\n#include <cstring>\n\n')
         f.write("namespace tf::driver {\nnamespace {\n")
+        f.write("// By id; nullptr for an id this release does not export (retired or not yet present).\n")
         f.write("const char* const kNames[] = {\n")
-        for e in exports:
-            f.write('  "%s",\n' % e)
+        for i in range(id_count):
+            f.write('  "%s",\n' % name_of[i] if i in name_of else "  nullptr,\n")
         f.write("};\n")
         f.write("const CallClass kClasses[] = {\n")
         cmap = {"local": "kLocal", "async": "kAsync", "sync": "kSync"}
+        for i in range(id_count):
+            f.write("  CallClass::%s,\n" % cmap[manifest.get(name_of.get(i, ""), ("sync", "pass"))[0]])
+        f.write("};\n")
+        f.write("struct NameId { const char* name; int id; };\n")
+        f.write("const NameId kByName[] = {  // sorted by name\n")
         for e in exports:
-            f.write("  CallClass::%s,\n" % cmap[manifest.get(e, ("sync", "pass"))[0]])
+            f.write('  {"%s", %d},\n' % (e, ids[e]))
         f.write("};\n}  // namespace\n\n")
         f.write("const char* FunctionName(Fn fn) {\n  auto i = static_cast<unsigned>(fn);\n"
-                "  return i < %d ? kNames[i] : nullptr;\n}\n" % len(exports))
+                "  return i < %d ? kNames[i] : nullptr;\n}\n" % id_count)
         f.write("CallClass FunctionClass(Fn fn) {\n  auto i = static_cast<unsigned>(fn);\n"
-                "  return i < %d ? kClasses[i] : CallClass::kSync;\n}\n" % len(exports))
-        f.write("int FunctionId(const char* name) {\n  // Names are sorted: binary search.\n"
+                "  return i < %d ? kClasses[i] : CallClass::kSync;\n}\n" % id_count)
+        f.write("int FunctionId(const char* name) {\n  if (name == nullptr) return -1;\n"
                 "  int lo = 0, hi = %d - 1;\n  while (lo <= hi) {\n    int mid = (lo + hi) / 2;\n"
-                "    int c = std::strcmp(name, kNames[mid]);\n    if (c == 0) return mid;\n"
+                "    int c = std::strcmp(name, kByName[mid].name);\n    if (c == 0) return kByName[mid].id;\n"
                 "    if (c < 0) hi = mid - 1; else lo = mid + 1;\n  }\n  return -1;\n}\n\n" % len(exports))
         f.write("int DriverTable::Load(void* handle) {\n  int found = 0;\n")
         for e in typed:
             f.write('  %s = reinterpret_cast<decltype(%s)>(dlsym(handle, "%s")); found += %s != nullptr;\n' % (e, e, e, e))
-        f.write("  for (int i = 0; i < %d; ++i) {\n" % len(exports))
-        f.write("    by_id[i] = dlsym(handle, kNames[i]);\n  }\n  return found;\n}\n")
+        f.write("  for (int i = 0; i < %d; ++i) {\n" % id_count)
+        f.write("    by_id[i] = kNames[i] ? dlsym(handle, kNames[i]) : nullptr;\n  }\n  return found;\n}\n")
         f.write("}  // namespace tf::driver\n")
 
     # ---- tf_procaddress.cc
