@@ -90,10 +90,18 @@ Status SqliteStore::Init() {
     return Error("prepare");
   if (sqlite3_step(rev) == SQLITE_ROW) revision_ = sqlite3_column_int64(rev, 0);
   sqlite3_finalize(rev);
+  settled_ = revision_;
+  flusher_ = std::thread([this] { FlushLoop(); });
   return Status::Ok();
 }
 
 SqliteStore::~SqliteStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  staged_cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();  // commits what is staged first
   for (sqlite3_stmt* s : {get_, list_, put_, del_, set_rev_}) sqlite3_finalize(s);
   if (db_) sqlite3_close(db_);
 }
@@ -128,20 +136,71 @@ StatusOr<std::vector<KeyValue>> SqliteStore::List(const std::string& prefix) {
 
 StatusOr<int64_t> SqliteStore::Commit(const std::vector<Compare>& compares,
                                       const std::vector<Write>& writes) {
+  StatusOr<int64_t> rev = Stage(compares, writes);
+  if (!rev.ok()) return rev;
+  TF_RETURN_IF_ERROR(WaitDurable(*rev));
+  return rev;
+}
+
+StatusOr<int64_t> SqliteStore::Stage(const std::vector<Compare>& compares,
+                                     const std::vector<Write>& writes) {
   std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  if (stop_) return Unavailable("sqlite store " + path_ + " is closing");
+  if (!txn_open_) {
+    TF_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    txn_open_ = true;
+  }
+  TF_RETURN_IF_ERROR(Exec("SAVEPOINT tx"));
   StatusOr<int64_t> r = CommitLocked(compares, writes);
   if (!r.ok()) {
-    Exec("ROLLBACK");
+    Exec("ROLLBACK TO tx");
+    Exec("RELEASE tx");
     return r;
   }
-  Status st = Exec("COMMIT");
-  if (!st.ok()) {
-    Exec("ROLLBACK");
-    return st;
-  }
+  TF_RETURN_IF_ERROR(Exec("RELEASE tx"));
   revision_ = *r;
+  staged_cv_.notify_one();
   return r;
+}
+
+Status SqliteStore::WaitDurable(int64_t revision) {
+  std::unique_lock<std::mutex> lock(mu_);
+  settled_cv_.wait(lock, [&] { return settled_ >= revision; });
+  for (const auto& [lo, hi] : failed_)
+    if (revision >= lo && revision <= hi) return last_failure_;
+  return Status::Ok();
+}
+
+uint64_t SqliteStore::batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return batches_;
+}
+
+void SqliteStore::FlushLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    staged_cv_.wait(lock, [&] { return stop_ || (txn_open_ && revision_ > settled_); });
+    if (!txn_open_ || revision_ <= settled_) {
+      if (txn_open_) {  // only failed transactions were staged: nothing to keep
+        Exec("ROLLBACK");
+        txn_open_ = false;
+      }
+      if (stop_) return;
+      continue;
+    }
+    // The fsync happens here, under mu_: stagers queue behind it and form the next batch.
+    const int64_t through = revision_;
+    Status st = Exec("COMMIT");
+    if (!st.ok()) {
+      Exec("ROLLBACK");
+      failed_.emplace_back(settled_ + 1, through);
+      last_failure_ = Unavailable("sqlite commit failed, transaction lost: " + st.message());
+    }
+    txn_open_ = false;
+    settled_ = through;
+    ++batches_;
+    settled_cv_.notify_all();
+  }
 }
 
 StatusOr<int64_t> SqliteStore::CommitLocked(const std::vector<Compare>& compares,
