@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -71,11 +72,18 @@ int main(int argc, char** argv) {
     const auto interval = std::chrono::nanoseconds(1'000'000'000LL * threads / rate);
     std::vector<std::vector<double>> lat(threads);
     std::atomic<int> errors{0};
+    // Connect first, one client at a time: cpp-httplib as Debian builds it listens with a backlog
+    // of 5, and a burst of simultaneous connects loses SYNs that are retried only after 1 s.
+    std::vector<std::unique_ptr<HttpClient>> clients;
+    for (int t = 0; t < threads; ++t) {
+      clients.push_back(std::make_unique<HttpClient>("http://127.0.0.1:" + std::to_string(port), "bench-token"));
+      if (!clients.back()->Get("/healthz").ok()) return 1;
+    }
     std::vector<std::thread> ts;
     auto start = Clk::now();
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
-        HttpClient client("http://127.0.0.1:" + std::to_string(port), "bench-token");
+        HttpClient& client = *clients[static_cast<size_t>(t)];
         auto next = start + interval * t / threads;
         std::string id;
         while (Clk::now() - start < std::chrono::seconds(seconds)) {

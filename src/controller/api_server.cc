@@ -10,6 +10,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr size_t kApiWorkerThreads = 64;
+
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(), "application/json");
@@ -165,6 +167,10 @@ void ApiServer::Stop() {
 
 void ApiServer::Routes() {
   httplib::Server& s = *server_;
+  // cpp-httplib serves each keep-alive connection on one pool thread until it goes idle for the
+  // keep-alive timeout; its default pool (8 threads here) left the 9th concurrent client waiting
+  // seconds. 64 connections are served at once; the threads mostly sleep in read().
+  s.new_task_queue = [] { return new httplib::ThreadPool(kApiWorkerThreads); };
   s.set_keep_alive_max_count(100000);
   s.set_tcp_nodelay(true);  // small JSON replies: no Nagle/delayed-ACK stalls (40 ms)
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
