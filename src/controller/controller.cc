@@ -87,6 +87,7 @@ Status Controller::Rebuild() {
   gpus_.clear();
   workloads_.clear();
   allocations_.clear();
+  allocations_by_node_.clear();
   quotas_.clear();
   last_heartbeat_ms_.clear();
   samples_.clear();
@@ -111,6 +112,7 @@ Status Controller::Rebuild() {
       load(kWorkloadPrefix, WorkloadFromJson, workloads_, [](const Workload& w) { return w.name; }));
   TF_RETURN_IF_ERROR(load(kAllocationPrefix, AllocationFromJson, allocations_,
                           [](const Allocation& a) { return a.id; }));
+  for (const auto& [id, a] : allocations_) allocations_by_node_[a.value.node].insert(id);
   TF_RETURN_IF_ERROR(load(kQuotaPrefix, TenantQuotaFromJson, quotas_,
                           [](const TenantQuota& q) { return q.tenant; }));
 
@@ -636,10 +638,11 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         for (const std::string& id : victims) {
           auto v = allocations_.find(id);
           if (preempted) preempted->push_back(v->second.value);
-          allocations_.erase(v);
+          EraseAllocationLocked(v);
           ++counters_.allocations_preempted;
         }
         allocations_[a.id] = {a, *rev};
+        allocations_by_node_[a.node].insert(a.id);
         ++counters_.allocations_granted;
         return a;
       }
@@ -652,7 +655,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       for (const std::string& id : victims) {
         StatusOr<std::optional<KeyValue>> kv = store_->Get(AllocationKey(id));
         if (!kv.ok()) return kv.status();
-        if (!kv->has_value()) allocations_.erase(id);
+        if (auto v = allocations_.find(id); v != allocations_.end() && !kv->has_value())
+          EraseAllocationLocked(v);
       }
       placement_dirty_ = true;
     }
@@ -698,7 +702,7 @@ Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
         g.revision = *rev;
       }
       placement_->Release(it->second.value);
-      allocations_.erase(it);
+      EraseAllocationLocked(it);
       ++(lost_node ? counters_.allocations_released_lost_node : counters_.allocations_released);
       return Status::Ok();
     }
@@ -722,9 +726,19 @@ std::vector<Allocation> Controller::ListAllocations() const {
 std::vector<Allocation> Controller::ListAllocationsOnNode(const std::string& node) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Allocation> out;
-  for (const auto& [id, a] : allocations_)
-    if (a.value.node == node) out.push_back(a.value);
+  auto ids = allocations_by_node_.find(node);
+  if (ids == allocations_by_node_.end()) return out;
+  for (const std::string& id : ids->second) out.push_back(allocations_.at(id).value);
   return out;
+}
+
+void Controller::EraseAllocationLocked(std::map<std::string, Versioned<Allocation>>::iterator it) {
+  auto ids = allocations_by_node_.find(it->second.value.node);
+  if (ids != allocations_by_node_.end()) {
+    ids->second.erase(it->first);
+    if (ids->second.empty()) allocations_by_node_.erase(ids);
+  }
+  allocations_.erase(it);
 }
 
 StatusOr<Allocation> Controller::GetAllocation(const std::string& id) const {
@@ -781,8 +795,8 @@ void Controller::Tick() {
     }
     for (const std::string& name : expired) {
       std::vector<std::string> ids;
-      for (const auto& [id, a] : allocations_)
-        if (a.value.node == name) ids.push_back(id);
+      if (auto on = allocations_by_node_.find(name); on != allocations_by_node_.end())
+        ids.assign(on->second.begin(), on->second.end());
       for (const std::string& id : ids) {
         Status st = ReleaseLocked(id, /*lost_node=*/true);
         if (!st.ok())

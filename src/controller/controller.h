@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -171,6 +172,7 @@ class Controller {
   Status ReloadGpusLocked(const std::vector<std::string>& uuids);
   Status EnsurePoolLocked(const std::string& name);
   void EnsurePlacementLocked();
+  void EraseAllocationLocked(std::map<std::string, Versioned<Allocation>>::iterator it);
   std::string NewAllocationIdLocked();
 
   Store* const store_;
@@ -186,6 +188,8 @@ class Controller {
   std::map<std::string, Versioned<Gpu>> gpus_;
   std::map<std::string, Versioned<Workload>> workloads_;
   std::map<std::string, Versioned<Allocation>> allocations_;
+  // Allocation ids by node: the agents' per-node sync reads this every second.
+  std::unordered_map<std::string, std::set<std::string>> allocations_by_node_;
   std::map<std::string, Versioned<TenantQuota>> quotas_;
   bool placement_dirty_ = true;  // the engine's mirror must be rebuilt before the next Place
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node
