@@ -10,6 +10,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr size_t kApiWorkerThreads = 64;
+
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(), "application/json");
@@ -88,6 +90,17 @@ StatusOr<json> ParseBody(const httplib::Request& req) {
   return j;
 }
 
+// A pool from a request body; `name` (from the path) wins over the body's.
+StatusOr<Pool> PoolSpec(const json& body, const std::string& name) {
+  Fields f(body);
+  Pool p;
+  p.name = name.empty() ? f.Str("name", true) : name;
+  p.placement_mode = f.Str("placement_mode");
+  if (body.contains("tflops_oversell_ratio")) p.tflops_oversell_ratio = f.Num("tflops_oversell_ratio");
+  if (!f.status().ok()) return f.status();
+  return p;
+}
+
 json NodeJson(const NodeStatus& n) {
   json j = ToJson(n.node);
   j["last_heartbeat_ms"] = n.last_heartbeat_ms;
@@ -154,6 +167,10 @@ void ApiServer::Stop() {
 
 void ApiServer::Routes() {
   httplib::Server& s = *server_;
+  // cpp-httplib serves each keep-alive connection on one pool thread until it goes idle for the
+  // keep-alive timeout; its default pool (8 threads here) left the 9th concurrent client waiting
+  // seconds. 64 connections are served at once; the threads mostly sleep in read().
+  s.new_task_queue = [] { return new httplib::ThreadPool(kApiWorkerThreads); };
   s.set_keep_alive_max_count(100000);
   s.set_tcp_nodelay(true);  // small JSON replies: no Nagle/delayed-ACK stalls (40 ms)
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -199,12 +216,36 @@ void ApiServer::Routes() {
   s.Post("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
-    Fields f(*body);
-    std::string name = f.Str("name", true);
-    if (!f.status().ok()) return ReplyError(res, f.status());
-    StatusOr<Pool> p = c->CreatePool(name);
+    StatusOr<Pool> spec = PoolSpec(*body, "");
+    if (!spec.ok()) return ReplyError(res, spec.status());
+    StatusOr<Pool> p = c->CreatePool(*spec);
     if (!p.ok()) return ReplyError(res, p.status());
     Reply(res, 201, ToJson(*p));
+  });
+  s.Put(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    StatusOr<Pool> spec = PoolSpec(*body, req.matches[1]);
+    if (!spec.ok()) return ReplyError(res, spec.status());
+    StatusOr<Pool> p = c->UpdatePool(*spec);
+    if (!p.ok()) return ReplyError(res, p.status());
+    Reply(res, 200, ToJson(*p));
+  });
+
+  // Tenant quotas.
+  s.Get("/v1/quotas", [c](const httplib::Request&, httplib::Response& res) {
+    Reply(res, 200, {{"quotas", Array(c->ListTenantQuotas(), [](const TenantQuota& q) { return ToJson(q); })}});
+  });
+  s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    TenantQuota q{req.matches[1], f.Num("max_tflops"), f.Int("max_vram_mib"),
+                  static_cast<int>(f.Int("max_gpus"))};
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    StatusOr<TenantQuota> out = c->SetTenantQuota(q);
+    if (!out.ok()) return ReplyError(res, out.status());
+    Reply(res, 200, ToJson(*out));
   });
   s.Get(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Pool> p = c->GetPool(req.matches[1]);
@@ -305,27 +346,42 @@ void ApiServer::Routes() {
   });
 
   // Allocations.
-  s.Get("/v1/allocations", [c](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, {{"allocations", Array(c->ListAllocations(), [](const Allocation& a) { return ToJson(a); })}});
+  s.Get("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
+    std::string node = req.get_param_value("node");
+    Reply(res, 200, {{"allocations", Array(node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node),
+                                           [](const Allocation& a) { return ToJson(a); })}});
   });
   s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
     AllocationRequest a{f.Str("workload"), f.Str("pool"),  f.Num("tflops"), f.Int("vram_mib"),
-                        static_cast<int>(f.Int("gpu_count")), f.Str("qos"), f.Str("gpu_model")};
+                        static_cast<int>(f.Int("gpu_count")), f.Str("qos"), f.Str("gpu_model"),
+                        f.Str("tenant"), f.Num("percent"), true};
+    if (auto it = body->find("allow_preemption"); it != body->end()) {
+      if (!it->is_boolean()) return ReplyError(res, InvalidArgument("field 'allow_preemption' must be a boolean"));
+      a.allow_preemption = it->get<bool>();
+    }
     if (!f.status().ok()) return ReplyError(res, f.status());
-    if (a.workload.empty() && (!body->contains("tflops") || !body->contains("vram_mib")))
-      return ReplyError(res, InvalidArgument("give 'tflops' and 'vram_mib', or a 'workload'"));
+    const bool compute = body->contains("tflops") || body->contains("percent");
+    if (a.workload.empty() && (!compute || !body->contains("vram_mib")))
+      return ReplyError(res, InvalidArgument("give 'tflops' (or 'percent') and 'vram_mib', or a 'workload'"));
+    if (body->contains("tflops") && body->contains("percent"))
+      return ReplyError(res, InvalidArgument("give either 'tflops' or 'percent', not both"));
     if (body->contains("tflops") && !(a.tflops > 0))
       return ReplyError(res, InvalidArgument("tflops must be a positive number"));
+    if (body->contains("percent") && !(a.percent > 0 && a.percent <= 100))
+      return ReplyError(res, InvalidArgument("percent must be a number in (0, 100]"));
     if (body->contains("vram_mib") && a.vram_mib <= 0)
       return ReplyError(res, InvalidArgument("vram_mib must be a positive integer"));
     if (body->contains("gpu_count") && a.gpu_count <= 0)
       return ReplyError(res, InvalidArgument("gpu_count must be a positive integer"));
-    StatusOr<Allocation> out = c->Allocate(a);
+    std::vector<Allocation> preempted;
+    StatusOr<Allocation> out = c->Allocate(a, &preempted);
     if (!out.ok()) return ReplyError(res, out.status());
-    Reply(res, 201, ToJson(*out));
+    json j = ToJson(*out);
+    j["preempted"] = Array(preempted, [](const Allocation& v) { return v.id; });
+    Reply(res, 201, j);
   });
   s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);

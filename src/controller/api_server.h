@@ -7,11 +7,13 @@
 //
 //   GET  /healthz                        liveness, no token: {"ok": true, "serving": bool}
 //   GET  /metrics                        Prometheus text
-//   GET|POST /v1/pools, GET|DELETE /v1/pools/{name}
+//   GET|POST /v1/pools, GET|PUT|DELETE /v1/pools/{name}   (placement_mode, tflops_oversell_ratio)
+//   GET /v1/quotas, PUT /v1/quotas/{tenant}               (max_tflops, max_vram_mib, max_gpus)
 //   GET|POST /v1/nodes (POST registers), GET /v1/nodes/{name}, POST /v1/nodes/{name}/heartbeat
 //   GET  /v1/gpus[?pool=NAME]
 //   GET|POST /v1/workloads, GET|DELETE /v1/workloads/{name}
-//   GET|POST /v1/allocations, GET|DELETE /v1/allocations/{id}
+//   GET|POST /v1/allocations[?node=NAME], GET|DELETE /v1/allocations/{id}
+//     POST answers the allocation plus "preempted": the ids released to make room for it
 //
 // Thread safety: requests run on the server's worker threads; the Controller serializes them.
 #pragma once

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -89,7 +90,7 @@ struct ControllerRuntime {
     ControllerConfig cfg;
     cfg.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
     cfg.lost_grace_ms = o.lost_grace_ms;
-    controller = std::make_unique<Controller>(store.get(), &clock, MakeCompactFirstPlacement(),
+    controller = std::make_unique<Controller>(store.get(), &clock, MakeSchedulerPlacement(),
                                               election.get(), cfg);
     loop = std::make_unique<ReplicaLoop>(controller.get(), election.get(), 500);
     loop->RunOnce();  // lead (and rebuild) before the first request when nobody else leads
@@ -111,7 +112,7 @@ struct ControllerRuntime {
 // The node agent with its metrics endpoint and heartbeat loop, until g_stop.
 int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::NvmlGpuSource source(o.nvml_library);
-  hypervisor::UnattachedQuotaRegions regions;
+  hypervisor::QuotaRegions regions(o.region_dir);
   SystemClock clock;
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", ""};
   if (!o.catalog_overrides_file.empty()) {
@@ -156,9 +157,20 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
                  agent.discovery_message().empty() ? "" : ": ", agent.discovery_message().c_str());
   }
   int rc = st.ok() ? 0 : 1;
+  // vGPU limits follow allocations within sync_interval_ms; heartbeats every heartbeat_interval_ms.
+  const int tick_ms = std::max(50, std::min(o.sync_interval_ms, o.heartbeat_interval_ms));
+  int64_t since_heartbeat_ms = 0;
+  std::string last_sync_error;
   while (st.ok() && !g_stop.load()) {
-    SleepUntilStop(o.heartbeat_interval_ms);
+    Status sync = agent.SyncAllocations();
+    if (!sync.ok() && sync.ToString() != last_sync_error)
+      std::fprintf(stderr, "hypervisor: syncing vGPUs: %s\n", sync.ToString().c_str());
+    last_sync_error = sync.ok() ? "" : sync.ToString();
+    SleepUntilStop(tick_ms);
     if (g_stop.load()) break;
+    since_heartbeat_ms += tick_ms;
+    if (since_heartbeat_ms < o.heartbeat_interval_ms) continue;
+    since_heartbeat_ms = 0;
     Status hb = agent.HeartbeatOnce();
     if (!hb.ok()) std::fprintf(stderr, "hypervisor: %s\n", hb.ToString().c_str());
   }
@@ -291,6 +303,8 @@ int RunUp(const UpOptions& o) {
   ho.controller_url = url;
   ho.metrics_host = o.listen_host;
   ho.metrics_port = o.metrics_port;
+  ho.nvml_library = o.nvml_library;
+  ho.region_dir = o.region_dir;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
   rt.Stop();

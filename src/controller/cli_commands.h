@@ -33,6 +33,8 @@ struct HypervisorOptions {
   int metrics_port = 9400;               // per-GPU Prometheus metrics at /metrics; -1: off
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string catalog_overrides_file;    // lines "name_substring tflops [vram_mib]"
+  std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
+  int sync_interval_ms = 1'000;          // how often vGPU limits are synced from the controller
 };
 
 struct UpOptions {
@@ -41,6 +43,8 @@ struct UpOptions {
   int port = 9300;
   int metrics_port = 9400;
   std::string token;                     // empty: reuse STATE_DIR/token or generate one
+  std::string nvml_library = "libnvidia-ml.so.1";
+  std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
 };
 
 struct ClientOptions {

@@ -11,6 +11,9 @@ namespace tf::controller {
 namespace {
 
 constexpr int kMaxCommitAttempts = 3;
+
+// The highest store revision this thread staged in the current Durably() call.
+thread_local int64_t t_staged_revision = 0;
 constexpr int kMaxGpusPerAllocation = 64;
 
 std::string PoolKey(const std::string& n) { return kPoolPrefix + n; }
@@ -18,18 +21,36 @@ std::string NodeKey(const std::string& n) { return kNodePrefix + n; }
 std::string GpuKey(const std::string& u) { return kGpuPrefix + u; }
 std::string WorkloadKey(const std::string& n) { return kWorkloadPrefix + n; }
 std::string AllocationKey(const std::string& id) { return kAllocationPrefix + id; }
+std::string QuotaKey(const std::string& t) { return kQuotaPrefix + t; }
 
 template <typename T>
 std::string Dump(const T& v) {
   return ToJson(v).dump();
 }
 
-Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count) {
-  if (!std::isfinite(tflops) || tflops <= 0) return InvalidArgument("tflops must be a positive number");
+Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double percent = 0) {
+  if (!std::isfinite(percent) || percent < 0 || percent > 100)
+    return InvalidArgument("percent must be a number in (0, 100]");
+  if (percent > 0) {
+    if (tflops != 0) return InvalidArgument("give either tflops or percent, not both");
+  } else if (!std::isfinite(tflops) || tflops <= 0) {
+    return InvalidArgument("tflops must be a positive number");
+  }
   if (vram_mib <= 0) return InvalidArgument("vram_mib must be a positive integer");
   if (gpu_count < 1 || gpu_count > kMaxGpusPerAllocation)
     return InvalidArgument("gpu_count must be between 1 and " +
                            std::to_string(kMaxGpusPerAllocation));
+  return Status::Ok();
+}
+
+Status ValidatePoolSpec(Pool& p) {
+  TF_RETURN_IF_ERROR(ValidateName("pool name", p.name));
+  if (p.placement_mode.empty()) p.placement_mode = Pool{}.placement_mode;
+  StatusOr<sched::PlacementMode> m = sched::ParsePlacementMode(p.placement_mode);
+  if (!m.ok()) return InvalidArgument(m.status().message());
+  p.placement_mode = std::string(sched::PlacementModeName(*m));
+  if (!std::isfinite(p.tflops_oversell_ratio) || p.tflops_oversell_ratio < 1 || p.tflops_oversell_ratio > 100)
+    return InvalidArgument("tflops_oversell_ratio must be a number in [1, 100]");
   return Status::Ok();
 }
 
@@ -66,10 +87,12 @@ Status Controller::Rebuild() {
   gpus_.clear();
   workloads_.clear();
   allocations_.clear();
+  allocations_by_node_.clear();
+  quotas_.clear();
   last_heartbeat_ms_.clear();
   samples_.clear();
   sampled_ms_.clear();
-  pool_gpus_.clear();
+  placement_dirty_ = true;
 
   auto load = [&](const char* prefix, auto parse, auto& into, auto name_of) -> Status {
     StatusOr<std::vector<KeyValue>> kvs = store_->List(prefix);
@@ -89,6 +112,9 @@ Status Controller::Rebuild() {
       load(kWorkloadPrefix, WorkloadFromJson, workloads_, [](const Workload& w) { return w.name; }));
   TF_RETURN_IF_ERROR(load(kAllocationPrefix, AllocationFromJson, allocations_,
                           [](const Allocation& a) { return a.id; }));
+  for (const auto& [id, a] : allocations_) allocations_by_node_[a.value.node].insert(id);
+  TF_RETURN_IF_ERROR(load(kQuotaPrefix, TenantQuotaFromJson, quotas_,
+                          [](const TenantQuota& q) { return q.tenant; }));
 
   // GPU usage and allocations are written in the same transaction, so they agree; say so loudly
   // if a store was edited by hand and they do not.
@@ -108,11 +134,10 @@ Status Controller::Rebuild() {
   }
 
   TF_RETURN_IF_ERROR(EnsurePoolLocked(config_.default_pool));
+  if (t_staged_revision > 0) TF_RETURN_IF_ERROR(store_->WaitDurable(t_staged_revision));
   const int64_t now = clock_->NowMs();
   for (const auto& [name, n] : nodes_) last_heartbeat_ms_[name] = now;
-  std::set<std::string> pools;
-  for (const auto& [uuid, g] : gpus_) pools.insert(g.value.pool);
-  for (const std::string& p : pools) IndexPoolLocked(p);
+  EnsurePlacementLocked();
   serving_ = true;
   return Status::Ok();
 }
@@ -139,9 +164,26 @@ StatusOr<int64_t> Controller::CommitLocked(std::vector<Compare> compares,
   if (election_) {
     if (std::optional<Compare> fence = election_->Fence()) compares.push_back(*fence);
   }
-  StatusOr<int64_t> rev = store_->Commit(compares, writes);
+  StatusOr<int64_t> rev = store_->Stage(compares, writes);
   if (!rev.ok() && rev.status().code() == StatusCode::kAborted) ++counters_.commit_conflicts;
+  if (rev.ok()) t_staged_revision = std::max(t_staged_revision, *rev);
   return rev;
+}
+
+template <typename F>
+auto Controller::Durably(F&& body) -> decltype(body()) {
+  t_staged_revision = 0;
+  auto result = body();  // takes and releases mu_
+  const int64_t rev = t_staged_revision;
+  t_staged_revision = 0;
+  if (rev == 0) return result;
+  Status durable = store_->WaitDurable(rev);
+  if (durable.ok()) return result;
+  // The batch holding our transaction never reached the disk: the in-memory state is ahead of
+  // the store. Re-read it (or stop serving) before anyone else acts on it.
+  std::fprintf(stderr, "controller: %s; rebuilding from the store\n", durable.ToString().c_str());
+  if (!Rebuild().ok()) StopServing();
+  return durable;
 }
 
 Status Controller::EnsurePoolLocked(const std::string& name) {
@@ -163,15 +205,16 @@ Status Controller::EnsurePoolLocked(const std::string& name) {
   return Status::Ok();
 }
 
-void Controller::IndexPoolLocked(const std::string& pool) {
-  std::vector<const Gpu*>& v = pool_gpus_[pool];
-  v.clear();
-  for (const auto& [uuid, g] : gpus_)
-    if (g.value.pool == pool) v.push_back(&g.value);
-  std::stable_sort(v.begin(), v.end(), [](const Gpu* a, const Gpu* b) {
-    return a->node != b->node ? a->node < b->node : a->index < b->index;
-  });
-  if (v.empty()) pool_gpus_.erase(pool);
+void Controller::EnsurePlacementLocked() {
+  if (!placement_dirty_) return;
+  ClusterSnapshot snap;
+  for (const auto& [n, p] : pools_) snap.pools.push_back(&p.value);
+  for (const auto& [n, node] : nodes_) snap.nodes.push_back(&node.value);
+  for (const auto& [u, g] : gpus_) snap.gpus.push_back(&g.value);
+  for (const auto& [id, a] : allocations_) snap.allocations.push_back(&a.value);
+  for (const auto& [t, q] : quotas_) snap.quotas.push_back(&q.value);
+  placement_->Reset(snap);
+  placement_dirty_ = false;
 }
 
 std::string Controller::NewAllocationIdLocked() {
@@ -186,23 +229,14 @@ Status Controller::ReloadGpusLocked(const std::vector<std::string>& uuids) {
     if (!kv.ok()) return kv.status();
     auto it = gpus_.find(uuid);
     if (!kv->has_value()) {
-      if (it != gpus_.end()) {
-        std::string pool = it->second.value.pool;
-        gpus_.erase(it);
-        IndexPoolLocked(pool);
-      }
+      if (it != gpus_.end()) gpus_.erase(it);
+      placement_dirty_ = true;
       continue;
     }
     StatusOr<Gpu> g = GpuFromJson((*kv)->value);
     if (!g.ok()) return g.status();
-    if (it != gpus_.end() && it->second.value.pool == g->pool && it->second.value.node == g->node) {
-      it->second = {*g, (*kv)->mod_revision};  // in place: pool index pointers stay valid
-    } else {
-      std::string old_pool = it != gpus_.end() ? it->second.value.pool : g->pool;
-      gpus_[uuid] = {*g, (*kv)->mod_revision};
-      IndexPoolLocked(old_pool);
-      IndexPoolLocked(g->pool);
-    }
+    gpus_[uuid] = {*g, (*kv)->mod_revision};
+    placement_dirty_ = true;  // another writer changed it: the engine's mirror is stale
   }
   return Status::Ok();
 }
@@ -210,16 +244,69 @@ Status Controller::ReloadGpusLocked(const std::vector<std::string>& uuids) {
 // ---- pools ----
 
 StatusOr<Pool> Controller::CreatePool(const std::string& name) {
-  TF_RETURN_IF_ERROR(ValidateName("pool name", name));
+  Pool p;
+  p.name = name;
+  return CreatePool(p);
+}
+
+StatusOr<Pool> Controller::CreatePool(const Pool& spec) {
+  return Durably([&]() -> StatusOr<Pool> {
+    Pool p = spec;
+    TF_RETURN_IF_ERROR(ValidatePoolSpec(p));
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    if (pools_.count(p.name)) return AlreadyExists("pool '" + p.name + "' already exists");
+    p.created_ms = clock_->NowMs();
+    StatusOr<int64_t> rev =
+        CommitLocked({Compare::Absent(PoolKey(p.name))}, {Write::Put(PoolKey(p.name), Dump(p))});
+    if (!rev.ok()) return rev.status();
+    pools_[p.name] = {p, *rev};
+    placement_dirty_ = true;
+    return p;
+  });
+}
+
+StatusOr<Pool> Controller::UpdatePool(const Pool& spec) {
+  return Durably([&]() -> StatusOr<Pool> {
+    Pool p = spec;
+    TF_RETURN_IF_ERROR(ValidatePoolSpec(p));
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = pools_.find(p.name);
+    if (it == pools_.end()) return NotFound("pool '" + p.name + "' not found");
+    p.created_ms = it->second.value.created_ms;
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(p.name), it->second.revision)},
+                                         {Write::Put(PoolKey(p.name), Dump(p))});
+    if (!rev.ok()) return rev.status();
+    it->second = {p, *rev};
+    placement_dirty_ = true;
+    return p;
+  });
+}
+
+StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
+  return Durably([&]() -> StatusOr<TenantQuota> {
+    TF_RETURN_IF_ERROR(ValidateName("tenant", q.tenant));
+    if (!std::isfinite(q.max_tflops) || q.max_tflops < 0 || q.max_vram_mib < 0 || q.max_gpus < 0)
+      return InvalidArgument("quota limits must be numbers >= 0 (0 = unlimited)");
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = quotas_.find(q.tenant);
+    Compare cmp = it == quotas_.end() ? Compare::Absent(QuotaKey(q.tenant))
+                                      : Compare::At(QuotaKey(q.tenant), it->second.revision);
+    StatusOr<int64_t> rev = CommitLocked({cmp}, {Write::Put(QuotaKey(q.tenant), Dump(q))});
+    if (!rev.ok()) return rev.status();
+    quotas_[q.tenant] = {q, *rev};
+    placement_dirty_ = true;
+    return q;
+  });
+}
+
+std::vector<TenantQuota> Controller::ListTenantQuotas() const {
   std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  if (pools_.count(name)) return AlreadyExists("pool '" + name + "' already exists");
-  Pool p{name, clock_->NowMs()};
-  StatusOr<int64_t> rev =
-      CommitLocked({Compare::Absent(PoolKey(name))}, {Write::Put(PoolKey(name), Dump(p))});
-  if (!rev.ok()) return rev.status();
-  pools_[name] = {p, *rev};
-  return p;
+  std::vector<TenantQuota> out;
+  for (const auto& [t, q] : quotas_) out.push_back(q.value);
+  return out;
 }
 
 std::vector<Pool> Controller::ListPools() const {
@@ -237,132 +324,138 @@ StatusOr<Pool> Controller::GetPool(const std::string& name) const {
 }
 
 Status Controller::DeletePool(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  auto it = pools_.find(name);
-  if (it == pools_.end()) return NotFound("pool '" + name + "' not found");
-  if (name == config_.default_pool)
-    return FailedPrecondition("the default pool '" + name + "' cannot be deleted");
-  for (const auto& [n, node] : nodes_)
-    if (node.value.pool == name)
-      return FailedPrecondition("pool '" + name + "' still has node '" + n + "'");
-  StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(name), it->second.revision)},
-                                       {Write::Delete(PoolKey(name))});
-  if (!rev.ok()) return rev.status();
-  pools_.erase(it);
-  return Status::Ok();
+  return Durably([&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = pools_.find(name);
+    if (it == pools_.end()) return NotFound("pool '" + name + "' not found");
+    if (name == config_.default_pool)
+      return FailedPrecondition("the default pool '" + name + "' cannot be deleted");
+    for (const auto& [n, node] : nodes_)
+      if (node.value.pool == name)
+        return FailedPrecondition("pool '" + name + "' still has node '" + n + "'");
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(name), it->second.revision)},
+                                         {Write::Delete(PoolKey(name))});
+    if (!rev.ok()) return rev.status();
+    pools_.erase(it);
+    placement_dirty_ = true;
+    return Status::Ok();
+  });
 }
 
 // ---- nodes ----
 
 StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
-  NodeRegistration reg = reg_in;
-  if (reg.pool.empty()) reg.pool = config_.default_pool;
-  TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
-  TF_RETURN_IF_ERROR(ValidateName("pool name", reg.pool));
-  std::set<std::string> seen;
-  for (const GpuReport& g : reg.gpus) {
-    TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
-    if (!seen.insert(g.uuid).second) return InvalidArgument("GPU " + g.uuid + " is listed twice");
-    if (!std::isfinite(g.tflops) || g.tflops < 0)
-      return InvalidArgument("GPU " + g.uuid + ": tflops must be a number >= 0");
-    if (g.vram_mib < 0) return InvalidArgument("GPU " + g.uuid + ": vram_mib must be >= 0");
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  if (!pools_.count(reg.pool)) return NotFound("pool '" + reg.pool + "' not found");
+  return Durably([&]() -> StatusOr<Node> {
+    NodeRegistration reg = reg_in;
+    if (reg.pool.empty()) reg.pool = config_.default_pool;
+    TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
+    TF_RETURN_IF_ERROR(ValidateName("pool name", reg.pool));
+    std::set<std::string> seen;
+    for (const GpuReport& g : reg.gpus) {
+      TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
+      if (!seen.insert(g.uuid).second) return InvalidArgument("GPU " + g.uuid + " is listed twice");
+      if (!std::isfinite(g.tflops) || g.tflops < 0)
+        return InvalidArgument("GPU " + g.uuid + ": tflops must be a number >= 0");
+      if (g.vram_mib < 0) return InvalidArgument("GPU " + g.uuid + ": vram_mib must be >= 0");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    if (!pools_.count(reg.pool)) return NotFound("pool '" + reg.pool + "' not found");
 
-  const int64_t now = clock_->NowMs();
-  std::vector<Compare> compares;
-  std::vector<Write> writes;
-  std::vector<Gpu> new_gpus;
-  std::vector<std::string> removed;
-  auto node_it = nodes_.find(reg.name);
-  std::string old_pool = node_it != nodes_.end() ? node_it->second.value.pool : reg.pool;
-  compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
-                                             : Compare::Absent(NodeKey(reg.name)));
-  Node node{reg.name, reg.pool, reg.address, NodeState::kReady, now, 0};
-  writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
-  for (const GpuReport& r : reg.gpus) {
-    Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};
-    auto it = gpus_.find(r.uuid);
-    if (it != gpus_.end()) {
-      if (it->second.value.node != reg.name)
-        return AlreadyExists("GPU " + r.uuid + " is registered to node '" + it->second.value.node + "'");
-      g.used_tflops = it->second.value.used_tflops;  // the agent restarted: usage stays
-      g.used_vram_mib = it->second.value.used_vram_mib;
-      if (g.used_tflops > 0 && g.pool != it->second.value.pool)
-        return FailedPrecondition("GPU " + r.uuid + " holds allocations in pool '" +
-                                  it->second.value.pool + "'; release them before moving the node");
-      compares.push_back(Compare::At(GpuKey(r.uuid), it->second.revision));
-    } else {
-      compares.push_back(Compare::Absent(GpuKey(r.uuid)));
+    const int64_t now = clock_->NowMs();
+    std::vector<Compare> compares;
+    std::vector<Write> writes;
+    std::vector<Gpu> new_gpus;
+    std::vector<std::string> removed;
+    auto node_it = nodes_.find(reg.name);
+    compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
+                                               : Compare::Absent(NodeKey(reg.name)));
+    Node node{reg.name, reg.pool, reg.address, NodeState::kReady, now, 0};
+    writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
+    for (const GpuReport& r : reg.gpus) {
+      Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};
+      auto it = gpus_.find(r.uuid);
+      if (it != gpus_.end()) {
+        if (it->second.value.node != reg.name)
+          return AlreadyExists("GPU " + r.uuid + " is registered to node '" + it->second.value.node + "'");
+        g.used_tflops = it->second.value.used_tflops;  // the agent restarted: usage stays
+        g.used_vram_mib = it->second.value.used_vram_mib;
+        if (g.used_tflops > 0 && g.pool != it->second.value.pool)
+          return FailedPrecondition("GPU " + r.uuid + " holds allocations in pool '" +
+                                    it->second.value.pool + "'; release them before moving the node");
+        compares.push_back(Compare::At(GpuKey(r.uuid), it->second.revision));
+      } else {
+        compares.push_back(Compare::Absent(GpuKey(r.uuid)));
+      }
+      writes.push_back(Write::Put(GpuKey(r.uuid), Dump(g)));
+      new_gpus.push_back(g);
     }
-    writes.push_back(Write::Put(GpuKey(r.uuid), Dump(g)));
-    new_gpus.push_back(g);
-  }
-  // GPUs the node no longer reports: forget idle ones, keep busy ones unschedulable so their
-  // allocations stay accounted until released.
-  std::vector<Gpu> kept;
-  for (const auto& [uuid, g] : gpus_) {
-    if (g.value.node != reg.name || seen.count(uuid)) continue;
-    compares.push_back(Compare::At(GpuKey(uuid), g.revision));
-    if (g.value.used_tflops <= 0 && g.value.used_vram_mib <= 0) {
-      writes.push_back(Write::Delete(GpuKey(uuid)));
-      removed.push_back(uuid);
-    } else {
-      Gpu k = g.value;
-      k.schedulable = false;
-      writes.push_back(Write::Put(GpuKey(uuid), Dump(k)));
-      kept.push_back(k);
+    // GPUs the node no longer reports: forget idle ones, keep busy ones unschedulable so their
+    // allocations stay accounted until released.
+    std::vector<Gpu> kept;
+    for (const auto& [uuid, g] : gpus_) {
+      if (g.value.node != reg.name || seen.count(uuid)) continue;
+      compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+      if (g.value.used_tflops <= 0 && g.value.used_vram_mib <= 0) {
+        writes.push_back(Write::Delete(GpuKey(uuid)));
+        removed.push_back(uuid);
+      } else {
+        Gpu k = g.value;
+        k.schedulable = false;
+        writes.push_back(Write::Put(GpuKey(uuid), Dump(k)));
+        kept.push_back(k);
+      }
     }
-  }
-  StatusOr<int64_t> rev = CommitLocked(compares, writes);
-  if (!rev.ok()) return rev.status();
-  nodes_[reg.name] = {node, *rev};
-  for (const std::string& uuid : removed) gpus_.erase(uuid);
-  for (const Gpu& g : new_gpus) gpus_[g.uuid] = {g, *rev};
-  for (const Gpu& g : kept) gpus_[g.uuid] = {g, *rev};
-  last_heartbeat_ms_[reg.name] = now;
-  IndexPoolLocked(reg.pool);
-  if (old_pool != reg.pool) IndexPoolLocked(old_pool);
-  return node;
+    StatusOr<int64_t> rev = CommitLocked(compares, writes);
+    if (!rev.ok()) return rev.status();
+    nodes_[reg.name] = {node, *rev};
+    for (const std::string& uuid : removed) gpus_.erase(uuid);
+    for (const Gpu& g : new_gpus) gpus_[g.uuid] = {g, *rev};
+    for (const Gpu& g : kept) gpus_[g.uuid] = {g, *rev};
+    last_heartbeat_ms_[reg.name] = now;
+    placement_dirty_ = true;
+    return node;
+  });
 }
 
 Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
-  const int64_t now = clock_->NowMs();
-  last_heartbeat_ms_[name] = now;
-  for (const GpuSample& s : samples) {
-    auto g = gpus_.find(s.uuid);
-    if (g == gpus_.end() || g->second.value.node != name) continue;
-    samples_[s.uuid] = s;
-    sampled_ms_[s.uuid] = now;
-  }
-  if (it->second.value.state == NodeState::kReady) return Status::Ok();
-  // A lost node came back: it is ready again (allocations released meanwhile stay released).
-  Node node = it->second.value;
-  node.state = NodeState::kReady;
-  node.lost_since_ms = 0;
-  std::vector<Compare> compares{Compare::At(NodeKey(name), it->second.revision)};
-  std::vector<Write> writes{Write::Put(NodeKey(name), Dump(node))};
-  std::vector<Gpu> updated;
-  for (const auto& [uuid, g] : gpus_) {
-    if (g.value.node != name) continue;
-    Gpu u = g.value;
-    u.schedulable = true;
-    compares.push_back(Compare::At(GpuKey(uuid), g.revision));
-    writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
-    updated.push_back(u);
-  }
-  StatusOr<int64_t> rev = CommitLocked(compares, writes);
-  if (!rev.ok()) return rev.status();
-  it->second = {node, *rev};
-  for (const Gpu& g : updated) gpus_[g.uuid] = {g, *rev};
-  return Status::Ok();
+  return Durably([&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = nodes_.find(name);
+    if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
+    const int64_t now = clock_->NowMs();
+    last_heartbeat_ms_[name] = now;
+    for (const GpuSample& s : samples) {
+      auto g = gpus_.find(s.uuid);
+      if (g == gpus_.end() || g->second.value.node != name) continue;
+      samples_[s.uuid] = s;
+      sampled_ms_[s.uuid] = now;
+    }
+    if (it->second.value.state == NodeState::kReady) return Status::Ok();
+    // A lost node came back: it is ready again (allocations released meanwhile stay released).
+    Node node = it->second.value;
+    node.state = NodeState::kReady;
+    node.lost_since_ms = 0;
+    std::vector<Compare> compares{Compare::At(NodeKey(name), it->second.revision)};
+    std::vector<Write> writes{Write::Put(NodeKey(name), Dump(node))};
+    std::vector<Gpu> updated;
+    for (const auto& [uuid, g] : gpus_) {
+      if (g.value.node != name) continue;
+      Gpu u = g.value;
+      u.schedulable = true;
+      compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+      writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
+      updated.push_back(u);
+    }
+    StatusOr<int64_t> rev = CommitLocked(compares, writes);
+    if (!rev.ok()) return rev.status();
+    it->second = {node, *rev};
+    for (const Gpu& g : updated) gpus_[g.uuid] = {g, *rev};
+    placement_dirty_ = true;
+    return Status::Ok();
+  });
 }
 
 std::vector<NodeStatus> Controller::ListNodes() const {
@@ -402,20 +495,22 @@ std::vector<GpuStatus> Controller::ListGpus(const std::string& pool_filter) cons
 // ---- workloads ----
 
 StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
-  Workload w = w_in;
-  if (w.pool.empty()) w.pool = config_.default_pool;
-  TF_RETURN_IF_ERROR(ValidateName("workload name", w.name));
-  TF_RETURN_IF_ERROR(ValidateName("pool name", w.pool));
-  TF_RETURN_IF_ERROR(ValidateResources(w.tflops, w.vram_mib, w.gpu_count));
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
-  if (workloads_.count(w.name)) return AlreadyExists("workload '" + w.name + "' already exists");
-  StatusOr<int64_t> rev = CommitLocked({Compare::Absent(WorkloadKey(w.name))},
-                                       {Write::Put(WorkloadKey(w.name), Dump(w))});
-  if (!rev.ok()) return rev.status();
-  workloads_[w.name] = {w, *rev};
-  return w;
+  return Durably([&]() -> StatusOr<Workload> {
+    Workload w = w_in;
+    if (w.pool.empty()) w.pool = config_.default_pool;
+    TF_RETURN_IF_ERROR(ValidateName("workload name", w.name));
+    TF_RETURN_IF_ERROR(ValidateName("pool name", w.pool));
+    TF_RETURN_IF_ERROR(ValidateResources(w.tflops, w.vram_mib, w.gpu_count));
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
+    if (workloads_.count(w.name)) return AlreadyExists("workload '" + w.name + "' already exists");
+    StatusOr<int64_t> rev = CommitLocked({Compare::Absent(WorkloadKey(w.name))},
+                                         {Write::Put(WorkloadKey(w.name), Dump(w))});
+    if (!rev.ok()) return rev.status();
+    workloads_[w.name] = {w, *rev};
+    return w;
+  });
 }
 
 std::vector<Workload> Controller::ListWorkloads() const {
@@ -433,95 +528,148 @@ StatusOr<Workload> Controller::GetWorkload(const std::string& name) const {
 }
 
 Status Controller::DeleteWorkload(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  auto it = workloads_.find(name);
-  if (it == workloads_.end()) return NotFound("workload '" + name + "' not found");
-  StatusOr<int64_t> rev = CommitLocked({Compare::At(WorkloadKey(name), it->second.revision)},
-                                       {Write::Delete(WorkloadKey(name))});
-  if (!rev.ok()) return rev.status();
-  workloads_.erase(it);
-  return Status::Ok();
+  return Durably([&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = workloads_.find(name);
+    if (it == workloads_.end()) return NotFound("workload '" + name + "' not found");
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(WorkloadKey(name), it->second.revision)},
+                                         {Write::Delete(WorkloadKey(name))});
+    if (!rev.ok()) return rev.status();
+    workloads_.erase(it);
+    return Status::Ok();
+  });
 }
 
 // ---- allocations ----
 
-StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  PlacementRequest pr{req.pool, req.tflops, req.vram_mib, req.gpu_count, Qos::kMedium, req.gpu_model};
-  std::string qos = req.qos;
-  if (!req.workload.empty()) {
-    TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
-    auto w = workloads_.find(req.workload);
-    if (w == workloads_.end()) return NotFound("workload '" + req.workload + "' not found");
-    const Workload& wl = w->second.value;
-    if (pr.pool.empty()) pr.pool = wl.pool;
-    if (pr.tflops == 0) pr.tflops = wl.tflops;
-    if (pr.vram_mib == 0) pr.vram_mib = wl.vram_mib;
-    if (pr.gpu_count == 0) pr.gpu_count = wl.gpu_count;
-    if (qos.empty()) qos = QosName(wl.qos);
-  }
-  if (pr.pool.empty()) pr.pool = config_.default_pool;
-  if (pr.gpu_count == 0) pr.gpu_count = 1;
-  if (!qos.empty()) {
-    StatusOr<Qos> q = ParseQos(qos);
-    if (!q.ok()) return q.status();
-    pr.qos = *q;
-  }
-  TF_RETURN_IF_ERROR(ValidateName("pool name", pr.pool));
-  TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count));
-  if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
+StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
+                                          std::vector<Allocation>* preempted) {
+  return Durably([&]() -> StatusOr<Allocation> {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    PlacementRequest pr;
+    pr.pool = req.pool;
+    pr.tenant = req.tenant;
+    pr.tflops = req.tflops;
+    pr.percent = req.percent;
+    pr.vram_mib = req.vram_mib;
+    pr.gpu_count = req.gpu_count;
+    pr.gpu_model = req.gpu_model;
+    std::string qos = req.qos;
+    if (!req.workload.empty()) {
+      TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
+      auto w = workloads_.find(req.workload);
+      if (w == workloads_.end()) return NotFound("workload '" + req.workload + "' not found");
+      const Workload& wl = w->second.value;
+      if (pr.pool.empty()) pr.pool = wl.pool;
+      if (pr.tflops == 0 && pr.percent == 0) pr.tflops = wl.tflops;
+      if (pr.vram_mib == 0) pr.vram_mib = wl.vram_mib;
+      if (pr.gpu_count == 0) pr.gpu_count = wl.gpu_count;
+      if (qos.empty()) qos = QosName(wl.qos);
+    }
+    if (pr.pool.empty()) pr.pool = config_.default_pool;
+    if (pr.gpu_count == 0) pr.gpu_count = 1;
+    if (!qos.empty()) {
+      StatusOr<Qos> q = ParseQos(qos);
+      if (!q.ok()) return q.status();
+      pr.qos = *q;
+    }
+    TF_RETURN_IF_ERROR(ValidateName("pool name", pr.pool));
+    if (!pr.tenant.empty()) TF_RETURN_IF_ERROR(ValidateName("tenant", pr.tenant));
+    TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count, pr.percent));
+    if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
 
-  static const std::vector<const Gpu*> kNoGpus;
-  Status last;
-  for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
-    auto pg = pool_gpus_.find(pr.pool);
-    StatusOr<PlacementDecision> d = placement_->Place(pr, pg == pool_gpus_.end() ? kNoGpus : pg->second);
-    if (!d.ok()) {
-      ++counters_.allocations_refused;
-      return d.status();
-    }
-    Allocation a{NewAllocationIdLocked(), req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs()};
-    std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
-    std::vector<Write> writes;
-    std::vector<Gpu> updated;
-    for (const std::string& uuid : d->gpu_uuids) {
-      const Versioned<Gpu>& g = gpus_.at(uuid);
-      Gpu u = g.value;
-      u.used_tflops += pr.tflops;
-      u.used_vram_mib += pr.vram_mib;
-      compares.push_back(Compare::At(GpuKey(uuid), g.revision));
-      writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
-      updated.push_back(std::move(u));
-      a.vgpus.push_back(Vgpu{uuid, pr.tflops, pr.vram_mib});
-    }
-    writes.push_back(Write::Put(AllocationKey(a.id), Dump(a)));
-    StatusOr<int64_t> rev = CommitLocked(compares, writes);
-    if (rev.ok()) {
-      for (Gpu& u : updated) {
-        Versioned<Gpu>& g = gpus_.at(u.uuid);
-        g.value = std::move(u);  // in place: pool index pointers stay valid
-        g.revision = *rev;
+    Status last;
+    for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
+      EnsurePlacementLocked();
+      pr.id = NewAllocationIdLocked();
+      StatusOr<PlacementDecision> d = placement_->Place(pr, req.allow_preemption);
+      if (!d.ok()) {
+        ++counters_.allocations_refused;
+        return d.status();
       }
-      allocations_[a.id] = {a, *rev};
-      ++counters_.allocations_granted;
-      return a;
+      Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant};
+      std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
+      std::vector<Write> writes;
+      std::map<std::string, Gpu> touched;  // new usage of every GPU the commit changes
+      auto gpu = [&](const std::string& uuid) -> Gpu& {
+        auto it = touched.find(uuid);
+        return it != touched.end() ? it->second : touched.emplace(uuid, gpus_.at(uuid).value).first->second;
+      };
+      std::vector<std::string> victims;
+      for (const std::string& id : d->victims) {
+        auto v = allocations_.find(id);
+        if (v == allocations_.end()) continue;  // the engine only names live allocations
+        compares.push_back(Compare::At(AllocationKey(id), v->second.revision));
+        writes.push_back(Write::Delete(AllocationKey(id)));
+        for (const Vgpu& vg : v->second.value.vgpus) {
+          if (!gpus_.count(vg.gpu_uuid)) continue;
+          Gpu& g = gpu(vg.gpu_uuid);
+          g.used_tflops = std::max(0.0, g.used_tflops - vg.tflops);
+          if (g.used_tflops < 1e-9) g.used_tflops = 0;
+          g.used_vram_mib = std::max<int64_t>(0, g.used_vram_mib - vg.vram_mib);
+        }
+        victims.push_back(id);
+      }
+      for (const std::string& uuid : d->gpu_uuids) {
+        Gpu& g = gpu(uuid);
+        g.used_tflops += d->tflops_per_gpu;
+        g.used_vram_mib += pr.vram_mib;
+        uint64_t ppm = g.tflops > 0 ? static_cast<uint64_t>(std::llround(d->tflops_per_gpu / g.tflops * 1e6)) : 1'000'000;
+        a.vgpus.push_back(Vgpu{uuid, d->tflops_per_gpu, pr.vram_mib, g.index, ppm});
+      }
+      std::vector<std::string> uuids;
+      for (const auto& [uuid, g] : touched) {
+        compares.push_back(Compare::At(GpuKey(uuid), gpus_.at(uuid).revision));
+        writes.push_back(Write::Put(GpuKey(uuid), Dump(g)));
+        uuids.push_back(uuid);
+      }
+      writes.push_back(Write::Put(AllocationKey(a.id), Dump(a)));
+      StatusOr<int64_t> rev = CommitLocked(compares, writes);
+      if (rev.ok()) {
+        for (auto& [uuid, u] : touched) gpus_.at(uuid) = {std::move(u), *rev};
+        Status mirrored = placement_->Commit(pr, *d);  // also releases the victims there
+        if (!mirrored.ok()) {
+          std::fprintf(stderr, "controller: placement mirror of %s: %s (rebuilding it)\n", a.id.c_str(),
+                       mirrored.ToString().c_str());
+          placement_dirty_ = true;
+        }
+        for (const std::string& id : victims) {
+          auto v = allocations_.find(id);
+          if (preempted) preempted->push_back(v->second.value);
+          EraseAllocationLocked(v);
+          ++counters_.allocations_preempted;
+        }
+        allocations_[a.id] = {a, *rev};
+        allocations_by_node_[a.node].insert(a.id);
+        ++counters_.allocations_granted;
+        return a;
+      }
+      last = rev.status();
+      if (last.code() != StatusCode::kAborted) return last;
+      if (election_ && !election_->IsLeader())
+        return Unavailable("this controller replica lost leadership");
+      // Another writer changed one of the GPUs or victims: read them again and place again.
+      TF_RETURN_IF_ERROR(ReloadGpusLocked(uuids));
+      for (const std::string& id : victims) {
+        StatusOr<std::optional<KeyValue>> kv = store_->Get(AllocationKey(id));
+        if (!kv.ok()) return kv.status();
+        if (auto v = allocations_.find(id); v != allocations_.end() && !kv->has_value())
+          EraseAllocationLocked(v);
+      }
+      placement_dirty_ = true;
     }
-    last = rev.status();
-    if (last.code() != StatusCode::kAborted) return last;
-    if (election_ && !election_->IsLeader())
-      return Unavailable("this controller replica lost leadership");
-    // Another writer changed one of the GPUs: read them again and place again.
-    TF_RETURN_IF_ERROR(ReloadGpusLocked(d->gpu_uuids));
-  }
-  return Status(StatusCode::kAborted, "allocation kept conflicting with concurrent writers: " + last.message());
+    return Status(StatusCode::kAborted, "allocation kept conflicting with concurrent writers: " + last.message());
+  });
 }
 
 Status Controller::Release(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  TF_RETURN_IF_ERROR(CheckServingLocked());
-  return ReleaseLocked(id, /*lost_node=*/false);
+  return Durably([&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    return ReleaseLocked(id, /*lost_node=*/false);
+  });
 }
 
 Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
@@ -554,7 +702,7 @@ Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
         g.revision = *rev;
       }
       placement_->Release(it->second.value);
-      allocations_.erase(it);
+      EraseAllocationLocked(it);
       ++(lost_node ? counters_.allocations_released_lost_node : counters_.allocations_released);
       return Status::Ok();
     }
@@ -575,6 +723,24 @@ std::vector<Allocation> Controller::ListAllocations() const {
   return out;
 }
 
+std::vector<Allocation> Controller::ListAllocationsOnNode(const std::string& node) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Allocation> out;
+  auto ids = allocations_by_node_.find(node);
+  if (ids == allocations_by_node_.end()) return out;
+  for (const std::string& id : ids->second) out.push_back(allocations_.at(id).value);
+  return out;
+}
+
+void Controller::EraseAllocationLocked(std::map<std::string, Versioned<Allocation>>::iterator it) {
+  auto ids = allocations_by_node_.find(it->second.value.node);
+  if (ids != allocations_by_node_.end()) {
+    ids->second.erase(it->first);
+    if (ids->second.empty()) allocations_by_node_.erase(ids);
+  }
+  allocations_.erase(it);
+}
+
 StatusOr<Allocation> Controller::GetAllocation(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocations_.find(id);
@@ -585,57 +751,61 @@ StatusOr<Allocation> Controller::GetAllocation(const std::string& id) const {
 // ---- liveness ----
 
 void Controller::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!CheckServingLocked().ok()) return;
-  const int64_t now = clock_->NowMs();
-  std::vector<std::string> expired;
-  for (auto& [name, n] : nodes_) {
-    if (n.value.state == NodeState::kReady) {
-      if (now - last_heartbeat_ms_[name] <= config_.heartbeat_timeout_ms) continue;
-      Node node = n.value;
-      node.state = NodeState::kLost;
-      node.lost_since_ms = now;
-      std::vector<Compare> compares{Compare::At(NodeKey(name), n.revision)};
-      std::vector<Write> writes{Write::Put(NodeKey(name), Dump(node))};
-      std::vector<Gpu> updated;
-      for (const auto& [uuid, g] : gpus_) {
-        if (g.value.node != name) continue;
-        Gpu u = g.value;
-        u.schedulable = false;
-        compares.push_back(Compare::At(GpuKey(uuid), g.revision));
-        writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
-        updated.push_back(u);
+  (void)Durably([&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!CheckServingLocked().ok()) return Status::Ok();
+    const int64_t now = clock_->NowMs();
+    std::vector<std::string> expired;
+    for (auto& [name, n] : nodes_) {
+      if (n.value.state == NodeState::kReady) {
+        if (now - last_heartbeat_ms_[name] <= config_.heartbeat_timeout_ms) continue;
+        Node node = n.value;
+        node.state = NodeState::kLost;
+        node.lost_since_ms = now;
+        std::vector<Compare> compares{Compare::At(NodeKey(name), n.revision)};
+        std::vector<Write> writes{Write::Put(NodeKey(name), Dump(node))};
+        std::vector<Gpu> updated;
+        for (const auto& [uuid, g] : gpus_) {
+          if (g.value.node != name) continue;
+          Gpu u = g.value;
+          u.schedulable = false;
+          compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+          writes.push_back(Write::Put(GpuKey(uuid), Dump(u)));
+          updated.push_back(u);
+        }
+        StatusOr<int64_t> rev = CommitLocked(compares, writes);
+        if (!rev.ok()) {
+          std::fprintf(stderr, "controller: marking node %s lost failed: %s\n", name.c_str(),
+                       rev.status().ToString().c_str());
+          continue;
+        }
+        n = {node, *rev};
+        for (Gpu& u : updated) {
+          Versioned<Gpu>& g = gpus_.at(u.uuid);
+          g.value = std::move(u);
+          g.revision = *rev;
+        }
+        ++counters_.nodes_marked_lost;
+        placement_dirty_ = true;
+        std::fprintf(stderr, "controller: node %s missed heartbeats for %lld ms: marked lost\n",
+                     name.c_str(), static_cast<long long>(now - last_heartbeat_ms_[name]));
+      } else if (now - n.value.lost_since_ms >= config_.lost_grace_ms) {
+        expired.push_back(name);
       }
-      StatusOr<int64_t> rev = CommitLocked(compares, writes);
-      if (!rev.ok()) {
-        std::fprintf(stderr, "controller: marking node %s lost failed: %s\n", name.c_str(),
-                     rev.status().ToString().c_str());
-        continue;
-      }
-      n = {node, *rev};
-      for (Gpu& u : updated) {
-        Versioned<Gpu>& g = gpus_.at(u.uuid);
-        g.value = std::move(u);
-        g.revision = *rev;
-      }
-      ++counters_.nodes_marked_lost;
-      std::fprintf(stderr, "controller: node %s missed heartbeats for %lld ms: marked lost\n",
-                   name.c_str(), static_cast<long long>(now - last_heartbeat_ms_[name]));
-    } else if (now - n.value.lost_since_ms >= config_.lost_grace_ms) {
-      expired.push_back(name);
     }
-  }
-  for (const std::string& name : expired) {
-    std::vector<std::string> ids;
-    for (const auto& [id, a] : allocations_)
-      if (a.value.node == name) ids.push_back(id);
-    for (const std::string& id : ids) {
-      Status st = ReleaseLocked(id, /*lost_node=*/true);
-      if (!st.ok())
-        std::fprintf(stderr, "controller: releasing %s of lost node %s failed: %s\n", id.c_str(),
-                     name.c_str(), st.ToString().c_str());
+    for (const std::string& name : expired) {
+      std::vector<std::string> ids;
+      if (auto on = allocations_by_node_.find(name); on != allocations_by_node_.end())
+        ids.assign(on->second.begin(), on->second.end());
+      for (const std::string& id : ids) {
+        Status st = ReleaseLocked(id, /*lost_node=*/true);
+        if (!st.ok())
+          std::fprintf(stderr, "controller: releasing %s of lost node %s failed: %s\n", id.c_str(),
+                       name.c_str(), st.ToString().c_str());
+      }
     }
-  }
+    return Status::Ok();
+  });
 }
 
 ControllerCounters Controller::counters() const {
@@ -682,6 +852,7 @@ std::string Controller::MetricsText() const {
   counter("tf_controller_allocations_granted_total", "Allocations granted.", counters_.allocations_granted);
   counter("tf_controller_allocations_refused_total", "Allocations refused for lack of capacity.", counters_.allocations_refused);
   counter("tf_controller_allocations_released_total", "Allocations released by request.", counters_.allocations_released);
+  counter("tf_controller_allocations_preempted_total", "Allocations released to make room for a higher QoS.", counters_.allocations_preempted);
   counter("tf_controller_allocations_released_lost_node_total", "Allocations released because their node was lost.", counters_.allocations_released_lost_node);
   counter("tf_controller_commit_conflicts_total", "Store transactions refused by a compare (CAS).", counters_.commit_conflicts);
   counter("tf_controller_nodes_marked_lost_total", "Times a node was marked lost.", counters_.nodes_marked_lost);

@@ -2,9 +2,12 @@
 // allocations. Durable state lives in a Store; this class holds an in-memory copy (with each
 // object's store revision) that it rebuilds from the store when it becomes leader (Rebuild).
 //
-// Allocation: the PlacementEngine picks GPUs from the in-memory view; the decision is committed in
-// one store transaction that compares every chosen GPU's revision (and the leader fence) and
-// writes the GPUs' new usage together with the allocation. Only after the commit succeeds is the
+// Allocation: the PlacementEngine (the scheduler library, src/scheduler) picks GPUs from the
+// in-memory view, in the pool's placement mode, within the tenant's quota; a request that does not
+// fit may preempt strictly-lower-QoS allocations (the fewest, never a futile set). The decision is
+// committed in one store transaction that compares every chosen GPU's revision, every victim's
+// revision (and the leader fence) and writes the GPUs' new usage, the victims' deletion and the
+// allocation together. Only after the commit succeeds is the
 // allocation acknowledged, so an acknowledged allocation survives a crash, and two replicas can
 // never both take the same capacity: the second commit fails its compare.
 //
@@ -12,12 +15,15 @@
 // is marked lost (persisted; its GPUs stop taking new allocations); lost for lost_grace_ms more,
 // its allocations are released. A replica that takes over gives every node a fresh timeout.
 //
-// Thread safety: every public method may be called concurrently; one mutex serializes them.
+// Thread safety: every public method may be called concurrently; one mutex serializes decisions.
+// Store transactions are staged under it and waited for after it is released (group commit), so
+// a later caller may see (not be acknowledged on) state whose fsync is still in flight.
 #pragma once
 
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -65,6 +71,9 @@ struct AllocationRequest {
   int gpu_count = 0;
   std::string qos;
   std::string gpu_model;
+  std::string tenant;    // quotas apply per tenant; empty: none
+  double percent = 0;    // percent of one GPU per vGPU, instead of tflops
+  bool allow_preemption = true;  // may evict strictly-lower-QoS allocations to fit
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample
@@ -85,6 +94,7 @@ struct ControllerCounters {
   uint64_t allocations_refused = 0;  // no capacity
   uint64_t allocations_released = 0;
   uint64_t allocations_released_lost_node = 0;
+  uint64_t allocations_preempted = 0;
   uint64_t commit_conflicts = 0;  // CAS failures (another writer, or lost leadership)
   uint64_t nodes_marked_lost = 0;
 };
@@ -103,6 +113,9 @@ class Controller {
   void StopServing();
 
   StatusOr<Pool> CreatePool(const std::string& name);
+  // `spec.placement_mode` (docs/scheduler.md; empty: the default) and tflops_oversell_ratio >= 1.
+  StatusOr<Pool> CreatePool(const Pool& spec);
+  StatusOr<Pool> UpdatePool(const Pool& spec);  // changes the mode and the oversell ratio
   std::vector<Pool> ListPools() const;
   StatusOr<Pool> GetPool(const std::string& name) const;
   Status DeletePool(const std::string& name);  // kFailedPrecondition while nodes use it
@@ -118,11 +131,19 @@ class Controller {
   StatusOr<Workload> GetWorkload(const std::string& name) const;
   Status DeleteWorkload(const std::string& name);
 
+  // Tenant quotas (0 = unlimited). A quota below current use refuses new allocations only.
+  StatusOr<TenantQuota> SetTenantQuota(const TenantQuota& q);
+  std::vector<TenantQuota> ListTenantQuotas() const;
+
   // kInvalidArgument (bad request), kNotFound (pool or workload), kOutOfMemory (no capacity),
-  // kAborted (conflicting writers, retry), kUnavailable (not the leader, or the store is down).
-  StatusOr<Allocation> Allocate(const AllocationRequest& req);
+  // kResourceExhausted (tenant quota), kAborted (conflicting writers, retry), kUnavailable (not
+  // the leader, or the store is down). `preempted` (may be null) receives the allocations that
+  // were released to make room, in the same store transaction.
+  StatusOr<Allocation> Allocate(const AllocationRequest& req,
+                                std::vector<Allocation>* preempted = nullptr);
   Status Release(const std::string& allocation_id);
   std::vector<Allocation> ListAllocations() const;
+  std::vector<Allocation> ListAllocationsOnNode(const std::string& node) const;
   StatusOr<Allocation> GetAllocation(const std::string& id) const;
 
   // Marks silent nodes lost and releases allocations of nodes lost past the grace period.
@@ -140,12 +161,18 @@ class Controller {
     int64_t revision = 0;
   };
 
+  // Runs `body` (which takes mu_ and may stage store transactions through CommitLocked) and then,
+  // with mu_ released, waits until what it staged is durable: concurrent callers share one
+  // fsync (group commit) and nobody is acknowledged before their writes are on disk.
+  template <typename F>
+  auto Durably(F&& body) -> decltype(body());
   Status CheckServingLocked() const;
   StatusOr<int64_t> CommitLocked(std::vector<Compare> compares, const std::vector<Write>& writes);
   Status ReleaseLocked(const std::string& id, bool lost_node);
   Status ReloadGpusLocked(const std::vector<std::string>& uuids);
   Status EnsurePoolLocked(const std::string& name);
-  void IndexPoolLocked(const std::string& pool);
+  void EnsurePlacementLocked();
+  void EraseAllocationLocked(std::map<std::string, Versioned<Allocation>>::iterator it);
   std::string NewAllocationIdLocked();
 
   Store* const store_;
@@ -161,10 +188,13 @@ class Controller {
   std::map<std::string, Versioned<Gpu>> gpus_;
   std::map<std::string, Versioned<Workload>> workloads_;
   std::map<std::string, Versioned<Allocation>> allocations_;
+  // Allocation ids by node: the agents' per-node sync reads this every second.
+  std::unordered_map<std::string, std::set<std::string>> allocations_by_node_;
+  std::map<std::string, Versioned<TenantQuota>> quotas_;
+  bool placement_dirty_ = true;  // the engine's mirror must be rebuilt before the next Place
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid
   std::unordered_map<std::string, int64_t> sampled_ms_;               // by GPU uuid
-  std::unordered_map<std::string, std::vector<const Gpu*>> pool_gpus_;  // by pool, node-grouped
   ControllerCounters counters_;
   std::mt19937_64 rng_;
 };

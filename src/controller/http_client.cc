@@ -35,6 +35,11 @@ StatusOr<HttpResponse> HttpClient::Post(const std::string& path, const std::stri
                  "POST " + base_url_ + path);
 }
 
+StatusOr<HttpResponse> HttpClient::Put(const std::string& path, const std::string& json_body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Convert(cli_->Put(path.c_str(), json_body, "application/json"), "PUT " + base_url_ + path);
+}
+
 StatusOr<HttpResponse> HttpClient::Delete(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
   return Convert(cli_->Delete(path.c_str()), "DELETE " + base_url_ + path);

@@ -24,7 +24,15 @@ StatusOr<Qos> ParseQos(const std::string& s) {
   return InvalidArgument("qos must be one of low, medium, high, critical (got '" + s + "')");
 }
 
-json ToJson(const Pool& p) { return {{"name", p.name}, {"created_ms", p.created_ms}}; }
+json ToJson(const Pool& p) {
+  return {{"name", p.name}, {"created_ms", p.created_ms}, {"placement_mode", p.placement_mode},
+          {"tflops_oversell_ratio", p.tflops_oversell_ratio}};
+}
+
+json ToJson(const TenantQuota& q) {
+  return {{"tenant", q.tenant}, {"max_tflops", q.max_tflops}, {"max_vram_mib", q.max_vram_mib},
+          {"max_gpus", q.max_gpus}};
+}
 
 json ToJson(const Node& n) {
   return {{"name", n.name},
@@ -52,10 +60,11 @@ json ToJson(const Workload& w) {
 json ToJson(const Allocation& a) {
   json vgpus = json::array();
   for (const Vgpu& v : a.vgpus)
-    vgpus.push_back({{"gpu", v.gpu_uuid}, {"tflops", v.tflops}, {"vram_mib", v.vram_mib}});
+    vgpus.push_back({{"gpu", v.gpu_uuid}, {"tflops", v.tflops}, {"vram_mib", v.vram_mib},
+                     {"gpu_index", v.gpu_index}, {"share_ppm", v.share_ppm}});
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
-          {"created_ms", a.created_ms}};
+          {"created_ms", a.created_ms}, {"tenant", a.tenant}};
 }
 
 namespace {
@@ -79,6 +88,17 @@ StatusOr<Pool> PoolFromJson(const std::string& text) {
   return Parse<Pool>(text, "pool", [](const json& j, Pool& p) {
     p.name = j.at("name").get<std::string>();
     p.created_ms = j.value("created_ms", int64_t{0});
+    p.placement_mode = j.value("placement_mode", std::string("NodeCompactGPULowLoad"));
+    p.tflops_oversell_ratio = j.value("tflops_oversell_ratio", 1.0);
+  });
+}
+
+StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text) {
+  return Parse<TenantQuota>(text, "quota", [](const json& j, TenantQuota& q) {
+    q.tenant = j.at("tenant").get<std::string>();
+    q.max_tflops = j.value("max_tflops", 0.0);
+    q.max_vram_mib = j.value("max_vram_mib", int64_t{0});
+    q.max_gpus = j.value("max_gpus", 0);
   });
 }
 
@@ -131,9 +151,11 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.qos = q.ok() ? *q : Qos::kMedium;
     for (const json& v : j.at("vgpus")) {
       a.vgpus.push_back(Vgpu{v.at("gpu").get<std::string>(), v.at("tflops").get<double>(),
-                             v.at("vram_mib").get<int64_t>()});
+                             v.at("vram_mib").get<int64_t>(), v.value("gpu_index", 0),
+                             v.value("share_ppm", uint64_t{0})});
     }
     a.created_ms = j.value("created_ms", int64_t{0});
+    a.tenant = j.value("tenant", "");
   });
 }
 

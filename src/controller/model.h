@@ -19,6 +19,7 @@ inline constexpr char kNodePrefix[] = "/tf/nodes/";
 inline constexpr char kGpuPrefix[] = "/tf/gpus/";
 inline constexpr char kWorkloadPrefix[] = "/tf/workloads/";
 inline constexpr char kAllocationPrefix[] = "/tf/allocations/";
+inline constexpr char kQuotaPrefix[] = "/tf/quotas/";
 
 enum class Qos { kLow, kMedium, kHigh, kCritical };
 const char* QosName(Qos q);
@@ -27,6 +28,18 @@ StatusOr<Qos> ParseQos(const std::string& s);
 struct Pool {
   std::string name;
   int64_t created_ms = 0;
+  // How the scheduler places in this pool (docs/scheduler.md): CompactFirst, LowLoadFirst,
+  // NodeCompactGPULowLoad (default), BestFit, FGD, FragAware.
+  std::string placement_mode = "NodeCompactGPULowLoad";
+  double tflops_oversell_ratio = 1.0;  // >= 1: vGPU TFLOPS may sum to this times the physical
+};
+
+// Per-tenant ceilings on what its live allocations hold (requests, summed over vGPUs); 0 = no limit.
+struct TenantQuota {
+  std::string tenant;
+  double max_tflops = 0;
+  int64_t max_vram_mib = 0;
+  int max_gpus = 0;  // vGPUs
 };
 
 enum class NodeState { kReady, kLost };
@@ -68,6 +81,8 @@ struct Vgpu {
   std::string gpu_uuid;
   double tflops = 0;
   int64_t vram_mib = 0;
+  int gpu_index = 0;           // the GPU's index on its node
+  uint64_t share_ppm = 0;      // tflops / the GPU's physical TFLOPS, in millionths
 };
 
 struct Allocation {
@@ -78,6 +93,7 @@ struct Allocation {
   Qos qos = Qos::kMedium;
   std::vector<Vgpu> vgpus;
   int64_t created_ms = 0;
+  std::string tenant;  // may be empty (no quota)
 };
 
 // JSON (de)serialization; the same shape is stored and served.
@@ -86,12 +102,14 @@ nlohmann::json ToJson(const Node& n);
 nlohmann::json ToJson(const Gpu& g);
 nlohmann::json ToJson(const Workload& w);
 nlohmann::json ToJson(const Allocation& a);
+nlohmann::json ToJson(const TenantQuota& q);
 // Parse a stored value; kInternal when the store holds something unreadable.
 StatusOr<Pool> PoolFromJson(const std::string& text);
 StatusOr<Node> NodeFromJson(const std::string& text);
 StatusOr<Gpu> GpuFromJson(const std::string& text);
 StatusOr<Workload> WorkloadFromJson(const std::string& text);
 StatusOr<Allocation> AllocationFromJson(const std::string& text);
+StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text);
 
 // Names of pools, nodes, workloads and GPU UUIDs: 1-128 characters of [A-Za-z0-9._:-].
 Status ValidateName(const std::string& what, const std::string& name);

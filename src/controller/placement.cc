@@ -2,69 +2,203 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 namespace tf::controller {
 namespace {
 
-bool ModelMatches(const std::string& model, const std::string& wanted) {
-  if (wanted.empty()) return true;
-  auto it = std::search(model.begin(), model.end(), wanted.begin(), wanted.end(),
+// Mirrors of usage no known allocation explains; never preempted.
+constexpr char kResidualPrefix[] = "~residual/";
+
+bool ContainsIgnoreCase(const std::string& hay, const std::string& needle) {
+  auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end(),
                         [](char a, char b) { return std::tolower(a) == std::tolower(b); });
-  return it != model.end();
+  return it != hay.end();
 }
 
-// Lower is better: the share of the GPU's compute left free after placing the request.
-double LeftoverScore(const Gpu& g, const PlacementRequest& r) {
-  return (g.tflops - g.used_tflops - r.tflops) / (g.tflops > 0 ? g.tflops : 1.0);
-}
-
-class CompactFirstPlacement : public PlacementEngine {
- public:
-  StatusOr<PlacementDecision> Place(const PlacementRequest& r,
-                                    const std::vector<const Gpu*>& gpus) override {
-    // Epsilon keeps float rounding from refusing an exact fit (e.g. 10 x 0.1 TFLOPS).
-    constexpr double kEps = 1e-9;
-    auto fits = [&](const Gpu& g) {
-      return g.schedulable && g.tflops - g.used_tflops + kEps >= r.tflops &&
-             g.vram_mib - g.used_vram_mib >= r.vram_mib && ModelMatches(g.model, r.gpu_model);
-    };
-    PlacementDecision best;
-    double best_score = 1e300;
-    std::vector<const Gpu*> node_fits;
-    size_t i = 0;
-    while (i < gpus.size()) {
-      const std::string& node = gpus[i]->node;
-      node_fits.clear();
-      for (; i < gpus.size() && gpus[i]->node == node; ++i) {
-        if (fits(*gpus[i])) node_fits.push_back(gpus[i]);
-      }
-      if (static_cast<int>(node_fits.size()) < r.gpu_count) continue;
-      std::partial_sort(node_fits.begin(), node_fits.begin() + r.gpu_count, node_fits.end(),
-                        [&](const Gpu* a, const Gpu* b) {
-                          return LeftoverScore(*a, r) < LeftoverScore(*b, r);
-                        });
-      double score = 0;
-      for (int k = 0; k < r.gpu_count; ++k) score += LeftoverScore(*node_fits[k], r);
-      if (score < best_score) {
-        best_score = score;
-        best.node = node;
-        best.gpu_uuids.clear();
-        for (int k = 0; k < r.gpu_count; ++k) best.gpu_uuids.push_back(node_fits[k]->uuid);
-      }
-    }
-    if (best.node.empty()) {
-      return OutOfMemory("no node in pool '" + r.pool + "' has " + std::to_string(r.gpu_count) +
-                         " GPU(s) with " + std::to_string(r.tflops) + " TFLOPS and " +
-                         std::to_string(r.vram_mib) + " MiB free");
-    }
-    return best;
+sched::Qos ToSchedQos(Qos q) {
+  switch (q) {
+    case Qos::kLow: return sched::Qos::kLow;
+    case Qos::kMedium: return sched::Qos::kMedium;
+    case Qos::kHigh: return sched::Qos::kHigh;
+    case Qos::kCritical: return sched::Qos::kCritical;
   }
-};
+  return sched::Qos::kMedium;
+}
+
+// The scheduler's "no room" is the controller's kOutOfMemory (HTTP 409, counted as refused).
+Status FromSched(const Status& s) {
+  if (s.code() == StatusCode::kUnavailable) return OutOfMemory(s.message());
+  if (s.code() == StatusCode::kNotFound) return NotFound(s.message());
+  return s;
+}
 
 }  // namespace
 
-std::unique_ptr<PlacementEngine> MakeCompactFirstPlacement() {
-  return std::make_unique<CompactFirstPlacement>();
+PlacementEngine::PlacementEngine(sched::SchedulerOptions options)
+    : options_(options), scheduler_(std::make_unique<sched::Scheduler>(options)) {}
+
+void PlacementEngine::Reset(const ClusterSnapshot& snap) {
+  scheduler_ = std::make_unique<sched::Scheduler>(options_);
+  gpu_refs_.clear();
+  node_gpus_.clear();
+  for (const Pool* p : snap.pools) {
+    sched::PoolSpec spec{p->name, std::max(1.0, p->tflops_oversell_ratio),
+                         sched::PlacementMode::kNodeCompactGpuLowLoad};
+    if (StatusOr<sched::PlacementMode> m = sched::ParsePlacementMode(p->placement_mode); m.ok())
+      spec.mode = *m;
+    Status st = scheduler_->AddPool(spec);
+    if (!st.ok()) std::fprintf(stderr, "placement: pool %s: %s\n", p->name.c_str(), st.ToString().c_str());
+  }
+  // GPUs by node, in index order. A GPU the controller marked unschedulable while its node is
+  // ready (it disappeared from the node's report) is left out; a lost node keeps all its GPUs
+  // (its allocations still count) and is cordoned as a whole.
+  std::map<std::string, std::vector<const Gpu*>> by_node;
+  for (const Gpu* g : snap.gpus) by_node[g->node].push_back(g);
+  for (const Node* n : snap.nodes) {
+    std::vector<const Gpu*>& gpus = by_node[n->name];
+    std::sort(gpus.begin(), gpus.end(), [](const Gpu* a, const Gpu* b) { return a->index < b->index; });
+    const bool lost = n->state == NodeState::kLost;
+    sched::NodeSpec spec{n->name, n->pool, {}, 0, 0};
+    std::vector<std::string>& uuids = node_gpus_[n->name];
+    for (const Gpu* g : gpus) {
+      if (!lost && !g->schedulable) continue;
+      if (g->tflops <= 0 || g->vram_mib <= 0 || spec.gpus.size() >= 64) continue;
+      spec.gpus.push_back({g->model.empty() ? "unknown" : g->model, g->tflops, g->vram_mib,
+                           std::max(0, g->numa_node), 0});
+      gpu_refs_[g->uuid] = {n->name, static_cast<int>(uuids.size())};
+      uuids.push_back(g->uuid);
+    }
+    Status st = scheduler_->AddNode(spec);
+    if (!st.ok()) {
+      std::fprintf(stderr, "placement: node %s: %s\n", n->name.c_str(), st.ToString().c_str());
+      for (const std::string& u : uuids) gpu_refs_.erase(u);
+      node_gpus_.erase(n->name);
+      continue;
+    }
+  }
+  // Known allocations, restricted to the GPUs the mirror holds.
+  std::map<std::string, std::pair<sched::MilliTflops, int64_t>> explained;
+  for (const Allocation* a : snap.allocations) {
+    sched::Request r;
+    r.id = a->id;
+    r.tenant = a->tenant;
+    r.pool = a->pool;
+    r.qos = ToSchedQos(a->qos);
+    sched::Placement p;
+    p.request_id = a->id;
+    p.node_name = a->node;
+    p.node = scheduler_->state().NodeIndex(a->node);
+    for (const Vgpu& v : a->vgpus) {
+      auto ref = gpu_refs_.find(v.gpu_uuid);
+      if (ref == gpu_refs_.end() || ref->second.node != a->node) continue;
+      p.gpus.push_back(ref->second.index);
+      p.compute_per_gpu = sched::ToMilliTflops(v.tflops);
+      p.vram_per_gpu_mib = v.vram_mib;
+      r.tflops_request = v.tflops;
+      r.vram_request_mib = v.vram_mib;
+    }
+    if (p.gpus.empty() || p.node < 0) continue;
+    r.gpu_count = static_cast<int>(p.gpus.size());
+    Status st = scheduler_->Commit(r, p);
+    if (!st.ok()) {
+      std::fprintf(stderr, "placement: allocation %s not mirrored: %s\n", a->id.c_str(), st.ToString().c_str());
+      continue;
+    }
+    for (const Vgpu& v : a->vgpus) {
+      explained[v.gpu_uuid].first += sched::ToMilliTflops(v.tflops);
+      explained[v.gpu_uuid].second += v.vram_mib;
+    }
+  }
+  // Usage the store records but no known allocation explains.
+  for (const Gpu* g : snap.gpus) {
+    auto ref = gpu_refs_.find(g->uuid);
+    if (ref == gpu_refs_.end()) continue;
+    const auto& ex = explained[g->uuid];
+    sched::MilliTflops compute = sched::ToMilliTflops(g->used_tflops) - ex.first;
+    int64_t vram = g->used_vram_mib - ex.second;
+    if (compute <= 0 && vram <= 0) continue;
+    sched::Request r;
+    r.id = kResidualPrefix + g->uuid;
+    r.pool = g->pool;
+    r.qos = sched::Qos::kCritical;
+    r.tflops_request = sched::ToTflops(std::max<sched::MilliTflops>(compute, 1));
+    r.vram_request_mib = std::max<int64_t>(vram, 0);
+    sched::Placement p{r.id, scheduler_->state().NodeIndex(g->node), g->node, {ref->second.index},
+                       std::max<sched::MilliTflops>(compute, 1), r.vram_request_mib};
+    Status st = scheduler_->Commit(r, p);
+    if (!st.ok()) std::fprintf(stderr, "placement: GPU %s residual usage: %s\n", g->uuid.c_str(), st.ToString().c_str());
+  }
+  // Lost nodes take no new work (cordoned after their allocations were mirrored).
+  for (const Node* n : snap.nodes)
+    if (n->state == NodeState::kLost) (void)scheduler_->SetSchedulable(n->name, false);
+  // Quotas last: a quota lowered below current use must not drop existing allocations.
+  for (const TenantQuota* q : snap.quotas)
+    scheduler_->SetTenantQuota(q->tenant, {q->max_tflops, q->max_vram_mib, q->max_gpus});
+}
+
+StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest& in) const {
+  sched::Request r;
+  r.id = in.id;
+  r.tenant = in.tenant;
+  r.pool = in.pool;
+  r.tflops_request = in.tflops;
+  r.compute_percent_request = in.percent;
+  r.vram_request_mib = in.vram_mib;
+  r.gpu_count = in.gpu_count;
+  r.qos = ToSchedQos(in.qos);
+  if (!in.gpu_model.empty()) {
+    for (const std::string& m : scheduler_->state().model_names())
+      if (ContainsIgnoreCase(m, in.gpu_model)) r.gpu_models.push_back(m);
+    if (r.gpu_models.empty())
+      return OutOfMemory("no GPU model matching '" + in.gpu_model + "' is in the cluster");
+  }
+  return r;
+}
+
+StatusOr<PlacementDecision> PlacementEngine::Place(const PlacementRequest& in, bool allow_preemption) const {
+  StatusOr<sched::Request> r = ToSchedRequest(in);
+  if (!r.ok()) return r.status();
+  PlacementDecision d;
+  sched::Placement placement;
+  StatusOr<sched::Placement> p = scheduler_->Place(*r);
+  if (p.ok()) {
+    placement = *p;
+  } else {
+    if (p.status().code() != StatusCode::kUnavailable || !allow_preemption) return FromSched(p.status());
+    StatusOr<sched::PreemptionPlan> plan = scheduler_->PlanPreemption(*r);
+    if (!plan.ok()) {
+      if (plan.status().code() == StatusCode::kUnavailable) return FromSched(p.status());
+      return FromSched(plan.status());
+    }
+    placement = plan->placement;
+    d.victims = plan->victims;
+  }
+  d.node = placement.node_name;
+  const std::vector<std::string>& uuids = node_gpus_.at(d.node);
+  for (int gi : placement.gpus) d.gpu_uuids.push_back(uuids.at(static_cast<size_t>(gi)));
+  d.tflops_per_gpu = sched::ToTflops(placement.compute_per_gpu);
+  return d;
+}
+
+Status PlacementEngine::Commit(const PlacementRequest& in, const PlacementDecision& d) {
+  StatusOr<sched::Request> r = ToSchedRequest(in);
+  if (!r.ok()) return r.status();
+  for (const std::string& v : d.victims) (void)scheduler_->Release(v);
+  sched::Placement p;
+  p.request_id = in.id;
+  p.node_name = d.node;
+  p.node = scheduler_->state().NodeIndex(d.node);
+  for (const std::string& uuid : d.gpu_uuids) p.gpus.push_back(gpu_refs_.at(uuid).index);
+  p.compute_per_gpu = sched::ToMilliTflops(d.tflops_per_gpu);
+  p.vram_per_gpu_mib = in.vram_mib;
+  return scheduler_->Commit(*r, p);
+}
+
+void PlacementEngine::Release(const Allocation& a) { (void)scheduler_->Release(a.id); }
+
+std::unique_ptr<PlacementEngine> MakeSchedulerPlacement(sched::SchedulerOptions options) {
+  return std::make_unique<PlacementEngine>(options);
 }
 
 }  // namespace tf::controller

@@ -1,24 +1,44 @@
-// PlacementEngine: the controller's narrow view of the scheduler. Given one request and the GPUs
-// of the requested pool, it picks a node and the GPUs on it; it does no I/O and changes nothing
-// (the controller commits the decision to the store and then updates its own view).
+// PlacementEngine: the controller's adapter over the placement library (src/scheduler). It keeps a
+// tf::sched::Scheduler that mirrors the controller's in-memory view (pools with their placement
+// mode and TFLOPS oversell ratio, nodes, GPUs, allocations, tenant quotas), asks it where a request
+// goes (and, for a request that does not fit, which lower-QoS allocations to preempt), and is told
+// what the controller committed. It does no I/O: the controller commits the decision to the store
+// (compare-and-swap on GPU revisions) and only then calls Commit/Release here.
 //
-// The default engine (CompactFirstPlacement) packs: among GPUs with room it picks the one left
-// with the least free compute, so large holes stay open for large requests. The scheduler library
-// in src/scheduler plugs in behind the same interface.
+// The mirror is rebuilt from a ClusterSnapshot whenever the controller's topology changes (Reset);
+// allocations and releases are applied incrementally. GPU usage that no known allocation explains
+// (another writer's commit seen through a re-read) is reserved as an unpreemptible residual, so
+// the engine never offers capacity the store says is taken.
+//
+// Thread safety: none; the controller calls it under its own mutex.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
 #include "controller/model.h"
+#include "scheduler/scheduler.h"
 
 namespace tf::controller {
 
+// What the engine mirrors; pointers into the controller's maps, valid during Reset only.
+struct ClusterSnapshot {
+  std::vector<const Pool*> pools;
+  std::vector<const Node*> nodes;
+  std::vector<const Gpu*> gpus;
+  std::vector<const Allocation*> allocations;
+  std::vector<const TenantQuota*> quotas;
+};
+
 struct PlacementRequest {
+  std::string id;         // the allocation id it will get
   std::string pool;
-  double tflops = 0;      // per vGPU
+  std::string tenant;     // empty: no quota applies
+  double tflops = 0;      // per vGPU; or
+  double percent = 0;     // per vGPU, percent of the chosen GPU (exactly one of the two is > 0)
   int64_t vram_mib = 0;   // per vGPU
   int gpu_count = 1;      // all on one node
   Qos qos = Qos::kMedium;
@@ -28,19 +48,43 @@ struct PlacementRequest {
 struct PlacementDecision {
   std::string node;
   std::vector<std::string> gpu_uuids;  // gpu_count distinct GPUs of `node`
+  double tflops_per_gpu = 0;           // what is reserved on each (percent requests resolved)
+  std::vector<std::string> victims;    // allocation ids to release in the same commit (QoS)
 };
 
 class PlacementEngine {
  public:
-  virtual ~PlacementEngine() = default;
-  // `pool_gpus`: every GPU of the request's pool, grouped by node (consecutive entries share a
-  // node). kOutOfMemory when no node has gpu_count GPUs with room for the request.
-  virtual StatusOr<PlacementDecision> Place(const PlacementRequest& request,
-                                            const std::vector<const Gpu*>& pool_gpus) = 0;
-  // Tells a stateful engine that an allocation is gone. The default engine keeps no state.
-  virtual void Release(const Allocation& allocation) { (void)allocation; }
+  explicit PlacementEngine(sched::SchedulerOptions options = {});
+
+  // Rebuilds the mirror. Problems with single objects (a GPU of unknown capacity, an allocation
+  // that no longer fits) are logged and skipped, never fatal.
+  void Reset(const ClusterSnapshot& snapshot);
+
+  // kInvalidArgument (bad request), kOutOfMemory (no room, and no preemption would make room),
+  // kResourceExhausted (tenant quota). With `allow_preemption`, a request that does not fit may
+  // come back with victims: the fewest strictly-lower-QoS allocations on one node whose release
+  // makes it fit (never a futile set).
+  StatusOr<PlacementDecision> Place(const PlacementRequest& request, bool allow_preemption) const;
+
+  // The decision was committed to the store: release its victims and take the capacity.
+  // REQUIRES `decision` came from Place(request) with no change in between.
+  Status Commit(const PlacementRequest& request, const PlacementDecision& decision);
+  // An allocation is gone (released by request, preempted elsewhere, or its node was lost).
+  void Release(const Allocation& allocation);
+
+ private:
+  struct GpuRef {
+    std::string node;
+    int index = 0;  // position within the scheduler's node
+  };
+  StatusOr<sched::Request> ToSchedRequest(const PlacementRequest& r) const;
+
+  const sched::SchedulerOptions options_;
+  std::unique_ptr<sched::Scheduler> scheduler_;
+  std::map<std::string, GpuRef> gpu_refs_;                       // by GPU uuid
+  std::map<std::string, std::vector<std::string>> node_gpus_;    // node -> uuid by position
 };
 
-std::unique_ptr<PlacementEngine> MakeCompactFirstPlacement();
+std::unique_ptr<PlacementEngine> MakeSchedulerPlacement(sched::SchedulerOptions options = {});
 
 }  // namespace tf::controller

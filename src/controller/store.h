@@ -7,8 +7,9 @@
 // compare-and-swap the controller uses so that two replicas can never both take the same GPU
 // capacity, and it maps one-to-one onto an etcd Txn.
 //
-// Durability: when Commit returns OK the writes survive a kill -9 of the process (SQLite: WAL with
-// synchronous=FULL; etcd: its raft log).
+// Durability: when Commit (or WaitDurable after Stage) returns OK the writes survive a kill -9 of
+// the process (SQLite: WAL with synchronous=FULL, concurrent transactions group-committed; etcd:
+// its raft log).
 // Thread safety: every implementation is safe to call from several threads at once.
 #pragma once
 
@@ -63,6 +64,21 @@ class Store {
   // kUnavailable: the backend could not be reached (the outcome is then unknown for etcd).
   virtual StatusOr<int64_t> Commit(const std::vector<Compare>& compares,
                                    const std::vector<Write>& writes) = 0;
+  // Group commit, for callers that hold a lock while they decide: Stage applies the transaction
+  // exactly as Commit would (compares checked now; later Stage/Get/List see its writes) and
+  // returns its revision, but it is durable only once WaitDurable(revision) returns OK. Staged
+  // transactions become durable in stage order, a prefix at a time, so a transaction that depends
+  // on an earlier one is never durable without it. If WaitDurable fails, the transaction (and any
+  // staged with it) is not in the store: the caller must re-read what it derived from it.
+  // Backends without batching (etcd) are durable at once: Stage is Commit.
+  virtual StatusOr<int64_t> Stage(const std::vector<Compare>& compares,
+                                  const std::vector<Write>& writes) {
+    return Commit(compares, writes);
+  }
+  virtual Status WaitDurable(int64_t revision) {
+    (void)revision;
+    return Status::Ok();
+  }
   // "sqlite:/var/lib/tfusion/state.db" or "etcd:http://127.0.0.1:2379".
   virtual std::string Describe() const = 0;
 };

@@ -35,7 +35,7 @@ Status FromHttp(const StatusOr<controller::HttpResponse>& r, const std::string& 
 }
 }  // namespace
 
-NodeAgent::NodeAgent(NodeAgentOptions options, GpuSource* source, VgpuQuotaRegionSeam* regions,
+NodeAgent::NodeAgent(NodeAgentOptions options, GpuSource* source, QuotaRegions* regions,
                      const controller::Clock* clock)
     : options_(std::move(options)), source_(source), regions_(regions), clock_(clock),
       client_(options_.controller_url, options_.token) {
@@ -64,7 +64,7 @@ Status NodeAgent::Discover() {
         std::fprintf(stderr, "hypervisor: GPU %d '%s' is not in the GPU catalog: 0 TFLOPS offered "
                      "(add an override line '<name> <tflops>')\n", d.index, d.name.c_str());
       }
-      Status st = regions_->AttachGpu(d);
+      Status st = regions_->AttachGpu(d, g.tflops);
       if (!st.ok()) std::fprintf(stderr, "hypervisor: quota region of %s: %s\n", d.uuid.c_str(), st.ToString().c_str());
       gpus.push_back(std::move(g));
     }
@@ -123,6 +123,33 @@ Status NodeAgent::HeartbeatOnce() {
   return st;
 }
 
+Status NodeAgent::SyncAllocations() {
+  StatusOr<controller::HttpResponse> r = client_.Get("/v1/allocations?node=" + options_.node_name);
+  TF_RETURN_IF_ERROR(FromHttp(r, "listing allocations"));
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("allocations") || !j["allocations"].is_array())
+    return Internal("the controller's allocation list is not JSON");
+  std::vector<VgpuAssignment> want;
+  for (const json& a : j["allocations"]) {
+    if (a.value("node", "") != options_.node_name || !a.contains("vgpus")) continue;
+    for (const json& v : a["vgpus"]) {
+      VgpuAssignment va{a.value("id", ""), v.value("gpu", ""),
+                        static_cast<uint64_t>(v.value("vram_mib", int64_t{0})) << 20,
+                        v.value("share_ppm", uint64_t{0})};
+      if (va.compute_share_ppm == 0) {  // written by an older controller: derive it
+        for (const AgentGpu& g : gpus())
+          if (g.device.uuid == va.gpu_uuid && g.tflops > 0)
+            va.compute_share_ppm = static_cast<uint64_t>(v.value("tflops", 0.0) / g.tflops * 1e6 + 0.5);
+      }
+      want.push_back(std::move(va));
+    }
+  }
+  Status st = regions_->Sync(want);
+  std::lock_guard<std::mutex> lock(mu_);
+  vgpus_ = want.size();
+  return st;
+}
+
 std::vector<AgentGpu> NodeAgent::gpus() const {
   std::lock_guard<std::mutex> lock(mu_);
   return gpus_;
@@ -132,7 +159,9 @@ std::string NodeAgent::MetricsText() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream o;
   o << "# HELP tf_node_gpus GPUs discovered on this node.\n# TYPE tf_node_gpus gauge\n"
-    << "tf_node_gpus " << gpus_.size() << "\n";
+    << "tf_node_gpus " << gpus_.size() << "\n"
+    << "# HELP tf_node_vgpus vGPUs of this node's allocations (last sync).\n# TYPE tf_node_vgpus gauge\n"
+    << "tf_node_vgpus " << vgpus_ << "\n";
   auto per_gpu = [&](const char* name, const char* help, auto get) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
     for (const AgentGpu& g : gpus_)

@@ -1,7 +1,9 @@
 // NodeAgent: the controller-facing half of `tfusion hypervisor`. It discovers this machine's GPUs
-// (GpuSource), sizes each from the GPU catalog (FP16 TFLOPS by model name), attaches each GPU's
-// quota region (VgpuQuotaRegionSeam), registers the node with the controller, then heartbeats with
-// utilization samples. A machine without GPUs or driver registers with zero GPUs and says why.
+// (GpuSource), sizes each from the GPU catalog (FP16 TFLOPS by model name), creates each GPU's
+// shared quota region (QuotaRegions), registers the node with the controller, then heartbeats with
+// utilization samples and keeps the regions' vGPUs equal to the allocations the controller placed
+// on this node (SyncAllocations). A machine without GPUs or driver registers with zero GPUs and
+// says why.
 //
 // Thread safety: Start/HeartbeatOnce from one thread; MetricsText from any thread.
 #pragma once
@@ -15,7 +17,7 @@
 #include "controller/clock.h"
 #include "controller/http_client.h"
 #include "hypervisor/gpu_source.h"
-#include "hypervisor/quota_region_seam.h"
+#include "hypervisor/quota_regions.h"
 
 namespace tf::hypervisor {
 
@@ -38,7 +40,7 @@ struct AgentGpu {
 class NodeAgent {
  public:
   // `source`, `regions` and `clock` must outlive the agent.
-  NodeAgent(NodeAgentOptions options, GpuSource* source, VgpuQuotaRegionSeam* regions,
+  NodeAgent(NodeAgentOptions options, GpuSource* source, QuotaRegions* regions,
             const controller::Clock* clock);
 
   // Discovers GPUs and attaches their regions (never fails for lack of GPUs), then registers.
@@ -48,6 +50,8 @@ class NodeAgent {
   // Samples utilization and sends one heartbeat; re-registers when the controller no longer
   // knows this node (e.g. a new leader whose store lost it).
   Status HeartbeatOnce();
+  // Reads this node's allocations from the controller and syncs the quota regions' vGPUs.
+  Status SyncAllocations();
 
   std::vector<AgentGpu> gpus() const;
   // Why there are no GPUs ("no NVIDIA driver: ..."), empty when discovery worked.
@@ -61,7 +65,7 @@ class NodeAgent {
 
   NodeAgentOptions options_;
   GpuSource* const source_;
-  VgpuQuotaRegionSeam* const regions_;
+  QuotaRegions* const regions_;
   const controller::Clock* const clock_;
   GpuCatalog catalog_;
   controller::HttpClient client_;
@@ -72,6 +76,7 @@ class NodeAgent {
   std::vector<AgentGpu> gpus_;
   uint64_t heartbeats_ok_ = 0;
   uint64_t heartbeats_failed_ = 0;
+  size_t vgpus_ = 0;  // vGPUs in this node's regions after the last sync
   int64_t last_heartbeat_ms_ = 0;
 };
 

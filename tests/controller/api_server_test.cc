@@ -17,7 +17,7 @@ class ApiServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     store_ = std::move(SqliteStore::Open(dir_.path() + "/state.db")).value();
-    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeCompactFirstPlacement(), nullptr);
+    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
     ASSERT_TRUE(c_->Rebuild().ok());
     api_ = std::make_unique<ApiServer>(c_.get(), "s3cret");
     auto port = api_->Bind("127.0.0.1", 0);
@@ -92,6 +92,54 @@ TEST_F(ApiServerTest, AllocateReleaseAndExhaustion) {
   auto m = client_->Get("/metrics");
   EXPECT_NE(m->body.find("tf_controller_allocations_granted_total 2"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("tf_pool_capacity_tflops{pool=\"default\"} 120"), std::string::npos);
+}
+
+TEST_F(ApiServerTest, HigherQosPreemptsAndTheResponseNamesTheVictims) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
+  auto low = client_->Post("/v1/allocations", R"({"tflops":60,"vram_mib":1000,"qos":"low"})");
+  auto med = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"qos":"medium"})");
+  ASSERT_EQ(low->status, 201);
+  ASSERT_EQ(med->status, 201);
+  EXPECT_TRUE(Body(med)["preempted"].empty());
+  // No preemption wanted: refused.
+  auto r = client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":1000,"qos":"high","allow_preemption":false})");
+  EXPECT_EQ(r->status, 409);
+  // High 50 fits once the low 60 is gone; the medium one stays.
+  r = client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":1000,"qos":"high"})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  ASSERT_EQ(Body(r)["preempted"].size(), 1u);
+  EXPECT_EQ(Body(r)["preempted"][0], Body(low)["id"]);
+  EXPECT_EQ(client_->Get("/v1/allocations/" + std::string(Body(low)["id"]))->status, 404);
+  EXPECT_EQ(client_->Get("/v1/allocations/" + std::string(Body(med)["id"]))->status, 200);
+  // Critical 95: the high 50 and the medium 30 are both lower; with 20 free, both must go.
+  r = client_->Post("/v1/allocations", R"({"tflops":95,"vram_mib":1000,"qos":"critical"})");
+  EXPECT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["preempted"].size(), 2u);
+  r = client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":1000,"qos":"critical"})");
+  EXPECT_EQ(r->status, 409);  // nothing lower than critical is left: no futile eviction
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 1u);
+}
+
+TEST_F(ApiServerTest, PoolModeOversellAndTenantQuotaOverHttp) {
+  auto r = client_->Post("/v1/pools", R"({"name":"frag","placement_mode":"FragAware","tflops_oversell_ratio":1.5})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["placement_mode"], "FragAware");
+  EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"bad","placement_mode":"random"})")->status, 400);
+  EXPECT_EQ(client_->Put("/v1/pools/frag", R"({"placement_mode":"BestFit","tflops_oversell_ratio":2})")->status, 200);
+  EXPECT_EQ(Body(client_->Get("/v1/pools/frag"))["placement_mode"], "BestFit");
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","pool":"frag","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
+  // 2x oversell: 150 + 50 TFLOPS on a 100-TFLOPS GPU.
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"pool":"frag","tflops":100,"vram_mib":100})")->status, 201);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"pool":"frag","tflops":100,"vram_mib":100})")->status, 201);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"pool":"frag","tflops":1,"vram_mib":100})")->status, 409);
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n2","gpus":[{"uuid":"GPU-2","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
+  EXPECT_EQ(client_->Put("/v1/quotas/team", R"({"max_gpus":1})")->status, 200);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tenant":"team","percent":10,"vram_mib":100})")->status, 201);
+  r = client_->Post("/v1/allocations", R"({"tenant":"team","percent":10,"vram_mib":100})");
+  EXPECT_EQ(r->status, 409);
+  EXPECT_EQ(Body(r)["error"]["code"], "resource_exhausted");
+  EXPECT_EQ(Body(client_->Get("/v1/quotas"))["quotas"][0]["max_gpus"], 1);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"percent":10,"tflops":3,"vram_mib":100})")->status, 400);
 }
 
 TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {

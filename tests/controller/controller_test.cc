@@ -18,7 +18,7 @@ class ControllerTest : public ::testing::Test {
     ControllerConfig cfg;
     cfg.heartbeat_timeout_ms = 10'000;
     cfg.lost_grace_ms = 30'000;
-    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeCompactFirstPlacement(), nullptr, cfg);
+    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr, cfg);
     ASSERT_TRUE(c_->Rebuild().ok());
   }
   testing::TempDir dir_;
@@ -42,12 +42,95 @@ TEST_F(ControllerTest, AllocatesUntilCapacityIsExhaustedThenReleases) {
   EXPECT_TRUE(c_->Allocate({"", "", 50, 1, 1, "", ""}).ok());
 }
 
-TEST_F(ControllerTest, CompactFirstPacksOntoTheFullestGpu) {
-  testing::AddNodes(*c_, 1, 2);
+TEST_F(ControllerTest, CompactFirstPoolPacksOntoTheFullestGpu) {
+  Pool spec;
+  spec.name = "packed";
+  spec.placement_mode = "compactfirst";
+  ASSERT_TRUE(c_->CreatePool(spec).ok());
+  EXPECT_EQ(c_->GetPool("packed")->placement_mode, "CompactFirst");
+  testing::AddNodes(*c_, 1, 2, "packed");
+  auto a = c_->Allocate({"", "packed", 30, 1, 1, "", ""});
+  auto b = c_->Allocate({"", "packed", 30, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->vgpus[0].gpu_uuid, b->vgpus[0].gpu_uuid);
+}
+
+TEST_F(ControllerTest, DefaultModePacksNodesButSpreadsGpusWithinTheNode) {
+  EXPECT_EQ(c_->GetPool("default")->placement_mode, "NodeCompactGPULowLoad");
+  testing::AddNodes(*c_, 2, 2);
   auto a = c_->Allocate({"", "", 30, 1, 1, "", ""});
   auto b = c_->Allocate({"", "", 30, 1, 1, "", ""});
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->vgpus[0].gpu_uuid, b->vgpus[0].gpu_uuid);
+  EXPECT_EQ(a->node, b->node);                              // the most loaded node
+  EXPECT_NE(a->vgpus[0].gpu_uuid, b->vgpus[0].gpu_uuid);    // its least loaded GPU
+  EXPECT_EQ(a->vgpus[0].share_ppm, 300000u);                // 30 of 100 TFLOPS
+}
+
+TEST_F(ControllerTest, OversellRatioLetsRequestsExceedPhysicalTflops) {
+  Pool spec;
+  spec.name = "over";
+  spec.tflops_oversell_ratio = 2.0;
+  ASSERT_TRUE(c_->CreatePool(spec).ok());
+  testing::AddNodes(*c_, 1, 1, "over");
+  EXPECT_TRUE(c_->Allocate({"", "over", 90, 1, 1, "", ""}).ok());
+  EXPECT_TRUE(c_->Allocate({"", "over", 90, 1, 1, "", ""}).ok());
+  EXPECT_EQ(c_->Allocate({"", "over", 30, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  spec.tflops_oversell_ratio = 0.5;
+  EXPECT_EQ(c_->UpdatePool(spec).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ControllerTest, PercentRequestsReserveAShareOfTheChosenGpu) {
+  testing::AddNodes(*c_, 1, 1);
+  AllocationRequest r{"", "", 0, 1024, 1, "", ""};
+  r.percent = 25;
+  auto a = c_->Allocate(r);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_DOUBLE_EQ(a->vgpus[0].tflops, 25);
+  EXPECT_EQ(a->vgpus[0].share_ppm, 250000u);
+}
+
+TEST_F(ControllerTest, TenantQuotaRefusesBeyondItsLimit) {
+  testing::AddNodes(*c_, 1, 2);
+  ASSERT_TRUE(c_->SetTenantQuota({"team-a", 50, 0, 0}).ok());
+  AllocationRequest r{"", "", 30, 1, 1, "", ""};
+  r.tenant = "team-a";
+  ASSERT_TRUE(c_->Allocate(r).ok());
+  EXPECT_EQ(c_->Allocate(r).status().code(), StatusCode::kResourceExhausted);
+  r.tenant = "team-b";
+  EXPECT_TRUE(c_->Allocate(r).ok());
+  Restart();  // the quota and the usage survive a restart
+  r.tenant = "team-a";
+  EXPECT_EQ(c_->Allocate(r).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST_F(ControllerTest, HigherQosPreemptsTheFewestLowerQosAllocations) {
+  testing::AddNodes(*c_, 1, 1);
+  auto low1 = c_->Allocate({"", "", 40, 1, 1, "low", ""});
+  auto low2 = c_->Allocate({"", "", 40, 1, 1, "low", ""});
+  auto med = c_->Allocate({"", "", 20, 1, 1, "medium", ""});
+  ASSERT_TRUE(low1.ok() && low2.ok() && med.ok());
+  // Nothing is lower than low: refused, nothing released.
+  EXPECT_EQ(c_->Allocate({"", "", 10, 1, 1, "low", ""}).status().code(), StatusCode::kOutOfMemory);
+  EXPECT_EQ(c_->ListAllocations().size(), 3u);
+  // Medium 30 needs one low allocation gone, not two.
+  std::vector<Allocation> preempted;
+  auto m2 = c_->Allocate({"", "", 30, 1, 1, "medium", ""}, &preempted);
+  ASSERT_TRUE(m2.ok()) << m2.status().ToString();
+  ASSERT_EQ(preempted.size(), 1u);
+  EXPECT_EQ(preempted[0].qos, Qos::kLow);
+  EXPECT_EQ(c_->ListAllocations().size(), 3u);
+  EXPECT_EQ(c_->counters().allocations_preempted, 1u);
+  // Medium 90 could only free 40 (the other low): futile, so nothing is evicted.
+  preempted.clear();
+  EXPECT_EQ(c_->Allocate({"", "", 90, 1, 1, "medium", ""}, &preempted).status().code(), StatusCode::kOutOfMemory);
+  EXPECT_TRUE(preempted.empty());
+  EXPECT_EQ(c_->ListAllocations().size(), 3u);
+  // The victim's deletion and the new allocation were one commit: a restart agrees.
+  Restart();
+  EXPECT_EQ(c_->ListAllocations().size(), 3u);
+  double used = 0;
+  for (const GpuStatus& g : c_->ListGpus("")) used += g.gpu.used_tflops;
+  EXPECT_DOUBLE_EQ(used, 90);
 }
 
 TEST_F(ControllerTest, MultiGpuAllocationsStayOnOneNode) {
@@ -122,7 +205,7 @@ TEST_F(ControllerTest, RestartRebuildsStateFromTheStore) {
 TEST_F(ControllerTest, TwoControllersOnOneStoreNeverDoubleAllocate) {
   // Without leader election both write: the GPU revision CAS must stop the second.
   testing::AddNodes(*c_, 1, 1);
-  Controller other(store_.get(), &clock_, MakeCompactFirstPlacement(), nullptr);
+  Controller other(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
   ASSERT_TRUE(other.Rebuild().ok());
   ASSERT_TRUE(c_->Allocate({"", "", 70, 1, 1, "", ""}).ok());
   // `other` still believes the GPU is empty; its commit conflicts, it re-reads and refuses.

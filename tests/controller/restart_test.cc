@@ -24,7 +24,7 @@ TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
     close(fds[0]);
     SystemClock clock;
     auto store = std::move(SqliteStore::Open(db)).value();
-    Controller c(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+    Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
     if (!c.Rebuild().ok()) _exit(3);
     testing::AddNodes(c, 4, 8);
     for (;;) {
@@ -55,7 +55,7 @@ TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
 
   FakeClock clock;
   auto store = std::move(SqliteStore::Open(db)).value();
-  Controller c(store.get(), &clock, MakeCompactFirstPlacement(), nullptr);
+  Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
   ASSERT_TRUE(c.Rebuild().ok());
   std::set<std::string> stored;
   double used = 0;

@@ -1,0 +1,80 @@
+#include "cli/pool_allocation.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "controller/http_client.h"
+
+namespace tf::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// The controller's {"error":{"code","message"}} as a Status with the same code.
+Status FromReply(int http_status, const std::string& body, const std::string& what) {
+  json j = json::parse(body, nullptr, false);
+  std::string code, message = body;
+  if (!j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_object()) {
+    code = j["error"].value("code", "");
+    message = j["error"].value("message", body);
+  }
+  message = what + ": " + message;
+  if (code == "invalid_argument" || http_status == 400) return InvalidArgument(message);
+  if (code == "unauthenticated" || http_status == 401) return Unauthenticated(message);
+  if (code == "not_found" || http_status == 404) return NotFound(message);
+  if (code == "out_of_memory") return OutOfMemory(message);
+  if (code == "resource_exhausted") return ResourceExhausted(message);
+  if (code == "aborted") return Status(StatusCode::kAborted, message);
+  return Unavailable(message + " (HTTP " + std::to_string(http_status) + ")");
+}
+
+}  // namespace
+
+StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
+                                               double tflops_or_0, double percent_or_0,
+                                               uint64_t vram_bytes, const std::string& pool,
+                                               const std::string& qos) {
+  const bool by_tflops = tflops_or_0 > 0, by_percent = percent_or_0 > 0;
+  if (!std::isfinite(tflops_or_0) || !std::isfinite(percent_or_0) || tflops_or_0 < 0 ||
+      percent_or_0 < 0 || by_tflops == by_percent)
+    return InvalidArgument("give exactly one of TFLOPS or percent of a GPU, as a positive number");
+  if (by_percent && percent_or_0 > 100) return InvalidArgument("percent of a GPU must be at most 100");
+  if (vram_bytes == 0) return InvalidArgument("VRAM must be positive");
+  json body = {{"vram_mib", static_cast<int64_t>((vram_bytes + kMiB - 1) / kMiB)}, {"gpu_count", 1}};
+  if (by_tflops) body["tflops"] = tflops_or_0;
+  else body["percent"] = percent_or_0;
+  if (!pool.empty()) body["pool"] = pool;
+  if (!qos.empty()) body["qos"] = qos;
+
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations", body.dump());
+  if (!r.ok()) return r.status();
+  if (r->status != 201) return FromReply(r->status, r->body, "allocating a vGPU from " + url);
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("vgpus") || !j["vgpus"].is_array() ||
+      j["vgpus"].empty() || !j["vgpus"][0].is_object())
+    return Internal("the controller's allocation answer is not what this client understands");
+  const json& v = j["vgpus"][0];
+  PoolAllocation a;
+  a.id = j.value("id", "");
+  a.node = j.value("node", "");
+  a.gpu_uuid = v.value("gpu", "");
+  a.gpu_index = v.value("gpu_index", 0);
+  a.vram_bytes = static_cast<uint64_t>(v.value("vram_mib", int64_t{0})) * kMiB;
+  a.share_ppm = v.value("share_ppm", uint64_t{0});
+  if (a.id.empty() || a.gpu_uuid.empty()) return Internal("the controller's allocation answer lacks an id or GPU");
+  return a;
+}
+
+Status ReleasePoolAllocation(const std::string& url, const std::string& token, const std::string& id) {
+  if (id.empty()) return InvalidArgument("allocation id must not be empty");
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Delete("/v1/allocations/" + id);
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return FromReply(r->status, r->body, "releasing " + id);
+  return Status::Ok();
+}
+
+}  // namespace tf::cli

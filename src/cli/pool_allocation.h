@@ -1,0 +1,42 @@
+// Client side of a pooled vGPU for `tfusion run`: ask the controller for one vGPU (compute and
+// VRAM on one GPU of the pool, placed by the scheduler) and release it when done.
+//
+// The answer carries everything needed to create the vGPU in that GPU's shared quota region
+// (id = allocation id, VRAM limit in bytes, compute share in ppm); the node agent of that node
+// creates it too, within its sync interval, and removes it after the release.
+//
+// Thread safety: the functions are independent; each opens its own connection.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace tf::cli {
+
+struct PoolAllocation {
+  std::string id;          // allocation id (also the vGPU id in the quota region)
+  std::string node;        // node name the GPU belongs to
+  std::string gpu_uuid;
+  int gpu_index = 0;       // the GPU's index on that node
+  uint64_t vram_bytes = 0; // VRAM limit granted (the request rounded up to whole MiB)
+  uint64_t share_ppm = 0;  // compute share of the whole GPU, millionths (1,000,000 = all of it)
+};
+
+// `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of
+// `tflops_or_0` (FP16 TFLOPS) and `percent_or_0` (of one GPU, (0, 100]) must be > 0;
+// `vram_bytes` > 0. `pool` and `qos` may be empty (the controller's defaults: pool "default",
+// QoS medium). Errors: kInvalidArgument (bad input, also as the controller reports it),
+// kOutOfMemory (no GPU has room), kResourceExhausted (tenant quota), kUnauthenticated (token),
+// kNotFound (pool), kUnavailable (controller unreachable or not the leader).
+StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
+                                               double tflops_or_0, double percent_or_0,
+                                               uint64_t vram_bytes, const std::string& pool,
+                                               const std::string& qos);
+
+// Releases an allocation. kNotFound when it is already gone.
+Status ReleasePoolAllocation(const std::string& url, const std::string& token,
+                             const std::string& id);
+
+}  // namespace tf::cli

@@ -1,0 +1,82 @@
+#include "hypervisor/quota_regions.h"
+
+#include <cstdio>
+#include <set>
+
+namespace tf::hypervisor {
+
+using limiter::RegionError;
+
+Status RegionStatus(RegionError e, const std::string& what, const limiter::RegionErrorDetail* why) {
+  if (e == RegionError::kOk) return Status::Ok();
+  std::string m = what + ": " + limiter::RegionErrorName(e);
+  if (why && why->message[0]) m += std::string(" (") + why->message + ")";
+  switch (e) {
+    case RegionError::kInvalidArgument: return InvalidArgument(m);
+    case RegionError::kNotFound: return NotFound(m);
+    case RegionError::kFull: return ResourceExhausted(m);
+    case RegionError::kBusy: return Unavailable(m);
+    default: return FailedPrecondition(m);
+  }
+}
+
+QuotaRegions::QuotaRegions(std::string dir)
+    : dir_(dir.empty() ? std::string(limiter::kDefaultRegionDir) : std::move(dir)) {}
+
+Status QuotaRegions::AttachGpu(const DiscoveredGpu& gpu, double capacity_tflops) {
+  auto region = std::make_unique<limiter::GpuRegion>();
+  limiter::RegionErrorDetail why;
+  const uint64_t vram_bytes = static_cast<uint64_t>(gpu.memory_total_mib) << 20;
+  const uint64_t mtflops = capacity_tflops > 0 ? static_cast<uint64_t>(capacity_tflops * 1000.0 + 0.5) : 0;
+  RegionError e = limiter::GpuRegion::Create(dir_.c_str(), gpu.uuid.c_str(), gpu.name.c_str(),
+                                             vram_bytes, mtflops, region.get(), &why);
+  if (e != RegionError::kOk) return RegionStatus(e, "quota region of " + gpu.uuid + " in " + dir_, &why);
+  regions_[gpu.uuid] = std::move(region);
+  return Status::Ok();
+}
+
+Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments) {
+  Status first;
+  auto note = [&](const Status& s) {
+    if (!s.ok() && first.ok()) first = s;
+  };
+  std::map<std::string, std::set<std::string>> wanted;  // GPU uuid -> vGPU ids
+  for (const VgpuAssignment& a : assignments) {
+    limiter::GpuRegion* r = region(a.gpu_uuid);
+    if (r == nullptr) continue;
+    wanted[a.gpu_uuid].insert(a.id);
+    uint32_t index = 0;
+    const uint64_t share = a.compute_share_ppm > 0 ? a.compute_share_ppm : limiter::kShareWholeGpuPpm;
+    note(RegionStatus(r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, &index),
+                      "vGPU " + a.id + " on " + a.gpu_uuid));
+  }
+  auto snapshot = std::make_unique<limiter::RegionSnapshot>();
+  for (auto& [uuid, r] : regions_) {
+    r->Snapshot(snapshot.get());
+    const std::set<std::string>& keep = wanted[uuid];
+    for (uint32_t i = 0; i < snapshot->vgpu_count; ++i) {
+      const limiter::VgpuInfo& v = snapshot->vgpus[i];
+      std::string id = v.id;
+      if (id.rfind("a-", 0) != 0 || keep.count(id)) continue;
+      RegionError e = r->RemoveVgpu(v.index);
+      if (e == RegionError::kBusy) continue;  // a live process still uses it: next Sync
+      note(RegionStatus(e, "removing vGPU " + id + " from " + uuid));
+    }
+  }
+  return first;
+}
+
+void QuotaRegions::DetachAll() { regions_.clear(); }
+
+std::vector<std::string> QuotaRegions::attached() const {
+  std::vector<std::string> out;
+  for (const auto& [uuid, r] : regions_) out.push_back(uuid);
+  return out;
+}
+
+limiter::GpuRegion* QuotaRegions::region(const std::string& gpu_uuid) {
+  auto it = regions_.find(gpu_uuid);
+  return it == regions_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace tf::hypervisor

@@ -1,0 +1,63 @@
+// QuotaRegions: the node agent's ownership of the per-GPU shared quota regions (src/limiter/core,
+// docs/shm-layout.md) that the limiter inside every tenant process accounts VRAM and compute in.
+//
+// At start the agent creates (or re-attaches to, after a restart) one region per discovered GPU
+// under `dir` (default /dev/shm/tensorfusion). Then, every time it learns the allocations the
+// controller placed on this node, Sync makes each region's vGPU table match: one vGPU per
+// allocation on that GPU (id = allocation id, VRAM limit in bytes, compute share in ppm of the
+// whole GPU), created or updated in place; vGPUs of allocations that are gone are removed. Only
+// vGPUs whose id looks like an allocation id ("a-...") are ever removed, so a vGPU that
+// `tfusion run` made for itself without a controller is left alone. A vGPU that a live process
+// still uses is kept (RemoveVgpu says busy) and removed by a later Sync once the process exits.
+//
+// Thread safety: none; the agent calls it from its one control thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "hypervisor/gpu_source.h"
+#include "limiter/core/gpu_region.h"
+
+namespace tf::hypervisor {
+
+// One vGPU the controller placed on this node.
+struct VgpuAssignment {
+  std::string id;         // the allocation id
+  std::string gpu_uuid;
+  uint64_t vram_limit_bytes = 0;
+  uint64_t compute_share_ppm = 0;  // of the whole GPU; >= 1,000,000: unthrottled
+};
+
+class QuotaRegions {
+ public:
+  // `dir` empty: limiter::kDefaultRegionDir.
+  explicit QuotaRegions(std::string dir = "");
+
+  // Creates the region of one GPU (or attaches to a compatible existing one; the capacity is
+  // then updated). `capacity_tflops` 0 (a model the catalog lacks) records capacity 0.
+  Status AttachGpu(const DiscoveredGpu& gpu, double capacity_tflops);
+  // Makes every attached region's vGPUs match `assignments` (entries for unknown GPUs are
+  // ignored). Returns the first error; the other regions are still synced.
+  Status Sync(const std::vector<VgpuAssignment>& assignments);
+  void DetachAll();
+
+  const std::string& dir() const { return dir_; }
+  std::vector<std::string> attached() const;  // GPU uuids
+  // The region of one GPU, or null.
+  limiter::GpuRegion* region(const std::string& gpu_uuid);
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::unique_ptr<limiter::GpuRegion>> regions_;  // by GPU uuid
+};
+
+// A RegionError (+ detail) as a Status.
+Status RegionStatus(limiter::RegionError e, const std::string& what,
+                    const limiter::RegionErrorDetail* why = nullptr);
+
+}  // namespace tf::hypervisor

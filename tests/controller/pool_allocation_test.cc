@@ -1,0 +1,73 @@
+// src/cli/pool_allocation.h against a controller started in-process on port 0.
+#include "cli/pool_allocation.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/api_server.h"
+#include "controller/sqlite_store.h"
+#include "test_cluster.h"
+
+namespace tf::controller {
+namespace {
+
+class PoolAllocationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    store_ = std::move(SqliteStore::Open(dir_.path() + "/state.db")).value();
+    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
+    ASSERT_TRUE(c_->Rebuild().ok());
+    testing::AddNodes(*c_, 1, 2);  // node-0: two 100-TFLOPS, 80 GiB GPUs
+    api_ = std::make_unique<ApiServer>(c_.get(), "tok");
+    url_ = "http://127.0.0.1:" + std::to_string(*api_->Bind("127.0.0.1", 0));
+    api_->Start();
+  }
+  void TearDown() override { api_->Stop(); }
+
+  testing::TempDir dir_;
+  FakeClock clock_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Controller> c_;
+  std::unique_ptr<ApiServer> api_;
+  std::string url_;
+};
+
+TEST_F(PoolAllocationTest, RequestsAndReleasesAVgpu) {
+  auto a = cli::RequestPoolAllocation(url_, "tok", 25, 0, (3ull << 30) + 1, "", "high");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->node, "node-0");
+  EXPECT_EQ(a->gpu_uuid, "GPU-0-" + std::to_string(a->gpu_index));
+  EXPECT_EQ(a->vram_bytes, (3ull << 30) + (1ull << 20));  // rounded up to whole MiB
+  EXPECT_EQ(a->share_ppm, 250000u);
+  auto stored = c_->GetAllocation(a->id);
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(stored->qos, Qos::kHigh);
+
+  auto p = cli::RequestPoolAllocation(url_, "tok", 0, 50, 1ull << 30, "default", "");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->share_ppm, 500000u);
+
+  ASSERT_TRUE(cli::ReleasePoolAllocation(url_, "tok", a->id).ok());
+  EXPECT_EQ(cli::ReleasePoolAllocation(url_, "tok", a->id).code(), StatusCode::kNotFound);
+  EXPECT_EQ(c_->ListAllocations().size(), 1u);
+}
+
+TEST_F(PoolAllocationTest, ErrorsKeepTheirMeaning) {
+  EXPECT_EQ(cli::RequestPoolAllocation(url_, "tok", 10, 10, 1 << 20, "", "").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cli::RequestPoolAllocation(url_, "tok", 10, 0, 0, "", "").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cli::RequestPoolAllocation(url_, "tok", 10, 0, 1 << 20, "", "urgent").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(cli::RequestPoolAllocation(url_, "wrong", 10, 0, 1 << 20, "", "").status().code(),
+            StatusCode::kUnauthenticated);
+  EXPECT_EQ(cli::RequestPoolAllocation(url_, "tok", 10, 0, 1 << 20, "nopool", "").status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(cli::RequestPoolAllocation(url_, "tok", 500, 0, 1 << 20, "", "").status().code(),
+            StatusCode::kOutOfMemory);
+  EXPECT_EQ(cli::RequestPoolAllocation("http://127.0.0.1:1", "tok", 10, 0, 1 << 20, "", "").status().code(),
+            StatusCode::kUnavailable);
+  EXPECT_TRUE(c_->ListAllocations().empty());
+}
+
+}  // namespace
+}  // namespace tf::controller
