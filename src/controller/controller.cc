@@ -261,7 +261,7 @@ StatusOr<Pool> Controller::CreatePool(const Pool& spec) {
         CommitLocked({Compare::Absent(PoolKey(p.name))}, {Write::Put(PoolKey(p.name), Dump(p))});
     if (!rev.ok()) return rev.status();
     pools_[p.name] = {p, *rev};
-    placement_dirty_ = true;
+    if (!placement_dirty_ && !placement_->AddPool(p).ok()) placement_dirty_ = true;
     return p;
   });
 }
@@ -369,6 +369,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     std::vector<Gpu> new_gpus;
     std::vector<std::string> removed;
     auto node_it = nodes_.find(reg.name);
+    const bool first_registration = node_it == nodes_.end();  // nothing of it is allocated yet
     compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
                                                : Compare::Absent(NodeKey(reg.name)));
     Node node{reg.name, reg.pool, reg.address, NodeState::kReady, now, 0};
@@ -414,7 +415,13 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     for (const Gpu& g : new_gpus) gpus_[g.uuid] = {g, *rev};
     for (const Gpu& g : kept) gpus_[g.uuid] = {g, *rev};
     last_heartbeat_ms_[reg.name] = now;
-    placement_dirty_ = true;
+    if (first_registration && !placement_dirty_) {
+      std::vector<const Gpu*> gpus;
+      for (const Gpu& g : new_gpus) gpus.push_back(&gpus_.at(g.uuid).value);
+      if (!placement_->AddNode(node, gpus).ok()) placement_dirty_ = true;
+    } else {
+      placement_dirty_ = true;  // a known node changed: rebuild the mirror before placing
+    }
     return node;
   });
 }

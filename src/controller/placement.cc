@@ -43,39 +43,14 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
   gpu_refs_.clear();
   node_gpus_.clear();
   for (const Pool* p : snap.pools) {
-    sched::PoolSpec spec{p->name, std::max(1.0, p->tflops_oversell_ratio),
-                         sched::PlacementMode::kNodeCompactGpuLowLoad};
-    if (StatusOr<sched::PlacementMode> m = sched::ParsePlacementMode(p->placement_mode); m.ok())
-      spec.mode = *m;
-    Status st = scheduler_->AddPool(spec);
+    Status st = AddPool(*p);
     if (!st.ok()) std::fprintf(stderr, "placement: pool %s: %s\n", p->name.c_str(), st.ToString().c_str());
   }
-  // GPUs by node, in index order. A GPU the controller marked unschedulable while its node is
-  // ready (it disappeared from the node's report) is left out; a lost node keeps all its GPUs
-  // (its allocations still count) and is cordoned as a whole.
   std::map<std::string, std::vector<const Gpu*>> by_node;
   for (const Gpu* g : snap.gpus) by_node[g->node].push_back(g);
   for (const Node* n : snap.nodes) {
-    std::vector<const Gpu*>& gpus = by_node[n->name];
-    std::sort(gpus.begin(), gpus.end(), [](const Gpu* a, const Gpu* b) { return a->index < b->index; });
-    const bool lost = n->state == NodeState::kLost;
-    sched::NodeSpec spec{n->name, n->pool, {}, 0, 0};
-    std::vector<std::string>& uuids = node_gpus_[n->name];
-    for (const Gpu* g : gpus) {
-      if (!lost && !g->schedulable) continue;
-      if (g->tflops <= 0 || g->vram_mib <= 0 || spec.gpus.size() >= 64) continue;
-      spec.gpus.push_back({g->model.empty() ? "unknown" : g->model, g->tflops, g->vram_mib,
-                           std::max(0, g->numa_node), 0});
-      gpu_refs_[g->uuid] = {n->name, static_cast<int>(uuids.size())};
-      uuids.push_back(g->uuid);
-    }
-    Status st = scheduler_->AddNode(spec);
-    if (!st.ok()) {
-      std::fprintf(stderr, "placement: node %s: %s\n", n->name.c_str(), st.ToString().c_str());
-      for (const std::string& u : uuids) gpu_refs_.erase(u);
-      node_gpus_.erase(n->name);
-      continue;
-    }
+    Status st = AddNode(*n, by_node[n->name]);
+    if (!st.ok()) std::fprintf(stderr, "placement: node %s: %s\n", n->name.c_str(), st.ToString().c_str());
   }
   // Known allocations, restricted to the GPUs the mirror holds.
   std::map<std::string, std::pair<sched::MilliTflops, int64_t>> explained;
@@ -135,6 +110,35 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
   // Quotas last: a quota lowered below current use must not drop existing allocations.
   for (const TenantQuota* q : snap.quotas)
     scheduler_->SetTenantQuota(q->tenant, {q->max_tflops, q->max_vram_mib, q->max_gpus});
+}
+
+Status PlacementEngine::AddPool(const Pool& p) {
+  sched::PoolSpec spec{p.name, std::max(1.0, p.tflops_oversell_ratio),
+                       sched::PlacementMode::kNodeCompactGpuLowLoad};
+  if (StatusOr<sched::PlacementMode> m = sched::ParsePlacementMode(p.placement_mode); m.ok())
+    spec.mode = *m;
+  return scheduler_->AddPool(spec);
+}
+
+Status PlacementEngine::AddNode(const Node& n, std::vector<const Gpu*> gpus) {
+  // GPUs in index order. A GPU the controller marked unschedulable while its node is ready (it
+  // disappeared from the node's report) is left out; a lost node keeps all its GPUs (its
+  // allocations still count) and is cordoned as a whole by Reset.
+  std::sort(gpus.begin(), gpus.end(), [](const Gpu* a, const Gpu* b) { return a->index < b->index; });
+  const bool lost = n.state == NodeState::kLost;
+  sched::NodeSpec spec{n.name, n.pool, {}, 0, 0};
+  std::vector<std::string> uuids;
+  for (const Gpu* g : gpus) {
+    if (!lost && !g->schedulable) continue;
+    if (g->tflops <= 0 || g->vram_mib <= 0 || spec.gpus.size() >= 64) continue;
+    spec.gpus.push_back({g->model.empty() ? "unknown" : g->model, g->tflops, g->vram_mib,
+                         std::max(0, g->numa_node), 0});
+    uuids.push_back(g->uuid);
+  }
+  TF_RETURN_IF_ERROR(scheduler_->AddNode(spec));
+  for (size_t i = 0; i < uuids.size(); ++i) gpu_refs_[uuids[i]] = {n.name, static_cast<int>(i)};
+  node_gpus_[n.name] = std::move(uuids);
+  return Status::Ok();
 }
 
 StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest& in) const {

@@ -59,6 +59,11 @@ class PlacementEngine {
   // Rebuilds the mirror. Problems with single objects (a GPU of unknown capacity, an allocation
   // that no longer fits) are logged and skipped, never fatal.
   void Reset(const ClusterSnapshot& snapshot);
+  // Incremental topology changes that need no rebuild: a new pool, a node registered for the
+  // first time (nothing allocated on it; `gpus` are its GPUs). An error leaves the mirror as it
+  // was; the caller then rebuilds it.
+  Status AddPool(const Pool& pool);
+  Status AddNode(const Node& node, std::vector<const Gpu*> gpus);
 
   // kInvalidArgument (bad request), kOutOfMemory (no room, and no preemption would make room),
   // kResourceExhausted (tenant quota). With `allow_preemption`, a request that does not fit may

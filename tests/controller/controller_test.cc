@@ -66,6 +66,19 @@ TEST_F(ControllerTest, DefaultModePacksNodesButSpreadsGpusWithinTheNode) {
   EXPECT_EQ(a->vgpus[0].share_ppm, 300000u);                // 30 of 100 TFLOPS
 }
 
+TEST_F(ControllerTest, NodesJoiningBetweenAllocationsKeepTheAccounting) {
+  testing::AddNodes(*c_, 1, 1);  // node-0
+  ASSERT_TRUE(c_->Allocate({"", "", 80, 1, 1, "", ""}).ok());
+  NodeRegistration reg{"late", "", "", {{"GPU-late", "H100-SXM", 0, 0, 100.0, 81920}}};
+  ASSERT_TRUE(c_->RegisterNode(reg).ok());  // joins the placement mirror incrementally
+  auto a = c_->Allocate({"", "", 50, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->node, "late");  // node-0 has only 20 left
+  ASSERT_TRUE(c_->RegisterNode(reg).ok());  // re-registration: the mirror is rebuilt
+  EXPECT_EQ(c_->Allocate({"", "", 60, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  EXPECT_TRUE(c_->Allocate({"", "", 50, 1, 1, "", ""}).ok());
+}
+
 TEST_F(ControllerTest, OversellRatioLetsRequestsExceedPhysicalTflops) {
   Pool spec;
   spec.name = "over";

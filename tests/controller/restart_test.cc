@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <set>
+#include <thread>
+#include <vector>
 
 #include "controller/sqlite_store.h"
 #include "test_cluster.h"
@@ -12,7 +14,10 @@
 namespace tf::controller {
 namespace {
 
-TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
+// A child controller allocates from `threads` threads (their commits group-committed together)
+// and reports every acknowledged id; it is killed with SIGKILL mid-stream. Every acknowledged
+// allocation must be in the store, and GPU usage must agree with the allocations exactly.
+void KillNineDuringAllocations(int threads) {
   testing::TempDir dir;
   const std::string db = dir.path() + "/state.db";
   int fds[2];
@@ -27,12 +32,17 @@ TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
     Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
     if (!c.Rebuild().ok()) _exit(3);
     testing::AddNodes(c, 4, 8);
-    for (;;) {
-      auto a = c.Allocate({"", "", 0.5, 16, 1, "", ""});
-      if (!a.ok()) _exit(4);
-      std::string line = a->id + "\n";
-      if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(5);
-    }
+    auto loop = [&] {
+      for (;;) {
+        auto a = c.Allocate({"", "", 0.5, 16, 1, "", ""});
+        if (!a.ok()) _exit(4);
+        std::string line = a->id + "\n";  // < PIPE_BUF: one atomic write per id
+        if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(5);
+      }
+    };
+    std::vector<std::thread> ts;
+    for (int t = 1; t < threads; ++t) ts.emplace_back(loop);
+    loop();
   }
   close(fds[1]);
   std::set<std::string> acked;
@@ -70,6 +80,12 @@ TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
     EXPECT_LE(g.gpu.used_tflops, g.gpu.tflops + 1e-9);
   }
   EXPECT_NEAR(gpu_used, used, 1e-6);  // GPU usage agrees with the allocations exactly
+}
+
+TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) { KillNineDuringAllocations(1); }
+
+TEST(SqliteRestart, KillNineDuringGroupCommitsLosesNoAcknowledgedAllocation) {
+  KillNineDuringAllocations(6);
 }
 
 }  // namespace
