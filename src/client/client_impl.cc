@@ -6,6 +6,7 @@
 #include <string>
 
 #include "client/client.h"
+#include "client/export_tables.h"
 #include "driver/procaddress.h"
 #include "tf_client_impl.h"
 
@@ -532,6 +533,7 @@ CUresult Impl_cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigne
 }
 
 CUresult Impl_cuCtxDestroy_v2(CUcontext ctx) {
+  ReleaseContextStorage(H(ctx));  // export_tables.h: cudart's per-context destructors, unlocked
   TF_LOCK(l);
   Session* s = l.session();
   if (!s->contexts.count(H(ctx))) return CUDA_ERROR_INVALID_CONTEXT;

@@ -1,0 +1,459 @@
+// The export tables of the remote client stub (see export_tables.h and docs/export-tables.md).
+// Every slot of every table holds a function: the ones whose meaning is known are implemented on
+// top of the stub's own entry points; the others log their first call on stderr and return a
+// per-table default (an error code where the slot is known to return a CUresult, zero in the
+// tools tables, whose zero means "no tool attached"), so that a call cudart makes through a slot we
+// do not know never jumps to NULL.
+#include "client/export_tables.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "client/client.h"
+#include "client/integrity_hash.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+// ---- trace
+
+bool Tracing() {
+  static const bool on = [] {
+    const char* v = getenv("TFUSION_CLIENT_TRACE");
+    return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+#define TF_TRACE(...)                    \
+  do {                                   \
+    if (Tracing()) ClientLog(__VA_ARGS__); \
+  } while (0)
+
+void UuidText(const CUuuid& id, char out[33]) {
+  for (int i = 0; i < 16; ++i) {
+    snprintf(out + 2 * i, 3, "%02x", static_cast<unsigned char>(id.bytes[i]));
+  }
+}
+
+constexpr CUuuid MakeUuid(const unsigned char (&b)[16]) {
+  CUuuid u{};
+  for (int i = 0; i < 16; ++i) u.bytes[i] = static_cast<char>(b[i]);
+  return u;
+}
+
+bool SameUuid(const CUuuid& a, const CUuuid& b) { return memcmp(a.bytes, b.bytes, 16) == 0; }
+
+// ---- the tables we know (UUID bytes in memory order)
+
+enum TableId : int {
+  kCudartInterface,
+  kToolsTls,
+  kToolsRuntimeCallbackHooks,
+  kContextLocalStorage,
+  kIntegrityCheck,
+  kContextChecks,
+  kTableCount
+};
+
+constexpr size_t kSlots[kTableCount] = {13, 4, 7, 4, 3, 4};
+
+const ExportTableInfo kInfo[kTableCount] = {
+    {"CUDART_INTERFACE",
+     MakeUuid({0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd,
+               0x9d, 0xf9}),
+     kSlots[kCudartInterface], true},
+    {"TOOLS_TLS",
+     MakeUuid({0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a,
+               0xec, 0xdc}),
+     kSlots[kToolsTls], true},
+    {"TOOLS_RUNTIME_CALLBACK_HOOKS",
+     MakeUuid({0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c,
+               0x0a, 0x66}),
+     kSlots[kToolsRuntimeCallbackHooks], true},
+    {"CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
+     MakeUuid({0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8,
+               0x95, 0x93}),
+     kSlots[kContextLocalStorage], false},
+    {"INTEGRITY_CHECK",
+     MakeUuid({0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66,
+               0xe1, 0xf2}),
+     kSlots[kIntegrityCheck], true},
+    {"CONTEXT_CHECKS",
+     MakeUuid({0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d,
+               0xfa, 0x7e}),
+     kSlots[kContextChecks], true},
+};
+
+// What a slot we do not understand returns: CUDA_ERROR_NOT_SUPPORTED where the table's known slots
+// return a CUresult, 0 in the tools tables.
+constexpr uint64_t kUnknownSlotResult[kTableCount] = {
+    CUDA_ERROR_NOT_SUPPORTED, 0, 0, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, 0};
+
+std::atomic<bool> g_unknown_logged[kTableCount][16];
+
+// The slot takes no parameters here: whatever the caller passes in registers is ignored (SysV
+// x86-64 and AArch64 leave argument clean-up to nobody), and the 64-bit result covers callers
+// that expect an int, a pointer or nothing.
+template <int T, int S>
+uint64_t UnknownSlot() {
+  if (!g_unknown_logged[T][S].exchange(true) || Tracing()) {
+    ClientLog("export table %s: the program called slot %d, whose meaning is unknown: returning "
+              "%" PRIu64 " (see docs/export-tables.md)",
+              kInfo[T].name, S, kUnknownSlotResult[T]);
+  }
+  return kUnknownSlotResult[T];
+}
+
+template <int T, int S>
+const void* Unknown() {
+  return reinterpret_cast<const void*>(&UnknownSlot<T, S>);
+}
+
+const void* SizeWord(int t) { return reinterpret_cast<const void*>(kSlots[t] * sizeof(void*)); }
+
+template <typename F>
+const void* Fn(F* f) {
+  return reinterpret_cast<const void*>(f);
+}
+
+// ---- CUDART_INTERFACE
+
+pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
+std::map<int, CUcontext> g_primary;  // device -> primary context handle, retained once
+
+CUresult GetModuleFromCubin(CUmodule* module, const void* fatbin_wrapper) {
+  CUresult r = module == nullptr || fatbin_wrapper == nullptr
+                   ? CUDA_ERROR_INVALID_VALUE
+                   : Impl_cuModuleLoadData(module, fatbin_wrapper);
+  TF_TRACE("export table CUDART_INTERFACE[1] get_module_from_cubin(wrapper=%p) -> %d, module=%p",
+           fatbin_wrapper, r, r == CUDA_SUCCESS ? static_cast<void*>(*module) : nullptr);
+  return r;
+}
+
+// The device's primary context without making it current. The driver hands out the handle
+// without retaining it; the stub has no handle before a retain, so it retains once per device
+// (the session releases it when the connection ends).
+CUresult GetPrimaryContext(CUcontext* pctx, CUdevice dev) {
+  CUresult r = CUDA_SUCCESS;
+  if (pctx == nullptr) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    pthread_mutex_lock(&g_primary_mu);
+    auto it = g_primary.find(dev);
+    CUcontext ctx = it == g_primary.end() ? nullptr : it->second;
+    pthread_mutex_unlock(&g_primary_mu);
+    if (ctx == nullptr) {
+      r = Impl_cuDevicePrimaryCtxRetain(&ctx, dev);
+      if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&g_primary_mu);
+        g_primary[dev] = ctx;
+        pthread_mutex_unlock(&g_primary_mu);
+      }
+    }
+    if (r == CUDA_SUCCESS) *pctx = ctx;
+  }
+  TF_TRACE("export table CUDART_INTERFACE[2] get_primary_context(dev=%d) -> %d, ctx=%p", dev, r,
+           r == CUDA_SUCCESS ? static_cast<void*>(*pctx) : nullptr);
+  return r;
+}
+
+CUresult GetModuleFromCubinExt1(CUmodule* module, const void* fatbin_wrapper, void* arg3,
+                                void* arg4, uint32_t arg5) {
+  CUresult r;
+  if (module == nullptr || fatbin_wrapper == nullptr) r = CUDA_ERROR_INVALID_VALUE;
+  else if (arg3 != nullptr || arg4 != nullptr || arg5 != 0) r = CUDA_ERROR_NOT_SUPPORTED;
+  else r = Impl_cuModuleLoadData(module, fatbin_wrapper);
+  if (r == CUDA_ERROR_NOT_SUPPORTED || Tracing()) {
+    ClientLog("export table CUDART_INTERFACE[6] get_module_from_cubin_ext1(wrapper=%p, %p, %p, "
+              "%u) -> %d%s",
+              fatbin_wrapper, arg3, arg4, arg5, r,
+              r == CUDA_ERROR_NOT_SUPPORTED ? " (extra arguments are not supported)" : "");
+  }
+  return r;
+}
+
+void CudartNoop7(size_t arg) { TF_TRACE("export table CUDART_INTERFACE[7] (%zu): no-op", arg); }
+
+CUresult GetModuleFromCubinExt2(const void* fatbin_header, CUmodule* module, void* arg3,
+                                void* arg4, uint32_t arg5) {
+  CUresult r;
+  if (module == nullptr || fatbin_header == nullptr) r = CUDA_ERROR_INVALID_VALUE;
+  else if (arg3 != nullptr || arg4 != nullptr || arg5 != 0) r = CUDA_ERROR_NOT_SUPPORTED;
+  else r = Impl_cuModuleLoadData(module, fatbin_header);
+  if (r == CUDA_ERROR_NOT_SUPPORTED || Tracing()) {
+    ClientLog("export table CUDART_INTERFACE[8] get_module_from_cubin_ext2(fatbin=%p, %p, %p, "
+              "%u) -> %d%s",
+              fatbin_header, arg3, arg4, arg5, r,
+              r == CUDA_ERROR_NOT_SUPPORTED ? " (extra arguments are not supported)" : "");
+  }
+  return r;
+}
+
+// The driver loads its JIT compilers here (PTX compiler, NVVM, Tile IR); JIT runs on the worker.
+CUresult LoadCompilers() {
+  TF_TRACE("export table CUDART_INTERFACE[12] load_compilers() -> 0");
+  return CUDA_SUCCESS;
+}
+
+// ---- TOOLS_RUNTIME_CALLBACK_HOOKS: two driver-owned scratch buffers, zeroed (no tool attached).
+// Sized generously: callers are known to be handed 1024 and 14 (units not established).
+
+alignas(64) uint32_t g_hook_buffer1[2048];
+alignas(64) uint32_t g_hook_buffer2[64];
+
+void GetHookBuffer1(void** ptr, size_t* size) {
+  if (ptr) *ptr = g_hook_buffer1;
+  if (size) *size = 1024;
+  TF_TRACE("export table TOOLS_RUNTIME_CALLBACK_HOOKS[2] get_buffer -> %p, 1024",
+           static_cast<void*>(g_hook_buffer1));
+}
+
+void GetHookBuffer2(void** ptr, size_t* size) {
+  if (ptr) *ptr = g_hook_buffer2;
+  if (size) *size = 14;
+  TF_TRACE("export table TOOLS_RUNTIME_CALLBACK_HOOKS[6] get_buffer -> %p, 14",
+           static_cast<void*>(g_hook_buffer2));
+}
+
+// ---- CONTEXT_LOCAL_STORAGE_INTERFACE_V0301: (context, key) -> value, with a destructor run when
+// the context is destroyed. Kept in this process, keyed by the stub's context handles.
+
+using ClsDestructor = void (*)(CUcontext, void*, void*);
+struct ClsEntry {
+  void* value;
+  ClsDestructor dtor;
+};
+pthread_mutex_t g_cls_mu = PTHREAD_MUTEX_INITIALIZER;
+std::map<std::pair<uint64_t, uintptr_t>, ClsEntry> g_cls;
+
+// The context a CLS call means: its own, or the thread's current one for NULL.
+CUresult ClsContext(CUcontext ctx, uint64_t* out) {
+  *out = ctx != nullptr ? reinterpret_cast<uint64_t>(ctx) : CurrentContext();
+  return *out == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+CUresult ClsPut(CUcontext ctx, void* key, void* value, ClsDestructor dtor) {
+  uint64_t c = 0;
+  CUresult r = ClsContext(ctx, &c);
+  if (r == CUDA_SUCCESS) {
+    Locked l;  // the context must be one the session knows
+    if (l.session() == nullptr) r = l.result();
+    else if (!l.session()->contexts.count(c)) r = CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&g_cls_mu);
+    g_cls[{c, reinterpret_cast<uintptr_t>(key)}] = ClsEntry{value, dtor};
+    pthread_mutex_unlock(&g_cls_mu);
+  }
+  TF_TRACE("export table CONTEXT_LOCAL_STORAGE[0] put(ctx=%p -> 0x%" PRIx64
+           ", key=%p, value=%p, dtor=%p) -> %d",
+           static_cast<void*>(ctx), c, key, value, reinterpret_cast<void*>(dtor), r);
+  return r;
+}
+
+CUresult ClsDelete(CUcontext ctx, void* key) {
+  uint64_t c = 0;
+  CUresult r = ClsContext(ctx, &c);
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&g_cls_mu);
+    g_cls.erase({c, reinterpret_cast<uintptr_t>(key)});
+    pthread_mutex_unlock(&g_cls_mu);
+  }
+  TF_TRACE("export table CONTEXT_LOCAL_STORAGE[1] delete(ctx=%p -> 0x%" PRIx64 ", key=%p) -> %d",
+           static_cast<void*>(ctx), c, key, r);
+  return r;
+}
+
+// A key never put (or deleted) is CUDA_ERROR_INVALID_HANDLE: cudart then builds its per-context
+// state and puts it.
+CUresult ClsGet(void** value, CUcontext ctx, void* key) {
+  uint64_t c = 0;
+  CUresult r = value == nullptr ? CUDA_ERROR_INVALID_VALUE : ClsContext(ctx, &c);
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&g_cls_mu);
+    auto it = g_cls.find({c, reinterpret_cast<uintptr_t>(key)});
+    if (it == g_cls.end()) r = CUDA_ERROR_INVALID_HANDLE;
+    else *value = it->second.value;
+    pthread_mutex_unlock(&g_cls_mu);
+  }
+  TF_TRACE("export table CONTEXT_LOCAL_STORAGE[2] get(ctx=%p -> 0x%" PRIx64 ", key=%p) -> %d, "
+           "value=%p",
+           static_cast<void*>(ctx), c, key, r, r == CUDA_SUCCESS ? *value : nullptr);
+  return r;
+}
+
+// ---- INTEGRITY_CHECK
+
+const void* g_tables[kTableCount][16];
+
+CUresult IntegrityCheck(uint32_t version, uint64_t unix_seconds, uint64_t* result) {
+  if (result == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  integrity::CheckInput in{};
+  in.caller_version = version;
+  in.unix_seconds = unix_seconds;
+  in.pid = static_cast<uint32_t>(getpid());
+  in.tid = static_cast<uint32_t>(pthread_self());
+  in.cudart_table = reinterpret_cast<uint64_t>(&g_tables[kCudartInterface][0]);
+  in.integrity_table = reinterpret_cast<uint64_t>(&g_tables[kIntegrityCheck][0]);
+  in.check_function = reinterpret_cast<uint64_t>(g_tables[kIntegrityCheck][1]);
+  std::vector<integrity::DeviceRecord> devices;
+  CUresult r = CUDA_SUCCESS;
+  if (version % 10 > 1) {  // the fixed answers need no device
+    Locked l;
+    if (l.session() == nullptr) {
+      r = l.result();
+    } else {
+      in.driver_version = static_cast<uint32_t>(l.session()->driver_version);
+      for (const DeviceInfo& d : l.session()->devices) {
+        integrity::DeviceRecord rec{};
+        memcpy(rec.uuid, d.uuid.bytes, 16);
+        auto attr = [&d](CUdevice_attribute a) {
+          size_t i = static_cast<size_t>(a);
+          return i < d.attrs.size() ? d.attrs[i] : 0;
+        };
+        rec.pci_domain = attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);
+        rec.pci_bus = attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
+        rec.pci_device = attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
+        devices.push_back(rec);
+      }
+    }
+  }
+  if (r == CUDA_SUCCESS) integrity::Compute(in, devices.data(), devices.size(), result);
+  TF_TRACE("export table INTEGRITY_CHECK[1] check(version=%u, time=%" PRIu64 ") -> %d, "
+           "%016" PRIx64 "%016" PRIx64,
+           version, unix_seconds, r, r == CUDA_SUCCESS ? result[0] : 0,
+           r == CUDA_SUCCESS ? result[1] : 0);
+  return r;
+}
+
+// ---- CONTEXT_CHECKS: flags the driver keeps per context that are never set on an ordinary one.
+
+CUresult ContextCheck(CUcontext ctx, uint32_t* result1, const void** result2) {
+  if (result1) *result1 = 0;
+  TF_TRACE("export table CONTEXT_CHECKS[2] check(ctx=%p, %p, %p) -> 0", static_cast<void*>(ctx),
+           static_cast<void*>(result1), static_cast<const void*>(result2));
+  return CUDA_SUCCESS;
+}
+
+uint32_t ContextCheck3() {
+  TF_TRACE("export table CONTEXT_CHECKS[3] () -> 0");
+  return 0;
+}
+
+// ---- the tables themselves
+
+template <int T, size_t... S>
+void FillUnknown(std::index_sequence<S...>) {
+  ((g_tables[T][S] = Unknown<T, static_cast<int>(S)>()), ...);
+}
+
+void AtForkChild() {
+  // The child's connection is new and its contexts are not the parent's: forget both (without
+  // running destructors: the contexts were the parent's).
+  pthread_mutex_init(&g_cls_mu, nullptr);
+  pthread_mutex_init(&g_primary_mu, nullptr);
+  g_cls.clear();
+  g_primary.clear();
+}
+
+struct Setup {
+  Setup() {
+    FillUnknown<kCudartInterface>(std::make_index_sequence<kSlots[kCudartInterface]>());
+    FillUnknown<kToolsTls>(std::make_index_sequence<kSlots[kToolsTls]>());
+    FillUnknown<kToolsRuntimeCallbackHooks>(
+        std::make_index_sequence<kSlots[kToolsRuntimeCallbackHooks]>());
+    FillUnknown<kContextLocalStorage>(std::make_index_sequence<kSlots[kContextLocalStorage]>());
+    FillUnknown<kIntegrityCheck>(std::make_index_sequence<kSlots[kIntegrityCheck]>());
+    FillUnknown<kContextChecks>(std::make_index_sequence<kSlots[kContextChecks]>());
+    for (int t = 0; t < kTableCount; ++t) {
+      if (kInfo[t].has_size_word) g_tables[t][0] = SizeWord(t);
+    }
+    const void** c = g_tables[kCudartInterface];
+    c[1] = Fn(&GetModuleFromCubin);
+    c[2] = Fn(&GetPrimaryContext);
+    c[6] = Fn(&GetModuleFromCubinExt1);
+    c[7] = Fn(&CudartNoop7);
+    c[8] = Fn(&GetModuleFromCubinExt2);
+    c[12] = Fn(&LoadCompilers);
+    const void** h = g_tables[kToolsRuntimeCallbackHooks];
+    h[2] = Fn(&GetHookBuffer1);
+    h[6] = Fn(&GetHookBuffer2);
+    const void** s = g_tables[kContextLocalStorage];
+    s[0] = Fn(&ClsPut);
+    s[1] = Fn(&ClsDelete);
+    s[2] = Fn(&ClsGet);
+    g_tables[kIntegrityCheck][1] = Fn(&IntegrityCheck);
+    g_tables[kContextChecks][2] = Fn(&ContextCheck);
+    g_tables[kContextChecks][3] = Fn(&ContextCheck3);
+    pthread_atfork(nullptr, nullptr, &AtForkChild);
+  }
+};
+
+// Built on first use: another library's constructor may ask before ours ran.
+void EnsureTables() { static Setup setup; }
+
+}  // namespace
+
+CUresult GetExportTable(const void** table, const CUuuid* id) {
+  char text[33] = "(null)";
+  if (id != nullptr) UuidText(*id, text);
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  const char* name = "unknown";
+  EnsureTables();
+  if (table != nullptr && id != nullptr) {
+    *table = nullptr;
+    for (int t = 0; t < kTableCount; ++t) {
+      if (SameUuid(*id, kInfo[t].id)) {
+        *table = g_tables[t];
+        name = kInfo[t].name;
+        r = CUDA_SUCCESS;
+        break;
+      }
+    }
+  }
+  TF_TRACE("cuGetExportTable(%s) %s -> %d, table=%p", text, name, r,
+           table != nullptr ? *table : nullptr);
+  return r;
+}
+
+void ReleaseContextStorage(uint64_t ctx) {
+  std::vector<std::pair<uintptr_t, ClsEntry>> run;
+  pthread_mutex_lock(&g_cls_mu);
+  for (auto it = g_cls.lower_bound({ctx, 0}); it != g_cls.end() && it->first.first == ctx;) {
+    run.emplace_back(it->first.second, it->second);
+    it = g_cls.erase(it);
+  }
+  pthread_mutex_unlock(&g_cls_mu);
+  for (const auto& [key, e] : run) {
+    TF_TRACE("context 0x%" PRIx64 " destroyed: CONTEXT_LOCAL_STORAGE destructor %p(key=%p, "
+             "value=%p)",
+             ctx, reinterpret_cast<void*>(e.dtor), reinterpret_cast<void*>(key), e.value);
+    if (e.dtor != nullptr) e.dtor(reinterpret_cast<CUcontext>(ctx), reinterpret_cast<void*>(key), e.value);
+  }
+  pthread_mutex_lock(&g_primary_mu);
+  for (auto it = g_primary.begin(); it != g_primary.end();) {
+    if (reinterpret_cast<uint64_t>(it->second) == ctx) it = g_primary.erase(it);
+    else ++it;
+  }
+  pthread_mutex_unlock(&g_primary_mu);
+}
+
+CUresult Impl_cuGetExportTable(const void** table, const CUuuid* id) { return GetExportTable(table, id); }
+
+size_t KnownExportTables(const ExportTableInfo** out) {
+  *out = kInfo;
+  return kTableCount;
+}
+
+}  // namespace tf::client
