@@ -33,9 +33,13 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--vgpu", run.vgpu, "vGPU name shared by several processes");
   run_cmd->add_option("--driver", run.driver, "path of the real libcuda.so.1");
   run_cmd->add_option("--nvml", run.nvml, "path of the real libnvidia-ml.so.1");
-  std::string remote, remote_token;
+  std::string remote;
   run_cmd->add_option("--remote", remote, "run on a remote GPU worker: HOST:PORT (TCP) or unix:PATH");
-  run_cmd->add_option("--token", remote_token, "token of the remote worker")->envname("TFUSION_TOKEN");
+  run_cmd->add_option("--token", run.token, "token of the controller or remote worker")->envname("TFUSION_TOKEN");
+  run_cmd->add_option("--controller", run.controller, "controller URL: the pool places the vGPU")
+      ->envname("TFUSION_URL");
+  run_cmd->add_option("--pool", run.pool, "pool to place the vGPU in");
+  run_cmd->add_option("--qos", run.qos, "low, medium, high or critical");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
@@ -110,7 +114,7 @@ int main(int argc, char** argv) {
                            "for --remote (worker --session-env); not yet per client\n");
       return 2;
     }
-    return tf::cli::RunRemote(remote, remote_token, run.command);
+    return tf::cli::RunRemote(remote, run.token, run.command);
   }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
   if (worker_cmd->parsed()) {

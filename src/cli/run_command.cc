@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "cli/local_vgpu.h"
+#include "cli/pool_allocation.h"
 #include "cli/quantity.h"
 #include "common/gpu_catalog.h"
 #include "limiter/core/gpu_region.h"
@@ -98,6 +99,56 @@ uint64_t CapacityMtflops(const std::string& name) {
   return spec.ok() ? static_cast<uint64_t>(spec->fp16_tflops * 1000) : 0;
 }
 
+struct Pooled {
+  std::string allocation_id;  // empty: no controller reachable, run on this machine's own
+  const LocalGpu* gpu = nullptr;
+  Limits limits;
+};
+
+// Asks the controller for a vGPU. An unreachable controller is not an error: the command then
+// runs with a local vGPU, as without --controller. A placement on another machine is.
+StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<LocalGpu>& gpus) {
+  Pooled out;
+  if (o.vram.empty()) return InvalidArgument("--vram is required when a controller places the vGPU");
+  auto vram = ParseVramSize("--vram", o.vram);
+  if (!vram.ok()) return vram.status();
+  if (!o.tflops.empty() && !o.percent.empty()) return InvalidArgument("give either --tflops or --percent, not both");
+  double tflops = 0, percent = 0;
+  if (!o.tflops.empty()) {
+    auto t = ParsePositive("--tflops", o.tflops);
+    if (!t.ok()) return t.status();
+    tflops = *t;
+  } else {
+    auto p = o.percent.empty() ? StatusOr<double>(100.0) : ParsePositive("--percent", o.percent, 100);
+    if (!p.ok()) return p.status();
+    percent = *p;
+  }
+  auto a = RequestPoolAllocation(o.controller, o.token, tflops, percent, *vram, o.pool, o.qos);
+  if (!a.ok()) {
+    if (a.status().code() == StatusCode::kUnavailable) {
+      std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",
+                   o.controller.c_str(), a.status().message().c_str());
+      return out;
+    }
+    return Status(a.status().code(), "the controller refused the vGPU: " + a.status().message());
+  }
+  for (const auto& g : gpus) {
+    if (g.uuid == a->gpu_uuid) out.gpu = &g;
+  }
+  if (out.gpu == nullptr) {
+    ReleasePoolAllocation(o.controller, o.token, a->id);
+    return FailedPrecondition("the controller placed this vGPU on node " + a->node + " (GPU " + a->gpu_uuid +
+                              "), not on this machine: run the command there, or with --remote");
+  }
+  out.allocation_id = a->id;
+  out.limits.vram_bytes = a->vram_bytes;
+  out.limits.share_ppm = a->share_ppm;
+  std::fprintf(stderr, "tfusion run: allocation %s on GPU %d (%s): %s VRAM, %.1f%% of the GPU\n",
+               a->id.c_str(), out.gpu->index, out.gpu->name.c_str(), FormatBytes(a->vram_bytes).c_str(),
+               a->share_ppm / 10'000.0);
+  return out;
+}
+
 }  // namespace
 
 int RunCommand(const RunOptions& o) {
@@ -119,7 +170,18 @@ int RunCommand(const RunOptions& o) {
     return Fail("--gpu " + std::to_string(o.gpu) + ": this machine has " +
                 std::to_string(gpus->size()) + " GPU(s), numbered from 0");
   }
-  auto limits = ResolveLimits(o, *gpu);
+  StatusOr<Limits> limits = Limits{};
+  std::string pooled_id;  // the controller's allocation, released when the command ends
+  if (!o.controller.empty()) {
+    auto pooled = PlaceThroughController(o, *gpus);
+    if (!pooled.ok()) return Fail(pooled.status().message());
+    if (!pooled->allocation_id.empty()) {
+      pooled_id = pooled->allocation_id;
+      gpu = pooled->gpu;
+      limits = pooled->limits;
+    }
+  }
+  if (pooled_id.empty()) limits = ResolveLimits(o, *gpu);
   if (!limits.ok()) return Fail(limits.status().message());
 
   GpuRegion region;
@@ -130,7 +192,7 @@ int RunCommand(const RunOptions& o) {
     return Fail("cannot open the shared region of GPU " + gpu->uuid + ": " +
                 limiter::RegionErrorName(e) + " " + why.message);
   }
-  std::string vgpu_id = o.vgpu.empty() ? "run-" + std::to_string(getpid()) : o.vgpu;
+  std::string vgpu_id = !pooled_id.empty() ? pooled_id : o.vgpu.empty() ? "run-" + std::to_string(getpid()) : o.vgpu;
   if (vgpu_id.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
   uint32_t existing = 0;
   if (!o.vgpu.empty() && region.FindVgpu(vgpu_id.c_str(), &existing) == RegionError::kOk) {
@@ -176,6 +238,13 @@ int RunCommand(const RunOptions& o) {
   if (o.vgpu.empty()) {
     region.ReapDeadOfVgpu(index);
     region.RemoveVgpu(index);  // busy while a detached grandchild still uses it: left for reaping
+  }
+  if (!pooled_id.empty()) {
+    Status released = ReleasePoolAllocation(o.controller, o.token, pooled_id);
+    if (!released.ok() && released.code() != StatusCode::kNotFound) {
+      std::fprintf(stderr, "tfusion run: releasing allocation %s: %s\n", pooled_id.c_str(),
+                   released.ToString().c_str());
+    }
   }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);

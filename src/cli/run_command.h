@@ -18,6 +18,10 @@ struct RunOptions {
   std::string vgpu;      // vGPU id shared by several processes; empty = a private one
   std::string driver;    // the real libcuda.so.1 (default: found on this machine)
   std::string nvml;      // the real libnvidia-ml.so.1 (default: found on this machine)
+  std::string controller;  // controller URL: the vGPU is placed by the pool when reachable
+  std::string token;       // the controller's API token
+  std::string pool;        // pool to place in (controller default when empty)
+  std::string qos;         // low | medium | high | critical (controller default when empty)
   std::vector<std::string> command;
 };
 

@@ -1,0 +1,115 @@
+// `tfusion run --controller`: the pool places the vGPU, the command runs on it, and the
+// allocation is released when the command ends. Runs the real binaries: `tfusion up` (controller
+// and node agent, whose NVML is the fake one) and `tfusion run` in front of the fake driver.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out;
+};
+
+Result Shell(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class PooledRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tf-pooled-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    env_ = "TFUSION_SHM_DIR=" + dir_ + "/shm FAKECUDA_SHM_NAME=/tf-pooled-" + std::to_string(getpid()) + " ";
+    up_ = fork();
+    ASSERT_GE(up_, 0);
+    if (up_ == 0) {
+      if (chdir(dir_.c_str()) != 0) _exit(126);
+      std::string cmd = "exec env " + env_ + "LD_LIBRARY_PATH=" + TF_FAKECUDA_DIR + " " + TF_TFUSION +
+                        " up --port 0 --metrics-port 0 > up.log 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::regex url_re("http://127\\.0\\.0\\.1:[0-9]+");
+    for (int i = 0; i < 200 && url_.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::smatch m;
+      std::string log = ReadFile(dir_ + "/up.log");
+      if (std::regex_search(log, m, url_re)) url_ = m.str();
+    }
+    ASSERT_FALSE(url_.empty()) << ReadFile(dir_ + "/up.log");
+    token_ = ReadFile(dir_ + "/.tfusion/token");
+    while (!token_.empty() && (token_.back() == '\n' || token_.back() == ' ')) token_.pop_back();
+    // Wait until the node agent has registered the fake GPU.
+    bool ready = false;
+    for (int i = 0; i < 200 && !ready; ++i) {
+      Result r = Shell(std::string(TF_TFUSION) + " node ls --url " + url_ + " --token " + token_);
+      ready = r.out.find("ready") != std::string::npos && r.out.find("989.4") != std::string::npos;
+      if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(ready) << ReadFile(dir_ + "/up.log");
+  }
+  void TearDown() override {
+    if (up_ > 0) {
+      kill(up_, SIGTERM);
+      waitpid(up_, nullptr, 0);
+    }
+    EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+  }
+  std::string PooledRun(const std::string& flags, const std::string& probe_args) const {
+    return env_ + TF_TFUSION + " run --controller " + url_ + " --token " + token_ + " --driver " + TF_FAKECUDA +
+           " --nvml " + TF_FAKENVML + " " + flags + " -- " + TF_PROBE + " " + probe_args;
+  }
+
+  std::string dir_, env_, url_, token_;
+  pid_t up_ = -1;
+};
+
+TEST_F(PooledRunTest, ThePoolPlacesTheVgpuAndTheAllocationIsReleasedAfterwards) {
+  Result r = Shell(PooledRun("--vram 1GiB --percent 50", "alloc"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("allocated_mib=1024"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("total_mib=1024"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("50.0% of the GPU"), std::string::npos) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("allocation (a-[0-9a-f]+)"))) << r.out;
+  Result ps = Shell(std::string(TF_TFUSION) + " ps --url " + url_ + " --token " + token_);
+  EXPECT_EQ(ps.out.find(m.str(1)), std::string::npos) << "released after the command\n" << ps.out;
+}
+
+TEST_F(PooledRunTest, ARequestThePoolCannotHoldIsRefusedClearly) {
+  Result r = Shell(PooledRun("--vram 100GiB", "alloc"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("has room"), std::string::npos) << r.out;
+  Result missing = Shell(PooledRun("--percent 10", "alloc"));
+  EXPECT_EQ(missing.rc, 2);
+  EXPECT_NE(missing.out.find("--vram is required"), std::string::npos) << missing.out;
+}
+
+}  // namespace
