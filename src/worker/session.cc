@@ -67,6 +67,7 @@ class Session {
   void Reply(uint64_t seq, CUresult r, const Writer& out);
   void ReplyDeferred(uint64_t seq);
   CUresult SessionInfo(Writer& out);
+  void WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out);
   bool LoadDriver();
   void PollStaged(bool wait);
   void Cleanup();
@@ -185,6 +186,30 @@ CUresult Session::SessionInfo(Writer& out) {
   return CUDA_SUCCESS;
 }
 
+// What the client caches about a context: u32 flags, u32 api version, i32 least and greatest
+// stream priority, u8 primary. Queried with the context pushed, so the session's current
+// context is unchanged.
+void Session::WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out) {
+  unsigned flags = 0, api = 0;
+  int least = 0, greatest = 0;
+  if (primary) {
+    int active = 0;
+    CALL(cuDevicePrimaryCtxGetState, dev, &flags, &active);
+  }
+  CALL(cuCtxGetApiVersion, c, &api);
+  if (CALL(cuCtxPushCurrent_v2, c) == CUDA_SUCCESS) {
+    if (!primary) CALL(cuCtxGetFlags, &flags);
+    CALL(cuCtxGetStreamPriorityRange, &least, &greatest);
+    CUcontext popped = nullptr;
+    CALL(cuCtxPopCurrent_v2, &popped);
+  }
+  out.U32(flags);
+  out.U32(api);
+  out.I32(least);
+  out.I32(greatest);
+  out.U8(primary ? 1 : 0);
+}
+
 void Session::PollStaged(bool wait) {
   while (!staged_.empty()) {
     Staged& s = staged_.front();
@@ -216,6 +241,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       primary_ctx_[H(c)] = dev;
       ++primary_retains_[dev];
       out.U64(H(c));
+      WriteContextInfo(c, dev, true, out);
       return CUDA_SUCCESS;
     }
     case Fn::cuDevicePrimaryCtxRelease_v2: {
@@ -254,6 +280,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       contexts_.insert(H(c));
       created_contexts_.insert(H(c));
       out.U64(H(c));
+      WriteContextInfo(c, dev, false, out);
       return CUDA_SUCCESS;
     }
     case Fn::cuCtxDestroy_v2: {
@@ -424,6 +451,13 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
           out.U64(off);
           out.U64(size);
         }
+      }
+      // Every function attribute, so that cuFuncGetAttribute is answered by the client.
+      out.U32(CU_FUNC_ATTRIBUTE_MAX);
+      for (int a = 0; a < CU_FUNC_ATTRIBUTE_MAX; ++a) {
+        int v = 0;
+        if (CALL(cuFuncGetAttribute, &v, static_cast<CUfunction_attribute>(a), f) != CUDA_SUCCESS) v = 0;
+        out.I32(v);
       }
       return CUDA_SUCCESS;
     }

@@ -251,9 +251,56 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["event_bogus"], "400");
   EXPECT_EQ(r.kv["module_bogus"], "400");
   EXPECT_EQ(r.kv["unsupported"], "801");  // CUDA_ERROR_NOT_SUPPORTED
-  EXPECT_NE(r.out.find("cuMemAllocHost_v2 is not supported"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuArrayCreate_v2 is not supported"), std::string::npos) << r.out;
   EXPECT_EQ(r.kv["still_works"], "0");
   EXPECT_EQ(r.kv["procaddr_is_export"], "1");
+}
+
+// Keys both runs print must agree; `only_remote` keys are checked by the caller.
+void ExpectSameKeys(const Result& direct, const Result& remote) {
+  for (const auto& [k, v] : direct.kv) {
+    if (v == "na") continue;
+    EXPECT_EQ(remote.kv.count(k) ? remote.kv.at(k) : "<missing>", v) << "key " << k;
+  }
+}
+
+TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
+  StartWorker();
+  Result direct = Direct("local");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "local");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["ptr_type"], "2");  // CU_MEMORYTYPE_DEVICE
+    EXPECT_EQ(r.kv["ptr_range"], "4096");
+    EXPECT_EQ(r.kv["ptr_unknown"], "1");
+    EXPECT_EQ(r.kv["ptr_attrs"], "0:2:4096");
+    EXPECT_EQ(r.kv["ptr_attrs_unknown"], "0:0:0");
+    EXPECT_EQ(r.kv["capturing_bogus"], "400");
+    EXPECT_EQ(r.kv["priorities"], "0..-5");
+    EXPECT_EQ(r.kv["pop2"], "b:a");
+    EXPECT_EQ(r.kv["alloc_in_pushed"], "b");
+    ExpectSameKeys(direct, r);
+  }
+}
+
+TEST_F(RemoteTest, PinnedHostMemoryLivesOnTheClient) {
+  StartWorker();
+  Result direct = Direct("host");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "host");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["host_type"], "1");  // CU_MEMORYTYPE_HOST
+    EXPECT_EQ(r.kv["pinned_roundtrip"], "7,12,786429");
+    EXPECT_EQ(r.kv["register"], "0");
+    EXPECT_EQ(r.kv["register_again"], "712");  // HOST_MEMORY_ALREADY_REGISTERED
+    EXPECT_EQ(r.kv["registered_type"], "1");
+    EXPECT_EQ(r.kv["unregister_again"], "713");
+    ExpectSameKeys(direct, r);
+  }
 }
 
 TEST_F(RemoteTest, AForkedChildGetsItsOwnConnection) {

@@ -203,7 +203,13 @@ int BadHandles() {
   CUfunction f;
   std::printf("module_bogus=%d\n", static_cast<int>(cuModuleGetFunction(
                                        &f, reinterpret_cast<CUmodule>(0x4000), "fill_u32")));
-  std::printf("unsupported=%d\n", static_cast<int>(cuMemAllocHost(reinterpret_cast<void**>(&f), 64)));
+  CUarray arr;
+  CUDA_ARRAY_DESCRIPTOR desc = {};
+  desc.Width = 16;
+  desc.Height = 16;
+  desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  desc.NumChannels = 1;
+  std::printf("unsupported=%d\n", static_cast<int>(cuArrayCreate(&arr, &desc)));
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
   // Lookups through cuGetProcAddress land on this library's own exports.
   void* p = nullptr;
@@ -300,6 +306,160 @@ int Bench() {
   return 0;
 }
 
+// Entry points the fake driver may not export: looked up at run time ("na" when absent).
+template <class F>
+F Sym(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+const char* Which(CUcontext c, CUcontext a, CUcontext b) {
+  return c == a ? "a" : c == b ? "b" : c == nullptr ? "none" : "other";
+}
+
+// What the stub answers locally: pointer and function attributes, capture state, context
+// queries and the context stack.
+int Local() {
+  CUcontext ctx = Setup();
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  unsigned type = 0;
+  CUcontext pctx = nullptr;
+  CUdeviceptr dptr = 0, start = 0;
+  size_t range = 0;
+  int ordinal = -1, managed = -1, mapped = -1;
+  CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 100));
+  CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, a + 100));
+  CHECK(cuPointerGetAttribute(&dptr, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a + 100));
+  CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, a + 100));
+  CHECK(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a + 100));
+  CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a + 100));
+  CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, a + 100));
+  CHECK(cuPointerGetAttribute(&mapped, CU_POINTER_ATTRIBUTE_MAPPED, a + 100));
+  std::printf("ptr_type=%u\nptr_ctx_is_current=%d\nptr_dptr_ok=%d\nptr_start_ok=%d\n", type,
+              pctx == ctx, dptr == a + 100, start == a);
+  std::printf("ptr_range=%zu\nptr_ordinal=%d\nptr_managed=%d\nptr_mapped=%d\n", range, ordinal,
+              managed, mapped);
+  std::printf("ptr_unknown=%d\n", static_cast<int>(cuPointerGetAttribute(
+                                       &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0x10)));
+  std::printf("ptr_past_end=%d\n", static_cast<int>(cuPointerGetAttribute(
+                                        &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 4096)));
+  if (auto get_all = Sym<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>(
+          "cuPointerGetAttributes")) {
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned t = 99;
+    size_t sz = 99;
+    void* data[] = {&t, &sz};
+    CUresult r1 = get_all(2, attrs, data, a + 8);
+    std::printf("ptr_attrs=%d:%u:%zu\n", static_cast<int>(r1), t, sz);
+    CUresult r2 = get_all(2, attrs, data, 0x10);
+    std::printf("ptr_attrs_unknown=%d:%u:%zu\n", static_cast<int>(r2), t, sz);
+  } else {
+    std::printf("ptr_attrs=na\nptr_attrs_unknown=na\n");
+  }
+  CHECK(cuMemFree(a));
+  std::printf("ptr_after_free=%d\n", static_cast<int>(cuPointerGetAttribute(
+                                          &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a)));
+
+  CUfunction fill = Kernel("fill_u32");
+  int max_threads = 0, regs = -1;
+  CHECK(cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fill));
+  CHECK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fill));
+  std::printf("func_max_threads=%d\nfunc_regs=%d\n", max_threads, regs);
+
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  CHECK(cuStreamIsCapturing(s, &cs));
+  std::printf("capturing=%d\n", static_cast<int>(cs));
+  std::printf("capturing_bogus=%d\n", static_cast<int>(cuStreamIsCapturing(
+                                           reinterpret_cast<CUstream>(0xdead0000), &cs)));
+
+  unsigned api = 0, flags = 99;
+  int least = 9, greatest = 9;
+  CHECK(cuCtxGetApiVersion(ctx, &api));
+  CHECK(cuCtxGetFlags(&flags));
+  CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
+  std::printf("ctx_api=%u\nctx_flags=%u\npriorities=%d..%d\n", api, flags, least, greatest);
+
+  CUcontext b = nullptr, cur = nullptr, popped = nullptr;
+  CHECK(cuCtxCreate(&b, nullptr, 0, 0));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("after_create=%s\n", Which(cur, ctx, b));
+  CHECK(cuCtxPushCurrent(ctx));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("after_push=%s\n", Which(cur, ctx, b));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("pop1=%s:%s\n", Which(popped, ctx, b), Which(cur, ctx, b));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("pop2=%s:%s\n", Which(popped, ctx, b), Which(cur, ctx, b));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("pop3=%s:%s\n", Which(popped, ctx, b), Which(cur, ctx, b));
+  std::printf("pop_empty=%d\n", static_cast<int>(cuCtxPopCurrent(&popped)));
+  CHECK(cuCtxPushCurrent(b));
+  CUdeviceptr x;
+  CHECK(cuMemAlloc(&x, 64));
+  CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, x));
+  std::printf("alloc_in_pushed=%s\n", Which(pctx, ctx, b));
+  CHECK(cuMemFree(x));
+  CHECK(cuCtxDestroy(b));
+  std::printf("done=1\n");
+  return 0;
+}
+
+// Page-locked host memory: allocations, registration, copies through it.
+int Host() {
+  CUcontext ctx = Setup();
+  void* h = nullptr;
+  CHECK(cuMemAllocHost(&h, 1 << 20));
+  unsigned type = 0;
+  CUcontext pctx = nullptr;
+  CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(h) + 8));
+  CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, reinterpret_cast<CUdeviceptr>(h)));
+  std::printf("host_type=%u\nhost_ctx_is_current=%d\n", type, pctx == ctx);
+  CUdeviceptr hd = 0;
+  CHECK(cuMemHostGetDevicePointer(&hd, h, 0));
+  std::printf("host_dptr_is_host=%d\n", hd == reinterpret_cast<CUdeviceptr>(h));
+  auto* words = static_cast<uint32_t*>(h);
+  for (int i = 0; i < (1 << 18); ++i) words[i] = i * 3u;
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, 1 << 20));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemcpyHtoDAsync(d, h, 1 << 20, s));
+  CHECK(cuMemsetD32Async(d, 7, 4, s));
+  CHECK(cuStreamSynchronize(s));
+  void* h2 = nullptr;
+  CHECK(cuMemHostAlloc(&h2, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  CHECK(cuMemcpyDtoHAsync(h2, d, 1 << 20, s));
+  CHECK(cuStreamSynchronize(s));
+  auto* back = static_cast<uint32_t*>(h2);
+  std::printf("pinned_roundtrip=%u,%u,%u\n", back[0], back[4], back[(1 << 18) - 1]);
+  CHECK(cuMemFreeHost(h2));
+  CHECK(cuMemFreeHost(h));
+  std::printf("free_host_twice=%d\n", static_cast<int>(cuMemFreeHost(h)));
+  auto reg = Sym<CUresult (*)(void*, size_t, unsigned)>("cuMemHostRegister_v2");
+  auto unreg = Sym<CUresult (*)(void*)>("cuMemHostUnregister");
+  if (reg && unreg) {
+    std::vector<uint32_t> buf(1024, 5);
+    std::printf("register=%d\n", static_cast<int>(reg(buf.data(), 4096, 0)));
+    std::printf("register_again=%d\n", static_cast<int>(reg(buf.data() + 16, 64, 0)));
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                reinterpret_cast<CUdeviceptr>(buf.data() + 10)));
+    std::printf("registered_type=%u\n", type);
+    CHECK(cuMemcpyHtoD(d, buf.data(), 4096));
+    std::printf("unregister=%d\n", static_cast<int>(unreg(buf.data())));
+    std::printf("unregister_again=%d\n", static_cast<int>(unreg(buf.data())));
+  } else {
+    std::printf("register=na\n");
+  }
+  CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,6 +472,8 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "loop")) return Loop();
   if (!strcmp(mode, "fork")) return Fork();
   if (!strcmp(mode, "bench")) return Bench();
+  if (!strcmp(mode, "local")) return Local();
+  if (!strcmp(mode, "host")) return Host();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
