@@ -652,6 +652,12 @@ CUresult Impl_cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
 CUresult Impl_cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
   return Memset(Fn::cuMemsetD32_v2, dst, v, n, nullptr, false);
 }
+CUresult Impl_cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n) {
+  return Memset(Fn::cuMemsetD16_v2, dst, v, n, nullptr, false);
+}
+CUresult Impl_cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream stream) {
+  return Memset(Fn::cuMemsetD16Async, dst, v, n, stream, true);
+}
 CUresult Impl_cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
   return Memset(Fn::cuMemsetD8Async, dst, v, n, stream, true);
 }
@@ -751,6 +757,21 @@ CUresult Impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy
                                   unsigned int bx, unsigned int by, unsigned int bz,
                                   unsigned int shmem, CUstream stream, void** params, void** extra) {
   return Launch(Fn::cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+CUresult Impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                        unsigned int gz, unsigned int bx, unsigned int by,
+                                        unsigned int bz, unsigned int shmem, CUstream stream,
+                                        void** params) {
+  return Launch(Fn::cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shmem, stream, params,
+                nullptr);
+}
+CUresult Impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                             unsigned int gz, unsigned int bx, unsigned int by,
+                                             unsigned int bz, unsigned int shmem, CUstream stream,
+                                             void** params) {
+  return Launch(Fn::cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, stream,
+                params, nullptr);
 }
 
 // ---- streams and events

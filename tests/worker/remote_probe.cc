@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -460,6 +461,193 @@ int Host() {
   return 0;
 }
 
+uint32_t Word(CUdeviceptr p) {
+  uint32_t v = 0;
+  CHECK(cuMemcpyDtoH(&v, p, 4));
+  return v;
+}
+
+// Stream-ordered work beyond the first slice: extended and cooperative launches, stream waits,
+// 16-bit and 2D memsets, unified copies, stream-ordered allocation and pools.
+int Async() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  CUfunction sleep_us = Kernel("sleep_us");
+  CUstream s1, s2;
+  CHECK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+
+  // cuLaunchKernelEx with attributes.
+  CUlaunchAttribute attrs[2] = {};
+  attrs[0].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  attrs[0].value.priority = -1;
+  attrs[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attrs[1].value.clusterDim.x = 1;
+  attrs[1].value.clusterDim.y = 1;
+  attrs[1].value.clusterDim.z = 1;
+  CUlaunchConfig cfg = {};
+  cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = s1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  unsigned value = 0x51;
+  size_t count = 1024;
+  void* params[] = {&a, &value, &count};
+  CHECK(cuLaunchKernelEx(&cfg, fill, params, nullptr));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("launch_ex=%x\n", Word(a + 4092));
+  value = 0x52;
+  CHECK(cuLaunchCooperativeKernel(fill, 1, 1, 1, 1, 1, 1, 0, s1, params));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("cooperative=%x\n", Word(a));
+
+  // s2 waits for an event recorded on s1 after a slow kernel.
+  CUevent e;
+  CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  unsigned us = 30000;
+  void* sp[] = {&us};
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s1, sp, nullptr));
+  value = 1;
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s1, params, nullptr));
+  CHECK(cuEventRecordWithFlags(e, s1, CU_EVENT_RECORD_DEFAULT));
+  CHECK(cuStreamWaitEvent(s2, e, 0));
+  value = 2;
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s2, params, nullptr));
+  CHECK(cuStreamSynchronize(s2));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("wait_event_orders=%u\n", Word(a));
+
+  // 16-bit and 2D memsets.
+  CHECK(cuMemsetD32(a, 0, 1024));
+  CHECK(cuMemsetD16(a, 0xABCD, 3));
+  std::printf("memset16=%08x,%08x\n", Word(a), Word(a + 4));
+  CHECK(cuMemsetD2D32(a + 256, 64, 9, 4, 3));  // 3 rows of 4 words, 64 bytes apart
+  CHECK(cuMemsetD2D8Async(a + 1024, 16, 0x7f, 2, 2, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("memset2d=%u,%u,%u,%u,%u\n", Word(a + 256), Word(a + 256 + 12), Word(a + 256 + 16),
+              Word(a + 256 + 128 + 12), Word(a + 256 + 192));
+  std::printf("memset2d8=%08x,%08x,%08x\n", Word(a + 1024), Word(a + 1024 + 16), Word(a + 1024 + 32));
+  std::printf("memset2d_overrun=%d\n", static_cast<int>(cuMemsetD2D32(a + 4000, 64, 1, 4, 3)));
+
+  // Unified copies: the stub tells host from device pointers.
+  std::vector<uint32_t> host(256), back(256), other(256, 0);
+  for (int i = 0; i < 256; ++i) host[i] = 1000 + i;
+  CUdeviceptr b;
+  CHECK(cuMemAlloc(&b, 1024));
+  CHECK(cuMemcpy(a, reinterpret_cast<CUdeviceptr>(host.data()), 1024));
+  CHECK(cuMemcpy(b, a, 1024));
+  CHECK(cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), b, 1024));
+  CHECK(cuMemcpy(reinterpret_cast<CUdeviceptr>(other.data()), reinterpret_cast<CUdeviceptr>(back.data()), 1024));
+  std::printf("unified_copy=%d\n", other == host);
+  CHECK(cuMemsetD32Async(b, 3, 256, s1));
+  CHECK(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(back.data()), b, 1024, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("unified_async=%u,%u\n", back[0], back[255]);
+
+  // Stream-ordered allocations and pools.
+  CUdeviceptr c;
+  CHECK(cuMemAllocAsync(&c, 1 << 20, s1));
+  CHECK(cuMemsetD32Async(c, 77, 1 << 18, s1));
+  CHECK(cuMemcpyDtoHAsync(back.data(), c + (1 << 20) - 1024, 1024, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("alloc_async=%u\n", back[255]);
+  CHECK(cuMemFreeAsync(c, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("free_async_twice=%d\n", static_cast<int>(cuMemFreeAsync(c, s1)));
+  CUmemoryPool def = nullptr, pool = nullptr;
+  CHECK(cuDeviceGetDefaultMemPool(&def, 0));
+  cuuint64_t threshold = 1 << 24, got = 0;
+  CHECK(cuMemPoolSetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+  CHECK(cuMemPoolGetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &got));
+  std::printf("pool_threshold=%llu\n", static_cast<unsigned long long>(got));
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CHECK(cuMemPoolCreate(&pool, &props));
+  int reuse = 0;
+  int one = 1;
+  CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &one));
+  CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &reuse));
+  std::printf("pool_reuse=%d\n", reuse);
+  CUdeviceptr d;
+  CHECK(cuMemAllocFromPoolAsync(&d, 4096, pool, s2));
+  CUmemoryPool owner = nullptr;
+  CHECK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, d));
+  std::printf("pool_owner_ok=%d\n", owner == pool);
+  CHECK(cuMemsetD32Async(d, 5, 1024, s2));
+  CHECK(cuStreamSynchronize(s2));
+  std::printf("pool_alloc=%u\n", Word(d + 4092));
+  CHECK(cuMemFreeAsync(d, s2));
+  CHECK(cuStreamSynchronize(s2));
+  CHECK(cuMemPoolDestroy(pool));
+  std::printf("pool_destroy_twice=%d\n", static_cast<int>(cuMemPoolDestroy(pool)));
+  std::printf("wait_bogus_event=%d\n", static_cast<int>(cuStreamWaitEvent(s2, reinterpret_cast<CUevent>(0xbad0), 0)));
+  std::printf("after_bogus_sync=%d\n", static_cast<int>(cuStreamSynchronize(s2)));
+  CHECK(cuMemFree(a));
+  CHECK(cuMemFree(b));
+  std::printf("done=1\n");
+  return 0;
+}
+
+std::atomic<int> g_flag{0};
+std::atomic<int> g_seen{-1};
+char g_order[16];
+std::atomic<int> g_order_len{0};
+CUstream g_cb_stream = nullptr;
+
+void Note(char c) { g_order[g_order_len++] = c; }
+
+// Host functions in stream order: they run after the work before them, and the work after them
+// waits for them.
+int Callbacks() {
+  Setup();
+  CUfunction sleep_us = Kernel("sleep_us");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  g_cb_stream = s;
+  CUevent e;
+  CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  unsigned us = 20000;
+  void* sp[] = {&us};
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s, sp, nullptr));
+  static std::chrono::steady_clock::time_point ran_at;
+  CHECK(cuLaunchHostFunc(s, [](void*) {
+    ran_at = std::chrono::steady_clock::now();
+    Note('1');
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    g_flag = 1;
+  }, nullptr));
+  CHECK(cuEventRecord(e, s));
+  CHECK(cuLaunchHostFunc(s, [](void*) { g_seen = g_flag.load(); Note('2'); }, nullptr));
+  CHECK(cuStreamAddCallback(s, [](CUstream st, CUresult status, void* user) {
+    Note(st == g_cb_stream && status == CUDA_SUCCESS && user == &g_flag ? '3' : 'x');
+  }, &g_flag, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  std::printf("event_during_host_fn=%d\n", static_cast<int>(cuEventQuery(e)));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("host_fn_after_kernel=%d\n",
+              std::chrono::duration<double, std::milli>(ran_at - t0).count() >= 19.0);
+  std::printf("event_after_sync=%d\n", static_cast<int>(cuEventQuery(e)));
+  std::printf("later_fn_saw_flag=%d\n", g_seen.load());
+  // Nobody calls CUDA while the stream reaches the next one: it still runs.
+  g_flag = 0;
+  CHECK(cuLaunchHostFunc(s, [](void*) { g_flag = 7; Note('4'); }, nullptr));
+  for (int i = 0; i < 200 && g_flag.load() != 7; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::printf("ran_while_idle=%d\n", g_flag.load());
+  CHECK(cuStreamSynchronize(s));
+  g_order[g_order_len] = 0;
+  std::printf("order=%s\n", g_order);
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -474,6 +662,8 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "bench")) return Bench();
   if (!strcmp(mode, "local")) return Local();
   if (!strcmp(mode, "host")) return Host();
+  if (!strcmp(mode, "async")) return Async();
+  if (!strcmp(mode, "callbacks")) return Callbacks();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
