@@ -72,6 +72,16 @@ class Session {
   void ReplyDeferred(uint64_t seq);
   CUresult SessionInfo(Writer& out);
   CUresult LaunchCall(Fn fn, Reader& rd);
+  struct LaunchArgs {
+    void* params[remote::kMaxKernelParams];
+    void* extra[5] = {};
+    size_t extra_size = 0;
+    void** kernel_params = nullptr;
+    void** extra_p = nullptr;
+  };
+  CUresult DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a);
+  CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p);
+  CUresult GraphCall(Fn fn, Reader& rd, Writer& out);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
   // after the client ran the function.
@@ -116,6 +126,9 @@ class Session {
   std::map<uint64_t, uint64_t> allocs_;  // base -> size
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
   std::set<uint64_t> pools_, created_pools_;
+  std::set<uint64_t> graphs_;
+  std::map<uint64_t, uint64_t> graph_nodes_;  // node -> its graph
+  std::map<uint64_t, uint64_t> execs_;        // executable graph -> the graph it came from
   std::mutex hf_mu_;
   std::condition_variable hf_cv_;
   std::set<uint64_t> hf_done_;  // acknowledged, not yet seen by their stream thread
@@ -494,6 +507,15 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemPoolSetAttribute:
     case Fn::cuMemPoolGetAttribute:
       return PoolOrAsyncAlloc(fn, rd, out);
+    case Fn::cuGraphCreate:
+    case Fn::cuGraphAddKernelNode_v2:
+    case Fn::cuGraphInstantiateWithFlags:
+    case Fn::cuGraphLaunch:
+    case Fn::cuGraphLaunch_ptsz:
+    case Fn::cuGraphExecKernelNodeSetParams_v2:
+    case Fn::cuGraphExecDestroy:
+    case Fn::cuGraphDestroy:
+      return GraphCall(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
       uint64_t s = 0, id = 0;
@@ -730,10 +752,164 @@ bool Session::DrainHostFuncs() {
   }
 }
 
+// A launch's arguments (u32 mode + encoding) for function f. Pointers point into payload_, our
+// private copy, which outlives the call; the driver copies arguments at launch (and when a graph
+// node is added or updated).
+CUresult Session::DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a) {
+  uint32_t mode = 0;
+  if (!rd.U32(&mode)) return CUDA_ERROR_INVALID_VALUE;
+  auto fit = functions_.find(f);
+  if (fit == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  const FunctionEntry& fe = fit->second;
+  if (mode == remote::kLaunchParams) {
+    uint32_t n = 0;
+    // The driver reads every parameter the kernel declares: the client must send exactly
+    // those, each of its size, or the session would read past what arrived.
+    if (!rd.U32(&n) || !fe.layout_known || n != fe.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint8_t* p = nullptr;
+      uint32_t len = 0;
+      if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes) || len != fe.sizes[i]) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      a->params[i] = const_cast<uint8_t*>(p);
+    }
+    a->kernel_params = a->params;
+  } else if (mode == remote::kLaunchExtraBuffer) {
+    const uint8_t* p = nullptr;
+    uint32_t len = 0;
+    if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes)) return CUDA_ERROR_INVALID_VALUE;
+    a->extra_size = len;
+    a->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+    a->extra[1] = const_cast<uint8_t*>(p);
+    a->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+    a->extra[3] = &a->extra_size;
+    a->extra[4] = CU_LAUNCH_PARAM_END;
+    a->extra_p = a->extra;
+  } else if (mode != remote::kLaunchNoParams || (fe.layout_known && !fe.sizes.empty())) {
+    return CUDA_ERROR_INVALID_VALUE;  // a kernel with parameters launched without them
+  }
+  return CUDA_SUCCESS;
+}
+
+// Kernel node parameters: u64 function, u32 grid[3], u32 block[3], u32 shared bytes, arguments.
+CUresult Session::DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p) {
+  uint64_t f = 0;
+  rd.U64(&f);
+  rd.U32(&p->gridDimX);
+  rd.U32(&p->gridDimY);
+  rd.U32(&p->gridDimZ);
+  rd.U32(&p->blockDimX);
+  rd.U32(&p->blockDimY);
+  rd.U32(&p->blockDimZ);
+  if (!rd.U32(&p->sharedMemBytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = DecodeLaunchArgs(rd, f, a); r != CUDA_SUCCESS) return r;
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  p->func = As<CUfunction>(f);
+  p->kernelParams = a->kernel_params;
+  p->extra = a->extra_p;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::GraphCall(Fn fn, Reader& rd, Writer& out) {
+  switch (fn) {
+    case Fn::cuGraphCreate: {
+      uint32_t flags = 0;
+      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUgraph g = nullptr;
+      CUresult r = CALL(cuGraphCreate, &g, flags);
+      if (r != CUDA_SUCCESS) return r;
+      graphs_.insert(H(g));
+      out.U64(H(g));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuGraphAddKernelNode_v2: {
+      uint64_t g = 0;
+      uint32_t ndeps = 0;
+      rd.U64(&g);
+      if (!rd.U32(&ndeps) || ndeps > remote::kMaxGraphDeps) return CUDA_ERROR_INVALID_VALUE;
+      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      std::vector<CUgraphNode> deps(ndeps);
+      for (auto& d : deps) {
+        uint64_t n = 0;
+        if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
+        auto it = graph_nodes_.find(n);
+        if (it == graph_nodes_.end() || it->second != g) return CUDA_ERROR_INVALID_VALUE;
+        d = As<CUgraphNode>(n);
+      }
+      LaunchArgs la;
+      CUDA_KERNEL_NODE_PARAMS p = {};
+      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
+      CUgraphNode node = nullptr;
+      CUresult r = CALL(cuGraphAddKernelNode_v2, &node, As<CUgraph>(g), ndeps ? deps.data() : nullptr,
+                        ndeps, &p);
+      if (r != CUDA_SUCCESS) return r;
+      graph_nodes_[H(node)] = g;
+      out.U64(H(node));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuGraphInstantiateWithFlags: {
+      uint64_t g = 0, flags = 0;
+      rd.U64(&g);
+      if (!rd.U64(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      CUgraphExec e = nullptr;
+      CUresult r = CALL(cuGraphInstantiateWithFlags, &e, As<CUgraph>(g), flags);
+      if (r != CUDA_SUCCESS) return r;
+      execs_[H(e)] = g;
+      out.U64(H(e));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuGraphLaunch:
+    case Fn::cuGraphLaunch_ptsz: {
+      uint64_t e = 0, s = 0;
+      rd.U64(&e);
+      if (!rd.U64(&s) || !rd.Finish() || !execs_.count(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      return fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
+                                     : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
+    }
+    case Fn::cuGraphExecKernelNodeSetParams_v2: {
+      uint64_t e = 0, n = 0;
+      rd.U64(&e);
+      if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
+      auto eit = execs_.find(e);
+      auto nit = graph_nodes_.find(n);
+      if (eit == execs_.end() || nit == graph_nodes_.end() || nit->second != eit->second) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      LaunchArgs la;
+      CUDA_KERNEL_NODE_PARAMS p = {};
+      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
+      return CALL(cuGraphExecKernelNodeSetParams_v2, As<CUgraphExec>(e), As<CUgraphNode>(n), &p);
+    }
+    case Fn::cuGraphExecDestroy: {
+      uint64_t e = 0;
+      if (!rd.U64(&e) || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
+      if (r == CUDA_SUCCESS) execs_.erase(e);
+      return r;
+    }
+    case Fn::cuGraphDestroy: {
+      uint64_t g = 0;
+      if (!rd.U64(&g) || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuGraphDestroy, As<CUgraph>(g));
+      if (r == CUDA_SUCCESS) {
+        graphs_.erase(g);
+        for (auto it = graph_nodes_.begin(); it != graph_nodes_.end();) {
+          if (it->second == g) it = graph_nodes_.erase(it);
+          else ++it;
+        }
+      }
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 // cuLaunchKernel(_ptsz), cuLaunchCooperativeKernel(_ptsz), cuLaunchKernelEx(_ptsz).
 CUresult Session::LaunchCall(Fn fn, Reader& rd) {
   uint64_t f = 0, s = 0;
-  uint32_t g[3] = {}, b[3] = {}, shmem = 0, mode = 0;
+  uint32_t g[3] = {}, b[3] = {}, shmem = 0;
   rd.U64(&f);
   for (auto& v : g) rd.U32(&v);
   for (auto& v : b) rd.U32(&v);
@@ -785,47 +961,12 @@ CUresult Session::LaunchCall(Fn fn, Reader& rd) {
       }
     }
   }
-  if (!rd.U32(&mode)) return CUDA_ERROR_INVALID_VALUE;
-  auto fit = functions_.find(f);
-  if (fit == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
   if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-  const FunctionEntry& fe = fit->second;
-  void* params[remote::kMaxKernelParams];
-  void** kernel_params = nullptr;
-  void* extra[5] = {};
-  void** extra_p = nullptr;
-  size_t extra_size = 0;
-  // Arguments point into payload_, our private copy, which outlives the call; the driver
-  // copies them at launch.
-  if (mode == remote::kLaunchParams) {
-    uint32_t n = 0;
-    // The driver reads every parameter the kernel declares: the client must send exactly
-    // those, each of its size, or the session would read past what arrived.
-    if (!rd.U32(&n) || !fe.layout_known || n != fe.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint8_t* p = nullptr;
-      uint32_t len = 0;
-      if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes) || len != fe.sizes[i]) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      params[i] = const_cast<uint8_t*>(p);
-    }
-    kernel_params = params;
-  } else if (mode == remote::kLaunchExtraBuffer) {
-    const uint8_t* p = nullptr;
-    uint32_t len = 0;
-    if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes)) return CUDA_ERROR_INVALID_VALUE;
-    extra_size = len;
-    extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
-    extra[1] = const_cast<uint8_t*>(p);
-    extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
-    extra[3] = &extra_size;
-    extra[4] = CU_LAUNCH_PARAM_END;
-    extra_p = extra;
-  } else if (mode != remote::kLaunchNoParams || (fe.layout_known && !fe.sizes.empty())) {
-    return CUDA_ERROR_INVALID_VALUE;  // a kernel with parameters launched without them
-  }
+  LaunchArgs la;
+  if (CUresult r = DecodeLaunchArgs(rd, f, &la); r != CUDA_SUCCESS) return r;
   if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  void** kernel_params = la.kernel_params;
+  void** extra_p = la.extra_p;
   CUfunction func = As<CUfunction>(f);
   CUstream st = As<CUstream>(s);
   switch (fn) {
@@ -1024,6 +1165,8 @@ void Session::Cleanup() {
   PollStaged(true);
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
+  for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
+  for (uint64_t g : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));

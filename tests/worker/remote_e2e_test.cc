@@ -351,6 +351,26 @@ TEST_F(RemoteTest, HostFunctionsRunOnTheClientInStreamOrder) {
   }
 }
 
+TEST_F(RemoteTest, GraphsOfKernelNodesRunAndUpdateRemotely) {
+  StartWorker();
+  Result direct = Direct("graphs");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphs");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["graph_run"], "11,11,12");
+    EXPECT_EQ(r.kv["graph_updated"], "11,13");
+    EXPECT_EQ(r.kv["launch_bogus"], "0") << "fire-and-forget";
+    EXPECT_EQ(r.kv["after_bogus_sync"], "400");
+    EXPECT_EQ(r.kv["dep_bogus"], "1");
+    EXPECT_EQ(r.kv["destroy_twice"], "1");
+    Result d = direct;
+    for (const char* k : {"launch_bogus", "after_bogus_sync", "dep_bogus"}) d.kv.erase(k);
+    ExpectSameKeys(d, r);
+  }
+}
+
 TEST_F(RemoteTest, AForkedChildGetsItsOwnConnection) {
   StartWorker();
   Result r = Remote(unix_, "fork");

@@ -648,6 +648,53 @@ int Callbacks() {
   return 0;
 }
 
+// Graphs: kernel nodes, instantiation, launch, updates of an instantiated graph.
+int Graphs() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  CHECK(cuMemsetD32(a, 0, 1024));
+  CUgraph g;
+  CHECK(cuGraphCreate(&g, 0));
+  CUDA_KERNEL_NODE_PARAMS p = {};
+  p.func = fill;
+  p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+  CUdeviceptr dst = a;
+  unsigned value = 11;
+  size_t count = 512;
+  void* params[] = {&dst, &value, &count};
+  p.kernelParams = params;
+  CUgraphNode n1, n2;
+  CHECK(cuGraphAddKernelNode(&n1, g, nullptr, 0, &p));
+  value = 12;  // the node copied its arguments: this does not change n1
+  dst = a + 2048;
+  CHECK(cuGraphAddKernelNode(&n2, g, &n1, 1, &p));
+  CUgraphExec e;
+  CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("graph_run=%u,%u,%u\n", Word(a), Word(a + 2044), Word(a + 2048));
+  value = 13;
+  CHECK(cuGraphExecKernelNodeSetParams(e, n2, &p));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("graph_updated=%u,%u\n", Word(a), Word(a + 4092));
+  std::printf("launch_bogus=%d\n", static_cast<int>(cuGraphLaunch(reinterpret_cast<CUgraphExec>(0x7000), s)));
+  std::printf("after_bogus_sync=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+  std::printf("dep_bogus=%d\n", static_cast<int>(cuGraphAddKernelNode(
+                                     &n2, g, reinterpret_cast<CUgraphNode*>(&a), 1, &p)));
+  CHECK(cuGraphExecDestroy(e));
+  CHECK(cuGraphDestroy(g));
+  std::printf("destroy_twice=%d\n", static_cast<int>(cuGraphDestroy(g)));
+  CHECK(cuMemFree(a));
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -664,6 +711,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "host")) return Host();
   if (!strcmp(mode, "async")) return Async();
   if (!strcmp(mode, "callbacks")) return Callbacks();
+  if (!strcmp(mode, "graphs")) return Graphs();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
