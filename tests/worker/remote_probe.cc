@@ -619,7 +619,7 @@ int Callbacks() {
   CHECK(cuLaunchHostFunc(s, [](void*) {
     ran_at = std::chrono::steady_clock::now();
     Note('1');
-    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the query below falls in it
     g_flag = 1;
   }, nullptr));
   CHECK(cuEventRecord(e, s));
