@@ -121,6 +121,7 @@ CUresult AwaitReply(Session* s, uint64_t seq, InFrame* in) {
         in->header.sequence == seq) {
       return CUDA_SUCCESS;
     }
+    if (in->header.opcode >= remote::kEventBase) HandleEventFrame(s, *in);
   }
 }
 

@@ -13,7 +13,9 @@
 #include <cuda.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -39,12 +41,32 @@ struct FunctionInfo {
   uint64_t module = 0;
   bool layout_known = false;
   std::vector<uint64_t> offsets, sizes;
+  std::vector<int> attrs;  // CUfunction_attribute values, fetched with the handle
+};
+
+// A device allocation the client made (cuMemAlloc, cuMemAllocAsync, pools): answers pointer
+// attributes locally and tells device from host pointers under unified addressing.
+struct DeviceAlloc {
+  uint64_t size = 0;
+  uint64_t ctx = 0;
+  int device = 0;
+  uint64_t pool = 0;     // stream-ordered allocations
+  uint64_t buffer_id = 0;
+};
+
+// What the client caches about a context (fetched with its handle).
+struct ContextInfo {
+  int device = 0;
+  unsigned flags = 0;
+  unsigned api_version = 0;
+  int least_priority = 0, greatest_priority = 0;
+  bool primary = false;
 };
 
 // Everything that belongs to one connection. Dropped (and leaked, never closed) in a forked child.
 struct Session {
   std::unique_ptr<transport::Transport> transport;
-  uint64_t next_seq = 1;
+  std::atomic<uint64_t> next_seq{1};  // atomic: host-function acks are sent without mu
   CUresult sticky = CUDA_SUCCESS;   // a sticky CUDA error or the lost connection
   uint64_t worker_ctx = ~0ull;      // the context the session was last told to use; ~0 unknown
   int driver_version = 0;
@@ -52,6 +74,10 @@ struct Session {
   std::unordered_set<uint64_t> images_sent;  // by hash_lo ^ rotated hash_hi
   std::unordered_map<uint64_t, FunctionInfo> functions;
   std::unordered_map<uint64_t, int> contexts;  // context -> device
+  std::unordered_map<uint64_t, ContextInfo> context_info;
+  std::map<uint64_t, DeviceAlloc> allocs;      // base -> allocation
+  std::unordered_set<uint64_t> streams;        // streams created through this session
+  uint64_t next_buffer_id = 1;
   std::vector<uint8_t> reply_copy;             // scratch
 };
 
@@ -101,6 +127,10 @@ struct ReplyView {
 };
 CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
                   const void* bulk = nullptr, uint64_t bulk_len = 0);
+// Hook for event frames (opcode >= 0x8100) that arrive while a call waits for its reply
+// (host functions, client_callbacks.cc). The frame's views are valid during the call only.
+void HandleEventFrame(Session* s, const transport::InFrame& in);
+
 // Marks the session broken (logged once) and returns kLostConnectionError.
 CUresult LoseConnection(Session* s, const transport::TransportStatus& why);
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "client/client.h"
+#include "client/client_internal.h"
 #include "client/export_tables.h"
 #include "driver/procaddress.h"
 #include "tf_client_impl.h"
@@ -17,19 +17,22 @@ using driver::Fn;
 using remote::Op;
 using transport::Writer;
 
-#define TF_LOCK(name)                       \
-  Locked name;                              \
-  if (name.session() == nullptr) return name.result();
-
-#define TF_CTX(lock)                                                    \
-  if (CUresult ctx_r_ = PrepareContext(lock.session(), true); ctx_r_ != CUDA_SUCCESS) \
-    return ctx_r_;
-
-uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
 // Sends a fixed payload synchronously and returns the result (no outputs).
 CUresult Simple(Locked& l, Fn fn, const Writer& w) {
   return CallSync(l.session(), Op(fn), w, nullptr);
+}
+
+// The context description that follows a context handle in a reply: u32 flags, u32 api version,
+// i32 least and greatest stream priority, u8 primary.
+void ReadContextInfo(transport::Reader& rd, int dev, ContextInfo* info) {
+  info->device = dev;
+  uint8_t primary = 0;
+  rd.U32(&info->flags);
+  rd.U32(&info->api_version);
+  rd.I32(&info->least_priority);
+  rd.I32(&info->greatest_priority);
+  rd.U8(&primary);
+  info->primary = primary != 0;
 }
 
 const DeviceInfo* Device(Session* s, CUdevice dev) {
@@ -208,7 +211,6 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   Session* s = l.session();
   auto it = s->functions.find(H(f));
   if (it == s->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
-  const FunctionInfo& fi = it->second;
   static thread_local uint8_t buf[remote::kMaxKernelParamBytes + 8192];
   Writer w(buf, sizeof(buf));
   w.U64(H(f));
@@ -220,6 +222,15 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   w.U32(bz);
   w.U32(shmem);
   w.U64(H(stream));
+  if (CUresult r = WriteLaunchArgs(it->second, params, extra, w); r != CUDA_SUCCESS) return r;
+  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
+  return SendAsync(s, Op(fn), w);
+}
+
+}  // namespace
+
+CUresult WriteLaunchArgs(const FunctionInfo& fi, void** params, void** extra, Writer& w) {
+  if (params != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (extra != nullptr) {
     const void* buffer = nullptr;
     size_t size = 0;
@@ -247,11 +258,8 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     w.U32(static_cast<uint32_t>(fi.sizes.size()));
     for (size_t i = 0; i < fi.sizes.size(); ++i) w.Blob(params[i], static_cast<uint32_t>(fi.sizes[i]));
   }
-  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
-  return SendAsync(s, Op(fn), w);
+  return w.ok() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
-
-}  // namespace
 
 // ---- initialisation, version, lookup, errors
 
@@ -434,6 +442,7 @@ CUresult Impl_cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
   uint64_t c = 0;
   if (!rv.reader.U64(&c)) return CUDA_ERROR_UNKNOWN;
   l.session()->contexts[c] = dev;
+  ReadContextInfo(rv.reader, dev, &l.session()->context_info[c]);
   *ctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
 }
@@ -474,7 +483,13 @@ CUresult Impl_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
   Writer w(buf, sizeof(buf));
   w.I32(dev);
   w.U32(flags);
-  return Simple(l, Fn::cuDevicePrimaryCtxSetFlags_v2, w);
+  CUresult r = Simple(l, Fn::cuDevicePrimaryCtxSetFlags_v2, w);
+  if (r == CUDA_SUCCESS) {
+    for (auto& [c, info] : l.session()->context_info) {
+      if (info.device == dev && info.primary) info.flags = flags;
+    }
+  }
+  return r;
 }
 CUresult Impl_cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
   return Impl_cuDevicePrimaryCtxSetFlags_v2(dev, flags);
@@ -526,8 +541,9 @@ CUresult Impl_cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigne
   uint64_t c = 0;
   if (!rv.reader.U64(&c)) return CUDA_ERROR_UNKNOWN;
   s->contexts[c] = dev;
+  ReadContextInfo(rv.reader, dev, &s->context_info[c]);
   s->worker_ctx = c;  // cuCtxCreate makes it current on the session's thread
-  SetCurrentContext(c);
+  PushCurrentContext(c);  // as CUDA: pushed on the calling thread's stack
   *pctx = reinterpret_cast<CUcontext>(c);
   return CUDA_SUCCESS;
 }
@@ -543,6 +559,7 @@ CUresult Impl_cuCtxDestroy_v2(CUcontext ctx) {
   CUresult r = Simple(l, Fn::cuCtxDestroy_v2, w);
   if (r == CUDA_SUCCESS) {
     s->contexts.erase(H(ctx));
+    s->context_info.erase(H(ctx));
     s->worker_ctx = ~0ull;
     if (CurrentContext() == H(ctx)) SetCurrentContext(0);
   }
@@ -564,6 +581,7 @@ CUresult Impl_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (r != CUDA_SUCCESS) return r;
   uint64_t p = 0;
   if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
+  RecordDeviceAlloc(l.session(), p, bytesize, 0);
   *dptr = p;
   return CUDA_SUCCESS;
 }
@@ -574,7 +592,9 @@ CUresult Impl_cuMemFree_v2(CUdeviceptr dptr) {
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(dptr);
-  return Simple(l, Fn::cuMemFree_v2, w);
+  CUresult r = Simple(l, Fn::cuMemFree_v2, w);
+  if (r == CUDA_SUCCESS) l.session()->allocs.erase(dptr);
+  return r;
 }
 
 CUresult Impl_cuMemGetInfo_v2(size_t* free, size_t* total) {
@@ -634,6 +654,12 @@ CUresult Impl_cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
 CUresult Impl_cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
   return Memset(Fn::cuMemsetD32_v2, dst, v, n, nullptr, false);
 }
+CUresult Impl_cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n) {
+  return Memset(Fn::cuMemsetD16_v2, dst, v, n, nullptr, false);
+}
+CUresult Impl_cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream stream) {
+  return Memset(Fn::cuMemsetD16Async, dst, v, n, stream, true);
+}
 CUresult Impl_cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
   return Memset(Fn::cuMemsetD8Async, dst, v, n, stream, true);
 }
@@ -686,6 +712,11 @@ CUresult Impl_cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* 
       rv.reader.U64(&fi.sizes[i]);
     }
   }
+  uint32_t na = 0;
+  if (rv.reader.U32(&na) && na <= remote::kMaxFuncAttributes) {
+    fi.attrs.resize(na);
+    for (auto& a : fi.attrs) rv.reader.I32(&a);
+  }
   if (!rv.reader.ok()) return CUDA_ERROR_UNKNOWN;
   s->functions[f] = std::move(fi);
   *hfunc = reinterpret_cast<CUfunction>(f);
@@ -730,6 +761,21 @@ CUresult Impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy
   return Launch(Fn::cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
 }
 
+CUresult Impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                        unsigned int gz, unsigned int bx, unsigned int by,
+                                        unsigned int bz, unsigned int shmem, CUstream stream,
+                                        void** params) {
+  return Launch(Fn::cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shmem, stream, params,
+                nullptr);
+}
+CUresult Impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                             unsigned int gz, unsigned int bx, unsigned int by,
+                                             unsigned int bz, unsigned int shmem, CUstream stream,
+                                             void** params) {
+  return Launch(Fn::cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, stream,
+                params, nullptr);
+}
+
 // ---- streams and events
 
 namespace {
@@ -760,10 +806,21 @@ CUresult Impl_cuStreamCreate(CUstream* stream, unsigned int flags) {
   if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
   uint64_t h = 0;
   CUresult r = CreateHandle(Fn::cuStreamCreate, flags, &h);
-  if (r == CUDA_SUCCESS) *stream = reinterpret_cast<CUstream>(h);
+  if (r == CUDA_SUCCESS) {
+    *stream = reinterpret_cast<CUstream>(h);
+    Locked l;
+    if (l.session()) l.session()->streams.insert(h);
+  }
   return r;
 }
-CUresult Impl_cuStreamDestroy_v2(CUstream s) { return OnHandle(Fn::cuStreamDestroy_v2, H(s)); }
+CUresult Impl_cuStreamDestroy_v2(CUstream s) {
+  CUresult r = OnHandle(Fn::cuStreamDestroy_v2, H(s));
+  if (r == CUDA_SUCCESS) {
+    Locked l;
+    if (l.session()) l.session()->streams.erase(H(s));
+  }
+  return r;
+}
 CUresult Impl_cuStreamSynchronize(CUstream s) { return OnHandle(Fn::cuStreamSynchronize, H(s)); }
 CUresult Impl_cuStreamQuery(CUstream s) { return OnHandle(Fn::cuStreamQuery, H(s)); }
 

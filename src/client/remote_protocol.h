@@ -32,6 +32,16 @@ inline constexpr uint16_t kOpSessionInfo = 0x0010;
 // them for the session; cuModuleLoadData* then names the image by hash only.
 inline constexpr uint16_t kOpImageChunk = 0x0011;
 
+// Control, fire-and-forget: the client ran host function `id` (cuLaunchHostFunc,
+// cuStreamAddCallback); the worker's stream may go on. Payload: u64 id. Sent by the client's
+// callback thread outside the call mutex (its sequence number may overtake a call's).
+inline constexpr uint16_t kOpHostFuncDone = 0x0012;
+
+// Events, worker -> client, this layer's range (>= kEventBase): never a reply to anything.
+inline constexpr uint16_t kEventBase = 0x8100;
+// A stream reached host function `id`. Payload: u64 id. The stream waits for kOpHostFuncDone.
+inline constexpr uint16_t kEvtHostFunc = 0x8100;
+
 inline constexpr uint32_t kMaxDeviceName = 256;
 inline constexpr uint32_t kMaxDevices = 64;
 inline constexpr uint32_t kMaxAttributes = 512;
@@ -40,6 +50,19 @@ inline constexpr uint32_t kMaxKernelParamBytes = 64 * 1024;
 inline constexpr uint32_t kMaxFunctionName = 4096;
 inline constexpr uint64_t kMaxImageBytes = 2ull << 30;
 inline constexpr uint32_t kUnknownParamCount = 0xFFFFFFFFu;
+inline constexpr uint32_t kMaxFuncAttributes = 64;
+inline constexpr uint32_t kMaxLaunchAttributes = 32;
+inline constexpr uint32_t kMaxGraphDeps = 4096;
+
+// cuLaunchKernelEx attributes: u32 id, then by id
+//   PROGRAMMATIC_EVENT (7), LAUNCH_COMPLETION_EVENT (12): u64 event, i32 flags, i32 trigger
+//   ACCESS_POLICY_WINDOW (1): u64 base, u64 bytes, u32 hitRatio (float bits), u32 hitProp,
+//                             u32 missProp
+//   any other id the client knows (kPlainLaunchAttribute): 64 bytes, the value union as the
+//   client's driver ABI lays it out (plain integers and bytes only)
+constexpr bool IsPlainLaunchAttribute(uint32_t id) {
+  return id == 0 || (id >= 2 && id <= 6) || (id >= 8 && id <= 11) || id == 14 || id == 16;
+}
 
 // Launch argument encodings (cuLaunchKernel payload field "mode").
 inline constexpr uint32_t kLaunchNoParams = 0;

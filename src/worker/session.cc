@@ -7,8 +7,12 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <map>
 #include <set>
 #include <string>
@@ -67,6 +71,37 @@ class Session {
   void Reply(uint64_t seq, CUresult r, const Writer& out);
   void ReplyDeferred(uint64_t seq);
   CUresult SessionInfo(Writer& out);
+  CUresult LaunchCall(Fn fn, Reader& rd);
+  struct LaunchArgs {
+    void* params[remote::kMaxKernelParams];
+    void* extra[5] = {};
+    size_t extra_size = 0;
+    void** kernel_params = nullptr;
+    void** extra_p = nullptr;
+  };
+  CUresult DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a);
+  CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p);
+  CUresult GraphCall(Fn fn, Reader& rd, Writer& out);
+  // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
+  // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
+  // after the client ran the function.
+  struct HostFuncArg {
+    Session* self;
+    uint64_t id;
+  };
+  static void HostFuncTrampoline(void* arg);
+  void HostFuncReached(uint64_t id);
+  void HostFuncDone(uint64_t id);
+  // Before a call that blocks on streams: waits until every host function the client enqueued has
+  // run, reading acknowledgements (the only frames a client sends while it waits for a reply).
+  // False when the client went away.
+  bool DrainHostFuncs();
+  bool HostFuncsOutstanding() {
+    std::lock_guard<std::mutex> g(hf_mu_);
+    return hf_outstanding_ != 0;
+  }
+  CUresult PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out);
+  void WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out);
   bool LoadDriver();
   void PollStaged(bool wait);
   void Cleanup();
@@ -90,6 +125,17 @@ class Session {
 
   std::map<uint64_t, uint64_t> allocs_;  // base -> size
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
+  std::set<uint64_t> pools_, created_pools_;
+  std::set<uint64_t> graphs_;
+  std::map<uint64_t, uint64_t> graph_nodes_;  // node -> its graph
+  std::map<uint64_t, uint64_t> execs_;        // executable graph -> the graph it came from
+  std::mutex hf_mu_;
+  std::condition_variable hf_cv_;
+  std::set<uint64_t> hf_done_;  // acknowledged, not yet seen by their stream thread
+  size_t hf_outstanding_ = 0;   // enqueued on the driver, not yet finished
+  bool hf_stopping_ = false;    // the session ends: release every waiting stream thread
+  std::atomic<uint64_t> event_seq_{1};
+  std::vector<uint8_t> bulk_copy_;  // every pool handle the client got; those it created
   std::map<int32_t, int> primary_retains_;  // device -> retains held by the client
   std::map<uint64_t, int32_t> primary_ctx_;  // context -> device
   std::map<uint64_t, std::set<uint64_t>> modules_;  // module -> its functions
@@ -120,11 +166,18 @@ bool IsSyncPoint(uint16_t op) {
   static const Fn kSync[] = {Fn::cuCtxSynchronize,    Fn::cuStreamSynchronize, Fn::cuStreamQuery,
                              Fn::cuEventSynchronize,  Fn::cuEventQuery,        Fn::cuMemcpyHtoD_v2,
                              Fn::cuMemcpyDtoH_v2,     Fn::cuMemcpyDtoD_v2,     Fn::cuMemsetD8_v2,
-                             Fn::cuMemsetD32_v2,      Fn::cuMemFree_v2,        Fn::cuMemcpyDtoHAsync_v2};
+                             Fn::cuMemsetD32_v2,      Fn::cuMemFree_v2,        Fn::cuMemcpyDtoHAsync_v2,
+                             Fn::cuMemsetD16_v2,      Fn::cuMemsetD2D8_v2,     Fn::cuMemsetD2D16_v2,
+                             Fn::cuMemsetD2D32_v2};
   for (Fn f : kSync) {
     if (Op(f) == op) return true;
   }
   return false;
+}
+
+// Calls that wait for streams (host functions on them must have run first).
+bool IsBlocking(uint16_t op) {
+  return IsSyncPoint(op) && op != Op(Fn::cuStreamQuery) && op != Op(Fn::cuEventQuery);
 }
 
 bool Session::LoadDriver() {
@@ -185,6 +238,30 @@ CUresult Session::SessionInfo(Writer& out) {
   return CUDA_SUCCESS;
 }
 
+// What the client caches about a context: u32 flags, u32 api version, i32 least and greatest
+// stream priority, u8 primary. Queried with the context pushed, so the session's current
+// context is unchanged.
+void Session::WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out) {
+  unsigned flags = 0, api = 0;
+  int least = 0, greatest = 0;
+  if (primary) {
+    int active = 0;
+    CALL(cuDevicePrimaryCtxGetState, dev, &flags, &active);
+  }
+  CALL(cuCtxGetApiVersion, c, &api);
+  if (CALL(cuCtxPushCurrent_v2, c) == CUDA_SUCCESS) {
+    if (!primary) CALL(cuCtxGetFlags, &flags);
+    CALL(cuCtxGetStreamPriorityRange, &least, &greatest);
+    CUcontext popped = nullptr;
+    CALL(cuCtxPopCurrent_v2, &popped);
+  }
+  out.U32(flags);
+  out.U32(api);
+  out.I32(least);
+  out.I32(greatest);
+  out.U8(primary ? 1 : 0);
+}
+
 void Session::PollStaged(bool wait) {
   while (!staged_.empty()) {
     Staged& s = staged_.front();
@@ -216,6 +293,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       primary_ctx_[H(c)] = dev;
       ++primary_retains_[dev];
       out.U64(H(c));
+      WriteContextInfo(c, dev, true, out);
       return CUDA_SUCCESS;
     }
     case Fn::cuDevicePrimaryCtxRelease_v2: {
@@ -254,6 +332,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       contexts_.insert(H(c));
       created_contexts_.insert(H(c));
       out.U64(H(c));
+      WriteContextInfo(c, dev, false, out);
       return CUDA_SUCCESS;
     }
     case Fn::cuCtxDestroy_v2: {
@@ -351,26 +430,128 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
                                        : CALL(cuMemcpyDtoDAsync_v2, dst, src, n, As<CUstream>(s));
     }
     case Fn::cuMemsetD8_v2:
+    case Fn::cuMemsetD16_v2:
     case Fn::cuMemsetD32_v2:
     case Fn::cuMemsetD8Async:
+    case Fn::cuMemsetD16Async:
     case Fn::cuMemsetD32Async: {
       uint64_t dst = 0, n = 0, s = 0;
       uint32_t v = 0;
       rd.U64(&dst);
       rd.U32(&v);
       rd.U64(&n);
-      const bool async = fn == Fn::cuMemsetD8Async || fn == Fn::cuMemsetD32Async;
-      const uint64_t elem = (fn == Fn::cuMemsetD8_v2 || fn == Fn::cuMemsetD8Async) ? 1 : 4;
+      const bool async =
+          fn == Fn::cuMemsetD8Async || fn == Fn::cuMemsetD16Async || fn == Fn::cuMemsetD32Async;
+      const uint64_t elem = (fn == Fn::cuMemsetD8_v2 || fn == Fn::cuMemsetD8Async)     ? 1
+                            : (fn == Fn::cuMemsetD16_v2 || fn == Fn::cuMemsetD16Async) ? 2
+                                                                                       : 4;
       if (async) rd.U64(&s);
       if (!rd.ok() || n > (~0ull / elem) || !Range(dst, n * elem)) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
       switch (fn) {
         case Fn::cuMemsetD8_v2: return CALL(cuMemsetD8_v2, dst, static_cast<unsigned char>(v), n);
+        case Fn::cuMemsetD16_v2: return CALL(cuMemsetD16_v2, dst, static_cast<unsigned short>(v), n);
+        case Fn::cuMemsetD16Async:
+          return CALL(cuMemsetD16Async, dst, static_cast<unsigned short>(v), n, As<CUstream>(s));
         case Fn::cuMemsetD32_v2: return CALL(cuMemsetD32_v2, dst, v, n);
         case Fn::cuMemsetD8Async:
           return CALL(cuMemsetD8Async, dst, static_cast<unsigned char>(v), n, As<CUstream>(s));
         default: return CALL(cuMemsetD32Async, dst, v, n, As<CUstream>(s));
       }
+    }
+    case Fn::cuMemsetD2D8_v2:
+    case Fn::cuMemsetD2D16_v2:
+    case Fn::cuMemsetD2D32_v2:
+    case Fn::cuMemsetD2D8Async:
+    case Fn::cuMemsetD2D16Async:
+    case Fn::cuMemsetD2D32Async: {
+      uint64_t dst = 0, pitch = 0, w = 0, h = 0, s = 0;
+      uint32_t v = 0;
+      rd.U64(&dst);
+      rd.U64(&pitch);
+      rd.U32(&v);
+      rd.U64(&w);
+      rd.U64(&h);
+      const bool async = fn == Fn::cuMemsetD2D8Async || fn == Fn::cuMemsetD2D16Async ||
+                         fn == Fn::cuMemsetD2D32Async;
+      const uint64_t elem = (fn == Fn::cuMemsetD2D8_v2 || fn == Fn::cuMemsetD2D8Async)     ? 1
+                            : (fn == Fn::cuMemsetD2D16_v2 || fn == Fn::cuMemsetD2D16Async) ? 2
+                                                                                           : 4;
+      if (async) rd.U64(&s);
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (w == 0 || h == 0) return CUDA_SUCCESS;
+      // Every row inside one allocation: rows fit the pitch, the last row ends inside.
+      if (w > (~0ull >> 8) / elem || (h > 1 && w * elem > pitch) || h - 1 > (~0ull >> 8) / (pitch + 1) ||
+          !Range(dst, (h - 1) * pitch + w * elem)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      CUstream st = As<CUstream>(s);
+      switch (fn) {
+        case Fn::cuMemsetD2D8_v2: return CALL(cuMemsetD2D8_v2, dst, pitch, static_cast<unsigned char>(v), w, h);
+        case Fn::cuMemsetD2D16_v2: return CALL(cuMemsetD2D16_v2, dst, pitch, static_cast<unsigned short>(v), w, h);
+        case Fn::cuMemsetD2D32_v2: return CALL(cuMemsetD2D32_v2, dst, pitch, v, w, h);
+        case Fn::cuMemsetD2D8Async:
+          return CALL(cuMemsetD2D8Async, dst, pitch, static_cast<unsigned char>(v), w, h, st);
+        case Fn::cuMemsetD2D16Async:
+          return CALL(cuMemsetD2D16Async, dst, pitch, static_cast<unsigned short>(v), w, h, st);
+        default: return CALL(cuMemsetD2D32Async, dst, pitch, v, w, h, st);
+      }
+    }
+    case Fn::cuMemAllocAsync:
+    case Fn::cuMemAllocFromPoolAsync:
+    case Fn::cuMemFreeAsync:
+    case Fn::cuDeviceGetDefaultMemPool:
+    case Fn::cuMemPoolCreate:
+    case Fn::cuMemPoolDestroy:
+    case Fn::cuMemPoolSetAttribute:
+    case Fn::cuMemPoolGetAttribute:
+      return PoolOrAsyncAlloc(fn, rd, out);
+    case Fn::cuGraphCreate:
+    case Fn::cuGraphAddKernelNode_v2:
+    case Fn::cuGraphInstantiateWithFlags:
+    case Fn::cuGraphLaunch:
+    case Fn::cuGraphLaunch_ptsz:
+    case Fn::cuGraphExecKernelNodeSetParams_v2:
+    case Fn::cuGraphExecDestroy:
+    case Fn::cuGraphDestroy:
+      return GraphCall(fn, rd, out);
+    case Fn::cuLaunchHostFunc:
+    case Fn::cuStreamAddCallback: {
+      uint64_t s = 0, id = 0;
+      uint32_t flags = 0;
+      rd.U64(&s);
+      rd.U64(&id);
+      if (fn == Fn::cuStreamAddCallback) rd.U32(&flags);
+      if (!rd.Finish() || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      auto* arg = new HostFuncArg{this, id};
+      {
+        std::lock_guard<std::mutex> g(hf_mu_);
+        ++hf_outstanding_;
+      }
+      // Both become a host function here: the client passes the callback its own arguments.
+      CUresult r = CALL(cuLaunchHostFunc, As<CUstream>(s), &Session::HostFuncTrampoline, arg);
+      if (r != CUDA_SUCCESS) {
+        delete arg;
+        std::lock_guard<std::mutex> g(hf_mu_);
+        --hf_outstanding_;
+      }
+      return r;
+    }
+    case Fn::cuStreamWaitEvent:
+    case Fn::cuEventRecordWithFlags: {
+      uint64_t a = 0, b = 0;
+      uint32_t flags = 0;
+      rd.U64(&a);
+      rd.U64(&b);
+      if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+      if (fn == Fn::cuStreamWaitEvent) {
+        if (!Stream(a) || !events_.count(b)) return CUDA_ERROR_INVALID_HANDLE;
+        return CALL(cuStreamWaitEvent, As<CUstream>(a), As<CUevent>(b), flags);
+      }
+      if (!events_.count(a) || !Stream(b)) return CUDA_ERROR_INVALID_HANDLE;
+      return CALL(cuEventRecordWithFlags, As<CUevent>(a), As<CUstream>(b), flags);
     }
     case Fn::cuModuleLoadData: {
       uint64_t lo = 0, hi = 0, n = 0;
@@ -425,6 +606,13 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
           out.U64(size);
         }
       }
+      // Every function attribute, so that cuFuncGetAttribute is answered by the client.
+      out.U32(CU_FUNC_ATTRIBUTE_MAX);
+      for (int a = 0; a < CU_FUNC_ATTRIBUTE_MAX; ++a) {
+        int v = 0;
+        if (CALL(cuFuncGetAttribute, &v, static_cast<CUfunction_attribute>(a), f) != CUDA_SUCCESS) v = 0;
+        out.I32(v);
+      }
       return CUDA_SUCCESS;
     }
     case Fn::cuModuleUnload: {
@@ -438,60 +626,12 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       return r;
     }
     case Fn::cuLaunchKernel:
-    case Fn::cuLaunchKernel_ptsz: {
-      uint64_t f = 0, s = 0;
-      uint32_t g[3] = {}, b[3] = {}, shmem = 0, mode = 0;
-      rd.U64(&f);
-      for (auto& v : g) rd.U32(&v);
-      for (auto& v : b) rd.U32(&v);
-      rd.U32(&shmem);
-      rd.U64(&s);
-      if (!rd.U32(&mode)) return CUDA_ERROR_INVALID_VALUE;
-      auto fit = functions_.find(f);
-      if (fit == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
-      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      const FunctionEntry& fe = fit->second;
-      void* params[remote::kMaxKernelParams];
-      void** kernel_params = nullptr;
-      void* extra[5] = {};
-      void** extra_p = nullptr;
-      size_t extra_size = 0;
-      // Arguments point into payload_, our private copy, which outlives the call; the driver
-      // copies them at launch.
-      if (mode == remote::kLaunchParams) {
-        uint32_t n = 0;
-        // The driver reads every parameter the kernel declares: the client must send exactly
-        // those, each of its size, or the session would read past what arrived.
-        if (!rd.U32(&n) || !fe.layout_known || n != fe.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
-        for (uint32_t i = 0; i < n; ++i) {
-          const uint8_t* p = nullptr;
-          uint32_t len = 0;
-          if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes) || len != fe.sizes[i]) {
-            return CUDA_ERROR_INVALID_VALUE;
-          }
-          params[i] = const_cast<uint8_t*>(p);
-        }
-        kernel_params = params;
-      } else if (mode == remote::kLaunchExtraBuffer) {
-        const uint8_t* p = nullptr;
-        uint32_t len = 0;
-        if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes)) return CUDA_ERROR_INVALID_VALUE;
-        extra_size = len;
-        extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
-        extra[1] = const_cast<uint8_t*>(p);
-        extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
-        extra[3] = &extra_size;
-        extra[4] = CU_LAUNCH_PARAM_END;
-        extra_p = extra;
-      } else if (mode != remote::kLaunchNoParams || (fe.layout_known && !fe.sizes.empty())) {
-        return CUDA_ERROR_INVALID_VALUE;  // a kernel with parameters launched without them
-      }
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      auto launch = fn == Fn::cuLaunchKernel ? d_.cuLaunchKernel : d_.cuLaunchKernel_ptsz;
-      if (launch == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-      return launch(As<CUfunction>(f), g[0], g[1], g[2], b[0], b[1], b[2], shmem, As<CUstream>(s),
-                    kernel_params, extra_p);
-    }
+    case Fn::cuLaunchKernel_ptsz:
+    case Fn::cuLaunchCooperativeKernel:
+    case Fn::cuLaunchCooperativeKernel_ptsz:
+    case Fn::cuLaunchKernelEx:
+    case Fn::cuLaunchKernelEx_ptsz:
+      return LaunchCall(fn, rd);
     case Fn::cuStreamCreate: {
       uint32_t flags = 0;
       if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
@@ -563,6 +703,416 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   }
 }
 
+void Session::HostFuncTrampoline(void* arg) {
+  auto* a = static_cast<HostFuncArg*>(arg);
+  a->self->HostFuncReached(a->id);
+  delete a;
+}
+
+void Session::HostFuncReached(uint64_t id) {
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(id);
+  OutFrame f;
+  f.opcode = remote::kEvtHostFunc;
+  f.sequence = event_seq_++;
+  f.payload = w.data();
+  f.payload_length = static_cast<uint32_t>(w.size());
+  (void)t_->Send(f);  // thread-safe; a dead client releases us through hf_stopping_
+  std::unique_lock<std::mutex> lk(hf_mu_);
+  hf_cv_.wait(lk, [&] { return hf_done_.count(id) != 0 || hf_stopping_; });
+  hf_done_.erase(id);
+  --hf_outstanding_;
+  hf_cv_.notify_all();
+}
+
+void Session::HostFuncDone(uint64_t id) {
+  std::lock_guard<std::mutex> g(hf_mu_);
+  hf_done_.insert(id);
+  hf_cv_.notify_all();
+}
+
+bool Session::DrainHostFuncs() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(hf_mu_);
+      if (hf_outstanding_ == 0) return true;
+    }
+    InFrame in;
+    TransportStatus st = t_->Receive(&in, 10);
+    if (st.code() == transport::TransportErrc::kTimeout) continue;
+    if (!st.ok()) return false;
+    Reader rd(in.payload, in.payload_length);
+    uint64_t id = 0;
+    if (in.header.opcode == remote::kOpHostFuncDone && rd.U64(&id) && rd.Finish()) {
+      HostFuncDone(id);
+    } else {
+      Log("unexpected frame 0x%04x while the client waits for a reply: ignored", in.header.opcode);
+    }
+  }
+}
+
+// A launch's arguments (u32 mode + encoding) for function f. Pointers point into payload_, our
+// private copy, which outlives the call; the driver copies arguments at launch (and when a graph
+// node is added or updated).
+CUresult Session::DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a) {
+  uint32_t mode = 0;
+  if (!rd.U32(&mode)) return CUDA_ERROR_INVALID_VALUE;
+  auto fit = functions_.find(f);
+  if (fit == functions_.end()) return CUDA_ERROR_INVALID_HANDLE;
+  const FunctionEntry& fe = fit->second;
+  if (mode == remote::kLaunchParams) {
+    uint32_t n = 0;
+    // The driver reads every parameter the kernel declares: the client must send exactly
+    // those, each of its size, or the session would read past what arrived.
+    if (!rd.U32(&n) || !fe.layout_known || n != fe.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint8_t* p = nullptr;
+      uint32_t len = 0;
+      if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes) || len != fe.sizes[i]) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      a->params[i] = const_cast<uint8_t*>(p);
+    }
+    a->kernel_params = a->params;
+  } else if (mode == remote::kLaunchExtraBuffer) {
+    const uint8_t* p = nullptr;
+    uint32_t len = 0;
+    if (!rd.Blob(&p, &len, remote::kMaxKernelParamBytes)) return CUDA_ERROR_INVALID_VALUE;
+    a->extra_size = len;
+    a->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+    a->extra[1] = const_cast<uint8_t*>(p);
+    a->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+    a->extra[3] = &a->extra_size;
+    a->extra[4] = CU_LAUNCH_PARAM_END;
+    a->extra_p = a->extra;
+  } else if (mode != remote::kLaunchNoParams || (fe.layout_known && !fe.sizes.empty())) {
+    return CUDA_ERROR_INVALID_VALUE;  // a kernel with parameters launched without them
+  }
+  return CUDA_SUCCESS;
+}
+
+// Kernel node parameters: u64 function, u32 grid[3], u32 block[3], u32 shared bytes, arguments.
+CUresult Session::DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p) {
+  uint64_t f = 0;
+  rd.U64(&f);
+  rd.U32(&p->gridDimX);
+  rd.U32(&p->gridDimY);
+  rd.U32(&p->gridDimZ);
+  rd.U32(&p->blockDimX);
+  rd.U32(&p->blockDimY);
+  rd.U32(&p->blockDimZ);
+  if (!rd.U32(&p->sharedMemBytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = DecodeLaunchArgs(rd, f, a); r != CUDA_SUCCESS) return r;
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  p->func = As<CUfunction>(f);
+  p->kernelParams = a->kernel_params;
+  p->extra = a->extra_p;
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::GraphCall(Fn fn, Reader& rd, Writer& out) {
+  switch (fn) {
+    case Fn::cuGraphCreate: {
+      uint32_t flags = 0;
+      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUgraph g = nullptr;
+      CUresult r = CALL(cuGraphCreate, &g, flags);
+      if (r != CUDA_SUCCESS) return r;
+      graphs_.insert(H(g));
+      out.U64(H(g));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuGraphAddKernelNode_v2: {
+      uint64_t g = 0;
+      uint32_t ndeps = 0;
+      rd.U64(&g);
+      if (!rd.U32(&ndeps) || ndeps > remote::kMaxGraphDeps) return CUDA_ERROR_INVALID_VALUE;
+      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      std::vector<CUgraphNode> deps(ndeps);
+      for (auto& d : deps) {
+        uint64_t n = 0;
+        if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
+        auto it = graph_nodes_.find(n);
+        if (it == graph_nodes_.end() || it->second != g) return CUDA_ERROR_INVALID_VALUE;
+        d = As<CUgraphNode>(n);
+      }
+      LaunchArgs la;
+      CUDA_KERNEL_NODE_PARAMS p = {};
+      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
+      CUgraphNode node = nullptr;
+      CUresult r = CALL(cuGraphAddKernelNode_v2, &node, As<CUgraph>(g), ndeps ? deps.data() : nullptr,
+                        ndeps, &p);
+      if (r != CUDA_SUCCESS) return r;
+      graph_nodes_[H(node)] = g;
+      out.U64(H(node));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuGraphInstantiateWithFlags: {
+      uint64_t g = 0, flags = 0;
+      rd.U64(&g);
+      if (!rd.U64(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      CUgraphExec e = nullptr;
+      CUresult r = CALL(cuGraphInstantiateWithFlags, &e, As<CUgraph>(g), flags);
+      if (r != CUDA_SUCCESS) return r;
+      execs_[H(e)] = g;
+      out.U64(H(e));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuGraphLaunch:
+    case Fn::cuGraphLaunch_ptsz: {
+      uint64_t e = 0, s = 0;
+      rd.U64(&e);
+      if (!rd.U64(&s) || !rd.Finish() || !execs_.count(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      return fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
+                                     : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
+    }
+    case Fn::cuGraphExecKernelNodeSetParams_v2: {
+      uint64_t e = 0, n = 0;
+      rd.U64(&e);
+      if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
+      auto eit = execs_.find(e);
+      auto nit = graph_nodes_.find(n);
+      if (eit == execs_.end() || nit == graph_nodes_.end() || nit->second != eit->second) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      LaunchArgs la;
+      CUDA_KERNEL_NODE_PARAMS p = {};
+      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
+      return CALL(cuGraphExecKernelNodeSetParams_v2, As<CUgraphExec>(e), As<CUgraphNode>(n), &p);
+    }
+    case Fn::cuGraphExecDestroy: {
+      uint64_t e = 0;
+      if (!rd.U64(&e) || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
+      if (r == CUDA_SUCCESS) execs_.erase(e);
+      return r;
+    }
+    case Fn::cuGraphDestroy: {
+      uint64_t g = 0;
+      if (!rd.U64(&g) || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuGraphDestroy, As<CUgraph>(g));
+      if (r == CUDA_SUCCESS) {
+        graphs_.erase(g);
+        for (auto it = graph_nodes_.begin(); it != graph_nodes_.end();) {
+          if (it->second == g) it = graph_nodes_.erase(it);
+          else ++it;
+        }
+      }
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+// cuLaunchKernel(_ptsz), cuLaunchCooperativeKernel(_ptsz), cuLaunchKernelEx(_ptsz).
+CUresult Session::LaunchCall(Fn fn, Reader& rd) {
+  uint64_t f = 0, s = 0;
+  uint32_t g[3] = {}, b[3] = {}, shmem = 0;
+  rd.U64(&f);
+  for (auto& v : g) rd.U32(&v);
+  for (auto& v : b) rd.U32(&v);
+  rd.U32(&shmem);
+  rd.U64(&s);
+  const bool ex = fn == Fn::cuLaunchKernelEx || fn == Fn::cuLaunchKernelEx_ptsz;
+  CUlaunchAttribute attrs[remote::kMaxLaunchAttributes];
+  uint32_t nattrs = 0;
+  if (ex) {
+    if (!rd.U32(&nattrs) || nattrs > remote::kMaxLaunchAttributes) return CUDA_ERROR_INVALID_VALUE;
+    for (uint32_t i = 0; i < nattrs; ++i) {
+      CUlaunchAttribute& a = attrs[i];
+      memset(&a, 0, sizeof(a));
+      uint32_t id = 0;
+      if (!rd.U32(&id)) return CUDA_ERROR_INVALID_VALUE;
+      a.id = static_cast<CUlaunchAttributeID>(id);
+      if (id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT || id == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT) {
+        uint64_t e = 0;
+        int32_t flags = 0, trigger = 0;
+        rd.U64(&e);
+        rd.I32(&flags);
+        if (!rd.I32(&trigger)) return CUDA_ERROR_INVALID_VALUE;
+        if (!events_.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+        if (id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT) {
+          a.value.programmaticEvent.event = As<CUevent>(e);
+          a.value.programmaticEvent.flags = flags;
+          a.value.programmaticEvent.triggerAtBlockStart = trigger;
+        } else {
+          a.value.launchCompletionEvent.event = As<CUevent>(e);
+          a.value.launchCompletionEvent.flags = flags;
+        }
+      } else if (id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+        uint64_t base = 0, bytes = 0;
+        uint32_t ratio = 0, hit = 0, miss = 0;
+        rd.U64(&base);
+        rd.U64(&bytes);
+        rd.U32(&ratio);
+        rd.U32(&hit);
+        if (!rd.U32(&miss)) return CUDA_ERROR_INVALID_VALUE;
+        a.value.accessPolicyWindow.base_ptr = As<void*>(base);  // a cache hint, never dereferenced
+        a.value.accessPolicyWindow.num_bytes = bytes;
+        memcpy(&a.value.accessPolicyWindow.hitRatio, &ratio, sizeof(ratio));
+        a.value.accessPolicyWindow.hitProp = static_cast<CUaccessProperty>(hit);
+        a.value.accessPolicyWindow.missProp = static_cast<CUaccessProperty>(miss);
+      } else if (remote::IsPlainLaunchAttribute(id)) {
+        if (!rd.Bytes(&a.value, sizeof(a.value))) return CUDA_ERROR_INVALID_VALUE;
+      } else {
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+  }
+  if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  LaunchArgs la;
+  if (CUresult r = DecodeLaunchArgs(rd, f, &la); r != CUDA_SUCCESS) return r;
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  void** kernel_params = la.kernel_params;
+  void** extra_p = la.extra_p;
+  CUfunction func = As<CUfunction>(f);
+  CUstream st = As<CUstream>(s);
+  switch (fn) {
+    case Fn::cuLaunchKernel:
+    case Fn::cuLaunchKernel_ptsz: {
+      auto launch = fn == Fn::cuLaunchKernel ? d_.cuLaunchKernel : d_.cuLaunchKernel_ptsz;
+      if (launch == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      return launch(func, g[0], g[1], g[2], b[0], b[1], b[2], shmem, st, kernel_params, extra_p);
+    }
+    case Fn::cuLaunchCooperativeKernel:
+    case Fn::cuLaunchCooperativeKernel_ptsz: {
+      if (extra_p != nullptr) return CUDA_ERROR_INVALID_VALUE;
+      auto launch = fn == Fn::cuLaunchCooperativeKernel ? d_.cuLaunchCooperativeKernel
+                                                        : d_.cuLaunchCooperativeKernel_ptsz;
+      if (launch == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      return launch(func, g[0], g[1], g[2], b[0], b[1], b[2], shmem, st, kernel_params);
+    }
+    default: {
+      CUlaunchConfig cfg = {};
+      cfg.gridDimX = g[0];
+      cfg.gridDimY = g[1];
+      cfg.gridDimZ = g[2];
+      cfg.blockDimX = b[0];
+      cfg.blockDimY = b[1];
+      cfg.blockDimZ = b[2];
+      cfg.sharedMemBytes = shmem;
+      cfg.hStream = st;
+      cfg.attrs = nattrs ? attrs : nullptr;
+      cfg.numAttrs = nattrs;
+      auto launch = fn == Fn::cuLaunchKernelEx ? d_.cuLaunchKernelEx : d_.cuLaunchKernelEx_ptsz;
+      if (launch == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      return launch(&cfg, func, kernel_params, extra_p);
+    }
+  }
+}
+
+// Stream-ordered allocations and memory pools.
+CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
+  switch (fn) {
+    case Fn::cuMemAllocAsync:
+    case Fn::cuMemAllocFromPoolAsync: {
+      uint64_t n = 0, pool = 0, s = 0;
+      rd.U64(&n);
+      if (fn == Fn::cuMemAllocFromPoolAsync) rd.U64(&pool);
+      if (!rd.U64(&s) || n == 0) return CUDA_ERROR_INVALID_VALUE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      if (fn == Fn::cuMemAllocFromPoolAsync && !pools_.count(pool)) return CUDA_ERROR_INVALID_VALUE;
+      CUdeviceptr p = 0;
+      CUresult r = fn == Fn::cuMemAllocAsync
+                       ? CALL(cuMemAllocAsync, &p, n, As<CUstream>(s))
+                       : CALL(cuMemAllocFromPoolAsync, &p, n, As<CUmemoryPool>(pool), As<CUstream>(s));
+      if (r != CUDA_SUCCESS) return r;
+      if (pool == 0) {
+        CUmemoryPool used = nullptr;
+        if (CALL(cuPointerGetAttribute, &used, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS) {
+          pool = H(used);
+          if (pool) pools_.insert(pool);
+        }
+      }
+      allocs_[p] = n;
+      out.U64(p);
+      out.U64(pool);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemFreeAsync: {
+      uint64_t p = 0, s = 0;
+      rd.U64(&p);
+      if (!rd.U64(&s) || !allocs_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = CALL(cuMemFreeAsync, p, As<CUstream>(s));
+      if (r == CUDA_SUCCESS) allocs_.erase(p);
+      return r;
+    }
+    case Fn::cuDeviceGetDefaultMemPool: {
+      int32_t dev = 0;
+      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      CUmemoryPool p = nullptr;
+      CUresult r = CALL(cuDeviceGetDefaultMemPool, &p, dev);
+      if (r != CUDA_SUCCESS) return r;
+      pools_.insert(H(p));
+      out.U64(H(p));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemPoolCreate: {
+      uint32_t type = 0, handles = 0, loc_type = 0;
+      int32_t loc_id = 0;
+      uint64_t max_size = 0;
+      uint16_t usage = 0;
+      rd.U32(&type);
+      rd.U32(&handles);
+      rd.U32(&loc_type);
+      rd.I32(&loc_id);
+      rd.U64(&max_size);
+      if (!rd.U16(&usage) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (handles != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;  // no IPC remotely
+      if (loc_type == CU_MEM_LOCATION_TYPE_DEVICE && !Device(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
+      CUmemPoolProps props = {};
+      props.allocType = static_cast<CUmemAllocationType>(type);
+      props.handleTypes = static_cast<CUmemAllocationHandleType>(handles);
+      props.location.type = static_cast<CUmemLocationType>(loc_type);
+      props.location.id = loc_id;
+      props.maxSize = max_size;
+      props.usage = usage;
+      CUmemoryPool p = nullptr;
+      CUresult r = CALL(cuMemPoolCreate, &p, &props);
+      if (r != CUDA_SUCCESS) return r;
+      pools_.insert(H(p));
+      created_pools_.insert(H(p));
+      out.U64(H(p));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemPoolDestroy: {
+      uint64_t p = 0;
+      if (!rd.U64(&p) || !created_pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
+      if (r == CUDA_SUCCESS) {
+        created_pools_.erase(p);
+        pools_.erase(p);
+      }
+      return r;
+    }
+    case Fn::cuMemPoolSetAttribute:
+    case Fn::cuMemPoolGetAttribute: {
+      uint64_t p = 0, v = 0;
+      uint32_t attr = 0;
+      rd.U64(&p);
+      rd.U32(&attr);
+      if (fn == Fn::cuMemPoolSetAttribute) rd.U64(&v);
+      if (!rd.Finish() || !pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      const bool is_int = attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
+                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+      int iv = static_cast<int>(v);
+      cuuint64_t uv = v;
+      void* value = is_int ? static_cast<void*>(&iv) : static_cast<void*>(&uv);
+      CUmemPool_attribute a = static_cast<CUmemPool_attribute>(attr);
+      if (fn == Fn::cuMemPoolSetAttribute) return CALL(cuMemPoolSetAttribute, As<CUmemoryPool>(p), a, value);
+      CUresult r = CALL(cuMemPoolGetAttribute, As<CUmemoryPool>(p), a, value);
+      out.U64(is_int ? static_cast<uint64_t>(static_cast<int64_t>(iv)) : uv);
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
   uint8_t head[4];
   Writer w(head, sizeof(head));
@@ -601,14 +1151,25 @@ void Session::ReplyDeferred(uint64_t seq) {
 }
 
 void Session::Cleanup() {
+  {
+    // Release every stream thread waiting for a host function, and wait (bounded) until they
+    // have left this object.
+    std::unique_lock<std::mutex> lk(hf_mu_);
+    hf_stopping_ = true;
+    hf_cv_.notify_all();
+    hf_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return hf_outstanding_ == 0; });
+  }
   if (!initialised_) return;
   uint64_t any_ctx = contexts_.empty() ? 0 : *contexts_.begin();
   if (any_ctx) CALL(cuCtxSetCurrent, As<CUcontext>(any_ctx));
   PollStaged(true);
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
+  for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
+  for (uint64_t g : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
+  for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
   for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
@@ -658,6 +1219,11 @@ int Session::Run() {
       }
       continue;
     }
+    if (op == remote::kOpHostFuncDone) {
+      uint64_t id = 0;
+      if (rd.U64(&id) && rd.Finish()) HostFuncDone(id);
+      continue;
+    }
     if (op == remote::kOpImageChunk) {
       uint64_t lo = 0, hi = 0, total = 0, off = 0;
       rd.U64(&lo);
@@ -683,7 +1249,16 @@ int Session::Run() {
       if (wants_reply) Reply(in.header.sequence, sticky_, out);
       continue;
     }
-    r = Dispatch(op, rd, in.bulk, in.bulk_length, out);
+    const uint8_t* bulk = in.bulk;
+    if (wants_reply && IsBlocking(op) && HostFuncsOutstanding()) {
+      // Draining reads frames, which releases this frame's bulk view: keep a copy.
+      if (bulk != nullptr) {
+        bulk_copy_.assign(bulk, bulk + in.bulk_length);
+        bulk = bulk_copy_.data();
+      }
+      if (!DrainHostFuncs()) break;
+    }
+    r = Dispatch(op, rd, bulk, in.bulk_length, out);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS && remote::IsStickyError(r)) sticky_ = r;
     if (!wants_reply) {

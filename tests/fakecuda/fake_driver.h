@@ -148,6 +148,7 @@ struct Graph {
 
 struct GraphExec {
   std::vector<GraphNode> nodes;
+  std::vector<const GraphNode*> origins;  // the graph node each entry was instantiated from
 };
 
 struct DeviceState {

@@ -131,7 +131,10 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph handle, unsigned
   Graph* graph = LiveGraph(d, handle);
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto e = std::make_unique<GraphExec>();
-  for (const auto& node : graph->nodes) e->nodes.push_back(*node);
+  for (const auto& node : graph->nodes) {
+    e->nodes.push_back(*node);
+    e->origins.push_back(node.get());
+  }
   *exec = reinterpret_cast<CUgraphExec>(e.get());
   d.graph_execs[e.get()] = std::move(e);
   return CUDA_SUCCESS;
@@ -207,4 +210,37 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
     }
   });
   return CUDA_SUCCESS;
+}
+
+FAKECUDA_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec handle, CUstream stream_handle) {
+  return cuGraphLaunch(handle, stream_handle);
+}
+
+// Replaces the arguments and configuration of one kernel node of an instantiated graph; later
+// launches use them (launches already queued keep theirs).
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec handle, CUgraphNode node,
+                                           const CUDA_KERNEL_NODE_PARAMS* params) {
+  FAKECUDA_ENTER();
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto launch = std::make_shared<fakecuda::LaunchArgs>();
+  CUfunction f = params->func != nullptr ? params->func : reinterpret_cast<CUfunction>(params->kern);
+  const unsigned grid[3] = {params->gridDimX, params->gridDimY, params->gridDimZ};
+  const unsigned block[3] = {params->blockDimX, params->blockDimY, params->blockDimZ};
+  if (CUresult r = fakecuda::BuildLaunch(f, grid, block, params->kernelParams, params->extra,
+                                         launch.get());
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.graph_execs.find(reinterpret_cast<GraphExec*>(handle));
+  if (it == d.graph_execs.end()) return CUDA_ERROR_INVALID_VALUE;
+  GraphExec& e = *it->second;
+  for (size_t i = 0; i < e.origins.size(); ++i) {
+    if (e.origins[i] != reinterpret_cast<const GraphNode*>(node)) continue;
+    if (e.nodes[i].kind != GraphNodeKind::kKernel) return CUDA_ERROR_INVALID_VALUE;
+    e.nodes[i].launch = std::move(launch);
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
 }

@@ -796,3 +796,42 @@ CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUs
   FAKECUDA_ENTER();
   return fakecuda::RunAsync(stream, [=] { fakecuda::Fill(dst, value, count); });
 }
+
+// ---- 2D memsets: `height` rows of `width` elements, `pitch` bytes apart ----
+
+namespace fakecuda {
+namespace {
+template <typename T>
+void Fill2D(CUdeviceptr dst, size_t pitch, T value, size_t width, size_t height) {
+  for (size_t row = 0; row < height; ++row) Fill(dst + row * pitch, value, width);
+}
+}  // namespace
+}  // namespace fakecuda
+
+CUresult cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { fakecuda::Fill2D(dst, pitch, v, w, h); });
+}
+CUresult cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { fakecuda::Fill2D(dst, pitch, v, w, h); });
+}
+CUresult cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunSynchronous([=] { fakecuda::Fill2D(dst, pitch, v, w, h); });
+}
+CUresult cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h,
+                           CUstream s) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(s, [=] { fakecuda::Fill2D(dst, pitch, v, w, h); });
+}
+CUresult cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h,
+                            CUstream s) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(s, [=] { fakecuda::Fill2D(dst, pitch, v, w, h); });
+}
+CUresult cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h,
+                            CUstream s) {
+  FAKECUDA_ENTER();
+  return fakecuda::RunAsync(s, [=] { fakecuda::Fill2D(dst, pitch, v, w, h); });
+}

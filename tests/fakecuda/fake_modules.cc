@@ -447,3 +447,15 @@ CUresult cuLaunchHostFunc(CUstream stream_handle, CUhostFn fn, void* user_data) 
   stream->worker.Enqueue([fn, user_data] { fn(user_data); });
   return CUDA_SUCCESS;
 }
+
+CUresult cuStreamAddCallback(CUstream stream_handle, CUstreamCallback callback, void* user_data,
+                             unsigned int flags) {
+  FAKECUDA_ENTER();
+  if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<fakecuda::Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
+  if (stream == nullptr) return err;
+  stream->worker.Enqueue(
+      [stream_handle, callback, user_data] { callback(stream_handle, CUDA_SUCCESS, user_data); });
+  return CUDA_SUCCESS;
+}

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -203,7 +204,13 @@ int BadHandles() {
   CUfunction f;
   std::printf("module_bogus=%d\n", static_cast<int>(cuModuleGetFunction(
                                        &f, reinterpret_cast<CUmodule>(0x4000), "fill_u32")));
-  std::printf("unsupported=%d\n", static_cast<int>(cuMemAllocHost(reinterpret_cast<void**>(&f), 64)));
+  CUarray arr;
+  CUDA_ARRAY_DESCRIPTOR desc = {};
+  desc.Width = 16;
+  desc.Height = 16;
+  desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  desc.NumChannels = 1;
+  std::printf("unsupported=%d\n", static_cast<int>(cuArrayCreate(&arr, &desc)));
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
   // Lookups through cuGetProcAddress land on this library's own exports.
   void* p = nullptr;
@@ -300,6 +307,394 @@ int Bench() {
   return 0;
 }
 
+// Entry points the fake driver may not export: looked up at run time ("na" when absent).
+template <class F>
+F Sym(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+const char* Which(CUcontext c, CUcontext a, CUcontext b) {
+  return c == a ? "a" : c == b ? "b" : c == nullptr ? "none" : "other";
+}
+
+// What the stub answers locally: pointer and function attributes, capture state, context
+// queries and the context stack.
+int Local() {
+  CUcontext ctx = Setup();
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  unsigned type = 0;
+  CUcontext pctx = nullptr;
+  CUdeviceptr dptr = 0, start = 0;
+  size_t range = 0;
+  int ordinal = -1, managed = -1, mapped = -1;
+  CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 100));
+  CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, a + 100));
+  CHECK(cuPointerGetAttribute(&dptr, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, a + 100));
+  CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, a + 100));
+  CHECK(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, a + 100));
+  CHECK(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, a + 100));
+  CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, a + 100));
+  CHECK(cuPointerGetAttribute(&mapped, CU_POINTER_ATTRIBUTE_MAPPED, a + 100));
+  std::printf("ptr_type=%u\nptr_ctx_is_current=%d\nptr_dptr_ok=%d\nptr_start_ok=%d\n", type,
+              pctx == ctx, dptr == a + 100, start == a);
+  std::printf("ptr_range=%zu\nptr_ordinal=%d\nptr_managed=%d\nptr_mapped=%d\n", range, ordinal,
+              managed, mapped);
+  std::printf("ptr_unknown=%d\n", static_cast<int>(cuPointerGetAttribute(
+                                       &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 0x10)));
+  std::printf("ptr_past_end=%d\n", static_cast<int>(cuPointerGetAttribute(
+                                        &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a + 4096)));
+  if (auto get_all = Sym<CUresult (*)(unsigned, CUpointer_attribute*, void**, CUdeviceptr)>(
+          "cuPointerGetAttributes")) {
+    CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+    unsigned t = 99;
+    size_t sz = 99;
+    void* data[] = {&t, &sz};
+    CUresult r1 = get_all(2, attrs, data, a + 8);
+    std::printf("ptr_attrs=%d:%u:%zu\n", static_cast<int>(r1), t, sz);
+    CUresult r2 = get_all(2, attrs, data, 0x10);
+    std::printf("ptr_attrs_unknown=%d:%u:%zu\n", static_cast<int>(r2), t, sz);
+  } else {
+    std::printf("ptr_attrs=na\nptr_attrs_unknown=na\n");
+  }
+  CHECK(cuMemFree(a));
+  std::printf("ptr_after_free=%d\n", static_cast<int>(cuPointerGetAttribute(
+                                          &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a)));
+
+  CUfunction fill = Kernel("fill_u32");
+  int max_threads = 0, regs = -1;
+  CHECK(cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fill));
+  CHECK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fill));
+  std::printf("func_max_threads=%d\nfunc_regs=%d\n", max_threads, regs);
+
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  CHECK(cuStreamIsCapturing(s, &cs));
+  std::printf("capturing=%d\n", static_cast<int>(cs));
+  std::printf("capturing_bogus=%d\n", static_cast<int>(cuStreamIsCapturing(
+                                           reinterpret_cast<CUstream>(0xdead0000), &cs)));
+
+  unsigned api = 0, flags = 99;
+  int least = 9, greatest = 9;
+  CHECK(cuCtxGetApiVersion(ctx, &api));
+  CHECK(cuCtxGetFlags(&flags));
+  CHECK(cuCtxGetStreamPriorityRange(&least, &greatest));
+  std::printf("ctx_api=%u\nctx_flags=%u\npriorities=%d..%d\n", api, flags, least, greatest);
+
+  CUcontext b = nullptr, cur = nullptr, popped = nullptr;
+  CHECK(cuCtxCreate(&b, nullptr, 0, 0));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("after_create=%s\n", Which(cur, ctx, b));
+  CHECK(cuCtxPushCurrent(ctx));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("after_push=%s\n", Which(cur, ctx, b));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("pop1=%s:%s\n", Which(popped, ctx, b), Which(cur, ctx, b));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("pop2=%s:%s\n", Which(popped, ctx, b), Which(cur, ctx, b));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxGetCurrent(&cur));
+  std::printf("pop3=%s:%s\n", Which(popped, ctx, b), Which(cur, ctx, b));
+  std::printf("pop_empty=%d\n", static_cast<int>(cuCtxPopCurrent(&popped)));
+  CHECK(cuCtxPushCurrent(b));
+  CUdeviceptr x;
+  CHECK(cuMemAlloc(&x, 64));
+  CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, x));
+  std::printf("alloc_in_pushed=%s\n", Which(pctx, ctx, b));
+  CHECK(cuMemFree(x));
+  CHECK(cuCtxDestroy(b));
+  std::printf("done=1\n");
+  return 0;
+}
+
+// Page-locked host memory: allocations, registration, copies through it.
+int Host() {
+  CUcontext ctx = Setup();
+  void* h = nullptr;
+  CHECK(cuMemAllocHost(&h, 1 << 20));
+  unsigned type = 0;
+  CUcontext pctx = nullptr;
+  CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(h) + 8));
+  CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, reinterpret_cast<CUdeviceptr>(h)));
+  std::printf("host_type=%u\nhost_ctx_is_current=%d\n", type, pctx == ctx);
+  CUdeviceptr hd = 0;
+  CHECK(cuMemHostGetDevicePointer(&hd, h, 0));
+  std::printf("host_dptr_is_host=%d\n", hd == reinterpret_cast<CUdeviceptr>(h));
+  auto* words = static_cast<uint32_t*>(h);
+  for (int i = 0; i < (1 << 18); ++i) words[i] = i * 3u;
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, 1 << 20));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemcpyHtoDAsync(d, h, 1 << 20, s));
+  CHECK(cuMemsetD32Async(d, 7, 4, s));
+  CHECK(cuStreamSynchronize(s));
+  void* h2 = nullptr;
+  CHECK(cuMemHostAlloc(&h2, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  CHECK(cuMemcpyDtoHAsync(h2, d, 1 << 20, s));
+  CHECK(cuStreamSynchronize(s));
+  auto* back = static_cast<uint32_t*>(h2);
+  std::printf("pinned_roundtrip=%u,%u,%u\n", back[0], back[4], back[(1 << 18) - 1]);
+  CHECK(cuMemFreeHost(h2));
+  CHECK(cuMemFreeHost(h));
+  std::printf("free_host_twice=%d\n", static_cast<int>(cuMemFreeHost(h)));
+  auto reg = Sym<CUresult (*)(void*, size_t, unsigned)>("cuMemHostRegister_v2");
+  auto unreg = Sym<CUresult (*)(void*)>("cuMemHostUnregister");
+  if (reg && unreg) {
+    std::vector<uint32_t> buf(1024, 5);
+    std::printf("register=%d\n", static_cast<int>(reg(buf.data(), 4096, 0)));
+    std::printf("register_again=%d\n", static_cast<int>(reg(buf.data() + 16, 64, 0)));
+    CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                reinterpret_cast<CUdeviceptr>(buf.data() + 10)));
+    std::printf("registered_type=%u\n", type);
+    CHECK(cuMemcpyHtoD(d, buf.data(), 4096));
+    std::printf("unregister=%d\n", static_cast<int>(unreg(buf.data())));
+    std::printf("unregister_again=%d\n", static_cast<int>(unreg(buf.data())));
+  } else {
+    std::printf("register=na\n");
+  }
+  CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
+uint32_t Word(CUdeviceptr p) {
+  uint32_t v = 0;
+  CHECK(cuMemcpyDtoH(&v, p, 4));
+  return v;
+}
+
+// Stream-ordered work beyond the first slice: extended and cooperative launches, stream waits,
+// 16-bit and 2D memsets, unified copies, stream-ordered allocation and pools.
+int Async() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  CUfunction sleep_us = Kernel("sleep_us");
+  CUstream s1, s2;
+  CHECK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+
+  // cuLaunchKernelEx with attributes.
+  CUlaunchAttribute attrs[2] = {};
+  attrs[0].id = CU_LAUNCH_ATTRIBUTE_PRIORITY;
+  attrs[0].value.priority = -1;
+  attrs[1].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+  attrs[1].value.clusterDim.x = 1;
+  attrs[1].value.clusterDim.y = 1;
+  attrs[1].value.clusterDim.z = 1;
+  CUlaunchConfig cfg = {};
+  cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.hStream = s1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 2;
+  unsigned value = 0x51;
+  size_t count = 1024;
+  void* params[] = {&a, &value, &count};
+  CHECK(cuLaunchKernelEx(&cfg, fill, params, nullptr));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("launch_ex=%x\n", Word(a + 4092));
+  value = 0x52;
+  CHECK(cuLaunchCooperativeKernel(fill, 1, 1, 1, 1, 1, 1, 0, s1, params));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("cooperative=%x\n", Word(a));
+
+  // s2 waits for an event recorded on s1 after a slow kernel.
+  CUevent e;
+  CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  unsigned us = 30000;
+  void* sp[] = {&us};
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s1, sp, nullptr));
+  value = 1;
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s1, params, nullptr));
+  CHECK(cuEventRecordWithFlags(e, s1, CU_EVENT_RECORD_DEFAULT));
+  CHECK(cuStreamWaitEvent(s2, e, 0));
+  value = 2;
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s2, params, nullptr));
+  CHECK(cuStreamSynchronize(s2));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("wait_event_orders=%u\n", Word(a));
+
+  // 16-bit and 2D memsets.
+  CHECK(cuMemsetD32(a, 0, 1024));
+  CHECK(cuMemsetD16(a, 0xABCD, 3));
+  std::printf("memset16=%08x,%08x\n", Word(a), Word(a + 4));
+  CHECK(cuMemsetD2D32(a + 256, 64, 9, 4, 3));  // 3 rows of 4 words, 64 bytes apart
+  CHECK(cuMemsetD2D8Async(a + 1024, 16, 0x7f, 2, 2, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("memset2d=%u,%u,%u,%u,%u\n", Word(a + 256), Word(a + 256 + 12), Word(a + 256 + 16),
+              Word(a + 256 + 128 + 12), Word(a + 256 + 192));
+  std::printf("memset2d8=%08x,%08x,%08x\n", Word(a + 1024), Word(a + 1024 + 16), Word(a + 1024 + 32));
+  std::printf("memset2d_overrun=%d\n", static_cast<int>(cuMemsetD2D32(a + 4000, 64, 1, 4, 3)));
+
+  // Unified copies: the stub tells host from device pointers.
+  std::vector<uint32_t> host(256), back(256), other(256, 0);
+  for (int i = 0; i < 256; ++i) host[i] = 1000 + i;
+  CUdeviceptr b;
+  CHECK(cuMemAlloc(&b, 1024));
+  CHECK(cuMemcpy(a, reinterpret_cast<CUdeviceptr>(host.data()), 1024));
+  CHECK(cuMemcpy(b, a, 1024));
+  CHECK(cuMemcpy(reinterpret_cast<CUdeviceptr>(back.data()), b, 1024));
+  CHECK(cuMemcpy(reinterpret_cast<CUdeviceptr>(other.data()), reinterpret_cast<CUdeviceptr>(back.data()), 1024));
+  std::printf("unified_copy=%d\n", other == host);
+  CHECK(cuMemsetD32Async(b, 3, 256, s1));
+  CHECK(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(back.data()), b, 1024, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("unified_async=%u,%u\n", back[0], back[255]);
+
+  // Stream-ordered allocations and pools.
+  CUdeviceptr c;
+  CHECK(cuMemAllocAsync(&c, 1 << 20, s1));
+  CHECK(cuMemsetD32Async(c, 77, 1 << 18, s1));
+  CHECK(cuMemcpyDtoHAsync(back.data(), c + (1 << 20) - 1024, 1024, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("alloc_async=%u\n", back[255]);
+  CHECK(cuMemFreeAsync(c, s1));
+  CHECK(cuStreamSynchronize(s1));
+  std::printf("free_async_twice=%d\n", static_cast<int>(cuMemFreeAsync(c, s1)));
+  CUmemoryPool def = nullptr, pool = nullptr;
+  CHECK(cuDeviceGetDefaultMemPool(&def, 0));
+  cuuint64_t threshold = 1 << 24, got = 0;
+  CHECK(cuMemPoolSetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold));
+  CHECK(cuMemPoolGetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &got));
+  std::printf("pool_threshold=%llu\n", static_cast<unsigned long long>(got));
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CHECK(cuMemPoolCreate(&pool, &props));
+  int reuse = 0;
+  int one = 1;
+  CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &one));
+  CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &reuse));
+  std::printf("pool_reuse=%d\n", reuse);
+  CUdeviceptr d;
+  CHECK(cuMemAllocFromPoolAsync(&d, 4096, pool, s2));
+  CUmemoryPool owner = nullptr;
+  CHECK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, d));
+  std::printf("pool_owner_ok=%d\n", owner == pool);
+  CHECK(cuMemsetD32Async(d, 5, 1024, s2));
+  CHECK(cuStreamSynchronize(s2));
+  std::printf("pool_alloc=%u\n", Word(d + 4092));
+  CHECK(cuMemFreeAsync(d, s2));
+  CHECK(cuStreamSynchronize(s2));
+  CHECK(cuMemPoolDestroy(pool));
+  std::printf("pool_destroy_twice=%d\n", static_cast<int>(cuMemPoolDestroy(pool)));
+  std::printf("wait_bogus_event=%d\n", static_cast<int>(cuStreamWaitEvent(s2, reinterpret_cast<CUevent>(0xbad0), 0)));
+  std::printf("after_bogus_sync=%d\n", static_cast<int>(cuStreamSynchronize(s2)));
+  CHECK(cuMemFree(a));
+  CHECK(cuMemFree(b));
+  std::printf("done=1\n");
+  return 0;
+}
+
+std::atomic<int> g_flag{0};
+std::atomic<int> g_seen{-1};
+char g_order[16];
+std::atomic<int> g_order_len{0};
+CUstream g_cb_stream = nullptr;
+
+void Note(char c) { g_order[g_order_len++] = c; }
+
+// Host functions in stream order: they run after the work before them, and the work after them
+// waits for them.
+int Callbacks() {
+  Setup();
+  CUfunction sleep_us = Kernel("sleep_us");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  g_cb_stream = s;
+  CUevent e;
+  CHECK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  unsigned us = 20000;
+  void* sp[] = {&us};
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, s, sp, nullptr));
+  static std::chrono::steady_clock::time_point ran_at;
+  CHECK(cuLaunchHostFunc(s, [](void*) {
+    ran_at = std::chrono::steady_clock::now();
+    Note('1');
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the query below falls in it
+    g_flag = 1;
+  }, nullptr));
+  CHECK(cuEventRecord(e, s));
+  CHECK(cuLaunchHostFunc(s, [](void*) { g_seen = g_flag.load(); Note('2'); }, nullptr));
+  CHECK(cuStreamAddCallback(s, [](CUstream st, CUresult status, void* user) {
+    Note(st == g_cb_stream && status == CUDA_SUCCESS && user == &g_flag ? '3' : 'x');
+  }, &g_flag, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  std::printf("event_during_host_fn=%d\n", static_cast<int>(cuEventQuery(e)));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("host_fn_after_kernel=%d\n",
+              std::chrono::duration<double, std::milli>(ran_at - t0).count() >= 19.0);
+  std::printf("event_after_sync=%d\n", static_cast<int>(cuEventQuery(e)));
+  std::printf("later_fn_saw_flag=%d\n", g_seen.load());
+  // Nobody calls CUDA while the stream reaches the next one: it still runs.
+  g_flag = 0;
+  CHECK(cuLaunchHostFunc(s, [](void*) { g_flag = 7; Note('4'); }, nullptr));
+  for (int i = 0; i < 200 && g_flag.load() != 7; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::printf("ran_while_idle=%d\n", g_flag.load());
+  CHECK(cuStreamSynchronize(s));
+  g_order[g_order_len] = 0;
+  std::printf("order=%s\n", g_order);
+  std::printf("done=1\n");
+  return 0;
+}
+
+// Graphs: kernel nodes, instantiation, launch, updates of an instantiated graph.
+int Graphs() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  CHECK(cuMemsetD32(a, 0, 1024));
+  CUgraph g;
+  CHECK(cuGraphCreate(&g, 0));
+  CUDA_KERNEL_NODE_PARAMS p = {};
+  p.func = fill;
+  p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+  CUdeviceptr dst = a;
+  unsigned value = 11;
+  size_t count = 512;
+  void* params[] = {&dst, &value, &count};
+  p.kernelParams = params;
+  CUgraphNode n1, n2;
+  CHECK(cuGraphAddKernelNode(&n1, g, nullptr, 0, &p));
+  value = 12;  // the node copied its arguments: this does not change n1
+  dst = a + 2048;
+  CHECK(cuGraphAddKernelNode(&n2, g, &n1, 1, &p));
+  CUgraphExec e;
+  CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("graph_run=%u,%u,%u\n", Word(a), Word(a + 2044), Word(a + 2048));
+  value = 13;
+  CHECK(cuGraphExecKernelNodeSetParams(e, n2, &p));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("graph_updated=%u,%u\n", Word(a), Word(a + 4092));
+  std::printf("launch_bogus=%d\n", static_cast<int>(cuGraphLaunch(reinterpret_cast<CUgraphExec>(0x7000), s)));
+  std::printf("after_bogus_sync=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+  std::printf("dep_bogus=%d\n", static_cast<int>(cuGraphAddKernelNode(
+                                     &n2, g, reinterpret_cast<CUgraphNode*>(&a), 1, &p)));
+  CHECK(cuGraphExecDestroy(e));
+  CHECK(cuGraphDestroy(g));
+  std::printf("destroy_twice=%d\n", static_cast<int>(cuGraphDestroy(g)));
+  CHECK(cuMemFree(a));
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -312,6 +707,11 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "loop")) return Loop();
   if (!strcmp(mode, "fork")) return Fork();
   if (!strcmp(mode, "bench")) return Bench();
+  if (!strcmp(mode, "local")) return Local();
+  if (!strcmp(mode, "host")) return Host();
+  if (!strcmp(mode, "async")) return Async();
+  if (!strcmp(mode, "callbacks")) return Callbacks();
+  if (!strcmp(mode, "graphs")) return Graphs();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));

@@ -1,0 +1,206 @@
+// Host functions in stream order (cuLaunchHostFunc, cuStreamAddCallback).
+//
+// The client registers the function under an id and sends (stream, id) fire-and-forget. The worker
+// enqueues a host function of its own on that stream; when the stream reaches it, the worker sends
+// an kEvtHostFunc event and holds the stream until the client answers kOpHostFuncDone, so later
+// work on the stream runs after the function, as in CUDA.
+//
+// On the client, one callback thread runs the functions in the order the events arrive. Events are
+// picked up by whichever thread reads the transport: a call waiting for its reply hands them over
+// (HandleEventFrame), and while functions are outstanding and no call is waiting, the callback
+// thread polls the transport itself (under the call mutex, without blocking). The acknowledgement
+// is sent without the call mutex: a thread blocked in cuStreamSynchronize holds it while the worker
+// waits for this very acknowledgement.
+#include <pthread.h>
+
+#include <deque>
+#include <map>
+
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::Writer;
+
+struct Pending {
+  Session* session = nullptr;
+  CUhostFn host_fn = nullptr;         // cuLaunchHostFunc
+  CUstreamCallback callback = nullptr;  // cuStreamAddCallback
+  CUstream stream = nullptr;
+  void* user = nullptr;
+};
+
+struct Callbacks {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  std::map<uint64_t, Pending> registered;  // sent, not yet run
+  std::deque<uint64_t> reached;            // events received, in order
+  uint64_t next_id = 1;
+  bool thread_started = false;
+};
+
+Callbacks& Cb() {
+  static auto* c = new Callbacks();  // never destroyed: the thread may run at exit
+  return *c;
+}
+
+struct ForkReset {
+  ForkReset() {
+    pthread_atfork(nullptr, nullptr, [] {
+      Callbacks& c = Cb();
+      pthread_mutex_init(&c.mu, nullptr);
+      pthread_cond_init(&c.cv, nullptr);
+      c.registered.clear();
+      c.reached.clear();
+      c.thread_started = false;  // the child has no callback thread
+    });
+  }
+} g_fork_reset;
+
+void SendAck(Session* s, uint64_t id) {
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(id);
+  transport::OutFrame f;
+  f.opcode = remote::kOpHostFuncDone;
+  f.sequence = s->next_seq++;
+  f.payload = w.data();
+  f.payload_length = static_cast<uint32_t>(w.size());
+  (void)s->transport->Send(f);  // a broken transport is reported by the next call
+}
+
+// Reads pending frames while nobody else does (the call mutex is free).
+void PollTransport() {
+  ClientState& st = State();
+  if (pthread_mutex_trylock(&st.mu) != 0) return;
+  Session* s = st.session;
+  if (s != nullptr && s->sticky == CUDA_SUCCESS) {
+    for (int i = 0; i < 64; ++i) {
+      transport::InFrame in;
+      transport::TransportStatus ts = s->transport->Receive(&in, 0);
+      if (ts.code() == transport::TransportErrc::kTimeout) break;
+      if (!ts.ok()) {
+        LoseConnection(s, ts);
+        break;
+      }
+      if (in.header.opcode >= remote::kEventBase) HandleEventFrame(s, in);
+    }
+  }
+  pthread_mutex_unlock(&st.mu);
+}
+
+void* CallbackThread(void*) {
+  Callbacks& c = Cb();
+  for (;;) {
+    pthread_mutex_lock(&c.mu);
+    if (c.reached.empty()) {
+      bool outstanding = !c.registered.empty();
+      timespec deadline;
+      clock_gettime(CLOCK_REALTIME, &deadline);
+      deadline.tv_nsec += outstanding ? 200 * 1000 : 50 * 1000 * 1000;
+      if (deadline.tv_nsec >= 1000000000) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&c.cv, &c.mu, &deadline);
+    }
+    if (c.reached.empty()) {
+      bool outstanding = !c.registered.empty();
+      pthread_mutex_unlock(&c.mu);
+      if (outstanding) PollTransport();
+      continue;
+    }
+    uint64_t id = c.reached.front();
+    c.reached.pop_front();
+    auto it = c.registered.find(id);
+    if (it == c.registered.end()) {
+      pthread_mutex_unlock(&c.mu);
+      continue;
+    }
+    Pending p = it->second;
+    c.registered.erase(it);
+    pthread_mutex_unlock(&c.mu);
+    if (p.host_fn) p.host_fn(p.user);
+    else p.callback(p.stream, CUDA_SUCCESS, p.user);
+    SendAck(p.session, id);
+  }
+  return nullptr;
+}
+
+CUresult Enqueue(Fn fn, CUstream stream, Pending p, unsigned flags) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  Callbacks& c = Cb();
+  p.session = s;
+  pthread_mutex_lock(&c.mu);
+  if (!c.thread_started) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&t, &attr, &CallbackThread, nullptr);
+    pthread_attr_destroy(&attr);
+    if (e != 0) {
+      pthread_mutex_unlock(&c.mu);
+      ClientLog("cannot start the host-function thread (error %d)", e);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    c.thread_started = true;
+  }
+  uint64_t id = c.next_id++;
+  c.registered[id] = p;
+  pthread_cond_signal(&c.cv);
+  pthread_mutex_unlock(&c.mu);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(stream));
+  w.U64(id);
+  if (fn == Fn::cuStreamAddCallback) w.U32(flags);
+  CUresult r = SendAsync(s, Op(fn), w);
+  if (r != CUDA_SUCCESS) {
+    pthread_mutex_lock(&c.mu);
+    c.registered.erase(id);
+    pthread_mutex_unlock(&c.mu);
+  }
+  return r;
+}
+
+}  // namespace
+
+void HandleEventFrame(Session* s, const transport::InFrame& in) {
+  (void)s;
+  if (in.header.opcode != remote::kEvtHostFunc) return;
+  transport::Reader rd(in.payload, in.payload_length);
+  uint64_t id = 0;
+  if (!rd.U64(&id) || !rd.Finish()) return;
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  c.reached.push_back(id);
+  pthread_cond_signal(&c.cv);
+  pthread_mutex_unlock(&c.mu);
+}
+
+CUresult Impl_cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Pending p;
+  p.host_fn = fn;
+  p.user = user;
+  return Enqueue(Fn::cuLaunchHostFunc, stream, p, 0);
+}
+
+CUresult Impl_cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void* user,
+                                  unsigned int flags) {
+  if (callback == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  Pending p;
+  p.callback = callback;
+  p.stream = stream;
+  p.user = user;
+  return Enqueue(Fn::cuStreamAddCallback, stream, p, flags);
+}
+
+}  // namespace tf::client

@@ -1,0 +1,43 @@
+// Helpers shared by the client stub's entry-point files (client_impl.cc and the per-family files
+// client_local.cc, client_async.cc, client_host.cc, client_callbacks.cc, client_graphs.cc).
+#pragma once
+
+#include <cstdint>
+
+#include "client/client.h"
+
+namespace tf::client {
+
+#define TF_LOCK(name)                       \
+  Locked name;                              \
+  if (name.session() == nullptr) return name.result();
+
+#define TF_CTX(lock)                                                    \
+  if (CUresult ctx_r_ = PrepareContext(lock.session(), true); ctx_r_ != CUDA_SUCCESS) \
+    return ctx_r_;
+
+inline uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// Writes a launch's arguments (u32 mode + its encoding, remote_protocol.h) for function `fi`.
+// CUDA_ERROR_INVALID_VALUE / NOT_SUPPORTED when they cannot be forwarded.
+CUresult WriteLaunchArgs(const FunctionInfo& fi, void** params, void** extra, transport::Writer& w);
+
+// The device allocation containing p, or nullptr. Requires the session.
+const DeviceAlloc* FindDeviceAlloc(Session* s, uint64_t p, uint64_t* base = nullptr);
+// Records a device allocation made in the thread's current context on `device`.
+void RecordDeviceAlloc(Session* s, uint64_t p, uint64_t size, uint64_t pool);
+
+// Pushes ctx on the thread's context stack (cuCtxCreate, cuCtxPushCurrent).
+void PushCurrentContext(uint64_t ctx);
+
+// Host memory the client allocated or registered (client_host.cc), by address range.
+struct HostRange {
+  uint64_t base = 0, size = 0;
+  unsigned flags = 0;
+  bool registered = false;  // cuMemHostRegister (else cuMemAllocHost/cuMemHostAlloc)
+  uint64_t ctx = 0;
+  int device = 0;
+};
+bool FindHostRange(uint64_t p, HostRange* out);
+
+}  // namespace tf::client

@@ -1,0 +1,253 @@
+// Entry points the stub answers without a round trip: pointer attributes of the allocations it
+// made, function attributes cached with the handle, stream capture state (never capturing: capture
+// is not forwarded), context queries from what came with the context handle, and the per-thread
+// context stack.
+#include <pthread.h>
+
+#include <cstring>
+#include <vector>
+
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+thread_local std::vector<uint64_t> t_ctx_below;  // the context stack under the current context
+
+struct StackForkReset {
+  StackForkReset() {
+    pthread_atfork(nullptr, nullptr, [] { t_ctx_below.clear(); });
+  }
+} g_stack_fork_reset;
+
+// Size in bytes of each pointer attribute's value; 0 for those the stub does not answer.
+size_t AttributeSize(CUpointer_attribute a) {
+  switch (a) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      return 8;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+template <class T>
+void Put(void* data, T v) {
+  memcpy(data, &v, sizeof(v));
+}
+
+CUresult PointerAttribute(Session* s, void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  uint64_t base = 0;
+  const DeviceAlloc* a = FindDeviceAlloc(s, ptr, &base);
+  HostRange h;
+  const bool host = a == nullptr && FindHostRange(ptr, &h);
+  if (a == nullptr && !host) return CUDA_ERROR_INVALID_VALUE;
+  if (host) base = h.base;
+  const uint64_t ctx = host ? h.ctx : a->ctx;
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: Put<uint64_t>(data, ctx); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      Put<uint32_t>(data, host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: Put<uint64_t>(data, ptr); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (!host) return CUDA_ERROR_INVALID_VALUE;
+      Put<uint64_t>(data, ptr);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      Put<uint64_t>(data, host ? h.base : a->buffer_id);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: Put<int32_t>(data, 0); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      Put<int32_t>(data, host ? h.device : a->device);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: Put<uint64_t>(data, base); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      Put<uint64_t>(data, host ? h.size : a->size);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED: Put<int32_t>(data, 1); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: Put<int32_t>(data, 0); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      Put<uint64_t>(data, host ? 0 : a->pool);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: Put<uint64_t>(data, 0); return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+bool KnownStream(Session* s, CUstream stream) {
+  uint64_t h = H(stream);
+  return h <= 2 || s->streams.count(h) != 0;
+}
+
+const ContextInfo* CurrentContextInfo(Session* s) {
+  auto it = s->context_info.find(CurrentContext());
+  return it == s->context_info.end() ? nullptr : &it->second;
+}
+
+}  // namespace
+
+const DeviceAlloc* FindDeviceAlloc(Session* s, uint64_t p, uint64_t* base) {
+  auto it = s->allocs.upper_bound(p);
+  if (it == s->allocs.begin()) return nullptr;
+  --it;
+  if (p - it->first >= it->second.size) return nullptr;
+  if (base) *base = it->first;
+  return &it->second;
+}
+
+void RecordDeviceAlloc(Session* s, uint64_t p, uint64_t size, uint64_t pool) {
+  DeviceAlloc a;
+  a.size = size;
+  a.ctx = CurrentContext();
+  auto c = s->contexts.find(a.ctx);
+  a.device = c == s->contexts.end() ? 0 : c->second;
+  a.pool = pool;
+  a.buffer_id = s->next_buffer_id++;
+  s->allocs[p] = a;
+}
+
+void PushCurrentContext(uint64_t ctx) {
+  if (CurrentContext() != 0) t_ctx_below.push_back(CurrentContext());
+  SetCurrentContext(ctx);
+}
+
+// ---- pointer attributes
+
+CUresult Impl_cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  return PointerAttribute(l.session(), data, attribute, ptr);
+}
+
+CUresult Impl_cuPointerGetAttributes(unsigned int n, CUpointer_attribute* attributes, void** data,
+                                     CUdeviceptr ptr) {
+  if (n == 0 || attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  for (unsigned i = 0; i < n; ++i) {
+    size_t size = AttributeSize(attributes[i]);
+    if (size == 0 || data[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Unlike cuPointerGetAttribute, an unknown pointer is not an error: its attributes read as 0.
+  for (unsigned i = 0; i < n; ++i) {
+    if (PointerAttribute(l.session(), data[i], attributes[i], ptr) != CUDA_SUCCESS) {
+      memset(data[i], 0, AttributeSize(attributes[i]));
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- functions
+
+CUresult Impl_cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunction hfunc) {
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->functions.find(H(hfunc));
+  if (it == l.session()->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
+  int a = static_cast<int>(attrib);
+  if (a < 0 || static_cast<size_t>(a) >= it->second.attrs.size()) return CUDA_ERROR_INVALID_VALUE;
+  *pi = it->second.attrs[a];
+  return CUDA_SUCCESS;
+}
+
+// ---- stream capture state (capture is not forwarded: never capturing)
+
+CUresult Impl_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!KnownStream(l.session(), stream)) return CUDA_ERROR_INVALID_HANDLE;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuStreamGetCaptureInfo_v3(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph,
+                                        const CUgraphNode** deps, const CUgraphEdgeData** edges,
+                                        size_t* num_deps) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!KnownStream(l.session(), stream)) return CUDA_ERROR_INVALID_HANDLE;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  (void)id;  // only written while capturing
+  if (graph) *graph = nullptr;
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (num_deps) *num_deps = 0;
+  return CUDA_SUCCESS;
+}
+CUresult Impl_cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                        size_t* num_deps) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, nullptr, num_deps);
+}
+CUresult Impl_cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status,
+                                     cuuint64_t* id) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+
+// ---- context queries and the context stack
+
+CUresult Impl_cuCtxGetApiVersion(CUcontext ctx, unsigned int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  uint64_t c = ctx ? H(ctx) : CurrentContext();
+  auto it = l.session()->context_info.find(c);
+  if (it == l.session()->context_info.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *version = it->second.api_version;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxGetFlags(unsigned int* flags) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const ContextInfo* info = CurrentContextInfo(l.session());
+  if (info == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *flags = info->flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  TF_LOCK(l);
+  const ContextInfo* info = CurrentContextInfo(l.session());
+  if (info == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (least) *least = info->least_priority;
+  if (greatest) *greatest = info->greatest_priority;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxPushCurrent_v2(CUcontext ctx) {
+  TF_LOCK(l);
+  if (ctx == nullptr || !l.session()->contexts.count(H(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+  PushCurrentContext(H(ctx));
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxPopCurrent_v2(CUcontext* pctx) {
+  TF_LOCK(l);
+  uint64_t cur = CurrentContext();
+  if (cur == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = reinterpret_cast<CUcontext>(cur);
+  if (t_ctx_below.empty()) {
+    SetCurrentContext(0);
+  } else {
+    SetCurrentContext(t_ctx_below.back());
+    t_ctx_below.pop_back();
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace tf::client
