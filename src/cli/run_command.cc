@@ -205,6 +205,10 @@ int RunCommand(const RunOptions& o) {
   uint32_t index = 0;
   e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
   if (e != RegionError::kOk) return Fail("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+  // This process holds a slot (and no VRAM) until the command ends, so that another run of the
+  // same vGPU that ends first cannot remove the vGPU before our command has attached to it.
+  uint32_t guard_slot = 0;
+  bool guarded = region.AttachProcess(index, getpid(), &guard_slot) == RegionError::kOk;
 
   std::string ld = *inject;
   if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) ld += std::string(":") + old;
@@ -235,9 +239,13 @@ int RunCommand(const RunOptions& o) {
   int status = 0;
   while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
   }
-  if (o.vgpu.empty()) {
+  // The vGPU goes with its last process: RemoveVgpu refuses (busy) while another live process
+  // still uses it, e.g. a second `tfusion run --vgpu NAME`, whose own exit removes it later.
+  // Pool allocations ("a-...") belong to the node agent, which removes them on release.
+  if (guarded) region.DetachProcess(guard_slot);
+  if (pooled_id.empty()) {
     region.ReapDeadOfVgpu(index);
-    region.RemoveVgpu(index);  // busy while a detached grandchild still uses it: left for reaping
+    region.RemoveVgpu(index);
   }
   if (!pooled_id.empty()) {
     Status released = ReleasePoolAllocation(o.controller, o.token, pooled_id);

@@ -123,6 +123,9 @@ TEST_F(LimiterRunTest, ProcessesOfOneVgpuShareItsQuotaAndAKilledOneLeavesNothing
     holding = Run("cat " + dir_ + "/holder.out").out.find("holding=600") != std::string::npos;
   }
   ASSERT_TRUE(holding) << Run("cat " + dir_ + "/holder.out").out;
+  Result smi = Run(env_ + TF_TFUSION + " smi -p");
+  EXPECT_NE(smi.out.find("shared"), std::string::npos) << smi.out;
+  EXPECT_NE(smi.out.find("600 MiB"), std::string::npos) << "the holder's use is visible\n" << smi.out;
   // A second process of the same vGPU cannot take another 600 MiB.
   Result second = Run(Tfusion("--vram 1GiB --vgpu shared", "hold 600"));
   EXPECT_NE(second.rc, 0);
@@ -134,9 +137,25 @@ TEST_F(LimiterRunTest, ProcessesOfOneVgpuShareItsQuotaAndAKilledOneLeavesNothing
   Result after = Run(Tfusion("--vram 1GiB --vgpu shared", "alloc"));
   ASSERT_EQ(after.rc, 0) << after.out;
   EXPECT_EQ(after.kv["allocated_mib"], "1024") << after.out;
-  Result smi = Run(env_ + TF_TFUSION + " smi");
-  EXPECT_NE(smi.out.find("shared"), std::string::npos) << smi.out;
-  EXPECT_NE(smi.out.find("1.0 GiB"), std::string::npos) << smi.out;
+  // The vGPU went away with its last process.
+  Result gone = Run(env_ + TF_TFUSION + " smi");
+  EXPECT_EQ(gone.out.find("shared"), std::string::npos) << gone.out;
+}
+
+TEST_F(LimiterRunTest, ManyShortRunsOfOneVgpuNeverLoseItUnderEachOther) {
+  // Each run removes the vGPU when it is the last to leave; none may remove it under another.
+  std::string cmd;
+  for (int i = 0; i < 8; ++i) {
+    cmd += "( " + Tfusion("--vram 1GiB --vgpu crowd", "procaddr") + " > " + dir_ + "/crowd" +
+           std::to_string(i) + ".out 2>&1; echo $? > " + dir_ + "/crowd" + std::to_string(i) + ".rc ) & ";
+  }
+  cmd += "wait";
+  ASSERT_EQ(Run(cmd).rc, 0);
+  for (int i = 0; i < 8; ++i) {
+    std::string n = std::to_string(i);
+    EXPECT_EQ(Run("cat " + dir_ + "/crowd" + n + ".rc").out, "0\n") << Run("cat " + dir_ + "/crowd" + n + ".out").out;
+  }
+  EXPECT_EQ(Run(env_ + TF_TFUSION + " smi").out.find("crowd"), std::string::npos);
 }
 
 TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
