@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -39,6 +40,7 @@ struct DeviceInfo {
 
 struct FunctionInfo {
   uint64_t module = 0;
+  uint64_t library = 0;  // functions and kernels of a library (client_library.cc)
   bool layout_known = false;
   std::vector<uint64_t> offsets, sizes;
   std::vector<int> attrs;  // CUfunction_attribute values, fetched with the handle
@@ -77,6 +79,20 @@ struct Session {
   std::unordered_map<uint64_t, ContextInfo> context_info;
   std::map<uint64_t, DeviceAlloc> allocs;      // base -> allocation
   std::unordered_set<uint64_t> streams;        // streams created through this session
+  // Libraries and kernels (client_library.cc): kernel -> its library and name.
+  struct KernelInfo {
+    uint64_t library = 0;
+    std::string name;
+  };
+  std::unordered_set<uint64_t> libraries;
+  std::unordered_map<uint64_t, KernelInfo> kernels;
+  // Streams capturing (client_capture.cc): stream -> mode, capture id.
+  struct Capture {
+    unsigned mode = 0;
+    uint64_t id = 0;
+  };
+  std::unordered_map<uint64_t, Capture> capturing;
+  uint64_t next_capture_id = 1;
   uint64_t next_buffer_id = 1;
   std::vector<uint8_t> reply_copy;             // scratch
 };

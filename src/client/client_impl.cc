@@ -101,32 +101,9 @@ CUresult LoadModule(CUmodule* module, const void* image) {
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
-  const void* start = nullptr;
-  size_t n = ImageSize(image, &start);
-  if (n == 0 || n > remote::kMaxImageBytes) return CUDA_ERROR_INVALID_IMAGE;
-  uint64_t lo, hi;
-  HashImage(static_cast<const uint8_t*>(start), n, &lo, &hi);
-  uint64_t key = lo ^ ((hi << 1) | (hi >> 63));
-  if (!s->images_sent.count(key)) {
-    uint64_t slice = s->transport->max_bulk_bytes();
-    for (uint64_t off = 0; off < n; off += slice) {
-      uint8_t buf[32];
-      Writer w(buf, sizeof(buf));
-      w.U64(lo);
-      w.U64(hi);
-      w.U64(n);
-      w.U64(off);
-      CUresult r = SendAsync(s, remote::kOpImageChunk, w, static_cast<const uint8_t*>(start) + off,
-                             std::min<uint64_t>(slice, n - off));
-      if (r != CUDA_SUCCESS) return r;
-    }
-    s->images_sent.insert(key);
-  }
   uint8_t buf[32];
   Writer w(buf, sizeof(buf));
-  w.U64(lo);
-  w.U64(hi);
-  w.U64(n);
+  if (CUresult r = SendImage(s, image, w); r != CUDA_SUCCESS) return r;
   ReplyView rv;
   CUresult r = CallSync(s, Op(Fn::cuModuleLoadData), w, &rv);
   if (r != CUDA_SUCCESS) return r;
@@ -228,6 +205,55 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 }
 
 }  // namespace
+
+CUresult SendImage(Session* s, const void* image, Writer& w) {
+  const void* start = nullptr;
+  size_t n = ImageSize(image, &start);
+  if (n == 0 || n > remote::kMaxImageBytes) return CUDA_ERROR_INVALID_IMAGE;
+  uint64_t lo, hi;
+  HashImage(static_cast<const uint8_t*>(start), n, &lo, &hi);
+  uint64_t key = lo ^ ((hi << 1) | (hi >> 63));
+  if (!s->images_sent.count(key)) {
+    uint64_t slice = s->transport->max_bulk_bytes();
+    for (uint64_t off = 0; off < n; off += slice) {
+      uint8_t buf[32];
+      Writer cw(buf, sizeof(buf));
+      cw.U64(lo);
+      cw.U64(hi);
+      cw.U64(n);
+      cw.U64(off);
+      CUresult r = SendAsync(s, remote::kOpImageChunk, cw, static_cast<const uint8_t*>(start) + off,
+                             std::min<uint64_t>(slice, n - off));
+      if (r != CUDA_SUCCESS) return r;
+    }
+    s->images_sent.insert(key);
+  }
+  w.U64(lo);
+  w.U64(hi);
+  w.U64(n);
+  return CUDA_SUCCESS;
+}
+
+bool ReadFunctionInfo(transport::Reader& rd, FunctionInfo* fi) {
+  uint32_t n = 0;
+  rd.U32(&n);
+  if (n != remote::kUnknownParamCount) {
+    if (n > remote::kMaxKernelParams) return false;
+    fi->layout_known = true;
+    fi->offsets.resize(n);
+    fi->sizes.resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      rd.U64(&fi->offsets[i]);
+      rd.U64(&fi->sizes[i]);
+    }
+  }
+  uint32_t na = 0;
+  if (rd.U32(&na) && na <= remote::kMaxFuncAttributes) {
+    fi->attrs.resize(na);
+    for (auto& a : fi->attrs) rd.I32(&a);
+  }
+  return rd.ok();
+}
 
 CUresult WriteLaunchArgs(const FunctionInfo& fi, void** params, void** extra, Writer& w) {
   if (params != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -697,27 +723,10 @@ CUresult Impl_cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* 
   CUresult r = CallSync(s, Op(Fn::cuModuleGetFunction), w, &rv);
   if (r != CUDA_SUCCESS) return r;
   uint64_t f = 0;
-  uint32_t n = 0;
   rv.reader.U64(&f);
-  rv.reader.U32(&n);
   FunctionInfo fi;
   fi.module = H(hmod);
-  if (n != remote::kUnknownParamCount) {
-    if (n > remote::kMaxKernelParams) return CUDA_ERROR_UNKNOWN;
-    fi.layout_known = true;
-    fi.offsets.resize(n);
-    fi.sizes.resize(n);
-    for (uint32_t i = 0; i < n; ++i) {
-      rv.reader.U64(&fi.offsets[i]);
-      rv.reader.U64(&fi.sizes[i]);
-    }
-  }
-  uint32_t na = 0;
-  if (rv.reader.U32(&na) && na <= remote::kMaxFuncAttributes) {
-    fi.attrs.resize(na);
-    for (auto& a : fi.attrs) rv.reader.I32(&a);
-  }
-  if (!rv.reader.ok()) return CUDA_ERROR_UNKNOWN;
+  if (!ReadFunctionInfo(rv.reader, &fi)) return CUDA_ERROR_UNKNOWN;
   s->functions[f] = std::move(fi);
   *hfunc = reinterpret_cast<CUfunction>(f);
   return CUDA_SUCCESS;

@@ -27,6 +27,12 @@ const DeviceAlloc* FindDeviceAlloc(Session* s, uint64_t p, uint64_t* base = null
 // Records a device allocation made in the thread's current context on `device`.
 void RecordDeviceAlloc(Session* s, uint64_t p, uint64_t size, uint64_t pool);
 
+// Sends a module or library image once per connection (by content hash, kOpImageChunk) and
+// writes u64 hash_lo, u64 hash_hi, u64 length to w. Requires the session.
+CUresult SendImage(Session* s, const void* image, transport::Writer& w);
+// Reads a function handle's cached state (remote_protocol.h "function info") into fi.
+bool ReadFunctionInfo(transport::Reader& rd, FunctionInfo* fi);
+
 // Pushes ctx on the thread's context stack (cuCtxCreate, cuCtxPushCurrent).
 void PushCurrentContext(uint64_t ctx);
 

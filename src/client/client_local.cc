@@ -89,11 +89,6 @@ CUresult PointerAttribute(Session* s, void* data, CUpointer_attribute attr, CUde
   }
 }
 
-bool KnownStream(Session* s, CUstream stream) {
-  uint64_t h = H(stream);
-  return h <= 2 || s->streams.count(h) != 0;
-}
-
 const ContextInfo* CurrentContextInfo(Session* s) {
   auto it = s->context_info.find(CurrentContext());
   return it == s->context_info.end() ? nullptr : &it->second;
@@ -162,41 +157,6 @@ CUresult Impl_cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunctio
   if (a < 0 || static_cast<size_t>(a) >= it->second.attrs.size()) return CUDA_ERROR_INVALID_VALUE;
   *pi = it->second.attrs[a];
   return CUDA_SUCCESS;
-}
-
-// ---- stream capture state (capture is not forwarded: never capturing)
-
-CUresult Impl_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
-  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (!KnownStream(l.session(), stream)) return CUDA_ERROR_INVALID_HANDLE;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuStreamGetCaptureInfo_v3(CUstream stream, CUstreamCaptureStatus* status,
-                                        cuuint64_t* id, CUgraph* graph,
-                                        const CUgraphNode** deps, const CUgraphEdgeData** edges,
-                                        size_t* num_deps) {
-  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (!KnownStream(l.session(), stream)) return CUDA_ERROR_INVALID_HANDLE;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  (void)id;  // only written while capturing
-  if (graph) *graph = nullptr;
-  if (deps) *deps = nullptr;
-  if (edges) *edges = nullptr;
-  if (num_deps) *num_deps = 0;
-  return CUDA_SUCCESS;
-}
-CUresult Impl_cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status,
-                                        cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
-                                        size_t* num_deps) {
-  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, nullptr, num_deps);
-}
-CUresult Impl_cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status,
-                                     cuuint64_t* id) {
-  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, nullptr, nullptr, nullptr, nullptr);
 }
 
 // ---- context queries and the context stack

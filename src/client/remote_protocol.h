@@ -53,6 +53,19 @@ inline constexpr uint32_t kUnknownParamCount = 0xFFFFFFFFu;
 inline constexpr uint32_t kMaxFuncAttributes = 64;
 inline constexpr uint32_t kMaxLaunchAttributes = 32;
 inline constexpr uint32_t kMaxGraphDeps = 4096;
+inline constexpr uint32_t kMaxLibraryKernels = 65536;
+
+// Libraries and kernels (client_library.cc, session.cc LibraryCall). "function info" is the
+// function handle's cached state: u32 parameter count (kUnknownParamCount when the driver cannot
+// tell) + count x (u64 offset, u64 size), u32 N + N x i32 attributes.
+//   cuLibraryLoadData     u64 hash_lo, u64 hash_hi, u64 length, u32 #jit options, u32 #library
+//                         options (counts only: the values stay in the client) -> u64 library
+//   cuLibraryGetKernel    u64 library, blob name -> u64 kernel, function info
+//   cuLibraryEnumerateKernels u64 library, u32 n -> u32 n', n' x (u64 kernel, blob name, info)
+//   cuKernelGetFunction   u64 kernel -> u64 function (the client copies the kernel's info)
+//   cuKernelGet/SetAttribute i32 attribute, [i32 value,] u64 kernel, i32 device
+// Stream capture: cuStreamBeginCapture(_v2)(_ptsz) u64 stream [, u32 mode];
+//   cuStreamEndCapture(_ptsz) u64 stream -> u64 graph (joins the session's graph table).
 
 // cuLaunchKernelEx attributes: u32 id, then by id
 //   PROGRAMMATIC_EVENT (7), LAUNCH_COMPLETION_EVENT (12): u64 event, i32 flags, i32 trigger

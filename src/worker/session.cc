@@ -7,6 +7,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -82,6 +83,10 @@ class Session {
   CUresult DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a);
   CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p);
   CUresult GraphCall(Fn fn, Reader& rd, Writer& out);
+  // Libraries and kernels (cuLibrary*, cuKernel*), stream capture.
+  CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
+  CUresult CaptureCall(Fn fn, Reader& rd, Writer& out);
+  void EraseLibrary(uint64_t lib);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
   // after the client ran the function.
@@ -141,10 +146,21 @@ class Session {
   std::map<uint64_t, std::set<uint64_t>> modules_;  // module -> its functions
   struct FunctionEntry {
     uint64_t module = 0;
+    uint64_t library = 0;  // functions and kernels of a library (module 0)
     bool layout_known = false;
     std::vector<size_t> sizes;  // each parameter's size, when known
   };
   std::map<uint64_t, FunctionEntry> functions_;
+  // Libraries: their kernels, the functions got from those kernels, the modules got from them.
+  struct LibraryEntry {
+    std::set<uint64_t> kernels, functions, modules;
+  };
+  std::map<uint64_t, LibraryEntry> libraries_;
+  std::map<uint64_t, uint64_t> kernels_;          // kernel -> its library
+  std::map<uint64_t, uint64_t> library_modules_;  // module of a library -> the library
+  // Writes a function's parameter layout and attributes (the client caches them) and records
+  // the layout in fe. kernel: a CUkernel, queried through the cuKernel* calls the driver has.
+  void WriteFunctionInfo(uint64_t handle, bool kernel, FunctionEntry& fe, Writer& out);
   std::map<std::pair<uint64_t, uint64_t>, Image> images_;
   std::deque<Staged> staged_;
 
@@ -576,43 +592,23 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       rd.U64(&m);
       if (!rd.Blob(&name, &len, remote::kMaxFunctionName)) return CUDA_ERROR_INVALID_VALUE;
       auto mod = modules_.find(m);
-      if (mod == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      auto lmod = library_modules_.find(m);
+      if (mod == modules_.end() && lmod == library_modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
       std::string fname(reinterpret_cast<const char*>(name), len);
       CUfunction f = nullptr;
       CUresult r = CALL(cuModuleGetFunction, &f, As<CUmodule>(m), fname.c_str());
       if (r != CUDA_SUCCESS) return r;
-      mod->second.insert(H(f));
       FunctionEntry& fe = functions_[H(f)];
       fe = FunctionEntry();
-      fe.module = m;
-      out.U64(H(f));
-      // The parameter layout, so that the client can serialise kernelParams by size.
-      std::vector<std::pair<size_t, size_t>> layout;
-      CUresult pr = CUDA_SUCCESS;
-      for (size_t i = 0; i < remote::kMaxKernelParams; ++i) {
-        size_t off = 0, size = 0;
-        pr = CALL(cuFuncGetParamInfo, f, i, &off, &size);
-        if (pr != CUDA_SUCCESS) break;
-        layout.emplace_back(off, size);
-      }
-      if (pr != CUDA_ERROR_INVALID_VALUE) {
-        out.U32(remote::kUnknownParamCount);
+      if (mod != modules_.end()) {
+        mod->second.insert(H(f));
+        fe.module = m;
       } else {
-        fe.layout_known = true;
-        for (auto [off, size] : layout) fe.sizes.push_back(size);
-        out.U32(static_cast<uint32_t>(layout.size()));
-        for (auto [off, size] : layout) {
-          out.U64(off);
-          out.U64(size);
-        }
+        libraries_[lmod->second].functions.insert(H(f));
+        fe.library = lmod->second;
       }
-      // Every function attribute, so that cuFuncGetAttribute is answered by the client.
-      out.U32(CU_FUNC_ATTRIBUTE_MAX);
-      for (int a = 0; a < CU_FUNC_ATTRIBUTE_MAX; ++a) {
-        int v = 0;
-        if (CALL(cuFuncGetAttribute, &v, static_cast<CUfunction_attribute>(a), f) != CUDA_SUCCESS) v = 0;
-        out.I32(v);
-      }
+      out.U64(H(f));
+      WriteFunctionInfo(H(f), false, fe, out);
       return CUDA_SUCCESS;
     }
     case Fn::cuModuleUnload: {
@@ -625,6 +621,24 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       }
       return r;
     }
+    case Fn::cuLibraryLoadData:
+    case Fn::cuLibraryUnload:
+    case Fn::cuLibraryGetKernel:
+    case Fn::cuLibraryGetKernelCount:
+    case Fn::cuLibraryEnumerateKernels:
+    case Fn::cuLibraryGetModule:
+    case Fn::cuKernelGetFunction:
+    case Fn::cuKernelGetAttribute:
+    case Fn::cuKernelSetAttribute:
+    case Fn::cuFuncSetAttribute:
+      return LibraryCall(fn, rd, out);
+    case Fn::cuStreamBeginCapture:
+    case Fn::cuStreamBeginCapture_ptsz:
+    case Fn::cuStreamBeginCapture_v2:
+    case Fn::cuStreamBeginCapture_v2_ptsz:
+    case Fn::cuStreamEndCapture:
+    case Fn::cuStreamEndCapture_ptsz:
+      return CaptureCall(fn, rd, out);
     case Fn::cuLaunchKernel:
     case Fn::cuLaunchKernel_ptsz:
     case Fn::cuLaunchCooperativeKernel:
@@ -1003,6 +1017,248 @@ CUresult Session::LaunchCall(Fn fn, Reader& rd) {
   }
 }
 
+void Session::WriteFunctionInfo(uint64_t h, bool kernel, FunctionEntry& fe, Writer& out) {
+  CUdevice dev = 0;
+  CALL(cuCtxGetDevice, &dev);
+  auto param_info = [&](size_t i, size_t* off, size_t* size) {
+    if (kernel && d_.cuKernelGetParamInfo) return d_.cuKernelGetParamInfo(As<CUkernel>(h), i, off, size);
+    return CALL(cuFuncGetParamInfo, As<CUfunction>(h), i, off, size);
+  };
+  auto attribute = [&](int* v, CUfunction_attribute a) {
+    if (kernel && d_.cuKernelGetAttribute) return d_.cuKernelGetAttribute(v, a, As<CUkernel>(h), dev);
+    return CALL(cuFuncGetAttribute, v, a, As<CUfunction>(h));
+  };
+  // The parameter layout, so that the client can serialise kernelParams by size.
+  std::vector<std::pair<size_t, size_t>> layout;
+  CUresult pr = CUDA_SUCCESS;
+  for (size_t i = 0; i < remote::kMaxKernelParams; ++i) {
+    size_t off = 0, size = 0;
+    pr = param_info(i, &off, &size);
+    if (pr != CUDA_SUCCESS) break;
+    layout.emplace_back(off, size);
+  }
+  fe.sizes.clear();
+  fe.layout_known = false;
+  if (pr != CUDA_ERROR_INVALID_VALUE) {
+    out.U32(remote::kUnknownParamCount);
+  } else {
+    fe.layout_known = true;
+    for (auto [off, size] : layout) fe.sizes.push_back(size);
+    out.U32(static_cast<uint32_t>(layout.size()));
+    for (auto [off, size] : layout) {
+      out.U64(off);
+      out.U64(size);
+    }
+  }
+  // Every function attribute, so that cuFuncGetAttribute is answered by the client.
+  out.U32(CU_FUNC_ATTRIBUTE_MAX);
+  for (int a = 0; a < CU_FUNC_ATTRIBUTE_MAX; ++a) {
+    int v = 0;
+    if (attribute(&v, static_cast<CUfunction_attribute>(a)) != CUDA_SUCCESS) v = 0;
+    out.I32(v);
+  }
+}
+
+// Forgets a library's kernels, functions and modules (they die with it).
+void Session::EraseLibrary(uint64_t lib) {
+  auto it = libraries_.find(lib);
+  if (it == libraries_.end()) return;
+  auto erase_owned = [&](uint64_t h) {
+    auto f = functions_.find(h);
+    if (f != functions_.end() && f->second.library == lib) functions_.erase(f);
+  };
+  for (uint64_t k : it->second.kernels) {
+    kernels_.erase(k);
+    erase_owned(k);
+  }
+  for (uint64_t f : it->second.functions) erase_owned(f);
+  for (uint64_t m : it->second.modules) library_modules_.erase(m);
+  libraries_.erase(it);
+}
+
+// Libraries (context-independent images) and their kernels. Every handle is checked against the
+// session's tables. A kernel is also recorded as a function: CUDA accepts a CUkernel cast to
+// CUfunction in launches.
+CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
+  auto record_kernel = [&](uint64_t lib, uint64_t k) {
+    libraries_[lib].kernels.insert(k);
+    kernels_[k] = lib;
+    FunctionEntry& fe = functions_[k];
+    fe = FunctionEntry();
+    fe.library = lib;
+    WriteFunctionInfo(k, true, fe, out);
+  };
+  switch (fn) {
+    case Fn::cuLibraryLoadData: {
+      uint64_t lo = 0, hi = 0, n = 0;
+      uint32_t njit = 0, nlib = 0;
+      rd.U64(&lo);
+      rd.U64(&hi);
+      rd.U64(&n);
+      rd.U32(&njit);
+      if (!rd.U32(&nlib) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto it = images_.find({lo, hi});
+      if (it == images_.end() || it->second.filled != n || it->second.bytes.size() != n) {
+        return CUDA_ERROR_INVALID_IMAGE;
+      }
+      // JIT and library options are not forwarded (docs/remote.md): the client's log buffers and
+      // pointers mean nothing here; the driver's defaults apply.
+      CUlibrary lib = nullptr;
+      CUresult r = CALL(cuLibraryLoadData, &lib, it->second.bytes.data(), nullptr, nullptr, 0,
+                        nullptr, nullptr, 0);
+      if (r != CUDA_SUCCESS) return r;
+      libraries_[H(lib)];
+      out.U64(H(lib));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuLibraryUnload: {
+      uint64_t lib = 0;
+      if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = CALL(cuLibraryUnload, As<CUlibrary>(lib));
+      if (r == CUDA_SUCCESS) EraseLibrary(lib);
+      return r;
+    }
+    case Fn::cuLibraryGetKernel: {
+      uint64_t lib = 0;
+      const uint8_t* name = nullptr;
+      uint32_t len = 0;
+      rd.U64(&lib);
+      if (!rd.Blob(&name, &len, remote::kMaxFunctionName) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      std::string kname(reinterpret_cast<const char*>(name), len);
+      CUkernel k = nullptr;
+      CUresult r = CALL(cuLibraryGetKernel, &k, As<CUlibrary>(lib), kname.c_str());
+      if (r != CUDA_SUCCESS) return r;
+      out.U64(H(k));
+      record_kernel(lib, H(k));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuLibraryGetKernelCount: {
+      uint64_t lib = 0;
+      if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      unsigned n = 0;
+      CUresult r = CALL(cuLibraryGetKernelCount, &n, As<CUlibrary>(lib));
+      out.U32(n);
+      return r;
+    }
+    case Fn::cuLibraryEnumerateKernels: {
+      // Reply: u32 n, n x (u64 kernel, blob name, function info).
+      uint64_t lib = 0;
+      uint32_t num = 0;
+      rd.U64(&lib);
+      if (!rd.U32(&num) || !rd.Finish() || num == 0 || num > remote::kMaxLibraryKernels) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (!libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      unsigned count = 0;
+      CUresult r = CALL(cuLibraryGetKernelCount, &count, As<CUlibrary>(lib));
+      if (r != CUDA_SUCCESS) return r;
+      std::vector<CUkernel> ks(num);
+      r = CALL(cuLibraryEnumerateKernels, ks.data(), num, As<CUlibrary>(lib));
+      if (r != CUDA_SUCCESS) return r;
+      uint32_t n = std::min<uint32_t>(num, count);
+      out.U32(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        const char* kname = nullptr;
+        if (CALL(cuKernelGetName, &kname, ks[i]) != CUDA_SUCCESS || kname == nullptr) kname = "";
+        out.U64(H(ks[i]));
+        out.Blob(kname, static_cast<uint32_t>(strnlen(kname, remote::kMaxFunctionName)));
+        record_kernel(lib, H(ks[i]));
+      }
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuLibraryGetModule: {
+      uint64_t lib = 0;
+      if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      CUmodule m = nullptr;
+      CUresult r = CALL(cuLibraryGetModule, &m, As<CUlibrary>(lib));
+      if (r != CUDA_SUCCESS) return r;
+      library_modules_[H(m)] = lib;
+      libraries_[lib].modules.insert(H(m));
+      out.U64(H(m));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuKernelGetFunction: {
+      uint64_t k = 0;
+      if (!rd.U64(&k) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto kit = kernels_.find(k);
+      if (kit == kernels_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      CUfunction f = nullptr;
+      CUresult r = CALL(cuKernelGetFunction, &f, As<CUkernel>(k));
+      if (r != CUDA_SUCCESS) return r;
+      if (H(f) != k) {
+        FunctionEntry& fe = functions_[H(f)];
+        fe = functions_[k];  // same kernel: same layout (the client copies its cache too)
+        fe.library = kit->second;
+      }
+      libraries_[kit->second].functions.insert(H(f));
+      out.U64(H(f));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuKernelGetAttribute:
+    case Fn::cuKernelSetAttribute: {
+      int32_t attr = 0, value = 0, dev = 0;
+      uint64_t k = 0;
+      rd.I32(&attr);
+      if (fn == Fn::cuKernelSetAttribute) rd.I32(&value);
+      rd.U64(&k);
+      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!kernels_.count(k)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      auto a = static_cast<CUfunction_attribute>(attr);
+      if (fn == Fn::cuKernelSetAttribute) return CALL(cuKernelSetAttribute, a, value, As<CUkernel>(k), dev);
+      int v = 0;
+      CUresult r = CALL(cuKernelGetAttribute, &v, a, As<CUkernel>(k), dev);
+      out.I32(v);
+      return r;
+    }
+    case Fn::cuFuncSetAttribute: {
+      uint64_t f = 0;
+      int32_t attr = 0, value = 0;
+      rd.U64(&f);
+      rd.I32(&attr);
+      if (!rd.I32(&value) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!functions_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+      return CALL(cuFuncSetAttribute, As<CUfunction>(f), static_cast<CUfunction_attribute>(attr), value);
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+// Stream capture: the driver records what the client forwards into a capturing stream; the
+// graph it ends with joins the graph table (instantiate, launch, destroy as any other).
+CUresult Session::CaptureCall(Fn fn, Reader& rd, Writer& out) {
+  uint64_t s = 0;
+  uint32_t mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  rd.U64(&s);
+  if (fn == Fn::cuStreamBeginCapture_v2 || fn == Fn::cuStreamBeginCapture_v2_ptsz) rd.U32(&mode);
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  CUstream st = As<CUstream>(s);
+  auto m = static_cast<CUstreamCaptureMode>(mode);
+  switch (fn) {
+    case Fn::cuStreamBeginCapture:
+    case Fn::cuStreamBeginCapture_v2:
+      return CALL(cuStreamBeginCapture_v2, st, m);
+    case Fn::cuStreamBeginCapture_ptsz:
+    case Fn::cuStreamBeginCapture_v2_ptsz:
+      return CALL(cuStreamBeginCapture_v2_ptsz, st, m);
+    case Fn::cuStreamEndCapture:
+    case Fn::cuStreamEndCapture_ptsz: {
+      CUgraph g = nullptr;
+      CUresult r = fn == Fn::cuStreamEndCapture ? CALL(cuStreamEndCapture, st, &g)
+                                                : CALL(cuStreamEndCapture_ptsz, st, &g);
+      if (r != CUDA_SUCCESS) return r;
+      graphs_.insert(H(g));
+      out.U64(H(g));
+      return CUDA_SUCCESS;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 // Stream-ordered allocations and memory pools.
 CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
@@ -1168,6 +1424,7 @@ void Session::Cleanup() {
   for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
   for (uint64_t g : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
+  for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
   for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));

@@ -43,11 +43,15 @@ inline size_t RoundUp(size_t value, size_t multiple) {
 struct Context;
 struct PhysicalMemory;
 
+struct Graph;
+
 struct Stream {
   Context* ctx = nullptr;
   unsigned flags = 0;
   int priority = 0;
   StreamWorker worker;
+  Graph* capture = nullptr;  // stream capture: kernel launches become nodes of this graph
+  uint64_t capture_id = 0;
 };
 
 struct Event {

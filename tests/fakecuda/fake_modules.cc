@@ -34,6 +34,15 @@ class KernelRegistry {
     auto it = all_.find(static_cast<const Kernel*>(handle));
     return it == all_.end() ? nullptr : it->second;
   }
+  // The kernels of a module, by name order.
+  std::vector<std::shared_ptr<Kernel>> InModule(const std::string& module) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<Kernel>> out;
+    for (auto& [key, k] : by_name_) {
+      if (k->module == module) out.push_back(k);
+    }
+    return out;
+  }
   // Attributes set with cuFuncSetAttribute, by kernel.
   void SetAttribute(const Kernel* kernel, int attribute, int value) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -168,7 +177,32 @@ CUresult Launch(CUfunction f, const unsigned grid[3], const unsigned block[3], C
   CUresult err = CUDA_SUCCESS;
   std::shared_ptr<Stream> stream = ResolveStream(handle, &err);
   if (stream == nullptr) return err;
+  {
+    // Stream capture: the launch becomes a kernel node of the capture graph.
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (stream->capture != nullptr) {
+      auto node = std::make_unique<GraphNode>();
+      node->kind = GraphNodeKind::kKernel;
+      node->launch = launch;
+      stream->capture->nodes.push_back(std::move(node));
+      return CUDA_SUCCESS;
+    }
+  }
   stream->worker.Enqueue([launch] { launch->Run(); });
+  return CUDA_SUCCESS;
+}
+
+// The kernels of a live module (library), or INVALID_HANDLE.
+CUresult ModuleKernels(Module* module, std::vector<std::shared_ptr<Kernel>>* out) {
+  std::string module_name;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.modules.count(module) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    module_name = module->name;
+  }
+  *out = KernelRegistry::Get().InModule(module_name);
   return CUDA_SUCCESS;
 }
 
@@ -341,6 +375,57 @@ CUresult cuKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkern
   std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
   if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   *value = fakecuda::FunctionAttribute(k.get(), attribute);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel,
+                              CUdevice dev) {
+  FAKECUDA_ENTER();
+  (void)dev;
+  if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  fakecuda::KernelRegistry::Get().SetAttribute(k.get(), attribute, value);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetName(const char** name, CUkernel kernel) {
+  FAKECUDA_ENTER();
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = k->name.c_str();  // the kernel object is never freed
+  return CUDA_SUCCESS;
+}
+
+CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) {
+  FAKECUDA_ENTER();
+  std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
+  if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!k->layout_known || index >= k->sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset != nullptr) *offset = k->offsets[index];
+  if (size != nullptr) *size = k->sizes[index];
+  return CUDA_SUCCESS;
+}
+
+CUresult cuLibraryGetKernelCount(unsigned int* count, CUlibrary library) {
+  FAKECUDA_ENTER();
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::shared_ptr<Kernel>> kernels;
+  CUresult r = fakecuda::ModuleKernels(reinterpret_cast<Module*>(library), &kernels);
+  if (r == CUDA_SUCCESS) *count = static_cast<unsigned>(kernels.size());
+  return r;
+}
+
+CUresult cuLibraryEnumerateKernels(CUkernel* out, unsigned int num, CUlibrary library) {
+  FAKECUDA_ENTER();
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::shared_ptr<Kernel>> kernels;
+  CUresult r = fakecuda::ModuleKernels(reinterpret_cast<Module*>(library), &kernels);
+  if (r != CUDA_SUCCESS) return r;
+  for (unsigned i = 0; i < num && i < kernels.size(); ++i) {
+    out[i] = reinterpret_cast<CUkernel>(kernels[i].get());
+  }
   return CUDA_SUCCESS;
 }
 

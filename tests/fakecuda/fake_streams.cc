@@ -149,19 +149,80 @@ CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent event_handle, unsigne
   return CUDA_SUCCESS;
 }
 
+// Stream capture, minimal: kernel launches into a capturing stream become kernel nodes of the
+// capture graph (in order); other work on a capturing stream is not recorded.
 CUresult cuStreamBeginCapture_v2(CUstream handle, CUstreamCaptureMode mode) {
   FAKECUDA_ENTER();
-  (void)handle;
   (void)mode;
-  return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (stream->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  auto g = std::make_unique<fakecuda::Graph>();
+  stream->capture = g.get();
+  static uint64_t next_id = 1;
+  stream->capture_id = next_id++;
+  d.graphs[g.get()] = std::move(g);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamEndCapture(CUstream handle, CUgraph* graph) {
+  FAKECUDA_ENTER();
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  *graph = reinterpret_cast<CUgraph>(stream->capture);
+  stream->capture = nullptr;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuStreamIsCapturing(CUstream handle, CUstreamCaptureStatus* status) {
   FAKECUDA_ENTER();
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUresult err = CUDA_SUCCESS;
-  if (fakecuda::ResolveStream(handle, &err) == nullptr) return err;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *status = stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream handle, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                    CUgraph* graph, const CUgraphNode** deps,
+                                    const CUgraphEdgeData** edges, size_t* num_deps) {
+  FAKECUDA_ENTER();
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *status = stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id && stream->capture) *id = stream->capture_id;
+  if (graph) *graph = reinterpret_cast<CUgraph>(stream->capture);
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (num_deps) *num_deps = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  FAKECUDA_ENTER();
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  CUstreamCaptureMode old = current;
+  current = *mode;
+  *mode = old;
   return CUDA_SUCCESS;
 }
 

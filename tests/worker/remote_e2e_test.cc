@@ -371,6 +371,43 @@ TEST_F(RemoteTest, GraphsOfKernelNodesRunAndUpdateRemotely) {
   }
 }
 
+TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
+  StartWorker();
+  Result direct = Direct("library");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "library");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["kernel_name"], "fill_u32");
+    EXPECT_EQ(r.kv["enumerated_has_fill"], "1");
+    EXPECT_EQ(r.kv["kernel_attr"], "4096");
+    EXPECT_EQ(r.kv["library_run"], "21,22,23,0");
+    EXPECT_EQ(r.kv["kernel_bogus"], "400");
+    EXPECT_EQ(r.kv["lib_bogus"], "400");
+    EXPECT_EQ(r.kv["unload_twice"], "400");
+    ExpectSameKeys(direct, r);
+  }
+}
+
+TEST_F(RemoteTest, StreamCaptureRecordsLaunchesIntoAGraphRemotely) {
+  StartWorker();
+  Result direct = Direct("capture");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "capture");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["before"], "0");
+    EXPECT_EQ(r.kv["during"], "1");
+    EXPECT_EQ(r.kv["info_during"], "1,1");
+    EXPECT_EQ(r.kv["after"], "0");
+    EXPECT_EQ(r.kv["not_run_yet"], "0,0");
+    EXPECT_EQ(r.kv["captured_run"], "31,32");
+    ExpectSameKeys(direct, r);
+  }
+}
+
 TEST_F(RemoteTest, AForkedChildGetsItsOwnConnection) {
   StartWorker();
   Result r = Remote(unix_, "fork");

@@ -695,6 +695,106 @@ int Graphs() {
   return 0;
 }
 
+// Libraries and kernels (the family cudart loads its fat binaries with).
+int Library() {
+  Setup();
+  CUlibrary lib;
+  CUjit_option opt = CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES;
+  void* optv = reinterpret_cast<void*>(static_cast<uintptr_t>(0));
+  CHECK(cuLibraryLoadData(&lib, "fakecuda:builtin", &opt, &optv, 1, nullptr, nullptr, 0));
+  CUkernel k;
+  CHECK(cuLibraryGetKernel(&k, lib, "fill_u32"));
+  const char* name = nullptr;
+  std::printf("kernel_name_rc=%d\n", static_cast<int>(cuKernelGetName(&name, k)));
+  std::printf("kernel_name=%s\n", name ? name : "");
+  size_t off = 0, size = 0;
+  CHECK(cuKernelGetParamInfo(k, 1, &off, &size));
+  std::printf("kernel_param1=%zu,%zu\n", off, size);
+  unsigned count = 0;
+  CHECK(cuLibraryGetKernelCount(&count, lib));
+  std::printf("kernel_count_positive=%d\n", count > 0 ? 1 : 0);
+  std::vector<CUkernel> all(count);
+  CHECK(cuLibraryEnumerateKernels(all.data(), count, lib));
+  int found = 0;
+  for (CUkernel e : all) found += e == k;
+  std::printf("enumerated_has_fill=%d\n", found);
+  CUfunction f;
+  CHECK(cuKernelGetFunction(&f, k));
+  CHECK(cuFuncGetParamInfo(f, 2, &off, &size));
+  std::printf("func_param2=%zu,%zu\n", off, size);
+  CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+  int v = 0;
+  CHECK(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+  std::printf("kernel_attr=%d\n", v);
+  CUmodule mod;
+  CHECK(cuLibraryGetModule(&mod, lib));
+  CUfunction mf;
+  CHECK(cuModuleGetFunction(&mf, mod, "fill_u32"));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  CHECK(cuMemsetD32(a, 0, 1024));
+  Fill(f, a, 21, 256, s);                                  // function from the kernel
+  Fill(reinterpret_cast<CUfunction>(k), a + 1024, 22, 256, s);  // the kernel cast to a function
+  Fill(mf, a + 2048, 23, 256, s);                          // function of the library's module
+  CHECK(cuStreamSynchronize(s));
+  std::printf("library_run=%u,%u,%u,%u\n", Word(a), Word(a + 1024), Word(a + 2048), Word(a + 3072));
+  std::printf("kernel_bogus=%d\n", static_cast<int>(cuKernelGetFunction(
+                                       &f, reinterpret_cast<CUkernel>(0x7000))));
+  std::printf("lib_bogus=%d\n", static_cast<int>(cuLibraryGetKernel(
+                                    &k, reinterpret_cast<CUlibrary>(0x7000), "fill_u32")));
+  std::printf("missing_kernel=%d\n", static_cast<int>(cuLibraryGetKernel(&k, lib, "no_such")));
+  CHECK(cuLibraryUnload(lib));
+  std::printf("unload_twice=%d\n", static_cast<int>(cuLibraryUnload(lib)));
+  CHECK(cuMemFree(a));
+  std::printf("done=1\n");
+  return 0;
+}
+
+// Stream capture of kernel launches, then the captured graph instantiated and launched.
+int Capture() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  CHECK(cuMemsetD32(a, 0, 1024));
+  CUstreamCaptureStatus st;
+  CHECK(cuStreamIsCapturing(s, &st));
+  std::printf("before=%d\n", static_cast<int>(st));
+  CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CHECK(cuStreamIsCapturing(s, &st));
+  std::printf("during=%d\n", static_cast<int>(st));
+  cuuint64_t id = 0;
+  CHECK(cuStreamGetCaptureInfo(s, &st, &id, nullptr, nullptr, nullptr, nullptr));
+  std::printf("info_during=%d,%d\n", static_cast<int>(st), id != 0 ? 1 : 0);
+  Fill(fill, a, 31, 512, s);
+  Fill(fill, a + 2048, 32, 512, s);
+  CUgraph g;
+  CHECK(cuStreamEndCapture(s, &g));
+  CHECK(cuStreamIsCapturing(s, &st));
+  std::printf("after=%d\n", static_cast<int>(st));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("not_run_yet=%u,%u\n", Word(a), Word(a + 2048));
+  CUgraphExec e;
+  CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("captured_run=%u,%u\n", Word(a), Word(a + 2048));
+  std::printf("end_not_capturing=%d\n", static_cast<int>(cuStreamEndCapture(s, &g)));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+  std::printf("exchanged_mode=%d\n", static_cast<int>(mode));
+  CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+  CHECK(cuGraphExecDestroy(e));
+  CHECK(cuGraphDestroy(g));
+  CHECK(cuMemFree(a));
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -712,6 +812,8 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "async")) return Async();
   if (!strcmp(mode, "callbacks")) return Callbacks();
   if (!strcmp(mode, "graphs")) return Graphs();
+  if (!strcmp(mode, "library")) return Library();
+  if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));

@@ -1,0 +1,144 @@
+// Stream capture, minimal: cuStreamBeginCapture(_v2)(_ptsz) and cuStreamEndCapture(_ptsz) are
+// forwarded (the worker's driver records what is launched into the stream meanwhile; launches are
+// forwarded as usual); the graph the capture ends with is a handle of the worker's graph table
+// (cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphDestroy). The client remembers which streams
+// capture, and answers cuStreamIsCapturing / cuStreamGetCaptureInfo from that. The capture mode
+// of cuThreadExchangeStreamCaptureMode is kept per thread in the client, not forwarded.
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::Writer;
+
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+bool KnownStream(Session* s, CUstream stream) {
+  uint64_t h = H(stream);
+  return h <= 2 || s->streams.count(h) != 0;
+}
+
+CUresult BeginCapture(Fn fn, CUstream stream, CUstreamCaptureMode mode, bool with_mode) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  if (s->capturing.count(H(stream))) return CUDA_ERROR_ILLEGAL_STATE;
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(stream));
+  if (with_mode) w.U32(static_cast<uint32_t>(mode));
+  CUresult r = CallSync(s, Op(fn), w, nullptr);
+  if (r != CUDA_SUCCESS) return r;
+  s->capturing[H(stream)] = {static_cast<unsigned>(mode), s->next_capture_id++};
+  return CUDA_SUCCESS;
+}
+
+CUresult EndCapture(Fn fn, CUstream stream, CUgraph* graph) {
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(stream));
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(fn), w, &rv);
+  // The capture ends whatever the result (an invalidated capture too), except for a stream the
+  // worker refused.
+  if (r != CUDA_ERROR_INVALID_HANDLE) s->capturing.erase(H(stream));
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t g = 0;
+  if (!rv.reader.U64(&g)) return CUDA_ERROR_UNKNOWN;
+  *graph = reinterpret_cast<CUgraph>(g);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuStreamBeginCapture(CUstream stream) {
+  return BeginCapture(Fn::cuStreamBeginCapture, stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+CUresult Impl_cuStreamBeginCapture_ptsz(CUstream stream) {
+  return BeginCapture(Fn::cuStreamBeginCapture_ptsz, stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+CUresult Impl_cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode) {
+  return BeginCapture(Fn::cuStreamBeginCapture_v2, stream, mode, true);
+}
+CUresult Impl_cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode) {
+  return BeginCapture(Fn::cuStreamBeginCapture_v2_ptsz, stream, mode, true);
+}
+CUresult Impl_cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  return EndCapture(Fn::cuStreamEndCapture, stream, graph);
+}
+CUresult Impl_cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  return EndCapture(Fn::cuStreamEndCapture_ptsz, stream, graph);
+}
+
+CUresult Impl_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!KnownStream(l.session(), stream)) return CUDA_ERROR_INVALID_HANDLE;
+  *status = l.session()->capturing.count(H(stream)) ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                                    : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+CUresult Impl_cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus* status) {
+  return Impl_cuStreamIsCapturing(stream, status);
+}
+
+// The capture graph and its current dependencies live on the worker and are not tracked by the
+// client: while capturing, graph and dependencies read as NULL / 0.
+CUresult Impl_cuStreamGetCaptureInfo_v3(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph,
+                                        const CUgraphNode** deps, const CUgraphEdgeData** edges,
+                                        size_t* num_deps) {
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  Session* s = l.session();
+  if (!KnownStream(s, stream)) return CUDA_ERROR_INVALID_HANDLE;
+  auto it = s->capturing.find(H(stream));
+  *status = it != s->capturing.end() ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id && it != s->capturing.end()) *id = it->second.id;  // only written while capturing
+  if (graph) *graph = nullptr;
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (num_deps) *num_deps = 0;
+  return CUDA_SUCCESS;
+}
+CUresult Impl_cuStreamGetCaptureInfo_v3_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                             cuuint64_t* id, CUgraph* graph,
+                                             const CUgraphNode** deps,
+                                             const CUgraphEdgeData** edges, size_t* num_deps) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, edges, num_deps);
+}
+CUresult Impl_cuStreamGetCaptureInfo_v2(CUstream stream, CUstreamCaptureStatus* status,
+                                        cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                        size_t* num_deps) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, nullptr, num_deps);
+}
+CUresult Impl_cuStreamGetCaptureInfo_v2_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                             cuuint64_t* id, CUgraph* graph,
+                                             const CUgraphNode** deps, size_t* num_deps) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, graph, deps, nullptr, num_deps);
+}
+CUresult Impl_cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status,
+                                     cuuint64_t* id) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult Impl_cuStreamGetCaptureInfo_ptsz(CUstream stream, CUstreamCaptureStatus* status,
+                                          cuuint64_t* id) {
+  return Impl_cuStreamGetCaptureInfo_v3(stream, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+
+}  // namespace tf::client

@@ -1,0 +1,281 @@
+// Libraries and kernels, the family cudart 12/13 loads its fat binaries with: cuLibraryLoadData
+// (the image travels once per content hash, as for modules), cuLibraryUnload,
+// cuLibraryGetKernel/GetKernelCount/EnumerateKernels, cuLibraryGetModule, cuKernelGetFunction,
+// cuKernelGet/SetAttribute, cuFuncSetAttribute; answered locally: cuKernelGetName,
+// cuKernelGetParamInfo, cuKernelGetLibrary. Kernels come with their parameter layout, like
+// functions, so a kernel (or a CUkernel cast to CUfunction, which CUDA accepts in launches) and
+// the functions got from it launch through the usual path. Handles are the worker's; it checks
+// each against its session's tables.
+#include <cstring>
+#include <vector>
+
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::Writer;
+
+// Forgets what the client cached about a library's kernels and functions.
+void ForgetLibrary(Session* s, uint64_t lib) {
+  s->libraries.erase(lib);
+  for (auto it = s->kernels.begin(); it != s->kernels.end();) {
+    if (it->second.library == lib) it = s->kernels.erase(it);
+    else ++it;
+  }
+  for (auto it = s->functions.begin(); it != s->functions.end();) {
+    if (it->second.library == lib) it = s->functions.erase(it);
+    else ++it;
+  }
+}
+
+// Reads a kernel's function info and caches it under the kernel handle.
+bool RecordKernel(Session* s, uint64_t lib, uint64_t k, const char* name, size_t len,
+                  transport::Reader& rd) {
+  FunctionInfo fi;
+  fi.library = lib;
+  if (!ReadFunctionInfo(rd, &fi)) return false;
+  s->functions[k] = std::move(fi);
+  s->kernels[k] = {lib, std::string(name, len)};
+  return true;
+}
+
+}  // namespace
+
+CUresult Impl_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jit_options,
+                                void** jit_values, unsigned int num_jit,
+                                CUlibraryOption* lib_options, void** lib_values,
+                                unsigned int num_lib) {
+  if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if ((num_jit && jit_options == nullptr) || (num_lib && lib_options == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Only the option counts travel: the values (log buffers, host pointers) mean nothing on the
+  // worker, whose driver uses its defaults (docs/remote.md).
+  (void)jit_values;
+  (void)lib_values;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[40];
+  Writer w(buf, sizeof(buf));
+  if (CUresult r = SendImage(s, code, w); r != CUDA_SUCCESS) return r;
+  w.U32(num_jit);
+  w.U32(num_lib);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuLibraryLoadData), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t lib = 0;
+  if (!rv.reader.U64(&lib)) return CUDA_ERROR_UNKNOWN;
+  s->libraries.insert(lib);
+  *library = reinterpret_cast<CUlibrary>(lib);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuLibraryUnload(CUlibrary library) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(library));
+  CUresult r = CallSync(s, Op(Fn::cuLibraryUnload), w, nullptr);
+  if (r == CUDA_SUCCESS) ForgetLibrary(s, H(library));
+  return r;
+}
+
+CUresult Impl_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
+  if (kernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  size_t len = strlen(name);
+  if (len > remote::kMaxFunctionName) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[remote::kMaxFunctionName + 16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(library));
+  w.Blob(name, static_cast<uint32_t>(len));
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuLibraryGetKernel), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t k = 0;
+  if (!rv.reader.U64(&k) || !RecordKernel(s, H(library), k, name, len, rv.reader)) {
+    return CUDA_ERROR_UNKNOWN;
+  }
+  *kernel = reinterpret_cast<CUkernel>(k);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuLibraryGetKernelCount(unsigned int* count, CUlibrary library) {
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(library));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuLibraryGetKernelCount), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t n = 0;
+  if (!rv.reader.U32(&n)) return CUDA_ERROR_UNKNOWN;
+  *count = n;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int num, CUlibrary library) {
+  if (kernels == nullptr || num == 0 || num > remote::kMaxLibraryKernels) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(library));
+  w.U32(num);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuLibraryEnumerateKernels), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t n = 0;
+  if (!rv.reader.U32(&n) || n > num) return CUDA_ERROR_UNKNOWN;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t k = 0;
+    const uint8_t* name = nullptr;
+    uint32_t len = 0;
+    rv.reader.U64(&k);
+    if (!rv.reader.Blob(&name, &len, remote::kMaxFunctionName) ||
+        !RecordKernel(s, H(library), k, reinterpret_cast<const char*>(name), len, rv.reader)) {
+      return CUDA_ERROR_UNKNOWN;
+    }
+    kernels[i] = reinterpret_cast<CUkernel>(k);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuLibraryGetModule(CUmodule* module, CUlibrary library) {
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(library));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuLibraryGetModule), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t m = 0;
+  if (!rv.reader.U64(&m)) return CUDA_ERROR_UNKNOWN;
+  *module = reinterpret_cast<CUmodule>(m);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuKernelGetFunction(CUfunction* function, CUkernel kernel) {
+  if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  auto kit = s->functions.find(H(kernel));
+  if (kit == s->functions.end() || !s->kernels.count(H(kernel))) return CUDA_ERROR_INVALID_HANDLE;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(kernel));
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuKernelGetFunction), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t f = 0;
+  if (!rv.reader.U64(&f)) return CUDA_ERROR_UNKNOWN;
+  if (f != H(kernel)) s->functions[f] = s->functions[H(kernel)];  // same kernel, same layout
+  *function = reinterpret_cast<CUfunction>(f);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkernel kernel,
+                                   CUdevice dev) {
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.I32(static_cast<int32_t>(attrib));
+  w.U64(H(kernel));
+  w.I32(dev);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuKernelGetAttribute), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  int32_t v = 0;
+  if (!rv.reader.I32(&v)) return CUDA_ERROR_UNKNOWN;
+  *pi = v;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,
+                                   CUdevice dev) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.I32(static_cast<int32_t>(attrib));
+  w.I32(val);
+  w.U64(H(kernel));
+  w.I32(dev);
+  CUresult r = CallSync(s, Op(Fn::cuKernelSetAttribute), w, nullptr);
+  if (r != CUDA_SUCCESS) return r;
+  // Keep the cached attributes (cuFuncGetAttribute is answered locally) of the kernel in step.
+  auto it = s->functions.find(H(kernel));
+  int a = static_cast<int>(attrib);
+  if (it != s->functions.end() && a >= 0 && static_cast<size_t>(a) < it->second.attrs.size()) {
+    it->second.attrs[a] = val;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, int val) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(func));
+  w.I32(static_cast<int32_t>(attrib));
+  w.I32(val);
+  CUresult r = CallSync(s, Op(Fn::cuFuncSetAttribute), w, nullptr);
+  if (r != CUDA_SUCCESS) return r;
+  auto it = s->functions.find(H(func));
+  int a = static_cast<int>(attrib);
+  if (it != s->functions.end() && a >= 0 && static_cast<size_t>(a) < it->second.attrs.size()) {
+    it->second.attrs[a] = val;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuKernelGetName(const char** name, CUkernel kernel) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->kernels.find(H(kernel));
+  if (it == l.session()->kernels.end()) return CUDA_ERROR_INVALID_HANDLE;
+  *name = it->second.name.c_str();  // valid until the library is unloaded
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuKernelGetLibrary(CUlibrary* library, CUkernel kernel) {
+  if (library == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->kernels.find(H(kernel));
+  if (it == l.session()->kernels.end()) return CUDA_ERROR_INVALID_HANDLE;
+  *library = reinterpret_cast<CUlibrary>(it->second.library);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) {
+  TF_LOCK(l);
+  Session* s = l.session();
+  auto it = s->functions.find(H(kernel));
+  if (it == s->functions.end() || !s->kernels.count(H(kernel))) return CUDA_ERROR_INVALID_HANDLE;
+  if (!it->second.layout_known || index >= it->second.sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (offset) *offset = it->second.offsets[index];
+  if (size) *size = it->second.sizes[index];
+  return CUDA_SUCCESS;
+}
+
+}  // namespace tf::client
