@@ -150,6 +150,8 @@ CUresult SendFrame(Session* s, uint16_t op, uint16_t flags, const transport::Wri
 
 }  // namespace
 
+CUresult PrepareContextIfAny(Session* s) { return t_ctx == 0 ? CUDA_SUCCESS : PrepareContext(s, true); }
+
 CUresult PrepareContext(Session* s, bool needs_ctx) {
   if (!needs_ctx) return CUDA_SUCCESS;
   uint64_t ctx = t_ctx;

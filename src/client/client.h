@@ -131,6 +131,8 @@ CUresult ConnectLocked();
 // The helpers below require the caller to hold State().mu with a live session.
 // needs_ctx: the call acts on the thread's current context (INVALID_CONTEXT when there is none).
 CUresult PrepareContext(Session* s, bool needs_ctx);
+// Sets the worker's context to the calling thread's when it has one; succeeds without one.
+CUresult PrepareContextIfAny(Session* s);
 // Fire-and-forget.
 CUresult SendAsync(Session* s, uint16_t op, const transport::Writer& payload,
                    const void* bulk = nullptr, uint64_t bulk_len = 0);

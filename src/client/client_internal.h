@@ -16,6 +16,12 @@ namespace tf::client {
   if (CUresult ctx_r_ = PrepareContext(lock.session(), true); ctx_r_ != CUDA_SUCCESS) \
     return ctx_r_;
 
+// For context-independent calls (libraries and kernels, cudart registers its fatbins before any
+// context exists): the worker uses the caller's context when there is one.
+#define TF_CTX_IF_ANY(lock)                                                         \
+  if (CUresult ctx_r_ = PrepareContextIfAny(lock.session()); ctx_r_ != CUDA_SUCCESS) \
+    return ctx_r_;
+
 inline uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // Writes a launch's arguments (u32 mode + its encoding, remote_protocol.h) for function `fi`.

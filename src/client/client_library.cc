@@ -58,7 +58,7 @@ CUresult Impl_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_opti
   (void)jit_values;
   (void)lib_values;
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   Session* s = l.session();
   uint8_t buf[40];
   Writer w(buf, sizeof(buf));
@@ -77,7 +77,7 @@ CUresult Impl_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_opti
 
 CUresult Impl_cuLibraryUnload(CUlibrary library) {
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   Session* s = l.session();
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
@@ -92,7 +92,7 @@ CUresult Impl_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char
   size_t len = strlen(name);
   if (len > remote::kMaxFunctionName) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   Session* s = l.session();
   uint8_t buf[remote::kMaxFunctionName + 16];
   Writer w(buf, sizeof(buf));
@@ -112,7 +112,7 @@ CUresult Impl_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char
 CUresult Impl_cuLibraryGetKernelCount(unsigned int* count, CUlibrary library) {
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(H(library));
@@ -128,7 +128,7 @@ CUresult Impl_cuLibraryGetKernelCount(unsigned int* count, CUlibrary library) {
 CUresult Impl_cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int num, CUlibrary library) {
   if (kernels == nullptr || num == 0 || num > remote::kMaxLibraryKernels) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   Session* s = l.session();
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
@@ -193,7 +193,7 @@ CUresult Impl_cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkerne
                                    CUdevice dev) {
   if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   uint8_t buf[24];
   Writer w(buf, sizeof(buf));
   w.I32(static_cast<int32_t>(attrib));
@@ -211,7 +211,7 @@ CUresult Impl_cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkerne
 CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,
                                    CUdevice dev) {
   TF_LOCK(l);
-  TF_CTX(l);
+  TF_CTX_IF_ANY(l);
   Session* s = l.session();
   uint8_t buf[24];
   Writer w(buf, sizeof(buf));
