@@ -544,6 +544,15 @@ CUresult Impl_cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
+CUresult Impl_cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->contexts.find(ctx != nullptr ? H(ctx) : CurrentContext());
+  if (it == l.session()->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = it->second;
+  return CUDA_SUCCESS;
+}
+
 CUresult Impl_cuCtxSynchronize() {
   TF_LOCK(l);
   TF_CTX(l);
