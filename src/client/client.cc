@@ -1,5 +1,6 @@
 // The remote client stub's connection to its worker: connect at cuInit, the device snapshot,
 // synchronous and fire-and-forget calls, deferred errors, loss of the worker, fork.
+#include "driver/guest_log.h"
 #include "client/client.h"
 
 #include <unistd.h>
@@ -51,16 +52,10 @@ constexpr int kReceiveSliceMs = 1000;
 }  // namespace
 
 void ClientLog(const char* fmt, ...) {
-  char buf[512];
-  int n = snprintf(buf, sizeof(buf), "tfusion-client: ");
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
+  tf::driver::GuestLogV("tfusion-client", fmt, ap);
   va_end(ap);
-  size_t len = static_cast<size_t>(n) + (m > 0 ? std::min<size_t>(m, sizeof(buf) - n - 2) : 0);
-  buf[len++] = '\n';
-  ssize_t ignored = write(2, buf, len);
-  (void)ignored;
 }
 
 ClientState& State() {

@@ -1,5 +1,6 @@
 // Initialisation of the limiter inside a tenant process: find and load the real driver, snapshot
 // the environment once, and bind the process to its vGPU.
+#include "driver/guest_log.h"
 #include "limiter/runtime.h"
 
 #include <dlfcn.h>
@@ -131,16 +132,10 @@ void RegisterExitHandler() { atexit(&DetachAtExit); }
 }  // namespace
 
 void GuestLog(const char* fmt, ...) {
-  char buf[512];
-  int n = snprintf(buf, sizeof(buf), "tfusion-limiter: ");
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(buf + n, sizeof(buf) - n - 1, fmt, ap);
+  tf::driver::GuestLogV("tfusion-limiter", fmt, ap);
   va_end(ap);
-  size_t len = static_cast<size_t>(n) + (m > 0 ? std::min<size_t>(m, sizeof(buf) - n - 2) : 0);
-  buf[len++] = '\n';
-  ssize_t ignored = write(2, buf, len);
-  (void)ignored;
 }
 
 void EnsureInit() { pthread_once(&g_once, &InitOnce); }

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <new>
 
+#include "driver/guest_log.h"
 #include "limiter/core/gpu_region.h"
 #include "limiter/nvml/nvml_table.h"
 
@@ -39,17 +40,10 @@ using limiter::RegionErrorDetail;
 // One line, one write(2), prefixed "tfusion-nvml: ". Only from the constructor (once per cause).
 void ShimLog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void ShimLog(const char* fmt, ...) {
-  char buf[640];
-  int n = snprintf(buf, sizeof(buf), "tfusion-nvml: ");
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(buf + n, sizeof(buf) - static_cast<size_t>(n) - 1, fmt, ap);
+  tf::driver::GuestLogV("tfusion-nvml", fmt, ap);
   va_end(ap);
-  size_t room = sizeof(buf) - static_cast<size_t>(n) - 2;
-  size_t len = static_cast<size_t>(n) + (m > 0 ? (static_cast<size_t>(m) < room ? static_cast<size_t>(m) : room) : 0);
-  buf[len++] = '\n';
-  ssize_t ignored = write(2, buf, len);
-  (void)ignored;
 }
 
 // Where the real NVML lives, tried in order when TFUSION_REAL_LIBNVML is not set.
