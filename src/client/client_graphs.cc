@@ -78,8 +78,8 @@ CUresult Impl_cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph graph, const CU
   if (ndeps > remote::kMaxGraphDeps) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   TF_CTX(l);
-  static thread_local std::vector<uint8_t> buf;
-  buf.resize(remote::kMaxKernelParamBytes + 8192 + ndeps * 8);
+  // Per call, not a thread_local vector (destroyed at exit before cudart's teardown may call here).
+  std::vector<uint8_t> buf(remote::kMaxKernelParamBytes + 8192 + ndeps * 8);
   Writer w(buf.data(), buf.size());
   w.U64(H(graph));
   w.U32(static_cast<uint32_t>(ndeps));

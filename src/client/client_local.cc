@@ -13,11 +13,31 @@
 namespace tf::client {
 namespace {
 
-thread_local std::vector<uint64_t> t_ctx_below;  // the context stack under the current context
+// The context stack under the current context, per thread. Not a thread_local std::vector: the
+// main thread's thread_local destructors run at exit() before the atexit handlers, among them a
+// static cudart's teardown, which may still push and pop contexts (a destroyed vector's buffer
+// would be freed twice). Allocated on first push, freed at thread exit by a pthread key (which
+// does not run for the main thread at exit()).
+pthread_key_t g_stack_key;
+pthread_once_t g_stack_once = PTHREAD_ONCE_INIT;
+thread_local std::vector<uint64_t>* t_ctx_below = nullptr;
+
+std::vector<uint64_t>& CtxBelow() {
+  if (t_ctx_below == nullptr) {
+    pthread_once(&g_stack_once, [] {
+      pthread_key_create(&g_stack_key, [](void* p) { delete static_cast<std::vector<uint64_t>*>(p); });
+    });
+    t_ctx_below = new std::vector<uint64_t>();
+    pthread_setspecific(g_stack_key, t_ctx_below);
+  }
+  return *t_ctx_below;
+}
 
 struct StackForkReset {
   StackForkReset() {
-    pthread_atfork(nullptr, nullptr, [] { t_ctx_below.clear(); });
+    pthread_atfork(nullptr, nullptr, [] {
+      if (t_ctx_below != nullptr) t_ctx_below->clear();
+    });
   }
 } g_stack_fork_reset;
 
@@ -117,7 +137,7 @@ void RecordDeviceAlloc(Session* s, uint64_t p, uint64_t size, uint64_t pool) {
 }
 
 void PushCurrentContext(uint64_t ctx) {
-  if (CurrentContext() != 0) t_ctx_below.push_back(CurrentContext());
+  if (CurrentContext() != 0) CtxBelow().push_back(CurrentContext());
   SetCurrentContext(ctx);
 }
 
@@ -201,11 +221,12 @@ CUresult Impl_cuCtxPopCurrent_v2(CUcontext* pctx) {
   uint64_t cur = CurrentContext();
   if (cur == 0) return CUDA_ERROR_INVALID_CONTEXT;
   if (pctx) *pctx = reinterpret_cast<CUcontext>(cur);
-  if (t_ctx_below.empty()) {
+  std::vector<uint64_t>& below = CtxBelow();
+  if (below.empty()) {
     SetCurrentContext(0);
   } else {
-    SetCurrentContext(t_ctx_below.back());
-    t_ctx_below.pop_back();
+    SetCurrentContext(below.back());
+    below.pop_back();
   }
   return CUDA_SUCCESS;
 }

@@ -129,8 +129,13 @@ const void* Fn(F* f) {
 
 // ---- CUDART_INTERFACE
 
+// Process-lifetime state here is heap-allocated and never destroyed: a static cudart registers its
+// exit-time teardown before it dlopens this library, so at exit our static destructors would run
+// first and cudart would then call the CLS table (delete, get) on destroyed maps, freeing their
+// nodes a second time ("free(): double free detected in tcache 2" on the H200).
 pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
-std::map<int, CUcontext> g_primary;  // device -> primary context handle, retained once
+std::map<int, CUcontext>& g_primary = *new std::map<int, CUcontext>();  // device -> primary
+                                                                         // context, retained once
 
 CUresult GetModuleFromCubin(CUmodule* module, const void* fatbin_wrapper) {
   CUresult r = module == nullptr || fatbin_wrapper == nullptr
@@ -235,7 +240,8 @@ struct ClsEntry {
   ClsDestructor dtor;
 };
 pthread_mutex_t g_cls_mu = PTHREAD_MUTEX_INITIALIZER;
-std::map<std::pair<uint64_t, uintptr_t>, ClsEntry> g_cls;
+std::map<std::pair<uint64_t, uintptr_t>, ClsEntry>& g_cls =
+    *new std::map<std::pair<uint64_t, uintptr_t>, ClsEntry>();  // never destroyed (see g_primary)
 
 // The context a CLS call means: its own, or the thread's current one for NULL.
 CUresult ClsContext(CUcontext ctx, uint64_t* out) {

@@ -575,4 +575,82 @@ TEST_F(ExportTablesRemote, StaticCudartStartsOnTheTablesAndFailsCleanlyOnTheFake
 }
 #endif
 
+// A static cudart registers its exit-time teardown (a static destructor) before it dlopens
+// libcuda.so.1, so at exit() the stub's own static and thread_local destructors run first, and
+// cudart's teardown then calls the stub: CONTEXT_LOCAL_STORAGE get/delete, context push/pop. The
+// stub's state must outlive that (found on the H200 as "free(): double free detected in tcache
+// 2" when rt_smoke exited). The child is this binary re-executed (so the stub is loaded after the
+// handler is registered), running ExitChild() below during static initialisation.
+TEST_F(ExportTablesRemote, StubStateOutlivesExitForCudartTeardown) {
+  char self[4096] = {};
+  ASSERT_GT(readlink("/proc/self/exe", self, sizeof(self) - 1), 0);
+  Child c;
+  c.Start({self}, {"TF_ET_EXIT_CHILD=1", "TFUSION_REMOTE=" + addr_, "TFUSION_TOKEN=sekrit",
+                   "TFUSION_CLIENT_TRACE=1"});
+  int rc = c.Wait(60000);
+  ASSERT_GE(rc, 0) << "timed out\n" << c.out;
+  EXPECT_EQ(rc, 0) << c.out;
+  auto kv = Kv(c.out);
+  EXPECT_EQ(kv["setup"], "0") << c.out;
+  EXPECT_EQ(kv["teardown_get"], "0") << c.out;
+  EXPECT_EQ(kv["teardown_delete"], "0") << c.out;
+  EXPECT_EQ(kv["teardown_pop"], "0") << c.out;
+  EXPECT_EQ(kv["teardown_done"], "1") << c.out;
+}
+
+}  // namespace
+
+// ---- the child of StubStateOutlivesExitForCudartTeardown (runs when TF_ET_EXIT_CHILD is set)
+namespace {
+
+void* g_exit_h = nullptr;
+CUcontext g_exit_ctx = nullptr;
+int g_exit_keys[16];
+
+void ExitDtor(CUcontext, void*, void*) {}
+
+// Registered before the stub is loaded, like a static cudart's teardown.
+void ExitTeardown() {
+  using Del = CUresult (*)(CUcontext, void*);
+  using Get = CUresult (*)(void**, CUcontext, void*);
+  auto cls = GetTable(g_exit_h, "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301");
+  auto del = reinterpret_cast<Del>(cls[1]);
+  auto get = reinterpret_cast<Get>(cls[2]);
+  int get_r = 0, del_r = 0;
+  for (int& k : g_exit_keys) {
+    void* v = nullptr;
+    get_r |= get(&v, nullptr, &k);
+    del_r |= del(nullptr, &k);
+  }
+  printf("teardown_get=%d\nteardown_delete=%d\n", get_r, del_r);
+  auto push = Sym<CUresult (*)(CUcontext)>(g_exit_h, "cuCtxPushCurrent_v2");
+  auto pop = Sym<CUresult (*)(CUcontext*)>(g_exit_h, "cuCtxPopCurrent_v2");
+  CUcontext c = nullptr;
+  int pop_r = pop(&c) | push(g_exit_ctx) | push(g_exit_ctx) | pop(&c) | pop(&c);
+  printf("teardown_pop=%d\nteardown_done=1\n", pop_r);
+  fflush(stdout);
+}
+
+int ExitChild() {
+  if (getenv("TF_ET_EXIT_CHILD") == nullptr) return 0;
+  atexit(&ExitTeardown);
+  g_exit_h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+  if (g_exit_h == nullptr) _exit(10);
+  using Put = CUresult (*)(CUcontext, void*, void*, void (*)(CUcontext, void*, void*));
+  auto cls = GetTable(g_exit_h, "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301");
+  if (cls == nullptr) _exit(11);
+  auto put = reinterpret_cast<Put>(cls[0]);
+  int r = Sym<CUresult (*)(unsigned)>(g_exit_h, "cuInit")(0);
+  r |= Sym<CUresult (*)(CUcontext*, CUdevice)>(g_exit_h, "cuDevicePrimaryCtxRetain")(&g_exit_ctx, 0);
+  r |= Sym<CUresult (*)(CUcontext)>(g_exit_h, "cuCtxSetCurrent")(g_exit_ctx);
+  for (int& k : g_exit_keys) r |= put(nullptr, &k, &k, &ExitDtor);
+  // A context pushed over the current one: the stub's per-thread stack holds an entry at exit.
+  r |= Sym<CUresult (*)(CUcontext)>(g_exit_h, "cuCtxPushCurrent_v2")(g_exit_ctx);
+  printf("setup=%d\n", r);
+  fflush(stdout);
+  exit(0);
+}
+
+const int g_exit_child = ExitChild();
+
 }  // namespace
