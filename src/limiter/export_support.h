@@ -33,6 +33,11 @@ CUresult Deny(driver::Fn fn);
 // Our own exported function for an entry point id (for cuGetProcAddress); nullptr if none.
 void* OwnExport(int id);
 
+// In a hook: `fn` is the real driver's entry point, or the hook answers as for a missing one.
+#define TF_REAL_OR_MISSING(name)    \
+  auto fn = Real().name;            \
+  if (__builtin_expect(fn == nullptr, 0)) return Missing(driver::Fn::name);
+
 #define TF_DECLARE_HOOK(name, params, args) CUresult Hook_##name params;
 TF_LIMITER_HOOKED_FUNCTIONS(TF_DECLARE_HOOK)
 #undef TF_DECLARE_HOOK

@@ -19,10 +19,6 @@ inline CUresult Gated(CUstream stream, bool per_thread, Call&& call) {
 
 }  // namespace
 
-#define TF_REAL_OR_MISSING(name)          \
-  auto fn = Real().name;                  \
-  if (__builtin_expect(fn == nullptr, 0)) return Missing(driver::Fn::name);
-
 CUresult Hook_cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                              unsigned int bx, unsigned int by, unsigned int bz,
                              unsigned int sharedMemBytes, CUstream hStream, void** kernelParams,
@@ -127,7 +123,5 @@ CUresult Hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 CUresult Hook_cuDevicePrimaryCtxReset(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxReset, true, dev) }
 CUresult Hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxReset_v2, true, dev) }
 #undef TF_QUIESCED
-
-#undef TF_REAL_OR_MISSING
 
 }  // namespace tf::limiter

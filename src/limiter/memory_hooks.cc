@@ -85,8 +85,7 @@ uint64_t ArrayBytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_for
 }  // namespace
 
 CUresult Hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  auto fn = Real().cuMemAlloc_v2;
-  if (!fn) return Missing(driver::Fn::cuMemAlloc_v2);
+  TF_REAL_OR_MISSING(cuMemAlloc_v2)
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {
     CUresult r = fn(dptr, bytesize);
     if (r == CUDA_SUCCESS) *key = *dptr;
@@ -96,8 +95,7 @@ CUresult Hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 
 CUresult Hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes,
                                  size_t Height, unsigned int ElementSizeBytes) {
-  auto fn = Real().cuMemAllocPitch_v2;
-  if (!fn) return Missing(driver::Fn::cuMemAllocPitch_v2);
+  TF_REAL_OR_MISSING(cuMemAllocPitch_v2)
   // The pitch is chosen by the driver; charge an upper bound (rows padded to 512 bytes).
   uint64_t row = (static_cast<uint64_t>(WidthInBytes) + 511) / 512 * 512;
   return Charged(RoundToGranule(row * Height), AllocKind::kDevicePtr, [&](uint64_t* key) {
@@ -108,8 +106,7 @@ CUresult Hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t Width
 }
 
 CUresult Hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
-  auto fn = Real().cuMemAllocManaged;
-  if (!fn) return Missing(driver::Fn::cuMemAllocManaged);
+  TF_REAL_OR_MISSING(cuMemAllocManaged)
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {
     CUresult r = fn(dptr, bytesize, flags);
     if (r == CUDA_SUCCESS) *key = *dptr;
@@ -118,8 +115,7 @@ CUresult Hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int
 }
 
 CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
-  auto fn = Real().cuMemFree_v2;
-  if (!fn) return Missing(driver::Fn::cuMemFree_v2);
+  TF_REAL_OR_MISSING(cuMemFree_v2)
   CUresult r = fn(dptr);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
   return r;
@@ -128,8 +124,7 @@ CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
 // ---- stream-ordered allocation (default and explicit pools) ----
 
 #define TF_ASYNC_ALLOC(name, ...)                                                   \
-  auto fn = Real().name;                                                            \
-  if (!fn) return Missing(driver::Fn::name);                                        \
+  TF_REAL_OR_MISSING(name)                                                          \
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) { \
     CUresult r = fn(__VA_ARGS__);                                                   \
     if (r == CUDA_SUCCESS) *key = *dptr;                                            \
@@ -153,16 +148,14 @@ CUresult Hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, C
 #undef TF_ASYNC_ALLOC
 
 CUresult Hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  auto fn = Real().cuMemFreeAsync;
-  if (!fn) return Missing(driver::Fn::cuMemFreeAsync);
+  TF_REAL_OR_MISSING(cuMemFreeAsync)
   CUresult r = fn(dptr, hStream);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
   return r;
 }
 
 CUresult Hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-  auto fn = Real().cuMemFreeAsync_ptsz;
-  if (!fn) return Missing(driver::Fn::cuMemFreeAsync_ptsz);
+  TF_REAL_OR_MISSING(cuMemFreeAsync_ptsz)
   CUresult r = fn(dptr, hStream);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
   return r;
@@ -172,8 +165,7 @@ CUresult Hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 
 CUresult Hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                           const CUmemAllocationProp* prop, unsigned long long flags) {
-  auto fn = Real().cuMemCreate;
-  if (!fn) return Missing(driver::Fn::cuMemCreate);
+  TF_REAL_OR_MISSING(cuMemCreate)
   // Host-located physical memory (NCCL's cuMem host buffers) is not VRAM.
   if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
     return fn(handle, size, prop, flags);
@@ -186,8 +178,7 @@ CUresult Hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 }
 
 CUresult Hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
-  auto fn = Real().cuMemRelease;
-  if (!fn) return Missing(driver::Fn::cuMemRelease);
+  TF_REAL_OR_MISSING(cuMemRelease)
   CUresult r = fn(handle);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kVmmHandle, handle);
   return r;
@@ -196,8 +187,7 @@ CUresult Hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
 // ---- arrays and mipmapped arrays ----
 
 CUresult Hook_cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d) {
-  auto fn = Real().cuArrayCreate_v2;
-  if (!fn) return Missing(driver::Fn::cuArrayCreate_v2);
+  TF_REAL_OR_MISSING(cuArrayCreate_v2)
   uint64_t bytes = d ? ArrayBytes(d->Width, d->Height, 1, d->NumChannels, d->Format) : 0;
   return Charged(RoundToGranule(bytes), AllocKind::kArray, [&](uint64_t* key) {
     CUresult r = fn(pHandle, d);
@@ -207,8 +197,7 @@ CUresult Hook_cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* d)
 }
 
 CUresult Hook_cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d) {
-  auto fn = Real().cuArray3DCreate_v2;
-  if (!fn) return Missing(driver::Fn::cuArray3DCreate_v2);
+  TF_REAL_OR_MISSING(cuArray3DCreate_v2)
   uint64_t bytes = d ? ArrayBytes(d->Width, d->Height, d->Depth, d->NumChannels, d->Format) : 0;
   return Charged(RoundToGranule(bytes), AllocKind::kArray, [&](uint64_t* key) {
     CUresult r = fn(pHandle, d);
@@ -218,8 +207,7 @@ CUresult Hook_cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR
 }
 
 CUresult Hook_cuArrayDestroy(CUarray hArray) {
-  auto fn = Real().cuArrayDestroy;
-  if (!fn) return Missing(driver::Fn::cuArrayDestroy);
+  TF_REAL_OR_MISSING(cuArrayDestroy)
   CUresult r = fn(hArray);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kArray, reinterpret_cast<uint64_t>(hArray));
   return r;
@@ -227,8 +215,7 @@ CUresult Hook_cuArrayDestroy(CUarray hArray) {
 
 CUresult Hook_cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* d,
                                      unsigned int numMipmapLevels) {
-  auto fn = Real().cuMipmappedArrayCreate;
-  if (!fn) return Missing(driver::Fn::cuMipmappedArrayCreate);
+  TF_REAL_OR_MISSING(cuMipmappedArrayCreate)
   // Each level halves every extent (never below 1).
   uint64_t bytes = 0;
   for (unsigned l = 0; d != nullptr && l < numMipmapLevels && l < 32; ++l) {
@@ -243,8 +230,7 @@ CUresult Hook_cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY
 }
 
 CUresult Hook_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
-  auto fn = Real().cuMipmappedArrayDestroy;
-  if (!fn) return Missing(driver::Fn::cuMipmappedArrayDestroy);
+  TF_REAL_OR_MISSING(cuMipmappedArrayDestroy)
   CUresult r = fn(hMipmappedArray);
   if (r == CUDA_SUCCESS) {
     Uncharge(AllocKind::kMipmappedArray, reinterpret_cast<uint64_t>(hMipmappedArray));
@@ -273,8 +259,7 @@ CUresult ChargedGraphNode(CUgraph graph, uint64_t bytes, CUgraphNode* node, Call
 CUresult Hook_cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph,
                                      const CUgraphNode* dependencies, size_t numDependencies,
                                      CUDA_MEM_ALLOC_NODE_PARAMS* nodeParams) {
-  auto fn = Real().cuGraphAddMemAllocNode;
-  if (!fn) return Missing(driver::Fn::cuGraphAddMemAllocNode);
+  TF_REAL_OR_MISSING(cuGraphAddMemAllocNode)
   if (nodeParams == nullptr || phGraphNode == nullptr) {
     return fn(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
   }
@@ -286,8 +271,7 @@ CUresult Hook_cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph,
 CUresult Hook_cuGraphAddNode(CUgraphNode* phGraphNode, CUgraph hGraph,
                              const CUgraphNode* dependencies, size_t numDependencies,
                              CUgraphNodeParams* nodeParams) {
-  auto fn = Real().cuGraphAddNode;
-  if (!fn) return Missing(driver::Fn::cuGraphAddNode);
+  TF_REAL_OR_MISSING(cuGraphAddNode)
   if (nodeParams == nullptr || phGraphNode == nullptr ||
       nodeParams->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
     return fn(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
@@ -300,8 +284,7 @@ CUresult Hook_cuGraphAddNode(CUgraphNode* phGraphNode, CUgraph hGraph,
 CUresult Hook_cuGraphAddNode_v2(CUgraphNode* phGraphNode, CUgraph hGraph,
                                 const CUgraphNode* dependencies, const CUgraphEdgeData* dependencyData,
                                 size_t numDependencies, CUgraphNodeParams* nodeParams) {
-  auto fn = Real().cuGraphAddNode_v2;
-  if (!fn) return Missing(driver::Fn::cuGraphAddNode_v2);
+  TF_REAL_OR_MISSING(cuGraphAddNode_v2)
   if (nodeParams == nullptr || phGraphNode == nullptr ||
       nodeParams->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
     return fn(phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams);
@@ -312,16 +295,14 @@ CUresult Hook_cuGraphAddNode_v2(CUgraphNode* phGraphNode, CUgraph hGraph,
 }
 
 CUresult Hook_cuGraphDestroyNode(CUgraphNode hNode) {
-  auto fn = Real().cuGraphDestroyNode;
-  if (!fn) return Missing(driver::Fn::cuGraphDestroyNode);
+  TF_REAL_OR_MISSING(cuGraphDestroyNode)
   CUresult r = fn(hNode);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kGraphNode, reinterpret_cast<uint64_t>(hNode));
   return r;
 }
 
 CUresult Hook_cuGraphDestroy(CUgraph hGraph) {
-  auto fn = Real().cuGraphDestroy;
-  if (!fn) return Missing(driver::Fn::cuGraphDestroy);
+  TF_REAL_OR_MISSING(cuGraphDestroy)
   CUresult r = fn(hGraph);
   if (r == CUDA_SUCCESS) {
     if (Binding* b = Bound()) {
@@ -334,8 +315,7 @@ CUresult Hook_cuGraphDestroy(CUgraph hGraph) {
 // ---- what the tenant is told about memory: the slice, consistently with NVML ----
 
 CUresult Hook_cuMemGetInfo_v2(size_t* free, size_t* total) {
-  auto fn = Real().cuMemGetInfo_v2;
-  if (!fn) return Missing(driver::Fn::cuMemGetInfo_v2);
+  TF_REAL_OR_MISSING(cuMemGetInfo_v2)
   size_t real_free = 0, real_total = 0;
   CUresult r = fn(&real_free, &real_total);
   Binding* b = Bound();
@@ -354,8 +334,7 @@ CUresult Hook_cuMemGetInfo_v2(size_t* free, size_t* total) {
 }
 
 CUresult Hook_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
-  auto fn = Real().cuDeviceTotalMem_v2;
-  if (!fn) return Missing(driver::Fn::cuDeviceTotalMem_v2);
+  TF_REAL_OR_MISSING(cuDeviceTotalMem_v2)
   CUresult r = fn(bytes, dev);
   if (r == CUDA_SUCCESS && bytes != nullptr) {
     if (Binding* b = Bound()) *bytes = b->region.Limit(b->vgpu);
