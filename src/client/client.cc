@@ -58,6 +58,18 @@ void ClientLog(const char* fmt, ...) {
   va_end(ap);
 }
 
+bool CallTraceEnabled() {
+  static const bool on = [] {
+    const char* v = getenv("TFUSION_CLIENT_TRACE");
+    return v != nullptr && strstr(v, "calls") != nullptr;
+  }();
+  return on;
+}
+
+void TraceResult(const char* name, CUresult r) {
+  if (r != CUDA_SUCCESS) ClientLog("%s -> %d", name, static_cast<int>(r));
+}
+
 ClientState& State() {
   static ClientState* s = new ClientState();  // never destroyed: other threads may run at exit
   return *s;

@@ -559,6 +559,19 @@ CUresult Impl_cuCtxSynchronize() {
   return Simple(l, Fn::cuCtxSynchronize, Writer(nullptr, 0));
 }
 
+// CUDA 13: synchronize a given context (NULL: the current one), without changing the current one.
+CUresult Impl_cuCtxSynchronize_v2(CUcontext ctx) {
+  if (ctx == nullptr || reinterpret_cast<uint64_t>(ctx) == CurrentContext()) {
+    return Impl_cuCtxSynchronize();
+  }
+  CUresult r = Impl_cuCtxPushCurrent_v2(ctx);
+  if (r != CUDA_SUCCESS) return r;
+  r = Impl_cuCtxSynchronize();
+  CUcontext popped = nullptr;
+  CUresult p = Impl_cuCtxPopCurrent_v2(&popped);
+  return r != CUDA_SUCCESS ? r : p;
+}
+
 CUresult Impl_cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
                              CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -624,6 +637,9 @@ CUresult Impl_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 CUresult Impl_cuMemFree_v2(CUdeviceptr dptr) {
   TF_LOCK(l);
   TF_CTX(l);
+  // Freeing NULL succeeds, as on the driver: cudart's cudaFree(0), which cuBLAS's cudart uses to
+  // bind its context, reaches us as cuMemFree_v2(0).
+  if (dptr == 0) return CUDA_SUCCESS;
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(dptr);

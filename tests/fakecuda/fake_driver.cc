@@ -566,6 +566,19 @@ CUresult cuCtxSynchronize() {
   return CUDA_SUCCESS;
 }
 
+CUresult cuCtxSynchronize_v2(CUcontext handle) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr) return cuCtxSynchronize();
+  Context* ctx = reinterpret_cast<Context*>(handle);
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.contexts.count(ctx) == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
+  return CUDA_SUCCESS;
+}
+
 // ---- Errors and entry-point lookup ----
 
 CUresult cuGetErrorName(CUresult error, const char** name) {

@@ -405,6 +405,9 @@ int Local() {
   CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, x));
   std::printf("alloc_in_pushed=%s\n", Which(pctx, ctx, b));
   CHECK(cuMemFree(x));
+  std::printf("free_null=%d\n", static_cast<int>(cuMemFree(0)));
+  std::printf("ctx_sync_v2=%d:%d\n", static_cast<int>(cuCtxSynchronize_v2(nullptr)),
+              static_cast<int>(cuCtxSynchronize_v2(b)));
   CHECK(cuCtxDestroy(b));
   std::printf("done=1\n");
   return 0;

@@ -360,6 +360,8 @@ def gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp):
         f.write("#pragma once\n#include \"tf_driver_api.h\"\n\nnamespace tf::client {\n")
         for e in sorted(impl):
             f.write("CUresult Impl_%s(%s);\n" % (e, decl(e)))
+        f.write("// TFUSION_CLIENT_TRACE=calls: every implemented call and its result on stderr.\n")
+        f.write("bool CallTraceEnabled();\nvoid TraceResult(const char* name, CUresult r);\n")
         f.write("// Every entry point the stub does not implement: CUDA_ERROR_NOT_SUPPORTED, logged once.\n")
         f.write("CUresult Unsupported(tf::driver::Fn fn);\n")
         f.write("// Our own exported function for an entry point id (for cuGetProcAddress); nullptr if none.\n")
@@ -367,11 +369,16 @@ def gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp):
         f.write("}  // namespace tf::client\n")
     with open(os.path.join(a.out, "tf_client_exports.cc"), "w") as f:
         f.write(BANNER)
-        f.write('#include "tf_client_impl.h"\n\n#define TF_EXPORT __attribute__((visibility("default")))\n\n')
+        f.write('#include "tf_client_impl.h"\n#include "tf_trace_decls.h"\n\n#define TF_EXPORT __attribute__((visibility("default")))\n\n')
         f.write("using tf::driver::Fn;\n")
         for e in typed:
             if e in impl:
-                body = "  return tf::client::Impl_%s(%s);\n" % (e, args(e))
+                targs = "".join(", " + n for _, n in protos[e])
+                body = ("  if (__builtin_expect(tf::client::CallTraceEnabled(), 0)) {\n"
+                        "    tf::driver::TraceBuffer tb_;\n    tf::driver::Trace_%s(tb_%s);\n"
+                        "    CUresult r_ = tf::client::Impl_%s(%s);\n"
+                        "    tf::client::TraceResult(\"%s\", r_);\n    return r_;\n  }\n"
+                        "  return tf::client::Impl_%s(%s);\n") % (e, targs, e, args(e), e, e, args(e))
             else:
                 body = "".join("  (void)%s;\n" % n for _, n in protos[e]) + \
                     "  return tf::client::Unsupported(Fn::%s);\n" % e
