@@ -22,6 +22,10 @@ namespace tf::client {
   if (CUresult ctx_r_ = PrepareContextIfAny(lock.session()); ctx_r_ != CUDA_SUCCESS) \
     return ctx_r_;
 
+// Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
+// attribute of a function or kernel changes.
+void ForgetOccupancy();
+
 inline uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // Writes a launch's arguments (u32 mode + its encoding, remote_protocol.h) for function `fi`.

@@ -221,6 +221,7 @@ CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkerne
   w.I32(dev);
   CUresult r = CallSync(s, Op(Fn::cuKernelSetAttribute), w, nullptr);
   if (r != CUDA_SUCCESS) return r;
+  ForgetOccupancy();
   // Keep the cached attributes (cuFuncGetAttribute is answered locally) of the kernel in step.
   auto it = s->functions.find(H(kernel));
   int a = static_cast<int>(attrib);
@@ -241,6 +242,7 @@ CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, i
   w.I32(val);
   CUresult r = CallSync(s, Op(Fn::cuFuncSetAttribute), w, nullptr);
   if (r != CUDA_SUCCESS) return r;
+  ForgetOccupancy();
   auto it = s->functions.find(H(func));
   int a = static_cast<int>(attrib);
   if (it != s->functions.end() && a >= 0 && static_cast<size_t>(a) < it->second.attrs.size()) {

@@ -63,10 +63,13 @@ enum TableId : int {
   kContextLocalStorage,
   kIntegrityCheck,
   kContextChecks,
+  kContextQueries,
+  kLibraryObjects,
   kTableCount
 };
 
-constexpr size_t kSlots[kTableCount] = {13, 4, 7, 4, 3, 4};
+constexpr size_t kSlots[kTableCount] = {13, 4, 7, 4, 3, 4, 93, 17};
+constexpr size_t kMaxSlots = 96;
 
 const ExportTableInfo kInfo[kTableCount] = {
     {"CUDART_INTERFACE",
@@ -93,14 +96,24 @@ const ExportTableInfo kInfo[kTableCount] = {
      MakeUuid({0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d,
                0xfa, 0x7e}),
      kSlots[kContextChecks], true},
+    // Undocumented; named here after what cuBLAS was seen to use them for (docs/export-tables.md).
+    {"CONTEXT_QUERIES",
+     MakeUuid({0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24,
+               0xc8, 0xf2}),
+     kSlots[kContextQueries], true},
+    {"LIBRARY_OBJECTS",
+     MakeUuid({0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd,
+               0x8b, 0xca}),
+     kSlots[kLibraryObjects], true},
 };
 
 // What a slot we do not understand returns: CUDA_ERROR_NOT_SUPPORTED where the table's known slots
 // return a CUresult, 0 in the tools tables.
 constexpr uint64_t kUnknownSlotResult[kTableCount] = {
-    CUDA_ERROR_NOT_SUPPORTED, 0, 0, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, 0};
+    CUDA_ERROR_NOT_SUPPORTED, 0, 0, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, 0,
+    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED};
 
-std::atomic<bool> g_unknown_logged[kTableCount][16];
+std::atomic<bool> g_unknown_logged[kTableCount][kMaxSlots];
 
 // The slot takes no parameters here: whatever the caller passes in registers is ignored (SysV
 // x86-64 and AArch64 leave argument clean-up to nobody), and the 64-bit result covers callers
@@ -301,7 +314,7 @@ CUresult ClsGet(void** value, CUcontext ctx, void* key) {
 
 // ---- INTEGRITY_CHECK
 
-const void* g_tables[kTableCount][16];
+const void* g_tables[kTableCount][kMaxSlots];
 
 CUresult IntegrityCheck(uint32_t version, uint64_t unix_seconds, uint64_t* result) {
   if (result == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -357,6 +370,35 @@ uint32_t ContextCheck3() {
   return 0;
 }
 
+// ---- CONTEXT_QUERIES (21318c60…): cuBLAS asks [4](context, u64* out) before each GEMM. The
+// driver stores a 32-bit property of its context object (1 for a primary context on an H200 with
+// driver 580) and stores 0 for a NULL context; cuBLAS was measured to run unchanged on the real
+// driver with 0 stored, so 0 is the answer here (our contexts are not the driver's objects).
+
+CUresult ContextQuery4(CUcontext ctx, uint64_t* out) {
+  CUresult r = CUDA_SUCCESS;
+  if (out == nullptr) r = CUDA_ERROR_UNKNOWN;  // what the driver returns for a NULL out
+  else *out = 0;
+  TF_TRACE("export table CONTEXT_QUERIES[4] (ctx=%p, out=%p) -> %d, 0", static_cast<void*>(ctx),
+           static_cast<void*>(out), r);
+  return r;
+}
+
+// ---- LIBRARY_OBJECTS (1734dc26…): cuBLASLt asks [4](void** a, void** b, …) for two driver
+// objects and hands them back to [13](a, b) at once. Refusing [4] was measured to leave cuBLASLt
+// working on the real driver (a NULL table crashes it), so [4] refuses and [13] has nothing to free.
+
+CUresult LibraryObjectsCreate(void** a, void** b) {
+  TF_TRACE("export table LIBRARY_OBJECTS[4] (%p, %p) -> %d (not emulated)", static_cast<void*>(a),
+           static_cast<void*>(b), static_cast<int>(CUDA_ERROR_NOT_SUPPORTED));
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult LibraryObjectsDestroy(void* a, void* b) {
+  TF_TRACE("export table LIBRARY_OBJECTS[13] (%p, %p) -> 0", a, b);
+  return CUDA_SUCCESS;
+}
+
 // ---- the tables themselves
 
 template <int T, size_t... S>
@@ -382,6 +424,8 @@ struct Setup {
     FillUnknown<kContextLocalStorage>(std::make_index_sequence<kSlots[kContextLocalStorage]>());
     FillUnknown<kIntegrityCheck>(std::make_index_sequence<kSlots[kIntegrityCheck]>());
     FillUnknown<kContextChecks>(std::make_index_sequence<kSlots[kContextChecks]>());
+    FillUnknown<kContextQueries>(std::make_index_sequence<kSlots[kContextQueries]>());
+    FillUnknown<kLibraryObjects>(std::make_index_sequence<kSlots[kLibraryObjects]>());
     for (int t = 0; t < kTableCount; ++t) {
       if (kInfo[t].has_size_word) g_tables[t][0] = SizeWord(t);
     }
@@ -402,6 +446,9 @@ struct Setup {
     g_tables[kIntegrityCheck][1] = Fn(&IntegrityCheck);
     g_tables[kContextChecks][2] = Fn(&ContextCheck);
     g_tables[kContextChecks][3] = Fn(&ContextCheck3);
+    g_tables[kContextQueries][4] = Fn(&ContextQuery4);
+    g_tables[kLibraryObjects][4] = Fn(&LibraryObjectsCreate);
+    g_tables[kLibraryObjects][13] = Fn(&LibraryObjectsDestroy);
     pthread_atfork(nullptr, nullptr, &AtForkChild);
   }
 };

@@ -5,6 +5,10 @@
 //       order, or a prefix of at least 8): every call through a slot is logged with its first six
 //       integer arguments, the 32 bytes each readable pointer argument points to after the call,
 //       and the result. The first request of every table logs its size word.
+//   TFUSION_EXPORT_OVERRIDE=PREFIX[SLOT]=fail:N|out:V[,...]   with TFUSION_EXPORT_TRACE: answer
+//       that slot without calling the driver, with CUresult N (fail:N) or by storing the 64-bit
+//       V through its second argument and returning success (out:V), to learn what a library does
+//       with the answers an emulation could give.
 //   TFUSION_EXPORT_DENY=UUID[,UUID...]        answer the named tables with CUDA_ERROR_INVALID_VALUE
 //       and a NULL table, as the remote stub does for tables it does not emulate, to learn
 //       whether a library tolerates their absence on a real driver.
@@ -81,6 +85,38 @@ bool Readable(uint64_t p, size_t n) {
   return static_cast<size_t>(w) == n;
 }
 
+// An override for "prefix[slot]" in TFUSION_EXPORT_OVERRIDE: 'f' (fail with value) or 'o' (store
+// value through the second argument); 0 when none.
+char OverrideOf(const char* uuid, int slot, uint64_t* value) {
+  static const char* list = getenv("TFUSION_EXPORT_OVERRIDE");
+  if (list == nullptr) return 0;
+  const char* p = list;
+  while (*p != '\0') {
+    const char* br = strchr(p, '[');
+    if (br == nullptr) return 0;
+    size_t len = static_cast<size_t>(br - p);
+    char* end = nullptr;
+    long s = strtol(br + 1, &end, 10);
+    if (len >= 8 && len <= 32 && strncasecmp(p, uuid, len) == 0 && s == slot && end &&
+        strncmp(end, "]=", 2) == 0) {
+      const char* mode = end + 2;
+      if (strncmp(mode, "fail:", 5) == 0) {
+        *value = strtoull(mode + 5, nullptr, 0);
+        return 'f';
+      }
+      if (strncmp(mode, "out:", 4) == 0) {
+        *value = strtoull(mode + 4, nullptr, 0);
+        return 'o';
+      }
+      return 0;
+    }
+    const char* comma = strchr(p, ',');
+    if (comma == nullptr) return 0;
+    p = comma + 1;
+  }
+  return 0;
+}
+
 template <int T, int S>
 uint64_t Trampoline(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e, uint64_t f) {
   const Wrapped& w = g_wrapped[T];
@@ -88,7 +124,17 @@ uint64_t Trampoline(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e, 
   char uuid[33];
   Hex(w.id.bytes, 16, uuid);
   GuestLog("export %.8s[%d] call(%#lx, %#lx, %#lx, %#lx, %#lx, %#lx)", uuid, S, a, b, c, d, e, f);
-  uint64_t r = real(a, b, c, d, e, f);
+  uint64_t value = 0;
+  char mode = OverrideOf(uuid, S, &value);
+  uint64_t r = 0;
+  if (mode == 'f') {
+    r = value;
+  } else if (mode == 'o') {
+    if (b != 0) *reinterpret_cast<uint64_t*>(b) = value;
+  } else {
+    r = real(a, b, c, d, e, f);
+  }
+  if (mode != 0) GuestLog("export %.8s[%d] overridden (%c %#lx)", uuid, S, mode, value);
   const uint64_t args[6] = {a, b, c, d, e, f};
   for (int i = 0; i < 6; ++i) {
     if (Readable(args[i], 32)) {

@@ -1,8 +1,10 @@
 // Fake driver modules, libraries and kernel launches. Kernels are host functions registered with
 // fakecuda_register_kernel(_ex); a module image is the NUL-terminated text "fakecuda:<module>".
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "fake_device_identity.h"
 #include "fake_driver.h"
 
 namespace fakecuda {
@@ -449,6 +451,74 @@ CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute,
   if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   fakecuda::KernelRegistry::Get().SetAttribute(k.get(), attribute, value);
   return CUDA_SUCCESS;
+}
+
+// Occupancy on the fake device: 2048 threads and 32 blocks per SM, 228 KiB of shared memory per
+// SM shared evenly among the resident blocks; no registers or static shared memory.
+namespace {
+constexpr int kFakeThreadsPerSm = 2048;
+constexpr int kFakeBlocksPerSm = 32;
+constexpr size_t kFakeSmemPerSm = 228 * 1024;
+
+int FakeActiveBlocks(int block_size, size_t smem) {
+  if (block_size <= 0 || block_size > 1024) return 0;
+  int blocks = std::min(kFakeBlocksPerSm, kFakeThreadsPerSm / block_size);
+  if (smem > 0) blocks = std::min<int>(blocks, static_cast<int>(kFakeSmemPerSm / smem));
+  return blocks;
+}
+}  // namespace
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* num_blocks, CUfunction function,
+                                                              int block_size, size_t smem,
+                                                              unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)flags;
+  if (num_blocks == nullptr || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (fakecuda::FindKernel(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *num_blocks = FakeActiveBlocks(block_size, smem);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* num_blocks, CUfunction function,
+                                                     int block_size, size_t smem) {
+  return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(num_blocks, function, block_size,
+                                                              smem, 0);
+}
+
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* smem, CUfunction function, int num_blocks,
+                                                 int block_size) {
+  FAKECUDA_ENTER();
+  if (smem == nullptr || num_blocks <= 0 || block_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (fakecuda::FindKernel(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *smem = kFakeSmemPerSm / static_cast<size_t>(num_blocks);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int* min_grid, int* block_size,
+                                                   CUfunction function, CUoccupancyB2DSize cb,
+                                                   size_t smem, int limit, unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)flags;
+  if (min_grid == nullptr || block_size == nullptr || limit < 0) return CUDA_ERROR_INVALID_VALUE;
+  if (fakecuda::FindKernel(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  int max_block = limit > 0 && limit < 1024 ? limit : 1024;
+  int best = -1;
+  for (int bs = max_block / 32 * 32; bs >= 32; bs -= 32) {
+    int blocks = FakeActiveBlocks(bs, cb ? cb(bs) : smem);
+    if (blocks * bs > best) {
+      best = blocks * bs;
+      *block_size = bs;
+      *min_grid = blocks * fakecuda::kMultiprocessorCount;
+    }
+    if (best >= kFakeThreadsPerSm) break;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block_size, CUfunction function,
+                                          CUoccupancyB2DSize cb, size_t smem, int limit) {
+  return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block_size, function, cb, smem, limit,
+                                                   0);
 }
 
 CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {

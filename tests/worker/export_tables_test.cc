@@ -57,12 +57,16 @@ const Known kKnown[] = {
                          0x3c, 0x66, 0xe1, 0xf2}, 3, true},
     {"CONTEXT_CHECKS", {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5,
                         0x00, 0x6d, 0xfa, 0x7e}, 4, true},
+    // Undocumented; sizes as the driver (580.159.04) reports them in slot 0.
+    {"CONTEXT_QUERIES", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff,
+                         0x73, 0x24, 0xc8, 0xf2}, 93, true},
+    {"LIBRARY_OBJECTS", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1,
+                         0xe7, 0xdd, 0x8b, 0xca}, 17, true},
 };
-// Requested by PyTorch 2.11 / CUDA 13 (shared/research/driver-probe.md), meaning unknown.
+// Requested by PyTorch 2.11 / CUDA 13 (shared/research/driver-probe.md), meaning unknown; cudart,
+// cuBLAS and cuDNN were measured to work on the real driver with both refused.
 const unsigned char kUndocumented[][16] = {
     {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e, 0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9},
-    {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
-    {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
     {0x69, 0xa2, 0x8e, 0x9f, 0x24, 0x49, 0x8b, 0x47, 0xb0, 0x30, 0xc5, 0xda, 0x33, 0x0e, 0xa4, 0xe9},
 };
 
@@ -177,6 +181,37 @@ TEST(ExportTables, KnownUuidsGetAFullTableUnknownOnesAnError) {
   CUuuid id = Uuid(kKnown[0].uuid);
   EXPECT_EQ(get(nullptr, &id), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(get(&table, nullptr), CUDA_ERROR_INVALID_VALUE);
+}
+
+// What cuBLAS needs of the two undocumented tables it cannot do without (measured on the driver,
+// docs/export-tables.md): CONTEXT_QUERIES[4] stores 0 through its second argument, and
+// LIBRARY_OBJECTS[4] refuses while [13] frees nothing.
+TEST(ExportTables, TheTablesCublasNeedsAnswerAsMeasured) {
+  void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto get = reinterpret_cast<GetExportTableFn>(dlsym(h, "cuGetExportTable"));
+  const void* table = nullptr;
+  CUuuid id = Uuid(Table("CONTEXT_QUERIES").uuid);
+  ASSERT_EQ(get(&table, &id), CUDA_SUCCESS);
+  auto query = reinterpret_cast<CUresult (*)(void*, uint64_t*)>(
+      static_cast<const void* const*>(table)[4]);
+  uint64_t out = 77;
+  EXPECT_EQ(query(reinterpret_cast<void*>(0x1000), &out), CUDA_SUCCESS);
+  EXPECT_EQ(out, 0u);
+  EXPECT_EQ(query(nullptr, nullptr), CUDA_ERROR_UNKNOWN);
+  auto other = reinterpret_cast<uint64_t (*)()>(static_cast<const void* const*>(table)[5]);
+  EXPECT_EQ(other(), static_cast<uint64_t>(CUDA_ERROR_NOT_SUPPORTED));
+  id = Uuid(Table("LIBRARY_OBJECTS").uuid);
+  ASSERT_EQ(get(&table, &id), CUDA_SUCCESS);
+  auto create = reinterpret_cast<CUresult (*)(void**, void**)>(
+      static_cast<const void* const*>(table)[4]);
+  auto destroy = reinterpret_cast<CUresult (*)(void*, void*)>(
+      static_cast<const void* const*>(table)[13]);
+  void* a = nullptr;
+  void* b = nullptr;
+  EXPECT_EQ(create(&a, &b), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(a, nullptr);
+  EXPECT_EQ(destroy(a, b), CUDA_SUCCESS);
 }
 
 // Tools slots whose meaning is unknown answer 0 ("no tool"), never jump to NULL; a CUresult-

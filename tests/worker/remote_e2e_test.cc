@@ -281,6 +281,8 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_EQ(r.kv["priorities"], "0..-5");
     EXPECT_EQ(r.kv["pop2"], "b:a");
     EXPECT_EQ(r.kv["alloc_in_pushed"], "b");
+    EXPECT_EQ(r.kv["occupancy_bogus"], "400");
+    EXPECT_NE(r.kv["occupancy"], "");  // equal to the driver's (ExpectSameKeys), callback included
     EXPECT_EQ(r.kv["free_null"], "0");  // cudaFree(0) binds cudart's context this way
     EXPECT_EQ(r.kv["ctx_sync_v2"], "0:0");
     ExpectSameKeys(direct, r);

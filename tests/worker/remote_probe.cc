@@ -366,6 +366,19 @@ int Local() {
   CHECK(cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fill));
   CHECK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, fill));
   std::printf("func_max_threads=%d\nfunc_regs=%d\n", max_threads, regs);
+  {
+    int blocks = 0, grid = 0, block = 0, grid_cb = 0, block_cb = 0;
+    size_t avail = 0;
+    CHECK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fill, 256, 0));
+    CHECK(cuOccupancyAvailableDynamicSMemPerBlock(&avail, fill, 4, 128));
+    CHECK(cuOccupancyMaxPotentialBlockSize(&grid, &block, fill, nullptr, 0, 0));
+    CHECK(cuOccupancyMaxPotentialBlockSize(&grid_cb, &block_cb, fill,
+                                           [](int bs) -> size_t { return bs * 120; }, 0, 0));
+    std::printf("occupancy=%d:%zu:%d:%d:%d:%d\n", blocks, avail, grid, block, grid_cb, block_cb);
+    std::printf("occupancy_bogus=%d\n",
+                static_cast<int>(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &blocks, reinterpret_cast<CUfunction>(0x1234), 256, 0)));
+  }
 
   CUstream s;
   CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));

@@ -1,0 +1,196 @@
+// Occupancy queries (cuOccupancy*), which cuBLAS asks while it creates a handle and libraries ask
+// before launches. The answer depends only on the function, its attributes and the arguments, so
+// each distinct question goes to the worker once and is cached until an attribute of a function
+// changes. cuOccupancyMaxPotentialBlockSize* with a block-size-to-shared-memory callback (a
+// function of this process) searches here: the callback runs in the client, outside the stub's
+// lock, and each candidate block size is an ordinary (cached) active-blocks query.
+#include <map>
+#include <tuple>
+
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::Writer;
+
+struct Answer {
+  CUresult r = CUDA_SUCCESS;
+  uint64_t first = 0;
+  int32_t second = 0;
+};
+using Key = std::tuple<int, uint64_t, int32_t, int32_t, uint64_t, uint32_t>;
+
+std::map<Key, Answer>& Cache() {
+  static auto* cache = new std::map<Key, Answer>();  // guarded by State().mu; never destroyed
+  return *cache;
+}
+
+CUresult Query(Fn fn, CUfunction func, int32_t a, int32_t b, uint64_t smem, uint32_t flags,
+               Answer* out) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  if (!s->functions.count(H(func)) && !s->kernels.count(H(func))) return CUDA_ERROR_INVALID_HANDLE;
+  Key key{static_cast<int>(fn), H(func), a, b, smem, flags};
+  auto& cache = Cache();
+  if (auto it = cache.find(key); it != cache.end()) {
+    *out = it->second;
+    return out->r;
+  }
+  uint8_t buf[32];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(func));
+  w.I32(a);
+  w.I32(b);
+  w.U64(smem);
+  w.U32(flags);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(fn), w, &rv);
+  Answer ans;
+  ans.r = r;
+  if (r == CUDA_SUCCESS) {
+    bool ok;
+    if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
+      ok = rv.reader.U64(&ans.first);
+    } else if (fn == Fn::cuOccupancyMaxPotentialBlockSize ||
+               fn == Fn::cuOccupancyMaxPotentialBlockSizeWithFlags) {
+      int32_t grid = 0;
+      ok = rv.reader.I32(&grid) && rv.reader.I32(&ans.second);
+      ans.first = static_cast<uint64_t>(grid);
+    } else {
+      int32_t blocks = 0;
+      ok = rv.reader.I32(&blocks);
+      ans.first = static_cast<uint64_t>(blocks);
+    }
+    if (!ok) return CUDA_ERROR_UNKNOWN;
+  }
+  // Errors that depend on the session's state (a lost connection) are not answers to keep.
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE) cache[key] = ans;
+  *out = ans;
+  return r;
+}
+
+// The largest block size worth trying and the device's SM count and threads per SM.
+CUresult SearchLimits(CUfunction func, int limit, int* max_block, int* sms, int* threads_per_sm) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  int max_threads = 1024;
+  if (auto it = s->functions.find(H(func)); it != s->functions.end()) {
+    const auto& attrs = it->second.attrs;
+    if (static_cast<size_t>(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK) < attrs.size() &&
+        attrs[CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK] > 0) {
+      max_threads = attrs[CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK];
+    }
+  } else if (!s->kernels.count(H(func))) {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  int dev = 0;
+  if (auto it = s->context_info.find(CurrentContext()); it != s->context_info.end()) {
+    dev = it->second.device;
+  }
+  *sms = 1;
+  *threads_per_sm = 2048;
+  if (dev >= 0 && static_cast<size_t>(dev) < s->devices.size()) {
+    const auto& a = s->devices[dev].attrs;
+    if (static_cast<size_t>(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) < a.size()) {
+      *sms = a[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT];
+    }
+    if (static_cast<size_t>(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) < a.size()) {
+      *threads_per_sm = a[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR];
+    }
+  }
+  *max_block = (limit > 0 && limit < max_threads) ? limit : max_threads;
+  return CUDA_SUCCESS;
+}
+
+CUresult PotentialBlockSize(Fn fn, int* min_grid, int* block_size, CUfunction func,
+                            CUoccupancyB2DSize cb, size_t smem, int limit, unsigned flags) {
+  if (min_grid == nullptr || block_size == nullptr || limit < 0) return CUDA_ERROR_INVALID_VALUE;
+  if (cb == nullptr) {
+    Answer a;
+    CUresult r = Query(fn, func, 0, limit, smem, flags, &a);
+    if (r != CUDA_SUCCESS) return r;
+    *min_grid = static_cast<int>(a.first);
+    *block_size = a.second;
+    return CUDA_SUCCESS;
+  }
+  int max_block = 0, sms = 0, per_sm = 0;
+  CUresult r = SearchLimits(func, limit, &max_block, &sms, &per_sm);
+  if (r != CUDA_SUCCESS) return r;
+  constexpr int kWarp = 32;
+  int best_threads = -1, best_block = 0, best_blocks = 0;
+  for (int bs = max_block / kWarp * kWarp; bs >= kWarp; bs -= kWarp) {
+    Answer a;
+    r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, func, 0, bs, cb(bs),
+              flags, &a);
+    if (r != CUDA_SUCCESS) return r;
+    int threads = static_cast<int>(a.first) * bs;
+    if (threads > best_threads) {
+      best_threads = threads;
+      best_block = bs;
+      best_blocks = static_cast<int>(a.first);
+    }
+    if (best_threads >= per_sm) break;  // full occupancy: no smaller block does better
+  }
+  *min_grid = best_blocks * sms;
+  *block_size = best_block;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void ForgetOccupancy() { Cache().clear(); }
+
+CUresult Impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func,
+                                                      int numBlocks, int blockSize) {
+  if (dynamicSmemSize == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Answer a;
+  CUresult r = Query(Fn::cuOccupancyAvailableDynamicSMemPerBlock, func, numBlocks, blockSize, 0, 0,
+                     &a);
+  if (r == CUDA_SUCCESS) *dynamicSmemSize = a.first;
+  return r;
+}
+
+CUresult Impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func,
+                                                          int blockSize, size_t dynamicSMemSize) {
+  if (numBlocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Answer a;
+  CUresult r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor, func, 0, blockSize,
+                     dynamicSMemSize, 0, &a);
+  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a.first);
+  return r;
+}
+
+CUresult Impl_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func,
+                                                                   int blockSize,
+                                                                   size_t dynamicSMemSize,
+                                                                   unsigned int flags) {
+  if (numBlocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Answer a;
+  CUresult r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, func, 0, blockSize,
+                     dynamicSMemSize, flags, &a);
+  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a.first);
+  return r;
+}
+
+CUresult Impl_cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,
+                                               CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                               size_t dynamicSMemSize, int blockSizeLimit) {
+  return PotentialBlockSize(Fn::cuOccupancyMaxPotentialBlockSize, minGridSize, blockSize, func,
+                            blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit, 0);
+}
+
+CUresult Impl_cuOccupancyMaxPotentialBlockSizeWithFlags(
+    int* minGridSize, int* blockSize, CUfunction func, CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+    size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags) {
+  return PotentialBlockSize(Fn::cuOccupancyMaxPotentialBlockSizeWithFlags, minGridSize, blockSize,
+                            func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit,
+                            flags);
+}
+
+}  // namespace tf::client
