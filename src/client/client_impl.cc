@@ -2,8 +2,10 @@
 // answered from the snapshot taken at connect; everything else is one call to the worker session,
 // fire-and-forget where CUDA's contract is asynchronous.
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "client/client_internal.h"
 #include "client/export_tables.h"
@@ -721,6 +723,24 @@ CUresult Impl_cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstre
 // ---- modules and launches
 
 CUresult Impl_cuModuleLoadData(CUmodule* module, const void* image) { return LoadModule(module, image); }
+
+// A module from a file (Triton and Inductor load their cubins this way): the file is read here and
+// its image sent like cuModuleLoadData's; a NUL is appended so that a PTX file is a C string.
+CUresult Impl_cuModuleLoad(CUmodule* module, const char* fname) {
+  if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FILE* f = fopen(fname, "rb");
+  if (f == nullptr) return CUDA_ERROR_FILE_NOT_FOUND;
+  std::vector<char> image;
+  char chunk[65536];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) image.insert(image.end(), chunk, chunk + n);
+  bool failed = ferror(f) != 0;
+  fclose(f);
+  if (failed) return CUDA_ERROR_FILE_NOT_FOUND;
+  if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
+  image.push_back('\0');
+  return LoadModule(module, image.data());
+}
 CUresult Impl_cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
                                  CUjit_option* options, void** optionValues) {
   // JIT options (log buffers, optimisation level) are not forwarded in this version.
@@ -847,6 +867,24 @@ CUresult Impl_cuStreamCreate(CUstream* stream, unsigned int flags) {
   }
   return r;
 }
+CUresult Impl_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U32(flags);
+  w.I32(priority);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuStreamCreateWithPriority), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t h = 0;
+  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+  l.session()->streams.insert(h);
+  *stream = reinterpret_cast<CUstream>(h);
+  return CUDA_SUCCESS;
+}
+
 CUresult Impl_cuStreamDestroy_v2(CUstream s) {
   CUresult r = OnHandle(Fn::cuStreamDestroy_v2, H(s));
   if (r == CUDA_SUCCESS) {

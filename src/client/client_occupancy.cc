@@ -4,6 +4,7 @@
 // changes. cuOccupancyMaxPotentialBlockSize* with a block-size-to-shared-memory callback (a
 // function of this process) searches here: the callback runs in the client, outside the stub's
 // lock, and each candidate block size is an ordinary (cached) active-blocks query.
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -191,6 +192,61 @@ CUresult Impl_cuOccupancyMaxPotentialBlockSizeWithFlags(
   return PotentialBlockSize(Fn::cuOccupancyMaxPotentialBlockSizeWithFlags, minGridSize, blockSize,
                             func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit,
                             flags);
+}
+
+// ---- clusters: the launch configuration travels as for cuLaunchKernelEx (grid, block, shared
+// memory, stream), with the attributes that are plain values (cluster dimension, scheduling
+// policy and the like); a configuration naming events or windows is not supported here.
+
+namespace {
+
+CUresult ClusterQuery(Fn fn, int* out, CUfunction func, const CUlaunchConfig* config) {
+  if (out == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (config->numAttrs > remote::kMaxLaunchAttributes ||
+      (config->numAttrs > 0 && config->attrs == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  if (!s->functions.count(H(func)) && !s->kernels.count(H(func))) return CUDA_ERROR_INVALID_HANDLE;
+  uint8_t buf[64 + remote::kMaxLaunchAttributes * 68];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(func));
+  w.U32(config->gridDimX);
+  w.U32(config->gridDimY);
+  w.U32(config->gridDimZ);
+  w.U32(config->blockDimX);
+  w.U32(config->blockDimY);
+  w.U32(config->blockDimZ);
+  w.U32(config->sharedMemBytes);
+  w.U64(H(config->hStream));
+  w.U32(config->numAttrs);
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const uint32_t id = static_cast<uint32_t>(config->attrs[i].id);
+    if (!remote::IsPlainLaunchAttribute(id)) return Unsupported(fn);
+    w.U32(id);
+    w.Bytes(&config->attrs[i].value, sizeof(config->attrs[i].value));
+  }
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  int32_t v = 0;
+  if (!rv.reader.I32(&v)) return CUDA_ERROR_UNKNOWN;
+  *out = v;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func,
+                                           const CUlaunchConfig* config) {
+  return ClusterQuery(Fn::cuOccupancyMaxActiveClusters, numClusters, func, config);
+}
+
+CUresult Impl_cuOccupancyMaxPotentialClusterSize(int* clusterSize, CUfunction func,
+                                                 const CUlaunchConfig* config) {
+  return ClusterQuery(Fn::cuOccupancyMaxPotentialClusterSize, clusterSize, func, config);
 }
 
 }  // namespace tf::client

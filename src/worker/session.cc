@@ -86,6 +86,7 @@ class Session {
   // Libraries and kernels (cuLibrary*, cuKernel*), stream capture.
   CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
   CUresult CaptureCall(Fn fn, Reader& rd, Writer& out);
+  CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
   void EraseLibrary(uint64_t lib);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
@@ -651,6 +652,21 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuLaunchKernelEx:
     case Fn::cuLaunchKernelEx_ptsz:
       return LaunchCall(fn, rd);
+    case Fn::cuStreamCreateWithPriority: {
+      uint32_t flags = 0;
+      int32_t priority = 0;
+      rd.U32(&flags);
+      if (!rd.I32(&priority) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUstream s = nullptr;
+      CUresult r = CALL(cuStreamCreateWithPriority, &s, flags, priority);
+      if (r != CUDA_SUCCESS) return r;
+      streams_.insert(H(s));
+      out.U64(H(s));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuOccupancyMaxActiveClusters:
+    case Fn::cuOccupancyMaxPotentialClusterSize:
+      return ClusterOccupancy(fn, rd, out);
     case Fn::cuStreamCreate: {
       uint32_t flags = 0;
       if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
@@ -1273,6 +1289,46 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
+}
+
+// Cluster occupancy: the launch configuration as the client sends it for these queries (grid,
+// block, shared memory, stream, plain-valued attributes), checked like a launch's.
+CUresult Session::ClusterOccupancy(Fn fn, Reader& rd, Writer& out) {
+  uint64_t f = 0, s = 0;
+  uint32_t g[3] = {}, b[3] = {}, shmem = 0, nattrs = 0;
+  rd.U64(&f);
+  for (uint32_t& v : g) rd.U32(&v);
+  for (uint32_t& v : b) rd.U32(&v);
+  rd.U32(&shmem);
+  rd.U64(&s);
+  if (!rd.U32(&nattrs) || nattrs > remote::kMaxLaunchAttributes) return CUDA_ERROR_INVALID_VALUE;
+  CUlaunchAttribute attrs[remote::kMaxLaunchAttributes] = {};
+  for (uint32_t i = 0; i < nattrs; ++i) {
+    uint32_t id = 0;
+    if (!rd.U32(&id) || !remote::IsPlainLaunchAttribute(id)) return CUDA_ERROR_INVALID_VALUE;
+    attrs[i].id = static_cast<CUlaunchAttributeID>(id);
+    if (!rd.Bytes(&attrs[i].value, sizeof(attrs[i].value))) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!functions_.count(f) && !kernels_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  CUlaunchConfig cfg = {};
+  cfg.gridDimX = g[0];
+  cfg.gridDimY = g[1];
+  cfg.gridDimZ = g[2];
+  cfg.blockDimX = b[0];
+  cfg.blockDimY = b[1];
+  cfg.blockDimZ = b[2];
+  cfg.sharedMemBytes = shmem;
+  cfg.hStream = As<CUstream>(s);
+  cfg.attrs = nattrs ? attrs : nullptr;
+  cfg.numAttrs = nattrs;
+  int v = 0;
+  CUresult r = fn == Fn::cuOccupancyMaxActiveClusters
+                   ? CALL(cuOccupancyMaxActiveClusters, &v, As<CUfunction>(f), &cfg)
+                   : CALL(cuOccupancyMaxPotentialClusterSize, &v, As<CUfunction>(f), &cfg);
+  out.I32(v);
+  return r;
 }
 
 // Stream capture: the driver records what the client forwards into a capturing stream; the

@@ -1,7 +1,9 @@
 // Fake driver modules, libraries and kernel launches. Kernels are host functions registered with
 // fakecuda_register_kernel(_ex); a module image is the NUL-terminated text "fakecuda:<module>".
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "fake_device_identity.h"
@@ -284,6 +286,19 @@ FAKECUDA_EXPORT int fakecuda_register_kernel_ex(const char* module_name, const c
 
 // ---- Modules ----
 
+// A module from a file: the file's bytes, as cuModuleLoadData would take them.
+CUresult cuModuleLoad(CUmodule* module, const char* fname) {
+  if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FILE* f = fopen(fname, "rb");
+  if (f == nullptr) return CUDA_ERROR_FILE_NOT_FOUND;
+  std::string image;
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) image.append(chunk, n);
+  fclose(f);
+  return cuModuleLoadData(module, image.c_str());
+}
+
 CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   FAKECUDA_ENTER();
   return fakecuda::LoadModule(reinterpret_cast<Module**>(module), image);
@@ -519,6 +534,35 @@ CUresult cuOccupancyMaxPotentialBlockSize(int* min_grid, int* block_size, CUfunc
                                           CUoccupancyB2DSize cb, size_t smem, int limit) {
   return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block_size, function, cb, smem, limit,
                                                    0);
+}
+
+// Clusters on the fake device: any cluster of up to 8 blocks fits; as many clusters are active as
+// the SMs hold blocks of the configuration.
+CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction function, const CUlaunchConfig* config) {
+  FAKECUDA_ENTER();
+  if (clusters == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (fakecuda::FindKernel(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  unsigned size = 1;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      const auto& d = config->attrs[i].value.clusterDim;
+      size = d.x * d.y * d.z;
+    }
+  }
+  if (size == 0 || size > 8) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+  int threads = static_cast<int>(config->blockDimX * config->blockDimY * config->blockDimZ);
+  *clusters = FakeActiveBlocks(threads, config->sharedMemBytes) * fakecuda::kMultiprocessorCount /
+              static_cast<int>(size);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuOccupancyMaxPotentialClusterSize(int* size, CUfunction function,
+                                            const CUlaunchConfig* config) {
+  FAKECUDA_ENTER();
+  if (size == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (fakecuda::FindKernel(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *size = 8;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {

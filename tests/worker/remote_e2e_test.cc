@@ -283,7 +283,11 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_EQ(r.kv["alloc_in_pushed"], "b");
     EXPECT_EQ(r.kv["occupancy_bogus"], "400");
     EXPECT_NE(r.kv["occupancy"], "");  // equal to the driver's (ExpectSameKeys), callback included
-    EXPECT_EQ(r.kv["free_null"], "0");  // cudaFree(0) binds cudart's context this way
+    EXPECT_EQ(r.kv["free_null"], "0");
+    EXPECT_EQ(r.kv["priority_stream"], "7");
+    EXPECT_EQ(r.kv["module_file"], "0");
+    EXPECT_EQ(r.kv["module_missing"], "301");  // CUDA_ERROR_FILE_NOT_FOUND
+    EXPECT_NE(r.kv["clusters"], "");  // cudaFree(0) binds cudart's context this way
     EXPECT_EQ(r.kv["ctx_sync_v2"], "0:0");
     ExpectSameKeys(direct, r);
   }

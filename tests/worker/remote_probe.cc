@@ -375,6 +375,22 @@ int Local() {
     CHECK(cuOccupancyMaxPotentialBlockSize(&grid_cb, &block_cb, fill,
                                            [](int bs) -> size_t { return bs * 120; }, 0, 0));
     std::printf("occupancy=%d:%zu:%d:%d:%d:%d\n", blocks, avail, grid, block, grid_cb, block_cb);
+    CUlaunchAttribute cluster = {};
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = 2;
+    cluster.value.clusterDim.y = 1;
+    cluster.value.clusterDim.z = 1;
+    CUlaunchConfig cfg = {};
+    cfg.gridDimX = 8;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = 128;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    int clusters = 0, cluster_size = 0;
+    CHECK(cuOccupancyMaxActiveClusters(&clusters, fill, &cfg));
+    CHECK(cuOccupancyMaxPotentialClusterSize(&cluster_size, fill, &cfg));
+    std::printf("clusters=%d:%d\n", clusters, cluster_size);
     std::printf("occupancy_bogus=%d\n",
                 static_cast<int>(cuOccupancyMaxActiveBlocksPerMultiprocessor(
                     &blocks, reinterpret_cast<CUfunction>(0x1234), 256, 0)));
@@ -419,6 +435,31 @@ int Local() {
   std::printf("alloc_in_pushed=%s\n", Which(pctx, ctx, b));
   CHECK(cuMemFree(x));
   std::printf("free_null=%d\n", static_cast<int>(cuMemFree(0)));
+  {
+    CUstream prio = nullptr;
+    CHECK(cuStreamCreateWithPriority(&prio, CU_STREAM_NON_BLOCKING, -1));
+    CUdeviceptr y;
+    CHECK(cuMemAlloc(&y, 64));
+    Fill(fill, y, 7, 16, prio);
+    CHECK(cuStreamSynchronize(prio));
+    unsigned got = 0;
+    CHECK(cuMemcpyDtoH(&got, y + 60, 4));
+    CHECK(cuMemFree(y));
+    CHECK(cuStreamDestroy(prio));
+    std::printf("priority_stream=%u\n", got);
+    char path[] = "/tmp/tf-probe-module.XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, "fakecuda:builtin", 16) != 16) return 1;
+    close(fd);
+    CUmodule from_file = nullptr;
+    CUfunction f2 = nullptr;
+    CUresult lr = cuModuleLoad(&from_file, path);
+    unlink(path);
+    if (lr == CUDA_SUCCESS) lr = cuModuleGetFunction(&f2, from_file, "fill_u32");
+    std::printf("module_file=%d\n", static_cast<int>(lr));
+    std::printf("module_missing=%d\n",
+                static_cast<int>(cuModuleLoad(&from_file, "/nonexistent/tf-module.cubin")));
+  }
   std::printf("ctx_sync_v2=%d:%d\n", static_cast<int>(cuCtxSynchronize_v2(nullptr)),
               static_cast<int>(cuCtxSynchronize_v2(b)));
   CHECK(cuCtxDestroy(b));
