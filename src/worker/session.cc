@@ -111,9 +111,10 @@ class Session {
   CUresult PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out);
   // Host regions (remote_protocol.h kOpHostRegion*): page-locked memory the client shares.
   CUresult HostRegionCall(uint16_t op, Reader& rd, Writer& out);
-  // The region holding [host, host + n) by client address, or nullptr.
+  // The region holding [host, host + n) by client address (*base: its client address), or
+  // nullptr.
   struct HostRegion;
-  HostRegion* FindRegion(uint64_t host, uint64_t n);
+  HostRegion* FindRegion(uint64_t host, uint64_t n, uint64_t* base = nullptr);
   // Registers the transport's bulk memory with the driver once (pageable copies DMA from and to
   // it); needs a current context. arena_state_ says how it went.
   void RegisterArena();
@@ -756,12 +757,13 @@ void Session::HostFuncTrampoline(void* arg) {
 
 // ---- host regions and zero-copy bulk
 
-Session::HostRegion* Session::FindRegion(uint64_t host, uint64_t n) {
+Session::HostRegion* Session::FindRegion(uint64_t host, uint64_t n, uint64_t* base) {
   auto it = regions_.upper_bound(host);
   if (it == regions_.begin()) return nullptr;
   --it;
   const uint64_t off = host - it->first;
   if (off >= it->second.length || n > it->second.length - off) return nullptr;
+  if (base) *base = it->first;
   return &it->second;
 }
 
@@ -794,12 +796,13 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     else if (len > remote::kMaxHostRegionBytes || addr + len < addr) why = "range too large";
     else if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
                        CU_MEMHOSTALLOC_WRITECOMBINED)) why = "unknown flags";
-    else if (region_ids_.count(id)) why = "region id already in use";
-    else if (FindRegion(addr, 1) ||
-             regions_.lower_bound(addr) != regions_.upper_bound(addr + len - 1)) {
-      why = "range overlaps a region of this session";
-    } else if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < len) {
+    else if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < len) {
       why = "the shared memory is smaller than the range";
+    } else if (region_ids_.count(id)) {
+      why = "region id already in use";
+    } else if (FindRegion(addr, 1) ||
+               regions_.lower_bound(addr) != regions_.upper_bound(addr + len - 1)) {
+      why = "range overlaps a region of this session";
     }
     if (why) {
       Log("host region %llu [0x%llx, +%llu) refused: %s", static_cast<unsigned long long>(id),
@@ -861,10 +864,11 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
   rd.U64(&stream);
   if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
   if (!rd.Finish() || dir > remote::kRegionToHost || sync > 1 || n == 0) return CUDA_ERROR_INVALID_VALUE;
-  HostRegion* region = FindRegion(host, n);
+  uint64_t base = 0;
+  HostRegion* region = FindRegion(host, n, &base);
   if (region == nullptr || !Range(dptr, n)) return CUDA_ERROR_INVALID_VALUE;
   if (!Stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t* local = region->local + (host - regions_.find(host)->first);
+  uint8_t* local = region->local + (host - base);
   CUstream st = As<CUstream>(stream);
   if (dir == remote::kRegionToDevice) {
     return sync ? CALL(cuMemcpyHtoD_v2, dptr, local, n) : CALL(cuMemcpyHtoDAsync_v2, dptr, local, n, st);

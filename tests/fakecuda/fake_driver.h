@@ -115,6 +115,7 @@ struct Allocation {
   Context* ctx = nullptr;
   MemPool* pool = nullptr;                // stream-ordered allocations
   PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
+  unsigned host_flags = 0;                // kHost, kHostRegistered: cuMemHostAlloc/Register flags
 };
 
 struct PhysicalMemory {

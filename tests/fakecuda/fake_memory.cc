@@ -247,7 +247,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
 // ---- Host memory (page-locked in the real driver; not charged to the device) ----
 
 namespace {
-CUresult AllocateHost(void** pp, size_t bytesize) {
+CUresult AllocateHost(void** pp, size_t bytesize, unsigned flags) {
   if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   FAKECUDA_REQUIRE_CONTEXT(ctx);
   void* mem = fakecuda::MapHostMemory(bytesize);
@@ -259,6 +259,7 @@ CUresult AllocateHost(void** pp, size_t bytesize) {
   a.size = bytesize;
   a.mapped = bytesize;
   a.kind = MemoryKind::kHost;
+  a.host_flags = flags;
   a.device = ctx->device;
   a.ctx = ctx;
   d.allocations[a.base] = a;
@@ -269,13 +270,23 @@ CUresult AllocateHost(void** pp, size_t bytesize) {
 
 CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
   FAKECUDA_ENTER();
-  return AllocateHost(pp, bytesize);
+  return AllocateHost(pp, bytesize, 0);
 }
 
 CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   FAKECUDA_ENTER();
-  (void)flags;
-  return AllocateHost(pp, bytesize);
+  return AllocateHost(pp, bytesize, flags);
+}
+
+CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
+  FAKECUDA_ENTER();
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(reinterpret_cast<uintptr_t>(p));
+  if (a == nullptr || !fakecuda::IsHostKind(a->kind)) return CUDA_ERROR_INVALID_VALUE;
+  *flags = a->host_flags;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuMemFreeHost(void* p) {
@@ -328,6 +339,7 @@ CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
   a.base = base;
   a.size = bytesize;
   a.kind = MemoryKind::kHostRegistered;
+  a.host_flags = flags;
   a.device = ctx->device;
   a.ctx = ctx;
   d.allocations[a.base] = a;
