@@ -49,6 +49,12 @@ struct LoadTimeSetup {
 
 constexpr int kReceiveSliceMs = 1000;
 
+// TFUSION_HOST_REGIONS=0 keeps page-locked memory on the client (copies staged), for comparisons.
+bool HostRegionsDisabled() {
+  const char* v = getenv("TFUSION_HOST_REGIONS");
+  return v != nullptr && strcmp(v, "0") == 0;
+}
+
 }  // namespace
 
 void ClientLog(const char* fmt, ...) {
@@ -118,8 +124,10 @@ CUresult LoseConnection(Session* s, const TransportStatus& why) {
 
 namespace {
 
-// Waits for the reply to `seq`. Frames that are not it (async error events) are skipped.
-CUresult AwaitReply(Session* s, uint64_t seq, InFrame* in) {
+// Waits for the reply to `seq`. Frames that are not it (async error events) are skipped; copy
+// data for `seq` goes to sink when there is one.
+CUresult AwaitReply(Session* s, uint64_t seq, InFrame* in, CopyDataSink sink = nullptr,
+                    void* sink_ctx = nullptr) {
   for (;;) {
     TransportStatus st = s->transport->Receive(in, kReceiveSliceMs);
     if (st.code() == transport::TransportErrc::kTimeout) continue;
@@ -127,6 +135,18 @@ CUresult AwaitReply(Session* s, uint64_t seq, InFrame* in) {
     if (in->header.opcode == static_cast<uint16_t>(transport::Opcode::kCallReply) &&
         in->header.sequence == seq) {
       return CUDA_SUCCESS;
+    }
+    if (in->header.opcode == remote::kEvtCopyData) {
+      transport::Reader rd(in->payload, in->payload_length);
+      uint64_t call = 0, offset = 0;
+      rd.U64(&call);
+      rd.U64(&offset);
+      if (!rd.Finish() || call != seq || sink == nullptr ||
+          !sink(sink_ctx, offset, in->bulk, in->bulk_length)) {
+        return LoseConnection(s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
+                                                        "unexpected copy data"));
+      }
+      continue;
     }
     if (in->header.opcode >= remote::kEventBase) HandleEventFrame(s, *in);
   }
@@ -177,13 +197,14 @@ CUresult SendAsync(Session* s, uint16_t op, const transport::Writer& payload, co
   return SendFrame(s, op, 0, payload, bulk, bulk_len, nullptr);
 }
 
-CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
-                  const void* bulk, uint64_t bulk_len) {
+namespace {
+CUresult CallSyncImpl(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
+                      const void* bulk, uint64_t bulk_len, CopyDataSink sink, void* sink_ctx) {
   uint64_t seq = 0;
   CUresult r = SendFrame(s, op, transport::kFlagReplyExpected, payload, bulk, bulk_len, &seq);
   if (r != CUDA_SUCCESS) return r;
   InFrame in;
-  r = AwaitReply(s, seq, &in);
+  r = AwaitReply(s, seq, &in, sink, sink_ctx);
   if (r != CUDA_SUCCESS) return r;
   transport::Reader rd(in.payload, in.payload_length);
   if (in.header.flags & transport::kFlagError) {
@@ -212,6 +233,17 @@ CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, Rep
     reply->bulk_len = in.bulk_length;
   }
   return static_cast<CUresult>(result);
+}
+}  // namespace
+
+CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
+                  const void* bulk, uint64_t bulk_len) {
+  return CallSyncImpl(s, op, payload, reply, bulk, bulk_len, nullptr, nullptr);
+}
+
+CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payload,
+                          CopyDataSink sink, void* sink_ctx) {
+  return CallSyncImpl(s, op, payload, nullptr, nullptr, 0, sink, sink_ctx);
 }
 
 namespace {
@@ -294,6 +326,12 @@ CUresult ConnectLocked() {
   }
   auto* s = new Session();
   s->transport = std::move(t);
+  void* bulk_base = nullptr;
+  uint64_t bulk_bytes = 0;
+  s->pipelined_copies = s->transport->BulkMemory(&bulk_base, &bulk_bytes);
+  s->host_regions = s->transport->CanShareHostMemory() &&
+                    (s->transport->session().features & transport::kFeatureHostRegions) != 0 &&
+                    !HostRegionsDisabled();
   CUresult r = FetchSessionInfo(s);
   if (r != CUDA_SUCCESS) {
     if (s->sticky == CUDA_SUCCESS) ClientLog("the worker's driver failed cuInit with error %d", r);

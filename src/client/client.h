@@ -94,6 +94,11 @@ struct Session {
   std::unordered_map<uint64_t, Capture> capturing;
   uint64_t next_capture_id = 1;
   uint64_t next_buffer_id = 1;
+  // Host regions (client_host.cc): the worker accepts them and the transport can share memory.
+  bool host_regions = false;
+  uint64_t next_region_id = 1;
+  // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
+  bool pipelined_copies = false;
   std::vector<uint8_t> reply_copy;             // scratch
 };
 
@@ -145,6 +150,12 @@ struct ReplyView {
 };
 CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
                   const void* bulk = nullptr, uint64_t bulk_len = 0);
+// CallSync for a call whose data arrives as kEvtCopyData frames before its reply: each one is
+// handed to sink(ctx, offset, bytes, length) (views valid during the call only); the sink
+// returns false for a slice it refuses (out of bounds), which breaks the connection.
+using CopyDataSink = bool (*)(void* ctx, uint64_t offset, const uint8_t* data, uint64_t len);
+CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payload,
+                          CopyDataSink sink, void* sink_ctx);
 // Hook for event frames (opcode >= 0x8100) that arrive while a call waits for its reply
 // (host functions, client_callbacks.cc). The frame's views are valid during the call only.
 void HandleEventFrame(Session* s, const transport::InFrame& in);

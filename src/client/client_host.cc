@@ -1,24 +1,43 @@
-// Page-locked host memory, emulated on the client: cuMemAllocHost/cuMemHostAlloc give plain
-// page-aligned host memory of this process, cuMemHostRegister only records the range. Copies from
-// and to it travel like pageable copies (staged through the transport). The next step is the
-// same-address registered arena (docs/protocol.md): host allocations placed in the shared-memory
-// arena that the worker maps at the same address and registers with its driver.
+// Page-locked host memory.
 //
-// Device pointers of mapped host memory (cuMemHostGetDevicePointer) are the host address, as
-// under unified addressing; kernels on the worker cannot dereference them (docs/remote.md).
+// Over a transport that can share host memory (shared memory today) with a worker that accepts
+// host regions (kFeatureHostRegions), cuMemAllocHost/cuMemHostAlloc memory is a memfd mapped here
+// and offered to the worker, which maps it too (at the same virtual address when it can) and
+// registers it with its driver (cuMemHostRegister): a copy between it and device memory sends
+// only addresses (kOpHostRegionCopy) and is real DMA on the worker; async copies are
+// fire-and-forget in stream order, and data copied to it appears here once the stream has
+// reached the copy (after a synchronizing call, as in CUDA). Each allocation is its own memfd,
+// sized to the request (page-rounded): nothing is preallocated.
+//
+// Otherwise (TCP, TFUSION_HOST_REGIONS=0, a worker whose driver cannot register host memory) the
+// memory is plain memory of this process and copies from and to it are staged like pageable
+// ones. cuMemHostRegister only records the range: existing memory cannot be shared afterwards.
+//
+// Device pointers (cuMemHostGetDevicePointer): for a region mapped at the same address, the
+// worker driver's device pointer (the host address under unified addressing); a region the worker
+// had to map elsewhere is refused (its address differs between the two processes); plain memory
+// gets the host address, which kernels on the worker cannot dereference (docs/remote.md).
+#include <errno.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
 
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
 namespace tf::client {
 namespace {
 
-std::mutex g_host_mu;
+using transport::Writer;
+
+std::mutex g_host_mu;  // guards HostRanges(); taken after State().mu, never before it
 std::map<uint64_t, HostRange>& HostRanges() {
   static auto* m = new std::map<uint64_t, HostRange>();  // never destroyed
   return *m;
@@ -42,25 +61,117 @@ bool OverlapsLocked(uint64_t p, uint64_t n) {
   return it->first + it->second.size > p;
 }
 
+uint64_t PageRound(uint64_t n) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return (n + page - 1) / page * page;
+}
+
+// Regions are placed in a window of the address space that neither this process's allocator nor
+// the worker's (whose mappings sit near the top, below the stack) normally reaches, so that the
+// worker's MAP_FIXED_NOREPLACE at the same address almost always succeeds. Addresses are not
+// reused; the window holds 32 TiB.
+constexpr uint64_t kRegionWindowBase = 0x4f0000000000ull;
+constexpr uint64_t kRegionWindowEnd = 0x6f0000000000ull;
+constexpr uint64_t kRegionAlignment = 2ull << 20;
+std::atomic<uint64_t> g_window_next{kRegionWindowBase};
+
+void* MapRegion(int fd, uint64_t len) {
+  const uint64_t span = (len + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const uint64_t at = g_window_next.fetch_add(span);
+    if (at + span > kRegionWindowEnd) break;
+    void* p = mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+    if (p == MAP_FAILED) {
+      if (errno == EEXIST) continue;
+      break;
+    }
+    if (H(p) == at) return p;
+    munmap(p, len);  // a kernel without MAP_FIXED_NOREPLACE took the address as a hint
+    break;
+  }
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// Allocates `bytes` as a host region shared with the worker. CUDA_ERROR_NOT_SUPPORTED when the
+// memory cannot be shared (the caller falls back to plain memory); other errors are the worker's.
+CUresult AllocRegion(Session* s, size_t bytes, unsigned flags, HostRange* h, void** pp) {
+  const uint64_t len = PageRound(bytes);
+  if (len > remote::kMaxHostRegionBytes) return CUDA_ERROR_NOT_SUPPORTED;
+  int fd = memfd_create("tfusion-pinned", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* p = MapRegion(fd, len);
+  if (p == nullptr) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const uint64_t id = s->next_region_id++;
+  transport::TransportStatus st = s->transport->OfferHostMemory(id, fd);
+  close(fd);  // the offer carries its own reference to the file
+  if (!st.ok()) {
+    munmap(p, len);
+    return LoseConnection(s, st);
+  }
+  uint8_t buf[32];
+  Writer w(buf, sizeof(buf));
+  w.U64(id);
+  w.U64(H(p));
+  w.U64(len);
+  w.U32(flags);
+  ReplyView rv;
+  CUresult r = CallSync(s, remote::kOpHostRegionMap, w, &rv);
+  uint8_t same = 0;
+  uint64_t dptr = 0;
+  if (r == CUDA_SUCCESS) {
+    rv.reader.U8(&same);
+    if (!rv.reader.U64(&dptr)) r = CUDA_ERROR_UNKNOWN;
+  }
+  if (r != CUDA_SUCCESS) {
+    munmap(p, len);
+    return r;
+  }
+  h->region_id = id;
+  h->owner = s;
+  h->mapped = len;
+  h->same_address = same != 0;
+  h->device_ptr = dptr;
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
 CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   TF_LOCK(l);
+  Session* s = l.session();
   uint64_t ctx = CurrentContext();
-  auto c = l.session()->contexts.find(ctx);
-  if (c == l.session()->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
-  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  size_t len = (bytes + page - 1) / page * page;
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto c = s->contexts.find(ctx);
+  if (c == s->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
   HostRange h;
-  h.base = H(p);
   h.size = bytes;
   h.flags = flags;
   h.ctx = ctx;
   h.device = c->second;
+  void* p = nullptr;
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (s->host_regions) {
+    TF_CTX(l);  // the worker registers the region in the caller's context
+    r = AllocRegion(s, bytes, flags, &h, &p);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED) return r;
+  }
+  if (r == CUDA_ERROR_NOT_SUPPORTED) {
+    p = mmap(nullptr, PageRound(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    h.mapped = PageRound(bytes);
+  }
+  h.base = H(p);
   std::lock_guard<std::mutex> g(g_host_mu);
   HostRanges()[h.base] = h;
   *pp = p;
@@ -77,6 +188,26 @@ bool FindHostRange(uint64_t p, HostRange* out) {
   return true;
 }
 
+bool InHostRegion(Session* s, uint64_t p, uint64_t n) {
+  HostRange h;
+  return n > 0 && FindHostRange(p, &h) && h.region_id != 0 && h.owner == s &&
+         n <= h.size - (p - h.base);
+}
+
+CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,
+                        uint64_t stream, bool async) {
+  uint8_t buf[40];
+  Writer w(buf, sizeof(buf));
+  w.U8(direction);
+  w.U8(async ? 0 : 1);
+  w.U64(dptr);
+  w.U64(host);
+  w.U64(n);
+  w.U64(stream);
+  return async ? SendAsync(s, remote::kOpHostRegionCopy, w)
+               : CallSync(s, remote::kOpHostRegionCopy, w, nullptr);
+}
+
 CUresult Impl_cuMemAllocHost_v2(void** pp, size_t bytesize) { return AllocHost(pp, bytesize, 0); }
 CUresult Impl_cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   return AllocHost(pp, bytesize, flags);
@@ -84,12 +215,27 @@ CUresult Impl_cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
 
 CUresult Impl_cuMemFreeHost(void* p) {
   TF_LOCK(l);
-  std::lock_guard<std::mutex> g(g_host_mu);
-  auto it = HostRanges().find(H(p));
-  if (it == HostRanges().end() || it->second.registered) return CUDA_ERROR_INVALID_VALUE;
-  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  munmap(p, (it->second.size + page - 1) / page * page);
-  HostRanges().erase(it);
+  HostRange h;
+  {
+    std::lock_guard<std::mutex> g(g_host_mu);
+    auto it = HostRanges().find(H(p));
+    if (it == HostRanges().end() || it->second.registered) return CUDA_ERROR_INVALID_VALUE;
+    h = it->second;
+  }
+  if (h.region_id != 0 && h.owner == l.session()) {
+    // The worker unregisters and unmaps first; the memory stays mapped here until it has.
+    uint8_t buf[8];
+    Writer w(buf, sizeof(buf));
+    w.U64(h.region_id);
+    if (CUresult r = CallSync(l.session(), remote::kOpHostRegionUnmap, w, nullptr); r != CUDA_SUCCESS) {
+      return r;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> g(g_host_mu);
+    HostRanges().erase(H(p));
+  }
+  munmap(p, h.mapped);
   return CUDA_SUCCESS;
 }
 
@@ -130,8 +276,23 @@ CUresult Impl_cuMemHostUnregister(void* p) {
 CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int flags) {
   if (pdptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  if (!FindHostRange(H(p), nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  *pdptr = H(p);
+  HostRange h;
+  if (!FindHostRange(H(p), &h)) return CUDA_ERROR_INVALID_VALUE;
+  if (h.region_id == 0 || h.owner != l.session()) {
+    *pdptr = H(p);
+    return CUDA_SUCCESS;
+  }
+  if (!h.same_address) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      ClientLog("cuMemHostGetDevicePointer: the worker could not map this page-locked memory at "
+                "the same address, so kernels cannot use it (zero-copy access refused: "
+                "CUDA_ERROR_NOT_SUPPORTED); copies to and from it still work");
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (h.device_ptr == 0) return CUDA_ERROR_INVALID_VALUE;
+  *pdptr = h.device_ptr + (H(p) - h.base);
   return CUDA_SUCCESS;
 }
 

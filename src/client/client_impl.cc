@@ -115,22 +115,32 @@ CUresult LoadModule(CUmodule* module, const void* image) {
   return CUDA_SUCCESS;
 }
 
+// Host to device. From a host region: addresses only. From pageable memory: slices through the
+// transport's bulk memory; where the transport has zero-copy bulk the slices are small and, for a
+// synchronous copy, all but the last go fire-and-forget on the legacy stream (ordered exactly as
+// the synchronous copy would be), so that the memcpy of one slice here overlaps the worker's DMA
+// of the previous ones; the last one is synchronous and returns the copy's result.
 CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
+  if (InHostRegion(s, H(src), n)) {
+    return HostRegionCopy(s, remote::kRegionToDevice, dst, H(src), n, H(stream), async);
+  }
   uint64_t slice = s->transport->max_bulk_bytes();
+  if (s->pipelined_copies) slice = std::min<uint64_t>(slice, remote::kPipelinedCopySlice);
   const uint8_t* p = static_cast<const uint8_t*>(src);
   for (uint64_t off = 0; off < n; off += slice) {
     uint64_t len = std::min<uint64_t>(slice, n - off);
+    const bool last = off + len == n;
     uint8_t buf[24];
     Writer w(buf, sizeof(buf));
     w.U64(dst + off);
     CUresult r;
-    if (async) {
-      w.U64(H(stream));
+    if (async || (s->pipelined_copies && !last)) {
+      w.U64(async ? H(stream) : 0);
       r = SendAsync(s, Op(Fn::cuMemcpyHtoDAsync_v2), w, p + off, len);
     } else {
       r = CallSync(s, Op(Fn::cuMemcpyHtoD_v2), w, nullptr, p + off, len);
@@ -140,28 +150,38 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
   return CUDA_SUCCESS;
 }
 
+struct CopyOut {
+  uint8_t* dst;
+  uint64_t n;
+};
+
+bool SinkCopyData(void* ctx, uint64_t offset, const uint8_t* data, uint64_t len) {
+  auto* c = static_cast<CopyOut*>(ctx);
+  if (offset > c->n || len > c->n - offset) return false;
+  memcpy(c->dst + offset, data, len);
+  return true;
+}
+
+// Device to host. Into a host region: addresses only (async ones fire-and-forget). Into pageable
+// memory: one call whose data streams back in kEvtCopyData slices before its reply (the worker
+// overlaps its DMA of the next slices with this side's memcpy of the earlier ones).
 CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
-  uint64_t slice = s->transport->max_bulk_bytes();
-  uint8_t* p = static_cast<uint8_t*>(dst);
-  for (uint64_t off = 0; off < n; off += slice) {
-    uint64_t len = std::min<uint64_t>(slice, n - off);
-    uint8_t buf[24];
-    Writer w(buf, sizeof(buf));
-    w.U64(src + off);
-    w.U64(len);
-    if (async) w.U64(H(stream));
-    ReplyView rv;
-    CUresult r = CallSync(s, Op(async ? Fn::cuMemcpyDtoHAsync_v2 : Fn::cuMemcpyDtoH_v2), w, &rv);
-    if (r != CUDA_SUCCESS) return r;
-    if (rv.bulk_len != len) return CUDA_ERROR_UNKNOWN;
-    memcpy(p + off, rv.bulk, len);
+  if (InHostRegion(s, H(dst), n)) {
+    return HostRegionCopy(s, remote::kRegionToHost, src, H(dst), n, H(stream), async);
   }
-  return CUDA_SUCCESS;
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.U64(src);
+  w.U64(n);
+  if (async) w.U64(H(stream));
+  CopyOut out{static_cast<uint8_t*>(dst), n};
+  return CallSyncWithData(s, Op(async ? Fn::cuMemcpyDtoHAsync_v2 : Fn::cuMemcpyDtoH_v2), w,
+                          &SinkCopyData, &out);
 }
 
 CUresult Memset(Fn fn, CUdeviceptr dst, uint32_t value, size_t n, CUstream stream, bool async) {

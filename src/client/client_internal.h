@@ -53,7 +53,19 @@ struct HostRange {
   bool registered = false;  // cuMemHostRegister (else cuMemAllocHost/cuMemHostAlloc)
   uint64_t ctx = 0;
   int device = 0;
+  // A host region shared with the worker of `owner` (0: plain client memory).
+  uint64_t region_id = 0;
+  const Session* owner = nullptr;
+  uint64_t mapped = 0;          // bytes mapped (size rounded up to pages)
+  bool same_address = false;    // the worker mapped it at the same address
+  uint64_t device_ptr = 0;      // the worker driver's device pointer for base (0: none)
 };
 bool FindHostRange(uint64_t p, HostRange* out);
+// Whether [p, p + n) lies wholly in one host region shared with s's worker. Requires the session.
+bool InHostRegion(Session* s, uint64_t p, uint64_t n);
+// A copy between device memory and a host region: only addresses travel (kOpHostRegionCopy).
+// Requires the session and the context prepared.
+CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,
+                        uint64_t stream, bool async);
 
 }  // namespace tf::client

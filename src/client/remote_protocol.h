@@ -37,10 +37,40 @@ inline constexpr uint16_t kOpImageChunk = 0x0011;
 // callback thread outside the call mutex (its sequence number may overtake a call's).
 inline constexpr uint16_t kOpHostFuncDone = 0x0012;
 
+// Host regions (feature kFeatureHostRegions, over a transport that CanShareHostMemory): page-locked
+// host memory (cuMemAllocHost, cuMemHostAlloc) that the client maps from a memfd and offers to the
+// worker (Transport::OfferHostMemory) before sending kOpHostRegionMap. The worker maps it at the
+// same address when it can, registers it with its driver (cuMemHostRegister) and checks every
+// region message against its own table. docs/remote.md "Host regions".
+//   kOpHostRegionMap    reply-expected; u64 region id, u64 client address, u64 length (page
+//                       multiple), u32 cuMemHostAlloc flags -> u8 same address, u64 device
+//                       pointer (0 when the driver gives none)
+//   kOpHostRegionUnmap  reply-expected; u64 region id (the worker unregisters and unmaps it)
+//   kOpHostRegionCopy   u8 direction (kRegionToDevice / kRegionToHost), u8 synchronous,
+//                       u64 device pointer, u64 client host address, u64 length, u64 stream.
+//                       synchronous (reply-expected): cuMemcpyHtoD/DtoH semantics; otherwise
+//                       fire-and-forget cuMemcpyHtoDAsync/DtoHAsync on the stream.
+inline constexpr uint16_t kOpHostRegionMap = 0x0013;
+inline constexpr uint16_t kOpHostRegionUnmap = 0x0014;
+inline constexpr uint16_t kOpHostRegionCopy = 0x0015;
+inline constexpr uint8_t kRegionToDevice = 0;
+inline constexpr uint8_t kRegionToHost = 1;
+inline constexpr uint64_t kMaxHostRegionBytes = 1ull << 40;
+constexpr bool IsHostRegionOp(uint16_t op) {
+  return op >= kOpHostRegionMap && op <= kOpHostRegionCopy;
+}
+
 // Events, worker -> client, this layer's range (>= kEventBase): never a reply to anything.
 inline constexpr uint16_t kEventBase = 0x8100;
 // A stream reached host function `id`. Payload: u64 id. The stream waits for kOpHostFuncDone.
 inline constexpr uint16_t kEvtHostFunc = 0x8100;
+// One slice of a device-to-host copy's data (cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2 to pageable
+// memory), sent before the call's reply. Payload: u64 the call's sequence, u64 offset into the
+// copy; bulk: the bytes. The copy's length is not limited by the transport's bulk limit.
+inline constexpr uint16_t kEvtCopyData = 0x8101;
+// Slices of pageable copies over a transport with zero-copy bulk memory: small enough that the
+// client's memcpy of one overlaps the worker's DMA of the previous ones.
+inline constexpr uint64_t kPipelinedCopySlice = 4ull << 20;
 
 inline constexpr uint32_t kMaxDeviceName = 256;
 inline constexpr uint32_t kMaxDevices = 64;

@@ -24,7 +24,11 @@ inline constexpr size_t kMaxHandshakePayload = 1024;
 // supported set, so a peer that *requires* it is refused with kUnknownRequiredFeature.
 inline constexpr uint64_t kFeatureDeferredErrors = 1ull << 0;  // async errors at next sync reply
 inline constexpr uint64_t kFeatureBulkArena = 1ull << 1;       // shm bulk slices by arena offset
-inline constexpr uint64_t kKnownFeatures = kFeatureDeferredErrors | kFeatureBulkArena;
+// The server accepts host-memory regions (page-locked memory shared with the client, opcodes
+// 0x0013-0x0015 of docs/remote.md); used only over a transport that can share host memory.
+inline constexpr uint64_t kFeatureHostRegions = 1ull << 2;
+inline constexpr uint64_t kKnownFeatures =
+    kFeatureDeferredErrors | kFeatureBulkArena | kFeatureHostRegions;
 
 struct ClientHello {
   uint16_t min_version = kProtocolVersionMin;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <new>
 
 #include "transport/shm_segment.h"
@@ -34,6 +35,8 @@ constexpr uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a;
 TransportStatus ProtocolError(const char* what) {
   return TransportStatus::Error(TransportErrc::kProtocol, 0, "shm: %s", what);
 }
+
+TransportStatus SendMessage(int fd, const uint8_t* data, size_t len, int pass_fd);
 
 class ShmTransport final : public Transport {
  public:
@@ -96,6 +99,18 @@ class ShmTransport final : public Transport {
   const ServerHello& session() const override { return session_; }
   const char* kind() const override { return "shm"; }
 
+  bool CanShareHostMemory() const override { return true; }
+  TransportStatus OfferHostMemory(uint64_t region_id, int fd) override;
+  TransportStatus TakeHostMemory(uint64_t region_id, int timeout_ms, int* fd) override;
+  bool BulkMemory(void** base, uint64_t* length) const override {
+    *base = arena_;
+    *length = geo_.arena_bytes;
+    return true;
+  }
+  bool HoldBulk(uint64_t* token) override;
+  void ReleaseBulk(uint64_t token) override;
+  TransportStatus ReserveBulk(uint64_t n, int timeout_ms, void** data) override;
+
  private:
   TransportStatus CheckPeer();
   TransportStatus AllocBulk(uint64_t n, int64_t deadline, uint64_t* offset);
@@ -132,6 +147,10 @@ class ShmTransport final : public Transport {
   uint64_t head_ = 0;
   uint64_t alloc_ = 0;
   TransportStatus tx_error_;
+  struct Reserved {
+    uint64_t offset, length;
+  };
+  std::deque<Reserved> reserved_;  // ReserveBulk slices not sent yet, in allocation order
 
   // Consumer side (one thread).
   uint64_t tail_ = 0;
@@ -139,7 +158,134 @@ class ShmTransport final : public Transport {
   uint64_t pending_record_ = 0;    // bytes of the record last returned by Receive
   uint64_t pending_free_to_ = 0;   // arena free position after releasing its bulk; 0 = none
   TransportStatus rx_error_;
+  // Incoming bulk slices not yet given back, in arrival (= allocation) order: the last frame's
+  // and those held (HoldBulk). The sender's space returns up to the first one still in use.
+  // slices_mu_ guards them and free_ (ReleaseBulk runs on any thread).
+  struct Slice {
+    uint64_t end;
+    bool released;
+  };
+  Mutex slices_mu_;
+  std::deque<Slice> slices_;
+  void AdvanceFreeLocked();
 };
+
+void ShmTransport::AdvanceFreeLocked() {
+  uint64_t to = 0;
+  while (!slices_.empty() && slices_.front().released) {
+    to = slices_.front().end;
+    slices_.pop_front();
+  }
+  if (to == 0) return;
+  free_ = to;
+  in_arena_->free_pos.store(free_, std::memory_order_release);
+  Notify(&in_arena_->space_seq, &in_arena_->producer_sleeping);
+}
+
+bool ShmTransport::HoldBulk(uint64_t* token) {
+  if (pending_free_to_ == 0) return false;
+  *token = pending_free_to_;  // the slice's end position: unique for the connection's life
+  pending_free_to_ = 0;       // no longer released by the next Receive
+  return true;
+}
+
+void ShmTransport::ReleaseBulk(uint64_t token) {
+  MutexLock l(&slices_mu_);
+  for (Slice& s : slices_) {
+    if (s.end == token) {
+      s.released = true;
+      break;
+    }
+  }
+  AdvanceFreeLocked();
+}
+
+TransportStatus ShmTransport::ReserveBulk(uint64_t n, int timeout_ms, void** data) {
+  *data = nullptr;
+  if (n == 0 || n > max_bulk_) {
+    return TransportStatus::Error(TransportErrc::kInvalidArgument, 0,
+                                  "bulk reservation of %llu bytes (max %llu)",
+                                  static_cast<unsigned long long>(n),
+                                  static_cast<unsigned long long>(max_bulk_));
+  }
+  if (closed_.load(std::memory_order_acquire)) {
+    return TransportStatus::Error(TransportErrc::kClosed, 0, "transport closed");
+  }
+  MutexLock l(&tx_mu_);
+  if (!tx_error_.ok()) return tx_error_;
+  uint64_t offset = 0;
+  TransportStatus st = AllocBulk(n, DeadlineAfterMs(timeout_ms), &offset);
+  if (st.code() == TransportErrc::kTimeout) return st;  // nothing reserved; still usable
+  if (!st.ok()) {
+    tx_error_ = st;
+    return st;
+  }
+  reserved_.push_back({offset, n});
+  *data = arena_ + offset;
+  return TransportStatus::Ok();
+}
+
+TransportStatus ShmTransport::OfferHostMemory(uint64_t region_id, int fd) {
+  if (closed_.load(std::memory_order_acquire)) {
+    return TransportStatus::Error(TransportErrc::kClosed, 0, "transport closed");
+  }
+  if (fd < 0) return TransportStatus::Error(TransportErrc::kInvalidArgument, 0, "no descriptor");
+  uint8_t id[8];
+  for (int i = 0; i < 8; ++i) id[i] = static_cast<uint8_t>(region_id >> (8 * i));
+  const int64_t deadline = DeadlineAfterMs(options_.io_timeout_ms);
+  for (;;) {
+    TransportStatus st = SendMessage(sock_, id, sizeof(id), fd);
+    if (st.ok() || st.sys_errno() != EAGAIN) return st;
+    TF_TRANSPORT_RETURN_IF_ERROR(internal::WaitFd(sock_, POLLOUT, deadline, "shm offer"));
+  }
+}
+
+TransportStatus ShmTransport::TakeHostMemory(uint64_t region_id, int timeout_ms, int* fd) {
+  *fd = -1;
+  if (closed_.load(std::memory_order_acquire)) {
+    return TransportStatus::Error(TransportErrc::kClosed, 0, "transport closed");
+  }
+  TF_TRANSPORT_RETURN_IF_ERROR(
+      internal::WaitFd(sock_, POLLIN, DeadlineAfterMs(timeout_ms), "shm host memory offer"));
+  uint8_t id[9];
+  iovec iov{id, sizeof(id)};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(int) * 4)];
+  m.msg_control = ctl;
+  m.msg_controllen = sizeof(ctl);
+  ssize_t n = recvmsg(sock_, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0) {
+    if (errno == EAGAIN) return TransportStatus::Error(TransportErrc::kTimeout, 0, "no offer");
+    return internal::ErrnoStatus(errno, "shm host memory offer");
+  }
+  int got = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int f;
+      memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (got < 0) got = f;
+      else close(f);  // never leak descriptors a peer pushes at us
+    }
+  }
+  if (n == 0) {
+    if (got >= 0) close(got);
+    return TransportStatus::Error(TransportErrc::kPeerDead, 0, "peer closed its socket");
+  }
+  uint64_t got_id = 0;
+  for (int i = 0; i < 8 && i < n; ++i) got_id |= static_cast<uint64_t>(id[i]) << (8 * i);
+  if (n != 8 || got < 0 || got_id != region_id || (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    if (got >= 0) close(got);
+    return TransportStatus::Error(TransportErrc::kProtocol, 0,
+                                  "shm: the next host memory offer is not region %llu",
+                                  static_cast<unsigned long long>(region_id));
+  }
+  *fd = got;
+  return TransportStatus::Ok();
+}
 
 TransportStatus ShmTransport::CheckPeer() {
   if (closed_.load(std::memory_order_acquire)) {
@@ -253,7 +399,20 @@ TransportStatus ShmTransport::Send(const OutFrame& f) {
   if (!tx_error_.ok()) return tx_error_;
   uint8_t desc[kBulkDescriptorSize];
   TransportStatus st;
-  if (f.bulk_length) {
+  if (f.bulk_length && (f.bulk_reserved || !reserved_.empty())) {
+    // A reserved slice goes out in reservation order, before any other bulk.
+    if (!f.bulk_reserved || reserved_.empty() ||
+        static_cast<const uint8_t*>(f.bulk) != arena_ + reserved_.front().offset ||
+        f.bulk_length != reserved_.front().length) {
+      return TransportStatus::Error(TransportErrc::kInvalidArgument, 0,
+                                    "bulk frame out of reservation order");
+    }
+    BulkDescriptor d;
+    d.length = f.bulk_length;
+    d.arena_offset = reserved_.front().offset;
+    reserved_.pop_front();
+    EncodeBulkDescriptor(d, desc);
+  } else if (f.bulk_length) {
     BulkDescriptor d;
     d.length = f.bulk_length;
     st = AllocBulk(f.bulk_length, deadline, &d.arena_offset);
@@ -284,10 +443,15 @@ void ShmTransport::ReleasePending() {
     Notify(&in_ring_->space_seq, &in_ring_->producer_sleeping);
   }
   if (pending_free_to_) {
-    free_ = pending_free_to_;
+    MutexLock l(&slices_mu_);
+    for (auto it = slices_.rbegin(); it != slices_.rend(); ++it) {
+      if (it->end == pending_free_to_) {
+        it->released = true;
+        break;
+      }
+    }
     pending_free_to_ = 0;
-    in_arena_->free_pos.store(free_, std::memory_order_release);
-    Notify(&in_arena_->space_seq, &in_arena_->producer_sleeping);
+    AdvanceFreeLocked();
   }
 }
 
@@ -361,15 +525,20 @@ TransportStatus ShmTransport::Receive(InFrame* frame, int timeout_ms) {
           d.arena_offset % kArenaSliceAlignment) {
         return fail(ProtocolError("bulk slice outside the peer's arena half"));
       }
+      // Slices arrive in allocation order: the next one starts after the newest still in use
+      // (held ones included), or at the free position when none is.
+      MutexLock l(&slices_mu_);
+      const uint64_t from = slices_.empty() ? free_ : slices_.back().end;
       const uint64_t rel = d.arena_offset - in_half_base_;
-      const uint64_t free_off = free_ % half_;
-      const uint64_t pos = rel >= free_off ? free_ + (rel - free_off) : free_ + (half_ - free_off) + rel;
+      const uint64_t from_off = from % half_;
+      const uint64_t pos = rel >= from_off ? from + (rel - from_off) : from + (half_ - from_off) + rel;
       const uint64_t end = pos + AlignUp(d.length, kArenaSliceAlignment);
       if (end - free_ > half_ || end > in_arena_->alloc_pos.load(std::memory_order_acquire)) {
         return fail(ProtocolError("bulk slice out of allocation order"));
       }
       frame->bulk = arena_ + d.arena_offset;
       frame->bulk_length = d.length;
+      slices_.push_back({end, false});
       pending_free_to_ = end;
     }
     pending_record_ = rec;

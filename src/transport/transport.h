@@ -48,6 +48,9 @@ struct OutFrame {
   uint32_t payload_length = 0;
   const void* bulk = nullptr;
   uint64_t bulk_length = 0;
+  // bulk is a slice this side got from ReserveBulk and filled in place (no copy). Reserved slices
+  // are sent in the order they were reserved, before any other frame with bulk.
+  bool bulk_reserved = false;
 };
 
 // A received frame. payload and bulk are views owned by the transport, valid until the next
@@ -85,6 +88,41 @@ class Transport {
   // Idempotent. Queued frames are flushed for at most io_timeout_ms first; the peer then sees
   // kPeerClosed after it has received them.
   virtual void Close() = 0;
+
+  // ---- Optional capabilities. A transport that lacks one keeps the default: "unsupported". ----
+  //
+  // Sharing host memory with the peer (shm: a memfd passed over the rendezvous socket with
+  // SCM_RIGHTS; RDMA later: a registered memory region). Used for page-locked host memory that
+  // both processes map (docs/remote.md, "host regions").
+  virtual bool CanShareHostMemory() const { return false; }
+  // Sender: hands the peer `fd` (a memfd; the caller keeps its own descriptor) under region_id.
+  // Call it before sending the frame that names the region: the peer takes offers in order.
+  virtual TransportStatus OfferHostMemory(uint64_t region_id, int fd);
+  // Receiver: the next offered region, which must be region_id; the caller owns *fd. Waits up to
+  // timeout_ms. kProtocol when the next offer names another region (that offer is dropped),
+  // kTimeout when none arrived. The transport stays usable either way.
+  virtual TransportStatus TakeHostMemory(uint64_t region_id, int timeout_ms, int* fd);
+  //
+  // Zero-copy bulk: the memory that bulk views and reserved slices lie in, so that a worker can
+  // register it with the driver once (cuMemHostRegister) and DMA to and from it directly.
+  virtual bool BulkMemory(void** base, uint64_t* length) const {
+    (void)base;
+    (void)length;
+    return false;
+  }
+  // Keeps the bulk view of the frame the last Receive returned valid past the next Receive, until
+  // ReleaseBulk(*token). The sender gets the space back once every earlier slice is released too.
+  // False (nothing held) when unsupported or the frame had no bulk.
+  virtual bool HoldBulk(uint64_t* token) {
+    (void)token;
+    return false;
+  }
+  // Thread-safe (a driver callback may call it). REQUIRES: token from HoldBulk, released once.
+  virtual void ReleaseBulk(uint64_t token) { (void)token; }
+  // Reserves n bytes (<= max_bulk_bytes()) of outgoing bulk memory to fill in place, then send
+  // with OutFrame::bulk == *data and bulk_reserved. Waits up to timeout_ms for space (kTimeout:
+  // nothing reserved, the transport stays usable). kInvalidArgument when unsupported.
+  virtual TransportStatus ReserveBulk(uint64_t n, int timeout_ms, void** data);
 
   virtual uint32_t max_payload_bytes() const = 0;
   virtual uint64_t max_bulk_bytes() const = 0;

@@ -2,6 +2,8 @@
 #include "worker/session.h"
 
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdarg>
@@ -15,6 +17,7 @@
 #include <deque>
 #include <mutex>
 #include <map>
+#include <new>
 #include <set>
 #include <string>
 #include <vector>
@@ -107,6 +110,22 @@ class Session {
     return hf_outstanding_ != 0;
   }
   CUresult PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out);
+  // Host regions (remote_protocol.h kOpHostRegion*): page-locked memory the client shares.
+  CUresult HostRegionCall(uint16_t op, Reader& rd, Writer& out);
+  // The region holding [host, host + n) by client address (*base: its client address), or
+  // nullptr.
+  struct HostRegion;
+  HostRegion* FindRegion(uint64_t host, uint64_t n, uint64_t* base = nullptr);
+  // Registers the transport's bulk memory with the driver once (pageable copies DMA from and to
+  // it); needs a current context. arena_state_ says how it went.
+  void RegisterArena();
+  // cuMemcpyHtoDAsync_v2 from a bulk view: holds the view until the stream has copied it (a host
+  // function releases it), so nothing is staged. False when the view cannot be held.
+  bool CopyFromHeldBulk(uint64_t dst, const uint8_t* bulk, uint64_t n, CUstream st, CUresult* r);
+  // A device-to-host copy into the client's pageable memory: kEvtCopyData slices, then the reply.
+  CUresult CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async);
+  bool SendCopyData(uint64_t offset, const void* data, uint64_t n, bool reserved);
+  bool Capturing(CUstream st);
   void WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out);
   bool LoadDriver();
   void PollStaged(bool wait);
@@ -164,6 +183,20 @@ class Session {
   void WriteFunctionInfo(uint64_t handle, bool kernel, FunctionEntry& fe, Writer& out);
   std::map<std::pair<uint64_t, uint64_t>, Image> images_;
   std::deque<Staged> staged_;
+
+  struct HostRegion {
+    uint64_t id = 0;
+    uint64_t length = 0;
+    uint8_t* local = nullptr;  // where this process maps it (== the client address when same)
+    bool same_address = false;
+  };
+  std::map<uint64_t, HostRegion> regions_;     // client address -> region
+  std::map<uint64_t, uint64_t> region_ids_;    // region id -> client address
+  bool unified_addressing_ = false;            // device 0 reports unified addressing
+  int arena_state_ = 0;                        // 0 not tried, 1 registered, -1 unavailable
+  void* arena_base_ = nullptr;
+  std::vector<CUevent> copy_events_;           // CopyToClient's slices in flight
+  uint64_t cur_seq_ = 0;                       // the sequence of the frame being dispatched
 
   // The first failure of an asynchronous call since the last synchronizing reply.
   uint64_t pending_seq_ = 0;
@@ -226,6 +259,11 @@ CUresult Session::SessionInfo(Writer& out) {
   if (count > static_cast<int>(remote::kMaxDevices)) count = remote::kMaxDevices;
   device_count_ = count;
   initialised_ = r == CUDA_SUCCESS;
+  if (count > 0) {
+    int unified = 0;
+    CALL(cuDeviceGetAttribute, &unified, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 0);
+    unified_addressing_ = unified != 0;
+  }
   out.I32(r);
   out.I32(version);
   out.U32(static_cast<uint32_t>(count));
@@ -292,6 +330,7 @@ void Session::PollStaged(bool wait) {
 
 CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_t bulk_len,
                            Writer& out) {
+  if (remote::IsHostRegionOp(op)) return HostRegionCall(op, rd, out);
   if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
   switch (fn) {
@@ -391,6 +430,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemcpyHtoD_v2: {
       uint64_t dst = 0;
       if (!rd.U64(&dst) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
+      RegisterArena();  // the view lies in it: DMA straight from it
       return CALL(cuMemcpyHtoD_v2, dst, bulk, bulk_len);
     }
     case Fn::cuMemcpyHtoDAsync_v2: {
@@ -398,6 +438,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       rd.U64(&dst);
       if (!rd.U64(&s) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult held = CUDA_SUCCESS;
+      if (CopyFromHeldBulk(dst, bulk, bulk_len, As<CUstream>(s), &held)) return held;
       // The bulk view dies at the next Receive: stage it until the copy has run.
       Staged st;
       st.bytes.reset(new uint8_t[bulk_len]);
@@ -419,20 +461,9 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       rd.U64(&src);
       rd.U64(&n);
       if (fn == Fn::cuMemcpyDtoHAsync_v2) rd.U64(&s);
-      if (!rd.ok() || n == 0 || n > t_->max_bulk_bytes() || !Range(src, n)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
+      if (!rd.Finish() || n == 0 || !Range(src, n)) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      if (reply_bulk_.size() < n) reply_bulk_.resize(n);
-      CUresult r;
-      if (fn == Fn::cuMemcpyDtoH_v2) {
-        r = CALL(cuMemcpyDtoH_v2, reply_bulk_.data(), src, n);
-      } else {
-        r = CALL(cuMemcpyDtoHAsync_v2, reply_bulk_.data(), src, n, As<CUstream>(s));
-        if (r == CUDA_SUCCESS) r = CALL(cuStreamSynchronize, As<CUstream>(s));
-      }
-      if (r == CUDA_SUCCESS) reply_bulk_len_ = n;
-      return r;
+      return CopyToClient(src, n, As<CUstream>(s), fn == Fn::cuMemcpyDtoHAsync_v2);
     }
     case Fn::cuMemcpyDtoD_v2:
     case Fn::cuMemcpyDtoDAsync_v2: {
@@ -742,6 +773,271 @@ void Session::HostFuncTrampoline(void* arg) {
   auto* a = static_cast<HostFuncArg*>(arg);
   a->self->HostFuncReached(a->id);
   delete a;
+}
+
+
+// ---- host regions and zero-copy bulk
+
+Session::HostRegion* Session::FindRegion(uint64_t host, uint64_t n, uint64_t* base) {
+  auto it = regions_.upper_bound(host);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  const uint64_t off = host - it->first;
+  if (off >= it->second.length || n > it->second.length - off) return nullptr;
+  if (base) *base = it->first;
+  return &it->second;
+}
+
+CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (op == remote::kOpHostRegionMap) {
+    uint64_t id = 0, addr = 0, len = 0;
+    uint32_t flags = 0;
+    rd.U64(&id);
+    rd.U64(&addr);
+    rd.U64(&len);
+    rd.U32(&flags);
+    if (!t_->CanShareHostMemory()) return CUDA_ERROR_NOT_SUPPORTED;
+    // Take the offered descriptor whatever the message says: offers are consumed in order.
+    int fd = -1;
+    TransportStatus ts = t_->TakeHostMemory(id, 1000, &fd);
+    if (!ts.ok()) {
+      Log("host region %llu refused: %s", static_cast<unsigned long long>(id), ts.message());
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct Closer {
+      int fd;
+      ~Closer() { close(fd); }
+    } closer{fd};
+    const char* why = nullptr;
+    struct stat sb;
+    if (!rd.Finish()) why = "malformed message";
+    else if (!initialised_) why = "the driver is not initialised";
+    else if (len == 0 || addr == 0 || len % page || addr % page) why = "zero or unaligned range";
+    else if (len > remote::kMaxHostRegionBytes || addr + len < addr) why = "range too large";
+    else if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                       CU_MEMHOSTALLOC_WRITECOMBINED)) why = "unknown flags";
+    else if (fstat(fd, &sb) != 0 || static_cast<uint64_t>(sb.st_size) < len) {
+      why = "the shared memory is smaller than the range";
+    } else if (region_ids_.count(id)) {
+      why = "region id already in use";
+    } else if (FindRegion(addr, 1) ||
+               regions_.lower_bound(addr) != regions_.upper_bound(addr + len - 1)) {
+      why = "range overlaps a region of this session";
+    }
+    if (why) {
+      Log("host region %llu [0x%llx, +%llu) refused: %s", static_cast<unsigned long long>(id),
+          static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len), why);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // The same virtual address as the client when it is free here (never replacing a mapping);
+    // elsewhere otherwise, and addresses are translated.
+    void* p = mmap(As<void*>(addr), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE,
+                   fd, 0);
+    const bool same = p != MAP_FAILED && H(p) == addr;
+    if (p != MAP_FAILED && !same) munmap(p, len);
+    if (!same) p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    // Under unified addressing page-locked memory is portable and mapped whatever the flags say.
+    unsigned reg = 0;
+    if ((flags & CU_MEMHOSTALLOC_PORTABLE) || unified_addressing_) reg |= CU_MEMHOSTREGISTER_PORTABLE;
+    if ((flags & CU_MEMHOSTALLOC_DEVICEMAP) || unified_addressing_) reg |= CU_MEMHOSTREGISTER_DEVICEMAP;
+    CUresult r = CALL(cuMemHostRegister_v2, p, len, reg);
+    if (r != CUDA_SUCCESS) {
+      munmap(p, len);
+      return r;
+    }
+    CUdeviceptr dptr = 0;
+    if (CALL(cuMemHostGetDevicePointer_v2, &dptr, p, 0) != CUDA_SUCCESS) dptr = 0;
+    HostRegion& region = regions_[addr];
+    region.id = id;
+    region.length = len;
+    region.local = static_cast<uint8_t*>(p);
+    region.same_address = same;
+    region_ids_[id] = addr;
+    out.U8(same ? 1 : 0);
+    out.U64(dptr);
+    return CUDA_SUCCESS;
+  }
+  if (op == remote::kOpHostRegionUnmap) {
+    uint64_t id = 0;
+    rd.U64(&id);
+    auto idit = region_ids_.find(id);
+    if (!rd.Finish() || idit == region_ids_.end()) return CUDA_ERROR_INVALID_VALUE;
+    auto it = regions_.find(idit->second);
+    // As cuMemFreeHost: nothing may still be copying from or to it.
+    CALL(cuCtxSynchronize);
+    CUresult r = CALL(cuMemHostUnregister, it->second.local);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) return r;
+    munmap(it->second.local, it->second.length);
+    regions_.erase(it);
+    region_ids_.erase(idit);
+    return CUDA_SUCCESS;
+  }
+  // kOpHostRegionCopy
+  uint8_t dir = 0, sync = 0;
+  uint64_t dptr = 0, host = 0, n = 0, stream = 0;
+  rd.U8(&dir);
+  rd.U8(&sync);
+  rd.U64(&dptr);
+  rd.U64(&host);
+  rd.U64(&n);
+  rd.U64(&stream);
+  if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!rd.Finish() || dir > remote::kRegionToHost || sync > 1 || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t base = 0;
+  HostRegion* region = FindRegion(host, n, &base);
+  if (region == nullptr || !Range(dptr, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (!Stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  uint8_t* local = region->local + (host - base);
+  CUstream st = As<CUstream>(stream);
+  if (dir == remote::kRegionToDevice) {
+    return sync ? CALL(cuMemcpyHtoD_v2, dptr, local, n) : CALL(cuMemcpyHtoDAsync_v2, dptr, local, n, st);
+  }
+  return sync ? CALL(cuMemcpyDtoH_v2, local, dptr, n) : CALL(cuMemcpyDtoHAsync_v2, local, dptr, n, st);
+}
+
+void Session::RegisterArena() {
+  if (arena_state_ != 0) return;
+  uint64_t len = 0;
+  if (!t_->BulkMemory(&arena_base_, &len)) {
+    arena_state_ = -1;
+    return;
+  }
+  CUresult r = CALL(cuMemHostRegister_v2, arena_base_, len, CU_MEMHOSTREGISTER_PORTABLE);
+  arena_state_ = r == CUDA_SUCCESS ? 1 : -1;
+  if (r != CUDA_SUCCESS) {
+    Log("cannot register the transport's bulk memory with the driver (error %d): pageable copies "
+        "are staged", static_cast<int>(r));
+  }
+}
+
+bool Session::Capturing(CUstream st) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  return d_.cuStreamIsCapturing && d_.cuStreamIsCapturing(st, &cs) == CUDA_SUCCESS &&
+         cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+namespace {
+struct HeldBulk {
+  transport::Transport* t;
+  uint64_t token;
+};
+void ReleaseHeldBulk(void* arg) {
+  auto* h = static_cast<HeldBulk*>(arg);
+  h->t->ReleaseBulk(h->token);
+  delete h;
+}
+}  // namespace
+
+bool Session::CopyFromHeldBulk(uint64_t dst, const uint8_t* bulk, uint64_t n, CUstream st,
+                               CUresult* r) {
+  // A capturing stream would record the release too: stage instead.
+  if (Capturing(st)) return false;
+  RegisterArena();
+  uint64_t token = 0;
+  if (!t_->HoldBulk(&token)) return false;
+  *r = CALL(cuMemcpyHtoDAsync_v2, dst, bulk, n, st);
+  auto* held = *r == CUDA_SUCCESS ? new (std::nothrow) HeldBulk{t_.get(), token} : nullptr;
+  if (held != nullptr && CALL(cuLaunchHostFunc, st, &ReleaseHeldBulk, held) == CUDA_SUCCESS) {
+    return true;
+  }
+  // No release in stream order: wait for the copy, then release now.
+  if (*r == CUDA_SUCCESS) CALL(cuStreamSynchronize, st);
+  delete held;
+  t_->ReleaseBulk(token);
+  return true;
+}
+
+bool Session::SendCopyData(uint64_t offset, const void* data, uint64_t n, bool reserved) {
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(cur_seq_);
+  w.U64(offset);
+  OutFrame f;
+  f.opcode = remote::kEvtCopyData;
+  f.sequence = event_seq_++;
+  f.payload = w.data();
+  f.payload_length = static_cast<uint32_t>(w.size());
+  f.bulk = data;
+  f.bulk_length = n;
+  f.bulk_reserved = reserved;
+  return t_->Send(f).ok();
+}
+
+CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async) {
+  RegisterArena();
+  if (arena_state_ != 1) {
+    // Staged through reply_bulk_, one slice at a time.
+    const uint64_t slice = std::min<uint64_t>(t_->max_bulk_bytes(), 8ull << 20);
+    for (uint64_t off = 0; off < n; off += slice) {
+      const uint64_t len = std::min(slice, n - off);
+      if (reply_bulk_.size() < len) reply_bulk_.resize(len);
+      CUresult r = async ? CALL(cuMemcpyDtoHAsync_v2, reply_bulk_.data(), src + off, len, st)
+                         : CALL(cuMemcpyDtoH_v2, reply_bulk_.data(), src + off, len);
+      if (r == CUDA_SUCCESS && async) r = CALL(cuStreamSynchronize, st);
+      if (r != CUDA_SUCCESS) return r;
+      if (!SendCopyData(off, reply_bulk_.data(), len, false)) return CUDA_ERROR_UNKNOWN;
+    }
+    return CUDA_SUCCESS;
+  }
+  // Zero copy: the DMA writes into reserved slices of the transport's (registered) memory, up to
+  // kDepth slices in flight; each goes to the client once its DMA completed, in order. A
+  // synchronous copy's first slice is a synchronous cuMemcpyDtoH (it waits for the blocking
+  // streams, as the legacy stream does); the rest follow it on the legacy stream.
+  constexpr size_t kDepth = 4;
+  const uint64_t slice = std::min<uint64_t>(t_->max_bulk_bytes(), remote::kPipelinedCopySlice);
+  while (copy_events_.size() < kDepth) {
+    CUevent e = nullptr;
+    if (CALL(cuEventCreate, &e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
+    copy_events_.push_back(e);
+  }
+  struct InFlight {
+    void* data;
+    uint64_t off, len;
+    CUevent done;  // nullptr: nothing to wait for
+  };
+  std::deque<InFlight> q;
+  CUresult r = CUDA_SUCCESS;
+  uint64_t next = 0;
+  size_t ev = 0;
+  while ((r == CUDA_SUCCESS && next < n) || !q.empty()) {
+    while (r == CUDA_SUCCESS && next < n && q.size() < kDepth) {
+      const uint64_t len = std::min(slice, n - next);
+      void* data = nullptr;
+      // Waiting for space only when nothing is in flight: the client frees space as it reads.
+      TransportStatus ts = t_->ReserveBulk(len, q.empty() ? 10000 : 0, &data);
+      if (ts.code() == transport::TransportErrc::kTimeout && !q.empty()) break;
+      if (!ts.ok()) return CUDA_ERROR_UNKNOWN;  // the client is gone or stuck
+      CUevent done = nullptr;
+      CUresult cr;
+      if (!async && next == 0) {
+        cr = CALL(cuMemcpyDtoH_v2, data, src, len);
+      } else {
+        cr = CALL(cuMemcpyDtoHAsync_v2, data, src + next, len, st);
+        if (cr == CUDA_SUCCESS && !copy_events_.empty()) {
+          done = copy_events_[ev++ % copy_events_.size()];
+          if (CALL(cuEventRecord, done, st) != CUDA_SUCCESS) {
+            done = nullptr;
+            cr = CALL(cuStreamSynchronize, st);
+          }
+        } else if (cr == CUDA_SUCCESS) {
+          cr = CALL(cuStreamSynchronize, st);
+        }
+      }
+      if (cr != CUDA_SUCCESS) r = cr;  // the reserved slice still goes out, in order
+      q.push_back({data, next, len, done});
+      next += len;
+    }
+    InFlight f = q.front();
+    q.pop_front();
+    if (f.done != nullptr) {
+      CUresult er = CALL(cuEventSynchronize, f.done);
+      if (er != CUDA_SUCCESS && r == CUDA_SUCCESS) r = er;
+    }
+    if (!SendCopyData(f.off, f.data, f.len, true)) return CUDA_ERROR_UNKNOWN;
+  }
+  return r;
 }
 
 void Session::HostFuncReached(uint64_t id) {
@@ -1521,9 +1817,23 @@ void Session::Cleanup() {
     hf_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return hf_outstanding_ == 0; });
   }
   if (!initialised_) return;
+  // Nothing may still run that uses the transport (held bulk slices) or the host regions.
+  for (uint64_t c : contexts_) {
+    if (CALL(cuCtxSetCurrent, As<CUcontext>(c)) == CUDA_SUCCESS) CALL(cuCtxSynchronize);
+  }
   uint64_t any_ctx = contexts_.empty() ? 0 : *contexts_.begin();
   if (any_ctx) CALL(cuCtxSetCurrent, As<CUcontext>(any_ctx));
   PollStaged(true);
+  for (CUevent e : copy_events_) CALL(cuEventDestroy_v2, e);
+  const size_t regions = regions_.size();
+  for (auto& [addr, region] : regions_) {
+    CALL(cuMemHostUnregister, region.local);
+    munmap(region.local, region.length);
+  }
+  regions_.clear();
+  region_ids_.clear();
+  if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
+  arena_state_ = -1;
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
   for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
@@ -1536,8 +1846,8 @@ void Session::Cleanup() {
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
-  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules", allocs_.size(),
-      streams_.size(), events_.size(), modules_.size());
+  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu host regions",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), regions);
   allocs_.clear();
 }
 
@@ -1603,16 +1913,18 @@ int Session::Run() {
       }
       continue;
     }
-    if (!transport::IsDriverCallOpcode(op)) {
+    if (!transport::IsDriverCallOpcode(op) && !remote::IsHostRegionOp(op)) {
       if (wants_reply) Reply(in.header.sequence, CUDA_ERROR_NOT_SUPPORTED, out);
       continue;
     }
+    // A synchronous copy with a host region is a synchronizing call like cuMemcpyHtoD/DtoH.
+    const bool region_sync = op == remote::kOpHostRegionCopy && wants_reply;
     if (sticky_ != CUDA_SUCCESS) {
       if (wants_reply) Reply(in.header.sequence, sticky_, out);
       continue;
     }
     const uint8_t* bulk = in.bulk;
-    if (wants_reply && IsBlocking(op) && HostFuncsOutstanding()) {
+    if (wants_reply && (IsBlocking(op) || region_sync) && HostFuncsOutstanding()) {
       // Draining reads frames, which releases this frame's bulk view: keep a copy.
       if (bulk != nullptr) {
         bulk_copy_.assign(bulk, bulk + in.bulk_length);
@@ -1620,6 +1932,7 @@ int Session::Run() {
       }
       if (!DrainHostFuncs()) break;
     }
+    cur_seq_ = in.header.sequence;
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS && remote::IsStickyError(r)) sticky_ = r;
@@ -1631,7 +1944,7 @@ int Session::Run() {
       }
       continue;
     }
-    if (pending_ != CUDA_SUCCESS && IsSyncPoint(op)) {
+    if (pending_ != CUDA_SUCCESS && (IsSyncPoint(op) || region_sync)) {
       ReplyDeferred(in.header.sequence);
       continue;
     }

@@ -95,7 +95,9 @@ struct LaunchArgs {
   void Run() const;
 };
 
-enum class MemoryKind { kDevice, kManaged, kHost, kGraph, kVmmMapping };
+// kHostRegistered: a range of the caller's memory registered with cuMemHostRegister (not owned).
+enum class MemoryKind { kDevice, kManaged, kHost, kGraph, kVmmMapping, kHostRegistered };
+inline bool IsHostKind(MemoryKind k) { return k == MemoryKind::kHost || k == MemoryKind::kHostRegistered; }
 
 struct MemPool {
   CUdevice device = 0;
@@ -113,6 +115,7 @@ struct Allocation {
   Context* ctx = nullptr;
   MemPool* pool = nullptr;                // stream-ordered allocations
   PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
+  unsigned host_flags = 0;                // kHost, kHostRegistered: cuMemHostAlloc/Register flags
 };
 
 struct PhysicalMemory {

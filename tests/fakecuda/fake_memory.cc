@@ -50,7 +50,7 @@ CUresult AllocateDevice(CUdeviceptr* dptr, size_t bytes, MemoryKind kind, MemPoo
 // returned through `unmap` (to be released after the lock is dropped).
 CUresult ForgetDeviceAllocation(Driver& d, CUdeviceptr ptr, std::pair<void*, size_t>* unmap) {
   auto it = d.allocations.find(ptr);
-  if (it == d.allocations.end() || it->second.kind == MemoryKind::kHost ||
+  if (it == d.allocations.end() || IsHostKind(it->second.kind) ||
       it->second.kind == MemoryKind::kVmmMapping) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -238,7 +238,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   fakecuda::Allocation* a = d.FindAllocation(dptr);
-  if (a == nullptr || a->kind == MemoryKind::kHost) return CUDA_ERROR_NOT_FOUND;
+  if (a == nullptr || fakecuda::IsHostKind(a->kind)) return CUDA_ERROR_NOT_FOUND;
   if (pbase != nullptr) *pbase = a->base;
   if (psize != nullptr) *psize = a->size;
   return CUDA_SUCCESS;
@@ -247,7 +247,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr 
 // ---- Host memory (page-locked in the real driver; not charged to the device) ----
 
 namespace {
-CUresult AllocateHost(void** pp, size_t bytesize) {
+CUresult AllocateHost(void** pp, size_t bytesize, unsigned flags) {
   if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   FAKECUDA_REQUIRE_CONTEXT(ctx);
   void* mem = fakecuda::MapHostMemory(bytesize);
@@ -259,6 +259,7 @@ CUresult AllocateHost(void** pp, size_t bytesize) {
   a.size = bytesize;
   a.mapped = bytesize;
   a.kind = MemoryKind::kHost;
+  a.host_flags = flags;
   a.device = ctx->device;
   a.ctx = ctx;
   d.allocations[a.base] = a;
@@ -269,13 +270,23 @@ CUresult AllocateHost(void** pp, size_t bytesize) {
 
 CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
   FAKECUDA_ENTER();
-  return AllocateHost(pp, bytesize);
+  return AllocateHost(pp, bytesize, 0);
 }
 
 CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
   FAKECUDA_ENTER();
-  (void)flags;
-  return AllocateHost(pp, bytesize);
+  return AllocateHost(pp, bytesize, flags);
+}
+
+CUresult cuMemHostGetFlags(unsigned int* flags, void* p) {
+  FAKECUDA_ENTER();
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(reinterpret_cast<uintptr_t>(p));
+  if (a == nullptr || !fakecuda::IsHostKind(a->kind)) return CUDA_ERROR_INVALID_VALUE;
+  *flags = a->host_flags;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuMemFreeHost(void* p) {
@@ -301,8 +312,49 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int 
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   fakecuda::Allocation* a = d.FindAllocation(reinterpret_cast<uintptr_t>(p));
-  if (a == nullptr || a->kind != MemoryKind::kHost) return CUDA_ERROR_INVALID_VALUE;
+  if (a == nullptr || !fakecuda::IsHostKind(a->kind)) return CUDA_ERROR_INVALID_VALUE;
   *pdptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+// Registration records the range (the memory is the caller's; device pointers are host
+// addresses): overlapping an existing host range is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED.
+CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
+  FAKECUDA_ENTER();
+  if (p == nullptr || bytesize == 0 ||
+      (flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                 CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+  auto it = d.allocations.lower_bound(base);
+  if (it != d.allocations.end() && it->first < base + bytesize) {
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  if (d.FindAllocation(base) != nullptr) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  fakecuda::Allocation a;
+  a.base = base;
+  a.size = bytesize;
+  a.kind = MemoryKind::kHostRegistered;
+  a.host_flags = flags;
+  a.device = ctx->device;
+  a.ctx = ctx;
+  d.allocations[a.base] = a;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void* p) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.allocations.find(reinterpret_cast<uintptr_t>(p));
+  if (it == d.allocations.end() || it->second.kind != MemoryKind::kHostRegistered) {
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  d.allocations.erase(it);
   return CUDA_SUCCESS;
 }
 
@@ -445,7 +497,7 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream handle) {
     Driver& d = Driver::Get();
     std::lock_guard<std::mutex> lock(d.mu);
     auto it = d.allocations.find(dptr);
-    if (it == d.allocations.end() || it->second.kind == MemoryKind::kHost ||
+    if (it == d.allocations.end() || fakecuda::IsHostKind(it->second.kind) ||
         it->second.kind == MemoryKind::kVmmMapping) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -687,7 +739,7 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
   std::lock_guard<std::mutex> lock(d.mu);
   fakecuda::Allocation* a = d.FindAllocation(ptr);
   if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  bool host = a->kind == MemoryKind::kHost;
+  bool host = fakecuda::IsHostKind(a->kind);
   switch (attribute) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
       *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(a->ctx);

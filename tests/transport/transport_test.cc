@@ -3,6 +3,7 @@
 #include "transport/transport.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -278,6 +279,137 @@ TEST_P(TransportTest, BulkFlowsFromWorkerToClientToo) {
     ASSERT_EQ(0, memcmp(f.bulk, expect.data(), slice)) << i;
   }
   srv.join();
+}
+
+// Optional capabilities: shm shares host memory and has zero-copy bulk; TCP says it has neither.
+TEST_P(TransportTest, SharedHostMemoryTravelsInOrderWithItsRegionId) {
+  std::unique_ptr<Transport> client, server;
+  MakePair(&client, &server);
+  int fd = memfd_create("tf-transport-test", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  if (!is_shm()) {
+    EXPECT_FALSE(client->CanShareHostMemory());
+    EXPECT_EQ(client->OfferHostMemory(1, fd).code(), TransportErrc::kInvalidArgument);
+    void* base = nullptr;
+    uint64_t len = 0;
+    EXPECT_FALSE(server->BulkMemory(&base, &len));
+    close(fd);
+    return;
+  }
+  ASSERT_TRUE(client->CanShareHostMemory());
+  auto* mine = static_cast<uint8_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(mine, MAP_FAILED);
+  ASSERT_TRUE(client->OfferHostMemory(7, fd).ok());
+  ASSERT_TRUE(client->OfferHostMemory(8, fd).ok());
+  close(fd);
+  int got = -1;
+  EXPECT_EQ(server->TakeHostMemory(8, 100, &got).code(), TransportErrc::kProtocol)
+      << "the next offer is region 7: refused and dropped";
+  EXPECT_EQ(got, -1);
+  TransportStatus st = server->TakeHostMemory(8, 1000, &got);
+  ASSERT_TRUE(st.ok()) << Describe(st);
+  auto* theirs = static_cast<uint8_t*>(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, got, 0));
+  ASSERT_NE(theirs, MAP_FAILED);
+  mine[100] = 42;
+  EXPECT_EQ(theirs[100], 42) << "both ends map the same memory";
+  EXPECT_EQ(server->TakeHostMemory(9, 0, &got).code(), TransportErrc::kTimeout);
+  // The connection still works after all that.
+  OutFrame f;
+  f.opcode = 0x0100;
+  ASSERT_TRUE(client->Send(f).ok());
+  InFrame in;
+  ASSERT_TRUE(server->Receive(&in, 5000).ok());
+  munmap(mine, 4096);
+  munmap(theirs, 4096);
+  close(got);
+}
+
+TEST_P(TransportTest, HeldSlicesStayValidAndReservedSlicesGoOutInOrder) {
+  options_.shm_arena_bytes = 8u << 20;  // 2 MiB slices: holding two fills a half
+  std::unique_ptr<Transport> client, server;
+  MakePair(&client, &server);
+  if (!is_shm()) {
+    uint64_t token = 0;
+    void* data = nullptr;
+    EXPECT_FALSE(server->HoldBulk(&token));
+    EXPECT_EQ(server->ReserveBulk(64, 0, &data).code(), TransportErrc::kInvalidArgument);
+    return;
+  }
+  const uint64_t slice = client->max_bulk_bytes();
+  std::vector<uint8_t> buf(slice);
+  // Client -> server: the server holds two slices (the whole half) across later Receives and
+  // releases them out of order; the client's next Send waits until both are back.
+  std::vector<uint64_t> tokens;
+  std::vector<const uint8_t*> views;
+  for (uint64_t i = 0; i < 2; ++i) {
+    FillPattern(i * slice, buf.data(), slice);
+    OutFrame f;
+    f.opcode = 0x0100;
+    f.sequence = i;
+    f.bulk = buf.data();
+    f.bulk_length = slice;
+    ASSERT_TRUE(client->Send(f).ok());
+    InFrame in;
+    ASSERT_TRUE(server->Receive(&in, 5000).ok());
+    uint64_t token = 0;
+    ASSERT_TRUE(server->HoldBulk(&token));
+    tokens.push_back(token);
+    views.push_back(in.bulk);
+  }
+  std::vector<uint8_t> expect(slice);
+  InFrame none;
+  EXPECT_EQ(server->Receive(&none, 0).code(), TransportErrc::kTimeout);
+  for (uint64_t i = 0; i < 2; ++i) {
+    FillPattern(i * slice, expect.data(), slice);
+    EXPECT_EQ(0, memcmp(views[i], expect.data(), slice)) << "held slice " << i;
+  }
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    server->ReleaseBulk(tokens[1]);
+    server->ReleaseBulk(tokens[0]);  // only now does the space come back
+  });
+  for (uint64_t i = 2; i < 8; ++i) {
+    OutFrame f;
+    f.opcode = 0x0100;
+    f.sequence = i;
+    f.bulk = buf.data();
+    f.bulk_length = slice;
+    TransportStatus st = client->Send(f);
+    ASSERT_TRUE(st.ok()) << Describe(st);
+    InFrame in;
+    ASSERT_TRUE(server->Receive(&in, 5000).ok());
+  }
+  release.join();
+  // Server -> client: reserved slices filled in place, sent in reservation order.
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_TRUE(server->ReserveBulk(1000, 1000, &a).ok());
+  ASSERT_TRUE(server->ReserveBulk(2000, 1000, &b).ok());
+  memset(a, 0xa1, 1000);
+  memset(b, 0xb2, 2000);
+  OutFrame fb;
+  fb.opcode = static_cast<uint16_t>(Opcode::kCallReply);
+  fb.bulk = b;
+  fb.bulk_length = 2000;
+  fb.bulk_reserved = true;
+  EXPECT_EQ(server->Send(fb).code(), TransportErrc::kInvalidArgument) << "b before a";
+  OutFrame plain = fb;
+  plain.bulk = buf.data();
+  plain.bulk_reserved = false;
+  EXPECT_EQ(server->Send(plain).code(), TransportErrc::kInvalidArgument) << "plain before a";
+  OutFrame fa = fb;
+  fa.bulk = a;
+  fa.bulk_length = 1000;
+  ASSERT_TRUE(server->Send(fa).ok());
+  ASSERT_TRUE(server->Send(fb).ok());
+  InFrame in;
+  ASSERT_TRUE(client->Receive(&in, 5000).ok());
+  ASSERT_EQ(in.bulk_length, 1000u);
+  EXPECT_EQ(in.bulk[999], 0xa1);
+  ASSERT_TRUE(client->Receive(&in, 5000).ok());
+  ASSERT_EQ(in.bulk_length, 2000u);
+  EXPECT_EQ(in.bulk[0], 0xb2);
 }
 
 TEST_P(TransportTest, ReceiveTimesOutAndStaysUsable) {

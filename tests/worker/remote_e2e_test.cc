@@ -6,6 +6,7 @@
 // whose memory comes back.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,7 +23,9 @@
 #include <thread>
 #include <vector>
 
+#include "client/remote_protocol.h"
 #include "nvml_types.h"
+#include "transport/shm_transport.h"
 
 namespace {
 
@@ -153,9 +156,17 @@ class RemoteTest : public ::testing::Test {
 
   // The probe through RunRemote (what `tfusion run --remote` does).
   Result Remote(const std::string& addr, const std::string& mode, const std::string& token = "sekrit") {
+    return RemoteProgram(addr, {TF_PROBE, mode}, token);
+  }
+  Result RemoteProgram(const std::string& addr, const std::vector<std::string>& program,
+                       const std::string& token = "sekrit",
+                       const std::vector<std::string>& env = {}) {
     Child c;
-    c.Start({TF_REMOTE_RUN, addr, token, "--", TF_PROBE, mode},
-            {std::string("TFUSION_CLIENT_DIR=") + TF_CLIENT_INJECT});
+    std::vector<std::string> argv = {TF_REMOTE_RUN, addr, token, "--"};
+    argv.insert(argv.end(), program.begin(), program.end());
+    std::vector<std::string> e = {std::string("TFUSION_CLIENT_DIR=") + TF_CLIENT_INJECT};
+    e.insert(e.end(), env.begin(), env.end());
+    c.Start(argv, e);
     Result r;
     r.rc = c.Wait(60000);
     r.out = c.out;
@@ -163,10 +174,11 @@ class RemoteTest : public ::testing::Test {
     return r;
   }
   // The probe on the fake driver itself.
-  Result Direct(const std::string& mode) {
+  Result Direct(const std::string& mode) { return DirectProgram({TF_PROBE, mode}); }
+  Result DirectProgram(const std::vector<std::string>& program) {
     Child c;
-    c.Start({TF_PROBE, mode}, {std::string("LD_LIBRARY_PATH=") + TF_FAKECUDA_DIR,
-                               "FAKECUDA_SHM_NAME=" + shm_name_ + "-direct"});
+    c.Start(program, {std::string("LD_LIBRARY_PATH=") + TF_FAKECUDA_DIR,
+                      "FAKECUDA_SHM_NAME=" + shm_name_ + "-direct"});
     Result r;
     r.rc = c.Wait(60000);
     r.out = c.out;
@@ -494,6 +506,240 @@ TEST_F(RemoteTest, AKilledClientsSessionEndsAndItsMemoryIsFreed) {
   }
   EXPECT_EQ(nvml.UsedMib(), 0u);
   ASSERT_TRUE(worker_.WaitFor("session ended: freed 1 allocations", 5000)) << worker_.out;
+}
+
+
+// ---- Page-locked memory shared with the worker (host regions) and bulk copies
+// (tests/worker/host_region_probe.cc).
+
+TEST_F(RemoteTest, PinnedMemoryIsSharedWithTheWorkerAtTheSameAddressOverSharedMemory) {
+  StartWorker();
+  Result direct = DirectProgram({TF_HOST_PROBE, "pinned"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  Result r = RemoteProgram(unix_, {TF_HOST_PROBE, "pinned"});
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["done"], "1");
+  EXPECT_EQ(r.kv["pinned_type"], "1");  // CU_MEMORYTYPE_HOST, answered by the client
+  EXPECT_EQ(r.kv["pinned_range"], "1048576");
+  EXPECT_EQ(r.kv["pinned_flags"], "3");
+  // The device pointer is the worker's, equal to the host address: the worker mapped the memory
+  // at the same address, and a kernel writing through it lands in this process's memory.
+  EXPECT_EQ(r.kv["dptr_is_host"], "1");
+  EXPECT_EQ(r.kv["kernel_wrote_pinned"], "0,abc,abc");
+  // Async copies are fire-and-forget in stream order, DtoH included (no round trip).
+  EXPECT_EQ(r.kv["async_calls_returned_early"], "1");
+  EXPECT_EQ(r.kv["query_while_busy"], "600");
+  EXPECT_EQ(r.kv["not_landed_yet"], "0");
+  EXPECT_EQ(r.kv["async_roundtrip"], "5,5,1");
+  EXPECT_EQ(r.kv["sync_equal"], "1");
+  EXPECT_EQ(r.kv["partial_equal"], "1");
+  EXPECT_EQ(r.kv["unified_equal"], "1");
+  EXPECT_EQ(r.kv["sizes_ok"], "1");
+  EXPECT_EQ(r.kv["free_twice"], "1");
+  ExpectSameKeys(direct, r);
+}
+
+TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
+  StartWorker();
+  Result direct = DirectProgram({TF_HOST_PROBE, "pinned", "--no-zero-copy"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  // TCP cannot share memory; over shared memory TFUSION_HOST_REGIONS=0 turns regions off.
+  for (const auto& [addr, env] : std::vector<std::pair<std::string, std::string>>{
+           {tcp_, "TFUSION_HOST_REGIONS=1"}, {unix_, "TFUSION_HOST_REGIONS=0"}}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "pinned", "--no-zero-copy"}, "sekrit", {env});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["async_roundtrip"], "5,5,1");
+    EXPECT_EQ(r.kv["sync_equal"], "1");
+    EXPECT_EQ(r.kv["sizes_ok"], "1");
+    // Async DtoH into client memory is a round trip there: it waits for the stream.
+    Result d = direct;
+    for (const char* k : {"async_calls_returned_early", "query_while_busy", "not_landed_yet"}) {
+      d.kv.erase(k);
+    }
+    ExpectSameKeys(d, r);
+  }
+}
+
+TEST_F(RemoteTest, LargePageableCopiesArriveIntactOverBothTransports) {
+  StartWorker();
+  for (const std::string& addr : {unix_, tcp_}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "pageable"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["pageable_sync_equal"], "1") << addr;
+    EXPECT_EQ(r.kv["pageable_async_equal"], "1") << addr;
+    EXPECT_EQ(r.kv["pageable_odd_equal"], "1") << addr;
+    EXPECT_EQ(r.kv["done"], "1");
+    std::printf("%s: %s", addr.c_str(), r.out.substr(r.out.find("pageable 256")).c_str());
+  }
+}
+
+TEST_F(RemoteTest, AKilledClientsHostRegionsAreUnregisteredAndUnmapped) {
+  StartWorker();
+  Child probe;
+  probe.Start({TF_HOST_PROBE, "hold"}, {std::string("LD_LIBRARY_PATH=") + TF_CLIENT_INJECT,
+                                        "TFUSION_REMOTE=" + unix_, "TFUSION_TOKEN=sekrit"});
+  ASSERT_TRUE(probe.WaitFor("ready=1", 10000)) << probe.out;
+  kill(probe.pid, SIGKILL);
+  probe.Wait(5000);
+  ASSERT_TRUE(worker_.WaitFor("session ended: freed 1 allocations", 5000)) << worker_.out;
+  EXPECT_TRUE(worker_.WaitFor("3 host regions", 1000)) << worker_.out;
+}
+
+// A client that speaks the protocol itself and sends host-region messages the stub never would.
+class RawClient {
+ public:
+  bool Connect(const std::string& socket_path) {
+    tf::transport::ClientHello hello;
+    hello.SetToken("sekrit", 6);
+    tf::transport::TransportOptions opt;
+    return tf::transport::ConnectShm(socket_path.c_str(), hello, opt, &t_).ok();
+  }
+  // A reply-expected call: its CUresult (-1 when the connection failed); outputs into *out.
+  int Call(uint16_t op, const tf::transport::Writer& w, std::vector<uint8_t>* out = nullptr) {
+    const uint64_t seq = Send(op, tf::transport::kFlagReplyExpected, w);
+    if (seq == 0) return -1;
+    for (;;) {
+      tf::transport::InFrame in;
+      if (!t_->Receive(&in, 5000).ok()) return -1;
+      if (in.header.opcode != static_cast<uint16_t>(tf::transport::Opcode::kCallReply) ||
+          in.header.sequence != seq) {
+        continue;
+      }
+      tf::transport::Reader rd(in.payload, in.payload_length);
+      int32_t result = -1;
+      rd.I32(&result);
+      if (out && in.payload_length > 4) out->assign(in.payload + 4, in.payload + in.payload_length);
+      return result;
+    }
+  }
+  uint64_t Send(uint16_t op, uint16_t flags, const tf::transport::Writer& w) {
+    tf::transport::OutFrame f;
+    f.opcode = op;
+    f.flags = flags;
+    f.sequence = seq_++;
+    f.payload = w.data();
+    f.payload_length = static_cast<uint32_t>(w.size());
+    return t_->Send(f).ok() ? f.sequence : 0;
+  }
+  tf::transport::Transport* transport() { return t_.get(); }
+
+ private:
+  std::unique_ptr<tf::transport::Transport> t_;
+  uint64_t seq_ = 1;
+};
+
+struct SharedBlock {
+  int fd = -1;
+  uint8_t* p = nullptr;
+  size_t n = 0;
+  explicit SharedBlock(size_t bytes) : n(bytes) {
+    fd = memfd_create("tf-test-region", MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(n)) == 0) {
+      void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) p = static_cast<uint8_t*>(m);
+    }
+  }
+  ~SharedBlock() {
+    if (p) munmap(p, n);
+    if (fd >= 0) close(fd);
+  }
+  uint64_t addr() const { return reinterpret_cast<uint64_t>(p); }
+};
+
+TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  uint8_t buf[256];
+  std::vector<uint8_t> out;
+  ASSERT_EQ(c.Call(remote::kOpSessionInfo, Writer(nullptr, 0)), 0);
+  {
+    Writer w(buf, sizeof(buf));
+    w.I32(0);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxRetain), w, &out), 0);
+  }
+  uint64_t ctx = 0;
+  memcpy(&ctx, out.data(), 8);
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(ctx);
+    ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, w), 0u);
+  }
+  uint64_t dev = 0;
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(16384);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuMemAlloc_v2), w, &out), 0);
+    memcpy(&dev, out.data(), 8);
+  }
+  // Offers `block` (unless null) and sends the map message.
+  auto map = [&](uint64_t id, SharedBlock* block, uint64_t addr, uint64_t len, uint32_t flags) {
+    if (block) {
+      EXPECT_TRUE(c.transport()->OfferHostMemory(id, block->fd).ok());
+    }
+    Writer w(buf, sizeof(buf));
+    w.U64(id);
+    w.U64(addr);
+    w.U64(len);
+    w.U32(flags);
+    return c.Call(remote::kOpHostRegionMap, w, &out);
+  };
+  auto copy = [&](uint8_t dir, uint64_t d, uint64_t host, uint64_t n) {
+    Writer w(buf, sizeof(buf));
+    w.U8(dir);
+    w.U8(1);
+    w.U64(d);
+    w.U64(host);
+    w.U64(n);
+    w.U64(0);
+    return c.Call(remote::kOpHostRegionCopy, w);
+  };
+  auto unmap = [&](uint64_t id) {
+    Writer w(buf, sizeof(buf));
+    w.U64(id);
+    return c.Call(remote::kOpHostRegionUnmap, w);
+  };
+
+  SharedBlock good(8192), b2(8192), b3(4096), b4(4096), b5(4096), b6(8192), b7(4096);
+  ASSERT_EQ(map(1, &good, good.addr(), 8192, 0), 0);
+  ASSERT_EQ(out.size(), 9u);
+  EXPECT_EQ(out[0], 1) << "mapped at the same address";
+  // Refused, each with CUDA_ERROR_INVALID_VALUE and a reason in the worker's log.
+  EXPECT_EQ(map(2, &b2, good.addr() + 4096, 8192, 0), 1);  // overlaps region 1
+  EXPECT_EQ(map(3, &b3, b3.addr(), 0, 0), 1);                // zero length
+  EXPECT_EQ(map(1, &b4, b4.addr(), 4096, 0), 1);             // id in use
+  EXPECT_EQ(map(5, &b5, b5.addr(), 1 << 20, 0), 1);          // larger than its memory
+  EXPECT_EQ(map(6, &b6, b6.addr() + 1, 4096, 0), 1);         // unaligned
+  EXPECT_EQ(map(7, &b7, b7.addr(), 4096, 0x80), 1);          // unknown flags
+  // Copies outside what the session owns.
+  EXPECT_EQ(copy(remote::kRegionToDevice, dev, good.addr() + 4096, 8192), 1);  // past the region
+  EXPECT_EQ(copy(remote::kRegionToDevice, dev, b2.addr(), 16), 1);             // not a region
+  EXPECT_EQ(copy(remote::kRegionToHost, dev + 16000, good.addr(), 1000), 1);   // past the device
+  EXPECT_EQ(copy(remote::kRegionToHost, dev, good.addr(), 0), 1);              // zero length
+  EXPECT_EQ(copy(7, dev, good.addr(), 16), 1);                                 // bad direction
+  EXPECT_EQ(unmap(99), 1);
+  ASSERT_TRUE(worker_.WaitFor("range overlaps a region of this session", 2000)) << worker_.out;
+  EXPECT_TRUE(worker_.WaitFor("zero or unaligned range", 1000));
+  EXPECT_TRUE(worker_.WaitFor("region id already in use", 1000));
+  EXPECT_TRUE(worker_.WaitFor("the shared memory is smaller than the range", 1000));
+
+  // Region 1 still works: through the device and back into its other half.
+  for (int i = 0; i < 4096; ++i) good.p[i] = static_cast<uint8_t>(i * 7);
+  EXPECT_EQ(copy(remote::kRegionToDevice, dev, good.addr(), 4096), 0);
+  EXPECT_EQ(copy(remote::kRegionToHost, dev, good.addr() + 4096, 4096), 0);
+  EXPECT_EQ(memcmp(good.p, good.p + 4096, 4096), 0);
+  EXPECT_EQ(unmap(1), 0);
+  EXPECT_EQ(unmap(1), 1);
+  EXPECT_EQ(copy(remote::kRegionToDevice, dev, good.addr(), 16), 1);
+  // A map message without an offered descriptor.
+  EXPECT_EQ(map(8, nullptr, b3.addr(), 4096, 0), 1);
+  Writer w(buf, sizeof(buf));
+  w.U64(dev);
+  EXPECT_EQ(c.Call(remote::Op(Fn::cuMemFree_v2), w), 0) << "the session goes on";
 }
 
 }  // namespace
