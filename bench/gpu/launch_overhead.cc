@@ -4,7 +4,6 @@
 // launch loop divided by the launches (the final synchronize is excluded), and p50/p99 of the
 // per-launch time of each batch. --max-seconds ends the loop early (a throttled run), and the
 // launches actually made are reported.
-#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -14,13 +13,6 @@ extern "C" const unsigned char tf_fatbin_tier_kernels[];
 
 namespace tf::gpu {
 namespace {
-
-double Percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t index = std::min(values.size() - 1, static_cast<size_t>(p * static_cast<double>(values.size())));
-  return values[index];
-}
 
 int Run(const Flags& flags) {
   const uint64_t n = static_cast<uint64_t>(flags.Num("n", 1000000));

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -74,6 +75,17 @@ double Flags::Num(const std::string& name, double fallback) const {
   return value;
 }
 
+bool Flags::OnlyKnown(const std::vector<std::string>& known) const {
+  bool ok = true;
+  for (const auto& [name, value] : values_) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::fprintf(stderr, "unknown flag --%s\n", name.c_str());
+      ok = false;
+    }
+  }
+  return ok;
+}
+
 bool FlagsOk(const Flags& flags) {
   for (const auto& bad : flags.errors()) std::fprintf(stderr, "bad flag value: %s\n", bad.c_str());
   return flags.errors().empty();
@@ -98,6 +110,14 @@ std::string CuErrorName(CUresult rc) {
   const char* name = nullptr;
   if (cuGetErrorName(rc, &name) == CUDA_SUCCESS && name != nullptr) return name;
   return "CUresult(" + std::to_string(static_cast<int>(rc)) + ")";
+}
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t index =
+      std::min(values.size() - 1, static_cast<size_t>(p * static_cast<double>(values.size())));
+  return values[index];
 }
 
 uint64_t NowNs() {

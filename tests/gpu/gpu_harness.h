@@ -32,6 +32,9 @@ class Flags {
   std::string Str(const std::string& name, const std::string& fallback) const;
   uint64_t Bytes(const std::string& name, uint64_t fallback) const;
   double Num(const std::string& name, double fallback) const;
+  // Prints every flag not in `known` and returns false if there was one (a misspelt flag must
+  // not silently fall back to its default).
+  bool OnlyKnown(const std::vector<std::string>& known) const;
   // Flags that failed to parse as numbers or sizes, in the order they were asked for.
   const std::vector<std::string>& errors() const { return errors_; }
 
@@ -52,6 +55,9 @@ void ResultF(const std::string& key, double value);
 
 // "CUDA_ERROR_OUT_OF_MEMORY" or "CUresult(N)" when the driver has no name for it.
 std::string CuErrorName(CUresult rc);
+
+// The value below which a fraction `p` (0..1) of `values` lies (nearest rank); 0 when empty.
+double Percentile(std::vector<double> values, double p);
 
 // Nanoseconds of CLOCK_MONOTONIC.
 uint64_t NowNs();

@@ -27,7 +27,7 @@ fi
 for f in drvtest compute_tenant rt_smoke rt_oom tier_kernels.fatbin; do
   [ -e "$B/tests/gpu/$f" ] && cp "$B/tests/gpu/$f" "$S/tests/gpu/"
 done
-for f in launch_overhead startup_probe tier_kernels.fatbin; do
+for f in launch_overhead startup_probe remote_micro tier_kernels.fatbin; do
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
 find "$S" -type f -perm -u+x -exec strip --strip-debug {} + 2>/dev/null || true
