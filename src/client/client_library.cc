@@ -109,6 +109,55 @@ CUresult Impl_cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+// cuLibraryGetGlobal / cuModuleGetGlobal_v2: the worker's address and size of a __device__
+// variable; the range is then device memory this client may copy to and from (cudaMemcpyToSymbol).
+CUresult GetGlobal(Fn fn, CUdeviceptr* dptr, size_t* bytes, uint64_t owner, const char* name) {
+  if (name == nullptr || (dptr == nullptr && bytes == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  size_t len = strlen(name);
+  if (len > remote::kMaxFunctionName) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (fn == Fn::cuLibraryGetGlobal) {
+    TF_CTX_IF_ANY(l);
+  } else {
+    TF_CTX(l);
+  }
+  Session* s = l.session();
+  uint8_t buf[remote::kMaxFunctionName + 16];
+  Writer w(buf, sizeof(buf));
+  w.U64(owner);
+  w.Blob(name, static_cast<uint32_t>(len));
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t p = 0, n = 0;
+  if (!rv.reader.U64(&p) || !rv.reader.U64(&n)) return CUDA_ERROR_UNKNOWN;
+  if (n > 0 && !s->allocs.count(p)) {
+    DeviceAlloc a;
+    a.size = n;
+    a.ctx = CurrentContext();
+    auto ci = s->context_info.find(a.ctx);
+    a.device = ci != s->context_info.end() ? ci->second.device : 0;
+    s->allocs[p] = a;
+  }
+  if (dptr) *dptr = p;
+  if (bytes) *bytes = n;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                                 const char* name) {
+  return GetGlobal(Fn::cuLibraryGetGlobal, dptr, bytes, H(library), name);
+}
+
+CUresult Impl_cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod,
+                                   const char* name) {
+  return GetGlobal(Fn::cuModuleGetGlobal_v2, dptr, bytes, H(hmod), name);
+}
+
 CUresult Impl_cuLibraryGetKernelCount(unsigned int* count, CUlibrary library) {
   if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);

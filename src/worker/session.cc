@@ -134,10 +134,23 @@ class Session {
   bool Range(uint64_t p, uint64_t n) const {
     if (n == 0) return true;
     auto it = allocs_.upper_bound(p);
-    if (it == allocs_.begin()) return false;
-    --it;
-    uint64_t end = it->first + it->second;
-    return p >= it->first && n <= end - p;
+    if (it != allocs_.begin()) {
+      --it;
+      uint64_t end = it->first + it->second;
+      if (p >= it->first && n <= end - p) return true;
+    }
+    // A module's or library's global variable (cudaMemcpyToSymbol and friends).
+    auto g = globals_.upper_bound(p);
+    if (g == globals_.begin()) return false;
+    --g;
+    return p >= g->first && n <= g->second.size && p - g->first <= g->second.size - n;
+  }
+  // Forgets the globals of a module or library that goes away.
+  void EraseGlobals(uint64_t owner) {
+    for (auto it = globals_.begin(); it != globals_.end();) {
+      if (it->second.owner == owner) it = globals_.erase(it);
+      else ++it;
+    }
   }
   bool Stream(uint64_t s) const { return s <= 2 || streams_.count(s); }
   bool Device(int32_t d) const { return d >= 0 && d < device_count_; }
@@ -149,6 +162,11 @@ class Session {
   bool initialised_ = false;
 
   std::map<uint64_t, uint64_t> allocs_;  // base -> size
+  struct Global {
+    uint64_t size = 0;
+    uint64_t owner = 0;  // the module or library
+  };
+  std::map<uint64_t, Global> globals_;  // base -> global variable of a loaded module or library
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
   std::set<uint64_t> pools_, created_pools_;
   std::set<uint64_t> graphs_;
@@ -650,12 +668,16 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (r == CUDA_SUCCESS) {
         for (uint64_t f : modules_[m]) functions_.erase(f);
         modules_.erase(m);
+        EraseGlobals(m);
       }
       return r;
     }
+    case Fn::cuModuleGetGlobal_v2:
+      return LibraryCall(fn, rd, out);
     case Fn::cuLibraryLoadData:
     case Fn::cuLibraryUnload:
     case Fn::cuLibraryGetKernel:
+    case Fn::cuLibraryGetGlobal:
     case Fn::cuLibraryGetKernelCount:
     case Fn::cuLibraryEnumerateKernels:
     case Fn::cuLibraryGetModule:
@@ -1390,6 +1412,7 @@ void Session::EraseLibrary(uint64_t lib) {
   }
   for (uint64_t f : it->second.functions) erase_owned(f);
   for (uint64_t m : it->second.modules) library_modules_.erase(m);
+  EraseGlobals(lib);
   libraries_.erase(it);
 }
 
@@ -1448,6 +1471,32 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       if (r != CUDA_SUCCESS) return r;
       out.U64(H(k));
       record_kernel(lib, H(k));
+      return CUDA_SUCCESS;
+    }
+    // A global variable: in U64 library or module, blob name; out U64 address, U64 size. The
+    // range joins the session's valid device memory (copies to and from it) until its owner goes.
+    case Fn::cuLibraryGetGlobal:
+    case Fn::cuModuleGetGlobal_v2: {
+      uint64_t owner = 0;
+      const uint8_t* name = nullptr;
+      uint32_t len = 0;
+      rd.U64(&owner);
+      if (!rd.Blob(&name, &len, remote::kMaxFunctionName) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      bool lib = fn == Fn::cuLibraryGetGlobal;
+      if (lib ? !libraries_.count(owner) : !modules_.count(owner) && !library_modules_.count(owner)) {
+        return CUDA_ERROR_INVALID_HANDLE;
+      }
+      std::string gname(reinterpret_cast<const char*>(name), len);
+      CUdeviceptr p = 0;
+      size_t bytes = 0;
+      CUresult r = lib ? CALL(cuLibraryGetGlobal, &p, &bytes, As<CUlibrary>(owner), gname.c_str())
+                       : CALL(cuModuleGetGlobal_v2, &p, &bytes, As<CUmodule>(owner), gname.c_str());
+      if (r != CUDA_SUCCESS) return r;
+      auto lm = library_modules_.find(owner);
+      uint64_t keeper = (!lib && lm != library_modules_.end()) ? lm->second : owner;
+      if (bytes > 0) globals_[p] = Global{bytes, keeper};
+      out.U64(p);
+      out.U64(bytes);
       return CUDA_SUCCESS;
     }
     case Fn::cuLibraryGetKernelCount: {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -330,6 +332,44 @@ CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* 
   CUresult r = fakecuda::ModuleKernel(reinterpret_cast<Module*>(module), name, &kernel);
   if (r == CUDA_SUCCESS) *function = reinterpret_cast<CUfunction>(kernel.get());
   return r;
+}
+
+// Globals: every module has one __device__ variable, "fake_global" (256 bytes, zeroed), backed by
+// an ordinary fake allocation made on first use; any other name is CUDA_ERROR_NOT_FOUND.
+namespace {
+CUresult FakeGlobal(CUdeviceptr* dptr, size_t* bytes, Module* module, const char* name) {
+  static std::mutex mu;
+  static std::map<Module*, CUdeviceptr> globals;
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.modules.count(module) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (strcmp(name, "fake_global") != 0) return CUDA_ERROR_NOT_FOUND;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = globals.find(module);
+  if (it == globals.end()) {
+    CUdeviceptr p = 0;
+    CUresult r = cuMemAlloc_v2(&p, 256);
+    if (r != CUDA_SUCCESS) return r;
+    memset(reinterpret_cast<void*>(p), 0, 256);
+    it = globals.emplace(module, p).first;
+  }
+  if (dptr) *dptr = it->second;
+  if (bytes) *bytes = 256;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule module, const char* name) {
+  FAKECUDA_ENTER();
+  return FakeGlobal(dptr, bytes, reinterpret_cast<Module*>(module), name);
+}
+
+CUresult cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library, const char* name) {
+  FAKECUDA_ENTER();
+  return FakeGlobal(dptr, bytes, reinterpret_cast<Module*>(library), name);
 }
 
 // ---- Libraries (context-independent modules; the handle is a Module as well) ----

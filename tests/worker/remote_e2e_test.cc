@@ -298,6 +298,9 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_EQ(r.kv["free_null"], "0");
     EXPECT_EQ(r.kv["priority_stream"], "7");
     EXPECT_EQ(r.kv["module_file"], "0");
+    EXPECT_EQ(r.kv["global"], "256:5eed");  // cudaMemcpyToSymbol's path
+    EXPECT_EQ(r.kv["global_missing"], "500");  // CUDA_ERROR_NOT_FOUND
+    EXPECT_EQ(r.kv["global_overrun"], "1");  // outside the variable: refused by the worker
     EXPECT_EQ(r.kv["module_missing"], "301");  // CUDA_ERROR_FILE_NOT_FOUND
     EXPECT_NE(r.kv["clusters"], "");  // cudaFree(0) binds cudart's context this way
     EXPECT_EQ(r.kv["ctx_sync_v2"], "0:0");

@@ -457,6 +457,23 @@ int Local() {
     unlink(path);
     if (lr == CUDA_SUCCESS) lr = cuModuleGetFunction(&f2, from_file, "fill_u32");
     std::printf("module_file=%d\n", static_cast<int>(lr));
+    CUdeviceptr g = 0;
+    size_t gsize = 0;
+    CUmodule gm = nullptr;
+    CHECK(cuModuleLoadData(&gm, "fakecuda:builtin"));
+    CHECK(cuModuleGetGlobal(&g, &gsize, gm, "fake_global"));
+    unsigned gv = 0x5eed, gback = 0;
+    CHECK(cuMemcpyHtoD(g + 8, &gv, 4));
+    CHECK(cuMemcpyDtoH(&gback, g + 8, 4));
+    std::printf("global=%zu:%x\n", gsize, gback);
+    std::printf("global_missing=%d\n",
+                static_cast<int>(cuModuleGetGlobal(&g, &gsize, gm, "no_such_global")));
+    // The worker refuses a copy past the variable's end; the fake driver does not check (na).
+    if (getenv("TFUSION_REMOTE") != nullptr) {
+      std::printf("global_overrun=%d\n", static_cast<int>(cuMemcpyHtoD(g + 254, &gv, 4)));
+    } else {
+      std::printf("global_overrun=na\n");
+    }
     std::printf("module_missing=%d\n",
                 static_cast<int>(cuModuleLoad(&from_file, "/nonexistent/tf-module.cubin")));
   }
