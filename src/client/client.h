@@ -99,6 +99,7 @@ struct Session {
   uint64_t next_region_id = 1;
   // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
   bool pipelined_copies = false;
+  std::unordered_map<uint64_t, uint64_t> limits;  // context * 64 + CUlimit -> value read
   std::vector<uint8_t> reply_copy;             // scratch
 };
 

@@ -887,6 +887,44 @@ CUresult Impl_cuStreamCreate(CUstream* stream, unsigned int flags) {
   }
   return r;
 }
+// Context limits: forwarded; a limit read once is answered locally until the client sets one
+// (cuBLAS reads them on every handle).
+CUresult Impl_cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
+  if (pvalue == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  const uint64_t key = CurrentContext() * 64 + static_cast<uint64_t>(limit);
+  if (auto it = s->limits.find(key); it != s->limits.end()) {
+    *pvalue = it->second;
+    return CUDA_SUCCESS;
+  }
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U32(static_cast<uint32_t>(limit));
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuCtxGetLimit), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t v = 0;
+  if (!rv.reader.U64(&v)) return CUDA_ERROR_UNKNOWN;
+  s->limits[key] = v;
+  *pvalue = v;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxSetLimit(CUlimit limit, size_t value) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U32(static_cast<uint32_t>(limit));
+  w.U64(value);
+  CUresult r = Simple(l, Fn::cuCtxSetLimit, w);
+  s->limits.clear();  // the driver may round, and some limits move others
+  return r;
+}
+
 CUresult Impl_cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
   if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);

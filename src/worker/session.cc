@@ -705,6 +705,21 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuLaunchKernelEx:
     case Fn::cuLaunchKernelEx_ptsz:
       return LaunchCall(fn, rd);
+    case Fn::cuCtxGetLimit: {
+      uint32_t limit = 0;
+      if (!rd.U32(&limit) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      size_t v = 0;
+      CUresult r = CALL(cuCtxGetLimit, &v, static_cast<CUlimit>(limit));
+      out.U64(v);
+      return r;
+    }
+    case Fn::cuCtxSetLimit: {
+      uint32_t limit = 0;
+      uint64_t v = 0;
+      rd.U32(&limit);
+      if (!rd.U64(&v) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      return CALL(cuCtxSetLimit, static_cast<CUlimit>(limit), v);
+    }
     case Fn::cuStreamCreateWithPriority: {
       uint32_t flags = 0;
       int32_t priority = 0;

@@ -566,6 +566,32 @@ CUresult cuCtxSynchronize() {
   return CUDA_SUCCESS;
 }
 
+// Context limits of the fake device, shared by its contexts: defaults as a CUDA 13 driver reports
+// them (stack 1 KiB, printf FIFO 1 MiB, malloc heap 8 MiB), others 0; any value may be set.
+CUresult cuCtxGetLimit(size_t* value, CUlimit limit) {
+  FAKECUDA_ENTER();
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  if (value == nullptr || limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
+  static const size_t kDefaults[CU_LIMIT_MAX] = {1024, 1 << 20, 8 << 20};
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.limits.find(limit);
+  *value = it != d.limits.end() ? it->second : (limit < 3 ? kDefaults[limit] : 0);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+  FAKECUDA_ENTER();
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  if (limit < 0 || limit >= CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.limits[limit] = value;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuCtxSynchronize_v2(CUcontext handle) {
   FAKECUDA_ENTER();
   if (handle == nullptr) return cuCtxSynchronize();

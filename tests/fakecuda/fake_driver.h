@@ -187,6 +187,7 @@ class Driver {
   std::map<Module*, std::unique_ptr<Module>> modules;
   std::map<Graph*, std::unique_ptr<Graph>> graphs;
   std::map<GraphExec*, std::unique_ptr<GraphExec>> graph_execs;
+  std::map<int, size_t> limits;  // cuCtxSetLimit values (CUlimit -> value)
 
   // REQUIRES mu. Charges `bytes` to `device`; false (nothing charged) when it would exceed total.
   bool Charge(CUdevice device, size_t bytes);

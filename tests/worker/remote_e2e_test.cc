@@ -297,6 +297,7 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_NE(r.kv["occupancy"], "");  // equal to the driver's (ExpectSameKeys), callback included
     EXPECT_EQ(r.kv["free_null"], "0");
     EXPECT_EQ(r.kv["priority_stream"], "7");
+    EXPECT_EQ(r.kv["limits"], "1024:4096");  // read, set, read again (not the cached value)
     EXPECT_EQ(r.kv["module_file"], "0");
     EXPECT_EQ(r.kv["global"], "256:5eed");  // cudaMemcpyToSymbol's path
     EXPECT_EQ(r.kv["global_missing"], "500");  // CUDA_ERROR_NOT_FOUND

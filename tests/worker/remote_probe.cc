@@ -436,6 +436,14 @@ int Local() {
   CHECK(cuMemFree(x));
   std::printf("free_null=%d\n", static_cast<int>(cuMemFree(0)));
   {
+    size_t stack = 0, stack2 = 0;
+    CHECK(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
+    CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096));
+    CHECK(cuCtxGetLimit(&stack2, CU_LIMIT_STACK_SIZE));
+    CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, stack));
+    std::printf("limits=%zu:%zu\n", stack, stack2);
+  }
+  {
     CUstream prio = nullptr;
     CHECK(cuStreamCreateWithPriority(&prio, CU_STREAM_NON_BLOCKING, -1));
     CUdeviceptr y;
