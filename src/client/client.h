@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -100,6 +101,9 @@ struct Session {
   // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
   bool pipelined_copies = false;
   std::unordered_map<uint64_t, uint64_t> limits;  // context * 64 + CUlimit -> value read
+  // Answers of queries whose result only this client can change (client_internal.h, Answer*):
+  // (entry point, three arguments) -> the 64-bit answer.
+  std::map<std::tuple<int, uint64_t, uint64_t, uint64_t>, uint64_t> answers;
   std::vector<uint8_t> reply_copy;             // scratch
 };
 

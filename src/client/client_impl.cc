@@ -486,6 +486,7 @@ CUresult Impl_cuDevicePrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
   w.I32(dev);
   ReplyView rv;
   CUresult r = CallSync(l.session(), Op(Fn::cuDevicePrimaryCtxRetain), w, &rv);
+  ForgetAnswers(l.session(), Fn::cuDevicePrimaryCtxGetState);
   if (r != CUDA_SUCCESS) return r;
   uint64_t c = 0;
   if (!rv.reader.U64(&c)) return CUDA_ERROR_UNKNOWN;
@@ -501,6 +502,7 @@ CUresult Impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.I32(dev);
+  ForgetAnswers(l.session(), Fn::cuDevicePrimaryCtxGetState);
   return Simple(l, Fn::cuDevicePrimaryCtxRelease_v2, w);
 }
 CUresult Impl_cuDevicePrimaryCtxRelease(CUdevice dev) { return Impl_cuDevicePrimaryCtxRelease_v2(dev); }
@@ -509,6 +511,15 @@ CUresult Impl_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int*
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   if (!Device(l.session(), dev)) return CUDA_ERROR_INVALID_DEVICE;
+  // The session's worker process serves this client alone, so the state changes only through
+  // this client's retain, release, reset and flag calls, which forget the cached answer.
+  uint64_t cached = 0;
+  if (CachedAnswer(l.session(), Fn::cuDevicePrimaryCtxGetState, static_cast<uint64_t>(dev), 0, 0,
+                   &cached)) {
+    *flags = static_cast<unsigned>(cached >> 32);
+    *active = static_cast<int>(cached & 1);
+    return CUDA_SUCCESS;
+  }
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.I32(dev);
@@ -519,6 +530,8 @@ CUresult Impl_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int*
   int32_t a = 0;
   rv.reader.U32(&f);
   if (!rv.reader.I32(&a)) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(l.session(), Fn::cuDevicePrimaryCtxGetState, static_cast<uint64_t>(dev), 0, 0,
+              (static_cast<uint64_t>(f) << 32) | (a != 0 ? 1 : 0));
   *flags = f;
   *active = a;
   return CUDA_SUCCESS;
@@ -531,6 +544,7 @@ CUresult Impl_cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
   Writer w(buf, sizeof(buf));
   w.I32(dev);
   w.U32(flags);
+  ForgetAnswers(l.session(), Fn::cuDevicePrimaryCtxGetState);
   CUresult r = Simple(l, Fn::cuDevicePrimaryCtxSetFlags_v2, w);
   if (r == CUDA_SUCCESS) {
     for (auto& [c, info] : l.session()->context_info) {

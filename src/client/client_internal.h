@@ -22,6 +22,23 @@ namespace tf::client {
   if (CUresult ctx_r_ = PrepareContextIfAny(lock.session()); ctx_r_ != CUDA_SUCCESS) \
     return ctx_r_;
 
+// Answers a query repeated often (cuKernelGetAttribute, cuKernelGetFunction, primary context
+// state) from Session::answers when the same question was answered before. REQUIRES State().mu.
+inline bool CachedAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t* v) {
+  auto it = s->answers.find({static_cast<int>(fn), a, b, c});
+  if (it == s->answers.end()) return false;
+  *v = it->second;
+  return true;
+}
+inline void StoreAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t v) {
+  s->answers[{static_cast<int>(fn), a, b, c}] = v;
+}
+// Forgets every cached answer of one entry point (after a call that may change them).
+inline void ForgetAnswers(Session* s, driver::Fn fn) {
+  const int f = static_cast<int>(fn);
+  s->answers.erase(s->answers.lower_bound({f, 0, 0, 0}), s->answers.lower_bound({f + 1, 0, 0, 0}));
+}
+
 // Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
 // attribute of a function or kernel changes.
 void ForgetOccupancy();

@@ -83,7 +83,12 @@ CUresult Impl_cuLibraryUnload(CUlibrary library) {
   Writer w(buf, sizeof(buf));
   w.U64(H(library));
   CUresult r = CallSync(s, Op(Fn::cuLibraryUnload), w, nullptr);
-  if (r == CUDA_SUCCESS) ForgetLibrary(s, H(library));
+  if (r == CUDA_SUCCESS) {
+    ForgetLibrary(s, H(library));
+    // Handles of the library's kernels may be reused by the next library.
+    ForgetAnswers(s, Fn::cuKernelGetFunction);
+    ForgetAnswers(s, Fn::cuKernelGetAttribute);
+  }
   return r;
 }
 
@@ -225,14 +230,21 @@ CUresult Impl_cuKernelGetFunction(CUfunction* function, CUkernel kernel) {
   Session* s = l.session();
   auto kit = s->functions.find(H(kernel));
   if (kit == s->functions.end() || !s->kernels.count(H(kernel))) return CUDA_ERROR_INVALID_HANDLE;
+  // A kernel's function in a context stays the same while its library is loaded (cudart asks
+  // before every launch through a CUkernel).
+  uint64_t f = 0;
+  if (CachedAnswer(s, Fn::cuKernelGetFunction, H(kernel), CurrentContext(), 0, &f)) {
+    *function = reinterpret_cast<CUfunction>(f);
+    return CUDA_SUCCESS;
+  }
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(H(kernel));
   ReplyView rv;
   CUresult r = CallSync(s, Op(Fn::cuKernelGetFunction), w, &rv);
   if (r != CUDA_SUCCESS) return r;
-  uint64_t f = 0;
   if (!rv.reader.U64(&f)) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(s, Fn::cuKernelGetFunction, H(kernel), CurrentContext(), 0, f);
   if (f != H(kernel)) s->functions[f] = s->functions[H(kernel)];  // same kernel, same layout
   *function = reinterpret_cast<CUfunction>(f);
   return CUDA_SUCCESS;
@@ -243,16 +255,27 @@ CUresult Impl_cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkerne
   if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   TF_CTX_IF_ANY(l);
+  Session* s = l.session();
+  // Attributes change only through this client's cuKernelSetAttribute/cuFuncSetAttribute, which
+  // forget the cached answers (cuDNN asks several per launch).
+  uint64_t cached = 0;
+  if (CachedAnswer(s, Fn::cuKernelGetAttribute, H(kernel), static_cast<uint64_t>(attrib),
+                   static_cast<uint64_t>(dev), &cached)) {
+    *pi = static_cast<int>(static_cast<int64_t>(cached));
+    return CUDA_SUCCESS;
+  }
   uint8_t buf[24];
   Writer w(buf, sizeof(buf));
   w.I32(static_cast<int32_t>(attrib));
   w.U64(H(kernel));
   w.I32(dev);
   ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuKernelGetAttribute), w, &rv);
+  CUresult r = CallSync(s, Op(Fn::cuKernelGetAttribute), w, &rv);
   if (r != CUDA_SUCCESS) return r;
   int32_t v = 0;
   if (!rv.reader.I32(&v)) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(s, Fn::cuKernelGetAttribute, H(kernel), static_cast<uint64_t>(attrib),
+              static_cast<uint64_t>(dev), static_cast<uint64_t>(static_cast<int64_t>(v)));
   *pi = v;
   return CUDA_SUCCESS;
 }
@@ -269,6 +292,7 @@ CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkerne
   w.U64(H(kernel));
   w.I32(dev);
   CUresult r = CallSync(s, Op(Fn::cuKernelSetAttribute), w, nullptr);
+  ForgetAnswers(s, Fn::cuKernelGetAttribute);
   if (r != CUDA_SUCCESS) return r;
   ForgetOccupancy();
   // Keep the cached attributes (cuFuncGetAttribute is answered locally) of the kernel in step.
@@ -290,6 +314,7 @@ CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, i
   w.I32(static_cast<int32_t>(attrib));
   w.I32(val);
   CUresult r = CallSync(s, Op(Fn::cuFuncSetAttribute), w, nullptr);
+  ForgetAnswers(s, Fn::cuKernelGetAttribute);
   if (r != CUDA_SUCCESS) return r;
   ForgetOccupancy();
   auto it = s->functions.find(H(func));

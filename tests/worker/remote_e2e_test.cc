@@ -405,7 +405,9 @@ TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
     EXPECT_EQ(r.kv["done"], "1");
     EXPECT_EQ(r.kv["kernel_name"], "fill_u32");
     EXPECT_EQ(r.kv["enumerated_has_fill"], "1");
-    EXPECT_EQ(r.kv["kernel_attr"], "4096");
+    EXPECT_EQ(r.kv["kernel_attr"], "4096");  // the set is seen, not a cached earlier answer
+    EXPECT_EQ(r.kv["kernel_function_stable"], "1");
+    EXPECT_EQ(r.kv["primary_state"], "1:1");
     EXPECT_EQ(r.kv["library_run"], "21,22,23,0");
     EXPECT_EQ(r.kv["kernel_bogus"], "400");
     EXPECT_EQ(r.kv["lib_bogus"], "400");

@@ -800,14 +800,28 @@ int Library() {
   int found = 0;
   for (CUkernel e : all) found += e == k;
   std::printf("enumerated_has_fill=%d\n", found);
-  CUfunction f;
+  CUfunction f, f_again;
   CHECK(cuKernelGetFunction(&f, k));
+  CHECK(cuKernelGetFunction(&f_again, k));  // answered from the client's cache remotely
+  std::printf("kernel_function_stable=%d\n", f == f_again ? 1 : 0);
   CHECK(cuFuncGetParamInfo(f, 2, &off, &size));
   std::printf("func_param2=%zu,%zu\n", off, size);
+  int v = 0, before = 0, before_again = 0;
+  CHECK(cuKernelGetAttribute(&before, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+  CHECK(cuKernelGetAttribute(&before_again, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
   CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
-  int v = 0;
   CHECK(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
-  std::printf("kernel_attr=%d\n", v);
+  std::printf("kernel_attr=%d\nkernel_attr_before=%d:%d\n", v, before, before_again);
+  {
+    unsigned flags = 0;
+    int active = 0, active_again = 0;
+    CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    CUcontext extra = nullptr;
+    CHECK(cuDevicePrimaryCtxRetain(&extra, 0));
+    CHECK(cuDevicePrimaryCtxGetState(0, &flags, &active_again));
+    CHECK(cuDevicePrimaryCtxRelease(0));
+    std::printf("primary_state=%d:%d\n", active, active_again);
+  }
   CUmodule mod;
   CHECK(cuLibraryGetModule(&mod, lib));
   CUfunction mf;
