@@ -100,6 +100,7 @@ struct Session {
   uint64_t next_region_id = 1;
   // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
   bool pipelined_copies = false;
+  int worker_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // of the worker's calling thread
   std::unordered_map<uint64_t, uint64_t> limits;  // context * 64 + CUlimit -> value read
   // Answers of queries whose result only this client can change (client_internal.h, Answer*):
   // (entry point, three arguments) -> the 64-bit answer.

@@ -3,7 +3,8 @@
 // forwarded as usual); the graph the capture ends with is a handle of the worker's graph table
 // (cuGraphInstantiateWithFlags, cuGraphLaunch, cuGraphDestroy). The client remembers which streams
 // capture, and answers cuStreamIsCapturing / cuStreamGetCaptureInfo from that. The capture mode
-// of cuThreadExchangeStreamCaptureMode is kept per thread in the client, not forwarded.
+// of cuThreadExchangeStreamCaptureMode is kept per thread in the client and the worker's thread
+// follows the mode of the last client thread that switched (see below).
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
 
@@ -78,10 +79,25 @@ CUresult Impl_cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
 }
 
 CUresult Impl_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
-  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (mode == nullptr || static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   CUstreamCaptureMode old = t_capture_mode;
   t_capture_mode = *mode;
   *mode = old;
+  // The worker makes this thread's calls on its own thread, whose mode decides whether an unsafe
+  // call (cuMemAlloc) during a global capture elsewhere invalidates that capture: tell it when
+  // the mode it has differs (fire-and-forget; one message per switch).
+  TF_LOCK(l);
+  Session* s = l.session();
+  if (s->worker_capture_mode != static_cast<int>(t_capture_mode)) {
+    uint8_t buf[4];
+    Writer w(buf, sizeof(buf));
+    w.U32(static_cast<uint32_t>(t_capture_mode));
+    CUresult r = SendAsync(s, Op(Fn::cuThreadExchangeStreamCaptureMode), w);
+    if (r != CUDA_SUCCESS) return r;
+    s->worker_capture_mode = static_cast<int>(t_capture_mode);
+  }
   return CUDA_SUCCESS;
 }
 

@@ -705,6 +705,17 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuLaunchKernelEx:
     case Fn::cuLaunchKernelEx_ptsz:
       return LaunchCall(fn, rd);
+    // The capture mode of the calling client thread, sent (fire-and-forget) when it changes:
+    // libraries switch to relaxed around calls that are unsafe during a global capture
+    // (cuMemAlloc in PyTorch's allocator), and this thread makes those calls for them.
+    case Fn::cuThreadExchangeStreamCaptureMode: {
+      uint32_t mode = 0;
+      if (!rd.U32(&mode) || !rd.Finish() || mode > CU_STREAM_CAPTURE_MODE_RELAXED) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      auto m = static_cast<CUstreamCaptureMode>(mode);
+      return CALL(cuThreadExchangeStreamCaptureMode, &m);
+    }
     case Fn::cuCtxGetLimit: {
       uint32_t limit = 0;
       if (!rd.U32(&limit) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;

@@ -52,6 +52,8 @@ struct Stream {
   StreamWorker worker;
   Graph* capture = nullptr;  // stream capture: kernel launches become nodes of this graph
   uint64_t capture_id = 0;
+  bool capture_global = false;       // begun in CU_STREAM_CAPTURE_MODE_GLOBAL
+  bool capture_invalidated = false;  // an unsafe call ran during it (EndCapture then fails)
 };
 
 struct Event {
@@ -205,6 +207,11 @@ Context* CurrentContext(CUresult* err);
 // The stream behind a handle (NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD mean the current
 // context's null stream), or nullptr and an error.
 std::shared_ptr<Stream> ResolveStream(CUstream handle, CUresult* err);
+
+// For calls that are unsafe during a global stream capture (cuMemAlloc): when a global capture is
+// under way and the calling thread's capture mode is not relaxed, invalidates those captures and
+// returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, as the driver does; else CUDA_SUCCESS.
+CUresult CheckUnsafeDuringCapture();
 
 // Blocks until all blocking streams of `ctx` are idle (what the legacy default stream's
 // synchronous calls wait for). Takes mu briefly.

@@ -188,6 +188,7 @@ using fakecuda::MemoryKind;
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   FAKECUDA_ENTER();
+  if (CUresult r = fakecuda::CheckUnsafeDuringCapture(); r != CUDA_SUCCESS) return r;
   return fakecuda::AllocateDevice(dptr, bytesize, MemoryKind::kDevice, nullptr);
 }
 

@@ -151,9 +151,26 @@ CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent event_handle, unsigne
 
 // Stream capture, minimal: kernel launches into a capturing stream become kernel nodes of the
 // capture graph (in order); other work on a capturing stream is not recorded.
+namespace {
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+}  // namespace
+
+CUresult fakecuda::CheckUnsafeDuringCapture() {
+  if (t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  bool any = false;
+  for (auto& [raw, stream] : d.streams) {
+    if (stream->capture != nullptr && stream->capture_global) {
+      stream->capture_invalidated = true;
+      any = true;
+    }
+  }
+  return any ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
 CUresult cuStreamBeginCapture_v2(CUstream handle, CUstreamCaptureMode mode) {
   FAKECUDA_ENTER();
-  (void)mode;
   if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -165,6 +182,8 @@ CUresult cuStreamBeginCapture_v2(CUstream handle, CUstreamCaptureMode mode) {
   if (stream->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   auto g = std::make_unique<fakecuda::Graph>();
   stream->capture = g.get();
+  stream->capture_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+  stream->capture_invalidated = false;
   static uint64_t next_id = 1;
   stream->capture_id = next_id++;
   d.graphs[g.get()] = std::move(g);
@@ -180,6 +199,12 @@ CUresult cuStreamEndCapture(CUstream handle, CUgraph* graph) {
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   if (stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (stream->capture_invalidated) {
+    d.graphs.erase(stream->capture);
+    stream->capture = nullptr;
+    *graph = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
   *graph = reinterpret_cast<CUgraph>(stream->capture);
   stream->capture = nullptr;
   return CUDA_SUCCESS;
@@ -219,9 +244,9 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream handle, CUstreamCaptureStatus* statu
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   FAKECUDA_ENTER();
   if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  thread_local CUstreamCaptureMode current = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  CUstreamCaptureMode old = current;
-  current = *mode;
+  if (static_cast<unsigned>(*mode) > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  CUstreamCaptureMode old = t_capture_mode;
+  t_capture_mode = *mode;
   *mode = old;
   return CUDA_SUCCESS;
 }

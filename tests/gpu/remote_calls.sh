@@ -21,7 +21,8 @@ for part in resnet graphs; do
     sed -n 's/^tfusion-trace: \([A-Za-z0-9_]*\)(.*/\1/p' | sort | uniq -c | sort -rn > "$OUT/calls-$part.txt"
   awk '/^MARK begin/{on=1; next} /^MARK end/{on=0} on' "$W/$part.err" |
     grep -v '^tfusion-trace:' | head -200 > "$OUT/other-$part.txt"
-  grep -n -B3 ' -> [0-9]' "$W/$part.err" | grep -v "cuGetProcAddress\|cuGetExportTable" | head -60 > "$OUT/errors-$part.txt"
+  awk '/^MARK begin/{on=1; next} /^MARK end/{on=0} on' "$W/$part.err" |
+    grep -B4 ' -> [0-9]\|not supported' | grep -v "cuGetProcAddress\|cuGetExportTable" | head -120 > "$OUT/errors-$part.txt"
 done
 kill "$WPID" 2>/dev/null
 wait "$WPID" 2>/dev/null

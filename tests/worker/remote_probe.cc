@@ -884,6 +884,29 @@ int Capture() {
   CHECK(cuThreadExchangeStreamCaptureMode(&mode));
   std::printf("exchanged_mode=%d\n", static_cast<int>(mode));
   CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+  {
+    // A global capture: an allocation made in relaxed mode leaves it intact (PyTorch's allocator
+    // switches to relaxed around cuMemAlloc); one made in global mode invalidates it.
+    CUdeviceptr b = 0, c = 0;
+    CUgraph g2 = nullptr;
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CHECK(cuThreadExchangeStreamCaptureMode(&m));
+    CUresult relaxed_alloc = cuMemAlloc(&b, 256);
+    CHECK(cuThreadExchangeStreamCaptureMode(&m));
+    Fill(fill, a, 33, 16, s);
+    CUresult relaxed_end = cuStreamEndCapture(s, &g2);
+    std::printf("global_relaxed_alloc=%d:%d\n", static_cast<int>(relaxed_alloc),
+                static_cast<int>(relaxed_end));
+    if (relaxed_end == CUDA_SUCCESS) CHECK(cuGraphDestroy(g2));
+    if (relaxed_alloc == CUDA_SUCCESS) CHECK(cuMemFree(b));
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUresult unsafe_alloc = cuMemAlloc(&c, 256);
+    CUresult unsafe_end = cuStreamEndCapture(s, &g2);
+    std::printf("global_unsafe_alloc=%d:%d\n", static_cast<int>(unsafe_alloc),
+                static_cast<int>(unsafe_end));
+    if (unsafe_alloc == CUDA_SUCCESS) CHECK(cuMemFree(c));
+  }
   CHECK(cuGraphExecDestroy(e));
   CHECK(cuGraphDestroy(g));
   CHECK(cuMemFree(a));
