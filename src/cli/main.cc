@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
   up_cmd->add_option("--port", up.port, "API port")->capture_default_str();
   up_cmd->add_option("--metrics-port", up.metrics_port, "node metrics port")->capture_default_str();
   up_cmd->add_option("--token", up.token, "API token (default: generated)");
+  up_cmd->add_option("--stop-grace", up.stop_grace_seconds,
+                     "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
+      ->check(CLI::Range(0, 3600))->capture_default_str();
 
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
@@ -82,6 +85,9 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--pool", hv.pool, "pool to join");
   hv_cmd->add_option("--metrics-port", hv.metrics_port, "metrics port (-1: off)")->capture_default_str();
   hv_cmd->add_option("--catalog-overrides", hv.catalog_overrides_file, "GPU model overrides file");
+  hv_cmd->add_option("--stop-grace", hv.stop_grace_seconds,
+                     "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
+      ->check(CLI::Range(0, 3600))->capture_default_str();
 
   tf::controller::ClientOptions client;
   auto* pool_cmd = app.add_subcommand("pool", "list, create or remove pools");

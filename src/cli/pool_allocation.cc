@@ -77,4 +77,18 @@ Status ReleasePoolAllocation(const std::string& url, const std::string& token, c
   return Status::Ok();
 }
 
+StatusOr<std::string> EvictionReason(const std::string& url, const std::string& token,
+                                     const std::string& id) {
+  if (id.empty()) return InvalidArgument("allocation id must not be empty");
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Get("/v1/evictions/" + id);
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return FromReply(r->status, r->body, "looking up " + id);
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal("the controller's eviction answer is not JSON");
+  std::string reason = j.value("reason", "evicted");
+  if (!j.value("preempted_by", "").empty()) reason += " by " + j.value("preempted_by", "");
+  return reason;
+}
+
 }  // namespace tf::cli

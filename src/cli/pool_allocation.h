@@ -39,4 +39,9 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
 Status ReleasePoolAllocation(const std::string& url, const std::string& token,
                              const std::string& id);
 
+// Why the controller took allocation `id` back while it was in use: "preempted by a-..." or
+// "node-lost". kNotFound when it did not (it is live, was released by request, or is unknown).
+StatusOr<std::string> EvictionReason(const std::string& url, const std::string& token,
+                                     const std::string& id);
+
 }  // namespace tf::cli

@@ -249,7 +249,14 @@ int RunCommand(const RunOptions& o) {
   }
   if (!pooled_id.empty()) {
     Status released = ReleasePoolAllocation(o.controller, o.token, pooled_id);
-    if (!released.ok() && released.code() != StatusCode::kNotFound) {
+    if (released.code() == StatusCode::kNotFound) {
+      // Gone before the command ended: the controller took it back and the node agent stopped
+      // the command. Say why, so the exit status (usually 143, SIGTERM) is not a mystery.
+      StatusOr<std::string> why = EvictionReason(o.controller, o.token, pooled_id);
+      if (why.ok())
+        std::fprintf(stderr, "tfusion run: allocation %s was %s while the command ran\n",
+                     pooled_id.c_str(), why->c_str());
+    } else if (!released.ok()) {
       std::fprintf(stderr, "tfusion run: releasing allocation %s: %s\n", pooled_id.c_str(),
                    released.ToString().c_str());
     }

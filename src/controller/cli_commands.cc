@@ -114,7 +114,8 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::NvmlGpuSource source(o.nvml_library);
   hypervisor::QuotaRegions regions(o.region_dir);
   SystemClock clock;
-  hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", ""};
+  hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
+                                  int64_t{o.stop_grace_seconds} * 1000};
   if (!o.catalog_overrides_file.empty()) {
     std::ifstream in(o.catalog_overrides_file);
     if (!in) {
@@ -305,6 +306,7 @@ int RunUp(const UpOptions& o) {
   ho.metrics_port = o.metrics_port;
   ho.nvml_library = o.nvml_library;
   ho.region_dir = o.region_dir;
+  ho.stop_grace_seconds = o.stop_grace_seconds;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
   rt.Stop();
@@ -377,8 +379,11 @@ int NodeList(const ClientOptions& c) {
 int Ps(const ClientOptions& c) {
   StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
   if (!allocs.ok()) return Fail(allocs.status());
-  std::vector<std::vector<std::string>> rows{{"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "VRAM_MIB"}};
-  for (const json& a : (*allocs)["allocations"]) {
+  StatusOr<json> evictions = Call(c, "GET", "/v1/evictions");
+  if (!evictions.ok()) return Fail(evictions.status());
+  std::vector<std::vector<std::string>> rows{
+      {"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "VRAM_MIB", "STATE"}};
+  auto row = [&rows](const json& a, const std::string& state) {
     std::string gpus;
     double t = 0;
     int64_t v = 0;
@@ -388,7 +393,20 @@ int Ps(const ClientOptions& c) {
       v += g.value("vram_mib", int64_t{0});
     }
     rows.push_back({a.value("id", ""), a.value("workload", "-").empty() ? "-" : a.value("workload", "-"),
-                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(t), std::to_string(v)});
+                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(t),
+                    std::to_string(v), state});
+  };
+  for (const json& a : (*allocs)["allocations"]) row(a, "running");
+  // Allocations the controller took back: "preempted by a-...: stopping" until the node agent
+  // reports their processes gone, then "...: stopped".
+  for (const json& e : (*evictions)["evictions"]) {
+    if (!e.is_object() || !e.contains("allocation")) continue;
+    std::string state = e.value("reason", "evicted");
+    if (!e.value("preempted_by", "").empty()) state += " by " + e.value("preempted_by", "");
+    state += ": " + e.value("state", "");
+    if (e.value("state", "") == "stopped" && e.value("processes_stopped", 0) > 0)
+      state += " (" + std::to_string(e.value("processes_stopped", 0)) + " process(es) signalled)";
+    row(e["allocation"], state);
   }
   PrintTable(Out(c), rows);
   return 0;

@@ -35,6 +35,7 @@ struct HypervisorOptions {
   std::string catalog_overrides_file;    // lines "name_substring tflops [vram_mib]"
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
   int sync_interval_ms = 1'000;          // how often vGPU limits are synced from the controller
+  int stop_grace_seconds = 10;           // SIGTERM -> SIGKILL for processes of a taken-back vGPU
 };
 
 struct UpOptions {
@@ -45,6 +46,7 @@ struct UpOptions {
   std::string token;                     // empty: reuse STATE_DIR/token or generate one
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
+  int stop_grace_seconds = 10;           // as HypervisorOptions
 };
 
 struct ClientOptions {

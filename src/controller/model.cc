@@ -34,6 +34,18 @@ json ToJson(const TenantQuota& q) {
           {"max_gpus", q.max_gpus}};
 }
 
+const char* EvictionStateName(EvictionState s) {
+  return s == EvictionState::kStopped ? "stopped" : "stopping";
+}
+
+json ToJson(const Eviction& e) {
+  return {{"id", e.allocation.id},          {"node", e.allocation.node},
+          {"allocation", ToJson(e.allocation)}, {"reason", e.reason},
+          {"preempted_by", e.preempted_by}, {"evicted_ms", e.evicted_ms},
+          {"state", EvictionStateName(e.state)}, {"stopped_ms", e.stopped_ms},
+          {"processes_stopped", e.processes_stopped}};
+}
+
 json ToJson(const Node& n) {
   return {{"name", n.name},
           {"pool", n.pool},
@@ -156,6 +168,23 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     }
     a.created_ms = j.value("created_ms", int64_t{0});
     a.tenant = j.value("tenant", "");
+  });
+}
+
+StatusOr<Eviction> EvictionFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("allocation"))
+    return Internal("stored eviction is not JSON");
+  StatusOr<Allocation> a = AllocationFromJson(j["allocation"].dump());
+  if (!a.ok()) return a.status();
+  return Parse<Eviction>(text, "eviction", [&a](const json& j, Eviction& e) {
+    e.allocation = *a;
+    e.reason = j.value("reason", "");
+    e.preempted_by = j.value("preempted_by", "");
+    e.evicted_ms = j.value("evicted_ms", int64_t{0});
+    e.state = j.value("state", "stopping") == "stopped" ? EvictionState::kStopped : EvictionState::kStopping;
+    e.stopped_ms = j.value("stopped_ms", int64_t{0});
+    e.processes_stopped = j.value("processes_stopped", 0);
   });
 }
 
