@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/quantity.h"
 #include "cli/remote_run.h"
 #include "cli/run_command.h"
 #include "controller/cli_commands.h"
@@ -105,7 +106,11 @@ int main(int argc, char** argv) {
   AddClientFlags(node_ls, &client);
   auto* ps_cmd = app.add_subcommand("ps", "list allocations");
   AddClientFlags(ps_cmd, &client);
-  auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use");
+  auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use, redrawn until Ctrl-C");
+  std::string top_interval = "2";
+  bool top_once = false;
+  top_cmd->add_option("--interval,-d", top_interval, "seconds between redraws, 0.1 to 3600")->capture_default_str();
+  top_cmd->add_flag("--once", top_once, "print the table once and exit (scripts)");
   AddClientFlags(top_cmd, &client);
 
   try {
@@ -135,6 +140,15 @@ int main(int argc, char** argv) {
   if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
   if (node_ls->parsed()) return tf::controller::NodeList(client);
   if (ps_cmd->parsed()) return tf::controller::Ps(client);
-  if (top_cmd->parsed()) return tf::controller::Top(client);
+  if (top_cmd->parsed()) {
+    tf::StatusOr<double> interval = tf::cli::ParsePositive("--interval", top_interval, 3600);
+    if (interval.ok() && *interval < 0.1)
+      interval = tf::InvalidArgument("--interval " + top_interval + ": must be at least 0.1 seconds");
+    if (!interval.ok()) {
+      std::fprintf(stderr, "tfusion top: %s\n", interval.status().message().c_str());
+      return 2;
+    }
+    return tf::controller::Top(client, {*interval, top_once});
+  }
   return 1;
 }

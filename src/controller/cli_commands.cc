@@ -13,6 +13,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <ctime>
 #include <sstream>
 #include <thread>
 
@@ -412,9 +413,12 @@ int Ps(const ClientOptions& c) {
   return 0;
 }
 
-int Top(const ClientOptions& c) {
+namespace {
+
+// One frame of `tfusion top`: the GPU table, or the error that prevented it.
+Status TopTable(const ClientOptions& c, std::ostream& out) {
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
-  if (!gpus.ok()) return Fail(gpus.status());
+  if (!gpus.ok()) return gpus.status();
   std::vector<std::vector<std::string>> rows{{"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB"}};
   for (const json& g : (*gpus)["gpus"]) {
     rows.push_back({g.value("uuid", ""), g.value("node", ""), g.value("model", ""),
@@ -424,7 +428,35 @@ int Top(const ClientOptions& c) {
                     std::to_string(g.value("used_vram_mib", int64_t{0})) + "/" +
                         std::to_string(g.value("vram_mib", int64_t{0}))});
   }
-  PrintTable(Out(c), rows);
+  PrintTable(out, rows);
+  return Status::Ok();
+}
+
+}  // namespace
+
+int Top(const ClientOptions& c, const TopOptions& o) {
+  if (o.once) {
+    Status st = TopTable(c, Out(c));
+    return st.ok() ? 0 : Fail(st);
+  }
+  InstallSignalHandlers();
+  const bool terminal = c.out == nullptr && isatty(STDOUT_FILENO);
+  const int interval_ms = static_cast<int>(o.interval_seconds * 1000 + 0.5);
+  while (!g_stop.load()) {
+    std::ostringstream frame;
+    const std::time_t now = std::time(nullptr);
+    char clock[16] = {};
+    std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&now));
+    frame << "tfusion top - " << c.url << " - " << clock << " (every " << o.interval_seconds
+          << " s; Ctrl-C quits)\n\n";
+    Status st = TopTable(c, frame);
+    if (!st.ok()) frame << "error: " << st.message() << " (retrying)\n";
+    std::ostream& out = Out(c);
+    if (terminal) out << "\033[H\033[2J";  // home + clear: redraw in place, like top
+    out << frame.str() << (terminal ? "" : "\n");
+    out.flush();
+    SleepUntilStop(interval_ms);
+  }
   return 0;
 }
 

@@ -68,6 +68,14 @@ int PoolCreate(const ClientOptions& client, const std::string& name);  // tfusio
 int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
 int NodeList(const ClientOptions& client);                          // tfusion node ls
 int Ps(const ClientOptions& client);                                // tfusion ps (allocations)
-int Top(const ClientOptions& client);                               // tfusion top (GPUs, usage)
+// tfusion top: the GPUs of the pool, their allocation and use. Redraws every interval_seconds
+// (REQUIRES a finite value in [0.1, 3600]; the CLI validates it) until SIGINT/SIGTERM, clearing
+// the screen between frames when the output is a terminal; returns 0 then. A failed refresh is
+// shown in its frame and the next one is tried. `once`: print one table and return (scripts).
+struct TopOptions {
+  double interval_seconds = 2;
+  bool once = false;
+};
+int Top(const ClientOptions& client, const TopOptions& options);
 
 }  // namespace tf::controller
