@@ -193,12 +193,18 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   HttpClient client(c.url, c.token);
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
                              : method == "POST" ? client.Post(path, body)
+                             : method == "PUT"  ? client.Put(path, body)
                                                 : client.Delete(path);
   if (!r.ok()) return r.status();
   json j = json::parse(r->body, nullptr, false);
   if (r->status >= 300) {
     std::string msg = (!j.is_discarded() && j.contains("error")) ? j["error"].value("message", r->body) : r->body;
-    return Unavailable("HTTP " + std::to_string(r->status) + ": " + msg);
+    StatusCode code = r->status == 400   ? StatusCode::kInvalidArgument
+                      : r->status == 401 ? StatusCode::kUnauthenticated
+                      : r->status == 404 ? StatusCode::kNotFound
+                      : r->status == 409 ? StatusCode::kFailedPrecondition
+                                         : StatusCode::kUnavailable;
+    return Status(code, "HTTP " + std::to_string(r->status) + ": " + msg);
   }
   if (j.is_discarded()) return Internal("the controller answered something that is not JSON");
   return j;
@@ -207,6 +213,15 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
 int Fail(const Status& s) {
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
   return 1;
+}
+
+// A name the user typed that goes into a URL path: checked here, so "a/b" is not a route.
+// Returns 0 when valid, else prints why and returns the exit code of a usage error.
+int CheckName(const char* what, const std::string& name) {
+  Status st = ValidateName(what, name);
+  if (st.ok()) return 0;
+  Fail(st);
+  return 2;
 }
 
 // Prints rows as left-aligned columns sized to their widest cell.
@@ -319,7 +334,8 @@ int PoolList(const ClientOptions& c) {
   if (!pools.ok()) return Fail(pools.status());
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
   if (!gpus.ok()) return Fail(gpus.status());
-  std::vector<std::vector<std::string>> rows{{"POOL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
+  std::vector<std::vector<std::string>> rows{
+      {"POOL", "MODE", "OVERSELL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
   for (const json& p : (*pools)["pools"]) {
     std::string name = p.value("name", "");
     int n = 0;
@@ -333,20 +349,42 @@ int PoolList(const ClientOptions& c) {
       v += g.value("vram_mib", int64_t{0});
       uv += g.value("used_vram_mib", int64_t{0});
     }
-    rows.push_back({name, std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
+    rows.push_back({name, p.value("placement_mode", ""), Fixed(p.value("tflops_oversell_ratio", 1.0), 2),
+                    std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
   }
   PrintTable(Out(c), rows);
   return 0;
 }
 
-int PoolCreate(const ClientOptions& c, const std::string& name) {
-  StatusOr<json> r = Call(c, "POST", "/v1/pools", json{{"name", name}}.dump());
+int PoolCreate(const ClientOptions& c, const PoolSettings& pool) {
+  if (int rc = CheckName("pool name", pool.name)) return rc;
+  json body = {{"name", pool.name}};
+  if (pool.placement_mode) body["placement_mode"] = *pool.placement_mode;
+  if (pool.tflops_oversell_ratio) body["tflops_oversell_ratio"] = *pool.tflops_oversell_ratio;
+  StatusOr<json> r = Call(c, "POST", "/v1/pools", body.dump());
   if (!r.ok()) return Fail(r.status());
-  Out(c) << "pool " << name << " created\n";
+  Out(c) << "pool " << pool.name << " created: placement mode " << r->value("placement_mode", "")
+         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";
+  return 0;
+}
+
+int PoolSet(const ClientOptions& c, const PoolSettings& pool) {
+  if (int rc = CheckName("pool name", pool.name)) return rc;
+  if (!pool.placement_mode && !pool.tflops_oversell_ratio)
+    return Fail(InvalidArgument("nothing to change: give --mode and/or --oversell")), 2;
+  StatusOr<json> current = Call(c, "GET", "/v1/pools/" + pool.name);
+  if (!current.ok()) return Fail(current.status());
+  json body = {{"placement_mode", pool.placement_mode.value_or(current->value("placement_mode", ""))},
+               {"tflops_oversell_ratio", pool.tflops_oversell_ratio.value_or(current->value("tflops_oversell_ratio", 1.0))}};
+  StatusOr<json> r = Call(c, "PUT", "/v1/pools/" + pool.name, body.dump());
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "pool " << pool.name << ": placement mode " << r->value("placement_mode", "")
+         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";
   return 0;
 }
 
 int PoolDelete(const ClientOptions& c, const std::string& name) {
+  if (int rc = CheckName("pool name", name)) return rc;
   StatusOr<json> r = Call(c, "DELETE", "/v1/pools/" + name);
   if (!r.ok()) return Fail(r.status());
   Out(c) << "pool " << name << " deleted\n";
@@ -376,6 +414,67 @@ int NodeList(const ClientOptions& c) {
   PrintTable(Out(c), rows);
   return 0;
 }
+
+namespace {
+
+// The quota table: limits ("-" = none) beside what the tenant's live allocations hold.
+int PrintQuotas(const ClientOptions& c, const std::string& only_tenant) {
+  StatusOr<json> quotas = Call(c, "GET", "/v1/quotas");
+  if (!quotas.ok()) return Fail(quotas.status());
+  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  if (!allocs.ok()) return Fail(allocs.status());
+  std::vector<std::vector<std::string>> rows{
+      {"TENANT", "TFLOPS", "MAX_TFLOPS", "VRAM_MIB", "MAX_VRAM_MIB", "GPUS", "MAX_GPUS"}};
+  auto limit = [](double v, int digits) { return v > 0 ? Fixed(v, digits) : std::string("-"); };
+  for (const json& q : (*quotas)["quotas"]) {
+    const std::string tenant = q.value("tenant", "");
+    if (!only_tenant.empty() && tenant != only_tenant) continue;
+    double t = 0;
+    int64_t v = 0, g = 0;
+    for (const json& a : (*allocs)["allocations"]) {
+      if (a.value("tenant", "") != tenant) continue;
+      for (const json& vg : a["vgpus"]) {
+        t += vg.value("tflops", 0.0);
+        v += vg.value("vram_mib", int64_t{0});
+        ++g;
+      }
+    }
+    rows.push_back({tenant, Fixed(t), limit(q.value("max_tflops", 0.0), 1), std::to_string(v),
+                    limit(static_cast<double>(q.value("max_vram_mib", int64_t{0})), 0), std::to_string(g),
+                    limit(q.value("max_gpus", 0), 0)});
+  }
+  if (!only_tenant.empty() && rows.size() == 1)
+    return Fail(NotFound("tenant '" + only_tenant + "' has no quota (set one with: tfusion quota set " +
+                         only_tenant + " --tflops N --vram SIZE --gpus N)"));
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+}  // namespace
+
+int QuotaSet(const ClientOptions& c, const QuotaSettings& q) {
+  if (int rc = CheckName("tenant", q.tenant)) return rc;
+  if (!q.max_tflops && !q.max_vram_mib && !q.max_gpus)
+    return Fail(InvalidArgument("nothing to set: give --tflops, --vram and/or --gpus (0 = no limit)")), 2;
+  StatusOr<json> quotas = Call(c, "GET", "/v1/quotas");
+  if (!quotas.ok()) return Fail(quotas.status());
+  json current = {{"max_tflops", 0.0}, {"max_vram_mib", 0}, {"max_gpus", 0}};
+  for (const json& e : (*quotas)["quotas"])
+    if (e.value("tenant", "") == q.tenant) current = e;
+  json body = {{"max_tflops", q.max_tflops.value_or(current.value("max_tflops", 0.0))},
+               {"max_vram_mib", q.max_vram_mib.value_or(current.value("max_vram_mib", int64_t{0}))},
+               {"max_gpus", q.max_gpus.value_or(current.value("max_gpus", 0))}};
+  StatusOr<json> r = Call(c, "PUT", "/v1/quotas/" + q.tenant, body.dump());
+  if (!r.ok()) return Fail(r.status());
+  return PrintQuotas(c, q.tenant);
+}
+
+int QuotaGet(const ClientOptions& c, const std::string& tenant) {
+  if (int rc = CheckName("tenant", tenant)) return rc;
+  return PrintQuotas(c, tenant);
+}
+
+int QuotaList(const ClientOptions& c) { return PrintQuotas(c, ""); }
 
 int Ps(const ClientOptions& c) {
   StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");

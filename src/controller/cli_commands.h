@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 namespace tf::controller {
@@ -64,9 +65,30 @@ void RequestShutdown();
 
 // Client commands: print a table (or an error) and return an exit code.
 int PoolList(const ClientOptions& client);                          // tfusion pool ls
-int PoolCreate(const ClientOptions& client, const std::string& name);  // tfusion pool create NAME
+// A pool's settings as `tfusion pool create/set` give them; unset fields keep their value (set) or
+// take the controller's default (create). placement_mode: docs/scheduler.md (validated by the
+// controller); tflops_oversell_ratio in [1, 100].
+struct PoolSettings {
+  std::string name;
+  std::optional<std::string> placement_mode;
+  std::optional<double> tflops_oversell_ratio;
+};
+int PoolCreate(const ClientOptions& client, const PoolSettings& pool);  // tfusion pool create NAME
+int PoolSet(const ClientOptions& client, const PoolSettings& pool);     // tfusion pool set NAME
 int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
 int NodeList(const ClientOptions& client);                          // tfusion node ls
+
+// A tenant's quota as `tfusion quota set` gives it: unset fields keep their value (a new tenant:
+// 0); 0 means no limit. Limits are on what the tenant's live allocations hold in total.
+struct QuotaSettings {
+  std::string tenant;
+  std::optional<double> max_tflops;
+  std::optional<int64_t> max_vram_mib;
+  std::optional<int> max_gpus;
+};
+int QuotaSet(const ClientOptions& client, const QuotaSettings& quota);  // tfusion quota set TENANT
+int QuotaGet(const ClientOptions& client, const std::string& tenant);   // tfusion quota get TENANT
+int QuotaList(const ClientOptions& client);                             // tfusion quota ls
 int Ps(const ClientOptions& client);                                // tfusion ps (allocations)
 // tfusion top: the GPUs of the pool, their allocation and use. Redraws every interval_seconds
 // (REQUIRES a finite value in [0.1, 3600]; the CLI validates it) until SIGINT/SIGTERM, clearing

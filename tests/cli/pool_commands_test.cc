@@ -138,4 +138,84 @@ TEST_F(PoolCommandsTest, TopRedrawsUntilInterrupted) {
   EXPECT_NE(ReadFile(out).find("25.0/100.0"), std::string::npos) << ReadFile(out);
 }
 
+TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
+  Result set = Tf("quota set acme --tflops 50 --vram 8GiB");
+  ASSERT_EQ(set.rc, 0) << set.out;
+  EXPECT_NE(set.out.find("acme"), std::string::npos) << set.out;
+  // Unset fields keep their value: --gpus alone leaves TFLOPS and VRAM as they were.
+  ASSERT_EQ(Tf("quota set acme --gpus 1").rc, 0);
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 20, "vram_mib": 2048, "tenant": "acme"})");
+  ASSERT_TRUE(a.ok() && a->status == 201) << (a.ok() ? a->body : "");
+  Result get = Tf("quota get acme");
+  ASSERT_EQ(get.rc, 0) << get.out;
+  // TENANT TFLOPS MAX_TFLOPS VRAM_MIB MAX_VRAM_MIB GPUS MAX_GPUS
+  EXPECT_TRUE(std::regex_search(get.out, std::regex("acme +20\\.0 +50\\.0 +2048 +8192 +1 +1\\n"))) << get.out;
+  // The quota holds: a second vGPU for acme is refused.
+  auto b = client.Post("/v1/allocations", R"({"tflops": 1, "vram_mib": 1, "tenant": "acme"})");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->status, 409) << b->body;
+  ASSERT_EQ(Tf("quota set other --vram 0").rc, 0);
+  Result ls = Tf("quota ls");
+  ASSERT_EQ(ls.rc, 0) << ls.out;
+  EXPECT_NE(ls.out.find("acme"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("other +0\\.0 +- +0 +- +0 +-\\n"))) << ls.out;
+
+  Result missing = Tf("quota get nobody");
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.out.find("tenant 'nobody' has no quota"), std::string::npos) << missing.out;
+}
+
+TEST_F(PoolCommandsTest, QuotaInputIsValidatedBeforeAnythingChanges) {
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"quota set acme --tflops -5", "--tflops -5"},
+               {"quota set acme --tflops lots", "--tflops lots: not a number"},
+               {"quota set acme --vram 12XB", "--vram 12XB"},
+               {"quota set acme --gpus 1.5", "--gpus 1.5: not a whole number"},
+               {"quota set acme", "nothing to set"},
+               {"quota set bad/name --gpus 1", "may only hold"}};
+  for (const Case& c : cases) {
+    Result r = Tf(c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
+  Result ls = Tf("quota ls");
+  EXPECT_EQ(ls.out.find("acme"), std::string::npos) << ls.out;
+}
+
+TEST_F(PoolCommandsTest, PoolSetChangesModeAndOversellAndKeepsTheRest) {
+  ASSERT_EQ(Tf("pool create train --mode CompactFirst").rc, 0);
+  Result set = Tf("pool set train --oversell 1.5");
+  ASSERT_EQ(set.rc, 0) << set.out;
+  EXPECT_NE(set.out.find("placement mode CompactFirst, TFLOPS oversell ratio 1.5"), std::string::npos) << set.out;
+  ASSERT_EQ(Tf("pool set train --mode FragAware").rc, 0);
+  Result ls = Tf("pool ls");
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("train +FragAware +1\\.50"))) << ls.out;
+  // The default pool's oversell ratio lets 150 TFLOPS of vGPUs onto the 100-TFLOPS GPU.
+  ASSERT_EQ(Tf("pool set default --oversell 1.5").rc, 0);
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 140, "vram_mib": 1024})");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->status, 201) << a->body;
+
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"pool set train --oversell 0.5", "--oversell 0.5: must be at least 1"},
+               {"pool set train --oversell 101", "--oversell 101: must be at most 100"},
+               {"pool set train --oversell x", "--oversell x: not a number"},
+               {"pool set train --mode Tetris", "Tetris"},
+               {"pool set train", "nothing to change"},
+               {"pool set nosuchpool --mode BestFit", "pool 'nosuchpool' not found"}};
+  for (const Case& c : cases) {
+    Result r = Tf(c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
+  ls = Tf("pool ls");
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("train +FragAware +1\\.50"))) << ls.out;
+}
+
 }  // namespace
