@@ -45,6 +45,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--controller", run.controller, "controller URL: the pool places the vGPU")
       ->envname("TFUSION_URL");
   run_cmd->add_option("--pool", run.pool, "pool to place the vGPU in");
+  run_cmd->add_option("--worker-token", run.worker_token,
+                       "token of the worker a vGPU placed on another node runs through (default: --token)")
+      ->envname("TFUSION_WORKER_TOKEN");
   run_cmd->add_option("--qos", run.qos, "low, medium, high or critical");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
@@ -91,6 +94,8 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--pool", hv.pool, "pool to join");
   hv_cmd->add_option("--metrics-port", hv.metrics_port, "metrics port (-1: off)")->capture_default_str();
   hv_cmd->add_option("--catalog-overrides", hv.catalog_overrides_file, "GPU model overrides file");
+  hv_cmd->add_option("--worker-address", hv.worker_address,
+                     "HOST:PORT of this node's tfusion worker: commands placed here from other machines run through it");
   hv_cmd->add_option("--stop-grace", hv.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
       ->check(CLI::Range(0, 3600))->capture_default_str();

@@ -91,4 +91,30 @@ StatusOr<std::string> EvictionReason(const std::string& url, const std::string& 
   return reason;
 }
 
+StatusOr<std::string> NodeWorkerAddress(const std::string& url, const std::string& token,
+                                        const std::string& node) {
+  if (node.empty()) return InvalidArgument("node name must not be empty");
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Get("/v1/nodes/" + node);
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return FromReply(r->status, r->body, "looking up node " + node);
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal("the controller's node answer is not JSON");
+  return j.value("worker_address", "");
+}
+
+StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& a,
+                                          const std::vector<std::string>& local_gpu_uuids,
+                                          const std::string& node_worker_address) {
+  for (const std::string& uuid : local_gpu_uuids)
+    if (uuid == a.gpu_uuid) return RunPlacement{false, ""};
+  if (node_worker_address.empty()) {
+    return FailedPrecondition("the controller placed this vGPU on node " + a.node + " (GPU " + a.gpu_uuid +
+                              "), not on this machine, and that node has no worker address registered: "
+                              "run `tfusion worker` there and start its node agent with --worker-address "
+                              "HOST:PORT, or run the command on " + a.node);
+  }
+  return RunPlacement{true, node_worker_address};
+}
+
 }  // namespace tf::cli

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -38,6 +39,23 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
 // Releases an allocation. kNotFound when it is already gone.
 Status ReleasePoolAllocation(const std::string& url, const std::string& token,
                              const std::string& id);
+
+// The worker address ("HOST:PORT") node `node` registered (`tfusion hypervisor --worker-address`),
+// or "" when it registered none. kNotFound for an unknown node.
+StatusOr<std::string> NodeWorkerAddress(const std::string& url, const std::string& token,
+                                        const std::string& node);
+
+// Where `tfusion run --controller` runs its command once the pool has placed the vGPU: on this
+// machine when the chosen GPU is one of `local_gpu_uuids` (empty on a machine without GPUs),
+// else remotely through the worker `node_worker_address` of the chosen node. Without a worker
+// address: kFailedPrecondition saying which node and how to give it one.
+struct RunPlacement {
+  bool remote = false;
+  std::string worker_address;  // when remote
+};
+StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& allocation,
+                                          const std::vector<std::string>& local_gpu_uuids,
+                                          const std::string& node_worker_address);
 
 // Why the controller took allocation `id` back while it was in use: "preempted by a-..." or
 // "node-lost". kNotFound when it did not (it is live, was released by request, or is unknown).

@@ -266,7 +266,7 @@ void ApiServer::Routes() {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
-    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}};
+    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}, f.Str("worker_address")};
     if (const json* gpus = f.Array("gpus")) {
       for (const json& g : *gpus) {
         if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));

@@ -116,7 +116,7 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::QuotaRegions regions(o.region_dir);
   SystemClock clock;
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
-                                  int64_t{o.stop_grace_seconds} * 1000};
+                                  int64_t{o.stop_grace_seconds} * 1000, o.worker_address};
   if (!o.catalog_overrides_file.empty()) {
     std::ifstream in(o.catalog_overrides_file);
     if (!in) {
@@ -279,6 +279,10 @@ int RunHypervisor(const HypervisorOptions& o) {
     Fail(token.status());
     return 2;
   }
+  if (!o.worker_address.empty()) {
+    Status st = ValidateWorkerAddress(o.worker_address);
+    if (!st.ok()) return Fail(st), 2;
+  }
   InstallSignalHandlers();
   return AgentLoop(o, *token);
 }
@@ -396,7 +400,8 @@ int NodeList(const ClientOptions& c) {
   if (!nodes.ok()) return Fail(nodes.status());
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
   if (!gpus.ok()) return Fail(gpus.status());
-  std::vector<std::vector<std::string>> rows{{"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS"}};
+  std::vector<std::vector<std::string>> rows{
+      {"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER"}};
   for (const json& n : (*nodes)["nodes"]) {
     std::string name = n.value("name", "");
     int count = 0;
@@ -409,7 +414,8 @@ int NodeList(const ClientOptions& c) {
         v += g.value("vram_mib", int64_t{0});
       }
     rows.push_back({name, n.value("pool", ""), n.value("state", ""), std::to_string(count), Fixed(t),
-                    std::to_string(v), n.value("address", "")});
+                    std::to_string(v), n.value("address", ""),
+                    n.value("worker_address", "").empty() ? "-" : n.value("worker_address", "")});
   }
   PrintTable(Out(c), rows);
   return 0;

@@ -37,6 +37,7 @@ struct HypervisorOptions {
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
   int sync_interval_ms = 1'000;          // how often vGPU limits are synced from the controller
   int stop_grace_seconds = 10;           // SIGTERM -> SIGKILL for processes of a taken-back vGPU
+  std::string worker_address;            // HOST:PORT of this node's `tfusion worker`; empty: none
 };
 
 struct UpOptions {

@@ -356,6 +356,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     if (reg.pool.empty()) reg.pool = config_.default_pool;
     TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
     TF_RETURN_IF_ERROR(ValidateName("pool name", reg.pool));
+    if (!reg.worker_address.empty()) TF_RETURN_IF_ERROR(ValidateWorkerAddress(reg.worker_address));
     std::set<std::string> seen;
     for (const GpuReport& g : reg.gpus) {
       TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
@@ -377,7 +378,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     const bool first_registration = node_it == nodes_.end();  // nothing of it is allocated yet
     compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
                                                : Compare::Absent(NodeKey(reg.name)));
-    Node node{reg.name, reg.pool, reg.address, NodeState::kReady, now, 0};
+    Node node{reg.name, reg.pool, reg.address, reg.worker_address, NodeState::kReady, now, 0};
     writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
     for (const GpuReport& r : reg.gpus) {
       Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};

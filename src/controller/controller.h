@@ -56,6 +56,7 @@ struct NodeRegistration {
   std::string pool;
   std::string address;
   std::vector<GpuReport> gpus;
+  std::string worker_address;  // empty or HOST:PORT (ValidateWorkerAddress)
 };
 
 struct GpuSample {  // one heartbeat sample for one GPU

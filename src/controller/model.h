@@ -49,6 +49,9 @@ struct Node {
   std::string name;
   std::string pool;
   std::string address;  // where the agent can be reached ("10.0.0.5:9400"), informational
+  // HOST:PORT of the node's `tfusion worker` (remote vGPUs), empty when it runs none: where
+  // `tfusion run --controller` on another machine runs a command placed on this node.
+  std::string worker_address;
   NodeState state = NodeState::kReady;
   int64_t registered_ms = 0;
   int64_t lost_since_ms = 0;  // when it was marked lost; 0 while ready
@@ -134,5 +137,8 @@ StatusOr<Eviction> EvictionFromJson(const std::string& text);
 
 // Names of pools, nodes, workloads and GPU UUIDs: 1-128 characters of [A-Za-z0-9._:-].
 Status ValidateName(const std::string& what, const std::string& name);
+// A worker address "HOST:PORT": HOST a name or IPv4 address ([A-Za-z0-9.-], 1-253 characters)
+// or a bracketed IPv6 address, PORT 1-65535.
+Status ValidateWorkerAddress(const std::string& address);
 
 }  // namespace tf::controller

@@ -87,6 +87,7 @@ Status NodeAgent::Register() {
     gpus.push_back(j);
   }
   json body = {{"name", options_.node_name}, {"address", options_.address}, {"gpus", gpus}};
+  if (!options_.worker_address.empty()) body["worker_address"] = options_.worker_address;
   if (!options_.pool.empty()) body["pool"] = options_.pool;
   return FromHttp(client_.Post("/v1/nodes", body.dump()), "registering node " + options_.node_name);
 }

@@ -34,6 +34,7 @@ struct NodeAgentOptions {
   std::string address;    // informational, e.g. this agent's metrics address
   std::string catalog_overrides;  // GpuCatalog::LoadOverrides text
   int64_t stop_grace_ms = 10'000;  // SIGTERM -> SIGKILL for processes of a taken-back vGPU
+  std::string worker_address;      // HOST:PORT of this node's `tfusion worker`, registered; may be empty
 };
 
 struct AgentGpu {

@@ -218,4 +218,39 @@ TEST_F(PoolCommandsTest, PoolSetChangesModeAndOversellAndKeepsTheRest) {
   EXPECT_TRUE(std::regex_search(ls.out, std::regex("train +FragAware +1\\.50"))) << ls.out;
 }
 
+// `tfusion run --controller` from a machine whose GPUs are not the ones the pool chose: the node
+// that holds the vGPU runs it through its worker, or the run is refused when it has none. The
+// command here (`true`) makes no CUDA call, so no worker needs to answer: what is tested is which
+// path the run takes, what it says, and that the allocation is released either way.
+TEST_F(PoolCommandsTest, RunPlacedOnAnotherNodeGoesThroughItsWorkerOrSaysWhyNot) {
+  const std::string run = std::string(TF_TFUSION) + " run --controller " + url_ +
+                          " --token tok --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 -- true";
+  Result refused = Shell(run);
+  EXPECT_EQ(refused.rc, 2) << refused.out;
+  EXPECT_NE(refused.out.find("placed this vGPU on node gpu-node-1 (GPU GPU-top-0), not on this machine, and "
+                             "that node has no worker address registered"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_NE(refused.out.find("--worker-address HOST:PORT"), std::string::npos) << refused.out;
+  EXPECT_EQ(Tf("ps").out.find("running"), std::string::npos) << "released after the refusal";
+
+  tf::controller::HttpClient client(url_, "tok");
+  auto r = client.Post("/v1/nodes", R"({"name": "gpu-node-1", "worker_address": "127.0.0.1:1", "gpus": [
+      {"uuid": "GPU-top-0", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 81920}]})");
+  ASSERT_TRUE(r.ok() && r->status == 200);
+  EXPECT_NE(Tf("node ls").out.find("127.0.0.1:1"), std::string::npos);
+  Result remote = Shell(run);
+  EXPECT_EQ(remote.rc, 0) << remote.out;
+  EXPECT_TRUE(std::regex_search(remote.out, std::regex("allocation a-[0-9a-f]+ on node gpu-node-1 \\(GPU GPU-top-0\\): "
+                                                       "1\\.0 GiB VRAM, 10\\.0% of the GPU; running remotely through "
+                                                       "its worker 127\\.0\\.0\\.1:1")))
+      << remote.out;
+  EXPECT_EQ(Tf("ps").out.find("running"), std::string::npos) << "released when the command ended";
+
+  auto bad = client.Post("/v1/nodes", R"({"name": "gpu-node-2", "worker_address": "nohost"})");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("must be HOST:PORT"), std::string::npos) << bad->body;
+}
+
 }  // namespace
