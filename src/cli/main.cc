@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
   up_cmd->add_option("--port", up.port, "API port")->capture_default_str();
   up_cmd->add_option("--metrics-port", up.metrics_port, "node metrics port")->capture_default_str();
   up_cmd->add_option("--token", up.token, "API token (default: generated)");
+  up_cmd->add_option("--durability", up.durability,
+                     "store durability: power (fsync every commit) or process (survives a crash of "
+                     "tfusion; power loss may lose about the last second)")->capture_default_str();
   up_cmd->add_option("--stop-grace", up.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
       ->check(CLI::Range(0, 3600))->capture_default_str();
@@ -83,6 +86,9 @@ int main(int argc, char** argv) {
   ctl_cmd->add_option("--store", ctl.store, "sqlite:PATH or etcd:http://HOST:PORT[,...]")->capture_default_str();
   ctl_cmd->add_option("--token", ctl.token, "API token")->envname("TFUSION_TOKEN");
   ctl_cmd->add_option("--token-file", ctl.token_file, "file holding the API token");
+  ctl_cmd->add_option("--durability", ctl.durability,
+                      "SQLite: power (fsync every commit) or process (survives a controller crash; "
+                      "power loss may lose about the last second)")->capture_default_str();
   ctl_cmd->add_option("--identity", ctl.identity, "replica name for leader election");
 
   tf::controller::HypervisorOptions hv;

@@ -20,6 +20,7 @@
 #include "controller/api_server.h"
 #include "controller/http_client.h"
 #include "controller/replica.h"
+#include "controller/sqlite_store.h"
 #include "hypervisor/node_agent.h"
 #include "hypervisor/nvml_gpu_source.h"
 
@@ -80,7 +81,7 @@ struct ControllerRuntime {
   int port = 0;
 
   Status Start(const ControllerOptions& o, const std::string& token) {
-    StatusOr<std::unique_ptr<Store>> s = OpenStore(o.store);
+    StatusOr<std::unique_ptr<Store>> s = OpenStore(o.store, o.durability);
     if (!s.ok()) return s.status();
     store = std::move(s).value();
     StatusOr<std::unique_ptr<LeaderElection>> e =
@@ -258,6 +259,7 @@ int RunController(const ControllerOptions& o) {
     Fail(token.status());
     return 2;
   }
+  if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   InstallSignalHandlers();
   ControllerRuntime rt;
   Status st = rt.Start(o, *token);
@@ -265,8 +267,10 @@ int RunController(const ControllerOptions& o) {
     rt.Stop();
     return Fail(st);
   }
-  std::printf("tfusion controller listening on http://%s:%d (store %s, %s)\n", o.listen_host.c_str(),
-              rt.port, rt.store->Describe().c_str(), rt.controller->Serving() ? "leader" : "standby");
+  const bool sqlite = rt.store->Describe().rfind("sqlite:", 0) == 0;
+  std::printf("tfusion controller listening on http://%s:%d (store %s%s%s, %s)\n", o.listen_host.c_str(),
+              rt.port, rt.store->Describe().c_str(), sqlite ? ", durability " : "",
+              sqlite ? o.durability.c_str() : "", rt.controller->Serving() ? "leader" : "standby");
   std::fflush(stdout);
   while (!g_stop.load()) SleepUntilStop(1000);
   rt.Stop();
@@ -288,6 +292,7 @@ int RunHypervisor(const HypervisorOptions& o) {
 }
 
 int RunUp(const UpOptions& o) {
+  if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   ::mkdir(o.state_dir.c_str(), 0700);
   std::string token = o.token;
   const std::string token_path = o.state_dir + "/token";
@@ -306,6 +311,7 @@ int RunUp(const UpOptions& o) {
   co.listen_host = o.listen_host;
   co.port = o.port;
   co.store = "sqlite:" + o.state_dir + "/state.db";
+  co.durability = o.durability;
   ControllerRuntime rt;
   Status st = rt.Start(co, token);
   if (!st.ok()) {
@@ -317,8 +323,8 @@ int RunUp(const UpOptions& o) {
     return Fail(FailedPrecondition("another controller already uses " + co.store));
   }
   std::string url = "http://" + o.listen_host + ":" + std::to_string(rt.port);
-  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s\n",
-              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str());
+  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s (durability %s)\n",
+              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(), o.durability.c_str());
   std::fflush(stdout);
   HypervisorOptions ho;
   ho.controller_url = url;

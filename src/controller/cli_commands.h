@@ -15,6 +15,7 @@ struct ControllerOptions {
   std::string listen_host = "127.0.0.1";
   int port = 9300;                        // 0: any free port (printed)
   std::string store = "sqlite:tfusion-state.db";  // "sqlite:PATH" or "etcd:http://H:P[,...]"
+  std::string durability = "power";      // SQLite: "power" or "process" (sqlite_store.h)
   std::string token;                      // bearer token; or read from token_file
   std::string token_file;
   std::string identity;                   // replica identity for leader election; default host:pid
@@ -46,6 +47,7 @@ struct UpOptions {
   int port = 9300;
   int metrics_port = 9400;
   std::string token;                     // empty: reuse STATE_DIR/token or generate one
+  std::string durability = "power";      // as ControllerOptions
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
   int stop_grace_seconds = 10;           // as HypervisorOptions
