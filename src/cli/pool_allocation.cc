@@ -77,30 +77,38 @@ Status ReleasePoolAllocation(const std::string& url, const std::string& token, c
   return Status::Ok();
 }
 
+namespace {
+
+// GET `path` from the controller as a JSON object; `what` names the lookup in errors.
+StatusOr<json> GetObject(const std::string& url, const std::string& token, const std::string& path,
+                         const std::string& what) {
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Get(path);
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return FromReply(r->status, r->body, "looking up " + what);
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal("the controller's answer about " + what + " is not JSON");
+  return j;
+}
+
+}  // namespace
+
 StatusOr<std::string> EvictionReason(const std::string& url, const std::string& token,
                                      const std::string& id) {
   if (id.empty()) return InvalidArgument("allocation id must not be empty");
-  controller::HttpClient client(url, token);
-  StatusOr<controller::HttpResponse> r = client.Get("/v1/evictions/" + id);
-  if (!r.ok()) return r.status();
-  if (r->status != 200) return FromReply(r->status, r->body, "looking up " + id);
-  json j = json::parse(r->body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Internal("the controller's eviction answer is not JSON");
-  std::string reason = j.value("reason", "evicted");
-  if (!j.value("preempted_by", "").empty()) reason += " by " + j.value("preempted_by", "");
+  StatusOr<json> j = GetObject(url, token, "/v1/evictions/" + id, id);
+  if (!j.ok()) return j.status();
+  std::string reason = j->value("reason", "evicted");
+  if (!j->value("preempted_by", "").empty()) reason += " by " + j->value("preempted_by", "");
   return reason;
 }
 
 StatusOr<std::string> NodeWorkerAddress(const std::string& url, const std::string& token,
                                         const std::string& node) {
   if (node.empty()) return InvalidArgument("node name must not be empty");
-  controller::HttpClient client(url, token);
-  StatusOr<controller::HttpResponse> r = client.Get("/v1/nodes/" + node);
-  if (!r.ok()) return r.status();
-  if (r->status != 200) return FromReply(r->status, r->body, "looking up node " + node);
-  json j = json::parse(r->body, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Internal("the controller's node answer is not JSON");
-  return j.value("worker_address", "");
+  StatusOr<json> j = GetObject(url, token, "/v1/nodes/" + node, "node " + node);
+  if (!j.ok()) return j.status();
+  return j->value("worker_address", "");
 }
 
 StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& a,

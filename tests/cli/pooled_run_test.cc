@@ -15,33 +15,14 @@
 #include <string>
 #include <thread>
 
+#include "cli_test_util.h"
 #include "controller/http_client.h"
 
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-Result Shell(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using tf::cli::testing::ReadFile;
+using tf::cli::testing::Result;
+using tf::cli::testing::Shell;
 
 class PooledRunTest : public ::testing::Test {
  protected:
