@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
                        "token of the worker a vGPU placed on another node runs through (default: --token)")
       ->envname("TFUSION_WORKER_TOKEN");
   run_cmd->add_option("--qos", run.qos, "low, medium, high or critical");
+  run_cmd->add_option("--tenant", run.tenant, "tenant whose quota the pooled vGPU counts against (tfusion quota)")
+      ->envname("TFUSION_TENANT");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;

@@ -35,7 +35,7 @@ Status FromReply(int http_status, const std::string& body, const std::string& wh
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
-                                               const std::string& qos) {
+                                               const std::string& qos, const std::string& tenant) {
   const bool by_tflops = tflops_or_0 > 0, by_percent = percent_or_0 > 0;
   if (!std::isfinite(tflops_or_0) || !std::isfinite(percent_or_0) || tflops_or_0 < 0 ||
       percent_or_0 < 0 || by_tflops == by_percent)
@@ -47,6 +47,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   else body["percent"] = percent_or_0;
   if (!pool.empty()) body["pool"] = pool;
   if (!qos.empty()) body["qos"] = qos;
+  if (!tenant.empty()) body["tenant"] = tenant;
 
   controller::HttpClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations", body.dump());

@@ -28,13 +28,13 @@ struct PoolAllocation {
 // `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of
 // `tflops_or_0` (FP16 TFLOPS) and `percent_or_0` (of one GPU, (0, 100]) must be > 0;
 // `vram_bytes` > 0. `pool` and `qos` may be empty (the controller's defaults: pool "default",
-// QoS medium). Errors: kInvalidArgument (bad input, also as the controller reports it),
+// QoS medium); `tenant` may be empty (no quota applies), else its quota is checked. Errors: kInvalidArgument (bad input, also as the controller reports it),
 // kOutOfMemory (no GPU has room), kResourceExhausted (tenant quota), kUnauthenticated (token),
 // kNotFound (pool), kUnavailable (controller unreachable or not the leader).
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
-                                               const std::string& qos);
+                                               const std::string& qos, const std::string& tenant = "");
 
 // Releases an allocation. kNotFound when it is already gone.
 Status ReleasePoolAllocation(const std::string& url, const std::string& token,

@@ -128,7 +128,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
     if (!p.ok()) return p.status();
     percent = *p;
   }
-  auto a = RequestPoolAllocation(o.controller, o.token, tflops, percent, *vram, o.pool, o.qos);
+  auto a = RequestPoolAllocation(o.controller, o.token, tflops, percent, *vram, o.pool, o.qos, o.tenant);
   if (!a.ok()) {
     if (a.status().code() == StatusCode::kUnavailable) {
       std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",

@@ -23,6 +23,7 @@ struct RunOptions {
   std::string worker_token;  // token of the worker a remote placement runs through; empty: token
   std::string pool;        // pool to place in (controller default when empty)
   std::string qos;         // low | medium | high | critical (controller default when empty)
+  std::string tenant;      // whose quota the allocation counts against (none when empty)
   std::vector<std::string> command;
 };
 

@@ -142,6 +142,13 @@ TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
   EXPECT_NE(ls.out.find("acme"), std::string::npos);
   EXPECT_TRUE(std::regex_search(ls.out, std::regex("other +0\\.0 +- +0 +- +0 +-\\n"))) << ls.out;
 
+  // tfusion run --tenant counts against the same quota, and says so when it is full.
+  Result run = Shell(std::string(TF_TFUSION) + " run --controller " + url_ +
+                     " --token tok --tenant acme --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 1 -- true");
+  EXPECT_EQ(run.rc, 2) << run.out;
+  EXPECT_NE(run.out.find("the controller refused the vGPU"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("acme"), std::string::npos) << run.out;
+
   Result missing = Tf("quota get nobody");
   EXPECT_EQ(missing.rc, 1);
   EXPECT_NE(missing.out.find("tenant 'nobody' has no quota"), std::string::npos) << missing.out;
