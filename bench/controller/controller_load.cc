@@ -1,12 +1,13 @@
 // Controller load benchmark (prints numbers; not a pass/fail test).
 //  1. Latency: allocate/release API calls over HTTP against an in-process controller on the
-//     embedded SQLite store (WAL, synchronous=FULL), paced at a target rate.
+//     embedded SQLite store (WAL; durability power = synchronous=FULL, process = NORMAL), paced
+//     at a target rate.
 //  2. Memory: RSS with many nodes and allocations held in the controller.
 //     Each client thread is paced on its own schedule (open loop: a late call does not delay the
 //     next one's start time, and its latency is measured from its scheduled start), so queueing
 //     behind a slow fsync shows up in the percentiles instead of lowering the offered rate.
 // Usage: controller_load [calls_per_second=1000] [seconds=10] [nodes=5000] [allocations=50000]
-//                        [client_threads=16]
+//                        [client_threads=16] [durability=power|process]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -56,12 +57,18 @@ int main(int argc, char** argv) {
   const int mem_nodes = argc > 3 ? std::atoi(argv[3]) : 5000;
   const int mem_allocs = argc > 4 ? std::atoi(argv[4]) : 50000;
   const int threads = argc > 5 ? std::atoi(argv[5]) : 16;
+  const std::string durability_name = argc > 6 ? argv[6] : "power";
+  auto durability = ParseSqliteDurability(durability_name);
+  if (!durability.ok()) {
+    std::fprintf(stderr, "controller_load: %s\n", durability.status().message().c_str());
+    return 2;
+  }
   std::string dir = std::filesystem::temp_directory_path() / ("tfbench-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
 
   {  // Phase 1: latency over HTTP.
     SystemClock clock;
-    auto store = std::move(SqliteStore::Open(dir + "/latency.db")).value();
+    auto store = std::move(SqliteStore::Open(dir + "/latency.db", *durability)).value();
     const uint64_t batches_before = store->batches();
     Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
     if (!c.Rebuild().ok()) return 1;
@@ -115,15 +122,17 @@ int main(int argc, char** argv) {
                 rate, all.size() / elapsed, elapsed, all.size(), errors.load());
     std::printf("latency: p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f ms\n",
                 pct(0.50), pct(0.90), pct(0.99), pct(0.999), all.back());
-    std::printf("latency: %d client threads, %llu store batches (fsyncs) for %zu calls\n", threads,
-                static_cast<unsigned long long>(store->batches() - batches_before), all.size());
+    std::printf("latency: %d client threads, %llu store batches (commits; an fsync each with durability "
+                "power) for %zu calls, durability %s\n", threads,
+                static_cast<unsigned long long>(store->batches() - batches_before), all.size(),
+                SqliteDurabilityName(*durability));
     api.Stop();
   }
 
   {  // Phase 2: memory with many nodes and allocations (50 pools so each placement scans one).
     long before = RssKiB();
     SystemClock clock;
-    auto store = std::move(SqliteStore::Open(dir + "/memory.db")).value();
+    auto store = std::move(SqliteStore::Open(dir + "/memory.db", *durability)).value();
     Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
     if (!c.Rebuild().ok()) return 1;
     auto t0 = Clk::now();

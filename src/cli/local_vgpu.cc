@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "hypervisor/nvml_gpu_source.h"
+#include "hypervisor/quota_regions.h"
 #include "limiter/core/gpu_region.h"
 
 namespace tf::cli {
@@ -43,10 +44,7 @@ bool IsOurs(const std::string& path) {
 
 }  // namespace
 
-std::string RegionDir() {
-  const char* env = getenv("TFUSION_SHM_DIR");
-  return env && *env ? env : tf::limiter::kDefaultRegionDir;
-}
+std::string RegionDir() { return hypervisor::DefaultRegionDir(); }
 
 StatusOr<std::string> FindDriverLibrary(const std::string& soname, const std::string& explicit_path,
                                         const char* env_var) {

@@ -5,11 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "cli/quantity.h"
 #include "cli/remote_run.h"
 #include "cli/run_command.h"
 #include "controller/cli_commands.h"
 
 namespace {
+
+int UsageError(const char* command, const tf::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", command, s.message().c_str());
+  return 2;
+}
 
 void AddClientFlags(CLI::App* cmd, tf::controller::ClientOptions* c) {
   cmd->add_option("--url", c->url, "controller URL")->envname("TFUSION_URL")->capture_default_str();
@@ -39,7 +45,12 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--controller", run.controller, "controller URL: the pool places the vGPU")
       ->envname("TFUSION_URL");
   run_cmd->add_option("--pool", run.pool, "pool to place the vGPU in");
+  run_cmd->add_option("--worker-token", run.worker_token,
+                       "token of the worker a vGPU placed on another node runs through (default: --token)")
+      ->envname("TFUSION_WORKER_TOKEN");
   run_cmd->add_option("--qos", run.qos, "low, medium, high or critical");
+  run_cmd->add_option("--tenant", run.tenant, "tenant whose quota the pooled vGPU counts against (tfusion quota)")
+      ->envname("TFUSION_TENANT");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
@@ -63,6 +74,12 @@ int main(int argc, char** argv) {
   up_cmd->add_option("--port", up.port, "API port")->capture_default_str();
   up_cmd->add_option("--metrics-port", up.metrics_port, "node metrics port")->capture_default_str();
   up_cmd->add_option("--token", up.token, "API token (default: generated)");
+  up_cmd->add_option("--durability", up.durability,
+                     "store durability: power (fsync every commit) or process (survives a crash of "
+                     "tfusion; power loss may lose about the last second)")->capture_default_str();
+  up_cmd->add_option("--stop-grace", up.stop_grace_seconds,
+                     "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
+      ->check(CLI::Range(0, 3600))->capture_default_str();
 
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
@@ -71,6 +88,9 @@ int main(int argc, char** argv) {
   ctl_cmd->add_option("--store", ctl.store, "sqlite:PATH or etcd:http://HOST:PORT[,...]")->capture_default_str();
   ctl_cmd->add_option("--token", ctl.token, "API token")->envname("TFUSION_TOKEN");
   ctl_cmd->add_option("--token-file", ctl.token_file, "file holding the API token");
+  ctl_cmd->add_option("--durability", ctl.durability,
+                      "SQLite: power (fsync every commit) or process (survives a controller crash; "
+                      "power loss may lose about the last second)")->capture_default_str();
   ctl_cmd->add_option("--identity", ctl.identity, "replica name for leader election");
 
   tf::controller::HypervisorOptions hv;
@@ -82,24 +102,53 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--pool", hv.pool, "pool to join");
   hv_cmd->add_option("--metrics-port", hv.metrics_port, "metrics port (-1: off)")->capture_default_str();
   hv_cmd->add_option("--catalog-overrides", hv.catalog_overrides_file, "GPU model overrides file");
+  hv_cmd->add_option("--worker-address", hv.worker_address,
+                     "HOST:PORT of this node's tfusion worker: commands placed here from other machines run through it");
+  hv_cmd->add_option("--stop-grace", hv.stop_grace_seconds,
+                     "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
+      ->check(CLI::Range(0, 3600))->capture_default_str();
 
   tf::controller::ClientOptions client;
   auto* pool_cmd = app.add_subcommand("pool", "list, create or remove pools");
   pool_cmd->require_subcommand(1);
   auto* pool_ls = pool_cmd->add_subcommand("ls", "list pools");
-  std::string pool_name;
+  std::string pool_name, pool_mode, pool_oversell;
   auto* pool_create = pool_cmd->add_subcommand("create", "create a pool");
   pool_create->add_option("name", pool_name)->required();
+  auto* pool_set = pool_cmd->add_subcommand("set", "change a pool's placement mode or oversell ratio");
+  pool_set->add_option("name", pool_name)->required();
+  for (auto* c : {pool_create, pool_set}) {
+    c->add_option("--mode", pool_mode, "placement mode: NodeCompactGPULowLoad, CompactFirst, LowLoadFirst, "
+                                       "BestFit, FGD or FragAware");
+    c->add_option("--oversell", pool_oversell, "TFLOPS oversell ratio, 1 to 100 (1: no overselling)");
+  }
   auto* pool_rm = pool_cmd->add_subcommand("rm", "remove a pool");
   pool_rm->add_option("name", pool_name)->required();
-  for (auto* c : {pool_ls, pool_create, pool_rm}) AddClientFlags(c, &client);
+  for (auto* c : {pool_ls, pool_create, pool_set, pool_rm}) AddClientFlags(c, &client);
+
+  auto* quota_cmd = app.add_subcommand("quota", "per-tenant quotas on TFLOPS, VRAM and vGPUs");
+  quota_cmd->require_subcommand(1);
+  std::string quota_tenant, quota_tflops, quota_vram, quota_gpus;
+  auto* quota_set = quota_cmd->add_subcommand("set", "set a tenant's limits (others keep their value; 0 = no limit)");
+  quota_set->add_option("tenant", quota_tenant)->required();
+  quota_set->add_option("--tflops", quota_tflops, "FP16 TFLOPS the tenant's allocations may hold in total");
+  quota_set->add_option("--vram", quota_vram, "VRAM in total, e.g. 40GiB");
+  quota_set->add_option("--gpus", quota_gpus, "vGPUs in total");
+  auto* quota_get = quota_cmd->add_subcommand("get", "a tenant's limits and use");
+  quota_get->add_option("tenant", quota_tenant)->required();
+  auto* quota_ls = quota_cmd->add_subcommand("ls", "every tenant's limits and use");
+  for (auto* c : {quota_set, quota_get, quota_ls}) AddClientFlags(c, &client);
   auto* node_cmd = app.add_subcommand("node", "list nodes");
   node_cmd->require_subcommand(1);
   auto* node_ls = node_cmd->add_subcommand("ls", "list nodes and their GPUs");
   AddClientFlags(node_ls, &client);
   auto* ps_cmd = app.add_subcommand("ps", "list allocations");
   AddClientFlags(ps_cmd, &client);
-  auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use");
+  auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use, redrawn until Ctrl-C");
+  std::string top_interval = "2";
+  bool top_once = false;
+  top_cmd->add_option("--interval,-d", top_interval, "seconds between redraws, 0.1 to 3600")->capture_default_str();
+  top_cmd->add_flag("--once", top_once, "print the table once and exit (scripts)");
   AddClientFlags(top_cmd, &client);
 
   try {
@@ -125,10 +174,51 @@ int main(int argc, char** argv) {
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
   if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);
   if (pool_ls->parsed()) return tf::controller::PoolList(client);
-  if (pool_create->parsed()) return tf::controller::PoolCreate(client, pool_name);
+  if (pool_create->parsed() || pool_set->parsed()) {
+    tf::controller::PoolSettings settings{pool_name, std::nullopt, std::nullopt};
+    if (!pool_mode.empty()) settings.placement_mode = pool_mode;
+    if (!pool_oversell.empty()) {
+      tf::StatusOr<double> r = tf::cli::ParsePositive("--oversell", pool_oversell, 100);
+      if (r.ok() && *r < 1) r = tf::InvalidArgument("--oversell " + pool_oversell + ": must be at least 1");
+      if (!r.ok()) return UsageError("tfusion pool", r.status());
+      settings.tflops_oversell_ratio = *r;
+    }
+    return pool_set->parsed() ? tf::controller::PoolSet(client, settings)
+                              : tf::controller::PoolCreate(client, settings);
+  }
+  if (quota_set->parsed()) {
+    tf::controller::QuotaSettings q{quota_tenant, std::nullopt, std::nullopt, std::nullopt};
+    if (!quota_tflops.empty()) {
+      tf::StatusOr<double> t = tf::cli::ParseLimit("--tflops", quota_tflops);
+      if (!t.ok()) return UsageError("tfusion quota", t.status());
+      q.max_tflops = *t;
+    }
+    if (!quota_vram.empty()) {
+      tf::StatusOr<uint64_t> v = tf::cli::ParseVramLimitMib("--vram", quota_vram);
+      if (!v.ok()) return UsageError("tfusion quota", v.status());
+      q.max_vram_mib = static_cast<int64_t>(*v);
+    }
+    if (!quota_gpus.empty()) {
+      tf::StatusOr<uint64_t> g = tf::cli::ParseCount("--gpus", quota_gpus, 100000);
+      if (!g.ok()) return UsageError("tfusion quota", g.status());
+      q.max_gpus = static_cast<int>(*g);
+    }
+    return tf::controller::QuotaSet(client, q);
+  }
+  if (quota_get->parsed()) return tf::controller::QuotaGet(client, quota_tenant);
+  if (quota_ls->parsed()) return tf::controller::QuotaList(client);
   if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
   if (node_ls->parsed()) return tf::controller::NodeList(client);
   if (ps_cmd->parsed()) return tf::controller::Ps(client);
-  if (top_cmd->parsed()) return tf::controller::Top(client);
+  if (top_cmd->parsed()) {
+    tf::StatusOr<double> interval = tf::cli::ParsePositive("--interval", top_interval, 3600);
+    if (interval.ok() && *interval < 0.1)
+      interval = tf::InvalidArgument("--interval " + top_interval + ": must be at least 0.1 seconds");
+    if (!interval.ok()) {
+      std::fprintf(stderr, "tfusion top: %s\n", interval.status().message().c_str());
+      return 2;
+    }
+    return tf::controller::Top(client, {*interval, top_once});
+  }
   return 1;
 }

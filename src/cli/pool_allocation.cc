@@ -35,7 +35,7 @@ Status FromReply(int http_status, const std::string& body, const std::string& wh
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
-                                               const std::string& qos) {
+                                               const std::string& qos, const std::string& tenant) {
   const bool by_tflops = tflops_or_0 > 0, by_percent = percent_or_0 > 0;
   if (!std::isfinite(tflops_or_0) || !std::isfinite(percent_or_0) || tflops_or_0 < 0 ||
       percent_or_0 < 0 || by_tflops == by_percent)
@@ -47,6 +47,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   else body["percent"] = percent_or_0;
   if (!pool.empty()) body["pool"] = pool;
   if (!qos.empty()) body["qos"] = qos;
+  if (!tenant.empty()) body["tenant"] = tenant;
 
   controller::HttpClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations", body.dump());
@@ -75,6 +76,54 @@ Status ReleasePoolAllocation(const std::string& url, const std::string& token, c
   if (!r.ok()) return r.status();
   if (r->status != 200) return FromReply(r->status, r->body, "releasing " + id);
   return Status::Ok();
+}
+
+namespace {
+
+// GET `path` from the controller as a JSON object; `what` names the lookup in errors.
+StatusOr<json> GetObject(const std::string& url, const std::string& token, const std::string& path,
+                         const std::string& what) {
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Get(path);
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return FromReply(r->status, r->body, "looking up " + what);
+  json j = json::parse(r->body, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Internal("the controller's answer about " + what + " is not JSON");
+  return j;
+}
+
+}  // namespace
+
+StatusOr<std::string> EvictionReason(const std::string& url, const std::string& token,
+                                     const std::string& id) {
+  if (id.empty()) return InvalidArgument("allocation id must not be empty");
+  StatusOr<json> j = GetObject(url, token, "/v1/evictions/" + id, id);
+  if (!j.ok()) return j.status();
+  std::string reason = j->value("reason", "evicted");
+  if (!j->value("preempted_by", "").empty()) reason += " by " + j->value("preempted_by", "");
+  return reason;
+}
+
+StatusOr<std::string> NodeWorkerAddress(const std::string& url, const std::string& token,
+                                        const std::string& node) {
+  if (node.empty()) return InvalidArgument("node name must not be empty");
+  StatusOr<json> j = GetObject(url, token, "/v1/nodes/" + node, "node " + node);
+  if (!j.ok()) return j.status();
+  return j->value("worker_address", "");
+}
+
+StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& a,
+                                          const std::vector<std::string>& local_gpu_uuids,
+                                          const std::string& node_worker_address) {
+  for (const std::string& uuid : local_gpu_uuids)
+    if (uuid == a.gpu_uuid) return RunPlacement{false, ""};
+  if (node_worker_address.empty()) {
+    return FailedPrecondition("the controller placed this vGPU on node " + a.node + " (GPU " + a.gpu_uuid +
+                              "), not on this machine, and that node has no worker address registered: "
+                              "run `tfusion worker` there and start its node agent with --worker-address "
+                              "HOST:PORT, or run the command on " + a.node);
+  }
+  return RunPlacement{true, node_worker_address};
 }
 
 }  // namespace tf::cli

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -27,16 +28,38 @@ struct PoolAllocation {
 // `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of
 // `tflops_or_0` (FP16 TFLOPS) and `percent_or_0` (of one GPU, (0, 100]) must be > 0;
 // `vram_bytes` > 0. `pool` and `qos` may be empty (the controller's defaults: pool "default",
-// QoS medium). Errors: kInvalidArgument (bad input, also as the controller reports it),
+// QoS medium); `tenant` may be empty (no quota applies), else its quota is checked. Errors: kInvalidArgument (bad input, also as the controller reports it),
 // kOutOfMemory (no GPU has room), kResourceExhausted (tenant quota), kUnauthenticated (token),
 // kNotFound (pool), kUnavailable (controller unreachable or not the leader).
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
-                                               const std::string& qos);
+                                               const std::string& qos, const std::string& tenant = "");
 
 // Releases an allocation. kNotFound when it is already gone.
 Status ReleasePoolAllocation(const std::string& url, const std::string& token,
                              const std::string& id);
+
+// The worker address ("HOST:PORT") node `node` registered (`tfusion hypervisor --worker-address`),
+// or "" when it registered none. kNotFound for an unknown node.
+StatusOr<std::string> NodeWorkerAddress(const std::string& url, const std::string& token,
+                                        const std::string& node);
+
+// Where `tfusion run --controller` runs its command once the pool has placed the vGPU: on this
+// machine when the chosen GPU is one of `local_gpu_uuids` (empty on a machine without GPUs),
+// else remotely through the worker `node_worker_address` of the chosen node. Without a worker
+// address: kFailedPrecondition saying which node and how to give it one.
+struct RunPlacement {
+  bool remote = false;
+  std::string worker_address;  // when remote
+};
+StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& allocation,
+                                          const std::vector<std::string>& local_gpu_uuids,
+                                          const std::string& node_worker_address);
+
+// Why the controller took allocation `id` back while it was in use: "preempted by a-..." or
+// "node-lost". kNotFound when it did not (it is live, was released by request, or is unknown).
+StatusOr<std::string> EvictionReason(const std::string& url, const std::string& token,
+                                     const std::string& id);
 
 }  // namespace tf::cli

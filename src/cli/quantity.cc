@@ -34,6 +34,25 @@ StatusOr<double> ParsePositive(std::string_view flag, std::string_view text, dou
   return v;
 }
 
+StatusOr<double> ParseLimit(std::string_view flag, std::string_view text) {
+  if (text == "0" || text == "none") return 0.0;
+  return ParsePositive(flag, text);
+}
+
+StatusOr<uint64_t> ParseVramLimitMib(std::string_view flag, std::string_view text) {
+  if (text == "0" || text == "none") return uint64_t{0};
+  StatusOr<uint64_t> bytes = ParseVramSize(flag, text);
+  if (!bytes.ok()) return bytes.status();
+  return (*bytes + (1ull << 20) - 1) >> 20;
+}
+
+StatusOr<uint64_t> ParseCount(std::string_view flag, std::string_view text, uint64_t max) {
+  std::string s(text);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return Bad(flag, text, "not a whole number");
+  if (s.size() > 12 || std::stoull(s) > max) return Bad(flag, text, ("must be at most " + std::to_string(max)).c_str());
+  return std::stoull(s);
+}
+
 StatusOr<uint64_t> ParseVramSize(std::string_view flag, std::string_view text) {
   std::string s(text);
   char* end = nullptr;

@@ -18,6 +18,14 @@ StatusOr<uint64_t> ParseVramSize(std::string_view flag, std::string_view text);
 // A finite number > 0 (optionally <= max).
 StatusOr<double> ParsePositive(std::string_view flag, std::string_view text, double max = 0);
 
+// A quota limit: "0" or "none" is no limit (0); anything else as ParsePositive.
+StatusOr<double> ParseLimit(std::string_view flag, std::string_view text);
+// A VRAM quota in MiB: "0" or "none" is no limit (0); anything else as ParseVramSize, rounded up
+// to whole MiB.
+StatusOr<uint64_t> ParseVramLimitMib(std::string_view flag, std::string_view text);
+// A whole number in [0, max].
+StatusOr<uint64_t> ParseCount(std::string_view flag, std::string_view text, uint64_t max);
+
 // "79.6 GiB", "512 MiB".
 std::string FormatBytes(uint64_t bytes);
 

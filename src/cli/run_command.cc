@@ -11,10 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "cli/local_vgpu.h"
 #include "cli/pool_allocation.h"
 #include "cli/quantity.h"
+#include "cli/remote_run.h"
 #include "common/gpu_catalog.h"
 #include "limiter/core/gpu_region.h"
 
@@ -101,12 +103,15 @@ uint64_t CapacityMtflops(const std::string& name) {
 
 struct Pooled {
   std::string allocation_id;  // empty: no controller reachable, run on this machine's own
-  const LocalGpu* gpu = nullptr;
+  std::string gpu_uuid;       // the GPU the pool chose
   Limits limits;
+  std::string node;           // the node of that GPU
+  std::string remote_worker;  // not empty: the GPU is on another node, reached through this worker
 };
 
 // Asks the controller for a vGPU. An unreachable controller is not an error: the command then
-// runs with a local vGPU, as without --controller. A placement on another machine is.
+// runs with a local vGPU, as without --controller. A placement on another machine runs through
+// that node's worker (ChooseRunPlacement), or is refused when it registered none.
 StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<LocalGpu>& gpus) {
   Pooled out;
   if (o.vram.empty()) return InvalidArgument("--vram is required when a controller places the vGPU");
@@ -123,7 +128,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
     if (!p.ok()) return p.status();
     percent = *p;
   }
-  auto a = RequestPoolAllocation(o.controller, o.token, tflops, percent, *vram, o.pool, o.qos);
+  auto a = RequestPoolAllocation(o.controller, o.token, tflops, percent, *vram, o.pool, o.qos, o.tenant);
   if (!a.ok()) {
     if (a.status().code() == StatusCode::kUnavailable) {
       std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",
@@ -132,21 +137,58 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
     }
     return Status(a.status().code(), "the controller refused the vGPU: " + a.status().message());
   }
+  std::vector<std::string> local;
+  const LocalGpu* gpu = nullptr;
   for (const auto& g : gpus) {
-    if (g.uuid == a->gpu_uuid) out.gpu = &g;
+    local.push_back(g.uuid);
+    if (g.uuid == a->gpu_uuid) gpu = &g;
   }
-  if (out.gpu == nullptr) {
+  StatusOr<std::string> worker = std::string();
+  if (gpu == nullptr) worker = NodeWorkerAddress(o.controller, o.token, a->node);
+  StatusOr<RunPlacement> where = worker.ok() ? ChooseRunPlacement(*a, local, *worker) : worker.status();
+  if (!where.ok()) {
     ReleasePoolAllocation(o.controller, o.token, a->id);
-    return FailedPrecondition("the controller placed this vGPU on node " + a->node + " (GPU " + a->gpu_uuid +
-                              "), not on this machine: run the command there, or with --remote");
+    return where.status();
   }
   out.allocation_id = a->id;
+  out.gpu_uuid = a->gpu_uuid;
+  out.node = a->node;
   out.limits.vram_bytes = a->vram_bytes;
   out.limits.share_ppm = a->share_ppm;
+  if (where->remote) {
+    out.remote_worker = where->worker_address;
+    std::fprintf(stderr, "tfusion run: allocation %s on node %s (GPU %s): %s VRAM, %.1f%% of the GPU; "
+                 "running remotely through its worker %s\n", a->id.c_str(), a->node.c_str(),
+                 a->gpu_uuid.c_str(), FormatBytes(a->vram_bytes).c_str(), a->share_ppm / 10'000.0,
+                 out.remote_worker.c_str());
+    return out;
+  }
   std::fprintf(stderr, "tfusion run: allocation %s on GPU %d (%s): %s VRAM, %.1f%% of the GPU\n",
-               a->id.c_str(), out.gpu->index, out.gpu->name.c_str(), FormatBytes(a->vram_bytes).c_str(),
+               a->id.c_str(), gpu->index, gpu->name.c_str(), FormatBytes(a->vram_bytes).c_str(),
                a->share_ppm / 10'000.0);
   return out;
+}
+
+// Releases the run's pool allocation once the command has ended; when it was already gone, says
+// why (preempted, node lost), so the command's exit status (usually 143, SIGTERM) is explained.
+void ReleaseAfterRun(const RunOptions& o, const std::string& id) {
+  Status released = ReleasePoolAllocation(o.controller, o.token, id);
+  if (released.code() == StatusCode::kNotFound) {
+    StatusOr<std::string> why = EvictionReason(o.controller, o.token, id);
+    if (why.ok())
+      std::fprintf(stderr, "tfusion run: allocation %s was %s while the command ran\n", id.c_str(), why->c_str());
+  } else if (!released.ok()) {
+    std::fprintf(stderr, "tfusion run: releasing allocation %s: %s\n", id.c_str(), released.ToString().c_str());
+  }
+}
+
+// The GPUs of this machine for the controller's placement; none (not an error) on a machine
+// without driver or GPUs, which can still run commands placed elsewhere through a worker.
+std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
+  auto nvml = FindDriverLibrary("libnvidia-ml.so.1", o.nvml, "TFUSION_REAL_LIBNVML");
+  if (!nvml.ok()) return {};
+  auto gpus = DiscoverGpus(*nvml);
+  return gpus.ok() ? *gpus : std::vector<LocalGpu>{};
 }
 
 }  // namespace
@@ -154,6 +196,18 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
 int RunCommand(const RunOptions& o) {
   if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
   if (o.gpu < 0) return Fail("--gpu must be 0 or more");
+  std::optional<Pooled> pooled;
+  if (!o.controller.empty()) {
+    auto placed = PlaceThroughController(o, LocalGpusIfAny(o));
+    if (!placed.ok()) return Fail(placed.status().message());
+    if (!placed->remote_worker.empty()) {
+      const std::string& token = o.worker_token.empty() ? o.token : o.worker_token;
+      int rc = RunRemote(placed->remote_worker, token, o.command);
+      ReleaseAfterRun(o, placed->allocation_id);
+      return rc;
+    }
+    if (!placed->allocation_id.empty()) pooled = *placed;
+  }
   auto driver = FindDriverLibrary("libcuda.so.1", o.driver, "TFUSION_REAL_LIBCUDA");
   if (!driver.ok()) return Fail(driver.status().message());
   auto nvml = FindDriverLibrary("libnvidia-ml.so.1", o.nvml, "TFUSION_REAL_LIBNVML");
@@ -172,14 +226,16 @@ int RunCommand(const RunOptions& o) {
   }
   StatusOr<Limits> limits = Limits{};
   std::string pooled_id;  // the controller's allocation, released when the command ends
-  if (!o.controller.empty()) {
-    auto pooled = PlaceThroughController(o, *gpus);
-    if (!pooled.ok()) return Fail(pooled.status().message());
-    if (!pooled->allocation_id.empty()) {
-      pooled_id = pooled->allocation_id;
-      gpu = pooled->gpu;
-      limits = pooled->limits;
+  if (pooled) {
+    pooled_id = pooled->allocation_id;
+    gpu = nullptr;
+    for (const auto& g : *gpus)
+      if (g.uuid == pooled->gpu_uuid) gpu = &g;
+    if (gpu == nullptr) {  // placed on a GPU the first discovery saw and this one does not
+      ReleasePoolAllocation(o.controller, o.token, pooled_id);
+      return Fail("GPU " + pooled->gpu_uuid + " that the pool chose is not visible any more");
     }
+    limits = pooled->limits;
   }
   if (pooled_id.empty()) limits = ResolveLimits(o, *gpu);
   if (!limits.ok()) return Fail(limits.status().message());
@@ -247,13 +303,7 @@ int RunCommand(const RunOptions& o) {
     region.ReapDeadOfVgpu(index);
     region.RemoveVgpu(index);
   }
-  if (!pooled_id.empty()) {
-    Status released = ReleasePoolAllocation(o.controller, o.token, pooled_id);
-    if (!released.ok() && released.code() != StatusCode::kNotFound) {
-      std::fprintf(stderr, "tfusion run: releasing allocation %s: %s\n", pooled_id.c_str(),
-                   released.ToString().c_str());
-    }
-  }
+  if (!pooled_id.empty()) ReleaseAfterRun(o, pooled_id);
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

@@ -20,8 +20,10 @@ struct RunOptions {
   std::string nvml;      // the real libnvidia-ml.so.1 (default: found on this machine)
   std::string controller;  // controller URL: the vGPU is placed by the pool when reachable
   std::string token;       // the controller's API token
+  std::string worker_token;  // token of the worker a remote placement runs through; empty: token
   std::string pool;        // pool to place in (controller default when empty)
   std::string qos;         // low | medium | high | critical (controller default when empty)
+  std::string tenant;      // whose quota the allocation counts against (none when empty)
   std::vector<std::string> command;
 };
 

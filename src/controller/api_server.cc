@@ -266,7 +266,7 @@ void ApiServer::Routes() {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
-    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}};
+    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}, f.Str("worker_address")};
     if (const json* gpus = f.Array("gpus")) {
       for (const json& g : *gpus) {
         if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));
@@ -392,6 +392,29 @@ void ApiServer::Routes() {
     Status st = c->Release(req.matches[1]);
     if (!st.ok()) return ReplyError(res, st);
     Reply(res, 200, {{"released", std::string(req.matches[1])}});
+  });
+
+  // Evictions: allocations taken back while their tenant may still run (docs/controller.md).
+  s.Get("/v1/evictions", [c](const httplib::Request& req, httplib::Response& res) {
+    Reply(res, 200, {{"evictions", Array(c->ListEvictions(req.get_param_value("node")),
+                                         [](const Eviction& e) { return ToJson(e); })}});
+  });
+  s.Get(R"(/v1/evictions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<Eviction> e = c->GetEviction(req.matches[1]);
+    if (!e.ok()) return ReplyError(res, e.status());
+    Reply(res, 200, ToJson(*e));
+  });
+  s.Post(R"(/v1/evictions/([^/]+)/stopped)", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    int64_t processes = f.Int("processes", true);
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    if (processes < 0 || processes > 1'000'000)
+      return ReplyError(res, InvalidArgument("processes must be an integer in [0, 1000000]"));
+    StatusOr<Eviction> e = c->MarkEvictionStopped(req.matches[1], static_cast<int>(processes));
+    if (!e.ok()) return ReplyError(res, e.status());
+    Reply(res, 200, ToJson(*e));
   });
 }
 

@@ -14,6 +14,8 @@
 //   GET|POST /v1/workloads, GET|DELETE /v1/workloads/{name}
 //   GET|POST /v1/allocations[?node=NAME], GET|DELETE /v1/allocations/{id}
 //     POST answers the allocation plus "preempted": the ids released to make room for it
+//   GET /v1/evictions[?node=NAME], GET /v1/evictions/{id}, POST /v1/evictions/{id}/stopped
+//                                                         (allocations taken back; the agent reports)
 //
 // Thread safety: requests run on the server's worker threads; the Controller serializes them.
 #pragma once

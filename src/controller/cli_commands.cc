@@ -13,12 +13,14 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <ctime>
 #include <sstream>
 #include <thread>
 
 #include "controller/api_server.h"
 #include "controller/http_client.h"
 #include "controller/replica.h"
+#include "controller/sqlite_store.h"
 #include "hypervisor/node_agent.h"
 #include "hypervisor/nvml_gpu_source.h"
 
@@ -79,7 +81,7 @@ struct ControllerRuntime {
   int port = 0;
 
   Status Start(const ControllerOptions& o, const std::string& token) {
-    StatusOr<std::unique_ptr<Store>> s = OpenStore(o.store);
+    StatusOr<std::unique_ptr<Store>> s = OpenStore(o.store, o.durability);
     if (!s.ok()) return s.status();
     store = std::move(s).value();
     StatusOr<std::unique_ptr<LeaderElection>> e =
@@ -114,7 +116,8 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::NvmlGpuSource source(o.nvml_library);
   hypervisor::QuotaRegions regions(o.region_dir);
   SystemClock clock;
-  hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", ""};
+  hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
+                                  int64_t{o.stop_grace_seconds} * 1000, o.worker_address};
   if (!o.catalog_overrides_file.empty()) {
     std::ifstream in(o.catalog_overrides_file);
     if (!in) {
@@ -191,12 +194,18 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   HttpClient client(c.url, c.token);
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
                              : method == "POST" ? client.Post(path, body)
+                             : method == "PUT"  ? client.Put(path, body)
                                                 : client.Delete(path);
   if (!r.ok()) return r.status();
   json j = json::parse(r->body, nullptr, false);
   if (r->status >= 300) {
     std::string msg = (!j.is_discarded() && j.contains("error")) ? j["error"].value("message", r->body) : r->body;
-    return Unavailable("HTTP " + std::to_string(r->status) + ": " + msg);
+    StatusCode code = r->status == 400   ? StatusCode::kInvalidArgument
+                      : r->status == 401 ? StatusCode::kUnauthenticated
+                      : r->status == 404 ? StatusCode::kNotFound
+                      : r->status == 409 ? StatusCode::kFailedPrecondition
+                                         : StatusCode::kUnavailable;
+    return Status(code, "HTTP " + std::to_string(r->status) + ": " + msg);
   }
   if (j.is_discarded()) return Internal("the controller answered something that is not JSON");
   return j;
@@ -205,6 +214,15 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
 int Fail(const Status& s) {
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
   return 1;
+}
+
+// A name the user typed that goes into a URL path: checked here, so "a/b" is not a route.
+// Returns 0 when valid, else prints why and returns the exit code of a usage error.
+int CheckName(const char* what, const std::string& name) {
+  Status st = ValidateName(what, name);
+  if (st.ok()) return 0;
+  Fail(st);
+  return 2;
 }
 
 // Prints rows as left-aligned columns sized to their widest cell.
@@ -241,6 +259,7 @@ int RunController(const ControllerOptions& o) {
     Fail(token.status());
     return 2;
   }
+  if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   InstallSignalHandlers();
   ControllerRuntime rt;
   Status st = rt.Start(o, *token);
@@ -248,8 +267,10 @@ int RunController(const ControllerOptions& o) {
     rt.Stop();
     return Fail(st);
   }
-  std::printf("tfusion controller listening on http://%s:%d (store %s, %s)\n", o.listen_host.c_str(),
-              rt.port, rt.store->Describe().c_str(), rt.controller->Serving() ? "leader" : "standby");
+  const bool sqlite = rt.store->Describe().rfind("sqlite:", 0) == 0;
+  std::printf("tfusion controller listening on http://%s:%d (store %s%s%s, %s)\n", o.listen_host.c_str(),
+              rt.port, rt.store->Describe().c_str(), sqlite ? ", durability " : "",
+              sqlite ? o.durability.c_str() : "", rt.controller->Serving() ? "leader" : "standby");
   std::fflush(stdout);
   while (!g_stop.load()) SleepUntilStop(1000);
   rt.Stop();
@@ -262,11 +283,16 @@ int RunHypervisor(const HypervisorOptions& o) {
     Fail(token.status());
     return 2;
   }
+  if (!o.worker_address.empty()) {
+    Status st = ValidateWorkerAddress(o.worker_address);
+    if (!st.ok()) return Fail(st), 2;
+  }
   InstallSignalHandlers();
   return AgentLoop(o, *token);
 }
 
 int RunUp(const UpOptions& o) {
+  if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   ::mkdir(o.state_dir.c_str(), 0700);
   std::string token = o.token;
   const std::string token_path = o.state_dir + "/token";
@@ -285,6 +311,7 @@ int RunUp(const UpOptions& o) {
   co.listen_host = o.listen_host;
   co.port = o.port;
   co.store = "sqlite:" + o.state_dir + "/state.db";
+  co.durability = o.durability;
   ControllerRuntime rt;
   Status st = rt.Start(co, token);
   if (!st.ok()) {
@@ -296,8 +323,8 @@ int RunUp(const UpOptions& o) {
     return Fail(FailedPrecondition("another controller already uses " + co.store));
   }
   std::string url = "http://" + o.listen_host + ":" + std::to_string(rt.port);
-  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s\n",
-              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str());
+  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s (durability %s)\n",
+              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(), o.durability.c_str());
   std::fflush(stdout);
   HypervisorOptions ho;
   ho.controller_url = url;
@@ -305,6 +332,7 @@ int RunUp(const UpOptions& o) {
   ho.metrics_port = o.metrics_port;
   ho.nvml_library = o.nvml_library;
   ho.region_dir = o.region_dir;
+  ho.stop_grace_seconds = o.stop_grace_seconds;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
   rt.Stop();
@@ -316,7 +344,8 @@ int PoolList(const ClientOptions& c) {
   if (!pools.ok()) return Fail(pools.status());
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
   if (!gpus.ok()) return Fail(gpus.status());
-  std::vector<std::vector<std::string>> rows{{"POOL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
+  std::vector<std::vector<std::string>> rows{
+      {"POOL", "MODE", "OVERSELL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
   for (const json& p : (*pools)["pools"]) {
     std::string name = p.value("name", "");
     int n = 0;
@@ -330,20 +359,42 @@ int PoolList(const ClientOptions& c) {
       v += g.value("vram_mib", int64_t{0});
       uv += g.value("used_vram_mib", int64_t{0});
     }
-    rows.push_back({name, std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
+    rows.push_back({name, p.value("placement_mode", ""), Fixed(p.value("tflops_oversell_ratio", 1.0), 2),
+                    std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
   }
   PrintTable(Out(c), rows);
   return 0;
 }
 
-int PoolCreate(const ClientOptions& c, const std::string& name) {
-  StatusOr<json> r = Call(c, "POST", "/v1/pools", json{{"name", name}}.dump());
+int PoolCreate(const ClientOptions& c, const PoolSettings& pool) {
+  if (int rc = CheckName("pool name", pool.name)) return rc;
+  json body = {{"name", pool.name}};
+  if (pool.placement_mode) body["placement_mode"] = *pool.placement_mode;
+  if (pool.tflops_oversell_ratio) body["tflops_oversell_ratio"] = *pool.tflops_oversell_ratio;
+  StatusOr<json> r = Call(c, "POST", "/v1/pools", body.dump());
   if (!r.ok()) return Fail(r.status());
-  Out(c) << "pool " << name << " created\n";
+  Out(c) << "pool " << pool.name << " created: placement mode " << r->value("placement_mode", "")
+         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";
+  return 0;
+}
+
+int PoolSet(const ClientOptions& c, const PoolSettings& pool) {
+  if (int rc = CheckName("pool name", pool.name)) return rc;
+  if (!pool.placement_mode && !pool.tflops_oversell_ratio)
+    return Fail(InvalidArgument("nothing to change: give --mode and/or --oversell")), 2;
+  StatusOr<json> current = Call(c, "GET", "/v1/pools/" + pool.name);
+  if (!current.ok()) return Fail(current.status());
+  json body = {{"placement_mode", pool.placement_mode.value_or(current->value("placement_mode", ""))},
+               {"tflops_oversell_ratio", pool.tflops_oversell_ratio.value_or(current->value("tflops_oversell_ratio", 1.0))}};
+  StatusOr<json> r = Call(c, "PUT", "/v1/pools/" + pool.name, body.dump());
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "pool " << pool.name << ": placement mode " << r->value("placement_mode", "")
+         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";
   return 0;
 }
 
 int PoolDelete(const ClientOptions& c, const std::string& name) {
+  if (int rc = CheckName("pool name", name)) return rc;
   StatusOr<json> r = Call(c, "DELETE", "/v1/pools/" + name);
   if (!r.ok()) return Fail(r.status());
   Out(c) << "pool " << name << " deleted\n";
@@ -355,7 +406,8 @@ int NodeList(const ClientOptions& c) {
   if (!nodes.ok()) return Fail(nodes.status());
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
   if (!gpus.ok()) return Fail(gpus.status());
-  std::vector<std::vector<std::string>> rows{{"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS"}};
+  std::vector<std::vector<std::string>> rows{
+      {"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER"}};
   for (const json& n : (*nodes)["nodes"]) {
     std::string name = n.value("name", "");
     int count = 0;
@@ -368,17 +420,82 @@ int NodeList(const ClientOptions& c) {
         v += g.value("vram_mib", int64_t{0});
       }
     rows.push_back({name, n.value("pool", ""), n.value("state", ""), std::to_string(count), Fixed(t),
-                    std::to_string(v), n.value("address", "")});
+                    std::to_string(v), n.value("address", ""),
+                    n.value("worker_address", "").empty() ? "-" : n.value("worker_address", "")});
   }
   PrintTable(Out(c), rows);
   return 0;
 }
 
+namespace {
+
+// The quota table: limits ("-" = none) beside what the tenant's live allocations hold.
+int PrintQuotas(const ClientOptions& c, const std::string& only_tenant) {
+  StatusOr<json> quotas = Call(c, "GET", "/v1/quotas");
+  if (!quotas.ok()) return Fail(quotas.status());
+  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  if (!allocs.ok()) return Fail(allocs.status());
+  std::vector<std::vector<std::string>> rows{
+      {"TENANT", "TFLOPS", "MAX_TFLOPS", "VRAM_MIB", "MAX_VRAM_MIB", "GPUS", "MAX_GPUS"}};
+  auto limit = [](double v, int digits) { return v > 0 ? Fixed(v, digits) : std::string("-"); };
+  for (const json& q : (*quotas)["quotas"]) {
+    const std::string tenant = q.value("tenant", "");
+    if (!only_tenant.empty() && tenant != only_tenant) continue;
+    double t = 0;
+    int64_t v = 0, g = 0;
+    for (const json& a : (*allocs)["allocations"]) {
+      if (a.value("tenant", "") != tenant) continue;
+      for (const json& vg : a["vgpus"]) {
+        t += vg.value("tflops", 0.0);
+        v += vg.value("vram_mib", int64_t{0});
+        ++g;
+      }
+    }
+    rows.push_back({tenant, Fixed(t), limit(q.value("max_tflops", 0.0), 1), std::to_string(v),
+                    limit(static_cast<double>(q.value("max_vram_mib", int64_t{0})), 0), std::to_string(g),
+                    limit(q.value("max_gpus", 0), 0)});
+  }
+  if (!only_tenant.empty() && rows.size() == 1)
+    return Fail(NotFound("tenant '" + only_tenant + "' has no quota (set one with: tfusion quota set " +
+                         only_tenant + " --tflops N --vram SIZE --gpus N)"));
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+}  // namespace
+
+int QuotaSet(const ClientOptions& c, const QuotaSettings& q) {
+  if (int rc = CheckName("tenant", q.tenant)) return rc;
+  if (!q.max_tflops && !q.max_vram_mib && !q.max_gpus)
+    return Fail(InvalidArgument("nothing to set: give --tflops, --vram and/or --gpus (0 = no limit)")), 2;
+  StatusOr<json> quotas = Call(c, "GET", "/v1/quotas");
+  if (!quotas.ok()) return Fail(quotas.status());
+  json current = {{"max_tflops", 0.0}, {"max_vram_mib", 0}, {"max_gpus", 0}};
+  for (const json& e : (*quotas)["quotas"])
+    if (e.value("tenant", "") == q.tenant) current = e;
+  json body = {{"max_tflops", q.max_tflops.value_or(current.value("max_tflops", 0.0))},
+               {"max_vram_mib", q.max_vram_mib.value_or(current.value("max_vram_mib", int64_t{0}))},
+               {"max_gpus", q.max_gpus.value_or(current.value("max_gpus", 0))}};
+  StatusOr<json> r = Call(c, "PUT", "/v1/quotas/" + q.tenant, body.dump());
+  if (!r.ok()) return Fail(r.status());
+  return PrintQuotas(c, q.tenant);
+}
+
+int QuotaGet(const ClientOptions& c, const std::string& tenant) {
+  if (int rc = CheckName("tenant", tenant)) return rc;
+  return PrintQuotas(c, tenant);
+}
+
+int QuotaList(const ClientOptions& c) { return PrintQuotas(c, ""); }
+
 int Ps(const ClientOptions& c) {
   StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
   if (!allocs.ok()) return Fail(allocs.status());
-  std::vector<std::vector<std::string>> rows{{"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "VRAM_MIB"}};
-  for (const json& a : (*allocs)["allocations"]) {
+  StatusOr<json> evictions = Call(c, "GET", "/v1/evictions");
+  if (!evictions.ok()) return Fail(evictions.status());
+  std::vector<std::vector<std::string>> rows{
+      {"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "VRAM_MIB", "STATE"}};
+  auto row = [&rows](const json& a, const std::string& state) {
     std::string gpus;
     double t = 0;
     int64_t v = 0;
@@ -388,15 +505,31 @@ int Ps(const ClientOptions& c) {
       v += g.value("vram_mib", int64_t{0});
     }
     rows.push_back({a.value("id", ""), a.value("workload", "-").empty() ? "-" : a.value("workload", "-"),
-                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(t), std::to_string(v)});
+                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(t),
+                    std::to_string(v), state});
+  };
+  for (const json& a : (*allocs)["allocations"]) row(a, "running");
+  // Allocations the controller took back: "preempted by a-...: stopping" until the node agent
+  // reports their processes gone, then "...: stopped".
+  for (const json& e : (*evictions)["evictions"]) {
+    if (!e.is_object() || !e.contains("allocation")) continue;
+    std::string state = e.value("reason", "evicted");
+    if (!e.value("preempted_by", "").empty()) state += " by " + e.value("preempted_by", "");
+    state += ": " + e.value("state", "");
+    if (e.value("state", "") == "stopped" && e.value("processes_stopped", 0) > 0)
+      state += " (" + std::to_string(e.value("processes_stopped", 0)) + " process(es) signalled)";
+    row(e["allocation"], state);
   }
   PrintTable(Out(c), rows);
   return 0;
 }
 
-int Top(const ClientOptions& c) {
+namespace {
+
+// One frame of `tfusion top`: the GPU table, or the error that prevented it.
+Status TopTable(const ClientOptions& c, std::ostream& out) {
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
-  if (!gpus.ok()) return Fail(gpus.status());
+  if (!gpus.ok()) return gpus.status();
   std::vector<std::vector<std::string>> rows{{"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB"}};
   for (const json& g : (*gpus)["gpus"]) {
     rows.push_back({g.value("uuid", ""), g.value("node", ""), g.value("model", ""),
@@ -406,7 +539,35 @@ int Top(const ClientOptions& c) {
                     std::to_string(g.value("used_vram_mib", int64_t{0})) + "/" +
                         std::to_string(g.value("vram_mib", int64_t{0}))});
   }
-  PrintTable(Out(c), rows);
+  PrintTable(out, rows);
+  return Status::Ok();
+}
+
+}  // namespace
+
+int Top(const ClientOptions& c, const TopOptions& o) {
+  if (o.once) {
+    Status st = TopTable(c, Out(c));
+    return st.ok() ? 0 : Fail(st);
+  }
+  InstallSignalHandlers();
+  const bool terminal = c.out == nullptr && isatty(STDOUT_FILENO);
+  const int interval_ms = static_cast<int>(o.interval_seconds * 1000 + 0.5);
+  while (!g_stop.load()) {
+    std::ostringstream frame;
+    const std::time_t now = std::time(nullptr);
+    char clock[16] = {};
+    std::strftime(clock, sizeof clock, "%H:%M:%S", std::localtime(&now));
+    frame << "tfusion top - " << c.url << " - " << clock << " (every " << o.interval_seconds
+          << " s; Ctrl-C quits)\n\n";
+    Status st = TopTable(c, frame);
+    if (!st.ok()) frame << "error: " << st.message() << " (retrying)\n";
+    std::ostream& out = Out(c);
+    if (terminal) out << "\033[H\033[2J";  // home + clear: redraw in place, like top
+    out << frame.str() << (terminal ? "" : "\n");
+    out.flush();
+    SleepUntilStop(interval_ms);
+  }
   return 0;
 }
 

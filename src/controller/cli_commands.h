@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 namespace tf::controller {
@@ -14,6 +15,7 @@ struct ControllerOptions {
   std::string listen_host = "127.0.0.1";
   int port = 9300;                        // 0: any free port (printed)
   std::string store = "sqlite:tfusion-state.db";  // "sqlite:PATH" or "etcd:http://H:P[,...]"
+  std::string durability = "power";      // SQLite: "power" or "process" (sqlite_store.h)
   std::string token;                      // bearer token; or read from token_file
   std::string token_file;
   std::string identity;                   // replica identity for leader election; default host:pid
@@ -35,6 +37,8 @@ struct HypervisorOptions {
   std::string catalog_overrides_file;    // lines "name_substring tflops [vram_mib]"
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
   int sync_interval_ms = 1'000;          // how often vGPU limits are synced from the controller
+  int stop_grace_seconds = 10;           // SIGTERM -> SIGKILL for processes of a taken-back vGPU
+  std::string worker_address;            // HOST:PORT of this node's `tfusion worker`; empty: none
 };
 
 struct UpOptions {
@@ -43,8 +47,10 @@ struct UpOptions {
   int port = 9300;
   int metrics_port = 9400;
   std::string token;                     // empty: reuse STATE_DIR/token or generate one
+  std::string durability = "power";      // as ControllerOptions
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
+  int stop_grace_seconds = 10;           // as HypervisorOptions
 };
 
 struct ClientOptions {
@@ -62,10 +68,39 @@ void RequestShutdown();
 
 // Client commands: print a table (or an error) and return an exit code.
 int PoolList(const ClientOptions& client);                          // tfusion pool ls
-int PoolCreate(const ClientOptions& client, const std::string& name);  // tfusion pool create NAME
+// A pool's settings as `tfusion pool create/set` give them; unset fields keep their value (set) or
+// take the controller's default (create). placement_mode: docs/scheduler.md (validated by the
+// controller); tflops_oversell_ratio in [1, 100].
+struct PoolSettings {
+  std::string name;
+  std::optional<std::string> placement_mode;
+  std::optional<double> tflops_oversell_ratio;
+};
+int PoolCreate(const ClientOptions& client, const PoolSettings& pool);  // tfusion pool create NAME
+int PoolSet(const ClientOptions& client, const PoolSettings& pool);     // tfusion pool set NAME
 int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
 int NodeList(const ClientOptions& client);                          // tfusion node ls
+
+// A tenant's quota as `tfusion quota set` gives it: unset fields keep their value (a new tenant:
+// 0); 0 means no limit. Limits are on what the tenant's live allocations hold in total.
+struct QuotaSettings {
+  std::string tenant;
+  std::optional<double> max_tflops;
+  std::optional<int64_t> max_vram_mib;
+  std::optional<int> max_gpus;
+};
+int QuotaSet(const ClientOptions& client, const QuotaSettings& quota);  // tfusion quota set TENANT
+int QuotaGet(const ClientOptions& client, const std::string& tenant);   // tfusion quota get TENANT
+int QuotaList(const ClientOptions& client);                             // tfusion quota ls
 int Ps(const ClientOptions& client);                                // tfusion ps (allocations)
-int Top(const ClientOptions& client);                               // tfusion top (GPUs, usage)
+// tfusion top: the GPUs of the pool, their allocation and use. Redraws every interval_seconds
+// (REQUIRES a finite value in [0.1, 3600]; the CLI validates it) until SIGINT/SIGTERM, clearing
+// the screen between frames when the output is a terminal; returns 0 then. A failed refresh is
+// shown in its frame and the next one is tried. `once`: print one table and return (scripts).
+struct TopOptions {
+  double interval_seconds = 2;
+  bool once = false;
+};
+int Top(const ClientOptions& client, const TopOptions& options);
 
 }  // namespace tf::controller

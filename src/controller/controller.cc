@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -22,6 +23,7 @@ std::string GpuKey(const std::string& u) { return kGpuPrefix + u; }
 std::string WorkloadKey(const std::string& n) { return kWorkloadPrefix + n; }
 std::string AllocationKey(const std::string& id) { return kAllocationPrefix + id; }
 std::string QuotaKey(const std::string& t) { return kQuotaPrefix + t; }
+std::string EvictionKey(const std::string& id) { return kEvictionPrefix + id; }
 
 template <typename T>
 std::string Dump(const T& v) {
@@ -89,6 +91,7 @@ Status Controller::Rebuild() {
   allocations_.clear();
   allocations_by_node_.clear();
   quotas_.clear();
+  evictions_.clear();
   last_heartbeat_ms_.clear();
   samples_.clear();
   sampled_ms_.clear();
@@ -115,6 +118,8 @@ Status Controller::Rebuild() {
   for (const auto& [id, a] : allocations_) allocations_by_node_[a.value.node].insert(id);
   TF_RETURN_IF_ERROR(load(kQuotaPrefix, TenantQuotaFromJson, quotas_,
                           [](const TenantQuota& q) { return q.tenant; }));
+  TF_RETURN_IF_ERROR(load(kEvictionPrefix, EvictionFromJson, evictions_,
+                          [](const Eviction& e) { return e.allocation.id; }));
 
   // GPU usage and allocations are written in the same transaction, so they agree; say so loudly
   // if a store was edited by hand and they do not.
@@ -351,6 +356,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     if (reg.pool.empty()) reg.pool = config_.default_pool;
     TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
     TF_RETURN_IF_ERROR(ValidateName("pool name", reg.pool));
+    if (!reg.worker_address.empty()) TF_RETURN_IF_ERROR(ValidateWorkerAddress(reg.worker_address));
     std::set<std::string> seen;
     for (const GpuReport& g : reg.gpus) {
       TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
@@ -372,7 +378,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     const bool first_registration = node_it == nodes_.end();  // nothing of it is allocated yet
     compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
                                                : Compare::Absent(NodeKey(reg.name)));
-    Node node{reg.name, reg.pool, reg.address, NodeState::kReady, now, 0};
+    Node node{reg.name, reg.pool, reg.address, reg.worker_address, NodeState::kReady, now, 0};
     writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
     for (const GpuReport& r : reg.gpus) {
       Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};
@@ -605,11 +611,15 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         return it != touched.end() ? it->second : touched.emplace(uuid, gpus_.at(uuid).value).first->second;
       };
       std::vector<std::string> victims;
+      std::vector<Eviction> evicted;
       for (const std::string& id : d->victims) {
         auto v = allocations_.find(id);
         if (v == allocations_.end()) continue;  // the engine only names live allocations
         compares.push_back(Compare::At(AllocationKey(id), v->second.revision));
         writes.push_back(Write::Delete(AllocationKey(id)));
+        Eviction e{v->second.value, "preempted", a.id, a.created_ms, EvictionState::kStopping, 0, 0};
+        writes.push_back(Write::Put(EvictionKey(id), Dump(e)));
+        evicted.push_back(std::move(e));
         for (const Vgpu& vg : v->second.value.vgpus) {
           if (!gpus_.count(vg.gpu_uuid)) continue;
           Gpu& g = gpu(vg.gpu_uuid);
@@ -647,6 +657,13 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
           if (preempted) preempted->push_back(v->second.value);
           EraseAllocationLocked(v);
           ++counters_.allocations_preempted;
+        }
+        for (Eviction& e : evicted) {
+          std::fprintf(stderr, "controller: allocation %s (%s, node %s) preempted by %s (%s)\n",
+                       e.allocation.id.c_str(), QosName(e.allocation.qos), e.allocation.node.c_str(),
+                       a.id.c_str(), QosName(a.qos));
+          const std::string id = e.allocation.id;  // read before e is moved from
+          evictions_[id] = {std::move(e), *rev};
         }
         allocations_[a.id] = {a, *rev};
         allocations_by_node_[a.node].insert(a.id);
@@ -687,6 +704,11 @@ Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
     const Allocation& a = it->second.value;
     std::vector<Compare> compares{Compare::At(AllocationKey(id), it->second.revision)};
     std::vector<Write> writes{Write::Delete(AllocationKey(id))};
+    std::optional<Eviction> evicted;
+    if (lost_node) {
+      evicted = Eviction{a, "node-lost", "", clock_->NowMs(), EvictionState::kStopping, 0, 0};
+      writes.push_back(Write::Put(EvictionKey(id), Dump(*evicted)));
+    }
     std::vector<Gpu> updated;
     std::vector<std::string> uuids;
     for (const Vgpu& v : a.vgpus) {
@@ -710,6 +732,7 @@ Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
       }
       placement_->Release(it->second.value);
       EraseAllocationLocked(it);
+      if (evicted) evictions_[id] = {std::move(*evicted), *rev};
       ++(lost_node ? counters_.allocations_released_lost_node : counters_.allocations_released);
       return Status::Ok();
     }
@@ -811,7 +834,64 @@ void Controller::Tick() {
                        name.c_str(), st.ToString().c_str());
       }
     }
+    PruneEvictionsLocked(now);
     return Status::Ok();
+  });
+}
+
+void Controller::PruneEvictionsLocked(int64_t now_ms) {
+  std::vector<Compare> compares;
+  std::vector<Write> writes;
+  std::vector<std::string> ids;
+  for (const auto& [id, e] : evictions_) {
+    if (now_ms - e.value.evicted_ms < config_.eviction_retention_ms) continue;
+    compares.push_back(Compare::At(EvictionKey(id), e.revision));
+    writes.push_back(Write::Delete(EvictionKey(id)));
+    ids.push_back(id);
+    if (ids.size() >= 256) break;  // a bounded transaction; the next tick takes the rest
+  }
+  if (ids.empty()) return;
+  StatusOr<int64_t> rev = CommitLocked(compares, writes);
+  if (!rev.ok()) {
+    std::fprintf(stderr, "controller: forgetting old evictions failed: %s\n", rev.status().ToString().c_str());
+    return;
+  }
+  for (const std::string& id : ids) evictions_.erase(id);
+}
+
+std::vector<Eviction> Controller::ListEvictions(const std::string& node) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Eviction> out;
+  for (const auto& [id, e] : evictions_)
+    if (node.empty() || e.value.allocation.node == node) out.push_back(e.value);
+  return out;
+}
+
+StatusOr<Eviction> Controller::GetEviction(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = evictions_.find(id);
+  if (it == evictions_.end()) return NotFound("no eviction of allocation '" + id + "'");
+  return it->second.value;
+}
+
+StatusOr<Eviction> Controller::MarkEvictionStopped(const std::string& id, int processes) {
+  return Durably([&]() -> StatusOr<Eviction> {
+    if (processes < 0) return InvalidArgument("processes must be an integer >= 0");
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = evictions_.find(id);
+    if (it == evictions_.end()) return NotFound("no eviction of allocation '" + id + "'");
+    if (it->second.value.state == EvictionState::kStopped) return it->second.value;
+    Eviction e = it->second.value;
+    e.state = EvictionState::kStopped;
+    e.stopped_ms = clock_->NowMs();
+    e.processes_stopped = processes;
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(EvictionKey(id), it->second.revision)},
+                                         {Write::Put(EvictionKey(id), Dump(e))});
+    if (!rev.ok()) return rev.status();
+    it->second = {e, *rev};
+    ++counters_.evictions_stopped;
+    return e;
   });
 }
 
@@ -863,6 +943,11 @@ std::string Controller::MetricsText() const {
   counter("tf_controller_allocations_released_lost_node_total", "Allocations released because their node was lost.", counters_.allocations_released_lost_node);
   counter("tf_controller_commit_conflicts_total", "Store transactions refused by a compare (CAS).", counters_.commit_conflicts);
   counter("tf_controller_nodes_marked_lost_total", "Times a node was marked lost.", counters_.nodes_marked_lost);
+  counter("tf_controller_evictions_stopped_total", "Evictions whose processes the node agent reported stopped.", counters_.evictions_stopped);
+  size_t stopping = 0;
+  for (const auto& [id, e] : evictions_) stopping += e.value.state == EvictionState::kStopping;
+  o << "# HELP tf_controller_evictions_stopping Taken-back allocations whose processes may still run.\n"
+    << "# TYPE tf_controller_evictions_stopping gauge\ntf_controller_evictions_stopping " << stopping << "\n";
   return o.str();
 }
 

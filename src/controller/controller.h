@@ -39,6 +39,7 @@ struct ControllerConfig {
   int64_t heartbeat_timeout_ms = 15'000;
   int64_t lost_grace_ms = 60'000;
   std::string default_pool = "default";  // created by Rebuild when missing
+  int64_t eviction_retention_ms = 3'600'000;  // evictions are listed this long, then forgotten
 };
 
 struct GpuReport {  // what a node agent reports for one GPU at registration
@@ -55,6 +56,7 @@ struct NodeRegistration {
   std::string pool;
   std::string address;
   std::vector<GpuReport> gpus;
+  std::string worker_address;  // empty or HOST:PORT (ValidateWorkerAddress)
 };
 
 struct GpuSample {  // one heartbeat sample for one GPU
@@ -97,6 +99,7 @@ struct ControllerCounters {
   uint64_t allocations_preempted = 0;
   uint64_t commit_conflicts = 0;  // CAS failures (another writer, or lost leadership)
   uint64_t nodes_marked_lost = 0;
+  uint64_t evictions_stopped = 0;  // evictions whose processes the node agent reported gone
 };
 
 class Controller {
@@ -146,7 +149,16 @@ class Controller {
   std::vector<Allocation> ListAllocationsOnNode(const std::string& node) const;
   StatusOr<Allocation> GetAllocation(const std::string& id) const;
 
-  // Marks silent nodes lost and releases allocations of nodes lost past the grace period.
+  // Allocations taken back (preempted, or released with their lost node) within the retention
+  // period; `node` empty: all nodes.
+  std::vector<Eviction> ListEvictions(const std::string& node) const;
+  StatusOr<Eviction> GetEviction(const std::string& id) const;
+  // The node agent reports that no process uses the evicted allocation's vGPUs any more, after
+  // it signalled `processes` of them (>= 0). Idempotent; kNotFound for an unknown id.
+  StatusOr<Eviction> MarkEvictionStopped(const std::string& id, int processes);
+
+  // Marks silent nodes lost, releases allocations of nodes lost past the grace period and forgets
+  // evictions older than the retention period.
   // Called periodically by the server (and directly by tests with a FakeClock).
   void Tick();
 
@@ -169,6 +181,7 @@ class Controller {
   Status CheckServingLocked() const;
   StatusOr<int64_t> CommitLocked(std::vector<Compare> compares, const std::vector<Write>& writes);
   Status ReleaseLocked(const std::string& id, bool lost_node);
+  void PruneEvictionsLocked(int64_t now_ms);
   Status ReloadGpusLocked(const std::vector<std::string>& uuids);
   Status EnsurePoolLocked(const std::string& name);
   void EnsurePlacementLocked();
@@ -191,6 +204,7 @@ class Controller {
   // Allocation ids by node: the agents' per-node sync reads this every second.
   std::unordered_map<std::string, std::set<std::string>> allocations_by_node_;
   std::map<std::string, Versioned<TenantQuota>> quotas_;
+  std::map<std::string, Versioned<Eviction>> evictions_;  // by allocation id
   bool placement_dirty_ = true;  // the engine's mirror must be rebuilt before the next Place
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid

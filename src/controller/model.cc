@@ -34,10 +34,23 @@ json ToJson(const TenantQuota& q) {
           {"max_gpus", q.max_gpus}};
 }
 
+const char* EvictionStateName(EvictionState s) {
+  return s == EvictionState::kStopped ? "stopped" : "stopping";
+}
+
+json ToJson(const Eviction& e) {
+  return {{"id", e.allocation.id},          {"node", e.allocation.node},
+          {"allocation", ToJson(e.allocation)}, {"reason", e.reason},
+          {"preempted_by", e.preempted_by}, {"evicted_ms", e.evicted_ms},
+          {"state", EvictionStateName(e.state)}, {"stopped_ms", e.stopped_ms},
+          {"processes_stopped", e.processes_stopped}};
+}
+
 json ToJson(const Node& n) {
   return {{"name", n.name},
           {"pool", n.pool},
           {"address", n.address},
+          {"worker_address", n.worker_address},
           {"state", n.state == NodeState::kReady ? "ready" : "lost"},
           {"registered_ms", n.registered_ms},
           {"lost_since_ms", n.lost_since_ms}};
@@ -107,6 +120,7 @@ StatusOr<Node> NodeFromJson(const std::string& text) {
     n.name = j.at("name").get<std::string>();
     n.pool = j.at("pool").get<std::string>();
     n.address = j.value("address", "");
+    n.worker_address = j.value("worker_address", "");
     n.state = j.value("state", "ready") == "lost" ? NodeState::kLost : NodeState::kReady;
     n.registered_ms = j.value("registered_ms", int64_t{0});
     n.lost_since_ms = j.value("lost_since_ms", int64_t{0});
@@ -157,6 +171,45 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.created_ms = j.value("created_ms", int64_t{0});
     a.tenant = j.value("tenant", "");
   });
+}
+
+StatusOr<Eviction> EvictionFromJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("allocation"))
+    return Internal("stored eviction is not JSON");
+  StatusOr<Allocation> a = AllocationFromJson(j["allocation"].dump());
+  if (!a.ok()) return a.status();
+  return Parse<Eviction>(text, "eviction", [&a](const json& j, Eviction& e) {
+    e.allocation = *a;
+    e.reason = j.value("reason", "");
+    e.preempted_by = j.value("preempted_by", "");
+    e.evicted_ms = j.value("evicted_ms", int64_t{0});
+    e.state = j.value("state", "stopping") == "stopped" ? EvictionState::kStopped : EvictionState::kStopping;
+    e.stopped_ms = j.value("stopped_ms", int64_t{0});
+    e.processes_stopped = j.value("processes_stopped", 0);
+  });
+}
+
+Status ValidateWorkerAddress(const std::string& address) {
+  const std::string bad = "worker address '" + address + "' must be HOST:PORT (e.g. 10.0.0.5:7600)";
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size()) return InvalidArgument(bad);
+  const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return InvalidArgument(bad);
+  const int p = std::stoi(port);
+  if (p < 1 || p > 65535) return InvalidArgument("worker address '" + address + "': port must be 1-65535");
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']' ||
+        host.find_first_not_of("0123456789abcdefABCDEF:.", 1) != host.size() - 1)
+      return InvalidArgument(bad);
+    return Status::Ok();
+  }
+  if (host.size() > 253) return InvalidArgument(bad);
+  for (char c : host) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-';
+    if (!ok) return InvalidArgument(bad);
+  }
+  return Status::Ok();
 }
 
 Status ValidateName(const std::string& what, const std::string& name) {

@@ -20,6 +20,7 @@ inline constexpr char kGpuPrefix[] = "/tf/gpus/";
 inline constexpr char kWorkloadPrefix[] = "/tf/workloads/";
 inline constexpr char kAllocationPrefix[] = "/tf/allocations/";
 inline constexpr char kQuotaPrefix[] = "/tf/quotas/";
+inline constexpr char kEvictionPrefix[] = "/tf/evictions/";
 
 enum class Qos { kLow, kMedium, kHigh, kCritical };
 const char* QosName(Qos q);
@@ -48,6 +49,9 @@ struct Node {
   std::string name;
   std::string pool;
   std::string address;  // where the agent can be reached ("10.0.0.5:9400"), informational
+  // HOST:PORT of the node's `tfusion worker` (remote vGPUs), empty when it runs none: where
+  // `tfusion run --controller` on another machine runs a command placed on this node.
+  std::string worker_address;
   NodeState state = NodeState::kReady;
   int64_t registered_ms = 0;
   int64_t lost_since_ms = 0;  // when it was marked lost; 0 while ready
@@ -96,6 +100,24 @@ struct Allocation {
   std::string tenant;  // may be empty (no quota)
 };
 
+// An allocation the controller took back while its tenant may still be running on it: preempted
+// for a higher-QoS request, or released because its node was lost. Written in the same store
+// transaction that deletes the allocation; the node agent of its node stops the processes still
+// using its vGPUs and reports that (state stopping -> stopped). Kept for `tfusion ps` until
+// ControllerConfig::eviction_retention_ms has passed.
+enum class EvictionState { kStopping, kStopped };
+const char* EvictionStateName(EvictionState s);
+
+struct Eviction {
+  Allocation allocation;      // as it was when taken back
+  std::string reason;         // "preempted" or "node-lost"
+  std::string preempted_by;   // the allocation that took the room (reason "preempted")
+  int64_t evicted_ms = 0;
+  EvictionState state = EvictionState::kStopping;
+  int64_t stopped_ms = 0;     // when the node agent reported its processes gone
+  int processes_stopped = 0;  // tenant processes the node agent had to signal
+};
+
 // JSON (de)serialization; the same shape is stored and served.
 nlohmann::json ToJson(const Pool& p);
 nlohmann::json ToJson(const Node& n);
@@ -103,6 +125,7 @@ nlohmann::json ToJson(const Gpu& g);
 nlohmann::json ToJson(const Workload& w);
 nlohmann::json ToJson(const Allocation& a);
 nlohmann::json ToJson(const TenantQuota& q);
+nlohmann::json ToJson(const Eviction& e);
 // Parse a stored value; kInternal when the store holds something unreadable.
 StatusOr<Pool> PoolFromJson(const std::string& text);
 StatusOr<Node> NodeFromJson(const std::string& text);
@@ -110,8 +133,12 @@ StatusOr<Gpu> GpuFromJson(const std::string& text);
 StatusOr<Workload> WorkloadFromJson(const std::string& text);
 StatusOr<Allocation> AllocationFromJson(const std::string& text);
 StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text);
+StatusOr<Eviction> EvictionFromJson(const std::string& text);
 
 // Names of pools, nodes, workloads and GPU UUIDs: 1-128 characters of [A-Za-z0-9._:-].
 Status ValidateName(const std::string& what, const std::string& name);
+// A worker address "HOST:PORT": HOST a name or IPv4 address ([A-Za-z0-9.-], 1-253 characters)
+// or a bracketed IPv6 address, PORT 1-65535.
+Status ValidateWorkerAddress(const std::string& address);
 
 }  // namespace tf::controller

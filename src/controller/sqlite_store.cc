@@ -32,8 +32,21 @@ std::string ColumnText(sqlite3_stmt* s, int i) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path) {
-  std::unique_ptr<SqliteStore> s(new SqliteStore(path));
+StatusOr<SqliteDurability> ParseSqliteDurability(const std::string& text) {
+  if (text == "power") return SqliteDurability::kPower;
+  if (text == "process") return SqliteDurability::kProcess;
+  return InvalidArgument("durability must be 'power' (every commit is fsynced: survives power loss) or "
+                         "'process' (survives a crash of the controller, may lose about the last second "
+                         "on power loss), not '" + text + "'");
+}
+
+const char* SqliteDurabilityName(SqliteDurability d) {
+  return d == SqliteDurability::kProcess ? "process" : "power";
+}
+
+StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string& path,
+                                                         SqliteDurability durability) {
+  std::unique_ptr<SqliteStore> s(new SqliteStore(path, durability));
   Status st = s->Init();
   if (!st.ok()) return st;
   return s;
@@ -58,7 +71,8 @@ Status SqliteStore::Init() {
   if (sqlite3_open_v2(path_.c_str(), &db_, flags, nullptr) != SQLITE_OK) return Error(db_, "open");
   sqlite3_busy_timeout(db_, 5000);
   TF_RETURN_IF_ERROR(Exec(db_, "PRAGMA journal_mode=WAL"));
-  TF_RETURN_IF_ERROR(Exec(db_, "PRAGMA synchronous=FULL"));
+  TF_RETURN_IF_ERROR(Exec(db_, durability_ == SqliteDurability::kPower ? "PRAGMA synchronous=FULL"
+                                                                      : "PRAGMA synchronous=NORMAL"));
   TF_RETURN_IF_ERROR(Exec(db_, "PRAGMA wal_autocheckpoint=0"));
   TF_RETURN_IF_ERROR(Exec(db_,
       "CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL,"

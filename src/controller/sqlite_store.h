@@ -1,5 +1,14 @@
-// SqliteStore: the embedded, single-machine Store (the default). One file, WAL journal,
-// synchronous=FULL so that an acknowledged Commit survives kill -9 and power loss.
+// SqliteStore: the embedded, single-machine Store (the default). One file, WAL journal.
+//
+// Durability (SqliteDurability, `--durability`):
+//  - kPower (default): synchronous=FULL. Every batch's COMMIT fsyncs the WAL before anyone is
+//    acknowledged: an acknowledged write survives kill -9, an OS crash and power loss.
+//  - kProcess: synchronous=NORMAL. A batch's COMMIT writes its WAL frames with write(2) (they
+//    are in the kernel's page cache when anyone is acknowledged) and fsyncs only when the WAL is
+//    checkpointed (the checkpointer below, about once a second). An acknowledged write survives
+//    kill -9 or any crash of this process; an OS crash or power loss may lose the writes
+//    acknowledged since the last checkpoint (about the last second), never corrupting the file:
+//    what survives is a prefix of the transactions, so allocations and GPU usage still agree.
 // SqliteLeaderLock: the single-leader election for it, an exclusive flock on "PATH.lock".
 //
 // Group commit. Stage checks a transaction's compares against the latest state (the file plus
@@ -27,9 +36,15 @@ struct sqlite3_stmt;
 
 namespace tf::controller {
 
+enum class SqliteDurability { kPower, kProcess };
+// "power" or "process" (what `--durability` takes); kInvalidArgument otherwise.
+StatusOr<SqliteDurability> ParseSqliteDurability(const std::string& text);
+const char* SqliteDurabilityName(SqliteDurability d);
+
 class SqliteStore : public Store {
  public:
-  static StatusOr<std::unique_ptr<SqliteStore>> Open(const std::string& path);
+  static StatusOr<std::unique_ptr<SqliteStore>> Open(
+      const std::string& path, SqliteDurability durability = SqliteDurability::kPower);
   ~SqliteStore() override;
 
   StatusOr<std::optional<KeyValue>> Get(const std::string& key) override;
@@ -42,6 +57,7 @@ class SqliteStore : public Store {
   // Batches committed so far (for the benchmark: transactions per fsync).
   uint64_t batches() const;
   std::string Describe() const override { return "sqlite:" + path_; }
+  SqliteDurability durability() const { return durability_; }
 
  private:
   struct Staged {  // a key's latest staged (not yet durable) state
@@ -60,7 +76,8 @@ class SqliteStore : public Store {
     int64_t through = 0;              // the last revision it contains
   };
 
-  explicit SqliteStore(std::string path) : path_(std::move(path)) {}
+  SqliteStore(std::string path, SqliteDurability durability)
+      : path_(std::move(path)), durability_(durability) {}
   Status Init();
   Status Exec(sqlite3* db, const char* sql);
   Status Error(sqlite3* db, const char* what) const;
@@ -71,6 +88,7 @@ class SqliteStore : public Store {
   void CheckpointLoop();
 
   const std::string path_;
+  const SqliteDurability durability_;
   mutable std::mutex mu_;  // guards every member below except the writer connection
   std::condition_variable staged_cv_;   // flusher: something was staged, or stop
   std::condition_variable settled_cv_;  // waiters: a batch became durable or failed

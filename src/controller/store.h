@@ -8,8 +8,8 @@
 // capacity, and it maps one-to-one onto an etcd Txn.
 //
 // Durability: when Commit (or WaitDurable after Stage) returns OK the writes survive a kill -9 of
-// the process (SQLite: WAL with synchronous=FULL, concurrent transactions group-committed; etcd:
-// its raft log).
+// the process (SQLite: WAL, concurrent transactions group-committed; with durability "power",
+// the default, also an OS crash or power loss: sqlite_store.h; etcd: its raft log).
 // Thread safety: every implementation is safe to call from several threads at once.
 #pragma once
 
@@ -104,7 +104,9 @@ class LeaderElection {
 
 // Opens the store described by `spec`: "sqlite:PATH", a bare PATH (SQLite), or
 // "etcd:http://HOST:PORT" (several endpoints separated by commas).
-StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec);
+// `sqlite_durability`: "power" or "process" (SqliteStore); "process" with etcd is refused.
+StatusOr<std::unique_ptr<Store>> OpenStore(const std::string& spec,
+                                           const std::string& sqlite_durability = "power");
 
 // The election matching a store: a file lock "PATH.lock" beside a SQLite file, or an etcd lease
 // with `ttl_seconds` on key kLeaderKey. `store` must outlive the election.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -38,7 +39,7 @@ Status FromHttp(const StatusOr<controller::HttpResponse>& r, const std::string& 
 NodeAgent::NodeAgent(NodeAgentOptions options, GpuSource* source, QuotaRegions* regions,
                      const controller::Clock* clock)
     : options_(std::move(options)), source_(source), regions_(regions), clock_(clock),
-      client_(options_.controller_url, options_.token) {
+      client_(options_.controller_url, options_.token), stopper_(clock, options_.stop_grace_ms) {
   if (options_.node_name.empty()) options_.node_name = Hostname();
   if (!options_.catalog_overrides.empty()) {
     Status st = catalog_.LoadOverrides(options_.catalog_overrides);
@@ -86,6 +87,7 @@ Status NodeAgent::Register() {
     gpus.push_back(j);
   }
   json body = {{"name", options_.node_name}, {"address", options_.address}, {"gpus", gpus}};
+  if (!options_.worker_address.empty()) body["worker_address"] = options_.worker_address;
   if (!options_.pool.empty()) body["pool"] = options_.pool;
   return FromHttp(client_.Post("/v1/nodes", body.dump()), "registering node " + options_.node_name);
 }
@@ -144,9 +146,67 @@ Status NodeAgent::SyncAllocations() {
       want.push_back(std::move(va));
     }
   }
-  Status st = regions_->Sync(want);
+  // Evictions are read after the allocations: an allocation taken back in between is then in
+  // neither list's "wanted" set, and its eviction is known.
+  StatusOr<controller::HttpResponse> er = client_.Get("/v1/evictions?node=" + options_.node_name);
+  Status evictions_status = FromHttp(er, "listing evictions");
+  std::map<std::string, std::string> evicted;  // id -> reason
+  std::set<std::string> unreported;             // evictions still "stopping" at the controller
+  if (evictions_status.ok()) {
+    json e = json::parse(er->body, nullptr, false);
+    if (!e.is_discarded() && e.contains("evictions") && e["evictions"].is_array()) {
+      for (const json& ev : e["evictions"]) {
+        if (!ev.is_object() || ev.value("node", "") != options_.node_name) continue;
+        evicted[ev.value("id", "")] = ev.value("reason", "evicted");
+        if (ev.value("state", "") == "stopping") unreported.insert(ev.value("id", ""));
+      }
+    }
+  }
+
+  std::vector<LingeringVgpu> lingering;
+  Status st = regions_->Sync(want, &lingering);
+  std::set<std::string> wanted_ids;
+  for (const VgpuAssignment& a : want) wanted_ids.insert(a.id);
+  std::set<std::string> still_running;  // taken back, processes still alive
+  for (const LingeringVgpu& v : lingering) {
+    std::string reason;
+    if (auto e = evicted.find(v.id); e != evicted.end()) reason = e->second;
+    else if (known_.count(v.id)) reason = "released";
+    else continue;  // never seen wanted by this agent (it restarted): removed once its processes exit
+    if (stop_reason_.emplace(v.id, reason).second) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stopped_by_reason_[reason];
+    }
+    stopper_.Step(v, reason);
+    still_running.insert(v.id);
+  }
+  std::map<std::string, int> finished;  // vGPU id -> processes that were signalled
+  for (auto it = stop_reason_.begin(); it != stop_reason_.end();) {
+    if (still_running.count(it->first)) {
+      ++it;
+      continue;
+    }
+    finished[it->first] = std::max(0, stopper_.Finish(it->first));
+    it = stop_reason_.erase(it);
+  }
+  // Tell the controller about every eviction of this node whose vGPU has no process left (also
+  // those that never had one here); until it hears, the eviction stays "stopping".
+  for (const std::string& id : unreported) {
+    if (still_running.count(id)) continue;
+    auto f = finished.find(id);
+    json body = {{"processes", f == finished.end() ? 0 : f->second}};
+    Status reported = FromHttp(client_.Post("/v1/evictions/" + id + "/stopped", body.dump()),
+                               "reporting eviction " + id + " stopped");
+    if (!reported.ok() && st.ok()) st = reported;
+  }
+  known_ = wanted_ids;
+  known_.insert(still_running.begin(), still_running.end());
+  if (st.ok() && !evictions_status.ok()) st = evictions_status;
   std::lock_guard<std::mutex> lock(mu_);
   vgpus_ = want.size();
+  vgpus_stopping_ = still_running.size();
+  sigterm_total_ = stopper_.sigterm_total();
+  sigkill_total_ = stopper_.sigkill_total();
   return st;
 }
 
@@ -172,6 +232,18 @@ std::string NodeAgent::MetricsText() const {
   per_gpu("tf_gpu_memory_total_mib", "VRAM of the GPU in MiB.", [](const AgentGpu& g) { return double(g.device.memory_total_mib); });
   per_gpu("tf_gpu_memory_used_mib", "VRAM in use in MiB (last sample).", [](const AgentGpu& g) { return double(g.last_sample.memory_used_mib); });
   per_gpu("tf_gpu_utilization_percent", "GPU busy percent (last sample).", [](const AgentGpu& g) { return g.last_sample.gpu_percent; });
+  o << "# HELP tf_node_vgpus_stopping vGPUs taken back by the controller whose processes still run.\n"
+    << "# TYPE tf_node_vgpus_stopping gauge\ntf_node_vgpus_stopping " << vgpus_stopping_ << "\n"
+    << "# HELP tf_node_vgpu_stops_total vGPUs taken back while in use, by reason.\n"
+    << "# TYPE tf_node_vgpu_stops_total counter\n";
+  for (const char* reason : {"preempted", "node-lost", "released"}) {
+    auto it = stopped_by_reason_.find(reason);
+    o << "tf_node_vgpu_stops_total{reason=\"" << reason << "\"} " << (it == stopped_by_reason_.end() ? 0 : it->second) << "\n";
+  }
+  o << "# HELP tf_node_process_signals_total Signals sent to tenant processes of taken-back vGPUs.\n"
+    << "# TYPE tf_node_process_signals_total counter\n"
+    << "tf_node_process_signals_total{signal=\"SIGTERM\"} " << sigterm_total_ << "\n"
+    << "tf_node_process_signals_total{signal=\"SIGKILL\"} " << sigkill_total_ << "\n";
   o << "# HELP tf_node_heartbeats_total Heartbeats sent, by result.\n# TYPE tf_node_heartbeats_total counter\n"
     << "tf_node_heartbeats_total{result=\"ok\"} " << heartbeats_ok_ << "\n"
     << "tf_node_heartbeats_total{result=\"failed\"} " << heartbeats_failed_ << "\n";

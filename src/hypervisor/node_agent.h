@@ -2,14 +2,18 @@
 // (GpuSource), sizes each from the GPU catalog (FP16 TFLOPS by model name), creates each GPU's
 // shared quota region (QuotaRegions), registers the node with the controller, then heartbeats with
 // utilization samples and keeps the regions' vGPUs equal to the allocations the controller placed
-// on this node (SyncAllocations). A machine without GPUs or driver registers with zero GPUs and
-// says why.
+// on this node (SyncAllocations). When the controller takes an allocation back (preemption,
+// lost node, or a release while in use), the processes still running on its vGPU are stopped
+// (VgpuStopper: SIGTERM, SIGKILL after stop_grace_ms) and, for an eviction, the controller is told
+// once they are gone. A machine without GPUs or driver registers with zero GPUs and says why.
 //
 // Thread safety: Start/HeartbeatOnce from one thread; MetricsText from any thread.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,7 @@
 #include "controller/http_client.h"
 #include "hypervisor/gpu_source.h"
 #include "hypervisor/quota_regions.h"
+#include "hypervisor/vgpu_stopper.h"
 
 namespace tf::hypervisor {
 
@@ -28,6 +33,8 @@ struct NodeAgentOptions {
   std::string pool;       // empty: the controller's default pool
   std::string address;    // informational, e.g. this agent's metrics address
   std::string catalog_overrides;  // GpuCatalog::LoadOverrides text
+  int64_t stop_grace_ms = 10'000;  // SIGTERM -> SIGKILL for processes of a taken-back vGPU
+  std::string worker_address;      // HOST:PORT of this node's `tfusion worker`, registered; may be empty
 };
 
 struct AgentGpu {
@@ -50,7 +57,8 @@ class NodeAgent {
   // Samples utilization and sends one heartbeat; re-registers when the controller no longer
   // knows this node (e.g. a new leader whose store lost it).
   Status HeartbeatOnce();
-  // Reads this node's allocations from the controller and syncs the quota regions' vGPUs.
+  // Reads this node's allocations and evictions from the controller, syncs the quota regions'
+  // vGPUs and takes one step of stopping the processes of vGPUs whose allocation was taken back.
   Status SyncAllocations();
 
   std::vector<AgentGpu> gpus() const;
@@ -69,6 +77,11 @@ class NodeAgent {
   const controller::Clock* const clock_;
   GpuCatalog catalog_;
   controller::HttpClient client_;
+  VgpuStopper stopper_;
+  // Allocation ids whose vGPU this agent has seen wanted (or is stopping): a vGPU that disappears
+  // from the controller's list after being seen was taken back, and its processes are stopped.
+  std::set<std::string> known_;
+  std::map<std::string, std::string> stop_reason_;  // vGPU id -> why it is being stopped
   bool discovered_ = false;
   std::string discovery_message_;
 
@@ -77,6 +90,10 @@ class NodeAgent {
   uint64_t heartbeats_ok_ = 0;
   uint64_t heartbeats_failed_ = 0;
   size_t vgpus_ = 0;  // vGPUs in this node's regions after the last sync
+  size_t vgpus_stopping_ = 0;
+  uint64_t sigterm_total_ = 0;
+  uint64_t sigkill_total_ = 0;
+  std::map<std::string, uint64_t> stopped_by_reason_;  // vGPUs whose processes were stopped
   int64_t last_heartbeat_ms_ = 0;
 };
 

@@ -1,7 +1,10 @@
 #include "hypervisor/quota_regions.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <set>
+
+#include "limiter/core/process_identity.h"
 
 namespace tf::hypervisor {
 
@@ -20,8 +23,12 @@ Status RegionStatus(RegionError e, const std::string& what, const limiter::Regio
   }
 }
 
-QuotaRegions::QuotaRegions(std::string dir)
-    : dir_(dir.empty() ? std::string(limiter::kDefaultRegionDir) : std::move(dir)) {}
+std::string DefaultRegionDir() {
+  const char* env = getenv("TFUSION_SHM_DIR");
+  return env && *env ? env : limiter::kDefaultRegionDir;
+}
+
+QuotaRegions::QuotaRegions(std::string dir) : dir_(dir.empty() ? DefaultRegionDir() : std::move(dir)) {}
 
 Status QuotaRegions::AttachGpu(const DiscoveredGpu& gpu, double capacity_tflops) {
   auto region = std::make_unique<limiter::GpuRegion>();
@@ -35,7 +42,8 @@ Status QuotaRegions::AttachGpu(const DiscoveredGpu& gpu, double capacity_tflops)
   return Status::Ok();
 }
 
-Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments) {
+Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
+                          std::vector<LingeringVgpu>* lingering) {
   Status first;
   auto note = [&](const Status& s) {
     if (!s.ok() && first.ok()) first = s;
@@ -59,7 +67,17 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments) {
       std::string id = v.id;
       if (id.rfind("a-", 0) != 0 || keep.count(id)) continue;
       RegionError e = r->RemoveVgpu(v.index);
-      if (e == RegionError::kBusy) continue;  // a live process still uses it: next Sync
+      if (e == RegionError::kBusy) {  // a live process still uses it: next Sync
+        if (lingering == nullptr) continue;
+        LingeringVgpu l{uuid, id, {}};
+        for (uint32_t p = 0; p < snapshot->process_count; ++p) {
+          const limiter::ProcessInfo& info = snapshot->processes[p];
+          if (info.vgpu_index == v.index && limiter::ProcessAlive(info.pid, info.start_time_ticks))
+            l.processes.push_back(info);
+        }
+        lingering->push_back(std::move(l));
+        continue;
+      }
       note(RegionStatus(e, "removing vGPU " + id + " from " + uuid));
     }
   }

@@ -8,7 +8,9 @@
 // whole GPU), created or updated in place; vGPUs of allocations that are gone are removed. Only
 // vGPUs whose id looks like an allocation id ("a-...") are ever removed, so a vGPU that
 // `tfusion run` made for itself without a controller is left alone. A vGPU that a live process
-// still uses is kept (RemoveVgpu says busy) and removed by a later Sync once the process exits.
+// still uses is kept (RemoveVgpu says busy), reported to the caller as lingering (the node agent
+// stops its processes when the controller took the allocation back: VgpuStopper) and removed by
+// a later Sync once its processes have exited.
 //
 // Thread safety: none; the agent calls it from its one control thread.
 #pragma once
@@ -25,6 +27,17 @@
 
 namespace tf::hypervisor {
 
+// The folder of the per-GPU regions on this machine: $TFUSION_SHM_DIR, else
+// limiter::kDefaultRegionDir. The node agent, `tfusion run` and `tfusion smi` all use it.
+std::string DefaultRegionDir();
+
+// A vGPU of an allocation that is gone which live processes still use.
+struct LingeringVgpu {
+  std::string gpu_uuid;
+  std::string id;  // the allocation id
+  std::vector<limiter::ProcessInfo> processes;  // the live ones (pid, start time, VRAM held)
+};
+
 // One vGPU the controller placed on this node.
 struct VgpuAssignment {
   std::string id;         // the allocation id
@@ -35,15 +48,19 @@ struct VgpuAssignment {
 
 class QuotaRegions {
  public:
-  // `dir` empty: limiter::kDefaultRegionDir.
+  // `dir` empty: $TFUSION_SHM_DIR, else limiter::kDefaultRegionDir (the folder `tfusion run`
+  // and the limiter use).
   explicit QuotaRegions(std::string dir = "");
 
   // Creates the region of one GPU (or attaches to a compatible existing one; the capacity is
   // then updated). `capacity_tflops` 0 (a model the catalog lacks) records capacity 0.
   Status AttachGpu(const DiscoveredGpu& gpu, double capacity_tflops);
   // Makes every attached region's vGPUs match `assignments` (entries for unknown GPUs are
-  // ignored). Returns the first error; the other regions are still synced.
-  Status Sync(const std::vector<VgpuAssignment>& assignments);
+  // ignored). Returns the first error; the other regions are still synced. `lingering` (may be
+  // null) receives the vGPUs that are not wanted but could not be removed because live processes
+  // use them.
+  Status Sync(const std::vector<VgpuAssignment>& assignments,
+              std::vector<LingeringVgpu>* lingering = nullptr);
   void DetachAll();
 
   const std::string& dir() const { return dir_; }

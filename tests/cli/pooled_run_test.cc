@@ -15,31 +15,14 @@
 #include <string>
 #include <thread>
 
+#include "cli_test_util.h"
+#include "controller/http_client.h"
+
 namespace {
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
-
-Result Shell(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using tf::cli::testing::ReadFile;
+using tf::cli::testing::Result;
+using tf::cli::testing::Shell;
 
 class PooledRunTest : public ::testing::Test {
  protected:
@@ -110,6 +93,61 @@ TEST_F(PooledRunTest, ARequestThePoolCannotHoldIsRefusedClearly) {
   Result missing = Shell(PooledRun("--percent 10", "alloc"));
   EXPECT_EQ(missing.rc, 2);
   EXPECT_NE(missing.out.find("--vram is required"), std::string::npos) << missing.out;
+}
+
+// Preemption stops the victim: a low-QoS run holds VRAM until a critical request needs its room;
+// the node agent then stops the run (SIGTERM), the run says why, and `tfusion ps` shows it.
+TEST_F(PooledRunTest, APreemptedRunIsStoppedAndPsSaysWhy) {
+  const std::string log = dir_ + "/low.log";
+  pid_t low = fork();
+  ASSERT_GE(low, 0);
+  if (low == 0) {
+    std::string cmd = PooledRun("--qos low --vram 1GiB --percent 60", "hold 256") + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::smatch m;
+  std::string out;
+  for (int i = 0; i < 400 && out.find("holding=256") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    out = ReadFile(log);
+  }
+  ASSERT_NE(out.find("holding=256"), std::string::npos) << out;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"))) << out;
+  const std::string victim = m.str(1);
+
+  tf::controller::HttpClient client(url_, token_);
+  auto r = client.Post("/v1/allocations", R"({"percent": 60, "vram_mib": 1024, "qos": "critical"})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_NE(r->body.find(victim), std::string::npos) << "the low run is the victim: " << r->body;
+  ASSERT_TRUE(std::regex_search(r->body, m, std::regex("\"id\":\"(a-[0-9a-f]+)\""))) << r->body;
+  const std::string winner = m.str(1);
+
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 300 && !ended; ++i) {  // the agent syncs every second
+    ended = waitpid(low, &status, WNOHANG) == low;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!ended) kill(low, SIGKILL);
+  ASSERT_TRUE(ended) << "the preempted run kept running\n" << ReadFile(log) << ReadFile(dir_ + "/up.log");
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << ReadFile(log);
+  out = ReadFile(log);
+  EXPECT_NE(out.find("allocation " + victim + " was preempted by " + winner), std::string::npos) << out;
+  EXPECT_NE(ReadFile(dir_ + "/up.log").find("allocation " + victim + " was preempted by the controller"),
+            std::string::npos);
+
+  std::string ps;
+  for (int i = 0; i < 100; ++i) {  // "stopping" until the agent reports the processes gone
+    ps = Shell(std::string(TF_TFUSION) + " ps --url " + url_ + " --token " + token_).out;
+    if (ps.find("preempted by " + winner + ": stopped") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(ps.find(victim), std::string::npos) << ps;
+  EXPECT_NE(ps.find("preempted by " + winner + ": stopped ("), std::string::npos) << ps;
+  EXPECT_NE(ps.find(winner), std::string::npos) << ps;
 }
 
 }  // namespace

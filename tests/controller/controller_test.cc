@@ -146,6 +146,57 @@ TEST_F(ControllerTest, HigherQosPreemptsTheFewestLowerQosAllocations) {
   EXPECT_DOUBLE_EQ(used, 90);
 }
 
+// A preempted allocation is not just gone: an eviction record (same commit) tells the node agent to
+// stop its processes and `tfusion ps` why it went; the agent's report moves it to "stopped".
+TEST_F(ControllerTest, PreemptionAndLostNodesLeaveEvictionsUntilStoppedAndRetentionEnds) {
+  testing::AddNodes(*c_, 1, 1);
+  auto low = c_->Allocate({"", "", 60, 1, 1, "low", ""});
+  ASSERT_TRUE(low.ok());
+  EXPECT_TRUE(c_->ListEvictions("").empty());
+  auto crit = c_->Allocate({"", "", 60, 1, 1, "critical", ""});
+  ASSERT_TRUE(crit.ok()) << crit.status().ToString();
+  auto e = c_->GetEviction(low->id);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->reason, "preempted");
+  EXPECT_EQ(e->preempted_by, crit->id);
+  EXPECT_EQ(e->state, EvictionState::kStopping);
+  EXPECT_EQ(e->allocation.qos, Qos::kLow);
+  EXPECT_EQ(c_->ListEvictions("node-0").size(), 1u);
+  EXPECT_TRUE(c_->ListEvictions("node-9").empty());
+  EXPECT_EQ(c_->GetEviction(crit->id).status().code(), StatusCode::kNotFound);
+
+  // The record is durable with the preemption: a restarted controller still has it.
+  Restart();
+  ASSERT_TRUE(c_->GetEviction(low->id).ok());
+  EXPECT_EQ(c_->MarkEvictionStopped(low->id, -1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c_->MarkEvictionStopped("a-unknown", 0).status().code(), StatusCode::kNotFound);
+  auto stopped = c_->MarkEvictionStopped(low->id, 2);
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->state, EvictionState::kStopped);
+  EXPECT_EQ(stopped->processes_stopped, 2);
+  EXPECT_NE(c_->MetricsText().find("tf_controller_evictions_stopping 0"), std::string::npos);
+
+  // A lost node's allocations are evictions too, with their own reason.
+  testing::AddNodes(*c_, 2, 1);  // node-0 again (kept) and node-1
+  auto on1 = c_->Allocate({"", "", 10, 1, 1, "high", ""});
+  ASSERT_TRUE(on1.ok());
+  for (int i = 0; i < 50; ++i) {  // node-0 keeps heartbeating; the other goes silent
+    clock_.AdvanceMs(1'000);
+    ASSERT_TRUE(c_->Heartbeat(on1->node == "node-0" ? "node-1" : "node-0", {}).ok());
+    c_->Tick();
+  }
+  auto lost = c_->GetEviction(on1->id);
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  EXPECT_EQ(lost->reason, "node-lost");
+
+  // Forgotten once the retention period has passed.
+  clock_.AdvanceMs(3'600'000);
+  c_->Tick();
+  EXPECT_TRUE(c_->ListEvictions("").empty());
+  Restart();
+  EXPECT_TRUE(c_->ListEvictions("").empty());
+}
+
 TEST_F(ControllerTest, MultiGpuAllocationsStayOnOneNode) {
   testing::AddNodes(*c_, 2, 2);
   auto a = c_->Allocate({"", "", 10, 1, 2, "", ""});

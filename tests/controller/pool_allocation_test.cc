@@ -69,5 +69,45 @@ TEST_F(PoolAllocationTest, ErrorsKeepTheirMeaning) {
   EXPECT_TRUE(c_->ListAllocations().empty());
 }
 
+// Which path `tfusion run --controller` takes once the pool has placed the vGPU.
+TEST(ChooseRunPlacement, LocalGpuRunsHereAnotherNodeRunsThroughItsWorkerOrIsRefused) {
+  cli::PoolAllocation a;
+  a.id = "a-1";
+  a.node = "gpu-node-7";
+  a.gpu_uuid = "GPU-far";
+  auto here = cli::ChooseRunPlacement(a, {"GPU-near", "GPU-far"}, "");
+  ASSERT_TRUE(here.ok());
+  EXPECT_FALSE(here->remote);
+  auto remote = cli::ChooseRunPlacement(a, {"GPU-near"}, "10.0.0.7:7600");
+  ASSERT_TRUE(remote.ok());
+  EXPECT_TRUE(remote->remote);
+  EXPECT_EQ(remote->worker_address, "10.0.0.7:7600");
+  auto no_gpus_here = cli::ChooseRunPlacement(a, {}, "10.0.0.7:7600");  // a machine without GPUs
+  ASSERT_TRUE(no_gpus_here.ok());
+  EXPECT_TRUE(no_gpus_here->remote);
+  auto refused = cli::ChooseRunPlacement(a, {"GPU-near"}, "");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("node gpu-node-7 (GPU GPU-far)"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("no worker address registered"), std::string::npos);
+  EXPECT_NE(refused.status().message().find("--worker-address HOST:PORT"), std::string::npos);
+}
+
+TEST_F(PoolAllocationTest, NodesRegisterAValidatedWorkerAddress) {
+  EXPECT_EQ(*cli::NodeWorkerAddress(url_, "tok", "node-0"), "");
+  NodeRegistration reg{"node-w", "", "", {{"GPU-w", "L4", 0, 0, 100, 1024}}, "gpu-w.example:7600"};
+  ASSERT_TRUE(c_->RegisterNode(reg).ok());
+  EXPECT_EQ(*cli::NodeWorkerAddress(url_, "tok", "node-w"), "gpu-w.example:7600");
+  EXPECT_EQ(cli::NodeWorkerAddress(url_, "tok", "node-x").status().code(), StatusCode::kNotFound);
+  for (const char* bad : {"gpu-w", ":7600", "gpu-w:", "gpu-w:0", "gpu-w:70000", "gpu w:1", "a/b:1", "[zz]:1"}) {
+    reg.worker_address = bad;
+    EXPECT_EQ(c_->RegisterNode(reg).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  for (const char* good : {"10.0.0.5:7600", "[fd00::5]:7600", "gpu-w:1"}) {
+    reg.worker_address = good;
+    EXPECT_TRUE(c_->RegisterNode(reg).ok()) << good;
+  }
+}
+
 }  // namespace
 }  // namespace tf::controller

@@ -17,7 +17,7 @@ namespace {
 // A child controller allocates from `threads` threads (their commits group-committed together)
 // and reports every acknowledged id; it is killed with SIGKILL mid-stream. Every acknowledged
 // allocation must be in the store, and GPU usage must agree with the allocations exactly.
-void KillNineDuringAllocations(int threads) {
+void KillNineDuringAllocations(int threads, SqliteDurability durability) {
   testing::TempDir dir;
   const std::string db = dir.path() + "/state.db";
   int fds[2];
@@ -28,7 +28,7 @@ void KillNineDuringAllocations(int threads) {
     // Child: a controller that allocates as fast as it can and reports each acknowledged id.
     close(fds[0]);
     SystemClock clock;
-    auto store = std::move(SqliteStore::Open(db)).value();
+    auto store = std::move(SqliteStore::Open(db, durability)).value();
     Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
     if (!c.Rebuild().ok()) _exit(3);
     testing::AddNodes(c, 4, 8);
@@ -82,10 +82,35 @@ void KillNineDuringAllocations(int threads) {
   EXPECT_NEAR(gpu_used, used, 1e-6);  // GPU usage agrees with the allocations exactly
 }
 
-TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) { KillNineDuringAllocations(1); }
+TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {
+  KillNineDuringAllocations(1, SqliteDurability::kPower);
+}
 
 TEST(SqliteRestart, KillNineDuringGroupCommitsLosesNoAcknowledgedAllocation) {
-  KillNineDuringAllocations(6);
+  KillNineDuringAllocations(6, SqliteDurability::kPower);
+}
+
+// Durability "process" (synchronous=NORMAL) gives up power loss, not a crash of the process: the
+// WAL frames of an acknowledged batch are in the kernel when it is acknowledged.
+TEST(SqliteRestart, ProcessDurabilityKillNineLosesNoAcknowledgedAllocation) {
+  KillNineDuringAllocations(1, SqliteDurability::kProcess);
+}
+
+TEST(SqliteRestart, ProcessDurabilityKillNineDuringGroupCommitsLosesNoAcknowledgedAllocation) {
+  KillNineDuringAllocations(6, SqliteDurability::kProcess);
+}
+
+TEST(SqliteDurability, OnlyPowerOrProcessAndProcessOnlyForSqlite) {
+  EXPECT_EQ(*ParseSqliteDurability("power"), SqliteDurability::kPower);
+  EXPECT_EQ(*ParseSqliteDurability("process"), SqliteDurability::kProcess);
+  auto bad = ParseSqliteDurability("fast");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'power'"), std::string::npos);
+  EXPECT_EQ(OpenStore("etcd:http://127.0.0.1:1", "process").status().code(), StatusCode::kInvalidArgument);
+  testing::TempDir dir;
+  auto s = OpenStore("sqlite:" + dir.path() + "/s.db", "process");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(static_cast<SqliteStore*>(s->get())->durability(), SqliteDurability::kProcess);
 }
 
 }  // namespace

@@ -72,7 +72,7 @@ TEST(RunUp, StartsControllerAndAgentAndServesClientCommands) {
   EXPECT_NE(nodes.find("ready"), std::string::npos) << nodes;
   std::ostringstream top, ps;
   client.out = &top;
-  EXPECT_EQ(Top(client), 0);
+  EXPECT_EQ(Top(client, {2, true}), 0);
   EXPECT_EQ(top.str().rfind("GPU", 0), 0u) << top.str();
   client.out = &ps;
   EXPECT_EQ(Ps(client), 0);

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "controller/api_server.h"
@@ -106,6 +110,164 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   EXPECT_NE(agent.MetricsText().find("tf_node_vgpus 0"), std::string::npos);
   api.Stop();
   std::filesystem::remove_all(dir);
+}
+
+// A child process that stands for a tenant: it ignores SIGTERM when asked to (a tenant that does
+// not shut down), tells the parent it is ready, then waits to be killed.
+pid_t StartTenant(bool ignore_sigterm) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (ignore_sigterm) signal(SIGTERM, SIG_IGN);
+    char c = 1;
+    if (write(fds[1], &c, 1) != 1) _exit(3);
+    for (;;) pause();
+  }
+  char c;
+  if (read(fds[0], &c, 1) != 1) pid = -1;
+  close(fds[0]);
+  close(fds[1]);
+  return pid;
+}
+
+// The signal that ended `pid` (waits for it), or 0 when it is still running after `ms`.
+int EndedBySignal(pid_t pid, int ms) {
+  for (int waited = 0; waited <= ms; waited += 10) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFSIGNALED(status) ? WTERMSIG(status) : -1;
+    usleep(10'000);
+  }
+  return 0;
+}
+
+class StopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tfagent-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    store_ = std::move(controller::SqliteStore::Open(dir_ + "/s.db")).value();
+    c_ = std::make_unique<controller::Controller>(store_.get(), &clock_, controller::MakeSchedulerPlacement(), nullptr);
+    ASSERT_TRUE(c_->Rebuild().ok());
+    api_ = std::make_unique<controller::ApiServer>(c_.get(), "tok");
+    int port = *api_->Bind("127.0.0.1", 0);
+    api_->Start();
+    regions_ = std::make_unique<QuotaRegions>(dir_ + "/regions");
+    NodeAgentOptions o{"http://127.0.0.1:" + std::to_string(port), "tok", "host-s", "", "", "", 5'000};
+    agent_ = std::make_unique<NodeAgent>(o, &source_, regions_.get(), &clock_);
+    ASSERT_TRUE(agent_->Start().ok());
+  }
+  void TearDown() override {
+    for (pid_t p : tenants_) {  // a failed test must not leave a tenant behind
+      if (waitpid(p, nullptr, WNOHANG) != 0) continue;  // already reaped (or just now)
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+    api_->Stop();
+    std::filesystem::remove_all(dir_);
+  }
+  pid_t Tenant(bool ignore_sigterm) {
+    pid_t p = StartTenant(ignore_sigterm);
+    if (p > 0) tenants_.push_back(p);
+    return p;
+  }
+  // Allocates on the one GPU, syncs the agent and registers `tenants` on the vGPU.
+  controller::Allocation AllocateAndUse(const std::string& qos, const std::vector<pid_t>& tenants) {
+    controller::AllocationRequest req{"", "", 0, 1024, 1, qos, ""};
+    req.percent = 60;
+    auto a = c_->Allocate(req);
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_TRUE(agent_->SyncAllocations().ok());
+    limiter::GpuRegion* r = regions_->region("GPU-s0");
+    uint32_t index = 0, slot = 0;
+    EXPECT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+    for (pid_t p : tenants) EXPECT_EQ(r->AttachProcess(index, p, &slot), limiter::RegionError::kOk);
+    return *a;
+  }
+  bool HasVgpu(const std::string& id) {
+    uint32_t index = 0;
+    return regions_->region("GPU-s0")->FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk;
+  }
+
+  std::string dir_;
+  controller::FakeClock clock_;
+  std::unique_ptr<controller::Store> store_;
+  std::unique_ptr<controller::Controller> c_;
+  std::unique_ptr<controller::ApiServer> api_;
+  FakeGpuSource source_{{{0, "GPU-s0", "NVIDIA L4", 23034, 0, 0, 0}}};
+  std::unique_ptr<QuotaRegions> regions_;
+  std::unique_ptr<NodeAgent> agent_;
+  std::vector<pid_t> tenants_;
+};
+
+// Preemption stops the victim: SIGTERM to every process on its vGPU, SIGKILL to those still
+// alive after the grace period, then the vGPU goes and the controller hears it.
+TEST_F(StopTest, APreemptedVgpusProcessesGetSigtermThenSigkillAfterTheGrace) {
+  pid_t polite = Tenant(false), stubborn = Tenant(true);
+  ASSERT_GT(polite, 0);
+  ASSERT_GT(stubborn, 0);
+  controller::Allocation low = AllocateAndUse("low", {polite, stubborn});
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "critical", ""};
+  req.percent = 60;
+  std::vector<controller::Allocation> preempted;
+  auto crit = c_->Allocate(req, &preempted);
+  ASSERT_TRUE(crit.ok()) << crit.status().ToString();
+  ASSERT_EQ(preempted.size(), 1u);
+
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(polite, 2000), SIGTERM);
+  EXPECT_EQ(EndedBySignal(stubborn, 200), 0) << "within the grace period it is not killed";
+  EXPECT_TRUE(HasVgpu(low.id));
+  EXPECT_EQ(c_->GetEviction(low.id)->state, controller::EvictionState::kStopping);
+  EXPECT_NE(agent_->MetricsText().find("tf_node_vgpus_stopping 1"), std::string::npos);
+
+  clock_.AdvanceMs(4'000);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(stubborn, 200), 0);
+  clock_.AdvanceMs(1'000);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(stubborn, 2000), SIGKILL);
+
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_FALSE(HasVgpu(low.id));
+  EXPECT_TRUE(HasVgpu(crit->id));
+  auto e = c_->GetEviction(low.id);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->state, controller::EvictionState::kStopped);
+  EXPECT_EQ(e->processes_stopped, 2);
+  std::string m = agent_->MetricsText();
+  EXPECT_NE(m.find("tf_node_process_signals_total{signal=\"SIGTERM\"} 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("tf_node_process_signals_total{signal=\"SIGKILL\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("tf_node_vgpu_stops_total{reason=\"preempted\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("tf_node_vgpus_stopping 0"), std::string::npos) << m;
+}
+
+// Released by request while processes still use it: stopped too. A vGPU this agent never saw
+// wanted (e.g. from before it restarted) is left to end on its own.
+TEST_F(StopTest, AReleasedVgpuInUseIsStoppedButOneTheAgentNeverSawIsNot) {
+  pid_t tenant = Tenant(false);
+  ASSERT_GT(tenant, 0);
+  controller::Allocation a = AllocateAndUse("medium", {tenant});
+  ASSERT_TRUE(c_->Release(a.id).ok());
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(tenant, 2000), SIGTERM);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_FALSE(HasVgpu(a.id));
+  EXPECT_NE(agent_->MetricsText().find("tf_node_vgpu_stops_total{reason=\"released\"} 1"), std::string::npos);
+
+  pid_t other = Tenant(false);
+  ASSERT_GT(other, 0);
+  limiter::GpuRegion* r = regions_->region("GPU-s0");
+  uint32_t index = 0, slot = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu("a-0000000000000bad", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, other, &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(other, 200), 0);
+  EXPECT_TRUE(HasVgpu("a-0000000000000bad"));
+  kill(other, SIGKILL);
+  EXPECT_EQ(EndedBySignal(other, 2000), SIGKILL);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_FALSE(HasVgpu("a-0000000000000bad"));
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {

@@ -16,6 +16,8 @@
 #include <string>
 #include <thread>
 
+#include "tests/cli/cli_test_util.h"
+
 namespace {
 
 struct Result {
@@ -42,14 +44,10 @@ class LimiterRunTest : public ::testing::Test {
   }
 
   static Result Run(const std::string& cmd) {
+    tf::cli::testing::Result shell = tf::cli::testing::Shell(cmd);
     Result r;
-    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-    if (!p) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-    int st = pclose(p);
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.rc = shell.rc;
+    r.out = shell.out;
     std::istringstream lines(r.out);
     std::string line;
     while (std::getline(lines, line)) {

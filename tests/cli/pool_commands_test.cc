@@ -1,0 +1,244 @@
+// The client commands of `tfusion` (top, quota, pool) against a real controller: the test starts
+// `tfusion controller` on port 0 with a SQLite store in a temporary folder and registers a node
+// through the API, then runs the binary as a user would and checks what it prints.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "cli_test_util.h"
+#include "controller/http_client.h"
+
+namespace {
+
+using tf::cli::testing::ReadFile;
+using tf::cli::testing::Result;
+using tf::cli::testing::Shell;
+
+size_t Count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+class PoolCommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tf-poolcmd-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    controller_ = fork();
+    ASSERT_GE(controller_, 0);
+    if (controller_ == 0) {
+      std::string cmd = std::string("exec ") + TF_TFUSION + " controller --port 0 --token tok --store sqlite:" +
+                        dir_ + "/state.db > " + dir_ + "/controller.log 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::regex url_re("http://127\\.0\\.0\\.1:[0-9]+");
+    for (int i = 0; i < 200 && url_.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::smatch m;
+      std::string log = ReadFile(dir_ + "/controller.log");
+      if (std::regex_search(log, m, url_re)) url_ = m.str();
+    }
+    ASSERT_FALSE(url_.empty()) << ReadFile(dir_ + "/controller.log");
+    tf::controller::HttpClient client(url_, "tok");
+    auto r = client.Post("/v1/nodes", R"({"name": "gpu-node-1", "gpus": [
+        {"uuid": "GPU-top-0", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 81920}]})");
+    ASSERT_TRUE(r.ok() && r->status == 200) << (r.ok() ? r->body : r.status().ToString());
+  }
+  void TearDown() override {
+    if (controller_ > 0) {
+      kill(controller_, SIGTERM);
+      waitpid(controller_, nullptr, 0);
+    }
+    EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+  }
+  Result Tf(const std::string& args) const {
+    return Shell(std::string(TF_TFUSION) + " " + args + " --url " + url_ + " --token tok");
+  }
+
+  std::string dir_, url_;
+  pid_t controller_ = -1;
+};
+
+TEST_F(PoolCommandsTest, TopOncePrintsTheGpuTableAndExits) {
+  Result r = Tf("top --once");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("GPU-top-0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ALLOC_TFLOPS"), std::string::npos) << r.out;
+  EXPECT_EQ(Count(r.out, "ALLOC_TFLOPS"), 1u) << r.out;
+}
+
+TEST_F(PoolCommandsTest, TopRejectsABadIntervalClearly) {
+  for (const char* bad : {"0", "-1", "abc", "0.01", "5000", "nan"}) {
+    Result r = Tf(std::string("top --once --interval ") + bad);
+    EXPECT_EQ(r.rc, 2) << bad << ": " << r.out;
+    EXPECT_NE(r.out.find("--interval"), std::string::npos) << bad << ": " << r.out;
+    EXPECT_EQ(r.out.find("GPU-top-0"), std::string::npos) << bad << ": " << r.out;
+  }
+}
+
+// Without --once, top redraws every --interval seconds until Ctrl-C (SIGINT), then exits 0.
+TEST_F(PoolCommandsTest, TopRedrawsUntilInterrupted) {
+  const std::string out = dir_ + "/top.out";
+  pid_t top = fork();
+  ASSERT_GE(top, 0);
+  if (top == 0) {
+    std::string cmd = std::string("exec ") + TF_TFUSION + " top --interval 0.2 --url " + url_ +
+                      " --token tok > " + out + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string text;
+  for (int i = 0; i < 100 && Count(text, "ALLOC_TFLOPS") < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    text = ReadFile(out);
+  }
+  EXPECT_GE(Count(text, "ALLOC_TFLOPS"), 3u) << text;
+  // A new allocation shows up in a later frame.
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 25, "vram_mib": 1024})");
+  ASSERT_TRUE(a.ok() && a->status == 201);
+  for (int i = 0; i < 50 && ReadFile(out).find("25.0/100.0") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(top, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(top, &status, 0), top);
+  ASSERT_TRUE(WIFEXITED(status)) << ReadFile(out);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_NE(ReadFile(out).find("25.0/100.0"), std::string::npos) << ReadFile(out);
+}
+
+TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
+  Result set = Tf("quota set acme --tflops 50 --vram 8GiB");
+  ASSERT_EQ(set.rc, 0) << set.out;
+  EXPECT_NE(set.out.find("acme"), std::string::npos) << set.out;
+  // Unset fields keep their value: --gpus alone leaves TFLOPS and VRAM as they were.
+  ASSERT_EQ(Tf("quota set acme --gpus 1").rc, 0);
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 20, "vram_mib": 2048, "tenant": "acme"})");
+  ASSERT_TRUE(a.ok() && a->status == 201) << (a.ok() ? a->body : "");
+  Result get = Tf("quota get acme");
+  ASSERT_EQ(get.rc, 0) << get.out;
+  // TENANT TFLOPS MAX_TFLOPS VRAM_MIB MAX_VRAM_MIB GPUS MAX_GPUS
+  EXPECT_TRUE(std::regex_search(get.out, std::regex("acme +20\\.0 +50\\.0 +2048 +8192 +1 +1\\n"))) << get.out;
+  // The quota holds: a second vGPU for acme is refused.
+  auto b = client.Post("/v1/allocations", R"({"tflops": 1, "vram_mib": 1, "tenant": "acme"})");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->status, 409) << b->body;
+  ASSERT_EQ(Tf("quota set other --vram 0").rc, 0);
+  Result ls = Tf("quota ls");
+  ASSERT_EQ(ls.rc, 0) << ls.out;
+  EXPECT_NE(ls.out.find("acme"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("other +0\\.0 +- +0 +- +0 +-\\n"))) << ls.out;
+
+  // tfusion run --tenant counts against the same quota, and says so when it is full.
+  Result run = Shell(std::string(TF_TFUSION) + " run --controller " + url_ +
+                     " --token tok --tenant acme --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 1 -- true");
+  EXPECT_EQ(run.rc, 2) << run.out;
+  EXPECT_NE(run.out.find("the controller refused the vGPU"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("acme"), std::string::npos) << run.out;
+
+  Result missing = Tf("quota get nobody");
+  EXPECT_EQ(missing.rc, 1);
+  EXPECT_NE(missing.out.find("tenant 'nobody' has no quota"), std::string::npos) << missing.out;
+}
+
+TEST_F(PoolCommandsTest, QuotaInputIsValidatedBeforeAnythingChanges) {
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"quota set acme --tflops -5", "--tflops -5"},
+               {"quota set acme --tflops lots", "--tflops lots: not a number"},
+               {"quota set acme --vram 12XB", "--vram 12XB"},
+               {"quota set acme --gpus 1.5", "--gpus 1.5: not a whole number"},
+               {"quota set acme", "nothing to set"},
+               {"quota set bad/name --gpus 1", "may only hold"}};
+  for (const Case& c : cases) {
+    Result r = Tf(c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
+  Result ls = Tf("quota ls");
+  EXPECT_EQ(ls.out.find("acme"), std::string::npos) << ls.out;
+}
+
+TEST_F(PoolCommandsTest, PoolSetChangesModeAndOversellAndKeepsTheRest) {
+  ASSERT_EQ(Tf("pool create train --mode CompactFirst").rc, 0);
+  Result set = Tf("pool set train --oversell 1.5");
+  ASSERT_EQ(set.rc, 0) << set.out;
+  EXPECT_NE(set.out.find("placement mode CompactFirst, TFLOPS oversell ratio 1.5"), std::string::npos) << set.out;
+  ASSERT_EQ(Tf("pool set train --mode FragAware").rc, 0);
+  Result ls = Tf("pool ls");
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("train +FragAware +1\\.50"))) << ls.out;
+  // The default pool's oversell ratio lets 150 TFLOPS of vGPUs onto the 100-TFLOPS GPU.
+  ASSERT_EQ(Tf("pool set default --oversell 1.5").rc, 0);
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 140, "vram_mib": 1024})");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->status, 201) << a->body;
+
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"pool set train --oversell 0.5", "--oversell 0.5: must be at least 1"},
+               {"pool set train --oversell 101", "--oversell 101: must be at most 100"},
+               {"pool set train --oversell x", "--oversell x: not a number"},
+               {"pool set train --mode Tetris", "Tetris"},
+               {"pool set train", "nothing to change"},
+               {"pool set nosuchpool --mode BestFit", "pool 'nosuchpool' not found"}};
+  for (const Case& c : cases) {
+    Result r = Tf(c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
+  ls = Tf("pool ls");
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("train +FragAware +1\\.50"))) << ls.out;
+}
+
+// `tfusion run --controller` from a machine whose GPUs are not the ones the pool chose: the node
+// that holds the vGPU runs it through its worker, or the run is refused when it has none. The
+// command here (`true`) makes no CUDA call, so no worker needs to answer: what is tested is which
+// path the run takes, what it says, and that the allocation is released either way.
+TEST_F(PoolCommandsTest, RunPlacedOnAnotherNodeGoesThroughItsWorkerOrSaysWhyNot) {
+  const std::string run = std::string(TF_TFUSION) + " run --controller " + url_ +
+                          " --token tok --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 -- true";
+  Result refused = Shell(run);
+  EXPECT_EQ(refused.rc, 2) << refused.out;
+  EXPECT_NE(refused.out.find("placed this vGPU on node gpu-node-1 (GPU GPU-top-0), not on this machine, and "
+                             "that node has no worker address registered"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_NE(refused.out.find("--worker-address HOST:PORT"), std::string::npos) << refused.out;
+  EXPECT_EQ(Tf("ps").out.find("running"), std::string::npos) << "released after the refusal";
+
+  tf::controller::HttpClient client(url_, "tok");
+  auto r = client.Post("/v1/nodes", R"({"name": "gpu-node-1", "worker_address": "127.0.0.1:1", "gpus": [
+      {"uuid": "GPU-top-0", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 81920}]})");
+  ASSERT_TRUE(r.ok() && r->status == 200);
+  EXPECT_NE(Tf("node ls").out.find("127.0.0.1:1"), std::string::npos);
+  Result remote = Shell(run);
+  EXPECT_EQ(remote.rc, 0) << remote.out;
+  EXPECT_TRUE(std::regex_search(remote.out, std::regex("allocation a-[0-9a-f]+ on node gpu-node-1 \\(GPU GPU-top-0\\): "
+                                                       "1\\.0 GiB VRAM, 10\\.0% of the GPU; running remotely through "
+                                                       "its worker 127\\.0\\.0\\.1:1")))
+      << remote.out;
+  EXPECT_EQ(Tf("ps").out.find("running"), std::string::npos) << "released when the command ended";
+
+  auto bad = client.Post("/v1/nodes", R"({"name": "gpu-node-2", "worker_address": "nohost"})");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_NE(bad->body.find("must be HOST:PORT"), std::string::npos) << bad->body;
+}
+
+}  // namespace
