@@ -134,4 +134,36 @@ CUresult Impl_cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode no
 CUresult Impl_cuGraphExecDestroy(CUgraphExec exec) { return HandleCall(Fn::cuGraphExecDestroy, H(exec)); }
 CUresult Impl_cuGraphDestroy(CUgraph graph) { return HandleCall(Fn::cuGraphDestroy, H(graph)); }
 
+// cuGraphGetNodes: with nodes NULL, the count; else up to *numNodes handles and the count of
+// those written (the driver's semantics).
+CUresult Impl_cuGraphGetNodes(CUgraph graph, CUgraphNode* nodes, size_t* numNodes) {
+  if (numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  size_t capacity = nodes == nullptr ? 0 : *numNodes;
+  if (capacity > remote::kMaxGraphDeps) capacity = remote::kMaxGraphDeps;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[12];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(graph));
+  w.U32(static_cast<uint32_t>(capacity));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuGraphGetNodes), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t count = 0;
+  if (!rv.reader.U64(&count)) return CUDA_ERROR_UNKNOWN;
+  if (nodes == nullptr) {
+    *numNodes = count;
+    return CUDA_SUCCESS;
+  }
+  size_t n = count < capacity ? count : capacity;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t h = 0;
+    if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+    nodes[i] = reinterpret_cast<CUgraphNode>(h);
+  }
+  for (size_t i = n; i < *numNodes; ++i) nodes[i] = nullptr;  // as the driver does
+  *numNodes = n;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace tf::client

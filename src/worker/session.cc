@@ -581,6 +581,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuGraphExecKernelNodeSetParams_v2:
     case Fn::cuGraphExecDestroy:
     case Fn::cuGraphDestroy:
+    case Fn::cuGraphGetNodes:
       return GraphCall(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
@@ -1266,6 +1267,31 @@ CUresult Session::GraphCall(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
       if (r == CUDA_SUCCESS) execs_.erase(e);
       return r;
+    }
+    // The nodes of a graph (of a captured one too): in U64 graph, U32 capacity (0: count only);
+    // out U64 count, then min(count, capacity) U64 node handles, which join the session's nodes.
+    case Fn::cuGraphGetNodes: {
+      uint64_t g = 0;
+      uint32_t capacity = 0;
+      rd.U64(&g);
+      if (!rd.U32(&capacity) || !rd.Finish() || capacity > remote::kMaxGraphDeps) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      size_t count = 0;
+      CUresult r = CALL(cuGraphGetNodes, As<CUgraph>(g), nullptr, &count);
+      if (r != CUDA_SUCCESS) return r;
+      std::vector<CUgraphNode> nodes(count);
+      if (capacity > 0 && count > 0) {
+        r = CALL(cuGraphGetNodes, As<CUgraph>(g), nodes.data(), &count);
+        if (r != CUDA_SUCCESS) return r;
+      }
+      out.U64(count);
+      for (size_t i = 0; i < count && i < capacity; ++i) {
+        graph_nodes_[H(nodes[i])] = g;
+        out.U64(H(nodes[i]));
+      }
+      return CUDA_SUCCESS;
     }
     case Fn::cuGraphDestroy: {
       uint64_t g = 0;

@@ -1,6 +1,7 @@
 // Fake driver graphs: kernel, memory-allocation and memory-free nodes, run in insertion order on
 // the launch stream. Dependencies are accepted and ignored (insertion order already respects
 // them for graphs built in dependency order). Stream capture is not supported.
+#include <algorithm>
 #include <sys/mman.h>
 
 #include "fake_driver.h"
@@ -60,6 +61,24 @@ CUresult cuGraphDestroy(CUgraph handle) {
   if (it == d.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
   graph = std::move(it->second);
   d.graphs.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphGetNodes(CUgraph handle, CUgraphNode* nodes, size_t* count) {
+  FAKECUDA_ENTER();
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  Graph* graph = LiveGraph(d, handle);
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (nodes == nullptr) {
+    *count = graph->nodes.size();
+    return CUDA_SUCCESS;
+  }
+  size_t n = std::min(*count, graph->nodes.size());
+  for (size_t i = 0; i < n; ++i) nodes[i] = reinterpret_cast<CUgraphNode>(graph->nodes[i].get());
+  for (size_t i = n; i < *count; ++i) nodes[i] = nullptr;
+  *count = n;
   return CUDA_SUCCESS;
 }
 

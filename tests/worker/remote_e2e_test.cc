@@ -430,6 +430,7 @@ TEST_F(RemoteTest, StreamCaptureRecordsLaunchesIntoAGraphRemotely) {
     EXPECT_EQ(r.kv["after"], "0");
     EXPECT_EQ(r.kv["not_run_yet"], "0,0");
     EXPECT_EQ(r.kv["captured_run"], "31,32");
+    EXPECT_EQ(r.kv["captured_nodes"], "2:2:1:1:1");  // PyTorch checks a captured graph's nodes
     EXPECT_EQ(r.kv["global_relaxed_alloc"], "0:0");  // the worker follows the relaxed mode
     EXPECT_EQ(r.kv["global_unsafe_alloc"], "900:901");
     ExpectSameKeys(direct, r);

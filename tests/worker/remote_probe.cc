@@ -875,6 +875,16 @@ int Capture() {
   CHECK(cuStreamSynchronize(s));
   std::printf("not_run_yet=%u,%u\n", Word(a), Word(a + 2048));
   CUgraphExec e;
+  {
+    size_t count = 0, two = 2, one = 1;
+    CUgraphNode nodes[2] = {nullptr, nullptr}, first[1] = {nullptr};
+    CHECK(cuGraphGetNodes(g, nullptr, &count));
+    CHECK(cuGraphGetNodes(g, nodes, &two));
+    CHECK(cuGraphGetNodes(g, first, &one));
+    std::printf("captured_nodes=%zu:%zu:%d:%zu:%d\n", count, two,
+                nodes[0] != nullptr && nodes[1] != nullptr && nodes[0] != nodes[1] ? 1 : 0, one,
+                first[0] == nodes[0] ? 1 : 0);
+  }
   CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
   CHECK(cuGraphLaunch(e, s));
   CHECK(cuStreamSynchronize(s));
