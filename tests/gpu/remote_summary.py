@@ -212,8 +212,9 @@ def targets_section(L):
                 continue
             base = L.micro["native"].get(key)
             cells = {m: ratio(L.micro[m].get(key), base) for m in REMOTE}
-            row(f"{d} {mem} bandwidth at {key.split('_')[2]} >= {limit:.0%} of native (ratio)", cells["shm"],
-                check(cells["shm"], limit, False), cells["tcp"], check(cells["tcp"], limit, False))
+            # The issue sets bandwidth targets over shared memory only; TCP's ratio is shown as is.
+            row(f"{d} {mem} bandwidth at {key.split('_')[2]} >= {limit:.0%} of native (ratio; shm only)",
+                cells["shm"], check(cells["shm"], limit, False), cells["tcp"], None)
     for part in ("resnet50_b64_eager", "resnet50_b64_compile", "gpt2_fwd_b1_s128", "gpt2_fwd_b8_s512"):
         base = L.models["native"].get(part, {}).get("ms")
         cells = {m: ratio(L.models[m].get(part, {}).get("ms"), base) for m in REMOTE}
