@@ -90,6 +90,8 @@ class Session {
   CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
   CUresult CaptureCall(Fn fn, Reader& rd, Writer& out);
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
+  // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
+  CUresult VmmCall(Fn fn, Reader& rd, Writer& out);
   void EraseLibrary(uint64_t lib);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
@@ -139,6 +141,12 @@ class Session {
       uint64_t end = it->first + it->second;
       if (p >= it->first && n <= end - p) return true;
     }
+    // A range mapped with cuMemMap (wholly inside one mapping).
+    auto v = vmm_mapped_.upper_bound(p);
+    if (v != vmm_mapped_.begin()) {
+      --v;
+      if (p >= v->first && n <= v->second && p - v->first <= v->second - n) return true;
+    }
     // A module's or library's global variable (cudaMemcpyToSymbol and friends).
     auto g = globals_.upper_bound(p);
     if (g == globals_.begin()) return false;
@@ -166,7 +174,10 @@ class Session {
     uint64_t size = 0;
     uint64_t owner = 0;  // the module or library
   };
-  std::map<uint64_t, Global> globals_;  // base -> global variable of a loaded module or library
+  std::map<uint64_t, Global> globals_;
+  std::map<uint64_t, uint64_t> vmm_reserved_;  // cuMemAddressReserve: base -> size
+  std::map<uint64_t, uint64_t> vmm_handles_;   // cuMemCreate: handle -> size
+  std::map<uint64_t, uint64_t> vmm_mapped_;    // cuMemMap: base -> size  // base -> global variable of a loaded module or library
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
   std::set<uint64_t> pools_, created_pools_;
   std::set<uint64_t> graphs_;
@@ -421,6 +432,15 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     }
     case Fn::cuCtxSynchronize:
       return CALL(cuCtxSynchronize);
+    case Fn::cuMemGetAllocationGranularity:
+    case Fn::cuMemAddressReserve:
+    case Fn::cuMemAddressFree:
+    case Fn::cuMemCreate:
+    case Fn::cuMemRelease:
+    case Fn::cuMemMap:
+    case Fn::cuMemUnmap:
+    case Fn::cuMemSetAccess:
+      return VmmCall(fn, rd, out);
     case Fn::cuMemAlloc_v2: {
       uint64_t n = 0;
       if (!rd.U64(&n) || n == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1728,6 +1748,167 @@ CUresult Session::ClusterOccupancy(Fn fn, Reader& rd, Writer& out) {
   return r;
 }
 
+// Virtual memory management. Properties travel as U32 type, U32 requested handle types, U32
+// location type, I32 location id, U8 compression, U8 RDMA-capable, U16 usage. The session keeps
+// what it reserved, created and mapped: a mapping must lie inside one of its reservations and
+// within one of its allocations, an unmap or free must match, and mapped ranges are device
+// memory the client may copy to and from.
+namespace {
+bool ReadProp(Reader& rd, CUmemAllocationProp* prop) {
+  uint32_t type = 0, handles = 0, loc_type = 0;
+  int32_t loc_id = 0;
+  uint8_t compression = 0, rdma = 0;
+  uint16_t usage = 0;
+  rd.U32(&type);
+  rd.U32(&handles);
+  rd.U32(&loc_type);
+  rd.I32(&loc_id);
+  rd.U8(&compression);
+  rd.U8(&rdma);
+  if (!rd.U16(&usage)) return false;
+  *prop = CUmemAllocationProp{};
+  prop->type = static_cast<CUmemAllocationType>(type);
+  prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(handles);
+  prop->location.type = static_cast<CUmemLocationType>(loc_type);
+  prop->location.id = loc_id;
+  prop->allocFlags.compressionType = compression;
+  prop->allocFlags.gpuDirectRDMACapable = rdma;
+  prop->allocFlags.usage = usage;
+  return true;
+}
+}  // namespace
+
+CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
+  auto inside = [](const std::map<uint64_t, uint64_t>& m, uint64_t p, uint64_t n) {
+    auto it = m.upper_bound(p);
+    if (it == m.begin()) return false;
+    --it;
+    return p >= it->first && n <= it->second && p - it->first <= it->second - n;
+  };
+  auto overlaps = [](const std::map<uint64_t, uint64_t>& m, uint64_t p, uint64_t n) {
+    auto it = m.lower_bound(p);
+    if (it != m.end() && it->first < p + n) return true;
+    if (it == m.begin()) return false;
+    --it;
+    return it->first + it->second > p;
+  };
+  switch (fn) {
+    case Fn::cuMemGetAllocationGranularity: {
+      CUmemAllocationProp prop;
+      uint32_t option = 0;
+      if (!ReadProp(rd, &prop) || !rd.U32(&option) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      size_t g = 0;
+      CUresult r = CALL(cuMemGetAllocationGranularity, &g, &prop,
+                        static_cast<CUmemAllocationGranularity_flags>(option));
+      out.U64(g);
+      return r;
+    }
+    case Fn::cuMemAddressReserve: {
+      uint64_t size = 0, align = 0, addr = 0, flags = 0;
+      rd.U64(&size);
+      rd.U64(&align);
+      rd.U64(&addr);
+      if (!rd.U64(&flags) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+      CUdeviceptr p = 0;
+      CUresult r = CALL(cuMemAddressReserve, &p, size, align, addr, flags);
+      if (r != CUDA_SUCCESS) return r;
+      vmm_reserved_[p] = size;
+      out.U64(p);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemAddressFree: {
+      uint64_t p = 0, size = 0;
+      rd.U64(&p);
+      if (!rd.U64(&size) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto it = vmm_reserved_.find(p);
+      if (it == vmm_reserved_.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuMemAddressFree, p, size);
+      if (r == CUDA_SUCCESS) vmm_reserved_.erase(it);
+      return r;
+    }
+    case Fn::cuMemCreate: {
+      uint64_t size = 0, flags = 0;
+      CUmemAllocationProp prop;
+      rd.U64(&size);
+      if (!ReadProp(rd, &prop) || !rd.U64(&flags) || !rd.Finish() || size == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      CUmemGenericAllocationHandle h = 0;
+      CUresult r = CALL(cuMemCreate, &h, size, &prop, flags);
+      if (r != CUDA_SUCCESS) return r;
+      vmm_handles_[h] = size;
+      out.U64(h);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemRelease: {
+      uint64_t h = 0;
+      if (!rd.U64(&h) || !rd.Finish() || !vmm_handles_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuMemRelease, h);
+      if (r == CUDA_SUCCESS) vmm_handles_.erase(h);
+      return r;
+    }
+    case Fn::cuMemMap: {
+      uint64_t p = 0, size = 0, offset = 0, h = 0, flags = 0;
+      rd.U64(&p);
+      rd.U64(&size);
+      rd.U64(&offset);
+      rd.U64(&h);
+      if (!rd.U64(&flags) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+      auto hit = vmm_handles_.find(h);
+      if (hit == vmm_handles_.end() || offset > hit->second || size > hit->second - offset) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (!inside(vmm_reserved_, p, size) || overlaps(vmm_mapped_, p, size)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      CUresult r = CALL(cuMemMap, p, size, offset, h, flags);
+      if (r == CUDA_SUCCESS) vmm_mapped_[p] = size;
+      return r;
+    }
+    case Fn::cuMemUnmap: {
+      uint64_t p = 0, size = 0;
+      rd.U64(&p);
+      if (!rd.U64(&size) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+      // Whole mappings only, one or several back to back.
+      uint64_t end = p + size;
+      if (end < p) return CUDA_ERROR_INVALID_VALUE;
+      uint64_t at = p;
+      auto it = vmm_mapped_.find(p);
+      while (it != vmm_mapped_.end() && it->first == at && at < end) {
+        at += it->second;
+        ++it;
+      }
+      if (at != end) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuMemUnmap, p, size);
+      if (r == CUDA_SUCCESS) vmm_mapped_.erase(vmm_mapped_.find(p), it);
+      return r;
+    }
+    case Fn::cuMemSetAccess: {
+      uint64_t p = 0, size = 0;
+      uint32_t count = 0;
+      rd.U64(&p);
+      rd.U64(&size);
+      if (!rd.U32(&count) || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
+      std::vector<CUmemAccessDesc> desc(count);
+      for (auto& d : desc) {
+        uint32_t loc_type = 0, flags = 0;
+        int32_t id = 0;
+        rd.U32(&loc_type);
+        rd.I32(&id);
+        if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+        d.location.type = static_cast<CUmemLocationType>(loc_type);
+        d.location.id = id;
+        d.flags = static_cast<CUmemAccess_flags>(flags);
+      }
+      if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+      if (!inside(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
+      return CALL(cuMemSetAccess, p, size, desc.data(), count);
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 // Stream capture: the driver records what the client forwards into a capturing stream; the
 // graph it ends with joins the graph table (instantiate, launch, destroy as any other).
 CUresult Session::CaptureCall(Fn fn, Reader& rd, Writer& out) {
@@ -1942,6 +2123,9 @@ void Session::Cleanup() {
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
+  for (auto& [p, n] : vmm_mapped_) CALL(cuMemUnmap, p, n);
+  for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
+  for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
   for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
   for (auto& [dev, n] : primary_retains_) {

@@ -296,6 +296,10 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_EQ(r.kv["occupancy_bogus"], "400");
     EXPECT_NE(r.kv["occupancy"], "");  // equal to the driver's (ExpectSameKeys), callback included
     EXPECT_EQ(r.kv["free_null"], "0");
+    EXPECT_EQ(r.kv["vmm"], "abcd");  // reserve, create, map, set access, copy both ways
+    EXPECT_EQ(r.kv["vmm_done"], "1");
+    EXPECT_EQ(r.kv["vmm_unmapped_copy"], "1");  // reserved but not mapped: refused
+    EXPECT_EQ(r.kv["vmm_map_outside"], "1");    // outside the reservation: refused
     EXPECT_EQ(r.kv["priority_stream"], "7");
     EXPECT_EQ(r.kv["limits"], "1024:4096");  // read, set, read again (not the cached value)
     EXPECT_EQ(r.kv["module_file"], "0");

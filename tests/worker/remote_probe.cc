@@ -436,6 +436,40 @@ int Local() {
   CHECK(cuMemFree(x));
   std::printf("free_null=%d\n", static_cast<int>(cuMemFree(0)));
   {
+    // Virtual memory management, as PyTorch's expandable segments use it.
+    CUmemAllocationProp prop = {};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t gran = 0;
+    CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CUdeviceptr va = 0;
+    CHECK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
+    CUmemGenericAllocationHandle h = 0;
+    CHECK(cuMemCreate(&h, gran, &prop, 0));
+    CHECK(cuMemMap(va, gran, 0, h, 0));
+    CUmemAccessDesc access = {};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CHECK(cuMemSetAccess(va, gran, &access, 1));
+    unsigned in = 0xabcd, back = 0;
+    CHECK(cuMemcpyHtoD(va + 100, &in, 4));
+    CHECK(cuMemcpyDtoH(&back, va + 100, 4));
+    std::printf("vmm=%x\n", back);
+    if (getenv("TFUSION_REMOTE") != nullptr) {
+      // The worker checks mappings against the session's reservations and mappings.
+      std::printf("vmm_unmapped_copy=%d\n", static_cast<int>(cuMemcpyHtoD(va + gran + 8, &in, 4)));
+      std::printf("vmm_map_outside=%d\n",
+                  static_cast<int>(cuMemMap(va + 4 * gran, gran, 0, h, 0)));
+    } else {
+      std::printf("vmm_unmapped_copy=na\nvmm_map_outside=na\n");
+    }
+    CHECK(cuMemUnmap(va, gran));
+    CHECK(cuMemRelease(h));
+    CHECK(cuMemAddressFree(va, 2 * gran));
+    std::printf("vmm_done=1\n");
+  }
+  {
     size_t stack = 0, stack2 = 0;
     CHECK(cuCtxGetLimit(&stack, CU_LIMIT_STACK_SIZE));
     CHECK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 4096));
