@@ -670,6 +670,30 @@ CUresult Impl_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return CUDA_SUCCESS;
 }
 
+// Pitched allocation: the worker's driver chooses the pitch; the allocation is pitch * height
+// bytes, freed with cuMemFree like any other.
+CUresult Impl_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                 unsigned int element_bytes) {
+  if (dptr == nullptr || pitch == nullptr || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.U64(width);
+  w.U64(height);
+  w.U32(element_bytes);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemAllocPitch_v2), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t p = 0, pt = 0;
+  if (!rv.reader.U64(&p) || !rv.reader.U64(&pt)) return CUDA_ERROR_UNKNOWN;
+  RecordDeviceAlloc(l.session(), p, pt * height, 0);
+  *dptr = p;
+  *pitch = pt;
+  return CUDA_SUCCESS;
+}
+
 CUresult Impl_cuMemFree_v2(CUdeviceptr dptr) {
   TF_LOCK(l);
   TF_CTX(l);

@@ -451,6 +451,21 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       out.U64(p);
       return CUDA_SUCCESS;
     }
+    case Fn::cuMemAllocPitch_v2: {
+      uint64_t width = 0, height = 0;
+      uint32_t element = 0;
+      rd.U64(&width);
+      rd.U64(&height);
+      if (!rd.U32(&element) || !rd.Finish() || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+      CUdeviceptr p = 0;
+      size_t pitch = 0;
+      CUresult r = CALL(cuMemAllocPitch_v2, &p, &pitch, width, height, element);
+      if (r != CUDA_SUCCESS) return r;
+      allocs_[p] = static_cast<uint64_t>(pitch) * height;
+      out.U64(p);
+      out.U64(pitch);
+      return CUDA_SUCCESS;
+    }
     case Fn::cuMemFree_v2: {
       uint64_t p = 0;
       if (!rd.U64(&p) || !allocs_.count(p)) return CUDA_ERROR_INVALID_VALUE;

@@ -298,6 +298,7 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_EQ(r.kv["free_null"], "0");
     EXPECT_EQ(r.kv["vmm"], "abcd");  // reserve, create, map, set access, copy both ways
     EXPECT_EQ(r.kv["vmm_done"], "1");
+    EXPECT_EQ(r.kv["pitch_alloc"], "1:77");
     EXPECT_EQ(r.kv["vmm_unmapped_copy"], "1");  // reserved but not mapped: refused
     EXPECT_EQ(r.kv["vmm_map_outside"], "1");    // outside the reservation: refused
     EXPECT_EQ(r.kv["priority_stream"], "7");

@@ -436,6 +436,16 @@ int Local() {
   CHECK(cuMemFree(x));
   std::printf("free_null=%d\n", static_cast<int>(cuMemFree(0)));
   {
+    CUdeviceptr pp = 0;
+    size_t pitch = 0;
+    CHECK(cuMemAllocPitch(&pp, &pitch, 1000, 3, 4));
+    unsigned in = 0x77, back = 0;
+    CHECK(cuMemcpyHtoD(pp + 2 * pitch + 996, &in, 4));  // the last word of the last row
+    CHECK(cuMemcpyDtoH(&back, pp + 2 * pitch + 996, 4));
+    CHECK(cuMemFree(pp));
+    std::printf("pitch_alloc=%d:%x\n", pitch >= 1000 ? 1 : 0, back);
+  }
+  {
     // Virtual memory management, as PyTorch's expandable segments use it.
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
