@@ -65,6 +65,10 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--driver", worker_driver, "driver library the sessions load");
   worker_cmd->add_option("--session-env", worker_env, "K=V set in every session (repeatable)");
   worker_cmd->add_option("--ready-file", worker_ready, "file written once listening");
+  std::string worker_nvml;
+  worker_cmd->add_option("--nvml", worker_nvml,
+                         "libnvidia-ml.so.1 used to find the GPU for clients that ask for a vGPU "
+                         "(default: found on this machine)");
 
   // ---- control plane
   tf::controller::UpOptions up;
@@ -158,16 +162,49 @@ int main(int argc, char** argv) {
   }
 
   if (run_cmd->parsed() && !remote.empty()) {
-    if (!run.vram.empty() || !run.tflops.empty() || !run.percent.empty() || !run.vgpu.empty()) {
-      std::fprintf(stderr, "tfusion run: --vram/--tflops/--percent/--vgpu are set on the worker's side "
-                           "for --remote (worker --session-env); not yet per client\n");
+    if (!run.vgpu.empty()) {
+      std::fprintf(stderr, "tfusion run: --vgpu names a vGPU of this machine; with --remote the "
+                           "worker makes one per client from --vram/--tflops/--percent\n");
       return 2;
     }
-    return tf::cli::RunRemote(remote, run.token, run.command);
+    if (!run.tflops.empty() && !run.percent.empty()) {
+      std::fprintf(stderr, "tfusion run: give either --tflops or --percent, not both\n");
+      return 2;
+    }
+    // Checked here for the syntax; the worker checks them against its GPU.
+    if (!run.vram.empty()) {
+      if (auto v = tf::cli::ParseVramSize("--vram", run.vram); !v.ok()) {
+        std::fprintf(stderr, "tfusion run: %s\n", v.status().message().c_str());
+        return 2;
+      }
+    }
+    return tf::cli::RunRemote(remote, run.token, run.command, {run.vram, run.tflops, run.percent});
   }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
   if (worker_cmd->parsed()) {
-    return tf::cli::RunWorkerCommand(worker_listen, worker_token, worker_driver, worker_env, worker_ready);
+    // A client that asks for limits of its own gets a vGPU "remote-<session pid>" on GPU 0, made
+    // in its session before the driver loads and enforced by the limiter; it goes with the session.
+    tf::cli::WorkerHooks hooks;
+    hooks.prepare_limits = [&](const tf::worker::SessionLimits& l, pid_t session,
+                               std::vector<std::pair<std::string, std::string>>* env,
+                               std::string* driver) -> std::string {
+      tf::cli::RunOptions ro;
+      ro.vram = l.vram;
+      ro.tflops = l.tflops;
+      ro.percent = l.percent;
+      ro.driver = worker_driver;
+      ro.nvml = worker_nvml;
+      auto prepared = tf::cli::PrepareVgpu(ro, "remote-" + std::to_string(session));
+      if (!prepared.ok()) return prepared.status().message();
+      *env = prepared->env;
+      *driver = prepared->limiter;
+      return "";
+    };
+    hooks.session_ended = [](pid_t session) {
+      tf::cli::RemoveVgpuEverywhere("remote-" + std::to_string(session));
+    };
+    return tf::cli::RunWorkerCommand(worker_listen, worker_token, worker_driver, worker_env,
+                                     worker_ready, hooks);
   }
   if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
   if (up_cmd->parsed()) return tf::controller::RunUp(up);

@@ -55,7 +55,7 @@ std::string ClientInjectDir(std::string* looked) {
 }  // namespace
 
 int RunRemote(const std::string& remote, const std::string& token,
-              const std::vector<std::string>& command) {
+              const std::vector<std::string>& command, const RemoteLimits& limits) {
   if (command.empty()) {
     fprintf(stderr, "tfusion run: no command given (usage: tfusion run --remote HOST:PORT -- CMD)\n");
     return 2;
@@ -84,6 +84,13 @@ int RunRemote(const std::string& remote, const std::string& token,
     if (!token.empty()) setenv("TFUSION_TOKEN", token.c_str(), 1);
     setenv("TRITON_LIBCUDA_PATH", inject.c_str(), 1);
     unsetenv("TFUSION_REAL_LIBCUDA");
+    // The stub sends these with its first request; the worker validates them.
+    unsetenv("TFUSION_REMOTE_VRAM");
+    unsetenv("TFUSION_REMOTE_TFLOPS");
+    unsetenv("TFUSION_REMOTE_PERCENT");
+    if (!limits.vram.empty()) setenv("TFUSION_REMOTE_VRAM", limits.vram.c_str(), 1);
+    if (!limits.tflops.empty()) setenv("TFUSION_REMOTE_TFLOPS", limits.tflops.c_str(), 1);
+    if (!limits.percent.empty()) setenv("TFUSION_REMOTE_PERCENT", limits.percent.c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -106,7 +113,7 @@ int RunRemote(const std::string& remote, const std::string& token,
 
 int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
                      const std::string& driver, const std::vector<std::string>& session_env,
-                     const std::string& ready_file) {
+                     const std::string& ready_file, const WorkerHooks& hooks) {
   worker::WorkerOptions o;
   o.listen = listen;
   o.token = token;
@@ -142,6 +149,8 @@ int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& 
     fprintf(stderr, "tfusion worker: warning: no --token: any client that reaches the listener "
                     "is accepted\n");
   }
+  o.prepare_limits = hooks.prepare_limits;
+  o.session_ended = hooks.session_ended;
   return worker::RunWorker(o);
 }
 

@@ -2,6 +2,8 @@
 // (docs/remote.md). Kept free of the control-plane libraries so the worker binary stays small.
 #pragma once
 
+#include "worker/worker.h"
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,16 +16,28 @@ namespace tf::cli {
 // Returns the command's exit status (128 + signal when killed), 2 on a usage error, 127 when the
 // command cannot be started. The stub is found in $TFUSION_CLIENT_DIR, next to tfusion in the
 // build tree (../client/inject) or installed (../lib/tensorfusion/client-inject).
+// vram/tflops/percent: the vGPU the client asks the worker for, spelled as `tfusion run`'s flags
+// (empty: what the worker gives every session); the worker enforces them with the limiter.
+struct RemoteLimits {
+  std::string vram, tflops, percent;
+};
 int RunRemote(const std::string& remote, const std::string& token,
-              const std::vector<std::string>& command);
+              const std::vector<std::string>& command, const RemoteLimits& limits = {});
 
 // `tfusion worker`: serves remote clients until SIGINT/SIGTERM. listen: "HOST:PORT" and/or
 // "unix:/path" (at least one). driver: the libcuda each session loads; empty means
 // $TFUSION_REAL_LIBCUDA or the usual system locations. session_env: "KEY=VALUE" entries set in each
 // session before the driver loads (e.g. the limiter's TFUSION_REGION/TFUSION_VGPU binding).
-// ready_file: optional, receives the bound addresses. Returns 0 after a stop, 2 on bad options.
+// ready_file: optional, receives the bound addresses. hooks: how clients that ask for limits of
+// their own get a vGPU (worker::WorkerOptions; `tfusion worker` makes one per session with the
+// limiter, see main.cc); without them such clients are refused. Returns 0 after a stop, 2 on bad
+// options.
+struct WorkerHooks {
+  decltype(worker::WorkerOptions::prepare_limits) prepare_limits;
+  decltype(worker::WorkerOptions::session_ended) session_ended;
+};
 int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
                      const std::string& driver, const std::vector<std::string>& session_env,
-                     const std::string& ready_file);
+                     const std::string& ready_file, const WorkerHooks& hooks = {});
 
 }  // namespace tf::cli

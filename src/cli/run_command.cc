@@ -309,6 +309,71 @@ int RunCommand(const RunOptions& o) {
   return 1;
 }
 
+StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_id) {
+  if (vgpu_id.empty() || vgpu_id.size() >= limiter::kVgpuIdBytes) {
+    return InvalidArgument("vGPU id '" + vgpu_id + "' is empty or longer than 63 characters");
+  }
+  auto driver = FindDriverLibrary("libcuda.so.1", o.driver, "TFUSION_REAL_LIBCUDA");
+  if (!driver.ok()) return driver.status();
+  auto nvml = FindDriverLibrary("libnvidia-ml.so.1", o.nvml, "TFUSION_REAL_LIBNVML");
+  if (!nvml.ok()) return nvml.status();
+  auto inject = InjectDir();
+  if (!inject.ok()) return inject.status();
+  auto gpus = DiscoverGpus(*nvml);
+  if (!gpus.ok()) return gpus.status();
+  const LocalGpu* gpu = nullptr;
+  for (const auto& g : *gpus) {
+    if (g.index == o.gpu) gpu = &g;
+  }
+  if (gpu == nullptr) return InvalidArgument("GPU " + std::to_string(o.gpu) + " does not exist here");
+  auto limits = ResolveLimits(o, *gpu);
+  if (!limits.ok()) return limits.status();
+  GpuRegion region;
+  limiter::RegionErrorDetail why;
+  RegionError e = GpuRegion::Create(RegionDir().c_str(), gpu->uuid.c_str(), gpu->name.c_str(),
+                                    gpu->total_bytes, CapacityMtflops(gpu->name), &region, &why);
+  if (e != RegionError::kOk) {
+    return Unavailable("cannot open the shared region of GPU " + gpu->uuid + ": " +
+                       limiter::RegionErrorName(e) + " " + why.message);
+  }
+  uint32_t index = 0;
+  e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
+  if (e != RegionError::kOk) {
+    return Unavailable("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+  }
+  PreparedVgpu out;
+  out.limiter = *inject + "/libcuda.so.1";
+  out.env = {{"TFUSION_REAL_LIBCUDA", *driver},
+             {"TFUSION_REAL_LIBNVML", *nvml},
+             {"TFUSION_REGION", region.path()},
+             {"TFUSION_VGPU", vgpu_id},
+             {"CUDA_VISIBLE_DEVICES", gpu->uuid}};
+  out.region_path = region.path();
+  return out;
+}
+
+void RemoveVgpuEverywhere(const std::string& vgpu_id) {
+  std::string dir = RegionDir();
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* ent = readdir(d)) {
+    std::string f(ent->d_name);
+    if (f.rfind("gpu-", 0) == 0 && f.size() > 7 && f.substr(f.size() - 7) == ".region") {
+      RemovePreparedVgpu(dir + "/" + f, vgpu_id);
+    }
+  }
+  closedir(d);
+}
+
+void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id) {
+  GpuRegion region;
+  if (GpuRegion::Attach(region_path.c_str(), &region) != RegionError::kOk) return;
+  uint32_t index = 0;
+  if (region.FindVgpu(vgpu_id.c_str(), &index) != RegionError::kOk) return;
+  region.ReapDeadOfVgpu(index);
+  region.RemoveVgpu(index);
+}
+
 int SmiCommand(bool all_processes) {
   std::string dir = RegionDir();
   std::vector<std::string> files;

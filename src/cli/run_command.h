@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -30,6 +31,20 @@ struct RunOptions {
 // Validates, prepares the vGPU, runs the command and returns its exit status (128+signal when
 // it was killed). Problems before the command starts are reported on stderr with exit status 2.
 int RunCommand(const RunOptions& options);
+
+// A vGPU made for another process (a remote client's session in `tfusion worker`): the limits
+// of `o` (vram/tflops/percent, GPU `o.gpu`) in the GPU's region under `vgpu_id`, and what a
+// process needs to run on it: the limiter to load as its driver and the environment to set.
+struct PreparedVgpu {
+  std::string limiter;
+  std::string region_path;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_id);
+// Removes such a vGPU once its processes are gone (a live one keeps it: busy).
+void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id);
+// The same for every GPU region of this machine that has a vGPU `vgpu_id`.
+void RemoveVgpuEverywhere(const std::string& vgpu_id);
 
 // `tfusion smi`: every vGPU of every GPU region on this machine.
 int SmiCommand(bool all_processes);

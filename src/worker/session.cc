@@ -130,6 +130,11 @@ class Session {
   bool Capturing(CUstream st);
   void WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out);
   bool LoadDriver();
+  // The client's first request may carry the vGPU limits it asks for (docs/protocol.md): "" when
+  // none or when they were prepared, else why they were refused.
+  std::string PrepareLimits(Reader& rd);
+  std::vector<std::pair<std::string, std::string>> limits_env_;
+  std::string limits_driver_;
   void PollStaged(bool wait);
   void Cleanup();
 
@@ -261,9 +266,11 @@ bool IsBlocking(uint16_t op) {
 
 bool Session::LoadDriver() {
   for (const auto& [k, v] : opt_.session_env) setenv(k.c_str(), v.c_str(), 1);
-  void* h = dlopen(opt_.driver_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  for (const auto& [k, v] : limits_env_) setenv(k.c_str(), v.c_str(), 1);
+  const std::string& path = limits_driver_.empty() ? opt_.driver_path : limits_driver_;
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
-    Log("cannot load the driver %s: %s", opt_.driver_path.c_str(), dlerror());
+    Log("cannot load the driver %s: %s", path.c_str(), dlerror());
     return false;
   }
   d_.Load(h);
@@ -2151,11 +2158,29 @@ void Session::Cleanup() {
   allocs_.clear();
 }
 
-int Session::Run() {
-  if (!LoadDriver()) {
-    t_->Close();
-    return 1;
+std::string Session::PrepareLimits(Reader& rd) {
+  uint32_t version = 0;
+  if (!rd.U32(&version) || version != 1) return "unknown limits record";
+  SessionLimits l;
+  for (std::string* field : {&l.vram, &l.tflops, &l.percent}) {
+    const uint8_t* p = nullptr;
+    uint32_t n = 0;
+    if (!rd.Blob(&p, &n, 64)) return "malformed limits record";
+    field->assign(reinterpret_cast<const char*>(p), n);
   }
+  if (!rd.Finish()) return "malformed limits record";
+  if (l.vram.empty() && l.tflops.empty() && l.percent.empty()) return "";
+  if (!opt_.prepare_limits) return "this worker does not make vGPUs per client";
+  std::string why = opt_.prepare_limits(l, getpid(), &limits_env_, &limits_driver_);
+  if (why.empty()) {
+    Log("client's vGPU: vram %s, tflops %s, percent %s", l.vram.empty() ? "-" : l.vram.c_str(),
+        l.tflops.empty() ? "-" : l.tflops.c_str(), l.percent.empty() ? "-" : l.percent.c_str());
+  }
+  return why;
+}
+
+int Session::Run() {
+  bool loaded = false;
   for (;;) {
     InFrame in;
     TransportStatus st = t_->Receive(&in, 100);
@@ -2174,6 +2199,31 @@ int Session::Run() {
     if (op == static_cast<uint16_t>(transport::Opcode::kGoodbye)) break;
     payload_.assign(in.payload, in.payload + in.payload_length);
     Reader rd(payload_.data(), payload_.size());
+    if (!loaded) {
+      // The driver loads at the client's first request, which may ask for a vGPU of its own.
+      std::string refused;
+      if (op == remote::kOpSessionInfo && !payload_.empty()) refused = PrepareLimits(rd);
+      if (!refused.empty() || !LoadDriver()) {
+        if (!refused.empty()) Log("refused the client's vGPU limits: %s", refused.c_str());
+        if (op == remote::kOpSessionInfo && wants_reply) {
+          Writer fail(out_buf_.data(), out_buf_.size());
+          fail.I32(refused.empty() ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_INVALID_VALUE);
+          fail.I32(0);
+          fail.U32(0);
+          OutFrame f;
+          f.opcode = static_cast<uint16_t>(transport::Opcode::kCallReply);
+          f.sequence = in.header.sequence;
+          f.payload = fail.data();
+          f.payload_length = static_cast<uint32_t>(fail.size());
+          (void)t_->Send(f);
+          (void)t_->Flush();
+        }
+        t_->Close();
+        return 1;
+      }
+      loaded = true;
+      rd = Reader(payload_.data(), payload_.size());
+    }
     Writer out(out_buf_.data(), out_buf_.size());
     reply_bulk_len_ = 0;
     CUresult r;

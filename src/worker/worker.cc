@@ -159,6 +159,7 @@ int RunWorker(const WorkerOptions& o) {
     pid_t dead;
     while ((dead = waitpid(-1, &status, WNOHANG)) > 0) {
       if (dead == spare) spare = 0;
+      if (o.session_ended) o.session_ended(dead);
     }
   }
   if (spare > 0) kill(spare, SIGKILL);

@@ -6,12 +6,20 @@
 // away. See docs/remote.md.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace tf::worker {
+
+// The vGPU a client asks for, spelled as `tfusion run`'s flags (empty: not asked).
+struct SessionLimits {
+  std::string vram, tflops, percent;
+};
 
 struct WorkerOptions {
   // Each "HOST:PORT" (TCP; port 0 picks one) or "unix:/path" (shared memory, same host).
@@ -23,6 +31,16 @@ struct WorkerOptions {
   // Environment set in each session before the driver is loaded (the vGPU binding of the
   // limiter: TFUSION_REGION, TFUSION_VGPU, TFUSION_REAL_LIBCUDA, ...).
   std::vector<std::pair<std::string, std::string>> session_env;
+  // Per-client limits: called in the session process (pid `session`) before the driver loads
+  // when the client asked for limits; fills the environment to set and the driver to load
+  // instead of driver_path (the limiter) and returns "", or returns why it cannot (the client's
+  // cuInit then fails). Not set: such clients are refused.
+  std::function<std::string(const SessionLimits&, pid_t session,
+                            std::vector<std::pair<std::string, std::string>>* env,
+                            std::string* driver)>
+      prepare_limits;
+  // Called in the worker once a session process has exited (its vGPU, if any, can go).
+  std::function<void(pid_t session)> session_ended;
   // When not empty, the bound addresses are written here (one per line, "tcp HOST:PORT" or
   // "unix PATH") once the worker accepts clients; written to a temporary name and renamed.
   std::string ready_file;

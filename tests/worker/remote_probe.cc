@@ -970,9 +970,30 @@ int Capture() {
 
 }  // namespace
 
+// Allocates 16 MiB blocks until the driver refuses: how much the vGPU lets this process have.
+int Fill16() {
+  Setup();
+  size_t free_b = 0, total_b = 0;
+  CHECK(cuMemGetInfo(&free_b, &total_b));
+  std::vector<CUdeviceptr> blocks;
+  CUresult r = CUDA_SUCCESS;
+  while (blocks.size() < 4096) {
+    CUdeviceptr p = 0;
+    r = cuMemAlloc(&p, 16u << 20);
+    if (r != CUDA_SUCCESS) break;
+    blocks.push_back(p);
+  }
+  std::printf("fill_total_mib=%zu\nfill_error=%d\nmeminfo_total_mib=%zu\n", blocks.size() * 16,
+              static_cast<int>(r), total_b >> 20);
+  for (CUdeviceptr p : blocks) CHECK(cuMemFree(p));
+  std::printf("done=1\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* mode = argc > 1 ? argv[1] : "basic";
+  if (!strcmp(mode, "fill")) return Fill16();
   if (!strcmp(mode, "basic")) return Basic();
   if (!strcmp(mode, "deferred")) return Deferred();
   if (!strcmp(mode, "bad")) return BadHandles();
