@@ -202,7 +202,13 @@ int RunCommand(const RunOptions& o) {
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
       const std::string& token = o.worker_token.empty() ? o.token : o.worker_token;
-      int rc = RunRemote(placed->remote_worker, token, o.command);
+      // The worker makes the session a vGPU of the allocation's size (on its GPU 0).
+      RemoteLimits limits;
+      limits.vram = std::to_string(placed->limits.vram_bytes) + "B";
+      char percent[32];
+      std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.share_ppm / 10'000.0);
+      limits.percent = percent;
+      int rc = RunRemote(placed->remote_worker, token, o.command, limits);
       ReleaseAfterRun(o, placed->allocation_id);
       return rc;
     }
