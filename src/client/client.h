@@ -101,10 +101,9 @@ struct Session {
   // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
   bool pipelined_copies = false;
   int worker_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // of the worker's calling thread
-  std::unordered_map<uint64_t, uint64_t> limits;  // context * 64 + CUlimit -> value read
   // Answers of queries whose result only this client can change (client_internal.h, Answer*):
-  // (entry point, three arguments) -> the 64-bit answer.
-  std::map<std::tuple<int, uint64_t, uint64_t, uint64_t>, uint64_t> answers;
+  // (entry point, four arguments) -> the 64-bit answer.
+  std::map<std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>, uint64_t> answers;
   std::vector<uint8_t> reply_copy;             // scratch
 };
 

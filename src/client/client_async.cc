@@ -32,15 +32,7 @@ CUresult LaunchEx(Fn fn, const CUlaunchConfig* config, CUfunction f, void** para
   static thread_local uint8_t buf[remote::kMaxKernelParamBytes + 16384];
   Writer w(buf, sizeof(buf));
   w.U64(H(f));
-  w.U32(config->gridDimX);
-  w.U32(config->gridDimY);
-  w.U32(config->gridDimZ);
-  w.U32(config->blockDimX);
-  w.U32(config->blockDimY);
-  w.U32(config->blockDimZ);
-  w.U32(config->sharedMemBytes);
-  w.U64(H(config->hStream));
-  w.U32(config->numAttrs);
+  WriteLaunchGeometry(config, w);
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     const CUlaunchAttribute& a = config->attrs[i];
     const uint32_t id = static_cast<uint32_t>(a.id);

@@ -13,16 +13,16 @@
 #include "tf_client_impl.h"
 
 namespace tf::client {
+
+CUresult Simple(Locked& l, driver::Fn fn, const transport::Writer& w) {
+  return CallSync(l.session(), remote::Op(fn), w, nullptr);
+}
+
 namespace {
 
 using driver::Fn;
 using remote::Op;
 using transport::Writer;
-
-// Sends a fixed payload synchronously and returns the result (no outputs).
-CUresult Simple(Locked& l, Fn fn, const Writer& w) {
-  return CallSync(l.session(), Op(fn), w, nullptr);
-}
 
 // The context description that follows a context handle in a reply: u32 flags, u32 api version,
 // i32 least and greatest stream priority, u8 primary.
@@ -932,9 +932,10 @@ CUresult Impl_cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
-  const uint64_t key = CurrentContext() * 64 + static_cast<uint64_t>(limit);
-  if (auto it = s->limits.find(key); it != s->limits.end()) {
-    *pvalue = it->second;
+  uint64_t cached = 0;
+  if (CachedAnswer(s, Fn::cuCtxGetLimit, CurrentContext(), static_cast<uint64_t>(limit), 0,
+                   &cached)) {
+    *pvalue = cached;
     return CUDA_SUCCESS;
   }
   uint8_t buf[8];
@@ -945,7 +946,7 @@ CUresult Impl_cuCtxGetLimit(size_t* pvalue, CUlimit limit) {
   if (r != CUDA_SUCCESS) return r;
   uint64_t v = 0;
   if (!rv.reader.U64(&v)) return CUDA_ERROR_UNKNOWN;
-  s->limits[key] = v;
+  StoreAnswer(s, Fn::cuCtxGetLimit, CurrentContext(), static_cast<uint64_t>(limit), 0, v);
   *pvalue = v;
   return CUDA_SUCCESS;
 }
@@ -959,7 +960,7 @@ CUresult Impl_cuCtxSetLimit(CUlimit limit, size_t value) {
   w.U32(static_cast<uint32_t>(limit));
   w.U64(value);
   CUresult r = Simple(l, Fn::cuCtxSetLimit, w);
-  s->limits.clear();  // the driver may round, and some limits move others
+  ForgetAnswers(s, Fn::cuCtxGetLimit);  // the driver may round, and some limits move others
   return r;
 }
 

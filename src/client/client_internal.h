@@ -22,26 +22,47 @@ namespace tf::client {
   if (CUresult ctx_r_ = PrepareContextIfAny(lock.session()); ctx_r_ != CUDA_SUCCESS) \
     return ctx_r_;
 
-// Answers a query repeated often (cuKernelGetAttribute, cuKernelGetFunction, primary context
-// state) from Session::answers when the same question was answered before. REQUIRES State().mu.
-inline bool CachedAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t* v) {
-  auto it = s->answers.find({static_cast<int>(fn), a, b, c});
+// Sends a fixed payload synchronously and returns the result (no outputs).
+CUresult Simple(Locked& l, driver::Fn fn, const transport::Writer& w);
+
+// Answers a query repeated often (kernel attributes and functions, primary context state,
+// context limits, occupancy) from Session::answers when the same question was answered before.
+// REQUIRES State().mu.
+inline bool CachedAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c,
+                         uint64_t* v, uint64_t d = 0) {
+  auto it = s->answers.find({static_cast<int>(fn), a, b, c, d});
   if (it == s->answers.end()) return false;
   *v = it->second;
   return true;
 }
-inline void StoreAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t v) {
-  s->answers[{static_cast<int>(fn), a, b, c}] = v;
+inline void StoreAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t v,
+                        uint64_t d = 0) {
+  s->answers[{static_cast<int>(fn), a, b, c, d}] = v;
 }
 // Forgets every cached answer of one entry point (after a call that may change them).
 inline void ForgetAnswers(Session* s, driver::Fn fn) {
   const int f = static_cast<int>(fn);
-  s->answers.erase(s->answers.lower_bound({f, 0, 0, 0}), s->answers.lower_bound({f + 1, 0, 0, 0}));
+  s->answers.erase(s->answers.lower_bound({f, 0, 0, 0, 0}),
+                   s->answers.lower_bound({f + 1, 0, 0, 0, 0}));
 }
 
 // Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
 // attribute of a function or kernel changes.
-void ForgetOccupancy();
+void ForgetOccupancy(Session* s);
+
+// Writes a launch configuration's geometry: u32 grid x/y/z, u32 block x/y/z, u32 shared memory,
+// u64 stream, u32 attribute count (cuLaunchKernelEx and the cluster-occupancy queries).
+inline void WriteLaunchGeometry(const CUlaunchConfig* config, transport::Writer& w) {
+  w.U32(config->gridDimX);
+  w.U32(config->gridDimY);
+  w.U32(config->gridDimZ);
+  w.U32(config->blockDimX);
+  w.U32(config->blockDimY);
+  w.U32(config->blockDimZ);
+  w.U32(config->sharedMemBytes);
+  w.U64(reinterpret_cast<uint64_t>(config->hStream));
+  w.U32(config->numAttrs);
+}
 
 inline uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
 

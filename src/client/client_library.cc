@@ -138,14 +138,7 @@ CUresult GetGlobal(Fn fn, CUdeviceptr* dptr, size_t* bytes, uint64_t owner, cons
   if (r != CUDA_SUCCESS) return r;
   uint64_t p = 0, n = 0;
   if (!rv.reader.U64(&p) || !rv.reader.U64(&n)) return CUDA_ERROR_UNKNOWN;
-  if (n > 0 && !s->allocs.count(p)) {
-    DeviceAlloc a;
-    a.size = n;
-    a.ctx = CurrentContext();
-    auto ci = s->context_info.find(a.ctx);
-    a.device = ci != s->context_info.end() ? ci->second.device : 0;
-    s->allocs[p] = a;
-  }
+  if (n > 0 && !s->allocs.count(p)) RecordDeviceAlloc(s, p, n, 0);
   if (dptr) *dptr = p;
   if (bytes) *bytes = n;
   return CUDA_SUCCESS;
@@ -294,7 +287,7 @@ CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkerne
   CUresult r = CallSync(s, Op(Fn::cuKernelSetAttribute), w, nullptr);
   ForgetAnswers(s, Fn::cuKernelGetAttribute);
   if (r != CUDA_SUCCESS) return r;
-  ForgetOccupancy();
+  ForgetOccupancy(s);
   // Keep the cached attributes (cuFuncGetAttribute is answered locally) of the kernel in step.
   auto it = s->functions.find(H(kernel));
   int a = static_cast<int>(attrib);
@@ -316,7 +309,7 @@ CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, i
   CUresult r = CallSync(s, Op(Fn::cuFuncSetAttribute), w, nullptr);
   ForgetAnswers(s, Fn::cuKernelGetAttribute);
   if (r != CUDA_SUCCESS) return r;
-  ForgetOccupancy();
+  ForgetOccupancy(s);
   auto it = s->functions.find(H(func));
   int a = static_cast<int>(attrib);
   if (it != s->functions.end() && a >= 0 && static_cast<size_t>(a) < it->second.attrs.size()) {

@@ -1,12 +1,10 @@
 // Occupancy queries (cuOccupancy*), which cuBLAS asks while it creates a handle and libraries ask
 // before launches. The answer depends only on the function, its attributes and the arguments, so
-// each distinct question goes to the worker once and is cached until an attribute of a function
-// changes. cuOccupancyMaxPotentialBlockSize* with a block-size-to-shared-memory callback (a
+// each distinct question goes to the worker once and is kept in the session's answers until an
+// attribute of a function changes. cuOccupancyMaxPotentialBlockSize* with a block-size-to-shared-memory callback (a
 // function of this process) searches here: the callback runs in the client, outside the stub's
 // lock, and each candidate block size is an ordinary (cached) active-blocks query.
 #include <cstring>
-#include <map>
-#include <tuple>
 
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
@@ -18,30 +16,16 @@ using driver::Fn;
 using remote::Op;
 using transport::Writer;
 
-struct Answer {
-  CUresult r = CUDA_SUCCESS;
-  uint64_t first = 0;
-  int32_t second = 0;
-};
-using Key = std::tuple<int, uint64_t, int32_t, int32_t, uint64_t, uint32_t>;
-
-std::map<Key, Answer>& Cache() {
-  static auto* cache = new std::map<Key, Answer>();  // guarded by State().mu; never destroyed
-  return *cache;
-}
-
+// The first 64-bit answer of an occupancy query; for cuOccupancyMaxPotentialBlockSize* the grid
+// (high half) and block size (low half).
 CUresult Query(Fn fn, CUfunction func, int32_t a, int32_t b, uint64_t smem, uint32_t flags,
-               Answer* out) {
+               uint64_t* answer) {
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
   if (!s->functions.count(H(func)) && !s->kernels.count(H(func))) return CUDA_ERROR_INVALID_HANDLE;
-  Key key{static_cast<int>(fn), H(func), a, b, smem, flags};
-  auto& cache = Cache();
-  if (auto it = cache.find(key); it != cache.end()) {
-    *out = it->second;
-    return out->r;
-  }
+  const uint64_t ab = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  if (CachedAnswer(s, fn, H(func), ab, smem, answer, flags)) return CUDA_SUCCESS;
   uint8_t buf[32];
   Writer w(buf, sizeof(buf));
   w.U64(H(func));
@@ -51,28 +35,23 @@ CUresult Query(Fn fn, CUfunction func, int32_t a, int32_t b, uint64_t smem, uint
   w.U32(flags);
   ReplyView rv;
   CUresult r = CallSync(s, Op(fn), w, &rv);
-  Answer ans;
-  ans.r = r;
-  if (r == CUDA_SUCCESS) {
-    bool ok;
-    if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
-      ok = rv.reader.U64(&ans.first);
-    } else if (fn == Fn::cuOccupancyMaxPotentialBlockSize ||
-               fn == Fn::cuOccupancyMaxPotentialBlockSizeWithFlags) {
-      int32_t grid = 0;
-      ok = rv.reader.I32(&grid) && rv.reader.I32(&ans.second);
-      ans.first = static_cast<uint64_t>(grid);
-    } else {
-      int32_t blocks = 0;
-      ok = rv.reader.I32(&blocks);
-      ans.first = static_cast<uint64_t>(blocks);
-    }
-    if (!ok) return CUDA_ERROR_UNKNOWN;
+  if (r != CUDA_SUCCESS) return r;
+  bool ok;
+  if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
+    ok = rv.reader.U64(answer);
+  } else if (fn == Fn::cuOccupancyMaxPotentialBlockSize ||
+             fn == Fn::cuOccupancyMaxPotentialBlockSizeWithFlags) {
+    int32_t grid = 0, block = 0;
+    ok = rv.reader.I32(&grid) && rv.reader.I32(&block);
+    *answer = (static_cast<uint64_t>(static_cast<uint32_t>(grid)) << 32) | static_cast<uint32_t>(block);
+  } else {
+    int32_t blocks = 0;
+    ok = rv.reader.I32(&blocks);
+    *answer = static_cast<uint64_t>(blocks);
   }
-  // Errors that depend on the session's state (a lost connection) are not answers to keep.
-  if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_VALUE) cache[key] = ans;
-  *out = ans;
-  return r;
+  if (!ok) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(s, fn, H(func), ab, smem, *answer, flags);
+  return CUDA_SUCCESS;
 }
 
 // The largest block size worth trying and the device's SM count and threads per SM.
@@ -113,11 +92,11 @@ CUresult PotentialBlockSize(Fn fn, int* min_grid, int* block_size, CUfunction fu
                             CUoccupancyB2DSize cb, size_t smem, int limit, unsigned flags) {
   if (min_grid == nullptr || block_size == nullptr || limit < 0) return CUDA_ERROR_INVALID_VALUE;
   if (cb == nullptr) {
-    Answer a;
+    uint64_t a = 0;
     CUresult r = Query(fn, func, 0, limit, smem, flags, &a);
     if (r != CUDA_SUCCESS) return r;
-    *min_grid = static_cast<int>(a.first);
-    *block_size = a.second;
+    *min_grid = static_cast<int>(a >> 32);
+    *block_size = static_cast<int>(a & 0xffffffffu);
     return CUDA_SUCCESS;
   }
   int max_block = 0, sms = 0, per_sm = 0;
@@ -126,15 +105,15 @@ CUresult PotentialBlockSize(Fn fn, int* min_grid, int* block_size, CUfunction fu
   constexpr int kWarp = 32;
   int best_threads = -1, best_block = 0, best_blocks = 0;
   for (int bs = max_block / kWarp * kWarp; bs >= kWarp; bs -= kWarp) {
-    Answer a;
+    uint64_t a = 0;
     r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, func, 0, bs, cb(bs),
               flags, &a);
     if (r != CUDA_SUCCESS) return r;
-    int threads = static_cast<int>(a.first) * bs;
+    int threads = static_cast<int>(a) * bs;
     if (threads > best_threads) {
       best_threads = threads;
       best_block = bs;
-      best_blocks = static_cast<int>(a.first);
+      best_blocks = static_cast<int>(a);
     }
     if (best_threads >= per_sm) break;  // full occupancy: no smaller block does better
   }
@@ -145,25 +124,31 @@ CUresult PotentialBlockSize(Fn fn, int* min_grid, int* block_size, CUfunction fu
 
 }  // namespace
 
-void ForgetOccupancy() { Cache().clear(); }
+void ForgetOccupancy(Session* s) {
+  for (Fn fn : {Fn::cuOccupancyAvailableDynamicSMemPerBlock, Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor,
+                Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+                Fn::cuOccupancyMaxPotentialBlockSize, Fn::cuOccupancyMaxPotentialBlockSizeWithFlags}) {
+    ForgetAnswers(s, fn);
+  }
+}
 
 CUresult Impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func,
                                                       int numBlocks, int blockSize) {
   if (dynamicSmemSize == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Answer a;
+  uint64_t a = 0;
   CUresult r = Query(Fn::cuOccupancyAvailableDynamicSMemPerBlock, func, numBlocks, blockSize, 0, 0,
                      &a);
-  if (r == CUDA_SUCCESS) *dynamicSmemSize = a.first;
+  if (r == CUDA_SUCCESS) *dynamicSmemSize = a;
   return r;
 }
 
 CUresult Impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func,
                                                           int blockSize, size_t dynamicSMemSize) {
   if (numBlocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Answer a;
+  uint64_t a = 0;
   CUresult r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor, func, 0, blockSize,
                      dynamicSMemSize, 0, &a);
-  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a.first);
+  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a);
   return r;
 }
 
@@ -172,10 +157,10 @@ CUresult Impl_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlock
                                                                    size_t dynamicSMemSize,
                                                                    unsigned int flags) {
   if (numBlocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Answer a;
+  uint64_t a = 0;
   CUresult r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, func, 0, blockSize,
                      dynamicSMemSize, flags, &a);
-  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a.first);
+  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a);
   return r;
 }
 
@@ -213,15 +198,7 @@ CUresult ClusterQuery(Fn fn, int* out, CUfunction func, const CUlaunchConfig* co
   uint8_t buf[64 + remote::kMaxLaunchAttributes * 68];
   Writer w(buf, sizeof(buf));
   w.U64(H(func));
-  w.U32(config->gridDimX);
-  w.U32(config->gridDimY);
-  w.U32(config->gridDimZ);
-  w.U32(config->blockDimX);
-  w.U32(config->blockDimY);
-  w.U32(config->blockDimZ);
-  w.U32(config->sharedMemBytes);
-  w.U64(H(config->hStream));
-  w.U32(config->numAttrs);
+  WriteLaunchGeometry(config, w);
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     const uint32_t id = static_cast<uint32_t>(config->attrs[i].id);
     if (!remote::IsPlainLaunchAttribute(id)) return Unsupported(fn);

@@ -14,10 +14,6 @@ using driver::Fn;
 using remote::Op;
 using transport::Writer;
 
-CUresult Simple(Locked& l, Fn fn, const Writer& w) {
-  return CallSync(l.session(), Op(fn), w, nullptr);
-}
-
 CUresult WriteProp(Writer& w, const CUmemAllocationProp* prop) {
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (prop->win32HandleMetaData != nullptr) return CUDA_ERROR_NOT_SUPPORTED;
@@ -124,12 +120,7 @@ CUresult Impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   w.U64(flags);
   CUresult r = Simple(l, Fn::cuMemMap, w);
   if (r != CUDA_SUCCESS) return r;
-  DeviceAlloc a;
-  a.size = size;
-  a.ctx = CurrentContext();
-  auto ci = s->context_info.find(a.ctx);
-  a.device = ci != s->context_info.end() ? ci->second.device : 0;
-  s->allocs[ptr] = a;
+  RecordDeviceAlloc(s, ptr, size, 0);
   return CUDA_SUCCESS;
 }
 

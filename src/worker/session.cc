@@ -138,20 +138,17 @@ class Session {
   void PollStaged(bool wait);
   void Cleanup();
 
+  // [p, p + n) lies wholly inside one range of `ranges` (base -> size).
+  static bool InsideOne(const std::map<uint64_t, uint64_t>& ranges, uint64_t p, uint64_t n) {
+    auto it = ranges.upper_bound(p);
+    if (it == ranges.begin()) return false;
+    --it;
+    return p >= it->first && n <= it->second && p - it->first <= it->second - n;
+  }
   bool Range(uint64_t p, uint64_t n) const {
     if (n == 0) return true;
-    auto it = allocs_.upper_bound(p);
-    if (it != allocs_.begin()) {
-      --it;
-      uint64_t end = it->first + it->second;
-      if (p >= it->first && n <= end - p) return true;
-    }
-    // A range mapped with cuMemMap (wholly inside one mapping).
-    auto v = vmm_mapped_.upper_bound(p);
-    if (v != vmm_mapped_.begin()) {
-      --v;
-      if (p >= v->first && n <= v->second && p - v->first <= v->second - n) return true;
-    }
+    // An allocation, or a range mapped with cuMemMap.
+    if (InsideOne(allocs_, p, n) || InsideOne(vmm_mapped_, p, n)) return true;
     // A module's or library's global variable (cudaMemcpyToSymbol and friends).
     auto g = globals_.upper_bound(p);
     if (g == globals_.begin()) return false;
@@ -1801,12 +1798,6 @@ bool ReadProp(Reader& rd, CUmemAllocationProp* prop) {
 }  // namespace
 
 CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
-  auto inside = [](const std::map<uint64_t, uint64_t>& m, uint64_t p, uint64_t n) {
-    auto it = m.upper_bound(p);
-    if (it == m.begin()) return false;
-    --it;
-    return p >= it->first && n <= it->second && p - it->first <= it->second - n;
-  };
   auto overlaps = [](const std::map<uint64_t, uint64_t>& m, uint64_t p, uint64_t n) {
     auto it = m.lower_bound(p);
     if (it != m.end() && it->first < p + n) return true;
@@ -1880,7 +1871,7 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       if (hit == vmm_handles_.end() || offset > hit->second || size > hit->second - offset) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      if (!inside(vmm_reserved_, p, size) || overlaps(vmm_mapped_, p, size)) {
+      if (!InsideOne(vmm_reserved_, p, size) || overlaps(vmm_mapped_, p, size)) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       CUresult r = CALL(cuMemMap, p, size, offset, h, flags);
@@ -1923,7 +1914,7 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
         d.flags = static_cast<CUmemAccess_flags>(flags);
       }
       if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
-      if (!inside(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
+      if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
       return CALL(cuMemSetAccess, p, size, desc.data(), count);
     }
     default:
