@@ -14,40 +14,15 @@
 #include <thread>
 #include <vector>
 
+#include "probe_util.h"
+
 namespace {
 
-#define CHECK(call)                                                        \
-  do {                                                                     \
-    CUresult r_ = (call);                                                  \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      std::printf("error=%s:%d\n", #call, static_cast<int>(r_));           \
-      std::fflush(stdout);                                                 \
-      std::exit(3);                                                        \
-    }                                                                      \
-  } while (0)
+using tf_probe::Fill;
+using tf_probe::Kernel;
+using tf_probe::Setup;
 
-CUcontext Setup() {
-  CHECK(cuInit(0));
-  CUdevice dev;
-  CHECK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
-  return ctx;
-}
 
-CUfunction Kernel(const char* name) {
-  CUmodule mod;
-  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
-  CUfunction f;
-  CHECK(cuModuleGetFunction(&f, mod, name));
-  return f;
-}
-
-void Fill(CUfunction fill, CUdeviceptr dst, unsigned value, size_t count, CUstream s) {
-  void* params[] = {&dst, &value, &count};
-  CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
-}
 
 // Device queries, memory, copies, kernels, streams and events.
 int Basic() {
