@@ -264,13 +264,21 @@ int RunCommand(const RunOptions& o) {
                   ", more than --vram " + o.vram);
     }
   }
-  uint32_t index = 0;
-  e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
-  if (e != RegionError::kOk) return Fail("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   // This process holds a slot (and no VRAM) until the command ends, so that another run of the
-  // same vGPU that ends first cannot remove the vGPU before our command has attached to it.
+  // same vGPU that ends first cannot remove the vGPU before our command has attached to it. A
+  // sibling run may remove the vGPU between our create and our attach (it was the last to leave):
+  // then create it again, until we hold a slot of the vGPU of this name.
+  uint32_t index = 0;
   uint32_t guard_slot = 0;
-  bool guarded = region.AttachProcess(index, getpid(), &guard_slot) == RegionError::kOk;
+  bool guarded = false;
+  for (int attempt = 0; attempt < 20 && !guarded; ++attempt) {
+    e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
+    if (e != RegionError::kOk) return Fail("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+    if (region.AttachProcess(index, getpid(), &guard_slot) != RegionError::kOk) continue;
+    uint32_t now = 0;
+    guarded = region.FindVgpu(vgpu_id.c_str(), &now) == RegionError::kOk && now == index;
+    if (!guarded) region.DetachProcess(guard_slot);  // the slot was reused for another vGPU
+  }
 
   std::string ld = *inject;
   if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) ld += std::string(":") + old;
