@@ -174,6 +174,10 @@ CUresult Enqueue(Fn fn, CUstream stream, Pending p, unsigned flags) {
 
 void HandleEventFrame(Session* s, const transport::InFrame& in) {
   (void)s;
+  if (in.header.opcode == remote::kEvtConsole) {
+    WriteConsole(in.payload, in.payload_length);
+    return;
+  }
   if (in.header.opcode != remote::kEvtHostFunc) return;
   transport::Reader rd(in.payload, in.payload_length);
   uint64_t id = 0;

@@ -231,7 +231,11 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 CUresult SendImage(Session* s, const void* image, Writer& w) {
   const void* start = nullptr;
   size_t n = ImageSize(image, &start);
-  if (n == 0 || n > remote::kMaxImageBytes) return CUDA_ERROR_INVALID_IMAGE;
+  return SendImageBytes(s, start, n, w);
+}
+
+CUresult SendImageBytes(Session* s, const void* start, size_t n, Writer& w) {
+  if (start == nullptr || n == 0 || n > remote::kMaxImageBytes) return CUDA_ERROR_INVALID_IMAGE;
   uint64_t lo, hi;
   HashImage(static_cast<const uint8_t*>(start), n, &lo, &hi);
   uint64_t key = lo ^ ((hi << 1) | (hi >> 63));
@@ -798,14 +802,6 @@ CUresult Impl_cuModuleLoad(CUmodule* module, const char* fname) {
   if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
   image.push_back('\0');
   return LoadModule(module, image.data());
-}
-CUresult Impl_cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int numOptions,
-                                 CUjit_option* options, void** optionValues) {
-  // JIT options (log buffers, optimisation level) are not forwarded in this version.
-  (void)numOptions;
-  (void)options;
-  (void)optionValues;
-  return LoadModule(module, image);
 }
 CUresult Impl_cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
   return LoadModule(module, fatCubin);

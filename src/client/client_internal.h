@@ -78,6 +78,10 @@ void RecordDeviceAlloc(Session* s, uint64_t p, uint64_t size, uint64_t pool);
 // Sends a module or library image once per connection (by content hash, kOpImageChunk) and
 // writes u64 hash_lo, u64 hash_hi, u64 length to w. Requires the session.
 CUresult SendImage(Session* s, const void* image, transport::Writer& w);
+// The same for n bytes at start whose length the caller knows (linker inputs).
+CUresult SendImageBytes(Session* s, const void* start, size_t n, transport::Writer& w);
+// Writes device printf output (kEvtConsole) to the application's stdout (client_console.cc).
+void WriteConsole(const uint8_t* data, size_t n);
 // Reads a function handle's cached state (remote_protocol.h "function info") into fi.
 bool ReadFunctionInfo(transport::Reader& rd, FunctionInfo* fi);
 

@@ -68,6 +68,12 @@ inline constexpr uint16_t kEvtHostFunc = 0x8100;
 // memory), sent before the call's reply. Payload: u64 the call's sequence, u64 offset into the
 // copy; bulk: the bytes. The copy's length is not limited by the transport's bulk limit.
 inline constexpr uint16_t kEvtCopyData = 0x8101;
+// Console output of the session (device printf: the driver prints it to the session's stdout at
+// synchronizing points). Payload: the bytes (1 .. kMaxConsoleChunk), in order; sent before the
+// reply of the call during which they were printed, and before host-function events. The client
+// writes them to its own stdout. Events 0x8102..0x810F are reserved for this family.
+inline constexpr uint16_t kEvtConsole = 0x8102;
+inline constexpr uint32_t kMaxConsoleChunk = 64 * 1024;
 // Slices of pageable copies over a transport with zero-copy bulk memory: small enough that the
 // client's memcpy of one overlaps the worker's DMA of the previous ones.
 inline constexpr uint64_t kPipelinedCopySlice = 4ull << 20;
@@ -96,6 +102,36 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //   cuKernelGet/SetAttribute i32 attribute, [i32 value,] u64 kernel, i32 device
 // Stream capture: cuStreamBeginCapture(_v2)(_ptsz) u64 stream [, u32 mode];
 //   cuStreamEndCapture(_ptsz) u64 stream -> u64 graph (joins the session's graph table).
+
+// JIT options and the linker (client_link.cc, session_link.cc).
+//   "JIT options": u32 count (<= kMaxJitOptions), count x (u32 CUjit_option, u64 value): the
+//     value is the option's pointer-sized slot as the application filled it (an integer or a
+//     float's bits), except for CU_JIT_INFO_LOG_BUFFER / CU_JIT_ERROR_LOG_BUFFER, whose buffers
+//     stay in the client (value 0: the worker uses buffers of its own, of the size the
+//     *_SIZE_BYTES option gives, at most kMaxJitLogBytes). Options whose value points to client
+//     memory (global symbol names and addresses, referenced kernel and variable names) are
+//     refused in the client with CUDA_ERROR_NOT_SUPPORTED.
+//   "JIT result": i32 the driver's result, u32 count, count x u64 the option slots after the
+//     call (the out options: wall time, log sizes, threads per block; 0 for the log buffers),
+//     blob info log, blob error log (each up to its NUL, at most kMaxJitLogBytes). The call's
+//     reply result is CUDA_SUCCESS whenever this was decoded, so the logs also come back when
+//     the driver failed; the client returns the driver's result.
+//   cuModuleLoadDataEx  u64 hash_lo, u64 hash_hi, u64 length, JIT options -> JIT result,
+//                       u64 module (when the driver's result is CUDA_SUCCESS)
+//   cuLinkCreate_v2     JIT options -> JIT result, u64 link state (when CUDA_SUCCESS)
+//   cuLinkAddData_v2    u64 state, u32 CUjitInputType, u64 hash_lo, u64 hash_hi, u64 length
+//                       (the input's bytes travel as image chunks), blob name, JIT options of
+//                       this input (log buffers are not forwarded) -> JIT result of the state's
+//                       options (logs accumulate over the link). cuLinkAddFile_v2 is this
+//                       with the file's bytes, read in the client, and its path as the name.
+//   cuLinkComplete      u64 state -> JIT result, u64 size (when CUDA_SUCCESS); bulk: the cubin
+//                       (at most the transport's bulk limit)
+//   cuLinkDestroy       u64 state
+inline constexpr uint32_t kMaxJitOptions = 64;
+inline constexpr uint32_t kMaxJitLogBytes = 24 * 1024;  // both logs fit a 64 KiB reply
+constexpr bool IsJitPointerOption(uint32_t option) {
+  return option == 17 || option == 18 || option == 25 || option == 27;
+}
 
 // cuLaunchKernelEx attributes: u32 id, then by id
 //   PROGRAMMATIC_EVENT (7), LAUNCH_COMPLETION_EVENT (12): u64 event, i32 flags, i32 trigger

@@ -24,6 +24,8 @@
 
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
+#include "worker/session_console.h"
+#include "worker/session_link.h"
 
 namespace tf::worker {
 namespace {
@@ -239,6 +241,17 @@ class Session {
   std::vector<uint8_t> out_buf_ = std::vector<uint8_t>(64 * 1024);
   std::vector<uint8_t> reply_bulk_;
   uint64_t reply_bulk_len_ = 0;
+
+  ConsoleCapture console_;  // device printf to the client (session_console.h)
+  JitSession jit_{d_};      // cuModuleLoadDataEx with options, cuLink* (session_link.h)
+  const std::vector<uint8_t>* FindImage(uint64_t lo, uint64_t hi, uint64_t n) {
+    auto it = images_.find({lo, hi});
+    if (it == images_.end() || it->second.filled != n || it->second.bytes.size() != n) return nullptr;
+    return &it->second.bytes;
+  }
+  JitSession::ImageLookup Images() {
+    return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
+  }
 };
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
@@ -675,6 +688,17 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       out.U64(H(m));
       return CUDA_SUCCESS;
     }
+    case Fn::cuModuleLoadDataEx: {
+      uint64_t m = 0;
+      CUresult r = jit_.LoadDataEx(rd, Images(), out, &m);
+      if (m != 0) modules_[m];
+      return r;
+    }
+    case Fn::cuLinkCreate_v2:
+    case Fn::cuLinkAddData_v2:
+    case Fn::cuLinkComplete:
+    case Fn::cuLinkDestroy:
+      return jit_.Link(fn, rd, Images(), out, &reply_bulk_, &reply_bulk_len_, t_->max_bulk_bytes());
     case Fn::cuModuleGetFunction: {
       uint64_t m = 0;
       const uint8_t* name = nullptr;
@@ -1129,6 +1153,7 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
 }
 
 void Session::HostFuncReached(uint64_t id) {
+  console_.Forward(t_.get(), &event_seq_);  // what was printed before the callback comes first
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(id);
@@ -2066,6 +2091,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
 }
 
 void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
+  console_.Forward(t_.get(), &event_seq_);  // device printf of this call, before its reply
   uint8_t head[4];
   Writer w(head, sizeof(head));
   w.I32(r);
@@ -2087,6 +2113,7 @@ void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
 }
 
 void Session::ReplyDeferred(uint64_t seq) {
+  console_.Forward(t_.get(), &event_seq_);
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
   w.U64(pending_seq_);
@@ -2133,6 +2160,7 @@ void Session::Cleanup() {
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
   for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
   for (uint64_t g : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
+  jit_.DestroyAll();
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
@@ -2172,6 +2200,7 @@ std::string Session::PrepareLimits(Reader& rd) {
 
 int Session::Run() {
   bool loaded = false;
+  console_.Start();
   for (;;) {
     InFrame in;
     TransportStatus st = t_->Receive(&in, 100);
@@ -2292,6 +2321,8 @@ int Session::Run() {
     Reply(in.header.sequence, r, out);
   }
   Cleanup();
+  console_.Forward(t_.get(), &event_seq_);
+  console_.Stop();
   t_->Close();
   return 0;
 }

@@ -224,6 +224,7 @@ void SynchronizeContextStreams(Context* ctx, bool blocking_only) {
     }
   }
   for (auto& s : to_wait) s->worker.Drain();
+  FlushDevicePrintf();
 }
 
 CUresult InjectedFault(const char* function) { return FaultTable::Get().Check(function); }

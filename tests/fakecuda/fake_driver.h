@@ -231,6 +231,22 @@ std::shared_ptr<Kernel> FindKernel(const void* handle);
 CUresult BuildLaunch(CUfunction f, const unsigned grid[3], const unsigned block[3],
                      void** kernel_params, void** extra, LaunchArgs* out);
 
+// Device printf and JIT (fake_jit.cc). The built-in kernel printf_lines appends to a FIFO that
+// the synchronizing calls write to stdout (FlushDevicePrintf), as the driver prints kernel printf
+// output at synchronizing points.
+void AppendDevicePrintf(const std::string& text);
+void FlushDevicePrintf();
+// Built-in kernels (module "builtin" unless noted): printf_lines(unsigned lines, unsigned tag);
+// checksum_params(CUdeviceptr out, a kChecksumParamBytes-byte struct by value) writes the FNV-1a
+// hash of the struct's bytes as a u64; add_u32(CUdeviceptr, unsigned, size_t) in module
+// "linkpart" adds the value to each element.
+inline constexpr size_t kChecksumParamBytes = 32000;
+void PrintfLines(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*);
+void ChecksumParams(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*);
+void AddU32(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*);
+// Writes cuModuleLoadDataEx's log messages into the caller's JIT log buffers.
+void JitLoadLog(unsigned n, CUjit_option* options, void** values, const void* image, bool ok);
+
 }  // namespace fakecuda
 
 // Entry checks every exported function starts with: an injected fault first, then cuInit.

@@ -30,10 +30,14 @@ class KernelRegistry {
     all_[kernel.get()] = kernel;
     by_name_[kernel->module + '\n' + kernel->name] = std::move(kernel);
   }
+  // A linked module ("a+b", cuLinkComplete) finds the kernels of each of its parts.
   std::shared_ptr<Kernel> Find(const std::string& module, const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = by_name_.find(module + '\n' + name);
-    return it == by_name_.end() ? nullptr : it->second;
+    for (const std::string& part : Parts(module)) {
+      auto it = by_name_.find(part + '\n' + name);
+      if (it != by_name_.end()) return it->second;
+    }
+    return nullptr;
   }
   std::shared_ptr<Kernel> FromHandle(const void* handle) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -44,10 +48,20 @@ class KernelRegistry {
   std::vector<std::shared_ptr<Kernel>> InModule(const std::string& module) {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::shared_ptr<Kernel>> out;
+    const std::vector<std::string> parts = Parts(module);
     for (auto& [key, k] : by_name_) {
-      if (k->module == module) out.push_back(k);
+      if (std::find(parts.begin(), parts.end(), k->module) != parts.end()) out.push_back(k);
     }
     return out;
+  }
+  static std::vector<std::string> Parts(const std::string& module) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (size_t plus; (plus = module.find('+', start)) != std::string::npos; start = plus + 1) {
+      parts.push_back(module.substr(start, plus - start));
+    }
+    parts.push_back(module.substr(start));
+    return parts;
   }
   // Attributes set with cuFuncSetAttribute, by kernel.
   void SetAttribute(const Kernel* kernel, int attribute, int value) {
@@ -111,9 +125,16 @@ void FillU32(void** params, unsigned, unsigned, unsigned, unsigned, unsigned, un
 void KernelRegistry::RegisterBuiltins() {
   const size_t sleep_sizes[] = {sizeof(unsigned)};
   const size_t fill_sizes[] = {sizeof(CUdeviceptr), sizeof(unsigned), sizeof(size_t)};
+  const size_t printf_sizes[] = {sizeof(unsigned), sizeof(unsigned)};
+  const size_t checksum_sizes[] = {sizeof(CUdeviceptr), kChecksumParamBytes};
   for (auto kernel : {MakeKernel("builtin", "sleep_us", SleepMicroseconds, nullptr, true, 1,
                                  sleep_sizes),
-                      MakeKernel("builtin", "fill_u32", FillU32, nullptr, true, 3, fill_sizes)}) {
+                      MakeKernel("builtin", "fill_u32", FillU32, nullptr, true, 3, fill_sizes),
+                      MakeKernel("builtin", "printf_lines", PrintfLines, nullptr, true, 2,
+                                 printf_sizes),
+                      MakeKernel("builtin", "checksum_params", ChecksumParams, nullptr, true, 2,
+                                 checksum_sizes),
+                      MakeKernel("linkpart", "add_u32", AddU32, nullptr, true, 3, fill_sizes)}) {
     all_[kernel.get()] = kernel;
     by_name_[kernel->module + '\n' + kernel->name] = kernel;
   }
@@ -309,10 +330,9 @@ CUresult cuModuleLoadData(CUmodule* module, const void* image) {
 CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int num_options,
                             CUjit_option* options, void** option_values) {
   FAKECUDA_ENTER();
-  (void)num_options;
-  (void)options;
-  (void)option_values;
-  return fakecuda::LoadModule(reinterpret_cast<Module**>(module), image);
+  CUresult r = fakecuda::LoadModule(reinterpret_cast<Module**>(module), image);
+  fakecuda::JitLoadLog(num_options, options, option_values, image, r == CUDA_SUCCESS);
+  return r;
 }
 
 CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fat_cubin) {

@@ -97,6 +97,7 @@ CUresult cuStreamSynchronize(CUstream handle) {
   std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
   if (stream == nullptr) return err;
   stream->worker.Drain();
+  fakecuda::FlushDevicePrintf();
   return CUDA_SUCCESS;
 }
 
@@ -300,6 +301,8 @@ CUresult cuEventSynchronize(CUevent handle) {
   std::unique_lock<std::mutex> lock(event->mu);
   uint64_t target = event->recorded;
   event->cv.wait(lock, [&] { return event->completed >= target; });
+  lock.unlock();
+  fakecuda::FlushDevicePrintf();
   return CUDA_SUCCESS;
 }
 

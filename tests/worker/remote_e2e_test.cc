@@ -96,7 +96,14 @@ struct Child {
       pid_t r = waitpid(pid, &status, WNOHANG);
       if (r == pid) break;
       if (Clock::now() > deadline) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      // Keep reading: a child with more output than the pipe holds would block otherwise.
+      pollfd pf{out_fd, POLLIN, 0};
+      if (poll(&pf, 1, 5) > 0) {
+        char buf[65536];
+        ssize_t n = read(out_fd, buf, sizeof(buf));
+        if (n > 0) out.append(buf, n);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     }
     WaitFor("\x01never", 0);
     char buf[4096];
@@ -817,6 +824,209 @@ TEST(RemoteStub, FailsCleanlyBeforeCuInitAndWithoutAWorker) {
   waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+
+namespace {
+
+// ---- Device printf, JIT options, the linker and 32 KB kernel parameters (jit_console_probe)
+
+// Where two outputs first differ (they can be hundreds of KiB: never print them whole).
+std::string FirstDifference(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  const size_t from = i > 80 ? i - 80 : 0;
+  return "sizes " + std::to_string(a.size()) + " and " + std::to_string(b.size()) +
+         ", first difference at byte " + std::to_string(i) + ":\n<<<" + a.substr(from, 200) +
+         ">>>\n<<<" + b.substr(from, 200) + ">>>";
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST_F(RemoteTest, DevicePrintfReachesTheClientsStdoutAtEachSynchronizingCall) {
+  StartWorker();
+  Result direct = DirectProgram({TF_JIT_PROBE, "console", "2000"});
+  ASSERT_EQ(direct.rc, 0) << direct.out.substr(0, 4000);
+  // More than a pipe's 64 KiB between two synchronizing calls, each line before the call's return.
+  ASSERT_GT(direct.out.size(), 128u * 1024);
+  ASSERT_LT(direct.out.find("tag=7 line=1999 "), direct.out.find("after_ctx_sync=1"));
+  ASSERT_LT(direct.out.find("tag=8 line=2 "), direct.out.find("after_stream_sync=1"));
+  ASSERT_LT(direct.out.find("tag=9 line=1 "), direct.out.find("after_event_sync=1"));
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_JIT_PROBE, "console", "2000"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out.substr(0, 4000);
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_TRUE(r.out == direct.out) << addr << ": " << FirstDifference(direct.out, r.out);
+  }
+  // The worker's own log still goes where it went (its stderr), and no device line went there.
+  EXPECT_TRUE(worker_.WaitFor("session ended", 10000)) << worker_.out;
+  EXPECT_EQ(worker_.out.find("device printf tag="), std::string::npos) << worker_.out;
+}
+
+TEST_F(RemoteTest, DevicePrintfIsNotLostWhenTheClientExitsRightAfterASync) {
+  StartWorker();
+  Result direct = DirectProgram({TF_JIT_PROBE, "console_exit", "1500"});
+  ASSERT_EQ(direct.rc, 0) << direct.out.substr(0, 2000);
+  ASSERT_EQ(Count(direct.out, "device printf tag=5 "), 1500u);
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_JIT_PROBE, "console_exit", "1500"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out.substr(0, 2000);
+    EXPECT_EQ(Count(r.out, "device printf tag=5 "), 1500u) << addr;
+    EXPECT_NE(r.out.find("tag=5 line=1499 "), std::string::npos) << addr;
+  }
+}
+
+TEST_F(RemoteTest, JitOptionsFillTheClientsLogBuffersAndOutValues) {
+  StartWorker();
+  Result direct = DirectProgram({TF_JIT_PROBE, "jit"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_NE(direct.out.find("jit_info=[fakecuda jit: loaded module builtin\n]"), std::string::npos)
+      << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_JIT_PROBE, "jit"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["jit_result"], "0");
+    EXPECT_EQ(r.kv["jit_info_size"], "36") << "the size option comes back as the bytes written";
+    EXPECT_EQ(r.kv["jit_wall"], "0.25");
+    EXPECT_EQ(r.kv["jit_kernel_ok"], "1");
+    EXPECT_EQ(r.kv["bad_result"], "200") << "CUDA_ERROR_INVALID_IMAGE";
+    EXPECT_NE(r.out.find("bad_error=[fakecuda jit: not a fakecuda image"), std::string::npos)
+        << "the error log comes back with the failure\n" << r.out;
+    EXPECT_EQ(r.kv["small_info"], "[fakecuda ji]") << "bounded by the application's size";
+    EXPECT_EQ(r.out, direct.out) << addr;
+  }
+}
+
+TEST_F(RemoteTest, LinkingTwoUnitsGivesTheClientACubinItCanLoad) {
+  StartWorker();
+  const std::string unit = dir_ + "/linkpart.ptx";
+  {
+    std::ofstream f(unit);
+    f << "fakecuda:linkpart";
+  }
+  Result direct = DirectProgram({TF_JIT_PROBE, "link", unit});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_JIT_PROBE, "link", unit});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["bad_unit"], "218") << "CUDA_ERROR_INVALID_PTX";
+    EXPECT_NE(r.out.find("bad_unit_error=[fakecuda link: bad.ptx: not a fakecuda image"),
+              std::string::npos) << r.out;
+    EXPECT_EQ(r.kv["missing_file"], "301") << "CUDA_ERROR_FILE_NOT_FOUND";
+    EXPECT_EQ(r.kv["cubin"], "[fakecuda:builtin+linkpart]");
+    EXPECT_NE(r.out.find("fakecuda link: added " + unit), std::string::npos)
+        << "cuLinkAddFile names the unit by its path\n" << r.out;
+    EXPECT_NE(r.out.find("fakecuda link: linked 2 units"), std::string::npos) << r.out;
+    EXPECT_EQ(r.kv["linked_kernels"], "84") << "kernels of both units ran";
+    EXPECT_EQ(r.kv["destroy_again"], "400") << "CUDA_ERROR_INVALID_HANDLE";
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.out, direct.out) << addr;
+  }
+}
+
+TEST_F(RemoteTest, AKernelTakesA32000ByteStructByValue) {
+  StartWorker();
+  Result direct = DirectProgram({TF_JIT_PROBE, "params32k"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_JIT_PROBE, "params32k"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["params32k_kernel_params"], "1") << addr;
+    EXPECT_EQ(r.kv["params32k_extra"], "1") << addr;
+    EXPECT_EQ(r.out, direct.out) << addr;
+  }
+}
+
+// A client speaking the protocol itself: bad link handles, too many or pointer-valued JIT options
+// and unknown images get an error and the session goes on.
+TEST_F(RemoteTest, BadLinkAndJitMessagesGetAnErrorAndChangeNothing) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  uint8_t buf[2048];
+  std::vector<uint8_t> out;
+  ASSERT_EQ(c.Call(remote::kOpSessionInfo, Writer(nullptr, 0)), 0);
+  {
+    Writer w(buf, sizeof(buf));
+    w.I32(0);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxRetain), w, &out), 0);
+  }
+  uint64_t ctx = 0;
+  memcpy(&ctx, out.data(), 8);
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(ctx);
+    ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, w), 0u);
+  }
+  auto options = [&](Writer& w, uint32_t n, uint32_t id) {
+    w.U32(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      w.U32(id);
+      w.U64(1);
+    }
+  };
+  {
+    Writer w(buf, sizeof(buf));
+    options(w, remote::kMaxJitOptions + 1, CU_JIT_OPTIMIZATION_LEVEL);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuLinkCreate_v2), w), 1) << "too many options";
+  }
+  {
+    Writer w(buf, sizeof(buf));
+    options(w, 1, CU_JIT_GLOBAL_SYMBOL_NAMES);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuLinkCreate_v2), w), 1) << "a client pointer as an option";
+  }
+  {
+    Writer w(buf, sizeof(buf));
+    options(w, 1, CU_JIT_NUM_OPTIONS);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuLinkCreate_v2), w), 1) << "an unknown option";
+  }
+  for (Fn fn : {Fn::cuLinkComplete, Fn::cuLinkDestroy}) {
+    Writer w(buf, sizeof(buf));
+    w.U64(0x1234);
+    EXPECT_EQ(c.Call(remote::Op(fn), w), 400) << "not a link state of this session";
+  }
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(1);
+    w.U64(2);
+    w.U64(17);
+    options(w, 0, 0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuModuleLoadDataEx), w), 200) << "an image never sent";
+  }
+  // A real link state, then an input of an unknown type and one never sent.
+  uint64_t link = 0;
+  {
+    Writer w(buf, sizeof(buf));
+    options(w, 0, 0);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuLinkCreate_v2), w, &out), 0);
+    ASSERT_GE(out.size(), 4u + 4 + 4 + 4 + 8);
+    int32_t driver_result = 0;
+    memcpy(&driver_result, out.data(), 4);
+    ASSERT_EQ(driver_result, 0);
+    memcpy(&link, out.data() + out.size() - 8, 8);
+  }
+  for (uint32_t type : {static_cast<uint32_t>(CU_JIT_NUM_INPUT_TYPES), 1u}) {
+    Writer w(buf, sizeof(buf));
+    w.U64(link);
+    w.U32(type);
+    w.U64(5);
+    w.U64(6);
+    w.U64(7);
+    w.Blob("x", 1);
+    options(w, 0, 0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuLinkAddData_v2), w), type == 1u ? 200 : 1) << type;
+  }
+  Writer w(buf, sizeof(buf));
+  w.U64(link);
+  EXPECT_EQ(c.Call(remote::Op(Fn::cuLinkDestroy), w), 0) << "the session goes on";
 }
 
 }  // namespace
