@@ -8,16 +8,17 @@
 #
 # BUILD_DIR is a build made with nvcc available (tests/gpu/README.md); it must hold
 # src/cli/tfusion, the client stub, bench/gpu/{remote_micro,launch_overhead} and
-# tests/gpu/{drvtest,rt_smoke,compute_tenant}. Missing pieces become FAIL lines, never a hang.
+# tests/gpu/{drvtest,rt_smoke,compute_tenant,samples}. Missing pieces become FAIL lines, never a hang.
 # Phases, most important first; each runs native, shm, tcp before the next phase starts:
 #   micro        bench/gpu/remote_micro: async call cost, sync round trips, HtoD/DtoH bandwidth
 #   models-key   bench/gpu/torch_models.py --parts key: ResNet-50 b64 eager, GPT-2 forward
 #   checks       tests/gpu/torch_remote.py, outputs compared with native (--compare)
 #   driver       drvtest alloc (10 paths), rt_smoke, launch_overhead, compute_tenant (kernel, graph)
+#   samples      tests/gpu/samples: CUDA-samples-style programs (SAMPLE/RESULT lines, compared)
 #   models-rest  bench/gpu/torch_models.py --parts rest: other batches, generation, torch.compile
 # Environment: TF_REMOTE_BUDGET_S (default 540) bounds the whole run: every command runs under
 # `timeout`, and what no longer fits is reported as SKIP. TF_REMOTE_PHASES (comma-separated,
-# default all five), TF_REMOTE_MODES (default "native shm tcp"), TF_REMOTE_PORT (default 7611),
+# default all six), TF_REMOTE_MODES (default "native shm tcp"), TF_REMOTE_PORT (default 7611),
 # TF_REMOTE_MICRO_S (bandwidth budget of remote_micro, default 20), PYTHON (default python3),
 # TF_REMOTE_WORKER_ARGS (more worker flags, e.g. "--driver /path/libtfusion-limiter.so"),
 # TF_REMOTE_KEEP_LOGS=1 keeps OUT_DIR/logs of an earlier run (a second run with other phases
@@ -33,7 +34,7 @@ if [ $# -ne 2 ]; then
 fi
 START=$(date +%s)
 BUDGET=${TF_REMOTE_BUDGET_S:-540}
-PHASES=${TF_REMOTE_PHASES:-micro,models-key,checks,driver,models-rest}
+PHASES=${TF_REMOTE_PHASES:-micro,models-key,checks,driver,samples,models-rest}
 MODES=${TF_REMOTE_MODES:-native shm tcp}
 PORT=${TF_REMOTE_PORT:-7611}
 MICRO_S=${TF_REMOTE_MICRO_S:-20}
@@ -45,8 +46,8 @@ for m in $MODES; do
   case $m in native | shm | tcp) ;; *) echo "TF_REMOTE_MODES: unknown mode '$m' (native shm tcp)" >&2; exit 2 ;; esac
 done
 for p in ${PHASES//,/ }; do
-  case $p in micro | models-key | checks | driver | models-rest) ;;
-    *) echo "TF_REMOTE_PHASES: unknown phase '$p' (micro models-key checks driver models-rest)" >&2; exit 2 ;;
+  case $p in micro | models-key | checks | driver | samples | models-rest) ;;
+    *) echo "TF_REMOTE_PHASES: unknown phase '$p' (micro models-key checks driver samples models-rest)" >&2; exit 2 ;;
   esac
 done
 BUILD=$(cd "$1" && pwd) || exit 2
@@ -67,6 +68,7 @@ LAUNCH=$BUILD/bench/gpu/launch_overhead
 DRV=$BUILD/tests/gpu/drvtest
 RT_SMOKE=$BUILD/tests/gpu/rt_smoke
 TENANT=$BUILD/tests/gpu/compute_tenant
+SAMPLES=$BUILD/tests/gpu/samples
 SOCK=$WORK/worker.sock
 TOKEN=remote-compare-$$-$RANDOM
 WPID=""
@@ -248,6 +250,12 @@ if has_phase driver; then
       done
     done
   fi
+fi
+
+# Every sample runs in a child process of its own (a new session each remotely); the summary
+# reports PASS/FAIL per sample and mode and whether its RESULT line equals native's.
+if has_phase samples && need samples samples "$SAMPLES"; then
+  for m in $MODES; do step samples samples "$m" "samples-$m.log" 300 "$SAMPLES"; done
 fi
 
 has_phase models-rest && models rest

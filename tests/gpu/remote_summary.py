@@ -9,7 +9,9 @@ Inputs (logs/): steps.tsv ("phase program mode rc ms log" per command, written b
 rc -1 not built, -2 no worker, -3 skipped for the budget),
 micro-MODE.log (bench/gpu/remote_micro), models-{key,rest}-MODE.log (bench/gpu/torch_models.py),
 checks-MODE.log and compare-checks-MODE.log (tests/gpu/torch_remote.py), alloc-PATH-MODE.log,
-rt-smoke-MODE.log, launch-MODE.log, tenant-{kernel,graph}-MODE.log.
+rt-smoke-MODE.log, launch-MODE.log, tenant-{kernel,graph}-MODE.log, samples-MODE.log
+(tests/gpu/samples: `SAMPLE name PASS|FAIL detail`, `RESULT name checksum`, `EXPECT_LINE name
+text` for lines the program's stdout must hold).
 """
 import argparse
 import os
@@ -74,6 +76,34 @@ def records(text, first_key):
 def by_name(text, first_key):
     """records() keyed by their first field; a repeated name keeps its last record."""
     return {r[first_key]: r for r in records(text, first_key) if first_key in r}
+
+
+def sample_records(text):
+    """tests/gpu/samples output -> {name: {status, detail, result, expect, missing}} in order of
+    appearance. A sample whose EXPECT_LINE texts are not all lines of the output counts as FAIL."""
+    out = {}
+    lines = text.splitlines()
+    present = set(lines)
+    for line in lines:
+        if line.startswith("SAMPLE "):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[2] in ("PASS", "FAIL"):
+                rec = out.setdefault(parts[1], {})
+                rec["status"] = parts[2]
+                rec["detail"] = parts[3].strip() if len(parts) > 3 else ""
+        elif line.startswith("RESULT "):
+            parts = line.split(" ")
+            if len(parts) == 3 and "=" not in parts[1]:
+                out.setdefault(parts[1], {})["result"] = parts[2]
+        elif line.startswith("EXPECT_LINE "):
+            name, _, want = line[len("EXPECT_LINE "):].partition(" ")
+            out.setdefault(name, {}).setdefault("expect", []).append(want)
+    for rec in out.values():
+        rec["missing"] = [w for w in rec.get("expect", []) if w not in present]
+        if rec["missing"] and rec.get("status") == "PASS":
+            rec["status"] = "FAIL"
+            rec["detail"] = f"{len(rec['missing'])} expected lines not on stdout"
+    return out
 
 
 def num(value):
@@ -162,6 +192,7 @@ class Logs:
         self.checks = {m: by_name(read_log(logs, f"checks-{m}.log"), "check") for m in MODES}
         self.compares = {m: by_name(read_log(logs, f"compare-checks-{m}.log"), "compare") for m in REMOTE}
         self.steps, self.order = steps(logs)
+        self.samples = {m: sample_records(read_log(logs, f"samples-{m}.log")) for m in MODES}
 
     def micro_keys(self, want_bandwidth):
         keys = []
@@ -366,6 +397,15 @@ def equality(L, prog, mode):
         if ok["native"] == ok[mode]:
             return True, f"same {len(ok[mode])} parts measured"
         return False, f"measured natively only: {', '.join(sorted(ok['native'] - ok[mode])) or '-'}"
+    if prog == "samples":
+        native = {n: r["result"] for n, r in L.samples["native"].items() if "result" in r}
+        if not native:
+            return None, "no native result"
+        other = L.samples[mode]
+        diff = [n for n, v in native.items() if other.get(n, {}).get("result") != v]
+        if not diff:
+            return True, f"{len(native)} results equal"
+        return False, "differ: " + ", ".join(diff[:6]) + (" ..." if len(diff) > 6 else "")
     keys = next((v for p, v in EQUAL_KEYS.items() if prog == p or (p.endswith("-") and prog.startswith(p))), None)
     if keys is None:
         return None, ""
@@ -433,6 +473,38 @@ def checks_section(L):
     return out + [""]
 
 
+def samples_section(L):
+    names = []
+    for m in MODES:
+        names += [n for n in L.samples[m] if n not in names]
+    out = ["### CUDA samples (tests/gpu/samples)", "",
+           "| sample | native | shm | tcp | shm = native | tcp = native |", "| --- | --- | --- | --- | --- | --- |"]
+    if not names:
+        out.append("| (no sample results in the logs) | - | - | - | - | - |")
+    for n in names:
+        cells = []
+        for m in MODES:
+            r = L.samples[m].get(n)
+            if r is None or "status" not in r:
+                cells.append("-")
+            elif r["status"] == "PASS":
+                cells.append("PASS")
+            else:
+                detail = r.get("detail", "")
+                cells.append(f"FAIL ({detail[:160]})" if detail else "FAIL")
+        base = L.samples["native"].get(n, {}).get("result")
+        for m in REMOTE:
+            got = L.samples[m].get(n, {}).get("result")
+            if base is None or L.samples[m].get(n) is None:
+                cells.append("-")
+            elif got is None:
+                cells.append("**DIFFERENT** (no result)")
+            else:
+                cells.append("equal" if got == base else f"**DIFFERENT** ({got} vs {base})")
+        out.append(f"| {n} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return out + [""]
+
+
 def write_summary(logs, elapsed=None, budget=None):
     L = Logs(logs)
     head = tc.read(os.path.join(logs, "preflight.log")).splitlines()[:1]
@@ -443,7 +515,7 @@ def write_summary(logs, elapsed=None, budget=None):
         out += [f"Run time {elapsed} s of a {budget if budget is not None else '?'} s budget. Ratios are "
                 "remote/native: above 1 means slower for times, faster for bandwidths and rates.", ""]
     for section in (targets_section, micro_section, models_section, bandwidth_section, programs_section,
-                    checks_section, driver_numbers_section):
+                    checks_section, samples_section, driver_numbers_section):
         try:
             out += section(L)
         except Exception as e:  # one broken section must not cost the others

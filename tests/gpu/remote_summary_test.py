@@ -29,7 +29,23 @@ STEPS = [
     ("driver", "rt-smoke", "native", 0, 500), ("driver", "rt-smoke", "shm", -3, 0), ("driver", "rt-smoke", "tcp", -2, 0),
     ("driver", "launch", "native", 0, 4000), ("driver", "launch", "shm", 0, 4000), ("driver", "launch", "tcp", 124, 60000),
     ("driver", "tenant-kernel", "native", -1, 0), ("driver", "tenant-kernel", "shm", 127, 10),
+    ("samples", "samples", "native", 0, 30000), ("samples", "samples", "shm", 1, 35000),
+    ("samples", "samples", "tcp", 1, 36000),
 ]
+
+SAMPLES_NATIVE = """$ samples
+SAMPLE vecadd_driver PASS 1M floats
+RESULT vecadd_driver 00000000000000aa
+EXPECT_LINE device_printf samples printf block=0 thread=0 value=500
+EXPECT_LINE device_printf samples printf block=1 thread=3 value=513
+samples printf block=1 thread=3 value=513
+samples printf block=0 thread=0 value=500
+SAMPLE device_printf PASS 2 device lines on stdout
+RESULT device_printf 0000000000000002
+SAMPLE graph_update PASS capture + update
+RESULT graph_update 00000000000000bb
+SAMPLES ran=3 failed=0
+"""
 
 LOGS = {
     "micro-native.log": """$ remote_micro
@@ -99,6 +115,13 @@ RESULT compare=sdpa status=MISSING note=no other output
     "launch-native.log": "RESULT mean_ns=3800.000\nRESULT launches_per_s=261000.0\nRESULT launch_error=CUDA_SUCCESS\n",
     "launch-shm.log": "RESULT mean_ns=3000.000\nRESULT launches_per_s=250000.0\nRESULT launch_error=CUDA_SUCCESS\n",
     "tenant-kernel-native.log": "MISSING: compute_tenant not built\n",
+    "samples-native.log": SAMPLES_NATIVE,
+    # graph_update fails over shm (no result); everything else as natively.
+    "samples-shm.log": SAMPLES_NATIVE.replace("SAMPLE graph_update PASS capture + update\nRESULT graph_update 00000000000000bb",
+                                              "SAMPLE graph_update FAIL cudaGraphExecUpdate: cudaErrorNotSupported | x"),
+    # Over TCP one device line never arrived (the program still said PASS) and a result differs.
+    "samples-tcp.log": SAMPLES_NATIVE.replace("samples printf block=1 thread=3 value=513\nsamples printf block=0",
+                                              "samples printf block=0").replace("00000000000000aa", "00000000000000ab"),
 }
 
 
@@ -186,6 +209,20 @@ class SummaryTest(unittest.TestCase):
         self.assertTrue(checks[5].startswith("**DIFFERENT** (eager_ops: DIFF"), checks[5])
         self.assertNotIn("| compare-checks |", self.text)
 
+    def test_samples_per_sample_and_mode(self):
+        self.assertEqual(row(self.text, "vecadd_driver")[1:], ["PASS", "PASS", "PASS", "equal",
+                                                              "**DIFFERENT** (00000000000000ab vs 00000000000000aa)"])
+        graph = row(self.text, "graph_update")
+        self.assertEqual(graph[2], "FAIL (cudaGraphExecUpdate: cudaErrorNotSupported | x)")
+        self.assertEqual(graph[4], "**DIFFERENT** (no result)")
+        printf = row(self.text, "device_printf")
+        self.assertEqual(printf[1:3], ["PASS", "PASS"])
+        self.assertEqual(printf[3], "FAIL (1 expected lines not on stdout)")
+        program = row(self.text, "samples")
+        self.assertEqual(program[1:4], ["PASS (30.0 s)", "FAIL (exit 1)", "FAIL (exit 1)"])
+        self.assertEqual(program[4], "**DIFFERENT** (differ: graph_update)")
+        self.assertEqual(program[5], "**DIFFERENT** (differ: vecadd_driver)")
+
     def test_checks_table(self):
         sdpa = row(self.text, "sdpa")
         self.assertEqual(sdpa[1], "PASS (0.7 s)")
@@ -248,6 +285,8 @@ class CompareScriptTest(unittest.TestCase):
                 names = tar.getnames()
             self.assertIn("logs/steps.tsv", names)
             self.assertIn("logs/micro-native.log", names)
+            self.assertEqual(row(text, "samples")[1:4], ["FAIL (not built)"] * 3)
+            self.assertIn("(no sample results in the logs)", text)
 
     def test_bad_settings_are_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
