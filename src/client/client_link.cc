@@ -5,6 +5,7 @@
 // log text with each reply, which is copied into the application's buffers, bounded by the sizes
 // it gave; out options (wall time, log sizes) are written back into its option array as the
 // driver would. A linked cubin is kept here, owned by the link state until cuLinkDestroy.
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -44,9 +45,8 @@ CUresult ReadTarget(unsigned n, CUjit_option* ids, void** values, JitTarget* t) 
   t->values = values;
   for (unsigned i = 0; i < n; ++i) {
     if (remote::IsJitPointerOption(ids[i])) {
-      static bool logged = false;
-      if (!logged) {
-        logged = true;
+      static std::atomic<bool> logged{false};
+      if (!logged.exchange(true)) {
         ClientLog("JIT option %d points to this process's memory and is not forwarded: "
                   "returning CUDA_ERROR_NOT_SUPPORTED", static_cast<int>(ids[i]));
       }

@@ -33,6 +33,10 @@
 #include <string>
 #include <vector>
 
+// The driver-API samples load these kernels from the embedded fatbin; the runtime-API samples
+// launch the same source, compiled into this program, with <<<>>>.
+#include "samples_kernels.cu"
+
 extern "C" const unsigned char tf_samples_kernels_fatbin[];
 extern "C" const char tf_samples_jit_ptx[];
 extern "C" const char tf_samples_link_a_ptx[];
@@ -80,27 +84,6 @@ struct Outcome {
 
 // Deterministic inputs: small multiples of 1/4, so float sums and products are exact.
 float Input(size_t i, int salt) { return static_cast<float>(static_cast<int>((i * 7 + salt * 13) % 9) - 4) * 0.25f; }
-
-__global__ void VecAdd(const float* a, const float* b, float* c, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) c[i] = a[i] + b[i];
-}
-
-__global__ void MatMul(const float* a, const float* b, float* c, int n) {
-  __shared__ float ta[16][16];
-  __shared__ float tb[16][16];
-  const int row = blockIdx.y * 16 + threadIdx.y;
-  const int col = blockIdx.x * 16 + threadIdx.x;
-  float sum = 0.0f;
-  for (int t = 0; t < n; t += 16) {
-    ta[threadIdx.y][threadIdx.x] = a[row * n + t + threadIdx.x];
-    tb[threadIdx.y][threadIdx.x] = b[(t + threadIdx.y) * n + col];
-    __syncthreads();
-    for (int k = 0; k < 16; ++k) sum += ta[threadIdx.y][k] * tb[k][threadIdx.x];
-    __syncthreads();
-  }
-  c[row * n + col] = sum;
-}
 
 __global__ void AffineInPlace(float* x, int n, float a, float b) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -196,7 +179,7 @@ void VecAddRuntime(Outcome& o) {
   RT(o, cudaMalloc(&dc, n * sizeof(float)));
   RT(o, cudaMemcpy(da, a.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   RT(o, cudaMemcpy(db, b.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  VecAdd<<<Blocks(n, 256), 256>>>(da, db, dc, n);
+  samples_vecadd<<<Blocks(n, 256), 256>>>(da, db, dc, n);
   RT(o, cudaGetLastError());
   RT(o, cudaMemcpy(c.data(), dc, n * sizeof(float), cudaMemcpyDeviceToHost));
   for (int i = 0; i < n; ++i) {
@@ -281,7 +264,7 @@ void MatMulRuntime(Outcome& o) {
   RT(o, cudaMalloc(&dc, bytes));
   RT(o, cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice));
   RT(o, cudaMemcpy(db, b.data(), bytes, cudaMemcpyHostToDevice));
-  MatMul<<<dim3(n / 16, n / 16), dim3(16, 16)>>>(da, db, dc, n);
+  samples_matmul<<<dim3(n / 16, n / 16), dim3(16, 16)>>>(da, db, dc, n);
   RT(o, cudaGetLastError());
   RT(o, cudaDeviceSynchronize());
   RT(o, cudaMemcpy(c.data(), dc, bytes, cudaMemcpyDeviceToHost));

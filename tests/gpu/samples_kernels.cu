@@ -1,5 +1,6 @@
-// Kernels of tests/gpu/samples.cu loaded through the driver API (cuModuleLoadData of the fatbin
-// built from this file, embedded in the program). extern "C": looked up by these names.
+// Kernels of tests/gpu/samples.cu: loaded through the driver API (cuModuleLoadData of the fatbin
+// built from this file, embedded in the program; extern "C": looked up by these names), and
+// compiled into the program itself for the runtime-API samples (samples.cu includes this file).
 extern "C" __global__ void samples_vecadd(const float* a, const float* b, float* c, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) c[i] = a[i] + b[i];

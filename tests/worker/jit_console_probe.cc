@@ -23,9 +23,9 @@ namespace {
 using tf_probe::Kernel;
 using tf_probe::Setup;
 
-void PrintfLines(CUfunction f, unsigned lines, unsigned tag) {
+void PrintfLines(CUfunction f, unsigned lines, unsigned tag, CUstream s = nullptr) {
   void* params[] = {&lines, &tag};
-  CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr));
+  CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
 }
 
 int Console(unsigned lines) {
@@ -37,16 +37,12 @@ int Console(unsigned lines) {
   std::printf("after_ctx_sync=1\n");
   CUstream s;
   CHECK(cuStreamCreate(&s, 0));
-  unsigned three = 3, tag = 8;
-  void* params[] = {&three, &tag};
-  CHECK(cuLaunchKernel(pr, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
+  PrintfLines(pr, 3, 8, s);
   CHECK(cuStreamSynchronize(s));
   std::printf("after_stream_sync=1\n");
   CUevent e;
   CHECK(cuEventCreate(&e, 0));
-  unsigned two = 2, tag9 = 9;
-  void* params9[] = {&two, &tag9};
-  CHECK(cuLaunchKernel(pr, 1, 1, 1, 1, 1, 1, 0, s, params9, nullptr));
+  PrintfLines(pr, 2, 9, s);
   CHECK(cuEventRecord(e, s));
   CHECK(cuEventSynchronize(e));
   std::printf("after_event_sync=1\n");

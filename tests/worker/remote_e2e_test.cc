@@ -668,6 +668,25 @@ struct SharedBlock {
   uint64_t addr() const { return reinterpret_cast<uint64_t>(p); }
 };
 
+// Asks for the session info, retains device 0's primary context and makes it current.
+bool StartSessionWithContext(RawClient& c) {
+  using tf::transport::Writer;
+  using tf::driver::Fn;
+  uint8_t buf[64];
+  std::vector<uint8_t> out;
+  if (c.Call(tf::remote::kOpSessionInfo, Writer(nullptr, 0)) != 0) return false;
+  Writer retain(buf, sizeof(buf));
+  retain.I32(0);
+  if (c.Call(tf::remote::Op(Fn::cuDevicePrimaryCtxRetain), retain, &out) != 0 || out.size() < 8) {
+    return false;
+  }
+  uint64_t ctx = 0;
+  memcpy(&ctx, out.data(), 8);
+  Writer set(buf, sizeof(buf));
+  set.U64(ctx);
+  return c.Send(tf::remote::Op(Fn::cuCtxSetCurrent), 0, set) != 0;
+}
+
 TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   using tf::transport::Writer;
   namespace remote = tf::remote;
@@ -677,19 +696,7 @@ TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   ASSERT_TRUE(c.Connect(unix_.substr(5)));
   uint8_t buf[256];
   std::vector<uint8_t> out;
-  ASSERT_EQ(c.Call(remote::kOpSessionInfo, Writer(nullptr, 0)), 0);
-  {
-    Writer w(buf, sizeof(buf));
-    w.I32(0);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxRetain), w, &out), 0);
-  }
-  uint64_t ctx = 0;
-  memcpy(&ctx, out.data(), 8);
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(ctx);
-    ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, w), 0u);
-  }
+  ASSERT_TRUE(StartSessionWithContext(c));
   uint64_t dev = 0;
   {
     Writer w(buf, sizeof(buf));
@@ -953,19 +960,7 @@ TEST_F(RemoteTest, BadLinkAndJitMessagesGetAnErrorAndChangeNothing) {
   ASSERT_TRUE(c.Connect(unix_.substr(5)));
   uint8_t buf[2048];
   std::vector<uint8_t> out;
-  ASSERT_EQ(c.Call(remote::kOpSessionInfo, Writer(nullptr, 0)), 0);
-  {
-    Writer w(buf, sizeof(buf));
-    w.I32(0);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxRetain), w, &out), 0);
-  }
-  uint64_t ctx = 0;
-  memcpy(&ctx, out.data(), 8);
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(ctx);
-    ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, w), 0u);
-  }
+  ASSERT_TRUE(StartSessionWithContext(c));
   auto options = [&](Writer& w, uint32_t n, uint32_t id) {
     w.U32(n);
     for (uint32_t i = 0; i < n; ++i) {
