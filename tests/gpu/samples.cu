@@ -799,7 +799,7 @@ struct Sample {
   void (*run)(Outcome&);
 };
 
-// Order: zero_copy last (over TCP its device pointer is the client's address; see docs/remote.md).
+// Order: zero_copy last (over TCP the remote vGPU refuses mapped host memory; docs/remote.md).
 const Sample kSamples[] = {
     {"vecadd_driver", VecAddDriver},
     {"vecadd_runtime", VecAddRuntime},
