@@ -364,6 +364,17 @@ CUresult ConnectLocked() {
   gethostname(host, sizeof(host) - 1);
   hello.SetHostId(host);
   transport::TransportOptions opt;
+  // The shared-memory bulk arena (both directions), 64 MiB unless TFUSION_SHM_ARENA_MIB says
+  // otherwise: larger arenas let more of a large pageable copy be in flight.
+  if (const char* v = getenv("TFUSION_SHM_ARENA_MIB"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    unsigned long mib = strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || mib < 2 || mib > 4096) {
+      ClientLog("TFUSION_SHM_ARENA_MIB=%s ignored: want whole MiB from 2 to 4096", v);
+    } else {
+      opt.shm_arena_bytes = static_cast<uint64_t>(mib) << 20;
+    }
+  }
   std::unique_ptr<transport::Transport> t;
   TransportStatus ts = strncmp(remote, "unix:", 5) == 0
                            ? transport::ConnectShm(remote + 5, hello, opt, &t)

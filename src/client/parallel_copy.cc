@@ -1,11 +1,13 @@
 #include "client/parallel_copy.h"
 
 #include <pthread.h>
+#include <emmintrin.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 namespace tf::client {
@@ -35,6 +37,11 @@ Pool& P() {
   return *p;
 }
 
+void CopyPart(void* dst, const void* src, size_t n) {
+  if (Settings().streaming) StreamCopy(dst, src, n);
+  else memcpy(dst, src, n);
+}
+
 void* HelperMain(void* arg) {
   const int id = static_cast<int>(reinterpret_cast<intptr_t>(arg));
   Pool& p = P();
@@ -46,7 +53,7 @@ void* HelperMain(void* arg) {
     Part part = p.parts[id];
     if (part.n == 0) continue;
     pthread_mutex_unlock(&p.mu);
-    memcpy(part.dst, part.src, part.n);
+    CopyPart(part.dst, part.src, part.n);
     pthread_mutex_lock(&p.mu);
     if (--p.pending == 0) pthread_cond_signal(&p.done);
   }
@@ -58,6 +65,7 @@ int StartHelpers(Pool& p) {
   if (p.helpers >= 0) return p.helpers;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int want = static_cast<int>(std::clamp<long>(cpus / 2, 0, kMaxHelpers));
+  if (Settings().threads > 0) want = Settings().threads - 1;
   int started = 0;
   for (int i = 0; i < want; ++i) {
     pthread_attr_t attr;
@@ -95,6 +103,49 @@ struct ForkReset {
 
 }  // namespace
 
+CopySettings& Settings() {
+  static CopySettings settings = [] {
+    CopySettings c;
+    // TFUSION_COPY_THREADS=N (1..4) copies on N threads in all; 1 turns the helpers off.
+    if (const char* v = getenv("TFUSION_COPY_THREADS");
+        v != nullptr && v[0] >= '1' && v[0] <= '4' && v[1] == '\0') {
+      c.threads = v[0] - '0';
+    }
+    if (const char* v = getenv("TFUSION_COPY_NT"); v != nullptr && v[0] == '0' && v[1] == '\0') {
+      c.streaming = false;
+    }
+    return c;
+  }();
+  return settings;
+}
+
+void StreamCopy(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+  const size_t head = (64 - (reinterpret_cast<uintptr_t>(d) & 63)) & 63;
+  if (n < head + 256) {
+    memcpy(d, s, n);
+    return;
+  }
+  memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  const size_t body = n & ~size_t{63};
+  for (size_t i = 0; i < body; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  _mm_sfence();  // the streamed lines are visible before whoever waits on this copy reads them
+  memcpy(d + body, s + body, n - body);
+}
+
 void ParallelCopy(void* dst, const void* src, size_t n) {
   if (n < kParallelCopyMin) {
     memcpy(dst, src, n);
@@ -102,13 +153,13 @@ void ParallelCopy(void* dst, const void* src, size_t n) {
   }
   Pool& p = P();
   if (pthread_mutex_trylock(&p.use) != 0) {  // another thread drives the helpers: copy alone
-    memcpy(dst, src, n);
+    CopyPart(dst, src, n);
     return;
   }
   const int helpers = StartHelpers(p);
   if (helpers == 0) {
     pthread_mutex_unlock(&p.use);
-    memcpy(dst, src, n);
+    CopyPart(dst, src, n);
     return;
   }
   // Parts of whole cache lines; the caller takes the first, the helpers the rest.
@@ -130,7 +181,7 @@ void ParallelCopy(void* dst, const void* src, size_t n) {
   ++p.generation;
   pthread_cond_broadcast(&p.work);
   pthread_mutex_unlock(&p.mu);
-  memcpy(d, s, mine);
+  CopyPart(d, s, mine);
   pthread_mutex_lock(&p.mu);
   while (p.pending > 0) pthread_cond_wait(&p.done, &p.mu);
   pthread_mutex_unlock(&p.mu);

@@ -576,6 +576,18 @@ TEST_F(RemoteTest, PinnedMemoryIsSharedWithTheWorkerAtTheSameAddressOverSharedMe
   ExpectSameKeys(direct, r);
 }
 
+TEST_F(RemoteTest, PerThreadDefaultStreamVariantsRunRemotely) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "perthread");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    // HtoD, then a memset of words 4 and 5, on the thread's default stream, in that order.
+    EXPECT_EQ(r.kv["per_thread"], "0,21,5,5,7161") << addr;
+    EXPECT_EQ(r.kv["per_thread_event"], "0") << addr;
+  }
+}
+
 TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
   StartWorker();
   Result direct = DirectProgram({TF_HOST_PROBE, "pinned", "--no-zero-copy"});

@@ -897,6 +897,47 @@ int Library() {
 }
 
 // Stream capture of kernel launches, then the captured graph instantiated and launched.
+// The per-thread default-stream variants (_ptsz, _ptds) that programs built with
+// --default-stream per-thread (and cudart's per-thread API) call: a NULL stream is the calling
+// thread's default stream. Looked up by name, "na" where the driver has none.
+int PerThread() {
+  Setup();
+  using HtoDAsync = CUresult (*)(CUdeviceptr, const void*, size_t, CUstream);
+  using DtoH = CUresult (*)(void*, CUdeviceptr, size_t);
+  using MemsetD32 = CUresult (*)(CUdeviceptr, unsigned, size_t);
+  using MemsetD32Async = CUresult (*)(CUdeviceptr, unsigned, size_t, CUstream);
+  using StreamSync = CUresult (*)(CUstream);
+  using EventRecord = CUresult (*)(CUevent, CUstream);
+  auto htod = Sym<HtoDAsync>("cuMemcpyHtoDAsync_v2_ptsz");
+  auto dtoh = Sym<DtoH>("cuMemcpyDtoH_v2_ptds");
+  auto memset32 = Sym<MemsetD32>("cuMemsetD32_v2_ptds");
+  auto memset32_async = Sym<MemsetD32Async>("cuMemsetD32Async_ptsz");
+  auto sync = Sym<StreamSync>("cuStreamSynchronize_ptsz");
+  auto record = Sym<EventRecord>("cuEventRecord_ptsz");
+  if (!htod || !dtoh || !memset32 || !memset32_async || !sync || !record) {
+    std::printf("per_thread=na\ndone=1\n");
+    return 0;
+  }
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, 4096));
+  std::vector<uint32_t> in(1024), out(1024, 0);
+  for (uint32_t i = 0; i < 1024; ++i) in[i] = i * 7u;
+  CHECK(memset32(d, 0, 1024));
+  CHECK(htod(d, in.data(), 4096, nullptr));  // the per-thread default stream
+  CHECK(memset32_async(d + 16, 5, 2, nullptr));
+  CUevent e;
+  CHECK(cuEventCreate(&e, 0));
+  CHECK(record(e, nullptr));
+  CHECK(sync(nullptr));
+  std::printf("per_thread_event=%d\n", static_cast<int>(cuEventQuery(e)));
+  CHECK(dtoh(out.data(), d, 4096));
+  std::printf("per_thread=%u,%u,%u,%u,%u\n", out[0], out[3], out[4], out[5], out[1023]);
+  CHECK(cuEventDestroy(e));
+  CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
 int Capture() {
   Setup();
   CUfunction fill = Kernel("fill_u32");
@@ -1012,6 +1053,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "graphs")) return Graphs();
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
+  if (!strcmp(mode, "perthread")) return PerThread();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
