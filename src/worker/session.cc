@@ -1102,6 +1102,19 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
     CUevent done;  // nullptr: nothing to wait for
   };
   std::deque<InFlight> q;
+  // TFUSION_COPY_PROFILE=1: where the time of a large copy goes, logged per copy.
+  static const bool profile = [] {
+    const char* v = getenv("TFUSION_COPY_PROFILE");
+    return v != nullptr && *v == '1';
+  }();
+  int64_t t_start = profile ? transport::MonotonicNowNs() : 0, t_reserve = 0, t_issue = 0,
+          t_wait = 0, t_send = 0, t0 = 0;
+  auto tick = [&](int64_t* acc) {
+    if (!profile) return;
+    const int64_t now = transport::MonotonicNowNs();
+    if (acc) *acc += now - t0;
+    t0 = now;
+  };
   CUresult r = CUDA_SUCCESS;
   uint64_t next = 0;
   size_t ev = 0;
@@ -1110,7 +1123,9 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
       const uint64_t len = std::min(slice, n - next);
       void* data = nullptr;
       // Waiting for space only when nothing is in flight: the client frees space as it reads.
+      tick(nullptr);
       TransportStatus ts = t_->ReserveBulk(len, q.empty() ? 10000 : 0, &data);
+      tick(&t_reserve);
       if (ts.code() == transport::TransportErrc::kTimeout && !q.empty()) break;
       if (!ts.ok()) return CUDA_ERROR_UNKNOWN;  // the client is gone or stuck
       CUevent done = nullptr;
@@ -1130,16 +1145,26 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
         }
       }
       if (cr != CUDA_SUCCESS) r = cr;  // the reserved slice still goes out, in order
+      tick(&t_issue);
       q.push_back({data, next, len, done});
       next += len;
     }
     InFlight f = q.front();
     q.pop_front();
+    tick(nullptr);
     if (f.done != nullptr) {
       CUresult er = CALL(cuEventSynchronize, f.done);
       if (er != CUDA_SUCCESS && r == CUDA_SUCCESS) r = er;
     }
+    tick(&t_wait);
     if (!SendCopyData(f.off, f.data, f.len, true)) return CUDA_ERROR_UNKNOWN;
+    tick(&t_send);
+  }
+  if (profile && n >= (1u << 20)) {
+    Log("copy profile: DtoH %llu bytes: %.3f ms; waiting for bulk space %.3f, issuing %.3f, "
+        "waiting for the DMA %.3f, sending %.3f",
+        static_cast<unsigned long long>(n), (transport::MonotonicNowNs() - t_start) / 1e6,
+        t_reserve / 1e6, t_issue / 1e6, t_wait / 1e6, t_send / 1e6);
   }
   return r;
 }
