@@ -126,4 +126,9 @@ bool InHostRegion(Session* s, uint64_t p, uint64_t n);
 CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,
                         uint64_t stream, bool async);
 
+// Host nodes (client_callbacks.cc): the id under which the worker's host node runs fn(user) in
+// the client; one id per (fn, user), kept until the process ends. Requires the session.
+CUresult RegisterHostNode(Session* s, CUhostFn fn, void* user, uint64_t* id);
+// A graph launch enqueued n host-node runs (the callback thread polls until they ran).
+void HostNodeRunsLaunched(int64_t n);
 }  // namespace tf::client

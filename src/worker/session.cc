@@ -25,6 +25,7 @@
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
 #include "worker/session_console.h"
+#include "worker/session_graphs.h"
 #include "worker/session_link.h"
 
 namespace tf::worker {
@@ -64,7 +65,7 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session {
+class Session : public GraphHost {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {}
@@ -78,19 +79,36 @@ class Session {
   void ReplyDeferred(uint64_t seq);
   CUresult SessionInfo(Writer& out);
   CUresult LaunchCall(Fn fn, Reader& rd);
-  struct LaunchArgs {
-    void* params[remote::kMaxKernelParams];
-    void* extra[5] = {};
-    size_t extra_size = 0;
-    void** kernel_params = nullptr;
-    void** extra_p = nullptr;
-  };
+  using LaunchArgs = KernelArgs;
   CUresult DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a);
-  CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p);
-  CUresult GraphCall(Fn fn, Reader& rd, Writer& out);
-  // Libraries and kernels (cuLibrary*, cuKernel*), stream capture.
+  // GraphHost (session_graphs.h): what the graph tables check and change.
+  const driver::DriverTable& Driver() const override { return d_; }
+  bool DeviceRange(uint64_t p, uint64_t n) const override { return n > 0 && Range(p, n); }
+  bool KnownStream(uint64_t s) const override { return Stream(s); }
+  bool KnownEvent(uint64_t e) const override { return events_.count(e) != 0; }
+  bool KnownContext(uint64_t c) const override { return contexts_.count(c) != 0; }
+  bool KnownDevice(int32_t d) const override { return Device(d); }
+  void* HostRegionAddress(uint64_t host, uint64_t n) override {
+    uint64_t base = 0;
+    HostRegion* r = n > 0 ? FindRegion(host, n, &base) : nullptr;
+    return r ? r->local + (host - base) : nullptr;
+  }
+  CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p) override;
+  bool ParamSizes(uint64_t f, std::vector<size_t>* sizes) const override {
+    auto it = functions_.find(f);
+    if (it == functions_.end() || !it->second.layout_known) return false;
+    *sizes = it->second.sizes;
+    return true;
+  }
+  void AddAllocation(uint64_t p, uint64_t n) override { allocs_[p] = n; }
+  void RemoveAllocation(uint64_t p) override { allocs_.erase(p); }
+  void HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) override;
+  void HostRunsEnqueued(int64_t n) override {
+    std::lock_guard<std::mutex> g(hf_mu_);
+    hf_outstanding_ += n;
+  }
+  // Libraries and kernels (cuLibrary*, cuKernel*).
   CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
-  CUresult CaptureCall(Fn fn, Reader& rd, Writer& out);
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
   // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
   CUresult VmmCall(Fn fn, Reader& rd, Writer& out);
@@ -103,6 +121,9 @@ class Session {
     uint64_t id;
   };
   static void HostFuncTrampoline(void* arg);
+  // A host node's function: as HostFuncTrampoline, for every run of the node (arg is kept).
+  static void HostNodeTrampoline(void* arg);
+  std::map<uint64_t, std::unique_ptr<HostFuncArg>> host_node_args_;  // by client id
   void HostFuncReached(uint64_t id);
   void HostFuncDone(uint64_t id);
   // Before a call that blocks on streams: waits until every host function the client enqueued has
@@ -184,13 +205,12 @@ class Session {
   std::map<uint64_t, uint64_t> vmm_mapped_;    // cuMemMap: base -> size  // base -> global variable of a loaded module or library
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
   std::set<uint64_t> pools_, created_pools_;
-  std::set<uint64_t> graphs_;
-  std::map<uint64_t, uint64_t> graph_nodes_;  // node -> its graph
-  std::map<uint64_t, uint64_t> execs_;        // executable graph -> the graph it came from
+  SessionGraphs graphs_{*this};
   std::mutex hf_mu_;
   std::condition_variable hf_cv_;
-  std::set<uint64_t> hf_done_;  // acknowledged, not yet seen by their stream thread
-  size_t hf_outstanding_ = 0;   // enqueued on the driver, not yet finished
+  // Acknowledged, not yet seen by their stream thread (a host node's id may be run twice at once).
+  std::multiset<uint64_t> hf_done_;
+  int64_t hf_outstanding_ = 0;  // enqueued on the driver, not yet finished
   bool hf_stopping_ = false;    // the session ends: release every waiting stream thread
   std::atomic<uint64_t> event_seq_{1};
   std::vector<uint8_t> bulk_copy_;  // every pool handle the client got; those it created
@@ -379,6 +399,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (remote::IsHostRegionOp(op)) return HostRegionCall(op, rd, out);
   if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
+  if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
       uint64_t c = 0;
@@ -625,16 +646,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemPoolSetAttribute:
     case Fn::cuMemPoolGetAttribute:
       return PoolOrAsyncAlloc(fn, rd, out);
-    case Fn::cuGraphCreate:
-    case Fn::cuGraphAddKernelNode_v2:
-    case Fn::cuGraphInstantiateWithFlags:
-    case Fn::cuGraphLaunch:
-    case Fn::cuGraphLaunch_ptsz:
-    case Fn::cuGraphExecKernelNodeSetParams_v2:
-    case Fn::cuGraphExecDestroy:
-    case Fn::cuGraphDestroy:
-    case Fn::cuGraphGetNodes:
-      return GraphCall(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
       uint64_t s = 0, id = 0;
@@ -755,13 +766,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuOccupancyMaxPotentialBlockSize:
     case Fn::cuOccupancyMaxPotentialBlockSizeWithFlags:
       return LibraryCall(fn, rd, out);
-    case Fn::cuStreamBeginCapture:
-    case Fn::cuStreamBeginCapture_ptsz:
-    case Fn::cuStreamBeginCapture_v2:
-    case Fn::cuStreamBeginCapture_v2_ptsz:
-    case Fn::cuStreamEndCapture:
-    case Fn::cuStreamEndCapture_ptsz:
-      return CaptureCall(fn, rd, out);
     case Fn::cuLaunchKernel:
     case Fn::cuLaunchKernel_ptsz:
     case Fn::cuLaunchCooperativeKernel:
@@ -885,6 +889,18 @@ void Session::HostFuncTrampoline(void* arg) {
   auto* a = static_cast<HostFuncArg*>(arg);
   a->self->HostFuncReached(a->id);
   delete a;
+}
+
+void Session::HostNodeTrampoline(void* arg) {
+  auto* a = static_cast<HostFuncArg*>(arg);
+  a->self->HostFuncReached(a->id);
+}
+
+void Session::HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) {
+  std::unique_ptr<HostFuncArg>& a = host_node_args_[id];
+  if (!a) a.reset(new HostFuncArg{this, id});
+  *fn = &Session::HostNodeTrampoline;
+  *arg = a.get();
 }
 
 
@@ -1200,7 +1216,7 @@ void Session::HostFuncReached(uint64_t id) {
   (void)t_->Send(f);  // thread-safe; a dead client releases us through hf_stopping_
   std::unique_lock<std::mutex> lk(hf_mu_);
   hf_cv_.wait(lk, [&] { return hf_done_.count(id) != 0 || hf_stopping_; });
-  hf_done_.erase(id);
+  if (auto it = hf_done_.find(id); it != hf_done_.end()) hf_done_.erase(it);
   --hf_outstanding_;
   hf_cv_.notify_all();
 }
@@ -1288,126 +1304,6 @@ CUresult Session::DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_P
   p->kernelParams = a->kernel_params;
   p->extra = a->extra_p;
   return CUDA_SUCCESS;
-}
-
-CUresult Session::GraphCall(Fn fn, Reader& rd, Writer& out) {
-  switch (fn) {
-    case Fn::cuGraphCreate: {
-      uint32_t flags = 0;
-      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUgraph g = nullptr;
-      CUresult r = CALL(cuGraphCreate, &g, flags);
-      if (r != CUDA_SUCCESS) return r;
-      graphs_.insert(H(g));
-      out.U64(H(g));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphAddKernelNode_v2: {
-      uint64_t g = 0;
-      uint32_t ndeps = 0;
-      rd.U64(&g);
-      if (!rd.U32(&ndeps) || ndeps > remote::kMaxGraphDeps) return CUDA_ERROR_INVALID_VALUE;
-      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      std::vector<CUgraphNode> deps(ndeps);
-      for (auto& d : deps) {
-        uint64_t n = 0;
-        if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
-        auto it = graph_nodes_.find(n);
-        if (it == graph_nodes_.end() || it->second != g) return CUDA_ERROR_INVALID_VALUE;
-        d = As<CUgraphNode>(n);
-      }
-      LaunchArgs la;
-      CUDA_KERNEL_NODE_PARAMS p = {};
-      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
-      CUgraphNode node = nullptr;
-      CUresult r = CALL(cuGraphAddKernelNode_v2, &node, As<CUgraph>(g), ndeps ? deps.data() : nullptr,
-                        ndeps, &p);
-      if (r != CUDA_SUCCESS) return r;
-      graph_nodes_[H(node)] = g;
-      out.U64(H(node));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphInstantiateWithFlags: {
-      uint64_t g = 0, flags = 0;
-      rd.U64(&g);
-      if (!rd.U64(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      CUgraphExec e = nullptr;
-      CUresult r = CALL(cuGraphInstantiateWithFlags, &e, As<CUgraph>(g), flags);
-      if (r != CUDA_SUCCESS) return r;
-      execs_[H(e)] = g;
-      out.U64(H(e));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphLaunch:
-    case Fn::cuGraphLaunch_ptsz: {
-      uint64_t e = 0, s = 0;
-      rd.U64(&e);
-      if (!rd.U64(&s) || !rd.Finish() || !execs_.count(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      return fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
-                                     : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
-    }
-    case Fn::cuGraphExecKernelNodeSetParams_v2: {
-      uint64_t e = 0, n = 0;
-      rd.U64(&e);
-      if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
-      auto eit = execs_.find(e);
-      auto nit = graph_nodes_.find(n);
-      if (eit == execs_.end() || nit == graph_nodes_.end() || nit->second != eit->second) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      LaunchArgs la;
-      CUDA_KERNEL_NODE_PARAMS p = {};
-      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
-      return CALL(cuGraphExecKernelNodeSetParams_v2, As<CUgraphExec>(e), As<CUgraphNode>(n), &p);
-    }
-    case Fn::cuGraphExecDestroy: {
-      uint64_t e = 0;
-      if (!rd.U64(&e) || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-      if (r == CUDA_SUCCESS) execs_.erase(e);
-      return r;
-    }
-    // The nodes of a graph (of a captured one too): in U64 graph, U32 capacity (0: count only);
-    // out U64 count, then min(count, capacity) U64 node handles, which join the session's nodes.
-    case Fn::cuGraphGetNodes: {
-      uint64_t g = 0;
-      uint32_t capacity = 0;
-      rd.U64(&g);
-      if (!rd.U32(&capacity) || !rd.Finish() || capacity > remote::kMaxGraphDeps) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      size_t count = 0;
-      CUresult r = CALL(cuGraphGetNodes, As<CUgraph>(g), nullptr, &count);
-      if (r != CUDA_SUCCESS) return r;
-      std::vector<CUgraphNode> nodes(count);
-      if (capacity > 0 && count > 0) {
-        r = CALL(cuGraphGetNodes, As<CUgraph>(g), nodes.data(), &count);
-        if (r != CUDA_SUCCESS) return r;
-      }
-      out.U64(count);
-      for (size_t i = 0; i < count && i < capacity; ++i) {
-        graph_nodes_[H(nodes[i])] = g;
-        out.U64(H(nodes[i]));
-      }
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphDestroy: {
-      uint64_t g = 0;
-      if (!rd.U64(&g) || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuGraphDestroy, As<CUgraph>(g));
-      if (r == CUDA_SUCCESS) {
-        graphs_.erase(g);
-        for (auto it = graph_nodes_.begin(); it != graph_nodes_.end();) {
-          if (it->second == g) it = graph_nodes_.erase(it);
-          else ++it;
-        }
-      }
-      return r;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
-  }
 }
 
 // cuLaunchKernel(_ptsz), cuLaunchCooperativeKernel(_ptsz), cuLaunchKernelEx(_ptsz).
@@ -1982,39 +1878,6 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
   }
 }
 
-// Stream capture: the driver records what the client forwards into a capturing stream; the
-// graph it ends with joins the graph table (instantiate, launch, destroy as any other).
-CUresult Session::CaptureCall(Fn fn, Reader& rd, Writer& out) {
-  uint64_t s = 0;
-  uint32_t mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  rd.U64(&s);
-  if (fn == Fn::cuStreamBeginCapture_v2 || fn == Fn::cuStreamBeginCapture_v2_ptsz) rd.U32(&mode);
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-  CUstream st = As<CUstream>(s);
-  auto m = static_cast<CUstreamCaptureMode>(mode);
-  switch (fn) {
-    case Fn::cuStreamBeginCapture:
-    case Fn::cuStreamBeginCapture_v2:
-      return CALL(cuStreamBeginCapture_v2, st, m);
-    case Fn::cuStreamBeginCapture_ptsz:
-    case Fn::cuStreamBeginCapture_v2_ptsz:
-      return CALL(cuStreamBeginCapture_v2_ptsz, st, m);
-    case Fn::cuStreamEndCapture:
-    case Fn::cuStreamEndCapture_ptsz: {
-      CUgraph g = nullptr;
-      CUresult r = fn == Fn::cuStreamEndCapture ? CALL(cuStreamEndCapture, st, &g)
-                                                : CALL(cuStreamEndCapture_ptsz, st, &g);
-      if (r != CUDA_SUCCESS) return r;
-      graphs_.insert(H(g));
-      out.U64(H(g));
-      return CUDA_SUCCESS;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
-  }
-}
-
 // Stream-ordered allocations and memory pools.
 CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
@@ -2193,8 +2056,8 @@ void Session::Cleanup() {
   arena_state_ = -1;
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
-  for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-  for (uint64_t g : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
+  const size_t graphs = graphs_.graph_count();
+  graphs_.Cleanup();
   jit_.DestroyAll();
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
@@ -2207,8 +2070,9 @@ void Session::Cleanup() {
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
-  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu host regions",
-      allocs_.size(), streams_.size(), events_.size(), modules_.size(), regions);
+  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
+      "%zu host regions",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions);
   allocs_.clear();
 }
 

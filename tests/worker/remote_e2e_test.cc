@@ -419,6 +419,46 @@ TEST_F(RemoteTest, GraphsOfKernelNodesRunAndUpdateRemotely) {
   }
 }
 
+TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
+  StartWorker();
+  Result direct = Direct("graphnodes");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphnodes");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    // memset -> host node -> memcpy -> empty -> child graph (memset) -> event record.
+    EXPECT_EQ(r.kv["run"], "21,21,0,77,H");
+    EXPECT_EQ(r.kv["edges"], "5");
+    EXPECT_EQ(r.kv["roots"], "1,1");
+    EXPECT_EQ(r.kv["copy_deps"], "1,1");
+    EXPECT_EQ(r.kv["updated"], "22,21,0") << "memset updated, copy disabled";
+    EXPECT_EQ(r.kv["exec_update"], "0,21,21");
+    EXPECT_EQ(r.kv["graph_alloc"], "5a,2") << "graph allocation usable and known as device memory";
+    EXPECT_EQ(r.kv["graph_alloc_freed_attr"], "1");
+    // Page-locked memory reaches the worker over shared memory only; pageable never does.
+    if (addr == unix_) {
+      EXPECT_EQ(r.kv["pinned_copy_rc"], "0");
+      EXPECT_EQ(r.kv["pinned_copy"], "21,77");
+    } else {
+      EXPECT_EQ(r.kv["pinned_copy_rc"], "801");
+    }
+    EXPECT_EQ(r.kv["pageable_copy_rc"], "801");
+    EXPECT_EQ(r.kv["bad_node_type"], "1");
+    EXPECT_EQ(r.kv["bad_node_dep"], "1");
+    EXPECT_EQ(r.kv["bad_child"], "1");
+    EXPECT_EQ(r.kv["bad_exec_set"], "1");
+    EXPECT_EQ(r.kv["bad_memset_ptr"], "1") << "a pointer outside the session's allocations";
+    EXPECT_EQ(r.kv["destroyed_node_type"], "1");
+    EXPECT_EQ(r.kv["after_bad"], "1");
+    Result d = direct;
+    for (const char* k : {"pinned_copy_rc", "pinned_copy", "pageable_copy_rc", "bad_memset_ptr"}) {
+      d.kv.erase(k);
+    }
+    ExpectSameKeys(d, r);
+  }
+}
+
 TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
   StartWorker();
   Result direct = Direct("library");
