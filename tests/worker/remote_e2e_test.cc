@@ -713,6 +713,35 @@ class RawClient {
     return t_->Send(f).ok() ? f.sequence : 0;
   }
   tf::transport::Transport* transport() { return t_.get(); }
+  // The session's driver, device 0's primary context made current (what the stub does first).
+  bool UsePrimaryContext() {
+    uint8_t buf[16];
+    std::vector<uint8_t> out;
+    if (Call(tf::remote::kOpSessionInfo, tf::transport::Writer(nullptr, 0)) != 0) return false;
+    tf::transport::Writer w(buf, sizeof(buf));
+    w.I32(0);
+    if (Call(tf::remote::Op(tf::driver::Fn::cuDevicePrimaryCtxRetain), w, &out) != 0 ||
+        out.size() < 8) {
+      return false;
+    }
+    uint64_t ctx = 0;
+    memcpy(&ctx, out.data(), 8);
+    tf::transport::Writer s(buf, sizeof(buf));
+    s.U64(ctx);
+    return Send(tf::remote::Op(tf::driver::Fn::cuCtxSetCurrent), 0, s) != 0;
+  }
+  // cuMemAlloc_v2: the device pointer, 0 when refused.
+  uint64_t Alloc(uint64_t n) {
+    uint8_t buf[8];
+    std::vector<uint8_t> out;
+    tf::transport::Writer w(buf, sizeof(buf));
+    w.U64(n);
+    uint64_t p = 0;
+    if (Call(tf::remote::Op(tf::driver::Fn::cuMemAlloc_v2), w, &out) == 0 && out.size() >= 8) {
+      memcpy(&p, out.data(), 8);
+    }
+    return p;
+  }
 
  private:
   std::unique_ptr<tf::transport::Transport> t_;
@@ -744,28 +773,11 @@ TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   StartWorker();
   RawClient c;
   ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
   uint8_t buf[256];
   std::vector<uint8_t> out;
-  ASSERT_EQ(c.Call(remote::kOpSessionInfo, Writer(nullptr, 0)), 0);
-  {
-    Writer w(buf, sizeof(buf));
-    w.I32(0);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxRetain), w, &out), 0);
-  }
-  uint64_t ctx = 0;
-  memcpy(&ctx, out.data(), 8);
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(ctx);
-    ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, w), 0u);
-  }
-  uint64_t dev = 0;
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(16384);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuMemAlloc_v2), w, &out), 0);
-    memcpy(&dev, out.data(), 8);
-  }
+  const uint64_t dev = c.Alloc(16384);
+  ASSERT_NE(dev, 0u);
   // Offers `block` (unless null) and sends the map message.
   auto map = [&](uint64_t id, SharedBlock* block, uint64_t addr, uint64_t len, uint32_t flags) {
     if (block) {
@@ -841,28 +853,12 @@ TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
   StartWorker();
   RawClient c;
   ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
   uint8_t buf[256];
   std::vector<uint8_t> out;
-  ASSERT_EQ(c.Call(remote::kOpSessionInfo, Writer(nullptr, 0)), 0);
-  {
-    Writer w(buf, sizeof(buf));
-    w.I32(0);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxRetain), w, &out), 0);
-  }
-  uint64_t ctx = 0;
-  memcpy(&ctx, out.data(), 8);
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(ctx);
-    ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, w), 0u);
-  }
-  uint64_t dev = 0, array = 0;
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(4096);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuMemAlloc_v2), w, &out), 0);
-    memcpy(&dev, out.data(), 8);
-  }
+  const uint64_t dev = c.Alloc(4096);
+  ASSERT_NE(dev, 0u);
+  uint64_t array = 0;
   {
     CUDA_ARRAY3D_DESCRIPTOR d = {};
     d.Width = 16;
