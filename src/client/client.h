@@ -121,6 +121,19 @@ struct Session {
   // (entry point, four arguments) -> the 64-bit answer.
   std::map<std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>, uint64_t> answers;
   std::vector<uint8_t> reply_copy;             // scratch
+  // Graphs (client_graphs.cc): host-node runs per launch of each executable graph; the graph
+  // allocations of each graph and the pointers its free nodes free; what the last
+  // cuGraphKernelNodeGetParams and cuStreamGetCaptureInfo handed out (valid until the next).
+  std::unordered_map<uint64_t, uint32_t> exec_host_nodes;
+  struct GraphAllocs {
+    std::vector<uint64_t> allocs;
+    std::vector<uint64_t> frees;
+  };
+  std::unordered_map<uint64_t, GraphAllocs> graph_allocs;
+  std::vector<std::vector<uint8_t>> node_args;
+  std::vector<void*> node_arg_ptrs;
+  std::unordered_map<uint64_t, std::vector<CUgraphNode>> capture_deps;
+  std::unordered_map<uint64_t, std::vector<CUgraphEdgeData>> capture_edges;
 };
 
 struct ClientState {

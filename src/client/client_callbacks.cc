@@ -38,6 +38,11 @@ struct Callbacks {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
   std::map<uint64_t, Pending> registered;  // sent, not yet run
+  // Host nodes: run at every launch of a graph holding them, never forgotten; by id and by
+  // (function, argument).
+  std::map<uint64_t, Pending> host_nodes;
+  std::map<std::pair<CUhostFn, void*>, uint64_t> host_node_ids;
+  int64_t host_runs_expected = 0;  // launched host-node runs not yet run
   std::deque<uint64_t> reached;            // events received, in order
   uint64_t next_id = 1;
   bool thread_started = false;
@@ -55,6 +60,9 @@ struct ForkReset {
       pthread_mutex_init(&c.mu, nullptr);
       pthread_cond_init(&c.cv, nullptr);
       c.registered.clear();
+      c.host_nodes.clear();
+      c.host_node_ids.clear();
+      c.host_runs_expected = 0;
       c.reached.clear();
       c.thread_started = false;  // the child has no callback thread
     });
@@ -98,7 +106,7 @@ void* CallbackThread(void*) {
   for (;;) {
     pthread_mutex_lock(&c.mu);
     if (c.reached.empty()) {
-      bool outstanding = !c.registered.empty();
+      bool outstanding = !c.registered.empty() || c.host_runs_expected > 0;
       timespec deadline;
       clock_gettime(CLOCK_REALTIME, &deadline);
       deadline.tv_nsec += outstanding ? 200 * 1000 : 50 * 1000 * 1000;
@@ -109,7 +117,7 @@ void* CallbackThread(void*) {
       pthread_cond_timedwait(&c.cv, &c.mu, &deadline);
     }
     if (c.reached.empty()) {
-      bool outstanding = !c.registered.empty();
+      bool outstanding = !c.registered.empty() || c.host_runs_expected > 0;
       pthread_mutex_unlock(&c.mu);
       if (outstanding) PollTransport();
       continue;
@@ -117,18 +125,41 @@ void* CallbackThread(void*) {
     uint64_t id = c.reached.front();
     c.reached.pop_front();
     auto it = c.registered.find(id);
-    if (it == c.registered.end()) {
+    Pending p;
+    if (it != c.registered.end()) {
+      p = it->second;
+      c.registered.erase(it);
+    } else if (auto hn = c.host_nodes.find(id); hn != c.host_nodes.end()) {
+      p = hn->second;
+      if (c.host_runs_expected > 0) --c.host_runs_expected;
+    } else {
       pthread_mutex_unlock(&c.mu);
       continue;
     }
-    Pending p = it->second;
-    c.registered.erase(it);
     pthread_mutex_unlock(&c.mu);
     if (p.host_fn) p.host_fn(p.user);
     else p.callback(p.stream, CUDA_SUCCESS, p.user);
     SendAck(p.session, id);
   }
   return nullptr;
+}
+
+// Starts the callback thread once. REQUIRES c.mu.
+CUresult StartThreadLocked(Callbacks& c) {
+  if (!c.thread_started) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int e = pthread_create(&t, &attr, &CallbackThread, nullptr);
+    pthread_attr_destroy(&attr);
+    if (e != 0) {
+      ClientLog("cannot start the host-function thread (error %d)", e);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    c.thread_started = true;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult Enqueue(Fn fn, CUstream stream, Pending p, unsigned flags) {
@@ -138,19 +169,9 @@ CUresult Enqueue(Fn fn, CUstream stream, Pending p, unsigned flags) {
   Callbacks& c = Cb();
   p.session = s;
   pthread_mutex_lock(&c.mu);
-  if (!c.thread_started) {
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int e = pthread_create(&t, &attr, &CallbackThread, nullptr);
-    pthread_attr_destroy(&attr);
-    if (e != 0) {
-      pthread_mutex_unlock(&c.mu);
-      ClientLog("cannot start the host-function thread (error %d)", e);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    c.thread_started = true;
+  if (CUresult r = StartThreadLocked(c); r != CUDA_SUCCESS) {
+    pthread_mutex_unlock(&c.mu);
+    return r;
   }
   uint64_t id = c.next_id++;
   c.registered[id] = p;
@@ -171,6 +192,35 @@ CUresult Enqueue(Fn fn, CUstream stream, Pending p, unsigned flags) {
 }
 
 }  // namespace
+
+CUresult RegisterHostNode(Session* s, CUhostFn fn, void* user, uint64_t* id) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  CUresult r = StartThreadLocked(c);
+  if (r == CUDA_SUCCESS) {
+    uint64_t& known = c.host_node_ids[{fn, user}];
+    if (known == 0) {
+      known = c.next_id++;
+      Pending p;
+      p.session = s;
+      p.host_fn = fn;
+      p.user = user;
+      c.host_nodes[known] = p;
+    }
+    c.host_nodes[known].session = s;
+    *id = known;
+  }
+  pthread_mutex_unlock(&c.mu);
+  return r;
+}
+
+void HostNodeRunsLaunched(int64_t n) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  c.host_runs_expected += n;
+  pthread_cond_signal(&c.cv);
+  pthread_mutex_unlock(&c.mu);
+}
 
 void HandleEventFrame(Session* s, const transport::InFrame& in) {
   (void)s;

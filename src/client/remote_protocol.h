@@ -96,6 +96,39 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //   cuKernelGet/SetAttribute i32 attribute, [i32 value,] u64 kernel, i32 device
 // Stream capture: cuStreamBeginCapture(_v2)(_ptsz) u64 stream [, u32 mode];
 //   cuStreamEndCapture(_ptsz) u64 stream -> u64 graph (joins the session's graph table).
+// Graphs (client_graphs.cc, worker/session_graphs.cc; every _ptsz and v1 form travels as the
+// opcode named here). "nodes" is u32 n + n x u64 node; "edges" is u8 present [+ n x (u8 from
+// port, u8 to port, u8 type)]; "params" is u32 CUgraphNodeType then by type: kernel u64 function,
+// u32 grid x/y/z, block x/y/z, shared bytes, launch arguments; memcpy u64 context, per side (src,
+// dst) u32 memory type (host = a client address in a host region, or device), u64 address, u64
+// x, y, z, pitch, height, then u64 width, height, depth; memset u64 context, u64 dst, u64 pitch,
+// u32 value, u32 element size, u64 width, u64 height; host u64 host-function id (kEvtHostFunc /
+// kOpHostFuncDone at every run); child graph u64 graph; event record/wait u64 event; mem alloc
+// u32 location type, i32 location id, u32 allocation type, u64 bytes, u32 n + n x (u32 location
+// type, i32 id, u32 flags); mem free u64 pointer; empty nothing.
+//   cuGraphAdd*Node, cuGraphAddNode_v2  u64 graph, nodes, [edges: AddNode_v2 only,] params
+//                                       -> u64 node [, u64 pointer: mem alloc]
+//   cuGraphExec*NodeSetParams/SetEvent  u64 exec, u64 node, params
+//   cuGraphKernelNodeSetParams_v2       u64 node, params;  GetParams_v2 u64 node -> u64 function,
+//                                       u32 x 7 geometry, u32 n (kUnknownParamCount) + n blobs
+//   cuGraphGetNodes/GetRootNodes/GetEdges_v2/NodeGetDependencies_v2  u64 graph or node,
+//                                       u32 capacity -> u64 count, entries (u64 node [, u64 to]
+//                                       [, edge: u8 x 3 for edges and dependencies])
+//   cuGraphAdd/RemoveDependencies_v2    u64 graph, nodes from, nodes to, edges
+//   cuGraphNodeGetType u64 node -> u32;  cuGraphDestroyNode u64 node;  cuGraphClone u64 -> u64
+//   cuGraphInstantiateWithFlags         u64 graph, u64 flags -> u64 exec, u32 host nodes/launch
+//   cuGraphInstantiateWithParams        u64 graph, u64 flags, u64 upload stream -> i32 result,
+//                                       u64 exec, u32 instantiate result, u64 error node, u32 host
+//   cuGraphExecUpdate_v2                u64 exec, u64 graph -> i32 result, u32 update result, u64
+//                                       error node, u64 error-from node, u32 host nodes/launch
+//   cuGraphLaunch(_ptsz), cuGraphUpload u64 exec, u64 stream (fire-and-forget)
+//   cuGraphNodeSet/GetEnabled           u64 exec, u64 node [, u32 enabled] [-> u32]
+//   cuDeviceGraphMemTrim i32 device; cuDevice{Get,Set}GraphMemAttribute i32 device, u32 attribute
+//                                       [, u64 value] [-> u64]
+//   cuStreamGetCaptureInfo_v3           u64 stream -> u32 status, u64 id, u64 graph, u64 n,
+//                                       n x (u64 node, u8 x 3 edge)
+//   cuStreamUpdateCaptureDependencies_v2 u64 stream, u32 flags, nodes, edges
+//   cuStreamBeginCaptureToGraph         u64 stream, u64 graph, u32 mode, nodes, edges
 
 // cuLaunchKernelEx attributes: u32 id, then by id
 //   PROGRAMMATIC_EVENT (7), LAUNCH_COMPLETION_EVENT (12): u64 event, i32 flags, i32 trigger

@@ -25,6 +25,7 @@
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
 #include "worker/session_arrays.h"
+#include "worker/session_graphs.h"
 
 namespace tf::worker {
 namespace {
@@ -63,7 +64,7 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : private SessionArrays::Host {
+class Session : public GraphHost, private SessionArrays::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {}
@@ -71,9 +72,8 @@ class Session : private SessionArrays::Host {
   int Run();
 
  private:
-  // SessionArrays::Host (arrays, 2D/3D copies, texture and surface objects: session_arrays.cc).
-  bool DeviceRange(uint64_t p, uint64_t n) const override { return Range(p, n); }
-  bool KnownStream(uint64_t s) const override { return Stream(s); }
+  // SessionArrays::Host (arrays, 2D/3D copies, texture and surface objects: session_arrays.cc);
+  // DeviceRange and KnownStream serve both hosts.
   bool SendCallData(uint64_t offset, const void* data, uint64_t n) override {
     return SendCopyData(offset, data, n, false);
   }
@@ -85,19 +85,36 @@ class Session : private SessionArrays::Host {
   void ReplyDeferred(uint64_t seq);
   CUresult SessionInfo(Writer& out);
   CUresult LaunchCall(Fn fn, Reader& rd);
-  struct LaunchArgs {
-    void* params[remote::kMaxKernelParams];
-    void* extra[5] = {};
-    size_t extra_size = 0;
-    void** kernel_params = nullptr;
-    void** extra_p = nullptr;
-  };
+  using LaunchArgs = KernelArgs;
   CUresult DecodeLaunchArgs(Reader& rd, uint64_t f, LaunchArgs* a);
-  CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p);
-  CUresult GraphCall(Fn fn, Reader& rd, Writer& out);
-  // Libraries and kernels (cuLibrary*, cuKernel*), stream capture.
+  // GraphHost (session_graphs.h): what the graph tables check and change.
+  const driver::DriverTable& Driver() const override { return d_; }
+  bool DeviceRange(uint64_t p, uint64_t n) const override { return n > 0 && Range(p, n); }
+  bool KnownStream(uint64_t s) const override { return Stream(s); }
+  bool KnownEvent(uint64_t e) const override { return events_.count(e) != 0; }
+  bool KnownContext(uint64_t c) const override { return contexts_.count(c) != 0; }
+  bool KnownDevice(int32_t d) const override { return Device(d); }
+  void* HostRegionAddress(uint64_t host, uint64_t n) override {
+    uint64_t base = 0;
+    HostRegion* r = n > 0 ? FindRegion(host, n, &base) : nullptr;
+    return r ? r->local + (host - base) : nullptr;
+  }
+  CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p) override;
+  bool ParamSizes(uint64_t f, std::vector<size_t>* sizes) const override {
+    auto it = functions_.find(f);
+    if (it == functions_.end() || !it->second.layout_known) return false;
+    *sizes = it->second.sizes;
+    return true;
+  }
+  void AddAllocation(uint64_t p, uint64_t n) override { allocs_[p] = n; }
+  void RemoveAllocation(uint64_t p) override { allocs_.erase(p); }
+  void HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) override;
+  void HostRunsEnqueued(int64_t n) override {
+    std::lock_guard<std::mutex> g(hf_mu_);
+    hf_outstanding_ += n;
+  }
+  // Libraries and kernels (cuLibrary*, cuKernel*).
   CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
-  CUresult CaptureCall(Fn fn, Reader& rd, Writer& out);
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
   // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
   CUresult VmmCall(Fn fn, Reader& rd, Writer& out);
@@ -110,6 +127,9 @@ class Session : private SessionArrays::Host {
     uint64_t id;
   };
   static void HostFuncTrampoline(void* arg);
+  // A host node's function: as HostFuncTrampoline, for every run of the node (arg is kept).
+  static void HostNodeTrampoline(void* arg);
+  std::map<uint64_t, std::unique_ptr<HostFuncArg>> host_node_args_;  // by client id
   void HostFuncReached(uint64_t id);
   void HostFuncDone(uint64_t id);
   // Before a call that blocks on streams: waits until every host function the client enqueued has
@@ -191,13 +211,12 @@ class Session : private SessionArrays::Host {
   std::map<uint64_t, uint64_t> vmm_mapped_;    // cuMemMap: base -> size  // base -> global variable of a loaded module or library
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
   std::set<uint64_t> pools_, created_pools_;
-  std::set<uint64_t> graphs_;
-  std::map<uint64_t, uint64_t> graph_nodes_;  // node -> its graph
-  std::map<uint64_t, uint64_t> execs_;        // executable graph -> the graph it came from
+  SessionGraphs graphs_{*this};
   std::mutex hf_mu_;
   std::condition_variable hf_cv_;
-  std::set<uint64_t> hf_done_;  // acknowledged, not yet seen by their stream thread
-  size_t hf_outstanding_ = 0;   // enqueued on the driver, not yet finished
+  // Acknowledged, not yet seen by their stream thread (a host node's id may be run twice at once).
+  std::multiset<uint64_t> hf_done_;
+  int64_t hf_outstanding_ = 0;  // enqueued on the driver, not yet finished
   bool hf_stopping_ = false;    // the session ends: release every waiting stream thread
   std::atomic<uint64_t> event_seq_{1};
   std::vector<uint8_t> bulk_copy_;  // every pool handle the client got; those it created
@@ -389,6 +408,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (remote::IsHostRegionOp(op)) return HostRegionCall(op, rd, out);
   if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
+  if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
@@ -636,16 +656,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemPoolSetAttribute:
     case Fn::cuMemPoolGetAttribute:
       return PoolOrAsyncAlloc(fn, rd, out);
-    case Fn::cuGraphCreate:
-    case Fn::cuGraphAddKernelNode_v2:
-    case Fn::cuGraphInstantiateWithFlags:
-    case Fn::cuGraphLaunch:
-    case Fn::cuGraphLaunch_ptsz:
-    case Fn::cuGraphExecKernelNodeSetParams_v2:
-    case Fn::cuGraphExecDestroy:
-    case Fn::cuGraphDestroy:
-    case Fn::cuGraphGetNodes:
-      return GraphCall(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
       uint64_t s = 0, id = 0;
@@ -755,13 +765,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuOccupancyMaxPotentialBlockSize:
     case Fn::cuOccupancyMaxPotentialBlockSizeWithFlags:
       return LibraryCall(fn, rd, out);
-    case Fn::cuStreamBeginCapture:
-    case Fn::cuStreamBeginCapture_ptsz:
-    case Fn::cuStreamBeginCapture_v2:
-    case Fn::cuStreamBeginCapture_v2_ptsz:
-    case Fn::cuStreamEndCapture:
-    case Fn::cuStreamEndCapture_ptsz:
-      return CaptureCall(fn, rd, out);
     case Fn::cuLaunchKernel:
     case Fn::cuLaunchKernel_ptsz:
     case Fn::cuLaunchCooperativeKernel:
@@ -885,6 +888,18 @@ void Session::HostFuncTrampoline(void* arg) {
   auto* a = static_cast<HostFuncArg*>(arg);
   a->self->HostFuncReached(a->id);
   delete a;
+}
+
+void Session::HostNodeTrampoline(void* arg) {
+  auto* a = static_cast<HostFuncArg*>(arg);
+  a->self->HostFuncReached(a->id);
+}
+
+void Session::HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) {
+  std::unique_ptr<HostFuncArg>& a = host_node_args_[id];
+  if (!a) a.reset(new HostFuncArg{this, id});
+  *fn = &Session::HostNodeTrampoline;
+  *arg = a.get();
 }
 
 
@@ -1097,8 +1112,18 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
   // kDepth slices in flight; each goes to the client once its DMA completed, in order. A
   // synchronous copy's first slice is a synchronous cuMemcpyDtoH (it waits for the blocking
   // streams, as the legacy stream does); the rest follow it on the legacy stream.
-  constexpr size_t kDepth = 4;
-  const uint64_t slice = std::min<uint64_t>(t_->max_bulk_bytes(), remote::kPipelinedCopySlice);
+  // TFUSION_COPY_SLICE_KIB (64..65536) and TFUSION_COPY_DEPTH (1..16) tune the pipeline.
+  static const uint64_t slice_setting = [] {
+    const char* v = getenv("TFUSION_COPY_SLICE_KIB");
+    const unsigned long kib = v ? strtoul(v, nullptr, 10) : 0;
+    return kib >= 64 && kib <= 65536 ? static_cast<uint64_t>(kib) << 10 : remote::kPipelinedCopySlice;
+  }();
+  static const size_t kDepth = [] {
+    const char* v = getenv("TFUSION_COPY_DEPTH");
+    const unsigned long d = v ? strtoul(v, nullptr, 10) : 0;
+    return d >= 1 && d <= 16 ? static_cast<size_t>(d) : size_t{4};
+  }();
+  const uint64_t slice = std::min<uint64_t>(t_->max_bulk_bytes(), slice_setting);
   while (copy_events_.size() < kDepth) {
     CUevent e = nullptr;
     if (CALL(cuEventCreate, &e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
@@ -1110,6 +1135,19 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
     CUevent done;  // nullptr: nothing to wait for
   };
   std::deque<InFlight> q;
+  // TFUSION_COPY_PROFILE=1: where the time of a large copy goes, logged per copy.
+  static const bool profile = [] {
+    const char* v = getenv("TFUSION_COPY_PROFILE");
+    return v != nullptr && *v == '1';
+  }();
+  int64_t t_start = profile ? transport::MonotonicNowNs() : 0, t_reserve = 0, t_issue = 0,
+          t_wait = 0, t_send = 0, t0 = 0;
+  auto tick = [&](int64_t* acc) {
+    if (!profile) return;
+    const int64_t now = transport::MonotonicNowNs();
+    if (acc) *acc += now - t0;
+    t0 = now;
+  };
   CUresult r = CUDA_SUCCESS;
   uint64_t next = 0;
   size_t ev = 0;
@@ -1118,7 +1156,9 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
       const uint64_t len = std::min(slice, n - next);
       void* data = nullptr;
       // Waiting for space only when nothing is in flight: the client frees space as it reads.
+      tick(nullptr);
       TransportStatus ts = t_->ReserveBulk(len, q.empty() ? 10000 : 0, &data);
+      tick(&t_reserve);
       if (ts.code() == transport::TransportErrc::kTimeout && !q.empty()) break;
       if (!ts.ok()) return CUDA_ERROR_UNKNOWN;  // the client is gone or stuck
       CUevent done = nullptr;
@@ -1138,16 +1178,26 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
         }
       }
       if (cr != CUDA_SUCCESS) r = cr;  // the reserved slice still goes out, in order
+      tick(&t_issue);
       q.push_back({data, next, len, done});
       next += len;
     }
     InFlight f = q.front();
     q.pop_front();
+    tick(nullptr);
     if (f.done != nullptr) {
       CUresult er = CALL(cuEventSynchronize, f.done);
       if (er != CUDA_SUCCESS && r == CUDA_SUCCESS) r = er;
     }
+    tick(&t_wait);
     if (!SendCopyData(f.off, f.data, f.len, true)) return CUDA_ERROR_UNKNOWN;
+    tick(&t_send);
+  }
+  if (profile && n >= (1u << 20)) {
+    Log("copy profile: DtoH %llu bytes: %.3f ms; waiting for bulk space %.3f, issuing %.3f, "
+        "waiting for the DMA %.3f, sending %.3f",
+        static_cast<unsigned long long>(n), (transport::MonotonicNowNs() - t_start) / 1e6,
+        t_reserve / 1e6, t_issue / 1e6, t_wait / 1e6, t_send / 1e6);
   }
   return r;
 }
@@ -1164,7 +1214,7 @@ void Session::HostFuncReached(uint64_t id) {
   (void)t_->Send(f);  // thread-safe; a dead client releases us through hf_stopping_
   std::unique_lock<std::mutex> lk(hf_mu_);
   hf_cv_.wait(lk, [&] { return hf_done_.count(id) != 0 || hf_stopping_; });
-  hf_done_.erase(id);
+  if (auto it = hf_done_.find(id); it != hf_done_.end()) hf_done_.erase(it);
   --hf_outstanding_;
   hf_cv_.notify_all();
 }
@@ -1252,126 +1302,6 @@ CUresult Session::DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_P
   p->kernelParams = a->kernel_params;
   p->extra = a->extra_p;
   return CUDA_SUCCESS;
-}
-
-CUresult Session::GraphCall(Fn fn, Reader& rd, Writer& out) {
-  switch (fn) {
-    case Fn::cuGraphCreate: {
-      uint32_t flags = 0;
-      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUgraph g = nullptr;
-      CUresult r = CALL(cuGraphCreate, &g, flags);
-      if (r != CUDA_SUCCESS) return r;
-      graphs_.insert(H(g));
-      out.U64(H(g));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphAddKernelNode_v2: {
-      uint64_t g = 0;
-      uint32_t ndeps = 0;
-      rd.U64(&g);
-      if (!rd.U32(&ndeps) || ndeps > remote::kMaxGraphDeps) return CUDA_ERROR_INVALID_VALUE;
-      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      std::vector<CUgraphNode> deps(ndeps);
-      for (auto& d : deps) {
-        uint64_t n = 0;
-        if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
-        auto it = graph_nodes_.find(n);
-        if (it == graph_nodes_.end() || it->second != g) return CUDA_ERROR_INVALID_VALUE;
-        d = As<CUgraphNode>(n);
-      }
-      LaunchArgs la;
-      CUDA_KERNEL_NODE_PARAMS p = {};
-      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
-      CUgraphNode node = nullptr;
-      CUresult r = CALL(cuGraphAddKernelNode_v2, &node, As<CUgraph>(g), ndeps ? deps.data() : nullptr,
-                        ndeps, &p);
-      if (r != CUDA_SUCCESS) return r;
-      graph_nodes_[H(node)] = g;
-      out.U64(H(node));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphInstantiateWithFlags: {
-      uint64_t g = 0, flags = 0;
-      rd.U64(&g);
-      if (!rd.U64(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      CUgraphExec e = nullptr;
-      CUresult r = CALL(cuGraphInstantiateWithFlags, &e, As<CUgraph>(g), flags);
-      if (r != CUDA_SUCCESS) return r;
-      execs_[H(e)] = g;
-      out.U64(H(e));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphLaunch:
-    case Fn::cuGraphLaunch_ptsz: {
-      uint64_t e = 0, s = 0;
-      rd.U64(&e);
-      if (!rd.U64(&s) || !rd.Finish() || !execs_.count(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      return fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
-                                     : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
-    }
-    case Fn::cuGraphExecKernelNodeSetParams_v2: {
-      uint64_t e = 0, n = 0;
-      rd.U64(&e);
-      if (!rd.U64(&n)) return CUDA_ERROR_INVALID_VALUE;
-      auto eit = execs_.find(e);
-      auto nit = graph_nodes_.find(n);
-      if (eit == execs_.end() || nit == graph_nodes_.end() || nit->second != eit->second) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      LaunchArgs la;
-      CUDA_KERNEL_NODE_PARAMS p = {};
-      if (CUresult r = DecodeKernelNode(rd, &la, &p); r != CUDA_SUCCESS) return r;
-      return CALL(cuGraphExecKernelNodeSetParams_v2, As<CUgraphExec>(e), As<CUgraphNode>(n), &p);
-    }
-    case Fn::cuGraphExecDestroy: {
-      uint64_t e = 0;
-      if (!rd.U64(&e) || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-      if (r == CUDA_SUCCESS) execs_.erase(e);
-      return r;
-    }
-    // The nodes of a graph (of a captured one too): in U64 graph, U32 capacity (0: count only);
-    // out U64 count, then min(count, capacity) U64 node handles, which join the session's nodes.
-    case Fn::cuGraphGetNodes: {
-      uint64_t g = 0;
-      uint32_t capacity = 0;
-      rd.U64(&g);
-      if (!rd.U32(&capacity) || !rd.Finish() || capacity > remote::kMaxGraphDeps) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      size_t count = 0;
-      CUresult r = CALL(cuGraphGetNodes, As<CUgraph>(g), nullptr, &count);
-      if (r != CUDA_SUCCESS) return r;
-      std::vector<CUgraphNode> nodes(count);
-      if (capacity > 0 && count > 0) {
-        r = CALL(cuGraphGetNodes, As<CUgraph>(g), nodes.data(), &count);
-        if (r != CUDA_SUCCESS) return r;
-      }
-      out.U64(count);
-      for (size_t i = 0; i < count && i < capacity; ++i) {
-        graph_nodes_[H(nodes[i])] = g;
-        out.U64(H(nodes[i]));
-      }
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuGraphDestroy: {
-      uint64_t g = 0;
-      if (!rd.U64(&g) || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuGraphDestroy, As<CUgraph>(g));
-      if (r == CUDA_SUCCESS) {
-        graphs_.erase(g);
-        for (auto it = graph_nodes_.begin(); it != graph_nodes_.end();) {
-          if (it->second == g) it = graph_nodes_.erase(it);
-          else ++it;
-        }
-      }
-      return r;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
-  }
 }
 
 // cuLaunchKernel(_ptsz), cuLaunchCooperativeKernel(_ptsz), cuLaunchKernelEx(_ptsz).
@@ -1946,39 +1876,6 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
   }
 }
 
-// Stream capture: the driver records what the client forwards into a capturing stream; the
-// graph it ends with joins the graph table (instantiate, launch, destroy as any other).
-CUresult Session::CaptureCall(Fn fn, Reader& rd, Writer& out) {
-  uint64_t s = 0;
-  uint32_t mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  rd.U64(&s);
-  if (fn == Fn::cuStreamBeginCapture_v2 || fn == Fn::cuStreamBeginCapture_v2_ptsz) rd.U32(&mode);
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-  CUstream st = As<CUstream>(s);
-  auto m = static_cast<CUstreamCaptureMode>(mode);
-  switch (fn) {
-    case Fn::cuStreamBeginCapture:
-    case Fn::cuStreamBeginCapture_v2:
-      return CALL(cuStreamBeginCapture_v2, st, m);
-    case Fn::cuStreamBeginCapture_ptsz:
-    case Fn::cuStreamBeginCapture_v2_ptsz:
-      return CALL(cuStreamBeginCapture_v2_ptsz, st, m);
-    case Fn::cuStreamEndCapture:
-    case Fn::cuStreamEndCapture_ptsz: {
-      CUgraph g = nullptr;
-      CUresult r = fn == Fn::cuStreamEndCapture ? CALL(cuStreamEndCapture, st, &g)
-                                                : CALL(cuStreamEndCapture_ptsz, st, &g);
-      if (r != CUDA_SUCCESS) return r;
-      graphs_.insert(H(g));
-      out.U64(H(g));
-      return CUDA_SUCCESS;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
-  }
-}
-
 // Stream-ordered allocations and memory pools.
 CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
@@ -2156,8 +2053,8 @@ void Session::Cleanup() {
   arrays_.Cleanup();
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
-  for (auto& [e, g] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-  for (uint64_t g : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
+  const size_t graphs = graphs_.graph_count();
+  graphs_.Cleanup();
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
@@ -2169,8 +2066,9 @@ void Session::Cleanup() {
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
-  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu host regions",
-      allocs_.size(), streams_.size(), events_.size(), modules_.size(), regions);
+  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
+      "%zu host regions",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions);
   allocs_.clear();
 }
 
@@ -2195,11 +2093,48 @@ std::string Session::PrepareLimits(Reader& rd) {
   return why;
 }
 
+namespace {
+// TFUSION_WORKER_PROFILE=1: at the end of a session, how its time split between waiting for the
+// client and working on its calls (is the worker the bottleneck, or the delivery of calls?).
+struct RunProfile {
+  bool on = false;
+  int64_t last = 0, wait_ns = 0, work_ns = 0;
+  uint64_t frames = 0, waits = 0;
+  void Start() {
+    const char* v = getenv("TFUSION_WORKER_PROFILE");
+    on = v != nullptr && *v == '1';
+    if (on) last = transport::MonotonicNowNs();
+  }
+  void Mark(int64_t* acc) {
+    if (!on) return;
+    const int64_t now = transport::MonotonicNowNs();
+    *acc += now - last;
+    last = now;
+  }
+};
+}  // namespace
+
 int Session::Run() {
   bool loaded = false;
+  RunProfile prof;
+  prof.Start();
+  struct ReportAtEnd {
+    RunProfile& p;
+    ~ReportAtEnd() {
+      if (!p.on) return;
+      Log("profile: %llu frames; working %.1f ms, waiting for the client %.1f ms in %llu waits",
+          static_cast<unsigned long long>(p.frames), p.work_ns / 1e6, p.wait_ns / 1e6,
+          static_cast<unsigned long long>(p.waits));  // waits: longer than 20 us
+    }
+  } report{prof};
   for (;;) {
     InFrame in;
+    prof.Mark(&prof.work_ns);
+    const int64_t before_wait = prof.wait_ns;
     TransportStatus st = t_->Receive(&in, 100);
+    prof.Mark(&prof.wait_ns);
+    prof.waits += prof.wait_ns - before_wait > 20000;  // blocked, not just reading a queued frame
+    ++prof.frames;
     if (st.code() == transport::TransportErrc::kTimeout) {
       PollStaged(false);
       continue;

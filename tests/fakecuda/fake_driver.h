@@ -44,6 +44,7 @@ struct Context;
 struct PhysicalMemory;
 
 struct Graph;
+struct GraphNode;
 
 struct Stream {
   Context* ctx = nullptr;
@@ -54,6 +55,8 @@ struct Stream {
   uint64_t capture_id = 0;
   bool capture_global = false;       // begun in CU_STREAM_CAPTURE_MODE_GLOBAL
   bool capture_invalidated = false;  // an unsafe call ran during it (EndCapture then fails)
+  bool capture_to_existing = false;  // cuStreamBeginCaptureToGraph: the graph is the caller's
+  std::vector<GraphNode*> capture_deps;  // what the next captured node depends on
 };
 
 struct Event {
@@ -154,24 +157,36 @@ struct Module {
   std::string name;
 };
 
-enum class GraphNodeKind { kKernel, kMemAlloc, kMemFree };
+enum class GraphNodeKind {
+  kKernel, kMemAlloc, kMemFree, kMemcpy, kMemset, kHost, kEmpty, kEventRecord, kEventWait, kChildGraph
+};
 
 struct GraphNode {
   GraphNodeKind kind = GraphNodeKind::kKernel;
   std::shared_ptr<LaunchArgs> launch;  // kKernel
+  CUfunction func = nullptr;           // kKernel: as given (cuGraphKernelNodeGetParams)
   uintptr_t dptr = 0;                  // kMemAlloc, kMemFree
   size_t bytes = 0;                    // kMemAlloc
   CUdevice device = 0;                 // kMemAlloc
   std::shared_ptr<void> region;        // kMemAlloc: the host range behind dptr (unmapped last)
+  CUDA_MEMCPY3D copy{};                // kMemcpy
+  CUDA_MEMSET_NODE_PARAMS memset{};    // kMemset
+  CUDA_HOST_NODE_PARAMS host{};        // kHost
+  CUevent event = nullptr;             // kEventRecord, kEventWait
+  std::shared_ptr<Graph> child;        // kChildGraph: the node's own clone of the graph
+  std::vector<GraphNode*> deps;        // nodes of the same graph this one depends on
+  bool enabled = true;                 // in an executable graph (cuGraphNodeSetEnabled)
 };
 
 struct Graph {
-  std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order is execution order
+  std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order breaks dependency ties
 };
 
+// An instantiated graph: the nodes in dependency order, child graphs flattened into it.
 struct GraphExec {
   std::vector<GraphNode> nodes;
   std::vector<const GraphNode*> origins;  // the graph node each entry was instantiated from
+  std::vector<const GraphNode*> tops;     // the top-level node it belongs to (itself or a child graph node)
 };
 
 struct DeviceState {

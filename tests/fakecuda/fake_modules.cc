@@ -191,6 +191,9 @@ CUresult Launch(CUfunction f, const unsigned grid[3], const unsigned block[3], C
       auto node = std::make_unique<GraphNode>();
       node->kind = GraphNodeKind::kKernel;
       node->launch = launch;
+      node->func = f;
+      node->deps = stream->capture_deps;
+      stream->capture_deps = {node.get()};
       stream->capture->nodes.push_back(std::move(node));
       return CUDA_SUCCESS;
     }

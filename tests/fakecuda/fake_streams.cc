@@ -1,5 +1,7 @@
 // Fake driver streams and events. Each stream owns a worker thread (StreamWorker); an event record
 // is a work item that stamps the steady-clock time when the stream reaches it.
+#include <algorithm>
+
 #include "fake_driver.h"
 
 using fakecuda::Driver;
@@ -184,9 +186,80 @@ CUresult cuStreamBeginCapture_v2(CUstream handle, CUstreamCaptureMode mode) {
   stream->capture = g.get();
   stream->capture_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
   stream->capture_invalidated = false;
+  stream->capture_to_existing = false;
+  stream->capture_deps.clear();
   static uint64_t next_id = 1;
   stream->capture_id = next_id++;
   d.graphs[g.get()] = std::move(g);
+  return CUDA_SUCCESS;
+}
+
+// Captures into the caller's graph, after `deps` (nodes of it).
+CUresult cuStreamBeginCaptureToGraph(CUstream handle, CUgraph graph, const CUgraphNode* deps,
+                                     const CUgraphEdgeData* edges, size_t num_deps,
+                                     CUstreamCaptureMode mode) {
+  FAKECUDA_ENTER();
+  (void)edges;
+  if (handle == nullptr || handle == CU_STREAM_LEGACY || handle == CU_STREAM_PER_THREAD) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (num_deps > 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.graphs.find(reinterpret_cast<fakecuda::Graph*>(graph));
+  if (it == d.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
+  if (stream->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  std::vector<fakecuda::GraphNode*> dep_nodes;
+  for (size_t i = 0; i < num_deps; ++i) {
+    auto* n = reinterpret_cast<fakecuda::GraphNode*>(deps[i]);
+    bool found = false;
+    for (auto& own : it->second->nodes) found = found || own.get() == n;
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    dep_nodes.push_back(n);
+  }
+  stream->capture = it->second.get();
+  stream->capture_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+  stream->capture_invalidated = false;
+  stream->capture_to_existing = true;
+  stream->capture_deps = dep_nodes;
+  static uint64_t next_id = 1u << 20;
+  stream->capture_id = next_id++;
+  return CUDA_SUCCESS;
+}
+
+// Replaces (or adds to) the nodes the next captured work depends on.
+CUresult cuStreamUpdateCaptureDependencies_v2(CUstream handle, CUgraphNode* deps,
+                                              const CUgraphEdgeData* edges, size_t num_deps,
+                                              unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)edges;
+  if ((num_deps > 0 && deps == nullptr) || flags > CU_STREAM_SET_CAPTURE_DEPENDENCIES) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  std::vector<fakecuda::GraphNode*> add;
+  for (size_t i = 0; i < num_deps; ++i) {
+    auto* n = reinterpret_cast<fakecuda::GraphNode*>(deps[i]);
+    bool found = false;
+    for (auto& own : stream->capture->nodes) found = found || own.get() == n;
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    add.push_back(n);
+  }
+  if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) stream->capture_deps.clear();
+  for (auto* n : add) {
+    if (std::find(stream->capture_deps.begin(), stream->capture_deps.end(), n) ==
+        stream->capture_deps.end()) {
+      stream->capture_deps.push_back(n);
+    }
+  }
   return CUDA_SUCCESS;
 }
 
@@ -200,7 +273,7 @@ CUresult cuStreamEndCapture(CUstream handle, CUgraph* graph) {
   std::lock_guard<std::mutex> lock(d.mu);
   if (stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
   if (stream->capture_invalidated) {
-    d.graphs.erase(stream->capture);
+    if (!stream->capture_to_existing) d.graphs.erase(stream->capture);
     stream->capture = nullptr;
     *graph = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -235,9 +308,15 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream handle, CUstreamCaptureStatus* statu
   *status = stream->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
   if (id && stream->capture) *id = stream->capture_id;
   if (graph) *graph = reinterpret_cast<CUgraph>(stream->capture);
-  if (deps) *deps = nullptr;
+  // The array stays valid until the next call on the stream (as CUDA's).
+  static thread_local std::vector<CUgraphNode> dep_array;
+  dep_array.clear();
+  if (stream->capture) {
+    for (auto* n : stream->capture_deps) dep_array.push_back(reinterpret_cast<CUgraphNode>(n));
+  }
+  if (deps) *deps = dep_array.empty() ? nullptr : dep_array.data();
   if (edges) *edges = nullptr;
-  if (num_deps) *num_deps = 0;
+  if (num_deps) *num_deps = dep_array.size();
   return CUDA_SUCCESS;
 }
 

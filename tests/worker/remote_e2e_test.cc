@@ -329,7 +329,19 @@ TEST_F(RemoteTest, PinnedHostMemoryLivesOnTheClient) {
     EXPECT_EQ(r.kv["register_again"], "712");  // HOST_MEMORY_ALREADY_REGISTERED
     EXPECT_EQ(r.kv["registered_type"], "1");
     EXPECT_EQ(r.kv["unregister_again"], "713");
-    ExpectSameKeys(direct, r);
+    // Kernels on the worker can reach page-locked memory only through a shared-memory connection;
+    // pageable and managed memory never.
+    const bool shm = addr == unix_;
+    EXPECT_EQ(r.kv["host_dptr_rc"], shm ? "0" : "801") << addr;
+    EXPECT_EQ(r.kv["attr_map_host"], shm ? "1" : "0") << addr;
+    EXPECT_EQ(r.kv["attr_pageable_access"], "0");
+    EXPECT_EQ(r.kv["attr_managed"], "0");
+    Result same = direct;  // the rest as the driver itself answers
+    for (const char* k : {"host_dptr_rc", "host_dptr_is_host", "attr_map_host",
+                          "attr_pageable_access", "attr_managed"}) {
+      same.kv.erase(k);
+    }
+    ExpectSameKeys(same, r);
   }
 }
 
@@ -401,6 +413,46 @@ TEST_F(RemoteTest, GraphsOfKernelNodesRunAndUpdateRemotely) {
   }
 }
 
+TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
+  StartWorker();
+  Result direct = Direct("graphnodes");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphnodes");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    // memset -> host node -> memcpy -> empty -> child graph (memset) -> event record.
+    EXPECT_EQ(r.kv["run"], "21,21,0,77,H");
+    EXPECT_EQ(r.kv["edges"], "5");
+    EXPECT_EQ(r.kv["roots"], "1,1");
+    EXPECT_EQ(r.kv["copy_deps"], "1,1");
+    EXPECT_EQ(r.kv["updated"], "22,21,0") << "memset updated, copy disabled";
+    EXPECT_EQ(r.kv["exec_update"], "0,21,21");
+    EXPECT_EQ(r.kv["graph_alloc"], "5a,2") << "graph allocation usable and known as device memory";
+    EXPECT_EQ(r.kv["graph_alloc_freed_attr"], "1");
+    // Page-locked memory reaches the worker over shared memory only; pageable never does.
+    if (addr == unix_) {
+      EXPECT_EQ(r.kv["pinned_copy_rc"], "0");
+      EXPECT_EQ(r.kv["pinned_copy"], "21,77");
+    } else {
+      EXPECT_EQ(r.kv["pinned_copy_rc"], "801");
+    }
+    EXPECT_EQ(r.kv["pageable_copy_rc"], "801");
+    EXPECT_EQ(r.kv["bad_node_type"], "1");
+    EXPECT_EQ(r.kv["bad_node_dep"], "1");
+    EXPECT_EQ(r.kv["bad_child"], "1");
+    EXPECT_EQ(r.kv["bad_exec_set"], "1");
+    EXPECT_EQ(r.kv["bad_memset_ptr"], "1") << "a pointer outside the session's allocations";
+    EXPECT_EQ(r.kv["destroyed_node_type"], "1");
+    EXPECT_EQ(r.kv["after_bad"], "1");
+    Result d = direct;
+    for (const char* k : {"pinned_copy_rc", "pinned_copy", "pageable_copy_rc", "bad_memset_ptr"}) {
+      d.kv.erase(k);
+    }
+    ExpectSameKeys(d, r);
+  }
+}
+
 TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
   StartWorker();
   Result direct = Direct("library");
@@ -412,6 +464,10 @@ TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
     EXPECT_EQ(r.kv["kernel_name"], "fill_u32");
     EXPECT_EQ(r.kv["enumerated_has_fill"], "1");
     EXPECT_EQ(r.kv["kernel_attr"], "4096");  // the set is seen, not a cached earlier answer
+    // Sets of the same value are answered locally, yet every change through the kernel or its
+    // function is seen; a refused set is refused again.
+    EXPECT_EQ(r.kv["kernel_attr_sets"], "4096,1024,4096,1024");
+    EXPECT_EQ(r.kv["kernel_attr_bad"], "1,1");
     EXPECT_EQ(r.kv["kernel_function_stable"], "1");
     EXPECT_EQ(r.kv["primary_state"], "1:1");
     EXPECT_EQ(r.kv["library_run"], "21,22,23,0");
@@ -627,6 +683,18 @@ TEST_F(RemoteTest, PinnedMemoryIsSharedWithTheWorkerAtTheSameAddressOverSharedMe
   EXPECT_EQ(r.kv["sizes_ok"], "1");
   EXPECT_EQ(r.kv["free_twice"], "1");
   ExpectSameKeys(direct, r);
+}
+
+TEST_F(RemoteTest, PerThreadDefaultStreamVariantsRunRemotely) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "perthread");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    // HtoD, then a memset of words 4 and 5, on the thread's default stream, in that order.
+    EXPECT_EQ(r.kv["per_thread"], "0,21,5,5,7161") << addr;
+    EXPECT_EQ(r.kv["per_thread_event"], "0") << addr;
+  }
 }
 
 TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {

@@ -520,8 +520,15 @@ int Host() {
   CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, reinterpret_cast<CUdeviceptr>(h)));
   std::printf("host_type=%u\nhost_ctx_is_current=%d\n", type, pctx == ctx);
   CUdeviceptr hd = 0;
-  CHECK(cuMemHostGetDevicePointer(&hd, h, 0));
-  std::printf("host_dptr_is_host=%d\n", hd == reinterpret_cast<CUdeviceptr>(h));
+  const CUresult dptr_rc = cuMemHostGetDevicePointer(&hd, h, 0);
+  std::printf("host_dptr_rc=%d\n", static_cast<int>(dptr_rc));
+  if (dptr_rc == CUDA_SUCCESS) std::printf("host_dptr_is_host=%d\n", hd == reinterpret_cast<CUdeviceptr>(h));
+  int map_host = -1, pageable_access = -1, managed = -1;
+  CHECK(cuDeviceGetAttribute(&map_host, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0));
+  CHECK(cuDeviceGetAttribute(&pageable_access, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0));
+  CHECK(cuDeviceGetAttribute(&managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0));
+  std::printf("attr_map_host=%d\nattr_pageable_access=%d\nattr_managed=%d\n", map_host,
+              pageable_access, managed);
   auto* words = static_cast<uint32_t*>(h);
   for (int i = 0; i < (1 << 18); ++i) words[i] = i * 3u;
   CUdeviceptr d;
@@ -794,6 +801,183 @@ int Graphs() {
   return 0;
 }
 
+// Graph nodes beyond kernels: memset, memcpy (device and page-locked host), host, empty, event,
+// child graph, memory nodes; queries and edits; exec updates; bad handles.
+char g_host_order[16];
+int g_host_order_len = 0;
+void AppendOrder(void* c) { g_host_order[g_host_order_len++] = *static_cast<char*>(c); }
+
+int GraphNodes() {
+  CUcontext ctx = Setup();
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr a, b;
+  CHECK(cuMemAlloc(&a, 4096));
+  CHECK(cuMemAlloc(&b, 4096));
+  CHECK(cuMemsetD32(b, 0, 1024));
+  CUgraph g;
+  CHECK(cuGraphCreate(&g, 0));
+  CUDA_MEMSET_NODE_PARAMS ms = {};
+  ms.dst = a;
+  ms.value = 0x21;
+  ms.elementSize = 4;
+  ms.width = 1024;
+  ms.height = 1;
+  CUgraphNode nset, ncopy, nhost, nempty, nchild, nrec;
+  CHECK(cuGraphAddMemsetNode(&nset, g, nullptr, 0, &ms, ctx));
+  static char mark_h = 'H';
+  CUDA_HOST_NODE_PARAMS hp = {AppendOrder, &mark_h};
+  CHECK(cuGraphAddHostNode(&nhost, g, &nset, 1, &hp));
+  CUDA_MEMCPY3D cp = {};
+  cp.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  cp.srcDevice = a;
+  cp.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  cp.dstDevice = b;
+  cp.WidthInBytes = 2048;
+  cp.Height = 1;
+  cp.Depth = 1;
+  CHECK(cuGraphAddMemcpyNode(&ncopy, g, &nhost, 1, &cp, ctx));
+  CHECK(cuGraphAddEmptyNode(&nempty, g, &ncopy, 1));
+  // A child graph: one memset at b + 3072.
+  CUgraph child;
+  CHECK(cuGraphCreate(&child, 0));
+  CUDA_MEMSET_NODE_PARAMS cms = ms;
+  cms.dst = b + 3072;
+  cms.value = 0x77;
+  cms.width = 256;
+  CUgraphNode cn;
+  CHECK(cuGraphAddMemsetNode(&cn, child, nullptr, 0, &cms, ctx));
+  CHECK(cuGraphAddChildGraphNode(&nchild, g, &nempty, 1, child));
+  CUevent ev;
+  CHECK(cuEventCreate(&ev, 0));
+  CHECK(cuGraphAddEventRecordNode(&nrec, g, &nchild, 1, ev));
+  CUgraphNodeType t = CU_GRAPH_NODE_TYPE_EMPTY;
+  CHECK(cuGraphNodeGetType(ncopy, &t));
+  std::printf("type_memcpy=%d\n", static_cast<int>(t) == CU_GRAPH_NODE_TYPE_MEMCPY);
+  CHECK(cuGraphNodeGetType(nhost, &t));
+  std::printf("type_host=%d\n", static_cast<int>(t) == CU_GRAPH_NODE_TYPE_HOST);
+  size_t n = 0;
+  CHECK(cuGraphGetEdges(g, nullptr, nullptr, nullptr, &n));
+  std::printf("edges=%zu\n", n);
+  CUgraphNode roots[4];
+  n = 4;
+  CHECK(cuGraphGetRootNodes(g, roots, &n));
+  std::printf("roots=%zu,%d\n", n, n == 1 && roots[0] == nset);
+  CUgraphNode deps[4];
+  n = 4;
+  CHECK(cuGraphNodeGetDependencies(ncopy, deps, nullptr, &n));
+  std::printf("copy_deps=%zu,%d\n", n, n == 1 && deps[0] == nhost);
+  CUgraphExec e;
+  CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuEventSynchronize(ev));
+  CHECK(cuStreamSynchronize(s));
+  g_host_order[g_host_order_len] = 0;
+  std::printf("run=%x,%x,%x,%x,%s\n", Word(b), Word(b + 2044), Word(b + 2048), Word(b + 3072),
+              g_host_order);
+  // Exec updates: memset value, disabled copy, then a whole-graph update from a clone.
+  ms.value = 0x22;
+  CHECK(cuGraphExecMemsetNodeSetParams(e, nset, &ms, ctx));
+  CHECK(cuGraphNodeSetEnabled(e, ncopy, 0));
+  unsigned enabled = 1;
+  CHECK(cuGraphNodeGetEnabled(e, ncopy, &enabled));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("updated=%x,%x,%u\n", Word(a), Word(b), enabled);
+  CHECK(cuGraphNodeSetEnabled(e, ncopy, 1));
+  CUgraph g2;
+  CHECK(cuGraphClone(&g2, g));
+  CUgraphExecUpdateResultInfo info = {};
+  CHECK(cuGraphExecUpdate(e, g2, &info));
+  CHECK(cuGraphLaunch(e, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("exec_update=%d,%x,%x\n", static_cast<int>(info.result), Word(a), Word(b));
+  // Graph memory: the allocation's pointer is usable after the launch and known to cuMemcpy.
+  CUgraph mg;
+  CHECK(cuGraphCreate(&mg, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS ap = {};
+  ap.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  ap.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  ap.poolProps.location.id = 0;
+  ap.bytesize = 8192;
+  CUgraphNode nalloc, nms2;
+  CHECK(cuGraphAddMemAllocNode(&nalloc, mg, nullptr, 0, &ap));
+  CUDA_MEMSET_NODE_PARAMS ms2 = ms;
+  ms2.dst = ap.dptr;
+  ms2.value = 0x5a;
+  CHECK(cuGraphAddMemsetNode(&nms2, mg, &nalloc, 1, &ms2, ctx));
+  CUgraphExec me;
+  CHECK(cuGraphInstantiateWithFlags(&me, mg, 0));
+  CHECK(cuGraphLaunch(me, s));
+  CHECK(cuStreamSynchronize(s));
+  unsigned got = 0;
+  CHECK(cuMemcpy(reinterpret_cast<CUdeviceptr>(&got), ap.dptr + 4, 4));  // unified: DtoH
+  CUmemorytype mt = CU_MEMORYTYPE_HOST;
+  CHECK(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ap.dptr));
+  std::printf("graph_alloc=%x,%d\n", got, static_cast<int>(mt));
+  CHECK(cuMemFree(ap.dptr));
+  std::printf("graph_alloc_freed_attr=%d\n",
+              static_cast<int>(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ap.dptr)));
+  // A device-to-host memcpy node into page-locked memory.
+  unsigned* pinned = nullptr;
+  CHECK(cuMemAllocHost(reinterpret_cast<void**>(&pinned), 4096));
+  CUgraph hg;
+  CHECK(cuGraphCreate(&hg, 0));
+  CUDA_MEMCPY3D dh = {};
+  dh.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  dh.srcDevice = b;
+  dh.dstMemoryType = CU_MEMORYTYPE_HOST;
+  dh.dstHost = pinned;
+  dh.WidthInBytes = 4096;
+  dh.Height = 1;
+  dh.Depth = 1;
+  CUgraphNode ndh;
+  CUresult rc = cuGraphAddMemcpyNode(&ndh, hg, nullptr, 0, &dh, ctx);
+  std::printf("pinned_copy_rc=%d\n", static_cast<int>(rc));
+  if (rc == CUDA_SUCCESS) {
+    CUgraphExec he;
+    CHECK(cuGraphInstantiateWithFlags(&he, hg, 0));
+    CHECK(cuGraphLaunch(he, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("pinned_copy=%x,%x\n", pinned[0], pinned[3072 / 4]);
+    CHECK(cuGraphExecDestroy(he));
+  }
+  static unsigned pageable[1024];
+  dh.dstHost = pageable;
+  std::printf("pageable_copy_rc=%d\n", static_cast<int>(cuGraphAddMemcpyNode(&ndh, hg, nullptr, 0, &dh, ctx)));
+  // Bad handles: refused, and the session goes on.
+  CUgraphNode bogus = reinterpret_cast<CUgraphNode>(0x7000);
+  std::printf("bad_node_type=%d\n", static_cast<int>(cuGraphNodeGetType(bogus, &t)));
+  std::printf("bad_node_dep=%d\n", static_cast<int>(cuGraphAddEmptyNode(&nempty, g, &bogus, 1)));
+  std::printf("bad_child=%d\n",
+              static_cast<int>(cuGraphAddChildGraphNode(&nchild, g, nullptr, 0, reinterpret_cast<CUgraph>(0x7000))));
+  std::printf("bad_exec_set=%d\n", static_cast<int>(cuGraphExecMemsetNodeSetParams(
+                                       reinterpret_cast<CUgraphExec>(0x7000), nset, &ms, ctx)));
+  ms.dst = 0x10;
+  std::printf("bad_memset_ptr=%d\n", static_cast<int>(cuGraphAddMemsetNode(&nempty, g, nullptr, 0, &ms, ctx)));
+  CHECK(cuGraphDestroyNode(nempty));
+  std::printf("destroyed_node_type=%d\n", static_cast<int>(cuGraphNodeGetType(nempty, &t)));
+  CHECK(cuMemsetD32(a, 1, 1));
+  std::printf("after_bad=%x\n", Word(a));
+  CHECK(cuGraphExecDestroy(e));
+  CHECK(cuGraphExecDestroy(me));
+  CHECK(cuGraphDestroy(g));
+  CHECK(cuGraphDestroy(g2));
+  CHECK(cuGraphDestroy(child));
+  CHECK(cuGraphDestroy(mg));
+  CHECK(cuGraphDestroy(hg));
+  CHECK(cuMemFreeHost(pinned));
+  // Left behind on purpose: a graph with a node and an executable graph (the session frees them).
+  CUgraph left;
+  CHECK(cuGraphCreate(&left, 0));
+  CUgraphNode ln;
+  CHECK(cuGraphAddEmptyNode(&ln, left, nullptr, 0));
+  CUgraphExec le;
+  CHECK(cuGraphInstantiateWithFlags(&le, left, 0));
+  std::printf("done=1\n");
+  return 0;
+}
+
 // Libraries and kernels (the family cudart loads its fat binaries with).
 int Library() {
   Setup();
@@ -829,6 +1013,28 @@ int Library() {
   CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
   CHECK(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
   std::printf("kernel_attr=%d\nkernel_attr_before=%d:%d\n", v, before, before_again);
+  {
+    // Setting a value again is answered by the client; a set through the kernel's function in
+    // between must not let a later kernel set of the old value be skipped.
+    int again = 0, after_func = 0, reset = 0;
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+    CHECK(cuKernelGetAttribute(&again, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    CHECK(cuKernelGetAttribute(&after_func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+    CHECK(cuKernelGetAttribute(&reset, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    int func_twice = 0;
+    CHECK(cuKernelGetAttribute(&func_twice, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+    const int bad = static_cast<int>(
+        cuKernelSetAttribute(static_cast<CUfunction_attribute>(999), 1, k, 0));
+    const int bad_again = static_cast<int>(
+        cuKernelSetAttribute(static_cast<CUfunction_attribute>(999), 1, k, 0));
+    std::printf("kernel_attr_sets=%d,%d,%d,%d\nkernel_attr_bad=%d,%d\n", again, after_func, reset,
+                func_twice, bad, bad_again);
+  }
   {
     unsigned flags = 0;
     int active = 0, active_again = 0;
@@ -866,6 +1072,47 @@ int Library() {
 }
 
 // Stream capture of kernel launches, then the captured graph instantiated and launched.
+// The per-thread default-stream variants (_ptsz, _ptds) that programs built with
+// --default-stream per-thread (and cudart's per-thread API) call: a NULL stream is the calling
+// thread's default stream. Looked up by name, "na" where the driver has none.
+int PerThread() {
+  Setup();
+  using HtoDAsync = CUresult (*)(CUdeviceptr, const void*, size_t, CUstream);
+  using DtoH = CUresult (*)(void*, CUdeviceptr, size_t);
+  using MemsetD32 = CUresult (*)(CUdeviceptr, unsigned, size_t);
+  using MemsetD32Async = CUresult (*)(CUdeviceptr, unsigned, size_t, CUstream);
+  using StreamSync = CUresult (*)(CUstream);
+  using EventRecord = CUresult (*)(CUevent, CUstream);
+  auto htod = Sym<HtoDAsync>("cuMemcpyHtoDAsync_v2_ptsz");
+  auto dtoh = Sym<DtoH>("cuMemcpyDtoH_v2_ptds");
+  auto memset32 = Sym<MemsetD32>("cuMemsetD32_v2_ptds");
+  auto memset32_async = Sym<MemsetD32Async>("cuMemsetD32Async_ptsz");
+  auto sync = Sym<StreamSync>("cuStreamSynchronize_ptsz");
+  auto record = Sym<EventRecord>("cuEventRecord_ptsz");
+  if (!htod || !dtoh || !memset32 || !memset32_async || !sync || !record) {
+    std::printf("per_thread=na\ndone=1\n");
+    return 0;
+  }
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, 4096));
+  std::vector<uint32_t> in(1024), out(1024, 0);
+  for (uint32_t i = 0; i < 1024; ++i) in[i] = i * 7u;
+  CHECK(memset32(d, 0, 1024));
+  CHECK(htod(d, in.data(), 4096, nullptr));  // the per-thread default stream
+  CHECK(memset32_async(d + 16, 5, 2, nullptr));
+  CUevent e;
+  CHECK(cuEventCreate(&e, 0));
+  CHECK(record(e, nullptr));
+  CHECK(sync(nullptr));
+  std::printf("per_thread_event=%d\n", static_cast<int>(cuEventQuery(e)));
+  CHECK(dtoh(out.data(), d, 4096));
+  std::printf("per_thread=%u,%u,%u,%u,%u\n", out[0], out[3], out[4], out[5], out[1023]);
+  CHECK(cuEventDestroy(e));
+  CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
 int Capture() {
   Setup();
   CUfunction fill = Kernel("fill_u32");
@@ -979,8 +1226,10 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "async")) return Async();
   if (!strcmp(mode, "callbacks")) return Callbacks();
   if (!strcmp(mode, "graphs")) return Graphs();
+  if (!strcmp(mode, "graphnodes")) return GraphNodes();
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
+  if (!strcmp(mode, "perthread")) return PerThread();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));

@@ -355,6 +355,17 @@ def gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp):
             fail("%s: %s has no prototype in cuda.h" % (a.client_implemented, name))
         implemented.append(name)
     impl = set(implemented)
+    # Per-thread default-stream variants (_ptsz: asynchronous, _ptds: synchronous) of implemented
+    # entry points that are not implemented themselves: the same call, with a NULL stream meaning
+    # the per-thread default stream (CU_STREAM_PER_THREAD) instead of the legacy one.
+    per_thread = {}
+    for e in typed:
+        for suffix in ("_ptsz", "_ptds"):
+            if e.endswith(suffix) and e not in impl:
+                base = e[: -len(suffix)]
+                if base in impl and base in typed and \
+                        [t for t, _ in protos[base]] == [t for t, _ in protos[e]]:
+                    per_thread[e] = base
     with open(os.path.join(a.out, "tf_client_impl.h"), "w") as f:
         f.write(BANNER)
         f.write("#pragma once\n#include \"tf_driver_api.h\"\n\nnamespace tf::client {\n")
@@ -379,6 +390,21 @@ def gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp):
                         "    CUresult r_ = tf::client::Impl_%s(%s);\n"
                         "    tf::client::TraceResult(\"%s\", r_);\n    return r_;\n  }\n"
                         "  return tf::client::Impl_%s(%s);\n") % (e, targs, e, args(e), e, e, args(e))
+            elif e in per_thread:
+                base = per_thread[e]
+                call = []
+                for t, n in protos[e]:
+                    if t.replace(" ", "") == "CUstream" and e.endswith("_ptsz"):
+                        call.append("%s == nullptr ? CU_STREAM_PER_THREAD : %s" % (n, n))
+                    else:
+                        call.append(n)
+                targs = "".join(", " + n for _, n in protos[e])
+                body = ("  if (__builtin_expect(tf::client::CallTraceEnabled(), 0)) {\n"
+                        "    tf::driver::TraceBuffer tb_;\n    tf::driver::Trace_%s(tb_%s);\n"
+                        "    CUresult r_ = tf::client::Impl_%s(%s);\n"
+                        "    tf::client::TraceResult(\"%s\", r_);\n    return r_;\n  }\n"
+                        "  return tf::client::Impl_%s(%s);\n") % (
+                            e, targs, base, ", ".join(call), e, base, ", ".join(call))
             else:
                 body = "".join("  (void)%s;\n" % n for _, n in protos[e]) + \
                     "  return tf::client::Unsupported(Fn::%s);\n" % e

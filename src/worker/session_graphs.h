@@ -1,0 +1,112 @@
+// CUDA graphs of one session: graphs, their nodes, executable graphs and stream capture, replayed
+// on the session's driver. Every graph, node, executable-graph, event, stream and context handle
+// and every device and host range a message names is checked against the session's tables first;
+// a bad one fails that call only. Wire formats: src/client/remote_protocol.h ("Graphs").
+// Not thread-safe: used by the session's dispatch thread only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "client/remote_protocol.h"
+#include "driver/driver_table.h"
+
+namespace tf::worker {
+
+// Decoded kernel arguments; the pointers point into the frame's private copy.
+struct KernelArgs {
+  void* params[remote::kMaxKernelParams];
+  void* extra[5] = {};
+  size_t extra_size = 0;
+  void** kernel_params = nullptr;
+  void** extra_p = nullptr;
+};
+
+// What the graph tables need from their session.
+class GraphHost {
+ public:
+  virtual ~GraphHost() = default;
+  virtual const driver::DriverTable& Driver() const = 0;
+  // [p, p + n) lies inside one device allocation (or mapped range) of the session.
+  virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
+  virtual bool KnownStream(uint64_t s) const = 0;
+  virtual bool KnownEvent(uint64_t e) const = 0;
+  virtual bool KnownContext(uint64_t c) const = 0;
+  virtual bool KnownDevice(int32_t d) const = 0;
+  // This process's address of the client's page-locked [host, host + n) when it lies in one
+  // host region shared with the session, else nullptr.
+  virtual void* HostRegionAddress(uint64_t host, uint64_t n) = 0;
+  // Decodes kernel-node parameters (u64 function, geometry, arguments) and checks them.
+  virtual CUresult DecodeKernelNode(transport::Reader& rd, KernelArgs* a,
+                                    CUDA_KERNEL_NODE_PARAMS* p) = 0;
+  // The parameter sizes of function f when its layout is known.
+  virtual bool ParamSizes(uint64_t f, std::vector<size_t>* sizes) const = 0;
+  // Graph allocations join (and leave) the session's device allocations.
+  virtual void AddAllocation(uint64_t p, uint64_t n) = 0;
+  virtual void RemoveAllocation(uint64_t p) = 0;
+  // The function and argument a host node runs for the client's host function `id` (they stay
+  // valid until the session ends).
+  virtual void HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) = 0;
+  // A launch enqueues n host-node runs (negative: it failed after all), each acknowledged by the
+  // client like a host function.
+  virtual void HostRunsEnqueued(int64_t n) = 0;
+};
+
+class SessionGraphs {
+ public:
+  explicit SessionGraphs(GraphHost& host) : h_(host) {}
+
+  // Whether Call handles fn.
+  static bool Handles(driver::Fn fn);
+  CUresult Call(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  // Ends captures still under way and destroys every executable graph and graph left.
+  void Cleanup();
+  size_t graph_count() const { return graphs_.size(); }
+
+ private:
+  struct GraphEntry {
+    std::vector<uint64_t> allocs;  // graph allocations its mem-alloc nodes made
+    std::set<uint64_t> frees;      // pointers its mem-free nodes free
+    uint64_t capturing_stream = 0;  // a capture graph the driver owns until the capture ends
+  };
+  struct ExecEntry {
+    std::set<uint64_t> graphs;  // instantiated from, or updated with
+    uint64_t host_nodes = 0;    // host-node runs per launch
+  };
+  const driver::DriverTable& d() const { return h_.Driver(); }
+  CUresult AddNode(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult SetExecParams(driver::Fn fn, transport::Reader& rd);
+  CUresult Query(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult Edit(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult Exec(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult Capture(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult GraphMemory(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  // Reads u32 n, n x u64 node (each a node of graph g; any graph when g is 0).
+  bool ReadNodes(transport::Reader& rd, uint64_t g, std::vector<CUgraphNode>* nodes);
+  // Reads u8 present [, n x (u8 from port, u8 to port, u8 type)]; edges stays empty when absent.
+  bool ReadEdges(transport::Reader& rd, size_t n, std::vector<CUgraphEdgeData>* edges);
+  CUresult DecodeCopy(transport::Reader& rd, CUDA_MEMCPY3D* c);
+  CUresult DecodeMemset(transport::Reader& rd, CUDA_MEMSET_NODE_PARAMS* m);
+  bool Node(uint64_t n, uint64_t g = 0) const {
+    auto it = nodes_.find(n);
+    return it != nodes_.end() && (g == 0 || it->second == g);
+  }
+  // Nodes the driver named join the graph's node table.
+  void Learn(CUgraphNode n, uint64_t g) {
+    if (n) nodes_[reinterpret_cast<uint64_t>(n)] = g;
+  }
+  // Host nodes of g, child graphs included (the driver is asked).
+  uint64_t CountHostNodes(CUgraph g, int depth);
+  void ForgetGraph(uint64_t g, bool free_allocations);
+  void RecordExec(CUgraphExec e, uint64_t g);
+
+  GraphHost& h_;
+  std::map<uint64_t, GraphEntry> graphs_;
+  std::map<uint64_t, uint64_t> nodes_;  // node -> its graph
+  std::map<uint64_t, ExecEntry> execs_;
+  std::map<uint64_t, uint64_t> capture_graphs_;  // capturing stream -> its capture graph
+};
+
+}  // namespace tf::worker
