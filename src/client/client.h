@@ -100,6 +100,22 @@ struct Session {
   uint64_t next_region_id = 1;
   // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
   bool pipelined_copies = false;
+  // Arrays, mipmapped arrays, texture and surface objects (client_arrays.cc), with what their
+  // descriptor queries answer.
+  struct ArrayInfo {
+    CUDA_ARRAY3D_DESCRIPTOR desc = {};
+    uint64_t mipmap = 0;  // a level of this mipmapped array (destroyed with it)
+  };
+  struct TextureInfo {
+    CUDA_RESOURCE_DESC res = {};
+    CUDA_TEXTURE_DESC tex = {};
+    bool has_view = false;
+    CUDA_RESOURCE_VIEW_DESC view = {};
+  };
+  std::unordered_map<uint64_t, ArrayInfo> arrays;
+  std::unordered_set<uint64_t> mipmaps;
+  std::unordered_map<uint64_t, TextureInfo> textures;
+  std::unordered_map<uint64_t, CUDA_RESOURCE_DESC> surfaces;
   int worker_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // of the worker's calling thread
   // Answers of queries whose result only this client can change (client_internal.h, Answer*):
   // (entry point, four arguments) -> the 64-bit answer.

@@ -25,6 +25,7 @@
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
 #include "worker/session_console.h"
+#include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
 #include "worker/session_link.h"
 
@@ -65,7 +66,7 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : public GraphHost {
+class Session : public GraphHost, private SessionArrays::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {}
@@ -73,6 +74,13 @@ class Session : public GraphHost {
   int Run();
 
  private:
+  // SessionArrays::Host (arrays, 2D/3D copies, texture and surface objects: session_arrays.cc);
+  // DeviceRange and KnownStream serve both hosts.
+  bool SendCallData(uint64_t offset, const void* data, uint64_t n) override {
+    return SendCopyData(offset, data, n, false);
+  }
+  uint64_t CallDataLimit() const override { return std::min<uint64_t>(t_->max_bulk_bytes(), 8ull << 20); }
+  void KeepUntilStreamDone(std::unique_ptr<uint8_t[]> bytes, CUstream st) override;
   // Dispatch of one driver call. Returns the CUresult; outputs go to out/out_bulk.
   CUresult Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_t bulk_len, Writer& out);
   void Reply(uint64_t seq, CUresult r, const Writer& out);
@@ -272,6 +280,7 @@ class Session : public GraphHost {
   JitSession::ImageLookup Images() {
     return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
   }
+  SessionArrays arrays_{d_, *this};
 };
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
@@ -286,7 +295,8 @@ bool IsSyncPoint(uint16_t op) {
   for (Fn f : kSync) {
     if (Op(f) == op) return true;
   }
-  return false;
+  return transport::IsDriverCallOpcode(op) &&
+         SessionArrays::IsSyncPoint(static_cast<Fn>(transport::DriverCallId(op)));
 }
 
 // Calls that wait for streams (host functions on them must have run first).
@@ -383,6 +393,18 @@ void Session::WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& o
   out.U8(primary ? 1 : 0);
 }
 
+void Session::KeepUntilStreamDone(std::unique_ptr<uint8_t[]> bytes, CUstream st) {
+  Staged s;
+  s.bytes = std::move(bytes);
+  if (CALL(cuEventCreate, &s.done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
+      CALL(cuEventRecord, s.done, st) != CUDA_SUCCESS) {
+    if (s.done) CALL(cuEventDestroy_v2, s.done);
+    s.done = nullptr;
+    CALL(cuStreamSynchronize, st);
+  }
+  staged_.push_back(std::move(s));
+}
+
 void Session::PollStaged(bool wait) {
   while (!staged_.empty()) {
     Staged& s = staged_.front();
@@ -400,6 +422,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
+  if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
       uint64_t c = 0;
@@ -2054,6 +2077,7 @@ void Session::Cleanup() {
   region_ids_.clear();
   if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
   arena_state_ = -1;
+  arrays_.Cleanup();
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
   const size_t graphs = graphs_.graph_count();

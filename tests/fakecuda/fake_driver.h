@@ -131,12 +131,26 @@ struct PhysicalMemory {
   bool released = false;
 };
 
+// An array, a mipmapped array, or a level of one (a view into its owner's memory). Elements lie
+// row-major without padding: rows of Width elements, Height rows (1 when 0) per slice.
 struct FakeArray {
   CUdevice device = 0;
   CUDA_ARRAY3D_DESCRIPTOR desc{};
   unsigned levels = 1;
-  size_t bytes = 0;  // counted against the device
+  size_t bytes = 0;  // counted against the device (0 for a level view)
   void* mem = nullptr;
+  bool mipmapped = false;              // a CUmipmappedArray
+  FakeArray* owner = nullptr;          // a level view: the mipmapped array it belongs to
+  std::vector<FakeArray*> level_views;  // mipmapped: views made so far, by level (in arrays)
+};
+
+// A texture or surface object: what it was created from.
+struct TexObject {
+  CUDA_RESOURCE_DESC res{};
+  CUDA_TEXTURE_DESC tex{};
+  bool has_view = false;
+  CUDA_RESOURCE_VIEW_DESC view{};
+  bool surface = false;
 };
 
 struct Module {
@@ -201,6 +215,8 @@ class Driver {
   std::map<PhysicalMemory*, std::unique_ptr<PhysicalMemory>> physical;
   std::map<uintptr_t, size_t> reservations;  // VMM address reservations: base -> bytes
   std::map<FakeArray*, std::unique_ptr<FakeArray>> arrays;
+  std::map<unsigned long long, TexObject> objects;  // texture and surface objects by handle
+  unsigned long long next_object = 1;
   std::map<Module*, std::unique_ptr<Module>> modules;
   std::map<Graph*, std::unique_ptr<Graph>> graphs;
   std::map<GraphExec*, std::unique_ptr<GraphExec>> graph_execs;
@@ -277,5 +293,29 @@ void JitLoadLog(unsigned n, CUjit_option* options, void** values, const void* im
   CUresult ctx_err_ = CUDA_SUCCESS;                                           \
   ::fakecuda::Context* ctx_var = ::fakecuda::CurrentContext(&ctx_err_);       \
   if (ctx_var == nullptr) return ctx_err_
+
+namespace fakecuda {
+
+// Runs `op` ordered after the work already queued on the legacy default stream (and the other
+// blocking streams) of the current context, as the driver's synchronous copies are.
+template <typename Op>
+CUresult RunSynchronous(Op op) {
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  SynchronizeContextStreams(ctx, /*blocking_only=*/true);
+  op();
+  return CUDA_SUCCESS;
+}
+
+// Queues `op` on a stream (NULL and the special handles: the context's null stream).
+template <typename Op>
+CUresult RunAsync(CUstream handle, Op op) {
+  CUresult err = CUDA_SUCCESS;
+  std::shared_ptr<Stream> stream = ResolveStream(handle, &err);
+  if (stream == nullptr) return err;
+  stream->worker.Enqueue(op);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace fakecuda
 
 #endif  // TF_TESTS_FAKECUDA_FAKE_DRIVER_H_

@@ -1,5 +1,5 @@
 // Fake driver memory: linear device memory (host-backed), host memory, stream-ordered pools,
-// virtual memory management, arrays and pointer queries.
+// virtual memory management and pointer queries (arrays: fake_arrays.cc).
 //
 // Device memory is host memory mapped with mmap, so a CUdeviceptr is a host address and copies are
 // plain memcpy. Every device allocation is charged against its device's total, rounded up to the
@@ -71,102 +71,6 @@ CUresult FreeDevice(CUdeviceptr ptr) {
     if (CUresult r = ForgetDeviceAllocation(d, ptr, &unmap); r != CUDA_SUCCESS) return r;
   }
   if (unmap.second != 0) UnmapHostMemory(unmap.first, unmap.second);
-  return CUDA_SUCCESS;
-}
-
-size_t FormatBytes(CUarray_format format) {
-  switch (format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-      return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-      return 2;
-    default:
-      return 4;
-  }
-}
-
-// Bytes of one array level: width * height * depth * channels * element size.
-size_t LevelBytes(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned level) {
-  size_t w = std::max<size_t>(desc.Width >> level, 1);
-  size_t h = desc.Height == 0 ? 1 : std::max<size_t>(desc.Height >> level, 1);
-  size_t z = desc.Depth == 0 ? 1 : std::max<size_t>(desc.Depth >> level, 1);
-  return w * h * z * desc.NumChannels * FormatBytes(desc.Format);
-}
-
-CUresult CreateArray(FakeArray** out, const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned levels) {
-  if (desc.Width == 0 || desc.NumChannels == 0 || desc.NumChannels > 4 || levels == 0) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  FAKECUDA_REQUIRE_CONTEXT(ctx);
-  size_t bytes = 0;
-  for (unsigned level = 0; level < levels; ++level) bytes += LevelBytes(desc, level);
-  bytes = RoundUp(bytes, kGranularity);
-  auto array = std::make_unique<FakeArray>();
-  array->device = ctx->device;
-  array->desc = desc;
-  array->levels = levels;
-  array->bytes = bytes;
-  Driver& d = Driver::Get();
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    if (!d.Charge(ctx->device, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  array->mem = MapHostMemory(bytes);
-  std::lock_guard<std::mutex> lock(d.mu);
-  if (array->mem == nullptr) {
-    d.Uncharge(ctx->device, bytes);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  *out = array.get();
-  d.arrays[array.get()] = std::move(array);
-  return CUDA_SUCCESS;
-}
-
-CUresult DestroyArray(FakeArray* array) {
-  Driver& d = Driver::Get();
-  std::unique_ptr<FakeArray> owned;
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    auto it = d.arrays.find(array);
-    if (array == nullptr || it == d.arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
-    owned = std::move(it->second);
-    d.arrays.erase(it);
-    d.Uncharge(owned->device, owned->bytes);
-  }
-  UnmapHostMemory(owned->mem, owned->bytes);
-  return CUDA_SUCCESS;
-}
-
-CUresult ArrayRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, FakeArray* array) {
-  if (req == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Driver& d = Driver::Get();
-  std::lock_guard<std::mutex> lock(d.mu);
-  if (d.arrays.count(array) == 0) return CUDA_ERROR_INVALID_HANDLE;
-  *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
-  req->size = array->bytes;
-  req->alignment = kGranularity;
-  return CUDA_SUCCESS;
-}
-
-// Runs `op` ordered after the work already queued on the legacy default stream (and the other
-// blocking streams) of the current context, as the driver's synchronous copies are.
-template <typename Op>
-CUresult RunSynchronous(Op op) {
-  FAKECUDA_REQUIRE_CONTEXT(ctx);
-  SynchronizeContextStreams(ctx, /*blocking_only=*/true);
-  op();
-  return CUDA_SUCCESS;
-}
-
-template <typename Op>
-CUresult RunAsync(CUstream handle, Op op) {
-  CUresult err = CUDA_SUCCESS;
-  std::shared_ptr<Stream> stream = ResolveStream(handle, &err);
-  if (stream == nullptr) return err;
-  stream->worker.Enqueue(op);
   return CUDA_SUCCESS;
 }
 
@@ -679,56 +583,6 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
   }
   if (mprotect(fakecuda::AsHost(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
-}
-
-// ---- Arrays and mipmapped arrays ----
-
-CUresult cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
-  FAKECUDA_ENTER();
-  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUDA_ARRAY3D_DESCRIPTOR d3{};
-  d3.Width = desc->Width;
-  d3.Height = desc->Height;
-  d3.Format = desc->Format;
-  d3.NumChannels = desc->NumChannels;
-  return fakecuda::CreateArray(reinterpret_cast<fakecuda::FakeArray**>(handle), d3, 1);
-}
-
-CUresult cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
-  FAKECUDA_ENTER();
-  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return fakecuda::CreateArray(reinterpret_cast<fakecuda::FakeArray**>(handle), *desc, 1);
-}
-
-CUresult cuArrayDestroy(CUarray handle) {
-  FAKECUDA_ENTER();
-  return fakecuda::DestroyArray(reinterpret_cast<fakecuda::FakeArray*>(handle));
-}
-
-CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray handle,
-                                      CUdevice dev) {
-  FAKECUDA_ENTER();
-  (void)dev;
-  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle));
-}
-
-CUresult cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
-                                unsigned int levels) {
-  FAKECUDA_ENTER();
-  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return fakecuda::CreateArray(reinterpret_cast<fakecuda::FakeArray**>(handle), *desc, levels);
-}
-
-CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
-  FAKECUDA_ENTER();
-  return fakecuda::DestroyArray(reinterpret_cast<fakecuda::FakeArray*>(handle));
-}
-
-CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req,
-                                               CUmipmappedArray handle, CUdevice dev) {
-  FAKECUDA_ENTER();
-  (void)dev;
-  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle));
 }
 
 // ---- Pointer queries ----

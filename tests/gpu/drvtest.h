@@ -23,6 +23,9 @@ int RunProcAddr(const Flags& flags);
 int RunHold(const Flags& flags);
 // reclaim: wait for a go file, then retry until a target amount can be allocated.
 int RunReclaim(const Flags& flags);
+// arrays --big 64MiB: data through arrays, mipmap levels and pitched 2D/3D copies, texture and
+// surface objects, refused copies (drvtest_arrays.cc).
+int RunArrays(const Flags& flags);
 
 }  // namespace tf::gpu
 

@@ -7,7 +7,7 @@
 int main(int argc, char** argv) {
   using namespace tf::gpu;
   if (argc < 2) {
-    std::fprintf(stderr, "usage: drvtest alloc|meminfo|procaddr|hold|reclaim [--flag value]...\n");
+    std::fprintf(stderr, "usage: drvtest alloc|meminfo|procaddr|hold|reclaim|arrays [--flag value]...\n");
     return 2;
   }
   Flags flags;
@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
     rc = RunHold(flags);
   } else if (std::strcmp(cmd, "reclaim") == 0) {
     rc = RunReclaim(flags);
+  } else if (std::strcmp(cmd, "arrays") == 0) {
+    rc = RunArrays(flags);
   } else {
     std::fprintf(stderr, "unknown subcommand '%s'\n", cmd);
     return 2;

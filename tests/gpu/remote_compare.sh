@@ -13,7 +13,8 @@
 #   micro        bench/gpu/remote_micro: async call cost, sync round trips, HtoD/DtoH bandwidth
 #   models-key   bench/gpu/torch_models.py --parts key: ResNet-50 b64 eager, GPT-2 forward
 #   checks       tests/gpu/torch_remote.py, outputs compared with native (--compare)
-#   driver       drvtest alloc (10 paths), rt_smoke, launch_overhead, compute_tenant (kernel, graph)
+#   driver       drvtest alloc (10 paths), drvtest arrays, rt_smoke, launch_overhead, compute_tenant
+#                (kernel, graph)
 #   samples      tests/gpu/samples: CUDA-samples-style programs (SAMPLE/RESULT lines, compared)
 #   models-rest  bench/gpu/torch_models.py --parts rest: other batches, generation, torch.compile
 # Environment: TF_REMOTE_BUDGET_S (default 540) bounds the whole run: every command runs under
@@ -235,6 +236,9 @@ if has_phase driver; then
         step driver "alloc-$p" "$m" "alloc-$p-$m.log" 40 "$DRV" alloc --path "$p" --chunk 64MiB --max 2GiB --limit 0
       done
     done
+  fi
+  if need driver arrays "$DRV"; then
+    for m in $MODES; do step driver arrays "$m" "arrays-$m.log" 60 "$DRV" arrays --big 64MiB; done
   fi
   if need driver rt-smoke "$RT_SMOKE"; then
     for m in $MODES; do step driver rt-smoke "$m" "rt-smoke-$m.log" 60 "$RT_SMOKE" 0; done

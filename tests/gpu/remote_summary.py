@@ -9,9 +9,9 @@ Inputs (logs/): steps.tsv ("phase program mode rc ms log" per command, written b
 rc -1 not built, -2 no worker, -3 skipped for the budget),
 micro-MODE.log (bench/gpu/remote_micro), models-{key,rest}-MODE.log (bench/gpu/torch_models.py),
 checks-MODE.log and compare-checks-MODE.log (tests/gpu/torch_remote.py), alloc-PATH-MODE.log,
-rt-smoke-MODE.log, launch-MODE.log, tenant-{kernel,graph}-MODE.log, samples-MODE.log
-(tests/gpu/samples: `SAMPLE name PASS|FAIL detail`, `RESULT name checksum`, `EXPECT_LINE name
-text` for lines the program's stdout must hold).
+arrays-MODE.log (drvtest arrays), rt-smoke-MODE.log, launch-MODE.log, tenant-{kernel,graph}-MODE.log,
+samples-MODE.log (tests/gpu/samples: `SAMPLE name PASS|FAIL detail`, `RESULT name checksum`,
+`EXPECT_LINE name text` for lines the program's stdout must hold).
 """
 import argparse
 import os
@@ -32,6 +32,12 @@ EQUAL_KEYS = {
     "micro": ["copy_check", "status", "error"],
     "alloc-": ["status", "total_mib", "error", "failed_call", "realloc", "verdict"],
     "rt-smoke": ["values_wrong", "total_mib", "verdict", "error"],
+    "arrays": ["htoa_atoh_ok", "async_htoa_atoh_ok", "dtoa_atoa_atod_ok", "descriptor_ok",
+               "copy2d_host_array_ok", "copy2d_array_device_ok", "copy2d_async_unified_ok",
+               "copy3d_ok", "copy3d_async_ok", "big_ok", "mip_level_desc_ok", "mip_level_copy_ok",
+               "tex_objects_ok", "surf_object_ok", "refused_2d_outside_array",
+               "refused_3d_outside_array", "refused_atoh_past_end", "after_refusals_ok",
+               "failed_checks", "verdict"],
     "launch": ["launch_error", "sync_error", "launches"],
     "tenant-": ["error", "setup_failed"],
 }

@@ -24,12 +24,17 @@ if [ -f "$B/src/client/libtfusion-client.so" ]; then
   cp "$B/src/client/libtfusion-client.so" "$S/src/client/"
   cp -P "$B"/src/client/inject/* "$S/src/client/inject/"
 fi
-for f in drvtest compute_tenant rt_smoke rt_oom tier_kernels.fatbin; do
+for f in drvtest compute_tenant rt_smoke rt_oom samples tier_kernels.fatbin; do
   [ -e "$B/tests/gpu/$f" ] && cp "$B/tests/gpu/$f" "$S/tests/gpu/"
 done
 for f in launch_overhead startup_probe remote_micro tier_kernels.fatbin; do
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
+# The remote probe: its graph-node mode runs on a real driver (tests/gpu/README.md).
+if [ -e "$B/tests/worker/remote_probe" ]; then
+  mkdir -p "$S/tests/worker"
+  cp "$B/tests/worker/remote_probe" "$S/tests/worker/"
+fi
 if [ -e "$B/bench/copy/copy_bench" ]; then
   mkdir -p "$S/bench/copy"
   cp "$B/bench/copy/copy_bench" "$S/bench/copy/"

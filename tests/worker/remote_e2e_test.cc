@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/remote_arrays.h"
 #include "client/remote_protocol.h"
 #include "nvml_types.h"
 #include "transport/shm_transport.h"
@@ -270,7 +271,7 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["event_bogus"], "400");
   EXPECT_EQ(r.kv["module_bogus"], "400");
   EXPECT_EQ(r.kv["unsupported"], "801");  // CUDA_ERROR_NOT_SUPPORTED
-  EXPECT_NE(r.out.find("cuArrayCreate_v2 is not supported"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuIpcGetMemHandle is not supported"), std::string::npos) << r.out;
   EXPECT_EQ(r.kv["still_works"], "0");
   EXPECT_EQ(r.kv["procaddr_is_export"], "1");
 }
@@ -586,6 +587,81 @@ TEST_F(RemoteTest, AKilledClientsSessionEndsAndItsMemoryIsFreed) {
 }
 
 
+// ---- Arrays, mipmapped arrays, array and 2D/3D copies, texture and surface objects
+// (tests/worker/array_probe.cc).
+
+TEST_F(RemoteTest, ArraysAnd2D3DCopiesRoundTripDataOverBothTransports) {
+  StartWorker();
+  Result direct = DirectProgram({TF_ARRAY_PROBE, "arrays"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["done"], "1");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_ARRAY_PROBE, "arrays"});
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["array_desc"], "64,32,32,1");  // CU_AD_FORMAT_FLOAT, answered by the client
+    EXPECT_EQ(r.kv["array3d_desc"], "64,32,0,0");
+    EXPECT_EQ(r.kv["array_requirements"], "1");
+    EXPECT_EQ(r.kv["htoa_atoh"], "1");
+    EXPECT_EQ(r.kv["atoh_offset"], "1");
+    EXPECT_EQ(r.kv["async_htoa_atoh"], "1");
+    EXPECT_EQ(r.kv["copy2d_host_array"], "1");
+    EXPECT_EQ(r.kv["copy2d_array_device"], "1");
+    EXPECT_EQ(r.kv["copy2d_async"], "1");
+    EXPECT_EQ(r.kv["copy2d_unified"], "1");
+    EXPECT_EQ(r.kv["dtoa_atoa_atod"], "1");
+    EXPECT_EQ(r.kv["copy3d"], "1");
+    EXPECT_EQ(r.kv["copy3d_async"], "1");
+    EXPECT_EQ(r.kv["large"], "1,1") << "copies larger than a transport slice, rows wider than one";
+    EXPECT_EQ(r.kv["mip_levels"], "32x32,16x16,8x8");
+    EXPECT_EQ(r.kv["mip_level_copy"], "1");
+    EXPECT_EQ(r.kv["mip_requirements"], "1");
+    EXPECT_EQ(r.kv["tex_objects"], "1");
+    EXPECT_EQ(r.kv["surf_object"], "1");
+    EXPECT_EQ(r.kv["surf_of_linear"], "1");
+    // Refused with CUDA_ERROR_INVALID_VALUE / INVALID_HANDLE, and the program goes on.
+    EXPECT_EQ(r.kv["bad_region_2d"], "1");
+    EXPECT_EQ(r.kv["bad_region_3d"], "1");
+    EXPECT_EQ(r.kv["bad_device_rows"], "1");
+    EXPECT_EQ(r.kv["good_device_rows"], "0");
+    EXPECT_EQ(r.kv["bad_array_handle"], "1");
+    EXPECT_EQ(r.kv["bad_linear_offset"], "1");
+    EXPECT_EQ(r.kv["bad_dtoa_length"], "1");
+    EXPECT_EQ(r.kv["tex_bad_linear"], "1");
+    EXPECT_EQ(r.kv["destroy_bogus_array"], "400");
+    EXPECT_EQ(r.kv["destroy_level"], "400");
+    EXPECT_EQ(r.kv["after_errors"], "1");
+    EXPECT_EQ(r.kv["surf_destroy_twice"], "1");
+    EXPECT_EQ(r.kv["destroy_twice"], "400");
+    ExpectSameKeys(direct, r);
+  }
+}
+
+TEST_F(RemoteTest, AKilledClientsArraysAndObjectsAreDestroyed) {
+  StartWorker();
+  setenv("FAKECUDA_SHM_NAME", shm_name_.c_str(), 1);
+  Nvml nvml;
+  ASSERT_TRUE(nvml.Open());
+  for (const std::string& addr : {tcp_, unix_}) {
+    Child probe;
+    probe.Start({TF_ARRAY_PROBE, "hold"}, {std::string("LD_LIBRARY_PATH=") + TF_CLIENT_INJECT,
+                                            "TFUSION_REMOTE=" + addr, "TFUSION_TOKEN=sekrit"});
+    ASSERT_TRUE(probe.WaitFor("ready=1", 10000)) << probe.out;
+    EXPECT_GE(nvml.UsedMib(), 256u);
+    kill(probe.pid, SIGKILL);
+    probe.Wait(5000);
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (nvml.UsedMib() != 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(nvml.UsedMib(), 0u) << addr;
+    ASSERT_TRUE(worker_.WaitFor(
+        "destroyed 1 arrays, 1 mipmapped arrays, 1 texture and 1 surface objects", 5000))
+        << worker_.out;
+    worker_.out.clear();
+  }
+}
+
 // ---- Page-locked memory shared with the worker (host regions) and bulk copies
 // (tests/worker/host_region_probe.cc).
 
@@ -712,6 +788,35 @@ class RawClient {
     return t_->Send(f).ok() ? f.sequence : 0;
   }
   tf::transport::Transport* transport() { return t_.get(); }
+  // The session's driver, device 0's primary context made current (what the stub does first).
+  bool UsePrimaryContext() {
+    uint8_t buf[16];
+    std::vector<uint8_t> out;
+    if (Call(tf::remote::kOpSessionInfo, tf::transport::Writer(nullptr, 0)) != 0) return false;
+    tf::transport::Writer w(buf, sizeof(buf));
+    w.I32(0);
+    if (Call(tf::remote::Op(tf::driver::Fn::cuDevicePrimaryCtxRetain), w, &out) != 0 ||
+        out.size() < 8) {
+      return false;
+    }
+    uint64_t ctx = 0;
+    memcpy(&ctx, out.data(), 8);
+    tf::transport::Writer s(buf, sizeof(buf));
+    s.U64(ctx);
+    return Send(tf::remote::Op(tf::driver::Fn::cuCtxSetCurrent), 0, s) != 0;
+  }
+  // cuMemAlloc_v2: the device pointer, 0 when refused.
+  uint64_t Alloc(uint64_t n) {
+    uint8_t buf[8];
+    std::vector<uint8_t> out;
+    tf::transport::Writer w(buf, sizeof(buf));
+    w.U64(n);
+    uint64_t p = 0;
+    if (Call(tf::remote::Op(tf::driver::Fn::cuMemAlloc_v2), w, &out) == 0 && out.size() >= 8) {
+      memcpy(&p, out.data(), 8);
+    }
+    return p;
+  }
 
  private:
   std::unique_ptr<tf::transport::Transport> t_;
@@ -736,24 +841,6 @@ struct SharedBlock {
   uint64_t addr() const { return reinterpret_cast<uint64_t>(p); }
 };
 
-// Asks for the session info, retains device 0's primary context and makes it current.
-bool StartSessionWithContext(RawClient& c) {
-  using tf::transport::Writer;
-  using tf::driver::Fn;
-  uint8_t buf[64];
-  std::vector<uint8_t> out;
-  if (c.Call(tf::remote::kOpSessionInfo, Writer(nullptr, 0)) != 0) return false;
-  Writer retain(buf, sizeof(buf));
-  retain.I32(0);
-  if (c.Call(tf::remote::Op(Fn::cuDevicePrimaryCtxRetain), retain, &out) != 0 || out.size() < 8) {
-    return false;
-  }
-  uint64_t ctx = 0;
-  memcpy(&ctx, out.data(), 8);
-  Writer set(buf, sizeof(buf));
-  set.U64(ctx);
-  return c.Send(tf::remote::Op(Fn::cuCtxSetCurrent), 0, set) != 0;
-}
 
 TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   using tf::transport::Writer;
@@ -762,16 +849,11 @@ TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   StartWorker();
   RawClient c;
   ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
   uint8_t buf[256];
   std::vector<uint8_t> out;
-  ASSERT_TRUE(StartSessionWithContext(c));
-  uint64_t dev = 0;
-  {
-    Writer w(buf, sizeof(buf));
-    w.U64(16384);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuMemAlloc_v2), w, &out), 0);
-    memcpy(&dev, out.data(), 8);
-  }
+  const uint64_t dev = c.Alloc(16384);
+  ASSERT_NE(dev, 0u);
   // Offers `block` (unless null) and sends the map message.
   auto map = [&](uint64_t id, SharedBlock* block, uint64_t addr, uint64_t len, uint32_t flags) {
     if (block) {
@@ -836,6 +918,118 @@ TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   Writer w(buf, sizeof(buf));
   w.U64(dev);
   EXPECT_EQ(c.Call(remote::Op(Fn::cuMemFree_v2), w), 0) << "the session goes on";
+}
+
+// Array messages the stub would not send: unknown handles, regions outside the array or the
+// session's allocations, malformed boxes. Each gets a CUDA error; the session goes on.
+TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[256];
+  std::vector<uint8_t> out;
+  const uint64_t dev = c.Alloc(4096);
+  ASSERT_NE(dev, 0u);
+  uint64_t array = 0;
+  {
+    CUDA_ARRAY3D_DESCRIPTOR d = {};
+    d.Width = 16;
+    d.Height = 16;
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;  // rows of 64 bytes, 1024 bytes in all
+    Writer w(buf, sizeof(buf));
+    remote::WriteArrayDesc(d, w);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuArrayCreate_v2), w, &out), 0);
+    memcpy(&array, out.data(), 8);
+  }
+  const uint64_t bogus = 0xbad0;
+  auto atoh = [&](uint64_t a, uint64_t off, uint64_t n) {
+    Writer w(buf, sizeof(buf));
+    w.U64(a);
+    w.U64(off);
+    w.U64(n);
+    return c.Call(remote::Op(Fn::cuMemcpyAtoH_v2), w);
+  };
+  auto dtoa = [&](uint64_t a, uint64_t d, uint64_t n) {
+    Writer w(buf, sizeof(buf));
+    w.U64(a);
+    w.U64(0);
+    w.U64(d);
+    w.U64(n);
+    return c.Call(remote::Op(Fn::cuMemcpyDtoA_v2), w);
+  };
+  auto box = [&](Fn fn, const remote::CopySide& src, const remote::CopySide& dst, uint64_t wb,
+                 uint64_t h, uint64_t depth) {
+    Writer w(buf, sizeof(buf));
+    remote::WriteCopySide(src, w);
+    remote::WriteCopySide(dst, w);
+    w.U64(wb);
+    w.U64(h);
+    w.U64(depth);
+    return c.Call(remote::Op(fn), w);
+  };
+  remote::CopySide arr{CU_MEMORYTYPE_ARRAY, array, 0, 0, 0, 0, 0};
+  remote::CopySide bad_arr{CU_MEMORYTYPE_ARRAY, bogus, 0, 0, 0, 0, 0};
+  remote::CopySide devs{CU_MEMORYTYPE_DEVICE, dev, 0, 0, 0, 256, 16};
+  remote::CopySide host{CU_MEMORYTYPE_HOST};
+  EXPECT_EQ(atoh(bogus, 0, 16), 1);                   // not an array of the session
+  EXPECT_EQ(atoh(array, 1000, 100), 1);               // past the array's 1024 bytes
+  EXPECT_EQ(atoh(array, ~0ull - 8, 16), 1);           // offset overflow
+  EXPECT_EQ(dtoa(array, dev + 4000, 200), 1);         // past the allocation
+  EXPECT_EQ(dtoa(array, 0x1000, 16), 1);              // not an allocation of the session
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, bad_arr, devs, 64, 4, 1), 1);
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, arr, devs, 64, 17, 1), 1);   // more rows than the array
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, arr, devs, 128, 16, 1), 1);  // rows past the pitch... and array
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, arr, remote::CopySide{CU_MEMORYTYPE_DEVICE, dev, 0, 0, 0, 512, 16},
+                64, 16, 1),
+            1);                                                    // the last rows leave the allocation
+  EXPECT_EQ(box(Fn::cuMemcpy3D_v2, arr, devs, 64, 4, 2), 1);      // deeper than the array
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, arr, devs, 64, 4, 2), 1);      // a 2D copy with depth
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, host, host, 64, 4, 1), 1);     // host to host
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, host, arr, 64, 4, 1), 1);      // host source without data
+  EXPECT_EQ(box(Fn::cuMemcpy3D_v2, arr, devs, 0, 4, 1), 1);       // empty
+  {
+    Writer w(buf, sizeof(buf));
+    w.U8(CU_MEMORYTYPE_UNIFIED);  // never on the wire
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuMemcpy3D_v2), w), 1);
+  }
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(bogus);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuArrayDestroy), w), 400);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuMipmappedArrayDestroy), w), 400);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuTexObjectDestroy), w), 1);
+  }
+  {
+    Writer w(buf, sizeof(buf));
+    w.U32(CU_RESOURCE_TYPE_ARRAY);
+    w.U64(bogus);
+    w.U32(0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuSurfObjectCreate), w), 1);
+  }
+  {
+    Writer w(buf, sizeof(buf));
+    w.U32(CU_RESOURCE_TYPE_PITCH2D);  // 64 rows of 64 bytes, 256 apart: past the 4096 bytes
+    w.U64(dev);
+    w.U32(CU_AD_FORMAT_FLOAT);
+    w.U32(1);
+    w.U64(16);
+    w.U64(64);
+    w.U64(256);
+    w.U32(0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuSurfObjectCreate), w), 1);
+  }
+  // The session goes on: a copy into the array and back.
+  EXPECT_EQ(box(Fn::cuMemcpy2D_v2, devs, arr, 64, 16, 1), 0);
+  EXPECT_EQ(atoh(array, 0, 1024), 0);
+  Writer w(buf, sizeof(buf));
+  w.U64(array);
+  EXPECT_EQ(c.Call(remote::Op(Fn::cuArrayDestroy), w), 0);
+  EXPECT_EQ(c.Call(remote::Op(Fn::cuArrayDestroy), w), 400);
 }
 
 }  // namespace
@@ -1028,7 +1222,7 @@ TEST_F(RemoteTest, BadLinkAndJitMessagesGetAnErrorAndChangeNothing) {
   ASSERT_TRUE(c.Connect(unix_.substr(5)));
   uint8_t buf[2048];
   std::vector<uint8_t> out;
-  ASSERT_TRUE(StartSessionWithContext(c));
+  ASSERT_TRUE(c.UsePrimaryContext());
   auto options = [&](Writer& w, uint32_t n, uint32_t id) {
     w.U32(n);
     for (uint32_t i = 0; i < n; ++i) {

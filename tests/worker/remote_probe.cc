@@ -179,13 +179,11 @@ int BadHandles() {
   CUfunction f;
   std::printf("module_bogus=%d\n", static_cast<int>(cuModuleGetFunction(
                                        &f, reinterpret_cast<CUmodule>(0x4000), "fill_u32")));
-  CUarray arr;
-  CUDA_ARRAY_DESCRIPTOR desc = {};
-  desc.Width = 16;
-  desc.Height = 16;
-  desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
-  desc.NumChannels = 1;
-  std::printf("unsupported=%d\n", static_cast<int>(cuArrayCreate(&arr, &desc)));
+  // IPC is not forwarded (looked up by name: the fake driver has no such entry point).
+  CUipcMemHandle ipc;
+  using IpcGetMemHandle = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
+  auto ipc_get = reinterpret_cast<IpcGetMemHandle>(dlsym(RTLD_DEFAULT, "cuIpcGetMemHandle"));
+  std::printf("unsupported=%d\n", ipc_get ? static_cast<int>(ipc_get(&ipc, a)) : -1);
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
   // Lookups through cuGetProcAddress land on this library's own exports.
   void* p = nullptr;

@@ -1,0 +1,627 @@
+// Replays the array family for a session (session_arrays.h); payloads in remote_arrays.h.
+#include "worker/session_arrays.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "client/remote_arrays.h"
+
+namespace tf::worker {
+namespace {
+
+using driver::Fn;
+using remote::CopyPart;
+using remote::CopySide;
+using transport::Reader;
+using transport::Writer;
+
+#define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
+
+uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
+template <class T>
+T As(uint64_t v) {
+  return reinterpret_cast<T>(v);
+}
+
+// a * b + c without overflow; false when it does not fit.
+bool MulAdd(uint64_t a, uint64_t b, uint64_t c, uint64_t* out) {
+  uint64_t m = 0;
+  return !__builtin_mul_overflow(a, b, &m) && !__builtin_add_overflow(m, c, out);
+}
+
+bool IsAsync(Fn fn) { return fn == Fn::cuMemcpy2DAsync_v2 || fn == Fn::cuMemcpy3DAsync_v2; }
+bool Is2D(Fn fn) {
+  return fn == Fn::cuMemcpy2D_v2 || fn == Fn::cuMemcpy2DUnaligned_v2 || fn == Fn::cuMemcpy2DAsync_v2;
+}
+
+}  // namespace
+
+bool SessionArrays::Handles(Fn fn) {
+  switch (fn) {
+    case Fn::cuArrayCreate_v2:
+    case Fn::cuArray3DCreate_v2:
+    case Fn::cuArrayDestroy:
+    case Fn::cuArrayGetMemoryRequirements:
+    case Fn::cuMipmappedArrayCreate:
+    case Fn::cuMipmappedArrayGetLevel:
+    case Fn::cuMipmappedArrayDestroy:
+    case Fn::cuMipmappedArrayGetMemoryRequirements:
+    case Fn::cuMemcpyHtoA_v2:
+    case Fn::cuMemcpyHtoAAsync_v2:
+    case Fn::cuMemcpyAtoH_v2:
+    case Fn::cuMemcpyAtoHAsync_v2:
+    case Fn::cuMemcpyDtoA_v2:
+    case Fn::cuMemcpyAtoD_v2:
+    case Fn::cuMemcpyAtoA_v2:
+    case Fn::cuMemcpy2D_v2:
+    case Fn::cuMemcpy2DUnaligned_v2:
+    case Fn::cuMemcpy2DAsync_v2:
+    case Fn::cuMemcpy3D_v2:
+    case Fn::cuMemcpy3DAsync_v2:
+    case Fn::cuTexObjectCreate:
+    case Fn::cuTexObjectDestroy:
+    case Fn::cuSurfObjectCreate:
+    case Fn::cuSurfObjectDestroy:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Synchronous copies, and the asynchronous ones that return data (sent reply-expected only then).
+bool SessionArrays::IsSyncPoint(Fn fn) {
+  switch (fn) {
+    case Fn::cuMemcpyHtoA_v2:
+    case Fn::cuMemcpyAtoH_v2:
+    case Fn::cuMemcpyAtoHAsync_v2:
+    case Fn::cuMemcpyDtoA_v2:
+    case Fn::cuMemcpyAtoD_v2:
+    case Fn::cuMemcpyAtoA_v2:
+    case Fn::cuMemcpy2D_v2:
+    case Fn::cuMemcpy2DUnaligned_v2:
+    case Fn::cuMemcpy2DAsync_v2:
+    case Fn::cuMemcpy3D_v2:
+    case Fn::cuMemcpy3DAsync_v2:
+      return true;
+    default:
+      return false;
+  }
+}
+
+CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bulk_len, Writer& out) {
+  switch (fn) {
+    case Fn::cuArrayCreate_v2:
+    case Fn::cuArray3DCreate_v2:
+    case Fn::cuMipmappedArrayCreate:
+      return Create(fn, rd, out);
+    case Fn::cuMipmappedArrayGetLevel: {
+      uint64_t m = 0;
+      uint32_t level = 0;
+      rd.U64(&m);
+      if (!rd.U32(&level) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto it = mipmaps_.find(m);
+      if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      CUarray a = nullptr;
+      CUresult r = CALL(cuMipmappedArrayGetLevel, &a, As<CUmipmappedArray>(m), level);
+      if (r != CUDA_SUCCESS) return r;
+      it->second.insert(H(a));
+      Record(a, CUDA_ARRAY3D_DESCRIPTOR{}, m, out);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuArrayDestroy: {
+      uint64_t a = 0;
+      if (!rd.U64(&a) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto it = arrays_.find(a);
+      // A level of a mipmapped array goes with it.
+      if (it == arrays_.end() || it->second.mipmap != 0) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = CALL(cuArrayDestroy, As<CUarray>(a));
+      if (r == CUDA_SUCCESS) arrays_.erase(it);
+      return r;
+    }
+    case Fn::cuMipmappedArrayDestroy: {
+      uint64_t m = 0;
+      if (!rd.U64(&m) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto it = mipmaps_.find(m);
+      if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      CUresult r = CALL(cuMipmappedArrayDestroy, As<CUmipmappedArray>(m));
+      if (r == CUDA_SUCCESS) {
+        for (uint64_t a : it->second) arrays_.erase(a);
+        mipmaps_.erase(it);
+      }
+      return r;
+    }
+    case Fn::cuArrayGetMemoryRequirements:
+    case Fn::cuMipmappedArrayGetMemoryRequirements: {
+      uint64_t h = 0;
+      int32_t dev = 0;
+      rd.U64(&h);
+      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUDA_ARRAY_MEMORY_REQUIREMENTS req = {};
+      CUresult r;
+      if (fn == Fn::cuArrayGetMemoryRequirements) {
+        if (!arrays_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+        r = CALL(cuArrayGetMemoryRequirements, &req, As<CUarray>(h), dev);
+      } else {
+        if (!mipmaps_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+        r = CALL(cuMipmappedArrayGetMemoryRequirements, &req, As<CUmipmappedArray>(h), dev);
+      }
+      if (r != CUDA_SUCCESS) return r;
+      out.U64(req.size);
+      out.U64(req.alignment);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemcpyHtoA_v2:
+    case Fn::cuMemcpyHtoAAsync_v2:
+    case Fn::cuMemcpyAtoH_v2:
+    case Fn::cuMemcpyAtoHAsync_v2:
+    case Fn::cuMemcpyDtoA_v2:
+    case Fn::cuMemcpyAtoD_v2:
+    case Fn::cuMemcpyAtoA_v2:
+      return LinearCopy(fn, rd, bulk, bulk_len);
+    case Fn::cuMemcpy2D_v2:
+    case Fn::cuMemcpy2DUnaligned_v2:
+    case Fn::cuMemcpy2DAsync_v2:
+    case Fn::cuMemcpy3D_v2:
+    case Fn::cuMemcpy3DAsync_v2:
+      return BoxCopy(fn, rd, bulk, bulk_len);
+    case Fn::cuTexObjectCreate:
+    case Fn::cuSurfObjectCreate:
+      return CreateObject(fn, rd, out);
+    case Fn::cuTexObjectDestroy:
+    case Fn::cuSurfObjectDestroy: {
+      uint64_t o = 0;
+      if (!rd.U64(&o) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      std::set<uint64_t>& table = fn == Fn::cuTexObjectDestroy ? textures_ : surfaces_;
+      if (!table.count(o)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = fn == Fn::cuTexObjectDestroy ? CALL(cuTexObjectDestroy, o)
+                                                : CALL(cuSurfObjectDestroy, o);
+      if (r == CUDA_SUCCESS) table.erase(o);
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+void SessionArrays::Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap,
+                           Writer& out) {
+  ArrayEntry e;
+  e.mipmap = mipmap;
+  // What the driver says the array is (the client answers descriptor queries with it).
+  if (CALL(cuArray3DGetDescriptor_v2, &e.desc, a) != CUDA_SUCCESS) e.desc = asked;
+  arrays_[H(a)] = e;
+  out.U64(H(a));
+  remote::WriteArrayDesc(e.desc, out);
+}
+
+CUresult SessionArrays::Create(Fn fn, Reader& rd, Writer& out) {
+  CUDA_ARRAY3D_DESCRIPTOR desc;
+  uint32_t levels = 1;
+  if (!remote::ReadArrayDesc(rd, &desc)) return CUDA_ERROR_INVALID_VALUE;
+  if (fn == Fn::cuMipmappedArrayCreate) rd.U32(&levels);
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  switch (fn) {
+    case Fn::cuArrayCreate_v2: {
+      if (desc.Depth != 0 || desc.Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+      CUDA_ARRAY_DESCRIPTOR d2 = {};
+      d2.Width = desc.Width;
+      d2.Height = desc.Height;
+      d2.Format = desc.Format;
+      d2.NumChannels = desc.NumChannels;
+      CUarray a = nullptr;
+      CUresult r = CALL(cuArrayCreate_v2, &a, &d2);
+      if (r == CUDA_SUCCESS) Record(a, desc, 0, out);
+      return r;
+    }
+    case Fn::cuArray3DCreate_v2: {
+      CUarray a = nullptr;
+      CUresult r = CALL(cuArray3DCreate_v2, &a, &desc);
+      if (r == CUDA_SUCCESS) Record(a, desc, 0, out);
+      return r;
+    }
+    default: {
+      CUmipmappedArray m = nullptr;
+      CUresult r = CALL(cuMipmappedArrayCreate, &m, &desc, levels);
+      if (r != CUDA_SUCCESS) return r;
+      mipmaps_[H(m)];
+      out.U64(H(m));
+      return CUDA_SUCCESS;
+    }
+  }
+}
+
+bool SessionArrays::Extent(uint64_t array, uint64_t* row_bytes, uint64_t* rows,
+                           uint64_t* slices) const {
+  auto it = arrays_.find(array);
+  if (it == arrays_.end()) return false;
+  const CUDA_ARRAY3D_DESCRIPTOR& d = it->second.desc;
+  const uint64_t elem = uint64_t{remote::FormatBytes(d.Format)} * d.NumChannels;
+  if (elem == 0 || d.Width > remote::kMaxCopyExtent || d.Height > remote::kMaxCopyExtent ||
+      d.Depth > remote::kMaxCopyExtent) {
+    return false;
+  }
+  *row_bytes = d.Width * elem;
+  *rows = d.Height == 0 ? 1 : d.Height;
+  *slices = d.Depth == 0 ? 1 : d.Depth;
+  return true;
+}
+
+// The 1D copies count an array's bytes in row-major order from its first element.
+CUresult SessionArrays::LinearCopy(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bulk_len) {
+  uint64_t array = 0, offset = 0, n = 0, dev = 0, array2 = 0, offset2 = 0, s = 0;
+  switch (fn) {
+    case Fn::cuMemcpyHtoA_v2:
+    case Fn::cuMemcpyHtoAAsync_v2:
+      rd.U64(&array);
+      rd.U64(&offset);
+      if (fn == Fn::cuMemcpyHtoAAsync_v2) rd.U64(&s);
+      if (bulk == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      n = bulk_len;
+      break;
+    case Fn::cuMemcpyAtoH_v2:
+    case Fn::cuMemcpyAtoHAsync_v2:
+      rd.U64(&array);
+      rd.U64(&offset);
+      rd.U64(&n);
+      if (fn == Fn::cuMemcpyAtoHAsync_v2) rd.U64(&s);
+      break;
+    case Fn::cuMemcpyDtoA_v2:
+      rd.U64(&array);
+      rd.U64(&offset);
+      rd.U64(&dev);
+      rd.U64(&n);
+      break;
+    case Fn::cuMemcpyAtoD_v2:
+      rd.U64(&dev);
+      rd.U64(&array);
+      rd.U64(&offset);
+      rd.U64(&n);
+      break;
+    default:  // cuMemcpyAtoA_v2
+      rd.U64(&array);
+      rd.U64(&offset);
+      rd.U64(&array2);
+      rd.U64(&offset2);
+      rd.U64(&n);
+      break;
+  }
+  if (!rd.Finish() || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  auto inside = [&](uint64_t a, uint64_t off) {
+    uint64_t row = 0, rows = 0, slices = 0, total = 0;
+    return Extent(a, &row, &rows, &slices) && MulAdd(row, rows * slices, 0, &total) &&
+           off <= total && n <= total - off;
+  };
+  if (!inside(array, offset)) return CUDA_ERROR_INVALID_VALUE;
+  if (fn == Fn::cuMemcpyAtoA_v2 && !inside(array2, offset2)) return CUDA_ERROR_INVALID_VALUE;
+  if ((fn == Fn::cuMemcpyDtoA_v2 || fn == Fn::cuMemcpyAtoD_v2) && !host_.DeviceRange(dev, n)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!host_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  CUarray a = As<CUarray>(array);
+  CUstream st = As<CUstream>(s);
+  switch (fn) {
+    case Fn::cuMemcpyHtoA_v2:
+      return CALL(cuMemcpyHtoA_v2, a, offset, bulk, n);
+    case Fn::cuMemcpyHtoAAsync_v2: {
+      // The bulk view dies at the next frame: a private copy lives until the stream ran it.
+      std::unique_ptr<uint8_t[]> copy(new uint8_t[n]);
+      memcpy(copy.get(), bulk, n);
+      CUresult r = CALL(cuMemcpyHtoAAsync_v2, a, offset, copy.get(), n, st);
+      if (r == CUDA_SUCCESS) host_.KeepUntilStreamDone(std::move(copy), st);
+      return r;
+    }
+    case Fn::cuMemcpyAtoH_v2:
+    case Fn::cuMemcpyAtoHAsync_v2: {
+      const uint64_t slice = host_.CallDataLimit();
+      for (uint64_t off = 0; off < n; off += slice) {
+        const uint64_t len = std::min(slice, n - off);
+        if (staging_.size() < len) staging_.resize(len);
+        CUresult r = fn == Fn::cuMemcpyAtoH_v2
+                         ? CALL(cuMemcpyAtoH_v2, staging_.data(), a, offset + off, len)
+                         : CALL(cuMemcpyAtoHAsync_v2, staging_.data(), a, offset + off, len, st);
+        if (r == CUDA_SUCCESS && fn == Fn::cuMemcpyAtoHAsync_v2) r = CALL(cuStreamSynchronize, st);
+        if (r != CUDA_SUCCESS) return r;
+        if (!host_.SendCallData(off, staging_.data(), len)) return CUDA_ERROR_UNKNOWN;
+      }
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemcpyDtoA_v2:
+      return CALL(cuMemcpyDtoA_v2, a, offset, dev, n);
+    case Fn::cuMemcpyAtoD_v2:
+      return CALL(cuMemcpyAtoD_v2, dev, a, offset, n);
+    default:
+      return CALL(cuMemcpyAtoA_v2, a, offset, As<CUarray>(array2), offset2, n);
+  }
+}
+
+// Copies one box, as the client's entry point would: the 2D entry points for the 2D calls.
+CUresult SessionArrays::RunCopy(Fn fn, const CUDA_MEMCPY3D& c, CUstream st) {
+  if (!Is2D(fn)) {
+    return fn == Fn::cuMemcpy3D_v2 ? CALL(cuMemcpy3D_v2, &c) : CALL(cuMemcpy3DAsync_v2, &c, st);
+  }
+  CUDA_MEMCPY2D m = {};
+  m.srcXInBytes = c.srcXInBytes;
+  m.srcY = c.srcY;
+  m.srcMemoryType = c.srcMemoryType;
+  m.srcHost = c.srcHost;
+  m.srcDevice = c.srcDevice;
+  m.srcArray = c.srcArray;
+  m.srcPitch = c.srcPitch;
+  m.dstXInBytes = c.dstXInBytes;
+  m.dstY = c.dstY;
+  m.dstMemoryType = c.dstMemoryType;
+  m.dstHost = c.dstHost;
+  m.dstDevice = c.dstDevice;
+  m.dstArray = c.dstArray;
+  m.dstPitch = c.dstPitch;
+  m.WidthInBytes = c.WidthInBytes;
+  m.Height = c.Height;
+  switch (fn) {
+    case Fn::cuMemcpy2D_v2: return CALL(cuMemcpy2D_v2, &m);
+    case Fn::cuMemcpy2DUnaligned_v2: return CALL(cuMemcpy2DUnaligned_v2, &m);
+    default: return CALL(cuMemcpy2DAsync_v2, &m, st);
+  }
+}
+
+namespace {
+
+// Writes a checked device or array side into the driver's copy descriptor (the src or dst half).
+void FillSide(const CopySide& s, CUmemorytype* type, CUdeviceptr* dev, CUarray* array, size_t* x,
+              size_t* y, size_t* z, size_t* pitch, size_t* height) {
+  *type = static_cast<CUmemorytype>(s.type);
+  if (s.type == CU_MEMORYTYPE_DEVICE) {
+    *dev = s.handle;
+    *pitch = s.pitch;
+    *height = s.height;
+  } else {
+    *array = As<CUarray>(s.handle);
+  }
+  *x = s.x;
+  *y = s.y;
+  *z = s.z;
+}
+
+}  // namespace
+
+CUresult SessionArrays::BoxCopy(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bulk_len) {
+  CopySide src, dst;
+  uint64_t w = 0, h = 0, depth = 0, s = 0;
+  if (!remote::ReadCopySide(rd, &src) || !remote::ReadCopySide(rd, &dst)) return CUDA_ERROR_INVALID_VALUE;
+  rd.U64(&w);
+  rd.U64(&h);
+  rd.U64(&depth);
+  if (IsAsync(fn)) rd.U64(&s);
+  if (!rd.Finish() || w == 0 || h == 0 || depth == 0 || !remote::BoxFits(w, h, depth)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (Is2D(fn) && (depth != 1 || src.z != 0 || dst.z != 0)) return CUDA_ERROR_INVALID_VALUE;
+  const bool src_host = src.type == CU_MEMORYTYPE_HOST, dst_host = dst.type == CU_MEMORYTYPE_HOST;
+  const uint64_t packed = w * h * depth;
+  // Host to host never leaves the client; a host source is exactly the packed box.
+  if (src_host && dst_host) return CUDA_ERROR_INVALID_VALUE;
+  if (src_host ? (bulk == nullptr || bulk_len != packed) : bulk != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Device and array operands: the whole region inside one allocation or inside the array.
+  auto inside = [&](const CopySide& side) {
+    if (side.type == CU_MEMORYTYPE_HOST) return true;
+    if (side.x > remote::kMaxCopyExtent || side.y > remote::kMaxCopyExtent ||
+        side.z > remote::kMaxCopyExtent) {
+      return false;
+    }
+    if (side.type == CU_MEMORYTYPE_ARRAY) {
+      uint64_t row = 0, rows = 0, slices = 0;
+      return Extent(side.handle, &row, &rows, &slices) && side.x <= row && w <= row - side.x &&
+             side.y <= rows && h <= rows - side.y && side.z <= slices && depth <= slices - side.z;
+    }
+    // Rows may not overlap; every byte from the first row's start to the last row's end lies in
+    // one allocation (so every row does).
+    if ((h > 1 || depth > 1) && side.pitch < w) return false;
+    if (depth > 1 && side.height < h) return false;
+    if (side.pitch > remote::kMaxCopyExtent || side.height > remote::kMaxCopyExtent) return false;
+    uint64_t first_row = 0, start = 0, last_row = 0, span = 0;
+    return MulAdd(side.z, side.height, side.y, &first_row) &&
+           MulAdd(first_row, side.pitch, side.x, &start) &&
+           !__builtin_add_overflow(side.handle, start, &start) &&
+           MulAdd(depth - 1, side.height, h - 1, &last_row) &&
+           MulAdd(last_row, side.pitch, w, &span) && host_.DeviceRange(start, span);
+  };
+  if (!inside(src) || !inside(dst)) return CUDA_ERROR_INVALID_VALUE;
+  if (!host_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  CUstream st = As<CUstream>(s);
+
+  CUDA_MEMCPY3D c = {};
+  if (!src_host) {
+    FillSide(src, &c.srcMemoryType, &c.srcDevice, &c.srcArray, &c.srcXInBytes, &c.srcY, &c.srcZ,
+             &c.srcPitch, &c.srcHeight);
+  }
+  if (!dst_host) {
+    FillSide(dst, &c.dstMemoryType, &c.dstDevice, &c.dstArray, &c.dstXInBytes, &c.dstY, &c.dstZ,
+             &c.dstPitch, &c.dstHeight);
+  }
+  c.WidthInBytes = w;
+  c.Height = h;
+  c.Depth = depth;
+  if (src_host) {
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcPitch = w;
+    c.srcHeight = h;
+    if (!IsAsync(fn)) {
+      c.srcHost = bulk;
+      return RunCopy(fn, c, st);
+    }
+    // The bulk view dies at the next frame: a private copy lives until the stream ran it.
+    std::unique_ptr<uint8_t[]> copy(new uint8_t[packed]);
+    memcpy(copy.get(), bulk, packed);
+    c.srcHost = copy.get();
+    CUresult r = RunCopy(fn, c, st);
+    if (r == CUDA_SUCCESS) host_.KeepUntilStreamDone(std::move(copy), st);
+    return r;
+  }
+  if (!dst_host) return RunCopy(fn, c, st);
+  // To the client: part by part into staging, each sent as the copy's data at its packed offset.
+  c.dstMemoryType = CU_MEMORYTYPE_HOST;
+  CUresult r = CUDA_SUCCESS;
+  const uint64_t limit = std::max<uint64_t>(host_.CallDataLimit() & ~15ull, 16);
+  remote::SplitCopyBox(w, h, depth, limit, [&](const CopyPart& p) {
+    if (staging_.size() < p.bytes()) staging_.resize(p.bytes());
+    CUDA_MEMCPY3D part = c;
+    part.srcXInBytes += p.x;
+    part.srcY += p.y;
+    part.srcZ += p.z;
+    part.dstHost = staging_.data();
+    part.dstPitch = p.width;
+    part.dstHeight = p.height;
+    part.WidthInBytes = p.width;
+    part.Height = p.height;
+    part.Depth = p.depth;
+    r = RunCopy(fn, part, st);
+    if (r == CUDA_SUCCESS && IsAsync(fn)) r = CALL(cuStreamSynchronize, st);
+    if (r != CUDA_SUCCESS) return false;
+    if (!host_.SendCallData(p.offset, staging_.data(), p.bytes())) {
+      r = CUDA_ERROR_UNKNOWN;
+      return false;
+    }
+    return true;
+  });
+  return r;
+}
+
+CUresult SessionArrays::ReadResource(Reader& rd, CUDA_RESOURCE_DESC* res) {
+  uint32_t type = 0;
+  if (!rd.U32(&type)) return CUDA_ERROR_INVALID_VALUE;
+  *res = CUDA_RESOURCE_DESC{};
+  res->resType = static_cast<CUresourcetype>(type);
+  uint64_t h = 0;
+  switch (type) {
+    case CU_RESOURCE_TYPE_ARRAY:
+      if (!rd.U64(&h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      res->res.array.hArray = As<CUarray>(h);
+      break;
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
+      if (!rd.U64(&h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      res->res.mipmap.hMipmappedArray = As<CUmipmappedArray>(h);
+      break;
+    case CU_RESOURCE_TYPE_LINEAR: {
+      uint32_t format = 0, channels = 0;
+      uint64_t bytes = 0;
+      rd.U64(&h);
+      rd.U32(&format);
+      rd.U32(&channels);
+      if (!rd.U64(&bytes) || bytes == 0 || !host_.DeviceRange(h, bytes)) return CUDA_ERROR_INVALID_VALUE;
+      res->res.linear.devPtr = h;
+      res->res.linear.format = static_cast<CUarray_format>(format);
+      res->res.linear.numChannels = channels;
+      res->res.linear.sizeInBytes = bytes;
+      break;
+    }
+    case CU_RESOURCE_TYPE_PITCH2D: {
+      uint32_t format = 0, channels = 0;
+      uint64_t width = 0, height = 0, pitch = 0, row = 0, span = 0;
+      rd.U64(&h);
+      rd.U32(&format);
+      rd.U32(&channels);
+      rd.U64(&width);
+      rd.U64(&height);
+      if (!rd.U64(&pitch)) return CUDA_ERROR_INVALID_VALUE;
+      // Every row inside one allocation: rows fit the pitch, the last one ends inside.
+      const uint64_t elem = uint64_t{remote::FormatBytes(format)} * channels;
+      if (elem == 0 || width == 0 || height == 0 || !MulAdd(width, elem, 0, &row) || row > pitch ||
+          !MulAdd(height - 1, pitch, row, &span) || !host_.DeviceRange(h, span)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      res->res.pitch2D.devPtr = h;
+      res->res.pitch2D.format = static_cast<CUarray_format>(format);
+      res->res.pitch2D.numChannels = channels;
+      res->res.pitch2D.width = width;
+      res->res.pitch2D.height = height;
+      res->res.pitch2D.pitchInBytes = pitch;
+      break;
+    }
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!rd.U32(&res->flags)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionArrays::CreateObject(Fn fn, Reader& rd, Writer& out) {
+  CUDA_RESOURCE_DESC res;
+  if (CUresult r = ReadResource(rd, &res); r != CUDA_SUCCESS) return r;
+  if (fn == Fn::cuSurfObjectCreate) {
+    if (!rd.Finish() || res.resType != CU_RESOURCE_TYPE_ARRAY) return CUDA_ERROR_INVALID_VALUE;
+    CUsurfObject o = 0;
+    CUresult r = CALL(cuSurfObjectCreate, &o, &res);
+    if (r != CUDA_SUCCESS) return r;
+    surfaces_.insert(o);
+    out.U64(o);
+    return CUDA_SUCCESS;
+  }
+  CUDA_TEXTURE_DESC tex = {};
+  uint32_t v = 0;
+  for (auto& mode : tex.addressMode) {
+    rd.U32(&v);
+    mode = static_cast<CUaddress_mode>(v);
+  }
+  rd.U32(&v);
+  tex.filterMode = static_cast<CUfilter_mode>(v);
+  rd.U32(&tex.flags);
+  rd.U32(&tex.maxAnisotropy);
+  rd.U32(&v);
+  tex.mipmapFilterMode = static_cast<CUfilter_mode>(v);
+  for (float* f : {&tex.mipmapLevelBias, &tex.minMipmapLevelClamp, &tex.maxMipmapLevelClamp,
+                   &tex.borderColor[0], &tex.borderColor[1], &tex.borderColor[2],
+                   &tex.borderColor[3]}) {
+    rd.U32(&v);
+    *f = remote::BitsF32(v);
+  }
+  uint8_t has_view = 0;
+  CUDA_RESOURCE_VIEW_DESC view = {};
+  if (!rd.U8(&has_view) || has_view > 1) return CUDA_ERROR_INVALID_VALUE;
+  if (has_view) {
+    uint64_t width = 0, height = 0, depth = 0;
+    rd.U32(&v);
+    view.format = static_cast<CUresourceViewFormat>(v);
+    rd.U64(&width);
+    rd.U64(&height);
+    rd.U64(&depth);
+    view.width = width;
+    view.height = height;
+    view.depth = depth;
+    rd.U32(&view.firstMipmapLevel);
+    rd.U32(&view.lastMipmapLevel);
+    rd.U32(&view.firstLayer);
+    rd.U32(&view.lastLayer);
+  }
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  CUtexObject o = 0;
+  CUresult r = CALL(cuTexObjectCreate, &o, &res, &tex, has_view ? &view : nullptr);
+  if (r != CUDA_SUCCESS) return r;
+  textures_.insert(o);
+  out.U64(o);
+  return CUDA_SUCCESS;
+}
+
+void SessionArrays::Cleanup() {
+  for (uint64_t o : textures_) CALL(cuTexObjectDestroy, o);
+  for (uint64_t o : surfaces_) CALL(cuSurfObjectDestroy, o);
+  size_t arrays = 0;
+  for (auto& [a, e] : arrays_) {
+    if (e.mipmap == 0 && CALL(cuArrayDestroy, As<CUarray>(a)) == CUDA_SUCCESS) ++arrays;
+  }
+  for (auto& [m, levels] : mipmaps_) CALL(cuMipmappedArrayDestroy, As<CUmipmappedArray>(m));
+  if (arrays + mipmaps_.size() + textures_.size() + surfaces_.size() > 0) {
+    fprintf(stderr,
+            "tfusion-worker[%d]: session ended: destroyed %zu arrays, %zu mipmapped arrays, %zu "
+            "texture and %zu surface objects\n",
+            static_cast<int>(getpid()), arrays, mipmaps_.size(), textures_.size(), surfaces_.size());
+  }
+  textures_.clear();
+  surfaces_.clear();
+  arrays_.clear();
+  mipmaps_.clear();
+}
+
+}  // namespace tf::worker

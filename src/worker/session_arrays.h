@@ -1,0 +1,87 @@
+// The array family of a worker session (payloads: src/client/remote_arrays.h): CUDA arrays,
+// mipmapped arrays, array and 2D/3D copies, texture and surface objects. It keeps the session's
+// tables of these handles, checks every handle and every copied region against them (and device
+// operands against the session's allocations, through Host), and destroys what the client left
+// behind when the session ends.
+//
+// Threading: used by the session's replay thread only.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "driver/driver_table.h"
+#include "transport/wire.h"
+
+namespace tf::worker {
+
+class SessionArrays {
+ public:
+  // What the session lends to the array calls.
+  class Host {
+   public:
+    virtual ~Host() = default;
+    // [p, p + n) lies wholly inside one device allocation (or mapping) of the session.
+    virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
+    // A stream of the session (or the NULL, legacy or per-thread stream).
+    virtual bool KnownStream(uint64_t s) const = 0;
+    // Sends n bytes of the current call's host-bound data at `offset` of the copy (kEvtCopyData,
+    // before the call's reply). False when the client is gone.
+    virtual bool SendCallData(uint64_t offset, const void* data, uint64_t n) = 0;
+    // The most bytes one SendCallData may carry.
+    virtual uint64_t CallDataLimit() const = 0;
+    // Keeps `bytes` alive until the work enqueued on `st` so far has run.
+    virtual void KeepUntilStreamDone(std::unique_ptr<uint8_t[]> bytes, CUstream st) = 0;
+  };
+
+  SessionArrays(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}
+
+  // Whether fn belongs to this family.
+  static bool Handles(driver::Fn fn);
+  // The family's synchronizing calls (they report an earlier asynchronous failure).
+  static bool IsSyncPoint(driver::Fn fn);
+
+  // Replays one call. bulk: the request's bulk (host source data), or nullptr.
+  CUresult Call(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len,
+                transport::Writer& out);
+
+  // Destroys the objects, arrays and mipmapped arrays the client left, and logs how many.
+  // REQUIRES a current context; the streams are idle.
+  void Cleanup();
+
+ private:
+  struct ArrayEntry {
+    CUDA_ARRAY3D_DESCRIPTOR desc = {};
+    uint64_t mipmap = 0;  // a level of this mipmapped array
+  };
+  // A copy's operand after the checks, ready for the driver.
+  struct Operand;
+
+  CUresult Create(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult LinearCopy(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len);
+  CUresult BoxCopy(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len);
+  CUresult CreateObject(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  // Reads and checks a resource descriptor (texture and surface objects).
+  CUresult ReadResource(transport::Reader& rd, CUDA_RESOURCE_DESC* res);
+  // Bytes of the array's rows (width x element size), rows per slice and slices; false when
+  // the array's format is unknown here.
+  bool Extent(uint64_t array, uint64_t* row_bytes, uint64_t* rows, uint64_t* slices) const;
+  // Records an array the driver made and writes its handle and descriptor.
+  void Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap,
+              transport::Writer& out);
+  CUresult RunCopy(driver::Fn fn, const CUDA_MEMCPY3D& c, CUstream st);
+
+  const driver::DriverTable& d_;
+  Host& host_;
+  std::map<uint64_t, ArrayEntry> arrays_;
+  std::map<uint64_t, std::set<uint64_t>> mipmaps_;  // mipmapped array -> its level arrays
+  std::set<uint64_t> textures_, surfaces_;
+  std::vector<uint8_t> staging_;  // device-to-host parts on their way to the client
+};
+
+}  // namespace tf::worker
