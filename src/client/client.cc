@@ -248,6 +248,37 @@ CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payl
 
 namespace {
 
+// What the worker's GPU can do that a program on this side of the connection cannot use: its
+// answers are corrected here so that programs and frameworks take the paths that work remotely.
+//   - Pageable memory of this process is not reachable from kernels (HMM, ATS): 88 and 100 are 0.
+//   - Managed memory, IPC (memory and events, POSIX fd handles) and host-located memory pools are
+//     not forwarded: 83, 89, 101, 103, 125, 142, 144 are 0.
+//   - Memory registered with cuMemHostRegister stays on this side: 91 is 0.
+//   - Without host regions (TCP, or TFUSION_HOST_REGIONS=0) page-locked memory cannot be mapped
+//     into the device's address space: 19 (CAN_MAP_HOST_MEMORY) is 0 too.
+void AdjustRemoteAttributes(Session* s) {
+  static constexpr int kOff[] = {
+      CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
+      CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
+      CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
+      CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+      CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
+      CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+  };
+  for (auto& d : s->devices) {
+    for (int a : kOff) {
+      if (static_cast<size_t>(a) < d.attrs.size()) d.attrs[a] = 0;
+    }
+    if (!s->host_regions && CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY < d.attrs.size()) {
+      d.attrs[CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY] = 0;
+    }
+  }
+}
+
 CUresult FetchSessionInfo(Session* s) {
   // The vGPU this client asks for (`tfusion run --remote --vram/--tflops/--percent/--gpu`): a
   // limits record (u32 version 2, then the four flags as blobs), checked by the worker.
@@ -306,6 +337,7 @@ CUresult FetchSessionInfo(Session* s) {
     return LoseConnection(s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
                                                     "malformed session info"));
   }
+  AdjustRemoteAttributes(s);
   if (asked && init_result == CUDA_ERROR_INVALID_VALUE) {
     ClientLog("the worker refused the vGPU this client asked for (--vram/--tflops/--percent/--gpu); "
               "its log says why");
@@ -333,6 +365,17 @@ CUresult ConnectLocked() {
   gethostname(host, sizeof(host) - 1);
   hello.SetHostId(host);
   transport::TransportOptions opt;
+  // The shared-memory bulk arena (both directions), 64 MiB unless TFUSION_SHM_ARENA_MIB says
+  // otherwise: larger arenas let more of a large pageable copy be in flight.
+  if (const char* v = getenv("TFUSION_SHM_ARENA_MIB"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    unsigned long mib = strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || mib < 2 || mib > 4096) {
+      ClientLog("TFUSION_SHM_ARENA_MIB=%s ignored: want whole MiB from 2 to 4096", v);
+    } else {
+      opt.shm_arena_bytes = static_cast<uint64_t>(mib) << 20;
+    }
+  }
   std::unique_ptr<transport::Transport> t;
   TransportStatus ts = strncmp(remote, "unix:", 5) == 0
                            ? transport::ConnectShm(remote + 5, hello, opt, &t)

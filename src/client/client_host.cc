@@ -279,8 +279,16 @@ CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned
   HostRange h;
   if (!FindHostRange(H(p), &h)) return CUDA_ERROR_INVALID_VALUE;
   if (h.region_id == 0 || h.owner != l.session()) {
-    *pdptr = H(p);
-    return CUDA_SUCCESS;
+    // Plain memory of this process (TCP, registered memory, a region of another connection):
+    // no kernel on the worker can reach it, and the device reports CAN_MAP_HOST_MEMORY 0.
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      ClientLog("cuMemHostGetDevicePointer: this page-locked memory lives only in this process "
+                "(no shared-memory connection to the worker, or registered with "
+                "cuMemHostRegister), so kernels cannot use it (CUDA_ERROR_NOT_SUPPORTED); copies "
+                "to and from it still work");
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (!h.same_address) {
     static std::atomic<bool> logged{false};

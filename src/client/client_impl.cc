@@ -9,6 +9,7 @@
 
 #include "client/client_internal.h"
 #include "client/export_tables.h"
+#include "client/parallel_copy.h"
 #include "driver/procaddress.h"
 #include "tf_client_impl.h"
 
@@ -153,12 +154,25 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
 struct CopyOut {
   uint8_t* dst;
   uint64_t n;
+  int64_t copy_ns = 0;  // TFUSION_COPY_PROFILE: time spent copying out of the bulk memory
+  uint64_t slices = 0;
 };
+
+bool CopyProfile() {
+  static const bool on = [] {
+    const char* v = getenv("TFUSION_COPY_PROFILE");
+    return v != nullptr && *v == '1';
+  }();
+  return on;
+}
 
 bool SinkCopyData(void* ctx, uint64_t offset, const uint8_t* data, uint64_t len) {
   auto* c = static_cast<CopyOut*>(ctx);
   if (offset > c->n || len > c->n - offset) return false;
-  memcpy(c->dst + offset, data, len);
+  const int64_t t0 = CopyProfile() ? transport::MonotonicNowNs() : 0;
+  ParallelCopy(c->dst + offset, data, len);
+  if (t0) c->copy_ns += transport::MonotonicNowNs() - t0;
+  ++c->slices;
   return true;
 }
 
@@ -180,8 +194,15 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   w.U64(n);
   if (async) w.U64(H(stream));
   CopyOut out{static_cast<uint8_t*>(dst), n};
-  return CallSyncWithData(s, Op(async ? Fn::cuMemcpyDtoHAsync_v2 : Fn::cuMemcpyDtoH_v2), w,
-                          &SinkCopyData, &out);
+  const int64_t t0 = CopyProfile() ? transport::MonotonicNowNs() : 0;
+  CUresult r = CallSyncWithData(s, Op(async ? Fn::cuMemcpyDtoHAsync_v2 : Fn::cuMemcpyDtoH_v2), w,
+                                &SinkCopyData, &out);
+  if (t0 && n >= (1u << 20)) {
+    ClientLog("copy profile: DtoH %llu bytes in %llu slices: %.3f ms, of which copying out %.3f ms",
+              static_cast<unsigned long long>(n), static_cast<unsigned long long>(out.slices),
+              (transport::MonotonicNowNs() - t0) / 1e6, out.copy_ns / 1e6);
+  }
+  return r;
 }
 
 CUresult Memset(Fn fn, CUdeviceptr dst, uint32_t value, size_t n, CUstream stream, bool async) {
@@ -503,6 +524,7 @@ CUresult Impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   Writer w(buf, sizeof(buf));
   w.I32(dev);
   ForgetAnswers(l.session(), Fn::cuDevicePrimaryCtxGetState);
+  ForgetFunctionAnswers(l.session());  // the last release destroys the context's modules
   return Simple(l, Fn::cuDevicePrimaryCtxRelease_v2, w);
 }
 CUresult Impl_cuDevicePrimaryCtxRelease(CUdevice dev) { return Impl_cuDevicePrimaryCtxRelease_v2(dev); }
@@ -646,6 +668,7 @@ CUresult Impl_cuCtxDestroy_v2(CUcontext ctx) {
     s->context_info.erase(H(ctx));
     s->worker_ctx = ~0ull;
     if (CurrentContext() == H(ctx)) SetCurrentContext(0);
+    ForgetFunctionAnswers(s);  // the context's modules and functions are gone
   }
   return r;
 }
@@ -848,6 +871,7 @@ CUresult Impl_cuModuleUnload(CUmodule hmod) {
       if (it->second.module == H(hmod)) it = s->functions.erase(it);
       else ++it;
     }
+    ForgetFunctionAnswers(s);  // function handles may be reused by the next module
   }
   return r;
 }

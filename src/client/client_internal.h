@@ -46,6 +46,22 @@ inline void ForgetAnswers(Session* s, driver::Fn fn) {
                    s->answers.lower_bound({f + 1, 0, 0, 0, 0}));
 }
 
+// Forgets the cached answers of one entry point about one handle (the first key).
+inline void ForgetAnswersAbout(Session* s, driver::Fn fn, uint64_t a) {
+  const int f = static_cast<int>(fn);
+  s->answers.erase(s->answers.lower_bound({f, a, 0, 0, 0}),
+                   a == UINT64_MAX ? s->answers.lower_bound({f + 1, 0, 0, 0, 0})
+                                   : s->answers.lower_bound({f, a + 1, 0, 0, 0}));
+}
+// Function and kernel handles may be reused once their module, library or context is gone: the
+// answers about them, and the attribute values this client set on them, go with them.
+inline void ForgetFunctionAnswers(Session* s) {
+  for (driver::Fn fn : {driver::Fn::cuKernelGetFunction, driver::Fn::cuKernelGetAttribute,
+                        driver::Fn::cuKernelSetAttribute, driver::Fn::cuFuncSetAttribute}) {
+    ForgetAnswers(s, fn);
+  }
+}
+
 // Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
 // attribute of a function or kernel changes.
 void ForgetOccupancy(Session* s);

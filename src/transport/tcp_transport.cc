@@ -29,6 +29,14 @@ using internal::MutexLock;
 
 namespace {
 
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // Fire-and-forget frames queue here until the flusher writes them; a sender waits (bounded) when
 // the queue is full. Frames larger than a quarter of it bypass the queue.
 constexpr size_t kSendQueueBytes = 256 << 10;
@@ -226,6 +234,16 @@ TransportStatus TcpTransport::Send(const OutFrame& f) {
 void TcpTransport::FlusherLoop() {
   MutexLock l(&tx_mu_);
   for (;;) {
+    if (queue_.size == 0 && options_.tcp_spin_ns > 0) {
+      // Frames of a burst of asynchronous calls come a few microseconds apart: wait for the next
+      // one awake, so the caller's Send finds no sleeper to wake.
+      const int64_t spin_end = MonotonicNowNs() + options_.tcp_spin_ns;
+      while (!stopping_ && queue_.size == 0 && MonotonicNowNs() < spin_end) {
+        tx_mu_.Unlock();
+        for (int i = 0; i < 32; ++i) CpuRelax();
+        tx_mu_.Lock();
+      }
+    }
     while (!stopping_ && (queue_.size == 0 || writing_ || !tx_error_.ok())) {
       flusher_cv_.Wait(&tx_mu_);
     }
@@ -257,6 +275,8 @@ TransportStatus TcpTransport::Flush() {
 }
 
 TransportStatus TcpTransport::ReadSome(int64_t deadline_ns) {
+  bool spun = false;
+  int64_t spin_end = 0;
   for (;;) {
     ssize_t n = recv(fd_, rbuf_.data + rend_, rbuf_.cap - rend_, MSG_DONTWAIT);
     if (n > 0) {
@@ -269,6 +289,15 @@ TransportStatus TcpTransport::ReadSome(int64_t deadline_ns) {
     }
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return internal::ErrnoStatus(errno, "recv");
+    if (!spun && options_.tcp_spin_ns > 0) {
+      // Nothing yet: poll for a short while before paying for a sleep and a wake-up.
+      spun = true;
+      spin_end = MonotonicNowNs() + options_.tcp_spin_ns;
+    }
+    if (MonotonicNowNs() < spin_end) {
+      CpuRelax();
+      continue;
+    }
     TransportStatus st = internal::WaitFd(fd_, POLLIN, deadline_ns, "receive");
     if (!st.ok()) return closed_.load(std::memory_order_acquire) ? ClosedStatus() : st;
   }

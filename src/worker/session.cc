@@ -1073,8 +1073,18 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
   // kDepth slices in flight; each goes to the client once its DMA completed, in order. A
   // synchronous copy's first slice is a synchronous cuMemcpyDtoH (it waits for the blocking
   // streams, as the legacy stream does); the rest follow it on the legacy stream.
-  constexpr size_t kDepth = 4;
-  const uint64_t slice = std::min<uint64_t>(t_->max_bulk_bytes(), remote::kPipelinedCopySlice);
+  // TFUSION_COPY_SLICE_KIB (64..65536) and TFUSION_COPY_DEPTH (1..16) tune the pipeline.
+  static const uint64_t slice_setting = [] {
+    const char* v = getenv("TFUSION_COPY_SLICE_KIB");
+    const unsigned long kib = v ? strtoul(v, nullptr, 10) : 0;
+    return kib >= 64 && kib <= 65536 ? static_cast<uint64_t>(kib) << 10 : remote::kPipelinedCopySlice;
+  }();
+  static const size_t kDepth = [] {
+    const char* v = getenv("TFUSION_COPY_DEPTH");
+    const unsigned long d = v ? strtoul(v, nullptr, 10) : 0;
+    return d >= 1 && d <= 16 ? static_cast<size_t>(d) : size_t{4};
+  }();
+  const uint64_t slice = std::min<uint64_t>(t_->max_bulk_bytes(), slice_setting);
   while (copy_events_.size() < kDepth) {
     CUevent e = nullptr;
     if (CALL(cuEventCreate, &e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) break;
@@ -1086,6 +1096,19 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
     CUevent done;  // nullptr: nothing to wait for
   };
   std::deque<InFlight> q;
+  // TFUSION_COPY_PROFILE=1: where the time of a large copy goes, logged per copy.
+  static const bool profile = [] {
+    const char* v = getenv("TFUSION_COPY_PROFILE");
+    return v != nullptr && *v == '1';
+  }();
+  int64_t t_start = profile ? transport::MonotonicNowNs() : 0, t_reserve = 0, t_issue = 0,
+          t_wait = 0, t_send = 0, t0 = 0;
+  auto tick = [&](int64_t* acc) {
+    if (!profile) return;
+    const int64_t now = transport::MonotonicNowNs();
+    if (acc) *acc += now - t0;
+    t0 = now;
+  };
   CUresult r = CUDA_SUCCESS;
   uint64_t next = 0;
   size_t ev = 0;
@@ -1094,7 +1117,9 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
       const uint64_t len = std::min(slice, n - next);
       void* data = nullptr;
       // Waiting for space only when nothing is in flight: the client frees space as it reads.
+      tick(nullptr);
       TransportStatus ts = t_->ReserveBulk(len, q.empty() ? 10000 : 0, &data);
+      tick(&t_reserve);
       if (ts.code() == transport::TransportErrc::kTimeout && !q.empty()) break;
       if (!ts.ok()) return CUDA_ERROR_UNKNOWN;  // the client is gone or stuck
       CUevent done = nullptr;
@@ -1114,16 +1139,26 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
         }
       }
       if (cr != CUDA_SUCCESS) r = cr;  // the reserved slice still goes out, in order
+      tick(&t_issue);
       q.push_back({data, next, len, done});
       next += len;
     }
     InFlight f = q.front();
     q.pop_front();
+    tick(nullptr);
     if (f.done != nullptr) {
       CUresult er = CALL(cuEventSynchronize, f.done);
       if (er != CUDA_SUCCESS && r == CUDA_SUCCESS) r = er;
     }
+    tick(&t_wait);
     if (!SendCopyData(f.off, f.data, f.len, true)) return CUDA_ERROR_UNKNOWN;
+    tick(&t_send);
+  }
+  if (profile && n >= (1u << 20)) {
+    Log("copy profile: DtoH %llu bytes: %.3f ms; waiting for bulk space %.3f, issuing %.3f, "
+        "waiting for the DMA %.3f, sending %.3f",
+        static_cast<unsigned long long>(n), (transport::MonotonicNowNs() - t_start) / 1e6,
+        t_reserve / 1e6, t_issue / 1e6, t_wait / 1e6, t_send / 1e6);
   }
   return r;
 }
@@ -2173,11 +2208,48 @@ std::string Session::PrepareLimits(Reader& rd) {
   return why;
 }
 
+namespace {
+// TFUSION_WORKER_PROFILE=1: at the end of a session, how its time split between waiting for the
+// client and working on its calls (is the worker the bottleneck, or the delivery of calls?).
+struct RunProfile {
+  bool on = false;
+  int64_t last = 0, wait_ns = 0, work_ns = 0;
+  uint64_t frames = 0, waits = 0;
+  void Start() {
+    const char* v = getenv("TFUSION_WORKER_PROFILE");
+    on = v != nullptr && *v == '1';
+    if (on) last = transport::MonotonicNowNs();
+  }
+  void Mark(int64_t* acc) {
+    if (!on) return;
+    const int64_t now = transport::MonotonicNowNs();
+    *acc += now - last;
+    last = now;
+  }
+};
+}  // namespace
+
 int Session::Run() {
   bool loaded = false;
+  RunProfile prof;
+  prof.Start();
+  struct ReportAtEnd {
+    RunProfile& p;
+    ~ReportAtEnd() {
+      if (!p.on) return;
+      Log("profile: %llu frames; working %.1f ms, waiting for the client %.1f ms in %llu waits",
+          static_cast<unsigned long long>(p.frames), p.work_ns / 1e6, p.wait_ns / 1e6,
+          static_cast<unsigned long long>(p.waits));  // waits: longer than 20 us
+    }
+  } report{prof};
   for (;;) {
     InFrame in;
+    prof.Mark(&prof.work_ns);
+    const int64_t before_wait = prof.wait_ns;
     TransportStatus st = t_->Receive(&in, 100);
+    prof.Mark(&prof.wait_ns);
+    prof.waits += prof.wait_ns - before_wait > 20000;  // blocked, not just reading a queued frame
+    ++prof.frames;
     if (st.code() == transport::TransportErrc::kTimeout) {
       PollStaged(false);
       continue;

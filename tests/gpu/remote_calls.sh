@@ -2,6 +2,8 @@
 # Counts the driver calls a PyTorch step makes through the remote stub (shared memory), from the
 # client's call trace: bash tests/gpu/remote_calls.sh BUILD_DIR OUT_DIR. Writes OUT_DIR/calls-*.txt
 # (calls per name inside the marked window, most frequent first) and the error lines.
+# TF_CALLS_PARTS picks the workloads (default "resnet graphs"; also gpt2, generate), and
+# TF_CALLS_TCP=1 runs them over loopback TCP instead of the unix socket.
 set -uo pipefail
 B=$(cd "$1" && pwd)
 OUT=$2
@@ -9,11 +11,13 @@ mkdir -p "$OUT"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TF=$B/src/cli/tfusion
 W=$(mktemp -d /tmp/tf-calls.XXXXXX)
-"$TF" worker --listen "unix:$W/w.sock" --token calls --ready-file "$W/ready" > "$OUT/worker.log" 2>&1 &
+ADDR="unix:$W/w.sock"
+[ "${TF_CALLS_TCP:-0}" = 1 ] && ADDR=127.0.0.1:${TF_CALLS_PORT:-7613}
+"$TF" worker --listen "$ADDR" --token calls --ready-file "$W/ready" > "$OUT/worker.log" 2>&1 &
 WPID=$!
 for _ in $(seq 50); do [ -f "$W/ready" ] && break; sleep 0.1; done
-for part in resnet graphs; do
-  TFUSION_CLIENT_TRACE=calls timeout 240 "$TF" run --remote "unix:$W/w.sock" --token calls -- \
+for part in ${TF_CALLS_PARTS:-resnet graphs}; do
+  TFUSION_CLIENT_TRACE=calls timeout 240 "$TF" run --remote "$ADDR" --token calls -- \
     "${PYTHON:-python3}" "$HERE/remote_calls.py" "$part" > "$W/$part.out" 2> "$W/$part.err"
   echo "$part exit $?" >> "$OUT/summary.txt"
   grep RESULT "$W/$part.out" >> "$OUT/summary.txt"

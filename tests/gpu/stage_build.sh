@@ -30,6 +30,10 @@ done
 for f in launch_overhead startup_probe remote_micro tier_kernels.fatbin; do
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
+if [ -e "$B/bench/copy/copy_bench" ]; then
+  mkdir -p "$S/bench/copy"
+  cp "$B/bench/copy/copy_bench" "$S/bench/copy/"
+fi
 find "$S" -type f -perm -u+x -exec strip --strip-debug {} + 2>/dev/null || true
 strip --strip-debug "$S"/src/limiter/*.so "$S"/src/limiter/nvml/*.so "$S"/src/client/*.so 2>/dev/null || true
 du -sh "$S"

@@ -328,7 +328,19 @@ TEST_F(RemoteTest, PinnedHostMemoryLivesOnTheClient) {
     EXPECT_EQ(r.kv["register_again"], "712");  // HOST_MEMORY_ALREADY_REGISTERED
     EXPECT_EQ(r.kv["registered_type"], "1");
     EXPECT_EQ(r.kv["unregister_again"], "713");
-    ExpectSameKeys(direct, r);
+    // Kernels on the worker can reach page-locked memory only through a shared-memory connection;
+    // pageable and managed memory never.
+    const bool shm = addr == unix_;
+    EXPECT_EQ(r.kv["host_dptr_rc"], shm ? "0" : "801") << addr;
+    EXPECT_EQ(r.kv["attr_map_host"], shm ? "1" : "0") << addr;
+    EXPECT_EQ(r.kv["attr_pageable_access"], "0");
+    EXPECT_EQ(r.kv["attr_managed"], "0");
+    Result same = direct;  // the rest as the driver itself answers
+    for (const char* k : {"host_dptr_rc", "host_dptr_is_host", "attr_map_host",
+                          "attr_pageable_access", "attr_managed"}) {
+      same.kv.erase(k);
+    }
+    ExpectSameKeys(same, r);
   }
 }
 
@@ -411,6 +423,10 @@ TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
     EXPECT_EQ(r.kv["kernel_name"], "fill_u32");
     EXPECT_EQ(r.kv["enumerated_has_fill"], "1");
     EXPECT_EQ(r.kv["kernel_attr"], "4096");  // the set is seen, not a cached earlier answer
+    // Sets of the same value are answered locally, yet every change through the kernel or its
+    // function is seen; a refused set is refused again.
+    EXPECT_EQ(r.kv["kernel_attr_sets"], "4096,1024,4096,1024");
+    EXPECT_EQ(r.kv["kernel_attr_bad"], "1,1");
     EXPECT_EQ(r.kv["kernel_function_stable"], "1");
     EXPECT_EQ(r.kv["primary_state"], "1:1");
     EXPECT_EQ(r.kv["library_run"], "21,22,23,0");

@@ -522,8 +522,15 @@ int Host() {
   CHECK(cuPointerGetAttribute(&pctx, CU_POINTER_ATTRIBUTE_CONTEXT, reinterpret_cast<CUdeviceptr>(h)));
   std::printf("host_type=%u\nhost_ctx_is_current=%d\n", type, pctx == ctx);
   CUdeviceptr hd = 0;
-  CHECK(cuMemHostGetDevicePointer(&hd, h, 0));
-  std::printf("host_dptr_is_host=%d\n", hd == reinterpret_cast<CUdeviceptr>(h));
+  const CUresult dptr_rc = cuMemHostGetDevicePointer(&hd, h, 0);
+  std::printf("host_dptr_rc=%d\n", static_cast<int>(dptr_rc));
+  if (dptr_rc == CUDA_SUCCESS) std::printf("host_dptr_is_host=%d\n", hd == reinterpret_cast<CUdeviceptr>(h));
+  int map_host = -1, pageable_access = -1, managed = -1;
+  CHECK(cuDeviceGetAttribute(&map_host, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0));
+  CHECK(cuDeviceGetAttribute(&pageable_access, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0));
+  CHECK(cuDeviceGetAttribute(&managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0));
+  std::printf("attr_map_host=%d\nattr_pageable_access=%d\nattr_managed=%d\n", map_host,
+              pageable_access, managed);
   auto* words = static_cast<uint32_t*>(h);
   for (int i = 0; i < (1 << 18); ++i) words[i] = i * 3u;
   CUdeviceptr d;
@@ -831,6 +838,28 @@ int Library() {
   CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
   CHECK(cuKernelGetAttribute(&v, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
   std::printf("kernel_attr=%d\nkernel_attr_before=%d:%d\n", v, before, before_again);
+  {
+    // Setting a value again is answered by the client; a set through the kernel's function in
+    // between must not let a later kernel set of the old value be skipped.
+    int again = 0, after_func = 0, reset = 0;
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+    CHECK(cuKernelGetAttribute(&again, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    CHECK(cuKernelGetAttribute(&after_func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+    CHECK(cuKernelGetAttribute(&reset, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1024));
+    int func_twice = 0;
+    CHECK(cuKernelGetAttribute(&func_twice, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 4096, k, 0));
+    const int bad = static_cast<int>(
+        cuKernelSetAttribute(static_cast<CUfunction_attribute>(999), 1, k, 0));
+    const int bad_again = static_cast<int>(
+        cuKernelSetAttribute(static_cast<CUfunction_attribute>(999), 1, k, 0));
+    std::printf("kernel_attr_sets=%d,%d,%d,%d\nkernel_attr_bad=%d,%d\n", again, after_func, reset,
+                func_twice, bad, bad_again);
+  }
   {
     unsigned flags = 0;
     int active = 0, active_again = 0;

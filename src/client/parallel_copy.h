@@ -1,0 +1,29 @@
+// Large host-to-host copies on several threads (pageable device-to-host copies out of the shared
+// bulk memory): one thread's memcpy moves about 6-10 GB/s, less than the DMA that fills the bulk
+// memory, so a copy of at least kParallelCopyMin bytes is split between the calling thread and up
+// to three helper threads. The helpers are started on first use and do nothing else; a forked
+// child starts its own when it needs them.
+#pragma once
+
+#include <cstddef>
+
+namespace tf::client {
+
+inline constexpr size_t kParallelCopyMin = 1u << 20;
+
+// Copies with non-temporal stores (the destination is not read first and does not pass through
+// the cache), memcpy for the unaligned head and tail. For copies much larger than the cache.
+void StreamCopy(void* dst, const void* src, size_t n);
+
+// Settings, read once from the environment (TFUSION_COPY_THREADS 1..4, TFUSION_COPY_NT 0/1).
+struct CopySettings {
+  int threads = 0;    // copying threads in all, the caller included; 0: chosen from the CPU count
+  bool streaming = true;  // StreamCopy for the parts of large copies
+};
+CopySettings& Settings();
+
+// memcpy(dst, src, n), split across threads when n >= kParallelCopyMin and helpers can be had;
+// falls back to one memcpy otherwise. Thread-safe: concurrent callers take turns with the helpers.
+void ParallelCopy(void* dst, const void* src, size_t n);
+
+}  // namespace tf::client
