@@ -9,6 +9,7 @@
 // Usage: controller_load [calls_per_second=1000] [seconds=10] [nodes=5000] [allocations=50000]
 //                        [client_threads=16] [durability=power|process]
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,25 @@ long RssKiB() {
   while (std::getline(in, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
   return -1;
+}
+
+double ProcessCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five;
+  in >> one >> five;
+  return one + " " + five;
 }
 
 void Register(Controller& c, int nodes, int gpus_per_node, int pools) {
@@ -87,6 +107,15 @@ int main(int argc, char** argv) {
       if (!clients.back()->Get("/healthz").ok()) return 1;
     }
     std::vector<std::thread> ts;
+    std::vector<double> client_cpu_s(threads);
+    c.stage_times().lock_wait.Reset();
+    c.stage_times().locked.Reset();
+    c.stage_times().durable_wait.Reset();
+    api.request_times().Reset();
+    const double cpu_before = ProcessCpuSeconds();
+    rusage ru_before{};
+    getrusage(RUSAGE_SELF, &ru_before);
+    const std::string load_before = LoadAverage();
     auto start = Clk::now();
     for (int t = 0; t < threads; ++t) {
       ts.emplace_back([&, t] {
@@ -110,10 +139,16 @@ int main(int argc, char** argv) {
           lat[t].push_back(std::chrono::duration<double, std::milli>(Clk::now() - t0).count());
           if (!ok) ++errors;
         }
+        client_cpu_s[static_cast<size_t>(t)] = ThreadCpuSeconds();
       });
     }
     for (auto& th : ts) th.join();
     double elapsed = std::chrono::duration<double>(Clk::now() - start).count();
+    const double cpu_s = ProcessCpuSeconds() - cpu_before;
+    rusage ru_after{};
+    getrusage(RUSAGE_SELF, &ru_after);
+    double client_cpu = 0;
+    for (double v : client_cpu_s) client_cpu += v;
     std::vector<double> all;
     for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
     std::sort(all.begin(), all.end());
@@ -126,6 +161,28 @@ int main(int argc, char** argv) {
                 "power) for %zu calls, durability %s\n", threads,
                 static_cast<unsigned long long>(store->batches() - batches_before), all.size(),
                 SqliteDurabilityName(*durability));
+    // Server side: the same calls as the HTTP server and the controller saw them (histogram
+    // quantiles: the upper edge of a bucket 9 % wide). A client-side tail that the server side
+    // does not show was spent outside the request's handling: in the kernel's queues, waiting
+    // for a server thread to be scheduled, or in the load generator itself.
+    auto ms = [](const LatencyHistogram& h, double q) { return h.Quantile(q) * 1e3; };
+    const LatencyHistogram& req = api.request_times();
+    const CallStageTimes& st = c.stage_times();
+    std::printf("server: request (headers read -> answer written) p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  "
+                "p99.9 %.3f ms  max %.3f ms (%llu requests)\n", ms(req, 0.5), ms(req, 0.9), ms(req, 0.99),
+                ms(req, 0.999), ms(req, 1.0), static_cast<unsigned long long>(req.Count()));
+    for (const auto& [name, h] : {std::pair<const char*, const LatencyHistogram*>{"lock_wait", &st.lock_wait},
+                                  {"locked", &st.locked}, {"durable_wait", &st.durable_wait}}) {
+      std::printf("server: %-12s p50 %.3f ms  p99 %.3f ms  p99.9 %.3f ms  max %.3f ms\n", name, ms(*h, 0.5),
+                  ms(*h, 0.99), ms(*h, 0.999), ms(*h, 1.0));
+    }
+    size_t over10 = static_cast<size_t>(all.end() - std::upper_bound(all.begin(), all.end(), 10.0));
+    std::printf("cpu: process %.2f s of %.1f s (%.0f%% of one core): load generator threads %.2f s, "
+                "controller and server %.2f s; %.1f us of controller CPU per call; context switches "
+                "%ld voluntary, %ld involuntary; load average before: %s; calls over 10 ms: %zu\n",
+                cpu_s, elapsed, 100 * cpu_s / elapsed, client_cpu, cpu_s - client_cpu,
+                1e6 * (cpu_s - client_cpu) / static_cast<double>(all.size()), ru_after.ru_nvcsw - ru_before.ru_nvcsw,
+                ru_after.ru_nivcsw - ru_before.ru_nivcsw, load_before.c_str(), over10);
     api.Stop();
   }
 

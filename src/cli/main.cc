@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--vram", run.vram, "VRAM ceiling, e.g. 8GiB or 512MiB (default: the whole GPU)");
   run_cmd->add_option("--tflops", run.tflops, "compute share in FP16 dense TFLOPS");
   run_cmd->add_option("--percent", run.percent, "compute share in percent of the GPU");
-  run_cmd->add_option("--gpu", run.gpu, "GPU index as nvidia-smi numbers them")->capture_default_str();
+  std::string run_gpu;
+  run_cmd->add_option("--gpu", run_gpu, "GPU index as nvidia-smi numbers them, or its UUID (default 0)");
   run_cmd->add_option("--vgpu", run.vgpu, "vGPU name shared by several processes");
   run_cmd->add_option("--driver", run.driver, "path of the real libcuda.so.1");
   run_cmd->add_option("--nvml", run.nvml, "path of the real libnvidia-ml.so.1");
@@ -161,6 +162,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (run_cmd->parsed() && !run_gpu.empty()) {
+    if (auto g = tf::cli::ParseGpuSelector(run_gpu, &run); !g.ok()) {
+      std::fprintf(stderr, "tfusion run: %s\n", g.message().c_str());
+      return 2;
+    }
+  }
   if (run_cmd->parsed() && !remote.empty()) {
     if (!run.vgpu.empty()) {
       std::fprintf(stderr, "tfusion run: --vgpu names a vGPU of this machine; with --remote the "
@@ -178,12 +185,15 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    return tf::cli::RunRemote(remote, run.token, run.command, {run.vram, run.tflops, run.percent});
+    // --gpu goes as typed (index or UUID of the worker's GPU); the worker checks it.
+    return tf::cli::RunRemote(remote, run.token, run.command,
+                              {run.vram, run.tflops, run.percent, run_gpu});
   }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
   if (worker_cmd->parsed()) {
-    // A client that asks for limits of its own gets a vGPU "remote-<session pid>" on GPU 0, made
-    // in its session before the driver loads and enforced by the limiter; it goes with the session.
+    // A client that asks for limits or a GPU of its own gets a vGPU "remote-<session pid>" on that
+    // GPU (default GPU 0), made in its session before the driver loads and enforced by the
+    // limiter; the session sees only that GPU. It goes with the session.
     tf::cli::WorkerHooks hooks;
     hooks.prepare_limits = [&](const tf::worker::SessionLimits& l, pid_t session,
                                std::vector<std::pair<std::string, std::string>>* env,
@@ -194,6 +204,9 @@ int main(int argc, char** argv) {
       ro.percent = l.percent;
       ro.driver = worker_driver;
       ro.nvml = worker_nvml;
+      if (!l.gpu.empty()) {
+        if (tf::Status g = tf::cli::ParseGpuSelector(l.gpu, &ro); !g.ok()) return g.message();
+      }
       auto prepared = tf::cli::PrepareVgpu(ro, "remote-" + std::to_string(session));
       if (!prepared.ok()) return prepared.status().message();
       *env = prepared->env;

@@ -88,9 +88,11 @@ int RunRemote(const std::string& remote, const std::string& token,
     unsetenv("TFUSION_REMOTE_VRAM");
     unsetenv("TFUSION_REMOTE_TFLOPS");
     unsetenv("TFUSION_REMOTE_PERCENT");
+    unsetenv("TFUSION_REMOTE_GPU");
     if (!limits.vram.empty()) setenv("TFUSION_REMOTE_VRAM", limits.vram.c_str(), 1);
     if (!limits.tflops.empty()) setenv("TFUSION_REMOTE_TFLOPS", limits.tflops.c_str(), 1);
     if (!limits.percent.empty()) setenv("TFUSION_REMOTE_PERCENT", limits.percent.c_str(), 1);
+    if (!limits.gpu.empty()) setenv("TFUSION_REMOTE_GPU", limits.gpu.c_str(), 1);
     std::vector<char*> argv;
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

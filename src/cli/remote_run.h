@@ -18,8 +18,10 @@ namespace tf::cli {
 // build tree (../client/inject) or installed (../lib/tensorfusion/client-inject).
 // vram/tflops/percent: the vGPU the client asks the worker for, spelled as `tfusion run`'s flags
 // (empty: what the worker gives every session); the worker enforces them with the limiter.
+// gpu: the worker's GPU to run on, its index or UUID (empty: the worker's GPU 0); the session
+// sees it alone, as device 0.
 struct RemoteLimits {
-  std::string vram, tflops, percent;
+  std::string vram, tflops, percent, gpu;
 };
 int RunRemote(const std::string& remote, const std::string& token,
               const std::vector<std::string>& command, const RemoteLimits& limits = {});

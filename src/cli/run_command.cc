@@ -101,6 +101,25 @@ uint64_t CapacityMtflops(const std::string& name) {
   return spec.ok() ? static_cast<uint64_t>(spec->fp16_tflops * 1000) : 0;
 }
 
+// The GPU `o` names: by UUID when o.gpu_uuid is set, else by NVML index; nullptr when none is.
+const LocalGpu* SelectGpu(const std::vector<LocalGpu>& gpus, const RunOptions& o) {
+  for (const auto& g : gpus) {
+    if (o.gpu_uuid.empty() ? g.index == o.gpu : g.uuid == o.gpu_uuid) return &g;
+  }
+  return nullptr;
+}
+
+std::string NoSuchGpu(const std::vector<LocalGpu>& gpus, const RunOptions& o) {
+  std::string m = "--gpu " + (o.gpu_uuid.empty() ? std::to_string(o.gpu) : o.gpu_uuid) +
+                  ": this machine has " + std::to_string(gpus.size()) + " GPU(s)";
+  const char* sep = ": ";
+  for (const auto& g : gpus) {
+    m += sep + std::to_string(g.index) + " " + g.uuid;
+    sep = ", ";
+  }
+  return m;
+}
+
 struct Pooled {
   std::string allocation_id;  // empty: no controller reachable, run on this machine's own
   std::string gpu_uuid;       // the GPU the pool chose
@@ -202,8 +221,9 @@ int RunCommand(const RunOptions& o) {
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
       const std::string& token = o.worker_token.empty() ? o.token : o.worker_token;
-      // The worker makes the session a vGPU of the allocation's size (on its GPU 0).
+      // The worker makes the session a vGPU of the allocation's size on the allocation's GPU.
       RemoteLimits limits;
+      limits.gpu = placed->gpu_uuid;
       limits.vram = std::to_string(placed->limits.vram_bytes) + "B";
       char percent[32];
       std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.share_ppm / 10'000.0);
@@ -222,14 +242,8 @@ int RunCommand(const RunOptions& o) {
   if (!inject.ok()) return Fail(inject.status().message());
   auto gpus = DiscoverGpus(*nvml);
   if (!gpus.ok()) return Fail(gpus.status().message());
-  const LocalGpu* gpu = nullptr;
-  for (const auto& g : *gpus) {
-    if (g.index == o.gpu) gpu = &g;
-  }
-  if (gpu == nullptr) {
-    return Fail("--gpu " + std::to_string(o.gpu) + ": this machine has " +
-                std::to_string(gpus->size()) + " GPU(s), numbered from 0");
-  }
+  const LocalGpu* gpu = SelectGpu(*gpus, o);
+  if (gpu == nullptr) return Fail(NoSuchGpu(*gpus, o));
   StatusOr<Limits> limits = Limits{};
   std::string pooled_id;  // the controller's allocation, released when the command ends
   if (pooled) {
@@ -335,11 +349,8 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
   if (!inject.ok()) return inject.status();
   auto gpus = DiscoverGpus(*nvml);
   if (!gpus.ok()) return gpus.status();
-  const LocalGpu* gpu = nullptr;
-  for (const auto& g : *gpus) {
-    if (g.index == o.gpu) gpu = &g;
-  }
-  if (gpu == nullptr) return InvalidArgument("GPU " + std::to_string(o.gpu) + " does not exist here");
+  const LocalGpu* gpu = SelectGpu(*gpus, o);
+  if (gpu == nullptr) return InvalidArgument(NoSuchGpu(*gpus, o));
   auto limits = ResolveLimits(o, *gpu);
   if (!limits.ok()) return limits.status();
   GpuRegion region;
@@ -364,6 +375,20 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
              {"CUDA_VISIBLE_DEVICES", gpu->uuid}};
   out.region_path = region.path();
   return out;
+}
+
+Status ParseGpuSelector(const std::string& text, RunOptions* o) {
+  if (!text.empty() && text.size() <= 4 && text.find_first_not_of("0123456789") == std::string::npos) {
+    o->gpu = std::stoi(text);
+    o->gpu_uuid.clear();
+    return Status::Ok();
+  }
+  if (text.rfind("GPU-", 0) == 0 && text.size() > 4 && text.size() <= 64 &&
+      text.find_first_of(" ,=") == std::string::npos) {
+    o->gpu_uuid = text;
+    return Status::Ok();
+  }
+  return InvalidArgument("--gpu " + text + ": give the GPU's index (0, 1, ...) or its UUID (GPU-...)");
 }
 
 void RemoveVgpuEverywhere(const std::string& vgpu_id) {

@@ -16,6 +16,7 @@ struct RunOptions {
   std::string tflops;    // FP16 dense TFLOPS; exclusive with percent
   std::string percent;   // share of the GPU in percent (0, 100]
   int gpu = 0;           // NVML index of the physical GPU (as nvidia-smi numbers them)
+  std::string gpu_uuid;  // the physical GPU by UUID instead ("GPU-..."); wins over gpu
   std::string vgpu;      // vGPU id shared by several processes; empty = a private one
   std::string driver;    // the real libcuda.so.1 (default: found on this machine)
   std::string nvml;      // the real libnvidia-ml.so.1 (default: found on this machine)
@@ -33,14 +34,19 @@ struct RunOptions {
 int RunCommand(const RunOptions& options);
 
 // A vGPU made for another process (a remote client's session in `tfusion worker`): the limits
-// of `o` (vram/tflops/percent, GPU `o.gpu`) in the GPU's region under `vgpu_id`, and what a
+// of `o` (vram/tflops/percent, GPU `o.gpu_uuid` or else `o.gpu`) in the GPU's region under `vgpu_id`, and what a
 // process needs to run on it: the limiter to load as its driver and the environment to set.
 struct PreparedVgpu {
   std::string limiter;
   std::string region_path;
   std::vector<std::pair<std::string, std::string>> env;
 };
+// The environment pins the process to that GPU alone (CUDA_VISIBLE_DEVICES=its UUID), so it is
+// the process's device 0. A GPU this machine does not have is an error, never another GPU.
 StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_id);
+
+// `--gpu` as typed: an index (digits) or a UUID ("GPU-..."), into o->gpu or o->gpu_uuid.
+Status ParseGpuSelector(const std::string& text, RunOptions* o);
 // Removes such a vGPU once its processes are gone (a live one keeps it: busy).
 void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id);
 // The same for every GPU region of this machine that has a vGPU `vgpu_id`.

@@ -280,21 +280,22 @@ void AdjustRemoteAttributes(Session* s) {
 }
 
 CUresult FetchSessionInfo(Session* s) {
-  // The vGPU this client asks for (`tfusion run --remote --vram/--tflops/--percent`): a limits
-  // record (u32 version 1, then the three flags as blobs), checked by the worker against its GPU.
-  uint8_t lim[3 * 72 + 8];
+  // The vGPU this client asks for (`tfusion run --remote --vram/--tflops/--percent/--gpu`): a
+  // limits record (u32 version 2, then the four flags as blobs), checked by the worker.
+  uint8_t lim[4 * 72 + 8];
   transport::Writer w(lim, sizeof(lim));
   const char* vram = getenv("TFUSION_REMOTE_VRAM");
   const char* tflops = getenv("TFUSION_REMOTE_TFLOPS");
   const char* percent = getenv("TFUSION_REMOTE_PERCENT");
+  const char* gpu = getenv("TFUSION_REMOTE_GPU");
   bool asked = false;
-  for (const char* v : {vram, tflops, percent}) asked = asked || (v != nullptr && *v != '\0');
+  for (const char* v : {vram, tflops, percent, gpu}) asked = asked || (v != nullptr && *v != '\0');
   if (asked) {
-    w.U32(1);
-    for (const char* v : {vram, tflops, percent}) {
+    w.U32(2);
+    for (const char* v : {vram, tflops, percent, gpu}) {
       size_t n = v ? strnlen(v, 65) : 0;
       if (n > 64) {
-        ClientLog("TFUSION_REMOTE_VRAM/TFLOPS/PERCENT: a value is longer than 64 characters");
+        ClientLog("TFUSION_REMOTE_VRAM/TFLOPS/PERCENT/GPU: a value is longer than 64 characters");
         return CUDA_ERROR_INVALID_VALUE;
       }
       w.Blob(v ? v : "", static_cast<uint32_t>(n));
@@ -338,8 +339,8 @@ CUresult FetchSessionInfo(Session* s) {
   }
   AdjustRemoteAttributes(s);
   if (asked && init_result == CUDA_ERROR_INVALID_VALUE) {
-    ClientLog("the worker refused the vGPU this client asked for (--vram/--tflops/--percent); its "
-              "log says why");
+    ClientLog("the worker refused the vGPU this client asked for (--vram/--tflops/--percent/--gpu); "
+              "its log says why");
   }
   return static_cast<CUresult>(init_result);
 }

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,9 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kApiWorkerThreads = 64;
+
+// When the request this server thread works on was read (headers parsed).
+thread_local std::chrono::steady_clock::time_point t_request_start;
 
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -174,6 +178,7 @@ void ApiServer::Routes() {
   s.set_keep_alive_max_count(100000);
   s.set_tcp_nodelay(true);  // small JSON replies: no Nagle/delayed-ACK stalls (40 ms)
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    t_request_start = std::chrono::steady_clock::now();
     if (req.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
     static const std::string kBearer = "Bearer ";
@@ -185,6 +190,12 @@ void ApiServer::Routes() {
     res.set_header("Connection", "close");
     ReplyError(res, Unauthenticated("missing or wrong bearer token"));
     return httplib::Server::HandlerResponse::Handled;
+  });
+  // Called once the answer is written.
+  s.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+    if (req.path.rfind("/v1/", 0) != 0) return;
+    request_times_.Record(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_request_start).count());
   });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 404 && res.body.empty())
@@ -205,8 +216,12 @@ void ApiServer::Routes() {
   s.Get("/healthz", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"ok", true}, {"serving", c->Serving()}});
   });
-  s.Get("/metrics", [c](const httplib::Request&, httplib::Response& res) {
-    res.set_content(c->MetricsText(), "text/plain; version=0.0.4");
+  s.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {
+    res.set_content(c->MetricsText() +
+                        "# HELP tf_controller_api_request_seconds /v1/ requests, from their headers "
+                        "read to their answer written.\n# TYPE tf_controller_api_request_seconds histogram\n" +
+                        request_times_.PrometheusText("tf_controller_api_request_seconds", ""),
+                    "text/plain; version=0.0.4");
   });
 
   // Pools.

@@ -48,6 +48,10 @@ class ApiServer {
   void Start();
   void Stop();
 
+  // Every /v1/ request from its headers' arrival (parsed) to its answer written to the socket
+  // (exported at /metrics as tf_controller_api_request_seconds; bench/controller prints it).
+  LatencyHistogram& request_times() { return request_times_; }
+
  private:
   void Routes();
 
@@ -55,6 +59,7 @@ class ApiServer {
   const std::string token_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  LatencyHistogram request_times_;
 };
 
 }  // namespace tf::controller

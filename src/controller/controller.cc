@@ -1,5 +1,6 @@
 #include "controller/controller.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -15,6 +16,33 @@ constexpr int kMaxCommitAttempts = 3;
 
 // The highest store revision this thread staged in the current Durably() call.
 thread_local int64_t t_staged_revision = 0;
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Holds the controller's mutex and records how long the caller waited for it and held it.
+class TimedLock {
+ public:
+  TimedLock(std::mutex& mu, CallStageTimes& times) : mu_(mu), times_(times) {
+    const auto asked = std::chrono::steady_clock::now();
+    mu_.lock();
+    locked_ = std::chrono::steady_clock::now();
+    times_.lock_wait.Record(std::chrono::duration<double>(locked_ - asked).count());
+  }
+  ~TimedLock() {
+    const double held = SecondsSince(locked_);
+    mu_.unlock();
+    times_.locked.Record(held);
+  }
+  TimedLock(const TimedLock&) = delete;
+  TimedLock& operator=(const TimedLock&) = delete;
+
+ private:
+  std::mutex& mu_;
+  CallStageTimes& times_;
+  std::chrono::steady_clock::time_point locked_;
+};
 constexpr int kMaxGpusPerAllocation = 64;
 
 std::string PoolKey(const std::string& n) { return kPoolPrefix + n; }
@@ -182,7 +210,9 @@ auto Controller::Durably(F&& body) -> decltype(body()) {
   const int64_t rev = t_staged_revision;
   t_staged_revision = 0;
   if (rev == 0) return result;
+  const auto waiting = std::chrono::steady_clock::now();
   Status durable = store_->WaitDurable(rev);
+  stage_times_.durable_wait.Record(SecondsSince(waiting));
   if (durable.ok()) return result;
   // The batch holding our transaction never reached the disk: the in-memory state is ahead of
   // the store. Re-read it (or stop serving) before anyone else acts on it.
@@ -559,7 +589,7 @@ Status Controller::DeleteWorkload(const std::string& name) {
 StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
                                           std::vector<Allocation>* preempted) {
   return Durably([&]() -> StatusOr<Allocation> {
-    std::lock_guard<std::mutex> lock(mu_);
+    TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     PlacementRequest pr;
     pr.pool = req.pool;
@@ -690,7 +720,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
 
 Status Controller::Release(const std::string& id) {
   return Durably([&]() -> Status {
-    std::lock_guard<std::mutex> lock(mu_);
+    TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     return ReleaseLocked(id, /*lost_node=*/false);
   });
@@ -948,6 +978,12 @@ std::string Controller::MetricsText() const {
   for (const auto& [id, e] : evictions_) stopping += e.value.state == EvictionState::kStopping;
   o << "# HELP tf_controller_evictions_stopping Taken-back allocations whose processes may still run.\n"
     << "# TYPE tf_controller_evictions_stopping gauge\ntf_controller_evictions_stopping " << stopping << "\n";
+  o << "# HELP tf_controller_call_stage_seconds Where write calls spend their time: lock_wait and "
+       "locked (allocate/release), durable_wait (waiting for the store batch's commit).\n"
+    << "# TYPE tf_controller_call_stage_seconds histogram\n"
+    << stage_times_.lock_wait.PrometheusText("tf_controller_call_stage_seconds", "stage=\"lock_wait\"")
+    << stage_times_.locked.PrometheusText("tf_controller_call_stage_seconds", "stage=\"locked\"")
+    << stage_times_.durable_wait.PrometheusText("tf_controller_call_stage_seconds", "stage=\"durable_wait\"");
   return o.str();
 }
 

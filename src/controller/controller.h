@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "controller/clock.h"
+#include "controller/latency_histogram.h"
 #include "controller/model.h"
 #include "controller/placement.h"
 #include "controller/store.h"
@@ -102,6 +103,14 @@ struct ControllerCounters {
   uint64_t evictions_stopped = 0;  // evictions whose processes the node agent reported gone
 };
 
+// Where the controller's write calls spend their time (exported at /metrics as
+// tf_controller_call_stage_seconds{stage=...}; bench/controller prints them).
+struct CallStageTimes {
+  LatencyHistogram lock_wait;     // allocate/release: waiting for the controller's mutex
+  LatencyHistogram locked;        // allocate/release: under it (placement, staging the commit)
+  LatencyHistogram durable_wait;  // every write call: mutex released, waiting for its batch's commit
+};
+
 class Controller {
  public:
   // `store`, `clock` and `election` (may be null: always leader) must outlive the Controller.
@@ -163,6 +172,7 @@ class Controller {
   void Tick();
 
   ControllerCounters counters() const;
+  CallStageTimes& stage_times() { return stage_times_; }
   // Prometheus text exposition of the state and counters.
   std::string MetricsText() const;
 
@@ -210,6 +220,7 @@ class Controller {
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid
   std::unordered_map<std::string, int64_t> sampled_ms_;               // by GPU uuid
   ControllerCounters counters_;
+  CallStageTimes stage_times_;
   std::mt19937_64 rng_;
 };
 

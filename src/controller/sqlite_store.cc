@@ -220,13 +220,24 @@ StatusOr<int64_t> SqliteStore::Stage(const std::vector<Compare>& compares,
   }
   revision_ = rev;
   pending_.through = rev;
-  staged_cv_.notify_one();
+  // Nobody is woken: the caller's WaitDurable commits the batch itself (or the flusher thread
+  // does within kBackstop when nobody waits).
   return rev;
 }
 
 Status SqliteStore::WaitDurable(int64_t revision) {
   std::unique_lock<std::mutex> lock(mu_);
-  settled_cv_.wait(lock, [&] { return settled_ >= revision; });
+  // Group commit without a hand-off: the first waiter that finds no commit in progress commits
+  // everything staged so far on its own thread; waiters that arrive meanwhile stage into the next
+  // batch and one of them commits it when this one is done. Nobody returns before the batch with
+  // its revision has committed (or failed).
+  while (settled_ < revision) {
+    if (FlushNeededLocked()) {
+      FlushLocked(lock);
+    } else {
+      settled_cv_.wait(lock);
+    }
+  }
   for (const auto& [lo, hi] : failed_)
     if (revision >= lo && revision <= hi) return last_failure_;
   return Status::Ok();
@@ -267,39 +278,52 @@ Status SqliteStore::WriteBatch(const Batch& b) {
   return st;
 }
 
+bool SqliteStore::FlushNeededLocked() const {
+  return !flushing_ && (!pending_.writes.empty() || pending_.through > settled_);
+}
+
+void SqliteStore::FlushLocked(std::unique_lock<std::mutex>& lock) {
+  flushing_ = true;
+  Batch batch = std::move(pending_);
+  pending_ = Batch{};
+  pending_.through = batch.through;
+  lock.unlock();
+  // The fsync happens here, without mu_: stagers keep staging and form the next batch.
+  Status st = WriteBatch(batch);
+  lock.lock();
+  if (st.ok()) {
+    // Overlay entries now in the file (and not overwritten since) are read from the file.
+    for (const StagedWrite& w : batch.writes) {
+      auto it = overlay_.find(w.write.key);
+      if (it != overlay_.end() && it->second.mod_revision <= batch.through) overlay_.erase(it);
+    }
+  } else {
+    // Lost: this batch, and everything staged after it (it may depend on the lost writes).
+    failed_.emplace_back(settled_ + 1, revision_);
+    last_failure_ = Unavailable("sqlite commit failed, transaction lost: " + st.message());
+    overlay_.clear();
+    pending_ = Batch{};
+    pending_.through = revision_;
+    batch.through = revision_;
+  }
+  settled_ = batch.through;
+  ++batches_;
+  flushing_ = false;
+  settled_cv_.notify_all();
+}
+
 void SqliteStore::FlushLoop() {
+  // The backstop for writes staged without anyone waiting for them (and what is staged at
+  // shutdown): committed within kBackstop. Waiters commit their own batches (WaitDurable).
+  constexpr auto kBackstop = std::chrono::milliseconds(10);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    staged_cv_.wait(lock, [&] { return stop_ || !pending_.writes.empty() || pending_.through > settled_; });
-    if (pending_.writes.empty() && pending_.through <= settled_) {
-      if (stop_) return;
+    if (FlushNeededLocked()) {
+      FlushLocked(lock);
       continue;
     }
-    Batch batch = std::move(pending_);
-    pending_ = Batch{};
-    pending_.through = batch.through;
-    lock.unlock();
-    // The fsync happens here, without mu_: stagers keep staging and form the next batch.
-    Status st = WriteBatch(batch);
-    lock.lock();
-    if (st.ok()) {
-      // Overlay entries now in the file (and not overwritten since) are read from the file.
-      for (const StagedWrite& w : batch.writes) {
-        auto it = overlay_.find(w.write.key);
-        if (it != overlay_.end() && it->second.mod_revision <= batch.through) overlay_.erase(it);
-      }
-    } else {
-      // Lost: this batch, and everything staged after it (it may depend on the lost writes).
-      failed_.emplace_back(settled_ + 1, revision_);
-      last_failure_ = Unavailable("sqlite commit failed, transaction lost: " + st.message());
-      overlay_.clear();
-      pending_ = Batch{};
-      pending_.through = revision_;
-      batch.through = revision_;
-    }
-    settled_ = batch.through;
-    ++batches_;
-    settled_cv_.notify_all();
+    if (stop_ && !flushing_) return;
+    staged_cv_.wait_for(lock, kBackstop);
   }
 }
 

@@ -13,9 +13,12 @@
 //
 // Group commit. Stage checks a transaction's compares against the latest state (the file plus
 // the overlay of staged, not yet durable writes), puts its writes into the overlay and queues
-// it; it never waits for the disk. A flusher thread takes everything queued, writes it to the
-// file in one SQLite transaction and COMMITs (one fsync), then wakes the waiters. While one batch
-// syncs the next accumulates, so concurrent callers share an fsync and nobody stages behind one.
+// it; it never waits for the disk. WaitDurable: the first waiter that finds no commit in
+// progress takes everything queued, writes it to the file in one SQLite transaction and COMMITs
+// (one fsync) on its own thread, then wakes the other waiters (no hand-off to another thread: two
+// context switches fewer per call). While one batch syncs the next accumulates, and one of its
+// waiters commits it next, so concurrent callers share an fsync and nobody stages behind one.
+// A flusher thread commits, within 10 ms, what was staged without anyone waiting for it.
 // Reads (Get, List, compares) go through a second connection plus the overlay.
 // Checkpoints (copying the WAL into the database file, more fsyncs) never run inside a commit:
 // auto-checkpoint is off and a third connection checkpoints PASSIVE-ly every second.
@@ -83,29 +86,36 @@ class SqliteStore : public Store {
   Status Error(sqlite3* db, const char* what) const;
   // The key's current state: overlay, else the file. REQUIRES mu_.
   StatusOr<std::optional<KeyValue>> GetLocked(const std::string& key);
-  Status WriteBatch(const Batch& b);  // flusher thread only: BEGIN, writes, COMMIT
+  Status WriteBatch(const Batch& b);  // the flushing thread only: BEGIN, writes, COMMIT
+  // Whether something staged is not yet durable and nobody is committing it. REQUIRES mu_.
+  bool FlushNeededLocked() const;
+  // Commits everything staged so far as one batch on the calling thread (mu_ released during
+  // the write and fsync), then wakes the waiters. REQUIRES `lock` holds mu_ and
+  // FlushNeededLocked().
+  void FlushLocked(std::unique_lock<std::mutex>& lock);
   void FlushLoop();
   void CheckpointLoop();
 
   const std::string path_;
   const SqliteDurability durability_;
   mutable std::mutex mu_;  // guards every member below except the writer connection
-  std::condition_variable staged_cv_;   // flusher: something was staged, or stop
+  std::condition_variable staged_cv_;   // flusher thread: stop
   std::condition_variable settled_cv_;  // waiters: a batch became durable or failed
   std::condition_variable stop_cv_;     // checkpointer: stop
   sqlite3* read_db_ = nullptr;           // Get/List/compares, under mu_
   sqlite3_stmt* get_ = nullptr;
   sqlite3_stmt* list_ = nullptr;
   std::map<std::string, Staged> overlay_;  // staged or in-flight writes, by key
-  Batch pending_;                          // staged, not yet handed to the flusher
+  Batch pending_;                          // staged, not yet being committed
   int64_t revision_ = 0;   // the last staged revision (a failed batch's revisions are skipped)
   int64_t settled_ = 0;    // every revision <= this is durable or failed
   std::vector<std::pair<int64_t, int64_t>> failed_;  // revision ranges lost with a failed batch
   Status last_failure_;
   uint64_t batches_ = 0;
   bool stop_ = false;
+  bool flushing_ = false;  // a thread is writing a batch (one at a time: batches commit in order)
 
-  // The writer connection: only the flusher thread uses it (after Init).
+  // The writer connection: only the thread that set flushing_ uses it (after Init).
   sqlite3* db_ = nullptr;
   sqlite3_stmt* put_ = nullptr;
   sqlite3_stmt* del_ = nullptr;

@@ -2102,21 +2102,24 @@ void Session::Cleanup() {
 
 std::string Session::PrepareLimits(Reader& rd) {
   uint32_t version = 0;
-  if (!rd.U32(&version) || version != 1) return "unknown limits record";
+  // Version 1: vram, tflops, percent; version 2 adds the GPU.
+  if (!rd.U32(&version) || (version != 1 && version != 2)) return "unknown limits record";
   SessionLimits l;
-  for (std::string* field : {&l.vram, &l.tflops, &l.percent}) {
+  for (std::string* field : {&l.vram, &l.tflops, &l.percent, &l.gpu}) {
+    if (field == &l.gpu && version < 2) break;
     const uint8_t* p = nullptr;
     uint32_t n = 0;
     if (!rd.Blob(&p, &n, 64)) return "malformed limits record";
     field->assign(reinterpret_cast<const char*>(p), n);
   }
   if (!rd.Finish()) return "malformed limits record";
-  if (l.vram.empty() && l.tflops.empty() && l.percent.empty()) return "";
+  if (l.vram.empty() && l.tflops.empty() && l.percent.empty() && l.gpu.empty()) return "";
   if (!opt_.prepare_limits) return "this worker does not make vGPUs per client";
   std::string why = opt_.prepare_limits(l, getpid(), &limits_env_, &limits_driver_);
   if (why.empty()) {
-    Log("client's vGPU: vram %s, tflops %s, percent %s", l.vram.empty() ? "-" : l.vram.c_str(),
-        l.tflops.empty() ? "-" : l.tflops.c_str(), l.percent.empty() ? "-" : l.percent.c_str());
+    Log("client's vGPU: vram %s, tflops %s, percent %s, GPU %s", l.vram.empty() ? "-" : l.vram.c_str(),
+        l.tflops.empty() ? "-" : l.tflops.c_str(), l.percent.empty() ? "-" : l.percent.c_str(),
+        l.gpu.empty() ? "0" : l.gpu.c_str());
   }
   return why;
 }

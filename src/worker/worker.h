@@ -16,9 +16,10 @@
 
 namespace tf::worker {
 
-// The vGPU a client asks for, spelled as `tfusion run`'s flags (empty: not asked).
+// The vGPU a client asks for, spelled as `tfusion run`'s flags (empty: not asked). gpu: the
+// worker's GPU it runs on, an index or a UUID as sent (empty: GPU 0); checked by prepare_limits.
 struct SessionLimits {
-  std::string vram, tflops, percent;
+  std::string vram, tflops, percent, gpu;
 };
 
 struct WorkerOptions {
@@ -32,7 +33,7 @@ struct WorkerOptions {
   // limiter: TFUSION_REGION, TFUSION_VGPU, TFUSION_REAL_LIBCUDA, ...).
   std::vector<std::pair<std::string, std::string>> session_env;
   // Per-client limits: called in the session process (pid `session`) before the driver loads
-  // when the client asked for limits; fills the environment to set and the driver to load
+  // when the client asked for limits or a GPU; fills the environment to set and the driver to load
   // instead of driver_path (the limiter) and returns "", or returns why it cannot (the client's
   // cuInit then fails). Not set: such clients are refused.
   std::function<std::string(const SessionLimits&, pid_t session,

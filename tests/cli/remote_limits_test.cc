@@ -4,11 +4,17 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <regex>
 #include <string>
+#include <thread>
 
 #include "cli_test_util.h"
+#include "controller/http_client.h"
 
 namespace {
 
@@ -22,9 +28,11 @@ class RemoteLimits : public ::testing::Test {
     char tmpl[] = "/tmp/tf-remote-limits.XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
-    env_ = "TFUSION_SHM_DIR=" + dir_ + "/shm ";
+    // Two fake GPUs on the worker's machine (16 GiB each).
+    env_ = "TFUSION_SHM_DIR=" + dir_ + "/shm FAKECUDA_DEVICES=2 FAKECUDA_SHM_NAME=tf-rl-" +
+           std::to_string(getpid()) + " ";
     std::string cmd = env_ + "exec " + std::string(TF_TFUSION) + " worker --listen unix:" + dir_ +
-                      "/w.sock --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                      "/w.sock --listen 127.0.0.1:0 --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
                       " --ready-file " + dir_ + "/ready > " + dir_ + "/worker.log 2>&1";
     worker_ = fork();
     ASSERT_GE(worker_, 0);
@@ -41,10 +49,20 @@ class RemoteLimits : public ::testing::Test {
       waitpid(worker_, nullptr, 0);
     }
     Shell("rm -rf " + dir_);
+    for (int i = 0; i < 2; ++i)
+      shm_unlink(("/tf-rl-" + std::to_string(getpid()) + "-dev" + std::to_string(i)).c_str());
   }
-  Result Run(const std::string& flags) {
+  Result Run(const std::string& flags, const std::string& probe_mode = "fill") {
     return Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +
-                 "/w.sock --token t " + flags + " -- " + TF_REMOTE_PROBE + " fill");
+                 "/w.sock --token t " + flags + " -- " + TF_REMOTE_PROBE + " " + probe_mode);
+  }
+  // The worker's TCP address ("127.0.0.1:PORT") from its ready file.
+  std::string TcpAddress() {
+    std::string ready = ReadFile(dir_ + "/ready");
+    size_t at = ready.find("tcp ");
+    if (at == std::string::npos) return "";
+    size_t end = ready.find('\n', at);
+    return ready.substr(at + 4, end == std::string::npos ? std::string::npos : end - at - 4);
   }
   std::string dir_, env_;
   pid_t worker_ = -1;
@@ -82,6 +100,100 @@ TEST_F(RemoteLimits, LimitsTheGpuCannotGiveAreRefusedWithAReason) {
   Result both = Run("--tflops 10 --percent 10");
   EXPECT_EQ(both.rc, 2) << both.out;
   EXPECT_NE(both.out.find("not both"), std::string::npos) << both.out;
+}
+
+// The fake GPUs' UUIDs as the probe prints them (16 bytes in hex) and as NVML spells them.
+constexpr const char* kGpu1Hex = "fa4ec0da000040008000000000000001";
+constexpr const char* kGpu0Uuid = "GPU-fa4ec0da-0000-4000-8000-000000000000";
+constexpr const char* kGpu1Uuid = "GPU-fa4ec0da-0000-4000-8000-000000000001";
+
+TEST_F(RemoteLimits, TheClientRunsOnTheGpuItNamesAndSeesItAloneAsDevice0) {
+  for (const std::string& gpu : {std::string("1"), std::string(kGpu1Uuid)}) {
+    Result r = Run("--gpu " + gpu + " --vram 64MiB --percent 50", "basic");
+    ASSERT_EQ(r.rc, 0) << gpu << ": " << r.out << ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(r.out.find("device_count=1\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string("uuid=") + kGpu1Hex + "\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\ntotal_mib=64\n"), std::string::npos) << r.out;  // the slice, not the GPU
+    // The limiter in front of GPU 1's driver holds the client to its slice.
+    Result fill = Run("--gpu " + gpu + " --vram 64MiB", "fill");
+    ASSERT_EQ(fill.rc, 0) << fill.out << ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(fill.out.find("fill_total_mib=64\n"), std::string::npos) << fill.out;
+    EXPECT_NE(fill.out.find("meminfo_total_mib=64\n"), std::string::npos) << fill.out;
+  }
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("percent 50, GPU 1"), std::string::npos)
+      << ReadFile(dir_ + "/worker.log");
+  // --gpu alone: the whole of that GPU, still the only one the client sees.
+  Result whole = Run("--gpu 1", "basic");
+  ASSERT_EQ(whole.rc, 0) << whole.out << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(whole.out.find("device_count=1\n"), std::string::npos) << whole.out;
+  EXPECT_NE(whole.out.find(std::string("uuid=") + kGpu1Hex + "\n"), std::string::npos) << whole.out;
+  EXPECT_NE(whole.out.find("\ntotal_mib=16384\n"), std::string::npos) << whole.out;
+  // Without --gpu nothing changes: a client that asks for nothing sees every GPU.
+  Result all = Run("", "basic");
+  ASSERT_EQ(all.rc, 0) << all.out;
+  EXPECT_NE(all.out.find("device_count=2\n"), std::string::npos) << all.out;
+}
+
+TEST_F(RemoteLimits, AGpuTheWorkerDoesNotHaveIsRefusedNeverReplaced) {
+  for (const char* gpu : {"2", "GPU-fa4ec0da-0000-4000-8000-0000000000ff"}) {
+    Result r = Run(std::string("--gpu ") + gpu + " --vram 64MiB", "basic");
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_EQ(r.out.find("device_count="), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("the worker refused the vGPU"), std::string::npos) << r.out;
+    std::string log = ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(log.find(std::string("--gpu ") + gpu + ": this machine has 2 GPU(s): 0 " + kGpu0Uuid +
+                       ", 1 " + kGpu1Uuid),
+              std::string::npos)
+        << log;
+  }
+  Result bad = Run("--gpu first", "basic");  // refused by tfusion run before anything starts
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("the GPU's index (0, 1, ...) or its UUID"), std::string::npos) << bad.out;
+}
+
+// `tfusion run --controller` placed on another node: the worker makes the vGPU on the GPU the
+// pool chose (GPU 1 here: GPU 0 is registered too small for the request), not on its GPU 0.
+TEST_F(RemoteLimits, APooledRunOnAnotherNodeLandsOnTheAllocationsGpu) {
+  const std::string worker = TcpAddress();
+  ASSERT_FALSE(worker.empty()) << ReadFile(dir_ + "/ready");
+  pid_t controller = fork();
+  ASSERT_GE(controller, 0);
+  if (controller == 0) {
+    std::string cmd = std::string("exec ") + TF_TFUSION + " controller --port 0 --token t --store sqlite:" +
+                      dir_ + "/state.db > " + dir_ + "/controller.log 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string url;
+  std::regex url_re("http://127\\.0\\.0\\.1:[0-9]+");
+  for (int i = 0; i < 200 && url.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::smatch m;
+    std::string log = ReadFile(dir_ + "/controller.log");
+    if (std::regex_search(log, m, url_re)) url = m.str();
+  }
+  Result r;
+  if (!url.empty()) {
+    tf::controller::HttpClient client(url, "t");
+    auto reg = client.Post("/v1/nodes", std::string(R"({"name": "gpu-node", "worker_address": ")") + worker +
+                                            R"(", "gpus": [{"uuid": ")" + kGpu0Uuid +
+                                            R"(", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 512},)" +
+                                            R"({"uuid": ")" + kGpu1Uuid +
+                                            R"(", "model": "H100", "index": 1, "tflops": 100, "vram_mib": 16384}]})");
+    EXPECT_TRUE(reg.ok() && reg->status == 200) << (reg.ok() ? reg->body : reg.status().ToString());
+    r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --controller " + url +
+              " --token t --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 -- " +
+              TF_REMOTE_PROBE + " basic");
+  }
+  kill(controller, SIGTERM);
+  waitpid(controller, nullptr, 0);
+  ASSERT_FALSE(url.empty()) << ReadFile(dir_ + "/controller.log");
+  ASSERT_EQ(r.rc, 0) << r.out << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(r.out.find(std::string("(GPU ") + kGpu1Uuid + ")"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("device_count=1\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(std::string("uuid=") + kGpu1Hex + "\n"), std::string::npos) << r.out;
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find(std::string("GPU ") + kGpu1Uuid), std::string::npos)
+      << ReadFile(dir_ + "/worker.log");
 }
 
 }  // namespace

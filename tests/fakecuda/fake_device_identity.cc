@@ -113,6 +113,44 @@ FakeTopology ReadTopologyFromEnv() {
   return topology;
 }
 
+std::vector<int> VisibleDevices(int physical_count) {
+  std::vector<int> out;
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (env == nullptr) {
+    for (int i = 0; i < physical_count; ++i) out.push_back(i);
+    return out;
+  }
+  std::string list(env);
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string entry = list.substr(start, comma - start);
+    while (!entry.empty() && entry.front() == ' ') entry.erase(entry.begin());
+    while (!entry.empty() && entry.back() == ' ') entry.pop_back();
+    int found = -1;
+    if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos) {
+      if (entry.size() < 4) found = std::atoi(entry.c_str());
+      if (found >= physical_count) found = -1;
+    } else if (entry.rfind("GPU-", 0) == 0 && entry.size() > 4) {
+      for (int i = 0; i < physical_count; ++i) {
+        if (DeviceUuidString(i).rfind(entry, 0) != 0) continue;
+        if (found >= 0) {  // an ambiguous prefix names no device
+          found = -1;
+          break;
+        }
+        found = i;
+      }
+    }
+    bool repeated = false;
+    for (int v : out) repeated = repeated || v == found;
+    if (found < 0 || repeated) break;
+    out.push_back(found);
+    start = comma + 1;
+  }
+  return out;
+}
+
 void DeviceUuid(int index, unsigned char out[16]) {
   // A fixed pattern plus the index: stable across runs and processes, distinct per device.
   static constexpr unsigned char kBase[16] = {0xfa, 0x4e, 0xc0, 0xda, 0x00, 0x00, 0x40, 0x00,

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fakecuda {
 
@@ -19,6 +20,12 @@ struct FakeTopology {
 
 // Reads the environment; each library calls it once at its init.
 FakeTopology ReadTopologyFromEnv();
+
+// The physical devices the CUDA side shows, in ordinal order, as the real driver reads
+// CUDA_VISIBLE_DEVICES (unset: all of them): a comma-separated list of indices or UUIDs
+// ("GPU-..." as NVML spells them, a unique prefix is enough); the list ends at the first entry
+// that names no device or repeats one. The fake NVML ignores it, as the real one does.
+std::vector<int> VisibleDevices(int physical_count);
 
 // Deterministic 16-byte UUID for device `index` (the same in both libraries).
 void DeviceUuid(int index, unsigned char out[16]);

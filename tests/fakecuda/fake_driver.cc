@@ -120,7 +120,8 @@ int AttributeValue(CUdevice_attribute attribute, CUdevice device) {
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: return 1;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: return 1;
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: return 1;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return (device + 0x18) & 0xff;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      return (Driver::Get().ordinal_to_physical[static_cast<size_t>(device)] + 0x18) & 0xff;
     case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: return 2619000;  // kHz
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: return 5120;  // bits
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: return 50 << 20;
@@ -160,14 +161,14 @@ bool Driver::Charge(CUdevice device, size_t bytes) {
   DeviceState& state = devices[device];
   if (bytes > topology.total_bytes - state.used_bytes) return false;
   state.used_bytes += bytes;
-  UsageBoard::Add(device, static_cast<int64_t>(bytes));
+  UsageBoard::Add(ordinal_to_physical[static_cast<size_t>(device)], static_cast<int64_t>(bytes));
   return true;
 }
 
 void Driver::Uncharge(CUdevice device, size_t bytes) {
   DeviceState& state = devices[device];
   state.used_bytes -= bytes;
-  UsageBoard::Add(device, -static_cast<int64_t>(bytes));
+  UsageBoard::Add(ordinal_to_physical[static_cast<size_t>(device)], -static_cast<int64_t>(bytes));
 }
 
 Allocation* Driver::FindAllocation(uintptr_t ptr) {
@@ -290,6 +291,10 @@ CUresult cuInit(unsigned int flags) {
   std::lock_guard<std::mutex> lock(d.mu);
   if (d.initialized.load()) return CUDA_SUCCESS;
   d.topology = fakecuda::ReadTopologyFromEnv();
+  d.ordinal_to_physical = fakecuda::VisibleDevices(d.topology.device_count);
+  // The real driver fails every cuInit when CUDA_VISIBLE_DEVICES leaves no device.
+  if (d.ordinal_to_physical.empty()) return CUDA_ERROR_NO_DEVICE;
+  d.topology.device_count = static_cast<int>(d.ordinal_to_physical.size());
   d.devices.resize(d.topology.device_count);
   for (int i = 0; i < d.topology.device_count; ++i) {
     fakecuda::DeviceState& state = d.devices[i];
@@ -336,7 +341,8 @@ CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   FAKECUDA_ENTER();
   if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = fakecuda::CheckDevice(dev); r != CUDA_SUCCESS) return r;
-  fakecuda::DeviceUuid(dev, reinterpret_cast<unsigned char*>(uuid->bytes));
+  fakecuda::DeviceUuid(Driver::Get().ordinal_to_physical[static_cast<size_t>(dev)],
+                       reinterpret_cast<unsigned char*>(uuid->bytes));
   return CUDA_SUCCESS;
 }
 
@@ -368,7 +374,8 @@ CUresult cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice dev) {
   FAKECUDA_ENTER();
   if (bus_id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = fakecuda::CheckDevice(dev); r != CUDA_SUCCESS) return r;
-  std::snprintf(bus_id, static_cast<size_t>(len), "%s", fakecuda::DevicePciBusId(dev).c_str());
+  const int physical = Driver::Get().ordinal_to_physical[static_cast<size_t>(dev)];
+  std::snprintf(bus_id, static_cast<size_t>(len), "%s", fakecuda::DevicePciBusId(physical).c_str());
   return CUDA_SUCCESS;
 }
 

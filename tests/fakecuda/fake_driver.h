@@ -204,7 +204,8 @@ class Driver {
 
   std::mutex mu;
   std::atomic<bool> initialized{false};
-  FakeTopology topology;                    // fixed at cuInit
+  FakeTopology topology;                    // fixed at cuInit; device_count: visible ones
+  std::vector<int> ordinal_to_physical;     // device ordinal -> physical device (CUDA_VISIBLE_DEVICES)
   std::vector<DeviceState> devices;         // guarded by mu
   std::set<Context*> contexts;              // live contexts (primary ones included)
   std::vector<std::unique_ptr<Context>> owned_contexts;  // from cuCtxCreate
