@@ -11,6 +11,8 @@
 #   two       two clients at once, each --vram 2GiB: each gets its own 2 GiB
 #   compute   compute_tenant for 4 s with --percent 50 and with --percent 100: share of GPU time
 #             (union of the kernel's running segments per 1 s window, first second dropped)
+#   gpu       (hosts with 2 or more GPUs) --gpu 1 and --gpu <GPU 1's UUID>: the client sees one
+#             device, GPU 1 (its UUID), with the VRAM limit; --gpu 99 is refused
 #   cleanup   after the clients exit, `tfusion smi` lists no remote vGPU
 # OUT_DIR gets limits-summary.txt (PASS/FAIL lines, the numbers) and one log per command.
 # Exit status 0 when nothing failed.
@@ -113,6 +115,35 @@ for mode in shm tcp; do
     fail "$mode compute: --percent 50 got ${share_50}%, --percent 100 got ${share_100}% (want 50±5, >=90)"
   fi
 done
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${NGPU:-0}" -ge 2 ]; then
+  UUID1=$(nvidia-smi -i 1 --query-gpu=uuid --format=csv,noheader | tr -d ' ')
+  PROBE="import torch; p = torch.cuda.get_device_properties(0); print('DEVICES', torch.cuda.device_count()); print('UUID GPU-' + str(p.uuid)); print('TOTAL_MIB', torch.cuda.mem_get_info()[1] >> 20)"
+  for mode in shm tcp; do
+    for sel in 1 "$UUID1"; do
+      remote "$mode" --gpu "$sel" --vram 2GiB -- "$PY" -c "$PROBE" > "$OUT/gpu-$mode.log" 2>&1
+      rc=$?
+      dev=$(sed -n 's/^DEVICES //p' "$OUT/gpu-$mode.log")
+      uuid=$(sed -n 's/^UUID //p' "$OUT/gpu-$mode.log")
+      total=$(sed -n 's/^TOTAL_MIB //p' "$OUT/gpu-$mode.log")
+      if [ $rc = 0 ] && [ "$dev" = 1 ] && [ "$uuid" = "$UUID1" ] && [ "$total" = 2048 ]; then
+        pass "$mode --gpu ${sel:0:12}: one device, GPU 1 ($uuid), 2048 MiB"
+      else
+        fail "$mode --gpu ${sel:0:12}: rc=$rc devices=${dev:-?} uuid=${uuid:-?} (want $UUID1) total=${total:-?} MiB"
+      fi
+    done
+    remote "$mode" --gpu 99 --vram 2GiB -- "$PY" -c "$PROBE" > "$OUT/gpu-bad-$mode.log" 2>&1
+    rc=$?
+    if [ $rc != 0 ] && grep -q "refused\|vGPU" "$OUT/gpu-bad-$mode.log"; then
+      pass "$mode --gpu 99: refused ($(grep -m1 -i "refused" "$OUT/gpu-bad-$mode.log" | cut -c1-100))"
+    else
+      fail "$mode --gpu 99: rc=$rc, not refused"
+    fi
+  done
+else
+  echo "SKIP gpu: this host has ${NGPU:-0} GPU(s); --gpu needs 2" | tee -a "$SUM"
+fi
 
 left=""
 for _ in $(seq 30); do
