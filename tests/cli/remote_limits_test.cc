@@ -134,6 +134,28 @@ TEST_F(RemoteLimits, TheClientRunsOnTheGpuItNamesAndSeesItAloneAsDevice0) {
   EXPECT_NE(all.out.find("device_count=2\n"), std::string::npos) << all.out;
 }
 
+// The client's NVML (libnvidia-ml.so.1 beside the stub) reports exactly the GPU the session
+// exposes, with its UUID and the --vram slice: PyTorch takes its device count from NVML.
+TEST_F(RemoteLimits, TheClientsNvmlSeesOnlyTheGpuItNamesWithItsSlice) {
+  for (const std::string& via : {std::string("unix:") + dir_ + "/w.sock", TcpAddress()}) {
+    Result r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote " + via +
+                     " --token t --gpu 1 --vram 64MiB -- " + TF_NVML_PROBE + " list");
+    ASSERT_EQ(r.rc, 0) << via << ": " << r.out << ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(r.out.find("\ncount=1\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string("\nuuid_0=") + kGpu1Uuid + "\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\nmem_total_mib_0=64\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\nby_uuid_0=0\n"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("uuid_1="), std::string::npos) << r.out;
+  }
+  // Without --gpu: both GPUs, whole.
+  Result all = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +
+                     "/w.sock --token t -- " + TF_NVML_PROBE + " list");
+  ASSERT_EQ(all.rc, 0) << all.out;
+  EXPECT_NE(all.out.find("\ncount=2\n"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find(std::string("\nuuid_1=") + kGpu1Uuid + "\n"), std::string::npos) << all.out;
+  EXPECT_NE(all.out.find("\nmem_total_mib_1=16384\n"), std::string::npos) << all.out;
+}
+
 TEST_F(RemoteLimits, AGpuTheWorkerDoesNotHaveIsRefusedNeverReplaced) {
   for (const char* gpu : {"2", "GPU-fa4ec0da-0000-4000-8000-0000000000ff"}) {
     Result r = Run(std::string("--gpu ") + gpu + " --vram 64MiB", "basic");

@@ -21,7 +21,7 @@ fi
 cp -P "$B"/src/limiter/inject/* "$S/src/limiter/inject/"
 if [ -f "$B/src/client/libtfusion-client.so" ]; then
   mkdir -p "$S/src/client/inject"
-  cp "$B/src/client/libtfusion-client.so" "$S/src/client/"
+  cp "$B"/src/client/libtfusion-client*.so "$S/src/client/"  # the stub and the client NVML
   cp -P "$B"/src/client/inject/* "$S/src/client/inject/"
 fi
 for f in drvtest compute_tenant rt_smoke rt_oom samples tier_kernels.fatbin; do

@@ -7,9 +7,11 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <cuda.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1284,6 +1286,125 @@ TEST_F(RemoteTest, BadLinkAndJitMessagesGetAnErrorAndChangeNothing) {
   Writer w(buf, sizeof(buf));
   w.U64(link);
   EXPECT_EQ(c.Call(remote::Op(Fn::cuLinkDestroy), w), 0) << "the session goes on";
+}
+
+// ---- NVML in the client (src/client/nvml): libnvidia-ml.so.1 in the inject folder answers from
+// the session, so a program's NVML and CUDA agree on the devices and their memory.
+
+TEST_F(RemoteTest, TheClientsNvmlReportsTheSessionsDevicesOverBothTransports) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_NVML_PROBE, "list"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["init"], "0") << r.out;
+    EXPECT_EQ(r.kv["is_tfusion"], "1") << "the client's NVML, not the machine's";
+    EXPECT_EQ(r.kv["count"], "1");
+    EXPECT_EQ(r.kv["name_0"], "Fake GPU H100");
+    EXPECT_EQ(r.kv["uuid_0"], "GPU-fa4ec0da-0000-4000-8000-000000000000");
+    EXPECT_EQ(r.kv["mem_result_0"], "0");
+    EXPECT_EQ(r.kv["mem_total_mib_0"], "16384");
+    EXPECT_EQ(r.kv["mem_v2_total_mib_0"], "16384");
+    EXPECT_EQ(r.kv["mem_used_mib_0"], "0") << "this process has allocated nothing";
+    EXPECT_EQ(r.kv["cc_0"], "9.0");
+    EXPECT_EQ(r.kv["pci_0"], "00000000:18:00.0");
+    EXPECT_EQ(r.kv["by_uuid_0"], "0");
+    EXPECT_EQ(r.kv["by_pci_0"], "0");
+    EXPECT_EQ(r.kv["procs_0"], "0/0") << "no context: no process";
+    EXPECT_EQ(r.kv["mig_0"], "0");
+    EXPECT_EQ(r.kv["cuda_driver_version"], std::to_string(CUDA_VERSION));
+    EXPECT_EQ(r.kv["shutdown"], "0");
+    EXPECT_EQ(r.kv["count_after_shutdown"], "1") << "NVML_ERROR_UNINITIALIZED after the last shutdown";
+    EXPECT_EQ(r.kv["done"], "1");
+  }
+}
+
+TEST_F(RemoteTest, TheClientsNvmlMemoryAndProcessesAgreeWithCuda) {
+  StartWorker();
+  Result r = RemoteProgram(tcp_, {TF_NVML_PROBE, "alloc"});
+  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_EQ(r.kv["cuda_setup"], "0") << r.out;
+  EXPECT_EQ(r.kv["init"], "0");
+  EXPECT_EQ(r.kv["nvml_total"], r.kv["cuda_total"]) << r.out;
+  EXPECT_EQ(r.kv["nvml_free"], r.kv["cuda_free"]) << r.out;
+  EXPECT_NE(r.kv["nvml_used"], "0") << r.out;
+  EXPECT_EQ(r.kv["procs_probe"], "7/1") << "INSUFFICIENT_SIZE with the count needed";
+  EXPECT_EQ(r.kv["procs"], "0/1");
+  EXPECT_EQ(r.kv["proc_is_me"], "1");
+  EXPECT_EQ(r.kv["proc_used_mib"], "8") << "the process's own allocation";
+}
+
+TEST_F(RemoteTest, TheClientsNvmlChecksItsArguments) {
+  StartWorker();
+  Result r = RemoteProgram(unix_, {TF_NVML_PROBE, "args"});
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::map<std::string, std::string> want = {
+      {"count_before_init", "1"}, {"shutdown_before_init", "1"}, {"init", "0"},
+      {"count_null", "2"}, {"index_out_of_range", "2"}, {"handle_null", "2"},
+      {"name_short", "7"}, {"uuid_40", "7"}, {"uuid_41", "0"}, {"name_null", "2"},
+      {"bad_handle", "2"}, {"null_handle", "2"}, {"mem_v2_bad_version", "25"}, {"mem_null", "2"},
+      {"unknown_uuid", "6"}, {"unknown_bus", "6"}, {"garbage_bus", "2"}, {"procs_null_count", "2"},
+      {"procs_none", "0/0"}, {"power_usage", "3"}, {"driver_version_short", "7"},
+      {"error_string_7", "Insufficient Size"}, {"shutdown", "0"}, {"shutdown_again", "1"},
+      {"done", "1"}};
+  for (const auto& [k, v] : want) EXPECT_EQ(r.kv[k], v) << k << "\n" << r.out;
+}
+
+TEST_F(RemoteTest, TheClientsNvmlExportsEveryNvmlName) {
+  void* h = dlopen((std::string(TF_CLIENT_INJECT) + "/libnvidia-ml.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  std::ifstream in(TF_NVML_EXPORTS_TXT);
+  std::string name;
+  int n = 0;
+  while (in >> name) {
+    EXPECT_NE(dlsym(h, name.c_str()), nullptr) << name;
+    ++n;
+  }
+  EXPECT_GT(n, 400);
+  EXPECT_NE(dlsym(h, "tfusion_client_nvml_version"), nullptr);
+  // An export it does not answer: NOT_SUPPORTED, whatever the arguments.
+  auto power = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(h, "nvmlDeviceGetPowerUsage"));
+  unsigned mw = 0;
+  EXPECT_EQ(power(nullptr, &mw), 3);
+  dlclose(h);
+}
+
+TEST_F(RemoteTest, WithoutAWorkerTheClientsNvmlFailsToInitialiseQuicklyAndSaysWhy) {
+  for (const std::string& addr : {std::string("unix:") + dir_ + "/nobody.sock", std::string("127.0.0.1:1")}) {
+    Child c;
+    auto start = Clock::now();
+    c.Start({TF_NVML_PROBE, "list"}, {std::string("LD_LIBRARY_PATH=") + TF_CLIENT_INJECT,
+                                      "TFUSION_REMOTE=" + addr, "TFUSION_TOKEN=sekrit"});
+    Result r;
+    r.rc = c.Wait(30000);
+    r.out = c.out;
+    ParseKv(&r);
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["init"], "9") << "NVML_ERROR_DRIVER_NOT_LOADED\n" << r.out;
+    EXPECT_EQ(r.kv["init_error"], "Driver Not Loaded");
+    EXPECT_EQ(r.kv["count_uninit"], "1");
+    EXPECT_NE(r.out.find("tfusion-client-nvml: the remote vGPU session is not available"),
+              std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("cannot connect to the worker"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(RemoteTest, TheClientsNvmlBesideARealDriverRefusesToInitialise) {
+  // A program whose libcuda.so.1 is a driver (here the fake one), not the stub.
+  std::string lib = dir_ + "/lib";
+  ASSERT_EQ(mkdir(lib.c_str(), 0755), 0);
+  ASSERT_EQ(symlink((std::string(TF_CLIENT_INJECT) + "/libnvidia-ml.so.1").c_str(),
+                    (lib + "/libnvidia-ml.so.1").c_str()), 0);
+  ASSERT_EQ(symlink(TF_FAKECUDA, (lib + "/libcuda.so.1").c_str()), 0);
+  Child c;
+  c.Start({TF_NVML_PROBE, "list"}, {"LD_LIBRARY_PATH=" + lib, "FAKECUDA_SHM_NAME=" + shm_name_ + "-d"});
+  Result r;
+  r.rc = c.Wait(30000);
+  r.out = c.out;
+  ParseKv(&r);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["init"], "9") << r.out;
+  EXPECT_NE(r.out.find("is not the TensorFusion remote client stub"), std::string::npos) << r.out;
 }
 
 }  // namespace

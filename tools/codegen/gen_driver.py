@@ -420,7 +420,7 @@ def gen_client(a, exports, typed, opaque, ids, decl, args, protos, pp):
         f.write("/* " + BANNER.strip()[3:] + " */\n{\n  global:\n")
         for e in exports:
             f.write("    %s;\n" % e)
-        f.write("    tfusion_client_version;\n  local: *;\n};\n")
+        f.write("    tfusion_client_version;\n    tfusion_client_devices;\n    tfusion_client_mem_info;\n  local: *;\n};\n")
     return 0
 
 
