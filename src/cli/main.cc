@@ -67,6 +67,11 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--session-env", worker_env, "K=V set in every session (repeatable)");
   worker_cmd->add_option("--ready-file", worker_ready, "file written once listening");
   std::string worker_nvml;
+  uint32_t worker_spin_us = tf::worker::WorkerOptions{}.spin_us;
+  worker_cmd->add_option("--spin-us", worker_spin_us,
+                         "microseconds a session waits awake for its client's next call before "
+                         "sleeping (0-10000; more costs CPU, less adds a wake-up per call)")
+      ->check(CLI::Range(0, 10000))->capture_default_str();
   worker_cmd->add_option("--nvml", worker_nvml,
                          "libnvidia-ml.so.1 used to find the GPU for clients that ask for a vGPU "
                          "(default: found on this machine)");
@@ -213,6 +218,7 @@ int main(int argc, char** argv) {
       *driver = prepared->limiter;
       return "";
     };
+    hooks.spin_us = worker_spin_us;
     hooks.session_ended = [](pid_t session) {
       tf::cli::RemoveVgpuEverywhere("remote-" + std::to_string(session));
     };

@@ -37,6 +37,7 @@ int RunRemote(const std::string& remote, const std::string& token,
 struct WorkerHooks {
   decltype(worker::WorkerOptions::prepare_limits) prepare_limits;
   decltype(worker::WorkerOptions::session_ended) session_ended;
+  uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
 };
 int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
                      const std::string& driver, const std::vector<std::string>& session_env,

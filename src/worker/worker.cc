@@ -59,6 +59,8 @@ void CloseInheritedListeners(int keep_fd) {
   policy.token = reinterpret_cast<const uint8_t*>(o.token.data());
   policy.token_length = o.token.size();
   transport::TransportOptions topt;
+  topt.shm_spin_ns = o.spin_us * 1000u;
+  topt.tcp_spin_ns = o.spin_us * 1000u;
   const int slice_ms = listeners.size() > 1 ? 50 : 500;
   for (;;) {
     for (auto& l : listeners) {

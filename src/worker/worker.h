@@ -45,6 +45,11 @@ struct WorkerOptions {
   // When not empty, the bound addresses are written here (one per line, "tcp HOST:PORT" or
   // "unix PATH") once the worker accepts clients; written to a temporary name and renamed.
   std::string ready_file;
+  // How long a session waits for the client's next frame awake (spinning) before it sleeps. A
+  // session that sleeps between the calls of a busy client adds a wake-up (tens of µs) before
+  // each launch it replays, and the GPU waits for it; spinning costs a core while the client is
+  // active. 0: sleep at once.
+  uint32_t spin_us = 200;
   // Set to stop the worker (RunWorker also stops on SIGINT/SIGTERM when install_signal_handlers).
   std::atomic<bool>* stop = nullptr;
   bool install_signal_handlers = true;

@@ -2,7 +2,7 @@
 TFUSION_CLIENT_TRACE=calls, it prints MARK lines on stderr around a steady-state window so that the
 calls in between can be counted (tests/gpu/remote_calls.sh). Parts: resnet (ResNet-50 fp16 b64
 eager, 10 steps), graphs (the torch_checks CUDA-graph capture), gpt2 (GPT-2 small fp16 forward 1x128,
-10 steps) and generate (GPT-2 small greedy 32-token generation, once)."""
+10 steps; gpt2b8: 8x512), and generate (GPT-2 small greedy 32-token generation, once)."""
 import os
 import sys
 
@@ -46,9 +46,9 @@ def gpt2_model():
     return GPT2LMHeadModel(GPT2Config()).cuda().half().eval()
 
 
-def gpt2():
+def gpt2(batch=1, seq=128):
     m = gpt2_model()
-    ids = torch.randint(0, m.config.vocab_size, (1, 128), device="cuda")
+    ids = torch.randint(0, m.config.vocab_size, (batch, seq), device="cuda")
     with torch.inference_mode():
         for _ in range(3):
             m(input_ids=ids, use_cache=False)
@@ -78,4 +78,5 @@ def generate():
 
 
 if __name__ == "__main__":
-    {"resnet": resnet, "graphs": graphs, "gpt2": gpt2, "generate": generate}[sys.argv[1]]()
+    {"resnet": resnet, "graphs": graphs, "gpt2": gpt2, "gpt2b8": lambda: gpt2(8, 512),
+     "generate": generate}[sys.argv[1]]()

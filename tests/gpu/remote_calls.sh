@@ -2,7 +2,7 @@
 # Counts the driver calls a PyTorch step makes through the remote stub (shared memory), from the
 # client's call trace: bash tests/gpu/remote_calls.sh BUILD_DIR OUT_DIR. Writes OUT_DIR/calls-*.txt
 # (calls per name inside the marked window, most frequent first) and the error lines.
-# TF_CALLS_PARTS picks the workloads (default "resnet graphs"; also gpt2, generate), and
+# TF_CALLS_PARTS picks the workloads (default "resnet graphs"; also gpt2, gpt2b8, generate), and
 # TF_CALLS_TCP=1 runs them over loopback TCP instead of the unix socket.
 set -uo pipefail
 B=$(cd "$1" && pwd)
