@@ -15,6 +15,27 @@ namespace {
 
 constexpr int kMaxHelpers = 3;
 
+struct CopySettings {
+  int threads = 0;        // copying threads in all, the caller included; 0: from the CPU count
+  bool streaming = true;  // StreamCopy for the parts of large copies
+};
+
+const CopySettings& Settings() {
+  static CopySettings settings = [] {
+    CopySettings c;
+    // TFUSION_COPY_THREADS=N (1..4) copies on N threads in all; 1 turns the helpers off.
+    if (const char* v = getenv("TFUSION_COPY_THREADS");
+        v != nullptr && v[0] >= '1' && v[0] <= '4' && v[1] == '\0') {
+      c.threads = v[0] - '0';
+    }
+    if (const char* v = getenv("TFUSION_COPY_NT"); v != nullptr && v[0] == '0' && v[1] == '\0') {
+      c.streaming = false;
+    }
+    return c;
+  }();
+  return settings;
+}
+
 struct Part {
   uint8_t* dst = nullptr;
   const uint8_t* src = nullptr;
@@ -102,22 +123,6 @@ struct ForkReset {
 } g_fork_reset;
 
 }  // namespace
-
-CopySettings& Settings() {
-  static CopySettings settings = [] {
-    CopySettings c;
-    // TFUSION_COPY_THREADS=N (1..4) copies on N threads in all; 1 turns the helpers off.
-    if (const char* v = getenv("TFUSION_COPY_THREADS");
-        v != nullptr && v[0] >= '1' && v[0] <= '4' && v[1] == '\0') {
-      c.threads = v[0] - '0';
-    }
-    if (const char* v = getenv("TFUSION_COPY_NT"); v != nullptr && v[0] == '0' && v[1] == '\0') {
-      c.streaming = false;
-    }
-    return c;
-  }();
-  return settings;
-}
 
 void StreamCopy(void* dst, const void* src, size_t n) {
   auto* d = static_cast<uint8_t*>(dst);

@@ -15,15 +15,10 @@ inline constexpr size_t kParallelCopyMin = 1u << 20;
 // the cache), memcpy for the unaligned head and tail. For copies much larger than the cache.
 void StreamCopy(void* dst, const void* src, size_t n);
 
-// Settings, read once from the environment (TFUSION_COPY_THREADS 1..4, TFUSION_COPY_NT 0/1).
-struct CopySettings {
-  int threads = 0;    // copying threads in all, the caller included; 0: chosen from the CPU count
-  bool streaming = true;  // StreamCopy for the parts of large copies
-};
-CopySettings& Settings();
-
 // memcpy(dst, src, n), split across threads when n >= kParallelCopyMin and helpers can be had;
 // falls back to one memcpy otherwise. Thread-safe: concurrent callers take turns with the helpers.
+// TFUSION_COPY_THREADS=1..4 sets the threads in all (1: no helpers), TFUSION_COPY_NT=0 copies
+// the parts with memcpy instead of StreamCopy; both are read once.
 void ParallelCopy(void* dst, const void* src, size_t n);
 
 }  // namespace tf::client

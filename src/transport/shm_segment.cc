@@ -16,14 +16,6 @@ int64_t NowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
   if (timeout_ns <= 0) return;
   timespec ts;

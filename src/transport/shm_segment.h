@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "transport/sync.h"
 #include "transport/transport_status.h"
 
 namespace tf::transport::shm {
@@ -112,7 +113,7 @@ template <typename Ready, typename Check>
 TransportStatus WaitFor(Ready ready, Check check, std::atomic<uint32_t>* seq,
                         std::atomic<uint32_t>* sleeping, int64_t deadline_ns, int64_t spin_ns);
 
-void CpuRelax();
+using internal::CpuRelax;
 int64_t NowNs();
 // futex_wait on a shared mapping for at most timeout_ns; spurious returns are fine.
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns);

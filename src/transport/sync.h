@@ -8,6 +8,15 @@
 
 namespace tf::transport::internal {
 
+// A pause for spin-wait loops (the shared-memory futex wait, the TCP receiver and flusher).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 class Mutex {
  public:
   Mutex() { pthread_mutex_init(&mu_, nullptr); }

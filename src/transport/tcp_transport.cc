@@ -23,19 +23,12 @@
 namespace tf::transport {
 
 using internal::CondVar;
+using internal::CpuRelax;
 using internal::DeadlineAfterMs;
 using internal::Mutex;
 using internal::MutexLock;
 
 namespace {
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Fire-and-forget frames queue here until the flusher writes them; a sender waits (bounded) when
 // the queue is full. Frames larger than a quarter of it bypass the queue.
