@@ -54,6 +54,11 @@ bool HostRegionsDisabled() {
   const char* v = getenv("TFUSION_HOST_REGIONS");
   return v != nullptr && strcmp(v, "0") == 0;
 }
+// TFUSION_MIRRORS=0 turns mirrored memory off (no zero-copy or managed memory without regions).
+bool MirrorsDisabled() {
+  const char* v = getenv("TFUSION_MIRRORS");
+  return v != nullptr && strcmp(v, "0") == 0;
+}
 
 }  // namespace
 
@@ -148,13 +153,18 @@ CUresult AwaitReply(Session* s, uint64_t seq, InFrame* in, CopyDataSink sink = n
       }
       continue;
     }
-    if (in->header.opcode >= remote::kEventBase) HandleEventFrame(s, *in);
+    if (in->header.opcode >= remote::kEventBase) {
+      HandleEventFrame(s, *in);
+      if (s->sticky == kLostConnectionError) return kLostConnectionError;
+    }
   }
 }
 
 CUresult SendFrame(Session* s, uint16_t op, uint16_t flags, const transport::Writer& payload,
                    const void* bulk, uint64_t bulk_len, uint64_t* seq) {
   if (!payload.ok()) return CUDA_ERROR_INVALID_VALUE;
+  // Kernels and copies on the worker see what the application wrote into mirrors before this call.
+  if (s->mirror_count.load(std::memory_order_relaxed) > 0) PushMirrors(s);
   OutFrame f;
   f.opcode = op;
   f.flags = flags;
@@ -251,16 +261,19 @@ namespace {
 // What the worker's GPU can do that a program on this side of the connection cannot use: its
 // answers are corrected here so that programs and frameworks take the paths that work remotely.
 //   - Pageable memory of this process is not reachable from kernels (HMM, ATS): 88 and 100 are 0.
-//   - Managed memory, IPC (memory and events, POSIX fd handles) and host-located memory pools are
-//     not forwarded: 83, 89, 101, 103, 125, 142, 144 are 0.
+//   - IPC (memory and events, POSIX fd handles) and host-located memory pools are not
+//     forwarded: 103, 125, 142, 144 are 0.
+//   - Managed memory is host memory shared with the worker (a host region) or mirrored: the host
+//     may touch it only after synchronizing, so 89 (CONCURRENT_MANAGED_ACCESS) and 101
+//     (DIRECT_MANAGED_MEM_ACCESS_FROM_HOST) are 0, and 83 (MANAGED_MEMORY) keeps the device's
+//     value only where regions or mirrors exist.
 //   - Memory registered with cuMemHostRegister stays on this side: 91 is 0.
-//   - Without host regions (TCP, or TFUSION_HOST_REGIONS=0) page-locked memory cannot be mapped
-//     into the device's address space: 19 (CAN_MAP_HOST_MEMORY) is 0 too.
+//   - Without host regions or mirrors (TFUSION_HOST_REGIONS=0 / TFUSION_MIRRORS=0) page-locked
+//     memory cannot be mapped into the device's address space: 19 (CAN_MAP_HOST_MEMORY) is 0.
 void AdjustRemoteAttributes(Session* s) {
   static constexpr int kOff[] = {
       CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
       CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
-      CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
       CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
       CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
       CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
@@ -273,8 +286,10 @@ void AdjustRemoteAttributes(Session* s) {
     for (int a : kOff) {
       if (static_cast<size_t>(a) < d.attrs.size()) d.attrs[a] = 0;
     }
-    if (!s->host_regions && CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY < d.attrs.size()) {
-      d.attrs[CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY] = 0;
+    if (!s->host_regions && !s->mirrors) {
+      for (int a : {CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY}) {
+        if (static_cast<size_t>(a) < d.attrs.size()) d.attrs[a] = 0;
+      }
     }
   }
 }
@@ -399,6 +414,10 @@ CUresult ConnectLocked() {
   s->host_regions = s->transport->CanShareHostMemory() &&
                     (s->transport->session().features & transport::kFeatureHostRegions) != 0 &&
                     !HostRegionsDisabled();
+  // Mirrors serve what host regions cannot: everything over TCP, and over shared memory the
+  // memory registered after the fact (cuMemHostRegister) and allocations a region could not take.
+  s->mirrors = (s->transport->session().features & transport::kFeatureMirrors) != 0 &&
+               !MirrorsDisabled();
   CUresult r = FetchSessionInfo(s);
   if (r != CUDA_SUCCESS) {
     if (s->sticky == CUDA_SUCCESS) ClientLog("the worker's driver failed cuInit with error %d", r);

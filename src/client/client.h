@@ -98,6 +98,10 @@ struct Session {
   // Host regions (client_host.cc): the worker accepts them and the transport can share memory.
   bool host_regions = false;
   uint64_t next_region_id = 1;
+  // Mirrored memory (client_mirror.cc): the worker accepts it (used where regions cannot serve).
+  // mirror_count > 0: every call the stub sends first pushes what changed in the mirrors.
+  bool mirrors = false;
+  std::atomic<int> mirror_count{0};
   // Pageable copies travel in kPipelinedCopySlice slices (the transport has zero-copy bulk).
   bool pipelined_copies = false;
   // Arrays, mipmapped arrays, texture and surface objects (client_arrays.cc), with what their
@@ -193,6 +197,18 @@ CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payl
 // Hook for event frames (opcode >= 0x8100) that arrive while a call waits for its reply
 // (host functions, client_callbacks.cc). The frame's views are valid during the call only.
 void HandleEventFrame(Session* s, const transport::InFrame& in);
+
+// Mirrored memory (client_mirror.cc). MirrorMap asks the worker to mirror [base, base + size)
+// (kind: remote::kMirrorMapped or kMirrorManaged); CUDA_ERROR_NOT_SUPPORTED when it cannot (the
+// memory then stays this process's own). MirrorUnmap ends a mirror. PushMirrors sends the bytes
+// of this session's mirrors that changed since the worker last saw them (fire-and-forget; the
+// callback thread calls it without State().mu). ApplyMirrorData applies a kEvtMirrorData event:
+// false when a run lies outside this session's mirrors (nothing is applied then).
+// MirrorMap/Unmap require State().mu with a live session.
+CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind);
+CUresult MirrorUnmap(Session* s, uint64_t base);
+void PushMirrors(Session* s);
+bool ApplyMirrorData(Session* s, const transport::InFrame& in);
 
 // Marks the session broken (logged once) and returns kLostConnectionError.
 CUresult LoseConnection(Session* s, const transport::TransportStatus& why);

@@ -70,6 +70,8 @@ struct ForkReset {
 } g_fork_reset;
 
 void SendAck(Session* s, uint64_t id) {
+  // What the host function wrote into mirrors reaches the worker before its stream goes on.
+  if (s->mirror_count.load(std::memory_order_relaxed) > 0) PushMirrors(s);
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(id);
@@ -96,6 +98,7 @@ void PollTransport() {
         break;
       }
       if (in.header.opcode >= remote::kEventBase) HandleEventFrame(s, in);
+      if (s->sticky != CUDA_SUCCESS) break;
     }
   }
   pthread_mutex_unlock(&st.mu);
@@ -223,7 +226,13 @@ void HostNodeRunsLaunched(int64_t n) {
 }
 
 void HandleEventFrame(Session* s, const transport::InFrame& in) {
-  (void)s;
+  if (in.header.opcode == remote::kEvtMirrorData) {
+    if (!ApplyMirrorData(s, in)) {
+      LoseConnection(s, transport::TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
+                                                          "mirror data outside the mirrors"));
+    }
+    return;
+  }
   if (in.header.opcode == remote::kEvtConsole) {
     WriteConsole(in.payload, in.payload_length);
     return;

@@ -12,6 +12,14 @@
 // Otherwise (TCP, TFUSION_HOST_REGIONS=0, a worker whose driver cannot register host memory) the
 // memory is plain memory of this process and copies from and to it are staged like pageable
 // ones. cuMemHostRegister only records the range: existing memory cannot be shared afterwards.
+// Where the worker accepts mirrors (client_mirror.cc), memory a kernel may be given is mirrored
+// instead: cuMemHostAlloc with DEVICEMAP, cuMemHostRegister with DEVICEMAP, and other page-locked
+// memory the first time its device pointer is asked for (not before: every mirror costs each call
+// a compare, and PyTorch's pinned allocator never asks). Page-locked memory is then placed in the
+// region window, where the worker can almost always map the same address.
+//
+// Managed memory (cuMemAllocManaged) is a host region mapped at the same address with a device
+// pointer equal to it, or a mirror: the device pointer is the host pointer.
 //
 // Device pointers (cuMemHostGetDevicePointer): for a region mapped at the same address, the
 // worker driver's device pointer (the host address under unified addressing); a region the worker
@@ -75,13 +83,15 @@ constexpr uint64_t kRegionWindowEnd = 0x6f0000000000ull;
 constexpr uint64_t kRegionAlignment = 2ull << 20;
 std::atomic<uint64_t> g_window_next{kRegionWindowBase};
 
+// fd < 0: anonymous private memory (to be mirrored).
 void* MapRegion(int fd, uint64_t len) {
   const uint64_t span = (len + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+  const int kind = fd < 0 ? MAP_PRIVATE | MAP_ANONYMOUS : MAP_SHARED;
   for (int attempt = 0; attempt < 16; ++attempt) {
     const uint64_t at = g_window_next.fetch_add(span);
     if (at + span > kRegionWindowEnd) break;
     void* p = mmap(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+                   kind | MAP_FIXED_NOREPLACE, fd, 0);
     if (p == MAP_FAILED) {
       if (errno == EEXIST) continue;
       break;
@@ -90,8 +100,28 @@ void* MapRegion(int fd, uint64_t len) {
     munmap(p, len);  // a kernel without MAP_FIXED_NOREPLACE took the address as a hint
     break;
   }
-  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, kind, fd, 0);
   return p == MAP_FAILED ? nullptr : p;
+}
+
+// Asks s's worker to unmap a host region (nothing may use it any more); the memory stays mapped
+// here until it has.
+CUresult UnmapRegion(Session* s, uint64_t id) {
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(id);
+  return CallSync(s, remote::kOpHostRegionUnmap, w, nullptr);
+}
+
+// Mirrors [h->base, + h->size) with s's worker and marks h so.
+CUresult MirrorRange(Session* s, HostRange* h, uint32_t kind) {
+  CUresult r = MirrorMap(s, h->base, h->size, kind);
+  if (r != CUDA_SUCCESS) return r;
+  h->mirror = true;
+  h->owner = s;
+  h->same_address = true;
+  h->device_ptr = h->base;
+  return CUDA_SUCCESS;
 }
 
 // Allocates `bytes` as a host region shared with the worker. CUDA_ERROR_NOT_SUPPORTED when the
@@ -161,15 +191,30 @@ CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   h.device = c->second;
   void* p = nullptr;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (s->host_regions || s->mirrors) {
+    TF_CTX(l);  // the worker registers the region or mirror in the caller's context
+  }
   if (s->host_regions) {
-    TF_CTX(l);  // the worker registers the region in the caller's context
     r = AllocRegion(s, bytes, flags, &h, &p);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED) return r;
   }
   if (r == CUDA_ERROR_NOT_SUPPORTED) {
-    p = mmap(nullptr, PageRound(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     h.mapped = PageRound(bytes);
+    if (s->mirrors) {
+      p = MapRegion(-1, h.mapped);  // where the worker can mirror it later
+      if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      p = mmap(nullptr, h.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h.base = H(p);
+    if (s->mirrors && (flags & CU_MEMHOSTALLOC_DEVICEMAP)) {
+      r = MirrorRange(s, &h, remote::kMirrorMapped);
+      if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED) {
+        munmap(p, h.mapped);
+        return r;
+      }
+    }
   }
   h.base = H(p);
   std::lock_guard<std::mutex> g(g_host_mu);
@@ -222,14 +267,13 @@ CUresult Impl_cuMemFreeHost(void* p) {
     if (it == HostRanges().end() || it->second.registered) return CUDA_ERROR_INVALID_VALUE;
     h = it->second;
   }
+  if (h.managed) return CUDA_ERROR_INVALID_VALUE;  // cuMemFree frees managed memory
   if (h.region_id != 0 && h.owner == l.session()) {
     // The worker unregisters and unmaps first; the memory stays mapped here until it has.
-    uint8_t buf[8];
-    Writer w(buf, sizeof(buf));
-    w.U64(h.region_id);
-    if (CUresult r = CallSync(l.session(), remote::kOpHostRegionUnmap, w, nullptr); r != CUDA_SUCCESS) {
-      return r;
-    }
+    if (CUresult r = UnmapRegion(l.session(), h.region_id); r != CUDA_SUCCESS) return r;
+  }
+  if (h.mirror && h.owner == l.session()) {
+    if (CUresult r = MirrorUnmap(l.session(), h.base); r != CUDA_SUCCESS) return r;
   }
   {
     std::lock_guard<std::mutex> g(g_host_mu);
@@ -246,11 +290,14 @@ CUresult Impl_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags)
     return CUDA_ERROR_NOT_SUPPORTED;  // IOMEMORY: device memory of another device
   }
   TF_LOCK(l);
+  Session* s = l.session();
   uint64_t ctx = CurrentContext();
-  auto c = l.session()->contexts.find(ctx);
-  if (c == l.session()->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
-  std::lock_guard<std::mutex> g(g_host_mu);
-  if (OverlapsLocked(H(p), bytesize)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  auto c = s->contexts.find(ctx);
+  if (c == s->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  {
+    std::lock_guard<std::mutex> g(g_host_mu);
+    if (OverlapsLocked(H(p), bytesize)) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
   HostRange h;
   h.base = H(p);
   h.size = bytesize;
@@ -258,27 +305,56 @@ CUresult Impl_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags)
   h.registered = true;
   h.ctx = ctx;
   h.device = c->second;
+  if (s->mirrors && (flags & CU_MEMHOSTREGISTER_DEVICEMAP)) {
+    // The worker maps the range at the same address; the bytes already here go with the next
+    // call (both twins start zeroed). Memory it cannot map stays recorded only.
+    TF_CTX(l);
+    CUresult r = MirrorRange(s, &h, remote::kMirrorMapped);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED) return r;
+  }
+  std::lock_guard<std::mutex> g(g_host_mu);  // State().mu held throughout: nothing overlapped since
   HostRanges()[h.base] = h;
   return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuMemHostUnregister(void* p) {
   TF_LOCK(l);
-  std::lock_guard<std::mutex> g(g_host_mu);
-  auto it = HostRanges().find(H(p));
-  if (it == HostRanges().end() || !it->second.registered) {
-    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  HostRange h;
+  {
+    std::lock_guard<std::mutex> g(g_host_mu);
+    auto it = HostRanges().find(H(p));
+    if (it == HostRanges().end() || !it->second.registered) {
+      return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    }
+    h = it->second;
   }
-  HostRanges().erase(it);
+  if (h.mirror && h.owner == l.session()) {
+    if (CUresult r = MirrorUnmap(l.session(), h.base); r != CUDA_SUCCESS) return r;
+  }
+  std::lock_guard<std::mutex> g(g_host_mu);
+  HostRanges().erase(H(p));
   return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int flags) {
   if (pdptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
+  Session* s = l.session();
   HostRange h;
   if (!FindHostRange(H(p), &h)) return CUDA_ERROR_INVALID_VALUE;
-  if (h.region_id == 0 || h.owner != l.session()) {
+  if (h.region_id == 0 && !h.mirror && s->mirrors) {
+    // Mirrored from now on (the first time a kernel may be given this memory).
+    TF_CTX(l);
+    CUresult r = MirrorRange(s, &h, remote::kMirrorMapped);
+    if (r != CUDA_SUCCESS) return r;
+    std::lock_guard<std::mutex> g(g_host_mu);
+    HostRanges()[h.base] = h;
+  }
+  if (h.mirror && h.owner == s) {
+    *pdptr = H(p);
+    return CUDA_SUCCESS;
+  }
+  if (h.region_id == 0 || h.owner != s) {
     // Plain memory of this process (TCP, registered memory, a region of another connection):
     // no kernel on the worker can reach it, and the device reports CAN_MAP_HOST_MEMORY 0.
     static std::atomic<bool> logged{false};
@@ -304,11 +380,78 @@ CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned
   return CUDA_SUCCESS;
 }
 
+CUresult AllocManaged(Session* s, size_t bytes, unsigned flags, uint64_t* out) {
+  uint64_t ctx = CurrentContext();
+  auto c = s->contexts.find(ctx);
+  if (c == s->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  HostRange h;
+  h.size = bytes;
+  h.flags = flags;
+  h.ctx = ctx;
+  h.device = c->second;
+  h.managed = true;
+  void* p = nullptr;
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (s->host_regions) {
+    r = AllocRegion(s, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP, &h, &p);
+    if (r == CUDA_SUCCESS && (!h.same_address || h.device_ptr != H(p))) {
+      // Kernels would see it at another address than the program: not managed memory.
+      (void)UnmapRegion(s, h.region_id);
+      munmap(p, h.mapped);
+      r = CUDA_ERROR_NOT_SUPPORTED;
+    }
+  } else if (s->mirrors) {
+    h.mapped = PageRound(bytes);
+    p = MapRegion(-1, h.mapped);
+    if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    h.base = H(p);
+    r = MirrorRange(s, &h, remote::kMirrorManaged);
+    if (r != CUDA_SUCCESS) munmap(p, h.mapped);
+  }
+  if (r != CUDA_SUCCESS) {
+    if (r == CUDA_ERROR_NOT_SUPPORTED) {
+      static std::atomic<bool> logged{false};
+      if (!logged.exchange(true)) {
+        ClientLog("cuMemAllocManaged: the worker cannot map host memory at this process's "
+                  "addresses on this connection, so there is no managed memory "
+                  "(CUDA_ERROR_NOT_SUPPORTED)");
+      }
+    }
+    return r;
+  }
+  h.base = H(p);
+  std::lock_guard<std::mutex> g(g_host_mu);
+  HostRanges()[h.base] = h;
+  *out = h.base;
+  return CUDA_SUCCESS;
+}
+
+CUresult FreeManaged(Session* s, uint64_t p) {
+  HostRange h;
+  {
+    std::lock_guard<std::mutex> g(g_host_mu);
+    auto it = HostRanges().find(p);
+    if (it == HostRanges().end() || !it->second.managed) return CUDA_ERROR_INVALID_VALUE;
+    h = it->second;
+  }
+  if (h.owner == s) {
+    CUresult r = h.mirror ? MirrorUnmap(s, h.base) : UnmapRegion(s, h.region_id);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  {
+    std::lock_guard<std::mutex> g(g_host_mu);
+    HostRanges().erase(p);
+  }
+  munmap(reinterpret_cast<void*>(p), h.mapped);
+  return CUDA_SUCCESS;
+}
+
 CUresult Impl_cuMemHostGetFlags(unsigned int* flags, void* p) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   HostRange h;
   if (!FindHostRange(H(p), &h)) return CUDA_ERROR_INVALID_VALUE;
+  if (h.managed) return CUDA_ERROR_INVALID_VALUE;
   *flags = h.flags;
   return CUDA_SUCCESS;
 }

@@ -727,6 +727,13 @@ CUresult Impl_cuMemFree_v2(CUdeviceptr dptr) {
   // Freeing NULL succeeds, as on the driver: cudart's cudaFree(0), which cuBLAS's cudart uses to
   // bind its context, reaches us as cuMemFree_v2(0).
   if (dptr == 0) return CUDA_SUCCESS;
+  if (HostRange h; FindHostRange(dptr, &h) && h.managed) {
+    // Managed memory: the worker unmaps it once the context's work is done.
+    if (h.base != dptr) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = FreeManaged(l.session(), dptr);
+    if (r == CUDA_SUCCESS) ForgetManagedAdvice(dptr);
+    return r;
+  }
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(dptr);

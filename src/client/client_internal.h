@@ -117,8 +117,19 @@ struct HostRange {
   uint64_t mapped = 0;          // bytes mapped (size rounded up to pages)
   bool same_address = false;    // the worker mapped it at the same address
   uint64_t device_ptr = 0;      // the worker driver's device pointer for base (0: none)
+  bool mirror = false;          // mirrored with owner's worker (client_mirror.cc)
+  bool managed = false;         // cuMemAllocManaged (a region or a mirror); flags: CU_MEM_ATTACH_*
 };
 bool FindHostRange(uint64_t p, HostRange* out);
+// Managed memory (client_host.cc): host memory that kernels on the worker reach at the same
+// address, a host region (shared memory) or a mirror (TCP). CUDA_ERROR_NOT_SUPPORTED when the
+// connection has neither. Require the session and the thread's context.
+CUresult AllocManaged(Session* s, size_t bytes, unsigned flags, uint64_t* p);
+// Frees managed memory at its base; CUDA_ERROR_INVALID_VALUE when p is not one.
+CUresult FreeManaged(Session* s, uint64_t p);
+// Forgets the advice and prefetch location kept for managed memory at base (client_managed.cc).
+// REQUIRES State().mu.
+void ForgetManagedAdvice(uint64_t base);
 // Whether [p, p + n) lies wholly in one host region shared with s's worker. Requires the session.
 bool InHostRegion(Session* s, uint64_t p, uint64_t n);
 // A copy between device memory and a host region: only addresses travel (kOpHostRegionCopy).

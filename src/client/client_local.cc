@@ -77,10 +77,13 @@ CUresult PointerAttribute(Session* s, void* data, CUpointer_attribute attr, CUde
   if (a == nullptr && !host) return CUDA_ERROR_INVALID_VALUE;
   if (host) base = h.base;
   const uint64_t ctx = host ? h.ctx : a->ctx;
+  // Managed memory is host memory here, but the driver describes it as device memory that the
+  // host may also dereference (IS_MANAGED 1, host and device pointer the same address).
+  const bool managed = host && h.managed;
   switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: Put<uint64_t>(data, ctx); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      Put<uint32_t>(data, host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE);
+      Put<uint32_t>(data, host && !managed ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: Put<uint64_t>(data, ptr); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
@@ -90,7 +93,7 @@ CUresult PointerAttribute(Session* s, void* data, CUpointer_attribute attr, CUde
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       Put<uint64_t>(data, host ? h.base : a->buffer_id);
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: Put<int32_t>(data, 0); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: Put<int32_t>(data, managed ? 1 : 0); return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       Put<int32_t>(data, host ? h.device : a->device);
       return CUDA_SUCCESS;

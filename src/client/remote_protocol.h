@@ -60,6 +60,32 @@ constexpr bool IsHostRegionOp(uint16_t op) {
   return op >= kOpHostRegionMap && op <= kOpHostRegionCopy;
 }
 
+// Mirrored host memory (feature kFeatureMirrors; docs/remote.md "Mirrored memory"): host memory
+// at the same virtual address in the client and the worker session, over a transport that cannot
+// share memory (TCP). The worker maps anonymous memory at the address and registers it with its
+// driver (the device pointer is the address itself); both sides keep a twin, the bytes the other
+// side last saw, and send the bytes that differ from it ("runs") before the other side needs them:
+// the client before every call it sends, the worker before every reply and host-function event.
+//   kOpMirrorMap    reply-expected; u64 address, u64 length, u32 kind (kMirrorMapped,
+//                   kMirrorManaged) -> u64 device pointer (== address). CUDA_ERROR_NOT_SUPPORTED
+//                   when the worker cannot map the range at that address or its driver gives
+//                   another device pointer; the client then keeps the memory to itself.
+//   kOpMirrorUnmap  reply-expected; u64 address (as mapped): unregistered and unmapped after the
+//                   context finished its work.
+//   kOpMirrorData   fire-and-forget; "runs": u32 n (1 .. kMaxMirrorRuns), n x (u64 address,
+//                   u64 length); bulk: the n runs' bytes, in order (the sum of the lengths). Every
+//                   run lies wholly inside one mirror of the session, else the whole message is
+//                   refused (a deferred CUDA_ERROR_INVALID_VALUE) and nothing of it is applied.
+// 0x0019 is reserved for this family.
+inline constexpr uint16_t kOpMirrorMap = 0x0016;
+inline constexpr uint16_t kOpMirrorUnmap = 0x0017;
+inline constexpr uint16_t kOpMirrorData = 0x0018;
+inline constexpr uint32_t kMirrorMapped = 0;   // page-locked memory a kernel may use
+inline constexpr uint32_t kMirrorManaged = 1;  // cuMemAllocManaged
+inline constexpr uint32_t kMaxMirrorRuns = 4096;
+inline constexpr uint64_t kMaxMirrorBytes = 1ull << 40;
+constexpr bool IsMirrorOp(uint16_t op) { return op == kOpMirrorMap || op == kOpMirrorUnmap; }
+
 // Events, worker -> client, this layer's range (>= kEventBase): never a reply to anything.
 inline constexpr uint16_t kEventBase = 0x8100;
 // A stream reached host function `id`. Payload: u64 id. The stream waits for kOpHostFuncDone.
@@ -74,6 +100,11 @@ inline constexpr uint16_t kEvtCopyData = 0x8101;
 // writes them to its own stdout. Events 0x8102..0x810F are reserved for this family.
 inline constexpr uint16_t kEvtConsole = 0x8102;
 inline constexpr uint32_t kMaxConsoleChunk = 64 * 1024;
+// Mirror data, worker -> client: the payload and bulk of kOpMirrorData (the runs the session's
+// mirrors changed since their twins), sent before the reply of every synchronous call and before
+// every host-function event. A client that gets a run outside its mirrors drops the connection.
+// 0x8111..0x811F are reserved for this family.
+inline constexpr uint16_t kEvtMirrorData = 0x8110;
 // Slices of pageable copies over a transport with zero-copy bulk memory: small enough that the
 // client's memcpy of one overlaps the worker's DMA of the previous ones.
 inline constexpr uint64_t kPipelinedCopySlice = 4ull << 20;

@@ -27,8 +27,11 @@ inline constexpr uint64_t kFeatureBulkArena = 1ull << 1;       // shm bulk slice
 // The server accepts host-memory regions (page-locked memory shared with the client, opcodes
 // 0x0013-0x0015 of docs/remote.md); used only over a transport that can share host memory.
 inline constexpr uint64_t kFeatureHostRegions = 1ull << 2;
+// The server accepts mirrored host memory (opcodes 0x0016-0x0018, event 0x8110 of
+// docs/remote.md): the client uses it where host memory cannot be shared (TCP).
+inline constexpr uint64_t kFeatureMirrors = 1ull << 3;
 inline constexpr uint64_t kKnownFeatures =
-    kFeatureDeferredErrors | kFeatureBulkArena | kFeatureHostRegions;
+    kFeatureDeferredErrors | kFeatureBulkArena | kFeatureHostRegions | kFeatureMirrors;
 
 struct ClientHello {
   uint16_t min_version = kProtocolVersionMin;

@@ -28,6 +28,7 @@
 #include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
 #include "worker/session_link.h"
+#include "worker/session_mirrors.h"
 
 namespace tf::worker {
 namespace {
@@ -159,6 +160,17 @@ class Session : public GraphHost, private SessionArrays::Host {
   CUresult CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async);
   bool SendCopyData(uint64_t offset, const void* data, uint64_t n, bool reserved);
   bool Capturing(CUstream st);
+  // kOpMirrorData: applied to the mirrors, or a deferred CUDA_ERROR_INVALID_VALUE for the next
+  // synchronizing reply. (Apply reads each field of the payload once.)
+  void MirrorData(const InFrame& in) {
+    CUresult r = mirrors_.Apply(in.payload, in.payload_length, in.bulk, in.bulk_length);
+    const uint64_t seq = in.header.sequence;
+    if (r != CUDA_SUCCESS && pending_ == CUDA_SUCCESS) {
+      pending_ = r;
+      pending_seq_ = seq;
+      pending_op_ = remote::kOpMirrorData;
+    }
+  }
   void WriteContextInfo(CUcontext c, int32_t dev, bool primary, Writer& out);
   bool LoadDriver();
   // The client's first request may carry the vGPU limits it asks for (docs/protocol.md): "" when
@@ -180,6 +192,9 @@ class Session : public GraphHost, private SessionArrays::Host {
     if (n == 0) return true;
     // An allocation, or a range mapped with cuMemMap.
     if (InsideOne(allocs_, p, n) || InsideOne(vmm_mapped_, p, n)) return true;
+    // Host memory the driver maps at its own address: shared regions and mirrors (managed
+    // memory, zero-copy buffers), which memsets and device-to-device copies may name too.
+    if (InsideOne(mapped_host_, p, n) || mirrors_.Contains(p, n)) return true;
     // A module's or library's global variable (cudaMemcpyToSymbol and friends).
     auto g = globals_.upper_bound(p);
     if (g == globals_.begin()) return false;
@@ -253,6 +268,8 @@ class Session : public GraphHost, private SessionArrays::Host {
   };
   std::map<uint64_t, HostRegion> regions_;     // client address -> region
   std::map<uint64_t, uint64_t> region_ids_;    // region id -> client address
+  std::map<uint64_t, uint64_t> mapped_host_;   // regions whose device pointer is their address
+  SessionMirrors mirrors_{d_};                 // mirrored host memory (session_mirrors.h)
   bool unified_addressing_ = false;            // device 0 reports unified addressing
   int arena_state_ = 0;                        // 0 not tried, 1 registered, -1 unavailable
   void* arena_base_ = nullptr;
@@ -420,6 +437,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
                            Writer& out) {
   if (remote::IsHostRegionOp(op)) return HostRegionCall(op, rd, out);
   if (!initialised_) return CUDA_ERROR_NOT_INITIALIZED;
+  if (remote::IsMirrorOp(op)) return mirrors_.Call(op, rd, out);
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
@@ -1006,6 +1024,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     region.local = static_cast<uint8_t*>(p);
     region.same_address = same;
     region_ids_[id] = addr;
+    if (same && dptr == addr) mapped_host_[addr] = len;
     out.U8(same ? 1 : 0);
     out.U64(dptr);
     return CUDA_SUCCESS;
@@ -1021,6 +1040,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     CUresult r = CALL(cuMemHostUnregister, it->second.local);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) return r;
     munmap(it->second.local, it->second.length);
+    mapped_host_.erase(it->first);
     regions_.erase(it);
     region_ids_.erase(idit);
     return CUDA_SUCCESS;
@@ -1228,6 +1248,7 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
 
 void Session::HostFuncReached(uint64_t id) {
   console_.Forward(t_.get(), &event_seq_);  // what was printed before the callback comes first
+  mirrors_.Pull(t_.get(), &event_seq_);     // the host function sees what the stream wrote
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(id);
@@ -1264,6 +1285,9 @@ bool Session::DrainHostFuncs() {
     uint64_t id = 0;
     if (in.header.opcode == remote::kOpHostFuncDone && rd.U64(&id) && rd.Finish()) {
       HostFuncDone(id);
+    } else if (in.header.opcode == remote::kOpMirrorData) {
+      // What a host function wrote into mirrors, sent before its acknowledgement.
+      MirrorData(in);
     } else {
       Log("unexpected frame 0x%04x while the client waits for a reply: ignored", in.header.opcode);
     }
@@ -2013,6 +2037,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
 
 void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
   console_.Forward(t_.get(), &event_seq_);  // device printf of this call, before its reply
+  mirrors_.Pull(t_.get(), &event_seq_);     // what kernels and copies wrote into mirrors
   uint8_t head[4];
   Writer w(head, sizeof(head));
   w.I32(r);
@@ -2035,6 +2060,7 @@ void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
 
 void Session::ReplyDeferred(uint64_t seq) {
   console_.Forward(t_.get(), &event_seq_);
+  mirrors_.Pull(t_.get(), &event_seq_);
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
   w.U64(pending_seq_);
@@ -2075,6 +2101,8 @@ void Session::Cleanup() {
   }
   regions_.clear();
   region_ids_.clear();
+  mapped_host_.clear();
+  const size_t mirrors = mirrors_.Clear();
   if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
   arena_state_ = -1;
   arrays_.Cleanup();
@@ -2095,8 +2123,8 @@ void Session::Cleanup() {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
   Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
-      "%zu host regions",
-      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions);
+      "%zu host regions, %zu mirrors",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors);
   allocs_.clear();
 }
 
@@ -2229,6 +2257,10 @@ int Session::Run() {
       if (rd.U64(&id) && rd.Finish()) HostFuncDone(id);
       continue;
     }
+    if (op == remote::kOpMirrorData) {
+      MirrorData(in);
+      continue;
+    }
     if (op == remote::kOpImageChunk) {
       uint64_t lo = 0, hi = 0, total = 0, off = 0;
       rd.U64(&lo);
@@ -2246,7 +2278,8 @@ int Session::Run() {
       }
       continue;
     }
-    if (!transport::IsDriverCallOpcode(op) && !remote::IsHostRegionOp(op)) {
+    if (!transport::IsDriverCallOpcode(op) && !remote::IsHostRegionOp(op) &&
+        !remote::IsMirrorOp(op)) {
       if (wants_reply) Reply(in.header.sequence, CUDA_ERROR_NOT_SUPPORTED, out);
       continue;
     }

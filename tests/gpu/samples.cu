@@ -572,6 +572,53 @@ void ZeroCopy(Outcome& o) {
   if (o.pass) o.detail = "a kernel wrote mapped host memory";
 }
 
+// Managed memory: filled on the host, advised and prefetched, updated by a kernel, read on the host
+// after synchronizing (remotely: a host region over shared memory, a mirror over TCP).
+void Managed(Outcome& o) {
+  constexpr int n = 1 << 20;
+  int attr = 0;
+  RT(o, cudaDeviceGetAttribute(&attr, cudaDevAttrManagedMemory, 0));
+  if (attr != 1) {
+    o.Fail("the device reports no managed memory");
+    return;
+  }
+  int* m = nullptr;
+  RT(o, cudaMallocManaged(&m, n * sizeof(int)));
+  for (int i = 0; i < n; ++i) m[i] = i % 1000;
+  const CUdeviceptr p = reinterpret_cast<CUdeviceptr>(m);
+  CUmemLocation dev0 = {};
+  dev0.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  dev0.id = 0;
+  CUmemLocation host = {};
+  host.type = CU_MEM_LOCATION_TYPE_HOST;
+  DRV(o, cuMemAdvise_v2(p, n * sizeof(int), CU_MEM_ADVISE_SET_READ_MOSTLY, dev0));
+  DRV(o, cuMemAdvise_v2(p, n * sizeof(int), CU_MEM_ADVISE_SET_ACCESSED_BY, dev0));
+  DRV(o, cuMemPrefetchAsync_v2(p, n * sizeof(int), dev0, 0, nullptr));
+  AddInt<<<Blocks(n, 256), 256>>>(m, n, 7);
+  RT(o, cudaGetLastError());
+  DRV(o, cuMemPrefetchAsync_v2(p, n * sizeof(int), host, 0, nullptr));
+  RT(o, cudaDeviceSynchronize());
+  for (int i = 0; i < n; ++i) {
+    if (m[i] != i % 1000 + 7) {
+      o.Fail("m[" + std::to_string(i) + "] = " + std::to_string(m[i]));
+      break;
+    }
+  }
+  int read_mostly = -1, last = -9, is_managed = -1;
+  DRV(o, cuMemRangeGetAttribute(&read_mostly, sizeof(int), CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, p,
+                                n * sizeof(int)));
+  DRV(o, cuMemRangeGetAttribute(&last, sizeof(int), CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION,
+                                p, n * sizeof(int)));
+  DRV(o, cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p + 64));
+  if (read_mostly != 1 || last != CU_DEVICE_CPU || is_managed != 1) {
+    o.Fail("range attributes read_mostly " + std::to_string(read_mostly) + ", last prefetch " +
+           std::to_string(last) + ", is_managed " + std::to_string(is_managed));
+  }
+  o.Result(m, n * sizeof(int));
+  RT(o, cudaFree(m));
+  if (o.pass) o.detail = "host fill, advise, prefetch, kernel, host check of 4 MiB managed memory";
+}
+
 // Reads everything available on fd without blocking.
 std::string ReadAll(int fd) {
   std::string out;
@@ -799,7 +846,7 @@ struct Sample {
   void (*run)(Outcome&);
 };
 
-// Order: zero_copy last (over TCP the remote vGPU refuses mapped host memory; docs/remote.md).
+// Order: the host-memory samples last (zero-copy and managed memory are mirrored over TCP).
 const Sample kSamples[] = {
     {"vecadd_driver", VecAddDriver},
     {"vecadd_runtime", VecAddRuntime},
@@ -815,6 +862,7 @@ const Sample kSamples[] = {
     {"ptx_jit", PtxJit},
     {"culink", CuLink},
     {"zero_copy", ZeroCopy},
+    {"managed", Managed},
 };
 
 // Runs one sample in this process: the runtime's primary context is current for the driver-API

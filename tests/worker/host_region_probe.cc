@@ -3,10 +3,13 @@
 // or through the client stub and a worker; it prints "key=value" lines the tests compare.
 //
 // Modes: pinned [--no-zero-copy] (kernels writing through cuMemHostGetDevicePointer are skipped:
-// over TCP page-locked memory is client memory the worker cannot reach), pageable, hold (allocates
-// page-locked memory, prints ready=1 and waits to be killed), bench [MiB] [reps] (copy bandwidth;
-// no kernels, so it runs on a real driver too).
+// without host regions or mirrors page-locked memory is client memory the worker cannot reach),
+// pageable, hold (allocates page-locked memory, prints ready=1 and waits to be killed), bench
+// [MiB] [reps] (copy bandwidth; no kernels, so it runs on a real driver too), mapped (zero-copy
+// memory written by kernels, copies, host functions and the host, in both directions: mirrors
+// over TCP), managed (cuMemAllocManaged and the calls about it).
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -211,6 +214,189 @@ int Bench(size_t mib, int reps) {
   return 0;
 }
 
+// Entry points the fake driver may not export: looked up at run time ("na" when absent).
+template <class F>
+F Sym(const char* name) {
+  return reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+}
+
+void ReadWordLater(void* arg) {
+  // A host function: sees what the stream's kernels wrote into mapped memory before it, and what
+  // it writes is seen by the stream's work after it.
+  auto* w = static_cast<uint32_t*>(arg);
+  w[1] = w[0];
+  w[2] = 0x77;
+}
+
+int Mapped() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  int can_map = -1;
+  CHECK(cuDeviceGetAttribute(&can_map, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0));
+  std::printf("attr_map_host=%d\n", can_map);
+  constexpr size_t kBytes = 1 << 20;
+  void* mp = nullptr;
+  CHECK(cuMemHostAlloc(&mp, kBytes, CU_MEMHOSTALLOC_DEVICEMAP));
+  auto* m = static_cast<uint32_t*>(mp);
+  CUdeviceptr dm = 0;
+  CHECK(cuMemHostGetDevicePointer(&dm, mp, 0));
+  std::printf("mapped_dptr_is_host=%d\n", dm == reinterpret_cast<CUdeviceptr>(mp));
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, kBytes));
+
+  // The host writes, a kernel writes other words (some in the same page), the host sees both.
+  for (int i = 0; i < 1000; ++i) m[i] = Pattern(i, 3);
+  tf_probe::Fill(fill, dm + 4096, 0xabcu, 16, nullptr);
+  m[3000] = 7;
+  tf_probe::Fill(fill, dm + 3001 * 4, 9, 1, nullptr);
+  CHECK(cuCtxSynchronize());
+  bool kept = true;
+  for (int i = 0; i < 1000; ++i) kept = kept && m[i] == Pattern(i, 3);
+  std::printf("kernel_wrote_mapped=%x,%x,%x\nhost_words_kept=%d\nsame_page=%u,%u\n", m[1023],
+              m[1024], m[1039], kept, m[3000], m[3001]);
+  // A device-side copy reads what the host wrote, and writes into mapped memory.
+  m[2000] = 0x1234;
+  m[2001] = 0x5678;
+  uint32_t back[2] = {};
+  CHECK(cuMemcpyDtoD(d, dm + 8000, 8));
+  CHECK(cuMemcpyDtoH(back, d, 8));
+  std::printf("copy_saw_host_write=%x,%x\n", back[0], back[1]);
+  CHECK(cuMemsetD32(d + 64, 0x42, 4));
+  CHECK(cuMemcpyDtoD(dm + 12000, d + 64, 16));
+  std::printf("copy_wrote_mapped=%x,%x\n", m[3000], m[3003]);
+  // Host functions see the stream's writes before them; their writes reach the work after them.
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  tf_probe::Fill(fill, dm + 16000, 0x99, 1, s);
+  CHECK(cuLaunchHostFunc(s, &ReadWordLater, m + 4000));
+  CHECK(cuMemcpyDtoDAsync(d + 128, dm + 16008, 4, s));
+  CHECK(cuStreamSynchronize(s));
+  uint32_t after = 0;
+  CHECK(cuMemcpyDtoH(&after, d + 128, 4));
+  std::printf("host_func_saw=%x\nafter_host_func=%x\n", m[4001], after);
+
+  // Existing memory registered with DEVICEMAP: its bytes reach the device, kernels write it.
+  const size_t reg_bytes = 64 * 1024;
+  auto* reg = static_cast<uint32_t*>(aligned_alloc(4096, reg_bytes));
+  for (size_t i = 0; i < reg_bytes / 4; ++i) reg[i] = Pattern(i, 4);
+  CHECK(cuMemHostRegister(reg, reg_bytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+  CUdeviceptr dreg = 0;
+  CHECK(cuMemHostGetDevicePointer(&dreg, reg, 0));
+  std::vector<uint32_t> seen(reg_bytes / 4);
+  CHECK(cuMemcpyDtoD(d, dreg, reg_bytes));
+  CHECK(cuMemcpyDtoH(seen.data(), d, reg_bytes));
+  bool pushed = true;
+  for (size_t i = 0; i < seen.size(); ++i) pushed = pushed && seen[i] == Pattern(i, 4);
+  tf_probe::Fill(fill, dreg + 400, 0xcafe, 3, nullptr);
+  CHECK(cuCtxSynchronize());
+  std::printf("registered_pushed=%d\nregistered_kernel=%x,%x,%d\n", pushed, reg[100], reg[102],
+              reg[103] == Pattern(103, 4));
+  std::printf("unregister=%d\n", static_cast<int>(cuMemHostUnregister(reg)));
+  free(reg);
+
+  // Plain page-locked memory becomes reachable when its device pointer is asked for.
+  void* pp = nullptr;
+  CHECK(cuMemAllocHost(&pp, 8192));
+  static_cast<uint32_t*>(pp)[10] = 31;
+  CUdeviceptr dp = 0;
+  std::printf("plain_dptr_rc=%d\n", static_cast<int>(cuMemHostGetDevicePointer(&dp, pp, 0)));
+  if (dp != 0) {
+    tf_probe::Fill(fill, dp + 4, 5, 2, nullptr);
+    CHECK(cuCtxSynchronize());
+    auto* w = static_cast<uint32_t*>(pp);
+    std::printf("plain_kernel=%u,%u,%u\n", w[1], w[2], w[10]);
+  }
+  CHECK(cuMemFreeHost(pp));
+  CHECK(cuStreamDestroy(s));
+  CHECK(cuMemFreeHost(mp));
+  CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
+int Managed() {
+  Setup();
+  CUfunction fill = Kernel("fill_u32");
+  int managed = -1, concurrent = -1;
+  CHECK(cuDeviceGetAttribute(&managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0));
+  CHECK(cuDeviceGetAttribute(&concurrent, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0));
+  std::printf("attr_managed=%d\nattr_concurrent=%d\n", managed, concurrent);
+  CUdeviceptr p = 0;
+  std::printf("bad_flags=%d\n", static_cast<int>(cuMemAllocManaged(&p, 4096, 3)));
+  std::printf("zero_size=%d\n", static_cast<int>(cuMemAllocManaged(&p, 0, CU_MEM_ATTACH_GLOBAL)));
+  constexpr size_t kWords = (1 << 18) + 25;
+  CHECK(cuMemAllocManaged(&p, kWords * 4, CU_MEM_ATTACH_GLOBAL));
+  auto* w = reinterpret_cast<uint32_t*>(p);
+  for (size_t i = 0; i < kWords; ++i) w[i] = static_cast<uint32_t>(i * 3);
+  tf_probe::Fill(fill, p + 40, 0xdead, 6, nullptr);  // words 10..15
+  CHECK(cuCtxSynchronize());
+  uint64_t sum = 0;
+  for (size_t i = 0; i < kWords; ++i) sum = sum * 31 + w[i];
+  std::printf("managed_words=%u,%x,%x,%u\nmanaged_checksum=%llx\n", w[9], w[10], w[15], w[16],
+              static_cast<unsigned long long>(sum));
+  uint32_t out[4] = {};
+  CHECK(cuMemcpyDtoH(out, p + 64, 16));  // words 16..19, written by the host
+  std::printf("managed_dtoh=%u,%u\n", out[0], out[3]);
+  CHECK(cuMemsetD32(p + 80, 0x55, 2));  // words 20, 21
+  CHECK(cuCtxSynchronize());
+  std::printf("managed_memset=%x,%x,%u\n", w[20], w[21], w[22]);
+  unsigned type = 0;
+  int is_managed = -1;
+  void* host = nullptr;
+  CUdeviceptr dev = 0;
+  size_t range = 0;
+  CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p + 8));
+  CHECK(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p + 8));
+  CHECK(cuPointerGetAttribute(&host, CU_POINTER_ATTRIBUTE_HOST_POINTER, p + 8));
+  CHECK(cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_POINTER, p + 8));
+  CHECK(cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 8));
+  std::printf("managed_attrs=%u,%d,%d,%d,%zu\n", type, is_managed,
+              host == reinterpret_cast<void*>(p + 8), dev == p + 8, range);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CHECK(cuMemGetAddressRange(&base, &size, p + 100));
+  std::printf("address_range=%d,%zu\n", base == p, size);
+  // Advice, prefetches and range attributes (entry points the fake driver lacks: "na").
+  using AdviseFn = CUresult (*)(CUdeviceptr, size_t, CUmem_advise, CUmemLocation);
+  using PrefetchFn = CUresult (*)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
+  using RangeFn = CUresult (*)(void*, size_t, CUmem_range_attribute, CUdeviceptr, size_t);
+  using AttachFn = CUresult (*)(CUstream, CUdeviceptr, size_t, unsigned);
+  auto advise = Sym<AdviseFn>("cuMemAdvise_v2");
+  auto prefetch = Sym<PrefetchFn>("cuMemPrefetchAsync_v2");
+  auto range_attr = Sym<RangeFn>("cuMemRangeGetAttribute");
+  auto attach = Sym<AttachFn>("cuStreamAttachMemAsync");
+  if (advise && prefetch && range_attr && attach) {
+    CUmemLocation dev0{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+    CUmemLocation cpu{CU_MEM_LOCATION_TYPE_HOST, 0};
+    int v[4] = {-9, -9, -9, -9};
+    CHECK(range_attr(&v[0], 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, p, 4096));
+    CHECK(range_attr(&v[1], 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, p, 4096));
+    std::printf("advice_before=%d,%d\n", v[0], v[1]);
+    CHECK(advise(p, kWords * 4, CU_MEM_ADVISE_SET_READ_MOSTLY, dev0));
+    CHECK(advise(p, kWords * 4, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, cpu));
+    CHECK(advise(p, kWords * 4, CU_MEM_ADVISE_SET_ACCESSED_BY, dev0));
+    CHECK(prefetch(p, kWords * 4, dev0, 0, nullptr));
+    CHECK(range_attr(&v[0], 4, CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, p, 4096));
+    CHECK(range_attr(&v[1], 4, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, p, 4096));
+    CHECK(range_attr(&v[2], 4, CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, 4096));
+    int by[3] = {};
+    CHECK(range_attr(by, sizeof(by), CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY, p, 4096));
+    std::printf("advice_after=%d,%d,%d\naccessed_by=%d,%d,%d\n", v[0], v[1], v[2], by[0], by[1],
+                by[2]);
+    std::printf("advise_device_memory=%d\n",
+                static_cast<int>(advise(0x1000, 16, CU_MEM_ADVISE_SET_READ_MOSTLY, dev0)));
+    std::printf("attach=%d\n", static_cast<int>(attach(nullptr, p, 0, CU_MEM_ATTACH_HOST)));
+    CHECK(cuCtxSynchronize());
+  } else {
+    std::printf("advice=na\n");
+  }
+  CHECK(cuMemFree(p));
+  std::printf("attr_after_free=%d\n",
+              static_cast<int>(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p)));
+  std::printf("done=1\n");
+  return 0;
+}
+
 int Hold() {
   Setup();
   void* p[3];
@@ -232,6 +418,8 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "pinned")) return Pinned(!(argc > 2 && !strcmp(argv[2], "--no-zero-copy")));
   if (!strcmp(mode, "pageable")) return Pageable();
   if (!strcmp(mode, "hold")) return Hold();
+  if (!strcmp(mode, "mapped")) return Mapped();
+  if (!strcmp(mode, "managed")) return Managed();
   if (!strcmp(mode, "bench")) {
     return Bench(argc > 2 ? strtoul(argv[2], nullptr, 10) : 256, argc > 3 ? atoi(argv[3]) : 5);
   }

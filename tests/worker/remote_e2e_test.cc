@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/mirror_runs.h"
 #include "client/remote_arrays.h"
 #include "client/remote_protocol.h"
 #include "nvml_types.h"
@@ -338,18 +339,15 @@ TEST_F(RemoteTest, PinnedHostMemoryLivesOnTheClient) {
     EXPECT_EQ(r.kv["register_again"], "712");  // HOST_MEMORY_ALREADY_REGISTERED
     EXPECT_EQ(r.kv["registered_type"], "1");
     EXPECT_EQ(r.kv["unregister_again"], "713");
-    // Kernels on the worker can reach page-locked memory only through a shared-memory connection;
-    // pageable and managed memory never.
-    const bool shm = addr == unix_;
-    EXPECT_EQ(r.kv["host_dptr_rc"], shm ? "0" : "801") << addr;
-    EXPECT_EQ(r.kv["attr_map_host"], shm ? "1" : "0") << addr;
+    // Kernels on the worker reach page-locked memory over both transports (shared over shared
+    // memory, mirrored over TCP), and managed memory exists on both; pageable memory never.
+    EXPECT_EQ(r.kv["host_dptr_rc"], "0") << addr;
+    EXPECT_EQ(r.kv["host_dptr_is_host"], "1") << addr;
+    EXPECT_EQ(r.kv["attr_map_host"], "1") << addr;
     EXPECT_EQ(r.kv["attr_pageable_access"], "0");
-    EXPECT_EQ(r.kv["attr_managed"], "0");
+    EXPECT_EQ(r.kv["attr_managed"], "1");
     Result same = direct;  // the rest as the driver itself answers
-    for (const char* k : {"host_dptr_rc", "host_dptr_is_host", "attr_map_host",
-                          "attr_pageable_access", "attr_managed"}) {
-      same.kv.erase(k);
-    }
+    same.kv.erase("attr_pageable_access");
     ExpectSameKeys(same, r);
   }
 }
@@ -728,6 +726,73 @@ TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
   }
 }
 
+// Zero-copy memory over TCP is mirrored (client_mirror.cc, session_mirrors.cc): what kernels,
+// copies and host functions write reaches the host by the next synchronizing call or host
+// function, and what the host writes reaches them before the next call.
+TEST_F(RemoteTest, MappedMemoryIsMirroredOverTcpAndSharedOverSharedMemory) {
+  StartWorker();
+  Result direct = DirectProgram({TF_HOST_PROBE, "mapped"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["kernel_wrote_mapped"], "0,abc,abc");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "mapped"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["attr_map_host"], "1") << addr;
+    EXPECT_EQ(r.kv["mapped_dptr_is_host"], "1") << addr;
+    EXPECT_EQ(r.kv["kernel_wrote_mapped"], "0,abc,abc") << addr;
+    EXPECT_EQ(r.kv["host_words_kept"], "1") << addr;
+    // The host's word and the kernel's neighbouring word in the same page both survive.
+    EXPECT_EQ(r.kv["same_page"], "7,9") << addr;
+    EXPECT_EQ(r.kv["copy_saw_host_write"], "1234,5678") << addr;
+    EXPECT_EQ(r.kv["copy_wrote_mapped"], "42,42") << addr;
+    EXPECT_EQ(r.kv["host_func_saw"], "99") << addr;
+    EXPECT_EQ(r.kv["after_host_func"], "77") << addr;
+    EXPECT_EQ(r.kv["registered_pushed"], "1") << addr;
+    EXPECT_EQ(r.kv["registered_kernel"], "cafe,cafe,1") << addr;
+    EXPECT_EQ(r.kv["plain_dptr_rc"], "0") << addr;
+    EXPECT_EQ(r.kv["plain_kernel"], "5,5,31") << addr;
+    EXPECT_EQ(r.kv["done"], "1");
+    ExpectSameKeys(direct, r);
+  }
+  // Without mirrors (TFUSION_MIRRORS=0) TCP keeps page-locked memory to the client, as before.
+  Result off = RemoteProgram(tcp_, {TF_HOST_PROBE, "mapped"}, "sekrit", {"TFUSION_MIRRORS=0"});
+  EXPECT_EQ(off.kv["attr_map_host"], "0");
+  EXPECT_EQ(off.rc, 3) << off.out;  // cuMemHostGetDevicePointer: CUDA_ERROR_NOT_SUPPORTED
+  EXPECT_NE(off.out.find("error=cuMemHostGetDevicePointer(&dm, mp, 0):801"), std::string::npos)
+      << off.out;
+}
+
+TEST_F(RemoteTest, ManagedMemoryWorksOverBothTransports) {
+  StartWorker();
+  Result direct = DirectProgram({TF_HOST_PROBE, "managed"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "managed"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["attr_managed"], "1") << addr;
+    EXPECT_EQ(r.kv["attr_concurrent"], "0") << addr;  // the host waits for a synchronize
+    EXPECT_EQ(r.kv["bad_flags"], "1") << addr;
+    EXPECT_EQ(r.kv["zero_size"], "1") << addr;
+    EXPECT_EQ(r.kv["managed_words"], "27,dead,dead,48") << addr;
+    EXPECT_EQ(r.kv["managed_dtoh"], "48,57") << addr;
+    EXPECT_EQ(r.kv["managed_memset"], "55,55,66") << addr;
+    // CU_MEMORYTYPE_DEVICE, managed, host and device pointer the same address.
+    EXPECT_EQ(r.kv["managed_attrs"], "2,1,1,1,1048676") << addr;
+    EXPECT_EQ(r.kv["address_range"], "1,1048676") << addr;
+    EXPECT_EQ(r.kv["advice_before"], "0,-2") << addr;
+    // Read-mostly, preferred location the host (CU_DEVICE_CPU), prefetched to device 0.
+    EXPECT_EQ(r.kv["advice_after"], "1,-1,0") << addr;
+    EXPECT_EQ(r.kv["accessed_by"], "0,-2,-2") << addr;
+    EXPECT_EQ(r.kv["advise_device_memory"], "1") << addr;
+    EXPECT_EQ(r.kv["attach"], "0") << addr;
+    EXPECT_EQ(r.kv["attr_after_free"], "1") << addr;
+    EXPECT_EQ(r.kv["done"], "1");
+    Result same = direct;
+    same.kv.erase("attr_concurrent");
+    ExpectSameKeys(same, r);
+  }
+}
+
 TEST_F(RemoteTest, LargePageableCopiesArriveIntactOverBothTransports) {
   StartWorker();
   for (const std::string& addr : {unix_, tcp_}) {
@@ -769,26 +834,44 @@ class RawClient {
     for (;;) {
       tf::transport::InFrame in;
       if (!t_->Receive(&in, 5000).ok()) return -1;
+      if (in.header.opcode == tf::remote::kEvtMirrorData) {
+        events.push_back({std::vector<uint8_t>(in.payload, in.payload + in.payload_length),
+                          std::vector<uint8_t>(in.bulk, in.bulk + in.bulk_length)});
+      }
       if (in.header.opcode != static_cast<uint16_t>(tf::transport::Opcode::kCallReply) ||
           in.header.sequence != seq) {
         continue;
       }
       tf::transport::Reader rd(in.payload, in.payload_length);
       int32_t result = -1;
+      if (in.header.flags & tf::transport::kFlagError) {  // a deferred error: its CUresult
+        uint64_t failed_seq = 0;
+        uint16_t failed_op = 0;
+        rd.U64(&failed_seq);
+        rd.U16(&failed_op);
+      }
       rd.I32(&result);
       if (out && in.payload_length > 4) out->assign(in.payload + 4, in.payload + in.payload_length);
       return result;
     }
   }
-  uint64_t Send(uint16_t op, uint16_t flags, const tf::transport::Writer& w) {
+  uint64_t Send(uint16_t op, uint16_t flags, const tf::transport::Writer& w,
+                const void* bulk = nullptr, uint64_t bulk_len = 0) {
     tf::transport::OutFrame f;
     f.opcode = op;
     f.flags = flags;
     f.sequence = seq_++;
     f.payload = w.data();
     f.payload_length = static_cast<uint32_t>(w.size());
+    f.bulk = bulk;
+    f.bulk_length = bulk_len;
     return t_->Send(f).ok() ? f.sequence : 0;
   }
+  // Mirror-data events received during calls (payload, bulk), in order.
+  struct Event {
+    std::vector<uint8_t> payload, bulk;
+  };
+  std::vector<Event> events;
   tf::transport::Transport* transport() { return t_.get(); }
   // The session's driver, device 0's primary context made current (what the stub does first).
   bool UsePrimaryContext() {
@@ -920,6 +1003,92 @@ TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
   Writer w(buf, sizeof(buf));
   w.U64(dev);
   EXPECT_EQ(c.Call(remote::Op(Fn::cuMemFree_v2), w), 0) << "the session goes on";
+}
+
+// Mirror messages the stub would not send: each is refused (map and unmap at once, data as a
+// deferred error at the next synchronizing call) and changes nothing; good ones keep working.
+TEST_F(RemoteTest, BadMirrorMessagesAreRefusedAndChangeNothing) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[256];
+  std::vector<uint8_t> out;
+  auto map = [&](uint64_t addr, uint64_t len, uint32_t kind) {
+    Writer w(buf, sizeof(buf));
+    w.U64(addr);
+    w.U64(len);
+    w.U32(kind);
+    return c.Call(remote::kOpMirrorMap, w, &out);
+  };
+  auto unmap = [&](uint64_t addr) {
+    Writer w(buf, sizeof(buf));
+    w.U64(addr);
+    return c.Call(remote::kOpMirrorUnmap, w);
+  };
+  // Fire-and-forget data: runs (address, length) with `bulk` bytes.
+  auto data = [&](std::vector<std::pair<uint64_t, uint64_t>> runs, const std::vector<uint8_t>& bulk) {
+    Writer w(buf, sizeof(buf));
+    w.U32(static_cast<uint32_t>(runs.size()));
+    for (auto [a, n] : runs) {
+      w.U64(a);
+      w.U64(n);
+    }
+    c.Send(remote::kOpMirrorData, 0, w, bulk.data(), bulk.size());
+  };
+  auto sync = [&] { return c.Call(remote::Op(Fn::cuCtxSynchronize), Writer(nullptr, 0)); };
+  const uint64_t base = 0x5e0000000000ull;  // free in the worker's session process
+  ASSERT_EQ(map(base, 8192, remote::kMirrorMapped), 0);
+  ASSERT_EQ(out.size(), 8u);
+  uint64_t dptr = 0;
+  memcpy(&dptr, out.data(), 8);
+  EXPECT_EQ(dptr, base) << "the device pointer is the address";
+  EXPECT_EQ(map(base + 4096, 8192, remote::kMirrorMapped), 1);  // overlaps
+  EXPECT_EQ(map(base + 65536, 0, remote::kMirrorMapped), 1);    // empty
+  EXPECT_EQ(map(base + 65536, 4096, 7), 1);                     // unknown kind
+  EXPECT_EQ(map(0, 4096, remote::kMirrorMapped), 1);            // address 0
+  ASSERT_TRUE(worker_.WaitFor("range overlaps a mirror of this session", 2000)) << worker_.out;
+  EXPECT_EQ(unmap(base + 4096), 1);  // not a mirror's address
+  EXPECT_EQ(sync(), 0);
+  // Runs outside the mirror, a wrong byte count, no runs: refused as a whole.
+  const std::vector<uint8_t> four = {1, 2, 3, 4};
+  data({{base + 8190, 4}}, four);
+  EXPECT_EQ(sync(), 1);
+  data({{base, 2}, {base + 100, 4}}, four);
+  EXPECT_EQ(sync(), 1);
+  data({}, four);
+  EXPECT_EQ(sync(), 1);
+  data({{base + 8, 4}, {0x1000, 4}}, {1, 2, 3, 4, 5, 6, 7, 8});  // the first run is not applied
+  EXPECT_EQ(sync(), 1);
+  ASSERT_TRUE(worker_.WaitFor("is not inside a mirror of this session", 2000)) << worker_.out;
+  // Good data is applied and not echoed back; a memset through the device pointer comes back as
+  // a mirror event before the reply.
+  c.events.clear();
+  data({{base + 16, 4}}, four);
+  EXPECT_EQ(sync(), 0);
+  EXPECT_TRUE(c.events.empty()) << "the worker's twin took the client's bytes";
+  Writer ms(buf, sizeof(buf));
+  ms.U64(base + 18);
+  ms.U32(0xee);
+  ms.U64(4);
+  EXPECT_EQ(c.Call(remote::Op(Fn::cuMemsetD8_v2), ms), 0);
+  ASSERT_EQ(c.events.size(), 1u);
+  std::vector<tf::remote::MirrorRun> runs;
+  ASSERT_TRUE(tf::remote::DecodeMirrorRuns(c.events[0].payload.data(),
+                                           static_cast<uint32_t>(c.events[0].payload.size()),
+                                           c.events[0].bulk.size(), &runs));
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].addr, base + 18);  // bytes 16, 17 were the client's and did not change
+  EXPECT_EQ(runs[0].len, 4u);
+  EXPECT_EQ(c.events[0].bulk, (std::vector<uint8_t>{0xee, 0xee, 0xee, 0xee}));
+  EXPECT_EQ(unmap(base), 0);
+  EXPECT_EQ(unmap(base), 1);
+  data({{base + 16, 4}}, four);
+  EXPECT_EQ(sync(), 1);
+  EXPECT_EQ(sync(), 0) << "the session goes on";
 }
 
 // Array messages the stub would not send: unknown handles, regions outside the array or the

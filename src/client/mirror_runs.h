@@ -1,0 +1,146 @@
+// Mirrored host memory (remote_protocol.h kOpMirrorData / kEvtMirrorData), the part both sides
+// share: finding the bytes of a mirror that differ from its twin, packing them into messages, and
+// decoding a message's runs. Header-only; no allocation on the compare path.
+//
+// A "run" is a maximal span of bytes that differ from the twin. Runs are exact: a byte equal to
+// its twin is never inside one, because the other side may have changed that byte meanwhile (a
+// kernel writing other bytes of the same page, the application writing other fields of a struct)
+// and sending our stale copy of it would undo that write.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "client/remote_protocol.h"
+#include "transport/wire.h"
+
+namespace tf::remote {
+
+// Calls run(offset, length) for each run where cur[0, n) differs from twin[0, n), in order.
+// Equal memory is skipped a 4 KiB block, then 64 bytes, then 8-byte word at a time; a differing
+// word is split byte by byte.
+template <class F>
+void ForEachChangedRun(const uint8_t* cur, const uint8_t* twin, uint64_t n, F&& run) {
+  uint64_t start = 0;
+  bool open = false;
+  auto at = [&](uint64_t i, bool differs) {
+    if (differs && !open) {
+      start = i;
+      open = true;
+    } else if (!differs && open) {
+      run(start, i - start);
+      open = false;
+    }
+  };
+  uint64_t i = 0;
+  const uint64_t words_end = n & ~uint64_t{7};
+  while (i < words_end) {
+    if (!open) {
+      if (i + 4096 <= words_end && memcmp(cur + i, twin + i, 4096) == 0) {
+        i += 4096;
+        continue;
+      }
+      if (i + 64 <= words_end && memcmp(cur + i, twin + i, 64) == 0) {
+        i += 64;
+        continue;
+      }
+    }
+    uint64_t a = 0, b = 0;
+    memcpy(&a, cur + i, 8);
+    memcpy(&b, twin + i, 8);
+    const uint64_t x = a ^ b;
+    if (x == 0) {
+      at(i, false);
+    } else {
+      for (int k = 0; k < 8; ++k) at(i + k, ((x >> (8 * k)) & 0xff) != 0);  // little-endian
+    }
+    i += 8;
+  }
+  for (; i < n; ++i) at(i, cur[i] != twin[i]);
+  if (open) run(start, n - start);
+}
+
+// Collects runs into kOpMirrorData / kEvtMirrorData messages of at most kMaxMirrorRuns runs and
+// `bulk_limit` bytes each, handing each full message to send(payload, payload_len, bulk,
+// bulk_len). The bytes are copied when added (a snapshot: the memory may change while the message
+// is sent) and the same snapshot is written to the twin, so the twin holds exactly what the other
+// side will have.
+class MirrorRunPacker {
+ public:
+  using SendFn = bool (*)(void* ctx, const uint8_t* payload, uint32_t payload_len,
+                          const uint8_t* bulk, uint64_t bulk_len);
+  MirrorRunPacker(uint64_t bulk_limit, SendFn send, void* ctx)
+      : limit_(bulk_limit == 0 ? 1 : bulk_limit), send_(send), ctx_(ctx) {}
+
+  // The run of `len` bytes at address `addr`, whose current bytes are src; twin receives them.
+  // False when a send failed (later adds are dropped).
+  bool Add(uint64_t addr, const uint8_t* src, uint8_t* twin, uint64_t len) {
+    while (len > 0 && ok_) {
+      if (runs_.size() == kMaxMirrorRuns || bulk_.size() == limit_) Flush();
+      const uint64_t take = std::min<uint64_t>(len, limit_ - bulk_.size());
+      const size_t at = bulk_.size();
+      bulk_.resize(at + take);
+      memcpy(bulk_.data() + at, src, take);
+      memcpy(twin, bulk_.data() + at, take);
+      runs_.push_back({addr, take});
+      addr += take;
+      src += take;
+      twin += take;
+      len -= take;
+    }
+    return ok_;
+  }
+  // Sends what is collected. False when a send failed.
+  bool Flush() {
+    if (runs_.empty() || !ok_) return ok_;
+    payload_.resize(4 + 16 * runs_.size());
+    transport::Writer w(payload_.data(), payload_.size());
+    w.U32(static_cast<uint32_t>(runs_.size()));
+    for (const Run& r : runs_) {
+      w.U64(r.addr);
+      w.U64(r.len);
+    }
+    ok_ = send_(ctx_, w.data(), static_cast<uint32_t>(w.size()), bulk_.data(), bulk_.size());
+    runs_.clear();
+    bulk_.clear();
+    return ok_;
+  }
+
+ private:
+  struct Run {
+    uint64_t addr, len;
+  };
+  uint64_t limit_;
+  SendFn send_;
+  void* ctx_;
+  bool ok_ = true;
+  std::vector<Run> runs_;
+  std::vector<uint8_t> bulk_;
+  std::vector<uint8_t> payload_;
+};
+
+// Decodes a message's runs: false unless 1 <= n <= kMaxMirrorRuns, every length is non-zero, the
+// payload has nothing else and the lengths add up to bulk_len. Each (address, length) goes to out.
+struct MirrorRun {
+  uint64_t addr = 0, len = 0;
+};
+inline bool DecodeMirrorRuns(const uint8_t* payload, uint32_t payload_len, uint64_t bulk_len,
+                             std::vector<MirrorRun>* out) {
+  transport::Reader rd(payload, payload_len);
+  uint32_t n = 0;
+  if (!rd.U32(&n) || n == 0 || n > kMaxMirrorRuns) return false;
+  out->resize(n);
+  uint64_t total = 0;
+  for (MirrorRun& r : *out) {
+    if (!rd.U64(&r.addr) || !rd.U64(&r.len) || r.len == 0 || r.len > kMaxMirrorBytes ||
+        r.addr + r.len < r.addr) {
+      return false;
+    }
+    total += r.len;
+  }
+  return rd.Finish() && total == bulk_len;
+}
+
+}  // namespace tf::remote

@@ -1,0 +1,71 @@
+// Mirrored host memory on the worker side (remote_protocol.h kOpMirror*, docs/remote.md
+// "Mirrored memory"): for each range the client mirrors, anonymous memory mapped at the client's
+// address and registered with the driver (so a kernel given the address reaches it), and a twin
+// holding what the client last saw. The client's changes arrive as runs (Apply); what kernels and
+// copies changed goes back as kEvtMirrorData events (Pull) before every reply and host-function
+// event.
+//
+// Threading: the session thread maps, unmaps and applies; Pull also runs on the driver's stream
+// threads (host functions); Contains on the session thread. One mutex guards the table and every
+// read or write of mirror and twin bytes done here.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "client/mirror_runs.h"
+#include "driver/driver_table.h"
+#include "transport/transport.h"
+
+namespace tf::worker {
+
+class SessionMirrors {
+ public:
+  explicit SessionMirrors(const driver::DriverTable& d) : d_(d) {}
+  SessionMirrors(const SessionMirrors&) = delete;
+  SessionMirrors& operator=(const SessionMirrors&) = delete;
+
+  // kOpMirrorMap / kOpMirrorUnmap (session thread, driver initialised, the client's context
+  // current). Refusals are logged with the reason.
+  CUresult Call(uint16_t op, transport::Reader& rd, transport::Writer& out);
+
+  // A kOpMirrorData message: every run is written to the mirror and its twin, or, when any run
+  // lies outside the session's mirrors or the message is malformed, none is
+  // (CUDA_ERROR_INVALID_VALUE, logged).
+  CUresult Apply(const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
+                 uint64_t bulk_len);
+
+  // Sends the runs where mirrors differ from their twins as kEvtMirrorData events (sequence
+  // numbers from *seq) and updates the twins. Thread-safe; nothing happens without mirrors.
+  void Pull(transport::Transport* t, std::atomic<uint64_t>* seq);
+
+  // [p, p + n) lies wholly inside one mirror (it is device-accessible memory of this session).
+  bool Contains(uint64_t p, uint64_t n) const;
+
+  // Unregisters and unmaps every mirror (the session ends); returns how many there were.
+  size_t Clear();
+
+ private:
+  struct Mirror {
+    uint64_t len = 0;
+    uint8_t* map_base = nullptr;  // page-aligned mapping that holds [address, address + len)
+    uint64_t map_len = 0;
+    uint8_t* twin = nullptr;      // len bytes (anonymous mapping, zero at first)
+  };
+  // The mirror holding [p, p + n), or nullptr; *base its address. REQUIRES mu_.
+  const Mirror* FindLocked(uint64_t p, uint64_t n, uint64_t* base) const;
+  CUresult Map(uint64_t addr, uint64_t len, uint32_t kind, transport::Writer& out);
+  CUresult Unmap(uint64_t addr);
+  void Release(const Mirror& m);
+
+  const driver::DriverTable& d_;
+  mutable std::mutex mu_;
+  std::map<uint64_t, Mirror> mirrors_;  // client address -> mirror
+  std::atomic<size_t> count_{0};
+  std::vector<remote::MirrorRun> runs_;  // Apply's scratch (session thread)
+};
+
+}  // namespace tf::worker

@@ -1,0 +1,94 @@
+// The byte runs mirrored memory sends (src/client/mirror_runs.h): exact at byte granularity,
+// packed into messages within their limits, and decoded with every malformation refused.
+#include "client/mirror_runs.h"
+
+#include <gtest/gtest.h>
+
+#include <utility>
+#include <vector>
+
+namespace {
+
+using tf::remote::DecodeMirrorRuns;
+using tf::remote::ForEachChangedRun;
+using tf::remote::MirrorRun;
+using tf::remote::MirrorRunPacker;
+
+std::vector<std::pair<uint64_t, uint64_t>> Runs(const std::vector<uint8_t>& cur,
+                                                const std::vector<uint8_t>& twin) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  ForEachChangedRun(cur.data(), twin.data(), cur.size(), [&](uint64_t off, uint64_t n) {
+    out.emplace_back(off, n);
+  });
+  return out;
+}
+
+TEST(MirrorRuns, OnlyTheBytesThatChangedAreSent) {
+  std::vector<uint8_t> twin(10000, 0), cur(10000, 0);
+  EXPECT_TRUE(Runs(cur, twin).empty());
+  cur[3] = 1;                  // one byte inside a word
+  cur[7] = cur[8] = 2;         // across a word boundary
+  cur[20] = 3;                 // bytes 21, 22 equal: two runs, not one
+  cur[23] = 4;
+  for (int i = 5000; i < 5100; ++i) cur[i] = 9;  // a long run past 64-byte blocks
+  cur[9999] = 5;               // the tail after the last whole word
+  using R = std::vector<std::pair<uint64_t, uint64_t>>;
+  EXPECT_EQ(Runs(cur, twin), (R{{3, 1}, {7, 2}, {20, 1}, {23, 1}, {5000, 100}, {9999, 1}}));
+  std::vector<uint8_t> odd(13, 0), odd_twin(13, 0);
+  odd[12] = 1;
+  odd[0] = 1;
+  EXPECT_EQ(Runs(odd, odd_twin), (R{{0, 1}, {12, 1}}));
+}
+
+struct Sent {
+  std::vector<std::vector<MirrorRun>> runs;
+  std::vector<std::vector<uint8_t>> bulk;
+};
+
+bool Collect(void* ctx, const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
+             uint64_t bulk_len) {
+  auto* s = static_cast<Sent*>(ctx);
+  std::vector<MirrorRun> runs;
+  if (!DecodeMirrorRuns(payload, payload_len, bulk_len, &runs)) return false;
+  s->runs.push_back(runs);
+  s->bulk.emplace_back(bulk, bulk + bulk_len);
+  return true;
+}
+
+TEST(MirrorRuns, PackingSplitsAtTheBulkLimitAndUpdatesTheTwin) {
+  std::vector<uint8_t> cur(100), twin(100, 0);
+  for (int i = 0; i < 100; ++i) cur[i] = static_cast<uint8_t>(i + 1);
+  Sent sent;
+  MirrorRunPacker packer(64, &Collect, &sent);
+  ASSERT_TRUE(packer.Add(0x1000, cur.data(), twin.data(), 100));
+  ASSERT_TRUE(packer.Flush());
+  ASSERT_EQ(sent.runs.size(), 2u);
+  EXPECT_EQ(sent.runs[0][0].addr, 0x1000u);
+  EXPECT_EQ(sent.runs[0][0].len, 64u);
+  EXPECT_EQ(sent.runs[1][0].addr, 0x1040u);
+  EXPECT_EQ(sent.runs[1][0].len, 36u);
+  EXPECT_EQ(twin, cur);
+  EXPECT_EQ(sent.bulk[1].front(), 65);
+}
+
+TEST(MirrorRuns, MalformedMessagesAreRefused) {
+  uint8_t buf[64];
+  std::vector<MirrorRun> runs;
+  auto encode = [&](uint32_t n, std::vector<std::pair<uint64_t, uint64_t>> r) {
+    tf::transport::Writer w(buf, sizeof(buf));
+    w.U32(n);
+    for (auto [a, l] : r) {
+      w.U64(a);
+      w.U64(l);
+    }
+    return static_cast<uint32_t>(w.size());
+  };
+  EXPECT_TRUE(DecodeMirrorRuns(buf, encode(1, {{0x1000, 4}}), 4, &runs));
+  EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{0x1000, 4}}), 5, &runs));  // bulk mismatch
+  EXPECT_FALSE(DecodeMirrorRuns(buf, encode(0, {}), 0, &runs));             // no runs
+  EXPECT_FALSE(DecodeMirrorRuns(buf, encode(2, {{0x1000, 4}}), 4, &runs));  // truncated
+  EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{0x1000, 0}}), 0, &runs));  // empty run
+  EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{~0ull - 1, 4}}), 4, &runs));  // wraps
+}
+
+}  // namespace
