@@ -422,6 +422,16 @@ CUresult ConnectLocked() {
       opt.shm_arena_bytes = static_cast<uint64_t>(mib) << 20;
     }
   }
+  // How long the TCP flusher and receiver stay awake for the next frame (default 20 us).
+  if (const char* v = getenv("TFUSION_TCP_SPIN_US"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    unsigned long us = strtoul(v, &end, 10);
+    if (end == v || *end != '\0' || us > 10000) {
+      ClientLog("TFUSION_TCP_SPIN_US=%s ignored: want whole microseconds from 0 to 10000", v);
+    } else {
+      opt.tcp_spin_ns = static_cast<uint32_t>(us * 1000);
+    }
+  }
   std::unique_ptr<transport::Transport> t;
   TransportStatus ts = strncmp(remote, "unix:", 5) == 0
                            ? transport::ConnectShm(remote + 5, hello, opt, &t)
