@@ -272,6 +272,40 @@ CUresult Impl_cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkerne
   return CUDA_SUCCESS;
 }
 
+// Whether setting `attrib` of function/kernel `handle` to `val` on device `dev` cannot fail on the
+// worker: the two attributes frameworks set before launches, with the limits the driver checks
+// (dynamic shared memory plus the function's static shared memory within the device's opt-in
+// maximum; a carveout of -1 to 100 percent). Such a set travels fire-and-forget (a failure would
+// still come back at the next synchronizing call); any other set waits for the driver's answer.
+static bool SetCannotFail(Session* s, uint64_t handle, CUfunction_attribute attrib, int val, int dev) {
+  if (dev < 0 || static_cast<size_t>(dev) >= s->devices.size()) return false;
+  auto it = s->functions.find(handle);
+  if (it == s->functions.end()) return false;
+  const std::vector<int>& fa = it->second.attrs;
+  const std::vector<int>& da = s->devices[dev].attrs;
+  switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: {
+      if (static_cast<size_t>(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) >= fa.size() ||
+          static_cast<size_t>(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) >= da.size()) {
+        return false;
+      }
+      const int64_t static_bytes = fa[CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES];
+      const int64_t optin = da[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN];
+      return val >= 0 && optin > 0 && static_bytes >= 0 && val + static_bytes <= optin;
+    }
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      return val >= -1 && val <= 100;
+    default:
+      return false;
+  }
+}
+
+// The device of the calling thread's context (-1 without one).
+static int ContextDevice(Session* s) {
+  auto it = s->contexts.find(CurrentContext());
+  return it == s->contexts.end() ? -1 : it->second;
+}
+
 CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,
                                    CUdevice dev) {
   TF_LOCK(l);
@@ -292,11 +326,15 @@ CUresult Impl_cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkerne
   w.I32(val);
   w.U64(H(kernel));
   w.I32(dev);
-  CUresult r = CallSync(s, Op(Fn::cuKernelSetAttribute), w, nullptr);
+  const bool quick = SetCannotFail(s, H(kernel), attrib, val, dev);
+  CUresult r = quick ? SendAsync(s, Op(Fn::cuKernelSetAttribute), w)
+                     : CallSync(s, Op(Fn::cuKernelSetAttribute), w, nullptr);
   ForgetAnswersAbout(s, Fn::cuKernelGetAttribute, H(kernel));
   ForgetAnswersAbout(s, Fn::cuKernelSetAttribute, H(kernel));
   if (r != CUDA_SUCCESS) return r;
   StoreAnswer(s, Fn::cuKernelSetAttribute, H(kernel), a, d, want);
+  // The value just set is what a get of it answers (nothing else of the kernel changed).
+  if (quick) StoreAnswer(s, Fn::cuKernelGetAttribute, H(kernel), a, d, want);
   ForgetAnswers(s, Fn::cuFuncSetAttribute);  // a function of this kernel may have changed
   ForgetOccupancy(s);
   // Keep the cached attributes (cuFuncGetAttribute is answered locally) of the kernel in step.
@@ -324,7 +362,9 @@ CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, i
   w.U64(H(func));
   w.I32(static_cast<int32_t>(attrib));
   w.I32(val);
-  CUresult r = CallSync(s, Op(Fn::cuFuncSetAttribute), w, nullptr);
+  CUresult r = SetCannotFail(s, H(func), attrib, val, ContextDevice(s))
+                   ? SendAsync(s, Op(Fn::cuFuncSetAttribute), w)
+                   : CallSync(s, Op(Fn::cuFuncSetAttribute), w, nullptr);
   ForgetAnswers(s, Fn::cuKernelGetAttribute);  // the function may belong to any kernel
   ForgetAnswers(s, Fn::cuKernelSetAttribute);
   ForgetAnswersAbout(s, Fn::cuFuncSetAttribute, H(func));

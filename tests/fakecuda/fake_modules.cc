@@ -180,6 +180,20 @@ CUresult ModuleKernel(Module* module, const char* name, std::shared_ptr<Kernel>*
   return *out == nullptr ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
 }
 
+// The limits the real driver checks when an attribute is set: dynamic shared memory plus the
+// kernel's static shared memory (none here) within the device's opt-in maximum; a carveout of -1
+// to 100 percent.
+bool SettableValue(CUfunction_attribute attribute, int value) {
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      return value >= 0 && value <= 232448;  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      return value >= -1 && value <= 100;
+    default:
+      return true;
+  }
+}
+
 int FunctionAttribute(const Kernel* kernel, CUfunction_attribute attribute) {
   int value = 0;
   if (KernelRegistry::Get().GetAttribute(kernel, attribute, &value)) return value;
@@ -465,6 +479,7 @@ CUresult cuKernelSetAttribute(CUfunction_attribute attribute, int value, CUkerne
   if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
   if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!fakecuda::SettableValue(attribute, value)) return CUDA_ERROR_INVALID_VALUE;
   fakecuda::KernelRegistry::Get().SetAttribute(k.get(), attribute, value);
   return CUDA_SUCCESS;
 }
@@ -527,6 +542,7 @@ CUresult cuFuncSetAttribute(CUfunction function, CUfunction_attribute attribute,
   if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   std::shared_ptr<Kernel> k = fakecuda::FindKernel(function);
   if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!fakecuda::SettableValue(attribute, value)) return CUDA_ERROR_INVALID_VALUE;
   fakecuda::KernelRegistry::Get().SetAttribute(k.get(), attribute, value);
   return CUDA_SUCCESS;
 }

@@ -474,6 +474,7 @@ TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
     // Sets of the same value are answered locally, yet every change through the kernel or its
     // function is seen; a refused set is refused again.
     EXPECT_EQ(r.kv["kernel_attr_sets"], "4096,1024,4096,1024");
+    EXPECT_EQ(r.kv["kernel_attr_limits"], "1,1,1,4096,50");  // CUDA_ERROR_INVALID_VALUE at once
     EXPECT_EQ(r.kv["kernel_attr_bad"], "1,1");
     EXPECT_EQ(r.kv["kernel_function_stable"], "1");
     EXPECT_EQ(r.kv["primary_state"], "1:1");

@@ -1034,6 +1034,21 @@ int Library() {
         cuKernelSetAttribute(static_cast<CUfunction_attribute>(999), 1, k, 0));
     std::printf("kernel_attr_sets=%d,%d,%d,%d\nkernel_attr_bad=%d,%d\n", again, after_func, reset,
                 func_twice, bad, bad_again);
+    // Values past the device's limits fail at once (those within them need no round trip), and
+    // leave the value set before in place.
+    const int too_big = static_cast<int>(
+        cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1 << 30, k, 0));
+    const int func_too_big = static_cast<int>(
+        cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 1 << 30));
+    const int carveout_bad = static_cast<int>(
+        cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 101));
+    CHECK(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 50));
+    int kept = 0, carveout = 0;
+    CHECK(cuKernelGetAttribute(&kept, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, k, 0));
+    CHECK(cuFuncGetAttribute(&carveout, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, f));
+    CHECK(cuCtxSynchronize());  // no deferred error from the sets that went fire-and-forget
+    std::printf("kernel_attr_limits=%d,%d,%d,%d,%d\n", too_big, func_too_big, carveout_bad, kept,
+                carveout);
   }
   {
     unsigned flags = 0;
