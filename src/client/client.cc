@@ -251,8 +251,9 @@ namespace {
 // What the worker's GPU can do that a program on this side of the connection cannot use: its
 // answers are corrected here so that programs and frameworks take the paths that work remotely.
 //   - Pageable memory of this process is not reachable from kernels (HMM, ATS): 88 and 100 are 0.
-//   - Managed memory, IPC (memory and events, POSIX fd handles) and host-located memory pools are
-//     not forwarded: 83, 89, 101, 103, 125, 142, 144 are 0.
+//   - Managed memory, exporting VMM and pool memory (POSIX fd and fabric handles) and host-located
+//     memory pools are not forwarded: 83, 89, 101, 103, 119, 128, 142, 143, 144 are 0. Legacy IPC
+//     (cuIpc*, memory and events) is forwarded between clients of one worker: 125 is the worker's.
 //   - Memory registered with cuMemHostRegister stays on this side: 91 is 0.
 //   - Without host regions (TCP, or TFUSION_HOST_REGIONS=0) page-locked memory cannot be mapped
 //     into the device's address space: 19 (CAN_MAP_HOST_MEMORY) is 0 too.
@@ -264,7 +265,9 @@ void AdjustRemoteAttributes(Session* s) {
       CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
       CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
       CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-      CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+      CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED,
       CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED,
       CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED,
       CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
