@@ -2198,8 +2198,9 @@ void Session::Cleanup() {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
   Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
-      "%zu host regions",
-      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions);
+      "%zu host regions, %zu IPC mappings",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions,
+      ipc_opened_.size());
   allocs_.clear();
 }
 

@@ -1,4 +1,4 @@
-// ipc_pair [--mib N]: CUDA IPC between two processes, the way torch.multiprocessing shares CUDA
+// ipc_pair [--mib N] [--leave-open]: CUDA IPC between two processes, the way torch.multiprocessing shares CUDA
 // tensors. The program forks before touching CUDA; each process then initialises the driver on
 // its own (remotely: its own connection and session on the worker).
 //
@@ -13,6 +13,8 @@
 //   stream, reads B's bytes back         ---->  closes the memory (twice: the second fails),
 //                                               tries bad handles, destroys its events
 //
+// --leave-open: B exits without closing the memory or destroying the events (what a crashed
+// consumer leaves behind; remotely its session closes them).
 // Prints `RESULT key=value` lines (a_* from A, b_* from B; error codes as numbers) and ends with
 // `RESULT verdict=PASS|FAIL` from A. Exit status: 0 pass, 1 fail, 2 setup error. Written against
 // the driver API only, so it runs on the real driver, the fake driver and the remote stub alike
@@ -40,6 +42,7 @@ uint32_t PatternB(size_t i) { return static_cast<uint32_t>(i * 40503u) ^ 0x3c3c3
 
 char g_role = '?';
 bool g_ok = true;
+bool g_leave_open = false;
 
 void Result(const char* key, long long value) {
   std::printf("RESULT %c_%s=%lld\n", g_role, key, value);
@@ -258,6 +261,11 @@ int Consumer(int from_a, int to_a) {
   Check("producer_done", ReadAll(from_a, &done, 1) && done == 1);
 
   Must("sync", cuStreamSynchronize(st));
+  if (g_leave_open) {
+    uint8_t closed = 1;
+    WriteAll(to_a, &closed, 1);
+    return g_ok ? 0 : 1;
+  }
   Must("close", cuIpcCloseMemHandle(p));
   MustFail("double_close", cuIpcCloseMemHandle(p));
   MustFail("close_wild", cuIpcCloseMemHandle(0x10));
@@ -295,8 +303,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc) {
       mib = strtoull(argv[++i], nullptr, 10);
+    } else if (strcmp(argv[i], "--leave-open") == 0) {
+      g_leave_open = true;
     } else {
-      std::fprintf(stderr, "usage: ipc_pair [--mib N]\n");
+      std::fprintf(stderr, "usage: ipc_pair [--mib N] [--leave-open]\n");
       return 2;
     }
   }

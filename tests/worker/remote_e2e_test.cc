@@ -575,6 +575,21 @@ TEST_F(RemoteTest, IpcMemoryAndEventsPassBetweenTwoClientsOfOneWorkerOverTcp) {
   EXPECT_EQ(IpcResults(remote), IpcResults(direct)) << "remote and direct runs differ\n" << remote.out;
 }
 
+// A consumer that exits with the memory still open and its events alive: its session closes and
+// destroys them, and the producer's memory is untouched by that.
+TEST_F(RemoteTest, AConsumerThatExitsWithIpcMemoryOpenHasItClosedByItsSession) {
+  StartWorker();
+  Result r = RemoteProgram(unix_, {TF_IPC_PAIR, "--mib", "8", "--leave-open"});
+  auto kv = IpcResults(r);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(kv["verdict"], "PASS") << r.out;
+  EXPECT_EQ(kv["a_sees_consumer_copy"], "1") << r.out;
+  EXPECT_EQ(kv["a_free"], "0") << r.out;
+  EXPECT_EQ(kv.count("b_close"), 0u) << r.out;
+  EXPECT_TRUE(worker_.WaitFor("events, 0 modules, 0 graphs, 0 host regions, 1 IPC mappings", 5000))
+      << worker_.out;
+}
+
 void KillWorkerAndExpectFastFailure(RemoteTest* t, Child* worker, Child* probe) {
   ASSERT_TRUE(probe->WaitFor("ready=1", 10000)) << probe->out;
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
