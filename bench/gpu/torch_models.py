@@ -83,8 +83,38 @@ class Bench:
             gpu.append(start.elapsed_time(end) / iters)
             if rep >= 1 and time.monotonic() > deadline:
                 break  # keep what was measured rather than lose the part
-        return {"ms": statistics.median(wall), "gpu_ms": statistics.median(gpu), "ms_min": min(wall),
-                "ms_max": max(wall), "reps": len(wall), "iters": iters}
+        r = {"ms": statistics.median(wall), "gpu_ms": statistics.median(gpu), "ms_min": min(wall),
+             "ms_max": max(wall), "reps": len(wall), "iters": iters}
+        if self.args.gpu_busy:
+            r.update(self.gpu_busy(step))
+        return r
+
+    def gpu_busy(self, step, steps=5):
+        """--gpu-busy: the time per step during which at least one kernel or copy ran, from the
+        profiler's CUDA activity (CUPTI, so natively only), and how many ran per step. Where the
+        step time exceeds gpu_busy_ms the GPU waited for work."""
+        torch = self.torch
+        if os.environ.get("TFUSION_REMOTE"):
+            return {}  # CUPTI needs the real driver
+        from torch.profiler import ProfilerActivity, profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA)
+        if not spans:
+            return {}
+        busy, cur_start, cur_end = 0.0, spans[0][0], spans[0][1]
+        for start, end in spans[1:]:
+            if start > cur_end:
+                busy += cur_end - cur_start
+                cur_start, cur_end = start, end
+            else:
+                cur_end = max(cur_end, end)
+        busy += cur_end - cur_start
+        return {"gpu_busy_ms": busy / 1000.0 / steps, "gpu_ops_per_step": len(spans) // steps}
 
     def resnet_model(self):
         if self.resnet_net is None:
@@ -197,6 +227,8 @@ def main():
     ap.add_argument("--rep-s", type=positive(float), default=None, help="seconds per repetition (default 0.3, quick 0.05)")
     ap.add_argument("--warmup", type=positive(int), default=None, help="warm-up calls (default 10, quick 3)")
     ap.add_argument("--max-iters", type=positive(int), default=200, help="most calls per repetition")
+    ap.add_argument("--gpu-busy", action="store_true",
+                    help="natively: also report the GPU's busy time per step (torch.profiler)")
     ap.add_argument("--part-budget-s", type=positive(float), default=150.0,
                     help="a part still running after this is abandoned with error=timeout")
     ap.add_argument("--total-budget-s", type=positive(float), default=None,

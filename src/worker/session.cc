@@ -2231,10 +2231,35 @@ std::string Session::PrepareLimits(Reader& rd) {
 namespace {
 // TFUSION_WORKER_PROFILE=1: at the end of a session, how its time split between waiting for the
 // client and working on its calls (is the worker the bottleneck, or the delivery of calls?).
+// Per opcode it also counts the calls and the time spent in each (the top ones are logged).
 struct RunProfile {
   bool on = false;
   int64_t last = 0, wait_ns = 0, work_ns = 0;
   uint64_t frames = 0, waits = 0;
+  struct OpTime {
+    uint64_t calls = 0;
+    int64_t ns = 0;
+  };
+  std::map<uint16_t, OpTime> ops;
+  void Count(uint16_t op, int64_t since) {
+    OpTime& t = ops[op];
+    ++t.calls;
+    t.ns += transport::MonotonicNowNs() - since;
+  }
+  void LogTop() const {
+    std::vector<std::pair<uint16_t, OpTime>> v(ops.begin(), ops.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
+    if (v.size() > 15) v.resize(15);
+    for (const auto& [op, t] : v) {
+      char hex[16];
+      snprintf(hex, sizeof(hex), "op 0x%04x", op);
+      const char* name = transport::IsDriverCallOpcode(op)
+                             ? driver::FunctionName(static_cast<Fn>(transport::DriverCallId(op)))
+                             : hex;
+      Log("profile:   %-34s %9llu calls %10.1f ms %8.2f us/call", name,
+          static_cast<unsigned long long>(t.calls), t.ns / 1e6, t.ns / 1e3 / t.calls);
+    }
+  }
   void Start() {
     const char* v = getenv("TFUSION_WORKER_PROFILE");
     on = v != nullptr && *v == '1';
@@ -2261,6 +2286,7 @@ int Session::Run() {
       Log("profile: %llu frames; working %.1f ms, waiting for the client %.1f ms in %llu waits",
           static_cast<unsigned long long>(p.frames), p.work_ns / 1e6, p.wait_ns / 1e6,
           static_cast<unsigned long long>(p.waits));  // waits: longer than 20 us
+      p.LogTop();
     }
   } report{prof};
   for (;;) {
@@ -2370,7 +2396,9 @@ int Session::Run() {
       if (!DrainHostFuncs()) break;
     }
     cur_seq_ = in.header.sequence;
+    const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
+    if (prof.on) prof.Count(op, dispatched);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS && remote::IsStickyError(r)) sticky_ = r;
     if (!wants_reply) {

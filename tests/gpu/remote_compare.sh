@@ -18,6 +18,10 @@
 #                (kernel, graph)
 #   samples      tests/gpu/samples: CUDA-samples-style programs (SAMPLE/RESULT lines, compared)
 #   models-rest  bench/gpu/torch_models.py --parts rest: other batches, generation, torch.compile
+#   rounds       GPT-2 8x512 and ResNet-50 b64 eager in TF_REMOTE_ROUNDS (default 3) rounds of
+#                native, shm, tcp in turn, so that drift of the host hits every mode alike;
+#                rounds.md gives the median per mode and the median of each round's ratios
+#                (not in the default phases)
 # Environment: TF_REMOTE_BUDGET_S (default 540) bounds the whole run: every command runs under
 # `timeout`, and what no longer fits is reported as SKIP. TF_REMOTE_PHASES (comma-separated,
 # default all six), TF_REMOTE_MODES (default "native shm tcp"), TF_REMOTE_PORT (default 7611),
@@ -40,16 +44,18 @@ PHASES=${TF_REMOTE_PHASES:-micro,models-key,checks,driver,samples,models-rest}
 MODES=${TF_REMOTE_MODES:-native shm tcp}
 PORT=${TF_REMOTE_PORT:-7611}
 MICRO_S=${TF_REMOTE_MICRO_S:-20}
+ROUNDS=${TF_REMOTE_ROUNDS:-3}
 PY=${PYTHON:-python3}
 RESERVE=25  # seconds kept for stopping the worker, the summary and the tarball
 case $BUDGET in '' | *[!0-9]*) echo "TF_REMOTE_BUDGET_S must be whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac
 case $MICRO_S in '' | *[!0-9]*) echo "TF_REMOTE_MICRO_S must be whole seconds, got '$MICRO_S'" >&2; exit 2 ;; esac
+case $ROUNDS in '' | *[!0-9]* | 0) echo "TF_REMOTE_ROUNDS must be a whole number of rounds, got '$ROUNDS'" >&2; exit 2 ;; esac
 for m in $MODES; do
   case $m in native | shm | tcp) ;; *) echo "TF_REMOTE_MODES: unknown mode '$m' (native shm tcp)" >&2; exit 2 ;; esac
 done
 for p in ${PHASES//,/ }; do
-  case $p in micro | models-key | checks | driver | samples | models-rest) ;;
-    *) echo "TF_REMOTE_PHASES: unknown phase '$p' (micro models-key checks driver samples models-rest)" >&2; exit 2 ;;
+  case $p in micro | models-key | checks | driver | samples | models-rest | rounds) ;;
+    *) echo "TF_REMOTE_PHASES: unknown phase '$p' (micro models-key checks driver samples models-rest rounds)" >&2; exit 2 ;;
   esac
 done
 BUILD=$(cd "$1" && pwd) || exit 2
@@ -268,4 +274,16 @@ if has_phase samples && need samples samples "$SAMPLES"; then
 fi
 
 has_phase models-rest && models rest
+
+if has_phase rounds; then
+  for r in $(seq "$ROUNDS"); do
+    for m in $MODES; do
+      step rounds "rounds-r$r" "$m" "rounds-$m-r$r.log" 150 "${MODEL_ENV[@]}" "$PY" \
+        "$REPO/bench/gpu/torch_models.py" --parts gpt2_fwd_b8_s512,resnet50_b64_eager --reps 7 --gpu-busy \
+        --part-budget-s 60 --total-budget-s 120
+    done
+  done
+  timeout 30 "$PY" "$HERE/remote_rounds.py" "$LOGS" > "$OUT/rounds.md" 2>&1
+  cp "$OUT/rounds.md" "$LOGS/rounds.md"
+fi
 echo "all phases done ($(($(date +%s) - START)) s)"
