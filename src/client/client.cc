@@ -307,8 +307,9 @@ namespace {
 // What the worker's GPU can do that a program on this side of the connection cannot use: its
 // answers are corrected here so that programs and frameworks take the paths that work remotely.
 //   - Pageable memory of this process is not reachable from kernels (HMM, ATS): 88 and 100 are 0.
-//   - IPC (memory and events, POSIX fd handles) and host-located memory pools are not
-//     forwarded: 103, 125, 142, 144 are 0.
+//   - Exporting VMM and pool memory (POSIX fd and fabric handles) and host-located memory pools
+//     are not forwarded: 103, 119, 128, 142, 143, 144 are 0. Legacy IPC (cuIpc*, memory and
+//     events) is forwarded between clients of one worker: 125 is the worker's.
 //   - Managed memory is host memory shared with the worker (a host region) or mirrored: the host
 //     may touch it only after synchronizing, so 89 (CONCURRENT_MANAGED_ACCESS) and 101
 //     (DIRECT_MANAGED_MEM_ACCESS_FROM_HOST) are 0, and 83 (MANAGED_MEMORY) keeps the device's
@@ -323,7 +324,9 @@ void AdjustRemoteAttributes(Session* s) {
       CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
       CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
       CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-      CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
+      CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+      CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED,
       CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED,
       CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED,
       CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,

@@ -172,6 +172,9 @@ CUresult Impl_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int
   return CUDA_SUCCESS;
 }
 
+// Answered from the client's allocation table (its own allocations, stream-ordered and graph
+// ones, mapped VMM ranges, opened IPC memory) and its managed memory; other pointers (module
+// globals) are asked of the worker, which answers only for ranges of its session.
 CUresult Impl_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
   TF_LOCK(l);
   Session* s = l.session();
@@ -187,7 +190,19 @@ CUresult Impl_cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdevic
     if (psize) *psize = h.size;
     return CUDA_SUCCESS;
   }
-  return CUDA_ERROR_NOT_FOUND;
+  TF_CTX(l);
+  uint8_t buf[8];
+  transport::Writer w(buf, sizeof(buf));
+  w.U64(dptr);
+  ReplyView rv;
+  CUresult r = CallSync(s, remote::Op(driver::Fn::cuMemGetAddressRange_v2), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t b = 0, n = 0;
+  rv.reader.U64(&b);
+  if (!rv.reader.U64(&n)) return CUDA_ERROR_UNKNOWN;
+  if (pbase != nullptr) *pbase = b;
+  if (psize != nullptr) *psize = n;
+  return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuMemAdvise(CUdeviceptr p, size_t count, CUmem_advise advice, CUdevice device) {

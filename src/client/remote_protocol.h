@@ -85,6 +85,14 @@ inline constexpr uint32_t kMirrorManaged = 1;  // cuMemAllocManaged
 inline constexpr uint32_t kMaxMirrorRuns = 4096;
 inline constexpr uint64_t kMaxMirrorBytes = 1ull << 40;
 constexpr bool IsMirrorOp(uint16_t op) { return op == kOpMirrorMap || op == kOpMirrorUnmap; }
+// IPC between sessions of one worker (driver-call opcodes, reply-expected; client_ipc.cc, worker
+// Session::IpcCall). A handle is the driver's CU_IPC_HANDLE_SIZE bytes, unchanged.
+//   cuIpcGetMemHandle        u64 pointer                   -> handle
+//   cuIpcOpenMemHandle_v2    handle, u32 flags             -> u64 pointer, u64 allocation size
+//   cuIpcCloseMemHandle      u64 pointer                   -> u32 opens left (0: unmapped)
+//   cuIpcGetEventHandle      u64 event                     -> handle
+//   cuIpcOpenEventHandle     handle                        -> u64 event
+//   cuMemGetAddressRange_v2  u64 pointer                   -> u64 base, u64 size
 
 // Events, worker -> client, this layer's range (>= kEventBase): never a reply to anything.
 inline constexpr uint16_t kEventBase = 0x8100;

@@ -121,6 +121,9 @@ class Session : public GraphHost, private SessionArrays::Host {
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
   // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
   CUresult VmmCall(Fn fn, Reader& rd, Writer& out);
+  // IPC between sessions of this worker (cuIpc*), and cuMemGetAddressRange_v2 for pointers the
+  // client does not know the allocation of.
+  CUresult IpcCall(Fn fn, Reader& rd, Writer& out);
   void EraseLibrary(uint64_t lib);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
@@ -195,6 +198,8 @@ class Session : public GraphHost, private SessionArrays::Host {
     // Host memory the driver maps at its own address: shared regions and mirrors (managed
     // memory, zero-copy buffers), which memsets and device-to-device copies may name too.
     if (InsideOne(mapped_host_, p, n) || mirrors_.Contains(p, n)) return true;
+    // Another session's allocation opened from its IPC handle.
+    if (InsideOne(ipc_opened_, p, n)) return true;
     // A module's or library's global variable (cudaMemcpyToSymbol and friends).
     auto g = globals_.upper_bound(p);
     if (g == globals_.begin()) return false;
@@ -225,7 +230,11 @@ class Session : public GraphHost, private SessionArrays::Host {
   std::map<uint64_t, Global> globals_;
   std::map<uint64_t, uint64_t> vmm_reserved_;  // cuMemAddressReserve: base -> size
   std::map<uint64_t, uint64_t> vmm_handles_;   // cuMemCreate: handle -> size
-  std::map<uint64_t, uint64_t> vmm_mapped_;    // cuMemMap: base -> size  // base -> global variable of a loaded module or library
+  std::map<uint64_t, uint64_t> vmm_mapped_;    // cuMemMap: base -> size
+  // cuIpcOpenMemHandle_v2: base -> size of the opened allocation (the driver's address range),
+  // and the opens not yet closed (the driver counts opens of one handle per context).
+  std::map<uint64_t, uint64_t> ipc_opened_;
+  std::map<uint64_t, int> ipc_opens_;
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
   std::set<uint64_t> pools_, created_pools_;
   SessionGraphs graphs_{*this};
@@ -520,6 +529,13 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemUnmap:
     case Fn::cuMemSetAccess:
       return VmmCall(fn, rd, out);
+    case Fn::cuIpcGetMemHandle:
+    case Fn::cuIpcOpenMemHandle_v2:
+    case Fn::cuIpcCloseMemHandle:
+    case Fn::cuIpcGetEventHandle:
+    case Fn::cuIpcOpenEventHandle:
+    case Fn::cuMemGetAddressRange_v2:
+      return IpcCall(fn, rd, out);
     case Fn::cuMemAlloc_v2: {
       uint64_t n = 0;
       if (!rd.U64(&n) || n == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1926,6 +1942,90 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
 }
 
 // Stream-ordered allocations and memory pools.
+// IPC handles are the driver's 64 opaque bytes, passed through unchanged: another session of this
+// worker (same host, same driver) opens them. What the client names is checked against this
+// session's tables; a handle's bytes are the driver's to judge.
+CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
+  switch (fn) {
+    case Fn::cuIpcGetMemHandle: {
+      uint64_t p = 0;
+      if (!rd.U64(&p) || !rd.Finish() || !InsideOne(allocs_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
+      CUipcMemHandle h{};
+      CUresult r = CALL(cuIpcGetMemHandle, &h, p);
+      if (r == CUDA_SUCCESS) out.Bytes(h.reserved, sizeof(h.reserved));
+      return r;
+    }
+    case Fn::cuIpcOpenMemHandle_v2: {
+      CUipcMemHandle h{};
+      uint32_t flags = 0;
+      rd.Bytes(h.reserved, sizeof(h.reserved));
+      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUdeviceptr p = 0;
+      CUresult r = CALL(cuIpcOpenMemHandle_v2, &p, h, flags);
+      if (r != CUDA_SUCCESS) return r;
+      if (!ipc_opens_.count(p)) {
+        // The client records the mapping like an allocation: it needs its size.
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
+        if (r != CUDA_SUCCESS || base != p || size == 0) {
+          CALL(cuIpcCloseMemHandle, p);
+          return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+        }
+        ipc_opened_[p] = size;
+      }
+      ++ipc_opens_[p];
+      out.U64(p);
+      out.U64(ipc_opened_[p]);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuIpcCloseMemHandle: {
+      uint64_t p = 0;
+      if (!rd.U64(&p) || !rd.Finish() || !ipc_opens_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = CALL(cuIpcCloseMemHandle, p);
+      if (r != CUDA_SUCCESS) return r;
+      const int left = --ipc_opens_[p];
+      if (left == 0) {
+        ipc_opens_.erase(p);
+        ipc_opened_.erase(p);
+      }
+      out.U32(static_cast<uint32_t>(left));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuIpcGetEventHandle: {
+      uint64_t e = 0;
+      if (!rd.U64(&e) || !rd.Finish() || !events_.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+      CUipcEventHandle h{};
+      CUresult r = CALL(cuIpcGetEventHandle, &h, As<CUevent>(e));
+      if (r == CUDA_SUCCESS) out.Bytes(h.reserved, sizeof(h.reserved));
+      return r;
+    }
+    case Fn::cuIpcOpenEventHandle: {
+      CUipcEventHandle h{};
+      if (!rd.Bytes(h.reserved, sizeof(h.reserved)) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUevent e = nullptr;
+      CUresult r = CALL(cuIpcOpenEventHandle, &e, h);
+      if (r != CUDA_SUCCESS) return r;
+      events_.insert(H(e));  // destroyed with cuEventDestroy, or when the session ends
+      out.U64(H(e));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemGetAddressRange_v2: {
+      uint64_t p = 0;
+      if (!rd.U64(&p) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!Range(p, 1)) return CUDA_ERROR_NOT_FOUND;
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
+      out.U64(base);
+      out.U64(size);
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
     case Fn::cuMemAllocAsync:
@@ -2114,6 +2214,9 @@ void Session::Cleanup() {
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
+  for (auto& [p, opens] : ipc_opens_) {
+    for (int i = 0; i < opens; ++i) CALL(cuIpcCloseMemHandle, p);
+  }
   for (auto& [p, n] : vmm_mapped_) CALL(cuMemUnmap, p, n);
   for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
   for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
@@ -2123,8 +2226,9 @@ void Session::Cleanup() {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
   Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
-      "%zu host regions, %zu mirrors",
-      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors);
+      "%zu host regions, %zu mirrors, %zu IPC mappings",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors,
+      ipc_opened_.size());
   allocs_.clear();
 }
 

@@ -59,6 +59,16 @@ struct Stream {
   std::vector<GraphNode*> capture_deps;  // what the next captured node depends on
 };
 
+// The counters of an interprocess event (CU_EVENT_INTERPROCESS) live in a shared page (a memfd
+// named in its IPC handle), so that every process that opened the handle records and waits on the
+// same ones (fake_ipc.cc).
+struct IpcEventWords {
+  std::atomic<uint64_t> recorded{0};
+  std::atomic<uint64_t> completed{0};
+};
+
+// Records and waits go through the methods: they use the shared page of an interprocess event and
+// the members guarded by mu otherwise.
 struct Event {
   unsigned flags = 0;
   std::mutex mu;
@@ -66,6 +76,23 @@ struct Event {
   uint64_t recorded = 0;   // records issued (guarded by mu)
   uint64_t completed = 0;  // records whose stream position was reached (guarded by mu)
   std::chrono::steady_clock::time_point when;  // time of the last completed record
+  IpcEventWords* shared = nullptr;  // interprocess events: the counters (unmapped with the event)
+  int shared_fd = -1;               // the memfd behind `shared` in the creating process, else -1
+  unsigned char ipc_handle[CU_IPC_HANDLE_SIZE] = {};  // what cuIpcGetEventHandle returns
+
+  Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+  // A record was issued: its generation (the value Complete and WaitFor take).
+  uint64_t BeginRecord();
+  // The stream reached the record of `generation`.
+  void Complete(uint64_t generation);
+  // The generation of the most recent record (0: never recorded).
+  uint64_t Recorded();
+  bool Reached(uint64_t generation);
+  // Blocks until the record of `generation` completed (interprocess events: polls the page).
+  void WaitFor(uint64_t generation);
 };
 
 struct Context {
@@ -101,7 +128,9 @@ struct LaunchArgs {
 };
 
 // kHostRegistered: a range of the caller's memory registered with cuMemHostRegister (not owned).
-enum class MemoryKind { kDevice, kManaged, kHost, kGraph, kVmmMapping, kHostRegistered };
+// kIpcOpened: another process's allocation mapped by cuIpcOpenMemHandle (not charged; closed with
+// cuIpcCloseMemHandle, never freed).
+enum class MemoryKind { kDevice, kManaged, kHost, kGraph, kVmmMapping, kHostRegistered, kIpcOpened };
 inline bool IsHostKind(MemoryKind k) { return k == MemoryKind::kHost || k == MemoryKind::kHostRegistered; }
 
 struct MemPool {
@@ -121,6 +150,12 @@ struct Allocation {
   MemPool* pool = nullptr;                // stream-ordered allocations
   PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
   unsigned host_flags = 0;                // kHost, kHostRegistered: cuMemHostAlloc/Register flags
+  // IPC (fake_ipc.cc). An exported kDevice allocation is backed by a memfd from its first
+  // cuIpcGetMemHandle on (ipc_fd, closed when it is freed); an opened one is counted per open.
+  int ipc_fd = -1;
+  uint64_t ipc_serial = 0;   // exported: the number in its memfd's name; opened: the exporter's
+  uint32_t ipc_pid = 0;      // kIpcOpened: the exporting process
+  int ipc_opens = 0;         // kIpcOpened: opens not yet closed
 };
 
 struct PhysicalMemory {
@@ -222,6 +257,8 @@ class Driver {
   std::map<Graph*, std::unique_ptr<Graph>> graphs;
   std::map<GraphExec*, std::unique_ptr<GraphExec>> graph_execs;
   std::map<int, size_t> limits;  // cuCtxSetLimit values (CUlimit -> value)
+  // cuIpcOpenMemHandle: (exporting pid, serial) -> the base of the kIpcOpened allocation.
+  std::map<std::pair<uint32_t, uint64_t>, uintptr_t> ipc_opened;
 
   // REQUIRES mu. Charges `bytes` to `device`; false (nothing charged) when it would exceed total.
   bool Charge(CUdevice device, size_t bytes);
@@ -252,6 +289,10 @@ void SynchronizeContextStreams(Context* ctx, bool blocking_only);
 // Returns the injected error for this call of `function` if one is armed (see
 // fakecuda_fail_nth), else CUDA_SUCCESS.
 CUresult InjectedFault(const char* function);
+
+// Interprocess events (fake_ipc.cc): gives `event` its shared page (cuEventCreate with
+// CU_EVENT_INTERPROCESS). CUDA_ERROR_OUT_OF_MEMORY when no memfd can be made.
+CUresult MakeEventShareable(Event* event);
 
 // Maps host-backed "device" memory: page aligned, zero-filled, lazily committed.
 void* MapHostMemory(size_t bytes);

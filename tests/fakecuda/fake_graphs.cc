@@ -653,8 +653,7 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
       if (node.kind == GraphNodeKind::kEventRecord || node.kind == GraphNodeKind::kEventWait) {
         ev = LiveEvent(d, node.event);
         if (ev == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-        std::lock_guard<std::mutex> elock(ev->mu);
-        generation = node.kind == GraphNodeKind::kEventRecord ? ++ev->recorded : ev->recorded;
+        generation = node.kind == GraphNodeKind::kEventRecord ? ev->BeginRecord() : ev->Recorded();
       }
       events->emplace_back(ev, generation);
     }
@@ -700,16 +699,12 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
         case GraphNodeKind::kHost: node.host.fn(node.host.userData); break;
         case GraphNodeKind::kEventRecord: {
           auto& [ev, generation] = (*events)[i];
-          std::lock_guard<std::mutex> lock(ev->mu);
-          ev->when = std::chrono::steady_clock::now();
-          ev->completed = std::max(ev->completed, generation);
-          ev->cv.notify_all();
+          ev->Complete(generation);
           break;
         }
         case GraphNodeKind::kEventWait: {
           auto& [ev, generation] = (*events)[i];
-          std::unique_lock<std::mutex> lock(ev->mu);
-          ev->cv.wait(lock, [&] { return ev->completed >= generation; });
+          ev->WaitFor(generation);
           break;
         }
         case GraphNodeKind::kMemFree: FreeGraphAllocation(node.dptr); break;

@@ -51,10 +51,12 @@ CUresult AllocateDevice(CUdeviceptr* dptr, size_t bytes, MemoryKind kind, MemPoo
 CUresult ForgetDeviceAllocation(Driver& d, CUdeviceptr ptr, std::pair<void*, size_t>* unmap) {
   auto it = d.allocations.find(ptr);
   if (it == d.allocations.end() || IsHostKind(it->second.kind) ||
-      it->second.kind == MemoryKind::kVmmMapping) {
+      it->second.kind == MemoryKind::kVmmMapping || it->second.kind == MemoryKind::kIpcOpened) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   Allocation& a = it->second;
+  // An exported allocation's memfd: processes that opened it keep their mappings (fake_ipc.cc).
+  if (a.ipc_fd >= 0) close(a.ipc_fd);
   d.Uncharge(a.device, a.counted);
   // Pool lookups need the pool to be alive: cuMemPoolDestroy clears `pool` of its allocations.
   if (a.pool != nullptr) a.pool->used_bytes -= a.counted;

@@ -41,17 +41,8 @@ CUresult RecordEvent(CUevent event_handle, CUstream stream_handle) {
   CUresult err = CUDA_SUCCESS;
   std::shared_ptr<Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
   if (stream == nullptr) return err;
-  uint64_t generation;
-  {
-    std::lock_guard<std::mutex> lock(event->mu);
-    generation = ++event->recorded;
-  }
-  stream->worker.Enqueue([event, generation] {
-    std::lock_guard<std::mutex> lock(event->mu);
-    event->when = std::chrono::steady_clock::now();
-    event->completed = std::max(event->completed, generation);
-    event->cv.notify_all();
-  });
+  const uint64_t generation = event->BeginRecord();
+  stream->worker.Enqueue([event, generation] { event->Complete(generation); });
   return CUDA_SUCCESS;
 }
 
@@ -139,16 +130,9 @@ CUresult cuStreamWaitEvent(CUstream stream_handle, CUevent event_handle, unsigne
   CUresult err = CUDA_SUCCESS;
   std::shared_ptr<Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
   if (stream == nullptr) return err;
-  uint64_t generation;
-  {
-    std::lock_guard<std::mutex> lock(event->mu);
-    generation = event->recorded;  // waits for the most recent record, as CUDA does
-  }
+  const uint64_t generation = event->Recorded();  // the most recent record, as CUDA does
   if (generation == 0) return CUDA_SUCCESS;
-  stream->worker.Enqueue([event, generation] {
-    std::unique_lock<std::mutex> lock(event->mu);
-    event->cv.wait(lock, [&] { return event->completed >= generation; });
-  });
+  stream->worker.Enqueue([event, generation] { event->WaitFor(generation); });
   return CUDA_SUCCESS;
 }
 
@@ -336,8 +320,17 @@ CUresult cuEventCreate(CUevent* handle, unsigned int flags) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   FAKECUDA_REQUIRE_CONTEXT(ctx);
   (void)ctx;
+  const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+  if ((flags & ~known) != 0) return CUDA_ERROR_INVALID_VALUE;
+  // An interprocess event cannot be timed (cuda.h: CU_EVENT_DISABLE_TIMING must be set).
+  if ((flags & CU_EVENT_INTERPROCESS) != 0 && (flags & CU_EVENT_DISABLE_TIMING) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   auto event = std::make_shared<Event>();
   event->flags = flags;
+  if ((flags & CU_EVENT_INTERPROCESS) != 0) {
+    if (CUresult r = fakecuda::MakeEventShareable(event.get()); r != CUDA_SUCCESS) return r;
+  }
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   *handle = reinterpret_cast<CUevent>(event.get());
@@ -369,18 +362,14 @@ CUresult cuEventQuery(CUevent handle) {
   FAKECUDA_ENTER();
   std::shared_ptr<Event> event = FindEvent(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  std::lock_guard<std::mutex> lock(event->mu);
-  return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  return event->Reached(event->Recorded()) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult cuEventSynchronize(CUevent handle) {
   FAKECUDA_ENTER();
   std::shared_ptr<Event> event = FindEvent(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  std::unique_lock<std::mutex> lock(event->mu);
-  uint64_t target = event->recorded;
-  event->cv.wait(lock, [&] { return event->completed >= target; });
-  lock.unlock();
+  event->WaitFor(event->Recorded());
   fakecuda::FlushDevicePrintf();
   return CUDA_SUCCESS;
 }

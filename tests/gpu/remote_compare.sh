@@ -8,12 +8,13 @@
 #
 # BUILD_DIR is a build made with nvcc available (tests/gpu/README.md); it must hold
 # src/cli/tfusion, the client stub, bench/gpu/{remote_micro,launch_overhead} and
-# tests/gpu/{drvtest,rt_smoke,compute_tenant,samples}. Missing pieces become FAIL lines, never a hang.
+# tests/gpu/{drvtest,ipc_pair,rt_smoke,compute_tenant,samples}. Missing pieces become FAIL lines, never a hang.
 # Phases, most important first; each runs native, shm, tcp before the next phase starts:
 #   micro        bench/gpu/remote_micro: async call cost, sync round trips, HtoD/DtoH bandwidth
 #   models-key   bench/gpu/torch_models.py --parts key: ResNet-50 b64 eager, GPT-2 forward
 #   checks       tests/gpu/torch_remote.py, outputs compared with native (--compare)
-#   driver       drvtest alloc (10 paths), drvtest arrays, rt_smoke, launch_overhead, compute_tenant
+#   driver       drvtest alloc (10 paths), drvtest arrays, ipc_pair (CUDA IPC between two processes,
+#                remotely two clients of the worker), rt_smoke, launch_overhead, compute_tenant
 #                (kernel, graph)
 #   samples      tests/gpu/samples: CUDA-samples-style programs (SAMPLE/RESULT lines, compared)
 #   models-rest  bench/gpu/torch_models.py --parts rest: other batches, generation, torch.compile
@@ -73,6 +74,7 @@ TF=$BUILD/src/cli/tfusion
 MICRO=$BUILD/bench/gpu/remote_micro
 LAUNCH=$BUILD/bench/gpu/launch_overhead
 DRV=$BUILD/tests/gpu/drvtest
+IPC_PAIR=$BUILD/tests/gpu/ipc_pair
 RT_SMOKE=$BUILD/tests/gpu/rt_smoke
 TENANT=$BUILD/tests/gpu/compute_tenant
 SAMPLES=$BUILD/tests/gpu/samples
@@ -245,6 +247,9 @@ if has_phase driver; then
   fi
   if need driver arrays "$DRV"; then
     for m in $MODES; do step driver arrays "$m" "arrays-$m.log" 60 "$DRV" arrays --big 64MiB; done
+  fi
+  if need driver ipc "$IPC_PAIR"; then
+    for m in $MODES; do step driver ipc "$m" "ipc-$m.log" 60 "$IPC_PAIR" --mib 64; done
   fi
   if need driver rt-smoke "$RT_SMOKE"; then
     for m in $MODES; do step driver rt-smoke "$m" "rt-smoke-$m.log" 60 "$RT_SMOKE" 0; done

@@ -9,7 +9,7 @@ Inputs (logs/): steps.tsv ("phase program mode rc ms log" per command, written b
 rc -1 not built, -2 no worker, -3 skipped for the budget),
 micro-MODE.log (bench/gpu/remote_micro), models-{key,rest}-MODE.log (bench/gpu/torch_models.py),
 checks-MODE.log and compare-checks-MODE.log (tests/gpu/torch_remote.py), alloc-PATH-MODE.log,
-arrays-MODE.log (drvtest arrays), rt-smoke-MODE.log, launch-MODE.log, tenant-{kernel,graph}-MODE.log,
+arrays-MODE.log (drvtest arrays), ipc-MODE.log (ipc_pair), rt-smoke-MODE.log, launch-MODE.log, tenant-{kernel,graph}-MODE.log,
 samples-MODE.log (tests/gpu/samples: `SAMPLE name PASS|FAIL detail`, `RESULT name checksum`,
 `EXPECT_LINE name text` for lines the program's stdout must hold).
 """
@@ -39,6 +39,14 @@ EQUAL_KEYS = {
                "refused_3d_outside_array", "refused_atoh_past_end", "after_refusals_ok",
                "failed_checks", "verdict"],
     "launch": ["launch_error", "sync_error", "launches"],
+    # tests/gpu/ipc_pair: the bytes each side sees and the driver's answers to bad handles.
+    "ipc": ["a_ipc_event_supported", "b_reads_producer_copy", "b_reads_producer_memset",
+            "b_range_ok", "b_ptr_is_device", "b_unified_copy_ok", "b_open_again_same_pointer",
+            "a_sees_consumer_memset", "a_sees_consumer_copy", "a_rest_unchanged",
+            "a_timed_interprocess_event", "a_plain_event_handle", "a_wild_pointer_handle",
+            "a_open_own_handle", "b_double_close", "b_close_wild", "b_open_zero_handle",
+            "b_open_ones_handle", "b_open_reversed_handle", "b_open_zero_event_handle",
+            "a_consumer_exit", "verdict"],
     "tenant-": ["error", "setup_failed"],
 }
 # Fields that run to the end of the line in multi-field RESULT lines (they may hold spaces).

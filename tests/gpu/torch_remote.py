@@ -19,6 +19,9 @@ Checks, in the order they run (each independent and bounded by --check-budget-s)
                        with .cuda(non_blocking=True), reduced on the GPU; checked against the CPU
   expandable_segments  a subprocess with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
                        (the driver's VMM calls): 1 GiB in 128 MiB tensors, written, read, freed
+  multiprocessing_ipc  torch.multiprocessing (spawn) hands a CUDA tensor to a child process (CUDA
+                       IPC: remotely a second client of the same worker), which adds 1 in place;
+                       the parent sees the change
   compile_default      torch.compile of a small function (torch_checks.py's)
   compile_max_autotune torch.compile(mode="max-autotune") of a small matmul + bias + relu
 Outputs: OUT/CHECK.pt (a dict of tensors). Keys starting with "approx:" hold results whose bits
@@ -44,7 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 CHECKS = ["eager_ops", "matmul_fp32", "matmul_fp16", "conv_cudnn", "train_step", "sdpa", "event_timing",
-          "cuda_graphs", "dataloader_pinned", "expandable_segments", "compile_default",
+          "cuda_graphs", "dataloader_pinned", "expandable_segments", "multiprocessing_ipc", "compile_default",
           "compile_max_autotune"]
 APPROX = "approx:"
 
@@ -294,6 +297,57 @@ def check_expandable_segments(torch, args):
     for row in out["sums"]:
         if not torch.equal(row[:8].double(), want):
             raise AssertionError(f"tensor contents wrong: {row[:8].tolist()}")
+    return out
+
+
+IPC_SCRIPT = """
+import sys, torch, torch.multiprocessing as mp
+
+def consumer(q, back):
+    t = q.get()  # opened from the producer's IPC handles (memory and event)
+    t.add_(1)
+    torch.cuda.synchronize()
+    back.put(float(t[:4096].double().sum()))
+    del t
+    q.get()  # the producer keeps the memory until the consumer let go
+
+if __name__ == '__main__':
+    ctx = mp.get_context('spawn')
+    q, back = ctx.Queue(), ctx.Queue()
+    t = torch.arange(1 << 22, dtype=torch.float32, device='cuda') * 0.5
+    p = ctx.Process(target=consumer, args=(q, back))
+    p.start()
+    q.put(t)
+    seen = back.get(timeout=120)
+    torch.cuda.synchronize()
+    q.put(None)
+    p.join(60)
+    assert p.exitcode == 0, p.exitcode
+    torch.save({'tensor': t.cpu(), 'consumer_sum': torch.tensor([seen], dtype=torch.float64)}, sys.argv[1])
+"""
+
+
+def check_multiprocessing_ipc(torch, args):
+    script = os.path.join(args.out, "multiprocessing_ipc_child.py")
+    path = os.path.join(args.out, "multiprocessing_ipc.child.pt")
+    with open(script, "w") as f:
+        f.write(IPC_SCRIPT)
+    if os.path.exists(path):
+        os.remove(path)
+    proc = subprocess.run([sys.executable, script, path], capture_output=True, text=True,
+                          timeout=max(10, args.check_budget_s - 10))
+    sys.stdout.write(proc.stdout)
+    sys.stdout.write(proc.stderr[-3000:])
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess exit {proc.returncode}: {one_line(proc.stderr[-300:])}")
+    out = torch.load(path)
+    os.remove(path)
+    want = torch.arange(1 << 22, dtype=torch.float32) * 0.5 + 1
+    if not torch.equal(out["tensor"], want):
+        raise AssertionError("the producer does not see the consumer's in-place add")
+    ref = float(want[:4096].double().sum())
+    if float(out["consumer_sum"][0]) != ref:
+        raise AssertionError(f"the consumer saw {float(out['consumer_sum'][0])}, expected {ref}")
     return out
 
 

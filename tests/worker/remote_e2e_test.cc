@@ -274,7 +274,7 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["event_bogus"], "400");
   EXPECT_EQ(r.kv["module_bogus"], "400");
   EXPECT_EQ(r.kv["unsupported"], "801");  // CUDA_ERROR_NOT_SUPPORTED
-  EXPECT_NE(r.out.find("cuIpcGetMemHandle is not supported"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuMemcpy3DPeer is not supported"), std::string::npos) << r.out;
   EXPECT_EQ(r.kv["still_works"], "0");
   EXPECT_EQ(r.kv["procaddr_is_export"], "1");
 }
@@ -514,6 +514,79 @@ TEST_F(RemoteTest, AForkedChildGetsItsOwnConnection) {
   EXPECT_EQ(r.kv["child_value"], "42") << r.out;
   EXPECT_EQ(r.kv["child_status"], "0");
   EXPECT_EQ(r.kv["parent_value"], "3");
+}
+
+// CUDA IPC between two clients of one worker (tests/gpu/ipc_pair.cc: a producer forks a consumer
+// before cuInit; each has its own connection and session). `RESULT x_key=value` -> kv["x_key"].
+std::map<std::string, std::string> IpcResults(const Result& r) {
+  std::map<std::string, std::string> kv;
+  for (const auto& [k, v] : r.kv) {
+    if (k.rfind("RESULT ", 0) == 0) kv[k.substr(7)] = v;
+  }
+  return kv;
+}
+
+void ExpectIpcPairWorked(const Result& r) {
+  auto kv = IpcResults(r);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(kv["verdict"], "PASS") << r.out;
+  // What a user of torch.multiprocessing would notice: each side sees the other's bytes.
+  EXPECT_EQ(kv["b_reads_producer_copy"], "1") << r.out;
+  EXPECT_EQ(kv["b_reads_producer_memset"], "1") << r.out;
+  EXPECT_EQ(kv["a_sees_consumer_memset"], "1") << r.out;
+  EXPECT_EQ(kv["a_sees_consumer_copy"], "1") << r.out;
+  EXPECT_EQ(kv["a_ipc_event_supported"], "1") << r.out;
+  // Opened memory is device memory of the consumer: range, attributes, cuMemcpy's direction.
+  EXPECT_EQ(kv["b_range_ok"], "1") << r.out;
+  EXPECT_EQ(kv["b_ptr_is_device"], "1") << r.out;
+  EXPECT_EQ(kv["b_unified_copy_ok"], "1") << r.out;
+  EXPECT_EQ(kv["b_open_again_same_pointer"], "1") << r.out;
+  // The driver's errors, never a crash.
+  EXPECT_EQ(kv["b_double_close"], "1") << r.out;  // CUDA_ERROR_INVALID_VALUE
+  EXPECT_EQ(kv["b_close_wild"], "1") << r.out;
+  EXPECT_EQ(kv["b_open_zero_handle"], "400") << r.out;  // CUDA_ERROR_INVALID_HANDLE
+  EXPECT_EQ(kv["b_open_reversed_handle"], "400") << r.out;
+  EXPECT_EQ(kv["b_open_zero_event_handle"], "400") << r.out;
+  EXPECT_EQ(kv["a_plain_event_handle"], "1") << r.out;
+  EXPECT_EQ(kv["a_wild_pointer_handle"], "1") << r.out;
+  EXPECT_EQ(kv["a_open_own_handle"], "201") << r.out;  // CUDA_ERROR_INVALID_CONTEXT
+  EXPECT_EQ(kv["b_alloc_after"], "0") << r.out;
+}
+
+TEST_F(RemoteTest, IpcMemoryAndEventsPassBetweenProcessesOnTheFakeDriver) {
+  Result direct = DirectProgram({TF_IPC_PAIR, "--mib", "8"});
+  ExpectIpcPairWorked(direct);
+}
+
+TEST_F(RemoteTest, IpcMemoryAndEventsPassBetweenTwoClientsOfOneWorkerOverSharedMemory) {
+  StartWorker();
+  Result direct = DirectProgram({TF_IPC_PAIR, "--mib", "8"});
+  Result remote = RemoteProgram(unix_, {TF_IPC_PAIR, "--mib", "8"});
+  ExpectIpcPairWorked(remote);
+  EXPECT_EQ(IpcResults(remote), IpcResults(direct)) << "remote and direct runs differ\n" << remote.out;
+}
+
+TEST_F(RemoteTest, IpcMemoryAndEventsPassBetweenTwoClientsOfOneWorkerOverTcp) {
+  StartWorker();
+  Result direct = DirectProgram({TF_IPC_PAIR, "--mib", "8"});
+  Result remote = RemoteProgram(tcp_, {TF_IPC_PAIR, "--mib", "8"});
+  ExpectIpcPairWorked(remote);
+  EXPECT_EQ(IpcResults(remote), IpcResults(direct)) << "remote and direct runs differ\n" << remote.out;
+}
+
+// A consumer that exits with the memory still open and its events alive: its session closes and
+// destroys them, and the producer's memory is untouched by that.
+TEST_F(RemoteTest, AConsumerThatExitsWithIpcMemoryOpenHasItClosedByItsSession) {
+  StartWorker();
+  Result r = RemoteProgram(unix_, {TF_IPC_PAIR, "--mib", "8", "--leave-open"});
+  auto kv = IpcResults(r);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(kv["verdict"], "PASS") << r.out;
+  EXPECT_EQ(kv["a_sees_consumer_copy"], "1") << r.out;
+  EXPECT_EQ(kv["a_free"], "0") << r.out;
+  EXPECT_EQ(kv.count("b_close"), 0u) << r.out;
+  EXPECT_TRUE(worker_.WaitFor("events, 0 modules, 0 graphs, 0 host regions, 1 IPC mappings", 5000))
+      << worker_.out;
 }
 
 void KillWorkerAndExpectFastFailure(RemoteTest* t, Child* worker, Child* probe) {

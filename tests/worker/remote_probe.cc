@@ -179,11 +179,11 @@ int BadHandles() {
   CUfunction f;
   std::printf("module_bogus=%d\n", static_cast<int>(cuModuleGetFunction(
                                        &f, reinterpret_cast<CUmodule>(0x4000), "fill_u32")));
-  // IPC is not forwarded (looked up by name: the fake driver has no such entry point).
-  CUipcMemHandle ipc;
-  using IpcGetMemHandle = CUresult (*)(CUipcMemHandle*, CUdeviceptr);
-  auto ipc_get = reinterpret_cast<IpcGetMemHandle>(dlsym(RTLD_DEFAULT, "cuIpcGetMemHandle"));
-  std::printf("unsupported=%d\n", ipc_get ? static_cast<int>(ipc_get(&ipc, a)) : -1);
+  // Peer copies are not forwarded (looked up by name: the fake driver has no such entry point).
+  using Memcpy3DPeer = CUresult (*)(const CUDA_MEMCPY3D_PEER*);
+  auto peer = reinterpret_cast<Memcpy3DPeer>(dlsym(RTLD_DEFAULT, "cuMemcpy3DPeer"));
+  CUDA_MEMCPY3D_PEER peer_copy{};
+  std::printf("unsupported=%d\n", peer ? static_cast<int>(peer(&peer_copy)) : -1);
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
   // Lookups through cuGetProcAddress land on this library's own exports.
   void* p = nullptr;
