@@ -585,7 +585,7 @@ TEST_F(RemoteTest, AConsumerThatExitsWithIpcMemoryOpenHasItClosedByItsSession) {
   EXPECT_EQ(kv["a_sees_consumer_copy"], "1") << r.out;
   EXPECT_EQ(kv["a_free"], "0") << r.out;
   EXPECT_EQ(kv.count("b_close"), 0u) << r.out;
-  EXPECT_TRUE(worker_.WaitFor("events, 0 modules, 0 graphs, 0 host regions, 1 IPC mappings", 5000))
+  EXPECT_TRUE(worker_.WaitFor("events, 0 modules, 0 graphs, 0 host regions, 0 mirrors, 1 IPC mappings", 5000))
       << worker_.out;
 }
 
