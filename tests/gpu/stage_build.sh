@@ -24,7 +24,7 @@ if [ -f "$B/src/client/libtfusion-client.so" ]; then
   cp "$B"/src/client/libtfusion-client*.so "$S/src/client/"  # the stub and the client NVML
   cp -P "$B"/src/client/inject/* "$S/src/client/inject/"
 fi
-for f in drvtest compute_tenant rt_smoke rt_oom samples tier_kernels.fatbin; do
+for f in drvtest ipc_pair compute_tenant rt_smoke rt_oom samples tier_kernels.fatbin; do
   [ -e "$B/tests/gpu/$f" ] && cp "$B/tests/gpu/$f" "$S/tests/gpu/"
 done
 for f in launch_overhead startup_probe remote_micro tier_kernels.fatbin; do
