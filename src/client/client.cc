@@ -11,9 +11,8 @@
 #include <cstdlib>
 #include <algorithm>
 #include <cstring>
-#include <map>
-#include <vector>
 
+#include "client/op_times.h"
 #include "tf_client_impl.h"
 #include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
@@ -213,11 +212,7 @@ namespace {
 // TFUSION_CLIENT_PROFILE=1: how many synchronous calls of each kind the program made and how
 // long it waited for their replies, logged at exit (most waiting first). Under State().mu.
 struct SyncProfile {
-  struct OpTime {
-    uint64_t calls = 0;
-    int64_t ns = 0;
-  };
-  std::map<uint16_t, OpTime> ops;
+  remote::OpTimes times;
 
   static SyncProfile* Get() {
     static SyncProfile* p = [] {
@@ -231,18 +226,11 @@ struct SyncProfile {
   void LogTop() {
     // Never wait at exit: a thread still inside a call may hold the mutex for good.
     if (pthread_mutex_trylock(&State().mu) != 0) return;
-    std::vector<std::pair<uint16_t, OpTime>> v(ops.begin(), ops.end());
+    const auto rows = times.Top(15);
     pthread_mutex_unlock(&State().mu);
-    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-    if (v.size() > 15) v.resize(15);
-    for (const auto& [op, t] : v) {
-      char hex[16];
-      snprintf(hex, sizeof(hex), "op 0x%04x", op);
-      const char* name = transport::IsDriverCallOpcode(op)
-                             ? driver::FunctionName(static_cast<driver::Fn>(transport::DriverCallId(op)))
-                             : hex;
-      ClientLog("profile: %-34s %9llu sync calls, waited %10.1f ms, %8.2f us/call", name,
-                static_cast<unsigned long long>(t.calls), t.ns / 1e6, t.ns / 1e3 / t.calls);
+    for (const auto& r : rows) {
+      ClientLog("profile: %-34s %9llu sync calls, waited %10.1f ms, %8.2f us/call", r.name,
+                static_cast<unsigned long long>(r.e.calls), r.e.ns / 1e6, r.e.ns / 1e3 / r.e.calls);
     }
   }
 };
@@ -256,11 +244,7 @@ CUresult CallSyncImpl(Session* s, uint16_t op, const transport::Writer& payload,
   if (r != CUDA_SUCCESS) return r;
   InFrame in;
   r = AwaitReply(s, seq, &in, sink, sink_ctx);
-  if (prof) {
-    SyncProfile::OpTime& t = prof->ops[op];
-    ++t.calls;
-    t.ns += transport::MonotonicNowNs() - t0;
-  }
+  if (prof) prof->times.Add(op, transport::MonotonicNowNs() - t0);
   if (r != CUDA_SUCCESS) return r;
   transport::Reader rd(in.payload, in.payload_length);
   if (in.header.flags & transport::kFlagError) {

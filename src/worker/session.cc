@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "client/op_times.h"
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
 #include "worker/session_console.h"
@@ -31,6 +32,16 @@
 #include "worker/session_mirrors.h"
 
 namespace tf::worker {
+
+void SessionLog(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "tfusion-worker[%d]: %s\n", static_cast<int>(getpid()), buf);
+}
+
 namespace {
 
 using driver::Fn;
@@ -47,15 +58,6 @@ T As(uint64_t v) {
   return reinterpret_cast<T>(v);
 }
 
-void Log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void Log(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "tfusion-worker[%d]: %s\n", static_cast<int>(getpid()), buf);
-}
 
 struct Staged {
   std::unique_ptr<uint8_t[]> bytes;
@@ -336,7 +338,7 @@ bool Session::LoadDriver() {
   const std::string& path = limits_driver_.empty() ? opt_.driver_path : limits_driver_;
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
-    Log("cannot load the driver %s: %s", path.c_str(), dlerror());
+    SessionLog("cannot load the driver %s: %s", path.c_str(), dlerror());
     return false;
   }
   d_.Load(h);
@@ -987,7 +989,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     int fd = -1;
     TransportStatus ts = t_->TakeHostMemory(id, 1000, &fd);
     if (!ts.ok()) {
-      Log("host region %llu refused: %s", static_cast<unsigned long long>(id), ts.message());
+      SessionLog("host region %llu refused: %s", static_cast<unsigned long long>(id), ts.message());
       return CUDA_ERROR_INVALID_VALUE;
     }
     struct Closer {
@@ -1011,7 +1013,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
       why = "range overlaps a region of this session";
     }
     if (why) {
-      Log("host region %llu [0x%llx, +%llu) refused: %s", static_cast<unsigned long long>(id),
+      SessionLog("host region %llu [0x%llx, +%llu) refused: %s", static_cast<unsigned long long>(id),
           static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len), why);
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -1094,7 +1096,7 @@ void Session::RegisterArena() {
   CUresult r = CALL(cuMemHostRegister_v2, arena_base_, len, CU_MEMHOSTREGISTER_PORTABLE);
   arena_state_ = r == CUDA_SUCCESS ? 1 : -1;
   if (r != CUDA_SUCCESS) {
-    Log("cannot register the transport's bulk memory with the driver (error %d): pageable copies "
+    SessionLog("cannot register the transport's bulk memory with the driver (error %d): pageable copies "
         "are staged", static_cast<int>(r));
   }
 }
@@ -1254,7 +1256,7 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
     tick(&t_send);
   }
   if (profile && n >= (1u << 20)) {
-    Log("copy profile: DtoH %llu bytes: %.3f ms; waiting for bulk space %.3f, issuing %.3f, "
+    SessionLog("copy profile: DtoH %llu bytes: %.3f ms; waiting for bulk space %.3f, issuing %.3f, "
         "waiting for the DMA %.3f, sending %.3f",
         static_cast<unsigned long long>(n), (transport::MonotonicNowNs() - t_start) / 1e6,
         t_reserve / 1e6, t_issue / 1e6, t_wait / 1e6, t_send / 1e6);
@@ -1305,7 +1307,7 @@ bool Session::DrainHostFuncs() {
       // What a host function wrote into mirrors, sent before its acknowledgement.
       MirrorData(in);
     } else {
-      Log("unexpected frame 0x%04x while the client waits for a reply: ignored", in.header.opcode);
+      SessionLog("unexpected frame 0x%04x while the client waits for a reply: ignored", in.header.opcode);
     }
   }
 }
@@ -2225,7 +2227,7 @@ void Session::Cleanup() {
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
-  Log("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
+  SessionLog("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
       "%zu host regions, %zu mirrors, %zu IPC mappings",
       allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors,
       ipc_opened_.size());
@@ -2249,7 +2251,7 @@ std::string Session::PrepareLimits(Reader& rd) {
   if (!opt_.prepare_limits) return "this worker does not make vGPUs per client";
   std::string why = opt_.prepare_limits(l, getpid(), &limits_env_, &limits_driver_);
   if (why.empty()) {
-    Log("client's vGPU: vram %s, tflops %s, percent %s, GPU %s", l.vram.empty() ? "-" : l.vram.c_str(),
+    SessionLog("client's vGPU: vram %s, tflops %s, percent %s, GPU %s", l.vram.empty() ? "-" : l.vram.c_str(),
         l.tflops.empty() ? "-" : l.tflops.c_str(), l.percent.empty() ? "-" : l.percent.c_str(),
         l.gpu.empty() ? "0" : l.gpu.c_str());
   }
@@ -2264,28 +2266,11 @@ struct RunProfile {
   bool on = false;
   int64_t last = 0, wait_ns = 0, work_ns = 0;
   uint64_t frames = 0, waits = 0;
-  struct OpTime {
-    uint64_t calls = 0;
-    int64_t ns = 0;
-  };
-  std::map<uint16_t, OpTime> ops;
-  void Count(uint16_t op, int64_t since) {
-    OpTime& t = ops[op];
-    ++t.calls;
-    t.ns += transport::MonotonicNowNs() - since;
-  }
+  remote::OpTimes ops;
   void LogTop() const {
-    std::vector<std::pair<uint16_t, OpTime>> v(ops.begin(), ops.end());
-    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ns > b.second.ns; });
-    if (v.size() > 15) v.resize(15);
-    for (const auto& [op, t] : v) {
-      char hex[16];
-      snprintf(hex, sizeof(hex), "op 0x%04x", op);
-      const char* name = transport::IsDriverCallOpcode(op)
-                             ? driver::FunctionName(static_cast<Fn>(transport::DriverCallId(op)))
-                             : hex;
-      Log("profile:   %-34s %9llu calls %10.1f ms %8.2f us/call", name,
-          static_cast<unsigned long long>(t.calls), t.ns / 1e6, t.ns / 1e3 / t.calls);
+    for (const auto& r : ops.Top(15)) {
+      SessionLog("profile:   %-34s %9llu calls %10.1f ms %8.2f us/call", r.name,
+                 static_cast<unsigned long long>(r.e.calls), r.e.ns / 1e6, r.e.ns / 1e3 / r.e.calls);
     }
   }
   void Start() {
@@ -2311,7 +2296,7 @@ int Session::Run() {
     RunProfile& p;
     ~ReportAtEnd() {
       if (!p.on) return;
-      Log("profile: %llu frames; working %.1f ms, waiting for the client %.1f ms in %llu waits",
+      SessionLog("profile: %llu frames; working %.1f ms, waiting for the client %.1f ms in %llu waits",
           static_cast<unsigned long long>(p.frames), p.work_ns / 1e6, p.wait_ns / 1e6,
           static_cast<unsigned long long>(p.waits));  // waits: longer than 20 us
       p.LogTop();
@@ -2331,7 +2316,7 @@ int Session::Run() {
     }
     if (!st.ok()) {
       if (st.code() != transport::TransportErrc::kPeerClosed) {
-        Log("client gone: %s: %s", transport::TransportErrcName(st.code()), st.message());
+        SessionLog("client gone: %s: %s", transport::TransportErrcName(st.code()), st.message());
       }
       break;
     }
@@ -2345,7 +2330,7 @@ int Session::Run() {
       std::string refused;
       if (op == remote::kOpSessionInfo && !payload_.empty()) refused = PrepareLimits(rd);
       if (!refused.empty() || !LoadDriver()) {
-        if (!refused.empty()) Log("refused the client's vGPU limits: %s", refused.c_str());
+        if (!refused.empty()) SessionLog("refused the client's vGPU limits: %s", refused.c_str());
         if (op == remote::kOpSessionInfo && wants_reply) {
           Writer fail(out_buf_.data(), out_buf_.size());
           fail.I32(refused.empty() ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_INVALID_VALUE);
@@ -2431,7 +2416,7 @@ int Session::Run() {
     cur_seq_ = in.header.sequence;
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
-    if (prof.on) prof.Count(op, dispatched);
+    if (prof.on) prof.ops.Add(op, transport::MonotonicNowNs() - dispatched);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS && remote::IsStickyError(r)) sticky_ = r;
     if (!wants_reply) {

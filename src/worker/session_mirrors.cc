@@ -16,15 +16,6 @@
 namespace tf::worker {
 namespace {
 
-void Log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void Log(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "tfusion-worker[%d]: %s\n", static_cast<int>(getpid()), buf);
-}
 
 uint64_t PageSize() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
 
@@ -92,7 +83,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
     }
   }
   if (why) {
-    Log("mirror [0x%llx, +%llu) refused: %s", static_cast<unsigned long long>(addr),
+    SessionLog("mirror [0x%llx, +%llu) refused: %s", static_cast<unsigned long long>(addr),
         static_cast<unsigned long long>(len), why);
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -105,7 +96,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
   if (p == MAP_FAILED || reinterpret_cast<uint64_t>(p) != start) {
     if (p != MAP_FAILED) munmap(p, m.map_len);
-    Log("mirror [0x%llx, +%llu) refused: the address is taken in the session process",
+    SessionLog("mirror [0x%llx, +%llu) refused: the address is taken in the session process",
         static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
     return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -114,7 +105,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS) {
     munmap(p, m.map_len);
-    Log("mirror [0x%llx, +%llu) refused: cuMemHostRegister failed with %d",
+    SessionLog("mirror [0x%llx, +%llu) refused: cuMemHostRegister failed with %d",
         static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len),
         static_cast<int>(r));
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -124,7 +115,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
   if (r != CUDA_SUCCESS || dptr != addr) {
     CALL(cuMemHostUnregister, p);
     munmap(p, m.map_len);
-    Log("mirror [0x%llx, +%llu) refused: the device pointer is not the host address (%d)",
+    SessionLog("mirror [0x%llx, +%llu) refused: the device pointer is not the host address (%d)",
         static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len),
         static_cast<int>(r));
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -157,7 +148,7 @@ CUresult SessionMirrors::Unmap(uint64_t addr) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = mirrors_.find(addr);
     if (it == mirrors_.end()) {
-      Log("mirror unmap of 0x%llx refused: no mirror there", static_cast<unsigned long long>(addr));
+      SessionLog("mirror unmap of 0x%llx refused: no mirror there", static_cast<unsigned long long>(addr));
       return CUDA_ERROR_INVALID_VALUE;
     }
     m = it->second;
@@ -173,13 +164,13 @@ CUresult SessionMirrors::Unmap(uint64_t addr) {
 CUresult SessionMirrors::Apply(const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
                                uint64_t bulk_len) {
   if (!remote::DecodeMirrorRuns(payload, payload_len, bulk_len, &runs_) || bulk == nullptr) {
-    Log("mirror data refused: malformed message");
+    SessionLog("mirror data refused: malformed message");
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::lock_guard<std::mutex> g(mu_);
   for (const remote::MirrorRun& r : runs_) {
     if (FindLocked(r.addr, r.len, nullptr) == nullptr) {
-      Log("mirror data refused: [0x%llx, +%llu) is not inside a mirror of this session",
+      SessionLog("mirror data refused: [0x%llx, +%llu) is not inside a mirror of this session",
           static_cast<unsigned long long>(r.addr), static_cast<unsigned long long>(r.len));
       return CUDA_ERROR_INVALID_VALUE;
     }

@@ -22,6 +22,9 @@
 
 namespace tf::worker {
 
+// The session's log line on stderr: "tfusion-worker[PID]: ..." (session.cc).
+void SessionLog(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
 class SessionMirrors {
  public:
   explicit SessionMirrors(const driver::DriverTable& d) : d_(d) {}
