@@ -174,6 +174,18 @@ CUresult AllocRegion(Session* s, size_t bytes, unsigned flags, HostRange* h, voi
   return CUDA_SUCCESS;
 }
 
+// A new host range of the calling thread's context (false: the thread has none).
+bool StartHostRange(Session* s, uint64_t bytes, unsigned flags, HostRange* h) {
+  const uint64_t ctx = CurrentContext();
+  auto c = s->contexts.find(ctx);
+  if (c == s->contexts.end()) return false;
+  h->size = bytes;
+  h->flags = flags;
+  h->ctx = ctx;
+  h->device = c->second;
+  return true;
+}
+
 CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED)) {
@@ -181,14 +193,8 @@ CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   }
   TF_LOCK(l);
   Session* s = l.session();
-  uint64_t ctx = CurrentContext();
-  auto c = s->contexts.find(ctx);
-  if (c == s->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
   HostRange h;
-  h.size = bytes;
-  h.flags = flags;
-  h.ctx = ctx;
-  h.device = c->second;
+  if (!StartHostRange(s, bytes, flags, &h)) return CUDA_ERROR_INVALID_CONTEXT;
   void* p = nullptr;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
   if (s->host_regions || s->mirrors) {
@@ -381,14 +387,8 @@ CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned
 }
 
 CUresult AllocManaged(Session* s, size_t bytes, unsigned flags, uint64_t* out) {
-  uint64_t ctx = CurrentContext();
-  auto c = s->contexts.find(ctx);
-  if (c == s->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
   HostRange h;
-  h.size = bytes;
-  h.flags = flags;
-  h.ctx = ctx;
-  h.device = c->second;
+  if (!StartHostRange(s, bytes, flags, &h)) return CUDA_ERROR_INVALID_CONTEXT;
   h.managed = true;
   void* p = nullptr;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
