@@ -120,13 +120,7 @@ void PushMirrors(Session* s) {
   remote::MirrorRunPacker packer(std::min<uint64_t>(s->transport->max_bulk_bytes(), 8ull << 20),
                                  &SendPush, s);
   for (auto& [base, m] : Mirrors()) {
-    if (m.owner != s) continue;
-    const auto* cur = reinterpret_cast<const uint8_t*>(base);
-    uint8_t* twin = m.twin;
-    const uint64_t b = base;
-    remote::ForEachChangedRun(cur, twin, m.size, [&](uint64_t off, uint64_t n) {
-      packer.Add(b + off, cur + off, twin + off, n);
-    });
+    if (m.owner == s) packer.AddChanges(base, m.size, m.twin);
   }
   packer.Flush();
 }
@@ -134,22 +128,12 @@ void PushMirrors(Session* s) {
 bool ApplyMirrorData(Session* s, const transport::InFrame& in) {
   static std::vector<remote::MirrorRun>* runs = new std::vector<remote::MirrorRun>();
   std::lock_guard<std::mutex> g(g_mirror_mu);
-  if (!remote::DecodeMirrorRuns(in.payload, in.payload_length, in.bulk_length, runs) ||
-      in.bulk == nullptr) {
-    return false;
-  }
-  for (const remote::MirrorRun& r : *runs) {
-    if (FindLocked(s, r.addr, r.len, nullptr) == nullptr) return false;
-  }
-  uint64_t off = 0;
-  for (const remote::MirrorRun& r : *runs) {
+  if (!remote::DecodeMirrorRuns(in.payload, in.payload_length, in.bulk_length, runs)) return false;
+  return remote::ApplyMirrorRuns(*runs, in.bulk, [&](uint64_t addr, uint64_t len) -> uint8_t* {
     uint64_t base = 0;
-    const Mirror* m = FindLocked(s, r.addr, r.len, &base);
-    memcpy(reinterpret_cast<void*>(r.addr), in.bulk + off, r.len);
-    memcpy(m->twin + (r.addr - base), in.bulk + off, r.len);
-    off += r.len;
-  }
-  return true;
+    const Mirror* m = FindLocked(s, addr, len, &base);
+    return m == nullptr ? nullptr : m->twin + (addr - base);
+  });
 }
 
 }  // namespace tf::client

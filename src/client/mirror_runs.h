@@ -92,6 +92,14 @@ class MirrorRunPacker {
     }
     return ok_;
   }
+  // Adds every run where the mirror at `addr` (size bytes, in this process at that address)
+  // differs from its twin.
+  void AddChanges(uint64_t addr, uint64_t size, uint8_t* twin) {
+    const auto* cur = reinterpret_cast<const uint8_t*>(addr);
+    ForEachChangedRun(cur, twin, size, [&](uint64_t off, uint64_t n) {
+      Add(addr + off, cur + off, twin + off, n);
+    });
+  }
   // Sends what is collected. False when a send failed.
   bool Flush() {
     if (runs_.empty() || !ok_) return ok_;
@@ -141,6 +149,24 @@ inline bool DecodeMirrorRuns(const uint8_t* payload, uint32_t payload_len, uint6
     total += r.len;
   }
   return rd.Finish() && total == bulk_len;
+}
+
+// Writes decoded runs (their bytes in order in bulk) to their addresses and to the twins, all or
+// none: twin_of(addr, len) gives where the run's bytes go in its mirror's twin, or nullptr when
+// the run is not wholly inside one mirror of this connection (then nothing is written).
+template <class TwinOf>
+bool ApplyMirrorRuns(const std::vector<MirrorRun>& runs, const uint8_t* bulk, TwinOf twin_of) {
+  if (bulk == nullptr) return false;
+  for (const MirrorRun& r : runs) {
+    if (twin_of(r.addr, r.len) == nullptr) return false;
+  }
+  uint64_t off = 0;
+  for (const MirrorRun& r : runs) {
+    memcpy(reinterpret_cast<void*>(r.addr), bulk + off, r.len);
+    memcpy(twin_of(r.addr, r.len), bulk + off, r.len);
+    off += r.len;
+  }
+  return true;
 }
 
 }  // namespace tf::remote

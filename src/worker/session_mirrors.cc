@@ -168,22 +168,17 @@ CUresult SessionMirrors::Apply(const uint8_t* payload, uint32_t payload_len, con
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::lock_guard<std::mutex> g(mu_);
-  for (const remote::MirrorRun& r : runs_) {
-    if (FindLocked(r.addr, r.len, nullptr) == nullptr) {
-      SessionLog("mirror data refused: [0x%llx, +%llu) is not inside a mirror of this session",
-          static_cast<unsigned long long>(r.addr), static_cast<unsigned long long>(r.len));
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-  }
-  uint64_t off = 0;
-  for (const remote::MirrorRun& r : runs_) {
+  const bool applied = remote::ApplyMirrorRuns(runs_, bulk, [&](uint64_t addr, uint64_t len) -> uint8_t* {
     uint64_t base = 0;
-    const Mirror* m = FindLocked(r.addr, r.len, &base);
-    memcpy(reinterpret_cast<void*>(r.addr), bulk + off, r.len);
-    memcpy(m->twin + (r.addr - base), bulk + off, r.len);
-    off += r.len;
-  }
-  return CUDA_SUCCESS;
+    const Mirror* m = FindLocked(addr, len, &base);
+    if (m == nullptr) {
+      SessionLog("mirror data refused: [0x%llx, +%llu) is not inside a mirror of this session",
+                 static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
+      return nullptr;
+    }
+    return m->twin + (addr - base);
+  });
+  return applied ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 void SessionMirrors::Pull(transport::Transport* t, std::atomic<uint64_t>* seq) {
@@ -192,14 +187,7 @@ void SessionMirrors::Pull(transport::Transport* t, std::atomic<uint64_t>* seq) {
   remote::MirrorRunPacker packer(std::min<uint64_t>(t->max_bulk_bytes(), 8ull << 20), &SendEvent,
                                  &target);
   std::lock_guard<std::mutex> g(mu_);
-  for (auto& [addr, m] : mirrors_) {
-    const auto* cur = reinterpret_cast<const uint8_t*>(addr);
-    uint8_t* twin = m.twin;
-    const uint64_t a = addr;
-    remote::ForEachChangedRun(cur, twin, m.len, [&](uint64_t off, uint64_t n) {
-      packer.Add(a + off, cur + off, twin + off, n);
-    });
-  }
+  for (auto& [addr, m] : mirrors_) packer.AddChanges(addr, m.len, m.twin);
   packer.Flush();
 }
 
