@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "client/op_times.h"
+#include "client/parallel_copy.h"
 #include "tf_client_impl.h"
 #include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
@@ -413,6 +414,7 @@ CUresult ConnectLocked() {
   gethostname(host, sizeof(host) - 1);
   hello.SetHostId(host);
   transport::TransportOptions opt;
+  opt.shm_bulk_copy = &ParallelCopy;
   // The shared-memory bulk arena (both directions), 64 MiB unless TFUSION_SHM_ARENA_MIB says
   // otherwise: larger arenas let more of a large pageable copy be in flight.
   if (const char* v = getenv("TFUSION_SHM_ARENA_MIB"); v != nullptr && *v != '\0') {

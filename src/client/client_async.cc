@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "client/client_internal.h"
+#include "client/thread_scratch.h"
 #include "tf_client_impl.h"
 
 namespace tf::client {
@@ -29,8 +30,9 @@ CUresult LaunchEx(Fn fn, const CUlaunchConfig* config, CUfunction f, void** para
   Session* s = l.session();
   auto it = s->functions.find(H(f));
   if (it == s->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
-  static thread_local uint8_t buf[remote::kMaxKernelParamBytes + 16384];
-  Writer w(buf, sizeof(buf));
+  uint8_t* buf = ThreadScratch(Scratch::kLaunchEx);
+  if (buf == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Writer w(buf, ScratchBytes(Scratch::kLaunchEx));
   w.U64(H(f));
   WriteLaunchGeometry(config, w);
   for (unsigned i = 0; i < config->numAttrs; ++i) {

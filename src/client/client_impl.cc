@@ -1,6 +1,8 @@
 // The entry points the remote stub implements (api/client_implemented.txt). Device queries are
 // answered from the snapshot taken at connect; everything else is one call to the worker session,
 // fire-and-forget where CUDA's contract is asynchronous.
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include <vector>
 
 #include "client/client_internal.h"
+#include "client/thread_scratch.h"
 #include "client/export_tables.h"
 #include "client/parallel_copy.h"
 #include "driver/procaddress.h"
@@ -195,12 +198,27 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   if (async) w.U64(H(stream));
   CopyOut out{static_cast<uint8_t*>(dst), n};
   const int64_t t0 = CopyProfile() ? transport::MonotonicNowNs() : 0;
+  rusage u0{};
+  ParallelCopyStats c0;
+  if (t0) {
+    getrusage(RUSAGE_SELF, &u0);
+    c0 = GetParallelCopyStats();
+  }
   CUresult r = CallSyncWithData(s, Op(async ? Fn::cuMemcpyDtoHAsync_v2 : Fn::cuMemcpyDtoH_v2), w,
                                 &SinkCopyData, &out);
   if (t0 && n >= (1u << 20)) {
-    ClientLog("copy profile: DtoH %llu bytes in %llu slices: %.3f ms, of which copying out %.3f ms",
+    rusage u1{};
+    getrusage(RUSAGE_SELF, &u1);
+    const ParallelCopyStats c1 = GetParallelCopyStats();
+    ClientLog("copy profile: DtoH %llu bytes in %llu slices: %.3f ms, of which copying out %.3f ms "
+              "(%llu split copies, %d helpers%s: own part %.3f ms, then waiting for the helpers %.3f ms); "
+              "page faults %ld minor %ld major, context switches %ld voluntary %ld involuntary",
               static_cast<unsigned long long>(n), static_cast<unsigned long long>(out.slices),
-              (transport::MonotonicNowNs() - t0) / 1e6, out.copy_ns / 1e6);
+              (transport::MonotonicNowNs() - t0) / 1e6, out.copy_ns / 1e6,
+              static_cast<unsigned long long>(c1.calls - c0.calls), c1.helpers,
+              c1.start_error ? " (a helper failed to start)" : "", (c1.own_ns - c0.own_ns) / 1e6,
+              (c1.wait_ns - c0.wait_ns) / 1e6, u1.ru_minflt - u0.ru_minflt, u1.ru_majflt - u0.ru_majflt,
+              u1.ru_nvcsw - u0.ru_nvcsw, u1.ru_nivcsw - u0.ru_nivcsw);
   }
   return r;
 }
@@ -231,8 +249,9 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   Session* s = l.session();
   auto it = s->functions.find(H(f));
   if (it == s->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
-  static thread_local uint8_t buf[remote::kMaxKernelParamBytes + 8192];
-  Writer w(buf, sizeof(buf));
+  uint8_t* buf = ThreadScratch(Scratch::kLaunch);
+  if (buf == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Writer w(buf, ScratchBytes(Scratch::kLaunch));
   w.U64(H(f));
   w.U32(gx);
   w.U32(gy);

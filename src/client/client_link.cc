@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "client/client_internal.h"
+#include "client/thread_scratch.h"
 #include "tf_client_impl.h"
 
 namespace tf::client {
@@ -152,8 +153,9 @@ CUresult AddData(CUlinkState state, CUjitInputType type, const void* data, size_
   Session* s = l.session();
   LinkRecord* link = FindLink(s, state);
   if (link == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  static thread_local uint8_t buf[remote::kMaxFunctionName + 64 + remote::kMaxJitOptions * 12];
-  Writer w(buf, sizeof(buf));
+  uint8_t* buf = ThreadScratch(Scratch::kLink);
+  if (buf == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Writer w(buf, ScratchBytes(Scratch::kLink));
   w.U64(H(state));
   w.U32(static_cast<uint32_t>(type));
   if (CUresult r = SendImageBytes(s, data, size, w); r != CUDA_SUCCESS) return r;

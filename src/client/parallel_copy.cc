@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace tf::client {
 namespace {
@@ -51,6 +53,7 @@ struct Pool {
   uint64_t generation = 0;  // bumped per copy; helper i works when its part is non-empty
   int pending = 0;          // helpers still copying for this generation
   int helpers = -1;         // -1: not started yet
+  ParallelCopyStats stats;  // under use
 };
 
 Pool& P() {
@@ -92,19 +95,32 @@ int StartHelpers(Pool& p) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 64 * 1024);
+    // The stack also holds the static TLS of every library in the program (glibc puts it there),
+    // which can be large in a framework's process; the stack is only reserved, not touched.
+    pthread_attr_setstacksize(&attr, 2u << 20);
     // Helpers must not take signals meant for the application's threads.
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_t t;
-    bool ok = pthread_create(&t, &attr, &HelperMain, reinterpret_cast<void*>(static_cast<intptr_t>(i))) == 0;
+    void* id = reinterpret_cast<void*>(static_cast<intptr_t>(i));
+    int rc = pthread_create(&t, &attr, &HelperMain, id);
+    if (rc == EINVAL) {  // the program's static TLS outgrew even that: the default stack size
+      pthread_attr_destroy(&attr);
+      pthread_attr_init(&attr);
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      rc = pthread_create(&t, &attr, &HelperMain, id);
+    }
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     pthread_attr_destroy(&attr);
-    if (!ok) break;
+    if (rc != 0) {
+      p.stats.start_error = rc;
+      break;
+    }
     ++started;
   }
   p.helpers = started;
+  p.stats.helpers = started;
   return started;
 }
 
@@ -186,11 +202,29 @@ void ParallelCopy(void* dst, const void* src, size_t n) {
   ++p.generation;
   pthread_cond_broadcast(&p.work);
   pthread_mutex_unlock(&p.mu);
+  timespec t0, t1, t2;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   CopyPart(d, s, mine);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
   pthread_mutex_lock(&p.mu);
   while (p.pending > 0) pthread_cond_wait(&p.done, &p.mu);
   pthread_mutex_unlock(&p.mu);
+  clock_gettime(CLOCK_MONOTONIC, &t2);
+  auto ns = [](const timespec& a, const timespec& b) {
+    return static_cast<uint64_t>((b.tv_sec - a.tv_sec) * 1000000000ll + (b.tv_nsec - a.tv_nsec));
+  };
+  ++p.stats.calls;
+  p.stats.own_ns += ns(t0, t1);
+  p.stats.wait_ns += ns(t1, t2);
   pthread_mutex_unlock(&p.use);
+}
+
+ParallelCopyStats GetParallelCopyStats() {
+  Pool& p = P();
+  pthread_mutex_lock(&p.use);
+  ParallelCopyStats s = p.stats;
+  pthread_mutex_unlock(&p.use);
+  return s;
 }
 
 }  // namespace tf::client

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace tf::client {
 
@@ -20,5 +21,17 @@ void StreamCopy(void* dst, const void* src, size_t n);
 // TFUSION_COPY_THREADS=1..4 sets the threads in all (1: no helpers), TFUSION_COPY_NT=0 copies
 // the parts with memcpy instead of StreamCopy; both are read once.
 void ParallelCopy(void* dst, const void* src, size_t n);
+
+// What the large copies of this process cost so far (for TFUSION_COPY_PROFILE): calls that
+// used the helpers, the helpers started (and pthread_create's error if one failed to start), the
+// nanoseconds the calling thread spent on its own part and waiting for the helpers' parts after.
+struct ParallelCopyStats {
+  uint64_t calls = 0;
+  int helpers = 0;
+  int start_error = 0;
+  uint64_t own_ns = 0;
+  uint64_t wait_ns = 0;
+};
+ParallelCopyStats GetParallelCopyStats();
 
 }  // namespace tf::client

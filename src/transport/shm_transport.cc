@@ -417,7 +417,11 @@ TransportStatus ShmTransport::Send(const OutFrame& f) {
     d.length = f.bulk_length;
     st = AllocBulk(f.bulk_length, deadline, &d.arena_offset);
     if (st.ok()) {
-      memcpy(arena_ + d.arena_offset, f.bulk, f.bulk_length);
+      if (options_.shm_bulk_copy != nullptr) {
+        options_.shm_bulk_copy(arena_ + d.arena_offset, f.bulk, f.bulk_length);
+      } else {
+        memcpy(arena_ + d.arena_offset, f.bulk, f.bulk_length);
+      }
       EncodeBulkDescriptor(d, desc);
     }
   }

@@ -37,6 +37,9 @@ struct TransportOptions {
   uint64_t shm_ring_bytes = 4ull << 20;   // each direction's command ring; a power of two
   uint64_t shm_arena_bytes = 64ull << 20; // bulk arena, split evenly between the two directions
   uint32_t shm_spin_ns = 20000;           // spin this long before sleeping on a futex
+  // Copies a frame's bulk into the arena; nullptr: memcpy. (The client passes its multi-threaded
+  // copy: one thread cannot move a large pageable copy at the memory's speed.)
+  void (*shm_bulk_copy)(void* dst, const void* src, size_t n) = nullptr;
   // TCP only: a receiver with nothing to read polls the socket this long before sleeping in
   // poll(), and the sender's flusher thread waits this long for more frames before sleeping, so
   // that a stream of small asynchronous calls does not pay a wake-up per frame. 0: never spin.

@@ -27,7 +27,7 @@ fi
 for f in drvtest ipc_pair compute_tenant rt_smoke rt_oom samples tier_kernels.fatbin; do
   [ -e "$B/tests/gpu/$f" ] && cp "$B/tests/gpu/$f" "$S/tests/gpu/"
 done
-for f in launch_overhead startup_probe remote_micro tier_kernels.fatbin; do
+for f in launch_overhead startup_probe remote_micro dtoh_probe tier_kernels.fatbin; do
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
 # The remote probe: its graph-node mode runs on a real driver (tests/gpu/README.md).

@@ -778,6 +778,21 @@ TEST_F(RemoteTest, PerThreadDefaultStreamVariantsRunRemotely) {
   }
 }
 
+TEST_F(RemoteTest, AProgramThreadWithASmallStackStartsAndCallsTheStub) {
+  StartWorker();
+  Result direct = Direct("smallstack");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["small_stack_thread"], "0");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "smallstack");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["small_stack_thread"], "0") << addr;  // not EINVAL: the stack is the program's
+    EXPECT_EQ(r.kv["small_stack_calls"], "0") << addr;
+    EXPECT_EQ(r.kv["small_stack_value"], "77") << addr;
+    EXPECT_EQ(r.kv["done"], "1");
+  }
+}
+
 TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
   StartWorker();
   Result direct = DirectProgram({TF_HOST_PROBE, "pinned", "--no-zero-copy"});

@@ -3,6 +3,7 @@
 // libcuda.so.1 like any CUDA program; the library path decides what it gets.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1203,6 +1204,39 @@ int Capture() {
   return 0;
 }
 
+// A program thread started with a small stack (64 KiB, as some runtimes and thread pools use)
+// while the driver library is loaded, and the calls it makes: the driver library must not take
+// that stack for itself (its static thread-local storage comes out of every thread's stack).
+int SmallStack() {
+  CUcontext ctx = Setup();
+  struct Args {
+    CUcontext ctx;
+    CUresult r = CUDA_ERROR_UNKNOWN;
+    unsigned got = 0;
+  } args{ctx};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 64 * 1024);
+  pthread_t t;
+  const int rc = pthread_create(&t, &attr, [](void* p) -> void* {
+    auto* a = static_cast<Args*>(p);
+    CUdeviceptr d = 0;
+    a->r = cuCtxSetCurrent(a->ctx);
+    if (a->r == CUDA_SUCCESS) a->r = cuMemAlloc(&d, 4096);
+    if (a->r == CUDA_SUCCESS) {
+      Fill(Kernel("fill_u32"), d, 77, 16, nullptr);
+      a->r = cuMemcpyDtoH(&a->got, d, sizeof(a->got));
+      cuMemFree(d);
+    }
+    return nullptr;
+  }, &args);
+  pthread_attr_destroy(&attr);
+  if (rc == 0) pthread_join(t, nullptr);
+  std::printf("small_stack_thread=%d\nsmall_stack_calls=%d\nsmall_stack_value=%u\ndone=1\n", rc,
+              static_cast<int>(args.r), args.got);
+  return 0;
+}
+
 }  // namespace
 
 // Allocates 16 MiB blocks until the driver refuses: how much the vGPU lets this process have.
@@ -1245,6 +1279,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
+  if (!strcmp(mode, "smallstack")) return SmallStack();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
