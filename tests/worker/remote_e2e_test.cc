@@ -793,6 +793,19 @@ TEST_F(RemoteTest, AProgramThreadWithASmallStackStartsAndCallsTheStub) {
   }
 }
 
+TEST_F(RemoteTest, ModulesLoadLazilyUnlessTheClientAsksForEagerLoading) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result lazy = Remote(addr, "loadingmode");
+    ASSERT_EQ(lazy.rc, 0) << addr << "\n" << lazy.out;
+    EXPECT_EQ(lazy.kv["loading_mode"], std::to_string(CU_MODULE_LAZY_LOADING)) << addr;
+    EXPECT_EQ(lazy.kv["loading_mode_null"], std::to_string(CUDA_ERROR_INVALID_VALUE)) << addr;
+    Result eager = RemoteProgram(addr, {TF_PROBE, "loadingmode"}, "sekrit", {"CUDA_MODULE_LOADING=EAGER"});
+    ASSERT_EQ(eager.rc, 0) << addr << "\n" << eager.out;
+    EXPECT_EQ(eager.kv["loading_mode"], std::to_string(CU_MODULE_EAGER_LOADING)) << addr;
+  }
+}
+
 TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
   StartWorker();
   Result direct = DirectProgram({TF_HOST_PROBE, "pinned", "--no-zero-copy"});

@@ -1237,6 +1237,21 @@ int SmallStack() {
   return 0;
 }
 
+// What cudart asks before registering its fat binaries.
+int LoadingMode() {
+  CHECK(cuInit(0));
+  auto get = Sym<CUresult (*)(CUmoduleLoadingMode*)>("cuModuleGetLoadingMode");
+  if (get == nullptr) {
+    std::printf("loading_mode=na\ndone=1\n");
+    return 0;
+  }
+  CUmoduleLoadingMode mode = CU_MODULE_EAGER_LOADING;
+  CHECK(get(&mode));
+  std::printf("loading_mode=%d\nloading_mode_null=%d\ndone=1\n", static_cast<int>(mode),
+              static_cast<int>(get(nullptr)));
+  return 0;
+}
+
 }  // namespace
 
 // Allocates 16 MiB blocks until the driver refuses: how much the vGPU lets this process have.
@@ -1280,6 +1295,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
   if (!strcmp(mode, "smallstack")) return SmallStack();
+  if (!strcmp(mode, "loadingmode")) return LoadingMode();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
