@@ -21,8 +21,11 @@ struct Buffers {
 // exit.
 thread_local Buffers* t_buffers = nullptr;
 
+// Runs on the exiting thread itself: a later destructor (another library's) that still makes a
+// call on this thread allocates afresh instead of touching freed memory.
 void FreeBuffers(void* p) {
   auto* bufs = static_cast<Buffers*>(p);
+  if (t_buffers == bufs) t_buffers = nullptr;
   for (uint8_t* b : bufs->b) free(b);
   delete bufs;
 }
