@@ -835,21 +835,27 @@ CUresult Impl_cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstre
 
 CUresult Impl_cuModuleLoadData(CUmodule* module, const void* image) { return LoadModule(module, image); }
 
-// A module from a file (Triton and Inductor load their cubins this way): the file is read here and
-// its image sent like cuModuleLoadData's; a NUL is appended so that a PTX file is a C string.
-CUresult Impl_cuModuleLoad(CUmodule* module, const char* fname) {
-  if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+CUresult ReadImageFile(const char* fname, std::vector<char>* image) {
   FILE* f = fopen(fname, "rb");
   if (f == nullptr) return CUDA_ERROR_FILE_NOT_FOUND;
-  std::vector<char> image;
+  image->clear();
   char chunk[65536];
   size_t n;
-  while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) image.insert(image.end(), chunk, chunk + n);
+  while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) image->insert(image->end(), chunk, chunk + n);
   bool failed = ferror(f) != 0;
   fclose(f);
   if (failed) return CUDA_ERROR_FILE_NOT_FOUND;
-  if (image.empty()) return CUDA_ERROR_INVALID_IMAGE;
-  image.push_back('\0');
+  if (image->empty()) return CUDA_ERROR_INVALID_IMAGE;
+  image->push_back('\0');
+  return CUDA_SUCCESS;
+}
+
+// A module from a file (Triton and Inductor load their cubins this way): the file is read here and
+// its image sent like cuModuleLoadData's.
+CUresult Impl_cuModuleLoad(CUmodule* module, const char* fname) {
+  if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<char> image;
+  if (CUresult r = ReadImageFile(fname, &image); r != CUDA_SUCCESS) return r;
   return LoadModule(module, image.data());
 }
 CUresult Impl_cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
@@ -1007,6 +1013,42 @@ CUresult Impl_cuCtxSetLimit(CUlimit limit, size_t value) {
   w.U64(value);
   CUresult r = Simple(l, Fn::cuCtxSetLimit, w);
   ForgetAnswers(s, Fn::cuCtxGetLimit);  // the driver may round, and some limits move others
+  return r;
+}
+
+// The context's preferred L1/shared memory split: asked once per context, then answered here
+// until this client sets it.
+CUresult Impl_cuCtxGetCacheConfig(CUfunc_cache* pconfig) {
+  if (pconfig == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint64_t cached = 0;
+  if (CachedAnswer(s, Fn::cuCtxGetCacheConfig, CurrentContext(), 0, 0, &cached)) {
+    *pconfig = static_cast<CUfunc_cache>(cached);
+    return CUDA_SUCCESS;
+  }
+  Writer w(nullptr, 0);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuCtxGetCacheConfig), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  int32_t v = 0;
+  if (!rv.reader.I32(&v)) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(s, Fn::cuCtxGetCacheConfig, CurrentContext(), 0, 0, static_cast<uint64_t>(v));
+  *pconfig = static_cast<CUfunc_cache>(v);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxSetCacheConfig(CUfunc_cache config) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U32(static_cast<uint32_t>(config));
+  CUresult r = Simple(l, Fn::cuCtxSetCacheConfig, w);
+  ForgetAnswers(s, Fn::cuCtxGetCacheConfig);
+  ForgetOccupancy(s);
   return r;
 }
 

@@ -2,6 +2,8 @@
 // client_local.cc, client_async.cc, client_host.cc, client_callbacks.cc, client_graphs.cc).
 #pragma once
 
+#include <vector>
+
 #include <cstdint>
 
 #include "client/client.h"
@@ -63,8 +65,12 @@ inline void ForgetFunctionAnswers(Session* s) {
 }
 
 // Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
-// attribute of a function or kernel changes.
+// attribute or the cache configuration of a function, kernel or context changes.
 void ForgetOccupancy(Session* s);
+
+// Reads a module or library image from a file, NUL-terminated (a PTX file is then a C string):
+// CUDA_ERROR_FILE_NOT_FOUND when it cannot be read, CUDA_ERROR_INVALID_IMAGE when it is empty.
+CUresult ReadImageFile(const char* fname, std::vector<char>* image);
 
 // Writes a launch configuration's geometry: u32 grid x/y/z, u32 block x/y/z, u32 shared memory,
 // u64 stream, u32 attribute count (cuLaunchKernelEx and the cluster-occupancy queries).

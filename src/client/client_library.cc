@@ -75,6 +75,18 @@ CUresult Impl_cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_opti
   return CUDA_SUCCESS;
 }
 
+// A library from a file: read here, then loaded like cuLibraryLoadData's image.
+CUresult Impl_cuLibraryLoadFromFile(CUlibrary* library, const char* fileName, CUjit_option* jit_options,
+                                    void** jit_values, unsigned int num_jit,
+                                    CUlibraryOption* lib_options, void** lib_values,
+                                    unsigned int num_lib) {
+  if (library == nullptr || fileName == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<char> image;
+  if (CUresult r = ReadImageFile(fileName, &image); r != CUDA_SUCCESS) return r;
+  return Impl_cuLibraryLoadData(library, image.data(), jit_options, jit_values, num_jit, lib_options,
+                                lib_values, num_lib);
+}
+
 CUresult Impl_cuLibraryUnload(CUlibrary library) {
   TF_LOCK(l);
   TF_CTX_IF_ANY(l);
@@ -377,6 +389,35 @@ CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, i
     it->second.attrs[a] = val;
   }
   return CUDA_SUCCESS;
+}
+
+// Cache configuration of a function or kernel: a hint the worker's driver keeps; it changes what
+// the occupancy queries answer.
+CUresult Impl_cuFuncSetCacheConfig(CUfunction func, CUfunc_cache config) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(func));
+  w.U32(static_cast<uint32_t>(config));
+  CUresult r = CallSync(s, Op(Fn::cuFuncSetCacheConfig), w, nullptr);
+  ForgetOccupancy(s);
+  return r;
+}
+
+CUresult Impl_cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
+  TF_LOCK(l);
+  TF_CTX_IF_ANY(l);
+  Session* s = l.session();
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(kernel));
+  w.U32(static_cast<uint32_t>(config));
+  w.I32(dev);
+  CUresult r = CallSync(s, Op(Fn::cuKernelSetCacheConfig), w, nullptr);
+  ForgetOccupancy(s);
+  return r;
 }
 
 CUresult Impl_cuKernelGetName(const char** name, CUkernel kernel) {

@@ -819,6 +819,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuKernelGetAttribute:
     case Fn::cuKernelSetAttribute:
     case Fn::cuFuncSetAttribute:
+    case Fn::cuFuncSetCacheConfig:
+    case Fn::cuKernelSetCacheConfig:
     case Fn::cuOccupancyAvailableDynamicSMemPerBlock:
     case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor:
     case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
@@ -857,6 +859,19 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       rd.U32(&limit);
       if (!rd.U64(&v) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       return CALL(cuCtxSetLimit, static_cast<CUlimit>(limit), v);
+    }
+    // The preferred L1/shared memory split: a hint the driver keeps per context.
+    case Fn::cuCtxGetCacheConfig: {
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      CUfunc_cache c = CU_FUNC_CACHE_PREFER_NONE;
+      CUresult r = CALL(cuCtxGetCacheConfig, &c);
+      out.I32(static_cast<int32_t>(c));
+      return r;
+    }
+    case Fn::cuCtxSetCacheConfig: {
+      uint32_t c = 0;
+      if (!rd.U32(&c) || !rd.Finish() || c > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+      return CALL(cuCtxSetCacheConfig, static_cast<CUfunc_cache>(c));
     }
     case Fn::cuStreamCreateWithPriority: {
       uint32_t flags = 0;
@@ -1698,6 +1713,25 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       if (!rd.I32(&value) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       if (!functions_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
       return CALL(cuFuncSetAttribute, As<CUfunction>(f), static_cast<CUfunction_attribute>(attr), value);
+    }
+    // in U64 function or kernel, U32 CUfunc_cache (and for a kernel I32 device).
+    case Fn::cuFuncSetCacheConfig:
+    case Fn::cuKernelSetCacheConfig: {
+      uint64_t h = 0;
+      uint32_t c = 0;
+      int32_t dev = 0;
+      rd.U64(&h);
+      rd.U32(&c);
+      if (fn == Fn::cuKernelSetCacheConfig) rd.I32(&dev);
+      if (!rd.Finish() || c > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+      const auto config = static_cast<CUfunc_cache>(c);
+      if (fn == Fn::cuFuncSetCacheConfig) {
+        if (!functions_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+        return CALL(cuFuncSetCacheConfig, As<CUfunction>(h), config);
+      }
+      if (!kernels_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      return CALL(cuKernelSetCacheConfig, As<CUkernel>(h), config, dev);
     }
     // Occupancy of a function (or of a kernel, which the driver accepts in its place):
     // in U64 function, I32 a, I32 b (block count/size, block size/limit), U64 dynamic shared

@@ -601,6 +601,29 @@ CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
   return CUDA_SUCCESS;
 }
 
+// The preferred split of L1 and shared memory: a hint on real GPUs, kept and answered here.
+CUresult cuCtxGetCacheConfig(CUfunc_cache* config) {
+  FAKECUDA_ENTER();
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *config = static_cast<CUfunc_cache>(d.cache_config);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCacheConfig(CUfunc_cache config) {
+  FAKECUDA_ENTER();
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
+  if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.cache_config = config;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuCtxSynchronize_v2(CUcontext handle) {
   FAKECUDA_ENTER();
   if (handle == nullptr) return cuCtxSynchronize();

@@ -257,6 +257,7 @@ class Driver {
   std::map<Graph*, std::unique_ptr<Graph>> graphs;
   std::map<GraphExec*, std::unique_ptr<GraphExec>> graph_execs;
   std::map<int, size_t> limits;  // cuCtxSetLimit values (CUlimit -> value)
+  int cache_config = 0;          // cuCtxSetCacheConfig (CUfunc_cache), shared by the contexts
   // cuIpcOpenMemHandle: (exporting pid, serial) -> the base of the kIpcOpened allocation.
   std::map<std::pair<uint32_t, uint64_t>, uintptr_t> ipc_opened;
 

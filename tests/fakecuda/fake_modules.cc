@@ -646,8 +646,17 @@ CUresult cuOccupancyMaxPotentialClusterSize(int* size, CUfunction function,
 
 CUresult cuFuncSetCacheConfig(CUfunction function, CUfunc_cache config) {
   FAKECUDA_ENTER();
-  (void)config;
-  return fakecuda::FindKernel(function) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (fakecuda::FindKernel(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
+  FAKECUDA_ENTER();
+  (void)dev;
+  if (fakecuda::FindKernel(kernel) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (config < CU_FUNC_CACHE_PREFER_NONE || config > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuFuncGetName(const char** name, CUfunction function) {

@@ -793,6 +793,28 @@ TEST_F(RemoteTest, AProgramThreadWithASmallStackStartsAndCallsTheStub) {
   }
 }
 
+TEST_F(RemoteTest, CacheConfigurationsAndLibrariesFromFilesWorkRemotely) {
+  StartWorker();
+  Result direct = Direct("cacheconfig");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "cacheconfig");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["ctx_cache_initial"], "0") << addr;
+    EXPECT_EQ(r.kv["ctx_cache_set"], "2") << addr;  // CU_FUNC_CACHE_PREFER_L1, not a stale answer
+    EXPECT_EQ(r.kv["ctx_cache_bad"], "1") << addr;  // CUDA_ERROR_INVALID_VALUE, nothing changed
+    EXPECT_EQ(r.kv["ctx_cache_after_bad"], "2") << addr;
+    EXPECT_EQ(r.kv["func_cache"], "0:1:400") << addr;
+    EXPECT_EQ(r.kv["kernel_cache"], "0:1") << addr;
+    EXPECT_EQ(r.kv["cache_run"], "41") << addr;
+    // The fake driver has no cuLibraryLoadFromFile; the stub reads the file and loads its image.
+    EXPECT_EQ(r.kv["library_file"], "0") << addr;
+    EXPECT_EQ(r.kv["library_file_missing"], std::to_string(CUDA_ERROR_FILE_NOT_FOUND)) << addr;
+    ExpectSameKeys(direct, r);
+  }
+}
+
 TEST_F(RemoteTest, ModulesLoadLazilyUnlessTheClientAsksForEagerLoading) {
   StartWorker();
   for (const std::string& addr : {tcp_, unix_}) {

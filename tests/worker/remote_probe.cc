@@ -1237,6 +1237,64 @@ int SmallStack() {
   return 0;
 }
 
+// Cache configuration hints (context, function, kernel) and a library loaded from a file.
+int CacheConfig() {
+  Setup();
+  CUfunc_cache c = CU_FUNC_CACHE_PREFER_EQUAL;
+  CHECK(cuCtxGetCacheConfig(&c));
+  std::printf("ctx_cache_initial=%d\n", static_cast<int>(c));
+  CHECK(cuCtxSetCacheConfig(CU_FUNC_CACHE_PREFER_L1));
+  CHECK(cuCtxGetCacheConfig(&c));
+  std::printf("ctx_cache_set=%d\n", static_cast<int>(c));
+  std::printf("ctx_cache_bad=%d\n", static_cast<int>(cuCtxSetCacheConfig(static_cast<CUfunc_cache>(7))));
+  CHECK(cuCtxGetCacheConfig(&c));
+  std::printf("ctx_cache_after_bad=%d\n", static_cast<int>(c));
+  std::printf("ctx_cache_null=%d\n", static_cast<int>(cuCtxGetCacheConfig(nullptr)));
+  CUfunction f = Kernel("fill_u32");
+  std::printf("func_cache=%d:%d:%d\n", static_cast<int>(cuFuncSetCacheConfig(f, CU_FUNC_CACHE_PREFER_SHARED)),
+              static_cast<int>(cuFuncSetCacheConfig(f, static_cast<CUfunc_cache>(9))),
+              static_cast<int>(cuFuncSetCacheConfig(reinterpret_cast<CUfunction>(0x5a5a0), CU_FUNC_CACHE_PREFER_L1)));
+  CUlibrary lib;
+  CHECK(cuLibraryLoadData(&lib, "fakecuda:builtin", nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel k;
+  CHECK(cuLibraryGetKernel(&k, lib, "fill_u32"));
+  using KernelCache = CUresult (*)(CUkernel, CUfunc_cache, CUdevice);
+  if (auto set = Sym<KernelCache>("cuKernelSetCacheConfig")) {
+    std::printf("kernel_cache=%d:%d\n", static_cast<int>(set(k, CU_FUNC_CACHE_PREFER_EQUAL, 0)),
+                static_cast<int>(set(k, static_cast<CUfunc_cache>(4), 0)));
+  } else {
+    std::printf("kernel_cache=na\n");
+  }
+  // A kernel still launches after all of it.
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, 64));
+  Fill(f, d, 41, 16, nullptr);
+  unsigned got = 0;
+  CHECK(cuMemcpyDtoH(&got, d + 60, 4));
+  std::printf("cache_run=%u\n", got);
+  CHECK(cuMemFree(d));
+  using FromFile = CUresult (*)(CUlibrary*, const char*, CUjit_option*, void**, unsigned, CUlibraryOption*,
+                                void**, unsigned);
+  if (auto load = Sym<FromFile>("cuLibraryLoadFromFile")) {
+    char path[] = "/tmp/tf-probe-library.XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || write(fd, "fakecuda:builtin", 16) != 16) return 1;
+    close(fd);
+    CUlibrary from_file = nullptr;
+    CUkernel k2 = nullptr;
+    CUresult lr = load(&from_file, path, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    unlink(path);
+    if (lr == CUDA_SUCCESS) lr = cuLibraryGetKernel(&k2, from_file, "fill_u32");
+    std::printf("library_file=%d\nlibrary_file_missing=%d\n", static_cast<int>(lr),
+                static_cast<int>(load(&from_file, "/nonexistent/tf-library.cubin", nullptr, nullptr, 0,
+                                      nullptr, nullptr, 0)));
+  } else {
+    std::printf("library_file=na\nlibrary_file_missing=na\n");
+  }
+  std::printf("done=1\n");
+  return 0;
+}
+
 // What cudart asks before registering its fat binaries.
 int LoadingMode() {
   CHECK(cuInit(0));
@@ -1296,6 +1354,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "perthread")) return PerThread();
   if (!strcmp(mode, "smallstack")) return SmallStack();
   if (!strcmp(mode, "loadingmode")) return LoadingMode();
+  if (!strcmp(mode, "cacheconfig")) return CacheConfig();
   if (!strcmp(mode, "init")) {
     CUresult r = cuInit(0);
     std::printf("init=%d\n", static_cast<int>(r));
