@@ -148,8 +148,8 @@ CUresult PoolCall(Fn fn, uint64_t pool, uint32_t attr, uint64_t value, uint64_t*
   uint8_t buf[24];
   Writer w(buf, sizeof(buf));
   w.U64(pool);
-  if (fn != Fn::cuMemPoolDestroy) w.U32(attr);
-  if (fn == Fn::cuMemPoolSetAttribute) w.U64(value);
+  if (fn != Fn::cuMemPoolDestroy && fn != Fn::cuMemPoolTrimTo) w.U32(attr);
+  if (fn == Fn::cuMemPoolSetAttribute || fn == Fn::cuMemPoolTrimTo) w.U64(value);
   ReplyView rv;
   CUresult r = CallSync(l.session(), Op(fn), w, &rv);
   if (r != CUDA_SUCCESS || out == nullptr) return r;
@@ -286,6 +286,10 @@ CUresult Impl_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
 
 CUresult Impl_cuMemPoolDestroy(CUmemoryPool pool) {
   return PoolCall(Fn::cuMemPoolDestroy, H(pool), 0, 0, nullptr);
+}
+
+CUresult Impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep) {
+  return PoolCall(Fn::cuMemPoolTrimTo, H(pool), 0, min_bytes_to_keep, nullptr);
 }
 
 CUresult Impl_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {

@@ -704,6 +704,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemPoolDestroy:
     case Fn::cuMemPoolSetAttribute:
     case Fn::cuMemPoolGetAttribute:
+    case Fn::cuMemPoolTrimTo:
       return PoolOrAsyncAlloc(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
@@ -2145,6 +2146,13 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
         pools_.erase(p);
       }
       return r;
+    }
+    // in U64 pool, U64 bytes to keep: a pool of this session (created, or a device's default).
+    case Fn::cuMemPoolTrimTo: {
+      uint64_t p = 0, keep = 0;
+      rd.U64(&p);
+      if (!rd.U64(&keep) || !rd.Finish() || !pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      return CALL(cuMemPoolTrimTo, As<CUmemoryPool>(p), static_cast<size_t>(keep));
     }
     case Fn::cuMemPoolSetAttribute:
     case Fn::cuMemPoolGetAttribute: {

@@ -346,6 +346,16 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool handle, CUmemPool_attribute attr, vo
   return CUDA_SUCCESS;
 }
 
+// Returning the pool's unused memory to the device: the fake pools hold none, so a live pool
+// is all that is checked.
+CUresult cuMemPoolTrimTo(CUmemoryPool handle, size_t min_bytes_to_keep) {
+  FAKECUDA_ENTER();
+  (void)min_bytes_to_keep;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return LivePool(d, handle) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 CUresult cuMemPoolGetAttribute(CUmemoryPool handle, CUmemPool_attribute attr, void* value) {
   FAKECUDA_ENTER();
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -372,6 +372,7 @@ TEST_F(RemoteTest, ExtendedLaunchesWaitsMemsetsUnifiedCopiesAndPoolsRunRemotely)
     EXPECT_EQ(r.kv["free_async_twice"], "1");
     EXPECT_EQ(r.kv["pool_owner_ok"], "1");
     EXPECT_EQ(r.kv["pool_alloc"], "5");
+    EXPECT_EQ(r.kv["pool_trim"], "0:0:1");  // a created pool, the default pool, a bogus handle
     EXPECT_EQ(r.kv["wait_bogus_event"], "0") << "fire-and-forget";
     EXPECT_EQ(r.kv["after_bogus_sync"], "400") << "the bad handle surfaces at the next sync";
     // The worker validates what the fake driver does not (handles at a fire-and-forget call,

@@ -680,6 +680,9 @@ int Async() {
   CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &one));
   CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &reuse));
   std::printf("pool_reuse=%d\n", reuse);
+  std::printf("pool_trim=%d:%d:%d\n", static_cast<int>(cuMemPoolTrimTo(pool, 0)),
+              static_cast<int>(cuMemPoolTrimTo(def, 1 << 20)),
+              static_cast<int>(cuMemPoolTrimTo(reinterpret_cast<CUmemoryPool>(0xbad0), 0)));
   CUdeviceptr d;
   CHECK(cuMemAllocFromPoolAsync(&d, 4096, pool, s2));
   CUmemoryPool owner = nullptr;
