@@ -84,6 +84,19 @@ void* HelperMain(void* arg) {
   return nullptr;
 }
 
+// A detached helper thread with `stack` bytes of stack (0: the default size); pthread_create's
+// result.
+int SpawnHelper(void* id, size_t stack) {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (stack) pthread_attr_setstacksize(&attr, stack);
+  pthread_t t;
+  const int rc = pthread_create(&t, &attr, &HelperMain, id);
+  pthread_attr_destroy(&attr);
+  return rc;
+}
+
 // Called with p.use held.
 int StartHelpers(Pool& p) {
   if (p.helpers >= 0) return p.helpers;
@@ -92,27 +105,17 @@ int StartHelpers(Pool& p) {
   if (Settings().threads > 0) want = Settings().threads - 1;
   int started = 0;
   for (int i = 0; i < want; ++i) {
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    // The stack also holds the static TLS of every library in the program (glibc puts it there),
-    // which can be large in a framework's process; the stack is only reserved, not touched.
-    pthread_attr_setstacksize(&attr, 2u << 20);
     // Helpers must not take signals meant for the application's threads.
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
     void* id = reinterpret_cast<void*>(static_cast<intptr_t>(i));
-    int rc = pthread_create(&t, &attr, &HelperMain, id);
-    if (rc == EINVAL) {  // the program's static TLS outgrew even that: the default stack size
-      pthread_attr_destroy(&attr);
-      pthread_attr_init(&attr);
-      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-      rc = pthread_create(&t, &attr, &HelperMain, id);
-    }
+    // The stack also holds the static TLS of every library in the program (glibc puts it there),
+    // which can be large in a framework's process; the stack is only reserved, not touched. If
+    // the program's static TLS outgrew even that, the default stack size.
+    int rc = SpawnHelper(id, 2u << 20);
+    if (rc == EINVAL) rc = SpawnHelper(id, 0);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    pthread_attr_destroy(&attr);
     if (rc != 0) {
       p.stats.start_error = rc;
       break;

@@ -281,6 +281,16 @@ int Bench() {
   return 0;
 }
 
+// Writes the fake driver's built-in image to a new file named from path_template (mkstemp), as
+// a module or library file to load from.
+bool WriteBuiltinImage(char* path_template) {
+  const int fd = mkstemp(path_template);
+  if (fd < 0) return false;
+  const bool ok = write(fd, "fakecuda:builtin", 16) == 16;
+  close(fd);
+  return ok;
+}
+
 // Entry points the fake driver may not export: looked up at run time ("na" when absent).
 template <class F>
 F Sym(const char* name) {
@@ -474,9 +484,7 @@ int Local() {
     CHECK(cuStreamDestroy(prio));
     std::printf("priority_stream=%u\n", got);
     char path[] = "/tmp/tf-probe-module.XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0 || write(fd, "fakecuda:builtin", 16) != 16) return 1;
-    close(fd);
+    if (!WriteBuiltinImage(path)) return 1;
     CUmodule from_file = nullptr;
     CUfunction f2 = nullptr;
     CUresult lr = cuModuleLoad(&from_file, path);
@@ -1280,9 +1288,7 @@ int CacheConfig() {
                                 void**, unsigned);
   if (auto load = Sym<FromFile>("cuLibraryLoadFromFile")) {
     char path[] = "/tmp/tf-probe-library.XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0 || write(fd, "fakecuda:builtin", 16) != 16) return 1;
-    close(fd);
+    if (!WriteBuiltinImage(path)) return 1;
     CUlibrary from_file = nullptr;
     CUkernel k2 = nullptr;
     CUresult lr = load(&from_file, path, nullptr, nullptr, 0, nullptr, nullptr, 0);
