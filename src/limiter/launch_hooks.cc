@@ -2,19 +2,33 @@
 // plain, extended (cuLaunchKernelEx), cooperative, legacy grid launches and CUDA graphs, in
 // their legacy-stream and per-thread-stream (_ptsz) forms.
 #include "limiter/compute_gate.h"
+#include "limiter/compute_governor.h"
 #include "limiter/export_support.h"
 
 namespace tf::limiter {
 namespace {
 
 template <typename Call>
-inline CUresult Gated(CUstream stream, bool per_thread, Call&& call) {
+__attribute__((noinline)) CUresult GovernedLaunch(CUstream stream, bool per_thread, Call&& call) {
+  ComputeGovernor& governor = ComputeGovernor::Instance();
+  if (governor.governed()) {
+    ComputeGovernor::Track* t = governor.Before(stream, per_thread);
+    CUresult r = call();
+    governor.After(t, r);
+    return r;
+  }
   ComputeGate& gate = ComputeGate::Instance();
-  if (__builtin_expect(!gate.throttled(), 1)) return call();
+  if (!gate.throttled()) return call();
   gate.Enter(stream, per_thread);
   CUresult r = call();
   gate.Exit();
   return r;
+}
+
+template <typename Call>
+inline CUresult Gated(CUstream stream, bool per_thread, Call&& call) {
+  if (__builtin_expect(!g_launch_governed, 1)) return call();
+  return GovernedLaunch(stream, per_thread, call);
 }
 
 }  // namespace
@@ -107,21 +121,30 @@ CUresult Hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
 
 // ---- destruction of streams and contexts: close the compute lease first ----
 
-#define TF_QUIESCED(name, context, ...)                                   \
-  TF_REAL_OR_MISSING(name)                                                \
-  if (ComputeGate::Instance().throttled()) ComputeGate::Instance().Quiesce(context); \
+#define TF_QUIESCED(name, stream, context, ...)                                        \
+  TF_REAL_OR_MISSING(name)                                                             \
+  if (ComputeGate::Instance().throttled()) ComputeGate::Instance().Quiesce(context);   \
+  if (ComputeGovernor::Instance().governed()) ComputeGovernor::Instance().Forget(stream, context); \
   return fn(__VA_ARGS__);
 
-CUresult Hook_cuStreamDestroy(CUstream hStream) { TF_QUIESCED(cuStreamDestroy, false, hStream) }
-CUresult Hook_cuStreamDestroy_v2(CUstream hStream) { TF_QUIESCED(cuStreamDestroy_v2, false, hStream) }
-CUresult Hook_cuCtxDestroy(CUcontext ctx) { TF_QUIESCED(cuCtxDestroy, true, ctx) }
-CUresult Hook_cuCtxDestroy_v2(CUcontext ctx) { TF_QUIESCED(cuCtxDestroy_v2, true, ctx) }
-CUresult Hook_cuDevicePrimaryCtxRelease(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxRelease, true, dev) }
-CUresult Hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-  TF_QUIESCED(cuDevicePrimaryCtxRelease_v2, true, dev)
+CUresult Hook_cuStreamDestroy(CUstream hStream) { TF_QUIESCED(cuStreamDestroy, hStream, false, hStream) }
+CUresult Hook_cuStreamDestroy_v2(CUstream hStream) {
+  TF_QUIESCED(cuStreamDestroy_v2, hStream, false, hStream)
 }
-CUresult Hook_cuDevicePrimaryCtxReset(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxReset, true, dev) }
-CUresult Hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) { TF_QUIESCED(cuDevicePrimaryCtxReset_v2, true, dev) }
+CUresult Hook_cuCtxDestroy(CUcontext ctx) { TF_QUIESCED(cuCtxDestroy, nullptr, true, ctx) }
+CUresult Hook_cuCtxDestroy_v2(CUcontext ctx) { TF_QUIESCED(cuCtxDestroy_v2, nullptr, true, ctx) }
+CUresult Hook_cuDevicePrimaryCtxRelease(CUdevice dev) {
+  TF_QUIESCED(cuDevicePrimaryCtxRelease, nullptr, true, dev)
+}
+CUresult Hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  TF_QUIESCED(cuDevicePrimaryCtxRelease_v2, nullptr, true, dev)
+}
+CUresult Hook_cuDevicePrimaryCtxReset(CUdevice dev) {
+  TF_QUIESCED(cuDevicePrimaryCtxReset, nullptr, true, dev)
+}
+CUresult Hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  TF_QUIESCED(cuDevicePrimaryCtxReset_v2, nullptr, true, dev)
+}
 #undef TF_QUIESCED
 
 }  // namespace tf::limiter

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "limiter/compute_gate.h"
+#include "limiter/compute_governor.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
 
@@ -28,6 +29,7 @@ namespace tf::limiter {
 std::atomic<bool> g_ready{false};
 driver::DriverTable g_real;
 bool g_trace = false;
+bool g_launch_governed = false;
 
 namespace {
 
@@ -91,7 +93,16 @@ void InitOnce() {
       snprintf(g_binding.vgpu_id, sizeof(g_binding.vgpu_id), "%s", vgpu);
     }
   }
-  ComputeGate::Instance().Configure(g_binding.configured && !g_binding.failed ? &g_binding : nullptr);
+  // Shared (concurrent) compute mode unless the operator asks for the exclusive time-slice lease.
+  const char* mode = getenv("TFUSION_COMPUTE_MODE");
+  const bool exclusive = mode != nullptr && strcmp(mode, "exclusive") == 0;
+  if (mode != nullptr && *mode && !exclusive && strcmp(mode, "shared") != 0) {
+    GuestLog("TFUSION_COMPUTE_MODE=%s is neither 'shared' nor 'exclusive': using shared", mode);
+  }
+  Binding* bound = g_binding.configured && !g_binding.failed ? &g_binding : nullptr;
+  ComputeGate::Instance().Configure(exclusive ? bound : nullptr);
+  ComputeGovernor::Instance().Configure(bound, exclusive);
+  g_launch_governed = ComputeGate::Instance().throttled() || ComputeGovernor::Instance().governed();
   g_ready.store(true, std::memory_order_release);
 }
 
@@ -101,6 +112,7 @@ void AtForkChild() {
   pthread_mutex_init(&g_bind_mu, nullptr);
   g_binding.slot_pid = 0;
   ComputeGate::Instance().ResetAfterFork();
+  ComputeGovernor::Instance().ResetAfterFork();
 }
 
 // Load-time set-up that touches neither CUDA nor the environment: the opaque forwarders answer
@@ -118,6 +130,7 @@ struct LoadTimeSetup {
 void DetachAtExit() {
   if (!g_ready.load(std::memory_order_acquire)) return;
   ComputeGate::Instance().Shutdown();
+  ComputeGovernor::Instance().Shutdown();
   if (g_binding.configured && !g_binding.failed && g_binding.slot_pid == static_cast<int>(getpid())) {
     g_binding.region.DetachProcess(g_binding.slot);
     g_binding.slot_pid = 0;

@@ -304,7 +304,16 @@ bool GpuRegion::ValidActiveProcess(uint32_t slot) const {
 
 RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes,
                                           uint64_t compute_share_ppm, uint32_t* index_out) {
-  if (base_ == nullptr || id == nullptr || compute_share_ppm == 0) return RegionError::kInvalidArgument;
+  return CreateOrUpdateVgpu(id, vram_limit_bytes, compute_share_ppm, compute_share_ppm, kDefaultQos,
+                            index_out);
+}
+
+RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes,
+                                          uint64_t request_ppm, uint64_t limit_ppm, uint32_t qos,
+                                          uint32_t* index_out) {
+  if (base_ == nullptr || id == nullptr || request_ppm == 0 || limit_ppm < request_ppm || qos > kMaxQos) {
+    return RegionError::kInvalidArgument;
+  }
   size_t n = strnlen(id, kVgpuIdBytes);
   if (n == 0 || n >= kVgpuIdBytes) return RegionError::kInvalidArgument;
   RegionError e = LockTable();
@@ -316,7 +325,9 @@ RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_by
     if (v->state.load(std::memory_order_acquire) == kSlotActive) {
       if (FieldEquals(v->id, kVgpuIdBytes, id)) {
         v->vram_limit_bytes.store(vram_limit_bytes, std::memory_order_relaxed);
-        v->compute_share_ppm.store(compute_share_ppm, std::memory_order_relaxed);
+        v->compute_share_ppm.store(request_ppm, std::memory_order_relaxed);
+        v->compute_limit_ppm.store(limit_ppm, std::memory_order_relaxed);
+        v->qos.store(qos, std::memory_order_relaxed);
         if (index_out != nullptr) *index_out = i;
         return RegionError::kOk;
       }
@@ -328,11 +339,17 @@ RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_by
   VgpuSlot* v = vgpu(static_cast<uint32_t>(free_index));
   CopyField(v->id, kVgpuIdBytes, id);
   v->vram_limit_bytes.store(vram_limit_bytes, std::memory_order_relaxed);
-  v->compute_share_ppm.store(compute_share_ppm, std::memory_order_relaxed);
+  v->compute_share_ppm.store(request_ppm, std::memory_order_relaxed);
+  v->compute_limit_ppm.store(limit_ppm, std::memory_order_relaxed);
+  v->qos.store(qos, std::memory_order_relaxed);
   v->vram_used_bytes.store(0, std::memory_order_relaxed);
   v->drift_events.store(0, std::memory_order_relaxed);
   v->oom_total.store(0, std::memory_order_relaxed);
-  v->tokens_ns.store(InitialTokensNs(compute_share_ppm), std::memory_order_relaxed);
+  // Exclusive mode refills tokens_ns at the request (its only bucket); shared mode at the limit.
+  v->tokens_ns.store(InitialTokensNs(request_ppm == limit_ppm ? request_ppm : limit_ppm),
+                     std::memory_order_relaxed);
+  v->request_tokens_ns.store(InitialTokensNs(request_ppm), std::memory_order_relaxed);
+  v->last_demand_ns.store(0, std::memory_order_relaxed);
   v->last_refill_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   v->busy_ns_total.store(0, std::memory_order_relaxed);
   v->throttled_ns_total.store(0, std::memory_order_relaxed);
@@ -485,6 +502,10 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
   uint32_t owner = static_cast<uint32_t>(w >> 54);
   out->lease_owner_slot = owner == 0 ? -1 : static_cast<int32_t>(owner - 1);
   out->lease_steals_total = lease()->steals_total.load(std::memory_order_relaxed);
+  out->contention_scale_ppm = share()->scale_ppm.load(std::memory_order_relaxed);
+  if (out->contention_scale_ppm == 0) out->contention_scale_ppm = kShareWholeGpuPpm;
+  out->snapshot_ns = MonotonicNowNs();
+  out->active_processes = share()->active_processes.load(std::memory_order_relaxed);
   uint32_t counts[kMaxVgpus] = {};
   for (uint32_t i = 0; i < kMaxProcesses; ++i) {
     const ProcessSlot* p = process(i);
@@ -497,6 +518,7 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     pi.vram_bytes = p->vram_bytes.load(std::memory_order_relaxed);
     pi.throttled_ns = p->throttled_ns.load(std::memory_order_relaxed);
     pi.waiting = p->wait_since_ns.load(std::memory_order_relaxed) != 0;
+    pi.active_until_ns = p->active_until_ns.load(std::memory_order_relaxed);
     pi.holds_lease = owner == i + 1;
     if (pi.vgpu_index < kMaxVgpus) ++counts[pi.vgpu_index];
   }
@@ -510,6 +532,10 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     vi.vram_limit_bytes = v->vram_limit_bytes.load(std::memory_order_relaxed);
     vi.vram_used_bytes = v->vram_used_bytes.load(std::memory_order_relaxed);
     vi.compute_share_ppm = v->compute_share_ppm.load(std::memory_order_relaxed);
+    vi.compute_limit_ppm = v->compute_limit_ppm.load(std::memory_order_relaxed);
+    vi.qos = v->qos.load(std::memory_order_relaxed);
+    vi.request_tokens_ns = v->request_tokens_ns.load(std::memory_order_relaxed);
+    vi.last_demand_ns = v->last_demand_ns.load(std::memory_order_relaxed);
     vi.tokens_ns = v->tokens_ns.load(std::memory_order_relaxed);
     vi.busy_ns_total = v->busy_ns_total.load(std::memory_order_relaxed);
     vi.throttled_ns_total = v->throttled_ns_total.load(std::memory_order_relaxed);

@@ -48,13 +48,39 @@ struct LeaseGrant {
   int64_t retry_after_ns = 0;    // when denied: a hint of how long to wait, >= 0
 };
 
+inline constexpr uint32_t kDefaultQos = 1;  // medium
+
+// Shared compute mode: why ShareTick told a process to hold back.
+enum class ShareHold : uint8_t {
+  kRun = 0,        // submit
+  kAtLimit,        // the vGPU's limit bucket is empty: at its ceiling
+  kOwedElsewhere,  // over its request while another vGPU that wants the GPU is within its own
+  kHigherQos,      // over its request while a higher-QoS vGPU is borrowing idle capacity too
+};
+const char* ShareHoldName(ShareHold h);
+
+struct ShareVerdict {
+  ShareHold hold = ShareHold::kRun;
+  RegionError error = RegionError::kOk;
+  int64_t retry_after_ns = 0;    // when holding: when to look again at the latest (<= 20 ms)
+  int64_t charged_ns = 0;        // GPU-busy ns this tick charged to the vGPU
+  uint64_t scale_ppm = 0;        // the contention scale applied (1,000,000 = none)
+};
+
+// A vGPU whose processes had work in flight or were held back within this long is "wanting".
+inline constexpr int64_t kDemandTtlNs = 3'000'000;
+
 struct VgpuInfo {
   uint32_t index;
   char id[kVgpuIdBytes];
   uint64_t vram_limit_bytes;
   uint64_t vram_used_bytes;
-  uint64_t compute_share_ppm;
-  int64_t tokens_ns;
+  uint64_t compute_share_ppm;   // the request
+  uint64_t compute_limit_ppm;   // the ceiling
+  uint32_t qos;
+  int64_t tokens_ns;            // limit bucket
+  int64_t request_tokens_ns;    // request bucket (shared mode)
+  int64_t last_demand_ns;       // CLOCK_MONOTONIC ns it last had work in flight or was held
   uint64_t busy_ns_total;
   uint64_t throttled_ns_total;
   uint64_t launches_total;
@@ -73,6 +99,7 @@ struct ProcessInfo {
   uint64_t throttled_ns;
   bool waiting;
   bool holds_lease;
+  int64_t active_until_ns;      // shared mode: GPU work in flight until then (CLOCK_MONOTONIC)
 };
 
 // A point-in-time copy for `tfusion smi` (values are read without locks: each is exact, the set
@@ -84,6 +111,9 @@ struct RegionSnapshot {
   uint64_t capacity_mtflops;
   int32_t lease_owner_slot;  // -1 when FREE
   uint64_t lease_steals_total;
+  uint64_t contention_scale_ppm;  // shared mode: raw busy time is charged x this / 1e6
+  uint32_t active_processes;      // shared mode: processes with work in flight at the last tick
+  int64_t snapshot_ns;            // CLOCK_MONOTONIC ns the snapshot was taken
   uint32_t vgpu_count;
   VgpuInfo vgpus[kMaxVgpus];
   uint32_t process_count;
@@ -129,7 +159,12 @@ class GpuRegion {
 
   // Creates the vGPU `id` (1..63 chars) or updates the limits of the existing one. A lowered
   // limit below current use is accepted: further Reserve calls fail until use drops.
-  // compute_share_ppm must be > 0; >= kShareWholeGpuPpm means unthrottled. kFull when 64 exist.
+  // Compute: request_ppm (guaranteed under contention) > 0, limit_ppm (ceiling) >= request_ppm,
+  // qos 0..kMaxQos; both >= kShareWholeGpuPpm means unthrottled. kInvalidArgument otherwise,
+  // changing nothing. kFull when 64 exist.
+  RegionError CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes, uint64_t request_ppm,
+                                 uint64_t limit_ppm, uint32_t qos, uint32_t* index_out);
+  // Request = limit = compute_share_ppm, QoS medium.
   RegionError CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes,
                                  uint64_t compute_share_ppm, uint32_t* index_out);
   RegionError FindVgpu(const char* id, uint32_t* index_out) const;
@@ -206,6 +241,18 @@ class GpuRegion {
   // Adds n to the vGPU's launches_total (relaxed; batch it, it is a shared cache line).
   void CountLaunches(uint32_t slot, uint64_t n);
 
+  // ---- shared compute mode (limiter governor; compute_share.cc) ----
+
+  // One governor tick of process `slot`: charges raw_busy_ns (GPU-busy ns its kernels used since
+  // the last tick, measured with events) x the GPU's contention scale to its vGPU, refills the
+  // vGPU's limit and request buckets, records whether it is active (in_flight: work still queued)
+  // or held (it was holding back during the tick: counted as throttled time), and says whether it
+  // must hold back now. Lock-free; costs a scan of the 64 vGPU slots.
+  ShareVerdict ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns, int64_t raw_busy_ns,
+                         bool in_flight, bool held);
+  // The process has no work in flight and wants nothing (stops counting it as active).
+  void ShareIdle(uint32_t slot);
+
   // ---- observation ----
   void Snapshot(RegionSnapshot* out) const;
 
@@ -218,6 +265,7 @@ class GpuRegion {
     return reinterpret_cast<ProcessSlot*>(base_ + kProcessArrayOffset) + i;
   }
   LeaseBlock* lease() const { return reinterpret_cast<LeaseBlock*>(base_ + kLeaseOffset); }
+  ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 
   RegionError LockTable();
@@ -229,6 +277,8 @@ class GpuRegion {
   int64_t RefillTokens(VgpuSlot* v, int64_t now_ns);
   void FreeLeaseIfHeldBy(uint32_t slot);
   int32_t PickHandoffTarget(uint32_t releaser, int64_t now_ns) const;
+  // Processes with work in flight now, counting `self` as one; the vGPUs of the others in a mask.
+  uint32_t ActiveProcesses(uint32_t self, int64_t now_ns, uint64_t* vgpus_in_flight) const;
   void ClearWaiting(ProcessSlot* p);  // wait_since_ns -> 0, keeping LeaseBlock::wanting exact
 
   static RegionError MapFile(int fd, const char* path, GpuRegion* out, RegionErrorDetail* why);

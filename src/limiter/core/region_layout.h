@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 1.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 2.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -28,6 +28,7 @@ inline constexpr size_t kVgpuIdBytes = 64;    // NUL-terminated, so at most 63 c
 inline constexpr size_t kGpuUuidBytes = 64;   // "GPU-xxxxxxxx-...", NUL-terminated
 inline constexpr size_t kGpuNameBytes = 96;   // "NVIDIA H100 80GB HBM3", NUL-terminated
 inline constexpr uint64_t kShareWholeGpuPpm = 1'000'000;  // compute_share_ppm of a whole GPU
+inline constexpr uint32_t kMaxQos = 3;                     // 0 low, 1 medium, 2 high, 3 critical
 
 enum SlotState : uint32_t { kSlotFree = 0, kSlotActive = 1 };
 
@@ -65,28 +66,37 @@ struct alignas(kCacheLine) VgpuSlot {
   // Line 0: identity and limits. state flips under table_mutex; limits are atomic stores by the
   // owner (CreateOrUpdateVgpu) and may be read by anyone at any time.
   std::atomic<uint32_t> state;            // SlotState
-  uint32_t reserved0;
+  std::atomic<uint32_t> qos;              // 0..kMaxQos: who borrows idle capacity first
   std::atomic<uint64_t> vram_limit_bytes;
-  std::atomic<uint64_t> compute_share_ppm;  // 1,000,000 = whole GPU; >= that: unthrottled
+  // The compute request (guaranteed under contention). 1,000,000 = whole GPU; request and limit
+  // both >= that: unthrottled (the launch path skips all accounting).
+  std::atomic<uint64_t> compute_share_ppm;
   // Written only under `mutex`; read lock-free (a momentary value) by Used() and Snapshot().
   // Invariant at every unlock: vram_used_bytes == sum of vram_bytes of active ProcessSlots
   // whose vgpu_index is this slot.
   std::atomic<uint64_t> vram_used_bytes;
   std::atomic<uint64_t> drift_events;     // Release() of more than was held (clamped at zero)
   std::atomic<uint64_t> oom_total;        // Reserve() refusals
-  uint8_t reserved1[16];
+  std::atomic<uint64_t> compute_limit_ppm;  // the ceiling, >= compute_share_ppm
+  uint8_t reserved1[8];
   // Line 1: identity string, written before state becomes active, then immutable.
   char id[kVgpuIdBytes];
   // Line 2: robust, process-shared; guards vram_used_bytes and the vram_bytes of its processes.
   alignas(kCacheLine) pthread_mutex_t mutex;
   // Line 3: compute token bucket and counters, updated lock-free by lease holders and waiters.
-  alignas(kCacheLine) std::atomic<int64_t> tokens_ns;  // GPU-busy ns this vGPU may still use; may be negative (debt)
+  // The limit bucket: GPU-busy ns this vGPU may still use, refilled at compute_limit_ppm; may be
+  // negative (debt). (Exclusive-lease mode: the only bucket, refilled at compute_share_ppm.)
+  alignas(kCacheLine) std::atomic<int64_t> tokens_ns;
   std::atomic<int64_t> last_refill_ns;      // CLOCK_MONOTONIC ns of the last refill
-  std::atomic<uint64_t> busy_ns_total;      // measured GPU-busy ns charged (ReleaseLease)
-  std::atomic<uint64_t> throttled_ns_total; // ns processes of this vGPU waited for the lease
+  std::atomic<uint64_t> busy_ns_total;      // GPU-busy ns charged to this vGPU
+  std::atomic<uint64_t> throttled_ns_total; // ns processes of this vGPU were held back
   std::atomic<uint64_t> launches_total;     // kernel launches reported by the hook layer
-  std::atomic<uint64_t> leases_total;       // leases granted
-  uint8_t reserved2[16];
+  std::atomic<uint64_t> leases_total;       // leases granted (exclusive mode) / holds (shared mode)
+  // The request bucket, refilled at compute_share_ppm and charged only while another vGPU
+  // wants the GPU (borrowed idle capacity is not debt): <= 0 means "over what it is owed".
+  std::atomic<int64_t> request_tokens_ns;
+  std::atomic<int64_t> last_demand_ns;      // CLOCK_MONOTONIC ns a process of it last had work
+                                            // in flight or was held back; 0 = never
 };
 
 // 64 bytes each, kMaxProcesses of them.
@@ -99,7 +109,9 @@ struct alignas(kCacheLine) ProcessSlot {
   std::atomic<uint64_t> vram_bytes;        // VRAM this process holds; written under the vGPU mutex
   std::atomic<uint64_t> throttled_ns;      // ns this process waited for the lease
   std::atomic<int64_t> wait_since_ns;      // CLOCK_MONOTONIC ns it started waiting; 0 = not waiting
-  uint8_t reserved1[16];
+  std::atomic<int64_t> active_until_ns;    // shared mode: it has GPU work in flight until at least
+                                           // this CLOCK_MONOTONIC ns (refreshed per tick); 0 = idle
+  uint8_t reserved1[8];
 };
 
 // 64 bytes, one per GPU. The compute lease: at most one throttled process submits at a time.
@@ -124,12 +136,23 @@ struct alignas(kCacheLine) LeaseBlock {
   uint8_t reserved1[16];
 };
 
+// 64 bytes, one per GPU, after the lease block. Shared (concurrent) mode, informational: the
+// contention seen by the last governor tick (ShareTick writes it; `tfusion smi` shows it).
+struct alignas(kCacheLine) ShareBlock {
+  std::atomic<uint64_t> scale_ppm;         // 1,000,000 / processes with work in flight
+  std::atomic<uint32_t> active_processes;  // processes with work in flight at the last tick
+  uint32_t reserved0;
+  std::atomic<uint64_t> ticks_total;       // governor ticks reported
+  uint8_t reserved[40];
+};
+
 inline constexpr int64_t kNoDeadline = INT64_MAX;
 
 inline constexpr uint64_t kVgpuArrayOffset = sizeof(RegionHeader);
 inline constexpr uint64_t kProcessArrayOffset = kVgpuArrayOffset + kMaxVgpus * sizeof(VgpuSlot);
 inline constexpr uint64_t kLeaseOffset = kProcessArrayOffset + kMaxProcesses * sizeof(ProcessSlot);
-inline constexpr uint64_t kRegionTotalSize = kLeaseOffset + sizeof(LeaseBlock);
+inline constexpr uint64_t kShareOffset = kLeaseOffset + sizeof(LeaseBlock);
+inline constexpr uint64_t kRegionTotalSize = kShareOffset + sizeof(ShareBlock);
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
@@ -154,6 +177,10 @@ static_assert(sizeof(LeaseBlock) == 64);
 static_assert(offsetof(LeaseBlock, handoff) == 24 && offsetof(LeaseBlock, waiters) == 32 &&
               offsetof(LeaseBlock, steals_total) == 40);
 static_assert(kVgpuArrayOffset == 512 && kProcessArrayOffset == 16896 && kLeaseOffset == 49664);
-static_assert(kRegionTotalSize == 49728);
+static_assert(sizeof(ShareBlock) == 64 && std::is_standard_layout_v<ShareBlock>);
+static_assert(offsetof(VgpuSlot, qos) == 4 && offsetof(VgpuSlot, compute_limit_ppm) == 48);
+static_assert(offsetof(VgpuSlot, request_tokens_ns) == 240 && offsetof(VgpuSlot, last_demand_ns) == 248);
+static_assert(offsetof(ProcessSlot, active_until_ns) == 48);
+static_assert(kShareOffset == 49728 && kRegionTotalSize == 49792);
 
 }  // namespace tf::limiter

@@ -1,0 +1,431 @@
+#include "limiter/compute_governor.h"
+
+#include <time.h>
+
+#include "limiter/core/process_identity.h"
+#include "limiter/export_support.h"
+#include "limiter/guest_log.h"
+#include "limiter/runtime.h"
+
+namespace tf::limiter {
+
+// One stream's measurement state. Guarded by `mu` (held only around driver calls that do not
+// block: record, query, elapsed time).
+struct ComputeGovernor::Track {
+  static constexpr int kMaxPending = 8;
+  static constexpr int kMaxFree = 16;
+
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  bool used = false;
+  CUstream stream = nullptr;
+  bool per_thread = false;
+  CUcontext ctx = nullptr;          // the context the stream and the track's events belong to
+  pthread_t thread{};               // for a per-thread default stream: whose
+  bool thread_keyed = false;
+  CUevent origin = nullptr;         // begin event or the last completed marker; null: idle
+  CUevent pending[kMaxPending] = {};
+  int head = 0;
+  int count = 0;
+  int launching = 0;                // launches between Before and After
+  CUevent free_events[kMaxFree] = {};
+  int nfree = 0;
+  int64_t raw_ns = 0;               // measured since the governor last collected it
+
+  CUevent TakeEvent() {
+    if (nfree > 0) return free_events[--nfree];
+    CUevent ev = nullptr;
+    if (Real().cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
+    return ev;
+  }
+  void GiveEvent(CUevent ev) {
+    if (ev == nullptr) return;
+    if (nfree < kMaxFree) free_events[nfree++] = ev;
+    else Real().cuEventDestroy_v2(ev);
+  }
+  CUresult Record(CUevent ev) {
+    return per_thread ? Real().cuEventRecord_ptsz(ev, stream) : Real().cuEventRecord(ev, stream);
+  }
+  // Pops completed markers in order, adding the GPU time since the origin to raw_ns; closes the
+  // span when everything launched has completed. REQUIRES mu.
+  void Drain() {
+    const auto& real = Real();
+    while (count > 0) {
+      CUevent e = pending[head];
+      CUresult q = real.cuEventQuery(e);
+      if (q == CUDA_ERROR_NOT_READY) break;
+      if (q == CUDA_SUCCESS && origin != nullptr) {
+        float ms = 0;
+        CUresult r = real.cuEventElapsedTime_v2 ? real.cuEventElapsedTime_v2(&ms, origin, e)
+                                                : real.cuEventElapsedTime(&ms, origin, e);
+        if (r == CUDA_SUCCESS && ms > 0) raw_ns += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+      }
+      GiveEvent(origin);
+      origin = e;
+      head = (head + 1) % kMaxPending;
+      --count;
+    }
+    if (count == 0 && launching == 0 && origin != nullptr) {
+      GiveEvent(origin);
+      origin = nullptr;
+    }
+  }
+  void Reset() {  // REQUIRES mu; the context is still alive
+    GiveEvent(origin);
+    origin = nullptr;
+    while (count > 0) {
+      GiveEvent(pending[head]);
+      head = (head + 1) % kMaxPending;
+      --count;
+    }
+    while (nfree > 0) Real().cuEventDestroy_v2(free_events[--nfree]);
+    raw_ns = 0;
+    used = false;
+  }
+};
+
+namespace {
+
+constexpr int kMaxTracks = 64;
+constexpr int64_t kIdleTicksBeforeSleep = 20;        // 10 ms without GPU work
+constexpr int64_t kStalledGovernorNs = 200'000'000;  // launchers stop honouring a stale hold
+constexpr int64_t kMaxTickNs = 20'000'000;
+
+ComputeGovernor::Track g_tracks[kMaxTracks];
+std::atomic<int> g_track_count{0};
+
+// The track the calling thread used last, and in which generation of the table.
+thread_local CUstream t_stream = nullptr;
+thread_local bool t_per_thread = false;
+thread_local CUcontext t_ctx = nullptr;
+thread_local uint64_t t_generation = 0;
+thread_local ComputeGovernor::Track* t_track = nullptr;
+
+bool IsSpecial(CUstream s) {
+  auto v = reinterpret_cast<uintptr_t>(s);
+  return v == 0 || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+bool IsPerThreadDefault(CUstream s, bool per_thread) {
+  return s == CU_STREAM_PER_THREAD || (reinterpret_cast<uintptr_t>(s) == 0 && per_thread);
+}
+
+void AbsDeadline(timespec* ts, int64_t delta_ns) {
+  clock_gettime(CLOCK_REALTIME, ts);
+  int64_t ns = ts->tv_nsec + delta_ns;
+  ts->tv_sec += ns / 1'000'000'000;
+  ts->tv_nsec = ns % 1'000'000'000;
+}
+
+}  // namespace
+
+ComputeGovernor& ComputeGovernor::Instance() {
+  static ComputeGovernor* g = new ComputeGovernor();  // lives until exit; its thread uses it
+  return *g;
+}
+
+void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
+  binding_ = binding;
+  governed_ = false;
+  if (binding == nullptr || exclusive) return;
+  RegionSnapshot* snap = new RegionSnapshot();
+  binding->region.Snapshot(snap);
+  for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+    const VgpuInfo& v = snap->vgpus[i];
+    if (v.index != binding->vgpu) continue;
+    governed_ = v.compute_share_ppm < kShareWholeGpuPpm || v.compute_limit_ppm < kShareWholeGpuPpm;
+  }
+  delete snap;
+  if (governed_) binding->unthrottled = false;
+}
+
+void ComputeGovernor::ResetAfterFork() {
+  pthread_mutex_init(&mu_, nullptr);
+  pthread_cond_init(&cv_, nullptr);
+  thread_started_ = false;
+  exiting_ = false;
+  hold_.store(false);
+  sleeping_.store(false);
+  last_tick_ns_.store(0);
+  // The parent's streams and events are not the child's: forget them without driver calls.
+  int n = g_track_count.load();
+  for (int i = 0; i < n; ++i) {
+    Track& t = g_tracks[i];
+    pthread_mutex_init(&t.mu, nullptr);
+    t.used = false;
+    t.origin = nullptr;
+    t.count = t.head = t.launching = t.nfree = 0;
+    t.raw_ns = 0;
+  }
+  g_track_count.store(0);
+  generation_.fetch_add(1);
+}
+
+void ComputeGovernor::Shutdown() {
+  pthread_mutex_lock(&mu_);
+  exiting_ = true;
+  hold_.store(false, std::memory_order_release);
+  pthread_cond_broadcast(&cv_);
+  pthread_mutex_unlock(&mu_);
+}
+
+void ComputeGovernor::Forget(CUstream stream, bool context_destroyed) {
+  int64_t measured = 0;
+  int n = g_track_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    Track& t = g_tracks[i];
+    pthread_mutex_lock(&t.mu);
+    if (t.used && (context_destroyed || t.stream == stream)) {
+      // Keep what was already measured; the events go before their stream or context does.
+      t.Drain();
+      measured += t.raw_ns;
+      t.Reset();
+    }
+    pthread_mutex_unlock(&t.mu);
+  }
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  pthread_mutex_lock(&mu_);  // lock order: a track's mu is never held while taking mu_ here
+  pending_raw_ns_ += measured;
+  pthread_mutex_unlock(&mu_);
+}
+
+ComputeGovernor::Track* ComputeGovernor::Lookup(CUstream stream, bool per_thread) {
+  const auto& real = Real();
+  CUcontext ctx = nullptr;
+  const bool special = IsSpecial(stream);
+  if (special) real.cuCtxGetCurrent(&ctx);
+  const uint64_t gen = generation_.load(std::memory_order_acquire);
+  if (t_track != nullptr && t_generation == gen && t_stream == stream && t_per_thread == per_thread &&
+      (!special || t_ctx == ctx)) {
+    return t_track;
+  }
+  if (!special) real.cuCtxGetCurrent(&ctx);
+  const bool thread_keyed = IsPerThreadDefault(stream, per_thread);
+  const pthread_t self = pthread_self();
+  Track* found = nullptr;
+  pthread_mutex_lock(&mu_);
+  int n = g_track_count.load(std::memory_order_relaxed);
+  int free_index = -1;
+  for (int i = 0; i < n; ++i) {
+    Track& t = g_tracks[i];
+    if (!t.used) {
+      if (free_index < 0) free_index = i;
+      continue;
+    }
+    if (t.stream == stream && t.per_thread == per_thread && (!special || t.ctx == ctx) &&
+        (!thread_keyed || pthread_equal(t.thread, self))) {
+      found = &t;
+      break;
+    }
+  }
+  if (found == nullptr) {
+    int i = free_index >= 0 ? free_index : (n < kMaxTracks ? n : -1);
+    if (i >= 0) {
+      Track& t = g_tracks[i];
+      pthread_mutex_lock(&t.mu);
+      t.used = true;
+      t.stream = stream;
+      t.per_thread = per_thread;
+      t.ctx = ctx;
+      t.thread = self;
+      t.thread_keyed = thread_keyed;
+      t.origin = nullptr;
+      t.count = t.head = t.launching = 0;
+      t.raw_ns = 0;
+      pthread_mutex_unlock(&t.mu);
+      if (i == n) g_track_count.store(n + 1, std::memory_order_release);
+      found = &t;
+    } else {
+      static std::atomic<bool> logged{false};
+      if (!logged.exchange(true)) GuestLog("more than %d streams: the rest are not measured", kMaxTracks);
+    }
+  }
+  pthread_mutex_unlock(&mu_);
+  t_track = found;
+  t_generation = gen;
+  t_stream = stream;
+  t_per_thread = per_thread;
+  t_ctx = ctx;
+  return found;
+}
+
+void ComputeGovernor::WakeIfSleeping() {
+  if (!sleeping_.load(std::memory_order_seq_cst)) return;
+  pthread_mutex_lock(&mu_);
+  EnsureThreadLocked();
+  pthread_cond_broadcast(&cv_);
+  pthread_mutex_unlock(&mu_);
+}
+
+void ComputeGovernor::WaitWhileHeld() {
+  pthread_mutex_lock(&mu_);
+  EnsureThreadLocked();
+  while (hold_.load(std::memory_order_acquire) && !exiting_) {
+    if (MonotonicNowNs() - last_tick_ns_.load(std::memory_order_relaxed) > kStalledGovernorNs) break;
+    timespec ts;
+    AbsDeadline(&ts, 2'000'000);
+    pthread_cond_timedwait(&cv_, &mu_, &ts);
+  }
+  pthread_mutex_unlock(&mu_);
+}
+
+ComputeGovernor::Track* ComputeGovernor::Before(CUstream stream, bool per_thread) {
+  if (__builtin_expect(!thread_started_, 0)) {
+    pthread_mutex_lock(&mu_);
+    EnsureThreadLocked();
+    pthread_mutex_unlock(&mu_);
+  }
+  if (hold_.load(std::memory_order_acquire)) WaitWhileHeld();
+  launches_.fetch_add(1, std::memory_order_seq_cst);
+  WakeIfSleeping();
+  const auto& real = Real();
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = per_thread ? real.cuStreamIsCapturing_ptsz(stream, &cs) : real.cuStreamIsCapturing(stream, &cs);
+  if (r != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return nullptr;  // nothing runs now
+  Track* t = Lookup(stream, per_thread);
+  if (t == nullptr) return nullptr;
+  pthread_mutex_lock(&t->mu);
+  if (!t->used) {
+    pthread_mutex_unlock(&t->mu);
+    return nullptr;
+  }
+  if (t->origin != nullptr) t->Drain();
+  if (t->origin == nullptr) {  // idle stream: the span begins with this launch
+    CUevent b = t->TakeEvent();
+    if (b != nullptr && t->Record(b) == CUDA_SUCCESS) {
+      t->origin = b;
+    } else {
+      t->GiveEvent(b);
+      pthread_mutex_unlock(&t->mu);
+      return nullptr;
+    }
+  }
+  ++t->launching;
+  pthread_mutex_unlock(&t->mu);
+  return t;
+}
+
+void ComputeGovernor::After(Track* t, CUresult launch_result) {
+  if (t == nullptr) return;
+  pthread_mutex_lock(&t->mu);
+  --t->launching;
+  if (t->used && launch_result == CUDA_SUCCESS) {
+    CUevent e = nullptr;
+    if (t->count == Track::kMaxPending) {
+      // Supersede the newest marker: re-recording it moves it behind this launch.
+      e = t->pending[(t->head + t->count - 1) % Track::kMaxPending];
+      t->Record(e);
+    } else if ((e = t->TakeEvent()) != nullptr) {
+      if (t->Record(e) == CUDA_SUCCESS) {
+        t->pending[(t->head + t->count) % Track::kMaxPending] = e;
+        ++t->count;
+      } else {
+        t->GiveEvent(e);
+      }
+    }
+  }
+  pthread_mutex_unlock(&t->mu);
+}
+
+void ComputeGovernor::EnsureThreadLocked() {
+  if (thread_started_ || exiting_) return;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_t th;
+  last_tick_ns_.store(MonotonicNowNs(), std::memory_order_relaxed);
+  if (pthread_create(&th, &attr, &Main, this) == 0) {
+    thread_started_ = true;
+  } else {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) GuestLog("cannot start the compute governor thread: not throttled");
+    governed_ = false;
+  }
+  pthread_attr_destroy(&attr);
+}
+
+void ComputeGovernor::Tick(int64_t now, int64_t dt) {
+  int64_t raw = 0;
+  bool in_flight = false;
+  int n = g_track_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    Track& t = g_tracks[i];
+    pthread_mutex_lock(&t.mu);
+    if (t.used) {
+      if (t.origin != nullptr) t.Drain();
+      raw += t.raw_ns;
+      t.raw_ns = 0;
+      in_flight = in_flight || t.origin != nullptr || t.launching > 0;
+    }
+    pthread_mutex_unlock(&t.mu);
+  }
+  pthread_mutex_lock(&mu_);
+  raw += pending_raw_ns_;
+  pending_raw_ns_ = 0;
+  pthread_mutex_unlock(&mu_);
+  Binding* b = Bound();
+  if (b == nullptr) return;
+  const bool was_held = hold_.load(std::memory_order_relaxed);
+  ShareVerdict v = b->region.ShareTick(b->slot, now, dt, raw, in_flight, was_held);
+  if (v.error != RegionError::kOk) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      GuestLog("compute accounting unavailable (%s): launches are not throttled", RegionErrorName(v.error));
+    }
+    governed_ = false;
+    hold_.store(false, std::memory_order_release);
+    return;
+  }
+  const bool hold = v.hold != ShareHold::kRun;
+  pthread_mutex_lock(&mu_);
+  hold_.store(hold, std::memory_order_release);
+  int64_t next = kTickNs;
+  if (hold && v.retry_after_ns > 0 && v.retry_after_ns < next) next = v.retry_after_ns;
+  if (next < 50'000) next = 50'000;
+  next_tick_ns_ = next;
+  if (!hold) pthread_cond_broadcast(&cv_);
+  pthread_mutex_unlock(&mu_);
+  if (in_flight || hold || raw > 0) idle_ticks_ = 0;
+  else ++idle_ticks_;
+}
+
+void* ComputeGovernor::Main(void* self) {
+  auto* g = static_cast<ComputeGovernor*>(self);
+  int64_t last = MonotonicNowNs();
+  pthread_mutex_lock(&g->mu_);
+  while (!g->exiting_) {
+    if (g->idle_ticks_ >= kIdleTicksBeforeSleep && g->launches_.load(std::memory_order_relaxed) == 0) {
+      if (Binding* b = Bound()) b->region.ShareIdle(b->slot);
+      g->sleeping_.store(true, std::memory_order_seq_cst);
+      if (g->launches_.load(std::memory_order_seq_cst) == 0) {
+        timespec ts;
+        AbsDeadline(&ts, 100'000'000);
+        pthread_cond_timedwait(&g->cv_, &g->mu_, &ts);
+      }
+      g->sleeping_.store(false, std::memory_order_relaxed);
+      last = MonotonicNowNs();
+      g->last_tick_ns_.store(last, std::memory_order_relaxed);
+      g->idle_ticks_ = g->launches_.load(std::memory_order_relaxed) == 0 ? g->idle_ticks_ : 0;
+      continue;
+    }
+    timespec ts;
+    AbsDeadline(&ts, g->next_tick_ns_);
+    pthread_cond_timedwait(&g->cv_, &g->mu_, &ts);
+    if (g->exiting_) break;
+    int64_t now = MonotonicNowNs();
+    int64_t dt = now - last;
+    if (dt < g->next_tick_ns_ / 2) continue;  // woken early (a launch after sleep): not due yet
+    if (dt > kMaxTickNs) dt = kMaxTickNs;
+    last = now;
+    g->launches_.store(0, std::memory_order_relaxed);
+    pthread_mutex_unlock(&g->mu_);
+    g->Tick(now, dt);
+    g->last_tick_ns_.store(now, std::memory_order_relaxed);
+    pthread_mutex_lock(&g->mu_);
+  }
+  g->hold_.store(false, std::memory_order_release);
+  pthread_cond_broadcast(&g->cv_);
+  pthread_mutex_unlock(&g->mu_);
+  return nullptr;
+}
+
+}  // namespace tf::limiter

@@ -1,0 +1,217 @@
+// Shared compute mode, on simulated time: tenants report to GpuRegion::ShareTick as governors do,
+// and a model of the GPU decides what each really got. The model is the one the driver applies
+// to processes without MPS: the tenants with work queued are time-sliced evenly, so each gets
+// dt / (number submitting) of real GPU time, while the span its own events measure (raw busy
+// time) is the whole dt.
+#include <unistd.h>
+
+#include <functional>
+#include <vector>
+
+#include "limiter/core/process_identity.h"
+#include "tests/limiter/region_test_util.h"
+
+namespace tf::limiter::testing {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kTick = 500'000;
+
+struct Tenant {
+  const char* id;
+  uint64_t request_ppm;
+  uint64_t limit_ppm;
+  uint32_t qos = kDefaultQos;
+  // Fraction of the GPU it would use alone (1 = saturating); 0 = not present.
+  std::function<double(int64_t t)> demand = [](int64_t) { return 1.0; };
+  uint32_t slot = 0;
+  bool held = false;
+  double carry = 0;        // demand not yet served (a sparse tenant queues work)
+  int64_t got_ns = 0;      // real GPU ns it received in the measured interval
+  int64_t held_ticks = 0;
+};
+
+class ComputeShareTest : public RegionTest {
+ protected:
+  // Simulated time starts after the vGPUs' creation time (their buckets are stamped with it).
+  const int64_t t0_ = MonotonicNowNs() + 1'000 * kMs;
+
+  void Add(Tenant* t) {
+    uint32_t v = 0;
+    ASSERT_EQ(region_.CreateOrUpdateVgpu(t->id, kGiB, t->request_ppm, t->limit_ppm, t->qos, &v), RegionError::kOk);
+    ASSERT_EQ(region_.AttachProcess(v, getpid(), &t->slot), RegionError::kOk);
+  }
+
+  // Runs [from, to) in ticks; counts what each tenant got in [measure_from, to).
+  void Run(std::vector<Tenant*> ts, int64_t from, int64_t to, int64_t measure_from) {
+    for (int64_t now = from; now < to; now += kTick) {
+      std::vector<Tenant*> running;
+      for (Tenant* t : ts) {
+        double d = t->demand(now);
+        if (d <= 0) continue;
+        t->carry += d;
+        if (!t->held && t->carry >= 1.0) running.push_back(t);
+      }
+      for (Tenant* t : ts) {
+        bool runs = false;
+        for (Tenant* r : running) runs = runs || r == t;
+        int64_t real = runs ? kTick / static_cast<int64_t>(running.size()) : 0;
+        if (runs) t->carry -= 1.0 / static_cast<double>(running.size());
+        if (t->carry > 4) t->carry = 4;
+        if (now >= measure_from) {
+          t->got_ns += real;
+          if (t->held) ++t->held_ticks;
+        }
+        if (t->demand(now) <= 0 && !runs) continue;  // gone or not started: reports nothing
+        // In flight at the tick: it still has work queued (a saturating tenant always has).
+        const bool queued = t->demand(now) >= 1.0 ? runs : t->carry >= 1.0;
+        ShareVerdict v = region_.ShareTick(t->slot, t0_ + now + kTick, kTick, runs ? kTick : 0, queued, t->held);
+        ASSERT_EQ(v.error, RegionError::kOk);
+        t->held = v.hold != ShareHold::kRun;
+      }
+    }
+  }
+  static double Share(const Tenant& t, int64_t ns) { return 100.0 * static_cast<double>(t.got_ns) / ns; }
+};
+
+TEST_F(ComputeShareTest, ALoneTenantBurstsToItsLimitAndIsNeverHeldBelowIt) {
+  Tenant a{"burst", 250'000, 1'000'000};
+  Add(&a);
+  Run({&a}, kMs, 2001 * kMs, 1001 * kMs);
+  EXPECT_NEAR(Share(a, 1000 * kMs), 100.0, 0.5);
+  EXPECT_EQ(a.held_ticks, 0);
+}
+
+TEST_F(ComputeShareTest, ASaturatingTenantAloneIsHeldAtItsLimit) {
+  Tenant a{"capped", 300'000, 300'000};
+  Add(&a);
+  Run({&a}, kMs, 2001 * kMs, 1001 * kMs);
+  EXPECT_NEAR(Share(a, 1000 * kMs), 30.0, 1.0);
+}
+
+TEST_F(ComputeShareTest, SaturatingTenantsWithRequestEqualLimitEachGetTheirShare) {
+  static const char* kIds[3][4] = {{"a0", "a1"}, {"b0", "b1"}, {"c0", "c1", "c2", "c3"}};
+  const std::vector<std::vector<uint64_t>> splits = {{100'000, 900'000}, {300'000, 700'000},
+                                                     {250'000, 250'000, 250'000, 250'000}};
+  int64_t start = kMs;
+  for (size_t k = 0; k < splits.size(); ++k) {
+    const auto& split = splits[k];
+    std::vector<Tenant> ts;
+    ts.reserve(split.size());
+    for (size_t i = 0; i < split.size(); ++i) ts.push_back(Tenant{kIds[k][i], split[i], split[i]});
+    std::vector<Tenant*> ps;
+    for (auto& t : ts) {
+      Add(&t);
+      ps.push_back(&t);
+    }
+    Run(ps, start, start + 3000 * kMs, start + 1000 * kMs);
+    start += 3000 * kMs;
+    double total = 0;
+    for (size_t i = 0; i < ts.size(); ++i) {
+      EXPECT_NEAR(Share(ts[i], 2000 * kMs), split[i] / 10'000.0, 2.0) << "tenant " << i << " of " << ts.size();
+      total += Share(ts[i], 2000 * kMs);
+    }
+    EXPECT_GT(total, 97.0) << "the GPU must stay busy";
+    for (auto& t : ts) {
+      uint32_t v = 0;
+      region_.DetachProcess(t.slot);
+      ASSERT_EQ(region_.FindVgpu(t.id, &v), RegionError::kOk);
+      region_.RemoveVgpu(v);
+    }
+  }
+}
+
+TEST_F(ComputeShareTest, AnIdleNeighboursCapacityIsLentAndTheRequestHoldsWhenItReturns) {
+  // The burst tenant (25% request, 100% limit) is alone for 2 s, then three saturating tenants
+  // (request = limit = 25%) arrive.
+  Tenant burst{"burst", 250'000, 1'000'000};
+  const int64_t arrive = 2001 * kMs;
+  auto late = [arrive](int64_t t) { return t >= arrive ? 1.0 : 0.0; };
+  Tenant b{"b", 250'000, 250'000}, c{"c", 250'000, 250'000}, d{"d", 250'000, 250'000};
+  b.demand = c.demand = d.demand = late;
+  for (Tenant* t : {&burst, &b, &c, &d}) Add(t);
+  Run({&burst, &b, &c, &d}, kMs, arrive, kMs);
+  EXPECT_NEAR(Share(burst, arrive - kMs), 100.0, 0.5);
+  burst.got_ns = 0;
+  // Within one second of the arrival it is back at its request; measure the next two seconds.
+  Run({&burst, &b, &c, &d}, arrive, arrive + 3000 * kMs, arrive + 1000 * kMs);
+  for (Tenant* t : {&burst, &b, &c, &d}) EXPECT_NEAR(Share(*t, 2000 * kMs), 25.0, 2.0) << t->id;
+}
+
+TEST_F(ComputeShareTest, AnOwedTenantIsServedBeforeBorrowersAndTheRestIsLent) {
+  // A sparse tenant wants 20% of the GPU and is owed 25%; three saturating borrowers (25% request,
+  // 100% limit) must not push it below what it wants, and must share everything it leaves.
+  Tenant small{"small", 250'000, 1'000'000};
+  small.demand = [](int64_t) { return 0.2; };
+  Tenant b{"b", 250'000, 1'000'000}, c{"c", 250'000, 1'000'000}, d{"d", 250'000, 1'000'000};
+  for (Tenant* t : {&small, &b, &c, &d}) Add(t);
+  Run({&small, &b, &c, &d}, kMs, 3001 * kMs, 1001 * kMs);
+  EXPECT_GT(Share(small, 2000 * kMs), 19.0);
+  double big = Share(b, 2000 * kMs) + Share(c, 2000 * kMs) + Share(d, 2000 * kMs);
+  EXPECT_GT(big, 75.0);
+  EXPECT_GT(big + Share(small, 2000 * kMs), 97.0) << "work conserving";
+}
+
+TEST_F(ComputeShareTest, HigherQosBorrowsIdleCapacityFirst) {
+  Tenant hi{"hi", 200'000, 1'000'000, 2}, lo{"lo", 200'000, 1'000'000, 0};
+  for (Tenant* t : {&hi, &lo}) Add(t);
+  Run({&hi, &lo}, kMs, 3001 * kMs, 1001 * kMs);
+  EXPECT_GT(Share(hi, 2000 * kMs), 70.0);
+  EXPECT_NEAR(Share(lo, 2000 * kMs), 20.0, 3.0) << "the low one keeps its request";
+}
+
+TEST_F(ComputeShareTest, AKilledTenantStopsHoldingOthersBackWithinTheDemandTtl) {
+  Tenant owed{"owed", 500'000, 500'000}, borrower{"borrower", 100'000, 1'000'000};
+  for (Tenant* t : {&owed, &borrower}) Add(t);
+  // The owed tenant works lightly (it stays within its request) and is then killed at 1 s.
+  const int64_t killed = 1001 * kMs;
+  owed.demand = [killed](int64_t t) { return t < killed ? 0.3 : 0.0; };
+  Run({&owed, &borrower}, kMs, killed, kMs);
+  borrower.held_ticks = 0;
+  borrower.got_ns = 0;
+  Run({&owed, &borrower}, killed, killed + 100 * kMs, killed);
+  // Held at most for the demand TTL (plus the tick that notices) after the death.
+  EXPECT_LE(borrower.held_ticks * kTick, kDemandTtlNs + 2 * kTick);
+  EXPECT_GT(Share(borrower, 100 * kMs), 90.0);
+}
+
+TEST_F(ComputeShareTest, OneHugeKernelIsChargedInFullAndPaidBack) {
+  Tenant a{"a", 250'000, 250'000};
+  Add(&a);
+  int64_t now = t0_;
+  // A 200 ms kernel completes: it is charged at once and the tenant is held until it has repaid
+  // it at 25% (800 ms less the bucket it had), no longer.
+  ShareVerdict v = region_.ShareTick(a.slot, now, kTick, 200 * kMs, false, false);
+  ASSERT_EQ(v.error, RegionError::kOk);
+  EXPECT_EQ(v.charged_ns, 200 * kMs);
+  EXPECT_EQ(v.hold, ShareHold::kAtLimit);
+  int64_t held_for = 0;
+  while (v.hold != ShareHold::kRun && held_for < 2000 * kMs) {
+    held_for += kTick;
+    v = region_.ShareTick(a.slot, now + held_for, kTick, 0, false, true);
+  }
+  EXPECT_GT(held_for, 650 * kMs);
+  EXPECT_LT(held_for, 820 * kMs);
+  RegionSnapshot* snap = new RegionSnapshot();
+  region_.Snapshot(snap);
+  EXPECT_EQ(snap->vgpus[0].busy_ns_total, 200u * kMs);
+  EXPECT_GE(snap->vgpus[0].throttled_ns_total, 650u * kMs);
+  delete snap;
+}
+
+TEST_F(ComputeShareTest, BadReportsAreRefusedAndChangeNothing) {
+  Tenant a{"a", 250'000, 250'000};
+  Add(&a);
+  EXPECT_EQ(region_.ShareTick(a.slot, t0_, kTick, -5, false, false).error, RegionError::kInvalidArgument);
+  EXPECT_EQ(region_.ShareTick(a.slot, t0_, -1, 0, false, false).error, RegionError::kInvalidArgument);
+  EXPECT_EQ(region_.ShareTick(kMaxProcesses + 3, 10 * kMs, kTick, 0, false, false).error,
+            RegionError::kInvalidArgument);
+  uint32_t v = 0;
+  EXPECT_EQ(region_.CreateOrUpdateVgpu("bad", kGiB, 500'000, 400'000, kDefaultQos, &v), RegionError::kInvalidArgument)
+      << "a limit below the request";
+  EXPECT_EQ(region_.CreateOrUpdateVgpu("bad", kGiB, 500'000, 500'000, kMaxQos + 1, &v), RegionError::kInvalidArgument);
+  EXPECT_EQ(region_.FindVgpu("bad", &v), RegionError::kNotFound);
+}
+
+}  // namespace
+}  // namespace tf::limiter::testing
