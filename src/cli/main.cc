@@ -33,8 +33,12 @@ int main(int argc, char** argv) {
   tf::cli::RunOptions run;
   auto* run_cmd = app.add_subcommand("run", "run a command on a vGPU of this machine");
   run_cmd->add_option("--vram", run.vram, "VRAM ceiling, e.g. 8GiB or 512MiB (default: the whole GPU)");
-  run_cmd->add_option("--tflops", run.tflops, "compute share in FP16 dense TFLOPS");
-  run_cmd->add_option("--percent", run.percent, "compute share in percent of the GPU");
+  run_cmd->add_option("--tflops", run.tflops, "compute request (guaranteed) in FP16 dense TFLOPS");
+  run_cmd->add_option("--percent", run.percent, "compute request (guaranteed) in percent of the GPU");
+  run_cmd->add_option("--tflops-limit", run.tflops_limit,
+                      "compute limit (ceiling it may burst to) in FP16 dense TFLOPS (default: the request)");
+  run_cmd->add_option("--percent-limit", run.percent_limit,
+                      "compute limit (ceiling it may burst to) in percent of the GPU (default: the request)");
   std::string run_gpu;
   run_cmd->add_option("--gpu", run_gpu, "GPU index as nvidia-smi numbers them, or its UUID (default 0)");
   run_cmd->add_option("--vgpu", run.vgpu, "vGPU name shared by several processes");
@@ -49,7 +53,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--worker-token", run.worker_token,
                        "token of the worker a vGPU placed on another node runs through (default: --token)")
       ->envname("TFUSION_WORKER_TOKEN");
-  run_cmd->add_option("--qos", run.qos, "low, medium, high or critical");
+  run_cmd->add_option("--qos", run.qos,
+                      "low, medium (default), high or critical: who borrows idle compute first, and "
+                      "who may preempt whom in a pool");
   run_cmd->add_option("--tenant", run.tenant, "tenant whose quota the pooled vGPU counts against (tfusion quota)")
       ->envname("TFUSION_TENANT");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
@@ -179,8 +185,8 @@ int main(int argc, char** argv) {
                            "worker makes one per client from --vram/--tflops/--percent\n");
       return 2;
     }
-    if (!run.tflops.empty() && !run.percent.empty()) {
-      std::fprintf(stderr, "tfusion run: give either --tflops or --percent, not both\n");
+    if (tf::Status c = tf::cli::CheckRemoteComputeFlags(tf::cli::ComputeFlagsOf(run)); !c.ok()) {
+      std::fprintf(stderr, "tfusion run: %s\n", c.message().c_str());
       return 2;
     }
     // Checked here for the syntax; the worker checks them against its GPU.

@@ -27,6 +27,8 @@ Status FromReply(int http_status, const std::string& body, const std::string& wh
   if (code == "out_of_memory") return OutOfMemory(message);
   if (code == "resource_exhausted") return ResourceExhausted(message);
   if (code == "aborted") return Status(StatusCode::kAborted, message);
+  if (code == "failed_precondition") return FailedPrecondition(message);
+  if (code == "already_exists") return AlreadyExists(message);
   return Unavailable(message + " (HTTP " + std::to_string(http_status) + ")");
 }
 
@@ -35,16 +37,23 @@ Status FromReply(int http_status, const std::string& body, const std::string& wh
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
-                                               const std::string& qos, const std::string& tenant) {
+                                               const std::string& qos, const std::string& tenant,
+                                               double limit_or_0) {
   const bool by_tflops = tflops_or_0 > 0, by_percent = percent_or_0 > 0;
   if (!std::isfinite(tflops_or_0) || !std::isfinite(percent_or_0) || tflops_or_0 < 0 ||
       percent_or_0 < 0 || by_tflops == by_percent)
     return InvalidArgument("give exactly one of TFLOPS or percent of a GPU, as a positive number");
   if (by_percent && percent_or_0 > 100) return InvalidArgument("percent of a GPU must be at most 100");
+  const double request = by_tflops ? tflops_or_0 : percent_or_0;
+  if (!std::isfinite(limit_or_0) || limit_or_0 < 0) return InvalidArgument("the compute limit must be a positive number");
+  if (limit_or_0 > 0 && limit_or_0 < request)
+    return InvalidArgument("the compute limit is below the request: the limit is the ceiling and must be at least the request");
+  if (by_percent && limit_or_0 > 100) return InvalidArgument("the percent limit must be at most 100");
   if (vram_bytes == 0) return InvalidArgument("VRAM must be positive");
   json body = {{"vram_mib", static_cast<int64_t>((vram_bytes + kMiB - 1) / kMiB)}, {"gpu_count", 1}};
   if (by_tflops) body["tflops"] = tflops_or_0;
   else body["percent"] = percent_or_0;
+  if (limit_or_0 > 0) body[by_tflops ? "tflops_limit" : "percent_limit"] = limit_or_0;
   if (!pool.empty()) body["pool"] = pool;
   if (!qos.empty()) body["qos"] = qos;
   if (!tenant.empty()) body["tenant"] = tenant;
@@ -65,6 +74,10 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   a.gpu_index = v.value("gpu_index", 0);
   a.vram_bytes = static_cast<uint64_t>(v.value("vram_mib", int64_t{0})) * kMiB;
   a.share_ppm = v.value("share_ppm", uint64_t{0});
+  a.limit_ppm = v.value("limit_ppm", a.share_ppm);  // an older controller: limit = request
+  a.tflops = v.value("tflops", 0.0);
+  a.tflops_limit = v.value("tflops_limit", a.tflops);
+  a.qos = j.value("qos", "medium");
   if (a.id.empty() || a.gpu_uuid.empty()) return Internal("the controller's allocation answer lacks an id or GPU");
   return a;
 }

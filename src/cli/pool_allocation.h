@@ -2,7 +2,8 @@
 // VRAM on one GPU of the pool, placed by the scheduler) and release it when done.
 //
 // The answer carries everything needed to create the vGPU in that GPU's shared quota region
-// (id = allocation id, VRAM limit in bytes, compute share in ppm); the node agent of that node
+// (id = allocation id, VRAM limit in bytes, compute request and limit in ppm, QoS); the node
+// agent of that node
 // creates it too, within its sync interval, and removes it after the release.
 //
 // Thread safety: the functions are independent; each opens its own connection.
@@ -22,19 +23,25 @@ struct PoolAllocation {
   std::string gpu_uuid;
   int gpu_index = 0;       // the GPU's index on that node
   uint64_t vram_bytes = 0; // VRAM limit granted (the request rounded up to whole MiB)
-  uint64_t share_ppm = 0;  // compute share of the whole GPU, millionths (1,000,000 = all of it)
+  uint64_t share_ppm = 0;  // compute request, share of the whole GPU in millionths (1,000,000 = all of it)
+  uint64_t limit_ppm = 0;  // compute limit (ceiling), same unit, >= share_ppm
+  double tflops = 0;       // the request in FP16 TFLOPS on that GPU
+  double tflops_limit = 0; // the limit in FP16 TFLOPS on that GPU
+  std::string qos;         // low, medium, high or critical
 };
 
 // `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of
 // `tflops_or_0` (FP16 TFLOPS) and `percent_or_0` (of one GPU, (0, 100]) must be > 0;
-// `vram_bytes` > 0. `pool` and `qos` may be empty (the controller's defaults: pool "default",
+// `vram_bytes` > 0. `limit_or_0` is the compute limit (ceiling) in the request's unit (TFLOPS
+// or percent), at least the request; 0 = the request. `pool` and `qos` may be empty (the controller's defaults: pool "default",
 // QoS medium); `tenant` may be empty (no quota applies), else its quota is checked. Errors: kInvalidArgument (bad input, also as the controller reports it),
 // kOutOfMemory (no GPU has room), kResourceExhausted (tenant quota), kUnauthenticated (token),
 // kNotFound (pool), kUnavailable (controller unreachable or not the leader).
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
-                                               const std::string& qos, const std::string& tenant = "");
+                                               const std::string& qos, const std::string& tenant = "",
+                                               double limit_or_0 = 0);
 
 // Releases an allocation. kNotFound when it is already gone.
 Status ReleasePoolAllocation(const std::string& url, const std::string& token,

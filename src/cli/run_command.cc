@@ -1,6 +1,5 @@
 #include "cli/run_command.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,11 +12,14 @@
 #include <memory>
 #include <optional>
 
+#include "cli/compute_flags.h"
 #include "cli/local_vgpu.h"
 #include "cli/pool_allocation.h"
 #include "cli/quantity.h"
 #include "cli/remote_run.h"
 #include "common/gpu_catalog.h"
+#include "controller/model.h"
+#include "hypervisor/quota_regions.h"
 #include "limiter/core/gpu_region.h"
 
 namespace tf::cli {
@@ -36,11 +38,33 @@ void Forward(int sig) {
   if (g_child > 0) kill(g_child, sig);
 }
 
-// Limits in the region's units from the flags: VRAM bytes and share in parts per million.
+// Limits in the region's units from the flags: VRAM bytes, compute request and limit in parts
+// per million of the GPU, QoS 0..3.
 struct Limits {
   uint64_t vram_bytes = 0;
-  uint64_t share_ppm = limiter::kShareWholeGpuPpm;
+  uint64_t share_ppm = limiter::kShareWholeGpuPpm;  // the request
+  uint64_t limit_ppm = limiter::kShareWholeGpuPpm;  // the ceiling, >= share_ppm
+  uint32_t qos = limiter::kDefaultQos;
 };
+
+uint64_t CapacityMtflops(const std::string& name) {
+  StatusOr<GpuCatalog> catalog = LoadCatalog();
+  if (!catalog.ok()) return 0;
+  auto spec = catalog->Lookup(name);
+  return spec.ok() ? static_cast<uint64_t>(spec->fp16_tflops * 1000) : 0;
+}
+
+// "50.0% of the GPU" (request = limit) or "request 25.0%, limit 100.0% of the GPU".
+std::string ShareText(const Limits& l) {
+  char buf[96];
+  if (l.limit_ppm <= l.share_ppm) {
+    std::snprintf(buf, sizeof(buf), "%.1f%% of the GPU", l.share_ppm / 10'000.0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "request %.1f%%, limit %.1f%% of the GPU", l.share_ppm / 10'000.0,
+                  l.limit_ppm / 10'000.0);
+  }
+  return buf;
+}
 
 StatusOr<Limits> ResolveLimits(const RunOptions& o, const LocalGpu& gpu) {
   Limits l;
@@ -54,51 +78,22 @@ StatusOr<Limits> ResolveLimits(const RunOptions& o, const LocalGpu& gpu) {
     }
     l.vram_bytes = *v;
   }
-  if (!o.tflops.empty() && !o.percent.empty()) {
-    return InvalidArgument("give either --tflops or --percent, not both");
+  const ComputeFlags flags = ComputeFlagsOf(o);
+  TF_RETURN_IF_ERROR(CheckComputeFlags(flags));
+  GpuForShares target{gpu.index, gpu.name, 0};
+  if (!o.tflops.empty() || !o.tflops_limit.empty()) {
+    StatusOr<GpuCatalog> catalog = LoadCatalog();
+    if (!catalog.ok()) return catalog.status();
+    if (auto spec = catalog->Lookup(gpu.name); spec.ok()) target.capacity_tflops = spec->fp16_tflops;
   }
-  if (!o.percent.empty()) {
-    auto p = ParsePositive("--percent", o.percent, 100);
-    if (!p.ok()) return p.status();
-    l.share_ppm = static_cast<uint64_t>(std::llround(*p * 10'000));
-  } else if (!o.tflops.empty()) {
-    auto t = ParsePositive("--tflops", o.tflops);
-    if (!t.ok()) return t.status();
-    GpuCatalog catalog;
-    if (const char* f = getenv("TFUSION_CATALOG_OVERRIDES"); f && *f) {
-      FILE* in = std::fopen(f, "r");
-      if (!in) return InvalidArgument(std::string("TFUSION_CATALOG_OVERRIDES: cannot read ") + f);
-      std::string text;
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof(buf), in)) > 0) text.append(buf, n);
-      std::fclose(in);
-      Status s = catalog.LoadOverrides(text);
-      if (!s.ok()) return s;
-    }
-    auto spec = catalog.Lookup(gpu.name);
-    if (!spec.ok()) {
-      return InvalidArgument("GPU model '" + gpu.name +
-                             "' is not in the catalog: use --percent, or add it with "
-                             "TFUSION_CATALOG_OVERRIDES");
-    }
-    auto share = ShareFromTflops(*t, spec->fp16_tflops);
-    if (!share.ok()) {
-      char buf[160];
-      std::snprintf(buf, sizeof(buf), "--tflops %s: GPU %d (%s) has %.1f TFLOPS", o.tflops.c_str(),
-                    gpu.index, gpu.name.c_str(), spec->fp16_tflops);
-      return InvalidArgument(buf);
-    }
-    l.share_ppm = static_cast<uint64_t>(std::llround(*share * 1e6));
-    if (l.share_ppm == 0) l.share_ppm = 1;
-  }
+  StatusOr<ComputeShares> shares = ResolveComputeShares(flags, target);
+  if (!shares.ok()) return shares.status();
+  l.share_ppm = shares->request_ppm;
+  l.limit_ppm = shares->limit_ppm;
+  StatusOr<uint32_t> qos = ParseQosFlag(o.qos);
+  if (!qos.ok()) return qos.status();
+  l.qos = *qos;
   return l;
-}
-
-uint64_t CapacityMtflops(const std::string& name) {
-  GpuCatalog catalog;
-  auto spec = catalog.Lookup(name);
-  return spec.ok() ? static_cast<uint64_t>(spec->fp16_tflops * 1000) : 0;
 }
 
 // The GPU `o` names: by UUID when o.gpu_uuid is set, else by NVML index; nullptr when none is.
@@ -136,18 +131,13 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   if (o.vram.empty()) return InvalidArgument("--vram is required when a controller places the vGPU");
   auto vram = ParseVramSize("--vram", o.vram);
   if (!vram.ok()) return vram.status();
-  if (!o.tflops.empty() && !o.percent.empty()) return InvalidArgument("give either --tflops or --percent, not both");
-  double tflops = 0, percent = 0;
-  if (!o.tflops.empty()) {
-    auto t = ParsePositive("--tflops", o.tflops);
-    if (!t.ok()) return t.status();
-    tflops = *t;
-  } else {
-    auto p = o.percent.empty() ? StatusOr<double>(100.0) : ParsePositive("--percent", o.percent, 100);
-    if (!p.ok()) return p.status();
-    percent = *p;
-  }
-  auto a = RequestPoolAllocation(o.controller, o.token, tflops, percent, *vram, o.pool, o.qos, o.tenant);
+  StatusOr<PoolCompute> compute = PoolComputeFromFlags(ComputeFlagsOf(o));
+  if (!compute.ok()) return compute.status();
+  StatusOr<uint32_t> qos = ParseQosFlag(o.qos);
+  if (!qos.ok()) return qos.status();
+  const double limit = compute->tflops > 0 ? compute->tflops_limit : compute->percent_limit;
+  auto a = RequestPoolAllocation(o.controller, o.token, compute->tflops, compute->percent, *vram, o.pool, o.qos,
+                                 o.tenant, limit);
   if (!a.ok()) {
     if (a.status().code() == StatusCode::kUnavailable) {
       std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",
@@ -174,17 +164,24 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   out.node = a->node;
   out.limits.vram_bytes = a->vram_bytes;
   out.limits.share_ppm = a->share_ppm;
+  out.limits.limit_ppm = std::max(a->limit_ppm, a->share_ppm);
+  StatusOr<uint32_t> granted_qos = ParseQosFlag(a->qos);
+  out.limits.qos = granted_qos.ok() ? *granted_qos : *qos;
+  const std::string granted = ShareText(out.limits);
   if (where->remote) {
     out.remote_worker = where->worker_address;
-    std::fprintf(stderr, "tfusion run: allocation %s on node %s (GPU %s): %s VRAM, %.1f%% of the GPU; "
+    std::fprintf(stderr, "tfusion run: allocation %s on node %s (GPU %s): %s VRAM, %s; "
                  "running remotely through its worker %s\n", a->id.c_str(), a->node.c_str(),
-                 a->gpu_uuid.c_str(), FormatBytes(a->vram_bytes).c_str(), a->share_ppm / 10'000.0,
+                 a->gpu_uuid.c_str(), FormatBytes(a->vram_bytes).c_str(), granted.c_str(),
                  out.remote_worker.c_str());
+    if (out.limits.limit_ppm > out.limits.share_ppm) {
+      std::fprintf(stderr, "tfusion run: the worker enforces the request as a hard cap: a limit above "
+                           "it is not carried to remote workers yet\n");
+    }
     return out;
   }
-  std::fprintf(stderr, "tfusion run: allocation %s on GPU %d (%s): %s VRAM, %.1f%% of the GPU\n",
-               a->id.c_str(), gpu->index, gpu->name.c_str(), FormatBytes(a->vram_bytes).c_str(),
-               a->share_ppm / 10'000.0);
+  std::fprintf(stderr, "tfusion run: allocation %s on GPU %d (%s): %s VRAM, %s\n", a->id.c_str(), gpu->index,
+               gpu->name.c_str(), FormatBytes(a->vram_bytes).c_str(), granted.c_str());
   return out;
 }
 
@@ -286,7 +283,8 @@ int RunCommand(const RunOptions& o) {
   uint32_t guard_slot = 0;
   bool guarded = false;
   for (int attempt = 0; attempt < 20 && !guarded; ++attempt) {
-    e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
+    e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, limits->limit_ppm,
+                                  limits->qos, &index);
     if (e != RegionError::kOk) return Fail("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
     if (region.AttachProcess(index, getpid(), &guard_slot) != RegionError::kOk) continue;
     uint32_t now = 0;
@@ -337,6 +335,10 @@ int RunCommand(const RunOptions& o) {
   return 1;
 }
 
+ComputeFlags ComputeFlagsOf(const RunOptions& o) {
+  return ComputeFlags{o.tflops, o.percent, o.tflops_limit, o.percent_limit};
+}
+
 StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_id) {
   if (vgpu_id.empty() || vgpu_id.size() >= limiter::kVgpuIdBytes) {
     return InvalidArgument("vGPU id '" + vgpu_id + "' is empty or longer than 63 characters");
@@ -362,7 +364,8 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
                        limiter::RegionErrorName(e) + " " + why.message);
   }
   uint32_t index = 0;
-  e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, &index);
+  e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, limits->limit_ppm,
+                                limits->qos, &index);
   if (e != RegionError::kOk) {
     return Unavailable("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
@@ -392,16 +395,7 @@ Status ParseGpuSelector(const std::string& text, RunOptions* o) {
 }
 
 void RemoveVgpuEverywhere(const std::string& vgpu_id) {
-  std::string dir = RegionDir();
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return;
-  while (dirent* ent = readdir(d)) {
-    std::string f(ent->d_name);
-    if (f.rfind("gpu-", 0) == 0 && f.size() > 7 && f.substr(f.size() - 7) == ".region") {
-      RemovePreparedVgpu(dir + "/" + f, vgpu_id);
-    }
-  }
-  closedir(d);
+  for (const std::string& f : hypervisor::RegionFiles(RegionDir())) RemovePreparedVgpu(f, vgpu_id);
 }
 
 void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id) {
@@ -413,55 +407,94 @@ void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_
   region.RemoveVgpu(index);
 }
 
-int SmiCommand(bool all_processes) {
-  std::string dir = RegionDir();
-  std::vector<std::string> files;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (dirent* ent = readdir(d)) {
-      std::string f(ent->d_name);
-      if (f.rfind("gpu-", 0) == 0 && f.size() > 7 && f.substr(f.size() - 7) == ".region") files.push_back(dir + "/" + f);
-    }
-    closedir(d);
+namespace {
+
+// "25.0%", "100%".
+std::string Percent(double ppm) {
+  char buf[24];
+  if (ppm >= limiter::kShareWholeGpuPpm) std::snprintf(buf, sizeof(buf), "%.0f%%", ppm / 10'000.0);
+  else std::snprintf(buf, sizeof(buf), "%.1f%%", ppm / 10'000.0);
+  return buf;
+}
+
+const char* QosText(uint32_t qos) {
+  return qos <= limiter::kMaxQos ? controller::QosName(static_cast<controller::Qos>(qos)) : "?";
+}
+
+// The vGPU's GPU-busy time between two snapshots over the wall time between them, in ppm of the
+// GPU; -1 when `before` has no such vGPU (it appeared in between) or no time passed.
+double UsePpm(const limiter::RegionSnapshot& before, const limiter::RegionSnapshot& after,
+              const limiter::VgpuInfo& v) {
+  const int64_t wall = after.snapshot_ns - before.snapshot_ns;
+  if (wall <= 0) return -1;
+  for (uint32_t i = 0; i < before.vgpu_count; ++i) {
+    const limiter::VgpuInfo& b = before.vgpus[i];
+    if (b.index != v.index || std::strcmp(b.id, v.id) != 0) continue;
+    if (v.busy_ns_total < b.busy_ns_total) return -1;
+    return static_cast<double>(v.busy_ns_total - b.busy_ns_total) / static_cast<double>(wall) * 1e6;
   }
-  std::sort(files.begin(), files.end());
+  return -1;
+}
+
+}  // namespace
+
+int SmiCommand(bool all_processes, double sample_seconds) {
+  std::vector<std::string> files = hypervisor::RegionFiles(RegionDir());
   if (files.empty()) {
-    std::printf("No vGPUs on this machine (no GPU regions in %s).\n", dir.c_str());
+    std::printf("No vGPUs on this machine (no GPU regions in %s).\n", RegionDir().c_str());
     return 0;
   }
-  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  struct Sampled {
+    std::string file;
+    GpuRegion region;
+    std::unique_ptr<limiter::RegionSnapshot> before = std::make_unique<limiter::RegionSnapshot>();
+    std::unique_ptr<limiter::RegionSnapshot> after = std::make_unique<limiter::RegionSnapshot>();
+  };
+  std::vector<Sampled> regions;
   int rc = 0;
   for (const auto& f : files) {
-    GpuRegion region;
+    Sampled s;
+    s.file = f;
     limiter::RegionErrorDetail why;
-    RegionError e = GpuRegion::Attach(f.c_str(), &region, &why);
+    RegionError e = GpuRegion::Attach(f.c_str(), &s.region, &why);
     if (e != RegionError::kOk) {
       std::fprintf(stderr, "tfusion smi: %s: %s %s\n", f.c_str(), limiter::RegionErrorName(e), why.message);
       rc = 1;
       continue;
     }
-    region.ReapDead();
-    region.Snapshot(snap.get());
-    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS\n", snap->gpu_uuid, snap->gpu_name,
-                FormatBytes(snap->total_vram_bytes).c_str(), snap->capacity_mtflops / 1000.0);
-    std::printf("  %-24s %12s %12s %8s %6s %12s %12s %10s %5s\n", "VGPU", "VRAM USED", "VRAM LIMIT",
-                "SHARE", "PROCS", "GPU BUSY s", "THROTTLED s", "LAUNCHES", "OOMS");
-    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
-      const auto& v = snap->vgpus[i];
-      char share[16];
-      if (v.compute_share_ppm >= limiter::kShareWholeGpuPpm) std::snprintf(share, sizeof(share), "100%%");
-      else std::snprintf(share, sizeof(share), "%.1f%%", v.compute_share_ppm / 10'000.0);
-      std::printf("  %-24s %12s %12s %8s %6u %12.3f %12.3f %10llu %5llu\n", v.id,
-                  FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(), share,
+    s.region.ReapDead();
+    s.region.Snapshot(s.before.get());
+    regions.push_back(std::move(s));
+  }
+  // Current use is a rate: one pause for all GPUs between the two snapshots.
+  if (sample_seconds > 0 && !regions.empty()) usleep(static_cast<useconds_t>(sample_seconds * 1e6));
+  for (Sampled& s : regions) {
+    s.region.Snapshot(s.after.get());
+    const limiter::RegionSnapshot& snap = *s.after;
+    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS\n", snap.gpu_uuid, snap.gpu_name,
+                FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0);
+    std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %10s %5s\n", "VGPU", "QOS", "VRAM USED",
+                "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s", "LAUNCHES", "OOMS");
+    for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
+      const auto& v = snap.vgpus[i];
+      const double use = sample_seconds > 0 ? UsePpm(*s.before, snap, v) : -1;
+      char use_text[16];
+      if (use < 0) std::snprintf(use_text, sizeof(use_text), "-");
+      else std::snprintf(use_text, sizeof(use_text), "%.1f%%", use / 10'000.0);
+      std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %10llu %5llu\n", v.id, QosText(v.qos),
+                  FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
+                  Percent(static_cast<double>(v.compute_share_ppm)).c_str(),
+                  Percent(static_cast<double>(std::max(v.compute_limit_ppm, v.compute_share_ppm))).c_str(), use_text,
                   v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9,
                   static_cast<unsigned long long>(v.launches_total), static_cast<unsigned long long>(v.oom_total));
     }
     if (all_processes) {
       std::printf("  %-8s %-24s %12s %12s\n", "PID", "VGPU", "VRAM", "THROTTLED s");
-      for (uint32_t i = 0; i < snap->process_count; ++i) {
-        const auto& p = snap->processes[i];
+      for (uint32_t i = 0; i < snap.process_count; ++i) {
+        const auto& p = snap.processes[i];
         const char* id = "?";
-        for (uint32_t k = 0; k < snap->vgpu_count; ++k) {
-          if (snap->vgpus[k].index == p.vgpu_index) id = snap->vgpus[k].id;
+        for (uint32_t k = 0; k < snap.vgpu_count; ++k) {
+          if (snap.vgpus[k].index == p.vgpu_index) id = snap.vgpus[k].id;
         }
         std::printf("  %-8d %-24s %12s %12.3f\n", p.pid, id, FormatBytes(p.vram_bytes).c_str(), p.throttled_ns / 1e9);
       }

@@ -7,14 +7,17 @@
 #include <utility>
 #include <vector>
 
+#include "cli/compute_flags.h"
 #include "common/status.h"
 
 namespace tf::cli {
 
 struct RunOptions {
   std::string vram;      // "8GiB"; empty = the whole GPU
-  std::string tflops;    // FP16 dense TFLOPS; exclusive with percent
-  std::string percent;   // share of the GPU in percent (0, 100]
+  std::string tflops;    // compute request, FP16 dense TFLOPS; exclusive with percent
+  std::string percent;   // compute request, percent of the GPU (0, 100]
+  std::string tflops_limit;   // compute ceiling (burst), TFLOPS; empty = the request
+  std::string percent_limit;  // compute ceiling (burst), percent; empty = the request
   int gpu = 0;           // NVML index of the physical GPU (as nvidia-smi numbers them)
   std::string gpu_uuid;  // the physical GPU by UUID instead ("GPU-..."); wins over gpu
   std::string vgpu;      // vGPU id shared by several processes; empty = a private one
@@ -24,7 +27,7 @@ struct RunOptions {
   std::string token;       // the controller's API token
   std::string worker_token;  // token of the worker a remote placement runs through; empty: token
   std::string pool;        // pool to place in (controller default when empty)
-  std::string qos;         // low | medium | high | critical (controller default when empty)
+  std::string qos;         // low | medium | high | critical (medium when empty)
   std::string tenant;      // whose quota the allocation counts against (none when empty)
   std::vector<std::string> command;
 };
@@ -34,7 +37,7 @@ struct RunOptions {
 int RunCommand(const RunOptions& options);
 
 // A vGPU made for another process (a remote client's session in `tfusion worker`): the limits
-// of `o` (vram/tflops/percent, GPU `o.gpu_uuid` or else `o.gpu`) in the GPU's region under `vgpu_id`, and what a
+// of `o` (vram, compute request/limit and qos, GPU `o.gpu_uuid` or else `o.gpu`) in the GPU's region under `vgpu_id`, and what a
 // process needs to run on it: the limiter to load as its driver and the environment to set.
 struct PreparedVgpu {
   std::string limiter;
@@ -52,7 +55,12 @@ void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_
 // The same for every GPU region of this machine that has a vGPU `vgpu_id`.
 void RemoveVgpuEverywhere(const std::string& vgpu_id);
 
-// `tfusion smi`: every vGPU of every GPU region on this machine.
-int SmiCommand(bool all_processes);
+// The compute flags of `o`.
+ComputeFlags ComputeFlagsOf(const RunOptions& o);
+
+// `tfusion smi`: every vGPU of every GPU region on this machine: VRAM, compute request and limit,
+// current use (GPU-busy time over `sample_seconds` between two snapshots, as percent of the GPU;
+// 0: no sampling) and time throttled.
+int SmiCommand(bool all_processes, double sample_seconds = 0.5);
 
 }  // namespace tf::cli

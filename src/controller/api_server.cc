@@ -337,7 +337,10 @@ void ApiServer::Routes() {
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
     Workload w{f.Str("name", true), f.Str("pool"), f.Num("tflops", true), f.Int("vram_mib", true),
-               body->contains("gpu_count") ? static_cast<int>(f.Int("gpu_count")) : 1, Qos::kMedium};
+               body->contains("gpu_count") ? static_cast<int>(f.Int("gpu_count")) : 1, Qos::kMedium,
+               f.Num("tflops_limit")};
+    if (body->contains("tflops_limit") && !(w.tflops_limit > 0))
+      return ReplyError(res, InvalidArgument("tflops_limit must be a positive number"));
     std::string qos = f.Str("qos");
     if (!f.status().ok()) return ReplyError(res, f.status());
     if (!qos.empty()) {
@@ -372,7 +375,7 @@ void ApiServer::Routes() {
     Fields f(*body);
     AllocationRequest a{f.Str("workload"), f.Str("pool"),  f.Num("tflops"), f.Int("vram_mib"),
                         static_cast<int>(f.Int("gpu_count")), f.Str("qos"), f.Str("gpu_model"),
-                        f.Str("tenant"), f.Num("percent"), true};
+                        f.Str("tenant"), f.Num("percent"), true, f.Num("tflops_limit"), f.Num("percent_limit")};
     if (auto it = body->find("allow_preemption"); it != body->end()) {
       if (!it->is_boolean()) return ReplyError(res, InvalidArgument("field 'allow_preemption' must be a boolean"));
       a.allow_preemption = it->get<bool>();
@@ -391,6 +394,10 @@ void ApiServer::Routes() {
       return ReplyError(res, InvalidArgument("vram_mib must be a positive integer"));
     if (body->contains("gpu_count") && a.gpu_count <= 0)
       return ReplyError(res, InvalidArgument("gpu_count must be a positive integer"));
+    if (body->contains("tflops_limit") && !(a.tflops_limit > 0))
+      return ReplyError(res, InvalidArgument("tflops_limit must be a positive number"));
+    if (body->contains("percent_limit") && !(a.percent_limit > 0 && a.percent_limit <= 100))
+      return ReplyError(res, InvalidArgument("percent_limit must be a number in (0, 100]"));
     std::vector<Allocation> preempted;
     StatusOr<Allocation> out = c->Allocate(a, &preempted);
     if (!out.ok()) return ReplyError(res, out.status());

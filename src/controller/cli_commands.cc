@@ -488,25 +488,48 @@ int QuotaGet(const ClientOptions& c, const std::string& tenant) {
 
 int QuotaList(const ClientOptions& c) { return PrintQuotas(c, ""); }
 
+namespace {
+
+// An allocation's compute summed over its vGPUs, TFLOPS; records without a limit: the request.
+struct ComputeSums {
+  double request = 0, limit = 0;
+};
+ComputeSums SumCompute(const json& allocation) {
+  ComputeSums s;
+  for (const json& g : allocation["vgpus"]) {
+    const double t = g.value("tflops", 0.0);
+    s.request += t;
+    s.limit += std::max(t, g.value("tflops_limit", t));
+  }
+  return s;
+}
+
+// "25.0%" for a share in ppm; "-" when absent.
+std::string SharePercent(const json& vgpu, const char* key, const char* fallback) {
+  const uint64_t ppm = vgpu.value(key, vgpu.value(fallback, uint64_t{0}));
+  return ppm == 0 ? "-" : Fixed(ppm / 10'000.0) + "%";
+}
+
+}  // namespace
+
 int Ps(const ClientOptions& c) {
   StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
   if (!allocs.ok()) return Fail(allocs.status());
   StatusOr<json> evictions = Call(c, "GET", "/v1/evictions");
   if (!evictions.ok()) return Fail(evictions.status());
   std::vector<std::vector<std::string>> rows{
-      {"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "VRAM_MIB", "STATE"}};
+      {"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "TFLOPS_LIMIT", "VRAM_MIB", "STATE"}};
   auto row = [&rows](const json& a, const std::string& state) {
     std::string gpus;
-    double t = 0;
     int64_t v = 0;
     for (const json& g : a["vgpus"]) {
       gpus += (gpus.empty() ? "" : ",") + g.value("gpu", "");
-      t += g.value("tflops", 0.0);
       v += g.value("vram_mib", int64_t{0});
     }
+    const ComputeSums c = SumCompute(a);
     rows.push_back({a.value("id", ""), a.value("workload", "-").empty() ? "-" : a.value("workload", "-"),
-                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(t),
-                    std::to_string(v), state});
+                    a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(c.request),
+                    Fixed(c.limit), std::to_string(v), state});
   };
   for (const json& a : (*allocs)["allocations"]) row(a, "running");
   // Allocations the controller took back: "preempted by a-...: stopping" until the node agent
@@ -526,10 +549,13 @@ int Ps(const ClientOptions& c) {
 
 namespace {
 
-// One frame of `tfusion top`: the GPU table, or the error that prevented it.
+// One frame of `tfusion top`: the GPU table and the allocations' vGPUs (request and limit), or
+// the error that prevented it.
 Status TopTable(const ClientOptions& c, std::ostream& out) {
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
   if (!gpus.ok()) return gpus.status();
+  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  if (!allocs.ok()) return allocs.status();
   std::vector<std::vector<std::string>> rows{{"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB"}};
   for (const json& g : (*gpus)["gpus"]) {
     rows.push_back({g.value("uuid", ""), g.value("node", ""), g.value("model", ""),
@@ -540,6 +566,20 @@ Status TopTable(const ClientOptions& c, std::ostream& out) {
                         std::to_string(g.value("vram_mib", int64_t{0}))});
   }
   PrintTable(out, rows);
+  std::vector<std::vector<std::string>> vgpus{
+      {"ALLOCATION", "GPU", "QOS", "REQ_TFLOPS", "LIMIT_TFLOPS", "REQ%", "LIMIT%", "VRAM_MIB"}};
+  for (const json& a : (*allocs)["allocations"]) {
+    for (const json& v : a["vgpus"]) {
+      const double t = v.value("tflops", 0.0);
+      vgpus.push_back({a.value("id", ""), v.value("gpu", ""), a.value("qos", ""), Fixed(t),
+                       Fixed(std::max(t, v.value("tflops_limit", t))), SharePercent(v, "share_ppm", "share_ppm"),
+                       SharePercent(v, "limit_ppm", "share_ppm"), std::to_string(v.value("vram_mib", int64_t{0}))});
+    }
+  }
+  if (vgpus.size() > 1) {
+    out << "\n";
+    PrintTable(out, vgpus);
+  }
   return Status::Ok();
 }
 

@@ -58,7 +58,31 @@ std::string Dump(const T& v) {
   return ToJson(v).dump();
 }
 
-Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double percent = 0) {
+// Compute limits (the ceiling, in the request's unit; 0 = the request). Checked after the
+// request itself, so the request is known to be valid.
+Status ValidateComputeLimit(double tflops, double percent, double tflops_limit, double percent_limit) {
+  if (!std::isfinite(tflops_limit) || tflops_limit < 0)
+    return InvalidArgument("tflops_limit must be a positive number");
+  if (!std::isfinite(percent_limit) || percent_limit < 0 || percent_limit > 100)
+    return InvalidArgument("percent_limit must be a number in (0, 100]");
+  if (tflops_limit > 0 && percent_limit > 0)
+    return InvalidArgument("give either tflops_limit or percent_limit, not both");
+  if ((percent > 0 && tflops_limit > 0) || (percent == 0 && percent_limit > 0))
+    return InvalidArgument("give the limit in the request's unit: tflops_limit with tflops, percent_limit with "
+                           "percent (the GPU, and so the conversion, is known only after placement)");
+  auto below = [](const char* limit_field, double limit, const char* request_field, double request) {
+    char buf[200];
+    std::snprintf(buf, sizeof(buf), "%s %g is below the request %s %g: the limit is the ceiling and must be "
+                  "at least the request", limit_field, limit, request_field, request);
+    return InvalidArgument(buf);
+  };
+  if (tflops_limit > 0 && tflops_limit < tflops) return below("tflops_limit", tflops_limit, "tflops", tflops);
+  if (percent_limit > 0 && percent_limit < percent) return below("percent_limit", percent_limit, "percent", percent);
+  return Status::Ok();
+}
+
+Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double percent = 0,
+                         double tflops_limit = 0, double percent_limit = 0) {
   if (!std::isfinite(percent) || percent < 0 || percent > 100)
     return InvalidArgument("percent must be a number in (0, 100]");
   if (percent > 0) {
@@ -66,11 +90,41 @@ Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double 
   } else if (!std::isfinite(tflops) || tflops <= 0) {
     return InvalidArgument("tflops must be a positive number");
   }
+  TF_RETURN_IF_ERROR(ValidateComputeLimit(tflops, percent, tflops_limit, percent_limit));
   if (vram_mib <= 0) return InvalidArgument("vram_mib must be a positive integer");
   if (gpu_count < 1 || gpu_count > kMaxGpusPerAllocation)
     return InvalidArgument("gpu_count must be between 1 and " +
                            std::to_string(kMaxGpusPerAllocation));
   return Status::Ok();
+}
+
+// The vGPU a placement makes on GPU `g`: the request as placed (`tflops` per GPU, percent
+// requests resolved) and the limit in TFLOPS and as a share of the GPU. A limit above the GPU's
+// capacity is refused (kOutOfMemory, as "no room"); the placement engine only offers GPUs that can host
+// it, so this is the last guard against a GPU that reported a different capacity.
+StatusOr<Vgpu> VgpuOn(const Gpu& g, const PlacementRequest& pr, double tflops) {
+  Vgpu v{g.uuid, tflops, pr.vram_mib, g.index, 1'000'000, tflops, 1'000'000};
+  if (g.tflops <= 0) return v;  // capacity unknown: the whole GPU
+  v.share_ppm = static_cast<uint64_t>(std::llround(tflops / g.tflops * 1e6));
+  if (pr.tflops_limit > 0) {
+    if (pr.tflops_limit > g.tflops * (1 + 1e-9)) {
+      char buf[200];
+      std::snprintf(buf, sizeof(buf), "tflops_limit %g is above the capacity of GPU %s (%s, %g TFLOPS)",
+                    pr.tflops_limit, g.uuid.c_str(), g.model.c_str(), g.tflops);
+      return OutOfMemory(buf);
+    }
+    v.tflops_limit = pr.tflops_limit;
+    v.limit_ppm = static_cast<uint64_t>(std::llround(pr.tflops_limit / g.tflops * 1e6));
+  } else if (pr.percent_limit > 0) {
+    v.limit_ppm = static_cast<uint64_t>(std::llround(pr.percent_limit * 1e4));
+    v.tflops_limit = g.tflops * pr.percent_limit / 100;
+  } else {
+    v.limit_ppm = v.share_ppm;
+  }
+  // Rounding never leaves the limit below the request.
+  v.tflops_limit = std::max(v.tflops_limit, v.tflops);
+  v.limit_ppm = std::max(v.limit_ppm, v.share_ppm);
+  return v;
 }
 
 Status ValidatePoolSpec(Pool& p) {
@@ -543,7 +597,8 @@ StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
     if (w.pool.empty()) w.pool = config_.default_pool;
     TF_RETURN_IF_ERROR(ValidateName("workload name", w.name));
     TF_RETURN_IF_ERROR(ValidateName("pool name", w.pool));
-    TF_RETURN_IF_ERROR(ValidateResources(w.tflops, w.vram_mib, w.gpu_count));
+    TF_RETURN_IF_ERROR(ValidateResources(w.tflops, w.vram_mib, w.gpu_count, 0, w.tflops_limit));
+    if (w.tflops_limit <= 0) w.tflops_limit = w.tflops;
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
@@ -599,6 +654,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     pr.vram_mib = req.vram_mib;
     pr.gpu_count = req.gpu_count;
     pr.gpu_model = req.gpu_model;
+    pr.tflops_limit = req.tflops_limit;
+    pr.percent_limit = req.percent_limit;
     std::string qos = req.qos;
     if (!req.workload.empty()) {
       TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
@@ -606,7 +663,10 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       if (w == workloads_.end()) return NotFound("workload '" + req.workload + "' not found");
       const Workload& wl = w->second.value;
       if (pr.pool.empty()) pr.pool = wl.pool;
-      if (pr.tflops == 0 && pr.percent == 0) pr.tflops = wl.tflops;
+      if (pr.tflops == 0 && pr.percent == 0) {
+        pr.tflops = wl.tflops;
+        if (pr.tflops_limit == 0 && pr.percent_limit == 0) pr.tflops_limit = wl.tflops_limit;
+      }
       if (pr.vram_mib == 0) pr.vram_mib = wl.vram_mib;
       if (pr.gpu_count == 0) pr.gpu_count = wl.gpu_count;
       if (qos.empty()) qos = QosName(wl.qos);
@@ -620,7 +680,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     }
     TF_RETURN_IF_ERROR(ValidateName("pool name", pr.pool));
     if (!pr.tenant.empty()) TF_RETURN_IF_ERROR(ValidateName("tenant", pr.tenant));
-    TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count, pr.percent));
+    TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count, pr.percent, pr.tflops_limit,
+                                         pr.percent_limit));
     if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
 
     Status last;
@@ -660,11 +721,15 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         victims.push_back(id);
       }
       for (const std::string& uuid : d->gpu_uuids) {
+        StatusOr<Vgpu> v = VgpuOn(gpus_.at(uuid).value, pr, d->tflops_per_gpu);
+        if (!v.ok()) {
+          ++counters_.allocations_refused;
+          return v.status();  // nothing staged yet: the refusal changes nothing
+        }
         Gpu& g = gpu(uuid);
         g.used_tflops += d->tflops_per_gpu;
         g.used_vram_mib += pr.vram_mib;
-        uint64_t ppm = g.tflops > 0 ? static_cast<uint64_t>(std::llround(d->tflops_per_gpu / g.tflops * 1e6)) : 1'000'000;
-        a.vgpus.push_back(Vgpu{uuid, d->tflops_per_gpu, pr.vram_mib, g.index, ppm});
+        a.vgpus.push_back(std::move(*v));
       }
       std::vector<std::string> uuids;
       for (const auto& [uuid, g] : touched) {

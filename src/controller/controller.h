@@ -77,6 +77,10 @@ struct AllocationRequest {
   std::string tenant;    // quotas apply per tenant; empty: none
   double percent = 0;    // percent of one GPU per vGPU, instead of tflops
   bool allow_preemption = true;  // may evict strictly-lower-QoS allocations to fit
+  // The compute limit (ceiling) per vGPU, in the request's unit; 0 = the request. It must be at
+  // least the request and at most the chosen GPU's capacity (percent: at most 100).
+  double tflops_limit = 0;
+  double percent_limit = 0;
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample

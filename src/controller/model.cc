@@ -1,5 +1,7 @@
 #include "controller/model.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 namespace tf::controller {
@@ -67,14 +69,16 @@ json ToJson(const Gpu& g) {
 
 json ToJson(const Workload& w) {
   return {{"name", w.name},         {"pool", w.pool},           {"tflops", w.tflops},
-          {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)}};
+          {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)},
+          {"tflops_limit", w.tflops_limit > 0 ? w.tflops_limit : w.tflops}};
 }
 
 json ToJson(const Allocation& a) {
   json vgpus = json::array();
   for (const Vgpu& v : a.vgpus)
     vgpus.push_back({{"gpu", v.gpu_uuid}, {"tflops", v.tflops}, {"vram_mib", v.vram_mib},
-                     {"gpu_index", v.gpu_index}, {"share_ppm", v.share_ppm}});
+                     {"gpu_index", v.gpu_index}, {"share_ppm", v.share_ppm},
+                     {"tflops_limit", v.tflops_limit}, {"limit_ppm", v.limit_ppm}});
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
           {"created_ms", a.created_ms}, {"tenant", a.tenant}};
@@ -152,6 +156,7 @@ StatusOr<Workload> WorkloadFromJson(const std::string& text) {
     w.gpu_count = j.value("gpu_count", 1);
     StatusOr<Qos> q = ParseQos(j.value("qos", "medium"));
     w.qos = q.ok() ? *q : Qos::kMedium;
+    w.tflops_limit = j.value("tflops_limit", w.tflops);  // older records: limit = request
   });
 }
 
@@ -164,9 +169,13 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     StatusOr<Qos> q = ParseQos(j.value("qos", "medium"));
     a.qos = q.ok() ? *q : Qos::kMedium;
     for (const json& v : j.at("vgpus")) {
-      a.vgpus.push_back(Vgpu{v.at("gpu").get<std::string>(), v.at("tflops").get<double>(),
-                             v.at("vram_mib").get<int64_t>(), v.value("gpu_index", 0),
-                             v.value("share_ppm", uint64_t{0})});
+      Vgpu vg{v.at("gpu").get<std::string>(), v.at("tflops").get<double>(),
+              v.at("vram_mib").get<int64_t>(), v.value("gpu_index", 0),
+              v.value("share_ppm", uint64_t{0}), 0, 0};
+      // Older records have no limit: limit = request.
+      vg.tflops_limit = std::max(v.value("tflops_limit", vg.tflops), vg.tflops);
+      vg.limit_ppm = std::max(v.value("limit_ppm", vg.share_ppm), vg.share_ppm);
+      a.vgpus.push_back(std::move(vg));
     }
     a.created_ms = j.value("created_ms", int64_t{0});
     a.tenant = j.value("tenant", "");

@@ -74,19 +74,24 @@ struct Gpu {
 struct Workload {
   std::string name;
   std::string pool;
-  double tflops = 0;       // per vGPU
+  double tflops = 0;       // per vGPU: the request (guaranteed under contention)
   int64_t vram_mib = 0;    // per vGPU
   int gpu_count = 1;
   Qos qos = Qos::kMedium;
+  double tflops_limit = 0; // per vGPU: the ceiling it may burst to; 0 = the request
 };
 
-// One vGPU: a slice of one physical GPU.
+// One vGPU: a slice of one physical GPU. Compute has a request (what placement counts and what is
+// guaranteed under contention) and a limit (the ceiling it may burst to when the GPU is idle).
+// Records written before limits existed read back with limit = request.
 struct Vgpu {
   std::string gpu_uuid;
-  double tflops = 0;
+  double tflops = 0;           // the request
   int64_t vram_mib = 0;
   int gpu_index = 0;           // the GPU's index on its node
   uint64_t share_ppm = 0;      // tflops / the GPU's physical TFLOPS, in millionths
+  double tflops_limit = 0;     // the limit, >= tflops, <= the GPU's physical TFLOPS
+  uint64_t limit_ppm = 0;      // tflops_limit / the GPU's physical TFLOPS, in millionths
 };
 
 struct Allocation {

@@ -71,6 +71,7 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
       p.compute_per_gpu = sched::ToMilliTflops(v.tflops);
       p.vram_per_gpu_mib = v.vram_mib;
       r.tflops_request = v.tflops;
+      r.tflops_limit = v.tflops_limit;
       r.vram_request_mib = v.vram_mib;
     }
     if (p.gpus.empty() || p.node < 0) continue;
@@ -147,7 +148,9 @@ StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest&
   r.tenant = in.tenant;
   r.pool = in.pool;
   r.tflops_request = in.tflops;
+  r.tflops_limit = in.tflops_limit;
   r.compute_percent_request = in.percent;
+  r.compute_percent_limit = in.percent_limit;
   r.vram_request_mib = in.vram_mib;
   r.gpu_count = in.gpu_count;
   r.qos = ToSchedQos(in.qos);
@@ -157,7 +160,48 @@ StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest&
     if (r.gpu_models.empty())
       return OutOfMemory("no GPU model matching '" + in.gpu_model + "' is in the cluster");
   }
+  TF_RETURN_IF_ERROR(RestrictToGpusThatHost(in, &r));
   return r;
+}
+
+// A TFLOPS limit is a ceiling on one GPU: above a GPU's physical capacity it can never be
+// honoured there. GPUs too small for it are left out through the model allow list (the placement
+// arithmetic, which counts requests against the oversold capacity, is unchanged); a limit above
+// every GPU of the pool is refused.
+Status PlacementEngine::RestrictToGpusThatHost(const PlacementRequest& in, sched::Request* r) const {
+  const double need_tflops = in.tflops_limit;
+  if (need_tflops <= 0 || in.gpu_count <= 0) return Status::Ok();
+  const sched::ClusterState& state = scheduler_->state();
+  const int pool = state.PoolIndex(in.pool);
+  if (pool < 0) return Status::Ok();  // the scheduler names the missing pool
+  const sched::MilliTflops need = sched::ToMilliTflops(need_tflops);
+  const uint64_t allowed = state.ModelMask(r->gpu_models);
+  sched::MilliTflops largest = 0;
+  uint64_t hosting = 0;   // models with a GPU big enough
+  bool any_too_small = false;
+  for (sched::NodeId id : state.pool_nodes(pool)) {
+    const sched::NodeState& n = state.node(id);
+    if (!n.schedulable) continue;
+    for (const sched::GpuState& g : n.gpus) {
+      if (((allowed >> g.model_id) & 1) == 0) continue;
+      largest = std::max(largest, g.capacity);
+      if (g.capacity >= need) hosting |= uint64_t{1} << g.model_id;
+      else any_too_small = true;
+    }
+  }
+  if (largest == 0) return Status::Ok();  // no GPU at all: the scheduler says there is no room
+  if (hosting == 0) {
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "tflops_limit %g is more than any GPU in pool '%s' has (the largest has %g "
+                  "TFLOPS): the limit is a ceiling on one GPU", need_tflops, in.pool.c_str(), sched::ToTflops(largest));
+    return OutOfMemory(buf);
+  }
+  if (!any_too_small) return Status::Ok();
+  std::vector<std::string> models;
+  for (size_t m = 0; m < state.model_names().size() && m < 64; ++m)
+    if ((hosting >> m) & 1) models.push_back(state.model_names()[m]);
+  r->gpu_models = std::move(models);
+  return Status::Ok();
 }
 
 StatusOr<PlacementDecision> PlacementEngine::Place(const PlacementRequest& in, bool allow_preemption) const {

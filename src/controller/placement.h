@@ -43,6 +43,10 @@ struct PlacementRequest {
   int gpu_count = 1;      // all on one node
   Qos qos = Qos::kMedium;
   std::string gpu_model;  // empty: any model; otherwise a case-insensitive substring of it
+  // The ceiling per vGPU in the request's unit (0 = the request). Placement counts the request
+  // only; a TFLOPS limit restricts it to GPUs whose physical capacity can host the limit.
+  double tflops_limit = 0;
+  double percent_limit = 0;
 };
 
 struct PlacementDecision {
@@ -66,7 +70,8 @@ class PlacementEngine {
   Status AddNode(const Node& node, std::vector<const Gpu*> gpus);
 
   // kInvalidArgument (bad request), kOutOfMemory (no room, and no preemption would make room),
-  // kResourceExhausted (tenant quota). With `allow_preemption`, a request that does not fit may
+  // kResourceExhausted (tenant quota); kOutOfMemory too when no GPU of the pool is big enough for
+  // the TFLOPS limit even when empty (the message says so). With `allow_preemption`, a request that does not fit may
   // come back with victims: the fewest strictly-lower-QoS allocations on one node whose release
   // makes it fit (never a futile set).
   StatusOr<PlacementDecision> Place(const PlacementRequest& request, bool allow_preemption) const;
@@ -83,6 +88,7 @@ class PlacementEngine {
     int index = 0;  // position within the scheduler's node
   };
   StatusOr<sched::Request> ToSchedRequest(const PlacementRequest& r) const;
+  Status RestrictToGpusThatHost(const PlacementRequest& in, sched::Request* r) const;
 
   const sched::SchedulerOptions options_;
   std::unique_ptr<sched::Scheduler> scheduler_;

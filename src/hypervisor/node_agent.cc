@@ -7,6 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "controller/model.h"
+#include "hypervisor/vgpu_metrics.h"
+
 namespace tf::hypervisor {
 
 using nlohmann::json;
@@ -137,12 +140,15 @@ Status NodeAgent::SyncAllocations() {
     for (const json& v : a["vgpus"]) {
       VgpuAssignment va{a.value("id", ""), v.value("gpu", ""),
                         static_cast<uint64_t>(v.value("vram_mib", int64_t{0})) << 20,
-                        v.value("share_ppm", uint64_t{0})};
+                        v.value("share_ppm", uint64_t{0}), v.value("limit_ppm", uint64_t{0}), limiter::kDefaultQos};
       if (va.compute_share_ppm == 0) {  // written by an older controller: derive it
         for (const AgentGpu& g : gpus())
           if (g.device.uuid == va.gpu_uuid && g.tflops > 0)
             va.compute_share_ppm = static_cast<uint64_t>(v.value("tflops", 0.0) / g.tflops * 1e6 + 0.5);
       }
+      // An older controller sends no limit: limit = request (QuotaRegions::Sync).
+      if (StatusOr<controller::Qos> q = controller::ParseQos(a.value("qos", "medium")); q.ok())
+        va.qos = static_cast<uint32_t>(*q);
       want.push_back(std::move(va));
     }
   }
@@ -216,6 +222,7 @@ std::vector<AgentGpu> NodeAgent::gpus() const {
 }
 
 std::string NodeAgent::MetricsText() const {
+  const std::string vgpus = VgpuMetricsText(regions_->dir());  // reads shared memory: not under mu_
   std::lock_guard<std::mutex> lock(mu_);
   std::ostringstream o;
   o << "# HELP tf_node_gpus GPUs discovered on this node.\n# TYPE tf_node_gpus gauge\n"
@@ -247,6 +254,7 @@ std::string NodeAgent::MetricsText() const {
   o << "# HELP tf_node_heartbeats_total Heartbeats sent, by result.\n# TYPE tf_node_heartbeats_total counter\n"
     << "tf_node_heartbeats_total{result=\"ok\"} " << heartbeats_ok_ << "\n"
     << "tf_node_heartbeats_total{result=\"failed\"} " << heartbeats_failed_ << "\n";
+  o << vgpus;
   return o.str();
 }
 

@@ -1,5 +1,8 @@
 #include "hypervisor/quota_regions.h"
 
+#include <dirent.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -26,6 +29,19 @@ Status RegionStatus(RegionError e, const std::string& what, const limiter::Regio
 std::string DefaultRegionDir() {
   const char* env = getenv("TFUSION_SHM_DIR");
   return env && *env ? env : limiter::kDefaultRegionDir;
+}
+
+std::vector<std::string> RegionFiles(const std::string& dir) {
+  std::vector<std::string> files;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return files;
+  while (dirent* ent = readdir(d)) {
+    std::string f(ent->d_name);
+    if (f.rfind("gpu-", 0) == 0 && f.size() > 7 && f.substr(f.size() - 7) == ".region") files.push_back(dir + "/" + f);
+  }
+  closedir(d);
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 QuotaRegions::QuotaRegions(std::string dir) : dir_(dir.empty() ? DefaultRegionDir() : std::move(dir)) {}
@@ -55,7 +71,9 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     wanted[a.gpu_uuid].insert(a.id);
     uint32_t index = 0;
     const uint64_t share = a.compute_share_ppm > 0 ? a.compute_share_ppm : limiter::kShareWholeGpuPpm;
-    note(RegionStatus(r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, &index),
+    const uint64_t limit = std::max(a.compute_limit_ppm, share);
+    const uint32_t qos = std::min(a.qos, limiter::kMaxQos);
+    note(RegionStatus(r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, limit, qos, &index),
                       "vGPU " + a.id + " on " + a.gpu_uuid));
   }
   auto snapshot = std::make_unique<limiter::RegionSnapshot>();

@@ -4,8 +4,8 @@
 // At start the agent creates (or re-attaches to, after a restart) one region per discovered GPU
 // under `dir` (default /dev/shm/tensorfusion). Then, every time it learns the allocations the
 // controller placed on this node, Sync makes each region's vGPU table match: one vGPU per
-// allocation on that GPU (id = allocation id, VRAM limit in bytes, compute share in ppm of the
-// whole GPU), created or updated in place; vGPUs of allocations that are gone are removed. Only
+// allocation on that GPU (id = allocation id, VRAM limit in bytes, compute request and limit in
+// ppm of the whole GPU, QoS), created or updated in place; vGPUs of allocations that are gone are removed. Only
 // vGPUs whose id looks like an allocation id ("a-...") are ever removed, so a vGPU that
 // `tfusion run` made for itself without a controller is left alone. A vGPU that a live process
 // still uses is kept (RemoveVgpu says busy), reported to the caller as lingering (the node agent
@@ -30,6 +30,8 @@ namespace tf::hypervisor {
 // The folder of the per-GPU regions on this machine: $TFUSION_SHM_DIR, else
 // limiter::kDefaultRegionDir. The node agent, `tfusion run` and `tfusion smi` all use it.
 std::string DefaultRegionDir();
+// The region files ("gpu-<uuid>.region") in `dir`, sorted; none when it does not exist.
+std::vector<std::string> RegionFiles(const std::string& dir);
 
 // A vGPU of an allocation that is gone which live processes still use.
 struct LingeringVgpu {
@@ -43,7 +45,9 @@ struct VgpuAssignment {
   std::string id;         // the allocation id
   std::string gpu_uuid;
   uint64_t vram_limit_bytes = 0;
-  uint64_t compute_share_ppm = 0;  // of the whole GPU; >= 1,000,000: unthrottled
+  uint64_t compute_share_ppm = 0;  // the request, of the whole GPU; >= 1,000,000: unthrottled
+  uint64_t compute_limit_ppm = 0;  // the ceiling; 0 or below the request: the request
+  uint32_t qos = limiter::kDefaultQos;  // 0 low .. 3 critical
 };
 
 class QuotaRegions {

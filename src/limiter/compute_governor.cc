@@ -9,76 +9,25 @@
 
 namespace tf::limiter {
 
-// One stream's measurement state. Guarded by `mu` (held only around driver calls that do not
-// block: record, query, elapsed time).
+// One stream's measurement state. `touched` is set by launchers (relaxed); the rest is written
+// under `mu` (registration, the per-thread marker, forgetting) and read by the governor under it.
 struct ComputeGovernor::Track {
-  static constexpr int kMaxPending = 8;
-  static constexpr int kMaxFree = 16;
-
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   bool used = false;
   CUstream stream = nullptr;
   bool per_thread = false;
-  CUcontext ctx = nullptr;          // the context the stream and the track's events belong to
+  CUcontext ctx = nullptr;          // the context the stream belongs to
   pthread_t thread{};               // for a per-thread default stream: whose
   bool thread_keyed = false;
-  CUevent origin = nullptr;         // begin event or the last completed marker; null: idle
-  CUevent pending[kMaxPending] = {};
-  int head = 0;
-  int count = 0;
-  int launching = 0;                // launches between Before and After
-  CUevent free_events[kMaxFree] = {};
-  int nfree = 0;
-  int64_t raw_ns = 0;               // measured since the governor last collected it
+  std::atomic<bool> touched{false}; // launched into since the governor last found it idle
+  bool queued = false;              // governor: work queued at the last sample
+  CUevent marker = nullptr;         // per-thread default stream: recorded after each launch
 
-  CUevent TakeEvent() {
-    if (nfree > 0) return free_events[--nfree];
-    CUevent ev = nullptr;
-    if (Real().cuEventCreate(&ev, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
-    return ev;
-  }
-  void GiveEvent(CUevent ev) {
-    if (ev == nullptr) return;
-    if (nfree < kMaxFree) free_events[nfree++] = ev;
-    else Real().cuEventDestroy_v2(ev);
-  }
-  CUresult Record(CUevent ev) {
-    return per_thread ? Real().cuEventRecord_ptsz(ev, stream) : Real().cuEventRecord(ev, stream);
-  }
-  // Pops completed markers in order, adding the GPU time since the origin to raw_ns; closes the
-  // span when everything launched has completed. REQUIRES mu.
-  void Drain() {
-    const auto& real = Real();
-    while (count > 0) {
-      CUevent e = pending[head];
-      CUresult q = real.cuEventQuery(e);
-      if (q == CUDA_ERROR_NOT_READY) break;
-      if (q == CUDA_SUCCESS && origin != nullptr) {
-        float ms = 0;
-        CUresult r = real.cuEventElapsedTime_v2 ? real.cuEventElapsedTime_v2(&ms, origin, e)
-                                                : real.cuEventElapsedTime(&ms, origin, e);
-        if (r == CUDA_SUCCESS && ms > 0) raw_ns += static_cast<int64_t>(static_cast<double>(ms) * 1e6);
-      }
-      GiveEvent(origin);
-      origin = e;
-      head = (head + 1) % kMaxPending;
-      --count;
-    }
-    if (count == 0 && launching == 0 && origin != nullptr) {
-      GiveEvent(origin);
-      origin = nullptr;
-    }
-  }
   void Reset() {  // REQUIRES mu; the context is still alive
-    GiveEvent(origin);
-    origin = nullptr;
-    while (count > 0) {
-      GiveEvent(pending[head]);
-      head = (head + 1) % kMaxPending;
-      --count;
-    }
-    while (nfree > 0) Real().cuEventDestroy_v2(free_events[--nfree]);
-    raw_ns = 0;
+    if (marker != nullptr) Real().cuEventDestroy_v2(marker);
+    marker = nullptr;
+    queued = false;
+    touched.store(false, std::memory_order_relaxed);
     used = false;
   }
 };
@@ -145,15 +94,16 @@ void ComputeGovernor::ResetAfterFork() {
   hold_.store(false);
   sleeping_.store(false);
   last_tick_ns_.store(0);
+  captures_.store(0);
+  querying_.store(false);
   // The parent's streams and events are not the child's: forget them without driver calls.
   int n = g_track_count.load();
   for (int i = 0; i < n; ++i) {
     Track& t = g_tracks[i];
     pthread_mutex_init(&t.mu, nullptr);
     t.used = false;
-    t.origin = nullptr;
-    t.count = t.head = t.launching = t.nfree = 0;
-    t.raw_ns = 0;
+    t.marker = nullptr;
+    t.queued = false;
   }
   g_track_count.store(0);
   generation_.fetch_add(1);
@@ -168,23 +118,24 @@ void ComputeGovernor::Shutdown() {
 }
 
 void ComputeGovernor::Forget(CUstream stream, bool context_destroyed) {
-  int64_t measured = 0;
   int n = g_track_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     Track& t = g_tracks[i];
     pthread_mutex_lock(&t.mu);
-    if (t.used && (context_destroyed || t.stream == stream)) {
-      // Keep what was already measured; the events go before their stream or context does.
-      t.Drain();
-      measured += t.raw_ns;
-      t.Reset();
-    }
+    if (t.used && (context_destroyed || t.stream == stream)) t.Reset();
     pthread_mutex_unlock(&t.mu);
   }
   generation_.fetch_add(1, std::memory_order_acq_rel);
-  pthread_mutex_lock(&mu_);  // lock order: a track's mu is never held while taking mu_ here
-  pending_raw_ns_ += measured;
-  pthread_mutex_unlock(&mu_);
+}
+
+void ComputeGovernor::CaptureBegins() {
+  captures_.fetch_add(1, std::memory_order_seq_cst);
+  // A query the governor started before it could see the count finishes first.
+  while (querying_.load(std::memory_order_seq_cst)) sched_yield();
+}
+
+void ComputeGovernor::CaptureEnds() {
+  if (captures_.fetch_sub(1, std::memory_order_seq_cst) <= 0) captures_.fetch_add(1);
 }
 
 ComputeGovernor::Track* ComputeGovernor::Lookup(CUstream stream, bool per_thread) {
@@ -227,9 +178,9 @@ ComputeGovernor::Track* ComputeGovernor::Lookup(CUstream stream, bool per_thread
       t.ctx = ctx;
       t.thread = self;
       t.thread_keyed = thread_keyed;
-      t.origin = nullptr;
-      t.count = t.head = t.launching = 0;
-      t.raw_ns = 0;
+      t.queued = false;
+      t.marker = nullptr;
+      t.touched.store(false, std::memory_order_relaxed);
       pthread_mutex_unlock(&t.mu);
       if (i == n) g_track_count.store(n + 1, std::memory_order_release);
       found = &t;
@@ -276,51 +227,23 @@ ComputeGovernor::Track* ComputeGovernor::Before(CUstream stream, bool per_thread
   if (hold_.load(std::memory_order_acquire)) WaitWhileHeld();
   launches_.fetch_add(1, std::memory_order_seq_cst);
   WakeIfSleeping();
-  const auto& real = Real();
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = per_thread ? real.cuStreamIsCapturing_ptsz(stream, &cs) : real.cuStreamIsCapturing(stream, &cs);
-  if (r != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return nullptr;  // nothing runs now
   Track* t = Lookup(stream, per_thread);
   if (t == nullptr) return nullptr;
-  pthread_mutex_lock(&t->mu);
-  if (!t->used) {
-    pthread_mutex_unlock(&t->mu);
-    return nullptr;
-  }
-  if (t->origin != nullptr) t->Drain();
-  if (t->origin == nullptr) {  // idle stream: the span begins with this launch
-    CUevent b = t->TakeEvent();
-    if (b != nullptr && t->Record(b) == CUDA_SUCCESS) {
-      t->origin = b;
-    } else {
-      t->GiveEvent(b);
-      pthread_mutex_unlock(&t->mu);
-      return nullptr;
-    }
-  }
-  ++t->launching;
-  pthread_mutex_unlock(&t->mu);
-  return t;
+  if (!t->touched.load(std::memory_order_relaxed)) t->touched.store(true, std::memory_order_relaxed);
+  return t->thread_keyed ? t : nullptr;
 }
 
 void ComputeGovernor::After(Track* t, CUresult launch_result) {
-  if (t == nullptr) return;
+  // Only per-thread default streams get here: the governor cannot query them, so it queries a
+  // marker recorded behind the launch.
+  if (t == nullptr || launch_result != CUDA_SUCCESS) return;
+  const auto& real = Real();
   pthread_mutex_lock(&t->mu);
-  --t->launching;
-  if (t->used && launch_result == CUDA_SUCCESS) {
-    CUevent e = nullptr;
-    if (t->count == Track::kMaxPending) {
-      // Supersede the newest marker: re-recording it moves it behind this launch.
-      e = t->pending[(t->head + t->count - 1) % Track::kMaxPending];
-      t->Record(e);
-    } else if ((e = t->TakeEvent()) != nullptr) {
-      if (t->Record(e) == CUDA_SUCCESS) {
-        t->pending[(t->head + t->count) % Track::kMaxPending] = e;
-        ++t->count;
-      } else {
-        t->GiveEvent(e);
-      }
+  if (t->used) {
+    if (t->marker == nullptr && real.cuEventCreate(&t->marker, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      t->marker = nullptr;
     }
+    if (t->marker != nullptr) real.cuEventRecord_ptsz(t->marker, t->stream);
   }
   pthread_mutex_unlock(&t->mu);
 }
@@ -343,29 +266,46 @@ void ComputeGovernor::EnsureThreadLocked() {
   pthread_attr_destroy(&attr);
 }
 
-void ComputeGovernor::Tick(int64_t now, int64_t dt) {
-  int64_t raw = 0;
-  bool in_flight = false;
+bool ComputeGovernor::SampleQueued() {
+  const auto& real = Real();
+  bool queued = false;
+  querying_.store(true, std::memory_order_seq_cst);
+  if (captures_.load(std::memory_order_seq_cst) > 0) {
+    // A capture is active: querying could invalidate it. Keep the last answer.
+    querying_.store(false, std::memory_order_seq_cst);
+    return last_queued_;
+  }
+  CUcontext current = nullptr;
   int n = g_track_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     Track& t = g_tracks[i];
+    if (!t.touched.load(std::memory_order_relaxed) && !t.queued) continue;  // idle and untouched
     pthread_mutex_lock(&t.mu);
     if (t.used) {
-      if (t.origin != nullptr) t.Drain();
-      raw += t.raw_ns;
-      t.raw_ns = 0;
-      in_flight = in_flight || t.origin != nullptr || t.launching > 0;
+      t.touched.store(false, std::memory_order_relaxed);
+      CUresult q;
+      if (t.thread_keyed) {
+        q = t.marker != nullptr ? real.cuEventQuery(t.marker) : CUDA_SUCCESS;
+      } else {
+        if (t.ctx != current && real.cuCtxSetCurrent(t.ctx) == CUDA_SUCCESS) current = t.ctx;
+        q = t.per_thread ? real.cuStreamQuery_ptsz(t.stream) : real.cuStreamQuery(t.stream);
+      }
+      t.queued = q == CUDA_ERROR_NOT_READY;
+      queued = queued || t.queued;
     }
     pthread_mutex_unlock(&t.mu);
   }
-  pthread_mutex_lock(&mu_);
-  raw += pending_raw_ns_;
-  pending_raw_ns_ = 0;
-  pthread_mutex_unlock(&mu_);
+  querying_.store(false, std::memory_order_seq_cst);
+  last_queued_ = queued;
+  return queued;
+}
+
+void ComputeGovernor::Tick(int64_t now, int64_t dt) {
+  const bool queued = SampleQueued();
   Binding* b = Bound();
   if (b == nullptr) return;
   const bool was_held = hold_.load(std::memory_order_relaxed);
-  ShareVerdict v = b->region.ShareTick(b->slot, now, dt, raw, in_flight, was_held);
+  ShareVerdict v = b->region.ShareTick(b->slot, now, dt, queued ? dt : 0, queued, was_held);
   if (v.error != RegionError::kOk) {
     static std::atomic<bool> logged{false};
     if (!logged.exchange(true)) {
@@ -378,13 +318,15 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt) {
   const bool hold = v.hold != ShareHold::kRun;
   pthread_mutex_lock(&mu_);
   hold_.store(hold, std::memory_order_release);
-  int64_t next = kTickNs;
+  // Jittered so that sampling does not lock onto a periodic workload.
+  jitter_ = jitter_ * 6364136223846793005ULL + 1442695040888963407ULL;
+  int64_t next = kTickNs / 2 + static_cast<int64_t>((jitter_ >> 33) % static_cast<uint64_t>(kTickNs));
   if (hold && v.retry_after_ns > 0 && v.retry_after_ns < next) next = v.retry_after_ns;
   if (next < 50'000) next = 50'000;
   next_tick_ns_ = next;
   if (!hold) pthread_cond_broadcast(&cv_);
   pthread_mutex_unlock(&mu_);
-  if (in_flight || hold || raw > 0) idle_ticks_ = 0;
+  if (queued || hold) idle_ticks_ = 0;
   else ++idle_ticks_;
 }
 

@@ -1,24 +1,25 @@
 // ComputeGovernor: the shared (concurrent) compute mode of a vGPU, the default.
 //
-// Tenants submit kernels at the same time; nobody waits for a turn. Each process measures what
-// its own kernels use and its governor thread reports it to the per-GPU region every tick
-// (GpuRegion::ShareTick, compute_share.cc), which charges the vGPU's request and limit buckets and
-// says whether this process must hold back: only when its vGPU is at its limit, or over its
-// request while another vGPU that wants the GPU is still within its own (or is of higher QoS).
+// Tenants submit kernels at the same time; nobody waits for a turn. Each process's governor
+// thread samples, every tick (about 500 us, jittered), whether the streams its process launched
+// into still have work queued, and reports to the per-GPU region (GpuRegion::ShareTick,
+// compute_share.cc): a tick with work queued counts as busy. The region divides it by the number
+// of processes that had work queued at that moment (the GPU time-slices them), charges the vGPU's
+// request and limit buckets, and says whether this process must hold back: only when its vGPU is
+// at its limit, or over its request while a vGPU that is still within its own has work queued (or
+// a higher-QoS one borrows too). Sampling is an unbiased estimate of the busy fraction (2,000
+// samples a second), costs the launch path nothing, and charges a long kernel while it runs, so a
+// huge kernel pushes a tenant past its limit by at most its own duration, then holds it until the
+// debt is repaid.
 //
-// Measurement: per stream, a span opens with a "begin" event recorded before the first launch
-// into an idle stream, and a marker event is recorded after every launch. The governor pops
-// completed markers in order and adds the GPU time from the span's origin (begin or the previous
-// completed marker) to the process's raw busy time; when the last marker has completed and no
-// launch is between its two halves, the stream is idle and the span closes. Times are the GPU's
-// own event timestamps, so a single huge kernel is charged in full when it completes (and then
-// paid back by holding); overlap with other tenants' time slices is removed by the region's
-// contention scale. Launches into a capturing stream are not measured (they do not run).
+// Streams are queried with cuStreamQuery from the governor thread; never while a stream capture is
+// beginning or running in this process (querying then could invalidate the capture): the capture
+// hooks count captures and wait for a query in progress. A per-thread default stream cannot be
+// queried from another thread: launches into it record a marker event that the governor queries.
 //
-// Hot path (governed vGPU, stream already known to this thread, not held): a capture-status
-// query, one uncontended mutex, one cuEventRecord (plus one on an idle stream). No syscall: the
-// governor is woken only when it went to sleep after 10 ms of idleness. An ungoverned vGPU
-// (request and limit >= 100%) or an unbound process skips it all with one predictable branch.
+// Hot path (governed vGPU, stream already known to this thread, not held): one relaxed store and
+// two loads. An ungoverned vGPU (request and limit >= 100%) or an unbound process skips it all with
+// one predictable branch.
 //
 // Failure: never fails a launch and never blocks without bound: a hold is re-decided at least
 // every 20 ms, and launchers go through unheld when the governor has not ticked for 200 ms or the
@@ -54,10 +55,14 @@ class ComputeGovernor {
   void Forget(CUstream stream, bool context_destroyed);
 
   // Brackets one submission to `stream` (per_thread: a _ptsz entry point). Before waits while
-  // the process is held and opens a busy span on an idle stream; it returns the track to pass
-  // to After (nullptr: not measured). After records the completion marker.
+  // the process is held and marks the stream as used; it returns the track to pass to After
+  // (nullptr: not measured). After records a marker for a per-thread default stream only.
   Track* Before(CUstream stream, bool per_thread);
   void After(Track* track, CUresult launch_result);
+
+  // Around cuStreamBeginCapture*/cuStreamEndCapture*: no stream is queried while one is active.
+  void CaptureBegins();
+  void CaptureEnds();
 
   // Governor tick period while the process has GPU work (ns).
   static constexpr int64_t kTickNs = 500'000;
@@ -68,6 +73,7 @@ class ComputeGovernor {
   void EnsureThreadLocked();
   static void* Main(void* self);
   void Tick(int64_t now, int64_t dt);
+  bool SampleQueued();  // governor thread: does any of the process's streams have work queued?
   void WakeIfSleeping();
 
   Binding* binding_ = nullptr;
@@ -83,8 +89,11 @@ class ComputeGovernor {
   bool thread_started_ = false;
   bool exiting_ = false;                            // guarded by mu_
   int64_t next_tick_ns_ = kTickNs;                  // guarded by mu_
-  int64_t pending_raw_ns_ = 0;                      // guarded by mu_: measured on forgotten streams
   int64_t idle_ticks_ = 0;                          // governor thread only
+  bool last_queued_ = false;                        // governor thread only
+  uint64_t jitter_ = 0x9e3779b97f4a7c15ULL;         // governor thread only
+  std::atomic<int> captures_{0};                    // stream captures active in this process
+  std::atomic<bool> querying_{false};               // the governor is querying streams
 };
 
 }  // namespace tf::limiter

@@ -148,3 +148,71 @@ CUresult Hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 #undef TF_QUIESCED
 
 }  // namespace tf::limiter
+
+namespace tf::limiter {
+
+// ---- stream capture: the governor stops querying streams while a capture begins or runs ----
+
+namespace {
+template <typename Call>
+CUresult CaptureBegin(Call&& call) {
+  ComputeGovernor& g = ComputeGovernor::Instance();
+  if (!g.governed()) return call();
+  g.CaptureBegins();
+  CUresult r = call();
+  if (r != CUDA_SUCCESS) g.CaptureEnds();
+  return r;
+}
+template <typename Call>
+CUresult CaptureEnd(Call&& call) {
+  ComputeGovernor& g = ComputeGovernor::Instance();
+  if (!g.governed()) return call();
+  CUresult r = call();
+  // The capture is over whatever the result (an invalidated capture ends here too), unless the
+  // stream was not capturing at all.
+  if (r != CUDA_ERROR_ILLEGAL_STATE && r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_INVALID_VALUE) {
+    g.CaptureEnds();
+  }
+  return r;
+}
+}  // namespace
+
+CUresult Hook_cuStreamBeginCapture(CUstream hStream) {
+  TF_REAL_OR_MISSING(cuStreamBeginCapture)
+  return CaptureBegin([&] { return fn(hStream); });
+}
+CUresult Hook_cuStreamBeginCapture_ptsz(CUstream hStream) {
+  TF_REAL_OR_MISSING(cuStreamBeginCapture_ptsz)
+  return CaptureBegin([&] { return fn(hStream); });
+}
+CUresult Hook_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  TF_REAL_OR_MISSING(cuStreamBeginCapture_v2)
+  return CaptureBegin([&] { return fn(hStream, mode); });
+}
+CUresult Hook_cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  TF_REAL_OR_MISSING(cuStreamBeginCapture_v2_ptsz)
+  return CaptureBegin([&] { return fn(hStream, mode); });
+}
+CUresult Hook_cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
+                                          const CUgraphEdgeData* dependencyData, size_t numDependencies,
+                                          CUstreamCaptureMode mode) {
+  TF_REAL_OR_MISSING(cuStreamBeginCaptureToGraph)
+  return CaptureBegin([&] { return fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode); });
+}
+CUresult Hook_cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                               const CUgraphNode* dependencies,
+                                               const CUgraphEdgeData* dependencyData,
+                                               size_t numDependencies, CUstreamCaptureMode mode) {
+  TF_REAL_OR_MISSING(cuStreamBeginCaptureToGraph_ptsz)
+  return CaptureBegin([&] { return fn(hStream, hGraph, dependencies, dependencyData, numDependencies, mode); });
+}
+CUresult Hook_cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  TF_REAL_OR_MISSING(cuStreamEndCapture)
+  return CaptureEnd([&] { return fn(hStream, phGraph); });
+}
+CUresult Hook_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  TF_REAL_OR_MISSING(cuStreamEndCapture_ptsz)
+  return CaptureEnd([&] { return fn(hStream, phGraph); });
+}
+
+}  // namespace tf::limiter

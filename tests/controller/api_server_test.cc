@@ -94,6 +94,48 @@ TEST_F(ApiServerTest, AllocateReleaseAndExhaustion) {
   EXPECT_NE(m->body.find("tf_pool_capacity_tflops{pool=\"default\"} 120"), std::string::npos);
 }
 
+TEST_F(ApiServerTest, ComputeLimitRoundTripsAndBadLimitsAreRefusedWithAMessage) {
+  auto r = client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":23034}]})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  r = client_->Post("/v1/allocations", R"({"tflops":25,"tflops_limit":100,"vram_mib":1000})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = Body(r)["id"];
+  EXPECT_EQ(Body(r)["vgpus"][0]["tflops_limit"], 100.0);
+  EXPECT_EQ(Body(r)["vgpus"][0]["limit_ppm"], 1000000);
+  EXPECT_EQ(Body(r)["vgpus"][0]["share_ppm"], 250000);
+  auto got = client_->Get("/v1/allocations/" + id);
+  EXPECT_EQ(Body(got)["vgpus"][0]["tflops_limit"], 100.0);
+  r = client_->Post("/v1/allocations", R"({"percent":10,"percent_limit":50,"vram_mib":1000})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["vgpus"][0]["limit_ppm"], 500000);
+  r = client_->Post("/v1/workloads", R"({"name":"w","tflops":10,"tflops_limit":40,"vram_mib":100})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(client_->Get("/v1/workloads/w"))["tflops_limit"], 40.0);
+
+  struct Case {
+    const char* body;
+    int status;
+    const char* says;
+  } cases[] = {
+      {R"({"tflops":30,"tflops_limit":20,"vram_mib":100})", 400, "tflops_limit 20 is below the request tflops 30"},
+      {R"({"percent":30,"percent_limit":20,"vram_mib":100})", 400, "percent_limit 20 is below the request percent 30"},
+      {R"({"percent":30,"percent_limit":101,"vram_mib":100})", 400, "percent_limit must be a number in (0, 100]"},
+      {R"({"tflops":30,"tflops_limit":0,"vram_mib":100})", 400, "tflops_limit must be a positive number"},
+      {R"({"tflops":30,"tflops_limit":"lots","vram_mib":100})", 400, "'tflops_limit' must be a number"},
+      {R"({"tflops":30,"percent_limit":50,"vram_mib":100})", 400, "in the request's unit"},
+      {R"({"tflops":10,"tflops_limit":150,"vram_mib":100})", 409, "tflops_limit 150 is more than any GPU"},
+      {R"({"tflops":500,"vram_mib":100})", 409, "has room"},
+  };
+  for (const Case& k : cases) {
+    auto bad = client_->Post("/v1/allocations", k.body);
+    EXPECT_EQ(bad->status, k.status) << k.body << " " << bad->body;
+    EXPECT_NE(bad->body.find(k.says), std::string::npos) << k.body << " " << bad->body;
+  }
+  EXPECT_EQ(client_->Post("/v1/workloads", R"({"name":"x","tflops":10,"tflops_limit":5,"vram_mib":100})")->status, 400);
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 2u);
+  EXPECT_EQ(client_->Get("/v1/workloads/x")->status, 404);
+}
+
 TEST_F(ApiServerTest, HigherQosPreemptsAndTheResponseNamesTheVictims) {
   ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
   auto low = client_->Post("/v1/allocations", R"({"tflops":60,"vram_mib":1000,"qos":"low"})");

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "controller/sqlite_store.h"
 #include "test_cluster.h"
 
@@ -264,6 +266,121 @@ TEST_F(ControllerTest, RestartRebuildsStateFromTheStore) {
   // The capacity taken before the restart is still taken.
   EXPECT_EQ(c_->Allocate({"", "", 50, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
   EXPECT_TRUE(c_->Allocate({"", "", 40, 1, 1, "", ""}).ok());
+}
+
+// A compute limit (ceiling) beside the request: placed by the request, kept in the allocation
+// in TFLOPS and as a share of the GPU, stored and restored; a missing limit means the request.
+TEST_F(ControllerTest, ComputeLimitIsCarriedStoredAndRestored) {
+  testing::AddNodes(*c_, 1, 2);  // two 100-TFLOPS GPUs
+  AllocationRequest by_tflops{"", "", 25, 1024, 1, "high", ""};
+  by_tflops.tflops_limit = 100;
+  auto a = c_->Allocate(by_tflops);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->vgpus[0].tflops, 25);
+  EXPECT_EQ(a->vgpus[0].tflops_limit, 100);
+  EXPECT_EQ(a->vgpus[0].share_ppm, 250'000u);
+  EXPECT_EQ(a->vgpus[0].limit_ppm, 1'000'000u);
+  AllocationRequest by_percent{"", "", 0, 1024, 1, "", ""};
+  by_percent.percent = 10;
+  by_percent.percent_limit = 40;
+  auto p = c_->Allocate(by_percent);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->vgpus[0].share_ppm, 100'000u);
+  EXPECT_EQ(p->vgpus[0].limit_ppm, 400'000u);
+  EXPECT_DOUBLE_EQ(p->vgpus[0].tflops_limit, 40);
+  auto plain = c_->Allocate({"", "", 30, 1024, 1, "", ""});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->vgpus[0].tflops_limit, 30) << "a single value keeps its meaning: limit = request";
+  EXPECT_EQ(plain->vgpus[0].limit_ppm, plain->vgpus[0].share_ppm);
+  // Placement counts requests only: 25 + 10 + 30 of 200 TFLOPS are used.
+  double used = 0;
+  for (const GpuStatus& g : c_->ListGpus("")) used += g.gpu.used_tflops;
+  EXPECT_DOUBLE_EQ(used, 65);
+
+  Restart();
+  auto back = c_->GetAllocation(a->id);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->vgpus[0].tflops_limit, 100);
+  EXPECT_EQ(back->vgpus[0].limit_ppm, 1'000'000u);
+  EXPECT_EQ(back->qos, Qos::kHigh);
+  EXPECT_EQ(c_->GetAllocation(p->id)->vgpus[0].limit_ppm, 400'000u);
+}
+
+TEST(AllocationJson, ARecordWithoutALimitReadsAsLimitEqualToRequest) {
+  auto a = AllocationFromJson(R"({"id":"a-1","pool":"default","node":"n","qos":"low",
+      "vgpus":[{"gpu":"GPU-1","tflops":30,"vram_mib":1024,"gpu_index":0,"share_ppm":300000}]})");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->vgpus[0].tflops_limit, 30);
+  EXPECT_EQ(a->vgpus[0].limit_ppm, 300'000u);
+  auto w = WorkloadFromJson(R"({"name":"w","pool":"default","tflops":20,"vram_mib":1})");
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->tflops_limit, 20);
+  // And what is written reads back the same.
+  auto again = AllocationFromJson(ToJson(*a).dump());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->vgpus[0].limit_ppm, 300'000u);
+}
+
+TEST_F(ControllerTest, BadComputeLimitsAreRefusedAndChangeNothing) {
+  testing::AddNodes(*c_, 1, 1);  // one 100-TFLOPS GPU
+  struct Case {
+    double tflops, percent, tflops_limit, percent_limit;
+    StatusCode code;
+    const char* says;
+  } cases[] = {
+      {50, 0, 40, 0, StatusCode::kInvalidArgument, "tflops_limit 40 is below the request tflops 50"},
+      {0, 30, 0, 20, StatusCode::kInvalidArgument, "percent_limit 20 is below the request percent 30"},
+      {0, 30, 0, 150, StatusCode::kInvalidArgument, "percent_limit must be a number in (0, 100]"},
+      {50, 0, 0, 60, StatusCode::kInvalidArgument, "in the request's unit"},
+      {0, 30, 60, 0, StatusCode::kInvalidArgument, "in the request's unit"},
+      {50, 0, -1, 0, StatusCode::kInvalidArgument, "tflops_limit must be a positive number"},
+      {50, 0, 150, 0, StatusCode::kOutOfMemory, "tflops_limit 150 is more than any GPU in pool 'default' has"},
+      {150, 0, 0, 0, StatusCode::kOutOfMemory, "has room"},
+  };
+  for (const Case& k : cases) {
+    AllocationRequest r{"", "", k.tflops, 1024, 1, "", ""};
+    r.percent = k.percent;
+    r.tflops_limit = k.tflops_limit;
+    r.percent_limit = k.percent_limit;
+    auto a = c_->Allocate(r);
+    ASSERT_FALSE(a.ok()) << k.says;
+    EXPECT_EQ(a.status().code(), k.code) << a.status().ToString();
+    EXPECT_NE(a.status().message().find(k.says), std::string::npos) << a.status().ToString();
+  }
+  EXPECT_TRUE(c_->ListAllocations().empty());
+  EXPECT_EQ(c_->ListGpus("")[0].gpu.used_tflops, 0);
+  Workload w{"w", "", 50, 1024, 1, Qos::kMedium, 40};
+  EXPECT_EQ(c_->CreateWorkload(w).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c_->ListWorkloads().empty());
+}
+
+// In a pool of GPUs of different sizes, a TFLOPS limit only lands on a GPU that can host it.
+TEST_F(ControllerTest, ATflopsLimitLandsOnAGpuBigEnoughForIt) {
+  NodeRegistration small{"small", "", "", {{"GPU-small", "L4", 0, 0, 120, 23034}}};
+  NodeRegistration big{"big", "", "", {{"GPU-big", "H100-SXM", 0, 0, 989, 81920}}};
+  ASSERT_TRUE(c_->RegisterNode(small).ok());
+  ASSERT_TRUE(c_->RegisterNode(big).ok());
+  for (int i = 0; i < 3; ++i) {
+    AllocationRequest r{"", "", 20, 1024, 1, "", ""};
+    r.tflops_limit = 500;
+    auto a = c_->Allocate(r);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ(a->vgpus[0].gpu_uuid, "GPU-big");
+  }
+  auto plain = c_->Allocate({"", "", 20, 1024, 1, "", ""});
+  ASSERT_TRUE(plain.ok());
+}
+
+TEST_F(ControllerTest, WorkloadComputeLimitIsTheAllocationsDefault) {
+  testing::AddNodes(*c_, 1, 1);
+  ASSERT_TRUE(c_->CreateWorkload({"burst", "", 20, 4096, 1, Qos::kHigh, 80}).ok());
+  EXPECT_EQ(c_->GetWorkload("burst")->tflops_limit, 80);
+  auto a = c_->Allocate({"burst", "", 0, 0, 0, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->vgpus[0].tflops, 20);
+  EXPECT_EQ(a->vgpus[0].tflops_limit, 80);
+  Restart();
+  EXPECT_EQ(c_->GetWorkload("burst")->tflops_limit, 80);
 }
 
 TEST_F(ControllerTest, TwoControllersOnOneStoreNeverDoubleAllocate) {

@@ -51,6 +51,30 @@ TEST_F(PoolAllocationTest, RequestsAndReleasesAVgpu) {
   EXPECT_EQ(c_->ListAllocations().size(), 1u);
 }
 
+TEST_F(PoolAllocationTest, TheLimitGoesBesideTheRequestAndComesBack) {
+  auto a = cli::RequestPoolAllocation(url_, "tok", 25, 0, 1ull << 30, "", "critical", "", 100);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->share_ppm, 250000u);
+  EXPECT_EQ(a->limit_ppm, 1000000u);
+  EXPECT_EQ(a->tflops, 25);
+  EXPECT_EQ(a->tflops_limit, 100);
+  EXPECT_EQ(a->qos, "critical");
+  auto p = cli::RequestPoolAllocation(url_, "tok", 0, 20, 1ull << 30, "", "", "", 60);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->limit_ppm, 600000u);
+  auto plain = cli::RequestPoolAllocation(url_, "tok", 0, 20, 1ull << 30, "", "");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->limit_ppm, plain->share_ppm);
+  // Refused, and nothing changes: below the request, above every GPU.
+  auto below = cli::RequestPoolAllocation(url_, "tok", 25, 0, 1ull << 30, "", "", "", 10);
+  EXPECT_EQ(below.status().code(), StatusCode::kInvalidArgument);
+  auto above = cli::RequestPoolAllocation(url_, "tok", 25, 0, 1ull << 30, "", "", "", 250);
+  EXPECT_EQ(above.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(above.status().message().find("tflops_limit 250 is more than any GPU"), std::string::npos)
+      << above.status().ToString();
+  EXPECT_EQ(c_->ListAllocations().size(), 3u);
+}
+
 TEST_F(PoolAllocationTest, ErrorsKeepTheirMeaning) {
   EXPECT_EQ(cli::RequestPoolAllocation(url_, "tok", 10, 10, 1 << 20, "", "").status().code(),
             StatusCode::kInvalidArgument);

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include "controller/api_server.h"
 #include "controller/sqlite_store.h"
 #include "hypervisor/nvml_gpu_source.h"
+#include "limiter/core/process_identity.h"
 
 namespace tf::hypervisor {
 namespace {
@@ -108,6 +110,76 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   ASSERT_TRUE(agent.SyncAllocations().ok());
   EXPECT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kNotFound);
   EXPECT_NE(agent.MetricsText().find("tf_node_vgpus 0"), std::string::npos);
+  api.Stop();
+  std::filesystem::remove_all(dir);
+}
+
+// Request, limit and QoS of an allocation reach the vGPU in the region, and the agent's metrics
+// show per vGPU its request, limit, GPU-busy and throttled seconds (HELP/TYPE lines included).
+TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
+  char tmpl[] = "/tmp/tfagent-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  controller::FakeClock clock;
+  auto store = std::move(controller::SqliteStore::Open(dir + "/s.db")).value();
+  controller::Controller c(store.get(), &clock, controller::MakeSchedulerPlacement(), nullptr);
+  ASSERT_TRUE(c.Rebuild().ok());
+  controller::ApiServer api(&c, "tok");
+  int port = *api.Bind("127.0.0.1", 0);
+  api.Start();
+  FakeGpuSource source({{0, "GPU-q0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(dir + "/regions");
+  NodeAgent agent({"http://127.0.0.1:" + std::to_string(port), "tok", "host-q", "", "", ""},
+                  &source, &regions, &clock);
+  ASSERT_TRUE(agent.Start().ok());
+
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "high", ""};
+  req.percent = 25;
+  req.percent_limit = 100;
+  auto a = c.Allocate(req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-q0");
+  ASSERT_NE(r, nullptr);
+  uint32_t index = 0;
+  ASSERT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+  // Some use and some throttled time, charged the way the limiter charges it.
+  uint32_t slot = 0;
+  ASSERT_EQ(r->AttachProcess(index, getpid(), &slot), limiter::RegionError::kOk);
+  const int64_t now = limiter::MonotonicNowNs();
+  r->ShareTick(slot, now, 200'000'000, 150'000'000, false, true);
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  r->Snapshot(snap.get());
+  ASSERT_EQ(snap->vgpu_count, 1u);
+  const limiter::VgpuInfo& v = snap->vgpus[0];
+  EXPECT_EQ(v.compute_share_ppm, 250000u);
+  EXPECT_EQ(v.compute_limit_ppm, 1000000u);
+  EXPECT_EQ(v.qos, 2u);  // high
+
+  const std::string text = agent.MetricsText();
+  const std::string labels = "{gpu=\"GPU-q0\",vgpu=\"" + a->id + "\",qos=\"high\"} ";
+  auto value = [&](const std::string& name) {
+    std::ostringstream o;
+    o.precision(15);
+    o << name << labels;
+    return o.str();
+  };
+  for (const char* family : {"tf_vgpu_compute_request_percent", "tf_vgpu_compute_limit_percent",
+                             "tf_vgpu_busy_seconds_total", "tf_vgpu_throttled_seconds_total"}) {
+    EXPECT_NE(text.find(std::string("# HELP ") + family + " "), std::string::npos) << family;
+    EXPECT_NE(text.find(std::string("# TYPE ") + family + " "), std::string::npos) << family;
+  }
+  EXPECT_NE(text.find("# TYPE tf_vgpu_busy_seconds_total counter"), std::string::npos);
+  EXPECT_NE(text.find("# TYPE tf_vgpu_throttled_seconds_total counter"), std::string::npos);
+  EXPECT_NE(text.find(value("tf_vgpu_compute_request_percent") + "25\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(value("tf_vgpu_compute_limit_percent") + "100\n"), std::string::npos) << text;
+  std::ostringstream busy, throttled;
+  busy.precision(15);
+  throttled.precision(15);
+  busy << value("tf_vgpu_busy_seconds_total") << v.busy_ns_total / 1e9 << "\n";
+  throttled << value("tf_vgpu_throttled_seconds_total") << v.throttled_ns_total / 1e9 << "\n";
+  EXPECT_NE(text.find(busy.str()), std::string::npos) << text;
+  EXPECT_NE(text.find(throttled.str()), std::string::npos) << text;
+  r->DetachProcess(slot);
   api.Stop();
   std::filesystem::remove_all(dir);
 }

@@ -1,0 +1,21 @@
+// Prometheus metrics of the vGPUs in this machine's per-GPU quota regions: what each was given
+// (compute request and limit, VRAM limit) and what it did (GPU-busy and throttled seconds, VRAM
+// used). Read from the regions themselves, so vGPUs that `tfusion run` made without a controller
+// are included.
+//
+// Thread safety: any thread; each call attaches to the region files on its own.
+#pragma once
+
+#include <string>
+
+namespace tf::hypervisor {
+
+// The text exposition (HELP and TYPE lines, then one sample per vGPU with labels gpu, vgpu and
+// qos) for every region file in `dir`. Regions that cannot be attached are skipped.
+// Families: tf_vgpu_compute_request_percent, tf_vgpu_compute_limit_percent (gauges, percent of
+// the GPU), tf_vgpu_busy_seconds_total (counter: GPU-busy time charged to the vGPU; its rate is
+// the current use), tf_vgpu_throttled_seconds_total (counter: time its processes were held
+// back), tf_vgpu_vram_used_bytes and tf_vgpu_vram_limit_bytes (gauges).
+std::string VgpuMetricsText(const std::string& dir);
+
+}  // namespace tf::hypervisor

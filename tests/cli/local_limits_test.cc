@@ -1,0 +1,171 @@
+// `tfusion run` on a local vGPU with a compute request and limit (--percent/--tflops and
+// --percent-limit/--tflops-limit) and a QoS, in front of the fake driver: what the region holds is
+// what `tfusion smi` shows (request, limit, current use, time throttled), and every bad
+// combination is refused with its message and changes nothing.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "cli_test_util.h"
+
+namespace {
+
+using tf::cli::testing::ReadFile;
+using tf::cli::testing::Result;
+using tf::cli::testing::Shell;
+
+class LocalLimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tf-limits-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    env_ = "TFUSION_SHM_DIR=" + dir_ + " FAKECUDA_SHM_NAME=/tf-limits-" + std::to_string(getpid()) + " ";
+  }
+  void TearDown() override {
+    for (pid_t p : background_) {
+      kill(-p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+    EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+  }
+  std::string Run(const std::string& flags, const std::string& probe_args) const {
+    return env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " " + flags + " -- " +
+           TF_PROBE + " " + probe_args;
+  }
+  Result Smi() const { return Shell(env_ + TF_TFUSION + " smi"); }
+  // Starts `cmd` in its own process group, output to `log`; waits until `log` holds `ready`.
+  void Background(const std::string& cmd, const std::string& log, const std::string& ready) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", ("exec env " + cmd + " > " + log + " 2>&1").c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    background_.push_back(pid);
+    for (int i = 0; i < 200 && ReadFile(log).find(ready) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    ASSERT_NE(ReadFile(log).find(ready), std::string::npos) << ReadFile(log);
+  }
+  // The smi row of vGPU `id`: QOS, REQUEST, LIMIT, USE, THROTTLED s.
+  struct Row {
+    bool found = false;
+    std::string qos, request, limit, use;
+    double throttled = -1;
+  };
+  Row SmiRow(const std::string& id) const {
+    Result smi = Smi();
+    std::smatch m;
+    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) )");
+    Row r;
+    if (!std::regex_search(smi.out, m, re)) return r;
+    r.found = true;
+    r.qos = m.str(1);
+    r.request = m.str(2);
+    r.limit = m.str(3);
+    r.use = m.str(4);
+    r.throttled = std::stod(m.str(5));
+    return r;
+  }
+
+  std::string dir_, env_;
+  std::vector<pid_t> background_;
+};
+
+TEST_F(LocalLimitsTest, SmiShowsRequestLimitUseAndThrottledTime) {
+  Background(Run("--vram 1GiB --percent 25 --percent-limit 100 --qos high --vgpu burst", "launch 4"),
+             dir_ + "/burst.log", "");
+  Row row;
+  for (int i = 0; i < 100 && !row.found; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    row = SmiRow("burst");
+  }
+  ASSERT_TRUE(row.found) << Smi().out;
+  EXPECT_EQ(row.qos, "high");
+  EXPECT_EQ(row.request, "25.0%");
+  EXPECT_EQ(row.limit, "100%");
+  EXPECT_GE(row.throttled, 0);
+  // The probe keeps the GPU busy: two snapshots half a second apart see it use some of it.
+  ASSERT_TRUE(std::regex_match(row.use, std::regex(R"([0-9.]+%)"))) << row.use;
+  for (int i = 0; i < 20 && std::stod(row.use) == 0; ++i) row = SmiRow("burst");
+  EXPECT_GT(std::stod(row.use), 0) << Smi().out;
+}
+
+TEST_F(LocalLimitsTest, ASingleValueKeepsRequestEqualToLimitAndMixedUnitsConvert) {
+  Background(Run("--vram 1GiB --percent 30 --vgpu single", "hold 1"), dir_ + "/single.log", "holding=1");
+  Row single = SmiRow("single");
+  ASSERT_TRUE(single.found) << Smi().out;
+  EXPECT_EQ(single.request, "30.0%");
+  EXPECT_EQ(single.limit, "30.0%");
+  EXPECT_EQ(single.qos, "medium");
+  // 98.94 TFLOPS of the fake H100's 989.4 is 10%; the limit in percent of the same GPU.
+  Background(Run("--vram 1GiB --tflops 98.94 --percent-limit 50 --qos low --vgpu mixed", "hold 1"),
+             dir_ + "/mixed.log", "holding=1");
+  Row mixed = SmiRow("mixed");
+  ASSERT_TRUE(mixed.found) << Smi().out;
+  EXPECT_EQ(mixed.request, "10.0%");
+  EXPECT_EQ(mixed.limit, "50.0%");
+  EXPECT_EQ(mixed.qos, "low");
+  Background(Run("--vram 1GiB --tflops 98.94 --tflops-limit 494.7 --vgpu tf", "hold 1"), dir_ + "/tf.log",
+             "holding=1");
+  Row tf = SmiRow("tf");
+  ASSERT_TRUE(tf.found) << Smi().out;
+  EXPECT_EQ(tf.request, "10.0%");
+  EXPECT_EQ(tf.limit, "50.0%");
+}
+
+TEST_F(LocalLimitsTest, BadLimitsAreRefusedWithAMessageAndChangeNothing) {
+  // A vGPU in use: a bad re-run of it must leave its values as they are.
+  Background(Run("--vram 1GiB --percent 30 --percent-limit 60 --vgpu keep", "hold 1"), dir_ + "/keep.log",
+             "holding=1");
+  struct Case {
+    std::string flags;
+    std::string says;
+  } cases[] = {
+      {"--percent 30 --percent-limit 20",
+       "--percent-limit 20 is below the request --percent 30: the limit is the ceiling and must be at least the "
+       "request"},
+      {"--tflops 200 --tflops-limit 100", "--tflops-limit 100 is below the request --tflops 200"},
+      {"--tflops 200 --percent-limit 10", "--percent-limit 10 is below the request --tflops 200 (20.2% of GPU 0"},
+      {"--percent 30 --percent-limit 150", "--percent-limit 150: must be at most 100"},
+      {"--percent 30 --tflops-limit 2000", "--tflops-limit 2000: GPU 0"},
+      {"--percent-limit 50", "--percent-limit 50 needs a request: give --percent or --tflops too"},
+      {"--tflops-limit 500", "--tflops-limit 500 needs a request"},
+      {"--percent 30 --percent-limit 50 --tflops-limit 500", "not both"},
+      {"--percent 30 --qos urgent", "--qos: qos must be one of low, medium, high, critical"},
+  };
+  for (const Case& c : cases) {
+    for (const std::string vgpu : {"keep", "fresh"}) {
+      Result r = Shell(Run("--vram 1GiB " + c.flags + " --vgpu " + vgpu, "alloc"));
+      EXPECT_EQ(r.rc, 2) << c.flags << "\n" << r.out;
+      EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;
+      EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
+    }
+  }
+  Row keep = SmiRow("keep");
+  ASSERT_TRUE(keep.found) << Smi().out;
+  EXPECT_EQ(keep.request, "30.0%");
+  EXPECT_EQ(keep.limit, "60.0%");
+  EXPECT_FALSE(SmiRow("fresh").found) << Smi().out;
+}
+
+TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
+  Result remote = Shell(env_ + TF_TFUSION + " run --remote 127.0.0.1:1 --percent 30 --percent-limit 60 -- true");
+  EXPECT_EQ(remote.rc, 2) << remote.out;
+  EXPECT_NE(remote.out.find("a remote worker enforces the request as a hard cap"), std::string::npos) << remote.out;
+  Result pooled = Shell(Run("--controller http://127.0.0.1:1 --token t --vram 1GiB --tflops 100 --percent-limit 50",
+                            "alloc"));
+  EXPECT_EQ(pooled.rc, 2) << pooled.out;
+  EXPECT_NE(pooled.out.find("give the limit in the request's unit"), std::string::npos) << pooled.out;
+  EXPECT_EQ(pooled.out.find("using a local vGPU"), std::string::npos) << pooled.out;
+}
+
+}  // namespace

@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Compute sharing as users see it: several inference tenants at once, natively and under the
+limiter, in the same run (docs/compute-sharing.md, docs/benchmarks.md).
+
+Phases (--phases, comma-separated):
+  coloc   N = 1, 2, 4, 8 tenants of one model started together, natively and under the limiter at
+          100/N percent each (native and limiter alternate per N); aggregate items/s and the ratio.
+          Models: --models (default r50:1,gpt2:1,r50:64 = model:batch).
+  noisy   one ResNet-50 batch-1 tenant (request 25%, limit 100%) beside three saturating
+          ResNet-50 batch-64 tenants: solo natively, co-located natively, and under the limiter
+          with the big ones hard at 25% ("hard") and at request 25% / limit 100% ("burst").
+  burst   spin-kernel tenants (compute_tenant): A with request 25% / limit 100% alone for 3 s, then
+          three hard 25% tenants arrive. A's GPU share alone vs native, how long until A is back at
+          its request, and each tenant's share afterwards (per %globaltimer kernel segments).
+  remote  coloc at N = 4 and noisy "hard" again with every limiter tenant through a `tfusion
+          worker` on a unix socket (shared memory), beside native in the same run.
+
+Every limiter group also saves a `tfusion smi` taken mid-run (request, limit, use, throttled).
+Output: OUT/colocation.md (tables), OUT/colocation.json, logs under OUT/logs.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tier_common as tc  # noqa: E402
+
+
+class Ctx:
+    def __init__(self, args):
+        self.args = args
+        self.tfusion = os.path.join(args.build, "src/cli/tfusion")
+        self.tenant = os.path.join(args.build, "tests/gpu/compute_tenant")
+        self.work = os.path.join(args.out, "work")
+        self.logs = os.path.join(args.out, "logs")
+        os.makedirs(self.work, exist_ok=True)
+        os.makedirs(self.logs, exist_ok=True)
+        self.deadline = time.monotonic() + args.budget_s
+        self.seq = 0
+        self.remote = None  # "unix:PATH" while the remote phase runs
+        self.results = {}
+
+    def left(self):
+        return self.deadline - time.monotonic()
+
+
+def limiter_prefix(ctx, percent, limit=None, vram="8GiB"):
+    if ctx.remote:
+        cmd = [ctx.tfusion, "run", "--remote", ctx.remote, "--token", "coloc", "--vram", vram,
+               "--percent", f"{percent:g}"]
+    else:
+        cmd = [ctx.tfusion, "run", "--vram", vram, "--percent", f"{percent:g}"]
+    if limit is not None:
+        cmd += ["--percent-limit", f"{limit:g}"]
+    return cmd + ["--"]
+
+
+def run_group(ctx, name, tenants, seconds):
+    """tenants: list of (prefix argv, model, batch). Returns per-tenant items/s (None = failed)."""
+    ctx.seq += 1
+    tag = f"{ctx.seq:03d}-{name}"
+    go = os.path.join(ctx.work, tag + ".go")
+    procs, readies = [], []
+    for i, (prefix, model, batch) in enumerate(tenants):
+        ready = os.path.join(ctx.work, f"{tag}.{i}.ready")
+        cmd = list(prefix) + [ctx.args.python, os.path.join(HERE, "infer_tenant.py"), "--model", model,
+                              "--batch", str(batch), "--seconds", str(seconds), "--ready", ready, "--go", go]
+        procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log")))
+        readies.append(ready)
+    ok = tc.wait_files(readies, 150, procs)
+    tc.touch(go)
+    smi = None
+    if ok and any(p[0] for p in tenants):
+        time.sleep(seconds / 2)
+        smi = subprocess.run([ctx.tfusion, "smi"], capture_output=True, text=True, timeout=20).stdout
+    out = []
+    for p in procs:
+        rc, text = tc.finish(p, seconds + 60)
+        r = None
+        for line in text.splitlines():
+            if line.startswith("items_per_s="):
+                r = float(line.split()[0].split("=")[1])
+        out.append(r if rc == 0 else None)
+    if smi:
+        with open(os.path.join(ctx.logs, f"{tag}.smi.txt"), "w") as f:
+            f.write(smi)
+    shown = " ".join("-" if v is None else f"{v:.1f}" for v in out)
+    print(f"  {tag}: {shown}" + ("" if ok else " (not all ready)"), flush=True)
+    return out
+
+
+def total(values):
+    return None if any(v is None for v in values) else sum(values)
+
+
+def ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def fmt(v, d=1):
+    return "-" if v is None else f"{v:.{d}f}"
+
+
+def phase_coloc(ctx, md, ns=(1, 2, 4, 8), label="coloc"):
+    rows = []
+    for spec in ctx.args.models.split(","):
+        model, batch = spec.split(":")
+        batch = int(batch)
+        for n in ns:
+            if ctx.left() < 60:
+                md.append(f"(skipped {model} b{batch} N={n}: time budget spent)")
+                continue
+            pct = 100.0 / n
+            for rnd in range(ctx.args.rounds):
+                nat = run_group(ctx, f"{label}-{model}{batch}-n{n}-native", [([], model, batch)] * n, ctx.args.seconds)
+                lim = run_group(ctx, f"{label}-{model}{batch}-n{n}-limiter",
+                                [(limiter_prefix(ctx, pct), model, batch)] * n, ctx.args.seconds)
+                rows.append({"model": model, "batch": batch, "n": n, "round": rnd, "percent": pct,
+                             "native": nat, "limiter": lim, "native_total": total(nat),
+                             "limiter_total": total(lim), "ratio": ratio(total(lim), total(nat))})
+    ctx.results[label] = rows
+    md += [f"### {label}: aggregate throughput, N tenants at 100/N % each vs native ({ctx.args.seconds:g} s)", "",
+           "| model | batch | N | share each | native items/s (sum) | limiter items/s (sum) | limiter / native | per tenant, limiter |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        md.append(f"| {r['model']} | {r['batch']} | {r['n']} | {r['percent']:.1f}% | {fmt(r['native_total'])} | "
+                  f"{fmt(r['limiter_total'])} | {fmt(r['ratio'], 3)} | "
+                  f"{' '.join(fmt(v, 0) for v in r['limiter'])} |")
+    md.append("")
+
+
+def phase_noisy(ctx, md, label="noisy"):
+    s = ctx.args.seconds
+    small, big = ("r50", 1), ("r50", 64)
+    solo = run_group(ctx, f"{label}-solo-native", [([],) + small], s)[0]
+    nat = run_group(ctx, f"{label}-native", [([],) + small] + [([],) + big] * 3, s)
+    variants = {"hard": limiter_prefix(ctx, 25), "burst": limiter_prefix(ctx, 25, 100)}
+    rows = [{"variant": "native", "small": nat[0], "bigs": total(nat[1:])}]
+    for vname, big_prefix in variants.items():
+        if ctx.remote and vname == "burst":
+            continue  # a remote worker takes no limit (docs/remote.md)
+        small_prefix = limiter_prefix(ctx, 25) if ctx.remote else limiter_prefix(ctx, 25, 100)
+        lim = run_group(ctx, f"{label}-{vname}", [(small_prefix,) + small] + [(big_prefix,) + big] * 3, s)
+        rows.append({"variant": vname, "small": lim[0], "bigs": total(lim[1:])})
+    for r in rows:
+        r["small_vs_solo"] = ratio(r["small"], solo)
+        r["bigs_vs_native"] = ratio(r["bigs"], rows[0]["bigs"])
+    ctx.results[label] = {"solo": solo, "rows": rows}
+    small_flags = "request 25% (hard)" if ctx.remote else "request 25%, limit 100%"
+    md += [f"### {label}: ResNet-50 b1 ({small_flags}) beside three ResNet-50 b64 tenants", "",
+           f"Solo b1, native: {fmt(solo)} images/s.", "",
+           "| run | big tenants | b1 images/s | b1 / solo | b64 images/s (sum of 3) | b64 / native co-located |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    desc = {"native": "native", "hard": "25% each (request = limit)", "burst": "request 25%, limit 100%"}
+    for r in rows:
+        md.append(f"| {r['variant']} | {desc[r['variant']]} | {fmt(r['small'])} | {fmt(r['small_vs_solo'], 3)} | "
+                  f"{fmt(r['bigs'])} | {fmt(r['bigs_vs_native'], 3)} |")
+    md.append("")
+
+
+def load_segments(path):
+    segs = []
+    for line in tc.read(path).splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        a, b = line.split()
+        segs.append((int(a), int(b)))
+    segs.sort()
+    merged = []
+    for a, b in segs:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def busy(merged, lo, hi):
+    t = 0
+    for a, b in merged:
+        if b > lo and a < hi:
+            t += min(b, hi) - max(a, lo)
+    return t
+
+
+def spin_group(ctx, name, specs, solo_s, arrive_s, rest_s):
+    """specs: list of (prefix, first?) -- first tenants start at go, the others at go + arrive_s."""
+    ctx.seq += 1
+    tag = f"{ctx.seq:03d}-{name}"
+    go1, go2 = os.path.join(ctx.work, tag + ".go1"), os.path.join(ctx.work, tag + ".go2")
+    procs, readies, outs = [], [], []
+    for i, (prefix, first) in enumerate(specs):
+        out = os.path.join(ctx.work, f"{tag}.{i}.seg")
+        ready = os.path.join(ctx.work, f"{tag}.{i}.ready")
+        secs = solo_s if first else rest_s
+        cmd = list(prefix) + [ctx.tenant, "--seconds", str(secs), "--spin-us", "300", "--depth", "8",
+                              "--out", out, "--ready-file", ready, "--go-file", go1 if first else go2]
+        procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log")))
+        readies.append(ready)
+        outs.append(out)
+    tc.wait_files(readies, 60, procs)
+    tc.touch(go1)
+    time.sleep(arrive_s)
+    tc.touch(go2)
+    for p in procs:
+        tc.finish(p, solo_s + 60)
+    return [load_segments(o) for o in outs]
+
+
+def phase_burst(ctx, md):
+    arrive, solo_s, rest_s = 3.0, 7.0, 4.5
+    nat = spin_group(ctx, "burst-native", [([], True)], 3.0, 0.0, 0.0)[0]
+    segs = spin_group(ctx, "burst-limiter", [(limiter_prefix(ctx, 25, 100, "4GiB"), True)] +
+                      [(limiter_prefix(ctx, 25, None, "4GiB"), False)] * 3, solo_s, arrive, rest_s)
+    res = {}
+    if nat and all(segs):
+        w = 100_000_000
+        n0 = nat[0][0]
+        nat_share = busy(nat, n0 + 500_000_000, n0 + 2_500_000_000) / 2e9 * 100
+        a = segs[0]
+        a0 = a[0][0]
+        arrival = min(s[0][0] for s in segs[1:])
+        alone = busy(a, a0 + 500_000_000, arrival - 200_000_000) / (arrival - 200_000_000 - a0 - 500_000_000) * 100
+        # A's share in 100 ms windows after the arrival; back at request when a 300 ms mean is <= 27%.
+        end = min(s[-1][1] for s in segs)
+        series = []
+        t = arrival
+        while t + w <= end:
+            series.append(busy(a, t, t + w) / w * 100)
+            t += w
+        settle = None
+        for i in range(len(series) - 2):
+            if statistics.mean(series[i:i + 3]) <= 27.0:
+                settle = (i + 3) * 0.1
+                break
+        lo, hi = arrival + 1_000_000_000, end
+        steady = [busy(s, lo, hi) / (hi - lo) * 100 for s in segs] if hi > lo else []
+        res = {"native_share": nat_share, "alone_share": alone, "alone_vs_native": alone / nat_share,
+               "settle_s": settle, "steady": steady, "series": series}
+    ctx.results["burst"] = res
+    md += ["### burst: A (request 25%, limit 100%) alone, then three 25% tenants arrive (300 µs spin kernels)", ""]
+    if not res:
+        md += ["(failed: a tenant produced no kernel segments; see logs)", ""]
+        return
+    md += [f"- A alone: {res['alone_share']:.1f}% of GPU time vs {res['native_share']:.1f}% natively "
+           f"(ratio {res['alone_vs_native']:.3f}).",
+           f"- A back at its request (300 ms mean <= 27%) {fmt(res['settle_s'])} s after the arrival.",
+           f"- Shares from 1 s after the arrival: " + ", ".join(
+               f"{n} {v:.1f}%" for n, v in zip(["A", "B", "C", "D"], res["steady"])) +
+           f" (sum {sum(res['steady']):.1f}%).",
+           "- A's share per 100 ms after the arrival: " + " ".join(f"{v:.0f}" for v in res["series"][:20]), ""]
+
+
+def phase_remote(ctx, md):
+    sock = os.path.join(ctx.work, "coloc-worker.sock")
+    worker = tc.start([ctx.tfusion, "worker", "--listen", "unix:" + sock, "--token", "coloc"],
+                      os.path.join(ctx.logs, "worker.log"))
+    for _ in range(100):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.1)
+    ctx.remote = "unix:" + sock
+    try:
+        saved = ctx.args.models
+        ctx.args.models = ctx.args.remote_models
+        phase_coloc(ctx, md, ns=(4,), label="remote-coloc")
+        ctx.args.models = saved
+        phase_noisy(ctx, md, label="remote-noisy")
+    finally:
+        ctx.remote = None
+        tc.kill_group(worker)
+        tc.finish(worker, 5)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--phases", default="coloc,noisy,burst")
+    ap.add_argument("--models", default="r50:1,gpt2:1,r50:64")
+    ap.add_argument("--remote-models", default="r50:1,gpt2:1")
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args()
+    ctx = Ctx(args)
+    md = []
+    for phase in args.phases.split(","):
+        fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote}.get(phase)
+        if fn is None:
+            raise SystemExit(f"unknown phase {phase!r}")
+        if ctx.left() < 45:
+            md += [f"(phase {phase} skipped: time budget spent)", ""]
+            continue
+        print(f"== {phase} ({time.strftime('%T')})", flush=True)
+        fn(ctx, md)
+        with open(os.path.join(args.out, "colocation.md"), "w") as f:
+            f.write("\n".join(md) + "\n")
+        with open(os.path.join(args.out, "colocation.json"), "w") as f:
+            json.dump(ctx.results, f, indent=1)
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

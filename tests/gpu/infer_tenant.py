@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""One inference tenant for the co-location benchmarks (tests/gpu/colocation.py).
+
+Builds the model (random weights, fp16, nothing downloaded), warms it up, touches --ready, waits
+for --go, then runs forward passes in a loop for --seconds, synchronizing after each, and prints
+one line: `items_per_s=X iters=N seconds=S` (items = images for ResNet-50, sequences for GPT-2).
+With --timeline FILE it also writes the end time (monotonic ns) of every iteration.
+
+  --model r50   torchvision ResNet-50, channels-last, input batch x 3 x 224 x 224
+  --model gpt2  GPT-2 small (transformers GPT2LMHeadModel, default config), batch x 128 tokens
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+
+def build(model, batch):
+    if model == "r50":
+        import torchvision
+        m = torchvision.models.resnet50().half().cuda().eval().to(memory_format=torch.channels_last)
+        x = torch.randn(batch, 3, 224, 224, device="cuda").half().to(memory_format=torch.channels_last)
+        return lambda: m(x)
+    if model == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        m = GPT2LMHeadModel(GPT2Config()).half().cuda().eval()
+        ids = torch.randint(0, 50257, (batch, 128), device="cuda")
+        return lambda: m(input_ids=ids)
+    raise SystemExit(f"unknown model {model!r} (r50, gpt2)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--ready", required=True)
+    ap.add_argument("--go", required=True)
+    ap.add_argument("--timeline", default="")
+    args = ap.parse_args()
+    if args.batch < 1 or args.seconds <= 0:
+        raise SystemExit("--batch must be >= 1 and --seconds > 0")
+    step = build(args.model, args.batch)
+    with torch.inference_mode():
+        for _ in range(15):
+            step()
+        torch.cuda.synchronize()
+        open(args.ready, "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(args.go):
+            if time.monotonic() > deadline:
+                raise SystemExit("no go signal within 120 s")
+            time.sleep(0.002)
+        ends = []
+        n, t0 = 0, time.monotonic()
+        while True:
+            step()
+            torch.cuda.synchronize()
+            n += 1
+            now = time.monotonic()
+            if args.timeline:
+                ends.append(time.monotonic_ns())
+            if now - t0 >= args.seconds:
+                break
+    secs = now - t0
+    if args.timeline:
+        with open(args.timeline, "w") as f:
+            f.write("\n".join(map(str, ends)) + "\n")
+    print(f"items_per_s={n * args.batch / secs:.2f} iters={n} seconds={secs:.3f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
