@@ -1,5 +1,6 @@
 #include "limiter/compute_governor.h"
 
+#include <stdlib.h>
 #include <time.h>
 
 #include "limiter/core/process_identity.h"
@@ -84,6 +85,17 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
   }
   delete snap;
   if (governed_) binding->unthrottled = false;
+  if (const char* env = getenv("TFUSION_SHARE_TICK_US"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    long us = strtol(env, &end, 10);
+    if (end != nullptr && *end == '\0' && us >= 100 && us <= 5000) {
+      tick_ns_ = us * 1000;
+      next_tick_ns_ = tick_ns_;
+    } else {
+      GuestLog("TFUSION_SHARE_TICK_US=%s is not a whole number of microseconds in 100..5000: using %lld",
+               env, static_cast<long long>(kTickNs / 1000));
+    }
+  }
 }
 
 void ComputeGovernor::ResetAfterFork() {
@@ -320,7 +332,7 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt) {
   hold_.store(hold, std::memory_order_release);
   // Jittered so that sampling does not lock onto a periodic workload.
   jitter_ = jitter_ * 6364136223846793005ULL + 1442695040888963407ULL;
-  int64_t next = kTickNs / 2 + static_cast<int64_t>((jitter_ >> 33) % static_cast<uint64_t>(kTickNs));
+  int64_t next = tick_ns_ / 2 + static_cast<int64_t>((jitter_ >> 33) % static_cast<uint64_t>(tick_ns_));
   if (hold && v.retry_after_ns > 0 && v.retry_after_ns < next) next = v.retry_after_ns;
   if (next < 50'000) next = 50'000;
   next_tick_ns_ = next;

@@ -64,7 +64,8 @@ class ComputeGovernor {
   void CaptureBegins();
   void CaptureEnds();
 
-  // Governor tick period while the process has GPU work (ns).
+  // Governor tick period while the process has GPU work (ns): kTickNs, or
+  // $TFUSION_SHARE_TICK_US (100..5000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
 
  private:
@@ -88,6 +89,7 @@ class ComputeGovernor {
   pthread_cond_t cv_ = PTHREAD_COND_INITIALIZER;    // hold lifted / governor wake-up
   bool thread_started_ = false;
   bool exiting_ = false;                            // guarded by mu_
+  int64_t tick_ns_ = kTickNs;                       // set by Configure
   int64_t next_tick_ns_ = kTickNs;                  // guarded by mu_
   int64_t idle_ticks_ = 0;                          // governor thread only
   bool last_queued_ = false;                        // governor thread only

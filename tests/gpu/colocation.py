@@ -106,7 +106,8 @@ def fmt(v, d=1):
     return "-" if v is None else f"{v:.{d}f}"
 
 
-def phase_coloc(ctx, md, ns=(1, 2, 4, 8), label="coloc"):
+def phase_coloc(ctx, md, ns=None, label="coloc"):
+    ns = ns or [int(n) for n in ctx.args.ns.split(",")]
     rows = []
     for spec in ctx.args.models.split(","):
         model, batch = spec.split(":")
@@ -256,6 +257,20 @@ def phase_burst(ctx, md):
            "- A's share per 100 ms after the arrival: " + " ".join(f"{v:.0f}" for v in res["series"][:20]), ""]
 
 
+def phase_probe(ctx, md):
+    """Diagnosis: four ResNet-50 b1 tenants at several shares and tick periods."""
+    rows = []
+    for pct, tick in ((25, None), (25, 2000), (30, None), (40, None)):
+        env = ["env", f"TFUSION_SHARE_TICK_US={tick}"] if tick else []
+        r = run_group(ctx, f"probe-p{pct}-t{tick or 500}", [(env + limiter_prefix(ctx, pct), "r50", 1)] * 4,
+                      ctx.args.seconds)
+        rows.append((pct, tick or 500, r))
+    md += ["### probe: four ResNet-50 b1 tenants under the limiter", "", "| share each | tick us | images/s |",
+           "| --- | --- | --- |"]
+    md += [f"| {p} | {t} | {' '.join(fmt(v, 0) for v in r)} (sum {fmt(total(r))}) |" for p, t, r in rows]
+    md.append("")
+
+
 def phase_remote(ctx, md):
     sock = os.path.join(ctx.work, "coloc-worker.sock")
     worker = tc.start([ctx.tfusion, "worker", "--listen", "unix:" + sock, "--token", "coloc"],
@@ -284,6 +299,7 @@ def main():
     ap.add_argument("--phases", default="coloc,noisy,burst")
     ap.add_argument("--models", default="r50:1,gpt2:1,r50:64")
     ap.add_argument("--remote-models", default="r50:1,gpt2:1")
+    ap.add_argument("--ns", default="1,2,4,8", help="tenant counts of the coloc phase")
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=540)
@@ -292,7 +308,8 @@ def main():
     ctx = Ctx(args)
     md = []
     for phase in args.phases.split(","):
-        fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote}.get(phase)
+        fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote,
+              "probe": phase_probe}.get(phase)
         if fn is None:
             raise SystemExit(f"unknown phase {phase!r}")
         if ctx.left() < 45:

@@ -24,6 +24,8 @@ struct Tenant {
   uint32_t qos = kDefaultQos;
   // Fraction of the GPU it would use alone (1 = saturating); 0 = not present.
   std::function<double(int64_t t)> demand = [](int64_t) { return 1.0; };
+  // Ticks at which it is between batches: nothing queued, nothing submitted (still reports).
+  std::function<bool(int64_t t)> pause = [](int64_t) { return false; };
   uint32_t slot = 0;
   bool held = false;
   double carry = 0;        // demand not yet served (a sparse tenant queues work)
@@ -48,7 +50,7 @@ class ComputeShareTest : public RegionTest {
       std::vector<Tenant*> running;
       for (Tenant* t : ts) {
         double d = t->demand(now);
-        if (d <= 0) continue;
+        if (d <= 0 || t->pause(now)) continue;
         t->carry += d;
         if (!t->held && t->carry >= 1.0) running.push_back(t);
       }
@@ -64,7 +66,7 @@ class ComputeShareTest : public RegionTest {
         }
         if (t->demand(now) <= 0 && !runs) continue;  // gone or not started: reports nothing
         // In flight at the tick: it still has work queued (a saturating tenant always has).
-        const bool queued = t->demand(now) >= 1.0 ? runs : t->carry >= 1.0;
+        const bool queued = t->pause(now) ? false : t->demand(now) >= 1.0 ? runs : t->carry >= 1.0;
         ShareVerdict v = region_.ShareTick(t->slot, t0_ + now + kTick, kTick, runs ? kTick : 0, queued, t->held);
         ASSERT_EQ(v.error, RegionError::kOk);
         t->held = v.hold != ShareHold::kRun;
@@ -119,6 +121,28 @@ TEST_F(ComputeShareTest, SaturatingTenantsWithRequestEqualLimitEachGetTheirShare
       region_.RemoveVgpu(v);
     }
   }
+}
+
+TEST_F(ComputeShareTest, InferenceTenantsPausingBetweenBatchesAreNotChargedForTheOthersSlices) {
+  // Four tenants at 25% each keep work queued except for one tick in ten (the host between two
+  // batches), each at a different tick, as co-located inference does. A pause shorter than a time
+  // slice does not hand the others the GPU (the driver is still switching between all four), so
+  // it must not raise what the others are charged: none reaches its cap, none is held.
+  std::vector<Tenant> ts = {{"i0", 250'000, 250'000}, {"i1", 250'000, 250'000},
+                            {"i2", 250'000, 250'000}, {"i3", 250'000, 250'000}};
+  for (int i = 0; i < 4; ++i) {
+    ts[i].pause = [i](int64_t t) { return (t / kTick) % 10 == i; };
+    Add(&ts[i]);
+  }
+  Run({&ts[0], &ts[1], &ts[2], &ts[3]}, kMs, 3001 * kMs, 1001 * kMs);
+  for (const Tenant& t : ts) EXPECT_EQ(t.held_ticks, 0) << t.id;
+  RegionSnapshot* snap = new RegionSnapshot();
+  region_.Snapshot(snap);
+  for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+    // Charged 0.9 of the time at a quarter: 22.5% over the 3 s.
+    EXPECT_NEAR(static_cast<double>(snap->vgpus[i].busy_ns_total) / (3000 * kMs) * 100, 22.5, 1.0);
+  }
+  delete snap;
 }
 
 TEST_F(ComputeShareTest, AnIdleNeighboursCapacityIsLentAndTheRequestHoldsWhenItReturns) {

@@ -32,9 +32,10 @@
 namespace tf::limiter {
 namespace {
 
-// A process's "work in flight" mark outlives its tick by half a tick, so that every other
-// process's tick in between sees it.
-constexpr int64_t kActiveTtlNs = 750'000;
+// A process counts as contending for kActiveTtlNs after its last tick with work in flight: about
+// one time slice of the GPU's scheduler, so that a tenant that submits in bursts (inference
+// launching small kernels) is counted while the GPU is still switching between it and the others.
+constexpr int64_t kActiveTtlNs = 2'000'000;
 constexpr int64_t kMinBurstNs = 2'000'000;
 constexpr int64_t kMaxRefillGapNs = 1'000'000'000'000;
 constexpr int64_t kMaxHoldRetryNs = 20'000'000;
@@ -114,7 +115,9 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
 
   // Contention: the processes with work in flight at their last tick (this one included when it
   // has some now) are time-sliced by the GPU, so this tick's raw time is charged / their number.
-  p->active_until_ns.store(in_flight ? now_ns + kActiveTtlNs : 0, std::memory_order_relaxed);
+  // (A process we hold is not contending: its mark goes at once.)
+  if (in_flight) p->active_until_ns.store(now_ns + kActiveTtlNs, std::memory_order_relaxed);
+  else if (held) p->active_until_ns.store(0, std::memory_order_relaxed);
   uint64_t in_flight_mask = 0;
   const uint32_t k = ActiveProcesses(slot, now_ns, &in_flight_mask);
   out.scale_ppm = kShareWholeGpuPpm / k;
