@@ -4,7 +4,8 @@
 // thread samples, every tick (about 500 us, jittered), whether the streams its process launched
 // into still have work queued, and reports to the per-GPU region (GpuRegion::ShareTick,
 // compute_share.cc): a tick with work queued counts as busy. The region divides it by the number
-// of processes that had work queued at that moment (the GPU time-slices them), charges the vGPU's
+// of processes contending (work queued at a tick of theirs within the last 2 ms, about one time
+// slice: the GPU time-slices them), charges the vGPU's
 // request and limit buckets, and says whether this process must hold back: only when its vGPU is
 // at its limit, or over its request while a vGPU that is still within its own has work queued (or
 // a higher-QoS one borrows too). Sampling is an unbiased estimate of the busy fraction (2,000

@@ -2,12 +2,13 @@
 // calls ShareTick every few hundred microseconds to charge what its kernels used and to learn
 // whether it must hold back.
 //
-// Accounting. The governor measures its process's raw GPU-busy time with events (spans from the
-// first kernel after an idle stream to the completion of the last). Processes without MPS are
-// time-sliced by the GPU, so each sees the others' slices inside its own spans: a tick's raw time
-// is charged divided by the number of processes that had work in flight at that moment (each
-// process marks itself in flight at its tick, for one and a half ticks). A lone tenant is charged
-// exactly its busy time; N saturating tenants are charged a wall time each over N.
+// Accounting. The governor samples whether its process has work queued; a tick with work queued
+// is raw busy time. Processes without MPS are time-sliced by the GPU, so each sees the others'
+// slices inside its own queued time: a tick's raw time is charged divided by the number of
+// processes contending, those with work queued at a tick of theirs within the last kActiveTtlNs
+// (about one time slice; a process we hold stops counting at once). A lone tenant is charged
+// exactly its busy time; N saturating tenants are charged a wall time each over N; an inference
+// tenant pausing between batches for less than a slice does not raise the others' charge.
 //
 // Two buckets per vGPU (GPU-busy ns): the limit bucket refills at the limit and is charged
 // always: empty means "at the ceiling", hold until it is positive again. The request bucket
