@@ -170,6 +170,21 @@ TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
   EXPECT_LT(h / f, 0.62) << full.out << half.out;
 }
 
+TEST_F(LimiterRunTest, ARequestBelowItsLimitBurstsToTheLimitWhileAlone) {
+  Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
+  ASSERT_EQ(full.rc, 0) << full.out;
+  Result burst = Run(Tfusion("--vram 1GiB --percent 25 --percent-limit 100", "launch 1.5"));
+  ASSERT_EQ(burst.rc, 0) << burst.out;
+  Result capped = Run(Tfusion("--vram 1GiB --percent 25 --percent-limit 50", "launch 1.5"));
+  ASSERT_EQ(capped.rc, 0) << capped.out;
+  double f = std::stod(full.kv["busy_fraction"]);
+  // Nobody else wants the GPU: the request is lent up to the limit, never below it.
+  EXPECT_GT(std::stod(burst.kv["busy_fraction"]) / f, 0.85) << full.out << burst.out;
+  double c = std::stod(capped.kv["busy_fraction"]) / f;
+  EXPECT_GT(c, 0.40) << full.out << capped.out;
+  EXPECT_LT(c, 0.62) << full.out << capped.out;
+}
+
 TEST_F(LimiterRunTest, BadFlagsAreRefusedWithAClearMessage) {
   struct Case {
     std::string flags;
