@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include "limiter/cond_deadline.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
 #include "limiter/core/process_identity.h"
@@ -18,13 +19,6 @@ int64_t NowNs() { return MonotonicNowNs(); }
 thread_local CUstream t_last_stream = nullptr;
 thread_local bool t_last_per_thread = false;
 thread_local uint64_t t_last_generation = 0;
-
-void AbsDeadline(timespec* ts, int64_t delta_ns) {
-  clock_gettime(CLOCK_REALTIME, ts);
-  int64_t ns = ts->tv_nsec + delta_ns;
-  ts->tv_sec += ns / 1'000'000'000;
-  ts->tv_nsec = ns % 1'000'000'000;
-}
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "limiter/cond_deadline.h"
 #include "limiter/core/process_identity.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
@@ -56,13 +57,6 @@ bool IsSpecial(CUstream s) {
 }
 bool IsPerThreadDefault(CUstream s, bool per_thread) {
   return s == CU_STREAM_PER_THREAD || (reinterpret_cast<uintptr_t>(s) == 0 && per_thread);
-}
-
-void AbsDeadline(timespec* ts, int64_t delta_ns) {
-  clock_gettime(CLOCK_REALTIME, ts);
-  int64_t ns = ts->tv_nsec + delta_ns;
-  ts->tv_sec += ns / 1'000'000'000;
-  ts->tv_nsec = ns % 1'000'000'000;
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tier_common as tc  # noqa: E402
+from compute_share import busy_in as busy, load_segments  # noqa: E402
 
 
 class Ctx:
@@ -162,31 +163,6 @@ def phase_noisy(ctx, md, label="noisy"):
         md.append(f"| {r['variant']} | {desc[r['variant']]} | {fmt(r['small'])} | {fmt(r['small_vs_solo'], 3)} | "
                   f"{fmt(r['bigs'])} | {fmt(r['bigs_vs_native'], 3)} |")
     md.append("")
-
-
-def load_segments(path):
-    segs = []
-    for line in tc.read(path).splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        a, b = line.split()
-        segs.append((int(a), int(b)))
-    segs.sort()
-    merged = []
-    for a, b in segs:
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
-
-
-def busy(merged, lo, hi):
-    t = 0
-    for a, b in merged:
-        if b > lo and a < hi:
-            t += min(b, hi) - max(a, lo)
-    return t
 
 
 def spin_group(ctx, name, specs, solo_s, arrive_s, rest_s):

@@ -17,6 +17,36 @@
 namespace tf::hypervisor {
 namespace {
 
+// A controller with its API on a free port, in a temporary folder that goes with it.
+struct ControllerRig {
+  ControllerRig() {
+    char tmpl[] = "/tmp/tfagent-XXXXXX";
+    dir = mkdtemp(tmpl);
+    store = std::move(controller::SqliteStore::Open(dir + "/s.db")).value();
+    c = std::make_unique<controller::Controller>(store.get(), &clock, controller::MakeSchedulerPlacement(),
+                                                 nullptr);
+    if (!c->Rebuild().ok()) return;
+    api = std::make_unique<controller::ApiServer>(c.get(), "tok");
+    auto bound = api->Bind("127.0.0.1", 0);
+    if (!bound.ok()) return;
+    port = *bound;
+    api->Start();
+  }
+  ~ControllerRig() {
+    if (api) api->Stop();
+    std::filesystem::remove_all(dir);
+  }
+  bool ok() const { return port > 0; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+
+  std::string dir;
+  controller::FakeClock clock;
+  std::unique_ptr<controller::SqliteStore> store;
+  std::unique_ptr<controller::Controller> c;
+  std::unique_ptr<controller::ApiServer> api;
+  int port = 0;
+};
+
 TEST(NvmlGpuSource, MissingDriverIsReportedNotFatal) {
   NvmlGpuSource source("libnvidia-ml-does-not-exist.so.1");
   auto gpus = source.Discover();
@@ -26,20 +56,14 @@ TEST(NvmlGpuSource, MissingDriverIsReportedNotFatal) {
 }
 
 TEST(NodeAgent, RegistersSizesFromCatalogAndHeartbeats) {
-  char tmpl[] = "/tmp/tfagent-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  controller::FakeClock clock;
-  auto store = std::move(controller::SqliteStore::Open(dir + "/s.db")).value();
-  controller::Controller c(store.get(), &clock, controller::MakeSchedulerPlacement(), nullptr);
-  ASSERT_TRUE(c.Rebuild().ok());
-  controller::ApiServer api(&c, "tok");
-  int port = *api.Bind("127.0.0.1", 0);
-  api.Start();
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
 
   FakeGpuSource source({{0, "GPU-aaa", "NVIDIA H100 80GB HBM3", 81559, 0, 0, 0}});
-  QuotaRegions regions(dir + "/regions");
-  NodeAgent agent({"http://127.0.0.1:" + std::to_string(port), "tok", "gpu-host-1", "", "", ""},
-                  &source, &regions, &clock);
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "gpu-host-1", "", "", ""},
+                  &source, &regions, &rig.clock);
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_EQ(regions.attached().size(), 1u);
   auto gpus = c.ListGpus("");
@@ -51,34 +75,26 @@ TEST(NodeAgent, RegistersSizesFromCatalogAndHeartbeats) {
   EXPECT_EQ(c.ListGpus("")[0].utilization_percent, 42);
   EXPECT_NE(agent.MetricsText().find("tf_gpu_utilization_percent{gpu=\"GPU-aaa\""), std::string::npos);
 
-  NodeAgent bad({"http://127.0.0.1:" + std::to_string(port), "wrong", "h2", "", "", ""}, &source,
-                &regions, &clock);
+  NodeAgent bad({rig.url(), "wrong", "h2", "", "", ""}, &source,
+                &regions, &rig.clock);
   EXPECT_EQ(bad.Start().code(), StatusCode::kUnauthenticated);
-  api.Stop();
-  std::filesystem::remove_all(dir);
 }
 
 // The agent owns the per-GPU regions: one per GPU at start, one vGPU per allocation the controller
 // placed on the node (limits from the allocation), removed when the allocation is released.
 TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
-  char tmpl[] = "/tmp/tfagent-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  controller::FakeClock clock;
-  auto store = std::move(controller::SqliteStore::Open(dir + "/s.db")).value();
-  controller::Controller c(store.get(), &clock, controller::MakeSchedulerPlacement(), nullptr);
-  ASSERT_TRUE(c.Rebuild().ok());
-  controller::ApiServer api(&c, "tok");
-  int port = *api.Bind("127.0.0.1", 0);
-  api.Start();
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
 
   FakeGpuSource source({{0, "GPU-r0", "NVIDIA L4", 23034, 0, 0, 0},
                         {1, "GPU-r1", "NVIDIA L4", 23034, 0, 0, 0}});
-  QuotaRegions regions(dir + "/regions");
-  NodeAgent agent({"http://127.0.0.1:" + std::to_string(port), "tok", "host-r", "", "", ""},
-                  &source, &regions, &clock);
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-r", "", "", ""},
+                  &source, &regions, &rig.clock);
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_EQ(regions.attached().size(), 2u);
-  ASSERT_TRUE(std::filesystem::exists(dir + "/regions/gpu-GPU-r0.region"));
+  ASSERT_TRUE(std::filesystem::exists(rig.dir + "/regions/gpu-GPU-r0.region"));
   const double l4 = c.ListGpus("")[0].gpu.tflops;
   ASSERT_GT(l4, 0);
   EXPECT_EQ(regions.region("GPU-r0")->capacity_mtflops(), static_cast<uint64_t>(l4 * 1000 + 0.5));
@@ -99,9 +115,9 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   EXPECT_EQ(snap->vgpus[0].compute_share_ppm, 250000u);
 
   // A restarted agent re-attaches to the same regions and keeps the vGPU.
-  QuotaRegions again(dir + "/regions");
-  NodeAgent agent2({"http://127.0.0.1:" + std::to_string(port), "tok", "host-r", "", "", ""},
-                   &source, &again, &clock);
+  QuotaRegions again(rig.dir + "/regions");
+  NodeAgent agent2({rig.url(), "tok", "host-r", "", "", ""},
+                   &source, &again, &rig.clock);
   ASSERT_TRUE(agent2.Start().ok());
   ASSERT_TRUE(agent2.SyncAllocations().ok());
   EXPECT_EQ(again.region(a->vgpus[0].gpu_uuid)->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
@@ -110,26 +126,18 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   ASSERT_TRUE(agent.SyncAllocations().ok());
   EXPECT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kNotFound);
   EXPECT_NE(agent.MetricsText().find("tf_node_vgpus 0"), std::string::npos);
-  api.Stop();
-  std::filesystem::remove_all(dir);
 }
 
 // Request, limit and QoS of an allocation reach the vGPU in the region, and the agent's metrics
 // show per vGPU its request, limit, GPU-busy and throttled seconds (HELP/TYPE lines included).
 TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
-  char tmpl[] = "/tmp/tfagent-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  controller::FakeClock clock;
-  auto store = std::move(controller::SqliteStore::Open(dir + "/s.db")).value();
-  controller::Controller c(store.get(), &clock, controller::MakeSchedulerPlacement(), nullptr);
-  ASSERT_TRUE(c.Rebuild().ok());
-  controller::ApiServer api(&c, "tok");
-  int port = *api.Bind("127.0.0.1", 0);
-  api.Start();
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
   FakeGpuSource source({{0, "GPU-q0", "NVIDIA L4", 23034, 0, 0, 0}});
-  QuotaRegions regions(dir + "/regions");
-  NodeAgent agent({"http://127.0.0.1:" + std::to_string(port), "tok", "host-q", "", "", ""},
-                  &source, &regions, &clock);
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-q", "", "", ""},
+                  &source, &regions, &rig.clock);
   ASSERT_TRUE(agent.Start().ok());
 
   controller::AllocationRequest req{"", "", 0, 1024, 1, "high", ""};
@@ -180,8 +188,6 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   EXPECT_NE(text.find(busy.str()), std::string::npos) << text;
   EXPECT_NE(text.find(throttled.str()), std::string::npos) << text;
   r->DetachProcess(slot);
-  api.Stop();
-  std::filesystem::remove_all(dir);
 }
 
 // A child process that stands for a tenant: it ignores SIGTERM when asked to (a tenant that does
@@ -343,25 +349,17 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedButOneTheAgentNeverSawIsNot) {
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {
-  char tmpl[] = "/tmp/tfagent-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  controller::FakeClock clock;
-  auto store = std::move(controller::SqliteStore::Open(dir + "/s.db")).value();
-  controller::Controller c(store.get(), &clock, controller::MakeSchedulerPlacement(), nullptr);
-  ASSERT_TRUE(c.Rebuild().ok());
-  controller::ApiServer api(&c, "tok");
-  int port = *api.Bind("127.0.0.1", 0);
-  api.Start();
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
   NvmlGpuSource source("libnvidia-ml-does-not-exist.so.1");
-  QuotaRegions regions(dir + "/regions");
-  NodeAgent agent({"http://127.0.0.1:" + std::to_string(port), "tok", "cpu-host", "", "", ""},
-                  &source, &regions, &clock);
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "cpu-host", "", "", ""},
+                  &source, &regions, &rig.clock);
   ASSERT_TRUE(agent.Start().ok());
   EXPECT_NE(agent.discovery_message().find("no NVIDIA driver"), std::string::npos);
   EXPECT_EQ(c.ListNodes().size(), 1u);
   EXPECT_TRUE(c.ListGpus("").empty());
-  api.Stop();
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

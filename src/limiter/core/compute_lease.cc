@@ -22,6 +22,7 @@
 
 #include "limiter/core/gpu_region.h"
 #include "limiter/core/process_identity.h"
+#include "limiter/core/share_bucket.h"
 
 namespace tf::limiter {
 namespace {
@@ -29,10 +30,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "the futex word is the low half of LeaseBlock::word");
 
-constexpr int64_t kMinBurstNs = 2'000'000;            // bucket cap is max(share x 100 ms, 2 ms)
 constexpr int64_t kStealOverdueMs = 1'000;            // steal from a live holder this late
 constexpr int64_t kHandoffHoldNs = 200'000;           // fairness hint lifetime
-constexpr int64_t kMaxRefillGapNs = 1'000'000'000'000;  // 1000 s: keeps share x dt in int64
 constexpr int64_t kOverdueRecheckNs = 1'000'000;      // waiters re-check a late holder every 1 ms
 constexpr uint64_t kDeadlineMask = (1ULL << 22) - 1;
 constexpr uint64_t kHandoffExpiryMask = (1ULL << 48) - 1;
@@ -58,24 +57,12 @@ uint64_t MakeHandoff(uint32_t target_plus1, int64_t expiry_ns) {
          (static_cast<uint64_t>(expiry_ns / 1000) & kHandoffExpiryMask);
 }
 
-int64_t ClampShare(uint64_t share_ppm) {
-  return static_cast<int64_t>(share_ppm < kShareWholeGpuPpm ? share_ppm : kShareWholeGpuPpm);
-}
-int64_t BurstNs(int64_t share_ppm) {
-  int64_t b = share_ppm * 100;  // share x 100 ms, share in ppm
-  return b > kMinBurstNs ? b : kMinBurstNs;
-}
-int64_t RefillAmount(int64_t share_ppm, int64_t dt_ns) {
-  if (dt_ns > kMaxRefillGapNs) dt_ns = kMaxRefillGapNs;
-  return share_ppm * dt_ns / 1'000'000;
-}
+using bucket::BurstNs;
+using bucket::ClampShare;
+using bucket::RefillAmount;
 // Nanoseconds of wall time until a bucket at `tokens` (<= 0) is positive again.
 int64_t NsUntilPositive(int64_t tokens, int64_t share_ppm) {
-  if (tokens > 0) return 0;
-  int64_t need = 1 - tokens;
-  if (need > kMaxRefillGapNs) need = kMaxRefillGapNs;
-  __int128 ns = (static_cast<__int128>(need) * 1'000'000 + share_ppm - 1) / share_ppm;
-  return ns > INT64_MAX / 2 ? INT64_MAX / 2 : static_cast<int64_t>(ns);
+  return bucket::NsUntilPositive(tokens, share_ppm, INT64_MAX / 2);
 }
 
 uint32_t* FutexWord(std::atomic<uint64_t>* w) { return reinterpret_cast<uint32_t*>(w); }

@@ -28,6 +28,7 @@
 #include <climits>
 
 #include "limiter/core/gpu_region.h"
+#include "limiter/core/share_bucket.h"
 #include "limiter/core/process_identity.h"
 
 namespace tf::limiter {
@@ -37,26 +38,13 @@ namespace {
 // one time slice of the GPU's scheduler, so that a tenant that submits in bursts (inference
 // launching small kernels) is counted while the GPU is still switching between it and the others.
 constexpr int64_t kActiveTtlNs = 2'000'000;
-constexpr int64_t kMinBurstNs = 2'000'000;
-constexpr int64_t kMaxRefillGapNs = 1'000'000'000'000;
 constexpr int64_t kMaxHoldRetryNs = 20'000'000;
 
-int64_t Clamp(uint64_t ppm) {
-  return static_cast<int64_t>(ppm < kShareWholeGpuPpm ? ppm : kShareWholeGpuPpm);
-}
-int64_t Burst(int64_t ppm) {
-  int64_t b = ppm * 100;  // share x 100 ms
-  return b > kMinBurstNs ? b : kMinBurstNs;
-}
-int64_t Refill(int64_t ppm, int64_t dt_ns) {
-  if (dt_ns > kMaxRefillGapNs) dt_ns = kMaxRefillGapNs;
-  return ppm * dt_ns / 1'000'000;
-}
+using bucket::BurstNs;
+using bucket::ClampShare;
+using bucket::RefillAmount;
 int64_t NsUntilPositive(int64_t tokens, int64_t ppm) {
-  if (tokens > 0) return 0;
-  if (ppm <= 0) return kMaxHoldRetryNs;
-  __int128 ns = (static_cast<__int128>(1 - tokens) * 1'000'000 + ppm - 1) / ppm;
-  return ns > kMaxHoldRetryNs ? kMaxHoldRetryNs : static_cast<int64_t>(ns);
+  return bucket::NsUntilPositive(tokens, ppm, kMaxHoldRetryNs);
 }
 void AddCapped(std::atomic<int64_t>* bucket, int64_t add, int64_t cap) {
   int64_t t = bucket->load(std::memory_order_relaxed);
@@ -110,8 +98,8 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   ProcessSlot* p = process(slot);
   const uint32_t mine = p->vgpu_index.load(std::memory_order_relaxed);
   VgpuSlot* v = vgpu(mine);
-  const int64_t req = Clamp(v->compute_share_ppm.load(std::memory_order_relaxed));
-  const int64_t lim = Clamp(LimitPpm(v));
+  const int64_t req = ClampShare(v->compute_share_ppm.load(std::memory_order_relaxed));
+  const int64_t lim = ClampShare(LimitPpm(v));
   const uint32_t my_qos = v->qos.load(std::memory_order_relaxed);
 
   // Contention: the processes with work in flight at their last tick (this one included when it
@@ -131,8 +119,8 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   int64_t last = v->last_refill_ns.load(std::memory_order_acquire);
   while (now_ns > last) {
     if (v->last_refill_ns.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) {
-      AddCapped(&v->tokens_ns, Refill(lim, now_ns - last), Burst(lim));
-      AddCapped(&v->request_tokens_ns, Refill(req, now_ns - last), Burst(req));
+      AddCapped(&v->tokens_ns, RefillAmount(lim, now_ns - last), BurstNs(lim));
+      AddCapped(&v->request_tokens_ns, RefillAmount(req, now_ns - last), BurstNs(req));
       break;
     }
   }
@@ -146,12 +134,12 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
     if (demand == 0 || now_ns - demand > kDemandTtlNs) continue;
     others_want = true;
-    int64_t u_req = Clamp(u->compute_share_ppm.load(std::memory_order_relaxed));
-    int64_t u_lim = Clamp(LimitPpm(u));
+    int64_t u_req = ClampShare(u->compute_share_ppm.load(std::memory_order_relaxed));
+    int64_t u_lim = ClampShare(LimitPpm(u));
     int64_t u_last = u->last_refill_ns.load(std::memory_order_relaxed);
     int64_t gap = now_ns > u_last ? now_ns - u_last : 0;
-    int64_t u_rt = u->request_tokens_ns.load(std::memory_order_relaxed) + Refill(u_req, gap);
-    int64_t u_lt = u->tokens_ns.load(std::memory_order_relaxed) + Refill(u_lim, gap);
+    int64_t u_rt = u->request_tokens_ns.load(std::memory_order_relaxed) + RefillAmount(u_req, gap);
+    int64_t u_lt = u->tokens_ns.load(std::memory_order_relaxed) + RefillAmount(u_lim, gap);
     bool u_can_run = u_lim >= static_cast<int64_t>(kShareWholeGpuPpm) || u_lt > 0;
     if (!u_can_run) continue;  // at its own ceiling: it cannot use what we would leave
     // Owed only while it has work queued now: what it leaves between its kernels is lent.
@@ -164,7 +152,7 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     if (others_want) {
       // Debt is bounded at one burst: a tenant over its request is held until it repays that.
       int64_t t = v->request_tokens_ns.load(std::memory_order_relaxed);
-      int64_t floor = -Burst(req);
+      int64_t floor = -BurstNs(req);
       int64_t nt;
       do {
         nt = t - out.charged_ns < floor ? floor : t - out.charged_ns;
