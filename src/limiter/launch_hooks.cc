@@ -9,7 +9,7 @@ namespace tf::limiter {
 namespace {
 
 template <typename Call>
-__attribute__((noinline)) CUresult GovernedLaunch(CUstream stream, bool per_thread, Call&& call) {
+inline CUresult GovernedLaunch(CUstream stream, bool per_thread, Call&& call) {
   ComputeGovernor& governor = ComputeGovernor::Instance();
   if (governor.governed()) {
     ComputeGovernor::Track* t = governor.Before(stream, per_thread);
