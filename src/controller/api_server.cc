@@ -305,6 +305,7 @@ void ApiServer::Routes() {
   });
   s.Post(R"(/v1/nodes/([^/]+)/heartbeat)", [c](const httplib::Request& req, httplib::Response& res) {
     std::vector<GpuSample> samples;
+    std::vector<VgpuUseSample> vgpus;
     if (!req.body.empty()) {
       StatusOr<json> body = ParseBody(req);
       if (!body.ok()) return ReplyError(res, body.status());
@@ -318,9 +319,21 @@ void ApiServer::Routes() {
           samples.push_back(std::move(smp));
         }
       }
+      if (const json* vs = f.Array("vgpus")) {
+        for (const json& v : *vs) {
+          if (!v.is_object()) return ReplyError(res, InvalidArgument("each entry of 'vgpus' must be an object"));
+          Fields vf(v);
+          VgpuUseSample u{vf.Str("allocation", true), vf.Str("gpu", true), vf.Int("busy_ns_total", true),
+                          vf.Int("throttled_ns_total", true)};
+          if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
+          if (u.busy_ns_total < 0 || u.throttled_ns_total < 0)
+            return ReplyError(res, InvalidArgument("vgpus: busy_ns_total and throttled_ns_total must be >= 0"));
+          vgpus.push_back(std::move(u));
+        }
+      }
       if (!f.status().ok()) return ReplyError(res, f.status());
     }
-    Status st = c->Heartbeat(req.matches[1], samples);
+    Status st = c->Heartbeat(req.matches[1], samples, vgpus);
     if (!st.ok()) return ReplyError(res, st);
     Reply(res, 200, {{"ok", true}});
   });
@@ -366,8 +379,19 @@ void ApiServer::Routes() {
   // Allocations.
   s.Get("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
     std::string node = req.get_param_value("node");
+    // Each vGPU with the use its node last reported: use_percent (over the last heartbeat
+    // interval; absent until two reports) and throttled_seconds.
     Reply(res, 200, {{"allocations", Array(node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node),
-                                           [](const Allocation& a) { return ToJson(a); })}});
+                                           [c](const Allocation& a) {
+                                             json j = ToJson(a);
+                                             for (json& v : j["vgpus"]) {
+                                               StatusOr<VgpuUse> u = c->GetVgpuUse(a.id, v.value("gpu", ""));
+                                               if (!u.ok()) continue;
+                                               if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
+                                               v["throttled_seconds"] = u->throttled_seconds;
+                                             }
+                                             return j;
+                                           })}});
   });
   s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);

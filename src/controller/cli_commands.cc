@@ -549,8 +549,8 @@ int Ps(const ClientOptions& c) {
 
 namespace {
 
-// One frame of `tfusion top`: the GPU table and the allocations' vGPUs (request and limit), or
-// the error that prevented it.
+// One frame of `tfusion top`: the GPU table and the allocations' vGPUs (request, limit, use over
+// the node's last heartbeat interval, time throttled), or the error that prevented it.
 Status TopTable(const ClientOptions& c, std::ostream& out) {
   StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
   if (!gpus.ok()) return gpus.status();
@@ -567,13 +567,16 @@ Status TopTable(const ClientOptions& c, std::ostream& out) {
   }
   PrintTable(out, rows);
   std::vector<std::vector<std::string>> vgpus{
-      {"ALLOCATION", "GPU", "QOS", "REQ_TFLOPS", "LIMIT_TFLOPS", "REQ%", "LIMIT%", "VRAM_MIB"}};
+      {"ALLOCATION", "GPU", "QOS", "REQ_TFLOPS", "LIMIT_TFLOPS", "REQ%", "LIMIT%", "USE%", "THROTTLED_S", "VRAM_MIB"}};
   for (const json& a : (*allocs)["allocations"]) {
     for (const json& v : a["vgpus"]) {
       const double t = v.value("tflops", 0.0);
       vgpus.push_back({a.value("id", ""), v.value("gpu", ""), a.value("qos", ""), Fixed(t),
                        Fixed(std::max(t, v.value("tflops_limit", t))), SharePercent(v, "share_ppm", "share_ppm"),
-                       SharePercent(v, "limit_ppm", "share_ppm"), std::to_string(v.value("vram_mib", int64_t{0}))});
+                       SharePercent(v, "limit_ppm", "share_ppm"),
+                       v.contains("use_percent") ? Fixed(v.value("use_percent", 0.0)) + "%" : "-",
+                       v.contains("throttled_seconds") ? Fixed(v.value("throttled_seconds", 0.0)) : "-",
+                       std::to_string(v.value("vram_mib", int64_t{0}))});
     }
   }
   if (vgpus.size() > 1) {

@@ -177,6 +177,7 @@ Status Controller::Rebuild() {
   last_heartbeat_ms_.clear();
   samples_.clear();
   sampled_ms_.clear();
+  vgpu_use_.clear();
   placement_dirty_ = true;
 
   auto load = [&](const char* prefix, auto parse, auto& into, auto name_of) -> Status {
@@ -516,7 +517,8 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
   });
 }
 
-Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples) {
+Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples,
+                             const std::vector<VgpuUseSample>& vgpus) {
   return Durably([&]() -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -529,6 +531,24 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       if (g == gpus_.end() || g->second.value.node != name) continue;
       samples_[s.uuid] = s;
       sampled_ms_[s.uuid] = now;
+    }
+    for (const VgpuUseSample& v : vgpus) {
+      auto a = allocations_.find(v.allocation);
+      if (a == allocations_.end() || a->second.value.node != name) continue;
+      VgpuCounters& k = vgpu_use_[v.allocation + "/" + v.gpu_uuid];
+      if (k.sampled_ms > 0 && now > k.sampled_ms && v.busy_ns_total >= k.busy_ns) {
+        k.use.use_percent = static_cast<double>(v.busy_ns_total - k.busy_ns) / 1e4 / static_cast<double>(now - k.sampled_ms);
+      } else {
+        k.use.use_percent = -1;  // the first sample, or the counters went back (a new vGPU)
+      }
+      k.busy_ns = v.busy_ns_total;
+      k.sampled_ms = now;
+      k.use.throttled_seconds = static_cast<double>(v.throttled_ns_total) / 1e9;
+      k.use.sampled_ms = now;
+    }
+    for (auto u = vgpu_use_.begin(); u != vgpu_use_.end();) {  // forget released allocations
+      if (allocations_.count(u->first.substr(0, u->first.find('/')))) ++u;
+      else u = vgpu_use_.erase(u);
     }
     if (it->second.value.state == NodeState::kReady) return Status::Ok();
     // A lost node came back: it is ready again (allocations released meanwhile stay released).
@@ -553,6 +573,15 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
     placement_dirty_ = true;
     return Status::Ok();
   });
+}
+
+StatusOr<VgpuUse> Controller::GetVgpuUse(const std::string& allocation, const std::string& gpu_uuid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = vgpu_use_.find(allocation + "/" + gpu_uuid);
+  if (it == vgpu_use_.end() || !allocations_.count(allocation)) {
+    return NotFound("no use reported for " + allocation + " on " + gpu_uuid);
+  }
+  return it->second.use;
 }
 
 std::vector<NodeStatus> Controller::ListNodes() const {

@@ -66,6 +66,23 @@ struct GpuSample {  // one heartbeat sample for one GPU
   int64_t memory_used_mib = 0;
 };
 
+// One heartbeat sample of one allocation's vGPU on one GPU: the counters the node's quota region
+// keeps (GPU-busy time charged to it, time its processes were held back), since the vGPU was made.
+struct VgpuUseSample {
+  std::string allocation;
+  std::string gpu_uuid;
+  int64_t busy_ns_total = 0;
+  int64_t throttled_ns_total = 0;
+};
+
+// What `tfusion top` shows per vGPU: its compute use over the last heartbeat interval (percent of
+// the GPU; negative until two samples have arrived) and its time held back so far.
+struct VgpuUse {
+  double use_percent = -1;
+  double throttled_seconds = 0;
+  int64_t sampled_ms = 0;
+};
+
 struct AllocationRequest {
   std::string workload;  // optional; when set, unset fields come from the workload
   std::string pool;
@@ -137,7 +154,12 @@ class Controller {
   Status DeletePool(const std::string& name);  // kFailedPrecondition while nodes use it
 
   StatusOr<Node> RegisterNode(const NodeRegistration& reg);
-  Status Heartbeat(const std::string& node, const std::vector<GpuSample>& samples);
+  // `vgpus`: use of the node's allocations' vGPUs; samples of allocations not on this node are
+  // ignored (one released meanwhile), counters that go back start the interval again.
+  Status Heartbeat(const std::string& node, const std::vector<GpuSample>& samples,
+                   const std::vector<VgpuUseSample>& vgpus = {});
+  // The last use reported for `allocation` on `gpu_uuid`; kNotFound when none was.
+  StatusOr<VgpuUse> GetVgpuUse(const std::string& allocation, const std::string& gpu_uuid) const;
   std::vector<NodeStatus> ListNodes() const;
   StatusOr<NodeStatus> GetNode(const std::string& name) const;
   std::vector<GpuStatus> ListGpus(const std::string& pool_filter) const;
@@ -223,6 +245,11 @@ class Controller {
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid
   std::unordered_map<std::string, int64_t> sampled_ms_;               // by GPU uuid
+  struct VgpuCounters {
+    int64_t busy_ns = 0, sampled_ms = 0;
+    VgpuUse use;
+  };
+  std::unordered_map<std::string, VgpuCounters> vgpu_use_;           // by "allocation/gpu uuid"
   ControllerCounters counters_;
   CallStageTimes stage_times_;
   std::mt19937_64 rng_;

@@ -114,8 +114,19 @@ Status NodeAgent::HeartbeatOnce() {
       }
     }
   }
+  // The use of the allocations' vGPUs, as the regions count it (tfusion top shows it).
+  json vgpus = json::array();
+  for (const auto& snap : SnapshotRegions(regions_->dir())) {
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      const limiter::VgpuInfo& v = snap->vgpus[i];
+      if (std::string(v.id).rfind("a-", 0) != 0) continue;  // not an allocation's vGPU
+      vgpus.push_back({{"allocation", v.id}, {"gpu", snap->gpu_uuid},
+                       {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
+                       {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}});
+    }
+  }
   Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
-                                    json{{"gpus", gpus}}.dump()),
+                                    json{{"gpus", gpus}, {"vgpus", vgpus}}.dump()),
                        "heartbeat");
   if (st.code() == StatusCode::kNotFound) st = Register();
   std::lock_guard<std::mutex> lock(mu_);

@@ -44,7 +44,7 @@ const char* QosLabel(uint32_t qos) {
 
 }  // namespace
 
-std::string VgpuMetricsText(const std::string& dir) {
+std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std::string& dir) {
   std::vector<std::unique_ptr<limiter::RegionSnapshot>> snapshots;
   for (const std::string& file : RegionFiles(dir)) {
     limiter::GpuRegion region;
@@ -53,6 +53,11 @@ std::string VgpuMetricsText(const std::string& dir) {
     region.Snapshot(snap.get());
     snapshots.push_back(std::move(snap));
   }
+  return snapshots;
+}
+
+std::string VgpuMetricsText(const std::string& dir) {
+  const std::vector<std::unique_ptr<limiter::RegionSnapshot>> snapshots = SnapshotRegions(dir);
   std::ostringstream o;
   o.precision(15);
   for (const Family& f : kFamilies) {

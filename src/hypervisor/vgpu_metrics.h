@@ -6,9 +6,16 @@
 // Thread safety: any thread; each call attaches to the region files on its own.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "limiter/core/gpu_region.h"
 
 namespace tf::hypervisor {
+
+// A snapshot of every region file in `dir` that can be attached (the others are skipped).
+std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std::string& dir);
 
 // The text exposition (HELP and TYPE lines, then one sample per vGPU with labels gpu, vgpu and
 // qos) for every region file in `dir`. Regions that cannot be attached are skipped.

@@ -18,6 +18,9 @@
 #include "cli_test_util.h"
 #include "controller/http_client.h"
 
+#include <nlohmann/json.hpp>
+#include <vector>
+
 namespace {
 
 using tf::cli::testing::ReadFile;
@@ -77,6 +80,39 @@ TEST_F(PoolCommandsTest, TopOncePrintsTheGpuTableAndExits) {
   EXPECT_NE(r.out.find("GPU-top-0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ALLOC_TFLOPS"), std::string::npos) << r.out;
   EXPECT_EQ(Count(r.out, "ALLOC_TFLOPS"), 1u) << r.out;
+}
+
+TEST_F(PoolCommandsTest, TopShowsEachVgpusRequestLimitUseAndThrottledTime) {
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"percent":25,"percent_limit":60,"vram_mib":1024})");
+  ASSERT_TRUE(a.ok() && a->status == 201) << (a.ok() ? a->body : a.status().ToString());
+  const std::string id = nlohmann::json::parse(a->body)["id"];
+  auto beat = [&](int64_t busy) {
+    return client.Post("/v1/nodes/gpu-node-1/heartbeat",
+                       nlohmann::json{{"vgpus", {{{"allocation", id}, {"gpu", "GPU-top-0"}, {"busy_ns_total", busy},
+                                                  {"throttled_ns_total", 2'500'000'000}}}}}.dump());
+  };
+  ASSERT_TRUE(beat(0).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(beat(50'000'000).ok());
+  Result r = Tf("top --once");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const char* column : {"REQ%", "LIMIT%", "USE%", "THROTTLED_S"}) EXPECT_NE(r.out.find(column), std::string::npos) << r.out;
+  std::istringstream lines(r.out);
+  std::string line, row;
+  while (std::getline(lines, line))
+    if (line.rfind(id, 0) == 0) row = line;
+  ASSERT_FALSE(row.empty()) << r.out;
+  std::istringstream cells(row);
+  std::vector<std::string> c;
+  for (std::string cell; cells >> cell;) c.push_back(cell);
+  ASSERT_EQ(c.size(), 10u) << row;
+  EXPECT_EQ(c[5], "25.0%") << row;
+  EXPECT_EQ(c[6], "60.0%") << row;
+  const double use = std::stod(c[7]);  // 50 ms busy in the ~200 ms between the two reports
+  EXPECT_GT(use, 0.5) << row;  // (a slow machine stretches the interval)
+  EXPECT_LT(use, 26.0) << row;
+  EXPECT_EQ(c[8], "2.5") << row;    // THROTTLED_S
 }
 
 TEST_F(PoolCommandsTest, TopRejectsABadIntervalClearly) {

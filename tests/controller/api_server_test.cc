@@ -184,6 +184,42 @@ TEST_F(ApiServerTest, PoolModeOversellAndTenantQuotaOverHttp) {
   EXPECT_EQ(client_->Post("/v1/allocations", R"({"percent":10,"tflops":3,"vram_mib":100})")->status, 400);
 }
 
+// The node agent reports each allocation's vGPU counters with its heartbeat; the allocation list
+// shows the use over the last interval and the time throttled. Bad reports change nothing.
+TEST_F(ApiServerTest, HeartbeatsCarryVgpuUseIntoTheAllocationList) {
+  auto r = client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  r = client_->Post("/v1/allocations", R"({"percent":25,"percent_limit":100,"vram_mib":100})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = Body(r)["id"];
+  auto beat = [&](int64_t busy, int64_t throttled) {
+    return client_->Post("/v1/nodes/n1/heartbeat",
+                         json{{"vgpus", {{{"allocation", id}, {"gpu", "GPU-1"}, {"busy_ns_total", busy},
+                                          {"throttled_ns_total", throttled}}}}}.dump());
+  };
+  auto vgpu = [&] { return Body(client_->Get("/v1/allocations"))["allocations"][0]["vgpus"][0]; };
+  ASSERT_EQ(beat(1'000'000'000, 0)->status, 200);
+  EXPECT_FALSE(vgpu().contains("use_percent")) << "one sample has no interval yet";
+  clock_.AdvanceMs(2'000);
+  ASSERT_EQ(beat(1'500'000'000, 300'000'000)->status, 200);
+  EXPECT_NEAR(vgpu()["use_percent"].get<double>(), 25.0, 1e-9);  // 0.5 s busy in 2 s
+  EXPECT_NEAR(vgpu()["throttled_seconds"].get<double>(), 0.3, 1e-9);
+
+  for (const char* bad : {R"({"vgpus":[{"allocation":"a-x","gpu":"GPU-1","busy_ns_total":-1,"throttled_ns_total":0}]})",
+                          R"({"vgpus":[{"gpu":"GPU-1","busy_ns_total":1,"throttled_ns_total":0}]})",
+                          R"({"vgpus":[{"allocation":"a-x","gpu":"GPU-1","busy_ns_total":"1","throttled_ns_total":0}]})",
+                          R"({"vgpus":[7]})", R"({"vgpus":{}})"}) {
+    r = client_->Post("/v1/nodes/n1/heartbeat", bad);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_EQ(Body(r)["error"]["code"], "invalid_argument") << bad;
+  }
+  EXPECT_NEAR(vgpu()["use_percent"].get<double>(), 25.0, 1e-9) << "refused reports change nothing";
+  // Counters that go back (the vGPU was made again) start a new interval.
+  clock_.AdvanceMs(1'000);
+  ASSERT_EQ(beat(10, 0)->status, 200);
+  EXPECT_FALSE(vgpu().contains("use_percent"));
+}
+
 TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 201);
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 409);

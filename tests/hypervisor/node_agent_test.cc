@@ -187,6 +187,16 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   throttled << value("tf_vgpu_throttled_seconds_total") << v.throttled_ns_total / 1e9 << "\n";
   EXPECT_NE(text.find(busy.str()), std::string::npos) << text;
   EXPECT_NE(text.find(throttled.str()), std::string::npos) << text;
+
+  // The heartbeat carries the same counters to the controller (tfusion top shows them).
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  rig.clock.AdvanceMs(1'000);
+  r->ShareTick(slot, now + 1'000'000'000, 1'000'000'000, 100'000'000, false, false);
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  StatusOr<controller::VgpuUse> use = c.GetVgpuUse(a->id, "GPU-q0");
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  EXPECT_NEAR(use->use_percent, 10.0, 1e-6);  // 100 ms charged in the 1 s between heartbeats
+  EXPECT_NEAR(use->throttled_seconds, v.throttled_ns_total / 1e9, 1e-9);
   r->DetachProcess(slot);
 }
 
