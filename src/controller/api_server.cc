@@ -1,6 +1,7 @@
 #include "controller/api_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cmath>
@@ -12,6 +13,7 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kApiWorkerThreads = 64;
+constexpr size_t kMaxBodyBytes = 1 << 20;  // the largest request (a node with many GPUs) is a few KiB
 
 // When the request this server thread works on was read (headers parsed).
 thread_local std::chrono::steady_clock::time_point t_request_start;
@@ -62,11 +64,23 @@ class Fields {
       if (required) Fail(std::string("field '") + name + "' is required");
       return 0;
     }
-    if (!it->is_number_integer()) {
-      Fail(std::string("field '") + name + "' must be an integer");
+    if (!it->is_number_integer() ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+      Fail(std::string("field '") + name + "' must be an integer (64-bit signed)");
       return 0;
     }
     return it->get<int64_t>();
+  }
+  // An integer in [lo, hi], checked before any narrowing.
+  int64_t IntIn(const char* name, int64_t lo, int64_t hi, bool required = false) {
+    const bool present = j_.contains(name) && !j_.at(name).is_null();
+    int64_t v = Int(name, required);
+    if (present && status_.ok() && (v < lo || v > hi)) {
+      Fail(std::string("field '") + name + "' must be an integer from " + std::to_string(lo) + " to " +
+           std::to_string(hi));
+      return 0;
+    }
+    return v;
   }
   const json* Array(const char* name) {
     auto it = j_.find(name);
@@ -146,14 +160,21 @@ ApiServer::ApiServer(Controller* controller, std::string token)
 
 ApiServer::~ApiServer() { Stop(); }
 
+void ExclusiveListenSocket(int sock) {
+  int yes = 1;
+  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // restart through TIME_WAIT only
+}
+
 StatusOr<int> ApiServer::Bind(const std::string& host, int port) {
   if (port == 0) {
     int p = server_->bind_to_any_port(host);
     if (p <= 0) return Unavailable("cannot bind " + host + " on any port");
     return p;
   }
-  if (!server_->bind_to_port(host, port))
-    return Unavailable("cannot bind " + host + ":" + std::to_string(port) + " (in use?)");
+  if (!server_->bind_to_port(host, port)) {
+    return Unavailable("cannot listen on " + host + ":" + std::to_string(port) +
+                       ": the port is in use (another tfusion controller or agent?) or the address is not this machine's");
+  }
   return port;
 }
 
@@ -171,6 +192,11 @@ void ApiServer::Stop() {
 
 void ApiServer::Routes() {
   httplib::Server& s = *server_;
+  auto Record = [this](const char* method, const char* pattern) { routes_.emplace_back(method, std::regex(pattern)); };
+  // Ours alone: no SO_REUSEPORT (the library's default), so a second controller on a port in use
+  // fails to bind instead of splitting the connections with the first.
+  s.set_socket_options(ExclusiveListenSocket);
+  s.set_payload_max_length(kMaxBodyBytes);
   // cpp-httplib serves each keep-alive connection on one pool thread until it goes idle for the
   // keep-alive timeout; its default pool (8 threads here) left the 9th concurrent client waiting
   // seconds. 64 connections are served at once; the threads mostly sleep in read().
@@ -197,9 +223,24 @@ void ApiServer::Routes() {
     request_times_.Record(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_request_start).count());
   });
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404 && res.body.empty())
-      ReplyError(res, NotFound("no route " + req.method + " " + req.path));
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (res.status == 413) {
+      res.set_header("Connection", "close");
+      Reply(res, 413, {{"error", {{"code", "payload_too_large"},
+                                  {"message", "request body is larger than " + std::to_string(kMaxBodyBytes) +
+                                                  " bytes"}}}});
+      return;
+    }
+    if (res.status != 404 || !res.body.empty()) return;
+    std::string allowed;  // the methods this path has, when it has any
+    for (const auto& [method, pattern] : routes_) {
+      if (!std::regex_match(req.path, pattern) || allowed.find(method) != std::string::npos) continue;
+      allowed += (allowed.empty() ? "" : ", ") + method;
+    }
+    if (allowed.empty()) return ReplyError(res, NotFound("no route " + req.method + " " + req.path));
+    res.set_header("Allow", allowed);
+    Reply(res, 405, {{"error", {{"code", "method_not_allowed"},
+                                {"message", req.method + " " + req.path + " is not allowed; allowed: " + allowed}}}});
   });
   s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unexpected error";
@@ -213,9 +254,11 @@ void ApiServer::Routes() {
   });
   Controller* c = controller_;
 
+  Record("GET", "/healthz");
   s.Get("/healthz", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"ok", true}, {"serving", c->Serving()}});
   });
+  Record("GET", "/metrics");
   s.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {
     res.set_content(c->MetricsText() +
                         "# HELP tf_controller_api_request_seconds /v1/ requests, from their headers "
@@ -225,9 +268,11 @@ void ApiServer::Routes() {
   });
 
   // Pools.
+  Record("GET", "/v1/pools");
   s.Get("/v1/pools", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"pools", Array(c->ListPools(), [](const Pool& p) { return ToJson(p); })}});
   });
+  Record("POST", "/v1/pools");
   s.Post("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
@@ -237,6 +282,7 @@ void ApiServer::Routes() {
     if (!p.ok()) return ReplyError(res, p.status());
     Reply(res, 201, ToJson(*p));
   });
+  Record("PUT", R"(/v1/pools/([^/]+))");
   s.Put(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
@@ -248,25 +294,29 @@ void ApiServer::Routes() {
   });
 
   // Tenant quotas.
+  Record("GET", "/v1/quotas");
   s.Get("/v1/quotas", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"quotas", Array(c->ListTenantQuotas(), [](const TenantQuota& q) { return ToJson(q); })}});
   });
+  Record("PUT", R"(/v1/quotas/([^/]+))");
   s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
     TenantQuota q{req.matches[1], f.Num("max_tflops"), f.Int("max_vram_mib"),
-                  static_cast<int>(f.Int("max_gpus"))};
+                  static_cast<int>(f.IntIn("max_gpus", 0, 1'000'000))};
     if (!f.status().ok()) return ReplyError(res, f.status());
     StatusOr<TenantQuota> out = c->SetTenantQuota(q);
     if (!out.ok()) return ReplyError(res, out.status());
     Reply(res, 200, ToJson(*out));
   });
+  Record("GET", R"(/v1/pools/([^/]+))");
   s.Get(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Pool> p = c->GetPool(req.matches[1]);
     if (!p.ok()) return ReplyError(res, p.status());
     Reply(res, 200, ToJson(*p));
   });
+  Record("DELETE", R"(/v1/pools/([^/]+))");
   s.Delete(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     Status st = c->DeletePool(req.matches[1]);
     if (!st.ok()) return ReplyError(res, st);
@@ -274,9 +324,11 @@ void ApiServer::Routes() {
   });
 
   // Nodes and GPUs.
+  Record("GET", "/v1/nodes");
   s.Get("/v1/nodes", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"nodes", Array(c->ListNodes(), NodeJson)}});
   });
+  Record("POST", "/v1/nodes");
   s.Post("/v1/nodes", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
@@ -298,11 +350,13 @@ void ApiServer::Routes() {
     if (!n.ok()) return ReplyError(res, n.status());
     Reply(res, 200, ToJson(*n));
   });
+  Record("GET", R"(/v1/nodes/([^/]+))");
   s.Get(R"(/v1/nodes/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<NodeStatus> n = c->GetNode(req.matches[1]);
     if (!n.ok()) return ReplyError(res, n.status());
     Reply(res, 200, NodeJson(*n));
   });
+  Record("POST", R"(/v1/nodes/([^/]+)/heartbeat)");
   s.Post(R"(/v1/nodes/([^/]+)/heartbeat)", [c](const httplib::Request& req, httplib::Response& res) {
     std::vector<GpuSample> samples;
     std::vector<VgpuUseSample> vgpus;
@@ -337,20 +391,23 @@ void ApiServer::Routes() {
     if (!st.ok()) return ReplyError(res, st);
     Reply(res, 200, {{"ok", true}});
   });
+  Record("GET", "/v1/gpus");
   s.Get("/v1/gpus", [c](const httplib::Request& req, httplib::Response& res) {
     Reply(res, 200, {{"gpus", Array(c->ListGpus(req.get_param_value("pool")), GpuJson)}});
   });
 
   // Workloads.
+  Record("GET", "/v1/workloads");
   s.Get("/v1/workloads", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"workloads", Array(c->ListWorkloads(), [](const Workload& w) { return ToJson(w); })}});
   });
+  Record("POST", "/v1/workloads");
   s.Post("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
     Workload w{f.Str("name", true), f.Str("pool"), f.Num("tflops", true), f.Int("vram_mib", true),
-               body->contains("gpu_count") ? static_cast<int>(f.Int("gpu_count")) : 1, Qos::kMedium,
+               body->contains("gpu_count") ? static_cast<int>(f.IntIn("gpu_count", 1, 64)) : 1, Qos::kMedium,
                f.Num("tflops_limit")};
     if (body->contains("tflops_limit") && !(w.tflops_limit > 0))
       return ReplyError(res, InvalidArgument("tflops_limit must be a positive number"));
@@ -365,11 +422,13 @@ void ApiServer::Routes() {
     if (!out.ok()) return ReplyError(res, out.status());
     Reply(res, 201, ToJson(*out));
   });
+  Record("GET", R"(/v1/workloads/([^/]+))");
   s.Get(R"(/v1/workloads/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Workload> w = c->GetWorkload(req.matches[1]);
     if (!w.ok()) return ReplyError(res, w.status());
     Reply(res, 200, ToJson(*w));
   });
+  Record("DELETE", R"(/v1/workloads/([^/]+))");
   s.Delete(R"(/v1/workloads/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     Status st = c->DeleteWorkload(req.matches[1]);
     if (!st.ok()) return ReplyError(res, st);
@@ -377,6 +436,7 @@ void ApiServer::Routes() {
   });
 
   // Allocations.
+  Record("GET", "/v1/allocations");
   s.Get("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
     std::string node = req.get_param_value("node");
     // Each vGPU with the use its node last reported: use_percent (over the last heartbeat
@@ -393,12 +453,13 @@ void ApiServer::Routes() {
                                              return j;
                                            })}});
   });
+  Record("POST", "/v1/allocations");
   s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
     AllocationRequest a{f.Str("workload"), f.Str("pool"),  f.Num("tflops"), f.Int("vram_mib"),
-                        static_cast<int>(f.Int("gpu_count")), f.Str("qos"), f.Str("gpu_model"),
+                        static_cast<int>(f.IntIn("gpu_count", 1, 64)), f.Str("qos"), f.Str("gpu_model"),
                         f.Str("tenant"), f.Num("percent"), true, f.Num("tflops_limit"), f.Num("percent_limit")};
     if (auto it = body->find("allow_preemption"); it != body->end()) {
       if (!it->is_boolean()) return ReplyError(res, InvalidArgument("field 'allow_preemption' must be a boolean"));
@@ -429,11 +490,13 @@ void ApiServer::Routes() {
     j["preempted"] = Array(preempted, [](const Allocation& v) { return v.id; });
     Reply(res, 201, j);
   });
+  Record("GET", R"(/v1/allocations/([^/]+))");
   s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, ToJson(*a));
   });
+  Record("DELETE", R"(/v1/allocations/([^/]+))");
   s.Delete(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     Status st = c->Release(req.matches[1]);
     if (!st.ok()) return ReplyError(res, st);
@@ -441,15 +504,18 @@ void ApiServer::Routes() {
   });
 
   // Evictions: allocations taken back while their tenant may still run (docs/controller.md).
+  Record("GET", "/v1/evictions");
   s.Get("/v1/evictions", [c](const httplib::Request& req, httplib::Response& res) {
     Reply(res, 200, {{"evictions", Array(c->ListEvictions(req.get_param_value("node")),
                                          [](const Eviction& e) { return ToJson(e); })}});
   });
+  Record("GET", R"(/v1/evictions/([^/]+))");
   s.Get(R"(/v1/evictions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Eviction> e = c->GetEviction(req.matches[1]);
     if (!e.ok()) return ReplyError(res, e.status());
     Reply(res, 200, ToJson(*e));
   });
+  Record("POST", R"(/v1/evictions/([^/]+)/stopped)");
   s.Post(R"(/v1/evictions/([^/]+)/stopped)", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());

@@ -21,8 +21,11 @@
 #pragma once
 
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "controller/controller.h"
@@ -35,6 +38,10 @@ namespace tf::controller {
 
 // Constant-time equality of two secrets (time depends only on the presented length).
 bool TokenEquals(const std::string& expected, const std::string& presented);
+
+// Socket options for a listening socket that is ours alone (SO_REUSEADDR, never SO_REUSEPORT): a
+// second server on a port in use fails to bind. For httplib::Server::set_socket_options.
+void ExclusiveListenSocket(int sock);
 
 class ApiServer {
  public:
@@ -60,6 +67,7 @@ class ApiServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   LatencyHistogram request_times_;
+  std::vector<std::pair<std::string, std::regex>> routes_;  // method, path pattern: for 405
 };
 
 }  // namespace tf::controller

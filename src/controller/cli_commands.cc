@@ -129,12 +129,14 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
     ao.catalog_overrides = ss.str();
   }
   httplib::Server metrics;
+  metrics.set_socket_options(ExclusiveListenSocket);
   std::thread metrics_thread;
   if (o.metrics_port >= 0) {
     int port = o.metrics_port == 0 ? metrics.bind_to_any_port(o.metrics_host)
                                    : (metrics.bind_to_port(o.metrics_host, o.metrics_port) ? o.metrics_port : -1);
     if (port <= 0) {
-      std::fprintf(stderr, "hypervisor: cannot bind metrics on %s:%d\n", o.metrics_host.c_str(), o.metrics_port);
+      std::fprintf(stderr, "hypervisor: cannot listen for metrics on %s:%d: the port is in use (another agent?)\n",
+                   o.metrics_host.c_str(), o.metrics_port);
       return 1;
     }
     ao.address = o.metrics_host + ":" + std::to_string(port);

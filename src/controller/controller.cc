@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/gpu_catalog.h"
+
 namespace tf::controller {
 namespace {
 
@@ -44,6 +46,13 @@ class TimedLock {
   std::chrono::steady_clock::time_point locked_;
 };
 constexpr int kMaxGpusPerAllocation = 64;
+// Physical bounds every input is checked against before any arithmetic: one GPU's VRAM (16 TiB)
+// and TFLOPS as a node may register them, and tenant quotas.
+constexpr int64_t kMaxGpuVramMib = int64_t{1} << 24;
+constexpr double kMaxRegisteredGpuTflops = 1e6;
+constexpr double kMaxQuotaTflops = 1e9;
+constexpr int64_t kMaxQuotaVramMib = int64_t{1} << 40;
+constexpr int kMaxQuotaGpus = 1'000'000;
 
 std::string PoolKey(const std::string& n) { return kPoolPrefix + n; }
 std::string NodeKey(const std::string& n) { return kNodePrefix + n; }
@@ -81,6 +90,26 @@ Status ValidateComputeLimit(double tflops, double percent, double tflops_limit, 
   return Status::Ok();
 }
 
+// The most TFLOPS one GPU can be asked for: the largest GPU of the built-in catalog, or a larger
+// one registered with the pool (a model added through catalog overrides).
+double CatalogMaxTflops() {
+  static const double m = [] {
+    double best = 0;
+    const GpuCatalog catalog;
+    for (const GpuModelSpec& spec : catalog.builtin_models()) best = std::max(best, spec.fp16_tflops);
+    return best;
+  }();
+  return m;
+}
+
+Status CheckTflopsBound(const char* field, double value, double bound) {
+  if (value <= bound) return Status::Ok();
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "%s %g is above %g, the TFLOPS of the largest GPU in the catalog and the pool",
+                field, value, bound);
+  return InvalidArgument(buf);
+}
+
 Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double percent = 0,
                          double tflops_limit = 0, double percent_limit = 0) {
   if (!std::isfinite(percent) || percent < 0 || percent > 100)
@@ -92,6 +121,9 @@ Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double 
   }
   TF_RETURN_IF_ERROR(ValidateComputeLimit(tflops, percent, tflops_limit, percent_limit));
   if (vram_mib <= 0) return InvalidArgument("vram_mib must be a positive integer");
+  if (vram_mib > kMaxGpuVramMib)
+    return InvalidArgument("vram_mib " + std::to_string(vram_mib) + " is above " + std::to_string(kMaxGpuVramMib) +
+                           ", the most one GPU may have");
   if (gpu_count < 1 || gpu_count > kMaxGpusPerAllocation)
     return InvalidArgument("gpu_count must be between 1 and " +
                            std::to_string(kMaxGpusPerAllocation));
@@ -212,13 +244,19 @@ Status Controller::Rebuild() {
       used[v.gpu_uuid].first += v.tflops;
       used[v.gpu_uuid].second += v.vram_mib;
     }
-  for (const auto& [uuid, g] : gpus_) {
+  for (auto& [uuid, g] : gpus_) {
     auto u = used[uuid];
-    if (std::fabs(u.first - g.value.used_tflops) > 1e-6 || u.second != g.value.used_vram_mib)
-      std::fprintf(stderr, "controller: GPU %s usage (%.3f TFLOPS, %lld MiB) disagrees with its "
-                   "allocations (%.3f TFLOPS, %lld MiB)\n", uuid.c_str(), g.value.used_tflops,
-                   static_cast<long long>(g.value.used_vram_mib), u.first,
-                   static_cast<long long>(u.second));
+    if (std::fabs(u.first - g.value.used_tflops) <= 1e-6 && u.second == g.value.used_vram_mib) continue;
+    std::fprintf(stderr, "controller: GPU %s usage (%.3f TFLOPS, %lld MiB) disagrees with its "
+                 "allocations (%.3f TFLOPS, %lld MiB): repaired from the allocations\n", uuid.c_str(),
+                 g.value.used_tflops, static_cast<long long>(g.value.used_vram_mib), u.first,
+                 static_cast<long long>(u.second));
+    Gpu fixed = g.value;
+    fixed.used_tflops = u.first;
+    fixed.used_vram_mib = u.second;
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(GpuKey(uuid), g.revision)}, {Write::Put(GpuKey(uuid), Dump(fixed))});
+    if (!rev.ok()) return rev.status();
+    g = {fixed, *rev};
   }
 
   TF_RETURN_IF_ERROR(EnsurePoolLocked(config_.default_pool));
@@ -379,6 +417,8 @@ StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
     TF_RETURN_IF_ERROR(ValidateName("tenant", q.tenant));
     if (!std::isfinite(q.max_tflops) || q.max_tflops < 0 || q.max_vram_mib < 0 || q.max_gpus < 0)
       return InvalidArgument("quota limits must be numbers >= 0 (0 = unlimited)");
+    if (q.max_tflops > kMaxQuotaTflops || q.max_vram_mib > kMaxQuotaVramMib || q.max_gpus > kMaxQuotaGpus)
+      return InvalidArgument("quota limits must be at most max_tflops 1e9, max_vram_mib 2^40, max_gpus 1000000");
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     auto it = quotas_.find(q.tenant);
@@ -446,9 +486,10 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     for (const GpuReport& g : reg.gpus) {
       TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
       if (!seen.insert(g.uuid).second) return InvalidArgument("GPU " + g.uuid + " is listed twice");
-      if (!std::isfinite(g.tflops) || g.tflops < 0)
-        return InvalidArgument("GPU " + g.uuid + ": tflops must be a number >= 0");
-      if (g.vram_mib < 0) return InvalidArgument("GPU " + g.uuid + ": vram_mib must be >= 0");
+      if (!std::isfinite(g.tflops) || g.tflops < 0 || g.tflops > kMaxRegisteredGpuTflops)
+        return InvalidArgument("GPU " + g.uuid + ": tflops must be a number from 0 to 1e6");
+      if (g.vram_mib < 0 || g.vram_mib > kMaxGpuVramMib)
+        return InvalidArgument("GPU " + g.uuid + ": vram_mib must be from 0 to " + std::to_string(kMaxGpuVramMib));
     }
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -525,10 +566,18 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
     auto it = nodes_.find(name);
     if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
     const int64_t now = clock_->NowMs();
+    for (const GpuSample& s : samples) {  // all checked before anything is stored
+      auto g = gpus_.find(s.uuid);
+      if (g == gpus_.end() || g->second.value.node != name)
+        return InvalidArgument("GPU " + s.uuid + " is not a GPU of node '" + name + "' (register it first)");
+      if (!std::isfinite(s.utilization_percent) || s.utilization_percent < 0 || s.utilization_percent > 100)
+        return InvalidArgument("GPU " + s.uuid + ": utilization_percent must be a number from 0 to 100");
+      if (s.memory_used_mib < 0 || s.memory_used_mib > g->second.value.vram_mib)
+        return InvalidArgument("GPU " + s.uuid + ": memory_used_mib must be from 0 to its VRAM (" +
+                               std::to_string(g->second.value.vram_mib) + " MiB)");
+    }
     last_heartbeat_ms_[name] = now;
     for (const GpuSample& s : samples) {
-      auto g = gpus_.find(s.uuid);
-      if (g == gpus_.end() || g->second.value.node != name) continue;
       samples_[s.uuid] = s;
       sampled_ms_[s.uuid] = now;
     }
@@ -573,6 +622,12 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
     placement_dirty_ = true;
     return Status::Ok();
   });
+}
+
+double Controller::MaxGpuTflopsLocked() const {
+  double m = CatalogMaxTflops();
+  for (const auto& [uuid, g] : gpus_) m = std::max(m, g.value.tflops);
+  return m;
 }
 
 StatusOr<VgpuUse> Controller::GetVgpuUse(const std::string& allocation, const std::string& gpu_uuid) const {
@@ -630,6 +685,8 @@ StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
     if (w.tflops_limit <= 0) w.tflops_limit = w.tflops;
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", w.tflops, MaxGpuTflopsLocked()));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", w.tflops_limit, MaxGpuTflopsLocked()));
     if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
     if (workloads_.count(w.name)) return AlreadyExists("workload '" + w.name + "' already exists");
     StatusOr<int64_t> rev = CommitLocked({Compare::Absent(WorkloadKey(w.name))},
@@ -711,6 +768,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     if (!pr.tenant.empty()) TF_RETURN_IF_ERROR(ValidateName("tenant", pr.tenant));
     TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count, pr.percent, pr.tflops_limit,
                                          pr.percent_limit));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", pr.tflops, MaxGpuTflopsLocked()));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", pr.tflops_limit, MaxGpuTflopsLocked()));
     if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
 
     Status last;

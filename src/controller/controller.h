@@ -245,6 +245,7 @@ class Controller {
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid
   std::unordered_map<std::string, int64_t> sampled_ms_;               // by GPU uuid
+  double MaxGpuTflopsLocked() const;  // the bound of a TFLOPS request (catalog or pool)
   struct VgpuCounters {
     int64_t busy_ns = 0, sampled_ms = 0;
     VgpuUse use;

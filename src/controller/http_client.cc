@@ -20,7 +20,9 @@ HttpClient::~HttpClient() = default;
 namespace {
 StatusOr<HttpResponse> Convert(const httplib::Result& r, const std::string& what) {
   if (!r) return Unavailable(what + ": " + httplib::to_string(r.error()));
-  return HttpResponse{r->status, r->body};
+  HttpResponse out{r->status, r->body, {}};
+  for (const auto& [name, value] : r->headers) out.headers.emplace(name, value);
+  return out;
 }
 }  // namespace
 

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <mutex>
+#include <map>
 #include <string>
 
 #include "common/status.h"
@@ -19,6 +20,13 @@ namespace tf::controller {
 struct HttpResponse {
   int status = 0;
   std::string body;
+  std::multimap<std::string, std::string> headers;  // as received
+
+  // The first value of header `name` (as sent; HTTP/1.1 servers here send canonical case), or "".
+  std::string get_header_value(const std::string& name) const {
+    auto it = headers.find(name);
+    return it == headers.end() ? "" : it->second;
+  }
 };
 
 class HttpClient {

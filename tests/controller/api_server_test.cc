@@ -220,6 +220,97 @@ TEST_F(ApiServerTest, HeartbeatsCarryVgpuUseIntoTheAllocationList) {
   EXPECT_FALSE(vgpu().contains("use_percent"));
 }
 
+// A second server on a port in use fails at start with a message naming it (no SO_REUSEPORT
+// split brain between two controllers).
+TEST_F(ApiServerTest, ASecondServerOnAPortInUseFailsToStart) {
+  const int port = std::stoi(url_.substr(url_.rfind(':') + 1));
+  ApiServer second(c_.get(), "other");
+  StatusOr<int> bound = second.Bind("127.0.0.1", port);
+  ASSERT_FALSE(bound.ok());
+  EXPECT_NE(bound.status().message().find(std::to_string(port)), std::string::npos) << bound.status().ToString();
+  EXPECT_NE(bound.status().message().find("in use"), std::string::npos) << bound.status().ToString();
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(client_->Get("/v1/pools")->status, 200) << "every request reaches the first";
+}
+
+// Numbers beyond what any GPU has, and integers that do not fit, are refused before any
+// arithmetic, naming the field; usage stays exactly the sum of the allocations.
+TEST_F(ApiServerTest, OverflowingAndTruncatedNumbersAreRefusedAndChangeNothing) {
+  auto r = client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  struct Case {
+    const char* method;
+    const char* path;
+    const char* body;
+    const char* names;
+  };
+  const Case cases[] = {
+      {"POST", "/v1/allocations", R"({"tflops":1e16,"vram_mib":100})", "tflops"},
+      {"POST", "/v1/allocations", R"({"tflops":9.3e15,"vram_mib":100})", "tflops"},
+      {"POST", "/v1/allocations", R"({"tflops":10,"tflops_limit":1e300,"vram_mib":100})", "tflops_limit"},
+      {"POST", "/v1/allocations", R"({"tflops":10,"vram_mib":9223372036854775807})", "vram_mib"},
+      {"POST", "/v1/allocations", R"({"tflops":10,"vram_mib":18446744073709551615})", "vram_mib"},
+      {"POST", "/v1/allocations", R"({"tflops":10,"vram_mib":100,"gpu_count":4294967297})", "gpu_count"},
+      {"POST", "/v1/workloads", R"({"name":"w","tflops":1e16,"vram_mib":100})", "tflops"},
+      {"POST", "/v1/workloads", R"({"name":"w","tflops":1,"vram_mib":100,"gpu_count":-4294967295})", "gpu_count"},
+      {"PUT", "/v1/quotas/t", R"({"max_gpus":-4294967295})", "max_gpus"},
+      {"PUT", "/v1/quotas/t", R"({"max_gpus":4294967296})", "max_gpus"},
+      {"PUT", "/v1/quotas/t", R"({"max_tflops":1e308})", "max_tflops"},
+      {"POST", "/v1/nodes", R"({"name":"n2","gpus":[{"uuid":"GPU-2","model":"X","tflops":1e16,"vram_mib":1}]})", "tflops"},
+  };
+  for (const Case& k : cases) {
+    StatusOr<HttpResponse> resp = std::string(k.method) == "POST" ? client_->Post(k.path, k.body)
+                                                                  : client_->Put(k.path, k.body);
+    ASSERT_TRUE(resp.ok());
+    EXPECT_EQ(resp->status, 400) << k.path << " " << k.body << ": " << resp->body;
+    EXPECT_NE(Body(resp)["error"]["message"].get<std::string>().find(k.names), std::string::npos)
+        << k.body << ": " << resp->body;
+  }
+  auto g = Body(client_->Get("/v1/gpus"))["gpus"];
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0]["used_tflops"], 0.0);
+  EXPECT_EQ(g[0]["used_vram_mib"], 0);
+  EXPECT_TRUE(Body(client_->Get("/v1/allocations"))["allocations"].empty());
+  EXPECT_TRUE(Body(client_->Get("/v1/workloads"))["workloads"].empty());
+  EXPECT_TRUE(Body(client_->Get("/v1/quotas"))["quotas"].empty());
+}
+
+// Heartbeats are checked against the node's own GPUs; a bad one changes nothing.
+TEST_F(ApiServerTest, HeartbeatsAreValidatedAgainstTheNodesOwnGpus) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n2","gpus":[{"uuid":"GPU-2","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  ASSERT_EQ(client_->Post("/v1/nodes/n1/heartbeat", R"({"gpus":[{"uuid":"GPU-1","utilization_percent":40,"memory_used_mib":10}]})")->status, 200);
+  for (const char* bad : {R"({"gpus":[{"uuid":"GPU-2","utilization_percent":1,"memory_used_mib":1}]})",
+                          R"({"gpus":[{"uuid":"GPU-9","utilization_percent":1,"memory_used_mib":1}]})",
+                          R"({"gpus":[{"uuid":"GPU-1","utilization_percent":-5,"memory_used_mib":1}]})",
+                          R"({"gpus":[{"uuid":"GPU-1","utilization_percent":101,"memory_used_mib":1}]})",
+                          R"({"gpus":[{"uuid":"GPU-1","utilization_percent":1,"memory_used_mib":-1}]})",
+                          R"({"gpus":[{"uuid":"GPU-1","utilization_percent":1,"memory_used_mib":99999}]})"}) {
+    auto r = client_->Post("/v1/nodes/n1/heartbeat", bad);
+    EXPECT_EQ(r->status, 400) << bad << ": " << r->body;
+  }
+  for (const json& g : Body(client_->Get("/v1/gpus"))["gpus"]) {
+    EXPECT_EQ(g["utilization_percent"], g["uuid"] == "GPU-1" ? 40.0 : 0.0) << g.dump();
+  }
+}
+
+TEST_F(ApiServerTest, AWrongMethodIs405WithAllowAndAHugeBodyIs413) {
+  auto r = client_->Delete("/v1/gpus");
+  EXPECT_EQ(r->status, 405) << r->body;
+  EXPECT_EQ(r->get_header_value("Allow"), "GET");
+  EXPECT_EQ(Body(r)["error"]["code"], "method_not_allowed");
+  r = client_->Put("/v1/allocations", "{}");
+  EXPECT_EQ(r->status, 405) << r->body;
+  EXPECT_NE(r->get_header_value("Allow").find("POST"), std::string::npos);
+  EXPECT_EQ(client_->Get("/v1/nothing")->status, 404);
+  std::string huge = R"({"name":"n1","pad":")" + std::string(2 << 20, 'x') + R"("})";
+  r = client_->Post("/v1/nodes", huge);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_EQ(Body(r)["error"]["code"], "payload_too_large");
+  EXPECT_TRUE(c_->ListNodes().empty());
+  EXPECT_EQ(client_->Get("/v1/pools")->status, 200) << "the server keeps serving";
+}
+
 TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 201);
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 409);

@@ -270,6 +270,29 @@ TEST_F(ControllerTest, RestartRebuildsStateFromTheStore) {
 
 // A compute limit (ceiling) beside the request: placed by the request, kept in the allocation
 // in TFLOPS and as a share of the GPU, stored and restored; a missing limit means the request.
+// A store whose GPU usage disagrees with its allocations (edited by hand, or written by a build
+// that overflowed) is repaired from the allocations on start, and stays repaired.
+TEST_F(ControllerTest, UsageThatDisagreesWithTheAllocationsIsRepairedOnStart) {
+  testing::AddNodes(*c_, 1, 1);
+  auto a = c_->Allocate({"", "", 30, 1024, 1, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const std::string uuid = a->vgpus[0].gpu_uuid;
+  auto kv = store_->Get(std::string(kGpuPrefix) + uuid);
+  ASSERT_TRUE(kv.ok() && kv->has_value());
+  nlohmann::json g = nlohmann::json::parse((*kv)->value);
+  g["used_tflops"] = -9.2e15;
+  g["used_vram_mib"] = 7;
+  ASSERT_TRUE(store_->Commit({}, {Write::Put(std::string(kGpuPrefix) + uuid, g.dump())}).ok());
+  Restart();
+  for (int round = 0; round < 2; ++round) {
+    auto gpus = c_->ListGpus("");
+    ASSERT_EQ(gpus.size(), 1u);
+    EXPECT_DOUBLE_EQ(gpus[0].gpu.used_tflops, 30);
+    EXPECT_EQ(gpus[0].gpu.used_vram_mib, 1024);
+    Restart();  // the repair was written to the store
+  }
+}
+
 TEST_F(ControllerTest, ComputeLimitIsCarriedStoredAndRestored) {
   testing::AddNodes(*c_, 1, 2);  // two 100-TFLOPS GPUs
   AllocationRequest by_tflops{"", "", 25, 1024, 1, "high", ""};
