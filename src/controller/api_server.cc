@@ -209,6 +209,17 @@ void ApiServer::Routes() {
     std::string auth = req.get_header_value("Authorization");
     static const std::string kBearer = "Bearer ";
     bool ok = auth.rfind(kBearer, 0) == 0 && TokenEquals(token_, auth.substr(kBearer.size()));
+    if (ok && req.path.rfind("/v1/", 0) == 0 && !controller_->Serving()) {
+      // A standby (or a replica that lost its store) answers nothing from its state, reads
+      // included: an agent reading "no allocations" from it would stop its tenants.
+      const std::string leader = leader_lookup_ ? leader_lookup_() : "";
+      if (!leader.empty()) res.set_header("X-TF-Leader", leader);
+      res.set_header("Connection", "close");
+      ReplyError(res, Unavailable("this controller replica is not the leader" +
+                                  (leader.empty() ? std::string(" (no leader is known right now; retry)")
+                                                  : ": send requests to the leader, " + leader)));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (ok) return httplib::Server::HandlerResponse::Unhandled;
     res.set_header("WWW-Authenticate", "Bearer");
     // The request body has not been read at this point: close the connection rather than let

@@ -20,6 +20,7 @@
 // Thread safety: requests run on the server's worker threads; the Controller serializes them.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <regex>
 #include <string>
@@ -49,6 +50,10 @@ class ApiServer {
   ApiServer(Controller* controller, std::string token);
   ~ApiServer();
 
+  // How a standby names the leader in its 503 answers (the leader's identity, "" when unknown).
+  // Call before Start().
+  void SetLeaderLookup(std::function<std::string()> lookup) { leader_lookup_ = std::move(lookup); }
+
   // Binds host:port (port 0 picks a free one); returns the bound port.
   StatusOr<int> Bind(const std::string& host, int port);
   // Serves on a background thread until Stop().
@@ -68,6 +73,7 @@ class ApiServer {
   std::thread thread_;
   LatencyHistogram request_times_;
   std::vector<std::pair<std::string, std::regex>> routes_;  // method, path pattern: for 405
+  std::function<std::string()> leader_lookup_;
 };
 
 }  // namespace tf::controller

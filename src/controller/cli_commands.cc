@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "controller/api_server.h"
+#include "controller/etcd_store.h"
 #include "controller/http_client.h"
 #include "controller/replica.h"
 #include "controller/sqlite_store.h"
@@ -97,6 +98,12 @@ struct ControllerRuntime {
     loop = std::make_unique<ReplicaLoop>(controller.get(), election.get(), 500);
     loop->RunOnce();  // lead (and rebuild) before the first request when nobody else leads
     api = std::make_unique<ApiServer>(controller.get(), token);
+    if (auto* etcd = dynamic_cast<EtcdLeaderElection*>(election.get())) {
+      api->SetLeaderLookup([etcd] {
+        StatusOr<std::string> leader = etcd->CurrentLeader();
+        return leader.ok() ? *leader : std::string();
+      });
+    }
     StatusOr<int> p = api->Bind(o.listen_host, o.port);
     if (!p.ok()) return p.status();
     port = *p;

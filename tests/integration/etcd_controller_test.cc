@@ -144,6 +144,14 @@ TEST_F(EtcdTest, KillNineOfTheLeaderLosesAndDuplicatesNothing) {
   pids[p2] = StartController(p2, "second");
   ASSERT_TRUE(WaitFor([&] { return clients[p2]->Get("/healthz").ok(); }, 10000));
   EXPECT_FALSE(serving(p2));  // a standby
+  // It answers no request from its (empty) state, reads included, and names the leader.
+  for (const char* path : {"/v1/allocations", "/v1/nodes", "/v1/gpus"}) {
+    auto r = clients[p2]->Get(path);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->status, 503) << path << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("X-TF-Leader"), "first") << path;
+    EXPECT_NE(r->body.find("not the leader"), std::string::npos) << r->body;
+  }
 
   json node = {{"name", "n1"}, {"gpus", json::array()}};
   for (int g = 0; g < 4; ++g)
