@@ -20,6 +20,7 @@ int UsageError(const char* command, const tf::Status& s) {
 void AddClientFlags(CLI::App* cmd, tf::controller::ClientOptions* c) {
   cmd->add_option("--url", c->url, "controller URL")->envname("TFUSION_URL")->capture_default_str();
   cmd->add_option("--token", c->token, "API token")->envname("TFUSION_TOKEN");
+  cmd->add_option("--token-file", c->token_file, "file holding the API token (default: .tfusion/token when present)");
 }
 
 }  // namespace

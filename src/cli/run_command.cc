@@ -306,6 +306,8 @@ int RunCommand(const RunOptions& o) {
     setenv("TFUSION_VGPU", vgpu_id.c_str(), 1);
     setenv("CUDA_VISIBLE_DEVICES", gpu->uuid.c_str(), 1);
     setenv("TRITON_LIBCUDA_PATH", inject->c_str(), 1);
+    // The tenant needs no credential on its own GPU: the controller's token stays with us.
+    unsetenv("TFUSION_TOKEN");
     std::vector<char*> argv;
     for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

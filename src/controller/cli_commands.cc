@@ -198,9 +198,31 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
 
 std::ostream& Out(const ClientOptions& c) { return c.out ? *c.out : std::cout; }
 
+// The client's token and where it came from (for the message of a 401).
+StatusOr<std::string> ClientToken(const ClientOptions& c, std::string* source) {
+  if (!c.token.empty()) {
+    *source = "--token or TFUSION_TOKEN";
+    return c.token;
+  }
+  std::string file = c.token_file;
+  if (file.empty() && access(".tfusion/token", R_OK) == 0) file = ".tfusion/token";
+  if (file.empty()) {
+    *source = "nowhere: no --token, TFUSION_TOKEN, --token-file or .tfusion/token here";
+    return std::string();
+  }
+  *source = "the file " + file;
+  std::ifstream in(file);
+  std::string t;
+  if (!in || !std::getline(in, t) || t.empty()) return InvalidArgument("cannot read a token from " + file);
+  return t;
+}
+
 StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std::string& path,
                     const std::string& body = "") {
-  HttpClient client(c.url, c.token);
+  std::string source;
+  StatusOr<std::string> token = ClientToken(c, &source);
+  if (!token.ok()) return token.status();
+  HttpClient client(c.url, *token);
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
                              : method == "POST" ? client.Post(path, body)
                              : method == "PUT"  ? client.Put(path, body)
@@ -214,6 +236,10 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
                       : r->status == 404 ? StatusCode::kNotFound
                       : r->status == 409 ? StatusCode::kFailedPrecondition
                                          : StatusCode::kUnavailable;
+    if (r->status == 401) {
+      msg += " (the token came from " + source + "; `tfusion up` writes it to .tfusion/token in the folder it "
+             "was started from: pass --token-file, --token or TFUSION_TOKEN)";
+    }
     return Status(code, "HTTP " + std::to_string(r->status) + ": " + msg);
   }
   if (j.is_discarded()) return Internal("the controller answered something that is not JSON");

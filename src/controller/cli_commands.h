@@ -55,8 +55,11 @@ struct UpOptions {
 
 struct ClientOptions {
   std::string url = "http://127.0.0.1:9300";
+  // The bearer token: `token`, else the first line of `token_file`, else of .tfusion/token in the
+  // current folder (where `tfusion up` writes it) when that exists.
   std::string token;
   std::ostream* out = nullptr;           // default std::cout
+  std::string token_file;
 };
 
 // Runs until SIGINT/SIGTERM (or RequestShutdown()).

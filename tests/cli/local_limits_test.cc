@@ -122,6 +122,16 @@ TEST_F(LocalLimitsTest, ASingleValueKeepsRequestEqualToLimitAndMixedUnitsConvert
   EXPECT_EQ(tf.limit, "50.0%");
 }
 
+// The tenant's environment never holds the token `tfusion run` was given (an admin credential
+// of the controller): whoever runs inside the vGPU cannot use it against the API.
+TEST_F(LocalLimitsTest, TheTenantsEnvironmentHoldsNoToken) {
+  Result r = Shell("TFUSION_TOKEN=admin-secret " + env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " +
+                   TF_FAKENVML + " --vram 1GiB -- sh -c 'echo token=${TFUSION_TOKEN:-none}; env'");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("token=none"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("admin-secret"), std::string::npos) << r.out;
+}
+
 TEST_F(LocalLimitsTest, BadLimitsAreRefusedWithAMessageAndChangeNothing) {
   // A vGPU in use: a bad re-run of it must leave its values as they are.
   Background(Run("--vram 1GiB --percent 30 --percent-limit 60 --vgpu keep", "hold 1"), dir_ + "/keep.log",

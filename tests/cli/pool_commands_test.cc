@@ -115,6 +115,24 @@ TEST_F(PoolCommandsTest, TopShowsEachVgpusRequestLimitUseAndThrottledTime) {
   EXPECT_EQ(c[8], "2.5") << row;    // THROTTLED_S
 }
 
+// Client commands find the token where `tfusion up` leaves it (.tfusion/token in the current
+// folder) or in --token-file, and a refused token says where it came from.
+TEST_F(PoolCommandsTest, ClientsReadTheTokenFileAndA401SaysWhereTheTokenCameFrom) {
+  ASSERT_EQ(system(("mkdir -p '" + dir_ + "/work/.tfusion' && echo tok > '" + dir_ + "/work/.tfusion/token'").c_str()), 0);
+  Result r = Shell("cd '" + dir_ + "/work' && " + TF_TFUSION + " node ls --url " + url_);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("gpu-node-1"), std::string::npos) << r.out;
+  ASSERT_EQ(system(("echo wrong > '" + dir_ + "/wrong'").c_str()), 0);
+  r = Shell(std::string(TF_TFUSION) + " node ls --url " + url_ + " --token-file '" + dir_ + "/wrong'");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("401"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(dir_ + "/wrong"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(".tfusion/token"), std::string::npos) << r.out;
+  r = Shell("cd / && env -u TFUSION_TOKEN " + std::string(TF_TFUSION) + " node ls --url " + url_);
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("no --token"), std::string::npos) << r.out;
+}
+
 TEST_F(PoolCommandsTest, TopRejectsABadIntervalClearly) {
   for (const char* bad : {"0", "-1", "abc", "0.01", "5000", "nan"}) {
     Result r = Tf(std::string("top --once --interval ") + bad);
