@@ -304,6 +304,23 @@ void ApiServer::Routes() {
     Reply(res, 200, ToJson(*p));
   });
 
+  // PATCH changes only the fields given; PUT (above) replaces the pool's settings (absent fields
+  // get their defaults).
+  Record("PATCH", R"(/v1/pools/([^/]+))");
+  s.Patch(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    std::optional<std::string> mode;
+    std::optional<double> ratio;
+    if (body->contains("placement_mode")) mode = f.Str("placement_mode");
+    if (body->contains("tflops_oversell_ratio")) ratio = f.Num("tflops_oversell_ratio");
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    StatusOr<Pool> p = c->PatchPool(req.matches[1], mode, ratio);
+    if (!p.ok()) return ReplyError(res, p.status());
+    Reply(res, 200, ToJson(*p));
+  });
+
   // Tenant quotas.
   Record("GET", "/v1/quotas");
   s.Get("/v1/quotas", [c](const httplib::Request&, httplib::Response& res) {

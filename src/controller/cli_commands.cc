@@ -226,6 +226,7 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
                              : method == "POST" ? client.Post(path, body)
                              : method == "PUT"  ? client.Put(path, body)
+                             : method == "PATCH" ? client.Patch(path, body)
                                                 : client.Delete(path);
   if (!r.ok()) return r.status();
   json j = json::parse(r->body, nullptr, false);
@@ -417,11 +418,10 @@ int PoolSet(const ClientOptions& c, const PoolSettings& pool) {
   if (int rc = CheckName("pool name", pool.name)) return rc;
   if (!pool.placement_mode && !pool.tflops_oversell_ratio)
     return Fail(InvalidArgument("nothing to change: give --mode and/or --oversell")), 2;
-  StatusOr<json> current = Call(c, "GET", "/v1/pools/" + pool.name);
-  if (!current.ok()) return Fail(current.status());
-  json body = {{"placement_mode", pool.placement_mode.value_or(current->value("placement_mode", ""))},
-               {"tflops_oversell_ratio", pool.tflops_oversell_ratio.value_or(current->value("tflops_oversell_ratio", 1.0))}};
-  StatusOr<json> r = Call(c, "PUT", "/v1/pools/" + pool.name, body.dump());
+  json body = json::object();  // what is not given keeps its value (PATCH)
+  if (pool.placement_mode) body["placement_mode"] = *pool.placement_mode;
+  if (pool.tflops_oversell_ratio) body["tflops_oversell_ratio"] = *pool.tflops_oversell_ratio;
+  StatusOr<json> r = Call(c, "PATCH", "/v1/pools/" + pool.name, body.dump());
   if (!r.ok()) return Fail(r.status());
   Out(c) << "pool " << pool.name << ": placement mode " << r->value("placement_mode", "")
          << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";

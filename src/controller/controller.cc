@@ -412,6 +412,26 @@ StatusOr<Pool> Controller::UpdatePool(const Pool& spec) {
   });
 }
 
+StatusOr<Pool> Controller::PatchPool(const std::string& name, const std::optional<std::string>& placement_mode,
+                                     const std::optional<double>& tflops_oversell_ratio) {
+  return Durably([&]() -> StatusOr<Pool> {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = pools_.find(name);
+    if (it == pools_.end()) return NotFound("pool '" + name + "' not found");
+    Pool p = it->second.value;
+    if (placement_mode) p.placement_mode = *placement_mode;
+    if (tflops_oversell_ratio) p.tflops_oversell_ratio = *tflops_oversell_ratio;
+    TF_RETURN_IF_ERROR(ValidatePoolSpec(p));
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(p.name), it->second.revision)},
+                                         {Write::Put(PoolKey(p.name), Dump(p))});
+    if (!rev.ok()) return rev.status();
+    it->second = {p, *rev};
+    placement_dirty_ = true;
+    return p;
+  });
+}
+
 StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
   return Durably([&]() -> StatusOr<TenantQuota> {
     TF_RETURN_IF_ERROR(ValidateName("tenant", q.tenant));

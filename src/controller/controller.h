@@ -24,6 +24,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -148,7 +149,10 @@ class Controller {
   StatusOr<Pool> CreatePool(const std::string& name);
   // `spec.placement_mode` (docs/scheduler.md; empty: the default) and tflops_oversell_ratio >= 1.
   StatusOr<Pool> CreatePool(const Pool& spec);
-  StatusOr<Pool> UpdatePool(const Pool& spec);  // changes the mode and the oversell ratio
+  StatusOr<Pool> UpdatePool(const Pool& spec);  // replaces the mode and the oversell ratio
+  // Changes only what is given; the rest keeps its value (PATCH).
+  StatusOr<Pool> PatchPool(const std::string& name, const std::optional<std::string>& placement_mode,
+                           const std::optional<double>& tflops_oversell_ratio);
   std::vector<Pool> ListPools() const;
   StatusOr<Pool> GetPool(const std::string& name) const;
   Status DeletePool(const std::string& name);  // kFailedPrecondition while nodes use it

@@ -42,6 +42,11 @@ StatusOr<HttpResponse> HttpClient::Put(const std::string& path, const std::strin
   return Convert(cli_->Put(path.c_str(), json_body, "application/json"), "PUT " + base_url_ + path);
 }
 
+StatusOr<HttpResponse> HttpClient::Patch(const std::string& path, const std::string& json_body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Convert(cli_->Patch(path.c_str(), json_body, "application/json"), "PATCH " + base_url_ + path);
+}
+
 StatusOr<HttpResponse> HttpClient::Delete(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
   return Convert(cli_->Delete(path.c_str()), "DELETE " + base_url_ + path);

@@ -40,6 +40,7 @@ class HttpClient {
   StatusOr<HttpResponse> Get(const std::string& path);
   StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
   StatusOr<HttpResponse> Put(const std::string& path, const std::string& json_body);
+  StatusOr<HttpResponse> Patch(const std::string& path, const std::string& json_body);
   StatusOr<HttpResponse> Delete(const std::string& path);
 
   const std::string& base_url() const { return base_url_; }

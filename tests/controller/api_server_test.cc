@@ -311,6 +311,23 @@ TEST_F(ApiServerTest, AWrongMethodIs405WithAllowAndAHugeBodyIs413) {
   EXPECT_EQ(client_->Get("/v1/pools")->status, 200) << "the server keeps serving";
 }
 
+// PATCH changes only what it names; PUT replaces (absent fields get their defaults).
+TEST_F(ApiServerTest, PatchKeepsWhatItDoesNotNameAndPutReplaces) {
+  ASSERT_EQ(client_->Post("/v1/pools", R"({"name":"p"})")->status, 201);
+  ASSERT_EQ(client_->Put("/v1/pools/p", R"({"placement_mode":"FragAware","tflops_oversell_ratio":2})")->status, 200);
+  auto r = client_->Patch("/v1/pools/p", R"({"tflops_oversell_ratio":1.5})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Body(r)["placement_mode"], "FragAware");
+  EXPECT_EQ(Body(r)["tflops_oversell_ratio"], 1.5);
+  r = client_->Patch("/v1/pools/p", R"({"tflops_oversell_ratio":0.5})");
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_EQ(Body(client_->Get("/v1/pools/p"))["tflops_oversell_ratio"], 1.5) << "a refused patch changes nothing";
+  EXPECT_EQ(client_->Patch("/v1/pools/none", R"({"tflops_oversell_ratio":2})")->status, 404);
+  r = client_->Put("/v1/pools/p", R"({"tflops_oversell_ratio":3})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_NE(Body(r)["placement_mode"], "FragAware") << "PUT replaces: the mode went back to the default";
+}
+
 TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 201);
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 409);
