@@ -1,6 +1,11 @@
 #include "cli/pool_allocation.h"
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <random>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "controller/http_client.h"
@@ -58,10 +63,21 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   if (!qos.empty()) body["qos"] = qos;
   if (!tenant.empty()) body["tenant"] = tenant;
 
+  // An idempotency key: when the answer is lost (timeout, a controller restart), the retry gets
+  // the allocation the first attempt made instead of holding a second one.
+  std::random_device rd;
+  char key[40];
+  std::snprintf(key, sizeof key, "run-%08x%08x%08x", rd(), rd(), rd());
+  body["request_id"] = key;
+
   controller::HttpClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations", body.dump());
+  for (int retry = 0; retry < 2 && !r.ok() && r.status().code() == StatusCode::kUnavailable; ++retry) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 << retry));
+    r = client.Post("/v1/allocations", body.dump());
+  }
   if (!r.ok()) return r.status();
-  if (r->status != 201) return FromReply(r->status, r->body, "allocating a vGPU from " + url);
+  if (r->status != 201 && r->status != 200) return FromReply(r->status, r->body, "allocating a vGPU from " + url);
   json j = json::parse(r->body, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("vgpus") || !j["vgpus"].is_array() ||
       j["vgpus"].empty() || !j["vgpus"][0].is_object())

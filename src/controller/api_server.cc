@@ -488,7 +488,8 @@ void ApiServer::Routes() {
     Fields f(*body);
     AllocationRequest a{f.Str("workload"), f.Str("pool"),  f.Num("tflops"), f.Int("vram_mib"),
                         static_cast<int>(f.IntIn("gpu_count", 1, 64)), f.Str("qos"), f.Str("gpu_model"),
-                        f.Str("tenant"), f.Num("percent"), true, f.Num("tflops_limit"), f.Num("percent_limit")};
+                        f.Str("tenant"), f.Num("percent"), true, f.Num("tflops_limit"), f.Num("percent_limit"),
+                        f.Str("request_id")};
     if (auto it = body->find("allow_preemption"); it != body->end()) {
       if (!it->is_boolean()) return ReplyError(res, InvalidArgument("field 'allow_preemption' must be a boolean"));
       a.allow_preemption = it->get<bool>();
@@ -512,11 +513,13 @@ void ApiServer::Routes() {
     if (body->contains("percent_limit") && !(a.percent_limit > 0 && a.percent_limit <= 100))
       return ReplyError(res, InvalidArgument("percent_limit must be a number in (0, 100]"));
     std::vector<Allocation> preempted;
-    StatusOr<Allocation> out = c->Allocate(a, &preempted);
+    bool replayed = false;
+    StatusOr<Allocation> out = c->Allocate(a, &preempted, &replayed);
     if (!out.ok()) return ReplyError(res, out.status());
     json j = ToJson(*out);
     j["preempted"] = Array(preempted, [](const Allocation& v) { return v.id; });
-    Reply(res, 201, j);
+    j["replayed"] = replayed;  // true: a retry answered with the allocation made the first time
+    Reply(res, replayed ? 200 : 201, j);
   });
   Record("GET", R"(/v1/allocations/([^/]+))");
   s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {

@@ -748,10 +748,21 @@ Status Controller::DeleteWorkload(const std::string& name) {
 // ---- allocations ----
 
 StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
-                                          std::vector<Allocation>* preempted) {
+                                          std::vector<Allocation>* preempted, bool* replayed) {
+  if (replayed) *replayed = false;
+  if (!req.request_id.empty()) TF_RETURN_IF_ERROR(ValidateName("request_id", req.request_id));
   return Durably([&]() -> StatusOr<Allocation> {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
+    if (!req.request_id.empty()) {
+      for (const auto& [id, a] : allocations_) {
+        if (a.value.request_id != req.request_id) continue;
+        if (a.value.tenant != req.tenant)
+          return FailedPrecondition("request_id '" + req.request_id + "' is already used by another tenant");
+        if (replayed) *replayed = true;
+        return a.value;  // the retry of a request whose answer was lost
+      }
+    }
     PlacementRequest pr;
     pr.pool = req.pool;
     pr.tenant = req.tenant;
@@ -801,7 +812,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         ++counters_.allocations_refused;
         return d.status();
       }
-      Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant};
+      Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant, req.request_id};
       std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
       std::vector<Write> writes;
       std::map<std::string, Gpu> touched;  // new usage of every GPU the commit changes

@@ -99,6 +99,9 @@ struct AllocationRequest {
   // least the request and at most the chosen GPU's capacity (percent: at most 100).
   double tflops_limit = 0;
   double percent_limit = 0;
+  // Idempotency key ([A-Za-z0-9._:-], 1-128): a retry with the same key and tenant returns the
+  // allocation the first attempt made (while it lives) instead of making another.
+  std::string request_id;
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample
@@ -182,7 +185,7 @@ class Controller {
   // the leader, or the store is down). `preempted` (may be null) receives the allocations that
   // were released to make room, in the same store transaction.
   StatusOr<Allocation> Allocate(const AllocationRequest& req,
-                                std::vector<Allocation>* preempted = nullptr);
+                                std::vector<Allocation>* preempted = nullptr, bool* replayed = nullptr);
   Status Release(const std::string& allocation_id);
   std::vector<Allocation> ListAllocations() const;
   std::vector<Allocation> ListAllocationsOnNode(const std::string& node) const;

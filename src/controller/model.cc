@@ -81,7 +81,7 @@ json ToJson(const Allocation& a) {
                      {"tflops_limit", v.tflops_limit}, {"limit_ppm", v.limit_ppm}});
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
-          {"created_ms", a.created_ms}, {"tenant", a.tenant}};
+          {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id}};
 }
 
 namespace {
@@ -179,6 +179,7 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     }
     a.created_ms = j.value("created_ms", int64_t{0});
     a.tenant = j.value("tenant", "");
+    a.request_id = j.value("request_id", "");
   });
 }
 

@@ -103,6 +103,7 @@ struct Allocation {
   std::vector<Vgpu> vgpus;
   int64_t created_ms = 0;
   std::string tenant;  // may be empty (no quota)
+  std::string request_id;  // the client's idempotency key; may be empty
 };
 
 // An allocation the controller took back while its tenant may still be running on it: preempted

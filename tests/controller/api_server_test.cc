@@ -328,6 +328,37 @@ TEST_F(ApiServerTest, PatchKeepsWhatItDoesNotNameAndPutReplaces) {
   EXPECT_NE(Body(r)["placement_mode"], "FragAware") << "PUT replaces: the mode went back to the default";
 }
 
+// A retried create (its first answer lost) gets the allocation the first attempt made: 200 and
+// the same id, capacity counted once. Another tenant cannot use the key; a bad key is refused.
+TEST_F(ApiServerTest, ARetriedCreateWithTheSameRequestIdGetsTheSameAllocation) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  const char* body = R"({"tflops":30,"vram_mib":1000,"tenant":"t1","request_id":"run-abc123"})";
+  auto first = client_->Post("/v1/allocations", body);
+  ASSERT_EQ(first->status, 201) << first->body;
+  EXPECT_EQ(Body(first)["replayed"], false);
+  auto again = client_->Post("/v1/allocations", body);
+  ASSERT_EQ(again->status, 200) << again->body;
+  EXPECT_EQ(Body(again)["id"], Body(first)["id"]);
+  EXPECT_EQ(Body(again)["replayed"], true);
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 1u);
+  EXPECT_EQ(Body(client_->Get("/v1/gpus"))["gpus"][0]["used_tflops"], 30.0);
+  auto other = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"tenant":"t2","request_id":"run-abc123"})");
+  EXPECT_EQ(other->status, 409) << other->body;
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"request_id":"no spaces"})")->status, 400);
+  // The key lives with its allocation and survives a restart of the controller.
+  api_->Stop();
+  c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
+  ASSERT_TRUE(c_->Rebuild().ok());
+  bool replayed = false;
+  AllocationRequest retry{"", "", 30, 1000, 1, "", ""};
+  retry.tenant = "t1";
+  retry.request_id = "run-abc123";
+  auto a = c_->Allocate(retry, nullptr, &replayed);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(replayed);
+  EXPECT_EQ(a->id, Body(first)["id"].get<std::string>());
+}
+
 TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 201);
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"train"})")->status, 409);
