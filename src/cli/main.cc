@@ -116,6 +116,8 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--token", hv.token, "API token")->envname("TFUSION_TOKEN");
   hv_cmd->add_option("--token-file", hv.token_file, "file holding the API token");
   hv_cmd->add_option("--node", hv.node_name, "node name (default: host name)");
+  hv_cmd->add_option("--credential-file", hv.credential_file,
+                     "where the agent keeps its node credential (made at first start)")->capture_default_str();
   hv_cmd->add_option("--pool", hv.pool, "pool to join");
   hv_cmd->add_option("--metrics-port", hv.metrics_port, "metrics port (-1: off)")->capture_default_str();
   hv_cmd->add_option("--catalog-overrides", hv.catalog_overrides_file, "GPU model overrides file");
@@ -159,6 +161,10 @@ int main(int argc, char** argv) {
   node_cmd->require_subcommand(1);
   auto* node_ls = node_cmd->add_subcommand("ls", "list nodes and their GPUs");
   AddClientFlags(node_ls, &client);
+  std::string node_rm_name;
+  auto* node_rm = node_cmd->add_subcommand("rm", "remove a node that holds no allocations (its agent may enroll again)");
+  node_rm->add_option("name", node_rm_name)->required();
+  AddClientFlags(node_rm, &client);
   auto* ps_cmd = app.add_subcommand("ps", "list allocations");
   AddClientFlags(ps_cmd, &client);
   auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use, redrawn until Ctrl-C");
@@ -272,6 +278,7 @@ int main(int argc, char** argv) {
   if (quota_ls->parsed()) return tf::controller::QuotaList(client);
   if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
   if (node_ls->parsed()) return tf::controller::NodeList(client);
+  if (node_rm->parsed()) return tf::controller::NodeRemove(client, node_rm_name);
   if (ps_cmd->parsed()) return tf::controller::Ps(client);
   if (top_cmd->parsed()) {
     tf::StatusOr<double> interval = tf::cli::ParsePositive("--interval", top_interval, 3600);

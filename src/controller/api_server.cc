@@ -121,6 +121,7 @@ StatusOr<Pool> PoolSpec(const json& body, const std::string& name) {
 
 json NodeJson(const NodeStatus& n) {
   json j = ToJson(n.node);
+  j.erase("credential_sha256");  // stored, never shown
   j["last_heartbeat_ms"] = n.last_heartbeat_ms;
   return j;
 }
@@ -361,7 +362,8 @@ void ApiServer::Routes() {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
-    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}, f.Str("worker_address")};
+    NodeRegistration reg{f.Str("name", true), f.Str("pool"), f.Str("address"), {}, f.Str("worker_address"),
+                         f.Str("credential")};
     if (const json* gpus = f.Array("gpus")) {
       for (const json& g : *gpus) {
         if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));
@@ -376,7 +378,13 @@ void ApiServer::Routes() {
     if (!f.status().ok()) return ReplyError(res, f.status());
     StatusOr<Node> n = c->RegisterNode(reg);
     if (!n.ok()) return ReplyError(res, n.status());
-    Reply(res, 200, ToJson(*n));
+    Reply(res, 200, NodeJson({*n, 0}));
+  });
+  Record("DELETE", R"(/v1/nodes/([^/]+))");
+  s.Delete(R"(/v1/nodes/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    Status st = c->DeregisterNode(req.matches[1]);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"deleted", std::string(req.matches[1])}});
   });
   Record("GET", R"(/v1/nodes/([^/]+))");
   s.Get(R"(/v1/nodes/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
@@ -388,10 +396,12 @@ void ApiServer::Routes() {
   s.Post(R"(/v1/nodes/([^/]+)/heartbeat)", [c](const httplib::Request& req, httplib::Response& res) {
     std::vector<GpuSample> samples;
     std::vector<VgpuUseSample> vgpus;
+    std::string credential;
     if (!req.body.empty()) {
       StatusOr<json> body = ParseBody(req);
       if (!body.ok()) return ReplyError(res, body.status());
       Fields f(*body);
+      credential = f.Str("credential");
       if (const json* gpus = f.Array("gpus")) {
         for (const json& g : *gpus) {
           if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));
@@ -415,7 +425,7 @@ void ApiServer::Routes() {
       }
       if (!f.status().ok()) return ReplyError(res, f.status());
     }
-    Status st = c->Heartbeat(req.matches[1], samples, vgpus);
+    Status st = c->Heartbeat(req.matches[1], samples, vgpus, credential);
     if (!st.ok()) return ReplyError(res, st);
     Reply(res, 200, {{"ok", true}});
   });

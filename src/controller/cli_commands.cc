@@ -124,7 +124,7 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::QuotaRegions regions(o.region_dir);
   SystemClock clock;
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
-                                  int64_t{o.stop_grace_seconds} * 1000, o.worker_address};
+                                  int64_t{o.stop_grace_seconds} * 1000, o.worker_address, o.credential_file};
   if (!o.catalog_overrides_file.empty()) {
     std::ifstream in(o.catalog_overrides_file);
     if (!in) {
@@ -368,6 +368,7 @@ int RunUp(const UpOptions& o) {
   ho.metrics_port = o.metrics_port;
   ho.nvml_library = o.nvml_library;
   ho.region_dir = o.region_dir;
+  ho.credential_file = o.state_dir + "/node-credential";
   ho.stop_grace_seconds = o.stop_grace_seconds;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
@@ -433,6 +434,14 @@ int PoolDelete(const ClientOptions& c, const std::string& name) {
   StatusOr<json> r = Call(c, "DELETE", "/v1/pools/" + name);
   if (!r.ok()) return Fail(r.status());
   Out(c) << "pool " << name << " deleted\n";
+  return 0;
+}
+
+int NodeRemove(const ClientOptions& c, const std::string& name) {
+  if (int rc = CheckName("node name", name)) return rc;
+  StatusOr<json> r = Call(c, "DELETE", "/v1/nodes/" + name);
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "node " << name << " removed (its agent may enroll again)\n";
   return 0;
 }
 

@@ -39,6 +39,7 @@ struct HypervisorOptions {
   int sync_interval_ms = 1'000;          // how often vGPU limits are synced from the controller
   int stop_grace_seconds = 10;           // SIGTERM -> SIGKILL for processes of a taken-back vGPU
   std::string worker_address;            // HOST:PORT of this node's `tfusion worker`; empty: none
+  std::string credential_file = ".tfusion/node-credential";  // NodeAgentOptions::credential_file
 };
 
 struct UpOptions {
@@ -83,6 +84,7 @@ int PoolCreate(const ClientOptions& client, const PoolSettings& pool);  // tfusi
 int PoolSet(const ClientOptions& client, const PoolSettings& pool);     // tfusion pool set NAME
 int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
 int NodeList(const ClientOptions& client);                          // tfusion node ls
+int NodeRemove(const ClientOptions& client, const std::string& name);  // tfusion node rm NAME
 
 // A tenant's quota as `tfusion quota set` gives it: unset fields keep their value (a new tenant:
 // 0); 0 means no limit. Limits are on what the tenant's live allocations hold in total.

@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <openssl/sha.h>
+
 #include "common/gpu_catalog.h"
 
 namespace tf::controller {
@@ -108,6 +110,27 @@ Status CheckTflopsBound(const char* field, double value, double bound) {
   std::snprintf(buf, sizeof(buf), "%s %g is above %g, the TFLOPS of the largest GPU in the catalog and the pool",
                 field, value, bound);
   return InvalidArgument(buf);
+}
+
+std::string Sha256Hex(const std::string& s) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : d) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+// A node enrolled by one agent refuses another (a cloned machine, a second agent started with
+// the same --node name).
+Status CheckNodeCredential(const Node& n, const std::string& presented) {
+  if (n.credential_sha256.empty() || Sha256Hex(presented) == n.credential_sha256) return Status::Ok();
+  return FailedPrecondition("node '" + n.name + "' is enrolled by another agent (a cloned machine, or a second "
+                            "agent started with the same --node name): give this one another --node name, or "
+                            "remove the node first (tfusion node rm " + n.name + ")");
 }
 
 Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double percent = 0,
@@ -524,7 +547,12 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     const bool first_registration = node_it == nodes_.end();  // nothing of it is allocated yet
     compares.push_back(node_it != nodes_.end() ? Compare::At(NodeKey(reg.name), node_it->second.revision)
                                                : Compare::Absent(NodeKey(reg.name)));
-    Node node{reg.name, reg.pool, reg.address, reg.worker_address, NodeState::kReady, now, 0};
+    Node node{reg.name, reg.pool, reg.address, reg.worker_address, NodeState::kReady, now, 0, ""};
+    if (node_it != nodes_.end()) {
+      TF_RETURN_IF_ERROR(CheckNodeCredential(node_it->second.value, reg.credential));
+      node.credential_sha256 = node_it->second.value.credential_sha256;
+    }
+    if (node.credential_sha256.empty() && !reg.credential.empty()) node.credential_sha256 = Sha256Hex(reg.credential);
     writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
     for (const GpuReport& r : reg.gpus) {
       Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};
@@ -579,12 +607,13 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
 }
 
 Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples,
-                             const std::vector<VgpuUseSample>& vgpus) {
+                             const std::vector<VgpuUseSample>& vgpus, const std::string& credential) {
   return Durably([&]() -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     auto it = nodes_.find(name);
     if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
+    TF_RETURN_IF_ERROR(CheckNodeCredential(it->second.value, credential));
     const int64_t now = clock_->NowMs();
     for (const GpuSample& s : samples) {  // all checked before anything is stored
       auto g = gpus_.find(s.uuid);
@@ -639,6 +668,41 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
     if (!rev.ok()) return rev.status();
     it->second = {node, *rev};
     for (const Gpu& g : updated) gpus_[g.uuid] = {g, *rev};
+    placement_dirty_ = true;
+    return Status::Ok();
+  });
+}
+
+Status Controller::DeregisterNode(const std::string& name) {
+  return Durably([&]() -> Status {
+    TF_RETURN_IF_ERROR(ValidateName("node name", name));
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = nodes_.find(name);
+    if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
+    auto held = allocations_by_node_.find(name);
+    if (held != allocations_by_node_.end() && !held->second.empty()) {
+      return FailedPrecondition("node '" + name + "' still holds " + std::to_string(held->second.size()) +
+                                " allocation(s): release them first");
+    }
+    std::vector<Compare> compares{Compare::At(NodeKey(name), it->second.revision)};
+    std::vector<Write> writes{Write::Delete(NodeKey(name))};
+    std::vector<std::string> gone;
+    for (const auto& [uuid, g] : gpus_) {
+      if (g.value.node != name) continue;
+      compares.push_back(Compare::At(GpuKey(uuid), g.revision));
+      writes.push_back(Write::Delete(GpuKey(uuid)));
+      gone.push_back(uuid);
+    }
+    StatusOr<int64_t> rev = CommitLocked(compares, writes);
+    if (!rev.ok()) return rev.status();
+    for (const std::string& uuid : gone) {
+      gpus_.erase(uuid);
+      samples_.erase(uuid);
+      sampled_ms_.erase(uuid);
+    }
+    nodes_.erase(it);
+    last_heartbeat_ms_.erase(name);
     placement_dirty_ = true;
     return Status::Ok();
   });

@@ -59,6 +59,9 @@ struct NodeRegistration {
   std::string address;
   std::vector<GpuReport> gpus;
   std::string worker_address;  // empty or HOST:PORT (ValidateWorkerAddress)
+  // The agent's node credential (a secret it keeps across restarts). The first registration that
+  // presents one enrolls it; later registrations and heartbeats must present the same.
+  std::string credential;
 };
 
 struct GpuSample {  // one heartbeat sample for one GPU
@@ -164,7 +167,10 @@ class Controller {
   // `vgpus`: use of the node's allocations' vGPUs; samples of allocations not on this node are
   // ignored (one released meanwhile), counters that go back start the interval again.
   Status Heartbeat(const std::string& node, const std::vector<GpuSample>& samples,
-                   const std::vector<VgpuUseSample>& vgpus = {});
+                   const std::vector<VgpuUseSample>& vgpus = {}, const std::string& credential = "");
+  // Removes a node and its GPUs: kFailedPrecondition while allocations are on it. Its agent may
+  // then enroll again (with any credential).
+  Status DeregisterNode(const std::string& name);
   // The last use reported for `allocation` on `gpu_uuid`; kNotFound when none was.
   StatusOr<VgpuUse> GetVgpuUse(const std::string& allocation, const std::string& gpu_uuid) const;
   std::vector<NodeStatus> ListNodes() const;

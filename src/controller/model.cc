@@ -55,7 +55,8 @@ json ToJson(const Node& n) {
           {"worker_address", n.worker_address},
           {"state", n.state == NodeState::kReady ? "ready" : "lost"},
           {"registered_ms", n.registered_ms},
-          {"lost_since_ms", n.lost_since_ms}};
+          {"lost_since_ms", n.lost_since_ms},
+          {"credential_sha256", n.credential_sha256}};
 }
 
 json ToJson(const Gpu& g) {
@@ -128,6 +129,7 @@ StatusOr<Node> NodeFromJson(const std::string& text) {
     n.state = j.value("state", "ready") == "lost" ? NodeState::kLost : NodeState::kReady;
     n.registered_ms = j.value("registered_ms", int64_t{0});
     n.lost_since_ms = j.value("lost_since_ms", int64_t{0});
+    n.credential_sha256 = j.value("credential_sha256", "");
   });
 }
 

@@ -55,6 +55,9 @@ struct Node {
   NodeState state = NodeState::kReady;
   int64_t registered_ms = 0;
   int64_t lost_since_ms = 0;  // when it was marked lost; 0 while ready
+  // SHA-256 (hex) of the credential of the agent that enrolled the node; empty: none yet. Stored,
+  // never shown by the API.
+  std::string credential_sha256;
 };
 
 struct Gpu {

@@ -1,11 +1,18 @@
 #include "hypervisor/node_agent.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
-#include <nlohmann/json.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "controller/model.h"
 #include "hypervisor/vgpu_metrics.h"
@@ -89,14 +96,44 @@ Status NodeAgent::Register() {
     if (g.device.numa_node >= 0) j["numa_node"] = g.device.numa_node;
     gpus.push_back(j);
   }
-  json body = {{"name", options_.node_name}, {"address", options_.address}, {"gpus", gpus}};
+  json body = {{"name", options_.node_name}, {"address", options_.address}, {"gpus", gpus},
+               {"credential", credential_}};
   if (!options_.worker_address.empty()) body["worker_address"] = options_.worker_address;
   if (!options_.pool.empty()) body["pool"] = options_.pool;
   return FromHttp(client_.Post("/v1/nodes", body.dump()), "registering node " + options_.node_name);
 }
 
+namespace {
+// The credential in `file`, or a new one written there (0600, its folder made) when it has none.
+StatusOr<std::string> LoadOrCreateCredential(const std::string& file) {
+  std::random_device rd;
+  char fresh[48];
+  std::snprintf(fresh, sizeof fresh, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  if (file.empty()) return std::string(fresh);
+  if (std::ifstream in(file); in) {
+    std::string c;
+    if (std::getline(in, c) && !c.empty()) return c;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
+  int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return Unavailable("cannot write the node credential " + file + ": " + std::strerror(errno));
+  std::string line = std::string(fresh) + "\n";
+  bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ok = ::fsync(fd) == 0 && ok;
+  ::close(fd);
+  if (!ok) return Unavailable("cannot write the node credential " + file);
+  return std::string(fresh);
+}
+}  // namespace
+
 Status NodeAgent::Start() {
   if (!discovered_) TF_RETURN_IF_ERROR(Discover());
+  if (credential_.empty()) {
+    StatusOr<std::string> c = LoadOrCreateCredential(options_.credential_file);
+    if (!c.ok()) return c.status();
+    credential_ = *c;
+  }
   return Register();
 }
 
@@ -126,7 +163,7 @@ Status NodeAgent::HeartbeatOnce() {
     }
   }
   Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
-                                    json{{"gpus", gpus}, {"vgpus", vgpus}}.dump()),
+                                    json{{"gpus", gpus}, {"vgpus", vgpus}, {"credential", credential_}}.dump()),
                        "heartbeat");
   if (st.code() == StatusCode::kNotFound) st = Register();
   std::lock_guard<std::mutex> lock(mu_);

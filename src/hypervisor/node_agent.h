@@ -35,6 +35,10 @@ struct NodeAgentOptions {
   std::string catalog_overrides;  // GpuCatalog::LoadOverrides text
   int64_t stop_grace_ms = 10'000;  // SIGTERM -> SIGKILL for processes of a taken-back vGPU
   std::string worker_address;      // HOST:PORT of this node's `tfusion worker`, registered; may be empty
+  // Where the agent keeps its node credential (made at first start, mode 0600): the controller
+  // binds the node name to it at enrollment and refuses another agent claiming the name. Empty:
+  // a credential for this process only (it cannot re-register after a restart).
+  std::string credential_file;
 };
 
 struct AgentGpu {
@@ -72,6 +76,7 @@ class NodeAgent {
   Status Register();
 
   NodeAgentOptions options_;
+  std::string credential_;  // see NodeAgentOptions::credential_file
   GpuSource* const source_;
   QuotaRegions* const regions_;
   const controller::Clock* const clock_;

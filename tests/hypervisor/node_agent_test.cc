@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "controller/api_server.h"
+#include "controller/http_client.h"
 #include "controller/sqlite_store.h"
 #include "hypervisor/nvml_gpu_source.h"
 #include "limiter/core/process_identity.h"
@@ -90,8 +92,9 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   FakeGpuSource source({{0, "GPU-r0", "NVIDIA L4", 23034, 0, 0, 0},
                         {1, "GPU-r1", "NVIDIA L4", 23034, 0, 0, 0}});
   QuotaRegions regions(rig.dir + "/regions");
-  NodeAgent agent({rig.url(), "tok", "host-r", "", "", ""},
-                  &source, &regions, &rig.clock);
+  NodeAgentOptions options{rig.url(), "tok", "host-r", "", "", ""};
+  options.credential_file = rig.dir + "/agent/node-credential";
+  NodeAgent agent(options, &source, &regions, &rig.clock);
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_EQ(regions.attached().size(), 2u);
   ASSERT_TRUE(std::filesystem::exists(rig.dir + "/regions/gpu-GPU-r0.region"));
@@ -116,8 +119,7 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
 
   // A restarted agent re-attaches to the same regions and keeps the vGPU.
   QuotaRegions again(rig.dir + "/regions");
-  NodeAgent agent2({rig.url(), "tok", "host-r", "", "", ""},
-                   &source, &again, &rig.clock);
+  NodeAgent agent2(options, &source, &again, &rig.clock);  // the same credential file
   ASSERT_TRUE(agent2.Start().ok());
   ASSERT_TRUE(agent2.SyncAllocations().ok());
   EXPECT_EQ(again.region(a->vgpus[0].gpu_uuid)->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
@@ -126,6 +128,49 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   ASSERT_TRUE(agent.SyncAllocations().ok());
   EXPECT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kNotFound);
   EXPECT_NE(agent.MetricsText().find("tf_node_vgpus 0"), std::string::npos);
+}
+
+// A second agent claiming an enrolled node's name (a cloned machine: same --node, its own
+// credential) is refused with a clear error and changes nothing; the operator can remove the node
+// once it holds no allocations, and then the new agent enrolls.
+TEST(NodeAgent, ACloneClaimingAnEnrolledNodeIsRefusedUntilTheNodeIsRemoved) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-c0", "NVIDIA L4", 23034, 0, 0, 0}});
+  FakeGpuSource clone_source({{0, "GPU-c9", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions"), clone_regions(rig.dir + "/clone-regions");
+  NodeAgentOptions options{rig.url(), "tok", "host-c", "", "", ""};
+  options.credential_file = rig.dir + "/a/node-credential";
+  NodeAgent agent(options, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  auto a = c.Allocate({"", "", 10, 100, 1, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+
+  NodeAgentOptions clone_options = options;
+  clone_options.credential_file = rig.dir + "/b/node-credential";
+  NodeAgent clone(clone_options, &clone_source, &clone_regions, &rig.clock);
+  Status st = clone.Start();
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("enrolled by another agent"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(clone.HeartbeatOnce().ok()) << "nor can it keep the node alive";
+  auto gpus = c.ListGpus("");
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0].gpu.uuid, "GPU-c0") << "the clone changed nothing";
+  EXPECT_TRUE(agent.HeartbeatOnce().ok()) << "the enrolled agent goes on";
+
+  // Removal waits for the allocations to go; then the other agent may enroll.
+  controller::HttpClient http(rig.url(), "tok");
+  EXPECT_EQ(http.Delete("/v1/nodes/host-c")->status, 409);
+  ASSERT_TRUE(c.Release(a->id).ok());
+  EXPECT_EQ(http.Delete("/v1/nodes/host-c")->status, 200);
+  EXPECT_TRUE(c.ListGpus("").empty());
+  EXPECT_TRUE(clone.Start().ok());
+  EXPECT_EQ(c.ListGpus("")[0].gpu.uuid, "GPU-c9");
+  // The credential is kept in its file (0600) for the next start.
+  struct stat sb {};
+  ASSERT_EQ(stat(clone_options.credential_file.c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0600u);
 }
 
 // Request, limit and QoS of an allocation reach the vGPU in the region, and the agent's metrics
