@@ -418,26 +418,13 @@ StatusOr<Pool> Controller::CreatePool(const Pool& spec) {
 }
 
 StatusOr<Pool> Controller::UpdatePool(const Pool& spec) {
-  return Durably([&]() -> StatusOr<Pool> {
-    Pool p = spec;
-    TF_RETURN_IF_ERROR(ValidatePoolSpec(p));
-    std::lock_guard<std::mutex> lock(mu_);
-    TF_RETURN_IF_ERROR(CheckServingLocked());
-    auto it = pools_.find(p.name);
-    if (it == pools_.end()) return NotFound("pool '" + p.name + "' not found");
-    p.created_ms = it->second.value.created_ms;
-    StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(p.name), it->second.revision)},
-                                         {Write::Put(PoolKey(p.name), Dump(p))});
-    if (!rev.ok()) return rev.status();
-    it->second = {p, *rev};
-    placement_dirty_ = true;
-    return p;
-  });
+  return PatchPool(spec.name, spec.placement_mode, spec.tflops_oversell_ratio);  // every setting given
 }
 
 StatusOr<Pool> Controller::PatchPool(const std::string& name, const std::optional<std::string>& placement_mode,
                                      const std::optional<double>& tflops_oversell_ratio) {
   return Durably([&]() -> StatusOr<Pool> {
+    TF_RETURN_IF_ERROR(ValidateName("pool name", name));
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     auto it = pools_.find(name);
