@@ -112,7 +112,9 @@ int main(int argc, char** argv) {
 
   tf::controller::HypervisorOptions hv;
   auto* hv_cmd = app.add_subcommand("hypervisor", "run the node agent of this machine");
-  hv_cmd->add_option("--controller", hv.controller_url, "controller URL")->capture_default_str();
+  hv_cmd->add_option("--controller", hv.controller_url,
+                     "controller URL; several replicas: comma-separated (the agent follows the leader)")
+      ->capture_default_str();
   hv_cmd->add_option("--token", hv.token, "API token")->envname("TFUSION_TOKEN");
   hv_cmd->add_option("--token-file", hv.token_file, "file holding the API token");
   hv_cmd->add_option("--node", hv.node_name, "node name (default: host name)");

@@ -52,4 +52,39 @@ StatusOr<HttpResponse> HttpClient::Delete(const std::string& path) {
   return Convert(cli_->Delete(path.c_str()), "DELETE " + base_url_ + path);
 }
 
+ReplicaClient::ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms) {
+  size_t start = 0;
+  while (start <= urls.size()) {
+    size_t comma = urls.find(',', start);
+    std::string url = urls.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!url.empty()) replicas_.push_back(std::make_unique<HttpClient>(url, bearer_token, timeout_ms));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (replicas_.empty()) replicas_.push_back(std::make_unique<HttpClient>(urls, bearer_token, timeout_ms));
+}
+
+template <typename F>
+StatusOr<HttpResponse> ReplicaClient::Request(F&& call) {
+  const size_t first = current_.load(std::memory_order_relaxed);
+  StatusOr<HttpResponse> last = Unavailable("no controller URL");
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    const size_t at = (first + i) % replicas_.size();
+    last = call(*replicas_[at]);
+    if (last.ok() && last->status != 503) {
+      current_.store(at, std::memory_order_relaxed);
+      return last;
+    }
+  }
+  return last;  // every replica failed: the last answer says why
+}
+
+StatusOr<HttpResponse> ReplicaClient::Get(const std::string& path) {
+  return Request([&](HttpClient& c) { return c.Get(path); });
+}
+
+StatusOr<HttpResponse> ReplicaClient::Post(const std::string& path, const std::string& json_body) {
+  return Request([&](HttpClient& c) { return c.Post(path, json_body); });
+}
+
 }  // namespace tf::controller

@@ -4,10 +4,12 @@
 // connection.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -50,6 +52,26 @@ class HttpClient {
   const std::string token_;
   std::mutex mu_;
   std::unique_ptr<httplib::Client> cli_;
+};
+
+// The controller replicas behind a list of URLs ("http://a:9300,http://b:9300"): each request goes
+// to the replica that answered last, and moves on through the list when that one cannot be
+// reached or answers 503 (a standby, or a leader without its store), so a node agent follows the
+// leader after a failover. Only for requests that may be repeated safely (registrations,
+// heartbeats, reads, idempotent reports). Thread safety: as HttpClient.
+class ReplicaClient {
+ public:
+  ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms = 5000);
+
+  StatusOr<HttpResponse> Get(const std::string& path);
+  StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
+
+ private:
+  template <typename F>
+  StatusOr<HttpResponse> Request(F&& call);
+
+  std::vector<std::unique_ptr<HttpClient>> replicas_;
+  std::atomic<size_t> current_{0};
 };
 
 }  // namespace tf::controller

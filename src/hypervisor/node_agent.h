@@ -27,7 +27,7 @@
 namespace tf::hypervisor {
 
 struct NodeAgentOptions {
-  std::string controller_url = "http://127.0.0.1:9300";
+  std::string controller_url = "http://127.0.0.1:9300";  // or several replicas' URLs, comma-separated
   std::string token;
   std::string node_name;  // empty: this machine's hostname
   std::string pool;       // empty: the controller's default pool
@@ -81,7 +81,7 @@ class NodeAgent {
   QuotaRegions* const regions_;
   const controller::Clock* const clock_;
   GpuCatalog catalog_;
-  controller::HttpClient client_;
+  controller::ReplicaClient client_;
   VgpuStopper stopper_;
   // Allocation ids whose vGPU this agent has seen wanted (or is stopping): a vGPU that disappears
   // from the controller's list after being seen was taken back, and its processes are stopped.

@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -171,6 +174,51 @@ TEST(NodeAgent, ACloneClaimingAnEnrolledNodeIsRefusedUntilTheNodeIsRemoved) {
   struct stat sb {};
   ASSERT_EQ(stat(clone_options.credential_file.c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 0777, 0600u);
+}
+
+// An agent given several replicas' URLs follows the leader: an unreachable replica and a standby
+// (503 to every request) are passed over. Behind the standby alone it never reads "no
+// allocations", so the vGPUs of its tenants stay.
+TEST(NodeAgent, AnAgentGivenSeveralReplicasFollowsTheLeaderAndNeverObeysAStandby) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  // A standby: a controller that has not rebuilt (does not serve), with its own API.
+  controller::Controller standby(rig.store.get(), &rig.clock, controller::MakeSchedulerPlacement(), nullptr);
+  controller::ApiServer standby_api(&standby, "tok");
+  const int standby_port = *standby_api.Bind("127.0.0.1", 0);
+  standby_api.Start();
+  const std::string standby_url = "http://127.0.0.1:" + std::to_string(standby_port);
+  // A port nothing listens on: bound, then closed (connections are refused at once).
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(probe);
+  const std::string gone_url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  FakeGpuSource source({{0, "GPU-f0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgentOptions options{gone_url + "," + standby_url + "," + rig.url(), "tok", "host-f", "", "", ""};
+  NodeAgent agent(options, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  auto a = c.Allocate({"", "", 10, 100, 1, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  uint32_t index = 0;
+  EXPECT_EQ(regions.region("GPU-f0")->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+
+  NodeAgentOptions behind_standby = options;
+  behind_standby.controller_url = standby_url;
+  NodeAgent lost(behind_standby, &source, &regions, &rig.clock);
+  EXPECT_FALSE(lost.SyncAllocations().ok()) << "a standby's answer is no answer";
+  EXPECT_EQ(regions.region("GPU-f0")->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk)
+      << "the tenant's vGPU stays";
+  standby_api.Stop();
 }
 
 // Request, limit and QoS of an allocation reach the vGPU in the region, and the agent's metrics
