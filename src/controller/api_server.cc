@@ -3,8 +3,12 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 namespace tf::controller {
@@ -140,6 +144,39 @@ json Array(const std::vector<T>& items, F to_json) {
   for (const T& i : items) a.push_back(to_json(i));
   return a;
 }
+
+// A list answer, paged: `?limit=N` (1..10000; absent: everything) and `?after=KEY` (exclusive)
+// over the items sorted by their key; "next" holds the key to pass as `after` while more remain.
+// `items` is the whole list (a JSON array), `key` what orders it.
+template <typename K>
+void ReplyList(const httplib::Request& req, httplib::Response& res, const char* field, json items, K key) {
+  int64_t limit = 0;
+  if (req.has_param("limit")) {
+    const std::string text = req.get_param_value("limit");
+    char* end = nullptr;
+    errno = 0;
+    limit = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || limit < 1 || limit > 10000)
+      return ReplyError(res, InvalidArgument("limit must be an integer from 1 to 10000, got '" + text + "'"));
+  }
+  const std::string after = req.get_param_value("after");
+  std::vector<json> sorted(items.begin(), items.end());
+  std::sort(sorted.begin(), sorted.end(), [&](const json& a, const json& b) { return key(a) < key(b); });
+  json page = json::array();
+  json out;
+  for (const json& it : sorted) {
+    if (!after.empty() && key(it) <= after) continue;
+    if (limit > 0 && static_cast<int64_t>(page.size()) == limit) {
+      out["next"] = key(page.back());
+      break;
+    }
+    page.push_back(it);
+  }
+  out[field] = std::move(page);
+  Reply(res, 200, out);
+}
+
+std::string KeyOf(const json& j, const char* field) { return j.value(field, ""); }
 
 }  // namespace
 
@@ -281,8 +318,9 @@ void ApiServer::Routes() {
 
   // Pools.
   Record("GET", "/v1/pools");
-  s.Get("/v1/pools", [c](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, {{"pools", Array(c->ListPools(), [](const Pool& p) { return ToJson(p); })}});
+  s.Get("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
+    ReplyList(req, res, "pools", Array(c->ListPools(), [](const Pool& p) { return ToJson(p); }),
+              [](const json& j) { return KeyOf(j, "name"); });
   });
   Record("POST", "/v1/pools");
   s.Post("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
@@ -324,8 +362,9 @@ void ApiServer::Routes() {
 
   // Tenant quotas.
   Record("GET", "/v1/quotas");
-  s.Get("/v1/quotas", [c](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, {{"quotas", Array(c->ListTenantQuotas(), [](const TenantQuota& q) { return ToJson(q); })}});
+  s.Get("/v1/quotas", [c](const httplib::Request& req, httplib::Response& res) {
+    ReplyList(req, res, "quotas", Array(c->ListTenantQuotas(), [](const TenantQuota& q) { return ToJson(q); }),
+              [](const json& j) { return KeyOf(j, "tenant"); });
   });
   Record("PUT", R"(/v1/quotas/([^/]+))");
   s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
@@ -354,8 +393,8 @@ void ApiServer::Routes() {
 
   // Nodes and GPUs.
   Record("GET", "/v1/nodes");
-  s.Get("/v1/nodes", [c](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, {{"nodes", Array(c->ListNodes(), NodeJson)}});
+  s.Get("/v1/nodes", [c](const httplib::Request& req, httplib::Response& res) {
+    ReplyList(req, res, "nodes", Array(c->ListNodes(), NodeJson), [](const json& j) { return KeyOf(j, "name"); });
   });
   Record("POST", "/v1/nodes");
   s.Post("/v1/nodes", [c](const httplib::Request& req, httplib::Response& res) {
@@ -431,13 +470,15 @@ void ApiServer::Routes() {
   });
   Record("GET", "/v1/gpus");
   s.Get("/v1/gpus", [c](const httplib::Request& req, httplib::Response& res) {
-    Reply(res, 200, {{"gpus", Array(c->ListGpus(req.get_param_value("pool")), GpuJson)}});
+    ReplyList(req, res, "gpus", Array(c->ListGpus(req.get_param_value("pool")), GpuJson),
+              [](const json& j) { return KeyOf(j, "uuid"); });
   });
 
   // Workloads.
   Record("GET", "/v1/workloads");
-  s.Get("/v1/workloads", [c](const httplib::Request&, httplib::Response& res) {
-    Reply(res, 200, {{"workloads", Array(c->ListWorkloads(), [](const Workload& w) { return ToJson(w); })}});
+  s.Get("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
+    ReplyList(req, res, "workloads", Array(c->ListWorkloads(), [](const Workload& w) { return ToJson(w); }),
+              [](const json& j) { return KeyOf(j, "name"); });
   });
   Record("POST", "/v1/workloads");
   s.Post("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
@@ -479,17 +520,17 @@ void ApiServer::Routes() {
     std::string node = req.get_param_value("node");
     // Each vGPU with the use its node last reported: use_percent (over the last heartbeat
     // interval; absent until two reports) and throttled_seconds.
-    Reply(res, 200, {{"allocations", Array(node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node),
-                                           [c](const Allocation& a) {
-                                             json j = ToJson(a);
-                                             for (json& v : j["vgpus"]) {
-                                               StatusOr<VgpuUse> u = c->GetVgpuUse(a.id, v.value("gpu", ""));
-                                               if (!u.ok()) continue;
-                                               if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
-                                               v["throttled_seconds"] = u->throttled_seconds;
-                                             }
-                                             return j;
-                                           })}});
+    json list = Array(node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node), [c](const Allocation& a) {
+      json j = ToJson(a);
+      for (json& v : j["vgpus"]) {
+        StatusOr<VgpuUse> u = c->GetVgpuUse(a.id, v.value("gpu", ""));
+        if (!u.ok()) continue;
+        if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
+        v["throttled_seconds"] = u->throttled_seconds;
+      }
+      return j;
+    });
+    ReplyList(req, res, "allocations", std::move(list), [](const json& j) { return KeyOf(j, "id"); });
   });
   Record("POST", "/v1/allocations");
   s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
@@ -547,8 +588,9 @@ void ApiServer::Routes() {
   // Evictions: allocations taken back while their tenant may still run (docs/controller.md).
   Record("GET", "/v1/evictions");
   s.Get("/v1/evictions", [c](const httplib::Request& req, httplib::Response& res) {
-    Reply(res, 200, {{"evictions", Array(c->ListEvictions(req.get_param_value("node")),
-                                         [](const Eviction& e) { return ToJson(e); })}});
+    ReplyList(req, res, "evictions",
+              Array(c->ListEvictions(req.get_param_value("node")), [](const Eviction& e) { return ToJson(e); }),
+              [](const json& j) { return j.contains("allocation") ? KeyOf(j["allocation"], "id") : std::string(); });
   });
   Record("GET", R"(/v1/evictions/([^/]+))");
   s.Get(R"(/v1/evictions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {

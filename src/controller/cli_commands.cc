@@ -247,6 +247,23 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   return j;
 }
 
+// A whole list, fetched in pages of 1,000 (the API's `limit` / `after` / `next`): {field: [...]}.
+StatusOr<json> CallList(const ClientOptions& c, const std::string& path, const char* field) {
+  json all = json::array();
+  std::string after;
+  for (int page = 0; page < 100000; ++page) {
+    std::string url = path + (path.find('?') == std::string::npos ? "?" : "&") + "limit=1000";
+    if (!after.empty()) url += "&after=" + after;  // keys are [A-Za-z0-9._:-]: nothing to escape
+    StatusOr<json> r = Call(c, "GET", url);
+    if (!r.ok()) return r.status();
+    if (!r->contains(field) || !(*r)[field].is_array()) return Internal(std::string("the answer has no '") + field + "' list");
+    for (json& item : (*r)[field]) all.push_back(std::move(item));
+    if (!r->contains("next")) break;
+    after = (*r)["next"].get<std::string>();
+  }
+  return json{{field, std::move(all)}};
+}
+
 int Fail(const Status& s) {
   std::fprintf(stderr, "error: %s\n", s.message().c_str());
   return 1;
@@ -377,9 +394,9 @@ int RunUp(const UpOptions& o) {
 }
 
 int PoolList(const ClientOptions& c) {
-  StatusOr<json> pools = Call(c, "GET", "/v1/pools");
+  StatusOr<json> pools = CallList(c, "/v1/pools", "pools");
   if (!pools.ok()) return Fail(pools.status());
-  StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
+  StatusOr<json> gpus = CallList(c, "/v1/gpus", "gpus");
   if (!gpus.ok()) return Fail(gpus.status());
   std::vector<std::vector<std::string>> rows{
       {"POOL", "MODE", "OVERSELL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
@@ -446,9 +463,9 @@ int NodeRemove(const ClientOptions& c, const std::string& name) {
 }
 
 int NodeList(const ClientOptions& c) {
-  StatusOr<json> nodes = Call(c, "GET", "/v1/nodes");
+  StatusOr<json> nodes = CallList(c, "/v1/nodes", "nodes");
   if (!nodes.ok()) return Fail(nodes.status());
-  StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
+  StatusOr<json> gpus = CallList(c, "/v1/gpus", "gpus");
   if (!gpus.ok()) return Fail(gpus.status());
   std::vector<std::vector<std::string>> rows{
       {"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER"}};
@@ -475,9 +492,9 @@ namespace {
 
 // The quota table: limits ("-" = none) beside what the tenant's live allocations hold.
 int PrintQuotas(const ClientOptions& c, const std::string& only_tenant) {
-  StatusOr<json> quotas = Call(c, "GET", "/v1/quotas");
+  StatusOr<json> quotas = CallList(c, "/v1/quotas", "quotas");
   if (!quotas.ok()) return Fail(quotas.status());
-  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  StatusOr<json> allocs = CallList(c, "/v1/allocations", "allocations");
   if (!allocs.ok()) return Fail(allocs.status());
   std::vector<std::vector<std::string>> rows{
       {"TENANT", "TFLOPS", "MAX_TFLOPS", "VRAM_MIB", "MAX_VRAM_MIB", "GPUS", "MAX_GPUS"}};
@@ -512,7 +529,7 @@ int QuotaSet(const ClientOptions& c, const QuotaSettings& q) {
   if (int rc = CheckName("tenant", q.tenant)) return rc;
   if (!q.max_tflops && !q.max_vram_mib && !q.max_gpus)
     return Fail(InvalidArgument("nothing to set: give --tflops, --vram and/or --gpus (0 = no limit)")), 2;
-  StatusOr<json> quotas = Call(c, "GET", "/v1/quotas");
+  StatusOr<json> quotas = CallList(c, "/v1/quotas", "quotas");
   if (!quotas.ok()) return Fail(quotas.status());
   json current = {{"max_tflops", 0.0}, {"max_vram_mib", 0}, {"max_gpus", 0}};
   for (const json& e : (*quotas)["quotas"])
@@ -557,9 +574,9 @@ std::string SharePercent(const json& vgpu, const char* key, const char* fallback
 }  // namespace
 
 int Ps(const ClientOptions& c) {
-  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  StatusOr<json> allocs = CallList(c, "/v1/allocations", "allocations");
   if (!allocs.ok()) return Fail(allocs.status());
-  StatusOr<json> evictions = Call(c, "GET", "/v1/evictions");
+  StatusOr<json> evictions = CallList(c, "/v1/evictions", "evictions");
   if (!evictions.ok()) return Fail(evictions.status());
   std::vector<std::vector<std::string>> rows{
       {"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "TFLOPS_LIMIT", "VRAM_MIB", "STATE"}};
@@ -596,9 +613,9 @@ namespace {
 // One frame of `tfusion top`: the GPU table and the allocations' vGPUs (request, limit, use over
 // the node's last heartbeat interval, time throttled), or the error that prevented it.
 Status TopTable(const ClientOptions& c, std::ostream& out) {
-  StatusOr<json> gpus = Call(c, "GET", "/v1/gpus");
+  StatusOr<json> gpus = CallList(c, "/v1/gpus", "gpus");
   if (!gpus.ok()) return gpus.status();
-  StatusOr<json> allocs = Call(c, "GET", "/v1/allocations");
+  StatusOr<json> allocs = CallList(c, "/v1/allocations", "allocations");
   if (!allocs.ok()) return allocs.status();
   std::vector<std::vector<std::string>> rows{{"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB"}};
   for (const json& g : (*gpus)["gpus"]) {

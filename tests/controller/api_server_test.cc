@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <nlohmann/json.hpp>
 
 #include "controller/http_client.h"
@@ -357,6 +359,37 @@ TEST_F(ApiServerTest, ARetriedCreateWithTheSameRequestIdGetsTheSameAllocation) {
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_TRUE(replayed);
   EXPECT_EQ(a->id, Body(first)["id"].get<std::string>());
+}
+
+// Every list pages with a cursor: ?limit=N&after=KEY, "next" while more remain; bad limits are
+// 400; without a limit the whole list comes back as before.
+TEST_F(ApiServerTest, ListsPageWithACursor) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  std::set<std::string> made;
+  for (int i = 0; i < 7; ++i) {
+    auto r = client_->Post("/v1/allocations", R"({"tflops":1,"vram_mib":10})");
+    ASSERT_EQ(r->status, 201) << r->body;
+    made.insert(Body(r)["id"].get<std::string>());
+  }
+  std::set<std::string> seen;
+  std::string after;
+  int pages = 0;
+  for (; pages < 10; ++pages) {
+    auto r = client_->Get("/v1/allocations?limit=3" + (after.empty() ? std::string() : "&after=" + after));
+    ASSERT_EQ(r->status, 200) << r->body;
+    json b = Body(r);
+    EXPECT_LE(b["allocations"].size(), 3u);
+    for (const json& a : b["allocations"]) EXPECT_TRUE(seen.insert(a["id"].get<std::string>()).second) << "no repeats";
+    if (!b.contains("next")) break;
+    after = b["next"].get<std::string>();
+  }
+  EXPECT_EQ(pages, 2);  // 3 + 3 + 1
+  EXPECT_EQ(seen, made);
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 7u);
+  EXPECT_FALSE(Body(client_->Get("/v1/allocations"))["allocations"].is_null());
+  for (const char* bad : {"0", "-1", "10001", "x", "", "3abc"})
+    EXPECT_EQ(client_->Get(std::string("/v1/gpus?limit=") + bad)->status, 400) << bad;
+  EXPECT_EQ(Body(client_->Get("/v1/nodes?limit=1"))["nodes"].size(), 1u);
 }
 
 TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
