@@ -146,37 +146,38 @@ json Array(const std::vector<T>& items, F to_json) {
 }
 
 // A list answer, paged: `?limit=N` (1..10000; absent: everything) and `?after=KEY` (exclusive)
-// over the items sorted by their key; "next" holds the key to pass as `after` while more remain.
-// `items` is the whole list (a JSON array), `key` what orders it.
-template <typename K>
-void ReplyList(const httplib::Request& req, httplib::Response& res, const char* field, json items, K key) {
-  int64_t limit = 0;
+// over the items sorted by `key`; "next" holds the key to pass as `after` while more remain. Only
+// the page is turned into JSON.
+template <typename T, typename K, typename F>
+void ReplyList(const httplib::Request& req, httplib::Response& res, const char* field, std::vector<T> items, K key,
+               F to_json) {
+  size_t limit = items.size();
   if (req.has_param("limit")) {
     const std::string text = req.get_param_value("limit");
     char* end = nullptr;
     errno = 0;
-    limit = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno != 0 || limit < 1 || limit > 10000)
+    const long long n = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno != 0 || n < 1 || n > 10000)
       return ReplyError(res, InvalidArgument("limit must be an integer from 1 to 10000, got '" + text + "'"));
+    limit = static_cast<size_t>(n);
   }
+  std::sort(items.begin(), items.end(), [&](const T& x, const T& y) { return key(x) < key(y); });
   const std::string after = req.get_param_value("after");
-  std::vector<json> sorted(items.begin(), items.end());
-  std::sort(sorted.begin(), sorted.end(), [&](const json& a, const json& b) { return key(a) < key(b); });
+  auto from = after.empty() ? items.begin()
+                            : std::upper_bound(items.begin(), items.end(), after,
+                                               [&](const std::string& k, const T& x) { return k < key(x); });
   json page = json::array();
   json out;
-  for (const json& it : sorted) {
-    if (!after.empty() && key(it) <= after) continue;
-    if (limit > 0 && static_cast<int64_t>(page.size()) == limit) {
-      out["next"] = key(page.back());
+  for (auto it = from; it != items.end(); ++it) {
+    if (page.size() == limit) {
+      out["next"] = key(*std::prev(it));
       break;
     }
-    page.push_back(it);
+    page.push_back(to_json(*it));
   }
   out[field] = std::move(page);
   Reply(res, 200, out);
 }
-
-std::string KeyOf(const json& j, const char* field) { return j.value(field, ""); }
 
 }  // namespace
 
@@ -319,8 +320,8 @@ void ApiServer::Routes() {
   // Pools.
   Record("GET", "/v1/pools");
   s.Get("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "pools", Array(c->ListPools(), [](const Pool& p) { return ToJson(p); }),
-              [](const json& j) { return KeyOf(j, "name"); });
+    ReplyList(req, res, "pools", c->ListPools(), [](const Pool& p) -> const std::string& { return p.name; },
+              [](const Pool& p) { return ToJson(p); });
   });
   Record("POST", "/v1/pools");
   s.Post("/v1/pools", [c](const httplib::Request& req, httplib::Response& res) {
@@ -363,8 +364,8 @@ void ApiServer::Routes() {
   // Tenant quotas.
   Record("GET", "/v1/quotas");
   s.Get("/v1/quotas", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "quotas", Array(c->ListTenantQuotas(), [](const TenantQuota& q) { return ToJson(q); }),
-              [](const json& j) { return KeyOf(j, "tenant"); });
+    ReplyList(req, res, "quotas", c->ListTenantQuotas(), [](const TenantQuota& q) -> const std::string& { return q.tenant; },
+              [](const TenantQuota& q) { return ToJson(q); });
   });
   Record("PUT", R"(/v1/quotas/([^/]+))");
   s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
@@ -394,7 +395,7 @@ void ApiServer::Routes() {
   // Nodes and GPUs.
   Record("GET", "/v1/nodes");
   s.Get("/v1/nodes", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "nodes", Array(c->ListNodes(), NodeJson), [](const json& j) { return KeyOf(j, "name"); });
+    ReplyList(req, res, "nodes", c->ListNodes(), [](const NodeStatus& n) -> const std::string& { return n.node.name; }, NodeJson);
   });
   Record("POST", "/v1/nodes");
   s.Post("/v1/nodes", [c](const httplib::Request& req, httplib::Response& res) {
@@ -470,15 +471,15 @@ void ApiServer::Routes() {
   });
   Record("GET", "/v1/gpus");
   s.Get("/v1/gpus", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "gpus", Array(c->ListGpus(req.get_param_value("pool")), GpuJson),
-              [](const json& j) { return KeyOf(j, "uuid"); });
+    ReplyList(req, res, "gpus", c->ListGpus(req.get_param_value("pool")), [](const GpuStatus& g) -> const std::string& { return g.gpu.uuid; },
+              GpuJson);
   });
 
   // Workloads.
   Record("GET", "/v1/workloads");
   s.Get("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "workloads", Array(c->ListWorkloads(), [](const Workload& w) { return ToJson(w); }),
-              [](const json& j) { return KeyOf(j, "name"); });
+    ReplyList(req, res, "workloads", c->ListWorkloads(), [](const Workload& w) -> const std::string& { return w.name; },
+              [](const Workload& w) { return ToJson(w); });
   });
   Record("POST", "/v1/workloads");
   s.Post("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
@@ -520,17 +521,18 @@ void ApiServer::Routes() {
     std::string node = req.get_param_value("node");
     // Each vGPU with the use its node last reported: use_percent (over the last heartbeat
     // interval; absent until two reports) and throttled_seconds.
-    json list = Array(node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node), [c](const Allocation& a) {
-      json j = ToJson(a);
-      for (json& v : j["vgpus"]) {
-        StatusOr<VgpuUse> u = c->GetVgpuUse(a.id, v.value("gpu", ""));
-        if (!u.ok()) continue;
-        if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
-        v["throttled_seconds"] = u->throttled_seconds;
-      }
-      return j;
-    });
-    ReplyList(req, res, "allocations", std::move(list), [](const json& j) { return KeyOf(j, "id"); });
+    ReplyList(req, res, "allocations", node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node),
+              [](const Allocation& a) -> const std::string& { return a.id; },
+              [c](const Allocation& a) {
+                json j = ToJson(a);
+                for (json& v : j["vgpus"]) {
+                  StatusOr<VgpuUse> u = c->GetVgpuUse(a.id, v.value("gpu", ""));
+                  if (!u.ok()) continue;
+                  if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
+                  v["throttled_seconds"] = u->throttled_seconds;
+                }
+                return j;
+              });
   });
   Record("POST", "/v1/allocations");
   s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
@@ -588,9 +590,8 @@ void ApiServer::Routes() {
   // Evictions: allocations taken back while their tenant may still run (docs/controller.md).
   Record("GET", "/v1/evictions");
   s.Get("/v1/evictions", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "evictions",
-              Array(c->ListEvictions(req.get_param_value("node")), [](const Eviction& e) { return ToJson(e); }),
-              [](const json& j) { return j.contains("allocation") ? KeyOf(j["allocation"], "id") : std::string(); });
+    ReplyList(req, res, "evictions", c->ListEvictions(req.get_param_value("node")),
+              [](const Eviction& e) -> const std::string& { return e.allocation.id; }, [](const Eviction& e) { return ToJson(e); });
   });
   Record("GET", R"(/v1/evictions/([^/]+))");
   s.Get(R"(/v1/evictions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {

@@ -253,7 +253,11 @@ Status Controller::Rebuild() {
       load(kWorkloadPrefix, WorkloadFromJson, workloads_, [](const Workload& w) { return w.name; }));
   TF_RETURN_IF_ERROR(load(kAllocationPrefix, AllocationFromJson, allocations_,
                           [](const Allocation& a) { return a.id; }));
-  for (const auto& [id, a] : allocations_) allocations_by_node_[a.value.node].insert(id);
+  allocation_by_request_.clear();
+  for (const auto& [id, a] : allocations_) {
+    allocations_by_node_[a.value.node].insert(id);
+    if (!a.value.request_id.empty()) allocation_by_request_[a.value.request_id] = id;
+  }
   TF_RETURN_IF_ERROR(load(kQuotaPrefix, TenantQuotaFromJson, quotas_,
                           [](const TenantQuota& q) { return q.tenant; }));
   TF_RETURN_IF_ERROR(load(kEvictionPrefix, EvictionFromJson, evictions_,
@@ -631,10 +635,6 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       k.use.throttled_seconds = static_cast<double>(v.throttled_ns_total) / 1e9;
       k.use.sampled_ms = now;
     }
-    for (auto u = vgpu_use_.begin(); u != vgpu_use_.end();) {  // forget released allocations
-      if (allocations_.count(u->first.substr(0, u->first.find('/')))) ++u;
-      else u = vgpu_use_.erase(u);
-    }
     if (it->second.value.state == NodeState::kReady) return Status::Ok();
     // A lost node came back: it is ready again (allocations released meanwhile stay released).
     Node node = it->second.value;
@@ -704,7 +704,7 @@ double Controller::MaxGpuTflopsLocked() const {
 StatusOr<VgpuUse> Controller::GetVgpuUse(const std::string& allocation, const std::string& gpu_uuid) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = vgpu_use_.find(allocation + "/" + gpu_uuid);
-  if (it == vgpu_use_.end() || !allocations_.count(allocation)) {
+  if (it == vgpu_use_.end()) {
     return NotFound("no use reported for " + allocation + " on " + gpu_uuid);
   }
   return it->second.use;
@@ -756,8 +756,9 @@ StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
     if (w.tflops_limit <= 0) w.tflops_limit = w.tflops;
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
-    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", w.tflops, MaxGpuTflopsLocked()));
-    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", w.tflops_limit, MaxGpuTflopsLocked()));
+    const double bound = MaxGpuTflopsLocked();
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", w.tflops, bound));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", w.tflops_limit, bound));
     if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
     if (workloads_.count(w.name)) return AlreadyExists("workload '" + w.name + "' already exists");
     StatusOr<int64_t> rev = CommitLocked({Compare::Absent(WorkloadKey(w.name))},
@@ -805,14 +806,13 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
   return Durably([&]() -> StatusOr<Allocation> {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
-    if (!req.request_id.empty()) {
-      for (const auto& [id, a] : allocations_) {
-        if (a.value.request_id != req.request_id) continue;
-        if (a.value.tenant != req.tenant)
-          return FailedPrecondition("request_id '" + req.request_id + "' is already used by another tenant");
-        if (replayed) *replayed = true;
-        return a.value;  // the retry of a request whose answer was lost
-      }
+    if (auto known = allocation_by_request_.find(req.request_id);
+        !req.request_id.empty() && known != allocation_by_request_.end()) {
+      const Allocation& a = allocations_.at(known->second).value;
+      if (a.tenant != req.tenant)
+        return FailedPrecondition("request_id '" + req.request_id + "' is already used by another tenant");
+      if (replayed) *replayed = true;
+      return a;  // the retry of a request whose answer was lost
     }
     PlacementRequest pr;
     pr.pool = req.pool;
@@ -850,8 +850,9 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     if (!pr.tenant.empty()) TF_RETURN_IF_ERROR(ValidateName("tenant", pr.tenant));
     TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count, pr.percent, pr.tflops_limit,
                                          pr.percent_limit));
-    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", pr.tflops, MaxGpuTflopsLocked()));
-    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", pr.tflops_limit, MaxGpuTflopsLocked()));
+    const double bound = MaxGpuTflopsLocked();
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", pr.tflops, bound));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", pr.tflops_limit, bound));
     if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
 
     Status last;
@@ -932,6 +933,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         }
         allocations_[a.id] = {a, *rev};
         allocations_by_node_[a.node].insert(a.id);
+        if (!a.request_id.empty()) allocation_by_request_[a.request_id] = a.id;
         ++counters_.allocations_granted;
         return a;
       }
@@ -1028,11 +1030,14 @@ std::vector<Allocation> Controller::ListAllocationsOnNode(const std::string& nod
 }
 
 void Controller::EraseAllocationLocked(std::map<std::string, Versioned<Allocation>>::iterator it) {
-  auto ids = allocations_by_node_.find(it->second.value.node);
+  const Allocation& a = it->second.value;
+  auto ids = allocations_by_node_.find(a.node);
   if (ids != allocations_by_node_.end()) {
     ids->second.erase(it->first);
     if (ids->second.empty()) allocations_by_node_.erase(ids);
   }
+  if (!a.request_id.empty()) allocation_by_request_.erase(a.request_id);
+  for (const Vgpu& v : a.vgpus) vgpu_use_.erase(a.id + "/" + v.gpu_uuid);
   allocations_.erase(it);
 }
 

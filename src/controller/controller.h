@@ -252,6 +252,7 @@ class Controller {
   std::map<std::string, Versioned<Allocation>> allocations_;
   // Allocation ids by node: the agents' per-node sync reads this every second.
   std::unordered_map<std::string, std::set<std::string>> allocations_by_node_;
+  std::unordered_map<std::string, std::string> allocation_by_request_;  // request_id -> allocation id
   std::map<std::string, Versioned<TenantQuota>> quotas_;
   std::map<std::string, Versioned<Eviction>> evictions_;  // by allocation id
   bool placement_dirty_ = true;  // the engine's mirror must be rebuilt before the next Place
@@ -263,7 +264,7 @@ class Controller {
     int64_t busy_ns = 0, sampled_ms = 0;
     VgpuUse use;
   };
-  std::unordered_map<std::string, VgpuCounters> vgpu_use_;           // by "allocation/gpu uuid"
+  std::unordered_map<std::string, VgpuCounters> vgpu_use_;           // by "allocation/gpu uuid"; goes with it
   ControllerCounters counters_;
   CallStageTimes stage_times_;
   std::mt19937_64 rng_;
