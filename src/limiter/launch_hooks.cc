@@ -147,10 +147,6 @@ CUresult Hook_cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 }
 #undef TF_QUIESCED
 
-}  // namespace tf::limiter
-
-namespace tf::limiter {
-
 // ---- stream capture: the governor stops querying streams while a capture begins or runs ----
 
 namespace {

@@ -28,8 +28,8 @@
 #include <climits>
 
 #include "limiter/core/gpu_region.h"
-#include "limiter/core/share_bucket.h"
 #include "limiter/core/process_identity.h"
+#include "limiter/core/share_bucket.h"
 
 namespace tf::limiter {
 namespace {
