@@ -59,11 +59,31 @@ int main(int argc, char** argv) {
                       "who may preempt whom in a pool");
   run_cmd->add_option("--tenant", run.tenant, "tenant whose quota the pooled vGPU counts against (tfusion quota)")
       ->envname("TFUSION_TENANT");
+  run_cmd->add_flag("--tiering", run.tiering,
+                    "movable VRAM: the vGPU can be frozen to host memory (tfusion freeze) and is "
+                    "swapped out when idle");
+  run_cmd->add_option("--idle-swap", run.idle_swap,
+                      "with tiering: swap out after this long without GPU calls, e.g. 10s or 5m; 0 = "
+                      "never (default by QoS: low 10s, medium 60s, high 10m, critical never)");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
   auto* smi_cmd = app.add_subcommand("smi", "show the vGPUs of this machine, their limits and use");
   smi_cmd->add_flag("--processes,-p", smi_processes, "also list processes");
+
+  std::string freeze_vgpu, thaw_vgpu;
+  double freeze_timeout = 120;
+  bool freeze_no_wait = false;
+  auto* freeze_cmd = app.add_subcommand("freeze", "swap a local vGPU's VRAM out to host memory");
+  freeze_cmd->add_option("vgpu", freeze_vgpu, "vGPU name (tfusion smi)")->required();
+  freeze_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
+      ->check(CLI::Range(0.1, 86400.0));
+  freeze_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
+  auto* thaw_cmd = app.add_subcommand("thaw", "bring a frozen local vGPU's VRAM back to the GPU");
+  thaw_cmd->add_option("vgpu", thaw_vgpu, "vGPU name (tfusion smi)")->required();
+  thaw_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
+      ->check(CLI::Range(0.1, 86400.0));
+  thaw_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
 
   std::vector<std::string> worker_listen, worker_env;
   std::string worker_token, worker_driver, worker_ready;
@@ -189,6 +209,10 @@ int main(int argc, char** argv) {
     }
   }
   if (run_cmd->parsed() && !remote.empty()) {
+    if (run.tiering || !run.idle_swap.empty()) {
+      std::fprintf(stderr, "tfusion run: --tiering and --idle-swap work on a local vGPU only, not with --remote\n");
+      return 2;
+    }
     if (!run.vgpu.empty()) {
       std::fprintf(stderr, "tfusion run: --vgpu names a vGPU of this machine; with --remote the "
                            "worker makes one per client from --vram/--tflops/--percent\n");
@@ -241,6 +265,8 @@ int main(int argc, char** argv) {
                                      worker_ready, hooks);
   }
   if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
+  if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait);
+  if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait);
   if (up_cmd->parsed()) return tf::controller::RunUp(up);
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
   if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);

@@ -84,4 +84,28 @@ std::string FormatBytes(uint64_t bytes) {
   return buf;
 }
 
+StatusOr<uint64_t> ParseDurationMs(std::string_view flag, std::string_view text) {
+  const std::string shown(text);
+  if (text == "0" || text == "never") return uint64_t{0};
+  size_t digits = 0;
+  while (digits < text.size() && ((text[digits] >= '0' && text[digits] <= '9') || text[digits] == '.')) ++digits;
+  std::string_view unit = text.substr(digits);
+  double scale = 0;
+  if (unit.empty() || unit == "s") scale = 1000;
+  else if (unit == "ms") scale = 1;
+  else if (unit == "m") scale = 60'000;
+  else if (unit == "h") scale = 3'600'000;
+  auto bad = [&] {
+    return InvalidArgument(std::string(flag) + " " + shown +
+                           ": give a duration such as 500ms, 10s, 5m or 1h (0 or never: off)");
+  };
+  if (digits == 0 || scale == 0) return bad();
+  auto n = ParsePositive(flag, text.substr(0, digits));
+  if (!n.ok()) return bad();
+  double ms = *n * scale;
+  if (ms > 30.0 * 24 * 3'600'000) return InvalidArgument(std::string(flag) + " " + shown + ": at most 30 days");
+  if (ms < 1) return InvalidArgument(std::string(flag) + " " + shown + ": at least 1ms (0 or never: off)");
+  return static_cast<uint64_t>(ms);
+}
+
 }  // namespace tf::cli

@@ -26,6 +26,10 @@ StatusOr<uint64_t> ParseVramLimitMib(std::string_view flag, std::string_view tex
 // A whole number in [0, max].
 StatusOr<uint64_t> ParseCount(std::string_view flag, std::string_view text, uint64_t max);
 
+// Milliseconds for a duration: a number with ms, s, m or h ("500ms", "10s", "5m"); a bare number
+// means seconds. "0" and "never" give 0. At most 30 days.
+StatusOr<uint64_t> ParseDurationMs(std::string_view flag, std::string_view text);
+
 // "79.6 GiB", "512 MiB".
 std::string FormatBytes(uint64_t bytes);
 

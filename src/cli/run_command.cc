@@ -212,11 +212,19 @@ std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
 int RunCommand(const RunOptions& o) {
   if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
   if (o.gpu < 0) return Fail("--gpu must be 0 or more");
+  const bool tiering = o.tiering || !o.idle_swap.empty();
+  std::optional<uint64_t> idle_swap_ms;
+  if (!o.idle_swap.empty()) {
+    auto ms = ParseDurationMs("--idle-swap", o.idle_swap);
+    if (!ms.ok()) return Fail(ms.status().message());
+    idle_swap_ms = *ms;
+  }
   std::optional<Pooled> pooled;
   if (!o.controller.empty()) {
     auto placed = PlaceThroughController(o, LocalGpusIfAny(o));
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
+      if (tiering) return Fail("--tiering and --idle-swap work on a local vGPU only (this one was placed on another node)");
       const std::string& token = o.worker_token.empty() ? o.token : o.worker_token;
       // The worker makes the session a vGPU of the allocation's size on the allocation's GPU.
       RemoteLimits limits;
@@ -265,6 +273,13 @@ int RunCommand(const RunOptions& o) {
     return Fail("cannot open the shared region of GPU " + gpu->uuid + ": " +
                 limiter::RegionErrorName(e) + " " + why.message);
   }
+  if (const char* budget = getenv("TFUSION_HOST_TIER_BUDGET"); budget != nullptr && *budget) {
+    // The host memory the swapped VRAM of this GPU's tenants may take together.
+    auto bytes = std::string(budget) == "0" ? StatusOr<uint64_t>(uint64_t{0})
+                                            : ParseVramSize("TFUSION_HOST_TIER_BUDGET", budget);
+    if (!bytes.ok()) return Fail(bytes.status().message());
+    region.SetHostTierBudget(*bytes);
+  }
   std::string vgpu_id = !pooled_id.empty() ? pooled_id : o.vgpu.empty() ? "run-" + std::to_string(getpid()) : o.vgpu;
   if (vgpu_id.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
   uint32_t existing = 0;
@@ -290,6 +305,11 @@ int RunCommand(const RunOptions& o) {
     uint32_t now = 0;
     guarded = region.FindVgpu(vgpu_id.c_str(), &now) == RegionError::kOk && now == index;
     if (!guarded) region.DetachProcess(guard_slot);  // the slot was reused for another vGPU
+  }
+  if (guarded && tiering) {
+    uint64_t ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(limits->qos);
+    e = region.SetTierPolicy(index, true, ms);
+    if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
 
   std::string ld = *inject;
@@ -475,30 +495,51 @@ int SmiCommand(bool all_processes, double sample_seconds) {
     const limiter::RegionSnapshot& snap = *s.after;
     std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS\n", snap.gpu_uuid, snap.gpu_name,
                 FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0);
-    std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %10s %5s\n", "VGPU", "QOS", "VRAM USED",
-                "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s", "LAUNCHES", "OOMS");
+    std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %10s %5s %-9s %10s\n", "VGPU", "QOS",
+                "VRAM USED", "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s",
+                "LAUNCHES", "OOMS", "TIER", "SWAPPED");
     for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
       const auto& v = snap.vgpus[i];
       const double use = sample_seconds > 0 ? UsePpm(*s.before, snap, v) : -1;
       char use_text[16];
       if (use < 0) std::snprintf(use_text, sizeof(use_text), "-");
       else std::snprintf(use_text, sizeof(use_text), "%.1f%%", use / 10'000.0);
-      std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %10llu %5llu\n", v.id, QosText(v.qos),
-                  FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
+      // Tier: the state its processes are in ("mixed" when they differ), bytes in host memory.
+      uint64_t swapped = 0;
+      int tier_state = -1;
+      for (uint32_t k = 0; k < snap.process_count; ++k) {
+        const auto& p = snap.processes[k];
+        if (p.vgpu_index != v.index || p.tier_state == limiter::kTierOff) continue;
+        swapped += p.host_bytes;
+        tier_state = tier_state < 0 || tier_state == static_cast<int>(p.tier_state) ? static_cast<int>(p.tier_state) : 99;
+      }
+      const char* tier = !v.tier_enabled ? "-" : tier_state < 0 ? "resident" : tier_state == 99 ? "mixed"
+                                                                   : TierStateText(static_cast<uint32_t>(tier_state));
+      std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %10llu %5llu %-9s %10s\n", v.id,
+                  QosText(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
                   Percent(static_cast<double>(v.compute_share_ppm)).c_str(),
                   Percent(static_cast<double>(std::max(v.compute_limit_ppm, v.compute_share_ppm))).c_str(), use_text,
                   v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9,
-                  static_cast<unsigned long long>(v.launches_total), static_cast<unsigned long long>(v.oom_total));
+                  static_cast<unsigned long long>(v.launches_total), static_cast<unsigned long long>(v.oom_total),
+                  tier, v.tier_enabled ? FormatBytes(swapped).c_str() : "-");
     }
     if (all_processes) {
-      std::printf("  %-8s %-24s %12s %12s\n", "PID", "VGPU", "VRAM", "THROTTLED s");
+      std::printf("  %-8s %-24s %12s %12s %-12s %12s %12s %8s\n", "PID", "VGPU", "VRAM", "THROTTLED s", "TIER",
+                  "IN HOST", "FIXED", "IDLE s");
       for (uint32_t i = 0; i < snap.process_count; ++i) {
         const auto& p = snap.processes[i];
         const char* id = "?";
         for (uint32_t k = 0; k < snap.vgpu_count; ++k) {
           if (snap.vgpus[k].index == p.vgpu_index) id = snap.vgpus[k].id;
         }
-        std::printf("  %-8d %-24s %12s %12.3f\n", p.pid, id, FormatBytes(p.vram_bytes).c_str(), p.throttled_ns / 1e9);
+        char idle[24] = "-";
+        if (p.last_active_ns > 0 && snap.snapshot_ns > p.last_active_ns) {
+          std::snprintf(idle, sizeof(idle), "%.1f", (snap.snapshot_ns - p.last_active_ns) / 1e9);
+        }
+        const bool tiered = p.tier_state != limiter::kTierOff;
+        std::printf("  %-8d %-24s %12s %12.3f %-12s %12s %12s %8s\n", p.pid, id, FormatBytes(p.vram_bytes).c_str(),
+                    p.throttled_ns / 1e9, TierStateText(p.tier_state), tiered ? FormatBytes(p.host_bytes).c_str() : "-",
+                    tiered ? FormatBytes(p.fixed_bytes).c_str() : "-", tiered ? idle : "-");
       }
     }
   }

@@ -29,6 +29,8 @@ struct RunOptions {
   std::string pool;        // pool to place in (controller default when empty)
   std::string qos;         // low | medium | high | critical (medium when empty)
   std::string tenant;      // whose quota the allocation counts against (none when empty)
+  bool tiering = false;    // movable VRAM: the vGPU can be frozen (swapped to host memory) and thawed
+  std::string idle_swap;   // swap out after this long idle ("10s", "0"/"never"); default by QoS
   std::vector<std::string> command;
 };
 
@@ -62,5 +64,13 @@ ComputeFlags ComputeFlagsOf(const RunOptions& o);
 // current use (GPU-busy time over `sample_seconds` between two snapshots, as percent of the GPU;
 // 0: no sampling) and time throttled.
 int SmiCommand(bool all_processes, double sample_seconds = 0.5);
+
+// `tfusion freeze VGPU` / `tfusion thaw VGPU`: asks every process of a local vGPU with tiering to
+// swap its VRAM out to host memory (or back in) and waits up to timeout_s for all of them,
+// printing what each did. Exit status 0 when every process did it, 1 when one failed, 2 for bad
+// input (unknown vGPU, tiering off, a swap already in progress).
+// "resident", "swapped", ... for a limiter::TierState ("off" when tiering is not used).
+const char* TierStateText(uint32_t state);
+int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool wait);
 
 }  // namespace tf::cli

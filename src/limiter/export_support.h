@@ -19,7 +19,8 @@ extern std::atomic<bool> g_ready;
 extern driver::DriverTable g_real;
 extern bool g_trace;
 // Set once at initialisation: kernel submissions of this process go through a compute governor
-// (shared mode) or the compute gate (exclusive mode). False: the launch path is one branch.
+// (shared mode), the compute gate (exclusive mode) or the VRAM tiering guard. False: the launch
+// path is one branch.
 extern bool g_launch_governed;
 
 inline const driver::DriverTable& Real() {

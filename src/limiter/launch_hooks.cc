@@ -4,9 +4,20 @@
 #include "limiter/compute_gate.h"
 #include "limiter/compute_governor.h"
 #include "limiter/export_support.h"
+#include "limiter/tiering.h"
 
 namespace tf::limiter {
 namespace {
+
+template <typename Call>
+inline CUresult GovernedLaunch(CUstream stream, bool per_thread, Call&& call);
+
+// Tiering: the launch waits for the tenant's memory to be resident, then is governed as usual.
+template <typename Call>
+inline CUresult SlowLaunch(CUstream stream, bool per_thread, Call&& call) {
+  if (g_tiering) return WithResidentMemory([&] { return GovernedLaunch(stream, per_thread, call); });
+  return GovernedLaunch(stream, per_thread, call);
+}
 
 template <typename Call>
 inline CUresult GovernedLaunch(CUstream stream, bool per_thread, Call&& call) {
@@ -28,7 +39,7 @@ inline CUresult GovernedLaunch(CUstream stream, bool per_thread, Call&& call) {
 template <typename Call>
 inline CUresult Gated(CUstream stream, bool per_thread, Call&& call) {
   if (__builtin_expect(!g_launch_governed, 1)) return call();
-  return GovernedLaunch(stream, per_thread, call);
+  return SlowLaunch(stream, per_thread, call);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
 #include "limiter/runtime.h"
+#include "limiter/tiering.h"
 
 namespace tf::limiter {
 namespace {
@@ -87,7 +88,8 @@ uint64_t ArrayBytes(size_t w, size_t h, size_t d, unsigned channels, CUarray_for
 CUresult Hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   TF_REAL_OR_MISSING(cuMemAlloc_v2)
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {
-    CUresult r = fn(dptr, bytesize);
+    CUresult r = g_tiering && bytesize != 0 ? Tiering::Instance().Allocate(dptr, bytesize)
+                                            : fn(dptr, bytesize);
     if (r == CUDA_SUCCESS) *key = *dptr;
     return r;
   });
@@ -116,7 +118,8 @@ CUresult Hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int
 
 CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
   TF_REAL_OR_MISSING(cuMemFree_v2)
-  CUresult r = fn(dptr);
+  CUresult r = CUDA_SUCCESS;
+  if (!g_tiering || !Tiering::Instance().Free(dptr, &r)) r = fn(dptr);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
   return r;
 }

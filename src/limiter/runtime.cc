@@ -16,6 +16,7 @@
 #include "limiter/compute_governor.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
+#include "limiter/tiering.h"
 
 extern "C" {
 void* tf_opaque_slots[tf::driver::kFunctionCount] = {};
@@ -102,7 +103,9 @@ void InitOnce() {
   Binding* bound = g_binding.configured && !g_binding.failed ? &g_binding : nullptr;
   ComputeGate::Instance().Configure(exclusive ? bound : nullptr);
   ComputeGovernor::Instance().Configure(bound, exclusive);
-  g_launch_governed = ComputeGate::Instance().throttled() || ComputeGovernor::Instance().governed();
+  Tiering::Instance().Configure(bound);
+  g_launch_governed =
+      ComputeGate::Instance().throttled() || ComputeGovernor::Instance().governed() || g_tiering;
   g_ready.store(true, std::memory_order_release);
 }
 
@@ -113,6 +116,7 @@ void AtForkChild() {
   g_binding.slot_pid = 0;
   ComputeGate::Instance().ResetAfterFork();
   ComputeGovernor::Instance().ResetAfterFork();
+  Tiering::Instance().ResetAfterFork();
 }
 
 // Load-time set-up that touches neither CUDA nor the environment: the opaque forwarders answer
@@ -131,6 +135,7 @@ void DetachAtExit() {
   if (!g_ready.load(std::memory_order_acquire)) return;
   ComputeGate::Instance().Shutdown();
   ComputeGovernor::Instance().Shutdown();
+  Tiering::Instance().Shutdown();
   if (g_binding.configured && !g_binding.failed && g_binding.slot_pid == static_cast<int>(getpid())) {
     g_binding.region.DetachProcess(g_binding.slot);
     g_binding.slot_pid = 0;

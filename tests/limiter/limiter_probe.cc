@@ -230,6 +230,83 @@ int LaunchLoop(long n) {
   return 0;
 }
 
+// VRAM tiering, driven by the test through files in `dir`: fills three buffers, says "ready" and
+// waits for "go" (the test freezes the vGPU meanwhile); then makes host-only calls and an
+// allocation while swapped, says "hostonly" and waits for "go2"; then reads every buffer back
+// (which resumes the tenant) and launches a kernel, printing whether the contents survived; then
+// says "verified" and waits for "go3" (a second freeze and an explicit thaw) and checks again.
+bool WaitFile(const std::string& path) {
+  for (int i = 0; i < 6000; ++i) {
+    if (access(path.c_str(), F_OK) == 0) return true;
+    usleep(10'000);
+  }
+  return false;
+}
+
+void Touch(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f) std::fclose(f);
+}
+
+int Tier(const std::string& dir) {
+  Setup();
+  const size_t sizes[] = {3u << 20, 64u << 20, (130u << 20) + 12345};
+  CUdeviceptr bufs[3];
+  std::vector<std::vector<unsigned char>> want(3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(cuMemAlloc(&bufs[i], sizes[i]));
+    want[i].resize(sizes[i]);
+    uint32_t x = 0x9E3779B9u * (i + 1);
+    for (auto& b : want[i]) {
+      x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+      b = static_cast<unsigned char>(x);
+    }
+    CHECK(cuMemcpyHtoD(bufs[i], want[i].data(), sizes[i]));
+  }
+  CHECK(cuCtxSynchronize());
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  size_t free = 0, total = 0;
+  CHECK(cuMemGetInfo(&free, &total));
+  CUdevice dev;
+  CHECK(cuCtxGetDevice(&dev));
+  CUdeviceptr late;
+  CHECK(cuMemAlloc(&late, 1u << 20));
+  Touch(dir + "/hostonly");
+  if (!WaitFile(dir + "/go2")) return 4;
+  auto verify = [&](const char* round) {
+    int same = 0;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<unsigned char> got(sizes[i]);
+      CHECK(cuMemcpyDtoH(got.data(), bufs[i], sizes[i]));
+      same += got == want[i];
+    }
+    std::printf("%s_identical=%d\n", round, same);
+  };
+  verify("first");
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction fill;
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  unsigned value = 0xC0FFEE;
+  size_t n = 256;
+  void* params[] = {&late, &value, &n};
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
+  unsigned first = 0;
+  CHECK(cuMemcpyDtoH(&first, late, sizeof(first)));
+  std::printf("kernel_after_resume=%s\n", first == value ? "ok" : "wrong");
+  std::fflush(stdout);
+  Touch(dir + "/verified");
+  if (!WaitFile(dir + "/go3")) return 4;
+  verify("second");
+  CHECK(cuMemcpyDtoH(&first, late, sizeof(first)));
+  std::printf("late_buffer=%s\n", first == value ? "ok" : "wrong");
+  for (auto b : bufs) CHECK(cuMemFree(b));
+  CHECK(cuMemFree(late));
+  std::printf("freed=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -240,6 +317,7 @@ int main(int argc, char** argv) {
   if (cmd == "hold" && argc > 2) return Hold(std::strtoull(argv[2], nullptr, 10));
   if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
+  if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;
 }

@@ -156,6 +156,141 @@ TEST_F(LimiterRunTest, ManyShortRunsOfOneVgpuNeverLoseItUnderEachOther) {
   EXPECT_EQ(Run(env_ + TF_TFUSION + " smi").out.find("crowd"), std::string::npos);
 }
 
+// VRAM tiering on the fake driver (its VMM calls keep real host-memory contents): a tenant frozen
+// by `tfusion freeze` gives its movable VRAM to the host tier, host-only calls and allocations do
+// not wake it, its first GPU call restores every byte at the same addresses, and an explicit thaw
+// brings it back too.
+class TieringTest : public LimiterRunTest {
+ protected:
+  pid_t StartTenant(const std::string& flags) {
+    std::string cmd = Tfusion(flags, "tier " + dir_) + " > " + dir_ + "/tenant.out 2>&1";
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    return pid;
+  }
+  bool WaitFor(const std::string& name) {
+    for (int i = 0; i < 400; ++i) {
+      if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  }
+  void Touch(const std::string& name) { ASSERT_EQ(Run("touch " + dir_ + "/" + name).rc, 0); }
+  Result Tf(const std::string& args) { return Run(env_ + TF_TFUSION + " " + args); }
+  int Finish(pid_t pid) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+};
+
+TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
+  pid_t pid = StartTenant("--vram 1GiB --vgpu cold --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze cold");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  // 3 + 64 + 131 MiB rounded to the 2 MiB granularity: 200 MiB in host memory.
+  EXPECT_NE(frozen.out.find("swapped, 200 MiB movable (200 MiB in host memory)"), std::string::npos) << frozen.out;
+  Result smi = Tf("smi -p");
+  EXPECT_NE(smi.out.find("swapped"), std::string::npos) << smi.out;
+  Touch("go");
+  ASSERT_TRUE(WaitFor("hostonly")) << Run("cat " + dir_ + "/tenant.out").out;
+  smi = Tf("smi -p");
+  EXPECT_NE(smi.out.find("swapped"), std::string::npos) << "host-only calls and an allocation must not wake it\n"
+                                                          << smi.out;
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  smi = Tf("smi -p");
+  EXPECT_NE(smi.out.find("resident"), std::string::npos) << smi.out;
+  // A second cycle ended by an explicit thaw.
+  frozen = Tf("freeze cold");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 202 MiB movable"), std::string::npos) << frozen.out;
+  Result thawed = Tf("thaw cold");
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  EXPECT_NE(thawed.out.find("resident"), std::string::npos) << thawed.out;
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  Result out = Run("cat " + dir_ + "/tenant.out");
+  EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("kernel_after_resume=ok"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("late_buffer=ok"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("freed=1"), std::string::npos) << out.out;
+}
+
+TEST_F(TieringTest, AnIdleTenantIsSwappedOutByItsTimeout) {
+  pid_t pid = StartTenant("--vram 1GiB --vgpu idle --idle-swap 300ms");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  bool swapped = false;
+  for (int i = 0; i < 100 && !swapped; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    swapped = Tf("smi").out.find("swapped") != std::string::npos;
+  }
+  EXPECT_TRUE(swapped) << Tf("smi -p").out;
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  Result out = Run("cat " + dir_ + "/tenant.out");
+  EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+}
+
+TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
+  env_ += "TFUSION_HOST_TIER_BUDGET=64MiB ";
+  pid_t pid = StartTenant("--vram 1GiB --vgpu tight --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze tight");
+  EXPECT_EQ(frozen.rc, 1) << frozen.out;
+  EXPECT_NE(frozen.out.find("FAILED"), std::string::npos) << frozen.out;
+  EXPECT_NE(frozen.out.find("resident"), std::string::npos) << frozen.out;
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  Result out = Run("cat " + dir_ + "/tenant.out");
+  EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("budget"), std::string::npos) << "the tenant's log says why\n" << out.out;
+}
+
+TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
+  Result unknown = Tf("freeze nosuch");
+  EXPECT_EQ(unknown.rc, 2);
+  EXPECT_NE(unknown.out.find("no vGPU 'nosuch'"), std::string::npos) << unknown.out;
+  // A vGPU without tiering.
+  std::string holder = Tfusion("--vram 1GiB --vgpu plain", "hold 64") + " > " + dir_ + "/plain.out 2>&1";
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", ("exec env " + holder).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  bool holding = false;
+  for (int i = 0; i < 100 && !holding; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    holding = Run("cat " + dir_ + "/plain.out").out.find("holding=64") != std::string::npos;
+  }
+  ASSERT_TRUE(holding);
+  Result plain = Tf("freeze plain");
+  EXPECT_EQ(plain.rc, 2);
+  EXPECT_NE(plain.out.find("does not have VRAM tiering"), std::string::npos) << plain.out;
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  Result bad = Run(Tfusion("--vram 1GiB --idle-swap 5parsecs", "alloc"));
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.out.find("--idle-swap 5parsecs"), std::string::npos) << bad.out;
+}
+
 TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
   Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
   ASSERT_EQ(full.rc, 0) << full.out;

@@ -266,6 +266,8 @@ RegionError GpuRegion::Create(const char* dir, const char* uuid, const char* nam
   }
   auto* l = new (base + kLeaseOffset) LeaseBlock;
   l->lease_deadline_ns.store(kNoDeadline, std::memory_order_relaxed);
+  auto* th = new (base + kTierHeaderOffset) TierHeader;
+  th->host_budget_bytes.store(DefaultHostTierBudget(total_vram_bytes), std::memory_order_relaxed);
   if (!ok) {
     munmap(p, kRegionTotalSize);
     unlink(tmp);
@@ -355,6 +357,7 @@ RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_by
   v->throttled_ns_total.store(0, std::memory_order_relaxed);
   v->launches_total.store(0, std::memory_order_relaxed);
   v->leases_total.store(0, std::memory_order_relaxed);
+  ResetVgpuTier(TierOfVgpu(static_cast<uint32_t>(free_index)));
   v->state.store(kSlotActive, std::memory_order_release);  // publish last
   if (index_out != nullptr) *index_out = static_cast<uint32_t>(free_index);
   return RegionError::kOk;
@@ -409,6 +412,7 @@ RegionError GpuRegion::AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* s
       p->vram_bytes.store(0, std::memory_order_relaxed);
       p->throttled_ns.store(0, std::memory_order_relaxed);
       p->wait_since_ns.store(0, std::memory_order_relaxed);
+      ResetProcessTier(TierOfProcess(i));
       p->state.store(kSlotActive, std::memory_order_release);  // publish last
       if (slot_out != nullptr) *slot_out = i;
       return RegionError::kOk;
@@ -427,6 +431,10 @@ void GpuRegion::FreeProcessSlotLocked(uint32_t slot) {
   uint64_t used = v->vram_used_bytes.load(std::memory_order_relaxed);
   v->vram_used_bytes.store(used >= held ? used - held : 0, std::memory_order_relaxed);
   p->vram_bytes.store(0, std::memory_order_relaxed);
+  // A process gone while swapped: its host copy died with it; its share of the budget returns.
+  ProcessTier* t = TierOfProcess(slot);
+  ReleaseHostTier(t->host_bytes.exchange(0, std::memory_order_relaxed));
+  t->state.store(kTierOff, std::memory_order_relaxed);
   ClearWaiting(p);
   p->state.store(kSlotFree, std::memory_order_release);
 }
@@ -506,6 +514,14 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
   if (out->contention_scale_ppm == 0) out->contention_scale_ppm = kShareWholeGpuPpm;
   out->snapshot_ns = MonotonicNowNs();
   out->active_processes = share()->active_processes.load(std::memory_order_relaxed);
+  const TierHeader* th = tier_header();
+  out->host_tier_budget_bytes = th->host_budget_bytes.load(std::memory_order_relaxed);
+  out->host_tier_used_bytes = th->host_used_bytes.load(std::memory_order_relaxed);
+  out->swaps_out_total = th->swaps_out_total.load(std::memory_order_relaxed);
+  out->swaps_in_total = th->swaps_in_total.load(std::memory_order_relaxed);
+  out->bytes_out_total = th->bytes_out_total.load(std::memory_order_relaxed);
+  out->bytes_in_total = th->bytes_in_total.load(std::memory_order_relaxed);
+  out->swap_failures_total = th->swap_failures_total.load(std::memory_order_relaxed);
   uint32_t counts[kMaxVgpus] = {};
   for (uint32_t i = 0; i < kMaxProcesses; ++i) {
     const ProcessSlot* p = process(i);
@@ -520,6 +536,17 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     pi.waiting = p->wait_since_ns.load(std::memory_order_relaxed) != 0;
     pi.active_until_ns = p->active_until_ns.load(std::memory_order_relaxed);
     pi.holds_lease = owner == i + 1;
+    const ProcessTier* t = TierOfProcess(i);
+    pi.tier_state = t->state.load(std::memory_order_relaxed);
+    pi.tier_last_error = t->last_error.load(std::memory_order_relaxed);
+    pi.last_active_ns = t->last_active_ns.load(std::memory_order_relaxed);
+    pi.movable_bytes = t->movable_bytes.load(std::memory_order_relaxed);
+    pi.host_bytes = t->host_bytes.load(std::memory_order_relaxed);
+    pi.fixed_bytes = t->fixed_bytes.load(std::memory_order_relaxed);
+    pi.swaps_out = t->swaps_out.load(std::memory_order_relaxed);
+    pi.swaps_in = t->swaps_in.load(std::memory_order_relaxed);
+    pi.last_out_us = t->last_out_us.load(std::memory_order_relaxed);
+    pi.last_in_us = t->last_in_us.load(std::memory_order_relaxed);
     if (pi.vgpu_index < kMaxVgpus) ++counts[pi.vgpu_index];
   }
   for (uint32_t i = 0; i < kMaxVgpus; ++i) {
@@ -544,6 +571,8 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     vi.oom_total = v->oom_total.load(std::memory_order_relaxed);
     vi.drift_events = v->drift_events.load(std::memory_order_relaxed);
     vi.process_count = counts[i];
+    vi.tier_enabled = TierOfVgpu(i)->enabled.load(std::memory_order_relaxed) != 0;
+    vi.idle_swap_ms = TierOfVgpu(i)->idle_swap_ms.load(std::memory_order_relaxed);
   }
 }
 

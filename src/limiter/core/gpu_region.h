@@ -88,6 +88,8 @@ struct VgpuInfo {
   uint64_t oom_total;
   uint64_t drift_events;
   uint32_t process_count;
+  bool tier_enabled;            // its processes allocate movable VRAM
+  uint64_t idle_swap_ms;        // idle time before an automatic swap-out; 0 = never
 };
 
 struct ProcessInfo {
@@ -100,6 +102,17 @@ struct ProcessInfo {
   bool waiting;
   bool holds_lease;
   int64_t active_until_ns;      // shared mode: GPU work in flight until then (CLOCK_MONOTONIC)
+  // VRAM tiering (ProcessTier): where its movable VRAM is.
+  uint32_t tier_state;          // TierState
+  uint32_t tier_last_error;     // CUresult of its last failed swap, 0 = none
+  int64_t last_active_ns;       // CLOCK_MONOTONIC ns of its last GPU call seen; 0 = unknown
+  uint64_t movable_bytes;
+  uint64_t host_bytes;          // of movable_bytes, now in the host tier
+  uint64_t fixed_bytes;         // charged VRAM that cannot move
+  uint32_t swaps_out;
+  uint32_t swaps_in;
+  uint32_t last_out_us;
+  uint32_t last_in_us;
 };
 
 // A point-in-time copy for `tfusion smi` (values are read without locks: each is exact, the set
@@ -114,11 +127,22 @@ struct RegionSnapshot {
   uint64_t contention_scale_ppm;  // shared mode: raw busy time is charged x this / 1e6
   uint32_t active_processes;      // shared mode: processes with work in flight at the last tick
   int64_t snapshot_ns;            // CLOCK_MONOTONIC ns the snapshot was taken
+  uint64_t host_tier_budget_bytes;
+  uint64_t host_tier_used_bytes;
+  uint64_t swaps_out_total, swaps_in_total, bytes_out_total, bytes_in_total, swap_failures_total;
   uint32_t vgpu_count;
   VgpuInfo vgpus[kMaxVgpus];
   uint32_t process_count;
   ProcessInfo processes[kMaxProcesses];
 };
+
+// Zeroes a vGPU's or a process's tier block (a new vGPU, a newly attached process).
+void ResetVgpuTier(VgpuTier* t);
+void ResetProcessTier(ProcessTier* t);
+// Idle time before an automatic swap-out by QoS (0 low .. 3 critical): 10 s, 60 s, 10 min, never.
+uint64_t DefaultIdleSwapMs(uint32_t qos);
+// The host tier of a new region: the GPU's VRAM, at most half of this machine's memory.
+uint64_t DefaultHostTierBudget(uint64_t total_vram_bytes);
 
 class GpuRegion {
  public:
@@ -252,6 +276,26 @@ class GpuRegion {
                          bool in_flight, bool held);
   // The process has no work in flight and wants nothing (stops counting it as active).
   void ShareIdle(uint32_t slot);
+
+  // ---- VRAM tiering (tier_region.cc; the protocol is in docs/shm-layout.md) ----
+  // Owner side: whether the vGPU's processes allocate movable VRAM, and its idle timeout
+  // (0 = never swapped automatically). Read by a process when it binds.
+  RegionError SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t idle_swap_ms);
+  // Bytes of host memory the swapped copies of this GPU's tenants may hold together (0: none).
+  void SetHostTierBudget(uint64_t bytes);
+  // Asks every process of the vGPU to swap its movable VRAM out (freeze) or back in (thaw) and
+  // returns the request's generation (compare with ProcessTier::freeze_done_gen/thaw_done_gen).
+  // kInvalidArgument for a vGPU without tiering, kNotFound for a free slot.
+  RegionError RequestFreeze(uint32_t vgpu_index, uint32_t* gen_out);
+  RegionError RequestThaw(uint32_t vgpu_index, uint32_t* gen_out);
+  // Host-tier budget: true when `bytes` more fit (then counted as used).
+  bool ReserveHostTier(uint64_t bytes);
+  void ReleaseHostTier(uint64_t bytes);
+  // The tier blocks, for the limiter of the process that owns `slot` (writer) and for readers.
+  // nullptr for an index out of range.
+  VgpuTier* TierOfVgpu(uint32_t vgpu_index) const;
+  ProcessTier* TierOfProcess(uint32_t slot) const;
+  TierHeader* tier_header() const { return reinterpret_cast<TierHeader*>(base_ + kTierHeaderOffset); }
 
   // ---- observation ----
   void Snapshot(RegionSnapshot* out) const;

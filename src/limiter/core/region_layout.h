@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 2.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 3.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -146,13 +146,71 @@ struct alignas(kCacheLine) ShareBlock {
   uint8_t reserved[40];
 };
 
+// ---- VRAM tiering (layout 3): after the ShareBlock, one TierHeader, then a VgpuTier per vGPU
+// slot and a ProcessTier per process slot (same indices).
+
+// Where a process's movable VRAM is (ProcessTier::state).
+enum TierState : uint32_t {
+  kTierOff = 0,          // the process does not use movable allocations
+  kTierResident = 1,     // every range is in VRAM
+  kTierSwappingOut = 2,  // quiescing and copying out
+  kTierSwapped = 3,      // its movable ranges are in the host tier, their VRAM released
+  kTierSwappingIn = 4,   // restoring
+};
+
+// 64 bytes, one per GPU. The host tier's budget for the swapped copies of every process of this
+// GPU; host_used_bytes is reserved before a swap-out copies and returned after the swap-in (or by
+// the reap of a process that died while swapped).
+struct alignas(kCacheLine) TierHeader {
+  std::atomic<uint64_t> host_budget_bytes;  // 0 = no host tier (swap-out refused)
+  std::atomic<uint64_t> host_used_bytes;
+  std::atomic<uint64_t> swaps_out_total;    // completed swap-outs, every process
+  std::atomic<uint64_t> swaps_in_total;
+  std::atomic<uint64_t> bytes_out_total;
+  std::atomic<uint64_t> bytes_in_total;
+  std::atomic<uint64_t> swap_failures_total;
+  uint8_t reserved[8];
+};
+
+// 64 bytes per vGPU slot. Written by the vGPU's owner (policy) and by freeze/thaw requests; read by
+// the tier thread in each of the vGPU's processes. Reset when the vGPU slot is created.
+struct alignas(kCacheLine) VgpuTier {
+  std::atomic<uint32_t> enabled;           // 1: its processes allocate movable VRAM
+  std::atomic<uint32_t> freeze_gen;        // bumped by each freeze request
+  std::atomic<uint32_t> thaw_gen;          // bumped by each thaw request
+  uint32_t reserved0;
+  std::atomic<uint64_t> idle_swap_ms;      // swap out after this long without GPU calls; 0 = never
+  uint8_t reserved[40];
+};
+
+// 64 bytes per process slot, written only by the limiter of that process (its tier thread and
+// its swap paths); read by `tfusion smi`, the node agent and freeze/thaw waiters. Reset when the
+// process slot is attached.
+struct alignas(kCacheLine) ProcessTier {
+  std::atomic<uint32_t> state;             // TierState
+  std::atomic<uint32_t> last_error;        // CUresult of the last failed swap (0 = none)
+  std::atomic<uint32_t> freeze_done_gen;   // the last VgpuTier::freeze_gen it acted on
+  std::atomic<uint32_t> thaw_done_gen;     // the last VgpuTier::thaw_gen it acted on
+  std::atomic<int64_t> last_active_ns;     // CLOCK_MONOTONIC ns of its last GPU call seen
+  std::atomic<uint64_t> movable_bytes;     // bytes of movable ranges (resident or not)
+  std::atomic<uint64_t> host_bytes;        // bytes of them now in the host tier
+  std::atomic<uint64_t> fixed_bytes;       // charged VRAM that cannot move (pools, arrays, ...)
+  std::atomic<uint32_t> swaps_out;         // completed swap-outs
+  std::atomic<uint32_t> swaps_in;          // completed swap-ins
+  std::atomic<uint32_t> last_out_us;       // duration of the last swap-out
+  std::atomic<uint32_t> last_in_us;        // duration of the last swap-in
+};
+
 inline constexpr int64_t kNoDeadline = INT64_MAX;
 
 inline constexpr uint64_t kVgpuArrayOffset = sizeof(RegionHeader);
 inline constexpr uint64_t kProcessArrayOffset = kVgpuArrayOffset + kMaxVgpus * sizeof(VgpuSlot);
 inline constexpr uint64_t kLeaseOffset = kProcessArrayOffset + kMaxProcesses * sizeof(ProcessSlot);
 inline constexpr uint64_t kShareOffset = kLeaseOffset + sizeof(LeaseBlock);
-inline constexpr uint64_t kRegionTotalSize = kShareOffset + sizeof(ShareBlock);
+inline constexpr uint64_t kTierHeaderOffset = kShareOffset + sizeof(ShareBlock);
+inline constexpr uint64_t kVgpuTierOffset = kTierHeaderOffset + sizeof(TierHeader);
+inline constexpr uint64_t kProcessTierOffset = kVgpuTierOffset + kMaxVgpus * sizeof(VgpuTier);
+inline constexpr uint64_t kRegionTotalSize = kProcessTierOffset + kMaxProcesses * sizeof(ProcessTier);
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
@@ -181,6 +239,11 @@ static_assert(sizeof(ShareBlock) == 64 && std::is_standard_layout_v<ShareBlock>)
 static_assert(offsetof(VgpuSlot, qos) == 4 && offsetof(VgpuSlot, compute_limit_ppm) == 48);
 static_assert(offsetof(VgpuSlot, request_tokens_ns) == 240 && offsetof(VgpuSlot, last_demand_ns) == 248);
 static_assert(offsetof(ProcessSlot, active_until_ns) == 48);
-static_assert(kShareOffset == 49728 && kRegionTotalSize == 49792);
+static_assert(kShareOffset == 49728 && kTierHeaderOffset == 49792);
+static_assert(sizeof(TierHeader) == 64 && sizeof(VgpuTier) == 64 && sizeof(ProcessTier) == 64);
+static_assert(std::is_standard_layout_v<TierHeader> && std::is_standard_layout_v<VgpuTier> &&
+              std::is_standard_layout_v<ProcessTier>);
+static_assert(offsetof(ProcessTier, last_active_ns) == 16 && offsetof(ProcessTier, swaps_out) == 48);
+static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952 && kRegionTotalSize == 86720);
 
 }  // namespace tf::limiter

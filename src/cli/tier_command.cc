@@ -1,0 +1,158 @@
+// `tfusion freeze` and `tfusion thaw`: VRAM tiering requests for a local vGPU, made through its
+// GPU region and carried out by the limiter inside each of its processes.
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/local_vgpu.h"
+#include "cli/quantity.h"
+#include "cli/run_command.h"
+#include "hypervisor/quota_regions.h"
+#include "limiter/core/gpu_region.h"
+
+namespace tf::cli {
+namespace {
+
+using limiter::GpuRegion;
+using limiter::RegionError;
+
+double NowS() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+const char* TierStateName(uint32_t s) {
+  switch (s) {
+    case limiter::kTierResident: return "resident";
+    case limiter::kTierSwappingOut: return "swapping out";
+    case limiter::kTierSwapped: return "swapped";
+    case limiter::kTierSwappingIn: return "swapping in";
+    default: return "off";
+  }
+}
+
+// Generation `done` has reached `gen` (both wrap around).
+bool Reached(uint32_t done, uint32_t gen) { return static_cast<int32_t>(done - gen) >= 0; }
+
+struct Found {
+  GpuRegion region;
+  uint32_t index = 0;
+};
+
+}  // namespace
+
+const char* TierStateText(uint32_t state) { return TierStateName(state); }
+
+int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool wait) {
+  const char* verb = freeze ? "freeze" : "thaw";
+  if (vgpu.empty() || vgpu.size() >= limiter::kVgpuIdBytes) {
+    std::fprintf(stderr, "tfusion %s: give a vGPU name of 1 to 63 characters (tfusion smi lists them)\n", verb);
+    return 2;
+  }
+  std::unique_ptr<Found> found;
+  for (const auto& f : hypervisor::RegionFiles(RegionDir())) {
+    auto c = std::make_unique<Found>();
+    if (GpuRegion::Attach(f.c_str(), &c->region) != RegionError::kOk) continue;
+    if (c->region.FindVgpu(vgpu.c_str(), &c->index) == RegionError::kOk) {
+      found = std::move(c);
+      break;
+    }
+  }
+  if (!found) {
+    std::fprintf(stderr, "tfusion %s: no vGPU '%s' on this machine (tfusion smi lists them)\n", verb, vgpu.c_str());
+    return 2;
+  }
+  GpuRegion& region = found->region;
+  region.ReapDeadOfVgpu(found->index);
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  region.Snapshot(snap.get());
+  bool enabled = false;
+  for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+    if (snap->vgpus[i].index == found->index) enabled = snap->vgpus[i].tier_enabled;
+  }
+  if (!enabled) {
+    std::fprintf(stderr,
+                 "tfusion %s: vGPU '%s' does not have VRAM tiering (start its processes with tfusion run "
+                 "--tiering)\n", verb, vgpu.c_str());
+    return 2;
+  }
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    if (p.vgpu_index != found->index) continue;
+    if (p.tier_state == limiter::kTierSwappingOut || p.tier_state == limiter::kTierSwappingIn) {
+      std::fprintf(stderr, "tfusion %s: vGPU '%s' is already %s (process %d); try again when it is done\n",
+                   verb, vgpu.c_str(), TierStateName(p.tier_state), p.pid);
+      return 2;
+    }
+  }
+  uint32_t gen = 0;
+  RegionError e = freeze ? region.RequestFreeze(found->index, &gen) : region.RequestThaw(found->index, &gen);
+  if (e != RegionError::kOk) {
+    std::fprintf(stderr, "tfusion %s: %s\n", verb, limiter::RegionErrorName(e));
+    return 1;
+  }
+  if (!wait) {
+    std::printf("%s requested for vGPU '%s'\n", freeze ? "Freeze" : "Thaw", vgpu.c_str());
+    return 0;
+  }
+  // Wait until every live process of the vGPU that uses tiering has acted on this request.
+  const double start = NowS();
+  double last_report = start;
+  for (;;) {
+    region.ReapDeadOfVgpu(found->index);
+    region.Snapshot(snap.get());
+    int pending = 0;
+    uint64_t moved = 0, total = 0;
+    for (uint32_t i = 0; i < snap->process_count; ++i) {
+      const auto& p = snap->processes[i];
+      if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
+      const limiter::ProcessTier* t = region.TierOfProcess(p.slot);
+      uint32_t done = freeze ? t->freeze_done_gen.load() : t->thaw_done_gen.load();
+      if (!Reached(done, gen)) ++pending;
+      total += p.movable_bytes;
+      moved += freeze ? p.host_bytes : p.movable_bytes - p.host_bytes;
+    }
+    const double now = NowS();
+    if (pending == 0) break;
+    if (now - start > timeout_s) {
+      std::fprintf(stderr, "tfusion %s: %d process(es) of vGPU '%s' did not finish within %.0f s\n", verb,
+                   pending, vgpu.c_str(), timeout_s);
+      return 1;
+    }
+    if (now - last_report >= 1.0) {
+      std::printf("  %s of %s %s, %d process(es) still working\n", FormatBytes(moved).c_str(),
+                  FormatBytes(total).c_str(), freeze ? "in host memory" : "back in VRAM", pending);
+      std::fflush(stdout);
+      last_report = now;
+    }
+    usleep(5'000);
+  }
+  int rc = 0;
+  int shown = 0;
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
+    ++shown;
+    bool ok = freeze ? (p.tier_state == limiter::kTierSwapped || p.movable_bytes == 0)
+                     : p.tier_state == limiter::kTierResident;
+    double ms = (freeze ? p.last_out_us : p.last_in_us) / 1000.0;
+    if (ok) {
+      std::printf("process %d: %s, %s movable (%s in host memory), %s fixed; last %s %.1f ms\n", p.pid,
+                  TierStateName(p.tier_state), FormatBytes(p.movable_bytes).c_str(), FormatBytes(p.host_bytes).c_str(),
+                  FormatBytes(p.fixed_bytes).c_str(), freeze ? "swap-out" : "swap-in", ms);
+    } else {
+      rc = 1;
+      std::printf("process %d: %s FAILED (CUDA error %u): it keeps running %s\n", p.pid, verb, p.tier_last_error,
+                  freeze ? "resident" : "swapped; its next GPU call retries");
+    }
+  }
+  if (shown == 0) std::printf("vGPU '%s' has no process holding movable VRAM: nothing to %s\n", vgpu.c_str(), verb);
+  return rc;
+}
+
+}  // namespace tf::cli

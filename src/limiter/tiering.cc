@@ -1,0 +1,550 @@
+// VRAM tiering in the tenant process: movable ranges, swap-out to pinned host memory, swap-in on
+// the first call that needs the GPU, and the tier thread that acts on freeze/thaw requests and
+// the idle timeout. See tiering.h.
+#include "limiter/tiering.h"
+
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "limiter/core/process_identity.h"
+#include "limiter/export_support.h"
+#include "limiter/guest_log.h"
+#include "limiter/runtime.h"
+
+namespace tf::limiter {
+
+bool g_tiering = false;
+std::atomic<int64_t> g_tier_inflight{0};
+std::atomic<uint32_t> g_tier_blocked{0};
+std::atomic<uint32_t> g_tier_touched{0};
+
+namespace {
+
+constexpr size_t kCopyPiece = 64ull << 20;   // one async copy
+constexpr int kCopyStreams = 4;              // copies in flight
+constexpr int64_t kTickNs = 10'000'000;      // tier thread period
+constexpr int64_t kQuiesceTimeoutNs = 30'000'000'000;
+
+struct Range {
+  size_t size = 0;                        // reserved and mapped bytes (granularity multiple)
+  CUmemGenericAllocationHandle handle = 0;  // 0 while swapped
+  int device = 0;
+  CUcontext ctx = nullptr;
+  void* host = nullptr;                   // the swapped copy (pinned), nullptr while resident
+  bool resident = true;
+};
+
+struct State {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;   // everything below
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;     // tier thread stop
+  Binding* binding = nullptr;
+  std::map<CUdeviceptr, Range> ranges;
+  uint32_t state = kTierResident;
+  uint64_t movable = 0;
+  uint64_t host = 0;
+  bool thread_started = false;
+  bool stop = false;
+  pthread_t thread{};
+  int64_t last_active_ns = 0;
+  uint32_t freeze_done = 0;
+  uint32_t thaw_done = 0;
+};
+
+State& S() {
+  static State* s = new State();  // never destroyed: tenant threads may run during exit
+  return *s;
+}
+
+int64_t Now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+ProcessTier* MyTier(State& s) {
+  Binding* b = s.binding != nullptr ? Bound() : nullptr;
+  return b != nullptr ? b->region.TierOfProcess(b->slot) : nullptr;
+}
+
+// REQUIRES s.mu. Mirrors the process-local state into its region slot.
+void Publish(State& s) {
+  ProcessTier* t = MyTier(s);
+  if (t == nullptr) return;
+  t->state.store(s.state, std::memory_order_relaxed);
+  t->movable_bytes.store(s.movable, std::memory_order_relaxed);
+  t->host_bytes.store(s.host, std::memory_order_relaxed);
+  uint64_t charged = s.binding->region.ProcessBytes(s.binding->slot);
+  t->fixed_bytes.store(charged > s.movable ? charged - s.movable : 0, std::memory_order_relaxed);
+  t->last_active_ns.store(s.last_active_ns, std::memory_order_relaxed);
+}
+
+size_t Granularity(int device) {
+  static std::atomic<size_t> cached{0};
+  size_t g = cached.load(std::memory_order_relaxed);
+  if (g != 0) return g;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  if (g_real.cuMemGetAllocationGranularity == nullptr ||
+      g_real.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS ||
+      g == 0) {
+    g = 2ull << 20;
+  }
+  cached.store(g, std::memory_order_relaxed);
+  return g;
+}
+
+// Physical memory for `r` at its address, readable and writable by its device.
+CUresult MapPhysical(CUdeviceptr base, Range* r) {
+  const auto& d = g_real;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = r->device;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult e = d.cuMemCreate(&h, r->size, &prop, 0);
+  if (e != CUDA_SUCCESS) return e;
+  e = d.cuMemMap(base, r->size, 0, h, 0);
+  if (e != CUDA_SUCCESS) {
+    d.cuMemRelease(h);
+    return e;
+  }
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  e = d.cuMemSetAccess(base, r->size, &access, 1);
+  if (e != CUDA_SUCCESS) {
+    d.cuMemUnmap(base, r->size);
+    d.cuMemRelease(h);
+    return e;
+  }
+  r->handle = h;
+  r->resident = true;
+  return CUDA_SUCCESS;
+}
+
+void UnmapPhysical(CUdeviceptr base, Range* r) {
+  g_real.cuMemUnmap(base, r->size);
+  g_real.cuMemRelease(r->handle);
+  r->handle = 0;
+  r->resident = false;
+}
+
+// Runs `fn` with `ctx` current on this thread.
+template <typename Fn>
+CUresult InContext(CUcontext ctx, Fn&& fn) {
+  CUresult e = g_real.cuCtxPushCurrent_v2(ctx);
+  if (e != CUDA_SUCCESS) return e;
+  CUresult r = fn();
+  CUcontext popped = nullptr;
+  g_real.cuCtxPopCurrent_v2(&popped);
+  return r;
+}
+
+void FreeHostCopy(Range* r) {
+  void* host = r->host;
+  InContext(r->ctx, [host] { return g_real.cuMemFreeHost(host); });
+  r->host = nullptr;
+}
+
+// Copies between every range selected by `pick` and its host copy, kCopyPiece at a time on
+// kCopyStreams streams per context, and waits. to_host: device -> host.
+template <typename Pick>
+CUresult CopyRanges(State& s, bool to_host, Pick&& pick) {
+  // Ranges grouped by context (nearly always one: the primary context).
+  std::vector<CUcontext> ctxs;
+  for (auto& [base, r] : s.ranges) {
+    if (!pick(r)) continue;
+    bool seen = false;
+    for (CUcontext c : ctxs) seen = seen || c == r.ctx;
+    if (!seen) ctxs.push_back(r.ctx);
+  }
+  for (CUcontext ctx : ctxs) {
+    CUresult e = InContext(ctx, [&]() -> CUresult {
+      CUstream streams[kCopyStreams] = {};
+      int made = 0;
+      CUresult err = CUDA_SUCCESS;
+      for (; made < kCopyStreams && err == CUDA_SUCCESS; ++made) {
+        err = g_real.cuStreamCreate(&streams[made], CU_STREAM_NON_BLOCKING);
+        if (err != CUDA_SUCCESS) break;
+      }
+      int k = 0;
+      for (auto& [base, r] : s.ranges) {
+        if (err != CUDA_SUCCESS) break;
+        if (r.ctx != ctx || !pick(r)) continue;
+        for (size_t off = 0; off < r.size && err == CUDA_SUCCESS; off += kCopyPiece) {
+          size_t n = r.size - off < kCopyPiece ? r.size - off : kCopyPiece;
+          char* h = static_cast<char*>(r.host) + off;
+          CUstream st = streams[k++ % made];
+          err = to_host ? g_real.cuMemcpyDtoHAsync_v2(h, base + off, n, st)
+                        : g_real.cuMemcpyHtoDAsync_v2(base + off, h, n, st);
+        }
+      }
+      for (int i = 0; i < made; ++i) {
+        CUresult se = g_real.cuStreamSynchronize(streams[i]);
+        if (err == CUDA_SUCCESS) err = se;
+        g_real.cuStreamDestroy_v2(streams[i]);
+      }
+      return err;
+    });
+    if (e != CUDA_SUCCESS) return e;
+  }
+  return CUDA_SUCCESS;
+}
+
+void CountSwap(State& s, bool out, uint64_t bytes, int64_t ns, CUresult err) {
+  Binding* b = s.binding;
+  ProcessTier* t = MyTier(s);
+  if (b == nullptr || t == nullptr) return;
+  TierHeader* h = b->region.tier_header();
+  if (err != CUDA_SUCCESS) {
+    t->last_error.store(static_cast<uint32_t>(err), std::memory_order_relaxed);
+    h->swap_failures_total.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  t->last_error.store(0, std::memory_order_relaxed);
+  uint32_t us = ns / 1000 > static_cast<int64_t>(UINT32_MAX) ? UINT32_MAX : static_cast<uint32_t>(ns / 1000);
+  (out ? t->swaps_out : t->swaps_in).fetch_add(1, std::memory_order_relaxed);
+  (out ? t->last_out_us : t->last_in_us).store(us, std::memory_order_relaxed);
+  (out ? h->swaps_out_total : h->swaps_in_total).fetch_add(1, std::memory_order_relaxed);
+  (out ? h->bytes_out_total : h->bytes_in_total).fetch_add(bytes, std::memory_order_relaxed);
+}
+
+// REQUIRES s.mu, s.state == kTierSwapped.
+CUresult SwapInLocked(State& s) {
+  int64_t t0 = Now();
+  s.state = kTierSwappingIn;
+  Publish(s);
+  uint64_t bytes = 0;
+  CUresult e = CUDA_SUCCESS;
+  for (auto& [base, r] : s.ranges) {
+    if (r.resident) continue;
+    e = MapPhysical(base, &r);
+    if (e != CUDA_SUCCESS) break;
+    bytes += r.size;
+  }
+  if (e == CUDA_SUCCESS) {
+    e = CopyRanges(s, false, [](const Range& r) { return r.host != nullptr && r.resident; });
+  }
+  if (e != CUDA_SUCCESS) {
+    // Back to swapped, the host copies untouched: the next call tries again.
+    for (auto& [base, r] : s.ranges) {
+      if (r.resident && r.host != nullptr) UnmapPhysical(base, &r);
+    }
+    s.state = kTierSwapped;
+    CountSwap(s, false, 0, 0, e);
+    Publish(s);
+    GuestLog("vGPU '%s': resume failed (CUDA error %d); the swapped copy is kept",
+             s.binding->vgpu_id, static_cast<int>(e));
+    return e;
+  }
+  for (auto& [base, r] : s.ranges) {
+    if (r.host != nullptr) FreeHostCopy(&r);
+  }
+  s.binding->region.ReleaseHostTier(s.host);
+  s.host = 0;
+  s.state = kTierResident;
+  int64_t ns = Now() - t0;
+  CountSwap(s, false, bytes, ns, CUDA_SUCCESS);
+  s.last_active_ns = Now();
+  Publish(s);
+  g_tier_blocked.store(0, std::memory_order_seq_cst);
+  if (TraceEnabled() || bytes >= (64ull << 20)) {
+    GuestLog("vGPU '%s': resumed %llu MiB in %.1f ms", s.binding->vgpu_id,
+             static_cast<unsigned long long>(bytes >> 20), ns / 1e6);
+  }
+  return CUDA_SUCCESS;
+}
+
+// REQUIRES s.mu. Undoes a swap-out that failed before any range was released.
+CUresult AbortSwapOut(State& s, CUresult e, const char* why) {
+  for (auto& [base, r] : s.ranges) {
+    if (r.resident && r.host != nullptr) FreeHostCopy(&r);
+  }
+  s.state = kTierResident;
+  g_tier_blocked.store(0, std::memory_order_seq_cst);
+  CountSwap(s, true, 0, 0, e);
+  Publish(s);
+  GuestLog("vGPU '%s': swap-out abandoned, the tenant stays resident: %s (CUDA error %d)",
+           s.binding->vgpu_id, why, static_cast<int>(e));
+  return e;
+}
+
+// REQUIRES s.mu.
+CUresult SwapOutLocked(State& s) {
+  if (s.state != kTierResident) return CUDA_SUCCESS;
+  uint64_t bytes = 0;
+  for (auto& [base, r] : s.ranges) bytes += r.resident ? r.size : 0;
+  if (bytes == 0) return CUDA_SUCCESS;
+  int64_t t0 = Now();
+  // Quiesce: hold new GPU calls, let the ones inside the driver return, drain queued work.
+  g_tier_blocked.store(1, std::memory_order_seq_cst);
+  s.state = kTierSwappingOut;
+  Publish(s);
+  while (g_tier_inflight.load(std::memory_order_seq_cst) != 0) {
+    if (Now() - t0 > kQuiesceTimeoutNs) {
+      return AbortSwapOut(s, CUDA_ERROR_TIMEOUT, "a call into the driver did not return within 30 s");
+    }
+    timespec pause{0, 50'000};
+    nanosleep(&pause, nullptr);
+  }
+  std::vector<CUcontext> synced;
+  for (auto& [base, r] : s.ranges) {
+    bool seen = false;
+    for (CUcontext c : synced) seen = seen || c == r.ctx;
+    if (seen) continue;
+    synced.push_back(r.ctx);
+    CUresult e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
+    if (e != CUDA_SUCCESS) return AbortSwapOut(s, e, "its queued work failed");
+  }
+  if (!s.binding->region.ReserveHostTier(bytes)) {
+    return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
+  }
+  for (auto& [base, r] : s.ranges) {
+    if (!r.resident) continue;
+    Range* rp = &r;
+    CUresult e = InContext(r.ctx, [rp] { return g_real.cuMemHostAlloc(&rp->host, rp->size, 0); });
+    if (e != CUDA_SUCCESS) {
+      r.host = nullptr;
+      s.binding->region.ReleaseHostTier(bytes);
+      return AbortSwapOut(s, e, "pinned host memory could not be allocated");
+    }
+  }
+  CUresult e = CopyRanges(s, true, [](const Range& r) { return r.resident; });
+  if (e != CUDA_SUCCESS) {
+    s.binding->region.ReleaseHostTier(bytes);
+    return AbortSwapOut(s, e, "copying to host memory failed");
+  }
+  for (auto& [base, r] : s.ranges) {
+    if (r.resident) UnmapPhysical(base, &r);
+  }
+  s.host += bytes;
+  s.state = kTierSwapped;
+  int64_t ns = Now() - t0;
+  CountSwap(s, true, bytes, ns, CUDA_SUCCESS);
+  Publish(s);
+  if (TraceEnabled() || bytes >= (64ull << 20)) {
+    GuestLog("vGPU '%s': swapped out %llu MiB in %.1f ms", s.binding->vgpu_id,
+             static_cast<unsigned long long>(bytes >> 20), ns / 1e6);
+  }
+  return CUDA_SUCCESS;
+}
+
+// The tier thread: requests, idle timeout, activity.
+void* TierThread(void*) {
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  while (!s.stop) {
+    timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += kTickNs;
+    if (until.tv_nsec >= 1'000'000'000) {
+      until.tv_sec += 1;
+      until.tv_nsec -= 1'000'000'000;
+    }
+    pthread_cond_timedwait(&s.cv, &s.mu, &until);
+    if (s.stop) break;
+    int64_t now = Now();
+    if (g_tier_touched.exchange(0, std::memory_order_relaxed) != 0 ||
+        g_tier_inflight.load(std::memory_order_relaxed) != 0) {
+      s.last_active_ns = now;
+    }
+    Binding* b = Bound();
+    if (b == nullptr) continue;
+    VgpuTier* v = b->region.TierOfVgpu(b->vgpu);
+    ProcessTier* t = b->region.TierOfProcess(b->slot);
+    uint32_t freeze = v->freeze_gen.load(std::memory_order_acquire);
+    uint32_t thaw = v->thaw_gen.load(std::memory_order_acquire);
+    if (freeze != s.freeze_done) {
+      SwapOutLocked(s);
+      s.freeze_done = freeze;
+      t->freeze_done_gen.store(freeze, std::memory_order_release);
+    }
+    if (thaw != s.thaw_done) {
+      if (s.state == kTierSwapped) SwapInLocked(s);
+      s.thaw_done = thaw;
+      t->thaw_done_gen.store(thaw, std::memory_order_release);
+    }
+    uint64_t idle_ms = v->idle_swap_ms.load(std::memory_order_relaxed);
+    if (idle_ms > 0 && s.state == kTierResident && now - s.last_active_ns >= static_cast<int64_t>(idle_ms) * 1'000'000) {
+      // A failed attempt waits for another idle period rather than retrying every tick.
+      if (SwapOutLocked(s) != CUDA_SUCCESS) s.last_active_ns = now;
+    }
+    Publish(s);
+  }
+  pthread_mutex_unlock(&s.mu);
+  return nullptr;
+}
+
+// REQUIRES s.mu.
+void StartThreadLocked(State& s) {
+  if (s.thread_started) return;
+  Binding* b = Bound();
+  if (b == nullptr) return;
+  VgpuTier* v = b->region.TierOfVgpu(b->vgpu);
+  ProcessTier* t = b->region.TierOfProcess(b->slot);
+  // Requests made before this process started are not addressed to it.
+  s.freeze_done = v->freeze_gen.load(std::memory_order_acquire);
+  s.thaw_done = v->thaw_gen.load(std::memory_order_acquire);
+  t->freeze_done_gen.store(s.freeze_done, std::memory_order_release);
+  t->thaw_done_gen.store(s.thaw_done, std::memory_order_release);
+  s.last_active_ns = Now();
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_JOINABLE);
+  if (pthread_create(&s.thread, &attr, &TierThread, nullptr) == 0) s.thread_started = true;
+  pthread_attr_destroy(&attr);
+}
+
+}  // namespace
+
+Tiering& Tiering::Instance() {
+  static Tiering t;
+  return t;
+}
+
+void Tiering::Configure(Binding* b) {
+  if (b == nullptr) return;
+  VgpuTier* v = b->region.TierOfVgpu(b->vgpu);
+  if (v == nullptr || v->enabled.load(std::memory_order_acquire) == 0) return;
+  const auto& d = g_real;
+  if (!d.cuMemCreate || !d.cuMemMap || !d.cuMemUnmap || !d.cuMemSetAccess || !d.cuMemAddressReserve ||
+      !d.cuMemAddressFree || !d.cuMemRelease || !d.cuMemHostAlloc || !d.cuMemFreeHost ||
+      !d.cuMemcpyDtoHAsync_v2 || !d.cuMemcpyHtoDAsync_v2 || !d.cuCtxPushCurrent_v2 ||
+      !d.cuCtxPopCurrent_v2 || !d.cuStreamCreate || !d.cuStreamDestroy_v2 || !d.cuCtxGetDevice) {
+    GuestLog("vGPU '%s': the driver lacks virtual memory management: VRAM tiering is off", b->vgpu_id);
+    return;
+  }
+  S().binding = b;
+  g_tiering = true;
+}
+
+CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes) {
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  const auto& d = g_real;
+  Range r;
+  CUresult e = d.cuCtxGetCurrent(&r.ctx);
+  if (e != CUDA_SUCCESS) return e;
+  if (r.ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  CUdevice dev = 0;
+  e = d.cuCtxGetDevice(&dev);
+  if (e != CUDA_SUCCESS) return e;
+  r.device = dev;
+  size_t g = Granularity(dev);
+  if (bytes > SIZE_MAX - g) return CUDA_ERROR_OUT_OF_MEMORY;
+  r.size = (bytes + g - 1) / g * g;
+  CUdeviceptr base = 0;
+  e = d.cuMemAddressReserve(&base, r.size, 0, 0, 0);
+  if (e != CUDA_SUCCESS) return e;
+  e = MapPhysical(base, &r);
+  if (e != CUDA_SUCCESS) {
+    d.cuMemAddressFree(base, r.size);
+    return e;
+  }
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  s.ranges[base] = r;
+  s.movable += r.size;
+  StartThreadLocked(s);
+  Publish(s);
+  pthread_mutex_unlock(&s.mu);
+  *dptr = base;
+  return CUDA_SUCCESS;
+}
+
+bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  auto it = s.ranges.find(dptr);
+  if (it == s.ranges.end()) {
+    pthread_mutex_unlock(&s.mu);
+    return false;
+  }
+  Range r = it->second;
+  s.ranges.erase(it);
+  s.movable -= r.size;
+  CUresult e = CUDA_SUCCESS;
+  if (r.resident) {
+    // As the driver's own free: work already queued that reads the memory completes first.
+    e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
+    UnmapPhysical(dptr, &r);
+  }
+  if (r.host != nullptr) {
+    FreeHostCopy(&r);
+    s.binding->region.ReleaseHostTier(r.size);
+    s.host -= r.size;
+  }
+  g_real.cuMemAddressFree(dptr, r.size);
+  if (s.state == kTierSwapped && s.host == 0) {
+    // The last swapped range is gone: nothing left to restore.
+    s.state = kTierResident;
+    g_tier_blocked.store(0, std::memory_order_seq_cst);
+  }
+  Publish(s);
+  pthread_mutex_unlock(&s.mu);
+  *result = e == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : e;
+  return true;
+}
+
+CUresult Tiering::SwapOut() {
+  if (!g_tiering) return CUDA_ERROR_NOT_SUPPORTED;
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  CUresult e = SwapOutLocked(s);
+  pthread_mutex_unlock(&s.mu);
+  return e;
+}
+
+CUresult Tiering::SwapIn() {
+  if (!g_tiering) return CUDA_ERROR_NOT_SUPPORTED;
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  CUresult e = s.state == kTierSwapped ? SwapInLocked(s) : CUDA_SUCCESS;
+  pthread_mutex_unlock(&s.mu);
+  return e;
+}
+
+CUresult TierWait() {
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  CUresult e = s.state == kTierSwapped ? SwapInLocked(s) : CUDA_SUCCESS;
+  pthread_mutex_unlock(&s.mu);
+  return e;
+}
+
+void Tiering::Shutdown() {
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  bool started = s.thread_started;
+  s.stop = true;
+  pthread_cond_broadcast(&s.cv);
+  pthread_mutex_unlock(&s.mu);
+  if (started && !pthread_equal(pthread_self(), s.thread)) pthread_join(s.thread, nullptr);
+  pthread_mutex_lock(&s.mu);
+  s.thread_started = false;
+  pthread_mutex_unlock(&s.mu);
+}
+
+void Tiering::ResetAfterFork() {
+  // The child has none of the parent's threads or device memory.
+  State& s = S();
+  pthread_mutex_init(&s.mu, nullptr);
+  pthread_cond_init(&s.cv, nullptr);
+  s.ranges.clear();
+  s.movable = s.host = 0;
+  s.state = kTierResident;
+  s.thread_started = false;
+  s.stop = false;
+  g_tier_inflight.store(0);
+  g_tier_blocked.store(0);
+}
+
+}  // namespace tf::limiter

@@ -1,0 +1,89 @@
+// VRAM tiering inside a tenant process (local mode): movable device memory that can leave the GPU
+// and come back behind the same addresses.
+//
+// When the vGPU has tiering enabled (VgpuTier::enabled, set by `tfusion run --tiering` or the node
+// agent), cuMemAlloc_v2 is served from a reserved address range backed by one physical chunk
+// (cuMemAddressReserve + cuMemCreate + cuMemMap + cuMemSetAccess) and recorded in a range table.
+// Swap-out: new GPU calls are held at our layer, the calls already inside the driver and the work
+// they queued finish, every resident range is copied to pinned host memory (several copies in
+// flight on separate streams), then unmapped and its physical chunk released; the addresses stay
+// reserved. The first later call that needs the GPU (a launch, copy, memset, graph launch, stream
+// memory operation) restores every range to its address, then proceeds. Host-only calls never wake
+// the tenant. Requests (freeze/thaw) and the idle timeout come from the region and are acted on by
+// one tier thread per process.
+//
+// What does not move (stream-ordered pool memory, pitched allocations, arrays, managed memory,
+// the tenant's own VMM chunks, graph memory nodes, module globals, the context itself) stays
+// resident and is reported as fixed_bytes.
+//
+// Thread safety: every entry point may be called from any tenant thread. The GPU-call guard is two
+// atomics on a shared line; everything else takes the tier mutex.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "tf_driver_api.h"
+
+namespace tf::limiter {
+
+struct Binding;
+
+// Set once at initialisation: this process allocates movable VRAM.
+extern bool g_tiering;
+// Guard state (fast path): calls currently inside the driver, and whether the process is not
+// plainly resident (swapping or swapped): callers then go through TierWait.
+extern std::atomic<int64_t> g_tier_inflight;
+extern std::atomic<uint32_t> g_tier_blocked;
+extern std::atomic<uint32_t> g_tier_touched;  // set by every guarded call; the tier thread clears it
+
+// Waits out a swap-out in progress and restores the process if it is swapped. CUDA_SUCCESS when
+// the caller may proceed; the restore's error otherwise (the swapped copy is kept).
+CUresult TierWait();
+
+// Brackets a call that needs the tenant's memory resident.
+template <typename Call>
+inline CUresult WithResidentMemory(Call&& call) {
+  for (;;) {
+    g_tier_inflight.fetch_add(1, std::memory_order_seq_cst);
+    if (__builtin_expect(g_tier_blocked.load(std::memory_order_seq_cst) == 0, 1)) break;
+    g_tier_inflight.fetch_sub(1, std::memory_order_release);
+    CUresult w = TierWait();
+    if (w != CUDA_SUCCESS) return w;
+  }
+  CUresult r = call();
+  g_tier_touched.store(1, std::memory_order_relaxed);
+  g_tier_inflight.fetch_sub(1, std::memory_order_release);
+  return r;
+}
+
+template <typename Call>
+inline CUresult TierGuarded(Call&& call) {
+  if (__builtin_expect(!g_tiering, 1)) return call();
+  return WithResidentMemory(call);
+}
+
+class Tiering {
+ public:
+  static Tiering& Instance();
+
+  // At initialisation, after the binding: enables tiering when the vGPU asks for it.
+  void Configure(Binding* b);
+  // cuMemAlloc_v2 on a tiering vGPU: a movable range of at least `bytes`.
+  CUresult Allocate(CUdeviceptr* dptr, size_t bytes);
+  // cuMemFree_v2: true when `dptr` is one of ours (then *result is the answer), false otherwise.
+  bool Free(CUdeviceptr dptr, CUresult* result);
+  // Swap-out and swap-in of every movable range of this process (the tier thread calls them on
+  // requests; tests and the GPU tier call them through freeze/thaw).
+  CUresult SwapOut();
+  CUresult SwapIn();
+  // At exit: stops the tier thread. After fork: the child holds nothing.
+  void Shutdown();
+  void ResetAfterFork();
+
+ private:
+  Tiering() = default;
+};
+
+}  // namespace tf::limiter
