@@ -4,12 +4,14 @@
 #include "limiter/tiering.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "limiter/core/process_identity.h"
@@ -30,13 +32,20 @@ constexpr size_t kCopyPiece = 64ull << 20;   // one async copy
 constexpr int kCopyStreams = 4;              // copies in flight
 constexpr int64_t kTickNs = 10'000'000;      // tier thread period
 constexpr int64_t kQuiesceTimeoutNs = 30'000'000'000;
+// Host copies are anonymous memory with transparent huge pages, populated and pinned
+// (cuMemHostRegister) kHostChunk at a time by worker threads while the copies of the pieces
+// already pinned run: pinning fresh memory is bound by the kernel zeroing pages, which scales
+// with threads, while registering populated memory is fast.
+constexpr size_t kHostChunk = 256ull << 20;
+constexpr int kMaxHostWorkers = 8;
 
 struct Range {
   size_t size = 0;                        // reserved and mapped bytes (granularity multiple)
   CUmemGenericAllocationHandle handle = 0;  // 0 while swapped
   int device = 0;
   CUcontext ctx = nullptr;
-  void* host = nullptr;                   // the swapped copy (pinned), nullptr while resident
+  void* host = nullptr;                   // the swapped copy, nullptr while resident
+  std::vector<uint8_t> registered;        // per kHostChunk piece of `host`: pinned with the driver
   bool resident = true;
 };
 
@@ -54,6 +63,9 @@ struct State {
   int64_t last_active_ns = 0;
   uint32_t freeze_done = 0;
   uint32_t thaw_done = 0;
+  // Host copies no longer needed after a swap-in: freed by the tier thread, off the tenant's path
+  // (unpinning takes about as long as copying). Their budget is returned when freed.
+  std::vector<Range> to_free;
 };
 
 State& S() {
@@ -149,9 +161,157 @@ CUresult InContext(CUcontext ctx, Fn&& fn) {
 }
 
 void FreeHostCopy(Range* r) {
-  void* host = r->host;
-  InContext(r->ctx, [host] { return g_real.cuMemFreeHost(host); });
+  char* host = static_cast<char*>(r->host);
+  if (host == nullptr) return;
+  bool any = false;
+  for (uint8_t reg : r->registered) any = any || reg;
+  if (any) {
+    InContext(r->ctx, [r, host] {
+      for (size_t i = 0; i < r->registered.size(); ++i) {
+        if (r->registered[i]) g_real.cuMemHostUnregister(host + i * kHostChunk);
+      }
+      return CUDA_SUCCESS;
+    });
+  }
+  munmap(host, r->size);
   r->host = nullptr;
+  r->registered.clear();
+}
+
+// Anonymous memory for a range's host copy (not yet populated), or nullptr.
+void* MapHost(size_t size) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  madvise(p, size, MADV_HUGEPAGE);
+  return p;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// Faults in [at, at+len) writable. False when the memory is not there (ENOMEM).
+bool Populate(char* at, size_t len) {
+  if (madvise(at, len, MADV_POPULATE_WRITE) == 0) return true;
+  if (errno != EINVAL) return false;
+  // Kernels before 5.14: touch every page.
+  volatile char* v = at;
+  for (size_t o = 0; o < len; o += 4096) v[o] = 0;
+  return true;
+}
+
+// One kHostChunk piece of one range's host copy.
+struct HostJob {
+  Range* r = nullptr;
+  CUdeviceptr base = 0;
+  size_t index = 0;
+  int state = 0;  // 0 pending, 1 pinned, 2 failed (under HostPipeline::mu)
+  CUresult err = CUDA_SUCCESS;
+};
+
+struct HostPipeline {
+  std::vector<HostJob> jobs;
+  std::atomic<size_t> next{0};
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+};
+
+void* HostWorker(void* arg) {
+  auto* p = static_cast<HostPipeline*>(arg);
+  for (;;) {
+    size_t i = p->next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= p->jobs.size()) break;
+    HostJob& j = p->jobs[i];
+    char* at = static_cast<char*>(j.r->host) + j.index * kHostChunk;
+    size_t len = j.r->size - j.index * kHostChunk < kHostChunk ? j.r->size - j.index * kHostChunk : kHostChunk;
+    CUresult e = CUDA_ERROR_OUT_OF_MEMORY;
+    if (Populate(at, len)) {
+      e = InContext(j.r->ctx, [at, len] { return g_real.cuMemHostRegister_v2(at, len, 0); });
+    }
+    pthread_mutex_lock(&p->mu);
+    if (e == CUDA_SUCCESS) j.r->registered[j.index] = 1;
+    j.err = e;
+    j.state = e == CUDA_SUCCESS ? 1 : 2;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+  }
+  return nullptr;
+}
+
+// Copies every resident range to a new host copy: workers populate and pin the host memory piece
+// by piece; each piece is copied (kCopyStreams streams, per context) as soon as it is pinned.
+// On failure the host copies made so far stay attached to their ranges (the caller frees them).
+CUresult CopyOut(State& s) {
+  auto p = std::make_unique<HostPipeline>();
+  for (auto& [base, r] : s.ranges) {
+    if (!r.resident) continue;
+    r.host = MapHost(r.size);
+    if (r.host == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t chunks = (r.size + kHostChunk - 1) / kHostChunk;
+    r.registered.assign(chunks, 0);
+    for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 0, CUDA_SUCCESS});
+  }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int workers = static_cast<int>(cpus > 2 ? cpus / 2 : 1);
+  if (workers > kMaxHostWorkers) workers = kMaxHostWorkers;
+  if (static_cast<size_t>(workers) > p->jobs.size()) workers = static_cast<int>(p->jobs.size());
+  pthread_t threads[kMaxHostWorkers];
+  int started = 0;
+  for (; started < workers; ++started) {
+    if (pthread_create(&threads[started], nullptr, &HostWorker, p.get()) != 0) break;
+  }
+  if (started == 0) HostWorker(p.get());  // no thread could start: do it here
+  CUresult err = CUDA_SUCCESS;
+  CUcontext current = nullptr;
+  CUstream streams[kCopyStreams] = {};
+  int made = 0, k = 0;
+  auto leave = [&]() {
+    for (int i = 0; i < made; ++i) {
+      CUresult se = g_real.cuStreamSynchronize(streams[i]);
+      if (err == CUDA_SUCCESS) err = se;
+      g_real.cuStreamDestroy_v2(streams[i]);
+    }
+    made = 0;
+    if (current != nullptr) {
+      CUcontext popped = nullptr;
+      g_real.cuCtxPopCurrent_v2(&popped);
+      current = nullptr;
+    }
+  };
+  for (HostJob& j : p->jobs) {
+    if (err != CUDA_SUCCESS) break;
+    pthread_mutex_lock(&p->mu);
+    while (j.state == 0) pthread_cond_wait(&p->cv, &p->mu);
+    CUresult je = j.state == 2 ? j.err : CUDA_SUCCESS;
+    pthread_mutex_unlock(&p->mu);
+    if (je != CUDA_SUCCESS) {
+      err = je;
+      break;
+    }
+    if (j.r->ctx != current) {
+      leave();
+      if (err != CUDA_SUCCESS) break;
+      err = g_real.cuCtxPushCurrent_v2(j.r->ctx);
+      if (err != CUDA_SUCCESS) break;
+      current = j.r->ctx;
+      for (; made < kCopyStreams && err == CUDA_SUCCESS; ++made) {
+        err = g_real.cuStreamCreate(&streams[made], CU_STREAM_NON_BLOCKING);
+        if (err != CUDA_SUCCESS) break;
+      }
+      if (err != CUDA_SUCCESS) break;
+    }
+    const CUdeviceptr base = j.base;
+    size_t start = j.index * kHostChunk;
+    size_t end = start + kHostChunk < j.r->size ? start + kHostChunk : j.r->size;
+    for (size_t off = start; off < end && err == CUDA_SUCCESS; off += kCopyPiece) {
+      size_t n = end - off < kCopyPiece ? end - off : kCopyPiece;
+      err = g_real.cuMemcpyDtoHAsync_v2(static_cast<char*>(j.r->host) + off, base + off, n, streams[k++ % made]);
+    }
+  }
+  p->next.store(p->jobs.size(), std::memory_order_relaxed);  // on failure: stop claiming pieces
+  leave();
+  for (int i = 0; i < started; ++i) pthread_join(threads[i], nullptr);
+  return err;
 }
 
 // Copies between every range selected by `pick` and its host copy, kCopyPiece at a time on
@@ -230,6 +390,7 @@ CUresult SwapInLocked(State& s) {
     if (e != CUDA_SUCCESS) break;
     bytes += r.size;
   }
+  int64_t t_mapped = Now();
   if (e == CUDA_SUCCESS) {
     e = CopyRanges(s, false, [](const Range& r) { return r.host != nullptr && r.resident; });
   }
@@ -245,10 +406,12 @@ CUresult SwapInLocked(State& s) {
              s.binding->vgpu_id, static_cast<int>(e));
     return e;
   }
+  int64_t t_copied = Now();
   for (auto& [base, r] : s.ranges) {
-    if (r.host != nullptr) FreeHostCopy(&r);
+    if (r.host == nullptr) continue;
+    s.to_free.push_back(r);
+    r.host = nullptr;
   }
-  s.binding->region.ReleaseHostTier(s.host);
   s.host = 0;
   s.state = kTierResident;
   int64_t ns = Now() - t0;
@@ -256,11 +419,24 @@ CUresult SwapInLocked(State& s) {
   s.last_active_ns = Now();
   Publish(s);
   g_tier_blocked.store(0, std::memory_order_seq_cst);
+  pthread_cond_broadcast(&s.cv);  // the tier thread frees the host copies
   if (TraceEnabled() || bytes >= (64ull << 20)) {
-    GuestLog("vGPU '%s': resumed %llu MiB in %.1f ms", s.binding->vgpu_id,
-             static_cast<unsigned long long>(bytes >> 20), ns / 1e6);
+    GuestLog("vGPU '%s': resumed %llu MiB in %.1f ms (map %.1f, copy %.1f)", s.binding->vgpu_id,
+             static_cast<unsigned long long>(bytes >> 20), ns / 1e6, (t_mapped - t0) / 1e6,
+             (t_copied - t_mapped) / 1e6);
   }
   return CUDA_SUCCESS;
+}
+
+// REQUIRES s.mu. Frees host copies left by swap-ins and returns their budget.
+void FreePendingLocked(State& s) {
+  uint64_t bytes = 0;
+  for (Range& r : s.to_free) {
+    FreeHostCopy(&r);
+    bytes += r.size;
+  }
+  s.to_free.clear();
+  if (bytes != 0) s.binding->region.ReleaseHostTier(bytes);
 }
 
 // REQUIRES s.mu. Undoes a swap-out that failed before any range was released.
@@ -280,6 +456,7 @@ CUresult AbortSwapOut(State& s, CUresult e, const char* why) {
 // REQUIRES s.mu.
 CUresult SwapOutLocked(State& s) {
   if (s.state != kTierResident) return CUDA_SUCCESS;
+  FreePendingLocked(s);
   uint64_t bytes = 0;
   for (auto& [base, r] : s.ranges) bytes += r.resident ? r.size : 0;
   if (bytes == 0) return CUDA_SUCCESS;
@@ -295,6 +472,7 @@ CUresult SwapOutLocked(State& s) {
     timespec pause{0, 50'000};
     nanosleep(&pause, nullptr);
   }
+  int64_t t_quiet = Now();
   std::vector<CUcontext> synced;
   for (auto& [base, r] : s.ranges) {
     bool seen = false;
@@ -304,23 +482,17 @@ CUresult SwapOutLocked(State& s) {
     CUresult e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
     if (e != CUDA_SUCCESS) return AbortSwapOut(s, e, "its queued work failed");
   }
+  int64_t t_synced = Now();
   if (!s.binding->region.ReserveHostTier(bytes)) {
     return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
   }
-  for (auto& [base, r] : s.ranges) {
-    if (!r.resident) continue;
-    Range* rp = &r;
-    CUresult e = InContext(r.ctx, [rp] { return g_real.cuMemHostAlloc(&rp->host, rp->size, 0); });
-    if (e != CUDA_SUCCESS) {
-      r.host = nullptr;
-      s.binding->region.ReleaseHostTier(bytes);
-      return AbortSwapOut(s, e, "pinned host memory could not be allocated");
-    }
-  }
-  CUresult e = CopyRanges(s, true, [](const Range& r) { return r.resident; });
+  int64_t t_pinned = Now();
+  CUresult e = CopyOut(s);
+  int64_t t_copied = Now();
   if (e != CUDA_SUCCESS) {
     s.binding->region.ReleaseHostTier(bytes);
-    return AbortSwapOut(s, e, "copying to host memory failed");
+    return AbortSwapOut(s, e, e == CUDA_ERROR_OUT_OF_MEMORY ? "host memory could not be allocated or pinned"
+                                                            : "copying to host memory failed");
   }
   for (auto& [base, r] : s.ranges) {
     if (r.resident) UnmapPhysical(base, &r);
@@ -331,8 +503,10 @@ CUresult SwapOutLocked(State& s) {
   CountSwap(s, true, bytes, ns, CUDA_SUCCESS);
   Publish(s);
   if (TraceEnabled() || bytes >= (64ull << 20)) {
-    GuestLog("vGPU '%s': swapped out %llu MiB in %.1f ms", s.binding->vgpu_id,
-             static_cast<unsigned long long>(bytes >> 20), ns / 1e6);
+    GuestLog("vGPU '%s': swapped out %llu MiB in %.1f ms (quiesce %.1f, drain %.1f, pin and copy %.1f, "
+             "release %.1f)", s.binding->vgpu_id, static_cast<unsigned long long>(bytes >> 20), ns / 1e6,
+             (t_quiet - t0) / 1e6, (t_synced - t_quiet) / 1e6, (t_copied - t_pinned) / 1e6,
+             (Now() - t_copied) / 1e6);
   }
   return CUDA_SUCCESS;
 }
@@ -349,8 +523,9 @@ void* TierThread(void*) {
       until.tv_sec += 1;
       until.tv_nsec -= 1'000'000'000;
     }
-    pthread_cond_timedwait(&s.cv, &s.mu, &until);
+    if (s.to_free.empty()) pthread_cond_timedwait(&s.cv, &s.mu, &until);
     if (s.stop) break;
+    FreePendingLocked(s);
     int64_t now = Now();
     if (g_tier_touched.exchange(0, std::memory_order_relaxed) != 0 ||
         g_tier_inflight.load(std::memory_order_relaxed) != 0) {
@@ -416,7 +591,7 @@ void Tiering::Configure(Binding* b) {
   if (v == nullptr || v->enabled.load(std::memory_order_acquire) == 0) return;
   const auto& d = g_real;
   if (!d.cuMemCreate || !d.cuMemMap || !d.cuMemUnmap || !d.cuMemSetAccess || !d.cuMemAddressReserve ||
-      !d.cuMemAddressFree || !d.cuMemRelease || !d.cuMemHostAlloc || !d.cuMemFreeHost ||
+      !d.cuMemAddressFree || !d.cuMemRelease || !d.cuMemHostRegister_v2 || !d.cuMemHostUnregister ||
       !d.cuMemcpyDtoHAsync_v2 || !d.cuMemcpyHtoDAsync_v2 || !d.cuCtxPushCurrent_v2 ||
       !d.cuCtxPopCurrent_v2 || !d.cuStreamCreate || !d.cuStreamDestroy_v2 || !d.cuCtxGetDevice) {
     GuestLog("vGPU '%s': the driver lacks virtual memory management: VRAM tiering is off", b->vgpu_id);
@@ -539,6 +714,7 @@ void Tiering::ResetAfterFork() {
   pthread_mutex_init(&s.mu, nullptr);
   pthread_cond_init(&s.cv, nullptr);
   s.ranges.clear();
+  s.to_free.clear();
   s.movable = s.host = 0;
   s.state = kTierResident;
   s.thread_started = false;

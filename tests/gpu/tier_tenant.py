@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""A tenant for the VRAM-tiering GPU tier (tests/gpu/tiering.py), run under
+`tfusion run --tiering`. It freezes itself with the CLI (`tfusion freeze $TFUSION_VGPU`, a host-only
+wait while its tier thread swaps it out), then resumes by using the GPU, and prints one JSON line.
+
+  checks     tensors, ResNet-50 and GPT-2 weights, a CUDA graph and an allocation made while
+             swapped: identical after --cycles freeze cycles (wake by use, or by `tfusion thaw`)
+  pool       tensors of PyTorch's stream-ordered allocator (cudaMallocAsync: stays resident) and a
+             raw cuMemAlloc buffer (moves): both intact after a freeze
+  train      GPT-2 small from config, --steps AdamW steps on fixed random tokens; --freeze-at K
+             freezes and resumes before step K; prints the loss of every step
+  swap       --gib GiB in one tensor: --cycles freeze + first-call timings and a checksum
+  gen        GPT-2 generation: time to the first token cold (from process start) and after a freeze
+  alloc      cuMemAlloc/cuMemFree latency by size (ctypes on libcuda.so.1: the limiter when run
+             under tfusion)
+  steady     --model r50|gpt2 throughput for --seconds (nothing swapped)
+  hold       --gib GiB, print a checksum, wait for --go, check it again (the checkpoint-API tenant)
+"""
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+T0 = time.monotonic()
+import torch  # noqa: E402
+
+TFUSION = os.environ.get("TF_TFUSION", "tfusion")
+
+
+def freeze(thaw=False):
+    """Freezes this process's vGPU through the CLI; returns (CLI wall ms, its output)."""
+    vgpu = os.environ["TFUSION_VGPU"]
+    t = time.monotonic()
+    p = subprocess.run([TFUSION, "thaw" if thaw else "freeze", vgpu], capture_output=True, text=True, timeout=300)
+    ms = (time.monotonic() - t) * 1000
+    if p.returncode != 0:
+        raise SystemExit(f"tfusion {'thaw' if thaw else 'freeze'} failed ({p.returncode}): {p.stdout} {p.stderr}")
+    return ms, p.stdout.strip()
+
+
+def first_call_ms(small):
+    """Wall time of the first GPU call after a freeze (it restores the tenant), synchronized."""
+    t = time.monotonic()
+    small.add_(0)
+    torch.cuda.synchronize()
+    return (time.monotonic() - t) * 1000
+
+
+def checksum(t):
+    """Exact: integer addition wraps identically in any order."""
+    flat = t.detach().contiguous().view(-1).view(torch.uint8)
+    pad = (-flat.numel()) % 8
+    if pad:
+        flat = torch.cat([flat, torch.zeros(pad, dtype=torch.uint8, device=flat.device)])
+    return int(flat.view(torch.int64).sum().item())
+
+
+def state_sums(model):
+    return [checksum(v) for v in model.state_dict().values()]
+
+
+def run_checks(a):
+    import torchvision
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    tensors = [torch.randn(n, device="cuda") for n in (1 << 18, 25 << 20, 256 << 20)]  # 1 MiB, 100 MiB, 1 GiB
+    r50 = torchvision.models.resnet50().cuda().eval()
+    gpt = GPT2LMHeadModel(GPT2Config()).cuda().eval()
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    with torch.no_grad():
+        ref_logits = r50(x).clone()
+    ref = [checksum(t) for t in tensors]
+    ref_r50, ref_gpt = state_sums(r50), state_sums(gpt)
+    # A CUDA graph captured before any freeze, replayed after each.
+    static_in = torch.randn(1 << 20, device="cuda")
+    static_out = torch.empty_like(static_in)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        static_out.copy_(static_in * 2 + 1)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out.copy_(static_in * 2 + 1)
+    want_graph = checksum(static_in * 2 + 1)
+    small = torch.zeros(16, device="cuda")
+    torch.cuda.synchronize()
+    res = {"cycles": [], "ok": True}
+    late = None
+    for k in range(a.cycles):
+        by_thaw = k % 2 == 1
+        out_ms, out_text = freeze()
+        cyc = {"cycle": k, "freeze_cli_ms": round(out_ms, 1), "freeze": out_text.splitlines()[-1] if out_text else ""}
+        if k == 0:
+            # An allocation while swapped (bigger than anything cached: a new cuMemAlloc), then used.
+            late = torch.empty(128 << 20, device="cuda")  # 512 MiB
+        if by_thaw:
+            cyc["thaw_cli_ms"] = round(freeze(thaw=True)[0], 1)
+        cyc["first_call_ms"] = round(first_call_ms(small), 2)
+        if k == 0:
+            late.fill_(7.0)
+        g.replay()
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            logits_same = bool(torch.equal(r50(x), ref_logits))
+        cyc.update({
+            "tensors": [checksum(t) for t in tensors] == ref,
+            "resnet50_weights": state_sums(r50) == ref_r50,
+            "gpt2_weights": state_sums(gpt) == ref_gpt,
+            "resnet50_output": logits_same,
+            "graph_replay": checksum(static_out) == want_graph,
+            "late_allocation": bool((late == 7.0).all().item()),
+            "resumed_by": "thaw" if by_thaw else "first call",
+        })
+        res["ok"] = res["ok"] and all(cyc[f] for f in ("tensors", "resnet50_weights", "gpt2_weights",
+                                                         "resnet50_output", "graph_replay", "late_allocation"))
+        res["cycles"].append(cyc)
+    print(json.dumps(res))
+
+
+def cuda_lib():
+    lib = ctypes.CDLL("libcuda.so.1")
+    return lib
+
+
+def run_pool(a):
+    torch.manual_seed(1)
+    pooled = [torch.randn(n, device="cuda") for n in (1 << 20, 64 << 20)]
+    ref = [checksum(t) for t in pooled]
+    lib = cuda_lib()
+    ptr = ctypes.c_uint64(0)
+    n = 64 << 20  # 256 MiB of uint32
+    assert lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(n * 4)) == 0
+    assert lib.cuMemsetD32_v2(ctypes.c_uint64(ptr.value), ctypes.c_uint(0xABCD1234), ctypes.c_size_t(n)) == 0
+    torch.cuda.synchronize()
+    small = torch.zeros(16, device="cuda")
+    out_ms, text = freeze()
+    first = first_call_ms(small)
+    host = (ctypes.c_uint32 * n)()
+    assert lib.cuMemcpyDtoH_v2(host, ctypes.c_uint64(ptr.value), ctypes.c_size_t(n * 4)) == 0
+    raw_ok = all(host[i] == 0xABCD1234 for i in range(0, n, 4099))
+    extra = torch.randn(1 << 20, device="cuda")  # the pool still allocates after the resume
+    res = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "freeze": text.splitlines()[-1:],
+           "freeze_cli_ms": round(out_ms, 1), "first_call_ms": round(first, 2),
+           "pool_tensors": [checksum(t) for t in pooled] == ref, "raw_cumemalloc": raw_ok,
+           "pool_allocates_after": bool(torch.isfinite(extra).all().item())}
+    res["ok"] = res["pool_tensors"] and res["raw_cumemalloc"] and res["pool_allocates_after"]
+    print(json.dumps(res))
+
+
+def run_train(a):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(1234)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    model = GPT2LMHeadModel(GPT2Config()).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    gen = torch.Generator(device="cpu").manual_seed(99)
+    batches = [torch.randint(0, 50257, (4, 128), generator=gen) for _ in range(a.steps)]
+    losses, freeze_info = [], {}
+    small = torch.zeros(16, device="cuda")
+    for step in range(a.steps):
+        if step == a.freeze_at:
+            torch.cuda.synchronize()
+            ms, text = freeze()
+            freeze_info = {"freeze_cli_ms": round(ms, 1), "freeze": text.splitlines()[-1:],
+                           "first_call_ms": round(first_call_ms(small), 2)}
+        ids = batches[step].cuda()
+        out = model(input_ids=ids, labels=ids)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        losses.append(out.loss.item())
+    print(json.dumps({"losses": [repr(x) for x in losses], "freeze_at": a.freeze_at, **freeze_info}))
+
+
+def run_swap(a):
+    n = a.gib << 28  # float32 elements
+    t = torch.empty(n, device="cuda")
+    t.view(torch.int32).random_()
+    small = torch.zeros(16, device="cuda")
+    want = checksum(t)
+    cycles = []
+    for k in range(a.cycles):
+        torch.cuda.synchronize()
+        ms, text = freeze()
+        first = first_call_ms(small)
+        cycles.append({"freeze_cli_ms": round(ms, 1), "freeze": text.splitlines()[-1] if text else "",
+                       "first_call_ms": round(first, 2)})
+    print(json.dumps({"gib": a.gib, "cycles": cycles, "intact": checksum(t) == want}))
+
+
+def run_gen(a):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(5)
+    model = GPT2LMHeadModel(GPT2Config()).half().cuda().eval()
+    ids = torch.randint(0, 50257, (1, 32), device="cuda")
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        cold_first = time.monotonic() - T0
+        warm = []
+        for _ in range(3):
+            t = time.monotonic()
+            model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
+            torch.cuda.synchronize()
+            warm.append((time.monotonic() - t) * 1000)
+        after = []
+        for _ in range(a.cycles):
+            freeze()
+            t = time.monotonic()
+            model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
+            torch.cuda.synchronize()
+            after.append((time.monotonic() - t) * 1000)
+    print(json.dumps({"first_token_from_process_start_s": round(cold_first, 3),
+                      "first_token_warm_ms": [round(x, 2) for x in warm],
+                      "first_token_after_freeze_ms": [round(x, 2) for x in after]}))
+
+
+def run_alloc(a):
+    torch.zeros(1, device="cuda")  # a current context
+    lib = cuda_lib()
+    out = {}
+    for mib in (2, 64, 1024):
+        times = []
+        for _ in range(a.reps):
+            p = ctypes.c_uint64(0)
+            t = time.perf_counter()
+            r = lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(mib << 20))
+            t1 = time.perf_counter()
+            assert r == 0, r
+            lib.cuMemFree_v2(ctypes.c_uint64(p.value))
+            t2 = time.perf_counter()
+            times.append(((t1 - t) * 1e6, (t2 - t1) * 1e6))
+        times.sort()
+        med = times[len(times) // 2]
+        out[f"{mib}MiB"] = {"alloc_us": round(sorted(x[0] for x in times)[len(times) // 2], 1),
+                            "free_us": round(sorted(x[1] for x in times)[len(times) // 2], 1)}
+    print(json.dumps(out))
+
+
+def run_steady(a):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from infer_tenant import build
+    step = build(a.model, a.batch)
+    with torch.inference_mode():
+        for _ in range(15):
+            step()
+        torch.cuda.synchronize()
+        n, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < a.seconds:
+            step()
+            torch.cuda.synchronize()
+            n += 1
+        secs = time.monotonic() - t0
+    print(json.dumps({"model": a.model, "batch": a.batch, "items_per_s": round(n * a.batch / secs, 2)}))
+
+
+def run_hold(a):
+    t = torch.empty(a.gib << 28, device="cuda")
+    t.view(torch.int32).random_()
+    want = checksum(t)
+    torch.cuda.synchronize()
+    print(json.dumps({"pid": os.getpid(), "ready": True}), flush=True)
+    open(a.ready, "w").close()
+    deadline = time.monotonic() + 300
+    while not os.path.exists(a.go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(json.dumps({"intact": checksum(t) == want}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("checks", "pool", "train", "swap", "gen", "alloc", "steady", "hold"))
+    ap.add_argument("--cycles", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--freeze-at", type=int, default=-1)
+    ap.add_argument("--gib", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--model", default="r50")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--ready", default="")
+    ap.add_argument("--go", default="")
+    a = ap.parse_args()
+    {"checks": run_checks, "pool": run_pool, "train": run_train, "swap": run_swap, "gen": run_gen,
+     "alloc": run_alloc, "steady": run_steady, "hold": run_hold}[a.mode](a)
+
+
+if __name__ == "__main__":
+    main()

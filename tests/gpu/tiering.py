@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""The VRAM-tiering GPU tier and benchmarks (docs/benchmarks.md, "VRAM tiering"), from a staged
+build: python3 tests/gpu/tiering.py --build BUILD --out OUT [--phases a,b,...]
+
+Phases (tier_tenant.py does the work inside each tenant):
+  checks  PyTorch tensors, ResNet-50/GPT-2 weights, a CUDA graph and an allocation made while
+          swapped survive freeze cycles (resumed by the first call or by `tfusion thaw`)
+  pool    the stream-ordered allocator (stays resident) beside a raw cuMemAlloc buffer (moves)
+  train   GPT-2 training: two uninterrupted runs and one frozen and resumed mid-run, losses compared
+  swap    swap-out/swap-in of 1, 4 and 16 GiB (three cycles each)
+  ckpt    the driver's checkpoint API (cuCheckpointProcess*) on a native tenant of 1, 4 and 16 GiB
+  gen     GPT-2 time to first token: cold process vs after a freeze
+  alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
+  steady  ResNet-50 b64 and GPT-2 b8 throughput, interleaved: native, limiter, limiter with tiering
+Every phase appends its results to OUT/tiering.json (one JSON object per line) as it finishes.
+"""
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TENANT = os.path.join(HERE, "tier_tenant.py")
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Runner:
+    def __init__(self, build, out):
+        self.tfusion = os.path.join(build, "src/cli/tfusion")
+        self.out = out
+        self.logs = os.path.join(out, "logs")
+        os.makedirs(self.logs, exist_ok=True)
+        self.env = dict(os.environ, TF_TFUSION=self.tfusion)
+        self.n = 0
+
+    def record(self, phase, data):
+        with open(os.path.join(self.out, "tiering.json"), "a") as f:
+            f.write(json.dumps({"phase": phase, **data}) + "\n")
+        log(f"{phase}: {json.dumps(data)[:600]}")
+
+    def tenant(self, args, tfusion_flags=None, env=None, timeout=240):
+        """Runs tier_tenant.py natively (tfusion_flags None) or under `tfusion run`; returns its
+        last JSON line (or an error record) and keeps its output in logs/."""
+        self.n += 1
+        cmd = [sys.executable, TENANT] + args
+        if tfusion_flags is not None:
+            cmd = [self.tfusion, "run"] + tfusion_flags + ["--"] + cmd
+        e = dict(self.env, **(env or {}))
+        t = time.monotonic()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as ex:
+            rc, out, err = -9, ex.stdout or "", (ex.stderr or "") + "\nTIMEOUT"
+            out = out.decode() if isinstance(out, bytes) else out
+            err = err.decode() if isinstance(err, bytes) else err
+        wall = time.monotonic() - t
+        name = f"{self.n:02d}-{args[0]}.log"
+        with open(os.path.join(self.logs, name), "w") as f:
+            f.write(" ".join(cmd) + f"\nrc={rc} wall={wall:.1f}s\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        for line in reversed(out.strip().splitlines()):
+            if line.startswith("{"):
+                d = json.loads(line)
+                d.update({"rc": rc, "wall_s": round(wall, 1)})
+                return d
+        return {"rc": rc, "wall_s": round(wall, 1), "error": (err or out)[-800:]}
+
+
+LIMITED = ["--vram", "70GiB"]
+TIERED = LIMITED + ["--tiering", "--idle-swap", "0"]
+
+
+def phase_checks(r):
+    d = r.tenant(["checks", "--cycles", "6"], TIERED + ["--vgpu", "tier-checks"], timeout=300)
+    r.record("checks", d)
+
+
+def phase_pool(r):
+    d = r.tenant(["pool"], TIERED + ["--vgpu", "tier-pool"], env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    r.record("pool", d)
+
+
+def phase_train(r):
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    runs = {}
+    for name, extra in (("plain_a", []), ("frozen", ["--freeze-at", "15"]), ("plain_b", [])):
+        runs[name] = r.tenant(["train", "--steps", "30"] + extra, TIERED + ["--vgpu", "tier-train-" + name], env=env)
+    la, lb, lf = (runs[k].get("losses", []) for k in ("plain_a", "frozen", "plain_b"))
+    res = {"steps": len(la), "frozen_equals_uninterrupted": bool(la) and la == lb,
+           "uninterrupted_runs_equal": bool(la) and la == lf,
+           "frozen_run": {k: v for k, v in runs["frozen"].items() if k != "losses"},
+           "losses_a": la[:3] + ["..."] + la[-2:] if la else runs["plain_a"]}
+    if la and lb and la != lb:
+        fa, fb = [float(x) for x in la], [float(x) for x in lb]
+        res["max_abs_diff_frozen"] = max(abs(x - y) for x, y in zip(fa, fb))
+    if la and lf and la != lf:
+        fa, ff = [float(x) for x in la], [float(x) for x in lf]
+        res["max_abs_diff_uninterrupted"] = max(abs(x - y) for x, y in zip(fa, ff))
+    r.record("train", res)
+
+
+def phase_swap(r):
+    for gib in (1, 4, 16):
+        d = r.tenant(["swap", "--gib", str(gib), "--cycles", "3"], TIERED + ["--vgpu", f"tier-swap-{gib}"], timeout=300)
+        r.record("swap", d)
+
+
+def checkpoint_api():
+    lib = ctypes.CDLL(os.environ.get("TF_REAL_LIBCUDA", "libcuda.so.1"))
+    assert lib.cuInit(0) == 0
+    return lib
+
+
+def phase_ckpt(r):
+    lib = checkpoint_api()
+    for name in ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint", "cuCheckpointProcessRestore",
+                 "cuCheckpointProcessUnlock"):
+        if not hasattr(lib, name):
+            r.record("ckpt", {"error": f"driver has no {name}"})
+            return
+    for gib in (1, 4, 16):
+        ready = os.path.join(r.out, f"ckpt-ready-{gib}")
+        go = os.path.join(r.out, f"ckpt-go-{gib}")
+        cmd = [sys.executable, TENANT, "hold", "--gib", str(gib), "--ready", ready, "--go", go]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=r.env)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        res = {"gib": gib}
+        args = ctypes.create_string_buffer(256)  # zeroed lock/checkpoint/restore/unlock arguments
+        steps = []
+        try:
+            for step, fn in (("lock", lib.cuCheckpointProcessLock), ("checkpoint", lib.cuCheckpointProcessCheckpoint),
+                             ("restore", lib.cuCheckpointProcessRestore), ("unlock", lib.cuCheckpointProcessUnlock)):
+                t = time.monotonic()
+                rc = fn(ctypes.c_int(p.pid), args)
+                res[step + "_s"] = round(time.monotonic() - t, 3)
+                steps.append(f"{step}={rc}")
+                if rc != 0:
+                    res["error"] = f"{step} returned {rc}"
+                    break
+        finally:
+            open(go, "w").close()
+            try:
+                out, err = p.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+        res["results"] = " ".join(steps)
+        res["intact"] = '"intact": true' in out
+        with open(os.path.join(r.logs, f"ckpt-{gib}.log"), "w") as f:
+            f.write(out + "\n--- stderr\n" + err)
+        r.record("ckpt", res)
+
+
+def phase_gen(r):
+    d = r.tenant(["gen", "--cycles", "3"], TIERED + ["--vgpu", "tier-gen"])
+    d_native = r.tenant(["gen", "--cycles", "0"])
+    r.record("gen", {"tiered": d, "native_cold": d_native})
+
+
+def phase_alloc(r):
+    res = {}
+    for name, flags in (("native", None), ("limiter", LIMITED), ("tiering", TIERED)):
+        res[name] = r.tenant(["alloc", "--reps", "30"], flags)
+    r.record("alloc", res)
+
+
+def phase_steady(r):
+    res = {}
+    for model, batch in (("r50", 64), ("gpt2", 8)):
+        for rnd in range(2):
+            for name, flags in (("native", None), ("limiter", LIMITED), ("tiering", TIERED)):
+                d = r.tenant(["steady", "--model", model, "--batch", str(batch), "--seconds", "6"], flags)
+                res.setdefault(f"{model}_b{batch}", {}).setdefault(name, []).append(d.get("items_per_s", d))
+    for key, v in res.items():
+        try:
+            nat = sum(v["native"]) / len(v["native"])
+            v["limiter_over_native"] = round(sum(v["limiter"]) / len(v["limiter"]) / nat, 4)
+            v["tiering_over_native"] = round(sum(v["tiering"]) / len(v["tiering"]) / nat, 4)
+            v["tiering_over_limiter"] = round(sum(v["tiering"]) / sum(v["limiter"]), 4)
+        except (TypeError, ZeroDivisionError, KeyError):
+            pass
+    r.record("steady", res)
+
+
+PHASES = {"checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
+          "ckpt": phase_ckpt, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--phases", default="checks,pool,train,swap,ckpt")
+    a = ap.parse_args()
+    r = Runner(os.path.abspath(a.build), a.out)
+    for ph in a.phases.split(","):
+        if ph not in PHASES:
+            raise SystemExit(f"unknown phase {ph!r} ({', '.join(PHASES)})")
+    for ph in a.phases.split(","):
+        log(f"== {ph}")
+        try:
+            PHASES[ph](r)
+        except Exception as ex:  # one failed phase must not lose the others
+            r.record(ph, {"error": repr(ex)})
+
+
+if __name__ == "__main__":
+    main()
