@@ -37,6 +37,10 @@ constexpr int64_t kQuiesceTimeoutNs = 30'000'000'000;
 // already pinned run: pinning fresh memory is bound by the kernel zeroing pages, which scales
 // with threads, while registering populated memory is fast.
 constexpr size_t kHostChunk = 256ull << 20;
+// Pressure eviction: how long to wait for one tenant to swap out (a first swap-out of tens of GiB
+// populates fresh host memory: seconds), and for one allocation in all.
+constexpr int64_t kEvictWaitNs = 60'000'000'000;
+constexpr int64_t kEvictDeadlineNs = 180'000'000'000;
 constexpr int kMaxHostWorkers = 8;
 
 struct Range {
@@ -140,6 +144,97 @@ CUresult MapPhysical(CUdeviceptr base, Range* r) {
   r->handle = h;
   r->resident = true;
   return CUDA_SUCCESS;
+}
+
+bool Reached(uint32_t done, uint32_t gen) { return static_cast<int32_t>(done - gen) >= 0; }
+
+// Pressure eviction: VRAM this process needs is held by other tenants of the GPU. Freezes the
+// coldest other vGPU with tiering whose QoS is not above ours and is not critical, and waits (at
+// most 10 s) until its processes are swapped out. `tried` (a vGPU bit mask) keeps one request from
+// asking the same vGPU twice. True when a vGPU was frozen: the caller retries its allocation.
+bool EvictOther(Binding* b, uint64_t* tried) {
+  if (b == nullptr) return false;
+  auto snap = std::make_unique<RegionSnapshot>();
+  b->region.Snapshot(snap.get());
+  uint32_t my_qos = kMaxQos;
+  for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+    if (snap->vgpus[i].index == b->vgpu) my_qos = snap->vgpus[i].qos;
+  }
+  int best = -1;
+  int64_t best_active = 0;
+  uint64_t best_bytes = 0;
+  for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+    const VgpuInfo& v = snap->vgpus[i];
+    if (v.index == b->vgpu || !v.tier_enabled || v.qos > my_qos || v.qos >= kMaxQos) continue;
+    if ((*tried >> v.index) & 1) continue;
+    uint64_t resident = 0;
+    int64_t active = 0;
+    for (uint32_t k = 0; k < snap->process_count; ++k) {
+      const ProcessInfo& p = snap->processes[k];
+      if (p.vgpu_index != v.index || p.tier_state != kTierResident) continue;
+      resident += p.movable_bytes - p.host_bytes;
+      if (p.last_active_ns > active) active = p.last_active_ns;
+    }
+    if (resident == 0) continue;
+    if (best < 0 || active < best_active) {
+      best = static_cast<int>(i);
+      best_active = active;
+      best_bytes = resident;
+    }
+  }
+  if (best < 0) {
+    // Nobody resident to freeze: memory may still be on its way out (another tenant swapping out,
+    // for its idle timeout or for someone else's request). Wait for that, then try again.
+    auto swapping = [&] {
+      b->region.Snapshot(snap.get());
+      for (uint32_t k = 0; k < snap->process_count; ++k) {
+        if (snap->processes[k].vgpu_index != b->vgpu && snap->processes[k].tier_state == kTierSwappingOut) return true;
+      }
+      return false;
+    };
+    if (!swapping()) return false;
+    const int64_t until = Now() + kEvictWaitNs;
+    while (Now() < until && swapping()) {
+      timespec pause{0, 2'000'000};
+      nanosleep(&pause, nullptr);
+    }
+    return true;
+  }
+  const VgpuInfo& victim = snap->vgpus[best];
+  *tried |= 1ull << victim.index;
+  uint32_t gen = 0;
+  if (b->region.RequestFreeze(victim.index, &gen) != RegionError::kOk) return true;
+  GuestLog("vGPU '%s': VRAM is held by other tenants: freezing vGPU '%s' (%llu MiB resident, idle %.1f s)",
+           b->vgpu_id, victim.id, static_cast<unsigned long long>(best_bytes >> 20),
+           best_active > 0 ? (Now() - best_active) / 1e9 : 0.0);
+  const int64_t deadline = Now() + kEvictWaitNs;
+  while (Now() < deadline) {
+    bool pending = false;
+    for (uint32_t k = 0; k < snap->process_count; ++k) {
+      const ProcessInfo& p = snap->processes[k];
+      if (p.vgpu_index != victim.index || p.tier_state == kTierOff) continue;
+      ProcessTier* t = b->region.TierOfProcess(p.slot);
+      if (t->state.load(std::memory_order_acquire) != kTierOff &&
+          !Reached(t->freeze_done_gen.load(std::memory_order_acquire), gen)) {
+        pending = true;
+      }
+    }
+    if (!pending) break;
+    timespec pause{0, 1'000'000};
+    nanosleep(&pause, nullptr);
+  }
+  return true;
+}
+
+// MapPhysical, freezing colder tenants of the GPU while the driver is out of memory (for at most
+// kEvictDeadlineNs in all).
+CUresult MapPhysicalEvicting(Binding* b, CUdeviceptr base, Range* r) {
+  uint64_t tried = 0;
+  const int64_t deadline = Now() + kEvictDeadlineNs;
+  for (;;) {
+    CUresult e = MapPhysical(base, r);
+    if (e != CUDA_ERROR_OUT_OF_MEMORY || Now() > deadline || !EvictOther(b, &tried)) return e;
+  }
 }
 
 void UnmapPhysical(CUdeviceptr base, Range* r) {
@@ -386,7 +481,7 @@ CUresult SwapInLocked(State& s) {
   CUresult e = CUDA_SUCCESS;
   for (auto& [base, r] : s.ranges) {
     if (r.resident) continue;
-    e = MapPhysical(base, &r);
+    e = MapPhysicalEvicting(s.binding, base, &r);
     if (e != CUDA_SUCCESS) break;
     bytes += r.size;
   }
@@ -619,7 +714,7 @@ CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes) {
   CUdeviceptr base = 0;
   e = d.cuMemAddressReserve(&base, r.size, 0, 0, 0);
   if (e != CUDA_SUCCESS) return e;
-  e = MapPhysical(base, &r);
+  e = MapPhysicalEvicting(S().binding, base, &r);
   if (e != CUDA_SUCCESS) {
     d.cuMemAddressFree(base, r.size);
     return e;

@@ -161,6 +161,9 @@ Driver& Driver::Get() {
 bool Driver::Charge(CUdevice device, size_t bytes) {
   DeviceState& state = devices[device];
   if (bytes > topology.total_bytes - state.used_bytes) return false;
+  // Like a real GPU, the memory is shared by every process using the device.
+  uint64_t everyone = UsageBoard::Used(ordinal_to_physical[static_cast<size_t>(device)]);
+  if (everyone > topology.total_bytes || bytes > topology.total_bytes - everyone) return false;
   state.used_bytes += bytes;
   UsageBoard::Add(ordinal_to_physical[static_cast<size_t>(device)], static_cast<int64_t>(bytes));
   return true;

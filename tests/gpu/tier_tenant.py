@@ -15,6 +15,9 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              under tfusion)
   steady     --model r50|gpt2 throughput for --seconds (nothing swapped)
   hold       --gib GiB, print a checksum, wait for --go, check it again (the checkpoint-API tenant)
+  serve      an image-generation-style service: GPT-2 fp16 plus a --gib GiB working set; after --go,
+             bursts of --burst requests separated by idle gaps for --seconds; every request runs a
+             forward pass and reads the whole working set, and checks both against references
 """
 import argparse
 import ctypes
@@ -271,9 +274,51 @@ def run_hold(a):
     print(json.dumps({"intact": checksum(t) == want}))
 
 
+def run_serve(a):
+    import random
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(a.seed)
+    model = GPT2LMHeadModel(GPT2Config()).half().cuda().eval()
+    ids = torch.randint(0, 50257, (8, 128), device="cuda")
+    big = torch.empty(a.gib << 28, device="cuda")
+    big.view(torch.int32).random_()
+    with torch.no_grad():
+        ref_logits = model(input_ids=ids).logits.clone()
+    ref_sum = checksum(big)
+    torch.cuda.synchronize()
+    open(a.ready, "w").close()
+    deadline = time.monotonic() + 600
+    while not os.path.exists(a.go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rng = random.Random(a.seed)
+    first, rest, failures, ok, n = [], [], [], 0, 0
+    t_start = time.monotonic()
+    while time.monotonic() - t_start < a.seconds:
+        for r in range(a.burst):
+            t = time.monotonic()
+            try:
+                with torch.no_grad():
+                    good = bool(torch.equal(model(input_ids=ids).logits, ref_logits)) and checksum(big) == ref_sum
+                torch.cuda.synchronize()
+            except RuntimeError as ex:
+                failures.append(str(ex)[:200])
+                good = False
+            ms = (time.monotonic() - t) * 1000
+            n += 1
+            ok += good
+            (first if r == 0 else rest).append(round(ms, 2))
+        time.sleep(rng.uniform(a.gap_min, a.gap_max))
+    print(json.dumps({"requests": n, "correct": ok, "failures": failures[:3], "first_of_burst_ms": first,
+                      "other_ms": rest, "seconds": round(time.monotonic() - t_start, 1)}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("checks", "pool", "train", "swap", "gen", "alloc", "steady", "hold"))
+    ap.add_argument("mode", choices=("checks", "pool", "train", "swap", "gen", "alloc", "steady", "hold", "serve"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--burst", type=int, default=5)
+    ap.add_argument("--gap-min", type=float, default=3)
+    ap.add_argument("--gap-max", type=float, default=6)
     ap.add_argument("--cycles", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--freeze-at", type=int, default=-1)
@@ -286,7 +331,7 @@ def main():
     ap.add_argument("--go", default="")
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "train": run_train, "swap": run_swap, "gen": run_gen,
-     "alloc": run_alloc, "steady": run_steady, "hold": run_hold}[a.mode](a)
+     "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ Phases (tier_tenant.py does the work inside each tenant):
   gen     GPT-2 time to first token: cold process vs after a freeze
   alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
   steady  ResNet-50 b64 and GPT-2 b8 throughput, interleaved: native, limiter, limiter with tiering
+  oversub four tenants of 30 GiB working sets (about 40% of the GPU each) serving bursts with idle
+          gaps on one GPU with tiering, against one such tenant alone (running the four one after
+          another serves requests at the rate of one alone)
 Every phase appends its results to OUT/tiering.json (one JSON object per line) as it finishes.
 """
 import argparse
@@ -175,7 +178,7 @@ def phase_alloc(r):
 def phase_steady(r):
     res = {}
     for model, batch in (("r50", 64), ("gpt2", 8)):
-        for rnd in range(2):
+        for rnd in range(int(os.environ.get("TF_STEADY_ROUNDS", "2"))):
             for name, flags in (("native", None), ("limiter", LIMITED), ("tiering", TIERED)):
                 d = r.tenant(["steady", "--model", model, "--batch", str(batch), "--seconds", "6"], flags)
                 res.setdefault(f"{model}_b{batch}", {}).setdefault(name, []).append(d.get("items_per_s", d))
@@ -190,8 +193,66 @@ def phase_steady(r):
     r.record("steady", res)
 
 
+def phase_oversub(r, seconds=45, gib=30):
+    import statistics
+    serve = ["serve", "--gib", str(gib), "--seconds", str(seconds), "--burst", "5", "--gap-min", "3", "--gap-max", "6"]
+
+    def start(k, flags, env):
+        ready, go = os.path.join(r.out, f"serve-ready-{k}"), os.path.join(r.out, "serve-go")
+        cmd = [r.tfusion, "run"] + flags + ["--", sys.executable, TENANT] + serve + ["--seed", str(k), "--ready", ready, "--go", go]
+        log_path = os.path.join(r.logs, f"serve-{k}.log")
+        f = open(log_path, "w")
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, env=dict(r.env, **env)), ready, log_path
+
+    def run_group(tenants):
+        go = os.path.join(r.out, "serve-go")
+        if os.path.exists(go):
+            os.unlink(go)
+        procs = [start(*t) for t in tenants]
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not all(os.path.exists(p[1]) or p[0].poll() is not None for p in procs):
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        open(go, "w").close()
+        outs = []
+        for p, ready, log_path in procs:
+            try:
+                out, _ = p.communicate(timeout=seconds + 120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            lines = [l for l in out.splitlines() if l.startswith("{")]
+            d = json.loads(lines[-1]) if lines else {"error": "no result", "rc": p.returncode}
+            d["swaps_out"] = sum("swapped out" in l for l in open(log_path))
+            d["evictions"] = sum("freezing vGPU" in l for l in open(log_path))
+            outs.append(d)
+        return outs, time.monotonic() - t0
+
+    solo, _ = run_group([(0, ["--vram", "36GiB", "--vgpu", "serve-solo"], {})])
+    env = {"TFUSION_HOST_TIER_BUDGET": "100GiB"}
+    group, wall = run_group([(k, ["--vram", "36GiB", "--tiering", "--idle-swap", "2s", "--vgpu", f"serve-{k}"], env)
+                             for k in range(4)])
+
+    def extra(d):
+        warm = statistics.median(d["other_ms"]) if d.get("other_ms") else 0
+        return [x - warm for x in d.get("first_of_burst_ms", [])]
+    ex = sorted(x for d in group for x in extra(d))
+    pct = lambda q: round(ex[min(len(ex) - 1, int(q * len(ex)))], 1) if ex else None
+    res = {"seconds": seconds, "gib_each": gib,
+           "solo": {k: solo[0].get(k) for k in ("requests", "correct", "failures", "swaps_out")},
+           "solo_requests_per_min": round(solo[0].get("requests", 0) * 60 / seconds, 1),
+           "tiered_requests_per_min": round(sum(d.get("requests", 0) for d in group) * 60 / seconds, 1),
+           "tiered": [{k: d.get(k) for k in ("requests", "correct", "failures", "swaps_out", "evictions", "error")}
+                      for d in group],
+           "extra_latency_from_resume_ms_p50": pct(0.5), "extra_latency_from_resume_ms_p99": pct(0.99),
+           "solo_first_of_burst_ms_median": statistics.median(solo[0]["first_of_burst_ms"]) if solo[0].get("first_of_burst_ms") else None,
+           "group_wall_s": round(wall, 1)}
+    r.record("oversub", res)
+
+
 PHASES = {"checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
-          "ckpt": phase_ckpt, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady}
+          "ckpt": phase_ckpt, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
+          "oversub": phase_oversub}
 
 
 def main():

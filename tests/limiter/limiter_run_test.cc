@@ -262,6 +262,45 @@ TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
   EXPECT_NE(out.out.find("budget"), std::string::npos) << "the tenant's log says why\n" << out.out;
 }
 
+TEST_F(TieringTest, ATenantThatNeedsVramFreezesTheColderOneAndBothKeepTheirData) {
+  // A 300 MiB GPU, two tenants of 200 MiB each: only one fits at a time.
+  env_ += "FAKECUDA_TOTAL_MIB=300 TFUSION_HOST_TIER_BUDGET=1GiB ";
+  ASSERT_EQ(Run("mkdir -p " + dir_ + "/b").rc, 0);
+  pid_t a = StartTenant("--vram 256MiB --vgpu hot-a --tiering --idle-swap 0");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  std::string cmd = Tfusion("--vram 256MiB --vgpu hot-b --tiering --idle-swap 0", "tier " + dir_ + "/b") + " > " +
+                    dir_ + "/b/tenant.out 2>&1";
+  pid_t b = fork();
+  if (b == 0) {
+    setpgid(0, 0);
+    execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(b, b);
+  ASSERT_TRUE(WaitFor("b/ready")) << Run("cat " + dir_ + "/b/tenant.out").out;
+  Result smi = Tf("smi");
+  EXPECT_NE(smi.out.find("hot-a"), std::string::npos);
+  EXPECT_NE(Run("cat " + dir_ + "/b/tenant.out").out.find("freezing vGPU 'hot-a'"), std::string::npos)
+      << Run("cat " + dir_ + "/b/tenant.out").out;
+  // A wakes up and needs its VRAM back: B, now the colder one, is frozen in turn.
+  Touch("go");
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(Run("cat " + dir_ + "/tenant.out").out.find("freezing vGPU 'hot-b'"), std::string::npos)
+      << Run("cat " + dir_ + "/tenant.out").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(a), 0);
+  Touch("b/go");
+  Touch("b/go2");
+  Touch("b/go3");
+  EXPECT_EQ(Finish(b), 0);
+  for (const std::string f : {"/tenant.out", "/b/tenant.out"}) {
+    Result out = Run("cat " + dir_ + f);
+    EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
+    EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+  }
+}
+
 TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   Result unknown = Tf("freeze nosuch");
   EXPECT_EQ(unknown.rc, 2);
