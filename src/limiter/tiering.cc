@@ -41,6 +41,10 @@ constexpr size_t kHostChunk = 256ull << 20;
 // populates fresh host memory: seconds), and for one allocation in all.
 constexpr int64_t kEvictWaitNs = 60'000'000'000;
 constexpr int64_t kEvictDeadlineNs = 180'000'000'000;
+// A tenant of the same QoS that made a GPU call this recently is serving: the requester waits for
+// it to go idle instead of freezing it mid-burst (a lower QoS is frozen at once).
+constexpr int64_t kBusyNs = 500'000'000;
+constexpr int64_t kBudgetWaitNs = 5'000'000'000;
 constexpr int kMaxHostWorkers = 8;
 
 struct Range {
@@ -181,6 +185,11 @@ bool EvictOther(Binding* b, uint64_t* tried) {
       best_active = active;
       best_bytes = resident;
     }
+  }
+  if (best >= 0 && snap->vgpus[best].qos == my_qos && Now() - best_active < kBusyNs) {
+    timespec pause{0, 20'000'000};
+    nanosleep(&pause, nullptr);
+    return true;  // try again: the coldest one may be idle by then, or memory freed
   }
   if (best < 0) {
     // Nobody resident to freeze: memory may still be on its way out (another tenant swapping out,
@@ -578,9 +587,15 @@ CUresult SwapOutLocked(State& s) {
     if (e != CUDA_SUCCESS) return AbortSwapOut(s, e, "its queued work failed");
   }
   int64_t t_synced = Now();
-  if (!s.binding->region.ReserveHostTier(bytes)) {
-    return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
+  // The budget may be held by host copies other processes are about to free (after their resume):
+  // wait for it a little before giving up.
+  bool reserved = s.binding->region.ReserveHostTier(bytes);
+  for (const int64_t until = Now() + kBudgetWaitNs; !reserved && Now() < until;) {
+    timespec pause{0, 5'000'000};
+    nanosleep(&pause, nullptr);
+    reserved = s.binding->region.ReserveHostTier(bytes);
   }
+  if (!reserved) return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
   int64_t t_pinned = Now();
   CUresult e = CopyOut(s);
   int64_t t_copied = Now();
