@@ -291,7 +291,7 @@ def run_serve(a):
     while not os.path.exists(a.go) and time.monotonic() < deadline:
         time.sleep(0.01)
     rng = random.Random(a.seed)
-    first, rest, failures, ok, n = [], [], [], 0, 0
+    first, rest, failures, ok, wrong, n = [], [], [], 0, 0, 0
     t_start = time.monotonic()
     while time.monotonic() - t_start < a.seconds:
         for r in range(a.burst):
@@ -302,13 +302,14 @@ def run_serve(a):
                 torch.cuda.synchronize()
             except RuntimeError as ex:
                 failures.append(str(ex)[:200])
-                good = False
+                good = None
             ms = (time.monotonic() - t) * 1000
             n += 1
-            ok += good
+            ok += good is True
+            wrong += good is False
             (first if r == 0 else rest).append(round(ms, 2))
         time.sleep(rng.uniform(a.gap_min, a.gap_max))
-    print(json.dumps({"requests": n, "correct": ok, "failures": failures[:3], "first_of_burst_ms": first,
+    print(json.dumps({"requests": n, "correct": ok, "wrong": wrong, "errors": len(failures), "failures": failures[:3], "first_of_burst_ms": first,
                       "other_ms": rest, "seconds": round(time.monotonic() - t_start, 1)}))
 
 

@@ -242,7 +242,8 @@ def phase_oversub(r, seconds=45, gib=30):
            "solo": {k: solo[0].get(k) for k in ("requests", "correct", "failures", "swaps_out")},
            "solo_requests_per_min": round(solo[0].get("requests", 0) * 60 / seconds, 1),
            "tiered_requests_per_min": round(sum(d.get("requests", 0) for d in group) * 60 / seconds, 1),
-           "tiered": [{k: d.get(k) for k in ("requests", "correct", "failures", "swaps_out", "evictions", "error")}
+           "tiered": [{k: d.get(k) for k in ("requests", "correct", "wrong", "errors", "failures", "swaps_out",
+                                               "evictions", "error")}
                       for d in group],
            "extra_latency_from_resume_ms_p50": pct(0.5), "extra_latency_from_resume_ms_p99": pct(0.99),
            "solo_first_of_burst_ms_median": statistics.median(solo[0]["first_of_burst_ms"]) if solo[0].get("first_of_burst_ms") else None,
