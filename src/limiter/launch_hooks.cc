@@ -164,21 +164,37 @@ namespace {
 template <typename Call>
 CUresult CaptureBegin(Call&& call) {
   ComputeGovernor& g = ComputeGovernor::Instance();
-  if (!g.governed()) return call();
-  g.CaptureBegins();
+  if (!g.governed() && !g_tiering) return call();
+  if (g_tiering) {
+    // No swap-out starts from here on, and a swapped tenant is restored before the capture starts:
+    // a restore inside it would be calls a global-mode capture forbids.
+    g_tier_captures.fetch_add(1, std::memory_order_acq_rel);
+    CUresult w = TierWait();
+    if (w != CUDA_SUCCESS) {
+      g_tier_captures.fetch_sub(1, std::memory_order_acq_rel);
+      return w;
+    }
+  }
+  if (g.governed()) g.CaptureBegins();
   CUresult r = call();
-  if (r != CUDA_SUCCESS) g.CaptureEnds();
+  if (r != CUDA_SUCCESS) {
+    if (g.governed()) g.CaptureEnds();
+    if (g_tiering) g_tier_captures.fetch_sub(1, std::memory_order_acq_rel);
+  }
   return r;
 }
 template <typename Call>
 CUresult CaptureEnd(Call&& call) {
   ComputeGovernor& g = ComputeGovernor::Instance();
-  if (!g.governed()) return call();
+  if (!g.governed() && !g_tiering) return call();
   CUresult r = call();
   // The capture is over whatever the result (an invalidated capture ends here too), unless the
   // stream was not capturing at all.
   if (r != CUDA_ERROR_ILLEGAL_STATE && r != CUDA_ERROR_INVALID_HANDLE && r != CUDA_ERROR_INVALID_VALUE) {
-    g.CaptureEnds();
+    if (g.governed()) g.CaptureEnds();
+    if (g_tiering && g_tier_captures.fetch_sub(1, std::memory_order_acq_rel) <= 0) {
+      g_tier_captures.store(0, std::memory_order_release);
+    }
   }
   return r;
 }

@@ -25,6 +25,7 @@ bool g_tiering = false;
 std::atomic<int64_t> g_tier_inflight{0};
 std::atomic<uint32_t> g_tier_blocked{0};
 std::atomic<uint32_t> g_tier_touched{0};
+std::atomic<int32_t> g_tier_captures{0};
 
 namespace {
 
@@ -39,8 +40,8 @@ constexpr int64_t kQuiesceTimeoutNs = 30'000'000'000;
 constexpr size_t kHostChunk = 256ull << 20;
 // Pressure eviction: how long to wait for one tenant to swap out (a first swap-out of tens of GiB
 // populates fresh host memory: seconds), and for one allocation in all.
-constexpr int64_t kEvictWaitNs = 60'000'000'000;
-constexpr int64_t kEvictDeadlineNs = 180'000'000'000;
+constexpr int64_t kEvictWaitNs = 30'000'000'000;
+constexpr int64_t kEvictDeadlineNs = 60'000'000'000;
 // A tenant of the same QoS that made a GPU call this recently is serving: the requester waits for
 // it to go idle instead of freezing it mid-burst (a lower QoS is frozen at once).
 constexpr int64_t kBusyNs = 500'000'000;
@@ -647,7 +648,10 @@ void* TierThread(void*) {
     ProcessTier* t = b->region.TierOfProcess(b->slot);
     uint32_t freeze = v->freeze_gen.load(std::memory_order_acquire);
     uint32_t thaw = v->thaw_gen.load(std::memory_order_acquire);
-    if (freeze != s.freeze_done) {
+    // A stream capture in progress: the drain and copies of a swap-out are calls a capture in
+    // global mode forbids from any thread (they would invalidate it). Requests wait for its end.
+    const bool capturing = g_tier_captures.load(std::memory_order_acquire) > 0;
+    if (freeze != s.freeze_done && !capturing) {
       SwapOutLocked(s);
       s.freeze_done = freeze;
       t->freeze_done_gen.store(freeze, std::memory_order_release);
@@ -658,7 +662,7 @@ void* TierThread(void*) {
       t->thaw_done_gen.store(thaw, std::memory_order_release);
     }
     uint64_t idle_ms = v->idle_swap_ms.load(std::memory_order_relaxed);
-    if (idle_ms > 0 && s.state == kTierResident && now - s.last_active_ns >= static_cast<int64_t>(idle_ms) * 1'000'000) {
+    if (idle_ms > 0 && !capturing && s.state == kTierResident && now - s.last_active_ns >= static_cast<int64_t>(idle_ms) * 1'000'000) {
       // A failed attempt waits for another idle period rather than retrying every tick.
       if (SwapOutLocked(s) != CUDA_SUCCESS) s.last_active_ns = now;
     }

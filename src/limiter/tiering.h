@@ -37,6 +37,7 @@ extern bool g_tiering;
 extern std::atomic<int64_t> g_tier_inflight;
 extern std::atomic<uint32_t> g_tier_blocked;
 extern std::atomic<uint32_t> g_tier_touched;  // set by every guarded call; the tier thread clears it
+extern std::atomic<int32_t> g_tier_captures;  // stream captures in progress (no swap-out meanwhile)
 
 // Waits out a swap-out in progress and restores the process if it is swapped. CUDA_SUCCESS when
 // the caller may proceed; the restore's error otherwise (the swapped copy is kept).
