@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "controller/model.h"
@@ -38,6 +39,57 @@ const Family kFamilies[] = {
      [](const limiter::VgpuInfo& v) { return static_cast<double>(v.vram_limit_bytes); }},
 };
 
+// VRAM tiering, summed over the vGPU's live processes.
+struct TierFamily {
+  const char* name;
+  const char* type;
+  const char* help;
+  double (*value)(const limiter::ProcessInfo& p);
+};
+
+const TierFamily kTierFamilies[] = {
+    {"tf_vgpu_tier_movable_bytes", "gauge", "VRAM of the vGPU that tiering can move (resident or not), bytes.",
+     [](const limiter::ProcessInfo& p) { return static_cast<double>(p.movable_bytes); }},
+    {"tf_vgpu_tier_host_bytes", "gauge", "VRAM of the vGPU swapped out to host memory, bytes.",
+     [](const limiter::ProcessInfo& p) { return static_cast<double>(p.host_bytes); }},
+    {"tf_vgpu_tier_fixed_bytes", "gauge", "VRAM of the vGPU that cannot move (pools, arrays, VMM chunks), bytes.",
+     [](const limiter::ProcessInfo& p) { return static_cast<double>(p.fixed_bytes); }},
+    {"tf_vgpu_tier_swapped_processes", "gauge", "Processes of the vGPU swapped out now.",
+     [](const limiter::ProcessInfo& p) { return p.tier_state == limiter::kTierSwapped ? 1.0 : 0.0; }},
+    {"tf_vgpu_swap_outs", "gauge", "Swap-outs completed by the vGPU's live processes.",
+     [](const limiter::ProcessInfo& p) { return static_cast<double>(p.swaps_out); }},
+    {"tf_vgpu_swap_ins", "gauge", "Swap-ins (resumes) completed by the vGPU's live processes.",
+     [](const limiter::ProcessInfo& p) { return static_cast<double>(p.swaps_in); }},
+    {"tf_vgpu_last_swap_out_seconds", "gauge", "Duration of the last swap-out of the vGPU's processes (the longest).",
+     [](const limiter::ProcessInfo& p) { return p.last_out_us / 1e6; }},
+    {"tf_vgpu_last_resume_seconds", "gauge", "Duration of the last resume of the vGPU's processes (the longest).",
+     [](const limiter::ProcessInfo& p) { return p.last_in_us / 1e6; }},
+};
+
+struct GpuFamily {
+  const char* name;
+  const char* type;
+  const char* help;
+  double (*value)(const limiter::RegionSnapshot& s);
+};
+
+const GpuFamily kGpuFamilies[] = {
+    {"tf_gpu_swap_outs_total", "counter", "VRAM swap-outs on the GPU.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.swaps_out_total); }},
+    {"tf_gpu_swap_ins_total", "counter", "VRAM swap-ins (resumes) on the GPU.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.swaps_in_total); }},
+    {"tf_gpu_swap_out_bytes_total", "counter", "Bytes moved from the GPU to the host tier.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.bytes_out_total); }},
+    {"tf_gpu_swap_in_bytes_total", "counter", "Bytes moved from the host tier back to the GPU.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.bytes_in_total); }},
+    {"tf_gpu_swap_failures_total", "counter", "Swap-outs abandoned and resumes failed on the GPU.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.swap_failures_total); }},
+    {"tf_gpu_host_tier_used_bytes", "gauge", "Host memory held by the GPU's swapped tenants, bytes.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_used_bytes); }},
+    {"tf_gpu_host_tier_budget_bytes", "gauge", "Host memory the GPU's swapped tenants may hold, bytes.",
+     [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_budget_bytes); }},
+};
+
 const char* QosLabel(uint32_t qos) {
   return qos <= limiter::kMaxQos ? controller::QosName(static_cast<controller::Qos>(qos)) : "unknown";
 }
@@ -69,6 +121,28 @@ std::string VgpuMetricsText(const std::string& dir) {
           << "\"} " << f.value(v) << "\n";
       }
     }
+  }
+  for (const TierFamily& f : kTierFamilies) {
+    const bool max = std::string(f.name).find("last_") != std::string::npos;
+    o << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
+    for (const auto& snap : snapshots) {
+      for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+        const limiter::VgpuInfo& v = snap->vgpus[i];
+        if (!v.tier_enabled) continue;
+        double total = 0;
+        for (uint32_t k = 0; k < snap->process_count; ++k) {
+          const limiter::ProcessInfo& p = snap->processes[k];
+          if (p.vgpu_index != v.index) continue;
+          total = max ? std::max(total, f.value(p)) : total + f.value(p);
+        }
+        o << f.name << "{gpu=\"" << snap->gpu_uuid << "\",vgpu=\"" << v.id << "\",qos=\"" << QosLabel(v.qos)
+          << "\"} " << total << "\n";
+      }
+    }
+  }
+  for (const GpuFamily& f : kGpuFamilies) {
+    o << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
+    for (const auto& snap : snapshots) o << f.name << "{gpu=\"" << snap->gpu_uuid << "\"} " << f.value(*snap) << "\n";
   }
   return o.str();
 }

@@ -280,6 +280,17 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   throttled << value("tf_vgpu_throttled_seconds_total") << v.throttled_ns_total / 1e9 << "\n";
   EXPECT_NE(text.find(busy.str()), std::string::npos) << text;
   EXPECT_NE(text.find(throttled.str()), std::string::npos) << text;
+  // VRAM tiering: per-GPU swap counters always; per-vGPU tier gauges for a vGPU with tiering.
+  EXPECT_NE(text.find("# TYPE tf_gpu_swap_outs_total counter\ntf_gpu_swap_outs_total{gpu=\"GPU-q0\"} 0\n"),
+            std::string::npos) << text;
+  EXPECT_EQ(text.find("tf_vgpu_tier_host_bytes{"), std::string::npos) << "tiering is off for this vGPU";
+  ASSERT_EQ(r->SetTierPolicy(index, true, 10'000), limiter::RegionError::kOk);
+  r->TierOfProcess(slot)->movable_bytes.store(3u << 20);
+  r->TierOfProcess(slot)->host_bytes.store(2u << 20);
+  r->TierOfProcess(slot)->state.store(limiter::kTierSwapped);
+  const std::string tiered = agent.MetricsText();
+  EXPECT_NE(tiered.find(value("tf_vgpu_tier_host_bytes") + "2097152\n"), std::string::npos) << tiered;
+  EXPECT_NE(tiered.find(value("tf_vgpu_tier_swapped_processes") + "1\n"), std::string::npos) << tiered;
 
   // The heartbeat carries the same counters to the controller (tfusion top shows them).
   ASSERT_TRUE(agent.HeartbeatOnce().ok());
