@@ -65,6 +65,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--idle-swap", run.idle_swap,
                       "with tiering: swap out after this long without GPU calls, e.g. 10s or 5m; 0 = "
                       "never (default by QoS: low 10s, medium 60s, high 10m, critical never)");
+  run_cmd->add_option("--disk-tier", run.disk_tier,
+                      "with tiering: folder (on NVMe) that swapped VRAM moves on to after --idle-disk");
+  run_cmd->add_option("--idle-disk", run.idle_disk,
+                      "with --disk-tier: move swapped VRAM to disk after this long idle (default by QoS: "
+                      "low 2m, medium 10m, high and critical never)");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
@@ -209,7 +214,7 @@ int main(int argc, char** argv) {
     }
   }
   if (run_cmd->parsed() && !remote.empty()) {
-    if (run.tiering || !run.idle_swap.empty()) {
+    if (run.tiering || !run.idle_swap.empty() || !run.disk_tier.empty()) {
       std::fprintf(stderr, "tfusion run: --tiering and --idle-swap work on a local vGPU only, not with --remote\n");
       return 2;
     }

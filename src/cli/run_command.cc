@@ -1,6 +1,7 @@
 #include "cli/run_command.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -212,12 +213,24 @@ std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
 int RunCommand(const RunOptions& o) {
   if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
   if (o.gpu < 0) return Fail("--gpu must be 0 or more");
-  const bool tiering = o.tiering || !o.idle_swap.empty();
-  std::optional<uint64_t> idle_swap_ms;
+  const bool tiering = o.tiering || !o.idle_swap.empty() || !o.disk_tier.empty();
+  std::optional<uint64_t> idle_swap_ms, idle_disk_ms;
   if (!o.idle_swap.empty()) {
     auto ms = ParseDurationMs("--idle-swap", o.idle_swap);
     if (!ms.ok()) return Fail(ms.status().message());
     idle_swap_ms = *ms;
+  }
+  if (!o.idle_disk.empty()) {
+    if (o.disk_tier.empty()) return Fail("--idle-disk needs --disk-tier DIR");
+    auto ms = ParseDurationMs("--idle-disk", o.idle_disk);
+    if (!ms.ok()) return Fail(ms.status().message());
+    idle_disk_ms = *ms;
+  }
+  if (!o.disk_tier.empty()) {
+    struct stat st;
+    if (stat(o.disk_tier.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(o.disk_tier.c_str(), W_OK) != 0) {
+      return Fail("--disk-tier " + o.disk_tier + ": not a folder this user can write");
+    }
   }
   std::optional<Pooled> pooled;
   if (!o.controller.empty()) {
@@ -308,7 +321,8 @@ int RunCommand(const RunOptions& o) {
   }
   if (guarded && tiering) {
     uint64_t ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(limits->qos);
-    e = region.SetTierPolicy(index, true, ms);
+    uint64_t disk_ms = o.disk_tier.empty() ? 0 : idle_disk_ms ? *idle_disk_ms : limiter::DefaultIdleDiskMs(limits->qos);
+    e = region.SetTierPolicy(index, true, ms, disk_ms);
     if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
 
@@ -324,6 +338,7 @@ int RunCommand(const RunOptions& o) {
     setenv("TFUSION_REAL_LIBNVML", nvml->c_str(), 1);
     setenv("TFUSION_REGION", region_path.c_str(), 1);
     setenv("TFUSION_VGPU", vgpu_id.c_str(), 1);
+    if (!o.disk_tier.empty()) setenv("TFUSION_TIER_DIR", o.disk_tier.c_str(), 1);
     setenv("CUDA_VISIBLE_DEVICES", gpu->uuid.c_str(), 1);
     setenv("TRITON_LIBCUDA_PATH", inject->c_str(), 1);
     // The tenant needs no credential on its own GPU: the controller's token stays with us.

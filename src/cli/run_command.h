@@ -31,6 +31,8 @@ struct RunOptions {
   std::string tenant;      // whose quota the allocation counts against (none when empty)
   bool tiering = false;    // movable VRAM: the vGPU can be frozen (swapped to host memory) and thawed
   std::string idle_swap;   // swap out after this long idle ("10s", "0"/"never"); default by QoS
+  std::string disk_tier;   // folder for the disk tier (swapped copies moved on from host memory)
+  std::string idle_disk;   // move to the disk tier after this long idle; default by QoS
   std::vector<std::string> command;
 };
 

@@ -32,6 +32,7 @@ const char* TierStateName(uint32_t s) {
     case limiter::kTierSwappingOut: return "swapping out";
     case limiter::kTierSwapped: return "swapped";
     case limiter::kTierSwappingIn: return "swapping in";
+    case limiter::kTierOnDisk: return "on disk";
     default: return "off";
   }
 }
@@ -138,7 +139,8 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
     const auto& p = snap->processes[i];
     if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
     ++shown;
-    bool ok = freeze ? (p.tier_state == limiter::kTierSwapped || p.movable_bytes == 0)
+    bool ok = freeze ? (p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk ||
+                        p.movable_bytes == 0)
                      : p.tier_state == limiter::kTierResident;
     double ms = (freeze ? p.last_out_us : p.last_in_us) / 1000.0;
     if (ok) {

@@ -55,7 +55,9 @@ const TierFamily kTierFamilies[] = {
     {"tf_vgpu_tier_fixed_bytes", "gauge", "VRAM of the vGPU that cannot move (pools, arrays, VMM chunks), bytes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.fixed_bytes); }},
     {"tf_vgpu_tier_swapped_processes", "gauge", "Processes of the vGPU swapped out now.",
-     [](const limiter::ProcessInfo& p) { return p.tier_state == limiter::kTierSwapped ? 1.0 : 0.0; }},
+     [](const limiter::ProcessInfo& p) {
+       return p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk ? 1.0 : 0.0;
+     }},
     {"tf_vgpu_swap_outs", "gauge", "Swap-outs completed by the vGPU's live processes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.swaps_out); }},
     {"tf_vgpu_swap_ins", "gauge", "Swap-ins (resumes) completed by the vGPU's live processes.",

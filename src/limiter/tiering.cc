@@ -3,12 +3,16 @@
 // the idle timeout. See tiering.h.
 #include "limiter/tiering.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -55,6 +59,9 @@ struct Range {
   CUcontext ctx = nullptr;
   void* host = nullptr;                   // the swapped copy, nullptr while resident
   std::vector<uint8_t> registered;        // per kHostChunk piece of `host`: pinned with the driver
+  bool budgeted = false;                  // `host` is counted in the host tier's budget
+  int fd = -1;                            // disk tier: an unnamed file holding the copy
+  uint32_t crc = 0;                       // CRC-32C of the copy on disk
   bool resident = true;
 };
 
@@ -75,12 +82,19 @@ struct State {
   // Host copies no longer needed after a swap-in: freed by the tier thread, off the tenant's path
   // (unpinning takes about as long as copying). Their budget is returned when freed.
   std::vector<Range> to_free;
+  uint64_t disk = 0;                      // bytes of copies on the disk tier
+  int64_t disk_attempt_ns = 0;            // the last move to the disk tier tried
 };
+
+// The disk tier's directory (TFUSION_TIER_DIR), empty when there is none.
+char g_tier_dir[256] = {};
 
 State& S() {
   static State* s = new State();  // never destroyed: tenant threads may run during exit
   return *s;
 }
+
+bool IsSwapped(uint32_t state) { return state == kTierSwapped || state == kTierOnDisk; }
 
 int64_t Now() {
   timespec ts;
@@ -352,6 +366,7 @@ CUresult CopyOut(State& s) {
     if (!r.resident) continue;
     r.host = MapHost(r.size);
     if (r.host == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    r.budgeted = true;
     size_t chunks = (r.size + kHostChunk - 1) / kHostChunk;
     r.registered.assign(chunks, 0);
     for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 0, CUDA_SUCCESS});
@@ -482,6 +497,180 @@ void CountSwap(State& s, bool out, uint64_t bytes, int64_t ns, CUresult err) {
   (out ? h->bytes_out_total : h->bytes_in_total).fetch_add(bytes, std::memory_order_relaxed);
 }
 
+// ---- the disk tier: each host copy moves to an unnamed file (O_TMPFILE) in the tier directory,
+// so nothing is left behind when the tenant dies and no other process can open or replace it. A
+// 4 KiB header (magic, owner pid, address, size, CRC-32C of the data, CRC of the header) precedes
+// the data; a copy whose header or data does not check out is refused at resume.
+
+constexpr size_t kDiskHeader = 4096;
+constexpr char kDiskMagic[8] = {'T', 'F', 'S', 'W', 'A', 'P', '0', '1'};
+
+struct DiskHeader {
+  char magic[8];
+  uint64_t pid;
+  uint64_t base;
+  uint64_t size;
+  uint32_t data_crc;
+  uint32_t header_crc;  // of the bytes before it
+};
+
+__attribute__((target("sse4.2"))) uint32_t Crc32cHw(const unsigned char* p, size_t n, uint32_t crc) {
+  uint64_t c = ~crc;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    c = __builtin_ia32_crc32di(c, v);
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  for (; n > 0; --n, ++p) c32 = __builtin_ia32_crc32qi(c32, *p);
+  return ~c32;
+}
+
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  if (__builtin_cpu_supports("sse4.2")) return Crc32cHw(p, n, crc);
+  uint32_t c = ~crc;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+bool WriteAll(int fd, const char* p, size_t n, off_t at) {
+  while (n > 0) {
+    size_t step = n < kCopyPiece ? n : kCopyPiece;
+    ssize_t w = pwrite(fd, p, step, at);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    at += w;
+  }
+  return true;
+}
+
+bool ReadAll(int fd, char* p, size_t n, off_t at) {
+  while (n > 0) {
+    size_t step = n < kCopyPiece ? n : kCopyPiece;
+    ssize_t got = pread(fd, p, step, at);
+    if (got <= 0) {
+      if (got < 0 && errno == EINTR) continue;
+      return false;
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+    at += got;
+  }
+  return true;
+}
+
+// An unnamed file in the tier directory, with direct I/O where the file system offers it.
+int OpenDiskFile() {
+  int fd = open(g_tier_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+    // A file system without unnamed files: a private file, unlinked at once.
+    char path[sizeof(g_tier_dir) + 32];
+    snprintf(path, sizeof(path), "%s/.tfusion-swap-XXXXXX", g_tier_dir);
+    fd = mkostemp(path, O_CLOEXEC);
+    if (fd >= 0) unlink(path);
+  }
+  if (fd < 0) return -1;
+  int flags = fcntl(fd, F_GETFL);
+  if (flags >= 0) fcntl(fd, F_SETFL, flags | O_DIRECT);  // refused on tmpfs: buffered then
+  return fd;
+}
+
+// REQUIRES s.mu, s.state == kTierSwapped. Moves every host copy to the disk tier; a copy that
+// cannot be written (no space, I/O error) stays in host memory and the process stays swapped.
+void ToDiskLocked(State& s) {
+  if (g_tier_dir[0] == '\0' || s.state != kTierSwapped) return;
+  int64_t t0 = Now();
+  uint64_t moved = 0, released = 0;
+  for (auto& [base, r] : s.ranges) {
+    if (r.host == nullptr || r.fd >= 0 || r.resident) continue;
+    int fd = OpenDiskFile();
+    if (fd < 0) {
+      GuestLog("vGPU '%s': cannot create a swap file in %s: %s", s.binding->vgpu_id, g_tier_dir, strerror(errno));
+      break;
+    }
+    alignas(4096) static char header_block[kDiskHeader];
+    memset(header_block, 0, sizeof(header_block));
+    DiskHeader h{};
+    memcpy(h.magic, kDiskMagic, sizeof(h.magic));
+    h.pid = static_cast<uint64_t>(getpid());
+    h.base = base;
+    h.size = r.size;
+    h.data_crc = Crc32c(r.host, r.size);
+    h.header_crc = Crc32c(&h, offsetof(DiskHeader, header_crc));
+    memcpy(header_block, &h, sizeof(h));
+    if (!WriteAll(fd, header_block, kDiskHeader, 0) ||
+        !WriteAll(fd, static_cast<const char*>(r.host), r.size, static_cast<off_t>(kDiskHeader))) {
+      GuestLog("vGPU '%s': writing %llu MiB to the disk tier failed (%s): it stays in host memory",
+               s.binding->vgpu_id, static_cast<unsigned long long>(r.size >> 20), strerror(errno));
+      close(fd);
+      break;
+    }
+    r.fd = fd;
+    r.crc = h.data_crc;
+    if (r.budgeted) released += r.size;
+    FreeHostCopy(&r);
+    r.budgeted = false;
+    moved += r.size;
+  }
+  s.binding->region.ReleaseHostTier(released);
+  s.host -= released;
+  s.disk += moved;
+  if (s.host == 0 && s.disk > 0) s.state = kTierOnDisk;
+  Publish(s);
+  if (moved > 0) {
+    GuestLog("vGPU '%s': moved %llu MiB to the disk tier in %.1f ms", s.binding->vgpu_id,
+             static_cast<unsigned long long>(moved >> 20), (Now() - t0) / 1e6);
+  }
+}
+
+// REQUIRES s.mu. Reads a range's copy back from the disk tier into new host memory, checking it.
+CUresult FromDisk(State& s, CUdeviceptr base, Range* r) {
+  alignas(4096) static char header_block[kDiskHeader];
+  DiskHeader h{};
+  if (!ReadAll(r->fd, header_block, kDiskHeader, 0)) return CUDA_ERROR_OPERATING_SYSTEM;
+  memcpy(&h, header_block, sizeof(h));
+  if (memcmp(h.magic, kDiskMagic, sizeof(kDiskMagic)) != 0 ||
+      h.header_crc != Crc32c(&h, offsetof(DiskHeader, header_crc)) || h.base != base || h.size != r->size ||
+      h.data_crc != r->crc) {
+    GuestLog("vGPU '%s': the swap file of 0x%llx is not ours or is damaged: refused", s.binding->vgpu_id,
+             static_cast<unsigned long long>(base));
+    return CUDA_ERROR_ECC_UNCORRECTABLE;
+  }
+  r->host = MapHost(r->size);
+  if (r->host == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  r->budgeted = false;
+  r->registered.assign((r->size + kHostChunk - 1) / kHostChunk, 0);
+  if (!ReadAll(r->fd, static_cast<char*>(r->host), r->size, static_cast<off_t>(kDiskHeader))) {
+    FreeHostCopy(r);
+    return CUDA_ERROR_OPERATING_SYSTEM;
+  }
+  if (Crc32c(r->host, r->size) != r->crc) {
+    GuestLog("vGPU '%s': the swap file of 0x%llx is damaged (checksum): refused", s.binding->vgpu_id,
+             static_cast<unsigned long long>(base));
+    FreeHostCopy(r);
+    return CUDA_ERROR_ECC_UNCORRECTABLE;
+  }
+  char* host = static_cast<char*>(r->host);
+  return InContext(r->ctx, [r, host] {
+    for (size_t i = 0; i < r->registered.size(); ++i) {
+      size_t off = i * kHostChunk;
+      size_t len = r->size - off < kHostChunk ? r->size - off : kHostChunk;
+      CUresult e = g_real.cuMemHostRegister_v2(host + off, len, 0);
+      if (e != CUDA_SUCCESS) return e;
+      r->registered[i] = 1;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
 // REQUIRES s.mu, s.state == kTierSwapped.
 CUresult SwapInLocked(State& s) {
   int64_t t0 = Now();
@@ -490,6 +679,13 @@ CUresult SwapInLocked(State& s) {
   uint64_t bytes = 0;
   CUresult e = CUDA_SUCCESS;
   for (auto& [base, r] : s.ranges) {
+    if (r.resident || r.fd < 0 || r.host != nullptr) continue;
+    e = FromDisk(s, base, &r);
+    if (e != CUDA_SUCCESS) break;
+  }
+  int64_t t_loaded = Now();
+  for (auto& [base, r] : s.ranges) {
+    if (e != CUDA_SUCCESS) break;
     if (r.resident) continue;
     e = MapPhysicalEvicting(s.binding, base, &r);
     if (e != CUDA_SUCCESS) break;
@@ -504,7 +700,7 @@ CUresult SwapInLocked(State& s) {
     for (auto& [base, r] : s.ranges) {
       if (r.resident && r.host != nullptr) UnmapPhysical(base, &r);
     }
-    s.state = kTierSwapped;
+    s.state = s.host == 0 && s.disk > 0 ? kTierOnDisk : kTierSwapped;
     CountSwap(s, false, 0, 0, e);
     Publish(s);
     GuestLog("vGPU '%s': resume failed (CUDA error %d); the swapped copy is kept",
@@ -513,9 +709,15 @@ CUresult SwapInLocked(State& s) {
   }
   int64_t t_copied = Now();
   for (auto& [base, r] : s.ranges) {
+    if (r.fd >= 0) {
+      close(r.fd);  // an unnamed file: gone with its descriptor
+      r.fd = -1;
+      s.disk -= r.size;
+    }
     if (r.host == nullptr) continue;
     s.to_free.push_back(r);
     r.host = nullptr;
+    r.registered.clear();
   }
   s.host = 0;
   s.state = kTierResident;
@@ -526,9 +728,9 @@ CUresult SwapInLocked(State& s) {
   g_tier_blocked.store(0, std::memory_order_seq_cst);
   pthread_cond_broadcast(&s.cv);  // the tier thread frees the host copies
   if (TraceEnabled() || bytes >= (64ull << 20)) {
-    GuestLog("vGPU '%s': resumed %llu MiB in %.1f ms (map %.1f, copy %.1f)", s.binding->vgpu_id,
-             static_cast<unsigned long long>(bytes >> 20), ns / 1e6, (t_mapped - t0) / 1e6,
-             (t_copied - t_mapped) / 1e6);
+    GuestLog("vGPU '%s': resumed %llu MiB in %.1f ms (disk %.1f, map %.1f, copy %.1f)", s.binding->vgpu_id,
+             static_cast<unsigned long long>(bytes >> 20), ns / 1e6, (t_loaded - t0) / 1e6,
+             (t_mapped - t_loaded) / 1e6, (t_copied - t_mapped) / 1e6);
   }
   return CUDA_SUCCESS;
 }
@@ -537,8 +739,8 @@ CUresult SwapInLocked(State& s) {
 void FreePendingLocked(State& s) {
   uint64_t bytes = 0;
   for (Range& r : s.to_free) {
+    if (r.budgeted) bytes += r.size;
     FreeHostCopy(&r);
-    bytes += r.size;
   }
   s.to_free.clear();
   if (bytes != 0) s.binding->region.ReleaseHostTier(bytes);
@@ -657,9 +859,15 @@ void* TierThread(void*) {
       t->freeze_done_gen.store(freeze, std::memory_order_release);
     }
     if (thaw != s.thaw_done) {
-      if (s.state == kTierSwapped) SwapInLocked(s);
+      if (IsSwapped(s.state)) SwapInLocked(s);
       s.thaw_done = thaw;
       t->thaw_done_gen.store(thaw, std::memory_order_release);
+    }
+    uint64_t disk_ms = v->idle_disk_ms.load(std::memory_order_relaxed);
+    if (disk_ms > 0 && s.state == kTierSwapped && now - s.last_active_ns >= static_cast<int64_t>(disk_ms) * 1'000'000 &&
+        now - s.disk_attempt_ns >= static_cast<int64_t>(disk_ms) * 1'000'000) {
+      s.disk_attempt_ns = now;  // a failed move waits another period
+      ToDiskLocked(s);
     }
     uint64_t idle_ms = v->idle_swap_ms.load(std::memory_order_relaxed);
     if (idle_ms > 0 && !capturing && s.state == kTierResident && now - s.last_active_ns >= static_cast<int64_t>(idle_ms) * 1'000'000) {
@@ -713,6 +921,13 @@ void Tiering::Configure(Binding* b) {
   }
   S().binding = b;
   g_tiering = true;
+  if (const char* dir = getenv("TFUSION_TIER_DIR"); dir != nullptr && *dir) {
+    if (strlen(dir) < sizeof(g_tier_dir) && access(dir, W_OK) == 0) {
+      snprintf(g_tier_dir, sizeof(g_tier_dir), "%s", dir);
+    } else {
+      GuestLog("vGPU '%s': TFUSION_TIER_DIR=%s is not a writable folder: no disk tier", b->vgpu_id, dir);
+    }
+  }
 }
 
 CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes) {
@@ -767,12 +982,18 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
     UnmapPhysical(dptr, &r);
   }
   if (r.host != nullptr) {
+    if (r.budgeted) {
+      s.binding->region.ReleaseHostTier(r.size);
+      s.host -= r.size;
+    }
     FreeHostCopy(&r);
-    s.binding->region.ReleaseHostTier(r.size);
-    s.host -= r.size;
+  }
+  if (r.fd >= 0) {
+    close(r.fd);
+    s.disk -= r.size;
   }
   g_real.cuMemAddressFree(dptr, r.size);
-  if (s.state == kTierSwapped && s.host == 0) {
+  if ((s.state == kTierSwapped || s.state == kTierOnDisk) && s.host == 0 && s.disk == 0) {
     // The last swapped range is gone: nothing left to restore.
     s.state = kTierResident;
     g_tier_blocked.store(0, std::memory_order_seq_cst);
@@ -796,7 +1017,7 @@ CUresult Tiering::SwapIn() {
   if (!g_tiering) return CUDA_ERROR_NOT_SUPPORTED;
   State& s = S();
   pthread_mutex_lock(&s.mu);
-  CUresult e = s.state == kTierSwapped ? SwapInLocked(s) : CUDA_SUCCESS;
+  CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
   pthread_mutex_unlock(&s.mu);
   return e;
 }
@@ -804,7 +1025,7 @@ CUresult Tiering::SwapIn() {
 CUresult TierWait() {
   State& s = S();
   pthread_mutex_lock(&s.mu);
-  CUresult e = s.state == kTierSwapped ? SwapInLocked(s) : CUDA_SUCCESS;
+  CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
   pthread_mutex_unlock(&s.mu);
   return e;
 }
@@ -827,9 +1048,12 @@ void Tiering::ResetAfterFork() {
   State& s = S();
   pthread_mutex_init(&s.mu, nullptr);
   pthread_cond_init(&s.cv, nullptr);
+  for (auto& [base, r] : s.ranges) {
+    if (r.fd >= 0) close(r.fd);
+  }
   s.ranges.clear();
   s.to_free.clear();
-  s.movable = s.host = 0;
+  s.movable = s.host = s.disk = 0;
   s.state = kTierResident;
   s.thread_started = false;
   s.stop = false;

@@ -301,6 +301,60 @@ TEST_F(TieringTest, ATenantThatNeedsVramFreezesTheColderOneAndBothKeepTheirData)
   }
 }
 
+TEST_F(TieringTest, ASwappedTenantMovesOnToTheDiskTierAndComesBackIntact) {
+  ASSERT_EQ(Run("mkdir -p " + dir_ + "/nvme").rc, 0);
+  pid_t pid = StartTenant("--vram 1GiB --vgpu disk --tiering --idle-swap 0 --disk-tier " + dir_ +
+                          "/nvme --idle-disk 200ms");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze disk");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  bool on_disk = false;
+  for (int i = 0; i < 100 && !on_disk; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    on_disk = Tf("smi -p").out.find("on disk") != std::string::npos;
+  }
+  EXPECT_TRUE(on_disk) << Tf("smi -p").out << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_EQ(Run("ls -A " + dir_ + "/nvme").out, "") << "swap files have no name: nothing to leave behind";
+  Touch("go");
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  Result out = Run("cat " + dir_ + "/tenant.out");
+  EXPECT_NE(out.out.find("moved 200 MiB to the disk tier"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+}
+
+TEST_F(TieringTest, ADamagedSwapFileIsRefusedWithACudaError) {
+  ASSERT_EQ(Run("mkdir -p " + dir_ + "/nvme").rc, 0);
+  pid_t pid = StartTenant("--vram 1GiB --vgpu damaged --tiering --idle-swap 0 --disk-tier " + dir_ +
+                          "/nvme --idle-disk 100ms");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  ASSERT_EQ(Tf("freeze damaged").rc, 0);
+  bool on_disk = false;
+  for (int i = 0; i < 100 && !on_disk; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    on_disk = Tf("smi -p").out.find("on disk") != std::string::npos;
+  }
+  ASSERT_TRUE(on_disk);
+  // Overwrite data in every swap file of the tenant (reachable through /proc, as root could).
+  Result files = Run("for p in $(pgrep -f 'limiter_probe tier " + dir_ + "$'); do ls -l /proc/$p/fd | "
+                     "awk '/nvme/ {print \"/proc/'$p'/fd/\" $9}'; done");
+  ASSERT_FALSE(files.out.empty()) << files.out;
+  std::istringstream lines(files.out);
+  std::string f;
+  while (std::getline(lines, f)) {
+    ASSERT_EQ(Run("printf garbage | dd of=" + f + " bs=1 seek=8192 conv=notrunc status=none").rc, 0) << f;
+  }
+  Touch("go");
+  Touch("go2");
+  EXPECT_NE(Finish(pid), 0) << "the tenant's next GPU call fails";
+  Result out = Run("cat " + dir_ + "/tenant.out");
+  EXPECT_NE(out.out.find("damaged"), std::string::npos) << out.out;
+  EXPECT_NE(out.out.find(":214"), std::string::npos) << "CUDA_ERROR_ECC_UNCORRECTABLE\n" << out.out;
+}
+
 TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   Result unknown = Tf("freeze nosuch");
   EXPECT_EQ(unknown.rc, 2);

@@ -90,6 +90,7 @@ struct VgpuInfo {
   uint32_t process_count;
   bool tier_enabled;            // its processes allocate movable VRAM
   uint64_t idle_swap_ms;        // idle time before an automatic swap-out; 0 = never
+  uint64_t idle_disk_ms;        // idle time before swapped copies move to the disk tier; 0 = never
 };
 
 struct ProcessInfo {
@@ -141,6 +142,8 @@ void ResetVgpuTier(VgpuTier* t);
 void ResetProcessTier(ProcessTier* t);
 // Idle time before an automatic swap-out by QoS (0 low .. 3 critical): 10 s, 60 s, 10 min, never.
 uint64_t DefaultIdleSwapMs(uint32_t qos);
+// Idle time before swapped copies move on to the disk tier: 2 min, 10 min, never, never.
+uint64_t DefaultIdleDiskMs(uint32_t qos);
 // The host tier of a new region: the GPU's VRAM, at most half of this machine's memory.
 uint64_t DefaultHostTierBudget(uint64_t total_vram_bytes);
 
@@ -280,7 +283,7 @@ class GpuRegion {
   // ---- VRAM tiering (tier_region.cc; the protocol is in docs/shm-layout.md) ----
   // Owner side: whether the vGPU's processes allocate movable VRAM, and its idle timeout
   // (0 = never swapped automatically). Read by a process when it binds.
-  RegionError SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t idle_swap_ms);
+  RegionError SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t idle_swap_ms, uint64_t idle_disk_ms = 0);
   // Bytes of host memory the swapped copies of this GPU's tenants may hold together (0: none).
   void SetHostTierBudget(uint64_t bytes);
   // Asks every process of the vGPU to swap its movable VRAM out (freeze) or back in (thaw) and

@@ -156,6 +156,7 @@ enum TierState : uint32_t {
   kTierSwappingOut = 2,  // quiescing and copying out
   kTierSwapped = 3,      // its movable ranges are in the host tier, their VRAM released
   kTierSwappingIn = 4,   // restoring
+  kTierOnDisk = 5,       // swapped, and its copies moved on from host memory to the disk tier
 };
 
 // 64 bytes, one per GPU. The host tier's budget for the swapped copies of every process of this
@@ -180,7 +181,9 @@ struct alignas(kCacheLine) VgpuTier {
   std::atomic<uint32_t> thaw_gen;          // bumped by each thaw request
   uint32_t reserved0;
   std::atomic<uint64_t> idle_swap_ms;      // swap out after this long without GPU calls; 0 = never
-  uint8_t reserved[40];
+  std::atomic<uint64_t> idle_disk_ms;      // swapped and idle this long: move on to the disk tier
+                                           // (processes started with TFUSION_TIER_DIR); 0 = never
+  uint8_t reserved[32];
 };
 
 // 64 bytes per process slot, written only by the limiter of that process (its tier thread and

@@ -9,6 +9,7 @@ namespace tf::limiter {
 void ResetVgpuTier(VgpuTier* t) {
   t->enabled.store(0, std::memory_order_relaxed);
   t->idle_swap_ms.store(0, std::memory_order_relaxed);
+  t->idle_disk_ms.store(0, std::memory_order_relaxed);
   // The generations keep counting: a process still holding an old value never mistakes a new
   // vGPU's first request for one it already handled.
 }
@@ -35,6 +36,14 @@ uint64_t DefaultIdleSwapMs(uint32_t qos) {
   }
 }
 
+uint64_t DefaultIdleDiskMs(uint32_t qos) {
+  switch (qos) {
+    case 0: return 120'000;
+    case 1: return 600'000;
+    default: return 0;
+  }
+}
+
 uint64_t DefaultHostTierBudget(uint64_t total_vram_bytes) {
   long pages = sysconf(_SC_PHYS_PAGES);
   long page = sysconf(_SC_PAGESIZE);
@@ -52,11 +61,13 @@ ProcessTier* GpuRegion::TierOfProcess(uint32_t slot) const {
   return reinterpret_cast<ProcessTier*>(base_ + kProcessTierOffset + slot * sizeof(ProcessTier));
 }
 
-RegionError GpuRegion::SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t idle_swap_ms) {
+RegionError GpuRegion::SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t idle_swap_ms,
+                                     uint64_t idle_disk_ms) {
   VgpuTier* t = TierOfVgpu(vgpu_index);
   if (t == nullptr) return RegionError::kInvalidArgument;
   if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
   t->idle_swap_ms.store(enabled ? idle_swap_ms : 0, std::memory_order_relaxed);
+  t->idle_disk_ms.store(enabled ? idle_disk_ms : 0, std::memory_order_relaxed);
   t->enabled.store(enabled ? 1 : 0, std::memory_order_release);
   return RegionError::kOk;
 }
