@@ -537,32 +537,18 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0) {
   return ~c;
 }
 
-bool WriteAll(int fd, const char* p, size_t n, off_t at) {
+// pwrite (write) or pread the whole of [p, p+n) at file offset `at`, kCopyPiece at a time.
+bool TransferAll(bool write, int fd, char* p, size_t n, off_t at) {
   while (n > 0) {
     size_t step = n < kCopyPiece ? n : kCopyPiece;
-    ssize_t w = pwrite(fd, p, step, at);
-    if (w <= 0) {
-      if (w < 0 && errno == EINTR) continue;
+    ssize_t done = write ? pwrite(fd, p, step, at) : pread(fd, p, step, at);
+    if (done <= 0) {
+      if (done < 0 && errno == EINTR) continue;
       return false;
     }
-    p += w;
-    n -= static_cast<size_t>(w);
-    at += w;
-  }
-  return true;
-}
-
-bool ReadAll(int fd, char* p, size_t n, off_t at) {
-  while (n > 0) {
-    size_t step = n < kCopyPiece ? n : kCopyPiece;
-    ssize_t got = pread(fd, p, step, at);
-    if (got <= 0) {
-      if (got < 0 && errno == EINTR) continue;
-      return false;
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-    at += got;
+    p += done;
+    n -= static_cast<size_t>(done);
+    at += done;
   }
   return true;
 }
@@ -606,8 +592,8 @@ void ToDiskLocked(State& s) {
     h.data_crc = Crc32c(r.host, r.size);
     h.header_crc = Crc32c(&h, offsetof(DiskHeader, header_crc));
     memcpy(header_block, &h, sizeof(h));
-    if (!WriteAll(fd, header_block, kDiskHeader, 0) ||
-        !WriteAll(fd, static_cast<const char*>(r.host), r.size, static_cast<off_t>(kDiskHeader))) {
+    if (!TransferAll(true, fd, header_block, kDiskHeader, 0) ||
+        !TransferAll(true, fd, static_cast<char*>(r.host), r.size, static_cast<off_t>(kDiskHeader))) {
       GuestLog("vGPU '%s': writing %llu MiB to the disk tier failed (%s): it stays in host memory",
                s.binding->vgpu_id, static_cast<unsigned long long>(r.size >> 20), strerror(errno));
       close(fd);
@@ -635,7 +621,7 @@ void ToDiskLocked(State& s) {
 CUresult FromDisk(State& s, CUdeviceptr base, Range* r) {
   alignas(4096) static char header_block[kDiskHeader];
   DiskHeader h{};
-  if (!ReadAll(r->fd, header_block, kDiskHeader, 0)) return CUDA_ERROR_OPERATING_SYSTEM;
+  if (!TransferAll(false, r->fd, header_block, kDiskHeader, 0)) return CUDA_ERROR_OPERATING_SYSTEM;
   memcpy(&h, header_block, sizeof(h));
   if (memcmp(h.magic, kDiskMagic, sizeof(kDiskMagic)) != 0 ||
       h.header_crc != Crc32c(&h, offsetof(DiskHeader, header_crc)) || h.base != base || h.size != r->size ||
@@ -648,7 +634,7 @@ CUresult FromDisk(State& s, CUdeviceptr base, Range* r) {
   if (r->host == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   r->budgeted = false;
   r->registered.assign((r->size + kHostChunk - 1) / kHostChunk, 0);
-  if (!ReadAll(r->fd, static_cast<char*>(r->host), r->size, static_cast<off_t>(kDiskHeader))) {
+  if (!TransferAll(false, r->fd, static_cast<char*>(r->host), r->size, static_cast<off_t>(kDiskHeader))) {
     FreeHostCopy(r);
     return CUDA_ERROR_OPERATING_SYSTEM;
   }

@@ -162,8 +162,10 @@ TEST_F(LimiterRunTest, ManyShortRunsOfOneVgpuNeverLoseItUnderEachOther) {
 // brings it back too.
 class TieringTest : public LimiterRunTest {
  protected:
-  pid_t StartTenant(const std::string& flags) {
-    std::string cmd = Tfusion(flags, "tier " + dir_) + " > " + dir_ + "/tenant.out 2>&1";
+  // The tier probe under `tfusion run FLAGS`, talking through files in dir_/sub.
+  pid_t StartTenant(const std::string& flags, const std::string& sub = "") {
+    const std::string d = sub.empty() ? dir_ : dir_ + "/" + sub;
+    std::string cmd = Tfusion(flags, "tier " + d) + " > " + d + "/tenant.out 2>&1";
     pid_t pid = fork();
     if (pid == 0) {
       setpgid(0, 0);
@@ -182,6 +184,20 @@ class TieringTest : public LimiterRunTest {
   }
   void Touch(const std::string& name) { ASSERT_EQ(Run("touch " + dir_ + "/" + name).rc, 0); }
   Result Tf(const std::string& args) { return Run(env_ + TF_TFUSION + " " + args); }
+  // Polls `tfusion smi -p` for `text` for up to 5 s.
+  bool SmiShows(const std::string& text) {
+    for (int i = 0; i < 100; ++i) {
+      if (Tf("smi -p").out.find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // Both verification rounds of the probe found every buffer identical.
+  void ExpectIntact(const std::string& sub = "") {
+    Result out = Run("cat " + dir_ + (sub.empty() ? "" : "/" + sub) + "/tenant.out");
+    EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
+    EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+  }
   int Finish(pid_t pid) {
     int status = 0;
     waitpid(pid, &status, 0);
@@ -229,19 +245,12 @@ TEST_F(TieringTest, AnIdleTenantIsSwappedOutByItsTimeout) {
   pid_t pid = StartTenant("--vram 1GiB --vgpu idle --idle-swap 300ms");
   ASSERT_GT(pid, 0);
   ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
-  bool swapped = false;
-  for (int i = 0; i < 100 && !swapped; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    swapped = Tf("smi").out.find("swapped") != std::string::npos;
-  }
-  EXPECT_TRUE(swapped) << Tf("smi -p").out;
+  EXPECT_TRUE(SmiShows("swapped")) << Tf("smi -p").out;
   Touch("go");
   Touch("go2");
   Touch("go3");
   EXPECT_EQ(Finish(pid), 0);
-  Result out = Run("cat " + dir_ + "/tenant.out");
-  EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
-  EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+  ExpectIntact();
 }
 
 TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
@@ -268,15 +277,7 @@ TEST_F(TieringTest, ATenantThatNeedsVramFreezesTheColderOneAndBothKeepTheirData)
   ASSERT_EQ(Run("mkdir -p " + dir_ + "/b").rc, 0);
   pid_t a = StartTenant("--vram 256MiB --vgpu hot-a --tiering --idle-swap 0");
   ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
-  std::string cmd = Tfusion("--vram 256MiB --vgpu hot-b --tiering --idle-swap 0", "tier " + dir_ + "/b") + " > " +
-                    dir_ + "/b/tenant.out 2>&1";
-  pid_t b = fork();
-  if (b == 0) {
-    setpgid(0, 0);
-    execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(b, b);
+  pid_t b = StartTenant("--vram 256MiB --vgpu hot-b --tiering --idle-swap 0", "b");
   ASSERT_TRUE(WaitFor("b/ready")) << Run("cat " + dir_ + "/b/tenant.out").out;
   Result smi = Tf("smi");
   EXPECT_NE(smi.out.find("hot-a"), std::string::npos);
@@ -294,11 +295,8 @@ TEST_F(TieringTest, ATenantThatNeedsVramFreezesTheColderOneAndBothKeepTheirData)
   Touch("b/go2");
   Touch("b/go3");
   EXPECT_EQ(Finish(b), 0);
-  for (const std::string f : {"/tenant.out", "/b/tenant.out"}) {
-    Result out = Run("cat " + dir_ + f);
-    EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
-    EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
-  }
+  ExpectIntact();
+  ExpectIntact("b");
 }
 
 TEST_F(TieringTest, ASwappedTenantMovesOnToTheDiskTierAndComesBackIntact) {
@@ -308,12 +306,7 @@ TEST_F(TieringTest, ASwappedTenantMovesOnToTheDiskTierAndComesBackIntact) {
   ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
   Result frozen = Tf("freeze disk");
   EXPECT_EQ(frozen.rc, 0) << frozen.out;
-  bool on_disk = false;
-  for (int i = 0; i < 100 && !on_disk; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    on_disk = Tf("smi -p").out.find("on disk") != std::string::npos;
-  }
-  EXPECT_TRUE(on_disk) << Tf("smi -p").out << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_TRUE(SmiShows("on disk")) << Tf("smi -p").out << Run("cat " + dir_ + "/tenant.out").out;
   EXPECT_EQ(Run("ls -A " + dir_ + "/nvme").out, "") << "swap files have no name: nothing to leave behind";
   Touch("go");
   Touch("go2");
@@ -322,8 +315,7 @@ TEST_F(TieringTest, ASwappedTenantMovesOnToTheDiskTierAndComesBackIntact) {
   EXPECT_EQ(Finish(pid), 0);
   Result out = Run("cat " + dir_ + "/tenant.out");
   EXPECT_NE(out.out.find("moved 200 MiB to the disk tier"), std::string::npos) << out.out;
-  EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
-  EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
+  ExpectIntact();
 }
 
 TEST_F(TieringTest, ADamagedSwapFileIsRefusedWithACudaError) {
@@ -332,12 +324,7 @@ TEST_F(TieringTest, ADamagedSwapFileIsRefusedWithACudaError) {
                           "/nvme --idle-disk 100ms");
   ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
   ASSERT_EQ(Tf("freeze damaged").rc, 0);
-  bool on_disk = false;
-  for (int i = 0; i < 100 && !on_disk; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    on_disk = Tf("smi -p").out.find("on disk") != std::string::npos;
-  }
-  ASSERT_TRUE(on_disk);
+  ASSERT_TRUE(SmiShows("on disk"));
   // Overwrite data in every swap file of the tenant (reachable through /proc, as root could).
   Result files = Run("for p in $(pgrep -f 'limiter_probe tier " + dir_ + "$'); do ls -l /proc/$p/fd | "
                      "awk '/nvme/ {print \"/proc/'$p'/fd/\" $9}'; done");
