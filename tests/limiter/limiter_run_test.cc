@@ -57,6 +57,26 @@ class LimiterRunTest : public ::testing::Test {
     return r;
   }
 
+  // Starts `tfusion run FLAGS -- limiter_probe hold MIB` in its own process group (output in
+  // dir_/NAME.out) and waits until it holds the memory.
+  pid_t StartHolder(const std::string& flags, int mib, const std::string& name) {
+    std::string holder = Tfusion(flags, "hold " + std::to_string(mib)) + " > " + dir_ + "/" + name + ".out 2>&1";
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", ("exec env " + holder).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid < 0) return pid;
+    setpgid(pid, pid);
+    const std::string want = "holding=" + std::to_string(mib);
+    for (int i = 0; i < 100; ++i) {
+      if (Run("cat " + dir_ + "/" + name + ".out").out.find(want) != std::string::npos) return pid;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return -1;
+  }
+
   std::string dir_;
   std::string env_;
 };
@@ -106,21 +126,8 @@ TEST_F(LimiterRunTest, EveryLookupPathLandsOnTheLimiter) {
 
 TEST_F(LimiterRunTest, ProcessesOfOneVgpuShareItsQuotaAndAKilledOneLeavesNothing) {
   // First holder takes 600 MiB of a shared 1 GiB vGPU and stays alive.
-  std::string holder = Tfusion("--vram 1GiB --vgpu shared", "hold 600") + " > " + dir_ + "/holder.out 2>&1";
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    setpgid(0, 0);
-    execl("/bin/sh", "sh", "-c", ("exec env " + holder).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  bool holding = false;
-  for (int i = 0; i < 100 && !holding; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    holding = Run("cat " + dir_ + "/holder.out").out.find("holding=600") != std::string::npos;
-  }
-  ASSERT_TRUE(holding) << Run("cat " + dir_ + "/holder.out").out;
+  pid_t pid = StartHolder("--vram 1GiB --vgpu shared", 600, "holder");
+  ASSERT_GT(pid, 0) << Run("cat " + dir_ + "/holder.out").out;
   Result smi = Run(env_ + TF_TFUSION + " smi -p");
   EXPECT_NE(smi.out.find("shared"), std::string::npos) << smi.out;
   EXPECT_NE(smi.out.find("600 MiB"), std::string::npos) << "the holder's use is visible\n" << smi.out;
@@ -347,20 +354,8 @@ TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   EXPECT_EQ(unknown.rc, 2);
   EXPECT_NE(unknown.out.find("no vGPU 'nosuch'"), std::string::npos) << unknown.out;
   // A vGPU without tiering.
-  std::string holder = Tfusion("--vram 1GiB --vgpu plain", "hold 64") + " > " + dir_ + "/plain.out 2>&1";
-  pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    execl("/bin/sh", "sh", "-c", ("exec env " + holder).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  bool holding = false;
-  for (int i = 0; i < 100 && !holding; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    holding = Run("cat " + dir_ + "/plain.out").out.find("holding=64") != std::string::npos;
-  }
-  ASSERT_TRUE(holding);
+  pid_t pid = StartHolder("--vram 1GiB --vgpu plain", 64, "plain");
+  ASSERT_GT(pid, 0) << Run("cat " + dir_ + "/plain.out").out;
   Result plain = Tf("freeze plain");
   EXPECT_EQ(plain.rc, 2);
   EXPECT_NE(plain.out.find("does not have VRAM tiering"), std::string::npos) << plain.out;
