@@ -98,6 +98,14 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--driver", worker_driver, "driver library the sessions load");
   worker_cmd->add_option("--session-env", worker_env, "K=V set in every session (repeatable)");
   worker_cmd->add_option("--ready-file", worker_ready, "file written once listening");
+  bool worker_tiering = false;
+  std::string worker_idle_swap;
+  worker_cmd->add_flag("--tiering", worker_tiering,
+                       "every session gets a vGPU with movable VRAM (tfusion freeze remote-PID; idle sessions "
+                       "are swapped out to host memory)");
+  worker_cmd->add_option("--idle-swap", worker_idle_swap,
+                         "with --tiering: swap a session out after this long without GPU calls (default: by "
+                         "QoS, medium 60s; 0 = never)");
   std::string worker_nvml;
   uint32_t worker_spin_us = tf::worker::WorkerOptions{}.spin_us;
   worker_cmd->add_option("--spin-us", worker_spin_us,
@@ -253,6 +261,8 @@ int main(int argc, char** argv) {
       ro.percent = l.percent;
       ro.driver = worker_driver;
       ro.nvml = worker_nvml;
+      ro.tiering = worker_tiering || !worker_idle_swap.empty();
+      ro.idle_swap = worker_idle_swap;
       if (!l.gpu.empty()) {
         if (tf::Status g = tf::cli::ParseGpuSelector(l.gpu, &ro); !g.ok()) return g.message();
       }
@@ -263,6 +273,13 @@ int main(int argc, char** argv) {
       return "";
     };
     hooks.spin_us = worker_spin_us;
+    hooks.vgpu_for_every_session = worker_tiering || !worker_idle_swap.empty();
+    if (!worker_idle_swap.empty()) {
+      if (auto ms = tf::cli::ParseDurationMs("--idle-swap", worker_idle_swap); !ms.ok()) {
+        std::fprintf(stderr, "tfusion worker: %s\n", ms.status().message().c_str());
+        return 2;
+      }
+    }
     hooks.session_ended = [](pid_t session) {
       tf::cli::RemoveVgpuEverywhere("remote-" + std::to_string(session));
     };

@@ -153,6 +153,7 @@ int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& 
                     "is accepted\n");
   }
   o.prepare_limits = hooks.prepare_limits;
+  o.vgpu_for_every_session = hooks.vgpu_for_every_session;
   o.session_ended = hooks.session_ended;
   return worker::RunWorker(o);
 }

@@ -38,6 +38,7 @@ struct WorkerHooks {
   decltype(worker::WorkerOptions::prepare_limits) prepare_limits;
   decltype(worker::WorkerOptions::session_ended) session_ended;
   uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
+  bool vgpu_for_every_session = false;                 // tfusion worker --tiering
 };
 int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
                      const std::string& driver, const std::vector<std::string>& session_env,

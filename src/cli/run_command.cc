@@ -406,6 +406,16 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
   if (e != RegionError::kOk) {
     return Unavailable("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
+  if (o.tiering || !o.idle_swap.empty()) {
+    uint64_t idle_ms = limiter::DefaultIdleSwapMs(limits->qos);
+    if (!o.idle_swap.empty()) {
+      auto ms = ParseDurationMs("--idle-swap", o.idle_swap);
+      if (!ms.ok()) return ms.status();
+      idle_ms = *ms;
+    }
+    e = region.SetTierPolicy(index, true, idle_ms);
+    if (e != RegionError::kOk) return Unavailable("cannot enable tiering on vGPU '" + vgpu_id + "'");
+  }
   PreparedVgpu out;
   out.limiter = *inject + "/libcuda.so.1";
   out.env = {{"TFUSION_REAL_LIBCUDA", *driver},

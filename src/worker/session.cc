@@ -2277,19 +2277,23 @@ void Session::Cleanup() {
 }
 
 std::string Session::PrepareLimits(Reader& rd) {
-  uint32_t version = 0;
-  // Version 1: vram, tflops, percent; version 2 adds the GPU.
-  if (!rd.U32(&version) || (version != 1 && version != 2)) return "unknown limits record";
   SessionLimits l;
-  for (std::string* field : {&l.vram, &l.tflops, &l.percent, &l.gpu}) {
-    if (field == &l.gpu && version < 2) break;
-    const uint8_t* p = nullptr;
-    uint32_t n = 0;
-    if (!rd.Blob(&p, &n, 64)) return "malformed limits record";
-    field->assign(reinterpret_cast<const char*>(p), n);
+  if (!payload_.empty()) {  // empty: a client that asked for nothing (the worker's policy applies)
+    uint32_t version = 0;
+    // Version 1: vram, tflops, percent; version 2 adds the GPU.
+    if (!rd.U32(&version) || (version != 1 && version != 2)) return "unknown limits record";
+    for (std::string* field : {&l.vram, &l.tflops, &l.percent, &l.gpu}) {
+      if (field == &l.gpu && version < 2) break;
+      const uint8_t* p = nullptr;
+      uint32_t n = 0;
+      if (!rd.Blob(&p, &n, 64)) return "malformed limits record";
+      field->assign(reinterpret_cast<const char*>(p), n);
+    }
+    if (!rd.Finish()) return "malformed limits record";
   }
-  if (!rd.Finish()) return "malformed limits record";
-  if (l.vram.empty() && l.tflops.empty() && l.percent.empty() && l.gpu.empty()) return "";
+  if (l.vram.empty() && l.tflops.empty() && l.percent.empty() && l.gpu.empty() && !opt_.vgpu_for_every_session) {
+    return "";
+  }
   if (!opt_.prepare_limits) return "this worker does not make vGPUs per client";
   std::string why = opt_.prepare_limits(l, getpid(), &limits_env_, &limits_driver_);
   if (why.empty()) {
@@ -2370,7 +2374,9 @@ int Session::Run() {
     if (!loaded) {
       // The driver loads at the client's first request, which may ask for a vGPU of its own.
       std::string refused;
-      if (op == remote::kOpSessionInfo && !payload_.empty()) refused = PrepareLimits(rd);
+      if (op == remote::kOpSessionInfo && (!payload_.empty() || opt_.vgpu_for_every_session)) {
+        refused = PrepareLimits(rd);
+      }
       if (!refused.empty() || !LoadDriver()) {
         if (!refused.empty()) SessionLog("refused the client's vGPU limits: %s", refused.c_str());
         if (op == remote::kOpSessionInfo && wants_reply) {

@@ -40,6 +40,9 @@ struct WorkerOptions {
                             std::vector<std::pair<std::string, std::string>>* env,
                             std::string* driver)>
       prepare_limits;
+  // Every session gets a vGPU through prepare_limits, even a client that asked for no limits (the
+  // worker's own policy needs one: VRAM tiering).
+  bool vgpu_for_every_session = false;
   // Called in the worker once a session process has exited (its vGPU, if any, can go).
   std::function<void(pid_t session)> session_ended;
   // When not empty, the bound addresses are written here (one per line, "tcp HOST:PORT" or

@@ -33,7 +33,7 @@ class RemoteLimits : public ::testing::Test {
            std::to_string(getpid()) + " ";
     std::string cmd = env_ + "exec " + std::string(TF_TFUSION) + " worker --listen unix:" + dir_ +
                       "/w.sock --listen 127.0.0.1:0 --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
-                      " --ready-file " + dir_ + "/ready > " + dir_ + "/worker.log 2>&1";
+                      " --ready-file " + dir_ + "/ready " + WorkerFlags() + " > " + dir_ + "/worker.log 2>&1";
     worker_ = fork();
     ASSERT_GE(worker_, 0);
     if (worker_ == 0) {
@@ -52,6 +52,7 @@ class RemoteLimits : public ::testing::Test {
     for (int i = 0; i < 2; ++i)
       shm_unlink(("/tf-rl-" + std::to_string(getpid()) + "-dev" + std::to_string(i)).c_str());
   }
+  virtual std::string WorkerFlags() const { return ""; }
   Result Run(const std::string& flags, const std::string& probe_mode = "fill") {
     return Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +
                  "/w.sock --token t " + flags + " -- " + TF_REMOTE_PROBE + " " + probe_mode);
@@ -216,6 +217,49 @@ TEST_F(RemoteLimits, APooledRunOnAnotherNodeLandsOnTheAllocationsGpu) {
   EXPECT_NE(r.out.find(std::string("uuid=") + kGpu1Hex + "\n"), std::string::npos) << r.out;
   EXPECT_NE(ReadFile(dir_ + "/worker.log").find(std::string("GPU ") + kGpu1Uuid), std::string::npos)
       << ReadFile(dir_ + "/worker.log");
+}
+
+// A worker with --tiering gives every session movable VRAM: `tfusion freeze remote-PID` swaps the
+// session out (the session process owns the copy), and the client's next call brings every byte back.
+class RemoteTiering : public RemoteLimits {
+ protected:
+  std::string WorkerFlags() const override { return "--tiering --idle-swap 0"; }
+  bool WaitFor(const std::string& name) {
+    for (int i = 0; i < 400; ++i) {
+      if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return true;
+      usleep(25000);
+    }
+    return false;
+  }
+};
+
+TEST_F(RemoteTiering, AFrozenSessionGetsEveryByteBackOnTheClientsNextCall) {
+  ASSERT_EQ(Shell("mkdir -p " + dir_ + "/t").rc, 0);  // the probe's handshake files
+  std::string cmd = env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t -- " +
+                    TF_PROBE + " tier " + dir_ + "/t > " + dir_ + "/client.out 2>&1";
+  pid_t client = fork();
+  ASSERT_GE(client, 0);
+  if (client == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(WaitFor("t/ready")) << ReadFile(dir_ + "/client.out") << ReadFile(dir_ + "/worker.log");
+  std::smatch m;
+  std::string smi = Shell(env_ + TF_TFUSION + " smi").out;
+  ASSERT_TRUE(std::regex_search(smi, m, std::regex("remote-[0-9]+"))) << smi;
+  const std::string vgpu = m.str();
+  Result frozen = Shell(env_ + TF_TFUSION + " freeze " + vgpu);
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(frozen.out.find("swapped, 200 MiB movable (200 MiB in host memory)"), std::string::npos) << frozen.out;
+  for (const char* f : {"/t/go", "/t/go2", "/t/go3"}) Shell("touch " + dir_ + f);
+  int status = 0;
+  waitpid(client, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/client.out");
+  std::string out = ReadFile(dir_ + "/client.out");
+  EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
+  EXPECT_NE(out.find("kernel_after_resume=ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("resumed 200 MiB"), std::string::npos) << ReadFile(dir_ + "/worker.log");
 }
 
 }  // namespace
