@@ -518,8 +518,9 @@ int SmiCommand(bool all_processes, double sample_seconds) {
   for (Sampled& s : regions) {
     s.region.Snapshot(s.after.get());
     const limiter::RegionSnapshot& snap = *s.after;
-    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS\n", snap.gpu_uuid, snap.gpu_name,
-                FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0);
+    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS  host tier %s of %s\n", snap.gpu_uuid, snap.gpu_name,
+                FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0,
+                FormatBytes(snap.host_tier_used_bytes).c_str(), FormatBytes(snap.host_tier_budget_bytes).c_str());
     std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %10s %5s %-9s %10s\n", "VGPU", "QOS",
                 "VRAM USED", "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s",
                 "LAUNCHES", "OOMS", "TIER", "SWAPPED");

@@ -701,11 +701,10 @@ CUresult SwapInLocked(State& s) {
       s.disk -= r.size;
     }
     if (r.host == nullptr) continue;
-    s.to_free.push_back(r);
+    s.to_free.push_back(r);  // still counted in s.host (and so in the region) until freed
     r.host = nullptr;
     r.registered.clear();
   }
-  s.host = 0;
   s.state = kTierResident;
   int64_t ns = Now() - t0;
   CountSwap(s, false, bytes, ns, CUDA_SUCCESS);
@@ -729,7 +728,11 @@ void FreePendingLocked(State& s) {
     FreeHostCopy(&r);
   }
   s.to_free.clear();
-  if (bytes != 0) s.binding->region.ReleaseHostTier(bytes);
+  if (bytes != 0) {
+    s.binding->region.ReleaseHostTier(bytes);
+    s.host -= bytes;
+    Publish(s);
+  }
 }
 
 // REQUIRES s.mu. Undoes a swap-out that failed before any range was released.
@@ -1026,6 +1029,7 @@ void Tiering::Shutdown() {
   if (started && !pthread_equal(pthread_self(), s.thread)) pthread_join(s.thread, nullptr);
   pthread_mutex_lock(&s.mu);
   s.thread_started = false;
+  if (s.binding != nullptr) FreePendingLocked(s);  // their budget goes back now, not at the reap
   pthread_mutex_unlock(&s.mu);
 }
 

@@ -240,6 +240,8 @@ TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
   EXPECT_NE(thawed.out.find("resident"), std::string::npos) << thawed.out;
   Touch("go3");
   EXPECT_EQ(Finish(pid), 0);
+  // Nothing of the host tier stays counted once the tenant is gone.
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
   Result out = Run("cat " + dir_ + "/tenant.out");
   EXPECT_NE(out.out.find("first_identical=3"), std::string::npos) << out.out;
   EXPECT_NE(out.out.find("kernel_after_resume=ok"), std::string::npos) << out.out;
