@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli/quantity.h"
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
   auto* pool_cmd = app.add_subcommand("pool", "list, create or remove pools");
   pool_cmd->require_subcommand(1);
   auto* pool_ls = pool_cmd->add_subcommand("ls", "list pools");
-  std::string pool_name, pool_mode, pool_oversell;
+  std::string pool_name, pool_mode, pool_oversell, pool_expand_host, pool_expand_disk;
   auto* pool_create = pool_cmd->add_subcommand("create", "create a pool");
   pool_create->add_option("name", pool_name)->required();
   auto* pool_set = pool_cmd->add_subcommand("set", "change a pool's placement mode or oversell ratio");
@@ -175,6 +176,11 @@ int main(int argc, char** argv) {
     c->add_option("--mode", pool_mode, "placement mode: NodeCompactGPULowLoad, CompactFirst, LowLoadFirst, "
                                        "BestFit, FGD or FragAware");
     c->add_option("--oversell", pool_oversell, "TFLOPS oversell ratio, 1 to 100 (1: no overselling)");
+    c->add_option("--vram-expand-host", pool_expand_host,
+                  "percent of each GPU's VRAM that vGPUs may oversubscribe into host memory (0-400; its "
+                  "allocations get VRAM tiering)");
+    c->add_option("--vram-expand-disk", pool_expand_disk,
+                  "percent of each GPU's VRAM that vGPUs may oversubscribe onto disk (0-400)");
   }
   auto* pool_rm = pool_cmd->add_subcommand("rm", "remove a pool");
   pool_rm->add_option("name", pool_name)->required();
@@ -294,13 +300,20 @@ int main(int argc, char** argv) {
   if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);
   if (pool_ls->parsed()) return tf::controller::PoolList(client);
   if (pool_create->parsed() || pool_set->parsed()) {
-    tf::controller::PoolSettings settings{pool_name, std::nullopt, std::nullopt};
+    tf::controller::PoolSettings settings{pool_name, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
     if (!pool_mode.empty()) settings.placement_mode = pool_mode;
     if (!pool_oversell.empty()) {
       tf::StatusOr<double> r = tf::cli::ParsePositive("--oversell", pool_oversell, 100);
       if (r.ok() && *r < 1) r = tf::InvalidArgument("--oversell " + pool_oversell + ": must be at least 1");
       if (!r.ok()) return UsageError("tfusion pool", r.status());
       settings.tflops_oversell_ratio = *r;
+    }
+    for (auto [flag, text, field] : {std::tuple{"--vram-expand-host", &pool_expand_host, &settings.vram_expand_to_host_percent},
+                                     std::tuple{"--vram-expand-disk", &pool_expand_disk, &settings.vram_expand_to_disk_percent}}) {
+      if (text->empty()) continue;
+      tf::StatusOr<uint64_t> r = tf::cli::ParseCount(flag, *text, 400);
+      if (!r.ok()) return UsageError("tfusion pool", r.status());
+      *field = static_cast<int>(*r);
     }
     return pool_set->parsed() ? tf::controller::PoolSet(client, settings)
                               : tf::controller::PoolCreate(client, settings);

@@ -94,6 +94,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   a.tflops = v.value("tflops", 0.0);
   a.tflops_limit = v.value("tflops_limit", a.tflops);
   a.qos = j.value("qos", "medium");
+  a.tiering = j.value("tiering", false);
   if (a.id.empty() || a.gpu_uuid.empty()) return Internal("the controller's allocation answer lacks an id or GPU");
   return a;
 }

@@ -28,6 +28,7 @@ struct PoolAllocation {
   double tflops = 0;       // the request in FP16 TFLOPS on that GPU
   double tflops_limit = 0; // the limit in FP16 TFLOPS on that GPU
   std::string qos;         // low, medium, high or critical
+  bool tiering = false;    // the pool oversubscribes VRAM: the vGPU gets VRAM tiering
 };
 
 // `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of

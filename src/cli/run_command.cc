@@ -122,6 +122,7 @@ struct Pooled {
   Limits limits;
   std::string node;           // the node of that GPU
   std::string remote_worker;  // not empty: the GPU is on another node, reached through this worker
+  bool tiering = false;       // the pool oversubscribes VRAM
 };
 
 // Asks the controller for a vGPU. An unreachable controller is not an error: the command then
@@ -168,6 +169,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   out.limits.limit_ppm = std::max(a->limit_ppm, a->share_ppm);
   StatusOr<uint32_t> granted_qos = ParseQosFlag(a->qos);
   out.limits.qos = granted_qos.ok() ? *granted_qos : *qos;
+  out.tiering = a->tiering;
   const std::string granted = ShareText(out.limits);
   if (where->remote) {
     out.remote_worker = where->worker_address;
@@ -319,7 +321,7 @@ int RunCommand(const RunOptions& o) {
     guarded = region.FindVgpu(vgpu_id.c_str(), &now) == RegionError::kOk && now == index;
     if (!guarded) region.DetachProcess(guard_slot);  // the slot was reused for another vGPU
   }
-  if (guarded && tiering) {
+  if (guarded && (tiering || (pooled && pooled->tiering))) {
     uint64_t ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(limits->qos);
     uint64_t disk_ms = o.disk_tier.empty() ? 0 : idle_disk_ms ? *idle_disk_ms : limiter::DefaultIdleDiskMs(limits->qos);
     e = region.SetTierPolicy(index, true, ms, disk_ms);

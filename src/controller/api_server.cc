@@ -119,6 +119,8 @@ StatusOr<Pool> PoolSpec(const json& body, const std::string& name) {
   p.name = name.empty() ? f.Str("name", true) : name;
   p.placement_mode = f.Str("placement_mode");
   if (body.contains("tflops_oversell_ratio")) p.tflops_oversell_ratio = f.Num("tflops_oversell_ratio");
+  if (body.contains("vram_expand_to_host_percent")) p.vram_expand_to_host_percent = static_cast<int>(f.IntIn("vram_expand_to_host_percent", 0, 400));
+  if (body.contains("vram_expand_to_disk_percent")) p.vram_expand_to_disk_percent = static_cast<int>(f.IntIn("vram_expand_to_disk_percent", 0, 400));
   if (!f.status().ok()) return f.status();
   return p;
 }
@@ -355,8 +357,11 @@ void ApiServer::Routes() {
     std::optional<double> ratio;
     if (body->contains("placement_mode")) mode = f.Str("placement_mode");
     if (body->contains("tflops_oversell_ratio")) ratio = f.Num("tflops_oversell_ratio");
+    std::optional<int> host, disk;
+    if (body->contains("vram_expand_to_host_percent")) host = static_cast<int>(f.IntIn("vram_expand_to_host_percent", 0, 400));
+    if (body->contains("vram_expand_to_disk_percent")) disk = static_cast<int>(f.IntIn("vram_expand_to_disk_percent", 0, 400));
     if (!f.status().ok()) return ReplyError(res, f.status());
-    StatusOr<Pool> p = c->PatchPool(req.matches[1], mode, ratio);
+    StatusOr<Pool> p = c->PatchPool(req.matches[1], mode, host, disk, ratio);
     if (!p.ok()) return ReplyError(res, p.status());
     Reply(res, 200, ToJson(*p));
   });

@@ -399,7 +399,8 @@ int PoolList(const ClientOptions& c) {
   StatusOr<json> gpus = CallList(c, "/v1/gpus", "gpus");
   if (!gpus.ok()) return Fail(gpus.status());
   std::vector<std::vector<std::string>> rows{
-      {"POOL", "MODE", "OVERSELL", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB", "ALLOC_VRAM_MIB"}};
+      {"POOL", "MODE", "OVERSELL", "VRAM+HOST%", "VRAM+DISK%", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB",
+       "ALLOC_VRAM_MIB"}};
   for (const json& p : (*pools)["pools"]) {
     std::string name = p.value("name", "");
     int n = 0;
@@ -414,7 +415,8 @@ int PoolList(const ClientOptions& c) {
       uv += g.value("used_vram_mib", int64_t{0});
     }
     rows.push_back({name, p.value("placement_mode", ""), Fixed(p.value("tflops_oversell_ratio", 1.0), 2),
-                    std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
+                    std::to_string(p.value("vram_expand_to_host_percent", 0)),
+                    std::to_string(p.value("vram_expand_to_disk_percent", 0)), std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
   }
   PrintTable(Out(c), rows);
   return 0;
@@ -425,24 +427,33 @@ int PoolCreate(const ClientOptions& c, const PoolSettings& pool) {
   json body = {{"name", pool.name}};
   if (pool.placement_mode) body["placement_mode"] = *pool.placement_mode;
   if (pool.tflops_oversell_ratio) body["tflops_oversell_ratio"] = *pool.tflops_oversell_ratio;
+  if (pool.vram_expand_to_host_percent) body["vram_expand_to_host_percent"] = *pool.vram_expand_to_host_percent;
+  if (pool.vram_expand_to_disk_percent) body["vram_expand_to_disk_percent"] = *pool.vram_expand_to_disk_percent;
   StatusOr<json> r = Call(c, "POST", "/v1/pools", body.dump());
   if (!r.ok()) return Fail(r.status());
   Out(c) << "pool " << pool.name << " created: placement mode " << r->value("placement_mode", "")
-         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";
+         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << ", VRAM expanded "
+         << r->value("vram_expand_to_host_percent", 0) << "% into host memory and "
+         << r->value("vram_expand_to_disk_percent", 0) << "% onto disk\n";
   return 0;
 }
 
 int PoolSet(const ClientOptions& c, const PoolSettings& pool) {
   if (int rc = CheckName("pool name", pool.name)) return rc;
-  if (!pool.placement_mode && !pool.tflops_oversell_ratio)
-    return Fail(InvalidArgument("nothing to change: give --mode and/or --oversell")), 2;
+  if (!pool.placement_mode && !pool.tflops_oversell_ratio && !pool.vram_expand_to_host_percent &&
+      !pool.vram_expand_to_disk_percent)
+    return Fail(InvalidArgument("nothing to change: give --mode, --oversell, --vram-expand-host or --vram-expand-disk")), 2;
   json body = json::object();  // what is not given keeps its value (PATCH)
   if (pool.placement_mode) body["placement_mode"] = *pool.placement_mode;
   if (pool.tflops_oversell_ratio) body["tflops_oversell_ratio"] = *pool.tflops_oversell_ratio;
+  if (pool.vram_expand_to_host_percent) body["vram_expand_to_host_percent"] = *pool.vram_expand_to_host_percent;
+  if (pool.vram_expand_to_disk_percent) body["vram_expand_to_disk_percent"] = *pool.vram_expand_to_disk_percent;
   StatusOr<json> r = Call(c, "PATCH", "/v1/pools/" + pool.name, body.dump());
   if (!r.ok()) return Fail(r.status());
   Out(c) << "pool " << pool.name << ": placement mode " << r->value("placement_mode", "")
-         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << "\n";
+         << ", TFLOPS oversell ratio " << r->value("tflops_oversell_ratio", 1.0) << ", VRAM expanded "
+         << r->value("vram_expand_to_host_percent", 0) << "% into host memory and "
+         << r->value("vram_expand_to_disk_percent", 0) << "% onto disk\n";
   return 0;
 }
 

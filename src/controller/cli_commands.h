@@ -79,6 +79,8 @@ struct PoolSettings {
   std::string name;
   std::optional<std::string> placement_mode;
   std::optional<double> tflops_oversell_ratio;
+  std::optional<int> vram_expand_to_host_percent;  // 0..400
+  std::optional<int> vram_expand_to_disk_percent;  // 0..400
 };
 int PoolCreate(const ClientOptions& client, const PoolSettings& pool);  // tfusion pool create NAME
 int PoolSet(const ClientOptions& client, const PoolSettings& pool);     // tfusion pool set NAME

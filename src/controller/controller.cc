@@ -190,6 +190,9 @@ Status ValidatePoolSpec(Pool& p) {
   p.placement_mode = std::string(sched::PlacementModeName(*m));
   if (!std::isfinite(p.tflops_oversell_ratio) || p.tflops_oversell_ratio < 1 || p.tflops_oversell_ratio > 100)
     return InvalidArgument("tflops_oversell_ratio must be a number in [1, 100]");
+  if (p.vram_expand_to_host_percent < 0 || p.vram_expand_to_host_percent > 400 ||
+      p.vram_expand_to_disk_percent < 0 || p.vram_expand_to_disk_percent > 400)
+    return InvalidArgument("vram_expand_to_host_percent and vram_expand_to_disk_percent must be whole numbers in [0, 400]");
   return Status::Ok();
 }
 
@@ -422,10 +425,13 @@ StatusOr<Pool> Controller::CreatePool(const Pool& spec) {
 }
 
 StatusOr<Pool> Controller::UpdatePool(const Pool& spec) {
-  return PatchPool(spec.name, spec.placement_mode, spec.tflops_oversell_ratio);  // every setting given
+  return PatchPool(spec.name, spec.placement_mode, spec.vram_expand_to_host_percent,  // every setting given
+                   spec.vram_expand_to_disk_percent, spec.tflops_oversell_ratio);
 }
 
 StatusOr<Pool> Controller::PatchPool(const std::string& name, const std::optional<std::string>& placement_mode,
+                                     const std::optional<int>& vram_expand_to_host_percent,
+                                     const std::optional<int>& vram_expand_to_disk_percent,
                                      const std::optional<double>& tflops_oversell_ratio) {
   return Durably([&]() -> StatusOr<Pool> {
     TF_RETURN_IF_ERROR(ValidateName("pool name", name));
@@ -436,6 +442,8 @@ StatusOr<Pool> Controller::PatchPool(const std::string& name, const std::optiona
     Pool p = it->second.value;
     if (placement_mode) p.placement_mode = *placement_mode;
     if (tflops_oversell_ratio) p.tflops_oversell_ratio = *tflops_oversell_ratio;
+    if (vram_expand_to_host_percent) p.vram_expand_to_host_percent = *vram_expand_to_host_percent;
+    if (vram_expand_to_disk_percent) p.vram_expand_to_disk_percent = *vram_expand_to_disk_percent;
     TF_RETURN_IF_ERROR(ValidatePoolSpec(p));
     StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(p.name), it->second.revision)},
                                          {Write::Put(PoolKey(p.name), Dump(p))});
@@ -865,6 +873,9 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         return d.status();
       }
       Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant, req.request_id};
+      if (auto pool = pools_.find(pr.pool); pool != pools_.end()) {
+        a.tiering = pool->second.value.vram_expand_to_host_percent + pool->second.value.vram_expand_to_disk_percent > 0;
+      }
       std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
       std::vector<Write> writes;
       std::map<std::string, Gpu> touched;  // new usage of every GPU the commit changes

@@ -158,6 +158,8 @@ class Controller {
   StatusOr<Pool> UpdatePool(const Pool& spec);  // replaces the mode and the oversell ratio
   // Changes only what is given; the rest keeps its value (PATCH).
   StatusOr<Pool> PatchPool(const std::string& name, const std::optional<std::string>& placement_mode,
+                           const std::optional<int>& vram_expand_to_host_percent,
+                           const std::optional<int>& vram_expand_to_disk_percent,
                            const std::optional<double>& tflops_oversell_ratio);
   std::vector<Pool> ListPools() const;
   StatusOr<Pool> GetPool(const std::string& name) const;

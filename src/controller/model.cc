@@ -28,7 +28,9 @@ StatusOr<Qos> ParseQos(const std::string& s) {
 
 json ToJson(const Pool& p) {
   return {{"name", p.name}, {"created_ms", p.created_ms}, {"placement_mode", p.placement_mode},
-          {"tflops_oversell_ratio", p.tflops_oversell_ratio}};
+          {"tflops_oversell_ratio", p.tflops_oversell_ratio},
+          {"vram_expand_to_host_percent", p.vram_expand_to_host_percent},
+          {"vram_expand_to_disk_percent", p.vram_expand_to_disk_percent}};
 }
 
 json ToJson(const TenantQuota& q) {
@@ -82,7 +84,8 @@ json ToJson(const Allocation& a) {
                      {"tflops_limit", v.tflops_limit}, {"limit_ppm", v.limit_ppm}});
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
-          {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id}};
+          {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
+          {"tiering", a.tiering}};
 }
 
 namespace {
@@ -108,6 +111,8 @@ StatusOr<Pool> PoolFromJson(const std::string& text) {
     p.created_ms = j.value("created_ms", int64_t{0});
     p.placement_mode = j.value("placement_mode", std::string("NodeCompactGPULowLoad"));
     p.tflops_oversell_ratio = j.value("tflops_oversell_ratio", 1.0);
+    p.vram_expand_to_host_percent = j.value("vram_expand_to_host_percent", 0);
+    p.vram_expand_to_disk_percent = j.value("vram_expand_to_disk_percent", 0);
   });
 }
 
@@ -182,6 +187,7 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.created_ms = j.value("created_ms", int64_t{0});
     a.tenant = j.value("tenant", "");
     a.request_id = j.value("request_id", "");
+    a.tiering = j.value("tiering", false);
   });
 }
 

@@ -33,6 +33,11 @@ struct Pool {
   // NodeCompactGPULowLoad (default), BestFit, FGD, FragAware.
   std::string placement_mode = "NodeCompactGPULowLoad";
   double tflops_oversell_ratio = 1.0;  // >= 1: vGPU TFLOPS may sum to this times the physical
+  // VRAM oversubscription (TensorFusion's vramExpandToHostMem / vramExpandToHostDisk): vGPU VRAM
+  // may sum to physical x (100 + host + disk) / 100 per GPU; allocations in such a pool get VRAM
+  // tiering, so idle tenants give the physical VRAM back. 0..400 each.
+  int vram_expand_to_host_percent = 0;
+  int vram_expand_to_disk_percent = 0;
 };
 
 // Per-tenant ceilings on what its live allocations hold (requests, summed over vGPUs); 0 = no limit.
@@ -107,6 +112,7 @@ struct Allocation {
   int64_t created_ms = 0;
   std::string tenant;  // may be empty (no quota)
   std::string request_id;  // the client's idempotency key; may be empty
+  bool tiering = false;    // its pool oversubscribes VRAM: its vGPUs get VRAM tiering
 };
 
 // An allocation the controller took back while its tenant may still be running on it: preempted

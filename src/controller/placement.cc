@@ -118,6 +118,8 @@ Status PlacementEngine::AddPool(const Pool& p) {
                        sched::PlacementMode::kNodeCompactGpuLowLoad};
   if (StatusOr<sched::PlacementMode> m = sched::ParsePlacementMode(p.placement_mode); m.ok())
     spec.mode = *m;
+  spec.vram_expand_to_host_percent = p.vram_expand_to_host_percent;
+  spec.vram_expand_to_disk_percent = p.vram_expand_to_disk_percent;
   return scheduler_->AddPool(spec);
 }
 

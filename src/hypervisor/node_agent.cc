@@ -197,6 +197,7 @@ Status NodeAgent::SyncAllocations() {
       // An older controller sends no limit: limit = request (QuotaRegions::Sync).
       if (StatusOr<controller::Qos> q = controller::ParseQos(a.value("qos", "medium")); q.ok())
         va.qos = static_cast<uint32_t>(*q);
+      va.tiering = a.value("tiering", false);
       want.push_back(std::move(va));
     }
   }

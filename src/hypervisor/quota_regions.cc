@@ -73,8 +73,14 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     const uint64_t share = a.compute_share_ppm > 0 ? a.compute_share_ppm : limiter::kShareWholeGpuPpm;
     const uint64_t limit = std::max(a.compute_limit_ppm, share);
     const uint32_t qos = std::min(a.qos, limiter::kMaxQos);
-    note(RegionStatus(r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, limit, qos, &index),
-                      "vGPU " + a.id + " on " + a.gpu_uuid));
+    RegionError made = r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, limit, qos, &index);
+    note(RegionStatus(made, "vGPU " + a.id + " on " + a.gpu_uuid));
+    if (made == RegionError::kOk && a.tiering) {
+      const limiter::VgpuTier* t = r->TierOfVgpu(index);
+      if (t != nullptr && t->enabled.load() == 0) {
+        note(RegionStatus(r->SetTierPolicy(index, true, limiter::DefaultIdleSwapMs(qos)), "tiering of vGPU " + a.id));
+      }
+    }
   }
   auto snapshot = std::make_unique<limiter::RegionSnapshot>();
   for (auto& [uuid, r] : regions_) {

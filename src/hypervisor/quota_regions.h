@@ -48,6 +48,7 @@ struct VgpuAssignment {
   uint64_t compute_share_ppm = 0;  // the request, of the whole GPU; >= 1,000,000: unthrottled
   uint64_t compute_limit_ppm = 0;  // the ceiling; 0 or below the request: the request
   uint32_t qos = limiter::kDefaultQos;  // 0 low .. 3 critical
+  bool tiering = false;  // movable VRAM, swapped out after the QoS's idle timeout (oversold pools)
 };
 
 class QuotaRegions {

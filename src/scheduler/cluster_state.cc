@@ -10,6 +10,10 @@ Status ClusterState::AddPool(const PoolSpec& pool) {
   if (!std::isfinite(pool.tflops_oversell_ratio) || pool.tflops_oversell_ratio < 1.0) {
     return InvalidArgument("pool '" + pool.name + "': tflops oversell ratio must be >= 1");
   }
+  if (pool.vram_expand_to_host_percent < 0 || pool.vram_expand_to_host_percent > 400 ||
+      pool.vram_expand_to_disk_percent < 0 || pool.vram_expand_to_disk_percent > 400) {
+    return InvalidArgument("pool '" + pool.name + "': VRAM expansion must be 0 to 400 percent");
+  }
   if (PoolIndex(pool.name) >= 0) return AlreadyExists("pool '" + pool.name + "' already exists");
   pools_.push_back(pool);
   pool_nodes_.emplace_back();
@@ -30,7 +34,9 @@ Status ClusterState::AddNode(const NodeSpec& spec) {
   n.pool = pool;
   n.cpu_capacity = spec.cpu_milli;
   n.mem_capacity = spec.memory_mib;
-  double ratio = pools_[static_cast<size_t>(pool)].tflops_oversell_ratio;
+  const PoolSpec& ps = pools_[static_cast<size_t>(pool)];
+  double ratio = ps.tflops_oversell_ratio;
+  const int64_t expand = ps.vram_expand_to_host_percent + ps.vram_expand_to_disk_percent;
   for (size_t i = 0; i < spec.gpus.size(); ++i) {
     const GpuSpec& g = spec.gpus[i];
     if (!std::isfinite(g.tflops) || g.tflops <= 0 || g.vram_mib <= 0) {
@@ -48,7 +54,7 @@ Status ClusterState::AddNode(const NodeSpec& spec) {
     s.model_id = model;
     s.capacity = ToMilliTflops(g.tflops);
     s.schedulable = static_cast<MilliTflops>(std::floor(static_cast<double>(s.capacity) * ratio));
-    s.vram_capacity_mib = g.vram_mib;
+    s.vram_capacity_mib = g.vram_mib + g.vram_mib * expand / 100;  // schedulable VRAM
     s.numa_node = g.numa_node;
     s.nvlink_peers = g.nvlink_peers & ~(uint64_t{1} << i);
     n.gpus.push_back(s);

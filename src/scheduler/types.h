@@ -56,6 +56,10 @@ struct PoolSpec {
   std::string name;
   double tflops_oversell_ratio = 1.0;  // >= 1; 2.0 lets requests sum to twice physical TFLOPS
   PlacementMode mode = PlacementMode::kNodeCompactGpuLowLoad;
+  // VRAM requests may add up to physical VRAM x (100 + host + disk) / 100: the part beyond the
+  // physical is held in host memory and on disk by VRAM tiering (idle tenants swapped out).
+  int vram_expand_to_host_percent = 0;  // 0..400
+  int vram_expand_to_disk_percent = 0;  // 0..400
 };
 
 // One workload's request for vGPUs: gpu_count slices of identical size on one node.

@@ -260,6 +260,46 @@ TEST_F(PoolCommandsTest, PoolSetChangesModeAndOversellAndKeepsTheRest) {
   EXPECT_TRUE(std::regex_search(ls.out, std::regex("train +FragAware +1\\.50"))) << ls.out;
 }
 
+TEST_F(PoolCommandsTest, APoolThatExpandsVramIntoHostMemoryOversellsItWithTiering) {
+  tf::controller::HttpClient client(url_, "tok");
+  // 48 GiB twice on an 80 GiB GPU: the second does not fit physical VRAM.
+  auto first = client.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 49152})");
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->status, 201) << first->body;
+  EXPECT_NE(first->body.find("\"tiering\":false"), std::string::npos) << first->body;
+  auto refused = client.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 49152})");
+  ASSERT_TRUE(refused.ok());
+  EXPECT_NE(refused->status, 201) << refused->body;
+  Result set = Tf("pool set default --vram-expand-host 50 --vram-expand-disk 25");
+  ASSERT_EQ(set.rc, 0) << set.out;
+  EXPECT_NE(set.out.find("VRAM expanded 50% into host memory and 25% onto disk"), std::string::npos) << set.out;
+  EXPECT_TRUE(std::regex_search(Tf("pool ls").out, std::regex("default +\\S+ +1\\.00 +50 +25 "))) << Tf("pool ls").out;
+  // 80 GiB x 1.75 = 140 GiB schedulable: the second fits now, and its vGPU gets tiering.
+  auto second = client.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 49152})");
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->status, 201) << second->body;
+  EXPECT_NE(second->body.find("\"tiering\":true"), std::string::npos) << second->body;
+  auto third = client.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 49152})");
+  ASSERT_TRUE(third.ok());
+  EXPECT_NE(third->status, 201) << "144 GiB is more than 140 GiB: " << third->body;
+
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"pool set default --vram-expand-host 401", "--vram-expand-host 401"},
+               {"pool set default --vram-expand-disk -5", "--vram-expand-disk"},
+               {"pool set default --vram-expand-host 1.5", "--vram-expand-host 1.5"}};
+  for (const Case& c : cases) {
+    Result r = Tf(c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
+  auto bad = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent": 1e9})");
+  ASSERT_TRUE(bad.ok());
+  EXPECT_EQ(bad->status, 400) << bad->body;
+  EXPECT_NE(bad->body.find("vram_expand_to_host_percent"), std::string::npos) << bad->body;
+}
+
 // `tfusion run --controller` from a machine whose GPUs are not the ones the pool chose: the node
 // that holds the vGPU runs it through its worker, or the run is refused when it has none. The
 // command here (`true`) makes no CUDA call, so no worker needs to answer: what is tested is which

@@ -223,6 +223,35 @@ TEST(NodeAgent, AnAgentGivenSeveralReplicasFollowsTheLeaderAndNeverObeysAStandby
 
 // Request, limit and QoS of an allocation reach the vGPU in the region, and the agent's metrics
 // show per vGPU its request, limit, GPU-busy and throttled seconds (HELP/TYPE lines included).
+TEST(NodeAgent, AnAllocationInAPoolThatOversellsVramGetsTieringInTheRegion) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-t0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-t", "", "", ""}, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  controller::AllocationRequest plain_req{"", "", 0, 1024, 1, "low", ""};
+  plain_req.percent = 10;
+  auto plain = c.Allocate(plain_req);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, std::nullopt, std::nullopt).ok());
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "low", ""};
+  req.percent = 10;
+  auto a = c.Allocate(req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(a->tiering);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-t0");
+  ASSERT_NE(r, nullptr);
+  uint32_t index = 0;
+  ASSERT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+  EXPECT_EQ(r->TierOfVgpu(index)->enabled.load(), 1u);
+  EXPECT_EQ(r->TierOfVgpu(index)->idle_swap_ms.load(), 10'000u) << "the low QoS default";
+  ASSERT_EQ(r->FindVgpu(plain->id.c_str(), &index), limiter::RegionError::kOk);
+  EXPECT_EQ(r->TierOfVgpu(index)->enabled.load(), 0u) << "placed before the pool oversold VRAM";
+}
+
 TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   ControllerRig rig;
   ASSERT_TRUE(rig.ok());
