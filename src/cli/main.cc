@@ -206,6 +206,19 @@ int main(int argc, char** argv) {
   auto* node_rm = node_cmd->add_subcommand("rm", "remove a node that holds no allocations (its agent may enroll again)");
   node_rm->add_option("name", node_rm_name)->required();
   AddClientFlags(node_rm, &client);
+  tf::controller::TokenSpec token_spec;
+  std::string token_rm_id;
+  auto* token_cmd = app.add_subcommand("token", "API tokens with a role: admin, tenant (its own allocations), node");
+  token_cmd->require_subcommand(1);
+  auto* token_create = token_cmd->add_subcommand("create", "create a token (printed once; stored hashed)");
+  token_create->add_option("--role", token_spec.role, "admin, tenant or node")->required();
+  token_create->add_option("--tenant", token_spec.tenant, "the tenant a tenant token speaks for");
+  token_create->add_option("--node", token_spec.node, "the node a node token speaks for");
+  token_create->add_option("--description", token_spec.description, "free text shown by token ls");
+  auto* token_ls = token_cmd->add_subcommand("ls", "list tokens (never their secrets)");
+  auto* token_rm = token_cmd->add_subcommand("rm", "revoke a token");
+  token_rm->add_option("id", token_rm_id)->required();
+  for (auto* c : {token_create, token_ls, token_rm}) AddClientFlags(c, &client);
   auto* ps_cmd = app.add_subcommand("ps", "list allocations");
   AddClientFlags(ps_cmd, &client);
   auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use, redrawn until Ctrl-C");
@@ -342,6 +355,9 @@ int main(int argc, char** argv) {
   if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
   if (node_ls->parsed()) return tf::controller::NodeList(client);
   if (node_rm->parsed()) return tf::controller::NodeRemove(client, node_rm_name);
+  if (token_create->parsed()) return tf::controller::TokenCreate(client, token_spec);
+  if (token_ls->parsed()) return tf::controller::TokenList(client);
+  if (token_rm->parsed()) return tf::controller::TokenRevoke(client, token_rm_id);
   if (ps_cmd->parsed()) return tf::controller::Ps(client);
   if (top_cmd->parsed()) {
     tf::StatusOr<double> interval = tf::cli::ParsePositive("--interval", top_interval, 3600);

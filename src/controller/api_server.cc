@@ -21,6 +21,40 @@ constexpr size_t kMaxBodyBytes = 1 << 20;  // the largest request (a node with m
 
 // When the request this server thread works on was read (headers parsed).
 thread_local std::chrono::steady_clock::time_point t_request_start;
+// Who the current request speaks for (set by the pre-routing handler before any /v1/ handler).
+thread_local ApiToken t_who;
+
+bool IsAdmin() { return t_who.role == Role::kAdmin; }
+
+// What a tenant or node token may reach at all; handlers then narrow it to what that tenant or
+// node owns. An admin may do everything.
+Status Authorize(const ApiToken& who, const std::string& method, const std::string& path) {
+  if (who.role == Role::kAdmin) return Status::Ok();
+  auto matches = [&](const char* pattern) { return std::regex_match(path, std::regex(pattern)); };
+  const bool read = method == "GET";
+  if (read && (matches(R"(/v1/pools(/[^/]+)?)") || path == "/v1/gpus" || matches(R"(/v1/nodes(/[^/]+)?)") ||
+               matches(R"(/v1/allocations(/[^/]+)?)") || matches(R"(/v1/evictions(/[^/]+)?)"))) {
+    return Status::Ok();
+  }
+  if (who.role == Role::kTenant) {
+    if (read && path == "/v1/quotas") return Status::Ok();
+    if (method == "POST" && path == "/v1/allocations") return Status::Ok();
+    if (method == "DELETE" && matches(R"(/v1/allocations/[^/]+)")) return Status::Ok();
+    return PermissionDenied("a tenant token (tenant '" + who.tenant + "') may not " + method + " " + path +
+                            ": it manages its own allocations only; ask an admin");
+  }
+  if (method == "POST" && (path == "/v1/nodes" || matches(R"(/v1/evictions/[^/]+/stopped)"))) return Status::Ok();
+  if (method == "POST" && path == "/v1/nodes/" + who.node + "/heartbeat") return Status::Ok();
+  return PermissionDenied("a node token (node '" + who.node + "') may not " + method + " " + path);
+}
+
+// Handlers: the tenant or node the caller is confined to ("" for an admin).
+std::string OwnTenant() { return t_who.role == Role::kTenant ? t_who.tenant : ""; }
+std::string OwnNode() { return t_who.role == Role::kNode ? t_who.node : ""; }
+bool MaySee(const Allocation& a) {
+  return IsAdmin() || (t_who.role == Role::kTenant && a.tenant == t_who.tenant) ||
+         (t_who.role == Role::kNode && a.node == t_who.node);
+}
 
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
@@ -249,7 +283,22 @@ void ApiServer::Routes() {
     if (req.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
     static const std::string kBearer = "Bearer ";
-    bool ok = auth.rfind(kBearer, 0) == 0 && TokenEquals(token_, auth.substr(kBearer.size()));
+    const std::string presented = auth.rfind(kBearer, 0) == 0 ? auth.substr(kBearer.size()) : "";
+    bool ok = !presented.empty() && TokenEquals(token_, presented);
+    t_who = ApiToken{"bootstrap", Role::kAdmin, "", "", "", "", 0};
+    if (!ok && !presented.empty()) {
+      if (StatusOr<ApiToken> t = controller_->Authenticate(presented); t.ok()) {
+        t_who = *t;
+        ok = true;
+      }
+    }
+    if (ok && req.path != "/metrics") {
+      if (Status allowed = Authorize(t_who, req.method, req.path); !allowed.ok()) {
+        res.set_header("Connection", "close");
+        ReplyError(res, allowed);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     if (ok && req.path.rfind("/v1/", 0) == 0 && !controller_->Serving()) {
       // A standby (or a replica that lost its store) answers nothing from its state, reads
       // included: an agent reading "no allocations" from it would stop its tenants.
@@ -369,7 +418,9 @@ void ApiServer::Routes() {
   // Tenant quotas.
   Record("GET", "/v1/quotas");
   s.Get("/v1/quotas", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "quotas", c->ListTenantQuotas(), [](const TenantQuota& q) -> const std::string& { return q.tenant; },
+    std::vector<TenantQuota> list = c->ListTenantQuotas();
+    if (!OwnTenant().empty()) std::erase_if(list, [](const TenantQuota& q) { return q.tenant != OwnTenant(); });
+    ReplyList(req, res, "quotas", list, [](const TenantQuota& q) -> const std::string& { return q.tenant; },
               [](const TenantQuota& q) { return ToJson(q); });
   });
   Record("PUT", R"(/v1/quotas/([^/]+))");
@@ -421,6 +472,8 @@ void ApiServer::Routes() {
       }
     }
     if (!f.status().ok()) return ReplyError(res, f.status());
+    if (!OwnNode().empty() && reg.name != OwnNode())
+      return ReplyError(res, PermissionDenied("this token registers node '" + OwnNode() + "' only"));
     StatusOr<Node> n = c->RegisterNode(reg);
     if (!n.ok()) return ReplyError(res, n.status());
     Reply(res, 200, NodeJson({*n, 0}));
@@ -520,13 +573,52 @@ void ApiServer::Routes() {
     Reply(res, 200, {{"deleted", std::string(req.matches[1])}});
   });
 
+  // API tokens (admin only: Authorize).
+  Record("GET", "/v1/tokens");
+  s.Get("/v1/tokens", [c](const httplib::Request& req, httplib::Response& res) {
+    ReplyList(req, res, "tokens", c->ListTokens(), [](const ApiToken& t) -> const std::string& { return t.id; },
+              [](const ApiToken& t) {
+                json j = ToJson(t);
+                j.erase("secret_sha256");  // stored, never shown
+                return j;
+              });
+  });
+  Record("POST", "/v1/tokens");
+  s.Post("/v1/tokens", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    Fields f(*body);
+    ApiToken spec;
+    StatusOr<Role> role = ParseRole(f.Str("role", true));
+    spec.tenant = f.Str("tenant");
+    spec.node = f.Str("node");
+    spec.description = f.Str("description");
+    if (!f.status().ok()) return ReplyError(res, f.status());
+    if (!role.ok()) return ReplyError(res, role.status());
+    spec.role = *role;
+    StatusOr<std::pair<ApiToken, std::string>> made = c->CreateToken(spec);
+    if (!made.ok()) return ReplyError(res, made.status());
+    json j = ToJson(made->first);
+    j.erase("secret_sha256");
+    j["token"] = made->second;  // shown this once; the controller keeps only its hash
+    Reply(res, 201, j);
+  });
+  Record("DELETE", R"(/v1/tokens/([^/]+))");
+  s.Delete(R"(/v1/tokens/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    Status st = c->RevokeToken(req.matches[1]);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"revoked", std::string(req.matches[1])}});
+  });
+
   // Allocations.
   Record("GET", "/v1/allocations");
   s.Get("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
-    std::string node = req.get_param_value("node");
+    std::string node = OwnNode().empty() ? req.get_param_value("node") : OwnNode();
+    std::vector<Allocation> list = node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node);
+    if (!OwnTenant().empty()) std::erase_if(list, [](const Allocation& a) { return !MaySee(a); });
     // Each vGPU with the use its node last reported: use_percent (over the last heartbeat
     // interval; absent until two reports) and throttled_seconds.
-    ReplyList(req, res, "allocations", node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node),
+    ReplyList(req, res, "allocations", list,
               [](const Allocation& a) -> const std::string& { return a.id; },
               [c](const Allocation& a) {
                 json j = ToJson(a);
@@ -553,6 +645,11 @@ void ApiServer::Routes() {
       a.allow_preemption = it->get<bool>();
     }
     if (!f.status().ok()) return ReplyError(res, f.status());
+    if (!OwnTenant().empty()) {
+      if (!a.tenant.empty() && a.tenant != OwnTenant())
+        return ReplyError(res, PermissionDenied("this token allocates for tenant '" + OwnTenant() + "' only"));
+      a.tenant = OwnTenant();  // within its quota namespace, always
+    }
     const bool compute = body->contains("tflops") || body->contains("percent");
     if (a.workload.empty() && (!compute || !body->contains("vram_mib")))
       return ReplyError(res, InvalidArgument("give 'tflops' (or 'percent') and 'vram_mib', or a 'workload'"));
@@ -582,11 +679,17 @@ void ApiServer::Routes() {
   Record("GET", R"(/v1/allocations/([^/]+))");
   s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
+    if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, ToJson(*a));
   });
   Record("DELETE", R"(/v1/allocations/([^/]+))");
   s.Delete(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    if (!IsAdmin()) {  // a tenant releases its own allocations only (others look absent)
+      StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
+      if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+      if (!a.ok()) return ReplyError(res, a.status());
+    }
     Status st = c->Release(req.matches[1]);
     if (!st.ok()) return ReplyError(res, st);
     Reply(res, 200, {{"released", std::string(req.matches[1])}});
@@ -595,12 +698,15 @@ void ApiServer::Routes() {
   // Evictions: allocations taken back while their tenant may still run (docs/controller.md).
   Record("GET", "/v1/evictions");
   s.Get("/v1/evictions", [c](const httplib::Request& req, httplib::Response& res) {
-    ReplyList(req, res, "evictions", c->ListEvictions(req.get_param_value("node")),
+    std::vector<Eviction> list = c->ListEvictions(OwnNode().empty() ? req.get_param_value("node") : OwnNode());
+    if (!IsAdmin()) std::erase_if(list, [](const Eviction& e) { return !MaySee(e.allocation); });
+    ReplyList(req, res, "evictions", list,
               [](const Eviction& e) -> const std::string& { return e.allocation.id; }, [](const Eviction& e) { return ToJson(e); });
   });
   Record("GET", R"(/v1/evictions/([^/]+))");
   s.Get(R"(/v1/evictions/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Eviction> e = c->GetEviction(req.matches[1]);
+    if (e.ok() && !MaySee(e->allocation)) e = NotFound("eviction '" + std::string(req.matches[1]) + "' not found");
     if (!e.ok()) return ReplyError(res, e.status());
     Reply(res, 200, ToJson(*e));
   });
@@ -613,6 +719,12 @@ void ApiServer::Routes() {
     if (!f.status().ok()) return ReplyError(res, f.status());
     if (processes < 0 || processes > 1'000'000)
       return ReplyError(res, InvalidArgument("processes must be an integer in [0, 1000000]"));
+    if (!OwnNode().empty()) {  // a node reports only the evictions of its own node
+      StatusOr<Eviction> mine = c->GetEviction(req.matches[1]);
+      if (mine.ok() && !MaySee(mine->allocation))
+        mine = NotFound("eviction '" + std::string(req.matches[1]) + "' not found");
+      if (!mine.ok()) return ReplyError(res, mine.status());
+    }
     StatusOr<Eviction> e = c->MarkEvictionStopped(req.matches[1], static_cast<int>(processes));
     if (!e.ok()) return ReplyError(res, e.status());
     Reply(res, 200, ToJson(*e));

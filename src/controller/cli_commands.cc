@@ -473,6 +473,41 @@ int NodeRemove(const ClientOptions& c, const std::string& name) {
   return 0;
 }
 
+int TokenCreate(const ClientOptions& c, const TokenSpec& t) {
+  json body = {{"role", t.role}};
+  if (!t.tenant.empty()) body["tenant"] = t.tenant;
+  if (!t.node.empty()) body["node"] = t.node;
+  if (!t.description.empty()) body["description"] = t.description;
+  StatusOr<json> r = Call(c, "POST", "/v1/tokens", body.dump());
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << r->value("token", "") << "\n";
+  std::cerr << "token " << r->value("id", "") << " (" << r->value("role", "")
+            << (t.tenant.empty() ? "" : ", tenant " + t.tenant) << (t.node.empty() ? "" : ", node " + t.node)
+            << "): shown this once; the controller keeps only its hash. Give it to its holder as a token "
+               "file (--token-file) or TFUSION_TOKEN.\n";
+  return 0;
+}
+
+int TokenList(const ClientOptions& c) {
+  StatusOr<json> tokens = CallList(c, "/v1/tokens", "tokens");
+  if (!tokens.ok()) return Fail(tokens.status());
+  std::vector<std::vector<std::string>> rows{{"ID", "ROLE", "TENANT", "NODE", "CREATED_MS", "DESCRIPTION"}};
+  for (const json& t : (*tokens)["tokens"]) {
+    rows.push_back({t.value("id", ""), t.value("role", ""), t.value("tenant", ""), t.value("node", ""),
+                    std::to_string(t.value("created_ms", int64_t{0})), t.value("description", "")});
+  }
+  PrintTable(Out(c), rows);
+  return 0;
+}
+
+int TokenRevoke(const ClientOptions& c, const std::string& id) {
+  if (int rc = CheckName("token id", id)) return rc;
+  StatusOr<json> r = Call(c, "DELETE", "/v1/tokens/" + id);
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "token " << id << " revoked\n";
+  return 0;
+}
+
 int NodeList(const ClientOptions& c) {
   StatusOr<json> nodes = CallList(c, "/v1/nodes", "nodes");
   if (!nodes.ok()) return Fail(nodes.status());

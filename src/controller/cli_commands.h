@@ -87,6 +87,13 @@ int PoolSet(const ClientOptions& client, const PoolSettings& pool);     // tfusi
 int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
 int NodeList(const ClientOptions& client);                          // tfusion node ls
 int NodeRemove(const ClientOptions& client, const std::string& name);  // tfusion node rm NAME
+// tfusion token create/ls/rm (admin): API tokens with a role (admin, tenant, node).
+struct TokenSpec {
+  std::string role, tenant, node, description;
+};
+int TokenCreate(const ClientOptions& client, const TokenSpec& spec);
+int TokenList(const ClientOptions& client);
+int TokenRevoke(const ClientOptions& client, const std::string& id);
 
 // A tenant's quota as `tfusion quota set` gives it: unset fields keep their value (a new tenant:
 // 0); 0 means no limit. Limits are on what the tenant's live allocations hold in total.

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <openssl/rand.h>
 #include <openssl/sha.h>
 
 #include "common/gpu_catalog.h"
@@ -231,6 +232,7 @@ Status Controller::Rebuild() {
   allocations_.clear();
   allocations_by_node_.clear();
   quotas_.clear();
+  tokens_.clear();
   evictions_.clear();
   last_heartbeat_ms_.clear();
   samples_.clear();
@@ -263,6 +265,7 @@ Status Controller::Rebuild() {
   }
   TF_RETURN_IF_ERROR(load(kQuotaPrefix, TenantQuotaFromJson, quotas_,
                           [](const TenantQuota& q) { return q.tenant; }));
+  TF_RETURN_IF_ERROR(load(kTokenPrefix, ApiTokenFromJson, tokens_, [](const ApiToken& t) { return t.id; }));
   TF_RETURN_IF_ERROR(load(kEvictionPrefix, EvictionFromJson, evictions_,
                           [](const Eviction& e) { return e.allocation.id; }));
 
@@ -472,6 +475,76 @@ StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
     placement_dirty_ = true;
     return q;
   });
+}
+
+StatusOr<std::pair<ApiToken, std::string>> Controller::CreateToken(ApiToken t) {
+  return Durably([&]() -> StatusOr<std::pair<ApiToken, std::string>> {
+    if (t.role == Role::kTenant) {
+      TF_RETURN_IF_ERROR(ValidateName("tenant", t.tenant));
+      t.node.clear();
+    } else if (t.role == Role::kNode) {
+      TF_RETURN_IF_ERROR(ValidateName("node", t.node));
+      t.tenant.clear();
+    } else if (!t.tenant.empty() || !t.node.empty()) {
+      return InvalidArgument("an admin token names no tenant and no node");
+    }
+    if (t.description.size() > 200) return InvalidArgument("description must be at most 200 characters");
+    for (unsigned char ch : t.description)
+      if (ch < 0x20 || ch == 0x7f) return InvalidArgument("description must not hold control characters");
+    unsigned char raw[40];
+    if (RAND_bytes(raw, sizeof(raw)) != 1) return Internal("no randomness for a token");
+    static const char* kHex = "0123456789abcdef";
+    std::string id, secret;
+    for (int i = 0; i < 8; ++i) id += {kHex[raw[i] >> 4], kHex[raw[i] & 15]};
+    for (int i = 8; i < 40; ++i) secret += {kHex[raw[i] >> 4], kHex[raw[i] & 15]};
+    t.id = id;
+    t.secret_sha256 = Sha256Hex(secret);
+    t.created_ms = clock_->NowMs();
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    StatusOr<int64_t> rev = CommitLocked({Compare::Absent(kTokenPrefix + t.id)}, {Write::Put(kTokenPrefix + t.id, Dump(t))});
+    if (!rev.ok()) return rev.status();
+    tokens_[t.id] = {t, *rev};
+    return std::make_pair(t, "tft_" + id + "_" + secret);
+  });
+}
+
+std::vector<ApiToken> Controller::ListTokens() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ApiToken> out;
+  for (const auto& [id, t] : tokens_) out.push_back(t.value);
+  return out;
+}
+
+Status Controller::RevokeToken(const std::string& id) {
+  StatusOr<bool> done = Durably([&]() -> StatusOr<bool> {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = tokens_.find(id);
+    if (it == tokens_.end()) return NotFound("token '" + id + "' not found");
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(kTokenPrefix + id, it->second.revision)},
+                                         {Write::Delete(kTokenPrefix + id)});
+    if (!rev.ok()) return rev.status();
+    tokens_.erase(it);
+    return true;
+  });
+  return done.ok() ? Status::Ok() : done.status();
+}
+
+StatusOr<ApiToken> Controller::Authenticate(const std::string& presented) const {
+  // "tft_" + 16 hex id + "_" + 64 hex secret.
+  if (presented.size() != 4 + 16 + 1 + 64 || presented.compare(0, 4, "tft_") != 0 || presented[20] != '_')
+    return Unauthenticated("not a token of this controller");
+  const std::string id = presented.substr(4, 16);
+  const std::string digest = Sha256Hex(presented.substr(21));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tokens_.find(id);
+  if (it == tokens_.end()) return Unauthenticated("unknown or revoked token");
+  const std::string& want = it->second.value.secret_sha256;
+  unsigned char diff = want.size() == digest.size() ? 0 : 1;
+  for (size_t i = 0; i < digest.size() && i < want.size(); ++i) diff |= static_cast<unsigned char>(digest[i] ^ want[i]);
+  if (diff != 0) return Unauthenticated("wrong token secret");
+  return it->second.value;
 }
 
 std::vector<TenantQuota> Controller::ListTenantQuotas() const {

@@ -184,6 +184,16 @@ class Controller {
   StatusOr<Workload> GetWorkload(const std::string& name) const;
   Status DeleteWorkload(const std::string& name);
 
+  // API tokens (docs/controller.md, "Roles"). CreateToken validates the spec (a tenant token names
+  // its tenant, a node token its node), stores only the SHA-256 of a fresh 256-bit secret and
+  // returns the record and the token to hand out, "tft_<id>_<secret>", shown this once.
+  StatusOr<std::pair<ApiToken, std::string>> CreateToken(ApiToken spec);
+  std::vector<ApiToken> ListTokens() const;
+  Status RevokeToken(const std::string& id);
+  // The stored token a presented one matches; kUnauthenticated when none (unknown, revoked, wrong
+  // secret, or not of our shape).
+  StatusOr<ApiToken> Authenticate(const std::string& presented) const;
+
   // Tenant quotas (0 = unlimited). A quota below current use refuses new allocations only.
   StatusOr<TenantQuota> SetTenantQuota(const TenantQuota& q);
   std::vector<TenantQuota> ListTenantQuotas() const;
@@ -256,6 +266,7 @@ class Controller {
   std::unordered_map<std::string, std::set<std::string>> allocations_by_node_;
   std::unordered_map<std::string, std::string> allocation_by_request_;  // request_id -> allocation id
   std::map<std::string, Versioned<TenantQuota>> quotas_;
+  std::map<std::string, Versioned<ApiToken>> tokens_;  // by id
   std::map<std::string, Versioned<Eviction>> evictions_;  // by allocation id
   bool placement_dirty_ = true;  // the engine's mirror must be rebuilt before the next Place
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node

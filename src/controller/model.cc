@@ -42,6 +42,27 @@ const char* EvictionStateName(EvictionState s) {
   return s == EvictionState::kStopped ? "stopped" : "stopping";
 }
 
+const char* RoleName(Role r) {
+  switch (r) {
+    case Role::kAdmin: return "admin";
+    case Role::kTenant: return "tenant";
+    case Role::kNode: return "node";
+  }
+  return "admin";
+}
+
+StatusOr<Role> ParseRole(const std::string& s) {
+  if (s == "admin") return Role::kAdmin;
+  if (s == "tenant") return Role::kTenant;
+  if (s == "node") return Role::kNode;
+  return InvalidArgument("role must be one of admin, tenant, node (got '" + s + "')");
+}
+
+json ToJson(const ApiToken& t) {
+  return {{"id", t.id}, {"role", RoleName(t.role)}, {"tenant", t.tenant}, {"node", t.node},
+          {"description", t.description}, {"secret_sha256", t.secret_sha256}, {"created_ms", t.created_ms}};
+}
+
 json ToJson(const Eviction& e) {
   return {{"id", e.allocation.id},          {"node", e.allocation.node},
           {"allocation", ToJson(e.allocation)}, {"reason", e.reason},
@@ -188,6 +209,19 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.tenant = j.value("tenant", "");
     a.request_id = j.value("request_id", "");
     a.tiering = j.value("tiering", false);
+  });
+}
+
+StatusOr<ApiToken> ApiTokenFromJson(const std::string& text) {
+  return Parse<ApiToken>(text, "token", [](const json& j, ApiToken& t) {
+    t.id = j.at("id").get<std::string>();
+    StatusOr<Role> r = ParseRole(j.value("role", "tenant"));
+    t.role = r.ok() ? *r : Role::kTenant;
+    t.tenant = j.value("tenant", "");
+    t.node = j.value("node", "");
+    t.description = j.value("description", "");
+    t.secret_sha256 = j.at("secret_sha256").get<std::string>();
+    t.created_ms = j.value("created_ms", int64_t{0});
   });
 }
 

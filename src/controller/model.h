@@ -21,6 +21,7 @@ inline constexpr char kWorkloadPrefix[] = "/tf/workloads/";
 inline constexpr char kAllocationPrefix[] = "/tf/allocations/";
 inline constexpr char kQuotaPrefix[] = "/tf/quotas/";
 inline constexpr char kEvictionPrefix[] = "/tf/evictions/";
+inline constexpr char kTokenPrefix[] = "/tf/tokens/";
 
 enum class Qos { kLow, kMedium, kHigh, kCritical };
 const char* QosName(Qos q);
@@ -133,6 +134,26 @@ struct Eviction {
   int processes_stopped = 0;  // tenant processes the node agent had to signal
 };
 
+// Who an API token speaks for. admin: everything. tenant: its own allocations (within its quota),
+// and reads of pools, GPUs, nodes and its own evictions. node: one node's registration,
+// heartbeats, allocation and eviction lists and eviction reports.
+enum class Role { kAdmin, kTenant, kNode };
+const char* RoleName(Role r);
+StatusOr<Role> ParseRole(const std::string& s);
+
+// An API token as stored: the secret only as its SHA-256. The token a client presents is
+// "tft_<id>_<secret>"; the bootstrap token of `tfusion up` / `--token` is an admin token outside
+// this table.
+struct ApiToken {
+  std::string id;           // 16 hex digits
+  Role role = Role::kTenant;
+  std::string tenant;       // role tenant: whose allocations
+  std::string node;         // role node: which node
+  std::string description;  // free text, at most 200 characters
+  std::string secret_sha256;
+  int64_t created_ms = 0;
+};
+
 // JSON (de)serialization; the same shape is stored and served.
 nlohmann::json ToJson(const Pool& p);
 nlohmann::json ToJson(const Node& n);
@@ -141,6 +162,7 @@ nlohmann::json ToJson(const Workload& w);
 nlohmann::json ToJson(const Allocation& a);
 nlohmann::json ToJson(const TenantQuota& q);
 nlohmann::json ToJson(const Eviction& e);
+nlohmann::json ToJson(const ApiToken& t);  // with secret_sha256 (callers serving it drop it)
 // Parse a stored value; kInternal when the store holds something unreadable.
 StatusOr<Pool> PoolFromJson(const std::string& text);
 StatusOr<Node> NodeFromJson(const std::string& text);
@@ -149,6 +171,7 @@ StatusOr<Workload> WorkloadFromJson(const std::string& text);
 StatusOr<Allocation> AllocationFromJson(const std::string& text);
 StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text);
 StatusOr<Eviction> EvictionFromJson(const std::string& text);
+StatusOr<ApiToken> ApiTokenFromJson(const std::string& text);
 
 // Names of pools, nodes, workloads and GPU UUIDs: 1-128 characters of [A-Za-z0-9._:-].
 Status ValidateName(const std::string& what, const std::string& name);

@@ -14,12 +14,13 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
 #include "controller/http_client.h"
-
-#include <nlohmann/json.hpp>
-#include <vector>
 
 namespace {
 
@@ -298,6 +299,100 @@ TEST_F(PoolCommandsTest, APoolThatExpandsVramIntoHostMemoryOversellsItWithTierin
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(bad->status, 400) << bad->body;
   EXPECT_NE(bad->body.find("vram_expand_to_host_percent"), std::string::npos) << bad->body;
+}
+
+// Roles: a tenant token manages its own allocations within its quota namespace and nothing else;
+// a node token speaks for its own node; tokens are listed without secrets and can be revoked.
+TEST_F(PoolCommandsTest, TenantAndNodeTokensReachOnlyWhatTheyOwn) {
+  auto token = [&](const std::string& args) {
+    Result r = Tf("token create " + args);
+    std::smatch m;
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return std::regex_search(r.out, m, std::regex("tft_[0-9a-f]{16}_[0-9a-f]{64}")) ? m.str() : std::string();
+  };
+  const std::string acme = token("--role tenant --tenant acme --description 'acme CI'");
+  const std::string other = token("--role tenant --tenant other");
+  const std::string node = token("--role node --node gpu-node-1");
+  ASSERT_FALSE(acme.empty() || other.empty() || node.empty());
+  tf::controller::HttpClient as_acme(url_, acme), as_other(url_, other), as_node(url_, node);
+
+  // A tenant allocates for itself only.
+  auto mine = as_acme.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 1024})");
+  ASSERT_TRUE(mine.ok());
+  ASSERT_EQ(mine->status, 201) << mine->body;
+  EXPECT_NE(mine->body.find("\"tenant\":\"acme\""), std::string::npos) << mine->body;
+  const std::string id = nlohmann::json::parse(mine->body)["id"];
+  auto forged = as_acme.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 1024, "tenant": "other"})");
+  ASSERT_TRUE(forged.ok());
+  EXPECT_EQ(forged->status, 403) << forged->body;
+  // Another tenant neither sees nor releases it, and changes nothing of the cluster.
+  auto seen = as_other.Get("/v1/allocations");
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen->body.find(id), std::string::npos) << seen->body;
+  auto del = as_other.Delete("/v1/allocations/" + id);
+  ASSERT_TRUE(del.ok());
+  EXPECT_EQ(del->status, 404) << del->body;
+  for (auto [method, path, body] : {std::tuple{"PATCH", "/v1/pools/default", R"({"tflops_oversell_ratio": 2})"},
+                                    std::tuple{"POST", "/v1/nodes", R"({"name": "fake", "gpus": []})"},
+                                    std::tuple{"PUT", "/v1/quotas/other", R"({"max_gpus": 100})"},
+                                    std::tuple{"GET", "/v1/tokens", ""},
+                                    std::tuple{"DELETE", "/v1/nodes/gpu-node-1", ""}}) {
+    auto r = std::string(method) == "GET"      ? as_other.Get(path)
+             : std::string(method) == "DELETE" ? as_other.Delete(path)
+             : std::string(method) == "PUT"    ? as_other.Put(path, body)
+             : std::string(method) == "PATCH"  ? as_other.Patch(path, body)
+                                               : as_other.Post(path, body);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 403) << method << " " << path << ": " << r->body;
+    EXPECT_NE(r->body.find("tenant 'other'"), std::string::npos) << r->body;
+  }
+  // The owner releases it.
+  auto released = as_acme.Delete("/v1/allocations/" + id);
+  ASSERT_TRUE(released.ok());
+  EXPECT_EQ(released->status, 200) << released->body;
+
+  // A node token: its own node's heartbeat and allocation list; nothing of another node's.
+  auto hb = as_node.Post("/v1/nodes/gpu-node-1/heartbeat", R"({"gpus": []})");
+  ASSERT_TRUE(hb.ok());
+  EXPECT_NE(hb->status, 403) << hb->body;
+  auto other_hb = as_node.Post("/v1/nodes/gpu-node-2/heartbeat", R"({"gpus": []})");
+  ASSERT_TRUE(other_hb.ok());
+  EXPECT_EQ(other_hb->status, 403) << other_hb->body;
+  auto claim = as_node.Post("/v1/nodes", R"({"name": "gpu-node-2", "gpus": []})");
+  ASSERT_TRUE(claim.ok());
+  EXPECT_EQ(claim->status, 403) << claim->body;
+  auto alloc = as_node.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 1024})");
+  ASSERT_TRUE(alloc.ok());
+  EXPECT_EQ(alloc->status, 403) << alloc->body;
+
+  // Listed without secrets (not even their hashes); revoked tokens stop working at once.
+  Result ls = Tf("token ls");
+  EXPECT_EQ(ls.rc, 0) << ls.out;
+  EXPECT_EQ(Count(ls.out, " tenant "), 2u) << ls.out;
+  EXPECT_NE(ls.out.find("acme CI"), std::string::npos) << ls.out;
+  EXPECT_EQ(ls.out.find(acme.substr(21)), std::string::npos) << "no secret in the list";
+  auto listed = tf::controller::HttpClient(url_, "tok").Get("/v1/tokens");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->body.find("sha256"), std::string::npos) << listed->body;
+  EXPECT_EQ(ReadFile(dir_ + "/state.db").find(acme.substr(21)), std::string::npos) << "stored hashed";
+  ASSERT_EQ(Tf("token rm " + acme.substr(4, 16)).rc, 0);
+  auto after = as_acme.Get("/v1/pools");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->status, 401) << after->body;
+
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {{"token create --role root", "role must be one of admin, tenant, node"},
+               {"token create --role tenant", "tenant"},
+               {"token create --role node", "node"},
+               {"token create --role admin --tenant acme", "an admin token names no tenant"},
+               {"token rm 0000000000000000", "not found"}};
+  for (const Case& c : cases) {
+    Result r = Tf(c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.args << ": " << r.out;
+  }
 }
 
 // `tfusion run --controller` from a machine whose GPUs are not the ones the pool chose: the node
