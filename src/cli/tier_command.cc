@@ -26,16 +26,7 @@ double NowS() {
   return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-const char* TierStateName(uint32_t s) {
-  switch (s) {
-    case limiter::kTierResident: return "resident";
-    case limiter::kTierSwappingOut: return "swapping out";
-    case limiter::kTierSwapped: return "swapped";
-    case limiter::kTierSwappingIn: return "swapping in";
-    case limiter::kTierOnDisk: return "on disk";
-    default: return "off";
-  }
-}
+const char* TierStateName(uint32_t s) { return limiter::TierStateLabel(s); }
 
 // Generation `done` has reached `gen` (both wrap around).
 bool Reached(uint32_t done, uint32_t gen) { return static_cast<int32_t>(done - gen) >= 0; }

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <regex>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -40,6 +42,7 @@ Status Authorize(const ApiToken& who, const std::string& method, const std::stri
     if (read && path == "/v1/quotas") return Status::Ok();
     if (method == "POST" && path == "/v1/allocations") return Status::Ok();
     if (method == "DELETE" && matches(R"(/v1/allocations/[^/]+)")) return Status::Ok();
+    if (method == "POST" && matches(R"(/v1/allocations/[^/]+/(freeze|thaw))")) return Status::Ok();
     return PermissionDenied("a tenant token (tenant '" + who.tenant + "') may not " + method + " " + path +
                             ": it manages its own allocations only; ask an admin");
   }
@@ -514,7 +517,12 @@ void ApiServer::Routes() {
           if (!v.is_object()) return ReplyError(res, InvalidArgument("each entry of 'vgpus' must be an object"));
           Fields vf(v);
           VgpuUseSample u{vf.Str("allocation", true), vf.Str("gpu", true), vf.Int("busy_ns_total", true),
-                          vf.Int("throttled_ns_total", true)};
+                          vf.Int("throttled_ns_total", true), vf.Str("tier_state"), vf.Int("swapped_bytes")};
+          static const std::set<std::string> kTierStates{"", "off", "resident", "swapping out", "swapped",
+                                                          "swapping in", "on disk", "mixed"};
+          if (!kTierStates.count(u.tier_state) || u.swapped_bytes < 0)
+            return ReplyError(res, InvalidArgument("vgpus: tier_state must be one of off, resident, swapping out, "
+                                                   "swapped, swapping in, on disk, mixed; swapped_bytes >= 0"));
           if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
           if (u.busy_ns_total < 0 || u.throttled_ns_total < 0)
             return ReplyError(res, InvalidArgument("vgpus: busy_ns_total and throttled_ns_total must be >= 0"));
@@ -627,6 +635,10 @@ void ApiServer::Routes() {
                   if (!u.ok()) continue;
                   if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
                   v["throttled_seconds"] = u->throttled_seconds;
+                  if (!u->tier_state.empty()) {
+                    v["tier_state"] = u->tier_state;
+                    v["swapped_mib"] = u->swapped_bytes >> 20;
+                  }
                 }
                 return j;
               });
@@ -683,6 +695,20 @@ void ApiServer::Routes() {
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, ToJson(*a));
   });
+  // VRAM tiering through the API: the node's agent passes the request to the vGPUs' processes.
+  for (const char* action : {"freeze", "thaw"}) {
+    const std::string pattern = std::string(R"(/v1/allocations/([^/]+)/)") + action;
+    routes_.emplace_back("POST", std::regex(pattern));
+    const bool freeze = std::string(action) == "freeze";
+    s.Post(pattern, [c, freeze](const httplib::Request& req, httplib::Response& res) {
+      StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
+      if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+      if (a.ok()) a = c->RequestTier(req.matches[1], freeze);
+      if (!a.ok()) return ReplyError(res, a.status());
+      Reply(res, 202, {{"allocation", a->id}, {"freeze_requests", a->freeze_requests},
+                       {"thaw_requests", a->thaw_requests}, {"node", a->node}});
+    });
+  }
   Record("DELETE", R"(/v1/allocations/([^/]+))");
   s.Delete(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     if (!IsAdmin()) {  // a tenant releases its own allocations only (others look absent)

@@ -715,6 +715,8 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       k.sampled_ms = now;
       k.use.throttled_seconds = static_cast<double>(v.throttled_ns_total) / 1e9;
       k.use.sampled_ms = now;
+      k.use.tier_state = v.tier_state;
+      k.use.swapped_bytes = v.swapped_bytes;
     }
     if (it->second.value.state == NodeState::kReady) return Status::Ok();
     // A lost node came back: it is ready again (allocations released meanwhile stay released).
@@ -1036,6 +1038,26 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       placement_dirty_ = true;
     }
     return Status(StatusCode::kAborted, "allocation kept conflicting with concurrent writers: " + last.message());
+  });
+}
+
+StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze) {
+  return Durably([&]() -> StatusOr<Allocation> {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = allocations_.find(id);
+    if (it == allocations_.end()) return NotFound("allocation '" + id + "' not found");
+    Allocation a = it->second.value;
+    if (!a.tiering) {
+      return FailedPrecondition("allocation '" + id + "' has no VRAM tiering (its pool does not oversell VRAM: "
+                                "tfusion pool set POOL --vram-expand-host P)");
+    }
+    (freeze ? a.freeze_requests : a.thaw_requests) += 1;
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(AllocationKey(id), it->second.revision)},
+                                         {Write::Put(AllocationKey(id), Dump(a))});
+    if (!rev.ok()) return rev.status();
+    it->second = {a, *rev};
+    return a;
   });
 }
 

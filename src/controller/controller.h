@@ -77,6 +77,8 @@ struct VgpuUseSample {
   std::string gpu_uuid;
   int64_t busy_ns_total = 0;
   int64_t throttled_ns_total = 0;
+  std::string tier_state;     // VRAM tiering: resident, swapped, on disk, ...; empty: not reported
+  int64_t swapped_bytes = 0;  // of its processes, in host memory or on disk
 };
 
 // What `tfusion top` shows per vGPU: its compute use over the last heartbeat interval (percent of
@@ -85,6 +87,8 @@ struct VgpuUse {
   double use_percent = -1;
   double throttled_seconds = 0;
   int64_t sampled_ms = 0;
+  std::string tier_state;  // as last reported (empty: none)
+  int64_t swapped_bytes = 0;
 };
 
 struct AllocationRequest {
@@ -190,6 +194,10 @@ class Controller {
   StatusOr<std::pair<ApiToken, std::string>> CreateToken(ApiToken spec);
   std::vector<ApiToken> ListTokens() const;
   Status RevokeToken(const std::string& id);
+  // A freeze (swap the allocation's vGPUs out to host memory) or thaw request through the API: counted
+  // on the allocation, carried out by its node's agent. kFailedPrecondition for an allocation
+  // without VRAM tiering.
+  StatusOr<Allocation> RequestTier(const std::string& allocation, bool freeze);
   // The stored token a presented one matches; kUnauthenticated when none (unknown, revoked, wrong
   // secret, or not of our shape).
   StatusOr<ApiToken> Authenticate(const std::string& presented) const;

@@ -106,7 +106,7 @@ json ToJson(const Allocation& a) {
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
           {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
-          {"tiering", a.tiering}};
+          {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests}};
 }
 
 namespace {
@@ -209,6 +209,8 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.tenant = j.value("tenant", "");
     a.request_id = j.value("request_id", "");
     a.tiering = j.value("tiering", false);
+    a.freeze_requests = j.value("freeze_requests", 0u);
+    a.thaw_requests = j.value("thaw_requests", 0u);
   });
 }
 

@@ -114,6 +114,10 @@ struct Allocation {
   std::string tenant;  // may be empty (no quota)
   std::string request_id;  // the client's idempotency key; may be empty
   bool tiering = false;    // its pool oversubscribes VRAM: its vGPUs get VRAM tiering
+  // Freeze and thaw requests made through the API (counters): the node agent passes each new one
+  // to the vGPUs' processes (docs/tiering.md).
+  uint32_t freeze_requests = 0;
+  uint32_t thaw_requests = 0;
 };
 
 // An allocation the controller took back while its tenant may still be running on it: preempted

@@ -157,9 +157,24 @@ Status NodeAgent::HeartbeatOnce() {
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       const limiter::VgpuInfo& v = snap->vgpus[i];
       if (std::string(v.id).rfind("a-", 0) != 0) continue;  // not an allocation's vGPU
-      vgpus.push_back({{"allocation", v.id}, {"gpu", snap->gpu_uuid},
-                       {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
-                       {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}});
+      json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
+                    {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
+                    {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}};
+      if (v.tier_enabled) {  // where its processes' VRAM is (mixed when they differ)
+        std::string state;
+        int64_t swapped = 0;
+        for (uint32_t k = 0; k < snap->process_count; ++k) {
+          const limiter::ProcessInfo& p = snap->processes[k];
+          if (p.vgpu_index != v.index || p.tier_state == limiter::kTierOff) continue;
+          const std::string s = limiter::TierStateLabel(p.tier_state);
+          state = state.empty() || state == s ? s : "mixed";
+          swapped += static_cast<int64_t>(p.host_bytes) +
+                     (p.tier_state == limiter::kTierOnDisk ? static_cast<int64_t>(p.movable_bytes) : 0);
+        }
+        entry["tier_state"] = state.empty() ? "resident" : state;
+        entry["swapped_bytes"] = swapped;
+      }
+      vgpus.push_back(std::move(entry));
     }
   }
   Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
@@ -198,6 +213,8 @@ Status NodeAgent::SyncAllocations() {
       if (StatusOr<controller::Qos> q = controller::ParseQos(a.value("qos", "medium")); q.ok())
         va.qos = static_cast<uint32_t>(*q);
       va.tiering = a.value("tiering", false);
+      va.freeze_requests = a.value("freeze_requests", 0u);
+      va.thaw_requests = a.value("thaw_requests", 0u);
       want.push_back(std::move(va));
     }
   }

@@ -76,9 +76,19 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     RegionError made = r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, limit, qos, &index);
     note(RegionStatus(made, "vGPU " + a.id + " on " + a.gpu_uuid));
     if (made == RegionError::kOk && a.tiering) {
-      const limiter::VgpuTier* t = r->TierOfVgpu(index);
+      limiter::VgpuTier* t = r->TierOfVgpu(index);
       if (t != nullptr && t->enabled.load() == 0) {
         note(RegionStatus(r->SetTierPolicy(index, true, limiter::DefaultIdleSwapMs(qos)), "tiering of vGPU " + a.id));
+      }
+      // Each new API request once; the counters live in the region, so a restarted agent does not
+      // repeat an old request.
+      if (t != nullptr && t->api_freeze_gen.load() != a.freeze_requests) {
+        note(RegionStatus(r->RequestFreeze(index, nullptr), "freeze of vGPU " + a.id));
+        t->api_freeze_gen.store(a.freeze_requests);
+      }
+      if (t != nullptr && t->api_thaw_gen.load() != a.thaw_requests) {
+        note(RegionStatus(r->RequestThaw(index, nullptr), "thaw of vGPU " + a.id));
+        t->api_thaw_gen.store(a.thaw_requests);
       }
     }
   }

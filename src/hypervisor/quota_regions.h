@@ -49,6 +49,8 @@ struct VgpuAssignment {
   uint64_t compute_limit_ppm = 0;  // the ceiling; 0 or below the request: the request
   uint32_t qos = limiter::kDefaultQos;  // 0 low .. 3 critical
   bool tiering = false;  // movable VRAM, swapped out after the QoS's idle timeout (oversold pools)
+  uint32_t freeze_requests = 0;  // the allocation's API freeze and thaw requests so far
+  uint32_t thaw_requests = 0;
 };
 
 class QuotaRegions {

@@ -283,6 +283,20 @@ TEST_F(PoolCommandsTest, APoolThatExpandsVramIntoHostMemoryOversellsItWithTierin
   auto third = client.Post("/v1/allocations", R"({"percent": 10, "vram_mib": 49152})");
   ASSERT_TRUE(third.ok());
   EXPECT_NE(third->status, 201) << "144 GiB is more than 140 GiB: " << third->body;
+  // Freeze and thaw through the API: counted on the allocation for its node's agent.
+  const std::string tiered = nlohmann::json::parse(second->body)["id"];
+  const std::string plain = nlohmann::json::parse(first->body)["id"];
+  auto frozen = client.Post("/v1/allocations/" + tiered + "/freeze", "{}");
+  ASSERT_TRUE(frozen.ok());
+  EXPECT_EQ(frozen->status, 202) << frozen->body;
+  EXPECT_NE(frozen->body.find("\"freeze_requests\":1"), std::string::npos) << frozen->body;
+  auto not_tiered = client.Post("/v1/allocations/" + plain + "/thaw", "{}");
+  ASSERT_TRUE(not_tiered.ok());
+  EXPECT_EQ(not_tiered->status, 409) << not_tiered->body;
+  EXPECT_NE(not_tiered->body.find("no VRAM tiering"), std::string::npos) << not_tiered->body;
+  auto unknown = client.Post("/v1/allocations/a-nosuch/freeze", "{}");
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->status, 404) << unknown->body;
 
   struct Case {
     const char* args;

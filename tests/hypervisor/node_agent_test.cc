@@ -248,8 +248,29 @@ TEST(NodeAgent, AnAllocationInAPoolThatOversellsVramGetsTieringInTheRegion) {
   ASSERT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
   EXPECT_EQ(r->TierOfVgpu(index)->enabled.load(), 1u);
   EXPECT_EQ(r->TierOfVgpu(index)->idle_swap_ms.load(), 10'000u) << "the low QoS default";
+  const uint32_t tiered = index;
   ASSERT_EQ(r->FindVgpu(plain->id.c_str(), &index), limiter::RegionError::kOk);
   EXPECT_EQ(r->TierOfVgpu(index)->enabled.load(), 0u) << "placed before the pool oversold VRAM";
+
+  // A freeze through the API reaches the vGPU's processes once, however often the agent syncs.
+  EXPECT_EQ(c.RequestTier(plain->id, true).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c.RequestTier(a->id, true).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(r->TierOfVgpu(tiered)->freeze_gen.load(), 1u);
+  EXPECT_EQ(r->TierOfVgpu(tiered)->thaw_gen.load(), 0u);
+  // What its processes report comes back with the heartbeat.
+  uint32_t slot = 0;
+  ASSERT_EQ(r->AttachProcess(tiered, getpid(), &slot), limiter::RegionError::kOk);
+  r->TierOfProcess(slot)->movable_bytes.store(64u << 20);
+  r->TierOfProcess(slot)->host_bytes.store(64u << 20);
+  r->TierOfProcess(slot)->state.store(limiter::kTierSwapped);
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  StatusOr<controller::VgpuUse> use = c.GetVgpuUse(a->id, "GPU-t0");
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  EXPECT_EQ(use->tier_state, "swapped");
+  EXPECT_EQ(use->swapped_bytes, int64_t{64} << 20);
+  r->DetachProcess(slot);
 }
 
 TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {

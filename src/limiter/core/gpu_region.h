@@ -137,6 +137,8 @@ struct RegionSnapshot {
   ProcessInfo processes[kMaxProcesses];
 };
 
+// "resident", "swapping out", "swapped", "swapping in", "on disk"; "off" for kTierOff or unknown.
+const char* TierStateLabel(uint32_t state);
 // Zeroes a vGPU's or a process's tier block (a new vGPU, a newly attached process).
 void ResetVgpuTier(VgpuTier* t);
 void ResetProcessTier(ProcessTier* t);

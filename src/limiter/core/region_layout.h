@@ -183,7 +183,9 @@ struct alignas(kCacheLine) VgpuTier {
   std::atomic<uint64_t> idle_swap_ms;      // swap out after this long without GPU calls; 0 = never
   std::atomic<uint64_t> idle_disk_ms;      // swapped and idle this long: move on to the disk tier
                                            // (processes started with TFUSION_TIER_DIR); 0 = never
-  uint8_t reserved[32];
+  std::atomic<uint32_t> api_freeze_gen;    // node agent: the allocation's API freeze requests passed on
+  std::atomic<uint32_t> api_thaw_gen;      // node agent: its API thaw requests passed on
+  uint8_t reserved[24];
 };
 
 // 64 bytes per process slot, written only by the limiter of that process (its tier thread and

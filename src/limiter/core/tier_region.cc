@@ -10,6 +10,8 @@ void ResetVgpuTier(VgpuTier* t) {
   t->enabled.store(0, std::memory_order_relaxed);
   t->idle_swap_ms.store(0, std::memory_order_relaxed);
   t->idle_disk_ms.store(0, std::memory_order_relaxed);
+  t->api_freeze_gen.store(0, std::memory_order_relaxed);
+  t->api_thaw_gen.store(0, std::memory_order_relaxed);
   // The generations keep counting: a process still holding an old value never mistakes a new
   // vGPU's first request for one it already handled.
 }
@@ -25,6 +27,17 @@ void ResetProcessTier(ProcessTier* t) {
   t->swaps_in.store(0, std::memory_order_relaxed);
   t->last_out_us.store(0, std::memory_order_relaxed);
   t->last_in_us.store(0, std::memory_order_relaxed);
+}
+
+const char* TierStateLabel(uint32_t s) {
+  switch (s) {
+    case kTierResident: return "resident";
+    case kTierSwappingOut: return "swapping out";
+    case kTierSwapped: return "swapped";
+    case kTierSwappingIn: return "swapping in";
+    case kTierOnDisk: return "on disk";
+    default: return "off";
+  }
 }
 
 uint64_t DefaultIdleSwapMs(uint32_t qos) {
