@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   std::string freeze_vgpu, thaw_vgpu;
   double freeze_timeout = 120;
   bool freeze_no_wait = false;
+  bool freeze_via_controller = false;
   auto* freeze_cmd = app.add_subcommand("freeze", "swap a local vGPU's VRAM out to host memory");
   freeze_cmd->add_option("vgpu", freeze_vgpu, "vGPU name (tfusion smi)")->required();
   freeze_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
@@ -164,6 +165,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 3600))->capture_default_str();
 
   tf::controller::ClientOptions client;
+  for (auto* c : {freeze_cmd, thaw_cmd}) {
+    c->add_flag("--controller", freeze_via_controller,
+                "ask the controller instead (a pooled allocation, on any node; VGPU is its allocation id)");
+    AddClientFlags(c, &client);
+  }
   auto* pool_cmd = app.add_subcommand("pool", "list, create or remove pools");
   pool_cmd->require_subcommand(1);
   auto* pool_ls = pool_cmd->add_subcommand("ls", "list pools");
@@ -306,6 +312,8 @@ int main(int argc, char** argv) {
                                      worker_ready, hooks);
   }
   if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
+  if (freeze_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, freeze_vgpu, true);
+  if (thaw_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, thaw_vgpu, false);
   if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait);
   if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait);
   if (up_cmd->parsed()) return tf::controller::RunUp(up);

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
+#include "worker/session_ticket.h"
 #include "worker/worker.h"
 
 namespace tf::cli {
@@ -73,6 +75,23 @@ int RunRemote(const std::string& remote, const std::string& token,
   }
   std::string ld = inject;
   if (const char* old = getenv("LD_LIBRARY_PATH"); old && *old) ld += std::string(":") + old;
+  // Valid for TFUSION_TICKET_TTL seconds (default a day): long enough for the command, shorter
+  // than forever.
+  int64_t ttl = 24 * 3600;
+  if (const char* t = getenv("TFUSION_TICKET_TTL"); t && *t) {
+    char* end = nullptr;
+    long long v = strtoll(t, &end, 10);
+    if (*end != '\0' || v <= 0 || v > 365LL * 24 * 3600) {
+      fprintf(stderr, "tfusion run: TFUSION_TICKET_TTL=%s: give whole seconds from 1 to a year\n", t);
+      return 2;
+    }
+    ttl = v;
+  }
+  const std::string ticket = token.empty() ? "" : worker::MintSessionTicket(token, time(nullptr) + ttl);
+  if (!token.empty() && ticket.empty()) {
+    fprintf(stderr, "tfusion run: cannot make a session ticket (no randomness)\n");
+    return 2;
+  }
   g_remote_child = fork();
   if (g_remote_child < 0) {
     fprintf(stderr, "tfusion run: fork: %s\n", strerror(errno));
@@ -81,7 +100,9 @@ int RunRemote(const std::string& remote, const std::string& token,
   if (g_remote_child == 0) {
     setenv("LD_LIBRARY_PATH", ld.c_str(), 1);
     setenv("TFUSION_REMOTE", remote.c_str(), 1);
-    if (!token.empty()) setenv("TFUSION_TOKEN", token.c_str(), 1);
+    // The program gets a session ticket, never the worker's token (docs/remote.md).
+    unsetenv("TFUSION_TOKEN");
+    if (!ticket.empty()) setenv("TFUSION_TOKEN", ticket.c_str(), 1);
     setenv("TRITON_LIBCUDA_PATH", inject.c_str(), 1);
     unsetenv("TFUSION_REAL_LIBCUDA");
     // The stub sends these with its first request; the worker validates them.

@@ -473,6 +473,15 @@ int NodeRemove(const ClientOptions& c, const std::string& name) {
   return 0;
 }
 
+int AllocationTier(const ClientOptions& c, const std::string& id, bool freeze) {
+  if (int rc = CheckName("allocation id", id)) return rc;
+  StatusOr<json> r = Call(c, "POST", "/v1/allocations/" + id + (freeze ? "/freeze" : "/thaw"), "{}");
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << (freeze ? "freeze" : "thaw") << " of allocation " << id << " requested (node " << r->value("node", "")
+         << "); its node agent passes it on within a second: tfusion ps shows the state\n";
+  return 0;
+}
+
 int TokenCreate(const ClientOptions& c, const TokenSpec& t) {
   json body = {{"role", t.role}};
   if (!t.tenant.empty()) body["tenant"] = t.tenant;
@@ -638,7 +647,19 @@ int Ps(const ClientOptions& c) {
                     a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(c.request),
                     Fixed(c.limit), std::to_string(v), state});
   };
-  for (const json& a : (*allocs)["allocations"]) row(a, "running");
+  for (const json& a : (*allocs)["allocations"]) {
+    // VRAM tiering, as the node last reported it: "running, swapped 30720 MiB".
+    std::string tier;
+    int64_t swapped = 0;
+    for (const json& v : a["vgpus"]) {
+      if (!v.contains("tier_state")) continue;
+      const std::string s = v.value("tier_state", "");
+      tier = tier.empty() || tier == s ? s : "mixed";
+      swapped += v.value("swapped_mib", int64_t{0});
+    }
+    if (!tier.empty() && swapped > 0) tier += " " + std::to_string(swapped) + " MiB";
+    row(a, tier.empty() ? "running" : "running, " + tier);
+  }
   // Allocations the controller took back: "preempted by a-...: stopping" until the node agent
   // reports their processes gone, then "...: stopped".
   for (const json& e : (*evictions)["evictions"]) {

@@ -92,6 +92,8 @@ struct TokenSpec {
   std::string role, tenant, node, description;
 };
 int TokenCreate(const ClientOptions& client, const TokenSpec& spec);
+// tfusion freeze/thaw ID --controller: the request through the API, for a pooled allocation.
+int AllocationTier(const ClientOptions& client, const std::string& id, bool freeze);
 int TokenList(const ClientOptions& client);
 int TokenRevoke(const ClientOptions& client, const std::string& id);
 

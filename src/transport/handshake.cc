@@ -151,7 +151,9 @@ bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, ui
     return false;
   }
   if (policy.token_length != 0 || policy.token != nullptr) {
-    if (!ConstantTimeEqual(hello.token, hello.token_length, policy.token, policy.token_length)) {
+    if (!ConstantTimeEqual(hello.token, hello.token_length, policy.token, policy.token_length) &&
+        !(policy.accept_credential != nullptr &&
+          policy.accept_credential(hello.token, hello.token_length, policy.credential_ctx))) {
       refuse->Set(RefusalReason::kBadToken, "authentication token not accepted");
       return false;
     }

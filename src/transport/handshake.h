@@ -92,6 +92,10 @@ struct ServerPolicy {
   uint64_t features_required = 0;
   const uint8_t* token = nullptr;
   size_t token_length = 0;
+  // Another credential the server accepts in place of the token (the worker's session tickets):
+  // called when the token does not match; true accepts.
+  bool (*accept_credential)(const uint8_t* presented, size_t length, void* ctx) = nullptr;
+  void* credential_ctx = nullptr;
 };
 
 // Server side: decides on a client's hello. Returns true and fills *accept (with session_id), or

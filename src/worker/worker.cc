@@ -17,11 +17,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <ctime>
 #include <set>
+#include <string>
 
 #include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
 #include "worker/session.h"
+#include "worker/session_ticket.h"
 
 namespace tf::worker {
 namespace {
@@ -58,6 +61,12 @@ void CloseInheritedListeners(int keep_fd) {
   transport::ServerPolicy policy;
   policy.token = reinterpret_cast<const uint8_t*>(o.token.data());
   policy.token_length = o.token.size();
+  // A tenant program holds a session ticket (tfusion run --remote), never the token itself.
+  policy.accept_credential = [](const uint8_t* presented, size_t n, void* ctx) {
+    return CheckSessionTicket(*static_cast<const std::string*>(ctx),
+                              std::string(reinterpret_cast<const char*>(presented), n), time(nullptr));
+  };
+  policy.credential_ctx = const_cast<std::string*>(&o.token);
   transport::TransportOptions topt;
   topt.shm_spin_ns = o.spin_us * 1000u;
   topt.tcp_spin_ns = o.spin_us * 1000u;

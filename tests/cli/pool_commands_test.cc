@@ -297,6 +297,13 @@ TEST_F(PoolCommandsTest, APoolThatExpandsVramIntoHostMemoryOversellsItWithTierin
   auto unknown = client.Post("/v1/allocations/a-nosuch/freeze", "{}");
   ASSERT_TRUE(unknown.ok());
   EXPECT_EQ(unknown->status, 404) << unknown->body;
+  Result thaw = Tf("thaw " + tiered + " --controller");
+  EXPECT_EQ(thaw.rc, 0) << thaw.out;
+  EXPECT_NE(thaw.out.find("thaw of allocation " + tiered + " requested (node gpu-node-1)"), std::string::npos)
+      << thaw.out;
+  Result no_tier = Tf("freeze " + plain + " --controller");
+  EXPECT_NE(no_tier.rc, 0);
+  EXPECT_NE(no_tier.out.find("no VRAM tiering"), std::string::npos) << no_tier.out;
 
   struct Case {
     const char* args;

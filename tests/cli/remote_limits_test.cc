@@ -219,6 +219,25 @@ TEST_F(RemoteLimits, APooledRunOnAnotherNodeLandsOnTheAllocationsGpu) {
       << ReadFile(dir_ + "/worker.log");
 }
 
+// The tenant program holds a session ticket, never the worker's token; an expired ticket opens
+// nothing.
+TEST_F(RemoteLimits, TheProgramGetsASessionTicketAndNeverTheWorkersToken) {
+  Result env = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +
+                     "/w.sock --token t -- sh -c 'echo token=$TFUSION_TOKEN; exec " + TF_REMOTE_PROBE + " basic'");
+  ASSERT_EQ(env.rc, 0) << env.out << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(env.out.find("token=tkt1."), std::string::npos) << env.out;
+  EXPECT_EQ(env.out.find("token=t\n"), std::string::npos) << env.out;
+  EXPECT_NE(env.out.find("device_count="), std::string::npos) << "the ticket opened a session\n" << env.out;
+  Result late = Shell(env_ + "TFUSION_TICKET_TTL=1 timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +
+                      "/w.sock --token t -- sh -c 'sleep 2.5; exec " + TF_REMOTE_PROBE + " basic'");
+  EXPECT_NE(late.rc, 0) << late.out;
+  EXPECT_NE(late.out.find("authentication token not accepted"), std::string::npos) << late.out;
+  Result bad_ttl = Shell(env_ + "TFUSION_TICKET_TTL=forever " + TF_TFUSION + " run --remote unix:" + dir_ +
+                         "/w.sock --token t -- true");
+  EXPECT_EQ(bad_ttl.rc, 2) << bad_ttl.out;
+  EXPECT_NE(bad_ttl.out.find("TFUSION_TICKET_TTL=forever"), std::string::npos) << bad_ttl.out;
+}
+
 // A worker with --tiering gives every session movable VRAM: `tfusion freeze remote-PID` swaps the
 // session out (the session process owns the copy), and the client's next call brings every byte back.
 class RemoteTiering : public RemoteLimits {
