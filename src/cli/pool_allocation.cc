@@ -43,7 +43,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
                                                const std::string& qos, const std::string& tenant,
-                                               double limit_or_0) {
+                                               double limit_or_0, int lease_s) {
   const bool by_tflops = tflops_or_0 > 0, by_percent = percent_or_0 > 0;
   if (!std::isfinite(tflops_or_0) || !std::isfinite(percent_or_0) || tflops_or_0 < 0 ||
       percent_or_0 < 0 || by_tflops == by_percent)
@@ -62,6 +62,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   if (!pool.empty()) body["pool"] = pool;
   if (!qos.empty()) body["qos"] = qos;
   if (!tenant.empty()) body["tenant"] = tenant;
+  if (lease_s > 0) body["lease_s"] = lease_s;
 
   // An idempotency key: when the answer is lost (timeout, a controller restart), the retry gets
   // the allocation the first attempt made instead of holding a second one.
@@ -97,6 +98,15 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   a.tiering = j.value("tiering", false);
   if (a.id.empty() || a.gpu_uuid.empty()) return Internal("the controller's allocation answer lacks an id or GPU");
   return a;
+}
+
+Status RenewPoolAllocation(const std::string& url, const std::string& token, const std::string& id) {
+  if (id.empty()) return InvalidArgument("allocation id must not be empty");
+  controller::HttpClient client(url, token);
+  StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations/" + id + "/renew", "{}");
+  if (!r.ok()) return r.status();
+  if (r->status != 200) return FromReply(r->status, r->body, "renewing " + id);
+  return Status::Ok();
 }
 
 Status ReleasePoolAllocation(const std::string& url, const std::string& token, const std::string& id) {

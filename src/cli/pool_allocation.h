@@ -42,7 +42,13 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
                                                const std::string& qos, const std::string& tenant = "",
-                                               double limit_or_0 = 0);
+                                               double limit_or_0 = 0, int lease_s = 0);
+
+// Renews the allocation's lease (RequestPoolAllocation with lease_s). kNotFound when it is gone.
+Status RenewPoolAllocation(const std::string& url, const std::string& token, const std::string& id);
+// The lease `tfusion run --controller` takes, and how often it renews it.
+inline constexpr int kRunLeaseSeconds = 60;
+inline constexpr int kRunRenewSeconds = 15;
 
 // Releases an allocation. kNotFound when it is already gone.
 Status ReleasePoolAllocation(const std::string& url, const std::string& token,

@@ -6,12 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "cli/compute_flags.h"
 #include "cli/local_vgpu.h"
@@ -139,7 +143,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   if (!qos.ok()) return qos.status();
   const double limit = compute->tflops > 0 ? compute->tflops_limit : compute->percent_limit;
   auto a = RequestPoolAllocation(o.controller, o.token, compute->tflops, compute->percent, *vram, o.pool, o.qos,
-                                 o.tenant, limit);
+                                 o.tenant, limit, kRunLeaseSeconds);
   if (!a.ok()) {
     if (a.status().code() == StatusCode::kUnavailable) {
       std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",
@@ -187,6 +191,43 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
                gpu->name.c_str(), FormatBytes(a->vram_bytes).c_str(), granted.c_str());
   return out;
 }
+
+// Renews a pool allocation's lease every kRunRenewSeconds while the command runs, so that an
+// allocation whose `tfusion run` died (kill -9, a lost machine) is released by the controller
+// within kRunLeaseSeconds instead of holding its capacity forever.
+class LeaseKeeper {
+ public:
+  LeaseKeeper(const RunOptions& o, std::string id) : o_(o), id_(std::move(id)) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~LeaseKeeper() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::seconds(kRunRenewSeconds), [this] { return stop_; })) {
+      lock.unlock();
+      Status st = RenewPoolAllocation(o_.controller, o_.token, id_);
+      if (!st.ok()) std::fprintf(stderr, "tfusion run: renewing allocation %s: %s\n", id_.c_str(), st.ToString().c_str());
+      lock.lock();
+    }
+  }
+  const RunOptions& o_;
+  const std::string id_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 // Releases the run's pool allocation once the command has ended; when it was already gone, says
 // why (preempted, node lost), so the command's exit status (usually 143, SIGTERM) is explained.
@@ -248,7 +289,11 @@ int RunCommand(const RunOptions& o) {
       char percent[32];
       std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.share_ppm / 10'000.0);
       limits.percent = percent;
-      int rc = RunRemote(placed->remote_worker, token, o.command, limits);
+      int rc = 0;
+      {
+        LeaseKeeper lease(o, placed->allocation_id);
+        rc = RunRemote(placed->remote_worker, token, o.command, limits);
+      }
       ReleaseAfterRun(o, placed->allocation_id);
       return rc;
     }
@@ -358,7 +403,11 @@ int RunCommand(const RunOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
   int status = 0;
-  while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
+  {
+    std::optional<LeaseKeeper> lease;  // started after the fork: the child runs no thread of ours
+    if (!pooled_id.empty()) lease.emplace(o, pooled_id);
+    while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   // The vGPU goes with its last process: RemoveVgpu refuses (busy) while another live process
   // still uses it, e.g. a second `tfusion run --vgpu NAME`, whose own exit removes it later.

@@ -42,7 +42,7 @@ Status Authorize(const ApiToken& who, const std::string& method, const std::stri
     if (read && path == "/v1/quotas") return Status::Ok();
     if (method == "POST" && path == "/v1/allocations") return Status::Ok();
     if (method == "DELETE" && matches(R"(/v1/allocations/[^/]+)")) return Status::Ok();
-    if (method == "POST" && matches(R"(/v1/allocations/[^/]+/(freeze|thaw))")) return Status::Ok();
+    if (method == "POST" && matches(R"(/v1/allocations/[^/]+/(freeze|thaw|renew))")) return Status::Ok();
     return PermissionDenied("a tenant token (tenant '" + who.tenant + "') may not " + method + " " + path +
                             ": it manages its own allocations only; ask an admin");
   }
@@ -652,6 +652,7 @@ void ApiServer::Routes() {
                         static_cast<int>(f.IntIn("gpu_count", 1, 64)), f.Str("qos"), f.Str("gpu_model"),
                         f.Str("tenant"), f.Num("percent"), true, f.Num("tflops_limit"), f.Num("percent_limit"),
                         f.Str("request_id")};
+    if (body->contains("lease_s")) a.lease_ms = f.IntIn("lease_s", 5, 3600) * 1000;
     if (auto it = body->find("allow_preemption"); it != body->end()) {
       if (!it->is_boolean()) return ReplyError(res, InvalidArgument("field 'allow_preemption' must be a boolean"));
       a.allow_preemption = it->get<bool>();
@@ -694,6 +695,15 @@ void ApiServer::Routes() {
     if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, ToJson(*a));
+  });
+  // Lease renewal (tfusion run renews while its command runs).
+  Record("POST", R"(/v1/allocations/([^/]+)/renew)");
+  s.Post(R"(/v1/allocations/([^/]+)/renew)", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
+    if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+    if (a.ok()) a = c->RenewLease(req.matches[1]);
+    if (!a.ok()) return ReplyError(res, a.status());
+    Reply(res, 200, {{"allocation", a->id}, {"lease_expires_ms", a->lease_expires_ms}});
   });
   // VRAM tiering through the API: the node's agent passes the request to the vGPUs' processes.
   for (const char* action : {"freeze", "thaw"}) {

@@ -886,6 +886,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
                                           std::vector<Allocation>* preempted, bool* replayed) {
   if (replayed) *replayed = false;
   if (!req.request_id.empty()) TF_RETURN_IF_ERROR(ValidateName("request_id", req.request_id));
+  if (req.lease_ms != 0 && (req.lease_ms < 5'000 || req.lease_ms > 3'600'000))
+    return InvalidArgument("lease_s must be from 5 to 3600 (seconds)");
   return Durably([&]() -> StatusOr<Allocation> {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -951,6 +953,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       if (auto pool = pools_.find(pr.pool); pool != pools_.end()) {
         a.tiering = pool->second.value.vram_expand_to_host_percent + pool->second.value.vram_expand_to_disk_percent > 0;
       }
+      a.lease_ms = req.lease_ms;
+      a.lease_expires_ms = req.lease_ms > 0 ? clock_->NowMs() + req.lease_ms : 0;
       std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
       std::vector<Write> writes;
       std::map<std::string, Gpu> touched;  // new usage of every GPU the commit changes
@@ -1041,6 +1045,23 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
   });
 }
 
+StatusOr<Allocation> Controller::RenewLease(const std::string& id) {
+  return Durably([&]() -> StatusOr<Allocation> {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = allocations_.find(id);
+    if (it == allocations_.end()) return NotFound("allocation '" + id + "' not found");
+    Allocation a = it->second.value;
+    if (a.lease_ms <= 0) return FailedPrecondition("allocation '" + id + "' has no lease");
+    a.lease_expires_ms = clock_->NowMs() + a.lease_ms;
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(AllocationKey(id), it->second.revision)},
+                                         {Write::Put(AllocationKey(id), Dump(a))});
+    if (!rev.ok()) return rev.status();
+    it->second = {a, *rev};
+    return a;
+  });
+}
+
 StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze) {
   return Durably([&]() -> StatusOr<Allocation> {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1065,11 +1086,12 @@ Status Controller::Release(const std::string& id) {
   return Durably([&]() -> Status {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
-    return ReleaseLocked(id, /*lost_node=*/false);
+    return ReleaseLocked(id, nullptr);
   });
 }
 
-Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
+Status Controller::ReleaseLocked(const std::string& id, const char* eviction_reason) {
+  const bool lost_node = eviction_reason != nullptr && std::string(eviction_reason) == "node-lost";
   Status last;
   for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
     auto it = allocations_.find(id);
@@ -1078,8 +1100,8 @@ Status Controller::ReleaseLocked(const std::string& id, bool lost_node) {
     std::vector<Compare> compares{Compare::At(AllocationKey(id), it->second.revision)};
     std::vector<Write> writes{Write::Delete(AllocationKey(id))};
     std::optional<Eviction> evicted;
-    if (lost_node) {
-      evicted = Eviction{a, "node-lost", "", clock_->NowMs(), EvictionState::kStopping, 0, 0};
+    if (eviction_reason != nullptr) {
+      evicted = Eviction{a, eviction_reason, "", clock_->NowMs(), EvictionState::kStopping, 0, 0};
       writes.push_back(Write::Put(EvictionKey(id), Dump(*evicted)));
     }
     std::vector<Gpu> updated;
@@ -1204,11 +1226,20 @@ void Controller::Tick() {
       if (auto on = allocations_by_node_.find(name); on != allocations_by_node_.end())
         ids.assign(on->second.begin(), on->second.end());
       for (const std::string& id : ids) {
-        Status st = ReleaseLocked(id, /*lost_node=*/true);
+        Status st = ReleaseLocked(id, "node-lost");
         if (!st.ok())
           std::fprintf(stderr, "controller: releasing %s of lost node %s failed: %s\n", id.c_str(),
                        name.c_str(), st.ToString().c_str());
       }
+    }
+    // Allocations whose lease ran out: the command that held them is gone (killed, its machine lost).
+    std::vector<std::string> lapsed;
+    for (const auto& [id, a] : allocations_)
+      if (a.value.lease_expires_ms > 0 && now > a.value.lease_expires_ms) lapsed.push_back(id);
+    for (const std::string& id : lapsed) {
+      Status st = ReleaseLocked(id, "lease-expired");
+      if (!st.ok()) std::fprintf(stderr, "controller: releasing %s (lease expired) failed: %s\n", id.c_str(), st.ToString().c_str());
+      else std::fprintf(stderr, "controller: allocation %s released: its lease expired\n", id.c_str());
     }
     PruneEvictionsLocked(now);
     return Status::Ok();

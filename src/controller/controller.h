@@ -109,6 +109,8 @@ struct AllocationRequest {
   // Idempotency key ([A-Za-z0-9._:-], 1-128): a retry with the same key and tenant returns the
   // allocation the first attempt made (while it lives) instead of making another.
   std::string request_id;
+  // A lease of this many ms (5 s to 1 h; 0: none), renewed with RenewLease.
+  int64_t lease_ms = 0;
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample
@@ -198,6 +200,8 @@ class Controller {
   // on the allocation, carried out by its node's agent. kFailedPrecondition for an allocation
   // without VRAM tiering.
   StatusOr<Allocation> RequestTier(const std::string& allocation, bool freeze);
+  // Extends the allocation's lease by its lease_ms from now. kFailedPrecondition without a lease.
+  StatusOr<Allocation> RenewLease(const std::string& allocation);
   // The stored token a presented one matches; kUnauthenticated when none (unknown, revoked, wrong
   // secret, or not of our shape).
   StatusOr<ApiToken> Authenticate(const std::string& presented) const;
@@ -249,7 +253,9 @@ class Controller {
   auto Durably(F&& body) -> decltype(body());
   Status CheckServingLocked() const;
   StatusOr<int64_t> CommitLocked(std::vector<Compare> compares, const std::vector<Write>& writes);
-  Status ReleaseLocked(const std::string& id, bool lost_node);
+  // eviction_reason: nullptr for a plain release; else the allocation is recorded as evicted
+  // ("node-lost", "lease-expired") so its node's agent stops what still runs on it.
+  Status ReleaseLocked(const std::string& id, const char* eviction_reason);
   void PruneEvictionsLocked(int64_t now_ms);
   Status ReloadGpusLocked(const std::vector<std::string>& uuids);
   Status EnsurePoolLocked(const std::string& name);

@@ -106,7 +106,8 @@ json ToJson(const Allocation& a) {
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
           {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
-          {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests}};
+          {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests},
+          {"lease_ms", a.lease_ms}, {"lease_expires_ms", a.lease_expires_ms}};
 }
 
 namespace {
@@ -211,6 +212,8 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.tiering = j.value("tiering", false);
     a.freeze_requests = j.value("freeze_requests", 0u);
     a.thaw_requests = j.value("thaw_requests", 0u);
+    a.lease_ms = j.value("lease_ms", int64_t{0});
+    a.lease_expires_ms = j.value("lease_expires_ms", int64_t{0});
   });
 }
 

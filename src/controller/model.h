@@ -118,6 +118,10 @@ struct Allocation {
   // to the vGPUs' processes (docs/tiering.md).
   uint32_t freeze_requests = 0;
   uint32_t thaw_requests = 0;
+  // A lease (tfusion run): the holder renews it every so often; once lease_expires_ms passes
+  // without a renewal the controller releases the allocation. 0: no lease.
+  int64_t lease_ms = 0;
+  int64_t lease_expires_ms = 0;
 };
 
 // An allocation the controller took back while its tenant may still be running on it: preempted

@@ -332,6 +332,46 @@ TEST_F(ApiServerTest, PatchKeepsWhatItDoesNotNameAndPutReplaces) {
 
 // A retried create (its first answer lost) gets the allocation the first attempt made: 200 and
 // the same id, capacity counted once. Another tenant cannot use the key; a bad key is refused.
+// Leases: an allocation whose holder stops renewing is released (and recorded as evicted, so its
+// node's agent stops what still runs on it); one renewed in time stays.
+TEST_F(ApiServerTest, AnAllocationWhoseLeaseIsNotRenewedIsReleased) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  auto kept = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"lease_s":60})");
+  ASSERT_EQ(kept->status, 201) << kept->body;
+  auto dropped = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"lease_s":60})");
+  ASSERT_EQ(dropped->status, 201) << dropped->body;
+  auto plain = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000})");
+  ASSERT_EQ(plain->status, 201) << plain->body;
+  const std::string kept_id = Body(kept)["id"], dropped_id = Body(dropped)["id"], plain_id = Body(plain)["id"];
+  for (int i = 0; i < 7; ++i) {  // 70 s: the kept one is renewed every 10 s, the node beats
+    clock_.AdvanceMs(10'000);
+    ASSERT_EQ(client_->Post("/v1/nodes/n1/heartbeat", "{}")->status, 200);
+    auto renewed = client_->Post("/v1/allocations/" + kept_id + "/renew", "{}");
+    ASSERT_EQ(renewed->status, 200) << renewed->body;
+    c_->Tick();
+  }
+  const json list = Body(client_->Get("/v1/allocations"))["allocations"];
+  std::set<std::string> live;
+  for (const json& a : list) live.insert(a["id"].get<std::string>());
+  EXPECT_TRUE(live.count(kept_id));
+  EXPECT_TRUE(live.count(plain_id)) << "no lease: kept until released";
+  EXPECT_FALSE(live.count(dropped_id));
+  auto why = client_->Get("/v1/evictions/" + dropped_id);
+  ASSERT_EQ(why->status, 200) << why->body;
+  EXPECT_EQ(Body(why)["reason"], "lease-expired");
+  EXPECT_EQ(Body(client_->Get("/v1/gpus"))["gpus"][0]["used_tflops"], 60.0) << "its capacity came back";
+  auto gone = client_->Post("/v1/allocations/" + dropped_id + "/renew", "{}");
+  EXPECT_EQ(gone->status, 404) << gone->body;
+  auto no_lease = client_->Post("/v1/allocations/" + plain_id + "/renew", "{}");
+  EXPECT_EQ(no_lease->status, 409) << no_lease->body;
+  for (const char* bad : {R"({"tflops":1,"vram_mib":10,"lease_s":1})", R"({"tflops":1,"vram_mib":10,"lease_s":99999})",
+                          R"({"tflops":1,"vram_mib":10,"lease_s":"60"})"}) {
+    auto r = client_->Post("/v1/allocations", bad);
+    EXPECT_EQ(r->status, 400) << bad << ": " << r->body;
+    EXPECT_NE(r->body.find("lease_s"), std::string::npos) << r->body;
+  }
+}
+
 TEST_F(ApiServerTest, ARetriedCreateWithTheSameRequestIdGetsTheSameAllocation) {
   ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
   const char* body = R"({"tflops":30,"vram_mib":1000,"tenant":"t1","request_id":"run-abc123"})";
