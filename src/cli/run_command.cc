@@ -25,6 +25,7 @@
 #include "common/gpu_catalog.h"
 #include "controller/model.h"
 #include "hypervisor/quota_regions.h"
+#include "hypervisor/vgpu_metrics.h"
 #include "limiter/core/gpu_region.h"
 
 namespace tf::cli {
@@ -515,10 +516,6 @@ std::string Percent(double ppm) {
   return buf;
 }
 
-const char* QosText(uint32_t qos) {
-  return qos <= limiter::kMaxQos ? controller::QosName(static_cast<controller::Qos>(qos)) : "?";
-}
-
 // The vGPU's GPU-busy time between two snapshots over the wall time between them, in ppm of the
 // GPU; -1 when `before` has no such vGPU (it appeared in between) or no time passed.
 double UsePpm(const limiter::RegionSnapshot& before, const limiter::RegionSnapshot& after,
@@ -593,7 +590,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
       const char* tier = !v.tier_enabled ? "-" : tier_state < 0 ? "resident" : tier_state == 99 ? "mixed"
                                                                    : TierStateText(static_cast<uint32_t>(tier_state));
       std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %10llu %5llu %-9s %10s\n", v.id,
-                  QosText(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
+                  hypervisor::QosLabel(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
                   Percent(static_cast<double>(v.compute_share_ppm)).c_str(),
                   Percent(static_cast<double>(std::max(v.compute_limit_ppm, v.compute_share_ppm))).c_str(), use_text,
                   v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9,

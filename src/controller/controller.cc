@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -1045,15 +1046,15 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
   });
 }
 
-StatusOr<Allocation> Controller::RenewLease(const std::string& id) {
+StatusOr<Allocation> Controller::UpdateAllocation(const std::string& id,
+                                                  const std::function<Status(Allocation&)>& change) {
   return Durably([&]() -> StatusOr<Allocation> {
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     auto it = allocations_.find(id);
     if (it == allocations_.end()) return NotFound("allocation '" + id + "' not found");
     Allocation a = it->second.value;
-    if (a.lease_ms <= 0) return FailedPrecondition("allocation '" + id + "' has no lease");
-    a.lease_expires_ms = clock_->NowMs() + a.lease_ms;
+    TF_RETURN_IF_ERROR(change(a));
     StatusOr<int64_t> rev = CommitLocked({Compare::At(AllocationKey(id), it->second.revision)},
                                          {Write::Put(AllocationKey(id), Dump(a))});
     if (!rev.ok()) return rev.status();
@@ -1062,23 +1063,23 @@ StatusOr<Allocation> Controller::RenewLease(const std::string& id) {
   });
 }
 
+StatusOr<Allocation> Controller::RenewLease(const std::string& id) {
+  const int64_t now = clock_->NowMs();
+  return UpdateAllocation(id, [&](Allocation& a) {
+    if (a.lease_ms <= 0) return FailedPrecondition("allocation '" + id + "' has no lease");
+    a.lease_expires_ms = now + a.lease_ms;
+    return Status::Ok();
+  });
+}
+
 StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze) {
-  return Durably([&]() -> StatusOr<Allocation> {
-    std::lock_guard<std::mutex> lock(mu_);
-    TF_RETURN_IF_ERROR(CheckServingLocked());
-    auto it = allocations_.find(id);
-    if (it == allocations_.end()) return NotFound("allocation '" + id + "' not found");
-    Allocation a = it->second.value;
+  return UpdateAllocation(id, [&](Allocation& a) {
     if (!a.tiering) {
       return FailedPrecondition("allocation '" + id + "' has no VRAM tiering (its pool does not oversell VRAM: "
                                 "tfusion pool set POOL --vram-expand-host P)");
     }
     (freeze ? a.freeze_requests : a.thaw_requests) += 1;
-    StatusOr<int64_t> rev = CommitLocked({Compare::At(AllocationKey(id), it->second.revision)},
-                                         {Write::Put(AllocationKey(id), Dump(a))});
-    if (!rev.ok()) return rev.status();
-    it->second = {a, *rev};
-    return a;
+    return Status::Ok();
   });
 }
 

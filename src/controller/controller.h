@@ -20,6 +20,7 @@
 // a later caller may see (not be acknowledged on) state whose fsync is still in flight.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -253,6 +254,8 @@ class Controller {
   auto Durably(F&& body) -> decltype(body());
   Status CheckServingLocked() const;
   StatusOr<int64_t> CommitLocked(std::vector<Compare> compares, const std::vector<Write>& writes);
+  // Reads an allocation, lets `change` modify it (or refuse with its status) and commits it.
+  StatusOr<Allocation> UpdateAllocation(const std::string& id, const std::function<Status(Allocation&)>& change);
   // eviction_reason: nullptr for a plain release; else the allocation is recorded as evicted
   // ("node-lost", "lease-expired") so its node's agent stops what still runs on it.
   Status ReleaseLocked(const std::string& id, const char* eviction_reason);

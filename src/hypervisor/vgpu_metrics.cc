@@ -92,11 +92,11 @@ const GpuFamily kGpuFamilies[] = {
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_budget_bytes); }},
 };
 
+}  // namespace
+
 const char* QosLabel(uint32_t qos) {
   return qos <= limiter::kMaxQos ? controller::QosName(static_cast<controller::Qos>(qos)) : "unknown";
 }
-
-}  // namespace
 
 std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std::string& dir) {
   std::vector<std::unique_ptr<limiter::RegionSnapshot>> snapshots;

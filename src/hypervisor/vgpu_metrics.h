@@ -25,4 +25,7 @@ std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std:
 // back), tf_vgpu_vram_used_bytes and tf_vgpu_vram_limit_bytes (gauges).
 std::string VgpuMetricsText(const std::string& dir);
 
+// "low", "medium", "high", "critical" for a region QoS value; "unknown" beyond.
+const char* QosLabel(uint32_t qos);
+
 }  // namespace tf::hypervisor
