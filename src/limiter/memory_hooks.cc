@@ -90,6 +90,10 @@ CUresult Hook_cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {
     CUresult r = g_tiering && bytesize != 0 ? Tiering::Instance().Allocate(dptr, bytesize)
                                             : fn(dptr, bytesize);
+    // VRAM held by idle tiered tenants of the GPU is freed for a tenant without tiering too.
+    if (r == CUDA_ERROR_OUT_OF_MEMORY && !g_tiering) {
+      r = RetryWithEviction(r, [&] { return fn(dptr, bytesize); });
+    }
     if (r == CUDA_SUCCESS) *key = *dptr;
     return r;
   });

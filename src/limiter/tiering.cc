@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -250,15 +251,20 @@ bool EvictOther(Binding* b, uint64_t* tried) {
   return true;
 }
 
-// MapPhysical, freezing colder tenants of the GPU while the driver is out of memory (for at most
+// `allocate`, freezing colder tenants of the GPU while the driver is out of memory (for at most
 // kEvictDeadlineNs in all).
-CUresult MapPhysicalEvicting(Binding* b, CUdeviceptr base, Range* r) {
+template <typename Allocate>
+CUresult Evicting(Binding* b, Allocate&& allocate) {
   uint64_t tried = 0;
   const int64_t deadline = Now() + kEvictDeadlineNs;
   for (;;) {
-    CUresult e = MapPhysical(base, r);
+    CUresult e = allocate();
     if (e != CUDA_ERROR_OUT_OF_MEMORY || Now() > deadline || !EvictOther(b, &tried)) return e;
   }
+}
+
+CUresult MapPhysicalEvicting(Binding* b, CUdeviceptr base, Range* r) {
+  return Evicting(b, [&] { return MapPhysical(base, r); });
 }
 
 void UnmapPhysical(CUdeviceptr base, Range* r) {
@@ -1009,6 +1015,15 @@ CUresult Tiering::SwapIn() {
   CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
   pthread_mutex_unlock(&s.mu);
   return e;
+}
+
+CUresult RetryWithEviction(CUresult first, const std::function<CUresult()>& allocate) {
+  if (first != CUDA_ERROR_OUT_OF_MEMORY) return first;
+  Binding* b = Bound();
+  if (b == nullptr) return first;
+  uint64_t tried = 0;
+  if (!EvictOther(b, &tried)) return first;
+  return Evicting(b, allocate);
 }
 
 CUresult TierWait() {

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "tf_driver_api.h"
 
@@ -42,6 +43,12 @@ extern std::atomic<int32_t> g_tier_captures;  // stream captures in progress (no
 // Waits out a swap-out in progress and restores the process if it is swapped. CUDA_SUCCESS when
 // the caller may proceed; the restore's error otherwise (the swapped copy is kept).
 CUresult TierWait();
+
+// A bound process whose allocation the driver refused for lack of memory (`first` is
+// CUDA_ERROR_OUT_OF_MEMORY), tiering or not: freezes colder tiered tenants of the GPU (QoS not
+// above its own, never critical) and calls `allocate` again until it succeeds or nobody is left.
+// Any other `first` is returned as it is.
+CUresult RetryWithEviction(CUresult first, const std::function<CUresult()>& allocate);
 
 // Brackets a call that needs the tenant's memory resident.
 template <typename Call>

@@ -308,6 +308,24 @@ TEST_F(TieringTest, ATenantThatNeedsVramFreezesTheColderOneAndBothKeepTheirData)
   ExpectIntact("b");
 }
 
+TEST_F(TieringTest, ATenantWithoutTieringAlsoGetsTheVramOfAnIdleTieredOne) {
+  env_ += "FAKECUDA_TOTAL_MIB=300 TFUSION_HOST_TIER_BUDGET=1GiB ";
+  pid_t a = StartTenant("--vram 256MiB --vgpu idle-a --tiering --idle-swap 0");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  pid_t b = StartHolder("--vram 256MiB --vgpu plain-b", 200, "plain-b");
+  ASSERT_GT(b, 0) << Run("cat " + dir_ + "/plain-b.out").out << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(Run("cat " + dir_ + "/plain-b.out").out.find("freezing vGPU 'idle-a'"), std::string::npos)
+      << Run("cat " + dir_ + "/plain-b.out").out;
+  EXPECT_TRUE(SmiShows("swapped")) << Tf("smi -p").out;
+  kill(b, SIGTERM);  // tfusion run stops its command and reaps it: its VRAM comes back
+  waitpid(b, nullptr, 0);
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(a), 0) << Run("cat " + dir_ + "/tenant.out").out;
+  ExpectIntact();
+}
+
 TEST_F(TieringTest, ASwappedTenantMovesOnToTheDiskTierAndComesBackIntact) {
   ASSERT_EQ(Run("mkdir -p " + dir_ + "/nvme").rc, 0);
   pid_t pid = StartTenant("--vram 1GiB --vgpu disk --tiering --idle-swap 0 --disk-tier " + dir_ +
