@@ -59,6 +59,13 @@ bool MaySee(const Allocation& a) {
          (t_who.role == Role::kNode && a.node == t_who.node);
 }
 
+// The allocation `id` if the caller may see it; another tenant's or node's looks absent.
+StatusOr<Allocation> VisibleAllocation(const Controller* c, const std::string& id) {
+  StatusOr<Allocation> a = c->GetAllocation(id);
+  if (a.ok() && !MaySee(*a)) return NotFound("allocation '" + id + "' not found");
+  return a;
+}
+
 void Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(), "application/json");
@@ -691,16 +698,14 @@ void ApiServer::Routes() {
   });
   Record("GET", R"(/v1/allocations/([^/]+))");
   s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
-    if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+    StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, ToJson(*a));
   });
   // Lease renewal (tfusion run renews while its command runs).
   Record("POST", R"(/v1/allocations/([^/]+)/renew)");
   s.Post(R"(/v1/allocations/([^/]+)/renew)", [c](const httplib::Request& req, httplib::Response& res) {
-    StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
-    if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+    StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
     if (a.ok()) a = c->RenewLease(req.matches[1]);
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, {{"allocation", a->id}, {"lease_expires_ms", a->lease_expires_ms}});
@@ -711,8 +716,7 @@ void ApiServer::Routes() {
     routes_.emplace_back("POST", std::regex(pattern));
     const bool freeze = std::string(action) == "freeze";
     s.Post(pattern, [c, freeze](const httplib::Request& req, httplib::Response& res) {
-      StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
-      if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+      StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
       if (a.ok()) a = c->RequestTier(req.matches[1], freeze);
       if (!a.ok()) return ReplyError(res, a.status());
       Reply(res, 202, {{"allocation", a->id}, {"freeze_requests", a->freeze_requests},
@@ -722,8 +726,7 @@ void ApiServer::Routes() {
   Record("DELETE", R"(/v1/allocations/([^/]+))");
   s.Delete(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     if (!IsAdmin()) {  // a tenant releases its own allocations only (others look absent)
-      StatusOr<Allocation> a = c->GetAllocation(req.matches[1]);
-      if (a.ok() && !MaySee(*a)) a = NotFound("allocation '" + std::string(req.matches[1]) + "' not found");
+      StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
       if (!a.ok()) return ReplyError(res, a.status());
     }
     Status st = c->Release(req.matches[1]);

@@ -363,6 +363,46 @@ void* HostWorker(void* arg) {
   return nullptr;
 }
 
+// The copies of a swap: issued in the context of their range (made current on this thread), on
+// kCopyStreams streams of that context in turn. Moving to another context drains the streams of
+// the one before; Finish drains and releases everything. `err` keeps the first error.
+struct CopyLanes {
+  CUresult err = CUDA_SUCCESS;
+  CUcontext current = nullptr;
+  CUstream streams[kCopyStreams] = {};
+  int made = 0;
+  int next = 0;
+
+  // True when copies may be issued in `ctx`.
+  bool Enter(CUcontext ctx) {
+    if (ctx == current && made > 0) return err == CUDA_SUCCESS;
+    Finish();
+    if (err != CUDA_SUCCESS) return false;
+    err = g_real.cuCtxPushCurrent_v2(ctx);
+    if (err != CUDA_SUCCESS) return false;
+    current = ctx;
+    for (; made < kCopyStreams; ++made) {
+      err = g_real.cuStreamCreate(&streams[made], CU_STREAM_NON_BLOCKING);
+      if (err != CUDA_SUCCESS) return false;
+    }
+    return true;
+  }
+  CUstream Next() { return streams[next++ % made]; }
+  void Finish() {
+    for (int i = 0; i < made; ++i) {
+      CUresult e = g_real.cuStreamSynchronize(streams[i]);
+      if (err == CUDA_SUCCESS) err = e;
+      g_real.cuStreamDestroy_v2(streams[i]);
+    }
+    made = 0;
+    if (current != nullptr) {
+      CUcontext popped = nullptr;
+      g_real.cuCtxPopCurrent_v2(&popped);
+      current = nullptr;
+    }
+  }
+};
+
 // Copies every resident range to a new host copy: workers populate and pin the host memory piece
 // by piece; each piece is copied (kCopyStreams streams, per context) as soon as it is pinned.
 // On failure the host copies made so far stay attached to their ranges (the caller frees them).
@@ -387,102 +427,45 @@ CUresult CopyOut(State& s) {
     if (pthread_create(&threads[started], nullptr, &HostWorker, p.get()) != 0) break;
   }
   if (started == 0) HostWorker(p.get());  // no thread could start: do it here
-  CUresult err = CUDA_SUCCESS;
-  CUcontext current = nullptr;
-  CUstream streams[kCopyStreams] = {};
-  int made = 0, k = 0;
-  auto leave = [&]() {
-    for (int i = 0; i < made; ++i) {
-      CUresult se = g_real.cuStreamSynchronize(streams[i]);
-      if (err == CUDA_SUCCESS) err = se;
-      g_real.cuStreamDestroy_v2(streams[i]);
-    }
-    made = 0;
-    if (current != nullptr) {
-      CUcontext popped = nullptr;
-      g_real.cuCtxPopCurrent_v2(&popped);
-      current = nullptr;
-    }
-  };
+  CopyLanes lanes;
   for (HostJob& j : p->jobs) {
-    if (err != CUDA_SUCCESS) break;
     pthread_mutex_lock(&p->mu);
     while (j.state == 0) pthread_cond_wait(&p->cv, &p->mu);
-    CUresult je = j.state == 2 ? j.err : CUDA_SUCCESS;
+    const CUresult je = j.state == 2 ? j.err : CUDA_SUCCESS;
     pthread_mutex_unlock(&p->mu);
     if (je != CUDA_SUCCESS) {
-      err = je;
+      lanes.err = je;
       break;
     }
-    if (j.r->ctx != current) {
-      leave();
-      if (err != CUDA_SUCCESS) break;
-      err = g_real.cuCtxPushCurrent_v2(j.r->ctx);
-      if (err != CUDA_SUCCESS) break;
-      current = j.r->ctx;
-      for (; made < kCopyStreams && err == CUDA_SUCCESS; ++made) {
-        err = g_real.cuStreamCreate(&streams[made], CU_STREAM_NON_BLOCKING);
-        if (err != CUDA_SUCCESS) break;
-      }
-      if (err != CUDA_SUCCESS) break;
-    }
-    const CUdeviceptr base = j.base;
-    size_t start = j.index * kHostChunk;
-    size_t end = start + kHostChunk < j.r->size ? start + kHostChunk : j.r->size;
-    for (size_t off = start; off < end && err == CUDA_SUCCESS; off += kCopyPiece) {
+    if (!lanes.Enter(j.r->ctx)) break;
+    const size_t start = j.index * kHostChunk;
+    const size_t end = start + kHostChunk < j.r->size ? start + kHostChunk : j.r->size;
+    for (size_t off = start; off < end && lanes.err == CUDA_SUCCESS; off += kCopyPiece) {
       size_t n = end - off < kCopyPiece ? end - off : kCopyPiece;
-      err = g_real.cuMemcpyDtoHAsync_v2(static_cast<char*>(j.r->host) + off, base + off, n, streams[k++ % made]);
+      lanes.err = g_real.cuMemcpyDtoHAsync_v2(static_cast<char*>(j.r->host) + off, j.base + off, n, lanes.Next());
     }
+    if (lanes.err != CUDA_SUCCESS) break;
   }
   p->next.store(p->jobs.size(), std::memory_order_relaxed);  // on failure: stop claiming pieces
-  leave();
+  lanes.Finish();
   for (int i = 0; i < started; ++i) pthread_join(threads[i], nullptr);
-  return err;
+  return lanes.err;
 }
 
-// Copies between every range selected by `pick` and its host copy, kCopyPiece at a time on
-// kCopyStreams streams per context, and waits. to_host: device -> host.
-template <typename Pick>
-CUresult CopyRanges(State& s, bool to_host, Pick&& pick) {
-  // Ranges grouped by context (nearly always one: the primary context).
-  std::vector<CUcontext> ctxs;
+// Copies every mapped range that has a host copy back to its address, and waits.
+CUresult CopyIn(State& s) {
+  CopyLanes lanes;
   for (auto& [base, r] : s.ranges) {
-    if (!pick(r)) continue;
-    bool seen = false;
-    for (CUcontext c : ctxs) seen = seen || c == r.ctx;
-    if (!seen) ctxs.push_back(r.ctx);
+    if (r.host == nullptr || !r.resident) continue;
+    if (!lanes.Enter(r.ctx)) break;
+    for (size_t off = 0; off < r.size && lanes.err == CUDA_SUCCESS; off += kCopyPiece) {
+      size_t n = r.size - off < kCopyPiece ? r.size - off : kCopyPiece;
+      lanes.err = g_real.cuMemcpyHtoDAsync_v2(base + off, static_cast<char*>(r.host) + off, n, lanes.Next());
+    }
+    if (lanes.err != CUDA_SUCCESS) break;
   }
-  for (CUcontext ctx : ctxs) {
-    CUresult e = InContext(ctx, [&]() -> CUresult {
-      CUstream streams[kCopyStreams] = {};
-      int made = 0;
-      CUresult err = CUDA_SUCCESS;
-      for (; made < kCopyStreams && err == CUDA_SUCCESS; ++made) {
-        err = g_real.cuStreamCreate(&streams[made], CU_STREAM_NON_BLOCKING);
-        if (err != CUDA_SUCCESS) break;
-      }
-      int k = 0;
-      for (auto& [base, r] : s.ranges) {
-        if (err != CUDA_SUCCESS) break;
-        if (r.ctx != ctx || !pick(r)) continue;
-        for (size_t off = 0; off < r.size && err == CUDA_SUCCESS; off += kCopyPiece) {
-          size_t n = r.size - off < kCopyPiece ? r.size - off : kCopyPiece;
-          char* h = static_cast<char*>(r.host) + off;
-          CUstream st = streams[k++ % made];
-          err = to_host ? g_real.cuMemcpyDtoHAsync_v2(h, base + off, n, st)
-                        : g_real.cuMemcpyHtoDAsync_v2(base + off, h, n, st);
-        }
-      }
-      for (int i = 0; i < made; ++i) {
-        CUresult se = g_real.cuStreamSynchronize(streams[i]);
-        if (err == CUDA_SUCCESS) err = se;
-        g_real.cuStreamDestroy_v2(streams[i]);
-      }
-      return err;
-    });
-    if (e != CUDA_SUCCESS) return e;
-  }
-  return CUDA_SUCCESS;
+  lanes.Finish();
+  return lanes.err;
 }
 
 void CountSwap(State& s, bool out, uint64_t bytes, int64_t ns, CUresult err) {
@@ -685,7 +668,7 @@ CUresult SwapInLocked(State& s) {
   }
   int64_t t_mapped = Now();
   if (e == CUDA_SUCCESS) {
-    e = CopyRanges(s, false, [](const Range& r) { return r.host != nullptr && r.resident; });
+    e = CopyIn(s);
   }
   if (e != CUDA_SUCCESS) {
     // Back to swapped, the host copies untouched: the next call tries again.
@@ -997,24 +980,6 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
   pthread_mutex_unlock(&s.mu);
   *result = e == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : e;
   return true;
-}
-
-CUresult Tiering::SwapOut() {
-  if (!g_tiering) return CUDA_ERROR_NOT_SUPPORTED;
-  State& s = S();
-  pthread_mutex_lock(&s.mu);
-  CUresult e = SwapOutLocked(s);
-  pthread_mutex_unlock(&s.mu);
-  return e;
-}
-
-CUresult Tiering::SwapIn() {
-  if (!g_tiering) return CUDA_ERROR_NOT_SUPPORTED;
-  State& s = S();
-  pthread_mutex_lock(&s.mu);
-  CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
-  pthread_mutex_unlock(&s.mu);
-  return e;
 }
 
 CUresult RetryWithEviction(CUresult first, const std::function<CUresult()>& allocate) {

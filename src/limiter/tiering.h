@@ -82,10 +82,6 @@ class Tiering {
   CUresult Allocate(CUdeviceptr* dptr, size_t bytes);
   // cuMemFree_v2: true when `dptr` is one of ours (then *result is the answer), false otherwise.
   bool Free(CUdeviceptr dptr, CUresult* result);
-  // Swap-out and swap-in of every movable range of this process (the tier thread calls them on
-  // requests; tests and the GPU tier call them through freeze/thaw).
-  CUresult SwapOut();
-  CUresult SwapIn();
   // At exit: stops the tier thread. After fork: the child holds nothing.
   void Shutdown();
   void ResetAfterFork();
