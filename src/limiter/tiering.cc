@@ -61,6 +61,10 @@ struct Range {
   void* host = nullptr;                   // the swapped copy, nullptr while resident
   std::vector<uint8_t> registered;        // per kHostChunk piece of `host`: pinned with the driver
   bool budgeted = false;                  // `host` is counted in the host tier's budget
+  // Resident with a kept copy: the pinned host memory of its last swap (stale contents, counted
+  // in the budget) reused by its next swap-out, which then only copies.
+  void* kept = nullptr;
+  std::vector<uint8_t> kept_registered;
   int fd = -1;                            // disk tier: an unnamed file holding the copy
   uint32_t crc = 0;                       // CRC-32C of the copy on disk
   bool resident = true;
@@ -84,6 +88,8 @@ struct State {
   // (unpinning takes about as long as copying). Their budget is returned when freed.
   std::vector<Range> to_free;
   uint64_t disk = 0;                      // bytes of copies on the disk tier
+  uint64_t kept = 0;                      // bytes of kept copies (Range::kept)
+  uint32_t reclaim_seen = 0;              // TierHeader::reclaim_gen acted on
   int64_t disk_attempt_ns = 0;            // the last move to the disk tier tried
 };
 
@@ -303,6 +309,37 @@ void FreeHostCopy(Range* r) {
   r->registered.clear();
 }
 
+// REQUIRES s.mu. Frees every kept copy and returns its budget.
+void FreeKeptLocked(State& s) {
+  if (s.kept == 0) return;
+  uint64_t bytes = 0;
+  for (auto& [base, r] : s.ranges) {
+    if (r.kept == nullptr) continue;
+    Range copy;
+    copy.size = r.size;
+    copy.ctx = r.ctx;
+    copy.host = r.kept;
+    copy.registered = std::move(r.kept_registered);
+    FreeHostCopy(&copy);
+    r.kept = nullptr;
+    r.kept_registered.clear();
+    bytes += r.size;
+  }
+  s.kept = 0;
+  s.binding->region.SetHostKept(s.binding->slot, 0);
+  s.binding->region.ReleaseHostTier(bytes);
+}
+
+// Whether swap-ins keep their pinned host copies for the next swap-out (TFUSION_TIER_KEEP_HOST,
+// default on): a later swap-out then only copies, at copy-engine speed.
+bool KeepHostCopies() {
+  static const bool keep = [] {
+    const char* v = getenv("TFUSION_TIER_KEEP_HOST");
+    return v == nullptr || strcmp(v, "0") != 0;
+  }();
+  return keep;
+}
+
 // Anonymous memory for a range's host copy (not yet populated), or nullptr.
 void* MapHost(size_t size) {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -347,6 +384,7 @@ void* HostWorker(void* arg) {
     size_t i = p->next.fetch_add(1, std::memory_order_relaxed);
     if (i >= p->jobs.size()) break;
     HostJob& j = p->jobs[i];
+    if (j.state != 0) continue;  // a kept copy: pinned before the workers started
     char* at = static_cast<char*>(j.r->host) + j.index * kHostChunk;
     size_t len = j.r->size - j.index * kHostChunk < kHostChunk ? j.r->size - j.index * kHostChunk : kHostChunk;
     CUresult e = CUDA_ERROR_OUT_OF_MEMORY;
@@ -410,6 +448,16 @@ CUresult CopyOut(State& s) {
   auto p = std::make_unique<HostPipeline>();
   for (auto& [base, r] : s.ranges) {
     if (!r.resident) continue;
+    if (r.kept != nullptr) {  // pinned already: copied without waiting for a worker
+      r.host = r.kept;
+      r.registered = std::move(r.kept_registered);
+      r.kept = nullptr;
+      r.kept_registered.clear();
+      r.budgeted = true;
+      size_t chunks = (r.size + kHostChunk - 1) / kHostChunk;
+      for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 1, CUDA_SUCCESS});
+      continue;
+    }
     r.host = MapHost(r.size);
     if (r.host == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     r.budgeted = true;
@@ -417,16 +465,18 @@ CUresult CopyOut(State& s) {
     r.registered.assign(chunks, 0);
     for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 0, CUDA_SUCCESS});
   }
+  size_t pending = 0;
+  for (const HostJob& j : p->jobs) pending += j.state == 0 ? 1 : 0;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int workers = static_cast<int>(cpus > 2 ? cpus / 2 : 1);
   if (workers > kMaxHostWorkers) workers = kMaxHostWorkers;
-  if (static_cast<size_t>(workers) > p->jobs.size()) workers = static_cast<int>(p->jobs.size());
+  if (static_cast<size_t>(workers) > pending) workers = static_cast<int>(pending);
   pthread_t threads[kMaxHostWorkers];
   int started = 0;
   for (; started < workers; ++started) {
     if (pthread_create(&threads[started], nullptr, &HostWorker, p.get()) != 0) break;
   }
-  if (started == 0) HostWorker(p.get());  // no thread could start: do it here
+  if (started == 0 && pending > 0) HostWorker(p.get());  // no thread could start: do it here
   CopyLanes lanes;
   for (HostJob& j : p->jobs) {
     pthread_mutex_lock(&p->mu);
@@ -683,6 +733,8 @@ CUresult SwapInLocked(State& s) {
     return e;
   }
   int64_t t_copied = Now();
+  const bool keep = KeepHostCopies();
+  uint64_t kept = 0;
   for (auto& [base, r] : s.ranges) {
     if (r.fd >= 0) {
       close(r.fd);  // an unnamed file: gone with its descriptor
@@ -690,15 +742,27 @@ CUresult SwapInLocked(State& s) {
       s.disk -= r.size;
     }
     if (r.host == nullptr) continue;
-    s.to_free.push_back(r);  // still counted in s.host (and so in the region) until freed
+    if (keep && r.budgeted) {  // pinned and within the budget: kept for the next swap-out
+      r.kept = r.host;
+      r.kept_registered = std::move(r.registered);
+      s.host -= r.size;
+      kept += r.size;
+    } else {
+      s.to_free.push_back(r);  // still counted in s.host (and so in the region) until freed
+    }
     r.host = nullptr;
     r.registered.clear();
+    r.budgeted = false;
   }
   s.state = kTierResident;
   int64_t ns = Now() - t0;
   CountSwap(s, false, bytes, ns, CUDA_SUCCESS);
   s.last_active_ns = Now();
-  Publish(s);
+  Publish(s);  // host_bytes down before host_kept_bytes up: a death in between leaks, never doubles
+  if (kept != 0) {
+    s.kept += kept;
+    s.binding->region.SetHostKept(s.binding->slot, s.kept);
+  }
   g_tier_blocked.store(0, std::memory_order_seq_cst);
   pthread_cond_broadcast(&s.cv);  // the tier thread frees the host copies
   if (TraceEnabled() || bytes >= (64ull << 20)) {
@@ -768,18 +832,29 @@ CUresult SwapOutLocked(State& s) {
     if (e != CUDA_SUCCESS) return AbortSwapOut(s, e, "its queued work failed");
   }
   int64_t t_synced = Now();
-  // The budget may be held by host copies other processes are about to free (after their resume):
-  // wait for it a little before giving up.
-  bool reserved = s.binding->region.ReserveHostTier(bytes);
+  // Kept copies are reserved already. The rest of the budget may be held by host copies other
+  // processes are about to free (after their resume) or keep for their next swap-out (asked to
+  // free them): wait for it a little before giving up.
+  const uint64_t reused = s.kept;
+  const uint64_t need = bytes - reused;
+  bool reserved = need == 0 || s.binding->region.ReserveHostTier(need);
+  if (!reserved) {
+    s.binding->region.RequestHostReclaim();
+    s.reclaim_seen = s.binding->region.HostReclaimGen();  // not addressed to our own kept copies
+  }
   for (const int64_t until = Now() + kBudgetWaitNs; !reserved && Now() < until;) {
     timespec pause{0, 5'000'000};
     nanosleep(&pause, nullptr);
-    reserved = s.binding->region.ReserveHostTier(bytes);
+    reserved = s.binding->region.ReserveHostTier(need);
   }
   if (!reserved) return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
   int64_t t_pinned = Now();
-  CUresult e = CopyOut(s);
+  CUresult e = CopyOut(s);  // takes over the kept copies
   int64_t t_copied = Now();
+  if (s.kept != 0) {
+    s.kept = 0;
+    s.binding->region.SetHostKept(s.binding->slot, 0);  // now part of this swap's `bytes`
+  }
   if (e != CUDA_SUCCESS) {
     s.binding->region.ReleaseHostTier(bytes);
     return AbortSwapOut(s, e, e == CUDA_ERROR_OUT_OF_MEMORY ? "host memory could not be allocated or pinned"
@@ -795,9 +870,10 @@ CUresult SwapOutLocked(State& s) {
   Publish(s);
   if (TraceEnabled() || bytes >= (64ull << 20)) {
     GuestLog("vGPU '%s': swapped out %llu MiB in %.1f ms (quiesce %.1f, drain %.1f, pin and copy %.1f, "
-             "release %.1f)", s.binding->vgpu_id, static_cast<unsigned long long>(bytes >> 20), ns / 1e6,
-             (t_quiet - t0) / 1e6, (t_synced - t_quiet) / 1e6, (t_copied - t_pinned) / 1e6,
-             (Now() - t_copied) / 1e6);
+             "release %.1f; %llu MiB into kept pinned copies)", s.binding->vgpu_id,
+             static_cast<unsigned long long>(bytes >> 20), ns / 1e6, (t_quiet - t0) / 1e6,
+             (t_synced - t_quiet) / 1e6, (t_copied - t_pinned) / 1e6, (Now() - t_copied) / 1e6,
+             static_cast<unsigned long long>(reused >> 20));
   }
   return CUDA_SUCCESS;
 }
@@ -817,6 +893,16 @@ void* TierThread(void*) {
     if (s.to_free.empty()) pthread_cond_timedwait(&s.cv, &s.mu, &until);
     if (s.stop) break;
     FreePendingLocked(s);
+    if (s.kept != 0 && s.binding != nullptr) {
+      uint32_t gen = s.binding->region.HostReclaimGen();
+      if (gen != s.reclaim_seen) {  // another process is short of host-tier budget
+        s.reclaim_seen = gen;
+        const uint64_t kept = s.kept;
+        FreeKeptLocked(s);
+        GuestLog("vGPU '%s': freed %llu MiB of kept host copies: another tenant needs the host tier",
+                 s.binding->vgpu_id, static_cast<unsigned long long>(kept >> 20));
+      }
+    }
     int64_t now = Now();
     if (g_tier_touched.exchange(0, std::memory_order_relaxed) != 0 ||
         g_tier_inflight.load(std::memory_order_relaxed) != 0) {
@@ -871,6 +957,7 @@ void StartThreadLocked(State& s) {
   t->freeze_done_gen.store(s.freeze_done, std::memory_order_release);
   t->thaw_done_gen.store(s.thaw_done, std::memory_order_release);
   s.last_active_ns = Now();
+  s.reclaim_seen = b->region.HostReclaimGen();
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_JOINABLE);
@@ -966,6 +1053,14 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
     }
     FreeHostCopy(&r);
   }
+  if (r.kept != nullptr) {
+    s.kept -= r.size;
+    s.binding->region.SetHostKept(s.binding->slot, s.kept);
+    s.binding->region.ReleaseHostTier(r.size);
+    r.host = r.kept;
+    r.registered = std::move(r.kept_registered);
+    FreeHostCopy(&r);
+  }
   if (r.fd >= 0) {
     close(r.fd);
     s.disk -= r.size;
@@ -1009,7 +1104,10 @@ void Tiering::Shutdown() {
   if (started && !pthread_equal(pthread_self(), s.thread)) pthread_join(s.thread, nullptr);
   pthread_mutex_lock(&s.mu);
   s.thread_started = false;
-  if (s.binding != nullptr) FreePendingLocked(s);  // their budget goes back now, not at the reap
+  if (s.binding != nullptr) {  // their budget goes back now, not at the reap
+    FreePendingLocked(s);
+    FreeKeptLocked(s);
+  }
   pthread_mutex_unlock(&s.mu);
 }
 
@@ -1023,7 +1121,7 @@ void Tiering::ResetAfterFork() {
   }
   s.ranges.clear();
   s.to_free.clear();
-  s.movable = s.host = s.disk = 0;
+  s.movable = s.host = s.disk = s.kept = 0;
   s.state = kTierResident;
   s.thread_started = false;
   s.stop = false;

@@ -231,10 +231,14 @@ TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
   ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
   smi = Tf("smi -p");
   EXPECT_NE(smi.out.find("resident"), std::string::npos) << smi.out;
-  // A second cycle ended by an explicit thaw.
+  // The pinned copies are kept for the next swap-out, counted in the host tier.
+  EXPECT_NE(smi.out.find("host tier 200 MiB of"), std::string::npos) << smi.out;
+  // A second cycle ended by an explicit thaw: it copies into the kept memory.
   frozen = Tf("freeze cold");
   EXPECT_EQ(frozen.rc, 0) << frozen.out;
   EXPECT_NE(frozen.out.find("swapped, 202 MiB movable"), std::string::npos) << frozen.out;
+  EXPECT_NE(Run("cat " + dir_ + "/tenant.out").out.find("200 MiB into kept pinned copies"), std::string::npos)
+      << Run("cat " + dir_ + "/tenant.out").out;
   Result thawed = Tf("thaw cold");
   EXPECT_EQ(thawed.rc, 0) << thawed.out;
   EXPECT_NE(thawed.out.find("resident"), std::string::npos) << thawed.out;
@@ -248,6 +252,37 @@ TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
   EXPECT_NE(out.out.find("second_identical=3"), std::string::npos) << out.out;
   EXPECT_NE(out.out.find("late_buffer=ok"), std::string::npos) << out.out;
   EXPECT_NE(out.out.find("freed=1"), std::string::npos) << out.out;
+}
+
+TEST_F(TieringTest, KeptHostCopiesAreFreedWhenAnotherTenantNeedsTheBudget) {
+  // Room in the host tier for one tenant's 200 MiB, not two.
+  env_ += "TFUSION_HOST_TIER_BUDGET=300MiB ";
+  ASSERT_EQ(Run("mkdir -p " + dir_ + "/b").rc, 0);
+  pid_t a = StartTenant("--vram 256MiB --vgpu keep-a --tiering --idle-swap 0");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  ASSERT_EQ(Tf("freeze keep-a").rc, 0);
+  Touch("go");
+  Touch("go2");  // A resumes and keeps its 200 MiB pinned copy
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(Tf("smi").out.find("host tier 200 MiB of 300 MiB"), std::string::npos) << Tf("smi").out;
+  pid_t b = StartTenant("--vram 256MiB --vgpu keep-b --tiering --idle-swap 0", "b");
+  ASSERT_TRUE(WaitFor("b/ready")) << Run("cat " + dir_ + "/b/tenant.out").out;
+  Result frozen = Tf("freeze keep-b");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << Run("cat " + dir_ + "/b/tenant.out").out;
+  EXPECT_NE(frozen.out.find("(200 MiB in host memory)"), std::string::npos) << frozen.out;
+  EXPECT_NE(Run("cat " + dir_ + "/tenant.out").out.find("freed 200 MiB of kept host copies"), std::string::npos)
+      << Run("cat " + dir_ + "/tenant.out").out;
+  // A still freezes and resumes intact, now into fresh host memory.
+  Touch("b/go");
+  Touch("b/go2");
+  ASSERT_TRUE(WaitFor("b/verified")) << Run("cat " + dir_ + "/b/tenant.out").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(a), 0);
+  Touch("b/go3");
+  EXPECT_EQ(Finish(b), 0);
+  ExpectIntact();
+  ExpectIntact("b");
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
 }
 
 TEST_F(TieringTest, AnIdleTenantIsSwappedOutByItsTimeout) {

@@ -412,6 +412,7 @@ RegionError GpuRegion::AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* s
       p->vram_bytes.store(0, std::memory_order_relaxed);
       p->throttled_ns.store(0, std::memory_order_relaxed);
       p->wait_since_ns.store(0, std::memory_order_relaxed);
+      p->host_kept_bytes.store(0, std::memory_order_relaxed);
       ResetProcessTier(TierOfProcess(i));
       p->state.store(kSlotActive, std::memory_order_release);  // publish last
       if (slot_out != nullptr) *slot_out = i;
@@ -431,9 +432,11 @@ void GpuRegion::FreeProcessSlotLocked(uint32_t slot) {
   uint64_t used = v->vram_used_bytes.load(std::memory_order_relaxed);
   v->vram_used_bytes.store(used >= held ? used - held : 0, std::memory_order_relaxed);
   p->vram_bytes.store(0, std::memory_order_relaxed);
-  // A process gone while swapped: its host copy died with it; its share of the budget returns.
+  // A process gone while swapped (or keeping copies for its next swap-out): its host copies died
+  // with it; its share of the budget returns.
   ProcessTier* t = TierOfProcess(slot);
   ReleaseHostTier(t->host_bytes.exchange(0, std::memory_order_relaxed));
+  ReleaseHostTier(p->host_kept_bytes.exchange(0, std::memory_order_relaxed));
   t->state.store(kTierOff, std::memory_order_relaxed);
   ClearWaiting(p);
   p->state.store(kSlotFree, std::memory_order_release);

@@ -296,6 +296,12 @@ class GpuRegion {
   // Host-tier budget: true when `bytes` more fit (then counted as used).
   bool ReserveHostTier(uint64_t bytes);
   void ReleaseHostTier(uint64_t bytes);
+  // Pinned host copies a process keeps after a swap-in for its next swap-out: counted in the
+  // budget (reserved by the swap-out that made them), returned by the reap if it dies. Another
+  // process short of budget asks every keeper to free them (TierHeader::reclaim_gen).
+  void SetHostKept(uint32_t slot, uint64_t bytes);
+  void RequestHostReclaim();
+  uint32_t HostReclaimGen() const;
   // The tier blocks, for the limiter of the process that owns `slot` (writer) and for readers.
   // nullptr for an index out of range.
   VgpuTier* TierOfVgpu(uint32_t vgpu_index) const;

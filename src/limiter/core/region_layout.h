@@ -111,7 +111,8 @@ struct alignas(kCacheLine) ProcessSlot {
   std::atomic<int64_t> wait_since_ns;      // CLOCK_MONOTONIC ns it started waiting; 0 = not waiting
   std::atomic<int64_t> active_until_ns;    // shared mode: it has GPU work in flight until at least
                                            // this CLOCK_MONOTONIC ns (refreshed per tick); 0 = idle
-  uint8_t reserved1[8];
+  std::atomic<uint64_t> host_kept_bytes;   // tiering: pinned host copies kept after a swap-in for
+                                           // its next swap-out (counted in host_used_bytes)
 };
 
 // 64 bytes, one per GPU. The compute lease: at most one throttled process submits at a time.
@@ -170,7 +171,9 @@ struct alignas(kCacheLine) TierHeader {
   std::atomic<uint64_t> bytes_out_total;
   std::atomic<uint64_t> bytes_in_total;
   std::atomic<uint64_t> swap_failures_total;
-  uint8_t reserved[8];
+  std::atomic<uint32_t> reclaim_gen;        // bumped by a swap-out short of budget: processes
+                                            // keeping pinned host copies free them
+  uint8_t reserved[4];
 };
 
 // 64 bytes per vGPU slot. Written by the vGPU's owner (policy) and by freeze/thaw requests; read by
@@ -243,7 +246,8 @@ static_assert(kVgpuArrayOffset == 512 && kProcessArrayOffset == 16896 && kLeaseO
 static_assert(sizeof(ShareBlock) == 64 && std::is_standard_layout_v<ShareBlock>);
 static_assert(offsetof(VgpuSlot, qos) == 4 && offsetof(VgpuSlot, compute_limit_ppm) == 48);
 static_assert(offsetof(VgpuSlot, request_tokens_ns) == 240 && offsetof(VgpuSlot, last_demand_ns) == 248);
-static_assert(offsetof(ProcessSlot, active_until_ns) == 48);
+static_assert(offsetof(ProcessSlot, active_until_ns) == 48 && offsetof(ProcessSlot, host_kept_bytes) == 56);
+static_assert(offsetof(TierHeader, reclaim_gen) == 56);
 static_assert(kShareOffset == 49728 && kTierHeaderOffset == 49792);
 static_assert(sizeof(TierHeader) == 64 && sizeof(VgpuTier) == 64 && sizeof(ProcessTier) == 64);
 static_assert(std::is_standard_layout_v<TierHeader> && std::is_standard_layout_v<VgpuTier> &&

@@ -133,4 +133,17 @@ void GpuRegion::ReleaseHostTier(uint64_t bytes) {
   }
 }
 
+void GpuRegion::SetHostKept(uint32_t slot, uint64_t bytes) {
+  if (!ValidActiveProcess(slot)) return;
+  process(slot)->host_kept_bytes.store(bytes, std::memory_order_relaxed);
+}
+
+void GpuRegion::RequestHostReclaim() {
+  if (base_ != nullptr) tier_header()->reclaim_gen.fetch_add(1, std::memory_order_acq_rel);
+}
+
+uint32_t GpuRegion::HostReclaimGen() const {
+  return base_ == nullptr ? 0 : tier_header()->reclaim_gen.load(std::memory_order_acquire);
+}
+
 }  // namespace tf::limiter
