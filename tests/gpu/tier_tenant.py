@@ -189,6 +189,8 @@ def run_swap(a):
     for k in range(a.cycles):
         torch.cuda.synchronize()
         ms, text = freeze()
+        if a.sleep > 0:  # idle while swapped (the disk tier's timeout runs)
+            time.sleep(a.sleep)
         first = first_call_ms(small)
         cycles.append({"freeze_cli_ms": round(ms, 1), "freeze": text.splitlines()[-1] if text else "",
                        "first_call_ms": round(first, 2)})
@@ -323,6 +325,7 @@ def main():
     ap.add_argument("--cycles", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--freeze-at", type=int, default=-1)
+    ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--gib", type=int, default=1)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--model", default="r50")

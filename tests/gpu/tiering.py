@@ -8,6 +8,8 @@ Phases (tier_tenant.py does the work inside each tenant):
   pool    the stream-ordered allocator (stays resident) beside a raw cuMemAlloc buffer (moves)
   train   GPT-2 training: two uninterrupted runs and one frozen and resumed mid-run, losses compared
   swap    swap-out/swap-in of 1, 4 and 16 GiB (three cycles each)
+  disk    1 and 4 GiB moved on to the disk tier (TF_DISK_DIR, default /tmp/tf-disk-tier) after 1 s
+          swapped and idle, and read back by the first call
   ckpt    the driver's checkpoint API (cuCheckpointProcess*) on a native tenant of 1, 4 and 16 GiB
   gen     GPT-2 time to first token: cold process vs after a freeze
   alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
@@ -67,10 +69,15 @@ class Runner:
         name = f"{self.n:02d}-{args[0]}.log"
         with open(os.path.join(self.logs, name), "w") as f:
             f.write(" ".join(cmd) + f"\nrc={rc} wall={wall:.1f}s\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        # The limiter's own account of each swap (its log lines on stderr).
+        swaps = [l.split("tfusion: ", 1)[-1] for l in err.splitlines()
+                 if "swapped out" in l or "resumed" in l or "disk tier" in l or "kept host copies" in l]
         for line in reversed(out.strip().splitlines()):
             if line.startswith("{"):
                 d = json.loads(line)
                 d.update({"rc": rc, "wall_s": round(wall, 1)})
+                if swaps:
+                    d["limiter_log"] = swaps[-12:]
                 return d
         return {"rc": rc, "wall_s": round(wall, 1), "error": (err or out)[-800:]}
 
@@ -112,6 +119,17 @@ def phase_swap(r):
     for gib in (1, 4, 16):
         d = r.tenant(["swap", "--gib", str(gib), "--cycles", "3"], TIERED + ["--vgpu", f"tier-swap-{gib}"], timeout=300)
         r.record("swap", d)
+
+
+def phase_disk(r):
+    d_dir = os.environ.get("TF_DISK_DIR", "/tmp/tf-disk-tier")
+    os.makedirs(d_dir, exist_ok=True)
+    df = subprocess.run(["df", "-h", d_dir], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
+    for gib in (1, 4):
+        d = r.tenant(["swap", "--gib", str(gib), "--cycles", "2", "--sleep", "4"],
+                     TIERED + ["--vgpu", f"tier-disk-{gib}", "--disk-tier", d_dir, "--idle-disk", "1s"], timeout=300)
+        d["disk_dir_df"] = df
+        r.record("disk", d)
 
 
 def checkpoint_api():
@@ -180,7 +198,7 @@ def phase_steady(r):
     for model, batch in (("r50", 64), ("gpt2", 8)):
         for rnd in range(int(os.environ.get("TF_STEADY_ROUNDS", "2"))):
             for name, flags in (("native", None), ("limiter", LIMITED), ("tiering", TIERED)):
-                d = r.tenant(["steady", "--model", model, "--batch", str(batch), "--seconds", "6"], flags)
+                d = r.tenant(["steady", "--model", model, "--batch", str(batch), "--seconds", os.environ.get("TF_STEADY_SECONDS", "6")], flags)
                 res.setdefault(f"{model}_b{batch}", {}).setdefault(name, []).append(d.get("items_per_s", d))
     for key, v in res.items():
         try:
@@ -252,7 +270,7 @@ def phase_oversub(r, seconds=45, gib=30):
 
 
 PHASES = {"checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
-          "ckpt": phase_ckpt, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
+          "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub}
 
 
