@@ -165,25 +165,8 @@ void UsageSampler::SampleOnce() {
   if (controller_->Serving()) history_->Add(TakeUsageSnapshot(*controller_, clock_->NowMs()));
 }
 
-void UsageSampler::Start() {
-  thread_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      lock.unlock();
-      SampleOnce();
-      lock.lock();
-      cv_.wait_for(lock, std::chrono::milliseconds(history_->interval_ms()), [this] { return stop_; });
-    }
-  });
-}
+void UsageSampler::Start() { thread_.Start(history_->interval_ms(), [this] { SampleOnce(); }); }
 
-void UsageSampler::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+void UsageSampler::Stop() { thread_.Stop(); }
 
 }  // namespace tf::controller

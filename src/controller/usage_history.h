@@ -8,13 +8,11 @@
 // "Use" is what the node agents last reported: GPU utilization and VRAM used by processes.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -22,6 +20,7 @@
 
 #include "controller/clock.h"
 #include "controller/controller.h"
+#include "controller/periodic_thread.h"
 
 namespace tf::controller {
 
@@ -112,10 +111,7 @@ class UsageSampler {
   const Controller* const controller_;
   UsageHistory* const history_;
   const Clock* const clock_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
+  PeriodicThread thread_;
 };
 
 }  // namespace tf::controller
