@@ -385,8 +385,10 @@ int RunUp(const UpOptions& o) {
     return Fail(FailedPrecondition("another controller already uses " + co.store));
   }
   std::string url = "http://" + o.listen_host + ":" + std::to_string(rt.port);
-  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s (durability %s)\n",
-              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(), o.durability.c_str());
+  std::printf("tfusion is up\n  controller: %s\n  console:    %s/console/\n  token:      %s (saved in %s)\n"
+              "  store:      %s (durability %s)\n",
+              url.c_str(), url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(),
+              o.durability.c_str());
   std::fflush(stdout);
   HypervisorOptions ho;
   ho.controller_url = url;
