@@ -132,6 +132,9 @@ int main(int argc, char** argv) {
   up_cmd->add_option("--stop-grace", up.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
       ->check(CLI::Range(0, 3600))->capture_default_str();
+  up_cmd->add_option("--history-interval", up.history_interval_seconds,
+                     "seconds between two samples of the usage history (console charts; kept 1 h)")
+      ->check(CLI::Range(1, 60))->capture_default_str();
 
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
@@ -144,6 +147,9 @@ int main(int argc, char** argv) {
                       "SQLite: power (fsync every commit) or process (survives a controller crash; "
                       "power loss may lose about the last second)")->capture_default_str();
   ctl_cmd->add_option("--identity", ctl.identity, "replica name for leader election");
+  ctl_cmd->add_option("--history-interval", ctl.history_interval_seconds,
+                      "seconds between two samples of the usage history (console charts; kept 1 h)")
+      ->check(CLI::Range(1, 60))->capture_default_str();
 
   tf::controller::HypervisorOptions hv;
   auto* hv_cmd = app.add_subcommand("hypervisor", "run the node agent of this machine");

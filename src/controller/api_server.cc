@@ -13,6 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "controller/usage_history.h"
+#include "controller/web_console.h"
+
 namespace tf::controller {
 namespace {
 
@@ -35,6 +38,7 @@ Status Authorize(const ApiToken& who, const std::string& method, const std::stri
   auto matches = [&](const char* pattern) { return std::regex_match(path, std::regex(pattern)); };
   const bool read = method == "GET";
   if (read && (matches(R"(/v1/pools(/[^/]+)?)") || path == "/v1/gpus" || matches(R"(/v1/nodes(/[^/]+)?)") ||
+               path == "/v1/usage" || path == "/v1/history" ||
                matches(R"(/v1/allocations(/[^/]+)?)") || matches(R"(/v1/evictions(/[^/]+)?)"))) {
     return Status::Ok();
   }
@@ -288,9 +292,10 @@ void ApiServer::Routes() {
   s.new_task_queue = [] { return new httplib::ThreadPool(kApiWorkerThreads); };
   s.set_keep_alive_max_count(100000);
   s.set_tcp_nodelay(true);  // small JSON replies: no Nagle/delayed-ACK stalls (40 ms)
+  s.set_post_routing_handler(AddSecurityHeaders);
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     t_request_start = std::chrono::steady_clock::now();
-    if (req.path == "/healthz") return httplib::Server::HandlerResponse::Unhandled;
+    if (req.path == "/healthz" || IsConsolePath(req.path)) return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
     static const std::string kBearer = "Bearer ";
     const std::string presented = auth.rfind(kBearer, 0) == 0 ? auth.substr(kBearer.size()) : "";
@@ -369,6 +374,10 @@ void ApiServer::Routes() {
   s.Get("/healthz", [c](const httplib::Request&, httplib::Response& res) {
     Reply(res, 200, {{"ok", true}, {"serving", c->Serving()}});
   });
+  Record("GET", "/");
+  Record("GET", "/console");
+  Record("GET", R"(/console/.*)");
+  RegisterConsoleRoutes(s);
   Record("GET", "/metrics");
   s.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {
     res.set_content(c->MetricsText() +
@@ -546,6 +555,33 @@ void ApiServer::Routes() {
   s.Get("/v1/gpus", [c](const httplib::Request& req, httplib::Response& res) {
     ReplyList(req, res, "gpus", c->ListGpus(req.get_param_value("pool")), [](const GpuStatus& g) -> const std::string& { return g.gpu.uuid; },
               GpuJson);
+  });
+
+  // What the console shows: pools and GPUs with allocated, schedulable (virtual) and used
+  // capacity now, and sampled over the last hour (usage_history.h).
+  Record("GET", "/v1/usage");
+  s.Get("/v1/usage", [c](const httplib::Request&, httplib::Response& res) {
+    UsageSnapshot u = TakeUsageSnapshot(*c, 0);
+    Reply(res, 200, {{"pools", Array(u.pools, [](const PoolUsage& p) { return ToJson(p); })},
+                     {"gpus", Array(u.gpus, [](const GpuUsage& g) { return ToJson(g); })}});
+  });
+  Record("GET", "/v1/history");
+  s.Get("/v1/history", [this, c](const httplib::Request& req, httplib::Response& res) {
+    if (history_ == nullptr) return ReplyError(res, NotFound("this controller keeps no usage history"));
+    int64_t since = 0;
+    if (req.has_param("since_ms")) {
+      const std::string text = req.get_param_value("since_ms");
+      char* end = nullptr;
+      errno = 0;
+      since = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno != 0 || since < 0)
+        return ReplyError(res, InvalidArgument("since_ms must be a non-negative integer (ms), got '" + text + "'"));
+    }
+    const std::string pool = req.get_param_value("pool");
+    if (req.has_param("pool")) {
+      if (StatusOr<Pool> p = c->GetPool(pool); !p.ok()) return ReplyError(res, p.status());
+    }
+    Reply(res, 200, history_->ToJson(since, pool));
   });
 
   // Workloads.

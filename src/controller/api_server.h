@@ -1,7 +1,7 @@
 // ApiServer: the controller's HTTP/JSON API (cpp-httplib) in front of a Controller.
 //
-// Every request but GET /healthz must carry "Authorization: Bearer <token>" (compared in
-// constant time); otherwise 401. Errors are JSON: {"error": {"code": "invalid_argument",
+// Every request but GET /healthz and the console's static files must carry "Authorization: Bearer
+// <token>" (compared in constant time); otherwise 401. Errors are JSON: {"error": {"code": "invalid_argument",
 // "message": "..."}} with 400 (bad input), 401, 404, 409 (conflict or no capacity), 503 (this
 // replica is not the leader). A rejected request changes nothing.
 //
@@ -16,6 +16,9 @@
 //     POST answers the allocation plus "preempted": the ids released to make room for it
 //   GET /v1/evictions[?node=NAME], GET /v1/evictions/{id}, POST /v1/evictions/{id}/stopped
 //                                                         (allocations taken back; the agent reports)
+//   GET  /v1/usage                       pools and GPUs: allocated, schedulable and used now
+//   GET  /v1/history[?since_ms=T][&pool=NAME]   the same sampled over time (usage_history.h)
+//   GET  /, /console, /console/FILE      the web console, no token (web_console.h)
 //
 // Thread safety: requests run on the server's worker threads; the Controller serializes them.
 #pragma once
@@ -37,6 +40,8 @@ class Server;
 
 namespace tf::controller {
 
+class UsageHistory;
+
 // Constant-time equality of two secrets (time depends only on the presented length).
 bool TokenEquals(const std::string& expected, const std::string& presented);
 
@@ -53,6 +58,8 @@ class ApiServer {
   // How a standby names the leader in its 503 answers (the leader's identity, "" when unknown).
   // Call before Start().
   void SetLeaderLookup(std::function<std::string()> lookup) { leader_lookup_ = std::move(lookup); }
+  // Where GET /v1/history reads (null: it answers 404). Must outlive the server; call before Start().
+  void SetUsageHistory(const UsageHistory* history) { history_ = history; }
 
   // Binds host:port (port 0 picks a free one); returns the bound port.
   StatusOr<int> Bind(const std::string& host, int port);
@@ -74,6 +81,7 @@ class ApiServer {
   LatencyHistogram request_times_;
   std::vector<std::pair<std::string, std::regex>> routes_;  // method, path pattern: for 405
   std::function<std::string()> leader_lookup_;
+  const UsageHistory* history_ = nullptr;
 };
 
 }  // namespace tf::controller

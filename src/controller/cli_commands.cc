@@ -22,6 +22,7 @@
 #include "controller/http_client.h"
 #include "controller/replica.h"
 #include "controller/sqlite_store.h"
+#include "controller/usage_history.h"
 #include "hypervisor/node_agent.h"
 #include "hypervisor/nvml_gpu_source.h"
 
@@ -79,6 +80,8 @@ struct ControllerRuntime {
   std::unique_ptr<Controller> controller;
   std::unique_ptr<ApiServer> api;
   std::unique_ptr<ReplicaLoop> loop;
+  std::unique_ptr<UsageHistory> history;
+  std::unique_ptr<UsageSampler> sampler;
   int port = 0;
 
   Status Start(const ControllerOptions& o, const std::string& token) {
@@ -98,6 +101,9 @@ struct ControllerRuntime {
     loop = std::make_unique<ReplicaLoop>(controller.get(), election.get(), 500);
     loop->RunOnce();  // lead (and rebuild) before the first request when nobody else leads
     api = std::make_unique<ApiServer>(controller.get(), token);
+    history = std::make_unique<UsageHistory>(int64_t{o.history_interval_seconds} * 1000, kUsageHistoryRetentionMs);
+    sampler = std::make_unique<UsageSampler>(controller.get(), history.get(), &clock);
+    api->SetUsageHistory(history.get());
     if (auto* etcd = dynamic_cast<EtcdLeaderElection*>(election.get())) {
       api->SetLeaderLookup([etcd] {
         StatusOr<std::string> leader = etcd->CurrentLeader();
@@ -109,9 +115,11 @@ struct ControllerRuntime {
     port = *p;
     api->Start();
     loop->Start();
+    sampler->Start();
     return Status::Ok();
   }
   void Stop() {
+    if (sampler) sampler->Stop();
     if (loop) loop->Stop();
     if (api) api->Stop();
     if (election) election->Resign();
@@ -365,6 +373,7 @@ int RunUp(const UpOptions& o) {
   co.port = o.port;
   co.store = "sqlite:" + o.state_dir + "/state.db";
   co.durability = o.durability;
+  co.history_interval_seconds = o.history_interval_seconds;
   ControllerRuntime rt;
   Status st = rt.Start(co, token);
   if (!st.ok()) {
@@ -376,8 +385,10 @@ int RunUp(const UpOptions& o) {
     return Fail(FailedPrecondition("another controller already uses " + co.store));
   }
   std::string url = "http://" + o.listen_host + ":" + std::to_string(rt.port);
-  std::printf("tfusion is up\n  controller: %s\n  token:      %s (saved in %s)\n  store:      %s (durability %s)\n",
-              url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(), o.durability.c_str());
+  std::printf("tfusion is up\n  controller: %s\n  console:    %s/console/\n  token:      %s (saved in %s)\n"
+              "  store:      %s (durability %s)\n",
+              url.c_str(), url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(),
+              o.durability.c_str());
   std::fflush(stdout);
   HypervisorOptions ho;
   ho.controller_url = url;

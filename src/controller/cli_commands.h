@@ -22,7 +22,11 @@ struct ControllerOptions {
   int leader_ttl_seconds = 10;            // etcd lease TTL
   int64_t heartbeat_timeout_ms = 15'000;  // a node silent this long is marked lost
   int64_t lost_grace_ms = 60'000;         // a lost node's allocations are released after this
+  int history_interval_seconds = 5;       // usage history (console charts): one sample this often
 };
+
+// The usage history (GET /v1/history) keeps the samples of this long.
+inline constexpr int64_t kUsageHistoryRetentionMs = 3'600'000;
 
 struct HypervisorOptions {
   std::string controller_url = "http://127.0.0.1:9300";
@@ -52,6 +56,7 @@ struct UpOptions {
   std::string nvml_library = "libnvidia-ml.so.1";
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
   int stop_grace_seconds = 10;           // as HypervisorOptions
+  int history_interval_seconds = 5;      // as ControllerOptions
 };
 
 struct ClientOptions {

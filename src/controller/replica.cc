@@ -35,25 +35,8 @@ void ReplicaLoop::RunOnce() {
   controller_->Tick();
 }
 
-void ReplicaLoop::Start() {
-  thread_ = std::thread([this] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      lock.unlock();
-      RunOnce();
-      lock.lock();
-      cv_.wait_for(lock, std::chrono::milliseconds(period_ms_), [this] { return stop_; });
-    }
-  });
-}
+void ReplicaLoop::Start() { thread_.Start(period_ms_, [this] { RunOnce(); }); }
 
-void ReplicaLoop::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+void ReplicaLoop::Stop() { thread_.Stop(); }
 
 }  // namespace tf::controller

@@ -4,12 +4,8 @@
 // Controller's liveness Tick.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-
 #include "controller/controller.h"
+#include "controller/periodic_thread.h"
 
 namespace tf::controller {
 
@@ -29,10 +25,7 @@ class ReplicaLoop {
   Controller* const controller_;
   LeaderElection* const election_;
   const int period_ms_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
+  PeriodicThread thread_;
 };
 
 }  // namespace tf::controller

@@ -5,6 +5,12 @@
 
 namespace tf::sched {
 
+SchedulableCapacity GpuSchedulableCapacity(double tflops, int64_t vram_mib, const PoolSpec& pool) {
+  const int64_t expand = pool.vram_expand_to_host_percent + pool.vram_expand_to_disk_percent;
+  return {static_cast<MilliTflops>(std::floor(static_cast<double>(ToMilliTflops(tflops)) * pool.tflops_oversell_ratio)),
+          vram_mib + vram_mib * expand / 100};
+}
+
 Status ClusterState::AddPool(const PoolSpec& pool) {
   if (pool.name.empty()) return InvalidArgument("pool name must not be empty");
   if (!std::isfinite(pool.tflops_oversell_ratio) || pool.tflops_oversell_ratio < 1.0) {
@@ -35,8 +41,6 @@ Status ClusterState::AddNode(const NodeSpec& spec) {
   n.cpu_capacity = spec.cpu_milli;
   n.mem_capacity = spec.memory_mib;
   const PoolSpec& ps = pools_[static_cast<size_t>(pool)];
-  double ratio = ps.tflops_oversell_ratio;
-  const int64_t expand = ps.vram_expand_to_host_percent + ps.vram_expand_to_disk_percent;
   for (size_t i = 0; i < spec.gpus.size(); ++i) {
     const GpuSpec& g = spec.gpus[i];
     if (!std::isfinite(g.tflops) || g.tflops <= 0 || g.vram_mib <= 0) {
@@ -53,8 +57,9 @@ Status ClusterState::AddNode(const NodeSpec& spec) {
     GpuState s;
     s.model_id = model;
     s.capacity = ToMilliTflops(g.tflops);
-    s.schedulable = static_cast<MilliTflops>(std::floor(static_cast<double>(s.capacity) * ratio));
-    s.vram_capacity_mib = g.vram_mib + g.vram_mib * expand / 100;  // schedulable VRAM
+    const SchedulableCapacity offered = GpuSchedulableCapacity(g.tflops, g.vram_mib, ps);
+    s.schedulable = offered.compute;
+    s.vram_capacity_mib = offered.vram_mib;
     s.numa_node = g.numa_node;
     s.nvlink_peers = g.nvlink_peers & ~(uint64_t{1} << i);
     n.gpus.push_back(s);

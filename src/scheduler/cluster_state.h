@@ -29,6 +29,15 @@ struct GpuState {
   int64_t free_vram() const { return vram_capacity_mib - vram_used_mib; }
 };
 
+// What one GPU offers the requests of a pool: its physical TFLOPS x the pool's oversell ratio, and
+// its physical VRAM x (100 + vram_expand_to_host + vram_expand_to_disk) / 100. Placement counts
+// requests against these; the controller's console shows them as the virtual capacity.
+struct SchedulableCapacity {
+  MilliTflops compute = 0;
+  int64_t vram_mib = 0;
+};
+SchedulableCapacity GpuSchedulableCapacity(double tflops, int64_t vram_mib, const PoolSpec& pool);
+
 struct NodeState {
   std::string name;
   int pool = 0;

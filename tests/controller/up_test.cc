@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "controller/cli_commands.h"
+#include "controller/http_client.h"
 #include "test_cluster.h"
 
 namespace tf::controller {
@@ -81,6 +82,11 @@ TEST(RunUp, StartsControllerAndAgentAndServesClientCommands) {
   std::ostringstream ignored;
   wrong.out = &ignored;
   EXPECT_EQ(NodeList(wrong), 1);
+  // The banner names the web console, served on the API's port without a token.
+  EXPECT_NE(out.find("console:    " + url + "/console/"), std::string::npos) << out;
+  StatusOr<HttpResponse> page = HttpClient(url, "").Get("/console/");
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(page->status, 200);
 
   kill(pid, SIGTERM);
   int status = 0;
