@@ -12,6 +12,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools", "chart"))
 import k8s_validate as kv  # noqa: E402
+from cel import CelError, compile_rule, evaluate, parse_quantity  # noqa: E402
 
 KINDS = {"GPUPool", "GPUNode", "GPU", "TensorFusionWorkload", "TensorFusionConnection",
          "SchedulingConfigTemplate", "WorkloadProfile"}
@@ -108,6 +109,38 @@ class ExampleTest(unittest.TestCase):
                "spec": {"resources": {"requests": {"tflops": 10, "vram": "4Gi"},
                                       "limits": {"tflops": "1.5e1", "vram": 4294967296}}}}
         self.assertEqual(kv.validate_cr(doc, INDEX), [])
+
+
+class CelSubset(unittest.TestCase):
+    """The rule evaluator agrees with Kubernetes' quantity grammar and CEL's error rules."""
+
+    def test_quantities_parse_exactly_as_kubernetes_reads_them(self):
+        self.assertEqual(parse_quantity("1.5Gi"), 1610612736)
+        self.assertEqual(parse_quantity("512Mi"), 512 * 2**20)
+        self.assertEqual(parse_quantity("1e3"), 1000)
+        self.assertEqual(parse_quantity("100m") * 10, 1)
+        self.assertEqual(parse_quantity(".5"), parse_quantity("500m"))
+        for bad in ("1K", "1 Gi", "Gi", "1GiB", "--1", "", "1.5.2", "NaN"):
+            self.assertIsNone(parse_quantity(bad), bad)
+
+    def test_quantity_comparisons(self):
+        self.assertTrue(evaluate("quantity('1Gi').compareTo(quantity('1024Mi')) == 0", None))
+        self.assertTrue(evaluate("quantity(string(self)).isGreaterThan(quantity('0'))", 3))
+        self.assertFalse(evaluate("quantity(string(self)).isLessThan(quantity('1Mi'))", "8Gi"))
+        self.assertTrue(evaluate("isQuantity('8Gi') && !isQuantity('8GB')", None))
+
+    def test_absent_fields_are_errors_unless_guarded(self):
+        with self.assertRaisesRegex(CelError, "no such key: limits"):
+            evaluate("self.limits.tflops == 1", {})
+        self.assertTrue(evaluate("!has(self.limits) || self.limits.tflops == 1", {}))
+        # && and || absorb an error when the other side decides, as in CEL.
+        self.assertFalse(evaluate("self.nope == 1 && false", {}))
+        self.assertTrue(evaluate("self.nope == 1 || true", {}))
+
+    def test_rules_outside_the_subset_are_refused(self):
+        for rule in ("self.all(x, x > 0)", "self.matches('^a')", "self + 1 > 2", "oldSelf == self"):
+            with self.subTest(rule=rule), self.assertRaises(CelError):
+                compile_rule(rule)
 
 
 if __name__ == "__main__":
