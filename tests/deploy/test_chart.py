@@ -1,0 +1,460 @@
+"""The Helm chart renders, with its default values and with everything switched on, into objects
+that are valid against the Kubernetes API types and that fit together; the components get the
+commands, mounts and permissions a working installation needs.
+
+Optional argument: the path of a built tfusion binary; the flags the chart passes are then checked
+against its --help."""
+
+import copy
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools", "chart"))
+import k8s_validate as kv  # noqa: E402
+from gotemplate import TemplateError  # noqa: E402
+from render_chart import render  # noqa: E402
+
+CHART = os.path.join(ROOT, "deploy", "helm", "tensorfusion")
+ALL_ON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "values-all-on.yaml")
+NS = "gpu-system"
+TFUSION = None
+
+
+def objects(values_files=(), release="tf", namespace=NS):
+    return [o for _, _, o in render(CHART, values_files, release, namespace)]
+
+
+def find(objs, kind, name):
+    match = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    if len(match) != 1:
+        raise AssertionError(f"{kind} {name}: found {len(match)}")
+    return match[0]
+
+
+def container(obj, name=None):
+    cs = obj["spec"]["template"]["spec"]["containers"]
+    return cs[0] if name is None else next(c for c in cs if c["name"] == name)
+
+
+def mounts(obj):
+    """{mountPath: volume} of the pod template's first container."""
+    vols = {v["name"]: v for v in obj["spec"]["template"]["spec"].get("volumes", [])}
+    return {m["mountPath"]: vols[m["name"]] for m in container(obj).get("volumeMounts", [])}
+
+
+def all_errors(objs):
+    errors = []
+    for o in objs:
+        errors.extend(kv.validate_builtin(o))
+        if o["kind"] == "ConfigMap" and "config.yaml" in o.get("data", {}):
+            errors.extend(kv.validate_scheduler_config(yaml.safe_load(o["data"]["config.yaml"])))
+    return errors + kv.check_references(objs)
+
+
+class RenderAndValidate(unittest.TestCase):
+    def test_default_values_give_valid_objects(self):
+        objs = objects()
+        self.assertEqual(all_errors(objs), [])
+        kinds = sorted({o["kind"] for o in objs})
+        self.assertEqual(kinds, ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
+                                 "Deployment", "MutatingWebhookConfiguration",
+                                 "PersistentVolumeClaim", "RoleBinding", "Service",
+                                 "ServiceAccount"])
+        # No credential is ever rendered from the defaults: the Secrets are made by the user.
+        self.assertNotIn("Secret", kinds)
+
+    def test_everything_switched_on_gives_valid_objects(self):
+        objs = objects([ALL_ON])
+        self.assertEqual(all_errors(objs), [])
+        self.assertIn("Secret", {o["kind"] for o in objs})
+
+    def test_validator_refuses_broken_objects(self):
+        """The checks are not vacuous: typical mistakes are caught with the path named."""
+        objs = objects()
+        dep = copy.deepcopy(find(objs, "Deployment", "tf-controller"))
+        container(dep)["volumeMount"] = []                      # misspelt field
+        container(dep)["ports"][0]["containerPort"] = "9300"    # string for an integer
+        errors = "\n".join(kv.validate_builtin(dep))
+        self.assertIn("spec.template.spec.containers[0].volumeMount: unknown field of V1Container",
+                      errors)
+        self.assertIn("containers[0].ports[0].containerPort: must be an integer", errors)
+        dep = copy.deepcopy(find(objs, "Deployment", "tf-controller"))
+        container(dep)["volumeMounts"][0]["name"] = "stat"
+        container(dep)["readinessProbe"]["httpGet"]["port"] = "http"
+        dep["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] = "agent"
+        errors = "\n".join(kv.validate_builtin(dep))
+        self.assertIn("mounts undeclared volume stat", errors)
+        self.assertIn("readinessProbe names port 'http' the container does not declare", errors)
+        self.assertIn("does not match the pod template's labels", errors)
+        svc = copy.deepcopy(find(objs, "Service", "tf-webhook"))
+        svc["spec"]["selector"]["app.kubernetes.io/component"] = "nothing"
+        refs = kv.check_references([o for o in objs if o is not find(objs, "Service",
+                                                                      "tf-webhook")] + [svc])
+        self.assertIn("Service gpu-system/tf-webhook: selector", "\n".join(refs))
+        role = copy.deepcopy(find(objs, "ClusterRole", "tf-gpu-system-webhook"))
+        role["rules"][0]["verb"] = role["rules"][0].pop("verbs")  # misspelt
+        self.assertIn("rules[0].verb: unknown field of V1PolicyRule",
+                      "\n".join(kv.validate_builtin(role)))
+        self.assertIn("rules[0].verbs: required by V1PolicyRule",
+                      "\n".join(kv.validate_builtin(role)))
+
+    def test_values_that_cannot_work_are_refused_when_rendering(self):
+        bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tf-bad-values-{os.getpid()}.yaml")
+        with open(bad, "w") as f:
+            yaml.safe_dump({"token": {"create": True, "value": ""}}, f)
+        try:
+            with self.assertRaisesRegex(TemplateError, "token.create needs token.value"):
+                objects([bad])
+        finally:
+            os.unlink(bad)
+
+
+class Components(unittest.TestCase):
+    def setUp(self):
+        self.objs = objects()
+        self.url = f"http://tf-controller.{NS}.svc:9300"
+
+    def test_controller_runs_the_api_on_all_interfaces_with_sqlite_on_a_volume(self):
+        dep = find(self.objs, "Deployment", "tf-controller")
+        self.assertEqual(container(dep)["args"], [
+            "controller", "--listen", "0.0.0.0", "--port", "9300",
+            "--store", "sqlite:/var/lib/tensorfusion/state.db", "--durability", "power",
+            "--token-file", "/etc/tensorfusion/token/token"])
+        self.assertEqual(dep["spec"]["replicas"], 1)
+        self.assertEqual(dep["spec"]["strategy"]["type"], "Recreate")
+        m = mounts(dep)
+        self.assertEqual(m["/var/lib/tensorfusion"]["persistentVolumeClaim"]["claimName"],
+                         "tf-controller-state")
+        self.assertEqual(m["/etc/tensorfusion/token"]["secret"],
+                         {"secretName": "tf-token", "defaultMode": 0o440,
+                          "items": [{"key": "token", "path": "token"}]})
+        self.assertEqual(container(dep)["readinessProbe"]["httpGet"]["path"], "/healthz")
+        svc = find(self.objs, "Service", "tf-controller")
+        self.assertEqual(svc["spec"]["ports"][0]["port"], 9300)
+
+    def test_controller_state_is_an_empty_dir_when_persistence_is_off(self):
+        dep = find(objects([ALL_ON]), "Deployment", "tf-controller")
+        self.assertEqual(mounts(dep)["/var/lib/tensorfusion"]["emptyDir"], {})
+        self.assertNotIn("PersistentVolumeClaim", {o["kind"] for o in objects([ALL_ON])})
+
+    def test_agent_runs_on_gpu_nodes_with_host_pids_shared_memory_and_its_node_name(self):
+        ds = find(self.objs, "DaemonSet", "tf-agent")
+        pod = ds["spec"]["template"]["spec"]
+        self.assertTrue(pod["hostPID"])
+        self.assertFalse(pod["automountServiceAccountToken"])
+        self.assertEqual(pod["runtimeClassName"], "nvidia")
+        self.assertEqual(pod["nodeSelector"], {"nvidia.com/gpu.present": "true"})
+        args = container(ds)["args"]
+        self.assertEqual(args[0], "hypervisor")
+        flags = dict(zip(args[1::2], args[2::2]))
+        self.assertEqual(flags["--controller"], self.url)
+        self.assertEqual(flags["--node"], "$(NODE_NAME)")
+        self.assertEqual(flags["--token-file"], "/etc/tensorfusion/token/token")
+        self.assertEqual(flags["--credential-file"], "/var/lib/tensorfusion/node-credential")
+        env = {e["name"]: e for e in container(ds)["env"]}
+        self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
+        self.assertEqual(env["TFUSION_SHM_DIR"]["value"], "/dev/shm/tensorfusion")
+        m = mounts(ds)
+        self.assertEqual(m["/dev/shm/tensorfusion"]["hostPath"]["path"], "/dev/shm/tensorfusion")
+        self.assertEqual(m["/var/lib/tensorfusion"]["hostPath"]["path"], "/var/lib/tensorfusion")
+        self.assertEqual(container(ds)["securityContext"]["capabilities"],
+                         {"drop": ["ALL"], "add": ["KILL"]})
+
+    def test_agent_with_everything_on(self):
+        ds = find(objects([ALL_ON]), "DaemonSet", "tf-agent")
+        args = container(ds)["args"]
+        flags = dict(zip(args[1::2], args[2::2]))
+        self.assertEqual(flags["--pool"], "training")
+        self.assertEqual(flags["--metrics-port"], "-1")
+        self.assertEqual(flags["--stop-grace"], "30")
+        self.assertNotIn("ports", container(ds))
+        self.assertNotIn("runtimeClassName", ds["spec"]["template"]["spec"])
+
+    def test_webhook_serves_tls_and_calls_the_controller(self):
+        dep = find(self.objs, "Deployment", "tf-webhook")
+        self.assertEqual(container(dep)["args"], [
+            "k8s", "--listen", "0.0.0.0", "--port", "9443",
+            "--tls-cert", "/etc/tensorfusion/tls/tls.crt",
+            "--tls-key", "/etc/tensorfusion/tls/tls.key",
+            "--controller", self.url, "--token-file", "/etc/tensorfusion/token/token"])
+        self.assertEqual(mounts(dep)["/etc/tensorfusion/tls"]["secret"]["secretName"],
+                         "tf-webhook-tls")
+        self.assertEqual(container(dep)["readinessProbe"]["httpGet"],
+                         {"path": "/healthz", "port": "https", "scheme": "HTTPS"})
+        svc = find(self.objs, "Service", "tf-webhook")
+        self.assertEqual(svc["spec"]["ports"][0]["port"], 443)
+
+    def test_mutating_webhook_sends_only_labelled_pods_and_fails_closed(self):
+        mwc = find(self.objs, "MutatingWebhookConfiguration", "tf-gpu-system-pods")
+        (hook,) = mwc["webhooks"]
+        self.assertEqual(hook["objectSelector"], {"matchLabels": {"tensor-fusion.ai/enabled":
+                                                                  "true"}})
+        self.assertEqual(hook["failurePolicy"], "Fail")
+        self.assertEqual(hook["sideEffects"], "None")
+        self.assertEqual(hook["admissionReviewVersions"], ["v1"])
+        self.assertEqual(hook["clientConfig"]["service"],
+                         {"name": "tf-webhook", "namespace": NS, "path": "/mutate", "port": 443})
+        self.assertNotIn("caBundle", hook["clientConfig"])  # set by deploy/webhook-cert.sh
+        self.assertEqual(hook["rules"], [{"operations": ["CREATE"], "apiGroups": [""],
+                                          "apiVersions": ["v1"], "resources": ["pods"],
+                                          "scope": "Namespaced"}])
+        excluded = hook["namespaceSelector"]["matchExpressions"][0]
+        self.assertEqual((excluded["key"], excluded["operator"]),
+                         ("kubernetes.io/metadata.name", "NotIn"))
+        self.assertEqual(excluded["values"], [NS, "kube-system"])
+        on = find(objects([ALL_ON]), "MutatingWebhookConfiguration", "tf-gpu-system-pods")
+        self.assertEqual(on["webhooks"][0]["clientConfig"]["caBundle"], "cGxhY2Vob2xkZXIgQ0E=")
+        self.assertEqual(on["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]["values"],
+                         [NS, "kube-system", "monitoring"])
+
+    def test_scheduler_calls_the_extender_over_https_with_the_webhook_ca(self):
+        cm = find(self.objs, "ConfigMap", "tf-scheduler-config")
+        config = yaml.safe_load(cm["data"]["config.yaml"])
+        self.assertEqual(kv.validate_scheduler_config(config), [])
+        self.assertEqual(config["profiles"], [{"schedulerName": "tensor-fusion-scheduler"}])
+        (ext,) = config["extenders"]
+        self.assertEqual(ext["urlPrefix"], f"https://tf-webhook.{NS}.svc:443")
+        self.assertEqual((ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]),
+                         ("filter", "prioritize", "bind"))
+        self.assertIs(ext["nodeCacheCapable"], False)
+        self.assertIs(ext["enableHTTPS"], True)
+        dep = find(self.objs, "Deployment", "tf-scheduler")
+        self.assertIn("--config=/etc/kubernetes/tensorfusion/config.yaml",
+                      container(dep)["command"])
+        m = mounts(dep)
+        self.assertEqual(m["/etc/kubernetes/tensorfusion"]["configMap"]["name"],
+                         "tf-scheduler-config")
+        ca_dir = os.path.dirname(ext["tlsConfig"]["caFile"])
+        # Only the CA certificate reaches the scheduler, never the webhook's private key.
+        self.assertEqual(m[ca_dir]["secret"]["items"], [{"key": "ca.crt", "path": "ca.crt"}])
+        on = yaml.safe_load(find(objects([ALL_ON]), "ConfigMap",
+                                 "tf-scheduler-config")["data"]["config.yaml"])
+        self.assertEqual(on["profiles"][0]["schedulerName"], "gpu-pool-scheduler")
+        self.assertEqual(on["extenders"][0]["weight"], 5)
+
+    def test_components_can_be_switched_off(self):
+        off = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tf-off-{os.getpid()}.yaml")
+        with open(off, "w") as f:
+            yaml.safe_dump({"agent": {"enabled": False}, "webhook": {"enabled": False}}, f)
+        try:
+            objs = objects([off])
+        finally:
+            os.unlink(off)
+        self.assertEqual(all_errors(objs), [])
+        names = {o["metadata"]["name"] for o in objs}
+        self.assertEqual(names, {"tf-controller", "tf-controller-state",
+                                 "tf-gpu-system-controller"})
+
+
+class LeastPrivilege(unittest.TestCase):
+    def setUp(self):
+        self.objs = objects([ALL_ON])
+
+    def rules(self, name):
+        return find(self.objs, "ClusterRole", name)["rules"]
+
+    def test_no_wildcards_and_no_secret_or_rbac_or_webhook_access(self):
+        for o in self.objs:
+            for rule in o.get("rules") or []:
+                for field in ("apiGroups", "resources", "verbs"):
+                    self.assertNotIn("*", rule[field], f"{o['metadata']['name']}: {rule}")
+                self.assertFalse(set(rule["resources"]) & {
+                    "secrets", "clusterroles", "clusterrolebindings", "roles", "rolebindings",
+                    "mutatingwebhookconfigurations", "customresourcedefinitions"}, rule)
+
+    def test_extender_may_bind_pods_and_read_nodes_only(self):
+        rules = {(tuple(r["apiGroups"]), r["resources"][0]): r["verbs"]
+                 for r in self.rules("tf-gpu-system-webhook")}
+        self.assertEqual(rules, {(("",), "pods/binding"): ["create"],
+                                 (("",), "pods"): ["get"],
+                                 (("",), "nodes"): ["get", "list"],
+                                 (("tensor-fusion.ai",), "workloadprofiles"): ["get"]})
+
+    def test_controller_writes_status_and_only_mirrors_nodes_and_gpus(self):
+        writes = {}
+        for r in self.rules("tf-gpu-system-controller"):
+            for res in r["resources"]:
+                writes.setdefault(res, set()).update(set(r["verbs"]) - {"get", "list", "watch"})
+        self.assertEqual(writes["gpunodes"], {"create", "delete"})
+        self.assertEqual(writes["gpus"], {"create", "delete"})
+        self.assertEqual(writes["workloadprofiles"], set())
+        self.assertEqual(writes["schedulingconfigtemplates"], set())
+        for res in ("gpupools", "tensorfusionworkloads", "tensorfusionconnections"):
+            self.assertEqual(writes[res], {"update", "patch"}, res)  # finalizers only
+            self.assertEqual(writes[res + "/status"], {"update", "patch"}, res)
+        self.assertNotIn("delete", writes["gpupools"])
+
+    def test_agent_has_no_api_access(self):
+        bound = {s["name"] for o in self.objs if o["kind"].endswith("Binding")
+                 for s in o["subjects"]}
+        self.assertNotIn("tf-agent", bound)
+        self.assertFalse(find(self.objs, "ServiceAccount", "tf-agent")
+                         ["automountServiceAccountToken"])
+
+    def test_every_rule_says_why(self):
+        with open(os.path.join(CHART, "templates", "rbac.yaml")) as f:
+            lines = f.read().split("\n")
+        rule_lines = [i for i, line in enumerate(lines) if line.strip() == "- apiGroups:"]
+        self.assertGreaterEqual(len(rule_lines), 9)
+        for i in rule_lines:
+            self.assertTrue(lines[i - 1].strip().startswith("#"),
+                            f"rbac.yaml:{i + 1}: a rule without a comment saying why")
+
+
+@unittest.skipIf(len(sys.argv) < 2 and not os.environ.get("TFUSION_BIN"),
+                 "no tfusion binary given")
+class FlagsExist(unittest.TestCase):
+    """Every flag the chart passes to tfusion is one the binary accepts."""
+
+    def help_flags(self, subcommand):
+        r = subprocess.run([TFUSION, subcommand, "--help"], capture_output=True, text=True)
+        if r.returncode != 0 or not re.search(rf"^Usage: \S+ {subcommand} ", r.stdout, re.M):
+            return None
+        return set(re.findall(r"(--[a-z][a-z0-9-]*)", r.stdout))
+
+    def check(self, kind, name):
+        args = container(find(objects([ALL_ON]), kind, name))["args"]
+        accepted = self.help_flags(args[0])
+        if accepted is None:
+            self.skipTest(f"tfusion has no '{args[0]}' subcommand in this build")
+        used = {a for a in args if a.startswith("--")}
+        self.assertEqual(used - accepted, set(), f"tfusion {args[0]}")
+
+    def test_controller_flags(self):
+        self.check("Deployment", "tf-controller")
+
+    def test_agent_flags(self):
+        self.check("DaemonSet", "tf-agent")
+
+    def test_webhook_flags(self):
+        self.check("Deployment", "tf-webhook")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, token=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+@unittest.skipIf(len(sys.argv) < 2 and not os.environ.get("TFUSION_BIN"),
+                 "no tfusion binary given")
+class ChartCommandsRun(unittest.TestCase):
+    """The controller and the node agent, started with exactly the arguments and environment the
+    chart gives them (host paths and the Service name mapped onto a temporary folder and
+    loopback), serve their probes and find each other: the agent's node registers."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def start(self, args, env, state_dir, log):
+        port, url = self.port, f"http://127.0.0.1:{self.port}"
+        mapping = {"/var/lib/tensorfusion": state_dir,
+                   "/etc/tensorfusion/token": os.path.join(self.tmp, "token"),
+                   f"http://tf-controller.{NS}.svc:9300": url,
+                   "/dev/shm/tensorfusion": os.path.join(self.tmp, "shm")}
+
+        def remap(text):
+            for k, v in mapping.items():
+                text = text.replace(k, v)
+            return text.replace("$(NODE_NAME)", env.get("NODE_NAME", ""))
+
+        args = [remap(a) for a in args]
+        for flag, value in (("--listen", "127.0.0.1"), ("--port", str(port)),
+                            ("--metrics-port", str(self.metrics_port))):
+            if flag in args:
+                args[args.index(flag) + 1] = value
+        full_env = dict(os.environ, **{k: remap(v) for k, v in env.items()})
+        full_env.pop("TFUSION_TOKEN", None)
+        with open(os.path.join(self.tmp, log), "w") as out:
+            p = subprocess.Popen([TFUSION] + args, env=full_env, cwd=self.tmp, stdout=out,
+                                 stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def wait_for(self, what, fn, seconds=20):
+        deadline = time.monotonic() + seconds
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                result = fn()
+                if result:
+                    return result
+            except OSError as e:
+                last = e
+            time.sleep(0.2)
+        logs = ""
+        for name in ("controller.log", "agent.log"):
+            path = os.path.join(self.tmp, name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    logs += f"--- {name}\n{f.read()[-2000:]}"
+        self.fail(f"{what} did not happen within {seconds} s ({last})\n{logs}")
+
+    def test_controller_and_agent_run_with_the_chart_commands(self):
+        objs = objects()
+        self.port, self.metrics_port = free_port(), free_port()
+        token = "chart-test-" + os.urandom(8).hex()
+        os.makedirs(os.path.join(self.tmp, "token"))
+        with open(os.path.join(self.tmp, "token", "token"), "w") as f:
+            f.write(token + "\n")
+        for d in ("controller-state", "agent-state", "shm"):
+            os.makedirs(os.path.join(self.tmp, d))
+
+        ctl = container(find(objs, "Deployment", "tf-controller"))
+        self.start(ctl["args"], {}, os.path.join(self.tmp, "controller-state"), "controller.log")
+        probe = ctl["readinessProbe"]["httpGet"]["path"]
+        base = f"http://127.0.0.1:{self.port}"
+        self.wait_for("controller readiness", lambda: http_get(base + probe)[0] == 200)
+
+        agent = container(find(objs, "DaemonSet", "tf-agent"))
+        env = {e["name"]: e.get("value", "") for e in agent["env"]}
+        env["NODE_NAME"] = "gpu-node-1"  # what the downward API gives from spec.nodeName
+        self.start(agent["args"], env, os.path.join(self.tmp, "agent-state"), "agent.log")
+
+        def node_registered():
+            status, body = http_get(base + "/v1/nodes", token)
+            return status == 200 and "gpu-node-1" in json.dumps(json.loads(body))
+        self.wait_for("the agent's node registration", node_registered)
+        self.assertTrue(os.path.exists(os.path.join(self.tmp, "agent-state", "node-credential")))
+        status, metrics = self.wait_for(
+            "agent metrics", lambda: http_get(f"http://127.0.0.1:{self.metrics_port}/metrics"))
+        self.assertEqual(status, 200)
+        self.assertIn("tf_", metrics)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
+        TFUSION = sys.argv.pop(1)
+    else:
+        TFUSION = os.environ.get("TFUSION_BIN")
+    unittest.main()
