@@ -542,6 +542,19 @@ void ApiServer::Routes() {
           if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
           if (u.busy_ns_total < 0 || u.throttled_ns_total < 0)
             return ReplyError(res, InvalidArgument("vgpus: busy_ns_total and throttled_ns_total must be >= 0"));
+          if (const json* ps = vf.Array("processes")) {
+            if (ps->size() > kMaxReportedProcesses)
+              return ReplyError(res, InvalidArgument("vgpus: at most " + std::to_string(kMaxReportedProcesses) +
+                                                     " processes per vGPU"));
+            for (const json& p : *ps) {
+              if (!p.is_object()) return ReplyError(res, InvalidArgument("vgpus: each process must be an object"));
+              Fields pf(p);
+              VgpuProcess vp{pf.IntIn("pid", 1, 4194304, true), pf.IntIn("vram_bytes", 0, int64_t{1} << 50)};
+              if (!pf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: processes: " + pf.status().message()));
+              u.processes.push_back(vp);
+            }
+          }
+          if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
           vgpus.push_back(std::move(u));
         }
       }
@@ -682,6 +695,10 @@ void ApiServer::Routes() {
                     v["tier_state"] = u->tier_state;
                     v["swapped_mib"] = u->swapped_bytes >> 20;
                   }
+                  json procs = json::array();
+                  for (const VgpuProcess& p : u->processes)
+                    procs.push_back({{"pid", p.pid}, {"vram_mib", p.vram_bytes >> 20}});
+                  v["processes"] = std::move(procs);
                 }
                 return j;
               });

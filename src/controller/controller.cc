@@ -718,6 +718,7 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       k.use.sampled_ms = now;
       k.use.tier_state = v.tier_state;
       k.use.swapped_bytes = v.swapped_bytes;
+      k.use.processes = v.processes;
     }
     if (it->second.value.state == NodeState::kReady) return Status::Ok();
     // A lost node came back: it is ready again (allocations released meanwhile stay released).

@@ -71,6 +71,13 @@ struct GpuSample {  // one heartbeat sample for one GPU
   int64_t memory_used_mib = 0;
 };
 
+// One process of a vGPU: its pid in the PID namespace it attached from, and the VRAM it holds.
+struct VgpuProcess {
+  int64_t pid = 0;
+  int64_t vram_bytes = 0;
+};
+inline constexpr size_t kMaxReportedProcesses = 256;  // per vGPU and heartbeat
+
 // One heartbeat sample of one allocation's vGPU on one GPU: the counters the node's quota region
 // keeps (GPU-busy time charged to it, time its processes were held back), since the vGPU was made.
 struct VgpuUseSample {
@@ -80,6 +87,7 @@ struct VgpuUseSample {
   int64_t throttled_ns_total = 0;
   std::string tier_state;     // VRAM tiering: resident, swapped, on disk, ...; empty: not reported
   int64_t swapped_bytes = 0;  // of its processes, in host memory or on disk
+  std::vector<VgpuProcess> processes;  // its live processes, as the node's quota region lists them
 };
 
 // What `tfusion top` shows per vGPU: its compute use over the last heartbeat interval (percent of
@@ -90,6 +98,7 @@ struct VgpuUse {
   int64_t sampled_ms = 0;
   std::string tier_state;  // as last reported (empty: none)
   int64_t swapped_bytes = 0;
+  std::vector<VgpuProcess> processes;
 };
 
 struct AllocationRequest {

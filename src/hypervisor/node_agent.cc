@@ -160,6 +160,13 @@ Status NodeAgent::HeartbeatOnce() {
       json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
                     {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
                     {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}};
+      json procs = json::array();  // its live processes (pids as the region records them)
+      for (uint32_t k = 0; k < snap->process_count && procs.size() < 256; ++k) {
+        const limiter::ProcessInfo& p = snap->processes[k];
+        if (p.vgpu_index != v.index) continue;
+        procs.push_back({{"pid", p.pid}, {"vram_bytes", static_cast<int64_t>(p.vram_bytes)}});
+      }
+      entry["processes"] = std::move(procs);
       if (v.tier_enabled) {  // where its processes' VRAM is (mixed when they differ)
         std::string state;
         int64_t swapped = 0;

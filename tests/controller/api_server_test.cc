@@ -216,6 +216,26 @@ TEST_F(ApiServerTest, HeartbeatsCarryVgpuUseIntoTheAllocationList) {
     EXPECT_EQ(Body(r)["error"]["code"], "invalid_argument") << bad;
   }
   EXPECT_NEAR(vgpu()["use_percent"].get<double>(), 25.0, 1e-9) << "refused reports change nothing";
+  EXPECT_EQ(vgpu()["processes"], json::array()) << "reported without processes: none listed";
+  // The processes on the vGPU, as its node's quota region lists them; bad lists are refused.
+  json report = {{"vgpus", {{{"allocation", id}, {"gpu", "GPU-1"}, {"busy_ns_total", 1'500'000'000},
+                              {"throttled_ns_total", 300'000'000},
+                              {"processes", {{{"pid", 4242}, {"vram_bytes", 512ll << 20}}}}}}}};
+  ASSERT_EQ(client_->Post("/v1/nodes/n1/heartbeat", report.dump())->status, 200);
+  EXPECT_EQ(vgpu()["processes"], json::parse(R"([{"pid":4242,"vram_mib":512}])"));
+  for (json bad_procs : {json::parse(R"([{"pid":0,"vram_bytes":1}])"), json::parse(R"([{"vram_bytes":1}])"),
+                         json::parse(R"([{"pid":5,"vram_bytes":-1}])"), json::parse(R"([7])"),
+                         json::parse(R"({"pid":5})")}) {
+    json b = report;
+    b["vgpus"][0]["processes"] = bad_procs;
+    r = client_->Post("/v1/nodes/n1/heartbeat", b.dump());
+    EXPECT_EQ(r->status, 400) << b.dump();
+  }
+  json many = report;
+  many["vgpus"][0]["processes"] = json::array();
+  for (int i = 1; i <= 257; ++i) many["vgpus"][0]["processes"].push_back({{"pid", i}, {"vram_bytes", 0}});
+  EXPECT_EQ(client_->Post("/v1/nodes/n1/heartbeat", many.dump())->status, 400);
+  EXPECT_EQ(vgpu()["processes"], json::parse(R"([{"pid":4242,"vram_mib":512}])")) << "refused reports change nothing";
   // Counters that go back (the vGPU was made again) start a new interval.
   clock_.AdvanceMs(1'000);
   ASSERT_EQ(beat(10, 0)->status, 200);

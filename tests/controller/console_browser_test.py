@@ -112,15 +112,21 @@ def seed(c):
     return nodes, allocs
 
 
-def heartbeats(c, nodes, stop):
-    """What the node agents do: report GPU use every second (and keep the nodes alive)."""
+def heartbeats(c, nodes, allocs, stop):
+    """What the node agents do: report GPU use every second (and keep the nodes alive), and the
+    processes on the high allocation's vGPU."""
     use = {'GPU-a0': (50, 10240), 'GPU-a1': (0, 0), 'GPU-b0': (80, 30000)}
+    high = allocs['high']
     while not stop.is_set():
         for name, (_, gpus) in nodes.items():
+            vgpus = [{'allocation': high['id'], 'gpu': v['gpu'], 'busy_ns_total': 0, 'throttled_ns_total': 0,
+                      'processes': [{'pid': 4242, 'vram_bytes': 512 << 20}, {'pid': 4343, 'vram_bytes': 0}]}
+                     for v in high['vgpus']] if high['node'] == name else []
             c.call('POST', '/v1/nodes/%s/heartbeat' % name, {
                 'credential': 'cred-' + name,
                 'gpus': [{'uuid': u, 'utilization_percent': use[u][0], 'memory_used_mib': use[u][1]}
-                         for (u, _, _, _) in gpus]})
+                         for (u, _, _, _) in gpus],
+                'vgpus': vgpus})
         stop.wait(1)
 
 
@@ -256,6 +262,12 @@ def browse(d, c, nodes, allocs):
         check(cell(d, 'allocations', key, 'vram') == str(v['vram_mib']), '%s VRAM' % kind)
     hv = allocs['high']['vgpus'][0]
     check(cell(d, 'allocations', allocs['high']['id'] + '/' + hv['gpu'], 'limit') == '50.0', 'limit of the high one')
+    check(cell(d, 'allocations', allocs['high']['id'] + '/' + hv['gpu'], 'processes') == '4242 (512 MiB), 4343 (0 MiB)',
+          'the processes its node reports on the high one')
+    lv = allocs['low']['vgpus'][0] if 'low' in allocs else None
+    if lv is not None:
+        check(cell(d, 'allocations', allocs['low']['id'] + '/' + lv['gpu'], 'processes') == 'not reported',
+              'no processes reported for the low one')
 
     # ... and listed among the evictions.
     tab(d, 'evictions')
@@ -328,7 +340,7 @@ def main():
     ok = False
     try:
         nodes, allocs = seed(c)
-        beats = threading.Thread(target=heartbeats, args=(c, nodes, stop), daemon=True)
+        beats = threading.Thread(target=heartbeats, args=(c, nodes, allocs, stop), daemon=True)
         beats.start()
         check_headers(c)
         deadline = time.time() + 30

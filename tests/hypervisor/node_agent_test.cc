@@ -270,6 +270,9 @@ TEST(NodeAgent, AnAllocationInAPoolThatOversellsVramGetsTieringInTheRegion) {
   ASSERT_TRUE(use.ok()) << use.status().ToString();
   EXPECT_EQ(use->tier_state, "swapped");
   EXPECT_EQ(use->swapped_bytes, int64_t{64} << 20);
+  // ... and its processes (the console lists them).
+  ASSERT_EQ(use->processes.size(), 1u);
+  EXPECT_EQ(use->processes[0].pid, getpid());
   r->DetachProcess(slot);
 }
 
