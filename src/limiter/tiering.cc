@@ -309,10 +309,14 @@ void FreeHostCopy(Range* r) {
   r->registered.clear();
 }
 
-// REQUIRES s.mu. Frees every kept copy and returns its budget.
+// REQUIRES s.mu. Frees every kept copy. Their budget is returned first, so that other keepers
+// asked to free theirs see it and keep their own.
 void FreeKeptLocked(State& s) {
   if (s.kept == 0) return;
-  uint64_t bytes = 0;
+  const uint64_t bytes = s.kept;
+  s.kept = 0;
+  s.binding->region.SetHostKept(s.binding->slot, 0);
+  s.binding->region.ReleaseHostTier(bytes);
   for (auto& [base, r] : s.ranges) {
     if (r.kept == nullptr) continue;
     Range copy;
@@ -323,11 +327,7 @@ void FreeKeptLocked(State& s) {
     FreeHostCopy(&copy);
     r.kept = nullptr;
     r.kept_registered.clear();
-    bytes += r.size;
   }
-  s.kept = 0;
-  s.binding->region.SetHostKept(s.binding->slot, 0);
-  s.binding->region.ReleaseHostTier(bytes);
 }
 
 // Whether swap-ins keep their pinned host copies for the next swap-out (TFUSION_TIER_KEEP_HOST,
@@ -839,7 +839,7 @@ CUresult SwapOutLocked(State& s) {
   const uint64_t need = bytes - reused;
   bool reserved = need == 0 || s.binding->region.ReserveHostTier(need);
   if (!reserved) {
-    s.binding->region.RequestHostReclaim();
+    s.binding->region.RequestHostReclaim(need);
     s.reclaim_seen = s.binding->region.HostReclaimGen();  // not addressed to our own kept copies
   }
   for (const int64_t until = Now() + kBudgetWaitNs; !reserved && Now() < until;) {
@@ -895,12 +895,15 @@ void* TierThread(void*) {
     FreePendingLocked(s);
     if (s.kept != 0 && s.binding != nullptr) {
       uint32_t gen = s.binding->region.HostReclaimGen();
-      if (gen != s.reclaim_seen) {  // another process is short of host-tier budget
+      // Another process is short of host-tier budget (and still is: others may have freed enough).
+      if (gen != s.reclaim_seen) {
         s.reclaim_seen = gen;
-        const uint64_t kept = s.kept;
-        FreeKeptLocked(s);
-        GuestLog("vGPU '%s': freed %llu MiB of kept host copies: another tenant needs the host tier",
-                 s.binding->vgpu_id, static_cast<unsigned long long>(kept >> 20));
+        if (s.binding->region.HostReclaimStillShort()) {
+          const uint64_t kept = s.kept;
+          FreeKeptLocked(s);
+          GuestLog("vGPU '%s': freed %llu MiB of kept host copies: another tenant needs the host tier",
+                   s.binding->vgpu_id, static_cast<unsigned long long>(kept >> 20));
+        }
       }
     }
     int64_t now = Now();

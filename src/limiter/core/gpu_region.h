@@ -300,8 +300,10 @@ class GpuRegion {
   // budget (reserved by the swap-out that made them), returned by the reap if it dies. Another
   // process short of budget asks every keeper to free them (TierHeader::reclaim_gen).
   void SetHostKept(uint32_t slot, uint64_t bytes);
-  void RequestHostReclaim();
+  void RequestHostReclaim(uint64_t need_bytes);
   uint32_t HostReclaimGen() const;
+  // Whether the budget left is below the last reclaim request's need.
+  bool HostReclaimStillShort() const;
   // The tier blocks, for the limiter of the process that owns `slot` (writer) and for readers.
   // nullptr for an index out of range.
   VgpuTier* TierOfVgpu(uint32_t vgpu_index) const;

@@ -172,8 +172,8 @@ struct alignas(kCacheLine) TierHeader {
   std::atomic<uint64_t> bytes_in_total;
   std::atomic<uint64_t> swap_failures_total;
   std::atomic<uint32_t> reclaim_gen;        // bumped by a swap-out short of budget: processes
-                                            // keeping pinned host copies free them
-  uint8_t reserved[4];
+                                            // keeping pinned host copies free them while the
+  std::atomic<uint32_t> reclaim_need_mib;   // budget left is below what it needs (MiB)
 };
 
 // 64 bytes per vGPU slot. Written by the vGPU's owner (policy) and by freeze/thaw requests; read by
@@ -247,7 +247,7 @@ static_assert(sizeof(ShareBlock) == 64 && std::is_standard_layout_v<ShareBlock>)
 static_assert(offsetof(VgpuSlot, qos) == 4 && offsetof(VgpuSlot, compute_limit_ppm) == 48);
 static_assert(offsetof(VgpuSlot, request_tokens_ns) == 240 && offsetof(VgpuSlot, last_demand_ns) == 248);
 static_assert(offsetof(ProcessSlot, active_until_ns) == 48 && offsetof(ProcessSlot, host_kept_bytes) == 56);
-static_assert(offsetof(TierHeader, reclaim_gen) == 56);
+static_assert(offsetof(TierHeader, reclaim_gen) == 56 && offsetof(TierHeader, reclaim_need_mib) == 60);
 static_assert(kShareOffset == 49728 && kTierHeaderOffset == 49792);
 static_assert(sizeof(TierHeader) == 64 && sizeof(VgpuTier) == 64 && sizeof(ProcessTier) == 64);
 static_assert(std::is_standard_layout_v<TierHeader> && std::is_standard_layout_v<VgpuTier> &&

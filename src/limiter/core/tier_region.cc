@@ -138,8 +138,21 @@ void GpuRegion::SetHostKept(uint32_t slot, uint64_t bytes) {
   process(slot)->host_kept_bytes.store(bytes, std::memory_order_relaxed);
 }
 
-void GpuRegion::RequestHostReclaim() {
-  if (base_ != nullptr) tier_header()->reclaim_gen.fetch_add(1, std::memory_order_acq_rel);
+void GpuRegion::RequestHostReclaim(uint64_t need_bytes) {
+  if (base_ == nullptr) return;
+  uint64_t mib = (need_bytes + (1u << 20) - 1) >> 20;
+  tier_header()->reclaim_need_mib.store(mib > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(mib),
+                                        std::memory_order_relaxed);
+  tier_header()->reclaim_gen.fetch_add(1, std::memory_order_acq_rel);
+}
+
+bool GpuRegion::HostReclaimStillShort() const {
+  if (base_ == nullptr) return false;
+  const TierHeader* h = tier_header();
+  uint64_t budget = h->host_budget_bytes.load(std::memory_order_relaxed);
+  uint64_t used = h->host_used_bytes.load(std::memory_order_relaxed);
+  uint64_t need = static_cast<uint64_t>(h->reclaim_need_mib.load(std::memory_order_relaxed)) << 20;
+  return used > budget || budget - used < need;
 }
 
 uint32_t GpuRegion::HostReclaimGen() const {
