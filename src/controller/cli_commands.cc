@@ -190,8 +190,10 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   }
   Status st = agent.Start();
   while (!st.ok() && !g_stop.load()) {
-    std::fprintf(stderr, "hypervisor: %s (retrying)\n", st.ToString().c_str());
-    if (st.code() == StatusCode::kUnauthenticated) break;
+    // A refused token or controller certificate will not get better by retrying.
+    const bool final = st.code() == StatusCode::kUnauthenticated;
+    std::fprintf(stderr, "hypervisor: %s%s\n", st.ToString().c_str(), final ? "" : " (retrying)");
+    if (final) break;
     SleepUntilStop(2000);
     st = agent.Start();
   }
