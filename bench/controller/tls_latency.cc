@@ -26,27 +26,17 @@
 #include <vector>
 
 #include "controller/api_server.h"
+#include "process_stats.h"
 #include "controller/http_client.h"
 #include "controller/self_signed_ca.h"
 #include "controller/sqlite_store.h"
 
 using namespace tf::controller;
+using tf::bench::LoadAverage;
+using tf::bench::ProcessCpuSeconds;
 using Clk = std::chrono::steady_clock;
 
 namespace {
-
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
-
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five;
-  in >> one >> five;
-  return one + " " + five;
-}
 
 struct Sample {
   std::vector<double> us;

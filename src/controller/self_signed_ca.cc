@@ -21,6 +21,8 @@
 #include <ctime>
 #include <memory>
 
+#include "controller/openssl_handles.h"
+
 namespace tf::controller {
 namespace {
 
@@ -29,17 +31,9 @@ constexpr long kServerDays = 365;
 constexpr int64_t kRenewBeforeS = 30 * 86400;
 constexpr long kBackdateS = 300;  // tolerate a client clock a few minutes behind
 
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct PkeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-using CertPtr = std::unique_ptr<X509, X509Free>;
-using KeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
+using openssl::BioPtr;
+using openssl::CertPtr;
+using openssl::KeyPtr;
 
 bool IsAddress(const std::string& s) {
   unsigned char buf[sizeof(in6_addr)];
@@ -79,25 +73,11 @@ Status WriteFileAtomically(const std::string& path, const std::string& pem, mode
 
 template <typename Writer>
 std::string ToPem(Writer write) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  BioPtr bio(BIO_new(BIO_s_mem()));
   if (!write(bio.get())) return "";
   char* data = nullptr;
   long n = BIO_get_mem_data(bio.get(), &data);
   return std::string(data, static_cast<size_t>(n));
-}
-
-CertPtr LoadCert(const std::string& path) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new_file(path.c_str(), "r"));
-  if (!bio) return nullptr;
-  return CertPtr(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
-}
-
-int NoPassphrase(char*, int, int, void*) { return -1; }
-
-KeyPtr LoadKey(const std::string& path) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new_file(path.c_str(), "r"));
-  if (!bio) return nullptr;
-  return KeyPtr(PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr));
 }
 
 bool AddExtension(X509* cert, X509* issuer, int nid, const std::string& value) {
@@ -157,8 +137,8 @@ bool Names(X509* cert, const std::string& name) {
 // name, valid long enough.
 bool ServerCertUsable(const SelfSignedTls& files, EVP_PKEY* ca_key, const std::vector<std::string>& names,
                       int64_t now_s) {
-  CertPtr cert = LoadCert(files.cert_file);
-  KeyPtr key = LoadKey(files.key_file);
+  CertPtr cert = openssl::CertFromFile(files.cert_file);
+  KeyPtr key = openssl::KeyFromFile(files.key_file);
   if (!cert || !key) return false;
   if (X509_check_private_key(cert.get(), key.get()) != 1 || X509_verify(cert.get(), ca_key) != 1) return false;
   time_t renew_at = static_cast<time_t>(now_s + kRenewBeforeS);
@@ -221,8 +201,8 @@ StatusOr<SelfSignedTls> EnsureSelfSignedTls(const std::string& dir, const std::v
                               " to make a new CA");
   }
   if (have_cert) {
-    ca = LoadCert(out.ca_file);
-    ca_key = LoadKey(ca_key_file);
+    ca = openssl::CertFromFile(out.ca_file);
+    ca_key = openssl::KeyFromFile(ca_key_file);
     if (!ca || !ca_key) return FailedPrecondition("cannot read the CA in " + out.ca_file + " / " + ca_key_file + "; remove " + dir + " to make a new CA");
     if (X509_check_private_key(ca.get(), ca_key.get()) != 1)
       return FailedPrecondition(ca_key_file + " does not belong to " + out.ca_file + "; remove " + dir + " to make a new CA");

@@ -1,8 +1,6 @@
 #include "controller/tls_files.h"
 
 #include <arpa/inet.h>
-#include <openssl/bio.h>
-#include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 
@@ -11,20 +9,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <memory>
+
+#include "controller/openssl_handles.h"
 
 namespace tf::controller {
 namespace {
 
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct PkeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
+using openssl::CertFromPem;
+using openssl::CertPtr;
+using openssl::KeyFromPem;
+using openssl::KeyPtr;
 
 // The whole file, or why it cannot be read (`what` names its role: "certificate file", `flag`
 // where it came from: "--tls-cert").
@@ -44,13 +38,6 @@ StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what, c
   if (data.size() > (1u << 20)) return InvalidArgument(std::string("the ") + what + " " + path + " is larger than 1 MiB: not a PEM file");
   return data;
 }
-
-std::unique_ptr<BIO, BioFree> MemoryBio(const std::string& data) {
-  return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(data.data(), static_cast<int>(data.size())));
-}
-
-// Never asks for a passphrase on the terminal: an encrypted key is refused with a message.
-int NoPassphrase(char*, int, int, void*) { return -1; }
 
 std::string TimeText(const ASN1_TIME* t) {
   std::tm tm{};
@@ -79,14 +66,12 @@ StatusOr<std::string> CheckServerTls(const ServerTlsFiles& files, int64_t now_s)
   StatusOr<std::string> key_pem = ReadWholeFile(files.key_file, "private key file", "--tls-key");
   if (!key_pem.ok()) return key_pem.status();
 
-  auto cert_bio = MemoryBio(*cert_pem);
-  std::unique_ptr<X509, X509Free> cert(PEM_read_bio_X509(cert_bio.get(), nullptr, NoPassphrase, nullptr));
+  CertPtr cert = CertFromPem(*cert_pem);
   if (!cert) {
     return InvalidArgument("the certificate file " + files.cert_file +
                            " holds no PEM certificate (a \"-----BEGIN CERTIFICATE-----\" block)");
   }
-  auto key_bio = MemoryBio(*key_pem);
-  std::unique_ptr<EVP_PKEY, PkeyFree> key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassphrase, nullptr));
+  KeyPtr key = KeyFromPem(*key_pem);
   if (!key) {
     return InvalidArgument("the private key file " + files.key_file +
                            " holds no PEM private key, or the key is encrypted (give an unencrypted key, "
@@ -111,9 +96,7 @@ StatusOr<std::string> CheckServerTls(const ServerTlsFiles& files, int64_t now_s)
 Status CheckCaFile(const std::string& ca_file) {
   StatusOr<std::string> pem = ReadWholeFile(ca_file, "CA file", "--ca-file / TFUSION_CA_FILE");
   if (!pem.ok()) return pem.status();
-  auto bio = MemoryBio(*pem);
-  std::unique_ptr<X509, X509Free> cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr));
-  if (!cert) {
+  if (!CertFromPem(*pem)) {
     return InvalidArgument("the CA file " + ca_file +
                            " (--ca-file / TFUSION_CA_FILE) holds no PEM certificate (a \"-----BEGIN "
                            "CERTIFICATE-----\" block)");
