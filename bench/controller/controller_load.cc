@@ -24,10 +24,14 @@
 #include <vector>
 
 #include "controller/api_server.h"
+#include "process_stats.h"
 #include "controller/http_client.h"
 #include "controller/sqlite_store.h"
 
 using namespace tf::controller;
+using tf::bench::LoadAverage;
+using tf::bench::ProcessCpuSeconds;
+using tf::bench::ThreadCpuSeconds;
 using Clk = std::chrono::steady_clock;
 
 namespace {
@@ -38,25 +42,6 @@ long RssKiB() {
   while (std::getline(in, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
   return -1;
-}
-
-double ProcessCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
-
-double ThreadCpuSeconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
-
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five;
-  in >> one >> five;
-  return one + " " + five;
 }
 
 void Register(Controller& c, int nodes, int gpus_per_node, int pools) {

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "cli/remote_run.h"
 #include "cli/run_command.h"
 #include "controller/cli_commands.h"
+#include "controller/tls_files.h"
 
 namespace {
 
@@ -18,10 +20,24 @@ int UsageError(const char* command, const tf::Status& s) {
   return 2;
 }
 
+void AddCaFileFlag(CLI::App* cmd, std::string* ca_file) {
+  cmd->add_option("--ca-file", *ca_file,
+                  "for an https:// controller: PEM file of the CA its certificate must chain to (default: "
+                  "the system's trust store)")->envname("TFUSION_CA_FILE");
+}
+
+void AddServerTlsFlags(CLI::App* cmd, std::string* cert, std::string* key, bool* insecure_listen) {
+  cmd->add_option("--tls-cert", *cert, "serve HTTPS with this PEM certificate (chain, leaf first)");
+  cmd->add_option("--tls-key", *key, "the certificate's PEM private key (unencrypted)");
+  cmd->add_flag("--insecure-listen", *insecure_listen,
+                "listen off loopback without TLS without the warning (tokens cross the network in clear)");
+}
+
 void AddClientFlags(CLI::App* cmd, tf::controller::ClientOptions* c) {
   cmd->add_option("--url", c->url, "controller URL")->envname("TFUSION_URL")->capture_default_str();
   cmd->add_option("--token", c->token, "API token")->envname("TFUSION_TOKEN");
   cmd->add_option("--token-file", c->token_file, "file holding the API token (default: .tfusion/token when present)");
+  AddCaFileFlag(cmd, &c->ca_file);
 }
 
 }  // namespace
@@ -52,6 +68,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--controller", run.controller, "controller URL: the pool places the vGPU")
       ->envname("TFUSION_URL");
   run_cmd->add_option("--pool", run.pool, "pool to place the vGPU in");
+  std::string run_ca_file;
+  AddCaFileFlag(run_cmd, &run_ca_file);
   run_cmd->add_option("--worker-token", run.worker_token,
                        "token of the worker a vGPU placed on another node runs through (default: --token)")
       ->envname("TFUSION_WORKER_TOKEN");
@@ -135,6 +153,13 @@ int main(int argc, char** argv) {
   up_cmd->add_option("--history-interval", up.history_interval_seconds,
                      "seconds between two samples of the usage history (console charts; kept 1 h)")
       ->check(CLI::Range(1, 60))->capture_default_str();
+  up_cmd->add_flag("--tls", up.tls,
+                   "serve HTTPS with a CA and server certificate made in the state folder (tls/ca.pem is "
+                   "what clients pass as --ca-file)");
+  up_cmd->add_option("--tls-name", up.tls_names,
+                     "with --tls: another host name or address the server certificate names (repeatable)");
+  AddServerTlsFlags(up_cmd, &up.tls_cert, &up.tls_key, &up.insecure_listen);
+  AddCaFileFlag(up_cmd, &up.ca_file);
 
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
@@ -150,6 +175,7 @@ int main(int argc, char** argv) {
   ctl_cmd->add_option("--history-interval", ctl.history_interval_seconds,
                       "seconds between two samples of the usage history (console charts; kept 1 h)")
       ->check(CLI::Range(1, 60))->capture_default_str();
+  AddServerTlsFlags(ctl_cmd, &ctl.tls_cert, &ctl.tls_key, &ctl.insecure_listen);
 
   tf::controller::HypervisorOptions hv;
   auto* hv_cmd = app.add_subcommand("hypervisor", "run the node agent of this machine");
@@ -158,6 +184,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   hv_cmd->add_option("--token", hv.token, "API token")->envname("TFUSION_TOKEN");
   hv_cmd->add_option("--token-file", hv.token_file, "file holding the API token");
+  AddCaFileFlag(hv_cmd, &hv.ca_file);
   hv_cmd->add_option("--node", hv.node_name, "node name (default: host name)");
   hv_cmd->add_option("--credential-file", hv.credential_file,
                      "where the agent keeps its node credential (made at first start)")->capture_default_str();
@@ -276,6 +303,11 @@ int main(int argc, char** argv) {
     // --gpu goes as typed (index or UUID of the worker's GPU); the worker checks it.
     return tf::cli::RunRemote(remote, run.token, run.command,
                               {run.vram, run.tflops, run.percent, run_gpu});
+  }
+  if (run_cmd->parsed() && !run_ca_file.empty()) {
+    // The pool calls of tfusion run read the CA file from the environment (HttpClient's default).
+    if (tf::Status ca = tf::controller::CheckCaFile(run_ca_file); !ca.ok()) return UsageError("tfusion run", ca);
+    setenv("TFUSION_CA_FILE", run_ca_file.c_str(), 1);
   }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
   if (worker_cmd->parsed()) {

@@ -241,9 +241,25 @@ bool TokenEquals(const std::string& expected, const std::string& presented) {
   return diff == 0 && !presented.empty();
 }
 
-ApiServer::ApiServer(Controller* controller, std::string token)
-    : controller_(controller), token_(std::move(token)),
-      server_(std::make_unique<httplib::Server>()) {
+namespace {
+
+// The HTTPS server's context: the certificate chain and key of `tls`, TLS 1.2 or later. False
+// (the server is then not valid) when a file does not load.
+std::unique_ptr<httplib::Server> MakeTlsServer(const ServerTlsFiles& tls) {
+  return std::make_unique<httplib::SSLServer>([tls](SSL_CTX& ctx) {
+    SSL_CTX_set_options(&ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_SESSION_RESUMPTION_ON_RENEGOTIATION);
+    return SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION) == 1 &&
+           SSL_CTX_use_certificate_chain_file(&ctx, tls.cert_file.c_str()) == 1 &&
+           SSL_CTX_use_PrivateKey_file(&ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) == 1 &&
+           SSL_CTX_check_private_key(&ctx) == 1;
+  });
+}
+
+}  // namespace
+
+ApiServer::ApiServer(Controller* controller, std::string token, ServerTlsFiles tls)
+    : controller_(controller), token_(std::move(token)), tls_(std::move(tls)),
+      server_(tls_.enabled() ? MakeTlsServer(tls_) : std::make_unique<httplib::Server>()) {
   Routes();
 }
 
@@ -255,6 +271,9 @@ void ExclusiveListenSocket(int sock) {
 }
 
 StatusOr<int> ApiServer::Bind(const std::string& host, int port) {
+  if (!server_->is_valid()) {
+    return InvalidArgument("cannot load the TLS certificate " + tls_.cert_file + " and key " + tls_.key_file);
+  }
   if (port == 0) {
     int p = server_->bind_to_any_port(host);
     if (p <= 0) return Unavailable("cannot bind " + host + " on any port");

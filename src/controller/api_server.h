@@ -33,6 +33,7 @@
 
 #include "common/status.h"
 #include "controller/controller.h"
+#include "controller/tls_files.h"
 
 namespace httplib {
 class Server;
@@ -51,8 +52,10 @@ void ExclusiveListenSocket(int sock);
 
 class ApiServer {
  public:
-  // `controller` must outlive the server. `token` must not be empty.
-  ApiServer(Controller* controller, std::string token);
+  // `controller` must outlive the server. `token` must not be empty. With `tls` (REQUIRES files
+  // that passed CheckServerTls) the server speaks only HTTPS (TLS 1.2 or later): /metrics and
+  // /healthz included; a plain HTTP request is dropped at the handshake.
+  ApiServer(Controller* controller, std::string token, ServerTlsFiles tls = {});
   ~ApiServer();
 
   // How a standby names the leader in its 503 answers (the leader's identity, "" when unknown).
@@ -61,11 +64,13 @@ class ApiServer {
   // Where GET /v1/history reads (null: it answers 404). Must outlive the server; call before Start().
   void SetUsageHistory(const UsageHistory* history) { history_ = history; }
 
-  // Binds host:port (port 0 picks a free one); returns the bound port.
+  // Binds host:port (port 0 picks a free one); returns the bound port. kInvalidArgument when the
+  // TLS files could not be loaded.
   StatusOr<int> Bind(const std::string& host, int port);
   // Serves on a background thread until Stop().
   void Start();
   void Stop();
+  bool tls() const { return tls_.enabled(); }
 
   // Every /v1/ request from its headers' arrival (parsed) to its answer written to the socket
   // (exported at /metrics as tf_controller_api_request_seconds; bench/controller prints it).
@@ -76,6 +81,7 @@ class ApiServer {
 
   Controller* const controller_;
   const std::string token_;
+  const ServerTlsFiles tls_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   LatencyHistogram request_times_;

@@ -13,6 +13,8 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <climits>
+#include <cstdlib>
 #include <ctime>
 #include <sstream>
 #include <thread>
@@ -21,8 +23,10 @@
 #include "controller/etcd_store.h"
 #include "controller/http_client.h"
 #include "controller/replica.h"
+#include "controller/self_signed_ca.h"
 #include "controller/sqlite_store.h"
 #include "controller/usage_history.h"
+#include "controller/tls_files.h"
 #include "hypervisor/node_agent.h"
 #include "hypervisor/nvml_gpu_source.h"
 
@@ -66,6 +70,32 @@ std::string NewToken() {
   return o.str();
 }
 
+// Checks the server's TLS files (when given) before anything is opened; prints what is served.
+Status CheckTlsAtStart(const ServerTlsFiles& tls, const char* who) {
+  if (!tls.enabled()) return Status::Ok();
+  StatusOr<std::string> cert = CheckServerTls(tls, static_cast<int64_t>(std::time(nullptr)));
+  if (!cert.ok()) return cert.status();
+  std::fprintf(stderr, "%s: TLS certificate %s (%s)\n", who, tls.cert_file.c_str(), cert->c_str());
+  return Status::Ok();
+}
+
+// A plain-HTTP API reachable from the network: say that tokens cross it in clear.
+void WarnIfPlaintextOffLoopback(const std::string& host, bool tls, bool insecure_listen, const char* who) {
+  if (tls || insecure_listen || IsLoopbackHost(host)) return;
+  std::fprintf(stderr,
+               "%s: WARNING: the API listens on %s without TLS: bearer tokens (and everything else) cross "
+               "the network in clear. Serve HTTPS with --tls-cert/--tls-key (tfusion up: --tls), or pass "
+               "--insecure-listen to do this knowingly on a trusted network.\n",
+               who, host.c_str());
+}
+
+// The URL this machine reaches an API listening on `host` by (a wildcard address: loopback).
+std::string LocalUrl(const std::string& host, int port, bool tls) {
+  std::string h = host.empty() || host == "0.0.0.0" ? "127.0.0.1" : host == "::" ? "::1" : host;
+  if (h.find(':') != std::string::npos) h = "[" + h + "]";
+  return std::string(tls ? "https://" : "http://") + h + ":" + std::to_string(port);
+}
+
 std::string DefaultIdentity() {
   char host[128] = {};
   gethostname(host, sizeof host - 1);
@@ -100,7 +130,7 @@ struct ControllerRuntime {
                                               election.get(), cfg);
     loop = std::make_unique<ReplicaLoop>(controller.get(), election.get(), 500);
     loop->RunOnce();  // lead (and rebuild) before the first request when nobody else leads
-    api = std::make_unique<ApiServer>(controller.get(), token);
+    api = std::make_unique<ApiServer>(controller.get(), token, ServerTlsFiles{o.tls_cert, o.tls_key});
     history = std::make_unique<UsageHistory>(int64_t{o.history_interval_seconds} * 1000, kUsageHistoryRetentionMs);
     sampler = std::make_unique<UsageSampler>(controller.get(), history.get(), &clock);
     api->SetUsageHistory(history.get());
@@ -113,6 +143,7 @@ struct ControllerRuntime {
     StatusOr<int> p = api->Bind(o.listen_host, o.port);
     if (!p.ok()) return p.status();
     port = *p;
+    WarnIfPlaintextOffLoopback(o.listen_host, api->tls(), o.insecure_listen, "controller");
     api->Start();
     loop->Start();
     sampler->Start();
@@ -133,6 +164,7 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   SystemClock clock;
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
                                   int64_t{o.stop_grace_seconds} * 1000, o.worker_address, o.credential_file};
+  ao.ca_file = o.ca_file;
   if (!o.catalog_overrides_file.empty()) {
     std::ifstream in(o.catalog_overrides_file);
     if (!in) {
@@ -166,8 +198,10 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   }
   Status st = agent.Start();
   while (!st.ok() && !g_stop.load()) {
-    std::fprintf(stderr, "hypervisor: %s (retrying)\n", st.ToString().c_str());
-    if (st.code() == StatusCode::kUnauthenticated) break;
+    // A refused token or controller certificate will not get better by retrying.
+    const bool final = st.code() == StatusCode::kUnauthenticated;
+    std::fprintf(stderr, "hypervisor: %s%s\n", st.ToString().c_str(), final ? "" : " (retrying)");
+    if (final) break;
     SleepUntilStop(2000);
     st = agent.Start();
   }
@@ -230,7 +264,7 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   std::string source;
   StatusOr<std::string> token = ClientToken(c, &source);
   if (!token.ok()) return token.status();
-  HttpClient client(c.url, *token);
+  HttpClient client(c.url, *token, 5000, c.ca_file);
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
                              : method == "POST" ? client.Post(path, body)
                              : method == "PUT"  ? client.Put(path, body)
@@ -321,6 +355,7 @@ int RunController(const ControllerOptions& o) {
     return 2;
   }
   if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
+  if (Status tls = CheckTlsAtStart({o.tls_cert, o.tls_key}, "controller"); !tls.ok()) return Fail(tls), 2;
   InstallSignalHandlers();
   ControllerRuntime rt;
   Status st = rt.Start(o, *token);
@@ -329,7 +364,8 @@ int RunController(const ControllerOptions& o) {
     return Fail(st);
   }
   const bool sqlite = rt.store->Describe().rfind("sqlite:", 0) == 0;
-  std::printf("tfusion controller listening on http://%s:%d (store %s%s%s, %s)\n", o.listen_host.c_str(),
+  std::printf("tfusion controller listening on %s://%s:%d (store %s%s%s, %s)\n", rt.api->tls() ? "https" : "http",
+              o.listen_host.c_str(),
               rt.port, rt.store->Describe().c_str(), sqlite ? ", durability " : "",
               sqlite ? o.durability.c_str() : "", rt.controller->Serving() ? "leader" : "standby");
   std::fflush(stdout);
@@ -348,13 +384,52 @@ int RunHypervisor(const HypervisorOptions& o) {
     Status st = ValidateWorkerAddress(o.worker_address);
     if (!st.ok()) return Fail(st), 2;
   }
+  if (!o.ca_file.empty()) {
+    if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
+  }
   InstallSignalHandlers();
   return AgentLoop(o, *token);
 }
 
 int RunUp(const UpOptions& o) {
   if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
+  const ServerTlsFiles own_tls{o.tls_cert, o.tls_key};
+  if (o.tls && own_tls.enabled())
+    return Fail(InvalidArgument("--tls makes its own certificate: give either --tls or --tls-cert/--tls-key")), 2;
+  if (!o.tls && !o.tls_names.empty()) return Fail(InvalidArgument("--tls-name needs --tls")), 2;
+  if (Status tls = CheckTlsAtStart(own_tls, "tfusion up"); !tls.ok()) return Fail(tls), 2;
+  if (!o.ca_file.empty()) {
+    if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
+  }
   ::mkdir(o.state_dir.c_str(), 0700);
+  ControllerOptions co;
+  co.listen_host = o.listen_host;
+  co.port = o.port;
+  co.store = "sqlite:" + o.state_dir + "/state.db";
+  co.durability = o.durability;
+  co.tls_cert = o.tls_cert;
+  co.tls_key = o.tls_key;
+  co.insecure_listen = o.insecure_listen;
+  std::string ca_file = o.ca_file;
+  std::string ca_line;
+  if (o.tls) {
+    std::vector<std::string> names = ServerNamesFor(o.listen_host);
+    for (const std::string& n : o.tls_names)
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    StatusOr<SelfSignedTls> made =
+        EnsureSelfSignedTls(o.state_dir + "/tls", names, static_cast<int64_t>(std::time(nullptr)));
+    if (!made.ok()) return Fail(made.status());
+    co.tls_cert = made->cert_file;
+    co.tls_key = made->key_file;
+    char abs[PATH_MAX];
+    ca_file = ::realpath(made->ca_file.c_str(), abs) ? std::string(abs) : made->ca_file;
+    std::string names_text;
+    for (const std::string& n : names) names_text += (names_text.empty() ? "" : ", ") + n;
+    std::fprintf(stderr, "tfusion up: TLS: %s CA %s; %s server certificate for %s\n",
+                 made->ca_created ? "made the" : "using the", ca_file.c_str(),
+                 made->cert_issued ? "issued a" : "kept the", names_text.c_str());
+    ca_line = "  ca:         " + ca_file + " (clients: --ca-file or TFUSION_CA_FILE)\n";
+  }
   std::string token = o.token;
   const std::string token_path = o.state_dir + "/token";
   if (token.empty()) {
@@ -368,11 +443,6 @@ int RunUp(const UpOptions& o) {
     ::chmod(token_path.c_str(), 0600);
   }
   InstallSignalHandlers();
-  ControllerOptions co;
-  co.listen_host = o.listen_host;
-  co.port = o.port;
-  co.store = "sqlite:" + o.state_dir + "/state.db";
-  co.durability = o.durability;
   co.history_interval_seconds = o.history_interval_seconds;
   ControllerRuntime rt;
   Status st = rt.Start(co, token);
@@ -384,14 +454,15 @@ int RunUp(const UpOptions& o) {
     rt.Stop();
     return Fail(FailedPrecondition("another controller already uses " + co.store));
   }
-  std::string url = "http://" + o.listen_host + ":" + std::to_string(rt.port);
-  std::printf("tfusion is up\n  controller: %s\n  console:    %s/console/\n  token:      %s (saved in %s)\n"
+  const std::string url = LocalUrl(o.listen_host, rt.port, rt.api->tls());
+  std::printf("tfusion is up\n  controller: %s\n  console:    %s/console/\n%s  token:      %s (saved in %s)\n"
               "  store:      %s (durability %s)\n",
-              url.c_str(), url.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(),
+              url.c_str(), url.c_str(), ca_line.c_str(), token.c_str(), token_path.c_str(), rt.store->Describe().c_str(),
               o.durability.c_str());
   std::fflush(stdout);
   HypervisorOptions ho;
   ho.controller_url = url;
+  ho.ca_file = ca_file;
   ho.metrics_host = o.listen_host;
   ho.metrics_port = o.metrics_port;
   ho.nvml_library = o.nvml_library;

@@ -8,6 +8,7 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tf::controller {
 
@@ -23,6 +24,9 @@ struct ControllerOptions {
   int64_t heartbeat_timeout_ms = 15'000;  // a node silent this long is marked lost
   int64_t lost_grace_ms = 60'000;         // a lost node's allocations are released after this
   int history_interval_seconds = 5;       // usage history (console charts): one sample this often
+  std::string tls_cert;                   // PEM certificate (chain) and key: serve HTTPS only
+  std::string tls_key;
+  bool insecure_listen = false;           // plain HTTP off loopback without the warning
 };
 
 // The usage history (GET /v1/history) keeps the samples of this long.
@@ -44,6 +48,7 @@ struct HypervisorOptions {
   int stop_grace_seconds = 10;           // SIGTERM -> SIGKILL for processes of a taken-back vGPU
   std::string worker_address;            // HOST:PORT of this node's `tfusion worker`; empty: none
   std::string credential_file = ".tfusion/node-credential";  // NodeAgentOptions::credential_file
+  std::string ca_file;                   // https:// controllers: NodeAgentOptions::ca_file
 };
 
 struct UpOptions {
@@ -57,6 +62,16 @@ struct UpOptions {
   std::string region_dir;                // per-GPU quota regions; empty: /dev/shm/tensorfusion
   int stop_grace_seconds = 10;           // as HypervisorOptions
   int history_interval_seconds = 5;      // as ControllerOptions
+  // HTTPS: `tls` makes a CA and a server certificate in STATE_DIR/tls (self_signed_ca.h) naming
+  // localhost, 127.0.0.1, ::1, the listen address (for 0.0.0.0: the host name and interface
+  // addresses) and `tls_names`; or the operator's own tls_cert/tls_key (then the local agent
+  // verifies it against ca_file, else $TFUSION_CA_FILE, else the system's trust store).
+  bool tls = false;
+  std::vector<std::string> tls_names;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string ca_file;
+  bool insecure_listen = false;          // as ControllerOptions
 };
 
 struct ClientOptions {
@@ -66,6 +81,7 @@ struct ClientOptions {
   std::string token;
   std::ostream* out = nullptr;           // default std::cout
   std::string token_file;
+  std::string ca_file;                   // https:// URLs: HttpClient's ca_file
 };
 
 // Runs until SIGINT/SIGTERM (or RequestShutdown()).

@@ -2,10 +2,13 @@
 
 #include <httplib.h>
 
+#include "controller/tls_files.h"
+
 namespace tf::controller {
 
-HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms)
-    : base_url_(base_url), token_(std::move(bearer_token)),
+HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms,
+                       const std::string& ca_file)
+    : base_url_(base_url), token_(std::move(bearer_token)), tls_(base_url.rfind("https://", 0) == 0),
       cli_(std::make_unique<httplib::Client>(base_url)) {
   cli_->set_keep_alive(true);
   cli_->set_tcp_nodelay(true);
@@ -13,55 +16,89 @@ HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, in
   cli_->set_read_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
   cli_->set_write_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
   if (!token_.empty()) cli_->set_bearer_token_auth(token_.c_str());
+  if (tls_) {
+    ca_file_ = ca_file.empty() ? DefaultCaFile() : ca_file;
+    cli_->enable_server_certificate_verification(true);
+    if (!ca_file_.empty()) {
+      config_ = CheckCaFile(ca_file_);
+      cli_->set_ca_cert_path(ca_file_);  // this CA only, not the system's store as well
+    }
+  }
 }
 
 HttpClient::~HttpClient() = default;
 
-namespace {
-StatusOr<HttpResponse> Convert(const httplib::Result& r, const std::string& what) {
-  if (!r) return Unavailable(what + ": " + httplib::to_string(r.error()));
-  HttpResponse out{r->status, r->body, {}};
-  for (const auto& [name, value] : r->headers) out.headers.emplace(name, value);
-  return out;
+template <typename Call>
+StatusOr<HttpResponse> HttpClient::Exchange(const char* method, const std::string& path, Call&& call) {
+  const std::string what = std::string(method) + " " + base_url_ + path;
+  if (!config_.ok()) return Status(config_.code(), what + ": " + config_.message());
+  std::lock_guard<std::mutex> lock(mu_);
+  httplib::Result r = call();
+  if (r) {
+    HttpResponse out{r->status, r->body, {}};
+    for (const auto& [name, value] : r->headers) out.headers.emplace(name, value);
+    return out;
+  }
+  const std::string against =
+      ca_file_.empty() ? "the system's trust store (no --ca-file or TFUSION_CA_FILE given; `tfusion up --tls` "
+                         "prints the CA file to pass)"
+                       : "the CA file " + ca_file_ + " (--ca-file / TFUSION_CA_FILE)";
+  switch (r.error()) {
+    case httplib::Error::SSLServerVerification: {
+      const long v = cli_->get_openssl_verify_result();
+      const std::string why = v == 0 ? "it does not name the host of " + base_url_ + " (its subjectAltName)"
+                                     : VerifyResultText(v);
+      return Unauthenticated(what + ": the server's TLS certificate was not accepted: " + why + "; checked against " +
+                             against + ". Nothing was sent.");
+    }
+    case httplib::Error::SSLLoadingCerts:
+      return InvalidArgument(what + ": cannot load " + against);
+    case httplib::Error::SSLConnection:
+      return Unavailable(what + ": the TLS handshake failed (is the server at " + base_url_ +
+                         " serving plain HTTP? then use http://)");
+    case httplib::Error::Read:
+      if (!tls_) {
+        return Unavailable(what + ": the connection closed without an HTTP answer (if the server serves "
+                           "HTTPS, use an https:// URL)");
+      }
+      break;
+    default:
+      break;
+  }
+  return Unavailable(what + ": " + httplib::to_string(r.error()));
 }
-}  // namespace
 
 StatusOr<HttpResponse> HttpClient::Get(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Convert(cli_->Get(path.c_str()), "GET " + base_url_ + path);
+  return Exchange("GET", path, [&] { return cli_->Get(path.c_str()); });
 }
 
 StatusOr<HttpResponse> HttpClient::Post(const std::string& path, const std::string& json_body) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Convert(cli_->Post(path.c_str(), json_body, "application/json"),
-                 "POST " + base_url_ + path);
+  return Exchange("POST", path, [&] { return cli_->Post(path.c_str(), json_body, "application/json"); });
 }
 
 StatusOr<HttpResponse> HttpClient::Put(const std::string& path, const std::string& json_body) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Convert(cli_->Put(path.c_str(), json_body, "application/json"), "PUT " + base_url_ + path);
+  return Exchange("PUT", path, [&] { return cli_->Put(path.c_str(), json_body, "application/json"); });
 }
 
 StatusOr<HttpResponse> HttpClient::Patch(const std::string& path, const std::string& json_body) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Convert(cli_->Patch(path.c_str(), json_body, "application/json"), "PATCH " + base_url_ + path);
+  return Exchange("PATCH", path, [&] { return cli_->Patch(path.c_str(), json_body, "application/json"); });
 }
 
 StatusOr<HttpResponse> HttpClient::Delete(const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return Convert(cli_->Delete(path.c_str()), "DELETE " + base_url_ + path);
+  return Exchange("DELETE", path, [&] { return cli_->Delete(path.c_str()); });
 }
 
-ReplicaClient::ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms) {
+ReplicaClient::ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms,
+                             const std::string& ca_file) {
   size_t start = 0;
   while (start <= urls.size()) {
     size_t comma = urls.find(',', start);
     std::string url = urls.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!url.empty()) replicas_.push_back(std::make_unique<HttpClient>(url, bearer_token, timeout_ms));
+    if (!url.empty()) replicas_.push_back(std::make_unique<HttpClient>(url, bearer_token, timeout_ms, ca_file));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (replicas_.empty()) replicas_.push_back(std::make_unique<HttpClient>(urls, bearer_token, timeout_ms));
+  if (replicas_.empty()) replicas_.push_back(std::make_unique<HttpClient>(urls, bearer_token, timeout_ms, ca_file));
 }
 
 template <typename F>

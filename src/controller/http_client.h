@@ -1,5 +1,11 @@
 // HttpClient: a small blocking HTTP/1.1 client (keep-alive) used by the etcd store, the node
 // agent and the CLI helpers. It hides cpp-httplib from their headers.
+//
+// https:// URLs are TLS (the distribution's OpenSSL through cpp-httplib): the server's
+// certificate chain is verified against one CA file, or the system's trust store when there is
+// none, and must name the URL's host. A failed verification fails the request with a message
+// naming the URL and what it was checked against; there is no fallback to plain HTTP or to an
+// unverified connection.
 // Thread safety: every method may be called from several threads; requests are serialized on one
 // connection.
 #pragma once
@@ -33,12 +39,17 @@ struct HttpResponse {
 
 class HttpClient {
  public:
-  // `base_url` is "http://host:port". `bearer_token` may be empty (no Authorization header).
-  HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms = 5000);
+  // `base_url` is "http://host:port" or "https://host:port". `bearer_token` may be empty (no
+  // Authorization header). `ca_file` (PEM) is what an https server's certificate must chain to;
+  // empty: DefaultCaFile() ($TFUSION_CA_FILE), else the system's trust store. A CA file that
+  // cannot be read or holds no certificate makes every request fail with kInvalidArgument.
+  HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms = 5000,
+             const std::string& ca_file = "");
   ~HttpClient();
 
-  // kUnavailable when the server cannot be reached or the connection breaks; any HTTP status
-  // (even 4xx/5xx) is a successful exchange and is returned.
+  // kUnavailable when the server cannot be reached or the connection breaks, kUnauthenticated
+  // when an https server's certificate is not trusted; any HTTP status (even 4xx/5xx) is a
+  // successful exchange and is returned.
   StatusOr<HttpResponse> Get(const std::string& path);
   StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
   StatusOr<HttpResponse> Put(const std::string& path, const std::string& json_body);
@@ -48,8 +59,14 @@ class HttpClient {
   const std::string& base_url() const { return base_url_; }
 
  private:
+  template <typename Call>
+  StatusOr<HttpResponse> Exchange(const char* method, const std::string& path, Call&& call);
+
   const std::string base_url_;
   const std::string token_;
+  const bool tls_;
+  std::string ca_file_;  // "" with tls_: the system's trust store
+  Status config_;        // a bad CA file: every request fails with it
   std::mutex mu_;
   std::unique_ptr<httplib::Client> cli_;
 };
@@ -61,7 +78,9 @@ class HttpClient {
 // heartbeats, reads, idempotent reports). Thread safety: as HttpClient.
 class ReplicaClient {
  public:
-  ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms = 5000);
+  // `ca_file`: as HttpClient's, for every replica.
+  ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms = 5000,
+                const std::string& ca_file = "");
 
   StatusOr<HttpResponse> Get(const std::string& path);
   StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);

@@ -49,7 +49,7 @@ Status FromHttp(const StatusOr<controller::HttpResponse>& r, const std::string& 
 NodeAgent::NodeAgent(NodeAgentOptions options, GpuSource* source, QuotaRegions* regions,
                      const controller::Clock* clock)
     : options_(std::move(options)), source_(source), regions_(regions), clock_(clock),
-      client_(options_.controller_url, options_.token), stopper_(clock, options_.stop_grace_ms) {
+      client_(options_.controller_url, options_.token, 5000, options_.ca_file), stopper_(clock, options_.stop_grace_ms) {
   if (options_.node_name.empty()) options_.node_name = Hostname();
   if (!options_.catalog_overrides.empty()) {
     Status st = catalog_.LoadOverrides(options_.catalog_overrides);

@@ -39,6 +39,9 @@ struct NodeAgentOptions {
   // binds the node name to it at enrollment and refuses another agent claiming the name. Empty:
   // a credential for this process only (it cannot re-register after a restart).
   std::string credential_file;
+  // For https:// controller URLs: the CA file the controller's certificate must chain to; empty:
+  // $TFUSION_CA_FILE, else the system's trust store (controller::HttpClient).
+  std::string ca_file;
 };
 
 struct AgentGpu {
