@@ -12,6 +12,7 @@
 #include "cli/run_command.h"
 #include "controller/cli_commands.h"
 #include "controller/tls_files.h"
+#include "k8s/k8s_server.h"
 
 namespace {
 
@@ -267,6 +268,24 @@ int main(int argc, char** argv) {
   top_cmd->add_flag("--once", top_once, "print the table once and exit (scripts)");
   AddClientFlags(top_cmd, &client);
 
+  tf::k8s::K8sOptions k8s;
+  auto* k8s_cmd = app.add_subcommand("k8s", "Kubernetes admission webhook and scheduler extender (HTTPS)");
+  k8s_cmd->add_option("--listen", k8s.listen_host, "address")->capture_default_str();
+  k8s_cmd->add_option("--port", k8s.port, "HTTPS port (0: any)")->capture_default_str();
+  k8s_cmd->add_option("--tls-cert", k8s.tls_cert, "server certificate (PEM)")->required();
+  k8s_cmd->add_option("--tls-key", k8s.tls_key, "server private key (PEM)")->required();
+  k8s_cmd->add_option("--controller", k8s.controller_url, "controller URL")->required();
+  k8s_cmd->add_option("--token-file", k8s.token_file, "file holding the controller token (else $TFUSION_TOKEN)");
+  k8s_cmd->add_option("--scheduler-name", k8s.scheduler_name, "schedulerName set on TensorFusion pods")
+      ->capture_default_str();
+  k8s_cmd->add_option("--limiter-image", k8s.limiter_image, "image of the init container that copies the libraries")
+      ->capture_default_str();
+  k8s_cmd->add_option("--worker-token-secret", k8s.worker_token_secret,
+                      "remote pods: Secret (key token) with what the client stub presents to the worker");
+  k8s_cmd->add_option("--kube-api", k8s.kube_api, "Kubernetes API server, https://HOST:PORT (default: in-cluster)");
+  k8s_cmd->add_option("--kube-token-file", k8s.kube_token_file, "its token (default: the service account's)");
+  k8s_cmd->add_option("--kube-ca-file", k8s.kube_ca_file, "its CA (default: the service account's)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -354,6 +373,7 @@ int main(int argc, char** argv) {
   if (thaw_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, thaw_vgpu, false);
   if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait);
   if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait);
+  if (k8s_cmd->parsed()) return tf::k8s::RunK8s(k8s);
   if (up_cmd->parsed()) return tf::controller::RunUp(up);
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
   if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);

@@ -732,6 +732,7 @@ void ApiServer::Routes() {
                         f.Str("tenant"), f.Num("percent"), true, f.Num("tflops_limit"), f.Num("percent_limit"),
                         f.Str("request_id")};
     if (body->contains("lease_s")) a.lease_ms = f.IntIn("lease_s", 5, 3600) * 1000;
+    a.node = f.Str("node");
     if (auto it = body->find("allow_preemption"); it != body->end()) {
       if (!it->is_boolean()) return ReplyError(res, InvalidArgument("field 'allow_preemption' must be a boolean"));
       a.allow_preemption = it->get<bool>();

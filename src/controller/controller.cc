@@ -911,6 +911,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     pr.gpu_model = req.gpu_model;
     pr.tflops_limit = req.tflops_limit;
     pr.percent_limit = req.percent_limit;
+    pr.node = req.node;
     std::string qos = req.qos;
     if (!req.workload.empty()) {
       TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
@@ -941,6 +942,13 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", pr.tflops, bound));
     TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", pr.tflops_limit, bound));
     if (!pools_.count(pr.pool)) return NotFound("pool '" + pr.pool + "' not found");
+    if (!pr.node.empty()) {
+      TF_RETURN_IF_ERROR(ValidateName("node", pr.node));
+      auto n = nodes_.find(pr.node);
+      if (n == nodes_.end()) return NotFound("node '" + pr.node + "' not found");
+      if (n->second.value.pool != pr.pool)
+        return InvalidArgument("node '" + pr.node + "' is in pool '" + n->second.value.pool + "', not in '" + pr.pool + "'");
+    }
 
     Status last;
     for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {

@@ -121,6 +121,9 @@ struct AllocationRequest {
   std::string request_id;
   // A lease of this many ms (5 s to 1 h; 0: none), renewed with RenewLease.
   int64_t lease_ms = 0;
+  // Empty: any node of the pool. Else the vGPUs go on this node or nowhere (the Kubernetes
+  // scheduler extender binds a pod to the node it chose).
+  std::string node;
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample

@@ -156,6 +156,7 @@ StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest&
   r.vram_request_mib = in.vram_mib;
   r.gpu_count = in.gpu_count;
   r.qos = ToSchedQos(in.qos);
+  r.node = in.node;
   if (!in.gpu_model.empty()) {
     for (const std::string& m : scheduler_->state().model_names())
       if (ContainsIgnoreCase(m, in.gpu_model)) r.gpu_models.push_back(m);
@@ -229,6 +230,14 @@ StatusOr<PlacementDecision> PlacementEngine::Place(const PlacementRequest& in, b
   for (int gi : placement.gpus) d.gpu_uuids.push_back(uuids.at(static_cast<size_t>(gi)));
   d.tflops_per_gpu = sched::ToTflops(placement.compute_per_gpu);
   return d;
+}
+
+StatusOr<std::vector<sched::NodeFit>> PlacementEngine::RankNodes(const PlacementRequest& in) const {
+  StatusOr<sched::Request> r = ToSchedRequest(in);
+  if (!r.ok()) return r.status();
+  StatusOr<std::vector<sched::NodeFit>> fits = scheduler_->RankNodes(*r);
+  if (!fits.ok()) return FromSched(fits.status());
+  return fits;
 }
 
 Status PlacementEngine::Commit(const PlacementRequest& in, const PlacementDecision& d) {

@@ -47,6 +47,7 @@ struct PlacementRequest {
   // only; a TFLOPS limit restricts it to GPUs whose physical capacity can host the limit.
   double tflops_limit = 0;
   double percent_limit = 0;
+  std::string node;       // empty: any node of the pool; else only this one
 };
 
 struct PlacementDecision {
@@ -75,6 +76,11 @@ class PlacementEngine {
   // come back with victims: the fewest strictly-lower-QoS allocations on one node whose release
   // makes it fit (never a futile set).
   StatusOr<PlacementDecision> Place(const PlacementRequest& request, bool allow_preemption) const;
+
+  // Every node of the request's pool: whether the request fits there now (without preemption or
+  // quotas) and the placement mode's score (higher preferred), or why it does not fit. Errors: as
+  // Place for the request itself.
+  StatusOr<std::vector<sched::NodeFit>> RankNodes(const PlacementRequest& request) const;
 
   // The decision was committed to the store: release its victims and take the capacity.
   // REQUIRES `decision` came from Place(request) with no change in between.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 
 namespace tf::sched {
 namespace {
@@ -346,6 +347,65 @@ StatusOr<Placement> Scheduler::Place(const Request& r, PlacementMode mode) const
   return PlaceIn(r, pool, mode);
 }
 
+namespace {
+
+std::string TflopsText(MilliTflops m) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4g", ToTflops(m));
+  return buf;
+}
+
+// Why request `r` does not fit node `n` (whose Evaluate said no), in the order Evaluate checks.
+std::string WhyNotFits(const NodeState& n, const Request& r, uint64_t mm) {
+  if (!n.schedulable) return "the node is not schedulable (lost or cordoned)";
+  if (!r.remote && n.TracksCpu() && n.cpu_capacity - n.cpu_used < r.cpu_milli) return "not enough host CPU";
+  if (!r.remote && n.TracksMem() && n.mem_capacity - n.mem_used < r.memory_mib) return "not enough host memory";
+  if (r.gpu_count > static_cast<int>(n.gpus.size())) {
+    return "it has " + std::to_string(n.gpus.size()) + " GPU(s), the request needs " + std::to_string(r.gpu_count);
+  }
+  if (r.gpu_count > 0 && (n.model_mask & mm) == 0) return "none of its GPUs is of an allowed model";
+  int with_room = 0;
+  MilliTflops most_compute = 0;
+  int64_t most_vram = 0;
+  MilliTflops want = 0;
+  for (const GpuState& g : n.gpus) {
+    if (((mm >> g.model_id) & 1) == 0) continue;
+    want = ClusterState::ComputeNeed(r, g);
+    most_compute = std::max(most_compute, g.free_compute());
+    most_vram = std::max(most_vram, g.free_vram());
+    if (g.free_compute() >= want && g.free_vram() >= r.vram_request_mib) ++with_room;
+  }
+  std::string need = TflopsText(want) + " TFLOPS and " + std::to_string(r.vram_request_mib) + " MiB VRAM";
+  if (with_room >= r.gpu_count) return "no set of its GPUs with room suits the request";
+  return std::to_string(with_room) + " of its GPUs have " + need + " free (needs " +
+         std::to_string(r.gpu_count) + "); the most free: " + TflopsText(std::max<MilliTflops>(0, most_compute)) +
+         " TFLOPS, " + std::to_string(std::max<int64_t>(0, most_vram)) + " MiB VRAM";
+}
+
+}  // namespace
+
+StatusOr<std::vector<NodeFit>> Scheduler::RankNodes(const Request& r) const {
+  TF_RETURN_IF_ERROR(ValidateRequest(r));
+  int pool = 0;
+  StatusOr<PlacementMode> mode = ModeFor(r, &pool);
+  if (!mode.ok()) return mode.status();
+  const uint64_t mm = state_.ModelMask(r.gpu_models);
+  std::vector<NodeFit> out;
+  for (NodeId id : state_.pool_nodes(pool)) {
+    const NodeState& n = state_.node(id);
+    if (!r.node.empty() && n.name != r.node) continue;
+    Evaluation e = Evaluate(n, r, mm, *mode, id);
+    NodeFit f;
+    f.node = id;
+    f.name = n.name;
+    f.fits = e.fits;
+    if (e.fits) f.score = e.score;
+    else f.why_not = WhyNotFits(n, r, mm);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode mode) const {
   TF_RETURN_IF_ERROR(ValidateRequest(r));
   const uint64_t mm = state_.ModelMask(r.gpu_models);
@@ -382,6 +442,7 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
   const bool random_ties = options_.tie_break_seed != 0;
   for (NodeId id : state_.pool_nodes(pool)) {
     const NodeState& n = state_.node(id);
+    if (!r.node.empty() && n.name != r.node) continue;
     CacheEntry& c = row[id];
     if (c.version != n.version || c.generation != gen) {
       Evaluation e = Evaluate(n, r, mm, mode, id);
@@ -403,6 +464,10 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
       z ^= z >> 31;
       if (z % ++ties == 0) best = id;
     }
+  }
+  if (best < 0 && !r.node.empty()) {
+    return Unavailable("request '" + r.id + "': node '" + r.node + "' of pool '" +
+                       state_.pools()[static_cast<size_t>(pool)].name + "' has no room");
   }
   if (best < 0) {
     return Unavailable("request '" + r.id + "': no node in pool '" +
@@ -502,6 +567,7 @@ StatusOr<PreemptionPlan> Scheduler::PlanPreemption(const Request& r) const {
   std::vector<int> chosen;
   for (NodeId id : state_.pool_nodes(pool)) {
     const NodeState& n = state_.node(id);
+    if (!r.node.empty() && n.name != r.node) continue;
     if (!n.schedulable || r.gpu_count > static_cast<int>(n.gpus.size())) continue;
     if (r.gpu_count > 0 && (n.model_mask & mm) == 0) continue;
     std::vector<int> victims;

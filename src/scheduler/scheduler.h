@@ -23,6 +23,15 @@ struct PreemptionPlan {
   std::vector<std::string> victims;  // request ids to evict, lowest QoS first
 };
 
+// One node of a pool as Place ranks it for a request (RankNodes).
+struct NodeFit {
+  NodeId node = -1;
+  std::string name;
+  bool fits = false;
+  double score = 0;  // the placement mode's score when it fits: higher is preferred
+  std::string why_not;  // when it does not fit: what is missing, for people
+};
+
 struct SchedulerOptions {
   // Distinct request shapes whose per-node decisions are cached (24 bytes per node each). The
   // openb default trace has 151 shapes (host CPU and memory included).
@@ -69,6 +78,10 @@ class Scheduler {
   // Decides without changing anything. Uses the pool's placement mode unless `mode_override`.
   StatusOr<Placement> Place(const Request& r) const;
   StatusOr<Placement> Place(const Request& r, PlacementMode mode) const;
+  // Every node of the request's pool (or only `r.node`), whether the request fits there and the
+  // score Place compares, in node order. Quotas are not checked (they do not depend on the node).
+  // Nothing changes. Errors: as Place for the request itself (bad request, unknown pool).
+  StatusOr<std::vector<NodeFit>> RankNodes(const Request& r) const;
   // Place then commit.
   StatusOr<Placement> Schedule(const Request& r);
   Status Commit(const Request& r, const Placement& p);

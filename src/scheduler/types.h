@@ -81,6 +81,7 @@ struct Request {
   bool remote = false;                 // remote vGPU: host CPU/memory are not taken on the GPU node
   int64_t cpu_milli = 0;               // host CPU on the GPU node (local only)
   int64_t memory_mib = 0;              // host memory on the GPU node (local only)
+  std::string node;                    // empty: any node of the pool; else only this node
 };
 
 // Checks a request on its own (not against a cluster). Every rule has its own message.

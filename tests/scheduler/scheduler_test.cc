@@ -91,6 +91,25 @@ TEST(SchedulerTest, NodeCompactGpuLowLoadPacksNodesButSpreadsGpus) {
   EXPECT_NE(a->gpus, b->gpus);            // its idle GPU
 }
 
+TEST(SchedulerTest, ARequestForOneNodeGoesThereOrNowhereAndRankNodesSaysWhy) {
+  Scheduler s = Cluster(PlacementMode::kNodeCompactGpuLowLoad, {Node("n1", 1, "A100-80GB", 312, 81920),
+                                                                 Node("n2", 1, "A100-80GB", 312, 81920)});
+  ASSERT_TRUE(s.Schedule(Req("busy", 300)).ok());  // n1 (lowest index on a tie)
+  Request on_n1 = Req("x", 100);
+  on_n1.node = "n1";
+  EXPECT_EQ(s.Place(on_n1).status().message(), "request 'x': node 'n1' of pool 'p' has no room");
+  Request on_n2 = Req("y", 100);
+  on_n2.node = "n2";
+  EXPECT_EQ(s.Place(on_n2)->node_name, "n2");
+  auto ranks = s.RankNodes(Req("z", 100));
+  ASSERT_TRUE(ranks.ok());
+  ASSERT_EQ(ranks->size(), 2u);
+  EXPECT_FALSE((*ranks)[0].fits);
+  EXPECT_EQ((*ranks)[0].why_not,
+            "0 of its GPUs have 100 TFLOPS and 1024 MiB VRAM free (needs 1); the most free: 12 TFLOPS, 80896 MiB VRAM");
+  EXPECT_TRUE((*ranks)[1].fits);
+}
+
 TEST(SchedulerTest, PercentRequestScalesWithTheGpu) {
   Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("h", 1, "H100-SXM", 989.4)});
   Request r = Req("a", 0);

@@ -1,0 +1,47 @@
+// The Kubernetes scheduler extender (filter, prioritize, bind over HTTP/JSON, the extender v1
+// types ExtenderArgs, ExtenderFilterResult, HostPriorityList, ExtenderBindingArgs,
+// ExtenderBindingResult) for pods the admission webhook prepared (annotation
+// tensor-fusion.ai/vgpu-request).
+//
+// Filter and prioritize read the controller's state through its API (pools, nodes, GPUs,
+// allocations, quotas) and ask the placement library, through the controller's own adapter
+// (controller::PlacementEngine), where the pod's vGPU fits and how the pool's placement mode ranks
+// each node. Kubernetes node names are the controller's node names (the node agent registers with
+// --node = the Kubernetes node name). A local pod (is-local-gpu) needs its GPU on the node it runs
+// on; a remote pod runs on any node while its vGPU is anywhere in the pool.
+//
+// Bind creates the allocation in the controller (request_id = the pod's uid, so a retried bind
+// gets the same allocation back instead of a second one; local pods on exactly the chosen node)
+// and then POSTs the pod's Binding to the API server, with annotations the pod's environment reads
+// (allocation id, GPU UUID, worker address). A failed binding releases the allocation.
+//
+// Thread safety: the handlers may run concurrently; each builds its own view of the state.
+#pragma once
+
+#include <string>
+
+#include "controller/http_client.h"
+#include "k8s/kube_api.h"
+
+namespace tf::k8s {
+
+struct ExtenderReply {
+  int http_status = 200;
+  std::string body;
+};
+
+class Extender {
+ public:
+  // Both must outlive the extender.
+  Extender(controller::HttpClient* controller, const KubeApi* kube) : controller_(controller), kube_(kube) {}
+
+  ExtenderReply Filter(const std::string& body) const;
+  ExtenderReply Prioritize(const std::string& body) const;
+  ExtenderReply Bind(const std::string& body) const;
+
+ private:
+  controller::HttpClient* const controller_;
+  const KubeApi* const kube_;
+};
+
+}  // namespace tf::k8s
