@@ -23,6 +23,12 @@ struct ControllerOptions {
   int64_t heartbeat_timeout_ms = 15'000;  // a node silent this long is marked lost
   int64_t lost_grace_ms = 60'000;         // a lost node's allocations are released after this
   int history_interval_seconds = 5;       // usage history (console charts): one sample this often
+  // Kubernetes reconciler (docs/kubernetes.md, "Reconciler"): the API server's URL or "in-cluster";
+  // empty: off. Token and CA files default to the pod's service account.
+  std::string kube_api;
+  std::string kube_token_file;
+  std::string kube_ca_file;
+  int kube_resync_seconds = 10;           // status refresh when nothing changes
 };
 
 // The usage history (GET /v1/history) keeps the samples of this long.
