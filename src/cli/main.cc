@@ -177,6 +177,16 @@ int main(int argc, char** argv) {
                       "seconds between two samples of the usage history (console charts; kept 1 h)")
       ->check(CLI::Range(1, 60))->capture_default_str();
   AddServerTlsFlags(ctl_cmd, &ctl.tls_cert, &ctl.tls_key, &ctl.insecure_listen);
+  ctl_cmd->add_option("--kube-api", ctl.kube_api,
+                      "reconcile tensor-fusion.ai objects with this Kubernetes API server: https://HOST:PORT, "
+                      "http://HOST:PORT (kubectl proxy) or in-cluster");
+  ctl_cmd->add_option("--kube-token-file", ctl.kube_token_file,
+                      "bearer token for --kube-api (default: the pod's service-account token)");
+  ctl_cmd->add_option("--kube-ca-file", ctl.kube_ca_file,
+                      "CA bundle that verifies --kube-api (default: the pod's service-account ca.crt)");
+  ctl_cmd->add_option("--kube-resync", ctl.kube_resync_seconds,
+                      "seconds between two status refreshes when no object changes")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
 
   tf::controller::HypervisorOptions hv;
   auto* hv_cmd = app.add_subcommand("hypervisor", "run the node agent of this machine");

@@ -22,6 +22,7 @@
 #include "controller/api_server.h"
 #include "controller/etcd_store.h"
 #include "controller/http_client.h"
+#include "controller/k8s_reconciler.h"
 #include "controller/replica.h"
 #include "controller/self_signed_ca.h"
 #include "controller/sqlite_store.h"
@@ -112,9 +113,18 @@ struct ControllerRuntime {
   std::unique_ptr<ReplicaLoop> loop;
   std::unique_ptr<UsageHistory> history;
   std::unique_ptr<UsageSampler> sampler;
+  std::unique_ptr<KubeReconciler> kube;
   int port = 0;
 
   Status Start(const ControllerOptions& o, const std::string& token) {
+    std::optional<KubeReconcilerOptions> kube_options;
+    if (!o.kube_api.empty()) {
+      StatusOr<KubeApiConfig> api = ResolveKubeApiConfig(o.kube_api, o.kube_token_file, o.kube_ca_file);
+      if (!api.ok()) return api.status();
+      kube_options.emplace();
+      kube_options->api = *api;
+      kube_options->resync_ms = o.kube_resync_seconds * 1000;
+    }
     StatusOr<std::unique_ptr<Store>> s = OpenStore(o.store, o.durability);
     if (!s.ok()) return s.status();
     store = std::move(s).value();
@@ -147,9 +157,16 @@ struct ControllerRuntime {
     api->Start();
     loop->Start();
     sampler->Start();
+    if (kube_options) {
+      kube = std::make_unique<KubeReconciler>(controller.get(), &clock, *kube_options);
+      kube->Start();
+      std::fprintf(stderr, "controller: reconciling Kubernetes objects with %s while this replica leads\n",
+                   kube_options->api.url.c_str());
+    }
     return Status::Ok();
   }
   void Stop() {
+    if (kube) kube->Stop();
     if (sampler) sampler->Stop();
     if (loop) loop->Stop();
     if (api) api->Stop();
@@ -356,6 +373,10 @@ int RunController(const ControllerOptions& o) {
   }
   if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   if (Status tls = CheckTlsAtStart({o.tls_cert, o.tls_key}, "controller"); !tls.ok()) return Fail(tls), 2;
+  if (!o.kube_api.empty()) {
+    StatusOr<KubeApiConfig> api = ResolveKubeApiConfig(o.kube_api, o.kube_token_file, o.kube_ca_file);
+    if (!api.ok()) return Fail(api.status()), 2;
+  }
   InstallSignalHandlers();
   ControllerRuntime rt;
   Status st = rt.Start(o, *token);

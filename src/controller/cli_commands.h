@@ -27,6 +27,12 @@ struct ControllerOptions {
   std::string tls_cert;                   // PEM certificate (chain) and key: serve HTTPS only
   std::string tls_key;
   bool insecure_listen = false;           // plain HTTP off loopback without the warning
+  // Kubernetes reconciler (docs/kubernetes.md, "Reconciler"): the API server's URL or "in-cluster";
+  // empty: off. Token and CA files default to the pod's service account.
+  std::string kube_api;
+  std::string kube_token_file;
+  std::string kube_ca_file;
+  int kube_resync_seconds = 10;           // status refresh when nothing changes
 };
 
 // The usage history (GET /v1/history) keeps the samples of this long.

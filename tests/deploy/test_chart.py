@@ -131,7 +131,10 @@ class Components(unittest.TestCase):
         self.assertEqual(container(dep)["args"], [
             "controller", "--listen", "0.0.0.0", "--port", "9300",
             "--store", "sqlite:/var/lib/tensorfusion/state.db", "--durability", "power",
-            "--token-file", "/etc/tensorfusion/token/token"])
+            "--token-file", "/etc/tensorfusion/token/token",
+            "--kube-api", "in-cluster",
+            "--kube-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "--kube-ca-file", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"])
         self.assertEqual(dep["spec"]["replicas"], 1)
         self.assertEqual(dep["spec"]["strategy"]["type"], "Recreate")
         m = mounts(dep)
@@ -381,7 +384,8 @@ class ChartCommandsRun(unittest.TestCase):
         mapping = {"/var/lib/tensorfusion": state_dir,
                    "/etc/tensorfusion/token": os.path.join(self.tmp, "token"),
                    f"http://tf-controller.{NS}.svc:9300": url,
-                   "/dev/shm/tensorfusion": os.path.join(self.tmp, "shm")}
+                   "/dev/shm/tensorfusion": os.path.join(self.tmp, "shm"),
+                   "/var/run/secrets/kubernetes.io/serviceaccount": os.path.join(self.tmp, "sa")}
 
         def remap(text):
             for k, v in mapping.items():
@@ -430,8 +434,15 @@ class ChartCommandsRun(unittest.TestCase):
         for d in ("controller-state", "agent-state", "shm"):
             os.makedirs(os.path.join(self.tmp, d))
 
+        # The service account's files as the kubelet mounts them; no API server answers (the
+        # reconciler is tested in tests/controller/k8s_reconciler_test.py), the API still serves.
+        os.makedirs(os.path.join(self.tmp, "sa"))
+        for name, text in (("token", "sa-token\n"), ("ca.crt", "not checked before a connection\n")):
+            with open(os.path.join(self.tmp, "sa", name), "w") as f:
+                f.write(text)
         ctl = container(find(objs, "Deployment", "tf-controller"))
-        self.start(ctl["args"], {}, os.path.join(self.tmp, "controller-state"), "controller.log")
+        self.start(ctl["args"], {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(free_port())},
+                   os.path.join(self.tmp, "controller-state"), "controller.log")
         probe = ctl["readinessProbe"]["httpGet"]["path"]
         base = f"http://127.0.0.1:{self.port}"
         self.wait_for("controller readiness", lambda: http_get(base + probe)[0] == 200)

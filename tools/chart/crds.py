@@ -320,6 +320,20 @@ def gpu():
                       "node is lost.", enum=["Running", "Unschedulable"]),
         "capacity": amounts("Physical capacity (compute from the GPU catalog)"),
         "available": amounts("Physical capacity not held by allocations"),
+        "allocated": amounts("Sum of the requests of the vGPUs placed on it"),
+        "utilizationPercent": _int("GPU utilization its node agent last reported, percent.", 0, 100),
+        "memoryUsed": _vram_status("VRAM in use its node agent last reported"),
+        "vgpus": {"type": "array", "description": "The vGPUs placed on it.", "maxItems": 64,
+                  "items": _obj("One vGPU: an allocation's slice of this GPU.", {
+                      "allocation": _str("Allocation id in the controller.", maxLength=128,
+                                         pattern=r"^[A-Za-z0-9._:-]+$"),
+                      "tenant": _str("Tenant of the allocation (a TensorFusionWorkload's namespace).",
+                                     maxLength=128),
+                      "qos": _str("Quality of service.", enum=QOS),
+                      "tflops": _tflops_status("Compute request"),
+                      "tflopsLimit": _tflops_status("Compute limit"),
+                      "vram": _vram_status("VRAM limit"),
+                  }, required=["allocation"])},
     })
     return _crd("GPU", "gpus", "Cluster",
                 "One physical GPU. Written by the controller; status only.", None, status, [
