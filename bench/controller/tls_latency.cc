@@ -10,12 +10,17 @@
 // Calls: GET /v1/pools/default (a read) and POST + DELETE /v1/allocations (a write and its
 // release; both counted). Rounds alternate plain and TLS so that drift on a shared machine hits
 // both. Client-side latency per call in microseconds; CPU of the whole process per call.
-// Usage: tls_latency [calls_per_mode=2000] [rounds=3]
+// Then throughput: `threads` client threads on kept-alive connections allocate and release as fast
+// as they can (closed loop) for `seconds`, over plain HTTP with the admin token against HTTPS with
+// a tenant token (every call checked against the tenant's role and quota), alternating.
+// Usage: tls_latency [calls_per_mode=2000] [rounds=3] [threads=8] [seconds=5]
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -88,13 +93,65 @@ Sample Run(const std::string& url, const std::string& ca, const std::string& kin
   return s;
 }
 
+// Closed loop: `threads` clients on kept-alive connections alternate allocate and release for
+// `seconds`; operations (calls) per second, and per-call latency.
+struct Throughput {
+  double ops_per_s = 0;
+  std::vector<double> us;
+  int errors = 0;
+};
+
+Throughput Flood(const std::string& url, const std::string& ca, const std::string& token, int threads,
+                 int seconds) {
+  std::vector<std::unique_ptr<HttpClient>> clients;
+  for (int t = 0; t < threads; ++t) {  // connect one at a time (a burst of connects loses SYNs)
+    clients.push_back(std::make_unique<HttpClient>(url, token, 5000, ca));
+    if (!clients.back()->Get("/healthz").ok()) std::exit(1);
+  }
+  std::vector<std::vector<double>> lat(static_cast<size_t>(threads));
+  std::atomic<int> errors{0};
+  std::vector<std::thread> ts;
+  const auto start = Clk::now();
+  const auto end = start + std::chrono::seconds(seconds);
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      HttpClient& c = *clients[static_cast<size_t>(t)];
+      std::string id;
+      while (Clk::now() < end) {
+        auto t0 = Clk::now();
+        bool ok;
+        if (id.empty()) {
+          auto r = c.Post("/v1/allocations", R"({"tflops":1,"vram_mib":16})");
+          ok = r.ok() && r->status == 201;
+          if (ok) id = nlohmann::json::parse(r->body)["id"];
+        } else {
+          auto r = c.Delete("/v1/allocations/" + id);
+          ok = r.ok() && r->status == 200;
+          id.clear();
+        }
+        lat[static_cast<size_t>(t)].push_back(std::chrono::duration<double, std::micro>(Clk::now() - t0).count());
+        if (!ok) ++errors;
+      }
+      if (!id.empty()) (void)c.Delete("/v1/allocations/" + id);
+    });
+  }
+  for (auto& th : ts) th.join();
+  Throughput out;
+  for (auto& v : lat) out.us.insert(out.us.end(), v.begin(), v.end());
+  out.ops_per_s = static_cast<double>(out.us.size()) / std::chrono::duration<double>(Clk::now() - start).count();
+  out.errors = errors.load();
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int calls = argc > 1 ? std::atoi(argv[1]) : 2000;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
-  if (calls <= 0 || rounds <= 0) {
-    std::fprintf(stderr, "usage: tls_latency [calls_per_mode>0] [rounds>0]\n");
+  const int threads = argc > 3 ? std::atoi(argv[3]) : 8;
+  const int seconds = argc > 4 ? std::atoi(argv[4]) : 5;
+  if (calls <= 0 || rounds <= 0 || threads <= 0 || seconds <= 0) {
+    std::fprintf(stderr, "usage: tls_latency [calls_per_mode>0] [rounds>0] [threads>0] [seconds>0]\n");
     return 2;
   }
   char tmpl[] = "/tmp/tf-tlsbench-XXXXXX";
@@ -144,6 +201,47 @@ int main(int argc, char** argv) {
         }
       }
     }
+  }
+
+  // Throughput: admin over plain HTTP against a tenant (role and quota checks) over HTTPS.
+  std::string tenant_token;
+  {
+    HttpClient admin(plain_url, "bench-token");
+    auto q = admin.Put("/v1/quotas/bench", R"({"max_tflops":100000,"max_vram_mib":1000000000,"max_gpus":0})");
+    auto t = admin.Post("/v1/tokens", R"({"role":"tenant","tenant":"bench","description":"tls_latency"})");
+    if (!q.ok() || q->status != 200 || !t.ok() || t->status != 201) {
+      std::fprintf(stderr, "cannot make the tenant token: %s\n", t.ok() ? t->body.c_str() : t.status().ToString().c_str());
+      return 1;
+    }
+    tenant_token = nlohmann::json::parse(t->body)["token"];
+  }
+  std::printf("\nthroughput: %d threads, kept-alive connections, allocate/release closed loop, %d s each\n", threads,
+              seconds);
+  std::printf("%-5s %-24s %10s %9s %9s %7s\n", "round", "scheme", "ops_per_s", "p50_us", "p99_us", "errors");
+  // Four combinations, in a rotated order each round; the ratio the target is about is HTTPS with a
+  // tenant token against plain HTTP with the admin token.
+  struct Combo {
+    const char* name;
+    bool tls;
+    bool tenant;
+    double sum = 0;
+  };
+  Combo combos[] = {{"http, admin token", false, false}, {"https, tenant token", true, true},
+                    {"http, tenant token", false, true}, {"https, admin token", true, false}};
+  for (int round = 1; round <= rounds; ++round) {
+    for (int k = 0; k < 4; ++k) {
+      Combo& c = combos[(k + round - 1) % 4];
+      Throughput r = Flood(c.tls ? https_url : plain_url, c.tls ? tls->ca_file : "",
+                           c.tenant ? tenant_token : "bench-token", threads, seconds);
+      c.sum += r.ops_per_s;
+      std::printf("%-5d %-24s %10.0f %9.0f %9.0f %7d\n", round, c.name, r.ops_per_s, Quantile(r.us, 0.5),
+                  Quantile(r.us, 0.99), r.errors);
+      std::fflush(stdout);
+    }
+  }
+  for (const Combo& c : combos) {
+    std::printf("throughput: %-20s %8.0f ops/s (mean of %d rounds), %.3f of http with the admin token\n", c.name,
+                c.sum / rounds, rounds, c.sum / combos[0].sum);
   }
   plain.Stop();
   https.Stop();
