@@ -9,6 +9,8 @@ PKGS="cmake ninja-build g++ python3 libgtest-dev libgmock-dev libbenchmark-dev n
       libsqlite3-dev libcpp-httplib-dev libcli11-dev etcd-server etcd-client clang libclang-rt-14-dev
       chromium chromium-driver python3-selenium python3-kubernetes python3-jsonschema python3-yaml openssl libssl-dev"
 missing=""
+# gRPC and protobuf: the kubelet device plugin (src/deviceplugin) and its tests.
+PKGS="$PKGS libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc"
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   echo "==> installing:$missing"

@@ -10,6 +10,7 @@
 #include "cli/quantity.h"
 #include "cli/remote_run.h"
 #include "cli/run_command.h"
+#include "deviceplugin/device_plugin_command.h"
 #include "controller/cli_commands.h"
 #include "controller/tls_files.h"
 #include "k8s/k8s_server.h"
@@ -208,6 +209,8 @@ int main(int argc, char** argv) {
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
       ->check(CLI::Range(0, 3600))->capture_default_str();
 
+  auto device_plugin = tf::deviceplugin::AddDevicePluginCommand(&app);
+
   tf::controller::ClientOptions client;
   for (auto* c : {freeze_cmd, thaw_cmd}) {
     c->add_flag("--controller", freeze_via_controller,
@@ -387,6 +390,7 @@ int main(int argc, char** argv) {
   if (up_cmd->parsed()) return tf::controller::RunUp(up);
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
   if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);
+  if (device_plugin.cmd->parsed()) return tf::deviceplugin::RunDevicePluginCommand(*device_plugin.options);
   if (pool_ls->parsed()) return tf::controller::PoolList(client);
   if (pool_create->parsed() || pool_set->parsed()) {
     tf::controller::PoolSettings settings{pool_name, std::nullopt, std::nullopt, std::nullopt, std::nullopt};

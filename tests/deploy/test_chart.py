@@ -185,6 +185,45 @@ class Components(unittest.TestCase):
         self.assertNotIn("ports", container(ds))
         self.assertNotIn("runtimeClassName", ds["spec"]["template"]["spec"])
 
+    def test_device_plugin_runs_beside_the_agent_in_the_kubelet_folder(self):
+        ds = find(self.objs, "DaemonSet", "tf-agent")
+        dp = container(ds, "device-plugin")
+        self.assertEqual(dp["args"][0], "device-plugin")
+        flags = dict(zip(dp["args"][1::2], dp["args"][2::2]))
+        self.assertEqual(flags, {"--plugin-dir": "/var/lib/kubelet/device-plugins",
+                                 "--resource-name": "tensor-fusion.ai/vgpu",
+                                 "--devices-per-gpu": "16",
+                                 "--host-shm-dir": "/dev/shm/tensorfusion",
+                                 "--container-shm-dir": "/dev/shm/tensorfusion"})
+        vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        dp_mounts = {m["mountPath"]: vols[m["name"]] for m in dp["volumeMounts"]}
+        self.assertEqual(dp_mounts, {"/var/lib/kubelet/device-plugins": {
+            "name": "device-plugins",
+            "hostPath": {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}}})
+        self.assertEqual(dp["securityContext"]["capabilities"], {"drop": ["ALL"]})
+        self.assertTrue(dp["securityContext"]["readOnlyRootFilesystem"])
+        on = find(objects([ALL_ON]), "DaemonSet", "tf-agent")
+        dp = container(on, "device-plugin")
+        flags = dict(zip(dp["args"][1::2], dp["args"][2::2]))
+        self.assertEqual(flags["--resource-name"], "example.com/gpu-slice")
+        self.assertEqual(flags["--devices-per-gpu"], "8")
+        vols = {v["name"]: v for v in on["spec"]["template"]["spec"]["volumes"]}
+        self.assertEqual(vols["device-plugins"]["hostPath"]["path"], "/var/lib/k0s/kubelet/device-plugins")
+        self.assertEqual(dp["resources"], {"requests": {"cpu": "10m", "memory": "32Mi"}})
+
+    def test_device_plugin_can_be_switched_off(self):
+        off = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tf-dp-off-{os.getpid()}.yaml")
+        with open(off, "w") as f:
+            yaml.safe_dump({"agent": {"devicePlugin": {"enabled": False}}}, f)
+        try:
+            objs = objects([off])
+        finally:
+            os.unlink(off)
+        self.assertEqual(all_errors(objs), [])
+        pod = find(objs, "DaemonSet", "tf-agent")["spec"]["template"]["spec"]
+        self.assertEqual([c["name"] for c in pod["containers"]], ["agent"])
+        self.assertNotIn("device-plugins", {v["name"] for v in pod["volumes"]})
+
     def test_webhook_serves_tls_and_calls_the_controller(self):
         dep = find(self.objs, "Deployment", "tf-webhook")
         self.assertEqual(container(dep)["args"], [
@@ -327,8 +366,8 @@ class FlagsExist(unittest.TestCase):
             return None
         return set(re.findall(r"(--[a-z][a-z0-9-]*)", r.stdout))
 
-    def check(self, kind, name):
-        args = container(find(objects([ALL_ON]), kind, name))["args"]
+    def check(self, kind, name, container_name=None):
+        args = container(find(objects([ALL_ON]), kind, name), container_name)["args"]
         accepted = self.help_flags(args[0])
         if accepted is None:
             self.skipTest(f"tfusion has no '{args[0]}' subcommand in this build")
@@ -343,6 +382,9 @@ class FlagsExist(unittest.TestCase):
 
     def test_webhook_flags(self):
         self.check("Deployment", "tf-webhook")
+
+    def test_device_plugin_flags(self):
+        self.check("DaemonSet", "tf-agent", "device-plugin")
 
 
 def free_port():
@@ -385,7 +427,8 @@ class ChartCommandsRun(unittest.TestCase):
                    "/etc/tensorfusion/token": os.path.join(self.tmp, "token"),
                    f"http://tf-controller.{NS}.svc:9300": url,
                    "/dev/shm/tensorfusion": os.path.join(self.tmp, "shm"),
-                   "/var/run/secrets/kubernetes.io/serviceaccount": os.path.join(self.tmp, "sa")}
+                   "/var/run/secrets/kubernetes.io/serviceaccount": os.path.join(self.tmp, "sa"),
+                   "/var/lib/kubelet/device-plugins": os.path.join(self.tmp, "device-plugins")}
 
         def remap(text):
             for k, v in mapping.items():
@@ -417,7 +460,7 @@ class ChartCommandsRun(unittest.TestCase):
                 last = e
             time.sleep(0.2)
         logs = ""
-        for name in ("controller.log", "agent.log"):
+        for name in ("controller.log", "agent.log", "device-plugin.log"):
             path = os.path.join(self.tmp, name)
             if os.path.exists(path):
                 with open(path) as f:
@@ -461,6 +504,20 @@ class ChartCommandsRun(unittest.TestCase):
             "agent metrics", lambda: http_get(f"http://127.0.0.1:{self.metrics_port}/metrics"))
         self.assertEqual(status, 200)
         self.assertIn("tf_", metrics)
+
+    def test_device_plugin_serves_its_socket_with_the_chart_command(self):
+        # Without a kubelet: it serves (zero devices on a machine without GPUs) and keeps trying
+        # to register; tests/deviceplugin plays the kubelet.
+        dp = container(find(objects(), "DaemonSet", "tf-agent"), "device-plugin")
+        os.makedirs(os.path.join(self.tmp, "device-plugins"))
+        self.port = self.metrics_port = 0
+        p = self.start(dp["args"], {e["name"]: e.get("value", "") for e in dp["env"]},
+                       self.tmp, "device-plugin.log")
+        sock = os.path.join(self.tmp, "device-plugins", "tensor-fusion.ai_vgpu.sock")
+        self.wait_for("the device plugin's socket", lambda: os.path.exists(sock))
+        p.terminate()
+        self.assertEqual(p.wait(10), 0)
+        self.assertFalse(os.path.exists(sock))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 // use comes from the UsageBoard the fake CUDA side writes, so it counts every process's fake
 // allocations on that device.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -45,6 +46,20 @@ nvmlReturn_t CopyString(const std::string& text, char* out, unsigned int length)
   return NVML_SUCCESS;
 }
 
+// FAKENVML_LOST_FILE names a file of device indices (one a line) that have "fallen off the bus":
+// read at every handle lookup, so a test can lose and restore a GPU under a running process.
+bool IsLost(unsigned index) {
+  const char* path = std::getenv("FAKENVML_LOST_FILE");
+  if (path == nullptr || *path == '\0') return false;
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  bool lost = false;
+  unsigned listed = 0;
+  while (!lost && std::fscanf(f, "%u", &listed) == 1) lost = listed == index;
+  std::fclose(f);
+  return lost;
+}
+
 }  // namespace
 
 #define FAKENVML_DEVICE(index_var, device)                     \
@@ -82,6 +97,7 @@ FAKENVML_EXPORT const char* nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     default: return "Unknown Error";
   }
 }
@@ -110,6 +126,7 @@ FAKENVML_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
   if (device == nullptr || index >= static_cast<unsigned>(State().topology.device_count)) {
     return NVML_ERROR_INVALID_ARGUMENT;
   }
+  if (IsLost(index)) return NVML_ERROR_GPU_IS_LOST;
   *device = reinterpret_cast<nvmlDevice_t>(static_cast<uintptr_t>(index) + 1);
   return NVML_SUCCESS;
 }
