@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -117,6 +118,8 @@ int main(int argc, char** argv) {
   auto* worker_cmd = app.add_subcommand("worker", "serve remote vGPU clients on this GPU host");
   worker_cmd->add_option("--listen", worker_listen, "HOST:PORT or unix:PATH (repeatable)")->required();
   worker_cmd->add_option("--token", worker_token, "token clients must present")->envname("TFUSION_TOKEN");
+  std::string worker_token_file;
+  worker_cmd->add_option("--token-file", worker_token_file, "file whose first line is the token (instead of --token)");
   worker_cmd->add_option("--driver", worker_driver, "driver library the sessions load");
   worker_cmd->add_option("--session-env", worker_env, "K=V set in every session (repeatable)");
   worker_cmd->add_option("--ready-file", worker_ready, "file written once listening");
@@ -202,6 +205,8 @@ int main(int argc, char** argv) {
                      "where the agent keeps its node credential (made at first start)")->capture_default_str();
   hv_cmd->add_option("--pool", hv.pool, "pool to join");
   hv_cmd->add_option("--metrics-port", hv.metrics_port, "metrics port (-1: off)")->capture_default_str();
+  hv_cmd->add_option("--metrics-listen", hv.metrics_host, "metrics address (0.0.0.0: every interface)")
+      ->capture_default_str();
   hv_cmd->add_option("--catalog-overrides", hv.catalog_overrides_file, "GPU model overrides file");
   hv_cmd->add_option("--worker-address", hv.worker_address,
                      "HOST:PORT of this node's tfusion worker: commands placed here from other machines run through it");
@@ -343,6 +348,13 @@ int main(int argc, char** argv) {
   }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
   if (worker_cmd->parsed()) {
+    if (worker_token.empty() && !worker_token_file.empty()) {
+      std::ifstream in(worker_token_file);
+      if (!in || !std::getline(in, worker_token) || worker_token.empty()) {
+        std::fprintf(stderr, "tfusion worker: cannot read a token from %s\n", worker_token_file.c_str());
+        return 2;
+      }
+    }
     // A client that asks for limits or a GPU of its own gets a vGPU "remote-<session pid>" on that
     // GPU (default GPU 0), made in its session before the driver loads and enforced by the
     // limiter; the session sees only that GPU. It goes with the session.

@@ -399,11 +399,12 @@ void ApiServer::Routes() {
   RegisterConsoleRoutes(s);
   Record("GET", "/metrics");
   s.Get("/metrics", [this, c](const httplib::Request&, httplib::Response& res) {
-    res.set_content(c->MetricsText() +
-                        "# HELP tf_controller_api_request_seconds /v1/ requests, from their headers "
-                        "read to their answer written.\n# TYPE tf_controller_api_request_seconds histogram\n" +
-                        request_times_.PrometheusText("tf_controller_api_request_seconds", ""),
-                    "text/plain; version=0.0.4");
+    prom::Exposition e;
+    c->WriteMetrics(&e);
+    e.Family("tf_controller_api_request_seconds", prom::Type::kHistogram,
+             "/v1/ requests, from their headers read to their answer written.");
+    request_times_.WriteTo(&e, "tf_controller_api_request_seconds", {});
+    res.set_content(e.Take(), "text/plain; version=0.0.4");
   });
 
   // Pools.

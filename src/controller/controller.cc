@@ -956,7 +956,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       pr.id = NewAllocationIdLocked();
       StatusOr<PlacementDecision> d = placement_->Place(pr, req.allow_preemption);
       if (!d.ok()) {
-        ++counters_.allocations_refused;
+        ++counters_.placements[{pr.pool, PlacementResultOf(d.status())}];
         return d.status();
       }
       Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant, req.request_id};
@@ -994,7 +994,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       for (const std::string& uuid : d->gpu_uuids) {
         StatusOr<Vgpu> v = VgpuOn(gpus_.at(uuid).value, pr, d->tflops_per_gpu);
         if (!v.ok()) {
-          ++counters_.allocations_refused;
+          ++counters_.placements[{pr.pool, PlacementResultOf(v.status())}];
           return v.status();  // nothing staged yet: the refusal changes nothing
         }
         Gpu& g = gpu(uuid);
@@ -1034,7 +1034,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         allocations_[a.id] = {a, *rev};
         allocations_by_node_[a.node].insert(a.id);
         if (!a.request_id.empty()) allocation_by_request_[a.request_id] = a.id;
-        ++counters_.allocations_granted;
+        ++counters_.placements[{pr.pool, victims.empty() ? PlacementResult::kPlaced
+                                                         : PlacementResult::kPlacedPreempting}];
         return a;
       }
       last = rev.status();
@@ -1315,63 +1316,6 @@ StatusOr<Eviction> Controller::MarkEvictionStopped(const std::string& id, int pr
 ControllerCounters Controller::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
   return counters_;
-}
-
-std::string Controller::MetricsText() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::ostringstream o;
-  bool leader = serving_ && (election_ == nullptr || election_->IsLeader());
-  o << "# HELP tf_controller_leader 1 when this replica leads and serves.\n"
-    << "# TYPE tf_controller_leader gauge\ntf_controller_leader " << (leader ? 1 : 0) << "\n";
-  size_t ready = 0, lost = 0;
-  for (const auto& [n, node] : nodes_) (node.value.state == NodeState::kReady ? ready : lost)++;
-  o << "# HELP tf_controller_nodes Registered nodes by state.\n# TYPE tf_controller_nodes gauge\n"
-    << "tf_controller_nodes{state=\"ready\"} " << ready << "\n"
-    << "tf_controller_nodes{state=\"lost\"} " << lost << "\n";
-  struct PoolSums { double cap_t = 0, used_t = 0; int64_t cap_v = 0, used_v = 0; size_t gpus = 0; };
-  std::map<std::string, PoolSums> sums;
-  for (const auto& [n, p] : pools_) sums[n];
-  for (const auto& [uuid, g] : gpus_) {
-    PoolSums& s = sums[g.value.pool];
-    s.cap_t += g.value.tflops;
-    s.used_t += g.value.used_tflops;
-    s.cap_v += g.value.vram_mib;
-    s.used_v += g.value.used_vram_mib;
-    s.gpus++;
-  }
-  auto family = [&](const char* name, const char* help, auto get) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
-    for (const auto& [pool, s] : sums) o << name << "{pool=\"" << pool << "\"} " << get(s) << "\n";
-  };
-  family("tf_pool_gpus", "Physical GPUs in the pool.", [](const PoolSums& s) { return double(s.gpus); });
-  family("tf_pool_capacity_tflops", "FP16 TFLOPS capacity of the pool.", [](const PoolSums& s) { return s.cap_t; });
-  family("tf_pool_allocated_tflops", "FP16 TFLOPS allocated in the pool.", [](const PoolSums& s) { return s.used_t; });
-  family("tf_pool_capacity_vram_mib", "VRAM capacity of the pool in MiB.", [](const PoolSums& s) { return double(s.cap_v); });
-  family("tf_pool_allocated_vram_mib", "VRAM allocated in the pool in MiB.", [](const PoolSums& s) { return double(s.used_v); });
-  o << "# HELP tf_controller_allocations Live allocations.\n# TYPE tf_controller_allocations gauge\n"
-    << "tf_controller_allocations " << allocations_.size() << "\n";
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n" << name << " " << v << "\n";
-  };
-  counter("tf_controller_allocations_granted_total", "Allocations granted.", counters_.allocations_granted);
-  counter("tf_controller_allocations_refused_total", "Allocations refused for lack of capacity.", counters_.allocations_refused);
-  counter("tf_controller_allocations_released_total", "Allocations released by request.", counters_.allocations_released);
-  counter("tf_controller_allocations_preempted_total", "Allocations released to make room for a higher QoS.", counters_.allocations_preempted);
-  counter("tf_controller_allocations_released_lost_node_total", "Allocations released because their node was lost.", counters_.allocations_released_lost_node);
-  counter("tf_controller_commit_conflicts_total", "Store transactions refused by a compare (CAS).", counters_.commit_conflicts);
-  counter("tf_controller_nodes_marked_lost_total", "Times a node was marked lost.", counters_.nodes_marked_lost);
-  counter("tf_controller_evictions_stopped_total", "Evictions whose processes the node agent reported stopped.", counters_.evictions_stopped);
-  size_t stopping = 0;
-  for (const auto& [id, e] : evictions_) stopping += e.value.state == EvictionState::kStopping;
-  o << "# HELP tf_controller_evictions_stopping Taken-back allocations whose processes may still run.\n"
-    << "# TYPE tf_controller_evictions_stopping gauge\ntf_controller_evictions_stopping " << stopping << "\n";
-  o << "# HELP tf_controller_call_stage_seconds Where write calls spend their time: lock_wait and "
-       "locked (allocate/release), durable_wait (waiting for the store batch's commit).\n"
-    << "# TYPE tf_controller_call_stage_seconds histogram\n"
-    << stage_times_.lock_wait.PrometheusText("tf_controller_call_stage_seconds", "stage=\"lock_wait\"")
-    << stage_times_.locked.PrometheusText("tf_controller_call_stage_seconds", "stage=\"locked\"")
-    << stage_times_.durable_wait.PrometheusText("tf_controller_call_stage_seconds", "stage=\"durable_wait\"");
-  return o.str();
 }
 
 }  // namespace tf::controller

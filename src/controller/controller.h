@@ -138,10 +138,23 @@ struct NodeStatus {
   int64_t last_heartbeat_ms = 0;
 };
 
+// Outcome of one placement attempt (POST /v1/allocations that reached the scheduler), the
+// `result` label of tf_controller_placements_total: placed; placed after preempting lower-QoS
+// allocations; refused for lack of room; refused by the tenant's quota; refused as invalid for
+// the pool (an unknown GPU model, a limit no GPU of the pool can host, ...).
+enum class PlacementResult { kPlaced, kPlacedPreempting, kNoCapacity, kQuota, kInvalid };
+inline constexpr PlacementResult kPlacementResults[] = {PlacementResult::kPlaced, PlacementResult::kPlacedPreempting,
+                                                        PlacementResult::kNoCapacity, PlacementResult::kQuota,
+                                                        PlacementResult::kInvalid};
+const char* PlacementResultName(PlacementResult r);
+// The result of a refused placement, from the refusal's status code.
+PlacementResult PlacementResultOf(const Status& refusal);
+
 // Counters exported at /metrics.
 struct ControllerCounters {
-  uint64_t allocations_granted = 0;
-  uint64_t allocations_refused = 0;  // no capacity
+  // Placement attempts by pool and result (existing pools only: requests naming an unknown pool
+  // are refused before they reach the scheduler, so outside input cannot add label values).
+  std::map<std::pair<std::string, PlacementResult>, uint64_t> placements;
   uint64_t allocations_released = 0;
   uint64_t allocations_released_lost_node = 0;
   uint64_t allocations_preempted = 0;
@@ -249,7 +262,9 @@ class Controller {
 
   ControllerCounters counters() const;
   CallStageTimes& stage_times() { return stage_times_; }
-  // Prometheus text exposition of the state and counters.
+  // Prometheus families of the state and counters (controller_metrics.cc; names and labels in
+  // docs/operations.md, "Metrics").
+  void WriteMetrics(prom::Exposition* out) const;
   std::string MetricsText() const;
 
  private:

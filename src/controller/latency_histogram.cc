@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 namespace tf::controller {
 
@@ -44,30 +45,21 @@ void LatencyHistogram::Reset() {
   sum_ns_.store(0, std::memory_order_relaxed);
 }
 
-std::string LatencyHistogram::PrometheusText(const std::string& name, const std::string& labels) const {
-  std::string out;
-  const std::string sep = labels.empty() ? "" : ",";
-  uint64_t cumulative = 0;
-  int next = 0;
-  char line[256];
+void LatencyHistogram::WriteTo(prom::Exposition* out, std::string_view name, prom::Labels labels) const {
   // Coarse edges: 16 us * 2^k, k = 0..17 (about 2.1 s); each is an exact bucket edge (b = 32 + 8k).
+  std::vector<double> edges;
+  std::vector<uint64_t> cumulative;
+  uint64_t seen = 0;
+  int next = 0;
   for (int k = 0; k <= 17; ++k) {
     const int edge = 32 + 8 * k;
-    for (; next <= edge; ++next) cumulative += counts_[static_cast<size_t>(next)].load(std::memory_order_relaxed);
-    std::snprintf(line, sizeof(line), "%s_bucket{%s%sle=\"%.6g\"} %llu\n", name.c_str(), labels.c_str(),
-                  sep.c_str(), UpperEdge(edge), static_cast<unsigned long long>(cumulative));
-    out += line;
+    for (; next <= edge; ++next) seen += counts_[static_cast<size_t>(next)].load(std::memory_order_relaxed);
+    edges.push_back(UpperEdge(edge));
+    cumulative.push_back(seen);
   }
-  for (; next < kBuckets; ++next) cumulative += counts_[static_cast<size_t>(next)].load(std::memory_order_relaxed);
-  std::snprintf(line, sizeof(line), "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name.c_str(), labels.c_str(),
-                sep.c_str(), static_cast<unsigned long long>(cumulative));
-  out += line;
-  const std::string braces = labels.empty() ? "" : "{" + labels + "}";
-  std::snprintf(line, sizeof(line), "%s_sum%s %.9f\n%s_count%s %llu\n", name.c_str(), braces.c_str(),
-                static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9, name.c_str(),
-                braces.c_str(), static_cast<unsigned long long>(cumulative));
-  out += line;
-  return out;
+  for (; next < kBuckets; ++next) seen += counts_[static_cast<size_t>(next)].load(std::memory_order_relaxed);
+  out->Histogram(name, labels, edges, cumulative,
+                 static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9, seen);
 }
 
 }  // namespace tf::controller

@@ -10,7 +10,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <string>
+#include <string_view>
+
+#include "common/prometheus_text.h"
 
 namespace tf::controller {
 
@@ -23,9 +25,10 @@ class LatencyHistogram {
   // The q-quantile (0 < q <= 1) in seconds, as the upper edge of its bucket; 0 when empty.
   double Quantile(double q) const;
   void Reset();
-  // Prometheus histogram lines for `name{labels,le="..."}` (cumulative, coarse buckets: every
-  // doubling from 16 us to 2 s, and +Inf), `_sum` and `_count`. `labels` is "" or `k="v"`.
-  std::string PrometheusText(const std::string& name, const std::string& labels) const;
+  // Prometheus histogram samples `name_bucket{labels,le="..."}` (cumulative, coarse buckets: every
+  // doubling from 16 us to 2 s, and +Inf), `name_sum` and `name_count`, in seconds. The caller
+  // starts the family.
+  void WriteTo(prom::Exposition* out, std::string_view name, prom::Labels labels) const;
 
  private:
   static double UpperEdge(int bucket);  // seconds

@@ -295,40 +295,48 @@ std::vector<AgentGpu> NodeAgent::gpus() const {
 }
 
 std::string NodeAgent::MetricsText() const {
-  const std::string vgpus = VgpuMetricsText(regions_->dir());  // reads shared memory: not under mu_
-  std::lock_guard<std::mutex> lock(mu_);
-  std::ostringstream o;
-  o << "# HELP tf_node_gpus GPUs discovered on this node.\n# TYPE tf_node_gpus gauge\n"
-    << "tf_node_gpus " << gpus_.size() << "\n"
-    << "# HELP tf_node_vgpus vGPUs of this node's allocations (last sync).\n# TYPE tf_node_vgpus gauge\n"
-    << "tf_node_vgpus " << vgpus_ << "\n";
-  auto per_gpu = [&](const char* name, const char* help, auto get) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
-    for (const AgentGpu& g : gpus_)
-      o << name << "{gpu=\"" << g.device.uuid << "\",index=\"" << g.device.index << "\",model=\""
-        << g.model << "\"} " << get(g) << "\n";
-  };
-  per_gpu("tf_gpu_capacity_tflops", "FP16 dense TFLOPS from the GPU catalog.", [](const AgentGpu& g) { return g.tflops; });
-  per_gpu("tf_gpu_memory_total_mib", "VRAM of the GPU in MiB.", [](const AgentGpu& g) { return double(g.device.memory_total_mib); });
-  per_gpu("tf_gpu_memory_used_mib", "VRAM in use in MiB (last sample).", [](const AgentGpu& g) { return double(g.last_sample.memory_used_mib); });
-  per_gpu("tf_gpu_utilization_percent", "GPU busy percent (last sample).", [](const AgentGpu& g) { return g.last_sample.gpu_percent; });
-  o << "# HELP tf_node_vgpus_stopping vGPUs taken back by the controller whose processes still run.\n"
-    << "# TYPE tf_node_vgpus_stopping gauge\ntf_node_vgpus_stopping " << vgpus_stopping_ << "\n"
-    << "# HELP tf_node_vgpu_stops_total vGPUs taken back while in use, by reason.\n"
-    << "# TYPE tf_node_vgpu_stops_total counter\n";
-  for (const char* reason : {"preempted", "node-lost", "released"}) {
-    auto it = stopped_by_reason_.find(reason);
-    o << "tf_node_vgpu_stops_total{reason=\"" << reason << "\"} " << (it == stopped_by_reason_.end() ? 0 : it->second) << "\n";
+  using prom::Type;
+  prom::Exposition o;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string& node = options_.node_name;
+    o.Family("tf_node_gpus", Type::kGauge, "GPUs discovered on this node.");
+    o.Sample("tf_node_gpus", {{"node", node}}, static_cast<double>(gpus_.size()));
+    o.Family("tf_node_vgpus", Type::kGauge, "vGPUs of this node's allocations (last sync).");
+    o.Sample("tf_node_vgpus", {{"node", node}}, static_cast<double>(vgpus_));
+    auto per_gpu = [&](const char* name, const char* help, auto get) {
+      o.Family(name, Type::kGauge, help);
+      for (const AgentGpu& g : gpus_) {
+        const std::string index = std::to_string(g.device.index);
+        o.Sample(name, {{"node", node}, {"gpu", g.device.uuid}, {"index", index}, {"model", g.model}}, get(g));
+      }
+    };
+    constexpr double kMiB = 1024.0 * 1024.0;
+    per_gpu("tf_gpu_capacity_tflops", "FP16 dense TFLOPS from the GPU catalog.",
+            [](const AgentGpu& g) { return g.tflops; });
+    per_gpu("tf_gpu_vram_total_bytes", "VRAM of the GPU, bytes.",
+            [&](const AgentGpu& g) { return static_cast<double>(g.device.memory_total_mib) * kMiB; });
+    per_gpu("tf_gpu_vram_used_bytes", "VRAM in use on the GPU (last sample), bytes.",
+            [&](const AgentGpu& g) { return static_cast<double>(g.last_sample.memory_used_mib) * kMiB; });
+    per_gpu("tf_gpu_utilization_ratio", "Fraction of the last sample period the GPU was busy (0-1).",
+            [](const AgentGpu& g) { return g.last_sample.gpu_percent / 100.0; });
+    o.Family("tf_node_vgpus_stopping", Type::kGauge, "vGPUs taken back by the controller whose processes still run.");
+    o.Sample("tf_node_vgpus_stopping", {{"node", node}}, static_cast<double>(vgpus_stopping_));
+    o.Family("tf_node_vgpu_stops_total", Type::kCounter, "vGPUs taken back while in use, by reason.");
+    for (const char* reason : {"preempted", "node-lost", "released"}) {
+      auto it = stopped_by_reason_.find(reason);
+      o.Sample("tf_node_vgpu_stops_total", {{"node", node}, {"reason", reason}},
+               it == stopped_by_reason_.end() ? 0.0 : static_cast<double>(it->second));
+    }
+    o.Family("tf_node_process_signals_total", Type::kCounter, "Signals sent to tenant processes of taken-back vGPUs.");
+    o.Sample("tf_node_process_signals_total", {{"node", node}, {"signal", "SIGTERM"}}, static_cast<double>(sigterm_total_));
+    o.Sample("tf_node_process_signals_total", {{"node", node}, {"signal", "SIGKILL"}}, static_cast<double>(sigkill_total_));
+    o.Family("tf_node_heartbeats_total", Type::kCounter, "Heartbeats sent, by result.");
+    o.Sample("tf_node_heartbeats_total", {{"node", node}, {"result", "ok"}}, static_cast<double>(heartbeats_ok_));
+    o.Sample("tf_node_heartbeats_total", {{"node", node}, {"result", "failed"}}, static_cast<double>(heartbeats_failed_));
   }
-  o << "# HELP tf_node_process_signals_total Signals sent to tenant processes of taken-back vGPUs.\n"
-    << "# TYPE tf_node_process_signals_total counter\n"
-    << "tf_node_process_signals_total{signal=\"SIGTERM\"} " << sigterm_total_ << "\n"
-    << "tf_node_process_signals_total{signal=\"SIGKILL\"} " << sigkill_total_ << "\n";
-  o << "# HELP tf_node_heartbeats_total Heartbeats sent, by result.\n# TYPE tf_node_heartbeats_total counter\n"
-    << "tf_node_heartbeats_total{result=\"ok\"} " << heartbeats_ok_ << "\n"
-    << "tf_node_heartbeats_total{result=\"failed\"} " << heartbeats_failed_ << "\n";
-  o << vgpus;
-  return o.str();
+  WriteVgpuMetrics(&o, regions_->dir(), options_.node_name);  // reads shared memory: not under mu_
+  return o.Take();
 }
 
 }  // namespace tf::hypervisor

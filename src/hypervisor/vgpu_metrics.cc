@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,82 +12,84 @@
 namespace tf::hypervisor {
 namespace {
 
+using prom::Type;
+
 struct Family {
   const char* name;
-  const char* type;
+  Type type;
   const char* help;
   double (*value)(const limiter::VgpuInfo& v);
 };
 
 const Family kFamilies[] = {
-    {"tf_vgpu_compute_request_percent", "gauge",
-     "Compute request of the vGPU (guaranteed under contention), percent of the GPU.",
-     [](const limiter::VgpuInfo& v) { return v.compute_share_ppm / 10'000.0; }},
-    {"tf_vgpu_compute_limit_percent", "gauge",
-     "Compute limit of the vGPU (the ceiling it may burst to), percent of the GPU.",
-     [](const limiter::VgpuInfo& v) { return std::max(v.compute_limit_ppm, v.compute_share_ppm) / 10'000.0; }},
-    {"tf_vgpu_busy_seconds_total", "counter",
+    {"tf_vgpu_compute_request_ratio", Type::kGauge,
+     "Compute request of the vGPU (guaranteed under contention), fraction of the GPU (0-1).",
+     [](const limiter::VgpuInfo& v) { return v.compute_share_ppm / 1e6; }},
+    {"tf_vgpu_compute_limit_ratio", Type::kGauge,
+     "Compute limit of the vGPU (the ceiling it may burst to), fraction of the GPU (0-1).",
+     [](const limiter::VgpuInfo& v) { return std::max(v.compute_limit_ppm, v.compute_share_ppm) / 1e6; }},
+    {"tf_vgpu_busy_seconds_total", Type::kCounter,
      "GPU-busy seconds charged to the vGPU; rate() of it is the vGPU's current use of the GPU.",
      [](const limiter::VgpuInfo& v) { return v.busy_ns_total / 1e9; }},
-    {"tf_vgpu_throttled_seconds_total", "counter",
+    {"tf_vgpu_throttled_seconds_total", Type::kCounter,
      "Seconds the vGPU's processes were held back by the compute limiter.",
      [](const limiter::VgpuInfo& v) { return v.throttled_ns_total / 1e9; }},
-    {"tf_vgpu_vram_used_bytes", "gauge", "VRAM the vGPU's processes hold, bytes.",
+    {"tf_vgpu_vram_used_bytes", Type::kGauge, "VRAM the vGPU's processes hold, bytes.",
      [](const limiter::VgpuInfo& v) { return static_cast<double>(v.vram_used_bytes); }},
-    {"tf_vgpu_vram_limit_bytes", "gauge", "VRAM ceiling of the vGPU, bytes.",
+    {"tf_vgpu_vram_limit_bytes", Type::kGauge, "VRAM ceiling of the vGPU, bytes.",
      [](const limiter::VgpuInfo& v) { return static_cast<double>(v.vram_limit_bytes); }},
 };
 
 // VRAM tiering, summed over the vGPU's live processes.
 struct TierFamily {
   const char* name;
-  const char* type;
+  Type type;
   const char* help;
   double (*value)(const limiter::ProcessInfo& p);
 };
 
 const TierFamily kTierFamilies[] = {
-    {"tf_vgpu_tier_movable_bytes", "gauge", "VRAM of the vGPU that tiering can move (resident or not), bytes.",
+    {"tf_vgpu_tier_movable_bytes", Type::kGauge, "VRAM of the vGPU that tiering can move (resident or not), bytes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.movable_bytes); }},
-    {"tf_vgpu_tier_host_bytes", "gauge", "VRAM of the vGPU swapped out to host memory, bytes.",
+    {"tf_vgpu_tier_host_bytes", Type::kGauge, "VRAM of the vGPU swapped out to host memory, bytes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.host_bytes); }},
-    {"tf_vgpu_tier_fixed_bytes", "gauge", "VRAM of the vGPU that cannot move (pools, arrays, VMM chunks), bytes.",
+    {"tf_vgpu_tier_fixed_bytes", Type::kGauge, "VRAM of the vGPU that cannot move (pools, arrays, VMM chunks), bytes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.fixed_bytes); }},
-    {"tf_vgpu_tier_swapped_processes", "gauge", "Processes of the vGPU swapped out now.",
+    {"tf_vgpu_tier_swapped_processes", Type::kGauge, "Processes of the vGPU swapped out now.",
      [](const limiter::ProcessInfo& p) {
        return p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk ? 1.0 : 0.0;
      }},
-    {"tf_vgpu_swap_outs", "gauge", "Swap-outs completed by the vGPU's live processes.",
+    {"tf_vgpu_swap_outs", Type::kGauge, "Swap-outs completed by the vGPU's live processes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.swaps_out); }},
-    {"tf_vgpu_swap_ins", "gauge", "Swap-ins (resumes) completed by the vGPU's live processes.",
+    {"tf_vgpu_swap_ins", Type::kGauge, "Swap-ins (resumes) completed by the vGPU's live processes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.swaps_in); }},
-    {"tf_vgpu_last_swap_out_seconds", "gauge", "Duration of the last swap-out of the vGPU's processes (the longest).",
+    {"tf_vgpu_last_swap_out_seconds", Type::kGauge, "Duration of the last swap-out of the vGPU's processes (the longest).",
      [](const limiter::ProcessInfo& p) { return p.last_out_us / 1e6; }},
-    {"tf_vgpu_last_resume_seconds", "gauge", "Duration of the last resume of the vGPU's processes (the longest).",
+    {"tf_vgpu_last_resume_seconds", Type::kGauge, "Duration of the last resume of the vGPU's processes (the longest).",
      [](const limiter::ProcessInfo& p) { return p.last_in_us / 1e6; }},
 };
 
 struct GpuFamily {
   const char* name;
-  const char* type;
+  Type type;
   const char* help;
   double (*value)(const limiter::RegionSnapshot& s);
 };
 
 const GpuFamily kGpuFamilies[] = {
-    {"tf_gpu_swap_outs_total", "counter", "VRAM swap-outs on the GPU.",
+    {"tf_gpu_swap_outs_total", Type::kCounter, "VRAM swap-outs on the GPU.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.swaps_out_total); }},
-    {"tf_gpu_swap_ins_total", "counter", "VRAM swap-ins (resumes) on the GPU.",
+    {"tf_gpu_swap_ins_total", Type::kCounter, "VRAM swap-ins (resumes) on the GPU.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.swaps_in_total); }},
-    {"tf_gpu_swap_out_bytes_total", "counter", "Bytes moved from the GPU to the host tier.",
+    {"tf_gpu_swap_out_bytes_total", Type::kCounter, "Bytes moved from the GPU to the host tier.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.bytes_out_total); }},
-    {"tf_gpu_swap_in_bytes_total", "counter", "Bytes moved from the host tier back to the GPU.",
+    {"tf_gpu_swap_in_bytes_total", Type::kCounter, "Bytes moved from the host tier back to the GPU.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.bytes_in_total); }},
-    {"tf_gpu_swap_failures_total", "counter", "Swap-outs abandoned and resumes failed on the GPU.",
+    {"tf_gpu_swap_failures_total", Type::kCounter, "Swap-outs abandoned and resumes failed on the GPU.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.swap_failures_total); }},
-    {"tf_gpu_host_tier_used_bytes", "gauge", "Host memory held by the GPU's swapped tenants, bytes.",
+    {"tf_gpu_host_tier_used_bytes", Type::kGauge, "Host memory held by the GPU's swapped tenants, bytes.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_used_bytes); }},
-    {"tf_gpu_host_tier_budget_bytes", "gauge", "Host memory the GPU's swapped tenants may hold, bytes.",
+    {"tf_gpu_host_tier_budget_bytes", Type::kGauge, "Host memory the GPU's swapped tenants may hold, bytes.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_budget_bytes); }},
 };
 
@@ -110,23 +111,22 @@ std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std:
   return snapshots;
 }
 
-std::string VgpuMetricsText(const std::string& dir) {
+void WriteVgpuMetrics(prom::Exposition* out, const std::string& dir, const std::string& node) {
   const std::vector<std::unique_ptr<limiter::RegionSnapshot>> snapshots = SnapshotRegions(dir);
-  std::ostringstream o;
-  o.precision(15);
+  prom::Exposition& o = *out;
   for (const Family& f : kFamilies) {
-    o << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
+    o.Family(f.name, f.type, f.help);
     for (const auto& snap : snapshots) {
       for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
         const limiter::VgpuInfo& v = snap->vgpus[i];
-        o << f.name << "{gpu=\"" << snap->gpu_uuid << "\",vgpu=\"" << v.id << "\",qos=\"" << QosLabel(v.qos)
-          << "\"} " << f.value(v) << "\n";
+        o.Sample(f.name, {{"node", node}, {"gpu", snap->gpu_uuid}, {"vgpu", v.id}, {"qos", QosLabel(v.qos)}},
+                 f.value(v));
       }
     }
   }
   for (const TierFamily& f : kTierFamilies) {
     const bool max = std::string(f.name).find("last_") != std::string::npos;
-    o << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
+    o.Family(f.name, f.type, f.help);
     for (const auto& snap : snapshots) {
       for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
         const limiter::VgpuInfo& v = snap->vgpus[i];
@@ -137,16 +137,14 @@ std::string VgpuMetricsText(const std::string& dir) {
           if (p.vgpu_index != v.index) continue;
           total = max ? std::max(total, f.value(p)) : total + f.value(p);
         }
-        o << f.name << "{gpu=\"" << snap->gpu_uuid << "\",vgpu=\"" << v.id << "\",qos=\"" << QosLabel(v.qos)
-          << "\"} " << total << "\n";
+        o.Sample(f.name, {{"node", node}, {"gpu", snap->gpu_uuid}, {"vgpu", v.id}, {"qos", QosLabel(v.qos)}}, total);
       }
     }
   }
   for (const GpuFamily& f : kGpuFamilies) {
-    o << "# HELP " << f.name << " " << f.help << "\n# TYPE " << f.name << " " << f.type << "\n";
-    for (const auto& snap : snapshots) o << f.name << "{gpu=\"" << snap->gpu_uuid << "\"} " << f.value(*snap) << "\n";
+    o.Family(f.name, f.type, f.help);
+    for (const auto& snap : snapshots) o.Sample(f.name, {{"node", node}, {"gpu", snap->gpu_uuid}}, f.value(*snap));
   }
-  return o.str();
 }
 
 }  // namespace tf::hypervisor

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/prometheus_text.h"
 #include "limiter/core/gpu_region.h"
 
 namespace tf::hypervisor {
@@ -17,13 +18,13 @@ namespace tf::hypervisor {
 // A snapshot of every region file in `dir` that can be attached (the others are skipped).
 std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std::string& dir);
 
-// The text exposition (HELP and TYPE lines, then one sample per vGPU with labels gpu, vgpu and
-// qos) for every region file in `dir`. Regions that cannot be attached are skipped.
-// Families: tf_vgpu_compute_request_percent, tf_vgpu_compute_limit_percent (gauges, percent of
-// the GPU), tf_vgpu_busy_seconds_total (counter: GPU-busy time charged to the vGPU; its rate is
-// the current use), tf_vgpu_throttled_seconds_total (counter: time its processes were held
-// back), tf_vgpu_vram_used_bytes and tf_vgpu_vram_limit_bytes (gauges).
-std::string VgpuMetricsText(const std::string& dir);
+// The families of every region file in `dir` that can be attached (the others are skipped), one
+// sample per vGPU with labels node, gpu, vgpu and qos: tf_vgpu_compute_request_ratio and
+// tf_vgpu_compute_limit_ratio (gauges, fraction of the GPU), tf_vgpu_busy_seconds_total (counter:
+// GPU-busy time charged to the vGPU; its rate is the current use), tf_vgpu_throttled_seconds_total
+// (counter: time its processes were held back), tf_vgpu_vram_used_bytes and
+// tf_vgpu_vram_limit_bytes (gauges); the tiering families per vGPU with tiering, and per GPU.
+void WriteVgpuMetrics(prom::Exposition* out, const std::string& dir, const std::string& node);
 
 // "low", "medium", "high", "critical" for a region QoS value; "unknown" beyond.
 const char* QosLabel(uint32_t qos);

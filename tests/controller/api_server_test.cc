@@ -8,6 +8,7 @@
 
 #include "controller/http_client.h"
 #include "controller/sqlite_store.h"
+#include "exposition_parser.h"
 #include "test_cluster.h"
 
 namespace tf::controller {
@@ -92,8 +93,34 @@ TEST_F(ApiServerTest, AllocateReleaseAndExhaustion) {
   EXPECT_EQ(client_->Delete("/v1/allocations/" + id)->status, 404);
   EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":100})")->status, 201);
   auto m = client_->Get("/metrics");
-  EXPECT_NE(m->body.find("tf_controller_allocations_granted_total 2"), std::string::npos) << m->body;
-  EXPECT_NE(m->body.find("tf_pool_capacity_tflops{pool=\"default\"} 120"), std::string::npos);
+  tf::testing::ParsedExposition e;
+  ASSERT_EQ(tf::testing::ParseExposition(m->body, &e), "") << m->body;
+  EXPECT_EQ(e.Value("tf_controller_placements_total", {{"pool", "default"}, {"result", "placed"}}), 2) << m->body;
+  EXPECT_EQ(e.Value("tf_controller_placements_total", {{"pool", "default"}, {"result", "no_capacity"}}), 1);
+  EXPECT_EQ(e.Value("tf_controller_placements_total", {{"pool", "default"}, {"result", "quota"}}), 0);
+  EXPECT_EQ(e.Value("tf_pool_capacity_tflops", {{"pool", "default"}}), 120);
+  EXPECT_EQ(e.Value("tf_pool_allocated_tflops", {{"pool", "default"}}), 30);
+  EXPECT_EQ(e.Value("tf_pool_allocated_vram_bytes", {{"pool", "default"}}), 100.0 * 1024 * 1024);
+  EXPECT_EQ(e.Value("tf_gpu_allocated_tflops", {{"gpu", "GPU-1"}, {"node", "n1"}}), 30);
+  EXPECT_EQ(e.Value("tf_allocation_request_tflops", {{"gpu", "GPU-1"}}), 30);
+  EXPECT_EQ(e.families["tf_controller_api_request_seconds"].type, "histogram");
+}
+
+// A refusal by quota counts under its own result; a request naming a pool that does not exist
+// adds no series (outside input cannot grow the label values); the exposition stays valid.
+TEST_F(ApiServerTest, MetricsCountRefusalsByResultAndStayValid) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_tflops":10})")->status, 200);
+  EXPECT_NE(client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":100,"tenant":"acme"})")->status, 201);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":5,"vram_mib":100,"pool":"nope"})")->status, 404);
+  ASSERT_EQ(client_->Post("/v1/allocations", R"({"tflops":5,"vram_mib":100,"tenant":"acme"})")->status, 201);
+  auto m = client_->Get("/metrics");
+  tf::testing::ParsedExposition e;
+  ASSERT_EQ(tf::testing::ParseExposition(m->body, &e), "") << m->body;
+  EXPECT_EQ(e.Value("tf_controller_placements_total", {{"pool", "default"}, {"result", "quota"}}), 1) << m->body;
+  EXPECT_EQ(e.Value("tf_controller_placements_total", {{"pool", "default"}, {"result", "placed"}}), 1);
+  EXPECT_EQ(m->body.find("nope"), std::string::npos) << m->body;
+  EXPECT_EQ(e.Value("tf_allocation_request_tflops", {{"tenant", "acme"}}), 5);
 }
 
 TEST_F(ApiServerTest, ComputeLimitRoundTripsAndBadLimitsAreRefusedWithAMessage) {

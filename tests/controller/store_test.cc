@@ -128,7 +128,9 @@ TEST(LatencyHistogram, QuantilesAreWithinABucketOfTheTruth) {
   EXPECT_NEAR(h.Quantile(0.5), 5e-3, 5e-3 * 0.1);
   EXPECT_NEAR(h.Quantile(0.99), 9.9e-3, 9.9e-3 * 0.1);
   EXPECT_GE(h.Quantile(1.0), 1e-2);
-  std::string text = h.PrometheusText("x_seconds", "stage=\"a\"");
+  tf::prom::Exposition e;
+  h.WriteTo(&e, "x_seconds", {{"stage", "a"}});
+  std::string text = e.Take();
   EXPECT_NE(text.find("x_seconds_bucket{stage=\"a\",le=\"+Inf\"} 1000\n"), std::string::npos) << text;
   EXPECT_NE(text.find("x_seconds_count{stage=\"a\"} 1000\n"), std::string::npos) << text;
   h.Reset();

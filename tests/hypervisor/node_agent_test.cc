@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "controller/api_server.h"
+#include "exposition_parser.h"
 #include "controller/http_client.h"
 #include "controller/sqlite_store.h"
 #include "hypervisor/nvml_gpu_source.h"
@@ -21,6 +23,16 @@
 
 namespace tf::hypervisor {
 namespace {
+
+// The value of one series of the agent's /metrics (NaN when absent or ambiguous); the exposition
+// must parse.
+double Metric(const NodeAgent& agent, const std::string& name, const std::map<std::string, std::string>& labels = {}) {
+  tf::testing::ParsedExposition m;
+  const std::string text = agent.MetricsText();
+  const std::string err = tf::testing::ParseExposition(text, &m);
+  EXPECT_EQ(err, "") << text;
+  return m.Value(name, labels);
+}
 
 // A controller with its API on a free port, in a temporary folder that goes with it.
 struct ControllerRig {
@@ -78,7 +90,10 @@ TEST(NodeAgent, RegistersSizesFromCatalogAndHeartbeats) {
   source.utilization_percent = 42;
   ASSERT_TRUE(agent.HeartbeatOnce().ok());
   EXPECT_EQ(c.ListGpus("")[0].utilization_percent, 42);
-  EXPECT_NE(agent.MetricsText().find("tf_gpu_utilization_percent{gpu=\"GPU-aaa\""), std::string::npos);
+  tf::testing::ParsedExposition m;
+  ASSERT_EQ(tf::testing::ParseExposition(agent.MetricsText(), &m), "") << agent.MetricsText();
+  EXPECT_EQ(m.Value("tf_gpu_utilization_ratio", {{"gpu", "GPU-aaa"}}), 0.42);
+  EXPECT_EQ(m.Value("tf_gpu_vram_total_bytes", {{"gpu", "GPU-aaa"}}), 81559.0 * 1024 * 1024);
 
   NodeAgent bad({rig.url(), "wrong", "h2", "", "", ""}, &source,
                 &regions, &rig.clock);
@@ -130,7 +145,7 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   ASSERT_TRUE(c.Release(a->id).ok());
   ASSERT_TRUE(agent.SyncAllocations().ok());
   EXPECT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kNotFound);
-  EXPECT_NE(agent.MetricsText().find("tf_node_vgpus 0"), std::string::npos);
+  EXPECT_EQ(Metric(agent, "tf_node_vgpus"), 0);
 }
 
 // A second agent claiming an enrolled node's name (a cloned machine: same --node, its own
@@ -309,41 +324,30 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   EXPECT_EQ(v.compute_limit_ppm, 1000000u);
   EXPECT_EQ(v.qos, 2u);  // high
 
-  const std::string text = agent.MetricsText();
-  const std::string labels = "{gpu=\"GPU-q0\",vgpu=\"" + a->id + "\",qos=\"high\"} ";
-  auto value = [&](const std::string& name) {
-    std::ostringstream o;
-    o.precision(15);
-    o << name << labels;
-    return o.str();
-  };
-  for (const char* family : {"tf_vgpu_compute_request_percent", "tf_vgpu_compute_limit_percent",
-                             "tf_vgpu_busy_seconds_total", "tf_vgpu_throttled_seconds_total"}) {
-    EXPECT_NE(text.find(std::string("# HELP ") + family + " "), std::string::npos) << family;
-    EXPECT_NE(text.find(std::string("# TYPE ") + family + " "), std::string::npos) << family;
-  }
-  EXPECT_NE(text.find("# TYPE tf_vgpu_busy_seconds_total counter"), std::string::npos);
-  EXPECT_NE(text.find("# TYPE tf_vgpu_throttled_seconds_total counter"), std::string::npos);
-  EXPECT_NE(text.find(value("tf_vgpu_compute_request_percent") + "25\n"), std::string::npos) << text;
-  EXPECT_NE(text.find(value("tf_vgpu_compute_limit_percent") + "100\n"), std::string::npos) << text;
-  std::ostringstream busy, throttled;
-  busy.precision(15);
-  throttled.precision(15);
-  busy << value("tf_vgpu_busy_seconds_total") << v.busy_ns_total / 1e9 << "\n";
-  throttled << value("tf_vgpu_throttled_seconds_total") << v.throttled_ns_total / 1e9 << "\n";
-  EXPECT_NE(text.find(busy.str()), std::string::npos) << text;
-  EXPECT_NE(text.find(throttled.str()), std::string::npos) << text;
+  // The exposition is valid (the strict parser also checks the naming conventions) and carries
+  // the vGPU's request, limit and counters under labels node, gpu, vgpu, qos.
+  tf::testing::ParsedExposition m;
+  ASSERT_EQ(tf::testing::ParseExposition(agent.MetricsText(), &m), "") << agent.MetricsText();
+  const std::map<std::string, std::string> labels = {
+      {"node", agent.node_name()}, {"gpu", "GPU-q0"}, {"vgpu", a->id}, {"qos", "high"}};
+  EXPECT_EQ(m.families["tf_vgpu_busy_seconds_total"].type, "counter");
+  EXPECT_EQ(m.families["tf_vgpu_throttled_seconds_total"].type, "counter");
+  EXPECT_EQ(m.families["tf_vgpu_compute_request_ratio"].type, "gauge");
+  EXPECT_EQ(m.Value("tf_vgpu_compute_request_ratio", labels), 0.25);
+  EXPECT_EQ(m.Value("tf_vgpu_compute_limit_ratio", labels), 1.0);
+  EXPECT_EQ(m.Value("tf_vgpu_busy_seconds_total", labels), v.busy_ns_total / 1e9);
+  EXPECT_EQ(m.Value("tf_vgpu_throttled_seconds_total", labels), v.throttled_ns_total / 1e9);
   // VRAM tiering: per-GPU swap counters always; per-vGPU tier gauges for a vGPU with tiering.
-  EXPECT_NE(text.find("# TYPE tf_gpu_swap_outs_total counter\ntf_gpu_swap_outs_total{gpu=\"GPU-q0\"} 0\n"),
-            std::string::npos) << text;
-  EXPECT_EQ(text.find("tf_vgpu_tier_host_bytes{"), std::string::npos) << "tiering is off for this vGPU";
+  EXPECT_EQ(m.Value("tf_gpu_swap_outs_total", {{"gpu", "GPU-q0"}}), 0);
+  EXPECT_TRUE(m.families["tf_vgpu_tier_host_bytes"].samples.empty()) << "tiering is off for this vGPU";
   ASSERT_EQ(r->SetTierPolicy(index, true, 10'000), limiter::RegionError::kOk);
   r->TierOfProcess(slot)->movable_bytes.store(3u << 20);
   r->TierOfProcess(slot)->host_bytes.store(2u << 20);
   r->TierOfProcess(slot)->state.store(limiter::kTierSwapped);
-  const std::string tiered = agent.MetricsText();
-  EXPECT_NE(tiered.find(value("tf_vgpu_tier_host_bytes") + "2097152\n"), std::string::npos) << tiered;
-  EXPECT_NE(tiered.find(value("tf_vgpu_tier_swapped_processes") + "1\n"), std::string::npos) << tiered;
+  tf::testing::ParsedExposition tiered;
+  ASSERT_EQ(tf::testing::ParseExposition(agent.MetricsText(), &tiered), "");
+  EXPECT_EQ(tiered.Value("tf_vgpu_tier_host_bytes", labels), 2097152);
+  EXPECT_EQ(tiered.Value("tf_vgpu_tier_swapped_processes", labels), 1);
 
   // The heartbeat carries the same counters to the controller (tfusion top shows them).
   ASSERT_TRUE(agent.HeartbeatOnce().ok());
@@ -464,7 +468,7 @@ TEST_F(StopTest, APreemptedVgpusProcessesGetSigtermThenSigkillAfterTheGrace) {
   EXPECT_EQ(EndedBySignal(stubborn, 200), 0) << "within the grace period it is not killed";
   EXPECT_TRUE(HasVgpu(low.id));
   EXPECT_EQ(c_->GetEviction(low.id)->state, controller::EvictionState::kStopping);
-  EXPECT_NE(agent_->MetricsText().find("tf_node_vgpus_stopping 1"), std::string::npos);
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpus_stopping"), 1);
 
   clock_.AdvanceMs(4'000);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
@@ -480,11 +484,10 @@ TEST_F(StopTest, APreemptedVgpusProcessesGetSigtermThenSigkillAfterTheGrace) {
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->state, controller::EvictionState::kStopped);
   EXPECT_EQ(e->processes_stopped, 2);
-  std::string m = agent_->MetricsText();
-  EXPECT_NE(m.find("tf_node_process_signals_total{signal=\"SIGTERM\"} 2"), std::string::npos) << m;
-  EXPECT_NE(m.find("tf_node_process_signals_total{signal=\"SIGKILL\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("tf_node_vgpu_stops_total{reason=\"preempted\"} 1"), std::string::npos) << m;
-  EXPECT_NE(m.find("tf_node_vgpus_stopping 0"), std::string::npos) << m;
+  EXPECT_EQ(Metric(*agent_, "tf_node_process_signals_total", {{"signal", "SIGTERM"}}), 2);
+  EXPECT_EQ(Metric(*agent_, "tf_node_process_signals_total", {{"signal", "SIGKILL"}}), 1);
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "preempted"}}), 1);
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpus_stopping"), 0);
 }
 
 // Released by request while processes still use it: stopped too. A vGPU this agent never saw
@@ -498,7 +501,7 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedButOneTheAgentNeverSawIsNot) {
   EXPECT_EQ(EndedBySignal(tenant, 2000), SIGTERM);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_FALSE(HasVgpu(a.id));
-  EXPECT_NE(agent_->MetricsText().find("tf_node_vgpu_stops_total{reason=\"released\"} 1"), std::string::npos);
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 1);
 
   pid_t other = Tenant(false);
   ASSERT_GT(other, 0);
