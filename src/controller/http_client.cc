@@ -1,6 +1,9 @@
 #include "controller/http_client.h"
 
 #include <httplib.h>
+#include <signal.h>
+
+#include <mutex>
 
 #include "controller/tls_files.h"
 
@@ -17,6 +20,14 @@ HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, in
   cli_->set_write_timeout(timeout_ms / 1000, (timeout_ms % 1000) * 1000);
   if (!token_.empty()) cli_->set_bearer_token_auth(token_.c_str());
   if (tls_) {
+    // OpenSSL writes to the socket with write(2): a peer that went away (a controller killed
+    // mid-call) would end this process with SIGPIPE instead of failing the call. Processes that
+    // kept the default disposition get it ignored (a handler someone installed is left alone).
+    static std::once_flag ignore_sigpipe;
+    std::call_once(ignore_sigpipe, [] {
+      struct sigaction old{};
+      if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    });
     ca_file_ = ca_file.empty() ? DefaultCaFile() : ca_file;
     cli_->enable_server_certificate_verification(true);
     if (!ca_file_.empty()) {

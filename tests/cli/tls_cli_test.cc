@@ -217,7 +217,7 @@ TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost)
   // The first heartbeat (every 5 s) over TLS, before the kill.
   long beats_before = -1;
   for (int i = 0; i < 160 && beats_before < 1; ++i) {
-    beats_before = counter("tf_node_heartbeats_total\\{result=\"ok\"\\}");
+    beats_before = counter("tf_node_heartbeats_total\\{[^}]*result=\"ok\"[^}]*\\}");
     if (beats_before < 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_GE(beats_before, 1) << ReadFile(agent_log);
@@ -246,7 +246,7 @@ TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost)
   stop.store(true);
   allocator.join();
   ASSERT_GE(acked.size(), 15u) << ReadFile(dir_ + "/controller.log");
-  beats_before = counter("tf_node_heartbeats_total\\{result=\"ok\"\\}");
+  beats_before = counter("tf_node_heartbeats_total\\{[^}]*result=\"ok\"[^}]*\\}");
 
   url = StartController(port);
   ASSERT_FALSE(url.empty()) << ReadFile(dir_ + "/controller.log");
@@ -269,7 +269,7 @@ TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost)
   // The agent heartbeats to the new process over TLS and keeps one vGPU per allocation.
   bool beat = false;
   for (int i = 0; i < 240 && !beat; ++i) {
-    beat = counter("tf_node_heartbeats_total\\{result=\"ok\"\\}") > beats_before;
+    beat = counter("tf_node_heartbeats_total\\{[^}]*result=\"ok\"[^}]*\\}") > beats_before;
     if (!beat) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(beat) << ReadFile(agent_log);
@@ -278,11 +278,12 @@ TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost)
   EXPECT_EQ(json::parse(node->body).value("state", ""), "ready") << node->body;
   bool synced = false;
   for (int i = 0; i < 100 && !synced; ++i) {
-    synced = counter("tf_node_vgpus") == static_cast<long>(stored.size());
+    synced = counter("tf_node_vgpus\\{[^}]*\\}") == static_cast<long>(stored.size());
     if (!synced) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_TRUE(synced) << "agent vGPUs " << counter("tf_node_vgpus") << ", allocations " << stored.size();
-  EXPECT_EQ(counter("tf_node_process_signals_total\\{signal=\"SIGTERM\"\\}"), 0);
+  EXPECT_TRUE(synced) << "agent vGPUs " << counter("tf_node_vgpus\\{[^}]*\\}") << ", allocations " << stored.size();
+  // No tenant was signalled (the family has no SIGTERM series at all, or a zero one).
+  EXPECT_LE(counter("tf_node_process_signals_total\\{[^}]*signal=\"SIGTERM\"[^}]*\\}"), 0);
   EXPECT_FALSE(Has(ReadFile(agent_log), "not accepted")) << ReadFile(agent_log);
 }
 
