@@ -294,13 +294,14 @@ int main(int argc, char** argv) {
   k8s_cmd->add_option("--tls-key", k8s.tls_key, "server private key (PEM)")->required();
   k8s_cmd->add_option("--controller", k8s.controller_url, "controller URL")->required();
   k8s_cmd->add_option("--token-file", k8s.token_file, "file holding the controller token (else $TFUSION_TOKEN)");
+  AddCaFileFlag(k8s_cmd, &k8s.ca_file);
   k8s_cmd->add_option("--scheduler-name", k8s.scheduler_name, "schedulerName set on TensorFusion pods")
       ->capture_default_str();
   k8s_cmd->add_option("--limiter-image", k8s.limiter_image, "image of the init container that copies the libraries")
       ->capture_default_str();
   k8s_cmd->add_option("--worker-token-secret", k8s.worker_token_secret,
                       "remote pods: Secret (key token) with what the client stub presents to the worker");
-  k8s_cmd->add_option("--kube-api", k8s.kube_api, "Kubernetes API server, https://HOST:PORT (default: in-cluster)");
+  k8s_cmd->add_option("--kube-api", k8s.kube_api, "Kubernetes API server, https://HOST:PORT or in-cluster (default)");
   k8s_cmd->add_option("--kube-token-file", k8s.kube_token_file, "its token (default: the service account's)");
   k8s_cmd->add_option("--kube-ca-file", k8s.kube_ca_file, "its CA (default: the service account's)");
 

@@ -167,7 +167,7 @@ StatusOr<double> ParseKubeQuantity(const std::string& text) {
   static const std::regex kQuantity(
       R"(^([0-9]+(\.[0-9]*)?|\.[0-9]+)((Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)|[eE]([+-]?[0-9]+))?$)");
   std::smatch m;
-  if (!std::regex_match(text, m, kQuantity))
+  if (text.size() > 64 || !std::regex_match(text, m, kQuantity))
     return InvalidArgument("'" + text + "' is not a non-negative Kubernetes quantity (e.g. 20, 12.5, 8Gi)");
   double v = std::strtod(m[1].str().c_str(), nullptr);
   const std::string suffix = m[4].str();

@@ -82,8 +82,11 @@ class KubeApi {
   int64_t token_read_ms_ = -1;
 };
 
-// Parses a Kubernetes quantity ("12.5", "8Gi", "500m", "1e3", or a JSON number) into a number.
-// kInvalidArgument when it is not one or is negative.
+// Parses a Kubernetes quantity into a number: digits with an optional fraction, then an optional
+// suffix Ki Mi Gi Ti Pi Ei (powers of 1024), n u m k M G T P E (powers of 1000) or a decimal
+// exponent (e3, E-2): "12.5", "8Gi", "500m", "1e3". The only quantity parser of the project (the
+// reconciler's specs, the webhook's annotations through k8s::ParseQuantityBytes).
+// kInvalidArgument when it is not one, is negative, longer than 64 characters, or not finite.
 StatusOr<double> ParseKubeQuantity(const std::string& text);
 
 }  // namespace tf::controller

@@ -313,7 +313,7 @@ ExtenderReply Extender::Bind(const std::string& body) const {
   auto fail = [](const std::string& why) { return ExtenderReply{200, json{{"error", why}}.dump()}; };
 
   const std::string pod_path = "/api/v1/namespaces/" + ns + "/pods/" + name;
-  StatusOr<HttpResponse> got = kube_->Get(pod_path);
+  StatusOr<controller::KubeResponse> got = kube_->Call("GET", pod_path);
   if (!got.ok()) return fail(got.status().message());
   if (got->status != 200) return fail("GET " + pod_path + ": HTTP " + std::to_string(got->status));
   json pod = json::parse(got->body, nullptr, false);
@@ -375,11 +375,11 @@ ExtenderReply Extender::Bind(const std::string& body) const {
                   {"kind", "Binding"},
                   {"metadata", {{"name", name}, {"namespace", ns}, {"uid", uid}, {"annotations", annotations}}},
                   {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
-  StatusOr<HttpResponse> b = kube_->Post(pod_path + "/binding", binding.dump());
+  StatusOr<controller::KubeResponse> b = kube_->Call("POST", pod_path + "/binding", binding.dump());
   if (b.ok() && (b->status == 200 || b->status == 201)) return {200, json::object().dump()};
   if (b.ok() && b->status == 409) {
     // Already bound: by an earlier attempt of ours (fine) or elsewhere (release).
-    StatusOr<HttpResponse> again = kube_->Get(pod_path);
+    StatusOr<controller::KubeResponse> again = kube_->Call("GET", pod_path);
     json p = again.ok() && again->status == 200 ? json::parse(again->body, nullptr, false) : json();
     if (p.is_object() && p.contains("spec") && Str(p["spec"], "nodeName") == node) return {200, json::object().dump()};
   }

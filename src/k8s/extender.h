@@ -21,7 +21,7 @@
 #include <string>
 
 #include "controller/http_client.h"
-#include "k8s/kube_api.h"
+#include "controller/kube_api.h"
 
 namespace tf::k8s {
 
@@ -32,8 +32,9 @@ struct ExtenderReply {
 
 class Extender {
  public:
-  // Both must outlive the extender.
-  Extender(controller::HttpClient* controller, const KubeApi* kube) : controller_(controller), kube_(kube) {}
+  // Both must outlive the extender. `kube` is the Kubernetes API client the controller's reconciler
+  // uses too (it reads pods and creates their Bindings).
+  Extender(controller::HttpClient* controller, controller::KubeApi* kube) : controller_(controller), kube_(kube) {}
 
   ExtenderReply Filter(const std::string& body) const;
   ExtenderReply Prioritize(const std::string& body) const;
@@ -41,7 +42,7 @@ class Extender {
 
  private:
   controller::HttpClient* const controller_;
-  const KubeApi* const kube_;
+  controller::KubeApi* const kube_;
 };
 
 }  // namespace tf::k8s

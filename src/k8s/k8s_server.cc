@@ -15,10 +15,11 @@
 
 #include "controller/api_server.h"
 #include "controller/http_client.h"
+#include "controller/kube_api.h"
 #include "controller/model.h"
+#include "controller/tls_files.h"
 #include "k8s/admission.h"
 #include "k8s/extender.h"
-#include "k8s/kube_api.h"
 
 namespace tf::k8s {
 namespace {
@@ -89,11 +90,19 @@ int RunK8s(const K8sOptions& o) {
     token = env;
   }
   if (token.empty()) return Fail("no controller token: give --token-file FILE or set TFUSION_TOKEN");
-  StatusOr<KubeApiOptions> kube_options = ResolveKubeApi({o.kube_api, o.kube_token_file, o.kube_ca_file});
-  if (!kube_options.ok()) return Fail(kube_options.status().message());
+  if (!o.ca_file.empty()) {
+    if (Status ca = controller::CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca.message());
+  }
+  // The same client as the controller's reconciler; no --kube-api means in-cluster. Unlike the
+  // controller, plain http:// is refused: the service account's token would cross in clear.
+  StatusOr<controller::KubeApiConfig> kube_config = controller::ResolveKubeApiConfig(
+      o.kube_api.empty() ? "in-cluster" : o.kube_api, o.kube_token_file, o.kube_ca_file);
+  if (!kube_config.ok()) return Fail(kube_config.status().message());
+  if (kube_config->url.rfind("https://", 0) != 0)
+    return Fail("--kube-api " + kube_config->url + ": must be an https:// URL (the service account token is sent)");
 
-  controller::HttpClient controller(o.controller_url, token);
-  KubeApi kube(*kube_options);
+  controller::HttpClient controller(o.controller_url, token, 5000, o.ca_file);
+  controller::KubeApi kube(*kube_config);
   Extender extender(&controller, &kube);
   WebhookOptions webhook;
   webhook.scheduler_name = o.scheduler_name;

@@ -20,10 +20,12 @@ struct K8sOptions {
   std::string tls_cert, tls_key;   // PEM files; required
   std::string controller_url;      // the controller's API
   std::string token_file;          // its token; else $TFUSION_TOKEN
+  std::string ca_file;             // https:// controller: the CA it must chain to (else $TFUSION_CA_FILE,
+                                   // else the system's trust store; controller::HttpClient)
   std::string scheduler_name = "tensor-fusion-scheduler";
   std::string limiter_image = "tensorfusion/tensorfusion-lib:latest";
   std::string worker_token_secret; // remote pods: Secret whose key "token" the stub presents
-  std::string kube_api;            // https://HOST:PORT; empty: in-cluster
+  std::string kube_api;            // https://HOST:PORT or in-cluster; empty: in-cluster
   std::string kube_token_file;     // empty: the service account's
   std::string kube_ca_file;        // empty: the service account's
 };

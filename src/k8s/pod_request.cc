@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "controller/kube_api.h"
+
 namespace tf::k8s {
 namespace {
 
@@ -89,44 +91,9 @@ StatusOr<int64_t> VramMib(std::string_view name, const std::string& v) {
 }  // namespace
 
 StatusOr<uint64_t> ParseQuantityBytes(std::string_view text) {
-  if (text.empty() || text.size() > 64) return InvalidArgument("empty or too long");
-  size_t i = 0;
-  while (i < text.size() && ((text[i] >= '0' && text[i] <= '9') || text[i] == '.')) ++i;
-  double number = 0;
-  if (!ParseDecimal(text.substr(0, i), &number)) return InvalidArgument("no number");
-  const std::string_view suffix = text.substr(i);
-  long double scale = 1;
-  static const std::pair<const char*, long double> kSuffixes[] = {
-      {"", 1},      {"Ki", 1024.0L}, {"Mi", 1048576.0L}, {"Gi", 1073741824.0L}, {"Ti", 1099511627776.0L},
-      {"Pi", 1125899906842624.0L}, {"Ei", 1152921504606846976.0L}, {"k", 1e3L}, {"M", 1e6L}, {"G", 1e9L},
-      {"T", 1e12L}, {"P", 1e15L}, {"E", 1e18L}};
-  bool known = false;
-  for (const auto& [s, f] : kSuffixes) {
-    if (suffix == s) {
-      scale = f;
-      known = true;
-      break;
-    }
-  }
-  if (!known && suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E')) {
-    // Exponent: e or E, optional sign, digits (at most 2).
-    std::string_view exp = suffix.substr(1);
-    bool negative = false;
-    if (!exp.empty() && (exp[0] == '+' || exp[0] == '-')) {
-      negative = exp[0] == '-';
-      exp.remove_prefix(1);
-    }
-    if (exp.empty() || exp.size() > 2) return InvalidArgument("bad exponent");
-    int e = 0;
-    for (char c : exp) {
-      if (c < '0' || c > '9') return InvalidArgument("bad exponent");
-      e = e * 10 + (c - '0');
-    }
-    scale = std::pow(10.0L, negative ? -e : e);
-    known = true;
-  }
-  if (!known) return InvalidArgument("unknown suffix");
-  const long double bytes = std::ceil(static_cast<long double>(number) * scale);
+  StatusOr<double> v = controller::ParseKubeQuantity(std::string(text));
+  if (!v.ok()) return v.status();
+  const long double bytes = std::ceil(static_cast<long double>(*v));
   if (!(bytes >= 1) || bytes > 9223372036854775808.0L) return InvalidArgument("out of range");
   return static_cast<uint64_t>(bytes);
 }

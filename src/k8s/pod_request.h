@@ -70,9 +70,8 @@ Status ValidatePodRequest(const PodGpuRequest& r);
 std::string PodRequestToJson(const PodGpuRequest& r);
 StatusOr<PodGpuRequest> PodRequestFromJson(std::string_view text);
 
-// A Kubernetes quantity as bytes: digits with an optional fraction and an optional suffix Ki Mi
-// Gi Ti Pi Ei (powers of 1024), k M G T P E (powers of 1000), or an exponent (e3, E6). Fractions
-// of a byte round up. > 0 and at most 2^63.
+// A Kubernetes quantity (controller::ParseKubeQuantity, the one parser of them: 8Gi, 512Mi, 8G,
+// 1e9, plain bytes) as bytes. Fractions of a byte round up. > 0 and at most 2^63.
 StatusOr<uint64_t> ParseQuantityBytes(std::string_view text);
 
 }  // namespace tf::k8s

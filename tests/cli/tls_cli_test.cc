@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/test_ca.h"
 #include "cli_test_util.h"
 #include "controller/http_client.h"
 #include "controller/self_signed_ca.h"
@@ -72,16 +73,8 @@ class TlsControllerTest : public ::testing::Test {
     char tmpl[] = "/tmp/tf-tls-XXXXXX";
     dir_ = mkdtemp(tmpl);
     // A test CA and a server certificate for 127.0.0.1/localhost; and a CA nobody used.
-    const std::string d = "cd '" + dir_ + "' && ";
-    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 30 -config min.cnf ";
-    Result r = Shell(d + "printf '[req]\\ndistinguished_name=dn\\n[dn]\\n' > min.cnf && "
-                     "openssl req -x509 " + key + "-keyout ca.key -out ca.pem -subj '/CN=tfusion test CA' "
-                     "-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign && "
-                     "openssl req -x509 " + key + "-keyout server.key -out server.pem -subj '/CN=test server' "
-                     "-CA ca.pem -CAkey ca.key -addext basicConstraints=CA:FALSE "
-                     "-addext subjectAltName=IP:127.0.0.1,DNS:localhost && "
-                     "openssl req -x509 " + key + "-keyout other.key -out other.pem -subj '/CN=another CA'");
-    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::string made = tf::testing::MakeTestCa(dir_);
+    ASSERT_EQ(made, "");
   }
   void TearDown() override {
     Stop(agent_);

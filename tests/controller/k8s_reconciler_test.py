@@ -44,9 +44,12 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, 'tests', 'common'))
 sys.path.insert(0, os.path.join(ROOT, 'tools', 'chart'))
 from fake_kube_api import FakeKubeApi  # noqa: E402
+from test_ca import make_test_ca  # noqa: E402
 import k8s_validate  # noqa: E402
+import rbac  # noqa: E402
 
 FINALIZER = 'tensor-fusion.ai/controller'
 POOLS = '/apis/tensor-fusion.ai/v1/gpupools'
@@ -71,21 +74,6 @@ def wait_for(fn, what, timeout=20):
             pass
         time.sleep(0.1)
     raise AssertionError('timed out waiting until ' + what + ' (last: %r)' % (last,))
-
-
-def make_certs(folder):
-    """A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA."""
-    def run(*args):
-        subprocess.run(args, check=True, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for ca in ('ca', 'other-ca'):
-        run('openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', ca + '.key', '-out', ca + '.crt',
-            '-days', '2', '-subj', '/CN=' + ca)
-    with open(os.path.join(folder, 'san.ext'), 'w') as f:
-        f.write('subjectAltName=IP:127.0.0.1,DNS:localhost\n')
-    run('openssl', 'req', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'server.key', '-out', 'server.csr',
-        '-subj', '/CN=kube-apiserver')
-    run('openssl', 'x509', '-req', '-in', 'server.csr', '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial',
-        '-out', 'server.crt', '-days', '2', '-extfile', 'san.ext')
 
 
 class Controller:
@@ -167,7 +155,7 @@ def lists(api, plural='gpupools'):
 
 
 def run(tfusion, folder):
-    make_certs(folder)
+    make_test_ca(folder)  # ca.pem signed server.pem (127.0.0.1); other.pem signed nothing
     kube_token = 'kube-sa-token-for-the-test'
     with open(os.path.join(folder, 'kube-token'), 'w') as f:
         f.write(kube_token + '\n')
@@ -177,12 +165,12 @@ def run(tfusion, folder):
         with open(os.path.join(crd_dir, name)) as f:
             crds.extend(d for d in yaml.safe_load_all(f) if d)
     index = k8s_validate.crd_index(crds)
-    api = FakeKubeApi(os.path.join(folder, 'server.crt'), os.path.join(folder, 'server.key'), kube_token,
+    api = FakeKubeApi(os.path.join(folder, 'server.pem'), os.path.join(folder, 'server.key'), kube_token,
                       validate=lambda obj: k8s_validate.validate_cr(obj, index))
     api.apply('schedulingconfigtemplates', template('frag', 'FragAware'))
     api.apply('schedulingconfigtemplates', template('compact', 'CompactFirst'))
     api.apply('schedulingconfigtemplates', template('bad-mode', 'Bogus'))
-    kube_flags = ['--kube-api', api.url, '--kube-ca-file', os.path.join(folder, 'ca.crt'),
+    kube_flags = ['--kube-api', api.url, '--kube-ca-file', os.path.join(folder, 'ca.pem'),
                   '--kube-token-file', os.path.join(folder, 'kube-token'), '--kube-resync', '1']
     procs = []
     stop_heartbeats = threading.Event()
@@ -202,7 +190,7 @@ def run(tfusion, folder):
 
         # ---- a CA that did not sign the server: TLS is refused ----
         wrong = Controller(tfusion, folder, 'wrong-ca', 'tok', [
-            '--kube-api', api.url, '--kube-ca-file', os.path.join(folder, 'other-ca.crt'),
+            '--kube-api', api.url, '--kube-ca-file', os.path.join(folder, 'other.pem'),
             '--kube-token-file', os.path.join(folder, 'kube-token'), '--kube-resync', '1'])
         procs.append(wrong)
         wait_for(lambda: 'certificate' in open(wrong.log_path).read(), 'the wrong CA is reported in the log')
@@ -406,6 +394,23 @@ def run(tfusion, folder):
         time.sleep(3)
         check(api.recorded(predicate=lambda r: r['token'] == standby_token) == [],
               'the standby sent the API server nothing')
+        # Mirrors of a node the store no longer has (removed while no controller led) are deleted.
+        managed = {'app.kubernetes.io/managed-by': 'tensorfusion-controller'}
+        api.apply('gpunodes', {'kind': 'GPUNode', 'metadata': {'name': 'node-gone', 'labels': managed}})
+        api.apply('gpus', {'kind': 'GPU', 'metadata': {'name': 'gpu-gone', 'labels': managed}})
+        wait_for(lambda: api.get('gpunodes', 'node-gone') is None and api.get('gpus', 'gpu-gone') is None,
+                 'the GPUNode and GPU of a node the store does not have are deleted')
+        check(api.get('gpunodes', 'node-a') is not None, 'and only those')
+
+        # Every call the reconciler made is one the table next to the code lists (and so one the
+        # chart grants: tests/deploy/test_rbac.py), and every listed call was made, except the
+        # re-reads after a 409 of the kinds this test forces no conflict on.
+        made = {rbac.access_of(r['method'], r['path'], r['query']) for r in api.recorded()}
+        listed = rbac.needed()['controller']
+        check(made - listed == set(), 'every call is in src/controller/kube_api_access.json: %s' % sorted(made - listed))
+        reread_only = {('tensor-fusion.ai', p, 'get') for p in ('gpunodes', 'gpus', 'tensorfusionworkloads')}
+        check(listed - made <= reread_only, 'every other call listed there was made: %s' % sorted(listed - made - reread_only))
+        print('not driven here (GET after a 409):', sorted(listed - made))
         invalid = api.recorded(predicate=lambda r: r['status'] == 422)
         check(invalid == [], 'every object the reconciler wrote passed the CRD schemas and rules: %s' %
               [(r['path'], r['body']) for r in invalid][:2])

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../common/test_ca.h"
 #include "controller/base64.h"
 
 namespace {
@@ -102,6 +104,10 @@ class FakeApiServer {
                    res.status = 201;
                    res.set_content(R"({"kind":"Status","apiVersion":"v1","status":"Success","code":201})", "application/json");
                  });
+    server_.set_logger([this](const httplib::Request& req, const httplib::Response&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      requests_.push_back({req.method, req.path});
+    });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -126,6 +132,11 @@ class FakeApiServer {
     std::lock_guard<std::mutex> lock(mu_);
     return authorization_;
   }
+  // Every request as (method, path).
+  std::vector<std::pair<std::string, std::string>> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
   void set_binding_status(int s) {
     std::lock_guard<std::mutex> lock(mu_);
     binding_status_ = s;
@@ -140,7 +151,20 @@ class FakeApiServer {
   std::vector<json> bindings_;
   std::string authorization_;
   int binding_status_ = 201;
+  std::vector<std::pair<std::string, std::string>> requests_;
 };
+
+// The RBAC (apiGroup, resource, verb) a core-API request needs, as the API server derives it.
+std::string AccessOf(const std::string& method, const std::string& path) {
+  std::smatch m;
+  static const std::regex kCore(R"(^/api/v1/(?:namespaces/[^/]+/)?([^/]+)(?:/([^/]+)(?:/([^/]+))?)?$)");
+  if (!std::regex_match(path, m, kCore)) return "not a core API path: " + path;
+  const std::string resource = m.str(1) + (m[3].matched ? "/" + m.str(3) : "");
+  const std::map<std::string, std::string> verbs = {
+      {"POST", "create"}, {"PUT", "update"}, {"PATCH", "patch"}, {"DELETE", "delete"}};
+  const std::string verb = method == "GET" ? (m[2].matched ? "get" : "list") : verbs.at(method);
+  return "/" + resource + "/" + verb;  // apiGroup "" first
+}
 
 class K8sServerTest : public ::testing::Test {
  protected:
@@ -149,14 +173,7 @@ class K8sServerTest : public ::testing::Test {
     dir_ = mkdtemp(tmpl);
     // A CA and a server certificate for 127.0.0.1, made now (nothing secret is in the tree).
     const std::string d = dir_ + "/";
-    ASSERT_EQ(Sh("cd " + dir_ + " && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > san.ext && "
-                 "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key "
-                 "-out ca.crt -days 2 -subj /CN=test-ca 2>/dev/null && "
-                 "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout tls.key -out tls.csr "
-                 "-subj /CN=tfusion-k8s 2>/dev/null && "
-                 "openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 "
-                 "-extfile san.ext 2>/dev/null"),
-              0);
+    ASSERT_EQ(tf::testing::MakeTestCa(dir_), "");
     std::ofstream(d + "token") << "controller-secret\n";
     std::ofstream(d + "kube-token") << "kube-sa-token\n";
 
@@ -178,16 +195,16 @@ class K8sServerTest : public ::testing::Test {
     auto part = ctl_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1024,"node":"gpu-d"})", "application/json");
     ASSERT_TRUE(part && part->status == 201) << (part ? part->body : "no answer");
 
-    api_ = std::make_unique<FakeApiServer>(d + "tls.crt", d + "tls.key");
-    k8s_ = Spawn(std::string(TF_TFUSION) + " k8s --listen 127.0.0.1 --port 0 --tls-cert " + d + "tls.crt --tls-key " +
-                 d + "tls.key --controller " + controller_url_ + " --token-file " + d +
+    api_ = std::make_unique<FakeApiServer>(d + "server.pem", d + "server.key");
+    k8s_ = Spawn(std::string(TF_TFUSION) + " k8s --listen 127.0.0.1 --port 0 --tls-cert " + d + "server.pem --tls-key " +
+                 d + "server.key --controller " + controller_url_ + " --token-file " + d +
                  "token --limiter-image registry.example/tensorfusion-lib:0.1 --kube-api https://127.0.0.1:" +
                  std::to_string(api_->port()) + " --kube-token-file " + d + "kube-token --kube-ca-file " + d +
-                 "ca.crt > " + d + "k8s.log 2>&1");
+                 "ca.pem > " + d + "k8s.log 2>&1");
     const std::string k8s_port = WaitFor(d + "k8s.log", std::regex("listening on https://127.0.0.1:([0-9]+)"));
     ASSERT_FALSE(k8s_port.empty()) << ReadFile(d + "k8s.log");
     hook_ = std::make_unique<httplib::Client>("https://127.0.0.1:" + k8s_port);
-    hook_->set_ca_cert_path((d + "ca.crt").c_str());
+    hook_->set_ca_cert_path((d + "ca.pem").c_str());
     hook_->enable_server_certificate_verification(true);
     hook_->set_read_timeout(20, 0);
   }
@@ -488,6 +505,17 @@ TEST_F(K8sServerTest, BindReservesTheVgpuOnceAndBindsThePodWithItsAllocation) {
   EXPECT_FALSE(again.contains("error")) << again.dump();
   EXPECT_EQ(Allocations().size(), before + 1);
   EXPECT_EQ(Gpu(mine["vgpus"][0]["gpu"])["used_tflops"], 10.0);
+
+  // The calls made are exactly those listed for the webhook in the table next to the code, which
+  // the chart's Role must grant (tests/deploy/test_rbac.py).
+  std::set<std::string> made, listed;
+  for (const auto& [method, path] : api_->requests()) made.insert(AccessOf(method, path));
+  const json table = json::parse(ReadFile(TF_KUBE_API_ACCESS));
+  for (const json& rule : table["components"]["webhook"]["rules"])
+    for (const json& verb : rule["verbs"])
+      listed.insert(rule["apiGroup"].get<std::string>() + "/" + rule["resource"].get<std::string>() + "/" +
+                    verb.get<std::string>());
+  EXPECT_EQ(made, listed);
 }
 
 TEST_F(K8sServerTest, AFailedBindingReleasesTheAllocation) {
@@ -543,3 +571,115 @@ TEST_F(K8sServerTest, ARemotePodRunsOnAnyNodeAndLearnsItsWorker) {
 }
 
 }  // namespace
+
+namespace {
+
+// Runs `tfusion k8s` with `args` (and `env` before it) until it listens or exits; its port, or ""
+// with its exit status and output in `why`.
+struct Started {
+  pid_t pid = -1;
+  std::string port, log;
+};
+Started StartK8s(const std::string& dir, const std::string& name, const std::string& env, const std::string& args) {
+  Started s;
+  const std::string log = dir + "/" + name + ".log";
+  s.pid = Spawn(env + " " + std::string(TF_TFUSION) + " k8s --listen 127.0.0.1 --port 0 --tls-cert " + dir +
+                "/server.pem --tls-key " + dir + "/server.key --token-file " + dir + "/token " + args + " > " + log +
+                " 2>&1");
+  for (int i = 0; i < 300 && s.port.empty(); ++i) {
+    std::smatch m;
+    s.log = ReadFile(log);
+    if (std::regex_search(s.log, m, std::regex("listening on https://127.0.0.1:([0-9]+)"))) s.port = m.str(1);
+    int st = 0;
+    if (s.port.empty() && waitpid(s.pid, &st, WNOHANG) == s.pid) {
+      s.log = ReadFile(log) + " [exit " + std::to_string(WIFEXITED(st) ? WEXITSTATUS(st) : -1) + "]";
+      s.pid = -1;
+      return s;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return s;
+}
+
+void StopK8s(Started& s) {
+  if (s.pid > 0) {
+    kill(s.pid, SIGTERM);
+    waitpid(s.pid, nullptr, 0);
+  }
+}
+
+}  // namespace
+
+// `tfusion k8s --controller https://...` verifies the controller against --ca-file (or
+// TFUSION_CA_FILE), like every other client, and refuses a certificate of another CA.
+TEST_F(K8sServerTest, AnHttpsControllerIsVerifiedAgainstTheCaFile) {
+  const std::string d = dir_ + "/";
+  pid_t tls_controller = Spawn(std::string(TF_TFUSION) + " controller --listen 127.0.0.1 --port 0 --store sqlite:" +
+                               d + "tls-state.db --token-file " + d + "token --tls-cert " + d +
+                               "server.pem --tls-key " + d + "server.key > " + d + "tls-controller.log 2>&1");
+  const std::string port = WaitFor(d + "tls-controller.log", std::regex("listening on https://127.0.0.1:([0-9]+)"));
+  ASSERT_FALSE(port.empty()) << ReadFile(d + "tls-controller.log");
+  const std::string url = "https://127.0.0.1:" + port;
+  const std::string kube = " --kube-api https://127.0.0.1:" + std::to_string(api_->port()) + " --kube-token-file " +
+                           d + "kube-token --kube-ca-file " + d + "ca.pem";
+  auto filter = [&](const Started& s) {
+    httplib::Client c("https://127.0.0.1:" + s.port);
+    c.set_ca_cert_path((d + "ca.pem").c_str());
+    c.enable_server_certificate_verification(true);
+    c.set_read_timeout(20, 0);
+    auto r = c.Post("/filter", Payload("extender-args.json").dump(), "application/json");
+    return r ? json::parse(r->body, nullptr, false) : json();
+  };
+
+  Started flag = StartK8s(dir_, "k8s-ca-flag", "", "--controller " + url + " --ca-file " + d + "ca.pem" + kube);
+  ASSERT_FALSE(flag.port.empty()) << flag.log;
+  json ok = filter(flag);
+  EXPECT_FALSE(ok.contains("error")) << ok.dump();
+  // That controller has no nodes: every node is reported as unknown to it, which it had to be asked.
+  EXPECT_EQ(ok["failedAndUnresolvableNodes"]["gpu-a"], "the node is not registered with the TensorFusion controller (no node agent)")
+      << ok.dump();
+  StopK8s(flag);
+
+  Started env = StartK8s(dir_, "k8s-ca-env", "env TFUSION_CA_FILE=" + d + "ca.pem", "--controller " + url + kube);
+  ASSERT_FALSE(env.port.empty()) << env.log;
+  EXPECT_FALSE(filter(env).contains("error")) << filter(env).dump();
+  StopK8s(env);
+
+  Started other = StartK8s(dir_, "k8s-ca-other", "", "--controller " + url + " --ca-file " + d + "other.pem" + kube);
+  ASSERT_FALSE(other.port.empty()) << other.log;
+  const std::string why = filter(other).value("error", "");
+  EXPECT_NE(why.find("GET " + url + "/v1/"), std::string::npos) << why;
+  EXPECT_NE(why.find("the server's TLS certificate was not accepted"), std::string::npos) << why;
+  EXPECT_NE(why.find("the CA file " + d + "other.pem"), std::string::npos) << why;
+  StopK8s(other);
+
+  Started missing = StartK8s(dir_, "k8s-ca-missing", "", "--controller " + url + " --ca-file " + d + "nope.pem" + kube);
+  EXPECT_TRUE(missing.port.empty());
+  EXPECT_NE(missing.log.find(d + "nope.pem"), std::string::npos) << missing.log;
+  EXPECT_NE(missing.log.find("[exit 2]"), std::string::npos) << missing.log;
+
+  kill(tls_controller, SIGTERM);
+  waitpid(tls_controller, nullptr, 0);
+}
+
+// The Kubernetes API flags, now read by the controller's client: https only, in-cluster by default.
+TEST_F(K8sServerTest, BadKubernetesApiFlagsStopItAtStart) {
+  const std::string d = dir_ + "/";
+  struct Case {
+    std::string env, args, message;
+  } cases[] = {
+      {"", "--kube-api http://127.0.0.1:8001", "--kube-api http://127.0.0.1:8001: must be an https:// URL"},
+      {"", "--kube-api ftp://x", "--kube-api 'ftp://x' is not an http(s)://HOST[:PORT] URL or in-cluster"},
+      {"env -u KUBERNETES_SERVICE_HOST", "", "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set"},
+      {"", "--kube-api https://127.0.0.1:6443 --kube-ca-file " + d + "nope.pem", "--kube-ca-file: cannot read " + d + "nope.pem"},
+      {"", "--kube-api https://127.0.0.1:6443 --kube-ca-file " + d + "ca.pem --kube-token-file " + d + "nope",
+       "--kube-token-file: cannot read a token from " + d + "nope"},
+  };
+  for (const Case& c : cases) {
+    Started s = StartK8s(dir_, "k8s-bad", c.env, "--controller " + controller_url_ + " " + c.args);
+    EXPECT_TRUE(s.port.empty()) << c.args;
+    StopK8s(s);
+    EXPECT_NE(s.log.find(c.message), std::string::npos) << c.args << ": " << s.log;
+    EXPECT_NE(s.log.find("[exit 2]"), std::string::npos) << s.log;
+  }
+}

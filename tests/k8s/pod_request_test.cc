@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "controller/kube_api.h"
 #include "k8s/pod_request.h"
 
 namespace tf::k8s {
@@ -26,6 +27,25 @@ TEST(QuantityTest, KubernetesQuantitiesAsBytes) {
   for (const char* bad : {"", "lots", "8 Gi", "8GB", "8gi", "-1Gi", "0", "Gi", "1.2.3Mi", "8Gii", "1e99"}) {
     EXPECT_FALSE(ParseQuantityBytes(bad).ok()) << bad;
   }
+}
+
+// The reconciler's spec fields and the webhook's annotations go through the same parser.
+TEST(QuantityTest, TheOneParserReadsEverySuffixAndRefusesTheRest) {
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("12.5"), 12.5);
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("500m"), 0.5);
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("0"), 0);
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("1e3"), 1000);
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("2E-2"), 0.02);
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("8Gi"), 8.0 * (1 << 30));
+  EXPECT_DOUBLE_EQ(*controller::ParseKubeQuantity("3k"), 3000);
+  for (const char* bad : {"", "-1", "8GB", "8K", "1.2.3", "e3", "1e400", "8 Gi"}) {
+    StatusOr<double> v = controller::ParseKubeQuantity(bad);
+    EXPECT_FALSE(v.ok()) << bad;
+  }
+  EXPECT_FALSE(controller::ParseKubeQuantity(std::string(65, '1')).ok()) << "longer than 64 characters";
+  // As bytes: a fraction of a byte rounds up, nothing rounds to 0.
+  EXPECT_EQ(*ParseQuantityBytes("500m"), 1u);
+  EXPECT_EQ(*ParseQuantityBytes("0.1Ki"), 103u);
 }
 
 TEST(PodRequestTest, ReadsTheAnnotationsAndDefaults) {

@@ -22,9 +22,39 @@ app.kubernetes.io/part-of: tensorfusion
 {{- if .Values.webhook.tls.existingSecret }}{{ .Values.webhook.tls.existingSecret }}{{ else }}{{ .Release.Name }}-webhook-tls{{ end }}
 {{- end }}
 
-{{/* The controller's API, as the other components reach it. */}}
+{{/* The controller's API, as the other components reach it (https with controller.tls.enabled). */}}
 {{- define "tf.controllerURL" -}}
-http://{{ .Release.Name }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.controller.port }}
+{{ if .Values.controller.tls.enabled }}https{{ else }}http{{ end }}://{{ .Release.Name }}-controller.{{ .Release.Namespace }}.svc:{{ .Values.controller.port }}
+{{- end }}
+
+{{/* The Secret holding the controller's certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "tf.controllerTlsSecret" -}}
+{{- if .Values.controller.tls.existingSecret }}{{ .Values.controller.tls.existingSecret }}{{ else }}{{ .Release.Name }}-controller-tls{{ end }}
+{{- end }}
+
+{{/* Clients of a TLS controller verify it against the CA of its Secret (ca.crt only, no key). */}}
+{{- define "tf.controllerCaArgs" -}}
+{{- if .Values.controller.tls.enabled }}
+- --ca-file
+- /etc/tensorfusion/controller-ca/ca.crt
+{{- end }}
+{{- end }}
+{{- define "tf.controllerCaMount" -}}
+{{- if .Values.controller.tls.enabled }}
+- name: controller-ca
+  mountPath: /etc/tensorfusion/controller-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- define "tf.controllerCaVolume" -}}
+{{- if .Values.controller.tls.enabled }}
+- name: controller-ca
+  secret:
+    secretName: {{ include "tf.controllerTlsSecret" . }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
 {{- end }}
 
 {{/* The webhook and extender Service's host name (the certificate must name it). */}}
