@@ -287,14 +287,23 @@ std::string KubeObjectCache::KeyOf(const Json& object) {
   return ns.empty() ? Str(meta, "name") : ns + "/" + Str(meta, "name");
 }
 
-void KubeObjectCache::Update(const Json& object) {
+void KubeObjectCache::Update(const Json& object, const std::string& base_rv) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (synced_) objects_[KeyOf(object)] = object;
+  if (!synced_) return;
+  const std::string key = KeyOf(object);
+  auto it = objects_.find(key);
+  const std::string held_rv = it == objects_.end() ? "" : Str(Field(it->second, "metadata"), "resourceVersion");
+  if (held_rv != base_rv) return;  // the watch delivered this key since: its copy is as new or newer
+  objects_[key] = object;
 }
 
-void KubeObjectCache::Forget(const std::string& key) {
+void KubeObjectCache::Forget(const std::string& key, const std::string& uid) {
   std::lock_guard<std::mutex> lock(mu_);
-  objects_.erase(key);
+  auto it = objects_.find(key);
+  if (it == objects_.end()) return;
+  const std::string held_uid = Str(Field(it->second, "metadata"), "uid");
+  if (!uid.empty() && !held_uid.empty() && held_uid != uid) return;  // made again under the same name
+  objects_.erase(it);
 }
 
 std::string KubeObjectCache::Query(const std::string& extra) const {
@@ -522,11 +531,11 @@ Status KubeReconciler::Replace(KubeObjectCache& cache, const std::string& path, 
     if (!r.ok()) return r.status();
     if (r->status == 200 || r->status == 201) {
       Json updated = Json::parse(r->body, nullptr, false);
-      if (updated.is_object()) cache.Update(updated);
+      if (updated.is_object()) cache.Update(updated, Str(Field(current, "metadata"), "resourceVersion"));
       return Status::Ok();
     }
     if (r->status == 404) {
-      cache.Forget(KubeObjectCache::KeyOf(current));
+      cache.Forget(KubeObjectCache::KeyOf(current), Str(Field(current, "metadata"), "uid"));
       return Status::Ok();  // deleted meanwhile: nothing left to write
     }
     if (r->status != 409) return Unavailable("PUT " + path + ": " + StatusMessage(*r));
@@ -538,13 +547,14 @@ Status KubeReconciler::Replace(KubeObjectCache& cache, const std::string& path, 
     StatusOr<KubeResponse> fresh = api_.Call("GET", object_path);
     if (!fresh.ok()) return fresh.status();
     if (fresh->status == 404) {
-      cache.Forget(KubeObjectCache::KeyOf(current));
+      cache.Forget(KubeObjectCache::KeyOf(current), Str(Field(current, "metadata"), "uid"));
       return Status::Ok();
     }
     if (fresh->status != 200) return Unavailable("GET " + object_path + ": " + StatusMessage(*fresh));
+    const std::string stale_rv = Str(Field(current, "metadata"), "resourceVersion");
     current = Json::parse(fresh->body, nullptr, false);
     if (!current.is_object()) return Unavailable("GET " + object_path + ": not a JSON object");
-    cache.Update(current);
+    cache.Update(current, stale_rv);
   }
   return Status(StatusCode::kAborted, "PUT " + path + ": still conflicting after " + std::to_string(kMaxConflictRetries) + " re-reads");
 }
@@ -810,7 +820,7 @@ StatusOr<Json> KubeReconciler::EnsureMirror(KubeObjectCache& cache, const std::s
   if (r->status != 200 && r->status != 201) return Unavailable("create " + kind + " " + name + ": " + StatusMessage(*r));
   Json obj = Json::parse(r->body, nullptr, false);
   if (!obj.is_object()) return Unavailable("create " + kind + " " + name + ": the answer is not an object");
-  cache.Update(obj);
+  cache.Update(obj, "");  // unless the watch has delivered it already
   Log("created " + kind + " " + name);
   return obj;
 }
@@ -871,7 +881,7 @@ Status KubeReconciler::MirrorNodes(const UsageSnapshot& usage) {
       continue;
     StatusOr<KubeResponse> r = api_.Call("DELETE", ObjectPath("gpunodes", obj));
     if (r.ok() && (r->status == 200 || r->status == 202 || r->status == 404)) {
-      gpunodes_->Forget(key);
+      gpunodes_->Forget(key, Str(Field(obj, "metadata"), "uid"));
       Log("deleted GPUNode " + key + " (its node left the controller)");
     } else if (first.ok()) {
       first = r.ok() ? Unavailable("DELETE GPUNode " + key + ": " + StatusMessage(*r)) : r.status();
@@ -932,7 +942,7 @@ Status KubeReconciler::MirrorGpus(const UsageSnapshot& usage, const std::vector<
       continue;
     StatusOr<KubeResponse> r = api_.Call("DELETE", ObjectPath("gpus", obj));
     if (r.ok() && (r->status == 200 || r->status == 202 || r->status == 404)) {
-      gpus_->Forget(key);
+      gpus_->Forget(key, Str(Field(obj, "metadata"), "uid"));
       Log("deleted GPU " + key + " (its node left the controller)");
     } else if (first.ok()) {
       first = r.ok() ? Unavailable("DELETE GPU " + key + ": " + StatusMessage(*r)) : r.status();

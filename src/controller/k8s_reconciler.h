@@ -15,7 +15,9 @@
 // a worker thread reconciles everything when a cache changes and every resync period. Objects
 // whose deletion must release something (a GPUPool, a TensorFusionWorkload) carry the finalizer
 // kKubeFinalizer until it is released. Writes are PUTs carrying the object's resourceVersion; a
-// 409 Conflict re-reads the object and tries again. Only a replica that serves (the leader) lists,
+// 409 Conflict re-reads the object and tries again. A write's answer goes into the cache only
+// while the cache still holds the version the write started from, so it never overwrites a newer
+// object the watch delivered in the meantime. Only a replica that serves (the leader) lists,
 // watches or writes.
 //
 // Thread safety: Start/Stop from one thread; ReconcileOnce is for tests and runs on the caller's.
@@ -62,9 +64,15 @@ class KubeObjectCache {
 
   bool synced() const;  // listed since it became active
   std::map<std::string, nlohmann::json> Snapshot() const;  // by "namespace/name" or "name"
-  // Our own write's answer (or a re-read): newer than what the watch has delivered so far.
-  void Update(const nlohmann::json& object);
-  void Forget(const std::string& key);
+  // Our own write's answer (or a re-read) for the object we last knew at `base_rv` (empty: we knew
+  // it absent). Stored only while the cache still holds that version (compare-and-swap): when the
+  // watch has delivered anything else for the key meanwhile (our own write's event, or a newer
+  // change such as a spec edit), the watch's copy is as new or newer and is kept, since an answer
+  // stored over it would hide that change until the object's next event.
+  void Update(const nlohmann::json& object, const std::string& base_rv);
+  // Drops the object `key` that we found deleted, unless the cache holds another object by that
+  // name (a different uid: deleted and made again meanwhile).
+  void Forget(const std::string& key, const std::string& uid);
 
   static std::string KeyOf(const nlohmann::json& object);
 
