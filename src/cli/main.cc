@@ -33,7 +33,7 @@ void AddServerTlsFlags(CLI::App* cmd, std::string* cert, std::string* key, bool*
   cmd->add_option("--tls-cert", *cert, "serve HTTPS with this PEM certificate (chain, leaf first)");
   cmd->add_option("--tls-key", *key, "the certificate's PEM private key (unencrypted)");
   cmd->add_flag("--insecure-listen", *insecure_listen,
-                "listen off loopback without TLS without the warning (tokens cross the network in clear)");
+                "allow a plaintext API off loopback (refused without it: tokens would cross the network in clear)");
 }
 
 void AddClientFlags(CLI::App* cmd, tf::controller::ClientOptions* c) {

@@ -81,13 +81,21 @@ Status CheckTlsAtStart(const ServerTlsFiles& tls, const char* who) {
 }
 
 // A plain-HTTP API reachable from the network: say that tokens cross it in clear.
-void WarnIfPlaintextOffLoopback(const std::string& host, bool tls, bool insecure_listen, const char* who) {
-  if (tls || insecure_listen || IsLoopbackHost(host)) return;
+// A plaintext API off loopback carries bearer tokens in clear: refused unless --insecure-listen
+// allows it, and then still warned about at every start.
+Status CheckPlaintextListen(const std::string& host, bool tls, bool insecure_listen, const char* who) {
+  if (tls || IsLoopbackHost(host)) return Status::Ok();
+  if (!insecure_listen) {
+    return FailedPrecondition(std::string(who) + ": refusing to serve the API on " + host +
+                              " without TLS: bearer tokens (and everything else) would cross the network in "
+                              "clear. Serve HTTPS with --tls-cert/--tls-key (tfusion up: --tls), listen on "
+                              "127.0.0.1, or pass --insecure-listen to allow plaintext on a trusted network");
+  }
   std::fprintf(stderr,
-               "%s: WARNING: the API listens on %s without TLS: bearer tokens (and everything else) cross "
-               "the network in clear. Serve HTTPS with --tls-cert/--tls-key (tfusion up: --tls), or pass "
-               "--insecure-listen to do this knowingly on a trusted network.\n",
+               "%s: WARNING: the API listens on %s without TLS (--insecure-listen): bearer tokens (and everything "
+               "else) cross the network in clear\n",
                who, host.c_str());
+  return Status::Ok();
 }
 
 // The URL this machine reaches an API listening on `host` by (a wildcard address: loopback).
@@ -153,7 +161,6 @@ struct ControllerRuntime {
     StatusOr<int> p = api->Bind(o.listen_host, o.port);
     if (!p.ok()) return p.status();
     port = *p;
-    WarnIfPlaintextOffLoopback(o.listen_host, api->tls(), o.insecure_listen, "controller");
     api->Start();
     loop->Start();
     sampler->Start();
@@ -373,6 +380,9 @@ int RunController(const ControllerOptions& o) {
   }
   if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   if (Status tls = CheckTlsAtStart({o.tls_cert, o.tls_key}, "controller"); !tls.ok()) return Fail(tls), 2;
+  if (Status plain = CheckPlaintextListen(o.listen_host, !o.tls_cert.empty(), o.insecure_listen, "controller");
+      !plain.ok())
+    return Fail(plain), 2;
   if (!o.kube_api.empty()) {
     StatusOr<KubeApiConfig> api = ResolveKubeApiConfig(o.kube_api, o.kube_token_file, o.kube_ca_file);
     if (!api.ok()) return Fail(api.status()), 2;
@@ -419,6 +429,9 @@ int RunUp(const UpOptions& o) {
     return Fail(InvalidArgument("--tls makes its own certificate: give either --tls or --tls-cert/--tls-key")), 2;
   if (!o.tls && !o.tls_names.empty()) return Fail(InvalidArgument("--tls-name needs --tls")), 2;
   if (Status tls = CheckTlsAtStart(own_tls, "tfusion up"); !tls.ok()) return Fail(tls), 2;
+  if (Status plain = CheckPlaintextListen(o.listen_host, o.tls || own_tls.enabled(), o.insecure_listen, "tfusion up");
+      !plain.ok())
+    return Fail(plain), 2;
   if (!o.ca_file.empty()) {
     if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
   }

@@ -156,22 +156,34 @@ TEST_F(TlsControllerTest, BadTlsFilesStopTheControllerAtStartAndChangeNothing) {
   }
 }
 
-TEST_F(TlsControllerTest, PlaintextOffLoopbackWarnsUnlessTlsOrInsecureListen) {
-  const std::string log = dir_ + "/plain.log";
+TEST_F(TlsControllerTest, PlaintextOffLoopbackIsRefusedUnlessAllowedAndThenWarned) {
+  // Without TLS and without --insecure-listen: refused at start, before the store is opened.
+  Result r = Tf("controller --listen 0.0.0.0 --port 0 --token tok --store sqlite:" + dir_ + "/plain.db");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, "refusing to serve the API on 0.0.0.0 without TLS")) << r.out;
+  EXPECT_TRUE(Has(r.out, "--insecure-listen")) << r.out;
+  EXPECT_NE(access((dir_ + "/plain.db").c_str(), F_OK), 0) << "the store was opened";
+  r = Tf("up --listen 0.0.0.0 --port 0 --state-dir " + dir_ + "/up-state");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(Has(r.out, "tfusion up: refusing to serve the API on 0.0.0.0 without TLS")) << r.out;
+
+  // Allowed knowingly: it starts, and says at every start that tokens cross in clear.
+  const std::string log = dir_ + "/insecure.log";
   pid_t plain = Background(std::string(TF_TFUSION) + " controller --listen 0.0.0.0 --port 0 --token tok --store sqlite:" +
-                               dir_ + "/plain.db",
+                               dir_ + "/insecure.db --insecure-listen",
                            log);
   ASSERT_FALSE(WaitForMatch(log, std::regex("listening on http://0\\.0\\.0\\.0")).empty()) << ReadFile(log);
   Stop(plain);
   EXPECT_TRUE(Has(ReadFile(log), "WARNING: the API listens on 0.0.0.0 without TLS")) << ReadFile(log);
   EXPECT_TRUE(Has(ReadFile(log), "cross the network in clear")) << ReadFile(log);
 
-  for (const std::string& flags : {std::string("--insecure-listen"),
-                                  "--tls-cert " + dir_ + "/server.pem --tls-key " + dir_ + "/server.key"}) {
+  // With TLS, or on loopback: no warning.
+  for (const std::string& flags : {"--listen 0.0.0.0 --tls-cert " + dir_ + "/server.pem --tls-key " + dir_ + "/server.key",
+                                   std::string("--listen 127.0.0.1")}) {
     const std::string quiet = dir_ + "/quiet.log";
     std::remove(quiet.c_str());
-    pid_t p = Background(std::string(TF_TFUSION) + " controller --listen 0.0.0.0 --port 0 --token tok --store sqlite:" +
-                             dir_ + "/quiet.db " + flags,
+    pid_t p = Background(std::string(TF_TFUSION) + " controller --port 0 --token tok --store sqlite:" + dir_ +
+                             "/quiet.db " + flags,
                          quiet);
     ASSERT_FALSE(WaitForMatch(quiet, std::regex("listening on")).empty()) << ReadFile(quiet);
     Stop(p);

@@ -135,7 +135,7 @@ class Components(unittest.TestCase):
         self.assertEqual(container(dep)["args"], [
             "controller", "--listen", "0.0.0.0", "--port", "9300",
             "--store", "sqlite:/var/lib/tensorfusion/state.db", "--durability", "power",
-            "--token-file", "/etc/tensorfusion/token/token",
+            "--token-file", "/etc/tensorfusion/token/token", "--insecure-listen",
             "--kube-api", "in-cluster",
             "--kube-token-file", "/var/run/secrets/kubernetes.io/serviceaccount/token",
             "--kube-ca-file", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"])
