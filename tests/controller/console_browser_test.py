@@ -14,6 +14,9 @@ folder (its path is printed) and the exit code is 1.
 Usage: console_browser_test.py --tfusion PATH/TO/tfusion
 """
 import argparse
+import base64
+import hashlib
+import ssl
 import json
 import os
 import secrets
@@ -26,6 +29,9 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'common'))
+from test_ca import make_test_ca  # noqa: E402
 
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -40,15 +46,20 @@ HOSTILE_MODEL = '<img src=x onerror="window.__pwned=1">'
 class Controller:
     """A `tfusion controller` process and a small client of its API."""
 
-    def __init__(self, tfusion, folder, token):
+    def __init__(self, tfusion, folder, token, tls=False):
         self.token = token
         self.log = open(os.path.join(folder, 'controller.log'), 'w')
+        extra, self.ssl = [], None
+        if tls:  # the controller's own HTTPS, with a certificate of a test CA this client trusts
+            extra = ['--tls-cert', os.path.join(folder, 'server.pem'), '--tls-key', os.path.join(folder, 'server.key')]
+            self.ssl = ssl.create_default_context(cafile=os.path.join(folder, 'ca.pem'))
         self.proc = subprocess.Popen(
             [tfusion, 'controller', '--port', '0', '--store', 'sqlite:' + os.path.join(folder, 'state.db'),
-             '--durability', 'process', '--token', token, '--history-interval', '1'],
+             '--durability', 'process', '--token', token, '--history-interval', '1'] + extra,
             stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
-        if 'listening on http://' not in line:
+        want = 'listening on https://' if tls else 'listening on http://'
+        if want not in line:
             raise AssertionError('controller did not start: %r' % line)
         self.url = line.split('listening on ')[1].split()[0]
 
@@ -59,7 +70,7 @@ class Controller:
         if data is not None:
             req.add_header('Content-Type', 'application/json')
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            with urllib.request.urlopen(req, timeout=10, context=self.ssl) as r:
                 return r.status, json.loads(r.read() or b'null'), dict(r.headers)
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b'null'), dict(e.headers)
@@ -130,12 +141,24 @@ def heartbeats(c, nodes, allocs, stop):
         stop.wait(1)
 
 
-def start_browser(folder):
+def spki_sha256(cert_file):
+    """The base64 SHA-256 of a certificate's public key: what Chromium pins with
+    --ignore-certificate-errors-spki-list (it then accepts that key's certificate, and no other)."""
+    pub = subprocess.run(['openssl', 'x509', '-in', cert_file, '-pubkey', '-noout'], check=True,
+                         capture_output=True).stdout
+    der = subprocess.run(['openssl', 'pkey', '-pubin', '-outform', 'der'], input=pub, check=True,
+                         capture_output=True).stdout
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def start_browser(folder, pin=None):
     o = Options()
     o.binary_location = shutil.which('chromium') or '/usr/bin/chromium'
     for a in ('--headless=new', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage',
               '--window-size=1500,1000', '--user-data-dir=' + os.path.join(folder, 'chromium')):
         o.add_argument(a)
+    if pin:
+        o.add_argument('--ignore-certificate-errors-spki-list=' + pin)
     o.set_capability('goog:loggingPrefs', {'browser': 'ALL'})
     service = Service(shutil.which('chromedriver') or '/usr/bin/chromedriver',
                       log_path=os.path.join(folder, 'chromedriver.log'))
@@ -315,7 +338,7 @@ def browse(d, c, nodes, allocs):
 
 def check_headers(c):
     req = urllib.request.Request(c.url + '/console/')
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=10, context=c.ssl) as r:
         page = r.read().decode()
         csp = r.headers.get('Content-Security-Policy', '')
         check("script-src 'self'" in csp and 'unsafe' not in csp, 'strict CSP: ' + csp)
@@ -331,10 +354,15 @@ def check_headers(c):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--tfusion', required=True)
+    ap.add_argument('--tls', action='store_true', help='the controller serves HTTPS (a test CA)')
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix='tfusion-console-')
     token = secrets.token_hex(24)
-    c = Controller(args.tfusion, folder, token)
+    pin = None
+    if args.tls:
+        make_test_ca(folder)
+        pin = spki_sha256(os.path.join(folder, 'server.pem'))
+    c = Controller(args.tfusion, folder, token, tls=args.tls)
     stop = threading.Event()
     driver = None
     ok = False
@@ -347,10 +375,20 @@ def main():
         while len(c.ok('GET', '/v1/history')['samples']) < 3:  # a few samples with the seeded state
             check(time.time() < deadline, 'the usage history collects samples')
             time.sleep(0.5)
-        driver = start_browser(folder)
+        if args.tls:
+            check(c.url.startswith('https://'), 'the controller serves HTTPS: ' + c.url)
+            plain = 'http://' + c.url[len('https://'):] + '/console/'
+            try:
+                urllib.request.urlopen(plain, timeout=5)
+                check(False, 'plain HTTP to the TLS port must not serve the console')
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+        driver = start_browser(folder, pin)
         browse(driver, c, nodes, allocs)
+        if args.tls:
+            check(driver.current_url.startswith('https://'), 'the console ran over HTTPS: ' + driver.current_url)
         ok = True
-        print('PASS: the console in headless Chromium')
+        print('PASS: the console in headless Chromium' + (' over HTTPS' if args.tls else ''))
     except Exception:
         traceback.print_exc()
         if driver is not None:
