@@ -165,6 +165,25 @@ StatusOr<json> ParseArgs(const std::string& body) {
   return j;
 }
 
+// What Filter and Prioritize are both sent: ExtenderArgs with a pod and the candidate nodes.
+struct Candidates {
+  json args;
+  std::vector<std::string> names;
+  bool as_names = false;  // the nodes came as nodenames, not as a NodeList
+};
+
+StatusOr<Candidates> ParseCandidates(const std::string& body) {
+  StatusOr<json> args = ParseArgs(body);
+  if (!args.ok()) return args.status();
+  Candidates c;
+  StatusOr<std::vector<std::string>> names = NodeNames(*args, &c.as_names);
+  if (!names.ok()) return names.status();
+  if (!args->contains("pod") || !(*args)["pod"].is_object()) return InvalidArgument("ExtenderArgs has no pod");
+  c.args = std::move(*args);
+  c.names = std::move(*names);
+  return c;
+}
+
 // Per node: "" when the pod's vGPU can go there, else why not (and whether more room could help).
 struct NodeVerdict {
   std::string why_not;
@@ -227,29 +246,28 @@ StatusOr<std::map<std::string, NodeVerdict>> Judge(const PodTarget& pod, const s
 }  // namespace
 
 ExtenderReply Extender::Filter(const std::string& body) const {
-  StatusOr<json> args = ParseArgs(body);
-  if (!args.ok()) return BadRequest(args.status().message());
-  bool as_names = false;
-  StatusOr<std::vector<std::string>> names = NodeNames(*args, &as_names);
-  if (!names.ok()) return BadRequest(names.status().message());
-  if (!args->contains("pod") || !(*args)["pod"].is_object()) return BadRequest("ExtenderArgs has no pod");
-  StatusOr<PodTarget> pod = PodOf((*args)["pod"]);
+  StatusOr<Candidates> call = ParseCandidates(body);
+  if (!call.ok()) return BadRequest(call.status().message());
+  const json& args = call->args;
+  const std::vector<std::string>& names = call->names;
+  const bool as_names = call->as_names;
+  StatusOr<PodTarget> pod = PodOf(args["pod"]);
   std::map<std::string, NodeVerdict> verdicts;
   if (!pod.ok()) {
-    for (const auto& n : *names) verdicts[n] = {pod.status().message(), true};
+    for (const auto& n : names) verdicts[n] = {pod.status().message(), true};
   } else if (pod->ours) {
     StatusOr<View> view = FetchView(controller_);
     if (!view.ok()) return {200, json{{"error", view.status().message()}}.dump()};
-    StatusOr<std::map<std::string, NodeVerdict>> v = Judge(*pod, *names, *view, nullptr);
+    StatusOr<std::map<std::string, NodeVerdict>> v = Judge(*pod, names, *view, nullptr);
     if (!v.ok()) return {200, json{{"error", v.status().message()}}.dump()};
     verdicts = std::move(*v);
   }
   json failed = json::object(), unresolvable = json::object(), passing = json::array();
-  for (size_t i = 0; i < names->size(); ++i) {
-    const std::string& n = (*names)[i];
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& n = names[i];
     const NodeVerdict& v = verdicts[n];
     if (v.why_not.empty()) {
-      passing.push_back(as_names ? json(n) : (*args)["nodes"]["items"][i]);
+      passing.push_back(as_names ? json(n) : args["nodes"]["items"][i]);
     } else {
       (v.unresolvable ? unresolvable : failed)[n] = v.why_not;
     }
@@ -261,18 +279,16 @@ ExtenderReply Extender::Filter(const std::string& body) const {
 }
 
 ExtenderReply Extender::Prioritize(const std::string& body) const {
-  StatusOr<json> args = ParseArgs(body);
-  if (!args.ok()) return BadRequest(args.status().message());
-  bool as_names = false;
-  StatusOr<std::vector<std::string>> names = NodeNames(*args, &as_names);
-  if (!names.ok()) return BadRequest(names.status().message());
-  if (!args->contains("pod") || !(*args)["pod"].is_object()) return BadRequest("ExtenderArgs has no pod");
+  StatusOr<Candidates> call = ParseCandidates(body);
+  if (!call.ok()) return BadRequest(call.status().message());
+  const json& args = call->args;
+  const std::vector<std::string>& names = call->names;
   std::map<std::string, double> scores;
-  StatusOr<PodTarget> pod = PodOf((*args)["pod"]);
+  StatusOr<PodTarget> pod = PodOf(args["pod"]);
   if (pod.ok() && pod->ours) {
     StatusOr<View> view = FetchView(controller_);
     if (!view.ok()) return {503, json{{"error", view.status().message()}}.dump()};
-    (void)Judge(*pod, *names, *view, &scores);
+    (void)Judge(*pod, names, *view, &scores);
   }
   // The mode's scores (higher preferred) mapped onto 1..10 for the nodes that fit; 0 otherwise.
   double lo = HUGE_VAL, hi = -HUGE_VAL;
@@ -281,7 +297,7 @@ ExtenderReply Extender::Prioritize(const std::string& body) const {
     hi = std::max(hi, s);
   }
   json list = json::array();
-  for (const auto& n : *names) {
+  for (const auto& n : names) {
     int64_t score = 0;
     if (auto it = scores.find(n); it != scores.end()) {
       score = hi > lo ? 1 + std::llround(9 * (it->second - lo) / (hi - lo)) : 10;

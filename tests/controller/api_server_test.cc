@@ -6,38 +6,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "controller/http_client.h"
-#include "controller/sqlite_store.h"
+#include "api_server_fixture.h"
 #include "exposition_parser.h"
-#include "test_cluster.h"
 
 namespace tf::controller {
 namespace {
 
 using nlohmann::json;
 
-class ApiServerTest : public ::testing::Test {
+class ApiServerTest : public ApiServerFixture {
  protected:
-  void SetUp() override {
-    store_ = std::move(SqliteStore::Open(dir_.path() + "/state.db")).value();
-    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
-    ASSERT_TRUE(c_->Rebuild().ok());
-    api_ = std::make_unique<ApiServer>(c_.get(), "s3cret");
-    auto port = api_->Bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok());
-    url_ = "http://127.0.0.1:" + std::to_string(*port);
-    api_->Start();
-    client_ = std::make_unique<HttpClient>(url_, "s3cret");
-  }
   json Body(const StatusOr<HttpResponse>& r) { return json::parse(r->body); }
-
-  testing::TempDir dir_;
-  FakeClock clock_;
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Controller> c_;
-  std::unique_ptr<ApiServer> api_;
-  std::string url_;
-  std::unique_ptr<HttpClient> client_;
 };
 
 TEST(TokenEquals, ComparesWholeTokens) {

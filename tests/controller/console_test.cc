@@ -5,41 +5,20 @@
 
 #include <nlohmann/json.hpp>
 
-#include "controller/api_server.h"
-#include "controller/http_client.h"
-#include "controller/sqlite_store.h"
+#include "api_server_fixture.h"
 #include "controller/usage_history.h"
 #include "controller/web_console.h"
-#include "test_cluster.h"
 
 namespace tf::controller {
 namespace {
 
 using nlohmann::json;
 
-class ConsoleTest : public ::testing::Test {
+class ConsoleTest : public ApiServerFixture {
  protected:
-  void SetUp() override {
-    store_ = std::move(SqliteStore::Open(dir_.path() + "/state.db")).value();
-    c_ = std::make_unique<Controller>(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
-    ASSERT_TRUE(c_->Rebuild().ok());
-    api_ = std::make_unique<ApiServer>(c_.get(), "s3cret");
-    api_->SetUsageHistory(&history_);
-    auto port = api_->Bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok());
-    url_ = "http://127.0.0.1:" + std::to_string(*port);
-    api_->Start();
-    client_ = std::make_unique<HttpClient>(url_, "s3cret");
-  }
+  void BeforeStart(ApiServer& api) override { api.SetUsageHistory(&history_); }
 
-  testing::TempDir dir_;
-  FakeClock clock_;
   UsageHistory history_{1000, 5000};  // one sample a second, five kept
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Controller> c_;
-  std::unique_ptr<ApiServer> api_;
-  std::string url_;
-  std::unique_ptr<HttpClient> client_;
 };
 
 TEST_F(ConsoleTest, StaticFilesNeedNoTokenAndCarryAStrictPolicy) {

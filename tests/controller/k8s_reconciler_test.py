@@ -27,7 +27,6 @@ tenants use it. Checked, in order:
 Usage: k8s_reconciler_test.py --tfusion PATH/TO/tfusion
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -36,8 +35,6 @@ import tempfile
 import threading
 import time
 import traceback
-import urllib.error
-import urllib.request
 
 import yaml
 
@@ -48,6 +45,7 @@ sys.path.insert(0, os.path.join(ROOT, 'tests', 'common'))
 sys.path.insert(0, os.path.join(ROOT, 'tools', 'chart'))
 from fake_kube_api import FakeKubeApi  # noqa: E402
 from test_ca import make_test_ca  # noqa: E402
+from tf_process import http_json, stop_processes  # noqa: E402
 import k8s_validate  # noqa: E402
 import rbac  # noqa: E402
 
@@ -92,16 +90,7 @@ class Controller:
         self.standby = 'standby' in line
 
     def call(self, method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header('Authorization', 'Bearer ' + self.token)
-        if data is not None:
-            req.add_header('Content-Type', 'application/json')
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read() or b'null')
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b'null')
+        return http_json(method, self.url + path, self.token, body)
 
     def ok(self, method, path, body=None):
         status, answer = self.call(method, path, body)
@@ -114,11 +103,7 @@ class Controller:
         return answer if status == 200 else None
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_processes([self.proc], timeout=10)
         self.log.close()
 
 

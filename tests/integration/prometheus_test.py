@@ -11,15 +11,16 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.parse
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
+import tf_process  # noqa: E402
+from tf_process import free_port, http_json, stop_processes  # noqa: E402
 
 TFUSION, FAKE_LIB_DIR, DASHBOARD = (map(os.path.abspath, sys.argv[1:4]) if len(sys.argv) >= 4
                                     else (None, None, None))
@@ -28,39 +29,8 @@ FAKE_GPU_MIB = 16384
 DEADLINE_S = float(os.environ.get("TF_TEST_DEADLINE_S", "90"))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what, probe, timeout=DEADLINE_S, interval=0.25):
-    """Calls probe() until it returns something truthy; fails naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-            if last:
-                return last
-        except Exception as e:  # the server may not be up yet
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def http(method, url, token=None, body=None):
-    req = urllib.request.Request(url, method=method,
-                                 data=None if body is None else json.dumps(body).encode())
-    if token:
-        req.add_header("Authorization", "Bearer " + token)
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+def wait_for(what, probe):
+    return tf_process.wait_for(what, probe, DEADLINE_S)
 
 
 class PrometheusScrapesTensorFusion(unittest.TestCase):
@@ -84,14 +54,7 @@ class PrometheusScrapesTensorFusion(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        for p in reversed(cls.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_processes(cls.procs)
         for f in cls.logs:
             f.close()
         shutil.rmtree(cls.dir, ignore_errors=True)
@@ -180,7 +143,7 @@ scrape_configs:
     # ---- helpers
 
     def api(self, method, path, body=None):
-        return http(method, self.url + path, self.token, body)
+        return http_json(method, self.url + path, self.token, body)
 
     def query(self, promql):
         """Instant query; returns the result list (raises on a PromQL error)."""

@@ -15,14 +15,16 @@ Usage: systemd_units_test.py TFUSION FAKE_LIB_DIR UNITS_DIR
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
+import tf_process  # noqa: E402
+from tf_process import free_port, stop_processes  # noqa: E402
 
 TFUSION, FAKE_LIB_DIR, UNITS = (map(os.path.abspath, sys.argv[1:4]) if len(sys.argv) >= 4
                                 else (None, None, None))
@@ -30,24 +32,8 @@ INSTALLED_BINARY = "/usr/local/bin/tfusion"
 DEADLINE_S = float(os.environ.get("TF_TEST_DEADLINE_S", "60"))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what, probe, timeout=DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = probe()
-            if last:
-                return last
-        except Exception as e:
-            last = e
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+def wait_for(what, probe):
+    return tf_process.wait_for(what, probe, DEADLINE_S, interval=0.2)
 
 
 def read_unit(path):
@@ -110,14 +96,7 @@ class SystemdUnits(unittest.TestCase):
         self.procs = []
 
     def tearDown(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_processes(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def service(self, name):
