@@ -199,6 +199,13 @@ Status NodeAgent::HeartbeatOnce() {
 }
 
 Status NodeAgent::SyncAllocations() {
+  Status st = SyncAllocationsOnce();
+  std::lock_guard<std::mutex> lock(mu_);
+  ++(st.ok() ? syncs_ok_ : syncs_failed_);
+  return st;
+}
+
+Status NodeAgent::SyncAllocationsOnce() {
   StatusOr<controller::HttpResponse> r = client_.Get("/v1/allocations?node=" + options_.node_name);
   TF_RETURN_IF_ERROR(FromHttp(r, "listing allocations"));
   json j = json::parse(r->body, nullptr, false);
@@ -334,6 +341,9 @@ std::string NodeAgent::MetricsText() const {
     o.Family("tf_node_heartbeats_total", Type::kCounter, "Heartbeats sent, by result.");
     o.Sample("tf_node_heartbeats_total", {{"node", node}, {"result", "ok"}}, static_cast<double>(heartbeats_ok_));
     o.Sample("tf_node_heartbeats_total", {{"node", node}, {"result", "failed"}}, static_cast<double>(heartbeats_failed_));
+    o.Family("tf_node_syncs_total", Type::kCounter, "Syncs of the node's vGPUs with the controller's allocations, by result.");
+    o.Sample("tf_node_syncs_total", {{"node", node}, {"result", "ok"}}, static_cast<double>(syncs_ok_));
+    o.Sample("tf_node_syncs_total", {{"node", node}, {"result", "failed"}}, static_cast<double>(syncs_failed_));
   }
   WriteVgpuMetrics(&o, regions_->dir(), options_.node_name);  // reads shared memory: not under mu_
   return o.Take();

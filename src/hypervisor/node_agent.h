@@ -66,7 +66,7 @@ class NodeAgent {
   Status HeartbeatOnce();
   // Reads this node's allocations and evictions from the controller, syncs the quota regions'
   // vGPUs and takes one step of stopping the processes of vGPUs whose allocation was taken back.
-  Status SyncAllocations();
+  Status SyncAllocations();  // counted in tf_node_syncs_total{result}
 
   std::vector<AgentGpu> gpus() const;
   // Why there are no GPUs ("no NVIDIA driver: ..."), empty when discovery worked.
@@ -75,6 +75,7 @@ class NodeAgent {
   std::string MetricsText() const;
 
  private:
+  Status SyncAllocationsOnce();
   Status Discover();
   Status Register();
 
@@ -97,6 +98,8 @@ class NodeAgent {
   std::vector<AgentGpu> gpus_;
   uint64_t heartbeats_ok_ = 0;
   uint64_t heartbeats_failed_ = 0;
+  uint64_t syncs_ok_ = 0;
+  uint64_t syncs_failed_ = 0;
   size_t vgpus_ = 0;  // vGPUs in this node's regions after the last sync
   size_t vgpus_stopping_ = 0;
   uint64_t sigterm_total_ = 0;

@@ -125,6 +125,12 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   auto a = c.Allocate(req);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   ASSERT_TRUE(agent.SyncAllocations().ok());
+  {  // each sync is counted by result (the failover benchmark watches it)
+    tf::testing::ParsedExposition m;
+    ASSERT_EQ(tf::testing::ParseExposition(agent.MetricsText(), &m), "") << agent.MetricsText();
+    EXPECT_GE(m.Value("tf_node_syncs_total", {{"result", "ok"}}), 1.0);
+    EXPECT_EQ(m.Value("tf_node_syncs_total", {{"result", "failed"}}), 0.0);
+  }
   limiter::GpuRegion* r = regions.region(a->vgpus[0].gpu_uuid);
   ASSERT_NE(r, nullptr);
   uint32_t index = 0;
