@@ -10,6 +10,7 @@ tf_node_process_signals_total) and that the new leader still holds both allocati
 the killed replica as the standby for the next round.
 
 Usage: failover_bench.py --tfusion build/src/cli/tfusion --fakecuda build/tests/fakecuda [--rounds 5]
+                         [--leader-ttl SECONDS]  (the replicas' --leader-ttl; default theirs, 10 s)
 """
 import argparse
 import json
@@ -90,6 +91,7 @@ def main():
     ap.add_argument('--tfusion', required=True)
     ap.add_argument('--fakecuda', required=True, help='folder of the fake libcuda/libnvidia-ml')
     ap.add_argument('--rounds', type=int, default=5)
+    ap.add_argument('--leader-ttl', type=int, default=0)
     a = ap.parse_args()
     if a.rounds < 1:
         raise SystemExit('failover_bench: --rounds must be at least 1')
@@ -114,8 +116,9 @@ def main():
         urls = {k: 'http://127.0.0.1:%d' % p for k, p in ports.items()}
 
         def start_controller(k):
+            ttl = ['--leader-ttl', str(a.leader_ttl)] if a.leader_ttl else []
             start('controller-' + k, [a.tfusion, 'controller', '--port', str(ports[k]), '--store', 'etcd:' + etcd,
-                                      '--token', TOKEN, '--identity', urls[k]])
+                                      '--token', TOKEN, '--identity', urls[k]] + ttl)
         start_controller('a')
         wait(lambda: serving(urls['a']), 30, 'the first replica leads')
         start_controller('b')
@@ -132,7 +135,8 @@ def main():
             post(urls['a'], '/v1/allocations', {'percent': 10, 'vram_mib': 64})
         wait(lambda: metric(metrics_url, 'tf_node_vgpus') == 2, 30, 'the agent holds both vGPUs')
 
-        print('failover_bench: %d rounds; etcd, two controller replicas, one agent with both URLs' % a.rounds)
+        print('failover_bench: %d rounds; etcd, two controller replicas (lease TTL %s), one agent with both URLs'
+              % (a.rounds, '%d s' % a.leader_ttl if a.leader_ttl else 'default'))
         print('%-5s %-8s %18s %18s %6s %6s %8s' % ('round', 'killed', 'standby_serves_s', 'agent_served_s',
                                                    'vgpus', 'stops', 'allocs'))
         results = []

@@ -177,6 +177,10 @@ int main(int argc, char** argv) {
                       "SQLite: power (fsync every commit) or process (survives a controller crash; "
                       "power loss may lose about the last second)")->capture_default_str();
   ctl_cmd->add_option("--identity", ctl.identity, "replica name for leader election");
+  ctl_cmd->add_option("--leader-ttl", ctl.leader_ttl_seconds,
+                      "seconds the leader's etcd lease lives without renewal: a standby takes over about this "
+                      "long after the leader dies (renewed every third of it)")
+      ->check(CLI::Range(2, 60))->capture_default_str();
   ctl_cmd->add_option("--history-interval", ctl.history_interval_seconds,
                       "seconds between two samples of the usage history (console charts; kept 1 h)")
       ->check(CLI::Range(1, 60))->capture_default_str();
