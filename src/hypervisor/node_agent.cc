@@ -160,24 +160,24 @@ Status NodeAgent::HeartbeatOnce() {
       json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
                     {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
                     {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}};
-      json procs = json::array();  // its live processes (pids as the region records them)
-      for (uint32_t k = 0; k < snap->process_count && procs.size() < 256; ++k) {
+      // Its live processes (pids as the region records them) and, with tiering, where their VRAM
+      // is (mixed when they differ).
+      json procs = json::array();
+      std::string state;
+      int64_t swapped = 0;
+      for (uint32_t k = 0; k < snap->process_count; ++k) {
         const limiter::ProcessInfo& p = snap->processes[k];
         if (p.vgpu_index != v.index) continue;
-        procs.push_back({{"pid", p.pid}, {"vram_bytes", static_cast<int64_t>(p.vram_bytes)}});
+        if (procs.size() < 256)  // what the controller accepts per vGPU
+          procs.push_back({{"pid", p.pid}, {"vram_bytes", static_cast<int64_t>(p.vram_bytes)}});
+        if (!v.tier_enabled || p.tier_state == limiter::kTierOff) continue;
+        const std::string s = limiter::TierStateLabel(p.tier_state);
+        state = state.empty() || state == s ? s : "mixed";
+        swapped += static_cast<int64_t>(p.host_bytes) +
+                   (p.tier_state == limiter::kTierOnDisk ? static_cast<int64_t>(p.movable_bytes) : 0);
       }
       entry["processes"] = std::move(procs);
-      if (v.tier_enabled) {  // where its processes' VRAM is (mixed when they differ)
-        std::string state;
-        int64_t swapped = 0;
-        for (uint32_t k = 0; k < snap->process_count; ++k) {
-          const limiter::ProcessInfo& p = snap->processes[k];
-          if (p.vgpu_index != v.index || p.tier_state == limiter::kTierOff) continue;
-          const std::string s = limiter::TierStateLabel(p.tier_state);
-          state = state.empty() || state == s ? s : "mixed";
-          swapped += static_cast<int64_t>(p.host_bytes) +
-                     (p.tier_state == limiter::kTierOnDisk ? static_cast<int64_t>(p.movable_bytes) : 0);
-        }
+      if (v.tier_enabled) {
         entry["tier_state"] = state.empty() ? "resident" : state;
         entry["swapped_bytes"] = swapped;
       }

@@ -309,6 +309,18 @@ void FreeHostCopy(Range* r) {
   r->registered.clear();
 }
 
+// Unpins and unmaps a range's kept copy; returning its budget is the caller's.
+void DropKept(Range* r) {
+  Range copy;
+  copy.size = r->size;
+  copy.ctx = r->ctx;
+  copy.host = r->kept;
+  copy.registered = std::move(r->kept_registered);
+  FreeHostCopy(&copy);
+  r->kept = nullptr;
+  r->kept_registered.clear();
+}
+
 // REQUIRES s.mu. Frees every kept copy. Their budget is returned first, so that other keepers
 // asked to free theirs see it and keep their own.
 void FreeKeptLocked(State& s) {
@@ -318,15 +330,7 @@ void FreeKeptLocked(State& s) {
   s.binding->region.SetHostKept(s.binding->slot, 0);
   s.binding->region.ReleaseHostTier(bytes);
   for (auto& [base, r] : s.ranges) {
-    if (r.kept == nullptr) continue;
-    Range copy;
-    copy.size = r.size;
-    copy.ctx = r.ctx;
-    copy.host = r.kept;
-    copy.registered = std::move(r.kept_registered);
-    FreeHostCopy(&copy);
-    r.kept = nullptr;
-    r.kept_registered.clear();
+    if (r.kept != nullptr) DropKept(&r);
   }
 }
 
@@ -1060,9 +1064,7 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
     s.kept -= r.size;
     s.binding->region.SetHostKept(s.binding->slot, s.kept);
     s.binding->region.ReleaseHostTier(r.size);
-    r.host = r.kept;
-    r.registered = std::move(r.kept_registered);
-    FreeHostCopy(&r);
+    DropKept(&r);
   }
   if (r.fd >= 0) {
     close(r.fd);
