@@ -34,7 +34,7 @@ namespace tf::limiter {
 namespace {
 
 constexpr int kMaxTables = 8;
-constexpr int kMaxSlots = 96;
+constexpr int kMaxSlots = 128;
 
 using Slot = uint64_t (*)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
 
