@@ -236,15 +236,39 @@ struct SyncProfile {
   }
 };
 
+// The transport's placer while a call with a CopyDataPlace waits: copy data of that call goes
+// where place says.
+struct Placement {
+  uint64_t seq;
+  CopyDataPlace place;
+  void* ctx;
+};
+
+uint8_t* PlaceCopyData(void* ctx, const transport::FrameHeader& h, const uint8_t* payload,
+                       uint32_t payload_length, uint64_t bulk_length) {
+  auto* p = static_cast<Placement*>(ctx);
+  if (h.opcode != remote::kEvtCopyData) return nullptr;
+  transport::Reader rd(payload, payload_length);
+  uint64_t call = 0, offset = 0;
+  rd.U64(&call);
+  rd.U64(&offset);
+  if (!rd.Finish() || call != p->seq) return nullptr;
+  return p->place(p->ctx, offset, bulk_length);
+}
+
 CUresult CallSyncImpl(Session* s, uint16_t op, const transport::Writer& payload, ReplyView* reply,
-                      const void* bulk, uint64_t bulk_len, CopyDataSink sink, void* sink_ctx) {
+                      const void* bulk, uint64_t bulk_len, CopyDataSink sink, void* sink_ctx,
+                      CopyDataPlace place = nullptr) {
   uint64_t seq = 0;
   SyncProfile* prof = SyncProfile::Get();
   const int64_t t0 = prof ? transport::MonotonicNowNs() : 0;
   CUresult r = SendFrame(s, op, transport::kFlagReplyExpected, payload, bulk, bulk_len, &seq);
   if (r != CUDA_SUCCESS) return r;
   InFrame in;
+  Placement placement{seq, place, sink_ctx};
+  const bool placed = place != nullptr && s->transport->SetBulkPlacer(&PlaceCopyData, &placement);
   r = AwaitReply(s, seq, &in, sink, sink_ctx);
+  if (placed) s->transport->SetBulkPlacer(nullptr, nullptr);
   if (prof) prof->times.Add(op, transport::MonotonicNowNs() - t0);
   if (r != CUDA_SUCCESS) return r;
   transport::Reader rd(in.payload, in.payload_length);
@@ -283,8 +307,8 @@ CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, Rep
 }
 
 CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payload,
-                          CopyDataSink sink, void* sink_ctx) {
-  return CallSyncImpl(s, op, payload, nullptr, nullptr, 0, sink, sink_ctx);
+                          CopyDataSink sink, void* sink_ctx, CopyDataPlace place) {
+  return CallSyncImpl(s, op, payload, nullptr, nullptr, 0, sink, sink_ctx, place);
 }
 
 namespace {

@@ -191,9 +191,14 @@ CUresult CallSync(Session* s, uint16_t op, const transport::Writer& payload, Rep
 // CallSync for a call whose data arrives as kEvtCopyData frames before its reply: each one is
 // handed to sink(ctx, offset, bytes, length) (views valid during the call only); the sink
 // returns false for a slice it refuses (out of bounds), which breaks the connection.
+// With `place`, a slice's bytes are read from the connection straight into place(ctx, offset,
+// length) where the transport can (TCP), and the sink then gets that memory as the data; place
+// returns nullptr for a slice it refuses (the bytes then land in the transport's memory and the
+// sink decides).
 using CopyDataSink = bool (*)(void* ctx, uint64_t offset, const uint8_t* data, uint64_t len);
+using CopyDataPlace = uint8_t* (*)(void* ctx, uint64_t offset, uint64_t len);
 CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payload,
-                          CopyDataSink sink, void* sink_ctx);
+                          CopyDataSink sink, void* sink_ctx, CopyDataPlace place = nullptr);
 // Hook for event frames (opcode >= 0x8100) that arrive while a call waits for its reply
 // (host functions, client_callbacks.cc). The frame's views are valid during the call only.
 void HandleEventFrame(Session* s, const transport::InFrame& in);

@@ -19,6 +19,7 @@
 
 #include "transport/socket_io.h"
 #include "transport/sync.h"
+#include "transport/tcp_bulk_arena.h"
 
 namespace tf::transport {
 
@@ -92,7 +93,7 @@ class TcpTransport final : public Transport {
 
   bool Start() {
     if (!queue_.Reserve(kSendQueueBytes) || !inflight_.Reserve(kSendQueueBytes) ||
-        !rbuf_.Reserve(kRecvBufferBytes)) {
+        !rbuf_.Reserve(kRecvBufferBytes) || !arena_.Init(options_.tcp_arena_bytes)) {
       return false;
     }
     if (pthread_create(&flusher_, nullptr, &TcpTransport::FlusherMain, this) != 0) return false;
@@ -105,8 +106,26 @@ class TcpTransport final : public Transport {
   TransportStatus Receive(InFrame* frame, int timeout_ms) override;
   void Close() override;
 
+  bool BulkMemory(void** base, uint64_t* length) const override {
+    *base = arena_.base();
+    *length = arena_.length();
+    return true;
+  }
+  bool HoldBulk(uint64_t* token) override;
+  void ReleaseBulk(uint64_t token) override { arena_.ReleaseIncoming(token); }
+  TransportStatus ReserveBulk(uint64_t n, int timeout_ms, void** data) override;
+  bool SetBulkPlacer(BulkPlacer place, void* ctx) override {
+    placer_ = place;
+    placer_ctx_ = ctx;
+    return true;
+  }
+
   uint32_t max_payload_bytes() const override { return kMaxPayloadBytes; }
-  uint64_t max_bulk_bytes() const override { return kMaxBulkBytes; }
+  // Sent and reserved bulk: a quarter of the arena, so that two slices can be in flight in each
+  // direction (as on shared memory). Received bulk may be as large as kMaxBulkBytes.
+  uint64_t max_bulk_bytes() const override {
+    return arena_.half() / 2 < kMaxBulkBytes ? arena_.half() / 2 : kMaxBulkBytes;
+  }
   const ServerHello& session() const override { return session_; }
   const char* kind() const override { return "tcp"; }
 
@@ -141,17 +160,22 @@ class TcpTransport final : public Transport {
   pthread_t flusher_{};
   bool flusher_started_ = false;
 
+  internal::TcpBulkArena arena_;
+
   // Receive side, used by one thread at a time.
   ByteBuf rbuf_;
   size_t rstart_ = 0, rend_ = 0;
   size_t pending_consume_ = 0;  // bytes of the frame last returned, released at the next Receive
-  ByteBuf bulk_;
+  uint64_t pending_slice_ = 0;  // arena slice of that frame's bulk, released at the next Receive
+  ByteBuf bulk_;                // bulk that did not fit the arena, or too large for it
+  BulkPlacer placer_ = nullptr;
+  void* placer_ctx_ = nullptr;
   TransportStatus rx_error_;  // sticky
 };
 
 TransportStatus TcpTransport::Send(const OutFrame& f) {
   if (closed_.load(std::memory_order_acquire)) return ClosedStatus();
-  if (f.payload_length > kMaxPayloadBytes || f.bulk_length > kMaxBulkBytes ||
+  if (f.payload_length > kMaxPayloadBytes || f.bulk_length > max_bulk_bytes() ||
       (f.payload_length && f.payload == nullptr) || (f.bulk_length && f.bulk == nullptr) ||
       (f.flags & ~(kFlagReplyExpected | kFlagError))) {
     return TransportStatus::Error(TransportErrc::kInvalidArgument, 0,
@@ -159,7 +183,13 @@ TransportStatus TcpTransport::Send(const OutFrame& f) {
                                   "%llu), flags 0x%x",
                                   f.payload_length, kMaxPayloadBytes,
                                   static_cast<unsigned long long>(f.bulk_length),
-                                  static_cast<unsigned long long>(kMaxBulkBytes), f.flags);
+                                  static_cast<unsigned long long>(max_bulk_bytes()), f.flags);
+  }
+  // Reserved slices go out in reservation order, before any other frame with bulk (as on shm).
+  if (f.bulk_reserved ? !arena_.IsOldestReserved(f.bulk, f.bulk_length)
+                      : f.bulk_length > 0 && arena_.HasReserved()) {
+    return TransportStatus::Error(TransportErrc::kInvalidArgument, 0,
+                                  "bulk frame out of order: reserved slices go first, in order");
   }
   FrameHeader h;
   h.version = session_.version;
@@ -214,6 +244,7 @@ TransportStatus TcpTransport::Send(const OutFrame& f) {
       {const_cast<void*>(f.bulk), static_cast<size_t>(f.bulk_length)},
   };
   TransportStatus st = internal::SendAll(fd_, iov, 5, deadline);
+  if (f.bulk_reserved) arena_.Sent();  // the socket has the bytes (or the connection is broken)
 
   tx_mu_.Lock();
   inflight_.size = 0;
@@ -317,6 +348,8 @@ TransportStatus TcpTransport::Receive(InFrame* frame, int timeout_ms) {
   rstart_ += pending_consume_;
   pending_consume_ = 0;
   if (rstart_ == rend_) rstart_ = rend_ = 0;
+  if (pending_slice_ != 0) arena_.ReleaseIncoming(pending_slice_);
+  pending_slice_ = 0;
 
   TransportStatus st = Fill(kFrameHeaderSize, DeadlineAfterMs(timeout_ms));
   const int64_t io_deadline = DeadlineAfterMs(options_.io_timeout_ms);
@@ -350,28 +383,65 @@ TransportStatus TcpTransport::Receive(InFrame* frame, int timeout_ms) {
                              kBulkDescriptorSize, &d);
     if (e == WireError::kOk && d.arena_offset != 0) e = WireError::kMalformed;
     if (e != WireError::kOk) return fail(ProtocolError("bulk descriptor", e));
-    if (!bulk_.Reserve(d.length ? d.length : 1)) {
-      return fail(TransportStatus::Error(TransportErrc::kResourceExhausted, ENOMEM,
-                                         "bulk buffer of %llu bytes",
-                                         static_cast<unsigned long long>(d.length)));
+    // Where the bulk lands: where the receiver's placer says (a copy's destination), else a
+    // slice of the arena (memory the worker registered with its driver), else the heap.
+    uint8_t* dst = placer_ != nullptr && d.length > 0
+                       ? placer_(placer_ctx_, h, frame->payload, h.payload_length, d.length)
+                       : nullptr;
+    if (dst == nullptr && d.length > 0) dst = arena_.TakeIncoming(d.length, &pending_slice_);
+    if (dst == nullptr) {
+      if (!bulk_.Reserve(d.length ? d.length : 1)) {
+        return fail(TransportStatus::Error(TransportErrc::kResourceExhausted, ENOMEM,
+                                           "bulk buffer of %llu bytes",
+                                           static_cast<unsigned long long>(d.length)));
+      }
+      dst = bulk_.data;
     }
     // Whatever of the bulk is already buffered, then straight from the socket.
     size_t buffered = rend_ - rstart_ - head;
     if (buffered > d.length) buffered = d.length;
-    memcpy(bulk_.data, rbuf_.data + rstart_ + head, buffered);
+    memcpy(dst, rbuf_.data + rstart_ + head, buffered);
     pending_consume_ += buffered;
     if (buffered < d.length) {
-      st = internal::RecvExact(fd_, bulk_.data + buffered, d.length - buffered, io_deadline);
+      st = internal::RecvExact(fd_, dst + buffered, d.length - buffered, io_deadline);
       if (!st.ok()) return fail(closed_.load() ? ClosedStatus() : st);
     }
-    frame->bulk = bulk_.data;
+    frame->bulk = dst;
     frame->bulk_length = d.length;
   }
   return TransportStatus::Ok();
 }
 
+bool TcpTransport::HoldBulk(uint64_t* token) {
+  if (pending_slice_ == 0) return false;
+  *token = pending_slice_;
+  pending_slice_ = 0;  // no longer released by the next Receive
+  return true;
+}
+
+TransportStatus TcpTransport::ReserveBulk(uint64_t n, int timeout_ms, void** data) {
+  *data = nullptr;
+  if (n == 0 || n > max_bulk_bytes()) {
+    return TransportStatus::Error(TransportErrc::kInvalidArgument, 0,
+                                  "bulk reservation of %llu bytes (max %llu)",
+                                  static_cast<unsigned long long>(n),
+                                  static_cast<unsigned long long>(max_bulk_bytes()));
+  }
+  if (closed_.load(std::memory_order_acquire)) return ClosedStatus();
+  {
+    MutexLock l(&tx_mu_);
+    if (!tx_error_.ok()) return tx_error_;
+  }
+  uint8_t* p = nullptr;
+  TransportStatus st = arena_.Reserve(n, DeadlineAfterMs(timeout_ms), &p);
+  if (!st.ok()) return closed_.load(std::memory_order_acquire) ? ClosedStatus() : st;
+  *data = p;
+  return TransportStatus::Ok();
+}
+
 void TcpTransport::Close() {
   if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+  arena_.Shutdown();
   {
     MutexLock l(&tx_mu_);
     stopping_ = true;

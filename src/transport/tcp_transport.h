@@ -5,6 +5,11 @@
 //   sendmsg (batching without timers). A frame that expects a reply, carries bulk, or is large is
 //   written by the calling thread together with the queue ahead of it (header, payload, bulk
 //   descriptor and bulk in one sendmsg, no extra copy of the bulk).
+// - Bulk memory (tcp_bulk_arena.h): incoming bulk is read from the socket into a slice of this
+//   process's arena (which a worker registers with its driver, then DMAs from the slice while the
+//   next one arrives: HoldBulk/ReleaseBulk), or straight into the receiver's memory
+//   (SetBulkPlacer); outgoing slices are reserved in the arena, filled in place and sent from it
+//   (ReserveBulk). max_bulk_bytes() is a quarter of TransportOptions::tcp_arena_bytes.
 // - A process that dies is noticed at once (the kernel resets or closes its sockets); a host that
 //   goes silent is noticed by TCP keepalive plus TCP_USER_TIMEOUT after about
 //   liveness_timeout_ms + 2 s.

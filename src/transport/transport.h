@@ -44,7 +44,15 @@ struct TransportOptions {
   // poll(), and the sender's flusher thread waits this long for more frames before sleeping, so
   // that a stream of small asynchronous calls does not pay a wake-up per frame. 0: never spin.
   uint32_t tcp_spin_ns = 20000;
+  // TCP only: this process's bulk memory for the connection (half for incoming bulk, half for
+  // reserved outgoing slices; max_bulk_bytes() is a quarter). Anonymous memory, touched as used.
+  uint64_t tcp_arena_bytes = 64ull << 20;
 };
+
+// Where the bulk of an incoming frame should land (Transport::SetBulkPlacer): memory for
+// bulk_length bytes, or nullptr for the transport's own. Given the frame's header and payload.
+using BulkPlacer = uint8_t* (*)(void* ctx, const FrameHeader& header, const uint8_t* payload,
+                                uint32_t payload_length, uint64_t bulk_length);
 
 // A frame to send. The transport sets the version, and kFlagBulkFollows iff bulk_length > 0.
 struct OutFrame {
@@ -130,6 +138,17 @@ class Transport {
   // with OutFrame::bulk == *data and bulk_reserved. Waits up to timeout_ms for space (kTimeout:
   // nothing reserved, the transport stays usable). kInvalidArgument when unsupported.
   virtual TransportStatus ReserveBulk(uint64_t n, int timeout_ms, void** data);
+  //
+  // Receiving bulk into the caller's memory (TCP: read from the socket straight into it, no
+  // copy afterwards): while a placer is set, Receive asks it where each frame's bulk goes before
+  // reading it, and the frame's bulk view is that memory. Set and cleared (nullptr) by the thread
+  // that receives, between Receives. False when unsupported (the bulk stays in the transport's
+  // memory; shm's already lies in the shared arena).
+  virtual bool SetBulkPlacer(BulkPlacer place, void* ctx) {
+    (void)place;
+    (void)ctx;
+    return false;
+  }
 
   virtual uint32_t max_payload_bytes() const = 0;
   virtual uint64_t max_bulk_bytes() const = 0;

@@ -291,9 +291,6 @@ TEST_P(TransportTest, SharedHostMemoryTravelsInOrderWithItsRegionId) {
   if (!is_shm()) {
     EXPECT_FALSE(client->CanShareHostMemory());
     EXPECT_EQ(client->OfferHostMemory(1, fd).code(), TransportErrc::kInvalidArgument);
-    void* base = nullptr;
-    uint64_t len = 0;
-    EXPECT_FALSE(server->BulkMemory(&base, &len));
     close(fd);
     return;
   }
@@ -327,16 +324,17 @@ TEST_P(TransportTest, SharedHostMemoryTravelsInOrderWithItsRegionId) {
 
 TEST_P(TransportTest, HeldSlicesStayValidAndReservedSlicesGoOutInOrder) {
   options_.shm_arena_bytes = 8u << 20;  // 2 MiB slices: holding two fills a half
+  options_.tcp_arena_bytes = 8u << 20;
   std::unique_ptr<Transport> client, server;
   MakePair(&client, &server);
-  if (!is_shm()) {
-    uint64_t token = 0;
-    void* data = nullptr;
-    EXPECT_FALSE(server->HoldBulk(&token));
-    EXPECT_EQ(server->ReserveBulk(64, 0, &data).code(), TransportErrc::kInvalidArgument);
-    return;
-  }
   const uint64_t slice = client->max_bulk_bytes();
+  ASSERT_EQ(slice, 2u << 20);
+  void* arena = nullptr;
+  uint64_t arena_len = 0;
+  ASSERT_TRUE(server->BulkMemory(&arena, &arena_len)) << "memory a worker registers once";
+  auto in_arena = [&](const uint8_t* p) {
+    return p >= static_cast<uint8_t*>(arena) && p < static_cast<uint8_t*>(arena) + arena_len;
+  };
   std::vector<uint8_t> buf(slice);
   // Client -> server: the server holds two slices (the whole half) across later Receives and
   // releases them out of order; the client's next Send waits until both are back.
@@ -364,7 +362,33 @@ TEST_P(TransportTest, HeldSlicesStayValidAndReservedSlicesGoOutInOrder) {
     FillPattern(i * slice, expect.data(), slice);
     EXPECT_EQ(0, memcmp(views[i], expect.data(), slice)) << "held slice " << i;
   }
+  for (uint64_t i = 0; i < 2; ++i) EXPECT_TRUE(in_arena(views[i])) << "slice " << i;
+  if (!is_shm()) {
+    // TCP: the sender never waits for the receiver's holds. With the arena's half held, the next
+    // frame is read into other memory (intact, but it cannot be held); once the slices are back,
+    // bulk lands in the arena again.
+    FillPattern(77, buf.data(), slice);
+    OutFrame f;
+    f.opcode = 0x0100;
+    f.bulk = buf.data();
+    f.bulk_length = slice;
+    ASSERT_TRUE(client->Send(f).ok());
+    InFrame in;
+    ASSERT_TRUE(server->Receive(&in, 5000).ok());
+    EXPECT_FALSE(in_arena(in.bulk));
+    FillPattern(77, expect.data(), slice);
+    EXPECT_EQ(0, memcmp(in.bulk, expect.data(), slice));
+    uint64_t token = 0;
+    EXPECT_FALSE(server->HoldBulk(&token));
+    server->ReleaseBulk(tokens[1]);
+    server->ReleaseBulk(tokens[0]);
+    ASSERT_TRUE(client->Send(f).ok());
+    ASSERT_TRUE(server->Receive(&in, 5000).ok());
+    EXPECT_TRUE(in_arena(in.bulk));
+    EXPECT_EQ(0, memcmp(in.bulk, expect.data(), slice));
+  }
   std::thread release([&] {
+    if (!is_shm()) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     server->ReleaseBulk(tokens[1]);
     server->ReleaseBulk(tokens[0]);  // only now does the space come back
@@ -410,6 +434,65 @@ TEST_P(TransportTest, HeldSlicesStayValidAndReservedSlicesGoOutInOrder) {
   ASSERT_TRUE(client->Receive(&in, 5000).ok());
   ASSERT_EQ(in.bulk_length, 2000u);
   EXPECT_EQ(in.bulk[0], 0xb2);
+}
+
+// TCP reads a frame's bulk straight into the memory the receiver's placer names (a copy's
+// destination), and into its own memory where the placer declines; shm has no placer (its bulk
+// already lies in the shared arena).
+TEST_P(TransportTest, BulkLandsWhereThePlacerSays) {
+  std::unique_ptr<Transport> client, server;
+  MakePair(&client, &server);
+  struct Target {
+    std::vector<uint8_t> memory = std::vector<uint8_t>(1 << 20);
+    int asked = 0;
+  } target;
+  auto place = [](void* ctx, const FrameHeader& h, const uint8_t* payload, uint32_t payload_length,
+                  uint64_t bulk_length) -> uint8_t* {
+    auto* t = static_cast<Target*>(ctx);
+    ++t->asked;
+    // Frames of opcode 0x0101 go to the offset their payload names; others are declined.
+    if (h.opcode != 0x0101 || payload_length != 4) return nullptr;
+    uint32_t off = 0;
+    memcpy(&off, payload, 4);
+    return off + bulk_length <= t->memory.size() ? t->memory.data() + off : nullptr;
+  };
+  if (!server->SetBulkPlacer(place, &target)) {
+    EXPECT_TRUE(is_shm());
+    return;
+  }
+  std::vector<uint8_t> bulk(300000);
+  FillPattern(5, bulk.data(), bulk.size());
+  const uint32_t offsets[] = {12345, 0, 700001};  // the last one does not fit: declined
+  for (uint32_t off : offsets) {
+    OutFrame f;
+    f.opcode = 0x0101;
+    f.payload = &off;
+    f.payload_length = 4;
+    f.bulk = bulk.data();
+    f.bulk_length = bulk.size();
+    ASSERT_TRUE(client->Send(f).ok());
+    InFrame in;
+    TransportStatus st = server->Receive(&in, 5000);
+    ASSERT_TRUE(st.ok()) << Describe(st);
+    ASSERT_EQ(in.bulk_length, bulk.size());
+    EXPECT_EQ(0, memcmp(in.bulk, bulk.data(), bulk.size())) << "offset " << off;
+    const bool placed = off + bulk.size() <= target.memory.size();
+    EXPECT_EQ(in.bulk == target.memory.data() + off, placed) << "offset " << off;
+  }
+  EXPECT_EQ(target.asked, 3);
+  ASSERT_TRUE(server->SetBulkPlacer(nullptr, nullptr));
+  OutFrame f;
+  f.opcode = 0x0101;
+  uint32_t zero = 0;
+  f.payload = &zero;
+  f.payload_length = 4;
+  f.bulk = bulk.data();
+  f.bulk_length = 100;
+  ASSERT_TRUE(client->Send(f).ok());
+  InFrame in;
+  ASSERT_TRUE(server->Receive(&in, 5000).ok());
+  EXPECT_NE(in.bulk, target.memory.data()) << "no placer: the transport's own memory";
+  EXPECT_EQ(target.asked, 3);
 }
 
 TEST_P(TransportTest, ReceiveTimesOutAndStaysUsable) {

@@ -4,7 +4,9 @@
 //
 // Modes: pinned [--no-zero-copy] (kernels writing through cuMemHostGetDevicePointer are skipped:
 // without host regions or mirrors page-locked memory is client memory the worker cannot reach),
-// pageable, hold (allocates page-locked memory, prints ready=1 and waits to be killed), bench
+// pageable, odd (copies of odd sizes and offsets), copy-results (a large copy each way, results
+// printed: the tests cut the connection), hold (allocates page-locked memory, prints ready=1
+// and waits to be killed), bench
 // [MiB] [reps] (copy bandwidth; no kernels, so it runs on a real driver too), mapped (zero-copy
 // memory written by kernels, copies, host functions and the host, in both directions: mirrors
 // over TCP), managed (cuMemAllocManaged and the calls about it).
@@ -167,6 +169,80 @@ int Pageable() {
   std::printf("pageable_odd_equal=%d\n", memcmp(bytes_back + 5, bytes + 7, n) == 0);
   CHECK(cuStreamDestroy(s));
   CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
+// Copies of odd sizes at odd offsets, around the sizes where copies are cut into slices (4 MiB
+// pipelined slices, the transport's bulk limit), from and to pageable and page-locked memory,
+// synchronous and asynchronous: every byte must come back. Prints odd_copies=N and
+// odd_mismatch=0 (or the first failing copy).
+int OddCopies() {
+  Setup();
+  constexpr size_t kMiB = 1 << 20;
+  const size_t sizes[] = {1, 7, 4095, 65537, 4 * kMiB - 1, 4 * kMiB + 1, 12 * kMiB + 5,
+                          16 * kMiB - 3, 16 * kMiB + 13, 37 * kMiB + 11};
+  const size_t kMax = 37 * kMiB + 11 + 64;
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, kMax));
+  std::vector<uint8_t> pageable_src(kMax), pageable_dst(kMax);
+  void* pinned_src = nullptr;
+  void* pinned_dst = nullptr;
+  CHECK(cuMemAllocHost(&pinned_src, kMax));
+  CHECK(cuMemAllocHost(&pinned_dst, kMax));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  int copies = 0;
+  uint32_t seed = 1;
+  for (int pinned = 0; pinned < 2; ++pinned) {
+    auto* src = pinned ? static_cast<uint8_t*>(pinned_src) : pageable_src.data();
+    auto* dst = pinned ? static_cast<uint8_t*>(pinned_dst) : pageable_dst.data();
+    for (int async = 0; async < 2; ++async) {
+      for (size_t n : sizes) {
+        const size_t src_off = seed % 61, dev_off = (seed * 7) % 53, dst_off = (seed * 13) % 59;
+        for (size_t i = 0; i < n; ++i) src[src_off + i] = static_cast<uint8_t>(Pattern(i, seed) >> 7);
+        memset(dst, 0xee, kMax);
+        if (async) {
+          CHECK(cuMemcpyHtoDAsync(d + dev_off, src + src_off, n, s));
+          CHECK(cuMemcpyDtoHAsync(dst + dst_off, d + dev_off, n, s));
+          CHECK(cuStreamSynchronize(s));
+        } else {
+          CHECK(cuMemcpyHtoD(d + dev_off, src + src_off, n));
+          CHECK(cuMemcpyDtoH(dst + dst_off, d + dev_off, n));
+        }
+        const bool body = memcmp(dst + dst_off, src + src_off, n) == 0;
+        const bool edges = (dst_off == 0 || dst[dst_off - 1] == 0xee) &&
+                           (dst_off + n >= kMax || dst[dst_off + n] == 0xee);
+        if (!body || !edges) {
+          std::printf("odd_mismatch=%s %s %zu bytes (src+%zu dev+%zu dst+%zu)%s\n",
+                      pinned ? "pinned" : "pageable", async ? "async" : "sync", n, src_off, dev_off,
+                      dst_off, body ? ": bytes outside the copy changed" : "");
+          return 1;
+        }
+        ++copies;
+        seed = seed * 1103515245u + 12345u;
+      }
+    }
+  }
+  CHECK(cuStreamDestroy(s));
+  CHECK(cuMemFreeHost(pinned_src));
+  CHECK(cuMemFreeHost(pinned_dst));
+  CHECK(cuMemFree(d));
+  std::printf("odd_copies=%d\nodd_mismatch=0\n", copies);
+  return 0;
+}
+
+// A 256 MiB copy each way with the results printed rather than checked (htod_result=,
+// dtoh_result=): the tests cut the connection in the middle of one of them.
+int CopyResults() {
+  Setup();
+  constexpr size_t kBytes = 256u << 20;
+  std::vector<uint8_t> buf(kBytes, 3);
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, kBytes));
+  std::printf("htod_result=%d\n", static_cast<int>(cuMemcpyHtoD(d, buf.data(), kBytes)));
+  std::fflush(stdout);
+  std::printf("dtoh_result=%d\n", static_cast<int>(cuMemcpyDtoH(buf.data(), d, kBytes)));
   std::printf("done=1\n");
   return 0;
 }
@@ -420,6 +496,8 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "hold")) return Hold();
   if (!strcmp(mode, "mapped")) return Mapped();
   if (!strcmp(mode, "managed")) return Managed();
+  if (!strcmp(mode, "odd")) return OddCopies();
+  if (!strcmp(mode, "copy-results")) return CopyResults();
   if (!strcmp(mode, "bench")) {
     return Bench(argc > 2 ? strtoul(argv[2], nullptr, 10) : 256, argc > 3 ? atoi(argv[3]) : 5);
   }

@@ -4,8 +4,11 @@
 // user would notice: the same results as on the driver itself, errors that arrive when CUDA would
 // report them, a refused token, a dead worker that turns into errors quickly, and a dead client
 // whose memory comes back.
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/mman.h>
 #include <cuda.h>
 #include <gtest/gtest.h>
@@ -15,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -929,6 +933,127 @@ TEST_F(RemoteTest, LargePageableCopiesArriveIntactOverBothTransports) {
     EXPECT_EQ(r.kv["done"], "1");
     std::printf("%s: %s", addr.c_str(), r.out.substr(r.out.find("pageable 256")).c_str());
   }
+}
+
+TEST_F(RemoteTest, OddSizesAndOffsetsCopyExactlyOverBothTransports) {
+  StartWorker();
+  for (const std::string& addr : {unix_, tcp_}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "odd"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["odd_mismatch"], "0") << addr;
+    EXPECT_EQ(r.kv["odd_copies"], "40") << addr;
+  }
+}
+
+// A TCP relay between a client and the worker that cuts both connections once `limit` bytes
+// have gone one way (client to worker when upstream, else worker to client): a network that
+// drops in the middle of a copy.
+class CuttingRelay {
+ public:
+  CuttingRelay(const std::string& worker, bool upstream, uint64_t limit)
+      : upstream_(upstream), limit_(limit) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(listen_fd_, 1) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return;
+    }
+    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    const size_t colon = worker.rfind(':');
+    worker_.sin_family = AF_INET;
+    worker_.sin_port = htons(static_cast<uint16_t>(std::stoi(worker.substr(colon + 1))));
+    inet_pton(AF_INET, worker.substr(0, colon).c_str(), &worker_.sin_addr);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~CuttingRelay() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+  }
+  const std::string& address() const { return address_; }
+  bool cut() const { return cut_; }
+
+ private:
+  void Run() {
+    pollfd lp{listen_fd_, POLLIN, 0};
+    while (!stop_ && poll(&lp, 1, 50) == 0) {
+    }
+    if (stop_) return;
+    int client = accept(listen_fd_, nullptr, nullptr);
+    int worker = socket(AF_INET, SOCK_STREAM, 0);
+    if (client < 0 || connect(worker, reinterpret_cast<sockaddr*>(&worker_), sizeof(worker_)) != 0) {
+      close(client);
+      close(worker);
+      return;
+    }
+    std::vector<char> buf(1 << 20);
+    uint64_t moved = 0;
+    while (!stop_) {
+      pollfd p[2] = {{client, POLLIN, 0}, {worker, POLLIN, 0}};
+      if (poll(p, 2, 50) <= 0) continue;
+      bool closed = false;
+      for (int i = 0; i < 2 && !closed; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const bool from_client = i == 0;
+        ssize_t n = read(p[i].fd, buf.data(), buf.size());
+        if (n <= 0) {
+          closed = true;
+          break;
+        }
+        if (from_client == upstream_ && (moved += static_cast<uint64_t>(n)) >= limit_) {
+          cut_ = true;
+          closed = true;
+          break;
+        }
+        for (ssize_t off = 0; off < n;) {
+          ssize_t w = write(from_client ? worker : client, buf.data() + off, static_cast<size_t>(n - off));
+          if (w <= 0) {
+            closed = true;
+            break;
+          }
+          off += w;
+        }
+      }
+      if (closed) break;
+    }
+    close(client);
+    close(worker);
+  }
+
+  int listen_fd_ = -1;
+  sockaddr_in worker_{};
+  std::string address_;
+  const bool upstream_;
+  const uint64_t limit_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> cut_{false};
+  std::thread thread_;
+};
+
+// The network drops in the middle of a 256 MiB copy, one way and then the other: the copy
+// returns a CUDA error (CUDA_ERROR_LAUNCH_FAILED, the stub's "connection lost"), so does the next
+// call, the program ends on its own, and the worker ends the session.
+TEST_F(RemoteTest, AConnectionCutMidCopyFailsTheCopyInsteadOfHanging) {
+  StartWorker();
+  for (const bool upstream : {true, false}) {
+    CuttingRelay relay(tcp_, upstream, 64u << 20);
+    ASSERT_FALSE(relay.address().empty());
+    const auto t0 = Clock::now();
+    Result r = RemoteProgram(relay.address(), {TF_HOST_PROBE, "copy-results"});
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::string lost = std::to_string(static_cast<int>(CUDA_ERROR_LAUNCH_FAILED));
+    EXPECT_TRUE(relay.cut()) << r.out;
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["htod_result"], upstream ? lost : "0") << r.out;
+    EXPECT_EQ(r.kv["dtoh_result"], lost) << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_LT(secs, 20) << "the copy waited for the connection instead of failing";
+    EXPECT_NE(r.out.find("lost the connection to the worker"), std::string::npos) << r.out;
+  }
+  EXPECT_TRUE(worker_.WaitFor("session ended", 10000)) << worker_.out;
 }
 
 TEST_F(RemoteTest, AKilledClientsHostRegionsAreUnregisteredAndUnmapped) {
