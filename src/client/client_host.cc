@@ -113,9 +113,10 @@ CUresult UnmapRegion(Session* s, uint64_t id) {
   return CallSync(s, remote::kOpHostRegionUnmap, w, nullptr);
 }
 
-// Mirrors [h->base, + h->size) with s's worker and marks h so.
+// Mirrors [h->base, + h->size) with s's worker and marks h so. Memory the stub mapped itself
+// (everything but cuMemHostRegister's) is private anonymous memory.
 CUresult MirrorRange(Session* s, HostRange* h, uint32_t kind) {
-  CUresult r = MirrorMap(s, h->base, h->size, kind);
+  CUresult r = MirrorMap(s, h->base, h->size, kind, !h->registered);
   if (r != CUDA_SUCCESS) return r;
   h->mirror = true;
   h->owner = s;

@@ -2181,7 +2181,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
 
 void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
   console_.Forward(t_.get(), &event_seq_);  // device printf of this call, before its reply
-  mirrors_.Pull(t_.get(), &event_seq_);     // what kernels and copies wrote into mirrors
+  mirrors_.Pull(t_.get(), &event_seq_, true);  // what kernels and copies wrote into mirrors
   uint8_t head[4];
   Writer w(head, sizeof(head));
   w.I32(r);
@@ -2204,7 +2204,7 @@ void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
 
 void Session::ReplyDeferred(uint64_t seq) {
   console_.Forward(t_.get(), &event_seq_);
-  mirrors_.Pull(t_.get(), &event_seq_);
+  mirrors_.Pull(t_.get(), &event_seq_, true);
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
   w.U64(pending_seq_);
@@ -2462,6 +2462,8 @@ int Session::Run() {
       if (!DrainHostFuncs()) break;
     }
     cur_seq_ = in.header.sequence;
+    // Mapping host memory makes the device write none; anything else may (mirrors_.Pull).
+    if (op != remote::kOpMirrorMap && op != remote::kOpHostRegionMap) mirrors_.NoteWork();
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
     if (prof.on) prof.ops.Add(op, transport::MonotonicNowNs() - dispatched);

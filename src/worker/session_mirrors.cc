@@ -181,13 +181,22 @@ CUresult SessionMirrors::Apply(const uint8_t* payload, uint32_t payload_len, con
   return applied ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-void SessionMirrors::Pull(transport::Transport* t, std::atomic<uint64_t>* seq) {
+void SessionMirrors::Pull(transport::Transport* t, std::atomic<uint64_t>* seq, bool after_work_only) {
   if (count_.load(std::memory_order_relaxed) == 0) return;
+  // Cleared before the compare, by the session thread's pulls only (they follow the calls that
+  // note work): work noted from now on is compared next time. A host function's pull on a stream
+  // thread compares without clearing, or a reply after it could miss what finished in between.
+  if (after_work_only && !work_.exchange(false, std::memory_order_acq_rel)) return;
   PullTarget target{t, seq};
   remote::MirrorRunPacker packer(std::min<uint64_t>(t->max_bulk_bytes(), 8ull << 20), &SendEvent,
                                  &target);
   std::lock_guard<std::mutex> g(mu_);
-  for (auto& [addr, m] : mirrors_) packer.AddChanges(addr, m.len, m.twin);
+  for (auto& [addr, m] : mirrors_) {
+    const bool spans = resident_.ForEach(addr, m.len, &m.seen, [&](uint64_t off, uint64_t n) {
+      packer.AddChanges(addr + off, n, m.twin + off);
+    });
+    if (!spans) packer.AddChanges(addr, m.len, m.twin);
+  }
   packer.Flush();
 }
 
