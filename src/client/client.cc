@@ -466,6 +466,8 @@ CUresult ConnectLocked() {
   s->host_regions = s->transport->CanShareHostMemory() &&
                     (s->transport->session().features & transport::kFeatureHostRegions) != 0 &&
                     !HostRegionsDisabled();
+  s->managed_regions =
+      (s->transport->session().features & transport::kFeatureManagedRegions) != 0;
   // Mirrors serve what host regions cannot: everything over TCP, and over shared memory the
   // memory registered after the fact (cuMemHostRegister) and allocations a region could not take.
   s->mirrors = (s->transport->session().features & transport::kFeatureMirrors) != 0 &&

@@ -97,6 +97,7 @@ struct Session {
   uint64_t next_buffer_id = 1;
   // Host regions (client_host.cc): the worker accepts them and the transport can share memory.
   bool host_regions = false;
+  bool managed_regions = false;  // managed memory is marked so in region maps (kRegionManaged)
   uint64_t next_region_id = 1;
   // Mirrored memory (client_mirror.cc): the worker accepts it (used where regions cannot serve).
   // mirror_count > 0: every call the stub sends first pushes what changed in the mirrors.

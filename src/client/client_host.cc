@@ -394,7 +394,10 @@ CUresult AllocManaged(Session* s, size_t bytes, unsigned flags, uint64_t* out) {
   void* p = nullptr;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
   if (s->host_regions) {
-    r = AllocRegion(s, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP, &h, &p);
+    r = AllocRegion(s, bytes,
+                    CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                        (s->managed_regions ? remote::kRegionManaged : 0),
+                    &h, &p);
     if (r == CUDA_SUCCESS && (!h.same_address || h.device_ptr != H(p))) {
       // Kernels would see it at another address than the program: not managed memory.
       (void)UnmapRegion(s, h.region_id);
