@@ -10,7 +10,8 @@
 // over TCP), managed (cuMemAllocManaged and the calls about it), steps KIND MiB N (allocates N
 // allocations of MiB each of KIND: managed, pinned (cuMemAllocHost) or mapped (cuMemHostAlloc with
 // DEVICEMAP), stopping at the first refusal; then frees one and allocates again, and checks what
-// the host, kernels and copies wrote into every allocation).
+// the host, kernels and copies wrote into every allocation; with a fifth argument "memset", memsets
+// write instead of kernels, so that it runs on a real driver).
 #include <cuda.h>
 #include <dlfcn.h>
 
@@ -405,9 +406,13 @@ int Managed() {
 // mapped memory) and words copied from device memory. Then, after a refusal, frees the last
 // allocation and allocates it again (the memory came back), tries one more (refused again), and
 // checks every word that was written.
-int Steps(const char* kind, size_t mib, int n) {
+int Steps(const char* kind, size_t mib, int n, bool kernels) {
   Setup();
-  CUfunction fill = Kernel("fill_u32");
+  CUfunction fill = kernels ? Kernel("fill_u32") : nullptr;
+  auto set = [&](CUdeviceptr p, unsigned v, size_t words) {
+    if (fill != nullptr) Fill(fill, p, v, words, nullptr);
+    else CHECK(cuMemsetD32(p, v, words));
+  };
   const size_t bytes = mib << 20, words = bytes / 4;
   const bool device_access = strcmp(kind, "pinned") != 0;
   auto alloc = [&](uint32_t** out) {
@@ -435,12 +440,12 @@ int Steps(const char* kind, size_t mib, int n) {
       p[k] = Pattern(k, i);
       p[words - 1 - k] = Pattern(words - 1 - k, i);
     }
-    Fill(fill, d, 0xc0de0000u + i, 16, nullptr);
+    set(d, 0xc0de0000u + i, 16);
     CHECK(cuMemcpyDtoH(p + 32, d, 64));
     if (device_access) {
       CUdeviceptr dp = reinterpret_cast<CUdeviceptr>(p);  // managed: the same pointer
       if (strcmp(kind, "managed") != 0) CHECK(cuMemHostGetDevicePointer(&dp, p, 0));
-      Fill(fill, dp + 64, 0xfeed0000u + i, 16, nullptr);
+      set(dp + 64, 0xfeed0000u + i, 16);
     }
   };
   auto check = [&](uint32_t* p, uint32_t i) {
@@ -489,7 +494,7 @@ int Steps(const char* kind, size_t mib, int n) {
   // What the session can still do at its limit: a device allocation, a kernel, copies.
   CUdeviceptr e = 0;
   CHECK(cuMemAlloc(&e, 4096));
-  Fill(fill, e, 7, 4, nullptr);
+  set(e, 7, 4);
   uint32_t seven[4] = {};
   CHECK(cuMemcpyDtoH(seven, e, sizeof(seven)));
   CHECK(cuMemFree(e));
@@ -527,7 +532,8 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "mapped")) return Mapped();
   if (!strcmp(mode, "managed")) return Managed();
   if (!strcmp(mode, "steps") && argc > 4) {
-    return Steps(argv[2], strtoul(argv[3], nullptr, 10), atoi(argv[4]));
+    return Steps(argv[2], strtoul(argv[3], nullptr, 10), atoi(argv[4]),
+                 !(argc > 5 && !strcmp(argv[5], "memset")));
   }
   if (!strcmp(mode, "bench")) {
     return Bench(argc > 2 ? strtoul(argv[2], nullptr, 10) : 256, argc > 3 ? atoi(argv[3]) : 5);
