@@ -137,6 +137,13 @@ int main(int argc, char** argv) {
                          "microseconds a session waits awake for its client's next call before "
                          "sleeping (0-10000; more costs CPU, less adds a wake-up per call)")
       ->check(CLI::Range(0, 10000))->capture_default_str();
+  std::string worker_host_mem;
+  worker_cmd->add_option("--session-host-mem", worker_host_mem,
+                         "host memory each session may pin for its client: page-locked and mapped "
+                         "memory, its copy buffer, and managed memory when the client has no "
+                         "--vram (with one, managed memory counts against it); beyond it the call "
+                         "fails with CUDA_ERROR_OUT_OF_MEMORY (e.g. 8GiB; a bare number is MiB; "
+                         "default: a quarter of this machine's memory)");
   worker_cmd->add_option("--nvml", worker_nvml,
                          "libnvidia-ml.so.1 used to find the GPU for clients that ask for a vGPU "
                          "(default: found on this machine)");
@@ -385,6 +392,7 @@ int main(int argc, char** argv) {
       return "";
     };
     hooks.spin_us = worker_spin_us;
+    hooks.session_host_mem = worker_host_mem;
     hooks.vgpu_for_every_session = worker_tiering || !worker_idle_swap.empty();
     if (!worker_idle_swap.empty()) {
       if (auto ms = tf::cli::ParseDurationMs("--idle-swap", worker_idle_swap); !ms.ok()) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "cli/quantity.h"
+#include "worker/session_host_memory.h"
 #include "worker/session_ticket.h"
 #include "worker/worker.h"
 
@@ -173,6 +175,18 @@ int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& 
     fprintf(stderr, "tfusion worker: warning: no --token: any client that reaches the listener "
                     "is accepted\n");
   }
+  if (!hooks.session_host_mem.empty()) {
+    auto bytes = ParseVramSize("--session-host-mem", hooks.session_host_mem);
+    if (!bytes.ok()) {
+      fprintf(stderr, "tfusion worker: %s\n", bytes.status().message().c_str());
+      return 2;
+    }
+    o.session_host_mem = *bytes;
+  }
+  fprintf(stderr, "tfusion worker: each session may pin %.4g MiB of host memory%s\n",
+          static_cast<double>(o.session_host_mem ? o.session_host_mem : worker::DefaultSessionHostMemory()) /
+              (1 << 20),
+          o.session_host_mem ? "" : " (a quarter of this machine's memory; --session-host-mem)");
   o.prepare_limits = hooks.prepare_limits;
   o.vgpu_for_every_session = hooks.vgpu_for_every_session;
   o.session_ended = hooks.session_ended;

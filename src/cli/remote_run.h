@@ -33,12 +33,13 @@ int RunRemote(const std::string& remote, const std::string& token,
 // ready_file: optional, receives the bound addresses. hooks: how clients that ask for limits of
 // their own get a vGPU (worker::WorkerOptions; `tfusion worker` makes one per session with the
 // limiter, see main.cc); without them such clients are refused. Returns 0 after a stop, 2 on bad
-// options.
+// options (an unparsable --session-host-mem included).
 struct WorkerHooks {
   decltype(worker::WorkerOptions::prepare_limits) prepare_limits;
   decltype(worker::WorkerOptions::session_ended) session_ended;
   uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
   bool vgpu_for_every_session = false;                 // tfusion worker --tiering
+  std::string session_host_mem;  // tfusion worker --session-host-mem as typed ("": the default)
 };
 int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
                      const std::string& driver, const std::vector<std::string>& session_env,

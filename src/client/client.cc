@@ -166,7 +166,11 @@ CUresult SendFrame(Session* s, uint16_t op, uint16_t flags, const transport::Wri
                    const void* bulk, uint64_t bulk_len, uint64_t* seq) {
   if (!payload.ok()) return CUDA_ERROR_INVALID_VALUE;
   // Kernels and copies on the worker see what the application wrote into mirrors before this call.
-  if (s->mirror_count.load(std::memory_order_relaxed) > 0) PushMirrors(s);
+  // Mapping and unmapping host memory makes the worker read none of it (and pushing there made a
+  // program that allocates managed memory in steps compare every earlier step at each one).
+  const bool maps_only = op == remote::kOpMirrorMap || op == remote::kOpMirrorUnmap ||
+                         op == remote::kOpHostRegionMap || op == remote::kOpHostRegionUnmap;
+  if (!maps_only && s->mirror_count.load(std::memory_order_relaxed) > 0) PushMirrors(s);
   OutFrame f;
   f.opcode = op;
   f.flags = flags;
@@ -486,6 +490,8 @@ CUresult ConnectLocked() {
   s->host_regions = s->transport->CanShareHostMemory() &&
                     (s->transport->session().features & transport::kFeatureHostRegions) != 0 &&
                     !HostRegionsDisabled();
+  s->managed_regions =
+      (s->transport->session().features & transport::kFeatureManagedRegions) != 0;
   // Mirrors serve what host regions cannot: everything over TCP, and over shared memory the
   // memory registered after the fact (cuMemHostRegister) and allocations a region could not take.
   s->mirrors = (s->transport->session().features & transport::kFeatureMirrors) != 0 &&

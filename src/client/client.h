@@ -97,6 +97,7 @@ struct Session {
   uint64_t next_buffer_id = 1;
   // Host regions (client_host.cc): the worker accepts them and the transport can share memory.
   bool host_regions = false;
+  bool managed_regions = false;  // managed memory is marked so in region maps (kRegionManaged)
   uint64_t next_region_id = 1;
   // Mirrored memory (client_mirror.cc): the worker accepts it (used where regions cannot serve).
   // mirror_count > 0: every call the stub sends first pushes what changed in the mirrors.
@@ -204,13 +205,15 @@ CUresult CallSyncWithData(Session* s, uint16_t op, const transport::Writer& payl
 void HandleEventFrame(Session* s, const transport::InFrame& in);
 
 // Mirrored memory (client_mirror.cc). MirrorMap asks the worker to mirror [base, base + size)
-// (kind: remote::kMirrorMapped or kMirrorManaged); CUDA_ERROR_NOT_SUPPORTED when it cannot (the
-// memory then stays this process's own). MirrorUnmap ends a mirror. PushMirrors sends the bytes
+// (kind: remote::kMirrorMapped or kMirrorManaged; anonymous: the stub mapped that memory itself,
+// private and anonymous, so pages never populated need no compare); CUDA_ERROR_NOT_SUPPORTED when
+// it cannot (the memory then stays this process's own), CUDA_ERROR_OUT_OF_MEMORY when the worker's
+// limits refuse it. MirrorUnmap ends a mirror. PushMirrors sends the bytes
 // of this session's mirrors that changed since the worker last saw them (fire-and-forget; the
 // callback thread calls it without State().mu). ApplyMirrorData applies a kEvtMirrorData event:
 // false when a run lies outside this session's mirrors (nothing is applied then).
 // MirrorMap/Unmap require State().mu with a live session.
-CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind);
+CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind, bool anonymous);
 CUresult MirrorUnmap(Session* s, uint64_t base);
 void PushMirrors(Session* s);
 bool ApplyMirrorData(Session* s, const transport::InFrame& in);

@@ -113,9 +113,10 @@ CUresult UnmapRegion(Session* s, uint64_t id) {
   return CallSync(s, remote::kOpHostRegionUnmap, w, nullptr);
 }
 
-// Mirrors [h->base, + h->size) with s's worker and marks h so.
+// Mirrors [h->base, + h->size) with s's worker and marks h so. Memory the stub mapped itself
+// (everything but cuMemHostRegister's) is private anonymous memory.
 CUresult MirrorRange(Session* s, HostRange* h, uint32_t kind) {
-  CUresult r = MirrorMap(s, h->base, h->size, kind);
+  CUresult r = MirrorMap(s, h->base, h->size, kind, !h->registered);
   if (r != CUDA_SUCCESS) return r;
   h->mirror = true;
   h->owner = s;
@@ -393,7 +394,10 @@ CUresult AllocManaged(Session* s, size_t bytes, unsigned flags, uint64_t* out) {
   void* p = nullptr;
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
   if (s->host_regions) {
-    r = AllocRegion(s, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP, &h, &p);
+    r = AllocRegion(s, bytes,
+                    CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP |
+                        (s->managed_regions ? remote::kRegionManaged : 0),
+                    &h, &p);
     if (r == CUDA_SUCCESS && (!h.same_address || h.device_ptr != H(p))) {
       // Kernels would see it at another address than the program: not managed memory.
       (void)UnmapRegion(s, h.region_id);

@@ -28,9 +28,12 @@ struct Mirror {
   uint64_t size = 0;
   uint8_t* twin = nullptr;  // size bytes: what the worker has, as far as this side knows
   const Session* owner = nullptr;
+  bool anonymous = false;       // compared where populated only (mirror_runs.h ResidentSpans)
+  std::vector<uint64_t> seen;   // pages populated at an earlier push (anonymous mirrors)
 };
 
 std::mutex g_mirror_mu;
+remote::ResidentSpans g_resident;  // guarded by g_mirror_mu
 std::map<uint64_t, Mirror>& Mirrors() {
   static auto* m = new std::map<uint64_t, Mirror>();  // never destroyed
   return *m;
@@ -72,7 +75,7 @@ void LogRefusedOnce() {
 
 }  // namespace
 
-CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind) {
+CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind, bool anonymous) {
   if (!s->mirrors || size == 0) return CUDA_ERROR_NOT_SUPPORTED;
   uint8_t buf[24];
   Writer w(buf, sizeof(buf));
@@ -94,7 +97,7 @@ CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind) {
     return same ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_NOT_SUPPORTED;
   }
   std::lock_guard<std::mutex> g(g_mirror_mu);
-  Mirrors()[base] = Mirror{size, static_cast<uint8_t*>(twin), s};
+  Mirrors()[base] = Mirror{size, static_cast<uint8_t*>(twin), s, anonymous, {}};
   s->mirror_count.fetch_add(1);
   return CUDA_SUCCESS;
 }
@@ -120,7 +123,11 @@ void PushMirrors(Session* s) {
   remote::MirrorRunPacker packer(std::min<uint64_t>(s->transport->max_bulk_bytes(), 8ull << 20),
                                  &SendPush, s);
   for (auto& [base, m] : Mirrors()) {
-    if (m.owner == s) packer.AddChanges(base, m.size, m.twin);
+    if (m.owner != s) continue;
+    const bool spans = m.anonymous && g_resident.ForEach(base, m.size, &m.seen, [&](uint64_t off, uint64_t n) {
+      packer.AddChanges(base + off, n, m.twin + off);
+    });
+    if (!spans) packer.AddChanges(base, m.size, m.twin);
   }
   packer.Flush();
 }

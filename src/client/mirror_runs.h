@@ -2,11 +2,20 @@
 // share: finding the bytes of a mirror that differ from its twin, packing them into messages, and
 // decoding a message's runs. Header-only; no allocation on the compare path.
 //
+// Comparing a whole mirror at every call costs its size each time, so a program allocating managed
+// memory in steps paid for every earlier step at every call. ResidentSpans narrows the compare of
+// anonymous private memory to the pages that were ever populated: a page the kernel never
+// populated reads as zero, and so does the twin's page (it is written only where the memory
+// differed from it), so there is nothing to compare there.
+//
 // A "run" is a maximal span of bytes that differ from the twin. Runs are exact: a byte equal to
 // its twin is never inside one, because the other side may have changed that byte meanwhile (a
 // kernel writing other bytes of the same page, the application writing other fields of a struct)
 // and sending our stale copy of it would undo that write.
 #pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -61,6 +70,78 @@ void ForEachChangedRun(const uint8_t* cur, const uint8_t* twin, uint64_t n, F&& 
   for (; i < n; ++i) at(i, cur[i] != twin[i]);
   if (open) run(start, n - start);
 }
+
+// Which pages of this process's anonymous private memory were ever populated, from
+// /proc/self/pagemap (bit 63 present, bit 62 swapped; both readable without privileges). Not
+// thread-safe: the caller's mirror lock guards it. Reopened in a forked child (the descriptor
+// names the process that opened it).
+class ResidentSpans {
+ public:
+  ResidentSpans() = default;
+  ResidentSpans(const ResidentSpans&) = delete;
+  ResidentSpans& operator=(const ResidentSpans&) = delete;
+  ~ResidentSpans() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // Calls span(offset, length) for each maximal run of pages of [base, base + size) that is
+  // populated now or was at an earlier call (seen: one bit per page, kept by the caller, sized
+  // here), clipped to the range. False when the pagemap cannot be read: the caller then compares
+  // the whole range (spans already reported were correct ones).
+  template <class F>
+  bool ForEach(uint64_t base, uint64_t size, std::vector<uint64_t>* seen, F&& span) {
+    if (size == 0) return true;
+    if (!Open()) return false;
+    const uint64_t first = base / page_, last = (base + size - 1) / page_;
+    const uint64_t pages = last - first + 1;
+    if (seen->size() < (pages + 63) / 64) seen->resize((pages + 63) / 64, 0);
+    uint64_t entries[512];
+    uint64_t run = 0;
+    bool open = false;
+    auto emit = [&](uint64_t end_page) {  // pages [run, end_page) relative to `first`
+      const uint64_t from = std::max(base, (first + run) * page_);
+      const uint64_t to = std::min(base + size, (first + end_page) * page_);
+      span(from - base, to - from);
+      open = false;
+    };
+    for (uint64_t at = 0; at < pages; at += 512) {
+      const uint64_t n = std::min<uint64_t>(512, pages - at);
+      const ssize_t want = static_cast<ssize_t>(n * sizeof(uint64_t));
+      if (pread(fd_, entries, want, static_cast<off_t>((first + at) * sizeof(uint64_t))) != want) {
+        return false;
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        const uint64_t pg = at + i;
+        uint64_t& word = (*seen)[pg / 64];
+        const uint64_t bit = 1ull << (pg % 64);
+        if ((entries[i] >> 62) != 0) word |= bit;
+        if ((word & bit) != 0) {
+          if (!open) {
+            run = pg;
+            open = true;
+          }
+        } else if (open) {
+          emit(pg);
+        }
+      }
+    }
+    if (open) emit(pages);
+    return true;
+  }
+
+ private:
+  bool Open() {
+    if (fd_ >= 0 && pid_ == getpid()) return true;
+    if (fd_ >= 0) close(fd_);
+    fd_ = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    pid_ = getpid();
+    page_ = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    return fd_ >= 0;
+  }
+  int fd_ = -1;
+  pid_t pid_ = 0;
+  uint64_t page_ = 4096;
+};
 
 // Collects runs into kOpMirrorData / kEvtMirrorData messages of at most kMaxMirrorRuns runs and
 // `bulk_limit` bytes each, handing each full message to send(payload, payload_len, bulk,

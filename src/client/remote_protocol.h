@@ -43,8 +43,10 @@ inline constexpr uint16_t kOpHostFuncDone = 0x0012;
 // same address when it can, registers it with its driver (cuMemHostRegister) and checks every
 // region message against its own table. docs/remote.md "Host regions".
 //   kOpHostRegionMap    reply-expected; u64 region id, u64 client address, u64 length (page
-//                       multiple), u32 cuMemHostAlloc flags -> u8 same address, u64 device
-//                       pointer (0 when the driver gives none)
+//                       multiple), u32 cuMemHostAlloc flags (| kRegionManaged for managed
+//                       memory, feature kFeatureManagedRegions) -> u8 same address, u64 device
+//                       pointer (0 when the driver gives none); CUDA_ERROR_OUT_OF_MEMORY beyond
+//                       the session's limits
 //   kOpHostRegionUnmap  reply-expected; u64 region id (the worker unregisters and unmaps it)
 //   kOpHostRegionCopy   u8 direction (kRegionToDevice / kRegionToHost), u8 synchronous,
 //                       u64 device pointer, u64 client host address, u64 length, u64 stream.
@@ -56,6 +58,9 @@ inline constexpr uint16_t kOpHostRegionCopy = 0x0015;
 inline constexpr uint8_t kRegionToDevice = 0;
 inline constexpr uint8_t kRegionToHost = 1;
 inline constexpr uint64_t kMaxHostRegionBytes = 1ull << 40;
+// In kOpHostRegionMap's flags: the region is managed memory (counted against the vGPU's VRAM
+// quota rather than the session's host-memory limit).
+inline constexpr uint32_t kRegionManaged = 1u << 31;
 constexpr bool IsHostRegionOp(uint16_t op) {
   return op >= kOpHostRegionMap && op <= kOpHostRegionCopy;
 }

@@ -120,6 +120,31 @@ CUresult Hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int
   });
 }
 
+}  // namespace tf::limiter
+
+// For the remote worker's sessions (src/worker/session_host_memory.cc), which serve a client's
+// cuMemAllocManaged as pinned host memory at the client's address: the bytes count against the
+// vGPU's VRAM quota as a local cuMemAllocManaged does. *charged is 0 when this process has no
+// vGPU (nothing is counted); CUDA_ERROR_OUT_OF_MEMORY over the quota.
+extern "C" TF_EXPORT CUresult tfusion_limiter_charge_vram(unsigned long long bytes, int* charged) {
+  using namespace tf::limiter;
+  *charged = 0;
+  EnsureInit();
+  Binding* b = Bound();
+  if (b == nullptr) return BindingFailed() ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_SUCCESS;
+  if (!Reserve(b, RoundToGranule(bytes))) return CUDA_ERROR_OUT_OF_MEMORY;
+  *charged = 1;
+  return CUDA_SUCCESS;
+}
+
+// Gives back what tfusion_limiter_charge_vram charged for `bytes`.
+extern "C" TF_EXPORT void tfusion_limiter_release_vram(unsigned long long bytes) {
+  using namespace tf::limiter;
+  if (Binding* b = Bound()) Release(b, RoundToGranule(bytes));
+}
+
+namespace tf::limiter {
+
 CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
   TF_REAL_OR_MISSING(cuMemFree_v2)
   CUresult r = CUDA_SUCCESS;

@@ -30,8 +30,11 @@ inline constexpr uint64_t kFeatureHostRegions = 1ull << 2;
 // The server accepts mirrored host memory (opcodes 0x0016-0x0018, event 0x8110 of
 // docs/remote.md): the client uses it where host memory cannot be shared (TCP).
 inline constexpr uint64_t kFeatureMirrors = 1ull << 3;
-inline constexpr uint64_t kKnownFeatures =
-    kFeatureDeferredErrors | kFeatureBulkArena | kFeatureHostRegions | kFeatureMirrors;
+// The server accepts the managed-memory bit in host-region map messages (docs/remote.md).
+inline constexpr uint64_t kFeatureManagedRegions = 1ull << 4;
+inline constexpr uint64_t kKnownFeatures = kFeatureDeferredErrors | kFeatureBulkArena |
+                                           kFeatureHostRegions | kFeatureMirrors |
+                                           kFeatureManagedRegions;
 
 struct ClientHello {
   uint16_t min_version = kProtocolVersionMin;

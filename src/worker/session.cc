@@ -28,6 +28,7 @@
 #include "worker/session_console.h"
 #include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
+#include "worker/session_host_memory.h"
 #include "worker/session_link.h"
 #include "worker/session_mirrors.h"
 
@@ -276,11 +277,15 @@ class Session : public GraphHost, private SessionArrays::Host {
     uint64_t length = 0;
     uint8_t* local = nullptr;  // where this process maps it (== the client address when same)
     bool same_address = false;
+    SessionHostMemory::Charge charge;
   };
   std::map<uint64_t, HostRegion> regions_;     // client address -> region
   std::map<uint64_t, uint64_t> region_ids_;    // region id -> client address
   std::map<uint64_t, uint64_t> mapped_host_;   // regions whose device pointer is their address
-  SessionMirrors mirrors_{d_};                 // mirrored host memory (session_mirrors.h)
+  SessionHostMemory host_mem_{d_, opt_.session_host_mem};  // pinned memory and its limits
+  SessionMirrors mirrors_{d_, host_mem_};      // mirrored host memory (session_mirrors.h)
+  SessionHostMemory::Charge arena_charge_;     // the registered bulk arena
+  std::map<uint64_t, SessionHostMemory::Charge> vmm_host_charges_;  // host-located cuMemCreate
   bool unified_addressing_ = false;            // device 0 reports unified addressing
   int arena_state_ = 0;                        // 0 not tried, 1 registered, -1 unavailable
   void* arena_base_ = nullptr;
@@ -342,6 +347,7 @@ bool Session::LoadDriver() {
     return false;
   }
   d_.Load(h);
+  host_mem_.BindDriver(h);
   // Test hook for the fake driver: TFUSION_WORKER_FAKE_FAIL=name:n:error arms fakecuda_fail_nth.
   if (const char* spec = getenv("TFUSION_WORKER_FAKE_FAIL"); spec && *spec) {
     using FailNth = void (*)(const char*, int, int);
@@ -1000,6 +1006,8 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     rd.U64(&addr);
     rd.U64(&len);
     rd.U32(&flags);
+    const bool managed = (flags & remote::kRegionManaged) != 0;
+    flags &= ~remote::kRegionManaged;
     if (!t_->CanShareHostMemory()) return CUDA_ERROR_NOT_SUPPORTED;
     // Take the offered descriptor whatever the message says: offers are consumed in order.
     int fd = -1;
@@ -1033,6 +1041,10 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
           static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len), why);
       return CUDA_ERROR_INVALID_VALUE;
     }
+    SessionHostMemory::Charge charge;
+    CUresult charged = managed ? host_mem_.ChargeManaged(len, &charge)
+                               : host_mem_.ChargePinned(len, "page-locked memory", &charge);
+    if (charged != CUDA_SUCCESS) return charged;
     // The same virtual address as the client when it is free here (never replacing a mapping);
     // elsewhere otherwise, and addresses are translated.
     void* p = mmap(As<void*>(addr), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE,
@@ -1040,7 +1052,10 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     const bool same = p != MAP_FAILED && H(p) == addr;
     if (p != MAP_FAILED && !same) munmap(p, len);
     if (!same) p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (p == MAP_FAILED) {
+      host_mem_.Release(&charge);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     // Under unified addressing page-locked memory is portable and mapped whatever the flags say.
     unsigned reg = 0;
     if ((flags & CU_MEMHOSTALLOC_PORTABLE) || unified_addressing_) reg |= CU_MEMHOSTREGISTER_PORTABLE;
@@ -1048,6 +1063,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     CUresult r = CALL(cuMemHostRegister_v2, p, len, reg);
     if (r != CUDA_SUCCESS) {
       munmap(p, len);
+      host_mem_.Release(&charge);
       return r;
     }
     CUdeviceptr dptr = 0;
@@ -1057,6 +1073,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     region.length = len;
     region.local = static_cast<uint8_t*>(p);
     region.same_address = same;
+    region.charge = charge;
     region_ids_[id] = addr;
     if (same && dptr == addr) mapped_host_[addr] = len;
     out.U8(same ? 1 : 0);
@@ -1074,6 +1091,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     CUresult r = CALL(cuMemHostUnregister, it->second.local);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED) return r;
     munmap(it->second.local, it->second.length);
+    host_mem_.Release(&it->second.charge);
     mapped_host_.erase(it->first);
     regions_.erase(it);
     region_ids_.erase(idit);
@@ -1112,6 +1130,7 @@ void Session::RegisterArena() {
   CUresult r = CALL(cuMemHostRegister_v2, arena_base_, len, CU_MEMHOSTREGISTER_PORTABLE);
   arena_state_ = r == CUDA_SUCCESS ? 1 : -1;
   if (r != CUDA_SUCCESS) {
+    host_mem_.Release(&arena_charge_);
     SessionLog("cannot register the transport's bulk memory with the driver (error %d): pageable copies "
         "are staged", static_cast<int>(r));
   }
@@ -1902,10 +1921,20 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       if (!ReadProp(rd, &prop) || !rd.U64(&flags) || !rd.Finish() || size == 0) {
         return CUDA_ERROR_INVALID_VALUE;
       }
+      // Host-located physical memory is pinned host memory of the session.
+      SessionHostMemory::Charge charge;
+      if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        CUresult c = host_mem_.ChargePinned(size, "host-located cuMemCreate memory", &charge);
+        if (c != CUDA_SUCCESS) return c;
+      }
       CUmemGenericAllocationHandle h = 0;
       CUresult r = CALL(cuMemCreate, &h, size, &prop, flags);
-      if (r != CUDA_SUCCESS) return r;
+      if (r != CUDA_SUCCESS) {
+        host_mem_.Release(&charge);
+        return r;
+      }
       vmm_handles_[h] = size;
+      if (charge.bytes != 0) vmm_host_charges_[h] = charge;
       out.U64(h);
       return CUDA_SUCCESS;
     }
@@ -1913,7 +1942,13 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       uint64_t h = 0;
       if (!rd.U64(&h) || !rd.Finish() || !vmm_handles_.count(h)) return CUDA_ERROR_INVALID_VALUE;
       CUresult r = CALL(cuMemRelease, h);
-      if (r == CUDA_SUCCESS) vmm_handles_.erase(h);
+      if (r == CUDA_SUCCESS) {
+        vmm_handles_.erase(h);
+        if (auto c = vmm_host_charges_.find(h); c != vmm_host_charges_.end()) {
+          host_mem_.Release(&c->second);
+          vmm_host_charges_.erase(c);
+        }
+      }
       return r;
     }
     case Fn::cuMemMap: {
@@ -2122,6 +2157,12 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       if (!rd.U16(&usage) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       if (handles != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;  // no IPC remotely
       if (loc_type == CU_MEM_LOCATION_TYPE_DEVICE && !Device(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
+      if (loc_type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        // Its allocations would be pinned host memory outside the session's host-memory limit
+        // (and the device reports host-located pools as unsupported).
+        SessionLog("cuMemPoolCreate refused: pools of host-located memory are not served remotely");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
       CUmemPoolProps props = {};
       props.allocType = static_cast<CUmemAllocationType>(type);
       props.handleTypes = static_cast<CUmemAllocationHandleType>(handles);
@@ -2181,7 +2222,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
 
 void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
   console_.Forward(t_.get(), &event_seq_);  // device printf of this call, before its reply
-  mirrors_.Pull(t_.get(), &event_seq_);     // what kernels and copies wrote into mirrors
+  mirrors_.Pull(t_.get(), &event_seq_, true);  // what kernels and copies wrote into mirrors
   uint8_t head[4];
   Writer w(head, sizeof(head));
   w.I32(r);
@@ -2204,7 +2245,7 @@ void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {
 
 void Session::ReplyDeferred(uint64_t seq) {
   console_.Forward(t_.get(), &event_seq_);
-  mirrors_.Pull(t_.get(), &event_seq_);
+  mirrors_.Pull(t_.get(), &event_seq_, true);
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
   w.U64(pending_seq_);
@@ -2242,12 +2283,14 @@ void Session::Cleanup() {
   for (auto& [addr, region] : regions_) {
     CALL(cuMemHostUnregister, region.local);
     munmap(region.local, region.length);
+    host_mem_.Release(&region.charge);
   }
   regions_.clear();
   region_ids_.clear();
   mapped_host_.clear();
   const size_t mirrors = mirrors_.Clear();
   if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
+  host_mem_.Release(&arena_charge_);
   arena_state_ = -1;
   arrays_.Cleanup();
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
@@ -2397,6 +2440,16 @@ int Session::Run() {
       }
       loaded = true;
       rd = Reader(payload_.data(), payload_.size());
+      // The bulk arena is pinned for the session (at its first pageable copy) like its
+      // page-locked memory, and counted from the start: what the client may pin besides is the
+      // same whatever it does first. Beyond the limit, pageable copies are staged instead.
+      void* base = nullptr;
+      uint64_t len = 0;
+      if (t_->BulkMemory(&base, &len) &&
+          host_mem_.ChargePinned(len, "the copy arena (pageable copies are staged instead)",
+                                 &arena_charge_) != CUDA_SUCCESS) {
+        arena_state_ = -1;
+      }
     }
     Writer out(out_buf_.data(), out_buf_.size());
     reply_bulk_len_ = 0;
@@ -2462,6 +2515,8 @@ int Session::Run() {
       if (!DrainHostFuncs()) break;
     }
     cur_seq_ = in.header.sequence;
+    // Mapping host memory makes the device write none; anything else may (mirrors_.Pull).
+    if (op != remote::kOpMirrorMap && op != remote::kOpHostRegionMap) mirrors_.NoteWork();
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
     if (prof.on) prof.ops.Add(op, transport::MonotonicNowNs() - dispatched);

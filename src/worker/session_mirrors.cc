@@ -91,10 +91,15 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
   m.len = len;
   const uint64_t start = addr / page * page;
   m.map_len = (addr + len - start + page - 1) / page * page;
+  CUresult charged = kind == remote::kMirrorManaged
+                         ? host_memory_.ChargeManaged(m.map_len, &m.charge)
+                         : host_memory_.ChargePinned(m.map_len, "mapped page-locked memory", &m.charge);
+  if (charged != CUDA_SUCCESS) return charged;
   // At the client's address or not at all: a kernel is given that address.
   void* p = mmap(reinterpret_cast<void*>(start), m.map_len, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
   if (p == MAP_FAILED || reinterpret_cast<uint64_t>(p) != start) {
+    host_memory_.Release(&m.charge);
     if (p != MAP_FAILED) munmap(p, m.map_len);
     SessionLog("mirror [0x%llx, +%llu) refused: the address is taken in the session process",
         static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len));
@@ -105,6 +110,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
                     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
   if (r != CUDA_SUCCESS) {
     munmap(p, m.map_len);
+    host_memory_.Release(&m.charge);
     SessionLog("mirror [0x%llx, +%llu) refused: cuMemHostRegister failed with %d",
         static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len),
         static_cast<int>(r));
@@ -115,6 +121,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
   if (r != CUDA_SUCCESS || dptr != addr) {
     CALL(cuMemHostUnregister, p);
     munmap(p, m.map_len);
+    host_memory_.Release(&m.charge);
     SessionLog("mirror [0x%llx, +%llu) refused: the device pointer is not the host address (%d)",
         static_cast<unsigned long long>(addr), static_cast<unsigned long long>(len),
         static_cast<int>(r));
@@ -124,6 +131,7 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
   if (twin == MAP_FAILED) {
     CALL(cuMemHostUnregister, p);
     munmap(p, m.map_len);
+    host_memory_.Release(&m.charge);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   m.twin = static_cast<uint8_t*>(twin);
@@ -136,10 +144,11 @@ CUresult SessionMirrors::Map(uint64_t addr, uint64_t len, uint32_t kind, transpo
   return CUDA_SUCCESS;
 }
 
-void SessionMirrors::Release(const Mirror& m) {
+void SessionMirrors::Release(Mirror& m) {
   CALL(cuMemHostUnregister, m.map_base);
   munmap(m.map_base, m.map_len);
   munmap(m.twin, m.len);
+  host_memory_.Release(&m.charge);
 }
 
 CUresult SessionMirrors::Unmap(uint64_t addr) {
@@ -181,13 +190,22 @@ CUresult SessionMirrors::Apply(const uint8_t* payload, uint32_t payload_len, con
   return applied ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-void SessionMirrors::Pull(transport::Transport* t, std::atomic<uint64_t>* seq) {
+void SessionMirrors::Pull(transport::Transport* t, std::atomic<uint64_t>* seq, bool after_work_only) {
   if (count_.load(std::memory_order_relaxed) == 0) return;
+  // Cleared before the compare, by the session thread's pulls only (they follow the calls that
+  // note work): work noted from now on is compared next time. A host function's pull on a stream
+  // thread compares without clearing, or a reply after it could miss what finished in between.
+  if (after_work_only && !work_.exchange(false, std::memory_order_acq_rel)) return;
   PullTarget target{t, seq};
   remote::MirrorRunPacker packer(std::min<uint64_t>(t->max_bulk_bytes(), 8ull << 20), &SendEvent,
                                  &target);
   std::lock_guard<std::mutex> g(mu_);
-  for (auto& [addr, m] : mirrors_) packer.AddChanges(addr, m.len, m.twin);
+  for (auto& [addr, m] : mirrors_) {
+    const bool spans = resident_.ForEach(addr, m.len, &m.seen, [&](uint64_t off, uint64_t n) {
+      packer.AddChanges(addr + off, n, m.twin + off);
+    });
+    if (!spans) packer.AddChanges(addr, m.len, m.twin);
+  }
   packer.Flush();
 }
 

@@ -53,6 +53,12 @@ struct WorkerOptions {
   // each launch it replays, and the GPU waits for it; spinning costs a core while the client is
   // active. 0: sleep at once.
   uint32_t spin_us = 200;
+  // Bytes of host memory each session may pin for its client: page-locked and mapped memory
+  // (host regions, mirrors), the registered bulk arena, host-located cuMemCreate memory, and
+  // managed memory when the session has no vGPU (with one, managed memory counts against its
+  // VRAM quota). Beyond it the call fails with CUDA_ERROR_OUT_OF_MEMORY. 0: a quarter of this
+  // machine's physical memory.
+  uint64_t session_host_mem = 0;
   // Set to stop the worker (RunWorker also stops on SIGINT/SIGTERM when install_signal_handlers).
   std::atomic<bool>* stop = nullptr;
   bool install_signal_handlers = true;

@@ -281,4 +281,43 @@ TEST_F(RemoteTiering, AFrozenSessionGetsEveryByteBackOnTheClientsNextCall) {
   EXPECT_NE(ReadFile(dir_ + "/worker.log").find("resumed 200 MiB"), std::string::npos) << ReadFile(dir_ + "/worker.log");
 }
 
+// Managed memory of a remote client is pinned host memory on the worker, charged like the rest:
+// against the client's --vram when it has one (as cuMemAllocManaged is locally, and not against
+// the worker's --session-host-mem, 16 MiB here), against --session-host-mem when it has none.
+class RemoteHostMemory : public RemoteLimits {
+ protected:
+  std::string WorkerFlags() const override { return "--session-host-mem 16MiB"; }
+  Result Steps(const std::string& via, const std::string& flags) {
+    return Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote " + via + " --token t " + flags +
+                 " -- " + TF_HOST_PROBE + " steps managed 8 20");
+  }
+};
+
+TEST_F(RemoteHostMemory, ManagedMemoryCountsAgainstTheClientsVramOrElseTheHostMemoryLimit) {
+  for (const std::string& via : {std::string("unix:") + dir_ + "/w.sock", TcpAddress()}) {
+    // 64 MiB of VRAM, 2 MiB of it the probe's device buffer (one granule): seven 8 MiB steps.
+    Result r = Steps(via, "--vram 64MiB");
+    ASSERT_EQ(r.rc, 0) << via << ": " << r.out << ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(r.out.find("steps_ok=7\n"), std::string::npos) << via << ": " << r.out;
+    EXPECT_NE(r.out.find("steps_refused=2\n"), std::string::npos) << r.out;  // out of memory
+    EXPECT_NE(r.out.find("again_after_free=0\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("one_more=2\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("data_ok=1\n"), std::string::npos) << r.out;
+    // No vGPU: the session's 16 MiB of host memory (over shm the 64 MiB copy arena does not fit
+    // and is not pinned; copies are staged).
+    Result h = Steps(via, "");
+    ASSERT_EQ(h.rc, 0) << via << ": " << h.out << ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(h.out.find("steps_ok=2\n"), std::string::npos) << via << ": " << h.out;
+    EXPECT_NE(h.out.find("steps_refused=2\n"), std::string::npos) << h.out;
+    EXPECT_NE(h.out.find("data_ok=1\n"), std::string::npos) << h.out;
+  }
+  const std::string log = ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(log.find("managed memory of 8 MiB refused (CUDA_ERROR_OUT_OF_MEMORY): it counts "
+                     "against the VRAM limit of the session's vGPU, 64 MiB"),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("managed memory of 8 MiB refused (CUDA_ERROR_OUT_OF_MEMORY): the session may "
+                     "pin 16 MiB of host memory (tfusion worker --session-host-mem)"),
+            std::string::npos) << log;
+}
+
 }  // namespace

@@ -9,7 +9,11 @@
 // and waits to be killed), bench
 // [MiB] [reps] (copy bandwidth; no kernels, so it runs on a real driver too), mapped (zero-copy
 // memory written by kernels, copies, host functions and the host, in both directions: mirrors
-// over TCP), managed (cuMemAllocManaged and the calls about it).
+// over TCP), managed (cuMemAllocManaged and the calls about it), steps KIND MiB N (allocates N
+// allocations of MiB each of KIND: managed, pinned (cuMemAllocHost) or mapped (cuMemHostAlloc with
+// DEVICEMAP), stopping at the first refusal; then frees one and allocates again, and checks what
+// the host, kernels and copies wrote into every allocation; with a fifth argument "memset", memsets
+// write instead of kernels, so that it runs on a real driver).
 #include <cuda.h>
 #include <dlfcn.h>
 
@@ -473,6 +477,113 @@ int Managed() {
   return 0;
 }
 
+// Allocates `kind` memory of `mib` MiB each up to `n` times or until a refusal, timing each call;
+// every allocation gets host-written words at its start and end, kernel-written words (managed and
+// mapped memory) and words copied from device memory. Then, after a refusal, frees the last
+// allocation and allocates it again (the memory came back), tries one more (refused again), and
+// checks every word that was written.
+int Steps(const char* kind, size_t mib, int n, bool kernels) {
+  Setup();
+  CUfunction fill = kernels ? Kernel("fill_u32") : nullptr;
+  auto set = [&](CUdeviceptr p, unsigned v, size_t words) {
+    if (fill != nullptr) Fill(fill, p, v, words, nullptr);
+    else CHECK(cuMemsetD32(p, v, words));
+  };
+  const size_t bytes = mib << 20, words = bytes / 4;
+  const bool device_access = strcmp(kind, "pinned") != 0;
+  auto alloc = [&](uint32_t** out) {
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (!strcmp(kind, "managed")) {
+      CUdeviceptr p = 0;
+      r = cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+      *out = reinterpret_cast<uint32_t*>(p);
+    } else {
+      void* p = nullptr;
+      r = !strcmp(kind, "mapped") ? cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_DEVICEMAP)
+                                  : cuMemAllocHost(&p, bytes);
+      *out = static_cast<uint32_t*>(p);
+    }
+    return r;
+  };
+  auto release = [&](uint32_t* p) {
+    return !strcmp(kind, "managed") ? cuMemFree(reinterpret_cast<CUdeviceptr>(p)) : cuMemFreeHost(p);
+  };
+  CUdeviceptr d = 0;
+  CHECK(cuMemAlloc(&d, 64));
+  // Writes allocation i's words: the host's at both ends, a kernel's and a copy's near the start.
+  auto write = [&](uint32_t* p, uint32_t i) {
+    for (size_t k = 0; k < 16; ++k) {
+      p[k] = Pattern(k, i);
+      p[words - 1 - k] = Pattern(words - 1 - k, i);
+    }
+    set(d, 0xc0de0000u + i, 16);
+    CHECK(cuMemcpyDtoH(p + 32, d, 64));
+    if (device_access) {
+      CUdeviceptr dp = reinterpret_cast<CUdeviceptr>(p);  // managed: the same pointer
+      if (strcmp(kind, "managed") != 0) CHECK(cuMemHostGetDevicePointer(&dp, p, 0));
+      set(dp + 64, 0xfeed0000u + i, 16);
+    }
+  };
+  auto check = [&](uint32_t* p, uint32_t i) {
+    for (size_t k = 0; k < 16; ++k) {
+      if (p[k] != Pattern(k, i) || p[words - 1 - k] != Pattern(words - 1 - k, i)) return false;
+      if (p[32 + k] != 0xc0de0000u + i) return false;
+      if (device_access && p[16 + k] != 0xfeed0000u + i) return false;
+    }
+    return true;
+  };
+  std::vector<uint32_t*> held;
+  CUresult refused = CUDA_SUCCESS;
+  double max_ms = 0;
+  const auto start = Clock::now();
+  for (int i = 0; i < n; ++i) {
+    uint32_t* p = nullptr;
+    const auto t0 = Clock::now();
+    CUresult r = alloc(&p);
+    max_ms = std::max(max_ms, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (r != CUDA_SUCCESS) {
+      refused = r;
+      break;
+    }
+    held.push_back(p);
+  }
+  const double alloc_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  for (size_t i = 0; i < held.size(); ++i) write(held[i], static_cast<uint32_t>(i));
+  CHECK(cuCtxSynchronize());
+  const double total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  std::printf("steps_ok=%zu\nsteps_refused=%d\nstep_ms_max=%.0f\nsteps_alloc_ms=%.0f\n"
+              "steps_total_ms=%.0f\n", held.size(), static_cast<int>(refused), max_ms, alloc_ms,
+              total_ms);
+  if (refused != CUDA_SUCCESS && !held.empty()) {
+    CHECK(release(held.back()));
+    held.pop_back();
+    uint32_t* p = nullptr;
+    std::printf("again_after_free=%d\n", static_cast<int>(alloc(&p)));
+    if (p != nullptr) {
+      write(p, static_cast<uint32_t>(held.size()));
+      held.push_back(p);
+      uint32_t* q = nullptr;
+      std::printf("one_more=%d\n", static_cast<int>(alloc(&q)));
+      if (q != nullptr) CHECK(release(q));
+    }
+  }
+  // What the session can still do at its limit: a device allocation, a kernel, copies.
+  CUdeviceptr e = 0;
+  CHECK(cuMemAlloc(&e, 4096));
+  set(e, 7, 4);
+  uint32_t seven[4] = {};
+  CHECK(cuMemcpyDtoH(seven, e, sizeof(seven)));
+  CHECK(cuMemFree(e));
+  CHECK(cuCtxSynchronize());
+  bool ok = seven[3] == 7;
+  for (size_t i = 0; i < held.size(); ++i) ok = check(held[i], static_cast<uint32_t>(i)) && ok;
+  std::printf("data_ok=%d\n", ok ? 1 : 0);
+  for (uint32_t* p : held) CHECK(release(p));
+  CHECK(cuMemFree(d));
+  std::printf("done=1\n");
+  return 0;
+}
+
 int Hold() {
   Setup();
   void* p[3];
@@ -498,6 +609,10 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "managed")) return Managed();
   if (!strcmp(mode, "odd")) return OddCopies();
   if (!strcmp(mode, "copy-results")) return CopyResults();
+  if (!strcmp(mode, "steps") && argc > 4) {
+    return Steps(argv[2], strtoul(argv[3], nullptr, 10), atoi(argv[4]),
+                 !(argc > 5 && !strcmp(argv[5], "memset")));
+  }
   if (!strcmp(mode, "bench")) {
     return Bench(argc > 2 ? strtoul(argv[2], nullptr, 10) : 256, argc > 3 ? atoi(argv[3]) : 5);
   }

@@ -3,6 +3,8 @@
 #include "client/mirror_runs.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@ using tf::remote::DecodeMirrorRuns;
 using tf::remote::ForEachChangedRun;
 using tf::remote::MirrorRun;
 using tf::remote::MirrorRunPacker;
+using tf::remote::ResidentSpans;
 
 std::vector<std::pair<uint64_t, uint64_t>> Runs(const std::vector<uint8_t>& cur,
                                                 const std::vector<uint8_t>& twin) {
@@ -89,6 +92,56 @@ TEST(MirrorRuns, MalformedMessagesAreRefused) {
   EXPECT_FALSE(DecodeMirrorRuns(buf, encode(2, {{0x1000, 4}}), 4, &runs));  // truncated
   EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{0x1000, 0}}), 0, &runs));  // empty run
   EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{~0ull - 1, 4}}), 4, &runs));  // wraps
+}
+
+}  // namespace
+
+namespace {
+
+// Anonymous memory the program never touched is not compared; what it touched is, from then on
+// (even after the pages went away again), and a range that starts or ends inside a page is
+// clipped to itself.
+TEST(MirrorRuns, OnlyPagesEverPopulatedAreCompared) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t pages = 700;  // more than one pagemap read of 512 entries
+  auto* m = static_cast<uint8_t*>(
+      mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(m, MAP_FAILED);
+  const uint64_t base = reinterpret_cast<uint64_t>(m);
+  ResidentSpans resident;
+  std::vector<uint64_t> seen;
+  using R = std::vector<std::pair<uint64_t, uint64_t>>;
+  auto spans = [&](uint64_t from, uint64_t len) {
+    R out;
+    EXPECT_TRUE(resident.ForEach(base + from, len, &seen, [&](uint64_t off, uint64_t n) {
+      out.emplace_back(off, n);
+    }));
+    return out;
+  };
+  EXPECT_EQ(spans(0, pages * page), R{});
+  m[3 * page + 5] = 1;
+  for (uint64_t p = 10; p < 13; ++p) m[p * page] = 1;
+  m[600 * page] = 1;  // in the second read
+  EXPECT_EQ(spans(0, pages * page),
+            (R{{3 * page, page}, {10 * page, 3 * page}, {600 * page, page}}));
+  // Gone from memory (reads as zero now), still compared: its twin may hold what it had.
+  ASSERT_EQ(madvise(m + 3 * page, page, MADV_DONTNEED), 0);
+  EXPECT_EQ(spans(0, pages * page),
+            (R{{3 * page, page}, {10 * page, 3 * page}, {600 * page, page}}));
+  munmap(m, pages * page);
+
+  // A range that is not page aligned: spans relative to its start, within it.
+  auto* u = static_cast<uint8_t*>(
+      mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(u, MAP_FAILED);
+  u[0] = 1;
+  u[3 * page + 1] = 1;
+  std::vector<uint64_t> seen2;
+  R out;
+  EXPECT_TRUE(resident.ForEach(reinterpret_cast<uint64_t>(u) + 100, 3 * page, &seen2,
+                               [&](uint64_t off, uint64_t n) { out.emplace_back(off, n); }));
+  EXPECT_EQ(out, (R{{0, page - 100}, {3 * page - 100, 100}}));
+  munmap(u, 4 * page);
 }
 
 }  // namespace

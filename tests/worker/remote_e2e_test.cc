@@ -143,13 +143,16 @@ class RemoteTest : public ::testing::Test {
     EXPECT_EQ(system(cmd.c_str()), 0);
   }
 
-  void StartWorker(const std::vector<std::string>& extra_env = {}, const std::string& token = "sekrit") {
+  void StartWorker(const std::vector<std::string>& extra_env = {}, const std::string& token = "sekrit",
+                   const std::vector<std::string>& extra_args = {}) {
     std::vector<std::string> env = {"FAKECUDA_SHM_NAME=" + shm_name_};
     env.insert(env.end(), extra_env.begin(), extra_env.end());
     std::string ready = dir_ + "/ready";
-    worker_.Start({TF_WORKER, "--listen", "127.0.0.1:0", "--listen", "unix:" + dir_ + "/worker.sock",
-                   "--token", token, "--driver", TF_FAKECUDA, "--ready-file", ready},
-                  env);
+    std::vector<std::string> argv = {TF_WORKER, "--listen", "127.0.0.1:0", "--listen",
+                                     "unix:" + dir_ + "/worker.sock", "--token", token, "--driver",
+                                     TF_FAKECUDA, "--ready-file", ready};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    worker_.Start(argv, env);
     for (int i = 0; i < 500; ++i) {
       std::ifstream in(ready);
       std::string kind, addr;
@@ -920,6 +923,74 @@ TEST_F(RemoteTest, ManagedMemoryWorksOverBothTransports) {
     same.kv.erase("attr_concurrent");
     ExpectSameKeys(same, r);
   }
+}
+
+// Host memory the worker pins for a session stops at --session-host-mem: managed memory (no
+// vGPU here), page-locked memory shared over shm and mapped memory mirrored over TCP, allocated in
+// 128 MiB steps under a 1 GiB limit. Over shm the session's 64 MiB copy arena counts too. The
+// refused step is CUDA_ERROR_OUT_OF_MEMORY with a log line naming the limit; freeing one step
+// lets it be allocated again; what the host, kernels and copies wrote stays intact; the session
+// goes on (an allocation, a kernel and a copy after the refusal). Plain page-locked memory over
+// TCP is the client's own memory and is not limited.
+TEST_F(RemoteTest, PinnedAndManagedMemoryStopAtTheSessionsHostMemoryLimit) {
+  StartWorker({}, "sekrit", {"--session-host-mem", "1GiB"});
+  struct Case {
+    std::string kind;
+    bool shm;
+    std::string steps;  // that succeed before the refusal ("12": none refused)
+  };
+  for (const Case& c : {Case{"managed", true, "7"}, Case{"managed", false, "8"},
+                        Case{"mapped", true, "7"}, Case{"mapped", false, "8"},
+                        Case{"pinned", true, "7"}, Case{"pinned", false, "12"}}) {
+    const std::string& addr = c.shm ? unix_ : tcp_;
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "steps", c.kind, "128", "12"});
+    const std::string what = c.kind + " via " + addr + "\n" + r.out;
+    ASSERT_EQ(r.rc, 0) << what;
+    EXPECT_EQ(r.kv["steps_ok"], c.steps) << what;
+    EXPECT_EQ(r.kv["data_ok"], "1") << what;
+    EXPECT_EQ(r.kv["done"], "1") << what;
+    if (c.steps == "12") {
+      EXPECT_EQ(r.kv["steps_refused"], "0") << what;
+      continue;
+    }
+    EXPECT_EQ(r.kv["steps_refused"], "2") << what;  // CUDA_ERROR_OUT_OF_MEMORY
+    EXPECT_EQ(r.kv["again_after_free"], "0") << what;
+    EXPECT_EQ(r.kv["one_more"], "2") << what;
+  }
+  EXPECT_TRUE(worker_.WaitFor("managed memory of 128 MiB refused (CUDA_ERROR_OUT_OF_MEMORY): the "
+                              "session may pin 1024 MiB of host memory (tfusion worker "
+                              "--session-host-mem)", 5000)) << worker_.out;
+  EXPECT_NE(worker_.out.find("mapped page-locked memory of 128 MiB refused"), std::string::npos);
+  EXPECT_NE(worker_.out.find("page-locked memory of 128 MiB refused"), std::string::npos);
+}
+
+TEST_F(RemoteTest, AnUnreadableSessionHostMemoryLimitIsRefused) {
+  for (const char* bad : {"lots", "0", "-1GiB", "1.5XB"}) {
+    Child w;
+    w.Start({TF_WORKER, "--listen", "127.0.0.1:0", "--token", "t", "--driver", TF_FAKECUDA,
+             "--session-host-mem", bad}, {});
+    EXPECT_EQ(w.Wait(5000), 2) << bad << ": " << w.out;
+    EXPECT_NE(w.out.find("--session-host-mem"), std::string::npos) << w.out;
+    EXPECT_EQ(w.out.find("listening"), std::string::npos) << w.out;
+  }
+}
+
+// Managed memory over TCP allocated in 256 MiB steps up to 4 GiB: every step used to compare
+// every earlier one on both sides at each call (8 steps took 7 s on the fake driver, 4 GiB did
+// not finish in a minute on a GPU host); now the allocations take milliseconds. The bound is
+// loose: the machine running the tests may be busy.
+TEST_F(RemoteTest, ManagedMemoryInStepsOverTcpTakesBoundedTime) {
+  StartWorker({}, "sekrit", {"--session-host-mem", "8GiB"});
+  const auto start = Clock::now();
+  Result r = RemoteProgram(tcp_, {TF_HOST_PROBE, "steps", "managed", "256", "16"});
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["steps_ok"], "16") << r.out;
+  EXPECT_EQ(r.kv["data_ok"], "1") << r.out;
+  EXPECT_LT(std::stod(r.kv["steps_alloc_ms"]), 5000) << r.out;
+  EXPECT_LT(seconds, 30) << r.out;
+  std::printf("16 x 256 MiB managed over TCP: allocations %s ms, with writes %s ms\n",
+              r.kv["steps_alloc_ms"].c_str(), r.kv["steps_total_ms"].c_str());
 }
 
 TEST_F(RemoteTest, LargePageableCopiesArriveIntactOverBothTransports) {

@@ -335,7 +335,8 @@ def main():
         f.write("/* " + BANNER.strip()[3:] + " */\n{\n  global:\n")
         for e in exports:
             f.write("    %s;\n" % e)
-        f.write("    tfusion_limiter_version;\n  local: *;\n};\n")
+        f.write("    tfusion_limiter_version;\n    tfusion_limiter_charge_vram;\n"
+                "    tfusion_limiter_release_vram;\n  local: *;\n};\n")
     return 0
 
 
