@@ -325,6 +325,48 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
   }
 }
 
+// Every entry point the driver exports is implemented by the stub (or generated as the per-thread
+// variant of one it implements) or refused with a reason in api/client_refused.tsv, never both,
+// never neither; and a refused one answers CUDA_ERROR_NOT_SUPPORTED.
+TEST(RemoteSurface, EveryEntryPointIsImplementedOrRefusedWithAReason) {
+  auto names = [](const char* path, bool tsv) {
+    std::map<std::string, std::string> m;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      size_t tab = line.find('\t');
+      if (tsv) m[line.substr(0, tab)] = tab == std::string::npos ? "" : line.substr(tab + 1);
+      else m[line] = "";
+    }
+    return m;
+  };
+  auto exports = names(TF_EXPORTS_TXT, false);
+  auto implemented = names(TF_CLIENT_IMPLEMENTED_TXT, false);
+  auto refused = names(TF_CLIENT_REFUSED_TSV, true);
+  ASSERT_GT(exports.size(), 600u);
+  for (const auto& [name, unused] : exports) {
+    std::string base = name;
+    for (const char* suffix : {"_ptsz", "_ptds"}) {
+      const size_t n = strlen(suffix);
+      if (base.size() > n && base.compare(base.size() - n, n, suffix) == 0) base.resize(base.size() - n);
+    }
+    const bool impl = implemented.count(name) || implemented.count(base);
+    const bool ref = refused.count(name) != 0;
+    EXPECT_TRUE(impl || ref) << name << " is neither implemented nor refused with a reason";
+    EXPECT_FALSE(impl && ref) << name << " is implemented and also listed as refused";
+    if (ref) {
+      EXPECT_GT(refused[name].size(), 10u) << name << ": no reason given";
+    }
+  }
+  void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto refused_call = reinterpret_cast<CUresult (*)(CUstream, CUstreamAttrID, CUstreamAttrValue*)>(
+      dlsym(h, "cuStreamCopyAttributes"));
+  ASSERT_NE(refused_call, nullptr);
+  EXPECT_EQ(refused_call(nullptr, CU_LAUNCH_ATTRIBUTE_PRIORITY, nullptr), CUDA_ERROR_NOT_SUPPORTED);
+}
+
 // Stream and context queries, PCI bus ids and tensor-map encodings (what cuDNN, XLA and Triton
 // ask) give over both transports what the driver gives directly; bad handles fail that call only.
 TEST_F(RemoteTest, StreamContextPciAndTensorMapQueriesMatchTheDriver) {
