@@ -37,6 +37,7 @@ struct DeviceInfo {
   CUuuid uuid = {};
   uint64_t total_mem = 0;
   std::vector<int> attrs;
+  std::string pci_bus_id;  // asked of the worker once (client_queries.cc)
 };
 
 struct FunctionInfo {

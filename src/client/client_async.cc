@@ -83,6 +83,7 @@ CUresult Memset2D(Fn fn, CUdeviceptr dst, size_t pitch, uint32_t value, size_t w
                   size_t height, CUstream stream, bool async) {
   TF_LOCK(l);
   TF_CTX(l);
+  MirrorIfUsedAsDevice(l.session(), dst);
   uint8_t buf[48];
   Writer w(buf, sizeof(buf));
   w.U64(dst);

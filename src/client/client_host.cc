@@ -343,6 +343,27 @@ CUresult Impl_cuMemHostUnregister(void* p) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+// Mirrors plain page-locked memory of this process with s's worker from now on (h is updated).
+// REQUIRES State().mu with the context prepared.
+CUresult MirrorForDeviceUse(Session* s, HostRange* h) {
+  CUresult r = MirrorRange(s, h, remote::kMirrorMapped);
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard<std::mutex> g(g_host_mu);
+  HostRanges()[h->base] = *h;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void MirrorIfUsedAsDevice(Session* s, uint64_t p) {
+  if (!s->mirrors || FindDeviceAlloc(s, p) != nullptr) return;
+  HostRange h;
+  if (!FindHostRange(p, &h) || h.region_id != 0 || h.mirror) return;
+  if (MirrorForDeviceUse(s, &h) != CUDA_SUCCESS) return;  // the worker refuses the call as before
+}
+
 CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int flags) {
   if (pdptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
@@ -352,10 +373,7 @@ CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned
   if (h.region_id == 0 && !h.mirror && s->mirrors) {
     // Mirrored from now on (the first time a kernel may be given this memory).
     TF_CTX(l);
-    CUresult r = MirrorRange(s, &h, remote::kMirrorMapped);
-    if (r != CUDA_SUCCESS) return r;
-    std::lock_guard<std::mutex> g(g_host_mu);
-    HostRanges()[h.base] = h;
+    if (CUresult r = MirrorForDeviceUse(s, &h); r != CUDA_SUCCESS) return r;
   }
   if (h.mirror && h.owner == s) {
     *pdptr = H(p);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -130,6 +131,7 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
+  MirrorIfUsedAsDevice(s, dst);
   if (InHostRegion(s, H(src), n)) {
     return HostRegionCopy(s, remote::kRegionToDevice, dst, H(src), n, H(stream), async);
   }
@@ -196,6 +198,7 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
+  MirrorIfUsedAsDevice(s, src);
   if (InHostRegion(s, H(dst), n)) {
     return HostRegionCopy(s, remote::kRegionToHost, src, H(dst), n, H(stream), async);
   }
@@ -234,6 +237,7 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
 CUresult Memset(Fn fn, CUdeviceptr dst, uint32_t value, size_t n, CUstream stream, bool async) {
   TF_LOCK(l);
   TF_CTX(l);
+  MirrorIfUsedAsDevice(l.session(), dst);
   uint8_t buf[32];
   Writer w(buf, sizeof(buf));
   w.U64(dst);
@@ -404,6 +408,16 @@ CUresult Resolve(const char* symbol, void** pfn, int cuda_version, cuuint64_t fl
   if (status) {
     *status = hit.needs_newer_version ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
                                       : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  }
+  // Under any TFUSION_CLIENT_TRACE: which names a library looked for and did without.
+  static const bool trace = [] {
+    const char* v = getenv("TFUSION_CLIENT_TRACE");
+    return v != nullptr && v[0] != '\0' && strcmp(v, "0") != 0;
+  }();
+  if (trace) {
+    ClientLog("cuGetProcAddress(\"%s\", cudaVersion=%d, flags=%llu): %s -> CUDA_ERROR_NOT_FOUND",
+              symbol, cuda_version, static_cast<unsigned long long>(flags),
+              hit.needs_newer_version ? "needs a newer CUDA version" : "no such entry point");
   }
   return CUDA_ERROR_NOT_FOUND;
 }
@@ -700,6 +714,7 @@ CUresult Impl_cuCtxDestroy_v2(CUcontext ctx) {
     s->worker_ctx = ~0ull;
     if (CurrentContext() == H(ctx)) SetCurrentContext(0);
     ForgetFunctionAnswers(s);  // the context's modules and functions are gone
+    ForgetContextAnswers(s);   // and its streams
   }
   return r;
 }
@@ -800,6 +815,8 @@ CUresult Impl_cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstrea
 CUresult Impl_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   TF_LOCK(l);
   TF_CTX(l);
+  MirrorIfUsedAsDevice(l.session(), dst);
+  MirrorIfUsedAsDevice(l.session(), src);
   uint8_t buf[24];
   Writer w(buf, sizeof(buf));
   w.U64(dst);
@@ -811,6 +828,8 @@ CUresult Impl_cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 CUresult Impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
   TF_LOCK(l);
   TF_CTX(l);
+  MirrorIfUsedAsDevice(l.session(), dst);
+  MirrorIfUsedAsDevice(l.session(), src);
   uint8_t buf[32];
   Writer w(buf, sizeof(buf));
   w.U64(dst);
@@ -1083,6 +1102,7 @@ CUresult Impl_cuStreamDestroy_v2(CUstream s) {
   if (r == CUDA_SUCCESS) {
     Locked l;
     if (l.session()) l.session()->streams.erase(H(s));
+    if (l.session()) ForgetStreamAnswers(l.session(), H(s));
   }
   return r;
 }

@@ -64,6 +64,11 @@ inline void ForgetFunctionAnswers(Session* s) {
   }
 }
 
+// Forgets the cached answers about a stream (destroyed, or its priority set), or about every
+// stream and context (a context destroyed); client_queries.cc. REQUIRES State().mu.
+void ForgetStreamAnswers(Session* s, uint64_t stream);
+void ForgetContextAnswers(Session* s);
+
 // Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
 // attribute or the cache configuration of a function, kernel or context changes.
 void ForgetOccupancy(Session* s);
@@ -136,6 +141,13 @@ CUresult FreeManaged(Session* s, uint64_t p);
 // Forgets the advice and prefetch location kept for managed memory at base (client_managed.cc).
 // REQUIRES State().mu.
 void ForgetManagedAdvice(uint64_t base);
+// Page-locked memory of this process named where device memory is expected (a memset's
+// destination, a copy's device operand): under unified addressing it is device-accessible at its
+// own address (XLA memsets and reads back a cuMemHostAlloc buffer that its kernels write), so
+// where it is plain client memory (TCP) it is mirrored from then on, as when its device pointer is
+// asked for (client_host.cc). No-op for device memory and memory the worker already reaches.
+// REQUIRES State().mu with the context prepared.
+void MirrorIfUsedAsDevice(Session* s, uint64_t p);
 // Whether [p, p + n) lies wholly in one host region shared with s's worker. Requires the session.
 bool InHostRegion(Session* s, uint64_t p, uint64_t n);
 // A copy between device memory and a host region: only addresses travel (kOpHostRegionCopy).

@@ -65,11 +65,13 @@ enum TableId : int {
   kContextChecks,
   kContextQueries,
   kLibraryObjects,
+  kToolsModules,
   kTableCount
 };
 
-constexpr size_t kSlots[kTableCount] = {13, 4, 7, 4, 3, 4, 93, 17};
-constexpr size_t kMaxSlots = 96;
+// Slot counts as the driver (580.159.04) reports them in slot 0.
+constexpr size_t kSlots[kTableCount] = {13, 3, 7, 4, 3, 4, 93, 17, 99};
+constexpr size_t kMaxSlots = 128;
 
 const ExportTableInfo kInfo[kTableCount] = {
     {"CUDART_INTERFACE",
@@ -105,13 +107,18 @@ const ExportTableInfo kInfo[kTableCount] = {
      MakeUuid({0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd,
                0x8b, 0xca}),
      kSlots[kLibraryObjects], true},
+    // Called the tools "module/function" table by public analyses; cuFFT asks for it.
+    {"TOOLS_MODULES",
+     MakeUuid({0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1,
+               0x99, 0x1e}),
+     kSlots[kToolsModules], true},
 };
 
 // What a slot we do not understand returns: CUDA_ERROR_NOT_SUPPORTED where the table's known slots
 // return a CUresult, 0 in the tools tables.
 constexpr uint64_t kUnknownSlotResult[kTableCount] = {
     CUDA_ERROR_NOT_SUPPORTED, 0, 0, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, 0,
-    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED};
+    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED};
 
 std::atomic<bool> g_unknown_logged[kTableCount][kMaxSlots];
 
@@ -244,6 +251,25 @@ void GetHookBuffer2(void** ptr, size_t* size) {
            static_cast<void*>(g_hook_buffer2));
 }
 
+// ---- TOOLS_TLS (42d85a81…): [2](void** out) stores the calling thread's current context (the
+// top of its context stack, NULL when none) and returns 0; before cuInit it returns
+// CUDA_ERROR_NOT_INITIALIZED and stores nothing (measured on driver 580, docs/export-tables.md).
+// XLA calls it around every kernel it launches.
+
+CUresult ToolsCurrentContext(void** out) {
+  ClientState& st = State();
+  pthread_mutex_lock(&st.mu);
+  const bool initialised = st.init_called || st.session != nullptr;
+  pthread_mutex_unlock(&st.mu);
+  CUresult r = CUDA_SUCCESS;
+  if (!initialised) r = CUDA_ERROR_NOT_INITIALIZED;
+  else if (out == nullptr) r = CUDA_ERROR_INVALID_VALUE;
+  else *out = reinterpret_cast<void*>(CurrentContext());
+  TF_TRACE("export table TOOLS_TLS[2] current_context(%p) -> %d, ctx=0x%" PRIx64,
+           static_cast<void*>(out), r, r == CUDA_SUCCESS ? CurrentContext() : 0);
+  return r;
+}
+
 // ---- CONTEXT_LOCAL_STORAGE_INTERFACE_V0301: (context, key) -> value, with a destructor run when
 // the context is destroyed. Kept in this process, keyed by the stub's context handles.
 
@@ -370,18 +396,112 @@ uint32_t ContextCheck3() {
   return 0;
 }
 
-// ---- CONTEXT_QUERIES (21318c60…): cuBLAS asks [4](context, u64* out) before each GEMM. The
-// driver stores a 32-bit property of its context object (1 for a primary context on an H200 with
-// driver 580) and stores 0 for a NULL context; cuBLAS was measured to run unchanged on the real
-// driver with 0 stored, so 0 is the answer here (our contexts are not the driver's objects).
+// ---- CONTEXT_QUERIES (21318c60…), measured on driver 580 (docs/export-tables.md):
+// [4](context, u64* out) is the context's id as cuCtxGetId gives it (0 stored for a NULL context);
+// cuBLAS asks before each GEMM. [51](context, stream, void** out, flag) resolves a stream handle to
+// the driver's stream object (NULL means the legacy stream, or the per-thread one when flag is
+// set); [39](context, object, u64* out) gives that stream's id as cuStreamGetId does. cuSOLVER
+// calls [51] then [39] on each call. Our objects are client memory: 512 zeroed bytes per
+// (context, stream) with the two fields the driver's object was seen to start with (u32 1 at 0,
+// the context at 16) and the stream id where the driver keeps it (0x150), never freed, so a
+// pointer a library kept stays readable.
 
 CUresult ContextQuery4(CUcontext ctx, uint64_t* out) {
   CUresult r = CUDA_SUCCESS;
-  if (out == nullptr) r = CUDA_ERROR_UNKNOWN;  // what the driver returns for a NULL out
-  else *out = 0;
-  TF_TRACE("export table CONTEXT_QUERIES[4] (ctx=%p, out=%p) -> %d, 0", static_cast<void*>(ctx),
-           static_cast<void*>(out), r);
+  uint64_t id = 0;
+  if (out == nullptr) {
+    r = CUDA_ERROR_UNKNOWN;  // what the driver returns for a NULL out
+  } else {
+    unsigned long long v = 0;
+    // A context the session cannot name gets 0, which cuBLAS was measured to accept.
+    if (ctx != nullptr && Impl_cuCtxGetId(ctx, &v) == CUDA_SUCCESS) id = v;
+    *out = id;
+  }
+  TF_TRACE("export table CONTEXT_QUERIES[4] context_id(ctx=%p, out=%p) -> %d, %" PRIu64,
+           static_cast<void*>(ctx), static_cast<void*>(out), r, id);
   return r;
+}
+
+constexpr size_t kStreamObjectBytes = 512;
+constexpr size_t kStreamObjectIdOffset = 0x150;
+struct alignas(64) StreamObject {
+  unsigned char bytes[kStreamObjectBytes];
+};
+pthread_mutex_t g_stream_objects_mu = PTHREAD_MUTEX_INITIALIZER;
+// (context, stream handle) -> its object; never destroyed (see g_primary).
+std::map<std::pair<uint64_t, uint64_t>, StreamObject*>& g_stream_objects =
+    *new std::map<std::pair<uint64_t, uint64_t>, StreamObject*>();
+
+CUresult ContextQuery51(CUcontext ctx, CUstream stream, void** out, int per_thread) {
+  const uint64_t c = ctx != nullptr ? reinterpret_cast<uint64_t>(ctx) : CurrentContext();
+  uint64_t h = reinterpret_cast<uint64_t>(stream);
+  if (h == 0) h = per_thread ? 2 : 1;  // CU_STREAM_PER_THREAD : CU_STREAM_LEGACY
+  CUresult r = CUDA_SUCCESS;
+  unsigned long long id = 0;
+  StreamObject* obj = nullptr;
+  if (out == nullptr) {
+    r = CUDA_ERROR_INVALID_VALUE;
+  } else if (h == ~0ull) {
+    r = CUDA_ERROR_INVALID_HANDLE;
+  } else if (c == 0) {
+    r = CUDA_ERROR_INVALID_CONTEXT;
+  } else {
+    // The legacy and per-thread streams are the context's: ask in that context.
+    const uint64_t saved = CurrentContext();
+    SetCurrentContext(c);
+    r = Impl_cuStreamGetId(reinterpret_cast<CUstream>(h), &id);
+    SetCurrentContext(saved);
+  }
+  if (r == CUDA_SUCCESS) {
+    pthread_mutex_lock(&g_stream_objects_mu);
+    StreamObject*& slot = g_stream_objects[{c, h}];
+    if (slot == nullptr) {
+      slot = new StreamObject();
+      const uint32_t one = 1;
+      memcpy(slot->bytes, &one, sizeof(one));
+      memcpy(slot->bytes + 16, &c, sizeof(c));
+    }
+    const uint64_t v = id;  // refreshed: a destroyed stream's handle may come back
+    memcpy(slot->bytes + kStreamObjectIdOffset, &v, sizeof(v));
+    obj = slot;
+    pthread_mutex_unlock(&g_stream_objects_mu);
+    *out = obj;
+  }
+  TF_TRACE("export table CONTEXT_QUERIES[51] stream_object(ctx=%p, stream=%p, per_thread=%d) -> %d, "
+           "%p (stream id %llu)",
+           static_cast<void*>(ctx), static_cast<void*>(stream), per_thread, r,
+           static_cast<void*>(obj), id);
+  return r;
+}
+
+CUresult ContextQuery39(CUcontext ctx, const void* object, uint64_t* out) {
+  CUresult r = CUDA_ERROR_INVALID_VALUE;
+  uint64_t id = 0;
+  if (out != nullptr && object != nullptr) {
+    pthread_mutex_lock(&g_stream_objects_mu);
+    for (const auto& [key, obj] : g_stream_objects) {
+      if (obj == object) {
+        memcpy(&id, obj->bytes + kStreamObjectIdOffset, sizeof(id));
+        r = CUDA_SUCCESS;
+        break;
+      }
+    }
+    pthread_mutex_unlock(&g_stream_objects_mu);
+    if (r == CUDA_SUCCESS) *out = id;
+  }
+  TF_TRACE("export table CONTEXT_QUERIES[39] stream_id(ctx=%p, object=%p) -> %d, %" PRIu64,
+           static_cast<void*>(ctx), object, r, id);
+  return r;
+}
+
+// ---- TOOLS_MODULES (6e163fbe…): cuFFT, and PyTorch's and JAX's FFTs, call only [7](context-like
+// object, object, host callback, out, object) at plan creation; the driver answered 1
+// (CUDA_ERROR_INVALID_VALUE) every time and the plans work, while refusing the whole table makes
+// cuFFT fail with CUFFT_INTERNAL_ERROR. So [7] answers 1 and touches nothing.
+
+CUresult ToolsModules7(void* a, void* b, void* callback, void* out) {
+  TF_TRACE("export table TOOLS_MODULES[7] (%p, %p, %p, %p) -> 1", a, b, callback, out);
+  return CUDA_ERROR_INVALID_VALUE;
 }
 
 // ---- LIBRARY_OBJECTS (1734dc26…): cuBLASLt asks [4](void** a, void** b, …) for two driver
@@ -411,8 +531,10 @@ void AtForkChild() {
   // running destructors: the contexts were the parent's).
   pthread_mutex_init(&g_cls_mu, nullptr);
   pthread_mutex_init(&g_primary_mu, nullptr);
+  pthread_mutex_init(&g_stream_objects_mu, nullptr);
   g_cls.clear();
   g_primary.clear();
+  g_stream_objects.clear();  // leaked: the parent's library may still hold pointers to them
 }
 
 struct Setup {
@@ -426,6 +548,7 @@ struct Setup {
     FillUnknown<kContextChecks>(std::make_index_sequence<kSlots[kContextChecks]>());
     FillUnknown<kContextQueries>(std::make_index_sequence<kSlots[kContextQueries]>());
     FillUnknown<kLibraryObjects>(std::make_index_sequence<kSlots[kLibraryObjects]>());
+    FillUnknown<kToolsModules>(std::make_index_sequence<kSlots[kToolsModules]>());
     for (int t = 0; t < kTableCount; ++t) {
       if (kInfo[t].has_size_word) g_tables[t][0] = SizeWord(t);
     }
@@ -446,7 +569,11 @@ struct Setup {
     g_tables[kIntegrityCheck][1] = Fn(&IntegrityCheck);
     g_tables[kContextChecks][2] = Fn(&ContextCheck);
     g_tables[kContextChecks][3] = Fn(&ContextCheck3);
+    g_tables[kToolsTls][2] = Fn(&ToolsCurrentContext);
     g_tables[kContextQueries][4] = Fn(&ContextQuery4);
+    g_tables[kContextQueries][39] = Fn(&ContextQuery39);
+    g_tables[kContextQueries][51] = Fn(&ContextQuery51);
+    g_tables[kToolsModules][7] = Fn(&ToolsModules7);
     g_tables[kLibraryObjects][4] = Fn(&LibraryObjectsCreate);
     g_tables[kLibraryObjects][13] = Fn(&LibraryObjectsDestroy);
     pthread_atfork(nullptr, nullptr, &AtForkChild);

@@ -31,6 +31,7 @@
 #include "worker/session_host_memory.h"
 #include "worker/session_link.h"
 #include "worker/session_mirrors.h"
+#include "worker/session_queries.h"
 
 namespace tf::worker {
 
@@ -70,7 +71,7 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : public GraphHost, private SessionArrays::Host {
+class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {}
@@ -100,6 +101,11 @@ class Session : public GraphHost, private SessionArrays::Host {
   bool KnownEvent(uint64_t e) const override { return events_.count(e) != 0; }
   bool KnownContext(uint64_t c) const override { return contexts_.count(c) != 0; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
+  // SessionQueries::Host (stream, context, module and function queries: session_queries.cc).
+  bool KnownModule(uint64_t m) const override {
+    return modules_.count(m) != 0 || library_modules_.count(m) != 0;
+  }
+  bool KnownFunction(uint64_t f) const override { return functions_.count(f) != 0; }
   void* HostRegionAddress(uint64_t host, uint64_t n) override {
     uint64_t base = 0;
     HostRegion* r = n > 0 ? FindRegion(host, n, &base) : nullptr;
@@ -314,6 +320,7 @@ class Session : public GraphHost, private SessionArrays::Host {
     return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
   }
   SessionArrays arrays_{d_, *this};
+  SessionQueries queries_{d_, *this};
 };
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
@@ -458,6 +465,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
+  if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
       uint64_t c = 0;

@@ -46,7 +46,12 @@ struct PhysicalMemory;
 struct Graph;
 struct GraphNode;
 
+// Ids of streams and contexts (cuStreamGetId, cuCtxGetId): unique in the process, never reused.
+inline std::atomic<uint64_t> g_next_stream_id{16};
+inline std::atomic<uint64_t> g_next_context_id{1};
+
 struct Stream {
+  uint64_t id = g_next_stream_id.fetch_add(1);
   Context* ctx = nullptr;
   unsigned flags = 0;
   int priority = 0;
@@ -96,6 +101,7 @@ struct Event {
 };
 
 struct Context {
+  uint64_t id = g_next_context_id.fetch_add(1);
   CUdevice device = 0;
   unsigned flags = 0;
   bool primary = false;

@@ -48,7 +48,7 @@ const Known kKnown[] = {
     {"CUDART_INTERFACE", {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39,
                           0x12, 0xfd, 0x9d, 0xf9}, 13, true},
     {"TOOLS_TLS", {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a,
-                   0x3a, 0xec, 0xdc}, 4, true},
+                   0x3a, 0xec, 0xdc}, 3, true},
     {"TOOLS_RUNTIME_CALLBACK_HOOKS", {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2,
                                       0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66}, 7, true},
     {"CONTEXT_LOCAL_STORAGE_INTERFACE_V0301", {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8,
@@ -62,6 +62,8 @@ const Known kKnown[] = {
                          0x73, 0x24, 0xc8, 0xf2}, 93, true},
     {"LIBRARY_OBJECTS", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1,
                          0xe7, 0xdd, 0x8b, 0xca}, 17, true},
+    {"TOOLS_MODULES", {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82,
+                       0xaf, 0xf1, 0x99, 0x1e}, 99, true},
 };
 // Requested by PyTorch 2.11 / CUDA 13 (shared/research/driver-probe.md), meaning unknown; cudart,
 // cuBLAS and cuDNN were measured to work on the real driver with both refused.
@@ -583,6 +585,112 @@ TEST_F(ExportTablesRemote, IntegrityCheckHashesThisProcessAndTheWorkersDevices) 
   EXPECT_EQ(kv["matches"], "1") << out;
   EXPECT_EQ(kv["old_caller"], "1");
   EXPECT_EQ(kv["null_result"], "1");
+}
+
+// What XLA, cuSOLVER and cuFFT ask of the tools and context tables, answered as the driver was
+// measured to answer (docs/export-tables.md): TOOLS_TLS[2] is the thread's current context,
+// CONTEXT_QUERIES[4] the context's id, [51] a stream object whose id [39] gives (cuStreamGetId's),
+// TOOLS_MODULES[7] answers CUDA_ERROR_INVALID_VALUE and writes nothing.
+TEST_F(ExportTablesRemote, ToolsAndContextQueriesAnswerAsTheDriver) {
+  int status = -1;
+  std::string out = InChild(
+      [](void* h) {
+        auto tls = GetTable(h, "TOOLS_TLS");
+        auto q = GetTable(h, "CONTEXT_QUERIES");
+        auto tm = GetTable(h, "TOOLS_MODULES");
+        if (tls == nullptr || q == nullptr || tm == nullptr) return 20;
+        auto current = reinterpret_cast<CUresult (*)(void**)>(tls[2]);
+        void* v = reinterpret_cast<void*>(0x1234);
+        CUresult r0 = current(&v);
+        printf("tls_before_init=%d:%d\n", r0, v == reinterpret_cast<void*>(0x1234));
+        if (Sym<CUresult (*)(unsigned)>(h, "cuInit")(0) != CUDA_SUCCESS) return 21;
+        CUresult rc = current(&v);
+        printf("tls_no_context=%d:%d\n", rc, v == nullptr);
+        CUcontext primary = nullptr, created = nullptr;
+        Sym<CUresult (*)(CUcontext*, CUdevice)>(h, "cuDevicePrimaryCtxRetain")(&primary, 0);
+        Sym<CUresult (*)(CUcontext)>(h, "cuCtxSetCurrent")(primary);
+        rc = current(&v);
+        printf("tls_primary=%d:%d\n", rc, v == primary);
+        auto create = Sym<CUresult (*)(CUcontext*, CUctxCreateParams*, unsigned, CUdevice)>(
+            h, "cuCtxCreate_v4");
+        if (create(&created, nullptr, 0, 0) != CUDA_SUCCESS) return 22;
+        rc = current(&v);
+        printf("tls_pushed=%d:%d\n", rc, v == created);
+        auto ctx_id = Sym<CUresult (*)(CUcontext, unsigned long long*)>(h, "cuCtxGetId");
+        auto q4 = reinterpret_cast<CUresult (*)(CUcontext, uint64_t*)>(q[4]);
+        unsigned long long id_p = 0, id_c = 0;
+        ctx_id(primary, &id_p);
+        ctx_id(created, &id_c);
+        uint64_t a = 77, b = 77, z = 77;
+        CUresult ra = q4(primary, &a);
+        CUresult rb = q4(created, &b);
+        CUresult rz = q4(nullptr, &z);
+        printf("q4=%d:%d:%d:%d\n", ra, a == id_p && a != 0, rb == 0 && b == id_c, rz == 0 && z == 0);
+        Sym<CUresult (*)(CUcontext)>(h, "cuCtxSetCurrent")(primary);
+        auto q51 = reinterpret_cast<CUresult (*)(CUcontext, CUstream, void**, int)>(q[51]);
+        auto q39 = reinterpret_cast<CUresult (*)(CUcontext, const void*, uint64_t*)>(q[39]);
+        auto stream_id = Sym<CUresult (*)(CUstream, unsigned long long*)>(h, "cuStreamGetId");
+        CUstream s = nullptr;
+        Sym<CUresult (*)(CUstream*, unsigned)>(h, "cuStreamCreate")(&s, 0);
+        struct Case {
+          const char* key;
+          CUstream stream;
+          int flag;
+          CUstream as;
+        } cases[] = {{"q51_null", nullptr, 0, CU_STREAM_LEGACY},
+                     {"q51_null_per_thread", nullptr, 1, CU_STREAM_PER_THREAD},
+                     {"q51_legacy", CU_STREAM_LEGACY, 1, CU_STREAM_LEGACY},
+                     {"q51_created", s, 0, s}};
+        void* objs[4] = {};
+        int i = 0;
+        for (const Case& c : cases) {
+          void* obj = nullptr;
+          uint64_t id = 0;
+          unsigned long long want = 0;
+          CUresult r = q51(primary, c.stream, &obj, c.flag);
+          CUresult r39 = q39(primary, obj, &id);
+          stream_id(c.as, &want);
+          uint32_t head = 0;
+          void* owner = nullptr;
+          if (obj != nullptr) {
+            memcpy(&head, obj, 4);
+            memcpy(&owner, static_cast<char*>(obj) + 16, 8);
+          }
+          printf("%s=%d:%d:%d:%u:%d\n", c.key, r, r39, id == want && id != 0, head, owner == primary);
+          objs[i++] = obj;
+        }
+        printf("q51_same_object=%d:%d\n", objs[0] == objs[2], objs[0] != objs[1] && objs[0] != objs[3]);
+        void* obj = nullptr;
+        printf("q51_null_out=%d\n", q51(primary, nullptr, nullptr, 0));
+        printf("q51_bad_stream=%d\n", q51(primary, reinterpret_cast<CUstream>(~0ull), &obj, 0));
+        printf("q51_unknown_stream=%d\n", q51(primary, reinterpret_cast<CUstream>(0x5a5a5a0), &obj, 0));
+        uint64_t id = 0;
+        printf("q39_not_ours=%d\n", q39(primary, &id, &id));
+        auto modules7 = reinterpret_cast<CUresult (*)(void*, void*, void*, void*, void*)>(tm[7]);
+        uint64_t out_word = 0x5555;
+        CUresult r7 = modules7(primary, &id, nullptr, &out_word, &id);
+        printf("modules7=%d:%d\n", r7, out_word == 0x5555);
+        return 0;
+      },
+      &status);
+  ASSERT_EQ(status, 0) << out;
+  auto kv = Kv(out);
+  EXPECT_EQ(kv["tls_before_init"], "3:1") << out;  // CUDA_ERROR_NOT_INITIALIZED, nothing stored
+  EXPECT_EQ(kv["tls_no_context"], "0:1");
+  EXPECT_EQ(kv["tls_primary"], "0:1");
+  EXPECT_EQ(kv["tls_pushed"], "0:1");
+  EXPECT_EQ(kv["q4"], "0:1:1:1") << out;
+  EXPECT_EQ(kv["q51_null"], "0:0:1:1:1") << out;
+  EXPECT_EQ(kv["q51_null_per_thread"], "0:0:1:1:1");
+  EXPECT_EQ(kv["q51_legacy"], "0:0:1:1:1");
+  EXPECT_EQ(kv["q51_created"], "0:0:1:1:1");
+  EXPECT_EQ(kv["q51_same_object"], "1:1");
+  EXPECT_EQ(kv["q51_null_out"], "1");
+  EXPECT_EQ(kv["q51_bad_stream"], "400");
+  EXPECT_EQ(kv["q51_unknown_stream"], "400");
+  EXPECT_EQ(kv["q39_not_ours"], "1");
+  EXPECT_EQ(kv["modules7"], "1:1");
+  EXPECT_EQ(out.find("whose meaning is unknown"), std::string::npos) << out;
 }
 
 #ifdef TF_RT_SMOKE

@@ -332,6 +332,98 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
   }
 }
 
+// Every entry point the driver exports is implemented by the stub (or generated as the per-thread
+// variant of one it implements) or refused with a reason in api/client_refused.tsv, never both,
+// never neither; and a refused one answers CUDA_ERROR_NOT_SUPPORTED.
+TEST(RemoteSurface, EveryEntryPointIsImplementedOrRefusedWithAReason) {
+  auto names = [](const char* path, bool tsv) {
+    std::map<std::string, std::string> m;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      size_t tab = line.find('\t');
+      if (tsv) m[line.substr(0, tab)] = tab == std::string::npos ? "" : line.substr(tab + 1);
+      else m[line] = "";
+    }
+    return m;
+  };
+  auto exports = names(TF_EXPORTS_TXT, false);
+  auto implemented = names(TF_CLIENT_IMPLEMENTED_TXT, false);
+  auto refused = names(TF_CLIENT_REFUSED_TSV, true);
+  ASSERT_GT(exports.size(), 600u);
+  for (const auto& [name, unused] : exports) {
+    std::string base = name;
+    for (const char* suffix : {"_ptsz", "_ptds"}) {
+      const size_t n = strlen(suffix);
+      if (base.size() > n && base.compare(base.size() - n, n, suffix) == 0) base.resize(base.size() - n);
+    }
+    const bool impl = implemented.count(name) || implemented.count(base);
+    const bool ref = refused.count(name) != 0;
+    EXPECT_TRUE(impl || ref) << name << " is neither implemented nor refused with a reason";
+    EXPECT_FALSE(impl && ref) << name << " is implemented and also listed as refused";
+    if (ref) {
+      EXPECT_GT(refused[name].size(), 10u) << name << ": no reason given";
+    }
+  }
+  void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto refused_call = reinterpret_cast<CUresult (*)(CUstream, CUstreamAttrID, CUstreamAttrValue*)>(
+      dlsym(h, "cuStreamCopyAttributes"));
+  ASSERT_NE(refused_call, nullptr);
+  EXPECT_EQ(refused_call(nullptr, CU_LAUNCH_ATTRIBUTE_PRIORITY, nullptr), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+// Stream and context queries, PCI bus ids and tensor-map encodings (what cuDNN, XLA and Triton
+// ask) give over both transports what the driver gives directly; bad handles fail that call only.
+TEST_F(RemoteTest, StreamContextPciAndTensorMapQueriesMatchTheDriver) {
+  StartWorker();
+  Result direct = DirectProgram({TF_QUERY_PROBE, "queries"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["done"], "1") << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_QUERY_PROBE, "queries"});
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_EQ(r.kv["stream_a"], "-1:1");
+    EXPECT_EQ(r.kv["stream_b"], "0:0");
+    EXPECT_EQ(r.kv["stream_ids"], "1:1:1");  // stable, distinct, the NULL stream's its own
+    EXPECT_EQ(r.kv["stream_where"], "0:1:1:1:1");
+    EXPECT_EQ(r.kv["stream_bogus"], "400:400");  // CUDA_ERROR_INVALID_HANDLE
+    EXPECT_EQ(r.kv["stream_new"], "-3") << "a destroyed stream's cached answers are dropped";
+    EXPECT_EQ(r.kv["ctx_ids"], "1:1:1:1");
+    EXPECT_EQ(r.kv["ctx_bogus"], "201");  // CUDA_ERROR_INVALID_CONTEXT
+    EXPECT_EQ(r.kv["pci_bad_device"], "101");
+    EXPECT_EQ(r.kv["by_pci"], "0:0");
+    EXPECT_EQ(r.kv["by_pci_lower"], "0:0");
+    EXPECT_EQ(r.kv["by_pci_no_domain"], "0:0");
+    EXPECT_EQ(r.kv["by_pci_junk"], "1:-7");
+    EXPECT_EQ(r.kv["tiled"].substr(0, 2), "0:");
+    EXPECT_EQ(r.kv["tiled_bad_box"], "1");
+    EXPECT_EQ(r.kv["tiled_bad_rank"], "1");
+    EXPECT_EQ(r.kv["replaced_misaligned"], "1");
+    ExpectSameKeys(direct, r);
+    EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
+  }
+}
+
+// XLA memsets a cuMemHostAlloc(8, PORTABLE) buffer, has kernels write it and reads it back on a
+// non-default stream into stack memory (JAX's matmul autotuning); over TCP that memory was plain
+// client memory the worker could not reach (CUDA_ERROR_INVALID_VALUE). Kept as its own case so it
+// can be re-checked on its own.
+TEST_F(RemoteTest, PinnedMemoryUsedAsDeviceMemoryWorksOverBothTransports) {
+  StartWorker();
+  Result direct = DirectProgram({TF_QUERY_PROBE, "pinned_as_device"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["pinned_as_device"], "0:0:5eed:beef") << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_QUERY_PROBE, "pinned_as_device"});
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["pinned_as_device"], "0:0:5eed:beef") << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+  }
+}
+
 TEST_F(RemoteTest, PinnedHostMemoryLivesOnTheClient) {
   StartWorker();
   Result direct = Direct("host");

@@ -1,0 +1,476 @@
+// Queries and host-side encodings forwarded to the worker (worker half: src/worker/
+// session_queries.cc, where the wire format of each call is written down): stream properties,
+// context ids, PCI bus ids, peer queries, function loading, profiler markers, and the tensor-map
+// encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes from the
+// arguments, which travel by value; the map comes back into the caller's).
+//
+// Answers that only this client can change are asked once and then answered here (Session::answers):
+// a stream's priority, flags, id, device and context until the stream is destroyed or its priority
+// set, a context's id until it is destroyed, a device's PCI bus id for the connection.
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+namespace {
+
+using driver::Fn;
+using remote::Op;
+using transport::Writer;
+
+constexpr uint32_t kMaxTensorRank = 5;
+constexpr Fn kStreamQueries[] = {Fn::cuStreamGetPriority, Fn::cuStreamGetFlags, Fn::cuStreamGetId,
+                                 Fn::cuStreamGetDevice, Fn::cuStreamGetCtx};
+
+bool SpecialStream(uint64_t s) { return s <= 2; }  // NULL, legacy, per-thread
+
+// One u64 answer about stream `st` (its meaning depends on fn). The NULL, legacy and per-thread
+// streams are the current context's, so their answers are kept per context.
+CUresult StreamValue(Fn fn, CUstream st, uint64_t* v) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  const uint64_t h = H(st);
+  const uint64_t ctx = SpecialStream(h) ? CurrentContext() : 0;
+  if (CachedAnswer(s, fn, h, ctx, 0, v)) return CUDA_SUCCESS;
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(h);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  if (!rv.reader.U64(v)) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(s, fn, h, ctx, 0, *v);
+  return CUDA_SUCCESS;
+}
+
+// A device's bus id as the worker's driver writes it, asked once per connection.
+CUresult BusId(Session* s, CUdevice dev, std::string* out) {
+  if (dev < 0 || static_cast<size_t>(dev) >= s->devices.size()) return CUDA_ERROR_INVALID_DEVICE;
+  DeviceInfo& d = s->devices[dev];
+  if (d.pci_bus_id.empty()) {
+    uint8_t buf[8];
+    Writer w(buf, sizeof(buf));
+    w.I32(dev);
+    ReplyView rv;
+    CUresult r = CallSync(s, Op(Fn::cuDeviceGetPCIBusId), w, &rv);
+    if (r != CUDA_SUCCESS) return r;
+    const uint8_t* text = nullptr;
+    uint32_t n = 0;
+    if (!rv.reader.Blob(&text, &n, 63) || n == 0) return CUDA_ERROR_UNKNOWN;
+    d.pci_bus_id.assign(reinterpret_cast<const char*>(text), n);
+  }
+  *out = d.pci_bus_id;
+  return CUDA_SUCCESS;
+}
+
+// Parses "[domain:]bus:device[.function]" (hexadecimal fields, any case), the forms the driver
+// accepts. False for anything else.
+bool ParseBusId(const char* text, unsigned* domain, unsigned* bus, unsigned* device) {
+  unsigned f[3] = {};
+  int n = 0;
+  const char* p = text;
+  for (;;) {
+    if (n == 3 || !isxdigit(static_cast<unsigned char>(*p))) return false;
+    char* end = nullptr;
+    unsigned long v = strtoul(p, &end, 16);
+    if (end - p > 8) return false;
+    f[n++] = static_cast<unsigned>(v);
+    p = end;
+    if (*p == ':') {
+      ++p;
+      continue;
+    }
+    if (*p == '.') {
+      ++p;
+      if (!isxdigit(static_cast<unsigned char>(*p))) return false;
+      strtoul(p, &end, 16);
+      p = end;
+    }
+    break;
+  }
+  if (*p != '\0' || n < 2) return false;
+  *domain = n == 3 ? f[0] : 0;
+  *bus = f[n - 2];
+  *device = f[n - 1];
+  return true;
+}
+
+// Sends a tensor-map request and copies the 128-byte answer into *map.
+CUresult TensorMapCall(Fn fn, const Writer& w, CUtensorMap* map) {
+  TF_LOCK(l);
+  TF_CTX_IF_ANY(l);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  CUtensorMap got;
+  if (!rv.reader.Bytes(&got, sizeof(got))) return CUDA_ERROR_UNKNOWN;
+  *map = got;
+  return CUDA_SUCCESS;
+}
+
+// What the encodings share: u32 type, u32 rank, u64 address, dims, strides. CUDA_ERROR_INVALID_VALUE
+// for arguments the driver would refuse before reading them.
+CUresult WriteTensorHead(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, uint32_t min_rank,
+                         void* address, const cuuint64_t* dims, const cuuint64_t* strides,
+                         const cuuint32_t* element_strides, Writer& w) {
+  if (map == nullptr || rank < min_rank || rank > kMaxTensorRank || dims == nullptr ||
+      element_strides == nullptr || (rank > 1 && strides == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  w.U32(static_cast<uint32_t>(type));
+  w.U32(rank);
+  w.U64(H(address));
+  for (cuuint32_t i = 0; i < rank; ++i) w.U64(dims[i]);
+  for (cuuint32_t i = 0; i + 1 < rank; ++i) w.U64(strides[i]);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+void ForgetStreamAnswers(Session* s, uint64_t stream) {
+  for (Fn fn : kStreamQueries) ForgetAnswersAbout(s, fn, stream);
+}
+
+void ForgetContextAnswers(Session* s) {
+  ForgetAnswers(s, Fn::cuCtxGetId);
+  for (Fn fn : kStreamQueries) ForgetAnswers(s, fn);
+}
+
+// ---- streams
+
+CUresult Impl_cuStreamGetPriority(CUstream st, int* priority) {
+  if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = 0;
+  CUresult r = StreamValue(Fn::cuStreamGetPriority, st, &v);
+  if (r == CUDA_SUCCESS) *priority = static_cast<int>(static_cast<int64_t>(v));
+  return r;
+}
+
+CUresult Impl_cuStreamGetFlags(CUstream st, unsigned int* flags) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = 0;
+  CUresult r = StreamValue(Fn::cuStreamGetFlags, st, &v);
+  if (r == CUDA_SUCCESS) *flags = static_cast<unsigned int>(v);
+  return r;
+}
+
+CUresult Impl_cuStreamGetId(CUstream st, unsigned long long* id) {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = 0;
+  CUresult r = StreamValue(Fn::cuStreamGetId, st, &v);
+  if (r == CUDA_SUCCESS) *id = v;
+  return r;
+}
+
+CUresult Impl_cuStreamGetDevice(CUstream st, CUdevice* device) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = 0;
+  CUresult r = StreamValue(Fn::cuStreamGetDevice, st, &v);
+  if (r == CUDA_SUCCESS) *device = static_cast<CUdevice>(static_cast<int64_t>(v));
+  return r;
+}
+
+CUresult Impl_cuStreamGetCtx(CUstream st, CUcontext* ctx) {
+  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = 0;
+  CUresult r = StreamValue(Fn::cuStreamGetCtx, st, &v);
+  if (r == CUDA_SUCCESS) *ctx = reinterpret_cast<CUcontext>(v);
+  return r;
+}
+
+// The stub creates no green contexts: a stream's green context is always NULL.
+CUresult Impl_cuStreamGetCtx_v2(CUstream st, CUcontext* ctx, CUgreenCtx* green) {
+  if (ctx == nullptr && green == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUcontext c = nullptr;
+  CUresult r = Impl_cuStreamGetCtx(st, &c);
+  if (r != CUDA_SUCCESS) return r;
+  if (ctx != nullptr) *ctx = c;
+  if (green != nullptr) *green = nullptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuStreamGetAttribute(CUstream st, CUstreamAttrID attr, CUstreamAttrValue* value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(st));
+  w.U32(static_cast<uint32_t>(attr));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuStreamGetAttribute), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  CUstreamAttrValue got;
+  if (!rv.reader.Bytes(&got, sizeof(got))) return CUDA_ERROR_UNKNOWN;
+  *value = got;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuStreamSetAttribute(CUstream st, CUstreamAttrID attr, const CUstreamAttrValue* value) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[16 + sizeof(CUstreamAttrValue)];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(st));
+  w.U32(static_cast<uint32_t>(attr));
+  w.Bytes(value, sizeof(*value));
+  CUresult r = Simple(l, Fn::cuStreamSetAttribute, w);
+  ForgetStreamAnswers(l.session(), H(st));  // the priority may have changed
+  return r;
+}
+
+// ---- contexts
+
+CUresult Impl_cuCtxGetId(CUcontext ctx, unsigned long long* id) {
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  Session* s = l.session();
+  const uint64_t c = ctx != nullptr ? H(ctx) : CurrentContext();
+  if (c == 0 || !s->contexts.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
+  uint64_t v = 0;
+  if (CachedAnswer(s, Fn::cuCtxGetId, c, 0, 0, &v)) {
+    *id = v;
+    return CUDA_SUCCESS;
+  }
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(c);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuCtxGetId), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  if (!rv.reader.U64(&v)) return CUDA_ERROR_UNKNOWN;
+  StoreAnswer(s, Fn::cuCtxGetId, c, 0, 0, v);
+  *id = v;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxResetPersistingL2Cache() {
+  TF_LOCK(l);
+  TF_CTX(l);
+  return Simple(l, Fn::cuCtxResetPersistingL2Cache, Writer(nullptr, 0));
+}
+
+CUresult Impl_cuProfilerStart() {
+  TF_LOCK(l);
+  TF_CTX(l);
+  return Simple(l, Fn::cuProfilerStart, Writer(nullptr, 0));
+}
+
+CUresult Impl_cuProfilerStop() {
+  TF_LOCK(l);
+  TF_CTX(l);
+  return Simple(l, Fn::cuProfilerStop, Writer(nullptr, 0));
+}
+
+// ---- devices
+
+CUresult Impl_cuDeviceGetPCIBusId(char* pci_bus_id, int len, CUdevice dev) {
+  if (pci_bus_id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  std::string id;
+  if (CUresult r = BusId(l.session(), dev, &id); r != CUDA_SUCCESS) return r;
+  snprintf(pci_bus_id, static_cast<size_t>(len), "%s", id.c_str());  // cut to len, as the driver
+  return CUDA_SUCCESS;
+}
+
+// Answered here: the device whose PCI domain, bus and device (CU_DEVICE_ATTRIBUTE_PCI_*, from the
+// snapshot) match the text.
+CUresult Impl_cuDeviceGetByPCIBusId(CUdevice* dev, const char* pci_bus_id) {
+  if (dev == nullptr || pci_bus_id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  unsigned domain = 0, bus = 0, device = 0;
+  if (!ParseBusId(pci_bus_id, &domain, &bus, &device)) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const std::vector<DeviceInfo>& devs = l.session()->devices;
+  for (size_t i = 0; i < devs.size(); ++i) {
+    auto attr = [&](CUdevice_attribute a) {
+      size_t k = static_cast<size_t>(a);
+      return k < devs[i].attrs.size() ? static_cast<unsigned>(devs[i].attrs[k]) : ~0u;
+    };
+    if (attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID) == domain &&
+        attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) == bus &&
+        attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID) == device) {
+      *dev = static_cast<CUdevice>(i);
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult Impl_cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
+  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.I32(dev);
+  w.I32(peer);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceCanAccessPeer), w, &rv);
+  int32_t v = 0;
+  if (r == CUDA_SUCCESS && !rv.reader.I32(&v)) r = CUDA_ERROR_UNKNOWN;
+  if (r == CUDA_SUCCESS) *can = v;
+  return r;
+}
+
+CUresult Impl_cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attr, CUdevice src,
+                                      CUdevice dst) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  uint8_t buf[12];
+  Writer w(buf, sizeof(buf));
+  w.U32(static_cast<uint32_t>(attr));
+  w.I32(src);
+  w.I32(dst);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetP2PAttribute), w, &rv);
+  int32_t v = 0;
+  if (r == CUDA_SUCCESS && !rv.reader.I32(&v)) r = CUDA_ERROR_UNKNOWN;
+  if (r == CUDA_SUCCESS) *value = v;
+  return r;
+}
+
+CUresult Impl_cuDeviceGetTexture1DLinearMaxWidth(size_t* width, CUarray_format format,
+                                                 unsigned channels, CUdevice dev) {
+  if (width == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  uint8_t buf[12];
+  Writer w(buf, sizeof(buf));
+  w.U32(static_cast<uint32_t>(format));
+  w.U32(channels);
+  w.I32(dev);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetTexture1DLinearMaxWidth), w, &rv);
+  uint64_t v = 0;
+  if (r == CUDA_SUCCESS && !rv.reader.U64(&v)) r = CUDA_ERROR_UNKNOWN;
+  if (r == CUDA_SUCCESS) *width = v;
+  return r;
+}
+
+// ---- functions and modules
+
+CUresult Impl_cuFuncLoad(CUfunction f) {
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(f));
+  return Simple(l, Fn::cuFuncLoad, w);
+}
+
+CUresult Impl_cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction f) {
+  if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(f));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuFuncIsLoaded), w, &rv);
+  uint32_t v = 0;
+  if (r == CUDA_SUCCESS && !rv.reader.U32(&v)) r = CUDA_ERROR_UNKNOWN;
+  if (r == CUDA_SUCCESS) *state = static_cast<CUfunctionLoadingState>(v);
+  return r;
+}
+
+CUresult Impl_cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(mod));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuModuleGetFunctionCount), w, &rv);
+  uint32_t v = 0;
+  if (r == CUDA_SUCCESS && !rv.reader.U32(&v)) r = CUDA_ERROR_UNKNOWN;
+  if (r == CUDA_SUCCESS) *count = v;
+  return r;
+}
+
+// ---- tensor maps (Hopper's bulk tensor copies; XLA and Triton encode them on the host)
+
+CUresult Impl_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                                     void* address, const cuuint64_t* dims,
+                                     const cuuint64_t* strides, const cuuint32_t* box,
+                                     const cuuint32_t* element_strides,
+                                     CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                     CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  uint8_t buf[256];
+  Writer w(buf, sizeof(buf));
+  CUresult r = WriteTensorHead(map, type, rank, 1, address, dims, strides, element_strides, w);
+  if (r != CUDA_SUCCESS) return r;
+  if (box == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i < rank; ++i) w.U32(box[i]);
+  for (cuuint32_t i = 0; i < rank; ++i) w.U32(element_strides[i]);
+  w.U32(static_cast<uint32_t>(interleave));
+  w.U32(static_cast<uint32_t>(swizzle));
+  w.U32(static_cast<uint32_t>(l2));
+  w.U32(static_cast<uint32_t>(oob));
+  return TensorMapCall(Fn::cuTensorMapEncodeTiled, w, map);
+}
+
+CUresult Impl_cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                                      void* address, const cuuint64_t* dims,
+                                      const cuuint64_t* strides, const int* lower,
+                                      const int* upper, cuuint32_t channels, cuuint32_t pixels,
+                                      const cuuint32_t* element_strides,
+                                      CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                      CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  uint8_t buf[256];
+  Writer w(buf, sizeof(buf));
+  CUresult r = WriteTensorHead(map, type, rank, 3, address, dims, strides, element_strides, w);
+  if (r != CUDA_SUCCESS) return r;
+  if (lower == nullptr || upper == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (cuuint32_t i = 0; i + 2 < rank; ++i) w.I32(lower[i]);
+  for (cuuint32_t i = 0; i + 2 < rank; ++i) w.I32(upper[i]);
+  w.U32(channels);
+  w.U32(pixels);
+  for (cuuint32_t i = 0; i < rank; ++i) w.U32(element_strides[i]);
+  w.U32(static_cast<uint32_t>(interleave));
+  w.U32(static_cast<uint32_t>(swizzle));
+  w.U32(static_cast<uint32_t>(l2));
+  w.U32(static_cast<uint32_t>(oob));
+  return TensorMapCall(Fn::cuTensorMapEncodeIm2col, w, map);
+}
+
+CUresult Impl_cuTensorMapEncodeIm2colWide(CUtensorMap* map, CUtensorMapDataType type,
+                                          cuuint32_t rank, void* address, const cuuint64_t* dims,
+                                          const cuuint64_t* strides, int lower_w, int upper_w,
+                                          cuuint32_t channels, cuuint32_t pixels,
+                                          const cuuint32_t* element_strides,
+                                          CUtensorMapInterleave interleave,
+                                          CUtensorMapIm2ColWideMode mode,
+                                          CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                          CUtensorMapFloatOOBfill oob) {
+  uint8_t buf[256];
+  Writer w(buf, sizeof(buf));
+  CUresult r = WriteTensorHead(map, type, rank, 3, address, dims, strides, element_strides, w);
+  if (r != CUDA_SUCCESS) return r;
+  w.I32(lower_w);
+  w.I32(upper_w);
+  w.U32(channels);
+  w.U32(pixels);
+  for (cuuint32_t i = 0; i < rank; ++i) w.U32(element_strides[i]);
+  w.U32(static_cast<uint32_t>(interleave));
+  w.U32(static_cast<uint32_t>(mode));
+  w.U32(static_cast<uint32_t>(swizzle));
+  w.U32(static_cast<uint32_t>(l2));
+  w.U32(static_cast<uint32_t>(oob));
+  return TensorMapCall(Fn::cuTensorMapEncodeIm2colWide, w, map);
+}
+
+CUresult Impl_cuTensorMapReplaceAddress(CUtensorMap* map, void* address) {
+  if (map == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint8_t buf[sizeof(CUtensorMap) + 8];
+  Writer w(buf, sizeof(buf));
+  w.Bytes(map, sizeof(*map));
+  w.U64(H(address));
+  return TensorMapCall(Fn::cuTensorMapReplaceAddress, w, map);
+}
+
+}  // namespace tf::client

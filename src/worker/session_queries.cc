@@ -1,0 +1,320 @@
+// Queries and host-side encodings of a worker session (see session_queries.h).
+#include "worker/session_queries.h"
+
+#include <cstring>
+
+namespace tf::worker {
+namespace {
+
+using driver::Fn;
+using transport::Reader;
+using transport::Writer;
+
+template <class T>
+T As(uint64_t v) {
+  return reinterpret_cast<T>(v);
+}
+uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// The tensor-map encodings accept ranks 1 to 5 (3 to 5 for im2col); the client checks the same.
+constexpr uint32_t kMaxTensorRank = 5;
+constexpr size_t kTensorMapBytes = sizeof(CUtensorMap);  // 128
+
+// The stream attributes that have a meaning for streams (cuda.h CU_STREAM_ATTRIBUTE_*).
+bool StreamAttribute(uint32_t a) {
+  switch (a) {
+    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+    case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+#define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
+
+bool SessionQueries::Handles(Fn fn) {
+  switch (fn) {
+    case Fn::cuStreamGetPriority:
+    case Fn::cuStreamGetFlags:
+    case Fn::cuStreamGetId:
+    case Fn::cuStreamGetDevice:
+    case Fn::cuStreamGetCtx:
+    case Fn::cuStreamGetAttribute:
+    case Fn::cuStreamSetAttribute:
+    case Fn::cuCtxGetId:
+    case Fn::cuCtxResetPersistingL2Cache:
+    case Fn::cuDeviceGetPCIBusId:
+    case Fn::cuDeviceCanAccessPeer:
+    case Fn::cuDeviceGetP2PAttribute:
+    case Fn::cuDeviceGetTexture1DLinearMaxWidth:
+    case Fn::cuFuncLoad:
+    case Fn::cuFuncIsLoaded:
+    case Fn::cuModuleGetFunctionCount:
+    case Fn::cuProfilerStart:
+    case Fn::cuProfilerStop:
+    case Fn::cuTensorMapEncodeTiled:
+    case Fn::cuTensorMapEncodeIm2col:
+    case Fn::cuTensorMapEncodeIm2colWide:
+    case Fn::cuTensorMapReplaceAddress:
+      return true;
+    default:
+      return false;
+  }
+}
+
+CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
+  switch (fn) {
+    case Fn::cuStreamGetPriority:
+    case Fn::cuStreamGetFlags:
+    case Fn::cuStreamGetId:
+    case Fn::cuStreamGetDevice:
+    case Fn::cuStreamGetCtx:
+    case Fn::cuStreamGetAttribute:
+    case Fn::cuStreamSetAttribute:
+      return StreamQuery(fn, rd, out);
+    case Fn::cuTensorMapEncodeTiled:
+    case Fn::cuTensorMapEncodeIm2col:
+    case Fn::cuTensorMapEncodeIm2colWide:
+    case Fn::cuTensorMapReplaceAddress:
+      return TensorMap(fn, rd, out);
+    // u64 context (0: the current one) -> u64 id.
+    case Fn::cuCtxGetId: {
+      uint64_t c = 0;
+      if (!rd.U64(&c) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (c != 0 && !host_.KnownContext(c)) return CUDA_ERROR_INVALID_CONTEXT;
+      unsigned long long id = 0;
+      CUresult r = CALL(cuCtxGetId, As<CUcontext>(c), &id);
+      out.U64(id);
+      return r;
+    }
+    case Fn::cuCtxResetPersistingL2Cache:
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      return CALL(cuCtxResetPersistingL2Cache);
+    case Fn::cuProfilerStart:
+    case Fn::cuProfilerStop:
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      return fn == Fn::cuProfilerStart ? CALL(cuProfilerStart) : CALL(cuProfilerStop);
+    // i32 device -> blob bus id (the driver's text, without its NUL).
+    case Fn::cuDeviceGetPCIBusId: {
+      int32_t dev = 0;
+      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      char id[64] = {};
+      CUresult r = CALL(cuDeviceGetPCIBusId, id, static_cast<int>(sizeof(id) - 1), dev);
+      if (r != CUDA_SUCCESS) return r;
+      out.Blob(id, static_cast<uint32_t>(strnlen(id, sizeof(id) - 1)));
+      return CUDA_SUCCESS;
+    }
+    // i32 device, i32 peer -> i32 can access.
+    case Fn::cuDeviceCanAccessPeer: {
+      int32_t dev = 0, peer = 0;
+      rd.I32(&dev);
+      if (!rd.I32(&peer) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!host_.KnownDevice(dev) || !host_.KnownDevice(peer)) return CUDA_ERROR_INVALID_DEVICE;
+      int v = 0;
+      CUresult r = CALL(cuDeviceCanAccessPeer, &v, dev, peer);
+      out.I32(v);
+      return r;
+    }
+    // u32 attribute, i32 source, i32 destination -> i32 value.
+    case Fn::cuDeviceGetP2PAttribute: {
+      uint32_t attr = 0;
+      int32_t src = 0, dst = 0;
+      rd.U32(&attr);
+      rd.I32(&src);
+      if (!rd.I32(&dst) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!host_.KnownDevice(src) || !host_.KnownDevice(dst)) return CUDA_ERROR_INVALID_DEVICE;
+      int v = 0;
+      CUresult r = CALL(cuDeviceGetP2PAttribute, &v, static_cast<CUdevice_P2PAttribute>(attr),
+                        src, dst);
+      out.I32(v);
+      return r;
+    }
+    // u32 format, u32 channels, i32 device -> u64 width.
+    case Fn::cuDeviceGetTexture1DLinearMaxWidth: {
+      uint32_t format = 0, channels = 0;
+      int32_t dev = 0;
+      rd.U32(&format);
+      rd.U32(&channels);
+      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
+      size_t v = 0;
+      CUresult r = CALL(cuDeviceGetTexture1DLinearMaxWidth, &v,
+                        static_cast<CUarray_format>(format), channels, dev);
+      out.U64(v);
+      return r;
+    }
+    // u64 function [-> u32 loading state].
+    case Fn::cuFuncLoad:
+    case Fn::cuFuncIsLoaded: {
+      uint64_t f = 0;
+      if (!rd.U64(&f) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!host_.KnownFunction(f)) return CUDA_ERROR_INVALID_HANDLE;
+      if (fn == Fn::cuFuncLoad) return CALL(cuFuncLoad, As<CUfunction>(f));
+      CUfunctionLoadingState st = CU_FUNCTION_LOADING_STATE_UNLOADED;
+      CUresult r = CALL(cuFuncIsLoaded, &st, As<CUfunction>(f));
+      out.U32(static_cast<uint32_t>(st));
+      return r;
+    }
+    // u64 module -> u32 count.
+    case Fn::cuModuleGetFunctionCount: {
+      uint64_t m = 0;
+      if (!rd.U64(&m) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!host_.KnownModule(m)) return CUDA_ERROR_INVALID_HANDLE;
+      unsigned int n = 0;
+      CUresult r = CALL(cuModuleGetFunctionCount, &n, As<CUmodule>(m));
+      out.U32(n);
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+// u64 stream, then: the getters -> u64 value (priority and device as i64, the context as its
+// handle); cuStreamGetAttribute u32 attribute -> 64 bytes; cuStreamSetAttribute u32 attribute,
+// 64 bytes (the CUstreamAttrValue union, by value: the access-policy window's base pointer is a
+// device address).
+CUresult SessionQueries::StreamQuery(Fn fn, Reader& rd, Writer& out) {
+  uint64_t s = 0;
+  if (!rd.U64(&s)) return CUDA_ERROR_INVALID_VALUE;
+  uint32_t attr = 0;
+  CUstreamAttrValue value;
+  memset(&value, 0, sizeof(value));
+  if (fn == Fn::cuStreamGetAttribute || fn == Fn::cuStreamSetAttribute) {
+    if (!rd.U32(&attr)) return CUDA_ERROR_INVALID_VALUE;
+    if (fn == Fn::cuStreamSetAttribute && !rd.Bytes(&value, sizeof(value))) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!StreamAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!host_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  const CUstream st = As<CUstream>(s);
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  switch (fn) {
+    case Fn::cuStreamGetPriority: {
+      int v = 0;
+      r = CALL(cuStreamGetPriority, st, &v);
+      out.I64(v);
+      break;
+    }
+    case Fn::cuStreamGetFlags: {
+      unsigned int v = 0;
+      r = CALL(cuStreamGetFlags, st, &v);
+      out.U64(v);
+      break;
+    }
+    case Fn::cuStreamGetId: {
+      unsigned long long v = 0;
+      r = CALL(cuStreamGetId, st, &v);
+      out.U64(v);
+      break;
+    }
+    case Fn::cuStreamGetDevice: {
+      CUdevice v = 0;
+      r = CALL(cuStreamGetDevice, st, &v);
+      out.I64(v);
+      break;
+    }
+    case Fn::cuStreamGetCtx: {
+      CUcontext v = nullptr;
+      r = CALL(cuStreamGetCtx, st, &v);
+      out.U64(H(v));
+      break;
+    }
+    case Fn::cuStreamGetAttribute:
+      r = CALL(cuStreamGetAttribute, st, static_cast<CUstreamAttrID>(attr), &value);
+      out.Bytes(&value, sizeof(value));
+      break;
+    case Fn::cuStreamSetAttribute:
+      r = CALL(cuStreamSetAttribute, st, static_cast<CUstreamAttrID>(attr), &value);
+      break;
+    default:
+      break;
+  }
+  return r;
+}
+
+// Tensor maps: every argument by value, the 128-byte map back.
+//   Tiled:       u32 type, u32 rank, u64 address, rank x u64 dims, (rank-1) x u64 strides,
+//                rank x u32 box, rank x u32 element strides, u32 interleave, swizzle, l2, oob.
+//   Im2col:      u32 type, u32 rank, u64 address, dims, strides, (rank-2) x i32 lower corner,
+//                (rank-2) x i32 upper corner, u32 channels, u32 pixels, element strides,
+//                u32 interleave, swizzle, l2, oob.
+//   Im2colWide:  as Im2col with i32 lower and i32 upper corner width, and u32 mode after
+//                interleave.
+//   ReplaceAddress: 128-byte map, u64 address.
+CUresult SessionQueries::TensorMap(Fn fn, Reader& rd, Writer& out) {
+  CUtensorMap map;
+  memset(&map, 0, sizeof(map));
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (fn == Fn::cuTensorMapReplaceAddress) {
+    uint64_t addr = 0;
+    rd.Bytes(&map, kTensorMapBytes);
+    if (!rd.U64(&addr) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+    r = CALL(cuTensorMapReplaceAddress, &map, As<void*>(addr));
+  } else {
+    uint32_t type = 0, rank = 0;
+    uint64_t addr = 0;
+    rd.U32(&type);
+    rd.U32(&rank);
+    if (!rd.U64(&addr) || rank == 0 || rank > kMaxTensorRank) return CUDA_ERROR_INVALID_VALUE;
+    const bool im2col = fn != Fn::cuTensorMapEncodeTiled;
+    if (im2col && rank < 3) return CUDA_ERROR_INVALID_VALUE;
+    cuuint64_t dims[kMaxTensorRank] = {}, strides[kMaxTensorRank] = {};
+    cuuint32_t box[kMaxTensorRank] = {}, elem[kMaxTensorRank] = {};
+    int lower[kMaxTensorRank] = {}, upper[kMaxTensorRank] = {};
+    int32_t lower_w = 0, upper_w = 0;
+    uint32_t channels = 0, pixels = 0;
+    for (uint32_t i = 0; i < rank; ++i) rd.U64(&dims[i]);
+    for (uint32_t i = 0; i + 1 < rank; ++i) rd.U64(&strides[i]);
+    if (fn == Fn::cuTensorMapEncodeTiled) {
+      for (uint32_t i = 0; i < rank; ++i) rd.U32(&box[i]);
+    } else if (fn == Fn::cuTensorMapEncodeIm2col) {
+      for (uint32_t i = 0; i + 2 < rank; ++i) rd.I32(&lower[i]);
+      for (uint32_t i = 0; i + 2 < rank; ++i) rd.I32(&upper[i]);
+    } else {
+      rd.I32(&lower_w);
+      rd.I32(&upper_w);
+    }
+    if (im2col) {
+      rd.U32(&channels);
+      rd.U32(&pixels);
+    }
+    for (uint32_t i = 0; i < rank; ++i) rd.U32(&elem[i]);
+    uint32_t interleave = 0, mode = 0, swizzle = 0, l2 = 0, oob = 0;
+    rd.U32(&interleave);
+    if (fn == Fn::cuTensorMapEncodeIm2colWide) rd.U32(&mode);
+    rd.U32(&swizzle);
+    rd.U32(&l2);
+    if (!rd.U32(&oob) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+    const auto dt = static_cast<CUtensorMapDataType>(type);
+    const auto il = static_cast<CUtensorMapInterleave>(interleave);
+    const auto sw = static_cast<CUtensorMapSwizzle>(swizzle);
+    const auto pr = static_cast<CUtensorMapL2promotion>(l2);
+    const auto fill = static_cast<CUtensorMapFloatOOBfill>(oob);
+    void* ga = As<void*>(addr);
+    if (fn == Fn::cuTensorMapEncodeTiled) {
+      r = CALL(cuTensorMapEncodeTiled, &map, dt, rank, ga, dims, strides, box, elem, il, sw, pr,
+               fill);
+    } else if (fn == Fn::cuTensorMapEncodeIm2col) {
+      r = CALL(cuTensorMapEncodeIm2col, &map, dt, rank, ga, dims, strides, lower, upper, channels,
+               pixels, elem, il, sw, pr, fill);
+    } else {
+      r = CALL(cuTensorMapEncodeIm2colWide, &map, dt, rank, ga, dims, strides, lower_w, upper_w,
+               channels, pixels, elem, il, static_cast<CUtensorMapIm2ColWideMode>(mode), sw, pr,
+               fill);
+    }
+  }
+  if (r == CUDA_SUCCESS) out.Bytes(&map, kTensorMapBytes);
+  return r;
+}
+
+}  // namespace tf::worker
