@@ -1019,7 +1019,8 @@ TEST_F(RemoteTest, ManagedMemoryWorksOverBothTransports) {
 
 // Host memory the worker pins for a session stops at --session-host-mem: managed memory (no
 // vGPU here), page-locked memory shared over shm and mapped memory mirrored over TCP, allocated in
-// 128 MiB steps under a 1 GiB limit. Over shm the session's 64 MiB copy arena counts too. The
+// 128 MiB steps under a 1 GiB limit. The session's 64 MiB copy arena (shm's, or the one it
+// registers for TCP bulk copies) counts too. The
 // refused step is CUDA_ERROR_OUT_OF_MEMORY with a log line naming the limit; freeing one step
 // lets it be allocated again; what the host, kernels and copies wrote stays intact; the session
 // goes on (an allocation, a kernel and a copy after the refusal). Plain page-locked memory over
@@ -1031,8 +1032,8 @@ TEST_F(RemoteTest, PinnedAndManagedMemoryStopAtTheSessionsHostMemoryLimit) {
     bool shm;
     std::string steps;  // that succeed before the refusal ("12": none refused)
   };
-  for (const Case& c : {Case{"managed", true, "7"}, Case{"managed", false, "8"},
-                        Case{"mapped", true, "7"}, Case{"mapped", false, "8"},
+  for (const Case& c : {Case{"managed", true, "7"}, Case{"managed", false, "7"},
+                        Case{"mapped", true, "7"}, Case{"mapped", false, "7"},
                         Case{"pinned", true, "7"}, Case{"pinned", false, "12"}}) {
     const std::string& addr = c.shm ? unix_ : tcp_;
     Result r = RemoteProgram(addr, {TF_HOST_PROBE, "steps", c.kind, "128", "12"});
