@@ -31,14 +31,19 @@ for f in launch_overhead startup_probe remote_micro dtoh_probe tier_kernels.fatb
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
 # The remote probe: its graph-node mode runs on a real driver (tests/gpu/README.md).
-if [ -e "$B/tests/worker/remote_probe" ]; then
-  mkdir -p "$S/tests/worker"
-  cp "$B/tests/worker/remote_probe" "$S/tests/worker/"
-fi
-if [ -e "$B/bench/copy/copy_bench" ]; then
-  mkdir -p "$S/bench/copy"
-  cp "$B/bench/copy/copy_bench" "$S/bench/copy/"
-fi
+# host_region_probe and query_probe: their memset and query modes run on a real driver too.
+for f in remote_probe host_region_probe query_probe; do
+  if [ -e "$B/tests/worker/$f" ]; then
+    mkdir -p "$S/tests/worker"
+    cp "$B/tests/worker/$f" "$S/tests/worker/"
+  fi
+done
+for f in copy_bench tcp_copy_bench; do
+  if [ -e "$B/bench/copy/$f" ]; then
+    mkdir -p "$S/bench/copy"
+    cp "$B/bench/copy/$f" "$S/bench/copy/"
+  fi
+done
 find "$S" -type f -perm -u+x -exec strip --strip-debug {} + 2>/dev/null || true
 strip --strip-debug "$S"/src/limiter/*.so "$S"/src/limiter/nvml/*.so "$S"/src/client/*.so 2>/dev/null || true
 du -sh "$S"
