@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
                            "worker makes one per client from --vram/--tflops/--percent\n");
       return 2;
     }
-    if (tf::Status c = tf::cli::CheckRemoteComputeFlags(tf::cli::ComputeFlagsOf(run)); !c.ok()) {
+    if (tf::Status c = tf::cli::CheckRemoteComputeFlags(tf::cli::ComputeFlagsOf(run), run.qos); !c.ok()) {
       std::fprintf(stderr, "tfusion run: %s\n", c.message().c_str());
       return 2;
     }
@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
     }
     // --gpu goes as typed (index or UUID of the worker's GPU); the worker checks it.
     return tf::cli::RunRemote(remote, run.token, run.command,
-                              {run.vram, run.tflops, run.percent, run_gpu});
+                              {run.vram, run.tflops, run.percent, run_gpu, run.tflops_limit, run.percent_limit, run.qos});
   }
   if (run_cmd->parsed() && !run_ca_file.empty()) {
     // The pool calls of tfusion run read the CA file from the environment (HttpClient's default).
@@ -371,6 +371,9 @@ int main(int argc, char** argv) {
       ro.vram = l.vram;
       ro.tflops = l.tflops;
       ro.percent = l.percent;
+      ro.tflops_limit = l.tflops_limit;
+      ro.percent_limit = l.percent_limit;
+      ro.qos = l.qos;
       ro.driver = worker_driver;
       ro.nvml = worker_nvml;
       ro.tiering = worker_tiering || !worker_idle_swap.empty();

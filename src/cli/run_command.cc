@@ -128,6 +128,7 @@ struct Pooled {
   std::string node;           // the node of that GPU
   std::string remote_worker;  // not empty: the GPU is on another node, reached through this worker
   bool tiering = false;       // the pool oversubscribes VRAM
+  std::string qos;            // as granted, for a remote worker (empty: medium)
 };
 
 // Asks the controller for a vGPU. An unreachable controller is not an error: the command then
@@ -182,10 +183,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
                  "running remotely through its worker %s\n", a->id.c_str(), a->node.c_str(),
                  a->gpu_uuid.c_str(), FormatBytes(a->vram_bytes).c_str(), granted.c_str(),
                  out.remote_worker.c_str());
-    if (out.limits.limit_ppm > out.limits.share_ppm) {
-      std::fprintf(stderr, "tfusion run: the worker enforces the request as a hard cap: a limit above "
-                           "it is not carried to remote workers yet\n");
-    }
+    out.qos = a->qos;
     return out;
   }
   std::fprintf(stderr, "tfusion run: allocation %s on GPU %d (%s): %s VRAM, %s\n", a->id.c_str(), gpu->index,
@@ -290,6 +288,11 @@ int RunCommand(const RunOptions& o) {
       char percent[32];
       std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.share_ppm / 10'000.0);
       limits.percent = percent;
+      if (placed->limits.limit_ppm > placed->limits.share_ppm) {
+        std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.limit_ppm / 10'000.0);
+        limits.percent_limit = percent;
+      }
+      limits.qos = placed->qos;
       int rc = 0;
       {
         LeaseKeeper lease(o, placed->allocation_id);
