@@ -92,6 +92,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--idle-disk", run.idle_disk,
                       "with --disk-tier: move swapped VRAM to disk after this long idle (default by QoS: "
                       "low 2m, medium 10m, high and critical never)");
+  run_cmd->add_option("--mps-pipe-dir", run.mps_pipe_dir,
+                      "pipe directory of the MPS daemon an operator runs (default: $TFUSION_MPS_PIPE_DIRECTORY, "
+                      "else the node agent's)");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
@@ -165,6 +168,9 @@ int main(int argc, char** argv) {
                      "with --tls: another host name or address the server certificate names (repeatable)");
   AddServerTlsFlags(up_cmd, &up.tls_cert, &up.tls_key, &up.insecure_listen);
   AddCaFileFlag(up_cmd, &up.ca_file);
+  up_cmd->add_option("--mps-pipe-dir", up.mps_pipe_dir,
+                     "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
+      ->envname("TFUSION_MPS_PIPE_DIRECTORY");
 
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
@@ -217,6 +223,9 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--stop-grace", hv.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
       ->check(CLI::Range(0, 3600))->capture_default_str();
+  hv_cmd->add_option("--mps-pipe-dir", hv.mps_pipe_dir,
+                     "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
+      ->envname("TFUSION_MPS_PIPE_DIRECTORY");
 
   auto device_plugin = tf::deviceplugin::AddDevicePluginCommand(&app);
 
@@ -329,6 +338,11 @@ int main(int argc, char** argv) {
     if (!run.vgpu.empty()) {
       std::fprintf(stderr, "tfusion run: --vgpu names a vGPU of this machine; with --remote the "
                            "worker makes one per client from --vram/--tflops/--percent\n");
+      return 2;
+    }
+    if (!run.mps_pipe_dir.empty()) {
+      std::fprintf(stderr, "tfusion run: --mps-pipe-dir names an MPS daemon of this machine; a remote "
+                           "session runs on the worker's host, whose operator decides about MPS\n");
       return 2;
     }
     if (tf::Status c = tf::cli::CheckRemoteComputeFlags(tf::cli::ComputeFlagsOf(run), run.qos); !c.ok()) {

@@ -28,6 +28,7 @@
 #include "controller/sqlite_store.h"
 #include "controller/usage_history.h"
 #include "controller/tls_files.h"
+#include "hypervisor/mps.h"
 #include "hypervisor/node_agent.h"
 #include "hypervisor/nvml_gpu_source.h"
 
@@ -185,6 +186,21 @@ struct ControllerRuntime {
 int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::NvmlGpuSource source(o.nvml_library);
   hypervisor::QuotaRegions regions(o.region_dir);
+  if (!o.mps_pipe_dir.empty()) {
+    // Tenants started on this machine (tfusion run) find the operator's MPS daemon here.
+    if (Status mps = hypervisor::PublishMpsPipeDirectory(regions.dir(), o.mps_pipe_dir); !mps.ok()) {
+      std::fprintf(stderr, "hypervisor: %s\n", mps.ToString().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "hypervisor: MPS: tenants run under the MPS daemon of %s\n", o.mps_pipe_dir.c_str());
+  }
+  struct WithdrawMps {
+    const hypervisor::QuotaRegions& regions;
+    bool published;
+    ~WithdrawMps() {
+      if (published) hypervisor::WithdrawMpsPipeDirectory(regions.dir());
+    }
+  } withdraw_mps{regions, !o.mps_pipe_dir.empty()};
   SystemClock clock;
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
                                   int64_t{o.stop_grace_seconds} * 1000, o.worker_address, o.credential_file};
@@ -418,6 +434,9 @@ int RunHypervisor(const HypervisorOptions& o) {
   if (!o.ca_file.empty()) {
     if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
   }
+  if (!o.mps_pipe_dir.empty()) {
+    if (Status mps = hypervisor::CheckMpsPipeDirectory("--mps-pipe-dir", o.mps_pipe_dir); !mps.ok()) return Fail(mps), 2;
+  }
   InstallSignalHandlers();
   return AgentLoop(o, *token);
 }
@@ -434,6 +453,9 @@ int RunUp(const UpOptions& o) {
     return Fail(plain), 2;
   if (!o.ca_file.empty()) {
     if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
+  }
+  if (!o.mps_pipe_dir.empty()) {
+    if (Status mps = hypervisor::CheckMpsPipeDirectory("--mps-pipe-dir", o.mps_pipe_dir); !mps.ok()) return Fail(mps), 2;
   }
   ::mkdir(o.state_dir.c_str(), 0700);
   ControllerOptions co;
@@ -503,6 +525,7 @@ int RunUp(const UpOptions& o) {
   ho.region_dir = o.region_dir;
   ho.credential_file = o.state_dir + "/node-credential";
   ho.stop_grace_seconds = o.stop_grace_seconds;
+  ho.mps_pipe_dir = o.mps_pipe_dir;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
   rt.Stop();
