@@ -186,21 +186,6 @@ struct ControllerRuntime {
 int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::NvmlGpuSource source(o.nvml_library);
   hypervisor::QuotaRegions regions(o.region_dir);
-  if (!o.mps_pipe_dir.empty()) {
-    // Tenants started on this machine (tfusion run) find the operator's MPS daemon here.
-    if (Status mps = hypervisor::PublishMpsPipeDirectory(regions.dir(), o.mps_pipe_dir); !mps.ok()) {
-      std::fprintf(stderr, "hypervisor: %s\n", mps.ToString().c_str());
-      return 2;
-    }
-    std::fprintf(stderr, "hypervisor: MPS: tenants run under the MPS daemon of %s\n", o.mps_pipe_dir.c_str());
-  }
-  struct WithdrawMps {
-    const hypervisor::QuotaRegions& regions;
-    bool published;
-    ~WithdrawMps() {
-      if (published) hypervisor::WithdrawMpsPipeDirectory(regions.dir());
-    }
-  } withdraw_mps{regions, !o.mps_pipe_dir.empty()};
   SystemClock clock;
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
                                   int64_t{o.stop_grace_seconds} * 1000, o.worker_address, o.credential_file};
@@ -229,6 +214,22 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
     ao.address = o.metrics_host + ":" + std::to_string(port);
     std::fprintf(stderr, "hypervisor: metrics at http://%s/metrics\n", ao.address.c_str());
   }
+  if (!o.mps_pipe_dir.empty()) {
+    // Tenants started on this machine (tfusion run) find the operator's MPS daemon here. Published
+    // once the metrics port is ours, so that a second agent that fails to start leaves it alone.
+    if (Status mps = hypervisor::PublishMpsPipeDirectory(regions.dir(), o.mps_pipe_dir); !mps.ok()) {
+      std::fprintf(stderr, "hypervisor: %s\n", mps.ToString().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "hypervisor: MPS: tenants run under the MPS daemon of %s\n", o.mps_pipe_dir.c_str());
+  }
+  struct WithdrawMps {
+    const hypervisor::QuotaRegions& regions;
+    bool published;
+    ~WithdrawMps() {
+      if (published) hypervisor::WithdrawMpsPipeDirectory(regions.dir());
+    }
+  } withdraw_mps{regions, !o.mps_pipe_dir.empty()};
   hypervisor::NodeAgent agent(ao, &source, &regions, &clock);
   if (o.metrics_port >= 0) {
     metrics.Get("/metrics", [&agent](const httplib::Request&, httplib::Response& res) {
