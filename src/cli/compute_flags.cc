@@ -119,14 +119,9 @@ StatusOr<PoolCompute> PoolComputeFromFlags(const ComputeFlags& f) {
   return c;
 }
 
-Status CheckRemoteComputeFlags(const ComputeFlags& f) {
+Status CheckRemoteComputeFlags(const ComputeFlags& f, const std::string& qos) {
   TF_RETURN_IF_ERROR(CheckComputeFlags(f));
-  if (!f.tflops_limit.empty() || !f.percent_limit.empty()) {
-    return InvalidArgument(Typed(LimitFlag(f), LimitValue(f)) +
-                           ": a remote worker enforces the request as a hard cap and does not take a "
-                           "limit yet: drop the limit flag, or run the command on the GPU's machine");
-  }
-  return Status::Ok();
+  return ParseQosFlag(qos).status();
 }
 
 StatusOr<uint32_t> ParseQosFlag(const std::string& text) {

@@ -6,8 +6,9 @@
 // A request alone keeps the meaning a single value always had: limit = request (a hard cap).
 // Without any request the vGPU gets the whole GPU. A limit without a request is refused.
 // Units may be mixed on a local GPU (--tflops 100 --percent-limit 50): both are converted to a
-// share of that GPU through the catalog. The pool decides the GPU only after placement, so there
-// (--controller) and on a remote worker the limit must be in the request's unit.
+// share of that GPU through the catalog, on a remote worker through the worker's. The pool
+// decides the GPU only after placement, so there (--controller) the limit must be in the
+// request's unit.
 #pragma once
 
 #include <cstdint>
@@ -55,9 +56,9 @@ struct PoolCompute {
 };
 StatusOr<PoolCompute> PoolComputeFromFlags(const ComputeFlags& f);
 
-// `tfusion run --remote`: the worker's protocol carries one compute value, the request, which
-// the worker enforces as a hard cap; a limit flag is refused rather than dropped.
-Status CheckRemoteComputeFlags(const ComputeFlags& f);
+// `tfusion run --remote`: what can be checked before the worker's GPU is known (the flags as
+// CheckComputeFlags, and the QoS name); the worker resolves request and limit against its GPU.
+Status CheckRemoteComputeFlags(const ComputeFlags& f, const std::string& qos);
 
 // --qos as the region stores it: 0 low, 1 medium (also when empty), 2 high, 3 critical. The
 // same names and message as the controller's API.

@@ -92,6 +92,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--idle-disk", run.idle_disk,
                       "with --disk-tier: move swapped VRAM to disk after this long idle (default by QoS: "
                       "low 2m, medium 10m, high and critical never)");
+  run_cmd->add_option("--mps-pipe-dir", run.mps_pipe_dir,
+                      "pipe directory of the MPS daemon an operator runs (default: $TFUSION_MPS_PIPE_DIRECTORY, "
+                      "else the node agent's)");
   run_cmd->add_option("command", run.command, "-- CMD ARGS")->required()->expected(-1);
 
   bool smi_processes = false;
@@ -172,6 +175,9 @@ int main(int argc, char** argv) {
                      "with --tls: another host name or address the server certificate names (repeatable)");
   AddServerTlsFlags(up_cmd, &up.tls_cert, &up.tls_key, &up.insecure_listen);
   AddCaFileFlag(up_cmd, &up.ca_file);
+  up_cmd->add_option("--mps-pipe-dir", up.mps_pipe_dir,
+                     "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
+      ->envname("TFUSION_MPS_PIPE_DIRECTORY");
 
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
@@ -224,6 +230,9 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--stop-grace", hv.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
       ->check(CLI::Range(0, 3600))->capture_default_str();
+  hv_cmd->add_option("--mps-pipe-dir", hv.mps_pipe_dir,
+                     "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
+      ->envname("TFUSION_MPS_PIPE_DIRECTORY");
 
   auto device_plugin = tf::deviceplugin::AddDevicePluginCommand(&app);
 
@@ -338,7 +347,12 @@ int main(int argc, char** argv) {
                            "worker makes one per client from --vram/--tflops/--percent\n");
       return 2;
     }
-    if (tf::Status c = tf::cli::CheckRemoteComputeFlags(tf::cli::ComputeFlagsOf(run)); !c.ok()) {
+    if (!run.mps_pipe_dir.empty()) {
+      std::fprintf(stderr, "tfusion run: --mps-pipe-dir names an MPS daemon of this machine; a remote "
+                           "session runs on the worker's host, whose operator decides about MPS\n");
+      return 2;
+    }
+    if (tf::Status c = tf::cli::CheckRemoteComputeFlags(tf::cli::ComputeFlagsOf(run), run.qos); !c.ok()) {
       std::fprintf(stderr, "tfusion run: %s\n", c.message().c_str());
       return 2;
     }
@@ -351,7 +365,7 @@ int main(int argc, char** argv) {
     }
     // --gpu goes as typed (index or UUID of the worker's GPU); the worker checks it.
     return tf::cli::RunRemote(remote, run.token, run.command,
-                              {run.vram, run.tflops, run.percent, run_gpu});
+                              {run.vram, run.tflops, run.percent, run_gpu, run.tflops_limit, run.percent_limit, run.qos});
   }
   if (run_cmd->parsed() && !run_ca_file.empty()) {
     // The pool calls of tfusion run read the CA file from the environment (HttpClient's default).
@@ -378,6 +392,9 @@ int main(int argc, char** argv) {
       ro.vram = l.vram;
       ro.tflops = l.tflops;
       ro.percent = l.percent;
+      ro.tflops_limit = l.tflops_limit;
+      ro.percent_limit = l.percent_limit;
+      ro.qos = l.qos;
       ro.driver = worker_driver;
       ro.nvml = worker_nvml;
       ro.tiering = worker_tiering || !worker_idle_swap.empty();

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <utility>
 
 #include "cli/quantity.h"
 #include "worker/session_host_memory.h"
@@ -108,14 +109,16 @@ int RunRemote(const std::string& remote, const std::string& token,
     setenv("TRITON_LIBCUDA_PATH", inject.c_str(), 1);
     unsetenv("TFUSION_REAL_LIBCUDA");
     // The stub sends these with its first request; the worker validates them.
-    unsetenv("TFUSION_REMOTE_VRAM");
-    unsetenv("TFUSION_REMOTE_TFLOPS");
-    unsetenv("TFUSION_REMOTE_PERCENT");
-    unsetenv("TFUSION_REMOTE_GPU");
-    if (!limits.vram.empty()) setenv("TFUSION_REMOTE_VRAM", limits.vram.c_str(), 1);
-    if (!limits.tflops.empty()) setenv("TFUSION_REMOTE_TFLOPS", limits.tflops.c_str(), 1);
-    if (!limits.percent.empty()) setenv("TFUSION_REMOTE_PERCENT", limits.percent.c_str(), 1);
-    if (!limits.gpu.empty()) setenv("TFUSION_REMOTE_GPU", limits.gpu.c_str(), 1);
+    for (auto [name, value] : {std::pair{"TFUSION_REMOTE_VRAM", &limits.vram},
+                               std::pair{"TFUSION_REMOTE_TFLOPS", &limits.tflops},
+                               std::pair{"TFUSION_REMOTE_PERCENT", &limits.percent},
+                               std::pair{"TFUSION_REMOTE_GPU", &limits.gpu},
+                               std::pair{"TFUSION_REMOTE_TFLOPS_LIMIT", &limits.tflops_limit},
+                               std::pair{"TFUSION_REMOTE_PERCENT_LIMIT", &limits.percent_limit},
+                               std::pair{"TFUSION_REMOTE_QOS", &limits.qos}}) {
+      unsetenv(name);
+      if (!value->empty()) setenv(name, value->c_str(), 1);
+    }
     std::vector<char*> argv;
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

@@ -16,12 +16,14 @@ namespace tf::cli {
 // Returns the command's exit status (128 + signal when killed), 2 on a usage error, 127 when the
 // command cannot be started. The stub is found in $TFUSION_CLIENT_DIR, next to tfusion in the
 // build tree (../client/inject) or installed (../lib/tensorfusion/client-inject).
-// vram/tflops/percent: the vGPU the client asks the worker for, spelled as `tfusion run`'s flags
-// (empty: what the worker gives every session); the worker enforces them with the limiter.
-// gpu: the worker's GPU to run on, its index or UUID (empty: the worker's GPU 0); the session
-// sees it alone, as device 0.
+// vram/tflops/percent (the compute request), tflops_limit/percent_limit (its ceiling) and qos:
+// the vGPU the client asks the worker for, spelled as `tfusion run`'s flags (empty: not given;
+// nothing at all: what the worker gives every session); the worker enforces them with the
+// limiter. gpu: the worker's GPU to run on, its index or UUID (empty: the worker's GPU 0); the
+// session sees it alone, as device 0.
 struct RemoteLimits {
   std::string vram, tflops, percent, gpu;
+  std::string tflops_limit, percent_limit, qos;
 };
 int RunRemote(const std::string& remote, const std::string& token,
               const std::vector<std::string>& command, const RemoteLimits& limits = {});

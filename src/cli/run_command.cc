@@ -24,6 +24,7 @@
 #include "cli/remote_run.h"
 #include "common/gpu_catalog.h"
 #include "controller/model.h"
+#include "hypervisor/mps.h"
 #include "hypervisor/quota_regions.h"
 #include "hypervisor/vgpu_metrics.h"
 #include "limiter/core/gpu_region.h"
@@ -128,6 +129,7 @@ struct Pooled {
   std::string node;           // the node of that GPU
   std::string remote_worker;  // not empty: the GPU is on another node, reached through this worker
   bool tiering = false;       // the pool oversubscribes VRAM
+  std::string qos;            // as granted, for a remote worker (empty: medium)
 };
 
 // Asks the controller for a vGPU. An unreachable controller is not an error: the command then
@@ -182,10 +184,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
                  "running remotely through its worker %s\n", a->id.c_str(), a->node.c_str(),
                  a->gpu_uuid.c_str(), FormatBytes(a->vram_bytes).c_str(), granted.c_str(),
                  out.remote_worker.c_str());
-    if (out.limits.limit_ppm > out.limits.share_ppm) {
-      std::fprintf(stderr, "tfusion run: the worker enforces the request as a hard cap: a limit above "
-                           "it is not carried to remote workers yet\n");
-    }
+    out.qos = a->qos;
     return out;
   }
   std::fprintf(stderr, "tfusion run: allocation %s on GPU %d (%s): %s VRAM, %s\n", a->id.c_str(), gpu->index,
@@ -243,6 +242,32 @@ void ReleaseAfterRun(const RunOptions& o, const std::string& id) {
   }
 }
 
+// The MPS daemon a command run here goes under (hypervisor/mps.h): --mps-pipe-dir, else
+// $TFUSION_MPS_PIPE_DIRECTORY, both checked (an error changes nothing); else the one the node
+// agent published, used only while it still looks like a running daemon's (else the command
+// runs without MPS, and says why). "": no MPS.
+StatusOr<std::string> ChooseMpsPipeDir(const RunOptions& o) {
+  std::string source = "--mps-pipe-dir";
+  std::string dir = o.mps_pipe_dir;
+  if (dir.empty()) {
+    source = hypervisor::kMpsPipeDirEnv;
+    if (const char* env = getenv(hypervisor::kMpsPipeDirEnv); env != nullptr) dir = env;
+  }
+  if (!dir.empty()) {
+    TF_RETURN_IF_ERROR(hypervisor::CheckMpsPipeDirectory(source, dir));
+    return dir;
+  }
+  std::string why;
+  dir = hypervisor::PublishedMpsPipeDirectory(RegionDir(), &why);
+  if (!why.empty()) std::fprintf(stderr, "tfusion run: ignoring the node agent's MPS setting: %s\n", why.c_str());
+  if (dir.empty()) return dir;
+  if (Status st = hypervisor::CheckMpsPipeDirectory("the node agent's MPS pipe directory", dir); !st.ok()) {
+    std::fprintf(stderr, "tfusion run: %s; running without MPS\n", st.message().c_str());
+    return std::string();
+  }
+  return dir;
+}
+
 // The GPUs of this machine for the controller's placement; none (not an error) on a machine
 // without driver or GPUs, which can still run commands placed elsewhere through a worker.
 std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
@@ -276,12 +301,18 @@ int RunCommand(const RunOptions& o) {
       return Fail("--disk-tier " + o.disk_tier + ": not a folder this user can write");
     }
   }
+  StatusOr<std::string> mps_dir = ChooseMpsPipeDir(o);
+  if (!mps_dir.ok()) return Fail(mps_dir.status().message());
   std::optional<Pooled> pooled;
   if (!o.controller.empty()) {
     auto placed = PlaceThroughController(o, LocalGpusIfAny(o));
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
       if (tiering) return Fail("--tiering and --idle-swap work on a local vGPU only (this one was placed on another node)");
+      if (!mps_dir->empty()) {
+        std::fprintf(stderr, "tfusion run: MPS (%s) is this machine's; the command runs on another node's "
+                     "worker without it\n", mps_dir->c_str());
+      }
       const std::string& token = o.worker_token.empty() ? o.token : o.worker_token;
       // The worker makes the session a vGPU of the allocation's size on the allocation's GPU.
       RemoteLimits limits;
@@ -290,6 +321,11 @@ int RunCommand(const RunOptions& o) {
       char percent[32];
       std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.share_ppm / 10'000.0);
       limits.percent = percent;
+      if (placed->limits.limit_ppm > placed->limits.share_ppm) {
+        std::snprintf(percent, sizeof(percent), "%.4f", placed->limits.limit_ppm / 10'000.0);
+        limits.percent_limit = percent;
+      }
+      limits.qos = placed->qos;
       int rc = 0;
       {
         LeaseKeeper lease(o, placed->allocation_id);
@@ -389,6 +425,10 @@ int RunCommand(const RunOptions& o) {
     if (!o.disk_tier.empty()) setenv("TFUSION_TIER_DIR", o.disk_tier.c_str(), 1);
     setenv("CUDA_VISIBLE_DEVICES", gpu->uuid.c_str(), 1);
     setenv("TRITON_LIBCUDA_PATH", inject->c_str(), 1);
+    if (!mps_dir->empty()) {
+      for (const auto& [k, v] : hypervisor::MpsTenantEnv(*mps_dir, limits->limit_ppm, limits->vram_bytes))
+        setenv(k.c_str(), v.c_str(), 1);
+    }
     // The tenant needs no credential on its own GPU: the controller's token stays with us.
     unsetenv("TFUSION_TOKEN");
     std::vector<char*> argv;

@@ -33,6 +33,9 @@ struct RunOptions {
   std::string idle_swap;   // swap out after this long idle ("10s", "0"/"never"); default by QoS
   std::string disk_tier;   // folder for the disk tier (swapped copies moved on from host memory)
   std::string idle_disk;   // move to the disk tier after this long idle; default by QoS
+  // The MPS daemon's pipe directory (hypervisor/mps.h); empty: the one the node agent published,
+  // if any.
+  std::string mps_pipe_dir;
   std::vector<std::string> command;
 };
 

@@ -357,25 +357,33 @@ void AdjustRemoteAttributes(Session* s) {
 }
 
 CUresult FetchSessionInfo(Session* s) {
-  // The vGPU this client asks for (`tfusion run --remote --vram/--tflops/--percent/--gpu`): a
-  // limits record (u32 version 2, then the four flags as blobs), checked by the worker.
-  uint8_t lim[4 * 72 + 8];
+  // The vGPU this client asks for (`tfusion run --remote --vram/--tflops/--percent/--gpu`, and
+  // the limit and QoS): a limits record (u32 version, then the flags as blobs), checked by the
+  // worker. Version 2 (four flags) unless a limit or QoS is asked for, so that workers that know
+  // only version 2 keep serving clients that ask for no more; version 3 adds three flags.
+  const char* vars[] = {"TFUSION_REMOTE_VRAM", "TFUSION_REMOTE_TFLOPS", "TFUSION_REMOTE_PERCENT",
+                        "TFUSION_REMOTE_GPU", "TFUSION_REMOTE_TFLOPS_LIMIT", "TFUSION_REMOTE_PERCENT_LIMIT",
+                        "TFUSION_REMOTE_QOS"};
+  constexpr int kFields = sizeof(vars) / sizeof(vars[0]);
+  uint8_t lim[kFields * 72 + 8];
   transport::Writer w(lim, sizeof(lim));
-  const char* vram = getenv("TFUSION_REMOTE_VRAM");
-  const char* tflops = getenv("TFUSION_REMOTE_TFLOPS");
-  const char* percent = getenv("TFUSION_REMOTE_PERCENT");
-  const char* gpu = getenv("TFUSION_REMOTE_GPU");
-  bool asked = false;
-  for (const char* v : {vram, tflops, percent, gpu}) asked = asked || (v != nullptr && *v != '\0');
+  const char* values[kFields];
+  bool asked = false, asked_v3 = false;
+  for (int i = 0; i < kFields; ++i) {
+    values[i] = getenv(vars[i]);
+    const bool given = values[i] != nullptr && *values[i] != '\0';
+    asked = asked || given;
+    asked_v3 = asked_v3 || (given && i >= 4);
+  }
   if (asked) {
-    w.U32(2);
-    for (const char* v : {vram, tflops, percent, gpu}) {
-      size_t n = v ? strnlen(v, 65) : 0;
+    w.U32(asked_v3 ? 3 : 2);
+    for (int i = 0; i < (asked_v3 ? kFields : 4); ++i) {
+      size_t n = values[i] ? strnlen(values[i], 65) : 0;
       if (n > 64) {
-        ClientLog("TFUSION_REMOTE_VRAM/TFLOPS/PERCENT/GPU: a value is longer than 64 characters");
+        ClientLog("%s: the value is longer than 64 characters", vars[i]);
         return CUDA_ERROR_INVALID_VALUE;
       }
-      w.Blob(v ? v : "", static_cast<uint32_t>(n));
+      w.Blob(values[i] ? values[i] : "", static_cast<uint32_t>(n));
     }
   }
   ReplyView rv;
@@ -418,6 +426,10 @@ CUresult FetchSessionInfo(Session* s) {
   if (asked && init_result == CUDA_ERROR_INVALID_VALUE) {
     ClientLog("the worker refused the vGPU this client asked for (--vram/--tflops/--percent/--gpu); "
               "its log says why");
+    if (asked_v3) {
+      ClientLog("(a worker whose log says 'unknown limits record' is older than this client and takes no "
+                "--tflops-limit, --percent-limit or --qos)");
+    }
   }
   return static_cast<CUresult>(init_result);
 }

@@ -28,6 +28,7 @@
 #include "controller/sqlite_store.h"
 #include "controller/usage_history.h"
 #include "controller/tls_files.h"
+#include "hypervisor/mps.h"
 #include "hypervisor/node_agent.h"
 #include "hypervisor/nvml_gpu_source.h"
 
@@ -213,6 +214,22 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
     ao.address = o.metrics_host + ":" + std::to_string(port);
     std::fprintf(stderr, "hypervisor: metrics at http://%s/metrics\n", ao.address.c_str());
   }
+  if (!o.mps_pipe_dir.empty()) {
+    // Tenants started on this machine (tfusion run) find the operator's MPS daemon here. Published
+    // once the metrics port is ours, so that a second agent that fails to start leaves it alone.
+    if (Status mps = hypervisor::PublishMpsPipeDirectory(regions.dir(), o.mps_pipe_dir); !mps.ok()) {
+      std::fprintf(stderr, "hypervisor: %s\n", mps.ToString().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "hypervisor: MPS: tenants run under the MPS daemon of %s\n", o.mps_pipe_dir.c_str());
+  }
+  struct WithdrawMps {
+    const hypervisor::QuotaRegions& regions;
+    bool published;
+    ~WithdrawMps() {
+      if (published) hypervisor::WithdrawMpsPipeDirectory(regions.dir());
+    }
+  } withdraw_mps{regions, !o.mps_pipe_dir.empty()};
   hypervisor::NodeAgent agent(ao, &source, &regions, &clock);
   if (o.metrics_port >= 0) {
     metrics.Get("/metrics", [&agent](const httplib::Request&, httplib::Response& res) {
@@ -418,6 +435,9 @@ int RunHypervisor(const HypervisorOptions& o) {
   if (!o.ca_file.empty()) {
     if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
   }
+  if (!o.mps_pipe_dir.empty()) {
+    if (Status mps = hypervisor::CheckMpsPipeDirectory("--mps-pipe-dir", o.mps_pipe_dir); !mps.ok()) return Fail(mps), 2;
+  }
   InstallSignalHandlers();
   return AgentLoop(o, *token);
 }
@@ -434,6 +454,9 @@ int RunUp(const UpOptions& o) {
     return Fail(plain), 2;
   if (!o.ca_file.empty()) {
     if (Status ca = CheckCaFile(o.ca_file); !ca.ok()) return Fail(ca), 2;
+  }
+  if (!o.mps_pipe_dir.empty()) {
+    if (Status mps = hypervisor::CheckMpsPipeDirectory("--mps-pipe-dir", o.mps_pipe_dir); !mps.ok()) return Fail(mps), 2;
   }
   ::mkdir(o.state_dir.c_str(), 0700);
   ControllerOptions co;
@@ -503,6 +526,7 @@ int RunUp(const UpOptions& o) {
   ho.region_dir = o.region_dir;
   ho.credential_file = o.state_dir + "/node-credential";
   ho.stop_grace_seconds = o.stop_grace_seconds;
+  ho.mps_pipe_dir = o.mps_pipe_dir;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
   rt.Stop();

@@ -55,6 +55,7 @@ struct HypervisorOptions {
   std::string worker_address;            // HOST:PORT of this node's `tfusion worker`; empty: none
   std::string credential_file = ".tfusion/node-credential";  // NodeAgentOptions::credential_file
   std::string ca_file;                   // https:// controllers: NodeAgentOptions::ca_file
+  std::string mps_pipe_dir;              // an operator's MPS daemon, published to tenants (hypervisor/mps.h)
 };
 
 struct UpOptions {
@@ -78,6 +79,7 @@ struct UpOptions {
   std::string tls_key;
   std::string ca_file;
   bool insecure_listen = false;          // as ControllerOptions
+  std::string mps_pipe_dir;              // as HypervisorOptions
 };
 
 struct ClientOptions {

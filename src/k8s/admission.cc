@@ -71,10 +71,22 @@ json ContainerEnv(const PodGpuRequest& r, const WebhookOptions& o) {
     if (r.tflops > 0) {
       std::snprintf(buf, sizeof(buf), "%g", r.tflops);
       env.push_back(Plain("TFUSION_REMOTE_TFLOPS", buf));
+      if (r.tflops_limit > r.tflops) {
+        std::snprintf(buf, sizeof(buf), "%g", r.tflops_limit);
+        env.push_back(Plain("TFUSION_REMOTE_TFLOPS_LIMIT", buf));
+      }
     } else {
       std::snprintf(buf, sizeof(buf), "%g", r.percent);
       env.push_back(Plain("TFUSION_REMOTE_PERCENT", buf));
+      if (r.percent_limit > r.percent) {
+        std::snprintf(buf, sizeof(buf), "%g", r.percent_limit);
+        env.push_back(Plain("TFUSION_REMOTE_PERCENT_LIMIT", buf));
+      }
     }
+    // The worker makes the session's vGPU with the limit and QoS too (a version-3 limits record;
+    // docs/remote.md): medium, the default, is left out so that older workers keep serving pods
+    // that ask for no more.
+    if (r.qos != "medium") env.push_back(Plain("TFUSION_REMOTE_QOS", r.qos));
     if (!o.worker_token_secret.empty()) {
       env.push_back({{"name", "TFUSION_TOKEN"},
                      {"valueFrom", {{"secretKeyRef", {{"name", o.worker_token_secret}, {"key", "token"}}}}}});

@@ -2331,26 +2331,29 @@ std::string Session::PrepareLimits(Reader& rd) {
   SessionLimits l;
   if (!payload_.empty()) {  // empty: a client that asked for nothing (the worker's policy applies)
     uint32_t version = 0;
-    // Version 1: vram, tflops, percent; version 2 adds the GPU.
-    if (!rd.U32(&version) || (version != 1 && version != 2)) return "unknown limits record";
-    for (std::string* field : {&l.vram, &l.tflops, &l.percent, &l.gpu}) {
-      if (field == &l.gpu && version < 2) break;
+    // Version 1: vram, tflops, percent; version 2 adds the GPU; version 3 the compute limit
+    // (tflops, percent) and the QoS.
+    if (!rd.U32(&version) || version < 1 || version > 3) return "unknown limits record";
+    std::string* fields[] = {&l.vram, &l.tflops, &l.percent, &l.gpu, &l.tflops_limit, &l.percent_limit, &l.qos};
+    const size_t count = version == 1 ? 3 : version == 2 ? 4 : 7;
+    for (size_t i = 0; i < count; ++i) {
       const uint8_t* p = nullptr;
       uint32_t n = 0;
       if (!rd.Blob(&p, &n, 64)) return "malformed limits record";
-      field->assign(reinterpret_cast<const char*>(p), n);
+      fields[i]->assign(reinterpret_cast<const char*>(p), n);
     }
     if (!rd.Finish()) return "malformed limits record";
   }
-  if (l.vram.empty() && l.tflops.empty() && l.percent.empty() && l.gpu.empty() && !opt_.vgpu_for_every_session) {
-    return "";
-  }
+  const bool asked = !l.vram.empty() || !l.tflops.empty() || !l.percent.empty() || !l.gpu.empty() ||
+                     !l.tflops_limit.empty() || !l.percent_limit.empty() || !l.qos.empty();
+  if (!asked && !opt_.vgpu_for_every_session) return "";
   if (!opt_.prepare_limits) return "this worker does not make vGPUs per client";
   std::string why = opt_.prepare_limits(l, getpid(), &limits_env_, &limits_driver_);
   if (why.empty()) {
-    SessionLog("client's vGPU: vram %s, tflops %s, percent %s, GPU %s", l.vram.empty() ? "-" : l.vram.c_str(),
-        l.tflops.empty() ? "-" : l.tflops.c_str(), l.percent.empty() ? "-" : l.percent.c_str(),
-        l.gpu.empty() ? "0" : l.gpu.c_str());
+    auto shown = [](const std::string& v) { return v.empty() ? "-" : v.c_str(); };
+    SessionLog("client's vGPU: vram %s, tflops %s, percent %s, GPU %s, tflops limit %s, percent limit %s, qos %s",
+        shown(l.vram), shown(l.tflops), shown(l.percent), l.gpu.empty() ? "0" : l.gpu.c_str(),
+        shown(l.tflops_limit), shown(l.percent_limit), l.qos.empty() ? "medium" : l.qos.c_str());
   }
   return why;
 }

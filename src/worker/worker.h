@@ -16,10 +16,13 @@
 
 namespace tf::worker {
 
-// The vGPU a client asks for, spelled as `tfusion run`'s flags (empty: not asked). gpu: the
-// worker's GPU it runs on, an index or a UUID as sent (empty: GPU 0); checked by prepare_limits.
+// The vGPU a client asks for, spelled as `tfusion run`'s flags (empty: not asked): VRAM, the
+// compute request (tflops or percent), its limit (tflops_limit or percent_limit) and QoS. gpu:
+// the worker's GPU it runs on, an index or a UUID as sent (empty: GPU 0); all checked by
+// prepare_limits.
 struct SessionLimits {
   std::string vram, tflops, percent, gpu;
+  std::string tflops_limit, percent_limit, qos;
 };
 
 struct WorkerOptions {

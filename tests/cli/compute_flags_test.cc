@@ -90,9 +90,13 @@ TEST(ComputeFlags, ThePoolGetsTheLimitInTheRequestsUnit) {
   StatusOr<PoolCompute> below = PoolComputeFromFlags({"", "40", "", "30"});
   ASSERT_FALSE(below.ok());
   EXPECT_NE(below.status().message().find("is below the request --percent 40"), std::string::npos);
-  Status remote = CheckRemoteComputeFlags({"", "40", "", "60"});
-  EXPECT_NE(remote.message().find("a remote worker enforces the request as a hard cap"), std::string::npos);
-  EXPECT_TRUE(CheckRemoteComputeFlags({"", "40", "", ""}).ok());
+  // A remote worker takes a request and a limit (in either unit: it converts with its own GPU).
+  EXPECT_TRUE(CheckRemoteComputeFlags({"", "40", "", "60"}, "high").ok());
+  EXPECT_TRUE(CheckRemoteComputeFlags({"100", "", "", "60"}, "").ok());
+  EXPECT_NE(CheckRemoteComputeFlags({"", "40", "", "30"}, "").message().find("is below the request --percent 40"),
+            std::string::npos);
+  EXPECT_NE(CheckRemoteComputeFlags({"", "40", "", ""}, "urgent").message().find("--qos: qos must be one of"),
+            std::string::npos);
 }
 
 TEST(ComputeFlags, QosNamesAreTheApisOnes) {

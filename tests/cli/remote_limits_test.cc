@@ -103,6 +103,52 @@ TEST_F(RemoteLimits, LimitsTheGpuCannotGiveAreRefusedWithAReason) {
   EXPECT_NE(both.out.find("not both"), std::string::npos) << both.out;
 }
 
+// The compute request is guaranteed and the limit is the ceiling, remotely as locally
+// (limiter_run_test's ARequestBelowItsLimitBurstsToTheLimitWhileAlone): alone on the worker's GPU,
+// a session with request 25% and limit 100% bursts to the limit; a limit of 50% stops it there;
+// a request alone stays a hard cap. The fake's kernels are 2 ms host sleeps, so each run is
+// compared with an unthrottled one.
+TEST_F(RemoteLimits, ARequestBelowItsLimitBurstsToTheLimitWhileAlone) {
+  auto busy = [&](const std::string& flags) {
+    Result r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t " + flags +
+                     " -- " + TF_PROBE + " launch 1.5");
+    EXPECT_EQ(r.rc, 0) << flags << "\n" << r.out << ReadFile(dir_ + "/worker.log");
+    size_t at = r.out.find("busy_fraction=");
+    return at == std::string::npos ? -1.0 : std::stod(r.out.substr(at + 14));
+  };
+  const double full = busy("--vram 1GiB");
+  const double burst = busy("--vram 1GiB --percent 25 --percent-limit 100 --qos high");
+  const double capped = busy("--vram 1GiB --percent 25 --percent-limit 50");
+  const double hard = busy("--vram 1GiB --percent 25");
+  ASSERT_GT(full, 0.6);
+  EXPECT_GT(burst / full, 0.85) << "burst " << burst << " full " << full;
+  EXPECT_GT(capped / full, 0.40) << "capped " << capped << " full " << full;
+  EXPECT_LT(capped / full, 0.70) << "capped " << capped << " full " << full;
+  EXPECT_LT(hard / full, 0.40) << "hard " << hard << " full " << full;
+  // The worker made each session's vGPU with the request, the limit and the QoS asked for.
+  const std::string log = ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(log.find("percent 25, GPU 0, tflops limit -, percent limit 100, qos high"), std::string::npos) << log;
+  EXPECT_NE(log.find("percent 25, GPU 0, tflops limit -, percent limit 50, qos medium"), std::string::npos) << log;
+}
+
+// A limit the GPU cannot give is refused by the worker, which says why; one that is malformed or
+// below the request is refused by tfusion run before anything starts.
+TEST_F(RemoteLimits, ALimitTheWorkerCannotGiveIsRefusedWithAReason) {
+  Result big = Run("--vram 64MiB --tflops 10 --tflops-limit 100000", "basic");
+  EXPECT_NE(big.rc, 0) << big.out;
+  EXPECT_EQ(big.out.find("device_count="), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("the worker refused the vGPU"), std::string::npos) << big.out;
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("--tflops-limit 100000: GPU 0"), std::string::npos)
+      << ReadFile(dir_ + "/worker.log");
+  for (auto [flags, says] : {std::pair{"--percent 40 --percent-limit 30", "is below the request --percent 40"},
+                             std::pair{"--percent 40 --qos urgent", "--qos: qos must be one of"},
+                             std::pair{"--percent-limit 50", "needs a request"}}) {
+    Result r = Run(std::string("--vram 64MiB ") + flags, "basic");
+    EXPECT_EQ(r.rc, 2) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << flags << "\n" << r.out;
+  }
+}
+
 // The fake GPUs' UUIDs as the probe prints them (16 bytes in hex) and as NVML spells them.
 constexpr const char* kGpu1Hex = "fa4ec0da000040008000000000000001";
 constexpr const char* kGpu0Uuid = "GPU-fa4ec0da-0000-4000-8000-000000000000";

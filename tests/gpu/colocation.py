@@ -12,8 +12,17 @@ Phases (--phases, comma-separated):
   burst   spin-kernel tenants (compute_tenant): A with request 25% / limit 100% alone for 3 s, then
           three hard 25% tenants arrive. A's GPU share alone vs native, how long until A is back at
           its request, and each tenant's share afterwards (per %globaltimer kernel segments).
-  remote  coloc at N = 4 and noisy "hard" again with every limiter tenant through a `tfusion
-          worker` on a unix socket (shared memory), beside native in the same run.
+  remote  coloc at N = 4 and noisy again with every limiter tenant through a `tfusion worker` on a
+          unix socket (shared memory), beside native in the same run.
+  mps     (added by --mps DIR) noisy, and coloc of ResNet-50 b1 at N = 4, with every tenant,
+          native and limiter, under a private MPS daemon: the harness starts
+          `nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY=DIR/pipe and
+          CUDA_MPS_LOG_DIRECTORY=DIR/log (DIR relative: under --out), native tenants get the pipe
+          directory, limiter tenants `tfusion run --mps-pipe-dir` (their active thread percentage
+          follows their limit), and the daemon is stopped (`echo quit | nvidia-cuda-mps-control`)
+          at the end of the phase, also on an error or a signal. Without the binary the phase says
+          so and is skipped. It runs after the other phases, so their groups are the baseline
+          without MPS in the same run.
 
 Every limiter group also saves a `tfusion smi` taken mid-run (request, limit, use, throttled).
 Output: OUT/colocation.md (tables), OUT/colocation.json, logs under OUT/logs.
@@ -21,6 +30,8 @@ Output: OUT/colocation.md (tables), OUT/colocation.json, logs under OUT/logs.
 import argparse
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +55,8 @@ class Ctx:
         self.deadline = time.monotonic() + args.budget_s
         self.seq = 0
         self.remote = None  # "unix:PATH" while the remote phase runs
+        self.mps_pipe = None  # the MPS daemon's pipe directory while the mps phase runs
+        self.live = []  # the tenants of the group that runs now (killed if the run is interrupted)
         self.results = {}
 
     def left(self):
@@ -56,9 +69,19 @@ def limiter_prefix(ctx, percent, limit=None, vram="8GiB"):
                "--percent", f"{percent:g}"]
     else:
         cmd = [ctx.tfusion, "run", "--vram", vram, "--percent", f"{percent:g}"]
+        if ctx.mps_pipe:
+            cmd += ["--mps-pipe-dir", ctx.mps_pipe]
     if limit is not None:
         cmd += ["--percent-limit", f"{limit:g}"]
     return cmd + ["--"]
+
+
+def tenant_env(ctx):
+    """The environment of a group's tenants: under the mps phase, every tenant (native ones too)
+    finds the daemon; tfusion run adds the limits. None: inherited as it is."""
+    if not ctx.mps_pipe:
+        return None
+    return dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=ctx.mps_pipe)
 
 
 def run_group(ctx, name, tenants, seconds):
@@ -71,8 +94,9 @@ def run_group(ctx, name, tenants, seconds):
         ready = os.path.join(ctx.work, f"{tag}.{i}.ready")
         cmd = list(prefix) + [ctx.args.python, os.path.join(HERE, "infer_tenant.py"), "--model", model,
                               "--batch", str(batch), "--seconds", str(seconds), "--ready", ready, "--go", go]
-        procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log")))
+        procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log"), tenant_env(ctx)))
         readies.append(ready)
+    ctx.live = procs
     ok = tc.wait_files(readies, 150, procs)
     tc.touch(go)
     smi = None
@@ -144,17 +168,14 @@ def phase_noisy(ctx, md, label="noisy"):
     variants = {"hard": limiter_prefix(ctx, 25), "burst": limiter_prefix(ctx, 25, 100)}
     rows = [{"variant": "native", "small": nat[0], "bigs": total(nat[1:])}]
     for vname, big_prefix in variants.items():
-        if ctx.remote and vname == "burst":
-            continue  # a remote worker takes no limit (docs/remote.md)
-        small_prefix = limiter_prefix(ctx, 25) if ctx.remote else limiter_prefix(ctx, 25, 100)
+        small_prefix = limiter_prefix(ctx, 25, 100)
         lim = run_group(ctx, f"{label}-{vname}", [(small_prefix,) + small] + [(big_prefix,) + big] * 3, s)
         rows.append({"variant": vname, "small": lim[0], "bigs": total(lim[1:])})
     for r in rows:
         r["small_vs_solo"] = ratio(r["small"], solo)
         r["bigs_vs_native"] = ratio(r["bigs"], rows[0]["bigs"])
     ctx.results[label] = {"solo": solo, "rows": rows}
-    small_flags = "request 25% (hard)" if ctx.remote else "request 25%, limit 100%"
-    md += [f"### {label}: ResNet-50 b1 ({small_flags}) beside three ResNet-50 b64 tenants", "",
+    md += [f"### {label}: ResNet-50 b1 (request 25%, limit 100%) beside three ResNet-50 b64 tenants", "",
            f"Solo b1, native: {fmt(solo)} images/s.", "",
            "| run | big tenants | b1 images/s | b1 / solo | b64 images/s (sum of 3) | b64 / native co-located |",
            "| --- | --- | --- | --- | --- | --- |"]
@@ -177,9 +198,10 @@ def spin_group(ctx, name, specs, solo_s, arrive_s, rest_s):
         secs = solo_s if first else rest_s
         cmd = list(prefix) + [ctx.tenant, "--seconds", str(secs), "--spin-us", "300", "--depth", "8",
                               "--out", out, "--ready-file", ready, "--go-file", go1 if first else go2]
-        procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log")))
+        procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log"), tenant_env(ctx)))
         readies.append(ready)
         outs.append(out)
+    ctx.live = procs
     tc.wait_files(readies, 60, procs)
     tc.touch(go1)
     time.sleep(arrive_s)
@@ -268,6 +290,85 @@ def phase_remote(ctx, md):
         tc.finish(worker, 5)
 
 
+class MpsDaemon:
+    """A private MPS control daemon for the mps phase: started with `nvidia-cuda-mps-control -d`
+    under its own pipe and log directories, stopped with `echo quit | nvidia-cuda-mps-control`."""
+
+    def __init__(self, root):
+        self.pipe = os.path.join(root, "pipe")
+        self.log = os.path.join(root, "log")
+        self.binary = shutil.which("nvidia-cuda-mps-control")
+        self.env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe, CUDA_MPS_LOG_DIRECTORY=self.log)
+        self.started = False
+
+    def start(self):
+        """None when the daemon is up, else why not."""
+        if not self.binary:
+            return "nvidia-cuda-mps-control is not on PATH"
+        if len(self.pipe) > 90:
+            return f"the pipe directory {self.pipe} is too long for the daemon's sockets: give a shorter --mps DIR"
+        os.makedirs(self.pipe, exist_ok=True)
+        os.makedirs(self.log, exist_ok=True)
+        control = os.path.join(self.pipe, "control")
+        if os.path.exists(control):
+            return f"{control} exists already: another daemon uses {self.pipe}"
+        r = subprocess.run([self.binary, "-d"], env=self.env, capture_output=True, text=True, timeout=30)
+        self.started = True  # whatever it said, try to stop it at the end
+        if r.returncode != 0:
+            return f"nvidia-cuda-mps-control -d exited with {r.returncode}: {(r.stdout + r.stderr).strip()}"
+        for _ in range(100):
+            if os.path.exists(control):
+                return None
+            time.sleep(0.1)
+        return f"no {control} 10 s after nvidia-cuda-mps-control -d (its log: {self.log})"
+
+    def stop(self):
+        """Stops the daemon (it waits for its clients, so the tenants must be gone)."""
+        if not self.started:
+            return
+        self.started = False
+        try:
+            r = subprocess.run([self.binary], input="quit\n", env=self.env, capture_output=True, text=True,
+                               timeout=60)
+            print(f"  MPS daemon stopped (quit: rc {r.returncode})", flush=True)
+        except subprocess.TimeoutExpired:
+            print(f"  MPS daemon did not answer quit within 60 s (pipe {self.pipe})", flush=True)
+
+
+def phase_mps(ctx, md):
+    root = ctx.args.mps if os.path.isabs(ctx.args.mps) else os.path.join(ctx.args.out, ctx.args.mps)
+    daemon = MpsDaemon(root)
+    try:
+        why = daemon.start()
+        if why:
+            md += [f"(phase mps skipped: {why})", ""]
+            print(f"  skipped: {why}", flush=True)
+            return
+        ctx.mps_pipe = daemon.pipe
+        md += [f"Under MPS: a private daemon (pipe directory {daemon.pipe}); native tenants run as MPS "
+               "clients, limiter tenants with `tfusion run --mps-pipe-dir` (active thread percentage = their "
+               "limit).", ""]
+        phase_noisy(ctx, md, label="mps-noisy")
+        plain = ctx.results.get("noisy")
+        mps_rows = ctx.results["mps-noisy"]["rows"]
+        if plain and plain.get("solo"):
+            md += [f"Against the solo b1 without MPS in this run ({fmt(plain['solo'])} images/s): " + ", ".join(
+                f"{r['variant']} {fmt(ratio(r['small'], plain['solo']), 3)}" for r in mps_rows) + ".", ""]
+        saved_models = ctx.args.models
+        ctx.args.models = "r50:1"
+        try:
+            phase_coloc(ctx, md, ns=(4,), label="mps-coloc")
+        finally:
+            ctx.args.models = saved_models
+    finally:
+        for p in ctx.live:
+            if p.poll() is None:
+                tc.kill_group(p)
+                p.wait()
+        ctx.mps_pipe = None
+        daemon.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True)
@@ -280,12 +381,23 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--mps", metavar="DIR",
+                    help="also run the mps phase (last) under a private MPS daemon whose pipe and log "
+                         "directories are made in DIR (relative: under --out)")
     args = ap.parse_args()
+    phases = args.phases.split(",")
+    if args.mps and "mps" not in phases:
+        phases.append("mps")
+    if "mps" in phases and not args.mps:
+        raise SystemExit("phase mps needs --mps DIR")
+    # A signal (timeout's SIGTERM, Ctrl-C) unwinds through the phases' cleanup: the mps phase stops
+    # its daemon.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ctx = Ctx(args)
     md = []
-    for phase in args.phases.split(","):
+    for phase in phases:
         fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote,
-              "probe": phase_probe}.get(phase)
+              "probe": phase_probe, "mps": phase_mps}.get(phase)
         if fn is None:
             raise SystemExit(f"unknown phase {phase!r}")
         if ctx.left() < 45:

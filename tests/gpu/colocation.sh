@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # The compute-sharing benchmarks of docs/benchmarks.md on a GPU machine, from a staged build
-# (tests/gpu/stage_build.sh): bash tests/gpu/colocation.sh BUILD_DIR OUT_DIR [PHASES]
+# (tests/gpu/stage_build.sh): bash tests/gpu/colocation.sh [--mps DIR] BUILD_DIR OUT_DIR [PHASES]
 # PHASES (comma-separated, default coloc,noisy,burst): colocation.py's phases, plus "accuracy"
 # (compute_share.py: saturating spin kernels at fixed splits) and "overhead" (launch_overhead
 # natively, at 100% and at 50%). TF_COLOC_ARGS adds colocation.py flags (e.g. "--rounds 2").
+# --mps DIR: after the phases, colocation.py's mps phase (noisy, and ResNet-50 b1 at N = 4, under
+# a private MPS daemon it starts and stops, with its pipe and log directories in DIR; relative:
+# under OUT_DIR). accuracy and overhead never run under MPS.
 set -uo pipefail
-if [ $# -lt 2 ]; then echo "usage: bash tests/gpu/colocation.sh BUILD_DIR OUT_DIR [PHASES]" >&2; exit 2; fi
+MPS=()
+if [ "${1:-}" = "--mps" ]; then
+  if [ $# -lt 2 ] || [ -z "$2" ]; then echo "colocation.sh: --mps needs a directory" >&2; exit 2; fi
+  MPS=(--mps "$2")
+  shift 2
+fi
+if [ $# -lt 2 ]; then echo "usage: bash tests/gpu/colocation.sh [--mps DIR] BUILD_DIR OUT_DIR [PHASES]" >&2; exit 2; fi
 B=$(cd "$1" && pwd)
 OUT=$2
 PHASES=${3:-coloc,noisy,burst}
@@ -42,8 +51,10 @@ for p in ${PHASES//,/ }; do
     *) py_phases=${py_phases:+$py_phases,}$p ;;
   esac
 done
-if [ -n "$py_phases" ]; then
+if [ -n "$py_phases" ] || [ ${#MPS[@]} -gt 0 ]; then
+  # With --mps and no other colocation.py phase: the mps phase alone.
+  [ -n "$py_phases" ] || py_phases=mps
   # shellcheck disable=SC2086
-  timeout 590 "$PY" "$HERE/colocation.py" --build "$B" --out "$OUT" --phases "$py_phases" ${TF_COLOC_ARGS:-}
+  timeout 590 "$PY" "$HERE/colocation.py" --build "$B" --out "$OUT" --phases "$py_phases" "${MPS[@]}" ${TF_COLOC_ARGS:-}
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs 2>/dev/null && rm -rf "$OUT/logs" "$OUT/work"

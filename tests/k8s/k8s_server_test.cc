@@ -334,6 +334,9 @@ TEST_F(K8sServerTest, ARemotePodGetsTheClientStubBeforeItsOwnInitContainersAndPr
             "metadata.annotations['tensor-fusion.ai/worker-address']");
   EXPECT_EQ(EnvNamed(c, "TFUSION_REMOTE_VRAM")["value"], "4096MiB");
   EXPECT_EQ(EnvNamed(c, "TFUSION_REMOTE_PERCENT")["value"], "25");
+  // The worker gets the limit and the QoS too (the session's vGPU bursts to 60%, borrows last).
+  EXPECT_EQ(EnvNamed(c, "TFUSION_REMOTE_PERCENT_LIMIT")["value"], "60");
+  EXPECT_EQ(EnvNamed(c, "TFUSION_REMOTE_QOS")["value"], "low");
   EXPECT_TRUE(EnvNamed(c, "TFUSION_VGPU").is_null());
   EXPECT_EQ(json::parse(pod["metadata"]["annotations"]["tensor-fusion.ai/vgpu-request"].get<std::string>())["local"], false);
 }
