@@ -28,6 +28,8 @@
 
 namespace tf::transport {
 
+class TlsContext;  // tls_stream.h
+
 struct TransportOptions {
   int connect_timeout_ms = 5000;    // connect + handshake
   int io_timeout_ms = 10000;        // Send/Flush, and the rest of a frame once its header arrived
@@ -44,6 +46,11 @@ struct TransportOptions {
   // poll(), and the sender's flusher thread waits this long for more frames before sleeping, so
   // that a stream of small asynchronous calls does not pay a wake-up per frame. 0: never spin.
   uint32_t tcp_spin_ns = 20000;
+  // TCP, client: TLS, verifying the worker's certificate against this CA file (PEM); nullptr:
+  // plaintext. TCP, server: serve TLS with this context (NewTlsServerContext) and refuse
+  // plaintext clients (kTlsRequired); nullptr: plaintext only. See tls_stream.h.
+  const char* tls_ca_file = nullptr;
+  const TlsContext* tls_server = nullptr;
 };
 
 // A frame to send. The transport sets the version, and kFlagBulkFollows iff bulk_length > 0.
@@ -135,6 +142,8 @@ class Transport {
   virtual uint64_t max_bulk_bytes() const = 0;
   virtual const ServerHello& session() const = 0;
   virtual const char* kind() const = 0;  // "tcp", "shm"
+  // How the bytes travel, for logs: kind() or, over TLS, its version and cipher.
+  virtual const char* description() const { return kind(); }
 };
 
 // A server endpoint that accepts clients.

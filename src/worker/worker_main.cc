@@ -1,6 +1,6 @@
 // tfusion-worker: the worker as a standalone binary (the same code `tfusion worker` runs).
 //   tfusion-worker --listen HOST:PORT|unix:/path [--listen ...] [--token T] [--driver LIBCUDA]
-//                  [--session-env KEY=VALUE ...] [--ready-file FILE]
+//                  [--session-env KEY=VALUE ...] [--ready-file FILE] [--tls-cert PEM --tls-key PEM]
 // The token may also come from TFUSION_TOKEN (keeps it out of the process list).
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 int main(int argc, char** argv) {
   std::vector<std::string> listen, env;
   std::string driver, ready;
+  tf::cli::WorkerHooks hooks;
   std::string token = getenv("TFUSION_TOKEN") ? getenv("TFUSION_TOKEN") : "";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -28,11 +29,14 @@ int main(int argc, char** argv) {
     else if (a == "--driver") driver = value("--driver");
     else if (a == "--session-env") env.push_back(value("--session-env"));
     else if (a == "--ready-file") ready = value("--ready-file");
+    else if (a == "--tls-cert") hooks.tls_cert = value("--tls-cert");
+    else if (a == "--tls-key") hooks.tls_key = value("--tls-key");
     else {
       fprintf(stderr, "usage: tfusion-worker --listen HOST:PORT|unix:/path [--token T] "
-                      "[--driver LIBCUDA] [--session-env K=V] [--ready-file F]\n");
+                      "[--driver LIBCUDA] [--session-env K=V] [--ready-file F] "
+                      "[--tls-cert PEM --tls-key PEM]\n");
       return 2;
     }
   }
-  return tf::cli::RunWorkerCommand(listen, token, driver, env, ready);
+  return tf::cli::RunWorkerCommand(listen, token, driver, env, ready, hooks);
 }
