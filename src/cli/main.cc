@@ -147,6 +147,11 @@ int main(int argc, char** argv) {
                          "--vram (with one, managed memory counts against it); beyond it the call "
                          "fails with CUDA_ERROR_OUT_OF_MEMORY (e.g. 8GiB; a bare number is MiB; "
                          "default: a quarter of this machine's memory)");
+  tf::cli::WorkerHooks hooks;
+  worker_cmd->add_option("--tls-cert", hooks.tls_cert,
+                         "serve TCP clients over TLS with this PEM certificate (chain, leaf first); "
+                         "clients trust its CA with TFUSION_CA_FILE / --ca-file");
+  worker_cmd->add_option("--tls-key", hooks.tls_key, "the certificate's PEM private key (unencrypted)");
   worker_cmd->add_option("--nvml", worker_nvml,
                          "libnvidia-ml.so.1 used to find the GPU for clients that ask for a vGPU "
                          "(default: found on this machine)");
@@ -337,6 +342,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (run_cmd->parsed() && !run_ca_file.empty()) {
+    // The pool calls of tfusion run read the CA file from the environment (HttpClient's default),
+    // and so does the client stub for a worker served over TLS.
+    if (tf::Status ca = tf::controller::CheckCaFile(run_ca_file); !ca.ok()) return UsageError("tfusion run", ca);
+    setenv("TFUSION_CA_FILE", run_ca_file.c_str(), 1);
+  }
   if (run_cmd->parsed() && !remote.empty()) {
     if (run.tiering || !run.idle_swap.empty() || !run.disk_tier.empty()) {
       std::fprintf(stderr, "tfusion run: --tiering and --idle-swap work on a local vGPU only, not with --remote\n");
@@ -367,11 +378,6 @@ int main(int argc, char** argv) {
     return tf::cli::RunRemote(remote, run.token, run.command,
                               {run.vram, run.tflops, run.percent, run_gpu, run.tflops_limit, run.percent_limit, run.qos});
   }
-  if (run_cmd->parsed() && !run_ca_file.empty()) {
-    // The pool calls of tfusion run read the CA file from the environment (HttpClient's default).
-    if (tf::Status ca = tf::controller::CheckCaFile(run_ca_file); !ca.ok()) return UsageError("tfusion run", ca);
-    setenv("TFUSION_CA_FILE", run_ca_file.c_str(), 1);
-  }
   if (run_cmd->parsed()) return tf::cli::RunCommand(run);
   if (worker_cmd->parsed()) {
     if (worker_token.empty() && !worker_token_file.empty()) {
@@ -384,7 +390,6 @@ int main(int argc, char** argv) {
     // A client that asks for limits or a GPU of its own gets a vGPU "remote-<session pid>" on that
     // GPU (default GPU 0), made in its session before the driver loads and enforced by the
     // limiter; the session sees only that GPU. It goes with the session.
-    tf::cli::WorkerHooks hooks;
     hooks.prepare_limits = [&](const tf::worker::SessionLimits& l, pid_t session,
                                std::vector<std::pair<std::string, std::string>>* env,
                                std::string* driver) -> std::string {

@@ -15,6 +15,8 @@
 
 #include "cli/quantity.h"
 #include "worker/session_host_memory.h"
+#include "controller/tls_files.h"
+#include "transport/tcp_transport.h"
 #include "worker/session_ticket.h"
 #include "worker/worker.h"
 
@@ -190,6 +192,28 @@ int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& 
           static_cast<double>(o.session_host_mem ? o.session_host_mem : worker::DefaultSessionHostMemory()) /
               (1 << 20),
           o.session_host_mem ? "" : " (a quarter of this machine's memory; --session-host-mem)");
+  controller::ServerTlsFiles tls{hooks.tls_cert, hooks.tls_key};
+  if (tls.enabled()) {
+    StatusOr<std::string> cert = controller::CheckServerTls(tls, time(nullptr));
+    if (!cert.ok()) {
+      fprintf(stderr, "tfusion worker: %s\n", cert.status().message().c_str());
+      return 2;
+    }
+    fprintf(stderr, "tfusion worker: TCP clients only over TLS, certificate %s\n", cert->c_str());
+    o.tls_cert = hooks.tls_cert;
+    o.tls_key = hooks.tls_key;
+  }
+  for (const auto& addr : listen) {
+    transport::HostPort hp;
+    if (tls.enabled() || addr.rfind("unix:", 0) == 0 || !transport::ParseHostPort(addr.c_str(), &hp).ok()) {
+      continue;
+    }
+    if (!controller::IsLoopbackHost(hp.host)) {
+      fprintf(stderr, "tfusion worker: warning: %s is reachable from the network and served without "
+                      "TLS: calls, session ids and every byte tenants copy cross it in clear (give "
+                      "--tls-cert/--tls-key)\n", addr.c_str());
+    }
+  }
   o.prepare_limits = hooks.prepare_limits;
   o.vgpu_for_every_session = hooks.vgpu_for_every_session;
   o.session_ended = hooks.session_ended;

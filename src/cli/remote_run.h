@@ -42,6 +42,9 @@ struct WorkerHooks {
   uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
   bool vgpu_for_every_session = false;                 // tfusion worker --tiering
   std::string session_host_mem;  // tfusion worker --session-host-mem as typed ("": the default)
+  // tfusion worker --tls-cert/--tls-key: TCP clients only over TLS. Without them, a TCP listener
+  // off loopback is warned about at start.
+  std::string tls_cert, tls_key;
 };
 int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& token,
                      const std::string& driver, const std::vector<std::string>& session_env,

@@ -479,6 +479,9 @@ CUresult ConnectLocked() {
       opt.tcp_spin_ns = static_cast<uint32_t>(us * 1000);
     }
   }
+  // TLS to a worker over TCP when a CA is given (the controller's variable: one CA for both).
+  // OpenSSL is loaded only then (transport/tls_stream.h).
+  if (const char* ca = getenv("TFUSION_CA_FILE"); ca != nullptr && *ca != '\0') opt.tls_ca_file = ca;
   std::unique_ptr<transport::Transport> t;
   TransportStatus ts = strncmp(remote, "unix:", 5) == 0
                            ? transport::ConnectShm(remote + 5, hello, opt, &t)

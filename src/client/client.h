@@ -41,6 +41,7 @@ struct DeviceInfo {
 };
 
 struct FunctionInfo {
+  std::string name;      // as looked up (cuModuleGetFunction, cuLibraryGetKernel): cuFuncGetName
   uint64_t module = 0;
   uint64_t library = 0;  // functions and kernels of a library (client_library.cc)
   bool layout_known = false;

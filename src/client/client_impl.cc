@@ -907,6 +907,7 @@ CUresult Impl_cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* 
   rv.reader.U64(&f);
   FunctionInfo fi;
   fi.module = H(hmod);
+  fi.name.assign(name, len);
   if (!ReadFunctionInfo(rv.reader, &fi)) return CUDA_ERROR_UNKNOWN;
   s->functions[f] = std::move(fi);
   *hfunc = reinterpret_cast<CUfunction>(f);
@@ -929,6 +930,28 @@ CUresult Impl_cuModuleUnload(CUmodule hmod) {
     ForgetFunctionAnswers(s);  // function handles may be reused by the next module
   }
   return r;
+}
+
+// Answered from what the client recorded when it handed the function out; the name stays valid
+// until its module or library is unloaded, as the driver's does.
+CUresult Impl_cuFuncGetName(const char** name, CUfunction hfunc) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->functions.find(H(hfunc));
+  if (it == l.session()->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
+  *name = it->second.name.c_str();
+  return CUDA_SUCCESS;
+}
+
+// The module a function came from (0 for a library's kernels: they have none here).
+CUresult Impl_cuFuncGetModule(CUmodule* hmod, CUfunction hfunc) {
+  if (hmod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->functions.find(H(hfunc));
+  if (it == l.session()->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
+  if (it->second.module == 0) return CUDA_ERROR_NOT_FOUND;
+  *hmod = reinterpret_cast<CUmodule>(it->second.module);
+  return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuFuncGetParamInfo(CUfunction func, size_t index, size_t* offset, size_t* size) {

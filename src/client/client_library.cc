@@ -37,6 +37,7 @@ bool RecordKernel(Session* s, uint64_t lib, uint64_t k, const char* name, size_t
                   transport::Reader& rd) {
   FunctionInfo fi;
   fi.library = lib;
+  fi.name.assign(name, len);
   if (!ReadFunctionInfo(rd, &fi)) return false;
   s->functions[k] = std::move(fi);
   s->kernels[k] = {lib, std::string(name, len)};

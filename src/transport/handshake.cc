@@ -4,7 +4,33 @@
 #include <cstdio>
 #include <cstring>
 
+#include "transport/sha256.h"
+
 namespace tf::transport {
+
+CredentialParts SplitCredential(const uint8_t* credential, size_t n) {
+  CredentialParts p;
+  // A session ticket: "tkt1." <expiry> "." <nonce> "." <mac>; the id is all before the last dot.
+  if (n > 5 && memcmp(credential, "tkt1.", 5) == 0) {
+    size_t dots = 0, last = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (credential[i] == '.') {
+        ++dots;
+        last = i;
+      }
+    }
+    if (dots == 3 && last + 1 < n) {
+      p.id = credential;
+      p.id_length = last;
+      p.key = credential + last + 1;
+      p.key_length = n - last - 1;
+      return p;
+    }
+  }
+  p.key = credential;
+  p.key_length = n;
+  return p;
+}
 
 bool ClientHello::SetToken(const void* data, size_t n) {
   if (n > kMaxTokenBytes) return false;
@@ -30,6 +56,7 @@ const char* RefusalReasonName(uint16_t reason) {
     case RefusalReason::kMalformedHello: return "malformed_hello";
     case RefusalReason::kServerBusy: return "server_busy";
     case RefusalReason::kInternal: return "internal";
+    case RefusalReason::kTlsRequired: return "tls_required";
   }
   return "unknown";
 }
@@ -48,15 +75,17 @@ void Refusal::Set(RefusalReason r, const char* fmt, ...) {
 }
 
 // ClientHello: u16 min_version, u16 max_version, u64 features_supported, u64 features_required,
-// blob token (u32 len <= 256), u32 client_pid, blob host_id (u32 len <= 128).
+// blob credential id (u32 len <= 256; version 1 sent the token here), u32 client_pid, blob host_id
+// (u32 len <= 128).
 size_t EncodeClientHello(const ClientHello& h, uint8_t* out, size_t cap) {
   if (h.token_length > kMaxTokenBytes || h.host_id_length > kMaxHostIdBytes) return 0;
+  const CredentialParts cred = SplitCredential(h.token, h.token_length);
   Writer w(out, cap);
   w.U16(h.min_version);
   w.U16(h.max_version);
   w.U64(h.features_supported);
   w.U64(h.features_required);
-  w.Blob(h.token, h.token_length);
+  w.Blob(cred.id, static_cast<uint32_t>(cred.id_length));
   w.U32(h.client_pid);
   w.Blob(h.host_id, h.host_id_length);
   return w.ok() ? w.size() : 0;
@@ -70,7 +99,10 @@ WireError DecodeClientHello(const uint8_t* data, size_t size, ClientHello* out) 
   r.U64(&out->features_required);
   const uint8_t* p;
   uint32_t n;
-  if (r.Blob(&p, &n, kMaxTokenBytes)) out->SetToken(p, n);
+  if (r.Blob(&p, &n, kMaxCredentialIdBytes)) {
+    if (n) memcpy(out->credential_id, p, n);
+    out->credential_id_length = n;
+  }
   r.U32(&out->client_pid);
   if (r.Blob(&p, &n, kMaxHostIdBytes)) {
     memcpy(out->host_id, p, n);
@@ -79,12 +111,13 @@ WireError DecodeClientHello(const uint8_t* data, size_t size, ClientHello* out) 
   return r.Finish() ? WireError::kOk : WireError::kMalformed;
 }
 
-// ServerHello: u16 version, u64 features, u64 session_id.
+// ServerHello: u16 version, u64 features, u64 session_id, u8[32] mac.
 size_t EncodeServerHello(const ServerHello& h, uint8_t* out, size_t cap) {
   Writer w(out, cap);
   w.U16(h.version);
   w.U64(h.features);
   w.U64(h.session_id);
+  w.Bytes(h.mac, sizeof(h.mac));
   return w.ok() ? w.size() : 0;
 }
 
@@ -93,6 +126,34 @@ WireError DecodeServerHello(const uint8_t* data, size_t size, ServerHello* out) 
   r.U16(&out->version);
   r.U64(&out->features);
   r.U64(&out->session_id);
+  r.Bytes(out->mac, sizeof(out->mac));
+  return r.Finish() ? WireError::kOk : WireError::kMalformed;
+}
+
+// AuthChallenge: u8[32] server nonce. AuthProof: u8[32] client nonce, u8[32] mac.
+size_t EncodeAuthChallenge(const AuthChallenge& c, uint8_t* out, size_t cap) {
+  Writer w(out, cap);
+  w.Bytes(c.server_nonce, sizeof(c.server_nonce));
+  return w.ok() ? w.size() : 0;
+}
+
+WireError DecodeAuthChallenge(const uint8_t* data, size_t size, AuthChallenge* out) {
+  Reader r(data, size);
+  r.Bytes(out->server_nonce, sizeof(out->server_nonce));
+  return r.Finish() ? WireError::kOk : WireError::kMalformed;
+}
+
+size_t EncodeAuthProof(const AuthProof& p, uint8_t* out, size_t cap) {
+  Writer w(out, cap);
+  w.Bytes(p.client_nonce, sizeof(p.client_nonce));
+  w.Bytes(p.mac, sizeof(p.mac));
+  return w.ok() ? w.size() : 0;
+}
+
+WireError DecodeAuthProof(const uint8_t* data, size_t size, AuthProof* out) {
+  Reader r(data, size);
+  r.Bytes(out->client_nonce, sizeof(out->client_nonce));
+  r.Bytes(out->mac, sizeof(out->mac));
   return r.Finish() ? WireError::kOk : WireError::kMalformed;
 }
 
@@ -117,19 +178,8 @@ WireError DecodeRefusal(const uint8_t* data, size_t size, Refusal* out) {
   return r.Finish() ? WireError::kOk : WireError::kMalformed;
 }
 
-namespace {
-
-bool ConstantTimeEqual(const uint8_t* a, size_t an, const uint8_t* b, size_t bn) {
-  uint8_t diff = an == bn ? 0 : 1;
-  size_t n = an < bn ? an : bn;
-  for (size_t i = 0; i < n; ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-}  // namespace
-
 bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, uint64_t session_id,
-                        ServerHello* accept, Refusal* refuse) {
+                        ServerHello* accept, AuthKey* key, Refusal* refuse) {
   if (hello.min_version > hello.max_version) {
     refuse->Set(RefusalReason::kMalformedHello, "client version range [%u, %u] is empty",
                 hello.min_version, hello.max_version);
@@ -150,13 +200,24 @@ bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, ui
                 hello.min_version, hello.max_version, policy.min_version, policy.max_version);
     return false;
   }
-  if (policy.token_length != 0 || policy.token != nullptr) {
-    if (!ConstantTimeEqual(hello.token, hello.token_length, policy.token, policy.token_length) &&
-        !(policy.accept_credential != nullptr &&
-          policy.accept_credential(hello.token, hello.token_length, policy.credential_ctx))) {
-      refuse->Set(RefusalReason::kBadToken, "authentication token not accepted");
+  key->check = policy.token_length != 0 || policy.token != nullptr;
+  key->length = 0;
+  if (key->check && hello.credential_id_length == 0) {
+    if (policy.token_length > sizeof(key->bytes)) {
+      refuse->Set(RefusalReason::kInternal, "the server's token is longer than %u bytes",
+                  kMaxTokenBytes);
       return false;
     }
+    memcpy(key->bytes, policy.token, policy.token_length);
+    key->length = policy.token_length;
+  } else if (key->check &&
+             (policy.credential_key == nullptr ||
+              !policy.credential_key(hello.credential_id, hello.credential_id_length, key,
+                                     policy.credential_ctx))) {
+    refuse->Set(RefusalReason::kBadToken,
+                "credential not accepted: a session ticket that expired, is malformed, or was "
+                "made with another token");
+    return false;
   }
   uint64_t unknown = hello.features_required & ~policy.features_supported;
   if (unknown != 0) {
@@ -176,6 +237,38 @@ bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, ui
   accept->features = hello.features_supported & policy.features_supported;
   accept->session_id = session_id;
   return true;
+}
+
+namespace {
+constexpr char kClientLabel[] = "tfusion auth v2 client";
+constexpr char kServerLabel[] = "tfusion auth v2 server";
+}  // namespace
+
+void AuthTranscript(const uint8_t* hello_payload, size_t hello_length, const AuthChallenge& c,
+                    const uint8_t client_nonce[kAuthNonceBytes], uint8_t out[32]) {
+  Sha256 s;
+  s.Update(hello_payload, hello_length);
+  s.Update(c.server_nonce, sizeof(c.server_nonce));
+  s.Update(client_nonce, kAuthNonceBytes);
+  s.Final(out);
+}
+
+void ClientAuthMac(const uint8_t* key, size_t key_length, const uint8_t transcript[32],
+                   uint8_t out[kAuthMacBytes]) {
+  const ByteSpan parts[] = {{kClientLabel, sizeof(kClientLabel) - 1}, {transcript, 32}};
+  HmacSha256(key, key_length, parts, 2, out);
+}
+
+void ServerAuthMac(const uint8_t* key, size_t key_length, const uint8_t transcript[32],
+                   const ServerHello& hello, uint8_t out[kAuthMacBytes]) {
+  uint8_t fields[18];
+  Writer w(fields, sizeof(fields));
+  w.U16(hello.version);
+  w.U64(hello.features);
+  w.U64(hello.session_id);
+  const ByteSpan parts[] = {
+      {kServerLabel, sizeof(kServerLabel) - 1}, {transcript, 32}, {fields, sizeof(fields)}};
+  HmacSha256(key, key_length, parts, 3, out);
 }
 
 bool CheckServerHello(const ClientHello& offered, const ServerHello& got, char* msg,

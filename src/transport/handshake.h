@@ -36,13 +36,35 @@ inline constexpr uint64_t kKnownFeatures = kFeatureDeferredErrors | kFeatureBulk
                                            kFeatureHostRegions | kFeatureMirrors |
                                            kFeatureManagedRegions;
 
+// What a client holds to open a session: the worker's token, or a session ticket minted from it
+// ("tkt1.<expiry>.<nonce>.<mac>", src/worker/session_ticket.h). Neither crosses the wire: the
+// hello carries the credential's public id (empty for the token, "tkt1.<expiry>.<nonce>" for a
+// ticket) and the client proves it knows the key (the token, or the ticket's mac) by answering
+// the server's challenge (docs/protocol.md, "Handshake").
+inline constexpr uint32_t kMaxCredentialIdBytes = kMaxTokenBytes;
+inline constexpr size_t kAuthNonceBytes = 32;
+inline constexpr size_t kAuthMacBytes = 32;
+
+// A credential split into what is sent (id) and what proves it (key). Pure function of the text.
+struct CredentialParts {
+  const uint8_t* id = nullptr;
+  size_t id_length = 0;
+  const uint8_t* key = nullptr;
+  size_t key_length = 0;
+};
+CredentialParts SplitCredential(const uint8_t* credential, size_t n);
+
 struct ClientHello {
   uint16_t min_version = kProtocolVersionMin;
   uint16_t max_version = kProtocolVersionMax;
   uint64_t features_supported = kKnownFeatures;
   uint64_t features_required = 0;
+  // Client side: the credential (never encoded; EncodeClientHello writes its id).
   uint32_t token_length = 0;
   uint8_t token[kMaxTokenBytes] = {};
+  // Server side: the credential id the client sent (a version 1 client sent its token here).
+  uint32_t credential_id_length = 0;
+  uint8_t credential_id[kMaxCredentialIdBytes] = {};
   uint32_t client_pid = 0;  // as the client sees itself; informational (namespaces differ)
   uint32_t host_id_length = 0;
   char host_id[kMaxHostIdBytes] = {};  // not NUL-terminated on the wire
@@ -52,10 +74,20 @@ struct ClientHello {
   bool SetHostId(const char* s);
 };
 
+// The server's challenge (opcode kAuthChallenge) and the client's answer (kAuthProof).
+struct AuthChallenge {
+  uint8_t server_nonce[kAuthNonceBytes] = {};
+};
+struct AuthProof {
+  uint8_t client_nonce[kAuthNonceBytes] = {};
+  uint8_t mac[kAuthMacBytes] = {};
+};
+
 struct ServerHello {
   uint16_t version = 0;   // the chosen protocol version
   uint64_t features = 0;  // the session's features: both sides support them
   uint64_t session_id = 0;
+  uint8_t mac[kAuthMacBytes] = {};  // the server's proof that it knows the credential's key too
 };
 
 // Why a server refused; values are fixed on the wire.
@@ -67,6 +99,7 @@ enum class RefusalReason : uint16_t {
   kMalformedHello = 5,
   kServerBusy = 6,
   kInternal = 7,
+  kTlsRequired = 8,  // a plaintext client at a worker that serves TCP only over TLS
 };
 const char* RefusalReasonName(uint16_t reason);
 
@@ -83,11 +116,23 @@ struct Refusal {
 size_t EncodeClientHello(const ClientHello& h, uint8_t* out, size_t cap);
 size_t EncodeServerHello(const ServerHello& h, uint8_t* out, size_t cap);
 size_t EncodeRefusal(const Refusal& r, uint8_t* out, size_t cap);
+size_t EncodeAuthChallenge(const AuthChallenge& c, uint8_t* out, size_t cap);
+size_t EncodeAuthProof(const AuthProof& p, uint8_t* out, size_t cap);
 WireError DecodeClientHello(const uint8_t* data, size_t size, ClientHello* out);
 WireError DecodeServerHello(const uint8_t* data, size_t size, ServerHello* out);
 WireError DecodeRefusal(const uint8_t* data, size_t size, Refusal* out);
+WireError DecodeAuthChallenge(const uint8_t* data, size_t size, AuthChallenge* out);
+WireError DecodeAuthProof(const uint8_t* data, size_t size, AuthProof* out);
 
-// What a server accepts. token == nullptr with token_length 0 accepts any token (tests, local).
+// The key a client must prove it knows (up to kMaxTokenBytes). check == false: the server takes
+// any client (no token configured), and proves itself with the empty key.
+struct AuthKey {
+  bool check = true;
+  size_t length = 0;
+  uint8_t bytes[kMaxTokenBytes] = {};
+};
+
+// What a server accepts. token == nullptr with token_length 0 accepts any client (tests, local).
 struct ServerPolicy {
   uint16_t min_version = kProtocolVersionMin;
   uint16_t max_version = kProtocolVersionMax;
@@ -95,21 +140,32 @@ struct ServerPolicy {
   uint64_t features_required = 0;
   const uint8_t* token = nullptr;
   size_t token_length = 0;
-  // Another credential the server accepts in place of the token (the worker's session tickets):
-  // called when the token does not match; true accepts.
-  bool (*accept_credential)(const uint8_t* presented, size_t length, void* ctx) = nullptr;
+  // The key of a credential id other than the token's (the worker's session tickets): fills *key
+  // and returns true, or returns false (unknown, malformed or expired id: refused).
+  bool (*credential_key)(const uint8_t* id, size_t length, AuthKey* key, void* ctx) = nullptr;
   void* credential_ctx = nullptr;
 };
 
-// Server side: decides on a client's hello. Returns true and fills *accept (with session_id), or
-// false and fills *refuse with a reason and a message naming the mismatch. The token is compared
-// in constant time.
+// Server side, on the client's hello: checks versions and features and looks up the key of the
+// credential id. Returns true and fills *accept (with session_id) and *key, or false and fills
+// *refuse with a reason and a message naming the mismatch.
 bool NegotiateHandshake(const ClientHello& hello, const ServerPolicy& policy, uint64_t session_id,
-                        ServerHello* accept, Refusal* refuse);
+                        ServerHello* accept, AuthKey* key, Refusal* refuse);
+
+// The proofs. transcript: SHA-256 of the client hello's payload bytes as sent, the server nonce
+// and the client nonce. The client's mac is HMAC-SHA256(key, "tfusion auth v2 client" ||
+// transcript); the server's is HMAC-SHA256(key, "tfusion auth v2 server" || transcript || u16
+// version || u64 features || u64 session_id), so it also vouches for what was negotiated.
+void AuthTranscript(const uint8_t* hello_payload, size_t hello_length, const AuthChallenge& c,
+                    const uint8_t client_nonce[kAuthNonceBytes], uint8_t out[32]);
+void ClientAuthMac(const uint8_t* key, size_t key_length, const uint8_t transcript[32],
+                   uint8_t out[kAuthMacBytes]);
+void ServerAuthMac(const uint8_t* key, size_t key_length, const uint8_t transcript[32],
+                   const ServerHello& hello, uint8_t out[kAuthMacBytes]);
 
 // Client side: checks that a server hello is consistent with what the client offered (version in
 // range, features a subset of the client's, every required feature present). On failure writes a
-// reason into msg (NUL-terminated) and returns false.
+// reason into msg (NUL-terminated) and returns false. The server's mac is checked separately.
 bool CheckServerHello(const ClientHello& offered, const ServerHello& got, char* msg, size_t msg_cap);
 
 }  // namespace tf::transport

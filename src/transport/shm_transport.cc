@@ -18,6 +18,7 @@
 #include <new>
 
 #include "transport/shm_segment.h"
+#include "transport/auth_exchange.h"
 #include "transport/socket_io.h"
 #include "transport/sync.h"
 
@@ -696,6 +697,33 @@ TransportStatus RecvMessage(int fd, int64_t deadline, FrameHeader* h, uint8_t* p
   return done(TransportStatus::Ok());
 }
 
+// Handshake frames as rendezvous messages; keeps the descriptor passed with the last one.
+class RendezvousChannel final : public internal::HandshakeChannel {
+ public:
+  RendezvousChannel(int fd, int64_t deadline_ns) : fd_(fd), deadline_ns_(deadline_ns) {}
+  ~RendezvousChannel() override {
+    if (passed_fd_ >= 0) close(passed_fd_);
+  }
+  TransportStatus SendFrame(const uint8_t* frame, size_t n) override {
+    return SendMessage(fd_, frame, n, -1);
+  }
+  TransportStatus RecvFrame(FrameHeader* h, uint8_t* payload) override {
+    if (passed_fd_ >= 0) close(passed_fd_);
+    passed_fd_ = -1;
+    return RecvMessage(fd_, deadline_ns_, h, payload, &passed_fd_);
+  }
+  int TakePassedFd() {
+    int fd = passed_fd_;
+    passed_fd_ = -1;
+    return fd;
+  }
+
+ private:
+  const int fd_;
+  const int64_t deadline_ns_;
+  int passed_fd_ = -1;
+};
+
 TransportStatus ShmListener::Accept(const ServerPolicy& policy, const TransportOptions& options,
                                     int timeout_ms, std::unique_ptr<Transport>* out,
                                     ClientHello* peer) {
@@ -711,36 +739,13 @@ TransportStatus ShmListener::Accept(const ServerPolicy& policy, const TransportO
     return internal::ErrnoStatus(errno, "shm accept");
   }
   const int64_t deadline = DeadlineAfterMs(options.connect_timeout_ms);
-  FrameHeader h;
-  uint8_t body[kMaxHandshakePayload];
-  TransportStatus st = RecvMessage(cfd, deadline, &h, body, nullptr);
+  RendezvousChannel ch(cfd, deadline);
+  ClientHello hello;
+  ServerHello accept;
+  TransportStatus st = internal::ServerHandshake(&ch, policy, &accept, &hello);
   if (!st.ok()) {
     close(cfd);
     return st;
-  }
-  ClientHello hello;
-  Refusal refusal;
-  ServerHello accept;
-  bool ok;
-  if (h.opcode != static_cast<uint16_t>(Opcode::kClientHello) ||
-      DecodeClientHello(body, h.payload_length, &hello) != WireError::kOk) {
-    refusal.Set(RefusalReason::kMalformedHello, "expected a well-formed client hello");
-    ok = false;
-  } else {
-    ok = NegotiateHandshake(hello, policy, internal::NewSessionId(), &accept, &refusal);
-  }
-  uint8_t frame[kFrameHeaderSize + kMaxHandshakePayload];
-  if (!ok) {
-    size_t n = EncodeRefusal(refusal, body, sizeof(body));
-    size_t total = internal::EncodeHandshakeFrame(
-        static_cast<uint16_t>(Opcode::kHandshakeRefused), h.sequence, body, n, frame);
-    SendMessage(cfd, frame, total, -1);
-    close(cfd);
-    TransportStatus r = TransportStatus::Error(
-        TransportErrc::kRefused, 0, "refused client: %s: %.*s", RefusalReasonName(refusal.reason),
-        static_cast<int>(refusal.message_length), refusal.message);
-    r.set_refusal_reason(refusal.reason);
-    return r;
   }
 
   int memfd = CreateSegmentFile(geo.total_bytes);
@@ -780,10 +785,8 @@ TransportStatus ShmListener::Accept(const ServerPolicy& policy, const TransportO
   munmap(p, kHeaderBytes);
   st = t->Map(memfd, geo);
   if (st.ok()) {
-    size_t n = EncodeServerHello(accept, body, sizeof(body));
-    size_t total = internal::EncodeHandshakeFrame(static_cast<uint16_t>(Opcode::kServerHello),
-                                                  h.sequence, body, n, frame);
-    st = SendMessage(cfd, frame, total, memfd);
+    uint8_t frame[internal::kMaxHandshakeFrame];
+    st = SendMessage(cfd, frame, internal::EncodeServerHelloFrame(accept, frame), memfd);
   }
   close(memfd);
   if (!st.ok()) return st;
@@ -861,21 +864,11 @@ TransportStatus ConnectShm(const char* socket_path, const ClientHello& hello,
                                   err, "cannot connect to worker socket \"%s\": %s", socket_path,
                                   strerror(err));
   }
-  uint8_t body[kMaxHandshakePayload];
-  size_t n = EncodeClientHello(hello, body, sizeof(body));
-  if (n == 0) {
-    close(fd);
-    return TransportStatus::Error(TransportErrc::kInvalidArgument, 0, "client hello too large");
-  }
-  uint8_t frame[kFrameHeaderSize + kMaxHandshakePayload];
-  size_t total = internal::EncodeHandshakeFrame(static_cast<uint16_t>(Opcode::kClientHello), 0,
-                                                body, n, frame);
-  TransportStatus st = SendMessage(fd, frame, total, -1);
-  FrameHeader h;
-  int memfd = -1;
-  if (st.ok()) st = RecvMessage(fd, deadline, &h, body, &memfd);
+  RendezvousChannel ch(fd, deadline);
   ServerHello session;
-  if (st.ok()) st = internal::CheckHandshakeReply(hello, h, body, &session);
+  TransportStatus st = internal::ClientHandshake(&ch, hello, &session);
+  // The segment comes with the server hello, the last message.
+  int memfd = ch.TakePassedFd();
   if (st.ok() && memfd < 0) st = ProtocolError("server hello carried no segment descriptor");
   Geometry geo;
   struct stat sb;

@@ -17,9 +17,11 @@
 #include <new>
 #include <utility>
 
+#include "transport/byte_stream.h"
 #include "transport/socket_io.h"
 #include "transport/sync.h"
 #include "transport/tcp_bulk_arena.h"
+#include "transport/tcp_session_setup.h"
 
 namespace tf::transport {
 
@@ -83,8 +85,9 @@ TransportStatus ProtocolError(const char* what, WireError e) {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(int fd, const TransportOptions& options, const ServerHello& session)
-      : fd_(fd), options_(options), session_(session) {}
+  TcpTransport(std::unique_ptr<ByteStream> io, const TransportOptions& options,
+               const ServerHello& session)
+      : fd_(io->fd()), io_(std::move(io)), options_(options), session_(session) {}
 
   ~TcpTransport() override {
     Close();
@@ -128,6 +131,7 @@ class TcpTransport final : public Transport {
   }
   const ServerHello& session() const override { return session_; }
   const char* kind() const override { return "tcp"; }
+  const char* description() const override { return io_->description(); }
 
  private:
   static void* FlusherMain(void* self) {
@@ -143,6 +147,7 @@ class TcpTransport final : public Transport {
   TransportStatus ReadSome(int64_t deadline_ns);
 
   const int fd_;
+  const std::unique_ptr<ByteStream> io_;  // plaintext or TLS; every byte goes through it
   const TransportOptions options_;
   const ServerHello session_;
   std::atomic<bool> closed_{false};
@@ -243,7 +248,7 @@ TransportStatus TcpTransport::Send(const OutFrame& f) {
       {desc, f.bulk_length ? kBulkDescriptorSize : 0},
       {const_cast<void*>(f.bulk), static_cast<size_t>(f.bulk_length)},
   };
-  TransportStatus st = internal::SendAll(fd_, iov, 5, deadline);
+  TransportStatus st = io_->SendAll(iov, 5, deadline);
   if (f.bulk_reserved) arena_.Sent();  // the socket has the bytes (or the connection is broken)
 
   tx_mu_.Lock();
@@ -276,7 +281,7 @@ void TcpTransport::FlusherLoop() {
     queue_.Swap(&inflight_);
     tx_mu_.Unlock();
     iovec iov{inflight_.data, inflight_.size};
-    TransportStatus st = internal::SendAll(fd_, &iov, 1, DeadlineAfterMs(options_.io_timeout_ms));
+    TransportStatus st = io_->SendAll(&iov, 1, DeadlineAfterMs(options_.io_timeout_ms));
     tx_mu_.Lock();
     inflight_.size = 0;
     writing_ = false;
@@ -302,17 +307,16 @@ TransportStatus TcpTransport::ReadSome(int64_t deadline_ns) {
   bool spun = false;
   int64_t spin_end = 0;
   for (;;) {
-    ssize_t n = recv(fd_, rbuf_.data + rend_, rbuf_.cap - rend_, MSG_DONTWAIT);
+    size_t n = 0;
+    TransportStatus got = io_->RecvSome(rbuf_.data + rend_, rbuf_.cap - rend_, &n);
+    if (!got.ok()) {
+      if (closed_.load(std::memory_order_acquire)) return ClosedStatus();
+      return got;
+    }
     if (n > 0) {
-      rend_ += static_cast<size_t>(n);
+      rend_ += n;
       return TransportStatus::Ok();
     }
-    if (n == 0) {
-      if (closed_.load(std::memory_order_acquire)) return ClosedStatus();
-      return TransportStatus::Error(TransportErrc::kPeerClosed, 0, "peer closed the connection");
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return internal::ErrnoStatus(errno, "recv");
     if (!spun && options_.tcp_spin_ns > 0) {
       // Nothing yet: poll for a short while before paying for a sleep and a wake-up.
       spun = true;
@@ -322,7 +326,7 @@ TransportStatus TcpTransport::ReadSome(int64_t deadline_ns) {
       CpuRelax();
       continue;
     }
-    TransportStatus st = internal::WaitFd(fd_, POLLIN, deadline_ns, "receive");
+    TransportStatus st = io_->WaitReadable(deadline_ns, "receive");
     if (!st.ok()) return closed_.load(std::memory_order_acquire) ? ClosedStatus() : st;
   }
 }
@@ -403,7 +407,7 @@ TransportStatus TcpTransport::Receive(InFrame* frame, int timeout_ms) {
     memcpy(dst, rbuf_.data + rstart_ + head, buffered);
     pending_consume_ += buffered;
     if (buffered < d.length) {
-      st = internal::RecvExact(fd_, dst + buffered, d.length - buffered, io_deadline);
+      st = io_->RecvExact(dst + buffered, d.length - buffered, io_deadline);
       if (!st.ok()) return fail(closed_.load() ? ClosedStatus() : st);
     }
     frame->bulk = dst;
@@ -451,7 +455,7 @@ void TcpTransport::Close() {
   if (flusher_started_) pthread_join(flusher_, nullptr);
   // Wakes a Receive blocked in poll; the descriptor itself is closed by the destructor so that
   // its number cannot be reused under a concurrent call.
-  shutdown(fd_, SHUT_RDWR);
+  io_->Shutdown();
 }
 
 // ---- listening, connecting, handshake ----
@@ -493,16 +497,6 @@ TransportStatus FormatAddress(const sockaddr_storage& ss, char* out, size_t cap)
   return TransportStatus::Ok();
 }
 
-// Reads one handshake frame (header + small payload) from a stream socket.
-TransportStatus RecvHandshakeFrame(int fd, int64_t deadline, FrameHeader* h, uint8_t* payload) {
-  uint8_t hdr[kFrameHeaderSize];
-  TF_TRANSPORT_RETURN_IF_ERROR(internal::RecvExact(fd, hdr, sizeof(hdr), deadline));
-  WireError e = DecodeFrameHeader(hdr, sizeof(hdr), h, kMaxHandshakePayload);
-  if (e != WireError::kOk) return ProtocolError("handshake frame", e);
-  if (h->flags & kFlagBulkFollows) return ProtocolError("handshake frame", WireError::kBadFlags);
-  return internal::RecvExact(fd, payload, h->payload_length, deadline);
-}
-
 TransportStatus TcpListener::Accept(const ServerPolicy& policy, const TransportOptions& options,
                                     int timeout_ms, std::unique_ptr<Transport>* out,
                                     ClientHello* peer) {
@@ -515,42 +509,16 @@ TransportStatus TcpListener::Accept(const ServerPolicy& policy, const TransportO
     return internal::ErrnoStatus(errno, "accept");
   }
   ConfigureSocket(cfd, options);
-  const int64_t deadline = DeadlineAfterMs(options.connect_timeout_ms);
-  FrameHeader h;
-  uint8_t payload[kMaxHandshakePayload];
-  TransportStatus st = RecvHandshakeFrame(cfd, deadline, &h, payload);
-  ClientHello hello;
-  Refusal refusal;
+  std::unique_ptr<ByteStream> io;
   ServerHello accept;
-  bool ok = false;
-  if (st.ok()) {
-    if (h.opcode != static_cast<uint16_t>(Opcode::kClientHello) ||
-        DecodeClientHello(payload, h.payload_length, &hello) != WireError::kOk) {
-      refusal.Set(RefusalReason::kMalformedHello, "expected a well-formed client hello");
-    } else {
-      ok = NegotiateHandshake(hello, policy, internal::NewSessionId(), &accept, &refusal);
-    }
-    uint8_t reply[kFrameHeaderSize + kMaxHandshakePayload];
-    uint8_t body[kMaxHandshakePayload];
-    size_t n = ok ? EncodeServerHello(accept, body, sizeof(body))
-                  : EncodeRefusal(refusal, body, sizeof(body));
-    size_t total = internal::EncodeHandshakeFrame(
-        static_cast<uint16_t>(ok ? Opcode::kServerHello : Opcode::kHandshakeRefused), h.sequence,
-        body, n, reply);
-    iovec iov{reply, total};
-    st = internal::SendAll(cfd, &iov, 1, deadline);
-  }
-  if (!st.ok() || !ok) {
+  ClientHello hello;
+  TransportStatus st = internal::AcceptTcpSession(cfd, policy, options, &io, &accept, &hello);
+  if (!st.ok()) {
+    io.reset();
     close(cfd);
-    if (!st.ok()) return st;
-    TransportStatus r = TransportStatus::Error(TransportErrc::kRefused, 0, "refused client: %s: %.*s",
-                                               RefusalReasonName(refusal.reason),
-                                               static_cast<int>(refusal.message_length),
-                                               refusal.message);
-    r.set_refusal_reason(refusal.reason);
-    return r;
+    return st;
   }
-  auto* t = new (std::nothrow) TcpTransport(cfd, options, accept);
+  auto* t = new (std::nothrow) TcpTransport(std::move(io), options, accept);
   if (t == nullptr || !t->Start()) {
     if (t) delete t;
     else close(cfd);
@@ -712,27 +680,15 @@ TransportStatus ConnectTcp(const char* host_port, const ClientHello& hello,
   freeaddrinfo(res);
   if (fd < 0) return st;
   ConfigureSocket(fd, options);
-
-  uint8_t body[kMaxHandshakePayload];
-  size_t n = EncodeClientHello(hello, body, sizeof(body));
-  if (n == 0) {
-    close(fd);
-    return TransportStatus::Error(TransportErrc::kInvalidArgument, 0, "client hello too large");
-  }
-  uint8_t frame[kFrameHeaderSize + kMaxHandshakePayload];
-  size_t total = internal::EncodeHandshakeFrame(static_cast<uint16_t>(Opcode::kClientHello), 0,
-                                                body, n, frame);
-  iovec iov{frame, total};
-  st = internal::SendAll(fd, &iov, 1, deadline);
-  FrameHeader h;
-  if (st.ok()) st = RecvHandshakeFrame(fd, deadline, &h, body);
+  std::unique_ptr<ByteStream> io;
   ServerHello session;
-  if (st.ok()) st = internal::CheckHandshakeReply(hello, h, body, &session);
+  st = internal::OpenTcpSession(fd, hp.host, hello, options, &io, &session);
   if (!st.ok()) {
+    io.reset();
     close(fd);
     return st;
   }
-  auto* t = new (std::nothrow) TcpTransport(fd, options, session);
+  auto* t = new (std::nothrow) TcpTransport(std::move(io), options, session);
   if (t == nullptr || !t->Start()) {
     if (t) delete t;
     else close(fd);

@@ -28,6 +28,8 @@
 
 namespace tf::transport {
 
+class TlsContext;  // tls_stream.h
+
 struct TransportOptions {
   int connect_timeout_ms = 5000;    // connect + handshake
   int io_timeout_ms = 10000;        // Send/Flush, and the rest of a frame once its header arrived
@@ -47,6 +49,11 @@ struct TransportOptions {
   // TCP only: this process's bulk memory for the connection (half for incoming bulk, half for
   // reserved outgoing slices; max_bulk_bytes() is a quarter). Anonymous memory, touched as used.
   uint64_t tcp_arena_bytes = 64ull << 20;
+  // TCP, client: TLS, verifying the worker's certificate against this CA file (PEM); nullptr:
+  // plaintext. TCP, server: serve TLS with this context (NewTlsServerContext) and refuse
+  // plaintext clients (kTlsRequired); nullptr: plaintext only. See tls_stream.h.
+  const char* tls_ca_file = nullptr;
+  const TlsContext* tls_server = nullptr;
 };
 
 // Where the bulk of an incoming frame should land (Transport::SetBulkPlacer): memory for
@@ -154,6 +161,8 @@ class Transport {
   virtual uint64_t max_bulk_bytes() const = 0;
   virtual const ServerHello& session() const = 0;
   virtual const char* kind() const = 0;  // "tcp", "shm"
+  // How the bytes travel, for logs: kind() or, over TLS, its version and cipher.
+  virtual const char* description() const { return kind(); }
 };
 
 // A server endpoint that accepts clients.

@@ -84,7 +84,7 @@ WireError DecodeFrameHeader(const uint8_t* data, size_t size, FrameHeader* out,
   out->flags = GetU16(data + 8);
   out->sequence = GetU64(data + 12);
   out->payload_length = GetU32(data + 20);
-  if (out->version < kProtocolVersionMin || out->version > kProtocolVersionMax) {
+  if (out->version < kFrameVersionMin || out->version > kProtocolVersionMax) {
     return WireError::kBadVersion;
   }
   if ((out->flags & ~kKnownFlags) != 0) return WireError::kBadFlags;

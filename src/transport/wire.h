@@ -15,10 +15,16 @@ namespace tf::transport {
 // Bytes 'T' 'F' 'R' 'M' on the wire.
 inline constexpr uint32_t kFrameMagic = 0x4D524654;
 
-// Protocol versions this build speaks. A frame whose version is outside this range is rejected;
-// the handshake picks one version inside both sides' ranges.
-inline constexpr uint16_t kProtocolVersionMin = 1;
-inline constexpr uint16_t kProtocolVersionMax = 1;
+// Protocol versions this build speaks; the handshake picks one version inside both sides'
+// ranges. Version 2: the client proves it holds the credential by challenge-response instead of
+// sending it (docs/protocol.md, "Handshake"); version 1 clients are refused.
+inline constexpr uint16_t kProtocolVersionMin = 2;
+inline constexpr uint16_t kProtocolVersionMax = 2;
+// Handshake frames (hellos, challenge, proof, refusal) always carry version 1 in their header, so
+// that a client of any version can read why it was refused. Frames outside
+// [kFrameVersionMin, kProtocolVersionMax] are rejected.
+inline constexpr uint16_t kHandshakeFrameVersion = 1;
+inline constexpr uint16_t kFrameVersionMin = 1;
 
 inline constexpr size_t kFrameHeaderSize = 28;
 inline constexpr size_t kBulkDescriptorSize = 24;
@@ -36,12 +42,14 @@ enum class Opcode : uint16_t {
   kClientHello = 0x0001,
   kPing = 0x0002,
   kGoodbye = 0x0003,
+  kAuthProof = 0x0004,      // handshake (v2): the client's nonce and proof
 
   kServerHello = 0x8001,
   kHandshakeRefused = 0x8002,
   kPong = 0x8003,
   kCallReply = 0x8004,   // reply to a driver call (reply-expected frame), same sequence
   kAsyncError = 0x8005,  // event: an async call failed; carries its sequence and CUresult
+  kAuthChallenge = 0x8006,  // handshake (v2): the server's nonce
 };
 
 inline constexpr uint16_t kControlFirst = 0x0001;
@@ -74,7 +82,7 @@ enum class WireError : uint8_t {
   kTruncated,         // fewer bytes than the structure needs
   kBadMagic,
   kBadChecksum,
-  kBadVersion,        // outside [kProtocolVersionMin, kProtocolVersionMax]
+  kBadVersion,        // outside [kFrameVersionMin, kProtocolVersionMax]
   kBadFlags,          // an unknown flag bit
   kReservedNonZero,
   kPayloadTooLarge,   // payload_length > kMaxPayloadBytes (or the caller's smaller limit)

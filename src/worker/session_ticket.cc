@@ -1,11 +1,10 @@
 #include "worker/session_ticket.h"
 
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
 #include <cstdio>
 #include <cstdlib>
+
+#include "transport/auth_exchange.h"
+#include "transport/sha256.h"
 
 namespace tf::worker {
 namespace {
@@ -22,13 +21,9 @@ std::string Hex(const unsigned char* p, size_t n) {
 }
 
 std::string Mac(const std::string& key, const std::string& message) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-           reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len) == nullptr) {
-    return "";
-  }
-  return Hex(out, len);
+  unsigned char out[transport::kSha256Bytes];
+  transport::HmacSha256(key.data(), key.size(), message.data(), message.size(), out);
+  return Hex(out, sizeof(out));
 }
 
 bool IsHex(const std::string& s) {
@@ -42,29 +37,31 @@ bool IsHex(const std::string& s) {
 std::string MintSessionTicket(const std::string& worker_token, int64_t expires_unix_s) {
   if (worker_token.empty() || expires_unix_s <= 0) return "";
   unsigned char nonce[16];
-  if (RAND_bytes(nonce, sizeof(nonce)) != 1) return "";
+  if (!transport::internal::RandomBytes(nonce, sizeof(nonce))) return "";
   const std::string body = "tkt1." + std::to_string(expires_unix_s) + "." + Hex(nonce, sizeof(nonce));
   const std::string mac = Mac(worker_token, body);
   return mac.empty() ? "" : body + "." + mac;
 }
 
-bool CheckSessionTicket(const std::string& worker_token, const std::string& presented, int64_t now_unix_s) {
-  if (worker_token.empty() || presented.size() > 200 || presented.compare(0, 5, "tkt1.") != 0) return false;
-  const size_t a = presented.find('.', 5);
-  if (a == std::string::npos || a == 5 || a - 5 > 19) return false;
-  const size_t b = presented.find('.', a + 1);
-  if (b == std::string::npos || b - a - 1 != 32) return false;
-  const std::string expiry = presented.substr(5, a - 5), nonce = presented.substr(a + 1, 32);
-  const std::string mac = presented.substr(b + 1);
+std::string SessionTicketKey(const std::string& worker_token, const std::string& id, int64_t now_unix_s) {
+  if (worker_token.empty() || id.size() > 200 || id.compare(0, 5, "tkt1.") != 0) return "";
+  const size_t a = id.find('.', 5);
+  if (a == std::string::npos || a == 5 || a - 5 > 19 || id.size() - a - 1 != 32) return "";
+  const std::string expiry = id.substr(5, a - 5), nonce = id.substr(a + 1);
   for (char c : expiry)
-    if (c < '0' || c > '9') return false;
-  if (mac.size() != 64 || !IsHex(nonce) || !IsHex(mac)) return false;
-  const std::string want = Mac(worker_token, presented.substr(0, b));
-  if (want.size() != mac.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < mac.size(); ++i) diff |= static_cast<unsigned char>(mac[i] ^ want[i]);
-  if (diff != 0) return false;
-  return std::strtoll(expiry.c_str(), nullptr, 10) >= now_unix_s;
+    if (c < '0' || c > '9') return "";
+  if (!IsHex(nonce) || std::strtoll(expiry.c_str(), nullptr, 10) < now_unix_s) return "";
+  return Mac(worker_token, id);
+}
+
+bool CheckSessionTicket(const std::string& worker_token, const std::string& presented, int64_t now_unix_s) {
+  const size_t dot = presented.rfind('.');
+  if (dot == std::string::npos) return false;
+  const std::string mac = presented.substr(dot + 1);
+  const std::string want = SessionTicketKey(worker_token, presented.substr(0, dot), now_unix_s);
+  if (want.empty() || mac.size() != want.size()) return false;
+  return transport::ConstantTimeEqual(reinterpret_cast<const uint8_t*>(mac.data()),
+                                      reinterpret_cast<const uint8_t*>(want.data()), want.size());
 }
 
 }  // namespace tf::worker

@@ -10,6 +10,9 @@
 
 namespace tf::worker {
 
+// The handshake never sends a ticket whole: the client sends its id ("tkt1.<expiry>.<nonce>") and
+// proves it knows the mac (transport/handshake.h, SplitCredential).
+//
 // A ticket valid until expires_unix_s, keyed with the worker's token. Empty when the token is
 // empty (a worker without a token accepts anyone) or no randomness is available.
 std::string MintSessionTicket(const std::string& worker_token, int64_t expires_unix_s);
@@ -17,5 +20,10 @@ std::string MintSessionTicket(const std::string& worker_token, int64_t expires_u
 // True when `presented` is a well-formed ticket made with worker_token that has not expired at
 // now_unix_s. The MAC is compared in constant time.
 bool CheckSessionTicket(const std::string& worker_token, const std::string& presented, int64_t now_unix_s);
+
+// The key the holder of ticket `id` ("tkt1.<expiry>.<nonce>") proves it knows in the handshake:
+// the ticket's mac as it is written (64 hex digits). "" when the id is malformed, has expired at
+// now_unix_s, or worker_token is empty.
+std::string SessionTicketKey(const std::string& worker_token, const std::string& id, int64_t now_unix_s);
 
 }  // namespace tf::worker

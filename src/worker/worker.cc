@@ -23,6 +23,7 @@
 
 #include "transport/shm_transport.h"
 #include "transport/tcp_transport.h"
+#include "transport/tls_stream.h"
 #include "worker/session.h"
 #include "worker/session_ticket.h"
 
@@ -53,7 +54,7 @@ void CloseInheritedListeners(int keep_fd) {
 // The spare: waits for one client, tells the parent, and becomes that client's session.
 [[noreturn]] void SpareMain(const WorkerOptions& o,
                             std::vector<std::unique_ptr<transport::Listener>>& listeners,
-                            pid_t parent, int notify_fd) {
+                            const transport::TlsContext* tls, pid_t parent, int notify_fd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(0);
   signal(SIGINT, SIG_DFL);
@@ -61,13 +62,20 @@ void CloseInheritedListeners(int keep_fd) {
   transport::ServerPolicy policy;
   policy.token = reinterpret_cast<const uint8_t*>(o.token.data());
   policy.token_length = o.token.size();
-  // A tenant program holds a session ticket (tfusion run --remote), never the token itself.
-  policy.accept_credential = [](const uint8_t* presented, size_t n, void* ctx) {
-    return CheckSessionTicket(*static_cast<const std::string*>(ctx),
-                              std::string(reinterpret_cast<const char*>(presented), n), time(nullptr));
+  // A tenant program holds a session ticket (tfusion run --remote), never the token itself; it
+  // names the ticket by its id and proves it knows the ticket's mac.
+  policy.credential_key = [](const uint8_t* id, size_t n, transport::AuthKey* key, void* ctx) {
+    const std::string mac = SessionTicketKey(*static_cast<const std::string*>(ctx),
+                                             std::string(reinterpret_cast<const char*>(id), n),
+                                             time(nullptr));
+    if (mac.empty() || mac.size() > sizeof(key->bytes)) return false;
+    memcpy(key->bytes, mac.data(), mac.size());
+    key->length = mac.size();
+    return true;
   };
   policy.credential_ctx = const_cast<std::string*>(&o.token);
   transport::TransportOptions topt;
+  topt.tls_server = tls;
   topt.shm_spin_ns = o.spin_us * 1000u;
   topt.tcp_spin_ns = o.spin_us * 1000u;
   const int slice_ms = listeners.size() > 1 ? 50 : 500;
@@ -88,7 +96,8 @@ void CloseInheritedListeners(int keep_fd) {
       CloseInheritedListeners(-1);
       fprintf(stderr, "tfusion-worker[%d]: session %llx for client pid %u on %.*s via %s\n",
               static_cast<int>(getpid()), static_cast<unsigned long long>(t->session().session_id),
-              peer.client_pid, static_cast<int>(peer.host_id_length), peer.host_id, t->kind());
+              peer.client_pid, static_cast<int>(peer.host_id_length), peer.host_id,
+              t->description());
       _exit(RunSession(o, std::move(t)));
     }
   }
@@ -105,6 +114,20 @@ int RunWorker(const WorkerOptions& o) {
     fprintf(stderr, "tfusion worker: no driver library given\n");
     return 2;
   }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    fprintf(stderr, "tfusion worker: give --tls-cert and --tls-key together\n");
+    return 2;
+  }
+  // Made once, before any session forks: every session serves TLS with it.
+  std::shared_ptr<transport::TlsContext> tls;
+  if (!o.tls_cert.empty()) {
+    transport::TransportStatus st =
+        transport::NewTlsServerContext(o.tls_cert.c_str(), o.tls_key.c_str(), &tls);
+    if (!st.ok()) {
+      fprintf(stderr, "tfusion worker: %s\n", st.message());
+      return 2;
+    }
+  }
   std::vector<std::unique_ptr<transport::Listener>> listeners;
   std::string ready;
   for (const auto& addr : o.listen) {
@@ -116,7 +139,8 @@ int RunWorker(const WorkerOptions& o) {
       fprintf(stderr, "tfusion worker: cannot listen on %s: %s\n", addr.c_str(), st.message());
       return 2;
     }
-    fprintf(stderr, "tfusion-worker: listening on %s%s\n", is_unix ? "unix:" : "", l->address());
+    fprintf(stderr, "tfusion-worker: listening on %s%s%s\n", is_unix ? "unix:" : "", l->address(),
+            !is_unix && tls ? " (TLS)" : "");
     ready += std::string(is_unix ? "unix " : "tcp ") + l->address() + "\n";
     listeners.push_back(std::move(l));
   }
@@ -155,7 +179,7 @@ int RunWorker(const WorkerOptions& o) {
       }
       if (spare == 0) {
         close(notify[0]);
-        SpareMain(o, listeners, self, notify[1]);
+        SpareMain(o, listeners, tls.get(), self, notify[1]);
       }
       close(notify[1]);
       notify[1] = -1;

@@ -28,8 +28,12 @@ struct SessionLimits {
 struct WorkerOptions {
   // Each "HOST:PORT" (TCP; port 0 picks one) or "unix:/path" (shared memory, same host).
   std::vector<std::string> listen;
-  // Clients must present this token (compared in constant time). Empty accepts any client.
+  // Clients must prove they hold this token, or a session ticket minted from it, by
+  // challenge-response (neither crosses the wire). Empty accepts any client.
   std::string token;
+  // TCP listeners serve TLS with this certificate (PEM chain, leaf first) and unencrypted key, and
+  // refuse plaintext clients. Both empty: plaintext. Shared-memory listeners are unaffected.
+  std::string tls_cert, tls_key;
   // The driver each session loads: a real libcuda.so.1, libtfusion-limiter.so, or the fake.
   std::string driver_path;
   // Environment set in each session before the driver is loaded (the vGPU binding of the

@@ -1,6 +1,7 @@
 // tfusion-worker: the worker as a standalone binary (the same code `tfusion worker` runs).
 //   tfusion-worker --listen HOST:PORT|unix:/path [--listen ...] [--token T] [--driver LIBCUDA]
 //                  [--session-env KEY=VALUE ...] [--ready-file FILE] [--session-host-mem SIZE]
+//                  [--tls-cert PEM --tls-key PEM]
 // The token may also come from TFUSION_TOKEN (keeps it out of the process list).
 #include <cstdio>
 #include <cstdlib>
@@ -30,10 +31,12 @@ int main(int argc, char** argv) {
     else if (a == "--session-env") env.push_back(value("--session-env"));
     else if (a == "--ready-file") ready = value("--ready-file");
     else if (a == "--session-host-mem") hooks.session_host_mem = value("--session-host-mem");
+    else if (a == "--tls-cert") hooks.tls_cert = value("--tls-cert");
+    else if (a == "--tls-key") hooks.tls_key = value("--tls-key");
     else {
       fprintf(stderr, "usage: tfusion-worker --listen HOST:PORT|unix:/path [--token T] "
                       "[--driver LIBCUDA] [--session-env K=V] [--ready-file F] "
-                      "[--session-host-mem SIZE]\n");
+                      "[--session-host-mem SIZE] [--tls-cert PEM --tls-key PEM]\n");
       return 2;
     }
   }

@@ -38,14 +38,13 @@ void FuzzStreamFrame(const uint8_t* data, size_t size) {
 void FuzzClientHello(const uint8_t* data, size_t size) {
   ClientHello h;
   if (DecodeClientHello(data, size, &h) != WireError::kOk) return;
-  Check(h.token_length <= kMaxTokenBytes && h.host_id_length <= kMaxHostIdBytes);
-  uint8_t buf[kMaxHandshakePayload];
-  size_t n = EncodeClientHello(h, buf, sizeof(buf));
-  Check(n == size && memcmp(buf, data, size) == 0);
+  Check(h.token_length == 0 && h.credential_id_length <= kMaxCredentialIdBytes &&
+        h.host_id_length <= kMaxHostIdBytes);
   ServerPolicy p;
   ServerHello ok;
+  AuthKey key;
   Refusal no;
-  if (NegotiateHandshake(h, p, 1, &ok, &no)) {
+  if (NegotiateHandshake(h, p, 1, &ok, &key, &no)) {
     char msg[128];
     Check(CheckServerHello(h, ok, msg, sizeof(msg)));
   } else {
@@ -56,8 +55,18 @@ void FuzzClientHello(const uint8_t* data, size_t size) {
 void FuzzServerReplies(const uint8_t* data, size_t size) {
   ServerHello s;
   if (DecodeServerHello(data, size, &s) == WireError::kOk) {
-    uint8_t buf[64];
+    uint8_t buf[96];
     Check(EncodeServerHello(s, buf, sizeof(buf)) == size && memcmp(buf, data, size) == 0);
+  }
+  AuthChallenge c;
+  if (DecodeAuthChallenge(data, size, &c) == WireError::kOk) {
+    uint8_t buf[64];
+    Check(EncodeAuthChallenge(c, buf, sizeof(buf)) == size && memcmp(buf, data, size) == 0);
+  }
+  AuthProof pr;
+  if (DecodeAuthProof(data, size, &pr) == WireError::kOk) {
+    uint8_t buf[96];
+    Check(EncodeAuthProof(pr, buf, sizeof(buf)) == size && memcmp(buf, data, size) == 0);
   }
   Refusal r;
   if (DecodeRefusal(data, size, &r) == WireError::kOk) {

@@ -30,6 +30,11 @@ done
 for f in launch_overhead startup_probe remote_micro dtoh_probe tier_kernels.fatbin; do
   [ -e "$B/bench/gpu/$f" ] && cp "$B/bench/gpu/$f" "$S/bench/gpu/"
 done
+# TLS against plaintext on the remote stream (tests/gpu/remote_tls.sh).
+if [ -e "$B/bench/remote/remote_rtt_copy" ]; then
+  mkdir -p "$S/bench/remote"
+  cp "$B/bench/remote/remote_rtt_copy" "$S/bench/remote/"
+fi
 # The remote probe: its graph-node mode runs on a real driver (tests/gpu/README.md).
 # host_region_probe and query_probe: their memset and query modes run on a real driver too.
 for f in remote_probe host_region_probe query_probe; do

@@ -1086,6 +1086,15 @@ int Library() {
   Fill(mf, a + 2048, 23, 256, s);                          // function of the library's module
   CHECK(cuStreamSynchronize(s));
   std::printf("library_run=%u,%u,%u,%u\n", Word(a), Word(a + 1024), Word(a + 2048), Word(a + 3072));
+  // The names of functions handed out (XLA asks for them): from the kernel, of the module's.
+  const char* fname = nullptr;
+  const char* mname = nullptr;
+  CUresult fr = cuFuncGetName(&fname, f);
+  CUresult mr = cuFuncGetName(&mname, mf);
+  std::printf("func_names=%d:%s:%d:%s\n", static_cast<int>(fr), fr == CUDA_SUCCESS ? fname : "-",
+              static_cast<int>(mr), mr == CUDA_SUCCESS ? mname : "-");
+  std::printf("func_name_bogus=%d\n",
+              static_cast<int>(cuFuncGetName(&fname, reinterpret_cast<CUfunction>(0x7000))));
   std::printf("kernel_bogus=%d\n", static_cast<int>(cuKernelGetFunction(
                                        &f, reinterpret_cast<CUkernel>(0x7000))));
   std::printf("lib_bogus=%d\n", static_cast<int>(cuLibraryGetKernel(
