@@ -78,6 +78,8 @@ struct Session {
   std::vector<DeviceInfo> devices;
   std::unordered_set<uint64_t> images_sent;  // by hash_lo ^ rotated hash_hi
   std::unordered_map<uint64_t, FunctionInfo> functions;
+  // Names of functions the client only saw in graph nodes, asked of the worker once (cuFuncGetName).
+  std::unordered_map<uint64_t, std::string> other_function_names;
   std::unordered_map<uint64_t, int> contexts;  // context -> device
   std::unordered_map<uint64_t, ContextInfo> context_info;
   std::map<uint64_t, DeviceAlloc> allocs;      // base -> allocation

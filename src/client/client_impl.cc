@@ -914,6 +914,39 @@ CUresult Impl_cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* 
   return CUDA_SUCCESS;
 }
 
+// Functions of a module (cuFFT reaches them through the tools table, export_tables.cc): each
+// recorded with its name and launch layout, as cuModuleGetFunction records one.
+CUresult Impl_cuModuleEnumerateFunctions(CUfunction* functions, unsigned int num, CUmodule mod) {
+  if (functions == nullptr || num == 0 || num > remote::kMaxLibraryKernels) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(mod));
+  w.U32(num);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuModuleEnumerateFunctions), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t n = 0;
+  if (!rv.reader.U32(&n) || n > num) return CUDA_ERROR_UNKNOWN;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint64_t f = 0;
+    const uint8_t* name = nullptr;
+    uint32_t len = 0;
+    FunctionInfo fi;
+    fi.module = H(mod);
+    if (!rv.reader.U64(&f) || !rv.reader.Blob(&name, &len, remote::kMaxFunctionName) ||
+        !ReadFunctionInfo(rv.reader, &fi)) {
+      return CUDA_ERROR_UNKNOWN;
+    }
+    fi.name.assign(reinterpret_cast<const char*>(name), len);
+    s->functions[f] = std::move(fi);
+    functions[i] = reinterpret_cast<CUfunction>(f);
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult Impl_cuModuleUnload(CUmodule hmod) {
   TF_LOCK(l);
   TF_CTX(l);
@@ -937,9 +970,28 @@ CUresult Impl_cuModuleUnload(CUmodule hmod) {
 CUresult Impl_cuFuncGetName(const char** name, CUfunction hfunc) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  auto it = l.session()->functions.find(H(hfunc));
-  if (it == l.session()->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
-  *name = it->second.name.c_str();
+  Session* s = l.session();
+  auto it = s->functions.find(H(hfunc));
+  if (it != s->functions.end()) {
+    *name = it->second.name.c_str();
+    return CUDA_SUCCESS;
+  }
+  // A function the client never looked up (the kernel of a graph node): asked of the worker once.
+  auto known = s->other_function_names.find(H(hfunc));
+  if (known == s->other_function_names.end()) {
+    TF_CTX(l);
+    uint8_t buf[8];
+    Writer w(buf, sizeof(buf));
+    w.U64(H(hfunc));
+    ReplyView rv;
+    CUresult r = CallSync(s, Op(Fn::cuFuncGetName), w, &rv);
+    if (r != CUDA_SUCCESS) return r;
+    const uint8_t* data = nullptr;
+    uint32_t len = 0;
+    if (!rv.reader.Blob(&data, &len, remote::kMaxFunctionName)) return CUDA_ERROR_UNKNOWN;
+    known = s->other_function_names.emplace(H(hfunc), std::string(reinterpret_cast<const char*>(data), len)).first;
+  }
+  *name = known->second.c_str();
   return CUDA_SUCCESS;
 }
 

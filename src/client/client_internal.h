@@ -62,6 +62,7 @@ inline void ForgetFunctionAnswers(Session* s) {
                         driver::Fn::cuKernelSetAttribute, driver::Fn::cuFuncSetAttribute}) {
     ForgetAnswers(s, fn);
   }
+  s->other_function_names.clear();
 }
 
 // Forgets the cached answers about a stream (destroyed, or its priority set), or about every

@@ -494,14 +494,32 @@ CUresult ContextQuery39(CUcontext ctx, const void* object, uint64_t* out) {
   return r;
 }
 
-// ---- TOOLS_MODULES (6e163fbe…): cuFFT, and PyTorch's and JAX's FFTs, call only [7](context-like
-// object, object, host callback, out, object) at plan creation; the driver answered 1
-// (CUDA_ERROR_INVALID_VALUE) every time and the plans work, while refusing the whole table makes
-// cuFFT fail with CUFFT_INTERNAL_ERROR. So [7] answers 1 and touches nothing.
+// ---- TOOLS_MODULES (6e163fbe…): cuFFT, and PyTorch's and JAX's FFTs, call only [7] at plan
+// creation, right after loading a module: [7](context, module, callback, user, …). Measured on the
+// real driver (docs/export-tables.md): it called the callback, a host function that stores its
+// second argument through its first, so that `user` received a CUfunction of the module, which
+// cuFFT then queried and launched; it returned 1 (its modules held one kernel each). Refusing the
+// whole table makes cuFFT fail with CUFFT_INTERNAL_ERROR. So [7] visits the module's functions,
+// calling callback(user, function) for each (outside the stub's lock: the callback is the
+// program's), and returns how many it visited; a module the session does not know is
+// CUDA_ERROR_INVALID_HANDLE without a call.
 
-CUresult ToolsModules7(void* a, void* b, void* callback, void* out) {
-  TF_TRACE("export table TOOLS_MODULES[7] (%p, %p, %p, %p) -> 1", a, b, callback, out);
-  return CUDA_ERROR_INVALID_VALUE;
+using ModuleFunctionVisitor = void (*)(void* user, CUfunction function);
+
+uint64_t ToolsModules7(void* ctx, void* module, void* callback, void* user) {
+  unsigned count = 0;
+  CUresult r = Impl_cuModuleGetFunctionCount(&count, static_cast<CUmodule>(module));
+  std::vector<CUfunction> functions(count ? count : 1);
+  if (r == CUDA_SUCCESS && count > 0) {
+    r = Impl_cuModuleEnumerateFunctions(functions.data(), count, static_cast<CUmodule>(module));
+  }
+  TF_TRACE("export table TOOLS_MODULES[7] (ctx=%p, module=%p, callback=%p, user=%p) -> %u functions, %d",
+           ctx, module, callback, user, count, static_cast<int>(r));
+  if (r != CUDA_SUCCESS) return r;
+  if (callback != nullptr) {
+    for (unsigned i = 0; i < count; ++i) reinterpret_cast<ModuleFunctionVisitor>(callback)(user, functions[i]);
+  }
+  return count;
 }
 
 // ---- LIBRARY_OBJECTS (1734dc26…): cuBLASLt asks [4](void** a, void** b, …) for two driver

@@ -118,6 +118,9 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     *sizes = it->second.sizes;
     return true;
   }
+  void FunctionHandedOut(uint64_t f) override {
+    if (!functions_.count(f)) handed_out_functions_.insert(f);
+  }
   void AddAllocation(uint64_t p, uint64_t n) override { allocs_[p] = n; }
   void RemoveAllocation(uint64_t p) override { allocs_.erase(p); }
   void HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) override;
@@ -265,6 +268,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     std::vector<size_t> sizes;  // each parameter's size, when known
   };
   std::map<uint64_t, FunctionEntry> functions_;
+  std::set<uint64_t> handed_out_functions_;  // functions known only from graph nodes' parameters
   // Libraries: their kernels, the functions got from those kernels, the modules got from them.
   struct LibraryEntry {
     std::set<uint64_t> kernels, functions, modules;
@@ -810,6 +814,58 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       WriteFunctionInfo(H(f), false, fe, out);
       return CUDA_SUCCESS;
     }
+    case Fn::cuFuncGetName: {
+      // u64 function -> blob name. For functions the client did not look up itself (those it did
+      // it names locally): kernels of graph nodes.
+      uint64_t f = 0;
+      if (!rd.U64(&f) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!functions_.count(f) && !handed_out_functions_.count(f) && !kernels_.count(f)) {
+        return CUDA_ERROR_INVALID_HANDLE;
+      }
+      const char* fname = nullptr;
+      CUresult r = CALL(cuFuncGetName, &fname, As<CUfunction>(f));
+      if (r != CUDA_SUCCESS) return r;
+      if (fname == nullptr) fname = "";
+      out.Blob(fname, static_cast<uint32_t>(strnlen(fname, remote::kMaxFunctionName)));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuModuleEnumerateFunctions: {
+      // u64 module, u32 num -> u32 n, n x (u64 function, blob name, function info).
+      uint64_t m = 0;
+      uint32_t num = 0;
+      rd.U64(&m);
+      if (!rd.U32(&num) || !rd.Finish() || num == 0 || num > remote::kMaxLibraryKernels) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      auto mod = modules_.find(m);
+      auto lmod = library_modules_.find(m);
+      if (mod == modules_.end() && lmod == library_modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      unsigned count = 0;
+      CUresult r = CALL(cuModuleGetFunctionCount, &count, As<CUmodule>(m));
+      if (r != CUDA_SUCCESS) return r;
+      const uint32_t n = std::min<uint32_t>(num, count);
+      std::vector<CUfunction> fs(n ? n : 1);
+      if (n > 0) r = CALL(cuModuleEnumerateFunctions, fs.data(), n, As<CUmodule>(m));
+      if (r != CUDA_SUCCESS) return r;
+      out.U32(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        const char* fname = nullptr;
+        if (CALL(cuFuncGetName, &fname, fs[i]) != CUDA_SUCCESS || fname == nullptr) fname = "";
+        FunctionEntry& fe = functions_[H(fs[i])];
+        fe = FunctionEntry();
+        if (mod != modules_.end()) {
+          mod->second.insert(H(fs[i]));
+          fe.module = m;
+        } else {
+          libraries_[lmod->second].functions.insert(H(fs[i]));
+          fe.library = lmod->second;
+        }
+        out.U64(H(fs[i]));
+        out.Blob(fname, static_cast<uint32_t>(strnlen(fname, remote::kMaxFunctionName)));
+        WriteFunctionInfo(H(fs[i]), false, fe, out);
+      }
+      return CUDA_SUCCESS;
+    }
     case Fn::cuModuleUnload: {
       uint64_t m = 0;
       if (!rd.U64(&m) || !modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
@@ -818,6 +874,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
         for (uint64_t f : modules_[m]) functions_.erase(f);
         modules_.erase(m);
         EraseGlobals(m);
+        handed_out_functions_.clear();  // which module they came from is not known
       }
       return r;
     }
@@ -1610,7 +1667,10 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       uint64_t lib = 0;
       if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
       CUresult r = CALL(cuLibraryUnload, As<CUlibrary>(lib));
-      if (r == CUDA_SUCCESS) EraseLibrary(lib);
+      if (r == CUDA_SUCCESS) {
+        EraseLibrary(lib);
+        handed_out_functions_.clear();
+      }
       return r;
     }
     case Fn::cuLibraryGetKernel: {

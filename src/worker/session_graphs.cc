@@ -520,6 +520,7 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
     CUresult r = CALL(cuGraphKernelNodeGetParams_v2, As<CUgraphNode>(h), &p);
     if (r != CUDA_SUCCESS) return r;
     out.U64(H(p.func));
+    h_.FunctionHandedOut(H(p.func));
     for (unsigned v : {p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
                        p.sharedMemBytes}) {
       out.U32(v);

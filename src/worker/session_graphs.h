@@ -43,6 +43,9 @@ class GraphHost {
                                     CUDA_KERNEL_NODE_PARAMS* p) = 0;
   // The parameter sizes of function f when its layout is known.
   virtual bool ParamSizes(uint64_t f, std::vector<size_t>* sizes) const = 0;
+  // A function handle the driver gave back in a graph node (cuGraphKernelNodeGetParams): the
+  // client may ask for its name (cuFuncGetName) though it never looked it up.
+  virtual void FunctionHandedOut(uint64_t f) = 0;
   // Graph allocations join (and leave) the session's device allocations.
   virtual void AddAllocation(uint64_t p, uint64_t n) = 0;
   virtual void RemoveAllocation(uint64_t p) = 0;

@@ -524,6 +524,28 @@ CUresult cuLibraryEnumerateKernels(CUkernel* out, unsigned int num, CUlibrary li
   return CUDA_SUCCESS;
 }
 
+// A module's functions, as its library's kernels (every kernel the module's name registered).
+CUresult cuModuleGetFunctionCount(unsigned int* count, CUmodule module) {
+  FAKECUDA_ENTER();
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::shared_ptr<Kernel>> kernels;
+  CUresult r = fakecuda::ModuleKernels(reinterpret_cast<Module*>(module), &kernels);
+  if (r == CUDA_SUCCESS) *count = static_cast<unsigned>(kernels.size());
+  return r;
+}
+
+CUresult cuModuleEnumerateFunctions(CUfunction* out, unsigned int num, CUmodule module) {
+  FAKECUDA_ENTER();
+  if (out == nullptr || num == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<std::shared_ptr<Kernel>> kernels;
+  CUresult r = fakecuda::ModuleKernels(reinterpret_cast<Module*>(module), &kernels);
+  if (r != CUDA_SUCCESS) return r;
+  for (unsigned i = 0; i < num && i < kernels.size(); ++i) {
+    out[i] = reinterpret_cast<CUfunction>(kernels[i].get());
+  }
+  return CUDA_SUCCESS;
+}
+
 // ---- Functions ----
 
 CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction function) {

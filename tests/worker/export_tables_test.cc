@@ -590,7 +590,7 @@ TEST_F(ExportTablesRemote, IntegrityCheckHashesThisProcessAndTheWorkersDevices) 
 // What XLA, cuSOLVER and cuFFT ask of the tools and context tables, answered as the driver was
 // measured to answer (docs/export-tables.md): TOOLS_TLS[2] is the thread's current context,
 // CONTEXT_QUERIES[4] the context's id, [51] a stream object whose id [39] gives (cuStreamGetId's),
-// TOOLS_MODULES[7] answers CUDA_ERROR_INVALID_VALUE and writes nothing.
+// TOOLS_MODULES[7] hands each function of a module to the caller's callback and answers how many.
 TEST_F(ExportTablesRemote, ToolsAndContextQueriesAnswerAsTheDriver) {
   int status = -1;
   std::string out = InChild(
@@ -666,10 +666,38 @@ TEST_F(ExportTablesRemote, ToolsAndContextQueriesAnswerAsTheDriver) {
         printf("q51_unknown_stream=%d\n", q51(primary, reinterpret_cast<CUstream>(0x5a5a5a0), &obj, 0));
         uint64_t id = 0;
         printf("q39_not_ours=%d\n", q39(primary, &id, &id));
-        auto modules7 = reinterpret_cast<CUresult (*)(void*, void*, void*, void*, void*)>(tm[7]);
+        auto modules7 = reinterpret_cast<uint64_t (*)(void*, void*, void*, void*, void*)>(tm[7]);
         uint64_t out_word = 0x5555;
-        CUresult r7 = modules7(primary, &id, nullptr, &out_word, &id);
-        printf("modules7=%d:%d\n", r7, out_word == 0x5555);
+        uint64_t r7 = modules7(primary, &id, nullptr, &out_word, &id);  // not a module
+        printf("modules7_bogus=%d:%d\n", static_cast<int>(r7), out_word == 0x5555);
+        // As cuFFT calls it: the callback stores the function through the user pointer.
+        CUmodule mod = nullptr;
+        if (Sym<CUresult (*)(CUmodule*, const void*)>(h, "cuModuleLoadData")(&mod, "fakecuda:builtin") !=
+            CUDA_SUCCESS) {
+          return 23;
+        }
+        unsigned count = 0;
+        Sym<CUresult (*)(unsigned*, CUmodule)>(h, "cuModuleGetFunctionCount")(&count, mod);
+        struct Visits {
+          static void Store(void* user, CUfunction f) {
+            auto* seen = static_cast<std::vector<CUfunction>*>(user);
+            seen->push_back(f);
+          }
+        };
+        std::vector<CUfunction> seen;
+        r7 = modules7(primary, mod, reinterpret_cast<void*>(&Visits::Store), &seen, mod);
+        CUfunction fill = nullptr;
+        Sym<CUresult (*)(CUfunction*, CUmodule, const char*)>(h, "cuModuleGetFunction")(&fill, mod, "fill_u32");
+        const char* name = nullptr;
+        bool named = true;
+        for (CUfunction f : seen) {
+          named = named && Sym<CUresult (*)(const char**, CUfunction)>(h, "cuFuncGetName")(&name, f) ==
+                               CUDA_SUCCESS && name != nullptr && name[0] != 0;
+        }
+        bool has_fill = false;
+        for (CUfunction f : seen) has_fill = has_fill || f == fill;
+        printf("modules7=%d:%d:%d:%d\n", static_cast<int>(r7) == static_cast<int>(count) && count > 0,
+               seen.size() == count, has_fill, named);
         return 0;
       },
       &status);
@@ -689,7 +717,8 @@ TEST_F(ExportTablesRemote, ToolsAndContextQueriesAnswerAsTheDriver) {
   EXPECT_EQ(kv["q51_bad_stream"], "400");
   EXPECT_EQ(kv["q51_unknown_stream"], "400");
   EXPECT_EQ(kv["q39_not_ours"], "1");
-  EXPECT_EQ(kv["modules7"], "1:1");
+  EXPECT_EQ(kv["modules7_bogus"], "400:1") << out;  // CUDA_ERROR_INVALID_HANDLE, nothing stored
+  EXPECT_EQ(kv["modules7"], "1:1:1:1") << out;
   EXPECT_EQ(out.find("whose meaning is unknown"), std::string::npos) << out;
 }
 
