@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "client/integrity_hash.h"
 
 namespace {
@@ -243,64 +244,7 @@ TEST(ExportTables, UnknownSlotsAnswerWithoutCrashing) {
 
 // ---- through the stub against a worker on the fake driver
 
-// A child process with extra environment and its stdout+stderr on a pipe.
-struct Child {
-  pid_t pid = -1;
-  int out_fd = -1;
-  std::string out;
-
-  void Start(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
-    int p[2];
-    ASSERT_EQ(pipe(p), 0);
-    pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      dup2(p[1], 1);
-      dup2(p[1], 2);
-      close(p[0]);
-      close(p[1]);
-      for (const auto& kv : env) putenv(strdup(kv.c_str()));
-      std::vector<char*> a;
-      for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-      a.push_back(nullptr);
-      execv(a[0], a.data());
-      _exit(127);
-    }
-    close(p[1]);
-    out_fd = p[0];
-  }
-  void Drain(int timeout_ms) {
-    pollfd pf{out_fd, POLLIN, 0};
-    while (poll(&pf, 1, timeout_ms) > 0) {
-      char buf[4096];
-      ssize_t n = read(out_fd, buf, sizeof(buf));
-      if (n <= 0) break;
-      out.append(buf, n);
-    }
-  }
-  // Waits for exit; returns the exit status (128 + signal when killed), -1 on timeout.
-  int Wait(int timeout_ms) {
-    auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    int status = 0;
-    for (;;) {
-      Drain(5);
-      pid_t r = waitpid(pid, &status, WNOHANG);
-      if (r == pid) break;
-      if (Clock::now() > deadline) return -1;
-    }
-    fcntl(out_fd, F_SETFL, O_NONBLOCK);
-    Drain(0);
-    close(out_fd);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-};
+using tf::testing::Child;  // child_process.h
 
 std::map<std::string, std::string> Kv(const std::string& out) {
   std::map<std::string, std::string> kv;
