@@ -63,6 +63,7 @@ CUresult LaunchEx(Fn fn, const CUlaunchConfig* config, CUfunction f, void** para
       return Unsupported(fn);  // device-updatable graph nodes and attributes newer than us
     }
   }
+  MirrorKernelPointers(s, it->second, params);
   if (CUresult r = WriteLaunchArgs(it->second, params, extra, w); r != CUDA_SUCCESS) return r;
   if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
   return SendAsync(s, Op(fn), w);

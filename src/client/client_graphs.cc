@@ -40,6 +40,7 @@ CUresult WriteKernelNode(Session* s, const CUDA_KERNEL_NODE_PARAMS* p, Writer& w
   w.U32(p->blockDimY);
   w.U32(p->blockDimZ);
   w.U32(p->sharedMemBytes);
+  MirrorKernelPointers(s, it->second, p->kernelParams);
   return WriteLaunchArgs(it->second, p->kernelParams, p->extra, w);
 }
 

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -49,6 +50,21 @@ std::mutex g_host_mu;  // guards HostRanges(); taken after State().mu, never bef
 std::map<uint64_t, HostRange>& HostRanges() {
   static auto* m = new std::map<uint64_t, HostRange>();  // never destroyed
   return *m;
+}
+
+// The span of page-locked memory that lives only in this process (no region, no mirror), grown as
+// ranges are recorded and never shrunk: a launch looks up only kernel arguments inside it
+// (MirrorKernelPointers). lo >= hi: none.
+std::atomic<uint64_t> g_plain_lo{~0ull}, g_plain_hi{0};
+
+// Records a range. REQUIRES g_host_mu.
+void StoreLocked(const HostRange& h) {
+  HostRanges()[h.base] = h;
+  if (h.region_id != 0 || h.mirror || h.size == 0) return;
+  if (h.base < g_plain_lo.load(std::memory_order_relaxed)) g_plain_lo.store(h.base, std::memory_order_relaxed);
+  if (h.base + h.size > g_plain_hi.load(std::memory_order_relaxed)) {
+    g_plain_hi.store(h.base + h.size, std::memory_order_relaxed);
+  }
 }
 
 // REQUIRES g_host_mu.
@@ -225,7 +241,7 @@ CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   }
   h.base = H(p);
   std::lock_guard<std::mutex> g(g_host_mu);
-  HostRanges()[h.base] = h;
+  StoreLocked(h);
   *pp = p;
   return CUDA_SUCCESS;
 }
@@ -320,7 +336,7 @@ CUresult Impl_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags)
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED) return r;
   }
   std::lock_guard<std::mutex> g(g_host_mu);  // State().mu held throughout: nothing overlapped since
-  HostRanges()[h.base] = h;
+  StoreLocked(h);
   return CUDA_SUCCESS;
 }
 
@@ -351,7 +367,7 @@ CUresult MirrorForDeviceUse(Session* s, HostRange* h) {
   CUresult r = MirrorRange(s, h, remote::kMirrorMapped);
   if (r != CUDA_SUCCESS) return r;
   std::lock_guard<std::mutex> g(g_host_mu);
-  HostRanges()[h->base] = *h;
+  StoreLocked(*h);
   return CUDA_SUCCESS;
 }
 
@@ -362,6 +378,19 @@ void MirrorIfUsedAsDevice(Session* s, uint64_t p) {
   HostRange h;
   if (!FindHostRange(p, &h) || h.region_id != 0 || h.mirror) return;
   if (MirrorForDeviceUse(s, &h) != CUDA_SUCCESS) return;  // the worker refuses the call as before
+}
+
+void MirrorKernelPointers(Session* s, const FunctionInfo& fi, void** params) {
+  if (!s->mirrors || params == nullptr || !fi.layout_known) return;
+  const uint64_t lo = g_plain_lo.load(std::memory_order_relaxed);
+  const uint64_t hi = g_plain_hi.load(std::memory_order_relaxed);
+  if (lo >= hi) return;
+  for (size_t i = 0; i < fi.sizes.size(); ++i) {
+    if (fi.sizes[i] != sizeof(uint64_t) || params[i] == nullptr) continue;
+    uint64_t v = 0;
+    memcpy(&v, params[i], sizeof(v));
+    if (v >= lo && v < hi) MirrorIfUsedAsDevice(s, v);
+  }
 }
 
 CUresult Impl_cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int flags) {
@@ -443,7 +472,7 @@ CUresult AllocManaged(Session* s, size_t bytes, unsigned flags, uint64_t* out) {
   }
   h.base = H(p);
   std::lock_guard<std::mutex> g(g_host_mu);
-  HostRanges()[h.base] = h;
+  StoreLocked(h);
   *out = h.base;
   return CUDA_SUCCESS;
 }

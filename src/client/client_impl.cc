@@ -273,6 +273,7 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   w.U32(bz);
   w.U32(shmem);
   w.U64(H(stream));
+  MirrorKernelPointers(s, it->second, params);
   if (CUresult r = WriteLaunchArgs(it->second, params, extra, w); r != CUDA_SUCCESS) return r;
   if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
   return SendAsync(s, Op(fn), w);

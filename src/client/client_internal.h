@@ -149,6 +149,10 @@ void ForgetManagedAdvice(uint64_t base);
 // asked for (client_host.cc). No-op for device memory and memory the worker already reaches.
 // REQUIRES State().mu with the context prepared.
 void MirrorIfUsedAsDevice(Session* s, uint64_t p);
+// The same for every pointer-sized kernel argument that points into page-locked memory of this
+// process (XLA hands kernels a cuMemHostAlloc buffer directly): a compare of two bounds per
+// argument when there is none. REQUIRES State().mu.
+void MirrorKernelPointers(Session* s, const FunctionInfo& fi, void** params);
 // Whether [p, p + n) lies wholly in one host region shared with s's worker. Requires the session.
 bool InHostRegion(Session* s, uint64_t p, uint64_t n);
 // A copy between device memory and a host region: only addresses travel (kOpHostRegionCopy).

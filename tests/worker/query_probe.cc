@@ -200,6 +200,19 @@ int PinnedAsDevice() {
   std::printf("pinned_as_device=%d:%d:%x:%x\n", static_cast<int>(r), static_cast<int>(s), out[0],
               out[1]);
   CHECK(cuMemFreeHost(host));
+  // A fresh buffer handed to kernels directly, with no memset or copy naming it first; the host
+  // reads it after the stream's work is done.
+  void* direct = nullptr;
+  CHECK(cuMemHostAlloc(&direct, 64, CU_MEMHOSTALLOC_PORTABLE));
+  auto* words = static_cast<volatile uint32_t*>(direct);
+  words[0] = 7;
+  words[1] = 7;
+  const CUdeviceptr d = reinterpret_cast<CUdeviceptr>(direct);
+  Fill(fill, d, 0xa11ce, 1, st);
+  Fill(fill, d + 4, 0xb0b, 1, st);
+  CUresult ds = cuStreamSynchronize(st);
+  std::printf("pinned_kernel_direct=%d:%x:%x\n", static_cast<int>(ds), words[0], words[1]);
+  CHECK(cuMemFreeHost(direct));
   CHECK(cuStreamDestroy(st));
   std::printf("done=1\n");
   return 0;

@@ -329,10 +329,13 @@ TEST_F(RemoteTest, PinnedMemoryUsedAsDeviceMemoryWorksOverBothTransports) {
   Result direct = DirectProgram({TF_QUERY_PROBE, "pinned_as_device"});
   ASSERT_EQ(direct.rc, 0) << direct.out;
   EXPECT_EQ(direct.kv["pinned_as_device"], "0:0:5eed:beef") << direct.out;
+  EXPECT_EQ(direct.kv["pinned_kernel_direct"], "0:a11ce:b0b") << direct.out;
   for (const std::string& addr : {tcp_, unix_}) {
     Result r = RemoteProgram(addr, {TF_QUERY_PROBE, "pinned_as_device"});
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.kv["pinned_as_device"], "0:0:5eed:beef") << addr << "\n" << r.out;
+    // Handed to kernels directly (XLA does): mirrored at the launch over TCP.
+    EXPECT_EQ(r.kv["pinned_kernel_direct"], "0:a11ce:b0b") << addr << "\n" << r.out;
     EXPECT_EQ(r.kv["done"], "1");
   }
 }
