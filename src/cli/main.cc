@@ -12,6 +12,7 @@
 #include "cli/remote_run.h"
 #include "cli/run_command.h"
 #include "deviceplugin/device_plugin_command.h"
+#include "hypervisor/mps.h"
 #include "controller/cli_commands.h"
 #include "controller/tls_files.h"
 #include "k8s/k8s_server.h"
@@ -147,6 +148,11 @@ int main(int argc, char** argv) {
                          "--vram (with one, managed memory counts against it); beyond it the call "
                          "fails with CUDA_ERROR_OUT_OF_MEMORY (e.g. 8GiB; a bare number is MiB; "
                          "default: a quarter of this machine's memory)");
+  std::string worker_mps_pipe_dir;
+  worker_cmd->add_option("--mps-pipe-dir", worker_mps_pipe_dir,
+                         "the MPS control daemon's pipe directory an operator runs: every session "
+                         "with a vGPU runs under it with its limits (default: "
+                         "TFUSION_MPS_PIPE_DIRECTORY, else the node agent's)");
   tf::cli::WorkerHooks hooks;
   worker_cmd->add_option("--tls-cert", hooks.tls_cert,
                          "serve TCP clients over TLS with this PEM certificate (chain, leaf first); "
@@ -387,6 +393,21 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    // The MPS daemon the sessions with a vGPU go under, as `tfusion run` chooses it: one given
+    // (flag or environment) is checked now and a bad one refused; the node agent's is looked up
+    // for each session, since the agent may start or stop while the worker runs.
+    auto mps = tf::cli::ChooseMpsPipeDirectory(worker_mps_pipe_dir, "tfusion worker");
+    if (!mps.ok()) {
+      std::fprintf(stderr, "tfusion worker: %s\n", mps.status().message().c_str());
+      return 2;
+    }
+    const char* mps_env = getenv(tf::hypervisor::kMpsPipeDirEnv);
+    const bool mps_given = !worker_mps_pipe_dir.empty() || (mps_env != nullptr && *mps_env != '\0');
+    const std::string mps_dir = mps_given ? *mps : "";
+    if (!mps->empty()) {
+      std::fprintf(stderr, "tfusion worker: MPS: sessions with a vGPU run under the MPS daemon of %s\n",
+                   mps->c_str());
+    }
     // A client that asks for limits or a GPU of its own gets a vGPU "remote-<session pid>" on that
     // GPU (default GPU 0), made in its session before the driver loads and enforced by the
     // limiter; the session sees only that GPU. It goes with the session.
@@ -407,10 +428,22 @@ int main(int argc, char** argv) {
       if (!l.gpu.empty()) {
         if (tf::Status g = tf::cli::ParseGpuSelector(l.gpu, &ro); !g.ok()) return g.message();
       }
+      if (mps_dir.empty()) {
+        ro.mps_pipe_dir = tf::cli::PublishedMpsPipeDirectoryIfRunning("tfusion worker");
+      } else if (tf::Status st = tf::hypervisor::CheckMpsPipeDirectory("the MPS pipe directory", mps_dir); !st.ok()) {
+        std::fprintf(stderr, "tfusion worker: session %d: %s; running without MPS\n", static_cast<int>(session),
+                     st.message().c_str());
+      } else {
+        ro.mps_pipe_dir = mps_dir;
+      }
       auto prepared = tf::cli::PrepareVgpu(ro, "remote-" + std::to_string(session));
       if (!prepared.ok()) return prepared.status().message();
       *env = prepared->env;
       *driver = prepared->limiter;
+      if (!ro.mps_pipe_dir.empty()) {
+        std::fprintf(stderr, "tfusion worker: session %d runs under the MPS daemon of %s\n", static_cast<int>(session),
+                     ro.mps_pipe_dir.c_str());
+      }
       return "";
     };
     hooks.spin_us = worker_spin_us;

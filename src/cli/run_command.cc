@@ -242,32 +242,6 @@ void ReleaseAfterRun(const RunOptions& o, const std::string& id) {
   }
 }
 
-// The MPS daemon a command run here goes under (hypervisor/mps.h): --mps-pipe-dir, else
-// $TFUSION_MPS_PIPE_DIRECTORY, both checked (an error changes nothing); else the one the node
-// agent published, used only while it still looks like a running daemon's (else the command
-// runs without MPS, and says why). "": no MPS.
-StatusOr<std::string> ChooseMpsPipeDir(const RunOptions& o) {
-  std::string source = "--mps-pipe-dir";
-  std::string dir = o.mps_pipe_dir;
-  if (dir.empty()) {
-    source = hypervisor::kMpsPipeDirEnv;
-    if (const char* env = getenv(hypervisor::kMpsPipeDirEnv); env != nullptr) dir = env;
-  }
-  if (!dir.empty()) {
-    TF_RETURN_IF_ERROR(hypervisor::CheckMpsPipeDirectory(source, dir));
-    return dir;
-  }
-  std::string why;
-  dir = hypervisor::PublishedMpsPipeDirectory(RegionDir(), &why);
-  if (!why.empty()) std::fprintf(stderr, "tfusion run: ignoring the node agent's MPS setting: %s\n", why.c_str());
-  if (dir.empty()) return dir;
-  if (Status st = hypervisor::CheckMpsPipeDirectory("the node agent's MPS pipe directory", dir); !st.ok()) {
-    std::fprintf(stderr, "tfusion run: %s; running without MPS\n", st.message().c_str());
-    return std::string();
-  }
-  return dir;
-}
-
 // The GPUs of this machine for the controller's placement; none (not an error) on a machine
 // without driver or GPUs, which can still run commands placed elsewhere through a worker.
 std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
@@ -301,7 +275,7 @@ int RunCommand(const RunOptions& o) {
       return Fail("--disk-tier " + o.disk_tier + ": not a folder this user can write");
     }
   }
-  StatusOr<std::string> mps_dir = ChooseMpsPipeDir(o);
+  StatusOr<std::string> mps_dir = ChooseMpsPipeDirectory(o.mps_pipe_dir, "tfusion run");
   if (!mps_dir.ok()) return Fail(mps_dir.status().message());
   std::optional<Pooled> pooled;
   if (!o.controller.empty()) {
@@ -468,6 +442,32 @@ ComputeFlags ComputeFlagsOf(const RunOptions& o) {
   return ComputeFlags{o.tflops, o.percent, o.tflops_limit, o.percent_limit};
 }
 
+StatusOr<std::string> ChooseMpsPipeDirectory(const std::string& flag_value, const std::string& program) {
+  std::string source = "--mps-pipe-dir";
+  std::string dir = flag_value;
+  if (dir.empty()) {
+    source = hypervisor::kMpsPipeDirEnv;
+    if (const char* env = getenv(hypervisor::kMpsPipeDirEnv); env != nullptr) dir = env;
+  }
+  if (!dir.empty()) {
+    TF_RETURN_IF_ERROR(hypervisor::CheckMpsPipeDirectory(source, dir));
+    return dir;
+  }
+  return PublishedMpsPipeDirectoryIfRunning(program);
+}
+
+std::string PublishedMpsPipeDirectoryIfRunning(const std::string& program) {
+  std::string why;
+  std::string dir = hypervisor::PublishedMpsPipeDirectory(RegionDir(), &why);
+  if (!why.empty()) std::fprintf(stderr, "%s: ignoring the node agent's MPS setting: %s\n", program.c_str(), why.c_str());
+  if (dir.empty()) return dir;
+  if (Status st = hypervisor::CheckMpsPipeDirectory("the node agent's MPS pipe directory", dir); !st.ok()) {
+    std::fprintf(stderr, "%s: %s; running without MPS\n", program.c_str(), st.message().c_str());
+    return std::string();
+  }
+  return dir;
+}
+
 StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_id) {
   if (vgpu_id.empty() || vgpu_id.size() >= limiter::kVgpuIdBytes) {
     return InvalidArgument("vGPU id '" + vgpu_id + "' is empty or longer than 63 characters");
@@ -515,6 +515,10 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
              {"TFUSION_REGION", region.path()},
              {"TFUSION_VGPU", vgpu_id},
              {"CUDA_VISIBLE_DEVICES", gpu->uuid}};
+  if (!o.mps_pipe_dir.empty()) {
+    for (auto& kv : hypervisor::MpsTenantEnv(o.mps_pipe_dir, limits->limit_ppm, limits->vram_bytes))
+      out.env.push_back(std::move(kv));
+  }
   out.region_path = region.path();
   return out;
 }

@@ -34,7 +34,7 @@ struct RunOptions {
   std::string disk_tier;   // folder for the disk tier (swapped copies moved on from host memory)
   std::string idle_disk;   // move to the disk tier after this long idle; default by QoS
   // The MPS daemon's pipe directory (hypervisor/mps.h); empty: the one the node agent published,
-  // if any.
+  // if any. For PrepareVgpu: the directory already chosen and checked; empty: no MPS.
   std::string mps_pipe_dir;
   std::vector<std::string> command;
 };
@@ -53,7 +53,17 @@ struct PreparedVgpu {
 };
 // The environment pins the process to that GPU alone (CUDA_VISIBLE_DEVICES=its UUID), so it is
 // the process's device 0. A GPU this machine does not have is an error, never another GPU.
+// With o.mps_pipe_dir it also holds the MPS client environment of the vGPU's limits
+// (hypervisor::MpsTenantEnv).
 StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_id);
+
+// The MPS daemon a tenant started by `program` ("tfusion run", "tfusion worker") goes under:
+// `flag_value` (--mps-pipe-dir), else $TFUSION_MPS_PIPE_DIRECTORY, both checked (an error: the
+// reason); else the directory the node agent published, while it still looks like a running
+// daemon's (else "" and a message on stderr). "": no MPS.
+StatusOr<std::string> ChooseMpsPipeDirectory(const std::string& flag_value, const std::string& program);
+// Only the node agent's part of that (never an error: "" and a message when it is not usable).
+std::string PublishedMpsPipeDirectoryIfRunning(const std::string& program);
 
 // `--gpu` as typed: an index (digits) or a UUID ("GPU-..."), into o->gpu or o->gpu_uuid.
 Status ParseGpuSelector(const std::string& text, RunOptions* o);

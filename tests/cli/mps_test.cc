@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <regex>
 #include <string>
@@ -178,6 +179,124 @@ TEST_F(MpsTest, TheNodeAgentsDaemonReachesEveryTenantOfItsMachine) {
   ASSERT_EQ(foreign.rc, 0) << foreign.out;
   EXPECT_NE(foreign.out.find("ignoring the node agent's MPS setting"), std::string::npos) << foreign.out;
   EXPECT_EQ(foreign.out.find("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="), std::string::npos) << foreign.out;
+}
+
+// `tfusion worker --mps-pipe-dir DIR` (or TFUSION_MPS_PIPE_DIRECTORY, or the node agent's): each
+// remote session that gets a vGPU runs under the daemon with its limits. Asserted on what the
+// session's driver sees at cuInit (the fake driver's FAKECUDA_ENV_LOG: the real driver reads the
+// MPS variables there); the session's pid is the worker's "remote-PID" vGPU.
+class WorkerMpsTest : public MpsTest {
+ protected:
+  void TearDown() override {
+    if (worker_ > 0) {
+      kill(worker_, SIGTERM);
+      waitpid(worker_, nullptr, 0);
+    }
+    MpsTest::TearDown();
+  }
+  std::string WorkerCommand(const std::string& flags, const std::string& extra_env) {
+    return env_ + extra_env + " FAKECUDA_ENV_LOG=" + dir_ + "/env.log exec " + TF_TFUSION + " worker --listen unix:" +
+           dir_ + "/w.sock --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " --ready-file " + dir_ +
+           "/ready " + flags + " > " + dir_ + "/worker.log 2>&1";
+  }
+  // Starts the worker and waits until it listens; false (and the log) when it did not.
+  bool StartWorker(const std::string& flags, const std::string& extra_env = "") {
+    const std::string cmd = WorkerCommand(flags, extra_env);
+    worker_ = fork();
+    if (worker_ == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    for (int i = 0; i < 200 && access((dir_ + "/ready").c_str(), F_OK) != 0; ++i) usleep(50000);
+    return access((dir_ + "/ready").c_str(), F_OK) == 0;
+  }
+  // A remote client with `flags`; the line the session's driver logged at cuInit ("" if none).
+  std::string SessionSaw(const std::string& flags) {
+    Shell("rm -f " + dir_ + "/env.log");
+    Result r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t " + flags +
+                     " -- " + TF_REMOTE_PROBE + " basic");
+    EXPECT_EQ(r.rc, 0) << flags << "\n" << r.out << ReadFile(dir_ + "/worker.log");
+    std::string log = ReadFile(dir_ + "/env.log");
+    EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << "one session, one cuInit:\n" << log;
+    while (!log.empty() && log.back() == '\n') log.pop_back();
+    return log;
+  }
+  pid_t worker_ = -1;
+};
+
+TEST_F(WorkerMpsTest, ASessionWithAVgpuRunsUnderTheWorkersDaemonWithItsLimits) {
+  ASSERT_TRUE(StartWorker("--mps-pipe-dir " + pipe_)) << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("MPS: sessions with a vGPU run under the MPS daemon of " + pipe_),
+            std::string::npos)
+      << ReadFile(dir_ + "/worker.log");
+  const std::string saw = SessionSaw("--percent 25 --vram 1GiB");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(saw, m, std::regex("pid=([0-9]+) (.*)"))) << saw;
+  EXPECT_EQ(m[2].str(), "CUDA_MPS_PIPE_DIRECTORY=" + pipe_ +
+                            " CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M");
+  // That process was the session of the client's vGPU "remote-PID", not the worker itself.
+  EXPECT_NE(std::stoi(m[1].str()), worker_);
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("session " + m[1].str() + " runs under the MPS daemon of " + pipe_),
+            std::string::npos)
+      << ReadFile(dir_ + "/worker.log");
+  // The limit, not the request, is the active thread percentage.
+  EXPECT_NE(SessionSaw("--vram 2GiB --percent 10 --percent-limit 40")
+                .find(" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M"),
+            std::string::npos);
+  // A session without a vGPU gets no MPS environment: it has the whole GPU, time-sliced.
+  const std::string plain = SessionSaw("");
+  EXPECT_TRUE(std::regex_match(plain, std::regex("pid=[0-9]+"))) << plain;
+  // The daemon went away: sessions run without MPS, and the worker says why.
+  ASSERT_EQ(Shell("rm " + pipe_ + "/control").rc, 0);
+  const std::string gone = SessionSaw("--percent 25 --vram 1GiB");
+  EXPECT_TRUE(std::regex_match(gone, std::regex("pid=[0-9]+"))) << gone;
+  const std::string log = ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(log.find("no MPS control pipe (" + pipe_ + "/control)"), std::string::npos) << log;
+  EXPECT_NE(log.find("; running without MPS\n"), std::string::npos) << log;
+}
+
+TEST_F(WorkerMpsTest, TheEnvironmentsOrTheNodeAgentsDaemonIsUsedAsByTfusionRun) {
+  ASSERT_TRUE(StartWorker("", "TFUSION_MPS_PIPE_DIRECTORY=" + pipe_)) << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(SessionSaw("--percent 50 --vram 512MiB")
+                .find(" CUDA_MPS_PIPE_DIRECTORY=" + pipe_ +
+                      " CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=512M"),
+            std::string::npos);
+  kill(worker_, SIGTERM);
+  waitpid(worker_, nullptr, 0);
+  worker_ = -1;
+  Shell("rm -f " + dir_ + "/ready");
+  // No flag, no environment: a worker started before the node agent follows it once it publishes
+  // its daemon (the file `tfusion hypervisor --mps-pipe-dir` writes), and stops when it is gone.
+  ASSERT_TRUE(StartWorker("")) << ReadFile(dir_ + "/worker.log");
+  EXPECT_TRUE(std::regex_match(SessionSaw("--percent 25"), std::regex("pid=[0-9]+")));
+  ASSERT_EQ(Shell("echo " + pipe_ + " > " + dir_ + "/shm/mps-pipe-directory").rc, 0);
+  EXPECT_NE(SessionSaw("--percent 25 --vram 1GiB").find(" CUDA_MPS_PIPE_DIRECTORY=" + pipe_ +
+                                                        " CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+            std::string::npos);
+  ASSERT_EQ(Shell("rm " + dir_ + "/shm/mps-pipe-directory").rc, 0);
+  EXPECT_TRUE(std::regex_match(SessionSaw("--percent 25"), std::regex("pid=[0-9]+")));
+}
+
+TEST_F(WorkerMpsTest, ABadPipeDirectoryIsRefusedAndNothingListens) {
+  ASSERT_EQ(Shell("mkdir -p " + dir_ + "/empty && touch " + dir_ + "/file").rc, 0);
+  struct Case {
+    std::string flags, extra_env, says;
+  } cases[] = {
+      {"--mps-pipe-dir " + dir_ + "/none", "", "--mps-pipe-dir " + dir_ + "/none: No such file or directory"},
+      {"--mps-pipe-dir " + dir_ + "/file", "", "--mps-pipe-dir " + dir_ + "/file: not a directory"},
+      {"--mps-pipe-dir " + dir_ + "/empty", "", "no MPS control pipe (" + dir_ + "/empty/control)"},
+      {"--mps-pipe-dir mps-pipe", "", "give the MPS pipe directory as an absolute path"},
+      {"", "TFUSION_MPS_PIPE_DIRECTORY=" + dir_ + "/empty", "TFUSION_MPS_PIPE_DIRECTORY " + dir_ + "/empty: no MPS"},
+  };
+  for (const Case& c : cases) {
+    Result r = Shell("timeout 20 sh -c '" + WorkerCommand(c.flags, c.extra_env) + "'");
+    EXPECT_EQ(r.rc, 2) << c.flags << c.extra_env;
+    const std::string log = ReadFile(dir_ + "/worker.log");
+    EXPECT_NE(log.find("tfusion worker: "), std::string::npos) << log;
+    EXPECT_NE(log.find(c.says), std::string::npos) << c.flags << c.extra_env << "\n" << log;
+    EXPECT_NE(access((dir_ + "/w.sock").c_str(), F_OK), 0) << "nothing listens";
+    EXPECT_NE(access((dir_ + "/ready").c_str(), F_OK), 0);
+  }
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 
 #include <dlfcn.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 namespace fakecuda {
@@ -308,6 +312,20 @@ CUresult cuInit(unsigned int flags) {
     state.current_pool = state.default_pool.get();
   }
   d.initialized.store(true, std::memory_order_release);
+  // FAKECUDA_ENV_LOG: one line per process that initialised, with the MPS client variables the
+  // real driver reads at this point (tests assert what a tenant's driver saw).
+  if (const char* log = getenv("FAKECUDA_ENV_LOG"); log != nullptr && *log != '\0') {
+    std::string line = "pid=" + std::to_string(getpid());
+    for (const char* name : {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"}) {
+      if (const char* v = getenv(name); v != nullptr) line += std::string(" ") + name + "=" + v;
+    }
+    line += "\n";
+    if (FILE* f = fopen(log, "a")) {
+      fputs(line.c_str(), f);
+      fclose(f);
+    }
+  }
   return CUDA_SUCCESS;
 }
 
