@@ -110,6 +110,16 @@ class Fields {
     }
     return it->get<double>();
   }
+  // A TFLOPS field as the controller holds it: milli-TFLOPS, rounded to the nearest (ToMilliTflops).
+  // Refused beyond +-1e12 TFLOPS before any conversion; the controller checks the tighter limits.
+  MilliTflops Tflops(const char* name, bool required = false) {
+    const double v = Num(name, required);
+    if (!(std::fabs(v) <= 1e12)) {
+      Fail(std::string("field '") + name + "' must be a number of TFLOPS of at most 1e12");
+      return 0;
+    }
+    return ToMilliTflops(v);
+  }
   int64_t Int(const char* name, bool required = false) {
     auto it = j_.find(name);
     if (it == j_.end() || it->is_null()) {
@@ -467,7 +477,7 @@ void ApiServer::Routes() {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
-    TenantQuota q{req.matches[1], f.Num("max_tflops"), f.Int("max_vram_mib"),
+    TenantQuota q{req.matches[1], f.Tflops("max_tflops"), f.Int("max_vram_mib"),
                   static_cast<int>(f.IntIn("max_gpus", 0, 1'000'000))};
     if (!f.status().ok()) return ReplyError(res, f.status());
     StatusOr<TenantQuota> out = c->SetTenantQuota(q);
@@ -628,10 +638,10 @@ void ApiServer::Routes() {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     Fields f(*body);
-    Workload w{f.Str("name", true), f.Str("pool"), f.Num("tflops", true), f.Int("vram_mib", true),
+    Workload w{f.Str("name", true), f.Str("pool"), f.Tflops("tflops", true), f.Int("vram_mib", true),
                body->contains("gpu_count") ? static_cast<int>(f.IntIn("gpu_count", 1, 64)) : 1, Qos::kMedium,
-               f.Num("tflops_limit")};
-    if (body->contains("tflops_limit") && !(w.tflops_limit > 0))
+               f.Tflops("tflops_limit")};
+    if (body->contains("tflops_limit") && !(w.milli_tflops_limit > 0))
       return ReplyError(res, InvalidArgument("tflops_limit must be a positive number"));
     std::string qos = f.Str("qos");
     if (!f.status().ok()) return ReplyError(res, f.status());

@@ -89,7 +89,7 @@ Status ValidateComputeLimit(double tflops, double percent, double tflops_limit, 
                   "at least the request", limit_field, limit, request_field, request);
     return InvalidArgument(buf);
   };
-  if (tflops_limit > 0 && tflops_limit < tflops) return below("tflops_limit", tflops_limit, "tflops", tflops);
+  if (tflops_limit > 0 && ToMilliTflops(tflops_limit) < ToMilliTflops(tflops)) return below("tflops_limit", tflops_limit, "tflops", tflops);
   if (percent_limit > 0 && percent_limit < percent) return below("percent_limit", percent_limit, "percent", percent);
   return Status::Ok();
 }
@@ -143,6 +143,9 @@ Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double 
     if (tflops != 0) return InvalidArgument("give either tflops or percent, not both");
   } else if (!std::isfinite(tflops) || tflops <= 0) {
     return InvalidArgument("tflops must be a positive number");
+  } else if (ToMilliTflops(tflops) < 1) {
+    return InvalidArgument("tflops must be a positive number of at least 0.001 (compute is counted in whole "
+                           "milli-TFLOPS)");
   }
   TF_RETURN_IF_ERROR(ValidateComputeLimit(tflops, percent, tflops_limit, percent_limit));
   if (vram_mib <= 0) return InvalidArgument("vram_mib must be a positive integer");
@@ -159,27 +162,35 @@ Status ValidateResources(double tflops, int64_t vram_mib, int gpu_count, double 
 // requests resolved) and the limit in TFLOPS and as a share of the GPU. A limit above the GPU's
 // capacity is refused (kOutOfMemory, as "no room"); the placement engine only offers GPUs that can host
 // it, so this is the last guard against a GPU that reported a different capacity.
-StatusOr<Vgpu> VgpuOn(const Gpu& g, const PlacementRequest& pr, double tflops) {
-  Vgpu v{g.uuid, tflops, pr.vram_mib, g.index, 1'000'000, tflops, 1'000'000};
-  if (g.tflops <= 0) return v;  // capacity unknown: the whole GPU
-  v.share_ppm = static_cast<uint64_t>(std::llround(tflops / g.tflops * 1e6));
+// `part` / `whole` in parts per million, rounded to the nearest (halves up); both >= 0, whole > 0,
+// part <= 1e12 (so the product fits in 64 bits).
+uint64_t PartsPerMillion(MilliTflops part, MilliTflops whole) {
+  return static_cast<uint64_t>((part * 1'000'000 + whole / 2) / whole);
+}
+
+StatusOr<Vgpu> VgpuOn(const Gpu& g, const PlacementRequest& pr, MilliTflops milli) {
+  Vgpu v{g.uuid, milli, pr.vram_mib, g.index, 1'000'000, milli, 1'000'000};
+  if (g.milli_tflops <= 0) return v;  // capacity unknown: the whole GPU
+  v.share_ppm = PartsPerMillion(milli, g.milli_tflops);
   if (pr.tflops_limit > 0) {
-    if (pr.tflops_limit > g.tflops * (1 + 1e-9)) {
+    const MilliTflops limit = ToMilliTflops(pr.tflops_limit);
+    if (limit > g.milli_tflops) {
       char buf[200];
       std::snprintf(buf, sizeof(buf), "tflops_limit %g is above the capacity of GPU %s (%s, %g TFLOPS)",
-                    pr.tflops_limit, g.uuid.c_str(), g.model.c_str(), g.tflops);
+                    pr.tflops_limit, g.uuid.c_str(), g.model.c_str(), ToTflops(g.milli_tflops));
       return OutOfMemory(buf);
     }
-    v.tflops_limit = pr.tflops_limit;
-    v.limit_ppm = static_cast<uint64_t>(std::llround(pr.tflops_limit / g.tflops * 1e6));
+    v.milli_tflops_limit = limit;
+    v.limit_ppm = PartsPerMillion(limit, g.milli_tflops);
   } else if (pr.percent_limit > 0) {
     v.limit_ppm = static_cast<uint64_t>(std::llround(pr.percent_limit * 1e4));
-    v.tflops_limit = g.tflops * pr.percent_limit / 100;
+    v.milli_tflops_limit = static_cast<MilliTflops>(
+        (static_cast<uint64_t>(g.milli_tflops) * v.limit_ppm + 500'000) / 1'000'000);
   } else {
     v.limit_ppm = v.share_ppm;
   }
   // Rounding never leaves the limit below the request.
-  v.tflops_limit = std::max(v.tflops_limit, v.tflops);
+  v.milli_tflops_limit = std::max(v.milli_tflops_limit, v.milli_tflops);
   v.limit_ppm = std::max(v.limit_ppm, v.share_ppm);
   return v;
 }
@@ -224,6 +235,12 @@ Controller::Controller(Store* store, const Clock* clock, std::unique_ptr<Placeme
       config_(std::move(config)), rng_(std::random_device{}()) {}
 
 Status Controller::Rebuild() {
+  // Rebuild runs outside Durably: what it stages (the default pool, usage repairs) it waits for
+  // itself, and it leaves no staged revision behind on this thread for a later call to wait on.
+  t_staged_revision = 0;
+  struct ClearStaged {
+    ~ClearStaged() { t_staged_revision = 0; }
+  } clear_staged;
   std::lock_guard<std::mutex> lock(mu_);
   serving_ = false;
   pools_.clear();
@@ -272,21 +289,23 @@ Status Controller::Rebuild() {
 
   // GPU usage and allocations are written in the same transaction, so they agree; say so loudly
   // if a store was edited by hand and they do not.
-  std::unordered_map<std::string, std::pair<double, int64_t>> used;
+  std::unordered_map<std::string, std::pair<MilliTflops, int64_t>> used;
   for (const auto& [id, a] : allocations_)
     for (const Vgpu& v : a.value.vgpus) {
-      used[v.gpu_uuid].first += v.tflops;
+      used[v.gpu_uuid].first += v.milli_tflops;
       used[v.gpu_uuid].second += v.vram_mib;
     }
   for (auto& [uuid, g] : gpus_) {
     auto u = used[uuid];
-    if (std::fabs(u.first - g.value.used_tflops) <= 1e-6 && u.second == g.value.used_vram_mib) continue;
+    // Exact: usage is an integer sum. A store written before compute was counted in milli-TFLOPS
+    // held usage as a sum of doubles; it converts to the same integers unless it had drifted.
+    if (u.first == g.value.used_milli_tflops && u.second == g.value.used_vram_mib) continue;
     std::fprintf(stderr, "controller: GPU %s usage (%.3f TFLOPS, %lld MiB) disagrees with its "
                  "allocations (%.3f TFLOPS, %lld MiB): repaired from the allocations\n", uuid.c_str(),
-                 g.value.used_tflops, static_cast<long long>(g.value.used_vram_mib), u.first,
+                 ToTflops(g.value.used_milli_tflops), static_cast<long long>(g.value.used_vram_mib), ToTflops(u.first),
                  static_cast<long long>(u.second));
     Gpu fixed = g.value;
-    fixed.used_tflops = u.first;
+    fixed.used_milli_tflops = u.first;
     fixed.used_vram_mib = u.second;
     StatusOr<int64_t> rev = CommitLocked({Compare::At(GpuKey(uuid), g.revision)}, {Write::Put(GpuKey(uuid), Dump(fixed))});
     if (!rev.ok()) return rev.status();
@@ -461,9 +480,9 @@ StatusOr<Pool> Controller::PatchPool(const std::string& name, const std::optiona
 StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
   return Durably([&]() -> StatusOr<TenantQuota> {
     TF_RETURN_IF_ERROR(ValidateName("tenant", q.tenant));
-    if (!std::isfinite(q.max_tflops) || q.max_tflops < 0 || q.max_vram_mib < 0 || q.max_gpus < 0)
+    if (q.max_milli_tflops < 0 || q.max_vram_mib < 0 || q.max_gpus < 0)
       return InvalidArgument("quota limits must be numbers >= 0 (0 = unlimited)");
-    if (q.max_tflops > kMaxQuotaTflops || q.max_vram_mib > kMaxQuotaVramMib || q.max_gpus > kMaxQuotaGpus)
+    if (q.max_milli_tflops > ToMilliTflops(kMaxQuotaTflops) || q.max_vram_mib > kMaxQuotaVramMib || q.max_gpus > kMaxQuotaGpus)
       return InvalidArgument("quota limits must be at most max_tflops 1e9, max_vram_mib 2^40, max_gpus 1000000");
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -628,14 +647,14 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     if (node.credential_sha256.empty() && !reg.credential.empty()) node.credential_sha256 = Sha256Hex(reg.credential);
     writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
     for (const GpuReport& r : reg.gpus) {
-      Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, r.tflops, r.vram_mib, 0, 0, true};
+      Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, ToMilliTflops(r.tflops), r.vram_mib, 0, 0, true};
       auto it = gpus_.find(r.uuid);
       if (it != gpus_.end()) {
         if (it->second.value.node != reg.name)
           return AlreadyExists("GPU " + r.uuid + " is registered to node '" + it->second.value.node + "'");
-        g.used_tflops = it->second.value.used_tflops;  // the agent restarted: usage stays
+        g.used_milli_tflops = it->second.value.used_milli_tflops;  // the agent restarted: usage stays
         g.used_vram_mib = it->second.value.used_vram_mib;
-        if (g.used_tflops > 0 && g.pool != it->second.value.pool)
+        if (g.used_milli_tflops > 0 && g.pool != it->second.value.pool)
           return FailedPrecondition("GPU " + r.uuid + " holds allocations in pool '" +
                                     it->second.value.pool + "'; release them before moving the node");
         compares.push_back(Compare::At(GpuKey(r.uuid), it->second.revision));
@@ -651,7 +670,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     for (const auto& [uuid, g] : gpus_) {
       if (g.value.node != reg.name || seen.count(uuid)) continue;
       compares.push_back(Compare::At(GpuKey(uuid), g.revision));
-      if (g.value.used_tflops <= 0 && g.value.used_vram_mib <= 0) {
+      if (g.value.used_milli_tflops <= 0 && g.value.used_vram_mib <= 0) {
         writes.push_back(Write::Delete(GpuKey(uuid)));
         removed.push_back(uuid);
       } else {
@@ -782,7 +801,7 @@ Status Controller::DeregisterNode(const std::string& name) {
 
 double Controller::MaxGpuTflopsLocked() const {
   double m = CatalogMaxTflops();
-  for (const auto& [uuid, g] : gpus_) m = std::max(m, g.value.tflops);
+  for (const auto& [uuid, g] : gpus_) m = std::max(m, ToTflops(g.value.milli_tflops));
   return m;
 }
 
@@ -837,13 +856,14 @@ StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
     if (w.pool.empty()) w.pool = config_.default_pool;
     TF_RETURN_IF_ERROR(ValidateName("workload name", w.name));
     TF_RETURN_IF_ERROR(ValidateName("pool name", w.pool));
-    TF_RETURN_IF_ERROR(ValidateResources(w.tflops, w.vram_mib, w.gpu_count, 0, w.tflops_limit));
-    if (w.tflops_limit <= 0) w.tflops_limit = w.tflops;
+    TF_RETURN_IF_ERROR(ValidateResources(ToTflops(w.milli_tflops), w.vram_mib, w.gpu_count, 0,
+                                         ToTflops(w.milli_tflops_limit)));
+    if (w.milli_tflops_limit <= 0) w.milli_tflops_limit = w.milli_tflops;
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     const double bound = MaxGpuTflopsLocked();
-    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", w.tflops, bound));
-    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", w.tflops_limit, bound));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops", ToTflops(w.milli_tflops), bound));
+    TF_RETURN_IF_ERROR(CheckTflopsBound("tflops_limit", ToTflops(w.milli_tflops_limit), bound));
     if (!pools_.count(w.pool)) return NotFound("pool '" + w.pool + "' not found");
     if (workloads_.count(w.name)) return AlreadyExists("workload '" + w.name + "' already exists");
     StatusOr<int64_t> rev = CommitLocked({Compare::Absent(WorkloadKey(w.name))},
@@ -920,8 +940,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       const Workload& wl = w->second.value;
       if (pr.pool.empty()) pr.pool = wl.pool;
       if (pr.tflops == 0 && pr.percent == 0) {
-        pr.tflops = wl.tflops;
-        if (pr.tflops_limit == 0 && pr.percent_limit == 0) pr.tflops_limit = wl.tflops_limit;
+        pr.tflops = ToTflops(wl.milli_tflops);  // converts back to exactly wl.milli_tflops
+        if (pr.tflops_limit == 0 && pr.percent_limit == 0) pr.tflops_limit = ToTflops(wl.milli_tflops_limit);
       }
       if (pr.vram_mib == 0) pr.vram_mib = wl.vram_mib;
       if (pr.gpu_count == 0) pr.gpu_count = wl.gpu_count;
@@ -985,20 +1005,19 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         for (const Vgpu& vg : v->second.value.vgpus) {
           if (!gpus_.count(vg.gpu_uuid)) continue;
           Gpu& g = gpu(vg.gpu_uuid);
-          g.used_tflops = std::max(0.0, g.used_tflops - vg.tflops);
-          if (g.used_tflops < 1e-9) g.used_tflops = 0;
+          g.used_milli_tflops -= vg.milli_tflops;  // exact: it was added as the same integer
           g.used_vram_mib = std::max<int64_t>(0, g.used_vram_mib - vg.vram_mib);
         }
         victims.push_back(id);
       }
       for (const std::string& uuid : d->gpu_uuids) {
-        StatusOr<Vgpu> v = VgpuOn(gpus_.at(uuid).value, pr, d->tflops_per_gpu);
+        StatusOr<Vgpu> v = VgpuOn(gpus_.at(uuid).value, pr, d->milli_tflops_per_gpu);
         if (!v.ok()) {
           ++counters_.placements[{pr.pool, PlacementResultOf(v.status())}];
           return v.status();  // nothing staged yet: the refusal changes nothing
         }
         Gpu& g = gpu(uuid);
-        g.used_tflops += d->tflops_per_gpu;
+        g.used_milli_tflops += d->milli_tflops_per_gpu;
         g.used_vram_mib += pr.vram_mib;
         a.vgpus.push_back(std::move(*v));
       }
@@ -1121,8 +1140,7 @@ Status Controller::ReleaseLocked(const std::string& id, const char* eviction_rea
       auto g = gpus_.find(v.gpu_uuid);
       if (g == gpus_.end()) continue;
       Gpu u = g->second.value;
-      u.used_tflops = std::max(0.0, u.used_tflops - v.tflops);
-      if (u.used_tflops < 1e-9) u.used_tflops = 0;
+      u.used_milli_tflops -= v.milli_tflops;  // exact: it was added as the same integer
       u.used_vram_mib = std::max<int64_t>(0, u.used_vram_mib - v.vram_mib);
       compares.push_back(Compare::At(GpuKey(u.uuid), g->second.revision));
       writes.push_back(Write::Put(GpuKey(u.uuid), Dump(u)));

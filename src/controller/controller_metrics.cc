@@ -49,7 +49,8 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   o.Sample("tf_controller_nodes", {{"state", "lost"}}, static_cast<double>(lost));
 
   struct PoolSums {
-    double cap_t = 0, used_t = 0, virtual_t = 0;
+    MilliTflops cap_milli = 0, used_milli = 0;  // exact sums
+    double virtual_t = 0;
     double cap_v = 0, used_v = 0, virtual_v = 0;  // MiB
     size_t gpus = 0;
   };
@@ -63,9 +64,9 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
       vram_expand = (100.0 + p->second.value.vram_expand_to_host_percent +
                      p->second.value.vram_expand_to_disk_percent) / 100.0;
     }
-    s.cap_t += g.value.tflops;
-    s.virtual_t += g.value.tflops * oversell;
-    s.used_t += g.value.used_tflops;
+    s.cap_milli += g.value.milli_tflops;
+    s.virtual_t += ToTflops(g.value.milli_tflops) * oversell;
+    s.used_milli += g.value.used_milli_tflops;
     s.cap_v += static_cast<double>(g.value.vram_mib);
     s.virtual_v += static_cast<double>(g.value.vram_mib) * vram_expand;
     s.used_v += static_cast<double>(g.value.used_vram_mib);
@@ -77,12 +78,12 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   };
   per_pool("tf_pool_gpus", "Physical GPUs registered in the pool.", [](const PoolSums& s) { return double(s.gpus); });
   per_pool("tf_pool_capacity_tflops", "FP16 dense TFLOPS of the pool's physical GPUs.",
-           [](const PoolSums& s) { return s.cap_t; });
+           [](const PoolSums& s) { return ToTflops(s.cap_milli); });
   per_pool("tf_pool_virtual_capacity_tflops",
            "TFLOPS the pool may hand out: physical capacity times the pool's oversell ratio.",
            [](const PoolSums& s) { return s.virtual_t; });
   per_pool("tf_pool_allocated_tflops", "TFLOPS requested by the pool's live allocations.",
-           [](const PoolSums& s) { return s.used_t; });
+           [](const PoolSums& s) { return ToTflops(s.used_milli); });
   per_pool("tf_pool_capacity_vram_bytes", "VRAM of the pool's physical GPUs, bytes.",
            [](const PoolSums& s) { return s.cap_v * kMiB; });
   per_pool("tf_pool_virtual_capacity_vram_bytes",
@@ -94,7 +95,7 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   o.Family("tf_gpu_allocated_tflops", Type::kGauge, "TFLOPS requested by the allocations on the GPU.");
   for (const auto& [uuid, g] : gpus_)
     o.Sample("tf_gpu_allocated_tflops", {{"pool", g.value.pool}, {"node", g.value.node}, {"gpu", uuid}},
-             g.value.used_tflops);
+             ToTflops(g.value.used_milli_tflops));
   o.Family("tf_gpu_allocated_vram_bytes", Type::kGauge, "VRAM of the allocations on the GPU, bytes.");
   for (const auto& [uuid, g] : gpus_)
     o.Sample("tf_gpu_allocated_vram_bytes", {{"pool", g.value.pool}, {"node", g.value.node}, {"gpu", uuid}},
@@ -113,9 +114,9 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
     }
   };
   per_vgpu("tf_allocation_request_tflops", "Compute request of the allocation's vGPU (guaranteed), TFLOPS.",
-           [](const Vgpu& v) { return v.tflops; });
+           [](const Vgpu& v) { return ToTflops(v.milli_tflops); });
   per_vgpu("tf_allocation_limit_tflops", "Compute limit of the allocation's vGPU (its ceiling), TFLOPS.",
-           [](const Vgpu& v) { return std::max(v.tflops_limit, v.tflops); });
+           [](const Vgpu& v) { return ToTflops(std::max(v.milli_tflops_limit, v.milli_tflops)); });
   per_vgpu("tf_allocation_vram_bytes", "VRAM ceiling of the allocation's vGPU, bytes.",
            [](const Vgpu& v) { return static_cast<double>(v.vram_mib) * kMiB; });
 

@@ -844,14 +844,14 @@ Status KubeReconciler::MirrorNodes(const UsageSnapshot& usage) {
       }
       obj = *made;
     }
-    double tflops = 0, vtflops = 0, used_tflops = 0;
+    MilliTflops tflops_milli = 0, used_milli = 0, vtflops_milli = 0;  // exact sums of the GPUs' TFLOPS
     int64_t vram = 0, vvram = 0, used_vram = 0;
     Json uuids = Json::array();
     for (const GpuUsage& g : usage.gpus)
       if (g.node == n.name) {
-        tflops += g.tflops;
-        vtflops += g.schedulable_tflops;
-        used_tflops += g.used_tflops;
+        tflops_milli += ToMilliTflops(g.tflops);
+        vtflops_milli += ToMilliTflops(g.schedulable_tflops);
+        used_milli += ToMilliTflops(g.used_tflops);
         vram += g.vram_mib;
         vvram += g.schedulable_vram_mib;
         used_vram += g.used_vram_mib;
@@ -862,11 +862,11 @@ Status KubeReconciler::MirrorNodes(const UsageSnapshot& usage) {
                 {"poolName", n.pool},
                 {"registeredAt", Rfc3339(n.registered_ms)},
                 {"totalGPUs", uuids.size()},
-                {"totalTFlops", TflopsQuantity(tflops)},
+                {"totalTFlops", TflopsQuantity(ToTflops(tflops_milli))},
                 {"totalVRAM", VramQuantity(vram)},
-                {"virtualTFlops", TflopsQuantity(vtflops)},
+                {"virtualTFlops", TflopsQuantity(ToTflops(vtflops_milli))},
                 {"virtualVRAM", VramQuantity(vvram)},
-                {"availableTFlops", TflopsQuantity(vtflops - used_tflops)},
+                {"availableTFlops", TflopsQuantity(ToTflops(vtflops_milli - used_milli))},
                 {"availableVRAM", VramQuantity(vvram - used_vram)},
                 {"managedGPUDeviceIDs", uuids}};
       if (!n.address.empty()) s["address"] = n.address;
@@ -897,8 +897,8 @@ Status KubeReconciler::MirrorGpus(const UsageSnapshot& usage, const std::vector<
   std::map<std::string, Json> vgpus_by_gpu;
   for (const Allocation& a : allocations)
     for (const Vgpu& v : a.vgpus) {
-      Json e = {{"allocation", a.id}, {"qos", QosName(a.qos)}, {"tflops", TflopsQuantity(v.tflops)},
-                {"tflopsLimit", TflopsQuantity(v.tflops_limit)}, {"vram", VramQuantity(v.vram_mib)}};
+      Json e = {{"allocation", a.id}, {"qos", QosName(a.qos)}, {"tflops", TflopsQuantity(ToTflops(v.milli_tflops))},
+                {"tflopsLimit", TflopsQuantity(ToTflops(v.milli_tflops_limit))}, {"vram", VramQuantity(v.vram_mib)}};
       if (!a.tenant.empty()) e["tenant"] = a.tenant;
       vgpus_by_gpu[v.gpu_uuid].push_back(std::move(e));
     }
@@ -927,7 +927,7 @@ Status KubeReconciler::MirrorGpus(const UsageSnapshot& usage, const std::vector<
                 {"numaNode", gpu_index_numa.count(g.uuid) ? gpu_index_numa[g.uuid] : -1},
                 {"phase", g.schedulable ? "Running" : "Unschedulable"},
                 {"capacity", {{"tflops", TflopsQuantity(g.tflops)}, {"vram", VramQuantity(g.vram_mib)}}},
-                {"available", {{"tflops", TflopsQuantity(g.tflops - g.used_tflops)},
+                {"available", {{"tflops", TflopsQuantity(ToTflops(ToMilliTflops(g.tflops) - ToMilliTflops(g.used_tflops)))},
                                {"vram", VramQuantity(g.vram_mib - g.used_vram_mib)}}},
                 {"allocated", {{"tflops", TflopsQuantity(g.used_tflops)}, {"vram", VramQuantity(g.used_vram_mib)}}},
                 {"utilizationPercent", static_cast<int>(std::lround(std::clamp(g.utilization_percent, 0.0, 100.0)))},

@@ -1,12 +1,21 @@
 #include "controller/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
 namespace tf::controller {
 
 using nlohmann::json;
+
+MilliTflops ToMilliTflops(double tflops) {
+  if (std::isnan(tflops)) return 0;
+  return static_cast<MilliTflops>(std::llround(std::clamp(tflops, -1e15, 1e15) * 1000.0));
+}
+double ToTflops(MilliTflops m) { return static_cast<double>(m) / 1000.0; }
 
 const char* QosName(Qos q) {
   switch (q) {
@@ -34,7 +43,8 @@ json ToJson(const Pool& p) {
 }
 
 json ToJson(const TenantQuota& q) {
-  return {{"tenant", q.tenant}, {"max_tflops", q.max_tflops}, {"max_vram_mib", q.max_vram_mib},
+  return {{"tenant", q.tenant}, {"max_tflops", ToTflops(q.max_milli_tflops)},
+          {"max_milli_tflops", q.max_milli_tflops}, {"max_vram_mib", q.max_vram_mib},
           {"max_gpus", q.max_gpus}};
 }
 
@@ -86,23 +96,28 @@ json ToJson(const Gpu& g) {
   return {{"uuid", g.uuid},           {"node", g.node},
           {"pool", g.pool},           {"model", g.model},
           {"index", g.index},         {"numa_node", g.numa_node},
-          {"tflops", g.tflops},       {"vram_mib", g.vram_mib},
-          {"used_tflops", g.used_tflops}, {"used_vram_mib", g.used_vram_mib},
+          {"tflops", ToTflops(g.milli_tflops)}, {"milli_tflops", g.milli_tflops},
+          {"vram_mib", g.vram_mib},
+          {"used_tflops", ToTflops(g.used_milli_tflops)}, {"used_milli_tflops", g.used_milli_tflops},
+          {"used_vram_mib", g.used_vram_mib},
           {"schedulable", g.schedulable}};
 }
 
 json ToJson(const Workload& w) {
-  return {{"name", w.name},         {"pool", w.pool},           {"tflops", w.tflops},
+  const MilliTflops limit = w.milli_tflops_limit > 0 ? w.milli_tflops_limit : w.milli_tflops;
+  return {{"name", w.name},         {"pool", w.pool},
+          {"tflops", ToTflops(w.milli_tflops)}, {"milli_tflops", w.milli_tflops},
           {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)},
-          {"tflops_limit", w.tflops_limit > 0 ? w.tflops_limit : w.tflops}};
+          {"tflops_limit", ToTflops(limit)}, {"milli_tflops_limit", limit}};
 }
 
 json ToJson(const Allocation& a) {
   json vgpus = json::array();
   for (const Vgpu& v : a.vgpus)
-    vgpus.push_back({{"gpu", v.gpu_uuid}, {"tflops", v.tflops}, {"vram_mib", v.vram_mib},
-                     {"gpu_index", v.gpu_index}, {"share_ppm", v.share_ppm},
-                     {"tflops_limit", v.tflops_limit}, {"limit_ppm", v.limit_ppm}});
+    vgpus.push_back({{"gpu", v.gpu_uuid}, {"tflops", ToTflops(v.milli_tflops)}, {"milli_tflops", v.milli_tflops},
+                     {"vram_mib", v.vram_mib}, {"gpu_index", v.gpu_index}, {"share_ppm", v.share_ppm},
+                     {"tflops_limit", ToTflops(v.milli_tflops_limit)},
+                     {"milli_tflops_limit", v.milli_tflops_limit}, {"limit_ppm", v.limit_ppm}});
   return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
           {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
@@ -111,6 +126,43 @@ json ToJson(const Allocation& a) {
 }
 
 namespace {
+
+// Compute as stored: the integer `milli_key` (written since compute became milli-TFLOPS), else
+// the older decimal `tflops_key` converted with ToMilliTflops, else `fallback` (nullopt: the key
+// is required). Values outside [0, 1e12] milli-TFLOPS make the record malformed.
+MilliTflops ReadMilli(const json& j, const char* milli_key, const char* tflops_key,
+                      std::optional<MilliTflops> fallback) {
+  constexpr MilliTflops kMax = 1'000'000'000'000;
+  MilliTflops m = 0;
+  if (j.contains(milli_key)) {
+    const json& v = j.at(milli_key);
+    if (!v.is_number_integer()) throw std::invalid_argument(std::string(milli_key) + " is not an integer");
+    m = v.get<MilliTflops>();
+  } else if (j.contains(tflops_key)) {
+    const double t = j.at(tflops_key).get<double>();
+    if (!std::isfinite(t) || t < 0 || t > 1e9) throw std::invalid_argument(std::string(tflops_key) + " is out of range");
+    m = ToMilliTflops(t);
+  } else if (fallback) {
+    return *fallback;
+  } else {
+    throw std::invalid_argument(std::string("no ") + tflops_key);
+  }
+  if (m < 0 || m > kMax) throw std::invalid_argument(std::string(milli_key) + " is out of range");
+  return m;
+}
+
+// A GPU's usage as stored. Usage is derived (the sum of the allocations, repaired from them on
+// start), so an unreadable or out-of-range value does not make the record unreadable: it reads as
+// -1, which disagrees with every sum and so is repaired.
+MilliTflops ReadUsage(const json& j) {
+  try {
+    return ReadMilli(j, "used_milli_tflops", "used_tflops", 0);
+  } catch (const std::invalid_argument&) {
+    return -1;
+  } catch (const json::exception&) {
+    return -1;
+  }
+}
 
 template <typename T, typename F>
 StatusOr<T> Parse(const std::string& text, const char* what, F fill) {
@@ -121,6 +173,8 @@ StatusOr<T> Parse(const std::string& text, const char* what, F fill) {
     fill(j, v);
     return v;
   } catch (const json::exception& e) {
+    return Internal(std::string("stored ") + what + " is malformed: " + e.what());
+  } catch (const std::invalid_argument& e) {
     return Internal(std::string("stored ") + what + " is malformed: " + e.what());
   }
 }
@@ -141,7 +195,7 @@ StatusOr<Pool> PoolFromJson(const std::string& text) {
 StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text) {
   return Parse<TenantQuota>(text, "quota", [](const json& j, TenantQuota& q) {
     q.tenant = j.at("tenant").get<std::string>();
-    q.max_tflops = j.value("max_tflops", 0.0);
+    q.max_milli_tflops = ReadMilli(j, "max_milli_tflops", "max_tflops", 0);
     q.max_vram_mib = j.value("max_vram_mib", int64_t{0});
     q.max_gpus = j.value("max_gpus", 0);
   });
@@ -168,9 +222,9 @@ StatusOr<Gpu> GpuFromJson(const std::string& text) {
     g.model = j.value("model", "");
     g.index = j.value("index", 0);
     g.numa_node = j.value("numa_node", -1);
-    g.tflops = j.at("tflops").get<double>();
+    g.milli_tflops = ReadMilli(j, "milli_tflops", "tflops", std::nullopt);
     g.vram_mib = j.at("vram_mib").get<int64_t>();
-    g.used_tflops = j.value("used_tflops", 0.0);
+    g.used_milli_tflops = ReadUsage(j);
     g.used_vram_mib = j.value("used_vram_mib", int64_t{0});
     g.schedulable = j.value("schedulable", true);
   });
@@ -180,12 +234,13 @@ StatusOr<Workload> WorkloadFromJson(const std::string& text) {
   return Parse<Workload>(text, "workload", [](const json& j, Workload& w) {
     w.name = j.at("name").get<std::string>();
     w.pool = j.at("pool").get<std::string>();
-    w.tflops = j.at("tflops").get<double>();
+    w.milli_tflops = ReadMilli(j, "milli_tflops", "tflops", std::nullopt);
     w.vram_mib = j.at("vram_mib").get<int64_t>();
     w.gpu_count = j.value("gpu_count", 1);
     StatusOr<Qos> q = ParseQos(j.value("qos", "medium"));
     w.qos = q.ok() ? *q : Qos::kMedium;
-    w.tflops_limit = j.value("tflops_limit", w.tflops);  // older records: limit = request
+    // Older records: limit = request.
+    w.milli_tflops_limit = ReadMilli(j, "milli_tflops_limit", "tflops_limit", w.milli_tflops);
   });
 }
 
@@ -198,11 +253,12 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     StatusOr<Qos> q = ParseQos(j.value("qos", "medium"));
     a.qos = q.ok() ? *q : Qos::kMedium;
     for (const json& v : j.at("vgpus")) {
-      Vgpu vg{v.at("gpu").get<std::string>(), v.at("tflops").get<double>(),
+      Vgpu vg{v.at("gpu").get<std::string>(), ReadMilli(v, "milli_tflops", "tflops", std::nullopt),
               v.at("vram_mib").get<int64_t>(), v.value("gpu_index", 0),
               v.value("share_ppm", uint64_t{0}), 0, 0};
       // Older records have no limit: limit = request.
-      vg.tflops_limit = std::max(v.value("tflops_limit", vg.tflops), vg.tflops);
+      vg.milli_tflops_limit =
+          std::max(ReadMilli(v, "milli_tflops_limit", "tflops_limit", vg.milli_tflops), vg.milli_tflops);
       vg.limit_ppm = std::max(v.value("limit_ppm", vg.share_ppm), vg.share_ppm);
       a.vgpus.push_back(std::move(vg));
     }

@@ -1,6 +1,7 @@
 // The controller's objects as stored (JSON values under the keys below) and as served by the API.
-// Units: compute in FP16 dense TFLOPS, memory in MiB, times in milliseconds since the epoch of
-// the controller's Clock.
+// Units: compute in FP16 dense milli-TFLOPS (int64; the API and the JSON show TFLOPS as decimal
+// numbers, converted by ToMilliTflops / ToTflops), shares of a GPU in parts per million, memory in
+// MiB, times in milliseconds since the epoch of the controller's Clock.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,15 @@ inline constexpr char kQuotaPrefix[] = "/tf/quotas/";
 inline constexpr char kEvictionPrefix[] = "/tf/evictions/";
 inline constexpr char kTokenPrefix[] = "/tf/tokens/";
 
+// Compute inside the controller: integer milli-TFLOPS, so usage is an exact sum of allocations.
+using MilliTflops = int64_t;
+// TFLOPS to milli-TFLOPS, rounded to the nearest milli-TFLOPS (halves away from zero). Inputs are
+// range-checked before they are stored; for safety beyond that, NaN gives 0 and values past
+// +-1e15 TFLOPS saturate there.
+MilliTflops ToMilliTflops(double tflops);
+// Milli-TFLOPS as TFLOPS (exact for every value below 2^53).
+double ToTflops(MilliTflops m);
+
 enum class Qos { kLow, kMedium, kHigh, kCritical };
 const char* QosName(Qos q);
 StatusOr<Qos> ParseQos(const std::string& s);
@@ -44,7 +54,7 @@ struct Pool {
 // Per-tenant ceilings on what its live allocations hold (requests, summed over vGPUs); 0 = no limit.
 struct TenantQuota {
   std::string tenant;
-  double max_tflops = 0;
+  MilliTflops max_milli_tflops = 0;
   int64_t max_vram_mib = 0;
   int max_gpus = 0;  // vGPUs
 };
@@ -73,9 +83,9 @@ struct Gpu {
   std::string model;
   int index = 0;
   int numa_node = -1;
-  double tflops = 0;      // capacity
-  int64_t vram_mib = 0;   // capacity
-  double used_tflops = 0;  // sum over the allocations on this GPU
+  MilliTflops milli_tflops = 0;       // capacity
+  int64_t vram_mib = 0;               // capacity
+  MilliTflops used_milli_tflops = 0;  // the exact sum over the allocations on this GPU
   int64_t used_vram_mib = 0;
   bool schedulable = true;  // false while its node is lost
 };
@@ -83,11 +93,11 @@ struct Gpu {
 struct Workload {
   std::string name;
   std::string pool;
-  double tflops = 0;       // per vGPU: the request (guaranteed under contention)
+  MilliTflops milli_tflops = 0;  // per vGPU: the request (guaranteed under contention)
   int64_t vram_mib = 0;    // per vGPU
   int gpu_count = 1;
   Qos qos = Qos::kMedium;
-  double tflops_limit = 0; // per vGPU: the ceiling it may burst to; 0 = the request
+  MilliTflops milli_tflops_limit = 0;  // per vGPU: the ceiling it may burst to; 0 = the request
 };
 
 // One vGPU: a slice of one physical GPU. Compute has a request (what placement counts and what is
@@ -95,12 +105,12 @@ struct Workload {
 // Records written before limits existed read back with limit = request.
 struct Vgpu {
   std::string gpu_uuid;
-  double tflops = 0;           // the request
+  MilliTflops milli_tflops = 0;  // the request
   int64_t vram_mib = 0;
   int gpu_index = 0;           // the GPU's index on its node
-  uint64_t share_ppm = 0;      // tflops / the GPU's physical TFLOPS, in millionths
-  double tflops_limit = 0;     // the limit, >= tflops, <= the GPU's physical TFLOPS
-  uint64_t limit_ppm = 0;      // tflops_limit / the GPU's physical TFLOPS, in millionths
+  uint64_t share_ppm = 0;      // the request / the GPU's physical TFLOPS, in millionths
+  MilliTflops milli_tflops_limit = 0;  // the limit, >= the request, <= the GPU's physical TFLOPS
+  uint64_t limit_ppm = 0;      // the limit / the GPU's physical TFLOPS, in millionths
 };
 
 struct Allocation {

@@ -68,10 +68,11 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
       auto ref = gpu_refs_.find(v.gpu_uuid);
       if (ref == gpu_refs_.end() || ref->second.node != a->node) continue;
       p.gpus.push_back(ref->second.index);
-      p.compute_per_gpu = sched::ToMilliTflops(v.tflops);
+      p.compute_per_gpu = v.milli_tflops;
       p.vram_per_gpu_mib = v.vram_mib;
-      r.tflops_request = v.tflops;
-      r.tflops_limit = v.tflops_limit;
+      // The scheduler's requests are in TFLOPS; ToTflops converts back to exactly these integers.
+      r.tflops_request = ToTflops(v.milli_tflops);
+      r.tflops_limit = ToTflops(v.milli_tflops_limit);
       r.vram_request_mib = v.vram_mib;
     }
     if (p.gpus.empty() || p.node < 0) continue;
@@ -82,7 +83,7 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
       continue;
     }
     for (const Vgpu& v : a->vgpus) {
-      explained[v.gpu_uuid].first += sched::ToMilliTflops(v.tflops);
+      explained[v.gpu_uuid].first += v.milli_tflops;
       explained[v.gpu_uuid].second += v.vram_mib;
     }
   }
@@ -91,7 +92,7 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
     auto ref = gpu_refs_.find(g->uuid);
     if (ref == gpu_refs_.end()) continue;
     const auto& ex = explained[g->uuid];
-    sched::MilliTflops compute = sched::ToMilliTflops(g->used_tflops) - ex.first;
+    sched::MilliTflops compute = g->used_milli_tflops - ex.first;
     int64_t vram = g->used_vram_mib - ex.second;
     if (compute <= 0 && vram <= 0) continue;
     sched::Request r;
@@ -110,7 +111,7 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
     if (n->state == NodeState::kLost) (void)scheduler_->SetSchedulable(n->name, false);
   // Quotas last: a quota lowered below current use must not drop existing allocations.
   for (const TenantQuota* q : snap.quotas)
-    scheduler_->SetTenantQuota(q->tenant, {q->max_tflops, q->max_vram_mib, q->max_gpus});
+    scheduler_->SetTenantQuota(q->tenant, {ToTflops(q->max_milli_tflops), q->max_vram_mib, q->max_gpus});
 }
 
 Status PlacementEngine::AddPool(const Pool& p) {
@@ -133,8 +134,8 @@ Status PlacementEngine::AddNode(const Node& n, std::vector<const Gpu*> gpus) {
   std::vector<std::string> uuids;
   for (const Gpu* g : gpus) {
     if (!lost && !g->schedulable) continue;
-    if (g->tflops <= 0 || g->vram_mib <= 0 || spec.gpus.size() >= 64) continue;
-    spec.gpus.push_back({g->model.empty() ? "unknown" : g->model, g->tflops, g->vram_mib,
+    if (g->milli_tflops <= 0 || g->vram_mib <= 0 || spec.gpus.size() >= 64) continue;
+    spec.gpus.push_back({g->model.empty() ? "unknown" : g->model, ToTflops(g->milli_tflops), g->vram_mib,
                          std::max(0, g->numa_node), 0});
     uuids.push_back(g->uuid);
   }
@@ -228,7 +229,7 @@ StatusOr<PlacementDecision> PlacementEngine::Place(const PlacementRequest& in, b
   d.node = placement.node_name;
   const std::vector<std::string>& uuids = node_gpus_.at(d.node);
   for (int gi : placement.gpus) d.gpu_uuids.push_back(uuids.at(static_cast<size_t>(gi)));
-  d.tflops_per_gpu = sched::ToTflops(placement.compute_per_gpu);
+  d.milli_tflops_per_gpu = placement.compute_per_gpu;
   return d;
 }
 
@@ -249,7 +250,7 @@ Status PlacementEngine::Commit(const PlacementRequest& in, const PlacementDecisi
   p.node_name = d.node;
   p.node = scheduler_->state().NodeIndex(d.node);
   for (const std::string& uuid : d.gpu_uuids) p.gpus.push_back(gpu_refs_.at(uuid).index);
-  p.compute_per_gpu = sched::ToMilliTflops(d.tflops_per_gpu);
+  p.compute_per_gpu = d.milli_tflops_per_gpu;
   p.vram_per_gpu_mib = in.vram_mib;
   return scheduler_->Commit(*r, p);
 }

@@ -37,6 +37,8 @@ struct PlacementRequest {
   std::string id;         // the allocation id it will get
   std::string pool;
   std::string tenant;     // empty: no quota applies
+  // Compute comes in as the API gave it (TFLOPS, validated); the engine converts it to
+  // milli-TFLOPS once (ToMilliTflops).
   double tflops = 0;      // per vGPU; or
   double percent = 0;     // per vGPU, percent of the chosen GPU (exactly one of the two is > 0)
   int64_t vram_mib = 0;   // per vGPU
@@ -53,7 +55,7 @@ struct PlacementRequest {
 struct PlacementDecision {
   std::string node;
   std::vector<std::string> gpu_uuids;  // gpu_count distinct GPUs of `node`
-  double tflops_per_gpu = 0;           // what is reserved on each (percent requests resolved)
+  MilliTflops milli_tflops_per_gpu = 0;  // what is reserved on each (percent requests resolved)
   std::vector<std::string> victims;    // allocation ids to release in the same commit (QoS)
 };
 

@@ -34,20 +34,29 @@ UsageSnapshot TakeUsageSnapshot(const Controller& c, int64_t now_ms) {
     pools[p.name].name = p.name;
   }
   std::map<std::string, double> busy;  // per pool: sum of utilization x TFLOPS
+  struct MilliSums {
+    MilliTflops capacity = 0, used = 0, schedulable = 0;
+  };
+  std::map<std::string, MilliSums> milli;  // per pool: exact sums, shown as TFLOPS
   for (const GpuStatus& s : c.ListGpus("")) {
     const Gpu& g = s.gpu;
     auto spec = specs.find(g.pool);
     const sched::PoolSpec pool = spec != specs.end() ? spec->second : sched::PoolSpec{};
-    const sched::SchedulableCapacity offered = sched::GpuSchedulableCapacity(g.tflops, g.vram_mib, pool);
-    GpuUsage u{g.uuid, g.node, g.pool, g.model, g.index, g.schedulable, g.tflops, g.used_tflops,
+    const sched::SchedulableCapacity offered = sched::GpuSchedulableCapacity(ToTflops(g.milli_tflops), g.vram_mib, pool);
+    GpuUsage u{g.uuid, g.node, g.pool, g.model, g.index, g.schedulable, ToTflops(g.milli_tflops),
+               ToTflops(g.used_milli_tflops),
                sched::ToTflops(offered.compute), g.vram_mib, g.used_vram_mib, offered.vram_mib,
                s.utilization_percent, s.memory_used_mib, s.sampled_ms};
     PoolUsage& p = pools[g.pool];
     p.name = g.pool;
     ++p.gpus;
-    p.tflops += u.tflops;
-    p.used_tflops += u.used_tflops;
-    p.schedulable_tflops += u.schedulable_tflops;
+    MilliSums& m = milli[g.pool];
+    m.capacity += g.milli_tflops;
+    m.used += g.used_milli_tflops;
+    m.schedulable += offered.compute;
+    p.tflops = ToTflops(m.capacity);
+    p.used_tflops = ToTflops(m.used);
+    p.schedulable_tflops = ToTflops(m.schedulable);
     p.vram_mib += u.vram_mib;
     p.used_vram_mib += u.used_vram_mib;
     p.schedulable_vram_mib += u.schedulable_vram_mib;

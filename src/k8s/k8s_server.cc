@@ -45,8 +45,8 @@ StatusOr<WorkloadDefaults> LookupProfile(controller::HttpClient* c, const std::s
   StatusOr<controller::Workload> w = controller::WorkloadFromJson(r->body);
   if (!w.ok()) return w.status();
   WorkloadDefaults d;
-  d.tflops = w->tflops;
-  d.tflops_limit = w->tflops_limit > w->tflops ? w->tflops_limit : 0;
+  d.tflops = controller::ToTflops(w->milli_tflops);
+  d.tflops_limit = w->milli_tflops_limit > w->milli_tflops ? controller::ToTflops(w->milli_tflops_limit) : 0;
   d.vram_mib = w->vram_mib;
   d.gpu_count = w->gpu_count;
   d.qos = controller::QosName(w->qos);

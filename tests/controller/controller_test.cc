@@ -100,13 +100,13 @@ TEST_F(ControllerTest, PercentRequestsReserveAShareOfTheChosenGpu) {
   r.percent = 25;
   auto a = c_->Allocate(r);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_DOUBLE_EQ(a->vgpus[0].tflops, 25);
+  EXPECT_EQ(a->vgpus[0].milli_tflops, 25000);
   EXPECT_EQ(a->vgpus[0].share_ppm, 250000u);
 }
 
 TEST_F(ControllerTest, TenantQuotaRefusesBeyondItsLimit) {
   testing::AddNodes(*c_, 1, 2);
-  ASSERT_TRUE(c_->SetTenantQuota({"team-a", 50, 0, 0}).ok());
+  ASSERT_TRUE(c_->SetTenantQuota({"team-a", 50'000, 0, 0}).ok());
   AllocationRequest r{"", "", 30, 1, 1, "", ""};
   r.tenant = "team-a";
   ASSERT_TRUE(c_->Allocate(r).ok());
@@ -143,9 +143,9 @@ TEST_F(ControllerTest, HigherQosPreemptsTheFewestLowerQosAllocations) {
   // The victim's deletion and the new allocation were one commit: a restart agrees.
   Restart();
   EXPECT_EQ(c_->ListAllocations().size(), 3u);
-  double used = 0;
-  for (const GpuStatus& g : c_->ListGpus("")) used += g.gpu.used_tflops;
-  EXPECT_DOUBLE_EQ(used, 90);
+  MilliTflops used = 0;
+  for (const GpuStatus& g : c_->ListGpus("")) used += g.gpu.used_milli_tflops;
+  EXPECT_EQ(used, 90000);
 }
 
 // A preempted allocation is not just gone: an eviction record (same commit) tells the node agent to
@@ -210,10 +210,10 @@ TEST_F(ControllerTest, MultiGpuAllocationsStayOnOneNode) {
 
 TEST_F(ControllerTest, WorkloadSuppliesDefaults) {
   testing::AddNodes(*c_, 1, 1);
-  ASSERT_TRUE(c_->CreateWorkload({"train", "", 20, 4096, 1, Qos::kHigh}).ok());
+  ASSERT_TRUE(c_->CreateWorkload({"train", "", 20'000, 4096, 1, Qos::kHigh}).ok());
   auto a = c_->Allocate({"train", "", 0, 0, 0, "", ""});
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_EQ(a->vgpus[0].tflops, 20);
+  EXPECT_EQ(a->vgpus[0].milli_tflops, 20000);
   EXPECT_EQ(a->qos, Qos::kHigh);
   EXPECT_EQ(c_->Allocate({"nope", "", 0, 0, 0, "", ""}).status().code(), StatusCode::kNotFound);
 }
@@ -280,14 +280,15 @@ TEST_F(ControllerTest, UsageThatDisagreesWithTheAllocationsIsRepairedOnStart) {
   auto kv = store_->Get(std::string(kGpuPrefix) + uuid);
   ASSERT_TRUE(kv.ok() && kv->has_value());
   nlohmann::json g = nlohmann::json::parse((*kv)->value);
-  g["used_tflops"] = -9.2e15;
+  g["used_tflops"] = -9.2e15;  // as a store written before milli-TFLOPS would hold it
+  g.erase("used_milli_tflops");
   g["used_vram_mib"] = 7;
   ASSERT_TRUE(store_->Commit({}, {Write::Put(std::string(kGpuPrefix) + uuid, g.dump())}).ok());
   Restart();
   for (int round = 0; round < 2; ++round) {
     auto gpus = c_->ListGpus("");
     ASSERT_EQ(gpus.size(), 1u);
-    EXPECT_DOUBLE_EQ(gpus[0].gpu.used_tflops, 30);
+    EXPECT_EQ(gpus[0].gpu.used_milli_tflops, 30000);
     EXPECT_EQ(gpus[0].gpu.used_vram_mib, 1024);
     Restart();  // the repair was written to the store
   }
@@ -299,8 +300,8 @@ TEST_F(ControllerTest, ComputeLimitIsCarriedStoredAndRestored) {
   by_tflops.tflops_limit = 100;
   auto a = c_->Allocate(by_tflops);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_EQ(a->vgpus[0].tflops, 25);
-  EXPECT_EQ(a->vgpus[0].tflops_limit, 100);
+  EXPECT_EQ(a->vgpus[0].milli_tflops, 25000);
+  EXPECT_EQ(a->vgpus[0].milli_tflops_limit, 100000);
   EXPECT_EQ(a->vgpus[0].share_ppm, 250'000u);
   EXPECT_EQ(a->vgpus[0].limit_ppm, 1'000'000u);
   AllocationRequest by_percent{"", "", 0, 1024, 1, "", ""};
@@ -310,20 +311,20 @@ TEST_F(ControllerTest, ComputeLimitIsCarriedStoredAndRestored) {
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->vgpus[0].share_ppm, 100'000u);
   EXPECT_EQ(p->vgpus[0].limit_ppm, 400'000u);
-  EXPECT_DOUBLE_EQ(p->vgpus[0].tflops_limit, 40);
+  EXPECT_EQ(p->vgpus[0].milli_tflops_limit, 40000);
   auto plain = c_->Allocate({"", "", 30, 1024, 1, "", ""});
   ASSERT_TRUE(plain.ok());
-  EXPECT_EQ(plain->vgpus[0].tflops_limit, 30) << "a single value keeps its meaning: limit = request";
+  EXPECT_EQ(plain->vgpus[0].milli_tflops_limit, 30000) << "a single value keeps its meaning: limit = request";
   EXPECT_EQ(plain->vgpus[0].limit_ppm, plain->vgpus[0].share_ppm);
   // Placement counts requests only: 25 + 10 + 30 of 200 TFLOPS are used.
-  double used = 0;
-  for (const GpuStatus& g : c_->ListGpus("")) used += g.gpu.used_tflops;
-  EXPECT_DOUBLE_EQ(used, 65);
+  MilliTflops used = 0;
+  for (const GpuStatus& g : c_->ListGpus("")) used += g.gpu.used_milli_tflops;
+  EXPECT_EQ(used, 65000);
 
   Restart();
   auto back = c_->GetAllocation(a->id);
   ASSERT_TRUE(back.ok());
-  EXPECT_EQ(back->vgpus[0].tflops_limit, 100);
+  EXPECT_EQ(back->vgpus[0].milli_tflops_limit, 100000);
   EXPECT_EQ(back->vgpus[0].limit_ppm, 1'000'000u);
   EXPECT_EQ(back->qos, Qos::kHigh);
   EXPECT_EQ(c_->GetAllocation(p->id)->vgpus[0].limit_ppm, 400'000u);
@@ -333,11 +334,11 @@ TEST(AllocationJson, ARecordWithoutALimitReadsAsLimitEqualToRequest) {
   auto a = AllocationFromJson(R"({"id":"a-1","pool":"default","node":"n","qos":"low",
       "vgpus":[{"gpu":"GPU-1","tflops":30,"vram_mib":1024,"gpu_index":0,"share_ppm":300000}]})");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_EQ(a->vgpus[0].tflops_limit, 30);
+  EXPECT_EQ(a->vgpus[0].milli_tflops_limit, 30000);
   EXPECT_EQ(a->vgpus[0].limit_ppm, 300'000u);
   auto w = WorkloadFromJson(R"({"name":"w","pool":"default","tflops":20,"vram_mib":1})");
   ASSERT_TRUE(w.ok());
-  EXPECT_EQ(w->tflops_limit, 20);
+  EXPECT_EQ(w->milli_tflops_limit, 20000);
   // And what is written reads back the same.
   auto again = AllocationFromJson(ToJson(*a).dump());
   ASSERT_TRUE(again.ok());
@@ -371,8 +372,8 @@ TEST_F(ControllerTest, BadComputeLimitsAreRefusedAndChangeNothing) {
     EXPECT_NE(a.status().message().find(k.says), std::string::npos) << a.status().ToString();
   }
   EXPECT_TRUE(c_->ListAllocations().empty());
-  EXPECT_EQ(c_->ListGpus("")[0].gpu.used_tflops, 0);
-  Workload w{"w", "", 50, 1024, 1, Qos::kMedium, 40};
+  EXPECT_EQ(c_->ListGpus("")[0].gpu.used_milli_tflops, 0);
+  Workload w{"w", "", 50'000, 1024, 1, Qos::kMedium, 40'000};
   EXPECT_EQ(c_->CreateWorkload(w).status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(c_->ListWorkloads().empty());
 }
@@ -396,14 +397,14 @@ TEST_F(ControllerTest, ATflopsLimitLandsOnAGpuBigEnoughForIt) {
 
 TEST_F(ControllerTest, WorkloadComputeLimitIsTheAllocationsDefault) {
   testing::AddNodes(*c_, 1, 1);
-  ASSERT_TRUE(c_->CreateWorkload({"burst", "", 20, 4096, 1, Qos::kHigh, 80}).ok());
-  EXPECT_EQ(c_->GetWorkload("burst")->tflops_limit, 80);
+  ASSERT_TRUE(c_->CreateWorkload({"burst", "", 20'000, 4096, 1, Qos::kHigh, 80'000}).ok());
+  EXPECT_EQ(c_->GetWorkload("burst")->milli_tflops_limit, 80000);
   auto a = c_->Allocate({"burst", "", 0, 0, 0, "", ""});
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_EQ(a->vgpus[0].tflops, 20);
-  EXPECT_EQ(a->vgpus[0].tflops_limit, 80);
+  EXPECT_EQ(a->vgpus[0].milli_tflops, 20000);
+  EXPECT_EQ(a->vgpus[0].milli_tflops_limit, 80000);
   Restart();
-  EXPECT_EQ(c_->GetWorkload("burst")->tflops_limit, 80);
+  EXPECT_EQ(c_->GetWorkload("burst")->milli_tflops_limit, 80000);
 }
 
 TEST_F(ControllerTest, TwoControllersOnOneStoreNeverDoubleAllocate) {

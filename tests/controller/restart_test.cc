@@ -68,18 +68,18 @@ void KillNineDuringAllocations(int threads, SqliteDurability durability) {
   Controller c(store.get(), &clock, MakeSchedulerPlacement(), nullptr);
   ASSERT_TRUE(c.Rebuild().ok());
   std::set<std::string> stored;
-  double used = 0;
+  MilliTflops used = 0;
   for (const Allocation& a : c.ListAllocations()) {
     stored.insert(a.id);
-    for (const Vgpu& v : a.vgpus) used += v.tflops;
+    for (const Vgpu& v : a.vgpus) used += v.milli_tflops;
   }
   for (const std::string& id : acked) EXPECT_TRUE(stored.count(id)) << id << " was acknowledged but lost";
-  double gpu_used = 0;
+  MilliTflops gpu_used = 0;
   for (const GpuStatus& g : c.ListGpus("")) {
-    gpu_used += g.gpu.used_tflops;
-    EXPECT_LE(g.gpu.used_tflops, g.gpu.tflops + 1e-9);
+    gpu_used += g.gpu.used_milli_tflops;
+    EXPECT_LE(g.gpu.used_milli_tflops, g.gpu.milli_tflops);
   }
-  EXPECT_NEAR(gpu_used, used, 1e-6);  // GPU usage agrees with the allocations exactly
+  EXPECT_EQ(gpu_used, used);  // GPU usage agrees with the allocations exactly
 }
 
 TEST(SqliteRestart, KillNineLosesNoAcknowledgedAllocation) {

@@ -85,7 +85,7 @@ TEST(NodeAgent, RegistersSizesFromCatalogAndHeartbeats) {
   ASSERT_EQ(regions.attached().size(), 1u);
   auto gpus = c.ListGpus("");
   ASSERT_EQ(gpus.size(), 1u);
-  EXPECT_GT(gpus[0].gpu.tflops, 500);  // H100: from the catalog, not zero
+  EXPECT_GT(gpus[0].gpu.milli_tflops, 500'000);  // H100: from the catalog, not zero
   EXPECT_EQ(gpus[0].gpu.vram_mib, 81559);
   source.utilization_percent = 42;
   ASSERT_TRUE(agent.HeartbeatOnce().ok());
@@ -116,7 +116,7 @@ TEST(NodeAgent, QuotaRegionsFollowTheControllersAllocations) {
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_EQ(regions.attached().size(), 2u);
   ASSERT_TRUE(std::filesystem::exists(rig.dir + "/regions/gpu-GPU-r0.region"));
-  const double l4 = c.ListGpus("")[0].gpu.tflops;
+  const double l4 = controller::ToTflops(c.ListGpus("")[0].gpu.milli_tflops);
   ASSERT_GT(l4, 0);
   EXPECT_EQ(regions.region("GPU-r0")->capacity_mtflops(), static_cast<uint64_t>(l4 * 1000 + 0.5));
 
