@@ -16,6 +16,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli_test_util.h"
 
@@ -106,18 +107,24 @@ TEST_F(MpsTest, TheTenantRunsUnderTheOperatorsDaemonWithItsLimits) {
   EXPECT_NE(probe.out.find("allocated_mib=1024"), std::string::npos) << probe.out;
 }
 
+// Pipe directories that are no daemon's (under dir, which holds "empty" and "file"): the flags or
+// environment, and what the refusal says.
+struct BadPipeDirectory {
+  std::string flags, extra_env, says;
+};
+std::vector<BadPipeDirectory> BadPipeDirectories(const std::string& dir) {
+  return {
+      {"--mps-pipe-dir " + dir + "/none", "", "--mps-pipe-dir " + dir + "/none: No such file or directory"},
+      {"--mps-pipe-dir " + dir + "/file", "", "--mps-pipe-dir " + dir + "/file: not a directory"},
+      {"--mps-pipe-dir " + dir + "/empty", "", "no MPS control pipe (" + dir + "/empty/control)"},
+      {"--mps-pipe-dir mps-pipe", "", "--mps-pipe-dir mps-pipe: give the MPS pipe directory as an absolute path"},
+      {"", "TFUSION_MPS_PIPE_DIRECTORY=" + dir + "/empty", "TFUSION_MPS_PIPE_DIRECTORY " + dir + "/empty: no MPS"},
+  };
+}
+
 TEST_F(MpsTest, APipeDirectoryWithoutADaemonIsRefusedAndChangesNothing) {
   ASSERT_EQ(Shell("mkdir -p " + dir_ + "/empty && touch " + dir_ + "/file").rc, 0);
-  struct Case {
-    std::string flags, extra_env, says;
-  } cases[] = {
-      {"--mps-pipe-dir " + dir_ + "/none", "", "--mps-pipe-dir " + dir_ + "/none: No such file or directory"},
-      {"--mps-pipe-dir " + dir_ + "/file", "", "--mps-pipe-dir " + dir_ + "/file: not a directory"},
-      {"--mps-pipe-dir " + dir_ + "/empty", "", "no MPS control pipe (" + dir_ + "/empty/control)"},
-      {"--mps-pipe-dir mps-pipe", "", "--mps-pipe-dir mps-pipe: give the MPS pipe directory as an absolute path"},
-      {"", "TFUSION_MPS_PIPE_DIRECTORY=" + dir_ + "/empty", "TFUSION_MPS_PIPE_DIRECTORY " + dir_ + "/empty: no MPS"},
-  };
-  for (const Case& c : cases) {
+  for (const BadPipeDirectory& c : BadPipeDirectories(dir_)) {
     Result r = RunEnv("--vram 1GiB --vgpu kept " + c.flags, c.extra_env);
     EXPECT_EQ(r.rc, 2) << c.flags << c.extra_env << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << c.extra_env << "\n" << r.out;
@@ -279,16 +286,7 @@ TEST_F(WorkerMpsTest, TheEnvironmentsOrTheNodeAgentsDaemonIsUsedAsByTfusionRun) 
 
 TEST_F(WorkerMpsTest, ABadPipeDirectoryIsRefusedAndNothingListens) {
   ASSERT_EQ(Shell("mkdir -p " + dir_ + "/empty && touch " + dir_ + "/file").rc, 0);
-  struct Case {
-    std::string flags, extra_env, says;
-  } cases[] = {
-      {"--mps-pipe-dir " + dir_ + "/none", "", "--mps-pipe-dir " + dir_ + "/none: No such file or directory"},
-      {"--mps-pipe-dir " + dir_ + "/file", "", "--mps-pipe-dir " + dir_ + "/file: not a directory"},
-      {"--mps-pipe-dir " + dir_ + "/empty", "", "no MPS control pipe (" + dir_ + "/empty/control)"},
-      {"--mps-pipe-dir mps-pipe", "", "give the MPS pipe directory as an absolute path"},
-      {"", "TFUSION_MPS_PIPE_DIRECTORY=" + dir_ + "/empty", "TFUSION_MPS_PIPE_DIRECTORY " + dir_ + "/empty: no MPS"},
-  };
-  for (const Case& c : cases) {
+  for (const BadPipeDirectory& c : BadPipeDirectories(dir_)) {
     Result r = Shell("timeout 20 sh -c '" + WorkerCommand(c.flags, c.extra_env) + "'");
     EXPECT_EQ(r.rc, 2) << c.flags << c.extra_env;
     const std::string log = ReadFile(dir_ + "/worker.log");
