@@ -28,6 +28,19 @@ constexpr Fn kStreamQueries[] = {Fn::cuStreamGetPriority, Fn::cuStreamGetFlags, 
 
 bool SpecialStream(uint64_t s) { return s <= 2; }  // NULL, legacy, per-thread
 
+bool ReadOne(transport::Reader& r, int32_t* v) { return r.I32(v); }
+bool ReadOne(transport::Reader& r, uint32_t* v) { return r.U32(v); }
+bool ReadOne(transport::Reader& r, uint64_t* v) { return r.U64(v); }
+
+// A forwarded call whose reply is one value; *v is set only on success.
+template <typename T>
+CUresult CallForValue(Session* s, Fn fn, const Writer& w, T* v) {
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(fn), w, &rv);
+  if (r == CUDA_SUCCESS && !ReadOne(rv.reader, v)) r = CUDA_ERROR_UNKNOWN;
+  return r;
+}
+
 // One u64 answer about stream `st` (its meaning depends on fn). The NULL, legacy and per-thread
 // streams are the current context's, so their answers are kept per context.
 CUresult StreamValue(Fn fn, CUstream st, uint64_t* v) {
@@ -40,10 +53,8 @@ CUresult StreamValue(Fn fn, CUstream st, uint64_t* v) {
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(h);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(fn), w, &rv);
+  CUresult r = CallForValue(s, fn, w, v);
   if (r != CUDA_SUCCESS) return r;
-  if (!rv.reader.U64(v)) return CUDA_ERROR_UNKNOWN;
   StoreAnswer(s, fn, h, ctx, 0, *v);
   return CUDA_SUCCESS;
 }
@@ -241,10 +252,8 @@ CUresult Impl_cuCtxGetId(CUcontext ctx, unsigned long long* id) {
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(c);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuCtxGetId), w, &rv);
+  CUresult r = CallForValue(s, Fn::cuCtxGetId, w, &v);
   if (r != CUDA_SUCCESS) return r;
-  if (!rv.reader.U64(&v)) return CUDA_ERROR_UNKNOWN;
   StoreAnswer(s, Fn::cuCtxGetId, c, 0, 0, v);
   *id = v;
   return CUDA_SUCCESS;
@@ -309,10 +318,8 @@ CUresult Impl_cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
   Writer w(buf, sizeof(buf));
   w.I32(dev);
   w.I32(peer);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceCanAccessPeer), w, &rv);
   int32_t v = 0;
-  if (r == CUDA_SUCCESS && !rv.reader.I32(&v)) r = CUDA_ERROR_UNKNOWN;
+  CUresult r = CallForValue(l.session(), Fn::cuDeviceCanAccessPeer, w, &v);
   if (r == CUDA_SUCCESS) *can = v;
   return r;
 }
@@ -326,10 +333,8 @@ CUresult Impl_cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attr, CU
   w.U32(static_cast<uint32_t>(attr));
   w.I32(src);
   w.I32(dst);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetP2PAttribute), w, &rv);
   int32_t v = 0;
-  if (r == CUDA_SUCCESS && !rv.reader.I32(&v)) r = CUDA_ERROR_UNKNOWN;
+  CUresult r = CallForValue(l.session(), Fn::cuDeviceGetP2PAttribute, w, &v);
   if (r == CUDA_SUCCESS) *value = v;
   return r;
 }
@@ -343,10 +348,8 @@ CUresult Impl_cuDeviceGetTexture1DLinearMaxWidth(size_t* width, CUarray_format f
   w.U32(static_cast<uint32_t>(format));
   w.U32(channels);
   w.I32(dev);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetTexture1DLinearMaxWidth), w, &rv);
   uint64_t v = 0;
-  if (r == CUDA_SUCCESS && !rv.reader.U64(&v)) r = CUDA_ERROR_UNKNOWN;
+  CUresult r = CallForValue(l.session(), Fn::cuDeviceGetTexture1DLinearMaxWidth, w, &v);
   if (r == CUDA_SUCCESS) *width = v;
   return r;
 }
@@ -369,10 +372,8 @@ CUresult Impl_cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction f) {
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(H(f));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuFuncIsLoaded), w, &rv);
   uint32_t v = 0;
-  if (r == CUDA_SUCCESS && !rv.reader.U32(&v)) r = CUDA_ERROR_UNKNOWN;
+  CUresult r = CallForValue(l.session(), Fn::cuFuncIsLoaded, w, &v);
   if (r == CUDA_SUCCESS) *state = static_cast<CUfunctionLoadingState>(v);
   return r;
 }
@@ -384,10 +385,8 @@ CUresult Impl_cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(H(mod));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuModuleGetFunctionCount), w, &rv);
   uint32_t v = 0;
-  if (r == CUDA_SUCCESS && !rv.reader.U32(&v)) r = CUDA_ERROR_UNKNOWN;
+  CUresult r = CallForValue(l.session(), Fn::cuModuleGetFunctionCount, w, &v);
   if (r == CUDA_SUCCESS) *count = v;
   return r;
 }
