@@ -279,6 +279,8 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   // Writes a function's parameter layout and attributes (the client caches them) and records
   // the layout in fe. kernel: a CUkernel, queried through the cuKernel* calls the driver has.
   void WriteFunctionInfo(uint64_t handle, bool kernel, FunctionEntry& fe, Writer& out);
+  // Records f, just looked up in module m (ours, or a library's: the caller checked), fresh.
+  FunctionEntry& RecordModuleFunction(uint64_t m, uint64_t f);
   std::map<std::pair<uint64_t, uint64_t>, Image> images_;
   std::deque<Staged> staged_;
 
@@ -794,22 +796,12 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       uint32_t len = 0;
       rd.U64(&m);
       if (!rd.Blob(&name, &len, remote::kMaxFunctionName)) return CUDA_ERROR_INVALID_VALUE;
-      auto mod = modules_.find(m);
-      auto lmod = library_modules_.find(m);
-      if (mod == modules_.end() && lmod == library_modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      if (!modules_.count(m) && !library_modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
       std::string fname(reinterpret_cast<const char*>(name), len);
       CUfunction f = nullptr;
       CUresult r = CALL(cuModuleGetFunction, &f, As<CUmodule>(m), fname.c_str());
       if (r != CUDA_SUCCESS) return r;
-      FunctionEntry& fe = functions_[H(f)];
-      fe = FunctionEntry();
-      if (mod != modules_.end()) {
-        mod->second.insert(H(f));
-        fe.module = m;
-      } else {
-        libraries_[lmod->second].functions.insert(H(f));
-        fe.library = lmod->second;
-      }
+      FunctionEntry& fe = RecordModuleFunction(m, H(f));
       out.U64(H(f));
       WriteFunctionInfo(H(f), false, fe, out);
       return CUDA_SUCCESS;
@@ -837,9 +829,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (!rd.U32(&num) || !rd.Finish() || num == 0 || num > remote::kMaxLibraryKernels) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      auto mod = modules_.find(m);
-      auto lmod = library_modules_.find(m);
-      if (mod == modules_.end() && lmod == library_modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+      if (!modules_.count(m) && !library_modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
       unsigned count = 0;
       CUresult r = CALL(cuModuleGetFunctionCount, &count, As<CUmodule>(m));
       if (r != CUDA_SUCCESS) return r;
@@ -851,15 +841,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       for (uint32_t i = 0; i < n; ++i) {
         const char* fname = nullptr;
         if (CALL(cuFuncGetName, &fname, fs[i]) != CUDA_SUCCESS || fname == nullptr) fname = "";
-        FunctionEntry& fe = functions_[H(fs[i])];
-        fe = FunctionEntry();
-        if (mod != modules_.end()) {
-          mod->second.insert(H(fs[i]));
-          fe.module = m;
-        } else {
-          libraries_[lmod->second].functions.insert(H(fs[i]));
-          fe.library = lmod->second;
-        }
+        FunctionEntry& fe = RecordModuleFunction(m, H(fs[i]));
         out.U64(H(fs[i]));
         out.Blob(fname, static_cast<uint32_t>(strnlen(fname, remote::kMaxFunctionName)));
         WriteFunctionInfo(H(fs[i]), false, fe, out);
@@ -1566,6 +1548,19 @@ CUresult Session::LaunchCall(Fn fn, Reader& rd) {
       return launch(&cfg, func, kernel_params, extra_p);
     }
   }
+}
+
+Session::FunctionEntry& Session::RecordModuleFunction(uint64_t m, uint64_t f) {
+  FunctionEntry& fe = functions_[f];
+  fe = FunctionEntry();
+  if (auto mod = modules_.find(m); mod != modules_.end()) {
+    mod->second.insert(f);
+    fe.module = m;
+  } else {
+    fe.library = library_modules_[m];
+    libraries_[fe.library].functions.insert(f);
+  }
+  return fe;
 }
 
 void Session::WriteFunctionInfo(uint64_t h, bool kernel, FunctionEntry& fe, Writer& out) {
