@@ -14,6 +14,8 @@
 // as they can (closed loop) for `seconds`, over plain HTTP with the admin token against HTTPS with
 // a tenant token (every call checked against the tenant's role and quota), alternating.
 // Usage: tls_latency [calls_per_mode=2000] [rounds=3] [threads=8] [seconds=5]
+// TLS_LATENCY_ONLY="https, tenant token" (a combination's name as printed) floods only that one
+// (to profile it alone).
 #include <time.h>
 #include <unistd.h>
 
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
   for (int round = 1; round <= rounds; ++round) {
     for (int k = 0; k < 4; ++k) {
       Combo& c = combos[(k + round - 1) % 4];
+      if (const char* only = getenv("TLS_LATENCY_ONLY"); only && std::string(only) != c.name) continue;
       Throughput r = Flood(c.tls ? https_url : plain_url, c.tls ? tls->ca_file : "",
                            c.tenant ? tenant_token : "bench-token", threads, seconds);
       c.sum += r.ops_per_s;
