@@ -345,8 +345,18 @@ bool IsSyncPoint(uint16_t op) {
          SessionArrays::IsSyncPoint(static_cast<Fn>(transport::DriverCallId(op)));
 }
 
-// Calls that wait for streams (host functions on them must have run first).
+// Calls that wait for streams (host functions on them must have run first): the sync points, and
+// the calls the driver makes wait for the context's queued work before they release something
+// (unloading a module while a host function is pending would otherwise wait for an
+// acknowledgement this thread is not there to read).
 bool IsBlocking(uint16_t op) {
+  static const Fn kWaitForWork[] = {Fn::cuModuleUnload,      Fn::cuLibraryUnload,     Fn::cuMemFreeHost,
+                                    Fn::cuMemHostUnregister, Fn::cuArrayDestroy,      Fn::cuMipmappedArrayDestroy,
+                                    Fn::cuCtxDestroy_v2,     Fn::cuDevicePrimaryCtxRelease_v2,
+                                    Fn::cuDevicePrimaryCtxReset_v2};
+  for (Fn f : kWaitForWork) {
+    if (Op(f) == op) return true;
+  }
   return IsSyncPoint(op) && op != Op(Fn::cuStreamQuery) && op != Op(Fn::cuEventQuery);
 }
 

@@ -359,6 +359,9 @@ CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fat_cubin) {
 
 CUresult cuModuleUnload(CUmodule module) {
   FAKECUDA_ENTER();
+  // As the real driver does: the context's queued work (host functions included) finishes first.
+  CUresult no_ctx = CUDA_SUCCESS;
+  if (fakecuda::Context* ctx = fakecuda::CurrentContext(&no_ctx)) fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
   return fakecuda::UnloadModule(reinterpret_cast<Module*>(module));
 }
 

@@ -35,6 +35,12 @@ if [ -e "$B/bench/remote/remote_rtt_copy" ]; then
   mkdir -p "$S/bench/remote"
   cp "$B/bench/remote/remote_rtt_copy" "$S/bench/remote/"
 fi
+# Allocate/release throughput over HTTPS against HTTP on the GPU host's cores
+# (docs/benchmarks-controller.md; its libraries are in src/cli/deps).
+if [ -e "$B/bench/controller/tls_latency" ]; then
+  mkdir -p "$S/bench/controller"
+  cp "$B/bench/controller/tls_latency" "$S/bench/controller/"
+fi
 # The remote probe: its graph-node mode runs on a real driver (tests/gpu/README.md).
 # host_region_probe and query_probe: their memset and query modes run on a real driver too.
 for f in remote_probe host_region_probe query_probe; do

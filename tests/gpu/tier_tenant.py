@@ -33,11 +33,34 @@ import torch  # noqa: E402
 TFUSION = os.environ.get("TF_TFUSION", "tfusion")
 
 
+def cli_env():
+    """The CLI's environment: without the remote client's library path when this tenant runs remotely."""
+    e = dict(os.environ)
+    if "TFUSION_REMOTE" in e:
+        for k in ("LD_LIBRARY_PATH", "TFUSION_REMOTE", "TFUSION_TOKEN", "TRITON_LIBCUDA_PATH"):
+            e.pop(k, None)
+    return e
+
+
+def my_vgpu():
+    """TFUSION_VGPU locally; remotely (TF_REMOTE_VGPU=find, the worker on this host and one session
+    at a time) the session's vGPU remote-PID as `tfusion smi` lists it."""
+    if os.environ.get("TF_REMOTE_VGPU") != "find":
+        return os.environ["TFUSION_VGPU"]
+    import re
+    out = subprocess.run([TFUSION, "smi"], capture_output=True, text=True, timeout=60, env=cli_env()).stdout
+    m = re.findall(r"remote-[0-9]+", out)
+    if not m:
+        raise SystemExit(f"no remote session vGPU in tfusion smi: {out}")
+    return m[-1]
+
+
 def freeze(thaw=False):
     """Freezes this process's vGPU through the CLI; returns (CLI wall ms, its output)."""
-    vgpu = os.environ["TFUSION_VGPU"]
+    vgpu = my_vgpu()
     t = time.monotonic()
-    p = subprocess.run([TFUSION, "thaw" if thaw else "freeze", vgpu], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([TFUSION, "thaw" if thaw else "freeze", vgpu], capture_output=True, text=True, timeout=300,
+                       env=cli_env())
     ms = (time.monotonic() - t) * 1000
     if p.returncode != 0:
         raise SystemExit(f"tfusion {'thaw' if thaw else 'freeze'} failed ({p.returncode}): {p.stdout} {p.stderr}")

@@ -14,6 +14,10 @@ Phases (tier_tenant.py does the work inside each tenant):
   gen     GPT-2 time to first token: cold process vs after a freeze
   alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
   steady  ResNet-50 b64 and GPT-2 b8 throughput, interleaved: native, limiter, limiter with tiering
+  remote  the same checks, GPT-2 training frozen mid-run, and 1/4/16 GiB swaps for a remote session:
+          a `tfusion worker --tiering --idle-swap 0` on this host, the tenant under
+          `tfusion run --remote` over shared memory and over loopback TCP; it freezes its session's
+          vGPU (remote-PID) with `tfusion freeze`
   oversub four tenants of 30 GiB working sets (about 40% of the GPU each) serving bursts with idle
           gaps on one GPU with tiering, against one such tenant alone (running the four one after
           another serves requests at the rate of one alone)
@@ -269,7 +273,59 @@ def phase_oversub(r, seconds=45, gib=30):
     r.record("oversub", res)
 
 
-PHASES = {"checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
+def phase_remote(r):
+    import secrets
+    import socket
+    token = secrets.token_hex(16)
+    work = os.path.join(r.out, "remote-work")
+    os.makedirs(work, exist_ok=True)
+    sock_path = os.path.join(work, "w.sock")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ready = os.path.join(work, "ready")
+    wlog = open(os.path.join(r.logs, "remote-worker.log"), "w")
+    worker = subprocess.Popen([r.tfusion, "worker", "--listen", "unix:" + sock_path, "--listen", f"127.0.0.1:{port}",
+                               "--token", token, "--tiering", "--idle-swap", "0", "--ready-file", ready],
+                              stdout=wlog, stderr=subprocess.STDOUT, env=r.env)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(ready) and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.05)
+        if not os.path.exists(ready):
+            r.record("remote", {"error": "worker not ready (see logs/remote-worker.log)"})
+            return
+        env = {"TF_REMOTE_VGPU": "find", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        vias = os.environ.get("TF_REMOTE_TRANSPORTS", "shm,tcp").split(",")
+        for via, addr in (("shm", "unix:" + sock_path), ("tcp", f"127.0.0.1:{port}")):
+            if via not in vias:
+                continue
+            flags = ["--remote", addr, "--token", token]
+            res = {"transport": via}
+            res["checks"] = r.tenant(["checks", "--cycles", "6"], flags, env=env, timeout=400)
+            runs = {name: r.tenant(["train", "--steps", "30"] + extra, flags, env=env, timeout=400)
+                    for name, extra in (("plain", []), ("frozen", ["--freeze-at", "15"]))}
+            la, lf = runs["plain"].get("losses", []), runs["frozen"].get("losses", [])
+            res["train"] = {"steps": len(la), "frozen_equals_uninterrupted": bool(la) and la == lf,
+                            "frozen_run": {k: v for k, v in runs["frozen"].items() if k != "losses"},
+                            "plain_error": runs["plain"].get("error")}
+            sizes = os.environ.get("TF_REMOTE_SWAP_GIB", "1,4,16")
+            res["swap"] = [r.tenant(["swap", "--gib", g, "--cycles", "3"], flags, env=env, timeout=400)
+                           for g in sizes.split(",") if g]
+            r.record("remote", res)
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        # The session's swap log lines are in the worker's log.
+        with open(os.path.join(r.logs, "remote-worker.log")) as f:
+            lines = [l.strip() for l in f if "swapped out" in l or "resumed" in l]
+        r.record("remote_worker_log", {"swap_lines": lines[-40:]})
+
+
+PHASES = {"remote": phase_remote, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub}
 

@@ -759,6 +759,16 @@ int Callbacks() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   std::printf("ran_while_idle=%d\n", g_flag.load());
+  // Unloading a module waits for the context's queued work, a host function included (XLA unloads
+  // modules while its host functions are pending): the unload must return after it ran.
+  CUmodule extra = nullptr;
+  CHECK(cuModuleLoadData(&extra, "fakecuda:builtin"));
+  CHECK(cuLaunchHostFunc(s, [](void*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    g_flag = 9;
+  }, nullptr));
+  CHECK(cuModuleUnload(extra));
+  std::printf("unload_after_host_fn=%d\n", g_flag.load() == 9);
   CHECK(cuStreamSynchronize(s));
   g_order[g_order_len] = 0;
   std::printf("order=%s\n", g_order);
