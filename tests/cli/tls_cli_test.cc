@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <regex>
 #include <set>
@@ -192,9 +193,10 @@ TEST_F(TlsControllerTest, PlaintextOffLoopbackIsRefusedUnlessAllowedAndThenWarne
 }
 
 // The node agent registers and heartbeats over TLS. The controller is killed with -9 while a
-// client allocates over TLS and restarted on the same port: the agent carries on with the new
-// process (heartbeats, its vGPUs kept, no tenant signalled), and every acknowledged allocation is
-// still there, with GPU usage equal to the allocations'.
+// tenant allocates over TLS with its own token and request ids, and restarted on the same port:
+// the agent carries on with the new process (heartbeats, its vGPUs kept, no tenant signalled),
+// every acknowledged allocation is still there, retrying every request makes no second
+// allocation, and GPU usage equals the allocations'.
 TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost) {
   std::string url = StartController(0);
   ASSERT_FALSE(url.empty()) << ReadFile(dir_ + "/controller.log");
@@ -227,16 +229,36 @@ TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost)
   }
   ASSERT_GE(beats_before, 1) << ReadFile(agent_log);
 
-  std::set<std::string> acked;
+  // A tenant (its own token, role and quota checked on every call) allocates with a request id,
+  // as `tfusion run --controller` does.
+  std::string tenant_token;
+  {
+    HttpClient admin(url, "tok", 5000, ca);
+    auto q = admin.Put("/v1/quotas/kill9", R"({"max_tflops":100000,"max_vram_mib":100000000,"max_gpus":0})");
+    ASSERT_TRUE(q.ok() && q->status == 200) << (q.ok() ? q->body : q.status().ToString());
+    auto t = admin.Post("/v1/tokens", R"({"role":"tenant","tenant":"kill9","description":"kill -9 test"})");
+    ASSERT_TRUE(t.ok() && t->status == 201) << (t.ok() ? t->body : t.status().ToString());
+    tenant_token = json::parse(t->body)["token"].get<std::string>();
+  }
+  auto body_for = [](const std::string& key) {
+    return std::string(R"({"percent":1,"vram_mib":16,"request_id":")") + key + "\"}";
+  };
+  std::map<std::string, std::string> acked_by_key;  // request id -> allocation id
+  std::set<std::string> acked, unanswered;           // allocation ids; request ids without an answer
   std::mutex mu;
   std::atomic<bool> stop{false};
   std::thread allocator([&] {
-    HttpClient client(url, "tok", 2000, ca);
-    while (!stop.load()) {
-      auto r = client.Post("/v1/allocations", R"({"percent":1,"vram_mib":16})");
+    HttpClient client(url, tenant_token, 2000, ca);
+    for (int n = 0; !stop.load(); ++n) {
+      const std::string key = "kill9-" + std::to_string(n);
+      auto r = client.Post("/v1/allocations", body_for(key));
+      std::lock_guard<std::mutex> lock(mu);
       if (r.ok() && r->status == 201) {
-        std::lock_guard<std::mutex> lock(mu);
-        acked.insert(json::parse(r->body)["id"].get<std::string>());
+        const std::string id = json::parse(r->body)["id"].get<std::string>();
+        acked.insert(id);
+        acked_by_key[key] = id;
+      } else if (!r.ok()) {
+        unanswered.insert(key);  // the write may or may not have landed
       }
     }
   });
@@ -266,6 +288,38 @@ TEST_F(TlsControllerTest, AnAgentOverTlsReconnectsAfterKillNineAndNothingIsLost)
     for (const json& v : a["vgpus"]) used_by_allocations += v["tflops"].get<double>();
   }
   for (const std::string& id : acked) EXPECT_TRUE(stored.count(id)) << id << " was acknowledged but lost";
+  // Retrying every request (acknowledged or not) with its id duplicates nothing: an acknowledged
+  // one replays its allocation, an unanswered one either replays what landed or makes it once.
+  {
+    HttpClient tenant(url, tenant_token, 5000, ca);
+    std::set<std::string> after_retry;
+    for (const auto& [key, id] : acked_by_key) {
+      auto r = tenant.Post("/v1/allocations", body_for(key));
+      ASSERT_TRUE(r.ok() && r->status == 200) << key << ": " << (r.ok() ? r->body : r.status().ToString());
+      EXPECT_EQ(json::parse(r->body)["id"].get<std::string>(), id) << key;
+      EXPECT_TRUE(json::parse(r->body).value("replayed", false)) << r->body;
+      after_retry.insert(id);
+    }
+    for (const std::string& key : unanswered) {
+      auto r = tenant.Post("/v1/allocations", body_for(key));
+      ASSERT_TRUE(r.ok() && (r->status == 200 || r->status == 201)) << key << ": " << (r.ok() ? r->body : r.status().ToString());
+      after_retry.insert(json::parse(r->body)["id"].get<std::string>());
+    }
+    auto mine = tenant.Get("/v1/allocations");
+    ASSERT_TRUE(mine.ok() && mine->status == 200);
+    size_t n = json::parse(mine->body)["allocations"].size();
+    EXPECT_EQ(n, after_retry.size()) << "one allocation per request id, none twice";
+    EXPECT_EQ(n, acked_by_key.size() + unanswered.size());
+    listed = client.Get("/v1/allocations");
+    ASSERT_TRUE(listed.ok() && listed->status == 200);
+    stored.clear();
+    used_by_allocations = 0;
+    const json relisted = json::parse(listed->body)["allocations"];
+    for (const json& a : relisted) {
+      stored.insert(a["id"].get<std::string>());
+      for (const json& v : a["vgpus"]) used_by_allocations += v["tflops"].get<double>();
+    }
+  }
   double used_on_gpus = 0;
   const json gpus = json::parse(client.Get("/v1/gpus")->body)["gpus"];
   for (const json& g : gpus) used_on_gpus += g["used_tflops"].get<double>();
