@@ -35,22 +35,26 @@ bool IsAdmin() { return t_who.role == Role::kAdmin; }
 // node owns. An admin may do everything.
 Status Authorize(const ApiToken& who, const std::string& method, const std::string& path) {
   if (who.role == Role::kAdmin) return Status::Ok();
-  auto matches = [&](const char* pattern) { return std::regex_match(path, std::regex(pattern)); };
+  // Compiled once: every call of a tenant or node token goes through here.
+  static const std::regex kPool(R"(/v1/pools(/[^/]+)?)"), kNode(R"(/v1/nodes(/[^/]+)?)"),
+      kAllocations(R"(/v1/allocations(/[^/]+)?)"), kEvictions(R"(/v1/evictions(/[^/]+)?)"),
+      kOneAllocation(R"(/v1/allocations/[^/]+)"), kAllocationAction(R"(/v1/allocations/[^/]+/(freeze|thaw|renew))"),
+      kEvictionStopped(R"(/v1/evictions/[^/]+/stopped)");
+  auto matches = [&](const std::regex& pattern) { return std::regex_match(path, pattern); };
   const bool read = method == "GET";
-  if (read && (matches(R"(/v1/pools(/[^/]+)?)") || path == "/v1/gpus" || matches(R"(/v1/nodes(/[^/]+)?)") ||
-               path == "/v1/usage" || path == "/v1/history" ||
-               matches(R"(/v1/allocations(/[^/]+)?)") || matches(R"(/v1/evictions(/[^/]+)?)"))) {
+  if (read && (matches(kPool) || path == "/v1/gpus" || matches(kNode) || path == "/v1/usage" ||
+               path == "/v1/history" || matches(kAllocations) || matches(kEvictions))) {
     return Status::Ok();
   }
   if (who.role == Role::kTenant) {
     if (read && path == "/v1/quotas") return Status::Ok();
     if (method == "POST" && path == "/v1/allocations") return Status::Ok();
-    if (method == "DELETE" && matches(R"(/v1/allocations/[^/]+)")) return Status::Ok();
-    if (method == "POST" && matches(R"(/v1/allocations/[^/]+/(freeze|thaw|renew))")) return Status::Ok();
+    if (method == "DELETE" && matches(kOneAllocation)) return Status::Ok();
+    if (method == "POST" && matches(kAllocationAction)) return Status::Ok();
     return PermissionDenied("a tenant token (tenant '" + who.tenant + "') may not " + method + " " + path +
                             ": it manages its own allocations only; ask an admin");
   }
-  if (method == "POST" && (path == "/v1/nodes" || matches(R"(/v1/evictions/[^/]+/stopped)"))) return Status::Ok();
+  if (method == "POST" && (path == "/v1/nodes" || matches(kEvictionStopped))) return Status::Ok();
   if (method == "POST" && path == "/v1/nodes/" + who.node + "/heartbeat") return Status::Ok();
   return PermissionDenied("a node token (node '" + who.node + "') may not " + method + " " + path);
 }
