@@ -91,6 +91,7 @@ struct State {
   uint64_t kept = 0;                      // bytes of kept copies (Range::kept)
   uint32_t reclaim_seen = 0;              // TierHeader::reclaim_gen acted on
   int64_t disk_attempt_ns = 0;            // the last move to the disk tier tried
+  int64_t prepared_for_ns = -1;           // the idle period (its last_active_ns) already prepared
 };
 
 // The disk tier's directory (TFUSION_TIER_DIR), empty when there is none.
@@ -405,6 +406,23 @@ void* HostWorker(void* arg) {
   return nullptr;
 }
 
+// Starts the workers of `p` (half the CPUs, at most kMaxHostWorkers, no more than its pending
+// pieces) and returns how many run; with none it does the work on this thread.
+int StartHostWorkers(HostPipeline* p, pthread_t* threads) {
+  size_t pending = 0;
+  for (const HostJob& j : p->jobs) pending += j.state == 0 ? 1 : 0;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int workers = static_cast<int>(cpus > 2 ? cpus / 2 : 1);
+  if (workers > kMaxHostWorkers) workers = kMaxHostWorkers;
+  if (static_cast<size_t>(workers) > pending) workers = static_cast<int>(pending);
+  int started = 0;
+  for (; started < workers; ++started) {
+    if (pthread_create(&threads[started], nullptr, &HostWorker, p) != 0) break;
+  }
+  if (started == 0 && pending > 0) HostWorker(p);  // no thread could start: do it here
+  return started;
+}
+
 // The copies of a swap: issued in the context of their range (made current on this thread), on
 // kCopyStreams streams of that context in turn. Moving to another context drains the streams of
 // the one before; Finish drains and releases everything. `err` keeps the first error.
@@ -469,18 +487,8 @@ CUresult CopyOut(State& s) {
     r.registered.assign(chunks, 0);
     for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 0, CUDA_SUCCESS});
   }
-  size_t pending = 0;
-  for (const HostJob& j : p->jobs) pending += j.state == 0 ? 1 : 0;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int workers = static_cast<int>(cpus > 2 ? cpus / 2 : 1);
-  if (workers > kMaxHostWorkers) workers = kMaxHostWorkers;
-  if (static_cast<size_t>(workers) > pending) workers = static_cast<int>(pending);
   pthread_t threads[kMaxHostWorkers];
-  int started = 0;
-  for (; started < workers; ++started) {
-    if (pthread_create(&threads[started], nullptr, &HostWorker, p.get()) != 0) break;
-  }
-  if (started == 0 && pending > 0) HostWorker(p.get());  // no thread could start: do it here
+  const int started = StartHostWorkers(p.get(), threads);
   CopyLanes lanes;
   for (HostJob& j : p->jobs) {
     pthread_mutex_lock(&p->mu);
@@ -882,6 +890,86 @@ CUresult SwapOutLocked(State& s) {
   return CUDA_SUCCESS;
 }
 
+// Preparing an idle tenant's swap-out (TFUSION_TIER_PREPARE, the fraction of its idle timeout
+// after which it starts; default 0.5, "0" or "off" never): most of a first swap-out's time goes
+// into faulting in and pinning fresh host memory, not into the copy. From that point of an idle
+// period the tier thread pins the host copies in the background, as kept copies (counted in the
+// host tier's budget, taken only if the budget has room now: preparing never waits or asks others
+// to free theirs), so the swap-out at the timeout only copies. A tenant that wakes up keeps them
+// for its next swap-out, as after a swap-in.
+double PrepareFraction() {
+  static const double f = [] {
+    const char* v = getenv("TFUSION_TIER_PREPARE");
+    if (v == nullptr || *v == 0) return 0.5;
+    if (strcmp(v, "off") == 0) return 0.0;
+    char* end = nullptr;
+    double x = strtod(v, &end);
+    if (end == v || *end != 0 || !(x >= 0 && x <= 1)) {
+      GuestLog("TFUSION_TIER_PREPARE=%s is not a fraction from 0 to 1 (or off): using 0.5", v);
+      return 0.5;
+    }
+    return x;
+  }();
+  return f;
+}
+
+// REQUIRES s.mu (released while the host memory is pinned). Pins a kept copy for every resident
+// range that has none.
+void PrepareLocked(State& s) {
+  std::vector<Range> fresh;  // host copies being made, by the bases below
+  std::vector<CUdeviceptr> bases;
+  uint64_t need = 0;
+  for (auto& [base, r] : s.ranges) {
+    if (!r.resident || r.kept != nullptr) continue;
+    Range c;
+    c.size = r.size;
+    c.ctx = r.ctx;
+    fresh.push_back(c);
+    bases.push_back(base);
+    need += r.size;
+  }
+  if (need == 0 || !s.binding->region.ReserveHostTier(need)) return;
+  const int64_t t0 = Now();
+  auto p = std::make_unique<HostPipeline>();
+  bool mapped = true;
+  for (size_t k = 0; k < fresh.size() && mapped; ++k) {
+    Range& c = fresh[k];
+    c.host = MapHost(c.size);
+    mapped = c.host != nullptr;
+    size_t chunks = (c.size + kHostChunk - 1) / kHostChunk;
+    c.registered.assign(chunks, 0);
+    for (size_t i = 0; mapped && i < chunks; ++i) p->jobs.push_back(HostJob{&c, bases[k], i, 0, CUDA_SUCCESS});
+  }
+  pthread_mutex_unlock(&s.mu);  // the tenant allocates and frees meanwhile
+  pthread_t threads[kMaxHostWorkers];
+  const int started = mapped ? StartHostWorkers(p.get(), threads) : 0;
+  for (int i = 0; i < started; ++i) pthread_join(threads[i], nullptr);
+  pthread_mutex_lock(&s.mu);
+  bool ok = mapped;
+  for (const HostJob& j : p->jobs) ok = ok && j.state == 1;
+  uint64_t attached = 0, returned = 0;
+  for (size_t k = 0; k < fresh.size(); ++k) {
+    auto it = s.ranges.find(bases[k]);
+    Range* r = it == s.ranges.end() ? nullptr : &it->second;
+    if (ok && r != nullptr && r->resident && r->kept == nullptr && r->size == fresh[k].size &&
+        s.state == kTierResident) {
+      r->kept = fresh[k].host;
+      r->kept_registered = std::move(fresh[k].registered);
+      attached += r->size;
+    } else {  // failed, freed meanwhile, or swapped meanwhile
+      FreeHostCopy(&fresh[k]);
+      returned += fresh[k].size;
+    }
+  }
+  if (returned != 0) s.binding->region.ReleaseHostTier(returned);
+  if (attached != 0) {
+    s.kept += attached;
+    s.binding->region.SetHostKept(s.binding->slot, s.kept);
+    GuestLog("vGPU '%s': idle: pinned %llu MiB of host copies in %.1f ms ahead of its swap-out",
+             s.binding->vgpu_id, static_cast<unsigned long long>(attached >> 20), (Now() - t0) / 1e6);
+  }
+}
+
 // The tier thread: requests, idle timeout, activity.
 void* TierThread(void*) {
   State& s = S();
@@ -941,6 +1029,14 @@ void* TierThread(void*) {
       ToDiskLocked(s);
     }
     uint64_t idle_ms = v->idle_swap_ms.load(std::memory_order_relaxed);
+    const double prepare = KeepHostCopies() ? PrepareFraction() : 0.0;
+    if (idle_ms > 0 && prepare > 0 && s.state == kTierResident && s.prepared_for_ns != s.last_active_ns &&
+        now - s.last_active_ns >= static_cast<int64_t>(prepare * static_cast<double>(idle_ms) * 1e6)) {
+      s.prepared_for_ns = s.last_active_ns;  // once per idle period, whatever the outcome
+      PrepareLocked(s);
+      now = Now();
+      if (g_tier_touched.load(std::memory_order_relaxed) != 0) continue;  // woke up meanwhile
+    }
     if (idle_ms > 0 && !capturing && s.state == kTierResident && now - s.last_active_ns >= static_cast<int64_t>(idle_ms) * 1'000'000) {
       // A failed attempt waits for another idle period rather than retrying every tick.
       if (SwapOutLocked(s) != CUDA_SUCCESS) s.last_active_ns = now;

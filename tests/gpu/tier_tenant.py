@@ -10,6 +10,7 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
   train      GPT-2 small from config, --steps AdamW steps on fixed random tokens; --freeze-at K
              freezes and resumes before step K; prints the loss of every step
   swap       --gib GiB in one tensor: --cycles freeze + first-call timings and a checksum
+             (--idle-wait S: no freeze, idle for S seconds while the idle timeout swaps it out)
   gen        GPT-2 generation: time to the first token cold (from process start) and after a freeze
   alloc      cuMemAlloc/cuMemFree latency by size (ctypes on libcuda.so.1: the limiter when run
              under tfusion)
@@ -211,7 +212,11 @@ def run_swap(a):
     cycles = []
     for k in range(a.cycles):
         torch.cuda.synchronize()
-        ms, text = freeze()
+        if a.idle_wait > 0:  # no request: the idle timeout swaps it out meanwhile
+            ms, text = 0.0, ""
+            time.sleep(a.idle_wait)
+        else:
+            ms, text = freeze()
         if a.sleep > 0:  # idle while swapped (the disk tier's timeout runs)
             time.sleep(a.sleep)
         first = first_call_ms(small)
@@ -349,6 +354,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--freeze-at", type=int, default=-1)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--idle-wait", type=float, default=0.0)
     ap.add_argument("--gib", type=int, default=1)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--model", default="r50")

@@ -8,6 +8,8 @@ Phases (tier_tenant.py does the work inside each tenant):
   pool    the stream-ordered allocator (stays resident) beside a raw cuMemAlloc buffer (moves)
   train   GPT-2 training: two uninterrupted runs and one frozen and resumed mid-run, losses compared
   swap    swap-out/swap-in of 1, 4 and 16 GiB (three cycles each)
+  idle    1, 4 and 16 GiB swapped out by the idle timeout (4 s; host copies pinned ahead from 2 s),
+          two cycles each: the first swap-out of a process too only copies
   disk    1 and 4 GiB moved on to the disk tier (TF_DISK_DIR, default /tmp/tf-disk-tier) after 1 s
           swapped and idle, and read back by the first call
   ckpt    the driver's checkpoint API (cuCheckpointProcess*) on a native tenant of 1, 4 and 16 GiB
@@ -123,6 +125,13 @@ def phase_swap(r):
     for gib in (1, 4, 16):
         d = r.tenant(["swap", "--gib", str(gib), "--cycles", "3"], TIERED + ["--vgpu", f"tier-swap-{gib}"], timeout=300)
         r.record("swap", d)
+
+
+def phase_idle(r):
+    for gib in (1, 4, 16):
+        d = r.tenant(["swap", "--gib", str(gib), "--cycles", "2", "--idle-wait", "7"],
+                     LIMITED + ["--tiering", "--idle-swap", "4s", "--vgpu", f"tier-idle-{gib}"], timeout=300)
+        r.record("idle", d)
 
 
 def phase_disk(r):
@@ -325,7 +334,7 @@ def phase_remote(r):
         r.record("remote_worker_log", {"swap_lines": lines[-40:]})
 
 
-PHASES = {"remote": phase_remote, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
+PHASES = {"remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub}
 

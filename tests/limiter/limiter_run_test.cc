@@ -297,6 +297,25 @@ TEST_F(TieringTest, AnIdleTenantIsSwappedOutByItsTimeout) {
   ExpectIntact();
 }
 
+// Half way through its idle timeout the tenant's host copies are pinned in the background, so the
+// swap-out at the timeout only copies (into those kept copies); every byte comes back.
+TEST_F(TieringTest, AnIdleTenantsHostCopiesArePinnedAheadSoItsSwapOutOnlyCopies) {
+  pid_t pid = StartTenant("--vram 1GiB --vgpu ahead --idle-swap 2s");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_TRUE(SmiShows("swapped")) << Tf("smi -p").out;
+  const std::string log = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(log.find("idle: pinned 200 MiB of host copies"), std::string::npos) << log;
+  EXPECT_NE(log.find("200 MiB into kept pinned copies"), std::string::npos) << log;
+  EXPECT_LT(log.find("idle: pinned 200 MiB"), log.find("swapped out")) << log;
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  ExpectIntact();
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
 TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
   env_ += "TFUSION_HOST_TIER_BUDGET=64MiB ";
   pid_t pid = StartTenant("--vram 1GiB --vgpu tight --tiering --idle-swap 0");
