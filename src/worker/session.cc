@@ -346,14 +346,18 @@ bool IsSyncPoint(uint16_t op) {
 }
 
 // Calls that wait for streams (host functions on them must have run first): the sync points, and
-// the calls the driver makes wait for the context's queued work before they release something
-// (unloading a module while a host function is pending would otherwise wait for an
-// acknowledgement this thread is not there to read).
+// the calls the driver makes wait while a host function of the context runs: those that load or
+// unload code (measured on driver 580: cuModuleLoadData blocked until XLA's pending host function
+// returned) and those that release memory or a context. Without draining first the session would
+// wait for an acknowledgement this thread is not there to read.
 bool IsBlocking(uint16_t op) {
-  static const Fn kWaitForWork[] = {Fn::cuModuleUnload,      Fn::cuLibraryUnload,     Fn::cuMemFreeHost,
-                                    Fn::cuMemHostUnregister, Fn::cuArrayDestroy,      Fn::cuMipmappedArrayDestroy,
-                                    Fn::cuCtxDestroy_v2,     Fn::cuDevicePrimaryCtxRelease_v2,
-                                    Fn::cuDevicePrimaryCtxReset_v2};
+  static const Fn kWaitForWork[] = {
+      Fn::cuModuleLoad,         Fn::cuModuleLoadData,         Fn::cuModuleLoadDataEx,   Fn::cuModuleLoadFatBinary,
+      Fn::cuModuleUnload,       Fn::cuLibraryLoadData,        Fn::cuLibraryLoadFromFile, Fn::cuLibraryUnload,
+      Fn::cuLinkComplete,       Fn::cuModuleGetFunction,      Fn::cuLibraryGetKernel,    Fn::cuLibraryGetModule,
+      Fn::cuKernelGetFunction,  Fn::cuMemFreeHost,            Fn::cuMemHostUnregister,  Fn::cuArrayDestroy,
+      Fn::cuMipmappedArrayDestroy, Fn::cuCtxDestroy_v2,       Fn::cuDevicePrimaryCtxRelease_v2,
+      Fn::cuDevicePrimaryCtxReset_v2};
   for (Fn f : kWaitForWork) {
     if (Op(f) == op) return true;
   }
@@ -1357,6 +1361,11 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
 }
 
 void Session::HostFuncReached(uint64_t id) {
+  static const bool trace = [] {
+    const char* t = getenv("TFUSION_WORKER_TRACE");
+    return t != nullptr && *t == '1';
+  }();
+  if (trace) SessionLog("trace: host function %llu reached", static_cast<unsigned long long>(id));
   console_.Forward(t_.get(), &event_seq_);  // what was printed before the callback comes first
   mirrors_.Pull(t_.get(), &event_seq_);     // the host function sees what the stream wrote
   uint8_t buf[8];
@@ -2438,9 +2447,12 @@ struct RunProfile {
                  static_cast<unsigned long long>(r.e.calls), r.e.ns / 1e6, r.e.ns / 1e3 / r.e.calls);
     }
   }
+  bool trace = false;  // TFUSION_WORKER_TRACE=1: every dispatched call, before and after
   void Start() {
     const char* v = getenv("TFUSION_WORKER_PROFILE");
     on = v != nullptr && *v == '1';
+    const char* t = getenv("TFUSION_WORKER_TRACE");
+    trace = t != nullptr && *t == '1';
     if (on) last = transport::MonotonicNowNs();
   }
   void Mark(int64_t* acc) {
@@ -2451,6 +2463,17 @@ struct RunProfile {
   }
 };
 }  // namespace
+
+// TFUSION_WORKER_TRACE=1: which call the session thread entered and left (a session that stops
+// answering shows the call it is blocked in).
+void TraceOp(const char* what, uint16_t op, CUresult r) {
+  if (transport::IsDriverCallOpcode(op)) {
+    SessionLog("trace: %s %s -> %d", what, driver::FunctionName(static_cast<Fn>(transport::DriverCallId(op))),
+               static_cast<int>(r));
+  } else {
+    SessionLog("trace: %s op 0x%04x -> %d", what, op, static_cast<int>(r));
+  }
+}
 
 int Session::Run() {
   bool loaded = false;
@@ -2594,7 +2617,9 @@ int Session::Run() {
     // Mapping host memory makes the device write none; anything else may (mirrors_.Pull).
     if (op != remote::kOpMirrorMap && op != remote::kOpHostRegionMap) mirrors_.NoteWork();
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
+    if (prof.trace) TraceOp("call", op, CUDA_SUCCESS);
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
+    if (prof.trace) TraceOp("done", op, r);
     if (prof.on) prof.ops.Add(op, transport::MonotonicNowNs() - dispatched);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
     if (r != CUDA_SUCCESS && remote::IsStickyError(r)) sticky_ = r;

@@ -339,8 +339,19 @@ CUresult cuModuleLoad(CUmodule* module, const char* fname) {
   return cuModuleLoadData(module, image.c_str());
 }
 
+// Loading and unloading code wait for the current context's queued work, host functions
+// included, as they do on the real driver (a remote session must not be inside them while a host
+// function waits for the client).
+static void WaitForQueuedWork() {
+  CUresult no_ctx = CUDA_SUCCESS;
+  if (fakecuda::Context* ctx = fakecuda::CurrentContext(&no_ctx)) {
+    fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
+  }
+}
+
 CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   FAKECUDA_ENTER();
+  WaitForQueuedWork();  // the real driver's load waits for a running host function
   return fakecuda::LoadModule(reinterpret_cast<Module**>(module), image);
 }
 
@@ -359,9 +370,7 @@ CUresult cuModuleLoadFatBinary(CUmodule* module, const void* fat_cubin) {
 
 CUresult cuModuleUnload(CUmodule module) {
   FAKECUDA_ENTER();
-  // As the real driver does: the context's queued work (host functions included) finishes first.
-  CUresult no_ctx = CUDA_SUCCESS;
-  if (fakecuda::Context* ctx = fakecuda::CurrentContext(&no_ctx)) fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
+  WaitForQueuedWork();
   return fakecuda::UnloadModule(reinterpret_cast<Module*>(module));
 }
 

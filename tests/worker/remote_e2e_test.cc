@@ -412,6 +412,7 @@ TEST_F(RemoteTest, HostFunctionsRunOnTheClientInStreamOrder) {
     EXPECT_EQ(r.kv["later_fn_saw_flag"], "1");
     EXPECT_EQ(r.kv["ran_while_idle"], "7");
     EXPECT_EQ(r.kv["unload_after_host_fn"], "1") << "a module unload waits for a pending host function";
+    EXPECT_EQ(r.kv["load_after_host_fn"], "1") << "a module load waits for a pending host function";
     EXPECT_EQ(r.kv["order"], "1234");
     ExpectSameKeys(direct, r);
   }

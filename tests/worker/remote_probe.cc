@@ -769,6 +769,13 @@ int Callbacks() {
   }, nullptr));
   CHECK(cuModuleUnload(extra));
   std::printf("unload_after_host_fn=%d\n", g_flag.load() == 9);
+  CHECK(cuLaunchHostFunc(s, [](void*) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    g_flag = 11;
+  }, nullptr));
+  CHECK(cuModuleLoadData(&extra, "fakecuda:builtin"));
+  std::printf("load_after_host_fn=%d\n", g_flag.load() == 11);
+  CHECK(cuModuleUnload(extra));
   CHECK(cuStreamSynchronize(s));
   g_order[g_order_len] = 0;
   std::printf("order=%s\n", g_order);
