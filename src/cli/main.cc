@@ -116,6 +116,12 @@ int main(int argc, char** argv) {
   thaw_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
       ->check(CLI::Range(0.1, 86400.0));
   thaw_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
+  tf::cli::ZeroOptions freeze_zero;
+  freeze_cmd->add_flag("--zero", freeze_zero.zero,
+                       "then checkpoint each process with the driver: its context and fixed VRAM leave the GPU too");
+  for (auto* c : {freeze_cmd, thaw_cmd}) {
+    c->add_option("--driver", freeze_zero.driver, "path of the real libcuda.so.1 (checkpoint and restore)");
+  }
 
   std::vector<std::string> worker_listen, worker_env;
   std::string worker_token, worker_driver, worker_ready;
@@ -462,10 +468,14 @@ int main(int argc, char** argv) {
                                      worker_ready, hooks);
   }
   if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
+  if ((freeze_cmd->parsed() || thaw_cmd->parsed()) && freeze_via_controller && (freeze_zero.zero || !freeze_zero.driver.empty())) {
+    std::fprintf(stderr, "tfusion: --zero and --driver work on a local vGPU only, not with --controller\n");
+    return 2;
+  }
   if (freeze_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, freeze_vgpu, true);
   if (thaw_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, thaw_vgpu, false);
-  if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait);
-  if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait);
+  if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait, freeze_zero);
+  if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait, freeze_zero);
   if (k8s_cmd->parsed()) return tf::k8s::RunK8s(k8s);
   if (up_cmd->parsed()) return tf::controller::RunUp(up);
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);

@@ -25,6 +25,7 @@
 #include "common/gpu_catalog.h"
 #include "controller/model.h"
 #include "hypervisor/mps.h"
+#include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
 #include "hypervisor/vgpu_metrics.h"
 #include "limiter/core/gpu_region.h"
@@ -421,6 +422,12 @@ int RunCommand(const RunOptions& o) {
   {
     std::optional<LeaseKeeper> lease;  // started after the fork: the child runs no thread of ours
     if (!pooled_id.empty()) lease.emplace(o, pooled_id);
+    // Scale to zero: a checkpointed process of this vGPU asks for its restore while we wait.
+    std::optional<hypervisor::ZeroRestorer> restorer;
+    if (guarded && (tiering || (pooled && pooled->tiering))) {
+      restorer.emplace(*driver, std::vector<std::string>{region_path}, vgpu_id);
+      restorer->Start();
+    }
     while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
     }
   }

@@ -88,4 +88,14 @@ int SmiCommand(bool all_processes, double sample_seconds = 0.5);
 const char* TierStateText(uint32_t state);
 int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool wait);
 
+// Scale to zero. freeze with `zero`: after every process is swapped out, each is checkpointed by
+// the driver from this process (its context and fixed VRAM leave the GPU); thaw restores
+// checkpointed processes first. `driver`: the real libcuda (else TFUSION_REAL_LIBCUDA, else the
+// system's). A process whose checkpoint fails stays swapped (exit status 1).
+struct ZeroOptions {
+  bool zero = false;
+  std::string driver;
+};
+int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool wait, const ZeroOptions& zero);
+
 }  // namespace tf::cli

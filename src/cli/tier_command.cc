@@ -11,6 +11,7 @@
 #include "cli/local_vgpu.h"
 #include "cli/quantity.h"
 #include "cli/run_command.h"
+#include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
 #include "limiter/core/gpu_region.h"
 
@@ -41,7 +42,79 @@ struct Found {
 const char* TierStateText(uint32_t state) { return TierStateName(state); }
 
 int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool wait) {
+  return FreezeCommand(vgpu, freeze, timeout_s, wait, ZeroOptions{});
+}
+
+namespace {
+
+StatusOr<std::unique_ptr<hypervisor::CheckpointDriver>> LoadCheckpointDriver(const std::string& path) {
+  auto lib = FindDriverLibrary("libcuda.so.1", path, "TFUSION_REAL_LIBCUDA");
+  if (!lib.ok()) return lib.status();
+  return hypervisor::CheckpointDriver::Load(*lib);
+}
+
+// Checkpoints every swapped process of the vGPU with the driver, printing what each did.
+int CheckpointVgpu(GpuRegion& region, uint32_t index, const std::string& vgpu, const ZeroOptions& zero) {
+  auto driver = LoadCheckpointDriver(zero.driver);
+  if (!driver.ok()) {
+    std::fprintf(stderr, "tfusion freeze --zero: %s; vGPU '%s' stays swapped out\n", driver.status().message().c_str(),
+                 vgpu.c_str());
+    return 1;
+  }
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  region.Snapshot(snap.get());
+  int rc = 0;
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    if (p.vgpu_index != index || p.tier_state == limiter::kTierOff || p.zero_state == limiter::kZeroCheckpointed) continue;
+    if (p.tier_state != limiter::kTierSwapped && p.tier_state != limiter::kTierOnDisk) continue;
+    hypervisor::CheckpointOutcome o = hypervisor::CheckpointProcess(region, p.slot, **driver);
+    if (o.ok) {
+      std::printf("process %d: checkpointed, %s fixed left the GPU with its context; park %.1f ms, checkpoint %.1f ms\n",
+                  p.pid, FormatBytes(p.fixed_bytes).c_str(), o.park_ms, o.checkpoint_ms);
+    } else {
+      rc = 1;
+      std::printf("process %d: checkpoint FAILED: %s; it stays swapped out\n", p.pid, o.why.c_str());
+    }
+  }
+  return rc;
+}
+
+// Restores every checkpointed process of the vGPU (before a thaw). Returns processes that failed.
+int RestoreVgpu(GpuRegion& region, uint32_t index, const ZeroOptions& zero) {
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  region.Snapshot(snap.get());
+  std::unique_ptr<hypervisor::CheckpointDriver> driver;
+  int failed = 0;
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    if (p.vgpu_index != index || p.zero_state != limiter::kZeroCheckpointed) continue;
+    if (!driver) {
+      auto loaded = LoadCheckpointDriver(zero.driver);
+      if (!loaded.ok()) {
+        std::fprintf(stderr, "tfusion thaw: cannot restore checkpointed processes: %s\n",
+                     loaded.status().message().c_str());
+        return 1;
+      }
+      driver = std::move(*loaded);
+    }
+    int e = hypervisor::RestoreProcess(region, p.slot, *driver);
+    if (e != 0) {
+      ++failed;
+      std::printf("process %d: restore FAILED (CUDA error %d): it stays checkpointed\n", p.pid, e);
+    }
+  }
+  return failed;
+}
+
+}  // namespace
+
+int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool wait, const ZeroOptions& zero) {
   const char* verb = freeze ? "freeze" : "thaw";
+  if (!wait && zero.zero) {
+    std::fprintf(stderr, "tfusion freeze: --zero waits for the swap-out; it cannot be combined with --no-wait\n");
+    return 2;
+  }
   if (vgpu.empty() || vgpu.size() >= limiter::kVgpuIdBytes) {
     std::fprintf(stderr, "tfusion %s: give a vGPU name of 1 to 63 characters (tfusion smi lists them)\n", verb);
     return 2;
@@ -82,6 +155,7 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
       return 2;
     }
   }
+  if (!freeze && RestoreVgpu(region, found->index, zero) != 0) return 1;
   uint32_t gen = 0;
   RegionError e = freeze ? region.RequestFreeze(found->index, &gen) : region.RequestThaw(found->index, &gen);
   if (e != RegionError::kOk) {
@@ -145,6 +219,7 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
     }
   }
   if (shown == 0) std::printf("vGPU '%s' has no process holding movable VRAM: nothing to %s\n", vgpu.c_str(), verb);
+  if (freeze && zero.zero && rc == 0 && shown != 0) rc = CheckpointVgpu(region, found->index, vgpu, zero);
   return rc;
 }
 

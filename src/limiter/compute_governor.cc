@@ -8,6 +8,7 @@
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
 #include "limiter/runtime.h"
+#include "limiter/tiering.h"
 
 namespace tf::limiter {
 
@@ -275,6 +276,14 @@ void ComputeGovernor::EnsureThreadLocked() {
 bool ComputeGovernor::SampleQueued() {
   const auto& real = Real();
   bool queued = false;
+  // Parked for the driver's checkpoint (tiering.h): no stream may be queried, and none has work
+  // (the swap-out before it drained them).
+  if (g_tiering && !ZeroTryEnter()) return false;
+  struct Leave {
+    ~Leave() {
+      if (g_tiering) ZeroLeave();
+    }
+  } leave;
   querying_.store(true, std::memory_order_seq_cst);
   if (captures_.load(std::memory_order_seq_cst) > 0) {
     // A capture is active: querying could invalidate it. Keep the last answer.

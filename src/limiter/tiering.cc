@@ -31,6 +31,7 @@ std::atomic<int64_t> g_tier_inflight{0};
 std::atomic<uint32_t> g_tier_blocked{0};
 std::atomic<uint32_t> g_tier_touched{0};
 std::atomic<int32_t> g_tier_captures{0};
+std::atomic<int64_t> g_zero_inflight{0};
 
 namespace {
 
@@ -52,6 +53,10 @@ constexpr int64_t kEvictDeadlineNs = 60'000'000'000;
 constexpr int64_t kBusyNs = 500'000'000;
 constexpr int64_t kBudgetWaitNs = 5'000'000'000;
 constexpr int kMaxHostWorkers = 8;
+// Scale to zero: how long parking waits for the calls inside the driver to return, and how long a
+// call of a parked or checkpointed process waits for a restorer before it fails.
+constexpr int64_t kParkQuietNs = 2'000'000'000;
+constexpr int64_t kZeroWaitNs = 60'000'000'000;
 
 struct Range {
   size_t size = 0;                        // reserved and mapped bytes (granularity multiple)
@@ -775,7 +780,7 @@ CUresult SwapInLocked(State& s) {
     s.kept += kept;
     s.binding->region.SetHostKept(s.binding->slot, s.kept);
   }
-  g_tier_blocked.store(0, std::memory_order_seq_cst);
+  g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
   pthread_cond_broadcast(&s.cv);  // the tier thread frees the host copies
   if (TraceEnabled() || bytes >= (64ull << 20)) {
     GuestLog("vGPU '%s': resumed %llu MiB in %.1f ms (disk %.1f, map %.1f, copy %.1f)", s.binding->vgpu_id,
@@ -806,7 +811,7 @@ CUresult AbortSwapOut(State& s, CUresult e, const char* why) {
     if (r.resident && r.host != nullptr) FreeHostCopy(&r);
   }
   s.state = kTierResident;
-  g_tier_blocked.store(0, std::memory_order_seq_cst);
+  g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
   CountSwap(s, true, 0, 0, e);
   Publish(s);
   GuestLog("vGPU '%s': swap-out abandoned, the tenant stays resident: %s (CUDA error %d)",
@@ -823,7 +828,7 @@ CUresult SwapOutLocked(State& s) {
   if (bytes == 0) return CUDA_SUCCESS;
   int64_t t0 = Now();
   // Quiesce: hold new GPU calls, let the ones inside the driver return, drain queued work.
-  g_tier_blocked.store(1, std::memory_order_seq_cst);
+  g_tier_blocked.fetch_or(kBlockedSwap, std::memory_order_seq_cst);
   s.state = kTierSwappingOut;
   Publish(s);
   while (g_tier_inflight.load(std::memory_order_seq_cst) != 0) {
@@ -970,6 +975,63 @@ void PrepareLocked(State& s) {
   }
 }
 
+ProcessZero* MyZero() {
+  Binding* b = Bound();
+  return b != nullptr ? b->region.ZeroOfProcess(b->slot) : nullptr;
+}
+
+bool Parked() { return (g_tier_blocked.load(std::memory_order_seq_cst) & kBlockedParked) != 0; }
+
+// REQUIRES s.mu. Scale to zero, on the tier thread: acts on a checkpointer's park request and says
+// whether the process must stay away from the driver (parked, checkpointing, checkpointed,
+// restoring). The park bit is set and cleared only under s.mu, and cleared only once the state is
+// back to none, so a caller never slips into the driver between a park and the checkpoint.
+bool ZeroHeldLocked(State& s) {
+  ProcessZero* z = MyZero();
+  if (z == nullptr) return false;
+  uint32_t st = z->state.load(std::memory_order_acquire);
+  if (st == kZeroNone) {
+    if (Parked()) g_tier_blocked.fetch_and(~kBlockedParked, std::memory_order_seq_cst);
+    return false;
+  }
+  if (st != kZeroParkRequested) return true;
+  const char* refused = nullptr;
+  if (!IsSwapped(s.state)) refused = "it is not swapped out";
+  else if (g_tier_captures.load(std::memory_order_acquire) > 0) refused = "a stream capture is in progress";
+  if (refused == nullptr) {
+    FreePendingLocked(s);
+    // From here no call enters the driver: guarded calls and the others wait in ZeroWait. The ones
+    // already inside return (the tier mutex is not held meanwhile: a hook may need it to finish).
+    g_tier_blocked.fetch_or(kBlockedParked, std::memory_order_seq_cst);
+    pthread_mutex_unlock(&s.mu);
+    bool quiet = false;
+    for (const int64_t until = Now() + kParkQuietNs; !quiet && Now() < until;) {
+      quiet = g_zero_inflight.load(std::memory_order_seq_cst) == 0 &&
+              g_tier_inflight.load(std::memory_order_seq_cst) == 0;
+      if (!quiet) {
+        timespec pause{0, 100'000};
+        nanosleep(&pause, nullptr);
+      }
+    }
+    pthread_mutex_lock(&s.mu);
+    if (!quiet) refused = "a call into the driver did not return within 2 s";
+    else if (!IsSwapped(s.state)) refused = "it is not swapped out";
+  }
+  uint32_t expect = kZeroParkRequested;
+  if (refused == nullptr && z->state.compare_exchange_strong(expect, kZeroParked, std::memory_order_acq_rel)) {
+    return true;
+  }
+  expect = kZeroParkRequested;
+  z->state.compare_exchange_strong(expect, kZeroNone, std::memory_order_acq_rel);
+  if (z->state.load(std::memory_order_acquire) == kZeroNone) {
+    g_tier_blocked.fetch_and(~kBlockedParked, std::memory_order_seq_cst);
+  }
+  if (refused != nullptr) {
+    GuestLog("vGPU '%s': not handed to the driver's checkpoint: %s", s.binding->vgpu_id, refused);
+  }
+  return false;
+}
+
 // The tier thread: requests, idle timeout, activity.
 void* TierThread(void*) {
   State& s = S();
@@ -984,6 +1046,7 @@ void* TierThread(void*) {
     }
     if (s.to_free.empty()) pthread_cond_timedwait(&s.cv, &s.mu, &until);
     if (s.stop) break;
+    if (ZeroHeldLocked(s)) continue;  // not one driver call until a restorer brought it back
     FreePendingLocked(s);
     if (s.kept != 0 && s.binding != nullptr) {
       uint32_t gen = s.binding->region.HostReclaimGen();
@@ -1170,7 +1233,7 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
   if ((s.state == kTierSwapped || s.state == kTierOnDisk) && s.host == 0 && s.disk == 0) {
     // The last swapped range is gone: nothing left to restore.
     s.state = kTierResident;
-    g_tier_blocked.store(0, std::memory_order_seq_cst);
+    g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
   }
   Publish(s);
   pthread_mutex_unlock(&s.mu);
@@ -1189,10 +1252,58 @@ CUresult RetryWithEviction(CUresult first, const std::function<CUresult()>& allo
 
 CUresult TierWait() {
   State& s = S();
-  pthread_mutex_lock(&s.mu);
-  CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
-  pthread_mutex_unlock(&s.mu);
-  return e;
+  for (;;) {
+    if (Parked()) {
+      CUresult w = ZeroWait();
+      if (w != CUDA_SUCCESS) return w;
+      continue;
+    }
+    pthread_mutex_lock(&s.mu);
+    if (Parked()) {  // parked meanwhile: the swap-in waits for the restore
+      pthread_mutex_unlock(&s.mu);
+      continue;
+    }
+    CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
+    pthread_mutex_unlock(&s.mu);
+    return e;
+  }
+}
+
+CUresult ZeroWait() {
+  State& s = S();
+  ProcessZero* z = MyZero();
+  if (z == nullptr) {
+    g_tier_blocked.fetch_and(~kBlockedParked, std::memory_order_seq_cst);
+    return CUDA_SUCCESS;
+  }
+  const uint32_t gen = z->wake_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
+  const int64_t until = Now() + kZeroWaitNs;
+  long pause_ns = 50'000;
+  for (;;) {
+    uint32_t st = z->state.load(std::memory_order_acquire);
+    if (st == kZeroNone) {
+      pthread_mutex_lock(&s.mu);
+      if (z->state.load(std::memory_order_acquire) == kZeroNone) {
+        g_tier_blocked.fetch_and(~kBlockedParked, std::memory_order_seq_cst);
+      }
+      pthread_mutex_unlock(&s.mu);
+      return CUDA_SUCCESS;
+    }
+    if (st == kZeroCheckpointed && Reached(z->wake_done_gen.load(std::memory_order_acquire), gen)) {
+      uint32_t e = z->last_error.load(std::memory_order_relaxed);
+      GuestLog("vGPU '%s': the driver could not restore this process (CUDA error %u); it stays checkpointed "
+               "and the next call asks again", s.binding != nullptr ? s.binding->vgpu_id : "?", e);
+      return e != 0 ? static_cast<CUresult>(e) : CUDA_ERROR_UNKNOWN;
+    }
+    if (Now() > until) {
+      GuestLog("vGPU '%s': checkpointed and nobody restored it within 60 s (is tfusion run or the node "
+               "agent running?): the call fails", s.binding != nullptr ? s.binding->vgpu_id : "?");
+      return CUDA_ERROR_TIMEOUT;
+    }
+    timespec pause{0, pause_ns};
+    nanosleep(&pause, nullptr);
+    if (pause_ns < 2'000'000) pause_ns *= 2;
+  }
 }
 
 void Tiering::Shutdown() {
@@ -1205,7 +1316,9 @@ void Tiering::Shutdown() {
   if (started && !pthread_equal(pthread_self(), s.thread)) pthread_join(s.thread, nullptr);
   pthread_mutex_lock(&s.mu);
   s.thread_started = false;
-  if (s.binding != nullptr) {  // their budget goes back now, not at the reap
+  // Parked or checkpointed: no driver call (it would block inside the driver); the reap of this
+  // process's slot returns the budget instead.
+  if (s.binding != nullptr && !Parked()) {  // their budget goes back now, not at the reap
     FreePendingLocked(s);
     FreeKeptLocked(s);
   }
@@ -1228,6 +1341,7 @@ void Tiering::ResetAfterFork() {
   s.stop = false;
   g_tier_inflight.store(0);
   g_tier_blocked.store(0);
+  g_zero_inflight.store(0);
 }
 
 }  // namespace tf::limiter

@@ -34,15 +34,39 @@ struct Binding;
 // Set once at initialisation: this process allocates movable VRAM.
 extern bool g_tiering;
 // Guard state (fast path): calls currently inside the driver, and whether the process is not
-// plainly resident (swapping or swapped): callers then go through TierWait.
+// plainly resident: callers then go through TierWait. g_tier_blocked holds bits:
+//   kBlockedSwap    swapping or swapped: calls that need the GPU restore it first;
+//   kBlockedParked  scale to zero: a checkpointer asked for (or holds) the driver's checkpoint of
+//                   this process, so no call may reach the driver (it would block inside it);
+//                   every call waits in ZeroWait until a restorer brought the process back.
+inline constexpr uint32_t kBlockedSwap = 1;
+inline constexpr uint32_t kBlockedParked = 2;
 extern std::atomic<int64_t> g_tier_inflight;
 extern std::atomic<uint32_t> g_tier_blocked;
+// Scale to zero: calls that do not need the GPU (queries, allocations, synchronization) currently
+// inside the driver; the tier thread parks the process only when it is zero.
+extern std::atomic<int64_t> g_zero_inflight;
 extern std::atomic<uint32_t> g_tier_touched;  // set by every guarded call; the tier thread clears it
 extern std::atomic<int32_t> g_tier_captures;  // stream captures in progress (no swap-out meanwhile)
 
 // Waits out a swap-out in progress and restores the process if it is swapped. CUDA_SUCCESS when
 // the caller may proceed; the restore's error otherwise (the swapped copy is kept).
 CUresult TierWait();
+
+// The process is parked for (or held by) the driver's checkpoint: asks a restorer to bring it
+// back (ProcessZero::wake_gen) and waits, at most 60 s. CUDA_SUCCESS once it runs again; the
+// restore's error (the process stays checkpointed) or CUDA_ERROR_TIMEOUT otherwise.
+CUresult ZeroWait();
+
+// For the limiter's own threads (compute governor): true when the driver may be called now;
+// then ZeroLeave() afterwards. False while the process is parked: skip the driver work.
+inline bool ZeroTryEnter() {
+  g_zero_inflight.fetch_add(1, std::memory_order_seq_cst);
+  if (__builtin_expect((g_tier_blocked.load(std::memory_order_seq_cst) & kBlockedParked) == 0, 1)) return true;
+  g_zero_inflight.fetch_sub(1, std::memory_order_release);
+  return false;
+}
+inline void ZeroLeave() { g_zero_inflight.fetch_sub(1, std::memory_order_release); }
 
 // A bound process whose allocation the driver refused for lack of memory (`first` is
 // CUDA_ERROR_OUT_OF_MEMORY), tiering or not: freezes colder tiered tenants of the GPU (QoS not
@@ -63,6 +87,19 @@ inline CUresult WithResidentMemory(Call&& call) {
   CUresult r = call();
   g_tier_touched.store(1, std::memory_order_relaxed);
   g_tier_inflight.fetch_sub(1, std::memory_order_release);
+  return r;
+}
+
+// Brackets every other entry point of a tiering process: it never reaches the driver while the
+// process is parked for a checkpoint.
+template <typename Call>
+inline CUresult OutsideCheckpoint(Call&& call) {
+  while (!ZeroTryEnter()) {
+    CUresult w = ZeroWait();
+    if (w != CUDA_SUCCESS) return w;
+  }
+  CUresult r = call();
+  ZeroLeave();
   return r;
 }
 

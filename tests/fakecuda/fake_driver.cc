@@ -236,7 +236,30 @@ void SynchronizeContextStreams(Context* ctx, bool blocking_only) {
   FlushDevicePrintf();
 }
 
-CUresult InjectedFault(const char* function) { return FaultTable::Get().Check(function); }
+CUresult InjectedFault(const char* function) {
+  CheckpointGate();  // every entry point starts here: a locked process blocks (fake_checkpoint.cc)
+  return FaultTable::Get().Check(function);
+}
+
+// FAKECUDA_FAIL_NTH=name:n:error[,name:n:error...]: armed at cuInit, for faults in a process
+// the test does not run itself (a checkpointer, a restorer).
+void ArmFaultsFromEnv() {
+  const char* env = getenv("FAKECUDA_FAIL_NTH");
+  if (env == nullptr) return;
+  std::string list(env);
+  size_t start = 0;
+  while (start < list.size()) {
+    size_t comma = list.find(',', start);
+    if (comma == std::string::npos) comma = list.size();
+    std::string entry = list.substr(start, comma - start);
+    size_t a = entry.find(':'), b = entry.rfind(':');
+    if (a != std::string::npos && b != a) {
+      FaultTable::Get().Arm(entry.substr(0, a).c_str(), std::atoi(entry.substr(a + 1, b - a - 1).c_str()),
+                            std::atoi(entry.substr(b + 1).c_str()));
+    }
+    start = comma + 1;
+  }
+}
 
 void* MapHostMemory(size_t bytes) {
   void* p = mmap(nullptr, RoundUp(bytes == 0 ? 1 : bytes, 4096), PROT_READ | PROT_WRITE,
@@ -312,6 +335,8 @@ CUresult cuInit(unsigned int flags) {
     state.current_pool = state.default_pool.get();
   }
   d.initialized.store(true, std::memory_order_release);
+  fakecuda::ArmFaultsFromEnv();
+  fakecuda::CheckpointRegister();
   // FAKECUDA_ENV_LOG: one line per process that initialised, with the MPS client variables the
   // real driver reads at this point (tests assert what a tenant's driver saw).
   if (const char* log = getenv("FAKECUDA_ENV_LOG"); log != nullptr && *log != '\0') {

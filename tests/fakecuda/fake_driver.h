@@ -295,7 +295,13 @@ void SynchronizeContextStreams(Context* ctx, bool blocking_only);
 
 // Returns the injected error for this call of `function` if one is armed (see
 // fakecuda_fail_nth), else CUDA_SUCCESS.
+// Blocks the caller first while another process holds this one locked for a checkpoint.
 CUresult InjectedFault(const char* function);
+void ArmFaultsFromEnv();
+// fake_checkpoint.cc: at cuInit, this process's slot in the shared checkpoint table and its
+// restore thread; at every entry, blocks (and counts the call) while the process is locked.
+void CheckpointRegister();
+void CheckpointGate();
 
 // Interprocess events (fake_ipc.cc): gives `event` its shared page (cuEventCreate with
 // CU_EVENT_INTERPROCESS). CUDA_ERROR_OUT_OF_MEMORY when no memfd can be made.

@@ -36,6 +36,14 @@ typedef int (*fakecuda_register_kernel_ex_t)(const char*, const char*, FakecudaK
 void fakecuda_fail_nth(const char* function_name, int n, int cuda_error);
 typedef void (*fakecuda_fail_nth_t)(const char*, int, int);
 
+/* The driver's checkpoint of process pid as another process sees it (fake_checkpoint.cc): its
+ * CUprocessState, how many of its entry point calls arrived while it was not running (they block
+ * until it is unlocked), and the device memory bytes its last checkpoint held aside. Returns 0,
+ * or -1 when pid is not a live process that initialised the fake. Callable before cuInit. */
+int fakecuda_checkpoint_info(int pid, unsigned* state, unsigned* calls_while_locked,
+                             unsigned long long* saved_bytes);
+typedef int (*fakecuda_checkpoint_info_t)(int, unsigned*, unsigned*, unsigned long long*);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,6 +15,9 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
   alloc      cuMemAlloc/cuMemFree latency by size (ctypes on libcuda.so.1: the limiter when run
              under tfusion)
   steady     --model r50|gpt2 throughput for --seconds (nothing swapped)
+  zero       --gib GiB: freeze, then freeze --zero twice (the driver's checkpoint after our swap),
+             each resumed by the first call: CLI time, VRAM the driver reports for the process
+             after each level and after the resume, first-call time, checksum
   hold       --gib GiB, print a checksum, wait for --go, check it again (the checkpoint-API tenant)
   serve      an image-generation-style service: GPT-2 fp16 plus a --gib GiB working set; after --go,
              bursts of --burst requests separated by idle gaps for --seconds; every request runs a
@@ -225,6 +228,45 @@ def run_swap(a):
     print(json.dumps({"gib": a.gib, "cycles": cycles, "intact": checksum(t) == want}))
 
 
+def process_vram_mib():
+    """VRAM the driver reports for this process (nvidia-smi, run without the limiter's library path
+    so that it reads the real NVML); 0 when the process holds none (it is not listed)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    for line in p.stdout.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(os.getpid()):
+            return int(parts[1]) if parts[1].isdigit() else parts[1]
+    return 0
+
+
+def run_zero(a):
+    """Both levels in one process: freeze (our swap-out), then freeze --zero (swap-out + the
+    driver's checkpoint of the rest), each resumed by the first GPU call; VRAM after each."""
+    n = a.gib << 28  # float32 elements
+    t = torch.empty(n, device="cuda")
+    t.view(torch.int32).random_()
+    small = torch.zeros(16, device="cuda")
+    want = checksum(t)
+    torch.cuda.synchronize()
+    res = {"gib": a.gib, "vram_resident_mib": process_vram_mib(), "levels": []}
+    vgpu = os.environ["TFUSION_VGPU"]
+    for level, extra in (("freeze", []), ("zero", ["--zero"]), ("zero", ["--zero"])):
+        torch.cuda.synchronize()
+        c = time.monotonic()
+        p = subprocess.run([TFUSION, "freeze", vgpu] + extra, capture_output=True, text=True, timeout=300)
+        cli_ms = (time.monotonic() - c) * 1000
+        vram = process_vram_mib()
+        first = first_call_ms(small)
+        res["levels"].append({"level": level, "rc": p.returncode, "cli_ms": round(cli_ms, 1),
+                              "cli": p.stdout.strip().splitlines()[-2:] + p.stderr.strip().splitlines()[-2:],
+                              "vram_frozen_mib": vram, "first_call_ms": round(first, 2),
+                              "vram_after_resume_mib": process_vram_mib(), "intact": checksum(t) == want})
+    res["intact"] = all(x["intact"] for x in res["levels"])
+    print(json.dumps(res))
+
+
 def run_gen(a):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(5)
@@ -345,7 +387,7 @@ def run_serve(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("checks", "pool", "train", "swap", "gen", "alloc", "steady", "hold", "serve"))
+    ap.add_argument("mode", choices=("checks", "pool", "train", "swap", "gen", "alloc", "steady", "hold", "serve", "zero"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -364,7 +406,8 @@ def main():
     ap.add_argument("--go", default="")
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "train": run_train, "swap": run_swap, "gen": run_gen,
-     "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve}[a.mode](a)
+     "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
+     "zero": run_zero}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Phases (tier_tenant.py does the work inside each tenant):
   disk    1 and 4 GiB moved on to the disk tier (TF_DISK_DIR, default /tmp/tf-disk-tier) after 1 s
           swapped and idle, and read back by the first call
   ckpt    the driver's checkpoint API (cuCheckpointProcess*) on a native tenant of 1, 4 and 16 GiB
+  zero    scale to zero under `tfusion run --tiering`, 1 and 4 GiB (+ the PyTorch context): freeze,
+          then freeze --zero twice, each resumed by the first call; VRAM of the process after each
   gen     GPT-2 time to first token: cold process vs after a freeze
   alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
   steady  ResNet-50 b64 and GPT-2 b8 throughput, interleaved: native, limiter, limiter with tiering
@@ -193,6 +195,14 @@ def phase_ckpt(r):
         r.record("ckpt", res)
 
 
+def phase_zero(r):
+    # Level 1 (freeze) and level 2 (freeze --zero: our swap-out, then the driver's checkpoint of the
+    # context and fixed memory from the CLI's process; `tfusion run` restores at the first call).
+    for gib in (1, 4):
+        d = r.tenant(["zero", "--gib", str(gib)], TIERED + ["--vgpu", f"tier-zero-{gib}"], timeout=300)
+        r.record("zero", d)
+
+
 def phase_gen(r):
     d = r.tenant(["gen", "--cycles", "3"], TIERED + ["--vgpu", "tier-gen"])
     d_native = r.tenant(["gen", "--cycles", "0"])
@@ -336,7 +346,7 @@ def phase_remote(r):
 
 PHASES = {"remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
-          "oversub": phase_oversub}
+          "oversub": phase_oversub, "zero": phase_zero}
 
 
 def main():

@@ -307,6 +307,57 @@ int Tier(const std::string& dir) {
   return 0;
 }
 
+// Scale to zero, driven through files in `dir`: three movable buffers and one fixed (pitched)
+// buffer with known contents; says "ready" (and its pid); at "go" makes one GPU call and says its
+// result; at "go2" (after a failed first call) tries again; then checks every byte of all four.
+int Zero(const std::string& dir) {
+  Setup();
+  const size_t sizes[] = {3u << 20, 64u << 20, (9u << 20) + 777};
+  CUdeviceptr bufs[4];
+  std::vector<std::vector<unsigned char>> want(4);
+  size_t pitch = 0;
+  CHECK(cuMemAllocPitch(&bufs[3], &pitch, 4096, 256, 16));  // fixed: it cannot move
+  for (int i = 0; i < 4; ++i) {
+    const size_t n = i < 3 ? sizes[i] : pitch * 256;
+    if (i < 3) CHECK(cuMemAlloc(&bufs[i], n));
+    want[i].resize(n);
+    uint32_t x = 0x7F4A7C15u * (i + 1);
+    for (auto& b : want[i]) {
+      x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+      b = static_cast<unsigned char>(x);
+    }
+    CHECK(cuMemcpyHtoD(bufs[i], want[i].data(), n));
+  }
+  CHECK(cuCtxSynchronize());
+  if (FILE* f = std::fopen((dir + "/pid").c_str(), "w")) {
+    std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+    std::fclose(f);
+  }
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  unsigned char probe = 0;
+  CUresult first = cuMemcpyDtoH(&probe, bufs[0], 1);
+  std::printf("first_call=%d\n", static_cast<int>(first));
+  std::fflush(stdout);
+  if (first != CUDA_SUCCESS) {
+    Touch(dir + "/failed");
+    if (!WaitFile(dir + "/go2")) return 4;
+  }
+  int same = 0;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<unsigned char> got(want[i].size());
+    CHECK(cuMemcpyDtoH(got.data(), bufs[i], got.size()));
+    same += got == want[i];
+  }
+  std::printf("zero_identical=%d\n", same);
+  std::fflush(stdout);
+  Touch(dir + "/verified");
+  if (!WaitFile(dir + "/go3")) return 4;
+  for (auto b : bufs) CHECK(cuMemFree(b));
+  std::printf("freed=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,6 +369,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
+  if (cmd == "zero" && argc > 2) return Zero(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;
 }

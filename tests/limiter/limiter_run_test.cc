@@ -3,6 +3,8 @@
 // what a user would notice: allocations stop at the ceiling with CUDA_ERROR_OUT_OF_MEMORY, the
 // reported memory is the slice, every lookup path lands on the limiter, processes of one vGPU
 // share its quota, a killed process leaves nothing behind, and a 50% share halves throughput.
+#include <cuda.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include "tests/cli/cli_test_util.h"
+#include "tests/fakecuda/fakecuda_api.h"
 
 namespace {
 
@@ -190,7 +193,7 @@ class TieringTest : public LimiterRunTest {
     return false;
   }
   void Touch(const std::string& name) { ASSERT_EQ(Run("touch " + dir_ + "/" + name).rc, 0); }
-  Result Tf(const std::string& args) { return Run(env_ + TF_TFUSION + " " + args); }
+  Result Tf(const std::string& args, const std::string& env = "") { return Run(env_ + env + TF_TFUSION + " " + args); }
   // Polls `tfusion smi -p` for `text` for up to 5 s.
   bool SmiShows(const std::string& text) {
     for (int i = 0; i < 100; ++i) {
@@ -438,6 +441,177 @@ TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   Result bad = Run(Tfusion("--vram 1GiB --idle-swap 5parsecs", "alloc"));
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.out.find("--idle-swap 5parsecs"), std::string::npos) << bad.out;
+}
+
+// Scale to zero on the fake driver, whose cuCheckpointProcess* work across processes (its restore
+// thread sets the tenant's device memory aside and drops it; a call made while the tenant is locked
+// blocks and is counted). `tfusion freeze --zero` swaps the tenant out, then checkpoints it from
+// the CLI's process; its first GPU call wakes `tfusion run`, which restores it; every byte of its
+// movable and fixed memory comes back, and none of its calls reached the driver meanwhile.
+class ZeroTest : public TieringTest {
+ protected:
+  void SetUp() override {
+    TieringTest::SetUp();
+    // The fake's checkpoint table is named after FAKECUDA_SHM_NAME, as in the tenant's env_.
+    setenv("FAKECUDA_SHM_NAME", ("/tf-lt-" + std::to_string(getpid())).c_str(), 1);
+    fake_ = dlopen(TF_FAKECUDA, RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(fake_, nullptr) << dlerror();
+    info_ = reinterpret_cast<fakecuda_checkpoint_info_t>(dlsym(fake_, "fakecuda_checkpoint_info"));
+    ASSERT_NE(info_, nullptr);
+  }
+  pid_t StartZeroTenant(const std::string& env, const std::string& vgpu) {
+    std::string cmd = env + Tfusion("--vram 1GiB --vgpu " + vgpu + " --tiering --idle-swap 0", "zero " + dir_) +
+                      " > " + dir_ + "/tenant.out 2>&1";
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    setpgid(pid, pid);
+    return pid;
+  }
+  int ProbePid() { return std::atoi(Run("cat " + dir_ + "/pid").out.c_str()); }
+  // The driver's view of the probe: CUprocessState, calls that arrived while it was locked, bytes
+  // of device memory its checkpoint set aside.
+  struct Ckpt {
+    unsigned state = 99, calls_while_locked = 99;
+    unsigned long long saved = 0;
+  };
+  Ckpt Info() {
+    Ckpt c;
+    EXPECT_EQ(info_(ProbePid(), &c.state, &c.calls_while_locked, &c.saved), 0);
+    return c;
+  }
+  std::string Out() { return Run("cat " + dir_ + "/tenant.out").out; }
+  std::string Fake() { return std::string(" --driver ") + TF_FAKECUDA; }
+
+  void* fake_ = nullptr;
+  fakecuda_checkpoint_info_t info_ = nullptr;
+};
+
+TEST_F(ZeroTest, AZeroFrozenTenantIsRestoredByItsFirstGpuCallWithEveryByteIntact) {
+  pid_t pid = StartZeroTenant("", "zero");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  Result frozen = Tf("freeze zero --zero" + Fake());
+  ASSERT_EQ(frozen.rc, 0) << frozen.out << Out();
+  EXPECT_NE(frozen.out.find("swapped, 78 MiB movable"), std::string::npos) << frozen.out;
+  EXPECT_NE(frozen.out.find("checkpointed, 2 MiB fixed left the GPU"), std::string::npos) << frozen.out;
+  EXPECT_NE(Tf("smi -p").out.find("checkpointed"), std::string::npos) << Tf("smi -p").out;
+  Ckpt c = Info();
+  EXPECT_EQ(c.state, 2u) << "CU_PROCESS_STATE_CHECKPOINTED";
+  EXPECT_GE(c.saved, 1ull << 20) << "the fixed (pitched) buffer left the device";
+  EXPECT_LT(c.saved, 4ull << 20) << "the movable buffers were swapped out by us before";
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("first_call=0"), std::string::npos) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  c = Info();
+  EXPECT_EQ(c.state, 0u) << "CU_PROCESS_STATE_RUNNING";
+  EXPECT_EQ(c.calls_while_locked, 0u) << "a call of the tenant reached the driver while it was checkpointed";
+  EXPECT_NE(Tf("smi -p").out.find("resident"), std::string::npos) << Tf("smi -p").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
+}
+
+TEST_F(ZeroTest, ThawRestoresAZeroFrozenTenantAheadOfItsNextCall) {
+  pid_t pid = StartZeroTenant("", "zthaw");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  ASSERT_EQ(Tf("freeze zthaw --zero" + Fake()).rc, 0) << Out();
+  Result thawed = Tf("thaw zthaw" + Fake());
+  EXPECT_EQ(thawed.rc, 0) << thawed.out << Out();
+  EXPECT_NE(thawed.out.find("resident"), std::string::npos) << thawed.out;
+  EXPECT_EQ(Info().state, 0u);
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  EXPECT_EQ(Info().calls_while_locked, 0u);
+  // Zero-frozen again, then killed: its slot is freed as for any process.
+  ASSERT_EQ(Tf("freeze zthaw --zero" + Fake()).rc, 0) << Out();
+  kill(-pid, SIGKILL);
+  Finish(pid);
+  EXPECT_EQ(Tf("smi -p").out.find("checkpointed"), std::string::npos) << Tf("smi -p").out;
+}
+
+TEST_F(ZeroTest, AFailedRestoreFailsTheCallAndTheNextCallTriesAgain) {
+  // `tfusion run` (the restorer) gets an error from its first cuCheckpointProcessRestore.
+  pid_t pid = StartZeroTenant("FAKECUDA_FAIL_NTH=cuCheckpointProcessRestore:1:304 ", "zfail");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  ASSERT_EQ(Tf("freeze zfail --zero" + Fake()).rc, 0) << Out();
+  Touch("go");
+  ASSERT_TRUE(WaitFor("failed")) << Out();
+  EXPECT_NE(Out().find("first_call=304"), std::string::npos) << "CUDA_ERROR_OPERATING_SYSTEM\n" << Out();
+  EXPECT_NE(Tf("smi -p").out.find("checkpointed"), std::string::npos) << Tf("smi -p").out;
+  EXPECT_EQ(Info().state, 2u);
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  EXPECT_EQ(Info().calls_while_locked, 0u);
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
+}
+
+TEST_F(ZeroTest, AFailedCheckpointLeavesTheTenantSwappedAndResumingNormally) {
+  pid_t pid = StartZeroTenant("", "zckpt");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  Result frozen = Tf("freeze zckpt --zero" + Fake(), "FAKECUDA_FAIL_NTH=cuCheckpointProcessCheckpoint:1:304 ");
+  EXPECT_EQ(frozen.rc, 1) << frozen.out;
+  EXPECT_NE(frozen.out.find("checkpoint FAILED: the driver refused (CUDA error 304); it stays swapped out"),
+            std::string::npos) << frozen.out;
+  Result smi = Tf("smi -p");
+  EXPECT_NE(smi.out.find("swapped"), std::string::npos) << smi.out;
+  EXPECT_EQ(smi.out.find("checkpointed"), std::string::npos) << smi.out;
+  EXPECT_EQ(Info().state, 0u) << "unlocked again";
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("first_call=0"), std::string::npos) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
+  Result bad = Tf("freeze zckpt --zero --no-wait");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.out.find("cannot be combined with --no-wait"), std::string::npos) << bad.out;
+}
+
+// What the tests above rely on: the fake holds every call of a locked process (and counts it),
+// drops its device memory at the checkpoint and brings every byte back at the restore.
+TEST_F(ZeroTest, TheFakeDriverHoldsACheckpointedProcessAndRestoresItsMemory) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    std::string cmd = env_ + TF_PROBE + " zero " + dir_ + " > " + dir_ + "/tenant.out 2>&1";
+    execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  auto sym = [&](const char* name) { return dlsym(fake_, name); };
+  auto init = reinterpret_cast<CUresult (*)(unsigned)>(sym("cuInit"));
+  auto lock = reinterpret_cast<CUresult (*)(int, CUcheckpointLockArgs*)>(sym("cuCheckpointProcessLock"));
+  auto checkpoint = reinterpret_cast<CUresult (*)(int, CUcheckpointCheckpointArgs*)>(sym("cuCheckpointProcessCheckpoint"));
+  auto restore = reinterpret_cast<CUresult (*)(int, CUcheckpointRestoreArgs*)>(sym("cuCheckpointProcessRestore"));
+  auto unlock = reinterpret_cast<CUresult (*)(int, CUcheckpointUnlockArgs*)>(sym("cuCheckpointProcessUnlock"));
+  ASSERT_TRUE(init && lock && checkpoint && restore && unlock);
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  EXPECT_EQ(lock(getpid(), nullptr), CUDA_ERROR_NOT_SUPPORTED) << "only another process can be checkpointed";
+  const int probe = ProbePid();
+  EXPECT_EQ(restore(probe, nullptr), CUDA_ERROR_ILLEGAL_STATE) << "not checkpointed";
+  ASSERT_EQ(lock(probe, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(checkpoint(probe, nullptr), CUDA_SUCCESS);
+  Ckpt c = Info();
+  EXPECT_EQ(c.state, 2u);
+  EXPECT_GE(c.saved, 77ull << 20) << "without the limiter, all of its memory is the driver's to set aside";
+  Touch("go");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(Out().find("first_call="), std::string::npos) << "a locked process's call must block\n" << Out();
+  EXPECT_EQ(Info().calls_while_locked, 1u);
+  ASSERT_EQ(restore(probe, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(unlock(probe, nullptr), CUDA_SUCCESS);
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("first_call=0"), std::string::npos) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
 }
 
 TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {

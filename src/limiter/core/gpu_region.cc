@@ -414,6 +414,7 @@ RegionError GpuRegion::AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* s
       p->wait_since_ns.store(0, std::memory_order_relaxed);
       p->host_kept_bytes.store(0, std::memory_order_relaxed);
       ResetProcessTier(TierOfProcess(i));
+      ResetProcessZero(ZeroOfProcess(i));
       p->state.store(kSlotActive, std::memory_order_release);  // publish last
       if (slot_out != nullptr) *slot_out = i;
       return RegionError::kOk;
@@ -550,6 +551,7 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     pi.swaps_in = t->swaps_in.load(std::memory_order_relaxed);
     pi.last_out_us = t->last_out_us.load(std::memory_order_relaxed);
     pi.last_in_us = t->last_in_us.load(std::memory_order_relaxed);
+    FillZeroInfo(ZeroOfProcess(i), &pi);
     if (pi.vgpu_index < kMaxVgpus) ++counts[pi.vgpu_index];
   }
   for (uint32_t i = 0; i < kMaxVgpus; ++i) {

@@ -114,6 +114,13 @@ struct ProcessInfo {
   uint32_t swaps_in;
   uint32_t last_out_us;
   uint32_t last_in_us;
+  // Scale to zero (ProcessZero); tier_state reads kTierCheckpointed while checkpointed.
+  uint32_t zero_state;          // ZeroState
+  uint32_t zero_last_error;     // CUresult of its last failed checkpoint or restore, 0 = none
+  uint32_t checkpoints;
+  uint32_t restores;
+  uint32_t last_checkpoint_us;
+  uint32_t last_restore_us;
 };
 
 // A point-in-time copy for `tfusion smi` (values are read without locks: each is exact, the set
@@ -137,11 +144,15 @@ struct RegionSnapshot {
   ProcessInfo processes[kMaxProcesses];
 };
 
-// "resident", "swapping out", "swapped", "swapping in", "on disk"; "off" for kTierOff or unknown.
+// "resident", "swapping out", "swapped", "swapping in", "on disk", "checkpointed"; "off" for kTierOff or unknown.
 const char* TierStateLabel(uint32_t state);
 // Zeroes a vGPU's or a process's tier block (a new vGPU, a newly attached process).
 void ResetVgpuTier(VgpuTier* t);
 void ResetProcessTier(ProcessTier* t);
+// Scale to zero (zero_region.cc): zeroes a newly attached process's block; copies it into a
+// snapshot entry (tier_state becomes kTierCheckpointed while the driver holds its checkpoint).
+void ResetProcessZero(ProcessZero* z);
+void FillZeroInfo(const ProcessZero* z, ProcessInfo* out);
 // Idle time before an automatic swap-out by QoS (0 low .. 3 critical): 10 s, 60 s, 10 min, never.
 uint64_t DefaultIdleSwapMs(uint32_t qos);
 // Idle time before swapped copies move on to the disk tier: 2 min, 10 min, never, never.
@@ -308,6 +319,9 @@ class GpuRegion {
   // nullptr for an index out of range.
   VgpuTier* TierOfVgpu(uint32_t vgpu_index) const;
   ProcessTier* TierOfProcess(uint32_t slot) const;
+  // Scale to zero: the process's checkpoint handshake block (protocol in region_layout.h).
+  // nullptr for an index out of range.
+  ProcessZero* ZeroOfProcess(uint32_t slot) const;
   TierHeader* tier_header() const { return reinterpret_cast<TierHeader*>(base_ + kTierHeaderOffset); }
 
   // ---- observation ----

@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 3.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 4.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -158,6 +158,9 @@ enum TierState : uint32_t {
   kTierSwapped = 3,      // its movable ranges are in the host tier, their VRAM released
   kTierSwappingIn = 4,   // restoring
   kTierOnDisk = 5,       // swapped, and its copies moved on from host memory to the disk tier
+  // Reported only (RegionSnapshot), never stored in ProcessTier::state: swapped, and the rest of
+  // the process (context, fixed memory) checkpointed by the driver (ProcessZero::state).
+  kTierCheckpointed = 6,
 };
 
 // 64 bytes, one per GPU. The host tier's budget for the swapped copies of every process of this
@@ -209,6 +212,40 @@ struct alignas(kCacheLine) ProcessTier {
   std::atomic<uint32_t> last_in_us;        // duration of the last swap-in
 };
 
+// ---- Scale to zero (layout 4): after the ProcessTier array, one ProcessZero per process slot.
+
+// Where a swapped process stands with the driver's checkpoint (ProcessZero::state). Transitions
+// are compare-and-swap, each by one party:
+//   none -> park requested        checkpointer (tfusion freeze --zero, the node agent)
+//   park requested -> parked      the process's limiter: every call is held at our layer
+//   park requested -> none        the process's limiter: it is not swapped or not quiet (refused)
+//   parked -> checkpointing       checkpointer, then lock + checkpoint with the driver
+//   checkpointing -> checkpointed | none (failed: the process stays swapped and resumes normally)
+//   checkpointed -> restoring     restorer (tfusion run, the node agent, tfusion thaw)
+//   restoring -> none | checkpointed (failed: the waiting call gets last_error)
+enum ZeroState : uint32_t {
+  kZeroNone = 0,
+  kZeroParkRequested = 1,
+  kZeroParked = 2,
+  kZeroCheckpointing = 3,
+  kZeroCheckpointed = 4,
+  kZeroRestoring = 5,
+};
+
+// 64 bytes per process slot. Reset when the process slot is attached.
+struct alignas(kCacheLine) ProcessZero {
+  std::atomic<uint32_t> state;               // ZeroState
+  std::atomic<uint32_t> wake_gen;            // bumped by the process: a call needs the driver
+  std::atomic<uint32_t> wake_done_gen;       // restorer: the last wake_gen it acted on
+  std::atomic<uint32_t> last_error;          // CUresult of the last failed checkpoint or restore
+  std::atomic<int32_t> actor_pid;            // the checkpointer or restorer acting now
+  std::atomic<uint32_t> checkpoints;         // completed checkpoints
+  std::atomic<uint32_t> restores;            // completed restores
+  std::atomic<uint32_t> last_checkpoint_us;  // lock + checkpoint
+  std::atomic<uint32_t> last_restore_us;     // restore + unlock
+  uint8_t reserved[28];
+};
+
 inline constexpr int64_t kNoDeadline = INT64_MAX;
 
 inline constexpr uint64_t kVgpuArrayOffset = sizeof(RegionHeader);
@@ -218,7 +255,8 @@ inline constexpr uint64_t kShareOffset = kLeaseOffset + sizeof(LeaseBlock);
 inline constexpr uint64_t kTierHeaderOffset = kShareOffset + sizeof(ShareBlock);
 inline constexpr uint64_t kVgpuTierOffset = kTierHeaderOffset + sizeof(TierHeader);
 inline constexpr uint64_t kProcessTierOffset = kVgpuTierOffset + kMaxVgpus * sizeof(VgpuTier);
-inline constexpr uint64_t kRegionTotalSize = kProcessTierOffset + kMaxProcesses * sizeof(ProcessTier);
+inline constexpr uint64_t kProcessZeroOffset = kProcessTierOffset + kMaxProcesses * sizeof(ProcessTier);
+inline constexpr uint64_t kRegionTotalSize = kProcessZeroOffset + kMaxProcesses * sizeof(ProcessZero);
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
@@ -253,6 +291,9 @@ static_assert(sizeof(TierHeader) == 64 && sizeof(VgpuTier) == 64 && sizeof(Proce
 static_assert(std::is_standard_layout_v<TierHeader> && std::is_standard_layout_v<VgpuTier> &&
               std::is_standard_layout_v<ProcessTier>);
 static_assert(offsetof(ProcessTier, last_active_ns) == 16 && offsetof(ProcessTier, swaps_out) == 48);
-static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952 && kRegionTotalSize == 86720);
+static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952);
+static_assert(sizeof(ProcessZero) == 64 && std::is_standard_layout_v<ProcessZero>);
+static_assert(offsetof(ProcessZero, actor_pid) == 16 && offsetof(ProcessZero, last_restore_us) == 32);
+static_assert(kProcessZeroOffset == 86720 && kRegionTotalSize == 119488);
 
 }  // namespace tf::limiter

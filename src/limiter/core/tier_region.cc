@@ -36,6 +36,7 @@ const char* TierStateLabel(uint32_t s) {
     case kTierSwapped: return "swapped";
     case kTierSwappingIn: return "swapping in";
     case kTierOnDisk: return "on disk";
+    case kTierCheckpointed: return "checkpointed";
     default: return "off";
   }
 }

@@ -1,0 +1,98 @@
+// Scale to zero: after our swap-out, the rest of a tenant process (its context and the VRAM that
+// cannot move) is checkpointed by the driver (cuCheckpointProcess*, driver 550 and newer), and
+// restored when one of its calls needs the GPU again. The driver requires these calls to come from
+// another process than the tenant: `tfusion freeze --zero` checkpoints; `tfusion run` (the parent
+// that waits for its command), the node agent and `tfusion thaw` restore.
+//
+// The handshake with the tenant's limiter goes through the process's ProcessZero block in its GPU
+// region (states and who moves them: limiter/core/region_layout.h). The limiter parks the process
+// first (every call held at our layer, none inside the driver), so that no call of the tenant can
+// block inside the driver; a held call asks for the restore (wake_gen) and waits for it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "limiter/core/gpu_region.h"
+
+namespace tf::hypervisor {
+
+// The checkpoint entry points of the real libcuda (loaded with dlopen, cuInit(0), no context).
+// Thread-compatible: calls may come from any one thread at a time.
+class CheckpointDriver {
+ public:
+  // `libcuda_path`: the real driver, never the limiter. Unavailable when it cannot be loaded, has
+  // no checkpoint API (drivers before 550) or does not initialise.
+  static StatusOr<std::unique_ptr<CheckpointDriver>> Load(const std::string& libcuda_path);
+  ~CheckpointDriver();
+
+  // CUresult values; the argument structures are zeroed (no GPU remapping at restore).
+  int Lock(int pid, unsigned timeout_ms);
+  int Checkpoint(int pid);
+  int Restore(int pid);
+  int Unlock(int pid);
+  // CUprocessState: 0 running, 1 locked, 2 checkpointed, 3 failed.
+  int State(int pid, int* state);
+
+ private:
+  CheckpointDriver() = default;
+  void* handle_ = nullptr;
+  int (*lock_)(int, void*) = nullptr;
+  int (*checkpoint_)(int, void*) = nullptr;
+  int (*restore_)(int, void*) = nullptr;
+  int (*unlock_)(int, void*) = nullptr;
+  int (*state_)(int, int*) = nullptr;
+};
+
+struct CheckpointOutcome {
+  int pid = 0;
+  bool ok = false;
+  uint32_t error = 0;     // CUresult of the driver's refusal, 0 when the failure was ours
+  std::string why;        // on failure
+  double park_ms = 0;     // until the limiter held every call
+  double checkpoint_ms = 0;  // lock + checkpoint
+};
+
+// Hands process slot `slot` (swapped out, of a vGPU with tiering) to the driver's checkpoint: asks
+// its limiter to park (waits at most park_timeout_ms), then locks and checkpoints it. On any
+// failure the process is left swapped and running (its next GPU call resumes it as usual).
+CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver& driver,
+                                    int64_t park_timeout_ms = 5'000);
+
+// Restores and unlocks process slot `slot` if it is checkpointed (claims it first, so several
+// restorers never act on one process twice). CUDA_SUCCESS (0) when it runs again or was not
+// checkpointed; the driver's error otherwise, recorded in the region for the waiting call (the
+// process stays checkpointed).
+int RestoreProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver& driver);
+
+// Restores the processes whose calls asked for it, on its own thread (a 5 ms scan of the regions'
+// process tables). The driver is loaded at the first restore; a driver that cannot be loaded is
+// reported once and each request then fails with CUDA_ERROR_NOT_SUPPORTED for the waiting call.
+class ZeroRestorer {
+ public:
+  // `region_paths`: the GPU regions to watch; `only_vgpu`: a vGPU id to restrict to (empty: all).
+  ZeroRestorer(std::string libcuda_path, std::vector<std::string> region_paths, std::string only_vgpu = "");
+  ~ZeroRestorer();  // stops the thread
+  void Start();
+  void Stop();
+  // One scan; returns the restores attempted. For the thread and for tests.
+  int PollOnce();
+
+ private:
+  std::string libcuda_path_;
+  std::vector<std::string> region_paths_;
+  std::string only_vgpu_;
+  std::vector<std::unique_ptr<limiter::GpuRegion>> regions_;  // attached lazily
+  std::unique_ptr<CheckpointDriver> driver_;
+  bool driver_failed_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace tf::hypervisor
