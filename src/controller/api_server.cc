@@ -781,6 +781,10 @@ void ApiServer::Routes() {
     if (!out.ok()) return ReplyError(res, out.status());
     json j = ToJson(*out);
     j["preempted"] = Array(preempted, [](const Allocation& v) { return v.id; });
+    json suspended = json::array();  // of those, the ones suspended (swapped out) rather than released
+    for (const Allocation& v : preempted)
+      if (v.suspended) suspended.push_back(v.id);
+    j["preempted_suspended"] = std::move(suspended);
     j["replayed"] = replayed;  // true: a retry answered with the allocation made the first time
     Reply(res, replayed ? 200 : 201, j);
   });

@@ -13,7 +13,8 @@
 //   GET  /v1/gpus[?pool=NAME]
 //   GET|POST /v1/workloads, GET|DELETE /v1/workloads/{name}
 //   GET|POST /v1/allocations[?node=NAME], GET|DELETE /v1/allocations/{id}
-//     POST answers the allocation plus "preempted": the ids released to make room for it
+//     POST answers the allocation plus "preempted": the ids preempted to make room for it, and
+//     "preempted_suspended": those of them suspended (tiering: kept, swapped out) not released
 //   GET /v1/evictions[?node=NAME], GET /v1/evictions/{id}, POST /v1/evictions/{id}/stopped
 //                                                         (allocations taken back; the agent reports)
 //   GET  /v1/usage                       pools and GPUs: allocated, schedulable and used now

@@ -798,7 +798,9 @@ int Ps(const ClientOptions& c) {
       swapped += v.value("swapped_mib", int64_t{0});
     }
     if (!tier.empty() && swapped > 0) tier += " " + std::to_string(swapped) + " MiB";
-    row(a, tier.empty() ? "running" : "running, " + tier);
+    // Preempted with its VRAM swapped out: "suspended by a-..., swapped 30720 MiB".
+    std::string state = a.value("suspended", false) ? "suspended by " + a.value("suspended_by", "") : "running";
+    row(a, tier.empty() ? state : state + ", " + tier);
   }
   // Allocations the controller took back: "preempted by a-...: stopping" until the node agent
   // reports their processes gone, then "...: stopped".

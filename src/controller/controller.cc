@@ -1,5 +1,6 @@
 #include "controller/controller.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -277,8 +278,10 @@ Status Controller::Rebuild() {
   TF_RETURN_IF_ERROR(load(kAllocationPrefix, AllocationFromJson, allocations_,
                           [](const Allocation& a) { return a.id; }));
   allocation_by_request_.clear();
+  suspended_.clear();
   for (const auto& [id, a] : allocations_) {
     allocations_by_node_[a.value.node].insert(id);
+    if (a.value.suspended) suspended_.insert(id);
     if (!a.value.request_id.empty()) allocation_by_request_[a.value.request_id] = id;
   }
   TF_RETURN_IF_ERROR(load(kQuotaPrefix, TenantQuotaFromJson, quotas_,
@@ -292,6 +295,7 @@ Status Controller::Rebuild() {
   std::unordered_map<std::string, std::pair<MilliTflops, int64_t>> used;
   for (const auto& [id, a] : allocations_)
     for (const Vgpu& v : a.value.vgpus) {
+      if (a.value.suspended) break;  // counted nowhere until it resumes
       used[v.gpu_uuid].first += v.milli_tflops;
       used[v.gpu_uuid].second += v.vram_mib;
     }
@@ -970,6 +974,10 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         return InvalidArgument("node '" + pr.node + "' is in pool '" + n->second.value.pool + "', not in '" + pr.pool + "'");
     }
 
+    if (auto pool = pools_.find(pr.pool); pool != pools_.end()) {
+      pr.tiering = pool->second.value.vram_expand_to_host_percent + pool->second.value.vram_expand_to_disk_percent > 0;
+    }
+
     Status last;
     for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
       EnsurePlacementLocked();
@@ -980,9 +988,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         return d.status();
       }
       Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant, req.request_id};
-      if (auto pool = pools_.find(pr.pool); pool != pools_.end()) {
-        a.tiering = pool->second.value.vram_expand_to_host_percent + pool->second.value.vram_expand_to_disk_percent > 0;
-      }
+      a.tiering = pr.tiering;
       a.lease_ms = req.lease_ms;
       a.lease_expires_ms = req.lease_ms > 0 ? clock_->NowMs() + req.lease_ms : 0;
       std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
@@ -994,10 +1000,27 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       };
       std::vector<std::string> victims;
       std::vector<Eviction> evicted;
+      std::vector<Allocation> suspended;  // victims with tiering: kept, swapped out, not counted
       for (const std::string& id : d->victims) {
         auto v = allocations_.find(id);
         if (v == allocations_.end()) continue;  // the engine only names live allocations
         compares.push_back(Compare::At(AllocationKey(id), v->second.revision));
+        if (std::find(d->suspended.begin(), d->suspended.end(), id) != d->suspended.end()) {
+          Allocation held = v->second.value;
+          held.suspended = true;
+          held.suspended_by = a.id;
+          held.suspended_ms = a.created_ms;
+          writes.push_back(Write::Put(AllocationKey(id), Dump(held)));
+          for (const Vgpu& vg : held.vgpus) {
+            if (!gpus_.count(vg.gpu_uuid)) continue;
+            Gpu& g = gpu(vg.gpu_uuid);
+            g.used_milli_tflops -= vg.milli_tflops;
+            g.used_vram_mib = std::max<int64_t>(0, g.used_vram_mib - vg.vram_mib);
+          }
+          suspended.push_back(std::move(held));
+          victims.push_back(id);
+          continue;
+        }
         writes.push_back(Write::Delete(AllocationKey(id)));
         Eviction e{v->second.value, "preempted", a.id, a.created_ms, EvictionState::kStopping, 0, 0};
         writes.push_back(Write::Put(EvictionKey(id), Dump(e)));
@@ -1037,9 +1060,19 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
                        mirrored.ToString().c_str());
           placement_dirty_ = true;
         }
+        for (Allocation& held : suspended) {
+          std::fprintf(stderr, "controller: allocation %s (%s, node %s) suspended by %s (%s): its VRAM is swapped "
+                       "out until its GPUs have room again\n", held.id.c_str(), QosName(held.qos), held.node.c_str(),
+                       a.id.c_str(), QosName(a.qos));
+          suspended_.insert(held.id);
+          ++counters_.allocations_suspended;
+          const std::string id = held.id;
+          allocations_[id] = {std::move(held), *rev};
+        }
         for (const std::string& id : victims) {
           auto v = allocations_.find(id);
           if (preempted) preempted->push_back(v->second.value);
+          if (v->second.value.suspended) continue;
           EraseAllocationLocked(v);
           ++counters_.allocations_preempted;
         }
@@ -1066,8 +1099,15 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       for (const std::string& id : victims) {
         StatusOr<std::optional<KeyValue>> kv = store_->Get(AllocationKey(id));
         if (!kv.ok()) return kv.status();
-        if (auto v = allocations_.find(id); v != allocations_.end() && !kv->has_value())
+        auto v = allocations_.find(id);
+        if (v == allocations_.end()) continue;
+        if (!kv->has_value()) {
           EraseAllocationLocked(v);
+        } else if (StatusOr<Allocation> now = AllocationFromJson((*kv)->value); now.ok()) {
+          v->second = {*now, (*kv)->mod_revision};  // e.g. another replica suspended it
+          if (now->suspended) suspended_.insert(id);
+          else suspended_.erase(id);
+        }
       }
       placement_dirty_ = true;
     }
@@ -1107,6 +1147,10 @@ StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze)
       return FailedPrecondition("allocation '" + id + "' has no VRAM tiering (its pool does not oversell VRAM: "
                                 "tfusion pool set POOL --vram-expand-host P)");
     }
+    if (!freeze && a.suspended) {
+      return FailedPrecondition("allocation '" + id + "' is suspended (preempted by " + a.suspended_by +
+                                "): it is thawed when the controller resumes it");
+    }
     (freeze ? a.freeze_requests : a.thaw_requests) += 1;
     return Status::Ok();
   });
@@ -1116,7 +1160,11 @@ Status Controller::Release(const std::string& id) {
   return Durably([&]() -> Status {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
-    return ReleaseLocked(id, nullptr);
+    auto it = allocations_.find(id);
+    const std::string node = it == allocations_.end() ? "" : it->second.value.node;
+    TF_RETURN_IF_ERROR(ReleaseLocked(id, nullptr));
+    ResumeSuspendedLocked(node);  // room came back on that node's GPUs
+    return Status::Ok();
   });
 }
 
@@ -1138,7 +1186,7 @@ Status Controller::ReleaseLocked(const std::string& id, const char* eviction_rea
     std::vector<std::string> uuids;
     for (const Vgpu& v : a.vgpus) {
       auto g = gpus_.find(v.gpu_uuid);
-      if (g == gpus_.end()) continue;
+      if (g == gpus_.end() || a.suspended) continue;  // a suspended one is counted nowhere
       Gpu u = g->second.value;
       u.used_milli_tflops -= v.milli_tflops;  // exact: it was added as the same integer
       u.used_vram_mib = std::max<int64_t>(0, u.used_vram_mib - v.vram_mib);
@@ -1195,7 +1243,63 @@ void Controller::EraseAllocationLocked(std::map<std::string, Versioned<Allocatio
   }
   if (!a.request_id.empty()) allocation_by_request_.erase(a.request_id);
   for (const Vgpu& v : a.vgpus) vgpu_use_.erase(a.id + "/" + v.gpu_uuid);
+  suspended_.erase(a.id);
   allocations_.erase(it);
+}
+
+void Controller::ResumeSuspendedLocked(const std::string& node) {
+  auto on = allocations_by_node_.find(node);
+  if (on == allocations_by_node_.end()) return;
+  // Highest QoS first, then the longest suspended.
+  std::vector<std::string> waiting;
+  for (const std::string& id : on->second)
+    if (suspended_.count(id)) waiting.push_back(id);
+  std::sort(waiting.begin(), waiting.end(), [this](const std::string& x, const std::string& y) {
+    const Allocation& a = allocations_.at(x).value;
+    const Allocation& b = allocations_.at(y).value;
+    if (a.qos != b.qos) return a.qos > b.qos;
+    if (a.suspended_ms != b.suspended_ms) return a.suspended_ms < b.suspended_ms;
+    return a.id < b.id;
+  });
+  for (const std::string& id : waiting) {
+    EnsurePlacementLocked();
+    Versioned<Allocation>& held = allocations_.at(id);
+    if (!placement_->Resume(held.value).ok()) continue;  // its GPUs still lack the room
+    Allocation a = held.value;
+    const std::string by = a.suspended_by;
+    a.suspended = false;
+    a.suspended_by.clear();
+    a.suspended_ms = 0;
+    std::vector<Compare> compares{Compare::At(AllocationKey(id), held.revision)};
+    std::vector<Write> writes{Write::Put(AllocationKey(id), Dump(a))};
+    std::vector<Gpu> updated;
+    for (const Vgpu& v : a.vgpus) {
+      auto g = gpus_.find(v.gpu_uuid);
+      if (g == gpus_.end()) continue;
+      Gpu u = g->second.value;
+      u.used_milli_tflops += v.milli_tflops;
+      u.used_vram_mib += v.vram_mib;
+      compares.push_back(Compare::At(GpuKey(u.uuid), g->second.revision));
+      writes.push_back(Write::Put(GpuKey(u.uuid), Dump(u)));
+      updated.push_back(std::move(u));
+    }
+    StatusOr<int64_t> rev = CommitLocked(compares, writes);
+    if (!rev.ok()) {
+      placement_->Suspend(held.value);
+      placement_dirty_ = true;  // another writer: the next tick tries again from fresh state
+      std::fprintf(stderr, "controller: resuming %s failed: %s\n", id.c_str(), rev.status().ToString().c_str());
+      continue;
+    }
+    for (Gpu& u : updated) {
+      Versioned<Gpu>& g = gpus_.at(u.uuid);
+      g = {std::move(u), *rev};
+    }
+    held = {std::move(a), *rev};
+    suspended_.erase(id);
+    ++counters_.allocations_resumed;
+    std::fprintf(stderr, "controller: allocation %s (node %s) resumed: its GPUs have room again (it was suspended "
+                 "by %s)\n", id.c_str(), node.c_str(), by.c_str());
+  }
 }
 
 StatusOr<Allocation> Controller::GetAllocation(const std::string& id) const {
@@ -1270,6 +1374,12 @@ void Controller::Tick() {
       if (!st.ok()) std::fprintf(stderr, "controller: releasing %s (lease expired) failed: %s\n", id.c_str(), st.ToString().c_str());
       else std::fprintf(stderr, "controller: allocation %s released: its lease expired\n", id.c_str());
     }
+    // Suspended allocations whose GPUs have room again (released above, a pool that now offers
+    // more, a release another replica made before this one led).
+    std::set<std::string> waiting_nodes;
+    for (const std::string& id : suspended_)
+      if (auto a = allocations_.find(id); a != allocations_.end()) waiting_nodes.insert(a->second.value.node);
+    for (const std::string& node : waiting_nodes) ResumeSuspendedLocked(node);
     PruneEvictionsLocked(now);
     return Status::Ok();
   });

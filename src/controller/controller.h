@@ -158,6 +158,8 @@ struct ControllerCounters {
   uint64_t allocations_released = 0;
   uint64_t allocations_released_lost_node = 0;
   uint64_t allocations_preempted = 0;
+  uint64_t allocations_suspended = 0;  // preempted with tiering: kept, swapped out
+  uint64_t allocations_resumed = 0;    // suspended ones that counted again
   uint64_t commit_conflicts = 0;  // CAS failures (another writer, or lost leadership)
   uint64_t nodes_marked_lost = 0;
   uint64_t evictions_stopped = 0;  // evictions whose processes the node agent reported gone
@@ -291,6 +293,9 @@ class Controller {
   Status EnsurePoolLocked(const std::string& name);
   void EnsurePlacementLocked();
   void EraseAllocationLocked(std::map<std::string, Versioned<Allocation>>::iterator it);
+  // Resumes the suspended allocations of `node` whose GPUs have room again, highest QoS first,
+  // each in its own store transaction.
+  void ResumeSuspendedLocked(const std::string& node);
   std::string NewAllocationIdLocked();
 
   Store* const store_;
@@ -309,6 +314,7 @@ class Controller {
   // Allocation ids by node: the agents' per-node sync reads this every second.
   std::unordered_map<std::string, std::set<std::string>> allocations_by_node_;
   std::unordered_map<std::string, std::string> allocation_by_request_;  // request_id -> allocation id
+  std::set<std::string> suspended_;  // ids of suspended allocations (Allocation::suspended)
   std::map<std::string, Versioned<TenantQuota>> quotas_;
   std::map<std::string, Versioned<ApiToken>> tokens_;  // by id
   std::map<std::string, Versioned<Eviction>> evictions_;  // by allocation id

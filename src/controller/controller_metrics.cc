@@ -141,6 +141,11 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
           counters_.allocations_released);
   counter("tf_controller_allocations_preempted_total", "Allocations released to make room for a higher QoS.",
           counters_.allocations_preempted);
+  counter("tf_controller_allocations_suspended_total",
+          "Allocations with VRAM tiering suspended (kept, swapped out) to make room for a higher QoS.",
+          counters_.allocations_suspended);
+  counter("tf_controller_allocations_resumed_total", "Suspended allocations resumed once their GPUs had room.",
+          counters_.allocations_resumed);
   counter("tf_controller_allocations_released_lost_node_total", "Allocations released because their node was lost.",
           counters_.allocations_released_lost_node);
   counter("tf_controller_commit_conflicts_total", "Store transactions refused by a compare (CAS).",

@@ -122,7 +122,8 @@ json ToJson(const Allocation& a) {
           {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
           {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
           {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests},
-          {"lease_ms", a.lease_ms}, {"lease_expires_ms", a.lease_expires_ms}};
+          {"lease_ms", a.lease_ms}, {"lease_expires_ms", a.lease_expires_ms},
+          {"suspended", a.suspended}, {"suspended_by", a.suspended_by}, {"suspended_ms", a.suspended_ms}};
 }
 
 namespace {
@@ -270,6 +271,9 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.thaw_requests = j.value("thaw_requests", 0u);
     a.lease_ms = j.value("lease_ms", int64_t{0});
     a.lease_expires_ms = j.value("lease_expires_ms", int64_t{0});
+    a.suspended = j.value("suspended", false);
+    a.suspended_by = j.value("suspended_by", "");
+    a.suspended_ms = j.value("suspended_ms", int64_t{0});
   });
 }
 

@@ -132,6 +132,12 @@ struct Allocation {
   // without a renewal the controller releases the allocation. 0: no lease.
   int64_t lease_ms = 0;
   int64_t lease_expires_ms = 0;
+  // Preempted by a higher QoS while its VRAM can leave the GPU (tiering): it keeps its node and
+  // GPUs, its compute and VRAM stop counting on them (Gpu::used_* leave it out), the node agent
+  // holds its vGPU swapped out, and the controller resumes it when its GPUs have room again.
+  bool suspended = false;
+  std::string suspended_by;  // the allocation that took its room
+  int64_t suspended_ms = 0;
 };
 
 // An allocation the controller took back while its tenant may still be running on it: preempted

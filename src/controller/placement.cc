@@ -60,6 +60,7 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
     r.tenant = a->tenant;
     r.pool = a->pool;
     r.qos = ToSchedQos(a->qos);
+    r.suspendable = a->tiering;
     sched::Placement p;
     p.request_id = a->id;
     p.node_name = a->node;
@@ -77,11 +78,13 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
     }
     if (p.gpus.empty() || p.node < 0) continue;
     r.gpu_count = static_cast<int>(p.gpus.size());
-    Status st = scheduler_->Commit(r, p);
+    // A suspended allocation is bound to its GPUs without counting on them.
+    Status st = a->suspended ? scheduler_->CommitSuspended(r, p) : scheduler_->Commit(r, p);
     if (!st.ok()) {
       std::fprintf(stderr, "placement: allocation %s not mirrored: %s\n", a->id.c_str(), st.ToString().c_str());
       continue;
     }
+    if (a->suspended) continue;
     for (const Vgpu& v : a->vgpus) {
       explained[v.gpu_uuid].first += v.milli_tflops;
       explained[v.gpu_uuid].second += v.vram_mib;
@@ -158,6 +161,7 @@ StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest&
   r.gpu_count = in.gpu_count;
   r.qos = ToSchedQos(in.qos);
   r.node = in.node;
+  r.suspendable = in.tiering;
   if (!in.gpu_model.empty()) {
     for (const std::string& m : scheduler_->state().model_names())
       if (ContainsIgnoreCase(m, in.gpu_model)) r.gpu_models.push_back(m);
@@ -225,6 +229,7 @@ StatusOr<PlacementDecision> PlacementEngine::Place(const PlacementRequest& in, b
     }
     placement = plan->placement;
     d.victims = plan->victims;
+    d.suspended = plan->suspended;
   }
   d.node = placement.node_name;
   const std::vector<std::string>& uuids = node_gpus_.at(d.node);
@@ -244,7 +249,10 @@ StatusOr<std::vector<sched::NodeFit>> PlacementEngine::RankNodes(const Placement
 Status PlacementEngine::Commit(const PlacementRequest& in, const PlacementDecision& d) {
   StatusOr<sched::Request> r = ToSchedRequest(in);
   if (!r.ok()) return r.status();
-  for (const std::string& v : d.victims) (void)scheduler_->Release(v);
+  for (const std::string& v : d.victims) {
+    if (std::find(d.suspended.begin(), d.suspended.end(), v) != d.suspended.end()) (void)scheduler_->Suspend(v);
+    else (void)scheduler_->Release(v);
+  }
   sched::Placement p;
   p.request_id = in.id;
   p.node_name = d.node;
@@ -256,6 +264,10 @@ Status PlacementEngine::Commit(const PlacementRequest& in, const PlacementDecisi
 }
 
 void PlacementEngine::Release(const Allocation& a) { (void)scheduler_->Release(a.id); }
+
+Status PlacementEngine::Resume(const Allocation& a) { return scheduler_->Resume(a.id); }
+
+void PlacementEngine::Suspend(const Allocation& a) { (void)scheduler_->Suspend(a.id); }
 
 std::unique_ptr<PlacementEngine> MakeSchedulerPlacement(sched::SchedulerOptions options) {
   return std::make_unique<PlacementEngine>(options);

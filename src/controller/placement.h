@@ -50,6 +50,7 @@ struct PlacementRequest {
   double tflops_limit = 0;
   double percent_limit = 0;
   std::string node;       // empty: any node of the pool; else only this one
+  bool tiering = false;   // its VRAM can leave the GPU: preempted, it is suspended, not released
 };
 
 struct PlacementDecision {
@@ -57,6 +58,7 @@ struct PlacementDecision {
   std::vector<std::string> gpu_uuids;  // gpu_count distinct GPUs of `node`
   MilliTflops milli_tflops_per_gpu = 0;  // what is reserved on each (percent requests resolved)
   std::vector<std::string> victims;    // allocation ids to release in the same commit (QoS)
+  std::vector<std::string> suspended;  // of the victims, those to suspend instead (tiering)
 };
 
 class PlacementEngine {
@@ -89,6 +91,10 @@ class PlacementEngine {
   Status Commit(const PlacementRequest& request, const PlacementDecision& decision);
   // An allocation is gone (released by request, preempted elsewhere, or its node was lost).
   void Release(const Allocation& allocation);
+  // A suspended allocation counts again on its GPUs: kFailedPrecondition (nothing changes) while
+  // they lack the room. Suspend undoes it (a resume the store then refused).
+  Status Resume(const Allocation& allocation);
+  void Suspend(const Allocation& allocation);
 
  private:
   struct GpuRef {

@@ -229,6 +229,7 @@ Status NodeAgent::SyncAllocationsOnce() {
       va.tiering = a.value("tiering", false);
       va.freeze_requests = a.value("freeze_requests", 0u);
       va.thaw_requests = a.value("thaw_requests", 0u);
+      va.held = a.value("suspended", false);
       want.push_back(std::move(va));
     }
   }

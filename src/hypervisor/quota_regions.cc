@@ -70,8 +70,9 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     if (r == nullptr) continue;
     wanted[a.gpu_uuid].insert(a.id);
     uint32_t index = 0;
-    const uint64_t share = a.compute_share_ppm > 0 ? a.compute_share_ppm : limiter::kShareWholeGpuPpm;
-    const uint64_t limit = std::max(a.compute_limit_ppm, share);
+    uint64_t share = a.compute_share_ppm > 0 ? a.compute_share_ppm : limiter::kShareWholeGpuPpm;
+    uint64_t limit = std::max(a.compute_limit_ppm, share);
+    if (a.held) share = limit = kHeldSharePpm;
     const uint32_t qos = std::min(a.qos, limiter::kMaxQos);
     RegionError made = r->CreateOrUpdateVgpu(a.id.c_str(), a.vram_limit_bytes, share, limit, qos, &index);
     note(RegionStatus(made, "vGPU " + a.id + " on " + a.gpu_uuid));
@@ -90,6 +91,13 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
         note(RegionStatus(r->RequestThaw(index, nullptr), "thaw of vGPU " + a.id));
         t->api_thaw_gen.store(a.thaw_requests);
       }
+    }
+    if (limiter::VgpuTier* t = made == RegionError::kOk ? r->TierOfVgpu(index) : nullptr;
+        t != nullptr && (t->held.load() != 0) != a.held) {
+      note(RegionStatus(r->SetHold(index, a.held), "hold of vGPU " + a.id));
+      std::fprintf(stderr, "hypervisor: vGPU %s on %s %s\n", a.id.c_str(), a.gpu_uuid.c_str(),
+                   a.held ? "suspended: held swapped out until the controller resumes it" : "resumed: hold released");
+      if (!a.held && t->enabled.load() != 0) note(RegionStatus(r->RequestThaw(index, nullptr), "thaw of vGPU " + a.id));
     }
   }
   auto snapshot = std::make_unique<limiter::RegionSnapshot>();

@@ -10,7 +10,8 @@
 // `tfusion run` made for itself without a controller is left alone. A vGPU that a live process
 // still uses is kept (RemoveVgpu says busy), reported to the caller as lingering (the node agent
 // stops its processes when the controller took the allocation back: VgpuStopper) and removed by
-// a later Sync once its processes have exited.
+// a later Sync once its processes have exited. A suspended allocation's vGPU is held
+// (VgpuAssignment::held); the hold lives in the region, so a restarted agent finds it in place.
 //
 // Thread safety: none; the agent calls it from its one control thread.
 #pragma once
@@ -51,7 +52,14 @@ struct VgpuAssignment {
   bool tiering = false;  // movable VRAM, swapped out after the QoS's idle timeout (oversold pools)
   uint32_t freeze_requests = 0;  // the allocation's API freeze and thaw requests so far
   uint32_t thaw_requests = 0;
+  // Its allocation is suspended by a preemption: the vGPU is held (VgpuTier::held: swapped out,
+  // GPU calls wait) and its compute request and limit drop to kHeldSharePpm. Cleared: the hold
+  // ends and a thaw brings the VRAM back ahead of the next call.
+  bool held = false;
 };
+
+// The compute share of a held vGPU: the least the region takes (one millionth of the GPU).
+inline constexpr uint64_t kHeldSharePpm = 1;
 
 class QuotaRegions {
  public:

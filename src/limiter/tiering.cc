@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "limiter/cond_deadline.h"
 #include "limiter/core/process_identity.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
@@ -97,6 +98,8 @@ struct State {
   uint32_t reclaim_seen = 0;              // TierHeader::reclaim_gen acted on
   int64_t disk_attempt_ns = 0;            // the last move to the disk tier tried
   int64_t prepared_for_ns = -1;           // the idle period (its last_active_ns) already prepared
+  int64_t hold_retry_ns = 0;              // preemption hold: when a failed swap-out is tried again
+  int64_t held_since_ns = 0;              // preemption hold: when a call first waited on it; 0 = none
 };
 
 // The disk tier's directory (TFUSION_TIER_DIR), empty when there is none.
@@ -179,6 +182,56 @@ CUresult MapPhysical(CUdeviceptr base, Range* r) {
 }
 
 bool Reached(uint32_t done, uint32_t gen) { return static_cast<int32_t>(done - gen) >= 0; }
+
+// ---- Preemption hold (VgpuTier::held) ----
+
+// Whether the vGPU's allocation is suspended by a preemption.
+bool Held(const State& s) {
+  Binding* b = s.binding != nullptr ? Bound() : nullptr;
+  VgpuTier* v = b != nullptr ? b->region.TierOfVgpu(b->vgpu) : nullptr;
+  return v != nullptr && v->held.load(std::memory_order_acquire) != 0;
+}
+
+// TFUSION_TIER_HOLD_TIMEOUT (seconds, in the tenant's environment): how long one call waits on a
+// hold before it fails with CUDA_ERROR_LAUNCH_TIMEOUT. Unset or 0: as long as the hold lasts.
+int64_t HoldTimeoutNs() {
+  static const int64_t ns = [] {
+    const char* v = getenv("TFUSION_TIER_HOLD_TIMEOUT");
+    long long sec = v != nullptr ? atoll(v) : 0;
+    return sec > 0 ? static_cast<int64_t>(sec) * 1'000'000'000 : int64_t{0};
+  }();
+  return ns;
+}
+
+// REQUIRES s.mu (released while it sleeps). A call that needs the GPU (or new VRAM) waits here
+// while the vGPU is held, so the tenant never takes the GPU back from its preemptor. The ways out:
+// the hold ends (the controller resumed the allocation), the process is killed (the allocation
+// deleted: the node agent stops it), or TFUSION_TIER_HOLD_TIMEOUT passes.
+CUresult WaitWhileHeldLocked(State& s) {
+  if (!Held(s)) return CUDA_SUCCESS;
+  const int64_t t0 = Now();
+  if (s.held_since_ns == 0) {
+    s.held_since_ns = t0;
+    GuestLog("vGPU '%s' is suspended (preempted by a higher QoS): its GPU calls wait until it resumes",
+             s.binding->vgpu_id);
+  }
+  const int64_t limit = HoldTimeoutNs();
+  while (Held(s)) {
+    if (limit > 0 && Now() - t0 >= limit) {
+      GuestLog("vGPU '%s': a GPU call waited %.0f s on the suspension (TFUSION_TIER_HOLD_TIMEOUT): "
+               "CUDA_ERROR_LAUNCH_TIMEOUT", s.binding->vgpu_id, limit / 1e9);
+      return CUDA_ERROR_LAUNCH_TIMEOUT;
+    }
+    timespec until;
+    AbsDeadline(&until, kTickNs);
+    pthread_cond_timedwait(&s.cv, &s.mu, &until);
+  }
+  if (s.held_since_ns != 0) {
+    GuestLog("vGPU '%s' resumed after %.1f s suspended", s.binding->vgpu_id, (Now() - s.held_since_ns) / 1e9);
+    s.held_since_ns = 0;
+  }
+  return CUDA_SUCCESS;
+}
 
 // Pressure eviction: VRAM this process needs is held by other tenants of the GPU. Freezes the
 // coldest other vGPU with tiering whose QoS is not above ours and is not critical, and waits (at
@@ -1038,12 +1091,7 @@ void* TierThread(void*) {
   pthread_mutex_lock(&s.mu);
   while (!s.stop) {
     timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += kTickNs;
-    if (until.tv_nsec >= 1'000'000'000) {
-      until.tv_sec += 1;
-      until.tv_nsec -= 1'000'000'000;
-    }
+    AbsDeadline(&until, kTickNs);  // s.cv waits on CLOCK_REALTIME
     if (s.to_free.empty()) pthread_cond_timedwait(&s.cv, &s.mu, &until);
     if (s.stop) break;
     if (ZeroHeldLocked(s)) continue;  // not one driver call until a restorer brought it back
@@ -1080,7 +1128,12 @@ void* TierThread(void*) {
       s.freeze_done = freeze;
       t->freeze_done_gen.store(freeze, std::memory_order_release);
     }
-    if (thaw != s.thaw_done) {
+    // Preemption: a held vGPU stays swapped out; a thaw waits for the hold's end.
+    const bool held = v->held.load(std::memory_order_acquire) != 0;
+    if (held && !capturing && s.state == kTierResident && now >= s.hold_retry_ns) {
+      if (SwapOutLocked(s) != CUDA_SUCCESS) s.hold_retry_ns = now + 1'000'000'000;
+    }
+    if (thaw != s.thaw_done && !held) {
       if (IsSwapped(s.state)) SwapInLocked(s);
       s.thaw_done = thaw;
       t->thaw_done_gen.store(thaw, std::memory_order_release);
@@ -1164,6 +1217,12 @@ void Tiering::Configure(Binding* b) {
 CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes) {
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (Held(S())) {  // new VRAM while suspended would take the preemptor's
+    pthread_mutex_lock(&S().mu);
+    CUresult held = WaitWhileHeldLocked(S());
+    pthread_mutex_unlock(&S().mu);
+    if (held != CUDA_SUCCESS) return held;
+  }
   const auto& d = g_real;
   Range r;
   CUresult e = d.cuCtxGetCurrent(&r.ctx);
@@ -1263,7 +1322,12 @@ CUresult TierWait() {
       pthread_mutex_unlock(&s.mu);
       continue;
     }
-    CUresult e = IsSwapped(s.state) ? SwapInLocked(s) : CUDA_SUCCESS;
+    CUresult e = WaitWhileHeldLocked(s);  // preempted: wait until the controller resumes it
+    if (e == CUDA_SUCCESS && Parked()) {   // parked while it waited: the restore comes first
+      pthread_mutex_unlock(&s.mu);
+      continue;
+    }
+    if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s);
     pthread_mutex_unlock(&s.mu);
     return e;
   }

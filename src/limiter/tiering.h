@@ -49,8 +49,10 @@ extern std::atomic<int64_t> g_zero_inflight;
 extern std::atomic<uint32_t> g_tier_touched;  // set by every guarded call; the tier thread clears it
 extern std::atomic<int32_t> g_tier_captures;  // stream captures in progress (no swap-out meanwhile)
 
-// Waits out a swap-out in progress and restores the process if it is swapped. CUDA_SUCCESS when
-// the caller may proceed; the restore's error otherwise (the swapped copy is kept).
+// Waits out a swap-out in progress, waits while the vGPU is held by a preemption
+// (VgpuTier::held; TFUSION_TIER_HOLD_TIMEOUT bounds it with CUDA_ERROR_LAUNCH_TIMEOUT), and
+// restores the process if it is swapped. CUDA_SUCCESS when the caller may proceed; the restore's
+// error otherwise (the swapped copy is kept).
 CUresult TierWait();
 
 // The process is parked for (or held by) the driver's checkpoint: asks a restorer to bring it

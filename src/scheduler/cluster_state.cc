@@ -139,7 +139,11 @@ void ClusterState::Apply(Allocation& a, int sign) {
   Refresh(n);
 }
 
-Status ClusterState::Commit(const Request& request, const Placement& p) {
+Status ClusterState::Commit(const Request& request, const Placement& p) { return Place(request, p, true); }
+
+Status ClusterState::CommitSuspended(const Request& request, const Placement& p) { return Place(request, p, false); }
+
+Status ClusterState::Place(const Request& request, const Placement& p, bool count) {
   if (alloc_by_id_.count(request.id)) return AlreadyExists("request '" + request.id + "' is already placed");
   if (p.node < 0 || static_cast<size_t>(p.node) >= nodes_.size()) {
     return InvalidArgument("placement for '" + request.id + "' names no node");
@@ -159,7 +163,7 @@ Status ClusterState::Commit(const Request& request, const Placement& p) {
     }
     a.gpu_mask |= uint64_t{1} << gi;
     const GpuState& g = n.gpus[static_cast<size_t>(gi)];
-    if (g.free_compute() < p.compute_per_gpu || g.free_vram() < p.vram_per_gpu_mib) {
+    if (count && (g.free_compute() < p.compute_per_gpu || g.free_vram() < p.vram_per_gpu_mib)) {
       return FailedPrecondition("placement for '" + request.id + "' no longer fits GPU " +
                                 std::to_string(gi) + " of node '" + n.name + "'");
     }
@@ -167,8 +171,8 @@ Status ClusterState::Commit(const Request& request, const Placement& p) {
   if (!request.remote) {
     a.host_cpu = request.cpu_milli;
     a.host_mem = request.memory_mib;
-    if ((n.TracksCpu() && n.cpu_used + a.host_cpu > n.cpu_capacity) ||
-        (n.TracksMem() && n.mem_used + a.host_mem > n.mem_capacity)) {
+    if (count && ((n.TracksCpu() && n.cpu_used + a.host_cpu > n.cpu_capacity) ||
+                  (n.TracksMem() && n.mem_used + a.host_mem > n.mem_capacity))) {
       return FailedPrecondition("placement for '" + request.id + "' exceeds host CPU or memory of '" + n.name + "'");
     }
   }
@@ -184,7 +188,12 @@ Status ClusterState::Commit(const Request& request, const Placement& p) {
   Allocation& stored = allocs_[static_cast<size_t>(slot)];
   alloc_by_id_.emplace(request.id, slot);
   n.allocations.push_back(slot);
-  Apply(stored, +1);
+  if (count) {
+    Apply(stored, +1);
+  } else {
+    stored.suspended = true;
+    ++n.version;
+  }
   return Status::Ok();
 }
 
@@ -193,13 +202,47 @@ StatusOr<Request> ClusterState::Release(std::string_view request_id) {
   if (it == alloc_by_id_.end()) return NotFound("no allocation for request '" + std::string(request_id) + "'");
   int slot = it->second;
   Allocation& a = allocs_[static_cast<size_t>(slot)];
-  Apply(a, -1);
+  if (!a.suspended) Apply(a, -1);
   NodeState& n = nodes_[static_cast<size_t>(a.placement.node)];
   n.allocations.erase(std::find(n.allocations.begin(), n.allocations.end(), slot));
   a.live = false;
+  a.suspended = false;
   alloc_by_id_.erase(it);
   free_slots_.push_back(slot);
   return std::move(a.request);
+}
+
+Status ClusterState::Suspend(std::string_view request_id) {
+  auto it = alloc_by_id_.find(std::string(request_id));
+  if (it == alloc_by_id_.end()) return NotFound("no allocation for request '" + std::string(request_id) + "'");
+  Allocation& a = allocs_[static_cast<size_t>(it->second)];
+  if (a.suspended) return FailedPrecondition("request '" + a.request.id + "' is suspended already");
+  Apply(a, -1);
+  a.suspended = true;
+  return Status::Ok();
+}
+
+Status ClusterState::Resume(std::string_view request_id) {
+  auto it = alloc_by_id_.find(std::string(request_id));
+  if (it == alloc_by_id_.end()) return NotFound("no allocation for request '" + std::string(request_id) + "'");
+  Allocation& a = allocs_[static_cast<size_t>(it->second)];
+  if (!a.suspended) return Status::Ok();
+  const NodeState& n = nodes_[static_cast<size_t>(a.placement.node)];
+  if (!n.schedulable) return FailedPrecondition("node '" + n.name + "' is not schedulable");
+  for (int gi : a.placement.gpus) {
+    const GpuState& g = n.gpus[static_cast<size_t>(gi)];
+    if (g.free_compute() < a.placement.compute_per_gpu || g.free_vram() < a.placement.vram_per_gpu_mib) {
+      return FailedPrecondition("request '" + a.request.id + "': GPU " + std::to_string(gi) + " of node '" +
+                                n.name + "' has no room for it yet");
+    }
+  }
+  if ((n.TracksCpu() && n.cpu_used + a.host_cpu > n.cpu_capacity) ||
+      (n.TracksMem() && n.mem_used + a.host_mem > n.mem_capacity)) {
+    return FailedPrecondition("request '" + a.request.id + "': node '" + n.name + "' has no host CPU or memory for it yet");
+  }
+  a.suspended = false;
+  Apply(a, +1);
+  return Status::Ok();
 }
 
 StatusOr<std::vector<Request>> ClusterState::FailNode(std::string_view name) {

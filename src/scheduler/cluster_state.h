@@ -64,6 +64,9 @@ struct Allocation {
   bool live = false;
   uint64_t gpu_mask = 0;
   int64_t host_cpu = 0, host_mem = 0;  // what was taken on the node (0 for remote)
+  // Preempted with its VRAM swapped out: still bound to its node and GPUs (and in the node's
+  // list) but counted nowhere on them until it resumes. Tenant quotas still count it.
+  bool suspended = false;
 };
 
 class ClusterState {
@@ -81,8 +84,17 @@ class ClusterState {
   // Applies a placement computed for `request`. Re-checks capacity; kFailedPrecondition if it no
   // longer fits, kAlreadyExists if the id is live.
   Status Commit(const Request& request, const Placement& placement);
-  // Frees an allocation. kNotFound for an unknown id.
+  // Frees an allocation (suspended or not). kNotFound for an unknown id.
   StatusOr<Request> Release(std::string_view request_id);
+  // Suspends a live allocation: it keeps its placement but its compute, VRAM and host resources
+  // stop counting. kNotFound; kFailedPrecondition when it is suspended already.
+  Status Suspend(std::string_view request_id);
+  // Counts a suspended allocation again on the same GPUs. kFailedPrecondition (nothing changes)
+  // when they no longer have the room or the node is not schedulable; kNotFound.
+  Status Resume(std::string_view request_id);
+  // Records an allocation that is suspended already (a rebuild from stored state): placed but
+  // not counted, so it is never refused for lack of room. Errors as Commit's, room aside.
+  Status CommitSuspended(const Request& request, const Placement& placement);
 
   int PoolIndex(std::string_view name) const;   // -1 when absent
   NodeId NodeIndex(std::string_view name) const;  // -1 when absent
@@ -108,6 +120,8 @@ class ClusterState {
  private:
   void Refresh(NodeState& n);
   void Apply(Allocation& a, int sign);
+  // Commit's checks and bookkeeping; `count` false leaves the allocation suspended.
+  Status Place(const Request& request, const Placement& p, bool count);
 
   std::vector<PoolSpec> pools_;
   std::vector<NodeState> nodes_;

@@ -41,7 +41,8 @@ StatusOr<DefragPlan> PlanDefrag(const Scheduler& scheduler, const std::string& p
     bool movable = true;
     for (int slot : n.allocations) {
       const Allocation& a = scratch.state().allocations()[static_cast<size_t>(slot)];
-      if (a.request.qos > options.max_qos_moved) movable = false;
+      // A suspended allocation's data waits on this node: it resumes here or nowhere.
+      if (a.request.qos > options.max_qos_moved || a.suspended) movable = false;
       moving.push_back(a);
     }
     if (!movable) continue;

@@ -522,6 +522,13 @@ Status Scheduler::Commit(const Request& r, const Placement& p) {
   return Status::Ok();
 }
 
+Status Scheduler::CommitSuspended(const Request& r, const Placement& p) {
+  TF_RETURN_IF_ERROR(ValidateRequest(r));
+  TF_RETURN_IF_ERROR(state_.CommitSuspended(r, p));
+  Account(r, p, +1);
+  return Status::Ok();
+}
+
 StatusOr<Placement> Scheduler::Schedule(const Request& r) {
   StatusOr<Placement> p = Place(r);
   if (!p.ok()) return p;
@@ -572,7 +579,8 @@ StatusOr<PreemptionPlan> Scheduler::PlanPreemption(const Request& r) const {
     if (r.gpu_count > 0 && (n.model_mask & mm) == 0) continue;
     std::vector<int> victims;
     for (int slot : n.allocations) {
-      if (allocs[static_cast<size_t>(slot)].request.qos < r.qos) victims.push_back(slot);
+      const Allocation& a = allocs[static_cast<size_t>(slot)];
+      if (a.request.qos < r.qos && !a.suspended) victims.push_back(slot);
     }
     if (victims.empty()) continue;
     auto by_qos_then_size = [&](int a, int b) {
@@ -650,7 +658,12 @@ StatusOr<PreemptionPlan> Scheduler::PlanPreemption(const Request& r) const {
       best.victims.clear();
       std::vector<int> sorted = chosen;
       std::sort(sorted.begin(), sorted.end(), by_qos_then_size);
-      for (int slot : sorted) best.victims.push_back(allocs[static_cast<size_t>(slot)].request.id);
+      best.suspended.clear();
+      for (int slot : sorted) {
+        const Request& v = allocs[static_cast<size_t>(slot)].request;
+        best.victims.push_back(v.id);
+        if (v.suspendable) best.suspended.push_back(v.id);
+      }
       best_qos_sum = qos_sum;
       best_evicted = evicted;
       have = true;
@@ -665,14 +678,21 @@ StatusOr<PreemptionPlan> Scheduler::PlanPreemption(const Request& r) const {
 
 StatusOr<std::vector<Request>> Scheduler::ExecutePreemption(const Request& r, const PreemptionPlan& plan) {
   std::vector<std::pair<Request, Placement>> evicted;
+  std::vector<std::string> suspended;
   for (const std::string& id : plan.victims) {
     const Allocation* a = state_.FindAllocation(id);
     if (a == nullptr) return NotFound("preemption victim '" + id + "' is no longer placed");
-    evicted.emplace_back(a->request, a->placement);
+    if (std::find(plan.suspended.begin(), plan.suspended.end(), id) != plan.suspended.end()) {
+      suspended.push_back(id);
+    } else {
+      evicted.emplace_back(a->request, a->placement);
+    }
   }
   for (const auto& [req, pl] : evicted) Release(req.id);
+  for (const std::string& id : suspended) (void)Suspend(id);
   Status s = Commit(r, plan.placement);
   if (!s.ok()) {
+    for (const std::string& id : suspended) (void)Resume(id);
     for (const auto& [req, pl] : evicted) Commit(req, pl);
     return s;
   }

@@ -21,6 +21,9 @@ namespace tf::sched {
 struct PreemptionPlan {
   Placement placement;               // where the request goes once the victims are gone
   std::vector<std::string> victims;  // request ids to evict, lowest QoS first
+  // Of the victims, the suspendable ones (Request::suspendable): ExecutePreemption suspends them
+  // instead of releasing them.
+  std::vector<std::string> suspended;
 };
 
 // One node of a pool as Place ranks it for a request (RankNodes).
@@ -86,13 +89,20 @@ class Scheduler {
   StatusOr<Placement> Schedule(const Request& r);
   Status Commit(const Request& r, const Placement& p);
   StatusOr<Request> Release(std::string_view request_id);
+  // Suspend / resume a placed allocation (ClusterState::Suspend, ClusterState::Resume). Tenant
+  // quotas keep counting a suspended allocation, so resuming never exceeds one.
+  Status Suspend(std::string_view request_id) { return state_.Suspend(request_id); }
+  Status Resume(std::string_view request_id) { return state_.Resume(request_id); }
+  // An allocation stored as suspended (ClusterState::CommitSuspended), counted in its tenant's use.
+  Status CommitSuspended(const Request& r, const Placement& p);
 
   // For a request that does not fit: the fewest strictly-lower-QoS allocations on one node whose
   // eviction makes it fit, verified by re-placing the request on the node with them removed.
+  // Suspended allocations take no room and are never victims.
   // kUnavailable when no such set exists (preemption would be futile).
   StatusOr<PreemptionPlan> PlanPreemption(const Request& r) const;
-  // Executes a plan from PlanPreemption: evicts the victims and commits the placement. Returns the
-  // evicted requests.
+  // Executes a plan from PlanPreemption: evicts the victims (suspends the plan's `suspended` ones)
+  // and commits the placement. Returns the evicted requests, the suspended ones not among them.
   StatusOr<std::vector<Request>> ExecutePreemption(const Request& r, const PreemptionPlan& plan);
 
   const ClusterState& state() const { return state_; }

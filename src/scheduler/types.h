@@ -82,6 +82,9 @@ struct Request {
   int64_t cpu_milli = 0;               // host CPU on the GPU node (local only)
   int64_t memory_mib = 0;              // host memory on the GPU node (local only)
   std::string node;                    // empty: any node of the pool; else only this node
+  // Its VRAM can leave the GPU (VRAM tiering): preempting it suspends it (kept on its GPUs, not
+  // counted) instead of evicting it; it resumes there when the room comes back.
+  bool suspendable = false;
 };
 
 // Checks a request on its own (not against a cluster). Every rule has its own message.

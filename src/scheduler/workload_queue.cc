@@ -34,11 +34,38 @@ bool WorkloadQueue::TryPlace(const Request& r, std::string* reason) {
     ++vs.times_preempted;
     Enqueue(v, "preempted by '" + r.id + "'");
   }
+  for (const std::string& id : plan->suspended) {
+    const Allocation* a = scheduler_->state().FindAllocation(id);
+    if (a == nullptr) continue;
+    WorkloadStatus& vs = status_[id];
+    events_.push_back({QueueEvent::Kind::kSuspended, id, vs.node});
+    ++vs.times_preempted;
+    Suspend(a->request, vs.node, "suspended by '" + r.id + "'");
+  }
   return true;
 }
 
+void WorkloadQueue::Suspend(const Request& r, const std::string& node, std::string reason) {
+  Key key{-static_cast<int>(r.qos), 0, seq_++};
+  pending_.emplace(key, r);
+  pending_key_[r.id] = key;
+  ++suspended_count_;
+  WorkloadStatus& st = status_[r.id];
+  st.phase = WorkloadPhase::kSuspended;
+  st.node = node;
+  st.last_reason = std::move(reason);
+}
+
+void WorkloadQueue::Unqueue(const std::string& id) {
+  auto k = pending_key_.find(id);
+  if (k == pending_key_.end()) return;
+  if (std::get<1>(k->second) == 0) --suspended_count_;
+  pending_.erase(k->second);
+  pending_key_.erase(k);
+}
+
 void WorkloadQueue::Enqueue(const Request& r, std::string reason) {
-  Key key{-static_cast<int>(r.qos), seq_++};
+  Key key{-static_cast<int>(r.qos), 1, seq_++};
   pending_.emplace(key, r);
   pending_key_[r.id] = key;
   WorkloadStatus& st = status_[r.id];
@@ -72,14 +99,13 @@ Status WorkloadQueue::Release(std::string_view id) {
   auto st = status_.find(std::string(id));
   if (st == status_.end()) return NotFound("workload '" + std::string(id) + "' does not exist");
   if (st->second.phase == WorkloadPhase::kPending) {
-    auto k = pending_key_.find(st->first);
-    pending_.erase(k->second);
-    pending_key_.erase(k);
+    Unqueue(st->first);
     status_.erase(st);
     return Status::Ok();
   }
   StatusOr<Request> r = scheduler_->Release(id);
   if (!r.ok()) return r.status();
+  Unqueue(st->first);  // a suspended workload waits in the queue too
   status_.erase(st);
   RetryPending();
   return Status::Ok();
@@ -89,6 +115,7 @@ Status WorkloadQueue::FailNode(std::string_view name) {
   StatusOr<std::vector<Request>> displaced = scheduler_->FailNode(name);
   if (!displaced.ok()) return displaced.status();
   for (const Request& r : *displaced) {
+    Unqueue(r.id);  // a suspended one starts over as pending
     ++status_[r.id].times_displaced;
     events_.push_back({QueueEvent::Kind::kDisplaced, r.id, std::string(name)});
     Enqueue(r, "node '" + std::string(name) + "' failed");
@@ -105,6 +132,21 @@ void WorkloadQueue::RetryPending() {
   std::set<Shape> failed;
   for (auto it = pending_.begin(); it != pending_.end();) {
     const Request& r = it->second;
+    if (std::get<1>(it->first) == 0) {  // suspended: resumes on its own GPUs when they have room
+      std::string id = r.id;
+      if (!scheduler_->Resume(id).ok()) {
+        ++it;
+        continue;
+      }
+      WorkloadStatus& st = status_[id];
+      st.phase = WorkloadPhase::kRunning;
+      st.last_reason.clear();
+      events_.push_back({QueueEvent::Kind::kResumed, id, st.node});
+      --suspended_count_;
+      pending_key_.erase(id);
+      it = pending_.erase(it);
+      continue;
+    }
     Shape shape{r.pool, r.tenant, r.tflops_request, r.compute_percent_request, r.vram_request_mib, r.gpu_count,
                 r.cpu_milli, r.memory_mib, r.gpu_models, static_cast<int>(r.qos), r.remote};
     if (failed.count(shape)) {

@@ -1,13 +1,16 @@
 // WorkloadQueue: the admission loop around a Scheduler. Requests that do not fit wait, ordered by
 // QoS (critical first) then arrival; releases and node failures retry them. A request that does not
 // fit may preempt strictly lower-QoS allocations (Scheduler::PlanPreemption); victims and workloads
-// displaced by a failed node go back to the queue.
+// displaced by a failed node go back to the queue. A suspendable victim (Request::suspendable) is
+// suspended instead: it keeps its GPUs and resumes there when they have room again, ahead of
+// pending workloads of its own QoS or lower.
 //
 // Pure like the scheduler: no clocks; callers stamp events with their own (simulated) time.
 // Not thread-safe.
 #pragma once
 
 #include <map>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -17,18 +20,18 @@
 
 namespace tf::sched {
 
-enum class WorkloadPhase { kPending, kRunning };
+enum class WorkloadPhase { kPending, kRunning, kSuspended };
 
 struct WorkloadStatus {
   WorkloadPhase phase = WorkloadPhase::kPending;
-  std::string node;          // when running
+  std::string node;          // when running or suspended
   int times_preempted = 0;
   int times_displaced = 0;   // by a failed node
   std::string last_reason;   // why it is pending
 };
 
 struct QueueEvent {
-  enum class Kind { kPlaced, kPreempted, kDisplaced };
+  enum class Kind { kPlaced, kPreempted, kDisplaced, kSuspended, kResumed };
   Kind kind;
   std::string request_id;
   std::string node;
@@ -53,20 +56,25 @@ class WorkloadQueue {
   void Retry() { RetryPending(); }
 
   const WorkloadStatus* status(std::string_view id) const;
-  size_t pending_count() const { return pending_.size(); }
+  size_t pending_count() const { return pending_.size() - suspended_count_; }
+  size_t suspended_count() const { return suspended_count_; }
   // Events since the last call, in order.
   std::vector<QueueEvent> TakeEvents() { return std::exchange(events_, {}); }
 
  private:
-  using Key = std::pair<int, uint64_t>;  // (-qos, arrival sequence)
+  // (-qos, 0 for a suspended workload waiting to resume / 1 for a pending one, arrival sequence).
+  using Key = std::tuple<int, int, uint64_t>;
   bool TryPlace(const Request& r, std::string* reason);
   void Enqueue(const Request& r, std::string reason);
+  void Suspend(const Request& r, const std::string& node, std::string reason);
+  void Unqueue(const std::string& id);
   void RetryPending();
 
   Scheduler* scheduler_;
   bool allow_preemption_;
   uint64_t seq_ = 0;
-  std::map<Key, Request> pending_;
+  std::map<Key, Request> pending_;  // pending and suspended workloads, in retry order
+  size_t suspended_count_ = 0;
   std::unordered_map<std::string, Key> pending_key_;
   std::unordered_map<std::string, WorkloadStatus> status_;
   std::vector<QueueEvent> events_;

@@ -150,4 +150,82 @@ TEST_F(PooledRunTest, APreemptedRunIsStoppedAndPsSaysWhy) {
   EXPECT_NE(ps.find(winner), std::string::npos) << ps;
 }
 
+// In a pool that oversells VRAM, preemption suspends the victim instead of stopping it: the node
+// agent holds its vGPU swapped out (its data in host memory), its host-only calls go on, its GPU
+// calls wait while the preemptor holds the room, `tfusion ps` shows it suspended, and when the
+// preemptor is released it continues with every byte as it was.
+TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsBytes) {
+  tf::controller::HttpClient client(url_, token_);
+  auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+  ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
+  const std::string d = dir_ + "/tenant";
+  ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
+  const std::string log = dir_ + "/low.log";
+  pid_t low = fork();
+  ASSERT_GE(low, 0);
+  if (low == 0) {
+    std::string cmd = PooledRun("--qos low --vram 1GiB --percent 60", "suspended " + d) + " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto wait_file = [&](const std::string& name) {
+    for (int i = 0; i < 400; ++i) {
+      if (access((d + "/" + name).c_str(), F_OK) == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_file("ready")) << ReadFile(log);
+  std::smatch m;
+  std::string out = ReadFile(log);
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"))) << out;
+  const std::string victim = m.str(1);
+
+  auto r = client.Post("/v1/allocations", R"({"percent": 60, "vram_mib": 1024, "qos": "critical"})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_NE(r->body.find("\"preempted_suspended\":[\"" + victim + "\"]"), std::string::npos) << r->body;
+  ASSERT_TRUE(std::regex_search(r->body, m, std::regex("\"id\":\"(a-[0-9a-f]+)\""))) << r->body;
+  const std::string winner = m.str(1);
+
+  // The agent (1 s sync) holds the vGPU: its 200 MiB of movable VRAM goes to host memory.
+  const std::string smi = env_ + TF_TFUSION + " smi -p";
+  bool swapped = false;
+  for (int i = 0; i < 200 && !swapped; ++i) {
+    swapped = Shell(smi).out.find("swapped") != std::string::npos;
+    if (!swapped) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(swapped) << Shell(smi).out << ReadFile(log) << ReadFile(dir_ + "/up.log");
+  ASSERT_EQ(Shell("touch " + d + "/go").rc, 0);
+  ASSERT_TRUE(wait_file("hostonly")) << "host-only calls go on while held\n" << ReadFile(log);
+  // Its GPU call waits: nothing is read back while the preemptor runs.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(waitpid(low, nullptr, WNOHANG), 0) << ReadFile(log);
+  EXPECT_EQ(ReadFile(log).find("resumed_identical"), std::string::npos) << ReadFile(log);
+  EXPECT_NE(Shell(smi).out.find("swapped"), std::string::npos) << Shell(smi).out;
+  std::string ps = Shell(std::string(TF_TFUSION) + " ps --url " + url_ + " --token " + token_).out;
+  EXPECT_NE(ps.find("suspended by " + winner), std::string::npos) << ps;
+
+  // The preemptor goes: the controller resumes the victim, the agent lifts the hold, and the call
+  // that waited completes with every byte intact.
+  auto gone = client.Delete("/v1/allocations/" + winner);
+  ASSERT_TRUE(gone.ok() && gone->status == 200);
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 300 && !ended; ++i) {
+    ended = waitpid(low, &status, WNOHANG) == low;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!ended) kill(low, SIGKILL);
+  ASSERT_TRUE(ended) << "the suspended run never resumed\n" << ReadFile(log) << ReadFile(dir_ + "/up.log");
+  out = ReadFile(log);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_NE(out.find("resumed_identical=3"), std::string::npos) << out;
+  EXPECT_NE(out.find("kernel_after_resume=ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("is suspended (preempted by a higher QoS)"), std::string::npos) << out;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("waited_ms=([0-9]+)"))) << out;
+  EXPECT_GE(std::stoll(m.str(1)), 1500) << out;
+  EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPU " + victim), std::string::npos) << ReadFile(dir_ + "/up.log");
+}
+
 }  // namespace

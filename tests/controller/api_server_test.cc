@@ -170,6 +170,78 @@ TEST_F(ApiServerTest, HigherQosPreemptsAndTheResponseNamesTheVictims) {
   EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 1u);
 }
 
+// In a pool that oversells VRAM (its allocations have tiering) a preempted allocation is
+// suspended, not released: it stays listed and bound to its GPU, its room goes to the preemptor,
+// it survives a controller restart, and it resumes on its own when the preemptor is released.
+// Deleting a suspended allocation frees nothing twice.
+TEST_F(ApiServerTest, APreemptedTieredAllocationIsSuspendedAndResumesWhenTheRoomIsBack) {
+  ASSERT_EQ(client_->Post("/v1/pools", R"({"name":"over","vram_expand_to_host_percent":100})")->status, 201);
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","pool":"over","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
+  auto low = client_->Post("/v1/allocations", R"({"pool":"over","tflops":60,"vram_mib":30000,"qos":"low"})");
+  ASSERT_EQ(low->status, 201) << low->body;
+  const std::string low_id = Body(low)["id"];
+  EXPECT_TRUE(Body(low)["tiering"]);
+  auto gpu_use = [&] {
+    json g = Body(client_->Get("/v1/gpus"))["gpus"][0];
+    return std::make_pair(g["used_milli_tflops"].get<int64_t>(), g["used_vram_mib"].get<int64_t>());
+  };
+  auto crit = client_->Post("/v1/allocations", R"({"pool":"over","tflops":60,"vram_mib":20000,"qos":"critical"})");
+  ASSERT_EQ(crit->status, 201) << crit->body;
+  const std::string crit_id = Body(crit)["id"];
+  EXPECT_EQ(Body(crit)["preempted"], json::array({low_id}));
+  EXPECT_EQ(Body(crit)["preempted_suspended"], json::array({low_id}));
+  EXPECT_FALSE(Body(crit)["suspended"]);
+  json held = Body(client_->Get("/v1/allocations/" + low_id));
+  EXPECT_TRUE(held["suspended"]);
+  EXPECT_EQ(held["suspended_by"], crit_id);
+  EXPECT_EQ(held["node"], "n1");
+  EXPECT_EQ(held["vgpus"][0]["gpu"], "GPU-1");
+  EXPECT_EQ(gpu_use(), std::make_pair(int64_t{60'000}, int64_t{20'000})) << "only the preemptor counts";
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 2u);
+  EXPECT_TRUE(Body(client_->Get("/v1/evictions"))["evictions"].empty()) << "nothing is stopped";
+  // A thaw would take the GPU back: refused while suspended.
+  auto thaw = client_->Post("/v1/allocations/" + low_id + "/thaw", "{}");
+  EXPECT_EQ(thaw->status, 409);
+  EXPECT_NE(thaw->body.find("suspended"), std::string::npos) << thaw->body;
+  // A suspended allocation is never a victim again: nothing lower is left to take room from.
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"pool":"over","tflops":50,"vram_mib":100,"qos":"critical"})")->status, 409);
+
+  {  // A controller started on the same store sees the same.
+    Controller again(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
+    ASSERT_TRUE(again.Rebuild().ok());
+    auto a = again.GetAllocation(low_id);
+    ASSERT_TRUE(a.ok());
+    EXPECT_TRUE(a->suspended);
+    EXPECT_EQ(a->suspended_by, crit_id);
+    EXPECT_EQ(again.ListGpus("")[0].gpu.used_vram_mib, 20000);
+  }
+
+  // The preemptor goes: the suspended one counts again, on the same GPU.
+  auto deleted = client_->Delete("/v1/allocations/" + crit_id);
+  ASSERT_EQ(deleted->status, 200) << deleted->body;
+  held = Body(client_->Get("/v1/allocations/" + low_id));
+  EXPECT_FALSE(held["suspended"]);
+  EXPECT_EQ(held["vgpus"][0]["gpu"], "GPU-1");
+  EXPECT_EQ(gpu_use(), std::make_pair(int64_t{60'000}, int64_t{30'000}));
+
+  // Suspended again, then deleted: the GPU holds the preemptor's use only.
+  crit = client_->Post("/v1/allocations", R"({"pool":"over","tflops":60,"vram_mib":20000,"qos":"critical"})");
+  ASSERT_EQ(crit->status, 201) << crit->body;
+  ASSERT_TRUE(Body(client_->Get("/v1/allocations/" + low_id))["suspended"]);
+  ASSERT_EQ(client_->Delete("/v1/allocations/" + low_id)->status, 200);
+  EXPECT_EQ(client_->Get("/v1/allocations/" + low_id)->status, 404);
+  EXPECT_EQ(gpu_use(), std::make_pair(int64_t{60'000}, int64_t{20'000}));
+  ASSERT_EQ(client_->Delete("/v1/allocations/" + std::string(Body(crit)["id"]))->status, 200);
+  EXPECT_EQ(gpu_use(), std::make_pair(int64_t{0}, int64_t{0}));
+
+  auto m = client_->Get("/metrics");
+  tf::testing::ParsedExposition e;
+  ASSERT_EQ(tf::testing::ParseExposition(m->body, &e), "") << m->body;
+  EXPECT_EQ(e.Value("tf_controller_allocations_suspended_total", {}), 2);
+  EXPECT_EQ(e.Value("tf_controller_allocations_resumed_total", {}), 1);
+  EXPECT_EQ(e.Value("tf_controller_allocations_preempted_total", {}), 0) << "none was released";
+}
+
 TEST_F(ApiServerTest, PoolModeOversellAndTenantQuotaOverHttp) {
   auto r = client_->Post("/v1/pools", R"({"name":"frag","placement_mode":"FragAware","tflops_oversell_ratio":1.5})");
   ASSERT_EQ(r->status, 201) << r->body;

@@ -297,6 +297,70 @@ TEST(NodeAgent, AnAllocationInAPoolThatOversellsVramGetsTieringInTheRegion) {
   r->DetachProcess(slot);
 }
 
+// A suspended allocation's vGPU is held in the region (swapped out, GPU calls wait) with the least
+// compute share; an agent restarted meanwhile keeps it held; when the controller resumes the
+// allocation the hold is lifted, the share restored and a thaw requested.
+TEST(NodeAgent, ASuspendedAllocationIsHeldAcrossAnAgentRestartAndReleasedOnResume) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-h0", "NVIDIA L4", 23034, 0, 0, 0}});
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, std::nullopt, std::nullopt).ok());
+  NodeAgentOptions options{rig.url(), "tok", "host-h", "", "", ""};
+  options.credential_file = rig.dir + "/agent/node-credential";  // the restarted agent is the same node
+  auto regions = std::make_unique<QuotaRegions>(rig.dir + "/regions");
+  auto agent = std::make_unique<NodeAgent>(options, &source, regions.get(), &rig.clock);
+  ASSERT_TRUE(agent->Start().ok());
+  controller::AllocationRequest low_req{"", "", 0, 1024, 1, "low", ""};
+  low_req.percent = 60;
+  auto low = c.Allocate(low_req);
+  ASSERT_TRUE(low.ok()) << low.status().ToString();
+  ASSERT_TRUE(agent->SyncAllocations().ok());
+  controller::AllocationRequest crit_req{"", "", 0, 1024, 1, "critical", ""};
+  crit_req.percent = 60;
+  std::vector<controller::Allocation> preempted;
+  auto crit = c.Allocate(crit_req, &preempted);
+  ASSERT_TRUE(crit.ok()) << crit.status().ToString();
+  ASSERT_EQ(preempted.size(), 1u);
+  ASSERT_TRUE(preempted[0].suspended);
+  ASSERT_TRUE(agent->SyncAllocations().ok());
+  auto check_held = [&](limiter::GpuRegion* r, bool held) {
+    uint32_t index = 0;
+    ASSERT_EQ(r->FindVgpu(low->id.c_str(), &index), limiter::RegionError::kOk);
+    EXPECT_EQ(r->TierOfVgpu(index)->held.load(), held ? 1u : 0u);
+    auto snap = std::make_unique<limiter::RegionSnapshot>();
+    r->Snapshot(snap.get());
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      if (snap->vgpus[i].index != index) continue;
+      EXPECT_EQ(snap->vgpus[i].held, held);
+      EXPECT_EQ(snap->vgpus[i].compute_share_ppm, held ? kHeldSharePpm : 600'000u);
+    }
+  };
+  check_held(regions->region("GPU-h0"), true);
+  const uint32_t thaws_before = [&] {
+    uint32_t index = 0;
+    regions->region("GPU-h0")->FindVgpu(low->id.c_str(), &index);
+    return regions->region("GPU-h0")->TierOfVgpu(index)->thaw_gen.load();
+  }();
+
+  // The agent restarts: the region and the controller still say held.
+  agent.reset();
+  regions = std::make_unique<QuotaRegions>(rig.dir + "/regions");
+  agent = std::make_unique<NodeAgent>(options, &source, regions.get(), &rig.clock);
+  ASSERT_TRUE(agent->Start().ok());
+  ASSERT_TRUE(agent->SyncAllocations().ok());
+  check_held(regions->region("GPU-h0"), true);
+
+  // The preemptor goes: the controller resumes the allocation and the agent lifts the hold.
+  ASSERT_TRUE(c.Release(crit->id).ok());
+  ASSERT_FALSE(c.GetAllocation(low->id)->suspended);
+  ASSERT_TRUE(agent->SyncAllocations().ok());
+  check_held(regions->region("GPU-h0"), false);
+  uint32_t index = 0;
+  ASSERT_EQ(regions->region("GPU-h0")->FindVgpu(low->id.c_str(), &index), limiter::RegionError::kOk);
+  EXPECT_EQ(regions->region("GPU-h0")->TierOfVgpu(index)->thaw_gen.load(), thaws_before + 1);
+}
+
 TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   ControllerRig rig;
   ASSERT_TRUE(rig.ok());

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <string>
+
 #include "tests/limiter/region_test_util.h"
 
 namespace tf::limiter::testing {
@@ -56,7 +58,8 @@ TEST_F(RegionTest, VersionMismatchIsRefusedWithAClearError) {
   GpuRegion other;
   RegionErrorDetail why;
   EXPECT_EQ(GpuRegion::Attach(RegionFile().c_str(), &other, &why), RegionError::kVersionMismatch);
-  EXPECT_NE(strstr(why.message, "layout_version 4"), nullptr) << why.message;
+  EXPECT_NE(strstr(why.message, ("layout_version " + std::to_string(kLayoutVersion + 1)).c_str()), nullptr)
+      << why.message;
   EXPECT_FALSE(other.attached());
   // Create must not paper over it either.
   EXPECT_EQ(GpuRegion::Create(dir_.c_str(), kUuid, "Test GPU", 80 * kGiB, 1, &other),

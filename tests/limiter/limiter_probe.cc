@@ -248,22 +248,45 @@ void Touch(const std::string& path) {
   if (f) std::fclose(f);
 }
 
+// Three device buffers (3 MiB, 64 MiB, 130 MiB + 12345 bytes) filled with known pseudo-random
+// bytes, for the tiering probes: whatever moves them must bring every byte back.
+struct KnownBuffers {
+  static constexpr int kCount = 3;
+  size_t sizes[kCount] = {3u << 20, 64u << 20, (130u << 20) + 12345};
+  CUdeviceptr bufs[kCount] = {};
+  std::vector<std::vector<unsigned char>> want{kCount};
+
+  void Fill() {
+    for (int i = 0; i < kCount; ++i) {
+      CHECK(cuMemAlloc(&bufs[i], sizes[i]));
+      want[i].resize(sizes[i]);
+      uint32_t x = 0x9E3779B9u * (i + 1);
+      for (auto& b : want[i]) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        b = static_cast<unsigned char>(x);
+      }
+      CHECK(cuMemcpyHtoD(bufs[i], want[i].data(), sizes[i]));
+    }
+    CHECK(cuCtxSynchronize());
+  }
+  // Reads every buffer back (a GPU call) and prints "<round>_identical=<buffers unchanged>".
+  void Verify(const char* round) const {
+    int same = 0;
+    for (int i = 0; i < kCount; ++i) {
+      std::vector<unsigned char> got(sizes[i]);
+      CHECK(cuMemcpyDtoH(got.data(), bufs[i], sizes[i]));
+      same += got == want[i];
+    }
+    std::printf("%s_identical=%d\n", round, same);
+    std::fflush(stdout);
+  }
+};
+
 int Tier(const std::string& dir) {
   Setup();
-  const size_t sizes[] = {3u << 20, 64u << 20, (130u << 20) + 12345};
-  CUdeviceptr bufs[3];
-  std::vector<std::vector<unsigned char>> want(3);
-  for (int i = 0; i < 3; ++i) {
-    CHECK(cuMemAlloc(&bufs[i], sizes[i]));
-    want[i].resize(sizes[i]);
-    uint32_t x = 0x9E3779B9u * (i + 1);
-    for (auto& b : want[i]) {
-      x ^= x << 13; x ^= x >> 17; x ^= x << 5;
-      b = static_cast<unsigned char>(x);
-    }
-    CHECK(cuMemcpyHtoD(bufs[i], want[i].data(), sizes[i]));
-  }
-  CHECK(cuCtxSynchronize());
+  KnownBuffers known;
+  known.Fill();
+  auto& bufs = known.bufs;
   Touch(dir + "/ready");
   if (!WaitFile(dir + "/go")) return 4;
   size_t free = 0, total = 0;
@@ -274,15 +297,7 @@ int Tier(const std::string& dir) {
   CHECK(cuMemAlloc(&late, 1u << 20));
   Touch(dir + "/hostonly");
   if (!WaitFile(dir + "/go2")) return 4;
-  auto verify = [&](const char* round) {
-    int same = 0;
-    for (int i = 0; i < 3; ++i) {
-      std::vector<unsigned char> got(sizes[i]);
-      CHECK(cuMemcpyDtoH(got.data(), bufs[i], sizes[i]));
-      same += got == want[i];
-    }
-    std::printf("%s_identical=%d\n", round, same);
-  };
+  auto verify = [&](const char* round) { known.Verify(round); };
   verify("first");
   CUmodule mod;
   CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
@@ -358,6 +373,43 @@ int Zero(const std::string& dir) {
   return 0;
 }
 
+// Preemption, driven by the test through files in `dir`: fills the known buffers, says "ready"
+// and waits for "go" (the test has the vGPU suspended meanwhile); then makes host-only calls and
+// says "hostonly"; then reads the buffers back, a GPU call that must wait while the vGPU is held,
+// and prints how long it waited, whether every byte came back, and a kernel's result.
+int Suspended(const std::string& dir) {
+  Setup();
+  KnownBuffers known;
+  known.Fill();
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  size_t free = 0, total = 0;
+  CHECK(cuMemGetInfo(&free, &total));
+  int count = 0;
+  CHECK(cuDeviceGetCount(&count));
+  std::printf("hostonly=ok\n");
+  std::fflush(stdout);
+  Touch(dir + "/hostonly");
+  auto t0 = std::chrono::steady_clock::now();
+  known.Verify("resumed");
+  std::printf("waited_ms=%lld\n", static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::steady_clock::now() - t0).count()));
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction fill;
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  unsigned value = 0xBEEF;
+  size_t n = 256;
+  void* params[] = {&known.bufs[0], &value, &n};
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
+  unsigned first = 0;
+  CHECK(cuMemcpyDtoH(&first, known.bufs[0], sizeof(first)));
+  std::printf("kernel_after_resume=%s\n", first == value ? "ok" : "wrong");
+  for (auto b : known.bufs) CHECK(cuMemFree(b));
+  std::printf("freed=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -370,6 +422,7 @@ int main(int argc, char** argv) {
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   if (cmd == "zero" && argc > 2) return Zero(argv[2]);
+  if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;
 }

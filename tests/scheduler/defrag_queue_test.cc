@@ -78,5 +78,62 @@ TEST(WorkloadQueueTest, PreemptedAndDisplacedWorkloadsWaitAgain) {
   EXPECT_EQ(q.status("crit")->times_displaced, 1);
 }
 
+// A suspendable victim waits suspended on its GPU, not in the queue: when the preemptor leaves it
+// resumes there before a pending workload of its own QoS takes the room, while a pending workload
+// of a higher QoS still goes first.
+TEST(WorkloadQueueTest, ASuspendedVictimResumesBeforeEqualQosWorkButAfterHigherQosWork) {
+  Scheduler s;
+  ASSERT_TRUE(s.AddPool(PoolSpec{"p", 1.0, PlacementMode::kCompactFirst}).ok());
+  ASSERT_TRUE(s.AddNode(Node("n1", 1, "A100-80GB", 100)).ok());
+  WorkloadQueue q(&s);
+  Request low = Req("low", 80, 1024, Qos::kLow);
+  low.suspendable = true;
+  ASSERT_TRUE(q.Submit(low).ok());
+  ASSERT_TRUE(q.Submit(Req("crit", 80, 1024, Qos::kCritical)).ok());
+  EXPECT_EQ(q.status("crit")->phase, WorkloadPhase::kRunning);
+  EXPECT_EQ(q.status("low")->phase, WorkloadPhase::kSuspended);
+  EXPECT_EQ(q.status("low")->node, "n1");
+  EXPECT_EQ(q.status("low")->times_preempted, 1);
+  EXPECT_EQ(q.suspended_count(), 1u);
+  EXPECT_EQ(q.pending_count(), 0u);
+  ASSERT_TRUE(q.Submit(Req("low2", 80, 1024, Qos::kLow)).ok());  // waits: equal QoS, no preemption
+  EXPECT_EQ(q.pending_count(), 1u);
+  bool suspended_event = false;
+  for (const QueueEvent& e : q.TakeEvents()) suspended_event |= e.kind == QueueEvent::Kind::kSuspended && e.request_id == "low";
+  EXPECT_TRUE(suspended_event);
+  ASSERT_TRUE(q.Release("crit").ok());
+  EXPECT_EQ(q.status("low")->phase, WorkloadPhase::kRunning) << "the suspended one resumes first";
+  EXPECT_EQ(q.status("low2")->phase, WorkloadPhase::kPending);
+  EXPECT_FALSE(s.state().FindAllocation("low")->suspended);
+  bool resumed_event = false;
+  for (const QueueEvent& e : q.TakeEvents()) resumed_event |= e.kind == QueueEvent::Kind::kResumed && e.request_id == "low";
+  EXPECT_TRUE(resumed_event);
+
+  // Suspended again; this time a medium workload waits too and takes the room first.
+  ASSERT_TRUE(q.Submit(Req("crit2", 80, 1024, Qos::kCritical)).ok());
+  EXPECT_EQ(q.status("low")->phase, WorkloadPhase::kSuspended);
+  ASSERT_TRUE(q.Submit(Req("med", 80, 1024, Qos::kMedium)).ok());
+  ASSERT_TRUE(q.Release("crit2").ok());
+  EXPECT_EQ(q.status("med")->phase, WorkloadPhase::kRunning);
+  EXPECT_EQ(q.status("low")->phase, WorkloadPhase::kSuspended);
+  // Deleting a suspended workload frees it for good; its GPU is then the medium one's alone.
+  ASSERT_TRUE(q.Release("low").ok());
+  EXPECT_EQ(q.status("low"), nullptr);
+  EXPECT_EQ(q.suspended_count(), 0u);
+  EXPECT_EQ(s.state().node(0).gpus[0].used, ToMilliTflops(80));
+  // A failed node turns a suspended workload into a pending one.
+  ASSERT_TRUE(q.Release("med").ok());
+  ASSERT_TRUE(q.Release("low2").ok());
+  Request low3 = Req("low3", 80, 1024, Qos::kLow);
+  low3.suspendable = true;
+  ASSERT_TRUE(q.Submit(low3).ok());
+  ASSERT_TRUE(q.Submit(Req("crit3", 80, 1024, Qos::kCritical)).ok());
+  ASSERT_EQ(q.status("low3")->phase, WorkloadPhase::kSuspended);
+  ASSERT_TRUE(q.FailNode("n1").ok());
+  EXPECT_EQ(q.status("low3")->phase, WorkloadPhase::kPending);
+  EXPECT_EQ(q.suspended_count(), 0u);
+  EXPECT_EQ(q.pending_count(), 2u);
+}
+
 }  // namespace
 }  // namespace tf::sched

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "scheduler_test_util.h"
@@ -206,6 +207,71 @@ TEST(SchedulerTest, PreemptionPicksFewestVictimsOnOneGpu) {
   ASSERT_TRUE(evicted.ok());
   EXPECT_NE(s.state().FindAllocation("hi"), nullptr);
   EXPECT_EQ(s.state().FindAllocation("big"), nullptr);
+}
+
+// A victim whose VRAM can be swapped out is suspended, not evicted: it stays bound to its GPU but
+// takes no room (the preemptor fits), is never a victim again, still counts for its tenant's
+// quota, and resumes on the same GPU once the room is back, not before.
+TEST(SchedulerTest, ASuspendableVictimIsSuspendedAndResumesOnItsGpuWhenTheRoomIsBack) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 2, "A100-80GB", 100, 40960)});
+  Request low = Req("low", 70, 30000, Qos::kLow);
+  low.suspendable = true;
+  ASSERT_TRUE(s.Commit(low, Placement{"low", 0, "n", {1}, ToMilliTflops(70), 30000}).ok());
+  ASSERT_TRUE(s.Schedule(Req("other", 70, 30000, Qos::kMedium)).ok());  // GPU 0
+  const int64_t used_before = s.usage("t").vram_mib;
+  Request hi = Req("hi", 60, 20000, Qos::kHigh);
+  ASSERT_EQ(s.Place(hi).status().code(), StatusCode::kUnavailable);
+  auto plan = s.PlanPreemption(hi);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->victims, (std::vector<std::string>{"low"}));  // the lowest QoS
+  EXPECT_EQ(plan->suspended, (std::vector<std::string>{"low"}));
+  auto evicted = s.ExecutePreemption(hi, *plan);
+  ASSERT_TRUE(evicted.ok()) << evicted.status().ToString();
+  EXPECT_TRUE(evicted->empty()) << "a suspended victim is not evicted";
+  const Allocation* a = s.state().FindAllocation("low");
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(a->suspended);
+  EXPECT_EQ(a->placement.gpus, (std::vector<int>{1}));
+  // GPU 1 counts only the preemptor.
+  const GpuState& g = s.state().node(0).gpus[1];
+  EXPECT_EQ(plan->placement.gpus, (std::vector<int>{1}));
+  EXPECT_EQ(g.used, ToMilliTflops(60));
+  EXPECT_EQ(g.vram_used_mib, 20000);
+  EXPECT_EQ(s.usage("t").vram_mib, used_before + 20000) << "the tenant's quota still counts it";
+  // Never a victim twice: another high request can only take the medium one's room.
+  auto plan2 = s.PlanPreemption(Req("hi2", 45, 1000, Qos::kHigh));
+  ASSERT_TRUE(plan2.ok()) << plan2.status().ToString();
+  EXPECT_EQ(plan2->victims, (std::vector<std::string>{"other"}));
+  // No room yet: resuming changes nothing.
+  EXPECT_EQ(s.Resume("low").code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(s.state().FindAllocation("low")->suspended);
+  // The preemptor leaves: the victim counts again, on the same GPU.
+  ASSERT_TRUE(s.Release("hi").ok());
+  ASSERT_TRUE(s.Resume("low").ok());
+  EXPECT_FALSE(s.state().FindAllocation("low")->suspended);
+  EXPECT_EQ(s.state().node(0).gpus[1].used, ToMilliTflops(70));
+  EXPECT_EQ(s.state().node(0).gpus[1].vram_used_mib, 30000);
+  // Releasing a suspended allocation frees nothing twice.
+  ASSERT_TRUE(s.Suspend("low").ok());
+  ASSERT_TRUE(s.Release("low").ok());
+  EXPECT_EQ(s.state().node(0).gpus[1].used, 0);
+  EXPECT_EQ(s.state().node(0).gpus[1].vram_used_mib, 0);
+  EXPECT_EQ(s.usage("t").vram_mib, 30000);  // "other" only
+  EXPECT_EQ(s.Resume("low").code(), StatusCode::kNotFound);
+}
+
+// A rebuild from stored state records a suspended allocation even where its GPU is full.
+TEST(SchedulerTest, ASuspendedAllocationIsRecordedWithoutRoom) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 1, "A100-80GB", 100, 40960)});
+  ASSERT_TRUE(s.Schedule(Req("hi", 90, 40000, Qos::kHigh)).ok());
+  Request low = Req("low", 50, 30000, Qos::kLow);
+  low.suspendable = true;
+  Placement p{"low", 0, "n", {0}, ToMilliTflops(50), 30000};
+  EXPECT_EQ(s.Commit(low, p).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(s.CommitSuspended(low, p).ok());
+  EXPECT_TRUE(s.state().FindAllocation("low")->suspended);
+  EXPECT_EQ(s.state().node(0).gpus[0].vram_used_mib, 40000);
+  EXPECT_EQ(s.CommitSuspended(low, p).code(), StatusCode::kAlreadyExists);
 }
 
 TEST(SchedulerTest, PreemptionIsNeverFutileOrUpward) {

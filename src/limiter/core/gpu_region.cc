@@ -579,6 +579,7 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     vi.tier_enabled = TierOfVgpu(i)->enabled.load(std::memory_order_relaxed) != 0;
     vi.idle_swap_ms = TierOfVgpu(i)->idle_swap_ms.load(std::memory_order_relaxed);
     vi.idle_disk_ms = TierOfVgpu(i)->idle_disk_ms.load(std::memory_order_relaxed);
+    vi.held = TierOfVgpu(i)->held.load(std::memory_order_relaxed) != 0;
   }
 }
 

@@ -91,6 +91,7 @@ struct VgpuInfo {
   bool tier_enabled;            // its processes allocate movable VRAM
   uint64_t idle_swap_ms;        // idle time before an automatic swap-out; 0 = never
   uint64_t idle_disk_ms;        // idle time before swapped copies move to the disk tier; 0 = never
+  bool held;                    // suspended by a preemption: swapped out, GPU calls wait
 };
 
 struct ProcessInfo {
@@ -297,6 +298,9 @@ class GpuRegion {
   // Owner side: whether the vGPU's processes allocate movable VRAM, and its idle timeout
   // (0 = never swapped automatically). Read by a process when it binds.
   RegionError SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t idle_swap_ms, uint64_t idle_disk_ms = 0);
+  // Preemption: while held, the vGPU's processes keep their movable VRAM swapped out and their
+  // GPU calls wait instead of swapping in (VgpuTier::held). kNotFound for a free slot.
+  RegionError SetHold(uint32_t vgpu_index, bool held);
   // Bytes of host memory the swapped copies of this GPU's tenants may hold together (0: none).
   void SetHostTierBudget(uint64_t bytes);
   // Asks every process of the vGPU to swap its movable VRAM out (freeze) or back in (thaw) and

@@ -185,7 +185,9 @@ struct alignas(kCacheLine) VgpuTier {
   std::atomic<uint32_t> enabled;           // 1: its processes allocate movable VRAM
   std::atomic<uint32_t> freeze_gen;        // bumped by each freeze request
   std::atomic<uint32_t> thaw_gen;          // bumped by each thaw request
-  uint32_t reserved0;
+  // Layout 4. 1 while the vGPU's allocation is suspended by a preemption: its processes swap out
+  // and their GPU calls wait (never swap in) until it is 0 again. Written by the node agent.
+  std::atomic<uint32_t> held;
   std::atomic<uint64_t> idle_swap_ms;      // swap out after this long without GPU calls; 0 = never
   std::atomic<uint64_t> idle_disk_ms;      // swapped and idle this long: move on to the disk tier
                                            // (processes started with TFUSION_TIER_DIR); 0 = never
@@ -291,6 +293,7 @@ static_assert(sizeof(TierHeader) == 64 && sizeof(VgpuTier) == 64 && sizeof(Proce
 static_assert(std::is_standard_layout_v<TierHeader> && std::is_standard_layout_v<VgpuTier> &&
               std::is_standard_layout_v<ProcessTier>);
 static_assert(offsetof(ProcessTier, last_active_ns) == 16 && offsetof(ProcessTier, swaps_out) == 48);
+static_assert(offsetof(VgpuTier, held) == 12 && offsetof(VgpuTier, api_freeze_gen) == 32);
 static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952);
 static_assert(sizeof(ProcessZero) == 64 && std::is_standard_layout_v<ProcessZero>);
 static_assert(offsetof(ProcessZero, actor_pid) == 16 && offsetof(ProcessZero, last_restore_us) == 32);

@@ -12,6 +12,7 @@ void ResetVgpuTier(VgpuTier* t) {
   t->idle_disk_ms.store(0, std::memory_order_relaxed);
   t->api_freeze_gen.store(0, std::memory_order_relaxed);
   t->api_thaw_gen.store(0, std::memory_order_relaxed);
+  t->held.store(0, std::memory_order_relaxed);
   // The generations keep counting: a process still holding an old value never mistakes a new
   // vGPU's first request for one it already handled.
 }
@@ -83,6 +84,14 @@ RegionError GpuRegion::SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t
   t->idle_swap_ms.store(enabled ? idle_swap_ms : 0, std::memory_order_relaxed);
   t->idle_disk_ms.store(enabled ? idle_disk_ms : 0, std::memory_order_relaxed);
   t->enabled.store(enabled ? 1 : 0, std::memory_order_release);
+  return RegionError::kOk;
+}
+
+RegionError GpuRegion::SetHold(uint32_t vgpu_index, bool held) {
+  VgpuTier* t = TierOfVgpu(vgpu_index);
+  if (t == nullptr) return RegionError::kInvalidArgument;
+  if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
+  t->held.store(held ? 1 : 0, std::memory_order_release);
   return RegionError::kOk;
 }
 
