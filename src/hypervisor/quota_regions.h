@@ -5,7 +5,8 @@
 // under `dir` (default /dev/shm/tensorfusion). Then, every time it learns the allocations the
 // controller placed on this node, Sync makes each region's vGPU table match: one vGPU per
 // allocation on that GPU (id = allocation id, VRAM limit in bytes, compute request and limit in
-// ppm of the whole GPU, QoS), created or updated in place; vGPUs of allocations that are gone are removed. Only
+// ppm of the whole GPU, QoS; with tiering, its idle timeouts: the allocation's overrides, else the
+// QoS defaults, rewritten whenever they differ), created or updated in place; vGPUs of allocations that are gone are removed. Only
 // vGPUs whose id looks like an allocation id ("a-...") are ever removed, so a vGPU that
 // `tfusion run` made for itself without a controller is left alone. A vGPU that a live process
 // still uses is kept (RemoveVgpu says busy), reported to the caller as lingering (the node agent
@@ -51,6 +52,9 @@ struct VgpuAssignment {
   bool tiering = false;  // movable VRAM, swapped out after the QoS's idle timeout (oversold pools)
   uint32_t freeze_requests = 0;  // the allocation's API freeze and thaw requests so far
   uint32_t thaw_requests = 0;
+  // Tier idle overrides of the allocation, ms (0 = never); -1: the QoS default.
+  int64_t idle_swap_ms = -1;
+  int64_t idle_disk_ms = -1;
 };
 
 class QuotaRegions {
