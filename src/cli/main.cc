@@ -196,6 +196,14 @@ int main(int argc, char** argv) {
                      "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
       ->envname("TFUSION_MPS_PIPE_DIRECTORY");
 
+  std::string up_host_tier_budget, hv_host_tier_budget;
+  const char* host_tier_budget_help =
+      "host memory the swapped VRAM of each GPU's tenants may hold, e.g. 64GiB (0: none; default: the GPU's "
+      "VRAM, at most half this machine's memory); reported to the controller";
+  const char* disk_tier_help = "folder (on NVMe) of this node's VRAM disk tier: its free space is reported to the controller";
+  up_cmd->add_option("--host-tier-budget", up_host_tier_budget, host_tier_budget_help)->envname("TFUSION_HOST_TIER_BUDGET");
+  up_cmd->add_option("--disk-tier", up.disk_tier_dir, disk_tier_help);
+
   tf::controller::ControllerOptions ctl;
   auto* ctl_cmd = app.add_subcommand("controller", "run the controller (API, scheduler, store)");
   ctl_cmd->add_option("--listen", ctl.listen_host, "API address")->capture_default_str();
@@ -250,6 +258,8 @@ int main(int argc, char** argv) {
   hv_cmd->add_option("--mps-pipe-dir", hv.mps_pipe_dir,
                      "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
       ->envname("TFUSION_MPS_PIPE_DIRECTORY");
+  hv_cmd->add_option("--host-tier-budget", hv_host_tier_budget, host_tier_budget_help)->envname("TFUSION_HOST_TIER_BUDGET");
+  hv_cmd->add_option("--disk-tier", hv.disk_tier_dir, disk_tier_help);
 
   auto device_plugin = tf::deviceplugin::AddDevicePluginCommand(&app);
 
@@ -477,6 +487,17 @@ int main(int argc, char** argv) {
   if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait, freeze_zero);
   if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait, freeze_zero);
   if (k8s_cmd->parsed()) return tf::k8s::RunK8s(k8s);
+  // --host-tier-budget of `up` and `hypervisor`: a size, or 0 for no host tier.
+  for (auto [text, bytes] : {std::pair{&up_host_tier_budget, &up.host_tier_budget_bytes},
+                             std::pair{&hv_host_tier_budget, &hv.host_tier_budget_bytes}}) {
+    if (text->empty()) continue;
+    auto parsed = *text == "0" ? tf::StatusOr<uint64_t>(uint64_t{0}) : tf::cli::ParseVramSize("--host-tier-budget", *text);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "tfusion: %s\n", parsed.status().message().c_str());
+      return 2;
+    }
+    *bytes = static_cast<int64_t>(*parsed);
+  }
   if (up_cmd->parsed()) return tf::controller::RunUp(up);
   if (ctl_cmd->parsed()) return tf::controller::RunController(ctl);
   if (hv_cmd->parsed()) return tf::controller::RunHypervisor(hv);

@@ -29,20 +29,24 @@ struct PoolAllocation {
   double tflops_limit = 0; // the limit in FP16 TFLOPS on that GPU
   std::string qos;         // low, medium, high or critical
   bool tiering = false;    // the pool oversubscribes VRAM: the vGPU gets VRAM tiering
+  int64_t idle_swap_ms = -1;  // the allocation's tier idle overrides, ms (0 = never); -1: QoS default
+  int64_t idle_disk_ms = -1;
 };
 
 // `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of
 // `tflops_or_0` (FP16 TFLOPS) and `percent_or_0` (of one GPU, (0, 100]) must be > 0;
 // `vram_bytes` > 0. `limit_or_0` is the compute limit (ceiling) in the request's unit (TFLOPS
 // or percent), at least the request; 0 = the request. `pool` and `qos` may be empty (the controller's defaults: pool "default",
-// QoS medium); `tenant` may be empty (no quota applies), else its quota is checked. Errors: kInvalidArgument (bad input, also as the controller reports it),
+// QoS medium); `tenant` may be empty (no quota applies), else its quota is checked. `idle_swap_ms`
+// and `idle_disk_ms` (>= 0) are the allocation's tier idle overrides; -1: the QoS defaults. Errors: kInvalidArgument (bad input, also as the controller reports it),
 // kOutOfMemory (no GPU has room), kResourceExhausted (tenant quota), kUnauthenticated (token),
 // kNotFound (pool), kUnavailable (controller unreachable or not the leader).
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,
                                                const std::string& qos, const std::string& tenant = "",
-                                               double limit_or_0 = 0, int lease_s = 0);
+                                               double limit_or_0 = 0, int lease_s = 0,
+                                               int64_t idle_swap_ms = -1, int64_t idle_disk_ms = -1);
 
 // Renews the allocation's lease (RequestPoolAllocation with lease_s). kNotFound when it is gone.
 Status RenewPoolAllocation(const std::string& url, const std::string& token, const std::string& id);

@@ -131,12 +131,15 @@ struct Pooled {
   std::string remote_worker;  // not empty: the GPU is on another node, reached through this worker
   bool tiering = false;       // the pool oversubscribes VRAM
   std::string qos;            // as granted, for a remote worker (empty: medium)
+  int64_t idle_swap_ms = -1;  // the allocation's tier idle overrides (ms); -1: the QoS default
+  int64_t idle_disk_ms = -1;
 };
 
 // Asks the controller for a vGPU. An unreachable controller is not an error: the command then
 // runs with a local vGPU, as without --controller. A placement on another machine runs through
 // that node's worker (ChooseRunPlacement), or is refused when it registered none.
-StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<LocalGpu>& gpus) {
+StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<LocalGpu>& gpus,
+                                        std::optional<uint64_t> idle_swap_ms, std::optional<uint64_t> idle_disk_ms) {
   Pooled out;
   if (o.vram.empty()) return InvalidArgument("--vram is required when a controller places the vGPU");
   auto vram = ParseVramSize("--vram", o.vram);
@@ -147,7 +150,9 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   if (!qos.ok()) return qos.status();
   const double limit = compute->tflops > 0 ? compute->tflops_limit : compute->percent_limit;
   auto a = RequestPoolAllocation(o.controller, o.token, compute->tflops, compute->percent, *vram, o.pool, o.qos,
-                                 o.tenant, limit, kRunLeaseSeconds);
+                                 o.tenant, limit, kRunLeaseSeconds,
+                                 idle_swap_ms ? static_cast<int64_t>(*idle_swap_ms) : -1,
+                                 idle_disk_ms ? static_cast<int64_t>(*idle_disk_ms) : -1);
   if (!a.ok()) {
     if (a.status().code() == StatusCode::kUnavailable) {
       std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",
@@ -178,6 +183,8 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   StatusOr<uint32_t> granted_qos = ParseQosFlag(a->qos);
   out.limits.qos = granted_qos.ok() ? *granted_qos : *qos;
   out.tiering = a->tiering;
+  out.idle_swap_ms = a->idle_swap_ms;
+  out.idle_disk_ms = a->idle_disk_ms;
   const std::string granted = ShareText(out.limits);
   if (where->remote) {
     out.remote_worker = where->worker_address;
@@ -280,7 +287,7 @@ int RunCommand(const RunOptions& o) {
   if (!mps_dir.ok()) return Fail(mps_dir.status().message());
   std::optional<Pooled> pooled;
   if (!o.controller.empty()) {
-    auto placed = PlaceThroughController(o, LocalGpusIfAny(o));
+    auto placed = PlaceThroughController(o, LocalGpusIfAny(o), idle_swap_ms, idle_disk_ms);
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
       if (tiering) return Fail("--tiering and --idle-swap work on a local vGPU only (this one was placed on another node)");
@@ -381,6 +388,10 @@ int RunCommand(const RunOptions& o) {
   if (guarded && (tiering || (pooled && pooled->tiering))) {
     uint64_t ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(limits->qos);
     uint64_t disk_ms = o.disk_tier.empty() ? 0 : idle_disk_ms ? *idle_disk_ms : limiter::DefaultIdleDiskMs(limits->qos);
+    if (pooled && pooled->tiering) {  // what the node agent writes too: the allocation's overrides, else the QoS's
+      ms = pooled->idle_swap_ms >= 0 ? static_cast<uint64_t>(pooled->idle_swap_ms) : limiter::DefaultIdleSwapMs(limits->qos);
+      disk_ms = pooled->idle_disk_ms >= 0 ? static_cast<uint64_t>(pooled->idle_disk_ms) : limiter::DefaultIdleDiskMs(limits->qos);
+    }
     e = region.SetTierPolicy(index, true, ms, disk_ms);
     if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
@@ -582,6 +593,20 @@ double UsePpm(const limiter::RegionSnapshot& before, const limiter::RegionSnapsh
   return -1;
 }
 
+// `tfusion smi -p`: the idle timeouts each tiered vGPU's processes follow (its allocation's
+// overrides or the QoS defaults, as the region holds them).
+void PrintTierIdlePolicy(const limiter::RegionSnapshot& snap) {
+  bool header = false;
+  for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
+    const auto& v = snap.vgpus[i];
+    if (!v.tier_enabled) continue;
+    if (!header) std::printf("  %-24s %-10s %s\n", "VGPU", "IDLE SWAP", "IDLE DISK");
+    header = true;
+    std::printf("  %-24s %-10s %s\n", v.id, controller::TierIdleText(static_cast<int64_t>(v.idle_swap_ms)).c_str(),
+                controller::TierIdleText(static_cast<int64_t>(v.idle_disk_ms)).c_str());
+  }
+}
+
 }  // namespace
 
 int SmiCommand(bool all_processes, double sample_seconds) {
@@ -666,6 +691,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
                     p.throttled_ns / 1e9, TierStateText(p.tier_state), tiered ? FormatBytes(p.host_bytes).c_str() : "-",
                     tiered ? FormatBytes(p.fixed_bytes).c_str() : "-", tiered ? idle : "-");
       }
+      PrintTierIdlePolicy(snap);
     }
   }
   return rc;

@@ -50,6 +50,7 @@ Status Authorize(const ApiToken& who, const std::string& method, const std::stri
     if (read && path == "/v1/quotas") return Status::Ok();
     if (method == "POST" && path == "/v1/allocations") return Status::Ok();
     if (method == "DELETE" && matches(kOneAllocation)) return Status::Ok();
+    if (method == "PATCH" && matches(kOneAllocation)) return Status::Ok();  // tier idle overrides
     if (method == "POST" && matches(kAllocationAction)) return Status::Ok();
     return PermissionDenied("a tenant token (tenant '" + who.tenant + "') may not " + method + " " + path +
                             ": it manages its own allocations only; ask an admin");
@@ -174,6 +175,27 @@ StatusOr<json> ParseBody(const httplib::Request& req) {
   return j;
 }
 
+// The tier idle overrides of a request body (idle_swap_ms, idle_disk_ms; absent: unset), each
+// refused with a message naming it unless an integer of 0 (never) to 30 days in ms. With
+// `null_clears` (PATCH), null sets the field to "back to the QoS default" (an empty value).
+Status ReadTierIdle(const json& body, bool null_clears, std::optional<std::optional<int64_t>>* swap,
+                    std::optional<std::optional<int64_t>>* disk) {
+  Fields f(body);
+  for (auto [name, out] : {std::pair{"idle_swap_ms", swap}, std::pair{"idle_disk_ms", disk}}) {
+    auto it = body.find(name);
+    if (it == body.end() || (it->is_null() && !null_clears)) continue;
+    if (it->is_null()) {
+      *out = std::optional<int64_t>{};
+      continue;
+    }
+    const int64_t ms = f.Int(name);
+    TF_RETURN_IF_ERROR(f.status());
+    TF_RETURN_IF_ERROR(ValidateTierIdle(name, ms));
+    *out = ms;
+  }
+  return Status::Ok();
+}
+
 // A pool from a request body; `name` (from the path) wins over the body's.
 StatusOr<Pool> PoolSpec(const json& body, const std::string& name) {
   Fields f(body);
@@ -199,6 +221,7 @@ json GpuJson(const GpuStatus& g) {
   j["utilization_percent"] = g.utilization_percent;
   j["memory_used_mib"] = g.memory_used_mib;
   j["sampled_ms"] = g.sampled_ms;
+  j["schedulable_vram_mib"] = g.schedulable_vram_mib;
   return j;
 }
 
@@ -520,10 +543,12 @@ void ApiServer::Routes() {
         GpuReport r{gf.Str("uuid", true), gf.Str("model"), static_cast<int>(gf.Int("index")),
                     g.contains("numa_node") ? static_cast<int>(gf.Int("numa_node")) : -1,
                     gf.Num("tflops", true), gf.Int("vram_mib", true)};
+        if (g.contains("host_tier_budget_mib")) r.host_tier_budget_mib = gf.Int("host_tier_budget_mib");
         if (!gf.status().ok()) return ReplyError(res, InvalidArgument("gpus: " + gf.status().message()));
         reg.gpus.push_back(std::move(r));
       }
     }
+    if (body->contains("disk_tier_budget_mib")) reg.disk_tier_budget_mib = f.Int("disk_tier_budget_mib");
     if (!f.status().ok()) return ReplyError(res, f.status());
     if (!OwnNode().empty() && reg.name != OwnNode())
       return ReplyError(res, PermissionDenied("this token registers node '" + OwnNode() + "' only"));
@@ -548,16 +573,19 @@ void ApiServer::Routes() {
     std::vector<GpuSample> samples;
     std::vector<VgpuUseSample> vgpus;
     std::string credential;
+    int64_t disk_tier_budget_mib = -1;
     if (!req.body.empty()) {
       StatusOr<json> body = ParseBody(req);
       if (!body.ok()) return ReplyError(res, body.status());
       Fields f(*body);
       credential = f.Str("credential");
+      if (body->contains("disk_tier_budget_mib")) disk_tier_budget_mib = f.Int("disk_tier_budget_mib");
       if (const json* gpus = f.Array("gpus")) {
         for (const json& g : *gpus) {
           if (!g.is_object()) return ReplyError(res, InvalidArgument("each entry of 'gpus' must be an object"));
           Fields gf(g);
           GpuSample smp{gf.Str("uuid", true), gf.Num("utilization_percent"), gf.Int("memory_used_mib")};
+          if (g.contains("host_tier_budget_mib")) smp.host_tier_budget_mib = gf.Int("host_tier_budget_mib");
           if (!gf.status().ok()) return ReplyError(res, InvalidArgument("gpus: " + gf.status().message()));
           samples.push_back(std::move(smp));
         }
@@ -573,6 +601,13 @@ void ApiServer::Routes() {
           if (!kTierStates.count(u.tier_state) || u.swapped_bytes < 0)
             return ReplyError(res, InvalidArgument("vgpus: tier_state must be one of off, resident, swapping out, "
                                                    "swapped, swapping in, on disk, mixed; swapped_bytes >= 0"));
+          for (auto [name, out] : {std::pair{"applied_idle_swap_ms", &u.applied_idle_swap_ms},
+                                   std::pair{"applied_idle_disk_ms", &u.applied_idle_disk_ms}}) {
+            if (!v.contains(name)) continue;
+            *out = vf.Int(name);
+            if (vf.status().ok() && !ValidateTierIdle(name, *out).ok())
+              return ReplyError(res, InvalidArgument(std::string("vgpus: ") + ValidateTierIdle(name, *out).message()));
+          }
           if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
           if (u.busy_ns_total < 0 || u.throttled_ns_total < 0)
             return ReplyError(res, InvalidArgument("vgpus: busy_ns_total and throttled_ns_total must be >= 0"));
@@ -594,7 +629,7 @@ void ApiServer::Routes() {
       }
       if (!f.status().ok()) return ReplyError(res, f.status());
     }
-    Status st = c->Heartbeat(req.matches[1], samples, vgpus, credential);
+    Status st = c->Heartbeat(req.matches[1], samples, vgpus, credential, disk_tier_budget_mib);
     if (!st.ok()) return ReplyError(res, st);
     Reply(res, 200, {{"ok", true}});
   });
@@ -654,6 +689,10 @@ void ApiServer::Routes() {
       if (!q.ok()) return ReplyError(res, q.status());
       w.qos = *q;
     }
+    std::optional<std::optional<int64_t>> idle_swap, idle_disk;
+    if (Status st = ReadTierIdle(*body, false, &idle_swap, &idle_disk); !st.ok()) return ReplyError(res, st);
+    if (idle_swap) w.idle_swap_ms = *idle_swap;
+    if (idle_disk) w.idle_disk_ms = *idle_disk;
     StatusOr<Workload> out = c->CreateWorkload(w);
     if (!out.ok()) return ReplyError(res, out.status());
     Reply(res, 201, ToJson(*out));
@@ -729,6 +768,8 @@ void ApiServer::Routes() {
                     v["tier_state"] = u->tier_state;
                     v["swapped_mib"] = u->swapped_bytes >> 20;
                   }
+                  if (u->applied_idle_swap_ms >= 0) v["applied_idle_swap_ms"] = u->applied_idle_swap_ms;
+                  if (u->applied_idle_disk_ms >= 0) v["applied_idle_disk_ms"] = u->applied_idle_disk_ms;
                   json procs = json::array();
                   for (const VgpuProcess& p : u->processes)
                     procs.push_back({{"pid", p.pid}, {"vram_mib", p.vram_bytes >> 20}});
@@ -753,6 +794,10 @@ void ApiServer::Routes() {
       a.allow_preemption = it->get<bool>();
     }
     if (!f.status().ok()) return ReplyError(res, f.status());
+    std::optional<std::optional<int64_t>> idle_swap, idle_disk;
+    if (Status st = ReadTierIdle(*body, false, &idle_swap, &idle_disk); !st.ok()) return ReplyError(res, st);
+    if (idle_swap) a.idle_swap_ms = *idle_swap;
+    if (idle_disk) a.idle_disk_ms = *idle_disk;
     if (!OwnTenant().empty()) {
       if (!a.tenant.empty() && a.tenant != OwnTenant())
         return ReplyError(res, PermissionDenied("this token allocates for tenant '" + OwnTenant() + "' only"));
@@ -791,6 +836,25 @@ void ApiServer::Routes() {
   Record("GET", R"(/v1/allocations/([^/]+))");
   s.Get(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
+    if (!a.ok()) return ReplyError(res, a.status());
+    Reply(res, 200, ToJson(*a));
+  });
+  // PATCH changes the allocation's tier idle overrides only (null: back to the QoS default); its
+  // node's agent applies them at its next sync.
+  Record("PATCH", R"(/v1/allocations/([^/]+))");
+  s.Patch(R"(/v1/allocations/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    StatusOr<json> body = ParseBody(req);
+    if (!body.ok()) return ReplyError(res, body.status());
+    for (const auto& [key, value] : body->items()) {
+      if (key != "idle_swap_ms" && key != "idle_disk_ms")
+        return ReplyError(res, InvalidArgument("field '" + key + "' cannot be changed on a live allocation "
+                                               "(PATCH takes idle_swap_ms and idle_disk_ms)"));
+    }
+    TierIdleChange change;
+    if (Status st = ReadTierIdle(*body, true, &change.idle_swap_ms, &change.idle_disk_ms); !st.ok())
+      return ReplyError(res, st);
+    StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
+    if (a.ok()) a = c->SetTierIdle(req.matches[1], change);
     if (!a.ok()) return ReplyError(res, a.status());
     Reply(res, 200, ToJson(*a));
   });

@@ -190,6 +190,8 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   hypervisor::NodeAgentOptions ao{o.controller_url, token, o.node_name, o.pool, "", "",
                                   int64_t{o.stop_grace_seconds} * 1000, o.worker_address, o.credential_file};
   ao.ca_file = o.ca_file;
+  ao.host_tier_budget_bytes = o.host_tier_budget_bytes;
+  ao.disk_tier_dir = o.disk_tier_dir;
   if (!o.catalog_overrides_file.empty()) {
     std::ifstream in(o.catalog_overrides_file);
     if (!in) {
@@ -422,7 +424,19 @@ int RunController(const ControllerOptions& o) {
   return 0;
 }
 
+namespace {
+// --disk-tier: a folder this user can write (where the node's tenants keep swapped VRAM on disk).
+Status CheckDiskTierDir(const std::string& dir) {
+  struct stat st;
+  if (dir.empty()) return Status::Ok();
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(dir.c_str(), W_OK) != 0)
+    return InvalidArgument("--disk-tier " + dir + ": not a folder this user can write");
+  return Status::Ok();
+}
+}  // namespace
+
 int RunHypervisor(const HypervisorOptions& o) {
+  if (Status st = CheckDiskTierDir(o.disk_tier_dir); !st.ok()) return Fail(st), 2;
   StatusOr<std::string> token = ResolveToken(o.token, o.token_file);
   if (!token.ok()) {
     Fail(token.status());
@@ -443,6 +457,7 @@ int RunHypervisor(const HypervisorOptions& o) {
 }
 
 int RunUp(const UpOptions& o) {
+  if (Status st = CheckDiskTierDir(o.disk_tier_dir); !st.ok()) return Fail(st), 2;
   if (StatusOr<SqliteDurability> d = ParseSqliteDurability(o.durability); !d.ok()) return Fail(d.status()), 2;
   const ServerTlsFiles own_tls{o.tls_cert, o.tls_key};
   if (o.tls && own_tls.enabled())
@@ -527,6 +542,8 @@ int RunUp(const UpOptions& o) {
   ho.credential_file = o.state_dir + "/node-credential";
   ho.stop_grace_seconds = o.stop_grace_seconds;
   ho.mps_pipe_dir = o.mps_pipe_dir;
+  ho.host_tier_budget_bytes = o.host_tier_budget_bytes;
+  ho.disk_tier_dir = o.disk_tier_dir;
   int rc = AgentLoop(ho, token);
   while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
   rt.Stop();
@@ -540,12 +557,12 @@ int PoolList(const ClientOptions& c) {
   if (!gpus.ok()) return Fail(gpus.status());
   std::vector<std::vector<std::string>> rows{
       {"POOL", "MODE", "OVERSELL", "VRAM+HOST%", "VRAM+DISK%", "GPUS", "TFLOPS", "ALLOC_TFLOPS", "VRAM_MIB",
-       "ALLOC_VRAM_MIB"}};
+       "ALLOC_VRAM_MIB", "SCHED_VRAM_MIB"}};
   for (const json& p : (*pools)["pools"]) {
     std::string name = p.value("name", "");
     int n = 0;
     double t = 0, ut = 0;
-    int64_t v = 0, uv = 0;
+    int64_t v = 0, uv = 0, sv = 0;
     for (const json& g : (*gpus)["gpus"]) {
       if (g.value("pool", "") != name) continue;
       ++n;
@@ -553,10 +570,13 @@ int PoolList(const ClientOptions& c) {
       ut += g.value("used_tflops", 0.0);
       v += g.value("vram_mib", int64_t{0});
       uv += g.value("used_vram_mib", int64_t{0});
+      // What placement counts: VRAM plus the expansion the nodes' tier budgets allow.
+      sv += g.value("schedulable_vram_mib", g.value("vram_mib", int64_t{0}));
     }
     rows.push_back({name, p.value("placement_mode", ""), Fixed(p.value("tflops_oversell_ratio", 1.0), 2),
                     std::to_string(p.value("vram_expand_to_host_percent", 0)),
-                    std::to_string(p.value("vram_expand_to_disk_percent", 0)), std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv)});
+                    std::to_string(p.value("vram_expand_to_disk_percent", 0)), std::to_string(n), Fixed(t), Fixed(ut), std::to_string(v), std::to_string(uv),
+                    std::to_string(sv)});
   }
   PrintTable(Out(c), rows);
   return 0;
@@ -663,21 +683,27 @@ int NodeList(const ClientOptions& c) {
   StatusOr<json> gpus = CallList(c, "/v1/gpus", "gpus");
   if (!gpus.ok()) return Fail(gpus.status());
   std::vector<std::vector<std::string>> rows{
-      {"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER"}};
+      {"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER", "SCHED_VRAM_MIB", "HOST_TIER_MIB",
+       "DISK_TIER_MIB"}};
+  // A tier budget as the agent reported it; "-" when it did not (the pool's expansion counts in full).
+  auto budget = [](int64_t mib) { return mib < 0 ? std::string("-") : std::to_string(mib); };
   for (const json& n : (*nodes)["nodes"]) {
     std::string name = n.value("name", "");
     int count = 0;
     double t = 0;
-    int64_t v = 0;
+    int64_t v = 0, sv = 0, host = -1;
     for (const json& g : (*gpus)["gpus"])
       if (g.value("node", "") == name) {
         ++count;
         t += g.value("tflops", 0.0);
         v += g.value("vram_mib", int64_t{0});
+        sv += g.value("schedulable_vram_mib", g.value("vram_mib", int64_t{0}));
+        if (const int64_t h = g.value("host_tier_budget_mib", int64_t{-1}); h >= 0) host = std::max<int64_t>(host, 0) + h;
       }
     rows.push_back({name, n.value("pool", ""), n.value("state", ""), std::to_string(count), Fixed(t),
                     std::to_string(v), n.value("address", ""),
-                    n.value("worker_address", "").empty() ? "-" : n.value("worker_address", "")});
+                    n.value("worker_address", "").empty() ? "-" : n.value("worker_address", ""), std::to_string(sv),
+                    budget(host), budget(n.value("disk_tier_budget_mib", int64_t{-1}))});
   }
   PrintTable(Out(c), rows);
   return 0;
@@ -766,6 +792,22 @@ std::string SharePercent(const json& vgpu, const char* key, const char* fallback
   return ppm == 0 ? "-" : Fixed(ppm / 10'000.0) + "%";
 }
 
+// "; idle: swap 30s, disk never" for an allocation with tiering: the timeouts its node applied
+// (the last heartbeat), else its overrides not yet applied ("pending"); "" when neither is known.
+std::string TierIdleSuffix(const json& a) {
+  if (!a.value("tiering", false)) return "";
+  for (const json& v : a["vgpus"]) {
+    if (v.contains("applied_idle_swap_ms"))
+      return "; idle: swap " + TierIdleText(v.value("applied_idle_swap_ms", int64_t{0})) + ", disk " +
+             TierIdleText(v.value("applied_idle_disk_ms", int64_t{0}));
+  }
+  if (!a.contains("idle_swap_ms") && !a.contains("idle_disk_ms")) return "";
+  std::string s = "; idle (pending):";
+  if (a.contains("idle_swap_ms")) s += " swap " + TierIdleText(a.value("idle_swap_ms", int64_t{0}));
+  if (a.contains("idle_disk_ms")) s += std::string(a.contains("idle_swap_ms") ? "," : "") + " disk " + TierIdleText(a.value("idle_disk_ms", int64_t{0}));
+  return s;
+}
+
 }  // namespace
 
 int Ps(const ClientOptions& c) {
@@ -800,7 +842,7 @@ int Ps(const ClientOptions& c) {
     if (!tier.empty() && swapped > 0) tier += " " + std::to_string(swapped) + " MiB";
     // Preempted with its VRAM swapped out: "suspended by a-..., swapped 30720 MiB".
     std::string state = a.value("suspended", false) ? "suspended by " + a.value("suspended_by", "") : "running";
-    row(a, tier.empty() ? state : state + ", " + tier);
+    row(a, (tier.empty() ? state : state + ", " + tier) + TierIdleSuffix(a));
   }
   // Allocations the controller took back: "preempted by a-...: stopping" until the node agent
   // reports their processes gone, then "...: stopped".

@@ -56,6 +56,8 @@ struct HypervisorOptions {
   std::string credential_file = ".tfusion/node-credential";  // NodeAgentOptions::credential_file
   std::string ca_file;                   // https:// controllers: NodeAgentOptions::ca_file
   std::string mps_pipe_dir;              // an operator's MPS daemon, published to tenants (hypervisor/mps.h)
+  int64_t host_tier_budget_bytes = -1;   // NodeAgentOptions::host_tier_budget_bytes
+  std::string disk_tier_dir;             // NodeAgentOptions::disk_tier_dir
 };
 
 struct UpOptions {
@@ -80,6 +82,8 @@ struct UpOptions {
   std::string ca_file;
   bool insecure_listen = false;          // as ControllerOptions
   std::string mps_pipe_dir;              // as HypervisorOptions
+  int64_t host_tier_budget_bytes = -1;   // as HypervisorOptions
+  std::string disk_tier_dir;             // as HypervisorOptions
 };
 
 struct ClientOptions {

@@ -629,7 +629,11 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
         return InvalidArgument("GPU " + g.uuid + ": tflops must be a number from 0 to 1e6");
       if (g.vram_mib < 0 || g.vram_mib > kMaxGpuVramMib)
         return InvalidArgument("GPU " + g.uuid + ": vram_mib must be from 0 to " + std::to_string(kMaxGpuVramMib));
+      if (g.host_tier_budget_mib != -1)
+        TF_RETURN_IF_ERROR(ValidateTierBudget("GPU " + g.uuid + ": host_tier_budget_mib", g.host_tier_budget_mib));
     }
+    if (reg.disk_tier_budget_mib != -1)
+      TF_RETURN_IF_ERROR(ValidateTierBudget("disk_tier_budget_mib", reg.disk_tier_budget_mib));
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     if (!pools_.count(reg.pool)) return NotFound("pool '" + reg.pool + "' not found");
@@ -649,9 +653,11 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
       node.credential_sha256 = node_it->second.value.credential_sha256;
     }
     if (node.credential_sha256.empty() && !reg.credential.empty()) node.credential_sha256 = Sha256Hex(reg.credential);
+    node.disk_tier_budget_mib = reg.disk_tier_budget_mib;
     writes.push_back(Write::Put(NodeKey(reg.name), Dump(node)));
     for (const GpuReport& r : reg.gpus) {
       Gpu g{r.uuid, reg.name, reg.pool, r.model, r.index, r.numa_node, ToMilliTflops(r.tflops), r.vram_mib, 0, 0, true};
+      g.host_tier_budget_mib = r.host_tier_budget_mib;
       auto it = gpus_.find(r.uuid);
       if (it != gpus_.end()) {
         if (it->second.value.node != reg.name)
@@ -703,7 +709,8 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
 }
 
 Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples,
-                             const std::vector<VgpuUseSample>& vgpus, const std::string& credential) {
+                             const std::vector<VgpuUseSample>& vgpus, const std::string& credential,
+                             int64_t disk_tier_budget_mib) {
   return Durably([&]() -> Status {
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -720,7 +727,11 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       if (s.memory_used_mib < 0 || s.memory_used_mib > g->second.value.vram_mib)
         return InvalidArgument("GPU " + s.uuid + ": memory_used_mib must be from 0 to its VRAM (" +
                                std::to_string(g->second.value.vram_mib) + " MiB)");
+      if (s.host_tier_budget_mib != -1)
+        TF_RETURN_IF_ERROR(ValidateTierBudget("GPU " + s.uuid + ": host_tier_budget_mib", s.host_tier_budget_mib));
     }
+    if (disk_tier_budget_mib != -1) TF_RETURN_IF_ERROR(ValidateTierBudget("disk_tier_budget_mib", disk_tier_budget_mib));
+    TF_RETURN_IF_ERROR(UpdateTierBudgetsLocked(name, samples, disk_tier_budget_mib));
     last_heartbeat_ms_[name] = now;
     for (const GpuSample& s : samples) {
       samples_[s.uuid] = s;
@@ -742,6 +753,8 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       k.use.tier_state = v.tier_state;
       k.use.swapped_bytes = v.swapped_bytes;
       k.use.processes = v.processes;
+      k.use.applied_idle_swap_ms = v.applied_idle_swap_ms;
+      k.use.applied_idle_disk_ms = v.applied_idle_disk_ms;
     }
     if (it->second.value.state == NodeState::kReady) return Status::Ok();
     // A lost node came back: it is ready again (allocations released meanwhile stay released).
@@ -766,6 +779,65 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
     placement_dirty_ = true;
     return Status::Ok();
   });
+}
+
+Status Controller::UpdateTierBudgetsLocked(const std::string& name, const std::vector<GpuSample>& samples,
+                                           int64_t disk_tier_budget_mib) {
+  auto it = nodes_.find(name);
+  std::vector<Compare> compares;
+  std::vector<Write> writes;
+  std::optional<Node> node;
+  if (disk_tier_budget_mib >= 0 && disk_tier_budget_mib != it->second.value.disk_tier_budget_mib) {
+    node = it->second.value;
+    node->disk_tier_budget_mib = disk_tier_budget_mib;
+    compares.push_back(Compare::At(NodeKey(name), it->second.revision));
+    writes.push_back(Write::Put(NodeKey(name), Dump(*node)));
+  }
+  std::vector<Gpu> gpus;
+  for (const GpuSample& s : samples) {
+    const Versioned<Gpu>& g = gpus_.at(s.uuid);  // checked by the caller
+    if (s.host_tier_budget_mib < 0 || s.host_tier_budget_mib == g.value.host_tier_budget_mib) continue;
+    Gpu u = g.value;
+    u.host_tier_budget_mib = s.host_tier_budget_mib;
+    compares.push_back(Compare::At(GpuKey(s.uuid), g.revision));
+    writes.push_back(Write::Put(GpuKey(s.uuid), Dump(u)));
+    gpus.push_back(u);
+  }
+  if (writes.empty()) return Status::Ok();
+  StatusOr<int64_t> rev = CommitLocked(compares, writes);
+  if (!rev.ok()) return rev.status();
+  if (node) it->second = {*node, *rev};
+  for (const Gpu& g : gpus) gpus_[g.uuid] = {g, *rev};
+  placement_dirty_ = true;  // the node's schedulable VRAM changed
+  return Status::Ok();
+}
+
+Status Controller::WithTierBudgetHintLocked(const Status& refusal, const PlacementRequest& pr) const {
+  auto pool = pools_.find(pr.pool);
+  if (refusal.code() != StatusCode::kOutOfMemory || pool == pools_.end()) return refusal;
+  const Pool& p = pool->second.value;
+  if (p.vram_expand_to_host_percent + p.vram_expand_to_disk_percent == 0) return refusal;
+  const std::map<std::string, size_t> per_node = GpusPerNodeLocked();
+  int64_t largest = 0, largest_unbounded = 0;
+  for (const auto& [uuid, g] : gpus_) {
+    if (g.value.pool != pr.pool || !g.value.schedulable) continue;
+    auto node = nodes_.find(g.value.node);
+    if (node == nodes_.end() || node->second.value.state != NodeState::kReady) continue;
+    largest = std::max(largest, SchedulableVramMib(g.value, &p, &node->second.value, per_node.at(g.value.node)));
+    largest_unbounded = std::max(largest_unbounded, SchedulableVramMib(g.value, &p, nullptr, 0));
+  }
+  if (pr.vram_mib <= largest || pr.vram_mib > largest_unbounded) return refusal;
+  return OutOfMemory(refusal.message() + ": a vGPU of " + std::to_string(pr.vram_mib) +
+                     " MiB needs more VRAM expansion than any node's tiers can hold (the most a GPU of pool '" +
+                     pr.pool + "' offers is " + std::to_string(largest) +
+                     " MiB: its VRAM plus the pool's expansion, bounded by its node's host tier budget and "
+                     "disk tier; `tfusion node ls` shows them)");
+}
+
+std::map<std::string, size_t> Controller::GpusPerNodeLocked() const {
+  std::map<std::string, size_t> n;
+  for (const auto& [uuid, g] : gpus_) ++n[g.value.node];
+  return n;
 }
 
 Status Controller::DeregisterNode(const std::string& name) {
@@ -839,9 +911,15 @@ StatusOr<NodeStatus> Controller::GetNode(const std::string& name) const {
 std::vector<GpuStatus> Controller::ListGpus(const std::string& pool_filter) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<GpuStatus> out;
+  const std::map<std::string, size_t> per_node = GpusPerNodeLocked();
   for (const auto& [uuid, g] : gpus_) {
     if (!pool_filter.empty() && g.value.pool != pool_filter) continue;
     GpuStatus s{g.value, 0, 0, 0};
+    auto pool = pools_.find(g.value.pool);
+    auto node = nodes_.find(g.value.node);
+    s.schedulable_vram_mib =
+        SchedulableVramMib(g.value, pool == pools_.end() ? nullptr : &pool->second.value,
+                           node == nodes_.end() ? nullptr : &node->second.value, per_node.at(g.value.node));
     if (auto it = samples_.find(uuid); it != samples_.end()) {
       s.utilization_percent = it->second.utilization_percent;
       s.memory_used_mib = it->second.memory_used_mib;
@@ -863,6 +941,8 @@ StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
     TF_RETURN_IF_ERROR(ValidateResources(ToTflops(w.milli_tflops), w.vram_mib, w.gpu_count, 0,
                                          ToTflops(w.milli_tflops_limit)));
     if (w.milli_tflops_limit <= 0) w.milli_tflops_limit = w.milli_tflops;
+    if (w.idle_swap_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_swap_ms", *w.idle_swap_ms));
+    if (w.idle_disk_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_disk_ms", *w.idle_disk_ms));
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     const double bound = MaxGpuTflopsLocked();
@@ -914,6 +994,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
   if (!req.request_id.empty()) TF_RETURN_IF_ERROR(ValidateName("request_id", req.request_id));
   if (req.lease_ms != 0 && (req.lease_ms < 5'000 || req.lease_ms > 3'600'000))
     return InvalidArgument("lease_s must be from 5 to 3600 (seconds)");
+  if (req.idle_swap_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_swap_ms", *req.idle_swap_ms));
+  if (req.idle_disk_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_disk_ms", *req.idle_disk_ms));
   return Durably([&]() -> StatusOr<Allocation> {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -937,6 +1019,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     pr.percent_limit = req.percent_limit;
     pr.node = req.node;
     std::string qos = req.qos;
+    std::optional<int64_t> idle_swap_ms = req.idle_swap_ms, idle_disk_ms = req.idle_disk_ms;
     if (!req.workload.empty()) {
       TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
       auto w = workloads_.find(req.workload);
@@ -950,6 +1033,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       if (pr.vram_mib == 0) pr.vram_mib = wl.vram_mib;
       if (pr.gpu_count == 0) pr.gpu_count = wl.gpu_count;
       if (qos.empty()) qos = QosName(wl.qos);
+      if (!idle_swap_ms) idle_swap_ms = wl.idle_swap_ms;
+      if (!idle_disk_ms) idle_disk_ms = wl.idle_disk_ms;
     }
     if (pr.pool.empty()) pr.pool = config_.default_pool;
     if (pr.gpu_count == 0) pr.gpu_count = 1;
@@ -985,10 +1070,12 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       StatusOr<PlacementDecision> d = placement_->Place(pr, req.allow_preemption);
       if (!d.ok()) {
         ++counters_.placements[{pr.pool, PlacementResultOf(d.status())}];
-        return d.status();
+        return WithTierBudgetHintLocked(d.status(), pr);
       }
       Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant, req.request_id};
       a.tiering = pr.tiering;
+      a.idle_swap_ms = idle_swap_ms;
+      a.idle_disk_ms = idle_disk_ms;
       a.lease_ms = req.lease_ms;
       a.lease_expires_ms = req.lease_ms > 0 ? clock_->NowMs() + req.lease_ms : 0;
       std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
@@ -1152,6 +1239,24 @@ StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze)
                                 "): it is thawed when the controller resumes it");
     }
     (freeze ? a.freeze_requests : a.thaw_requests) += 1;
+    return Status::Ok();
+  });
+}
+
+StatusOr<Allocation> Controller::SetTierIdle(const std::string& id, const TierIdleChange& change) {
+  if (change.idle_swap_ms && *change.idle_swap_ms)
+    TF_RETURN_IF_ERROR(ValidateTierIdle("idle_swap_ms", **change.idle_swap_ms));
+  if (change.idle_disk_ms && *change.idle_disk_ms)
+    TF_RETURN_IF_ERROR(ValidateTierIdle("idle_disk_ms", **change.idle_disk_ms));
+  if (!change.idle_swap_ms && !change.idle_disk_ms)
+    return InvalidArgument("nothing to change: give idle_swap_ms or idle_disk_ms (null: back to the QoS default)");
+  return UpdateAllocation(id, [&](Allocation& a) {
+    if (!a.tiering) {
+      return FailedPrecondition("allocation '" + id + "' has no VRAM tiering (its pool does not oversell VRAM: "
+                                "tfusion pool set POOL --vram-expand-host P), so it has no idle timeouts to change");
+    }
+    if (change.idle_swap_ms) a.idle_swap_ms = *change.idle_swap_ms;
+    if (change.idle_disk_ms) a.idle_disk_ms = *change.idle_disk_ms;
     return Status::Ok();
   });
 }

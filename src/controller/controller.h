@@ -52,6 +52,7 @@ struct GpuReport {  // what a node agent reports for one GPU at registration
   int numa_node = -1;
   double tflops = 0;
   int64_t vram_mib = 0;
+  int64_t host_tier_budget_mib = -1;  // its host tier budget; -1: not reported (Gpu)
 };
 
 struct NodeRegistration {
@@ -63,12 +64,14 @@ struct NodeRegistration {
   // The agent's node credential (a secret it keeps across restarts). The first registration that
   // presents one enrolls it; later registrations and heartbeats must present the same.
   std::string credential;
+  int64_t disk_tier_budget_mib = -1;  // its disk tier (Node); -1: not reported
 };
 
 struct GpuSample {  // one heartbeat sample for one GPU
   std::string uuid;
   double utilization_percent = 0;
   int64_t memory_used_mib = 0;
+  int64_t host_tier_budget_mib = -1;  // as now configured; -1: not reported (unchanged)
 };
 
 // One process of a vGPU: its pid in the PID namespace it attached from, and the VRAM it holds.
@@ -88,6 +91,9 @@ struct VgpuUseSample {
   std::string tier_state;     // VRAM tiering: resident, swapped, on disk, ...; empty: not reported
   int64_t swapped_bytes = 0;  // of its processes, in host memory or on disk
   std::vector<VgpuProcess> processes;  // its live processes, as the node's quota region lists them
+  // The tier idle timeouts its region holds (what the node applied), ms, 0 = never; -1: not reported.
+  int64_t applied_idle_swap_ms = -1;
+  int64_t applied_idle_disk_ms = -1;
 };
 
 // What `tfusion top` shows per vGPU: its compute use over the last heartbeat interval (percent of
@@ -99,6 +105,8 @@ struct VgpuUse {
   std::string tier_state;  // as last reported (empty: none)
   int64_t swapped_bytes = 0;
   std::vector<VgpuProcess> processes;
+  int64_t applied_idle_swap_ms = -1;  // as last reported; -1: none
+  int64_t applied_idle_disk_ms = -1;
 };
 
 struct AllocationRequest {
@@ -124,6 +132,16 @@ struct AllocationRequest {
   // Empty: any node of the pool. Else the vGPUs go on this node or nowhere (the Kubernetes
   // scheduler extender binds a pod to the node it chose).
   std::string node;
+  // Tier idle overrides (Allocation::idle_swap_ms); unset: the workload's, else the QoS default.
+  std::optional<int64_t> idle_swap_ms;
+  std::optional<int64_t> idle_disk_ms;
+};
+
+// A change of an allocation's tier idle overrides (PATCH): per field, absent = unchanged, an
+// empty value = back to the QoS default, else the new timeout in ms (0 = never).
+struct TierIdleChange {
+  std::optional<std::optional<int64_t>> idle_swap_ms;
+  std::optional<std::optional<int64_t>> idle_disk_ms;
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample
@@ -131,6 +149,7 @@ struct GpuStatus {  // a GPU with its latest heartbeat sample
   double utilization_percent = 0;
   int64_t memory_used_mib = 0;
   int64_t sampled_ms = 0;
+  int64_t schedulable_vram_mib = 0;  // what placement counts (SchedulableVramMib)
 };
 
 struct NodeStatus {
@@ -202,8 +221,11 @@ class Controller {
   StatusOr<Node> RegisterNode(const NodeRegistration& reg);
   // `vgpus`: use of the node's allocations' vGPUs; samples of allocations not on this node are
   // ignored (one released meanwhile), counters that go back start the interval again.
+  // `disk_tier_budget_mib` >= 0 and GPU samples' host_tier_budget_mib >= 0 that differ from what
+  // is stored are stored (the pool's schedulable VRAM on the node follows).
   Status Heartbeat(const std::string& node, const std::vector<GpuSample>& samples,
-                   const std::vector<VgpuUseSample>& vgpus = {}, const std::string& credential = "");
+                   const std::vector<VgpuUseSample>& vgpus = {}, const std::string& credential = "",
+                   int64_t disk_tier_budget_mib = -1);
   // Removes a node and its GPUs: kFailedPrecondition while allocations are on it. Its agent may
   // then enroll again (with any credential).
   Status DeregisterNode(const std::string& name);
@@ -228,6 +250,10 @@ class Controller {
   // on the allocation, carried out by its node's agent. kFailedPrecondition for an allocation
   // without VRAM tiering.
   StatusOr<Allocation> RequestTier(const std::string& allocation, bool freeze);
+  // Changes the allocation's tier idle overrides; its node's agent applies them at its next sync.
+  // kInvalidArgument for a value out of range or no change given, kFailedPrecondition for an
+  // allocation without VRAM tiering.
+  StatusOr<Allocation> SetTierIdle(const std::string& allocation, const TierIdleChange& change);
   // Extends the allocation's lease by its lease_ms from now. kFailedPrecondition without a lease.
   StatusOr<Allocation> RenewLease(const std::string& allocation);
   // The stored token a presented one matches; kUnauthenticated when none (unknown, revoked, wrong
@@ -323,6 +349,13 @@ class Controller {
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid
   std::unordered_map<std::string, int64_t> sampled_ms_;               // by GPU uuid
   double MaxGpuTflopsLocked() const;  // the bound of a TFLOPS request (catalog or pool)
+  // Stores tier budgets a heartbeat reports that differ from the stored ones (Heartbeat).
+  Status UpdateTierBudgetsLocked(const std::string& node, const std::vector<GpuSample>& samples,
+                                 int64_t disk_tier_budget_mib);
+  std::map<std::string, size_t> GpusPerNodeLocked() const;
+  // A refusal for lack of room, with why when the request would fit the pool's VRAM expansion but
+  // the nodes' tier budgets bound it below the request.
+  Status WithTierBudgetHintLocked(const Status& refusal, const PlacementRequest& request) const;
   struct VgpuCounters {
     int64_t busy_ns = 0, sampled_ms = 0;
     VgpuUse use;

@@ -56,19 +56,22 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   };
   std::map<std::string, PoolSums> sums;
   for (const auto& [n, p] : pools_) sums[n];
+  const std::map<std::string, size_t> per_node = GpusPerNodeLocked();
   for (const auto& [uuid, g] : gpus_) {
     PoolSums& s = sums[g.value.pool];
-    double oversell = 1, vram_expand = 1;
+    double oversell = 1;
+    const Pool* pool = nullptr;
     if (auto p = pools_.find(g.value.pool); p != pools_.end()) {
       oversell = p->second.value.tflops_oversell_ratio;
-      vram_expand = (100.0 + p->second.value.vram_expand_to_host_percent +
-                     p->second.value.vram_expand_to_disk_percent) / 100.0;
+      pool = &p->second.value;
     }
+    auto node = nodes_.find(g.value.node);
     s.cap_milli += g.value.milli_tflops;
     s.virtual_t += ToTflops(g.value.milli_tflops) * oversell;
     s.used_milli += g.value.used_milli_tflops;
     s.cap_v += static_cast<double>(g.value.vram_mib);
-    s.virtual_v += static_cast<double>(g.value.vram_mib) * vram_expand;
+    s.virtual_v += static_cast<double>(SchedulableVramMib(g.value, pool, node == nodes_.end() ? nullptr : &node->second.value,
+                                                          per_node.at(g.value.node)));
     s.used_v += static_cast<double>(g.value.used_vram_mib);
     s.gpus++;
   }
@@ -87,7 +90,7 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   per_pool("tf_pool_capacity_vram_bytes", "VRAM of the pool's physical GPUs, bytes.",
            [](const PoolSums& s) { return s.cap_v * kMiB; });
   per_pool("tf_pool_virtual_capacity_vram_bytes",
-           "VRAM the pool may hand out, bytes: physical VRAM expanded by the pool's host and disk tiers.",
+           "VRAM the pool may hand out, bytes: physical VRAM expanded by the pool's host and disk tiers, as far as each node's tier budgets allow.",
            [](const PoolSums& s) { return s.virtual_v * kMiB; });
   per_pool("tf_pool_allocated_vram_bytes", "VRAM of the pool's live allocations, bytes.",
            [](const PoolSums& s) { return s.used_v * kMiB; });

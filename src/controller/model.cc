@@ -89,7 +89,19 @@ json ToJson(const Node& n) {
           {"state", n.state == NodeState::kReady ? "ready" : "lost"},
           {"registered_ms", n.registered_ms},
           {"lost_since_ms", n.lost_since_ms},
-          {"credential_sha256", n.credential_sha256}};
+          {"credential_sha256", n.credential_sha256},
+          {"disk_tier_budget_mib", n.disk_tier_budget_mib}};
+}
+
+int64_t DiskTierShareMib(int64_t node_disk_tier_budget_mib, size_t node_gpus) {
+  if (node_disk_tier_budget_mib < 0) return -1;
+  return node_disk_tier_budget_mib / static_cast<int64_t>(std::max<size_t>(node_gpus, 1));
+}
+
+Status ValidateTierBudget(const std::string& what, int64_t mib) {
+  if (mib < 0 || mib > (int64_t{1} << 40))
+    return InvalidArgument(what + " must be an integer from 0 to 1099511627776 (MiB)");
+  return Status::Ok();
 }
 
 json ToJson(const Gpu& g) {
@@ -100,15 +112,45 @@ json ToJson(const Gpu& g) {
           {"vram_mib", g.vram_mib},
           {"used_tflops", ToTflops(g.used_milli_tflops)}, {"used_milli_tflops", g.used_milli_tflops},
           {"used_vram_mib", g.used_vram_mib},
-          {"schedulable", g.schedulable}};
+          {"schedulable", g.schedulable},
+          {"host_tier_budget_mib", g.host_tier_budget_mib}};
+}
+
+namespace {
+// Tier idle overrides: written only when set, so records without them read back unset.
+void PutTierIdle(json& j, const std::optional<int64_t>& swap_ms, const std::optional<int64_t>& disk_ms) {
+  if (swap_ms) j["idle_swap_ms"] = *swap_ms;
+  if (disk_ms) j["idle_disk_ms"] = *disk_ms;
+}
+void GetTierIdle(const json& j, std::optional<int64_t>& swap_ms, std::optional<int64_t>& disk_ms) {
+  if (j.contains("idle_swap_ms")) swap_ms = j.at("idle_swap_ms").get<int64_t>();
+  if (j.contains("idle_disk_ms")) disk_ms = j.at("idle_disk_ms").get<int64_t>();
+}
+}  // namespace
+
+Status ValidateTierIdle(const char* field, int64_t ms) {
+  if (ms < 0 || ms > kMaxTierIdleMs)
+    return InvalidArgument(std::string("field '") + field + "' must be an integer from 0 (never) to " +
+                           std::to_string(kMaxTierIdleMs) + " (30 days, in ms)");
+  return Status::Ok();
+}
+
+std::string TierIdleText(int64_t ms) {
+  if (ms <= 0) return "never";
+  if (ms % 3'600'000 == 0) return std::to_string(ms / 3'600'000) + "h";
+  if (ms % 60'000 == 0) return std::to_string(ms / 60'000) + "m";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + "s";
+  return std::to_string(ms) + "ms";
 }
 
 json ToJson(const Workload& w) {
   const MilliTflops limit = w.milli_tflops_limit > 0 ? w.milli_tflops_limit : w.milli_tflops;
-  return {{"name", w.name},         {"pool", w.pool},
-          {"tflops", ToTflops(w.milli_tflops)}, {"milli_tflops", w.milli_tflops},
-          {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)},
-          {"tflops_limit", ToTflops(limit)}, {"milli_tflops_limit", limit}};
+  json j = {{"name", w.name},         {"pool", w.pool},
+            {"tflops", ToTflops(w.milli_tflops)}, {"milli_tflops", w.milli_tflops},
+            {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)},
+            {"tflops_limit", ToTflops(limit)}, {"milli_tflops_limit", limit}};
+  PutTierIdle(j, w.idle_swap_ms, w.idle_disk_ms);
+  return j;
 }
 
 json ToJson(const Allocation& a) {
@@ -118,12 +160,14 @@ json ToJson(const Allocation& a) {
                      {"vram_mib", v.vram_mib}, {"gpu_index", v.gpu_index}, {"share_ppm", v.share_ppm},
                      {"tflops_limit", ToTflops(v.milli_tflops_limit)},
                      {"milli_tflops_limit", v.milli_tflops_limit}, {"limit_ppm", v.limit_ppm}});
-  return {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
-          {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
-          {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
-          {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests},
-          {"lease_ms", a.lease_ms}, {"lease_expires_ms", a.lease_expires_ms},
-          {"suspended", a.suspended}, {"suspended_by", a.suspended_by}, {"suspended_ms", a.suspended_ms}};
+  json j = {{"id", a.id},     {"workload", a.workload}, {"pool", a.pool},
+            {"node", a.node}, {"qos", QosName(a.qos)},  {"vgpus", vgpus},
+            {"created_ms", a.created_ms}, {"tenant", a.tenant}, {"request_id", a.request_id},
+            {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests},
+            {"lease_ms", a.lease_ms}, {"lease_expires_ms", a.lease_expires_ms},
+            {"suspended", a.suspended}, {"suspended_by", a.suspended_by}, {"suspended_ms", a.suspended_ms}};
+  PutTierIdle(j, a.idle_swap_ms, a.idle_disk_ms);
+  return j;
 }
 
 namespace {
@@ -212,6 +256,7 @@ StatusOr<Node> NodeFromJson(const std::string& text) {
     n.registered_ms = j.value("registered_ms", int64_t{0});
     n.lost_since_ms = j.value("lost_since_ms", int64_t{0});
     n.credential_sha256 = j.value("credential_sha256", "");
+    n.disk_tier_budget_mib = j.value("disk_tier_budget_mib", int64_t{-1});
   });
 }
 
@@ -228,6 +273,7 @@ StatusOr<Gpu> GpuFromJson(const std::string& text) {
     g.used_milli_tflops = ReadUsage(j);
     g.used_vram_mib = j.value("used_vram_mib", int64_t{0});
     g.schedulable = j.value("schedulable", true);
+    g.host_tier_budget_mib = j.value("host_tier_budget_mib", int64_t{-1});
   });
 }
 
@@ -242,6 +288,7 @@ StatusOr<Workload> WorkloadFromJson(const std::string& text) {
     w.qos = q.ok() ? *q : Qos::kMedium;
     // Older records: limit = request.
     w.milli_tflops_limit = ReadMilli(j, "milli_tflops_limit", "tflops_limit", w.milli_tflops);
+    GetTierIdle(j, w.idle_swap_ms, w.idle_disk_ms);
   });
 }
 
@@ -274,6 +321,7 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.suspended = j.value("suspended", false);
     a.suspended_by = j.value("suspended_by", "");
     a.suspended_ms = j.value("suspended_ms", int64_t{0});
+    GetTierIdle(j, a.idle_swap_ms, a.idle_disk_ms);
   });
 }
 

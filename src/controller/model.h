@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,10 @@ struct Node {
   // SHA-256 (hex) of the credential of the agent that enrolled the node; empty: none yet. Stored,
   // never shown by the API.
   std::string credential_sha256;
+  // Free space of the disk tier folder its agent was given (plus what the tier holds there), MiB,
+  // shared evenly by its GPUs (DiskTierShareMib); 0: no disk tier; -1: not reported (an older
+  // agent): the pool's disk expansion counts in full.
+  int64_t disk_tier_budget_mib = -1;
 };
 
 struct Gpu {
@@ -88,7 +93,15 @@ struct Gpu {
   MilliTflops used_milli_tflops = 0;  // the exact sum over the allocations on this GPU
   int64_t used_vram_mib = 0;
   bool schedulable = true;  // false while its node is lost
+  // Host memory the swapped VRAM of this GPU's tenants may hold (the node's host tier budget),
+  // MiB; -1: not reported (an older agent): the pool's host expansion counts in full.
+  int64_t host_tier_budget_mib = -1;
 };
+
+// One GPU's share of its node's disk tier: the node's budget / its GPU count; -1 stays -1.
+int64_t DiskTierShareMib(int64_t node_disk_tier_budget_mib, size_t node_gpus);
+// A tier budget an agent reports (host_tier_budget_mib, disk_tier_budget_mib): 0 to 2^40 MiB.
+Status ValidateTierBudget(const std::string& what, int64_t mib);
 
 struct Workload {
   std::string name;
@@ -98,6 +111,9 @@ struct Workload {
   int gpu_count = 1;
   Qos qos = Qos::kMedium;
   MilliTflops milli_tflops_limit = 0;  // per vGPU: the ceiling it may burst to; 0 = the request
+  // Tier idle overrides its allocations inherit (see Allocation); unset: the QoS defaults.
+  std::optional<int64_t> idle_swap_ms;
+  std::optional<int64_t> idle_disk_ms;
 };
 
 // One vGPU: a slice of one physical GPU. Compute has a request (what placement counts and what is
@@ -128,6 +144,11 @@ struct Allocation {
   // to the vGPUs' processes (docs/tiering.md).
   uint32_t freeze_requests = 0;
   uint32_t thaw_requests = 0;
+  // Tier idle overrides (docs/tiering.md): how long its vGPUs stay idle before they are swapped
+  // to host memory, and before swapped copies move on to the disk tier, in ms; 0 = never. Unset:
+  // the QoS default. The node agent writes them into the vGPUs' regions.
+  std::optional<int64_t> idle_swap_ms;
+  std::optional<int64_t> idle_disk_ms;
   // A lease (tfusion run): the holder renews it every so often; once lease_expires_ms passes
   // without a renewal the controller releases the allocation. 0: no lease.
   int64_t lease_ms = 0;
@@ -196,6 +217,14 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text);
 StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text);
 StatusOr<Eviction> EvictionFromJson(const std::string& text);
 StatusOr<ApiToken> ApiTokenFromJson(const std::string& text);
+
+// The longest tier idle override: 30 days, as `tfusion run --idle-swap` accepts.
+inline constexpr int64_t kMaxTierIdleMs = 30LL * 24 * 3'600'000;
+// A tier idle override `field` (idle_swap_ms or idle_disk_ms): 0 (never) to kMaxTierIdleMs.
+Status ValidateTierIdle(const char* field, int64_t ms);
+// A tier idle timeout as `tfusion ps` and `tfusion smi -p` show it: "never" (0), "500ms", "30s",
+// "10m", "2h".
+std::string TierIdleText(int64_t ms);
 
 // Names of pools, nodes, workloads and GPU UUIDs: 1-128 characters of [A-Za-z0-9._:-].
 Status ValidateName(const std::string& what, const std::string& name);

@@ -140,6 +140,9 @@ Status PlacementEngine::AddNode(const Node& n, std::vector<const Gpu*> gpus) {
     if (g->milli_tflops <= 0 || g->vram_mib <= 0 || spec.gpus.size() >= 64) continue;
     spec.gpus.push_back({g->model.empty() ? "unknown" : g->model, ToTflops(g->milli_tflops), g->vram_mib,
                          std::max(0, g->numa_node), 0});
+    const sched::TierBudgets budgets = GpuTierBudgets(*g, &n, gpus.size());
+    spec.gpus.back().host_tier_budget_mib = budgets.host_mib;
+    spec.gpus.back().disk_tier_budget_mib = budgets.disk_mib;
     uuids.push_back(g->uuid);
   }
   TF_RETURN_IF_ERROR(scheduler_->AddNode(spec));
@@ -271,6 +274,20 @@ void PlacementEngine::Suspend(const Allocation& a) { (void)scheduler_->Suspend(a
 
 std::unique_ptr<PlacementEngine> MakeSchedulerPlacement(sched::SchedulerOptions options) {
   return std::make_unique<PlacementEngine>(options);
+}
+
+sched::TierBudgets GpuTierBudgets(const Gpu& gpu, const Node* node, size_t node_gpus) {
+  return {gpu.host_tier_budget_mib, node ? DiskTierShareMib(node->disk_tier_budget_mib, node_gpus) : -1};
+}
+
+int64_t SchedulableVramMib(const Gpu& gpu, const Pool* pool, const Node* node, size_t node_gpus) {
+  sched::PoolSpec spec;
+  if (pool != nullptr) {
+    spec.vram_expand_to_host_percent = pool->vram_expand_to_host_percent;
+    spec.vram_expand_to_disk_percent = pool->vram_expand_to_disk_percent;
+  }
+  return sched::GpuSchedulableCapacity(ToTflops(gpu.milli_tflops), gpu.vram_mib, spec,
+                                       GpuTierBudgets(gpu, node, node_gpus)).vram_mib;
 }
 
 }  // namespace tf::controller

@@ -112,4 +112,11 @@ class PlacementEngine {
 
 std::unique_ptr<PlacementEngine> MakeSchedulerPlacement(sched::SchedulerOptions options = {});
 
+// The tier budgets that bound a GPU's VRAM expansion (sched::GpuSchedulableCapacity): its host
+// tier budget and its share of its node's disk tier; `node` null: not reported.
+sched::TierBudgets GpuTierBudgets(const Gpu& gpu, const Node* node, size_t node_gpus);
+// The VRAM placement counts on `gpu` (MiB): physical, plus its pool's expansion as far as the
+// node's tier budgets allow. `pool` null: no expansion. `node_gpus`: the GPUs of its node.
+int64_t SchedulableVramMib(const Gpu& gpu, const Pool* pool, const Node* node, size_t node_gpus);
+
 }  // namespace tf::controller

@@ -45,7 +45,7 @@ UsageSnapshot TakeUsageSnapshot(const Controller& c, int64_t now_ms) {
     const sched::SchedulableCapacity offered = sched::GpuSchedulableCapacity(ToTflops(g.milli_tflops), g.vram_mib, pool);
     GpuUsage u{g.uuid, g.node, g.pool, g.model, g.index, g.schedulable, ToTflops(g.milli_tflops),
                ToTflops(g.used_milli_tflops),
-               sched::ToTflops(offered.compute), g.vram_mib, g.used_vram_mib, offered.vram_mib,
+               sched::ToTflops(offered.compute), g.vram_mib, g.used_vram_mib, s.schedulable_vram_mib,
                s.utilization_percent, s.memory_used_mib, s.sampled_ms};
     PoolUsage& p = pools[g.pool];
     p.name = g.pool;

@@ -1,6 +1,7 @@
 #include "hypervisor/node_agent.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -77,6 +78,8 @@ Status NodeAgent::Discover() {
       }
       Status st = regions_->AttachGpu(d, g.tflops);
       if (!st.ok()) std::fprintf(stderr, "hypervisor: quota region of %s: %s\n", d.uuid.c_str(), st.ToString().c_str());
+      if (limiter::GpuRegion* r = regions_->region(d.uuid); r != nullptr && options_.host_tier_budget_bytes >= 0)
+        r->SetHostTierBudget(static_cast<uint64_t>(options_.host_tier_budget_bytes));
       gpus.push_back(std::move(g));
     }
     if (gpus.empty()) discovery_message_ = "the NVIDIA driver reports no GPU on this machine";
@@ -88,16 +91,34 @@ Status NodeAgent::Discover() {
   return Status::Ok();
 }
 
+TierBudgetReport NodeAgent::TierBudgets() const {
+  TierBudgetReport out;
+  uint64_t on_disk = 0;
+  for (const auto& snap : SnapshotRegions(regions_->dir())) {
+    out.host_mib[snap->gpu_uuid] = static_cast<int64_t>(snap->host_tier_budget_bytes >> 20);
+    for (uint32_t k = 0; k < snap->process_count; ++k)
+      if (snap->processes[k].tier_state == limiter::kTierOnDisk) on_disk += snap->processes[k].movable_bytes;
+  }
+  struct statvfs fs;
+  if (!options_.disk_tier_dir.empty() && statvfs(options_.disk_tier_dir.c_str(), &fs) == 0) {
+    const uint64_t bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize + on_disk;
+    out.disk_mib = static_cast<int64_t>(bytes >> 30) * 1024;
+  }
+  return out;
+}
+
 Status NodeAgent::Register() {
+  const TierBudgetReport budgets = TierBudgets();
   json gpus = json::array();
   for (const AgentGpu& g : this->gpus()) {
     json j = {{"uuid", g.device.uuid}, {"model", g.model}, {"index", g.device.index},
               {"tflops", g.tflops},    {"vram_mib", g.device.memory_total_mib}};
     if (g.device.numa_node >= 0) j["numa_node"] = g.device.numa_node;
+    if (auto b = budgets.host_mib.find(g.device.uuid); b != budgets.host_mib.end()) j["host_tier_budget_mib"] = b->second;
     gpus.push_back(j);
   }
   json body = {{"name", options_.node_name}, {"address", options_.address}, {"gpus", gpus},
-               {"credential", credential_}};
+               {"credential", credential_}, {"disk_tier_budget_mib", budgets.disk_mib}};
   if (!options_.worker_address.empty()) body["worker_address"] = options_.worker_address;
   if (!options_.pool.empty()) body["pool"] = options_.pool;
   return FromHttp(client_.Post("/v1/nodes", body.dump()), "registering node " + options_.node_name);
@@ -139,6 +160,7 @@ Status NodeAgent::Start() {
 
 Status NodeAgent::HeartbeatOnce() {
   StatusOr<std::vector<GpuUtilization>> samples = source_->Sample();
+  const TierBudgetReport budgets = TierBudgets();
   json gpus = json::array();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,6 +170,8 @@ Status NodeAgent::HeartbeatOnce() {
           if (g.device.uuid == u.uuid) g.last_sample = u;
         gpus.push_back({{"uuid", u.uuid}, {"utilization_percent", u.gpu_percent},
                         {"memory_used_mib", u.memory_used_mib}});
+        if (auto b = budgets.host_mib.find(u.uuid); b != budgets.host_mib.end())
+          gpus.back()["host_tier_budget_mib"] = b->second;
       }
     }
   }
@@ -180,12 +204,15 @@ Status NodeAgent::HeartbeatOnce() {
       if (v.tier_enabled) {
         entry["tier_state"] = state.empty() ? "resident" : state;
         entry["swapped_bytes"] = swapped;
+        entry["applied_idle_swap_ms"] = static_cast<int64_t>(v.idle_swap_ms);
+        entry["applied_idle_disk_ms"] = static_cast<int64_t>(v.idle_disk_ms);
       }
       vgpus.push_back(std::move(entry));
     }
   }
   Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
-                                    json{{"gpus", gpus}, {"vgpus", vgpus}, {"credential", credential_}}.dump()),
+                                    json{{"gpus", gpus}, {"vgpus", vgpus}, {"credential", credential_},
+                                         {"disk_tier_budget_mib", budgets.disk_mib}}.dump()),
                        "heartbeat");
   if (st.code() == StatusCode::kNotFound) st = Register();
   std::lock_guard<std::mutex> lock(mu_);
@@ -230,6 +257,8 @@ Status NodeAgent::SyncAllocationsOnce() {
       va.freeze_requests = a.value("freeze_requests", 0u);
       va.thaw_requests = a.value("thaw_requests", 0u);
       va.held = a.value("suspended", false);
+      va.idle_swap_ms = a.value("idle_swap_ms", int64_t{-1});
+      va.idle_disk_ms = a.value("idle_disk_ms", int64_t{-1});
       want.push_back(std::move(va));
     }
   }

@@ -42,6 +42,22 @@ struct NodeAgentOptions {
   // For https:// controller URLs: the CA file the controller's certificate must chain to; empty:
   // $TFUSION_CA_FILE, else the system's trust store (controller::HttpClient).
   std::string ca_file;
+  // VRAM tiering's room on this node, reported with registration and heartbeats so that a pool's
+  // VRAM expansion is bounded by it (docs/tiering.md). host_tier_budget_bytes >= 0 is set as the
+  // host tier budget of every GPU's region (-1: each keeps its own, by default the GPU's VRAM at
+  // most half the machine's memory); disk_tier_dir is the folder of the node's disk tier (empty:
+  // none, so no disk expansion here).
+  int64_t host_tier_budget_bytes = -1;
+  std::string disk_tier_dir;
+};
+
+// What the node agent reports of VRAM tiering's room: per GPU uuid its region's host tier budget,
+// and the disk tier's free space plus what the tier holds there now (so that swapped copies going
+// to disk do not shrink it), in MiB, rounded down to whole GiB so that the figure only moves when
+// the disk really fills. 0 without a disk tier folder.
+struct TierBudgetReport {
+  std::map<std::string, int64_t> host_mib;
+  int64_t disk_mib = 0;
 };
 
 struct AgentGpu {
@@ -73,6 +89,7 @@ class NodeAgent {
   const std::string& discovery_message() const { return discovery_message_; }
   const std::string& node_name() const { return options_.node_name; }
   std::string MetricsText() const;
+  TierBudgetReport TierBudgets() const;
 
  private:
   Status SyncAllocationsOnce();

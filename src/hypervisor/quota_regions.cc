@@ -78,8 +78,10 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     note(RegionStatus(made, "vGPU " + a.id + " on " + a.gpu_uuid));
     if (made == RegionError::kOk && a.tiering) {
       limiter::VgpuTier* t = r->TierOfVgpu(index);
-      if (t != nullptr && t->enabled.load() == 0) {
-        note(RegionStatus(r->SetTierPolicy(index, true, limiter::DefaultIdleSwapMs(qos)), "tiering of vGPU " + a.id));
+      const uint64_t swap_ms = a.idle_swap_ms >= 0 ? static_cast<uint64_t>(a.idle_swap_ms) : limiter::DefaultIdleSwapMs(qos);
+      const uint64_t disk_ms = a.idle_disk_ms >= 0 ? static_cast<uint64_t>(a.idle_disk_ms) : limiter::DefaultIdleDiskMs(qos);
+      if (t != nullptr && (t->enabled.load() == 0 || t->idle_swap_ms.load() != swap_ms || t->idle_disk_ms.load() != disk_ms)) {
+        note(RegionStatus(r->SetTierPolicy(index, true, swap_ms, disk_ms), "tiering of vGPU " + a.id));
       }
       // Each new API request once; the counters live in the region, so a restarted agent does not
       // repeat an old request.

@@ -5,7 +5,8 @@
 // under `dir` (default /dev/shm/tensorfusion). Then, every time it learns the allocations the
 // controller placed on this node, Sync makes each region's vGPU table match: one vGPU per
 // allocation on that GPU (id = allocation id, VRAM limit in bytes, compute request and limit in
-// ppm of the whole GPU, QoS), created or updated in place; vGPUs of allocations that are gone are removed. Only
+// ppm of the whole GPU, QoS; with tiering, its idle timeouts: the allocation's overrides, else the
+// QoS defaults, rewritten whenever they differ), created or updated in place; vGPUs of allocations that are gone are removed. Only
 // vGPUs whose id looks like an allocation id ("a-...") are ever removed, so a vGPU that
 // `tfusion run` made for itself without a controller is left alone. A vGPU that a live process
 // still uses is kept (RemoveVgpu says busy), reported to the caller as lingering (the node agent
@@ -56,6 +57,9 @@ struct VgpuAssignment {
   // GPU calls wait) and its compute request and limit drop to kHeldSharePpm. Cleared: the hold
   // ends and a thaw brings the VRAM back ahead of the next call.
   bool held = false;
+  // Tier idle overrides of the allocation, ms (0 = never); -1: the QoS default.
+  int64_t idle_swap_ms = -1;
+  int64_t idle_disk_ms = -1;
 };
 
 // The compute share of a held vGPU: the least the region takes (one millionth of the GPU).

@@ -5,10 +5,16 @@
 
 namespace tf::sched {
 
-SchedulableCapacity GpuSchedulableCapacity(double tflops, int64_t vram_mib, const PoolSpec& pool) {
-  const int64_t expand = pool.vram_expand_to_host_percent + pool.vram_expand_to_disk_percent;
+SchedulableCapacity GpuSchedulableCapacity(double tflops, int64_t vram_mib, const PoolSpec& pool,
+                                           TierBudgets budgets) {
+  auto bounded = [](int64_t expand_mib, int64_t budget_mib) {
+    return budget_mib < 0 ? expand_mib : std::min(expand_mib, budget_mib);
+  };
+  // Host and disk parts that add up to exactly VRAM x (host + disk) / 100 when nothing bounds them.
+  const int64_t host = vram_mib * pool.vram_expand_to_host_percent / 100;
+  const int64_t disk = vram_mib * (pool.vram_expand_to_host_percent + pool.vram_expand_to_disk_percent) / 100 - host;
   return {static_cast<MilliTflops>(std::floor(static_cast<double>(ToMilliTflops(tflops)) * pool.tflops_oversell_ratio)),
-          vram_mib + vram_mib * expand / 100};
+          vram_mib + bounded(host, budgets.host_mib) + bounded(disk, budgets.disk_mib)};
 }
 
 Status ClusterState::AddPool(const PoolSpec& pool) {
@@ -57,7 +63,8 @@ Status ClusterState::AddNode(const NodeSpec& spec) {
     GpuState s;
     s.model_id = model;
     s.capacity = ToMilliTflops(g.tflops);
-    const SchedulableCapacity offered = GpuSchedulableCapacity(g.tflops, g.vram_mib, ps);
+    const SchedulableCapacity offered =
+        GpuSchedulableCapacity(g.tflops, g.vram_mib, ps, {g.host_tier_budget_mib, g.disk_tier_budget_mib});
     s.schedulable = offered.compute;
     s.vram_capacity_mib = offered.vram_mib;
     s.numa_node = g.numa_node;

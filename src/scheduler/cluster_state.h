@@ -30,13 +30,20 @@ struct GpuState {
 };
 
 // What one GPU offers the requests of a pool: its physical TFLOPS x the pool's oversell ratio, and
-// its physical VRAM x (100 + vram_expand_to_host + vram_expand_to_disk) / 100. Placement counts
-// requests against these; the controller's console shows them as the virtual capacity.
+// its physical VRAM + min(VRAM x vram_expand_to_host / 100, host tier budget) + min(VRAM x
+// vram_expand_to_disk / 100, disk tier budget): the node's host memory and disk bound what the
+// pool may expand into. A budget of -1 (not reported) bounds nothing. Placement counts requests
+// against these; the controller's console and `tfusion pool ls` show them as the virtual capacity.
 struct SchedulableCapacity {
   MilliTflops compute = 0;
   int64_t vram_mib = 0;
 };
-SchedulableCapacity GpuSchedulableCapacity(double tflops, int64_t vram_mib, const PoolSpec& pool);
+struct TierBudgets {
+  int64_t host_mib = -1;  // the GPU's host tier budget
+  int64_t disk_mib = -1;  // its share of the node's disk tier
+};
+SchedulableCapacity GpuSchedulableCapacity(double tflops, int64_t vram_mib, const PoolSpec& pool,
+                                           TierBudgets budgets = {});
 
 struct NodeState {
   std::string name;

@@ -41,6 +41,10 @@ struct GpuSpec {
   int64_t vram_mib = 0;
   int numa_node = 0;
   uint64_t nvlink_peers = 0; // bit i set: NVLink to GPU i of the same node
+  // What the node's VRAM tiering can hold for this GPU (TierBudgets): host memory, and its share
+  // of the node's disk tier, MiB; -1: not reported (the pool's expansion counts in full).
+  int64_t host_tier_budget_mib = -1;
+  int64_t disk_tier_budget_mib = -1;
 };
 
 // REQUIRES 1..64 GPUs per node (bit masks), or 0 for a CPU-only node.

@@ -451,4 +451,64 @@ TEST_F(PoolCommandsTest, RunPlacedOnAnotherNodeGoesThroughItsWorkerOrSaysWhyNot)
   EXPECT_NE(bad->body.find("must be HOST:PORT"), std::string::npos) << bad->body;
 }
 
+// A pool's VRAM expansion is bounded by each node's tier budgets as its agent reports them
+// (registration and heartbeats, here sent as an agent sends them): a vGPU that fits only with
+// expansion goes to the node whose host tier can hold it, is refused with the reason where no
+// node's can, and `tfusion node ls` / `pool ls` show the VRAM placement counts.
+TEST_F(PoolCommandsTest, NodeTierBudgetsBoundAPoolsVramExpansion) {
+  tf::controller::HttpClient client(url_, "tok");
+  ASSERT_EQ(Tf("pool create tiered --vram-expand-host 100 --vram-expand-disk 50").rc, 0);
+  // 16 GiB GPUs: with a 2 GiB host tier and no disk tier, the small node offers 18 GiB.
+  auto small = client.Post("/v1/nodes", R"({"name": "tier-small", "pool": "tiered", "disk_tier_budget_mib": 0,
+      "gpus": [{"uuid": "GPU-small-0", "model": "L4", "tflops": 100, "vram_mib": 16384, "host_tier_budget_mib": 2048}]})");
+  ASSERT_TRUE(small.ok() && small->status == 200) << (small.ok() ? small->body : small.status().ToString());
+  auto refused = client.Post("/v1/allocations", R"({"pool": "tiered", "percent": 10, "vram_mib": 20000})");
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 409) << refused->body;
+  EXPECT_NE(refused->body.find("host tier budget"), std::string::npos) << refused->body;
+  EXPECT_NE(refused->body.find("18432 MiB"), std::string::npos) << refused->body;
+  Result nodes = Tf("node ls");
+  EXPECT_TRUE(std::regex_search(nodes.out, std::regex("tier-small +tiered +ready +1 .* 18432 +2048 +0\n"))) << nodes.out;
+  EXPECT_TRUE(std::regex_search(nodes.out, std::regex("gpu-node-1 .* 81920 +- +-\n"))) << "no budgets reported: "
+                                                                                        << nodes.out;
+  EXPECT_TRUE(std::regex_search(Tf("pool ls").out, std::regex("tiered .* 18432\n"))) << Tf("pool ls").out;
+
+  // A node whose host tier holds 16 GiB and whose disk tier 4 GiB offers 16 + 16 + 4 GiB.
+  auto big = client.Post("/v1/nodes", R"({"name": "tier-big", "pool": "tiered", "disk_tier_budget_mib": 4096,
+      "gpus": [{"uuid": "GPU-big-0", "model": "L4", "tflops": 100, "vram_mib": 16384, "host_tier_budget_mib": 16384}]})");
+  ASSERT_TRUE(big.ok() && big->status == 200) << (big.ok() ? big->body : big.status().ToString());
+  EXPECT_TRUE(std::regex_search(Tf("node ls").out, std::regex("tier-big .* 36864 +16384 +4096\n"))) << Tf("node ls").out;
+  auto placed = client.Post("/v1/allocations", R"({"pool": "tiered", "percent": 10, "vram_mib": 20000})");
+  ASSERT_TRUE(placed.ok());
+  ASSERT_EQ(placed->status, 201) << placed->body;
+  nlohmann::json a = nlohmann::json::parse(placed->body);
+  EXPECT_EQ(a["node"], "tier-big");
+  EXPECT_EQ(a["tiering"], true);
+
+  // The small node's agent reports a larger host tier with its heartbeat: now it has room too.
+  auto beat = client.Post("/v1/nodes/tier-small/heartbeat", R"({"disk_tier_budget_mib": 0,
+      "gpus": [{"uuid": "GPU-small-0", "utilization_percent": 0, "memory_used_mib": 0, "host_tier_budget_mib": 8192}]})");
+  ASSERT_TRUE(beat.ok() && beat->status == 200) << (beat.ok() ? beat->body : beat.status().ToString());
+  EXPECT_TRUE(std::regex_search(Tf("node ls").out, std::regex("tier-small .* 24576 +8192 +0\n"))) << Tf("node ls").out;
+  auto second = client.Post("/v1/allocations", R"({"pool": "tiered", "percent": 10, "vram_mib": 20000})");
+  ASSERT_TRUE(second.ok());
+  ASSERT_EQ(second->status, 201) << second->body;
+  EXPECT_EQ(nlohmann::json::parse(second->body)["node"], "tier-small");
+
+  // Budgets that are not sizes are refused and change nothing.
+  for (const char* body : {R"({"name": "tier-bad", "pool": "tiered", "gpus": [{"uuid": "GPU-bad-0", "model": "L4",
+                               "tflops": 100, "vram_mib": 16384, "host_tier_budget_mib": -5}]})",
+                           R"({"name": "tier-bad", "pool": "tiered", "disk_tier_budget_mib": "lots", "gpus": []})"}) {
+    auto bad = client.Post("/v1/nodes", body);
+    ASSERT_TRUE(bad.ok());
+    EXPECT_EQ(bad->status, 400) << bad->body;
+    EXPECT_NE(bad->body.find("tier_budget_mib"), std::string::npos) << bad->body;
+  }
+  EXPECT_EQ(client.Get("/v1/nodes/tier-bad")->status, 404);
+  auto bad_beat = client.Post("/v1/nodes/tier-small/heartbeat", R"({"disk_tier_budget_mib": -7})");
+  ASSERT_TRUE(bad_beat.ok());
+  EXPECT_EQ(bad_beat->status, 400) << bad_beat->body;
+  EXPECT_TRUE(std::regex_search(Tf("node ls").out, std::regex("tier-small .* 24576 +8192 +0\n"))) << Tf("node ls").out;
+}
+
 }  // namespace

@@ -228,4 +228,57 @@ TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsByte
   EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPU " + victim), std::string::npos) << ReadFile(dir_ + "/up.log");
 }
 
+// `tfusion run --controller --idle-swap` in a pool that oversells VRAM: the flag becomes the
+// allocation's idle override, the node agent (of `tfusion up`) keeps it in the vGPU's region
+// (`tfusion smi -p`), follows a change made through PATCH, and `tfusion ps` shows what it applied.
+TEST_F(PooledRunTest, AnIdleSwapGivenToRunIsTheAllocationsOverrideTheAgentApplies) {
+  const std::string client_flags = " --url " + url_ + " --token " + token_;
+  ASSERT_EQ(Shell(std::string(TF_TFUSION) + " pool set default --vram-expand-host 100" + client_flags).rc, 0);
+  const std::string log = dir_ + "/idle.log";
+  pid_t run = fork();
+  ASSERT_GE(run, 0);
+  if (run == 0) {
+    // exec: the SIGTERM below reaches `tfusion run`, which passes it on to its command.
+    std::string cmd = "exec env " + PooledRun("--qos low --vram 1GiB --percent 10 --idle-swap 45s", "hold 64") +
+                      " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string out;
+  for (int i = 0; i < 400 && out.find("holding=64") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    out = ReadFile(log);
+  }
+  std::smatch m;
+  const bool held = out.find("holding=64") != std::string::npos &&
+                    std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"));
+  const std::string id = held ? m.str(1) : "";
+  tf::controller::HttpClient client(url_, token_);
+  auto got = client.Get("/v1/allocations/" + id);
+  std::string smi, ps;
+  if (held) {
+    EXPECT_NE(got->body.find("\"idle_swap_ms\":45000"), std::string::npos) << got->body;
+    const std::string smi_cmd = env_ + TF_TFUSION + " smi -p";
+    smi = Shell(smi_cmd).out;
+    EXPECT_TRUE(std::regex_search(smi, std::regex(id + " +45s +2m\n"))) << "swap: the override; disk: the low QoS default\n" << smi;
+    // ps shows what the agent applied once it has heartbeated (every 5 s).
+    for (int i = 0; i < 150 && ps.find("idle: swap 45s, disk 2m") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ps = Shell(std::string(TF_TFUSION) + " ps" + client_flags).out;
+    }
+    EXPECT_NE(ps.find("idle: swap 45s, disk 2m"), std::string::npos) << ps;
+    // Changed on the live allocation: the agent applies it within its sync interval.
+    auto patched = client.Patch("/v1/allocations/" + id, R"({"idle_swap_ms": 120000, "idle_disk_ms": 0})");
+    EXPECT_EQ(patched->status, 200) << patched->body;
+    for (int i = 0; i < 50 && !std::regex_search(smi, std::regex(id + " +2m +never\n")); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      smi = Shell(smi_cmd).out;
+    }
+    EXPECT_TRUE(std::regex_search(smi, std::regex(id + " +2m +never\n"))) << smi;
+  }
+  kill(run, SIGTERM);
+  waitpid(run, nullptr, 0);
+  ASSERT_TRUE(held) << out << ReadFile(dir_ + "/up.log");
+}
+
 }  // namespace

@@ -542,5 +542,87 @@ TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   EXPECT_EQ(client_->Post("/v1/nodes/ghost/heartbeat", "{}")->status, 404);
 }
 
+// Tier idle overrides: an allocation carries them (or inherits its workload's), GET shows them, a
+// restarted controller still has them, PATCH changes them on the live allocation (null: back to the
+// QoS default), and bad values are refused naming the field, changing nothing.
+TEST_F(ApiServerTest, TierIdleOverridesAreStoredShownPatchedAndValidated) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
+  ASSERT_EQ(client_->Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})")->status, 200);
+  auto r = client_->Post("/v1/allocations", R"({"percent":10,"vram_mib":1000,"idle_swap_ms":30000,"idle_disk_ms":0})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = Body(r)["id"];
+  json got = Body(client_->Get("/v1/allocations/" + id));
+  EXPECT_EQ(got["idle_swap_ms"], 30000);
+  EXPECT_EQ(got["idle_disk_ms"], 0) << "0 = never, kept apart from 'unset'";
+  r = client_->Post("/v1/allocations", R"({"percent":10,"vram_mib":1000})");
+  ASSERT_EQ(r->status, 201);
+  EXPECT_FALSE(Body(r).contains("idle_swap_ms")) << "no override: the QoS default";
+
+  // Refused, naming the field; nothing is allocated.
+  const size_t before = Body(client_->Get("/v1/allocations"))["allocations"].size();
+  struct Bad {
+    const char* body;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{R"({"percent":10,"vram_mib":10,"idle_swap_ms":-1})", "idle_swap_ms"},
+                       Bad{R"({"percent":10,"vram_mib":10,"idle_disk_ms":2592000001})", "idle_disk_ms"},
+                       Bad{R"({"percent":10,"vram_mib":10,"idle_swap_ms":"10s"})", "idle_swap_ms"},
+                       Bad{R"({"percent":10,"vram_mib":10,"idle_disk_ms":1.5})", "idle_disk_ms"}}) {
+    auto bad = client_->Post("/v1/allocations", b.body);
+    EXPECT_EQ(bad->status, 400) << b.body;
+    EXPECT_NE(bad->body.find(b.says), std::string::npos) << bad->body;
+  }
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), before);
+
+  // A workload's overrides reach its allocations; the request's own win.
+  ASSERT_EQ(client_->Post("/v1/workloads", R"({"name":"w","tflops":5,"vram_mib":100,"idle_swap_ms":5000})")->status, 201);
+  EXPECT_EQ(Body(client_->Get("/v1/workloads/w"))["idle_swap_ms"], 5000);
+  EXPECT_EQ(client_->Post("/v1/workloads", R"({"name":"w2","tflops":5,"vram_mib":100,"idle_swap_ms":-5})")->status, 400);
+  r = client_->Post("/v1/allocations", R"({"workload":"w"})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["idle_swap_ms"], 5000);
+  r = client_->Post("/v1/allocations", R"({"workload":"w","idle_swap_ms":7000})");
+  EXPECT_EQ(Body(r)["idle_swap_ms"], 7000);
+
+  // PATCH: changes what it names; null goes back to the QoS default.
+  r = client_->Patch("/v1/allocations/" + id, R"({"idle_swap_ms":120000})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  got = Body(client_->Get("/v1/allocations/" + id));
+  EXPECT_EQ(got["idle_swap_ms"], 120000);
+  EXPECT_EQ(got["idle_disk_ms"], 0) << "not named: unchanged";
+  r = client_->Patch("/v1/allocations/" + id, R"({"idle_disk_ms":null})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(Body(client_->Get("/v1/allocations/" + id)).contains("idle_disk_ms"));
+  for (const char* bad : {R"({"idle_swap_ms":-3})", R"({"vram_mib":5})", R"({})", R"({"idle_swap_ms":"never"})"}) {
+    auto p = client_->Patch("/v1/allocations/" + id, bad);
+    EXPECT_EQ(p->status, 400) << bad << " " << p->body;
+  }
+  EXPECT_NE(client_->Patch("/v1/allocations/" + id, R"({"vram_mib":5})")->body.find("'vram_mib' cannot be changed"),
+            std::string::npos);
+  EXPECT_EQ(Body(client_->Get("/v1/allocations/" + id))["idle_swap_ms"], 120000) << "refusals changed nothing";
+  EXPECT_EQ(client_->Patch("/v1/allocations/a-none", R"({"idle_swap_ms":1})")->status, 404);
+  // An allocation without tiering has no idle timeouts to change.
+  ASSERT_EQ(client_->Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":0})")->status, 200);
+  r = client_->Post("/v1/allocations", R"({"percent":10,"vram_mib":1000})");
+  ASSERT_EQ(r->status, 201);
+  auto flat = client_->Patch("/v1/allocations/" + std::string(Body(r)["id"]), R"({"idle_swap_ms":1000})");
+  EXPECT_EQ(flat->status, 409) << flat->body;
+  EXPECT_NE(flat->body.find("no VRAM tiering"), std::string::npos) << flat->body;
+
+  // A tenant changes its own allocations only; another's looks absent.
+  auto made = client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"alice"})");
+  ASSERT_EQ(made->status, 201);
+  HttpClient alice(url_, Body(made)["token"].get<std::string>());
+  EXPECT_EQ(alice.Patch("/v1/allocations/" + id, R"({"idle_swap_ms":1000})")->status, 404);
+
+  // A controller rebuilt from the store has them.
+  Controller again(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
+  ASSERT_TRUE(again.Rebuild().ok());
+  StatusOr<Allocation> reloaded = again.GetAllocation(id);
+  ASSERT_TRUE(reloaded.ok());
+  EXPECT_EQ(reloaded->idle_swap_ms, 120000);
+  EXPECT_FALSE(reloaded->idle_disk_ms.has_value());
+}
+
 }  // namespace
 }  // namespace tf::controller

@@ -602,5 +602,89 @@ TEST(NodeAgent, NoDriverRegistersZeroGpus) {
   EXPECT_TRUE(c.ListGpus("").empty());
 }
 
+// Per-vGPU idle overrides: the agent writes the allocation's own timeouts into its region instead
+// of the QoS defaults, follows a change made on the live allocation at its next sync (and a
+// return to the defaults), and reports what the region holds with its heartbeat.
+TEST(NodeAgent, AnAllocationsIdleOverridesReachTheRegionAndFollowChanges) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-i0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-i", "", "", ""}, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, std::nullopt, std::nullopt).ok());
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "low", ""};
+  req.percent = 10;
+  req.idle_swap_ms = 2'500;
+  req.idle_disk_ms = 0;
+  auto a = c.Allocate(req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-i0");
+  ASSERT_NE(r, nullptr);
+  uint32_t index = 0;
+  ASSERT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+  limiter::VgpuTier* t = r->TierOfVgpu(index);
+  EXPECT_EQ(t->enabled.load(), 1u);
+  EXPECT_EQ(t->idle_swap_ms.load(), 2'500u) << "the override, not the low QoS default (10 s)";
+  EXPECT_EQ(t->idle_disk_ms.load(), 0u) << "0: never to disk, not the low QoS default (2 min)";
+
+  // Changed on the live allocation: applied at the next sync.
+  controller::TierIdleChange change;
+  change.idle_swap_ms = std::optional<int64_t>{90'000};
+  ASSERT_TRUE(c.SetTierIdle(a->id, change).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->idle_swap_ms.load(), 90'000u);
+  EXPECT_EQ(t->idle_disk_ms.load(), 0u);
+  // The heartbeat reports what the region holds.
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  StatusOr<controller::VgpuUse> use = c.GetVgpuUse(a->id, "GPU-i0");
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  EXPECT_EQ(use->applied_idle_swap_ms, 90'000);
+  EXPECT_EQ(use->applied_idle_disk_ms, 0);
+  // Back to the QoS defaults.
+  change.idle_swap_ms = std::optional<int64_t>{};
+  change.idle_disk_ms = std::optional<int64_t>{};
+  ASSERT_TRUE(c.SetTierIdle(a->id, change).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->idle_swap_ms.load(), limiter::DefaultIdleSwapMs(0));
+  EXPECT_EQ(t->idle_disk_ms.load(), limiter::DefaultIdleDiskMs(0));
+}
+
+// The agent sets the host tier budget it was given on every GPU's region and reports it, with the
+// free space of its disk tier folder, at registration: the controller then bounds the pool's VRAM
+// expansion on this node by them.
+TEST(NodeAgent, ReportsItsHostAndDiskTierBudgets) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, 100, std::nullopt).ok());
+  FakeGpuSource source({{0, "GPU-b0", "NVIDIA L4", 23034, 0, 0, 0}, {1, "GPU-b1", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgentOptions options{rig.url(), "tok", "host-b", "", "", ""};
+  options.host_tier_budget_bytes = int64_t{3} << 30;
+  options.disk_tier_dir = rig.dir;
+  NodeAgent agent(options, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  regions.region("GPU-b0")->Snapshot(snap.get());
+  EXPECT_EQ(snap->host_tier_budget_bytes, uint64_t{3} << 30);
+  const TierBudgetReport report = agent.TierBudgets();
+  EXPECT_EQ(report.host_mib.at("GPU-b1"), 3072);
+  EXPECT_GE(report.disk_mib, 1024) << "the test folder's file system has at least 1 GiB free";
+  EXPECT_EQ(report.disk_mib % 1024, 0) << "whole GiB";
+
+  StatusOr<controller::NodeStatus> node = c.GetNode("host-b");
+  ASSERT_TRUE(node.ok());
+  EXPECT_EQ(node->node.disk_tier_budget_mib, report.disk_mib);
+  for (const controller::GpuStatus& g : c.ListGpus("")) {
+    EXPECT_EQ(g.gpu.host_tier_budget_mib, 3072);
+    // Each GPU: its VRAM + its 3 GiB host tier + half the disk tier (two GPUs), each at most the
+    // pool's 100% of VRAM.
+    EXPECT_EQ(g.schedulable_vram_mib, 23034 + 3072 + std::min<int64_t>(23034, report.disk_mib / 2));
+  }
+}
+
 }  // namespace
 }  // namespace tf::hypervisor

@@ -321,5 +321,29 @@ TEST(SchedulerTest, DecisionsStayCorrectAcrossCachedShapes) {
   EXPECT_TRUE(s.Schedule(Req("r4", 50)).ok());
 }
 
+// A pool's VRAM expansion is bounded per GPU by its node's tier budgets; unreported budgets (-1)
+// bound nothing, and without budgets the figure is exactly VRAM x (100 + host + disk) / 100.
+TEST(SchedulerTest, TierBudgetsBoundThePoolsVramExpansion) {
+  PoolSpec pool{"p", 1.0, PlacementMode::kCompactFirst, 100, 50};
+  EXPECT_EQ(GpuSchedulableCapacity(100, 81559, pool).vram_mib, 81559 * 250 / 100);
+  EXPECT_EQ(GpuSchedulableCapacity(100, 16384, pool, {2048, 0}).vram_mib, 16384 + 2048);
+  EXPECT_EQ(GpuSchedulableCapacity(100, 16384, pool, {65536, 65536}).vram_mib, 16384 * 250 / 100)
+      << "budgets above the expansion do not add to it";
+  EXPECT_EQ(GpuSchedulableCapacity(100, 16384, pool, {-1, 1024}).vram_mib, 16384 + 16384 + 1024);
+  Scheduler s;
+  ASSERT_TRUE(s.AddPool(pool).ok());
+  NodeSpec tight{"tight", "p", {{"L4", 100, 16384, 0, 0, 2048, 0}}, 0, 0};
+  ASSERT_TRUE(s.AddNode(tight).ok());
+  Request r = Req("big", 10);
+  r.pool = "p";
+  r.vram_request_mib = 20000;
+  EXPECT_FALSE(s.Schedule(r).ok()) << "16 GiB + a 2 GiB host tier cannot hold 20000 MiB";
+  NodeSpec roomy{"roomy", "p", {{"L4", 100, 16384, 0, 0, 8192, 0}}, 0, 0};
+  ASSERT_TRUE(s.AddNode(roomy).ok());
+  StatusOr<Placement> p = s.Schedule(r);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->node_name, "roomy");
+}
+
 }  // namespace
 }  // namespace tf::sched
