@@ -290,10 +290,10 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
   std::vector<CUgraphEdgeData> edges;
   if (!ReadNodes(rd, g, &deps)) return CUDA_ERROR_INVALID_VALUE;
   if (fn == Fn::cuGraphAddNode_v2 && !ReadEdges(rd, deps.size(), &edges)) return CUDA_ERROR_INVALID_VALUE;
-  for (const CUgraphEdgeData& e : edges) {
-    // Programmatic ports need the driver's generic entry point, which not every driver has.
-    if (e.from_port || e.to_port || e.type) return CUDA_ERROR_NOT_SUPPORTED;
-  }
+  // Edges with ports or types (programmatic dependent launch: XLA's command buffers on Hopper)
+  // need the driver's generic entry point; a kernel node is added through it, other nodes refused.
+  bool ported = false;
+  for (const CUgraphEdgeData& e : edges) ported = ported || e.from_port || e.to_port || e.type;
   uint32_t type = 0;
   if (!rd.U32(&type)) return CUDA_ERROR_INVALID_VALUE;
   const struct {
@@ -317,12 +317,29 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
   const size_t nd = deps.size();
   CUgraphNode node = nullptr;
   CUresult r = CUDA_ERROR_INVALID_VALUE;
+  if (ported && type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_NOT_SUPPORTED;
   switch (type) {
     case CU_GRAPH_NODE_TYPE_KERNEL: {
       KernelArgs la;
       CUDA_KERNEL_NODE_PARAMS p = {};
       if (CUresult e = h_.DecodeKernelNode(rd, &la, &p); e != CUDA_SUCCESS) return e;
-      r = CALL(cuGraphAddKernelNode_v2, &node, graph, dp, nd, &p);
+      if (ported) {
+        CUgraphNodeParams np = {};
+        np.type = CU_GRAPH_NODE_TYPE_KERNEL;
+        np.kernel.func = p.func;
+        np.kernel.gridDimX = p.gridDimX;
+        np.kernel.gridDimY = p.gridDimY;
+        np.kernel.gridDimZ = p.gridDimZ;
+        np.kernel.blockDimX = p.blockDimX;
+        np.kernel.blockDimY = p.blockDimY;
+        np.kernel.blockDimZ = p.blockDimZ;
+        np.kernel.sharedMemBytes = p.sharedMemBytes;
+        np.kernel.kernelParams = p.kernelParams;
+        np.kernel.extra = p.extra;
+        r = CALL(cuGraphAddNode_v2, &node, graph, dp, edges.data(), nd, &np);
+      } else {
+        r = CALL(cuGraphAddKernelNode_v2, &node, graph, dp, nd, &p);
+      }
       break;
     }
     case CU_GRAPH_NODE_TYPE_MEMCPY:
