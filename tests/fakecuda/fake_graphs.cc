@@ -432,6 +432,30 @@ CUresult cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph graph, const CUgraphN
   return AddNode(out, graph, deps, num_deps, std::move(node));
 }
 
+// The generic entry point, for kernel nodes only. Edge data (ports, programmatic types) is
+// accepted and ordered like a full dependency, as cuGraphAddDependencies_v2 here does.
+CUresult cuGraphAddNode_v2(CUgraphNode* out, CUgraph graph, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                           size_t num_deps, CUgraphNodeParams* params) {
+  FAKECUDA_ENTER();
+  (void)edges;
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_NOT_SUPPORTED;
+  CUDA_KERNEL_NODE_PARAMS k = {};
+  k.func = params->kernel.func;
+  k.gridDimX = params->kernel.gridDimX;
+  k.gridDimY = params->kernel.gridDimY;
+  k.gridDimZ = params->kernel.gridDimZ;
+  k.blockDimX = params->kernel.blockDimX;
+  k.blockDimY = params->kernel.blockDimY;
+  k.blockDimZ = params->kernel.blockDimZ;
+  k.sharedMemBytes = params->kernel.sharedMemBytes;
+  k.kernelParams = params->kernel.kernelParams;
+  k.extra = params->kernel.extra;
+  auto node = std::make_unique<GraphNode>();
+  if (CUresult r = BuildKernelNode(&k, node.get()); r != CUDA_SUCCESS) return r;
+  return AddNode(out, graph, deps, num_deps, std::move(node));
+}
+
 // The launch geometry and function of a kernel node. Arguments are not given back.
 CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode handle, CUDA_KERNEL_NODE_PARAMS* params) {
   FAKECUDA_ENTER();

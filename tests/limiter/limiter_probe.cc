@@ -282,6 +282,20 @@ struct KnownBuffers {
   }
 };
 
+// Fills the first 256 words of `buf` with `value` by a kernel and returns the first word read back.
+unsigned FillAndReadFirst(CUdeviceptr buf, unsigned value) {
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction fill;
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  size_t n = 256;
+  void* params[] = {&buf, &value, &n};
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
+  unsigned first = 0;
+  CHECK(cuMemcpyDtoH(&first, buf, sizeof(first)));
+  return first;
+}
+
 int Tier(const std::string& dir) {
   Setup();
   KnownBuffers known;
@@ -299,16 +313,8 @@ int Tier(const std::string& dir) {
   if (!WaitFile(dir + "/go2")) return 4;
   auto verify = [&](const char* round) { known.Verify(round); };
   verify("first");
-  CUmodule mod;
-  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
-  CUfunction fill;
-  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
-  unsigned value = 0xC0FFEE;
-  size_t n = 256;
-  void* params[] = {&late, &value, &n};
-  CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
-  unsigned first = 0;
-  CHECK(cuMemcpyDtoH(&first, late, sizeof(first)));
+  const unsigned value = 0xC0FFEE;
+  unsigned first = FillAndReadFirst(late, value);
   std::printf("kernel_after_resume=%s\n", first == value ? "ok" : "wrong");
   std::fflush(stdout);
   Touch(dir + "/verified");
@@ -394,17 +400,8 @@ int Suspended(const std::string& dir) {
   known.Verify("resumed");
   std::printf("waited_ms=%lld\n", static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                        std::chrono::steady_clock::now() - t0).count()));
-  CUmodule mod;
-  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
-  CUfunction fill;
-  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
-  unsigned value = 0xBEEF;
-  size_t n = 256;
-  void* params[] = {&known.bufs[0], &value, &n};
-  CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
-  unsigned first = 0;
-  CHECK(cuMemcpyDtoH(&first, known.bufs[0], sizeof(first)));
-  std::printf("kernel_after_resume=%s\n", first == value ? "ok" : "wrong");
+  const unsigned value = 0xBEEF;
+  std::printf("kernel_after_resume=%s\n", FillAndReadFirst(known.bufs[0], value) == value ? "ok" : "wrong");
   for (auto b : known.bufs) CHECK(cuMemFree(b));
   std::printf("freed=1\n");
   return 0;

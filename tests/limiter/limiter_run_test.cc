@@ -175,7 +175,10 @@ class TieringTest : public LimiterRunTest {
   // The tier probe under `tfusion run FLAGS`, talking through files in dir_/sub.
   pid_t StartTenant(const std::string& flags, const std::string& sub = "") {
     const std::string d = sub.empty() ? dir_ : dir_ + "/" + sub;
-    std::string cmd = Tfusion(flags, "tier " + d) + " > " + d + "/tenant.out 2>&1";
+    return StartProbe(Tfusion(flags, "tier " + d) + " > " + d + "/tenant.out 2>&1");
+  }
+  // `cmd` (a tfusion run command line with its redirections) in its own process group.
+  pid_t StartProbe(const std::string& cmd) {
     pid_t pid = fork();
     if (pid == 0) {
       setpgid(0, 0);
@@ -460,16 +463,8 @@ class ZeroTest : public TieringTest {
     ASSERT_NE(info_, nullptr);
   }
   pid_t StartZeroTenant(const std::string& env, const std::string& vgpu) {
-    std::string cmd = env + Tfusion("--vram 1GiB --vgpu " + vgpu + " --tiering --idle-swap 0", "zero " + dir_) +
-                      " > " + dir_ + "/tenant.out 2>&1";
-    pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    setpgid(pid, pid);
-    return pid;
+    return StartProbe(env + Tfusion("--vram 1GiB --vgpu " + vgpu + " --tiering --idle-swap 0", "zero " + dir_) +
+                      " > " + dir_ + "/tenant.out 2>&1");
   }
   int ProbePid() { return std::atoi(Run("cat " + dir_ + "/pid").out.c_str()); }
   // The driver's view of the probe: CUprocessState, calls that arrived while it was locked, bytes

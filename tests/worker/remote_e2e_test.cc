@@ -428,6 +428,7 @@ TEST_F(RemoteTest, GraphsOfKernelNodesRunAndUpdateRemotely) {
     EXPECT_EQ(r.kv["done"], "1");
     EXPECT_EQ(r.kv["graph_run"], "11,11,12");
     EXPECT_EQ(r.kv["graph_updated"], "11,13");
+    EXPECT_EQ(r.kv["programmatic_edge"], "21,22") << "a kernel node behind a programmatic edge";
     EXPECT_EQ(r.kv["launch_bogus"], "0") << "fire-and-forget";
     EXPECT_EQ(r.kv["after_bogus_sync"], "400");
     EXPECT_EQ(r.kv["dep_bogus"], "1");

@@ -818,6 +818,35 @@ int Graphs() {
   CHECK(cuGraphLaunch(e, s));
   CHECK(cuStreamSynchronize(s));
   std::printf("graph_updated=%u,%u\n", Word(a), Word(a + 4092));
+  {
+    // A kernel node behind a programmatic edge (programmatic dependent launch: XLA's command
+    // buffers on Hopper add nodes so), through the generic entry point.
+    CUgraph pg;
+    CHECK(cuGraphCreate(&pg, 0));
+    CUgraphNode first, second;
+    value = 21;
+    dst = a;
+    CHECK(cuGraphAddKernelNode(&first, pg, nullptr, 0, &p));
+    CUgraphNodeParams np = {};
+    np.type = CU_GRAPH_NODE_TYPE_KERNEL;
+    np.kernel.func = fill;
+    np.kernel.gridDimX = np.kernel.gridDimY = np.kernel.gridDimZ = 1;
+    np.kernel.blockDimX = np.kernel.blockDimY = np.kernel.blockDimZ = 1;
+    value = 22;
+    dst = a + 2048;
+    np.kernel.kernelParams = params;
+    CUgraphEdgeData edge = {};
+    edge.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+    edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+    CHECK(cuGraphAddNode_v2(&second, pg, &first, &edge, 1, &np));
+    CUgraphExec pe;
+    CHECK(cuGraphInstantiateWithFlags(&pe, pg, 0));
+    CHECK(cuGraphLaunch(pe, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("programmatic_edge=%u,%u\n", Word(a), Word(a + 2048));
+    CHECK(cuGraphExecDestroy(pe));
+    CHECK(cuGraphDestroy(pg));
+  }
   std::printf("launch_bogus=%d\n", static_cast<int>(cuGraphLaunch(reinterpret_cast<CUgraphExec>(0x7000), s)));
   std::printf("after_bogus_sync=%d\n", static_cast<int>(cuStreamSynchronize(s)));
   std::printf("dep_bogus=%d\n", static_cast<int>(cuGraphAddKernelNode(
