@@ -679,7 +679,12 @@ CUresult Impl_cuCtxSynchronize_v2(CUcontext ctx) {
 CUresult Impl_cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
                              CUdevice dev) {
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (params != nullptr) return Unsupported(Fn::cuCtxCreate_v4);  // green contexts, affinity
+  // Execution affinity and CIG parameters are not forwarded; empty ones (NVIDIA's samples pass a
+  // zeroed CUctxCreateParams) are the plain form, as natively.
+  if (params != nullptr &&
+      (params->execAffinityParams != nullptr || params->numExecAffinityParams != 0 || params->cigParams != nullptr)) {
+    return Unsupported(Fn::cuCtxCreate_v4);
+  }
   TF_LOCK(l);
   Session* s = l.session();
   if (!Device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;

@@ -223,6 +223,7 @@ TEST_F(RemoteTest, PointerFunctionCaptureAndContextQueriesAreAnsweredLocally) {
     EXPECT_EQ(r.kv["capturing_bogus"], "400");
     EXPECT_EQ(r.kv["priorities"], "0..-5");
     EXPECT_EQ(r.kv["pop2"], "b:a");
+    EXPECT_EQ(r.kv["ctx_empty_params"], "0") << "a zeroed CUctxCreateParams is the plain form";
     EXPECT_EQ(r.kv["alloc_in_pushed"], "b");
     EXPECT_EQ(r.kv["occupancy_bogus"], "400");
     EXPECT_NE(r.kv["occupancy"], "");  // equal to the driver's (ExpectSameKeys), callback included

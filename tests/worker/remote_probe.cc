@@ -514,6 +514,15 @@ int Local() {
   std::printf("ctx_sync_v2=%d:%d\n", static_cast<int>(cuCtxSynchronize_v2(nullptr)),
               static_cast<int>(cuCtxSynchronize_v2(b)));
   CHECK(cuCtxDestroy(b));
+  {
+    // NVIDIA's samples (nvrtc_helper.h) pass a zeroed CUctxCreateParams: the plain form.
+    CUctxCreateParams empty = {};
+    CUcontext e = nullptr, back = nullptr;
+    std::printf("ctx_empty_params=%d\n", static_cast<int>(cuCtxCreate(&e, &empty, 0, 0)));
+    if (e != nullptr) CHECK(cuCtxDestroy(e));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuCtxGetCurrent(&back));
+  }
   std::printf("done=1\n");
   return 0;
 }

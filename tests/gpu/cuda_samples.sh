@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# NVIDIA's public CUDA samples (github.com/NVIDIA/cuda-samples; not part of this repository) on a
+# GPU host: each sample natively, then through a worker over shared memory and over loopback TCP
+# (and under the limiter with TF_SAMPLES_MODES="native local shm tcp"). Usage, from the
+# repository root:
+#
+#   bash tests/gpu/cuda_samples.sh BUILD_DIR SAMPLES_DIR OUT_DIR
+#
+# SAMPLES_DIR is a copy of that repository (its Common/ and the Samples/ folders wanted) holding
+# list.txt: one sample folder per line, relative to Samples/ (e.g. 0_Introduction/vectorAdd).
+# Each sample is built with nvcc for the GPU's architecture from every .cu and .cpp file of its
+# folder (an *_nvrtc sample from its .cpp files only: it compiles its kernel at run time), linked
+# with the driver, cudart, NVRTC, cuBLAS and cuRAND, and run from its folder with a 60 s bound.
+# Exit status 0 is PASS, 2 WAIVED (the samples' own code for "not applicable here"), anything else
+# FAIL. OUT_DIR receives samples.md (a table per sample and mode, and how many of those that pass
+# natively pass in each other mode) and samples-logs.tar.gz. TF_SAMPLES_JOBS (default 4) samples
+# run at once per mode.
+set -uo pipefail
+
+if [ $# -ne 3 ]; then
+  echo "usage: bash tests/gpu/cuda_samples.sh BUILD_DIR SAMPLES_DIR OUT_DIR" >&2
+  exit 2
+fi
+BUILD=$(cd "$1" && pwd) || exit 2
+SRC=$(cd "$2" && pwd) || exit 2
+mkdir -p "$3" || exit 2
+OUT=$(cd "$3" && pwd)
+MODES=${TF_SAMPLES_MODES:-native shm tcp}
+JOBS=${TF_SAMPLES_JOBS:-4}
+PORT=${TF_SAMPLES_PORT:-7641}
+for m in $MODES; do
+  case $m in native | local | shm | tcp) ;; *) echo "TF_SAMPLES_MODES: unknown mode '$m'" >&2; exit 2 ;; esac
+done
+case $JOBS in '' | *[!0-9]* | 0) echo "TF_SAMPLES_JOBS must be a positive whole number" >&2; exit 2 ;; esac
+[ -f "$SRC/list.txt" ] && [ -d "$SRC/Common" ] || { echo "$SRC needs Common/ and list.txt" >&2; exit 2; }
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+[ -x "$NVCC" ] || { echo "nvcc not found (PATH or /usr/local/cuda/bin)" >&2; exit 2; }
+TF=$BUILD/src/cli/tfusion
+WORK=$(mktemp -d /tmp/tf-samples.XXXXXX)
+LOGS=$WORK/logs
+mkdir -p "$LOGS" "$WORK/bin"
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+ARCH=${CAP:+-arch=sm_$CAP}
+
+# Build every sample (in parallel); a sample that does not build is BUILD-FAIL in every mode.
+build_one() {
+  local s=$1 dir=$SRC/Samples/$1 name
+  name=$(basename "$s")
+  local files
+  if [[ $name == *_nvrtc ]]; then
+    files=$(find "$dir" -maxdepth 2 -name '*.cpp' | sort)
+  else
+    files=$(find "$dir" -maxdepth 2 \( -name '*.cu' -o -name '*.cpp' \) | sort)
+  fi
+  # shellcheck disable=SC2086
+  "$NVCC" $ARCH -std=c++17 -O2 -I"$SRC/Common" -I"$dir" -I"$dir/inc" -Xcompiler -fopenmp $files \
+    -o "$WORK/bin/$name" -lcuda -lnvrtc -lcublas -lcurand > "$LOGS/build-$name.log" 2>&1 ||
+    echo "build failed" >> "$LOGS/build-$name.log"
+}
+export -f build_one
+export NVCC ARCH SRC WORK LOGS
+grep -v '^ *$' "$SRC/list.txt" | xargs -P "$(nproc)" -I{} bash -c 'build_one {}'
+
+TOKEN=samples-$$-$RANDOM
+SOCK=$WORK/worker.sock
+"$TF" worker --listen "unix:$SOCK" --listen "127.0.0.1:$PORT" --token "$TOKEN" --ready-file "$WORK/ready" \
+  > "$LOGS/worker.log" 2>&1 &
+WPID=$!
+for _ in $(seq 100); do [ -e "$WORK/ready" ] && break; sleep 0.1; done
+
+run_one() {
+  local s=$1 mode=$2 name
+  name=$(basename "$s")
+  local log=$LOGS/$mode-$name.log
+  if [ ! -x "$WORK/bin/$name" ]; then echo "BUILD-FAIL" > "$WORK/$mode-$name.status"; return; fi
+  local cmd=("$WORK/bin/$name")
+  case $mode in
+    local) cmd=("$TF" run --percent 100 -- "${cmd[@]}") ;;
+    shm) cmd=("$TF" run --remote "unix:$SOCK" --token "$TOKEN" -- "${cmd[@]}") ;;
+    tcp) cmd=("$TF" run --remote "127.0.0.1:$PORT" --token "$TOKEN" -- "${cmd[@]}") ;;
+  esac
+  (cd "$SRC/Samples/$s" && timeout -k 5 60 "${cmd[@]}" > "$log" 2>&1 < /dev/null)
+  local rc=$?
+  case $rc in 0) st=PASS ;; 2) st=WAIVED ;; 124 | 137) st=TIMEOUT ;; *) st="FAIL($rc)" ;; esac
+  echo "$st" > "$WORK/$mode-$name.status"
+}
+export -f run_one
+export TF TOKEN SOCK PORT
+for m in $MODES; do
+  grep -v '^ *$' "$SRC/list.txt" | xargs -P "$JOBS" -I{} bash -c "run_one {} $m"
+done
+kill "$WPID" 2> /dev/null
+wait "$WPID" 2> /dev/null
+
+{
+  echo "# NVIDIA CUDA samples: $(echo $MODES | tr ' ' '/')"
+  echo
+  echo "$(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1), $($NVCC --version | tail -2 | head -1)"
+  echo
+  echo "| sample | $(echo $MODES | sed 's/ / | /g') |"
+  echo "|$(for _ in sample $MODES; do printf ' --- |'; done)"
+  for s in $(grep -v '^ *$' "$SRC/list.txt"); do
+    n=$(basename "$s")
+    row="| $n |"
+    for m in $MODES; do row="$row $(cat "$WORK/$m-$n.status" 2> /dev/null || echo '-') |"; done
+    echo "$row"
+  done
+  echo
+  total=$(grep -vc '^ *$' "$SRC/list.txt")
+  native_ok=$(grep -l PASS "$WORK"/native-*.status 2> /dev/null | wc -l)
+  echo "Samples: $total; PASS natively: $native_ok."
+  for m in $MODES; do
+    [ "$m" = native ] && continue
+    ok=0
+    for f in "$WORK"/native-*.status; do
+      grep -q PASS "$f" || continue
+      n=${f##*/native-}; n=${n%.status}
+      grep -q PASS "$WORK/$m-$n.status" 2> /dev/null && ok=$((ok + 1))
+    done
+    echo "Of those, PASS over $m: $ok."
+  done
+} > "$OUT/samples.md"
+tar czf "$OUT/samples-logs.tar.gz" -C "$WORK" logs
+cat "$OUT/samples.md"
