@@ -74,6 +74,8 @@ run_one() {
   local log=$LOGS/$mode-$name.log
   if [ ! -x "$WORK/bin/$name" ]; then echo "BUILD-FAIL" > "$WORK/$mode-$name.status"; return; fi
   local cmd=("$WORK/bin/$name")
+  # Line-buffered output, so that a sample stopped by the time bound still shows how far it got.
+  command -v stdbuf > /dev/null && cmd=(stdbuf -oL -eL "${cmd[@]}")
   case $mode in
     local) cmd=("$TF" run --percent 100 -- "${cmd[@]}") ;;
     shm) cmd=("$TF" run --remote "unix:$SOCK" --token "$TOKEN" -- "${cmd[@]}") ;;
