@@ -104,6 +104,22 @@ CUresult Hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t Width
   TF_REAL_OR_MISSING(cuMemAllocPitch_v2)
   // The pitch is chosen by the driver; charge an upper bound (rows padded to 512 bytes).
   uint64_t row = (static_cast<uint64_t>(WidthInBytes) + 511) / 512 * 512;
+  // With tiering the rows are a movable range of our own, padded to those 512 bytes (a multiple of
+  // every texture pitch alignment), checked as the driver checks them.
+  if (g_tiering && row < (1ull << 31)) {
+    if (dptr == nullptr || pPitch == nullptr || WidthInBytes == 0 || Height == 0 ||
+        (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return Charged(RoundToGranule(row * Height), AllocKind::kDevicePtr, [&](uint64_t* key) {
+      CUresult r = Tiering::Instance().Allocate(dptr, row * Height);
+      if (r == CUDA_SUCCESS) {
+        *pPitch = row;
+        *key = *dptr;
+      }
+      return r;
+    });
+  }
   return Charged(RoundToGranule(row * Height), AllocKind::kDevicePtr, [&](uint64_t* key) {
     CUresult r = fn(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
     if (r == CUDA_SUCCESS) *key = *dptr;

@@ -328,16 +328,17 @@ int Tier(const std::string& dir) {
   return 0;
 }
 
-// Scale to zero, driven through files in `dir`: three movable buffers and one fixed (pitched)
-// buffer with known contents; says "ready" (and its pid); at "go" makes one GPU call and says its
-// result; at "go2" (after a failed first call) tries again; then checks every byte of all four.
+// Scale to zero, driven through files in `dir`: three movable buffers and one fixed (stream-ordered
+// pool) buffer with known contents; says "ready" (and its pid); at "go" makes one GPU call and says
+// its result; at "go2" (after a failed first call) tries again; then checks every byte of all four.
 int Zero(const std::string& dir) {
   Setup();
   const size_t sizes[] = {3u << 20, 64u << 20, (9u << 20) + 777};
   CUdeviceptr bufs[4];
   std::vector<std::vector<unsigned char>> want(4);
-  size_t pitch = 0;
-  CHECK(cuMemAllocPitch(&bufs[3], &pitch, 4096, 256, 16));  // fixed: it cannot move
+  const size_t pitch = 4096;
+  CHECK(cuMemAllocAsync(&bufs[3], pitch * 256, nullptr));  // fixed: it cannot move
+  CHECK(cuStreamSynchronize(nullptr));
   for (int i = 0; i < 4; ++i) {
     const size_t n = i < 3 ? sizes[i] : pitch * 256;
     if (i < 3) CHECK(cuMemAlloc(&bufs[i], n));
@@ -409,6 +410,49 @@ int Suspended(const std::string& dir) {
 
 }  // namespace
 
+// A pitched allocation with known rows: says "ready" with its pitch, waits for "go" (the test
+// freezes the tenant meanwhile), reads every row back and says how many came back unchanged.
+int Pitched(const std::string& dir) {
+  Setup();
+  const size_t width = 3000, height = 700;
+  CUdeviceptr p = 0;
+  size_t pitch = 0;
+  CHECK(cuMemAllocPitch(&p, &pitch, width, height, 8));
+  std::vector<unsigned char> want(width * height);
+  uint32_t x = 0x2545F491u;
+  for (auto& b : want) {
+    x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+    b = static_cast<unsigned char>(x);
+  }
+  CUDA_MEMCPY2D c = {};
+  c.srcMemoryType = CU_MEMORYTYPE_HOST;
+  c.srcHost = want.data();
+  c.srcPitch = width;
+  c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.dstDevice = p;
+  c.dstPitch = pitch;
+  c.WidthInBytes = width;
+  c.Height = height;
+  CHECK(cuMemcpy2D(&c));
+  std::printf("pitch=%zu\n", pitch);
+  std::fflush(stdout);
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  std::vector<unsigned char> got(width * height);
+  c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.srcDevice = p;
+  c.srcPitch = pitch;
+  c.dstMemoryType = CU_MEMORYTYPE_HOST;
+  c.dstHost = got.data();
+  c.dstPitch = width;
+  CHECK(cuMemcpy2D(&c));
+  std::printf("pitched_identical=%d\n", got == want ? 1 : 0);
+  std::printf("bad_element=%d\n", static_cast<int>(cuMemAllocPitch(&p, &pitch, width, height, 3)));
+  CHECK(cuMemFree(p));
+  std::printf("freed=1\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "alloc") return Alloc();
@@ -419,6 +463,7 @@ int main(int argc, char** argv) {
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   if (cmd == "zero" && argc > 2) return Zero(argv[2]);
+  if (cmd == "pitched" && argc > 2) return Pitched(argv[2]);
   if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;

@@ -322,6 +322,28 @@ TEST_F(TieringTest, AnIdleTenantsHostCopiesArePinnedAheadSoItsSwapOutOnlyCopies)
   EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
 }
 
+// A pitched allocation of a tiered tenant moves like cuMemAlloc memory: rows padded to 512 bytes,
+// every byte back after a freeze, bad arguments refused as the driver refuses them.
+TEST_F(TieringTest, APitchedAllocationMovesAndComesBackIntact) {
+  const std::string cmd = Tfusion("--vram 1GiB --vgpu pitched --tiering --idle-swap 0", "pitched " + dir_) + " > " +
+                          dir_ + "/tenant.out 2>&1";
+  pid_t pid = StartProbe(cmd);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze pitched");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  // 3072 x 700 bytes (2.05 MiB) rounded to the 2 MiB granularity, nothing fixed.
+  EXPECT_NE(frozen.out.find("swapped, 4 MiB movable (4 MiB in host memory), 0 MiB fixed"), std::string::npos)
+      << frozen.out;
+  Touch("go");
+  EXPECT_EQ(Finish(pid), 0);
+  const std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("pitch=3072\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("pitched_identical=1"), std::string::npos) << out;
+  EXPECT_NE(out.find("bad_element=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
+}
+
 TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
   env_ += "TFUSION_HOST_TIER_BUDGET=64MiB ";
   pid_t pid = StartTenant("--vram 1GiB --vgpu tight --tiering --idle-swap 0");
