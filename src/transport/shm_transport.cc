@@ -114,6 +114,10 @@ class ShmTransport final : public Transport {
 
  private:
   TransportStatus CheckPeer();
+  bool PeerGone() override {
+    const TransportStatus st = CheckPeer();
+    return st.code() == TransportErrc::kPeerDead || st.code() == TransportErrc::kPeerClosed;
+  }
   TransportStatus AllocBulk(uint64_t n, int64_t deadline, uint64_t* offset);
   TransportStatus Push(const uint8_t* hdr, const void* payload, uint32_t payload_length,
                        const uint8_t* desc, int64_t deadline);

@@ -108,6 +108,11 @@ class TcpTransport final : public Transport {
   TransportStatus Flush() override;
   TransportStatus Receive(InFrame* frame, int timeout_ms) override;
   void Close() override;
+  // The peer's FIN or a reset, seen without reading (data still queued does not hide it).
+  bool PeerGone() override {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
 
   bool BulkMemory(void** base, uint64_t* length) const override {
     *base = arena_.base();

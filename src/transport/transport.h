@@ -111,6 +111,11 @@ class Transport {
   // kPeerClosed after it has received them.
   virtual void Close() = 0;
 
+  // Whether the peer is known to be gone (its process died or it closed the connection), checked
+  // without reading a frame: safe to call from another thread while one thread is elsewhere
+  // (the worker's watchdog asks it while the session thread is blocked in the driver).
+  virtual bool PeerGone() { return false; }
+
   // ---- Optional capabilities. A transport that lacks one keeps the default: "unsupported". ----
   //
   // Sharing host memory with the peer (shm: a memfd passed over the rendezvous socket with

@@ -20,6 +20,7 @@
 #include <new>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/op_times.h"
@@ -254,6 +255,12 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::condition_variable hf_cv_;
   // Acknowledged, not yet seen by their stream thread (a host node's id may be run twice at once).
   std::multiset<uint64_t> hf_done_;
+  // The call the session thread is inside (its start, 0 when none, and its opcode), for the
+  // watchdog: a session blocked in the driver while its client is gone ends rather than keep the
+  // client's GPU memory.
+  std::atomic<int64_t> dispatch_since_ns_{0};
+  std::atomic<uint16_t> dispatch_op_{0};
+  void StartWatchdog();
   int64_t hf_outstanding_ = 0;  // enqueued on the driver, not yet finished
   bool hf_stopping_ = false;    // the session ends: release every waiting stream thread
   std::atomic<uint64_t> event_seq_{1};
@@ -2475,8 +2482,41 @@ void TraceOp(const char* what, uint16_t op, CUresult r) {
   }
 }
 
+// TFUSION_WORKER_STUCK_S (default 10, 1 to 3600): how long the session thread may be inside one
+// call while its client is gone before the watchdog ends the session process. The driver then
+// frees the context, its memory included; the worker reaps the session as after a crash.
+void Session::StartWatchdog() {
+  int64_t stuck_s = 10;
+  if (const char* v = getenv("TFUSION_WORKER_STUCK_S"); v != nullptr && *v != 0) {
+    char* end = nullptr;
+    long x = strtol(v, &end, 10);
+    if (end != v && *end == 0 && x >= 1 && x <= 3600) {
+      stuck_s = x;
+    } else {
+      SessionLog("TFUSION_WORKER_STUCK_S=%s is not a number of seconds from 1 to 3600: using 10", v);
+    }
+  }
+  std::thread([this, stuck_ns = stuck_s * 1'000'000'000] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(stuck_ns >= 4'000'000'000 ? 1000 : 200));
+      const int64_t since = dispatch_since_ns_.load(std::memory_order_acquire);
+      if (since == 0 || transport::MonotonicNowNs() - since < stuck_ns || !t_->PeerGone()) continue;
+      const uint16_t op = dispatch_op_.load(std::memory_order_relaxed);
+      const char* name = transport::IsDriverCallOpcode(op)
+                             ? driver::FunctionName(static_cast<Fn>(transport::DriverCallId(op)))
+                             : "a worker operation";
+      SessionLog("client gone while this session was blocked in %s for %lld s: ending the session (the "
+                 "driver frees its context and memory)", name,
+                 static_cast<long long>((transport::MonotonicNowNs() - since) / 1'000'000'000));
+      fflush(stderr);
+      _exit(3);
+    }
+  }).detach();
+}
+
 int Session::Run() {
   bool loaded = false;
+  StartWatchdog();
   console_.Start();
   RunProfile prof;
   prof.Start();
@@ -2618,7 +2658,10 @@ int Session::Run() {
     if (op != remote::kOpMirrorMap && op != remote::kOpHostRegionMap) mirrors_.NoteWork();
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
     if (prof.trace) TraceOp("call", op, CUDA_SUCCESS);
+    dispatch_op_.store(op, std::memory_order_relaxed);
+    dispatch_since_ns_.store(transport::MonotonicNowNs(), std::memory_order_release);
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
+    dispatch_since_ns_.store(0, std::memory_order_release);
     if (prof.trace) TraceOp("done", op, r);
     if (prof.on) prof.ops.Add(op, transport::MonotonicNowNs() - dispatched);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;

@@ -758,6 +758,35 @@ TEST_F(RemoteTest, AKilledClientsArraysAndObjectsAreDestroyed) {
   }
 }
 
+// A session blocked in the driver (a 30 s synchronize) whose client is killed ends after
+// TFUSION_WORKER_STUCK_S, freeing the client's memory, instead of holding it until the call returns.
+TEST_F(RemoteTest, ASessionBlockedInTheDriverEndsSoonAfterItsClientDies) {
+  StartWorker({"TFUSION_WORKER_STUCK_S=1"});
+  setenv("FAKECUDA_SHM_NAME", shm_name_.c_str(), 1);
+  Nvml nvml;
+  ASSERT_TRUE(nvml.Open());
+  for (const std::string& addr : {tcp_, unix_}) {
+    Child probe;
+    probe.Start({TF_PROBE, "stuck"}, {std::string("LD_LIBRARY_PATH=") + TF_CLIENT_INJECT, "TFUSION_REMOTE=" + addr,
+                                      "TFUSION_TOKEN=sekrit"});
+    ASSERT_TRUE(probe.WaitFor("stuck=1", 10000)) << probe.out;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_GE(nvml.UsedMib(), 256u);
+    const auto killed = Clock::now();
+    kill(probe.pid, SIGKILL);
+    probe.Wait(5000);
+    ASSERT_TRUE(worker_.WaitFor("client gone while this session was blocked in cuCtxSynchronize", 10000))
+        << addr << "\n" << worker_.out;
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (nvml.UsedMib() != 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(nvml.UsedMib(), 0u) << addr;
+    EXPECT_LT(Clock::now() - killed, std::chrono::seconds(15)) << "not after the 30 s call";
+    worker_.out.clear();
+  }
+}
+
 // ---- Page-locked memory shared with the worker (host regions) and bulk copies
 // (tests/worker/host_region_probe.cc).
 

@@ -792,6 +792,23 @@ int Callbacks() {
   return 0;
 }
 
+// 256 MiB held and a 30 s kernel waited for: the session stays inside cuCtxSynchronize (the test
+// kills this process meanwhile).
+int Stuck() {
+  Setup();
+  CUdeviceptr big;
+  CHECK(cuMemAlloc(&big, 256u << 20));
+  CUfunction sleep_us = Kernel("sleep_us");
+  unsigned us = 30'000'000;
+  void* sp[] = {&us};
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, nullptr, sp, nullptr));
+  std::printf("stuck=1\n");
+  std::fflush(stdout);
+  CHECK(cuCtxSynchronize());
+  std::printf("done=1\n");
+  return 0;
+}
+
 // Graphs: kernel nodes, instantiation, launch, updates of an instantiated graph.
 int Graphs() {
   Setup();
@@ -1412,6 +1429,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "basic")) return Basic();
   if (!strcmp(mode, "deferred")) return Deferred();
   if (!strcmp(mode, "bad")) return BadHandles();
+  if (!strcmp(mode, "stuck")) return Stuck();
   if (!strcmp(mode, "hold")) return Hold();
   if (!strcmp(mode, "loop")) return Loop();
   if (!strcmp(mode, "fork")) return Fork();
