@@ -343,7 +343,9 @@ def run_hold(a):
     deadline = time.monotonic() + 300
     while not os.path.exists(a.go) and time.monotonic() < deadline:
         time.sleep(0.01)
-    print(json.dumps({"intact": checksum(t) == want}))
+    t0 = time.monotonic()
+    same = checksum(t) == want  # a GPU call: waits while the vGPU is held (preemption)
+    print(json.dumps({"intact": same, "check_ms": round((time.monotonic() - t0) * 1000, 1)}))
 
 
 def run_serve(a):

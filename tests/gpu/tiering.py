@@ -22,6 +22,10 @@ Phases (tier_tenant.py does the work inside each tenant):
           a `tfusion worker --tiering --idle-swap 0` on this host, the tenant under
           `tfusion run --remote` over shared memory and over loopback TCP; it freezes its session's
           vGPU (remote-PID) with `tfusion freeze`
+  preempt QoS preemption through the control plane: `tfusion up` on this host, a pool that oversells
+          VRAM, a low-QoS `tfusion run --controller` tenant holding 8 GiB, then a critical
+          allocation that needs its compute: the tenant is suspended (swapped out, held), its
+          GPU call waits, and after the critical allocation is deleted it goes on intact
   oversub four tenants of 30 GiB working sets (about 40% of the GPU each) serving bursts with idle
           gaps on one GPU with tiering, against one such tenant alone (running the four one after
           another serves requests at the rate of one alone)
@@ -344,7 +348,90 @@ def phase_remote(r):
         r.record("remote_worker_log", {"swap_lines": lines[-40:]})
 
 
-PHASES = {"remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
+def phase_preempt(r, gib=8):
+    import re
+    import tempfile
+    import urllib.request
+    home = tempfile.mkdtemp(prefix="tf-preempt-")
+    up_log = open(os.path.join(r.logs, "preempt-up.log"), "w")
+    up = subprocess.Popen([r.tfusion, "up", "--port", "0", "--metrics-port", "0"], cwd=home, stdout=up_log,
+                          stderr=subprocess.STDOUT, env=r.env)
+    res = {}
+    tenant = None
+    try:
+        url = None
+        for _ in range(300):
+            m = re.search(r"http://127\.0\.0\.1:[0-9]+", open(os.path.join(r.logs, "preempt-up.log")).read())
+            if m:
+                url = m.group(0)
+                break
+            time.sleep(0.1)
+        token = open(os.path.join(home, ".tfusion", "token")).read().strip() if url else ""
+        if not url or not token:
+            r.record("preempt", {"error": "tfusion up did not start (logs/preempt-up.log)"})
+            return
+
+        def api(method, path, body=None):
+            req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+
+        for _ in range(100):  # the node agent registers the GPU
+            if api("GET", "/v1/gpus")[1].get("gpus"):
+                break
+            time.sleep(0.2)
+        api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+        ready, go = os.path.join(r.out, "preempt-ready"), os.path.join(r.out, "preempt-go")
+        for f in (ready, go):
+            if os.path.exists(f):
+                os.unlink(f)
+        cmd = [r.tfusion, "run", "--controller", url, "--token", token, "--qos", "low", "--vram", "16GiB",
+               "--percent", "60", "--", sys.executable, TENANT, "hold", "--gib", str(gib), "--ready", ready, "--go", go]
+        tlog = open(os.path.join(r.logs, "preempt-tenant.log"), "w")
+        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=tlog, text=True, env=r.env)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ready) and time.monotonic() < deadline and tenant.poll() is None:
+            time.sleep(0.1)
+        smi = lambda: subprocess.run([r.tfusion, "smi", "-p"], capture_output=True, text=True, env=r.env).stdout
+        gpu_used = lambda: subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                          capture_output=True, text=True).stdout.strip()
+        res["gpu_used_mib_before"] = gpu_used()
+        t0 = time.monotonic()
+        st, body = api("POST", "/v1/allocations", {"percent": 60, "vram_mib": 1024, "qos": "critical"})
+        res["critical_status"] = st
+        res["preempted_suspended"] = body.get("preempted_suspended")
+        winner = body.get("id")
+        swapped = False
+        while time.monotonic() - t0 < 30 and not swapped:
+            swapped = "swapped" in smi()
+            time.sleep(0.1)
+        res["suspended_and_swapped_s"] = round(time.monotonic() - t0, 2) if swapped else None
+        res["gpu_used_mib_while_suspended"] = gpu_used()
+        open(go, "w").close()  # its GPU call must now wait
+        time.sleep(3)
+        res["tenant_still_waiting_after_3s"] = tenant.poll() is None
+        t1 = time.monotonic()
+        res["delete_status"] = api("DELETE", "/v1/allocations/" + winner)[0] if winner else None
+        out, _ = tenant.communicate(timeout=120)
+        res["resumed_and_done_s"] = round(time.monotonic() - t1, 2)
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        res["tenant"] = json.loads(lines[-1]) if lines else {"rc": tenant.returncode}
+        res["tenant_rc"] = tenant.returncode
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)
+    finally:
+        if tenant is not None and tenant.poll() is None:
+            tenant.kill()
+        up.terminate()
+        try:
+            up.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        r.record("preempt", res)
+
+
+PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero}
 
