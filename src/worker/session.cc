@@ -255,10 +255,10 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::condition_variable hf_cv_;
   // Acknowledged, not yet seen by their stream thread (a host node's id may be run twice at once).
   std::multiset<uint64_t> hf_done_;
-  // The call the session thread is inside (its start, 0 when none, and its opcode), for the
-  // watchdog: a session blocked in the driver while its client is gone ends rather than keep the
-  // client's GPU memory.
-  std::atomic<int64_t> dispatch_since_ns_{0};
+  // For the watchdog (a session blocked in the driver while its client is gone ends rather than
+  // keep the client's GPU memory): a count the session thread bumps when it enters a call (odd)
+  // and leaves it (even), and the call's opcode. No clock is read on the call path.
+  std::atomic<uint64_t> dispatch_seq_{0};
   std::atomic<uint16_t> dispatch_op_{0};
   void StartWatchdog();
   int64_t hf_outstanding_ = 0;  // enqueued on the driver, not yet finished
@@ -2497,10 +2497,17 @@ void Session::StartWatchdog() {
     }
   }
   std::thread([this, stuck_ns = stuck_s * 1'000'000'000] {
+    uint64_t seen = 0;
+    int64_t since = 0;  // when `seen` was first observed
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(stuck_ns >= 4'000'000'000 ? 1000 : 200));
-      const int64_t since = dispatch_since_ns_.load(std::memory_order_acquire);
-      if (since == 0 || transport::MonotonicNowNs() - since < stuck_ns || !t_->PeerGone()) continue;
+      const uint64_t seq = dispatch_seq_.load(std::memory_order_acquire);
+      const int64_t now = transport::MonotonicNowNs();
+      if (seq != seen) {
+        seen = seq;
+        since = now;
+      }
+      if ((seq & 1) == 0 || now - since < stuck_ns || !t_->PeerGone()) continue;
       const uint16_t op = dispatch_op_.load(std::memory_order_relaxed);
       const char* name = transport::IsDriverCallOpcode(op)
                              ? driver::FunctionName(static_cast<Fn>(transport::DriverCallId(op)))
@@ -2658,10 +2665,11 @@ int Session::Run() {
     if (op != remote::kOpMirrorMap && op != remote::kOpHostRegionMap) mirrors_.NoteWork();
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
     if (prof.trace) TraceOp("call", op, CUDA_SUCCESS);
+    // This thread is the only writer: plain stores, no read-modify-write on the call path.
     dispatch_op_.store(op, std::memory_order_relaxed);
-    dispatch_since_ns_.store(transport::MonotonicNowNs(), std::memory_order_release);
+    dispatch_seq_.store(dispatch_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     r = Dispatch(op, rd, bulk, in.bulk_length, out);
-    dispatch_since_ns_.store(0, std::memory_order_release);
+    dispatch_seq_.store(dispatch_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     if (prof.trace) TraceOp("done", op, r);
     if (prof.on) prof.ops.Add(op, transport::MonotonicNowNs() - dispatched);
     if (!out.ok()) r = CUDA_ERROR_UNKNOWN;
