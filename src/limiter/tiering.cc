@@ -464,6 +464,17 @@ void* HostWorker(void* arg) {
   return nullptr;
 }
 
+// Fresh host memory for `r`'s copy (not yet populated), with one pending job of `p` per
+// kHostChunk piece. False when the memory cannot be mapped.
+bool MapHostCopy(Range* r, CUdeviceptr base, HostPipeline* p) {
+  r->host = MapHost(r->size);
+  if (r->host == nullptr) return false;
+  size_t chunks = (r->size + kHostChunk - 1) / kHostChunk;
+  r->registered.assign(chunks, 0);
+  for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{r, base, i, 0, CUDA_SUCCESS});
+  return true;
+}
+
 // Starts the workers of `p` (half the CPUs, at most kMaxHostWorkers, no more than its pending
 // pieces) and returns how many run; with none it does the work on this thread.
 int StartHostWorkers(HostPipeline* p, pthread_t* threads) {
@@ -538,12 +549,8 @@ CUresult CopyOut(State& s) {
       for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 1, CUDA_SUCCESS});
       continue;
     }
-    r.host = MapHost(r.size);
-    if (r.host == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!MapHostCopy(&r, base, p.get())) return CUDA_ERROR_OUT_OF_MEMORY;
     r.budgeted = true;
-    size_t chunks = (r.size + kHostChunk - 1) / kHostChunk;
-    r.registered.assign(chunks, 0);
-    for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 0, CUDA_SUCCESS});
   }
   pthread_t threads[kMaxHostWorkers];
   const int started = StartHostWorkers(p.get(), threads);
@@ -991,12 +998,7 @@ void PrepareLocked(State& s) {
   auto p = std::make_unique<HostPipeline>();
   bool mapped = true;
   for (size_t k = 0; k < fresh.size() && mapped; ++k) {
-    Range& c = fresh[k];
-    c.host = MapHost(c.size);
-    mapped = c.host != nullptr;
-    size_t chunks = (c.size + kHostChunk - 1) / kHostChunk;
-    c.registered.assign(chunks, 0);
-    for (size_t i = 0; mapped && i < chunks; ++i) p->jobs.push_back(HostJob{&c, bases[k], i, 0, CUDA_SUCCESS});
+    mapped = MapHostCopy(&fresh[k], bases[k], p.get());
   }
   pthread_mutex_unlock(&s.mu);  // the tenant allocates and frees meanwhile
   pthread_t threads[kMaxHostWorkers];
