@@ -91,6 +91,18 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
                env, static_cast<long long>(kTickNs / 1000));
     }
   }
+  turn_ = ShareTurn{};
+  turn_.turn_ns = kShareTurnNs;
+  if (const char* env = getenv("TFUSION_SHARE_TURN_MS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    long ms = strtol(env, &end, 10);
+    if (end != nullptr && *end == '\0' && ms >= 0 && ms <= 100) {
+      turn_.turn_ns = ms * 1'000'000;
+    } else {
+      GuestLog("TFUSION_SHARE_TURN_MS=%s is not a whole number of milliseconds in 0..100: using %lld", env,
+               static_cast<long long>(kShareTurnNs / 1'000'000));
+    }
+  }
 }
 
 void ComputeGovernor::ResetAfterFork() {
@@ -320,7 +332,7 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt) {
   Binding* b = Bound();
   if (b == nullptr) return;
   const bool was_held = hold_.load(std::memory_order_relaxed);
-  ShareVerdict v = b->region.ShareTick(b->slot, now, dt, queued ? dt : 0, queued, was_held);
+  ShareVerdict v = b->region.ShareTick(b->slot, now, dt, queued ? dt : 0, queued, was_held, &turn_);
   if (v.error != RegionError::kOk) {
     static std::atomic<bool> logged{false};
     if (!logged.exchange(true)) {

@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "limiter/core/gpu_region.h"
 #include "tf_driver_api.h"
 
 namespace tf::limiter {
@@ -68,6 +69,8 @@ class ComputeGovernor {
   // Governor tick period while the process has GPU work (ns): kTickNs, or
   // $TFUSION_SHARE_TICK_US (100..5000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
+  // Saturating tenants take turns of kShareTurnNs, or $TFUSION_SHARE_TURN_MS (0 = never, up to 100).
+
 
  private:
   Track* Lookup(CUstream stream, bool per_thread);
@@ -95,6 +98,7 @@ class ComputeGovernor {
   int64_t idle_ticks_ = 0;                          // governor thread only
   bool last_queued_ = false;                        // governor thread only
   uint64_t jitter_ = 0x9e3779b97f4a7c15ULL;         // governor thread only
+  ShareTurn turn_;                                  // governor thread only (set by Configure)
   std::atomic<int> captures_{0};                    // stream captures active in this process
   std::atomic<bool> querying_{false};               // the governor is querying streams
 };

@@ -12,8 +12,11 @@ Phases (--phases, comma-separated):
   burst   spin-kernel tenants (compute_tenant): A with request 25% / limit 100% alone for 3 s, then
           three hard 25% tenants arrive. A's GPU share alone vs native, how long until A is back at
           its request, and each tenant's share afterwards (per %globaltimer kernel segments).
-  remote  coloc at N = 4 and noisy again with every limiter tenant through a `tfusion worker` on a
-          unix socket (shared memory), beside native in the same run.
+  remote  coloc at N = --remote-ns (default 4) and noisy again, and burst with --remote-burst, with
+          every limiter tenant through a `tfusion worker` on a unix socket (shared memory), beside
+          native in the same run.
+  solo    one tenant of each --solo-models (default gpt2:1,r50:1) alone at 100%, native and under
+          the limiter alternating, --solo-rounds rounds; the median ratio.
   mps     (added by --mps DIR) noisy, and coloc of ResNet-50 b1 at N = 4, with every tenant,
           native and limiter, under a private MPS daemon: the harness starts
           `nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY=DIR/pipe and
@@ -165,10 +168,13 @@ def phase_noisy(ctx, md, label="noisy"):
     small, big = ("r50", 1), ("r50", 64)
     solo = run_group(ctx, f"{label}-solo-native", [([],) + small], s)[0]
     nat = run_group(ctx, f"{label}-native", [([],) + small] + [([],) + big] * 3, s)
-    variants = {"hard": limiter_prefix(ctx, 25), "burst": limiter_prefix(ctx, 25, 100)}
+    variants = {"hard": limiter_prefix(ctx, 25), "burst": limiter_prefix(ctx, 25, 100),
+                "hard-noturns": ["env", "TFUSION_SHARE_TURN_MS=0"] + limiter_prefix(ctx, 25)}
     rows = [{"variant": "native", "small": nat[0], "bigs": total(nat[1:])}]
     for vname, big_prefix in variants.items():
         small_prefix = limiter_prefix(ctx, 25, 100)
+        if vname.endswith("noturns"):
+            small_prefix = ["env", "TFUSION_SHARE_TURN_MS=0"] + small_prefix
         lim = run_group(ctx, f"{label}-{vname}", [(small_prefix,) + small] + [(big_prefix,) + big] * 3, s)
         rows.append({"variant": vname, "small": lim[0], "bigs": total(lim[1:])})
     for r in rows:
@@ -179,7 +185,8 @@ def phase_noisy(ctx, md, label="noisy"):
            f"Solo b1, native: {fmt(solo)} images/s.", "",
            "| run | big tenants | b1 images/s | b1 / solo | b64 images/s (sum of 3) | b64 / native co-located |",
            "| --- | --- | --- | --- | --- | --- |"]
-    desc = {"native": "native", "hard": "25% each (request = limit)", "burst": "request 25%, limit 100%"}
+    desc = {"native": "native", "hard": "25% each (request = limit)", "burst": "request 25%, limit 100%",
+            "hard-noturns": "25% each, without turns (TFUSION_SHARE_TURN_MS=0)"}
     for r in rows:
         md.append(f"| {r['variant']} | {desc[r['variant']]} | {fmt(r['small'])} | {fmt(r['small_vs_solo'], 3)} | "
                   f"{fmt(r['bigs'])} | {fmt(r['bigs_vs_native'], 3)} |")
@@ -211,10 +218,10 @@ def spin_group(ctx, name, specs, solo_s, arrive_s, rest_s):
     return [load_segments(o) for o in outs]
 
 
-def phase_burst(ctx, md):
+def phase_burst(ctx, md, label="burst"):
     arrive, solo_s, rest_s = 3.0, 7.0, 4.5
-    nat = spin_group(ctx, "burst-native", [([], True)], 3.0, 0.0, 0.0)[0]
-    segs = spin_group(ctx, "burst-limiter", [(limiter_prefix(ctx, 25, 100, "4GiB"), True)] +
+    nat = spin_group(ctx, f"{label}-native", [([], True)], 3.0, 0.0, 0.0)[0]
+    segs = spin_group(ctx, f"{label}-limiter", [(limiter_prefix(ctx, 25, 100, "4GiB"), True)] +
                       [(limiter_prefix(ctx, 25, None, "4GiB"), False)] * 3, solo_s, arrive, rest_s)
     res = {}
     if nat and all(segs):
@@ -241,8 +248,8 @@ def phase_burst(ctx, md):
         steady = [busy(s, lo, hi) / (hi - lo) * 100 for s in segs] if hi > lo else []
         res = {"native_share": nat_share, "alone_share": alone, "alone_vs_native": alone / nat_share,
                "settle_s": settle, "steady": steady, "series": series}
-    ctx.results["burst"] = res
-    md += ["### burst: A (request 25%, limit 100%) alone, then three 25% tenants arrive (300 µs spin kernels)", ""]
+    ctx.results[label] = res
+    md += [f"### {label}: A (request 25%, limit 100%) alone, then three 25% tenants arrive (300 µs spin kernels)", ""]
     if not res:
         md += ["(failed: a tenant produced no kernel segments; see logs)", ""]
         return
@@ -253,6 +260,35 @@ def phase_burst(ctx, md):
                f"{n} {v:.1f}%" for n, v in zip(["A", "B", "C", "D"], res["steady"])) +
            f" (sum {sum(res['steady']):.1f}%).",
            "- A's share per 100 ms after the arrival: " + " ".join(f"{v:.0f}" for v in res["series"][:20]), ""]
+
+
+def phase_solo(ctx, md):
+    """One tenant alone at 100%: native and under the limiter, interleaved, --solo-rounds rounds."""
+    rows = []
+    for spec in ctx.args.solo_models.split(","):
+        model, batch = spec.split(":")
+        batch = int(batch)
+        nat, lim = [], []
+        for rnd in range(ctx.args.solo_rounds):
+            if ctx.left() < 40:
+                break
+            nat += run_group(ctx, f"solo-{model}{batch}-native", [([], model, batch)], ctx.args.seconds)
+            lim += run_group(ctx, f"solo-{model}{batch}-limiter", [(limiter_prefix(ctx, 100), model, batch)],
+                             ctx.args.seconds)
+        ok_n = [v for v in nat if v is not None]
+        ok_l = [v for v in lim if v is not None]
+        med_n = statistics.median(ok_n) if ok_n else None
+        med_l = statistics.median(ok_l) if ok_l else None
+        rows.append({"model": model, "batch": batch, "native": nat, "limiter": lim, "native_median": med_n,
+                     "limiter_median": med_l, "ratio": ratio(med_l, med_n)})
+    ctx.results["solo"] = rows
+    md += [f"### solo: one tenant at 100%, native and limiter interleaved ({ctx.args.seconds:g} s each)", "",
+           "| model | batch | native items/s per round | limiter items/s per round | median limiter / native |",
+           "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        md.append(f"| {r['model']} | {r['batch']} | {' '.join(fmt(v) for v in r['native'])} | "
+                  f"{' '.join(fmt(v) for v in r['limiter'])} | {fmt(r['ratio'], 3)} |")
+    md.append("")
 
 
 def phase_probe(ctx, md):
@@ -281,9 +317,11 @@ def phase_remote(ctx, md):
     try:
         saved = ctx.args.models
         ctx.args.models = ctx.args.remote_models
-        phase_coloc(ctx, md, ns=(4,), label="remote-coloc")
+        phase_coloc(ctx, md, ns=[int(n) for n in ctx.args.remote_ns.split(",")], label="remote-coloc")
         ctx.args.models = saved
         phase_noisy(ctx, md, label="remote-noisy")
+        if ctx.args.remote_burst:
+            phase_burst(ctx, md, label="remote-burst")
     finally:
         ctx.remote = None
         tc.kill_group(worker)
@@ -377,6 +415,10 @@ def main():
     ap.add_argument("--models", default="r50:1,gpt2:1,r50:64")
     ap.add_argument("--remote-models", default="r50:1,gpt2:1")
     ap.add_argument("--ns", default="1,2,4,8", help="tenant counts of the coloc phase")
+    ap.add_argument("--remote-ns", default="4", help="tenant counts of the remote phase's coloc")
+    ap.add_argument("--remote-burst", action="store_true", help="the remote phase runs burst too")
+    ap.add_argument("--solo-models", default="gpt2:1,r50:1")
+    ap.add_argument("--solo-rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=540)
@@ -397,7 +439,7 @@ def main():
     md = []
     for phase in phases:
         fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote,
-              "probe": phase_probe, "mps": phase_mps}.get(phase)
+              "probe": phase_probe, "mps": phase_mps, "solo": phase_solo}.get(phase)
         if fn is None:
             raise SystemExit(f"unknown phase {phase!r}")
         if ctx.left() < 45:

@@ -22,6 +22,21 @@
 //  - its request bucket is empty and a higher-QoS vGPU that wants the GPU is borrowing too.
 // Otherwise it submits, concurrently with everyone else.
 //
+// Turns (saturating tenants). Time slicing between processes costs the GPU the switches: two
+// saturating processes together get about 91% of the kernel time one gets alone, and the switching
+// time lands on both charges, so an uneven split comes out short for the smaller tenant. A process
+// of a hard slice (request = limit) whose work has been queued (or held) at least 95% of the last
+// ~10 ms is saturating; saturating vGPUs that contend take turns of ShareTurn::turn_ns (10 ms): the one holding the turn submits,
+// the others hold (kTurn) while tenants that leave gaps (inference, launch-bound work) keep running
+// beside it as before, and so do burstable vGPUs (request < limit: what they are promised is
+// latency and idle capacity, not an exact slice; a batch-1 inference tenant keeps its queue full
+// like a saturating one, and made to wait for turns it lost a third of its throughput on the GPU).
+// A holder that left the GPU idle more than 5% of a 5 ms window of its turn
+// is not saturating after all: it leaves turns for kShareGappyNs. A capped vGPU takes a turn only
+// with a turn's worth of tokens, so a small share is not switched in for a sliver. A turn is given
+// up when its holder is held by its buckets or stops saturating, and may be taken by anyone once it
+// is turn_ns old: a holder that dies stops counting after one turn (or the demand TTL).
+//
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
 // nobody back for longer than that.
@@ -39,6 +54,14 @@ namespace {
 // launching small kernels) is counted while the GPU is still switching between it and the others.
 constexpr int64_t kActiveTtlNs = 2'000'000;
 constexpr int64_t kMaxHoldRetryNs = 20'000'000;
+constexpr int64_t kBusyAvgWindowNs = 10'000'000;
+constexpr int64_t kTurnWindowNs = 5'000'000;
+constexpr int64_t kSaturatedPpm = 950'000;
+constexpr uint64_t kTurnTimeMask = (1ULL << 56) - 1;
+
+uint64_t TurnWord(uint32_t vgpu, int64_t now_ns) {
+  return (static_cast<uint64_t>(vgpu + 1) << 56) | ((static_cast<uint64_t>(now_ns) >> 10) & kTurnTimeMask);
+}
 
 using bucket::BurstNs;
 using bucket::ClampShare;
@@ -67,6 +90,7 @@ const char* ShareHoldName(ShareHold h) {
     case ShareHold::kAtLimit: return "at_limit";
     case ShareHold::kOwedElsewhere: return "owed_elsewhere";
     case ShareHold::kHigherQos: return "higher_qos";
+    case ShareHold::kTurn: return "turn";
   }
   return "unknown";
 }
@@ -89,7 +113,7 @@ uint32_t GpuRegion::ActiveProcesses(uint32_t self, int64_t now_ns, uint64_t* vgp
 }
 
 ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns, int64_t raw_busy_ns,
-                                  bool in_flight, bool held) {
+                                  bool in_flight, bool held, ShareTurn* turn) {
   ShareVerdict out;
   if (!ValidActiveProcess(slot) || tick_ns < 0 || raw_busy_ns < 0) {
     out.error = RegionError::kInvalidArgument;
@@ -184,8 +208,86 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     out.hold = ShareHold::kHigherQos;
     out.retry_after_ns = kDemandTtlNs;
   }
+  if (turn != nullptr && turn->turn_ns > 0) TakeTurns(mine, now_ns, tick_ns, in_flight, held, req == lim, lt, lim, turn, &out);
   if (out.hold != ShareHold::kRun && !held) v->leases_total.fetch_add(1, std::memory_order_relaxed);
   return out;
+}
+
+void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool hard,
+                          int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn,
+                          ShareVerdict* out) {
+  const int64_t w = tick_ns < kBusyAvgWindowNs ? tick_ns : kBusyAvgWindowNs;
+  const int64_t x = in_flight || held ? static_cast<int64_t>(kShareWholeGpuPpm) : 0;
+  turn->busy_avg_ppm += (x - turn->busy_avg_ppm) * w / kBusyAvgWindowNs;
+
+  ShareBlock* sb = share();
+  uint64_t word = sb->turn.load(std::memory_order_acquire);
+  const uint64_t holder = word >> 56;  // vGPU index + 1; 0 = free
+  const int64_t since = static_cast<int64_t>((word & kTurnTimeMask) << 10);
+  const bool mine_now = holder == mine + 1;
+  bool alive = false;  // another vGPU holds the turn and still wants the GPU
+  if (holder != 0 && !mine_now && holder <= kMaxVgpus) {
+    const VgpuSlot* u = vgpu(static_cast<uint32_t>(holder - 1));
+    int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
+    alive = u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 &&
+            now_ns - demand <= kDemandTtlNs;
+  }
+  const bool expired = now_ns - since >= turn->turn_ns;
+
+  // Holding the turn (the other saturating vGPUs wait): does it keep the GPU busy after all?
+  if (mine_now && !held) {
+    turn->turn_held_ns += tick_ns;
+    if (in_flight) turn->turn_busy_ns += tick_ns;
+    if (turn->turn_held_ns >= kTurnWindowNs) {
+      if (turn->turn_busy_ns * static_cast<int64_t>(kShareWholeGpuPpm) < kSaturatedPpm * turn->turn_held_ns) {
+        turn->gappy_until_ns = now_ns + kShareGappyNs;
+      }
+      turn->turn_held_ns = turn->turn_busy_ns = 0;
+    }
+  }
+  turn->saturating = hard && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
+  const uint64_t bit = 1ULL << mine;
+  uint64_t mask = sb->saturating.load(std::memory_order_relaxed);
+  if (turn->saturating != ((mask & bit) != 0)) {
+    mask = turn->saturating ? sb->saturating.fetch_or(bit, std::memory_order_relaxed) | bit
+                            : sb->saturating.fetch_and(~bit, std::memory_order_relaxed) & ~bit;
+  }
+
+  if (mine_now) {
+    // Given up when held by its buckets or no longer saturating; otherwise kept until taken.
+    if (out->hold != ShareHold::kRun || !turn->saturating) {
+      sb->turn.compare_exchange_strong(word, 0, std::memory_order_acq_rel);
+    }
+    return;
+  }
+  if (!turn->saturating || out->hold != ShareHold::kRun) return;
+  // Another saturating vGPU that still wants the GPU? (A dead process's bit has no fresh demand.)
+  bool contended = false;
+  for (uint64_t m = mask & ~bit; m != 0 && !contended; m &= m - 1) {
+    const VgpuSlot* u = vgpu(static_cast<uint32_t>(__builtin_ctzll(m)));
+    int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
+    contended = u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 && now_ns - demand <= kDemandTtlNs;
+  }
+  if (!contended && !alive) return;
+  // A capped vGPU takes a turn only with a turn's worth of tokens, so that it is not switched in
+  // for a sliver (its share is unchanged: it waits while its bucket fills); a live holder keeps
+  // the turn for turn_ns.
+  bool enough = true;
+  if (limit_ppm < static_cast<int64_t>(kShareWholeGpuPpm)) {
+    int64_t need = BurstNs(limit_ppm) / 2;
+    if (need > turn->turn_ns) need = turn->turn_ns;
+    enough = limit_tokens >= need;
+  }
+  if (!enough || (alive && !expired)) {
+    out->hold = ShareHold::kTurn;
+    int64_t left = alive ? since + turn->turn_ns - now_ns : 0;
+    out->retry_after_ns = left > 0 && left < kMaxHoldRetryNs ? left : 1'000'000;
+    return;
+  }
+  if (sb->turn.compare_exchange_strong(word, TurnWord(mine, now_ns), std::memory_order_acq_rel)) {
+    sb->turns_total.fetch_add(1, std::memory_order_relaxed);
+    turn->turn_held_ns = turn->turn_busy_ns = 0;
+  }
 }
 
 void GpuRegion::ShareIdle(uint32_t slot) {

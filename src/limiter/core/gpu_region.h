@@ -56,7 +56,22 @@ enum class ShareHold : uint8_t {
   kAtLimit,        // the vGPU's limit bucket is empty: at its ceiling
   kOwedElsewhere,  // over its request while another vGPU that wants the GPU is within its own
   kHigherQos,      // over its request while a higher-QoS vGPU is borrowing idle capacity too
+  kTurn,           // saturating, and another saturating vGPU holds the turn
 };
+
+// Saturating tenants take turns (compute_share.cc): a process's own view, kept by its governor
+// and passed to every ShareTick. Process-local; nothing here is shared.
+struct ShareTurn {
+  int64_t turn_ns = 0;          // length of a turn; 0 = never take turns
+  int64_t busy_avg_ppm = 0;     // share of the last ~10 ms it had work queued or was held
+  int64_t turn_held_ns = 0;     // the current window of ticks holding the turn,
+  int64_t turn_busy_ns = 0;    //   and how much of it it had work queued
+  int64_t gappy_until_ns = 0;   // holding the turn it left the GPU idle: no turns until then
+  bool saturating = false;      // the last tick's verdict
+};
+// A turn's default length, and how long a tenant found gappy alone stays out of turns.
+inline constexpr int64_t kShareTurnNs = 10'000'000;
+inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 const char* ShareHoldName(ShareHold h);
 
 struct ShareVerdict {
@@ -289,10 +304,13 @@ class GpuRegion {
   // vGPU's limit and request buckets, records whether it is active (in_flight: work still queued)
   // or held (it was holding back during the tick: counted as throttled time), and says whether it
   // must hold back now. Lock-free; costs a scan of the 64 vGPU slots.
+  // `turn` (optional): the process's turn state; without it the process never takes turns.
   ShareVerdict ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns, int64_t raw_busy_ns,
-                         bool in_flight, bool held);
+                         bool in_flight, bool held, ShareTurn* turn = nullptr);
   // The process has no work in flight and wants nothing (stops counting it as active).
   void ShareIdle(uint32_t slot);
+  // The vGPU index + 1 holding the turn (0: none), as last written.
+  uint32_t TurnHolder() const { return static_cast<uint32_t>(share()->turn.load(std::memory_order_relaxed) >> 56); }
 
   // ---- VRAM tiering (tier_region.cc; the protocol is in docs/shm-layout.md) ----
   // Owner side: whether the vGPU's processes allocate movable VRAM, and its idle timeout
@@ -340,6 +358,8 @@ class GpuRegion {
     return reinterpret_cast<ProcessSlot*>(base_ + kProcessArrayOffset) + i;
   }
   LeaseBlock* lease() const { return reinterpret_cast<LeaseBlock*>(base_ + kLeaseOffset); }
+  void TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool hard,
+                 int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn, ShareVerdict* out);
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 

@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 4.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 5.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 4;
+inline constexpr uint32_t kLayoutVersion = 5;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -144,7 +144,12 @@ struct alignas(kCacheLine) ShareBlock {
   std::atomic<uint32_t> active_processes;  // processes with work in flight at the last tick
   uint32_t reserved0;
   std::atomic<uint64_t> ticks_total;       // governor ticks reported
-  uint8_t reserved[40];
+  // Layout 5: saturating tenants take turns (compute_share.cc). High 8 bits: the vGPU index + 1
+  // holding the turn (0 = free); low 56 bits: CLOCK_MONOTONIC ns / 1024 when it took it.
+  std::atomic<uint64_t> turn;
+  std::atomic<uint64_t> turns_total;       // turns taken
+  std::atomic<uint64_t> saturating;        // bit i: a process of vGPU i saturates (its last tick)
+  uint8_t reserved[16];
 };
 
 // ---- VRAM tiering (layout 3): after the ShareBlock, one TierHeader, then a VgpuTier per vGPU
