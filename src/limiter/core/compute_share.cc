@@ -26,7 +26,8 @@
 // saturating processes together get about 91% of the kernel time one gets alone, and the switching
 // time lands on both charges, so an uneven split comes out short for the smaller tenant. A process
 // of a hard slice (request = limit) whose work has been queued (or held) at least 95% of the last
-// ~10 ms is saturating; saturating vGPUs that contend take turns of ShareTurn::turn_ns (10 ms): the one holding the turn submits,
+// ~10 ms is saturating; saturating vGPUs that contend take turns of ShareTurn::turn_ns (opt-in per
+// process with TFUSION_SHARE_TURN_MS, 25 ms measured best): the one holding the turn submits,
 // the others hold (kTurn) while tenants that leave gaps (inference, launch-bound work) keep running
 // beside it as before, and so do burstable vGPUs (request < limit: what they are promised is
 // latency and idle capacity, not an exact slice; a batch-1 inference tenant keeps its queue full
