@@ -29,6 +29,7 @@
 #include "worker/session_console.h"
 #include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
+#include "worker/session_handles.h"
 #include "worker/session_host_memory.h"
 #include "worker/session_link.h"
 #include "worker/session_mirrors.h"
@@ -98,15 +99,14 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   // GraphHost (session_graphs.h): what the graph tables check and change.
   const driver::DriverTable& Driver() const override { return d_; }
   bool DeviceRange(uint64_t p, uint64_t n) const override { return n > 0 && Range(p, n); }
-  bool KnownStream(uint64_t s) const override { return Stream(s); }
-  bool KnownEvent(uint64_t e) const override { return events_.count(e) != 0; }
-  bool KnownContext(uint64_t c) const override { return contexts_.count(c) != 0; }
+  bool KnownStream(uint64_t& s) const override { return Stream(s); }
+  bool KnownEvent(uint64_t& e) const override { return Event(e); }
+  bool KnownContext(uint64_t& c) const override { return Context(c); }
+  HandleTable& Handles() override { return handles_; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
   // SessionQueries::Host (stream, context, module and function queries: session_queries.cc).
-  bool KnownModule(uint64_t m) const override {
-    return modules_.count(m) != 0 || library_modules_.count(m) != 0;
-  }
-  bool KnownFunction(uint64_t f) const override { return functions_.count(f) != 0; }
+  bool KnownModule(uint64_t& m) const override { return Module(m); }
+  bool KnownFunction(uint64_t& f) const override { return Function(f) && functions_.count(f) != 0; }
   void* HostRegionAddress(uint64_t host, uint64_t n) override {
     uint64_t base = 0;
     HostRegion* r = n > 0 ? FindRegion(host, n, &base) : nullptr;
@@ -119,8 +119,13 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     *sizes = it->second.sizes;
     return true;
   }
-  void FunctionHandedOut(uint64_t f) override {
+  uint64_t FunctionHandedOut(uint64_t f) override {
+    uint64_t wire = 0;
+    if (handles_.WireOf(HandleKind::kFunction, f, &wire) || handles_.WireOf(HandleKind::kKernel, f, &wire)) {
+      return wire;
+    }
     if (!functions_.count(f)) handed_out_functions_.insert(f);
+    return handles_.Publish(HandleKind::kFunction, f);
   }
   void AddAllocation(uint64_t p, uint64_t n) override { allocs_[p] = n; }
   void RemoveAllocation(uint64_t p) override { allocs_.erase(p); }
@@ -226,7 +231,25 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
       else ++it;
     }
   }
-  bool Stream(uint64_t s) const { return s <= 2 || streams_.count(s); }
+  // Session-scoped virtual handles (session_handles.h). Each of these resolves a wire name in
+  // place to the real handle, false when it is not a live name of that kind in this session (v may
+  // then be left as it was).
+  HandleTable handles_;
+  uint64_t Publish(HandleKind k, uint64_t real) { return handles_.Publish(k, real); }
+  bool Resolve(HandleKind k, uint64_t& v) const { return handles_.Resolve(k, v, &v); }
+  bool Stream(uint64_t& s) const { return Resolve(HandleKind::kStream, s); }
+  bool Event(uint64_t& e) const { return Resolve(HandleKind::kEvent, e) && events_.count(e); }
+  bool Context(uint64_t& c) const { return Resolve(HandleKind::kContext, c) && contexts_.count(c); }
+  bool Module(uint64_t& m) const {
+    return Resolve(HandleKind::kModule, m) && (modules_.count(m) || library_modules_.count(m));
+  }
+  // A function, or a kernel in its place (CUDA launches a CUkernel cast to CUfunction).
+  bool Function(uint64_t& f) const {
+    return Resolve(HandleKind::kFunction, f) || Resolve(HandleKind::kKernel, f);
+  }
+  bool Library(uint64_t& l) const { return Resolve(HandleKind::kLibrary, l) && libraries_.count(l); }
+  bool Kernel(uint64_t& k) const { return Resolve(HandleKind::kKernel, k) && kernels_.count(k); }
+  bool Pool(uint64_t& p) const { return Resolve(HandleKind::kMemPool, p) && pools_.count(p); }
   bool Device(int32_t d) const { return d >= 0 && d < device_count_; }
 
   const WorkerOptions& opt_;
@@ -323,7 +346,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   uint64_t reply_bulk_len_ = 0;
 
   ConsoleCapture console_;  // device printf to the client (session_console.h)
-  JitSession jit_{d_};      // cuModuleLoadDataEx with options, cuLink* (session_link.h)
+  JitSession jit_{d_, handles_};      // cuModuleLoadDataEx with options, cuLink* (session_link.h)
   const std::vector<uint8_t>* FindImage(uint64_t lo, uint64_t hi, uint64_t n) {
     auto it = images_.find({lo, hi});
     if (it == images_.end() || it->second.filled != n || it->second.bytes.size() != n) return nullptr;
@@ -496,7 +519,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
       uint64_t c = 0;
-      if (!rd.U64(&c) || (c != 0 && !contexts_.count(c))) return CUDA_ERROR_INVALID_CONTEXT;
+      if (!rd.U64(&c) || (c != 0 && !Context(c))) return CUDA_ERROR_INVALID_CONTEXT;
       return CALL(cuCtxSetCurrent, As<CUcontext>(c));
     }
     case Fn::cuDevicePrimaryCtxRetain: {
@@ -508,7 +531,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       contexts_.insert(H(c));
       primary_ctx_[H(c)] = dev;
       ++primary_retains_[dev];
-      out.U64(H(c));
+      out.U64(Publish(HandleKind::kContext, H(c)));
       WriteContextInfo(c, dev, true, out);
       return CUDA_SUCCESS;
     }
@@ -547,15 +570,16 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (r != CUDA_SUCCESS) return r;
       contexts_.insert(H(c));
       created_contexts_.insert(H(c));
-      out.U64(H(c));
+      out.U64(Publish(HandleKind::kContext, H(c)));
       WriteContextInfo(c, dev, false, out);
       return CUDA_SUCCESS;
     }
     case Fn::cuCtxDestroy_v2: {
       uint64_t c = 0;
-      if (!rd.U64(&c) || !created_contexts_.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
+      if (!rd.U64(&c) || !Context(c) || !created_contexts_.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
       CUresult r = CALL(cuCtxDestroy_v2, As<CUcontext>(c));
       if (r == CUDA_SUCCESS) {
+        handles_.RetireReal(HandleKind::kContext, c);
         created_contexts_.erase(c);
         contexts_.erase(c);
       }
@@ -778,10 +802,10 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       rd.U64(&b);
       if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
       if (fn == Fn::cuStreamWaitEvent) {
-        if (!Stream(a) || !events_.count(b)) return CUDA_ERROR_INVALID_HANDLE;
+        if (!Stream(a) || !Event(b)) return CUDA_ERROR_INVALID_HANDLE;
         return CALL(cuStreamWaitEvent, As<CUstream>(a), As<CUevent>(b), flags);
       }
-      if (!events_.count(a) || !Stream(b)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Event(a) || !Stream(b)) return CUDA_ERROR_INVALID_HANDLE;
       return CALL(cuEventRecordWithFlags, As<CUevent>(a), As<CUstream>(b), flags);
     }
     case Fn::cuModuleLoadData: {
@@ -797,7 +821,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuModuleLoadData, &m, it->second.bytes.data());
       if (r != CUDA_SUCCESS) return r;
       modules_[H(m)];
-      out.U64(H(m));
+      out.U64(Publish(HandleKind::kModule, H(m)));
       return CUDA_SUCCESS;
     }
     case Fn::cuModuleLoadDataEx: {
@@ -817,13 +841,13 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       uint32_t len = 0;
       rd.U64(&m);
       if (!rd.Blob(&name, &len, remote::kMaxFunctionName)) return CUDA_ERROR_INVALID_VALUE;
-      if (!modules_.count(m) && !library_modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Module(m)) return CUDA_ERROR_INVALID_HANDLE;
       std::string fname(reinterpret_cast<const char*>(name), len);
       CUfunction f = nullptr;
       CUresult r = CALL(cuModuleGetFunction, &f, As<CUmodule>(m), fname.c_str());
       if (r != CUDA_SUCCESS) return r;
       FunctionEntry& fe = RecordModuleFunction(m, H(f));
-      out.U64(H(f));
+      out.U64(Publish(HandleKind::kFunction, H(f)));
       WriteFunctionInfo(H(f), false, fe, out);
       return CUDA_SUCCESS;
     }
@@ -832,7 +856,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       // it names locally): kernels of graph nodes.
       uint64_t f = 0;
       if (!rd.U64(&f) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!functions_.count(f) && !handed_out_functions_.count(f) && !kernels_.count(f)) {
+      if (!Function(f) || (!functions_.count(f) && !handed_out_functions_.count(f) && !kernels_.count(f))) {
         return CUDA_ERROR_INVALID_HANDLE;
       }
       const char* fname = nullptr;
@@ -850,7 +874,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (!rd.U32(&num) || !rd.Finish() || num == 0 || num > remote::kMaxLibraryKernels) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      if (!modules_.count(m) && !library_modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Module(m)) return CUDA_ERROR_INVALID_HANDLE;
       unsigned count = 0;
       CUresult r = CALL(cuModuleGetFunctionCount, &count, As<CUmodule>(m));
       if (r != CUDA_SUCCESS) return r;
@@ -863,7 +887,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
         const char* fname = nullptr;
         if (CALL(cuFuncGetName, &fname, fs[i]) != CUDA_SUCCESS || fname == nullptr) fname = "";
         FunctionEntry& fe = RecordModuleFunction(m, H(fs[i]));
-        out.U64(H(fs[i]));
+        out.U64(Publish(HandleKind::kFunction, H(fs[i])));
         out.Blob(fname, static_cast<uint32_t>(strnlen(fname, remote::kMaxFunctionName)));
         WriteFunctionInfo(H(fs[i]), false, fe, out);
       }
@@ -871,10 +895,17 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     }
     case Fn::cuModuleUnload: {
       uint64_t m = 0;
-      if (!rd.U64(&m) || !modules_.count(m)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&m) || !Resolve(HandleKind::kModule, m) || !modules_.count(m)) {
+        return CUDA_ERROR_INVALID_HANDLE;
+      }
       CUresult r = CALL(cuModuleUnload, As<CUmodule>(m));
       if (r == CUDA_SUCCESS) {
-        for (uint64_t f : modules_[m]) functions_.erase(f);
+        for (uint64_t f : modules_[m]) {
+          functions_.erase(f);
+          handles_.RetireReal(HandleKind::kFunction, f);
+        }
+        for (uint64_t f : handed_out_functions_) handles_.RetireReal(HandleKind::kFunction, f);
+        handles_.RetireReal(HandleKind::kModule, m);
         modules_.erase(m);
         EraseGlobals(m);
         handed_out_functions_.clear();  // which module they came from is not known
@@ -957,7 +988,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuStreamCreateWithPriority, &s, flags, priority);
       if (r != CUDA_SUCCESS) return r;
       streams_.insert(H(s));
-      out.U64(H(s));
+      out.U64(Publish(HandleKind::kStream, H(s)));
       return CUDA_SUCCESS;
     }
     case Fn::cuOccupancyMaxActiveClusters:
@@ -970,14 +1001,17 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuStreamCreate, &s, flags);
       if (r != CUDA_SUCCESS) return r;
       streams_.insert(H(s));
-      out.U64(H(s));
+      out.U64(Publish(HandleKind::kStream, H(s)));
       return CUDA_SUCCESS;
     }
     case Fn::cuStreamDestroy_v2: {
       uint64_t s = 0;
-      if (!rd.U64(&s) || !streams_.count(s)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&s) || !Stream(s) || !streams_.count(s)) return CUDA_ERROR_INVALID_HANDLE;
       CUresult r = CALL(cuStreamDestroy_v2, As<CUstream>(s));
-      if (r == CUDA_SUCCESS) streams_.erase(s);
+      if (r == CUDA_SUCCESS) {
+        streams_.erase(s);
+        handles_.RetireReal(HandleKind::kStream, s);
+      }
       return r;
     }
     case Fn::cuStreamSynchronize:
@@ -996,30 +1030,33 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuEventCreate, &e, flags);
       if (r != CUDA_SUCCESS) return r;
       events_.insert(H(e));
-      out.U64(H(e));
+      out.U64(Publish(HandleKind::kEvent, H(e)));
       return CUDA_SUCCESS;
     }
     case Fn::cuEventRecord: {
       uint64_t e = 0, s = 0;
       rd.U64(&e);
-      if (!rd.U64(&s) || !events_.count(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&s) || !Event(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
       return CALL(cuEventRecord, As<CUevent>(e), As<CUstream>(s));
     }
     case Fn::cuEventSynchronize:
     case Fn::cuEventQuery:
     case Fn::cuEventDestroy_v2: {
       uint64_t e = 0;
-      if (!rd.U64(&e) || !events_.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&e) || !Event(e)) return CUDA_ERROR_INVALID_HANDLE;
       if (fn == Fn::cuEventSynchronize) return CALL(cuEventSynchronize, As<CUevent>(e));
       if (fn == Fn::cuEventQuery) return CALL(cuEventQuery, As<CUevent>(e));
       CUresult r = CALL(cuEventDestroy_v2, As<CUevent>(e));
-      if (r == CUDA_SUCCESS) events_.erase(e);
+      if (r == CUDA_SUCCESS) {
+        events_.erase(e);
+        handles_.RetireReal(HandleKind::kEvent, e);
+      }
       return r;
     }
     case Fn::cuEventElapsedTime_v2: {
       uint64_t a = 0, b = 0;
       rd.U64(&a);
-      if (!rd.U64(&b) || !events_.count(a) || !events_.count(b)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&b) || !Event(a) || !Event(b)) return CUDA_ERROR_INVALID_HANDLE;
       float ms = 0;
       CUresult r = d_.cuEventElapsedTime_v2
                        ? d_.cuEventElapsedTime_v2(&ms, As<CUevent>(a), As<CUevent>(b))
@@ -1471,6 +1508,7 @@ CUresult Session::DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_P
   rd.U32(&p->blockDimY);
   rd.U32(&p->blockDimZ);
   if (!rd.U32(&p->sharedMemBytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (!Function(f)) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = DecodeLaunchArgs(rd, f, a); r != CUDA_SUCCESS) return r;
   if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
   p->func = As<CUfunction>(f);
@@ -1505,7 +1543,7 @@ CUresult Session::LaunchCall(Fn fn, Reader& rd) {
         rd.U64(&e);
         rd.I32(&flags);
         if (!rd.I32(&trigger)) return CUDA_ERROR_INVALID_VALUE;
-        if (!events_.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+        if (!Event(e)) return CUDA_ERROR_INVALID_HANDLE;
         if (id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT) {
           a.value.programmaticEvent.event = As<CUevent>(e);
           a.value.programmaticEvent.flags = flags;
@@ -1534,7 +1572,7 @@ CUresult Session::LaunchCall(Fn fn, Reader& rd) {
       }
     }
   }
-  if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!Stream(s) || !Function(f)) return CUDA_ERROR_INVALID_HANDLE;
   LaunchArgs la;
   if (CUresult r = DecodeLaunchArgs(rd, f, &la); r != CUDA_SUCCESS) return r;
   if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
@@ -1642,9 +1680,17 @@ void Session::EraseLibrary(uint64_t lib) {
   for (uint64_t k : it->second.kernels) {
     kernels_.erase(k);
     erase_owned(k);
+    handles_.RetireReal(HandleKind::kKernel, k);
   }
-  for (uint64_t f : it->second.functions) erase_owned(f);
-  for (uint64_t m : it->second.modules) library_modules_.erase(m);
+  for (uint64_t f : it->second.functions) {
+    erase_owned(f);
+    handles_.RetireReal(HandleKind::kFunction, f);
+  }
+  for (uint64_t m : it->second.modules) {
+    library_modules_.erase(m);
+    handles_.RetireReal(HandleKind::kModule, m);
+  }
+  handles_.RetireReal(HandleKind::kLibrary, lib);
   EraseGlobals(lib);
   libraries_.erase(it);
 }
@@ -1681,15 +1727,16 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
                         nullptr, nullptr, 0);
       if (r != CUDA_SUCCESS) return r;
       libraries_[H(lib)];
-      out.U64(H(lib));
+      out.U64(Publish(HandleKind::kLibrary, H(lib)));
       return CUDA_SUCCESS;
     }
     case Fn::cuLibraryUnload: {
       uint64_t lib = 0;
-      if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&lib) || !rd.Finish() || !Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
       CUresult r = CALL(cuLibraryUnload, As<CUlibrary>(lib));
       if (r == CUDA_SUCCESS) {
         EraseLibrary(lib);
+        for (uint64_t f : handed_out_functions_) handles_.RetireReal(HandleKind::kFunction, f);
         handed_out_functions_.clear();
       }
       return r;
@@ -1700,12 +1747,12 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       uint32_t len = 0;
       rd.U64(&lib);
       if (!rd.Blob(&name, &len, remote::kMaxFunctionName) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
       std::string kname(reinterpret_cast<const char*>(name), len);
       CUkernel k = nullptr;
       CUresult r = CALL(cuLibraryGetKernel, &k, As<CUlibrary>(lib), kname.c_str());
       if (r != CUDA_SUCCESS) return r;
-      out.U64(H(k));
+      out.U64(Publish(HandleKind::kKernel, H(k)));
       record_kernel(lib, H(k));
       return CUDA_SUCCESS;
     }
@@ -1719,7 +1766,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       rd.U64(&owner);
       if (!rd.Blob(&name, &len, remote::kMaxFunctionName) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       bool lib = fn == Fn::cuLibraryGetGlobal;
-      if (lib ? !libraries_.count(owner) : !modules_.count(owner) && !library_modules_.count(owner)) {
+      if (lib ? !Library(owner) : !Module(owner)) {
         return CUDA_ERROR_INVALID_HANDLE;
       }
       std::string gname(reinterpret_cast<const char*>(name), len);
@@ -1737,7 +1784,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuLibraryGetKernelCount: {
       uint64_t lib = 0;
-      if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&lib) || !rd.Finish() || !Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
       unsigned n = 0;
       CUresult r = CALL(cuLibraryGetKernelCount, &n, As<CUlibrary>(lib));
       out.U32(n);
@@ -1751,7 +1798,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       if (!rd.U32(&num) || !rd.Finish() || num == 0 || num > remote::kMaxLibraryKernels) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      if (!libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
       unsigned count = 0;
       CUresult r = CALL(cuLibraryGetKernelCount, &count, As<CUlibrary>(lib));
       if (r != CUDA_SUCCESS) return r;
@@ -1763,7 +1810,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       for (uint32_t i = 0; i < n; ++i) {
         const char* kname = nullptr;
         if (CALL(cuKernelGetName, &kname, ks[i]) != CUDA_SUCCESS || kname == nullptr) kname = "";
-        out.U64(H(ks[i]));
+        out.U64(Publish(HandleKind::kKernel, H(ks[i])));
         out.Blob(kname, static_cast<uint32_t>(strnlen(kname, remote::kMaxFunctionName)));
         record_kernel(lib, H(ks[i]));
       }
@@ -1771,18 +1818,19 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuLibraryGetModule: {
       uint64_t lib = 0;
-      if (!rd.U64(&lib) || !rd.Finish() || !libraries_.count(lib)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&lib) || !rd.Finish() || !Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
       CUmodule m = nullptr;
       CUresult r = CALL(cuLibraryGetModule, &m, As<CUlibrary>(lib));
       if (r != CUDA_SUCCESS) return r;
       library_modules_[H(m)] = lib;
       libraries_[lib].modules.insert(H(m));
-      out.U64(H(m));
+      out.U64(Publish(HandleKind::kModule, H(m)));
       return CUDA_SUCCESS;
     }
     case Fn::cuKernelGetFunction: {
       uint64_t k = 0;
       if (!rd.U64(&k) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!Resolve(HandleKind::kKernel, k)) return CUDA_ERROR_INVALID_HANDLE;
       auto kit = kernels_.find(k);
       if (kit == kernels_.end()) return CUDA_ERROR_INVALID_HANDLE;
       CUfunction f = nullptr;
@@ -1794,7 +1842,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
         fe.library = kit->second;
       }
       libraries_[kit->second].functions.insert(H(f));
-      out.U64(H(f));
+      out.U64(Publish(HandleKind::kFunction, H(f)));
       return CUDA_SUCCESS;
     }
     case Fn::cuKernelGetAttribute:
@@ -1805,7 +1853,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       if (fn == Fn::cuKernelSetAttribute) rd.I32(&value);
       rd.U64(&k);
       if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!kernels_.count(k)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Kernel(k)) return CUDA_ERROR_INVALID_HANDLE;
       if (!Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
       auto a = static_cast<CUfunction_attribute>(attr);
       if (fn == Fn::cuKernelSetAttribute) return CALL(cuKernelSetAttribute, a, value, As<CUkernel>(k), dev);
@@ -1820,7 +1868,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       rd.U64(&f);
       rd.I32(&attr);
       if (!rd.I32(&value) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!functions_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Function(f) || !functions_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
       return CALL(cuFuncSetAttribute, As<CUfunction>(f), static_cast<CUfunction_attribute>(attr), value);
     }
     // in U64 function or kernel, U32 CUfunc_cache (and for a kernel I32 device).
@@ -1835,10 +1883,10 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       if (!rd.Finish() || c > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
       const auto config = static_cast<CUfunc_cache>(c);
       if (fn == Fn::cuFuncSetCacheConfig) {
-        if (!functions_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+        if (!Function(h) || !functions_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
         return CALL(cuFuncSetCacheConfig, As<CUfunction>(h), config);
       }
-      if (!kernels_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Kernel(h)) return CUDA_ERROR_INVALID_HANDLE;
       if (!Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
       return CALL(cuKernelSetCacheConfig, As<CUkernel>(h), config, dev);
     }
@@ -1859,7 +1907,7 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       rd.I32(&b);
       rd.U64(&smem);
       if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!functions_.count(f) && !kernels_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!Function(f) || (!functions_.count(f) && !kernels_.count(f))) return CUDA_ERROR_INVALID_HANDLE;
       CUfunction func = As<CUfunction>(f);
       if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
         size_t v = 0;
@@ -1910,7 +1958,7 @@ CUresult Session::ClusterOccupancy(Fn fn, Reader& rd, Writer& out) {
     if (!rd.Bytes(&attrs[i].value, sizeof(attrs[i].value))) return CUDA_ERROR_INVALID_VALUE;
   }
   if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!functions_.count(f) && !kernels_.count(f)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!Function(f) || (!functions_.count(f) && !kernels_.count(f))) return CUDA_ERROR_INVALID_HANDLE;
   if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
   CUlaunchConfig cfg = {};
   cfg.gridDimX = g[0];
@@ -2024,15 +2072,18 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       }
       vmm_handles_[h] = size;
       if (charge.bytes != 0) vmm_host_charges_[h] = charge;
-      out.U64(h);
+      out.U64(Publish(HandleKind::kMemHandle, h));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemRelease: {
       uint64_t h = 0;
-      if (!rd.U64(&h) || !rd.Finish() || !vmm_handles_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.U64(&h) || !rd.Finish() || !Resolve(HandleKind::kMemHandle, h) || !vmm_handles_.count(h)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       CUresult r = CALL(cuMemRelease, h);
       if (r == CUDA_SUCCESS) {
         vmm_handles_.erase(h);
+        handles_.RetireReal(HandleKind::kMemHandle, h);
         if (auto c = vmm_host_charges_.find(h); c != vmm_host_charges_.end()) {
           host_mem_.Release(&c->second);
           vmm_host_charges_.erase(c);
@@ -2047,6 +2098,7 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       rd.U64(&offset);
       rd.U64(&h);
       if (!rd.U64(&flags) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+      if (!Resolve(HandleKind::kMemHandle, h)) return CUDA_ERROR_INVALID_VALUE;
       auto hit = vmm_handles_.find(h);
       if (hit == vmm_handles_.end() || offset > hit->second || size > hit->second - offset) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -2155,7 +2207,7 @@ CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuIpcGetEventHandle: {
       uint64_t e = 0;
-      if (!rd.U64(&e) || !rd.Finish() || !events_.count(e)) return CUDA_ERROR_INVALID_HANDLE;
+      if (!rd.U64(&e) || !rd.Finish() || !Event(e)) return CUDA_ERROR_INVALID_HANDLE;
       CUipcEventHandle h{};
       CUresult r = CALL(cuIpcGetEventHandle, &h, As<CUevent>(e));
       if (r == CUDA_SUCCESS) out.Bytes(h.reserved, sizeof(h.reserved));
@@ -2168,7 +2220,7 @@ CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuIpcOpenEventHandle, &e, h);
       if (r != CUDA_SUCCESS) return r;
       events_.insert(H(e));  // destroyed with cuEventDestroy, or when the session ends
-      out.U64(H(e));
+      out.U64(Publish(HandleKind::kEvent, H(e)));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemGetAddressRange_v2: {
@@ -2196,7 +2248,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       if (fn == Fn::cuMemAllocFromPoolAsync) rd.U64(&pool);
       if (!rd.U64(&s) || n == 0) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      if (fn == Fn::cuMemAllocFromPoolAsync && !pools_.count(pool)) return CUDA_ERROR_INVALID_VALUE;
+      if (fn == Fn::cuMemAllocFromPoolAsync && !Pool(pool)) return CUDA_ERROR_INVALID_VALUE;
       CUdeviceptr p = 0;
       CUresult r = fn == Fn::cuMemAllocAsync
                        ? CALL(cuMemAllocAsync, &p, n, As<CUstream>(s))
@@ -2211,7 +2263,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       }
       allocs_[p] = n;
       out.U64(p);
-      out.U64(pool);
+      out.U64(Publish(HandleKind::kMemPool, pool));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemFreeAsync: {
@@ -2230,7 +2282,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuDeviceGetDefaultMemPool, &p, dev);
       if (r != CUDA_SUCCESS) return r;
       pools_.insert(H(p));
-      out.U64(H(p));
+      out.U64(Publish(HandleKind::kMemPool, H(p)));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemPoolCreate: {
@@ -2264,14 +2316,15 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       if (r != CUDA_SUCCESS) return r;
       pools_.insert(H(p));
       created_pools_.insert(H(p));
-      out.U64(H(p));
+      out.U64(Publish(HandleKind::kMemPool, H(p)));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemPoolDestroy: {
       uint64_t p = 0;
-      if (!rd.U64(&p) || !created_pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.U64(&p) || !Pool(p) || !created_pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
       CUresult r = CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
       if (r == CUDA_SUCCESS) {
+        handles_.RetireReal(HandleKind::kMemPool, p);
         created_pools_.erase(p);
         pools_.erase(p);
       }
@@ -2281,7 +2334,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuMemPoolTrimTo: {
       uint64_t p = 0, keep = 0;
       rd.U64(&p);
-      if (!rd.U64(&keep) || !rd.Finish() || !pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.U64(&keep) || !rd.Finish() || !Pool(p)) return CUDA_ERROR_INVALID_VALUE;
       return CALL(cuMemPoolTrimTo, As<CUmemoryPool>(p), static_cast<size_t>(keep));
     }
     case Fn::cuMemPoolSetAttribute:
@@ -2291,7 +2344,7 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       rd.U64(&p);
       rd.U32(&attr);
       if (fn == Fn::cuMemPoolSetAttribute) rd.U64(&v);
-      if (!rd.Finish() || !pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.Finish() || !Pool(p)) return CUDA_ERROR_INVALID_VALUE;
       const bool is_int = attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
                           attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
                           attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;

@@ -29,7 +29,7 @@ class SessionArrays {
     // [p, p + n) lies wholly inside one device allocation (or mapping) of the session.
     virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
     // A stream of the session (or the NULL, legacy or per-thread stream).
-    virtual bool KnownStream(uint64_t s) const = 0;
+    virtual bool KnownStream(uint64_t& s) const = 0;  // resolves a wire name in place
     // Sends n bytes of the current call's host-bound data at `offset` of the copy (kEvtCopyData,
     // before the call's reply). False when the client is gone.
     virtual bool SendCallData(uint64_t offset, const void* data, uint64_t n) = 0;

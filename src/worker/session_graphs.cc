@@ -536,8 +536,7 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
     CUDA_KERNEL_NODE_PARAMS p = {};
     CUresult r = CALL(cuGraphKernelNodeGetParams_v2, As<CUgraphNode>(h), &p);
     if (r != CUDA_SUCCESS) return r;
-    out.U64(H(p.func));
-    h_.FunctionHandedOut(H(p.func));
+    out.U64(h_.FunctionHandedOut(H(p.func)));
     for (unsigned v : {p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
                        p.sharedMemBytes}) {
       out.U32(v);

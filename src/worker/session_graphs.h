@@ -12,6 +12,7 @@
 
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
+#include "worker/session_handles.h"
 
 namespace tf::worker {
 
@@ -31,9 +32,13 @@ class GraphHost {
   virtual const driver::DriverTable& Driver() const = 0;
   // [p, p + n) lies inside one device allocation (or mapped range) of the session.
   virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
-  virtual bool KnownStream(uint64_t s) const = 0;
-  virtual bool KnownEvent(uint64_t e) const = 0;
-  virtual bool KnownContext(uint64_t c) const = 0;
+  // Each Known* takes a handle's wire name (session_handles.h) and resolves it in place to the
+  // real handle; false when it is not a live name of that kind in this session.
+  virtual bool KnownStream(uint64_t& s) const = 0;
+  virtual bool KnownEvent(uint64_t& e) const = 0;
+  virtual bool KnownContext(uint64_t& c) const = 0;
+  // The session's handle table: handles given back to the client are published in it.
+  virtual HandleTable& Handles() = 0;
   virtual bool KnownDevice(int32_t d) const = 0;
   // This process's address of the client's page-locked [host, host + n) when it lies in one
   // host region shared with the session, else nullptr.
@@ -44,8 +49,9 @@ class GraphHost {
   // The parameter sizes of function f when its layout is known.
   virtual bool ParamSizes(uint64_t f, std::vector<size_t>* sizes) const = 0;
   // A function handle the driver gave back in a graph node (cuGraphKernelNodeGetParams): the
-  // client may ask for its name (cuFuncGetName) though it never looked it up.
-  virtual void FunctionHandedOut(uint64_t f) = 0;
+  // client may ask for its name (cuFuncGetName) though it never looked it up. Returns the name
+  // the client gets (the function's, or the kernel's when the driver gave a CUkernel back).
+  virtual uint64_t FunctionHandedOut(uint64_t f) = 0;
   // Graph allocations join (and leave) the session's device allocations.
   virtual void AddAllocation(uint64_t p, uint64_t n) = 0;
   virtual void RemoveAllocation(uint64_t p) = 0;

@@ -92,7 +92,7 @@ CUresult JitSession::LoadDataEx(Reader& rd, const ImageLookup& images, Writer& o
   WriteResult(r, o, out);
   if (r == CUDA_SUCCESS) {
     *module = reinterpret_cast<uint64_t>(m);
-    out.U64(*module);
+    out.U64(handles_.Publish(HandleKind::kModule, *module));
   }
   return CUDA_SUCCESS;
 }
@@ -109,13 +109,14 @@ CUresult JitSession::Link(Fn fn, Reader& rd, const ImageLookup& images, Writer& 
     WriteResult(r, o, out);
     if (r == CUDA_SUCCESS) {
       const uint64_t h = reinterpret_cast<uint64_t>(e->state);
-      out.U64(h);
+      out.U64(handles_.Publish(HandleKind::kLinkState, h));
       links_[h] = std::move(e);
     }
     return CUDA_SUCCESS;
   }
   uint64_t h = 0;
   if (!rd.U64(&h)) return CUDA_ERROR_INVALID_VALUE;
+  if (!handles_.Resolve(HandleKind::kLinkState, h, &h)) return CUDA_ERROR_INVALID_HANDLE;
   auto it = links_.find(h);
   if (it == links_.end()) return CUDA_ERROR_INVALID_HANDLE;
   LinkEntry& e = *it->second;
@@ -171,7 +172,10 @@ CUresult JitSession::Link(Fn fn, Reader& rd, const ImageLookup& images, Writer& 
     case Fn::cuLinkDestroy: {
       if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       CUresult r = d_.cuLinkDestroy ? d_.cuLinkDestroy(e.state) : CUDA_ERROR_NOT_SUPPORTED;
-      if (r == CUDA_SUCCESS) links_.erase(it);
+      if (r == CUDA_SUCCESS) {
+        handles_.RetireReal(HandleKind::kLinkState, h);
+        links_.erase(it);
+      }
       return r;
     }
     default:

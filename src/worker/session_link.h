@@ -15,6 +15,7 @@
 
 #include "driver/driver_table.h"
 #include "transport/wire.h"
+#include "worker/session_handles.h"
 
 namespace tf::worker {
 
@@ -24,12 +25,14 @@ class JitSession {
   using ImageLookup =
       std::function<const std::vector<uint8_t>*(uint64_t hash_lo, uint64_t hash_hi, uint64_t n)>;
 
-  explicit JitSession(const driver::DriverTable& d) : d_(d) {}
+  // Modules and link states go to the client as names published in `handles` (the session's).
+  JitSession(const driver::DriverTable& d, HandleTable& handles) : d_(d), handles_(handles) {}
   ~JitSession() = default;
   JitSession(const JitSession&) = delete;
   JitSession& operator=(const JitSession&) = delete;
 
-  // cuModuleLoadDataEx. *module: the loaded module (0 when none), for the session's table.
+  // cuModuleLoadDataEx. *module: the loaded module's real handle (0 when none), for the
+  // session's table.
   CUresult LoadDataEx(transport::Reader& rd, const ImageLookup& images, transport::Writer& out,
                       uint64_t* module);
   // cuLinkCreate_v2, cuLinkAddData_v2, cuLinkComplete, cuLinkDestroy. cuLinkComplete's cubin
@@ -56,7 +59,8 @@ class JitSession {
   };
 
   const driver::DriverTable& d_;
-  std::map<uint64_t, std::unique_ptr<LinkEntry>> links_;
+  HandleTable& handles_;
+  std::map<uint64_t, std::unique_ptr<LinkEntry>> links_;  // by real handle
 };
 
 }  // namespace tf::worker

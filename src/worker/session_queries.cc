@@ -226,7 +226,7 @@ CUresult SessionQueries::StreamQuery(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuStreamGetCtx: {
       CUcontext v = nullptr;
       r = CALL(cuStreamGetCtx, st, &v);
-      out.U64(H(v));
+      out.U64(host_.Handles().Publish(HandleKind::kContext, H(v)));
       break;
     }
     case Fn::cuStreamGetAttribute:

@@ -13,6 +13,7 @@
 
 #include "driver/driver_table.h"
 #include "transport/wire.h"
+#include "worker/session_handles.h"
 
 namespace tf::worker {
 
@@ -22,12 +23,16 @@ class SessionQueries {
   class Host {
    public:
     virtual ~Host() = default;
+    // Each Known* takes a handle's wire name (session_handles.h) and resolves it in place to the
+    // real handle; false when it is not a live name of that kind in this session.
     // A stream of the session (or the NULL, legacy or per-thread stream).
-    virtual bool KnownStream(uint64_t s) const = 0;
-    virtual bool KnownContext(uint64_t c) const = 0;
+    virtual bool KnownStream(uint64_t& s) const = 0;
+    virtual bool KnownContext(uint64_t& c) const = 0;
     virtual bool KnownDevice(int32_t d) const = 0;
-    virtual bool KnownModule(uint64_t m) const = 0;
-    virtual bool KnownFunction(uint64_t f) const = 0;
+    virtual bool KnownModule(uint64_t& m) const = 0;
+    virtual bool KnownFunction(uint64_t& f) const = 0;
+    // The session's handle table: handles given back to the client are published in it.
+    virtual HandleTable& Handles() = 0;
   };
 
   SessionQueries(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}

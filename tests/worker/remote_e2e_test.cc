@@ -199,6 +199,29 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["procaddr_is_export"], "1");
 }
 
+// Session-scoped virtual handles: what a program can do with names it should not have.
+TEST_F(RemoteTest, ForgedStaleWrongKindAndOtherSessionsHandlesFailTheirCallOnly) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "vhandles");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["names_not_pointers"], "1") << r.out;
+    for (const char* key : {"forged_stream", "forged_event", "forged_module", "kind_event_as_stream",
+                            "kind_stream_as_event", "kind_function_as_module", "kind_context_as_event",
+                            "kind_stream_as_function", "stale_stream", "stale_stream_destroy",
+                            "stale_event", "stale_module", "other_session_stream",
+                            "other_session_event"}) {
+      EXPECT_EQ(r.kv[key], "400") << addr << " " << key << " (CUDA_ERROR_INVALID_HANDLE)\n" << r.out;
+    }
+    EXPECT_EQ(r.kv["after_bad_launch_sync"], "0") << addr;
+    EXPECT_EQ(r.kv["fresh_stream_new_name"], "1") << addr;
+    EXPECT_EQ(r.kv["fresh_stream"], "0") << addr;
+    EXPECT_EQ(r.kv["other_session_own_stream"], "0") << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["child_status"], "0") << addr;
+    EXPECT_EQ(r.kv["still_works"], "1") << addr << "\n" << r.out;
+  }
+}
+
 // Keys both runs print must agree; `only_remote` keys are checked by the caller.
 void ExpectSameKeys(const Result& direct, const Result& remote) {
   for (const auto& [k, v] : direct.kv) {

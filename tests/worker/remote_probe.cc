@@ -194,6 +194,101 @@ int BadHandles() {
   return 0;
 }
 
+// Session-scoped virtual handles (run remotely only): the program gets names, not the driver's
+// handles, and a forged name, a stale one, one of another kind or of another session fails its
+// call with CUDA_ERROR_INVALID_HANDLE while the session goes on.
+template <class T>
+uint64_t U(T h) {
+  return reinterpret_cast<uint64_t>(h);
+}
+template <class T>
+T Forge(uint64_t v) {
+  return reinterpret_cast<T>(v);
+}
+bool LooksLikeName(uint64_t v) { return (v >> 56) > 0x40 && (v >> 56) <= 0x53; }
+
+int VirtualHandles() {
+  CUcontext ctx = Setup();
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction fill;
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUevent e;
+  CHECK(cuEventCreate(&e, 0));
+  std::printf("names_not_pointers=%d\n", LooksLikeName(U(ctx)) && LooksLikeName(U(mod)) &&
+                                             LooksLikeName(U(fill)) && LooksLikeName(U(s)) &&
+                                             LooksLikeName(U(e)));
+  // Forged: one bit of the name's check flipped, a neighbour slot, a pointer-shaped value.
+  std::printf("forged_stream=%d\n", static_cast<int>(cuStreamSynchronize(Forge<CUstream>(U(s) ^ (1ull << 30)))));
+  std::printf("forged_event=%d\n", static_cast<int>(cuEventQuery(Forge<CUevent>(U(e) + 1))));
+  std::printf("forged_module=%d\n", static_cast<int>(cuModuleGetFunction(
+                                        &fill, Forge<CUmodule>(0x7f0000001000), "fill_u32")));
+  // Another kind's name.
+  std::printf("kind_event_as_stream=%d\n", static_cast<int>(cuStreamSynchronize(Forge<CUstream>(U(e)))));
+  std::printf("kind_stream_as_event=%d\n", static_cast<int>(cuEventQuery(Forge<CUevent>(U(s)))));
+  CUfunction f2 = nullptr;
+  std::printf("kind_function_as_module=%d\n",
+              static_cast<int>(cuModuleGetFunction(&f2, Forge<CUmodule>(U(fill)), "fill_u32")));
+  std::printf("kind_context_as_event=%d\n", static_cast<int>(cuEventSynchronize(Forge<CUevent>(U(ctx)))));
+  // A stream's name as the function: refused by the launch (the client knows no such function)
+  // or, were it sent, by the next synchronizing call (launches are fire-and-forget).
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, 64));
+  unsigned one = 1;
+  size_t count = 16;
+  void* params[] = {&d, &one, &count};
+  CUresult launch = cuLaunchKernel(Forge<CUfunction>(U(s)), 1, 1, 1, 1, 1, 1, 0, s, params, nullptr);
+  CUresult sync = cuStreamSynchronize(s);
+  std::printf("kind_stream_as_function=%d\n", static_cast<int>(launch != CUDA_SUCCESS ? launch : sync));
+  std::printf("after_bad_launch_sync=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+  // Stale: destroyed objects' names, even when the driver reuses the address for a new object.
+  CUstream gone;
+  CHECK(cuStreamCreate(&gone, 0));
+  CHECK(cuStreamDestroy(gone));
+  CUstream fresh;
+  CHECK(cuStreamCreate(&fresh, 0));
+  std::printf("stale_stream=%d\n", static_cast<int>(cuStreamSynchronize(gone)));
+  std::printf("stale_stream_destroy=%d\n", static_cast<int>(cuStreamDestroy(gone)));
+  std::printf("fresh_stream_new_name=%d\n", U(fresh) != U(gone));
+  std::printf("fresh_stream=%d\n", static_cast<int>(cuStreamSynchronize(fresh)));
+  CUevent old_event;
+  CHECK(cuEventCreate(&old_event, 0));
+  CHECK(cuEventDestroy(old_event));
+  std::printf("stale_event=%d\n", static_cast<int>(cuEventQuery(old_event)));
+  CUmodule old_mod;
+  CHECK(cuModuleLoadData(&old_mod, "fakecuda:builtin"));
+  CHECK(cuModuleUnload(old_mod));
+  std::printf("stale_module=%d\n", static_cast<int>(cuModuleGetFunction(&f2, old_mod, "fill_u32")));
+  std::fflush(stdout);
+  // Another session's names: a forked child gets a session of its own.
+  pid_t pid = fork();
+  if (pid == 0) {
+    Setup();
+    CUstream mine;
+    CHECK(cuStreamCreate(&mine, CU_STREAM_NON_BLOCKING));
+    CUevent my_event;
+    CHECK(cuEventCreate(&my_event, 0));
+    std::printf("other_session_stream=%d\n", static_cast<int>(cuStreamSynchronize(s)));
+    std::printf("other_session_event=%d\n", static_cast<int>(cuEventQuery(e)));
+    std::printf("other_session_own_stream=%d\n", static_cast<int>(cuStreamSynchronize(mine)));
+    std::fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::printf("child_status=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  // Nothing else changed: the session's own objects still work.
+  Fill(fill, d, 7, 16, s);
+  CHECK(cuEventRecord(e, s));
+  CHECK(cuEventSynchronize(e));
+  uint32_t v[16] = {};
+  CHECK(cuMemcpyDtoH(v, d, sizeof(v)));
+  std::printf("still_works=%d\n", v[0] == 7 && v[15] == 7);
+  return 0;
+}
+
 // Holds memory and waits to be killed.
 int Hold() {
   Setup();
@@ -1429,6 +1524,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "basic")) return Basic();
   if (!strcmp(mode, "deferred")) return Deferred();
   if (!strcmp(mode, "bad")) return BadHandles();
+  if (!strcmp(mode, "vhandles")) return VirtualHandles();
   if (!strcmp(mode, "stuck")) return Stuck();
   if (!strcmp(mode, "hold")) return Hold();
   if (!strcmp(mode, "loop")) return Loop();
