@@ -69,17 +69,6 @@ CUresult LaunchEx(Fn fn, const CUlaunchConfig* config, CUfunction f, void** para
   return SendAsync(s, Op(fn), w);
 }
 
-CUresult StreamEventCall(Fn fn, uint64_t a, uint64_t b, uint32_t flags) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[24];
-  Writer w(buf, sizeof(buf));
-  w.U64(a);
-  w.U64(b);
-  w.U32(flags);
-  return SendAsync(l.session(), Op(fn), w);
-}
-
 CUresult Memset2D(Fn fn, CUdeviceptr dst, size_t pitch, uint32_t value, size_t width,
                   size_t height, CUstream stream, bool async) {
   TF_LOCK(l);
@@ -176,17 +165,6 @@ CUresult Impl_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void*
 CUresult Impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
                                     void** extra) {
   return LaunchEx(Fn::cuLaunchKernelEx_ptsz, config, f, params, extra);
-}
-
-// ---- streams and events
-
-CUresult Impl_cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
-  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  return StreamEventCall(Fn::cuStreamWaitEvent, H(stream), H(event), flags);
-}
-CUresult Impl_cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags) {
-  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  return StreamEventCall(Fn::cuEventRecordWithFlags, H(event), H(stream), flags);
 }
 
 // ---- memsets

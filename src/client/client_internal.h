@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "client/client.h"
+#include "worker/session_handles.h"  // HandleKind: the kinds of the generated surface
 
 namespace tf::client {
 
@@ -69,6 +70,12 @@ inline void ForgetFunctionAnswers(Session* s) {
 // stream and context (a context destroyed); client_queries.cc. REQUIRES State().mu.
 void ForgetStreamAnswers(Session* s, uint64_t stream);
 void ForgetContextAnswers(Session* s);
+
+// The generated entry points (tf_remote_client.cc, api/remote_surface.tsv) created or destroyed
+// an object: the client's own tables and answers follow (client_queries.cc). REQUIRES State().mu.
+using worker::HandleKind;
+void NoteCreatedHandle(Session* s, HandleKind k, uint64_t h);
+void NoteDestroyedHandle(Session* s, HandleKind k, uint64_t h);
 
 // Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
 // attribute or the cache configuration of a function, kernel or context changes.

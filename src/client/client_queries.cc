@@ -1,12 +1,12 @@
 // Queries and host-side encodings forwarded to the worker (worker half: src/worker/
-// session_queries.cc, where the wire format of each call is written down): stream properties,
-// context ids, PCI bus ids, peer queries, function loading, profiler markers, and the tensor-map
-// encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes from the
+// session_queries.cc, where the wire format of each call is written down): stream attributes,
+// context ids, PCI bus ids, function loading, and the tensor-map encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes from the
 // arguments, which travel by value; the map comes back into the caller's).
 //
 // Answers that only this client can change are asked once and then answered here (Session::answers):
-// a stream's priority, flags, id, device and context until the stream is destroyed or its priority
-// set, a context's id until it is destroyed, a device's PCI bus id for the connection.
+// a context's id until it is destroyed, a device's PCI bus id for the connection; the stream
+// getters (generated, api/remote_surface.tsv) are kept until the stream is destroyed or its
+// priority set (ForgetStreamAnswers).
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -26,9 +26,6 @@ constexpr uint32_t kMaxTensorRank = 5;
 constexpr Fn kStreamQueries[] = {Fn::cuStreamGetPriority, Fn::cuStreamGetFlags, Fn::cuStreamGetId,
                                  Fn::cuStreamGetDevice, Fn::cuStreamGetCtx};
 
-bool SpecialStream(uint64_t s) { return s <= 2; }  // NULL, legacy, per-thread
-
-bool ReadOne(transport::Reader& r, int32_t* v) { return r.I32(v); }
 bool ReadOne(transport::Reader& r, uint32_t* v) { return r.U32(v); }
 bool ReadOne(transport::Reader& r, uint64_t* v) { return r.U64(v); }
 
@@ -39,24 +36,6 @@ CUresult CallForValue(Session* s, Fn fn, const Writer& w, T* v) {
   CUresult r = CallSync(s, Op(fn), w, &rv);
   if (r == CUDA_SUCCESS && !ReadOne(rv.reader, v)) r = CUDA_ERROR_UNKNOWN;
   return r;
-}
-
-// One u64 answer about stream `st` (its meaning depends on fn). The NULL, legacy and per-thread
-// streams are the current context's, so their answers are kept per context.
-CUresult StreamValue(Fn fn, CUstream st, uint64_t* v) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  const uint64_t h = H(st);
-  const uint64_t ctx = SpecialStream(h) ? CurrentContext() : 0;
-  if (CachedAnswer(s, fn, h, ctx, 0, v)) return CUDA_SUCCESS;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(h);
-  CUresult r = CallForValue(s, fn, w, v);
-  if (r != CUDA_SUCCESS) return r;
-  StoreAnswer(s, fn, h, ctx, 0, *v);
-  return CUDA_SUCCESS;
 }
 
 // A device's bus id as the worker's driver writes it, asked once per connection.
@@ -147,52 +126,23 @@ void ForgetStreamAnswers(Session* s, uint64_t stream) {
   for (Fn fn : kStreamQueries) ForgetAnswersAbout(s, fn, stream);
 }
 
+void NoteCreatedHandle(Session* s, HandleKind k, uint64_t h) {
+  if (k == HandleKind::kStream) s->streams.insert(h);
+}
+
+void NoteDestroyedHandle(Session* s, HandleKind k, uint64_t h) {
+  if (k == HandleKind::kStream) {
+    s->streams.erase(h);
+    ForgetStreamAnswers(s, h);
+  }
+}
+
 void ForgetContextAnswers(Session* s) {
   ForgetAnswers(s, Fn::cuCtxGetId);
   for (Fn fn : kStreamQueries) ForgetAnswers(s, fn);
 }
 
-// ---- streams
-
-CUresult Impl_cuStreamGetPriority(CUstream st, int* priority) {
-  if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = StreamValue(Fn::cuStreamGetPriority, st, &v);
-  if (r == CUDA_SUCCESS) *priority = static_cast<int>(static_cast<int64_t>(v));
-  return r;
-}
-
-CUresult Impl_cuStreamGetFlags(CUstream st, unsigned int* flags) {
-  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = StreamValue(Fn::cuStreamGetFlags, st, &v);
-  if (r == CUDA_SUCCESS) *flags = static_cast<unsigned int>(v);
-  return r;
-}
-
-CUresult Impl_cuStreamGetId(CUstream st, unsigned long long* id) {
-  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = StreamValue(Fn::cuStreamGetId, st, &v);
-  if (r == CUDA_SUCCESS) *id = v;
-  return r;
-}
-
-CUresult Impl_cuStreamGetDevice(CUstream st, CUdevice* device) {
-  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = StreamValue(Fn::cuStreamGetDevice, st, &v);
-  if (r == CUDA_SUCCESS) *device = static_cast<CUdevice>(static_cast<int64_t>(v));
-  return r;
-}
-
-CUresult Impl_cuStreamGetCtx(CUstream st, CUcontext* ctx) {
-  if (ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = StreamValue(Fn::cuStreamGetCtx, st, &v);
-  if (r == CUDA_SUCCESS) *ctx = reinterpret_cast<CUcontext>(v);
-  return r;
-}
+// ---- streams: the getters are generated (api/remote_surface.tsv, answered once per stream)
 
 // The stub creates no green contexts: a stream's green context is always NULL.
 CUresult Impl_cuStreamGetCtx_v2(CUstream st, CUcontext* ctx, CUgreenCtx* green) {
@@ -259,24 +209,6 @@ CUresult Impl_cuCtxGetId(CUcontext ctx, unsigned long long* id) {
   return CUDA_SUCCESS;
 }
 
-CUresult Impl_cuCtxResetPersistingL2Cache() {
-  TF_LOCK(l);
-  TF_CTX(l);
-  return Simple(l, Fn::cuCtxResetPersistingL2Cache, Writer(nullptr, 0));
-}
-
-CUresult Impl_cuProfilerStart() {
-  TF_LOCK(l);
-  TF_CTX(l);
-  return Simple(l, Fn::cuProfilerStart, Writer(nullptr, 0));
-}
-
-CUresult Impl_cuProfilerStop() {
-  TF_LOCK(l);
-  TF_CTX(l);
-  return Simple(l, Fn::cuProfilerStop, Writer(nullptr, 0));
-}
-
 // ---- devices
 
 CUresult Impl_cuDeviceGetPCIBusId(char* pci_bus_id, int len, CUdevice dev) {
@@ -309,49 +241,6 @@ CUresult Impl_cuDeviceGetByPCIBusId(CUdevice* dev, const char* pci_bus_id) {
     }
   }
   return CUDA_ERROR_INVALID_DEVICE;
-}
-
-CUresult Impl_cuDeviceCanAccessPeer(int* can, CUdevice dev, CUdevice peer) {
-  if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.I32(dev);
-  w.I32(peer);
-  int32_t v = 0;
-  CUresult r = CallForValue(l.session(), Fn::cuDeviceCanAccessPeer, w, &v);
-  if (r == CUDA_SUCCESS) *can = v;
-  return r;
-}
-
-CUresult Impl_cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attr, CUdevice src,
-                                      CUdevice dst) {
-  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  uint8_t buf[12];
-  Writer w(buf, sizeof(buf));
-  w.U32(static_cast<uint32_t>(attr));
-  w.I32(src);
-  w.I32(dst);
-  int32_t v = 0;
-  CUresult r = CallForValue(l.session(), Fn::cuDeviceGetP2PAttribute, w, &v);
-  if (r == CUDA_SUCCESS) *value = v;
-  return r;
-}
-
-CUresult Impl_cuDeviceGetTexture1DLinearMaxWidth(size_t* width, CUarray_format format,
-                                                 unsigned channels, CUdevice dev) {
-  if (width == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  uint8_t buf[12];
-  Writer w(buf, sizeof(buf));
-  w.U32(static_cast<uint32_t>(format));
-  w.U32(channels);
-  w.I32(dev);
-  uint64_t v = 0;
-  CUresult r = CallForValue(l.session(), Fn::cuDeviceGetTexture1DLinearMaxWidth, w, &v);
-  if (r == CUDA_SUCCESS) *width = v;
-  return r;
 }
 
 // ---- functions and modules

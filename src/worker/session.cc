@@ -26,6 +26,7 @@
 #include "client/op_times.h"
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
+#include "worker/generated_calls.h"
 #include "worker/session_console.h"
 #include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
@@ -73,7 +74,8 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host {
+class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host,
+                private GeneratedHost {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {}
@@ -104,6 +106,20 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   bool KnownContext(uint64_t& c) const override { return Context(c); }
   HandleTable& Handles() override { return handles_; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
+  // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table, and the
+  // session's own tables of streams, events and contexts kept in step with it.
+  HandleTable& Handles() override { return handles_; }
+  void Created(HandleKind k, uint64_t real) override {
+    if (k == HandleKind::kStream) streams_.insert(real);
+    if (k == HandleKind::kEvent) events_.insert(real);
+  }
+  void Destroyed(HandleKind k, uint64_t real) override {
+    if (k == HandleKind::kStream) streams_.erase(real);
+    if (k == HandleKind::kEvent) events_.erase(real);
+  }
+  void AfterCall(Fn fn, CUresult) override {
+    if (fn == Fn::cuStreamSynchronize || fn == Fn::cuStreamQuery) PollStaged(false);
+  }
   // SessionQueries::Host (stream, context, module and function queries: session_queries.cc).
   bool KnownModule(uint64_t& m) const override { return Module(m); }
   bool KnownFunction(uint64_t& f) const override { return Function(f) && functions_.count(f) != 0; }
@@ -272,6 +288,9 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::map<uint64_t, uint64_t> ipc_opened_;
   std::map<uint64_t, int> ipc_opens_;
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
+  // The names of the session's objects that generated calls name (session_handles.h); contexts
+  // and events made by hand-written calls are published here too.
+  HandleTable handles_;
   std::set<uint64_t> pools_, created_pools_;
   SessionGraphs graphs_{*this};
   std::mutex hf_mu_;
@@ -516,6 +535,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
   if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
+  if (IsGenerated(fn)) return DispatchGenerated(fn, rd, out, *this);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
       uint64_t c = 0;
@@ -529,6 +549,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuDevicePrimaryCtxRetain, &c, dev);
       if (r != CUDA_SUCCESS) return r;
       contexts_.insert(H(c));
+      handles_.Publish(HandleKind::kContext, H(c));
       primary_ctx_[H(c)] = dev;
       ++primary_retains_[dev];
       out.U64(Publish(HandleKind::kContext, H(c)));
@@ -569,6 +590,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuCtxCreate_v4, &c, nullptr, flags, dev);
       if (r != CUDA_SUCCESS) return r;
       contexts_.insert(H(c));
+      handles_.Publish(HandleKind::kContext, H(c));
       created_contexts_.insert(H(c));
       out.U64(Publish(HandleKind::kContext, H(c)));
       WriteContextInfo(c, dev, false, out);
@@ -582,11 +604,10 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
         handles_.RetireReal(HandleKind::kContext, c);
         created_contexts_.erase(c);
         contexts_.erase(c);
+        handles_.Retire(HandleKind::kContext, c);
       }
       return r;
     }
-    case Fn::cuCtxSynchronize:
-      return CALL(cuCtxSynchronize);
     case Fn::cuMemGetAllocationGranularity:
     case Fn::cuMemAddressReserve:
     case Fn::cuMemAddressFree:
@@ -794,20 +815,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       }
       return r;
     }
-    case Fn::cuStreamWaitEvent:
-    case Fn::cuEventRecordWithFlags: {
-      uint64_t a = 0, b = 0;
-      uint32_t flags = 0;
-      rd.U64(&a);
-      rd.U64(&b);
-      if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-      if (fn == Fn::cuStreamWaitEvent) {
-        if (!Stream(a) || !Event(b)) return CUDA_ERROR_INVALID_HANDLE;
-        return CALL(cuStreamWaitEvent, As<CUstream>(a), As<CUevent>(b), flags);
-      }
-      if (!Event(a) || !Stream(b)) return CUDA_ERROR_INVALID_HANDLE;
-      return CALL(cuEventRecordWithFlags, As<CUevent>(a), As<CUstream>(b), flags);
-    }
     case Fn::cuModuleLoadData: {
       uint64_t lo = 0, hi = 0, n = 0;
       rd.U64(&lo);
@@ -951,121 +958,9 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       auto m = static_cast<CUstreamCaptureMode>(mode);
       return CALL(cuThreadExchangeStreamCaptureMode, &m);
     }
-    case Fn::cuCtxGetLimit: {
-      uint32_t limit = 0;
-      if (!rd.U32(&limit) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      size_t v = 0;
-      CUresult r = CALL(cuCtxGetLimit, &v, static_cast<CUlimit>(limit));
-      out.U64(v);
-      return r;
-    }
-    case Fn::cuCtxSetLimit: {
-      uint32_t limit = 0;
-      uint64_t v = 0;
-      rd.U32(&limit);
-      if (!rd.U64(&v) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuCtxSetLimit, static_cast<CUlimit>(limit), v);
-    }
-    // The preferred L1/shared memory split: a hint the driver keeps per context.
-    case Fn::cuCtxGetCacheConfig: {
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUfunc_cache c = CU_FUNC_CACHE_PREFER_NONE;
-      CUresult r = CALL(cuCtxGetCacheConfig, &c);
-      out.I32(static_cast<int32_t>(c));
-      return r;
-    }
-    case Fn::cuCtxSetCacheConfig: {
-      uint32_t c = 0;
-      if (!rd.U32(&c) || !rd.Finish() || c > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuCtxSetCacheConfig, static_cast<CUfunc_cache>(c));
-    }
-    case Fn::cuStreamCreateWithPriority: {
-      uint32_t flags = 0;
-      int32_t priority = 0;
-      rd.U32(&flags);
-      if (!rd.I32(&priority) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUstream s = nullptr;
-      CUresult r = CALL(cuStreamCreateWithPriority, &s, flags, priority);
-      if (r != CUDA_SUCCESS) return r;
-      streams_.insert(H(s));
-      out.U64(Publish(HandleKind::kStream, H(s)));
-      return CUDA_SUCCESS;
-    }
     case Fn::cuOccupancyMaxActiveClusters:
     case Fn::cuOccupancyMaxPotentialClusterSize:
       return ClusterOccupancy(fn, rd, out);
-    case Fn::cuStreamCreate: {
-      uint32_t flags = 0;
-      if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-      CUstream s = nullptr;
-      CUresult r = CALL(cuStreamCreate, &s, flags);
-      if (r != CUDA_SUCCESS) return r;
-      streams_.insert(H(s));
-      out.U64(Publish(HandleKind::kStream, H(s)));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuStreamDestroy_v2: {
-      uint64_t s = 0;
-      if (!rd.U64(&s) || !Stream(s) || !streams_.count(s)) return CUDA_ERROR_INVALID_HANDLE;
-      CUresult r = CALL(cuStreamDestroy_v2, As<CUstream>(s));
-      if (r == CUDA_SUCCESS) {
-        streams_.erase(s);
-        handles_.RetireReal(HandleKind::kStream, s);
-      }
-      return r;
-    }
-    case Fn::cuStreamSynchronize:
-    case Fn::cuStreamQuery: {
-      uint64_t s = 0;
-      if (!rd.U64(&s) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      CUresult r = fn == Fn::cuStreamSynchronize ? CALL(cuStreamSynchronize, As<CUstream>(s))
-                                                 : CALL(cuStreamQuery, As<CUstream>(s));
-      PollStaged(false);
-      return r;
-    }
-    case Fn::cuEventCreate: {
-      uint32_t flags = 0;
-      if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-      CUevent e = nullptr;
-      CUresult r = CALL(cuEventCreate, &e, flags);
-      if (r != CUDA_SUCCESS) return r;
-      events_.insert(H(e));
-      out.U64(Publish(HandleKind::kEvent, H(e)));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuEventRecord: {
-      uint64_t e = 0, s = 0;
-      rd.U64(&e);
-      if (!rd.U64(&s) || !Event(e) || !Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      return CALL(cuEventRecord, As<CUevent>(e), As<CUstream>(s));
-    }
-    case Fn::cuEventSynchronize:
-    case Fn::cuEventQuery:
-    case Fn::cuEventDestroy_v2: {
-      uint64_t e = 0;
-      if (!rd.U64(&e) || !Event(e)) return CUDA_ERROR_INVALID_HANDLE;
-      if (fn == Fn::cuEventSynchronize) return CALL(cuEventSynchronize, As<CUevent>(e));
-      if (fn == Fn::cuEventQuery) return CALL(cuEventQuery, As<CUevent>(e));
-      CUresult r = CALL(cuEventDestroy_v2, As<CUevent>(e));
-      if (r == CUDA_SUCCESS) {
-        events_.erase(e);
-        handles_.RetireReal(HandleKind::kEvent, e);
-      }
-      return r;
-    }
-    case Fn::cuEventElapsedTime_v2: {
-      uint64_t a = 0, b = 0;
-      rd.U64(&a);
-      if (!rd.U64(&b) || !Event(a) || !Event(b)) return CUDA_ERROR_INVALID_HANDLE;
-      float ms = 0;
-      CUresult r = d_.cuEventElapsedTime_v2
-                       ? d_.cuEventElapsedTime_v2(&ms, As<CUevent>(a), As<CUevent>(b))
-                       : CALL(cuEventElapsedTime, &ms, As<CUevent>(a), As<CUevent>(b));
-      uint32_t bits;
-      memcpy(&bits, &ms, sizeof(bits));
-      out.U32(bits);
-      return r;
-    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -2526,8 +2421,13 @@ struct RunProfile {
 
 // TFUSION_WORKER_TRACE=1: which call the session thread entered and left (a session that stops
 // answering shows the call it is blocked in).
-void TraceOp(const char* what, uint16_t op, CUresult r) {
-  if (transport::IsDriverCallOpcode(op)) {
+void TraceOp(const char* what, uint16_t op, CUresult r, const uint8_t* payload = nullptr,
+             size_t n = 0) {
+  char call[256];
+  if (payload != nullptr && transport::IsDriverCallOpcode(op) &&
+      FormatGeneratedCall(static_cast<Fn>(transport::DriverCallId(op)), payload, n, call, sizeof(call))) {
+    SessionLog("trace: %s %s", what, call);  // a generated call, with its arguments
+  } else if (transport::IsDriverCallOpcode(op)) {
     SessionLog("trace: %s %s -> %d", what, driver::FunctionName(static_cast<Fn>(transport::DriverCallId(op))),
                static_cast<int>(r));
   } else {
@@ -2717,7 +2617,7 @@ int Session::Run() {
     // Mapping host memory makes the device write none; anything else may (mirrors_.Pull).
     if (op != remote::kOpMirrorMap && op != remote::kOpHostRegionMap) mirrors_.NoteWork();
     const int64_t dispatched = prof.on ? transport::MonotonicNowNs() : 0;
-    if (prof.trace) TraceOp("call", op, CUDA_SUCCESS);
+    if (prof.trace) TraceOp("call", op, CUDA_SUCCESS, in.payload, in.payload_length);
     // This thread is the only writer: plain stores, no read-modify-write on the call path.
     dispatch_op_.store(op, std::memory_order_relaxed);
     dispatch_seq_.store(dispatch_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);

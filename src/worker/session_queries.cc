@@ -14,7 +14,6 @@ template <class T>
 T As(uint64_t v) {
   return reinterpret_cast<T>(v);
 }
-uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // The tensor-map encodings accept ranks 1 to 5 (3 to 5 for im2col); the client checks the same.
 constexpr uint32_t kMaxTensorRank = 5;
@@ -40,24 +39,13 @@ bool StreamAttribute(uint32_t a) {
 
 bool SessionQueries::Handles(Fn fn) {
   switch (fn) {
-    case Fn::cuStreamGetPriority:
-    case Fn::cuStreamGetFlags:
-    case Fn::cuStreamGetId:
-    case Fn::cuStreamGetDevice:
-    case Fn::cuStreamGetCtx:
     case Fn::cuStreamGetAttribute:
     case Fn::cuStreamSetAttribute:
     case Fn::cuCtxGetId:
-    case Fn::cuCtxResetPersistingL2Cache:
     case Fn::cuDeviceGetPCIBusId:
-    case Fn::cuDeviceCanAccessPeer:
-    case Fn::cuDeviceGetP2PAttribute:
-    case Fn::cuDeviceGetTexture1DLinearMaxWidth:
     case Fn::cuFuncLoad:
     case Fn::cuFuncIsLoaded:
     case Fn::cuModuleGetFunctionCount:
-    case Fn::cuProfilerStart:
-    case Fn::cuProfilerStop:
     case Fn::cuTensorMapEncodeTiled:
     case Fn::cuTensorMapEncodeIm2col:
     case Fn::cuTensorMapEncodeIm2colWide:
@@ -70,11 +58,6 @@ bool SessionQueries::Handles(Fn fn) {
 
 CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
-    case Fn::cuStreamGetPriority:
-    case Fn::cuStreamGetFlags:
-    case Fn::cuStreamGetId:
-    case Fn::cuStreamGetDevice:
-    case Fn::cuStreamGetCtx:
     case Fn::cuStreamGetAttribute:
     case Fn::cuStreamSetAttribute:
       return StreamQuery(fn, rd, out);
@@ -93,13 +76,6 @@ CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
       out.U64(id);
       return r;
     }
-    case Fn::cuCtxResetPersistingL2Cache:
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuCtxResetPersistingL2Cache);
-    case Fn::cuProfilerStart:
-    case Fn::cuProfilerStop:
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      return fn == Fn::cuProfilerStart ? CALL(cuProfilerStart) : CALL(cuProfilerStop);
     // i32 device -> blob bus id (the driver's text, without its NUL).
     case Fn::cuDeviceGetPCIBusId: {
       int32_t dev = 0;
@@ -110,45 +86,6 @@ CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
       if (r != CUDA_SUCCESS) return r;
       out.Blob(id, static_cast<uint32_t>(strnlen(id, sizeof(id) - 1)));
       return CUDA_SUCCESS;
-    }
-    // i32 device, i32 peer -> i32 can access.
-    case Fn::cuDeviceCanAccessPeer: {
-      int32_t dev = 0, peer = 0;
-      rd.I32(&dev);
-      if (!rd.I32(&peer) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownDevice(dev) || !host_.KnownDevice(peer)) return CUDA_ERROR_INVALID_DEVICE;
-      int v = 0;
-      CUresult r = CALL(cuDeviceCanAccessPeer, &v, dev, peer);
-      out.I32(v);
-      return r;
-    }
-    // u32 attribute, i32 source, i32 destination -> i32 value.
-    case Fn::cuDeviceGetP2PAttribute: {
-      uint32_t attr = 0;
-      int32_t src = 0, dst = 0;
-      rd.U32(&attr);
-      rd.I32(&src);
-      if (!rd.I32(&dst) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownDevice(src) || !host_.KnownDevice(dst)) return CUDA_ERROR_INVALID_DEVICE;
-      int v = 0;
-      CUresult r = CALL(cuDeviceGetP2PAttribute, &v, static_cast<CUdevice_P2PAttribute>(attr),
-                        src, dst);
-      out.I32(v);
-      return r;
-    }
-    // u32 format, u32 channels, i32 device -> u64 width.
-    case Fn::cuDeviceGetTexture1DLinearMaxWidth: {
-      uint32_t format = 0, channels = 0;
-      int32_t dev = 0;
-      rd.U32(&format);
-      rd.U32(&channels);
-      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      size_t v = 0;
-      CUresult r = CALL(cuDeviceGetTexture1DLinearMaxWidth, &v,
-                        static_cast<CUarray_format>(format), channels, dev);
-      out.U64(v);
-      return r;
     }
     // u64 function [-> u32 loading state].
     case Fn::cuFuncLoad:
@@ -177,9 +114,8 @@ CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
   }
 }
 
-// u64 stream, then: the getters -> u64 value (priority and device as i64, the context as its
-// handle); cuStreamGetAttribute u32 attribute -> 64 bytes; cuStreamSetAttribute u32 attribute,
-// 64 bytes (the CUstreamAttrValue union, by value: the access-policy window's base pointer is a
+// u64 stream, then: cuStreamGetAttribute u32 attribute -> 64 bytes; cuStreamSetAttribute u32
+// attribute, 64 bytes (the CUstreamAttrValue union, by value: the access-policy window's base pointer is a
 // device address).
 CUresult SessionQueries::StreamQuery(Fn fn, Reader& rd, Writer& out) {
   uint64_t s = 0;
@@ -187,48 +123,16 @@ CUresult SessionQueries::StreamQuery(Fn fn, Reader& rd, Writer& out) {
   uint32_t attr = 0;
   CUstreamAttrValue value;
   memset(&value, 0, sizeof(value));
-  if (fn == Fn::cuStreamGetAttribute || fn == Fn::cuStreamSetAttribute) {
-    if (!rd.U32(&attr)) return CUDA_ERROR_INVALID_VALUE;
-    if (fn == Fn::cuStreamSetAttribute && !rd.Bytes(&value, sizeof(value))) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-    if (!StreamAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
+  if (!rd.U32(&attr)) return CUDA_ERROR_INVALID_VALUE;
+  if (fn == Fn::cuStreamSetAttribute && !rd.Bytes(&value, sizeof(value))) {
+    return CUDA_ERROR_INVALID_VALUE;
   }
+  if (!StreamAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
   if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
   if (!host_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
   const CUstream st = As<CUstream>(s);
   CUresult r = CUDA_ERROR_NOT_SUPPORTED;
   switch (fn) {
-    case Fn::cuStreamGetPriority: {
-      int v = 0;
-      r = CALL(cuStreamGetPriority, st, &v);
-      out.I64(v);
-      break;
-    }
-    case Fn::cuStreamGetFlags: {
-      unsigned int v = 0;
-      r = CALL(cuStreamGetFlags, st, &v);
-      out.U64(v);
-      break;
-    }
-    case Fn::cuStreamGetId: {
-      unsigned long long v = 0;
-      r = CALL(cuStreamGetId, st, &v);
-      out.U64(v);
-      break;
-    }
-    case Fn::cuStreamGetDevice: {
-      CUdevice v = 0;
-      r = CALL(cuStreamGetDevice, st, &v);
-      out.I64(v);
-      break;
-    }
-    case Fn::cuStreamGetCtx: {
-      CUcontext v = nullptr;
-      r = CALL(cuStreamGetCtx, st, &v);
-      out.U64(host_.Handles().Publish(HandleKind::kContext, H(v)));
-      break;
-    }
     case Fn::cuStreamGetAttribute:
       r = CALL(cuStreamGetAttribute, st, static_cast<CUstreamAttrID>(attr), &value);
       out.Bytes(&value, sizeof(value));

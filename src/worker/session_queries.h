@@ -1,6 +1,5 @@
 // Queries and host-side encodings of a worker session (client half: src/client/client_queries.cc):
-// stream properties (priority, flags, id, device, context, attributes), context ids, PCI bus ids,
-// peer queries, function loading, profiler markers, and the tensor-map encodings
+// stream attributes, context ids, PCI bus ids, function loading, and the tensor-map encodings
 // (cuTensorMapEncode*, cuTensorMapReplaceAddress: 128 bytes computed by the driver from arguments
 // that travel by value). Every stream, context, module and function a message names is checked
 // against the session's tables first; a bad one fails that call only. Wire formats: the comments

@@ -1,5 +1,7 @@
 // libFuzzer target for everything that decodes bytes a peer controls: stream frames (header,
-// payload, bulk descriptor), the three handshake payloads, and the Reader. Any crash, sanitizer
+// payload, bulk descriptor), the three handshake payloads, the Reader, and the worker's generated
+// driver-call decoder (tools/codegen/gen_remote.py: decode, validate, call, encode; and its trace
+// formatter). Any crash, sanitizer
 // report, or a decode/encode/decode round trip that changes a value is a bug.
 //
 // Built with clang++ -fsanitize=fuzzer,address by tests/fuzz/CMakeLists.txt; `ctest -R wire_fuzz`
@@ -7,9 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "transport/handshake.h"
 #include "transport/wire.h"
+#include "worker/generated_calls.h"
 
 using namespace tf::transport;  // NOLINT: a fuzz harness
 
@@ -102,6 +106,79 @@ void FuzzReader(const uint8_t* data, size_t size) {
 
 }  // namespace
 
+// The generated calls against a driver whose few present entry points succeed (the others are
+// absent: CUDA_ERROR_NOT_SUPPORTED after the checks), with one object of several kinds published.
+// Input: u16 selector (which generated entry point), then the payload.
+class FuzzHost : public tf::worker::GeneratedHost {
+ public:
+  FuzzHost() {
+    d_.cuStreamCreate = [](CUstream* s, unsigned int) {
+      *s = reinterpret_cast<CUstream>(0x5000);
+      return CUDA_SUCCESS;
+    };
+    d_.cuEventCreate = [](CUevent* e, unsigned int) {
+      *e = reinterpret_cast<CUevent>(0x6000);
+      return CUDA_SUCCESS;
+    };
+    d_.cuStreamDestroy_v2 = [](CUstream) { return CUDA_SUCCESS; };
+    d_.cuEventQuery = [](CUevent) { return CUDA_SUCCESS; };
+    d_.cuCtxGetLimit = [](size_t* v, CUlimit) {
+      *v = 1024;
+      return CUDA_SUCCESS;
+    };
+    d_.cuStreamGetCtx = [](CUstream, CUcontext* c) {
+      *c = reinterpret_cast<CUcontext>(0x1000);
+      return CUDA_SUCCESS;
+    };
+    d_.cuEventElapsedTime_v2 = [](float* ms, CUevent, CUevent) {
+      *ms = 1.5f;
+      return CUDA_SUCCESS;
+    };
+    t_.Publish(tf::worker::HandleKind::kContext, 0x1000);
+    t_.Publish(tf::worker::HandleKind::kStream, 0x2000);
+    t_.Publish(tf::worker::HandleKind::kEvent, 0x3000);
+    t_.Publish(tf::worker::HandleKind::kModule, 0x4000);
+  }
+  const tf::driver::DriverTable& Driver() const override { return d_; }
+  tf::worker::HandleTable& Handles() override { return t_; }
+  bool KnownDevice(int32_t d) const override { return d == 0; }
+  void Created(tf::worker::HandleKind, uint64_t) override { ++created; }
+  void Destroyed(tf::worker::HandleKind, uint64_t) override { ++destroyed; }
+  void AfterCall(tf::driver::Fn, CUresult) override { ++calls; }
+  int created = 0, destroyed = 0, calls = 0;
+
+ private:
+  tf::driver::DriverTable d_;
+  tf::worker::HandleTable t_;
+};
+
+void FuzzGeneratedCall(const uint8_t* data, size_t size) {
+  static const std::vector<tf::driver::Fn> generated = [] {
+    std::vector<tf::driver::Fn> v;
+    for (int i = 0; i < tf::driver::kFunctionCount; ++i) {
+      if (tf::worker::IsGenerated(static_cast<tf::driver::Fn>(i))) v.push_back(static_cast<tf::driver::Fn>(i));
+    }
+    return v;
+  }();
+  if (size < 2 || generated.empty()) return;
+  uint16_t sel;
+  memcpy(&sel, data, 2);
+  const tf::driver::Fn fn = generated[sel % generated.size()];
+  FuzzHost host;
+  uint8_t out_buf[256];
+  Reader rd(data + 2, size - 2);
+  Writer out(out_buf, sizeof(out_buf));
+  const CUresult r = tf::worker::DispatchGenerated(fn, rd, out, host);
+  Check(out.ok());
+  // Outputs only on success; a call reaches the driver only once its message decoded whole.
+  if (r != CUDA_SUCCESS) Check(out.size() == 0);
+  if (host.calls > 0) Check(rd.Finish());
+  Check(host.calls <= 1 && host.created <= 1 && host.destroyed <= 1);
+  char text[96];
+  Check(tf::worker::FormatGeneratedCall(fn, data + 2, size - 2, text, sizeof(text)));
+  Check(strnlen(text, sizeof(text)) < sizeof(text));
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzStreamFrame(data, size);
   // A handshake frame carries its payload after the header: fuzz the payload decoders on both
@@ -113,5 +190,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FuzzServerReplies(data + kFrameHeaderSize, size - kFrameHeaderSize);
   }
   FuzzReader(data, size);
+  FuzzGeneratedCall(data, size);
   return 0;
 }

@@ -74,5 +74,18 @@ int main(int argc, char** argv) {
   memset(buf + n, 0xAB, 32);
   n += 32;
   ok &= Write(dir, "bulk_frame", buf, n);
+
+  // Generated driver calls (wire_fuzz's FuzzGeneratedCall): u16 selector, then arguments naming
+  // the objects its host publishes (stream 0x2000, event 0x3000) and a small value.
+  for (uint16_t sel = 0; sel < 48; ++sel) {
+    Writer w(buf, sizeof(buf));
+    w.U16(sel);
+    w.U64(sel % 2 ? 0x3000 : 0x2000);
+    w.U64(sel % 2 ? 0x2000 : 0x3000);
+    w.U32(sel % 3);
+    char name[32];
+    snprintf(name, sizeof(name), "generated_%u", static_cast<unsigned>(sel));
+    ok &= Write(dir, name, buf, w.size() - (sel % 4) * 4);
+  }
   return ok ? 0 : 1;
 }

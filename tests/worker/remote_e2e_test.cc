@@ -1481,6 +1481,121 @@ TEST_F(RemoteTest, BadMirrorMessagesAreRefusedAndChangeNothing) {
 
 // Array messages the stub would not send: unknown handles, regions outside the array or the
 // session's allocations, malformed boxes. Each gets a CUDA error; the session goes on.
+// The generated calls (api/remote_surface.tsv): the worker decodes and checks every argument from
+// its description before calling the driver. A truncated or overlong message, an enumeration
+// value cuda.h does not define, flags outside their mask, and a handle that is forged, stale or
+// of another kind each fail that call with a CUDA error; the session and its objects go on.
+TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[64];
+  std::vector<uint8_t> out;
+  auto u64_of = [&](const std::vector<uint8_t>& v) {
+    uint64_t x = 0;
+    if (v.size() >= 8) memcpy(&x, v.data(), 8);
+    return x;
+  };
+  auto create = [&](Fn fn, uint32_t flags) -> uint64_t {
+    Writer w(buf, sizeof(buf));
+    w.U32(flags);
+    out.clear();
+    return c.Call(remote::Op(fn), w, &out) == 0 ? u64_of(out) : 0;
+  };
+  auto on = [&](Fn fn, uint64_t h) {
+    Writer w(buf, sizeof(buf));
+    w.U64(h);
+    return c.Call(remote::Op(fn), w);
+  };
+  auto get_limit = [&](uint32_t limit, uint64_t* v) {
+    Writer w(buf, sizeof(buf));
+    w.U32(limit);
+    out.clear();
+    int r = c.Call(remote::Op(Fn::cuCtxGetLimit), w, &out);
+    *v = u64_of(out);
+    return r;
+  };
+  const uint64_t stream = create(Fn::cuStreamCreate, 0);
+  const uint64_t event = create(Fn::cuEventCreate, 0);
+  ASSERT_NE(stream, 0u);
+  ASSERT_NE(event, 0u);
+  uint64_t stack = 0;
+  ASSERT_EQ(get_limit(CU_LIMIT_STACK_SIZE, &stack), 0);
+
+  // Truncated and overlong messages: CUDA_ERROR_INVALID_VALUE.
+  {
+    Writer w(buf, sizeof(buf));
+    w.U16(0);  // half of the u32 limit
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuCtxGetLimit), w), CUDA_ERROR_INVALID_VALUE);
+    Writer h(buf, sizeof(buf));
+    h.U32(static_cast<uint32_t>(stream));  // half of the u64 stream
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuStreamQuery), h), CUDA_ERROR_INVALID_VALUE);
+    Writer e(buf, sizeof(buf));
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuEventCreate), e), CUDA_ERROR_INVALID_VALUE);  // empty
+    Writer o(buf, sizeof(buf));
+    o.U64(stream);
+    o.U8(1);  // one byte too many
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuStreamQuery), o), CUDA_ERROR_INVALID_VALUE);
+  }
+  // Enumerations and flags outside what cuda.h defines.
+  uint64_t v = 0;
+  EXPECT_EQ(get_limit(99, &v), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(get_limit(CU_LIMIT_MAX, &v), CUDA_ERROR_INVALID_VALUE);
+  {
+    Writer w(buf, sizeof(buf));
+    w.U32(17);  // CUfunc_cache has 0..3
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuCtxSetCacheConfig), w), CUDA_ERROR_INVALID_VALUE);
+  }
+  EXPECT_EQ(create(Fn::cuStreamCreate, 0x80), 0u);
+  EXPECT_EQ(create(Fn::cuEventCreate, 0x100), 0u);
+  // Handles of another kind, forged, or stale: CUDA_ERROR_INVALID_HANDLE.
+  EXPECT_EQ(on(Fn::cuStreamQuery, event), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(on(Fn::cuEventQuery, stream), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(on(Fn::cuEventDestroy_v2, stream), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(on(Fn::cuStreamDestroy_v2, 0), CUDA_ERROR_INVALID_HANDLE);  // the NULL stream
+  EXPECT_EQ(on(Fn::cuStreamSynchronize, 0xbad000), CUDA_ERROR_INVALID_HANDLE);
+  {
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuStreamGetCtx), Writer(buf, 0)), CUDA_ERROR_INVALID_VALUE);
+    Writer g(buf, sizeof(buf));
+    g.U64(event);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuStreamGetCtx), g), CUDA_ERROR_INVALID_HANDLE);
+  }
+  const uint64_t doomed = create(Fn::cuStreamCreate, 0);
+  ASSERT_NE(doomed, 0u);
+  EXPECT_EQ(on(Fn::cuStreamDestroy_v2, doomed), 0);
+  EXPECT_EQ(on(Fn::cuStreamQuery, doomed), CUDA_ERROR_INVALID_HANDLE);     // stale
+  EXPECT_EQ(on(Fn::cuStreamDestroy_v2, doomed), CUDA_ERROR_INVALID_HANDLE);
+  // A fire-and-forget call with a handle of the wrong kind fails alone: its error is the next
+  // synchronizing call's, and the one after it succeeds.
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(stream);
+    w.U64(stream);  // a stream where the event goes
+    w.U32(0);
+    EXPECT_NE(c.Send(remote::Op(Fn::cuStreamWaitEvent), 0, w), 0u);
+    EXPECT_EQ(on(Fn::cuStreamSynchronize, stream), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(on(Fn::cuStreamSynchronize, stream), 0);
+  }
+  // Nothing else changed: the objects and the limit are as they were.
+  EXPECT_EQ(on(Fn::cuStreamQuery, stream), 0);
+  EXPECT_EQ(on(Fn::cuEventQuery, event), 0);
+  {
+    Writer w(buf, sizeof(buf));
+    w.U64(event);
+    w.U64(stream);
+    EXPECT_NE(c.Send(remote::Op(Fn::cuEventRecord), 0, w), 0u);
+    EXPECT_EQ(on(Fn::cuEventSynchronize, event), 0);
+  }
+  EXPECT_EQ(get_limit(CU_LIMIT_STACK_SIZE, &v), 0);
+  EXPECT_EQ(v, stack);
+  EXPECT_EQ(on(Fn::cuEventDestroy_v2, event), 0);
+  EXPECT_EQ(on(Fn::cuStreamDestroy_v2, stream), 0);
+}
+
 TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
   using tf::transport::Writer;
   namespace remote = tf::remote;

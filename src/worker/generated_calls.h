@@ -1,0 +1,44 @@
+// The worker half of the generated remote surface (tools/codegen/gen_remote.py, from
+// api/remote_surface.tsv): for every entry point of class sync or async, a case that decodes the
+// client's payload, checks every argument against its description (the exact message length,
+// enumerations against cuda.h, device ordinals, handles by kind through the session's
+// HandleTable), calls the driver and encodes the outputs. A call that fails a check returns its
+// CUDA error and changes nothing. See docs/remote.md "The remote surface".
+//
+// Threading: used by the session's replay thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "driver/driver_table.h"
+#include "transport/wire.h"
+#include "worker/session_handles.h"
+
+namespace tf::worker {
+
+// What a session lends to the generated calls.
+class GeneratedHost {
+ public:
+  virtual ~GeneratedHost() = default;
+  virtual const driver::DriverTable& Driver() const = 0;
+  virtual HandleTable& Handles() = 0;
+  virtual bool KnownDevice(int32_t d) const = 0;
+  // A generated call created or destroyed a driver object (real handle): the session keeps its
+  // own tables in step (streams, events and contexts are also known to hand-written families).
+  virtual void Created(HandleKind k, uint64_t real) = 0;
+  virtual void Destroyed(HandleKind k, uint64_t real) = 0;
+  // After every generated driver call, whatever its result.
+  virtual void AfterCall(driver::Fn fn, CUresult r) = 0;
+};
+
+// Whether fn is generated (then DispatchGenerated serves it).
+bool IsGenerated(driver::Fn fn);
+// Decodes, validates and runs one generated call; outputs go to out (on CUDA_SUCCESS only).
+CUresult DispatchGenerated(driver::Fn fn, transport::Reader& rd, transport::Writer& out,
+                           GeneratedHost& host);
+// Renders a generated call's payload as "name(arg=value, ...)" into buf (NUL-terminated, cut at
+// cap); "name(<bad payload>)" when it does not decode. False when fn is not generated.
+bool FormatGeneratedCall(driver::Fn fn, const uint8_t* payload, size_t n, char* buf, size_t cap);
+
+}  // namespace tf::worker
