@@ -9,6 +9,7 @@
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
 #include "limiter/runtime.h"
+#include "limiter/tier_pools.h"
 #include "limiter/tiering.h"
 
 namespace tf::limiter {
@@ -164,15 +165,23 @@ namespace tf::limiter {
 CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
   TF_REAL_OR_MISSING(cuMemFree_v2)
   CUresult r = CUDA_SUCCESS;
+  if (g_tiering && StreamOrderedPools::Instance().FreeNow(dptr, &r)) return r;  // charged by the pool
   if (!g_tiering || !Tiering::Instance().Free(dptr, &r)) r = fn(dptr);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
   return r;
 }
 
 // ---- stream-ordered allocation (default and explicit pools) ----
+// With tiering, pools without export handle types are served from movable ranges by
+// StreamOrderedPools, which charges the quota itself; everything else goes to the driver's pools.
 
-#define TF_ASYNC_ALLOC(name, ...)                                                   \
+#define TF_ASYNC_ALLOC(name, pool, per_thread, ...)                                  \
   TF_REAL_OR_MISSING(name)                                                          \
+  if (g_tiering) {                                                                  \
+    CUresult served = CUDA_SUCCESS;                                                 \
+    if (StreamOrderedPools::Instance().Allocate(dptr, bytesize, pool, hStream, per_thread, &served)) \
+      return served;                                                                \
+  }                                                                                 \
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) { \
     CUresult r = fn(__VA_ARGS__);                                                   \
     if (r == CUDA_SUCCESS) *key = *dptr;                                            \
@@ -180,33 +189,91 @@ CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
   });
 
 CUresult Hook_cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
-  TF_ASYNC_ALLOC(cuMemAllocAsync, dptr, bytesize, hStream)
+  TF_ASYNC_ALLOC(cuMemAllocAsync, nullptr, false, dptr, bytesize, hStream)
 }
 CUresult Hook_cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
-  TF_ASYNC_ALLOC(cuMemAllocAsync_ptsz, dptr, bytesize, hStream)
+  TF_ASYNC_ALLOC(cuMemAllocAsync_ptsz, nullptr, true, dptr, bytesize, hStream)
 }
 CUresult Hook_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream) {
-  TF_ASYNC_ALLOC(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream)
+  if (g_tiering && pool == nullptr) return CUDA_ERROR_INVALID_VALUE;  // nullptr: "the current pool" to us
+  TF_ASYNC_ALLOC(cuMemAllocFromPoolAsync, pool, false, dptr, bytesize, pool, hStream)
 }
 CUresult Hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                            CUstream hStream) {
-  TF_ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream)
+  if (g_tiering && pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_ASYNC_ALLOC(cuMemAllocFromPoolAsync_ptsz, pool, true, dptr, bytesize, pool, hStream)
 }
 #undef TF_ASYNC_ALLOC
 
-CUresult Hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  TF_REAL_OR_MISSING(cuMemFreeAsync)
-  CUresult r = fn(dptr, hStream);
+namespace {
+template <typename Fn>
+CUresult FreeAsync(Fn fn, CUdeviceptr dptr, CUstream hStream, bool per_thread) {
+  CUresult r = CUDA_SUCCESS;
+  if (g_tiering && StreamOrderedPools::Instance().FreeAsync(dptr, hStream, per_thread, &r)) return r;
+  r = fn(dptr, hStream);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
   return r;
+}
+}  // namespace
+
+CUresult Hook_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  TF_REAL_OR_MISSING(cuMemFreeAsync)
+  return FreeAsync(fn, dptr, hStream, false);
 }
 
 CUresult Hook_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   TF_REAL_OR_MISSING(cuMemFreeAsync_ptsz)
-  CUresult r = fn(dptr, hStream);
-  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
+  return FreeAsync(fn, dptr, hStream, true);
+}
+
+// The pool calls that must agree with what StreamOrderedPools serves: without tiering, or for a
+// pool it does not serve, they are the driver's.
+
+CUresult Hook_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) {
+  TF_REAL_OR_MISSING(cuMemPoolCreate)
+  CUresult r = fn(pool, poolProps);
+  if (r == CUDA_SUCCESS && g_tiering) StreamOrderedPools::Instance().Created(*pool, poolProps);
   return r;
+}
+
+CUresult Hook_cuMemPoolDestroy(CUmemoryPool pool) {
+  TF_REAL_OR_MISSING(cuMemPoolDestroy)
+  CUresult r = fn(pool);
+  if (r == CUDA_SUCCESS && g_tiering) StreamOrderedPools::Instance().Destroyed(pool);
+  return r;
+}
+
+CUresult Hook_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  TF_REAL_OR_MISSING(cuMemPoolGetAttribute)
+  CUresult r = CUDA_SUCCESS;
+  if (g_tiering && StreamOrderedPools::Instance().GetAttribute(pool, attr, value, &r)) return r;
+  return fn(pool, attr, value);
+}
+
+CUresult Hook_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
+  TF_REAL_OR_MISSING(cuMemPoolSetAttribute)
+  CUresult r = fn(pool, attr, value);
+  if (r == CUDA_SUCCESS && g_tiering) StreamOrderedPools::Instance().AttributeSet(pool, attr);
+  return r;
+}
+
+CUresult Hook_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+  TF_REAL_OR_MISSING(cuMemPoolTrimTo)
+  CUresult r = CUDA_SUCCESS;
+  if (g_tiering && StreamOrderedPools::Instance().TrimTo(pool, minBytesToKeep, &r)) return r;
+  return fn(pool, minBytesToKeep);
+}
+
+CUresult Hook_cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  TF_REAL_OR_MISSING(cuPointerGetAttribute)
+  CUmemoryPool pool = nullptr;
+  if (g_tiering && attribute == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE && data != nullptr &&
+      StreamOrderedPools::Instance().PoolOf(ptr, &pool)) {
+    *static_cast<CUmemoryPool*>(data) = pool;
+    return CUDA_SUCCESS;
+  }
+  return fn(data, attribute, ptr);
 }
 
 // ---- virtual memory management (PyTorch expandable segments, NCCL) ----

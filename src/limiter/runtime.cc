@@ -16,6 +16,7 @@
 #include "limiter/compute_governor.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
+#include "limiter/tier_pools.h"
 #include "limiter/tiering.h"
 
 extern "C" {
@@ -117,6 +118,7 @@ void AtForkChild() {
   ComputeGate::Instance().ResetAfterFork();
   ComputeGovernor::Instance().ResetAfterFork();
   Tiering::Instance().ResetAfterFork();
+  StreamOrderedPools::Instance().ResetAfterFork();
 }
 
 // Load-time set-up that touches neither CUDA nor the environment: the opaque forwarders answer

@@ -908,6 +908,17 @@ CUresult SwapOutLocked(State& s) {
     CUresult e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
     if (e != CUDA_SUCCESS) return AbortSwapOut(s, e, "its queued work failed");
   }
+  // Graph memory nodes (stream-ordered allocations made during a capture) belong to the driver
+  // and cannot move; it gives back what it keeps of them unused for the graphs' next launches.
+  if (g_real.cuDeviceGraphMemTrim != nullptr) {
+    for (CUcontext c : synced) {
+      InContext(c, [] {
+        CUdevice dev = 0;
+        if (g_real.cuCtxGetDevice(&dev) == CUDA_SUCCESS) g_real.cuDeviceGraphMemTrim(dev);
+        return CUDA_SUCCESS;
+      });
+    }
+  }
   int64_t t_synced = Now();
   // Kept copies are reserved already. The rest of the budget may be held by host copies other
   // processes are about to free (after their resume) or keep for their next swap-out (asked to
@@ -1216,7 +1227,7 @@ void Tiering::Configure(Binding* b) {
   }
 }
 
-CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes) {
+CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes, size_t* mapped) {
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   if (Held(S())) {  // new VRAM while suspended would take the preemptor's
@@ -1253,10 +1264,11 @@ CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes) {
   Publish(s);
   pthread_mutex_unlock(&s.mu);
   *dptr = base;
+  if (mapped != nullptr) *mapped = r.size;
   return CUDA_SUCCESS;
 }
 
-bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
+bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
   State& s = S();
   pthread_mutex_lock(&s.mu);
   auto it = s.ranges.find(dptr);
@@ -1270,7 +1282,7 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result) {
   CUresult e = CUDA_SUCCESS;
   if (r.resident) {
     // As the driver's own free: work already queued that reads the memory completes first.
-    e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
+    if (drain) e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
     UnmapPhysical(dptr, &r);
   }
   if (r.host != nullptr) {

@@ -12,9 +12,11 @@
 // the tenant. Requests (freeze/thaw) and the idle timeout come from the region and are acted on by
 // one tier thread per process.
 //
-// What does not move (stream-ordered pool memory, pitched allocations, arrays, managed memory,
-// the tenant's own VMM chunks, graph memory nodes, module globals, the context itself) stays
-// resident and is reported as fixed_bytes.
+// Stream-ordered allocations from pools without export handle types are movable ranges too,
+// handed out and taken back by StreamOrderedPools (tier_pools.h). What does not move (memory of
+// pools with an export handle type or imported from another process, arrays, managed memory, the
+// tenant's own VMM chunks, graph memory nodes, module globals, the context itself) stays resident
+// and is reported as fixed_bytes.
 //
 // Thread safety: every entry point may be called from any tenant thread. The GPU-call guard is two
 // atomics on a shared line; everything else takes the tier mutex.
@@ -117,10 +119,13 @@ class Tiering {
 
   // At initialisation, after the binding: enables tiering when the vGPU asks for it.
   void Configure(Binding* b);
-  // cuMemAlloc_v2 on a tiering vGPU: a movable range of at least `bytes`.
-  CUresult Allocate(CUdeviceptr* dptr, size_t bytes);
+  // cuMemAlloc_v2 on a tiering vGPU: a movable range of at least `bytes`; *mapped (if given)
+  // receives its size, `bytes` rounded up to the allocation granularity.
+  CUresult Allocate(CUdeviceptr* dptr, size_t bytes, size_t* mapped = nullptr);
   // cuMemFree_v2: true when `dptr` is one of ours (then *result is the answer), false otherwise.
-  bool Free(CUdeviceptr dptr, CUresult* result);
+  // `drain`: first wait for the work queued in the range's context, as the driver's free does;
+  // false when the caller knows that work is done (a stream-ordered free whose event completed).
+  bool Free(CUdeviceptr dptr, CUresult* result, bool drain = true);
   // At exit: stops the tier thread. After fork: the child holds nothing.
   void Shutdown();
   void ResetAfterFork();

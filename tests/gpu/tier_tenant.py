@@ -7,6 +7,11 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              swapped: identical after --cycles freeze cycles (wake by use, or by `tfusion thaw`)
   pool       tensors of PyTorch's stream-ordered allocator (cudaMallocAsync: stays resident) and a
              raw cuMemAlloc buffer (moves): both intact after a freeze
+  pools      stream-ordered pools move (PyTorch under PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync):
+             tensors of 1 MiB, 256 MiB and 1 GiB, some freed and allocated again, beside a raw
+             cuMemAllocAsync buffer and a cuMemCreate buffer the tenant maps itself; --cycles freezes
+             (every other one ended by `tfusion thaw`), each with checksums, the freeze's movable /
+             in-host / fixed figures and the pool's reserved and used bytes before and after
   train      GPT-2 small from config, --steps AdamW steps on fixed random tokens; --freeze-at K
              freezes and resumes before step K; prints the loss of every step
   swap       --gib GiB in one tensor: --cycles freeze + first-call timings and a checksum
@@ -178,6 +183,82 @@ def run_pool(a):
            "pool_tensors": [checksum(t) for t in pooled] == ref, "raw_cumemalloc": raw_ok,
            "pool_allocates_after": bool(torch.isfinite(extra).all().item())}
     res["ok"] = res["pool_tensors"] and res["raw_cumemalloc"] and res["pool_allocates_after"]
+    print(json.dumps(res))
+
+
+def freeze_figures(text):
+    """The movable, in-host and fixed figures of `tfusion freeze`'s process line, as printed."""
+    import re
+    m = re.search(r"(\S+ \S+) movable \((\S+ \S+) in host memory\), (\S+ \S+) fixed", text)
+    return {"movable": m.group(1), "in_host": m.group(2), "fixed": m.group(3)} if m else {"line": text[-200:]}
+
+
+def vmm_buffer(lib, nbytes):
+    """A cuMemCreate chunk mapped by the tenant itself into its own reservation; returns its address."""
+    class Prop(ctypes.Structure):  # CUmemAllocationProp
+        _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("loc_type", ctypes.c_int),
+                    ("loc_id", ctypes.c_int), ("win32", ctypes.c_void_p), ("compressionType", ctypes.c_ubyte),
+                    ("gpuDirectRDMACapable", ctypes.c_ubyte), ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+    class Access(ctypes.Structure):  # CUmemAccessDesc
+        _fields_ = [("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int), ("flags", ctypes.c_int)]
+    prop = Prop(type=1, loc_type=1, loc_id=torch.cuda.current_device())
+    gran = ctypes.c_size_t(0)
+    assert lib.cuMemGetAllocationGranularity(ctypes.byref(gran), ctypes.byref(prop), 0) == 0
+    size = (nbytes + gran.value - 1) // gran.value * gran.value
+    handle, base = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    assert lib.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)) == 0
+    assert lib.cuMemAddressReserve(ctypes.byref(base), ctypes.c_size_t(size), ctypes.c_size_t(0), ctypes.c_uint64(0),
+                                   ctypes.c_ulonglong(0)) == 0
+    assert lib.cuMemMap(base, ctypes.c_size_t(size), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)) == 0
+    acc = Access(loc_type=1, loc_id=torch.cuda.current_device(), flags=3)
+    assert lib.cuMemSetAccess(base, ctypes.c_size_t(size), ctypes.byref(acc), ctypes.c_size_t(1)) == 0
+    return base.value
+
+
+def run_pools(a):
+    torch.manual_seed(2)
+    assert "cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "run with backend:cudaMallocAsync"
+    tensors = [torch.randn(n, device="cuda") for n in (1 << 18, 64 << 20, 256 << 20)]  # 1 MiB, 256 MiB, 1 GiB
+    scratch = [torch.randn(32 << 20, device="cuda") for _ in range(4)]
+    del scratch[1], scratch[2]  # freed into the pool: reused below
+    scratch.append(torch.randn(32 << 20, device="cuda"))
+    refs = [checksum(t) for t in tensors + scratch]
+    lib = cuda_lib()
+    n = 16 << 20  # 64 MiB of uint32 in each raw buffer
+    raw = ctypes.c_uint64(0)
+    assert lib.cuMemAllocAsync(ctypes.byref(raw), ctypes.c_size_t(n * 4), ctypes.c_void_p(0)) == 0
+    assert lib.cuMemsetD32_v2(raw, ctypes.c_uint(0x5EED5EED), ctypes.c_size_t(n)) == 0
+    vmm = vmm_buffer(lib, n * 4)
+    assert lib.cuMemsetD32_v2(ctypes.c_uint64(vmm), ctypes.c_uint(0xC0DEC0DE), ctypes.c_size_t(n)) == 0
+    torch.cuda.synchronize()
+    small = torch.zeros(16, device="cuda")
+
+    def raw_ok(ptr, word):
+        host = (ctypes.c_uint32 * n)()
+        assert lib.cuMemcpyDtoH_v2(host, ctypes.c_uint64(ptr), ctypes.c_size_t(n * 4)) == 0
+        return all(host[i] == word for i in range(0, n, 4099))
+
+    def pool_mib():
+        return [torch.cuda.memory_reserved() >> 20, torch.cuda.memory_allocated() >> 20]
+    res = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "cycles": []}
+    for c in range(a.cycles):
+        before = pool_mib()
+        out_ms, text = freeze()
+        cyc = {"freeze_cli_ms": round(out_ms, 1), **freeze_figures(text)}
+        if c % 2 == 1:
+            cyc["thaw_cli_ms"] = round(freeze(thaw=True)[0], 1)
+        cyc["first_call_ms"] = round(first_call_ms(small), 2)
+        cyc["tensors"] = [checksum(t) for t in tensors + scratch] == refs
+        cyc["raw_async"] = raw_ok(raw.value, 0x5EED5EED)
+        cyc["own_vmm"] = raw_ok(vmm, 0xC0DEC0DE)
+        cyc["pool_reserved_used_mib"] = [before, pool_mib()]
+        extra = torch.randn(8 << 20, device="cuda")  # the pool allocates and frees after the resume
+        cyc["allocates_after"] = bool(torch.isfinite(extra).all().item())
+        del extra
+        res["cycles"].append(cyc)
+    res["ok"] = all(c["tensors"] and c["raw_async"] and c["own_vmm"] and c["allocates_after"] and
+                    c["pool_reserved_used_mib"][0] == c["pool_reserved_used_mib"][1] for c in res["cycles"])
     print(json.dumps(res))
 
 
@@ -389,7 +470,7 @@ def run_serve(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("checks", "pool", "train", "swap", "gen", "alloc", "steady", "hold", "serve", "zero"))
+    ap.add_argument("mode", choices=("checks", "pool", "pools", "train", "swap", "gen", "alloc", "steady", "hold", "serve", "zero"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -407,7 +488,7 @@ def main():
     ap.add_argument("--ready", default="")
     ap.add_argument("--go", default="")
     a = ap.parse_args()
-    {"checks": run_checks, "pool": run_pool, "train": run_train, "swap": run_swap, "gen": run_gen,
+    {"checks": run_checks, "pool": run_pool, "pools": run_pools, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
      "zero": run_zero}[a.mode](a)
 

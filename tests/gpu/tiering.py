@@ -5,7 +5,11 @@ build: python3 tests/gpu/tiering.py --build BUILD --out OUT [--phases a,b,...]
 Phases (tier_tenant.py does the work inside each tenant):
   checks  PyTorch tensors, ResNet-50/GPT-2 weights, a CUDA graph and an allocation made while
           swapped survive freeze cycles (resumed by the first call or by `tfusion thaw`)
-  pool    the stream-ordered allocator (stays resident) beside a raw cuMemAlloc buffer (moves)
+  pool    PyTorch's stream-ordered allocator beside a raw cuMemAlloc buffer, one freeze
+  pools   stream-ordered pools move: PyTorch under backend:cudaMallocAsync (1 MiB, 256 MiB and 1 GiB
+          tensors, some freed and reallocated), a raw cuMemAllocAsync buffer and a cuMemCreate
+          buffer the tenant maps itself, four freeze cycles (two ended by `tfusion thaw`) with
+          checksums, movable / in-host / fixed MiB and the pool's reserved and used MiB
   train   GPT-2 training: two uninterrupted runs and one frozen and resumed mid-run, losses compared
   swap    swap-out/swap-in of 1, 4 and 16 GiB (three cycles each)
   idle    1, 4 and 16 GiB swapped out by the idle timeout (4 s; host copies pinned ahead from 2 s),
@@ -106,6 +110,12 @@ def phase_checks(r):
 def phase_pool(r):
     d = r.tenant(["pool"], TIERED + ["--vgpu", "tier-pool"], env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
     r.record("pool", d)
+
+
+def phase_pools(r):
+    d = r.tenant(["pools", "--cycles", "4"], TIERED + ["--vgpu", "tier-pools"],
+                 env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, timeout=300)
+    r.record("pools", d)
 
 
 def phase_train(r):
@@ -431,7 +441,7 @@ def phase_preempt(r, gib=8):
         r.record("preempt", res)
 
 
-PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "train": phase_train, "swap": phase_swap,
+PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero}
 

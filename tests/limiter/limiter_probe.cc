@@ -328,8 +328,130 @@ int Tier(const std::string& dir) {
   return 0;
 }
 
-// Scale to zero, driven through files in `dir`: three movable buffers and one fixed (stream-ordered
-// pool) buffer with known contents; says "ready" (and its pid); at "go" makes one GPU call and says
+// A pool of device 0 whose memory may be exported with `handle_types` (none: a private pool).
+CUmemoryPool ExportablePool(CUmemAllocationHandleType handle_types) {
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.handleTypes = handle_types;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool pool;
+  CHECK(cuMemPoolCreate(&pool, &props));
+  return pool;
+}
+
+cuuint64_t PoolMib(CUmemoryPool pool, CUmemPool_attribute attr) {
+  cuuint64_t v = 0;
+  CHECK(cuMemPoolGetAttribute(pool, attr, &v));
+  return v >> 20;
+}
+
+// Stream-ordered pools under tiering, driven through files in `dir`. First the stream order of a
+// free: a buffer written by a kernel that runs after a 300 ms sleep on the stream is freed right
+// behind it, and an allocation made meanwhile must get other memory; after the stream drained, the
+// next allocation reuses it (and finds the kernel's write). Then three buffers with known bytes:
+// one of the default pool, one of a private pool, one of a pool with an export handle type (fixed),
+// the pool attributes, "ready"; at "go" (the test froze the tenant meanwhile) every byte is read
+// back, at "go2" (after a second freeze and a thaw) again.
+int Pools(const std::string& dir) {
+  Setup();
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUmemoryPool def;
+  CHECK(cuDeviceGetDefaultMemPool(&def, 0));
+  cuuint64_t keep_all = ~0ull;  // what PyTorch's cudaMallocAsync backend sets
+  CHECK(cuMemPoolSetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+  CUmemoryPool mine = ExportablePool(CU_MEM_HANDLE_TYPE_NONE);
+  CUmemoryPool shared = ExportablePool(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction sleep_fn, fill;
+  CHECK(cuModuleGetFunction(&sleep_fn, mod, "sleep_us"));
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  CUdeviceptr x, y, z;
+  CHECK(cuMemAllocAsync(&x, 2u << 20, s));
+  unsigned us = 300'000, value = 0xABCD;
+  size_t n = 256;
+  void* sleep_params[] = {&us};
+  void* fill_params[] = {&x, &value, &n};
+  CHECK(cuLaunchKernel(sleep_fn, 1, 1, 1, 1, 1, 1, 0, s, sleep_params, nullptr));
+  CHECK(cuLaunchKernel(fill, 1, 1, 1, 256, 1, 1, 0, s, fill_params, nullptr));
+  CHECK(cuMemFreeAsync(x, s));
+  CHECK(cuMemAllocAsync(&y, 2u << 20, s));
+  std::printf("reused_while_pending=%d\n", y == x ? 1 : 0);
+  CHECK(cuStreamSynchronize(s));
+  CHECK(cuMemAllocAsync(&z, 2u << 20, s));
+  std::printf("reused_after_free=%d\n", z == x ? 1 : 0);
+  unsigned first = 0;
+  CHECK(cuMemcpyDtoH(&first, z, sizeof(first)));
+  std::printf("write_before_free_landed=%d\n", first == value ? 1 : 0);
+  CHECK(cuMemFreeAsync(y, s));
+  CHECK(cuMemFreeAsync(z, s));
+  CHECK(cuStreamSynchronize(s));
+  std::printf("default_after_frees=%llu/%llu\n", static_cast<unsigned long long>(PoolMib(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)),
+              static_cast<unsigned long long>(PoolMib(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)));
+
+  const size_t sizes[3] = {(5u << 20) + 17, 40u << 20, 8u << 20};
+  CUdeviceptr bufs[3];
+  CHECK(cuMemAllocAsync(&bufs[0], sizes[0], s));
+  CHECK(cuMemAllocFromPoolAsync(&bufs[1], sizes[1], mine, s));
+  CHECK(cuMemAllocFromPoolAsync(&bufs[2], sizes[2], shared, s));
+  std::vector<std::vector<unsigned char>> want(3);
+  for (int i = 0; i < 3; ++i) {
+    want[i].resize(sizes[i]);
+    uint32_t r = 0x51ED270Bu * (i + 1);
+    for (auto& b : want[i]) {
+      r ^= r << 13; r ^= r >> 17; r ^= r << 5;
+      b = static_cast<unsigned char>(r);
+    }
+    CHECK(cuMemcpyHtoDAsync(bufs[i], want[i].data(), sizes[i], s));
+  }
+  CHECK(cuStreamSynchronize(s));
+  auto attrs = [&](const char* when) {
+    std::printf("%s_default=%llu/%llu high %llu/%llu\n%s_mine=%llu/%llu\n", when,
+                static_cast<unsigned long long>(PoolMib(def, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)),
+                static_cast<unsigned long long>(PoolMib(def, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)),
+                static_cast<unsigned long long>(PoolMib(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH)),
+                static_cast<unsigned long long>(PoolMib(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)), when,
+                static_cast<unsigned long long>(PoolMib(mine, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)),
+                static_cast<unsigned long long>(PoolMib(mine, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)));
+  };
+  attrs("filled");
+  CHECK(cuMemPoolTrimTo(def, 0));
+  cuuint64_t zero = 0;
+  CHECK(cuMemPoolSetAttribute(def, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero));
+  attrs("trimmed");
+  std::fflush(stdout);
+  Touch(dir + "/ready");
+  auto verify = [&](const char* round) {
+    int same = 0;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<unsigned char> got(sizes[i]);
+      CHECK(cuMemcpyDtoH(got.data(), bufs[i], sizes[i]));
+      same += got == want[i];
+    }
+    std::printf("%s_identical=%d\n", round, same);
+    attrs(round);
+    std::fflush(stdout);
+  };
+  if (!WaitFile(dir + "/go")) return 4;
+  verify("first");
+  Touch(dir + "/verified");
+  if (!WaitFile(dir + "/go2")) return 4;
+  verify("second");
+  CHECK(cuMemFree(bufs[0]));  // a stream-ordered allocation may be freed synchronously too
+  CHECK(cuMemFreeAsync(bufs[1], s));
+  CHECK(cuMemFreeAsync(bufs[2], s));
+  CHECK(cuStreamSynchronize(s));
+  CHECK(cuMemPoolDestroy(mine));
+  CHECK(cuMemPoolDestroy(shared));
+  std::printf("freed=1\n");
+  return 0;
+}
+
+// Scale to zero, driven through files in `dir`: three movable buffers and one fixed buffer (from a
+// stream-ordered pool with an export handle type) with known contents; says "ready" (and its pid); at "go" makes one GPU call and says
 // its result; at "go2" (after a failed first call) tries again; then checks every byte of all four.
 int Zero(const std::string& dir) {
   Setup();
@@ -337,7 +459,8 @@ int Zero(const std::string& dir) {
   CUdeviceptr bufs[4];
   std::vector<std::vector<unsigned char>> want(4);
   const size_t pitch = 4096;
-  CHECK(cuMemAllocAsync(&bufs[3], pitch * 256, nullptr));  // fixed: it cannot move
+  CUmemoryPool exported = ExportablePool(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CHECK(cuMemAllocFromPoolAsync(&bufs[3], pitch * 256, exported, nullptr));  // fixed: it cannot move
   CHECK(cuStreamSynchronize(nullptr));
   for (int i = 0; i < 4; ++i) {
     const size_t n = i < 3 ? sizes[i] : pitch * 256;
@@ -464,6 +587,7 @@ int main(int argc, char** argv) {
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   if (cmd == "zero" && argc > 2) return Zero(argv[2]);
   if (cmd == "pitched" && argc > 2) return Pitched(argv[2]);
+  if (cmd == "pools" && argc > 2) return Pools(argv[2]);
   if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;

@@ -344,6 +344,47 @@ TEST_F(TieringTest, APitchedAllocationMovesAndComesBackIntact) {
   EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
 }
 
+// Stream-ordered pools of a tiered tenant: a free waits for the work queued before it on its
+// stream (an allocation made meanwhile gets other memory, the later one reuses it with the kernel's
+// write in it), the pool attributes count what the tenant holds, and the default pool's and a
+// private pool's memory moves and comes back byte for byte over two freezes, while the memory of a
+// pool with an export handle type stays put and is counted as fixed.
+TEST_F(TieringTest, StreamOrderedPoolMemoryMovesAndItsFreesKeepStreamOrder) {
+  const std::string cmd = Tfusion("--vram 1GiB --vgpu pools --tiering --idle-swap 0", "pools " + dir_) + " > " +
+                          dir_ + "/tenant.out 2>&1";
+  pid_t pid = StartProbe(cmd);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("reused_while_pending=0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("reused_after_free=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("write_before_free_landed=1\n"), std::string::npos) << out;
+  // Used/reserved MiB: two freed 2 MiB ranges stay reserved (release threshold: keep all) ...
+  EXPECT_NE(out.find("default_after_frees=0/4\n"), std::string::npos) << out;
+  // ... and are not reused for a 6 MiB request; the trim gives them back.
+  EXPECT_NE(out.find("filled_default=6/10 high 6/10\nfilled_mine=40/40\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("trimmed_default=6/6 high 6/6\ntrimmed_mine=40/40\n"), std::string::npos) << out;
+  Result frozen = Tf("freeze pools");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  // 6 + 40 MiB of the two pools move; the 8 MiB of the exported pool stay.
+  EXPECT_NE(frozen.out.find("swapped, 46 MiB movable (46 MiB in host memory), 8 MiB fixed"), std::string::npos)
+      << frozen.out;
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  frozen = Tf("freeze pools");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 46 MiB movable"), std::string::npos) << frozen.out;
+  Result thawed = Tf("thaw pools");
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  Touch("go2");
+  EXPECT_EQ(Finish(pid), 0);
+  out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("first_identical=3\nfirst_default=6/6 high 6/6\nfirst_mine=40/40\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("second_identical=3\nsecond_default=6/6"), std::string::npos) << out;
+  EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
 TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
   env_ += "TFUSION_HOST_TIER_BUDGET=64MiB ";
   pid_t pid = StartTenant("--vram 1GiB --vgpu tight --tiering --idle-swap 0");
