@@ -74,6 +74,7 @@ struct Range {
   int fd = -1;                            // disk tier: an unnamed file holding the copy
   uint32_t crc = 0;                       // CRC-32C of the copy on disk
   bool resident = true;
+  int64_t seen_ns = 0;                    // pinning ahead: when the tier thread first saw it
 };
 
 struct State {
@@ -100,6 +101,7 @@ struct State {
   int64_t prepared_for_ns = -1;           // the idle period (its last_active_ns) already prepared
   int64_t hold_retry_ns = 0;              // preemption hold: when a failed swap-out is tried again
   int64_t held_since_ns = 0;              // preemption hold: when a call first waited on it; 0 = none
+  int64_t pin_ahead_next_ns = 0;          // pinning ahead: the next look at the ranges
 };
 
 // The disk tier's directory (TFUSION_TIER_DIR), empty when there is none.
@@ -443,6 +445,12 @@ struct HostPipeline {
 
 void* HostWorker(void* arg) {
   auto* p = static_cast<HostPipeline*>(arg);
+  // Pinning may run beside the tenant's own threads (ahead of a freeze): a registration made
+  // here must never invalidate a graph capture in progress on one of them.
+  if (g_real.cuThreadExchangeStreamCaptureMode != nullptr) {
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    g_real.cuThreadExchangeStreamCaptureMode(&relaxed);
+  }
   for (;;) {
     size_t i = p->next.fetch_add(1, std::memory_order_relaxed);
     if (i >= p->jobs.size()) break;
@@ -475,14 +483,15 @@ bool MapHostCopy(Range* r, CUdeviceptr base, HostPipeline* p) {
   return true;
 }
 
-// Starts the workers of `p` (half the CPUs, at most kMaxHostWorkers, no more than its pending
-// pieces) and returns how many run; with none it does the work on this thread.
-int StartHostWorkers(HostPipeline* p, pthread_t* threads) {
+// Starts the workers of `p` (half the CPUs, at most `max_workers` and kMaxHostWorkers, no more
+// than its pending pieces) and returns how many run; with none it does the work on this thread.
+int StartHostWorkers(HostPipeline* p, pthread_t* threads, int max_workers = kMaxHostWorkers) {
   size_t pending = 0;
   for (const HostJob& j : p->jobs) pending += j.state == 0 ? 1 : 0;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int workers = static_cast<int>(cpus > 2 ? cpus / 2 : 1);
   if (workers > kMaxHostWorkers) workers = kMaxHostWorkers;
+  if (workers > max_workers) workers = max_workers;
   if (static_cast<size_t>(workers) > pending) workers = static_cast<int>(pending);
   int started = 0;
   for (; started < workers; ++started) {
@@ -989,14 +998,19 @@ double PrepareFraction() {
   return f;
 }
 
+// Why host copies are pinned while the tenant is resident (the log says which).
+enum class PrepareFor { kIdle, kAhead };
+
 // REQUIRES s.mu (released while the host memory is pinned). Pins a kept copy for every resident
-// range that has none.
-void PrepareLocked(State& s) {
+// range that has none and that the tier thread first saw at or before `seen_by` (pinning ahead:
+// old enough), with at most `max_workers` threads. False when nothing was tried (nothing to pin,
+// or no room in the budget now); true when it pinned or failed (host memory short).
+bool PrepareLocked(State& s, PrepareFor why, int64_t seen_by = INT64_MAX, int max_workers = kMaxHostWorkers) {
   std::vector<Range> fresh;  // host copies being made, by the bases below
   std::vector<CUdeviceptr> bases;
   uint64_t need = 0;
   for (auto& [base, r] : s.ranges) {
-    if (!r.resident || r.kept != nullptr) continue;
+    if (!r.resident || r.kept != nullptr || r.seen_ns > seen_by) continue;
     Range c;
     c.size = r.size;
     c.ctx = r.ctx;
@@ -1004,7 +1018,7 @@ void PrepareLocked(State& s) {
     bases.push_back(base);
     need += r.size;
   }
-  if (need == 0 || !s.binding->region.ReserveHostTier(need)) return;
+  if (need == 0 || !s.binding->region.ReserveHostTier(need)) return false;
   const int64_t t0 = Now();
   auto p = std::make_unique<HostPipeline>();
   bool mapped = true;
@@ -1013,7 +1027,7 @@ void PrepareLocked(State& s) {
   }
   pthread_mutex_unlock(&s.mu);  // the tenant allocates and frees meanwhile
   pthread_t threads[kMaxHostWorkers];
-  const int started = mapped ? StartHostWorkers(p.get(), threads) : 0;
+  const int started = mapped ? StartHostWorkers(p.get(), threads, max_workers) : 0;
   for (int i = 0; i < started; ++i) pthread_join(threads[i], nullptr);
   pthread_mutex_lock(&s.mu);
   bool ok = mapped;
@@ -1036,8 +1050,59 @@ void PrepareLocked(State& s) {
   if (attached != 0) {
     s.kept += attached;
     s.binding->region.SetHostKept(s.binding->slot, s.kept);
-    GuestLog("vGPU '%s': idle: pinned %llu MiB of host copies in %.1f ms ahead of its swap-out",
+    GuestLog(why == PrepareFor::kIdle ? "vGPU '%s': idle: pinned %llu MiB of host copies in %.1f ms ahead of its swap-out"
+                                      : "vGPU '%s': pinned %llu MiB of host copies in %.1f ms ahead of a freeze",
              s.binding->vgpu_id, static_cast<unsigned long long>(attached >> 20), (Now() - t0) / 1e6);
+  } else if (!ok) {
+    GuestLog("vGPU '%s': pinning %llu MiB of host copies ahead failed (host memory short): a swap-out "
+             "pins them then", s.binding->vgpu_id, static_cast<unsigned long long>(need >> 20));
+  }
+  return true;
+}
+
+// Pinning ahead (TFUSION_TIER_PIN_AHEAD, seconds; default 2, "off" never): a tenant that is never
+// idle long enough to be prepared (a busy one frozen on request, by a preemption or by pressure)
+// would fault in and pin fresh host memory at its first swap-out, which takes several times as
+// long as the copy (the kernel zeroes every page). Instead, once a movable range has existed that
+// long, the tier thread pins its host copy in the background as a kept copy: counted in the host
+// tier's budget, taken only when the budget has room now and no other tenant is waiting for
+// budget (HostReclaimStillShort), given back when another tenant's swap-out needs it, at exit or
+// when the range is freed. The copy is anonymous memory of the tenant, as every host copy:
+// nobody else's death can lose it, and the tenant's death frees it.
+int64_t PinAheadNs() {
+  static const int64_t ns = [] {
+    const char* v = getenv("TFUSION_TIER_PIN_AHEAD");
+    if (v == nullptr || *v == 0) return int64_t{2'000'000'000};
+    if (strcmp(v, "off") == 0) return int64_t{-1};
+    char* end = nullptr;
+    double sec = strtod(v, &end);
+    if (end == v || *end != 0 || !(sec >= 0 && sec <= 86400)) {
+      GuestLog("TFUSION_TIER_PIN_AHEAD=%s is not a number of seconds from 0 to 86400 (or off): using 2", v);
+      return int64_t{2'000'000'000};
+    }
+    return static_cast<int64_t>(sec * 1e9);
+  }();
+  return ns;
+}
+
+constexpr int64_t kPinAheadLookNs = 250'000'000;   // how often the tier thread looks for due ranges
+constexpr int64_t kPinAheadRetryNs = 30'000'000'000;  // after a failure (host memory short)
+constexpr int kPinAheadWorkers = 2;                 // beside a busy tenant: a small share of the CPUs
+
+// REQUIRES s.mu, s.state == kTierResident. Pins ahead the host copies of the ranges old enough.
+void PinAheadLocked(State& s, int64_t now) {
+  const int64_t age = PinAheadNs();
+  if (age < 0 || !KeepHostCopies() || now < s.pin_ahead_next_ns) return;
+  s.pin_ahead_next_ns = now + kPinAheadLookNs;
+  bool due = false;
+  for (auto& [base, r] : s.ranges) {
+    if (r.seen_ns == 0) r.seen_ns = now;
+    due = due || (r.resident && r.kept == nullptr && now - r.seen_ns >= age);
+  }
+  if (!due || s.binding->region.HostReclaimStillShort()) return;
+  const uint64_t kept_before = s.kept;
+  if (PrepareLocked(s, PrepareFor::kAhead, now - age, kPinAheadWorkers) && s.kept == kept_before) {
+    s.pin_ahead_next_ns = Now() + kPinAheadRetryNs;
   }
 }
 
@@ -1151,6 +1216,10 @@ void* TierThread(void*) {
       s.thaw_done = thaw;
       t->thaw_done_gen.store(thaw, std::memory_order_release);
     }
+    if (!held && !capturing && s.state == kTierResident) {
+      PinAheadLocked(s, now);
+      now = Now();
+    }
     uint64_t disk_ms = v->idle_disk_ms.load(std::memory_order_relaxed);
     if (disk_ms > 0 && s.state == kTierSwapped && now - s.last_active_ns >= static_cast<int64_t>(disk_ms) * 1'000'000 &&
         now - s.disk_attempt_ns >= static_cast<int64_t>(disk_ms) * 1'000'000) {
@@ -1162,7 +1231,7 @@ void* TierThread(void*) {
     if (idle_ms > 0 && prepare > 0 && s.state == kTierResident && s.prepared_for_ns != s.last_active_ns &&
         now - s.last_active_ns >= static_cast<int64_t>(prepare * static_cast<double>(idle_ms) * 1e6)) {
       s.prepared_for_ns = s.last_active_ns;  // once per idle period, whatever the outcome
-      PrepareLocked(s);
+      PrepareLocked(s, PrepareFor::kIdle);
       now = Now();
       if (g_tier_touched.load(std::memory_order_relaxed) != 0) continue;  // woke up meanwhile
     }

@@ -106,9 +106,8 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   bool KnownContext(uint64_t& c) const override { return Context(c); }
   HandleTable& Handles() override { return handles_; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
-  // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table, and the
+  // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
-  HandleTable& Handles() override { return handles_; }
   void Created(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.insert(real);
     if (k == HandleKind::kEvent) events_.insert(real);
@@ -288,9 +287,6 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::map<uint64_t, uint64_t> ipc_opened_;
   std::map<uint64_t, int> ipc_opens_;
   std::set<uint64_t> contexts_, created_contexts_, streams_, events_;
-  // The names of the session's objects that generated calls name (session_handles.h); contexts
-  // and events made by hand-written calls are published here too.
-  HandleTable handles_;
   std::set<uint64_t> pools_, created_pools_;
   SessionGraphs graphs_{*this};
   std::mutex hf_mu_;

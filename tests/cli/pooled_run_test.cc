@@ -228,6 +228,63 @@ TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsByte
   EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPU " + victim), std::string::npos) << ReadFile(dir_ + "/up.log");
 }
 
+// Host copies pinned ahead (TFUSION_TIER_PIN_AHEAD) belong to the tenant, not to the node agent: a
+// pooled tenant with tiering pins its copies, `tfusion up` (controller and node agent) is killed,
+// and a freeze from the CLI still copies into them; every byte comes back.
+TEST_F(PooledRunTest, HostCopiesPinnedAheadSurviveTheNodeAgentsDeath) {
+  tf::controller::HttpClient client(url_, token_);
+  auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+  ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
+  const std::string d = dir_ + "/tenant";
+  ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
+  const std::string log = dir_ + "/tenant.log";
+  pid_t run = fork();
+  ASSERT_GE(run, 0);
+  if (run == 0) {
+    std::string cmd = "TFUSION_TIER_PIN_AHEAD=0.2 " + PooledRun("--vram 1GiB --percent 60 --idle-swap 0", "tier " + d) +
+                      " > " + log + " 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto wait_for = [&](auto&& done) {
+    for (int i = 0; i < 400; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  const std::string smi = env_ + TF_TFUSION + " smi";
+  ASSERT_TRUE(wait_for([&] { return Shell(smi).out.find("host tier 200 MiB of") != std::string::npos; }))
+      << Shell(smi).out << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("ahead of a freeze"), std::string::npos) << ReadFile(log);
+  std::smatch m;
+  std::string out = ReadFile(log);
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"))) << out;
+  const std::string vgpu = m.str(1);
+
+  kill(up_, SIGKILL);
+  waitpid(up_, nullptr, 0);
+  up_ = -1;
+  Result frozen = Shell(env_ + TF_TFUSION + " freeze " + vgpu);
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(log);
+  EXPECT_NE(frozen.out.find("(200 MiB in host memory)"), std::string::npos) << frozen.out;
+  EXPECT_NE(ReadFile(log).find("200 MiB into kept pinned copies"), std::string::npos) << ReadFile(log);
+  for (const char* name : {"/go", "/go2", "/go3"}) ASSERT_EQ(Shell("touch " + d + name).rc, 0);
+  bool ended = false;
+  for (int i = 0; i < 300 && !ended; ++i) {
+    ended = waitpid(run, nullptr, WNOHANG) == run;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!ended) {
+    kill(run, SIGKILL);
+    waitpid(run, nullptr, 0);
+  }
+  out = ReadFile(log);
+  EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
+  EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
+}
+
 // `tfusion run --controller --idle-swap` in a pool that oversells VRAM: the flag becomes the
 // allocation's idle override, the node agent (of `tfusion up`) keeps it in the vGPU's region
 // (`tfusion smi -p`), follows a change made through PATCH, and `tfusion ps` shows what it applied.

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -250,6 +251,14 @@ CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
   a.device = ctx->device;
   a.ctx = ctx;
   d.allocations[a.base] = a;
+  // FAKECUDA_HOST_REGISTER_LOG: one line per registration, so that a test can tell when a
+  // process pinned fresh host memory (the real driver faults it in at this call).
+  if (const char* log = getenv("FAKECUDA_HOST_REGISTER_LOG"); log != nullptr && *log != '\0') {
+    if (FILE* f = fopen(log, "a")) {
+      fprintf(f, "pid=%d bytes=%zu\n", static_cast<int>(getpid()), bytesize);
+      fclose(f);
+    }
+  }
   return CUDA_SUCCESS;
 }
 

@@ -23,6 +23,9 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
   zero       --gib GiB: freeze, then freeze --zero twice (the driver's checkpoint after our swap),
              each resumed by the first call: CLI time, VRAM the driver reports for the process
              after each level and after the resume, first-call time, checksum
+  firstfreeze --gib GiB in one tensor, busy with matmuls for --busy seconds (never idle), then the
+             process's first explicit freeze and first call: their timings, matmuls per second
+             while busy (pinning ahead runs meanwhile unless TFUSION_TIER_PIN_AHEAD=off), checksum
   hold       --gib GiB, print a checksum, wait for --go, check it again (the checkpoint-API tenant)
   serve      an image-generation-style service: GPT-2 fp16 plus a --gib GiB working set; after --go,
              bursts of --burst requests separated by idle gaps for --seconds; every request runs a
@@ -309,6 +312,32 @@ def run_swap(a):
     print(json.dumps({"gib": a.gib, "cycles": cycles, "intact": checksum(t) == want}))
 
 
+def run_firstfreeze(a):
+    n = a.gib << 28  # float32 elements
+    t = torch.empty(n, device="cuda")
+    t.view(torch.int32).random_()
+    small = torch.zeros(16, device="cuda")
+    x = torch.randn(2048, 2048, device="cuda")
+    want = checksum(t)
+    torch.cuda.synchronize()
+    per_second = []
+    end = time.monotonic() + a.busy
+    while time.monotonic() < end:
+        second, done = time.monotonic() + 1, 0
+        while time.monotonic() < second:
+            for _ in range(20):
+                x = torch.tanh(x @ x)
+            torch.cuda.synchronize()
+            done += 20
+        per_second.append(done)
+    ms, text = freeze()  # its first swap-out: right after the busy period, never idle
+    first = first_call_ms(small)
+    print(json.dumps({"gib": a.gib, "pin_ahead": os.environ.get("TFUSION_TIER_PIN_AHEAD", "default"),
+                      "freeze_cli_ms": round(ms, 1), "freeze": text.splitlines()[-1] if text else "",
+                      "first_call_ms": round(first, 2), "matmuls_per_s": per_second,
+                      "intact": checksum(t) == want}))
+
+
 def process_vram_mib():
     """VRAM the driver reports for this process (nvidia-smi, run without the limiter's library path
     so that it reads the real NVML); 0 when the process holds none (it is not listed)."""
@@ -470,7 +499,8 @@ def run_serve(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("checks", "pool", "pools", "train", "swap", "gen", "alloc", "steady", "hold", "serve", "zero"))
+    ap.add_argument("mode", choices=("checks", "pool", "pools", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
+                                     "zero", "firstfreeze"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -480,6 +510,7 @@ def main():
     ap.add_argument("--freeze-at", type=int, default=-1)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--idle-wait", type=float, default=0.0)
+    ap.add_argument("--busy", type=float, default=10.0)
     ap.add_argument("--gib", type=int, default=1)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--model", default="r50")
@@ -490,7 +521,7 @@ def main():
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "pools": run_pools, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
-     "zero": run_zero}[a.mode](a)
+     "zero": run_zero, "firstfreeze": run_firstfreeze}[a.mode](a)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ Phases (tier_tenant.py does the work inside each tenant):
           two cycles each: the first swap-out of a process too only copies
   disk    1 and 4 GiB moved on to the disk tier (TF_DISK_DIR, default /tmp/tf-disk-tier) after 1 s
           swapped and idle, and read back by the first call
+  firstfreeze  the first explicit `tfusion freeze` of a busy tenant (matmuls for 10 s, never idle)
+          holding 1, 4 and 16 GiB: with its host copies pinned ahead (TFUSION_TIER_PIN_AHEAD=2, the
+          default) and without (off), one process each, in the same run
   ckpt    the driver's checkpoint API (cuCheckpointProcess*) on a native tenant of 1, 4 and 16 GiB
   zero    scale to zero under `tfusion run --tiering`, 1 and 4 GiB (+ the PyTorch context): freeze,
           then freeze --zero twice, each resumed by the first call; VRAM of the process after each
@@ -87,7 +90,8 @@ class Runner:
             f.write(" ".join(cmd) + f"\nrc={rc} wall={wall:.1f}s\n--- stdout\n{out}\n--- stderr\n{err}\n")
         # The limiter's own account of each swap (its log lines on stderr).
         swaps = [l.split("tfusion: ", 1)[-1] for l in err.splitlines()
-                 if "swapped out" in l or "resumed" in l or "disk tier" in l or "kept host copies" in l]
+                 if "swapped out" in l or "resumed" in l or "disk tier" in l or "kept host copies" in l
+                 or "ahead of" in l]
         for line in reversed(out.strip().splitlines()):
             if line.startswith("{"):
                 d = json.loads(line)
@@ -148,6 +152,15 @@ def phase_idle(r):
         d = r.tenant(["swap", "--gib", str(gib), "--cycles", "2", "--idle-wait", "7"],
                      LIMITED + ["--tiering", "--idle-swap", "4s", "--vgpu", f"tier-idle-{gib}"], timeout=300)
         r.record("idle", d)
+
+
+def phase_firstfreeze(r):
+    for gib in (1, 4, 16):
+        for pin_ahead in ("2", "off"):
+            d = r.tenant(["firstfreeze", "--gib", str(gib), "--busy", "10"],
+                         TIERED + ["--vgpu", f"tier-first-{gib}-{pin_ahead}"], env={"TFUSION_TIER_PIN_AHEAD": pin_ahead},
+                         timeout=300)
+            r.record("firstfreeze", d)
 
 
 def phase_disk(r):
@@ -443,7 +456,7 @@ def phase_preempt(r, gib=8):
 
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
-          "oversub": phase_oversub, "zero": phase_zero}
+          "oversub": phase_oversub, "zero": phase_zero, "firstfreeze": phase_firstfreeze}
 
 
 def main():

@@ -172,6 +172,11 @@ TEST_F(LimiterRunTest, ManyShortRunsOfOneVgpuNeverLoseItUnderEachOther) {
 // brings it back too.
 class TieringTest : public LimiterRunTest {
  protected:
+  void SetUp() override {
+    LimiterRunTest::SetUp();
+    // Pinning ahead is tested on its own (PinAheadTest): here every first swap-out pins fresh memory.
+    env_ += "TFUSION_TIER_PIN_AHEAD=off ";
+  }
   // The tier probe under `tfusion run FLAGS`, talking through files in dir_/sub.
   pid_t StartTenant(const std::string& flags, const std::string& sub = "") {
     const std::string d = sub.empty() ? dir_ : dir_ + "/" + sub;
@@ -507,6 +512,162 @@ TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   Result bad = Run(Tfusion("--vram 1GiB --idle-swap 5parsecs", "alloc"));
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.out.find("--idle-swap 5parsecs"), std::string::npos) << bad.out;
+}
+
+// Pinning ahead (TFUSION_TIER_PIN_AHEAD): once a tenant's movable ranges have existed that long,
+// their host copies are pinned in the background, within the host tier's budget, so that even a
+// first freeze of a busy tenant only copies. The fake driver logs every host registration
+// (FAKECUDA_HOST_REGISTER_LOG): the count tells whether a freeze pinned fresh memory.
+class PinAheadTest : public TieringTest {
+ protected:
+  void SetUp() override {
+    TieringTest::SetUp();
+    env_ += "FAKECUDA_HOST_REGISTER_LOG=" + dir_ + "/register.log ";
+  }
+  // Bytes of host memory the fake driver registered (pinned) so far, over every process.
+  unsigned long long Registered() {
+    std::istringstream lines(Run("cat " + dir_ + "/register.log 2>/dev/null").out);
+    unsigned long long total = 0;
+    for (std::string line; std::getline(lines, line);) {
+      auto at = line.find("bytes=");
+      if (at != std::string::npos) total += std::stoull(line.substr(at + 6));
+    }
+    return total;
+  }
+  std::string Log(const std::string& sub = "") { return Run("cat " + dir_ + sub + "/tenant.out").out; }
+  // Polls the tenant's log for `text` for up to 10 s.
+  bool LogShows(const std::string& text, const std::string& sub = "") {
+    for (int i = 0; i < 200; ++i) {
+      if (Log(sub).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  // The host tier's use on the GPU, in MiB, as `tfusion smi` shows it; -1 when it does not.
+  long HostTierMib() {
+    const std::string out = Tf("smi").out;
+    auto at = out.find("host tier ");
+    return at == std::string::npos ? -1 : std::atol(out.c_str() + at + 10);
+  }
+  static constexpr unsigned long long k200MiB = 200ull << 20;
+};
+
+TEST_F(PinAheadTest, AFirstFreezeCopiesIntoHostMemoryPinnedAheadOfIt) {
+  env_ += "TFUSION_TIER_PIN_AHEAD=0.2 ";
+  pid_t pid = StartTenant("--vram 1GiB --vgpu ahead --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Log();
+  // Each range is pinned once old enough (the probe fills them one after another).
+  ASSERT_TRUE(SmiShows("host tier 200 MiB of")) << Tf("smi").out << Log();
+  EXPECT_NE(Log().find("ahead of a freeze"), std::string::npos) << Log();
+  EXPECT_EQ(Registered(), k200MiB);
+  Result frozen = Tf("freeze ahead");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 200 MiB movable (200 MiB in host memory)"), std::string::npos) << frozen.out;
+  EXPECT_EQ(Registered(), k200MiB) << "the first freeze pinned fresh host memory";
+  EXPECT_NE(Log().find("swapped out 200 MiB"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("200 MiB into kept pinned copies"), std::string::npos) << Log();
+  Touch("go");
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Log();
+  // The 2 MiB allocated while swapped is pinned ahead too, once old enough.
+  EXPECT_TRUE(LogShows("pinned 2 MiB of host copies")) << Log();
+  EXPECT_TRUE(SmiShows("host tier 202 MiB of")) << Tf("smi").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  ExpectIntact();
+  EXPECT_NE(Log().find("kernel_after_resume=ok"), std::string::npos) << Log();
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
+// The same tenant without pinning ahead: its first freeze pins the 200 MiB itself (what the count
+// above would show if pinning ahead did nothing).
+TEST_F(PinAheadTest, WithoutItTheFirstFreezePinsFreshHostMemory) {
+  pid_t pid = StartTenant("--vram 1GiB --vgpu fresh --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(Registered(), 0u);
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+  Result frozen = Tf("freeze fresh");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_EQ(Registered(), k200MiB);
+  EXPECT_NE(Log().find("; 0 MiB into kept pinned copies"), std::string::npos) << Log();
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  ExpectIntact();
+  EXPECT_EQ(Log().find("ahead of a freeze"), std::string::npos) << Log();
+}
+
+// Two tenants of 200 MiB, a host tier of 300 MiB: only the first pins ahead (the budget is never
+// exceeded); the second's freeze asks it to give its copies back and succeeds; both stay intact.
+TEST_F(PinAheadTest, PinningAheadStaysWithinTheBudgetAndYieldsToASwapOut) {
+  env_ += "TFUSION_TIER_PIN_AHEAD=0.2 TFUSION_HOST_TIER_BUDGET=300MiB ";
+  ASSERT_EQ(Run("mkdir -p " + dir_ + "/b").rc, 0);
+  pid_t a = StartTenant("--vram 256MiB --vgpu budget-a --tiering --idle-swap 0");
+  ASSERT_TRUE(WaitFor("ready")) << Log();
+  ASSERT_TRUE(SmiShows("host tier 200 MiB of 300 MiB")) << Tf("smi").out << Log();
+  pid_t b = StartTenant("--vram 256MiB --vgpu budget-b --tiering --idle-swap 0", "b");
+  ASSERT_TRUE(WaitFor("b/ready")) << Log("/b");
+  // B's ranges are long due: those that fit the 100 MiB left are pinned, never more.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const long used = HostTierMib();
+  EXPECT_GE(used, 200) << Tf("smi").out;
+  EXPECT_LE(used, 300) << Tf("smi").out << Log("/b");
+  EXPECT_EQ(Registered(), static_cast<unsigned long long>(used) << 20);
+  Result frozen = Tf("freeze budget-b");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << Log("/b");
+  EXPECT_NE(frozen.out.find("(200 MiB in host memory)"), std::string::npos) << frozen.out;
+  EXPECT_NE(Log().find("freed 200 MiB of kept host copies"), std::string::npos) << Log();
+  // A does not take the budget back while B is swapped: 100 MiB left is not enough for it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_NE(Tf("smi").out.find("host tier 200 MiB of 300 MiB"), std::string::npos) << Tf("smi").out;
+  // A's own freeze now pins fresh memory, after B gives its kept copy back.
+  Touch("b/go");
+  Touch("b/go2");
+  ASSERT_TRUE(WaitFor("b/verified")) << Log("/b");
+  frozen = Tf("freeze budget-a");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << Log();
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(a), 0);
+  Touch("b/go3");
+  EXPECT_EQ(Finish(b), 0);
+  ExpectIntact();
+  ExpectIntact("b");
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
+// A tenant killed with host copies pinned ahead: its memory goes with it and the budget comes
+// back when its slot is reaped.
+TEST_F(PinAheadTest, AKilledTenantGivesItsPinnedCopiesBack) {
+  env_ += "TFUSION_TIER_PIN_AHEAD=0.2 ";
+  pid_t pid = StartTenant("--vram 1GiB --vgpu killed --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Log();
+  ASSERT_TRUE(SmiShows("host tier 200 MiB of")) << Tf("smi").out << Log();
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(SmiShows("host tier 0 MiB of")) << Tf("smi").out;
+}
+
+// A bad value is named in the tenant's log and the default (2 s) applies.
+TEST_F(PinAheadTest, ABadValueFallsBackToTheDefault) {
+  env_ += "TFUSION_TIER_PIN_AHEAD=soon ";
+  pid_t pid = StartTenant("--vram 1GiB --vgpu badvalue --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Log();
+  ASSERT_TRUE(LogShows("ahead of a freeze")) << Log();
+  EXPECT_TRUE(SmiShows("host tier 200 MiB of")) << Tf("smi").out << Log();
+  EXPECT_NE(Log().find("TFUSION_TIER_PIN_AHEAD=soon is not a number of seconds"), std::string::npos) << Log();
+  Touch("go");
+  Touch("go2");
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  ExpectIntact();
 }
 
 // Scale to zero on the fake driver, whose cuCheckpointProcess* work across processes (its restore
