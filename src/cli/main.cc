@@ -93,6 +93,9 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--idle-disk", run.idle_disk,
                       "with --disk-tier: move swapped VRAM to disk after this long idle (default by QoS: "
                       "low 2m, medium 10m, high and critical never)");
+  run_cmd->add_option("--idle-zero", run.idle_zero,
+                      "with tiering: scale to zero after this long idle (longer than --idle-swap): the "
+                      "swapped tenant is checkpointed by the driver, its context included (default never)");
   run_cmd->add_option("--mps-pipe-dir", run.mps_pipe_dir,
                       "pipe directory of the MPS daemon an operator runs (default: $TFUSION_MPS_PIPE_DIRECTORY, "
                       "else the node agent's)");
@@ -324,6 +327,15 @@ int main(int argc, char** argv) {
   auto* token_rm = token_cmd->add_subcommand("rm", "revoke a token");
   token_rm->add_option("id", token_rm_id)->required();
   for (auto* c : {token_create, token_ls, token_rm}) AddClientFlags(c, &client);
+  auto* patch_cmd = app.add_subcommand("patch", "change a pooled allocation's tier idle timeouts");
+  std::string patch_id, patch_idle_swap, patch_idle_disk, patch_idle_zero;
+  patch_cmd->add_option("allocation", patch_id, "allocation id (tfusion ps)")->required();
+  patch_cmd->add_option("--idle-swap", patch_idle_swap,
+                        "swap out after this long without GPU calls (10s, 5m; 0 = never; 'default': the QoS's)");
+  patch_cmd->add_option("--idle-disk", patch_idle_disk, "move swapped VRAM on to the disk tier after this long idle");
+  patch_cmd->add_option("--idle-zero", patch_idle_zero,
+                        "scale to zero (driver checkpoint) after this long idle; longer than the swap timeout");
+  AddClientFlags(patch_cmd, &client);
   auto* ps_cmd = app.add_subcommand("ps", "list allocations");
   AddClientFlags(ps_cmd, &client);
   auto* top_cmd = app.add_subcommand("top", "GPUs of the pool and their use, redrawn until Ctrl-C");
@@ -371,8 +383,8 @@ int main(int argc, char** argv) {
     setenv("TFUSION_CA_FILE", run_ca_file.c_str(), 1);
   }
   if (run_cmd->parsed() && !remote.empty()) {
-    if (run.tiering || !run.idle_swap.empty() || !run.disk_tier.empty()) {
-      std::fprintf(stderr, "tfusion run: --tiering and --idle-swap work on a local vGPU only, not with --remote\n");
+    if (run.tiering || !run.idle_swap.empty() || !run.disk_tier.empty() || !run.idle_zero.empty()) {
+      std::fprintf(stderr, "tfusion run: --tiering, --idle-swap and --idle-zero work on a local vGPU only, not with --remote\n");
       return 2;
     }
     if (!run.vgpu.empty()) {
@@ -441,6 +453,10 @@ int main(int argc, char** argv) {
       ro.nvml = worker_nvml;
       ro.tiering = worker_tiering || !worker_idle_swap.empty();
       ro.idle_swap = worker_idle_swap;
+      // A client from a pool allocation sends its idle timeouts (limits record 4): they win over
+      // the worker's --idle-swap. Without --tiering they change nothing.
+      if (ro.tiering && !l.idle_swap.empty()) ro.idle_swap = l.idle_swap;
+      if (ro.tiering && !l.idle_disk.empty()) ro.idle_disk = l.idle_disk;
       if (!l.gpu.empty()) {
         if (tf::Status g = tf::cli::ParseGpuSelector(l.gpu, &ro); !g.ok()) return g.message();
       }
@@ -478,11 +494,29 @@ int main(int argc, char** argv) {
                                      worker_ready, hooks);
   }
   if (smi_cmd->parsed()) return tf::cli::SmiCommand(smi_processes);
-  if ((freeze_cmd->parsed() || thaw_cmd->parsed()) && freeze_via_controller && (freeze_zero.zero || !freeze_zero.driver.empty())) {
-    std::fprintf(stderr, "tfusion: --zero and --driver work on a local vGPU only, not with --controller\n");
+  if ((freeze_cmd->parsed() || thaw_cmd->parsed()) && freeze_via_controller && !freeze_zero.driver.empty()) {
+    std::fprintf(stderr, "tfusion: --driver works on a local vGPU only, not with --controller (the node agent "
+                         "uses its own)\n");
     return 2;
   }
-  if (freeze_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, freeze_vgpu, true);
+  if (freeze_cmd->parsed() && freeze_via_controller)
+    return tf::controller::AllocationTier(client, freeze_vgpu, true, freeze_zero.zero);
+  if (patch_cmd->parsed()) {
+    tf::controller::IdlePatch patch;
+    for (auto [flag, text, out] : {std::tuple{"--idle-swap", &patch_idle_swap, &patch.idle_swap_ms},
+                                   std::tuple{"--idle-disk", &patch_idle_disk, &patch.idle_disk_ms},
+                                   std::tuple{"--idle-zero", &patch_idle_zero, &patch.idle_zero_ms}}) {
+      if (text->empty()) continue;
+      if (*text == "default") {
+        *out = -1;
+        continue;
+      }
+      tf::StatusOr<uint64_t> ms = tf::cli::ParseDurationMs(flag, *text);
+      if (!ms.ok()) return UsageError("tfusion patch", ms.status());
+      *out = static_cast<int64_t>(*ms);
+    }
+    return tf::controller::AllocationPatch(client, patch_id, patch);
+  }
   if (thaw_cmd->parsed() && freeze_via_controller) return tf::controller::AllocationTier(client, thaw_vgpu, false);
   if (freeze_cmd->parsed()) return tf::cli::FreezeCommand(freeze_vgpu, true, freeze_timeout, !freeze_no_wait, freeze_zero);
   if (thaw_cmd->parsed()) return tf::cli::FreezeCommand(thaw_vgpu, false, freeze_timeout, !freeze_no_wait, freeze_zero);

@@ -44,7 +44,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
                                                uint64_t vram_bytes, const std::string& pool,
                                                const std::string& qos, const std::string& tenant,
                                                double limit_or_0, int lease_s, int64_t idle_swap_ms,
-                                               int64_t idle_disk_ms) {
+                                               int64_t idle_disk_ms, int64_t idle_zero_ms) {
   const bool by_tflops = tflops_or_0 > 0, by_percent = percent_or_0 > 0;
   if (!std::isfinite(tflops_or_0) || !std::isfinite(percent_or_0) || tflops_or_0 < 0 ||
       percent_or_0 < 0 || by_tflops == by_percent)
@@ -66,6 +66,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   if (lease_s > 0) body["lease_s"] = lease_s;
   if (idle_swap_ms >= 0) body["idle_swap_ms"] = idle_swap_ms;
   if (idle_disk_ms >= 0) body["idle_disk_ms"] = idle_disk_ms;
+  if (idle_zero_ms >= 0) body["idle_zero_ms"] = idle_zero_ms;
 
   // An idempotency key: when the answer is lost (timeout, a controller restart), the retry gets
   // the allocation the first attempt made instead of holding a second one.
@@ -101,6 +102,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   a.tiering = j.value("tiering", false);
   a.idle_swap_ms = j.value("idle_swap_ms", int64_t{-1});
   a.idle_disk_ms = j.value("idle_disk_ms", int64_t{-1});
+  a.idle_zero_ms = j.value("idle_zero_ms", int64_t{-1});
   if (a.id.empty() || a.gpu_uuid.empty()) return Internal("the controller's allocation answer lacks an id or GPU");
   return a;
 }

@@ -31,6 +31,7 @@ struct PoolAllocation {
   bool tiering = false;    // the pool oversubscribes VRAM: the vGPU gets VRAM tiering
   int64_t idle_swap_ms = -1;  // the allocation's tier idle overrides, ms (0 = never); -1: QoS default
   int64_t idle_disk_ms = -1;
+  int64_t idle_zero_ms = -1;  // scale to zero after this long idle, ms; -1: never (the default)
 };
 
 // `url` "http://host:port" of the controller, `token` its bearer token. Exactly one of
@@ -46,7 +47,8 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
                                                uint64_t vram_bytes, const std::string& pool,
                                                const std::string& qos, const std::string& tenant = "",
                                                double limit_or_0 = 0, int lease_s = 0,
-                                               int64_t idle_swap_ms = -1, int64_t idle_disk_ms = -1);
+                                               int64_t idle_swap_ms = -1, int64_t idle_disk_ms = -1,
+                                               int64_t idle_zero_ms = -1);
 
 // Renews the allocation's lease (RequestPoolAllocation with lease_s). kNotFound when it is gone.
 Status RenewPoolAllocation(const std::string& url, const std::string& token, const std::string& id);

@@ -117,7 +117,9 @@ int RunRemote(const std::string& remote, const std::string& token,
                                std::pair{"TFUSION_REMOTE_GPU", &limits.gpu},
                                std::pair{"TFUSION_REMOTE_TFLOPS_LIMIT", &limits.tflops_limit},
                                std::pair{"TFUSION_REMOTE_PERCENT_LIMIT", &limits.percent_limit},
-                               std::pair{"TFUSION_REMOTE_QOS", &limits.qos}}) {
+                               std::pair{"TFUSION_REMOTE_QOS", &limits.qos},
+                               std::pair{"TFUSION_REMOTE_IDLE_SWAP", &limits.idle_swap},
+                               std::pair{"TFUSION_REMOTE_IDLE_DISK", &limits.idle_disk}}) {
       unsetenv(name);
       if (!value->empty()) setenv(name, value->c_str(), 1);
     }

@@ -24,6 +24,7 @@ namespace tf::cli {
 struct RemoteLimits {
   std::string vram, tflops, percent, gpu;
   std::string tflops_limit, percent_limit, qos;
+  std::string idle_swap, idle_disk;  // a pool allocation's tier idle timeouts ("45000ms"), for the worker
 };
 int RunRemote(const std::string& remote, const std::string& token,
               const std::vector<std::string>& command, const RemoteLimits& limits = {});

@@ -133,13 +133,15 @@ struct Pooled {
   std::string qos;            // as granted, for a remote worker (empty: medium)
   int64_t idle_swap_ms = -1;  // the allocation's tier idle overrides (ms); -1: the QoS default
   int64_t idle_disk_ms = -1;
+  int64_t idle_zero_ms = -1;
 };
 
 // Asks the controller for a vGPU. An unreachable controller is not an error: the command then
 // runs with a local vGPU, as without --controller. A placement on another machine runs through
 // that node's worker (ChooseRunPlacement), or is refused when it registered none.
 StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<LocalGpu>& gpus,
-                                        std::optional<uint64_t> idle_swap_ms, std::optional<uint64_t> idle_disk_ms) {
+                                        std::optional<uint64_t> idle_swap_ms, std::optional<uint64_t> idle_disk_ms,
+                                        std::optional<uint64_t> idle_zero_ms) {
   Pooled out;
   if (o.vram.empty()) return InvalidArgument("--vram is required when a controller places the vGPU");
   auto vram = ParseVramSize("--vram", o.vram);
@@ -152,7 +154,8 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   auto a = RequestPoolAllocation(o.controller, o.token, compute->tflops, compute->percent, *vram, o.pool, o.qos,
                                  o.tenant, limit, kRunLeaseSeconds,
                                  idle_swap_ms ? static_cast<int64_t>(*idle_swap_ms) : -1,
-                                 idle_disk_ms ? static_cast<int64_t>(*idle_disk_ms) : -1);
+                                 idle_disk_ms ? static_cast<int64_t>(*idle_disk_ms) : -1,
+                                 idle_zero_ms ? static_cast<int64_t>(*idle_zero_ms) : -1);
   if (!a.ok()) {
     if (a.status().code() == StatusCode::kUnavailable) {
       std::fprintf(stderr, "tfusion run: controller %s not reachable (%s): using a local vGPU\n",
@@ -185,6 +188,7 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   out.tiering = a->tiering;
   out.idle_swap_ms = a->idle_swap_ms;
   out.idle_disk_ms = a->idle_disk_ms;
+  out.idle_zero_ms = a->idle_zero_ms;
   const std::string granted = ShareText(out.limits);
   if (where->remote) {
     out.remote_worker = where->worker_address;
@@ -264,8 +268,8 @@ std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
 int RunCommand(const RunOptions& o) {
   if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
   if (o.gpu < 0) return Fail("--gpu must be 0 or more");
-  const bool tiering = o.tiering || !o.idle_swap.empty() || !o.disk_tier.empty();
-  std::optional<uint64_t> idle_swap_ms, idle_disk_ms;
+  const bool tiering = o.tiering || !o.idle_swap.empty() || !o.disk_tier.empty() || !o.idle_zero.empty();
+  std::optional<uint64_t> idle_swap_ms, idle_disk_ms, idle_zero_ms;
   if (!o.idle_swap.empty()) {
     auto ms = ParseDurationMs("--idle-swap", o.idle_swap);
     if (!ms.ok()) return Fail(ms.status().message());
@@ -277,6 +281,19 @@ int RunCommand(const RunOptions& o) {
     if (!ms.ok()) return Fail(ms.status().message());
     idle_disk_ms = *ms;
   }
+  if (!o.idle_zero.empty()) {
+    auto ms = ParseDurationMs("--idle-zero", o.idle_zero);
+    if (!ms.ok()) return Fail(ms.status().message());
+    idle_zero_ms = *ms;
+    // Against the swap timeout it will run with (the flag, else the QoS's default).
+    auto qos = ParseQosFlag(o.qos);
+    if (!qos.ok()) return Fail(qos.status().message());
+    const uint64_t swap_ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(*qos);
+    Status valid = controller::ValidateIdleZero("--idle-zero", static_cast<int64_t>(*idle_zero_ms),
+                                                idle_swap_ms ? "--idle-swap" : "the QoS's idle swap timeout",
+                                                static_cast<int64_t>(swap_ms));
+    if (!valid.ok()) return Fail(valid.message());
+  }
   if (!o.disk_tier.empty()) {
     struct stat st;
     if (stat(o.disk_tier.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || access(o.disk_tier.c_str(), W_OK) != 0) {
@@ -287,10 +304,17 @@ int RunCommand(const RunOptions& o) {
   if (!mps_dir.ok()) return Fail(mps_dir.status().message());
   std::optional<Pooled> pooled;
   if (!o.controller.empty()) {
-    auto placed = PlaceThroughController(o, LocalGpusIfAny(o), idle_swap_ms, idle_disk_ms);
+    auto placed = PlaceThroughController(o, LocalGpusIfAny(o), idle_swap_ms, idle_disk_ms, idle_zero_ms);
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
-      if (tiering) return Fail("--tiering and --idle-swap work on a local vGPU only (this one was placed on another node)");
+      // The worker's session takes the allocation's idle timeouts; a disk tier folder and scale to
+      // zero are this machine's only.
+      if (!o.disk_tier.empty() || idle_zero_ms) {
+        return Fail("--disk-tier and --idle-zero work on a local vGPU only (this one was placed on another node)");
+      }
+      if (tiering && !placed->tiering) {
+        return Fail("--tiering and --idle-swap need a pool that oversells VRAM when the vGPU is on another node");
+      }
       if (!mps_dir->empty()) {
         std::fprintf(stderr, "tfusion run: MPS (%s) is this machine's; the command runs on another node's "
                      "worker without it\n", mps_dir->c_str());
@@ -308,6 +332,14 @@ int RunCommand(const RunOptions& o) {
         limits.percent_limit = percent;
       }
       limits.qos = placed->qos;
+      if (placed->tiering) {  // the allocation's overrides, else its QoS's defaults (as a node agent applies them)
+        StatusOr<uint32_t> q = ParseQosFlag(placed->qos.empty() ? "medium" : placed->qos);
+        const uint32_t qos = q.ok() ? *q : limiter::kDefaultQos;
+        const int64_t swap = placed->idle_swap_ms >= 0 ? placed->idle_swap_ms : static_cast<int64_t>(limiter::DefaultIdleSwapMs(qos));
+        const int64_t disk = placed->idle_disk_ms >= 0 ? placed->idle_disk_ms : static_cast<int64_t>(limiter::DefaultIdleDiskMs(qos));
+        limits.idle_swap = swap == 0 ? "never" : std::to_string(swap) + "ms";
+        limits.idle_disk = disk == 0 ? "never" : std::to_string(disk) + "ms";
+      }
       int rc = 0;
       {
         LeaseKeeper lease(o, placed->allocation_id);
@@ -394,6 +426,11 @@ int RunCommand(const RunOptions& o) {
     }
     e = region.SetTierPolicy(index, true, ms, disk_ms);
     if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+    // Scale to zero after idle_zero: this process's zero keeper (below) checkpoints the tenant.
+    uint64_t zero_ms = idle_zero_ms ? *idle_zero_ms : 0;
+    if (pooled && pooled->tiering) zero_ms = pooled->idle_zero_ms > 0 ? static_cast<uint64_t>(pooled->idle_zero_ms) : 0;
+    e = region.SetIdleZero(index, zero_ms);
+    if (e != RegionError::kOk) return Fail("cannot set --idle-zero on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
 
   std::string ld = *inject;
@@ -523,7 +560,13 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
       if (!ms.ok()) return ms.status();
       idle_ms = *ms;
     }
-    e = region.SetTierPolicy(index, true, idle_ms);
+    uint64_t disk_ms = 0;  // sessions have no disk tier folder: kept for what `tfusion smi -p` shows
+    if (!o.idle_disk.empty()) {
+      auto ms = ParseDurationMs("--idle-disk", o.idle_disk);
+      if (!ms.ok()) return ms.status();
+      disk_ms = *ms;
+    }
+    e = region.SetTierPolicy(index, true, idle_ms, disk_ms);
     if (e != RegionError::kOk) return Unavailable("cannot enable tiering on vGPU '" + vgpu_id + "'");
   }
   PreparedVgpu out;
@@ -594,16 +637,18 @@ double UsePpm(const limiter::RegionSnapshot& before, const limiter::RegionSnapsh
 }
 
 // `tfusion smi -p`: the idle timeouts each tiered vGPU's processes follow (its allocation's
-// overrides or the QoS defaults, as the region holds them).
+// overrides or the QoS defaults, as the region holds them); IDLE ZERO is carried out by the
+// vGPU's zero keeper (tfusion run, the node agent).
 void PrintTierIdlePolicy(const limiter::RegionSnapshot& snap) {
   bool header = false;
   for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
     const auto& v = snap.vgpus[i];
     if (!v.tier_enabled) continue;
-    if (!header) std::printf("  %-24s %-10s %s\n", "VGPU", "IDLE SWAP", "IDLE DISK");
+    if (!header) std::printf("  %-24s %-10s %-10s %s\n", "VGPU", "IDLE SWAP", "IDLE DISK", "IDLE ZERO");
     header = true;
-    std::printf("  %-24s %-10s %s\n", v.id, controller::TierIdleText(static_cast<int64_t>(v.idle_swap_ms)).c_str(),
-                controller::TierIdleText(static_cast<int64_t>(v.idle_disk_ms)).c_str());
+    std::printf("  %-24s %-10s %-10s %s\n", v.id, controller::TierIdleText(static_cast<int64_t>(v.idle_swap_ms)).c_str(),
+                controller::TierIdleText(static_cast<int64_t>(v.idle_disk_ms)).c_str(),
+                controller::TierIdleText(static_cast<int64_t>(v.idle_zero_ms)).c_str());
   }
 }
 

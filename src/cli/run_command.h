@@ -33,6 +33,7 @@ struct RunOptions {
   std::string idle_swap;   // swap out after this long idle ("10s", "0"/"never"); default by QoS
   std::string disk_tier;   // folder for the disk tier (swapped copies moved on from host memory)
   std::string idle_disk;   // move to the disk tier after this long idle; default by QoS
+  std::string idle_zero;   // scale to zero (driver checkpoint) after this long idle; default never
   // The MPS daemon's pipe directory (hypervisor/mps.h); empty: the one the node agent published,
   // if any. For PrepareVgpu: the directory already chosen and checked; empty: no MPS.
   std::string mps_pipe_dir;

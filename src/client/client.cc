@@ -360,24 +360,26 @@ CUresult FetchSessionInfo(Session* s) {
   // The vGPU this client asks for (`tfusion run --remote --vram/--tflops/--percent/--gpu`, and
   // the limit and QoS): a limits record (u32 version, then the flags as blobs), checked by the
   // worker. Version 2 (four flags) unless a limit or QoS is asked for, so that workers that know
-  // only version 2 keep serving clients that ask for no more; version 3 adds three flags.
+  // only version 2 keep serving clients that ask for no more; version 3 adds three flags; version
+  // 4 (only when they are given) the tier idle timeouts of a pool allocation.
   const char* vars[] = {"TFUSION_REMOTE_VRAM", "TFUSION_REMOTE_TFLOPS", "TFUSION_REMOTE_PERCENT",
                         "TFUSION_REMOTE_GPU", "TFUSION_REMOTE_TFLOPS_LIMIT", "TFUSION_REMOTE_PERCENT_LIMIT",
-                        "TFUSION_REMOTE_QOS"};
+                        "TFUSION_REMOTE_QOS", "TFUSION_REMOTE_IDLE_SWAP", "TFUSION_REMOTE_IDLE_DISK"};
   constexpr int kFields = sizeof(vars) / sizeof(vars[0]);
   uint8_t lim[kFields * 72 + 8];
   transport::Writer w(lim, sizeof(lim));
   const char* values[kFields];
-  bool asked = false, asked_v3 = false;
+  bool asked = false, asked_v3 = false, asked_v4 = false;
   for (int i = 0; i < kFields; ++i) {
     values[i] = getenv(vars[i]);
     const bool given = values[i] != nullptr && *values[i] != '\0';
     asked = asked || given;
     asked_v3 = asked_v3 || (given && i >= 4);
+    asked_v4 = asked_v4 || (given && i >= 7);
   }
   if (asked) {
-    w.U32(asked_v3 ? 3 : 2);
-    for (int i = 0; i < (asked_v3 ? kFields : 4); ++i) {
+    w.U32(asked_v4 ? 4 : asked_v3 ? 3 : 2);
+    for (int i = 0; i < (asked_v4 ? kFields : asked_v3 ? 7 : 4); ++i) {
       size_t n = values[i] ? strnlen(values[i], 65) : 0;
       if (n > 64) {
         ClientLog("%s: the value is longer than 64 characters", vars[i]);

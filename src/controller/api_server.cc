@@ -175,13 +175,14 @@ StatusOr<json> ParseBody(const httplib::Request& req) {
   return j;
 }
 
-// The tier idle overrides of a request body (idle_swap_ms, idle_disk_ms; absent: unset), each
-// refused with a message naming it unless an integer of 0 (never) to 30 days in ms. With
-// `null_clears` (PATCH), null sets the field to "back to the QoS default" (an empty value).
+// The tier idle overrides of a request body (idle_swap_ms, idle_disk_ms, idle_zero_ms; absent:
+// unset), each refused with a message naming it unless an integer of 0 (never) to 30 days in ms.
+// With `null_clears` (PATCH), null sets the field to "back to the QoS default" (an empty value).
 Status ReadTierIdle(const json& body, bool null_clears, std::optional<std::optional<int64_t>>* swap,
-                    std::optional<std::optional<int64_t>>* disk) {
+                    std::optional<std::optional<int64_t>>* disk, std::optional<std::optional<int64_t>>* zero) {
   Fields f(body);
-  for (auto [name, out] : {std::pair{"idle_swap_ms", swap}, std::pair{"idle_disk_ms", disk}}) {
+  for (auto [name, out] :
+       {std::pair{"idle_swap_ms", swap}, std::pair{"idle_disk_ms", disk}, std::pair{"idle_zero_ms", zero}}) {
     auto it = body.find(name);
     if (it == body.end() || (it->is_null() && !null_clears)) continue;
     if (it->is_null()) {
@@ -597,12 +598,13 @@ void ApiServer::Routes() {
           VgpuUseSample u{vf.Str("allocation", true), vf.Str("gpu", true), vf.Int("busy_ns_total", true),
                           vf.Int("throttled_ns_total", true), vf.Str("tier_state"), vf.Int("swapped_bytes")};
           static const std::set<std::string> kTierStates{"", "off", "resident", "swapping out", "swapped",
-                                                          "swapping in", "on disk", "mixed"};
+                                                          "swapping in", "on disk", "checkpointed", "mixed"};
           if (!kTierStates.count(u.tier_state) || u.swapped_bytes < 0)
             return ReplyError(res, InvalidArgument("vgpus: tier_state must be one of off, resident, swapping out, "
-                                                   "swapped, swapping in, on disk, mixed; swapped_bytes >= 0"));
+                                                   "swapped, swapping in, on disk, checkpointed, mixed; swapped_bytes >= 0"));
           for (auto [name, out] : {std::pair{"applied_idle_swap_ms", &u.applied_idle_swap_ms},
-                                   std::pair{"applied_idle_disk_ms", &u.applied_idle_disk_ms}}) {
+                                   std::pair{"applied_idle_disk_ms", &u.applied_idle_disk_ms},
+                                   std::pair{"applied_idle_zero_ms", &u.applied_idle_zero_ms}}) {
             if (!v.contains(name)) continue;
             *out = vf.Int(name);
             if (vf.status().ok() && !ValidateTierIdle(name, *out).ok())
@@ -689,10 +691,11 @@ void ApiServer::Routes() {
       if (!q.ok()) return ReplyError(res, q.status());
       w.qos = *q;
     }
-    std::optional<std::optional<int64_t>> idle_swap, idle_disk;
-    if (Status st = ReadTierIdle(*body, false, &idle_swap, &idle_disk); !st.ok()) return ReplyError(res, st);
+    std::optional<std::optional<int64_t>> idle_swap, idle_disk, idle_zero;
+    if (Status st = ReadTierIdle(*body, false, &idle_swap, &idle_disk, &idle_zero); !st.ok()) return ReplyError(res, st);
     if (idle_swap) w.idle_swap_ms = *idle_swap;
     if (idle_disk) w.idle_disk_ms = *idle_disk;
+    if (idle_zero) w.idle_zero_ms = *idle_zero;
     StatusOr<Workload> out = c->CreateWorkload(w);
     if (!out.ok()) return ReplyError(res, out.status());
     Reply(res, 201, ToJson(*out));
@@ -770,6 +773,7 @@ void ApiServer::Routes() {
                   }
                   if (u->applied_idle_swap_ms >= 0) v["applied_idle_swap_ms"] = u->applied_idle_swap_ms;
                   if (u->applied_idle_disk_ms >= 0) v["applied_idle_disk_ms"] = u->applied_idle_disk_ms;
+                  if (u->applied_idle_zero_ms >= 0) v["applied_idle_zero_ms"] = u->applied_idle_zero_ms;
                   json procs = json::array();
                   for (const VgpuProcess& p : u->processes)
                     procs.push_back({{"pid", p.pid}, {"vram_mib", p.vram_bytes >> 20}});
@@ -794,10 +798,11 @@ void ApiServer::Routes() {
       a.allow_preemption = it->get<bool>();
     }
     if (!f.status().ok()) return ReplyError(res, f.status());
-    std::optional<std::optional<int64_t>> idle_swap, idle_disk;
-    if (Status st = ReadTierIdle(*body, false, &idle_swap, &idle_disk); !st.ok()) return ReplyError(res, st);
+    std::optional<std::optional<int64_t>> idle_swap, idle_disk, idle_zero;
+    if (Status st = ReadTierIdle(*body, false, &idle_swap, &idle_disk, &idle_zero); !st.ok()) return ReplyError(res, st);
     if (idle_swap) a.idle_swap_ms = *idle_swap;
     if (idle_disk) a.idle_disk_ms = *idle_disk;
+    if (idle_zero) a.idle_zero_ms = *idle_zero;
     if (!OwnTenant().empty()) {
       if (!a.tenant.empty() && a.tenant != OwnTenant())
         return ReplyError(res, PermissionDenied("this token allocates for tenant '" + OwnTenant() + "' only"));
@@ -846,12 +851,12 @@ void ApiServer::Routes() {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
     for (const auto& [key, value] : body->items()) {
-      if (key != "idle_swap_ms" && key != "idle_disk_ms")
+      if (key != "idle_swap_ms" && key != "idle_disk_ms" && key != "idle_zero_ms")
         return ReplyError(res, InvalidArgument("field '" + key + "' cannot be changed on a live allocation "
-                                               "(PATCH takes idle_swap_ms and idle_disk_ms)"));
+                                               "(PATCH takes idle_swap_ms, idle_disk_ms and idle_zero_ms)"));
     }
     TierIdleChange change;
-    if (Status st = ReadTierIdle(*body, true, &change.idle_swap_ms, &change.idle_disk_ms); !st.ok())
+    if (Status st = ReadTierIdle(*body, true, &change.idle_swap_ms, &change.idle_disk_ms, &change.idle_zero_ms); !st.ok())
       return ReplyError(res, st);
     StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
     if (a.ok()) a = c->SetTierIdle(req.matches[1], change);
@@ -872,11 +877,28 @@ void ApiServer::Routes() {
     routes_.emplace_back("POST", std::regex(pattern));
     const bool freeze = std::string(action) == "freeze";
     s.Post(pattern, [c, freeze](const httplib::Request& req, httplib::Response& res) {
+      // A freeze may name its level: "host" (the default: movable VRAM to host memory) or "zero"
+      // (then the rest of each process, its context included, is checkpointed by the driver).
+      bool zero = false;
+      if (!req.body.empty()) {
+        StatusOr<json> body = ParseBody(req);
+        if (!body.ok()) return ReplyError(res, body.status());
+        for (const auto& [key, value] : body->items()) {
+          if (key != "level" || !freeze)
+            return ReplyError(res, InvalidArgument("field '" + key + "' is not known here" +
+                                                   std::string(freeze ? " (a freeze takes 'level')" : " (a thaw takes no fields)")));
+          if (!value.is_string() || (value != "host" && value != "zero"))
+            return ReplyError(res, InvalidArgument("field 'level' must be \"host\" (swap VRAM to host memory) or "
+                                                   "\"zero\" (also checkpoint the processes with the driver)"));
+          zero = value == "zero";
+        }
+      }
       StatusOr<Allocation> a = VisibleAllocation(c, req.matches[1]);
-      if (a.ok()) a = c->RequestTier(req.matches[1], freeze);
+      if (a.ok()) a = c->RequestTier(req.matches[1], freeze, zero);
       if (!a.ok()) return ReplyError(res, a.status());
       Reply(res, 202, {{"allocation", a->id}, {"freeze_requests", a->freeze_requests},
-                       {"thaw_requests", a->thaw_requests}, {"node", a->node}});
+                       {"zero_requests", a->zero_requests}, {"thaw_requests", a->thaw_requests}, {"node", a->node},
+                       {"level", freeze ? (zero ? "zero" : "host") : "resident"}});
     });
   }
   Record("DELETE", R"(/v1/allocations/([^/]+))");

@@ -633,12 +633,35 @@ int NodeRemove(const ClientOptions& c, const std::string& name) {
   return 0;
 }
 
-int AllocationTier(const ClientOptions& c, const std::string& id, bool freeze) {
+int AllocationTier(const ClientOptions& c, const std::string& id, bool freeze, bool zero) {
   if (int rc = CheckName("allocation id", id)) return rc;
-  StatusOr<json> r = Call(c, "POST", "/v1/allocations/" + id + (freeze ? "/freeze" : "/thaw"), "{}");
+  const json body = freeze ? json{{"level", zero ? "zero" : "host"}} : json::object();
+  StatusOr<json> r = Call(c, "POST", "/v1/allocations/" + id + (freeze ? "/freeze" : "/thaw"), body.dump());
   if (!r.ok()) return Fail(r.status());
-  Out(c) << (freeze ? "freeze" : "thaw") << " of allocation " << id << " requested (node " << r->value("node", "")
-         << "); its node agent passes it on within a second: tfusion ps shows the state\n";
+  Out(c) << (freeze ? zero ? "freeze to zero" : "freeze" : "thaw") << " of allocation " << id << " requested (node "
+         << r->value("node", "") << "); its node agent passes it on within a second: tfusion ps shows the state\n";
+  return 0;
+}
+
+int AllocationPatch(const ClientOptions& c, const std::string& id, const IdlePatch& patch) {
+  if (int rc = CheckName("allocation id", id)) return rc;
+  json body = json::object();
+  for (auto [field, value] : {std::pair{"idle_swap_ms", &patch.idle_swap_ms}, std::pair{"idle_disk_ms", &patch.idle_disk_ms},
+                              std::pair{"idle_zero_ms", &patch.idle_zero_ms}}) {
+    if (!*value) continue;
+    body[field] = **value < 0 ? json(nullptr) : json(**value);
+  }
+  if (body.empty()) {
+    std::fprintf(stderr, "tfusion patch: nothing to change: give --idle-swap, --idle-disk or --idle-zero\n");
+    return 2;
+  }
+  StatusOr<json> r = Call(c, "PATCH", "/v1/allocations/" + id, body.dump());
+  if (!r.ok()) return Fail(r.status());
+  auto shown = [&](const char* field) {
+    return r->contains(field) ? TierIdleText(r->value(field, int64_t{0})) : std::string("QoS default");
+  };
+  Out(c) << "allocation " << id << ": idle swap " << shown("idle_swap_ms") << ", idle disk " << shown("idle_disk_ms")
+         << ", idle zero " << shown("idle_zero_ms") << " (its node agent applies them within a second)\n";
   return 0;
 }
 
@@ -797,15 +820,19 @@ std::string SharePercent(const json& vgpu, const char* key, const char* fallback
 std::string TierIdleSuffix(const json& a) {
   if (!a.value("tiering", false)) return "";
   for (const json& v : a["vgpus"]) {
-    if (v.contains("applied_idle_swap_ms"))
+    if (v.contains("applied_idle_swap_ms")) {
+      const int64_t zero = v.value("applied_idle_zero_ms", int64_t{0});
       return "; idle: swap " + TierIdleText(v.value("applied_idle_swap_ms", int64_t{0})) + ", disk " +
-             TierIdleText(v.value("applied_idle_disk_ms", int64_t{0}));
+             TierIdleText(v.value("applied_idle_disk_ms", int64_t{0})) + (zero > 0 ? ", zero " + TierIdleText(zero) : "");
+    }
   }
-  if (!a.contains("idle_swap_ms") && !a.contains("idle_disk_ms")) return "";
-  std::string s = "; idle (pending):";
-  if (a.contains("idle_swap_ms")) s += " swap " + TierIdleText(a.value("idle_swap_ms", int64_t{0}));
-  if (a.contains("idle_disk_ms")) s += std::string(a.contains("idle_swap_ms") ? "," : "") + " disk " + TierIdleText(a.value("idle_disk_ms", int64_t{0}));
-  return s;
+  std::string s;
+  for (const char* field : {"idle_swap_ms", "idle_disk_ms", "idle_zero_ms"}) {
+    if (!a.contains(field)) continue;
+    const std::string name = std::string(field).substr(5, 4);  // swap, disk, zero
+    s += std::string(s.empty() ? "" : ",") + " " + name + " " + TierIdleText(a.value(field, int64_t{0}));
+  }
+  return s.empty() ? "" : "; idle (pending):" + s;
 }
 
 }  // namespace

@@ -125,8 +125,16 @@ struct TokenSpec {
   std::string role, tenant, node, description;
 };
 int TokenCreate(const ClientOptions& client, const TokenSpec& spec);
-// tfusion freeze/thaw ID --controller: the request through the API, for a pooled allocation.
-int AllocationTier(const ClientOptions& client, const std::string& id, bool freeze);
+// tfusion freeze/thaw ID --controller: the request through the API, for a pooled allocation;
+// `zero` (freeze only): scale to zero, the node agent also checkpoints the processes.
+int AllocationTier(const ClientOptions& client, const std::string& id, bool freeze, bool zero = false);
+// tfusion patch ID --idle-swap D --idle-disk D --idle-zero D: the allocation's tier idle overrides
+// (PATCH /v1/allocations/ID), ms; unset fields keep their value, -1 sends null (back to the QoS
+// default). Prints the allocation's overrides as the controller now holds them.
+struct IdlePatch {
+  std::optional<int64_t> idle_swap_ms, idle_disk_ms, idle_zero_ms;
+};
+int AllocationPatch(const ClientOptions& client, const std::string& id, const IdlePatch& patch);
 int TokenList(const ClientOptions& client);
 int TokenRevoke(const ClientOptions& client, const std::string& id);
 

@@ -755,6 +755,7 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       k.use.processes = v.processes;
       k.use.applied_idle_swap_ms = v.applied_idle_swap_ms;
       k.use.applied_idle_disk_ms = v.applied_idle_disk_ms;
+      k.use.applied_idle_zero_ms = v.applied_idle_zero_ms;
     }
     if (it->second.value.state == NodeState::kReady) return Status::Ok();
     // A lost node came back: it is ready again (allocations released meanwhile stay released).
@@ -930,6 +931,13 @@ std::vector<GpuStatus> Controller::ListGpus(const std::string& pool_filter) cons
   return out;
 }
 
+namespace {
+// How ValidateIdleZero names the swap timeout it compares with.
+std::string IdleSwapWhat(const std::optional<int64_t>& override_ms, Qos qos) {
+  return override_ms ? std::string("idle_swap_ms") : std::string("the ") + QosName(qos) + " QoS's idle swap timeout";
+}
+}  // namespace
+
 // ---- workloads ----
 
 StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
@@ -943,6 +951,11 @@ StatusOr<Workload> Controller::CreateWorkload(const Workload& w_in) {
     if (w.milli_tflops_limit <= 0) w.milli_tflops_limit = w.milli_tflops;
     if (w.idle_swap_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_swap_ms", *w.idle_swap_ms));
     if (w.idle_disk_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_disk_ms", *w.idle_disk_ms));
+    if (w.idle_zero_ms) {
+      TF_RETURN_IF_ERROR(ValidateTierIdle("idle_zero_ms", *w.idle_zero_ms));
+      TF_RETURN_IF_ERROR(ValidateIdleZero("idle_zero_ms", *w.idle_zero_ms, IdleSwapWhat(w.idle_swap_ms, w.qos),
+                                          EffectiveIdleSwapMs(w.idle_swap_ms, w.qos)));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     const double bound = MaxGpuTflopsLocked();
@@ -996,6 +1009,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     return InvalidArgument("lease_s must be from 5 to 3600 (seconds)");
   if (req.idle_swap_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_swap_ms", *req.idle_swap_ms));
   if (req.idle_disk_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_disk_ms", *req.idle_disk_ms));
+  if (req.idle_zero_ms) TF_RETURN_IF_ERROR(ValidateTierIdle("idle_zero_ms", *req.idle_zero_ms));
   return Durably([&]() -> StatusOr<Allocation> {
     TimedLock lock(mu_, stage_times_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
@@ -1019,7 +1033,8 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     pr.percent_limit = req.percent_limit;
     pr.node = req.node;
     std::string qos = req.qos;
-    std::optional<int64_t> idle_swap_ms = req.idle_swap_ms, idle_disk_ms = req.idle_disk_ms;
+    std::optional<int64_t> idle_swap_ms = req.idle_swap_ms, idle_disk_ms = req.idle_disk_ms,
+                           idle_zero_ms = req.idle_zero_ms;
     if (!req.workload.empty()) {
       TF_RETURN_IF_ERROR(ValidateName("workload name", req.workload));
       auto w = workloads_.find(req.workload);
@@ -1035,6 +1050,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       if (qos.empty()) qos = QosName(wl.qos);
       if (!idle_swap_ms) idle_swap_ms = wl.idle_swap_ms;
       if (!idle_disk_ms) idle_disk_ms = wl.idle_disk_ms;
+      if (!idle_zero_ms) idle_zero_ms = wl.idle_zero_ms;
     }
     if (pr.pool.empty()) pr.pool = config_.default_pool;
     if (pr.gpu_count == 0) pr.gpu_count = 1;
@@ -1045,6 +1061,10 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
     }
     TF_RETURN_IF_ERROR(ValidateName("pool name", pr.pool));
     if (!pr.tenant.empty()) TF_RETURN_IF_ERROR(ValidateName("tenant", pr.tenant));
+    if (idle_zero_ms) {
+      TF_RETURN_IF_ERROR(ValidateIdleZero("idle_zero_ms", *idle_zero_ms, IdleSwapWhat(idle_swap_ms, pr.qos),
+                                          EffectiveIdleSwapMs(idle_swap_ms, pr.qos)));
+    }
     TF_RETURN_IF_ERROR(ValidateResources(pr.tflops, pr.vram_mib, pr.gpu_count, pr.percent, pr.tflops_limit,
                                          pr.percent_limit));
     const double bound = MaxGpuTflopsLocked();
@@ -1076,6 +1096,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       a.tiering = pr.tiering;
       a.idle_swap_ms = idle_swap_ms;
       a.idle_disk_ms = idle_disk_ms;
+      a.idle_zero_ms = idle_zero_ms;
       a.lease_ms = req.lease_ms;
       a.lease_expires_ms = req.lease_ms > 0 ? clock_->NowMs() + req.lease_ms : 0;
       std::vector<Compare> compares{Compare::Absent(AllocationKey(a.id))};
@@ -1228,7 +1249,7 @@ StatusOr<Allocation> Controller::RenewLease(const std::string& id) {
   });
 }
 
-StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze) {
+StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze, bool zero) {
   return UpdateAllocation(id, [&](Allocation& a) {
     if (!a.tiering) {
       return FailedPrecondition("allocation '" + id + "' has no VRAM tiering (its pool does not oversell VRAM: "
@@ -1239,6 +1260,7 @@ StatusOr<Allocation> Controller::RequestTier(const std::string& id, bool freeze)
                                 "): it is thawed when the controller resumes it");
     }
     (freeze ? a.freeze_requests : a.thaw_requests) += 1;
+    if (freeze && zero) a.zero_requests += 1;
     return Status::Ok();
   });
 }
@@ -1248,8 +1270,11 @@ StatusOr<Allocation> Controller::SetTierIdle(const std::string& id, const TierId
     TF_RETURN_IF_ERROR(ValidateTierIdle("idle_swap_ms", **change.idle_swap_ms));
   if (change.idle_disk_ms && *change.idle_disk_ms)
     TF_RETURN_IF_ERROR(ValidateTierIdle("idle_disk_ms", **change.idle_disk_ms));
-  if (!change.idle_swap_ms && !change.idle_disk_ms)
-    return InvalidArgument("nothing to change: give idle_swap_ms or idle_disk_ms (null: back to the QoS default)");
+  if (change.idle_zero_ms && *change.idle_zero_ms)
+    TF_RETURN_IF_ERROR(ValidateTierIdle("idle_zero_ms", **change.idle_zero_ms));
+  if (!change.idle_swap_ms && !change.idle_disk_ms && !change.idle_zero_ms)
+    return InvalidArgument("nothing to change: give idle_swap_ms, idle_disk_ms or idle_zero_ms (null: back to the "
+                           "QoS default)");
   return UpdateAllocation(id, [&](Allocation& a) {
     if (!a.tiering) {
       return FailedPrecondition("allocation '" + id + "' has no VRAM tiering (its pool does not oversell VRAM: "
@@ -1257,6 +1282,12 @@ StatusOr<Allocation> Controller::SetTierIdle(const std::string& id, const TierId
     }
     if (change.idle_swap_ms) a.idle_swap_ms = *change.idle_swap_ms;
     if (change.idle_disk_ms) a.idle_disk_ms = *change.idle_disk_ms;
+    if (change.idle_zero_ms) a.idle_zero_ms = *change.idle_zero_ms;
+    // The pair as it will be: a new swap timeout may no longer fit the zero timeout kept.
+    if (a.idle_zero_ms) {
+      TF_RETURN_IF_ERROR(ValidateIdleZero("idle_zero_ms", *a.idle_zero_ms, IdleSwapWhat(a.idle_swap_ms, a.qos),
+                                          EffectiveIdleSwapMs(a.idle_swap_ms, a.qos)));
+    }
     return Status::Ok();
   });
 }

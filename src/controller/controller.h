@@ -94,6 +94,7 @@ struct VgpuUseSample {
   // The tier idle timeouts its region holds (what the node applied), ms, 0 = never; -1: not reported.
   int64_t applied_idle_swap_ms = -1;
   int64_t applied_idle_disk_ms = -1;
+  int64_t applied_idle_zero_ms = -1;
 };
 
 // What `tfusion top` shows per vGPU: its compute use over the last heartbeat interval (percent of
@@ -107,6 +108,7 @@ struct VgpuUse {
   std::vector<VgpuProcess> processes;
   int64_t applied_idle_swap_ms = -1;  // as last reported; -1: none
   int64_t applied_idle_disk_ms = -1;
+  int64_t applied_idle_zero_ms = -1;
 };
 
 struct AllocationRequest {
@@ -135,6 +137,7 @@ struct AllocationRequest {
   // Tier idle overrides (Allocation::idle_swap_ms); unset: the workload's, else the QoS default.
   std::optional<int64_t> idle_swap_ms;
   std::optional<int64_t> idle_disk_ms;
+  std::optional<int64_t> idle_zero_ms;
 };
 
 // A change of an allocation's tier idle overrides (PATCH): per field, absent = unchanged, an
@@ -142,6 +145,7 @@ struct AllocationRequest {
 struct TierIdleChange {
   std::optional<std::optional<int64_t>> idle_swap_ms;
   std::optional<std::optional<int64_t>> idle_disk_ms;
+  std::optional<std::optional<int64_t>> idle_zero_ms;
 };
 
 struct GpuStatus {  // a GPU with its latest heartbeat sample
@@ -248,8 +252,9 @@ class Controller {
   Status RevokeToken(const std::string& id);
   // A freeze (swap the allocation's vGPUs out to host memory) or thaw request through the API: counted
   // on the allocation, carried out by its node's agent. kFailedPrecondition for an allocation
-  // without VRAM tiering.
-  StatusOr<Allocation> RequestTier(const std::string& allocation, bool freeze);
+  // without VRAM tiering. `zero` (a freeze only): scale to zero, the agent then also checkpoints the
+  // swapped processes with the driver (counted in zero_requests as well).
+  StatusOr<Allocation> RequestTier(const std::string& allocation, bool freeze, bool zero = false);
   // Changes the allocation's tier idle overrides; its node's agent applies them at its next sync.
   // kInvalidArgument for a value out of range or no change given, kFailedPrecondition for an
   // allocation without VRAM tiering.

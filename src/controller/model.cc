@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "limiter/core/tier_defaults.h"
+
 namespace tf::controller {
 
 using nlohmann::json;
@@ -118,13 +120,17 @@ json ToJson(const Gpu& g) {
 
 namespace {
 // Tier idle overrides: written only when set, so records without them read back unset.
-void PutTierIdle(json& j, const std::optional<int64_t>& swap_ms, const std::optional<int64_t>& disk_ms) {
+void PutTierIdle(json& j, const std::optional<int64_t>& swap_ms, const std::optional<int64_t>& disk_ms,
+                 const std::optional<int64_t>& zero_ms) {
   if (swap_ms) j["idle_swap_ms"] = *swap_ms;
   if (disk_ms) j["idle_disk_ms"] = *disk_ms;
+  if (zero_ms) j["idle_zero_ms"] = *zero_ms;
 }
-void GetTierIdle(const json& j, std::optional<int64_t>& swap_ms, std::optional<int64_t>& disk_ms) {
+void GetTierIdle(const json& j, std::optional<int64_t>& swap_ms, std::optional<int64_t>& disk_ms,
+                 std::optional<int64_t>& zero_ms) {
   if (j.contains("idle_swap_ms")) swap_ms = j.at("idle_swap_ms").get<int64_t>();
   if (j.contains("idle_disk_ms")) disk_ms = j.at("idle_disk_ms").get<int64_t>();
+  if (j.contains("idle_zero_ms")) zero_ms = j.at("idle_zero_ms").get<int64_t>();
 }
 }  // namespace
 
@@ -133,6 +139,21 @@ Status ValidateTierIdle(const char* field, int64_t ms) {
     return InvalidArgument(std::string("field '") + field + "' must be an integer from 0 (never) to " +
                            std::to_string(kMaxTierIdleMs) + " (30 days, in ms)");
   return Status::Ok();
+}
+
+Status ValidateIdleZero(const std::string& zero_field, int64_t zero_ms, const std::string& swap_what, int64_t swap_ms) {
+  if (zero_ms <= 0) return Status::Ok();
+  if (swap_ms <= 0)
+    return InvalidArgument(zero_field + " needs an idle swap timeout (" + swap_what +
+                           " is never): a process is checkpointed only once it is swapped out");
+  if (zero_ms <= swap_ms)
+    return InvalidArgument(zero_field + " (" + TierIdleText(zero_ms) + ") must be longer than " + swap_what + " (" +
+                           TierIdleText(swap_ms) + "): a process is checkpointed only once it is swapped out");
+  return Status::Ok();
+}
+
+int64_t EffectiveIdleSwapMs(const std::optional<int64_t>& override_ms, Qos qos) {
+  return override_ms ? *override_ms : static_cast<int64_t>(limiter::DefaultIdleSwapMs(static_cast<uint32_t>(qos)));
 }
 
 std::string TierIdleText(int64_t ms) {
@@ -149,7 +170,7 @@ json ToJson(const Workload& w) {
             {"tflops", ToTflops(w.milli_tflops)}, {"milli_tflops", w.milli_tflops},
             {"vram_mib", w.vram_mib}, {"gpu_count", w.gpu_count}, {"qos", QosName(w.qos)},
             {"tflops_limit", ToTflops(limit)}, {"milli_tflops_limit", limit}};
-  PutTierIdle(j, w.idle_swap_ms, w.idle_disk_ms);
+  PutTierIdle(j, w.idle_swap_ms, w.idle_disk_ms, w.idle_zero_ms);
   return j;
 }
 
@@ -166,7 +187,8 @@ json ToJson(const Allocation& a) {
             {"tiering", a.tiering}, {"freeze_requests", a.freeze_requests}, {"thaw_requests", a.thaw_requests},
             {"lease_ms", a.lease_ms}, {"lease_expires_ms", a.lease_expires_ms},
             {"suspended", a.suspended}, {"suspended_by", a.suspended_by}, {"suspended_ms", a.suspended_ms}};
-  PutTierIdle(j, a.idle_swap_ms, a.idle_disk_ms);
+  PutTierIdle(j, a.idle_swap_ms, a.idle_disk_ms, a.idle_zero_ms);
+  j["zero_requests"] = a.zero_requests;
   return j;
 }
 
@@ -288,7 +310,7 @@ StatusOr<Workload> WorkloadFromJson(const std::string& text) {
     w.qos = q.ok() ? *q : Qos::kMedium;
     // Older records: limit = request.
     w.milli_tflops_limit = ReadMilli(j, "milli_tflops_limit", "tflops_limit", w.milli_tflops);
-    GetTierIdle(j, w.idle_swap_ms, w.idle_disk_ms);
+    GetTierIdle(j, w.idle_swap_ms, w.idle_disk_ms, w.idle_zero_ms);
   });
 }
 
@@ -321,7 +343,8 @@ StatusOr<Allocation> AllocationFromJson(const std::string& text) {
     a.suspended = j.value("suspended", false);
     a.suspended_by = j.value("suspended_by", "");
     a.suspended_ms = j.value("suspended_ms", int64_t{0});
-    GetTierIdle(j, a.idle_swap_ms, a.idle_disk_ms);
+    GetTierIdle(j, a.idle_swap_ms, a.idle_disk_ms, a.idle_zero_ms);
+    a.zero_requests = j.value("zero_requests", 0u);
   });
 }
 

@@ -114,6 +114,7 @@ struct Workload {
   // Tier idle overrides its allocations inherit (see Allocation); unset: the QoS defaults.
   std::optional<int64_t> idle_swap_ms;
   std::optional<int64_t> idle_disk_ms;
+  std::optional<int64_t> idle_zero_ms;
 };
 
 // One vGPU: a slice of one physical GPU. Compute has a request (what placement counts and what is
@@ -144,11 +145,17 @@ struct Allocation {
   // to the vGPUs' processes (docs/tiering.md).
   uint32_t freeze_requests = 0;
   uint32_t thaw_requests = 0;
+  // Of the freeze requests, those at level "zero" (scale to zero: after the swap-out, the node
+  // agent checkpoints the processes with the driver). Counted in freeze_requests too.
+  uint32_t zero_requests = 0;
   // Tier idle overrides (docs/tiering.md): how long its vGPUs stay idle before they are swapped
   // to host memory, and before swapped copies move on to the disk tier, in ms; 0 = never. Unset:
   // the QoS default. The node agent writes them into the vGPUs' regions.
   std::optional<int64_t> idle_swap_ms;
   std::optional<int64_t> idle_disk_ms;
+  // Scale to zero after this long idle (the swapped processes are checkpointed by the node agent);
+  // 0 or unset: never. Longer than the effective idle_swap_ms (ValidateIdleZero).
+  std::optional<int64_t> idle_zero_ms;
   // A lease (tfusion run): the holder renews it every so often; once lease_expires_ms passes
   // without a renewal the controller releases the allocation. 0: no lease.
   int64_t lease_ms = 0;
@@ -222,6 +229,12 @@ StatusOr<ApiToken> ApiTokenFromJson(const std::string& text);
 inline constexpr int64_t kMaxTierIdleMs = 30LL * 24 * 3'600'000;
 // A tier idle override `field` (idle_swap_ms or idle_disk_ms): 0 (never) to kMaxTierIdleMs.
 Status ValidateTierIdle(const char* field, int64_t ms);
+// An idle zero timeout `zero_ms` (0: never) against the swap timeout in effect with it
+// (`swap_ms`, 0 = never): a process is checkpointed only once swapped, so it must be longer than
+// a swap timeout that is not never. `zero_field` and `swap_what` name them in the message.
+Status ValidateIdleZero(const std::string& zero_field, int64_t zero_ms, const std::string& swap_what, int64_t swap_ms);
+// The idle timeouts an allocation's vGPUs get: its override, else its QoS default (ms, 0 = never).
+int64_t EffectiveIdleSwapMs(const std::optional<int64_t>& override_ms, Qos qos);
 // A tier idle timeout as `tfusion ps` and `tfusion smi -p` show it: "never" (0), "500ms", "30s",
 // "10m", "2h".
 std::string TierIdleText(int64_t ms);

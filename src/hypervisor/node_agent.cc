@@ -83,6 +83,20 @@ Status NodeAgent::Discover() {
       gpus.push_back(std::move(g));
     }
     if (gpus.empty()) discovery_message_ = "the NVIDIA driver reports no GPU on this machine";
+    // Scale to zero for the allocations' vGPUs: restores on their processes' wake requests,
+    // checkpoints on zero requests and after idle_zero_ms (docs/tiering.md).
+    std::vector<std::string> paths;
+    for (const AgentGpu& g : gpus)
+      if (limiter::GpuRegion* r = regions_->region(g.device.uuid); r != nullptr) paths.push_back(r->path());
+    if (!paths.empty()) {
+      std::string libcuda = options_.libcuda_path;
+      if (libcuda.empty()) {
+        const char* env = getenv("TFUSION_REAL_LIBCUDA");
+        libcuda = env != nullptr && *env ? env : "libcuda.so.1";
+      }
+      zero_keeper_ = std::make_unique<ZeroRestorer>(libcuda, paths, "", "a-", "hypervisor");
+      zero_keeper_->Start();
+    }
     std::fprintf(stderr, "hypervisor: %zu GPU(s) discovered\n", gpus.size());
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -206,6 +220,7 @@ Status NodeAgent::HeartbeatOnce() {
         entry["swapped_bytes"] = swapped;
         entry["applied_idle_swap_ms"] = static_cast<int64_t>(v.idle_swap_ms);
         entry["applied_idle_disk_ms"] = static_cast<int64_t>(v.idle_disk_ms);
+        entry["applied_idle_zero_ms"] = static_cast<int64_t>(v.idle_zero_ms);
       }
       vgpus.push_back(std::move(entry));
     }
@@ -259,6 +274,8 @@ Status NodeAgent::SyncAllocationsOnce() {
       va.held = a.value("suspended", false);
       va.idle_swap_ms = a.value("idle_swap_ms", int64_t{-1});
       va.idle_disk_ms = a.value("idle_disk_ms", int64_t{-1});
+      va.idle_zero_ms = a.value("idle_zero_ms", int64_t{-1});
+      va.zero_requests = a.value("zero_requests", 0u);
       want.push_back(std::move(va));
     }
   }

@@ -21,6 +21,7 @@
 #include "controller/clock.h"
 #include "controller/http_client.h"
 #include "hypervisor/gpu_source.h"
+#include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
 #include "hypervisor/vgpu_stopper.h"
 
@@ -49,6 +50,9 @@ struct NodeAgentOptions {
   // none, so no disk expansion here).
   int64_t host_tier_budget_bytes = -1;
   std::string disk_tier_dir;
+  // The real driver, for scale to zero (the checkpoint API); empty: $TFUSION_REAL_LIBCUDA, else
+  // libcuda.so.1. Loaded at the first checkpoint or restore.
+  std::string libcuda_path;
 };
 
 // What the node agent reports of VRAM tiering's room: per GPU uuid its region's host tier budget,
@@ -111,6 +115,8 @@ class NodeAgent {
   bool discovered_ = false;
   std::string discovery_message_;
 
+  // Restorer and checkpointer of the allocations' vGPUs (scale to zero), started with discovery.
+  std::unique_ptr<ZeroRestorer> zero_keeper_;
   mutable std::mutex mu_;  // guards gpus_ and the counters
   std::vector<AgentGpu> gpus_;
   uint64_t heartbeats_ok_ = 0;

@@ -177,8 +177,10 @@ int RestoreProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDr
   return e;
 }
 
-ZeroRestorer::ZeroRestorer(std::string libcuda_path, std::vector<std::string> region_paths, std::string only_vgpu)
-    : libcuda_path_(std::move(libcuda_path)), region_paths_(std::move(region_paths)), only_vgpu_(std::move(only_vgpu)) {}
+ZeroRestorer::ZeroRestorer(std::string libcuda_path, std::vector<std::string> region_paths, std::string only_vgpu,
+                           std::string vgpu_prefix, std::string log_prefix)
+    : libcuda_path_(std::move(libcuda_path)), region_paths_(std::move(region_paths)), only_vgpu_(std::move(only_vgpu)),
+      vgpu_prefix_(std::move(vgpu_prefix)), log_prefix_(std::move(log_prefix)) {}
 
 ZeroRestorer::~ZeroRestorer() { Stop(); }
 
@@ -186,8 +188,14 @@ void ZeroRestorer::Start() {
   if (thread_.joinable()) return;
   stop_ = false;
   thread_ = std::thread([this] {
+    int64_t next_policy = 0;
     while (!stop_.load(std::memory_order_relaxed)) {
       PollOnce();
+      const int64_t now = NowUs() * 1000;
+      if (now >= next_policy) {
+        PolicyOnce(now);
+        next_policy = NowUs() * 1000 + 100'000'000;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
@@ -198,45 +206,63 @@ void ZeroRestorer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-int ZeroRestorer::PollOnce() {
-  if (regions_.size() != region_paths_.size()) {
-    regions_.clear();
-    for (const auto& p : region_paths_) {
-      auto r = std::make_unique<limiter::GpuRegion>();
-      limiter::GpuRegion::Attach(p.c_str(), r.get());
-      regions_.push_back(std::move(r));
+void ZeroRestorer::AttachLazily() {
+  if (regions_.size() == region_paths_.size()) return;
+  regions_.clear();
+  for (const auto& p : region_paths_) {
+    auto r = std::make_unique<limiter::GpuRegion>();
+    limiter::GpuRegion::Attach(p.c_str(), r.get());
+    regions_.push_back(std::move(r));
+  }
+}
+
+bool ZeroRestorer::Wanted(const char* vgpu_id) const {
+  if (!only_vgpu_.empty() && only_vgpu_ != vgpu_id) return false;
+  return vgpu_prefix_.empty() || std::string(vgpu_id).rfind(vgpu_prefix_, 0) == 0;
+}
+
+CheckpointDriver* ZeroRestorer::Driver() {
+  if (!driver_ && !driver_failed_) {
+    auto loaded = CheckpointDriver::Load(libcuda_path_);
+    if (loaded.ok()) {
+      driver_ = std::move(*loaded);
+    } else {
+      driver_failed_ = true;
+      std::fprintf(stderr, "%s: cannot checkpoint or restore processes (scale to zero): %s\n", log_prefix_.c_str(),
+                   loaded.status().message().c_str());
     }
   }
+  return driver_.get();
+}
+
+int ZeroRestorer::PollOnce() {
+  AttachLazily();
   int attempted = 0;
   for (auto& region : regions_) {
     if (!region->attached()) continue;
-    uint32_t only = limiter::kMaxVgpus;
-    if (!only_vgpu_.empty() && region->FindVgpu(only_vgpu_.c_str(), &only) != limiter::RegionError::kOk) continue;
+    const bool filtered = !only_vgpu_.empty() || !vgpu_prefix_.empty();
+    std::unique_ptr<limiter::RegionSnapshot> snap;  // taken only when a wake request needs the filter
     for (uint32_t slot = 0; slot < limiter::kMaxProcesses; ++slot) {
       ProcessZero* z = region->ZeroOfProcess(slot);
       // Cheap checks first: nearly every slot is free or not checkpointed.
       if (z->state.load(std::memory_order_acquire) != limiter::kZeroCheckpointed) continue;
       if (z->wake_gen.load(std::memory_order_acquire) == z->wake_done_gen.load(std::memory_order_acquire)) continue;
-      if (only != limiter::kMaxVgpus) {
-        auto snap = std::make_unique<limiter::RegionSnapshot>();
-        region->Snapshot(snap.get());
+      if (filtered) {
+        if (!snap) {
+          snap = std::make_unique<limiter::RegionSnapshot>();
+          region->Snapshot(snap.get());
+        }
         bool mine = false;
-        for (uint32_t i = 0; i < snap->process_count; ++i) {
-          mine = mine || (snap->processes[i].slot == slot && snap->processes[i].vgpu_index == only);
+        for (uint32_t i = 0; i < snap->process_count && !mine; ++i) {
+          if (snap->processes[i].slot != slot) continue;
+          for (uint32_t v = 0; v < snap->vgpu_count; ++v)
+            mine = mine || (snap->vgpus[v].index == snap->processes[i].vgpu_index && Wanted(snap->vgpus[v].id));
         }
         if (!mine) continue;
       }
       ++attempted;
-      if (!driver_ && !driver_failed_) {
-        auto loaded = CheckpointDriver::Load(libcuda_path_);
-        if (loaded.ok()) {
-          driver_ = std::move(*loaded);
-        } else {
-          driver_failed_ = true;
-          std::fprintf(stderr, "tfusion: cannot restore checkpointed processes: %s\n", loaded.status().message().c_str());
-        }
-      }
-      if (!driver_) {
+      CheckpointDriver* driver = Driver();
+      if (driver == nullptr) {
         uint32_t expect = limiter::kZeroCheckpointed;
         if (z->state.compare_exchange_strong(expect, limiter::kZeroRestoring)) {
           z->last_error.store(CUDA_ERROR_NOT_SUPPORTED, std::memory_order_relaxed);
@@ -246,8 +272,119 @@ int ZeroRestorer::PollOnce() {
         }
         continue;
       }
-      int e = RestoreProcess(*region, slot, *driver_);
-      if (e != CUDA_SUCCESS) std::fprintf(stderr, "tfusion: restoring a checkpointed process failed (CUDA error %d)\n", e);
+      int e = RestoreProcess(*region, slot, *driver);
+      if (e != CUDA_SUCCESS) {
+        std::fprintf(stderr, "%s: restoring a checkpointed process failed (CUDA error %d)\n", log_prefix_.c_str(), e);
+      }
+    }
+  }
+  return attempted;
+}
+
+int ZeroRestorer::PolicyOnce(int64_t now_ns) {
+  AttachLazily();
+  int attempted = 0;
+  for (size_t r = 0; r < regions_.size(); ++r) {
+    limiter::GpuRegion& region = *regions_[r];
+    if (!region.attached()) continue;
+    // Cheap check first: a vGPU with tiering that has a policy or a request to act on.
+    bool any = false;
+    for (uint32_t v = 0; v < limiter::kMaxVgpus && !any; ++v) {
+      const limiter::VgpuTier* t = region.TierOfVgpu(v);
+      any = t->enabled.load(std::memory_order_relaxed) != 0;
+    }
+    if (!any) continue;
+    auto snap = std::make_unique<limiter::RegionSnapshot>();
+    region.Snapshot(snap.get());
+    for (uint32_t vi = 0; vi < snap->vgpu_count; ++vi) {
+      const limiter::VgpuInfo& v = snap->vgpus[vi];
+      if (!v.tier_enabled || !Wanted(v.id)) continue;
+      limiter::VgpuTier* t = region.TierOfVgpu(v.index);
+      const uint32_t zero_gen = t->zero_gen.load(std::memory_order_acquire);
+      const bool zero_wanted = zero_gen != t->zero_done_gen.load(std::memory_order_acquire);
+      const uint32_t freeze_gen = t->freeze_gen.load(std::memory_order_acquire);
+      const uint32_t thaw_gen = t->thaw_gen.load(std::memory_order_acquire);
+      ZeroRequest* req = nullptr;
+      if (zero_wanted) {
+        req = &zero_requests_[{r, v.index}];
+        if (req->gen != zero_gen || req->since_ns == 0) *req = ZeroRequest{zero_gen, now_ns, {}};
+      }
+      bool pending = false;
+      for (uint32_t k = 0; k < snap->process_count; ++k) {
+        const limiter::ProcessInfo& p = snap->processes[k];
+        if (p.vgpu_index != v.index || p.tier_state == limiter::kTierOff) continue;
+        const limiter::ProcessTier* pt = region.TierOfProcess(p.slot);
+        const bool swapped = p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk;
+        // A thaw asked of a checkpointed process: restore it, its limiter then swaps in.
+        if (p.zero_state == limiter::kZeroCheckpointed && !v.held &&
+            pt->thaw_done_gen.load(std::memory_order_acquire) != thaw_gen) {
+          ++attempted;
+          if (CheckpointDriver* d = Driver(); d != nullptr) {
+            int e = RestoreProcess(region, p.slot, *d);
+            std::fprintf(stderr, e == CUDA_SUCCESS ? "%s: vGPU %s: process %d restored for a thaw\n"
+                                                   : "%s: vGPU %s: process %d: restore for a thaw failed\n",
+                         log_prefix_.c_str(), v.id, p.pid);
+          }
+          continue;
+        }
+        if (p.zero_state != limiter::kZeroNone || v.held) continue;
+        if (req != nullptr) {
+          if (pt->freeze_done_gen.load(std::memory_order_acquire) != freeze_gen ||
+              p.tier_state == limiter::kTierSwappingOut) {
+            pending = true;  // its swap-out is not done yet
+          } else if (swapped && req->tried.insert(p.pid).second) {
+            ++attempted;
+            if (CheckpointDriver* d = Driver(); d != nullptr) {
+              CheckpointOutcome o = CheckpointProcess(region, p.slot, *d);
+              if (o.ok) {
+                std::fprintf(stderr, "%s: vGPU %s: process %d checkpointed on request (park %.1f ms, checkpoint %.1f ms)\n",
+                             log_prefix_.c_str(), v.id, p.pid, o.park_ms, o.checkpoint_ms);
+              } else {
+                std::fprintf(stderr, "%s: vGPU %s: process %d not checkpointed: %s\n", log_prefix_.c_str(), v.id,
+                             p.pid, o.why.c_str());
+              }
+            }
+          }
+          continue;
+        }
+        if (v.idle_zero_ms == 0 || !swapped || p.last_active_ns <= 0) continue;
+        const int64_t idle_ns = static_cast<int64_t>(v.idle_zero_ms) * 1'000'000;
+        if (now_ns - p.last_active_ns < idle_ns) continue;
+        auto key = std::make_tuple(r, p.slot, p.pid);
+        if (auto it = idle_attempts_.find(key); it != idle_attempts_.end() && now_ns - it->second < idle_ns) continue;
+        idle_attempts_[key] = now_ns;
+        ++attempted;
+        CheckpointDriver* d = Driver();
+        if (d == nullptr) continue;
+        CheckpointOutcome o = CheckpointProcess(region, p.slot, *d);
+        if (o.ok) {
+          std::fprintf(stderr, "%s: vGPU %s: process %d idle %.0f s: checkpointed (park %.1f ms, checkpoint %.1f ms)\n",
+                       log_prefix_.c_str(), v.id, p.pid, (now_ns - p.last_active_ns) / 1e9, o.park_ms, o.checkpoint_ms);
+        } else {
+          std::fprintf(stderr, "%s: vGPU %s: process %d idle: not checkpointed: %s\n", log_prefix_.c_str(), v.id,
+                       p.pid, o.why.c_str());
+        }
+      }
+      if (req != nullptr && (!pending || now_ns - req->since_ns > 60'000'000'000LL)) {
+        if (pending) {
+          std::fprintf(stderr, "%s: vGPU %s: zero request given up: its processes did not swap out within 60 s\n",
+                       log_prefix_.c_str(), v.id);
+        }
+        t->zero_done_gen.store(zero_gen, std::memory_order_release);
+        zero_requests_.erase({r, v.index});
+      }
+    }
+    // Forget the idle attempts of processes that are gone or awake.
+    for (auto it = idle_attempts_.begin(); it != idle_attempts_.end();) {
+      bool keep = false;
+      if (std::get<0>(it->first) == r) {
+        for (uint32_t k = 0; k < snap->process_count && !keep; ++k)
+          keep = snap->processes[k].slot == std::get<1>(it->first) && snap->processes[k].pid == std::get<2>(it->first) &&
+                 snap->processes[k].tier_state != limiter::kTierResident;
+      } else {
+        keep = true;
+      }
+      it = keep ? std::next(it) : idle_attempts_.erase(it);
     }
   }
   return attempted;

@@ -11,6 +11,9 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <set>
+#include <tuple>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -71,26 +74,57 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
 // process stays checkpointed).
 int RestoreProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver& driver);
 
-// Restores the processes whose calls asked for it, on its own thread (a 5 ms scan of the regions'
-// process tables). The driver is loaded at the first restore; a driver that cannot be loaded is
-// reported once and each request then fails with CUDA_ERROR_NOT_SUPPORTED for the waiting call.
+// The zero keeper of a set of GPU regions, on its own thread: it restores the processes whose
+// calls asked for it (a 5 ms scan of the regions' process tables) and, every 100 ms, carries out
+// the vGPUs' scale-to-zero policy:
+//  - a zero request (VgpuTier::zero_gen, made with a freeze): once every process of the vGPU has
+//    acted on the freeze, each swapped one is checkpointed (given up after 60 s);
+//  - idle_zero_ms: a process swapped and idle that long (ProcessTier::last_active_ns) is
+//    checkpointed; a refused or failed attempt waits another idle period;
+//  - a thaw request (VgpuTier::thaw_gen) restores the checkpointed processes that have not acted on
+//    it, so that their limiter can swap in.
+// Checkpoints run on the keeper's thread (the park takes up to 5 s), so a restore may wait behind
+// one. The driver is loaded at the first checkpoint or restore; a driver that cannot be loaded is
+// reported once and each restore request then fails with CUDA_ERROR_NOT_SUPPORTED for the waiting
+// call (and nothing is checkpointed).
 class ZeroRestorer {
  public:
-  // `region_paths`: the GPU regions to watch; `only_vgpu`: a vGPU id to restrict to (empty: all).
-  ZeroRestorer(std::string libcuda_path, std::vector<std::string> region_paths, std::string only_vgpu = "");
+  // `region_paths`: the GPU regions to watch; `only_vgpu`: a vGPU id to restrict to (empty: all);
+  // `vgpu_prefix`: restrict to vGPUs whose id starts with it (the node agent: "a-", its
+  // allocations').
+  ZeroRestorer(std::string libcuda_path, std::vector<std::string> region_paths, std::string only_vgpu = "",
+               std::string vgpu_prefix = "", std::string log_prefix = "tfusion");
   ~ZeroRestorer();  // stops the thread
   void Start();
   void Stop();
-  // One scan; returns the restores attempted. For the thread and for tests.
+  // One scan of the wake requests; returns the restores attempted. For the thread and for tests.
   int PollOnce();
+  // One pass of the policy (zero requests, idle_zero_ms, thaws) at CLOCK_MONOTONIC `now_ns`;
+  // returns the checkpoints and restores attempted. For the thread and for tests.
+  int PolicyOnce(int64_t now_ns);
 
  private:
+  void AttachLazily();
+  bool Wanted(const char* vgpu_id) const;
+  hypervisor::CheckpointDriver* Driver();
+
   std::string libcuda_path_;
   std::vector<std::string> region_paths_;
   std::string only_vgpu_;
+  std::string vgpu_prefix_;
+  std::string log_prefix_;
   std::vector<std::unique_ptr<limiter::GpuRegion>> regions_;  // attached lazily
   std::unique_ptr<CheckpointDriver> driver_;
   bool driver_failed_ = false;
+  // Idle policy: (region, slot, pid) -> CLOCK_MONOTONIC ns of the last checkpoint attempt.
+  std::map<std::tuple<size_t, uint32_t, int32_t>, int64_t> idle_attempts_;
+  // Zero requests: (region, vGPU) -> (zero_gen being carried out, ns first seen, pids tried).
+  struct ZeroRequest {
+    uint32_t gen = 0;
+    int64_t since_ns = 0;
+    std::set<int32_t> tried;
+  };
+  std::map<std::pair<size_t, uint32_t>, ZeroRequest> zero_requests_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

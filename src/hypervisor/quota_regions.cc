@@ -85,9 +85,19 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
       }
       // Each new API request once; the counters live in the region, so a restarted agent does not
       // repeat an old request.
+      const uint64_t zero_ms = a.idle_zero_ms > 0 ? static_cast<uint64_t>(a.idle_zero_ms) : limiter::DefaultIdleZeroMs(qos);
+      if (t != nullptr && t->idle_zero_ms.load() != zero_ms) {
+        note(RegionStatus(r->SetIdleZero(index, zero_ms), "idle zero timeout of vGPU " + a.id));
+      }
       if (t != nullptr && t->api_freeze_gen.load() != a.freeze_requests) {
         note(RegionStatus(r->RequestFreeze(index, nullptr), "freeze of vGPU " + a.id));
         t->api_freeze_gen.store(a.freeze_requests);
+      }
+      // After the freeze it belongs to: the zero keeper checkpoints once the swap-out is done.
+      if (t != nullptr && t->api_zero_gen.load() != a.zero_requests) {
+        note(RegionStatus(r->RequestZero(index), "zero request of vGPU " + a.id));
+        t->api_zero_gen.store(a.zero_requests);
+        std::fprintf(stderr, "hypervisor: vGPU %s on %s: scale to zero requested\n", a.id.c_str(), a.gpu_uuid.c_str());
       }
       if (t != nullptr && t->api_thaw_gen.load() != a.thaw_requests) {
         note(RegionStatus(r->RequestThaw(index, nullptr), "thaw of vGPU " + a.id));

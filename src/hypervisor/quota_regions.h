@@ -60,6 +60,10 @@ struct VgpuAssignment {
   // Tier idle overrides of the allocation, ms (0 = never); -1: the QoS default.
   int64_t idle_swap_ms = -1;
   int64_t idle_disk_ms = -1;
+  int64_t idle_zero_ms = -1;  // scale to zero after this long idle (-1 or 0: never)
+  // Of freeze_requests, those at level zero: after the swap-out, the node agent's zero keeper
+  // checkpoints the processes (VgpuTier::zero_gen).
+  uint32_t zero_requests = 0;
 };
 
 // The compute share of a held vGPU: the least the region takes (one millionth of the GPU).

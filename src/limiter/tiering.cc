@@ -55,9 +55,18 @@ constexpr int64_t kBusyNs = 500'000'000;
 constexpr int64_t kBudgetWaitNs = 5'000'000'000;
 constexpr int kMaxHostWorkers = 8;
 // Scale to zero: how long parking waits for the calls inside the driver to return, and how long a
-// call of a parked or checkpointed process waits for a restorer before it fails.
+// call of a parked or checkpointed process waits for a restorer before it fails (by default;
+// TFUSION_TIER_ZERO_TIMEOUT=SECONDS in the tenant's environment, 1 to 3600, changes it).
 constexpr int64_t kParkQuietNs = 2'000'000'000;
 constexpr int64_t kZeroWaitNs = 60'000'000'000;
+int64_t ZeroWaitNs() {
+  static const int64_t ns = [] {
+    const char* v = getenv("TFUSION_TIER_ZERO_TIMEOUT");
+    long long sec = v != nullptr ? atoll(v) : 0;
+    return sec >= 1 && sec <= 3600 ? static_cast<int64_t>(sec) * 1'000'000'000 : kZeroWaitNs;
+  }();
+  return ns;
+}
 
 struct Range {
   size_t size = 0;                        // reserved and mapped bytes (granularity multiple)
@@ -1424,7 +1433,7 @@ CUresult ZeroWait() {
     return CUDA_SUCCESS;
   }
   const uint32_t gen = z->wake_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
-  const int64_t until = Now() + kZeroWaitNs;
+  const int64_t until = Now() + ZeroWaitNs();
   long pause_ns = 50'000;
   for (;;) {
     uint32_t st = z->state.load(std::memory_order_acquire);
@@ -1443,8 +1452,8 @@ CUresult ZeroWait() {
       return e != 0 ? static_cast<CUresult>(e) : CUDA_ERROR_UNKNOWN;
     }
     if (Now() > until) {
-      GuestLog("vGPU '%s': checkpointed and nobody restored it within 60 s (is tfusion run or the node "
-               "agent running?): the call fails", s.binding != nullptr ? s.binding->vgpu_id : "?");
+      GuestLog("vGPU '%s': checkpointed and nobody restored it within %.0f s (is tfusion run or the node "
+               "agent running?): the call fails", s.binding != nullptr ? s.binding->vgpu_id : "?", ZeroWaitNs() / 1e9);
       return CUDA_ERROR_TIMEOUT;
     }
     timespec pause{0, pause_ns};

@@ -23,6 +23,9 @@ namespace tf::worker {
 struct SessionLimits {
   std::string vram, tflops, percent, gpu;
   std::string tflops_limit, percent_limit, qos;
+  // Limits record version 4: the tier idle timeouts of the client's pool allocation ("45000ms";
+  // empty: the worker's own), for a worker with --tiering.
+  std::string idle_swap, idle_disk;
 };
 
 struct WorkerOptions {

@@ -317,7 +317,7 @@ TEST_F(PooledRunTest, AnIdleSwapGivenToRunIsTheAllocationsOverrideTheAgentApplie
     EXPECT_NE(got->body.find("\"idle_swap_ms\":45000"), std::string::npos) << got->body;
     const std::string smi_cmd = env_ + TF_TFUSION + " smi -p";
     smi = Shell(smi_cmd).out;
-    EXPECT_TRUE(std::regex_search(smi, std::regex(id + " +45s +2m\n"))) << "swap: the override; disk: the low QoS default\n" << smi;
+    EXPECT_TRUE(std::regex_search(smi, std::regex(id + " +45s +2m +never\n"))) << "swap: the override; disk: the low QoS default\n" << smi;
     // ps shows what the agent applied once it has heartbeated (every 5 s).
     for (int i = 0; i < 150 && ps.find("idle: swap 45s, disk 2m") == std::string::npos; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -327,15 +327,178 @@ TEST_F(PooledRunTest, AnIdleSwapGivenToRunIsTheAllocationsOverrideTheAgentApplie
     // Changed on the live allocation: the agent applies it within its sync interval.
     auto patched = client.Patch("/v1/allocations/" + id, R"({"idle_swap_ms": 120000, "idle_disk_ms": 0})");
     EXPECT_EQ(patched->status, 200) << patched->body;
-    for (int i = 0; i < 50 && !std::regex_search(smi, std::regex(id + " +2m +never\n")); ++i) {
+    for (int i = 0; i < 50 && !std::regex_search(smi, std::regex(id + " +2m +never +never\n")); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       smi = Shell(smi_cmd).out;
     }
-    EXPECT_TRUE(std::regex_search(smi, std::regex(id + " +2m +never\n"))) << smi;
+    EXPECT_TRUE(std::regex_search(smi, std::regex(id + " +2m +never +never\n"))) << smi;
   }
   kill(run, SIGTERM);
   waitpid(run, nullptr, 0);
   ASSERT_TRUE(held) << out << ReadFile(dir_ + "/up.log");
+}
+
+// Scale to zero for the allocations of a node: the node agent (of `tfusion up`) is the zero keeper
+// of every process bound to an allocation's vGPU, also one that no `tfusion run` started (here the
+// probe runs with the limiter's environment set by hand).
+class PooledZeroTest : public PooledRunTest {
+ protected:
+  void SetUp() override {
+    PooledRunTest::SetUp();
+    client_flags_ = " --url " + url_ + " --token " + token_;
+    ASSERT_EQ(Shell(std::string(TF_TFUSION) + " pool set default --vram-expand-host 100" + client_flags_).rc, 0);
+  }
+  // An allocation with `fields` (JSON members); its id once the agent has made its vGPU.
+  std::string Allocate(const std::string& fields) {
+    tf::controller::HttpClient client(url_, token_);
+    auto r = client.Post("/v1/allocations", R"({"percent":10,"vram_mib":1024,"qos":"low",)" + fields + "}");
+    std::smatch m;
+    if (!r.ok() || r->status != 201 || !std::regex_search(r->body, m, std::regex("\"id\":\"(a-[0-9a-f]+)\""))) {
+      ADD_FAILURE() << (r.ok() ? r->body : r.status().ToString());
+      return "";
+    }
+    const std::string id = m.str(1);
+    for (int i = 0; i < 100 && Smi().find(id) == std::string::npos; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return id;
+  }
+  std::string Smi() const { return Shell(env_ + TF_TFUSION + " smi -p").out; }
+  std::string Ps() const { return Shell(std::string(TF_TFUSION) + " ps" + client_flags_).out; }
+  // limiter_probe zero DIR bound to vGPU `id`, as tfusion run would start it (but no tfusion run).
+  pid_t StartBound(const std::string& id, const std::string& d) {
+    std::string region = Shell("ls " + dir_ + "/shm/gpu-*.region").out;
+    while (!region.empty() && region.back() == '\n') region.pop_back();
+    const std::string tfusion = TF_TFUSION;
+    const std::string inject = tfusion.substr(0, tfusion.rfind('/')) + "/../limiter/inject";
+    const std::string cmd = "exec env " + env_ + "LD_LIBRARY_PATH=" + inject + " TFUSION_REAL_LIBCUDA=" + TF_FAKECUDA +
+                            " TFUSION_REAL_LIBNVML=" + TF_FAKENVML + " TFUSION_REGION=" + region + " TFUSION_VGPU=" + id +
+                            " " + TF_PROBE + " zero " + d + " > " + d + "/tenant.out 2>&1";
+    Shell("mkdir -p " + d);
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  }
+  static bool WaitFile(const std::string& path, int tenths = 200) {
+    for (int i = 0; i < tenths * 2; ++i) {
+      if (access(path.c_str(), F_OK) == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  bool SmiShows(const std::string& text, int tenths = 100) const {
+    for (int i = 0; i < tenths; ++i) {
+      if (Smi().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  int Finish(pid_t pid) {
+    int status = 0;
+    for (int i = 0; i < 200; ++i) {
+      if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  std::string client_flags_;
+};
+
+// idle_zero_ms on the allocation: the agent writes it into the vGPU's region, the tenant's tier
+// thread swaps it out after idle_swap_ms, the agent checkpoints it after idle_zero_ms, reports it
+// (tfusion ps: checkpointed), and restores it when its next call asks.
+TEST_F(PooledZeroTest, TheNodeAgentCheckpointsAnIdleTenantAndRestoresItOnItsNextCall) {
+  const std::string id = Allocate(R"("idle_swap_ms":300,"idle_zero_ms":1500)");
+  ASSERT_FALSE(id.empty()) << ReadFile(dir_ + "/up.log");
+  bool applied = false;  // the agent writes the policy right after it makes the vGPU
+  for (int i = 0; i < 30 && !applied; ++i) {
+    applied = std::regex_search(Smi(), std::regex(id + " +300ms +2m +1500ms\n"));
+    if (!applied) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(applied) << Smi();
+  const std::string d = dir_ + "/t";
+  pid_t pid = StartBound(id, d);
+  ASSERT_TRUE(WaitFile(d + "/ready")) << ReadFile(d + "/tenant.out");
+  ASSERT_TRUE(SmiShows("checkpointed")) << Smi() << ReadFile(d + "/tenant.out") << ReadFile(dir_ + "/up.log");
+  EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/up.log"),
+                                std::regex("hypervisor: vGPU " + id + ": process [0-9]+ idle [0-9]+ s: checkpointed")))
+      << ReadFile(dir_ + "/up.log");
+  std::string ps;
+  for (int i = 0; i < 80 && ps.find("checkpointed") == std::string::npos; ++i) {  // heartbeats every 5 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ps = Ps();
+  }
+  EXPECT_NE(ps.find("running, checkpointed"), std::string::npos) << ps;
+  EXPECT_NE(ps.find("idle: swap 300ms, disk 2m, zero 1500ms"), std::string::npos) << ps;
+  ASSERT_EQ(Shell("touch " + d + "/go").rc, 0);
+  ASSERT_TRUE(WaitFile(d + "/verified")) << ReadFile(d + "/tenant.out") << ReadFile(dir_ + "/up.log");
+  const std::string out = ReadFile(d + "/tenant.out");
+  EXPECT_NE(out.find("first_call=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("zero_identical=4"), std::string::npos) << out;
+  ASSERT_EQ(Shell("touch " + d + "/go3").rc, 0);
+  EXPECT_EQ(Finish(pid), 0) << ReadFile(d + "/tenant.out");
+}
+
+// `tfusion freeze ID --controller --zero`: the level reaches the agent, which swaps the vGPU out,
+// checkpoints its processes and restores them at their next call.
+TEST_F(PooledZeroTest, AFreezeToZeroThroughTheControllerIsCarriedOutByTheAgent) {
+  const std::string id = Allocate(R"("idle_swap_ms":0)");
+  ASSERT_FALSE(id.empty()) << ReadFile(dir_ + "/up.log");
+  const std::string d = dir_ + "/t";
+  pid_t pid = StartBound(id, d);
+  ASSERT_TRUE(WaitFile(d + "/ready")) << ReadFile(d + "/tenant.out");
+  Result frozen = Shell(std::string(TF_TFUSION) + " freeze " + id + " --controller --zero" + client_flags_);
+  ASSERT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("freeze to zero of allocation " + id + " requested"), std::string::npos) << frozen.out;
+  ASSERT_TRUE(SmiShows("checkpointed")) << Smi() << ReadFile(d + "/tenant.out") << ReadFile(dir_ + "/up.log");
+  EXPECT_NE(ReadFile(dir_ + "/up.log").find("checkpointed on request"), std::string::npos) << ReadFile(dir_ + "/up.log");
+  Result bad = Shell(std::string(TF_TFUSION) + " freeze " + id + " --controller --zero --driver /x" + client_flags_);
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  ASSERT_EQ(Shell("touch " + d + "/go").rc, 0);
+  ASSERT_TRUE(WaitFile(d + "/verified")) << ReadFile(d + "/tenant.out") << ReadFile(dir_ + "/up.log");
+  EXPECT_NE(ReadFile(d + "/tenant.out").find("zero_identical=4"), std::string::npos) << ReadFile(d + "/tenant.out");
+  ASSERT_EQ(Shell("touch " + d + "/go3").rc, 0);
+  EXPECT_EQ(Finish(pid), 0) << ReadFile(d + "/tenant.out");
+}
+
+// `tfusion patch`: the PATCH API from the CLI; prints the values the controller now holds, the agent
+// applies them to the region; bad input is refused clearly and changes nothing.
+TEST_F(PooledZeroTest, PatchChangesAnAllocationsIdleTimeoutsAndRefusesBadInput) {
+  const std::string id = Allocate(R"("idle_swap_ms":60000)");
+  ASSERT_FALSE(id.empty()) << ReadFile(dir_ + "/up.log");
+  const std::string patch = std::string(TF_TFUSION) + " patch ";
+  Result r = Shell(patch + id + " --idle-swap 30s --idle-zero 2m" + client_flags_);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("allocation " + id + ": idle swap 30s, idle disk QoS default, idle zero 2m"), std::string::npos)
+      << r.out;
+  bool applied = false;
+  for (int i = 0; i < 50 && !applied; ++i) {
+    applied = std::regex_search(Smi(), std::regex(id + " +30s +2m +2m\n"));
+    if (!applied) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(applied) << Smi();
+  r = Shell(patch + id + " --idle-zero 10s" + client_flags_);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("idle_zero_ms (10s) must be longer than idle_swap_ms (30s)"), std::string::npos) << r.out;
+  r = Shell(patch + id + " --idle-swap 5parsecs" + client_flags_);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--idle-swap 5parsecs"), std::string::npos) << r.out;
+  r = Shell(patch + id + client_flags_);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("nothing to change"), std::string::npos) << r.out;
+  r = Shell(patch + "a-nosuch --idle-swap 1m" + client_flags_);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("not found"), std::string::npos) << r.out;
+  tf::controller::HttpClient client(url_, token_);
+  EXPECT_NE(client.Get("/v1/allocations/" + id)->body.find("\"idle_zero_ms\":120000"), std::string::npos)
+      << "refusals changed nothing";
+  r = Shell(patch + id + " --idle-zero default" + client_flags_);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("idle zero QoS default"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -65,6 +65,25 @@ class RemoteLimits : public ::testing::Test {
     size_t end = ready.find('\n', at);
     return ready.substr(at + 4, end == std::string::npos ? std::string::npos : end - at - 4);
   }
+  // `tfusion controller` (token t, its own store) in the background; its URL once it listens
+  // (empty if it did not start).
+  pid_t StartController(std::string* url) {
+    pid_t controller = fork();
+    if (controller == 0) {
+      std::string cmd = std::string("exec ") + TF_TFUSION + " controller --port 0 --token t --store sqlite:" +
+                        dir_ + "/state.db > " + dir_ + "/controller.log 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::regex url_re("http://127\\.0\\.0\\.1:[0-9]+");
+    for (int i = 0; controller > 0 && i < 200 && url->empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::smatch m;
+      std::string log = ReadFile(dir_ + "/controller.log");
+      if (std::regex_search(log, m, url_re)) *url = m.str();
+    }
+    return controller;
+  }
   std::string dir_, env_;
   pid_t worker_ = -1;
 };
@@ -225,22 +244,9 @@ TEST_F(RemoteLimits, AGpuTheWorkerDoesNotHaveIsRefusedNeverReplaced) {
 TEST_F(RemoteLimits, APooledRunOnAnotherNodeLandsOnTheAllocationsGpu) {
   const std::string worker = TcpAddress();
   ASSERT_FALSE(worker.empty()) << ReadFile(dir_ + "/ready");
-  pid_t controller = fork();
-  ASSERT_GE(controller, 0);
-  if (controller == 0) {
-    std::string cmd = std::string("exec ") + TF_TFUSION + " controller --port 0 --token t --store sqlite:" +
-                      dir_ + "/state.db > " + dir_ + "/controller.log 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
   std::string url;
-  std::regex url_re("http://127\\.0\\.0\\.1:[0-9]+");
-  for (int i = 0; i < 200 && url.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    std::smatch m;
-    std::string log = ReadFile(dir_ + "/controller.log");
-    if (std::regex_search(log, m, url_re)) url = m.str();
-  }
+  pid_t controller = StartController(&url);
+  ASSERT_GE(controller, 0);
   Result r;
   if (!url.empty()) {
     tf::controller::HttpClient client(url, "t");
@@ -325,6 +331,53 @@ TEST_F(RemoteTiering, AFrozenSessionGetsEveryByteBackOnTheClientsNextCall) {
   EXPECT_NE(out.find("kernel_after_resume=ok"), std::string::npos) << out;
   EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
   EXPECT_NE(ReadFile(dir_ + "/worker.log").find("resumed 200 MiB"), std::string::npos) << ReadFile(dir_ + "/worker.log");
+}
+
+// A pooled run placed on another node's worker --tiering: the session's vGPU takes the pool
+// allocation's idle timeouts (here --idle-swap 45s given to run, and the low QoS's disk default)
+// instead of the worker's --idle-swap 0, sent in version 4 of the limits record.
+TEST_F(RemoteTiering, APooledSessionTakesItsAllocationsIdleTimeouts) {
+  const std::string worker = TcpAddress();
+  ASSERT_FALSE(worker.empty()) << ReadFile(dir_ + "/ready");
+  std::string url;
+  pid_t controller = StartController(&url);
+  ASSERT_GE(controller, 0);
+  std::string smi;
+  int status = -1;
+  Result refused;
+  if (!url.empty()) {
+    tf::controller::HttpClient client(url, "t");
+    auto reg = client.Post("/v1/nodes", std::string(R"({"name": "gpu-node", "worker_address": ")") + worker +
+                                            R"(", "gpus": [{"uuid": ")" + kGpu0Uuid +
+                                            R"(", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 16384}]})");
+    EXPECT_TRUE(reg.ok() && reg->status == 200) << (reg.ok() ? reg->body : reg.status().ToString());
+    auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+    EXPECT_TRUE(pool.ok() && pool->status == 200);
+    ASSERT_EQ(Shell("mkdir -p " + dir_ + "/t").rc, 0);
+    std::string cmd = env_ + "timeout 60 " + TF_TFUSION + " run --controller " + url +
+                      " --token t --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 --qos low "
+                      "--idle-swap 45s -- " + TF_PROBE + " tier " + dir_ + "/t > " + dir_ + "/client.out 2>&1";
+    pid_t run = fork();
+    if (run == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (WaitFor("t/ready")) smi = Shell(env_ + TF_TFUSION + " smi -p").out;
+    for (const char* f : {"/t/go", "/t/go2", "/t/go3"}) Shell("touch " + dir_ + f);
+    waitpid(run, &status, 0);
+    // Flags that only a local vGPU can honour are refused for a run placed on another node.
+    refused = Shell(env_ + TF_TFUSION + " run --controller " + url + " --token t --nvml /nonexistent/libnvidia-ml.so.1 "
+                    "--vram 1GiB --percent 10 --qos low --idle-zero 5m -- true");
+  }
+  kill(controller, SIGTERM);
+  waitpid(controller, nullptr, 0);
+  ASSERT_FALSE(url.empty()) << ReadFile(dir_ + "/controller.log");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/client.out");
+  EXPECT_TRUE(std::regex_search(smi, std::regex("remote-[0-9]+ +45s +2m +never\n"))) << smi << ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("idle swap 45000ms, idle disk 120000ms"), std::string::npos)
+      << ReadFile(dir_ + "/worker.log");
+  EXPECT_EQ(refused.rc, 2) << refused.out;
+  EXPECT_NE(refused.out.find("--idle-zero work on a local vGPU only"), std::string::npos) << refused.out;
 }
 
 // Managed memory of a remote client is pinned host memory on the worker, charged like the rest:

@@ -624,5 +624,74 @@ TEST_F(ApiServerTest, TierIdleOverridesAreStoredShownPatchedAndValidated) {
   EXPECT_FALSE(reloaded->idle_disk_ms.has_value());
 }
 
+// Scale to zero through the control plane: idle_zero_ms is validated against the swap timeout in
+// effect with it (the override, else the QoS default), on POST, on a workload and on PATCH (the
+// pair as it would be), refusals change nothing; a freeze takes a level ("host" or "zero", counted
+// in zero_requests for the node agent), anything else is a 400 naming the field.
+TEST_F(ApiServerTest, IdleZeroAndTheFreezeLevelAreValidatedAndStored) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})")->status, 200);
+  ASSERT_EQ(client_->Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})")->status, 200);
+  auto r = client_->Post("/v1/allocations", R"({"percent":10,"vram_mib":1000,"qos":"low","idle_zero_ms":60000})");
+  ASSERT_EQ(r->status, 201) << "longer than the low QoS's 10 s swap timeout\n" << r->body;
+  const std::string id = Body(r)["id"];
+  EXPECT_EQ(Body(client_->Get("/v1/allocations/" + id))["idle_zero_ms"], 60000);
+  struct Bad {
+    const char* body;
+    const char* says;
+  };
+  const size_t before = Body(client_->Get("/v1/allocations"))["allocations"].size();
+  for (const Bad& b : {Bad{R"({"percent":10,"vram_mib":10,"idle_swap_ms":30000,"idle_zero_ms":20000})",
+                           "idle_zero_ms (20s) must be longer than idle_swap_ms (30s)"},
+                       Bad{R"({"percent":10,"vram_mib":10,"qos":"medium","idle_zero_ms":30000})",
+                           "must be longer than the medium QoS's idle swap timeout (1m)"},
+                       Bad{R"({"percent":10,"vram_mib":10,"qos":"critical","idle_zero_ms":30000})",
+                           "needs an idle swap timeout"},
+                       Bad{R"({"percent":10,"vram_mib":10,"idle_zero_ms":-1})", "idle_zero_ms"}}) {
+    auto bad = client_->Post("/v1/allocations", b.body);
+    EXPECT_EQ(bad->status, 400) << b.body;
+    EXPECT_NE(bad->body.find(b.says), std::string::npos) << bad->body;
+  }
+  EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), before) << "nothing allocated";
+  EXPECT_EQ(client_->Post("/v1/workloads", R"({"name":"wz","tflops":5,"vram_mib":100,"idle_swap_ms":5000,"idle_zero_ms":4000})")->status, 400);
+  ASSERT_EQ(client_->Post("/v1/workloads", R"({"name":"wz","tflops":5,"vram_mib":100,"idle_swap_ms":5000,"idle_zero_ms":9000})")->status, 201);
+  r = client_->Post("/v1/allocations", R"({"workload":"wz"})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["idle_zero_ms"], 9000);
+
+  // PATCH: the pair as it would be.
+  auto p = client_->Patch("/v1/allocations/" + id, R"({"idle_swap_ms":120000})");
+  EXPECT_EQ(p->status, 400) << "a swap timeout longer than the zero one kept\n" << p->body;
+  p = client_->Patch("/v1/allocations/" + id, R"({"idle_swap_ms":120000,"idle_zero_ms":600000})");
+  ASSERT_EQ(p->status, 200) << p->body;
+  EXPECT_EQ(Body(p)["idle_zero_ms"], 600000);
+  p = client_->Patch("/v1/allocations/" + id, R"({"idle_zero_ms":null})");
+  ASSERT_EQ(p->status, 200) << p->body;
+  EXPECT_FALSE(Body(p).contains("idle_zero_ms"));
+
+  // The freeze level.
+  r = client_->Post("/v1/allocations/" + id + "/freeze", R"({"level":"zero"})");
+  ASSERT_EQ(r->status, 202) << r->body;
+  EXPECT_EQ(Body(r)["zero_requests"], 1);
+  EXPECT_EQ(Body(r)["freeze_requests"], 1);
+  r = client_->Post("/v1/allocations/" + id + "/freeze", R"({"level":"host"})");
+  ASSERT_EQ(r->status, 202) << r->body;
+  EXPECT_EQ(Body(r)["zero_requests"], 1);
+  EXPECT_EQ(Body(r)["freeze_requests"], 2);
+  ASSERT_EQ(client_->Post("/v1/allocations/" + id + "/freeze", "")->status, 202) << "no body: level host";
+  for (const char* bad : {R"({"level":"deep"})", R"({"level":3})", R"({"lvl":"zero"})", "not json"}) {
+    auto f = client_->Post("/v1/allocations/" + id + "/freeze", bad);
+    EXPECT_EQ(f->status, 400) << bad << " " << f->body;
+  }
+  EXPECT_NE(client_->Post("/v1/allocations/" + id + "/freeze", R"({"level":"deep"})")->body.find("'level' must be"),
+            std::string::npos);
+  EXPECT_EQ(client_->Post("/v1/allocations/" + id + "/thaw", R"({"level":"zero"})")->status, 400);
+  json got = Body(client_->Get("/v1/allocations/" + id));
+  EXPECT_EQ(got["zero_requests"], 1) << "refusals counted nothing";
+  EXPECT_EQ(got["freeze_requests"], 3);
+  Controller again(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
+  ASSERT_TRUE(again.Rebuild().ok());
+  EXPECT_EQ(again.GetAllocation(id)->zero_requests, 1u) << "stored";
+}
+
 }  // namespace
 }  // namespace tf::controller

@@ -20,6 +20,8 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
   alloc      cuMemAlloc/cuMemFree latency by size (ctypes on libcuda.so.1: the limiter when run
              under tfusion)
   steady     --model r50|gpt2 throughput for --seconds (nothing swapped)
+  idlezero   --gib GiB --idle-wait S: idle until its zero keeper checkpoints it (the idle policy),
+             then the first call brings it back (VRAM while checkpointed, checksum)
   zero       --gib GiB: freeze, then freeze --zero twice (the driver's checkpoint after our swap),
              each resumed by the first call: CLI time, VRAM the driver reports for the process
              after each level and after the resume, first-call time, checksum
@@ -377,6 +379,34 @@ def run_zero(a):
     print(json.dumps(res))
 
 
+def run_idlezero(a):
+    """Scale to zero by the idle policy: holds --gib GiB and makes no GPU call until its zero keeper
+    (`tfusion run` or the node agent) has checkpointed it (tfusion smi -p says so, at most
+    --idle-wait s), then its first call brings it back; VRAM while checkpointed, times, checksum."""
+    t = torch.empty(a.gib << 28, device="cuda")
+    t.view(torch.int32).random_()
+    small = torch.zeros(16, device="cuda")
+    want = checksum(t)
+    torch.cuda.synchronize()
+    res = {"gib": a.gib, "vram_resident_mib": process_vram_mib()}
+    if a.ready:
+        open(a.ready, "w").close()
+    t0 = time.monotonic()
+    seen = None
+    while time.monotonic() - t0 < a.idle_wait:
+        smi = subprocess.run([TFUSION, "smi", "-p"], capture_output=True, text=True, timeout=60).stdout
+        if any(str(os.getpid()) in l and "checkpointed" in l for l in smi.splitlines()):
+            seen = time.monotonic() - t0
+            break
+        time.sleep(0.2)
+    res["checkpointed_after_idle_s"] = round(seen, 1) if seen is not None else None
+    res["vram_checkpointed_mib"] = process_vram_mib()
+    res["first_call_ms"] = round(first_call_ms(small), 2)
+    res["vram_after_resume_mib"] = process_vram_mib()
+    res["intact"] = checksum(t) == want
+    print(json.dumps(res))
+
+
 def run_gen(a):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(5)
@@ -500,7 +530,7 @@ def run_serve(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("checks", "pool", "pools", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
-                                     "zero", "firstfreeze"))
+                                     "zero", "firstfreeze", "idlezero"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -521,7 +551,7 @@ def main():
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "pools": run_pools, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
-     "zero": run_zero, "firstfreeze": run_firstfreeze}[a.mode](a)
+     "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero}[a.mode](a)
 
 
 if __name__ == "__main__":

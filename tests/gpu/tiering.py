@@ -21,7 +21,11 @@ Phases (tier_tenant.py does the work inside each tenant):
           default) and without (off), one process each, in the same run
   ckpt    the driver's checkpoint API (cuCheckpointProcess*) on a native tenant of 1, 4 and 16 GiB
   zero    scale to zero under `tfusion run --tiering`, 1 and 4 GiB (+ the PyTorch context): freeze,
-          then freeze --zero twice, each resumed by the first call; VRAM of the process after each
+          then freeze --zero twice, each resumed by the first call; VRAM of the process after each.
+          Then the idle policy (`--idle-swap 2s --idle-zero 5s`, checkpointed by `tfusion run`), and
+          the node agent as zero keeper: `tfusion up`, an allocation with idle_swap_ms 2000 and
+          idle_zero_ms 5000, a 4 GiB tenant bound to its vGPU by hand (no `tfusion run`), which the
+          agent checkpoints when idle and restores at its first call
   gen     GPT-2 time to first token: cold process vs after a freeze
   alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
   steady  ResNet-50 b64 and GPT-2 b8 throughput, interleaved: native, limiter, limiter with tiering
@@ -228,6 +232,62 @@ def phase_zero(r):
     for gib in (1, 4):
         d = r.tenant(["zero", "--gib", str(gib)], TIERED + ["--vgpu", f"tier-zero-{gib}"], timeout=300)
         r.record("zero", d)
+    # The idle policy, carried out by `tfusion run` (its zero keeper).
+    d = r.tenant(["idlezero", "--gib", "4", "--idle-wait", "60"],
+                 LIMITED + ["--tiering", "--idle-swap", "2s", "--idle-zero", "5s", "--vgpu", "tier-idlezero"], timeout=300)
+    r.record("zero_idle_policy", d)
+    r.record("zero_agent", agent_zero(r))
+
+
+def find_driver_library(name):
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64", "/usr/lib"):
+        if os.path.exists(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return name
+
+
+def agent_zero(r, gib=4):
+    """The node agent as zero keeper of a tenant that no `tfusion run` started: checkpointed after
+    idle_zero_ms, restored at its first call."""
+    import glob
+    up = UpOnThisHost(r, "zero")
+    up_log_path = up.log_path
+    res = {}
+    try:
+        api = up.api
+        if not up.url or not up.token:
+            return {"error": "tfusion up did not start (logs/zero-up.log)"}
+        api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+        st, a = api("POST", "/v1/allocations", {"percent": 50, "vram_mib": (gib + 4) * 1024, "qos": "low",
+                                                "idle_swap_ms": 2000, "idle_zero_ms": 5000})
+        res["allocation_status"] = st
+        vgpu, gpu = a["id"], a["vgpus"][0]["gpu"]
+        region = None
+        for _ in range(50):  # the agent makes the vGPU at its next sync
+            for f in glob.glob(os.path.join(os.environ.get("TFUSION_SHM_DIR", "/dev/shm/tensorfusion"), "gpu-*.region")):
+                if gpu in f:
+                    region = f
+            smi = subprocess.run([r.tfusion, "smi", "-p"], capture_output=True, text=True, env=r.env).stdout
+            if region and vgpu in smi:
+                break
+            time.sleep(0.2)
+        env = dict(r.env, LD_LIBRARY_PATH=os.path.join(os.path.dirname(r.tfusion), "..", "limiter", "inject"),
+                   TFUSION_REAL_LIBCUDA=os.environ.get("TFUSION_REAL_LIBCUDA", find_driver_library("libcuda.so.1")),
+                   TFUSION_REAL_LIBNVML=os.environ.get("TFUSION_REAL_LIBNVML", find_driver_library("libnvidia-ml.so.1")),
+                   TFUSION_REGION=region or "", TFUSION_VGPU=vgpu, CUDA_VISIBLE_DEVICES=gpu)
+        p = subprocess.run([sys.executable, TENANT, "idlezero", "--gib", str(gib), "--idle-wait", "60"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        with open(os.path.join(r.logs, "zero-agent-tenant.log"), "w") as f:
+            f.write(p.stdout + "\n--- stderr\n" + p.stderr)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        res["tenant"] = json.loads(lines[-1]) if lines else {"rc": p.returncode, "error": p.stderr[-800:]}
+        res["agent_log"] = [l for l in open(up_log_path).read().splitlines() if "checkpointed" in l or "restor" in l][-6:]
+        api("DELETE", "/v1/allocations/" + vgpu)
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)
+    finally:
+        up.stop()
+    return res
 
 
 def phase_gen(r):
@@ -371,39 +431,56 @@ def phase_remote(r):
         r.record("remote_worker_log", {"swap_lines": lines[-40:]})
 
 
+class UpOnThisHost:
+    """`tfusion up` (controller and node agent) in a fresh folder, its log in logs/NAME-up.log; url
+    and token empty when it did not start; api(method, path, body) -> (status, JSON)."""
+
+    def __init__(self, r, name):
+        import re
+        import tempfile
+        home = tempfile.mkdtemp(prefix=f"tf-{name}-")
+        self.log_path = os.path.join(r.logs, f"{name}-up.log")
+        self.proc = subprocess.Popen([r.tfusion, "up", "--port", "0", "--metrics-port", "0"], cwd=home,
+                                     stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=r.env)
+        self.url = self.token = ""
+        for _ in range(300):
+            m = re.search(r"http://127\.0\.0\.1:[0-9]+", open(self.log_path).read())
+            if m:
+                self.url = m.group(0)
+                break
+            time.sleep(0.1)
+        token_file = os.path.join(home, ".tfusion", "token")
+        self.token = open(token_file).read().strip() if self.url and os.path.exists(token_file) else ""
+        if self.url and self.token:
+            for _ in range(100):  # the node agent registers the GPU
+                if self.api("GET", "/v1/gpus")[1].get("gpus"):
+                    break
+                time.sleep(0.2)
+
+    def api(self, method, path, body=None):
+        import urllib.request
+        req = urllib.request.Request(self.url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                     headers={"Authorization": "Bearer " + self.token, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def phase_preempt(r, gib=8):
-    import re
-    import tempfile
-    import urllib.request
-    home = tempfile.mkdtemp(prefix="tf-preempt-")
-    up_log = open(os.path.join(r.logs, "preempt-up.log"), "w")
-    up = subprocess.Popen([r.tfusion, "up", "--port", "0", "--metrics-port", "0"], cwd=home, stdout=up_log,
-                          stderr=subprocess.STDOUT, env=r.env)
+    up = UpOnThisHost(r, "preempt")
     res = {}
     tenant = None
     try:
-        url = None
-        for _ in range(300):
-            m = re.search(r"http://127\.0\.0\.1:[0-9]+", open(os.path.join(r.logs, "preempt-up.log")).read())
-            if m:
-                url = m.group(0)
-                break
-            time.sleep(0.1)
-        token = open(os.path.join(home, ".tfusion", "token")).read().strip() if url else ""
+        url, token, api = up.url, up.token, up.api
         if not url or not token:
             r.record("preempt", {"error": "tfusion up did not start (logs/preempt-up.log)"})
             return
-
-        def api(method, path, body=None):
-            req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
-
-        for _ in range(100):  # the node agent registers the GPU
-            if api("GET", "/v1/gpus")[1].get("gpus"):
-                break
-            time.sleep(0.2)
         api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
         ready, go = os.path.join(r.out, "preempt-ready"), os.path.join(r.out, "preempt-go")
         for f in (ready, go):
@@ -446,11 +523,7 @@ def phase_preempt(r, gib=8):
     finally:
         if tenant is not None and tenant.poll() is None:
             tenant.kill()
-        up.terminate()
-        try:
-            up.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            up.kill()
+        up.stop()
         r.record("preempt", res)
 
 

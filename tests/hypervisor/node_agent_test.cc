@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -650,6 +652,58 @@ TEST(NodeAgent, AnAllocationsIdleOverridesReachTheRegionAndFollowChanges) {
   ASSERT_TRUE(agent.SyncAllocations().ok());
   EXPECT_EQ(t->idle_swap_ms.load(), limiter::DefaultIdleSwapMs(0));
   EXPECT_EQ(t->idle_disk_ms.load(), limiter::DefaultIdleDiskMs(0));
+}
+
+// Scale to zero: the allocation's idle_zero_ms reaches the region (and the heartbeat), and each
+// freeze at level zero becomes one freeze and one zero request in the region, once, also across
+// an agent restart (the counters live in the region).
+TEST(NodeAgent, IdleZeroAndZeroRequestsReachTheRegionOnce) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-z0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-z", "", "", ""}, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, std::nullopt, std::nullopt).ok());
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "low", ""};
+  req.percent = 10;
+  req.idle_zero_ms = 45'000;
+  auto a = c.Allocate(req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-z0");
+  ASSERT_NE(r, nullptr);
+  uint32_t index = 0;
+  ASSERT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+  limiter::VgpuTier* t = r->TierOfVgpu(index);
+  EXPECT_EQ(t->idle_zero_ms.load(), 45'000u);
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  EXPECT_EQ(c.GetVgpuUse(a->id, "GPU-z0")->applied_idle_zero_ms, 45'000);
+
+  const uint32_t freeze0 = t->freeze_gen.load(), zero0 = t->zero_gen.load();
+  ASSERT_TRUE(c.RequestTier(a->id, true, true).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->freeze_gen.load(), freeze0 + 1);
+  EXPECT_EQ(t->zero_gen.load(), zero0 + 1);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->zero_gen.load(), zero0 + 1) << "one request, passed on once";
+  {
+    NodeAgent restarted({rig.url(), "tok", "host-z", "", "", ""}, &source, &regions, &rig.clock);
+    ASSERT_TRUE(restarted.SyncAllocations().ok());
+  }
+  EXPECT_EQ(t->zero_gen.load(), zero0 + 1) << "a restarted agent does not repeat it";
+  ASSERT_TRUE(c.RequestTier(a->id, true, false).ok());  // a plain freeze: no zero request
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->freeze_gen.load(), freeze0 + 2);
+  EXPECT_EQ(t->zero_gen.load(), zero0 + 1);
+  // With no process on the vGPU, the agent's zero keeper has nothing to wait for.
+  bool done = false;
+  for (int i = 0; i < 100 && !done; ++i) {
+    done = t->zero_done_gen.load() == t->zero_gen.load();
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(done);
 }
 
 // The agent sets the host tier budget it was given on every GPU's region and reports it, with the

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -795,6 +796,79 @@ TEST_F(ZeroTest, AFailedCheckpointLeavesTheTenantSwappedAndResumingNormally) {
   Result bad = Tf("freeze zckpt --zero --no-wait");
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.out.find("cannot be combined with --no-wait"), std::string::npos) << bad.out;
+}
+
+// Scale to zero as a policy: `--idle-zero` after `--idle-swap`. The tier thread swaps the idle
+// tenant out, then `tfusion run` (its zero keeper) checkpoints it once it has been idle that long;
+// its first GPU call brings it back with every byte, and no call reached the driver meanwhile.
+TEST_F(ZeroTest, AnIdleZeroTimeoutCheckpointsASwappedTenantAndItsFirstCallBringsItBack) {
+  pid_t pid = StartProbe(Tfusion("--vram 1GiB --vgpu zidle --tiering --idle-swap 300ms --idle-zero 1s", "zero " + dir_) +
+                         " > " + dir_ + "/tenant.out 2>&1");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  const std::string smi = Tf("smi -p").out;
+  EXPECT_TRUE(std::regex_search(smi, std::regex("zidle +300ms +never +1s\n"))) << smi;
+  bool checkpointed = false;
+  for (int i = 0; i < 200 && !checkpointed; ++i) {
+    checkpointed = Tf("smi -p").out.find("checkpointed") != std::string::npos;
+    if (!checkpointed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(checkpointed) << Tf("smi -p").out << Out();
+  EXPECT_EQ(Info().state, 2u) << "CU_PROCESS_STATE_CHECKPOINTED";
+  EXPECT_TRUE(std::regex_search(Out(), std::regex("vGPU zidle: process [0-9]+ idle [0-9]+ s: checkpointed"))) << Out();
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("first_call=0"), std::string::npos) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  EXPECT_EQ(Info().calls_while_locked, 0u) << "a call of the tenant reached the driver while it was checkpointed";
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
+}
+
+TEST_F(ZeroTest, AnIdleZeroNotLongerThanTheSwapTimeoutIsRefused) {
+  struct Bad {
+    std::string flags, says;
+  };
+  for (const Bad& b : {Bad{"--idle-swap 10s --idle-zero 5s", "--idle-zero (5s) must be longer than --idle-swap (10s)"},
+                       Bad{"--idle-swap 0 --idle-zero 5s", "--idle-zero needs an idle swap timeout (--idle-swap is never)"},
+                       Bad{"--qos critical --idle-zero 5m", "needs an idle swap timeout (the QoS's idle swap timeout is never)"},
+                       Bad{"--idle-zero soon", "--idle-zero soon"}}) {
+    Result r = Run(Tfusion("--vram 1GiB " + b.flags, "alloc"));
+    EXPECT_EQ(r.rc, 2) << b.flags << "\n" << r.out;
+    EXPECT_NE(r.out.find(b.says), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
+  }
+}
+
+// A checkpointed tenant whose restorer is gone (its `tfusion run` killed, no node agent): its
+// call fails with CUDA_ERROR_TIMEOUT after the bound (TFUSION_TIER_ZERO_TIMEOUT, here 2 s) instead
+// of hanging; it stays checkpointed, and `tfusion thaw` brings it back intact.
+TEST_F(ZeroTest, ACheckpointedTenantWithoutARestorerGetsATimeoutAndThawBringsItBack) {
+  pid_t run = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=2 ", "zorphan");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  ASSERT_EQ(Tf("freeze zorphan --zero" + Fake()).rc, 0) << Out();
+  kill(run, SIGKILL);  // tfusion run only: the tenant goes on without its restorer
+  Finish(run);
+  const auto t0 = std::chrono::steady_clock::now();
+  Touch("go");
+  ASSERT_TRUE(WaitFor("failed")) << Out();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(Out().find("first_call=909"), std::string::npos) << "CUDA_ERROR_TIMEOUT\n" << Out();
+  EXPECT_GE(waited, 1.5) << Out();
+  EXPECT_NE(Out().find("nobody restored it within 2 s"), std::string::npos) << Out();
+  EXPECT_EQ(Info().state, 2u) << "still checkpointed";
+  Result thawed = Tf("thaw zorphan" + Fake());
+  EXPECT_EQ(thawed.rc, 0) << thawed.out << Out();
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  EXPECT_EQ(Info().calls_while_locked, 0u);
+  Touch("go3");
+  bool freed = false;  // the tenant is not our child any more: wait for its last line
+  for (int i = 0; i < 100 && !freed; ++i) {
+    freed = Out().find("freed=1") != std::string::npos;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(freed) << Out();
 }
 
 // What the tests above rely on: the fake holds every call of a locked process (and counts it),

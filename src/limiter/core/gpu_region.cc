@@ -580,6 +580,7 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     vi.idle_swap_ms = TierOfVgpu(i)->idle_swap_ms.load(std::memory_order_relaxed);
     vi.idle_disk_ms = TierOfVgpu(i)->idle_disk_ms.load(std::memory_order_relaxed);
     vi.held = TierOfVgpu(i)->held.load(std::memory_order_relaxed) != 0;
+    vi.idle_zero_ms = TierOfVgpu(i)->idle_zero_ms.load(std::memory_order_relaxed);
   }
 }
 

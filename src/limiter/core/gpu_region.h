@@ -25,6 +25,7 @@
 
 #include "limiter/core/region_error.h"
 #include "limiter/core/region_layout.h"
+#include "limiter/core/tier_defaults.h"
 
 namespace tf::limiter {
 
@@ -108,6 +109,7 @@ struct VgpuInfo {
   uint64_t idle_swap_ms;        // idle time before an automatic swap-out; 0 = never
   uint64_t idle_disk_ms;        // idle time before swapped copies move to the disk tier; 0 = never
   bool held;                    // suspended by a preemption: swapped out, GPU calls wait
+  uint64_t idle_zero_ms;        // swapped and idle this long: checkpointed by its zero keeper; 0 = never
 };
 
 struct ProcessInfo {
@@ -170,10 +172,6 @@ void ResetProcessTier(ProcessTier* t);
 // snapshot entry (tier_state becomes kTierCheckpointed while the driver holds its checkpoint).
 void ResetProcessZero(ProcessZero* z);
 void FillZeroInfo(const ProcessZero* z, ProcessInfo* out);
-// Idle time before an automatic swap-out by QoS (0 low .. 3 critical): 10 s, 60 s, 10 min, never.
-uint64_t DefaultIdleSwapMs(uint32_t qos);
-// Idle time before swapped copies move on to the disk tier: 2 min, 10 min, never, never.
-uint64_t DefaultIdleDiskMs(uint32_t qos);
 // The host tier of a new region: the GPU's VRAM, at most half of this machine's memory.
 uint64_t DefaultHostTierBudget(uint64_t total_vram_bytes);
 
@@ -327,6 +325,12 @@ class GpuRegion {
   // kInvalidArgument for a vGPU without tiering, kNotFound for a free slot.
   RegionError RequestFreeze(uint32_t vgpu_index, uint32_t* gen_out);
   RegionError RequestThaw(uint32_t vgpu_index, uint32_t* gen_out);
+  // Scale to zero, carried out by the vGPU's zero keeper (hypervisor::ZeroRestorer in `tfusion
+  // run` and the node agent): the idle time after which a swapped process is checkpointed too
+  // (0 = never), and a request to checkpoint every process once it is swapped out (made with a
+  // freeze). kInvalidArgument without tiering, kNotFound for a free slot.
+  RegionError SetIdleZero(uint32_t vgpu_index, uint64_t idle_zero_ms);
+  RegionError RequestZero(uint32_t vgpu_index);
   // Host-tier budget: true when `bytes` more fit (then counted as used).
   bool ReserveHostTier(uint64_t bytes);
   void ReleaseHostTier(uint64_t bytes);

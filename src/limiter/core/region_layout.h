@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 5.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 6.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 5;
+inline constexpr uint32_t kLayoutVersion = 6;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -144,7 +144,7 @@ struct alignas(kCacheLine) ShareBlock {
   std::atomic<uint32_t> active_processes;  // processes with work in flight at the last tick
   uint32_t reserved0;
   std::atomic<uint64_t> ticks_total;       // governor ticks reported
-  // Layout 5: saturating tenants take turns (compute_share.cc). High 8 bits: the vGPU index + 1
+  // Layout 6: saturating tenants take turns (compute_share.cc). High 8 bits: the vGPU index + 1
   // holding the turn (0 = free); low 56 bits: CLOCK_MONOTONIC ns / 1024 when it took it.
   std::atomic<uint64_t> turn;
   std::atomic<uint64_t> turns_total;       // turns taken
@@ -198,7 +198,13 @@ struct alignas(kCacheLine) VgpuTier {
                                            // (processes started with TFUSION_TIER_DIR); 0 = never
   std::atomic<uint32_t> api_freeze_gen;    // node agent: the allocation's API freeze requests passed on
   std::atomic<uint32_t> api_thaw_gen;      // node agent: its API thaw requests passed on
-  uint8_t reserved[24];
+  // Layout 5, scale to zero. Swapped and idle this long: the vGPU's zero keeper (tfusion run, the
+  // node agent) hands the process to the driver's checkpoint; 0 = never. Longer than idle_swap_ms.
+  std::atomic<uint64_t> idle_zero_ms;
+  std::atomic<uint32_t> zero_gen;          // bumped by a zero request: checkpoint after the swap-out
+  std::atomic<uint32_t> zero_done_gen;     // the zero keeper: the last zero_gen it carried out
+  std::atomic<uint32_t> api_zero_gen;      // node agent: the allocation's API zero requests passed on
+  uint8_t reserved[4];
 };
 
 // 64 bytes per process slot, written only by the limiter of that process (its tier thread and
@@ -299,6 +305,7 @@ static_assert(std::is_standard_layout_v<TierHeader> && std::is_standard_layout_v
               std::is_standard_layout_v<ProcessTier>);
 static_assert(offsetof(ProcessTier, last_active_ns) == 16 && offsetof(ProcessTier, swaps_out) == 48);
 static_assert(offsetof(VgpuTier, held) == 12 && offsetof(VgpuTier, api_freeze_gen) == 32);
+static_assert(offsetof(VgpuTier, idle_zero_ms) == 40 && offsetof(VgpuTier, api_zero_gen) == 56);
 static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952);
 static_assert(sizeof(ProcessZero) == 64 && std::is_standard_layout_v<ProcessZero>);
 static_assert(offsetof(ProcessZero, actor_pid) == 16 && offsetof(ProcessZero, last_restore_us) == 32);

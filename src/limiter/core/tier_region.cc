@@ -12,6 +12,10 @@ void ResetVgpuTier(VgpuTier* t) {
   t->idle_disk_ms.store(0, std::memory_order_relaxed);
   t->api_freeze_gen.store(0, std::memory_order_relaxed);
   t->api_thaw_gen.store(0, std::memory_order_relaxed);
+  t->idle_zero_ms.store(0, std::memory_order_relaxed);
+  t->api_zero_gen.store(0, std::memory_order_relaxed);
+  // A new vGPU has no zero request pending.
+  t->zero_done_gen.store(t->zero_gen.load(std::memory_order_relaxed), std::memory_order_relaxed);
   t->held.store(0, std::memory_order_relaxed);
   // The generations keep counting: a process still holding an old value never mistakes a new
   // vGPU's first request for one it already handled.
@@ -42,23 +46,6 @@ const char* TierStateLabel(uint32_t s) {
   }
 }
 
-uint64_t DefaultIdleSwapMs(uint32_t qos) {
-  switch (qos) {
-    case 0: return 10'000;
-    case 1: return 60'000;
-    case 2: return 600'000;
-    default: return 0;  // critical: never swapped for idleness
-  }
-}
-
-uint64_t DefaultIdleDiskMs(uint32_t qos) {
-  switch (qos) {
-    case 0: return 120'000;
-    case 1: return 600'000;
-    default: return 0;
-  }
-}
-
 uint64_t DefaultHostTierBudget(uint64_t total_vram_bytes) {
   long pages = sysconf(_SC_PHYS_PAGES);
   long page = sysconf(_SC_PAGESIZE);
@@ -83,6 +70,7 @@ RegionError GpuRegion::SetTierPolicy(uint32_t vgpu_index, bool enabled, uint64_t
   if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
   t->idle_swap_ms.store(enabled ? idle_swap_ms : 0, std::memory_order_relaxed);
   t->idle_disk_ms.store(enabled ? idle_disk_ms : 0, std::memory_order_relaxed);
+  if (!enabled) t->idle_zero_ms.store(0, std::memory_order_relaxed);
   t->enabled.store(enabled ? 1 : 0, std::memory_order_release);
   return RegionError::kOk;
 }
@@ -92,6 +80,24 @@ RegionError GpuRegion::SetHold(uint32_t vgpu_index, bool held) {
   if (t == nullptr) return RegionError::kInvalidArgument;
   if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
   t->held.store(held ? 1 : 0, std::memory_order_release);
+  return RegionError::kOk;
+}
+
+RegionError GpuRegion::SetIdleZero(uint32_t vgpu_index, uint64_t idle_zero_ms) {
+  VgpuTier* t = TierOfVgpu(vgpu_index);
+  if (t == nullptr) return RegionError::kInvalidArgument;
+  if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
+  if (t->enabled.load(std::memory_order_acquire) == 0) return RegionError::kInvalidArgument;
+  t->idle_zero_ms.store(idle_zero_ms, std::memory_order_relaxed);
+  return RegionError::kOk;
+}
+
+RegionError GpuRegion::RequestZero(uint32_t vgpu_index) {
+  VgpuTier* t = TierOfVgpu(vgpu_index);
+  if (t == nullptr) return RegionError::kInvalidArgument;
+  if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
+  if (t->enabled.load(std::memory_order_acquire) == 0) return RegionError::kInvalidArgument;
+  t->zero_gen.fetch_add(1, std::memory_order_acq_rel);
   return RegionError::kOk;
 }
 
