@@ -168,13 +168,10 @@ def phase_noisy(ctx, md, label="noisy"):
     small, big = ("r50", 1), ("r50", 64)
     solo = run_group(ctx, f"{label}-solo-native", [([],) + small], s)[0]
     nat = run_group(ctx, f"{label}-native", [([],) + small] + [([],) + big] * 3, s)
-    variants = {"hard": limiter_prefix(ctx, 25), "burst": limiter_prefix(ctx, 25, 100),
-                "hard-noturns": ["env", "TFUSION_SHARE_TURN_MS=0"] + limiter_prefix(ctx, 25)}
+    variants = {"hard": limiter_prefix(ctx, 25), "burst": limiter_prefix(ctx, 25, 100)}
     rows = [{"variant": "native", "small": nat[0], "bigs": total(nat[1:])}]
     for vname, big_prefix in variants.items():
         small_prefix = limiter_prefix(ctx, 25, 100)
-        if vname.endswith("noturns"):
-            small_prefix = ["env", "TFUSION_SHARE_TURN_MS=0"] + small_prefix
         lim = run_group(ctx, f"{label}-{vname}", [(small_prefix,) + small] + [(big_prefix,) + big] * 3, s)
         rows.append({"variant": vname, "small": lim[0], "bigs": total(lim[1:])})
     for r in rows:
@@ -185,8 +182,7 @@ def phase_noisy(ctx, md, label="noisy"):
            f"Solo b1, native: {fmt(solo)} images/s.", "",
            "| run | big tenants | b1 images/s | b1 / solo | b64 images/s (sum of 3) | b64 / native co-located |",
            "| --- | --- | --- | --- | --- | --- |"]
-    desc = {"native": "native", "hard": "25% each (request = limit)", "burst": "request 25%, limit 100%",
-            "hard-noturns": "25% each, without turns (TFUSION_SHARE_TURN_MS=0)"}
+    desc = {"native": "native", "hard": "25% each (request = limit)", "burst": "request 25%, limit 100%"}
     for r in rows:
         md.append(f"| {r['variant']} | {desc[r['variant']]} | {fmt(r['small'])} | {fmt(r['small_vs_solo'], 3)} | "
                   f"{fmt(r['bigs'])} | {fmt(r['bigs_vs_native'], 3)} |")
