@@ -222,6 +222,15 @@ CUresult MirrorUnmap(Session* s, uint64_t base);
 void PushMirrors(Session* s);
 bool ApplyMirrorData(Session* s, const transport::InFrame& in);
 
+// Graph copies of pageable memory (client_graph_host.cc). SendGraphHostSources (State().mu held)
+// sends, before a launch of exec, the current bytes of the memory its memcpy nodes read (asking
+// the worker which, once per executable graph); ForgetGraphHostCopies after exec was updated or
+// destroyed; ApplyGraphHostData writes a kEvtGraphHostData event's bytes: false when a run lies
+// outside what this session's executable graphs write (nothing is written then).
+CUresult SendGraphHostSources(Session* s, uint64_t exec);
+void ForgetGraphHostCopies(Session* s, uint64_t exec);
+bool ApplyGraphHostData(Session* s, const transport::InFrame& in);
+
 // Marks the session broken (logged once) and returns kLostConnectionError.
 CUresult LoseConnection(Session* s, const transport::TransportStatus& why);
 

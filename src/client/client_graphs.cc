@@ -7,7 +7,8 @@
 // Host nodes run in the client like cuLaunchHostFunc's functions (client_callbacks.cc): the
 // worker's node tells the client when a launch reaches it and waits for the acknowledgement.
 // Memcpy nodes copy between device memory and page-locked memory shared with the worker (a host
-// region); any other host memory is refused, since the worker cannot reach it when the graph runs.
+// region), mirrored memory, or any other memory of this process through a shadow on the worker
+// (client_graph_host.cc: the bytes travel at each launch).
 #include <vector>
 
 #include "client/client_internal.h"
@@ -44,16 +45,6 @@ CUresult WriteKernelNode(Session* s, const CUDA_KERNEL_NODE_PARAMS* p, Writer& w
   return WriteLaunchArgs(it->second, p->kernelParams, p->extra, w);
 }
 
-void LogOnceUnreachableHost() {
-  static bool said = false;
-  if (!said) {
-    said = true;
-    ClientLog("a graph memcpy node names host memory the worker cannot reach: only page-locked "
-              "memory shared with the worker (cuMemAllocHost/cuMemHostAlloc over shared memory) "
-              "can be copied by a graph");
-  }
-}
-
 // One side of a copy (session_graphs.cc DecodeCopy). Unified pointers are resolved here: device
 // when the client's allocation table knows them, else host.
 CUresult WriteCopySide(Session* s, CUmemorytype type, const void* host, CUdeviceptr dev, size_t x,
@@ -62,13 +53,6 @@ CUresult WriteCopySide(Session* s, CUmemorytype type, const void* host, CUdevice
   if (type == CU_MEMORYTYPE_UNIFIED) type = FindDeviceAlloc(s, addr) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
   if (type == CU_MEMORYTYPE_ARRAY) return CUDA_ERROR_NOT_SUPPORTED;
   if (type != CU_MEMORYTYPE_HOST && type != CU_MEMORYTYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-  if (type == CU_MEMORYTYPE_HOST) {
-    // The first byte must lie in a region; the worker checks the whole range.
-    if (!InHostRegion(s, addr + x + y * (pitch ? pitch : 1), 1)) {
-      LogOnceUnreachableHost();
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
-  }
   w.U32(type);
   w.U64(addr);
   w.U64(x);
@@ -261,6 +245,9 @@ CUresult ExecOnStream(Fn fn, CUgraphExec exec, CUstream stream) {
   Writer w(buf, sizeof(buf));
   w.U64(H(exec));
   w.U64(H(stream));
+  if (fn != Fn::cuGraphUpload) {
+    if (CUresult r = SendGraphHostSources(s, H(exec)); r != CUDA_SUCCESS) return r;
+  }
   CUresult r = SendAsync(s, Op(fn), w);
   if (r == CUDA_SUCCESS && fn != Fn::cuGraphUpload) {
     auto it = s->exec_host_nodes.find(H(exec));
@@ -590,7 +577,12 @@ CUresult Impl_cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node,
   n.type = CU_GRAPH_NODE_TYPE_MEMCPY;
   n.copy = copy;
   n.ctx = ctx;
-  return ExecSetParams(Fn::cuGraphExecMemcpyNodeSetParams, exec, node, n);
+  CUresult r = ExecSetParams(Fn::cuGraphExecMemcpyNodeSetParams, exec, node, n);
+  if (r == CUDA_SUCCESS) {
+    TF_LOCK(l);
+    ForgetGraphHostCopies(l.session(), H(exec));
+  }
+  return r;
 }
 
 CUresult Impl_cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
@@ -616,7 +608,12 @@ CUresult Impl_cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode n
   NodeSpec n;
   n.type = CU_GRAPH_NODE_TYPE_GRAPH;
   n.child = child;
-  return ExecSetParams(Fn::cuGraphExecChildGraphNodeSetParams, exec, node, n);
+  CUresult r = ExecSetParams(Fn::cuGraphExecChildGraphNodeSetParams, exec, node, n);
+  if (r == CUDA_SUCCESS) {
+    TF_LOCK(l);
+    ForgetGraphHostCopies(l.session(), H(exec));
+  }
+  return r;
 }
 
 CUresult Impl_cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) {
@@ -652,6 +649,7 @@ CUresult Impl_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecU
   rv.reader.U64(&err);
   if (!rv.reader.U64(&err_from)) return CUDA_ERROR_UNKNOWN;
   RememberHostNodes(l.session(), H(exec), rv.reader);
+  ForgetGraphHostCopies(l.session(), H(exec));
   info->result = static_cast<CUgraphExecUpdateResult>(status);
   info->errorNode = reinterpret_cast<CUgraphNode>(err);
   info->errorFromNode = reinterpret_cast<CUgraphNode>(err_from);
@@ -691,6 +689,7 @@ CUresult Impl_cuGraphExecDestroy(CUgraphExec exec) {
   if (r == CUDA_SUCCESS) {
     TF_LOCK(l);
     l.session()->exec_host_nodes.erase(H(exec));
+    ForgetGraphHostCopies(l.session(), H(exec));
   }
   return r;
 }

@@ -90,6 +90,17 @@ inline constexpr uint32_t kMirrorManaged = 1;  // cuMemAllocManaged
 inline constexpr uint32_t kMaxMirrorRuns = 4096;
 inline constexpr uint64_t kMaxMirrorBytes = 1ull << 40;
 constexpr bool IsMirrorOp(uint16_t op) { return op == kOpMirrorMap || op == kOpMirrorUnmap; }
+// Graph memcpy nodes with pageable memory of the client (docs/remote.md "Graph copies with
+// pageable memory"; worker session_graph_host.h, client client_graph_host.cc). Such a node copies
+// to or from a shadow, memory of the session standing for the client's range.
+//   kOpGraphHostCopies  reply-expected; u64 executable graph -> u32 n, n x (u64 client address,
+//                       u64 length, u8 direction kRegionToDevice / kRegionToHost): the ranges
+//                       its nodes read at each launch and write back after it.
+//   kOpGraphHostData    fire-and-forget, before a launch: runs (the kOpMirrorData encoding) of
+//                       the client's current bytes, every run wholly inside one shadow, else
+//                       nothing is written (a deferred CUDA_ERROR_INVALID_VALUE).
+inline constexpr uint16_t kOpGraphHostCopies = 0x001A;
+inline constexpr uint16_t kOpGraphHostData = 0x001B;
 // IPC between sessions of one worker (driver-call opcodes, reply-expected; client_ipc.cc, worker
 // Session::IpcCall). A handle is the driver's CU_IPC_HANDLE_SIZE bytes, unchanged.
 //   cuIpcGetMemHandle        u64 pointer                   -> handle
@@ -118,6 +129,11 @@ inline constexpr uint32_t kMaxConsoleChunk = 64 * 1024;
 // every host-function event. A client that gets a run outside its mirrors drops the connection.
 // 0x8111..0x811F are reserved for this family.
 inline constexpr uint16_t kEvtMirrorData = 0x8110;
+// Graph copy data, worker -> client: the runs (kOpMirrorData encoding) a launch's memcpy nodes
+// wrote into shadows, sent by a host function of the session when the stream reaches the end of
+// the launch, so before the reply of any call that waited for it. A client that gets a run
+// outside the ranges its executable graphs write drops the connection.
+inline constexpr uint16_t kEvtGraphHostData = 0x8120;
 // Slices of pageable copies over a transport with zero-copy bulk memory: small enough that the
 // client's memcpy of one overlaps the worker's DMA of the previous ones.
 inline constexpr uint64_t kPipelinedCopySlice = 4ull << 20;

@@ -1,6 +1,8 @@
 // CUDA graphs of one session (session_graphs.h). Formats: remote_protocol.h "Graphs".
 #include "worker/session_graphs.h"
 
+#include "worker/session_graph_host.h"
+
 #include <cstring>
 
 namespace tf::worker {
@@ -479,7 +481,9 @@ CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
         if (type != CU_GRAPH_NODE_TYPE_MEMCPY) return CUDA_ERROR_INVALID_VALUE;
         if (CUresult r = DecodeCopy(rd, &c); r != CUDA_SUCCESS) return r;
         if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-        return CALL(cuGraphExecMemcpyNodeSetParams, exec, node, &c, As<CUcontext>(ctx));
+        CUresult r = CALL(cuGraphExecMemcpyNodeSetParams, exec, node, &c, As<CUcontext>(ctx));
+        if (r == CUDA_SUCCESS) h_.HostCopies().CopySet(exec, node, c);
+        return r;
       }
       CUDA_MEMSET_NODE_PARAMS m;
       if (type != CU_GRAPH_NODE_TYPE_MEMSET) return CUDA_ERROR_INVALID_VALUE;
@@ -501,7 +505,9 @@ CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
       if (type != CU_GRAPH_NODE_TYPE_GRAPH || !rd.U64(&child) || !rd.Finish() || !graphs_.count(child)) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      return CALL(cuGraphExecChildGraphNodeSetParams, exec, node, As<CUgraph>(child));
+      CUresult r = CALL(cuGraphExecChildGraphNodeSetParams, exec, node, As<CUgraph>(child));
+      if (r == CUDA_SUCCESS) h_.HostCopies().ChildSet(exec, node, As<CUgraph>(child));
+      return r;
     }
     case Fn::cuGraphExecEventRecordNodeSetEvent:
     case Fn::cuGraphExecEventWaitNodeSetEvent: {
@@ -708,6 +714,7 @@ void SessionGraphs::RecordExec(CUgraphExec e, uint64_t g) {
   ExecEntry& x = execs_[H(e)];
   x.graphs = {g};
   x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
+  h_.HostCopies().Instantiated(e, As<CUgraph>(g));
 }
 
 CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
@@ -762,6 +769,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       CUresult r = fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
                                            : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
       if (r != CUDA_SUCCESS) h_.HostRunsEnqueued(-static_cast<int64_t>(it->second.host_nodes));
+      if (r == CUDA_SUCCESS) r = h_.HostCopies().Launched(As<CUgraphExec>(e), As<CUstream>(s));
       return r;
     }
     // u64 exec, u64 graph -> i32 result, u32 update result, u64 error node, u64 error-from node,
@@ -776,6 +784,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       if (r == CUDA_SUCCESS) {
         x.graphs.insert(g);
         x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
+        h_.HostCopies().Instantiated(As<CUgraphExec>(e), As<CUgraph>(g));
       }
       Learn(info.errorNode, g);
       out.I32(r);
@@ -809,7 +818,10 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       uint64_t e = 0;
       if (!rd.U64(&e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
       CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-      if (r == CUDA_SUCCESS) execs_.erase(e);
+      if (r == CUDA_SUCCESS) {
+        execs_.erase(e);
+        h_.HostCopies().Destroyed(As<CUgraphExec>(e));
+      }
       return r;
     }
     default:

@@ -15,6 +15,8 @@
 
 namespace tf::worker {
 
+class GraphHostCopies;
+
 // Decoded kernel arguments; the pointers point into the frame's private copy.
 struct KernelArgs {
   void* params[remote::kMaxKernelParams];
@@ -38,6 +40,8 @@ class GraphHost {
   // This process's address of the client's page-locked [host, host + n) when it lies in one
   // host region shared with the session, else nullptr.
   virtual void* HostRegionAddress(uint64_t host, uint64_t n) = 0;
+  // Graph copies of the client's pageable memory (session_graph_host.h).
+  virtual GraphHostCopies& HostCopies() = 0;
   // Decodes kernel-node parameters (u64 function, geometry, arguments) and checks them.
   virtual CUresult DecodeKernelNode(transport::Reader& rd, KernelArgs* a,
                                     CUDA_KERNEL_NODE_PARAMS* p) = 0;

@@ -413,6 +413,17 @@ CUresult cuGraphNodeGetType(CUgraphNode handle, CUgraphNodeType* type) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuGraphMemcpyNodeGetParams(CUgraphNode handle, CUDA_MEMCPY3D* params) {
+  FAKECUDA_ENTER();
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* node = reinterpret_cast<GraphNode*>(handle);
+  if (OwnerOf(d, node) == nullptr || node->kind != GraphNodeKind::kMemcpy) return CUDA_ERROR_INVALID_VALUE;
+  *params = node->copy;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode handle, CUgraph* graph) {
   FAKECUDA_ENTER();
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;

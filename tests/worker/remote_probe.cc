@@ -17,6 +17,8 @@
 
 #include "probe_util.h"
 
+int GraphPageable();  // graph_host_probe.cc
+
 namespace {
 
 using tf_probe::Fill;
@@ -1440,6 +1442,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "callbacks")) return Callbacks();
   if (!strcmp(mode, "graphs")) return Graphs();
   if (!strcmp(mode, "graphnodes")) return GraphNodes();
+  if (!strcmp(mode, "graphpageable")) return GraphPageable();
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
