@@ -262,6 +262,11 @@ bool InHostRegion(Session* s, uint64_t p, uint64_t n) {
          n <= h.size - (p - h.base);
 }
 
+bool InMirroredHostRange(Session* s, uint64_t p, uint64_t n) {
+  HostRange h;
+  return n > 0 && FindHostRange(p, &h) && h.mirror && h.owner == s && n <= h.size - (p - h.base);
+}
+
 CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,
                         uint64_t stream, bool async) {
   uint8_t buf[40];

@@ -132,7 +132,7 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
   TF_CTX(l);
   Session* s = l.session();
   MirrorIfUsedAsDevice(s, dst);
-  if (InHostRegion(s, H(src), n)) {
+  if (InHostRegion(s, H(src), n) || InMirroredHostRange(s, H(src), n)) {
     return HostRegionCopy(s, remote::kRegionToDevice, dst, H(src), n, H(stream), async);
   }
   uint64_t slice = s->transport->max_bulk_bytes();
@@ -201,7 +201,7 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   TF_CTX(l);
   Session* s = l.session();
   MirrorIfUsedAsDevice(s, src);
-  if (InHostRegion(s, H(dst), n)) {
+  if (InHostRegion(s, H(dst), n) || InMirroredHostRange(s, H(dst), n)) {
     return HostRegionCopy(s, remote::kRegionToHost, src, H(dst), n, H(stream), async);
   }
   uint8_t buf[32];

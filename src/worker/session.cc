@@ -1202,9 +1202,12 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
   if (!rd.Finish() || dir > remote::kRegionToHost || sync > 1 || n == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t base = 0;
   HostRegion* region = FindRegion(host, n, &base);
-  if (region == nullptr || !Range(dptr, n)) return CUDA_ERROR_INVALID_VALUE;
+  // Mirrored memory (registered or mapped memory the worker cannot share) is at the same address
+  // here: the copy uses it directly, and the bytes travel only as the mirror's changes.
+  const bool mirrored = region == nullptr && mirrors_.Contains(host, n);
+  if ((region == nullptr && !mirrored) || !Range(dptr, n)) return CUDA_ERROR_INVALID_VALUE;
   if (!Stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t* local = region->local + (host - base);
+  uint8_t* local = mirrored ? reinterpret_cast<uint8_t*>(host) : region->local + (host - base);
   CUstream st = As<CUstream>(stream);
   if (dir == remote::kRegionToDevice) {
     return sync ? CALL(cuMemcpyHtoD_v2, dptr, local, n) : CALL(cuMemcpyHtoDAsync_v2, dptr, local, n, st);

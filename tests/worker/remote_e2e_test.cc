@@ -923,6 +923,20 @@ TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
 // Zero-copy memory over TCP is mirrored (client_mirror.cc, session_mirrors.cc): what kernels,
 // copies and host functions write reaches the host by the next synchronizing call or host
 // function, and what the host writes reaches them before the next call.
+// simpleStreams: copies between device memory and memory registered with DEVICEMAP (mirrored)
+// run on the worker against the mirror; every byte arrives both ways, synchronous and async.
+TEST_F(RemoteTest, CopiesWithRegisteredMappedMemoryArriveIntact) {
+  StartWorker();
+  Result direct = DirectProgram({TF_HOST_PROBE, "registered", "8", "3"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["intact"], "3");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "registered", "8", "3"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["intact"], "3") << addr;
+  }
+}
+
 TEST_F(RemoteTest, MappedMemoryIsMirroredOverTcpAndSharedOverSharedMemory) {
   StartWorker();
   Result direct = DirectProgram({TF_HOST_PROBE, "mapped"});
