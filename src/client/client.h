@@ -139,6 +139,9 @@ struct Session {
     std::vector<uint64_t> frees;
   };
   std::unordered_map<uint64_t, GraphAllocs> graph_allocs;
+  // Conditional nodes (client_graphs.cc): node -> its body graphs, the array handed out as
+  // CUDA_CONDITIONAL_NODE_PARAMS::phGraph_out (kept for the session's life).
+  std::unordered_map<uint64_t, std::vector<CUgraph>> conditional_bodies;
   std::vector<std::vector<uint8_t>> node_args;
   std::vector<void*> node_arg_ptrs;
   std::unordered_map<uint64_t, std::vector<CUgraphNode>> capture_deps;

@@ -119,6 +119,7 @@ struct NodeSpec {
   CUevent event = nullptr;
   CUDA_MEM_ALLOC_NODE_PARAMS* alloc = nullptr;  // dptr is written back
   CUdeviceptr free_ptr = 0;
+  CUDA_CONDITIONAL_NODE_PARAMS* cond = nullptr;  // phGraph_out is written back
 };
 
 CUresult WriteSpec(Session* s, const NodeSpec& n, Writer& w) {
@@ -155,6 +156,16 @@ CUresult WriteSpec(Session* s, const NodeSpec& n, Writer& w) {
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_MEM_FREE:
       w.U64(n.free_ptr);
+      return CUDA_SUCCESS;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      // The handle travels unchanged: kernels set it on the device (cudaGraphSetConditional).
+      if (n.cond == nullptr || n.cond->size == 0 || n.cond->size > remote::kMaxConditionalBodies) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      w.U64(n.cond->handle);
+      w.U32(static_cast<uint32_t>(n.cond->type));
+      w.U32(n.cond->size);
+      w.U64(H(n.cond->ctx));
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_EMPTY:
       return CUDA_SUCCESS;
@@ -210,6 +221,19 @@ CUresult AddNode(Fn fn, CUgraphNode* node, CUgraph graph, const CUgraphNode* dep
     s->graph_allocs[H(graph)].allocs.push_back(p);
   } else if (spec.type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
     s->graph_allocs[H(graph)].frees.push_back(spec.free_ptr);
+  } else if (spec.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+    // The body graphs, in an array this side owns for the node's life (as the driver's is).
+    uint32_t count = 0;
+    if (!rv.reader.U32(&count) || count != spec.cond->size) return CUDA_ERROR_UNKNOWN;
+    std::vector<CUgraph> bodies(count);
+    for (CUgraph& b : bodies) {
+      uint64_t h = 0;
+      if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+      b = reinterpret_cast<CUgraph>(h);
+    }
+    auto& kept = s->conditional_bodies[n];
+    kept = std::move(bodies);
+    spec.cond->phGraph_out = kept.data();
   }
   *node = reinterpret_cast<CUgraphNode>(n);
   return CUDA_SUCCESS;
@@ -350,6 +374,28 @@ CUresult Impl_cuGraphCreate(CUgraph* graph, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
+// The handle is the worker driver's value: device code sets it (cudaGraphSetConditional).
+CUresult Impl_cuGraphConditionalHandleCreate(CUgraphConditionalHandle* handle, CUgraph graph,
+                                             CUcontext ctx, unsigned int default_value,
+                                             unsigned int flags) {
+  if (handle == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(graph));
+  w.U64(H(ctx));
+  w.U32(default_value);
+  w.U32(flags);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuGraphConditionalHandleCreate), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t h = 0;
+  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
 CUresult Impl_cuGraphAddKernelNode_v2(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps,
                                       size_t ndeps, const CUDA_KERNEL_NODE_PARAMS* params) {
   NodeSpec n;
@@ -487,6 +533,7 @@ CUresult Impl_cuGraphAddNode_v2(CUgraphNode* node, CUgraph graph, const CUgraphN
       n.alloc = &alloc;
       break;
     case CU_GRAPH_NODE_TYPE_MEM_FREE: n.free_ptr = p->free.dptr; break;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL: n.cond = &p->conditional; break;
     case CU_GRAPH_NODE_TYPE_EMPTY: break;
     default:
       return CUDA_ERROR_NOT_SUPPORTED;

@@ -143,6 +143,8 @@ inline constexpr uint32_t kMaxDevices = 64;
 inline constexpr uint32_t kMaxAttributes = 512;
 inline constexpr uint32_t kMaxKernelParams = 1024;
 inline constexpr uint32_t kMaxKernelParamBytes = 64 * 1024;
+// Body graphs of one conditional graph node (CU_GRAPH_COND_TYPE_SWITCH may ask for many).
+inline constexpr uint32_t kMaxConditionalBodies = 1024;
 inline constexpr uint32_t kMaxFunctionName = 4096;
 inline constexpr uint64_t kMaxImageBytes = 2ull << 30;
 inline constexpr uint32_t kUnknownParamCount = 0xFFFFFFFFu;
@@ -171,9 +173,14 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 // u32 value, u32 element size, u64 width, u64 height; host u64 host-function id (kEvtHostFunc /
 // kOpHostFuncDone at every run); child graph u64 graph; event record/wait u64 event; mem alloc
 // u32 location type, i32 location id, u32 allocation type, u64 bytes, u32 n + n x (u32 location
-// type, i32 id, u32 flags); mem free u64 pointer; empty nothing.
+// type, i32 id, u32 flags); mem free u64 pointer; conditional (cuGraphAddNode_v2 only) u64
+// handle (the driver's value), u32 type, u32 size (1 .. kMaxConditionalBodies), u64 context;
+// empty nothing. A memcpy host side outside host regions and mirrors gets a shadow (above).
 //   cuGraphAdd*Node, cuGraphAddNode_v2  u64 graph, nodes, [edges: AddNode_v2 only,] params
 //                                       -> u64 node [, u64 pointer: mem alloc]
+//                                       [, u32 size + size x u64 body graph: conditional]
+//   cuGraphConditionalHandleCreate      u64 graph, u64 context, u32 default value, u32 flags
+//                                       -> u64 handle
 //   cuGraphExec*NodeSetParams/SetEvent  u64 exec, u64 node, params
 //   cuGraphKernelNodeSetParams_v2       u64 node, params;  GetParams_v2 u64 node -> u64 function,
 //                                       u32 x 7 geometry, u32 n (kUnknownParamCount) + n blobs

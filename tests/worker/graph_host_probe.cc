@@ -166,3 +166,120 @@ int GraphPageable() {
   std::printf("done=1\n");
   return 0;
 }
+
+namespace {
+
+CUgraphNode KernelNode(CUgraph g, const CUgraphNode* deps, size_t ndeps, CUfunction f, void** args) {
+  CUDA_KERNEL_NODE_PARAMS k = {};
+  k.func = f;
+  k.gridDimX = k.gridDimY = k.gridDimZ = 1;
+  k.blockDimX = k.blockDimY = k.blockDimZ = 1;
+  k.kernelParams = args;
+  CUgraphNode n;
+  CHECK(cuGraphAddKernelNode(&n, g, deps, ndeps, &k));
+  return n;
+}
+
+CUgraphNode Conditional(CUgraph g, const CUgraphNode* deps, size_t ndeps, CUgraphConditionalHandle h,
+                        CUgraphConditionalNodeType type, unsigned size, CUcontext ctx, CUgraph** bodies) {
+  CUgraphNodeParams p = {};
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = type;
+  p.conditional.size = size;
+  p.conditional.ctx = ctx;
+  CUgraphNode n;
+  CHECK(cuGraphAddNode(&n, g, deps, nullptr, ndeps, &p));
+  *bodies = p.conditional.phGraph_out;
+  return n;
+}
+
+unsigned Read(CUdeviceptr p) {
+  unsigned v = 0;
+  CHECK(cuMemcpyDtoH(&v, p, sizeof(v)));
+  return v;
+}
+
+}  // namespace
+
+// remote_probe mode "graphconditional" (NVIDIA's graphConditionalNodes): conditional nodes whose
+// handle a kernel sets on the device (the fake driver's set_conditional kernel), IF with an else
+// body, SWITCH, WHILE; nodes added to the bodies the driver created.
+int GraphConditional() {
+  CUcontext ctx = Setup();
+  CUfunction fill = tf_probe::Kernel("fill_u32");
+  CUfunction set = tf_probe::Kernel("set_conditional");
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr out;
+  CHECK(cuMemAlloc(&out, 16));
+  size_t one = 1;
+  auto fill_node = [&](CUgraph g, const CUgraphNode* deps, size_t nd, CUdeviceptr* dst, unsigned* v) {
+    void* args[] = {dst, v, &one};
+    return KernelNode(g, deps, nd, fill, args);
+  };
+  // IF/ELSE, the value from the handle's default at each launch.
+  unsigned if_then = 0x111, if_else = 0x222;
+  for (unsigned dflt : {1u, 0u}) {
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUgraphConditionalHandle h;
+    CHECK(cuGraphConditionalHandleCreate(&h, g, ctx, dflt, CU_GRAPH_COND_ASSIGN_DEFAULT));
+    CUgraph* bodies = nullptr;
+    Conditional(g, nullptr, 0, h, CU_GRAPH_COND_TYPE_IF, 2, ctx, &bodies);
+    fill_node(bodies[0], nullptr, 0, &out, &if_then);
+    fill_node(bodies[1], nullptr, 0, &out, &if_else);
+    CUgraphExec e;
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("if_default_%u=%x\n", dflt, Read(out));
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+  }
+  // SWITCH: a kernel before the node sets the handle on the device; body i writes 10 + i.
+  {
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUgraphConditionalHandle h;
+    CHECK(cuGraphConditionalHandleCreate(&h, g, ctx, 0, CU_GRAPH_COND_ASSIGN_DEFAULT));
+    unsigned pick = 2;
+    void* set_args[] = {&h, &pick};
+    CUgraphNode k = KernelNode(g, nullptr, 0, set, set_args);
+    CUgraph* bodies = nullptr;
+    Conditional(g, &k, 1, h, CU_GRAPH_COND_TYPE_SWITCH, 3, ctx, &bodies);
+    unsigned values[3] = {10, 11, 12};
+    for (int i = 0; i < 3; ++i) fill_node(bodies[i], nullptr, 0, &out, &values[i]);
+    CUgraphExec e;
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("switch=%u\n", Read(out));
+    CUresult bad = cuGraphDestroy(bodies[0]);
+    std::printf("destroy_body_refused=%d\n", bad != CUDA_SUCCESS);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+  }
+  // WHILE: the body writes, then clears the handle; one iteration.
+  {
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUgraphConditionalHandle h;
+    CHECK(cuGraphConditionalHandleCreate(&h, g, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+    CUgraph* bodies = nullptr;
+    Conditional(g, nullptr, 0, h, CU_GRAPH_COND_TYPE_WHILE, 1, ctx, &bodies);
+    unsigned w = 0x333, zero = 0;
+    CUgraphNode f = fill_node(bodies[0], nullptr, 0, &out, &w);
+    void* clear_args[] = {&h, &zero};
+    KernelNode(bodies[0], &f, 1, set, clear_args);
+    CUgraphExec e;
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("while=%x\n", Read(out));
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+  }
+  std::printf("done=1\n");
+  return 0;
+}

@@ -462,6 +462,26 @@ TEST_F(RemoteTest, GraphCopiesOfPageableMemoryMoveTheBytesOfEachLaunch) {
   }
 }
 
+// graphConditionalNodes: conditional handles keep the driver's value (a kernel sets it on the
+// device), the client gets the bodies the driver created and fills them; IF/ELSE by the handle's
+// default, SWITCH picked by a kernel, WHILE ended by a kernel, as on the driver itself.
+TEST_F(RemoteTest, ConditionalGraphNodesRunTheBodyTheDeviceChose) {
+  StartWorker();
+  Result direct = Direct("graphconditional");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["switch"], "12");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphconditional");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    for (const char* k : {"if_default_1", "if_default_0", "switch", "while"}) {
+      EXPECT_EQ(r.kv[k], direct.kv[k]) << addr << " " << k;
+    }
+    // A body belongs to its node: the worker refuses to destroy it (the fake driver lets it).
+    EXPECT_EQ(r.kv["destroy_body_refused"], "1") << addr;
+  }
+}
+
 TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
   StartWorker();
   Result direct = Direct("graphnodes");

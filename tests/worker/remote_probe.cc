@@ -17,7 +17,8 @@
 
 #include "probe_util.h"
 
-int GraphPageable();  // graph_host_probe.cc
+int GraphPageable();     // graph_host_probe.cc
+int GraphConditional();  // graph_host_probe.cc
 
 namespace {
 
@@ -1443,6 +1444,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "graphs")) return Graphs();
   if (!strcmp(mode, "graphnodes")) return GraphNodes();
   if (!strcmp(mode, "graphpageable")) return GraphPageable();
+  if (!strcmp(mode, "graphconditional")) return GraphConditional();
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
