@@ -4,6 +4,7 @@
 // each kind of copy in milliseconds.
 #include <cuda.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -68,7 +69,25 @@ int RegisteredCopies(size_t mib, int reps) {
   std::printf("call_ms=%.2f\ncall_after_writes_ms=%.2f\n", median(idle), median(touched));
   std::printf("htod_ms=%.2f\ndtoh_ms=%.2f\ndtoh_async_ms=%.2f\n", median(up), median(down),
               median(down_async));
+  // An async copy into the memory lands there once the copy ran, without any further call
+  // (natively: DMA into pinned memory). Remotely only where the memory is shared with the worker.
+  std::memset(host, 0, n);
+  CHECK(cuMemcpyHtoD(dev, host + 1, 1));  // device byte 0 := 0
+  const uint8_t mark = 0x5c;
+  CHECK(cuMemcpyHtoD(dev + 8, &mark, 1));
+  CHECK(cuMemcpyDtoHAsync(host, dev, 16, s));
+  bool seen = false;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    seen = reinterpret_cast<volatile uint8_t*>(host)[8] == mark;
+    if (!seen) usleep(5000);
+  }
+  std::printf("visible_without_call=%d\n", seen);
+  CHECK(cuStreamSynchronize(s));
+  host[n / 2] = 0x77;
   CHECK(cuMemHostUnregister(host));
+  // The program's memory, contents and all, after unregistering; and writable.
+  host[n / 2 + 1] = 0x78;
+  std::printf("after_unregister=%x,%x,%x\n", host[8], host[n / 2], host[n / 2 + 1]);
   munmap(mem, n);
   return 0;
 }

@@ -943,18 +943,29 @@ TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
 // Zero-copy memory over TCP is mirrored (client_mirror.cc, session_mirrors.cc): what kernels,
 // copies and host functions write reaches the host by the next synchronizing call or host
 // function, and what the host writes reaches them before the next call.
-// simpleStreams: copies between device memory and memory registered with DEVICEMAP (mirrored)
-// run on the worker against the mirror; every byte arrives both ways, synchronous and async.
+// simpleStreams: copies between device memory and memory registered with DEVICEMAP (shared with
+// the worker over shared memory, mirrored over TCP); every byte arrives both ways, synchronous and
+// async, and the memory is the program's again after unregistering.
 TEST_F(RemoteTest, CopiesWithRegisteredMappedMemoryArriveIntact) {
   StartWorker();
   Result direct = DirectProgram({TF_HOST_PROBE, "registered", "8", "3"});
   ASSERT_EQ(direct.rc, 0) << direct.out;
   EXPECT_EQ(direct.kv["intact"], "3");
+  EXPECT_EQ(direct.kv["visible_without_call"], "1");
+  EXPECT_EQ(direct.kv["after_unregister"], "5c,77,78");
   for (const std::string& addr : {tcp_, unix_}) {
     Result r = RemoteProgram(addr, {TF_HOST_PROBE, "registered", "8", "3"});
     ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
     EXPECT_EQ(r.kv["intact"], "3") << addr;
+    EXPECT_EQ(r.kv["after_unregister"], "5c,77,78") << addr << ": the program's bytes, writable";
   }
+  // Over shared memory the registration is shared with the worker (a host region): a copy's
+  // bytes land in it as natively, with no call to carry them. Over TCP it is a mirror: they
+  // come with the next synchronizing call.
+  Result shm = RemoteProgram(unix_, {TF_HOST_PROBE, "registered", "8", "3"});
+  EXPECT_EQ(shm.kv["visible_without_call"], "1");
+  Result tcp = RemoteProgram(tcp_, {TF_HOST_PROBE, "registered", "8", "3"});
+  EXPECT_EQ(tcp.kv["visible_without_call"], "0");
 }
 
 TEST_F(RemoteTest, MappedMemoryIsMirroredOverTcpAndSharedOverSharedMemory) {
