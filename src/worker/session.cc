@@ -376,6 +376,10 @@ bool IsBlocking(uint16_t op) {
   for (Fn f : kWaitForWork) {
     if (Op(f) == op) return true;
   }
+  // Unmapping a host region (cuMemFreeHost, cuMemHostUnregister over shared memory) or a mirror
+  // synchronizes the context first: NVIDIA's simpleCallback frees page-locked memory from a thread
+  // its stream callback started while other streams' callbacks are still to run.
+  if (op == remote::kOpHostRegionUnmap || op == remote::kOpMirrorUnmap) return true;
   return IsSyncPoint(op) && op != Op(Fn::cuStreamQuery) && op != Op(Fn::cuEventQuery);
 }
 

@@ -399,6 +399,25 @@ TEST_F(RemoteTest, ExtendedLaunchesWaitsMemsetsUnifiedCopiesAndPoolsRunRemotely)
   }
 }
 
+// NVIDIA's simpleCallback: a stream callback starts a thread that frees the workload's page-locked
+// memory while other streams' callbacks are still pending. Freeing a host region synchronizes the
+// worker's context, which waits for those callbacks: the session must take their
+// acknowledgements first (every run stalled until the 60 s bound before).
+TEST_F(RemoteTest, MemoryFreedFromAStreamCallbacksThreadDoesNotStall) {
+  StartWorker();
+  Result direct = DirectProgram({TF_PROBE, "callbackfree", "8", "3"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["rounds_ok"], "3");
+  for (const std::string& addr : {unix_, tcp_}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = RemoteProgram(addr, {TF_PROBE, "callbackfree", "8", "3"});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["rounds_ok"], "3") << addr;
+    EXPECT_LT(s, 30.0) << addr;
+  }
+}
+
 TEST_F(RemoteTest, HostFunctionsRunOnTheClientInStreamOrder) {
   StartWorker();
   Result direct = Direct("callbacks");

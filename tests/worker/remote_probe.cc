@@ -19,6 +19,7 @@
 
 int GraphPageable();     // graph_host_probe.cc
 int GraphConditional();  // graph_host_probe.cc
+int CallbackFree(int workloads, int rounds);  // callback_free_probe.cc
 
 namespace {
 
@@ -1445,6 +1446,9 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "graphnodes")) return GraphNodes();
   if (!strcmp(mode, "graphpageable")) return GraphPageable();
   if (!strcmp(mode, "graphconditional")) return GraphConditional();
+  if (!strcmp(mode, "callbackfree")) {
+    return CallbackFree(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 3);
+  }
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
