@@ -86,8 +86,12 @@ void GraphHostCopies::AddCopyLocked(const CUDA_MEMCPY3D& c, std::vector<Range>* 
   if (w == 0) return;
   for (int side = 0; side < 2; ++side) {
     const bool src = side == 0;
-    if ((src ? c.srcMemoryType : c.dstMemoryType) != CU_MEMORYTYPE_HOST) continue;
-    const auto* host = static_cast<const uint8_t*>(src ? c.srcHost : c.dstHost);
+    // The driver may describe the node's host side as unified memory (the pointer in *Device).
+    const CUmemorytype type = src ? c.srcMemoryType : c.dstMemoryType;
+    if (type != CU_MEMORYTYPE_HOST && type != CU_MEMORYTYPE_UNIFIED) continue;
+    const auto* host = type == CU_MEMORYTYPE_HOST
+                           ? static_cast<const uint8_t*>(src ? c.srcHost : c.dstHost)
+                           : reinterpret_cast<const uint8_t*>(src ? c.srcDevice : c.dstDevice);
     const uint64_t x = src ? c.srcXInBytes : c.dstXInBytes, y = src ? c.srcY : c.dstY,
                    z = src ? c.srcZ : c.dstZ;
     const uint64_t pitch = (src ? c.srcPitch : c.dstPitch) ? (src ? c.srcPitch : c.dstPitch) : w;
