@@ -139,6 +139,9 @@ struct Session {
     std::vector<uint64_t> frees;
   };
   std::unordered_map<uint64_t, GraphAllocs> graph_allocs;
+  // Conditional nodes (client_graphs.cc): node -> its body graphs, the array handed out as
+  // CUDA_CONDITIONAL_NODE_PARAMS::phGraph_out (kept for the session's life).
+  std::unordered_map<uint64_t, std::vector<CUgraph>> conditional_bodies;
   std::vector<std::vector<uint8_t>> node_args;
   std::vector<void*> node_arg_ptrs;
   std::unordered_map<uint64_t, std::vector<CUgraphNode>> capture_deps;
@@ -221,6 +224,15 @@ CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind, bool
 CUresult MirrorUnmap(Session* s, uint64_t base);
 void PushMirrors(Session* s);
 bool ApplyMirrorData(Session* s, const transport::InFrame& in);
+
+// Graph copies of pageable memory (client_graph_host.cc). SendGraphHostSources (State().mu held)
+// sends, before a launch of exec, the current bytes of the memory its memcpy nodes read (asking
+// the worker which, once per executable graph); ForgetGraphHostCopies after exec was updated or
+// destroyed; ApplyGraphHostData writes a kEvtGraphHostData event's bytes: false when a run lies
+// outside what this session's executable graphs write (nothing is written then).
+CUresult SendGraphHostSources(Session* s, uint64_t exec);
+void ForgetGraphHostCopies(Session* s, uint64_t exec);
+bool ApplyGraphHostData(Session* s, const transport::InFrame& in);
 
 // Marks the session broken (logged once) and returns kLostConnectionError.
 CUresult LoseConnection(Session* s, const transport::TransportStatus& why);

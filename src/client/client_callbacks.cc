@@ -233,6 +233,13 @@ void HandleEventFrame(Session* s, const transport::InFrame& in) {
     }
     return;
   }
+  if (in.header.opcode == remote::kEvtGraphHostData) {
+    if (!ApplyGraphHostData(s, in)) {
+      LoseConnection(s, transport::TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
+                                                          "graph copy data outside the graphs' copies"));
+    }
+    return;
+  }
   if (in.header.opcode == remote::kEvtConsole) {
     WriteConsole(in.payload, in.payload_length);
     return;

@@ -7,7 +7,8 @@
 // Host nodes run in the client like cuLaunchHostFunc's functions (client_callbacks.cc): the
 // worker's node tells the client when a launch reaches it and waits for the acknowledgement.
 // Memcpy nodes copy between device memory and page-locked memory shared with the worker (a host
-// region); any other host memory is refused, since the worker cannot reach it when the graph runs.
+// region), mirrored memory, or any other memory of this process through a shadow on the worker
+// (client_graph_host.cc: the bytes travel at each launch).
 #include <vector>
 
 #include "client/client_internal.h"
@@ -44,16 +45,6 @@ CUresult WriteKernelNode(Session* s, const CUDA_KERNEL_NODE_PARAMS* p, Writer& w
   return WriteLaunchArgs(it->second, p->kernelParams, p->extra, w);
 }
 
-void LogOnceUnreachableHost() {
-  static bool said = false;
-  if (!said) {
-    said = true;
-    ClientLog("a graph memcpy node names host memory the worker cannot reach: only page-locked "
-              "memory shared with the worker (cuMemAllocHost/cuMemHostAlloc over shared memory) "
-              "can be copied by a graph");
-  }
-}
-
 // One side of a copy (session_graphs.cc DecodeCopy). Unified pointers are resolved here: device
 // when the client's allocation table knows them, else host.
 CUresult WriteCopySide(Session* s, CUmemorytype type, const void* host, CUdeviceptr dev, size_t x,
@@ -62,13 +53,6 @@ CUresult WriteCopySide(Session* s, CUmemorytype type, const void* host, CUdevice
   if (type == CU_MEMORYTYPE_UNIFIED) type = FindDeviceAlloc(s, addr) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
   if (type == CU_MEMORYTYPE_ARRAY) return CUDA_ERROR_NOT_SUPPORTED;
   if (type != CU_MEMORYTYPE_HOST && type != CU_MEMORYTYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-  if (type == CU_MEMORYTYPE_HOST) {
-    // The first byte must lie in a region; the worker checks the whole range.
-    if (!InHostRegion(s, addr + x + y * (pitch ? pitch : 1), 1)) {
-      LogOnceUnreachableHost();
-      return CUDA_ERROR_NOT_SUPPORTED;
-    }
-  }
   w.U32(type);
   w.U64(addr);
   w.U64(x);
@@ -135,6 +119,7 @@ struct NodeSpec {
   CUevent event = nullptr;
   CUDA_MEM_ALLOC_NODE_PARAMS* alloc = nullptr;  // dptr is written back
   CUdeviceptr free_ptr = 0;
+  CUDA_CONDITIONAL_NODE_PARAMS* cond = nullptr;  // phGraph_out is written back
 };
 
 CUresult WriteSpec(Session* s, const NodeSpec& n, Writer& w) {
@@ -171,6 +156,16 @@ CUresult WriteSpec(Session* s, const NodeSpec& n, Writer& w) {
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_MEM_FREE:
       w.U64(n.free_ptr);
+      return CUDA_SUCCESS;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      // The handle travels unchanged: kernels set it on the device (cudaGraphSetConditional).
+      if (n.cond == nullptr || n.cond->size == 0 || n.cond->size > remote::kMaxConditionalBodies) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      w.U64(n.cond->handle);
+      w.U32(static_cast<uint32_t>(n.cond->type));
+      w.U32(n.cond->size);
+      w.U64(H(n.cond->ctx));
       return CUDA_SUCCESS;
     case CU_GRAPH_NODE_TYPE_EMPTY:
       return CUDA_SUCCESS;
@@ -226,6 +221,19 @@ CUresult AddNode(Fn fn, CUgraphNode* node, CUgraph graph, const CUgraphNode* dep
     s->graph_allocs[H(graph)].allocs.push_back(p);
   } else if (spec.type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
     s->graph_allocs[H(graph)].frees.push_back(spec.free_ptr);
+  } else if (spec.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+    // The body graphs, in an array this side owns for the node's life (as the driver's is).
+    uint32_t count = 0;
+    if (!rv.reader.U32(&count) || count != spec.cond->size) return CUDA_ERROR_UNKNOWN;
+    std::vector<CUgraph> bodies(count);
+    for (CUgraph& b : bodies) {
+      uint64_t h = 0;
+      if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+      b = reinterpret_cast<CUgraph>(h);
+    }
+    auto& kept = s->conditional_bodies[n];
+    kept = std::move(bodies);
+    spec.cond->phGraph_out = kept.data();
   }
   *node = reinterpret_cast<CUgraphNode>(n);
   return CUDA_SUCCESS;
@@ -261,6 +269,9 @@ CUresult ExecOnStream(Fn fn, CUgraphExec exec, CUstream stream) {
   Writer w(buf, sizeof(buf));
   w.U64(H(exec));
   w.U64(H(stream));
+  if (fn != Fn::cuGraphUpload) {
+    if (CUresult r = SendGraphHostSources(s, H(exec)); r != CUDA_SUCCESS) return r;
+  }
   CUresult r = SendAsync(s, Op(fn), w);
   if (r == CUDA_SUCCESS && fn != Fn::cuGraphUpload) {
     auto it = s->exec_host_nodes.find(H(exec));
@@ -360,6 +371,28 @@ CUresult Impl_cuGraphCreate(CUgraph* graph, unsigned int flags) {
   uint64_t g = 0;
   if (!rv.reader.U64(&g)) return CUDA_ERROR_UNKNOWN;
   *graph = reinterpret_cast<CUgraph>(g);
+  return CUDA_SUCCESS;
+}
+
+// The handle is the worker driver's value: device code sets it (cudaGraphSetConditional).
+CUresult Impl_cuGraphConditionalHandleCreate(CUgraphConditionalHandle* handle, CUgraph graph,
+                                             CUcontext ctx, unsigned int default_value,
+                                             unsigned int flags) {
+  if (handle == nullptr || graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(graph));
+  w.U64(H(ctx));
+  w.U32(default_value);
+  w.U32(flags);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuGraphConditionalHandleCreate), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t h = 0;
+  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+  *handle = h;
   return CUDA_SUCCESS;
 }
 
@@ -500,6 +533,7 @@ CUresult Impl_cuGraphAddNode_v2(CUgraphNode* node, CUgraph graph, const CUgraphN
       n.alloc = &alloc;
       break;
     case CU_GRAPH_NODE_TYPE_MEM_FREE: n.free_ptr = p->free.dptr; break;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL: n.cond = &p->conditional; break;
     case CU_GRAPH_NODE_TYPE_EMPTY: break;
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
@@ -590,7 +624,12 @@ CUresult Impl_cuGraphExecMemcpyNodeSetParams(CUgraphExec exec, CUgraphNode node,
   n.type = CU_GRAPH_NODE_TYPE_MEMCPY;
   n.copy = copy;
   n.ctx = ctx;
-  return ExecSetParams(Fn::cuGraphExecMemcpyNodeSetParams, exec, node, n);
+  CUresult r = ExecSetParams(Fn::cuGraphExecMemcpyNodeSetParams, exec, node, n);
+  if (r == CUDA_SUCCESS) {
+    TF_LOCK(l);
+    ForgetGraphHostCopies(l.session(), H(exec));
+  }
+  return r;
 }
 
 CUresult Impl_cuGraphExecMemsetNodeSetParams(CUgraphExec exec, CUgraphNode node,
@@ -616,7 +655,12 @@ CUresult Impl_cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode n
   NodeSpec n;
   n.type = CU_GRAPH_NODE_TYPE_GRAPH;
   n.child = child;
-  return ExecSetParams(Fn::cuGraphExecChildGraphNodeSetParams, exec, node, n);
+  CUresult r = ExecSetParams(Fn::cuGraphExecChildGraphNodeSetParams, exec, node, n);
+  if (r == CUDA_SUCCESS) {
+    TF_LOCK(l);
+    ForgetGraphHostCopies(l.session(), H(exec));
+  }
+  return r;
 }
 
 CUresult Impl_cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) {
@@ -652,6 +696,7 @@ CUresult Impl_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecU
   rv.reader.U64(&err);
   if (!rv.reader.U64(&err_from)) return CUDA_ERROR_UNKNOWN;
   RememberHostNodes(l.session(), H(exec), rv.reader);
+  ForgetGraphHostCopies(l.session(), H(exec));
   info->result = static_cast<CUgraphExecUpdateResult>(status);
   info->errorNode = reinterpret_cast<CUgraphNode>(err);
   info->errorFromNode = reinterpret_cast<CUgraphNode>(err_from);
@@ -691,6 +736,7 @@ CUresult Impl_cuGraphExecDestroy(CUgraphExec exec) {
   if (r == CUDA_SUCCESS) {
     TF_LOCK(l);
     l.session()->exec_host_nodes.erase(H(exec));
+    ForgetGraphHostCopies(l.session(), H(exec));
   }
   return r;
 }

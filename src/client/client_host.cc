@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -191,6 +192,92 @@ CUresult AllocRegion(Session* s, size_t bytes, unsigned flags, HostRange* h, voi
   return CUDA_SUCCESS;
 }
 
+// Whether every page of [p, p + n) is private anonymous memory of this process (heap or anonymous
+// mmap, not a file and not shared), from /proc/self/maps.
+bool PrivateAnonymous(uint64_t p, uint64_t n) {
+  FILE* f = fopen("/proc/self/maps", "re");
+  if (f == nullptr) return false;
+  char line[512];
+  uint64_t covered = p;  // [p, covered) seen so far, in order
+  bool ok = true;
+  while (ok && covered < p + n && fgets(line, sizeof(line), f)) {
+    unsigned long long lo = 0, hi = 0, off = 0, inode = 0;
+    char perms[8] = {}, dev[16] = {}, path[256] = {};
+    const int got = sscanf(line, "%llx-%llx %7s %llx %15s %llu %255s", &lo, &hi, perms, &off, dev,
+                           &inode, path);
+    if (got < 6 || hi <= covered || lo >= p + n) continue;
+    ok = lo <= covered && perms[3] == 'p' && inode == 0 &&
+         (got == 6 || strcmp(path, "[heap]") == 0);
+    covered = hi;
+  }
+  fclose(f);
+  return ok && covered >= p + n;
+}
+
+// Over shared memory, memory registered with DEVICEMAP becomes a host region: its pages are
+// replaced, contents kept, by a shared mapping of a memfd at the same address (one mremap, so
+// the range is never unmapped), which the worker maps and registers too. Copies with it are then
+// DMA on both sides, and nothing needs comparing (a mirror of it cost every call a compare of the
+// whole range). Only for page-aligned private anonymous ranges; CUDA_ERROR_NOT_SUPPORTED leaves
+// the memory as it was. REQUIRES State().mu with the context prepared.
+CUresult ShareRegistered(Session* s, HostRange* h) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  if (h->base % page != 0 || h->size % page != 0 || h->size > remote::kMaxHostRegionBytes ||
+      !PrivateAnonymous(h->base, h->size)) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  int fd = memfd_create("tfusion-registered", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
+  void* tmp = ftruncate(fd, static_cast<off_t>(h->size)) == 0
+                  ? mmap(nullptr, h->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+  if (tmp == MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  void* at = reinterpret_cast<void*>(h->base);
+  memcpy(tmp, at, h->size);
+  if (mremap(tmp, h->size, h->size, MREMAP_MAYMOVE | MREMAP_FIXED, at) != at) {
+    munmap(tmp, h->size);
+    close(fd);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  const uint64_t id = s->next_region_id++;
+  transport::TransportStatus st = s->transport->OfferHostMemory(id, fd);
+  close(fd);
+  if (!st.ok()) return LoseConnection(s, st);
+  uint8_t buf[32];
+  Writer w(buf, sizeof(buf));
+  w.U64(id);
+  w.U64(h->base);
+  w.U64(h->size);
+  w.U32(h->flags & (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+  ReplyView rv;
+  CUresult r = CallSync(s, remote::kOpHostRegionMap, w, &rv);
+  uint8_t same = 0;
+  uint64_t dptr = 0;
+  if (r == CUDA_SUCCESS) {
+    rv.reader.U8(&same);
+    if (!rv.reader.U64(&dptr)) r = CUDA_ERROR_UNKNOWN;
+  }
+  if (r != CUDA_SUCCESS) return r;  // the memory stays shared here, with its contents: harmless
+  h->region_id = id;
+  h->owner = s;
+  h->mapped = h->size;
+  h->same_address = same != 0;
+  h->device_ptr = dptr;
+  return CUDA_SUCCESS;
+}
+
+// Gives a shared registered range its private anonymous pages back, contents kept.
+void UnshareRegistered(const HostRange& h) {
+  void* tmp = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (tmp == MAP_FAILED) return;  // stays shared with nobody: still the program's bytes
+  void* at = reinterpret_cast<void*>(h.base);
+  memcpy(tmp, at, h.size);
+  if (mremap(tmp, h.size, h.size, MREMAP_MAYMOVE | MREMAP_FIXED, at) != at) munmap(tmp, h.size);
+}
+
 // A new host range of the calling thread's context (false: the thread has none).
 bool StartHostRange(Session* s, uint64_t bytes, unsigned flags, HostRange* h) {
   const uint64_t ctx = CurrentContext();
@@ -262,6 +349,11 @@ bool InHostRegion(Session* s, uint64_t p, uint64_t n) {
          n <= h.size - (p - h.base);
 }
 
+bool InMirroredHostRange(Session* s, uint64_t p, uint64_t n) {
+  HostRange h;
+  return n > 0 && FindHostRange(p, &h) && h.mirror && h.owner == s && n <= h.size - (p - h.base);
+}
+
 CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,
                         uint64_t stream, bool async) {
   uint8_t buf[40];
@@ -328,7 +420,13 @@ CUresult Impl_cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags)
   h.registered = true;
   h.ctx = ctx;
   h.device = c->second;
-  if (s->mirrors && (flags & CU_MEMHOSTREGISTER_DEVICEMAP)) {
+  CUresult shared = CUDA_ERROR_NOT_SUPPORTED;
+  if (s->host_regions && (flags & CU_MEMHOSTREGISTER_DEVICEMAP)) {
+    TF_CTX(l);
+    shared = ShareRegistered(s, &h);
+    if (shared != CUDA_SUCCESS && shared != CUDA_ERROR_NOT_SUPPORTED) return shared;
+  }
+  if (shared != CUDA_SUCCESS && s->mirrors && (flags & CU_MEMHOSTREGISTER_DEVICEMAP)) {
     // The worker maps the range at the same address; the bytes already here go with the next
     // call (both twins start zeroed). Memory it cannot map stays recorded only.
     TF_CTX(l);
@@ -353,6 +451,14 @@ CUresult Impl_cuMemHostUnregister(void* p) {
   }
   if (h.mirror && h.owner == l.session()) {
     if (CUresult r = MirrorUnmap(l.session(), h.base); r != CUDA_SUCCESS) return r;
+  }
+  if (h.region_id != 0) {
+    // The worker lets go first (after its context finished with it), then the pages become
+    // private again. A region of a session since lost is only unshared here.
+    if (h.owner == l.session()) {
+      if (CUresult r = UnmapRegion(l.session(), h.region_id); r != CUDA_SUCCESS) return r;
+    }
+    UnshareRegistered(h);
   }
   std::lock_guard<std::mutex> g(g_host_mu);
   HostRanges().erase(H(p));

@@ -132,7 +132,7 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
   TF_CTX(l);
   Session* s = l.session();
   MirrorIfUsedAsDevice(s, dst);
-  if (InHostRegion(s, H(src), n)) {
+  if (InHostRegion(s, H(src), n) || InMirroredHostRange(s, H(src), n)) {
     return HostRegionCopy(s, remote::kRegionToDevice, dst, H(src), n, H(stream), async);
   }
   uint64_t slice = s->transport->max_bulk_bytes();
@@ -141,12 +141,14 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
   for (uint64_t off = 0; off < n; off += slice) {
     uint64_t len = std::min<uint64_t>(slice, n - off);
     const bool last = off + len == n;
-    uint8_t buf[24];
+    uint8_t buf[32];
     Writer w(buf, sizeof(buf));
     w.U64(dst + off);
     CUresult r;
     if (async || (s->pipelined_copies && !last)) {
       w.U64(async ? H(stream) : 0);
+      // Where the bytes come from: a capturing stream records a copy from a shadow of it.
+      if (async) w.U64(H(p + off));
       r = SendAsync(s, Op(Fn::cuMemcpyHtoDAsync_v2), w, p + off, len);
     } else {
       r = CallSync(s, Op(Fn::cuMemcpyHtoD_v2), w, nullptr, p + off, len);
@@ -199,14 +201,17 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   TF_CTX(l);
   Session* s = l.session();
   MirrorIfUsedAsDevice(s, src);
-  if (InHostRegion(s, H(dst), n)) {
+  if (InHostRegion(s, H(dst), n) || InMirroredHostRange(s, H(dst), n)) {
     return HostRegionCopy(s, remote::kRegionToHost, src, H(dst), n, H(stream), async);
   }
-  uint8_t buf[24];
+  uint8_t buf[32];
   Writer w(buf, sizeof(buf));
   w.U64(src);
   w.U64(n);
-  if (async) w.U64(H(stream));
+  if (async) {
+    w.U64(H(stream));
+    w.U64(H(dst));  // a capturing stream records a copy into a shadow of it (no data comes back)
+  }
   CopyOut out{static_cast<uint8_t*>(dst), n};
   const int64_t t0 = CopyProfile() ? transport::MonotonicNowNs() : 0;
   rusage u0{};

@@ -162,6 +162,9 @@ void MirrorIfUsedAsDevice(Session* s, uint64_t p);
 void MirrorKernelPointers(Session* s, const FunctionInfo& fi, void** params);
 // Whether [p, p + n) lies wholly in one host region shared with s's worker. Requires the session.
 bool InHostRegion(Session* s, uint64_t p, uint64_t n);
+// [p, p + n) lies in one mirrored range of s (client_host.cc): the worker has it at the same
+// address, so copies with it go as kOpHostRegionCopy too and the bytes travel as mirror changes.
+bool InMirroredHostRange(Session* s, uint64_t p, uint64_t n);
 // A copy between device memory and a host region: only addresses travel (kOpHostRegionCopy).
 // Requires the session and the context prepared.
 CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,

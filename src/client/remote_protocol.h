@@ -90,6 +90,17 @@ inline constexpr uint32_t kMirrorManaged = 1;  // cuMemAllocManaged
 inline constexpr uint32_t kMaxMirrorRuns = 4096;
 inline constexpr uint64_t kMaxMirrorBytes = 1ull << 40;
 constexpr bool IsMirrorOp(uint16_t op) { return op == kOpMirrorMap || op == kOpMirrorUnmap; }
+// Graph memcpy nodes with pageable memory of the client (docs/remote.md "Graph copies with
+// pageable memory"; worker session_graph_host.h, client client_graph_host.cc). Such a node copies
+// to or from a shadow, memory of the session standing for the client's range.
+//   kOpGraphHostCopies  reply-expected; u64 executable graph -> u32 n, n x (u64 client address,
+//                       u64 length, u8 direction kRegionToDevice / kRegionToHost): the ranges
+//                       its nodes read at each launch and write back after it.
+//   kOpGraphHostData    fire-and-forget, before a launch: runs (the kOpMirrorData encoding) of
+//                       the client's current bytes, every run wholly inside one shadow, else
+//                       nothing is written (a deferred CUDA_ERROR_INVALID_VALUE).
+inline constexpr uint16_t kOpGraphHostCopies = 0x001A;
+inline constexpr uint16_t kOpGraphHostData = 0x001B;
 // IPC between sessions of one worker (driver-call opcodes, reply-expected; client_ipc.cc, worker
 // Session::IpcCall). A handle is the driver's CU_IPC_HANDLE_SIZE bytes, unchanged.
 //   cuIpcGetMemHandle        u64 pointer                   -> handle
@@ -118,6 +129,11 @@ inline constexpr uint32_t kMaxConsoleChunk = 64 * 1024;
 // every host-function event. A client that gets a run outside its mirrors drops the connection.
 // 0x8111..0x811F are reserved for this family.
 inline constexpr uint16_t kEvtMirrorData = 0x8110;
+// Graph copy data, worker -> client: the runs (kOpMirrorData encoding) a launch's memcpy nodes
+// wrote into shadows, sent by a host function of the session when the stream reaches the end of
+// the launch, so before the reply of any call that waited for it. A client that gets a run
+// outside the ranges its executable graphs write drops the connection.
+inline constexpr uint16_t kEvtGraphHostData = 0x8120;
 // Slices of pageable copies over a transport with zero-copy bulk memory: small enough that the
 // client's memcpy of one overlaps the worker's DMA of the previous ones.
 inline constexpr uint64_t kPipelinedCopySlice = 4ull << 20;
@@ -127,6 +143,8 @@ inline constexpr uint32_t kMaxDevices = 64;
 inline constexpr uint32_t kMaxAttributes = 512;
 inline constexpr uint32_t kMaxKernelParams = 1024;
 inline constexpr uint32_t kMaxKernelParamBytes = 64 * 1024;
+// Body graphs of one conditional graph node (CU_GRAPH_COND_TYPE_SWITCH may ask for many).
+inline constexpr uint32_t kMaxConditionalBodies = 1024;
 inline constexpr uint32_t kMaxFunctionName = 4096;
 inline constexpr uint64_t kMaxImageBytes = 2ull << 30;
 inline constexpr uint32_t kUnknownParamCount = 0xFFFFFFFFu;
@@ -155,9 +173,14 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 // u32 value, u32 element size, u64 width, u64 height; host u64 host-function id (kEvtHostFunc /
 // kOpHostFuncDone at every run); child graph u64 graph; event record/wait u64 event; mem alloc
 // u32 location type, i32 location id, u32 allocation type, u64 bytes, u32 n + n x (u32 location
-// type, i32 id, u32 flags); mem free u64 pointer; empty nothing.
+// type, i32 id, u32 flags); mem free u64 pointer; conditional (cuGraphAddNode_v2 only) u64
+// handle (the driver's value), u32 type, u32 size (1 .. kMaxConditionalBodies), u64 context;
+// empty nothing. A memcpy host side outside host regions and mirrors gets a shadow (above).
 //   cuGraphAdd*Node, cuGraphAddNode_v2  u64 graph, nodes, [edges: AddNode_v2 only,] params
 //                                       -> u64 node [, u64 pointer: mem alloc]
+//                                       [, u32 size + size x u64 body graph: conditional]
+//   cuGraphConditionalHandleCreate      u64 graph, u64 context, u32 default value, u32 flags
+//                                       -> u64 handle
 //   cuGraphExec*NodeSetParams/SetEvent  u64 exec, u64 node, params
 //   cuGraphKernelNodeSetParams_v2       u64 node, params;  GetParams_v2 u64 node -> u64 function,
 //                                       u32 x 7 geometry, u32 n (kUnknownParamCount) + n blobs

@@ -33,6 +33,7 @@
 #include "worker/session_handles.h"
 #include "worker/session_host_memory.h"
 #include "worker/session_link.h"
+#include "worker/session_graph_host.h"
 #include "worker/session_mirrors.h"
 #include "worker/session_queries.h"
 
@@ -78,7 +79,9 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
                 private GeneratedHost {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
-      : opt_(o), t_(std::move(t)) {}
+      : opt_(o), t_(std::move(t)) {
+    graph_host_.SetTransport(t_.get(), &event_seq_);
+  }
 
   int Run();
 
@@ -125,8 +128,12 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void* HostRegionAddress(uint64_t host, uint64_t n) override {
     uint64_t base = 0;
     HostRegion* r = n > 0 ? FindRegion(host, n, &base) : nullptr;
-    return r ? r->local + (host - base) : nullptr;
+    if (r) return r->local + (host - base);
+    // Mirrored memory is at the same address here; anything else gets a shadow.
+    if (mirrors_.Contains(host, n)) return reinterpret_cast<void*>(host);
+    return graph_host_.Shadow(host, n);
   }
+  GraphHostCopies& HostCopies() override { return graph_host_; }
   CUresult DecodeKernelNode(Reader& rd, LaunchArgs* a, CUDA_KERNEL_NODE_PARAMS* p) override;
   bool ParamSizes(uint64_t f, std::vector<size_t>* sizes) const override {
     auto it = functions_.find(f);
@@ -341,6 +348,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::map<uint64_t, uint64_t> mapped_host_;   // regions whose device pointer is their address
   SessionHostMemory host_mem_{d_, opt_.session_host_mem};  // pinned memory and its limits
   SessionMirrors mirrors_{d_, host_mem_};      // mirrored host memory (session_mirrors.h)
+  GraphHostCopies graph_host_{d_, host_mem_};  // graph copies of pageable memory (session_graph_host.h)
   SessionHostMemory::Charge arena_charge_;     // the registered bulk arena
   std::map<uint64_t, SessionHostMemory::Charge> vmm_host_charges_;  // host-located cuMemCreate
   bool unified_addressing_ = false;            // device 0 reports unified addressing
@@ -406,6 +414,10 @@ bool IsBlocking(uint16_t op) {
   for (Fn f : kWaitForWork) {
     if (Op(f) == op) return true;
   }
+  // Unmapping a host region (cuMemFreeHost, cuMemHostUnregister over shared memory) or a mirror
+  // synchronizes the context first: NVIDIA's simpleCallback frees page-locked memory from a thread
+  // its stream callback started while other streams' callbacks are still to run.
+  if (op == remote::kOpHostRegionUnmap || op == remote::kOpMirrorUnmap) return true;
   return IsSyncPoint(op) && op != Op(Fn::cuStreamQuery) && op != Op(Fn::cuEventQuery);
 }
 
@@ -666,10 +678,19 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       return CALL(cuMemcpyHtoD_v2, dst, bulk, bulk_len);
     }
     case Fn::cuMemcpyHtoDAsync_v2: {
-      uint64_t dst = 0, s = 0;
+      uint64_t dst = 0, s = 0, host = 0;
       rd.U64(&dst);
       if (!rd.U64(&s) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
+      if (rd.remaining() > 0 && (!rd.U64(&host) || !rd.Finish())) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      // Captured: the graph copies from a shadow of the client's memory, refreshed at each launch
+      // (session_graph_host.h).
+      if (host != 0 && Capturing(As<CUstream>(s))) {
+        void* shadow = graph_host_.Shadow(host, bulk_len);
+        if (shadow == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+        memcpy(shadow, bulk, bulk_len);
+        return CALL(cuMemcpyHtoDAsync_v2, dst, shadow, bulk_len, As<CUstream>(s));
+      }
       CUresult held = CUDA_SUCCESS;
       if (CopyFromHeldBulk(dst, bulk, bulk_len, As<CUstream>(s), &held)) return held;
       // The bulk view dies at the next Receive: stage it until the copy has run.
@@ -689,12 +710,19 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     }
     case Fn::cuMemcpyDtoH_v2:
     case Fn::cuMemcpyDtoHAsync_v2: {
-      uint64_t src = 0, n = 0, s = 0;
+      uint64_t src = 0, n = 0, s = 0, host = 0;
       rd.U64(&src);
       rd.U64(&n);
       if (fn == Fn::cuMemcpyDtoHAsync_v2) rd.U64(&s);
+      if (fn == Fn::cuMemcpyDtoHAsync_v2 && rd.remaining() > 0) rd.U64(&host);
       if (!rd.Finish() || n == 0 || !Range(src, n)) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      // Captured: the graph copies into a shadow, whose bytes go to the client after each launch.
+      if (host != 0 && Capturing(As<CUstream>(s))) {
+        void* shadow = graph_host_.Shadow(host, n);
+        if (shadow == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+        return CALL(cuMemcpyDtoHAsync_v2, shadow, src, n, As<CUstream>(s));
+      }
       return CopyToClient(src, n, As<CUstream>(s), fn == Fn::cuMemcpyDtoHAsync_v2);
     }
     case Fn::cuMemcpyDtoD_v2:
@@ -1106,9 +1134,12 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
   if (!rd.Finish() || dir > remote::kRegionToHost || sync > 1 || n == 0) return CUDA_ERROR_INVALID_VALUE;
   uint64_t base = 0;
   HostRegion* region = FindRegion(host, n, &base);
-  if (region == nullptr || !Range(dptr, n)) return CUDA_ERROR_INVALID_VALUE;
+  // Mirrored memory (registered or mapped memory the worker cannot share) is at the same address
+  // here: the copy uses it directly, and the bytes travel only as the mirror's changes.
+  const bool mirrored = region == nullptr && mirrors_.Contains(host, n);
+  if ((region == nullptr && !mirrored) || !Range(dptr, n)) return CUDA_ERROR_INVALID_VALUE;
   if (!Stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t* local = region->local + (host - base);
+  uint8_t* local = mirrored ? reinterpret_cast<uint8_t*>(host) : region->local + (host - base);
   CUstream st = As<CUstream>(stream);
   if (dir == remote::kRegionToDevice) {
     return sync ? CALL(cuMemcpyHtoD_v2, dptr, local, n) : CALL(cuMemcpyHtoDAsync_v2, dptr, local, n, st);
@@ -2330,6 +2361,7 @@ void Session::Cleanup() {
   for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
   const size_t graphs = graphs_.graph_count();
   graphs_.Cleanup();
+  graph_host_.Clear();
   jit_.DestroyAll();
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
@@ -2573,6 +2605,21 @@ int Session::Run() {
     }
     if (op == remote::kOpMirrorData) {
       MirrorData(in);
+      continue;
+    }
+    if (op == remote::kOpGraphHostData) {
+      CUresult gr = graph_host_.Apply(in.payload, in.payload_length, in.bulk, in.bulk_length);
+      if (gr != CUDA_SUCCESS && pending_ == CUDA_SUCCESS) {
+        pending_ = gr;
+        pending_seq_ = in.header.sequence;
+        pending_op_ = op;
+      }
+      continue;
+    }
+    if (op == remote::kOpGraphHostCopies) {
+      uint64_t e = 0;
+      if (rd.U64(&e) && rd.Finish()) graph_host_.Describe(reinterpret_cast<CUgraphExec>(e), out);
+      if (wants_reply) Reply(in.header.sequence, out.ok() ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, out);
       continue;
     }
     if (op == remote::kOpImageChunk) {

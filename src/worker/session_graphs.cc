@@ -1,6 +1,8 @@
 // CUDA graphs of one session (session_graphs.h). Formats: remote_protocol.h "Graphs".
 #include "worker/session_graphs.h"
 
+#include "worker/session_graph_host.h"
+
 #include <cstring>
 
 namespace tf::worker {
@@ -60,6 +62,7 @@ bool SessionGraphs::Handles(Fn fn) {
     case Fn::cuGraphNodeGetEnabled:
     case Fn::cuGraphExecDestroy:
     case Fn::cuGraphDestroy:
+    case Fn::cuGraphConditionalHandleCreate:
     case Fn::cuGraphGetNodes:
     case Fn::cuGraphGetRootNodes:
     case Fn::cuGraphGetEdges_v2:
@@ -135,6 +138,8 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphClone:
     case Fn::cuGraphDestroy:
       return Edit(fn, rd, out);
+    case Fn::cuGraphConditionalHandleCreate:
+      return ConditionalHandle(rd, out);
     case Fn::cuDeviceGraphMemTrim:
     case Fn::cuDeviceGetGraphMemAttribute:
     case Fn::cuDeviceSetGraphMemAttribute:
@@ -430,6 +435,37 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
       out.U64(p.dptr);
       return CUDA_SUCCESS;
     }
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL: {
+      // u64 handle, u32 type, u32 size, u64 context -> node, u32 size, size x u64 body graph.
+      uint64_t handle = 0, ctx = 0;
+      uint32_t ctype = 0, size = 0;
+      rd.U64(&handle);
+      rd.U32(&ctype);
+      rd.U32(&size);
+      if (!rd.U64(&ctx) || !rd.Finish() || fn != Fn::cuGraphAddNode_v2 ||
+          ctype > CU_GRAPH_COND_TYPE_SWITCH || size == 0 || size > remote::kMaxConditionalBodies) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      if (ctx != 0 && !h_.KnownContext(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+      CUgraphNodeParams np = {};
+      np.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+      np.conditional.handle = handle;
+      np.conditional.type = static_cast<CUgraphConditionalNodeType>(ctype);
+      np.conditional.size = size;
+      np.conditional.ctx = As<CUcontext>(ctx);
+      r = CALL(cuGraphAddNode_v2, &node, graph, dp, edges.empty() ? nullptr : edges.data(), nd, &np);
+      if (r != CUDA_SUCCESS) return r;
+      if (np.conditional.phGraph_out == nullptr) return CUDA_ERROR_UNKNOWN;
+      Learn(node, g);
+      out.U64(H(node));
+      out.U32(size);
+      for (uint32_t i = 0; i < size; ++i) {
+        const uint64_t body = H(np.conditional.phGraph_out[i]);
+        graphs_[body].body_of = g;
+        out.U64(body);
+      }
+      return CUDA_SUCCESS;
+    }
     case CU_GRAPH_NODE_TYPE_MEM_FREE: {
       uint64_t p = 0;
       if (!rd.U64(&p) || !rd.Finish() || !h_.DeviceRange(p, 1)) return CUDA_ERROR_INVALID_VALUE;
@@ -479,7 +515,9 @@ CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
         if (type != CU_GRAPH_NODE_TYPE_MEMCPY) return CUDA_ERROR_INVALID_VALUE;
         if (CUresult r = DecodeCopy(rd, &c); r != CUDA_SUCCESS) return r;
         if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-        return CALL(cuGraphExecMemcpyNodeSetParams, exec, node, &c, As<CUcontext>(ctx));
+        CUresult r = CALL(cuGraphExecMemcpyNodeSetParams, exec, node, &c, As<CUcontext>(ctx));
+        if (r == CUDA_SUCCESS) h_.HostCopies().CopySet(exec, node, c);
+        return r;
       }
       CUDA_MEMSET_NODE_PARAMS m;
       if (type != CU_GRAPH_NODE_TYPE_MEMSET) return CUDA_ERROR_INVALID_VALUE;
@@ -501,7 +539,9 @@ CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
       if (type != CU_GRAPH_NODE_TYPE_GRAPH || !rd.U64(&child) || !rd.Finish() || !graphs_.count(child)) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      return CALL(cuGraphExecChildGraphNodeSetParams, exec, node, As<CUgraph>(child));
+      CUresult r = CALL(cuGraphExecChildGraphNodeSetParams, exec, node, As<CUgraph>(child));
+      if (r == CUDA_SUCCESS) h_.HostCopies().ChildSet(exec, node, As<CUgraph>(child));
+      return r;
     }
     case Fn::cuGraphExecEventRecordNodeSetEvent:
     case Fn::cuGraphExecEventWaitNodeSetEvent: {
@@ -657,7 +697,10 @@ CUresult SessionGraphs::Edit(Fn fn, Reader& rd, Writer& out) {
       if (!rd.U64(&g) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       auto it = graphs_.find(g);
       // A capture graph belongs to its capture until cuStreamEndCapture.
-      if (it == graphs_.end() || it->second.capturing_stream) return CUDA_ERROR_INVALID_VALUE;
+      // So does a conditional node's body to its node.
+      if (it == graphs_.end() || it->second.capturing_stream || it->second.body_of) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       CUresult r = CALL(cuGraphDestroy, As<CUgraph>(g));
       if (r == CUDA_SUCCESS) ForgetGraph(g, true);
       return r;
@@ -682,6 +725,29 @@ void SessionGraphs::ForgetGraph(uint64_t g, bool free_allocations) {
     if (n->second == g) n = nodes_.erase(n);
     else ++n;
   }
+  // The bodies of its conditional nodes went with it.
+  std::vector<uint64_t> bodies;
+  for (const auto& [b, e] : graphs_) {
+    if (e.body_of == g) bodies.push_back(b);
+  }
+  for (uint64_t b : bodies) ForgetGraph(b, free_allocations);
+}
+
+// u64 graph, u64 context (0: the current one), u32 default value, u32 flags -> u64 handle. The
+// handle is the driver's value: kernels set it on the device.
+CUresult SessionGraphs::ConditionalHandle(Reader& rd, Writer& out) {
+  uint64_t g = 0, ctx = 0;
+  uint32_t value = 0, flags = 0;
+  rd.U64(&g);
+  rd.U64(&ctx);
+  rd.U32(&value);
+  if (!rd.U32(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+  if (ctx != 0 && !h_.KnownContext(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  CUgraphConditionalHandle handle = 0;
+  CUresult r = CALL(cuGraphConditionalHandleCreate, &handle, As<CUgraph>(g), As<CUcontext>(ctx), value, flags);
+  if (r != CUDA_SUCCESS) return r;
+  out.U64(handle);
+  return CUDA_SUCCESS;
 }
 
 uint64_t SessionGraphs::CountHostNodes(CUgraph g, int depth) {
@@ -707,6 +773,7 @@ void SessionGraphs::RecordExec(CUgraphExec e, uint64_t g) {
   ExecEntry& x = execs_[H(e)];
   x.graphs = {g};
   x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
+  h_.HostCopies().Instantiated(e, As<CUgraph>(g));
 }
 
 CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
@@ -761,6 +828,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       CUresult r = fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
                                            : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
       if (r != CUDA_SUCCESS) h_.HostRunsEnqueued(-static_cast<int64_t>(it->second.host_nodes));
+      if (r == CUDA_SUCCESS) r = h_.HostCopies().Launched(As<CUgraphExec>(e), As<CUstream>(s));
       return r;
     }
     // u64 exec, u64 graph -> i32 result, u32 update result, u64 error node, u64 error-from node,
@@ -775,6 +843,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       if (r == CUDA_SUCCESS) {
         x.graphs.insert(g);
         x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
+        h_.HostCopies().Instantiated(As<CUgraphExec>(e), As<CUgraph>(g));
       }
       Learn(info.errorNode, g);
       out.I32(r);
@@ -808,7 +877,10 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       uint64_t e = 0;
       if (!rd.U64(&e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
       CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-      if (r == CUDA_SUCCESS) execs_.erase(e);
+      if (r == CUDA_SUCCESS) {
+        execs_.erase(e);
+        h_.HostCopies().Destroyed(As<CUgraphExec>(e));
+      }
       return r;
     }
     default:
@@ -960,7 +1032,9 @@ void SessionGraphs::Cleanup() {
   }
   capture_graphs_.clear();
   for (auto& [e, x] : execs_) CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
-  for (auto& [g, x] : graphs_) CALL(cuGraphDestroy, As<CUgraph>(g));
+  for (auto& [g, x] : graphs_) {
+    if (!x.body_of) CALL(cuGraphDestroy, As<CUgraph>(g));
+  }
   execs_.clear();
   graphs_.clear();
   nodes_.clear();

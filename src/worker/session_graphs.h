@@ -16,6 +16,8 @@
 
 namespace tf::worker {
 
+class GraphHostCopies;
+
 // Decoded kernel arguments; the pointers point into the frame's private copy.
 struct KernelArgs {
   void* params[remote::kMaxKernelParams];
@@ -43,6 +45,8 @@ class GraphHost {
   // This process's address of the client's page-locked [host, host + n) when it lies in one
   // host region shared with the session, else nullptr.
   virtual void* HostRegionAddress(uint64_t host, uint64_t n) = 0;
+  // Graph copies of the client's pageable memory (session_graph_host.h).
+  virtual GraphHostCopies& HostCopies() = 0;
   // Decodes kernel-node parameters (u64 function, geometry, arguments) and checks them.
   virtual CUresult DecodeKernelNode(transport::Reader& rd, KernelArgs* a,
                                     CUDA_KERNEL_NODE_PARAMS* p) = 0;
@@ -79,6 +83,7 @@ class SessionGraphs {
     std::vector<uint64_t> allocs;  // graph allocations its mem-alloc nodes made
     std::set<uint64_t> frees;      // pointers its mem-free nodes free
     uint64_t capturing_stream = 0;  // a capture graph the driver owns until the capture ends
+    uint64_t body_of = 0;  // a conditional node's body: the driver destroys it with this graph
   };
   struct ExecEntry {
     std::set<uint64_t> graphs;  // instantiated from, or updated with
@@ -92,6 +97,7 @@ class SessionGraphs {
   CUresult Exec(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult Capture(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult GraphMemory(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult ConditionalHandle(transport::Reader& rd, transport::Writer& out);
   // Reads u32 n, n x u64 node (each a node of graph g; any graph when g is 0).
   bool ReadNodes(transport::Reader& rd, uint64_t g, std::vector<CUgraphNode>* nodes);
   // Reads u8 present [, n x (u8 from port, u8 to port, u8 type)]; edges stays empty when absent.

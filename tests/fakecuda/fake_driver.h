@@ -199,8 +199,10 @@ struct Module {
 };
 
 enum class GraphNodeKind {
-  kKernel, kMemAlloc, kMemFree, kMemcpy, kMemset, kHost, kEmpty, kEventRecord, kEventWait, kChildGraph
+  kKernel, kMemAlloc, kMemFree, kMemcpy, kMemset, kHost, kEmpty, kEventRecord, kEventWait, kChildGraph,
+  kConditional
 };
+struct GraphExec;
 
 struct GraphNode {
   GraphNodeKind kind = GraphNodeKind::kKernel;
@@ -215,6 +217,9 @@ struct GraphNode {
   CUDA_HOST_NODE_PARAMS host{};        // kHost
   CUevent event = nullptr;             // kEventRecord, kEventWait
   std::shared_ptr<Graph> child;        // kChildGraph: the node's own clone of the graph
+  CUDA_CONDITIONAL_NODE_PARAMS cond{};  // kConditional (phGraph_out points to bodies)
+  std::shared_ptr<std::vector<CUgraph>> bodies;             // kConditional: live graphs of the driver
+  std::vector<std::shared_ptr<GraphExec>> body_execs;      // kConditional, instantiated
   std::vector<GraphNode*> deps;        // nodes of the same graph this one depends on
   bool enabled = true;                 // in an executable graph (cuGraphNodeSetEnabled)
 };
@@ -283,6 +288,10 @@ Context* CurrentContext(CUresult* err);
 // The stream behind a handle (NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD mean the current
 // context's null stream), or nullptr and an error.
 std::shared_ptr<Stream> ResolveStream(CUstream handle, CUresult* err);
+
+// Conditional graph nodes: the builtin kernel set_conditional(handle, value) sets a handle's
+// value (cudaGraphSetConditional on the device). Unknown handles are ignored.
+void SetConditional(uint64_t handle, unsigned value);
 
 // For calls that are unsafe during a global stream capture (cuMemAlloc): when a global capture is
 // under way and the calling thread's capture mode is not relaxed, invalidates those captures and

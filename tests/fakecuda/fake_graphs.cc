@@ -16,6 +16,24 @@ using fakecuda::GraphNodeKind;
 
 namespace {
 
+// Conditional handles (cuGraphConditionalHandleCreate): value, default, flags. Own lock: the
+// set_conditional kernel runs on a stream worker.
+struct ConditionalHandle {
+  unsigned value = 0, default_value = 0, flags = 0;
+};
+std::mutex g_cond_mu;
+std::map<uint64_t, ConditionalHandle>& Conditionals() {
+  static auto* m = new std::map<uint64_t, ConditionalHandle>();
+  return *m;
+}
+uint64_t g_next_conditional = 0x100;  // guarded by g_cond_mu
+
+unsigned ConditionalValue(uint64_t h) {
+  std::lock_guard<std::mutex> l(g_cond_mu);
+  auto it = Conditionals().find(h);
+  return it == Conditionals().end() ? 0 : it->second.value;
+}
+
 Graph* LiveGraph(Driver& d, CUgraph handle) {
   auto* graph = reinterpret_cast<Graph*>(handle);
   return d.graphs.count(graph) != 0 ? graph : nullptr;
@@ -100,6 +118,13 @@ bool Flatten(const Graph& g, const GraphNode* top, GraphExec* e) {
         continue;
       }
       e->nodes.push_back(*n);
+      if (n->kind == GraphNodeKind::kConditional) {
+        for (CUgraph b : *n->bodies) {
+          auto body = std::make_shared<GraphExec>();
+          if (!Flatten(*reinterpret_cast<Graph*>(b), nullptr, body.get())) return false;
+          e->nodes.back().body_execs.push_back(std::move(body));
+        }
+      }
       e->origins.push_back(n.get());
       e->tops.push_back(t);
     }
@@ -409,7 +434,19 @@ CUresult cuGraphNodeGetType(CUgraphNode handle, CUgraphNodeType* type) {
     case GraphNodeKind::kEventRecord: *type = CU_GRAPH_NODE_TYPE_EVENT_RECORD; break;
     case GraphNodeKind::kEventWait: *type = CU_GRAPH_NODE_TYPE_WAIT_EVENT; break;
     case GraphNodeKind::kChildGraph: *type = CU_GRAPH_NODE_TYPE_GRAPH; break;
+    case GraphNodeKind::kConditional: *type = CU_GRAPH_NODE_TYPE_CONDITIONAL; break;
   }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphMemcpyNodeGetParams(CUgraphNode handle, CUDA_MEMCPY3D* params) {
+  FAKECUDA_ENTER();
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* node = reinterpret_cast<GraphNode*>(handle);
+  if (OwnerOf(d, node) == nullptr || node->kind != GraphNodeKind::kMemcpy) return CUDA_ERROR_INVALID_VALUE;
+  *params = node->copy;
   return CUDA_SUCCESS;
 }
 
@@ -421,6 +458,25 @@ CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode handle, CUgraph* graph) {
   auto* node = reinterpret_cast<GraphNode*>(handle);
   if (OwnerOf(d, node) == nullptr || node->kind != GraphNodeKind::kChildGraph) return CUDA_ERROR_INVALID_VALUE;
   *graph = reinterpret_cast<CUgraph>(node->child.get());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphConditionalHandleCreate(CUgraphConditionalHandle* out, CUgraph graph, CUcontext ctx,
+                                        unsigned int default_value, unsigned int flags) {
+  FAKECUDA_ENTER();
+  (void)ctx;
+  if (out == nullptr || (flags & ~static_cast<unsigned>(CU_GRAPH_COND_ASSIGN_DEFAULT)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (LiveGraph(d, graph) == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::lock_guard<std::mutex> l(g_cond_mu);
+  const uint64_t h = g_next_conditional++;
+  Conditionals()[h] = {default_value, default_value, flags};
+  *out = h;
   return CUDA_SUCCESS;
 }
 
@@ -439,6 +495,32 @@ CUresult cuGraphAddNode_v2(CUgraphNode* out, CUgraph graph, const CUgraphNode* d
   FAKECUDA_ENTER();
   (void)edges;
   if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params->type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
+    CUDA_CONDITIONAL_NODE_PARAMS& c = params->conditional;
+    const bool size_ok = c.type == CU_GRAPH_COND_TYPE_SWITCH ? c.size > 0 && c.size <= 64
+                         : c.type == CU_GRAPH_COND_TYPE_IF   ? c.size == 1 || c.size == 2
+                         : c.type == CU_GRAPH_COND_TYPE_WHILE && c.size == 1;
+    if (!size_ok) return CUDA_ERROR_INVALID_VALUE;
+    {
+      std::lock_guard<std::mutex> l(g_cond_mu);
+      if (!Conditionals().count(c.handle)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    auto node = std::make_unique<GraphNode>();
+    node->kind = GraphNodeKind::kConditional;
+    node->bodies = std::make_shared<std::vector<CUgraph>>();
+    {
+      Driver& d = Driver::Get();
+      std::lock_guard<std::mutex> lock(d.mu);
+      for (unsigned i = 0; i < c.size; ++i) {
+        auto body = std::make_unique<Graph>();
+        node->bodies->push_back(reinterpret_cast<CUgraph>(body.get()));
+        d.graphs[body.get()] = std::move(body);
+      }
+    }
+    c.phGraph_out = node->bodies->data();
+    node->cond = c;
+    return AddNode(out, graph, deps, num_deps, std::move(node));
+  }
   if (params->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_NOT_SUPPORTED;
   CUDA_KERNEL_NODE_PARAMS k = {};
   k.func = params->kernel.func;
@@ -657,6 +739,61 @@ CUresult cuGraphUpload(CUgraphExec handle, CUstream stream_handle) {
   return LiveExec(d, handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+namespace {
+
+using LaunchEvents = std::vector<std::pair<std::shared_ptr<fakecuda::Event>, uint64_t>>;
+
+// Runs an instantiated graph's nodes in order on a stream worker. events: the event nodes' events
+// and generations, by index (nullptr in conditional bodies: their event nodes are skipped).
+void RunNodes(const std::vector<GraphNode>& nodes, LaunchEvents* events) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const GraphNode& node = nodes[i];
+    if (!node.enabled) continue;
+    switch (node.kind) {
+      case GraphNodeKind::kKernel: node.launch->Run(); break;
+      case GraphNodeKind::kMemcpy: RunCopy(node.copy); break;
+      case GraphNodeKind::kMemset: RunMemset(node.memset); break;
+      case GraphNodeKind::kHost: node.host.fn(node.host.userData); break;
+      case GraphNodeKind::kEventRecord:
+        if (events) (*events)[i].first->Complete((*events)[i].second);
+        break;
+      case GraphNodeKind::kEventWait:
+        if (events) (*events)[i].first->WaitFor((*events)[i].second);
+        break;
+      case GraphNodeKind::kMemFree: FreeGraphAllocation(node.dptr); break;
+      case GraphNodeKind::kConditional: {
+        const auto& b = node.body_execs;
+        const uint64_t h = node.cond.handle;
+        if (node.cond.type == CU_GRAPH_COND_TYPE_WHILE) {
+          for (int guard = 0; guard < (1 << 20) && !b.empty() && ConditionalValue(h) != 0; ++guard) {
+            RunNodes(b[0]->nodes, nullptr);
+          }
+        } else if (node.cond.type == CU_GRAPH_COND_TYPE_IF) {
+          const unsigned v = ConditionalValue(h);
+          if (v != 0 && !b.empty()) RunNodes(b[0]->nodes, nullptr);
+          if (v == 0 && b.size() == 2) RunNodes(b[1]->nodes, nullptr);
+        } else {
+          const unsigned v = ConditionalValue(h);
+          if (v < b.size()) RunNodes(b[v]->nodes, nullptr);
+        }
+        break;
+      }
+      case GraphNodeKind::kMemAlloc:  // charged and recorded at launch
+      case GraphNodeKind::kEmpty:
+      case GraphNodeKind::kChildGraph:  // flattened at instantiation
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+void fakecuda::SetConditional(uint64_t handle, unsigned value) {
+  std::lock_guard<std::mutex> l(g_cond_mu);
+  auto it = Conditionals().find(handle);
+  if (it != Conditionals().end()) it->second.value = value;
+}
+
 CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
   FAKECUDA_ENTER();
   CUresult err = CUDA_SUCCESS;
@@ -664,7 +801,7 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
   if (stream == nullptr) return err;
   auto nodes = std::make_shared<std::vector<GraphNode>>();
   // Event nodes: the events and the record generation each waits for / completes.
-  auto events = std::make_shared<std::vector<std::pair<std::shared_ptr<fakecuda::Event>, uint64_t>>>();
+  auto events = std::make_shared<LaunchEvents>();
   {
     Driver& d = Driver::Get();
     std::lock_guard<std::mutex> lock(d.mu);
@@ -713,31 +850,16 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
     }
   }
   stream->worker.Enqueue([nodes, events] {
-    for (size_t i = 0; i < nodes->size(); ++i) {
-      const GraphNode& node = (*nodes)[i];
-      if (!node.enabled) continue;
-      switch (node.kind) {
-        case GraphNodeKind::kKernel: node.launch->Run(); break;
-        case GraphNodeKind::kMemcpy: RunCopy(node.copy); break;
-        case GraphNodeKind::kMemset: RunMemset(node.memset); break;
-        case GraphNodeKind::kHost: node.host.fn(node.host.userData); break;
-        case GraphNodeKind::kEventRecord: {
-          auto& [ev, generation] = (*events)[i];
-          ev->Complete(generation);
-          break;
-        }
-        case GraphNodeKind::kEventWait: {
-          auto& [ev, generation] = (*events)[i];
-          ev->WaitFor(generation);
-          break;
-        }
-        case GraphNodeKind::kMemFree: FreeGraphAllocation(node.dptr); break;
-        case GraphNodeKind::kMemAlloc:  // charged and recorded at launch
-        case GraphNodeKind::kEmpty:
-        case GraphNodeKind::kChildGraph:  // flattened at instantiation
-          break;
+    // Conditional handles with CU_GRAPH_COND_ASSIGN_DEFAULT start each launch at their default.
+    for (const GraphNode& node : *nodes) {
+      if (node.kind != GraphNodeKind::kConditional) continue;
+      std::lock_guard<std::mutex> l(g_cond_mu);
+      auto it = Conditionals().find(node.cond.handle);
+      if (it != Conditionals().end() && (it->second.flags & CU_GRAPH_COND_ASSIGN_DEFAULT)) {
+        it->second.value = it->second.default_value;
       }
     }
+    RunNodes(*nodes, events.get());
   });
   return CUDA_SUCCESS;
 }

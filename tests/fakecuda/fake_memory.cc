@@ -680,13 +680,58 @@ CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream 
   return fakecuda::RunAsync(stream, [=] { std::memmove(fakecuda::AsHost(dst), fakecuda::AsHost(src), bytes); });
 }
 
+namespace {
+
+// Stream capture: a copy on a capturing stream becomes a memcpy node of the capture graph (as the
+// driver records it; nothing is copied now). False when the stream is not capturing.
+bool CaptureCopy(CUstream handle, const CUDA_MEMCPY3D& c, CUresult* r) {
+  std::shared_ptr<fakecuda::Stream> stream = fakecuda::ResolveStream(handle, r);
+  if (stream == nullptr) return true;
+  fakecuda::Driver& d = fakecuda::Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (stream->capture == nullptr) return false;
+  auto node = std::make_unique<fakecuda::GraphNode>();
+  node->kind = fakecuda::GraphNodeKind::kMemcpy;
+  node->copy = c;
+  node->deps = stream->capture_deps;
+  stream->capture_deps = {node.get()};
+  stream->capture->nodes.push_back(std::move(node));
+  *r = CUDA_SUCCESS;
+  return true;
+}
+
+CUDA_MEMCPY3D LinearCopy(CUmemorytype st, const void* sh, CUdeviceptr sd, CUmemorytype dt, void* dh,
+                         CUdeviceptr dd, size_t bytes) {
+  CUDA_MEMCPY3D c = {};
+  c.srcMemoryType = st;
+  c.srcHost = sh;
+  c.srcDevice = sd;
+  c.dstMemoryType = dt;
+  c.dstHost = dh;
+  c.dstDevice = dd;
+  c.WidthInBytes = bytes;
+  c.Height = 1;
+  c.Depth = 1;
+  return c;
+}
+
+}  // namespace
+
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream) {
   FAKECUDA_ENTER();
+  CUresult r = CUDA_SUCCESS;
+  if (CaptureCopy(stream, LinearCopy(CU_MEMORYTYPE_HOST, src, 0, CU_MEMORYTYPE_DEVICE, nullptr, dst, bytes), &r)) {
+    return r;
+  }
   return fakecuda::RunAsync(stream, [=] { std::memcpy(fakecuda::AsHost(dst), src, bytes); });
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   FAKECUDA_ENTER();
+  CUresult r = CUDA_SUCCESS;
+  if (CaptureCopy(stream, LinearCopy(CU_MEMORYTYPE_DEVICE, nullptr, src, CU_MEMORYTYPE_HOST, dst, 0, bytes), &r)) {
+    return r;
+  }
   return fakecuda::RunAsync(stream, [=] { std::memcpy(dst, fakecuda::AsHost(src), bytes); });
 }
 

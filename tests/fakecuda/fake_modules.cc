@@ -122,7 +122,13 @@ void FillU32(void** params, unsigned, unsigned, unsigned, unsigned, unsigned, un
   for (size_t i = 0; i < count; ++i) p[i] = value;
 }
 
+void SetConditionalKernel(void** params, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                          void*) {
+  fakecuda::SetConditional(*static_cast<uint64_t*>(params[0]), *static_cast<unsigned*>(params[1]));
+}
+
 void KernelRegistry::RegisterBuiltins() {
+  const size_t conditional_sizes[] = {sizeof(uint64_t), sizeof(unsigned)};
   const size_t sleep_sizes[] = {sizeof(unsigned)};
   const size_t fill_sizes[] = {sizeof(CUdeviceptr), sizeof(unsigned), sizeof(size_t)};
   const size_t printf_sizes[] = {sizeof(unsigned), sizeof(unsigned)};
@@ -134,6 +140,8 @@ void KernelRegistry::RegisterBuiltins() {
                                  printf_sizes),
                       MakeKernel("builtin", "checksum_params", ChecksumParams, nullptr, true, 2,
                                  checksum_sizes),
+                      MakeKernel("builtin", "set_conditional", SetConditionalKernel, nullptr, true, 2,
+                                 conditional_sizes),
                       MakeKernel("linkpart", "add_u32", AddU32, nullptr, true, 3, fill_sizes)}) {
     all_[kernel.get()] = kernel;
     by_name_[kernel->module + '\n' + kernel->name] = kernel;

@@ -599,6 +599,8 @@ int Hold() {
 
 }  // namespace
 
+int RegisteredCopies(size_t mib, int reps);  // registered_copy_probe.cc
+
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* mode = argc > 1 ? argv[1] : "pinned";
@@ -612,6 +614,9 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "steps") && argc > 4) {
     return Steps(argv[2], strtoul(argv[3], nullptr, 10), atoi(argv[4]),
                  !(argc > 5 && !strcmp(argv[5], "memset")));
+  }
+  if (!strcmp(mode, "registered")) {
+    return RegisteredCopies(argc > 2 ? strtoul(argv[2], nullptr, 10) : 64, argc > 3 ? atoi(argv[3]) : 5);
   }
   if (!strcmp(mode, "bench")) {
     return Bench(argc > 2 ? strtoul(argv[2], nullptr, 10) : 256, argc > 3 ? atoi(argv[3]) : 5);

@@ -422,6 +422,25 @@ TEST_F(RemoteTest, ExtendedLaunchesWaitsMemsetsUnifiedCopiesAndPoolsRunRemotely)
   }
 }
 
+// NVIDIA's simpleCallback: a stream callback starts a thread that frees the workload's page-locked
+// memory while other streams' callbacks are still pending. Freeing a host region synchronizes the
+// worker's context, which waits for those callbacks: the session must take their
+// acknowledgements first (every run stalled until the 60 s bound before).
+TEST_F(RemoteTest, MemoryFreedFromAStreamCallbacksThreadDoesNotStall) {
+  StartWorker();
+  Result direct = DirectProgram({TF_PROBE, "callbackfree", "8", "3"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["rounds_ok"], "3");
+  for (const std::string& addr : {unix_, tcp_}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Result r = RemoteProgram(addr, {TF_PROBE, "callbackfree", "8", "3"});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["rounds_ok"], "3") << addr;
+    EXPECT_LT(s, 30.0) << addr;
+  }
+}
+
 TEST_F(RemoteTest, HostFunctionsRunOnTheClientInStreamOrder) {
   StartWorker();
   Result direct = Direct("callbacks");
@@ -463,6 +482,48 @@ TEST_F(RemoteTest, GraphsOfKernelNodesRunAndUpdateRemotely) {
   }
 }
 
+// simpleCudaGraphs, jacobiCudaGraphs, graphMemoryNodes: memcpy nodes and captured copies with pageable memory (heap and stack) copy
+// what the host holds at each launch, and the program sees what they wrote once it synchronized
+// (stream, event, context), over both transports, byte for byte as on the driver itself.
+TEST_F(RemoteTest, GraphCopiesOfPageableMemoryMoveTheBytesOfEachLaunch) {
+  StartWorker();
+  Result direct = Direct("graphpageable");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["rounds_ok"], "3");
+  EXPECT_EQ(direct.kv["captured_ok"], "2");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphpageable");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["rounds_ok"], "3") << addr << ": three launches, new host bytes each time";
+    EXPECT_EQ(r.kv["event_sync"], "1") << addr;
+    EXPECT_EQ(r.kv["exec_set"], direct.kv["exec_set"]) << addr << ": the updated node's target only";
+    EXPECT_EQ(r.kv["pitched"], direct.kv["pitched"]) << addr << ": bytes between rows kept";
+    EXPECT_EQ(r.kv["captured_untouched"], "1") << addr << ": a capture copies nothing";
+    EXPECT_EQ(r.kv["captured_ok"], "2") << addr << ": captured copies move each launch's bytes";
+  }
+}
+
+// graphConditionalNodes: conditional handles keep the driver's value (a kernel sets it on the
+// device), the client gets the bodies the driver created and fills them; IF/ELSE by the handle's
+// default, SWITCH picked by a kernel, WHILE ended by a kernel, as on the driver itself.
+TEST_F(RemoteTest, ConditionalGraphNodesRunTheBodyTheDeviceChose) {
+  StartWorker();
+  Result direct = Direct("graphconditional");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["switch"], "12");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphconditional");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    for (const char* k : {"if_default_1", "if_default_0", "switch", "while"}) {
+      EXPECT_EQ(r.kv[k], direct.kv[k]) << addr << " " << k;
+    }
+    // A body belongs to its node: the worker refuses to destroy it (the fake driver lets it).
+    EXPECT_EQ(r.kv["destroy_body_refused"], "1") << addr;
+  }
+}
+
 TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
   StartWorker();
   Result direct = Direct("graphnodes");
@@ -480,14 +541,11 @@ TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
     EXPECT_EQ(r.kv["exec_update"], "0,21,21");
     EXPECT_EQ(r.kv["graph_alloc"], "5a,2") << "graph allocation usable and known as device memory";
     EXPECT_EQ(r.kv["graph_alloc_freed_attr"], "1");
-    // Page-locked memory reaches the worker over shared memory only; pageable never does.
-    if (addr == unix_) {
-      EXPECT_EQ(r.kv["pinned_copy_rc"], "0");
-      EXPECT_EQ(r.kv["pinned_copy"], "21,77");
-    } else {
-      EXPECT_EQ(r.kv["pinned_copy_rc"], "801");
-    }
-    EXPECT_EQ(r.kv["pageable_copy_rc"], "801");
+    // Page-locked memory is shared over shared memory, copied through a shadow over TCP;
+    // pageable memory through a shadow on both (GraphCopiesOfPageableMemory...).
+    EXPECT_EQ(r.kv["pinned_copy_rc"], "0");
+    EXPECT_EQ(r.kv["pinned_copy"], "21,77");
+    EXPECT_EQ(r.kv["pageable_copy_rc"], "0");
     EXPECT_EQ(r.kv["bad_node_type"], "1");
     EXPECT_EQ(r.kv["bad_node_dep"], "1");
     EXPECT_EQ(r.kv["bad_child"], "1");
@@ -927,6 +985,31 @@ TEST_F(RemoteTest, PinnedMemoryWithoutHostRegionsStaysCorrect) {
 // Zero-copy memory over TCP is mirrored (client_mirror.cc, session_mirrors.cc): what kernels,
 // copies and host functions write reaches the host by the next synchronizing call or host
 // function, and what the host writes reaches them before the next call.
+// simpleStreams: copies between device memory and memory registered with DEVICEMAP (shared with
+// the worker over shared memory, mirrored over TCP); every byte arrives both ways, synchronous and
+// async, and the memory is the program's again after unregistering.
+TEST_F(RemoteTest, CopiesWithRegisteredMappedMemoryArriveIntact) {
+  StartWorker();
+  Result direct = DirectProgram({TF_HOST_PROBE, "registered", "8", "3"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["intact"], "3");
+  EXPECT_EQ(direct.kv["visible_without_call"], "1");
+  EXPECT_EQ(direct.kv["after_unregister"], "5c,77,78");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_HOST_PROBE, "registered", "8", "3"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["intact"], "3") << addr;
+    EXPECT_EQ(r.kv["after_unregister"], "5c,77,78") << addr << ": the program's bytes, writable";
+  }
+  // Over shared memory the registration is shared with the worker (a host region): a copy's
+  // bytes land in it as natively, with no call to carry them. Over TCP it is a mirror: they
+  // come with the next synchronizing call.
+  Result shm = RemoteProgram(unix_, {TF_HOST_PROBE, "registered", "8", "3"});
+  EXPECT_EQ(shm.kv["visible_without_call"], "1");
+  Result tcp = RemoteProgram(tcp_, {TF_HOST_PROBE, "registered", "8", "3"});
+  EXPECT_EQ(tcp.kv["visible_without_call"], "0");
+}
+
 TEST_F(RemoteTest, MappedMemoryIsMirroredOverTcpAndSharedOverSharedMemory) {
   StartWorker();
   Result direct = DirectProgram({TF_HOST_PROBE, "mapped"});
@@ -1395,6 +1478,45 @@ TEST_F(RemoteTest, BadHostRegionMessagesGetAClearErrorAndChangeNothing) {
 
 // Mirror messages the stub would not send: each is refused (map and unmap at once, data as a
 // deferred error at the next synchronizing call) and changes nothing; good ones keep working.
+// Graph copy data for memory no graph copy of the session names, malformed runs, and a query of
+// an unknown executable graph: refused (a deferred CUDA_ERROR_INVALID_VALUE) or empty, and the
+// session goes on.
+TEST_F(RemoteTest, BadGraphCopyDataIsRefusedAndChangesNothing) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[256];
+  auto data = [&](std::vector<std::pair<uint64_t, uint64_t>> runs, const std::vector<uint8_t>& bulk) {
+    Writer w(buf, sizeof(buf));
+    w.U32(static_cast<uint32_t>(runs.size()));
+    for (auto [a, n] : runs) {
+      w.U64(a);
+      w.U64(n);
+    }
+    c.Send(remote::kOpGraphHostData, 0, w, bulk.data(), bulk.size());
+  };
+  auto sync = [&] { return c.Call(remote::Op(Fn::cuCtxSynchronize), Writer(nullptr, 0)); };
+  const std::vector<uint8_t> four = {1, 2, 3, 4};
+  data({{0x5e0000000000ull, 4}}, four);
+  EXPECT_EQ(sync(), 1);
+  ASSERT_TRUE(worker_.WaitFor("is not memory a graph copy of this session names", 2000)) << worker_.out;
+  data({}, four);
+  EXPECT_EQ(sync(), 1);
+  data({{0x5e0000000000ull, 8}}, four);  // the lengths do not add up to the bytes
+  EXPECT_EQ(sync(), 1);
+  ASSERT_TRUE(worker_.WaitFor("graph copy data refused: malformed message", 2000)) << worker_.out;
+  std::vector<uint8_t> out;
+  Writer q(buf, sizeof(buf));
+  q.U64(0x1234);
+  EXPECT_EQ(c.Call(remote::kOpGraphHostCopies, q, &out), 0);
+  EXPECT_EQ(out, std::vector<uint8_t>(4, 0)) << "an unknown executable graph copies nothing";
+  EXPECT_EQ(sync(), 0) << "the session goes on";
+}
+
 TEST_F(RemoteTest, BadMirrorMessagesAreRefusedAndChangeNothing) {
   using tf::transport::Writer;
   namespace remote = tf::remote;

@@ -17,6 +17,10 @@
 
 #include "probe_util.h"
 
+int GraphPageable();     // graph_host_probe.cc
+int GraphConditional();  // graph_host_probe.cc
+int CallbackFree(int workloads, int rounds);  // callback_free_probe.cc
+
 namespace {
 
 using tf_probe::Fill;
@@ -1536,6 +1540,11 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "callbacks")) return Callbacks();
   if (!strcmp(mode, "graphs")) return Graphs();
   if (!strcmp(mode, "graphnodes")) return GraphNodes();
+  if (!strcmp(mode, "graphpageable")) return GraphPageable();
+  if (!strcmp(mode, "graphconditional")) return GraphConditional();
+  if (!strcmp(mode, "callbackfree")) {
+    return CallbackFree(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 3);
+  }
   if (!strcmp(mode, "library")) return Library();
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
