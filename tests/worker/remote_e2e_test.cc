@@ -1338,6 +1338,19 @@ class RawClient {
     f.bulk_length = bulk_len;
     return t_->Send(f).ok() ? f.sequence : 0;
   }
+  // A fire-and-forget message of "runs" (u32 n, n x (u64 address, u64 length)) with `bulk` bytes:
+  // mirror data and graph host data share the shape.
+  void SendRuns(uint16_t op, const std::vector<std::pair<uint64_t, uint64_t>>& runs,
+                const std::vector<uint8_t>& bulk) {
+    uint8_t buf[256];
+    tf::transport::Writer w(buf, sizeof(buf));
+    w.U32(static_cast<uint32_t>(runs.size()));
+    for (auto [a, n] : runs) {
+      w.U64(a);
+      w.U64(n);
+    }
+    Send(op, 0, w, bulk.data(), bulk.size());
+  }
   // Mirror-data events received during calls (payload, bulk), in order.
   struct Event {
     std::vector<uint8_t> payload, bulk;
@@ -1491,13 +1504,7 @@ TEST_F(RemoteTest, BadGraphCopyDataIsRefusedAndChangesNothing) {
   ASSERT_TRUE(c.UsePrimaryContext());
   uint8_t buf[256];
   auto data = [&](std::vector<std::pair<uint64_t, uint64_t>> runs, const std::vector<uint8_t>& bulk) {
-    Writer w(buf, sizeof(buf));
-    w.U32(static_cast<uint32_t>(runs.size()));
-    for (auto [a, n] : runs) {
-      w.U64(a);
-      w.U64(n);
-    }
-    c.Send(remote::kOpGraphHostData, 0, w, bulk.data(), bulk.size());
+    c.SendRuns(remote::kOpGraphHostData, runs, bulk);
   };
   auto sync = [&] { return c.Call(remote::Op(Fn::cuCtxSynchronize), Writer(nullptr, 0)); };
   const std::vector<uint8_t> four = {1, 2, 3, 4};
@@ -1541,13 +1548,7 @@ TEST_F(RemoteTest, BadMirrorMessagesAreRefusedAndChangeNothing) {
   };
   // Fire-and-forget data: runs (address, length) with `bulk` bytes.
   auto data = [&](std::vector<std::pair<uint64_t, uint64_t>> runs, const std::vector<uint8_t>& bulk) {
-    Writer w(buf, sizeof(buf));
-    w.U32(static_cast<uint32_t>(runs.size()));
-    for (auto [a, n] : runs) {
-      w.U64(a);
-      w.U64(n);
-    }
-    c.Send(remote::kOpMirrorData, 0, w, bulk.data(), bulk.size());
+    c.SendRuns(remote::kOpMirrorData, runs, bulk);
   };
   auto sync = [&] { return c.Call(remote::Op(Fn::cuCtxSynchronize), Writer(nullptr, 0)); };
   const uint64_t base = 0x5e0000000000ull;  // free in the worker's session process
