@@ -1602,8 +1602,6 @@ TEST_F(RemoteTest, BadMirrorMessagesAreRefusedAndChangeNothing) {
   EXPECT_EQ(sync(), 0) << "the session goes on";
 }
 
-// Array messages the stub would not send: unknown handles, regions outside the array or the
-// session's allocations, malformed boxes. Each gets a CUDA error; the session goes on.
 // The generated calls (api/remote_surface.tsv): the worker decodes and checks every argument from
 // its description before calling the driver. A truncated or overlong message, an enumeration
 // value cuda.h does not define, flags outside their mask, and a handle that is forged, stale or
@@ -1719,6 +1717,8 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
   EXPECT_EQ(on(Fn::cuStreamDestroy_v2, stream), 0);
 }
 
+// Array messages the stub would not send: unknown handles, regions outside the array or the
+// session's allocations, malformed boxes. Each gets a CUDA error; the session goes on.
 TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
   using tf::transport::Writer;
   namespace remote = tf::remote;

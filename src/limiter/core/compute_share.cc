@@ -60,6 +60,12 @@ constexpr int64_t kTurnWindowNs = 5'000'000;
 constexpr int64_t kSaturatedPpm = 950'000;
 constexpr uint64_t kTurnTimeMask = (1ULL << 56) - 1;
 
+// An active vGPU one of whose processes had work in flight or was held within the demand TTL.
+bool Wanting(const VgpuSlot* u, int64_t now_ns) {
+  int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
+  return u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 && now_ns - demand <= kDemandTtlNs;
+}
+
 uint64_t TurnWord(uint32_t vgpu, int64_t now_ns) {
   return (static_cast<uint64_t>(vgpu + 1) << 56) | ((static_cast<uint64_t>(now_ns) >> 10) & kTurnTimeMask);
 }
@@ -155,9 +161,7 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   for (uint32_t i = 0; i < kMaxVgpus; ++i) {
     if (i == mine) continue;
     const VgpuSlot* u = vgpu(i);
-    if (u->state.load(std::memory_order_acquire) != kSlotActive) continue;
-    int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
-    if (demand == 0 || now_ns - demand > kDemandTtlNs) continue;
+    if (!Wanting(u, now_ns)) continue;
     others_want = true;
     int64_t u_req = ClampShare(u->compute_share_ppm.load(std::memory_order_relaxed));
     int64_t u_lim = ClampShare(LimitPpm(u));
@@ -227,12 +231,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   const int64_t since = static_cast<int64_t>((word & kTurnTimeMask) << 10);
   const bool mine_now = holder == mine + 1;
   bool alive = false;  // another vGPU holds the turn and still wants the GPU
-  if (holder != 0 && !mine_now && holder <= kMaxVgpus) {
-    const VgpuSlot* u = vgpu(static_cast<uint32_t>(holder - 1));
-    int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
-    alive = u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 &&
-            now_ns - demand <= kDemandTtlNs;
-  }
+  if (holder != 0 && !mine_now && holder <= kMaxVgpus) alive = Wanting(vgpu(static_cast<uint32_t>(holder - 1)), now_ns);
   const bool expired = now_ns - since >= turn->turn_ns;
 
   // Holding the turn (the other saturating vGPUs wait): does it keep the GPU busy after all?
@@ -265,9 +264,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // Another saturating vGPU that still wants the GPU? (A dead process's bit has no fresh demand.)
   bool contended = false;
   for (uint64_t m = mask & ~bit; m != 0 && !contended; m &= m - 1) {
-    const VgpuSlot* u = vgpu(static_cast<uint32_t>(__builtin_ctzll(m)));
-    int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
-    contended = u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 && now_ns - demand <= kDemandTtlNs;
+    contended = Wanting(vgpu(static_cast<uint32_t>(__builtin_ctzll(m))), now_ns);
   }
   if (!contended && !alive) return;
   // A capped vGPU takes a turn only with a turn's worth of tokens, so that it is not switched in

@@ -308,8 +308,6 @@ class GpuRegion {
                          bool in_flight, bool held, ShareTurn* turn = nullptr);
   // The process has no work in flight and wants nothing (stops counting it as active).
   void ShareIdle(uint32_t slot);
-  // The vGPU index + 1 holding the turn (0: none), as last written.
-  uint32_t TurnHolder() const { return static_cast<uint32_t>(share()->turn.load(std::memory_order_relaxed) >> 56); }
 
   // ---- VRAM tiering (tier_region.cc; the protocol is in docs/shm-layout.md) ----
   // Owner side: whether the vGPU's processes allocate movable VRAM, and its idle timeout
