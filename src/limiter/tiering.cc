@@ -1191,6 +1191,9 @@ void* TierThread(void*) {
         if (s.binding->region.HostReclaimStillShort()) {
           const uint64_t kept = s.kept;
           FreeKeptLocked(s);
+          // The requester reserves the freed budget on its next look: pinning ahead again before
+          // then would take it back (the request is acted on once), so wait as long as it waits.
+          s.pin_ahead_next_ns = Now() + kBudgetWaitNs;
           GuestLog("vGPU '%s': freed %llu MiB of kept host copies: another tenant needs the host tier",
                    s.binding->vgpu_id, static_cast<unsigned long long>(kept >> 20));
         }
