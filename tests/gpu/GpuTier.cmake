@@ -101,11 +101,16 @@ endfunction()
 # it also calls the driver API (NEEDED libcuda.so.1, linked against the toolkit's stub, no
 # RPATH). EMBED: device code made by tf_gpu_device_code.
 function(tf_gpu_cudart_program name cu_source)
-  cmake_parse_arguments(ARG "LINK_DRIVER" "" "EMBED" ${ARGN})
+  cmake_parse_arguments(ARG "LINK_DRIVER" "" "EMBED;SOURCES;DEPENDS" ${ARGN})
   set(out ${CMAKE_CURRENT_BINARY_DIR}/${name})
   get_filename_component(cu_abs ${cu_source} ABSOLUTE)
   set(extra_sources)
-  set(extra_depends)
+  set(extra_depends ${ARG_DEPENDS})
+  foreach(source ${ARG_SOURCES})
+    get_filename_component(source_abs ${source} ABSOLUTE)
+    list(APPEND extra_sources ${source_abs})
+    list(APPEND extra_depends ${source_abs})
+  endforeach()
   foreach(symbol ${ARG_EMBED})
     list(APPEND extra_sources ${CMAKE_CURRENT_BINARY_DIR}/${symbol}.cc)
     list(APPEND extra_depends ${CMAKE_CURRENT_BINARY_DIR}/${symbol}.bin

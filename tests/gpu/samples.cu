@@ -28,7 +28,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,6 +38,7 @@
 // The driver-API samples load these kernels from the embedded fatbin; the runtime-API samples
 // launch the same source, compiled into this program, with <<<>>>.
 #include "samples_kernels.cu"
+#include "samples.h"
 
 extern "C" const unsigned char tf_samples_kernels_fatbin[];
 extern "C" const char tf_samples_jit_ptx[];
@@ -44,46 +47,9 @@ extern "C" const char tf_samples_link_b_ptx[];
 
 namespace {
 
-// ---- outcome of one sample
+using tf_samples::Input;
+using tf_samples::Outcome;
 
-struct Outcome {
-  bool pass = true;
-  std::string detail;
-  bool has_result = false;
-  uint64_t checksum = 0;
-
-  // Records a failure (the first one's text becomes the detail).
-  bool Fail(const std::string& why) {
-    if (pass) detail = why;
-    pass = false;
-    return false;
-  }
-  bool Rt(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return true;
-    return Fail(std::string(what) + ": " + cudaGetErrorName(e));
-  }
-  bool Drv(CUresult r, const char* what) {
-    if (r == CUDA_SUCCESS) return true;
-    const char* name = nullptr;
-    cuGetErrorName(r, &name);
-    return Fail(std::string(what) + ": " + (name ? name : "?") + " (" + std::to_string(r) + ")");
-  }
-  void Result(const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    uint64_t h = has_result ? checksum : 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-    checksum = h;
-    has_result = true;
-  }
-};
-
-#define RT(o, call) \
-  if (!(o).Rt((call), #call)) return
-#define DRV(o, call) \
-  if (!(o).Drv((call), #call)) return
-
-// Deterministic inputs: small multiples of 1/4, so float sums and products are exact.
-float Input(size_t i, int salt) { return static_cast<float>(static_cast<int>((i * 7 + salt * 13) % 9) - 4) * 0.25f; }
 
 __global__ void AffineInPlace(float* x, int n, float a, float b) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -849,13 +815,10 @@ void CuLink(Outcome& o) {
   }
 }
 
-struct Sample {
-  const char* name;
-  void (*run)(Outcome&);
-};
+using tf_samples::Sample;
 
 // Order: the host-memory samples last (zero-copy and managed memory are mirrored over TCP).
-const Sample kSamples[] = {
+const Sample kBuiltIn[] = {
     {"vecadd_driver", VecAddDriver},
     {"vecadd_runtime", VecAddRuntime},
     {"matmul_driver", MatMulDriver},
@@ -872,6 +835,15 @@ const Sample kSamples[] = {
     {"zero_copy", ZeroCopy},
     {"managed", Managed},
 };
+
+// The built-in samples, then those of the samples_surface_*.cu files by name.
+std::vector<Sample> AllSamples() {
+  std::vector<Sample> all(std::begin(kBuiltIn), std::end(kBuiltIn));
+  std::vector<Sample> extra = tf_samples::Registered();
+  std::sort(extra.begin(), extra.end(), [](const Sample& a, const Sample& b) { return strcmp(a.name, b.name) < 0; });
+  all.insert(all.end(), extra.begin(), extra.end());
+  return all;
+}
 
 // Runs one sample in this process: the runtime's primary context is current for the driver-API
 // samples too. Returns whether it passed.
@@ -917,6 +889,7 @@ bool RunIsolated(const Sample& s, int timeout_s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::vector<Sample> kSamples = AllSamples();
   bool fork_each = true;
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
