@@ -91,16 +91,17 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
                env, static_cast<long long>(kTickNs / 1000));
     }
   }
-  // Turns are opt-in per process: they make hard slices of saturating work exact, but a batch-1
-  // tenant beside turn-taking ones lost a third of its throughput (docs/compute-sharing.md).
-  turn_ = ShareTurn{};
+  // Turns are on by default (25 ms): they make hard slices of saturating work exact, and they stop
+  // while any tenant that leaves gaps wants the GPU (docs/compute-sharing.md). 0 turns them off.
+  turn_ = ShareTurn{kShareTurnNs};
   if (const char* env = getenv("TFUSION_SHARE_TURN_MS"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     long ms = strtol(env, &end, 10);
     if (end != nullptr && *end == '\0' && ms >= 0 && ms <= 100) {
       turn_.turn_ns = ms * 1'000'000;
     } else {
-      GuestLog("TFUSION_SHARE_TURN_MS=%s is not a whole number of milliseconds in 0..100: turns stay off", env);
+      GuestLog("TFUSION_SHARE_TURN_MS=%s is not a whole number of milliseconds in 0..100: using %lld", env,
+               static_cast<long long>(kShareTurnNs / 1'000'000));
     }
   }
 }

@@ -69,8 +69,8 @@ class ComputeGovernor {
   // Governor tick period while the process has GPU work (ns): kTickNs, or
   // $TFUSION_SHARE_TICK_US (100..5000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
-  // With $TFUSION_SHARE_TURN_MS (1..100; unset or 0 = never), this process's saturating hard
-  // slices take turns of that length (compute_share.cc).
+  // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
+  // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc).
 
 
  private:

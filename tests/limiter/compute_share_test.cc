@@ -278,24 +278,30 @@ TEST_F(ComputeShareTest, UnevenSplitsTakeTurnsAndGiveTheSmallerTenantItsShare) {
   EXPECT_LT(got[0], 24.0);
 }
 
-TEST_F(ComputeShareTest, ATenantThatLeavesGapsRunsBesideTheTurns) {
+TEST_F(ComputeShareTest, ATenantThatLeavesGapsStopsTheTurnsWhileItWantsTheGpu) {
   // The noisy neighbour: a tenant that alone would use 20% of the GPU (inference at batch 1, within
-  // its 25% request) beside three saturating tenants at 25% each. The saturating ones take turns;
-  // the small one never waits for a turn and shares the GPU with one of them at a time instead of
-  // three (what that buys it is latency, which this model does not show; docs/compute-sharing.md).
+  // its 25% request) beside three saturating tenants at 25% each. While it wants the GPU nobody
+  // takes turns (beside one turn holder instead of three it would be charged more and held at its
+  // request); once it is gone the three saturating ones take turns again.
   switch_loss_ = 0.09;
   Tenant small{"small", 250'000, 1'000'000};
-  small.demand = [](int64_t) { return 0.2; };
+  small.demand = [](int64_t t) { return t < 3001 * kMs ? 0.2 : 0.0; };
   Tenant b{"b", 250'000, 250'000}, c{"c", 250'000, 250'000}, d{"d", 250'000, 250'000};
   for (Tenant* t : {&small, &b, &c, &d}) Add(t);
   Run({&small, &b, &c, &d}, kMs, 3001 * kMs, 1001 * kMs);
   EXPECT_EQ(small.turn_held_ticks, 0);
   EXPECT_GT(Share(small, 2000 * kMs), 18.0) << "90% of what it wants";
   for (Tenant* t : {&b, &c, &d}) {
-    EXPECT_GT(t->turn_held_ticks, 0) << t->id << " takes turns";
-    // Each gets its 25% less what it loses beside the small one (the model's 9% switching loss
-    // applies while two run), and the three the same.
-    EXPECT_NEAR(Share(*t, 2000 * kMs), 20.0, 2.0) << t->id;
+    EXPECT_EQ(t->turn_held_ticks, 0) << t->id << " takes no turns beside the small tenant";
+    EXPECT_GT(Share(*t, 2000 * kMs), 15.0) << t->id;
+  }
+  // The small tenant leaves: after its demand expires, the saturating three take turns again.
+  for (Tenant* t : {&small, &b, &c, &d}) t->got_ns = t->turn_held_ticks = 0;
+  Run({&small, &b, &c, &d}, 3001 * kMs, 5001 * kMs, 4001 * kMs);
+  EXPECT_EQ(Share(small, 1000 * kMs), 0.0);
+  for (Tenant* t : {&b, &c, &d}) {
+    EXPECT_GT(t->turn_held_ticks, 0) << t->id << " takes turns once alone with saturating ones";
+    EXPECT_NEAR(Share(*t, 1000 * kMs), 25.0, 1.0) << t->id;
   }
 }
 

@@ -26,12 +26,15 @@
 // saturating processes together get about 91% of the kernel time one gets alone, and the switching
 // time lands on both charges, so an uneven split comes out short for the smaller tenant. A process
 // of a hard slice (request = limit) whose work has been queued (or held) at least 95% of the last
-// ~10 ms is saturating; saturating vGPUs that contend take turns of ShareTurn::turn_ns (opt-in per
-// process with TFUSION_SHARE_TURN_MS, 25 ms measured best): the one holding the turn submits,
+// ~10 ms is saturating; saturating vGPUs that contend take turns of ShareTurn::turn_ns (25 ms,
+// measured best; TFUSION_SHARE_TURN_MS per process, 0 = off): the one holding the turn submits,
 // the others hold (kTurn) while tenants that leave gaps (inference, launch-bound work) keep running
 // beside it as before, and so do burstable vGPUs (request < limit: what they are promised is
 // latency and idle capacity, not an exact slice; a batch-1 inference tenant keeps its queue full
 // like a saturating one, and made to wait for turns it lost a third of its throughput on the GPU).
+// While any such tenant wants the GPU nobody takes turns: beside one turn holder instead of all the
+// saturating ones it would be charged several times as much and held at its request (it kept 0.39
+// of its solo throughput that way on an H200, 0.57 without turns).
 // A holder that left the GPU idle more than 5% of a 5 ms window of its turn
 // is not saturating after all: it leaves turns for kShareGappyNs. A capped vGPU takes a turn only
 // with a turn's worth of tokens, so a small share is not switched in for a sliver. A turn is given
@@ -253,14 +256,24 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
                             : sb->saturating.fetch_and(~bit, std::memory_order_relaxed) & ~bit;
   }
 
+  // Turns are for saturating tenants among themselves: while any other vGPU that wants the GPU is
+  // not saturating (inference leaving gaps, a burstable slice), nobody takes turns. Taking them
+  // then would time-slice that tenant against one saturating process instead of all of them,
+  // charging it twice or more and holding it at its request (docs/compute-sharing.md).
+  bool others_gappy = false;
+  for (uint32_t i = 0; i < kMaxVgpus && !others_gappy; ++i) {
+    others_gappy = i != mine && ((mask >> i) & 1) == 0 && Wanting(vgpu(i), now_ns);
+  }
+
   if (mine_now) {
-    // Given up when held by its buckets or no longer saturating; otherwise kept until taken.
-    if (out->hold != ShareHold::kRun || !turn->saturating) {
+    // Given up when held by its buckets, no longer saturating, or beside a tenant that is not;
+    // otherwise kept until taken.
+    if (out->hold != ShareHold::kRun || !turn->saturating || others_gappy) {
       sb->turn.compare_exchange_strong(word, 0, std::memory_order_acq_rel);
     }
     return;
   }
-  if (!turn->saturating || out->hold != ShareHold::kRun) return;
+  if (!turn->saturating || out->hold != ShareHold::kRun || others_gappy) return;
   // Another saturating vGPU that still wants the GPU? (A dead process's bit has no fresh demand.)
   bool contended = false;
   for (uint64_t m = mask & ~bit; m != 0 && !contended; m &= m - 1) {

@@ -70,7 +70,7 @@ struct ShareTurn {
   int64_t gappy_until_ns = 0;   // holding the turn it left the GPU idle: no turns until then
   bool saturating = false;      // the last tick's verdict
 };
-// A turn's length when turns are on (TFUSION_SHARE_TURN_MS; off by default), and how long a
+// A turn's length unless TFUSION_SHARE_TURN_MS says otherwise (0: off), and how long a
 // tenant found gappy stays out of turns.
 inline constexpr int64_t kShareTurnNs = 25'000'000;
 inline constexpr int64_t kShareGappyNs = 5'000'000'000;
