@@ -170,6 +170,10 @@ bool InMirroredHostRange(Session* s, uint64_t p, uint64_t n);
 CUresult HostRegionCopy(Session* s, uint8_t direction, uint64_t dptr, uint64_t host, uint64_t n,
                         uint64_t stream, bool async);
 
+// The (item, first index it applies to) lists of the batched copies and prefetches (attributes,
+// locations): num in 1..count, starting at 0, strictly increasing, below count (client_memops.cc).
+bool BatchIndexList(size_t count, const size_t* idxs, size_t num);
+
 // Host nodes (client_callbacks.cc): the id under which the worker's host node runs fn(user) in
 // the client; one id per (fn, user), kept until the process ends. Requires the session.
 CUresult RegisterHostNode(Session* s, CUhostFn fn, void* user, uint64_t* id);

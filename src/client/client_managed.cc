@@ -12,6 +12,7 @@
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
@@ -275,6 +276,59 @@ CUresult Impl_cuMemRangeGetAttributes(void** data, size_t* sizes, CUmem_range_at
     if (CUresult r = RangeAttribute(a, data[i], sizes[i], attributes[i]); r != CUDA_SUCCESS) return r;
   }
   return CUDA_SUCCESS;
+}
+
+// ---- batches (CUDA 12.8+): every range is checked first (a bad one fails the call and changes
+// nothing), then prefetched as cuMemPrefetchAsync_v2 would be. A discard keeps the data: nothing
+// migrates, and after a discard CUDA promises no particular contents.
+
+namespace {
+
+CUresult ManagedBatch(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* locs,
+                      size_t* loc_idxs, size_t num_locs, unsigned long long flags, CUstream st,
+                      bool prefetch) {
+  if (count == 0 || dptrs == nullptr || sizes == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (prefetch && (locs == nullptr || !BatchIndexList(count, loc_idxs, num_locs))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  TF_LOCK(l);
+  Session* s = l.session();
+  std::vector<Location> where(prefetch ? num_locs : 0);
+  for (size_t i = 0; i < where.size(); ++i) {
+    if (!FromLocation(s, locs[i], &where[i])) return CUDA_ERROR_INVALID_DEVICE;
+  }
+  HostRange h;
+  for (size_t i = 0; i < count; ++i) {
+    if (!FindManaged(s, dptrs[i], sizes[i], &h)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!KnownStream(s, st)) return CUDA_ERROR_INVALID_HANDLE;
+  size_t loc = 0;
+  for (size_t i = 0; prefetch && i < count; ++i) {
+    if (loc + 1 < num_locs && loc_idxs[loc + 1] == i) ++loc;
+    FindManaged(s, dptrs[i], sizes[i], &h);
+    AdviceTable()[h.base].last_prefetch = where[loc];
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count,
+                                      CUmemLocation* locs, size_t* loc_idxs, size_t num_locs,
+                                      unsigned long long flags, CUstream st) {
+  return ManagedBatch(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, st, true);
+}
+
+CUresult Impl_cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count,
+                                     unsigned long long flags, CUstream st) {
+  return ManagedBatch(dptrs, sizes, count, nullptr, nullptr, 0, flags, st, false);
+}
+
+CUresult Impl_cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count,
+                                                CUmemLocation* locs, size_t* loc_idxs,
+                                                size_t num_locs, unsigned long long flags,
+                                                CUstream st) {
+  return ManagedBatch(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, st, true);
 }
 
 }  // namespace tf::client

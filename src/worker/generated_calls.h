@@ -24,6 +24,9 @@ class GeneratedHost {
   virtual const driver::DriverTable& Driver() const = 0;
   virtual HandleTable& Handles() = 0;
   virtual bool KnownDevice(int32_t d) const = 0;
+  // [p, p + n) lies inside one range of device memory the session may name (its allocations,
+  // mapped ranges, host memory the driver maps at its own address): the `dptr=` annotation.
+  virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
   // A generated call created or destroyed a driver object (real handle): the session keeps its
   // own tables in step (streams, events and contexts are also known to hand-written families).
   virtual void Created(HandleKind k, uint64_t real) = 0;

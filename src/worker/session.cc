@@ -33,6 +33,7 @@
 #include "worker/session_handles.h"
 #include "worker/session_host_memory.h"
 #include "worker/session_link.h"
+#include "worker/session_memops.h"
 #include "worker/session_graph_host.h"
 #include "worker/session_mirrors.h"
 #include "worker/session_queries.h"
@@ -76,7 +77,7 @@ struct Image {
 };
 
 class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host,
-                private GeneratedHost {
+                private GeneratedHost, private SessionMemops::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {
@@ -109,6 +110,11 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   bool KnownContext(uint64_t& c) const override { return Context(c); }
   HandleTable& Handles() override { return handles_; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
+  // SessionMemops::Host (stream memory operations, the current pool: session_memops.cc).
+  uint64_t PublishPool(uint64_t real) override {
+    pools_.insert(real);
+    return Publish(HandleKind::kMemPool, real);
+  }
   // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
   void Created(HandleKind k, uint64_t real) override {
@@ -380,6 +386,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   }
   SessionArrays arrays_{d_, *this};
   SessionQueries queries_{d_, *this};
+  SessionMemops memops_{d_, *this};
 };
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
@@ -543,6 +550,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
   if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
+  if (SessionMemops::Handles(fn)) return memops_.Call(fn, rd, out);
   if (IsGenerated(fn)) return DispatchGenerated(fn, rd, out, *this);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {

@@ -142,6 +142,10 @@ class FuzzHost : public tf::worker::GeneratedHost {
   const tf::driver::DriverTable& Driver() const override { return d_; }
   tf::worker::HandleTable& Handles() override { return t_; }
   bool KnownDevice(int32_t d) const override { return d == 0; }
+  // One 64 KiB allocation at 0x7000'0000.
+  bool DeviceRange(uint64_t p, uint64_t n) const override {
+    return n > 0 && p >= 0x70000000 && n <= 0x10000 && p - 0x70000000 <= 0x10000 - n;
+  }
   void Created(tf::worker::HandleKind, uint64_t) override { ++created; }
   void Destroyed(tf::worker::HandleKind, uint64_t) override { ++destroyed; }
   void AfterCall(tf::driver::Fn, CUresult) override { ++calls; }

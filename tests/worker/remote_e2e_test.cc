@@ -305,10 +305,10 @@ TEST(RemoteSurface, EveryEntryPointIsImplementedOrRefusedWithAReason) {
   }
   void* h = dlopen(TF_CLIENT, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(h, nullptr) << dlerror();
-  auto refused_call = reinterpret_cast<CUresult (*)(CUstream, CUstreamAttrID, CUstreamAttrValue*)>(
-      dlsym(h, "cuStreamCopyAttributes"));
+  auto refused_call = reinterpret_cast<CUresult (*)(CUcontext*, unsigned)>(dlsym(h, "cuCtxAttach"));
   ASSERT_NE(refused_call, nullptr);
-  EXPECT_EQ(refused_call(nullptr, CU_LAUNCH_ATTRIBUTE_PRIORITY, nullptr), CUDA_ERROR_NOT_SUPPORTED);
+  CUcontext unused = nullptr;
+  EXPECT_EQ(refused_call(&unused, 0), CUDA_ERROR_NOT_SUPPORTED);
 }
 
 // Stream and context queries, PCI bus ids and tensor-map encodings (what cuDNN, XLA and Triton
@@ -339,6 +339,49 @@ TEST_F(RemoteTest, StreamContextPciAndTensorMapQueriesMatchTheDriver) {
     EXPECT_EQ(r.kv["tiled_bad_box"], "1");
     EXPECT_EQ(r.kv["tiled_bad_rank"], "1");
     EXPECT_EQ(r.kv["replaced_misaligned"], "1");
+    ExpectSameKeys(direct, r);
+    EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
+  }
+}
+
+// Stream memory operations (a wait really waits for another stream's write), batches of them,
+// batched copies through pageable host memory, managed-memory prefetch and discard batches, peer
+// copies between two contexts of the one device, peer access, the device's current pool and
+// stream attribute copies give over both transports what the driver gives directly; bad input
+// fails that call (or, for fire-and-forget calls, the next synchronizing one) and nothing else.
+TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver) {
+  StartWorker();
+  Result direct = DirectProgram({TF_MEMOPS_PROBE, "memops"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["done"], "1") << direct.out;
+  EXPECT_EQ(direct.kv["wait_blocks"], "600") << direct.out;  // CUDA_ERROR_NOT_READY
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_MEMOPS_PROBE, "memops"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["wait_blocks"], "600") << "the waiting stream ran before the write";
+    EXPECT_EQ(r.kv["wait_released"], "1:7:500000001:1234567890");
+    EXPECT_EQ(r.kv["batch"], "feed:abcdef0123:5eed");
+    for (const char* k : {"bad_wait_addr", "bad_write_unaligned_outside", "bad_wait_flags", "bad_write_flags",
+                          "bad_batch_count", "bad_batch_flags", "bad_batch_addr", "bad_batch_op",
+                          "batch_copy_no_attrs", "batch_copy_null_stream", "batch_copy_bad_order",
+                          "batch_copy_bad_index", "managed_batch_not_managed", "managed_batch_flags",
+                          "peer_copy_outside", "peer_enable_flags"}) {
+      EXPECT_EQ(r.kv[k], "1") << k << " (CUDA_ERROR_INVALID_VALUE)";
+    }
+    EXPECT_EQ(r.kv["after_bad"], "3");
+    EXPECT_EQ(r.kv["managed_batch"], "0:0:11111111:22222222");
+    EXPECT_EQ(r.kv["managed_batch_bad_device"], "101");
+    EXPECT_EQ(r.kv["peer_copy"], "c0ffee:c0ffee");
+    EXPECT_EQ(r.kv["peer_copy_bad_ctx"], "201");
+    EXPECT_EQ(r.kv["peer_enable"], "101");       // one device: not its own peer
+    EXPECT_EQ(r.kv["peer_enable_self"], "201");
+    EXPECT_EQ(r.kv["peer_disable"], "705");      // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
+    EXPECT_EQ(r.kv["pools"], "1:1:1:1");
+    EXPECT_EQ(r.kv["pool_bad_device"], "101");
+    EXPECT_EQ(r.kv["pool_set_bad_device"], "101");
+    EXPECT_EQ(r.kv["copy_attributes"], "0:-1") << "a stale cached priority";
+    EXPECT_EQ(r.kv["copy_attributes_bad"], "400");
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
   }

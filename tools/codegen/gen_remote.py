@@ -24,7 +24,7 @@ HANDLE_KINDS = {
     "CUexternalSemaphore": "kExternalSemaphore", "CUgreenCtx": "kGreenCtx",
 }
 # The CUDA error a bad handle of each kind gets (the driver's own choice for contexts).
-HANDLE_ERROR = {"kContext": "CUDA_ERROR_INVALID_CONTEXT"}
+HANDLE_ERROR = {"kContext": "CUDA_ERROR_INVALID_CONTEXT", "kMemPool": "CUDA_ERROR_INVALID_VALUE"}
 SCALARS = {
     "int": "i32", "unsigned int": "u32", "unsigned": "u32", "unsigned char": "u8",
     "unsigned short": "u16", "float": "f32", "size_t": "u64",
@@ -171,7 +171,7 @@ def parse_surface(path, exports, typed):
 
 
 def parse_annotations(fn, text, params):
-    ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": []}
+    ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": []}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -194,6 +194,13 @@ def parse_annotations(fn, text, params):
             ann["cache"] = keys
         elif key == "forget" and val:
             ann["forget"] = val.split(",")
+        elif key == "dptr" and ":" in val:
+            a, size = val.split(":", 1)
+            if a not in names:
+                raise SurfaceError("%s: dptr=%s names no argument" % (fn, a))
+            if not (re.match(r"^[0-9]+$", size) or size in names):
+                raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument" % (fn, val))
+            ann["dptr"].append((a, size))
         else:
             raise SurfaceError("%s: bad annotation %r" % (fn, tok))
     return ann
@@ -259,6 +266,8 @@ def gen_client_impl(c, decl):
     elif c.ann["ctx"] == "any":
         o.append("  TF_CTX_IF_ANY(l_);\n")
     o.append("  Session* s_ = l_.session();\n")
+    for a, _ in c.ann["dptr"]:
+        o.append("  MirrorIfUsedAsDevice(s_, static_cast<uint64_t>(%s));\n" % a)
     keys = []
     if c.ann["cache"]:
         for k in c.ann["cache"]:
@@ -329,6 +338,13 @@ def gen_worker_case(c):
             o.append("      if (!Valid_%s(a_%s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a.enum, a.name))
         if a.mask is not None:
             o.append("      if ((a_%s & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.mask))
+    for a, size in c.ann["dptr"]:
+        # A length argument of 0 names no memory (the driver answers for it); a fixed one always does.
+        if re.match(r"^[0-9]+$", size):
+            o.append("      if (!host.DeviceRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
+        else:
+            o.append("      if (a_%s != 0 && !host.DeviceRange(a_%s, a_%s)) return CUDA_ERROR_INVALID_VALUE;\n"
+                     % (size, a, size))
     for a in c.ins:
         if a.device:
             o.append("      if (!host.KnownDevice(a_%s)) return CUDA_ERROR_INVALID_DEVICE;\n" % a.name)
