@@ -144,14 +144,16 @@ void ForgetContextAnswers(Session* s) {
 
 // ---- streams: the getters are generated (api/remote_surface.tsv, answered once per stream)
 
-// The stub creates no green contexts: a stream's green context is always NULL.
+// The context as cuStreamGetCtx answers it, the green context as cuStreamGetGreenCtx does.
 CUresult Impl_cuStreamGetCtx_v2(CUstream st, CUcontext* ctx, CUgreenCtx* green) {
   if (ctx == nullptr && green == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUcontext c = nullptr;
   CUresult r = Impl_cuStreamGetCtx(st, &c);
   if (r != CUDA_SUCCESS) return r;
+  CUgreenCtx g = nullptr;
+  if (green != nullptr && (r = Impl_cuStreamGetGreenCtx(st, &g)) != CUDA_SUCCESS) return r;
   if (ctx != nullptr) *ctx = c;
-  if (green != nullptr) *green = nullptr;
+  if (green != nullptr) *green = g;
   return CUDA_SUCCESS;
 }
 

@@ -30,6 +30,7 @@
 #include "worker/session_console.h"
 #include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
+#include "worker/session_green.h"
 #include "worker/session_handles.h"
 #include "worker/session_host_memory.h"
 #include "worker/session_link.h"
@@ -77,7 +78,7 @@ struct Image {
 };
 
 class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host,
-                private GeneratedHost, private SessionMemops::Host {
+                private GeneratedHost, private SessionMemops::Host, private SessionGreen::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {
@@ -128,6 +129,14 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void AfterCall(Fn fn, CUresult) override {
     if (fn == Fn::cuStreamSynchronize || fn == Fn::cuStreamQuery) PollStaged(false);
   }
+  // SessionGreen::Host (green contexts and device resources: session_green.cc).
+  void GreenContextAdded(uint64_t c) override { contexts_.insert(c); }
+  void GreenContextRemoved(uint64_t c) override { contexts_.erase(c); }
+  void WriteGreenContextInfo(uint64_t c, int32_t dev, Writer& out) override {
+    WriteContextInfo(As<CUcontext>(c), dev, false, out);
+  }
+  std::vector<uint64_t> SessionStreams() const override { return {streams_.begin(), streams_.end()}; }
+  void StreamGone(uint64_t s) override { streams_.erase(s); }
   // SessionQueries::Host (stream, context, module and function queries: session_queries.cc).
   bool KnownModule(uint64_t& m) const override { return Module(m); }
   bool KnownFunction(uint64_t& f) const override { return Function(f) && functions_.count(f) != 0; }
@@ -387,6 +396,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   SessionArrays arrays_{d_, *this};
   SessionQueries queries_{d_, *this};
   SessionMemops memops_{d_, *this};
+  SessionGreen green_{d_, *this};
 };
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
@@ -551,6 +561,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
   if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
   if (SessionMemops::Handles(fn)) return memops_.Call(fn, rd, out);
+  if (SessionGreen::Handles(fn)) return green_.Call(fn, rd, out);
   if (IsGenerated(fn)) return DispatchGenerated(fn, rd, out, *this);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
@@ -2381,6 +2392,7 @@ void Session::Cleanup() {
   for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
   for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
+  green_.Cleanup();
   for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);

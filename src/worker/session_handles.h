@@ -46,9 +46,10 @@ enum class HandleKind : uint8_t {
   kUserObject,
   kExternalMemory,
   kExternalSemaphore,
-  kGreenCtx
+  kGreenCtx,
+  kDevResourceDesc  // CUdevResourceDesc (cuDevResourceGenerateDesc): the driver never frees them
 };
-inline constexpr int kHandleKindCount = static_cast<int>(HandleKind::kGreenCtx);
+inline constexpr int kHandleKindCount = static_cast<int>(HandleKind::kDevResourceDesc);
 
 class HandleTable {
  public:

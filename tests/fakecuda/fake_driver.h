@@ -107,6 +107,7 @@ struct Context {
   bool primary = false;
   std::shared_ptr<Stream> null_stream;
   std::set<Stream*> streams;  // streams created in this context, besides null_stream
+  void* green = nullptr;      // the green context (fake_green.cc) this is the context of
 };
 
 // A host function standing in for a device kernel. Parameter layout is known when registered

@@ -183,7 +183,9 @@ CUresult cuStreamGetCtx_v2(CUstream handle, CUcontext* ctx, CUgreenCtx* green) {
   CUcontext c = nullptr;
   if (CUresult r = cuStreamGetCtx(handle, &c); r != CUDA_SUCCESS) return r;
   if (ctx != nullptr) *ctx = c;
-  if (green != nullptr) *green = nullptr;  // the fake has no green contexts
+  if (green != nullptr) {
+    if (CUresult r = cuStreamGetGreenCtx(handle, green); r != CUDA_SUCCESS) return r;
+  }
   return CUDA_SUCCESS;
 }
 

@@ -387,6 +387,54 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
   }
 }
 
+// Green contexts (what cuBLASLt and cuDNN 9 reference): the device's SMs split in groups, a green
+// context of one group whose streams and context run kernels and copies, events recorded and
+// waited across it and the primary context, and its destruction, give over both transports what
+// the driver gives directly; altered resources, bad flags and stale handles fail that call only,
+// and forged names, another kind's and another session's fail with CUDA_ERROR_INVALID_HANDLE
+// (resources and descriptors: CUDA_ERROR_INVALID_VALUE).
+TEST_F(RemoteTest, GreenContextsSplitSmsRunWorkAndRejectForeignHandles) {
+  StartWorker();
+  Result direct = DirectProgram({TF_GREEN_PROBE, "green"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["done"], "1") << direct.out;
+  EXPECT_EQ(direct.kv["device_sms"], "132:8:8");
+  EXPECT_EQ(direct.kv["split"], "2:16:16:100");
+  EXPECT_EQ(direct.kv["cross_events_sum"], "1056");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_GREEN_PROBE, "green", "foreign"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_EQ(r.kv["split_query"], "8");
+    EXPECT_EQ(r.kv["green_sms"], "16:16:132");
+    EXPECT_EQ(r.kv["green_ctx"], "1:1");
+    EXPECT_EQ(r.kv["stream_green"], "1:1:1");
+    EXPECT_EQ(r.kv["green_id"], "1:1");
+    EXPECT_EQ(r.kv["green_stream_default"], "1");
+    EXPECT_EQ(r.kv["green_ctx_flags"], "2");  // CU_CTX_SCHED_YIELD
+    EXPECT_EQ(r.kv["cross_events_sum"], "1056");
+    EXPECT_EQ(r.kv["altered_resource"], "1");  // CUDA_ERROR_INVALID_VALUE
+    EXPECT_EQ(r.kv["split_again"], "915");     // CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
+    EXPECT_EQ(r.kv["green_flags"], "1:1");
+    EXPECT_EQ(r.kv["green_stream_flags"], "1");
+    EXPECT_EQ(r.kv["stale_green"], "400:400:400");
+    EXPECT_EQ(r.kv["stale_green_stream"], "400:400");
+    EXPECT_EQ(r.kv["stale_green_context"], "201");
+    EXPECT_EQ(r.kv["primary_still_works"], "1");
+    EXPECT_EQ(r.kv["forged_green"], "400");
+    EXPECT_EQ(r.kv["forged_desc"], "1");
+    EXPECT_EQ(r.kv["kind_stream_as_green"], "400");
+    EXPECT_EQ(r.kv["other_session_green"], "400:400") << r.out;
+    EXPECT_EQ(r.kv["other_session_desc"], "1");
+    EXPECT_EQ(r.kv["other_session_resource"], "1");
+    EXPECT_EQ(r.kv["other_session_own"], "0");
+    EXPECT_EQ(r.kv["child_status"], "0");
+    EXPECT_EQ(r.kv["other_still_works"], "1");
+    ExpectSameKeys(direct, r);
+    EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
+  }
+}
+
 // XLA memsets a cuMemHostAlloc(8, PORTABLE) buffer, has kernels write it and reads it back on a
 // non-default stream into stack memory (JAX's matmul autotuning); over TCP that memory was plain
 // client memory the worker could not reach (CUDA_ERROR_INVALID_VALUE). Kept as its own case so it

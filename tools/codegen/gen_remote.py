@@ -22,6 +22,7 @@ HANDLE_KINDS = {
     "CUmipmappedArray": "kMipmappedArray", "CUlinkState": "kLinkState", "CUmemoryPool": "kMemPool",
     "CUuserObject": "kUserObject", "CUexternalMemory": "kExternalMemory",
     "CUexternalSemaphore": "kExternalSemaphore", "CUgreenCtx": "kGreenCtx",
+    "CUdevResourceDesc": "kDevResourceDesc",
 }
 # The CUDA error a bad handle of each kind gets (the driver's own choice for contexts).
 HANDLE_ERROR = {"kContext": "CUDA_ERROR_INVALID_CONTEXT", "kMemPool": "CUDA_ERROR_INVALID_VALUE"}
@@ -384,8 +385,9 @@ def gen_worker_case(c):
             o.append("      out.U64(w_%s);\n" % a.name)
         elif a.kind:
             o.append("      uint64_t w_%s = 0;\n" % a.name)
-            o.append("      if (!host.Handles().WireOf(HandleKind::%s, H(o_%s), &w_%s)) return CUDA_ERROR_INVALID_HANDLE;\n"
-                     % (a.kind, a.name, a.name))
+            # A NULL handle output stays NULL (cuStreamGetGreenCtx of a stream of no green context).
+            o.append("      if (H(o_%s) != 0 && !host.Handles().WireOf(HandleKind::%s, H(o_%s), &w_%s)) return CUDA_ERROR_INVALID_HANDLE;\n"
+                     % (a.name, a.kind, a.name, a.name))
             o.append("      out.U64(w_%s);\n" % a.name)
         elif a.wire == "f32":
             o.append("      uint32_t b_%s = 0;\n      memcpy(&b_%s, &o_%s, sizeof(b_%s));\n      out.U32(b_%s);\n"
