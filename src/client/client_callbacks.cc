@@ -42,6 +42,9 @@ struct Callbacks {
   // (function, argument).
   std::map<uint64_t, Pending> host_nodes;
   std::map<std::pair<CUhostFn, void*>, uint64_t> host_node_ids;
+  // User objects' destroy callbacks: run once, when the worker's driver released the object; no
+  // acknowledgement (nothing waits on a stream for them).
+  std::map<uint64_t, Pending> releases;
   int64_t host_runs_expected = 0;  // launched host-node runs not yet run
   std::deque<uint64_t> reached;            // events received, in order
   uint64_t next_id = 1;
@@ -62,6 +65,7 @@ struct ForkReset {
       c.registered.clear();
       c.host_nodes.clear();
       c.host_node_ids.clear();
+      c.releases.clear();
       c.host_runs_expected = 0;
       c.reached.clear();
       c.thread_started = false;  // the child has no callback thread
@@ -120,9 +124,10 @@ void* CallbackThread(void*) {
       pthread_cond_timedwait(&c.cv, &c.mu, &deadline);
     }
     if (c.reached.empty()) {
-      bool outstanding = !c.registered.empty() || c.host_runs_expected > 0;
+      // Live user objects: their release may come while no call waits (slow polling).
+      bool poll = !c.registered.empty() || c.host_runs_expected > 0 || !c.releases.empty();
       pthread_mutex_unlock(&c.mu);
-      if (outstanding) PollTransport();
+      if (poll) PollTransport();
       continue;
     }
     uint64_t id = c.reached.front();
@@ -135,6 +140,12 @@ void* CallbackThread(void*) {
     } else if (auto hn = c.host_nodes.find(id); hn != c.host_nodes.end()) {
       p = hn->second;
       if (c.host_runs_expected > 0) --c.host_runs_expected;
+    } else if (auto rel = c.releases.find(id); rel != c.releases.end()) {
+      p = rel->second;
+      c.releases.erase(rel);
+      pthread_mutex_unlock(&c.mu);
+      p.host_fn(p.user);
+      continue;
     } else {
       pthread_mutex_unlock(&c.mu);
       continue;
@@ -215,6 +226,42 @@ CUresult RegisterHostNode(Session* s, CUhostFn fn, void* user, uint64_t* id) {
   }
   pthread_mutex_unlock(&c.mu);
   return r;
+}
+
+bool HostNodeFunctionOf(uint64_t id, CUhostFn* fn, void** user) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  auto it = c.host_nodes.find(id);
+  const bool found = it != c.host_nodes.end();
+  if (found) {
+    *fn = it->second.host_fn;
+    *user = it->second.user;
+  }
+  pthread_mutex_unlock(&c.mu);
+  return found;
+}
+
+CUresult RegisterUserObjectRelease(Session* s, CUhostFn fn, void* user, uint64_t* id) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  CUresult r = StartThreadLocked(c);
+  if (r == CUDA_SUCCESS) {
+    *id = c.next_id++;
+    Pending p;
+    p.session = s;
+    p.host_fn = fn;
+    p.user = user;
+    c.releases[*id] = p;
+  }
+  pthread_mutex_unlock(&c.mu);
+  return r;
+}
+
+void ForgetUserObjectRelease(uint64_t id) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  c.releases.erase(id);
+  pthread_mutex_unlock(&c.mu);
 }
 
 void HostNodeRunsLaunched(int64_t n) {

@@ -11,6 +11,7 @@
 // (client_graph_host.cc: the bytes travel at each launch).
 #include <vector>
 
+#include "client/client_graphs.h"
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
 
@@ -105,22 +106,7 @@ void WriteAlloc(const CUDA_MEM_ALLOC_NODE_PARAMS* p, Writer& w) {
   }
 }
 
-// Node parameters of one type, as the generic CUgraphNodeParams carries them; the typed entry
-// points fill the member they have.
-struct NodeSpec {
-  uint32_t type = CU_GRAPH_NODE_TYPE_EMPTY;
-  const CUDA_KERNEL_NODE_PARAMS* kernel = nullptr;
-  const CUDA_MEMCPY3D* copy = nullptr;
-  const CUDA_MEMSET_NODE_PARAMS* memset = nullptr;
-  CUcontext ctx = nullptr;
-  CUhostFn host_fn = nullptr;
-  void* host_user = nullptr;
-  CUgraph child = nullptr;
-  CUevent event = nullptr;
-  CUDA_MEM_ALLOC_NODE_PARAMS* alloc = nullptr;  // dptr is written back
-  CUdeviceptr free_ptr = 0;
-  CUDA_CONDITIONAL_NODE_PARAMS* cond = nullptr;  // phGraph_out is written back
-};
+}  // namespace
 
 CUresult WriteSpec(Session* s, const NodeSpec& n, Writer& w) {
   w.U32(n.type);
@@ -174,6 +160,8 @@ CUresult WriteSpec(Session* s, const NodeSpec& n, Writer& w) {
   }
 }
 
+namespace {
+
 void WriteHandles(const CUgraphNode* nodes, size_t n, Writer& w) {
   w.U32(static_cast<uint32_t>(n));
   for (size_t i = 0; i < n; ++i) w.U64(H(nodes[i]));
@@ -188,9 +176,13 @@ void WriteEdges(const CUgraphEdgeData* edges, size_t n, Writer& w) {
   }
 }
 
+}  // namespace
+
 size_t SpecBytes(const NodeSpec& n, size_t ndeps) {
   return (n.type == CU_GRAPH_NODE_TYPE_KERNEL ? remote::kMaxKernelParamBytes : 0) + 8192 + ndeps * 12;
 }
+
+namespace {
 
 CUresult AddNode(Fn fn, CUgraphNode* node, CUgraph graph, const CUgraphNode* deps,
                  const CUgraphEdgeData* edges, size_t ndeps, const NodeSpec& spec) {
@@ -239,6 +231,8 @@ CUresult AddNode(Fn fn, CUgraphNode* node, CUgraph graph, const CUgraphNode* dep
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
 CUresult ExecSetParams(Fn fn, CUgraphExec exec, CUgraphNode node, const NodeSpec& spec) {
   if (exec == nullptr || node == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
@@ -250,6 +244,8 @@ CUresult ExecSetParams(Fn fn, CUgraphExec exec, CUgraphNode node, const NodeSpec
   if (CUresult r = WriteSpec(l.session(), spec, w); r != CUDA_SUCCESS) return r;
   return CallSync(l.session(), Op(fn), w, nullptr);
 }
+
+namespace {
 
 CUresult HandleCall(Fn fn, uint64_t h) {
   TF_LOCK(l);
@@ -476,15 +472,14 @@ CUresult Impl_cuGraphAddMemFreeNode(CUgraphNode* node, CUgraph graph, const CUgr
   return AddNode(Fn::cuGraphAddMemFreeNode, node, graph, deps, nullptr, ndeps, n);
 }
 
-// The generic entry point, for the node types above (the typed calls' parameters travel).
-CUresult Impl_cuGraphAddNode_v2(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps,
-                                const CUgraphEdgeData* edges, size_t ndeps, CUgraphNodeParams* p) {
+CUresult SpecOfParams(CUgraphNodeParams* p, NodeSpec* out, NodeSpecStorage* st) {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  NodeSpec n;
+  NodeSpec& n = *out;
+  n = NodeSpec{};
   n.type = p->type;
-  CUDA_KERNEL_NODE_PARAMS kernel = {};
-  CUDA_MEMSET_NODE_PARAMS memset = {};
-  CUDA_MEM_ALLOC_NODE_PARAMS alloc = {};
+  CUDA_KERNEL_NODE_PARAMS& kernel = st->kernel;
+  CUDA_MEMSET_NODE_PARAMS& memset = st->memset;
+  CUDA_MEM_ALLOC_NODE_PARAMS& alloc = st->alloc;
   switch (p->type) {
     case CU_GRAPH_NODE_TYPE_KERNEL:
       kernel.func = p->kernel.func;
@@ -538,6 +533,17 @@ CUresult Impl_cuGraphAddNode_v2(CUgraphNode* node, CUgraph graph, const CUgraphN
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
+  return CUDA_SUCCESS;
+}
+
+// The generic entry point, for the node types above (the typed calls' parameters travel).
+CUresult Impl_cuGraphAddNode_v2(CUgraphNode* node, CUgraph graph, const CUgraphNode* deps,
+                                const CUgraphEdgeData* edges, size_t ndeps, CUgraphNodeParams* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  NodeSpec n;
+  NodeSpecStorage st;
+  if (CUresult r = SpecOfParams(p, &n, &st); r != CUDA_SUCCESS) return r;
+  CUDA_MEM_ALLOC_NODE_PARAMS& alloc = st.alloc;
   CUresult r = AddNode(Fn::cuGraphAddNode_v2, node, graph, deps, edges, ndeps, n);
   if (r == CUDA_SUCCESS && p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) p->alloc.dptr = alloc.dptr;
   return r;
@@ -858,6 +864,14 @@ CUresult Impl_cuGraphNodeGetDependencies_v2(CUgraphNode node, CUgraphNode* deps,
 }
 CUresult Impl_cuGraphNodeGetDependencies(CUgraphNode node, CUgraphNode* deps, size_t* n) {
   return NodeList(Fn::cuGraphNodeGetDependencies_v2, H(node), deps, nullptr, n, true);
+}
+
+CUresult Impl_cuGraphNodeGetDependentNodes_v2(CUgraphNode node, CUgraphNode* deps, CUgraphEdgeData* edges,
+                                              size_t* n) {
+  return NodeList(Fn::cuGraphNodeGetDependentNodes_v2, H(node), deps, edges, n, true);
+}
+CUresult Impl_cuGraphNodeGetDependentNodes(CUgraphNode node, CUgraphNode* deps, size_t* n) {
+  return NodeList(Fn::cuGraphNodeGetDependentNodes_v2, H(node), deps, nullptr, n, true);
 }
 
 CUresult Impl_cuGraphGetEdges_v2(CUgraph graph, CUgraphNode* from, CUgraphNode* to, CUgraphEdgeData* edges,

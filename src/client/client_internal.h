@@ -179,4 +179,10 @@ bool BatchIndexList(size_t count, const size_t* idxs, size_t num);
 CUresult RegisterHostNode(Session* s, CUhostFn fn, void* user, uint64_t* id);
 // A graph launch enqueued n host-node runs (the callback thread polls until they ran).
 void HostNodeRunsLaunched(int64_t n);
+// The function and argument registered under host-node id `id`; false when there is none.
+bool HostNodeFunctionOf(uint64_t id, CUhostFn* fn, void** user);
+// A user object's destroy callback fn(user), run once by the callback thread when the worker
+// reports the object released under *id (client_user_objects.cc). Forget: the object was not made.
+CUresult RegisterUserObjectRelease(Session* s, CUhostFn fn, void* user, uint64_t* id);
+void ForgetUserObjectRelease(uint64_t id);
 }  // namespace tf::client

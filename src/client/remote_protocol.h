@@ -202,6 +202,40 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //                                       n x (u64 node, u8 x 3 edge)
 //   cuStreamUpdateCaptureDependencies_v2 u64 stream, u32 flags, nodes, edges
 //   cuStreamBeginCaptureToGraph         u64 stream, u64 graph, u32 mode, nodes, edges
+//   cuGraphNodeGetDependentNodes_v2     as NodeGetDependencies_v2 (the nodes that depend on it)
+// Graph nodes (client_graph_nodes.cc, client_user_objects.cc; worker/session_graph_nodes.cc,
+// session_user_objects.cc). The legacy forms (cuGraphInstantiate(_v2), cuGraphAddKernelNode,
+// cuGraphKernelNode{Get,Set}Params, cuGraphExecKernelNodeSetParams, cuGraphExecUpdate,
+// cuGraphNodeGetDependentNodes) travel as the current calls they convert to.
+//   cuGraph{EventRecord,EventWait}NodeGetEvent u64 node -> u64 event (the client's name)
+//   cuGraphHostNodeGetParams            u64 node -> u64 host-function id (0: none of the client's)
+//   cuGraphMemcpyNodeGetParams          u64 node -> per side u32 type, u64 address (a host side's
+//                                       is the client's), u64 x, y, z, pitch, height; u64 width,
+//                                       height, depth
+//   cuGraphMemsetNodeGetParams          u64 node -> u64 dst, u64 pitch, u32 value, u32 element
+//                                       size, u64 width, u64 height
+//   cuGraphMemAllocNodeGetParams        u64 node -> u32 location type, i32 id, u32 allocation
+//                                       type, u64 bytes, u64 pointer, u32 n + n x (u32, i32, u32)
+//   cuGraphMemFreeNodeGetParams, cuGraphChildGraphNodeGetGraph  u64 node -> u64
+//   cuGraph{EventRecord,EventWait,Host,Memcpy,Memset}NodeSet*, cuGraphNodeSetParams
+//                                       u64 node, params (a copy's or memset's context is 0 or
+//                                       ignored; cuGraphNodeSetParams: kernel, memcpy, memset,
+//                                       host, event record and wait nodes)
+//   cuGraphExecNodeSetParams            u64 exec, u64 node, params (as the typed exec setters)
+//   cuGraphKernelNodeGetAttribute       u64 node, u32 attribute -> 64-byte CUlaunchAttributeValue;
+//                                       Set: u64 node, u32 attribute, 64 bytes (attributes that
+//                                       carry an event are refused: CUDA_ERROR_INVALID_VALUE)
+//   cuGraphKernelNodeCopyAttributes     u64 dst node, u64 src node
+//   cuGraphNodeFindInClone              u64 original node, u64 clone -> u64 node
+//   cuGraphExecGetFlags                 u64 exec -> u64 flags
+//   cuGraphDebugDotPrint                u64 graph, u32 flags; the file's bytes arrive as
+//                                       kEvtCopyData slices before the reply (at most 64 MiB)
+//   cuUserObjectCreate                  u64 host-function id (the destroy callback), u32
+//                                       references, u32 flags -> u64 object; when the driver
+//                                       releases it the worker sends kEvtHostFunc with that id
+//                                       and waits for nothing (the client sends no kOpHostFuncDone)
+//   cuUserObject{Retain,Release}        u64 object, u32 count
+//   cuGraph{Retain,Release}UserObject   u64 graph, u64 object, u32 count [, u32 flags: Retain]
 
 // JIT options and the linker (client_link.cc, session_link.cc).
 //   "JIT options": u32 count (<= kMaxJitOptions), count x (u32 CUjit_option, u64 value): the

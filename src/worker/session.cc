@@ -167,6 +167,15 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void AddAllocation(uint64_t p, uint64_t n) override { allocs_[p] = n; }
   void RemoveAllocation(uint64_t p) override { allocs_.erase(p); }
   void HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) override;
+  uint64_t HostNodeIdOf(CUhostFn fn, void* arg) const override {
+    if (fn != &Session::HostNodeTrampoline) return 0;
+    for (const auto& [id, a] : host_node_args_) {
+      if (a.get() == arg) return id;
+    }
+    return 0;
+  }
+  uint64_t ClientHostAddress(const void* local) const override;
+  void UserObjectReleased(uint64_t id) override;
   void HostRunsEnqueued(int64_t n) override {
     std::lock_guard<std::mutex> g(hf_mu_);
     hf_outstanding_ += n;
@@ -1018,6 +1027,29 @@ void Session::HostFuncTrampoline(void* arg) {
 void Session::HostNodeTrampoline(void* arg) {
   auto* a = static_cast<HostFuncArg*>(arg);
   a->self->HostFuncReached(a->id);
+}
+
+uint64_t Session::ClientHostAddress(const void* local) const {
+  const auto* p = static_cast<const uint8_t*>(local);
+  for (const auto& [base, r] : regions_) {
+    if (p >= r.local && p < r.local + r.length) return base + static_cast<uint64_t>(p - r.local);
+  }
+  uint64_t addr = 0;
+  if (graph_host_.ClientAddress(local, &addr)) return addr;
+  return reinterpret_cast<uint64_t>(local);  // mirrored memory: the same address on both sides
+}
+
+// Sent from whichever thread the driver releases the object on; nothing waits for an answer.
+void Session::UserObjectReleased(uint64_t id) {
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(id);
+  OutFrame f;
+  f.opcode = remote::kEvtHostFunc;
+  f.sequence = event_seq_++;
+  f.payload = w.data();
+  f.payload_length = static_cast<uint32_t>(w.size());
+  (void)t_->Send(f);  // thread-safe; a client that is gone has nothing left to run
 }
 
 void Session::HostNodeFunction(uint64_t id, CUhostFn* fn, void** arg) {

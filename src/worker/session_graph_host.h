@@ -65,6 +65,12 @@ class GraphHostCopies {
   CUresult Apply(const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
                  uint64_t bulk_len);
 
+  // The client's address of a shadow's byte `local`; false when local is in no shadow.
+  bool ClientAddress(const void* local, uint64_t* addr) const {
+    std::lock_guard<std::mutex> l(mu_);
+    return ClientRangeLocked(local, 1, addr);
+  }
+
   // Frees every shadow (the caller synchronized the contexts); returns how many there were.
   size_t Clear();
 

@@ -86,9 +86,10 @@ bool SessionGraphs::Handles(Fn fn) {
     case Fn::cuStreamEndCapture_ptsz:
     case Fn::cuStreamGetCaptureInfo_v3:
     case Fn::cuStreamUpdateCaptureDependencies_v2:
+    case Fn::cuGraphNodeGetDependentNodes_v2:
       return true;
     default:
-      return false;
+      return HandlesNodeCall(fn) || HandlesUserObjectCall(fn);
   }
 }
 
@@ -128,6 +129,7 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphGetRootNodes:
     case Fn::cuGraphGetEdges_v2:
     case Fn::cuGraphNodeGetDependencies_v2:
+    case Fn::cuGraphNodeGetDependentNodes_v2:
     case Fn::cuGraphNodeGetType:
     case Fn::cuGraphKernelNodeGetParams_v2:
       return Query(fn, rd, out);
@@ -155,6 +157,8 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuStreamUpdateCaptureDependencies_v2:
       return Capture(fn, rd, out);
     default:
+      if (HandlesNodeCall(fn)) return NodeCall(fn, rd, out);
+      if (HandlesUserObjectCall(fn)) return UserObjectCall(fn, rd, out);
       return Exec(fn, rd, out);
   }
 }
@@ -593,7 +597,8 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
   }
   uint32_t capacity = 0;
   if (!rd.U32(&capacity) || !rd.Finish() || capacity > remote::kMaxGraphDeps) return CUDA_ERROR_INVALID_VALUE;
-  const bool by_node = fn == Fn::cuGraphNodeGetDependencies_v2;
+  const bool dependents = fn == Fn::cuGraphNodeGetDependentNodes_v2;
+  const bool by_node = fn == Fn::cuGraphNodeGetDependencies_v2 || dependents;
   uint64_t g = h;
   if (by_node) {
     if (!Node(h)) return CUDA_ERROR_INVALID_VALUE;
@@ -611,6 +616,11 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
       case Fn::cuGraphGetEdges_v2:
         if (d().cuGraphGetEdges_v2) return d().cuGraphGetEdges_v2(As<CUgraph>(h), x, y, e, n);
         return CALL(cuGraphGetEdges, As<CUgraph>(h), x, y, n);
+      case Fn::cuGraphNodeGetDependentNodes_v2:
+        if (d().cuGraphNodeGetDependentNodes_v2) {
+          return d().cuGraphNodeGetDependentNodes_v2(As<CUgraphNode>(h), x, e, n);
+        }
+        return CALL(cuGraphNodeGetDependentNodes, As<CUgraphNode>(h), x, n);
       default:
         if (d().cuGraphNodeGetDependencies_v2) {
           return d().cuGraphNodeGetDependencies_v2(As<CUgraphNode>(h), x, e, n);
@@ -721,6 +731,7 @@ void SessionGraphs::ForgetGraph(uint64_t g, bool free_allocations) {
     }
   }
   graphs_.erase(it);
+  ForgetUserObjectRefs(g);
   for (auto n = nodes_.begin(); n != nodes_.end();) {
     if (n->second == g) n = nodes_.erase(n);
     else ++n;

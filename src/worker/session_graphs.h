@@ -65,6 +65,18 @@ class GraphHost {
   // A launch enqueues n host-node runs (negative: it failed after all), each acknowledged by the
   // client like a host function.
   virtual void HostRunsEnqueued(int64_t n) = 0;
+  // The client's id of a host node's function (the inverse of HostNodeFunction); 0 when fn is not
+  // a host node of this session.
+  virtual uint64_t HostNodeIdOf(CUhostFn fn, void* arg) const = 0;
+  // The client's address of memory this process names for it (a host region's mapping, a graph
+  // copy's shadow); other addresses are the client's own (mirrors, same-address regions).
+  virtual uint64_t ClientHostAddress(const void* local) const = 0;
+  // A user object's destroy callback: the client runs its function `id` (kEvtHostFunc, without
+  // an acknowledgement). Called on whatever thread the driver releases the object from.
+  virtual void UserObjectReleased(uint64_t id) = 0;
+  // Call data for the client (kEvtCopyData slices of at most CallDataLimit bytes) before the reply.
+  virtual bool SendCallData(uint64_t offset, const void* data, uint64_t n) = 0;
+  virtual uint64_t CallDataLimit() const = 0;
 };
 
 class SessionGraphs {
@@ -98,6 +110,18 @@ class SessionGraphs {
   CUresult Capture(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult GraphMemory(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult ConditionalHandle(transport::Reader& rd, transport::Writer& out);
+  // Getters and setters of nodes, generic node updates, kernel node attributes, executable graph
+  // flags and cuGraphDebugDotPrint (session_graph_nodes.cc).
+  static bool HandlesNodeCall(driver::Fn fn);
+  CUresult NodeCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult SetNode(driver::Fn fn, transport::Reader& rd);
+  CUresult DotPrint(transport::Reader& rd);
+  // User objects (session_user_objects.cc): the references the client holds and those it gave
+  // graphs; a name is retired when neither holds one.
+  static bool HandlesUserObjectCall(driver::Fn fn);
+  CUresult UserObjectCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  void ForgetUserObjectRefs(uint64_t graph);
+  void RetireUserObjectIfUnused(uint64_t wire);
   // Reads u32 n, n x u64 node (each a node of graph g; any graph when g is 0).
   bool ReadNodes(transport::Reader& rd, uint64_t g, std::vector<CUgraphNode>* nodes);
   // Reads u8 present [, n x (u8 from port, u8 to port, u8 type)]; edges stays empty when absent.
@@ -122,6 +146,12 @@ class SessionGraphs {
   std::map<uint64_t, uint64_t> nodes_;  // node -> its graph
   std::map<uint64_t, ExecEntry> execs_;
   std::map<uint64_t, uint64_t> capture_graphs_;  // capturing stream -> its capture graph
+  struct UserObjectEntry {
+    uint64_t real = 0;
+    uint64_t client_refs = 0;
+    std::map<uint64_t, uint64_t> graph_refs;  // graph -> references the client gave it
+  };
+  std::map<uint64_t, UserObjectEntry> user_objects_;  // by wire name
 };
 
 }  // namespace tf::worker

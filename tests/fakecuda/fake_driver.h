@@ -205,6 +205,13 @@ enum class GraphNodeKind {
 };
 struct GraphExec;
 
+// User objects (cuUserObjectCreate, fake_graph_nodes.cc): graphs and executable graphs hold
+// references; the destroy callback runs when the last one goes.
+struct UserObject;
+using UserRefs = std::map<UserObject*, unsigned>;
+void RetainUserRefs(const UserRefs& refs);
+void ReleaseUserRefs(const UserRefs& refs);
+
 struct GraphNode {
   GraphNodeKind kind = GraphNodeKind::kKernel;
   std::shared_ptr<LaunchArgs> launch;  // kKernel
@@ -223,10 +230,15 @@ struct GraphNode {
   std::vector<std::shared_ptr<GraphExec>> body_execs;      // kConditional, instantiated
   std::vector<GraphNode*> deps;        // nodes of the same graph this one depends on
   bool enabled = true;                 // in an executable graph (cuGraphNodeSetEnabled)
+  std::map<int, CUlaunchAttributeValue> attrs;  // kKernel: cuGraphKernelNodeSetAttribute
+  std::vector<CUmemAccessDesc> access;          // kMemAlloc: as given
 };
 
 struct Graph {
   std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order breaks dependency ties
+  std::map<const GraphNode*, GraphNode*> cloned_from;  // a clone: original node -> its copy
+  UserRefs user_refs;                                  // released when the graph goes
+  ~Graph() { ReleaseUserRefs(user_refs); }
 };
 
 // An instantiated graph: the nodes in dependency order, child graphs flattened into it.
@@ -234,6 +246,9 @@ struct GraphExec {
   std::vector<GraphNode> nodes;
   std::vector<const GraphNode*> origins;  // the graph node each entry was instantiated from
   std::vector<const GraphNode*> tops;     // the top-level node it belongs to (itself or a child graph node)
+  unsigned long long flags = 0;           // as instantiated (cuGraphExecGetFlags)
+  UserRefs user_refs;                     // the graph's, taken at instantiation
+  ~GraphExec() { ReleaseUserRefs(user_refs); }
 };
 
 struct DeviceState {

@@ -265,7 +265,9 @@ CUresult cuGraphClone(CUgraph* out, CUgraph handle) {
   std::lock_guard<std::mutex> lock(d.mu);
   Graph* graph = LiveGraph(d, handle);
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::unique_ptr<Graph> copy = CloneGraph(*graph, nullptr);
+  std::map<const GraphNode*, GraphNode*> map;
+  std::unique_ptr<Graph> copy = CloneGraph(*graph, &map);
+  copy->cloned_from = std::move(map);
   *out = reinterpret_cast<CUgraph>(copy.get());
   d.graphs[copy.get()] = std::move(copy);
   return CUDA_SUCCESS;
@@ -675,6 +677,9 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph graph, const CUgraphNo
   node->dptr = reinterpret_cast<uintptr_t>(mem);
   node->bytes = bytes;
   node->device = dev;
+  if (params->accessDescs != nullptr) {
+    node->access.assign(params->accessDescs, params->accessDescs + params->accessDescCount);
+  }
   node->region = std::shared_ptr<void>(mem, [bytes](void* p) { fakecuda::UnmapHostMemory(p, bytes); });
   uintptr_t dptr = node->dptr;
   CUresult r = AddNode(out, graph, deps, num_deps, std::move(node));
@@ -694,7 +699,6 @@ CUresult cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph graph, const CUgraphNod
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph handle, unsigned long long flags) {
   FAKECUDA_ENTER();
-  (void)flags;
   if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -702,6 +706,9 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph handle, unsigned
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::unique_ptr<GraphExec> e = Instantiate(*graph);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  e->flags = flags;
+  e->user_refs = graph->user_refs;
+  fakecuda::RetainUserRefs(e->user_refs);
   *exec = reinterpret_cast<CUgraphExec>(e.get());
   d.graph_execs[e.get()] = std::move(e);
   return CUDA_SUCCESS;

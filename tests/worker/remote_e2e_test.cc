@@ -652,6 +652,33 @@ TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
   }
 }
 
+// cudaGraphNodeGetDependentNodes, cudaGraphExecGetFlags, cudaGraphKernelNodeSetAttribute,
+// cudaUserObjectCreate, cudaGraphDebugDotPrint and the node getters and setters: what the program
+// reads back and runs is what the driver gives it; the user object's destroy callback runs in the
+// program, once; the DOT file lands on the program's machine; bad input fails that call only.
+TEST_F(RemoteTest, GraphNodesReadBackAndChangeRemotelyAsNatively) {
+  StartWorker();
+  Result direct = Direct("graphnodeaccess");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["run"], "9,68,68,0,0,10") << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "graphnodeaccess");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["done"], "1");
+    EXPECT_EQ(r.kv["event_get"], "1,1") << "the program's own event handles come back";
+    EXPECT_EQ(r.kv["host_set"], "1,1");
+    EXPECT_EQ(r.kv["run"], "9,68,68,0,0,10") << "exec kernel/memset updates, node copy update, host node";
+    EXPECT_EQ(r.kv["exec_flags"], "8");
+    EXPECT_EQ(r.kv["user_object"], "0,1,1") << "destroyed once, after the executable graph went";
+    EXPECT_EQ(r.kv["user_object_refs"], "1,1,11");
+    EXPECT_EQ(r.kv["dot"], "1,1,5") << "the DOT file is written where the program asked";
+    EXPECT_EQ(r.kv["dot_bad_dir"], "304");
+    EXPECT_EQ(r.kv["bad_attr"], "1,1");
+    EXPECT_EQ(r.kv["after_bad"], "51");
+    ExpectSameKeys(direct, r);
+  }
+}
+
 TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
   StartWorker();
   Result direct = Direct("library");

@@ -18,6 +18,7 @@
 #include "probe_util.h"
 
 int GraphPageable();     // graph_host_probe.cc
+int GraphNodeAccess();   // graph_nodes_probe.cc
 int GraphConditional();  // graph_host_probe.cc
 int CallbackFree(int workloads, int rounds);  // callback_free_probe.cc
 
@@ -1542,6 +1543,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "graphnodes")) return GraphNodes();
   if (!strcmp(mode, "graphpageable")) return GraphPageable();
   if (!strcmp(mode, "graphconditional")) return GraphConditional();
+  if (!strcmp(mode, "graphnodeaccess")) return GraphNodeAccess();
   if (!strcmp(mode, "callbackfree")) {
     return CallbackFree(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 3);
   }
