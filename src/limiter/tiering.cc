@@ -1435,10 +1435,13 @@ CUresult ZeroWait() {
     g_tier_blocked.fetch_and(~kBlockedParked, std::memory_order_seq_cst);
     return CUDA_SUCCESS;
   }
-  const uint32_t gen = z->wake_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
+  uint32_t gen = z->wake_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
   const int64_t until = Now() + ZeroWaitNs();
   long pause_ns = 50'000;
   for (;;) {
+    // The restorer writes the state, then wake_done_gen: read them in the other order, so that a
+    // wake seen done comes with the state it left (not the checkpointed state read before it).
+    const uint32_t done = z->wake_done_gen.load(std::memory_order_acquire);
     uint32_t st = z->state.load(std::memory_order_acquire);
     if (st == kZeroNone) {
       pthread_mutex_lock(&s.mu);
@@ -1448,11 +1451,15 @@ CUresult ZeroWait() {
       pthread_mutex_unlock(&s.mu);
       return CUDA_SUCCESS;
     }
-    if (st == kZeroCheckpointed && Reached(z->wake_done_gen.load(std::memory_order_acquire), gen)) {
+    if (st == kZeroCheckpointed && Reached(done, gen)) {
       uint32_t e = z->last_error.load(std::memory_order_relaxed);
+      if (e == 0) {  // restored, then checkpointed again before this thread looked: ask again
+        gen = z->wake_gen.fetch_add(1, std::memory_order_acq_rel) + 1;
+        continue;
+      }
       GuestLog("vGPU '%s': the driver could not restore this process (CUDA error %u); it stays checkpointed "
                "and the next call asks again", s.binding != nullptr ? s.binding->vgpu_id : "?", e);
-      return e != 0 ? static_cast<CUresult>(e) : CUDA_ERROR_UNKNOWN;
+      return static_cast<CUresult>(e);
     }
     if (Now() > until) {
       GuestLog("vGPU '%s': checkpointed and nobody restored it within %.0f s (is tfusion run or the node "
