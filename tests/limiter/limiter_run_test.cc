@@ -393,21 +393,39 @@ TEST_F(TieringTest, StreamOrderedPoolMemoryMovesAndItsFreesKeepStreamOrder) {
 }
 
 // VRAM in use on device 0 as the driver's NVML reports it (the fake's: every process of this test's
-// FAKECUDA_SHM_NAME), in MiB; -1 when it cannot be read.
+// FAKECUDA_SHM_NAME), in MiB; -1 when it cannot be read. Read in a child, so that this process
+// never loads the fake NVML (other tests of the binary load it in their children, configured).
 long long DeviceUsedMiB(const std::string& shm_name) {
-  static void* nvml = [&] {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
     setenv("FAKECUDA_SHM_NAME", shm_name.c_str(), 1);
+    long long mib = -1;
     void* h = dlopen(TF_FAKENVML, RTLD_NOW | RTLD_LOCAL);
     auto init = h != nullptr ? reinterpret_cast<nvmlReturn_t (*)()>(dlsym(h, "nvmlInit_v2")) : nullptr;
-    return init != nullptr && init() == NVML_SUCCESS ? h : nullptr;
-  }();
-  if (nvml == nullptr) return -1;
-  auto by_index = reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2"));
-  auto info = reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(dlsym(nvml, "nvmlDeviceGetMemoryInfo"));
-  nvmlDevice_t dev = nullptr;
-  nvmlMemory_t m = {};
-  if (by_index == nullptr || info == nullptr || by_index(0, &dev) != NVML_SUCCESS || info(dev, &m) != NVML_SUCCESS) return -1;
-  return static_cast<long long>(m.used >> 20);
+    auto by_index = h != nullptr ? reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(
+                                       dlsym(h, "nvmlDeviceGetHandleByIndex_v2"))
+                                 : nullptr;
+    auto info = h != nullptr ? reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(
+                                   dlsym(h, "nvmlDeviceGetMemoryInfo"))
+                             : nullptr;
+    nvmlDevice_t dev = nullptr;
+    nvmlMemory_t m = {};
+    if (init != nullptr && by_index != nullptr && info != nullptr && init() == NVML_SUCCESS &&
+        by_index(0, &dev) == NVML_SUCCESS && info(dev, &m) == NVML_SUCCESS) {
+      mib = static_cast<long long>(m.used >> 20);
+    }
+    ssize_t w = write(fds[1], &mib, sizeof(mib));
+    _exit(w == sizeof(mib) ? 0 : 1);
+  }
+  close(fds[1]);
+  long long mib = -1;
+  if (child < 0 || read(fds[0], &mib, sizeof(mib)) != sizeof(mib)) mib = -1;
+  close(fds[0]);
+  if (child > 0) waitpid(child, nullptr, 0);
+  return mib;
 }
 
 // The tenant's own VMM memory (what PyTorch's expandable segments allocate) moves: in one reserved
