@@ -10,6 +10,7 @@
 #include "limiter/guest_log.h"
 #include "limiter/runtime.h"
 #include "limiter/tier_pools.h"
+#include "limiter/tier_vmm.h"
 #include "limiter/tiering.h"
 
 namespace tf::limiter {
@@ -277,16 +278,19 @@ CUresult Hook_cuPointerGetAttribute(void* data, CUpointer_attribute attribute, C
 }
 
 // ---- virtual memory management (PyTorch expandable segments, NCCL) ----
+// With tiering the handles are TenantVmm's values (tier_vmm.h); the rest of the family is in
+// vmm_hooks.cc.
 
 CUresult Hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                           const CUmemAllocationProp* prop, unsigned long long flags) {
   TF_REAL_OR_MISSING(cuMemCreate)
+  auto create = [&] {
+    return g_tiering ? TenantVmm::Instance().Create(handle, size, prop, flags, fn) : fn(handle, size, prop, flags);
+  };
   // Host-located physical memory (NCCL's cuMem host buffers) is not VRAM.
-  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-    return fn(handle, size, prop, flags);
-  }
+  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return create();
   return Charged(RoundToGranule(size), AllocKind::kVmmHandle, [&](uint64_t* key) {
-    CUresult r = fn(handle, size, prop, flags);
+    CUresult r = create();
     if (r == CUDA_SUCCESS) *key = *handle;
     return r;
   });
@@ -294,7 +298,13 @@ CUresult Hook_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
 
 CUresult Hook_cuMemRelease(CUmemGenericAllocationHandle handle) {
   TF_REAL_OR_MISSING(cuMemRelease)
-  CUresult r = fn(handle);
+  bool last = false;
+  CUresult r = CUDA_SUCCESS;
+  if (g_tiering && TenantVmm::Instance().Release(handle, &last, &r)) {
+    if (r == CUDA_SUCCESS && last) Uncharge(AllocKind::kVmmHandle, handle);
+    return r;
+  }
+  r = fn(handle);
   if (r == CUDA_SUCCESS) Uncharge(AllocKind::kVmmHandle, handle);
   return r;
 }

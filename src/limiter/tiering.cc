@@ -23,7 +23,9 @@
 #include "limiter/core/process_identity.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
+#include "limiter/in_context.h"
 #include "limiter/runtime.h"
+#include "limiter/tier_vmm.h"
 
 namespace tf::limiter {
 
@@ -84,6 +86,9 @@ struct Range {
   uint32_t crc = 0;                       // CRC-32C of the copy on disk
   bool resident = true;
   int64_t seen_ns = 0;                    // pinning ahead: when the tier thread first saw it
+  // A handle the tenant created itself (TenantVmm), keyed by our handle value: its physical memory,
+  // mappings and copy address are TenantVmm's.
+  bool tenant = false;
 };
 
 struct State {
@@ -163,8 +168,14 @@ size_t Granularity(int device) {
   return g;
 }
 
-// Physical memory for `r` at its address, readable and writable by its device.
+// Physical memory for `r` at its address, readable and writable by its device. REQUIRES s.mu
+// for a tenant's handle.
 CUresult MapPhysical(CUdeviceptr base, Range* r) {
+  if (r->tenant) {
+    CUresult e = TenantVmm::Instance().RestoreLocked(base);
+    if (e == CUDA_SUCCESS) r->resident = true;
+    return e;
+  }
   const auto& d = g_real;
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -344,21 +355,15 @@ CUresult MapPhysicalEvicting(Binding* b, CUdeviceptr base, Range* r) {
 }
 
 void UnmapPhysical(CUdeviceptr base, Range* r) {
+  if (r->tenant) {
+    TenantVmm::Instance().ReleasePhysicalLocked(base);
+    r->resident = false;
+    return;
+  }
   g_real.cuMemUnmap(base, r->size);
   g_real.cuMemRelease(r->handle);
   r->handle = 0;
   r->resident = false;
-}
-
-// Runs `fn` with `ctx` current on this thread.
-template <typename Fn>
-CUresult InContext(CUcontext ctx, Fn&& fn) {
-  CUresult e = g_real.cuCtxPushCurrent_v2(ctx);
-  if (e != CUDA_SUCCESS) return e;
-  CUresult r = fn();
-  CUcontext popped = nullptr;
-  g_real.cuCtxPopCurrent_v2(&popped);
-  return r;
 }
 
 void FreeHostCopy(Range* r) {
@@ -557,6 +562,11 @@ CUresult CopyOut(State& s) {
   auto p = std::make_unique<HostPipeline>();
   for (auto& [base, r] : s.ranges) {
     if (!r.resident) continue;
+    CUdeviceptr at = base;  // where its contents are read
+    if (r.tenant) {
+      CUresult e = TenantVmm::Instance().CopyAddressLocked(base, &at);
+      if (e != CUDA_SUCCESS) return e;
+    }
     if (r.kept != nullptr) {  // pinned already: copied without waiting for a worker
       r.host = r.kept;
       r.registered = std::move(r.kept_registered);
@@ -564,10 +574,10 @@ CUresult CopyOut(State& s) {
       r.kept_registered.clear();
       r.budgeted = true;
       size_t chunks = (r.size + kHostChunk - 1) / kHostChunk;
-      for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, base, i, 1, CUDA_SUCCESS});
+      for (size_t i = 0; i < chunks; ++i) p->jobs.push_back(HostJob{&r, at, i, 1, CUDA_SUCCESS});
       continue;
     }
-    if (!MapHostCopy(&r, base, p.get())) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!MapHostCopy(&r, at, p.get())) return CUDA_ERROR_OUT_OF_MEMORY;
     r.budgeted = true;
   }
   pthread_t threads[kMaxHostWorkers];
@@ -597,19 +607,22 @@ CUresult CopyOut(State& s) {
   return lanes.err;
 }
 
-// Copies every mapped range that has a host copy back to its address, and waits.
+// REQUIRES s.mu. Copies every mapped range that has a host copy back to its address, and waits.
 CUresult CopyIn(State& s) {
   CopyLanes lanes;
   for (auto& [base, r] : s.ranges) {
     if (r.host == nullptr || !r.resident) continue;
     if (!lanes.Enter(r.ctx)) break;
+    CUdeviceptr at = base;  // where its contents are written
+    if (r.tenant) lanes.err = TenantVmm::Instance().CopyAddressLocked(base, &at);
     for (size_t off = 0; off < r.size && lanes.err == CUDA_SUCCESS; off += kCopyPiece) {
       size_t n = r.size - off < kCopyPiece ? r.size - off : kCopyPiece;
-      lanes.err = g_real.cuMemcpyHtoDAsync_v2(base + off, static_cast<char*>(r.host) + off, n, lanes.Next());
+      lanes.err = g_real.cuMemcpyHtoDAsync_v2(at + off, static_cast<char*>(r.host) + off, n, lanes.Next());
     }
     if (lanes.err != CUDA_SUCCESS) break;
   }
   lanes.Finish();
+  TenantVmm::Instance().DropWindowsLocked();
   return lanes.err;
 }
 
@@ -888,6 +901,7 @@ CUresult AbortSwapOut(State& s, CUresult e, const char* why) {
   for (auto& [base, r] : s.ranges) {
     if (r.resident && r.host != nullptr) FreeHostCopy(&r);
   }
+  TenantVmm::Instance().DropWindowsLocked();
   s.state = kTierResident;
   g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
   CountSwap(s, true, 0, 0, e);
@@ -1349,11 +1363,41 @@ CUresult Tiering::Allocate(CUdeviceptr* dptr, size_t bytes, size_t* mapped) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// REQUIRES s.mu. `r`, taken out of the table, is gone: its host, kept and disk copies go with their
+// budget, and the process is resident again when it was its last swapped range.
+void ForgetCopiesLocked(State& s, Range* r) {
+  if (r->host != nullptr) {
+    if (r->budgeted) {
+      s.binding->region.ReleaseHostTier(r->size);
+      s.host -= r->size;
+    }
+    FreeHostCopy(r);
+  }
+  if (r->kept != nullptr) {
+    s.kept -= r->size;
+    s.binding->region.SetHostKept(s.binding->slot, s.kept);
+    s.binding->region.ReleaseHostTier(r->size);
+    DropKept(r);
+  }
+  if (r->fd >= 0) {
+    close(r->fd);
+    r->fd = -1;
+    s.disk -= r->size;
+  }
+  if ((s.state == kTierSwapped || s.state == kTierOnDisk) && s.host == 0 && s.disk == 0) {
+    // The last swapped range is gone: nothing left to restore.
+    s.state = kTierResident;
+    g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
+  }
+}
+}  // namespace
+
 bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
   State& s = S();
   pthread_mutex_lock(&s.mu);
   auto it = s.ranges.find(dptr);
-  if (it == s.ranges.end()) {
+  if (it == s.ranges.end() || it->second.tenant) {  // a tenant handle's key is no address
     pthread_mutex_unlock(&s.mu);
     return false;
   }
@@ -1366,33 +1410,48 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
     if (drain) e = InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); });
     UnmapPhysical(dptr, &r);
   }
-  if (r.host != nullptr) {
-    if (r.budgeted) {
-      s.binding->region.ReleaseHostTier(r.size);
-      s.host -= r.size;
-    }
-    FreeHostCopy(&r);
-  }
-  if (r.kept != nullptr) {
-    s.kept -= r.size;
-    s.binding->region.SetHostKept(s.binding->slot, s.kept);
-    s.binding->region.ReleaseHostTier(r.size);
-    DropKept(&r);
-  }
-  if (r.fd >= 0) {
-    close(r.fd);
-    s.disk -= r.size;
-  }
+  ForgetCopiesLocked(s, &r);
   g_real.cuMemAddressFree(dptr, r.size);
-  if ((s.state == kTierSwapped || s.state == kTierOnDisk) && s.host == 0 && s.disk == 0) {
-    // The last swapped range is gone: nothing left to restore.
-    s.state = kTierResident;
-    g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
-  }
   Publish(s);
   pthread_mutex_unlock(&s.mu);
   *result = e == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : e;
   return true;
+}
+
+TierLock::TierLock() { pthread_mutex_lock(&S().mu); }
+TierLock::~TierLock() { pthread_mutex_unlock(&S().mu); }
+
+CUresult TierResidentLocked() {
+  State& s = S();
+  CUresult e = WaitWhileHeldLocked(s);
+  if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s);
+  return e;
+}
+
+CUresult TierHeldWaitLocked() { return WaitWhileHeldLocked(S()); }
+
+void TierAddTenantRangeLocked(uint64_t key, size_t size, int device, CUcontext ctx) {
+  State& s = S();
+  Range r;
+  r.size = size;
+  r.device = device;
+  r.ctx = ctx;
+  r.tenant = true;
+  s.ranges[key] = r;
+  s.movable += size;
+  StartThreadLocked(s);
+  Publish(s);
+}
+
+void TierDropTenantRangeLocked(uint64_t key) {
+  State& s = S();
+  auto it = s.ranges.find(key);
+  if (it == s.ranges.end() || !it->second.tenant) return;
+  Range r = it->second;
+  s.ranges.erase(it);
+  s.movable -= r.size;
+  ForgetCopiesLocked(s, &r);
+  Publish(s);
 }
 
 CUresult RetryWithEviction(CUresult first, const std::function<CUresult()>& allocate) {
@@ -1500,6 +1559,7 @@ void Tiering::ResetAfterFork() {
     if (r.fd >= 0) close(r.fd);
   }
   s.ranges.clear();
+  TenantVmm::Instance().ResetAfterFork();
   s.to_free.clear();
   s.movable = s.host = s.disk = s.kept = 0;
   s.state = kTierResident;

@@ -13,10 +13,11 @@
 // one tier thread per process.
 //
 // Stream-ordered allocations from pools without export handle types are movable ranges too,
-// handed out and taken back by StreamOrderedPools (tier_pools.h). What does not move (memory of
-// pools with an export handle type or imported from another process, arrays, managed memory, the
-// tenant's own VMM chunks, graph memory nodes, module globals, the context itself) stays resident
-// and is reported as fixed_bytes.
+// handed out and taken back by StreamOrderedPools (tier_pools.h), and so are the physical
+// allocations the tenant makes and maps itself (cuMemCreate: TenantVmm, tier_vmm.h). What does not
+// move (memory of pools with an export handle type or imported from another process, exported or
+// imported VMM handles, arrays, managed memory, graph memory nodes, module globals, the context
+// itself) stays resident and is reported as fixed_bytes.
 //
 // Thread safety: every entry point may be called from any tenant thread. The GPU-call guard is two
 // atomics on a shared line; everything else takes the tier mutex.
@@ -112,6 +113,26 @@ inline CUresult TierGuarded(Call&& call) {
   if (__builtin_expect(!g_tiering, 1)) return call();
   return WithResidentMemory(call);
 }
+
+// For TenantVmm (tier_vmm.h): the tier mutex, and the tenant's own VMM handles as ranges of the
+// table, keyed by our handle value. REQUIRES: the *Locked functions run under a TierLock.
+class TierLock {
+ public:
+  TierLock();
+  ~TierLock();
+  TierLock(const TierLock&) = delete;
+  TierLock& operator=(const TierLock&) = delete;
+};
+// Waits out a preemption hold and restores the process if it is swapped (the tier mutex is
+// released while it waits). CUDA_SUCCESS when every range is resident.
+CUresult TierResidentLocked();
+// Waits out a preemption hold only (new VRAM while suspended would take the preemptor's).
+CUresult TierHeldWaitLocked();
+// A movable tenant handle of `size` bytes on `device`, copied in `ctx`; resident.
+void TierAddTenantRangeLocked(uint64_t key, size_t size, int device, CUcontext ctx);
+// The handle is gone or can no longer move: its host, kept and disk copies go with their budget.
+// Its physical memory is the caller's.
+void TierDropTenantRangeLocked(uint64_t key);
 
 class Tiering {
  public:

@@ -171,6 +171,9 @@ struct PhysicalMemory {
   int fd = -1;
   int mappings = 0;
   bool released = false;
+  int retains = 0;                          // cuMemRetainAllocationHandle, each released once more
+  CUmemAllocationHandleType handle_types{};  // requested at creation: what it may be exported as
+  bool imported = false;                    // from a shareable handle: charged to its exporter
 };
 
 // An array, a mipmapped array, or a level of one (a view into its owner's memory). Elements lie

@@ -4,7 +4,9 @@
 // Device memory is host memory mapped with mmap, so a CUdeviceptr is a host address and copies are
 // plain memcpy. Every device allocation is charged against its device's total, rounded up to the
 // 2 MiB granularity the real driver reports, and fails with CUDA_ERROR_OUT_OF_MEMORY past it.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -476,6 +478,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   phys->device = dev;
   phys->size = size;
   phys->fd = fd;
+  phys->handle_types = prop->requestedHandleTypes;
   *handle = reinterpret_cast<CUmemGenericAllocationHandle>(phys.get());
   d.physical[phys.get()] = std::move(phys);
   return CUDA_SUCCESS;
@@ -485,7 +488,7 @@ namespace {
 // REQUIRES d.mu. Frees a released physical allocation once nothing maps it.
 void MaybeFreePhysical(Driver& d, fakecuda::PhysicalMemory* phys) {
   if (!phys->released || phys->mappings > 0) return;
-  d.Uncharge(phys->device, phys->size);
+  if (!phys->imported) d.Uncharge(phys->device, phys->size);
   close(phys->fd);
   d.physical.erase(phys);
 }
@@ -497,6 +500,10 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   std::lock_guard<std::mutex> lock(d.mu);
   auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
   if (d.physical.count(phys) == 0 || phys->released) return CUDA_ERROR_INVALID_VALUE;
+  if (phys->retains > 0) {
+    --phys->retains;
+    return CUDA_SUCCESS;
+  }
   phys->released = true;
   MaybeFreePhysical(d, phys);
   return CUDA_SUCCESS;
@@ -603,6 +610,77 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_READ | PROT_WRITE;
   }
   if (mprotect(fakecuda::AsHost(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+// The handle of the physical allocation mapped at `addr`; a reference to release once more.
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(reinterpret_cast<uintptr_t>(addr));
+  if (a == nullptr || a->kind != MemoryKind::kVmmMapping) return CUDA_ERROR_INVALID_VALUE;
+  if (a->physical->released) {
+    a->physical->released = false;
+  } else {
+    ++a->physical->retains;
+  }
+  *handle = reinterpret_cast<CUmemGenericAllocationHandle>(a->physical);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmemGenericAllocationHandle handle) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
+  if (prop == nullptr || d.physical.count(phys) == 0 || phys->released) return CUDA_ERROR_INVALID_VALUE;
+  *prop = CUmemAllocationProp{};
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->requestedHandleTypes = phys->handle_types;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = phys->device;
+  return CUDA_SUCCESS;
+}
+
+// A file descriptor of the memfd, for a handle created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.
+CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
+  if (shareableHandle == nullptr || flags != 0 || d.physical.count(phys) == 0 || phys->released ||
+      handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      (phys->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int fd = fcntl(phys->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareableHandle) = fd;
+  return CUDA_SUCCESS;
+}
+
+// A new handle on the memory behind an exported file descriptor (device 0; not charged again).
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                        CUmemAllocationHandleType shHandleType) {
+  FAKECUDA_ENTER();
+  if (handle == nullptr || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
+  struct stat st;
+  const int given = static_cast<int>(reinterpret_cast<intptr_t>(osHandle));
+  if (fstat(given, &st) != 0 || st.st_size <= 0) return CUDA_ERROR_INVALID_VALUE;
+  int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto phys = std::make_unique<fakecuda::PhysicalMemory>();
+  phys->size = static_cast<size_t>(st.st_size);
+  phys->fd = fd;
+  phys->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  phys->imported = true;
+  *handle = reinterpret_cast<CUmemGenericAllocationHandle>(phys.get());
+  d.physical[phys.get()] = std::move(phys);
   return CUDA_SUCCESS;
 }
 

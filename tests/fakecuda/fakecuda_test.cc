@@ -38,7 +38,9 @@ constexpr size_t kMiB = 1u << 20;
   X(cuMemUnmap) X(cuMemSetAccess) X(cuArrayCreate_v2) X(cuArrayDestroy)                        \
   X(cuPointerGetAttribute) X(cuMemAllocHost_v2) X(cuMemFreeHost) X(cuMemAllocAsync)            \
   X(cuMemFreeAsync) X(cuLibraryLoadData) X(cuLibraryGetKernel) X(cuKernelGetFunction)         \
-  X(cuGetErrorName) X(cuMemsetD8Async)
+  X(cuGetErrorName) X(cuMemsetD8Async) X(cuMemRetainAllocationHandle)                          \
+  X(cuMemGetAllocationPropertiesFromHandle) X(cuMemExportToShareableHandle)                    \
+  X(cuMemImportFromShareableHandle)
 
 struct FakeCuda {
 #define DECLARE(name) decltype(&::name) name = nullptr;
@@ -416,6 +418,54 @@ TEST_F(FakeCudaTest, VirtualMemoryMapsPhysicalAllocations) {
   ASSERT_EQ(cu().cuMemUnmap(va + 4 * kMiB, 4 * kMiB), CUDA_SUCCESS);
   EXPECT_EQ(FreeBytes(), before);
   EXPECT_EQ(cu().cuMemAddressFree(va, 8 * kMiB), CUDA_SUCCESS);
+}
+
+// A handle found by address owes one more release; an exportable handle travels as a file
+// descriptor and its import maps the same memory without charging it again.
+TEST_F(FakeCudaTest, VirtualMemoryHandlesAreRetainedExportedAndImported) {
+  size_t before = FreeBytes();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle handle = 0, retained = 0, imported = 0;
+  ASSERT_EQ(cu().cuMemCreate(&handle, 2 * kMiB, &prop, 0), CUDA_SUCCESS);
+  CUmemAllocationProp seen{};
+  ASSERT_EQ(cu().cuMemGetAllocationPropertiesFromHandle(&seen, handle), CUDA_SUCCESS);
+  EXPECT_EQ(seen.requestedHandleTypes, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  EXPECT_EQ(seen.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cu().cuMemAddressReserve(&va, 4 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemMap(va, 2 * kMiB, 0, handle, 0), CUDA_SUCCESS);
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ASSERT_EQ(cu().cuMemSetAccess(va, 2 * kMiB, &access, 1), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemsetD32_v2(va, 7, 16), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va + 64)), CUDA_SUCCESS);
+  EXPECT_EQ(retained, handle);
+  int fd = -1;
+  ASSERT_EQ(cu().cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+            CUDA_SUCCESS);
+  close(fd);
+  ASSERT_EQ(cu().cuMemMap(va + 2 * kMiB, 2 * kMiB, 0, imported, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemSetAccess(va + 2 * kMiB, 2 * kMiB, &access, 1), CUDA_SUCCESS);
+  unsigned word = 0;
+  ASSERT_EQ(cu().cuMemcpyDtoH_v2(&word, va + 2 * kMiB, sizeof(word)), CUDA_SUCCESS);
+  EXPECT_EQ(word, 7u);
+  EXPECT_EQ(before - FreeBytes(), 2 * kMiB);  // the import is not charged again
+  ASSERT_EQ(cu().cuMemUnmap(va + 2 * kMiB, 2 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemRelease(imported), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemUnmap(va, 2 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuMemRelease(handle), CUDA_SUCCESS);
+  EXPECT_EQ(before - FreeBytes(), 2 * kMiB);  // the retain still holds it
+  ASSERT_EQ(cu().cuMemRelease(retained), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), before);
+  EXPECT_EQ(cu().cuMemRelease(handle), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu().cuMemAddressFree(va, 4 * kMiB), CUDA_SUCCESS);
 }
 
 TEST_F(FakeCudaTest, ArraysAndAsyncAllocationsCountAgainstTheDevice) {

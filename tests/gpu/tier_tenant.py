@@ -12,6 +12,10 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              cuMemAllocAsync buffer and a cuMemCreate buffer the tenant maps itself; --cycles freezes
              (every other one ended by `tfusion thaw`), each with checksums, the freeze's movable /
              in-host / fixed figures and the pool's reserved and used bytes before and after
+  expandable PyTorch under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (its blocks live in
+             cuMemCreate handles it maps itself): about 2 GiB of tensors, one freed and its room
+             reused; --cycles freezes (every other one ended by `tfusion thaw`), each with checksums,
+             the process's VRAM (nvidia-smi) before and while swapped, the freeze's figures and a matmul
   train      GPT-2 small from config, --steps AdamW steps on fixed random tokens; --freeze-at K
              freezes and resumes before step K; prints the loss of every step
   swap       --gib GiB in one tensor: --cycles freeze + first-call timings and a checksum
@@ -264,6 +268,39 @@ def run_pools(a):
         res["cycles"].append(cyc)
     res["ok"] = all(c["tensors"] and c["raw_async"] and c["own_vmm"] and c["allocates_after"] and
                     c["pool_reserved_used_mib"][0] == c["pool_reserved_used_mib"][1] for c in res["cycles"])
+    print(json.dumps(res))
+
+
+def run_expandable(a):
+    import math
+    assert "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "run with expandable_segments:True"
+    torch.manual_seed(3)
+    # 1 MiB, 256 MiB, 1 GiB and 768 MiB of float32; the 256 MiB one is freed and its room reused.
+    tensors = [torch.randn(n, device="cuda") for n in (1 << 18, 64 << 20, 256 << 20, 192 << 20)]
+    del tensors[1]
+    tensors.append(torch.randn(48 << 20, device="cuda"))
+    refs = [checksum(t) for t in tensors]
+    torch.cuda.synchronize()
+    small = torch.zeros(16, device="cuda")
+    res = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "tensor_mib": sum(t.numel() * 4 for t in tensors) >> 20,
+           "reserved_mib": torch.cuda.memory_reserved() >> 20, "cycles": []}
+    for c in range(a.cycles):
+        before = process_vram_mib()
+        out_ms, text = freeze()
+        cyc = {"freeze_cli_ms": round(out_ms, 1), **freeze_figures(text), "vram_mib_before": before,
+               "vram_mib_swapped": process_vram_mib()}
+        if c % 2 == 1:
+            cyc["thaw_cli_ms"] = round(freeze(thaw=True)[0], 1)
+        cyc["first_call_ms"] = round(first_call_ms(small), 2)
+        cyc["checksums"] = [checksum(t) for t in tensors] == refs
+        m = torch.randn(4096, 4096, device="cuda")
+        cyc["matmul_ok"] = math.isfinite((m @ m).sum().item())
+        del m
+        cyc["vram_mib_after"] = process_vram_mib()
+        res["cycles"].append(cyc)
+    res["ok"] = all(c["checksums"] and c["matmul_ok"] and isinstance(c["vram_mib_swapped"], int) and
+                    isinstance(c["vram_mib_before"], int) and c["vram_mib_swapped"] <= c["vram_mib_before"] - 1800
+                    for c in res["cycles"])
     print(json.dumps(res))
 
 
@@ -529,7 +566,7 @@ def run_serve(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("checks", "pool", "pools", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
+    ap.add_argument("mode", choices=("checks", "pool", "pools", "expandable", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
                                      "zero", "firstfreeze", "idlezero"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
@@ -549,7 +586,7 @@ def main():
     ap.add_argument("--ready", default="")
     ap.add_argument("--go", default="")
     a = ap.parse_args()
-    {"checks": run_checks, "pool": run_pool, "pools": run_pools, "train": run_train, "swap": run_swap, "gen": run_gen,
+    {"checks": run_checks, "pool": run_pool, "pools": run_pools, "expandable": run_expandable, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
      "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero}[a.mode](a)
 

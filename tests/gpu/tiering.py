@@ -10,6 +10,9 @@ Phases (tier_tenant.py does the work inside each tenant):
           tensors, some freed and reallocated), a raw cuMemAllocAsync buffer and a cuMemCreate
           buffer the tenant maps itself, four freeze cycles (two ended by `tfusion thaw`) with
           checksums, movable / in-host / fixed MiB and the pool's reserved and used MiB
+  expandable  the tenant's own VMM memory moves: PyTorch under expandable_segments:True with about
+          2 GiB of tensors, two freeze cycles (the second ended by `tfusion thaw`): checksums, the
+          process's VRAM (nvidia-smi) before and while swapped (ok: at least 1800 MiB less), a matmul
   train   GPT-2 training: two uninterrupted runs and one frozen and resumed mid-run, losses compared
   swap    swap-out/swap-in of 1, 4 and 16 GiB (three cycles each)
   idle    1, 4 and 16 GiB swapped out by the idle timeout (4 s; host copies pinned ahead from 2 s),
@@ -124,6 +127,12 @@ def phase_pools(r):
     d = r.tenant(["pools", "--cycles", "4"], TIERED + ["--vgpu", "tier-pools"],
                  env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, timeout=300)
     r.record("pools", d)
+
+
+def phase_expandable(r):
+    d = r.tenant(["expandable", "--cycles", "2"], TIERED + ["--vgpu", "tier-expandable"],
+                 env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, timeout=120)
+    r.record("expandable", d)
 
 
 def phase_train(r):
@@ -527,7 +536,7 @@ def phase_preempt(r, gib=8):
         r.record("preempt", res)
 
 
-PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "train": phase_train, "swap": phase_swap,
+PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "firstfreeze": phase_firstfreeze}
 

@@ -531,6 +531,146 @@ int Suspended(const std::string& dir) {
   return 0;
 }
 
+
+// The tenant's own VMM memory under tiering, laid out as PyTorch's expandable segments lay it out,
+// driven through files in `dir`. In one reserved range of 32 MiB: A (4 MiB) at 0, B (2 MiB) at 4
+// MiB and C (6 MiB) at 6 MiB, B and C made accessible by one call spanning both, B mapped a second
+// time at 30 MiB, E (2 MiB) at 12 MiB left read-only. D (2 MiB) is mapped at 14 MiB, written and
+// unmapped again (the handle kept, mapped nowhere); G (2 MiB) is created and never mapped. F (8 MiB,
+// exportable) is mapped in a range of its own and exported. Every mapping holds known bytes.
+// "ready"; at "go" (frozen meanwhile) host-only calls on the handles (properties, a retain by
+// address and its release, G released), "hostonly"; at "go2" every byte is read back at every
+// address, D is mapped again and read, "verified"; at "go3" (frozen and thawed again) once more,
+// then everything is unmapped, released and freed.
+namespace vmm {
+
+constexpr size_t kMiB = 1u << 20;
+
+std::vector<unsigned char> Pattern(size_t n, uint32_t seed) {
+  std::vector<unsigned char> v(n);
+  uint32_t x = seed;
+  for (auto& b : v) {
+    x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+    b = static_cast<unsigned char>(x);
+  }
+  return v;
+}
+
+CUmemGenericAllocationHandle Create(size_t bytes, bool exportable = false) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  if (exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle h = 0;
+  CHECK(cuMemCreate(&h, bytes, &prop, 0));
+  return h;
+}
+
+void Access(CUdeviceptr at, size_t bytes, CUmemAccess_flags flags) {
+  CUmemAccessDesc d = {};
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = 0;
+  d.flags = flags;
+  CHECK(cuMemSetAccess(at, bytes, &d, 1));
+}
+
+bool Same(CUdeviceptr at, const std::vector<unsigned char>& want) {
+  std::vector<unsigned char> got(want.size());
+  CHECK(cuMemcpyDtoH(got.data(), at, got.size()));
+  return got == want;
+}
+
+int Run(const std::string& dir) {
+  Setup();
+  CUdeviceptr r = 0, r2 = 0;
+  CHECK(cuMemAddressReserve(&r, 32 * kMiB, 0, 0, 0));
+  CHECK(cuMemAddressReserve(&r2, 8 * kMiB, 0, 0, 0));
+  CUmemGenericAllocationHandle a = Create(4 * kMiB), b = Create(2 * kMiB), c = Create(6 * kMiB),
+                               d = Create(2 * kMiB), e = Create(2 * kMiB), f = Create(8 * kMiB, true),
+                               g = Create(2 * kMiB);
+  CHECK(cuMemMap(r, 4 * kMiB, 0, a, 0));
+  CHECK(cuMemMap(r + 4 * kMiB, 2 * kMiB, 0, b, 0));
+  CHECK(cuMemMap(r + 6 * kMiB, 6 * kMiB, 0, c, 0));
+  CHECK(cuMemMap(r + 30 * kMiB, 2 * kMiB, 0, b, 0));
+  CHECK(cuMemMap(r + 12 * kMiB, 2 * kMiB, 0, e, 0));
+  CHECK(cuMemMap(r + 14 * kMiB, 2 * kMiB, 0, d, 0));
+  CHECK(cuMemMap(r2, 8 * kMiB, 0, f, 0));
+  Access(r, 4 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  Access(r + 4 * kMiB, 8 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);  // B and C in one call
+  Access(r + 30 * kMiB, 2 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  Access(r + 12 * kMiB, 4 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);  // E and D
+  Access(r2, 8 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  const auto wa = Pattern(4 * kMiB, 11), wb = Pattern(2 * kMiB, 12), wc = Pattern(6 * kMiB, 13),
+             wd = Pattern(2 * kMiB, 14), we = Pattern(2 * kMiB, 15), wf = Pattern(8 * kMiB, 16);
+  CHECK(cuMemcpyHtoD(r, wa.data(), wa.size()));
+  CHECK(cuMemcpyHtoD(r + 30 * kMiB, wb.data(), wb.size()));  // through the second mapping of B
+  CHECK(cuMemcpyHtoD(r + 6 * kMiB, wc.data(), wc.size()));
+  CHECK(cuMemcpyHtoD(r + 12 * kMiB, we.data(), we.size()));
+  CHECK(cuMemcpyHtoD(r + 14 * kMiB, wd.data(), wd.size()));
+  CHECK(cuMemcpyHtoD(r2, wf.data(), wf.size()));
+  CHECK(cuCtxSynchronize());
+  Access(r + 12 * kMiB, 2 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READ);  // E: read-only from now on
+  CHECK(cuMemUnmap(r + 14 * kMiB, 2 * kMiB));                      // D: mapped nowhere
+  int fd = -1;
+  CHECK(cuMemExportToShareableHandle(&fd, f, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  std::printf("exported=%d\n", fd >= 0 ? 1 : 0);
+  std::fflush(stdout);
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+
+  // Host-only: none of these brings the tenant back.
+  CUmemAllocationProp prop = {};
+  CHECK(cuMemGetAllocationPropertiesFromHandle(&prop, c));
+  CUmemGenericAllocationHandle retained = 0;
+  CHECK(cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(r + 7 * kMiB)));
+  std::printf("props_while_swapped=%s\nretained_is_c=%d\n",
+              prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE && prop.location.id == 0 ? "ok" : "wrong",
+              retained == c ? 1 : 0);
+  CHECK(cuMemRelease(retained));
+  CHECK(cuMemRelease(g));
+  std::fflush(stdout);
+  Touch(dir + "/hostonly");
+  if (!WaitFile(dir + "/go2")) return 4;
+
+  auto verify = [&](const char* round) {
+    int same = Same(r, wa) + Same(r + 4 * kMiB, wb) + Same(r + 30 * kMiB, wb) + Same(r + 6 * kMiB, wc) +
+               Same(r + 12 * kMiB, we) + Same(r2, wf);
+    std::printf("%s_identical=%d\n", round, same);
+    // B's two mappings still alias one physical allocation.
+    const unsigned char mark = static_cast<unsigned char>(wb[0] ^ 0xFF);
+    CHECK(cuMemcpyHtoD(r + 4 * kMiB, &mark, 1));
+    unsigned char seen = 0;
+    CHECK(cuMemcpyDtoH(&seen, r + 30 * kMiB, 1));
+    std::printf("%s_alias=%d\n", round, seen == mark ? 1 : 0);
+    CHECK(cuMemcpyHtoD(r + 4 * kMiB, wb.data(), 1));
+    // D, mapped nowhere while it moved, maps again with its bytes.
+    CHECK(cuMemMap(r + 14 * kMiB, 2 * kMiB, 0, d, 0));
+    Access(r + 14 * kMiB, 2 * kMiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    std::printf("%s_unmapped_handle=%d\n", round, Same(r + 14 * kMiB, wd) ? 1 : 0);
+    CHECK(cuMemUnmap(r + 14 * kMiB, 2 * kMiB));
+    std::fflush(stdout);
+  };
+  verify("first");
+  Touch(dir + "/verified");
+  if (!WaitFile(dir + "/go3")) return 4;
+  verify("second");
+  CHECK(cuMemUnmap(r, 4 * kMiB));
+  CHECK(cuMemUnmap(r + 4 * kMiB, 2 * kMiB));
+  CHECK(cuMemUnmap(r + 6 * kMiB, 6 * kMiB));
+  CHECK(cuMemUnmap(r + 12 * kMiB, 2 * kMiB));
+  CHECK(cuMemUnmap(r + 30 * kMiB, 2 * kMiB));
+  CHECK(cuMemUnmap(r2, 8 * kMiB));
+  for (CUmemGenericAllocationHandle h : {a, b, c, d, e, f}) CHECK(cuMemRelease(h));
+  std::printf("second_release=%d\n", static_cast<int>(cuMemRelease(a)));
+  CHECK(cuMemAddressFree(r, 32 * kMiB));
+  CHECK(cuMemAddressFree(r2, 8 * kMiB));
+  close(fd);
+  std::printf("freed=1\n");
+  return 0;
+}
+
+}  // namespace vmm
 }  // namespace
 
 // A pitched allocation with known rows: says "ready" with its pitch, waits for "go" (the test
@@ -588,6 +728,7 @@ int main(int argc, char** argv) {
   if (cmd == "zero" && argc > 2) return Zero(argv[2]);
   if (cmd == "pitched" && argc > 2) return Pitched(argv[2]);
   if (cmd == "pools" && argc > 2) return Pools(argv[2]);
+  if (cmd == "vmm" && argc > 2) return vmm::Run(argv[2]);
   if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;

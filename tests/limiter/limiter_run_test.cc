@@ -21,6 +21,7 @@
 
 #include "tests/cli/cli_test_util.h"
 #include "tests/fakecuda/fakecuda_api.h"
+#include "tests/fakecuda/nvml_types.h"
 
 namespace {
 
@@ -388,6 +389,93 @@ TEST_F(TieringTest, StreamOrderedPoolMemoryMovesAndItsFreesKeepStreamOrder) {
   EXPECT_NE(out.find("first_identical=3\nfirst_default=6/6 high 6/6\nfirst_mine=40/40\n"), std::string::npos) << out;
   EXPECT_NE(out.find("second_identical=3\nsecond_default=6/6"), std::string::npos) << out;
   EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
+// VRAM in use on device 0 as the driver's NVML reports it (the fake's: every process of this test's
+// FAKECUDA_SHM_NAME), in MiB; -1 when it cannot be read. Read in a child, so that this process
+// never loads the fake NVML (other tests of the binary load it in their children, configured).
+long long DeviceUsedMiB(const std::string& shm_name) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    setenv("FAKECUDA_SHM_NAME", shm_name.c_str(), 1);
+    long long mib = -1;
+    void* h = dlopen(TF_FAKENVML, RTLD_NOW | RTLD_LOCAL);
+    auto init = h != nullptr ? reinterpret_cast<nvmlReturn_t (*)()>(dlsym(h, "nvmlInit_v2")) : nullptr;
+    auto by_index = h != nullptr ? reinterpret_cast<nvmlReturn_t (*)(unsigned, nvmlDevice_t*)>(
+                                       dlsym(h, "nvmlDeviceGetHandleByIndex_v2"))
+                                 : nullptr;
+    auto info = h != nullptr ? reinterpret_cast<nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*)>(
+                                   dlsym(h, "nvmlDeviceGetMemoryInfo"))
+                             : nullptr;
+    nvmlDevice_t dev = nullptr;
+    nvmlMemory_t m = {};
+    if (init != nullptr && by_index != nullptr && info != nullptr && init() == NVML_SUCCESS &&
+        by_index(0, &dev) == NVML_SUCCESS && info(dev, &m) == NVML_SUCCESS) {
+      mib = static_cast<long long>(m.used >> 20);
+    }
+    ssize_t w = write(fds[1], &mib, sizeof(mib));
+    _exit(w == sizeof(mib) ? 0 : 1);
+  }
+  close(fds[1]);
+  long long mib = -1;
+  if (child < 0 || read(fds[0], &mib, sizeof(mib)) != sizeof(mib)) mib = -1;
+  close(fds[0]);
+  if (child > 0) waitpid(child, nullptr, 0);
+  return mib;
+}
+
+// The tenant's own VMM memory (what PyTorch's expandable segments allocate) moves: in one reserved
+// range handles mapped at offsets, one mapped twice, one read-only, one mapped nowhere, one never
+// mapped; while swapped the driver holds only the exported handle, which stays and is reported as
+// fixed; host-only calls on the handles do not wake the tenant; every byte comes back at every
+// address over two freezes (the second ended by a thaw), and the handles still map, unmap and
+// release afterwards.
+TEST_F(TieringTest, TheTenantsOwnVmmMemoryMovesAndItsHandlesKeepWorking) {
+  const std::string shm = "/tf-lt-" + std::to_string(getpid());
+  const std::string cmd = Tfusion("--vram 1GiB --vgpu vmm --tiering --idle-swap 0", "vmm " + dir_) + " > " + dir_ +
+                          "/tenant.out 2>&1";
+  pid_t pid = StartProbe(cmd);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  // A 4 + B 2 + C 6 + D 2 + E 2 + G 2 MiB movable, F 8 MiB exported.
+  EXPECT_EQ(DeviceUsedMiB(shm), 26);
+  Result frozen = Tf("freeze vmm");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 18 MiB movable (18 MiB in host memory), 8 MiB fixed"), std::string::npos)
+      << frozen.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 8) << "only the exported handle stays on the GPU";
+  std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("8 MiB of the tenant's own VMM memory stay resident (fixed): exported to a shareable handle"),
+            std::string::npos) << out;
+  Touch("go");
+  ASSERT_TRUE(WaitFor("hostonly")) << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(Tf("smi -p").out.find("swapped"), std::string::npos) << "host-only calls must not wake it\n" << Tf("smi -p").out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 8);
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 24) << "G was released while swapped";
+  frozen = Tf("freeze vmm");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 16 MiB movable (16 MiB in host memory), 8 MiB fixed"), std::string::npos)
+      << frozen.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 8);
+  Result thawed = Tf("thaw vmm");
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 24);
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0);
+  out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("exported=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("props_while_swapped=ok\nretained_is_c=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("first_identical=6\nfirst_alias=1\nfirst_unmapped_handle=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("second_identical=6\nsecond_alias=1\nsecond_unmapped_handle=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("second_release=1\n"), std::string::npos) << "a released handle is refused\n" << out;
+  EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 0);
   EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
 }
 
