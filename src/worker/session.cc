@@ -2669,8 +2669,12 @@ int Session::Run() {
       continue;
     }
     if (op == remote::kOpGraphHostCopies) {
-      uint64_t e = 0;
-      if (rd.U64(&e) && rd.Finish()) graph_host_.Describe(reinterpret_cast<CUgraphExec>(e), out);
+      uint64_t e = 0, real = 0;  // an executable graph's name
+      if (rd.U64(&e) && rd.Finish()) {
+        // (A device-launch graph's real handle finds its own ranges; anything else none.)
+        if (!handles_.Resolve(HandleKind::kGraphExec, e, &real)) real = e;
+        graph_host_.Describe(reinterpret_cast<CUgraphExec>(real), out);
+      }
       if (wants_reply) Reply(in.header.sequence, out.ok() ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, out);
       continue;
     }

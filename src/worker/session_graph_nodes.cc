@@ -149,7 +149,7 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       return DotPrint(rd);
     case Fn::cuGraphExecGetFlags: {
       uint64_t e = 0;
-      if (!rd.U64(&e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
+      if (!ReadExec(rd, &e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
       cuuint64_t flags = 0;
       CUresult r = CALL(cuGraphExecGetFlags, As<CUgraphExec>(e), &flags);
       out.U64(flags);
@@ -157,8 +157,10 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuGraphKernelNodeCopyAttributes: {
       uint64_t dst = 0, src = 0;
-      rd.U64(&dst);
-      if (!rd.U64(&src) || !rd.Finish() || !Node(dst) || !Node(src)) return CUDA_ERROR_INVALID_VALUE;
+      ReadReal(rd, HandleKind::kGraphNode, &dst);
+      if (!ReadReal(rd, HandleKind::kGraphNode, &src) || !rd.Finish() || !Node(dst) || !Node(src)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       return CALL(cuGraphKernelNodeCopyAttributes, As<CUgraphNode>(dst), As<CUgraphNode>(src));
     }
     case Fn::cuGraphKernelNodeSetAttribute: {
@@ -167,7 +169,7 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       uint32_t attr = 0;
       CUkernelNodeAttrValue v;
       static_assert(sizeof(v) == 64, "CUlaunchAttributeValue is 64 bytes");
-      rd.U64(&n);
+      ReadReal(rd, HandleKind::kGraphNode, &n);
       rd.U32(&attr);
       if (!rd.Bytes(&v, sizeof(v)) || !rd.Finish() || !Node(n) || !NodeAttribute(attr)) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -176,13 +178,14 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuGraphNodeFindInClone: {
       uint64_t orig = 0, clone = 0;
-      rd.U64(&orig);
-      if (!rd.U64(&clone) || !rd.Finish() || !Node(orig) || !graphs_.count(clone)) return CUDA_ERROR_INVALID_VALUE;
+      ReadReal(rd, HandleKind::kGraphNode, &orig);
+      if (!ReadReal(rd, HandleKind::kGraph, &clone) || !rd.Finish() || !Node(orig) || !graphs_.count(clone)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       CUgraphNode found = nullptr;
       CUresult r = CALL(cuGraphNodeFindInClone, &found, As<CUgraphNode>(orig), As<CUgraph>(clone));
       if (r != CUDA_SUCCESS) return r;
-      Learn(found, clone);
-      out.U64(H(found));
+      out.U64(Learn(found, clone));
       return CUDA_SUCCESS;
     }
     default:
@@ -191,7 +194,7 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
   // The getters: u64 node [, u32 attribute].
   uint64_t n = 0;
   uint32_t attr = 0;
-  rd.U64(&n);
+  ReadReal(rd, HandleKind::kGraphNode, &n);
   if (fn == Fn::cuGraphKernelNodeGetAttribute) rd.U32(&attr);
   if (!rd.Finish() || !Node(n)) return CUDA_ERROR_INVALID_VALUE;
   CUgraphNode node = As<CUgraphNode>(n);
@@ -293,7 +296,7 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuGraphChildGraphNodeGetGraph, node, &child);
       if (r != CUDA_SUCCESS) return r;
       if (child != nullptr && !graphs_.count(H(child))) graphs_[H(child)].body_of = nodes_[n];
-      out.U64(H(child));
+      out.U64(GraphName(H(child)));
       return CUDA_SUCCESS;
     }
     default:
@@ -306,7 +309,7 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
 CUresult SessionGraphs::SetNode(Fn fn, Reader& rd) {
   uint64_t n = 0;
   uint32_t type = 0;
-  rd.U64(&n);
+  ReadReal(rd, HandleKind::kGraphNode, &n);
   if (!rd.U32(&type) || !Node(n)) return CUDA_ERROR_INVALID_VALUE;
   CUgraphNode node = As<CUgraphNode>(n);
   switch (fn) {
@@ -355,7 +358,7 @@ CUresult SessionGraphs::SetNode(Fn fn, Reader& rd) {
 CUresult SessionGraphs::DotPrint(Reader& rd) {
   uint64_t g = 0;
   uint32_t flags = 0;
-  rd.U64(&g);
+  ReadReal(rd, HandleKind::kGraph, &g);
   if (!rd.U32(&flags) || !rd.Finish() || !graphs_.count(g) || (flags & ~kDotFlags)) {
     return CUDA_ERROR_INVALID_VALUE;
   }

@@ -102,7 +102,7 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuGraphCreate, &g, flags);
       if (r != CUDA_SUCCESS) return r;
       graphs_[H(g)];
-      out.U64(H(g));
+      out.U64(GraphName(H(g)));
       return CUDA_SUCCESS;
     }
     case Fn::cuGraphAddKernelNode_v2:
@@ -169,7 +169,7 @@ bool SessionGraphs::ReadNodes(Reader& rd, uint64_t g, std::vector<CUgraphNode>* 
   nodes->resize(n);
   for (auto& node : *nodes) {
     uint64_t h = 0;
-    if (!rd.U64(&h) || !Node(h, g)) return false;
+    if (!ReadReal(rd, HandleKind::kGraphNode, &h) || !Node(h, g)) return false;
     node = As<CUgraphNode>(h);
   }
   return true;
@@ -293,7 +293,7 @@ CUresult SessionGraphs::DecodeMemset(Reader& rd, CUDA_MEMSET_NODE_PARAMS* m) {
 // then the type's parameters.
 CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
   uint64_t g = 0;
-  rd.U64(&g);
+  ReadReal(rd, HandleKind::kGraph, &g);
   if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
   std::vector<CUgraphNode> deps;
   std::vector<CUgraphEdgeData> edges;
@@ -393,7 +393,7 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
     }
     case CU_GRAPH_NODE_TYPE_GRAPH: {
       uint64_t child = 0;
-      if (!rd.U64(&child) || !rd.Finish() || !graphs_.count(child) || child == g) {
+      if (!ReadReal(rd, HandleKind::kGraph, &child) || !rd.Finish() || !graphs_.count(child) || child == g) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       r = CALL(cuGraphAddChildGraphNode, &node, graph, dp, nd, As<CUgraph>(child));
@@ -434,8 +434,7 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
       if (r != CUDA_SUCCESS) return r;
       h_.AddAllocation(p.dptr, bytes);
       graphs_[g].allocs.push_back(p.dptr);
-      Learn(node, g);
-      out.U64(H(node));
+      out.U64(Learn(node, g));
       out.U64(p.dptr);
       return CUDA_SUCCESS;
     }
@@ -460,13 +459,12 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
       r = CALL(cuGraphAddNode_v2, &node, graph, dp, edges.empty() ? nullptr : edges.data(), nd, &np);
       if (r != CUDA_SUCCESS) return r;
       if (np.conditional.phGraph_out == nullptr) return CUDA_ERROR_UNKNOWN;
-      Learn(node, g);
-      out.U64(H(node));
+      out.U64(Learn(node, g));
       out.U32(size);
       for (uint32_t i = 0; i < size; ++i) {
         const uint64_t body = H(np.conditional.phGraph_out[i]);
         graphs_[body].body_of = g;
-        out.U64(body);
+        out.U64(GraphName(body));
       }
       return CUDA_SUCCESS;
     }
@@ -481,8 +479,7 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
       return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (r != CUDA_SUCCESS) return r;
-  Learn(node, g);
-  out.U64(H(node));
+  out.U64(Learn(node, g));
   return CUDA_SUCCESS;
 }
 
@@ -491,8 +488,8 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
 CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
   uint64_t e = 0, n = 0;
   uint32_t type = 0;
-  rd.U64(&e);
-  rd.U64(&n);
+  ReadExec(rd, &e);
+  ReadReal(rd, HandleKind::kGraphNode, &n);
   if (!rd.U32(&type)) return CUDA_ERROR_INVALID_VALUE;
   auto eit = execs_.find(e);
   auto nit = nodes_.find(n);
@@ -540,7 +537,8 @@ CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
     }
     case Fn::cuGraphExecChildGraphNodeSetParams: {
       uint64_t child = 0;
-      if (type != CU_GRAPH_NODE_TYPE_GRAPH || !rd.U64(&child) || !rd.Finish() || !graphs_.count(child)) {
+      if (type != CU_GRAPH_NODE_TYPE_GRAPH || !ReadReal(rd, HandleKind::kGraph, &child) || !rd.Finish() ||
+          !graphs_.count(child)) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       CUresult r = CALL(cuGraphExecChildGraphNodeSetParams, exec, node, As<CUgraph>(child));
@@ -566,7 +564,8 @@ CUresult SessionGraphs::SetExecParams(Fn fn, Reader& rd) {
 // Node handles named here join the graph's node table.
 CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
   uint64_t h = 0;
-  rd.U64(&h);
+  const bool by_graph = fn == Fn::cuGraphGetNodes || fn == Fn::cuGraphGetRootNodes || fn == Fn::cuGraphGetEdges_v2;
+  ReadReal(rd, by_graph ? HandleKind::kGraph : HandleKind::kGraphNode, &h);
   if (fn == Fn::cuGraphNodeGetType || fn == Fn::cuGraphKernelNodeGetParams_v2) {
     if (!rd.Finish() || !Node(h)) return CUDA_ERROR_INVALID_VALUE;
     if (fn == Fn::cuGraphNodeGetType) {
@@ -641,12 +640,8 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
   out.U64(count);
   const bool with_edges = pairs || by_node;
   for (size_t i = 0; i < count && i < capacity; ++i) {
-    Learn(a[i], g);
-    out.U64(H(a[i]));
-    if (pairs) {
-      Learn(b[i], g);
-      out.U64(H(b[i]));
-    }
+    out.U64(Learn(a[i], g));
+    if (pairs) out.U64(Learn(b[i], g));
     if (with_edges) WriteEdge(&edges[i], out);
   }
   return CUDA_SUCCESS;
@@ -657,7 +652,7 @@ CUresult SessionGraphs::Edit(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphKernelNodeSetParams_v2: {
       uint64_t n = 0;
       uint32_t type = 0;
-      rd.U64(&n);
+      ReadReal(rd, HandleKind::kGraphNode, &n);
       if (!rd.U32(&type) || type != CU_GRAPH_NODE_TYPE_KERNEL || !Node(n)) return CUDA_ERROR_INVALID_VALUE;
       KernelArgs la;
       CUDA_KERNEL_NODE_PARAMS p = {};
@@ -668,7 +663,7 @@ CUresult SessionGraphs::Edit(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphAddDependencies_v2:
     case Fn::cuGraphRemoveDependencies_v2: {
       uint64_t g = 0;
-      rd.U64(&g);
+      ReadReal(rd, HandleKind::kGraph, &g);
       if (!graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
       std::vector<CUgraphNode> from, to;
       std::vector<CUgraphEdgeData> edges;
@@ -687,24 +682,35 @@ CUresult SessionGraphs::Edit(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuGraphDestroyNode: {
       uint64_t n = 0;
-      if (!rd.U64(&n) || !rd.Finish() || !Node(n)) return CUDA_ERROR_INVALID_VALUE;
+      if (!ReadReal(rd, HandleKind::kGraphNode, &n) || !rd.Finish() || !Node(n)) return CUDA_ERROR_INVALID_VALUE;
+      // A child graph node's graph goes with it (when the client was given its name).
+      CUgraphNodeType t = CU_GRAPH_NODE_TYPE_EMPTY;
+      CUgraph child = nullptr;
+      if (CALL(cuGraphNodeGetType, As<CUgraphNode>(n), &t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_GRAPH ||
+          CALL(cuGraphChildGraphNodeGetGraph, As<CUgraphNode>(n), &child) != CUDA_SUCCESS) {
+        child = nullptr;
+      }
       CUresult r = CALL(cuGraphDestroyNode, As<CUgraphNode>(n));
-      if (r == CUDA_SUCCESS) nodes_.erase(n);
+      if (r == CUDA_SUCCESS) {
+        ForgetNode(n);
+        auto c = child ? graphs_.find(H(child)) : graphs_.end();
+        if (c != graphs_.end() && c->second.body_of) ForgetGraph(H(child), false);
+      }
       return r;
     }
     case Fn::cuGraphClone: {
       uint64_t g = 0;
-      if (!rd.U64(&g) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      if (!ReadReal(rd, HandleKind::kGraph, &g) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
       CUgraph c = nullptr;
       CUresult r = CALL(cuGraphClone, &c, As<CUgraph>(g));
       if (r != CUDA_SUCCESS) return r;
       graphs_[H(c)];
-      out.U64(H(c));
+      out.U64(GraphName(H(c)));
       return CUDA_SUCCESS;
     }
     case Fn::cuGraphDestroy: {
       uint64_t g = 0;
-      if (!rd.U64(&g) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!ReadReal(rd, HandleKind::kGraph, &g) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       auto it = graphs_.find(g);
       // A capture graph belongs to its capture until cuStreamEndCapture.
       // So does a conditional node's body to its node.
@@ -731,10 +737,15 @@ void SessionGraphs::ForgetGraph(uint64_t g, bool free_allocations) {
     }
   }
   graphs_.erase(it);
+  h_.Handles().RetireReal(HandleKind::kGraph, g);
   ForgetUserObjectRefs(g);
   for (auto n = nodes_.begin(); n != nodes_.end();) {
-    if (n->second == g) n = nodes_.erase(n);
-    else ++n;
+    if (n->second == g) {
+      h_.Handles().RetireReal(HandleKind::kGraphNode, n->first);
+      n = nodes_.erase(n);
+    } else {
+      ++n;
+    }
   }
   // The bodies of its conditional nodes went with it.
   std::vector<uint64_t> bodies;
@@ -749,7 +760,7 @@ void SessionGraphs::ForgetGraph(uint64_t g, bool free_allocations) {
 CUresult SessionGraphs::ConditionalHandle(Reader& rd, Writer& out) {
   uint64_t g = 0, ctx = 0;
   uint32_t value = 0, flags = 0;
-  rd.U64(&g);
+  ReadReal(rd, HandleKind::kGraph, &g);
   rd.U64(&ctx);
   rd.U32(&value);
   if (!rd.U32(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
@@ -792,13 +803,14 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     // -> u64 exec, u32 host nodes per launch.
     case Fn::cuGraphInstantiateWithFlags: {
       uint64_t g = 0, flags = 0;
-      rd.U64(&g);
+      ReadReal(rd, HandleKind::kGraph, &g);
       if (!rd.U64(&flags) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
       CUgraphExec e = nullptr;
       CUresult r = CALL(cuGraphInstantiateWithFlags, &e, As<CUgraph>(g), flags);
       if (r != CUDA_SUCCESS) return r;
       RecordExec(e, g);
-      out.U64(H(e));
+      execs_[H(e)].device_launch = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) != 0;
+      out.U64(ExecName(H(e)));
       out.U32(static_cast<uint32_t>(execs_[H(e)].host_nodes));
       return CUDA_SUCCESS;
     }
@@ -807,7 +819,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     // when it failed too).
     case Fn::cuGraphInstantiateWithParams: {
       uint64_t g = 0, flags = 0, s = 0;
-      rd.U64(&g);
+      ReadReal(rd, HandleKind::kGraph, &g);
       rd.U64(&flags);
       if (!rd.U64(&s) || !rd.Finish() || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
       if (!h_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
@@ -816,12 +828,15 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       p.hUploadStream = As<CUstream>(s);
       CUgraphExec e = nullptr;
       CUresult r = CALL(cuGraphInstantiateWithParams, &e, As<CUgraph>(g), &p);
-      if (r == CUDA_SUCCESS) RecordExec(e, g);
-      Learn(p.hErrNode_out, g);
+      if (r == CUDA_SUCCESS) {
+        RecordExec(e, g);
+        execs_[H(e)].device_launch = (flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH) != 0;
+      }
+      const uint64_t err_node = Learn(p.hErrNode_out, g);
       out.I32(r);
-      out.U64(r == CUDA_SUCCESS ? H(e) : 0);
+      out.U64(r == CUDA_SUCCESS ? ExecName(H(e)) : 0);
       out.U32(static_cast<uint32_t>(p.result_out));
-      out.U64(H(p.hErrNode_out));
+      out.U64(err_node);
       out.U32(r == CUDA_SUCCESS ? static_cast<uint32_t>(execs_[H(e)].host_nodes) : 0);
       return CUDA_SUCCESS;
     }
@@ -829,7 +844,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphLaunch_ptsz:
     case Fn::cuGraphUpload: {
       uint64_t e = 0, s = 0;
-      rd.U64(&e);
+      ReadExec(rd, &e);
       if (!rd.U64(&s) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       auto it = execs_.find(e);
       if (it == execs_.end() || !h_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
@@ -846,8 +861,10 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     // u32 host nodes per launch.
     case Fn::cuGraphExecUpdate_v2: {
       uint64_t e = 0, g = 0;
-      rd.U64(&e);
-      if (!rd.U64(&g) || !rd.Finish() || !execs_.count(e) || !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
+      ReadExec(rd, &e);
+      if (!ReadReal(rd, HandleKind::kGraph, &g) || !rd.Finish() || !execs_.count(e) || !graphs_.count(g)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       CUgraphExecUpdateResultInfo info = {};
       CUresult r = CALL(cuGraphExecUpdate_v2, As<CUgraphExec>(e), As<CUgraph>(g), &info);
       ExecEntry& x = execs_[e];
@@ -856,11 +873,12 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
         x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
         h_.HostCopies().Instantiated(As<CUgraphExec>(e), As<CUgraph>(g));
       }
-      Learn(info.errorNode, g);
+      const uint64_t err_node = Learn(info.errorNode, g);
+      const uint64_t err_from = Learn(info.errorFromNode, g);
       out.I32(r);
       out.U32(static_cast<uint32_t>(info.result));
-      out.U64(H(info.errorNode));
-      out.U64(H(info.errorFromNode));
+      out.U64(err_node);
+      out.U64(err_from);
       out.U32(static_cast<uint32_t>(x.host_nodes));
       return CUDA_SUCCESS;
     }
@@ -868,8 +886,8 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphNodeGetEnabled: {
       uint64_t e = 0, n = 0;
       uint32_t enabled = 0;
-      rd.U64(&e);
-      rd.U64(&n);
+      ReadExec(rd, &e);
+      ReadReal(rd, HandleKind::kGraphNode, &n);
       if (fn == Fn::cuGraphNodeSetEnabled) rd.U32(&enabled);
       auto eit = execs_.find(e);
       auto nit = nodes_.find(n);
@@ -886,10 +904,11 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuGraphExecDestroy: {
       uint64_t e = 0;
-      if (!rd.U64(&e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
+      if (!ReadExec(rd, &e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
       CUresult r = CALL(cuGraphExecDestroy, As<CUgraphExec>(e));
       if (r == CUDA_SUCCESS) {
         execs_.erase(e);
+        h_.Handles().RetireReal(HandleKind::kGraphExec, e);
         h_.HostCopies().Destroyed(As<CUgraphExec>(e));
       }
       return r;
@@ -947,7 +966,7 @@ CUresult SessionGraphs::Capture(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuStreamBeginCaptureToGraph: {
       uint64_t g = 0;
       uint32_t mode = 0;
-      rd.U64(&g);
+      ReadReal(rd, HandleKind::kGraph, &g);
       rd.U32(&mode);
       if (!graphs_.count(g) || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
       std::vector<CUgraphNode> deps;
@@ -974,7 +993,7 @@ CUresult SessionGraphs::Capture(Fn fn, Reader& rd, Writer& out) {
       }
       if (r != CUDA_SUCCESS) return r;
       graphs_[H(g)].capturing_stream = 0;
-      out.U64(H(g));
+      out.U64(GraphName(H(g)));
       return CUDA_SUCCESS;
     }
     case Fn::cuStreamGetCaptureInfo_v3: {
@@ -1000,11 +1019,10 @@ CUresult SessionGraphs::Capture(Fn fn, Reader& rd, Writer& out) {
       if (n > remote::kMaxGraphDeps) n = remote::kMaxGraphDeps;
       out.U32(static_cast<uint32_t>(status));
       out.U64(id);
-      out.U64(H(g));
+      out.U64(GraphName(H(g)));
       out.U64(n);
       for (size_t i = 0; i < n; ++i) {
-        Learn(deps[i], H(g));
-        out.U64(H(deps[i]));
+        out.U64(Learn(deps[i], H(g)));
         WriteEdge(edges ? &edges[i] : nullptr, out);
       }
       return CUDA_SUCCESS;

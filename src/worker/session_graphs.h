@@ -100,6 +100,7 @@ class SessionGraphs {
   struct ExecEntry {
     std::set<uint64_t> graphs;  // instantiated from, or updated with
     uint64_t host_nodes = 0;    // host-node runs per launch
+    bool device_launch = false;  // CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: named by its real handle
   };
   const driver::DriverTable& d() const { return h_.Driver(); }
   CUresult AddNode(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
@@ -132,9 +133,49 @@ class SessionGraphs {
     auto it = nodes_.find(n);
     return it != nodes_.end() && (g == 0 || it->second == g);
   }
-  // Nodes the driver named join the graph's node table.
-  void Learn(CUgraphNode n, uint64_t g) {
-    if (n) nodes_[reinterpret_cast<uint64_t>(n)] = g;
+  // Graphs, nodes and executable graphs are virtual handles of the session (session_handles.h):
+  // the tables below hold the driver's handles, the wire carries names. Real() is the driver's
+  // handle behind a name, 0 when it is not a live name of that kind in this session (no table
+  // holds 0, so the call fails as for any unknown handle); ReadReal() reads a name and resolves it.
+  uint64_t Real(HandleKind k, uint64_t wire) {
+    uint64_t real = 0;
+    return h_.Handles().Resolve(k, wire, &real) ? real : 0;
+  }
+  bool ReadReal(transport::Reader& rd, HandleKind k, uint64_t* real) {
+    uint64_t wire = 0;
+    const bool ok = rd.U64(&wire);
+    *real = Real(k, wire);
+    return ok;
+  }
+  // Executable graphs: as ReadReal and Name, except that one instantiated for device launch keeps
+  // its real handle on the wire (kernels launch it from the GPU, where no table translates).
+  bool ReadExec(transport::Reader& rd, uint64_t* real) {
+    uint64_t wire = 0;
+    const bool ok = rd.U64(&wire);
+    *real = Real(HandleKind::kGraphExec, wire);
+    if (*real == 0) {
+      auto it = execs_.find(wire);
+      if (it != execs_.end() && it->second.device_launch) *real = wire;
+    }
+    return ok;
+  }
+  uint64_t ExecName(uint64_t e) {
+    auto it = execs_.find(e);
+    return it != execs_.end() && it->second.device_launch ? e : Name(HandleKind::kGraphExec, e);
+  }
+  // The name the client gets for a driver's handle (0 stays 0).
+  uint64_t Name(HandleKind k, uint64_t real) { return h_.Handles().Publish(k, real); }
+  uint64_t GraphName(uint64_t g) { return Name(HandleKind::kGraph, g); }
+  // Nodes the driver named join the graph's node table; returns the node's name.
+  uint64_t Learn(CUgraphNode n, uint64_t g) {
+    if (!n) return 0;
+    nodes_[reinterpret_cast<uint64_t>(n)] = g;
+    return Name(HandleKind::kGraphNode, reinterpret_cast<uint64_t>(n));
+  }
+  // A node that went away: its name fails from now on.
+  void ForgetNode(uint64_t n) {
+    nodes_.erase(n);
+    h_.Handles().RetireReal(HandleKind::kGraphNode, n);
   }
   // Host nodes of g, child graphs included (the driver is asked).
   uint64_t CountHostNodes(CUgraph g, int depth);

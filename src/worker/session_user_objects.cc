@@ -75,7 +75,7 @@ CUresult SessionGraphs::UserObjectCall(Fn fn, Reader& rd, Writer& out) {
   uint64_t g = 0, wire = 0;
   uint32_t count = 0, flags = 0;
   const bool graph = fn == Fn::cuGraphRetainUserObject || fn == Fn::cuGraphReleaseUserObject;
-  if (graph) rd.U64(&g);
+  if (graph) ReadReal(rd, HandleKind::kGraph, &g);
   rd.U64(&wire);
   rd.U32(&count);
   if (fn == Fn::cuGraphRetainUserObject) rd.U32(&flags);

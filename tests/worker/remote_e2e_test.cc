@@ -223,6 +223,38 @@ TEST_F(RemoteTest, ForgedStaleWrongKindAndOtherSessionsHandlesFailTheirCallOnly)
   }
 }
 
+// Graphs, graph nodes and executable graphs are names of the session too: forged, stale (destroyed
+// directly or with their graph, child graph node or clone), another kind's and another session's
+// fail that call only, with CUDA_ERROR_INVALID_VALUE (a launch: CUDA_ERROR_INVALID_HANDLE at the
+// stream's synchronize).
+TEST_F(RemoteTest, ForgedStaleWrongKindAndOtherSessionsGraphHandlesFailTheirCallOnly) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "vgraphs");
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    for (const char* key : {"names_not_pointers", "listed_same_names", "root_same_name", "fresh_graph_new_name",
+                            "embedded_is_name", "clone_node_is_new_name", "captured_is_name", "still_works"}) {
+      EXPECT_EQ(r.kv[key], "1") << addr << " " << key << "\n" << r.out;
+    }
+    for (const char* key :
+         {"forged_graph", "forged_node", "forged_dep_node", "forged_exec", "kind_graph_as_node",
+          "kind_node_as_graph", "kind_exec_as_graph", "kind_graph_as_exec", "kind_stream_as_graph",
+          "stale_exec", "stale_exec_destroy", "stale_graph", "stale_graph_destroy", "stale_node_of_graph",
+          "stale_node", "stale_node_destroy", "stale_node_dependency", "embedded_destroy", "stale_embedded",
+          "stale_clone", "stale_clone_node", "other_session_graph", "other_session_node",
+          "other_session_exec"}) {
+      EXPECT_EQ(r.kv[key], "1") << addr << " " << key << " (CUDA_ERROR_INVALID_VALUE)\n" << r.out;
+    }
+    for (const char* key : {"forged_exec_launch", "kind_node_as_exec_launch", "stale_exec_launch"}) {
+      EXPECT_EQ(r.kv[key], "400") << addr << " " << key << " (CUDA_ERROR_INVALID_HANDLE)\n" << r.out;
+    }
+    for (const char* key : {"clone_node", "captured_launch", "other_session_own_graph",
+                            "child_status", "still_launches"}) {
+      EXPECT_EQ(r.kv[key], "0") << addr << " " << key << "\n" << r.out;
+    }
+  }
+}
+
 // Keys both runs print must agree; `only_remote` keys are checked by the caller.
 void ExpectSameKeys(const Result& direct, const Result& remote) {
   for (const auto& [k, v] : direct.kv) {

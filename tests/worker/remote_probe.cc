@@ -20,6 +20,7 @@
 int GraphPageable();     // graph_host_probe.cc
 int GraphNodeAccess();   // graph_nodes_probe.cc
 int GraphConditional();  // graph_host_probe.cc
+int GraphHandles();      // graph_handles_probe.cc
 int CallbackFree(int workloads, int rounds);  // callback_free_probe.cc
 
 namespace {
@@ -1544,6 +1545,7 @@ int main(int argc, char** argv) {
   if (!strcmp(mode, "graphpageable")) return GraphPageable();
   if (!strcmp(mode, "graphconditional")) return GraphConditional();
   if (!strcmp(mode, "graphnodeaccess")) return GraphNodeAccess();
+  if (!strcmp(mode, "vgraphs")) return GraphHandles();
   if (!strcmp(mode, "callbackfree")) {
     return CallbackFree(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 3);
   }

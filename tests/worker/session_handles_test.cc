@@ -1,9 +1,15 @@
 // The session handle table: what a client can and cannot do with the names it was given.
 #include "worker/session_handles.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <set>
+#include <vector>
+
+#include "worker/session_graph_host.h"
+#include "worker/session_graphs.h"
+#include "worker/session_host_memory.h"
 
 namespace tf::worker {
 namespace {
@@ -109,6 +115,196 @@ TEST(HandleTable, ManyLiveHandlesResolveToTheirOwnObjects) {
   }
   EXPECT_EQ(t.Live(HandleKind::kGraphNode), 50000u);
 }
+
+#ifdef TF_FAKECUDA
+// Graphs, graph nodes and executable graphs of a session (SessionGraphs) on the fake driver: the
+// messages carry names of the session's table, never the driver's handles, and a name of another
+// session, another kind, a forged or a stale one fails that call with CUDA_ERROR_INVALID_VALUE.
+using driver::Fn;
+
+// What SessionGraphs needs of its session, for calls without memory, streams or kernels.
+class TestHost : public GraphHost {
+ public:
+  TestHost(const driver::DriverTable& d, uint64_t salt)
+      : d_(d), table_(salt), host_memory_(d, 0), copies_(d, host_memory_) {}
+  const driver::DriverTable& Driver() const override { return d_; }
+  bool DeviceRange(uint64_t, uint64_t) const override { return false; }
+  bool KnownStream(uint64_t& s) const override { return table_.Resolve(HandleKind::kStream, s, &s); }
+  bool KnownEvent(uint64_t&) const override { return false; }
+  bool KnownContext(uint64_t&) const override { return false; }
+  HandleTable& Handles() override { return table_; }
+  bool KnownDevice(int32_t d) const override { return d == 0; }
+  void* HostRegionAddress(uint64_t, uint64_t) override { return nullptr; }
+  GraphHostCopies& HostCopies() override { return copies_; }
+  CUresult DecodeKernelNode(transport::Reader&, KernelArgs*, CUDA_KERNEL_NODE_PARAMS*) override {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  bool ParamSizes(uint64_t, std::vector<size_t>*) const override { return false; }
+  uint64_t FunctionHandedOut(uint64_t f) override { return f; }
+  void AddAllocation(uint64_t, uint64_t) override {}
+  void RemoveAllocation(uint64_t) override {}
+  void HostNodeFunction(uint64_t, CUhostFn*, void**) override {}
+  void HostRunsEnqueued(int64_t) override {}
+  uint64_t HostNodeIdOf(CUhostFn, void*) const override { return 0; }
+  uint64_t ClientHostAddress(const void* p) const override { return reinterpret_cast<uint64_t>(p); }
+  void UserObjectReleased(uint64_t) override {}
+  bool SendCallData(uint64_t, const void*, uint64_t) override { return false; }
+  uint64_t CallDataLimit() const override { return 1 << 20; }
+
+ private:
+  const driver::DriverTable& d_;
+  HandleTable table_;
+  SessionHostMemory host_memory_;
+  GraphHostCopies copies_;
+};
+
+class SessionGraphsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    lib_ = dlopen(TF_FAKECUDA, RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(lib_, nullptr) << dlerror();
+    ASSERT_GT(d_.Load(lib_), 0);
+    ASSERT_EQ(d_.cuInit(0), CUDA_SUCCESS);
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(d_.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    ASSERT_EQ(d_.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  }
+  // One call: the message is built by `in`, the reply's values read by the caller from out_.
+  template <class F>
+  CUresult Call(SessionGraphs& g, Fn fn, F in) {
+    uint8_t buf[256];
+    transport::Writer w(buf, sizeof(buf));
+    in(w);
+    out_len_ = 0;
+    transport::Writer out(out_, sizeof(out_));
+    transport::Reader rd(buf, w.size());
+    CUresult r = g.Call(fn, rd, out);
+    out_len_ = out.size();
+    return r;
+  }
+  uint64_t OutU64(size_t index) const {
+    uint64_t v = 0;
+    transport::Reader rd(out_, out_len_);
+    for (size_t i = 0; i <= index; ++i) rd.U64(&v);
+    return v;
+  }
+  CUresult Create(SessionGraphs& g, uint64_t* name) {
+    CUresult r = Call(g, Fn::cuGraphCreate, [](transport::Writer& w) { w.U32(0); });
+    *name = OutU64(0);
+    return r;
+  }
+  CUresult AddEmpty(SessionGraphs& g, uint64_t graph, std::vector<uint64_t> deps, uint64_t* name) {
+    CUresult r = Call(g, Fn::cuGraphAddEmptyNode, [&](transport::Writer& w) {
+      w.U64(graph);
+      w.U32(static_cast<uint32_t>(deps.size()));
+      for (uint64_t dep : deps) w.U64(dep);
+      w.U32(CU_GRAPH_NODE_TYPE_EMPTY);
+    });
+    *name = r == CUDA_SUCCESS ? OutU64(0) : 0;
+    return r;
+  }
+  CUresult Nodes(SessionGraphs& g, uint64_t graph, std::vector<uint64_t>* nodes) {
+    CUresult r = Call(g, Fn::cuGraphGetNodes, [&](transport::Writer& w) {
+      w.U64(graph);
+      w.U32(16);
+    });
+    nodes->clear();
+    if (r == CUDA_SUCCESS) {
+      for (uint64_t i = 0; i < OutU64(0); ++i) nodes->push_back(OutU64(1 + i));
+    }
+    return r;
+  }
+  CUresult One(SessionGraphs& g, Fn fn, uint64_t h) {
+    return Call(g, fn, [&](transport::Writer& w) { w.U64(h); });
+  }
+
+  void* lib_ = nullptr;
+  driver::DriverTable d_;
+  uint8_t out_[1024];
+  size_t out_len_ = 0;
+};
+
+TEST_F(SessionGraphsTest, GraphsNodesAndExecsAreNamesThatFailOutsideTheirSessionKindAndLife) {
+  TestHost ha(d_, 0xaaaa), hb(d_, 0xbbbb);
+  SessionGraphs a(ha), b(hb);
+  uint64_t g = 0, n1 = 0, n2 = 0;
+  ASSERT_EQ(Create(a, &g), CUDA_SUCCESS);
+  ASSERT_EQ(AddEmpty(a, g, {}, &n1), CUDA_SUCCESS);
+  ASSERT_EQ(AddEmpty(a, g, {n1}, &n2), CUDA_SUCCESS);
+  for (uint64_t v : {g, n1, n2}) EXPECT_TRUE(HandleTable::LooksLikeName(v)) << std::hex << v;
+  uint64_t real = 0;
+  ASSERT_TRUE(ha.Handles().Resolve(HandleKind::kGraph, g, &real));
+  EXPECT_NE(real, g);
+  // A query names the same nodes by the same names.
+  std::vector<uint64_t> listed;
+  ASSERT_EQ(Nodes(a, g, &listed), CUDA_SUCCESS);
+  EXPECT_EQ(std::set<uint64_t>(listed.begin(), listed.end()), (std::set<uint64_t>{n1, n2}));
+  // The driver's own handle, another kind's name, a forged one, another session's: refused.
+  EXPECT_EQ(Nodes(a, real, &listed), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Nodes(a, n1, &listed), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Nodes(a, g ^ (1ull << 30), &listed), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Nodes(b, g, &listed), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(b, Fn::cuGraphDestroy, g), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(a, Fn::cuGraphNodeGetType, g), CUDA_ERROR_INVALID_VALUE);
+  uint64_t bad = 0;
+  EXPECT_EQ(AddEmpty(a, g, {n1 ^ (1ull << 30)}, &bad), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(AddEmpty(a, g, {n2 + 1}, &bad), CUDA_ERROR_INVALID_VALUE);  // a slot not handed out
+  EXPECT_EQ(AddEmpty(b, g, {}, &bad), CUDA_ERROR_INVALID_VALUE);
+  // Executable graphs.
+  ASSERT_EQ(Call(a, Fn::cuGraphInstantiateWithFlags, [&](transport::Writer& w) {
+              w.U64(g);
+              w.U64(0);
+            }),
+            CUDA_SUCCESS);
+  const uint64_t e = OutU64(0);
+  EXPECT_TRUE(HandleTable::LooksLikeName(e));
+  EXPECT_EQ(One(a, Fn::cuGraphExecGetFlags, e), CUDA_SUCCESS);
+  EXPECT_EQ(One(a, Fn::cuGraphExecGetFlags, g), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(b, Fn::cuGraphExecGetFlags, e), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(a, Fn::cuGraphExecDestroy, e), CUDA_SUCCESS);
+  EXPECT_EQ(One(a, Fn::cuGraphExecGetFlags, e), CUDA_ERROR_INVALID_VALUE);  // stale
+  EXPECT_EQ(One(a, Fn::cuGraphExecDestroy, e), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kGraphExec), 0u);
+  // A destroyed node's name, then a destroyed graph's with its nodes.
+  EXPECT_EQ(One(a, Fn::cuGraphDestroyNode, n2), CUDA_SUCCESS);
+  EXPECT_EQ(One(a, Fn::cuGraphNodeGetType, n2), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(a, Fn::cuGraphNodeGetType, n1), CUDA_SUCCESS);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroy, g), CUDA_SUCCESS);
+  EXPECT_EQ(One(a, Fn::cuGraphNodeGetType, n1), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Nodes(a, g, &listed), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroy, g), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kGraph), 0u);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kGraphNode), 0u);
+  // A child graph node's graph is named when asked for, and goes with the node.
+  uint64_t parent = 0, child = 0, cn = 0;
+  ASSERT_EQ(Create(a, &parent), CUDA_SUCCESS);
+  ASSERT_EQ(Create(a, &child), CUDA_SUCCESS);
+  ASSERT_EQ(Call(a, Fn::cuGraphAddChildGraphNode, [&](transport::Writer& w) {
+              w.U64(parent);
+              w.U32(0);
+              w.U32(CU_GRAPH_NODE_TYPE_GRAPH);
+              w.U64(child);
+            }),
+            CUDA_SUCCESS);
+  cn = OutU64(0);
+  ASSERT_EQ(One(a, Fn::cuGraphChildGraphNodeGetGraph, cn), CUDA_SUCCESS);
+  const uint64_t embedded = OutU64(0);
+  EXPECT_TRUE(HandleTable::LooksLikeName(embedded));
+  EXPECT_NE(embedded, child);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroy, embedded), CUDA_ERROR_INVALID_VALUE);  // the node's
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kGraph), 3u);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroyNode, cn), CUDA_SUCCESS);
+  EXPECT_FALSE(ha.Handles().Resolve(HandleKind::kGraph, embedded, &real));
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kGraph), 2u);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroy, child), CUDA_SUCCESS);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroy, parent), CUDA_SUCCESS);
+  // A new graph gets a new name, even where the driver reuses the address.
+  uint64_t g2 = 0;
+  ASSERT_EQ(Create(a, &g2), CUDA_SUCCESS);
+  EXPECT_NE(g2, g);
+  EXPECT_EQ(One(a, Fn::cuGraphDestroy, g2), CUDA_SUCCESS);
+}
+#endif  // TF_FAKECUDA
 
 }  // namespace
 }  // namespace tf::worker
