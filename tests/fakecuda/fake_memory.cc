@@ -476,6 +476,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   phys->device = dev;
   phys->size = size;
   phys->fd = fd;
+  phys->prop = *prop;
+  phys->prop.win32HandleMetaData = nullptr;
   *handle = reinterpret_cast<CUmemGenericAllocationHandle>(phys.get());
   d.physical[phys.get()] = std::move(phys);
   return CUDA_SUCCESS;
@@ -496,7 +498,12 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
-  if (d.physical.count(phys) == 0 || phys->released) return CUDA_ERROR_INVALID_VALUE;
+  if (d.physical.count(phys) == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (phys->retains > 0) {  // balances a cuMemRetainAllocationHandle
+    --phys->retains;
+    return CUDA_SUCCESS;
+  }
+  if (phys->released) return CUDA_ERROR_INVALID_VALUE;
   phys->released = true;
   MaybeFreePhysical(d, phys);
   return CUDA_SUCCESS;
@@ -603,6 +610,11 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_READ | PROT_WRITE;
   }
   if (mprotect(fakecuda::AsHost(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned flags = 0;
+  for (size_t i = 0; i < count; ++i) flags |= static_cast<unsigned>(desc[i].flags);
+  for (auto& [base, a] : d.allocations) {
+    if (a.kind == MemoryKind::kVmmMapping && base < ptr + size && base + a.size > ptr) a.vmm_access = flags;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -647,6 +659,9 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       *static_cast<CUmemoryPool*>(data) = reinterpret_cast<CUmemoryPool>(a->pool);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<int*>(data) = a->sync_memops ? 1 : 0;
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
