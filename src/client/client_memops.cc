@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "client/client_internal.h"
+#include "client/remote_arrays.h"
 #include "client/remote_memops.h"
 #include "tf_client_impl.h"
 
@@ -478,6 +479,110 @@ CUresult Impl_cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* p, CUstream stream) 
   CUDA_MEMCPY3D c;
   if (CUresult r = PeerAs3D(p, &c); r != CUDA_SUCCESS) return r;
   return Impl_cuMemcpy3DAsync_v2(&c, stream);
+}
+
+// ---- 3D batched copies: every operation checked first (a bad batch copies nothing), then each
+// goes as the 3D copy of its description (client_arrays.cc) on the batch's stream, in order.
+
+namespace {
+
+// Bytes of one element of an operand: 1 for a pointer, the array's element otherwise (0: unknown
+// array).
+uint64_t OperandElement(Session* s, const CUmemcpy3DOperand& op) {
+  if (op.type == CU_MEMCPY_OPERAND_TYPE_POINTER) return 1;
+  auto it = s->arrays.find(reinterpret_cast<uint64_t>(op.op.array.array));
+  if (it == s->arrays.end()) return 0;
+  return uint64_t{remote::FormatBytes(it->second.desc.Format)} * it->second.desc.NumChannels;
+}
+
+// One side of a CUDA_MEMCPY3D from an operand; elem is the copy's element size in bytes.
+bool OperandSide(const CUmemcpy3DOperand& op, const CUextent3D& extent, uint64_t elem, bool is_src,
+                 CUDA_MEMCPY3D* c) {
+  if (op.type == CU_MEMCPY_OPERAND_TYPE_POINTER) {
+    const size_t row = op.op.ptr.rowLength, layer = op.op.ptr.layerHeight;
+    if ((row != 0 && row < extent.width) || (layer != 0 && layer < extent.height)) return false;
+    const size_t pitch = (row != 0 ? row : extent.width) * elem;
+    const size_t height = layer != 0 ? layer : extent.height;
+    if (is_src) {
+      c->srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+      c->srcDevice = op.op.ptr.ptr;
+      c->srcPitch = pitch;
+      c->srcHeight = height;
+    } else {
+      c->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+      c->dstDevice = op.op.ptr.ptr;
+      c->dstPitch = pitch;
+      c->dstHeight = height;
+    }
+    return true;
+  }
+  if (op.type != CU_MEMCPY_OPERAND_TYPE_ARRAY) return false;
+  if (is_src) {
+    c->srcMemoryType = CU_MEMORYTYPE_ARRAY;
+    c->srcArray = op.op.array.array;
+    c->srcXInBytes = op.op.array.offset.x * elem;
+    c->srcY = op.op.array.offset.y;
+    c->srcZ = op.op.array.offset.z;
+  } else {
+    c->dstMemoryType = CU_MEMORYTYPE_ARRAY;
+    c->dstArray = op.op.array.array;
+    c->dstXInBytes = op.op.array.offset.x * elem;
+    c->dstY = op.op.array.offset.y;
+    c->dstZ = op.op.array.offset.z;
+  }
+  return true;
+}
+
+CUresult Copy3DBatch(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags, size_t* fail_idx,
+                     CUstream stream) {
+  if (fail_idx != nullptr) *fail_idx = SIZE_MAX;
+  if (num_ops == 0 || ops == nullptr || flags != 0 || LegacyStream(stream)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUDA_MEMCPY3D> copies(num_ops);
+  {
+    TF_LOCK(l);
+    for (size_t i = 0; i < num_ops; ++i) {
+      const CUDA_MEMCPY3D_BATCH_OP& op = ops[i];
+      if (op.extent.width == 0 || op.extent.height == 0 || op.extent.depth == 0 ||
+          op.srcAccessOrder < CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || op.srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY ||
+          (op.flags & ~static_cast<unsigned>(CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)) != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      const uint64_t es = OperandElement(l.session(), op.src), ed = OperandElement(l.session(), op.dst);
+      // The element size: an array's; the two arrays' must match.
+      if (es == 0 || ed == 0 || (op.src.type == CU_MEMCPY_OPERAND_TYPE_ARRAY &&
+                                 op.dst.type == CU_MEMCPY_OPERAND_TYPE_ARRAY && es != ed)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      const uint64_t elem = op.src.type == CU_MEMCPY_OPERAND_TYPE_ARRAY ? es : ed;
+      CUDA_MEMCPY3D& c = copies[i];
+      c = CUDA_MEMCPY3D{};
+      if (!OperandSide(op.src, op.extent, elem, true, &c) || !OperandSide(op.dst, op.extent, elem, false, &c)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      c.WidthInBytes = op.extent.width * elem;
+      c.Height = op.extent.height;
+      c.Depth = op.extent.depth;
+    }
+  }
+  for (size_t i = 0; i < num_ops; ++i) {
+    CUresult r = Impl_cuMemcpy3DAsync_v2(&copies[i], stream);
+    if (r != CUDA_SUCCESS) {
+      if (fail_idx != nullptr) *fail_idx = i;
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuMemcpy3DBatchAsync_v2(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags,
+                                      CUstream stream) {
+  return Copy3DBatch(num_ops, ops, flags, nullptr, stream);
+}
+CUresult Impl_cuMemcpy3DBatchAsync(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, size_t* fail_idx,
+                                   unsigned long long flags, CUstream stream) {
+  return Copy3DBatch(num_ops, ops, flags, fail_idx, stream);
 }
 
 // ---- legacy context creation: cuCtxCreate_v4 without create parameters

@@ -539,3 +539,96 @@ CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities, const CUat
   if (src == dst) return CUDA_ERROR_INVALID_DEVICE;
   return FakeAtomicCaps(capabilities, operations, count);
 }
+
+// ---- 3D batched copies: all checked first, then each the 3D copy of its description
+
+namespace {
+
+size_t ArrayElement(CUarray a) {
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.arrays.find(reinterpret_cast<fakecuda::FakeArray*>(a));
+  if (it == d.arrays.end()) return 0;
+  const CUDA_ARRAY3D_DESCRIPTOR& desc = it->second->desc;
+  size_t bytes = 4;
+  switch (desc.Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      bytes = 1;
+      break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      bytes = 2;
+      break;
+    default:
+      break;
+  }
+  return bytes * desc.NumChannels;
+}
+
+bool Side3D(const CUmemcpy3DOperand& op, const CUextent3D& e, size_t elem, bool src, CUDA_MEMCPY3D* c) {
+  if (op.type == CU_MEMCPY_OPERAND_TYPE_POINTER) {
+    const size_t row = op.op.ptr.rowLength, layer = op.op.ptr.layerHeight;
+    if ((row != 0 && row < e.width) || (layer != 0 && layer < e.height)) return false;
+    (src ? c->srcMemoryType : c->dstMemoryType) = CU_MEMORYTYPE_UNIFIED;
+    (src ? c->srcDevice : c->dstDevice) = op.op.ptr.ptr;
+    (src ? c->srcPitch : c->dstPitch) = (row != 0 ? row : e.width) * elem;
+    (src ? c->srcHeight : c->dstHeight) = layer != 0 ? layer : e.height;
+    return true;
+  }
+  if (op.type != CU_MEMCPY_OPERAND_TYPE_ARRAY) return false;
+  (src ? c->srcMemoryType : c->dstMemoryType) = CU_MEMORYTYPE_ARRAY;
+  (src ? c->srcArray : c->dstArray) = op.op.array.array;
+  (src ? c->srcXInBytes : c->dstXInBytes) = op.op.array.offset.x * elem;
+  (src ? c->srcY : c->dstY) = op.op.array.offset.y;
+  (src ? c->srcZ : c->dstZ) = op.op.array.offset.z;
+  return true;
+}
+
+CUresult Batch3D(size_t n, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags, size_t* fail_idx, CUstream s) {
+  if (fail_idx != nullptr) *fail_idx = SIZE_MAX;
+  if (n == 0 || ops == nullptr || flags != 0 || LegacyStream(s)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUDA_MEMCPY3D> copies(n);
+  for (size_t i = 0; i < n; ++i) {
+    const CUDA_MEMCPY3D_BATCH_OP& op = ops[i];
+    if (op.extent.width == 0 || op.extent.height == 0 || op.extent.depth == 0 ||
+        op.srcAccessOrder < CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || op.srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY ||
+        (op.flags & ~static_cast<unsigned>(CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const bool sa = op.src.type == CU_MEMCPY_OPERAND_TYPE_ARRAY, da = op.dst.type == CU_MEMCPY_OPERAND_TYPE_ARRAY;
+    const size_t es = sa ? ArrayElement(op.src.op.array.array) : 1;
+    const size_t ed = da ? ArrayElement(op.dst.op.array.array) : 1;
+    if (es == 0 || ed == 0 || (sa && da && es != ed)) return CUDA_ERROR_INVALID_VALUE;
+    const size_t elem = sa ? es : ed;
+    CUDA_MEMCPY3D& c = copies[i];
+    c = CUDA_MEMCPY3D{};
+    if (!Side3D(op.src, op.extent, elem, true, &c) || !Side3D(op.dst, op.extent, elem, false, &c)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    c.WidthInBytes = op.extent.width * elem;
+    c.Height = op.extent.height;
+    c.Depth = op.extent.depth;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (CUresult r = cuMemcpy3DAsync_v2(&copies[i], s); r != CUDA_SUCCESS) {
+      if (fail_idx != nullptr) *fail_idx = i;
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult cuMemcpy3DBatchAsync_v2(size_t n, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags, CUstream s) {
+  FAKECUDA_ENTER();
+  return Batch3D(n, ops, flags, nullptr, s);
+}
+
+CUresult cuMemcpy3DBatchAsync(size_t n, CUDA_MEMCPY3D_BATCH_OP* ops, size_t* fail_idx, unsigned long long flags,
+                              CUstream s) {
+  FAKECUDA_ENTER();
+  return Batch3D(n, ops, flags, fail_idx, s);
+}

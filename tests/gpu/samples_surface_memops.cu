@@ -370,3 +370,48 @@ TF_SAMPLE(memops_3d_peer_copy) {
   cuCtxDestroy(other);
   cuCtxSetCurrent(primary);
 }
+
+// cuMemcpy3DBatchAsync: a box from pageable host memory into pitched device memory, device to
+// device, and back into host memory tightly packed.
+TF_SAMPLE(memops_3d_batch_copy) {
+  Primary(o);
+  cudaStream_t s;
+  RT(o, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr size_t kW = 200, kH = 6, kD = 3;  // bytes, rows, layers
+  std::vector<uint8_t> host(kW * kH * kD), back(kW * kH * kD, 0);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 13 + 5);
+  CUdeviceptr a = 0, b = 0;
+  DRV(o, cuMemAlloc(&a, 256 * 8 * kD));
+  DRV(o, cuMemAlloc(&b, 256 * 8 * kD));
+  DRV(o, cuMemsetD8(b, 0, 256 * 8 * kD));
+  CUDA_MEMCPY3D_BATCH_OP ops[2];
+  std::memset(ops, 0, sizeof(ops));
+  ops[0].src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].src.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(host.data());
+  ops[0].dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].dst.op.ptr.ptr = a;
+  ops[0].dst.op.ptr.rowLength = 256;
+  ops[0].dst.op.ptr.layerHeight = 8;
+  ops[0].extent = {kW, kH, kD};
+  ops[0].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  DRV(o, cuMemcpy3DBatchAsync(1, &ops[0], 0, s));
+  ops[1] = ops[0];
+  ops[1].src.op.ptr = ops[0].dst.op.ptr;
+  ops[1].dst.op.ptr.ptr = b;
+  DRV(o, cuMemcpy3DBatchAsync(1, &ops[1], 0, s));
+  CUDA_MEMCPY3D_BATCH_OP out = ops[1];
+  out.src.op.ptr = ops[1].dst.op.ptr;
+  std::memset(&out.dst, 0, sizeof(out.dst));
+  out.dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  out.dst.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(back.data());
+  DRV(o, cuMemcpy3DBatchAsync(1, &out, 0, s));
+  RT(o, cudaStreamSynchronize(s));
+  uint8_t pad = 9;
+  DRV(o, cuMemcpyDtoH(&pad, b + 256 * 8 + 230, 1));
+  if (back != host || pad != 0) o.Fail("3D batch copy");
+  o.Result(back.data(), back.size());
+  o.Result(&pad, 1);
+  cuMemFree(a);
+  cuMemFree(b);
+  cudaStreamDestroy(s);
+}

@@ -410,6 +410,12 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["host_atomics_none"], "1");
     EXPECT_EQ(r.kv["p2p_atomics_self"], "101");
     EXPECT_EQ(r.kv["p2p_atomics_bad_device"], "101");
+    // 3D batched copies through pageable host memory and device memory.
+    EXPECT_EQ(r.kv["batch3d"], "1:0");
+    for (const char* k : {"batch3d_zero_extent", "batch3d_short_row", "batch3d_flags", "batch3d_null_stream",
+                          "batch3d_bad_order", "batch3d_bad_array"}) {
+      EXPECT_EQ(r.kv[k], "1") << k << " (CUDA_ERROR_INVALID_VALUE)";
+    }
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("host memory locations are not served by the remote vGPU"), std::string::npos) << r.out;
