@@ -57,6 +57,7 @@ struct DeviceAlloc {
   int device = 0;
   uint64_t pool = 0;     // stream-ordered allocations
   uint64_t buffer_id = 0;
+  bool sync_memops = false;  // cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
 };
 
 // What the client caches about a context (fetched with its handle).

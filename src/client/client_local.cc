@@ -102,7 +102,9 @@ CUresult PointerAttribute(Session* s, void* data, CUpointer_attribute attr, CUde
       Put<uint64_t>(data, host ? h.size : a->size);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MAPPED: Put<int32_t>(data, 1); return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: Put<int32_t>(data, 0); return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      Put<int32_t>(data, !host && a->sync_memops ? 1 : 0);
+      return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       Put<uint64_t>(data, host ? 0 : a->pool);
       return CUDA_SUCCESS;

@@ -8,9 +8,11 @@
 // process sent or fetched as by cuMemcpyHtoD/DtoH), in the order given, on the batch's stream, so
 // that host memory here is never handed to the worker as an address.
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "client/client_internal.h"
+#include "client/remote_arrays.h"
 #include "client/remote_memops.h"
 #include "tf_client_impl.h"
 
@@ -171,6 +173,416 @@ CUresult Impl_cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
   if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
   *pool = reinterpret_cast<CUmemoryPool>(p);
   return CUDA_SUCCESS;
+}
+
+// ---- VMM queries, per-location pools and pool access (payloads in remote_memops.h)
+
+namespace {
+
+// A location the remote vGPU serves: a device of the session. Host locations are refused with a
+// reason (the worker's host is not the tenant's); anything else is not a location.
+CUresult CheckLocation(Session* session, Fn fn, const CUmemLocation* loc) {
+  if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (loc->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      if (loc->id < 0 || static_cast<size_t>(loc->id) >= session->devices.size()) {
+        return CUDA_ERROR_INVALID_DEVICE;
+      }
+      return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      ClientLog("%s: host memory locations are not served by the remote vGPU (the worker's host is "
+                "not this one): returning CUDA_ERROR_NOT_SUPPORTED", driver::FunctionName(fn));
+      return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// Pools of device memory only: managed-memory pools are not served remotely (managed memory is).
+CUresult CheckPoolType(Fn fn, CUmemAllocationType type) {
+  if (type == CU_MEM_ALLOCATION_TYPE_MANAGED) {
+    ClientLog("%s: managed-memory pools are not served by the remote vGPU: returning "
+              "CUDA_ERROR_NOT_SUPPORTED", driver::FunctionName(fn));
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return type == CU_MEM_ALLOCATION_TYPE_PINNED ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+void WriteLocation(Writer& w, const CUmemLocation* loc) {
+  w.U32(static_cast<uint32_t>(loc->type));
+  w.I32(loc->id);
+}
+
+CUresult PoolAt(Fn fn, CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationType type) {
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (CUresult r = CheckLocation(l.session(), fn, loc); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckPoolType(fn, type); r != CUDA_SUCCESS) return r;
+  TF_CTX_IF_ANY(l);
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  WriteLocation(w, loc);
+  w.U32(static_cast<uint32_t>(type));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t p = 0;
+  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
+  *pool = reinterpret_cast<CUmemoryPool>(p);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (CUresult r = CheckLocation(l.session(), Fn::cuMemGetAccess, location); r != CUDA_SUCCESS) return r;
+  TF_CTX(l);
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  WriteLocation(w, location);
+  w.U64(ptr);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetAccess), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t f = 0;
+  if (!rv.reader.U64(&f)) return CUDA_ERROR_UNKNOWN;
+  *flags = f;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
+                                                      CUmemGenericAllocationHandle handle) {
+  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(handle);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetAllocationPropertiesFromHandle), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t type = 0, handles = 0, loc_type = 0;
+  int32_t loc_id = 0;
+  uint8_t compression = 0, rdma = 0;
+  uint16_t usage = 0;
+  rv.reader.U32(&type);
+  rv.reader.U32(&handles);
+  rv.reader.U32(&loc_type);
+  rv.reader.I32(&loc_id);
+  rv.reader.U8(&compression);
+  rv.reader.U8(&rdma);
+  if (!rv.reader.U16(&usage)) return CUDA_ERROR_UNKNOWN;
+  *prop = CUmemAllocationProp{};
+  prop->type = static_cast<CUmemAllocationType>(type);
+  prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(handles);
+  prop->location.type = static_cast<CUmemLocationType>(loc_type);
+  prop->location.id = loc_id;
+  prop->allocFlags.compressionType = compression;
+  prop->allocFlags.gpuDirectRDMACapable = rdma;
+  prop->allocFlags.usage = usage;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(reinterpret_cast<uint64_t>(addr));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemRetainAllocationHandle), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t h = 0;
+  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+  return PoolAt(Fn::cuMemGetDefaultMemPool, pool, location, type);
+}
+CUresult Impl_cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+  return PoolAt(Fn::cuMemGetMemPool, pool, location, type);
+}
+
+CUresult Impl_cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
+  TF_LOCK(l);
+  if (CUresult r = CheckLocation(l.session(), Fn::cuMemSetMemPool, location); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckPoolType(Fn::cuMemSetMemPool, type); r != CUDA_SUCCESS) return r;
+  TF_CTX_IF_ANY(l);
+  uint8_t buf[24];
+  Writer w(buf, sizeof(buf));
+  WriteLocation(w, location);
+  w.U32(static_cast<uint32_t>(type));
+  w.U64(reinterpret_cast<uint64_t>(pool));
+  return Simple(l, Fn::cuMemSetMemPool, w);
+}
+
+CUresult Impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  if (count == 0 || count > remote::kMaxPoolAccess || map == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  for (size_t i = 0; i < count; ++i) {
+    if (CUresult r = CheckLocation(l.session(), Fn::cuMemPoolSetAccess, &map[i].location); r != CUDA_SUCCESS) {
+      return r;
+    }
+  }
+  TF_CTX_IF_ANY(l);
+  std::vector<uint8_t> buf(12 + 12 * count);
+  Writer w(buf.data(), buf.size());
+  w.U64(reinterpret_cast<uint64_t>(pool));
+  w.U32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    WriteLocation(w, &map[i].location);
+    w.U32(static_cast<uint32_t>(map[i].flags));
+  }
+  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
+  return Simple(l, Fn::cuMemPoolSetAccess, w);
+}
+
+CUresult Impl_cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (CUresult r = CheckLocation(l.session(), Fn::cuMemPoolGetAccess, location); r != CUDA_SUCCESS) return r;
+  TF_CTX_IF_ANY(l);
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(reinterpret_cast<uint64_t>(pool));
+  WriteLocation(w, location);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(Fn::cuMemPoolGetAccess), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint32_t f = 0;
+  if (!rv.reader.U32(&f)) return CUDA_ERROR_UNKNOWN;
+  *flags = static_cast<CUmemAccess_flags>(f);
+  return CUDA_SUCCESS;
+}
+
+// ---- pointer attributes that can be set, atomic capabilities
+
+CUresult Impl_cuPointerSetAttribute(const void* value, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  // The driver sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS only.
+  if (value == nullptr || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+  unsigned v = 0;
+  std::memcpy(&v, value, sizeof(v));
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* session = l.session();
+  const DeviceAlloc* a = FindDeviceAlloc(session, ptr);
+  if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint8_t buf[12];
+  Writer w(buf, sizeof(buf));
+  w.U64(ptr);
+  w.U32(v != 0 ? 1 : 0);
+  CUresult r = Simple(l, Fn::cuPointerSetAttribute, w);
+  // The pointer queries are answered here (client_local.cc): keep what was set.
+  if (r == CUDA_SUCCESS) const_cast<DeviceAlloc*>(a)->sync_memops = v != 0;
+  return r;
+}
+
+namespace {
+
+CUresult AtomicCaps(Fn fn, unsigned* caps, const CUatomicOperation* ops, unsigned count, CUdevice src,
+                    CUdevice dst, bool p2p) {
+  if (caps == nullptr || ops == nullptr || count == 0 || count > remote::kMaxAtomicOps) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    if (ops[i] < CU_ATOMIC_OPERATION_INTEGER_ADD || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+  }
+  TF_LOCK(l);
+  TF_CTX_IF_ANY(l);
+  std::vector<uint8_t> buf(16 + 4 * static_cast<size_t>(count));
+  Writer w(buf.data(), buf.size());
+  w.I32(src);
+  if (p2p) w.I32(dst);
+  w.U32(count);
+  for (unsigned i = 0; i < count; ++i) w.U32(static_cast<uint32_t>(ops[i]));
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  std::vector<unsigned> got(count);
+  for (unsigned i = 0; i < count; ++i) {
+    uint32_t c = 0;
+    if (!rv.reader.U32(&c)) return CUDA_ERROR_UNKNOWN;
+    got[i] = c;
+  }
+  std::memcpy(caps, got.data(), sizeof(unsigned) * count);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuDeviceGetHostAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                                unsigned int count, CUdevice dev) {
+  return AtomicCaps(Fn::cuDeviceGetHostAtomicCapabilities, capabilities, operations, count, dev, 0, false);
+}
+CUresult Impl_cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                               unsigned int count, CUdevice src, CUdevice dst) {
+  return AtomicCaps(Fn::cuDeviceGetP2PAtomicCapabilities, capabilities, operations, count, src, dst, true);
+}
+
+// ---- 3D peer copies: a session serves one device, so a peer copy between two of its contexts is
+// the 3D copy of the same description (client_arrays.cc), once both contexts are known.
+
+namespace {
+
+CUresult PeerAs3D(const CUDA_MEMCPY3D_PEER* p, CUDA_MEMCPY3D* c) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  {
+    TF_LOCK(l);
+    const auto& known = l.session()->context_info;
+    if (!known.count(reinterpret_cast<uint64_t>(p->srcContext)) ||
+        !known.count(reinterpret_cast<uint64_t>(p->dstContext))) {
+      return CUDA_ERROR_INVALID_CONTEXT;
+    }
+  }
+  *c = CUDA_MEMCPY3D{};
+  c->srcXInBytes = p->srcXInBytes;
+  c->srcY = p->srcY;
+  c->srcZ = p->srcZ;
+  c->srcLOD = p->srcLOD;
+  c->srcMemoryType = p->srcMemoryType;
+  c->srcHost = p->srcHost;
+  c->srcDevice = p->srcDevice;
+  c->srcArray = p->srcArray;
+  c->srcPitch = p->srcPitch;
+  c->srcHeight = p->srcHeight;
+  c->dstXInBytes = p->dstXInBytes;
+  c->dstY = p->dstY;
+  c->dstZ = p->dstZ;
+  c->dstLOD = p->dstLOD;
+  c->dstMemoryType = p->dstMemoryType;
+  c->dstHost = p->dstHost;
+  c->dstDevice = p->dstDevice;
+  c->dstArray = p->dstArray;
+  c->dstPitch = p->dstPitch;
+  c->dstHeight = p->dstHeight;
+  c->WidthInBytes = p->WidthInBytes;
+  c->Height = p->Height;
+  c->Depth = p->Depth;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* p) {
+  CUDA_MEMCPY3D c;
+  if (CUresult r = PeerAs3D(p, &c); r != CUDA_SUCCESS) return r;
+  return Impl_cuMemcpy3D_v2(&c);
+}
+CUresult Impl_cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* p, CUstream stream) {
+  CUDA_MEMCPY3D c;
+  if (CUresult r = PeerAs3D(p, &c); r != CUDA_SUCCESS) return r;
+  return Impl_cuMemcpy3DAsync_v2(&c, stream);
+}
+
+// ---- 3D batched copies: every operation checked first (a bad batch copies nothing), then each
+// goes as the 3D copy of its description (client_arrays.cc) on the batch's stream, in order.
+
+namespace {
+
+// Bytes of one element of an operand: 1 for a pointer, the array's element otherwise (0: unknown
+// array).
+uint64_t OperandElement(Session* s, const CUmemcpy3DOperand& op) {
+  if (op.type == CU_MEMCPY_OPERAND_TYPE_POINTER) return 1;
+  auto it = s->arrays.find(reinterpret_cast<uint64_t>(op.op.array.array));
+  if (it == s->arrays.end()) return 0;
+  return uint64_t{remote::FormatBytes(it->second.desc.Format)} * it->second.desc.NumChannels;
+}
+
+// One side of a CUDA_MEMCPY3D from an operand; elem is the copy's element size in bytes.
+bool OperandSide(const CUmemcpy3DOperand& op, const CUextent3D& extent, uint64_t elem, bool is_src,
+                 CUDA_MEMCPY3D* c) {
+  if (op.type == CU_MEMCPY_OPERAND_TYPE_POINTER) {
+    const size_t row = op.op.ptr.rowLength, layer = op.op.ptr.layerHeight;
+    if ((row != 0 && row < extent.width) || (layer != 0 && layer < extent.height)) return false;
+    const size_t pitch = (row != 0 ? row : extent.width) * elem;
+    const size_t height = layer != 0 ? layer : extent.height;
+    if (is_src) {
+      c->srcMemoryType = CU_MEMORYTYPE_UNIFIED;
+      c->srcDevice = op.op.ptr.ptr;
+      c->srcPitch = pitch;
+      c->srcHeight = height;
+    } else {
+      c->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+      c->dstDevice = op.op.ptr.ptr;
+      c->dstPitch = pitch;
+      c->dstHeight = height;
+    }
+    return true;
+  }
+  if (op.type != CU_MEMCPY_OPERAND_TYPE_ARRAY) return false;
+  if (is_src) {
+    c->srcMemoryType = CU_MEMORYTYPE_ARRAY;
+    c->srcArray = op.op.array.array;
+    c->srcXInBytes = op.op.array.offset.x * elem;
+    c->srcY = op.op.array.offset.y;
+    c->srcZ = op.op.array.offset.z;
+  } else {
+    c->dstMemoryType = CU_MEMORYTYPE_ARRAY;
+    c->dstArray = op.op.array.array;
+    c->dstXInBytes = op.op.array.offset.x * elem;
+    c->dstY = op.op.array.offset.y;
+    c->dstZ = op.op.array.offset.z;
+  }
+  return true;
+}
+
+CUresult Copy3DBatch(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags, size_t* fail_idx,
+                     CUstream stream) {
+  if (fail_idx != nullptr) *fail_idx = SIZE_MAX;
+  if (num_ops == 0 || ops == nullptr || flags != 0 || LegacyStream(stream)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUDA_MEMCPY3D> copies(num_ops);
+  {
+    TF_LOCK(l);
+    for (size_t i = 0; i < num_ops; ++i) {
+      const CUDA_MEMCPY3D_BATCH_OP& op = ops[i];
+      if (op.extent.width == 0 || op.extent.height == 0 || op.extent.depth == 0 ||
+          op.srcAccessOrder < CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || op.srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY ||
+          (op.flags & ~static_cast<unsigned>(CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)) != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      const uint64_t es = OperandElement(l.session(), op.src), ed = OperandElement(l.session(), op.dst);
+      // The element size: an array's; the two arrays' must match.
+      if (es == 0 || ed == 0 || (op.src.type == CU_MEMCPY_OPERAND_TYPE_ARRAY &&
+                                 op.dst.type == CU_MEMCPY_OPERAND_TYPE_ARRAY && es != ed)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      const uint64_t elem = op.src.type == CU_MEMCPY_OPERAND_TYPE_ARRAY ? es : ed;
+      CUDA_MEMCPY3D& c = copies[i];
+      c = CUDA_MEMCPY3D{};
+      if (!OperandSide(op.src, op.extent, elem, true, &c) || !OperandSide(op.dst, op.extent, elem, false, &c)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      c.WidthInBytes = op.extent.width * elem;
+      c.Height = op.extent.height;
+      c.Depth = op.extent.depth;
+    }
+  }
+  for (size_t i = 0; i < num_ops; ++i) {
+    CUresult r = Impl_cuMemcpy3DAsync_v2(&copies[i], stream);
+    if (r != CUDA_SUCCESS) {
+      if (fail_idx != nullptr) *fail_idx = i;
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult Impl_cuMemcpy3DBatchAsync_v2(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags,
+                                      CUstream stream) {
+  return Copy3DBatch(num_ops, ops, flags, nullptr, stream);
+}
+CUresult Impl_cuMemcpy3DBatchAsync(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, size_t* fail_idx,
+                                   unsigned long long flags, CUstream stream) {
+  return Copy3DBatch(num_ops, ops, flags, fail_idx, stream);
 }
 
 // ---- legacy context creation: cuCtxCreate_v4 without create parameters

@@ -10,6 +10,24 @@
 //       (address and value are 0 for barriers and flushes; a 32-bit value in the low half)
 //   cuDeviceGetMemPool   i32 device -> u64 pool (the device's current pool, published)
 //
+// A location (LOC below) is u32 CUmemLocationType, i32 id; the remote vGPU serves device
+// locations of the session only (the client refuses host ones before sending).
+//   cuMemGetAccess                          LOC, u64 address (in a cuMemMap range) -> u64 flags
+//   cuMemGetAllocationPropertiesFromHandle  u64 handle -> u32 type, u32 handle types, LOC,
+//                                           u8 compression, u8 RDMA, u16 usage
+//   cuMemRetainAllocationHandle             u64 address (in a cuMemMap range) -> u64 handle (the
+//                                           name cuMemCreate gave; one more cuMemRelease is owed)
+//   cuMemGetDefaultMemPool, cuMemGetMemPool LOC, u32 CUmemAllocationType -> u64 pool (published)
+//   cuMemSetMemPool                         LOC, u32 CUmemAllocationType, u64 pool
+//   cuMemPoolSetAccess                      u64 pool, u32 count (1..kMaxPoolAccess),
+//                                           count x (LOC, u32 CUmemAccess_flags)
+//   cuMemPoolGetAccess                      u64 pool, LOC -> u32 CUmemAccess_flags
+//   cuPointerSetAttribute                   u64 address (device memory of the session), u32 value
+//                                           (CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, the only settable one)
+//   cuDeviceGetHostAtomicCapabilities       i32 device, u32 count (1..kMaxAtomicOps),
+//                                           count x u32 CUatomicOperation -> count x u32 capabilities
+//   cuDeviceGetP2PAtomicCapabilities        i32 source, i32 destination, then as above
+//
 // cuStreamWaitValue32/64_v2, cuStreamWriteValue32/64_v2, cuMemcpyPeer(Async),
 // cuCtxEnablePeerAccess/DisablePeerAccess, cuStreamCopyAttributes and cuDeviceSetMemPool are
 // generated (api/remote_surface.tsv). Batched copies, prefetches and discards never travel as
@@ -22,5 +40,9 @@ namespace tf::remote {
 
 // The most operations one cuStreamBatchMemOp may carry (the driver's documented maximum).
 inline constexpr uint32_t kMaxBatchMemOps = 256;
+// The most access descriptors one cuMemPoolSetAccess may carry.
+inline constexpr uint32_t kMaxPoolAccess = 64;
+// The most operations one atomic-capability query may name.
+inline constexpr uint32_t kMaxAtomicOps = 64;
 
 }  // namespace tf::remote

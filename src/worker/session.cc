@@ -116,6 +116,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     pools_.insert(real);
     return Publish(HandleKind::kMemPool, real);
   }
+  bool KnownPool(uint64_t& p) const override { return Pool(p); }
   // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
   void Created(HandleKind k, uint64_t real) override {
@@ -312,6 +313,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::map<uint64_t, Global> globals_;
   std::map<uint64_t, uint64_t> vmm_reserved_;  // cuMemAddressReserve: base -> size
   std::map<uint64_t, uint64_t> vmm_handles_;   // cuMemCreate: handle -> size
+  std::map<uint64_t, int> vmm_retains_;        // cuMemRetainAllocationHandle: releases still owed
   std::map<uint64_t, uint64_t> vmm_mapped_;    // cuMemMap: base -> size
   // cuIpcOpenMemHandle_v2: base -> size of the opened allocation (the driver's address range),
   // and the opens not yet closed (the driver counts opens of one handle per context).
@@ -652,6 +654,9 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemMap:
     case Fn::cuMemUnmap:
     case Fn::cuMemSetAccess:
+    case Fn::cuMemGetAccess:
+    case Fn::cuMemGetAllocationPropertiesFromHandle:
+    case Fn::cuMemRetainAllocationHandle:
       return VmmCall(fn, rd, out);
     case Fn::cuIpcGetMemHandle:
     case Fn::cuIpcOpenMemHandle_v2:
@@ -2053,6 +2058,12 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       if (!rd.U64(&h) || !rd.Finish() || !Resolve(HandleKind::kMemHandle, h) || !vmm_handles_.count(h)) {
         return CUDA_ERROR_INVALID_VALUE;
       }
+      if (auto owed = vmm_retains_.find(h); owed != vmm_retains_.end()) {
+        // A retained handle: this release balances a cuMemRetainAllocationHandle.
+        CUresult r = CALL(cuMemRelease, h);
+        if (r == CUDA_SUCCESS && --owed->second == 0) vmm_retains_.erase(owed);
+        return r;
+      }
       CUresult r = CALL(cuMemRelease, h);
       if (r == CUDA_SUCCESS) {
         vmm_handles_.erase(h);
@@ -2063,6 +2074,54 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
         }
       }
       return r;
+    }
+    case Fn::cuMemGetAccess: {
+      uint32_t loc_type = 0;
+      int32_t loc_id = 0;
+      uint64_t p = 0;
+      rd.U32(&loc_type);
+      rd.I32(&loc_id);
+      if (!rd.U64(&p) || !rd.Finish() || loc_type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+      if (!Device(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
+      if (!InsideOne(vmm_mapped_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
+      CUmemLocation loc{};
+      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      loc.id = loc_id;
+      unsigned long long flags = 0;
+      CUresult r = CALL(cuMemGetAccess, &flags, &loc, p);
+      out.U64(flags);
+      return r;
+    }
+    case Fn::cuMemGetAllocationPropertiesFromHandle: {
+      uint64_t h = 0;
+      if (!rd.U64(&h) || !rd.Finish() || !Resolve(HandleKind::kMemHandle, h) || !vmm_handles_.count(h)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      CUmemAllocationProp prop{};
+      CUresult r = CALL(cuMemGetAllocationPropertiesFromHandle, &prop, h);
+      if (r != CUDA_SUCCESS) return r;
+      out.U32(static_cast<uint32_t>(prop.type));
+      out.U32(static_cast<uint32_t>(prop.requestedHandleTypes));
+      out.U32(static_cast<uint32_t>(prop.location.type));
+      out.I32(prop.location.id);
+      out.U8(prop.allocFlags.compressionType);
+      out.U8(prop.allocFlags.gpuDirectRDMACapable);
+      out.U16(prop.allocFlags.usage);
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemRetainAllocationHandle: {
+      uint64_t p = 0;
+      if (!rd.U64(&p) || !rd.Finish() || !InsideOne(vmm_mapped_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
+      CUmemGenericAllocationHandle h = 0;
+      CUresult r = CALL(cuMemRetainAllocationHandle, &h, reinterpret_cast<void*>(p));
+      if (r != CUDA_SUCCESS) return r;
+      if (!vmm_handles_.count(h)) {  // mapped by this session, so never expected
+        CALL(cuMemRelease, h);
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+      ++vmm_retains_[h];
+      out.U64(Publish(HandleKind::kMemHandle, h));
+      return CUDA_SUCCESS;
     }
     case Fn::cuMemMap: {
       uint64_t p = 0, size = 0, offset = 0, h = 0, flags = 0;
@@ -2421,6 +2480,9 @@ void Session::Cleanup() {
     for (int i = 0; i < opens; ++i) CALL(cuIpcCloseMemHandle, p);
   }
   for (auto& [p, n] : vmm_mapped_) CALL(cuMemUnmap, p, n);
+  for (auto& [h, n] : vmm_retains_) {
+    for (int i = 0; i < n; ++i) CALL(cuMemRelease, h);
+  }
   for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
   for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));

@@ -19,11 +19,30 @@ constexpr uint32_t kWriteFlags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
 }  // namespace
 
 bool SessionMemops::Handles(Fn fn) {
-  return fn == Fn::cuStreamBatchMemOp_v2 || fn == Fn::cuDeviceGetMemPool;
+  switch (fn) {
+    case Fn::cuStreamBatchMemOp_v2:
+    case Fn::cuDeviceGetMemPool:
+    case Fn::cuMemGetDefaultMemPool:
+    case Fn::cuMemGetMemPool:
+    case Fn::cuMemSetMemPool:
+    case Fn::cuMemPoolSetAccess:
+    case Fn::cuMemPoolGetAccess:
+    case Fn::cuPointerSetAttribute:
+    case Fn::cuDeviceGetHostAtomicCapabilities:
+    case Fn::cuDeviceGetP2PAtomicCapabilities:
+      return true;
+    default:
+      return false;
+  }
 }
 
 CUresult SessionMemops::Call(Fn fn, Reader& rd, Writer& out) {
   if (fn == Fn::cuStreamBatchMemOp_v2) return BatchMemOp(rd);
+  if (fn == Fn::cuPointerSetAttribute) return SetAttribute(rd);
+  if (fn == Fn::cuDeviceGetHostAtomicCapabilities || fn == Fn::cuDeviceGetP2PAtomicCapabilities) {
+    return AtomicCaps(fn, rd, out);
+  }
+  if (fn != Fn::cuDeviceGetMemPool) return PoolCall(fn, rd, out);
   // i32 device -> u64 pool
   int32_t dev = 0;
   if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
@@ -33,6 +52,121 @@ CUresult SessionMemops::Call(Fn fn, Reader& rd, Writer& out) {
   CUresult r = d_.cuDeviceGetMemPool(&p, dev);
   if (r != CUDA_SUCCESS) return r;
   out.U64(host_.PublishPool(reinterpret_cast<uint64_t>(p)));
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionMemops::ReadLocation(Reader& rd, CUmemLocation* loc) const {
+  uint32_t type = 0;
+  int32_t id = 0;
+  rd.U32(&type);
+  if (!rd.I32(&id) || type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  if (!host_.KnownDevice(id)) return CUDA_ERROR_INVALID_DEVICE;
+  *loc = CUmemLocation{};
+  loc->type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc->id = id;
+  return CUDA_SUCCESS;
+}
+
+// Per-location pools and pool access (payloads in remote_memops.h).
+CUresult SessionMemops::PoolCall(Fn fn, Reader& rd, Writer& out) {
+  CUmemLocation loc{};
+  switch (fn) {
+    case Fn::cuMemGetDefaultMemPool:
+    case Fn::cuMemGetMemPool:
+    case Fn::cuMemSetMemPool: {
+      if (CUresult r = ReadLocation(rd, &loc); r != CUDA_SUCCESS) return r;
+      uint32_t type = 0;
+      uint64_t pool = 0;
+      if (!rd.U32(&type) || type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+      if (fn == Fn::cuMemSetMemPool) {
+        if (!rd.U64(&pool) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+        if (!host_.KnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
+        if (d_.cuMemSetMemPool == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+        return d_.cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, reinterpret_cast<CUmemoryPool>(pool));
+      }
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      auto get = fn == Fn::cuMemGetMemPool ? d_.cuMemGetMemPool : d_.cuMemGetDefaultMemPool;
+      if (get == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      CUmemoryPool p = nullptr;
+      CUresult r = get(&p, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
+      if (r != CUDA_SUCCESS) return r;
+      out.U64(host_.PublishPool(reinterpret_cast<uint64_t>(p)));
+      return CUDA_SUCCESS;
+    }
+    case Fn::cuMemPoolSetAccess: {
+      uint64_t pool = 0;
+      uint32_t count = 0;
+      rd.U64(&pool);
+      if (!rd.U32(&count) || count == 0 || count > remote::kMaxPoolAccess) return CUDA_ERROR_INVALID_VALUE;
+      std::vector<CUmemAccessDesc> map(count);
+      for (CUmemAccessDesc& a : map) {
+        if (CUresult r = ReadLocation(rd, &a.location); r != CUDA_SUCCESS) return r;
+        uint32_t flags = 0;
+        if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+        if (flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        a.flags = static_cast<CUmemAccess_flags>(flags);
+      }
+      if (!rd.Finish() || !host_.KnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
+      if (d_.cuMemPoolSetAccess == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      return d_.cuMemPoolSetAccess(reinterpret_cast<CUmemoryPool>(pool), map.data(), map.size());
+    }
+    case Fn::cuMemPoolGetAccess: {
+      uint64_t pool = 0;
+      rd.U64(&pool);
+      if (CUresult r = ReadLocation(rd, &loc); r != CUDA_SUCCESS) return r;
+      if (!rd.Finish() || !host_.KnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
+      if (d_.cuMemPoolGetAccess == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+      CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      CUresult r = d_.cuMemPoolGetAccess(&flags, reinterpret_cast<CUmemoryPool>(pool), &loc);
+      out.U32(static_cast<uint32_t>(flags));
+      return r;
+    }
+    default:
+      return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
+// u64 address, u32 value: CU_POINTER_ATTRIBUTE_SYNC_MEMOPS of device memory of the session.
+CUresult SessionMemops::SetAttribute(Reader& rd) {
+  uint64_t p = 0;
+  uint32_t v = 0;
+  rd.U64(&p);
+  if (!rd.U32(&v) || !rd.Finish() || v > 1 || !host_.DeviceRange(p, 1)) return CUDA_ERROR_INVALID_VALUE;
+  if (d_.cuPointerSetAttribute == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  unsigned value = v;
+  return d_.cuPointerSetAttribute(&value, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p);
+}
+
+// i32 device [, i32 destination], u32 count, count x u32 operation -> count x u32 capabilities
+CUresult SessionMemops::AtomicCaps(Fn fn, Reader& rd, Writer& out) {
+  const bool p2p = fn == Fn::cuDeviceGetP2PAtomicCapabilities;
+  int32_t src = 0, dst = 0;
+  uint32_t count = 0;
+  rd.I32(&src);
+  if (p2p) rd.I32(&dst);
+  if (!rd.U32(&count) || count == 0 || count > remote::kMaxAtomicOps) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUatomicOperation> ops(count);
+  for (CUatomicOperation& op : ops) {
+    uint32_t v = 0;
+    if (!rd.U32(&v) || v >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+    op = static_cast<CUatomicOperation>(v);
+  }
+  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!host_.KnownDevice(src) || (p2p && !host_.KnownDevice(dst))) return CUDA_ERROR_INVALID_DEVICE;
+  std::vector<unsigned> caps(count, 0);
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (p2p) {
+    if (d_.cuDeviceGetP2PAtomicCapabilities != nullptr) {
+      r = d_.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), count, src, dst);
+    }
+  } else if (d_.cuDeviceGetHostAtomicCapabilities != nullptr) {
+    r = d_.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), count, src);
+  }
+  if (r != CUDA_SUCCESS) return r;
+  for (unsigned c : caps) out.U32(c);
   return CUDA_SUCCESS;
 }
 

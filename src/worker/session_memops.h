@@ -28,6 +28,8 @@ class SessionMemops {
     virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
     // Records a pool of the driver as one the session may name and returns its wire name.
     virtual uint64_t PublishPool(uint64_t real) = 0;
+    // A pool of the session (default, current or created): resolved in place.
+    virtual bool KnownPool(uint64_t& p) const = 0;
   };
 
   SessionMemops(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}
@@ -38,6 +40,11 @@ class SessionMemops {
 
  private:
   CUresult BatchMemOp(transport::Reader& rd);
+  CUresult SetAttribute(transport::Reader& rd);
+  CUresult AtomicCaps(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult PoolCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  // Reads a location (u32 type, i32 id): a device of the session.
+  CUresult ReadLocation(transport::Reader& rd, CUmemLocation* loc) const;
 
   const driver::DriverTable& d_;
   Host& host_;

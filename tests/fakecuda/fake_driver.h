@@ -144,6 +144,7 @@ struct MemPool {
   CUdevice device = 0;
   std::map<int, uint64_t> attributes;  // stored as given
   uint64_t used_bytes = 0;
+  std::map<int, CUmemAccess_flags> access;  // cuMemPoolSetAccess: device -> flags (not the owner)
 };
 
 struct Allocation {
@@ -156,6 +157,8 @@ struct Allocation {
   Context* ctx = nullptr;
   MemPool* pool = nullptr;                // stream-ordered allocations
   PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
+  unsigned vmm_access = 0;                // kVmmMapping: the flags cuMemSetAccess gave it
+  bool sync_memops = false;               // cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
   unsigned host_flags = 0;                // kHost, kHostRegistered: cuMemHostAlloc/Register flags
   // IPC (fake_ipc.cc). An exported kDevice allocation is backed by a memfd from its first
   // cuIpcGetMemHandle on (ipc_fd, closed when it is freed); an opened one is counted per open.
@@ -174,6 +177,7 @@ struct PhysicalMemory {
   int retains = 0;                          // cuMemRetainAllocationHandle, each released once more
   CUmemAllocationHandleType handle_types{};  // requested at creation: what it may be exported as
   bool imported = false;                    // from a shareable handle: charged to its exporter
+  CUmemAllocationProp prop{};      // as cuMemCreate was given it
 };
 
 // An array, a mipmapped array, or a level of one (a view into its owner's memory). Elements lie

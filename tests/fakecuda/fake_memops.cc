@@ -212,6 +212,53 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src, 
   return fakecuda::RunAsync(s, [=] { std::memmove(AsHost(dst), AsHost(src), n); });
 }
 
+// A 3D peer copy between contexts of the one device is the 3D copy of the same description.
+namespace {
+CUresult PeerAs3D(const CUDA_MEMCPY3D_PEER* p, CUDA_MEMCPY3D* c) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!LiveContext(p->srcContext) || !LiveContext(p->dstContext)) return CUDA_ERROR_INVALID_CONTEXT;
+  *c = CUDA_MEMCPY3D{};
+  c->srcXInBytes = p->srcXInBytes;
+  c->srcY = p->srcY;
+  c->srcZ = p->srcZ;
+  c->srcLOD = p->srcLOD;
+  c->srcMemoryType = p->srcMemoryType;
+  c->srcHost = p->srcHost;
+  c->srcDevice = p->srcDevice;
+  c->srcArray = p->srcArray;
+  c->srcPitch = p->srcPitch;
+  c->srcHeight = p->srcHeight;
+  c->dstXInBytes = p->dstXInBytes;
+  c->dstY = p->dstY;
+  c->dstZ = p->dstZ;
+  c->dstLOD = p->dstLOD;
+  c->dstMemoryType = p->dstMemoryType;
+  c->dstHost = p->dstHost;
+  c->dstDevice = p->dstDevice;
+  c->dstArray = p->dstArray;
+  c->dstPitch = p->dstPitch;
+  c->dstHeight = p->dstHeight;
+  c->WidthInBytes = p->WidthInBytes;
+  c->Height = p->Height;
+  c->Depth = p->Depth;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D_PEER* p) {
+  FAKECUDA_ENTER();
+  CUDA_MEMCPY3D c;
+  if (CUresult r = PeerAs3D(p, &c); r != CUDA_SUCCESS) return r;
+  return cuMemcpy3D_v2(&c);
+}
+
+CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D_PEER* p, CUstream s) {
+  FAKECUDA_ENTER();
+  CUDA_MEMCPY3D c;
+  if (CUresult r = PeerAs3D(p, &c); r != CUDA_SUCCESS) return r;
+  return cuMemcpy3DAsync_v2(&c, s);
+}
+
 // A device never reaches itself as a peer (cuDeviceCanAccessPeer answers 0), so a context of the
 // same device cannot be enabled; nothing is ever enabled to disable.
 CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
@@ -305,4 +352,262 @@ CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, si
                                            unsigned long long flags, CUstream s) {
   FAKECUDA_ENTER();
   return PrefetchOrDiscard(dptrs, sizes, count, locs, loc_idxs, num_locs, flags, s, true);
+}
+
+// ---- VMM queries, per-location pools and pool access
+
+namespace {
+
+// A device location of the fake (the only kind it serves here).
+CUresult CheckDeviceLocation(const CUmemLocation* loc) {
+  if (loc == nullptr || loc->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  if (loc->id < 0 || loc->id >= Driver::Get().topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+// REQUIRES d.mu.
+fakecuda::MemPool* PoolOf(Driver& d, CUmemoryPool handle) {
+  auto* pool = reinterpret_cast<fakecuda::MemPool*>(handle);
+  if (d.pools.count(pool) != 0) return pool;
+  for (auto& state : d.devices) {
+    if (state.default_pool.get() == pool) return pool;
+  }
+  return nullptr;
+}
+
+// REQUIRES d.mu. The kVmmMapping allocation holding p, or null.
+fakecuda::Allocation* Mapping(Driver& d, CUdeviceptr p) {
+  fakecuda::Allocation* a = d.FindAllocation(p);
+  return a != nullptr && a->kind == fakecuda::MemoryKind::kVmmMapping ? a : nullptr;
+}
+
+}  // namespace
+
+CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+  FAKECUDA_ENTER();
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDeviceLocation(location); r != CUDA_SUCCESS) return r;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = Mapping(d, ptr);
+  if (a == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *flags = a->vmm_access;
+  return CUDA_SUCCESS;
+}
+
+// cuMemGetAllocationPropertiesFromHandle and cuMemRetainAllocationHandle: fake_memory.cc.
+
+CUresult cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+  FAKECUDA_ENTER();
+  if (pool == nullptr || type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDeviceLocation(location); r != CUDA_SUCCESS) return r;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *pool = reinterpret_cast<CUmemoryPool>(d.devices[location->id].default_pool.get());
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
+  FAKECUDA_ENTER();
+  if (pool == nullptr || type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDeviceLocation(location); r != CUDA_SUCCESS) return r;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  *pool = reinterpret_cast<CUmemoryPool>(d.devices[location->id].current_pool);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
+  FAKECUDA_ENTER();
+  if (type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDeviceLocation(location); r != CUDA_SUCCESS) return r;
+  return cuDeviceSetMemPool(location->id, pool);
+}
+
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
+  FAKECUDA_ENTER();
+  if (map == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    if (CUresult r = CheckDeviceLocation(&map[i].location); r != CUDA_SUCCESS) return r;
+    if (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::MemPool* p = PoolOf(d, pool);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    // The owner always reads and writes its pool's memory; only read-write may be asked of it.
+    if (map[i].location.id == p->device) {
+      if (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return CUDA_ERROR_INVALID_DEVICE;
+      continue;
+    }
+    p->access[map[i].location.id] = map[i].flags;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
+  FAKECUDA_ENTER();
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDeviceLocation(location); r != CUDA_SUCCESS) return r;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::MemPool* p = PoolOf(d, pool);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (location->id == p->device) {
+    *flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  } else {
+    auto it = p->access.find(location->id);
+    *flags = it == p->access.end() ? CU_MEM_ACCESS_FLAGS_PROT_NONE : it->second;
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- settable pointer attributes, atomic capabilities
+
+CUresult cuPointerSetAttribute(const void* value, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  FAKECUDA_ENTER();
+  if (value == nullptr || attribute != CU_POINTER_ATTRIBUTE_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::Allocation* a = d.FindAllocation(ptr);
+  if (a == nullptr || fakecuda::IsHostKind(a->kind)) return CUDA_ERROR_INVALID_VALUE;
+  a->sync_memops = *static_cast<const unsigned*>(value) != 0;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+CUresult DeviceOk(CUdevice dev) {
+  return dev >= 0 && dev < Driver::Get().topology.device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+// What the fake device can do atomically with the host or a peer: integer and bitwise operations
+// on 32 and 64 bits, floating-point ones on 32 bits.
+CUresult FakeAtomicCaps(unsigned* caps, const CUatomicOperation* ops, unsigned count) {
+  if (caps == nullptr || ops == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) {
+    if (ops[i] < 0 || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    caps[i] = ops[i] >= CU_ATOMIC_OPERATION_FLOAT_ADD
+                  ? CU_ATOMIC_CAPABILITY_SCALAR_32
+                  : CU_ATOMIC_CAPABILITY_SIGNED | CU_ATOMIC_CAPABILITY_UNSIGNED |
+                        CU_ATOMIC_CAPABILITY_SCALAR_32 | CU_ATOMIC_CAPABILITY_SCALAR_64;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult cuDeviceGetHostAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                           unsigned int count, CUdevice dev) {
+  FAKECUDA_ENTER();
+  if (CUresult r = DeviceOk(dev); r != CUDA_SUCCESS) return r;
+  return FakeAtomicCaps(capabilities, operations, count);
+}
+
+CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
+                                          unsigned int count, CUdevice src, CUdevice dst) {
+  FAKECUDA_ENTER();
+  if (CUresult r = DeviceOk(src); r != CUDA_SUCCESS) return r;
+  if (CUresult r = DeviceOk(dst); r != CUDA_SUCCESS) return r;
+  if (src == dst) return CUDA_ERROR_INVALID_DEVICE;
+  return FakeAtomicCaps(capabilities, operations, count);
+}
+
+// ---- 3D batched copies: all checked first, then each the 3D copy of its description
+
+namespace {
+
+size_t ArrayElement(CUarray a) {
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.arrays.find(reinterpret_cast<fakecuda::FakeArray*>(a));
+  if (it == d.arrays.end()) return 0;
+  const CUDA_ARRAY3D_DESCRIPTOR& desc = it->second->desc;
+  size_t bytes = 4;
+  switch (desc.Format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      bytes = 1;
+      break;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      bytes = 2;
+      break;
+    default:
+      break;
+  }
+  return bytes * desc.NumChannels;
+}
+
+bool Side3D(const CUmemcpy3DOperand& op, const CUextent3D& e, size_t elem, bool src, CUDA_MEMCPY3D* c) {
+  if (op.type == CU_MEMCPY_OPERAND_TYPE_POINTER) {
+    const size_t row = op.op.ptr.rowLength, layer = op.op.ptr.layerHeight;
+    if ((row != 0 && row < e.width) || (layer != 0 && layer < e.height)) return false;
+    (src ? c->srcMemoryType : c->dstMemoryType) = CU_MEMORYTYPE_UNIFIED;
+    (src ? c->srcDevice : c->dstDevice) = op.op.ptr.ptr;
+    (src ? c->srcPitch : c->dstPitch) = (row != 0 ? row : e.width) * elem;
+    (src ? c->srcHeight : c->dstHeight) = layer != 0 ? layer : e.height;
+    return true;
+  }
+  if (op.type != CU_MEMCPY_OPERAND_TYPE_ARRAY) return false;
+  (src ? c->srcMemoryType : c->dstMemoryType) = CU_MEMORYTYPE_ARRAY;
+  (src ? c->srcArray : c->dstArray) = op.op.array.array;
+  (src ? c->srcXInBytes : c->dstXInBytes) = op.op.array.offset.x * elem;
+  (src ? c->srcY : c->dstY) = op.op.array.offset.y;
+  (src ? c->srcZ : c->dstZ) = op.op.array.offset.z;
+  return true;
+}
+
+CUresult Batch3D(size_t n, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags, size_t* fail_idx, CUstream s) {
+  if (fail_idx != nullptr) *fail_idx = SIZE_MAX;
+  if (n == 0 || ops == nullptr || flags != 0 || LegacyStream(s)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUDA_MEMCPY3D> copies(n);
+  for (size_t i = 0; i < n; ++i) {
+    const CUDA_MEMCPY3D_BATCH_OP& op = ops[i];
+    if (op.extent.width == 0 || op.extent.height == 0 || op.extent.depth == 0 ||
+        op.srcAccessOrder < CU_MEMCPY_SRC_ACCESS_ORDER_STREAM || op.srcAccessOrder > CU_MEMCPY_SRC_ACCESS_ORDER_ANY ||
+        (op.flags & ~static_cast<unsigned>(CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE)) != 0) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const bool sa = op.src.type == CU_MEMCPY_OPERAND_TYPE_ARRAY, da = op.dst.type == CU_MEMCPY_OPERAND_TYPE_ARRAY;
+    const size_t es = sa ? ArrayElement(op.src.op.array.array) : 1;
+    const size_t ed = da ? ArrayElement(op.dst.op.array.array) : 1;
+    if (es == 0 || ed == 0 || (sa && da && es != ed)) return CUDA_ERROR_INVALID_VALUE;
+    const size_t elem = sa ? es : ed;
+    CUDA_MEMCPY3D& c = copies[i];
+    c = CUDA_MEMCPY3D{};
+    if (!Side3D(op.src, op.extent, elem, true, &c) || !Side3D(op.dst, op.extent, elem, false, &c)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    c.WidthInBytes = op.extent.width * elem;
+    c.Height = op.extent.height;
+    c.Depth = op.extent.depth;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (CUresult r = cuMemcpy3DAsync_v2(&copies[i], s); r != CUDA_SUCCESS) {
+      if (fail_idx != nullptr) *fail_idx = i;
+      return r;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult cuMemcpy3DBatchAsync_v2(size_t n, CUDA_MEMCPY3D_BATCH_OP* ops, unsigned long long flags, CUstream s) {
+  FAKECUDA_ENTER();
+  return Batch3D(n, ops, flags, nullptr, s);
+}
+
+CUresult cuMemcpy3DBatchAsync(size_t n, CUDA_MEMCPY3D_BATCH_OP* ops, size_t* fail_idx, unsigned long long flags,
+                              CUstream s) {
+  FAKECUDA_ENTER();
+  return Batch3D(n, ops, flags, fail_idx, s);
 }

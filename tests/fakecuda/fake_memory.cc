@@ -479,6 +479,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   phys->size = size;
   phys->fd = fd;
   phys->handle_types = prop->requestedHandleTypes;
+  phys->prop = *prop;
+  phys->prop.win32HandleMetaData = nullptr;
   *handle = reinterpret_cast<CUmemGenericAllocationHandle>(phys.get());
   d.physical[phys.get()] = std::move(phys);
   return CUDA_SUCCESS;
@@ -499,11 +501,12 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
-  if (d.physical.count(phys) == 0 || phys->released) return CUDA_ERROR_INVALID_VALUE;
-  if (phys->retains > 0) {
+  if (d.physical.count(phys) == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (phys->retains > 0) {  // balances a cuMemRetainAllocationHandle
     --phys->retains;
     return CUDA_SUCCESS;
   }
+  if (phys->released) return CUDA_ERROR_INVALID_VALUE;
   phys->released = true;
   MaybeFreePhysical(d, phys);
   return CUDA_SUCCESS;
@@ -610,6 +613,11 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_READ | PROT_WRITE;
   }
   if (mprotect(fakecuda::AsHost(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  unsigned flags = 0;
+  for (size_t i = 0; i < count; ++i) flags |= static_cast<unsigned>(desc[i].flags);
+  for (auto& [base, a] : d.allocations) {
+    if (a.kind == MemoryKind::kVmmMapping && base < ptr + size && base + a.size > ptr) a.vmm_access = flags;
+  }
   return CUDA_SUCCESS;
 }
 
@@ -636,7 +644,7 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmem
   std::lock_guard<std::mutex> lock(d.mu);
   auto* phys = reinterpret_cast<fakecuda::PhysicalMemory*>(handle);
   if (prop == nullptr || d.physical.count(phys) == 0 || phys->released) return CUDA_ERROR_INVALID_VALUE;
-  *prop = CUmemAllocationProp{};
+  *prop = phys->prop;  // as cuMemCreate was given it (imported handles: what follows)
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop->requestedHandleTypes = phys->handle_types;
   prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -725,6 +733,9 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
       *static_cast<CUmemoryPool*>(data) = reinterpret_cast<CUmemoryPool>(a->pool);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<int*>(data) = a->sync_memops ? 1 : 0;
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;

@@ -217,3 +217,201 @@ TF_SAMPLE(memops_stream_copy_attributes) {
   cudaStreamDestroy(hi);
   cudaStreamDestroy(lo);
 }
+
+// VMM queries: the access a mapping was given, the properties of its handle, and the handle
+// retained from an address (whose properties match; it owes one more release).
+TF_SAMPLE(memops_vmm_queries) {
+  Primary(o);
+  CUdevice dev = 0;
+  DRV(o, cuCtxGetDevice(&dev));
+  CUmemAllocationProp prop;
+  std::memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size_t gran = 0;
+  DRV(o, cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle h = 0, again = 0;
+  DRV(o, cuMemCreate(&h, gran, &prop, 0));
+  CUdeviceptr va = 0;
+  DRV(o, cuMemAddressReserve(&va, gran, 0, 0, 0));
+  DRV(o, cuMemMap(va, gran, 0, h, 0));
+  CUmemAccessDesc access;
+  std::memset(&access, 0, sizeof(access));
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  DRV(o, cuMemSetAccess(va, gran, &access, 1));
+  unsigned long long flags = 0;
+  DRV(o, cuMemGetAccess(&flags, &prop.location, va + 256));
+  CUmemAllocationProp got, got_again;
+  std::memset(&got, 0, sizeof(got));
+  std::memset(&got_again, 0, sizeof(got_again));
+  DRV(o, cuMemGetAllocationPropertiesFromHandle(&got, h));
+  DRV(o, cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + 512)));
+  DRV(o, cuMemGetAllocationPropertiesFromHandle(&got_again, again));
+  DRV(o, cuMemsetD32(va, 0x600dd00d, gran / 4));
+  uint32_t word = 0;
+  DRV(o, cuMemcpyDtoH(&word, va + gran - 4, 4));
+  const int answers[6] = {static_cast<int>(flags), static_cast<int>(got.type),
+                          static_cast<int>(got.location.type), static_cast<int>(got_again.type),
+                          got_again.location.id == dev, word == 0x600dd00du};
+  if (flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE || !answers[4] || !answers[5]) o.Fail("VMM queries");
+  o.Result(answers, sizeof(answers));
+  DRV(o, cuMemUnmap(va, gran));
+  DRV(o, cuMemRelease(again));
+  DRV(o, cuMemRelease(h));
+  DRV(o, cuMemAddressFree(va, gran));
+}
+
+// Pools by location: the default and current pool of the device, a pool of ours set as current
+// and used by cudaMallocAsync, and the access the pool gives its own device.
+TF_SAMPLE(memops_pool_by_location) {
+  Primary(o);
+  CUdevice dev = 0;
+  DRV(o, cuCtxGetDevice(&dev));
+  CUmemLocation loc;
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;
+  CUmemoryPool def = nullptr, by_dev = nullptr, cur = nullptr, mine = nullptr;
+  DRV(o, cuMemGetDefaultMemPool(&def, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  DRV(o, cuDeviceGetDefaultMemPool(&by_dev, dev));
+  DRV(o, cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  const int starts = def == by_dev && cur == def;
+  CUmemPoolProps props;
+  std::memset(&props, 0, sizeof(props));
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location = loc;
+  DRV(o, cuMemPoolCreate(&mine, &props));
+  DRV(o, cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, mine));
+  DRV(o, cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  const int set = cur == mine;
+  void* p = nullptr;
+  RT(o, cudaMallocAsync(&p, 4096, nullptr));
+  CUmemoryPool from = nullptr;
+  DRV(o, cuPointerGetAttribute(&from, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, reinterpret_cast<CUdeviceptr>(p)));
+  RT(o, cudaFreeAsync(p, nullptr));
+  RT(o, cudaDeviceSynchronize());
+  CUmemAccess_flags own = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  DRV(o, cuMemPoolGetAccess(&own, mine, &loc));
+  DRV(o, cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, def));
+  const int answers[4] = {starts, set, from == mine, static_cast<int>(own)};
+  if (!starts || !set || from != mine || own != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) o.Fail("pools by location");
+  o.Result(answers, sizeof(answers));
+  cuMemPoolDestroy(mine);
+}
+
+// CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set and read back; the device's atomic capabilities with the
+// host (the driver's answer, the same natively and remotely).
+TF_SAMPLE(memops_sync_memops_atomics) {
+  Primary(o);
+  CUdevice dev = 0;
+  DRV(o, cuCtxGetDevice(&dev));
+  void* p = nullptr;
+  RT(o, cudaMalloc(&p, 4096));
+  unsigned one = 1;
+  int sync = 0;
+  DRV(o, cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, reinterpret_cast<CUdeviceptr>(p)));
+  DRV(o, cuPointerGetAttribute(&sync, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, reinterpret_cast<CUdeviceptr>(p)));
+  if (sync != 1) o.Fail("SYNC_MEMOPS not kept");
+  CUatomicOperation ops[3] = {CU_ATOMIC_OPERATION_INTEGER_ADD, CU_ATOMIC_OPERATION_CAS,
+                              CU_ATOMIC_OPERATION_FLOAT_ADD};
+  unsigned caps[3] = {0, 0, 0};
+  DRV(o, cuDeviceGetHostAtomicCapabilities(caps, ops, 3, dev));
+  o.Result(&sync, sizeof(sync));
+  o.Result(caps, sizeof(caps));
+  cudaFree(p);
+}
+
+// cuMemcpy3DPeer(Async) between a context of ours and the primary context of the one device.
+TF_SAMPLE(memops_3d_peer_copy) {
+  CUcontext primary = Primary(o);
+  CUdevice dev = 0;
+  DRV(o, cuCtxGetDevice(&dev));
+  CUcontext other = nullptr;
+  DRV(o, cuCtxCreate(&other, nullptr, 0, dev));
+  CUdeviceptr src = 0;
+  DRV(o, cuMemAlloc(&src, 1 << 14));
+  std::vector<uint32_t> in((1 << 14) / 4);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint32_t>(i * 2654435761u);
+  DRV(o, cuMemcpyHtoD(src, in.data(), 1 << 14));
+  DRV(o, cuCtxSetCurrent(primary));
+  CUdeviceptr dst = 0;
+  DRV(o, cuMemAlloc(&dst, 1 << 15));
+  DRV(o, cuMemsetD32(dst, 0, (1 << 15) / 4));
+  CUDA_MEMCPY3D_PEER box;
+  std::memset(&box, 0, sizeof(box));
+  box.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  box.srcDevice = src;
+  box.srcPitch = 256;
+  box.srcHeight = 8;
+  box.srcContext = other;
+  box.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  box.dstDevice = dst;
+  box.dstPitch = 512;
+  box.dstHeight = 8;
+  box.dstContext = primary;
+  box.WidthInBytes = 200;
+  box.Height = 8;
+  box.Depth = 4;
+  DRV(o, cuMemcpy3DPeer(&box));
+  cudaStream_t s;
+  RT(o, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  box.dstXInBytes = 256;
+  DRV(o, cuMemcpy3DPeerAsync(&box, s));
+  RT(o, cudaStreamSynchronize(s));
+  std::vector<uint32_t> got((1 << 15) / 4);
+  DRV(o, cuMemcpyDtoH(got.data(), dst, 1 << 15));
+  if (got[0] != in[0] || got[64] != in[0] || got[50] != 0) o.Fail("3D peer copy");
+  o.Result(got.data(), got.size() * 4);
+  cudaStreamDestroy(s);
+  cuMemFree(dst);
+  cuCtxSetCurrent(other);
+  cuMemFree(src);
+  cuCtxDestroy(other);
+  cuCtxSetCurrent(primary);
+}
+
+// cuMemcpy3DBatchAsync: a box from pageable host memory into pitched device memory, device to
+// device, and back into host memory tightly packed.
+TF_SAMPLE(memops_3d_batch_copy) {
+  Primary(o);
+  cudaStream_t s;
+  RT(o, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr size_t kW = 200, kH = 6, kD = 3;  // bytes, rows, layers
+  std::vector<uint8_t> host(kW * kH * kD), back(kW * kH * kD, 0);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 13 + 5);
+  CUdeviceptr a = 0, b = 0;
+  DRV(o, cuMemAlloc(&a, 256 * 8 * kD));
+  DRV(o, cuMemAlloc(&b, 256 * 8 * kD));
+  DRV(o, cuMemsetD8(b, 0, 256 * 8 * kD));
+  CUDA_MEMCPY3D_BATCH_OP ops[2];
+  std::memset(ops, 0, sizeof(ops));
+  ops[0].src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].src.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(host.data());
+  ops[0].dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].dst.op.ptr.ptr = a;
+  ops[0].dst.op.ptr.rowLength = 256;
+  ops[0].dst.op.ptr.layerHeight = 8;
+  ops[0].extent = {kW, kH, kD};
+  ops[0].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  DRV(o, cuMemcpy3DBatchAsync(1, &ops[0], 0, s));
+  ops[1] = ops[0];
+  ops[1].src.op.ptr = ops[0].dst.op.ptr;
+  ops[1].dst.op.ptr.ptr = b;
+  DRV(o, cuMemcpy3DBatchAsync(1, &ops[1], 0, s));
+  CUDA_MEMCPY3D_BATCH_OP out = ops[1];
+  out.src.op.ptr = ops[1].dst.op.ptr;
+  std::memset(&out.dst, 0, sizeof(out.dst));
+  out.dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  out.dst.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(back.data());
+  DRV(o, cuMemcpy3DBatchAsync(1, &out, 0, s));
+  RT(o, cudaStreamSynchronize(s));
+  uint8_t pad = 9;
+  DRV(o, cuMemcpyDtoH(&pad, b + 256 * 8 + 230, 1));
+  if (back != host || pad != 0) o.Fail("3D batch copy");
+  o.Result(back.data(), back.size());
+  o.Result(&pad, 1);
+  cuMemFree(a);
+  cuMemFree(b);
+  cudaStreamDestroy(s);
+}

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -231,6 +232,41 @@ void Peers(CUcontext primary) {
   std::printf("peer_copy_outside=%d\n", static_cast<int>(cuMemcpyPeer(dst, primary, src, other, 8192)));
   std::printf("peer_copy_bad_ctx=%d\n",
               static_cast<int>(cuMemcpyPeer(dst, reinterpret_cast<CUcontext>(0x4242), src, other, 16)));
+  // 3D peer copies: a 32-byte wide, 4-row, 2-layer box from the other context's buffer (pitch 64)
+  // into zeroed buffers of this one (pitch 128), synchronously and on a stream.
+  CHECK(cuMemsetD32(dst, 0, 1024));
+  CHECK(cuMemsetD32(dst2, 0, 1024));
+  CUDA_MEMCPY3D_PEER box;
+  std::memset(&box, 0, sizeof(box));
+  box.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  box.srcDevice = src;
+  box.srcPitch = 64;
+  box.srcHeight = 4;
+  box.srcContext = other;
+  box.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  box.dstDevice = dst2;
+  box.dstPitch = 128;
+  box.dstHeight = 4;
+  box.dstContext = primary;
+  box.WidthInBytes = 32;
+  box.Height = 4;
+  box.Depth = 2;
+  CHECK(cuMemcpy3DPeer(&box));
+  box.dstDevice = dst;
+  box.dstXInBytes = 16;
+  CHECK(cuMemcpy3DPeerAsync(&box, s));
+  CHECK(cuStreamSynchronize(s));
+  uint32_t w[4] = {9, 9, 9, 9};
+  CHECK(cuMemcpyDtoH(&w[0], dst2 + 128 * 4 + 128 * 3 + 28, 4));  // last word of the box
+  CHECK(cuMemcpyDtoH(&w[1], dst2 + 32, 4));                       // beside the box: untouched
+  CHECK(cuMemcpyDtoH(&w[2], dst + 128 * 7 + 16 + 28, 4));
+  CHECK(cuMemcpyDtoH(&w[3], dst + 8, 4));
+  std::printf("peer_copy_3d=%x:%x:%x:%x\n", w[0], w[1], w[2], w[3]);
+  box.srcContext = reinterpret_cast<CUcontext>(0x4242);
+  std::printf("peer_copy_3d_bad_ctx=%d\n", static_cast<int>(cuMemcpy3DPeer(&box)));
+  box.srcContext = other;
+  box.Depth = 40;  // past the end of both buffers
+  std::printf("peer_copy_3d_outside=%d\n", static_cast<int>(cuMemcpy3DPeer(&box)));
   std::printf("peer_enable=%d\n", static_cast<int>(cuCtxEnablePeerAccess(other, 0)));
   std::printf("peer_enable_self=%d\n", static_cast<int>(cuCtxEnablePeerAccess(primary, 0)));
   std::printf("peer_enable_flags=%d\n", static_cast<int>(cuCtxEnablePeerAccess(other, 1)));
@@ -292,6 +328,206 @@ void CopyAttributes() {
   CHECK(cuStreamDestroy(lo));
 }
 
+// VMM queries: the access a mapping was given, a handle's properties, and a handle retained from
+// an address (the same handle, owing one more release).
+void VmmQueries() {
+  CUmemAllocationProp prop;
+  std::memset(&prop, 0, sizeof(prop));
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  size_t gran = 0;
+  CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle h;
+  CHECK(cuMemCreate(&h, gran, &prop, 0));
+  CUdeviceptr va;
+  CHECK(cuMemAddressReserve(&va, 2 * gran, 0, 0, 0));
+  CHECK(cuMemMap(va, gran, 0, h, 0));
+  CUmemAccessDesc access;
+  std::memset(&access, 0, sizeof(access));
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CHECK(cuMemSetAccess(va, gran, &access, 1));
+  unsigned long long flags = 9;
+  CHECK(cuMemGetAccess(&flags, &prop.location, va + 64));
+  std::printf("vmm_access=%llu\n", flags);
+  std::printf("vmm_access_unmapped=%d\n", static_cast<int>(cuMemGetAccess(&flags, &prop.location, va + gran)));
+  CUmemLocation bad_loc = prop.location;
+  bad_loc.id = 57;
+  std::printf("vmm_access_bad_device=%d\n", static_cast<int>(cuMemGetAccess(&flags, &bad_loc, va)));
+  CUmemAllocationProp got;
+  std::memset(&got, 0x5a, sizeof(got));
+  CHECK(cuMemGetAllocationPropertiesFromHandle(&got, h));
+  std::printf("vmm_props=%d:%d:%d\n", static_cast<int>(got.type), static_cast<int>(got.location.type),
+              got.location.id);
+  std::printf("vmm_props_bad=%d\n", static_cast<int>(cuMemGetAllocationPropertiesFromHandle(
+                                        &got, static_cast<CUmemGenericAllocationHandle>(0x1234))));
+  CUmemGenericAllocationHandle again = 0;
+  CHECK(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + 128)));
+  std::printf("vmm_retain_same=%d\n", again == h ? 1 : 0);
+  std::printf("vmm_retain_outside=%d\n",
+              static_cast<int>(cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(va + gran + 8))));
+  CHECK(cuMemUnmap(va, gran));
+  const CUresult first = cuMemRelease(h);
+  const CUresult second = cuMemRelease(h);
+  std::printf("vmm_released=%d:%d:%d\n", static_cast<int>(first), static_cast<int>(second),
+              static_cast<int>(cuMemRelease(h)));
+  CHECK(cuMemAddressFree(va, 2 * gran));
+}
+
+// Pools by location: the default and current pool of the device, set and read back, and the
+// access a pool gives.
+void PoolsByLocation() {
+  CUdevice dev;
+  CHECK(cuDeviceGet(&dev, 0));
+  CUmemLocation loc;
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;
+  CUmemoryPool def = nullptr, by_dev = nullptr, cur = nullptr, cur_dev = nullptr;
+  CHECK(cuMemGetDefaultMemPool(&def, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  CHECK(cuDeviceGetDefaultMemPool(&by_dev, dev));
+  CHECK(cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  const bool starts = def == by_dev && cur == def;
+  CUmemPoolProps props;
+  std::memset(&props, 0, sizeof(props));
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location = loc;
+  CUmemoryPool mine;
+  CHECK(cuMemPoolCreate(&mine, &props));
+  CHECK(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, mine));
+  CHECK(cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  CHECK(cuDeviceGetMemPool(&cur_dev, dev));
+  const bool set = cur == mine && cur_dev == mine;
+  CHECK(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, def));
+  CHECK(cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+  std::printf("loc_pools=%d:%d:%d\n", starts, set, cur == def);
+  CUmemLocation bad = loc;
+  bad.id = 57;
+  std::printf("loc_pool_bad_device=%d\n",
+              static_cast<int>(cuMemGetMemPool(&cur, &bad, CU_MEM_ALLOCATION_TYPE_PINNED)));
+  std::printf("loc_pool_bad_type=%d\n",
+              static_cast<int>(cuMemGetDefaultMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_INVALID)));
+  std::printf("loc_pool_set_bad_pool=%d\n",
+              static_cast<int>(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED,
+                                               reinterpret_cast<CUmemoryPool>(0x7777))));
+  CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  CHECK(cuMemPoolGetAccess(&f, mine, &loc));
+  CUmemAccessDesc desc;
+  std::memset(&desc, 0, sizeof(desc));
+  desc.location = loc;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult set_own = cuMemPoolSetAccess(mine, &desc, 1);
+  std::printf("pool_access=%d:%d\n", static_cast<int>(f), static_cast<int>(set_own));
+  CUmemAccessDesc bad_desc = desc;
+  bad_desc.location.id = 57;
+  std::printf("pool_access_bad_device=%d\n", static_cast<int>(cuMemPoolSetAccess(mine, &bad_desc, 1)));
+  bad_desc = desc;
+  bad_desc.flags = static_cast<CUmemAccess_flags>(2);
+  std::printf("pool_access_bad_flags=%d\n", static_cast<int>(cuMemPoolSetAccess(mine, &bad_desc, 1)));
+  std::printf("pool_access_bad_pool=%d\n",
+              static_cast<int>(cuMemPoolGetAccess(&f, reinterpret_cast<CUmemoryPool>(0x7777), &loc)));
+  if (std::getenv("TFUSION_REMOTE") != nullptr) {
+    // The worker's host memory is not the tenant's: host locations are refused.
+    CUmemLocation host;
+    host.type = CU_MEM_LOCATION_TYPE_HOST;
+    host.id = 0;
+    std::printf("loc_pool_host=%d\n",
+                static_cast<int>(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED)));
+  } else {
+    std::printf("loc_pool_host=na\n");
+  }
+  CHECK(cuMemPoolDestroy(mine));
+}
+
+// CU_POINTER_ATTRIBUTE_SYNC_MEMOPS set and read back; atomic capabilities with the host and peers.
+void AttributesAndAtomics() {
+  CUdeviceptr p;
+  CHECK(cuMemAlloc(&p, 256));
+  unsigned one = 1;
+  int before = 7, after = 7;
+  CHECK(cuPointerGetAttribute(&before, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+  CHECK(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p + 16));
+  CHECK(cuPointerGetAttribute(&after, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
+  std::printf("sync_memops=%d:%d\n", before, after);
+  std::printf("set_attribute_other=%d\n",
+              static_cast<int>(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_MAPPED, p)));
+  std::printf("set_attribute_outside=%d\n",
+              static_cast<int>(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, 0x40)));
+  CHECK(cuMemFree(p));
+  CUatomicOperation ops[3] = {CU_ATOMIC_OPERATION_INTEGER_ADD, CU_ATOMIC_OPERATION_CAS,
+                              CU_ATOMIC_OPERATION_FLOAT_ADD};
+  unsigned caps[3] = {0, 0, 0};
+  CHECK(cuDeviceGetHostAtomicCapabilities(caps, ops, 3, 0));
+  std::printf("host_atomics=%x:%x:%x\n", caps[0], caps[1], caps[2]);
+  std::printf("host_atomics_bad_device=%d\n",
+              static_cast<int>(cuDeviceGetHostAtomicCapabilities(caps, ops, 3, 57)));
+  CUatomicOperation bad_op = CU_ATOMIC_OPERATION_MAX;
+  std::printf("host_atomics_bad_op=%d\n",
+              static_cast<int>(cuDeviceGetHostAtomicCapabilities(caps, &bad_op, 1, 0)));
+  std::printf("host_atomics_none=%d\n", static_cast<int>(cuDeviceGetHostAtomicCapabilities(caps, ops, 0, 0)));
+  std::printf("p2p_atomics_self=%d\n",
+              static_cast<int>(cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 0, 0)));
+  std::printf("p2p_atomics_bad_device=%d\n",
+              static_cast<int>(cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, 0, 57)));
+}
+
+// cuMemcpy3DBatchAsync: a 3D box from pageable host memory into device memory with a wider row,
+// device to device, and back into host memory tightly packed; bad batches copy nothing.
+void Batch3DCopies() {
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  constexpr size_t kW = 48, kH = 5, kD = 3;  // bytes, rows, layers
+  std::vector<uint8_t> host(kW * kH * kD), back(kW * kH * kD, 0);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
+  CUdeviceptr a, b;
+  CHECK(cuMemAlloc(&a, 64 * 8 * kD));
+  CHECK(cuMemAlloc(&b, 64 * 8 * kD));
+  CHECK(cuMemsetD8(a, 0, 64 * 8 * kD));
+  CHECK(cuMemsetD8(b, 0, 64 * 8 * kD));
+  CUDA_MEMCPY3D_BATCH_OP ops[2];
+  std::memset(ops, 0, sizeof(ops));
+  ops[0].src.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].src.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(host.data());
+  ops[0].dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  ops[0].dst.op.ptr.ptr = a;
+  ops[0].dst.op.ptr.rowLength = 64;
+  ops[0].dst.op.ptr.layerHeight = 8;
+  ops[0].extent = {kW, kH, kD};
+  ops[0].srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  ops[1] = ops[0];
+  ops[1].src.op.ptr = ops[0].dst.op.ptr;
+  ops[1].dst.op.ptr.ptr = b;
+  CHECK(cuMemcpy3DBatchAsync(2, ops, 0, s));
+  CUDA_MEMCPY3D_BATCH_OP out = ops[1];
+  out.src.op.ptr = ops[1].dst.op.ptr;
+  std::memset(&out.dst, 0, sizeof(out.dst));
+  out.dst.type = CU_MEMCPY_OPERAND_TYPE_POINTER;
+  out.dst.op.ptr.ptr = reinterpret_cast<CUdeviceptr>(back.data());
+  CHECK(cuMemcpy3DBatchAsync(1, &out, 0, s));
+  CHECK(cuStreamSynchronize(s));
+  uint8_t pad = 9;
+  CHECK(cuMemcpyDtoH(&pad, b + 64 * 8 + 50, 1));  // beside the box in layer 1: untouched
+  std::printf("batch3d=%d:%d\n", back == host ? 1 : 0, pad);
+  CUDA_MEMCPY3D_BATCH_OP bad = ops[1];
+  bad.extent.depth = 0;
+  std::printf("batch3d_zero_extent=%d\n", static_cast<int>(cuMemcpy3DBatchAsync(1, &bad, 0, s)));
+  bad = ops[1];
+  bad.dst.op.ptr.rowLength = 8;  // shorter than the width
+  std::printf("batch3d_short_row=%d\n", static_cast<int>(cuMemcpy3DBatchAsync(1, &bad, 0, s)));
+  std::printf("batch3d_flags=%d\n", static_cast<int>(cuMemcpy3DBatchAsync(1, ops, 1, s)));
+  std::printf("batch3d_null_stream=%d\n", static_cast<int>(cuMemcpy3DBatchAsync(1, ops, 0, nullptr)));
+  bad = ops[1];
+  bad.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_INVALID;
+  std::printf("batch3d_bad_order=%d\n", static_cast<int>(cuMemcpy3DBatchAsync(1, &bad, 0, s)));
+  bad = ops[1];
+  bad.src.type = CU_MEMCPY_OPERAND_TYPE_ARRAY;
+  bad.src.op.array.array = reinterpret_cast<CUarray>(0x5150);
+  std::printf("batch3d_bad_array=%d\n", static_cast<int>(cuMemcpy3DBatchAsync(1, &bad, 0, s)));
+  CHECK(cuMemFree(a));
+  CHECK(cuMemFree(b));
+  CHECK(cuStreamDestroy(s));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,6 +542,10 @@ int main(int argc, char** argv) {
   Peers(ctx);
   Pools();
   CopyAttributes();
+  VmmQueries();
+  PoolsByLocation();
+  AttributesAndAtomics();
+  Batch3DCopies();
   std::printf("done=1\n");
   return 0;
 }

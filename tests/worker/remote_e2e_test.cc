@@ -195,7 +195,7 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["event_bogus"], "400");
   EXPECT_EQ(r.kv["module_bogus"], "400");
   EXPECT_EQ(r.kv["unsupported"], "801");  // CUDA_ERROR_NOT_SUPPORTED
-  EXPECT_NE(r.out.find("cuMemcpy3DPeer is not supported"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cuMemBatchDecompressAsync is not supported"), std::string::npos) << r.out;
   EXPECT_EQ(r.kv["still_works"], "0");
   EXPECT_EQ(r.kv["procaddr_is_export"], "1");
 }
@@ -456,6 +456,9 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["managed_batch_bad_device"], "101");
     EXPECT_EQ(r.kv["peer_copy"], "c0ffee:c0ffee");
     EXPECT_EQ(r.kv["peer_copy_bad_ctx"], "201");
+    EXPECT_EQ(r.kv["peer_copy_3d"], "c0ffee:0:c0ffee:0");
+    EXPECT_EQ(r.kv["peer_copy_3d_bad_ctx"], "201");
+    EXPECT_EQ(r.kv["peer_copy_3d_outside"], "1");
     EXPECT_EQ(r.kv["peer_enable"], "101");       // one device: not its own peer
     EXPECT_EQ(r.kv["peer_enable_self"], "201");
     EXPECT_EQ(r.kv["peer_disable"], "705");      // CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
@@ -464,8 +467,40 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["pool_set_bad_device"], "101");
     EXPECT_EQ(r.kv["copy_attributes"], "0:-1") << "a stale cached priority";
     EXPECT_EQ(r.kv["copy_attributes_bad"], "400");
+    // VMM queries, pools by location and pool access.
+    EXPECT_EQ(r.kv["vmm_access"], "3");  // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    EXPECT_EQ(r.kv["vmm_props"], "1:1:0");
+    EXPECT_EQ(r.kv["vmm_retain_same"], "1") << "the tenant's own handle name comes back";
+    EXPECT_EQ(r.kv["vmm_released"], "0:0:1") << "a retained handle owes one more release";
+    for (const char* k : {"vmm_access_unmapped", "vmm_props_bad", "vmm_retain_outside", "loc_pool_bad_type",
+                          "loc_pool_set_bad_pool", "pool_access_bad_flags", "pool_access_bad_pool"}) {
+      EXPECT_EQ(r.kv[k], "1") << k << " (CUDA_ERROR_INVALID_VALUE)";
+    }
+    EXPECT_EQ(r.kv["vmm_access_bad_device"], "101");
+    EXPECT_EQ(r.kv["loc_pool_bad_device"], "101");
+    EXPECT_EQ(r.kv["pool_access_bad_device"], "101");
+    EXPECT_EQ(r.kv["loc_pools"], "1:1:1");
+    EXPECT_EQ(r.kv["pool_access"], "3:0");
+    EXPECT_EQ(r.kv["loc_pool_host"], "801") << "host locations are refused (CUDA_ERROR_NOT_SUPPORTED)";
+    // SYNC_MEMOPS set remotely and answered from what was set; atomic capabilities as the driver's.
+    EXPECT_EQ(r.kv["sync_memops"], "0:1");
+    EXPECT_EQ(r.kv["set_attribute_other"], "1");
+    EXPECT_EQ(r.kv["set_attribute_outside"], "1");
+    EXPECT_EQ(r.kv["host_atomics"], "1b:1b:8");
+    EXPECT_EQ(r.kv["host_atomics_bad_device"], "101");
+    EXPECT_EQ(r.kv["host_atomics_bad_op"], "1");
+    EXPECT_EQ(r.kv["host_atomics_none"], "1");
+    EXPECT_EQ(r.kv["p2p_atomics_self"], "101");
+    EXPECT_EQ(r.kv["p2p_atomics_bad_device"], "101");
+    // 3D batched copies through pageable host memory and device memory.
+    EXPECT_EQ(r.kv["batch3d"], "1:0");
+    for (const char* k : {"batch3d_zero_extent", "batch3d_short_row", "batch3d_flags", "batch3d_null_stream",
+                          "batch3d_bad_order", "batch3d_bad_array"}) {
+      EXPECT_EQ(r.kv[k], "1") << k << " (CUDA_ERROR_INVALID_VALUE)";
+    }
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("host memory locations are not served by the remote vGPU"), std::string::npos) << r.out;
   }
 }
 

@@ -186,11 +186,12 @@ int BadHandles() {
   CUfunction f;
   std::printf("module_bogus=%d\n", static_cast<int>(cuModuleGetFunction(
                                        &f, reinterpret_cast<CUmodule>(0x4000), "fill_u32")));
-  // Peer copies are not forwarded (looked up by name: the fake driver has no such entry point).
-  using Memcpy3DPeer = CUresult (*)(const CUDA_MEMCPY3D_PEER*);
-  auto peer = reinterpret_cast<Memcpy3DPeer>(dlsym(RTLD_DEFAULT, "cuMemcpy3DPeer"));
-  CUDA_MEMCPY3D_PEER peer_copy{};
-  std::printf("unsupported=%d\n", peer ? static_cast<int>(peer(&peer_copy)) : -1);
+  // Batched decompression is not forwarded (looked up by name: the fake driver has no such entry
+  // point).
+  using Decompress = CUresult (*)(CUmemDecompressParams*, size_t, unsigned int, size_t*, CUstream);
+  auto decompress = reinterpret_cast<Decompress>(dlsym(RTLD_DEFAULT, "cuMemBatchDecompressAsync"));
+  std::printf("unsupported=%d\n",
+              decompress ? static_cast<int>(decompress(nullptr, 0, 0, nullptr, nullptr)) : -1);
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
   // Lookups through cuGetProcAddress land on this library's own exports.
   void* p = nullptr;
