@@ -812,13 +812,17 @@ CUresult Impl_cuGraphKernelNodeGetParams_v2(CUgraphNode node, CUDA_KERNEL_NODE_P
   ReplyView rv;
   CUresult r = CallSync(s, Op(Fn::cuGraphKernelNodeGetParams_v2), w, &rv);
   if (r != CUDA_SUCCESS) return r;
-  uint64_t f = 0;
+  uint64_t f = 0, kern = 0, ctx = 0;
   uint32_t v[7] = {}, n = 0;
   rv.reader.U64(&f);
+  rv.reader.U64(&kern);
+  rv.reader.U64(&ctx);
   for (uint32_t& x : v) rv.reader.U32(&x);
   if (!rv.reader.U32(&n)) return CUDA_ERROR_UNKNOWN;
   *p = CUDA_KERNEL_NODE_PARAMS{};
   p->func = reinterpret_cast<CUfunction>(f);
+  p->kern = reinterpret_cast<CUkernel>(kern);
+  p->ctx = reinterpret_cast<CUcontext>(ctx);
   p->gridDimX = v[0];
   p->gridDimY = v[1];
   p->gridDimZ = v[2];

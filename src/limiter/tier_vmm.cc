@@ -2,6 +2,8 @@
 // access descriptors, and what a swap needs to move them. See tier_vmm.h.
 #include "limiter/tier_vmm.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <vector>
 
@@ -13,6 +15,18 @@
 
 namespace tf::limiter {
 namespace {
+
+// PyTorch asks for GPUDirect RDMA capability on every expandable segment where the device offers
+// it, so the flag alone says nothing about a NIC. A registration through a dma-buf export is seen
+// (cuMemGetHandleForAddressRange: fixed); one made by nvidia-peermem is not. Nodes whose NICs
+// register tenant memory that way set TFUSION_TIER_FIX_RDMA=1 to keep RDMA-capable handles resident.
+bool FixRdmaCapable() {
+  static const bool fix = [] {
+    const char* v = getenv("TFUSION_TIER_FIX_RDMA");
+    return v != nullptr && strcmp(v, "1") == 0;
+  }();
+  return fix;
+}
 
 // Our handle values: far above any user-space address, where the driver's handles (addresses of
 // its own objects) do not fall; 16 apart.
@@ -245,7 +259,9 @@ CUresult TenantVmm::Create(CUmemGenericAllocationHandle* handle, size_t size, co
   if (!device) h.fixed = "host memory";
   else if (flags != 0) h.fixed = "created with flags";
   else if (prop->allocFlags.usage != 0) h.fixed = "created for a tile pool or hardware decompression";
-  else if (prop->allocFlags.gpuDirectRDMACapable != 0) h.fixed = "GPUDirect RDMA capable (a NIC may hold its pages)";
+  else if (prop->allocFlags.gpuDirectRDMACapable != 0 && FixRdmaCapable()) {
+    h.fixed = "GPUDirect RDMA capable, and TFUSION_TIER_FIX_RDMA=1 (a NIC may hold its pages)";
+  }
   else if (h.ctx == nullptr) h.fixed = "created without a current context";
   else if (ctx_device != prop->location.id) h.fixed = "created while another device's context was current";
   TierLock lock;

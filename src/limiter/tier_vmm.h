@@ -17,9 +17,10 @@
 //
 // What stays resident (fixed, counted as such in the region): handles exported to a shareable
 // handle or as a dma-buf (another process or device may hold it), imported ones, handles bound to a
-// multicast object or mapped into a sparse array, handles created with flags, a usage (tile pool,
-// hardware decompression) or GPUDirect RDMA capability (a NIC may hold a registration of their
-// pages), or without a current context. Host-located handles are not VRAM and never move.
+// multicast object or mapped into a sparse array, handles created with flags or a usage (tile pool,
+// hardware decompression), or without a current context, and with TFUSION_TIER_FIX_RDMA=1 those
+// created GPUDirect RDMA capable (a NIC may hold a registration of their pages through
+// nvidia-peermem, which we cannot see). Host-located handles are not VRAM and never move.
 //
 // Calls that change the GPU's page tables (cuMemMap, cuMemUnmap, cuMemSetAccess, cuMemAddressFree
 // of a range with mappings, exports, multicast and sparse bindings) bring a swapped tenant back

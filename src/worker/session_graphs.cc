@@ -574,12 +574,18 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
       out.U32(static_cast<uint32_t>(t));
       return r;
     }
-    // u64 function, u32 grid x/y/z, block x/y/z, shared bytes, u32 n (kUnknownParamCount when
-    // the arguments cannot be given back) + n blobs.
+    // u64 function, u64 kernel, u64 context (0 when the driver gave none or the session does not
+    // know it), u32 grid x/y/z, block x/y/z, shared bytes, u32 n (kUnknownParamCount when the
+    // arguments cannot be given back) + n blobs. cudart finds its kernel by `kern`.
     CUDA_KERNEL_NODE_PARAMS p = {};
     CUresult r = CALL(cuGraphKernelNodeGetParams_v2, As<CUgraphNode>(h), &p);
     if (r != CUDA_SUCCESS) return r;
     out.U64(h_.FunctionHandedOut(H(p.func)));
+    uint64_t kern = 0, ctx = 0;
+    if (p.kern != nullptr && !h_.Handles().WireOf(HandleKind::kKernel, H(p.kern), &kern)) kern = 0;
+    if (p.ctx != nullptr && !h_.Handles().WireOf(HandleKind::kContext, H(p.ctx), &ctx)) ctx = 0;
+    out.U64(kern);
+    out.U64(ctx);
     for (unsigned v : {p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ,
                        p.sharedMemBytes}) {
       out.U32(v);

@@ -556,11 +556,13 @@ std::vector<unsigned char> Pattern(size_t n, uint32_t seed) {
   return v;
 }
 
-CUmemGenericAllocationHandle Create(size_t bytes, bool exportable = false) {
+// rdma: GPUDirect RDMA capable, as PyTorch asks for every expandable segment (it still moves).
+CUmemGenericAllocationHandle Create(size_t bytes, bool exportable = false, bool rdma = false) {
   CUmemAllocationProp prop = {};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = 0;
+  prop.allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
   if (exportable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h = 0;
   CHECK(cuMemCreate(&h, bytes, &prop, 0));
@@ -586,7 +588,7 @@ int Run(const std::string& dir) {
   CUdeviceptr r = 0, r2 = 0;
   CHECK(cuMemAddressReserve(&r, 32 * kMiB, 0, 0, 0));
   CHECK(cuMemAddressReserve(&r2, 8 * kMiB, 0, 0, 0));
-  CUmemGenericAllocationHandle a = Create(4 * kMiB), b = Create(2 * kMiB), c = Create(6 * kMiB),
+  CUmemGenericAllocationHandle a = Create(4 * kMiB, false, true), b = Create(2 * kMiB), c = Create(6 * kMiB),
                                d = Create(2 * kMiB), e = Create(2 * kMiB), f = Create(8 * kMiB, true),
                                g = Create(2 * kMiB);
   CHECK(cuMemMap(r, 4 * kMiB, 0, a, 0));
