@@ -145,8 +145,8 @@ CUresult Impl_cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
   CUresult r = Ask(l.session(), Fn::cuGraphMemcpyNodeGetParams, H(node), &rv);
   if (r != CUDA_SUCCESS) return r;
   CUDA_MEMCPY3D c = {};
-  auto side = [&](CUmemorytype* type, const void** host, CUdeviceptr* dev, size_t* x, size_t* y, size_t* z,
-                  size_t* pitch, size_t* height) {
+  auto side = [&](CUmemorytype* type, const void** host, CUdeviceptr* dev, CUarray* array, size_t* x,
+                  size_t* y, size_t* z, size_t* pitch, size_t* height) {
     uint32_t t = 0;
     uint64_t addr = 0, v[5] = {};
     rv.reader.U32(&t);
@@ -154,6 +154,7 @@ CUresult Impl_cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
     for (uint64_t& e : v) rv.reader.U64(&e);
     *type = static_cast<CUmemorytype>(t);
     if (t == CU_MEMORYTYPE_HOST) *host = reinterpret_cast<const void*>(addr);
+    else if (t == CU_MEMORYTYPE_ARRAY) *array = reinterpret_cast<CUarray>(addr);
     else *dev = addr;
     *x = v[0];
     *y = v[1];
@@ -161,9 +162,11 @@ CUresult Impl_cuGraphMemcpyNodeGetParams(CUgraphNode node, CUDA_MEMCPY3D* p) {
     *pitch = v[3];
     *height = v[4];
   };
-  side(&c.srcMemoryType, &c.srcHost, &c.srcDevice, &c.srcXInBytes, &c.srcY, &c.srcZ, &c.srcPitch, &c.srcHeight);
+  side(&c.srcMemoryType, &c.srcHost, &c.srcDevice, &c.srcArray, &c.srcXInBytes, &c.srcY, &c.srcZ, &c.srcPitch,
+       &c.srcHeight);
   const void* dst_host = nullptr;
-  side(&c.dstMemoryType, &dst_host, &c.dstDevice, &c.dstXInBytes, &c.dstY, &c.dstZ, &c.dstPitch, &c.dstHeight);
+  side(&c.dstMemoryType, &dst_host, &c.dstDevice, &c.dstArray, &c.dstXInBytes, &c.dstY, &c.dstZ, &c.dstPitch,
+       &c.dstHeight);
   c.dstHost = const_cast<void*>(dst_host);
   uint64_t w = 0, h = 0, d = 0;
   rv.reader.U64(&w);

@@ -101,6 +101,7 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
       uint32_t level = 0;
       rd.U64(&m);
       if (!rd.U32(&level) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (!Real(HandleKind::kMipmappedArray, m)) return CUDA_ERROR_INVALID_HANDLE;
       auto it = mipmaps_.find(m);
       if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
       CUarray a = nullptr;
@@ -113,22 +114,34 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
     case Fn::cuArrayDestroy: {
       uint64_t a = 0;
       if (!rd.U64(&a) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      const uint64_t wire = a;
+      if (!Real(HandleKind::kArray, a)) return CUDA_ERROR_INVALID_HANDLE;
       auto it = arrays_.find(a);
       // A level of a mipmapped array goes with it.
       if (it == arrays_.end() || it->second.mipmap != 0) return CUDA_ERROR_INVALID_HANDLE;
       CUresult r = CALL(cuArrayDestroy, As<CUarray>(a));
-      if (r == CUDA_SUCCESS) arrays_.erase(it);
+      if (r == CUDA_SUCCESS) {
+        arrays_.erase(it);
+        host_.Handles().Retire(HandleKind::kArray, wire);
+      }
       return r;
     }
     case Fn::cuMipmappedArrayDestroy: {
       uint64_t m = 0;
       if (!rd.U64(&m) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      const uint64_t wire = m;
+      if (!Real(HandleKind::kMipmappedArray, m)) return CUDA_ERROR_INVALID_HANDLE;
       auto it = mipmaps_.find(m);
       if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
       CUresult r = CALL(cuMipmappedArrayDestroy, As<CUmipmappedArray>(m));
       if (r == CUDA_SUCCESS) {
-        for (uint64_t a : it->second) arrays_.erase(a);
+        // Its levels die with it: their names fail from now on.
+        for (uint64_t a : it->second) {
+          arrays_.erase(a);
+          host_.Handles().RetireReal(HandleKind::kArray, a);
+        }
         mipmaps_.erase(it);
+        host_.Handles().Retire(HandleKind::kMipmappedArray, wire);
       }
       return r;
     }
@@ -141,10 +154,10 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
       CUDA_ARRAY_MEMORY_REQUIREMENTS req = {};
       CUresult r;
       if (fn == Fn::cuArrayGetMemoryRequirements) {
-        if (!arrays_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+        if (!Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
         r = CALL(cuArrayGetMemoryRequirements, &req, As<CUarray>(h), dev);
       } else {
-        if (!mipmaps_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+        if (!Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
         r = CALL(cuMipmappedArrayGetMemoryRequirements, &req, As<CUmipmappedArray>(h), dev);
       }
       if (r != CUDA_SUCCESS) return r;
@@ -192,7 +205,7 @@ void SessionArrays::Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint
   // What the driver says the array is (the client answers descriptor queries with it).
   if (CALL(cuArray3DGetDescriptor_v2, &e.desc, a) != CUDA_SUCCESS) e.desc = asked;
   arrays_[H(a)] = e;
-  out.U64(H(a));
+  out.U64(host_.Handles().Publish(HandleKind::kArray, H(a)));
   remote::WriteArrayDesc(e.desc, out);
 }
 
@@ -226,7 +239,7 @@ CUresult SessionArrays::Create(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuMipmappedArrayCreate, &m, &desc, levels);
       if (r != CUDA_SUCCESS) return r;
       mipmaps_[H(m)];
-      out.U64(H(m));
+      out.U64(host_.Handles().Publish(HandleKind::kMipmappedArray, H(m)));
       return CUDA_SUCCESS;
     }
   }
@@ -288,6 +301,8 @@ CUresult SessionArrays::LinearCopy(Fn fn, Reader& rd, const uint8_t* bulk, uint6
       break;
   }
   if (!rd.Finish() || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!Real(HandleKind::kArray, array)) return CUDA_ERROR_INVALID_VALUE;
+  if (fn == Fn::cuMemcpyAtoA_v2 && !Real(HandleKind::kArray, array2)) return CUDA_ERROR_INVALID_VALUE;
   auto inside = [&](uint64_t a, uint64_t off) {
     uint64_t row = 0, rows = 0, slices = 0, total = 0;
     return Extent(a, &row, &rows, &slices) && MulAdd(row, rows * slices, 0, &total) &&
@@ -428,6 +443,12 @@ CUresult SessionArrays::BoxCopy(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t
            MulAdd(depth - 1, side.height, h - 1, &last_row) &&
            MulAdd(last_row, side.pitch, w, &span) && host_.DeviceRange(start, span);
   };
+  // Array operands: names of the session's arrays, the driver's handles from here on.
+  for (CopySide* side : {&src, &dst}) {
+    if (side->type == CU_MEMORYTYPE_ARRAY && !Real(HandleKind::kArray, side->handle)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   if (!inside(src) || !inside(dst)) return CUDA_ERROR_INVALID_VALUE;
   if (!host_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
   CUstream st = As<CUstream>(s);
@@ -497,11 +518,13 @@ CUresult SessionArrays::ReadResource(Reader& rd, CUDA_RESOURCE_DESC* res) {
   uint64_t h = 0;
   switch (type) {
     case CU_RESOURCE_TYPE_ARRAY:
-      if (!rd.U64(&h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.U64(&h) || !Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_VALUE;
       res->res.array.hArray = As<CUarray>(h);
       break;
     case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-      if (!rd.U64(&h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.U64(&h) || !Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       res->res.mipmap.hMipmappedArray = As<CUmipmappedArray>(h);
       break;
     case CU_RESOURCE_TYPE_LINEAR: {
@@ -618,6 +641,8 @@ void SessionArrays::Cleanup() {
             "texture and %zu surface objects\n",
             static_cast<int>(getpid()), arrays, mipmaps_.size(), textures_.size(), surfaces_.size());
   }
+  for (auto& [a, e] : arrays_) host_.Handles().RetireReal(HandleKind::kArray, a);
+  for (auto& [m, levels] : mipmaps_) host_.Handles().RetireReal(HandleKind::kMipmappedArray, m);
   textures_.clear();
   surfaces_.clear();
   arrays_.clear();

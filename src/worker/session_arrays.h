@@ -4,6 +4,12 @@
 // operands against the session's allocations, through Host), and destroys what the client left
 // behind when the session ends.
 //
+// Arrays and mipmapped arrays are virtual handles (session_handles.h): the client holds names of
+// the session's table (HandleKind::kArray, kMipmappedArray), translated here wherever a message
+// carries one (copies, resource descriptors, levels, queries, destroys); a forged, stale or other
+// session's name fails that call. A mipmapped array's levels are named arrays that are retired
+// with it. Texture and surface objects stay the driver's values: kernels read them on the GPU.
+//
 // Threading: used by the session's replay thread only.
 #pragma once
 
@@ -17,6 +23,7 @@
 
 #include "driver/driver_table.h"
 #include "transport/wire.h"
+#include "worker/session_handles.h"
 
 namespace tf::worker {
 
@@ -37,6 +44,8 @@ class SessionArrays {
     virtual uint64_t CallDataLimit() const = 0;
     // Keeps `bytes` alive until the work enqueued on `st` so far has run.
     virtual void KeepUntilStreamDone(std::unique_ptr<uint8_t[]> bytes, CUstream st) = 0;
+    // The session's handle table: arrays and mipmapped arrays are published in it.
+    virtual HandleTable& Handles() = 0;
   };
 
   SessionArrays(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}
@@ -75,9 +84,13 @@ class SessionArrays {
   void Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap,
               transport::Writer& out);
   CUresult RunCopy(driver::Fn fn, const CUDA_MEMCPY3D& c, CUstream st);
+  // Resolves a wire name of kind k (kArray, kMipmappedArray) in place to the driver's handle;
+  // false when it is not a live name of that kind in this session.
+  bool Real(HandleKind k, uint64_t& h) const { return host_.Handles().Resolve(k, h, &h); }
 
   const driver::DriverTable& d_;
   Host& host_;
+  // Keyed by the driver's handles (the names resolve to them first).
   std::map<uint64_t, ArrayEntry> arrays_;
   std::map<uint64_t, std::set<uint64_t>> mipmaps_;  // mipmapped array -> its level arrays
   std::set<uint64_t> textures_, surfaces_;

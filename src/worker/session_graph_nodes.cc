@@ -220,23 +220,32 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       return CUDA_SUCCESS;
     }
     // -> per side (source, destination) u32 memory type, u64 address, u64 x, y, z, pitch, height;
-    // then u64 width, height, depth. Host addresses are the client's.
+    // then u64 width, height, depth. Host addresses are the client's; arrays are named.
     case Fn::cuGraphMemcpyNodeGetParams: {
       CUDA_MEMCPY3D c = {};
       CUresult r = CALL(cuGraphMemcpyNodeGetParams, node, &c);
       if (r != CUDA_SUCCESS) return r;
-      auto side = [&](CUmemorytype t, const void* host, CUdeviceptr dev, size_t x, size_t y, size_t z,
-                      size_t pitch, size_t height) {
+      // An array side (a captured array copy) carries the array's name in the session.
+      auto side = [&](CUmemorytype t, const void* host, CUdeviceptr dev, CUarray array, size_t x,
+                      size_t y, size_t z, size_t pitch, size_t height) {
+        uint64_t array_name = 0;
+        if (t == CU_MEMORYTYPE_ARRAY) {
+          h_.Handles().WireOf(HandleKind::kArray, reinterpret_cast<uint64_t>(array), &array_name);
+        }
         out.U32(t);
-        out.U64(t == CU_MEMORYTYPE_HOST ? h_.ClientHostAddress(host) : dev);
+        out.U64(t == CU_MEMORYTYPE_HOST ? h_.ClientHostAddress(host)
+                : t == CU_MEMORYTYPE_ARRAY ? array_name
+                                           : dev);
         out.U64(x);
         out.U64(y);
         out.U64(z);
         out.U64(pitch);
         out.U64(height);
       };
-      side(c.srcMemoryType, c.srcHost, c.srcDevice, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch, c.srcHeight);
-      side(c.dstMemoryType, c.dstHost, c.dstDevice, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch, c.dstHeight);
+      side(c.srcMemoryType, c.srcHost, c.srcDevice, c.srcArray, c.srcXInBytes, c.srcY, c.srcZ, c.srcPitch,
+           c.srcHeight);
+      side(c.dstMemoryType, c.dstHost, c.dstDevice, c.dstArray, c.dstXInBytes, c.dstY, c.dstZ, c.dstPitch,
+           c.dstHeight);
       out.U64(c.WidthInBytes);
       out.U64(c.Height);
       out.U64(c.Depth);

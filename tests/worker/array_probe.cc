@@ -1,7 +1,8 @@
 // A driver-API program for the remote tests of arrays, mipmapped arrays, array and 2D/3D copies,
 // texture and surface objects: run directly on tests/fakecuda or through the client stub and a
 // worker, it prints "key=value" lines the tests compare (remote_e2e_test.cc).
-//   array_probe arrays   data round trips, descriptors, objects, refused regions and handles
+//   array_probe arrays   data round trips, descriptors, objects, refused regions, forged and
+//                        stale handles
 //   array_probe hold     holds arrays, a mipmapped array and objects until killed
 #include <cuda.h>
 #include <unistd.h>
@@ -451,6 +452,12 @@ int Arrays() {
   CHECK(cuArrayDestroy(v));
   CHECK(cuArrayDestroy(big));
   std::printf("destroy_twice=%d\n", static_cast<int>(cuArrayDestroy(a)));
+  // Destroyed arrays, a destroyed mipmapped array and its levels fail every later use.
+  std::printf("stale_array_copy=%d\n", cuMemcpyAtoH(out.data(), a, 0, 16) != CUDA_SUCCESS);
+  std::printf("stale_array_requirements=%d\n", cuArrayGetMemoryRequirements(&req, b, 0) != CUDA_SUCCESS);
+  std::printf("stale_level_copy=%d\n", cuMemcpyAtoH(out.data(), lv[0], 0, 16) != CUDA_SUCCESS);
+  CUarray stale_level = nullptr;
+  std::printf("stale_mip_level=%d\n", cuMipmappedArrayGetLevel(&stale_level, mip, 0) != CUDA_SUCCESS);
   CHECK(cuMemFree(pd));
   CHECK(cuMemFree(lin));
   CHECK(cuMemFree(lin2));

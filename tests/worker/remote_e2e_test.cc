@@ -1040,6 +1040,11 @@ TEST_F(RemoteTest, ArraysAnd2D3DCopiesRoundTripDataOverBothTransports) {
     EXPECT_EQ(r.kv["after_errors"], "1");
     EXPECT_EQ(r.kv["surf_destroy_twice"], "1");
     EXPECT_EQ(r.kv["destroy_twice"], "400");
+    for (const char* k : {"stale_array_copy", "stale_array_requirements", "stale_level_copy",
+                          "stale_mip_level"}) {
+      EXPECT_EQ(r.kv[k], "1") << k;
+      EXPECT_EQ(direct.kv[k], "1") << k;
+    }
     ExpectSameKeys(direct, r);
   }
 }
@@ -2057,6 +2062,95 @@ TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
   w.U64(array);
   EXPECT_EQ(c.Call(remote::Op(Fn::cuArrayDestroy), w), 0);
   EXPECT_EQ(c.Call(remote::Op(Fn::cuArrayDestroy), w), 400);
+}
+
+// Arrays and mipmapped arrays are names of their session (the worker's handle table): another
+// session's name, a forged one or a destroyed one fails that call (CUDA_ERROR_INVALID_VALUE for
+// copies, CUDA_ERROR_INVALID_HANDLE for destroys and levels), and both sessions go on.
+TEST_F(RemoteTest, ArrayNamesFailInAnotherSessionForgedOrAfterDestroy) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c1, c2;
+  ASSERT_TRUE(c1.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c1.UsePrimaryContext());
+  ASSERT_TRUE(c2.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c2.UsePrimaryContext());
+  uint8_t buf[256];
+  std::vector<uint8_t> out;
+  CUDA_ARRAY3D_DESCRIPTOR d = {};
+  d.Width = 16;
+  d.Height = 16;
+  d.Format = CU_AD_FORMAT_FLOAT;
+  d.NumChannels = 1;
+  auto create = [&](RawClient& c, uint32_t levels) {
+    Writer w(buf, sizeof(buf));
+    remote::WriteArrayDesc(d, w);
+    if (levels) w.U32(levels);
+    uint64_t name = 0;
+    out.clear();
+    if (c.Call(remote::Op(levels ? Fn::cuMipmappedArrayCreate : Fn::cuArrayCreate_v2), w, &out) == 0 &&
+        out.size() >= 8) {
+      memcpy(&name, out.data(), 8);
+    }
+    return name;
+  };
+  auto level = [&](RawClient& c, uint64_t mip, uint32_t l, uint64_t* name) {
+    Writer w(buf, sizeof(buf));
+    w.U64(mip);
+    w.U32(l);
+    out.clear();
+    int r = c.Call(remote::Op(Fn::cuMipmappedArrayGetLevel), w, &out);
+    if (r == 0 && out.size() >= 8) memcpy(name, out.data(), 8);
+    return r;
+  };
+  auto atoh = [&](RawClient& c, uint64_t a) {
+    Writer w(buf, sizeof(buf));
+    w.U64(a);
+    w.U64(0);
+    w.U64(64);
+    return c.Call(remote::Op(Fn::cuMemcpyAtoH_v2), w);
+  };
+  auto one = [&](RawClient& c, Fn fn, uint64_t h) {
+    Writer w(buf, sizeof(buf));
+    w.U64(h);
+    return c.Call(remote::Op(fn), w);
+  };
+  const uint64_t a1 = create(c1, 0), a2 = create(c2, 0);
+  ASSERT_NE(a1, 0u);
+  ASSERT_NE(a2, 0u);
+  EXPECT_EQ(a1 >> 56 & 0xf0, 0x40u) << std::hex << a1;  // a name, not a pointer
+  EXPECT_EQ(atoh(c1, a1), 0);
+  EXPECT_EQ(atoh(c2, a1), 1);                              // another session's
+  EXPECT_EQ(one(c2, Fn::cuArrayDestroy, a1), 400);
+  EXPECT_EQ(atoh(c1, a1 ^ (1ull << 30)), 1);               // forged
+  EXPECT_EQ(one(c1, Fn::cuArrayDestroy, a1 ^ (1ull << 30)), 400);
+  EXPECT_EQ(atoh(c1, a1), 0);                              // untouched
+  // A mipmapped array's levels are names that die with it.
+  const uint64_t mip = create(c1, 3);
+  ASSERT_NE(mip, 0u);
+  uint64_t l0 = 0, bad = 0;
+  ASSERT_EQ(level(c1, mip, 0, &l0), 0);
+  EXPECT_EQ(atoh(c1, l0), 0);
+  EXPECT_EQ(atoh(c2, l0), 1);
+  EXPECT_EQ(level(c2, mip, 0, &bad), 400);
+  EXPECT_EQ(one(c2, Fn::cuMipmappedArrayDestroy, mip), 400);
+  EXPECT_EQ(one(c1, Fn::cuArrayDestroy, l0), 400);
+  EXPECT_EQ(one(c1, Fn::cuMipmappedArrayDestroy, mip), 0);
+  EXPECT_EQ(atoh(c1, l0), 1);
+  EXPECT_EQ(level(c1, mip, 0, &bad), 400);
+  EXPECT_EQ(one(c1, Fn::cuMipmappedArrayDestroy, mip), 400);
+  // Destroy retires the name; a new array gets another.
+  EXPECT_EQ(one(c1, Fn::cuArrayDestroy, a1), 0);
+  EXPECT_EQ(atoh(c1, a1), 1);
+  EXPECT_EQ(one(c1, Fn::cuArrayDestroy, a1), 400);
+  const uint64_t a3 = create(c1, 0);
+  ASSERT_NE(a3, 0u);
+  EXPECT_NE(a3, a1);
+  EXPECT_EQ(atoh(c1, a3), 0);
+  EXPECT_EQ(atoh(c2, a2), 0);  // the other session went on
+  EXPECT_EQ(one(c2, Fn::cuArrayDestroy, a2), 0);
 }
 
 }  // namespace

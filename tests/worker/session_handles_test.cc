@@ -4,9 +4,12 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <set>
 #include <vector>
 
+#include "client/remote_arrays.h"
+#include "worker/session_arrays.h"
 #include "worker/session_graph_host.h"
 #include "worker/session_graphs.h"
 #include "worker/session_host_memory.h"
@@ -303,6 +306,205 @@ TEST_F(SessionGraphsTest, GraphsNodesAndExecsAreNamesThatFailOutsideTheirSession
   ASSERT_EQ(Create(a, &g2), CUDA_SUCCESS);
   EXPECT_NE(g2, g);
   EXPECT_EQ(One(a, Fn::cuGraphDestroy, g2), CUDA_SUCCESS);
+}
+
+// Arrays and mipmapped arrays of a session (SessionArrays) on the fake driver: created, copied,
+// queried and destroyed by names of the session's table; a name of another session, a forged, a
+// stale or the driver's own handle fails that call only; a mipmapped array's levels die with it.
+class ArraysHost : public SessionArrays::Host {
+ public:
+  explicit ArraysHost(uint64_t salt) : table_(salt) {}
+  bool DeviceRange(uint64_t, uint64_t) const override { return false; }
+  bool KnownStream(uint64_t& s) const override { return table_.Resolve(HandleKind::kStream, s, &s); }
+  bool SendCallData(uint64_t offset, const void* data, uint64_t n) override {
+    if (received.size() < offset + n) received.resize(offset + n);
+    memcpy(received.data() + offset, data, n);
+    return true;
+  }
+  uint64_t CallDataLimit() const override { return 1 << 20; }
+  void KeepUntilStreamDone(std::unique_ptr<uint8_t[]>, CUstream) override {}
+  HandleTable& Handles() override { return table_; }
+  std::vector<uint8_t> received;  // device-to-host data of the last calls
+
+ private:
+  HandleTable table_;
+};
+
+class SessionArraysTest : public SessionGraphsTest {
+ protected:
+  template <class F>
+  CUresult Call(SessionArrays& s, Fn fn, F in, const std::vector<uint8_t>* bulk = nullptr) {
+    uint8_t buf[256];
+    transport::Writer w(buf, sizeof(buf));
+    in(w);
+    transport::Writer out(out_, sizeof(out_));
+    transport::Reader rd(buf, w.size());
+    CUresult r = s.Call(fn, rd, bulk ? bulk->data() : nullptr, bulk ? bulk->size() : 0, out);
+    out_len_ = out.size();
+    return r;
+  }
+  // A 16 x 16 float array (1024 bytes), or a mipmapped one of `levels` levels.
+  CUresult Create(SessionArrays& s, uint32_t levels, uint64_t* name) {
+    CUDA_ARRAY3D_DESCRIPTOR d = {};
+    d.Width = 16;
+    d.Height = 16;
+    d.Format = CU_AD_FORMAT_FLOAT;
+    d.NumChannels = 1;
+    CUresult r = Call(s, levels ? Fn::cuMipmappedArrayCreate : Fn::cuArrayCreate_v2,
+                      [&](transport::Writer& w) {
+                        remote::WriteArrayDesc(d, w);
+                        if (levels) w.U32(levels);
+                      });
+    *name = r == CUDA_SUCCESS ? OutU64(0) : 0;
+    return r;
+  }
+  CUresult Level(SessionArrays& s, uint64_t mip, uint32_t level, uint64_t* name) {
+    CUresult r = Call(s, Fn::cuMipmappedArrayGetLevel, [&](transport::Writer& w) {
+      w.U64(mip);
+      w.U32(level);
+    });
+    *name = r == CUDA_SUCCESS ? OutU64(0) : 0;
+    return r;
+  }
+  CUresult HtoA(SessionArrays& s, uint64_t a, const std::vector<uint8_t>& data) {
+    return Call(s, Fn::cuMemcpyHtoA_v2, [&](transport::Writer& w) {
+      w.U64(a);
+      w.U64(0);
+    }, &data);
+  }
+  CUresult AtoH(SessionArrays& s, uint64_t a, uint64_t n) {
+    return Call(s, Fn::cuMemcpyAtoH_v2, [&](transport::Writer& w) {
+      w.U64(a);
+      w.U64(0);
+      w.U64(n);
+    });
+  }
+  CUresult AtoA(SessionArrays& s, uint64_t dst, uint64_t src) {
+    return Call(s, Fn::cuMemcpyAtoA_v2, [&](transport::Writer& w) {
+      w.U64(dst);
+      w.U64(0);
+      w.U64(src);
+      w.U64(0);
+      w.U64(64);
+    });
+  }
+  // A 2D copy of 4 rows of 64 bytes between two arrays.
+  CUresult Copy2D(SessionArrays& s, uint64_t dst, uint64_t src) {
+    return Call(s, Fn::cuMemcpy2D_v2, [&](transport::Writer& w) {
+      remote::WriteCopySide(remote::CopySide{CU_MEMORYTYPE_ARRAY, src, 0, 0, 0, 0, 0}, w);
+      remote::WriteCopySide(remote::CopySide{CU_MEMORYTYPE_ARRAY, dst, 0, 0, 0, 0, 0}, w);
+      w.U64(64);
+      w.U64(4);
+      w.U64(1);
+    });
+  }
+  CUresult Requirements(SessionArrays& s, Fn fn, uint64_t h) {
+    return Call(s, fn, [&](transport::Writer& w) {
+      w.U64(h);
+      w.I32(0);
+    });
+  }
+  CUresult Surface(SessionArrays& s, uint32_t type, uint64_t h) {
+    return Call(s, Fn::cuSurfObjectCreate, [&](transport::Writer& w) {
+      w.U32(type);
+      w.U64(h);
+      w.U32(0);
+    });
+  }
+  CUresult One(SessionArrays& s, Fn fn, uint64_t h) {
+    return Call(s, fn, [&](transport::Writer& w) { w.U64(h); });
+  }
+};
+
+TEST_F(SessionArraysTest, ArraysAndMipmappedArraysAreNamesThatFailOutsideTheirSessionAndLife) {
+  ArraysHost ha(0xaaaa), hb(0xbbbb);
+  SessionArrays a(d_, ha), b(d_, hb);
+  uint64_t arr = 0, arr2 = 0, other = 0;
+  ASSERT_EQ(Create(a, 0, &arr), CUDA_SUCCESS);
+  ASSERT_EQ(Create(a, 0, &arr2), CUDA_SUCCESS);
+  ASSERT_EQ(Create(b, 0, &other), CUDA_SUCCESS);
+  for (uint64_t v : {arr, arr2, other}) EXPECT_TRUE(HandleTable::LooksLikeName(v)) << std::hex << v;
+  uint64_t real = 0;
+  ASSERT_TRUE(ha.Handles().Resolve(HandleKind::kArray, arr, &real));
+  EXPECT_NE(real, arr);
+  // Data round trips through the names.
+  std::vector<uint8_t> data(1024);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_EQ(HtoA(a, arr, data), CUDA_SUCCESS);
+  ASSERT_EQ(AtoA(a, arr2, arr), CUDA_SUCCESS);
+  ASSERT_EQ(Copy2D(a, arr2, arr), CUDA_SUCCESS);
+  ha.received.clear();
+  ASSERT_EQ(AtoH(a, arr2, 1024), CUDA_SUCCESS);
+  EXPECT_EQ(std::vector<uint8_t>(ha.received.begin(), ha.received.begin() + 256),
+            std::vector<uint8_t>(data.begin(), data.begin() + 256));
+  EXPECT_EQ(Requirements(a, Fn::cuArrayGetMemoryRequirements, arr), CUDA_SUCCESS);
+  // Another session's name, the driver's own handle, a forged name, a mipmapped array's kind.
+  const uint64_t forged = arr ^ (1ull << 30);
+  for (uint64_t bad : {other, real, forged, arr2 + 1}) {  // arr2 + 1: a slot not handed out
+    EXPECT_EQ(AtoH(a, bad, 16), CUDA_ERROR_INVALID_VALUE) << std::hex << bad;
+    EXPECT_EQ(HtoA(a, bad, data), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(AtoA(a, arr2, bad), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(AtoA(a, bad, arr2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(Copy2D(a, arr2, bad), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(Copy2D(a, bad, arr2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(Surface(a, CU_RESOURCE_TYPE_ARRAY, bad), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(Requirements(a, Fn::cuArrayGetMemoryRequirements, bad), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(One(a, Fn::cuArrayDestroy, bad), CUDA_ERROR_INVALID_HANDLE);
+  }
+  EXPECT_EQ(AtoH(b, arr, 16), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(b, Fn::cuArrayDestroy, arr), CUDA_ERROR_INVALID_HANDLE);
+  // Nothing else changed: the array still holds its data in its own session.
+  ha.received.clear();
+  ASSERT_EQ(AtoH(a, arr, 1024), CUDA_SUCCESS);
+  EXPECT_EQ(ha.received, data);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 2u);
+
+  // Mipmapped arrays: the levels are named arrays of the session, retired with it.
+  uint64_t mip = 0, l0 = 0, l1 = 0, again = 0;
+  ASSERT_EQ(Create(a, 3, &mip), CUDA_SUCCESS);
+  EXPECT_TRUE(HandleTable::LooksLikeName(mip));
+  ASSERT_EQ(Level(a, mip, 0, &l0), CUDA_SUCCESS);
+  ASSERT_EQ(Level(a, mip, 1, &l1), CUDA_SUCCESS);
+  ASSERT_EQ(Level(a, mip, 0, &again), CUDA_SUCCESS);
+  EXPECT_EQ(again, l0);  // the same level, the same name
+  EXPECT_TRUE(HandleTable::LooksLikeName(l1));
+  EXPECT_EQ(AtoA(a, l0, arr), CUDA_SUCCESS);
+  EXPECT_EQ(Requirements(a, Fn::cuMipmappedArrayGetMemoryRequirements, mip), CUDA_SUCCESS);
+  EXPECT_EQ(Surface(a, CU_RESOURCE_TYPE_MIPMAPPED_ARRAY, mip), CUDA_ERROR_INVALID_VALUE);  // not surface
+  uint64_t bad_level = 0;
+  EXPECT_EQ(Level(b, mip, 0, &bad_level), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(Level(a, arr, 0, &bad_level), CUDA_ERROR_INVALID_HANDLE);  // an array is no mipmap
+  EXPECT_EQ(Level(a, mip ^ (1ull << 30), 0, &bad_level), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(Requirements(a, Fn::cuMipmappedArrayGetMemoryRequirements, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(Requirements(b, Fn::cuMipmappedArrayGetMemoryRequirements, mip), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuArrayDestroy, l1), CUDA_ERROR_INVALID_HANDLE);  // goes with its mipmap
+  EXPECT_EQ(One(b, Fn::cuMipmappedArrayDestroy, mip), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayDestroy, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 4u);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayDestroy, mip), CUDA_SUCCESS);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 2u);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kMipmappedArray), 0u);
+  EXPECT_EQ(AtoH(a, l0, 16), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(AtoA(a, l1, arr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Level(a, mip, 0, &bad_level), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayDestroy, mip), CUDA_ERROR_INVALID_HANDLE);
+
+  // Destroy retires the name, and a new array never gets it again.
+  ASSERT_EQ(One(a, Fn::cuArrayDestroy, arr), CUDA_SUCCESS);
+  EXPECT_EQ(AtoH(a, arr, 16), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Copy2D(a, arr2, arr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Requirements(a, Fn::cuArrayGetMemoryRequirements, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuArrayDestroy, arr), CUDA_ERROR_INVALID_HANDLE);
+  uint64_t fresh = 0;
+  ASSERT_EQ(Create(a, 0, &fresh), CUDA_SUCCESS);
+  EXPECT_NE(fresh, arr);
+  EXPECT_EQ(AtoH(a, arr, 16), CUDA_ERROR_INVALID_VALUE);
+  // The session's end destroys what is left and retires its names.
+  a.Cleanup();
+  b.Cleanup();
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 0u);
+  EXPECT_EQ(hb.Handles().Live(HandleKind::kArray), 0u);
+  EXPECT_EQ(AtoH(a, fresh, 16), CUDA_ERROR_INVALID_VALUE);
 }
 #endif  // TF_FAKECUDA
 
