@@ -113,7 +113,9 @@ TF_SAMPLE(graph_nodes_get_set) {
   RT(o, cudaGraphInstantiate(&e, g, cudaGraphInstantiateFlagUseNodePriority));
   unsigned long long flags = 0;
   RT(o, cudaGraphExecGetFlags(e, &flags));
-  if ((flags & cudaGraphInstantiateFlagUseNodePriority) == 0) o.Fail("exec flags lack UseNodePriority");
+  // What the driver reports differs from what was asked (an H100 and an H200 with driver 580 leave
+  // UseNodePriority out): compared with native through the result, not against the request.
+  o.Result(&flags, sizeof(flags));
   // The executable graph's kernel: factor 5 through the generic setter.
   float f5 = 5.0f;
   void* args5[] = {&in, &out, &n_arg, &f5};
