@@ -98,20 +98,6 @@ bool DotSlice(void* ctx, uint64_t offset, const uint8_t* data, uint64_t len) {
 
 }  // namespace
 
-CUresult Impl_cuGraphEventRecordNodeGetEvent(CUgraphNode node, CUevent* event) {
-  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t e = 0;
-  CUresult r = AskU64(Fn::cuGraphEventRecordNodeGetEvent, H(node), &e);
-  if (r == CUDA_SUCCESS) *event = reinterpret_cast<CUevent>(e);
-  return r;
-}
-CUresult Impl_cuGraphEventWaitNodeGetEvent(CUgraphNode node, CUevent* event) {
-  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t e = 0;
-  CUresult r = AskU64(Fn::cuGraphEventWaitNodeGetEvent, H(node), &e);
-  if (r == CUDA_SUCCESS) *event = reinterpret_cast<CUevent>(e);
-  return r;
-}
 CUresult Impl_cuGraphEventRecordNodeSetEvent(CUgraphNode node, CUevent event) {
   return SetEvent(Fn::cuGraphEventRecordNodeSetEvent, node, event, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
 }
@@ -289,15 +275,6 @@ CUresult Impl_cuGraphKernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID
   w.U32(static_cast<uint32_t>(attr));
   w.Bytes(value, sizeof(*value));
   return CallSync(l.session(), Op(Fn::cuGraphKernelNodeSetAttribute), w, nullptr);
-}
-CUresult Impl_cuGraphKernelNodeCopyAttributes(CUgraphNode dst, CUgraphNode src) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(dst));
-  w.U64(H(src));
-  return CallSync(l.session(), Op(Fn::cuGraphKernelNodeCopyAttributes), w, nullptr);
 }
 
 CUresult Impl_cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* graph) {

@@ -783,21 +783,6 @@ CUresult Impl_cuGraphClone(CUgraph* clone, CUgraph graph) {
 
 CUresult Impl_cuGraphDestroyNode(CUgraphNode node) { return HandleCall(Fn::cuGraphDestroyNode, H(node)); }
 
-CUresult Impl_cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType* type) {
-  if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(node));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuGraphNodeGetType), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint32_t t = 0;
-  if (!rv.reader.U32(&t)) return CUDA_ERROR_UNKNOWN;
-  *type = static_cast<CUgraphNodeType>(t);
-  return CUDA_SUCCESS;
-}
 
 // The arguments come back by the function's layout and stay valid until the next call of this
 // entry point (the driver's own copy lives as long as the node).

@@ -188,7 +188,7 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //                                       u32 capacity -> u64 count, entries (u64 node [, u64 to]
 //                                       [, edge: u8 x 3 for edges and dependencies])
 //   cuGraphAdd/RemoveDependencies_v2    u64 graph, nodes from, nodes to, edges
-//   cuGraphNodeGetType u64 node -> u32;  cuGraphDestroyNode u64 node;  cuGraphClone u64 -> u64
+//   cuGraphDestroyNode u64 node;  cuGraphClone u64 -> u64  (cuGraphNodeGetType: generated)
 //   cuGraphInstantiateWithFlags         u64 graph, u64 flags -> u64 exec, u32 host nodes/launch
 //   cuGraphInstantiateWithParams        u64 graph, u64 flags, u64 upload stream -> i32 result,
 //                                       u64 exec, u32 instantiate result, u64 error node, u32 host
@@ -207,7 +207,6 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 // session_user_objects.cc). The legacy forms (cuGraphInstantiate(_v2), cuGraphAddKernelNode,
 // cuGraphKernelNode{Get,Set}Params, cuGraphExecKernelNodeSetParams, cuGraphExecUpdate,
 // cuGraphNodeGetDependentNodes) travel as the current calls they convert to.
-//   cuGraph{EventRecord,EventWait}NodeGetEvent u64 node -> u64 event (the client's name)
 //   cuGraphHostNodeGetParams            u64 node -> u64 host-function id (0: none of the client's)
 //   cuGraphMemcpyNodeGetParams          u64 node -> per side u32 type, u64 address (a host side's
 //                                       is the client's), u64 x, y, z, pitch, height; u64 width,
@@ -225,7 +224,6 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //   cuGraphKernelNodeGetAttribute       u64 node, u32 attribute -> 64-byte CUlaunchAttributeValue;
 //                                       Set: u64 node, u32 attribute, 64 bytes (attributes that
 //                                       carry an event are refused: CUDA_ERROR_INVALID_VALUE)
-//   cuGraphKernelNodeCopyAttributes     u64 dst node, u64 src node
 //   cuGraphNodeFindInClone              u64 original node, u64 clone -> u64 node
 //   cuGraphExecGetFlags                 u64 exec -> u64 flags
 //   cuGraphDebugDotPrint                u64 graph, u32 flags; the file's bytes arrive as

@@ -82,12 +82,32 @@ Fn ExecSetter(uint32_t type) {
   }
 }
 
+// The graph tables' host as the generated calls see it: nothing is created or destroyed by the
+// generated graph calls, so the session's bookkeeping hooks have nothing to do.
+class GraphGeneratedHost final : public GeneratedHost {
+ public:
+  explicit GraphGeneratedHost(GraphHost& h) : h_(h) {}
+  const driver::DriverTable& Driver() const override { return h_.Driver(); }
+  HandleTable& Handles() override { return h_.Handles(); }
+  bool KnownDevice(int32_t d) const override { return h_.KnownDevice(d); }
+  bool DeviceRange(uint64_t p, uint64_t n) const override { return h_.DeviceRange(p, n); }
+  void Created(HandleKind, uint64_t) override {}
+  void Destroyed(HandleKind, uint64_t) override {}
+  void AfterCall(Fn, CUresult) override {}
+
+ private:
+  GraphHost& h_;
+};
+
 }  // namespace
+
+CUresult SessionGraphs::GeneratedCall(Fn fn, Reader& rd, Writer& out) {
+  GraphGeneratedHost host(h_);
+  return DispatchGenerated(fn, rd, out, host);
+}
 
 bool SessionGraphs::HandlesNodeCall(Fn fn) {
   switch (fn) {
-    case Fn::cuGraphEventRecordNodeGetEvent:
-    case Fn::cuGraphEventWaitNodeGetEvent:
     case Fn::cuGraphEventRecordNodeSetEvent:
     case Fn::cuGraphEventWaitNodeSetEvent:
     case Fn::cuGraphHostNodeGetParams:
@@ -100,7 +120,6 @@ bool SessionGraphs::HandlesNodeCall(Fn fn) {
     case Fn::cuGraphMemFreeNodeGetParams:
     case Fn::cuGraphKernelNodeGetAttribute:
     case Fn::cuGraphKernelNodeSetAttribute:
-    case Fn::cuGraphKernelNodeCopyAttributes:
     case Fn::cuGraphChildGraphNodeGetGraph:
     case Fn::cuGraphNodeFindInClone:
     case Fn::cuGraphNodeSetParams:
@@ -155,14 +174,6 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       out.U64(flags);
       return r;
     }
-    case Fn::cuGraphKernelNodeCopyAttributes: {
-      uint64_t dst = 0, src = 0;
-      ReadReal(rd, HandleKind::kGraphNode, &dst);
-      if (!ReadReal(rd, HandleKind::kGraphNode, &src) || !rd.Finish() || !Node(dst) || !Node(src)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      return CALL(cuGraphKernelNodeCopyAttributes, As<CUgraphNode>(dst), As<CUgraphNode>(src));
-    }
     case Fn::cuGraphKernelNodeSetAttribute: {
       // u64 node, u32 attribute, 64-byte value.
       uint64_t n = 0;
@@ -199,18 +210,6 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
   if (!rd.Finish() || !Node(n)) return CUDA_ERROR_INVALID_VALUE;
   CUgraphNode node = As<CUgraphNode>(n);
   switch (fn) {
-    // -> u64 event (the client's name; 0 when the event is gone).
-    case Fn::cuGraphEventRecordNodeGetEvent:
-    case Fn::cuGraphEventWaitNodeGetEvent: {
-      CUevent e = nullptr;
-      CUresult r = fn == Fn::cuGraphEventRecordNodeGetEvent ? CALL(cuGraphEventRecordNodeGetEvent, node, &e)
-                                                            : CALL(cuGraphEventWaitNodeGetEvent, node, &e);
-      if (r != CUDA_SUCCESS) return r;
-      uint64_t wire = 0;
-      if (!h_.Handles().WireOf(HandleKind::kEvent, H(e), &wire)) wire = 0;
-      out.U64(wire);
-      return CUDA_SUCCESS;
-    }
     // -> u64 the client's host function id (0: not one the client registered).
     case Fn::cuGraphHostNodeGetParams: {
       CUDA_HOST_NODE_PARAMS p = {};

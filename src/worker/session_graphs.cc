@@ -67,7 +67,6 @@ bool SessionGraphs::Handles(Fn fn) {
     case Fn::cuGraphGetRootNodes:
     case Fn::cuGraphGetEdges_v2:
     case Fn::cuGraphNodeGetDependencies_v2:
-    case Fn::cuGraphNodeGetType:
     case Fn::cuGraphKernelNodeGetParams_v2:
     case Fn::cuGraphKernelNodeSetParams_v2:
     case Fn::cuGraphAddDependencies_v2:
@@ -130,7 +129,6 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphGetEdges_v2:
     case Fn::cuGraphNodeGetDependencies_v2:
     case Fn::cuGraphNodeGetDependentNodes_v2:
-    case Fn::cuGraphNodeGetType:
     case Fn::cuGraphKernelNodeGetParams_v2:
       return Query(fn, rd, out);
     case Fn::cuGraphKernelNodeSetParams_v2:
@@ -159,6 +157,7 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     default:
       if (HandlesNodeCall(fn)) return NodeCall(fn, rd, out);
       if (HandlesUserObjectCall(fn)) return UserObjectCall(fn, rd, out);
+      if (IsGenerated(fn)) return GeneratedCall(fn, rd, out);
       return Exec(fn, rd, out);
   }
 }
@@ -566,14 +565,8 @@ CUresult SessionGraphs::Query(Fn fn, Reader& rd, Writer& out) {
   uint64_t h = 0;
   const bool by_graph = fn == Fn::cuGraphGetNodes || fn == Fn::cuGraphGetRootNodes || fn == Fn::cuGraphGetEdges_v2;
   ReadReal(rd, by_graph ? HandleKind::kGraph : HandleKind::kGraphNode, &h);
-  if (fn == Fn::cuGraphNodeGetType || fn == Fn::cuGraphKernelNodeGetParams_v2) {
+  if (fn == Fn::cuGraphKernelNodeGetParams_v2) {
     if (!rd.Finish() || !Node(h)) return CUDA_ERROR_INVALID_VALUE;
-    if (fn == Fn::cuGraphNodeGetType) {
-      CUgraphNodeType t = CU_GRAPH_NODE_TYPE_EMPTY;
-      CUresult r = CALL(cuGraphNodeGetType, As<CUgraphNode>(h), &t);
-      out.U32(static_cast<uint32_t>(t));
-      return r;
-    }
     // u64 function, u64 kernel, u64 context (0 when the driver gave none or the session does not
     // know it), u32 grid x/y/z, block x/y/z, shared bytes, u32 n (kUnknownParamCount when the
     // arguments cannot be given back) + n blobs. cudart finds its kernel by `kern`.

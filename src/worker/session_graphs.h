@@ -12,6 +12,7 @@
 
 #include "client/remote_protocol.h"
 #include "driver/driver_table.h"
+#include "worker/generated_calls.h"
 #include "worker/session_handles.h"
 
 namespace tf::worker {
@@ -116,6 +117,10 @@ class SessionGraphs {
   static bool HandlesNodeCall(driver::Fn fn);
   CUresult NodeCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult SetNode(driver::Fn fn, transport::Reader& rd);
+  // A generated call (cuGraphNodeGetType, the event nodes' events, ...) served on this session's
+  // tables: the session dispatches those itself (generated_calls.h); this lets SessionGraphs
+  // alone answer every graph call too (session_graph_nodes.cc).
+  CUresult GeneratedCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult DotPrint(transport::Reader& rd);
   // User objects (session_user_objects.cc): the references the client holds and those it gave
   // graphs; a name is retired when neither holds one.

@@ -24,8 +24,12 @@ HANDLE_KINDS = {
     "CUexternalSemaphore": "kExternalSemaphore", "CUgreenCtx": "kGreenCtx",
     "CUdevResourceDesc": "kDevResourceDesc",
 }
-# The CUDA error a bad handle of each kind gets (the driver's own choice for contexts).
-HANDLE_ERROR = {"kContext": "CUDA_ERROR_INVALID_CONTEXT", "kMemPool": "CUDA_ERROR_INVALID_VALUE"}
+# The CUDA error a bad handle of each kind gets (the driver's own choice for contexts; graphs, their
+# nodes and executable graphs answer CUDA_ERROR_INVALID_VALUE, as their hand-written family always
+# has); every other kind gets CUDA_ERROR_INVALID_HANDLE.
+HANDLE_ERROR = {"kContext": "CUDA_ERROR_INVALID_CONTEXT", "kMemPool": "CUDA_ERROR_INVALID_VALUE",
+                "kGraph": "CUDA_ERROR_INVALID_VALUE", "kGraphNode": "CUDA_ERROR_INVALID_VALUE",
+                "kGraphExec": "CUDA_ERROR_INVALID_VALUE"}
 SCALARS = {
     "int": "i32", "unsigned int": "u32", "unsigned": "u32", "unsigned char": "u8",
     "unsigned short": "u16", "float": "f32", "size_t": "u64",
@@ -107,6 +111,7 @@ class Arg:
         self.device = False
         self.mask = ann.get("flags", {}).get(name)
         self.nullable = name in ann.get("null", set())
+        self.weak = name in ann.get("weak", set())
         self.created = self.destroyed = False
         t = ctype.replace("const ", "").strip()
         if t.endswith("*"):
@@ -172,7 +177,7 @@ def parse_surface(path, exports, typed):
 
 
 def parse_annotations(fn, text, params):
-    ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": []}
+    ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -185,6 +190,8 @@ def parse_annotations(fn, text, params):
             ann["flags"][a] = int(mask, 0)
         elif key == "null" and val in names:
             ann["null"].add(val)
+        elif key == "weak" and val in names:
+            ann["weak"].add(val)
         elif key == "cache" and val:
             keys = val.split(",")
             for k in keys:
@@ -222,6 +229,9 @@ class Call:
             handles[0].destroyed = True
         if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32"):
             raise SurfaceError("%s: a cached call has exactly one integer or handle output" % name)
+        for a in self.args:
+            if a.weak and not (a.dir == "out" and a.kind and not a.created):
+                raise SurfaceError("%s: weak=%s is for a handle output the call does not create" % (name, a.name))
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
@@ -385,9 +395,15 @@ def gen_worker_case(c):
             o.append("      out.U64(w_%s);\n" % a.name)
         elif a.kind:
             o.append("      uint64_t w_%s = 0;\n" % a.name)
-            # A NULL handle output stays NULL (cuStreamGetGreenCtx of a stream of no green context).
-            o.append("      if (H(o_%s) != 0 && !host.Handles().WireOf(HandleKind::%s, H(o_%s), &w_%s)) return CUDA_ERROR_INVALID_HANDLE;\n"
-                     % (a.name, a.kind, a.name, a.name))
+            # A NULL handle output stays NULL (cuStreamGetGreenCtx of a stream of no green context);
+            # a `weak` one the session does not know comes back NULL too (an event node's event
+            # that was destroyed), any other fails the call.
+            if a.weak:
+                o.append("      if (H(o_%s) != 0 && !host.Handles().WireOf(HandleKind::%s, H(o_%s), &w_%s)) w_%s = 0;\n"
+                         % (a.name, a.kind, a.name, a.name, a.name))
+            else:
+                o.append("      if (H(o_%s) != 0 && !host.Handles().WireOf(HandleKind::%s, H(o_%s), &w_%s)) return CUDA_ERROR_INVALID_HANDLE;\n"
+                         % (a.name, a.kind, a.name, a.name))
             o.append("      out.U64(w_%s);\n" % a.name)
         elif a.wire == "f32":
             o.append("      uint32_t b_%s = 0;\n      memcpy(&b_%s, &o_%s, sizeof(b_%s));\n      out.U32(b_%s);\n"
