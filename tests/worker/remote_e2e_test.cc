@@ -579,6 +579,22 @@ TEST_F(RemoteTest, PrimaryContextResetRetiresTheContextsObjectsAndNewOnesWork) {
   }
 }
 
+// A reset while the session also has a created context is refused remotely with
+// CUDA_ERROR_NOT_SUPPORTED and a log line (the driver would reset), and nothing of the session is
+// lost: its allocation keeps working.
+TEST_F(RemoteTest, PrimaryContextResetWithAnotherContextIsRefusedAndChangesNothing) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_RESET_PROBE, "other_context"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_EQ(r.kv["reset_with_other_context"], "801") << r.out;  // CUDA_ERROR_NOT_SUPPORTED
+    EXPECT_EQ(r.kv["memory_kept_sum"], std::to_string(9ull * 4096));
+    EXPECT_TRUE(worker_.WaitFor("refused: the session has another context", 5000)) << worker_.out;
+    worker_.out.clear();
+  }
+}
+
 // XLA memsets a cuMemHostAlloc(8, PORTABLE) buffer, has kernels write it and reads it back on a
 // non-default stream into stack memory (JAX's matmul autotuning); over TCP that memory was plain
 // client memory the worker could not reach (CUDA_ERROR_INVALID_VALUE). Kept as its own case so it

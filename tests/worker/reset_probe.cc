@@ -126,10 +126,32 @@ int Reset() {
   return 0;
 }
 
+// A reset while the session has a created context as well: remotely refused (what the session
+// holds is not recorded per context), and the session goes on working.
+int WithOtherContext() {
+  CUcontext primary = Setup();
+  CUcontext created;
+  CHECK(cuCtxCreate(&created, nullptr, 0, 0));
+  CHECK(cuCtxSetCurrent(primary));
+  CUdeviceptr d;
+  CHECK(cuMemAlloc_v2(&d, kBytes));
+  std::printf("reset_with_other_context=%d\n", static_cast<int>(cuDevicePrimaryCtxReset_v2(0)));
+  CHECK(cuCtxSetCurrent(primary));
+  CHECK(cuMemsetD32_v2(d, 9, kCount));
+  std::vector<unsigned> h(kCount);
+  CHECK(cuMemcpyDtoH_v2(h.data(), d, kBytes));
+  std::printf("memory_kept_sum=%llu\n", Sum(h.data()));
+  CHECK(cuMemFree_v2(d));
+  CHECK(cuCtxDestroy(created));
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "reset") == 0) return Reset();
-  std::fprintf(stderr, "usage: reset_probe reset\n");
+  if (argc >= 2 && std::strcmp(argv[1], "other_context") == 0) return WithOtherContext();
+  std::fprintf(stderr, "usage: reset_probe reset|other_context\n");
   return 2;
 }
