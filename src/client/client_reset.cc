@@ -14,17 +14,18 @@ using driver::Fn;
 using transport::Writer;
 
 // Everything the client knows about objects of the reset context: allocations, streams,
-// captures, modules' functions, libraries and kernels, arrays and textures, graphs, and every
-// cached answer (they may name retired handles). The contexts themselves, the device snapshot,
-// the images sent (the worker keeps them by content) and host memory (the worker registers its
-// regions again) stay. REQUIRES State().mu.
+// captures, modules' functions, arrays and textures, graphs, and every cached answer (they may
+// name retired handles). The contexts themselves, libraries and their kernels
+// (context-independent), the device snapshot, the images sent (the worker keeps them by content)
+// and host memory (the worker registers its regions again) stay. REQUIRES State().mu.
 void DropContextState(Session* s) {
-  s->functions.clear();
+  for (auto it = s->functions.begin(); it != s->functions.end();) {
+    if (s->kernels.count(it->first)) ++it;  // a kernel launched as a function
+    else it = s->functions.erase(it);
+  }
   s->other_function_names.clear();
   s->allocs.clear();
   s->streams.clear();
-  s->libraries.clear();
-  s->kernels.clear();
   s->capturing.clear();
   s->arrays.clear();
   s->mipmaps.clear();

@@ -2538,8 +2538,9 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
   graphs_.Cleanup();
   graph_host_.Clear();
   jit_.DestroyAll();
+  // Libraries and their kernels are context-independent: they stay (the driver loads them into
+  // the context again when used); their modules and functions in this context go.
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
-  for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
   for (auto& [p, opens] : ipc_opens_) {
     for (int i = 0; i < opens; ++i) CALL(cuIpcCloseMemHandle, p);
@@ -2553,13 +2554,25 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
   for (auto& [h, c] : vmm_host_charges_) host_mem_.Release(&c);
   const size_t allocations = allocs_.size(), streams = streams_.size(), events = events_.size(),
-               modules = modules_.size() + libraries_.size();
-  // Every name of the context's objects fails from now on; the context keeps its name.
+               modules = modules_.size();
+  // Every name of the context's objects fails from now on; the context, libraries and kernels
+  // keep theirs.
   size_t retired = 0;
   for (int k = 1; k <= kHandleKindCount; ++k) {
     const auto kind = static_cast<HandleKind>(k);
-    if (kind == HandleKind::kContext || kind == HandleKind::kDevResourceDesc) continue;
+    if (kind == HandleKind::kContext || kind == HandleKind::kDevResourceDesc ||
+        kind == HandleKind::kLibrary || kind == HandleKind::kKernel) {
+      continue;
+    }
     retired += handles_.RetireAll(kind);
+  }
+  for (auto& [lib, e] : libraries_) {
+    e.functions.clear();
+    e.modules.clear();
+  }
+  for (auto it = functions_.begin(); it != functions_.end();) {
+    if (kernels_.count(it->first)) ++it;  // a kernel's layout (launched as a function)
+    else it = functions_.erase(it);
   }
   allocs_.clear();
   globals_.clear();
@@ -2575,10 +2588,7 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
   pools_.clear();
   created_pools_.clear();
   modules_.clear();
-  functions_.clear();
   handed_out_functions_.clear();
-  libraries_.clear();
-  kernels_.clear();
   library_modules_.clear();
   CUresult r = CALL(cuDevicePrimaryCtxReset_v2, dev);
   // The client's page-locked memory stays shared with this process: registered with the driver
@@ -2603,7 +2613,7 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
     ++dropped;
   }
   SessionLog("primary context of device %d reset (%s): freed %zu allocations, %zu streams, %zu events, "
-             "%zu modules and libraries; %zu names retired; %zu host regions kept, %zu dropped",
+             "%zu modules; %zu names retired; %zu host regions kept, %zu dropped",
              dev, r == CUDA_SUCCESS ? "ok" : "failed", allocations, streams, events, modules, retired,
              regions_.size(), dropped);
   return r;

@@ -464,9 +464,9 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 // Destroys what the process made in the device's primary context: its streams, its device and
-// managed allocations, and (when no other context of the process lives) every event, module and
-// library; the retains stay, and the context can be used again at once. Graphs, arrays and
-// page-locked host memory are not tracked by context here and stay.
+// managed allocations, and (when no other context of the process lives) every event and module;
+// libraries (context-independent) stay; the retains stay, and the context can be used again at
+// once. Graphs, arrays and page-locked host memory are not tracked by context here and stay.
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   FAKECUDA_ENTER();
   if (CUresult r = fakecuda::CheckDevice(dev); r != CUDA_SUCCESS) return r;
@@ -490,7 +490,10 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     }
     if (only) {
       d.events.clear();
-      d.modules.clear();  // modules and libraries
+      for (auto it = d.modules.begin(); it != d.modules.end();) {
+        if (it->second->library) ++it;  // libraries are context-independent
+        else it = d.modules.erase(it);
+      }
     }
   }
   cuCtxPushCurrent_v2(reinterpret_cast<CUcontext>(ctx));

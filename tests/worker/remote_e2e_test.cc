@@ -549,7 +549,8 @@ TEST_F(RemoteTest, GreenContextsSplitSmsRunWorkAndRejectForeignHandles) {
 // cudaDeviceReset remotely (cuDevicePrimaryCtxReset_v2): the memory, stream, event and module made
 // in the primary context before the reset fail afterwards, the primary context is retained and
 // used again, and a new module, allocation, launch, pageable and page-locked copies, a captured
-// graph and a host function work, over both transports with the same output as on the driver.
+// graph and a host function work, and a library's kernel made before the reset still launches,
+// over both transports with the same output as on the driver.
 TEST_F(RemoteTest, PrimaryContextResetRetiresTheContextsObjectsAndNewOnesWork) {
   StartWorker();
   Result direct = DirectProgram({TF_RESET_PROBE, "reset"});
@@ -571,6 +572,8 @@ TEST_F(RemoteTest, PrimaryContextResetRetiresTheContextsObjectsAndNewOnesWork) {
     EXPECT_EQ(r.kv["after_roundtrip_sum"], std::to_string(4095ull * 4096 / 2));
     EXPECT_EQ(r.kv["after_graph_sum"], fill6);
     EXPECT_EQ(r.kv["after_host_func"], "1");
+    EXPECT_EQ(r.kv["library_kernel_kept"], "1");
+    EXPECT_EQ(r.kv["after_library_kernel_sum"], std::to_string(7ull * 4096));
     EXPECT_EQ(r.kv["bad_device"], "101");  // CUDA_ERROR_INVALID_DEVICE
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;

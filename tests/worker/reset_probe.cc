@@ -1,7 +1,8 @@
 // A driver-API program for the remote tests of cuDevicePrimaryCtxReset (cudaDeviceReset): make
 // memory, a stream, an event, a module and page-locked memory in the primary context, use them,
 // reset the device, check that the old objects fail, and do the same work again with new ones
-// (launches, pageable and page-locked copies, a captured graph, a host function). Run directly on
+// (launches, pageable and page-locked copies, a captured graph, a host function); a library and
+// its kernel (context-independent) made before the reset still work after it. Run directly on
 // tests/fakecuda or through the client stub and a worker, it prints "key=value" lines the tests
 // compare.
 #include <cuda.h>
@@ -81,6 +82,11 @@ int Reset() {
   CHECK(cuEventCreate(&ev, CU_EVENT_DEFAULT));
   void* pinned = nullptr;
   CHECK(cuMemAllocHost_v2(&pinned, kBytes));
+  // A library and its kernel: context-independent, they outlive the reset.
+  CUlibrary lib;
+  CHECK(cuLibraryLoadData(&lib, "fakecuda:builtin", nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel kern;
+  CHECK(cuLibraryGetKernel(&kern, lib, "fill_u32"));
   Round("before", fill, st, ev, d, d2, static_cast<unsigned*>(pinned), 3);
 
   std::printf("reset=%d\n", static_cast<int>(cuDevicePrimaryCtxReset_v2(0)));
@@ -112,6 +118,14 @@ int Reset() {
   void* pinned2 = nullptr;
   CHECK(cuMemAllocHost_v2(&pinned2, kBytes));
   Round("after", fill, st, ev, d, d2, static_cast<unsigned*>(pinned2), 5);
+  CUkernel kern2 = nullptr;
+  CHECK(cuLibraryGetKernel(&kern2, lib, "fill_u32"));
+  std::printf("library_kernel_kept=%d\n", kern2 == kern);
+  Fill(reinterpret_cast<CUfunction>(kern), d, 7, kCount, st);
+  CHECK(cuMemcpyDtoHAsync_v2(pinned2, d, kBytes, st));
+  CHECK(cuStreamSynchronize(st));
+  std::printf("after_library_kernel_sum=%llu\n", Sum(static_cast<unsigned*>(pinned2)));
+  CHECK(cuLibraryUnload(lib));
   // A reset with nothing left of the session, then the new objects' own release.
   CHECK(cuEventDestroy_v2(ev));
   CHECK(cuStreamDestroy_v2(st));
