@@ -248,6 +248,9 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   std::string limits_driver_;
   void PollStaged(bool wait);
   void Cleanup();
+  // cuDevicePrimaryCtxReset_v2 (below Cleanup): everything the session made in the device's
+  // primary context goes, its names retired; host regions are registered again afterwards.
+  CUresult PrimaryCtxReset(Reader& rd);
 
   // [p, p + n) lies wholly inside one range of `ranges` (base -> size).
   static bool InsideOne(const std::map<uint64_t, uint64_t>& ranges, uint64_t p, uint64_t n) {
@@ -368,6 +371,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     uint8_t* local = nullptr;  // where this process maps it (== the client address when same)
     bool same_address = false;
     SessionHostMemory::Charge charge;
+    unsigned reg = 0;  // cuMemHostRegister flags (registered again after a primary context reset)
   };
   std::map<uint64_t, HostRegion> regions_;     // client address -> region
   std::map<uint64_t, uint64_t> region_ids_;    // region id -> client address
@@ -602,6 +606,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (r == CUDA_SUCCESS) --primary_retains_[dev];
       return r;
     }
+    case Fn::cuDevicePrimaryCtxReset_v2:
+      return PrimaryCtxReset(rd);
     case Fn::cuDevicePrimaryCtxGetState: {
       int32_t dev = 0;
       if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
@@ -1154,6 +1160,7 @@ CUresult Session::HostRegionCall(uint16_t op, Reader& rd, Writer& out) {
     region.local = static_cast<uint8_t*>(p);
     region.same_address = same;
     region.charge = charge;
+    region.reg = reg;
     region_ids_[id] = addr;
     if (same && dptr == addr) mapped_host_[addr] = len;
     out.U8(same ? 1 : 0);
@@ -2496,6 +2503,120 @@ void Session::Cleanup() {
       allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors,
       ipc_opened_.size());
   allocs_.clear();
+}
+
+CUresult Session::PrimaryCtxReset(Reader& rd) {
+  int32_t dev = 0;
+  if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  // What the session holds is only known to belong to one context while it has no other: with
+  // a created or green context, or another device's primary context, the reset is refused.
+  uint64_t primary = 0;
+  for (uint64_t c : contexts_) {
+    auto it = primary_ctx_.find(c);
+    if (it == primary_ctx_.end() || it->second != dev) {
+      SessionLog("cuDevicePrimaryCtxReset(%d) refused: the session has another context", dev);
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    primary = c;
+  }
+  if (mirrors_.Count() != 0) {
+    SessionLog("cuDevicePrimaryCtxReset(%d) refused: the session has mirrored host memory", dev);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (primary == 0) return CALL(cuDevicePrimaryCtxReset_v2, dev);  // nothing of the session in it
+  // Host functions were drained before this call (IsBlocking); wait for the context's work.
+  if (CALL(cuCtxSetCurrent, As<CUcontext>(primary)) == CUDA_SUCCESS) CALL(cuCtxSynchronize);
+  PollStaged(true);
+  for (CUevent e : copy_events_) CALL(cuEventDestroy_v2, e);
+  copy_events_.clear();
+  for (auto& [addr, region] : regions_) CALL(cuMemHostUnregister, region.local);
+  if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
+  if (arena_state_ == 1) arena_state_ = 0;  // registered again at the next pageable copy
+  arrays_.Cleanup();
+  for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
+  for (uint64_t st : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(st));
+  graphs_.Cleanup();
+  graph_host_.Clear();
+  jit_.DestroyAll();
+  // Libraries and their kernels are context-independent: they stay (the driver loads them into
+  // the context again when used); their modules and functions in this context go.
+  for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
+  for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
+  for (auto& [p, opens] : ipc_opens_) {
+    for (int i = 0; i < opens; ++i) CALL(cuIpcCloseMemHandle, p);
+  }
+  for (auto& [p, n] : vmm_mapped_) CALL(cuMemUnmap, p, n);
+  for (auto& [h, n] : vmm_retains_) {
+    for (int i = 0; i < n; ++i) CALL(cuMemRelease, h);
+  }
+  for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
+  for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
+  for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
+  for (auto& [h, c] : vmm_host_charges_) host_mem_.Release(&c);
+  const size_t allocations = allocs_.size(), streams = streams_.size(), events = events_.size(),
+               modules = modules_.size();
+  // Every name of the context's objects fails from now on; the context, libraries and kernels
+  // keep theirs.
+  size_t retired = 0;
+  for (int k = 1; k <= kHandleKindCount; ++k) {
+    const auto kind = static_cast<HandleKind>(k);
+    if (kind == HandleKind::kContext || kind == HandleKind::kDevResourceDesc ||
+        kind == HandleKind::kLibrary || kind == HandleKind::kKernel) {
+      continue;
+    }
+    retired += handles_.RetireAll(kind);
+  }
+  for (auto& [lib, e] : libraries_) {
+    e.functions.clear();
+    e.modules.clear();
+  }
+  for (auto it = functions_.begin(); it != functions_.end();) {
+    if (kernels_.count(it->first)) ++it;  // a kernel's layout (launched as a function)
+    else it = functions_.erase(it);
+  }
+  allocs_.clear();
+  globals_.clear();
+  vmm_reserved_.clear();
+  vmm_handles_.clear();
+  vmm_retains_.clear();
+  vmm_mapped_.clear();
+  vmm_host_charges_.clear();
+  ipc_opened_.clear();
+  ipc_opens_.clear();
+  streams_.clear();
+  events_.clear();
+  pools_.clear();
+  created_pools_.clear();
+  modules_.clear();
+  handed_out_functions_.clear();
+  library_modules_.clear();
+  CUresult r = CALL(cuDevicePrimaryCtxReset_v2, dev);
+  // The client's page-locked memory stays shared with this process: registered with the driver
+  // again (a region that cannot be is dropped, and fails like unknown memory from then on).
+  CALL(cuCtxSetCurrent, As<CUcontext>(primary));
+  size_t dropped = 0;
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    HostRegion& region = it->second;
+    CUdeviceptr dptr = 0;
+    if (CALL(cuMemHostRegister_v2, region.local, region.length, region.reg) == CUDA_SUCCESS &&
+        (mapped_host_.count(it->first) == 0 ||
+         (CALL(cuMemHostGetDevicePointer_v2, &dptr, region.local, 0) == CUDA_SUCCESS && dptr == it->first))) {
+      ++it;
+      continue;
+    }
+    if (region.local) CALL(cuMemHostUnregister, region.local);
+    munmap(region.local, region.length);
+    host_mem_.Release(&region.charge);
+    region_ids_.erase(region.id);
+    mapped_host_.erase(it->first);
+    it = regions_.erase(it);
+    ++dropped;
+  }
+  SessionLog("primary context of device %d reset (%s): freed %zu allocations, %zu streams, %zu events, "
+             "%zu modules; %zu names retired; %zu host regions kept, %zu dropped",
+             dev, r == CUDA_SUCCESS ? "ok" : "failed", allocations, streams, events, modules, retired,
+             regions_.size(), dropped);
+  return r;
 }
 
 std::string Session::PrepareLimits(Reader& rd) {

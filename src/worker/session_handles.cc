@@ -80,6 +80,14 @@ bool HandleTable::RetireReal(HandleKind k, uint64_t real) {
   return WireOf(k, real, &wire) && Retire(k, wire);
 }
 
+size_t HandleTable::RetireAll(HandleKind k) {
+  std::vector<uint64_t> wires;
+  for (const auto& [real, idx] : by_real_[static_cast<size_t>(k)]) wires.push_back(slots_[idx].wire);
+  size_t n = 0;
+  for (uint64_t w : wires) n += Retire(k, w) ? 1 : 0;
+  return n;
+}
+
 bool HandleTable::WireOf(HandleKind k, uint64_t real, uint64_t* wire) const {
   if (k == HandleKind::kStream && real <= 2) {
     *wire = real;

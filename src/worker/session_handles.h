@@ -82,6 +82,8 @@ class HandleTable {
   // Retire by the real handle (the driver's object went away: a module's functions, a graph's
   // nodes). False when it was never published.
   bool RetireReal(HandleKind k, uint64_t real);
+  // Retires every live name of kind k (a primary context reset destroyed them all); how many.
+  size_t RetireAll(HandleKind k);
   // Reverse lookup: the live name of a real handle. For kStream 0, 1 and 2 are themselves.
   bool WireOf(HandleKind k, uint64_t real, uint64_t* wire) const;
   // Live names of kind k.

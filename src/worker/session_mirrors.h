@@ -62,6 +62,8 @@ class SessionMirrors {
 
   // Unregisters and unmaps every mirror (the session ends); returns how many there were.
   size_t Clear();
+  // How many mirrors there are.
+  size_t Count() const { return count_.load(); }
 
  private:
   struct Mirror {

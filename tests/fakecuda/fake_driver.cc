@@ -463,6 +463,49 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+// Destroys what the process made in the device's primary context: its streams, its device and
+// managed allocations, and (when no other context of the process lives) every event and module;
+// libraries (context-independent) stay; the retains stay, and the context can be used again at
+// once. Graphs, arrays and page-locked host memory are not tracked by context here and stay.
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  FAKECUDA_ENTER();
+  if (CUresult r = fakecuda::CheckDevice(dev); r != CUDA_SUCCESS) return r;
+  Driver& d = Driver::Get();
+  Context* ctx = nullptr;
+  bool only = true;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    ctx = d.devices[dev].primary.get();
+    for (Context* c : d.contexts) only = only && c == ctx;
+  }
+  fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
+  fakecuda::RetireContextStreams(ctx);
+  std::vector<uintptr_t> frees;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (const auto& [base, a] : d.allocations) {
+      if (a.ctx == ctx && (a.kind == fakecuda::MemoryKind::kDevice || a.kind == fakecuda::MemoryKind::kManaged)) {
+        frees.push_back(base);
+      }
+    }
+    if (only) {
+      d.events.clear();
+      for (auto it = d.modules.begin(); it != d.modules.end();) {
+        if (it->second->library) ++it;  // libraries are context-independent
+        else it = d.modules.erase(it);
+      }
+    }
+  }
+  cuCtxPushCurrent_v2(reinterpret_cast<CUcontext>(ctx));
+  for (uintptr_t p : frees) cuMemFree_v2(p);
+  CUcontext popped = nullptr;
+  cuCtxPopCurrent_v2(&popped);
+  return CUDA_SUCCESS;
+}
+
+#undef cuDevicePrimaryCtxReset
+FAKECUDA_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   FAKECUDA_ENTER();
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;

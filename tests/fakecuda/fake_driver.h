@@ -204,6 +204,7 @@ struct TexObject {
 
 struct Module {
   std::string name;
+  bool library = false;  // cuLibraryLoadData: context-independent (a context reset keeps it)
 };
 
 enum class GraphNodeKind {

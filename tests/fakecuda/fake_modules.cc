@@ -441,7 +441,13 @@ CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* j
   (void)lib_options;
   (void)lib_values;
   (void)num_lib;
-  return fakecuda::LoadModule(reinterpret_cast<Module**>(library), code);
+  CUresult r = fakecuda::LoadModule(reinterpret_cast<Module**>(library), code);
+  if (r == CUDA_SUCCESS) {
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    reinterpret_cast<Module*>(*library)->library = true;
+  }
+  return r;
 }
 
 CUresult cuLibraryUnload(CUlibrary library) {

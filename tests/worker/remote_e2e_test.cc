@@ -350,8 +350,7 @@ TEST(RemoteSurface, EveryEntryPointIsImplementedOrRefusedWithAReason) {
 // docs/remote.md ("Not forwarded yet") names: forwarding one means deleting it from this list.
 TEST(RemoteSurface, TheLibrariesReachNoEntryPointLeftUnforwardedButTheListedGaps) {
   const std::set<std::string> known_gaps = {
-      "cuArrayGetPlane", "cuArrayGetSparseProperties", "cuDevicePrimaryCtxReset",
-      "cuDevicePrimaryCtxReset_v2", "cuDeviceRegisterAsyncNotification",
+      "cuArrayGetPlane", "cuArrayGetSparseProperties", "cuDeviceRegisterAsyncNotification",
       "cuDeviceUnregisterAsyncNotification", "cuMipmappedArrayGetSparseProperties", "cuMulticastAddDevice",
       "cuMulticastBindAddr", "cuMulticastBindMem", "cuMulticastCreate", "cuMulticastGetGranularity",
       "cuMulticastUnbind",
@@ -544,6 +543,58 @@ TEST_F(RemoteTest, GreenContextsSplitSmsRunWorkAndRejectForeignHandles) {
     EXPECT_EQ(r.kv["other_still_works"], "1");
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
+  }
+}
+
+// cudaDeviceReset remotely (cuDevicePrimaryCtxReset_v2): the memory, stream, event and module made
+// in the primary context before the reset fail afterwards, the primary context is retained and
+// used again, and a new module, allocation, launch, pageable and page-locked copies, a captured
+// graph and a host function work, and a library's kernel made before the reset still launches,
+// over both transports with the same output as on the driver.
+TEST_F(RemoteTest, PrimaryContextResetRetiresTheContextsObjectsAndNewOnesWork) {
+  StartWorker();
+  Result direct = DirectProgram({TF_RESET_PROBE, "reset"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["done"], "1") << direct.out;
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_RESET_PROBE, "reset"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_EQ(r.kv["reset"], "0") << r.out;
+    EXPECT_EQ(r.kv["state_after_reset"], "0:1");
+    for (const char* k : {"old_module", "old_stream", "old_event", "old_memory_free", "old_memory_range"}) {
+      EXPECT_EQ(r.kv[k], "1") << k << "\n" << r.out;
+    }
+    EXPECT_EQ(r.kv["same_context"], "1");
+    const std::string fill5 = std::to_string(5ull * 4096), fill6 = std::to_string(6ull * 4096);
+    EXPECT_EQ(r.kv["after_pinned_sum"], fill5);
+    EXPECT_EQ(r.kv["after_pageable_sum"], fill5);
+    EXPECT_EQ(r.kv["after_roundtrip_sum"], std::to_string(4095ull * 4096 / 2));
+    EXPECT_EQ(r.kv["after_graph_sum"], fill6);
+    EXPECT_EQ(r.kv["after_host_func"], "1");
+    EXPECT_EQ(r.kv["library_kernel_kept"], "1");
+    EXPECT_EQ(r.kv["after_library_kernel_sum"], std::to_string(7ull * 4096));
+    EXPECT_EQ(r.kv["bad_device"], "101");  // CUDA_ERROR_INVALID_DEVICE
+    ExpectSameKeys(direct, r);
+    EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
+    EXPECT_TRUE(worker_.WaitFor("primary context of device 0 reset (ok)", 5000)) << worker_.out;
+    worker_.out.clear();
+  }
+}
+
+// A reset while the session also has a created context is refused remotely with
+// CUDA_ERROR_NOT_SUPPORTED and a log line (the driver would reset), and nothing of the session is
+// lost: its allocation keeps working.
+TEST_F(RemoteTest, PrimaryContextResetWithAnotherContextIsRefusedAndChangesNothing) {
+  StartWorker();
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_RESET_PROBE, "other_context"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_EQ(r.kv["reset_with_other_context"], "801") << r.out;  // CUDA_ERROR_NOT_SUPPORTED
+    EXPECT_EQ(r.kv["memory_kept_sum"], std::to_string(9ull * 4096));
+    EXPECT_TRUE(worker_.WaitFor("refused: the session has another context", 5000)) << worker_.out;
+    worker_.out.clear();
   }
 }
 

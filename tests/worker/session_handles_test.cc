@@ -67,6 +67,26 @@ TEST(HandleTable, SameObjectSameNameUntilRetiredThenNeverAgain) {
   EXPECT_EQ(t.Live(HandleKind::kFunction), 0u);
 }
 
+// A primary context reset retires every name of a kind at once: none of them resolves again,
+// other kinds keep theirs, and the same objects published again get new names.
+TEST(HandleTable, RetireAllRetiresEveryNameOfOneKindOnly) {
+  HandleTable t(99);
+  std::vector<uint64_t> streams;
+  for (uint64_t real = 0x1000; real < 0x1000 + 8 * 0x10; real += 0x10) {
+    streams.push_back(t.Publish(HandleKind::kStream, real));
+  }
+  const uint64_t ctx = t.Publish(HandleKind::kContext, 0x9000);
+  EXPECT_EQ(t.RetireAll(HandleKind::kStream), 8u);
+  EXPECT_EQ(t.Live(HandleKind::kStream), 0u);
+  uint64_t real = 0;
+  for (uint64_t s : streams) EXPECT_FALSE(t.Resolve(HandleKind::kStream, s, &real));
+  EXPECT_TRUE(t.Resolve(HandleKind::kContext, ctx, &real));
+  EXPECT_EQ(real, 0x9000u);
+  const uint64_t again = t.Publish(HandleKind::kStream, 0x1000);
+  EXPECT_NE(again, streams[0]);
+  EXPECT_EQ(t.RetireAll(HandleKind::kEvent), 0u);
+}
+
 TEST(HandleTable, ANameOfAnotherKindFails) {
   HandleTable t(7);
   const uint64_t s = t.Publish(HandleKind::kStream, kRealStream);
