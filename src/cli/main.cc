@@ -8,8 +8,13 @@
 #include <tuple>
 #include <vector>
 
+#include "cli/local_vgpu.h"
 #include "cli/quantity.h"
 #include "cli/remote_run.h"
+#include "cli/worker_zero.h"
+#include "controller/model.h"
+#include "limiter/core/gpu_region.h"
+#include "limiter/core/tier_defaults.h"
 #include "cli/run_command.h"
 #include "deviceplugin/device_plugin_command.h"
 #include "hypervisor/mps.h"
@@ -144,6 +149,11 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--idle-swap", worker_idle_swap,
                          "with --tiering: swap a session out after this long without GPU calls (default: by "
                          "QoS, medium 60s; 0 = never)");
+  std::string worker_idle_zero;
+  worker_cmd->add_option("--idle-zero", worker_idle_zero,
+                         "with --tiering: checkpoint a swapped session with the driver after this long "
+                         "without GPU calls, giving its context back too (longer than --idle-swap; "
+                         "default never); the client's next call restores it");
   std::string worker_nvml;
   uint32_t worker_spin_us = tf::worker::WorkerOptions{}.spin_us;
   worker_cmd->add_option("--spin-us", worker_spin_us,
@@ -453,6 +463,7 @@ int main(int argc, char** argv) {
       ro.nvml = worker_nvml;
       ro.tiering = worker_tiering || !worker_idle_swap.empty();
       ro.idle_swap = worker_idle_swap;
+      ro.idle_zero = worker_idle_zero;
       // A client from a pool allocation sends its idle timeouts (limits record 4): they win over
       // the worker's --idle-swap. Without --tiering they change nothing.
       if (ro.tiering && !l.idle_swap.empty()) ro.idle_swap = l.idle_swap;
@@ -485,6 +496,38 @@ int main(int argc, char** argv) {
       if (auto ms = tf::cli::ParseDurationMs("--idle-swap", worker_idle_swap); !ms.ok()) {
         std::fprintf(stderr, "tfusion worker: %s\n", ms.status().message().c_str());
         return 2;
+      }
+    }
+    if (!worker_idle_zero.empty()) {
+      if (!hooks.vgpu_for_every_session) {
+        std::fprintf(stderr, "tfusion worker: --idle-zero needs --tiering\n");
+        return 2;
+      }
+      auto zero = tf::cli::ParseDurationMs("--idle-zero", worker_idle_zero);
+      if (!zero.ok()) {
+        std::fprintf(stderr, "tfusion worker: %s\n", zero.status().message().c_str());
+        return 2;
+      }
+      // Against the worker's own swap timeout (the flag, else the default QoS's).
+      auto swap = worker_idle_swap.empty() ? tf::StatusOr<uint64_t>(tf::limiter::DefaultIdleSwapMs(tf::limiter::kDefaultQos))
+                                           : tf::cli::ParseDurationMs("--idle-swap", worker_idle_swap);
+      tf::Status valid = tf::controller::ValidateIdleZero(
+          "--idle-zero", static_cast<int64_t>(*zero), worker_idle_swap.empty() ? "the QoS's idle swap timeout" : "--idle-swap",
+          static_cast<int64_t>(*swap));
+      if (!valid.ok()) {
+        std::fprintf(stderr, "tfusion worker: %s\n", valid.message().c_str());
+        return 2;
+      }
+    }
+    if (hooks.vgpu_for_every_session) {
+      // Scale to zero: the keeper restores a checkpointed session at its client's next call, and
+      // checkpoints idle ones (--idle-zero); `tfusion freeze remote-PID --zero` checkpoints.
+      auto libcuda = tf::cli::FindDriverLibrary("libcuda.so.1", worker_driver, "TFUSION_REAL_LIBCUDA");
+      if (libcuda.ok()) {
+        hooks.keeper = [path = *libcuda](const std::atomic<bool>& stop) { tf::cli::RunWorkerZeroKeeper(path, stop); };
+      } else {
+        std::fprintf(stderr, "tfusion worker: sessions cannot be checkpointed (scale to zero): %s\n",
+                     libcuda.status().message().c_str());
       }
     }
     hooks.session_ended = [](pid_t session) {

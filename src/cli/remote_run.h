@@ -40,6 +40,7 @@ int RunRemote(const std::string& remote, const std::string& token,
 struct WorkerHooks {
   decltype(worker::WorkerOptions::prepare_limits) prepare_limits;
   decltype(worker::WorkerOptions::session_ended) session_ended;
+  decltype(worker::WorkerOptions::keeper) keeper;  // tfusion worker --tiering: the sessions' zero keeper
   uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
   bool vgpu_for_every_session = false;                 // tfusion worker --tiering
   std::string session_host_mem;  // tfusion worker --session-host-mem as typed ("": the default)

@@ -568,6 +568,23 @@ StatusOr<PreparedVgpu> PrepareVgpu(const RunOptions& o, const std::string& vgpu_
     }
     e = region.SetTierPolicy(index, true, idle_ms, disk_ms);
     if (e != RegionError::kOk) return Unavailable("cannot enable tiering on vGPU '" + vgpu_id + "'");
+    // Scale to zero after idle_zero (the worker's --idle-zero; its zero keeper acts on it). It must
+    // be longer than the swap timeout in force, which a client's allocation may have made longer
+    // than the worker's: then this session is never checkpointed for idleness, and the log says so.
+    uint64_t zero_ms = 0;
+    if (!o.idle_zero.empty()) {
+      auto ms = ParseDurationMs("--idle-zero", o.idle_zero);
+      if (!ms.ok()) return ms.status();
+      zero_ms = *ms;
+      if (zero_ms != 0 && (idle_ms == 0 || zero_ms <= idle_ms)) {
+        std::fprintf(stderr, "tfusion: vGPU %s: --idle-zero %s ignored: %s\n", vgpu_id.c_str(), o.idle_zero.c_str(),
+                     idle_ms == 0 ? "it swaps out on request only"
+                                  : ("not longer than its idle swap timeout of " + std::to_string(idle_ms) + " ms").c_str());
+        zero_ms = 0;
+      }
+    }
+    e = region.SetIdleZero(index, zero_ms);
+    if (e != RegionError::kOk) return Unavailable("cannot set --idle-zero on vGPU '" + vgpu_id + "'");
   }
   PreparedVgpu out;
   out.limiter = *inject + "/libcuda.so.1";

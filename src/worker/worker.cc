@@ -103,6 +103,23 @@ void CloseInheritedListeners(int keep_fd) {
   }
 }
 
+std::atomic<bool> g_keeper_stop{false};
+void OnKeeperStop(int) { g_keeper_stop.store(true); }
+
+// The keeper process (WorkerOptions::keeper): closes the listeners it inherited, runs the hook.
+[[noreturn]] void KeeperMain(const WorkerOptions& o, pid_t parent, int notify_fd) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(0);
+  struct sigaction sa = {};
+  sa.sa_handler = &OnKeeperStop;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  close(notify_fd);
+  CloseInheritedListeners(-1);
+  o.keeper(g_keeper_stop);
+  _exit(0);
+}
+
 }  // namespace
 
 int RunWorker(const WorkerOptions& o) {
@@ -161,9 +178,26 @@ int RunWorker(const WorkerOptions& o) {
   signal(SIGPIPE, SIG_IGN);
   const pid_t self = getpid();
   pid_t spare = 0;
+  pid_t keeper = 0;
+  int64_t keeper_started = 0;  // CLOCK_MONOTONIC s of its last start
   int notify[2] = {-1, -1};
   auto stopping = [&] { return g_signal_stop.load() || (o.stop && o.stop->load()); };
+  auto monotonic_s = [] {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec);
+  };
   while (!stopping()) {
+    if (o.keeper && keeper == 0 && monotonic_s() - keeper_started >= 1) {
+      keeper_started = monotonic_s();
+      keeper = fork();
+      if (keeper < 0) {
+        fprintf(stderr, "tfusion worker: fork (zero keeper): %s\n", strerror(errno));
+        keeper = 0;
+      } else if (keeper == 0) {
+        KeeperMain(o, self, notify[0] >= 0 ? notify[0] : -1);
+      }
+    }
     if (spare == 0) {
       if (notify[0] >= 0) close(notify[0]);
       if (pipe2(notify, O_CLOEXEC) != 0) {
@@ -194,10 +228,23 @@ int RunWorker(const WorkerOptions& o) {
     pid_t dead;
     while ((dead = waitpid(-1, &status, WNOHANG)) > 0) {
       if (dead == spare) spare = 0;
+      if (dead == keeper) {
+        keeper = 0;
+        fprintf(stderr, "tfusion worker: the zero keeper (pid %d) ended (%s %d); starting another\n",
+                static_cast<int>(dead), WIFSIGNALED(status) ? "signal" : "status",
+                WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        continue;
+      }
       if (o.session_ended) o.session_ended(dead);
     }
   }
   if (spare > 0) kill(spare, SIGKILL);
+  if (keeper > 0) {
+    kill(keeper, SIGTERM);  // it stops between two scans (a checkpoint under way finishes first)
+    for (int i = 0; i < 100 && waitpid(keeper, nullptr, WNOHANG) == 0; ++i) usleep(50'000);
+    kill(keeper, SIGKILL);
+    waitpid(keeper, nullptr, 0);
+  }
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   for (auto& l : listeners) l->Close();

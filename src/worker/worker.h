@@ -55,6 +55,12 @@ struct WorkerOptions {
   bool vgpu_for_every_session = false;
   // Called in the worker once a session process has exited (its vGPU, if any, can go).
   std::function<void(pid_t session)> session_ended;
+  // Scale to zero of sessions (tfusion worker --tiering): runs in a process of its own, a child of
+  // the worker forked like the spares from the parent that never loads the driver, so that the
+  // driver it loads (to checkpoint and restore sessions, which the driver requires to come from
+  // another process) is never inherited by a session. Runs until `stop` is set or the worker
+  // dies; started again (after a second) if it exits or crashes. Not set: no such process.
+  std::function<void(const std::atomic<bool>& stop)> keeper;
   // When not empty, the bound addresses are written here (one per line, "tcp HOST:PORT" or
   // "unix PATH") once the worker accepts clients; written to a temporary name and renamed.
   std::string ready_file;

@@ -1,6 +1,7 @@
 // `tfusion run --remote HOST --vram/--percent`: the worker makes the client a vGPU of its own,
 // enforced by the limiter in the session, and removes it when the session ends. End to end on
 // the fake driver and NVML: tfusion worker, tfusion run --remote, remote_probe.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -420,3 +421,187 @@ TEST_F(RemoteHostMemory, ManagedMemoryCountsAgainstTheClientsVramOrElseTheHostMe
 }
 
 }  // namespace
+
+// Scale to zero of remote sessions (worker --tiering --idle-zero): the worker's zero keeper
+// checkpoints a session swapped and idle for --idle-zero with the driver (the fake's
+// cuCheckpointProcess*, whose checkpoint sets the session's device memory aside and drops it),
+// and restores it when the client's next call arrives. The probe ("zero" mode) holds 76 MiB of
+// movable memory and a 1 MiB array, which cannot move and leaves with the checkpoint.
+class RemoteZero : public RemoteLimits {
+ protected:
+  std::string WorkerFlags() const override { return "--tiering --idle-swap 300ms --idle-zero 1s"; }
+  void SetUp() override {
+    RemoteLimits::SetUp();
+    shm_name_ = "tf-rl-" + std::to_string(getpid());
+    setenv("FAKECUDA_SHM_NAME", shm_name_.c_str(), 1);  // the fake's checkpoint table, as the worker's
+    fake_ = dlopen(TF_FAKECUDA, RTLD_NOW | RTLD_LOCAL);
+    ASSERT_NE(fake_, nullptr) << dlerror();
+    info_ = reinterpret_cast<int (*)(int, unsigned*, unsigned*, unsigned long long*)>(
+        dlsym(fake_, "fakecuda_checkpoint_info"));
+    ASSERT_NE(info_, nullptr);
+  }
+  bool WaitFor(const std::string& name) {
+    for (int i = 0; i < 400; ++i) {
+      if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return true;
+      usleep(25000);
+    }
+    return false;
+  }
+  // Starts the probe through `tfusion run --remote via` in a process group of its own.
+  pid_t StartClient(const std::string& via) {
+    Shell("rm -rf " + dir_ + "/t && mkdir -p " + dir_ + "/t");
+    std::string cmd = env_ + "exec timeout 60 " + TF_TFUSION + " run --remote " + via + " --token t -- " + TF_PROBE +
+                      " zero " + dir_ + "/t array > " + dir_ + "/client.out 2>&1";
+    pid_t client = fork();
+    if (client == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return client;
+  }
+  // The session's pid, from its vGPU "remote-PID"; 0 when there is none.
+  int SessionPid() {
+    std::smatch m;
+    std::string smi = Shell(env_ + TF_TFUSION + " smi").out;
+    return std::regex_search(smi, m, std::regex("remote-([0-9]+)")) ? std::atoi(m[1].str().c_str()) : 0;
+  }
+  unsigned State(int pid, unsigned* calls_while_locked = nullptr, unsigned long long* saved = nullptr) {
+    unsigned state = 99;
+    if (info_(pid, &state, calls_while_locked, saved) != 0) return 99;
+    return state;
+  }
+  bool WaitCheckpointed() {
+    for (int i = 0; i < 200; ++i) {
+      if (Shell(env_ + TF_TFUSION + " smi -p").out.find("checkpointed") != std::string::npos) return true;
+      usleep(50000);
+    }
+    return false;
+  }
+  // VRAM in use on the worker's device 0 as the fake NVML reports it (every process of this
+  // test's FAKECUDA_SHM_NAME), in MiB; -1 when unreadable. Read in a child, so that this process
+  // never loads the fake NVML.
+  long long DeviceUsedMiB() {
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    pid_t child = fork();
+    if (child == 0) {
+      close(fds[0]);
+      struct Memory {
+        unsigned long long total, free, used;
+      } m = {};
+      long long mib = -1;
+      void* h = dlopen(TF_FAKENVML, RTLD_NOW | RTLD_LOCAL);
+      auto init = h ? reinterpret_cast<int (*)()>(dlsym(h, "nvmlInit_v2")) : nullptr;
+      auto by_index = h ? reinterpret_cast<int (*)(unsigned, void**)>(dlsym(h, "nvmlDeviceGetHandleByIndex_v2")) : nullptr;
+      auto info = h ? reinterpret_cast<int (*)(void*, Memory*)>(dlsym(h, "nvmlDeviceGetMemoryInfo")) : nullptr;
+      void* dev = nullptr;
+      if (init && by_index && info && init() == 0 && by_index(0, &dev) == 0 && info(dev, &m) == 0) mib = m.used >> 20;
+      ssize_t w = write(fds[1], &mib, sizeof(mib));
+      _exit(w == sizeof(mib) ? 0 : 1);
+    }
+    close(fds[1]);
+    long long mib = -1;
+    if (child < 0 || read(fds[0], &mib, sizeof(mib)) != sizeof(mib)) mib = -1;
+    close(fds[0]);
+    if (child > 0) waitpid(child, nullptr, 0);
+    return mib;
+  }
+  std::string Log() { return ReadFile(dir_ + "/client.out") + ReadFile(dir_ + "/worker.log"); }
+  std::string shm_name_;
+  void* fake_ = nullptr;
+  int (*info_)(int, unsigned*, unsigned*, unsigned long long*) = nullptr;
+};
+
+TEST_F(RemoteZero, AnIdleSessionGoesToZeroAndTheClientsNextCallBringsEveryByteBack) {
+  for (const std::string& via : {std::string("unix:") + dir_ + "/w.sock", TcpAddress()}) {
+    SCOPED_TRACE(via);
+    pid_t client = StartClient(via);
+    ASSERT_GT(client, 0);
+    ASSERT_TRUE(WaitFor("t/ready")) << Log();
+    const int session = SessionPid();
+    ASSERT_GT(session, 0) << Shell(env_ + TF_TFUSION + " smi").out;
+    ASSERT_TRUE(WaitCheckpointed()) << Shell(env_ + TF_TFUSION + " smi -p").out << Log();
+    // The session swapped its movable buffers out first (it idles 300 ms before that: too soon
+    // to read the device's use reliably before it).
+    EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/worker.log"), std::regex("swapped out 7[0-9] MiB"))) << Log();
+    unsigned long long saved = 0;
+    EXPECT_EQ(State(session, nullptr, &saved), 2u) << "CU_PROCESS_STATE_CHECKPOINTED";
+    EXPECT_GE(saved, 1ull << 20) << "the fixed buffer left the device with the checkpoint";
+    EXPECT_LT(saved, 4ull << 20) << "the movable buffers were swapped out before";
+    EXPECT_EQ(DeviceUsedMiB(), 0) << "a checkpointed session holds no VRAM";
+    EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/worker.log"),
+                                  std::regex("vGPU remote-" + std::to_string(session) + ": process [0-9]+ idle [0-9]+ s: checkpointed")))
+        << Log();
+    Shell("touch " + dir_ + "/t/go");
+    ASSERT_TRUE(WaitFor("t/verified")) << Log();
+    const std::string out = ReadFile(dir_ + "/client.out");
+    EXPECT_NE(out.find("first_call=0"), std::string::npos) << out;
+    EXPECT_NE(out.find("zero_identical=4"), std::string::npos) << out;
+    unsigned calls = 99;
+    EXPECT_EQ(State(session, &calls), 0u) << "CU_PROCESS_STATE_RUNNING";
+    EXPECT_EQ(calls, 0u) << "a call of the session reached the driver while it was checkpointed";
+    Shell("touch " + dir_ + "/t/go3");
+    int status = 0;
+    waitpid(client, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Log();
+  }
+}
+
+// A client that goes away while its session is checkpointed: the session's cleanup (its first
+// driver call) asks the keeper to restore it, then frees everything and exits as any session
+// does; the worker removes its vGPU. Nothing is left: no session process, no vGPU, no VRAM.
+TEST_F(RemoteZero, AClientKilledWhileItsSessionIsCheckpointedLeavesNothingBehind) {
+  pid_t client = StartClient(std::string("unix:") + dir_ + "/w.sock");
+  ASSERT_GT(client, 0);
+  ASSERT_TRUE(WaitFor("t/ready")) << Log();
+  const int session = SessionPid();
+  ASSERT_GT(session, 0);
+  ASSERT_TRUE(WaitCheckpointed()) << Log();
+  EXPECT_EQ(State(session), 2u);
+  kill(-client, SIGKILL);
+  waitpid(client, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    gone = kill(session, 0) != 0 && SessionPid() == 0;
+    if (!gone) usleep(50000);
+  }
+  EXPECT_TRUE(gone) << Shell(env_ + TF_TFUSION + " smi -p").out << Log();
+  EXPECT_EQ(DeviceUsedMiB(), 0) << Log();
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("session ended: freed"), std::string::npos) << Log();
+}
+
+// Explicit requests: `tfusion freeze remote-PID --zero` swaps the session out and checkpoints it
+// from the CLI's process; `tfusion thaw` restores it ahead of the client's next call. A worker
+// whose --idle-zero is not longer than its --idle-swap does not start.
+class RemoteZeroOnRequest : public RemoteZero {
+ protected:
+  std::string WorkerFlags() const override { return "--tiering --idle-swap 0"; }
+};
+
+TEST_F(RemoteZeroOnRequest, FreezeZeroAndThawReachAWorkerSession) {
+  pid_t client = StartClient(TcpAddress());
+  ASSERT_GT(client, 0);
+  ASSERT_TRUE(WaitFor("t/ready")) << Log();
+  const int session = SessionPid();
+  ASSERT_GT(session, 0);
+  const std::string vgpu = "remote-" + std::to_string(session);
+  Result frozen = Shell(env_ + TF_TFUSION + " freeze " + vgpu + " --zero --driver " + TF_FAKECUDA);
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << Log();
+  EXPECT_NE(frozen.out.find("checkpointed"), std::string::npos) << frozen.out;
+  EXPECT_EQ(State(session), 2u);
+  EXPECT_EQ(DeviceUsedMiB(), 0);
+  Result thawed = Shell(env_ + TF_TFUSION + " thaw " + vgpu + " --driver " + TF_FAKECUDA);
+  EXPECT_EQ(thawed.rc, 0) << thawed.out << Log();
+  EXPECT_EQ(State(session), 0u);
+  Shell("touch " + dir_ + "/t/go");
+  ASSERT_TRUE(WaitFor("t/verified")) << Log();
+  EXPECT_NE(ReadFile(dir_ + "/client.out").find("zero_identical=4"), std::string::npos) << Log();
+  Shell("touch " + dir_ + "/t/go3");
+  int status = 0;
+  waitpid(client, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Log();
+  Result bad = Shell(env_ + TF_TFUSION + " worker --listen unix:" + dir_ + "/w2.sock --tiering --idle-swap 10s --idle-zero 5s");
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("--idle-zero (5s) must be longer than --idle-swap (10s)"), std::string::npos) << bad.out;
+}

@@ -25,7 +25,8 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              under tfusion)
   steady     --model r50|gpt2 throughput for --seconds (nothing swapped)
   idlezero   --gib GiB --idle-wait S: idle until its zero keeper checkpoints it (the idle policy),
-             then the first call brings it back (VRAM while checkpointed, checksum)
+             then the first call brings it back (VRAM while checkpointed, checksum); remotely
+             (TF_REMOTE_VGPU=find) its worker session is the process checked
   zero       --gib GiB: freeze, then freeze --zero twice (the driver's checkpoint after our swap),
              each resumed by the first call: CLI time, VRAM the driver reports for the process
              after each level and after the resume, first-call time, checksum
@@ -377,15 +378,25 @@ def run_firstfreeze(a):
                       "intact": checksum(t) == want}))
 
 
+def gpu_pid():
+    """The process that holds this tenant's context: this one locally; remotely
+    (TF_REMOTE_VGPU=find) the worker's session process, remote-PID."""
+    if os.environ.get("TF_REMOTE_VGPU") != "find":
+        return os.getpid()
+    return int(my_vgpu().split("-", 1)[1])
+
+
 def process_vram_mib():
     """VRAM the driver reports for this process (nvidia-smi, run without the limiter's library path
-    so that it reads the real NVML); 0 when the process holds none (it is not listed)."""
+    so that it reads the real NVML); 0 when the process holds none (it is not listed). Remotely:
+    the session process's."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    mine = str(gpu_pid())
     p = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                        capture_output=True, text=True, timeout=60, env=env)
     for line in p.stdout.splitlines():
         parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 2 and parts[0] == str(os.getpid()):
+        if len(parts) == 2 and parts[0] == mine:
             return int(parts[1]) if parts[1].isdigit() else parts[1]
     return 0
 
@@ -430,9 +441,10 @@ def run_idlezero(a):
         open(a.ready, "w").close()
     t0 = time.monotonic()
     seen = None
+    pid = str(gpu_pid())
     while time.monotonic() - t0 < a.idle_wait:
-        smi = subprocess.run([TFUSION, "smi", "-p"], capture_output=True, text=True, timeout=60).stdout
-        if any(str(os.getpid()) in l and "checkpointed" in l for l in smi.splitlines()):
+        smi = subprocess.run([TFUSION, "smi", "-p"], capture_output=True, text=True, timeout=60, env=cli_env()).stdout
+        if any(pid in l and "checkpointed" in l for l in smi.splitlines()):
             seen = time.monotonic() - t0
             break
         time.sleep(0.2)

@@ -36,6 +36,10 @@ Phases (tier_tenant.py does the work inside each tenant):
           a `tfusion worker --tiering --idle-swap 0` on this host, the tenant under
           `tfusion run --remote` over shared memory and over loopback TCP; it freezes its session's
           vGPU (remote-PID) with `tfusion freeze`
+  rzero   scale to zero of a remote session: `tfusion worker --tiering --idle-swap 2s --idle-zero 5s`
+          on a unix socket, a 1 GiB PyTorch tenant under `tfusion run --remote` idle until the
+          worker's zero keeper checkpoints its session (VRAM of the session then: ok needs 0), then
+          its first call restores it (checksum); under 60 s
   preempt QoS preemption through the control plane: `tfusion up` on this host, a pool that oversells
           VRAM, a low-QoS `tfusion run --controller` tenant holding 8 GiB, then a critical
           allocation that needs its compute: the tenant is suspended (swapped out, held), its
@@ -440,6 +444,42 @@ def phase_remote(r):
         r.record("remote_worker_log", {"swap_lines": lines[-40:]})
 
 
+def phase_rzero(r, gib=1):
+    """Scale to zero of a remote session: a `tfusion worker --tiering --idle-swap 2s --idle-zero 5s`
+    on a unix socket, a PyTorch tenant of 1 GiB under `tfusion run --remote` that stays idle until
+    the worker's zero keeper has checkpointed its session, then its first call restores it."""
+    import secrets
+    token = secrets.token_hex(16)
+    work = os.path.join(r.out, "rzero-work")
+    os.makedirs(work, exist_ok=True)
+    sock_path = os.path.join(work, "w.sock")
+    ready = os.path.join(work, "ready")
+    wlog = open(os.path.join(r.logs, "rzero-worker.log"), "w")
+    worker = subprocess.Popen([r.tfusion, "worker", "--listen", "unix:" + sock_path, "--token", token, "--tiering",
+                               "--idle-swap", "2s", "--idle-zero", "5s", "--ready-file", ready],
+                              stdout=wlog, stderr=subprocess.STDOUT, env=r.env)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(ready) and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.05)
+        if not os.path.exists(ready):
+            r.record("rzero", {"error": "worker not ready (see logs/rzero-worker.log)"})
+            return
+        d = r.tenant(["idlezero", "--gib", str(gib), "--idle-wait", "30"], ["--remote", "unix:" + sock_path, "--token", token],
+                     env={"TF_REMOTE_VGPU": "find"}, timeout=55)
+        d["ok"] = bool(d.get("intact")) and d.get("checkpointed_after_idle_s") is not None and d.get("vram_checkpointed_mib") == 0
+        r.record("rzero", d)
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        with open(os.path.join(r.logs, "rzero-worker.log")) as f:
+            lines = [l.strip() for l in f if "checkpointed" in l or "zero keeper" in l or "restor" in l]
+        r.record("rzero_worker_log", {"lines": lines[-20:]})
+
+
 class UpOnThisHost:
     """`tfusion up` (controller and node agent) in a fresh folder, its log in logs/NAME-up.log; url
     and token empty when it did not start; api(method, path, body) -> (status, JSON)."""
@@ -538,7 +578,7 @@ def phase_preempt(r, gib=8):
 
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
-          "oversub": phase_oversub, "zero": phase_zero, "firstfreeze": phase_firstfreeze}
+          "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "firstfreeze": phase_firstfreeze}
 
 
 def main():

@@ -453,15 +453,27 @@ int Pools(const std::string& dir) {
 // Scale to zero, driven through files in `dir`: three movable buffers and one fixed buffer (from a
 // stream-ordered pool with an export handle type) with known contents; says "ready" (and its pid); at "go" makes one GPU call and says
 // its result; at "go2" (after a failed first call) tries again; then checks every byte of all four.
-int Zero(const std::string& dir) {
+// `fixed`: what holds the 1 MiB that cannot move: "pool" (an exportable pool) or "array" (a CUDA
+// array: remote sessions refuse exportable pools).
+int Zero(const std::string& dir, const std::string& fixed = "pool") {
   Setup();
   const size_t sizes[] = {3u << 20, 64u << 20, (9u << 20) + 777};
-  CUdeviceptr bufs[4];
+  CUdeviceptr bufs[4] = {};
+  CUarray array = nullptr;
   std::vector<std::vector<unsigned char>> want(4);
   const size_t pitch = 4096;
-  CUmemoryPool exported = ExportablePool(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  CHECK(cuMemAllocFromPoolAsync(&bufs[3], pitch * 256, exported, nullptr));  // fixed: it cannot move
-  CHECK(cuStreamSynchronize(nullptr));
+  if (fixed == "array") {
+    CUDA_ARRAY_DESCRIPTOR d = {};
+    d.Width = pitch;
+    d.Height = 256;
+    d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    d.NumChannels = 1;
+    CHECK(cuArrayCreate(&array, &d));  // fixed: arrays do not move
+  } else {
+    CUmemoryPool exported = ExportablePool(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CHECK(cuMemAllocFromPoolAsync(&bufs[3], pitch * 256, exported, nullptr));  // fixed: it cannot move
+    CHECK(cuStreamSynchronize(nullptr));
+  }
   for (int i = 0; i < 4; ++i) {
     const size_t n = i < 3 ? sizes[i] : pitch * 256;
     if (i < 3) CHECK(cuMemAlloc(&bufs[i], n));
@@ -471,7 +483,8 @@ int Zero(const std::string& dir) {
       x ^= x << 13; x ^= x >> 17; x ^= x << 5;
       b = static_cast<unsigned char>(x);
     }
-    CHECK(cuMemcpyHtoD(bufs[i], want[i].data(), n));
+    if (i == 3 && array != nullptr) CHECK(cuMemcpyHtoA(array, 0, want[i].data(), n));
+    else CHECK(cuMemcpyHtoD(bufs[i], want[i].data(), n));
   }
   CHECK(cuCtxSynchronize());
   if (FILE* f = std::fopen((dir + "/pid").c_str(), "w")) {
@@ -491,14 +504,18 @@ int Zero(const std::string& dir) {
   int same = 0;
   for (int i = 0; i < 4; ++i) {
     std::vector<unsigned char> got(want[i].size());
-    CHECK(cuMemcpyDtoH(got.data(), bufs[i], got.size()));
+    if (i == 3 && array != nullptr) CHECK(cuMemcpyAtoH(got.data(), array, 0, got.size()));
+    else CHECK(cuMemcpyDtoH(got.data(), bufs[i], got.size()));
     same += got == want[i];
   }
   std::printf("zero_identical=%d\n", same);
   std::fflush(stdout);
   Touch(dir + "/verified");
   if (!WaitFile(dir + "/go3")) return 4;
-  for (auto b : bufs) CHECK(cuMemFree(b));
+  for (auto b : bufs) {
+    if (b != 0) CHECK(cuMemFree(b));
+  }
+  if (array != nullptr) CHECK(cuArrayDestroy(array));
   std::printf("freed=1\n");
   return 0;
 }
@@ -727,7 +744,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
-  if (cmd == "zero" && argc > 2) return Zero(argv[2]);
+  if (cmd == "zero" && argc > 2) return Zero(argv[2], argc > 3 ? argv[3] : "pool");
   if (cmd == "pitched" && argc > 2) return Pitched(argv[2]);
   if (cmd == "pools" && argc > 2) return Pools(argv[2]);
   if (cmd == "vmm" && argc > 2) return vmm::Run(argv[2]);
