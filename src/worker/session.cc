@@ -251,6 +251,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   // cuDevicePrimaryCtxReset_v2 (below Cleanup): everything the session made in the device's
   // primary context goes, its names retired; host regions are registered again afterwards.
   CUresult PrimaryCtxReset(Reader& rd);
+  void DestroyObjects();
 
   // [p, p + n) lies wholly inside one range of `ranges` (base -> size).
   static bool InsideOne(const std::map<uint64_t, uint64_t>& ranges, uint64_t p, uint64_t n) {
@@ -2473,15 +2474,32 @@ void Session::Cleanup() {
   if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
   host_mem_.Release(&arena_charge_);
   arena_state_ = -1;
+  const size_t graphs = graphs_.graph_count();
+  DestroyObjects();
+  for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
+  green_.Cleanup();
+  for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
+  for (auto& [dev, n] : primary_retains_) {
+    for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
+  }
+  SessionLog("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
+      "%zu host regions, %zu mirrors, %zu IPC mappings",
+      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors,
+      ipc_opened_.size());
+  allocs_.clear();
+}
+
+// The driver objects the session made, for its end and for a primary-context reset (libraries,
+// green and created contexts, and primary-context retains are the caller's); the tables are left
+// for the caller to count and clear.
+void Session::DestroyObjects() {
   arrays_.Cleanup();
   for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
-  for (uint64_t s : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(s));
-  const size_t graphs = graphs_.graph_count();
+  for (uint64_t st : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(st));
   graphs_.Cleanup();
   graph_host_.Clear();
   jit_.DestroyAll();
   for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
-  for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
   for (auto& [p, opens] : ipc_opens_) {
     for (int i = 0; i < opens; ++i) CALL(cuIpcCloseMemHandle, p);
@@ -2493,16 +2511,6 @@ void Session::Cleanup() {
   for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
   for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
   for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
-  green_.Cleanup();
-  for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
-  for (auto& [dev, n] : primary_retains_) {
-    for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
-  }
-  SessionLog("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
-      "%zu host regions, %zu mirrors, %zu IPC mappings",
-      allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors,
-      ipc_opened_.size());
-  allocs_.clear();
 }
 
 CUresult Session::PrimaryCtxReset(Reader& rd) {
@@ -2532,26 +2540,9 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
   for (auto& [addr, region] : regions_) CALL(cuMemHostUnregister, region.local);
   if (arena_state_ == 1) CALL(cuMemHostUnregister, arena_base_);
   if (arena_state_ == 1) arena_state_ = 0;  // registered again at the next pageable copy
-  arrays_.Cleanup();
-  for (uint64_t e : events_) CALL(cuEventDestroy_v2, As<CUevent>(e));
-  for (uint64_t st : streams_) CALL(cuStreamDestroy_v2, As<CUstream>(st));
-  graphs_.Cleanup();
-  graph_host_.Clear();
-  jit_.DestroyAll();
   // Libraries and their kernels are context-independent: they stay (the driver loads them into
   // the context again when used); their modules and functions in this context go.
-  for (auto& [m, fns] : modules_) CALL(cuModuleUnload, As<CUmodule>(m));
-  for (auto& [p, n] : allocs_) CALL(cuMemFree_v2, p);
-  for (auto& [p, opens] : ipc_opens_) {
-    for (int i = 0; i < opens; ++i) CALL(cuIpcCloseMemHandle, p);
-  }
-  for (auto& [p, n] : vmm_mapped_) CALL(cuMemUnmap, p, n);
-  for (auto& [h, n] : vmm_retains_) {
-    for (int i = 0; i < n; ++i) CALL(cuMemRelease, h);
-  }
-  for (auto& [h, n] : vmm_handles_) CALL(cuMemRelease, h);
-  for (auto& [p, n] : vmm_reserved_) CALL(cuMemAddressFree, p, n);
-  for (uint64_t p : created_pools_) CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
+  DestroyObjects();
   for (auto& [h, c] : vmm_host_charges_) host_mem_.Release(&c);
   const size_t allocations = allocs_.size(), streams = streams_.size(), events = events_.size(),
                modules = modules_.size();
