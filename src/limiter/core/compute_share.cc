@@ -260,20 +260,23 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // not saturating (inference leaving gaps, a burstable slice), nobody takes turns. Taking them
   // then would time-slice that tenant against one saturating process instead of all of them,
   // charging it twice or more and holding it at its request (docs/compute-sharing.md).
-  bool others_gappy = false;
-  for (uint32_t i = 0; i < kMaxVgpus && !others_gappy; ++i) {
-    others_gappy = i != mine && ((mask >> i) & 1) == 0 && Wanting(vgpu(i), now_ns);
-  }
+  // Looked at only by a saturating process that may run (the scan reads every vGPU slot).
+  auto others_gappy = [&] {
+    for (uint32_t i = 0; i < kMaxVgpus; ++i) {
+      if (i != mine && ((mask >> i) & 1) == 0 && Wanting(vgpu(i), now_ns)) return true;
+    }
+    return false;
+  };
 
   if (mine_now) {
     // Given up when held by its buckets, no longer saturating, or beside a tenant that is not;
     // otherwise kept until taken.
-    if (out->hold != ShareHold::kRun || !turn->saturating || others_gappy) {
+    if (out->hold != ShareHold::kRun || !turn->saturating || others_gappy()) {
       sb->turn.compare_exchange_strong(word, 0, std::memory_order_acq_rel);
     }
     return;
   }
-  if (!turn->saturating || out->hold != ShareHold::kRun || others_gappy) return;
+  if (!turn->saturating || out->hold != ShareHold::kRun || others_gappy()) return;
   // Another saturating vGPU that still wants the GPU? (A dead process's bit has no fresh demand.)
   bool contended = false;
   for (uint64_t m = mask & ~bit; m != 0 && !contended; m &= m - 1) {
