@@ -40,19 +40,21 @@ CUresult BeginCapture(Fn fn, CUstream stream, CUstreamCaptureMode mode, bool wit
 }
 
 CUresult EndCapture(Fn fn, CUstream stream, CUgraph* graph) {
-  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
-  uint8_t buf[8];
+  uint8_t buf[16];
   Writer w(buf, sizeof(buf));
   w.U64(H(stream));
+  // No graph output: the worker's driver decides, as natively (a capture into an existing graph
+  // may end without one).
+  if (graph == nullptr) w.U32(1);
   ReplyView rv;
   CUresult r = CallSync(s, Op(fn), w, &rv);
   // The capture ends whatever the result (an invalidated capture too), except for a stream the
   // worker refused.
   if (r != CUDA_ERROR_INVALID_HANDLE) s->capturing.erase(H(stream));
-  if (r != CUDA_SUCCESS) return r;
+  if (r != CUDA_SUCCESS || graph == nullptr) return r;
   uint64_t g = 0;
   if (!rv.reader.U64(&g)) return CUDA_ERROR_UNKNOWN;
   *graph = reinterpret_cast<CUgraph>(g);

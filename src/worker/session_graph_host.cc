@@ -75,8 +75,13 @@ void* GraphHostCopies::Shadow(uint64_t addr, uint64_t n) {
   }
   s.local = static_cast<uint8_t*>(p);
   // Pinned, so the node is a DMA as with page-locked memory; the driver copies unregistered
-  // memory too (staged), so a refusal only costs speed.
+  // memory too (staged), so a refusal only costs speed. Shadows are made while a stream captures,
+  // where registering is an unsafe call that would invalidate a global-mode capture: this thread
+  // registers in relaxed mode (the program made no such call natively).
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  const bool exchanged = CALL(cuThreadExchangeStreamCaptureMode, &mode) == CUDA_SUCCESS;
   s.registered = CALL(cuMemHostRegister_v2, p, s.map_len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+  if (exchanged) CALL(cuThreadExchangeStreamCaptureMode, &mode);
   shadows_[addr] = s;
   return s.local;
 }

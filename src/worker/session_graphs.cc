@@ -978,19 +978,30 @@ CUresult SessionGraphs::Capture(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuStreamEndCapture:
     case Fn::cuStreamEndCapture_ptsz: {
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      // Optional: 1 when the program passed no graph output (the driver takes NULL for a capture
+      // into an existing graph, as cudaStreamEndCapture(stream, nullptr) after
+      // cudaStreamBeginCaptureToGraph does); the driver decides what NULL means, as natively.
+      uint32_t no_output = 0;
+      if (rd.remaining() > 0) rd.U32(&no_output);
+      if (!rd.Finish() || no_output > 1) return CUDA_ERROR_INVALID_VALUE;
       CUgraph g = nullptr;
-      CUresult r = fn == Fn::cuStreamEndCapture ? CALL(cuStreamEndCapture, st, &g)
-                                                : CALL(cuStreamEndCapture_ptsz, st, &g);
+      CUgraph* gp = no_output ? nullptr : &g;
+      CUresult r = fn == Fn::cuStreamEndCapture ? CALL(cuStreamEndCapture, st, gp)
+                                                : CALL(cuStreamEndCapture_ptsz, st, gp);
       auto cg = capture_graphs_.find(s);
       if (cg != capture_graphs_.end()) {
-        // A failed capture's graph is gone (the driver destroyed it); a finished one is the
-        // client's now.
-        if (r != CUDA_SUCCESS || H(g) != cg->second) ForgetGraph(cg->second, false);
-        else graphs_[cg->second].capturing_stream = 0;
+        auto e = graphs_.find(cg->second);
+        // Only the capture's own graph (not the program's graph it captured into) changes hands:
+        // a failed capture's graph is gone (the driver destroyed it); a finished one is the
+        // client's now (or, with no output, stays the session's until it ends).
+        if (e != graphs_.end() && e->second.capturing_stream == s) {
+          if (r != CUDA_SUCCESS || (gp != nullptr && H(g) != cg->second)) ForgetGraph(cg->second, false);
+          else e->second.capturing_stream = 0;
+        }
         capture_graphs_.erase(cg);
       }
       if (r != CUDA_SUCCESS) return r;
+      if (gp == nullptr) return CUDA_SUCCESS;
       graphs_[H(g)].capturing_stream = 0;
       out.U64(GraphName(H(g)));
       return CUDA_SUCCESS;
@@ -1008,11 +1019,9 @@ CUresult SessionGraphs::Capture(Fn fn, Reader& rd, Writer& out) {
                        : CALL(cuStreamGetCaptureInfo_v2, st, &status, &id, &g, &deps, &n);
       if (r != CUDA_SUCCESS) return r;
       if (status == CU_STREAM_CAPTURE_STATUS_ACTIVE && g) {
-        GraphEntry& e = graphs_[H(g)];
-        if (!capture_graphs_.count(s) && e.capturing_stream == 0 && e.allocs.empty()) {
-          // Not one of the client's graphs (cuStreamBeginCaptureToGraph's is): the capture's.
-          e.capturing_stream = s;
-        }
+        // A graph the session does not know yet is the capture's own; one it knows is the
+        // program's (cuStreamBeginCaptureToGraph's target, a conditional node's body).
+        if (!capture_graphs_.count(s) && !graphs_.count(H(g))) graphs_[H(g)].capturing_stream = s;
         capture_graphs_[s] = H(g);
       }
       if (n > remote::kMaxGraphDeps) n = remote::kMaxGraphDeps;

@@ -231,6 +231,8 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int 
 // addresses): overlapping an existing host range is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED.
 CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
   FAKECUDA_ENTER();
+  // Unsafe during a global-mode capture, as on the real driver (it invalidates the capture).
+  if (CUresult r = fakecuda::CheckUnsafeDuringCapture(); r != CUDA_SUCCESS) return r;
   if (p == nullptr || bytesize == 0 ||
       (flags & ~(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
                  CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY))) {

@@ -248,22 +248,24 @@ CUresult cuStreamUpdateCaptureDependencies_v2(CUstream handle, CUgraphNode* deps
   return CUDA_SUCCESS;
 }
 
+// A capture into an existing graph may end without a graph output (the real driver takes NULL
+// there: NVIDIA's graphConditionalNodes sample does it); a capture of its own needs one.
 CUresult cuStreamEndCapture(CUstream handle, CUgraph* graph) {
   FAKECUDA_ENTER();
-  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUresult err = CUDA_SUCCESS;
   std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
   if (stream == nullptr) return err;
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
   if (stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (graph == nullptr && !stream->capture_to_existing) return CUDA_ERROR_INVALID_VALUE;
   if (stream->capture_invalidated) {
     if (!stream->capture_to_existing) d.graphs.erase(stream->capture);
     stream->capture = nullptr;
-    *graph = nullptr;
+    if (graph) *graph = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
-  *graph = reinterpret_cast<CUgraph>(stream->capture);
+  if (graph) *graph = reinterpret_cast<CUgraph>(stream->capture);
   stream->capture = nullptr;
   return CUDA_SUCCESS;
 }

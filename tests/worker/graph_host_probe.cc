@@ -280,6 +280,35 @@ int GraphConditional() {
     CHECK(cuGraphExecDestroy(e));
     CHECK(cuGraphDestroy(g));
   }
+  // WHILE whose body is built by capturing into it, the capture ended without a graph output
+  // (NVIDIA's graphConditionalNodes, simpleDoWhileGraph).
+  {
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUgraphConditionalHandle h;
+    CHECK(cuGraphConditionalHandleCreate(&h, g, ctx, 1, CU_GRAPH_COND_ASSIGN_DEFAULT));
+    CUgraph* bodies = nullptr;
+    Conditional(g, nullptr, 0, h, CU_GRAPH_COND_TYPE_WHILE, 1, ctx, &bodies);
+    CUstream cs;
+    CHECK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCaptureToGraph(cs, bodies[0], nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    unsigned w = 0x444, zero = 0;
+    void* fill_args[] = {&out, &w, &one};
+    CHECK(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, cs, fill_args, nullptr));
+    void* clear_args[] = {&h, &zero};
+    CHECK(cuLaunchKernel(set, 1, 1, 1, 1, 1, 1, 0, cs, clear_args, nullptr));
+    CHECK(cuStreamEndCapture(cs, nullptr));
+    CHECK(cuStreamDestroy(cs));
+    size_t body_nodes = 0;
+    CHECK(cuGraphGetNodes(bodies[0], nullptr, &body_nodes));
+    CUgraphExec e;
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("captured_while=%x\nbody_nodes=%zu\n", Read(out), body_nodes);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+  }
   std::printf("done=1\n");
   return 0;
 }

@@ -760,17 +760,21 @@ TEST_F(RemoteTest, GraphCopiesOfPageableMemoryMoveTheBytesOfEachLaunch) {
 
 // graphConditionalNodes: conditional handles keep the driver's value (a kernel sets it on the
 // device), the client gets the bodies the driver created and fills them; IF/ELSE by the handle's
-// default, SWITCH picked by a kernel, WHILE ended by a kernel, as on the driver itself.
+// default, SWITCH picked by a kernel, WHILE ended by a kernel, a WHILE body built by capture, as on
+// the driver itself.
 TEST_F(RemoteTest, ConditionalGraphNodesRunTheBodyTheDeviceChose) {
   StartWorker();
   Result direct = Direct("graphconditional");
   ASSERT_EQ(direct.rc, 0) << direct.out;
   EXPECT_EQ(direct.kv["switch"], "12");
+  // A body built by capturing into it, the capture ended with no graph output (do-while).
+  EXPECT_EQ(direct.kv["captured_while"], "444");
+  EXPECT_EQ(direct.kv["body_nodes"], "2");
   for (const std::string& addr : {tcp_, unix_}) {
     Result r = Remote(addr, "graphconditional");
     ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
     EXPECT_EQ(r.kv["done"], "1");
-    for (const char* k : {"if_default_1", "if_default_0", "switch", "while"}) {
+    for (const char* k : {"if_default_1", "if_default_0", "switch", "while", "captured_while", "body_nodes"}) {
       EXPECT_EQ(r.kv[k], direct.kv[k]) << addr << " " << k;
     }
     // A body belongs to its node: the worker refuses to destroy it (the fake driver lets it).
