@@ -232,10 +232,15 @@ bool HostNodeFunctionOf(uint64_t id, CUhostFn* fn, void** user) {
   Callbacks& c = Cb();
   pthread_mutex_lock(&c.mu);
   auto it = c.host_nodes.find(id);
-  const bool found = it != c.host_nodes.end();
+  bool found = it != c.host_nodes.end();
   if (found) {
     *fn = it->second.host_fn;
     *user = it->second.user;
+  } else if (auto r = c.registered.find(id); r != c.registered.end() && r->second.host_fn) {
+    // A host function captured from a stream, whose node has not run yet.
+    found = true;
+    *fn = r->second.host_fn;
+    *user = r->second.user;
   }
   pthread_mutex_unlock(&c.mu);
   return found;
@@ -294,9 +299,20 @@ void HandleEventFrame(Session* s, const transport::InFrame& in) {
   if (in.header.opcode != remote::kEvtHostFunc) return;
   transport::Reader rd(in.payload, in.payload_length);
   uint64_t id = 0;
-  if (!rd.U64(&id) || !rd.Finish()) return;
+  uint32_t kind = 0;
+  if (!rd.U64(&id)) return;
+  if (rd.remaining() > 0) rd.U32(&kind);
+  if (!rd.Finish() || (kind != 0 && kind != remote::kHostFuncNodeRun)) return;
   Callbacks& c = Cb();
   pthread_mutex_lock(&c.mu);
+  if (kind == remote::kHostFuncNodeRun) {
+    // A host function launched into a capturing stream became a host node: it runs at every
+    // launch of the graph, so it joins the host nodes (counted per launch) instead of running once.
+    if (auto it = c.registered.find(id); it != c.registered.end()) {
+      c.host_nodes[id] = it->second;
+      c.registered.erase(it);
+    }
+  }
   c.reached.push_back(id);
   pthread_cond_signal(&c.cv);
   pthread_mutex_unlock(&c.mu);

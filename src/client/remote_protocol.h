@@ -114,6 +114,9 @@ inline constexpr uint16_t kOpGraphHostData = 0x001B;
 inline constexpr uint16_t kEventBase = 0x8100;
 // A stream reached host function `id`. Payload: u64 id. The stream waits for kOpHostFuncDone.
 inline constexpr uint16_t kEvtHostFunc = 0x8100;
+// Optional u32 after the id of a kEvtHostFunc: the run of a graph's host node (a host function
+// captured from a stream becomes one): the client keeps the function for the graph's next launch.
+inline constexpr uint32_t kHostFuncNodeRun = 1;
 // One slice of a device-to-host copy's data (cuMemcpyDtoH_v2, cuMemcpyDtoHAsync_v2 to pageable
 // memory), sent before the call's reply. Payload: u64 the call's sequence, u64 offset into the
 // copy; bulk: the bytes. The copy's length is not limited by the transport's bulk limit.

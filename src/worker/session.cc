@@ -201,7 +201,8 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   // A host node's function: as HostFuncTrampoline, for every run of the node (arg is kept).
   static void HostNodeTrampoline(void* arg);
   std::map<uint64_t, std::unique_ptr<HostFuncArg>> host_node_args_;  // by client id
-  void HostFuncReached(uint64_t id);
+  // node: a graph's host node (it runs again at the next launch), not a one-time host function.
+  void HostFuncReached(uint64_t id, bool node = false);
   void HostFuncDone(uint64_t id);
   // Before a call that blocks on streams: waits until every host function the client enqueued has
   // run, reading acknowledgements (the only frames a client sends while it waits for a reply).
@@ -865,6 +866,15 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (fn == Fn::cuStreamAddCallback) rd.U32(&flags);
       if (!rd.Finish() || flags != 0) return CUDA_ERROR_INVALID_VALUE;
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
+      if (Capturing(As<CUstream>(s))) {
+        // Captured: a host node of the capture graph, which runs at every launch of the graph
+        // (counted per launch like other host nodes), so its argument stays.
+        if (fn == Fn::cuStreamAddCallback) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        CUhostFn node_fn = nullptr;
+        void* node_arg = nullptr;
+        HostNodeFunction(id, &node_fn, &node_arg);
+        return CALL(cuLaunchHostFunc, As<CUstream>(s), node_fn, node_arg);
+      }
       auto* arg = new HostFuncArg{this, id};
       {
         std::lock_guard<std::mutex> g(hf_mu_);
@@ -1038,7 +1048,8 @@ void Session::HostFuncTrampoline(void* arg) {
 
 void Session::HostNodeTrampoline(void* arg) {
   auto* a = static_cast<HostFuncArg*>(arg);
-  a->self->HostFuncReached(a->id);
+  a->self->graph_host_.BeforeHostNode(arg);  // what the graph's copies wrote before this node
+  a->self->HostFuncReached(a->id, true);
 }
 
 uint64_t Session::ClientHostAddress(const void* local) const {
@@ -1390,7 +1401,7 @@ CUresult Session::CopyToClient(uint64_t src, uint64_t n, CUstream st, bool async
   return r;
 }
 
-void Session::HostFuncReached(uint64_t id) {
+void Session::HostFuncReached(uint64_t id, bool node) {
   static const bool trace = [] {
     const char* t = getenv("TFUSION_WORKER_TRACE");
     return t != nullptr && *t == '1';
@@ -1398,9 +1409,10 @@ void Session::HostFuncReached(uint64_t id) {
   if (trace) SessionLog("trace: host function %llu reached", static_cast<unsigned long long>(id));
   console_.Forward(t_.get(), &event_seq_);  // what was printed before the callback comes first
   mirrors_.Pull(t_.get(), &event_seq_);     // the host function sees what the stream wrote
-  uint8_t buf[8];
+  uint8_t buf[12];
   Writer w(buf, sizeof(buf));
   w.U64(id);
+  if (node) w.U32(remote::kHostFuncNodeRun);  // the client keeps the function for the next run
   OutFrame f;
   f.opcode = remote::kEvtHostFunc;
   f.sequence = event_seq_++;

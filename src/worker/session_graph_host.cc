@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "client/mirror_runs.h"
 #include "worker/session_mirrors.h"  // SessionLog
@@ -26,13 +27,16 @@ struct SendBackArg {
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
 
 GraphHostCopies::ShadowMem* GraphHostCopies::FindLocked(uint64_t addr, uint64_t n, uint64_t* base) {
-  auto it = shadows_.upper_bound(addr);
-  if (it == shadows_.begin()) return nullptr;
-  --it;
-  const uint64_t off = addr - it->first;
-  if (off >= it->second.len || n > it->second.len - off) return nullptr;
-  if (base) *base = it->first;
-  return &it->second;
+  // Shadows may overlap: the latest one holding the whole range.
+  ShadowMem* found = nullptr;
+  for (auto it = shadows_.begin(); it != shadows_.end() && it->first <= addr; ++it) {
+    const uint64_t off = addr - it->first;
+    if (off < it->second.len && n <= it->second.len - off) {
+      found = &it->second;
+      if (base) *base = it->first;
+    }
+  }
+  return found;
 }
 
 bool GraphHostCopies::ClientRangeLocked(const void* local, uint64_t n, uint64_t* addr) const {
@@ -51,15 +55,6 @@ void* GraphHostCopies::Shadow(uint64_t addr, uint64_t n) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t base = 0;
   if (ShadowMem* s = FindLocked(addr, n, &base)) return s->local + (addr - base);
-  auto next = shadows_.lower_bound(addr);
-  const bool overlaps = FindLocked(addr, 1, nullptr) != nullptr ||
-                        (next != shadows_.end() && next->first < addr + n);
-  if (overlaps) {
-    SessionLog("graph copy of client memory [0x%llx, +%llu) refused: it overlaps the range of "
-               "another graph copy only in part", static_cast<unsigned long long>(addr),
-               static_cast<unsigned long long>(n));
-    return nullptr;
-  }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   ShadowMem s;
   s.len = n;
@@ -82,7 +77,7 @@ void* GraphHostCopies::Shadow(uint64_t addr, uint64_t n) {
   const bool exchanged = CALL(cuThreadExchangeStreamCaptureMode, &mode) == CUDA_SUCCESS;
   s.registered = CALL(cuMemHostRegister_v2, p, s.map_len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
   if (exchanged) CALL(cuThreadExchangeStreamCaptureMode, &mode);
-  shadows_[addr] = s;
+  shadows_.emplace(addr, s);
   return s.local;
 }
 
@@ -109,10 +104,13 @@ void GraphHostCopies::AddCopyLocked(const CUDA_MEMCPY3D& c, std::vector<Range>* 
     // Written ranges row by row: the bytes between rows are the program's, not the node's.
     if (dir == remote::kRegionToHost && pitch != w && h * d <= kMaxRowsPerCopy) {
       for (uint64_t k = 0; k < d; ++k) {
-        for (uint64_t r = 0; r < h; ++r) out->push_back({addr + k * pitch * rows + r * pitch, w, dir});
+        for (uint64_t r = 0; r < h; ++r) {
+          const uint64_t at = k * pitch * rows + r * pitch;
+          out->push_back({addr + at, w, dir, first + at});
+        }
       }
     } else {
-      out->push_back({addr, span, dir});
+      out->push_back({addr, span, dir, first});
     }
   }
 }
@@ -157,9 +155,81 @@ void GraphHostCopies::Instantiated(CUgraphExec e, CUgraph g) {
   }
   NodeRanges ranges;
   Scan(g, 0, nullptr, &ranges);
+  HostAncestors(e, g, ranges);
   std::lock_guard<std::mutex> l(mu_);
   if (ranges.empty()) execs_.erase(reinterpret_cast<uint64_t>(e));
   else execs_[reinterpret_cast<uint64_t>(e)] = std::move(ranges);
+}
+
+void GraphHostCopies::HostAncestors(CUgraphExec e, CUgraph g, const NodeRanges& ranges) {
+  std::map<const void*, std::vector<uint64_t>> before;
+  size_t count = 0;
+  std::vector<CUgraphNode> nodes;
+  if (!ranges.empty() && CALL(cuGraphGetNodes, g, nullptr, &count) == CUDA_SUCCESS && count > 0) {
+    nodes.resize(count);
+    if (CALL(cuGraphGetNodes, g, nodes.data(), &count) != CUDA_SUCCESS) nodes.clear();
+    nodes.resize(std::min(nodes.size(), count));
+  }
+  auto deps_of = [&](CUgraphNode n, std::vector<CUgraphNode>* out) {
+    size_t k = 0;
+    out->clear();
+    if (d_.cuGraphNodeGetDependencies_v2) {
+      if (d_.cuGraphNodeGetDependencies_v2(n, nullptr, nullptr, &k) != CUDA_SUCCESS || k == 0) return;
+      out->resize(k);
+      if (d_.cuGraphNodeGetDependencies_v2(n, out->data(), nullptr, &k) != CUDA_SUCCESS) k = 0;
+    } else {
+      if (CALL(cuGraphNodeGetDependencies, n, nullptr, &k) != CUDA_SUCCESS || k == 0) return;
+      out->resize(k);
+      if (CALL(cuGraphNodeGetDependencies, n, out->data(), &k) != CUDA_SUCCESS) k = 0;
+    }
+    out->resize(std::min(out->size(), k));
+  };
+  for (CUgraphNode n : nodes) {
+    CUgraphNodeType t = CU_GRAPH_NODE_TYPE_EMPTY;
+    CUDA_HOST_NODE_PARAMS hp = {};
+    if (CALL(cuGraphNodeGetType, n, &t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_HOST ||
+        CALL(cuGraphHostNodeGetParams, n, &hp) != CUDA_SUCCESS) {
+      continue;
+    }
+    // Its ancestors, breadth first (a graph is acyclic; bounded by the node count anyway).
+    std::set<uint64_t> seen;
+    std::vector<CUgraphNode> todo{n}, deps;
+    while (!todo.empty() && seen.size() <= nodes.size()) {
+      CUgraphNode x = todo.back();
+      todo.pop_back();
+      deps_of(x, &deps);
+      for (CUgraphNode p : deps) {
+        if (seen.insert(reinterpret_cast<uint64_t>(p)).second) todo.push_back(p);
+      }
+    }
+    auto& v = before[hp.userData];
+    for (uint64_t a : seen) {
+      if (ranges.count(a)) v.push_back(a);
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (before.empty()) host_before_.erase(reinterpret_cast<uint64_t>(e));
+  else host_before_[reinterpret_cast<uint64_t>(e)] = std::move(before);
+}
+
+void GraphHostCopies::BeforeHostNode(const void* user) {
+  std::vector<Range> out;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [e, hosts] : host_before_) {
+      auto h = hosts.find(user);
+      auto x = execs_.find(e);
+      if (h == hosts.end() || x == execs_.end()) continue;
+      for (uint64_t node : h->second) {
+        auto r = x->second.find(node);
+        if (r == x->second.end()) continue;
+        for (const Range& range : r->second) {
+          if (range.direction == remote::kRegionToHost) out.push_back(range);
+        }
+      }
+    }
+  }
+  if (!out.empty() && !SendRanges(out)) SessionLog("graph copy data not sent: the client is gone");
 }
 
 void GraphHostCopies::ChildSet(CUgraphExec e, CUgraphNode node, CUgraph child) {
@@ -183,6 +253,7 @@ void GraphHostCopies::CopySet(CUgraphExec e, CUgraphNode node, const CUDA_MEMCPY
 void GraphHostCopies::Destroyed(CUgraphExec e) {
   std::lock_guard<std::mutex> l(mu_);
   execs_.erase(reinterpret_cast<uint64_t>(e));
+  host_before_.erase(reinterpret_cast<uint64_t>(e));
 }
 
 void GraphHostCopies::Describe(CUgraphExec e, transport::Writer& out) const {
@@ -256,16 +327,20 @@ bool GraphHostCopies::SendRanges(const std::vector<Range>& ranges) {
   };
   std::lock_guard<std::mutex> l(mu_);
   for (const Range& r : ranges) {
-    uint64_t base = 0;
-    ShadowMem* s = FindLocked(r.addr, r.len, &base);
-    if (s == nullptr) continue;
+    const uint8_t* from = r.local;
+    if (from == nullptr) {
+      uint64_t base = 0;
+      ShadowMem* s = FindLocked(r.addr, r.len, &base);
+      if (s == nullptr) continue;
+      from = s->local + (r.addr - base);
+    }
     uint64_t off = 0;
     while (off < r.len) {
       if (runs.size() == remote::kMaxMirrorRuns || bulk.size() == limit) {
         if (!flush()) return false;
       }
       const uint64_t take = std::min<uint64_t>(r.len - off, limit - bulk.size());
-      const uint8_t* src = s->local + (r.addr - base) + off;
+      const uint8_t* src = from + off;
       bulk.insert(bulk.end(), src, src + take);
       runs.push_back({r.addr + off, take});
       off += take;
@@ -282,31 +357,34 @@ CUresult GraphHostCopies::Apply(const uint8_t* payload, uint32_t payload_len, co
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::lock_guard<std::mutex> l(mu_);
-  std::vector<uint8_t*> to(runs.size());
+  std::vector<std::vector<uint8_t*>> to(runs.size());  // every shadow holding the run
   for (size_t i = 0; i < runs.size(); ++i) {
-    uint64_t base = 0;
-    ShadowMem* s = FindLocked(runs[i].addr, runs[i].len, &base);
-    if (s == nullptr) {
+    const uint64_t addr = runs[i].addr, n = runs[i].len;
+    for (auto it = shadows_.begin(); it != shadows_.end() && it->first <= addr; ++it) {
+      const uint64_t off = addr - it->first;
+      if (off < it->second.len && n <= it->second.len - off) to[i].push_back(it->second.local + off);
+    }
+    if (to[i].empty()) {
       SessionLog("graph copy data refused: [0x%llx, +%llu) is not memory a graph copy of this "
-                 "session names", static_cast<unsigned long long>(runs[i].addr),
-                 static_cast<unsigned long long>(runs[i].len));
+                 "session names", static_cast<unsigned long long>(addr),
+                 static_cast<unsigned long long>(n));
       return CUDA_ERROR_INVALID_VALUE;
     }
-    to[i] = s->local + (runs[i].addr - base);
   }
   for (size_t i = 0; i < runs.size(); ++i) {
-    memcpy(to[i], bulk, runs[i].len);
+    for (uint8_t* p : to[i]) memcpy(p, bulk, runs[i].len);
     bulk += runs[i].len;
   }
   return CUDA_SUCCESS;
 }
 
 size_t GraphHostCopies::Clear() {
-  std::map<uint64_t, ShadowMem> all;
+  std::multimap<uint64_t, ShadowMem> all;
   {
     std::lock_guard<std::mutex> l(mu_);
     all.swap(shadows_);
     execs_.clear();
+    host_before_.clear();
   }
   for (auto& [addr, s] : all) {
     if (s.registered) CALL(cuMemHostUnregister, s.local);

@@ -27,6 +27,7 @@ class GraphHostCopies {
   struct Range {
     uint64_t addr = 0, len = 0;
     uint8_t direction = remote::kRegionToDevice;
+    const uint8_t* local = nullptr;  // the shadow's bytes the node copies (shadows may overlap)
   };
 
   // Shadows are charged to `host_memory` while they exist; events go out on t with sequence
@@ -41,8 +42,9 @@ class GraphHostCopies {
   }
 
   // The session's memory standing for the client's [addr, addr + n): inside an existing shadow,
-  // else a new shadow of exactly that range. nullptr (logged) when the range overlaps another
-  // shadow only in part, is too large or exceeds the session's host-memory limit.
+  // else a new shadow of exactly that range (which may overlap others in part: the client's
+  // pageable copies arrive in slices, and a later node may name the whole buffer). nullptr when
+  // the range is too large or exceeds the session's host-memory limit.
   void* Shadow(uint64_t addr, uint64_t n);
 
   // Executable graphs: what their memcpy nodes copy through shadows, found by asking the driver
@@ -59,9 +61,13 @@ class GraphHostCopies {
   // After a successful launch of e on stream: its written ranges go back to the client when the
   // stream reaches them (a host function of the session; nothing when e writes none).
   CUresult Launched(CUgraphExec e, CUstream stream);
+  // A host node whose function argument is `user` is about to run: the bytes that the memcpy nodes
+  // before it (its ancestors in the instantiated graph) wrote go to the client first, so the
+  // program's callback sees them as natively. Runs on the driver's thread.
+  void BeforeHostNode(const void* user);
 
-  // kOpGraphHostData: runs (mirror_runs.h encoding) each wholly inside one shadow, else nothing is
-  // written (CUDA_ERROR_INVALID_VALUE, logged).
+  // kOpGraphHostData: runs (mirror_runs.h encoding) each wholly inside a shadow (written to every
+  // shadow holding it), else nothing is written (CUDA_ERROR_INVALID_VALUE, logged).
   CUresult Apply(const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
                  uint64_t bulk_len);
 
@@ -99,8 +105,12 @@ class GraphHostCopies {
   std::atomic<uint64_t>* seq_ = nullptr;
   // The session thread changes the tables; a driver thread reads shadows in SendBack.
   mutable std::mutex mu_;
-  std::map<uint64_t, ShadowMem> shadows_;               // client address -> shadow
+  std::multimap<uint64_t, ShadowMem> shadows_;          // client address -> shadow
   std::map<uint64_t, NodeRanges> execs_;                // executable graph -> its ranges
+  // Executable graph -> a host node's function argument -> its ancestors with ranges (keys of
+  // execs_[e]).
+  std::map<uint64_t, std::map<const void*, std::vector<uint64_t>>> host_before_;
+  void HostAncestors(CUgraphExec e, CUgraph g, const NodeRanges& ranges);
 };
 
 }  // namespace tf::worker

@@ -779,6 +779,22 @@ CUresult cuLaunchHostFunc(CUstream stream_handle, CUhostFn fn, void* user_data) 
   CUresult err = CUDA_SUCCESS;
   std::shared_ptr<fakecuda::Stream> stream = fakecuda::ResolveStream(stream_handle, &err);
   if (stream == nullptr) return err;
+  {
+    // Stream capture: the host function becomes a host node of the capture graph (it runs at
+    // every launch, not now).
+    fakecuda::Driver& d = fakecuda::Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (stream->capture != nullptr) {
+      auto node = std::make_unique<fakecuda::GraphNode>();
+      node->kind = fakecuda::GraphNodeKind::kHost;
+      node->host.fn = fn;
+      node->host.userData = user_data;
+      node->deps = stream->capture_deps;
+      stream->capture_deps = {node.get()};
+      stream->capture->nodes.push_back(std::move(node));
+      return CUDA_SUCCESS;
+    }
+  }
   stream->worker.Enqueue([fn, user_data] { fn(user_data); });
   return CUDA_SUCCESS;
 }

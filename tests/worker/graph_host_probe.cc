@@ -163,6 +163,54 @@ int GraphPageable() {
   }
   std::printf("captured_ok=%d\n", captured_ok);
   CHECK(cuGraphExecDestroy(e));
+  // simpleCudaGraphs: a host function captured after a copy into a stack variable runs at every
+  // launch and sees what the copy wrote.
+  {
+    struct Seen {
+      const uint32_t* word;
+      std::vector<uint32_t> values;
+    } seen{&word, {}};
+    auto record = [](void* p) {
+      auto* x = static_cast<Seen*>(p);
+      x->values.push_back(*x->word);
+    };
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemcpyHtoDAsync(dev, in.data(), n, s));
+    CHECK(cuMemcpyDtoHAsync(&word, dev + 8, sizeof(word), s));
+    CHECK(cuLaunchHostFunc(s, record, &seen));
+    CHECK(cuStreamEndCapture(s, &g));
+    std::printf("captured_host_untouched=%d\n", seen.values.empty());
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    std::vector<uint32_t> want;
+    for (int round = 0; round < 3; ++round) {
+      for (size_t i = 0; i < n; ++i) in[i] = static_cast<uint8_t>(i * 7 + round * 13);
+      uint32_t w;
+      std::memcpy(&w, in.data() + 8, sizeof(w));
+      want.push_back(w);
+      CHECK(cuGraphLaunch(e, s));
+      CHECK(cuStreamSynchronize(s));
+    }
+    std::printf("captured_host_runs=%zu\ncaptured_host_saw_copy=%d\n", seen.values.size(),
+                seen.values == want);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+  }
+  // graphMemoryNodes: a node naming a whole buffer that captured copies named in slices.
+  {
+    CHECK(cuGraphCreate(&g, 0));
+    CUDA_MEMCPY3D c = Linear(CU_MEMORYTYPE_HOST, in.data(), 0, CU_MEMORYTYPE_DEVICE, nullptr, dev, n);
+    CUgraphNode node;
+    CHECK(cuGraphAddMemcpyNode(&node, g, nullptr, 0, &c, ctx));
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    for (size_t i = 0; i < n; ++i) in[i] = static_cast<uint8_t>(i * 5 + 1);
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    std::vector<uint8_t> back(n, 0);
+    CHECK(cuMemcpyDtoH(back.data(), dev, n));
+    std::printf("whole_after_slices_ok=%d\n", back == in);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+  }
   std::printf("done=1\n");
   return 0;
 }

@@ -755,6 +755,12 @@ TEST_F(RemoteTest, GraphCopiesOfPageableMemoryMoveTheBytesOfEachLaunch) {
     EXPECT_EQ(r.kv["pitched"], direct.kv["pitched"]) << addr << ": bytes between rows kept";
     EXPECT_EQ(r.kv["captured_untouched"], "1") << addr << ": a capture copies nothing";
     EXPECT_EQ(r.kv["captured_ok"], "2") << addr << ": captured copies move each launch's bytes";
+    // A host function captured after a copy runs at each launch and sees the copy's bytes.
+    EXPECT_EQ(r.kv["captured_host_untouched"], "1") << addr;
+    EXPECT_EQ(r.kv["captured_host_runs"], "3") << addr;
+    EXPECT_EQ(r.kv["captured_host_saw_copy"], "1") << addr;
+    // A node naming a whole buffer that earlier copies named in slices.
+    EXPECT_EQ(r.kv["whole_after_slices_ok"], "1") << addr;
   }
 }
 
