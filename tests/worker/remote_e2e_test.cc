@@ -838,6 +838,8 @@ TEST_F(RemoteTest, GraphNodesReadBackAndChangeRemotelyAsNatively) {
     EXPECT_EQ(r.kv["dot_bad_dir"], "304");
     EXPECT_EQ(r.kv["bad_attr"], "1,1");
     EXPECT_EQ(r.kv["after_bad"], "51");
+    EXPECT_EQ(r.kv["exec_events"], "1,400,1,1,1") << "a node of a graph the exec was not made from";
+    EXPECT_EQ(r.kv["graph_mem_trim"], "101");
     ExpectSameKeys(direct, r);
   }
 }
