@@ -415,6 +415,7 @@ TEST_F(RemoteTest, StreamContextPciAndTensorMapQueriesMatchTheDriver) {
     EXPECT_EQ(r.kv["tiled_bad_box"], "1");
     EXPECT_EQ(r.kv["tiled_bad_rank"], "1");
     EXPECT_EQ(r.kv["replaced_misaligned"], "1");
+    EXPECT_EQ(r.kv["function_count"].substr(1), ":1:1") << "CUDA_ERROR_INVALID_VALUE, then a stale module";
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
   }
