@@ -58,13 +58,6 @@ CUresult SetNode(Fn fn, CUgraphNode node, const NodeSpec& spec) {
   return CallSync(l.session(), Op(fn), w, nullptr);
 }
 
-CUresult SetEvent(Fn fn, CUgraphNode node, CUevent event, uint32_t type) {
-  NodeSpec n;
-  n.type = type;
-  n.event = event;
-  return SetNode(fn, node, n);
-}
-
 // Access descriptors handed out by cuGraphMemAllocNodeGetParams: (session, node) -> descriptors.
 // Guarded by State().mu (callers hold the call lock); never destroyed (handed-out pointers).
 std::map<std::pair<const Session*, uint64_t>, std::vector<CUmemAccessDesc>>& AccessDescs() {
@@ -97,13 +90,6 @@ bool DotSlice(void* ctx, uint64_t offset, const uint8_t* data, uint64_t len) {
 }
 
 }  // namespace
-
-CUresult Impl_cuGraphEventRecordNodeSetEvent(CUgraphNode node, CUevent event) {
-  return SetEvent(Fn::cuGraphEventRecordNodeSetEvent, node, event, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
-}
-CUresult Impl_cuGraphEventWaitNodeSetEvent(CUgraphNode node, CUevent event) {
-  return SetEvent(Fn::cuGraphEventWaitNodeSetEvent, node, event, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
-}
 
 CUresult Impl_cuGraphHostNodeGetParams(CUgraphNode node, CUDA_HOST_NODE_PARAMS* params) {
   if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -243,14 +229,6 @@ CUresult Impl_cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE
   return CUDA_SUCCESS;
 }
 
-CUresult Impl_cuGraphMemFreeNodeGetParams(CUgraphNode node, CUdeviceptr* dptr) {
-  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t p = 0;
-  CUresult r = AskU64(Fn::cuGraphMemFreeNodeGetParams, H(node), &p);
-  if (r == CUDA_SUCCESS) *dptr = p;
-  return r;
-}
-
 CUresult Impl_cuGraphKernelNodeGetAttribute(CUgraphNode node, CUkernelNodeAttrID attr, CUkernelNodeAttrValue* value) {
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
@@ -275,31 +253,6 @@ CUresult Impl_cuGraphKernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID
   w.U32(static_cast<uint32_t>(attr));
   w.Bytes(value, sizeof(*value));
   return CallSync(l.session(), Op(Fn::cuGraphKernelNodeSetAttribute), w, nullptr);
-}
-
-CUresult Impl_cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph* graph) {
-  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t g = 0;
-  CUresult r = AskU64(Fn::cuGraphChildGraphNodeGetGraph, H(node), &g);
-  if (r == CUDA_SUCCESS) *graph = reinterpret_cast<CUgraph>(g);
-  return r;
-}
-
-CUresult Impl_cuGraphNodeFindInClone(CUgraphNode* out, CUgraphNode original, CUgraph clone) {
-  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(original));
-  w.U64(H(clone));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuGraphNodeFindInClone), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t n = 0;
-  if (!rv.reader.U64(&n)) return CUDA_ERROR_UNKNOWN;
-  *out = reinterpret_cast<CUgraphNode>(n);
-  return CUDA_SUCCESS;
 }
 
 // The node types the typed setters cover (kernel, memcpy, memset, host, event record and wait).
@@ -341,14 +294,6 @@ CUresult Impl_cuGraphExecNodeSetParams(CUgraphExec exec, CUgraphNode node, CUgra
     TF_LOCK(l);
     ForgetGraphHostCopies(l.session(), H(exec));
   }
-  return r;
-}
-
-CUresult Impl_cuGraphExecGetFlags(CUgraphExec exec, cuuint64_t* flags) {
-  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = AskU64(Fn::cuGraphExecGetFlags, H(exec), &v);
-  if (r == CUDA_SUCCESS) *flags = v;
   return r;
 }
 

@@ -669,20 +669,6 @@ CUresult Impl_cuGraphExecChildGraphNodeSetParams(CUgraphExec exec, CUgraphNode n
   return r;
 }
 
-CUresult Impl_cuGraphExecEventRecordNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) {
-  NodeSpec n;
-  n.type = CU_GRAPH_NODE_TYPE_EVENT_RECORD;
-  n.event = event;
-  return ExecSetParams(Fn::cuGraphExecEventRecordNodeSetEvent, exec, node, n);
-}
-
-CUresult Impl_cuGraphExecEventWaitNodeSetEvent(CUgraphExec exec, CUgraphNode node, CUevent event) {
-  NodeSpec n;
-  n.type = CU_GRAPH_NODE_TYPE_WAIT_EVENT;
-  n.event = event;
-  return ExecSetParams(Fn::cuGraphExecEventWaitNodeSetEvent, exec, node, n);
-}
-
 CUresult Impl_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo* info) {
   if (info == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
@@ -707,34 +693,6 @@ CUresult Impl_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecU
   info->errorNode = reinterpret_cast<CUgraphNode>(err);
   info->errorFromNode = reinterpret_cast<CUgraphNode>(err_from);
   return static_cast<CUresult>(result);
-}
-
-CUresult Impl_cuGraphNodeSetEnabled(CUgraphExec exec, CUgraphNode node, unsigned int enabled) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[20];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(exec));
-  w.U64(H(node));
-  w.U32(enabled);
-  return CallSync(l.session(), Op(Fn::cuGraphNodeSetEnabled), w, nullptr);
-}
-
-CUresult Impl_cuGraphNodeGetEnabled(CUgraphExec exec, CUgraphNode node, unsigned int* enabled) {
-  if (enabled == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(exec));
-  w.U64(H(node));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuGraphNodeGetEnabled), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint32_t v = 0;
-  if (!rv.reader.U32(&v)) return CUDA_ERROR_UNKNOWN;
-  *enabled = v;
-  return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuGraphExecDestroy(CUgraphExec exec) {
@@ -902,16 +860,16 @@ CUresult Impl_cuGraphRemoveDependencies(CUgraph graph, const CUgraphNode* from, 
   return Dependencies(Fn::cuGraphRemoveDependencies_v2, graph, from, to, nullptr, n);
 }
 
-// Graph memory: i32 device [, u32 attribute [, u64 value]] (every attribute is a cuuint64_t).
+// Graph memory: i32 device, u32 attribute [, u64 value] (every attribute is a cuuint64_t).
 namespace {
 CUresult GraphMem(Fn fn, CUdevice dev, CUgraphMem_attribute attr, void* value) {
-  if (fn != Fn::cuDeviceGraphMemTrim && value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
   TF_CTX_IF_ANY(l);
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
   w.I32(dev);
-  if (fn != Fn::cuDeviceGraphMemTrim) w.U32(attr);
+  w.U32(attr);
   if (fn == Fn::cuDeviceSetGraphMemAttribute) w.U64(*static_cast<cuuint64_t*>(value));
   ReplyView rv;
   CUresult r = CallSync(l.session(), Op(fn), w, &rv);
@@ -923,9 +881,6 @@ CUresult GraphMem(Fn fn, CUdevice dev, CUgraphMem_attribute attr, void* value) {
 }
 }  // namespace
 
-CUresult Impl_cuDeviceGraphMemTrim(CUdevice dev) {
-  return GraphMem(Fn::cuDeviceGraphMemTrim, dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, nullptr);
-}
 CUresult Impl_cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
   return GraphMem(Fn::cuDeviceGetGraphMemAttribute, dev, attr, value);
 }

@@ -168,22 +168,6 @@ CUresult Impl_cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hm
   return GetGlobal(Fn::cuModuleGetGlobal_v2, dptr, bytes, H(hmod), name);
 }
 
-CUresult Impl_cuLibraryGetKernelCount(unsigned int* count, CUlibrary library) {
-  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(library));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuLibraryGetKernelCount), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint32_t n = 0;
-  if (!rv.reader.U32(&n)) return CUDA_ERROR_UNKNOWN;
-  *count = n;
-  return CUDA_SUCCESS;
-}
-
 CUresult Impl_cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int num, CUlibrary library) {
   if (kernels == nullptr || num == 0 || num > remote::kMaxLibraryKernels) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
@@ -394,33 +378,6 @@ CUresult Impl_cuFuncSetAttribute(CUfunction func, CUfunction_attribute attrib, i
 
 // Cache configuration of a function or kernel: a hint the worker's driver keeps; it changes what
 // the occupancy queries answer.
-CUresult Impl_cuFuncSetCacheConfig(CUfunction func, CUfunc_cache config) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(func));
-  w.U32(static_cast<uint32_t>(config));
-  CUresult r = CallSync(s, Op(Fn::cuFuncSetCacheConfig), w, nullptr);
-  ForgetOccupancy(s);
-  return r;
-}
-
-CUresult Impl_cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  Session* s = l.session();
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(kernel));
-  w.U32(static_cast<uint32_t>(config));
-  w.I32(dev);
-  CUresult r = CallSync(s, Op(Fn::cuKernelSetCacheConfig), w, nullptr);
-  ForgetOccupancy(s);
-  return r;
-}
-
 CUresult Impl_cuKernelGetName(const char** name, CUkernel kernel) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);

@@ -269,19 +269,6 @@ CUresult Impl_cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction f) {
   return r;
 }
 
-CUresult Impl_cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
-  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(mod));
-  uint32_t v = 0;
-  CUresult r = CallForValue(l.session(), Fn::cuModuleGetFunctionCount, w, &v);
-  if (r == CUDA_SUCCESS) *count = v;
-  return r;
-}
-
 // ---- tensor maps (Hopper's bulk tensor copies; XLA and Triton encode them on the host)
 
 CUresult Impl_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,

@@ -184,7 +184,7 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //                                       [, u32 size + size x u64 body graph: conditional]
 //   cuGraphConditionalHandleCreate      u64 graph, u64 context, u32 default value, u32 flags
 //                                       -> u64 handle
-//   cuGraphExec*NodeSetParams/SetEvent  u64 exec, u64 node, params
+//   cuGraphExec*NodeSetParams           u64 exec, u64 node, params (the event setters: generated)
 //   cuGraphKernelNodeSetParams_v2       u64 node, params;  GetParams_v2 u64 node -> u64 function,
 //                                       u32 x 7 geometry, u32 n (kUnknownParamCount) + n blobs
 //   cuGraphGetNodes/GetRootNodes/GetEdges_v2/NodeGetDependencies_v2  u64 graph or node,
@@ -198,16 +198,17 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //   cuGraphExecUpdate_v2                u64 exec, u64 graph -> i32 result, u32 update result, u64
 //                                       error node, u64 error-from node, u32 host nodes/launch
 //   cuGraphLaunch(_ptsz), cuGraphUpload u64 exec, u64 stream (fire-and-forget)
-//   cuGraphNodeSet/GetEnabled           u64 exec, u64 node [, u32 enabled] [-> u32]
-//   cuDeviceGraphMemTrim i32 device; cuDevice{Get,Set}GraphMemAttribute i32 device, u32 attribute
-//                                       [, u64 value] [-> u64]
+//   cuDevice{Get,Set}GraphMemAttribute  i32 device, u32 attribute [, u64 value] [-> u64]
+//                                       (cuGraphNodeSet/GetEnabled, cuDeviceGraphMemTrim: generated)
 //   cuStreamGetCaptureInfo_v3           u64 stream -> u32 status, u64 id, u64 graph, u64 n,
 //                                       n x (u64 node, u8 x 3 edge)
 //   cuStreamUpdateCaptureDependencies_v2 u64 stream, u32 flags, nodes, edges
 //   cuStreamBeginCaptureToGraph         u64 stream, u64 graph, u32 mode, nodes, edges
 //   cuGraphNodeGetDependentNodes_v2     as NodeGetDependencies_v2 (the nodes that depend on it)
 // Graph nodes (client_graph_nodes.cc, client_user_objects.cc; worker/session_graph_nodes.cc,
-// session_user_objects.cc). The legacy forms (cuGraphInstantiate(_v2), cuGraphAddKernelNode,
+// session_user_objects.cc). The regular ones are generated (api/remote_surface.tsv: the memory free
+// node's pointer, a child graph node's graph, a clone's node, the event node setters, executable
+// graph flags). The legacy forms (cuGraphInstantiate(_v2), cuGraphAddKernelNode,
 // cuGraphKernelNode{Get,Set}Params, cuGraphExecKernelNodeSetParams, cuGraphExecUpdate,
 // cuGraphNodeGetDependentNodes) travel as the current calls they convert to.
 //   cuGraphHostNodeGetParams            u64 node -> u64 host-function id (0: none of the client's)
@@ -218,17 +219,15 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //                                       size, u64 width, u64 height
 //   cuGraphMemAllocNodeGetParams        u64 node -> u32 location type, i32 id, u32 allocation
 //                                       type, u64 bytes, u64 pointer, u32 n + n x (u32, i32, u32)
-//   cuGraphMemFreeNodeGetParams, cuGraphChildGraphNodeGetGraph  u64 node -> u64
-//   cuGraph{EventRecord,EventWait,Host,Memcpy,Memset}NodeSet*, cuGraphNodeSetParams
+//   cuGraph{Host,Memcpy,Memset}NodeSetParams, cuGraphNodeSetParams
 //                                       u64 node, params (a copy's or memset's context is 0 or
 //                                       ignored; cuGraphNodeSetParams: kernel, memcpy, memset,
-//                                       host, event record and wait nodes)
+//                                       host, event record and wait nodes, as the typed setters'
+//                                       params)
 //   cuGraphExecNodeSetParams            u64 exec, u64 node, params (as the typed exec setters)
 //   cuGraphKernelNodeGetAttribute       u64 node, u32 attribute -> 64-byte CUlaunchAttributeValue;
 //                                       Set: u64 node, u32 attribute, 64 bytes (attributes that
 //                                       carry an event are refused: CUDA_ERROR_INVALID_VALUE)
-//   cuGraphNodeFindInClone              u64 original node, u64 clone -> u64 node
-//   cuGraphExecGetFlags                 u64 exec -> u64 flags
 //   cuGraphDebugDotPrint                u64 graph, u32 flags; the file's bytes arrive as
 //                                       kEvtCopyData slices before the reply (at most 64 MiB)
 //   cuUserObjectCreate                  u64 host-function id (the destroy callback), u32

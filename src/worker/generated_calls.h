@@ -33,6 +33,17 @@ class GeneratedHost {
   virtual void Destroyed(HandleKind k, uint64_t real) = 0;
   // After every generated driver call, whatever its result.
   virtual void AfterCall(driver::Fn fn, CUresult r) = 0;
+  // A handle argument's wire name -> the driver's handle; false when it is not a live name of
+  // kind k (a family may accept more: executable graphs for device launch keep their real handle).
+  virtual bool Resolve(HandleKind k, uint64_t wire, uint64_t* real) { return Handles().Resolve(k, wire, real); }
+  // The `of=ARG:OWNER` annotation: the object `real` of kind k belongs to `owner` (a graph node to
+  // a graph, or to a graph an executable graph was instantiated from). Only a family that keeps
+  // such tables can tell: by default nothing belongs, and the call fails.
+  virtual bool Belongs(HandleKind, uint64_t, HandleKind, uint64_t) { return false; }
+  // The `publish=OUT:PARENT` annotation: the name the client gets for `real`, an object of kind k
+  // the driver handed out about `parent` (not created by this call; 0 stays 0). The family files
+  // it in its tables; by default it is only published.
+  virtual uint64_t Learn(HandleKind k, uint64_t real, HandleKind, uint64_t) { return Handles().Publish(k, real); }
 };
 
 // Whether fn is generated (then DispatchGenerated serves it).

@@ -130,6 +130,21 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void AfterCall(Fn fn, CUresult) override {
     if (fn == Fn::cuStreamSynchronize || fn == Fn::cuStreamQuery) PollStaged(false);
   }
+  // Functions, modules, libraries and kernels resolve as in the hand-written calls: a function
+  // may be a kernel in its place, and each must be in the session's own table too.
+  bool Resolve(HandleKind k, uint64_t wire, uint64_t* real) override {
+    uint64_t v = wire;
+    bool ok = false;
+    switch (k) {
+      case HandleKind::kFunction: ok = KnownFunction(v); break;
+      case HandleKind::kModule: ok = Module(v); break;
+      case HandleKind::kLibrary: ok = Library(v); break;
+      case HandleKind::kKernel: ok = Kernel(v); break;
+      default: return handles_.Resolve(k, wire, real);
+    }
+    if (ok) *real = v;
+    return ok;
+  }
   // SessionGreen::Host (green contexts and device resources: session_green.cc).
   void GreenContextAdded(uint64_t c) override { contexts_.insert(c); }
   void GreenContextRemoved(uint64_t c) override { contexts_.erase(c); }
@@ -999,15 +1014,12 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuLibraryUnload:
     case Fn::cuLibraryGetKernel:
     case Fn::cuLibraryGetGlobal:
-    case Fn::cuLibraryGetKernelCount:
     case Fn::cuLibraryEnumerateKernels:
     case Fn::cuLibraryGetModule:
     case Fn::cuKernelGetFunction:
     case Fn::cuKernelGetAttribute:
     case Fn::cuKernelSetAttribute:
     case Fn::cuFuncSetAttribute:
-    case Fn::cuFuncSetCacheConfig:
-    case Fn::cuKernelSetCacheConfig:
     case Fn::cuOccupancyAvailableDynamicSMemPerBlock:
     case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor:
     case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
@@ -1780,14 +1792,6 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       out.U64(bytes);
       return CUDA_SUCCESS;
     }
-    case Fn::cuLibraryGetKernelCount: {
-      uint64_t lib = 0;
-      if (!rd.U64(&lib) || !rd.Finish() || !Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
-      unsigned n = 0;
-      CUresult r = CALL(cuLibraryGetKernelCount, &n, As<CUlibrary>(lib));
-      out.U32(n);
-      return r;
-    }
     case Fn::cuLibraryEnumerateKernels: {
       // Reply: u32 n, n x (u64 kernel, blob name, function info).
       uint64_t lib = 0;
@@ -1870,24 +1874,6 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       return CALL(cuFuncSetAttribute, As<CUfunction>(f), static_cast<CUfunction_attribute>(attr), value);
     }
     // in U64 function or kernel, U32 CUfunc_cache (and for a kernel I32 device).
-    case Fn::cuFuncSetCacheConfig:
-    case Fn::cuKernelSetCacheConfig: {
-      uint64_t h = 0;
-      uint32_t c = 0;
-      int32_t dev = 0;
-      rd.U64(&h);
-      rd.U32(&c);
-      if (fn == Fn::cuKernelSetCacheConfig) rd.I32(&dev);
-      if (!rd.Finish() || c > CU_FUNC_CACHE_PREFER_EQUAL) return CUDA_ERROR_INVALID_VALUE;
-      const auto config = static_cast<CUfunc_cache>(c);
-      if (fn == Fn::cuFuncSetCacheConfig) {
-        if (!Function(h) || !functions_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
-        return CALL(cuFuncSetCacheConfig, As<CUfunction>(h), config);
-      }
-      if (!Kernel(h)) return CUDA_ERROR_INVALID_HANDLE;
-      if (!Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      return CALL(cuKernelSetCacheConfig, As<CUkernel>(h), config, dev);
-    }
     // Occupancy of a function (or of a kernel, which the driver accepts in its place):
     // in U64 function, I32 a, I32 b (block count/size, block size/limit), U64 dynamic shared
     // memory, U32 flags; out what the driver returns. The block-size-to-shared-memory callback of

@@ -22,7 +22,6 @@ using driver::Fn;
 using transport::Reader;
 using transport::Writer;
 
-uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
 template <class T>
 T As(uint64_t v) {
   return reinterpret_cast<T>(v);
@@ -82,11 +81,16 @@ Fn ExecSetter(uint32_t type) {
   }
 }
 
-// The graph tables' host as the generated calls see it: nothing is created or destroyed by the
-// generated graph calls, so the session's bookkeeping hooks have nothing to do.
+}  // namespace
+
+// The graph tables as the generated calls see them: handles resolve as the hand-written graph
+// calls resolve them (a node, graph or executable graph must be in the tables, an executable
+// graph for device launch passes by its real handle, events and contexts as the session knows
+// them); `of=` asks the node table, `publish=` files a clone's node under its graph and a child
+// graph under its node's graph. Nothing is created or destroyed by the generated graph calls.
 class GraphGeneratedHost final : public GeneratedHost {
  public:
-  explicit GraphGeneratedHost(GraphHost& h) : h_(h) {}
+  explicit GraphGeneratedHost(SessionGraphs& g) : g_(g), h_(g.h_) {}
   const driver::DriverTable& Driver() const override { return h_.Driver(); }
   HandleTable& Handles() override { return h_.Handles(); }
   bool KnownDevice(int32_t d) const override { return h_.KnownDevice(d); }
@@ -94,18 +98,47 @@ class GraphGeneratedHost final : public GeneratedHost {
   void Created(HandleKind, uint64_t) override {}
   void Destroyed(HandleKind, uint64_t) override {}
   void AfterCall(Fn, CUresult) override {}
+  bool Resolve(HandleKind k, uint64_t wire, uint64_t* real) override {
+    uint64_t v = wire;
+    switch (k) {
+      case HandleKind::kGraphExec: *real = g_.RealExec(wire); return g_.execs_.count(*real) != 0;
+      case HandleKind::kGraphNode: *real = g_.Real(k, wire); return g_.Node(*real);
+      case HandleKind::kGraph: *real = g_.Real(k, wire); return g_.graphs_.count(*real) != 0;
+      case HandleKind::kEvent: if (!h_.KnownEvent(v)) return false; *real = v; return true;
+      case HandleKind::kContext: if (!h_.KnownContext(v)) return false; *real = v; return true;
+      default: return h_.Handles().Resolve(k, wire, real);
+    }
+  }
+  bool Belongs(HandleKind k, uint64_t real, HandleKind owner_kind, uint64_t owner) override {
+    auto n = g_.nodes_.find(real);
+    if (k != HandleKind::kGraphNode || n == g_.nodes_.end()) return false;
+    if (owner_kind == HandleKind::kGraph) return n->second == owner;
+    auto e = g_.execs_.find(owner);
+    return owner_kind == HandleKind::kGraphExec && e != g_.execs_.end() && e->second.graphs.count(n->second);
+  }
+  uint64_t Learn(HandleKind k, uint64_t real, HandleKind parent_kind, uint64_t parent) override {
+    if (k == HandleKind::kGraphNode && parent_kind == HandleKind::kGraph) {
+      return g_.Learn(reinterpret_cast<CUgraphNode>(real), parent);
+    }
+    // A child graph node's graph belongs to the node (the driver destroys it with its parent).
+    if (k == HandleKind::kGraph && parent_kind == HandleKind::kGraphNode) {
+      if (real != 0 && !g_.graphs_.count(real)) g_.graphs_[real].body_of = g_.nodes_[parent];
+      return g_.GraphName(real);
+    }
+    return h_.Handles().Publish(k, real);
+  }
 
  private:
+  SessionGraphs& g_;
   GraphHost& h_;
 };
 
-}  // namespace
-
 CUresult SessionGraphs::GeneratedCall(Fn fn, Reader& rd, Writer& out) {
-  GraphGeneratedHost host(h_);
+  GraphGeneratedHost host(*this);
   return DispatchGenerated(fn, rd, out, host);
 }
 
+// The generated ones among them (api/remote_surface.tsv) go to GeneratedCall.
 bool SessionGraphs::HandlesNodeCall(Fn fn) {
   switch (fn) {
     case Fn::cuGraphEventRecordNodeSetEvent:
@@ -158,22 +191,12 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       if (typed == Fn::cuGraphExecNodeSetParams) return CUDA_ERROR_NOT_SUPPORTED;
       return SetExecParams(typed, rd);
     }
-    case Fn::cuGraphEventRecordNodeSetEvent:
-    case Fn::cuGraphEventWaitNodeSetEvent:
     case Fn::cuGraphHostNodeSetParams:
     case Fn::cuGraphMemcpyNodeSetParams:
     case Fn::cuGraphMemsetNodeSetParams:
       return SetNode(fn, rd);
     case Fn::cuGraphDebugDotPrint:
       return DotPrint(rd);
-    case Fn::cuGraphExecGetFlags: {
-      uint64_t e = 0;
-      if (!ReadExec(rd, &e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
-      cuuint64_t flags = 0;
-      CUresult r = CALL(cuGraphExecGetFlags, As<CUgraphExec>(e), &flags);
-      out.U64(flags);
-      return r;
-    }
     case Fn::cuGraphKernelNodeSetAttribute: {
       // u64 node, u32 attribute, 64-byte value.
       uint64_t n = 0;
@@ -186,18 +209,6 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
         return CUDA_ERROR_INVALID_VALUE;
       }
       return CALL(cuGraphKernelNodeSetAttribute, As<CUgraphNode>(n), static_cast<CUkernelNodeAttrID>(attr), &v);
-    }
-    case Fn::cuGraphNodeFindInClone: {
-      uint64_t orig = 0, clone = 0;
-      ReadReal(rd, HandleKind::kGraphNode, &orig);
-      if (!ReadReal(rd, HandleKind::kGraph, &clone) || !rd.Finish() || !Node(orig) || !graphs_.count(clone)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      CUgraphNode found = nullptr;
-      CUresult r = CALL(cuGraphNodeFindInClone, &found, As<CUgraphNode>(orig), As<CUgraph>(clone));
-      if (r != CUDA_SUCCESS) return r;
-      out.U64(Learn(found, clone));
-      return CUDA_SUCCESS;
     }
     default:
       break;
@@ -283,12 +294,6 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       }
       return CUDA_SUCCESS;
     }
-    case Fn::cuGraphMemFreeNodeGetParams: {
-      CUdeviceptr p = 0;
-      CUresult r = CALL(cuGraphMemFreeNodeGetParams, node, &p);
-      out.U64(p);
-      return r;
-    }
     // -> 64-byte value.
     case Fn::cuGraphKernelNodeGetAttribute: {
       if (!NodeAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
@@ -297,15 +302,6 @@ CUresult SessionGraphs::NodeCall(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuGraphKernelNodeGetAttribute, node, static_cast<CUkernelNodeAttrID>(attr), &v);
       out.Bytes(&v, sizeof(v));
       return r;
-    }
-    // -> u64 graph. The node's graph belongs to the node (the driver destroys it with its parent).
-    case Fn::cuGraphChildGraphNodeGetGraph: {
-      CUgraph child = nullptr;
-      CUresult r = CALL(cuGraphChildGraphNodeGetGraph, node, &child);
-      if (r != CUDA_SUCCESS) return r;
-      if (child != nullptr && !graphs_.count(H(child))) graphs_[H(child)].body_of = nodes_[n];
-      out.U64(GraphName(H(child)));
-      return CUDA_SUCCESS;
     }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;

@@ -73,7 +73,6 @@ bool SessionGraphs::Handles(Fn fn) {
     case Fn::cuGraphRemoveDependencies_v2:
     case Fn::cuGraphDestroyNode:
     case Fn::cuGraphClone:
-    case Fn::cuDeviceGraphMemTrim:
     case Fn::cuDeviceGetGraphMemAttribute:
     case Fn::cuDeviceSetGraphMemAttribute:
     case Fn::cuStreamBeginCapture:
@@ -121,8 +120,6 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuGraphExecMemsetNodeSetParams:
     case Fn::cuGraphExecHostNodeSetParams:
     case Fn::cuGraphExecChildGraphNodeSetParams:
-    case Fn::cuGraphExecEventRecordNodeSetEvent:
-    case Fn::cuGraphExecEventWaitNodeSetEvent:
       return SetExecParams(fn, rd);
     case Fn::cuGraphGetNodes:
     case Fn::cuGraphGetRootNodes:
@@ -140,7 +137,6 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
       return Edit(fn, rd, out);
     case Fn::cuGraphConditionalHandleCreate:
       return ConditionalHandle(rd, out);
-    case Fn::cuDeviceGraphMemTrim:
     case Fn::cuDeviceGetGraphMemAttribute:
     case Fn::cuDeviceSetGraphMemAttribute:
       return GraphMemory(fn, rd, out);
@@ -155,9 +151,9 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuStreamUpdateCaptureDependencies_v2:
       return Capture(fn, rd, out);
     default:
+      if (IsGenerated(fn)) return GeneratedCall(fn, rd, out);
       if (HandlesNodeCall(fn)) return NodeCall(fn, rd, out);
       if (HandlesUserObjectCall(fn)) return UserObjectCall(fn, rd, out);
-      if (IsGenerated(fn)) return GeneratedCall(fn, rd, out);
       return Exec(fn, rd, out);
   }
 }
@@ -881,26 +877,6 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       out.U32(static_cast<uint32_t>(x.host_nodes));
       return CUDA_SUCCESS;
     }
-    case Fn::cuGraphNodeSetEnabled:
-    case Fn::cuGraphNodeGetEnabled: {
-      uint64_t e = 0, n = 0;
-      uint32_t enabled = 0;
-      ReadExec(rd, &e);
-      ReadReal(rd, HandleKind::kGraphNode, &n);
-      if (fn == Fn::cuGraphNodeSetEnabled) rd.U32(&enabled);
-      auto eit = execs_.find(e);
-      auto nit = nodes_.find(n);
-      if (!rd.Finish() || eit == execs_.end() || nit == nodes_.end() || !eit->second.graphs.count(nit->second)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (fn == Fn::cuGraphNodeSetEnabled) {
-        return CALL(cuGraphNodeSetEnabled, As<CUgraphExec>(e), As<CUgraphNode>(n), enabled);
-      }
-      unsigned v = 0;
-      CUresult r = CALL(cuGraphNodeGetEnabled, As<CUgraphExec>(e), As<CUgraphNode>(n), &v);
-      out.U32(v);
-      return r;
-    }
     case Fn::cuGraphExecDestroy: {
       uint64_t e = 0;
       if (!ReadExec(rd, &e) || !rd.Finish() || !execs_.count(e)) return CUDA_ERROR_INVALID_VALUE;
@@ -917,18 +893,17 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
   }
 }
 
-// cuDeviceGraphMemTrim i32 device; Get: i32 device, u32 attribute -> u64; Set: i32 device,
-// u32 attribute, u64 value (every graph-memory attribute is a cuuint64_t).
+// Get: i32 device, u32 attribute -> u64; Set: i32 device, u32 attribute, u64 value (every
+// graph-memory attribute is a cuuint64_t).
 CUresult SessionGraphs::GraphMemory(Fn fn, Reader& rd, Writer& out) {
   int32_t dev = 0;
   uint32_t attr = 0;
   uint64_t v = 0;
   rd.I32(&dev);
-  if (fn != Fn::cuDeviceGraphMemTrim) rd.U32(&attr);
+  rd.U32(&attr);
   if (fn == Fn::cuDeviceSetGraphMemAttribute) rd.U64(&v);
   if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
   if (!h_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  if (fn == Fn::cuDeviceGraphMemTrim) return CALL(cuDeviceGraphMemTrim, dev);
   if (attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return CUDA_ERROR_INVALID_VALUE;
   cuuint64_t value = v;
   auto a = static_cast<CUgraphMem_attribute>(attr);

@@ -80,6 +80,8 @@ class GraphHost {
   virtual uint64_t CallDataLimit() const = 0;
 };
 
+class GraphGeneratedHost;
+
 class SessionGraphs {
  public:
   explicit SessionGraphs(GraphHost& host) : h_(host) {}
@@ -92,6 +94,7 @@ class SessionGraphs {
   size_t graph_count() const { return graphs_.size(); }
 
  private:
+  friend class GraphGeneratedHost;  // the generated graph calls (session_graph_nodes.cc)
   struct GraphEntry {
     std::vector<uint64_t> allocs;  // graph allocations its mem-alloc nodes made
     std::set<uint64_t> frees;      // pointers its mem-free nodes free
@@ -117,9 +120,8 @@ class SessionGraphs {
   static bool HandlesNodeCall(driver::Fn fn);
   CUresult NodeCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult SetNode(driver::Fn fn, transport::Reader& rd);
-  // A generated call (cuGraphNodeGetType, the event nodes' events, ...) served on this session's
-  // tables: the session dispatches those itself (generated_calls.h); this lets SessionGraphs
-  // alone answer every graph call too (session_graph_nodes.cc).
+  // A generated call served on the graph tables (session_graph_nodes.cc): those Handles() lists
+  // (a node's getters, the enabled state, ...) and any other graph call the session sends here.
   CUresult GeneratedCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult DotPrint(transport::Reader& rd);
   // User objects (session_user_objects.cc): the references the client holds and those it gave
@@ -157,12 +159,14 @@ class SessionGraphs {
   bool ReadExec(transport::Reader& rd, uint64_t* real) {
     uint64_t wire = 0;
     const bool ok = rd.U64(&wire);
-    *real = Real(HandleKind::kGraphExec, wire);
-    if (*real == 0) {
-      auto it = execs_.find(wire);
-      if (it != execs_.end() && it->second.device_launch) *real = wire;
-    }
+    *real = RealExec(wire);
     return ok;
+  }
+  uint64_t RealExec(uint64_t wire) {
+    const uint64_t real = Real(HandleKind::kGraphExec, wire);
+    if (real != 0) return real;
+    auto it = execs_.find(wire);
+    return it != execs_.end() && it->second.device_launch ? wire : 0;
   }
   uint64_t ExecName(uint64_t e) {
     auto it = execs_.find(e);

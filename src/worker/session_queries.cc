@@ -45,7 +45,6 @@ bool SessionQueries::Handles(Fn fn) {
     case Fn::cuDeviceGetPCIBusId:
     case Fn::cuFuncLoad:
     case Fn::cuFuncIsLoaded:
-    case Fn::cuModuleGetFunctionCount:
     case Fn::cuTensorMapEncodeTiled:
     case Fn::cuTensorMapEncodeIm2col:
     case Fn::cuTensorMapEncodeIm2colWide:
@@ -97,16 +96,6 @@ CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
       CUfunctionLoadingState st = CU_FUNCTION_LOADING_STATE_UNLOADED;
       CUresult r = CALL(cuFuncIsLoaded, &st, As<CUfunction>(f));
       out.U32(static_cast<uint32_t>(st));
-      return r;
-    }
-    // u64 module -> u32 count.
-    case Fn::cuModuleGetFunctionCount: {
-      uint64_t m = 0;
-      if (!rd.U64(&m) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownModule(m)) return CUDA_ERROR_INVALID_HANDLE;
-      unsigned int n = 0;
-      CUresult r = CALL(cuModuleGetFunctionCount, &n, As<CUmodule>(m));
-      out.U32(n);
       return r;
     }
     default:

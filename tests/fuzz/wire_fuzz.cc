@@ -138,6 +138,18 @@ class FuzzHost : public tf::worker::GeneratedHost {
     t_.Publish(tf::worker::HandleKind::kStream, 0x2000);
     t_.Publish(tf::worker::HandleKind::kEvent, 0x3000);
     t_.Publish(tf::worker::HandleKind::kModule, 0x4000);
+    // A graph with one node, instantiated: the `of=` and `publish=` calls reach the driver.
+    d_.cuGraphNodeFindInClone = [](CUgraphNode* n, CUgraphNode, CUgraph) {
+      *n = reinterpret_cast<CUgraphNode>(0x8300);
+      return CUDA_SUCCESS;
+    };
+    d_.cuGraphNodeGetEnabled = [](CUgraphExec, CUgraphNode, unsigned int* v) {
+      *v = 1;
+      return CUDA_SUCCESS;
+    };
+    t_.Publish(tf::worker::HandleKind::kGraph, 0x8000);
+    t_.Publish(tf::worker::HandleKind::kGraphNode, 0x8100);
+    t_.Publish(tf::worker::HandleKind::kGraphExec, 0x8200);
   }
   const tf::driver::DriverTable& Driver() const override { return d_; }
   tf::worker::HandleTable& Handles() override { return t_; }
@@ -149,7 +161,17 @@ class FuzzHost : public tf::worker::GeneratedHost {
   void Created(tf::worker::HandleKind, uint64_t) override { ++created; }
   void Destroyed(tf::worker::HandleKind, uint64_t) override { ++destroyed; }
   void AfterCall(tf::driver::Fn, CUresult) override { ++calls; }
-  int created = 0, destroyed = 0, calls = 0;
+  // The node belongs to the graph and to the executable graph made from it.
+  bool Belongs(tf::worker::HandleKind k, uint64_t real, tf::worker::HandleKind owner_kind, uint64_t owner) override {
+    Check(k == tf::worker::HandleKind::kGraphNode);
+    return real == 0x8100 && (owner_kind == tf::worker::HandleKind::kGraph ? owner == 0x8000 : owner == 0x8200);
+  }
+  uint64_t Learn(tf::worker::HandleKind k, uint64_t real, tf::worker::HandleKind parent_kind, uint64_t parent) override {
+    ++learned;
+    Check(parent != 0 && parent_kind != k);
+    return t_.Publish(k, real);
+  }
+  int created = 0, destroyed = 0, calls = 0, learned = 0;
 
  private:
   tf::driver::DriverTable d_;
@@ -177,7 +199,8 @@ void FuzzGeneratedCall(const uint8_t* data, size_t size) {
   // Outputs only on success; a call reaches the driver only once its message decoded whole.
   if (r != CUDA_SUCCESS) Check(out.size() == 0);
   if (host.calls > 0) Check(rd.Finish());
-  Check(host.calls <= 1 && host.created <= 1 && host.destroyed <= 1);
+  Check(host.calls <= 1 && host.created <= 1 && host.destroyed <= 1 && host.learned <= 1);
+  if (host.learned > 0) Check(r == CUDA_SUCCESS);
   char text[96];
   Check(tf::worker::FormatGeneratedCall(fn, data + 2, size - 2, text, sizeof(text)));
   Check(strnlen(text, sizeof(text)) < sizeof(text));

@@ -275,6 +275,17 @@ int GraphNodeAccess() {
   CHECK(cuGraphChildGraphNodeGetGraph(nchild, &got_child));
   std::printf("child_graph=%d\n", got_child != nullptr && got_child != child);
 
+  // An executable graph's event nodes and a node's enabled state: a node of another graph fails.
+  CHECK(cuGraphExecEventRecordNodeSetEvent(e, nrec, ev1));
+  CHECK(cuGraphExecEventWaitNodeSetEvent(e, nwait, ev1));
+  unsigned enabled_state = 7;
+  CHECK(cuGraphNodeGetEnabled(e, nset, &enabled_state));
+  std::printf("exec_events=%u,%d,%d,%d,%d\n", enabled_state, Err(cuGraphExecEventRecordNodeSetEvent(e, nrec, nullptr)),
+              Err(cuGraphExecEventWaitNodeSetEvent(e, cn, ev1)), Err(cuGraphNodeGetEnabled(e, cn, &enabled_state)),
+              Err(cuGraphNodeSetEnabled(e, cn, 0)));
+  CHECK(cuDeviceGraphMemTrim(0));
+  std::printf("graph_mem_trim=%d\n", Err(cuDeviceGraphMemTrim(99)));
+
   // cuGraphDebugDotPrint: the file lands where this program said.
   std::string path = "/tmp/tf-graph-dot-" + std::to_string(getpid()) + ".dot";
   unlink(path.c_str());

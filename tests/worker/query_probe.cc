@@ -170,12 +170,25 @@ int TensorMaps() {
   return 0;
 }
 
+// A module's function count; a module unloaded since fails.
+int Modules() {
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  unsigned n = 0;
+  CHECK(cuModuleGetFunctionCount(&n, mod));
+  const int null_out = static_cast<int>(cuModuleGetFunctionCount(nullptr, mod));
+  CHECK(cuModuleUnload(mod));
+  std::printf("function_count=%u:%d:%d\n", n, null_out, cuModuleGetFunctionCount(&n, mod) != CUDA_SUCCESS);
+  return 0;
+}
+
 int Queries() {
   CUcontext ctx = Setup();
   if (int rc = Streams(ctx)) return rc;
   if (int rc = Contexts(ctx)) return rc;
   if (int rc = Pci()) return rc;
   if (int rc = TensorMaps()) return rc;
+  if (int rc = Modules()) return rc;
   std::printf("done=1\n");
   return 0;
 }

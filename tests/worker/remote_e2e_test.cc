@@ -415,6 +415,7 @@ TEST_F(RemoteTest, StreamContextPciAndTensorMapQueriesMatchTheDriver) {
     EXPECT_EQ(r.kv["tiled_bad_box"], "1");
     EXPECT_EQ(r.kv["tiled_bad_rank"], "1");
     EXPECT_EQ(r.kv["replaced_misaligned"], "1");
+    EXPECT_EQ(r.kv["function_count"].substr(1), ":1:1") << "CUDA_ERROR_INVALID_VALUE, then a stale module";
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
   }
@@ -848,6 +849,8 @@ TEST_F(RemoteTest, GraphNodesReadBackAndChangeRemotelyAsNatively) {
     EXPECT_EQ(r.kv["dot_bad_dir"], "304");
     EXPECT_EQ(r.kv["bad_attr"], "1,1");
     EXPECT_EQ(r.kv["after_bad"], "51");
+    EXPECT_EQ(r.kv["exec_events"], "1,400,1,1,1") << "a node of a graph the exec was not made from";
+    EXPECT_EQ(r.kv["graph_mem_trim"], "101");
     ExpectSameKeys(direct, r);
   }
 }

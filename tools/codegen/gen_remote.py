@@ -112,6 +112,8 @@ class Arg:
         self.mask = ann.get("flags", {}).get(name)
         self.nullable = name in ann.get("null", set())
         self.weak = name in ann.get("weak", set())
+        self.parent = ann.get("publish", {}).get(name)  # publish=OUT:PARENT
+        self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
         t = ctype.replace("const ", "").strip()
         if t.endswith("*"):
@@ -177,7 +179,8 @@ def parse_surface(path, exports, typed):
 
 
 def parse_annotations(fn, text, params):
-    ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set()}
+    ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
+           "publish": {}, "of": {}}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -202,6 +205,11 @@ def parse_annotations(fn, text, params):
             ann["cache"] = keys
         elif key == "forget" and val:
             ann["forget"] = val.split(",")
+        elif key in ("publish", "of") and ":" in val:
+            a, other = val.split(":", 1)
+            if a not in names or other not in names or a == other:
+                raise SurfaceError("%s: %s=%s names no two arguments" % (fn, key, val))
+            ann[key][a] = other
         elif key == "dptr" and ":" in val:
             a, size = val.split(":", 1)
             if a not in names:
@@ -232,6 +240,16 @@ class Call:
         for a in self.args:
             if a.weak and not (a.dir == "out" and a.kind and not a.created):
                 raise SurfaceError("%s: weak=%s is for a handle output the call does not create" % (name, a.name))
+        by_name = {a.name: a for a in self.args}
+        for a in self.args:
+            if a.parent and not (a.dir == "out" and a.kind and not a.created and not a.weak and
+                                 by_name[a.parent].dir == "in" and by_name[a.parent].kind):
+                raise SurfaceError("%s: publish=%s:%s is for a handle output the call does not create and "
+                                   "a handle input" % (name, a.name, a.parent))
+            if a.owner and not (a.dir == "in" and a.kind and by_name[a.owner].dir == "in" and
+                                by_name[a.owner].kind and not a.nullable and not by_name[a.owner].nullable):
+                raise SurfaceError("%s: of=%s:%s is for two handle inputs that may not be NULL"
+                                   % (name, a.name, a.owner))
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
@@ -359,18 +377,28 @@ def gen_worker_case(c):
     for a in c.ins:
         if a.device:
             o.append("      if (!host.KnownDevice(a_%s)) return CUDA_ERROR_INVALID_DEVICE;\n" % a.name)
+    resolved = set()
+    by_name = {a.name: a for a in c.args}
     for a in c.ins:
         if not a.kind:
             continue
         err = HANDLE_ERROR.get(a.kind, "CUDA_ERROR_INVALID_HANDLE")
         o.append("      uint64_t r_%s = 0;\n" % a.name)
-        cond = "!host.Handles().Resolve(HandleKind::%s, a_%s, &r_%s)" % (a.kind, a.name, a.name)
+        cond = "!host.Resolve(HandleKind::%s, a_%s, &r_%s)" % (a.kind, a.name, a.name)
         if a.kind == "kStream" and not a.destroyed:
             o.append("      if (a_%s <= 2) r_%s = a_%s;\n      else if (%s) return %s;\n" % (a.name, a.name, a.name, cond, err))
         elif a.nullable:
             o.append("      if (a_%s != 0 && %s) return %s;\n" % (a.name, cond, err))
         else:
             o.append("      if (%s) return %s;\n" % (cond, err))
+        resolved.add(a.name)
+        # of=ARG:OWNER: checked as soon as both are resolved (a graph node of another graph or of
+        # an executable graph instantiated from another fails as an unknown node does).
+        for b in c.ins:
+            if b.owner and {b.name, b.owner} <= resolved and a.name in (b.name, b.owner):
+                o.append("      if (!host.Belongs(HandleKind::%s, r_%s, HandleKind::%s, r_%s)) return %s;\n"
+                         % (b.kind, b.name, by_name[b.owner].kind, b.owner,
+                            HANDLE_ERROR.get(b.kind, "CUDA_ERROR_INVALID_HANDLE")))
     for a in c.outs:
         o.append("      %s o_%s{};\n" % (a.base, a.name))
     call = []
@@ -392,6 +420,13 @@ def gen_worker_case(c):
         if a.kind and a.created:
             o.append("      const uint64_t w_%s = host.Handles().Publish(HandleKind::%s, H(o_%s));\n" % (a.name, a.kind, a.name))
             o.append("      host.Created(HandleKind::%s, H(o_%s));\n" % (a.kind, a.name))
+            o.append("      out.U64(w_%s);\n" % a.name)
+        elif a.kind and a.parent:
+            # publish=OUT:PARENT: an object of the driver's the session may not know yet (a clone's
+            # node, a child graph node's graph): the host names it and files it under PARENT.
+            p = by_name[a.parent]
+            o.append("      const uint64_t w_%s = host.Learn(HandleKind::%s, H(o_%s), HandleKind::%s, r_%s);\n"
+                     % (a.name, a.kind, a.name, p.kind, p.name))
             o.append("      out.U64(w_%s);\n" % a.name)
         elif a.kind:
             o.append("      uint64_t w_%s = 0;\n" % a.name)
