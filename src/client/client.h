@@ -115,6 +115,7 @@ struct Session {
   struct ArrayInfo {
     CUDA_ARRAY3D_DESCRIPTOR desc = {};
     uint64_t mipmap = 0;  // a level of this mipmapped array (destroyed with it)
+    uint64_t plane_of = 0;  // a plane of this array (cuArrayGetPlane: destroyed with it)
   };
   struct TextureInfo {
     CUDA_RESOURCE_DESC res = {};

@@ -2,8 +2,11 @@
 // to the worker (payloads: remote_arrays.h). Host operands of copies travel as data: a source is
 // gathered into packed rows and sent in parts of at most the transport's bulk limit; a
 // destination's packed rows arrive as kEvtCopyData events and are scattered into its pitch here.
-// Array descriptors and the descriptors of texture and surface objects are answered locally.
+// Array descriptors and the descriptors of texture and surface objects are answered locally; a
+// plane of a multi-planar array (cuArrayGetPlane) is an array of its own there, kept until its
+// owner is destroyed.
 #include <cstring>
+#include <unordered_set>
 #include <vector>
 
 #include "client/client_internal.h"
@@ -64,6 +67,30 @@ CUresult MemoryRequirements(Fn fn, uint64_t handle, CUdevice dev,
   *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
   req->size = size;
   req->alignment = align;
+  return CUDA_SUCCESS;
+}
+
+// The planes of these arrays leave the table with them.
+void ForgetPlanes(Session* s, const std::unordered_set<uint64_t>& owners) {
+  for (auto it = s->arrays.begin(); it != s->arrays.end();) {
+    if (it->second.plane_of != 0 && owners.count(it->second.plane_of)) it = s->arrays.erase(it);
+    else ++it;
+  }
+}
+
+CUresult SparseProperties(Fn fn, uint64_t handle, CUDA_ARRAY_SPARSE_PROPERTIES* props) {
+  if (props == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  uint8_t buf[8];
+  Writer w(buf, sizeof(buf));
+  w.U64(handle);
+  ReplyView rv;
+  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  CUDA_ARRAY_SPARSE_PROPERTIES got;
+  if (!remote::ReadSparseProperties(rv.reader, &got)) return CUDA_ERROR_UNKNOWN;
+  *props = got;
   return CUDA_SUCCESS;
 }
 
@@ -436,13 +463,49 @@ CUresult Impl_cuArrayDestroy(CUarray array) {
   Session* s = l.session();
   auto it = s->arrays.find(H(array));
   if (it == s->arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
-  if (it->second.mipmap != 0) return CUDA_ERROR_INVALID_HANDLE;  // a level of a mipmapped array
+  // A level of a mipmapped array, or a plane of a multi-planar array, goes with its owner.
+  if (it->second.mipmap != 0 || it->second.plane_of != 0) return CUDA_ERROR_INVALID_HANDLE;
   uint8_t buf[8];
   Writer w(buf, sizeof(buf));
   w.U64(H(array));
   CUresult r = Simple(l, Fn::cuArrayDestroy, w);
-  if (r == CUDA_SUCCESS) s->arrays.erase(H(array));
+  if (r == CUDA_SUCCESS) {
+    s->arrays.erase(H(array));
+    ForgetPlanes(s, {H(array)});
+  }
   return r;
+}
+
+CUresult Impl_cuArrayGetPlane(CUarray* plane, CUarray array, unsigned int index) {
+  if (plane == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  if (!s->arrays.count(H(array))) return CUDA_ERROR_INVALID_HANDLE;
+  uint8_t buf[16];
+  Writer w(buf, sizeof(buf));
+  w.U64(H(array));
+  w.U32(index);
+  ReplyView rv;
+  CUresult r = CallSync(s, Op(Fn::cuArrayGetPlane), w, &rv);
+  if (r != CUDA_SUCCESS) return r;
+  uint64_t h = 0;
+  Session::ArrayInfo info;
+  info.plane_of = H(array);
+  rv.reader.U64(&h);
+  if (!remote::ReadArrayDesc(rv.reader, &info.desc)) return CUDA_ERROR_UNKNOWN;
+  s->arrays[h] = info;
+  *plane = reinterpret_cast<CUarray>(h);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* props, CUarray array) {
+  return SparseProperties(Fn::cuArrayGetSparseProperties, H(array), props);
+}
+
+CUresult Impl_cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* props,
+                                                  CUmipmappedArray mipmap) {
+  return SparseProperties(Fn::cuMipmappedArrayGetSparseProperties, H(mipmap), props);
 }
 
 CUresult Impl_cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* desc, CUarray array) {
@@ -533,10 +596,16 @@ CUresult Impl_cuMipmappedArrayDestroy(CUmipmappedArray mipmap) {
   CUresult r = Simple(l, Fn::cuMipmappedArrayDestroy, w);
   if (r == CUDA_SUCCESS) {
     s->mipmaps.erase(H(mipmap));
+    std::unordered_set<uint64_t> levels;
     for (auto it = s->arrays.begin(); it != s->arrays.end();) {
-      if (it->second.mipmap == H(mipmap)) it = s->arrays.erase(it);
-      else ++it;
+      if (it->second.mipmap == H(mipmap)) {
+        levels.insert(it->first);
+        it = s->arrays.erase(it);
+      } else {
+        ++it;
+      }
     }
+    ForgetPlanes(s, levels);
   }
   return r;
 }

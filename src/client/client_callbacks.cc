@@ -14,6 +14,7 @@
 #include <pthread.h>
 
 #include <deque>
+#include <functional>
 #include <map>
 
 #include "client/client_internal.h"
@@ -47,6 +48,10 @@ struct Callbacks {
   std::map<uint64_t, Pending> releases;
   int64_t host_runs_expected = 0;  // launched host-node runs not yet run
   std::deque<uint64_t> reached;            // events received, in order
+  // Other work for this thread (the driver's asynchronous notifications), and how many
+  // registrations wait for events that may come while no call waits.
+  std::deque<std::function<void()>> tasks;
+  int64_t listeners = 0;
   uint64_t next_id = 1;
   bool thread_started = false;
 };
@@ -68,6 +73,8 @@ struct ForkReset {
       c.releases.clear();
       c.host_runs_expected = 0;
       c.reached.clear();
+      c.tasks.clear();
+      c.listeners = 0;
       c.thread_started = false;  // the child has no callback thread
     });
   }
@@ -112,7 +119,7 @@ void* CallbackThread(void*) {
   Callbacks& c = Cb();
   for (;;) {
     pthread_mutex_lock(&c.mu);
-    if (c.reached.empty()) {
+    if (c.reached.empty() && c.tasks.empty()) {
       bool outstanding = !c.registered.empty() || c.host_runs_expected > 0;
       timespec deadline;
       clock_gettime(CLOCK_REALTIME, &deadline);
@@ -123,9 +130,18 @@ void* CallbackThread(void*) {
       }
       pthread_cond_timedwait(&c.cv, &c.mu, &deadline);
     }
+    if (!c.tasks.empty()) {
+      std::function<void()> task = std::move(c.tasks.front());
+      c.tasks.pop_front();
+      pthread_mutex_unlock(&c.mu);
+      task();
+      continue;
+    }
     if (c.reached.empty()) {
-      // Live user objects: their release may come while no call waits (slow polling).
-      bool poll = !c.registered.empty() || c.host_runs_expected > 0 || !c.releases.empty();
+      // Live user objects and notification registrations: their events may come while no call
+      // waits (slow polling).
+      bool poll = !c.registered.empty() || c.host_runs_expected > 0 || !c.releases.empty() ||
+                  c.listeners > 0;
       pthread_mutex_unlock(&c.mu);
       if (poll) PollTransport();
       continue;
@@ -269,6 +285,27 @@ void ForgetUserObjectRelease(uint64_t id) {
   pthread_mutex_unlock(&c.mu);
 }
 
+CUresult RunOnCallbackThread(std::function<void()> task) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  CUresult r = StartThreadLocked(c);
+  if (r == CUDA_SUCCESS) {
+    c.tasks.push_back(std::move(task));
+    pthread_cond_signal(&c.cv);
+  }
+  pthread_mutex_unlock(&c.mu);
+  return r;
+}
+
+CUresult CallbackListenersChanged(int64_t n) {
+  Callbacks& c = Cb();
+  pthread_mutex_lock(&c.mu);
+  CUresult r = StartThreadLocked(c);
+  c.listeners += n;
+  pthread_mutex_unlock(&c.mu);
+  return r;
+}
+
 void HostNodeRunsLaunched(int64_t n) {
   Callbacks& c = Cb();
   pthread_mutex_lock(&c.mu);
@@ -294,6 +331,10 @@ void HandleEventFrame(Session* s, const transport::InFrame& in) {
   }
   if (in.header.opcode == remote::kEvtConsole) {
     WriteConsole(in.payload, in.payload_length);
+    return;
+  }
+  if (in.header.opcode == remote::kEvtAsyncNotification) {
+    HandleAsyncNotification(in);
     return;
   }
   if (in.header.opcode != remote::kEvtHostFunc) return;

@@ -2,6 +2,7 @@
 // client_local.cc, client_async.cc, client_host.cc, client_callbacks.cc, client_graphs.cc).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <cstdint>
@@ -185,4 +186,12 @@ bool HostNodeFunctionOf(uint64_t id, CUhostFn* fn, void** user);
 // reports the object released under *id (client_user_objects.cc). Forget: the object was not made.
 CUresult RegisterUserObjectRelease(Session* s, CUhostFn fn, void* user, uint64_t* id);
 void ForgetUserObjectRelease(uint64_t id);
+// Runs task on the callback thread (client_callbacks.cc), e.g. a program's asynchronous
+// notification callback.
+CUresult RunOnCallbackThread(std::function<void()> task);
+// n more (negative: fewer) registrations wait for events that may arrive while no call waits:
+// while any do, the callback thread polls the transport.
+CUresult CallbackListenersChanged(int64_t n);
+// A kEvtAsyncNotification event (client_notifications.cc): queues the program's callback.
+void HandleAsyncNotification(const transport::InFrame& in);
 }  // namespace tf::client

@@ -137,6 +137,12 @@ inline constexpr uint16_t kEvtMirrorData = 0x8110;
 // the launch, so before the reply of any call that waited for it. A client that gets a run
 // outside the ranges its executable graphs write drops the connection.
 inline constexpr uint16_t kEvtGraphHostData = 0x8120;
+// The driver's asynchronous notification, worker -> client (session_notifications.h): the driver
+// called the session's callback of one registration. Payload: u64 the registration's callback
+// name, u32 CUasyncNotificationType, u64 bytes over budget (0 for other types). The client calls
+// the program's callback on its callback thread; nothing answers. 0x8131..0x813F are reserved for
+// this family.
+inline constexpr uint16_t kEvtAsyncNotification = 0x8130;
 // Slices of pageable copies over a transport with zero-copy bulk memory: small enough that the
 // client's memcpy of one overlaps the worker's DMA of the previous ones.
 inline constexpr uint64_t kPipelinedCopySlice = 4ull << 20;

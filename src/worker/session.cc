@@ -31,6 +31,8 @@
 #include "worker/session_arrays.h"
 #include "worker/session_graphs.h"
 #include "worker/session_green.h"
+#include "worker/session_multicast.h"
+#include "worker/session_notifications.h"
 #include "worker/session_handles.h"
 #include "worker/session_host_memory.h"
 #include "worker/session_link.h"
@@ -78,7 +80,8 @@ struct Image {
 };
 
 class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host,
-                private GeneratedHost, private SessionMemops::Host, private SessionGreen::Host {
+                private GeneratedHost, private SessionMemops::Host, private SessionGreen::Host,
+                private SessionMulticast::Host, private SessionNotifications::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
       : opt_(o), t_(std::move(t)) {
@@ -152,6 +155,27 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     WriteContextInfo(As<CUcontext>(c), dev, false, out);
   }
   std::vector<uint64_t> SessionStreams() const override { return {streams_.begin(), streams_.end()}; }
+  // SessionMulticast::Host (multicast objects are VMM handles: session_multicast.cc).
+  bool KnownVmmHandle(uint64_t& h, uint64_t* size) const override {
+    if (!Resolve(HandleKind::kMemHandle, h)) return false;
+    auto it = vmm_handles_.find(h);
+    if (it == vmm_handles_.end()) return false;
+    *size = it->second;
+    return true;
+  }
+  uint64_t PublishVmmHandle(uint64_t real, uint64_t size) override {
+    vmm_handles_[real] = size;
+    return Publish(HandleKind::kMemHandle, real);
+  }
+  // SessionNotifications::Host (the driver's asynchronous notifications: session_notifications.cc).
+  void SendAsyncNotification(const Writer& w) override {
+    OutFrame f;
+    f.opcode = remote::kEvtAsyncNotification;
+    f.sequence = event_seq_++;
+    f.payload = w.data();
+    f.payload_length = static_cast<uint32_t>(w.size());
+    (void)t_->Send(f);  // thread-safe; a client that is gone has nothing left to call
+  }
   void StreamGone(uint64_t s) override { streams_.erase(s); }
   // SessionQueries::Host (stream, context, module and function queries: session_queries.cc).
   bool KnownModule(uint64_t& m) const override { return Module(m); }
@@ -429,6 +453,8 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   SessionQueries queries_{d_, *this};
   SessionMemops memops_{d_, *this};
   SessionGreen green_{d_, *this};
+  SessionMulticast multicast_{d_, *this};
+  SessionNotifications notifications_{d_, *this};
 };
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
@@ -594,6 +620,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
   if (SessionMemops::Handles(fn)) return memops_.Call(fn, rd, out);
   if (SessionGreen::Handles(fn)) return green_.Call(fn, rd, out);
+  if (SessionMulticast::Handles(fn)) return multicast_.Call(fn, rd, out);
+  if (SessionNotifications::Handles(fn)) return notifications_.Call(fn, rd, out);
   if (IsGenerated(fn)) return DispatchGenerated(fn, rd, out, *this);
   switch (fn) {
     case Fn::cuCtxSetCurrent: {
@@ -2476,6 +2504,7 @@ void Session::Cleanup() {
   DestroyObjects();
   for (auto& [lib, e] : libraries_) CALL(cuLibraryUnload, As<CUlibrary>(lib));
   green_.Cleanup();
+  notifications_.Cleanup();
   for (uint64_t c : created_contexts_) CALL(cuCtxDestroy_v2, As<CUcontext>(c));
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
@@ -2550,7 +2579,8 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
   for (int k = 1; k <= kHandleKindCount; ++k) {
     const auto kind = static_cast<HandleKind>(k);
     if (kind == HandleKind::kContext || kind == HandleKind::kDevResourceDesc ||
-        kind == HandleKind::kLibrary || kind == HandleKind::kKernel) {
+        kind == HandleKind::kLibrary || kind == HandleKind::kKernel ||
+        kind == HandleKind::kAsyncCallback) {  // registered on the device, not in the context
       continue;
     }
     retired += handles_.RetireAll(kind);

@@ -47,6 +47,9 @@ bool SessionArrays::Handles(Fn fn) {
     case Fn::cuMipmappedArrayCreate:
     case Fn::cuMipmappedArrayGetLevel:
     case Fn::cuMipmappedArrayDestroy:
+    case Fn::cuArrayGetPlane:
+    case Fn::cuArrayGetSparseProperties:
+    case Fn::cuMipmappedArrayGetSparseProperties:
     case Fn::cuMipmappedArrayGetMemoryRequirements:
     case Fn::cuMemcpyHtoA_v2:
     case Fn::cuMemcpyHtoAAsync_v2:
@@ -111,18 +114,26 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
       Record(a, CUDA_ARRAY3D_DESCRIPTOR{}, m, out);
       return CUDA_SUCCESS;
     }
+    case Fn::cuArrayGetPlane:
+      return GetPlane(rd, out);
+    case Fn::cuArrayGetSparseProperties:
+    case Fn::cuMipmappedArrayGetSparseProperties:
+      return SparseProperties(fn, rd, out);
     case Fn::cuArrayDestroy: {
       uint64_t a = 0;
       if (!rd.U64(&a) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       const uint64_t wire = a;
       if (!Real(HandleKind::kArray, a)) return CUDA_ERROR_INVALID_HANDLE;
       auto it = arrays_.find(a);
-      // A level of a mipmapped array goes with it.
-      if (it == arrays_.end() || it->second.mipmap != 0) return CUDA_ERROR_INVALID_HANDLE;
+      // A level of a mipmapped array, or a plane of an array, goes with its owner.
+      if (it == arrays_.end() || it->second.mipmap != 0 || it->second.plane_of != 0) {
+        return CUDA_ERROR_INVALID_HANDLE;
+      }
       CUresult r = CALL(cuArrayDestroy, As<CUarray>(a));
       if (r == CUDA_SUCCESS) {
         arrays_.erase(it);
         host_.Handles().Retire(HandleKind::kArray, wire);
+        ForgetPlanes({a});
       }
       return r;
     }
@@ -135,11 +146,12 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
       if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
       CUresult r = CALL(cuMipmappedArrayDestroy, As<CUmipmappedArray>(m));
       if (r == CUDA_SUCCESS) {
-        // Its levels die with it: their names fail from now on.
+        // Its levels die with it (and their planes): their names fail from now on.
         for (uint64_t a : it->second) {
           arrays_.erase(a);
           host_.Handles().RetireReal(HandleKind::kArray, a);
         }
+        ForgetPlanes(it->second);
         mipmaps_.erase(it);
         host_.Handles().Retire(HandleKind::kMipmappedArray, wire);
       }
@@ -632,7 +644,7 @@ void SessionArrays::Cleanup() {
   for (uint64_t o : surfaces_) CALL(cuSurfObjectDestroy, o);
   size_t arrays = 0;
   for (auto& [a, e] : arrays_) {
-    if (e.mipmap == 0 && CALL(cuArrayDestroy, As<CUarray>(a)) == CUDA_SUCCESS) ++arrays;
+    if (e.mipmap == 0 && e.plane_of == 0 && CALL(cuArrayDestroy, As<CUarray>(a)) == CUDA_SUCCESS) ++arrays;
   }
   for (auto& [m, levels] : mipmaps_) CALL(cuMipmappedArrayDestroy, As<CUmipmappedArray>(m));
   if (arrays + mipmaps_.size() + textures_.size() + surfaces_.size() > 0) {
@@ -647,6 +659,49 @@ void SessionArrays::Cleanup() {
   surfaces_.clear();
   arrays_.clear();
   mipmaps_.clear();
+}
+
+CUresult SessionArrays::GetPlane(Reader& rd, Writer& out) {
+  uint64_t a = 0;
+  uint32_t index = 0;
+  rd.U64(&a);
+  if (!rd.U32(&index) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!Real(HandleKind::kArray, a) || !arrays_.count(a)) return CUDA_ERROR_INVALID_HANDLE;
+  CUarray plane = nullptr;
+  CUresult r = CALL(cuArrayGetPlane, &plane, As<CUarray>(a), index);
+  if (r != CUDA_SUCCESS) return r;
+  // The driver gives the same plane the same handle, and so it keeps its name.
+  Record(plane, CUDA_ARRAY3D_DESCRIPTOR{}, 0, out);
+  arrays_[H(plane)].plane_of = a;
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionArrays::SparseProperties(Fn fn, Reader& rd, Writer& out) {
+  uint64_t h = 0;
+  if (!rd.U64(&h) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_ARRAY_SPARSE_PROPERTIES p = {};
+  CUresult r;
+  if (fn == Fn::cuArrayGetSparseProperties) {
+    if (!Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+    r = CALL(cuArrayGetSparseProperties, &p, As<CUarray>(h));
+  } else {
+    if (!Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
+    r = CALL(cuMipmappedArrayGetSparseProperties, &p, As<CUmipmappedArray>(h));
+  }
+  if (r != CUDA_SUCCESS) return r;
+  remote::WriteSparseProperties(p, out);
+  return CUDA_SUCCESS;
+}
+
+void SessionArrays::ForgetPlanes(const std::set<uint64_t>& owners) {
+  for (auto it = arrays_.begin(); it != arrays_.end();) {
+    if (it->second.plane_of != 0 && owners.count(it->second.plane_of)) {
+      host_.Handles().RetireReal(HandleKind::kArray, it->first);
+      it = arrays_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace tf::worker

@@ -8,7 +8,8 @@
 // the session's table (HandleKind::kArray, kMipmappedArray), translated here wherever a message
 // carries one (copies, resource descriptors, levels, queries, destroys); a forged, stale or other
 // session's name fails that call. A mipmapped array's levels are named arrays that are retired
-// with it. Texture and surface objects stay the driver's values: kernels read them on the GPU.
+// with it, and so are the planes of a multi-planar array (NV12) with their array; neither can be
+// destroyed by itself. Texture and surface objects stay the driver's values: kernels read them on the GPU.
 //
 // Threading: used by the session's replay thread only.
 #pragma once
@@ -66,7 +67,8 @@ class SessionArrays {
  private:
   struct ArrayEntry {
     CUDA_ARRAY3D_DESCRIPTOR desc = {};
-    uint64_t mipmap = 0;  // a level of this mipmapped array
+    uint64_t mipmap = 0;    // a level of this mipmapped array
+    uint64_t plane_of = 0;  // a plane of this multi-planar array (cuArrayGetPlane)
   };
   // A copy's operand after the checks, ready for the driver.
   struct Operand;
@@ -84,6 +86,11 @@ class SessionArrays {
   void Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap,
               transport::Writer& out);
   CUresult RunCopy(driver::Fn fn, const CUDA_MEMCPY3D& c, CUstream st);
+  // cuArrayGetPlane and the sparse properties of arrays and mipmapped arrays.
+  CUresult GetPlane(transport::Reader& rd, transport::Writer& out);
+  CUresult SparseProperties(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  // The planes of these arrays (real handles) went with them: forgotten, their names retired.
+  void ForgetPlanes(const std::set<uint64_t>& owners);
   // Resolves a wire name of kind k (kArray, kMipmappedArray) in place to the driver's handle;
   // false when it is not a live name of that kind in this session.
   bool Real(HandleKind k, uint64_t& h) const { return host_.Handles().Resolve(k, h, &h); }

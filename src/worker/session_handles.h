@@ -47,9 +47,10 @@ enum class HandleKind : uint8_t {
   kExternalMemory,
   kExternalSemaphore,
   kGreenCtx,
-  kDevResourceDesc  // CUdevResourceDesc (cuDevResourceGenerateDesc): the driver never frees them
+  kDevResourceDesc,  // CUdevResourceDesc (cuDevResourceGenerateDesc): the driver never frees them
+  kAsyncCallback     // CUasyncCallbackHandle (cuDeviceRegisterAsyncNotification)
 };
-inline constexpr int kHandleKindCount = static_cast<int>(HandleKind::kDevResourceDesc);
+inline constexpr int kHandleKindCount = static_cast<int>(HandleKind::kAsyncCallback);
 
 class HandleTable {
  public:

@@ -51,9 +51,16 @@ CUresult CreateArray(FakeArray** out, const CUDA_ARRAY3D_DESCRIPTOR& desc, unsig
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (desc.Depth != 0 && desc.Height == 0) return CUDA_ERROR_INVALID_VALUE;
+  const bool nv12 = desc.Format == CU_AD_FORMAT_NV12;
+  if (nv12 && (desc.NumChannels != 3 || desc.Width % 2 != 0 || desc.Height == 0 || desc.Height % 2 != 0 ||
+               desc.Depth != 0 || mipmapped)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   FAKECUDA_REQUIRE_CONTEXT(ctx);
   size_t bytes = 0;
   for (unsigned level = 0; level < levels; ++level) bytes += LevelBytes(desc, level);
+  // NV12: a plane of luma bytes, then one of half the width and height with 2-byte chroma pairs.
+  if (nv12) bytes = desc.Width * desc.Height + (desc.Width / 2) * (desc.Height / 2) * 2;
   bytes = RoundUp(bytes, kGranularity);
   auto array = std::make_unique<FakeArray>();
   array->device = ctx->device;
@@ -62,6 +69,7 @@ CUresult CreateArray(FakeArray** out, const CUDA_ARRAY3D_DESCRIPTOR& desc, unsig
   array->bytes = bytes;
   array->mipmapped = mipmapped;
   if (mipmapped) array->level_views.assign(levels, nullptr);
+  if (nv12) array->level_views.assign(2, nullptr);  // its planes
   Driver& d = Driver::Get();
   {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -583,4 +591,76 @@ CUresult cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC* res, CUsurfObject objec
   if (o == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *res = o->res;
   return CUDA_SUCCESS;
+}
+
+// ---- Planes of multi-planar arrays and sparse properties ----
+
+CUresult cuArrayGetPlane(CUarray* plane, CUarray handle, unsigned int index) {
+  FAKECUDA_ENTER();
+  if (plane == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::FakeArray* a = fakecuda::FindArray(d, handle);
+  if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (a->desc.Format != CU_AD_FORMAT_NV12 || index >= a->level_views.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (a->level_views[index] == nullptr) {
+    auto view = std::make_unique<fakecuda::FakeArray>();
+    view->device = a->device;
+    view->desc = CUDA_ARRAY3D_DESCRIPTOR{};
+    view->desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    view->desc.Width = index == 0 ? a->desc.Width : a->desc.Width / 2;
+    view->desc.Height = index == 0 ? a->desc.Height : a->desc.Height / 2;
+    view->desc.NumChannels = index == 0 ? 1 : 2;
+    view->mem = static_cast<unsigned char*>(a->mem) + (index == 0 ? 0 : a->desc.Width * a->desc.Height);
+    view->owner = a;
+    a->level_views[index] = view.get();
+    d.arrays[view.get()] = std::move(view);
+  }
+  *plane = reinterpret_cast<CUarray>(a->level_views[index]);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// Fixed, plausible sparse properties: 64 KiB tiles 128 rows high (and one slice deep); the mip tail
+// starts at the first level narrower or shorter than a tile and holds the rest, in whole tiles.
+CUresult SparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* p, fakecuda::FakeArray* a) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if ((a->desc.Flags & CUDA_ARRAY3D_SPARSE) == 0) return CUDA_ERROR_INVALID_VALUE;
+  const size_t elem = fakecuda::ElementBytes(a->desc);
+  *p = CUDA_ARRAY_SPARSE_PROPERTIES{};
+  p->tileExtent.width = static_cast<unsigned>(65536 / 128 / elem);
+  p->tileExtent.height = 128;
+  p->tileExtent.depth = 1;
+  unsigned first = a->levels;
+  size_t tail = 0;
+  for (unsigned level = 0; level < a->levels; ++level) {
+    CUDA_ARRAY3D_DESCRIPTOR d = fakecuda::LevelDesc(a->desc, level);
+    if (first == a->levels && (d.Width < p->tileExtent.width || d.Height < p->tileExtent.height)) first = level;
+    if (level >= first) tail += fakecuda::LevelBytes(a->desc, level);
+  }
+  p->miptailFirstLevel = first == a->levels ? 0 : first;
+  p->miptailSize = fakecuda::RoundUp(tail, 65536);
+  if (a->desc.Flags & CUDA_ARRAY3D_LAYERED) p->flags = CU_ARRAY_SPARSE_PROPERTIES_SINGLE_MIPTAIL;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+CUresult cuArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* props, CUarray handle) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  fakecuda::FakeArray* a = fakecuda::FindArray(d, handle);
+  if (a == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return SparseProperties(props, a);
+}
+
+CUresult cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* props, CUmipmappedArray handle) {
+  FAKECUDA_ENTER();
+  Driver& d = Driver::Get();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.arrays.find(reinterpret_cast<fakecuda::FakeArray*>(handle));
+  if (it == d.arrays.end() || !it->second->mipmapped) return CUDA_ERROR_INVALID_HANDLE;
+  return SparseProperties(props, it->second.get());
 }

@@ -178,6 +178,12 @@ struct PhysicalMemory {
   CUmemAllocationHandleType handle_types{};  // requested at creation: what it may be exported as
   bool imported = false;                    // from a shareable handle: charged to its exporter
   CUmemAllocationProp prop{};      // as cuMemCreate was given it
+  // A multicast object (fake_multicast.cc): not charged to a device; the devices of its team
+  // added so far, and the ranges bound to it ((device of the memory, object offset) -> bytes).
+  bool multicast = false;
+  unsigned team = 0;
+  std::set<int> team_added;
+  std::map<std::pair<int, size_t>, size_t> bound;
 };
 
 // An array, a mipmapped array, or a level of one (a view into its owner's memory). Elements lie
@@ -363,6 +369,9 @@ inline constexpr size_t kChecksumParamBytes = 32000;
 void PrintfLines(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*);
 void ChecksumParams(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*);
 void AddU32(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*);
+// notify_over_budget(unsigned long long bytes): an over-budget notification to every registered
+// asynchronous-notification callback (fake_notifications.cc).
+void NotifyOverBudget(unsigned long long bytes);
 // Writes cuModuleLoadDataEx's log messages into the caller's JIT log buffers.
 void JitLoadLog(unsigned n, CUjit_option* options, void** values, const void* image, bool ok);
 

@@ -492,7 +492,7 @@ namespace {
 // REQUIRES d.mu. Frees a released physical allocation once nothing maps it.
 void MaybeFreePhysical(Driver& d, fakecuda::PhysicalMemory* phys) {
   if (!phys->released || phys->mappings > 0) return;
-  if (!phys->imported) d.Uncharge(phys->device, phys->size);
+  if (!phys->imported && !phys->multicast) d.Uncharge(phys->device, phys->size);
   close(phys->fd);
   d.physical.erase(phys);
 }

@@ -127,12 +127,18 @@ void SetConditionalKernel(void** params, unsigned, unsigned, unsigned, unsigned,
   fakecuda::SetConditional(*static_cast<uint64_t*>(params[0]), *static_cast<unsigned*>(params[1]));
 }
 
+void NotifyOverBudgetKernel(void** params, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            void*) {
+  fakecuda::NotifyOverBudget(*static_cast<unsigned long long*>(params[0]));
+}
+
 void KernelRegistry::RegisterBuiltins() {
   const size_t conditional_sizes[] = {sizeof(uint64_t), sizeof(unsigned)};
   const size_t sleep_sizes[] = {sizeof(unsigned)};
   const size_t fill_sizes[] = {sizeof(CUdeviceptr), sizeof(unsigned), sizeof(size_t)};
   const size_t printf_sizes[] = {sizeof(unsigned), sizeof(unsigned)};
   const size_t checksum_sizes[] = {sizeof(CUdeviceptr), kChecksumParamBytes};
+  const size_t notify_sizes[] = {sizeof(unsigned long long)};
   for (auto kernel : {MakeKernel("builtin", "sleep_us", SleepMicroseconds, nullptr, true, 1,
                                  sleep_sizes),
                       MakeKernel("builtin", "fill_u32", FillU32, nullptr, true, 3, fill_sizes),
@@ -142,6 +148,8 @@ void KernelRegistry::RegisterBuiltins() {
                                  checksum_sizes),
                       MakeKernel("builtin", "set_conditional", SetConditionalKernel, nullptr, true, 2,
                                  conditional_sizes),
+                      MakeKernel("builtin", "notify_over_budget", NotifyOverBudgetKernel, nullptr, true, 1,
+                                 notify_sizes),
                       MakeKernel("linkpart", "add_u32", AddU32, nullptr, true, 3, fill_sizes)}) {
     all_[kernel.get()] = kernel;
     by_name_[kernel->module + '\n' + kernel->name] = kernel;
