@@ -722,13 +722,17 @@ CUresult SessionGraphs::Edit(Fn fn, Reader& rd, Writer& out) {
 }
 
 // Graph allocations that the graph itself frees live only within its launches: they leave the
-// session's allocations with the graph. Others stay until cuMemFree(Async).
+// session's allocations with the graph. Others stay until cuMemFree(Async). The driver may give
+// an allocation the address of one the graph freed before it: an address allocated more often
+// than the graph frees it stays.
 void SessionGraphs::ForgetGraph(uint64_t g, bool free_allocations) {
   auto it = graphs_.find(g);
   if (it == graphs_.end()) return;
   if (free_allocations) {
-    for (uint64_t p : it->second.allocs) {
-      if (it->second.frees.count(p)) h_.RemoveAllocation(p);
+    std::map<uint64_t, size_t> allocated;
+    for (uint64_t p : it->second.allocs) ++allocated[p];
+    for (const auto& [p, n] : allocated) {
+      if (it->second.frees.count(p) && n <= 1) h_.RemoveAllocation(p);
     }
   }
   graphs_.erase(it);

@@ -159,6 +159,7 @@ struct Allocation {
   PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
   unsigned vmm_access = 0;                // kVmmMapping: the flags cuMemSetAccess gave it
   bool sync_memops = false;               // cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
+  unsigned graph_reallocs = 0;            // kGraph: later alloc nodes of the launch at this address
   unsigned host_flags = 0;                // kHost, kHostRegistered: cuMemHostAlloc/Register flags
   // IPC (fake_ipc.cc). An exported kDevice allocation is backed by a memfd from its first
   // cuIpcGetMemHandle on (ipc_fd, closed when it is freed); an opened one is counted per open.

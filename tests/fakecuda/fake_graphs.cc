@@ -145,6 +145,10 @@ void FreeGraphAllocation(uintptr_t dptr) {
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.allocations.find(dptr);
   if (it == d.allocations.end()) return;
+  if (it->second.graph_reallocs > 0) {
+    --it->second.graph_reallocs;  // a later alloc node of the launch takes the address again
+    return;
+  }
   d.Uncharge(it->second.device, it->second.counted);
   d.allocations.erase(it);
 }
@@ -670,17 +674,37 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph graph, const CUgraphNo
   if (dev < 0 || dev >= Driver::Get().topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
   // The address is fixed now; the memory is charged to the device only while a launch holds it.
   size_t bytes = params->bytesize;
-  void* mem = fakecuda::MapHostMemory(bytes);
-  if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   auto node = std::make_unique<GraphNode>();
   node->kind = GraphNodeKind::kMemAlloc;
-  node->dptr = reinterpret_cast<uintptr_t>(mem);
   node->bytes = bytes;
   node->device = dev;
   if (params->accessDescs != nullptr) {
     node->access.assign(params->accessDescs, params->accessDescs + params->accessDescCount);
   }
-  node->region = std::shared_ptr<void>(mem, [bytes](void* p) { fakecuda::UnmapHostMemory(p, bytes); });
+  {
+    // As the driver does: an allocation after a free node of the same graph (a direct
+    // dependency) reuses the freed address when it fits (NVIDIA's graphMemoryNodes checks it).
+    Driver& d = Driver::Get();
+    std::lock_guard<std::mutex> lock(d.mu);
+    Graph* g = LiveGraph(d, graph);
+    for (size_t i = 0; g != nullptr && deps != nullptr && i < num_deps && !node->region; ++i) {
+      auto* dep = reinterpret_cast<GraphNode*>(deps[i]);
+      if (!InGraph(*g, dep) || dep->kind != GraphNodeKind::kMemFree) continue;
+      for (auto& n : g->nodes) {
+        if (n->kind == GraphNodeKind::kMemAlloc && n->dptr == dep->dptr && n->bytes >= bytes) {
+          node->dptr = n->dptr;
+          node->region = n->region;
+          break;
+        }
+      }
+    }
+  }
+  if (!node->region) {
+    void* mem = fakecuda::MapHostMemory(bytes);
+    if (mem == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    node->dptr = reinterpret_cast<uintptr_t>(mem);
+    node->region = std::shared_ptr<void>(mem, [bytes](void* p) { fakecuda::UnmapHostMemory(p, bytes); });
+  }
   uintptr_t dptr = node->dptr;
   CUresult r = AddNode(out, graph, deps, num_deps, std::move(node));
   if (r == CUDA_SUCCESS) params->dptr = dptr;
@@ -832,6 +856,12 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
     for (const GraphNode& node : *nodes) {
       if (node.kind != GraphNodeKind::kMemAlloc) continue;
       size_t counted = fakecuda::RoundUp(node.bytes, fakecuda::kGranularity);
+      auto again = std::find_if(charged.begin(), charged.end(),
+                                [&](const GraphNode* c) { return c->dptr == node.dptr; });
+      if (again != charged.end()) {
+        ++d.allocations[node.dptr].graph_reallocs;  // an address the graph frees, then reuses
+        continue;
+      }
       if (d.allocations.count(node.dptr) != 0) {
         failure = CUDA_ERROR_INVALID_VALUE;  // the previous launch's allocation is still live
       } else if (!d.Charge(node.device, counted)) {

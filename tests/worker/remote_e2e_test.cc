@@ -874,6 +874,9 @@ TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
     EXPECT_EQ(r.kv["exec_update"], "0,21,21");
     EXPECT_EQ(r.kv["graph_alloc"], "5a,2") << "graph allocation usable and known as device memory";
     EXPECT_EQ(r.kv["graph_alloc_freed_attr"], "1");
+    // An allocation at the address of one the graph freed before it outlives the graph.
+    EXPECT_EQ(r.kv["graph_alloc_reused"], "1,0");
+    EXPECT_EQ(r.kv["graph_alloc_reused"], direct.kv["graph_alloc_reused"]);
     // Page-locked memory is shared over shared memory, copied through a shadow over TCP;
     // pageable memory through a shadow on both (GraphCopiesOfPageableMemory...).
     EXPECT_EQ(r.kv["pinned_copy_rc"], "0");

@@ -1104,6 +1104,25 @@ int GraphNodes() {
   CHECK(cuMemFree(ap.dptr));
   std::printf("graph_alloc_freed_attr=%d\n",
               static_cast<int>(cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ap.dptr)));
+  // graphMemoryNodes: an allocation after the graph's free of another may get its address; it
+  // outlives the graph (destroyed before the launch) and is freed with cuMemFree after.
+  {
+    CUgraph rg;
+    CHECK(cuGraphCreate(&rg, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS first = ap, second = ap;
+    CUgraphNode na, nf, nb;
+    CHECK(cuGraphAddMemAllocNode(&na, rg, nullptr, 0, &first));
+    CHECK(cuGraphAddMemFreeNode(&nf, rg, &na, 1, first.dptr));
+    CHECK(cuGraphAddMemAllocNode(&nb, rg, &nf, 1, &second));
+    CUgraphExec re;
+    CHECK(cuGraphInstantiateWithFlags(&re, rg, 0));
+    CHECK(cuGraphDestroy(rg));
+    CHECK(cuGraphLaunch(re, s));
+    CHECK(cuStreamSynchronize(s));
+    std::printf("graph_alloc_reused=%d,%d\n", first.dptr == second.dptr,
+                static_cast<int>(cuMemFree(second.dptr)));
+    CHECK(cuGraphExecDestroy(re));
+  }
   // A device-to-host memcpy node into page-locked memory.
   unsigned* pinned = nullptr;
   CHECK(cuMemAllocHost(reinterpret_cast<void**>(&pinned), 4096));
