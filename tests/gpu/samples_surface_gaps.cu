@@ -39,13 +39,31 @@ void OnNotification(CUasyncNotificationInfo*, void* user, CUasyncCallbackHandle)
 
 TF_SAMPLE(nv12_array_planes) {
   RT(o, cudaFree(nullptr));
+  // A plain array has no planes: refused, as natively.
+  CUDA_ARRAY3D_DESCRIPTOR plain = {};
+  plain.Width = 64;
+  plain.Height = 32;
+  plain.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  plain.NumChannels = 1;
+  CUarray flat, flat_plane = nullptr;
+  DRV(o, cuArray3DCreate(&flat, &plain));
+  Code(o, cuArrayGetPlane(&flat_plane, flat, 0));
+  DRV(o, cuArrayDestroy(flat));
+  // NV12: the channel count the driver takes (cudart describes it as three 8-bit channels); a
+  // device that takes none records the codes as its result, equal natively and remotely.
   CUDA_ARRAY3D_DESCRIPTOR nv12 = {};
   nv12.Width = 64;
   nv12.Height = 32;
   nv12.Format = CU_AD_FORMAT_NV12;
-  nv12.NumChannels = 3;
-  CUarray frame;
-  DRV(o, cuArray3DCreate(&frame, &nv12));
+  CUarray frame = nullptr;
+  CUresult made = CUDA_ERROR_INVALID_VALUE;
+  for (unsigned channels : {3u, 1u, 2u}) {
+    nv12.NumChannels = channels;
+    made = cuArray3DCreate(&frame, &nv12);
+    Code(o, made);
+    if (made == CUDA_SUCCESS) break;
+  }
+  if (made != CUDA_SUCCESS) return;
   CUarray planes[2], again;
   DRV(o, cuArrayGetPlane(&planes[0], frame, 0));
   DRV(o, cuArrayGetPlane(&planes[1], frame, 1));
