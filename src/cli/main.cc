@@ -11,6 +11,7 @@
 #include "cli/local_vgpu.h"
 #include "cli/quantity.h"
 #include "cli/remote_run.h"
+#include "cli/worker_sessions.h"
 #include "cli/worker_zero.h"
 #include "controller/model.h"
 #include "limiter/core/gpu_region.h"
@@ -446,7 +447,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tfusion worker: MPS: sessions with a vGPU run under the MPS daemon of %s\n",
                    mps->c_str());
     }
-    // A client that asks for limits or a GPU of its own gets a vGPU "remote-<session pid>" on that
+    // A client that asks for limits or a GPU of its own gets a vGPU "remote-<session pid>" (with
+    // "@<allocation id>" for a pooled run placed here: worker_sessions.h) on that
     // GPU (default GPU 0), made in its session before the driver loads and enforced by the
     // limiter; the session sees only that GPU. It goes with the session.
     hooks.prepare_limits = [&](const tf::worker::SessionLimits& l, pid_t session,
@@ -464,10 +466,13 @@ int main(int argc, char** argv) {
       ro.tiering = worker_tiering || !worker_idle_swap.empty();
       ro.idle_swap = worker_idle_swap;
       ro.idle_zero = worker_idle_zero;
-      // A client from a pool allocation sends its idle timeouts (limits record 4): they win over
-      // the worker's --idle-swap. Without --tiering they change nothing.
-      if (ro.tiering && !l.idle_swap.empty()) ro.idle_swap = l.idle_swap;
-      if (ro.tiering && !l.idle_disk.empty()) ro.idle_disk = l.idle_disk;
+      // A client from a pool allocation sends its idle timeouts (limits record 4; 5 adds the idle
+      // zero timeout and the allocation the session's vGPU is bound to): they win over the
+      // worker's. Without --tiering they change nothing.
+      std::string vgpu_id;
+      if (tf::Status a = tf::cli::ApplyClientAllocation(l, session, static_cast<bool>(hooks.keeper), &ro, &vgpu_id);
+          !a.ok())
+        return a.message();
       if (!l.gpu.empty()) {
         if (tf::Status g = tf::cli::ParseGpuSelector(l.gpu, &ro); !g.ok()) return g.message();
       }
@@ -479,8 +484,9 @@ int main(int argc, char** argv) {
       } else {
         ro.mps_pipe_dir = mps_dir;
       }
-      auto prepared = tf::cli::PrepareVgpu(ro, "remote-" + std::to_string(session));
+      auto prepared = tf::cli::PrepareVgpu(ro, vgpu_id);
       if (!prepared.ok()) return prepared.status().message();
+      if (tf::Status f = tf::cli::FinishSessionVgpu(prepared->region_path, vgpu_id); !f.ok()) return f.message();
       *env = prepared->env;
       *driver = prepared->limiter;
       if (!ro.mps_pipe_dir.empty()) {
@@ -531,7 +537,7 @@ int main(int argc, char** argv) {
       }
     }
     hooks.session_ended = [](pid_t session) {
-      tf::cli::RemoveVgpuEverywhere("remote-" + std::to_string(session));
+      tf::cli::RemoveSessionVgpus(session);
     };
     return tf::cli::RunWorkerCommand(worker_listen, worker_token, worker_driver, worker_env,
                                      worker_ready, hooks);

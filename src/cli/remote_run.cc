@@ -119,7 +119,9 @@ int RunRemote(const std::string& remote, const std::string& token,
                                std::pair{"TFUSION_REMOTE_PERCENT_LIMIT", &limits.percent_limit},
                                std::pair{"TFUSION_REMOTE_QOS", &limits.qos},
                                std::pair{"TFUSION_REMOTE_IDLE_SWAP", &limits.idle_swap},
-                               std::pair{"TFUSION_REMOTE_IDLE_DISK", &limits.idle_disk}}) {
+                               std::pair{"TFUSION_REMOTE_IDLE_DISK", &limits.idle_disk},
+                               std::pair{"TFUSION_REMOTE_IDLE_ZERO", &limits.idle_zero},
+                               std::pair{"TFUSION_REMOTE_ALLOCATION", &limits.allocation}}) {
       unsetenv(name);
       if (!value->empty()) setenv(name, value->c_str(), 1);
     }

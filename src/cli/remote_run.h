@@ -25,6 +25,8 @@ struct RemoteLimits {
   std::string vram, tflops, percent, gpu;
   std::string tflops_limit, percent_limit, qos;
   std::string idle_swap, idle_disk;  // a pool allocation's tier idle timeouts ("45000ms"), for the worker
+  std::string idle_zero;             // its idle zero timeout ("600000ms", "never")
+  std::string allocation;            // its id: the worker binds the session's vGPU to it
 };
 int RunRemote(const std::string& remote, const std::string& token,
               const std::vector<std::string>& command, const RemoteLimits& limits = {});

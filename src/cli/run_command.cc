@@ -307,13 +307,14 @@ int RunCommand(const RunOptions& o) {
     auto placed = PlaceThroughController(o, LocalGpusIfAny(o), idle_swap_ms, idle_disk_ms, idle_zero_ms);
     if (!placed.ok()) return Fail(placed.status().message());
     if (!placed->remote_worker.empty()) {
-      // The worker's session takes the allocation's idle timeouts; a disk tier folder and scale to
-      // zero are this machine's only.
-      if (!o.disk_tier.empty() || idle_zero_ms) {
-        return Fail("--disk-tier and --idle-zero work on a local vGPU only (this one was placed on another node)");
+      // The worker's session takes the allocation's idle timeouts, scale to zero included; a disk
+      // tier folder is this machine's only.
+      if (!o.disk_tier.empty()) {
+        return Fail("--disk-tier works on a local vGPU only (this one was placed on another node)");
       }
       if (tiering && !placed->tiering) {
-        return Fail("--tiering and --idle-swap need a pool that oversells VRAM when the vGPU is on another node");
+        return Fail("--tiering, --idle-swap and --idle-zero need a pool that oversells VRAM when the vGPU is on "
+                    "another node");
       }
       if (!mps_dir->empty()) {
         std::fprintf(stderr, "tfusion run: MPS (%s) is this machine's; the command runs on another node's "
@@ -339,6 +340,14 @@ int RunCommand(const RunOptions& o) {
         const int64_t disk = placed->idle_disk_ms >= 0 ? placed->idle_disk_ms : static_cast<int64_t>(limiter::DefaultIdleDiskMs(qos));
         limits.idle_swap = swap == 0 ? "never" : std::to_string(swap) + "ms";
         limits.idle_disk = disk == 0 ? "never" : std::to_string(disk) + "ms";
+        // Never unless the allocation sets it, as for a local tenant; the worker's --idle-zero
+        // applies only to clients that send none.
+        const int64_t zero = placed->idle_zero_ms > 0 ? placed->idle_zero_ms : static_cast<int64_t>(limiter::DefaultIdleZeroMs(qos));
+        limits.idle_zero = zero == 0 ? "never" : std::to_string(zero) + "ms";
+        // The session's vGPU is bound to the allocation: its node agent passes the allocation's
+        // freeze, zero and thaw requests on to it. (Only with tiering: a pool that does not
+        // oversell VRAM keeps a record that older workers take.)
+        limits.allocation = placed->allocation_id;
       }
       int rc = 0;
       {

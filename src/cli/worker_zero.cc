@@ -12,12 +12,20 @@
 #include "cli/local_vgpu.h"
 #include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
+#include "hypervisor/remote_sessions.h"
 
 namespace tf::cli {
 
 void RunWorkerZeroKeeper(const std::string& libcuda_path, const std::atomic<bool>& stop) {
   std::fprintf(stderr, "tfusion worker: zero keeper (pid %d) checkpoints and restores sessions with %s\n",
                static_cast<int>(getpid()), libcuda_path.c_str());
+  // Held as long as this process lives: the node agent passes an allocation's zero requests on to
+  // the worker sessions bound to it only while a keeper holds it (hypervisor/remote_sessions.h).
+  const int lock = hypervisor::HoldRemoteZeroKeeperLock(RegionDir());
+  if (lock < 0) {
+    std::fprintf(stderr, "tfusion worker: zero keeper: cannot lock %s (the node agent will refuse scale to zero "
+                 "of this worker's pooled sessions)\n", hypervisor::RemoteZeroKeeperLockPath(RegionDir()).c_str());
+  }
   std::vector<std::string> paths;
   std::unique_ptr<hypervisor::ZeroRestorer> keeper;
   while (!stop.load()) {
@@ -34,6 +42,7 @@ void RunWorkerZeroKeeper(const std::string& libcuda_path, const std::atomic<bool
     for (int i = 0; i < 10 && !stop.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (keeper) keeper->Stop();
+  if (lock >= 0) close(lock);
 }
 
 }  // namespace tf::cli

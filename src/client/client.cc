@@ -361,25 +361,28 @@ CUresult FetchSessionInfo(Session* s) {
   // the limit and QoS): a limits record (u32 version, then the flags as blobs), checked by the
   // worker. Version 2 (four flags) unless a limit or QoS is asked for, so that workers that know
   // only version 2 keep serving clients that ask for no more; version 3 adds three flags; version
-  // 4 (only when they are given) the tier idle timeouts of a pool allocation.
+  // 4 (only when they are given) the tier idle timeouts of a pool allocation; version 5 (only when
+  // given) its idle zero timeout and the allocation's id.
   const char* vars[] = {"TFUSION_REMOTE_VRAM", "TFUSION_REMOTE_TFLOPS", "TFUSION_REMOTE_PERCENT",
                         "TFUSION_REMOTE_GPU", "TFUSION_REMOTE_TFLOPS_LIMIT", "TFUSION_REMOTE_PERCENT_LIMIT",
-                        "TFUSION_REMOTE_QOS", "TFUSION_REMOTE_IDLE_SWAP", "TFUSION_REMOTE_IDLE_DISK"};
+                        "TFUSION_REMOTE_QOS", "TFUSION_REMOTE_IDLE_SWAP", "TFUSION_REMOTE_IDLE_DISK",
+                        "TFUSION_REMOTE_IDLE_ZERO", "TFUSION_REMOTE_ALLOCATION"};
   constexpr int kFields = sizeof(vars) / sizeof(vars[0]);
   uint8_t lim[kFields * 72 + 8];
   transport::Writer w(lim, sizeof(lim));
   const char* values[kFields];
-  bool asked = false, asked_v3 = false, asked_v4 = false;
+  bool asked = false, asked_v3 = false, asked_v4 = false, asked_v5 = false;
   for (int i = 0; i < kFields; ++i) {
     values[i] = getenv(vars[i]);
     const bool given = values[i] != nullptr && *values[i] != '\0';
     asked = asked || given;
     asked_v3 = asked_v3 || (given && i >= 4);
     asked_v4 = asked_v4 || (given && i >= 7);
+    asked_v5 = asked_v5 || (given && i >= 9);
   }
   if (asked) {
-    w.U32(asked_v4 ? 4 : asked_v3 ? 3 : 2);
-    for (int i = 0; i < (asked_v4 ? kFields : asked_v3 ? 7 : 4); ++i) {
+    w.U32(asked_v5 ? 5 : asked_v4 ? 4 : asked_v3 ? 3 : 2);
+    for (int i = 0; i < (asked_v5 ? kFields : asked_v4 ? 9 : asked_v3 ? 7 : 4); ++i) {
       size_t n = values[i] ? strnlen(values[i], 65) : 0;
       if (n > 64) {
         ClientLog("%s: the value is longer than 64 characters", vars[i]);

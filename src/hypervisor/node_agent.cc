@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "controller/model.h"
+#include "hypervisor/remote_sessions.h"
 #include "hypervisor/vgpu_metrics.h"
 
 namespace tf::hypervisor {
@@ -199,16 +201,25 @@ Status NodeAgent::HeartbeatOnce() {
                     {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
                     {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}};
       // Its live processes (pids as the region records them) and, with tiering, where their VRAM
-      // is (mixed when they differ).
+      // is (mixed when they differ). The worker sessions bound to the allocation count as its
+      // processes (remote_sessions.h).
+      std::set<uint32_t> mine{v.index};
+      std::set<uint32_t> tiered;
+      if (v.tier_enabled) tiered.insert(v.index);
+      for (uint32_t j = 0; j < snap->vgpu_count; ++j) {
+        if (BoundAllocation(snap->vgpus[j].id) != v.id) continue;
+        mine.insert(snap->vgpus[j].index);
+        if (snap->vgpus[j].tier_enabled) tiered.insert(snap->vgpus[j].index);
+      }
       json procs = json::array();
       std::string state;
       int64_t swapped = 0;
       for (uint32_t k = 0; k < snap->process_count; ++k) {
         const limiter::ProcessInfo& p = snap->processes[k];
-        if (p.vgpu_index != v.index) continue;
+        if (!mine.count(p.vgpu_index)) continue;
         if (procs.size() < 256)  // what the controller accepts per vGPU
           procs.push_back({{"pid", p.pid}, {"vram_bytes", static_cast<int64_t>(p.vram_bytes)}});
-        if (!v.tier_enabled || p.tier_state == limiter::kTierOff) continue;
+        if (!tiered.count(p.vgpu_index) || p.tier_state == limiter::kTierOff) continue;
         const std::string s = limiter::TierStateLabel(p.tier_state);
         state = state.empty() || state == s ? s : "mixed";
         swapped += static_cast<int64_t>(p.host_bytes) +

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "hypervisor/remote_sessions.h"
 #include "limiter/core/process_identity.h"
 
 namespace tf::hypervisor {
@@ -65,6 +66,14 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     if (!s.ok() && first.ok()) first = s;
   };
   std::map<std::string, std::set<std::string>> wanted;  // GPU uuid -> vGPU ids
+  // Worker sessions bound to the allocations (remote_sessions.h) are looked up in one snapshot
+  // of each region, taken before this pass.
+  std::map<std::string, std::unique_ptr<limiter::RegionSnapshot>> sessions;
+  for (auto& [uuid, r] : regions_) {
+    sessions[uuid] = std::make_unique<limiter::RegionSnapshot>();
+    r->Snapshot(sessions[uuid].get());
+  }
+  const bool keeper_alive = RemoteZeroKeeperAlive(dir_);
   for (const VgpuAssignment& a : assignments) {
     limiter::GpuRegion* r = region(a.gpu_uuid);
     if (r == nullptr) continue;
@@ -104,6 +113,7 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
         t->api_thaw_gen.store(a.thaw_requests);
       }
     }
+    note(SyncBoundSessions(*r, *sessions[a.gpu_uuid], a, keeper_alive));
     if (limiter::VgpuTier* t = made == RegionError::kOk ? r->TierOfVgpu(index) : nullptr;
         t != nullptr && (t->held.load() != 0) != a.held) {
       note(RegionStatus(r->SetHold(index, a.held), "hold of vGPU " + a.id));

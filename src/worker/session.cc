@@ -2643,11 +2643,12 @@ std::string Session::PrepareLimits(Reader& rd) {
   if (!payload_.empty()) {  // empty: a client that asked for nothing (the worker's policy applies)
     uint32_t version = 0;
     // Version 1: vram, tflops, percent; version 2 adds the GPU; version 3 the compute limit
-    // (tflops, percent) and the QoS; version 4 the tier idle timeouts (swap, disk).
-    if (!rd.U32(&version) || version < 1 || version > 4) return "unknown limits record";
+    // (tflops, percent) and the QoS; version 4 the tier idle timeouts (swap, disk); version 5 the
+    // idle zero timeout and the allocation.
+    if (!rd.U32(&version) || version < 1 || version > 5) return "unknown limits record";
     std::string* fields[] = {&l.vram, &l.tflops, &l.percent, &l.gpu, &l.tflops_limit, &l.percent_limit, &l.qos,
-                             &l.idle_swap, &l.idle_disk};
-    const size_t count = version == 1 ? 3 : version == 2 ? 4 : version == 3 ? 7 : 9;
+                             &l.idle_swap, &l.idle_disk, &l.idle_zero, &l.allocation};
+    const size_t count = version == 1 ? 3 : version == 2 ? 4 : version == 3 ? 7 : version == 4 ? 9 : 11;
     for (size_t i = 0; i < count; ++i) {
       const uint8_t* p = nullptr;
       uint32_t n = 0;
@@ -2663,11 +2664,12 @@ std::string Session::PrepareLimits(Reader& rd) {
   std::string why = opt_.prepare_limits(l, getpid(), &limits_env_, &limits_driver_);
   if (why.empty()) {
     auto shown = [](const std::string& v) { return v.empty() ? "-" : v.c_str(); };
-    SessionLog("client's vGPU: vram %s, tflops %s, percent %s, GPU %s, tflops limit %s, percent limit %s, qos %s%s%s%s%s",
+    SessionLog("client's vGPU: vram %s, tflops %s, percent %s, GPU %s, tflops limit %s, percent limit %s, qos %s%s%s%s%s%s%s%s%s",
         shown(l.vram), shown(l.tflops), shown(l.percent), l.gpu.empty() ? "0" : l.gpu.c_str(),
         shown(l.tflops_limit), shown(l.percent_limit), l.qos.empty() ? "medium" : l.qos.c_str(),
         l.idle_swap.empty() ? "" : ", idle swap ", l.idle_swap.c_str(), l.idle_disk.empty() ? "" : ", idle disk ",
-        l.idle_disk.c_str());
+        l.idle_disk.c_str(), l.idle_zero.empty() ? "" : ", idle zero ", l.idle_zero.c_str(),
+        l.allocation.empty() ? "" : ", allocation ", l.allocation.c_str());
   }
   return why;
 }

@@ -26,6 +26,9 @@ struct SessionLimits {
   // Limits record version 4: the tier idle timeouts of the client's pool allocation ("45000ms";
   // empty: the worker's own), for a worker with --tiering.
   std::string idle_swap, idle_disk;
+  // Version 5: the allocation's idle zero timeout ("600000ms", "never"; empty: the worker's own)
+  // and the allocation id the session is bound to ("a-..."; empty: none).
+  std::string idle_zero, allocation;
 };
 
 struct WorkerOptions {

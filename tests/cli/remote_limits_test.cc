@@ -336,7 +336,8 @@ TEST_F(RemoteTiering, AFrozenSessionGetsEveryByteBackOnTheClientsNextCall) {
 
 // A pooled run placed on another node's worker --tiering: the session's vGPU takes the pool
 // allocation's idle timeouts (here --idle-swap 45s given to run, and the low QoS's disk default)
-// instead of the worker's --idle-swap 0, sent in version 4 of the limits record.
+// instead of the worker's --idle-swap 0, sent in version 5 of the limits record
+// (with the allocation, to which the session's vGPU is bound). A disk tier folder stays local only.
 TEST_F(RemoteTiering, APooledSessionTakesItsAllocationsIdleTimeouts) {
   const std::string worker = TcpAddress();
   ASSERT_FALSE(worker.empty()) << ReadFile(dir_ + "/ready");
@@ -368,17 +369,18 @@ TEST_F(RemoteTiering, APooledSessionTakesItsAllocationsIdleTimeouts) {
     waitpid(run, &status, 0);
     // Flags that only a local vGPU can honour are refused for a run placed on another node.
     refused = Shell(env_ + TF_TFUSION + " run --controller " + url + " --token t --nvml /nonexistent/libnvidia-ml.so.1 "
-                    "--vram 1GiB --percent 10 --qos low --idle-zero 5m -- true");
+                    "--vram 1GiB --percent 10 --qos low --disk-tier " + dir_ + " -- true");
   }
   kill(controller, SIGTERM);
   waitpid(controller, nullptr, 0);
   ASSERT_FALSE(url.empty()) << ReadFile(dir_ + "/controller.log");
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/client.out");
-  EXPECT_TRUE(std::regex_search(smi, std::regex("remote-[0-9]+ +45s +2m +never\n"))) << smi << ReadFile(dir_ + "/worker.log");
+  // Bound to the allocation, whose idle zero (none: never) the session takes too.
+  EXPECT_TRUE(std::regex_search(smi, std::regex("remote-[0-9]+@a-[0-9a-f]+ +45s +2m +never\n"))) << smi << ReadFile(dir_ + "/worker.log");
   EXPECT_NE(ReadFile(dir_ + "/worker.log").find("idle swap 45000ms, idle disk 120000ms"), std::string::npos)
       << ReadFile(dir_ + "/worker.log");
   EXPECT_EQ(refused.rc, 2) << refused.out;
-  EXPECT_NE(refused.out.find("--idle-zero work on a local vGPU only"), std::string::npos) << refused.out;
+  EXPECT_NE(refused.out.find("--disk-tier works on a local vGPU only"), std::string::npos) << refused.out;
 }
 
 // Managed memory of a remote client is pinned host memory on the worker, charged like the rest:
@@ -448,10 +450,12 @@ class RemoteZero : public RemoteLimits {
     return false;
   }
   // Starts the probe through `tfusion run --remote via` in a process group of its own.
-  pid_t StartClient(const std::string& via) {
+  pid_t StartClient(const std::string& via) { return StartProbe("--remote " + via + " --token t"); }
+  // The same under `tfusion run RUN_FLAGS`.
+  pid_t StartProbe(const std::string& run_flags) {
     Shell("rm -rf " + dir_ + "/t && mkdir -p " + dir_ + "/t");
-    std::string cmd = env_ + "exec timeout 60 " + TF_TFUSION + " run --remote " + via + " --token t -- " + TF_PROBE +
-                      " zero " + dir_ + "/t array > " + dir_ + "/client.out 2>&1";
+    std::string cmd = env_ + "exec timeout 60 " + TF_TFUSION + " run " + run_flags + " -- " + TF_PROBE + " zero " +
+                      dir_ + "/t array > " + dir_ + "/client.out 2>&1";
     pid_t client = fork();
     if (client == 0) {
       setpgid(0, 0);
@@ -508,6 +512,23 @@ class RemoteZero : public RemoteLimits {
     return mib;
   }
   std::string Log() { return ReadFile(dir_ + "/client.out") + ReadFile(dir_ + "/worker.log"); }
+  virtual std::string Logs() { return Log(); }
+  // The client's next call restores the session with every byte of the probe's four buffers and
+  // no call of the session reached the driver while checkpointed; then the client exits 0.
+  void ExpectRestoredIntact(pid_t client, int session) {
+    Shell("touch " + dir_ + "/t/go");
+    ASSERT_TRUE(WaitFor("t/verified")) << Logs();
+    const std::string out = ReadFile(dir_ + "/client.out");
+    EXPECT_NE(out.find("first_call=0"), std::string::npos) << out;
+    EXPECT_NE(out.find("zero_identical=4"), std::string::npos) << out;
+    unsigned calls = 99;
+    EXPECT_EQ(State(session, &calls), 0u) << "CU_PROCESS_STATE_RUNNING";
+    EXPECT_EQ(calls, 0u) << "a call of the session reached the driver while it was checkpointed";
+    Shell("touch " + dir_ + "/t/go3");
+    int status = 0;
+    waitpid(client, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Logs();
+  }
   std::string shm_name_;
   void* fake_ = nullptr;
   int (*info_)(int, unsigned*, unsigned*, unsigned long long*) = nullptr;
@@ -533,18 +554,7 @@ TEST_F(RemoteZero, AnIdleSessionGoesToZeroAndTheClientsNextCallBringsEveryByteBa
     EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/worker.log"),
                                   std::regex("vGPU remote-" + std::to_string(session) + ": process [0-9]+ idle [0-9]+ s: checkpointed")))
         << Log();
-    Shell("touch " + dir_ + "/t/go");
-    ASSERT_TRUE(WaitFor("t/verified")) << Log();
-    const std::string out = ReadFile(dir_ + "/client.out");
-    EXPECT_NE(out.find("first_call=0"), std::string::npos) << out;
-    EXPECT_NE(out.find("zero_identical=4"), std::string::npos) << out;
-    unsigned calls = 99;
-    EXPECT_EQ(State(session, &calls), 0u) << "CU_PROCESS_STATE_RUNNING";
-    EXPECT_EQ(calls, 0u) << "a call of the session reached the driver while it was checkpointed";
-    Shell("touch " + dir_ + "/t/go3");
-    int status = 0;
-    waitpid(client, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Log();
+    ExpectRestoredIntact(client, session);
   }
 }
 
@@ -604,4 +614,191 @@ TEST_F(RemoteZeroOnRequest, FreezeZeroAndThawReachAWorkerSession) {
   Result bad = Shell(env_ + TF_TFUSION + " worker --listen unix:" + dir_ + "/w2.sock --tiering --idle-swap 10s --idle-zero 5s");
   EXPECT_EQ(bad.rc, 2) << bad.out;
   EXPECT_NE(bad.out.find("--idle-zero (5s) must be longer than --idle-swap (10s)"), std::string::npos) << bad.out;
+}
+
+// A pooled run placed on the worker's node (`tfusion run --controller` on a machine without the
+// GPU) whose allocation oversells VRAM: the session's vGPU is bound to the allocation
+// ("remote-PID@a-..."), takes its idle zero timeout instead of the worker's --idle-zero, and the
+// node agent (`tfusion hypervisor`, in front of the same fake GPUs, with this worker's address)
+// passes the allocation's zero freeze on to it. The worker's own timeouts (10 and 20 minutes)
+// never act during the test.
+class RemotePooledZero : public RemoteZero {
+ protected:
+  std::string WorkerFlags() const override { return "--tiering --idle-swap 10m --idle-zero 20m"; }
+  void TearDown() override {
+    for (pid_t p : {agent_, controller_}) {
+      if (p <= 0) continue;
+      kill(p, SIGTERM);
+      waitpid(p, nullptr, 0);
+    }
+    RemoteZero::TearDown();
+  }
+  // The controller, and the node agent registering this machine's GPUs with the worker's TCP
+  // address; the default pool then oversells VRAM (its allocations get tiering).
+  bool StartControlPlane() {
+    controller_ = StartController(&url_);
+    if (url_.empty()) return false;
+    std::string cmd = "exec env " + env_ + "LD_LIBRARY_PATH=" + TF_FAKECUDA_DIR + " TFUSION_REAL_LIBCUDA=" +
+                      TF_FAKECUDA + " " + TF_TFUSION + " hypervisor --controller " + url_ +
+                      " --token t --node gpu-node --metrics-port -1 --credential-file " + dir_ +
+                      "/node.cred --worker-address " + TcpAddress() + " > " + dir_ + "/agent.log 2>&1";
+    agent_ = fork();
+    if (agent_ == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    bool ready = false;
+    for (int i = 0; i < 200 && !ready; ++i) {
+      ready = Shell(std::string(TF_TFUSION) + " node ls --url " + url_ + " --token t").out.find("ready") != std::string::npos;
+      if (!ready) usleep(50000);
+    }
+    tf::controller::HttpClient client(url_, "t");
+    auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+    return ready && pool.ok() && pool->status == 200;
+  }
+  // The probe ("zero" mode) under `tfusion run --controller`, which finds no GPU here (no NVML)
+  // and runs it through the node's worker, in a process group of its own.
+  pid_t StartPooledClient(const std::string& flags) {
+    return StartProbe("--controller " + url_ + " --token t --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB "
+                      "--percent 10 --qos low " + flags);
+  }
+  std::string AllocationId() {
+    std::smatch m;
+    std::string out = ReadFile(dir_ + "/client.out");
+    return std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)")) ? m.str(1) : "";
+  }
+  bool WaitLog(const std::string& file, const std::string& text) {
+    for (int i = 0; i < 200; ++i) {
+      if (ReadFile(dir_ + "/" + file).find(text) != std::string::npos) return true;
+      usleep(50000);
+    }
+    return false;
+  }
+  std::string Logs() override { return Log() + "--- agent\n" + ReadFile(dir_ + "/agent.log"); }
+  // The control plane, then a pooled client whose session the node agent has seen bound to its
+  // allocation; `session` stays 0 when something did not start (the reason is reported).
+  struct BoundSession {
+    pid_t client = -1;
+    int session = 0;
+    std::string allocation, vgpu;
+  };
+  BoundSession StartBoundSession(const std::string& flags) {
+    BoundSession b;
+    if (!StartControlPlane()) {
+      ADD_FAILURE() << "control plane\n" << Logs();
+      return b;
+    }
+    b.client = StartPooledClient(flags);
+    if (b.client <= 0 || !WaitFor("t/ready")) {
+      ADD_FAILURE() << "client\n" << Logs();
+      return b;
+    }
+    b.allocation = AllocationId();
+    const int session = SessionPid();
+    b.vgpu = "remote-" + std::to_string(session) + "@" + b.allocation;
+    if (b.allocation.empty() || session <= 0 ||
+        !WaitLog("agent.log", "remote session vGPU " + b.vgpu + " follows allocation " + b.allocation)) {
+      ADD_FAILURE() << "session\n" << Shell(env_ + TF_TFUSION + " smi").out << Logs();
+      return b;
+    }
+    b.session = session;
+    return b;
+  }
+  std::string url_;
+  pid_t controller_ = -1, agent_ = -1;
+};
+
+TEST_F(RemotePooledZero, TheAllocationsIdleZeroCheckpointsItsRemoteSessionAndTheNextCallRestoresIt) {
+  const BoundSession b = StartBoundSession("--idle-swap 1s --idle-zero 3s");
+  ASSERT_GT(b.session, 0);
+  const int session = b.session;
+  const std::string& allocation = b.allocation;
+  const std::string& vgpu = b.vgpu;
+  // Bound to the allocation, with its timeouts (swap 1s, the low QoS's disk default, zero 3s).
+  std::string smi = Shell(env_ + TF_TFUSION + " smi -p").out;
+  EXPECT_TRUE(std::regex_search(smi, std::regex(vgpu + " +1s +2m +3s\n"))) << smi << Logs();
+  ASSERT_TRUE(WaitCheckpointed()) << Shell(env_ + TF_TFUSION + " smi -p").out << Logs();
+  unsigned long long saved = 0;
+  EXPECT_EQ(State(session, nullptr, &saved), 2u) << "CU_PROCESS_STATE_CHECKPOINTED";
+  EXPECT_GE(saved, 1ull << 20) << "the fixed buffer left the device with the checkpoint";
+  EXPECT_EQ(DeviceUsedMiB(), 0) << "a checkpointed session holds no VRAM";
+  EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/worker.log"),
+                                std::regex("vGPU " + vgpu + ": process [0-9]+ idle [0-9]+ s: checkpointed")))
+      << Logs();
+  // The controller hears it from the node agent (heartbeats every 5 s): the allocation shows its
+  // session checkpointed.
+  std::string ps;
+  for (int i = 0; i < 240 && ps.find("checkpointed") == std::string::npos; ++i) {
+    ps = Shell(std::string(TF_TFUSION) + " ps --url " + url_ + " --token t").out;
+    if (ps.find("checkpointed") == std::string::npos) usleep(50000);
+  }
+  EXPECT_TRUE(std::regex_search(ps, std::regex(allocation + ".*checkpointed"))) << ps;
+  ExpectRestoredIntact(b.client, session);
+}
+
+TEST_F(RemotePooledZero, AZeroFreezeOfTheAllocationReachesItsRemoteSessionThroughTheNodeAgent) {
+  const BoundSession b = StartBoundSession("--idle-swap 0");
+  ASSERT_GT(b.session, 0);
+  const int session = b.session;
+  const std::string& allocation = b.allocation;
+  const std::string& vgpu = b.vgpu;
+  Result frozen = Shell(std::string(TF_TFUSION) + " freeze " + allocation + " --controller --zero --url " + url_ +
+                        " --token t");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  ASSERT_TRUE(WaitCheckpointed()) << Shell(env_ + TF_TFUSION + " smi -p").out << Logs();
+  EXPECT_EQ(State(session), 2u) << "CU_PROCESS_STATE_CHECKPOINTED";
+  EXPECT_EQ(DeviceUsedMiB(), 0) << "a checkpointed session holds no VRAM";
+  EXPECT_NE(ReadFile(dir_ + "/agent.log").find("scale to zero of remote session vGPU " + vgpu + " requested"),
+            std::string::npos) << Logs();
+  ExpectRestoredIntact(b.client, session);
+}
+
+// What a client sends is checked by the worker: a timeout that is not a duration, longer than 30
+// days or not longer than the session's swap timeout, or an allocation id that is not one, is
+// refused with the reason in the worker's log, and no vGPU is left behind.
+TEST_F(RemotePooledZero, AnIdleZeroOrAllocationTheWorkerCannotTakeIsRefusedWithAReason) {
+  for (auto [env, why] : {std::pair{"TFUSION_REMOTE_IDLE_ZERO=1000h", "the allocation's idle zero timeout 1000h: at most 30 days"},
+                          std::pair{"TFUSION_REMOTE_IDLE_ZERO=-5s", "the allocation's idle zero timeout -5s: give a duration"},
+                          std::pair{"TFUSION_REMOTE_IDLE_ZERO=5m", "the allocation's idle zero timeout (5m) must be longer than its idle swap timeout (10m)"},
+                          std::pair{"TFUSION_REMOTE_ALLOCATION=a-../x", "the client's allocation 'a-../x' is not an allocation id"}}) {
+    SCOPED_TRACE(env);
+    Result r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t --vram 64MiB -- sh -c '" +
+                     env + " exec " + TF_REMOTE_PROBE + " basic'");
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("the worker refused the vGPU"), std::string::npos) << r.out;
+    EXPECT_NE(ReadFile(dir_ + "/worker.log").find(why), std::string::npos) << ReadFile(dir_ + "/worker.log");
+  }
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = !std::regex_search(Shell(env_ + TF_TFUSION + " smi").out, std::regex("remote-[0-9]+"));
+    if (!gone) usleep(50000);
+  }
+  EXPECT_TRUE(gone) << Shell(env_ + TF_TFUSION + " smi").out;
+}
+
+// A worker without --tiering has no zero keeper: the node agent refuses the allocation's zero
+// freeze for its session (a checkpointed session with nobody to restore it would hang its
+// client), says so in its log, and the session goes on untouched.
+class RemotePooledNoKeeper : public RemotePooledZero {
+ protected:
+  std::string WorkerFlags() const override { return ""; }
+};
+
+TEST_F(RemotePooledNoKeeper, AZeroFreezeOfASessionWhoseWorkerHasNoKeeperIsRefusedAndChangesNothing) {
+  const BoundSession b = StartBoundSession("--idle-swap 0");
+  ASSERT_GT(b.session, 0);
+  const int session = b.session;
+  const std::string& allocation = b.allocation;
+  const std::string& vgpu = b.vgpu;
+  const long long before = DeviceUsedMiB();
+  Result frozen = Shell(std::string(TF_TFUSION) + " freeze " + allocation + " --controller --zero --url " + url_ +
+                        " --token t");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  ASSERT_TRUE(WaitLog("agent.log", "scale to zero of remote session vGPU " + vgpu +
+                                       " refused: its worker has no zero keeper (it runs without --tiering)"))
+      << Logs();
+  EXPECT_EQ(State(session), 0u) << "CU_PROCESS_STATE_RUNNING";
+  EXPECT_GT(before, 0);
+  EXPECT_EQ(DeviceUsedMiB(), before) << "the session kept its VRAM";
+  ExpectRestoredIntact(b.client, session);
 }

@@ -68,7 +68,7 @@ def my_vgpu():
         return os.environ["TFUSION_VGPU"]
     import re
     out = subprocess.run([TFUSION, "smi"], capture_output=True, text=True, timeout=60, env=cli_env()).stdout
-    m = re.findall(r"remote-[0-9]+", out)
+    m = re.findall(r"remote-[0-9]+(?:@a-[0-9a-z]+)?", out)  # "@a-...": bound to a pool allocation
     if not m:
         raise SystemExit(f"no remote session vGPU in tfusion smi: {out}")
     return m[-1]
@@ -383,7 +383,7 @@ def gpu_pid():
     (TF_REMOTE_VGPU=find) the worker's session process, remote-PID."""
     if os.environ.get("TF_REMOTE_VGPU") != "find":
         return os.getpid()
-    return int(my_vgpu().split("-", 1)[1])
+    return int(my_vgpu().split("-", 1)[1].split("@")[0])
 
 
 def process_vram_mib():

@@ -40,6 +40,14 @@ Phases (tier_tenant.py does the work inside each tenant):
           on a unix socket, a 1 GiB PyTorch tenant under `tfusion run --remote` idle until the
           worker's zero keeper checkpoints its session (VRAM of the session then: ok needs 0), then
           its first call restores it (checksum); under 60 s
+  rpool   scale to zero of a remote session through its pool allocation: `tfusion controller`,
+          `tfusion worker --tiering` (no --idle-zero of its own) and `tfusion hypervisor` naming
+          the worker's loopback TCP address, all on this host; a 1 GiB PyTorch tenant under
+          `tfusion run --controller --qos low --idle-swap 2s --idle-zero 5s` that finds no GPU of its
+          own (no NVML), so it runs through the worker with its session bound to the allocation
+          (remote-PID@a-...); idle until the worker's keeper checkpoints the session by the
+          allocation's timeout (VRAM then: ok needs 0), then its first call restores it (checksum);
+          under 60 s
   preempt QoS preemption through the control plane: `tfusion up` on this host, a pool that oversells
           VRAM, a low-QoS `tfusion run --controller` tenant holding 8 GiB, then a critical
           allocation that needs its compute: the tenant is suspended (swapped out, held), its
@@ -480,6 +488,85 @@ def phase_rzero(r, gib=1):
         r.record("rzero_worker_log", {"lines": lines[-20:]})
 
 
+def phase_rpool(r, gib=1):
+    """Scale to zero of a remote session bound to a pool allocation: controller, node agent and
+    worker on this host (loopback only), the allocation's idle_swap_ms 2000 and idle_zero_ms 5000
+    reach the session (the worker has no --idle-zero), then the first call restores it."""
+    import re
+    import secrets
+    token = secrets.token_hex(16)
+    work = os.path.join(r.out, "rpool-work")
+    os.makedirs(work, exist_ok=True)
+    ready = os.path.join(work, "ready")
+    procs = []
+
+    def start(name, args):
+        p = subprocess.Popen([r.tfusion] + args, stdout=open(os.path.join(r.logs, f"rpool-{name}.log"), "w"),
+                             stderr=subprocess.STDOUT, env=r.env)
+        procs.append(p)
+        return p
+
+    def read_log(name):
+        with open(os.path.join(r.logs, f"rpool-{name}.log")) as f:
+            return f.read()
+
+    def wait(cond, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            v = cond()
+            if v:
+                return v
+            time.sleep(0.1)
+        return None
+
+    try:
+        start("controller", ["controller", "--port", "0", "--token", token, "--store", "sqlite:" + os.path.join(work, "state.db")])
+        start("worker", ["worker", "--listen", "127.0.0.1:0", "--token", token, "--tiering", "--ready-file", ready])
+        url = wait(lambda: (re.search(r"http://127\.0\.0\.1:[0-9]+", read_log("controller")) or [None])[0], 10)
+        tcp = wait(lambda: os.path.exists(ready) and (re.search(r"tcp (\S+)", open(ready).read()) or [None, None])[1], 10)
+        if not url or not tcp:
+            r.record("rpool", {"error": "controller or worker not ready (see logs/rpool-*.log)"})
+            return
+        start("agent", ["hypervisor", "--controller", url, "--token", token, "--node", "rpool-node", "--metrics-port", "-1",
+                        "--credential-file", os.path.join(work, "node.cred"), "--worker-address", tcp])
+        import urllib.request
+
+        def api(method, path, body=None):
+            req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read() or b"{}")
+
+        if not wait(lambda: api("GET", "/v1/gpus").get("gpus"), 15):
+            r.record("rpool", {"error": "the node agent registered no GPU (see logs/rpool-agent.log)"})
+            return
+        api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+        d = r.tenant(["idlezero", "--gib", str(gib), "--idle-wait", "25"],
+                     ["--controller", url, "--token", token, "--nvml", "/nonexistent/libnvidia-ml.so.1", "--vram", "8GiB",
+                      "--percent", "50", "--qos", "low", "--idle-swap", "2s", "--idle-zero", "5s"],
+                     env={"TF_REMOTE_VGPU": "find"}, timeout=45)
+        wlog = read_log("worker")
+        bound = re.findall(r"vGPU (remote-[0-9]+@a-[0-9a-f]+): process [0-9]+ idle [0-9]+ s: checkpointed", wlog)
+        d["bound_session_checkpointed"] = bound[-1] if bound else None
+        d["ok"] = (bool(d.get("intact")) and d.get("checkpointed_after_idle_s") is not None
+                   and d.get("vram_checkpointed_mib") == 0 and bool(bound))
+        r.record("rpool", d)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        lines = []
+        for name in ("worker", "agent"):
+            with open(os.path.join(r.logs, f"rpool-{name}.log")) as f:
+                lines += [f"{name}: {l.strip()}" for l in f if "checkpointed" in l or "zero" in l or "restor" in l
+                          or "follows allocation" in l]
+        r.record("rpool_logs", {"lines": lines[-20:]})
+
+
 class UpOnThisHost:
     """`tfusion up` (controller and node agent) in a fresh folder, its log in logs/NAME-up.log; url
     and token empty when it did not start; api(method, path, body) -> (status, JSON)."""
@@ -578,7 +665,8 @@ def phase_preempt(r, gib=8):
 
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
-          "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "firstfreeze": phase_firstfreeze}
+          "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
+          "firstfreeze": phase_firstfreeze}
 
 
 def main():

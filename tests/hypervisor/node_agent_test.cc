@@ -21,6 +21,7 @@
 #include "controller/http_client.h"
 #include "controller/sqlite_store.h"
 #include "hypervisor/nvml_gpu_source.h"
+#include "hypervisor/remote_sessions.h"
 #include "limiter/core/process_identity.h"
 
 namespace tf::hypervisor {
@@ -741,4 +742,84 @@ TEST(NodeAgent, ReportsItsHostAndDiskTierBudgets) {
 }
 
 }  // namespace
+}  // namespace tf::hypervisor
+
+namespace tf::hypervisor {
+
+// A worker session bound to an allocation ("remote-PID@a-...", made by `tfusion worker` for a
+// pooled run placed on this node): once its process has bound to it, the agent adopts the
+// allocation's earlier requests without carrying them out, applies the allocation's idle timeouts,
+// and passes each new freeze, zero and thaw on, once. A zero request is refused (neither the
+// freeze nor the zero reaches the session) while no worker's zero keeper holds the lock. The
+// heartbeat counts the session's process as the allocation's.
+TEST(NodeAgent, AnAllocationsTierRequestsReachTheRemoteSessionsBoundToIt) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-s0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-s", "", "", ""}, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, std::nullopt, std::nullopt).ok());
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "low", ""};
+  req.percent = 10;
+  req.idle_swap_ms = 1'000;
+  req.idle_zero_ms = 5'000;
+  auto a = c.Allocate(req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(c.RequestTier(a->id, true, true).ok());  // made before the session exists
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-s0");
+  ASSERT_NE(r, nullptr);
+
+  // What the worker does for the session (PrepareVgpu with its own timeouts, then the mark), and
+  // the session process binding to it.
+  const std::string vgpu = SessionVgpuId(getpid(), a->id);
+  EXPECT_EQ(BoundAllocation(vgpu), a->id);
+  EXPECT_EQ(BoundAllocation("remote-12@a-../x"), "");
+  uint32_t index = 0, slot = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu(vgpu.c_str(), 1ull << 30, 100'000, 100'000, 0, &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->SetTierPolicy(index, true, 600'000, 0), limiter::RegionError::kOk);
+  ASSERT_TRUE(MarkSessionVgpuNotAdopted(r->path(), vgpu).ok());
+  limiter::VgpuTier* t = r->TierOfVgpu(index);
+  const uint32_t freeze0 = t->freeze_gen.load(), zero0 = t->zero_gen.load(), thaw0 = t->thaw_gen.load();
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->freeze_gen.load(), freeze0) << "not bound by a process yet: left alone";
+  ASSERT_EQ(r->AttachProcess(index, getpid(), &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->freeze_gen.load(), freeze0) << "a request made before the session is not carried out";
+  EXPECT_EQ(t->zero_gen.load(), zero0);
+  EXPECT_EQ(t->idle_swap_ms.load(), 1'000u);
+  EXPECT_EQ(t->idle_zero_ms.load(), 5'000u);
+
+  ASSERT_FALSE(RemoteZeroKeeperAlive(regions.dir()));
+  ASSERT_TRUE(c.RequestTier(a->id, true, true).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->freeze_gen.load(), freeze0) << "no zero keeper: refused whole";
+  EXPECT_EQ(t->zero_gen.load(), zero0);
+
+  const int lock = HoldRemoteZeroKeeperLock(regions.dir());
+  ASSERT_GE(lock, 0);
+  EXPECT_TRUE(RemoteZeroKeeperAlive(regions.dir()));
+  ASSERT_TRUE(c.RequestTier(a->id, true, true).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->freeze_gen.load(), freeze0 + 1);
+  EXPECT_EQ(t->zero_gen.load(), zero0 + 1);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->zero_gen.load(), zero0 + 1) << "one request, passed on once";
+  ASSERT_TRUE(c.RequestTier(a->id, false, false).ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->thaw_gen.load(), thaw0 + 1);
+  close(lock);
+  EXPECT_FALSE(RemoteZeroKeeperAlive(regions.dir()));
+
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  auto use = c.GetVgpuUse(a->id, "GPU-s0");
+  ASSERT_TRUE(use.ok());
+  bool listed = false;
+  for (const auto& p : use->processes) listed = listed || p.pid == getpid();
+  EXPECT_TRUE(listed) << "the session's process is reported as the allocation's";
+  r->DetachProcess(slot);
+}
+
 }  // namespace tf::hypervisor

@@ -1,0 +1,177 @@
+// Remote worker sessions bound to a pool allocation: see remote_sessions.h.
+#include "hypervisor/remote_sessions.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "hypervisor/quota_regions.h"
+#include "limiter/core/process_identity.h"
+#include "limiter/core/tier_defaults.h"
+
+namespace tf::hypervisor {
+
+namespace {
+
+constexpr char kSessionPrefix[] = "remote-";
+
+// The pid part of "remote-PID[@...]", or -1.
+long SessionPidOf(const std::string& vgpu_id) {
+  if (vgpu_id.rfind(kSessionPrefix, 0) != 0) return -1;
+  size_t i = sizeof(kSessionPrefix) - 1;
+  long pid = 0;
+  size_t digits = 0;
+  for (; i < vgpu_id.size() && vgpu_id[i] >= '0' && vgpu_id[i] <= '9' && digits < 10; ++i, ++digits)
+    pid = pid * 10 + (vgpu_id[i] - '0');
+  if (digits == 0 || (i < vgpu_id.size() && vgpu_id[i] != '@')) return -1;
+  return pid;
+}
+
+}  // namespace
+
+bool IsAllocationId(const std::string& id) {
+  if (id.size() < 3 || id.size() > 42 || id.rfind("a-", 0) != 0) return false;
+  for (size_t i = 2; i < id.size(); ++i)
+    if (!((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'z'))) return false;
+  return true;
+}
+
+std::string SessionVgpuId(pid_t session, const std::string& allocation) {
+  std::string id = kSessionPrefix + std::to_string(session);
+  return allocation.empty() ? id : id + "@" + allocation;
+}
+
+std::string BoundAllocation(const std::string& vgpu_id) {
+  if (SessionPidOf(vgpu_id) < 0) return "";
+  size_t at = vgpu_id.find('@');
+  if (at == std::string::npos) return "";
+  std::string allocation = vgpu_id.substr(at + 1);
+  return IsAllocationId(allocation) ? allocation : "";
+}
+
+bool IsVgpuOfSession(const std::string& vgpu_id, pid_t session) { return SessionPidOf(vgpu_id) == session; }
+
+Status MarkSessionVgpuNotAdopted(const std::string& region_path, const std::string& vgpu_id) {
+  limiter::GpuRegion region;
+  limiter::RegionErrorDetail why;
+  TF_RETURN_IF_ERROR(RegionStatus(limiter::GpuRegion::Attach(region_path.c_str(), &region, &why),
+                                  "region " + region_path, &why));
+  uint32_t index = 0;
+  TF_RETURN_IF_ERROR(RegionStatus(region.FindVgpu(vgpu_id.c_str(), &index), "vGPU " + vgpu_id));
+  limiter::VgpuTier* t = region.TierOfVgpu(index);
+  if (t == nullptr) return FailedPrecondition("vGPU " + vgpu_id + " has no tier block");
+  t->api_freeze_gen.store(kRequestsNotAdopted);
+  t->api_thaw_gen.store(kRequestsNotAdopted);
+  t->api_zero_gen.store(kRequestsNotAdopted);
+  return Status::Ok();
+}
+
+std::string RemoteZeroKeeperLockPath(const std::string& region_dir) { return region_dir + "/remote-zero-keeper.lock"; }
+
+int HoldRemoteZeroKeeperLock(const std::string& region_dir) {
+  if (mkdir(region_dir.c_str(), 01777) == 0) chmod(region_dir.c_str(), 01777);  // as GpuRegion::Create makes it
+  const std::string path = RemoteZeroKeeperLockPath(region_dir);
+  int fd = open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  fchmod(fd, 0644);  // whoever made it: readable by the node agent (a lock needs only a read descriptor)
+  while (flock(fd, LOCK_SH) != 0) {
+    if (errno != EINTR) {
+      close(fd);
+      return -1;
+    }
+  }
+  return fd;
+}
+
+bool RemoteZeroKeeperAlive(const std::string& region_dir) {
+  int fd = open(RemoteZeroKeeperLockPath(region_dir).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool alive = false;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    alive = errno == EWOULDBLOCK;
+  } else {
+    flock(fd, LOCK_UN);
+  }
+  close(fd);
+  return alive;
+}
+
+Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& snap, const VgpuAssignment& a,
+                         bool keeper_alive) {
+  Status first;
+  auto note = [&](const Status& s) {
+    if (!s.ok() && first.ok()) first = s;
+  };
+  for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
+    const limiter::VgpuInfo& v = snap.vgpus[i];
+    const std::string id = v.id;
+    if (BoundAllocation(id) != a.id) continue;
+    // Only once its session process has bound to it (the worker makes the vGPU just before).
+    bool live = false;
+    for (uint32_t k = 0; k < snap.process_count && !live; ++k) {
+      const limiter::ProcessInfo& p = snap.processes[k];
+      live = p.vgpu_index == v.index && limiter::ProcessAlive(p.pid, p.start_time_ticks);
+    }
+    uint32_t index = 0;
+    if (!live || r.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk || index != v.index) continue;
+    limiter::VgpuTier* t = r.TierOfVgpu(index);
+    if (t == nullptr) continue;
+    if (t->api_freeze_gen.load() == kRequestsNotAdopted || t->api_thaw_gen.load() == kRequestsNotAdopted ||
+        t->api_zero_gen.load() == kRequestsNotAdopted) {
+      t->api_freeze_gen.store(a.freeze_requests);
+      t->api_thaw_gen.store(a.thaw_requests);
+      t->api_zero_gen.store(a.zero_requests);
+      std::fprintf(stderr, "hypervisor: remote session vGPU %s follows allocation %s's tier requests\n", id.c_str(),
+                   a.id.c_str());
+    }
+    const bool tiered = t->enabled.load() != 0;
+    if (a.tiering && tiered) {
+      // What the allocation's own vGPU gets (QuotaRegions::Sync): the overrides, else the QoS's.
+      const uint32_t qos = std::min(a.qos, limiter::kMaxQos);
+      const uint64_t swap_ms = a.idle_swap_ms >= 0 ? static_cast<uint64_t>(a.idle_swap_ms) : limiter::DefaultIdleSwapMs(qos);
+      const uint64_t disk_ms = a.idle_disk_ms >= 0 ? static_cast<uint64_t>(a.idle_disk_ms) : limiter::DefaultIdleDiskMs(qos);
+      if (t->idle_swap_ms.load() != swap_ms || t->idle_disk_ms.load() != disk_ms)
+        note(RegionStatus(r.SetTierPolicy(index, true, swap_ms, disk_ms), "tiering of vGPU " + id));
+      const uint64_t zero_ms = a.idle_zero_ms > 0 ? static_cast<uint64_t>(a.idle_zero_ms) : limiter::DefaultIdleZeroMs(qos);
+      if (t->idle_zero_ms.load() != zero_ms) note(RegionStatus(r.SetIdleZero(index, zero_ms), "idle zero timeout of vGPU " + id));
+    }
+    const bool zero_new = t->api_zero_gen.load() != a.zero_requests;
+    const bool freeze_new = t->api_freeze_gen.load() != a.freeze_requests;
+    if (zero_new && (!keeper_alive || !tiered)) {
+      // Checkpointed with nobody to restore it, the session would hang its client's next call.
+      t->api_freeze_gen.store(a.freeze_requests);
+      t->api_zero_gen.store(a.zero_requests);
+      std::fprintf(stderr,
+                   "hypervisor: allocation %s: scale to zero of remote session vGPU %s refused: its worker has no "
+                   "zero keeper (%s); the session was neither frozen nor checkpointed\n",
+                   a.id.c_str(), id.c_str(),
+                   tiered ? "none holds the lock: a keeper that could not start, or a worker older than this"
+                          : "it runs without --tiering");
+    } else if (tiered) {
+      if (freeze_new) {
+        note(RegionStatus(r.RequestFreeze(index, nullptr), "freeze of vGPU " + id));
+        t->api_freeze_gen.store(a.freeze_requests);
+      }
+      if (zero_new) {
+        note(RegionStatus(r.RequestZero(index), "zero request of vGPU " + id));
+        t->api_zero_gen.store(a.zero_requests);
+        std::fprintf(stderr, "hypervisor: allocation %s: scale to zero of remote session vGPU %s requested\n",
+                     a.id.c_str(), id.c_str());
+      }
+    } else {
+      t->api_freeze_gen.store(a.freeze_requests);  // nothing to move without tiering
+    }
+    if (t->api_thaw_gen.load() != a.thaw_requests) {
+      if (tiered) note(RegionStatus(r.RequestThaw(index, nullptr), "thaw of vGPU " + id));
+      t->api_thaw_gen.store(a.thaw_requests);
+    }
+  }
+  return first;
+}
+
+}  // namespace tf::hypervisor

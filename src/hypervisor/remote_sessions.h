@@ -1,0 +1,61 @@
+// Remote worker sessions bound to a pool allocation (docs/tiering.md, "Remote sessions"). A
+// `tfusion run --controller` placed on another node runs its command through that node's worker;
+// the session's vGPU in the GPU region is then named "remote-<session pid>@<allocation id>", so
+// that the node agent finds the sessions of each of its allocations and passes the allocation's
+// tier idle timeouts and its API freeze, zero and thaw requests on to them, as it does for the
+// allocation's own vGPU. The worker's zero keeper (it watches every "remote-" vGPU) carries out
+// the zero requests and the idle zero timeout; the node agent only writes them into the region.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "limiter/core/gpu_region.h"
+
+namespace tf::hypervisor {
+
+struct VgpuAssignment;
+
+// A valid allocation id as the controller makes them and a client may send it: "a-" followed by
+// 1 to 40 of [0-9a-z].
+bool IsAllocationId(const std::string& id);
+
+// The vGPU id of a worker session: "remote-PID", or "remote-PID@ALLOCATION" when bound to an
+// allocation (which must satisfy IsAllocationId).
+std::string SessionVgpuId(pid_t session, const std::string& allocation);
+
+// The allocation a session vGPU id is bound to ("" when `vgpu_id` is not one of a bound session).
+std::string BoundAllocation(const std::string& vgpu_id);
+
+// True when `vgpu_id` is the vGPU of session `session`, bound or not.
+bool IsVgpuOfSession(const std::string& vgpu_id, pid_t session);
+
+// The API request generations (VgpuTier::api_freeze_gen, api_thaw_gen, api_zero_gen) of a bound
+// session's vGPU before the node agent has seen it: it then takes the allocation's counts as
+// already passed on, so that a session never acts on requests made before it existed.
+inline constexpr uint32_t kRequestsNotAdopted = 0xFFFFFFFFu;
+
+// Marks the freshly made vGPU `vgpu_id` of `region_path` as not adopted yet (above).
+Status MarkSessionVgpuNotAdopted(const std::string& region_path, const std::string& vgpu_id);
+
+// The worker's zero keeper holds a shared lock on this file in the region folder while it runs,
+// so that the node agent can tell whether a bound session can be scaled to zero.
+std::string RemoteZeroKeeperLockPath(const std::string& region_dir);
+// Takes that lock (blocking; shared, so several workers' keepers may hold it) and returns the
+// descriptor that holds it (closed at exit), or -1 when it cannot.
+int HoldRemoteZeroKeeperLock(const std::string& region_dir);
+// True while some worker's zero keeper holds the lock.
+bool RemoteZeroKeeperAlive(const std::string& region_dir);
+
+// The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a
+// session bound to it that a live process uses takes the allocation's idle timeouts (when it has
+// tiering) and the allocation's freeze, zero and thaw requests made since the agent first saw it.
+// A zero request for a session whose worker has no zero keeper (`keeper_alive` false) is refused:
+// neither the freeze nor the zero reaches that session, and the agent's log says why.
+Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& snap, const VgpuAssignment& a,
+                         bool keeper_alive);
+
+}  // namespace tf::hypervisor
