@@ -104,6 +104,18 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
                static_cast<long long>(kShareTurnNs / 1'000'000));
     }
   }
+  // Planned turns (each its share of a 200 ms period, handed over on time); 0 = fixed turns.
+  turn_.period_ns = kShareTurnPeriodNs;
+  if (const char* env = getenv("TFUSION_SHARE_TURN_PERIOD_MS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    long ms = strtol(env, &end, 10);
+    if (end != nullptr && *end == '\0' && ms >= 0 && ms <= 1000) {
+      turn_.period_ns = ms * 1'000'000;
+    } else {
+      GuestLog("TFUSION_SHARE_TURN_PERIOD_MS=%s is not a whole number of milliseconds in 0..1000: using %lld",
+               env, static_cast<long long>(kShareTurnPeriodNs / 1'000'000));
+    }
+  }
 }
 
 void ComputeGovernor::ResetAfterFork() {
@@ -349,7 +361,8 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt) {
   // Jittered so that sampling does not lock onto a periodic workload.
   jitter_ = jitter_ * 6364136223846793005ULL + 1442695040888963407ULL;
   int64_t next = tick_ns_ / 2 + static_cast<int64_t>((jitter_ >> 33) % static_cast<uint64_t>(tick_ns_));
-  if (hold && v.retry_after_ns > 0 && v.retry_after_ns < next) next = v.retry_after_ns;
+  // Sooner when held and told when to look again, or when the turn it holds ends then.
+  if (v.retry_after_ns > 0 && v.retry_after_ns < next) next = v.retry_after_ns;
   if (next < 50'000) next = 50'000;
   next_tick_ns_ = next;
   if (!hold) pthread_cond_broadcast(&cv_);

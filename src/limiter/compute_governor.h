@@ -70,7 +70,8 @@ class ComputeGovernor {
   // $TFUSION_SHARE_TICK_US (100..5000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
   // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
-  // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc).
+  // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc); planned: each
+  // its share of a 200 ms period, or $TFUSION_SHARE_TURN_PERIOD_MS (0..1000; 0 = fixed turns).
 
 
  private:

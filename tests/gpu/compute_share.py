@@ -8,6 +8,10 @@ in the window / window length. Windows are 1 s over the common active window of 
 with the first second dropped. A limited split passes when every tenant's mean is within
 --tolerance percentage points of its target; the limiter at 100% passes when its kernels/s is
 within 1% of native.
+
+--ab NAME=VAR=VALUE[,VAR=VALUE] runs every limited scenario a second time, interleaved (A, then B,
+per scenario), with those variables in the tenants' environment, and reports both; for instance
+--ab "fixed turns=TFUSION_SHARE_TURN_PERIOD_MS=0" against the default planned turns.
 """
 import argparse
 import json
@@ -79,8 +83,22 @@ def window_shares(all_segments):
     return [[100.0 * busy_in(s, lo, hi) / WINDOW_NS for lo, hi in windows] for s in all_segments]
 
 
-def run_scenario(args, name, mode, targets, results_rows, throughput, launches=None):
-    tag = name.replace("/", "-").replace(" ", "-").replace("+", "-")
+def parse_ab(spec):
+    """'NAME=VAR=VALUE[,VAR=VALUE]' -> (NAME, {VAR: VALUE}); raises ValueError when malformed."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name.strip() or not rest:
+        raise ValueError("--ab wants NAME=VAR=VALUE[,VAR=VALUE]")
+    env = {}
+    for item in rest.split(","):
+        var, sep, value = item.partition("=")
+        if not sep or not var.strip() or not var.replace("_", "").isalnum():
+            raise ValueError(f"--ab: {item!r} is not VAR=VALUE")
+        env[var.strip()] = value
+    return name.strip(), env
+
+
+def run_scenario(args, name, mode, targets, results_rows, throughput, launches=None, env=None):
+    tag = name.replace("/", "-").replace(" ", "-").replace("+", "-").replace("[", "").replace("]", "")
     work = os.path.join(args.work, tag)
     os.makedirs(work, exist_ok=True)
     go = os.path.join(work, "go")
@@ -95,7 +113,8 @@ def run_scenario(args, name, mode, targets, results_rows, throughput, launches=N
             cmd += ["--launch", launches[i]]
         if mode == "limiter":
             cmd = tc.limited(args.tfusion, "4GiB", target, f"cs-{tag}-t{i}-{stamp}", cmd)
-        procs.append(tc.start(cmd, os.path.join(args.logs, f"compute-{tag}-t{i}.log")))
+        procs.append(tc.start(cmd, os.path.join(args.logs, f"compute-{tag}-t{i}.log"),
+                              env=dict(os.environ, **env) if env else None))
         outs.append(out)
         readies.append(ready)
     all_ready = tc.wait_files(readies, 45, procs)
@@ -147,7 +166,15 @@ def main():
     ap.add_argument("--tolerance", type=float, default=5.0)
     ap.add_argument("--budget-s", type=float, default=150)
     ap.add_argument("--only", default="", help="comma-separated scenario names")
+    ap.add_argument("--ab", default="", help="NAME=VAR=VALUE[,VAR=VALUE]: run each limited scenario "
+                    "again with this environment, interleaved")
     args = ap.parse_args()
+    ab = None
+    if args.ab:
+        try:
+            ab = parse_ab(args.ab)
+        except ValueError as e:
+            ap.error(str(e))
     deadline = time.monotonic() + args.budget_s
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.logs, exist_ok=True)
@@ -158,18 +185,26 @@ def main():
         launches = scenario[3] if len(scenario) > 3 else None
         if wanted and name not in wanted:
             continue
-        test = f"compute share {name}"
-        if time.monotonic() + args.seconds + 15 > deadline:
-            tc.record(args.results, test, "SKIP", "time budget spent")
-            continue
-        outcome = run_scenario(args, name, mode, targets, rows, throughput, launches)
-        if isinstance(outcome, str):
-            tc.record(args.results, test, "FAIL", outcome)
-        elif mode == "native":
-            tc.record(args.results, test, "INFO", "reference run, no target")
-        else:
-            tc.record(args.results, test, "FAIL" if outcome else "PASS",
-                      "; ".join(outcome) or f"all tenants within ±{args.tolerance:g} points")
+        variants = [(name, None)]
+        if ab and mode == "limiter":
+            variants.append((f"{name} [{ab[0]}]", ab[1]))
+        for label, env in variants:
+            test = f"compute share {label}"
+            if time.monotonic() + args.seconds + 15 > deadline:
+                tc.record(args.results, test, "SKIP", "time budget spent")
+                continue
+            outcome = run_scenario(args, label, mode, targets, rows, throughput, launches, env)
+            if isinstance(outcome, str):
+                tc.record(args.results, test, "FAIL", outcome)
+            elif mode == "native":
+                tc.record(args.results, test, "INFO", "reference run, no target")
+            elif env is not None:
+                # The comparison run: reported, not judged.
+                tc.record(args.results, test, "INFO",
+                          "; ".join(outcome) or f"all tenants within ±{args.tolerance:g} points")
+            else:
+                tc.record(args.results, test, "FAIL" if outcome else "PASS",
+                          "; ".join(outcome) or f"all tenants within ±{args.tolerance:g} points")
 
     native = throughput.get("native-1x100", {}).get("gpu_kernels_per_s")
     lim = throughput.get("limiter-1x100", {}).get("gpu_kernels_per_s")

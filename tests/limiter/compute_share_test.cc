@@ -33,7 +33,7 @@ struct Tenant {
   int64_t got_ns = 0;      // real GPU ns it received in the measured interval
   int64_t held_ticks = 0;
   int64_t turn_held_ticks = 0;  // of held_ticks: waiting for another vGPU's turn
-  ShareTurn turn{kShareTurnNs};
+  ShareTurn turn{kShareTurnNs, kShareTurnPeriodNs};
 };
 
 class ComputeShareTest : public RegionTest {
@@ -297,23 +297,25 @@ TEST_F(ComputeShareTest, ATenantThatLeavesGapsStopsTheTurnsWhileItWantsTheGpu) {
   }
   // The small tenant leaves: after its demand expires, the saturating three take turns again.
   for (Tenant* t : {&small, &b, &c, &d}) t->got_ns = t->turn_held_ticks = 0;
-  Run({&small, &b, &c, &d}, 3001 * kMs, 5001 * kMs, 4001 * kMs);
-  EXPECT_EQ(Share(small, 1000 * kMs), 0.0);
+  // (Measured over 4 s: a turn is 45-50 ms here, and a shorter window cuts one.)
+  Run({&small, &b, &c, &d}, 3001 * kMs, 8001 * kMs, 4001 * kMs);
+  EXPECT_EQ(Share(small, 4000 * kMs), 0.0);
   for (Tenant* t : {&b, &c, &d}) {
     EXPECT_GT(t->turn_held_ticks, 0) << t->id << " takes turns once alone with saturating ones";
-    EXPECT_NEAR(Share(*t, 1000 * kMs), 25.0, 1.0) << t->id;
+    EXPECT_NEAR(Share(*t, 4000 * kMs), 25.0, 1.0) << t->id;
   }
 }
 
 TEST_F(ComputeShareTest, ATurnHolderThatIsKilledHoldsNobodyBackLongerThanOneTurn) {
   Tenant a{"a", 500'000, 500'000}, b{"b", 500'000, 500'000};
   for (Tenant* t : {&a, &b}) Add(t);
-  // Run until b waits for a's turn, then kill a (it reports nothing more).
+  // Run until b has waited 10 ms for a's turn (saving tokens), then kill a mid-turn (it reports
+  // nothing more).
   int64_t now = kMs;
   while (now < 2000 * kMs) {
     Run({&a, &b}, now, now + kTick, now);
     now += kTick;
-    if (b.turn_held_ticks > 0 && !a.held) break;
+    if (b.turn_held_ticks >= 20 && !a.held) break;
   }
   ASSERT_GT(b.turn_held_ticks, 0);
   const int64_t killed = now;

@@ -40,10 +40,14 @@
 // with a turn's worth of tokens, so a small share is not switched in for a sliver. A turn is given
 // up when its holder is held by its buckets or stops saturating, and may be taken by anyone once it
 // is turn_ns old: a holder that dies stops counting after one turn (or the demand TTL).
+// Planned turns (ShareTurn::period_ns, the default) replace the last three rules: a turn is the
+// vGPU's share of the period, taken with tokens for most of it, and handed over on time
+// (PlannedTurns below).
 //
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
 // nobody back for longer than that.
+#include <algorithm>
 #include <climits>
 
 #include "limiter/core/gpu_region.h"
@@ -90,6 +94,52 @@ uint64_t LimitPpm(const VgpuSlot* v) {
   uint64_t req = v->compute_share_ppm.load(std::memory_order_relaxed);
   uint64_t lim = v->compute_limit_ppm.load(std::memory_order_relaxed);
   return lim > req ? lim : req;
+}
+
+// Planned turns. A vGPU at `ppm` runs max(turn_ns, ppm x period_ns) per turn.
+int64_t TurnLengthNs(const ShareTurn& t, int64_t ppm) {
+  if (t.period_ns <= 0) return t.turn_ns;
+  const int64_t l = ppm * t.period_ns / 1'000'000;
+  return l > t.turn_ns ? l : t.turn_ns;
+}
+// What a whole turn costs a capped vGPU's bucket (it refills at its share while it runs). Its
+// buckets may hold this much while it saturates, beyond their usual burst: tokens saved while it
+// waits for the others' turns (held by them, not by its own limit).
+int64_t TurnSpendNs(const ShareTurn& t, int64_t ppm) {
+  if (ppm >= static_cast<int64_t>(kShareWholeGpuPpm)) return 0;
+  return TurnLengthNs(t, ppm) * (static_cast<int64_t>(kShareWholeGpuPpm) - ppm) / 1'000'000;
+}
+// It takes a turn with 90% of that: the slack lets a holder's bucket run dry just as the next one
+// is ready, so that the turns are bounded by the buckets and nobody waits with the GPU idle.
+int64_t TurnNeedNs(const ShareTurn& t, int64_t ppm) { return TurnSpendNs(t, ppm) * 9 / 10; }
+// A saturating vGPU's limit bucket now, counting the refill since its last tick (capped as its
+// own ticks cap it, with this process's view of planned turns).
+int64_t LimitTokensNow(const VgpuSlot* u, int64_t now_ns, const ShareTurn& t) {
+  const int64_t lim = ClampShare(LimitPpm(u));
+  const int64_t last = u->last_refill_ns.load(std::memory_order_relaxed);
+  const int64_t stored = u->tokens_ns.load(std::memory_order_relaxed);
+  int64_t cap = std::max(BurstNs(lim), TurnSpendNs(t, lim));
+  if (stored > cap) cap = stored;
+  return std::min(cap, stored + RefillAmount(lim, now_ns > last ? now_ns - last : 0));
+}
+// The turn holder's limit bucket now: it has been running alone since its last tick (which
+// charged and refilled it), so it spends net (1 - share) of the time since.
+int64_t HolderTokensNow(const VgpuSlot* h, int64_t now_ns) {
+  const int64_t lim = ClampShare(LimitPpm(h));
+  const int64_t last = h->last_refill_ns.load(std::memory_order_relaxed);
+  const int64_t gap = now_ns > last ? std::min<int64_t>(now_ns - last, 1'000'000'000) : 0;
+  return h->tokens_ns.load(std::memory_order_relaxed) - gap * (static_cast<int64_t>(kShareWholeGpuPpm) - lim) / 1'000'000;
+}
+// How long a capped vGPU running alone takes to empty a bucket at `tokens`.
+int64_t DryInNs(int64_t tokens, int64_t ppm) {
+  if (tokens <= 0) return 0;
+  if (ppm >= static_cast<int64_t>(kShareWholeGpuPpm)) return INT64_MAX / 4;
+  return static_cast<int64_t>(static_cast<__int128>(tokens) * 1'000'000 / (1'000'000 - ppm));
+}
+void ClampDown(std::atomic<int64_t>* bucket, int64_t cap) {
+  int64_t t = bucket->load(std::memory_order_relaxed);
+  while (t > cap && !bucket->compare_exchange_weak(t, cap, std::memory_order_relaxed)) {
+  }
 }
 
 }  // namespace
@@ -150,11 +200,23 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   share()->ticks_total.fetch_add(1, std::memory_order_relaxed);
 
   // Refill both buckets for [last_refill, now): whoever moves last_refill_ns owns that interval.
+  // With planned turns a saturating hard slice may save up to a whole turn's cost while it waits
+  // for the others' turns; once it stops saturating its buckets go back to the usual burst.
+  int64_t cap_l = BurstNs(lim), cap_r = BurstNs(req);
+  if (turn != nullptr && turn->turn_ns > 0 && turn->period_ns > 0 && req == lim) {
+    if (turn->saturating) {
+      cap_l = std::max(cap_l, TurnSpendNs(*turn, lim));
+      cap_r = std::max(cap_r, TurnSpendNs(*turn, req));
+    } else {
+      ClampDown(&v->tokens_ns, cap_l);
+      ClampDown(&v->request_tokens_ns, cap_r);
+    }
+  }
   int64_t last = v->last_refill_ns.load(std::memory_order_acquire);
   while (now_ns > last) {
     if (v->last_refill_ns.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) {
-      AddCapped(&v->tokens_ns, RefillAmount(lim, now_ns - last), BurstNs(lim));
-      AddCapped(&v->request_tokens_ns, RefillAmount(req, now_ns - last), BurstNs(req));
+      AddCapped(&v->tokens_ns, RefillAmount(lim, now_ns - last), cap_l);
+      AddCapped(&v->request_tokens_ns, RefillAmount(req, now_ns - last), cap_r);
       break;
     }
   }
@@ -238,6 +300,10 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   const bool expired = now_ns - since >= turn->turn_ns;
 
   // Holding the turn (the other saturating vGPUs wait): does it keep the GPU busy after all?
+  if (mine_now && word != turn->held_word) {  // a turn it took, or one handed to it
+    turn->held_word = word;
+    turn->turn_held_ns = turn->turn_busy_ns = 0;
+  }
   if (mine_now && !held) {
     turn->turn_held_ns += tick_ns;
     if (in_flight) turn->turn_busy_ns += tick_ns;
@@ -261,12 +327,11 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // then would time-slice that tenant against one saturating process instead of all of them,
   // charging it twice or more and holding it at its request (docs/compute-sharing.md).
   // Looked at only by a saturating process that may run (the scan reads every vGPU slot).
-  auto others_gappy = [&] {
-    for (uint32_t i = 0; i < kMaxVgpus; ++i) {
-      if (i != mine && ((mask >> i) & 1) == 0 && Wanting(vgpu(i), now_ns)) return true;
-    }
-    return false;
-  };
+  auto others_gappy = [&] { return OthersWantUnsaturated(mine, mask, now_ns); };
+  if (turn->period_ns > 0) {
+    PlannedTurns(mine, now_ns, limit_tokens, limit_ppm, mask, word, alive, turn, out);
+    return;
+  }
 
   if (mine_now) {
     // Given up when held by its buckets, no longer saturating, or beside a tenant that is not;
@@ -296,6 +361,125 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
     out->hold = ShareHold::kTurn;
     int64_t left = alive ? since + turn->turn_ns - now_ns : 0;
     out->retry_after_ns = left > 0 && left < kMaxHoldRetryNs ? left : 1'000'000;
+    return;
+  }
+  if (sb->turn.compare_exchange_strong(word, TurnWord(mine, now_ns), std::memory_order_acq_rel)) {
+    sb->turns_total.fetch_add(1, std::memory_order_relaxed);
+    turn->turn_held_ns = turn->turn_busy_ns = 0;
+  }
+}
+
+bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {
+  for (uint32_t i = 0; i < kMaxVgpus; ++i) {
+    if (i != mine && ((mask >> i) & 1) == 0 && Wanting(vgpu(i), now_ns)) return true;
+  }
+  return false;
+}
+
+// Planned turns: each saturating hard slice runs one turn of its share of the period (at least
+// turn_ns), taken once its bucket holds most of what that turn costs, so the GPU changes hands a
+// few times a second instead of dozens; and the hand-over is timed rather than noticed. The
+// holder knows when its turn ends (its length, or its bucket running dry) and ticks then; at that
+// tick it hands the turn to the waiting vGPU that has been ready longest and holds itself at once.
+// The waiters compute the same end from the region (the holder's share and bucket) and tick then
+// too, so the next holder starts submitting as the previous one stops: the previous holder's
+// queued kernels drain while the next one's first kernels queue behind them, and the GPU is never
+// left without work between turns. Each tick's charge stays what the region measures (raw time /
+// processes with work queued), so the drain is charged to whoever had work queued during it.
+void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t lim, uint64_t mask, uint64_t word,
+                             bool alive, ShareTurn* turn, ShareVerdict* out) {
+  ShareBlock* sb = share();
+  const uint64_t holder = word >> 56;
+  const int64_t since = static_cast<int64_t>((word & kTurnTimeMask) << 10);
+  const bool mine_now = holder == mine + 1;
+  const bool may_run = turn->saturating && out->hold == ShareHold::kRun;
+  const uint64_t bit = 1ULL << mine;
+
+  // The other saturating vGPU that wants the GPU, has the tokens for its turn and has had them
+  // longest (-1: none ready). `soonest` gets how long until the first one not yet ready is.
+  auto successor = [&](int64_t* soonest) -> int {
+    int best = -1;
+    int64_t best_ready_for = -1;
+    for (uint64_t m = mask & ~bit; m != 0; m &= m - 1) {
+      const uint32_t i = static_cast<uint32_t>(__builtin_ctzll(m));
+      const VgpuSlot* u = vgpu(i);
+      if (!Wanting(u, now_ns)) continue;
+      const int64_t u_lim = ClampShare(LimitPpm(u));
+      if (u_lim <= 0) continue;
+      const int64_t have = LimitTokensNow(u, now_ns, *turn) - TurnNeedNs(*turn, u_lim);
+      const int64_t ready_for = have * 1'000'000 / u_lim;  // < 0: not ready for that long
+      if (ready_for >= 0 && ready_for > best_ready_for) {
+        best = static_cast<int>(i);
+        best_ready_for = ready_for;
+      } else if (ready_for < 0 && soonest != nullptr && -ready_for < *soonest) {
+        *soonest = -ready_for;
+      }
+    }
+    return best;
+  };
+  auto hand_over = [&](int next) {
+    if (sb->turn.compare_exchange_strong(word, next >= 0 ? TurnWord(static_cast<uint32_t>(next), now_ns) : 0,
+                                         std::memory_order_acq_rel) &&
+        next >= 0) {
+      sb->turns_total.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    return false;
+  };
+  auto tick_in = [&](int64_t ns) {
+    if (ns < 50'000) ns = 50'000;
+    if (out->retry_after_ns <= 0 || ns < out->retry_after_ns) out->retry_after_ns = std::min(ns, kMaxHoldRetryNs);
+  };
+
+  if (mine_now) {
+    if (!may_run) {
+      // Held by its buckets (the bucket ran dry: the planned end) or no longer saturating.
+      hand_over(turn->saturating ? successor(nullptr) : -1);
+      return;
+    }
+    if (OthersWantUnsaturated(mine, mask, now_ns)) {
+      hand_over(-1);  // turns stop while such a tenant wants the GPU
+      return;
+    }
+    const int64_t end = since + TurnLengthNs(*turn, lim);
+    int64_t soonest = INT64_MAX;
+    if (now_ns >= end) {
+      const int next = successor(&soonest);
+      if (next >= 0 && hand_over(next)) {
+        out->hold = ShareHold::kTurn;
+        return;
+      }
+    }
+    // Tick again at the planned end: the turn is over, its bucket runs dry, or (past its end)
+    // the first waiter becomes ready.
+    int64_t left = now_ns < end ? end - now_ns : soonest;
+    if (lim < static_cast<int64_t>(kShareWholeGpuPpm)) left = std::min(left, DryInNs(lt, lim));
+    if (left < INT64_MAX) tick_in(left);
+    return;
+  }
+  if (!may_run || OthersWantUnsaturated(mine, mask, now_ns)) return;
+  bool contended = false;
+  for (uint64_t m = mask & ~bit; m != 0 && !contended; m &= m - 1) {
+    contended = Wanting(vgpu(static_cast<uint32_t>(__builtin_ctzll(m))), now_ns);
+  }
+  if (!contended && !alive) return;
+  // Ready: tokens for most of a whole turn of its own (a capped vGPU).
+  const bool capped = lim < static_cast<int64_t>(kShareWholeGpuPpm);
+  const int64_t need = capped ? TurnNeedNs(*turn, lim) : 0;
+  const int64_t not_ready_ns = lt >= need ? 0 : NsUntilPositive(lt - need, lim);
+  // When the live holder's turn ends as it sees it: its length, or its bucket running dry.
+  int64_t holder_left = 0;
+  if (alive) {
+    const VgpuSlot* h = vgpu(static_cast<uint32_t>(holder - 1));
+    const int64_t h_lim = ClampShare(LimitPpm(h));
+    holder_left = since + TurnLengthNs(*turn, h_lim) - now_ns;
+    if (h_lim < static_cast<int64_t>(kShareWholeGpuPpm)) {
+      holder_left = std::min(holder_left, DryInNs(HolderTokensNow(h, now_ns), h_lim));
+    }
+  }
+  if (not_ready_ns > 0 || holder_left > 0) {
+    out->hold = ShareHold::kTurn;
+    tick_in(std::max(not_ready_ns, holder_left));
     return;
   }
   if (sb->turn.compare_exchange_strong(word, TurnWord(mine, now_ns), std::memory_order_acq_rel)) {

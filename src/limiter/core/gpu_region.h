@@ -63,23 +63,31 @@ enum class ShareHold : uint8_t {
 // Saturating tenants take turns (compute_share.cc): a process's own view, kept by its governor
 // and passed to every ShareTick. Process-local; nothing here is shared.
 struct ShareTurn {
-  int64_t turn_ns = 0;          // length of a turn; 0 = never take turns
+  int64_t turn_ns = 0;          // length of a turn (the shortest, with period_ns); 0 = never take turns
+  int64_t period_ns = 0;        // planned turns: a vGPU's turn is max(turn_ns, its share x period_ns),
+                                //   taken with tokens for most of it; 0 = every turn turn_ns long
   int64_t busy_avg_ppm = 0;     // share of the last ~10 ms it had work queued or was held
   int64_t turn_held_ns = 0;     // the current window of ticks holding the turn,
   int64_t turn_busy_ns = 0;    //   and how much of it it had work queued
   int64_t gappy_until_ns = 0;   // holding the turn it left the GPU idle: no turns until then
   bool saturating = false;      // the last tick's verdict
+  uint64_t held_word = 0;       // the turn word of the turn it holds (a new one restarts the window)
 };
 // A turn's length unless TFUSION_SHARE_TURN_MS says otherwise (0: off), and how long a
 // tenant found gappy stays out of turns.
 inline constexpr int64_t kShareTurnNs = 25'000'000;
+// The period of planned turns unless TFUSION_SHARE_TURN_PERIOD_MS says otherwise (0: fixed turns
+// of kShareTurnNs as before): each saturating hard slice runs its share of it in one turn, so two
+// tenants hand the GPU over about ten times a second whatever their split.
+inline constexpr int64_t kShareTurnPeriodNs = 200'000'000;
 inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 const char* ShareHoldName(ShareHold h);
 
 struct ShareVerdict {
   ShareHold hold = ShareHold::kRun;
   RegionError error = RegionError::kOk;
-  int64_t retry_after_ns = 0;    // when holding: when to look again at the latest (<= 20 ms)
+  int64_t retry_after_ns = 0;    // when to look again at the latest (<= 20 ms): when holding, or
+                                 //   when the turn this process holds ends
   int64_t charged_ns = 0;        // GPU-busy ns this tick charged to the vGPU
   uint64_t scale_ppm = 0;        // the contention scale applied (1,000,000 = none)
 };
@@ -363,6 +371,11 @@ class GpuRegion {
   LeaseBlock* lease() const { return reinterpret_cast<LeaseBlock*>(base_ + kLeaseOffset); }
   void TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool hard,
                  int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn, ShareVerdict* out);
+  // Planned turns (turn->period_ns > 0): the holder hands over at its planned end.
+  void PlannedTurns(uint32_t mine, int64_t now_ns, int64_t limit_tokens, int64_t limit_ppm, uint64_t mask,
+                    uint64_t word, bool alive, ShareTurn* turn, ShareVerdict* out);
+  // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
+  bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 
