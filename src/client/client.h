@@ -138,9 +138,13 @@ struct Session {
   std::unordered_map<uint64_t, uint32_t> exec_host_nodes;
   struct GraphAllocs {
     std::vector<uint64_t> allocs;
+    std::unordered_map<uint64_t, uint64_t> bytes;  // their sizes
     std::vector<uint64_t> frees;
   };
   std::unordered_map<uint64_t, GraphAllocs> graph_allocs;
+  // Executable graph -> the graph allocations that outlive each launch (not freed in the graph):
+  // known again after every launch, until cuMemFree(Async).
+  std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>> exec_outliving;
   // Conditional nodes (client_graphs.cc): node -> its body graphs, the array handed out as
   // CUDA_CONDITIONAL_NODE_PARAMS::phGraph_out (kept for the session's life).
   std::unordered_map<uint64_t, std::vector<CUgraph>> conditional_bodies;

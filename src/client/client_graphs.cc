@@ -9,6 +9,8 @@
 // Memcpy nodes copy between device memory and page-locked memory shared with the worker (a host
 // region), mirrored memory, or any other memory of this process through a shadow on the worker
 // (client_graph_host.cc: the bytes travel at each launch).
+#include <algorithm>
+#include <map>
 #include <vector>
 
 #include "client/client_graphs.h"
@@ -211,6 +213,7 @@ CUresult AddNode(Fn fn, CUgraphNode* node, CUgraph graph, const CUgraphNode* dep
     // The address is fixed now: cuMemcpy's guess and pointer attributes know it from here on.
     RecordDeviceAlloc(s, p, spec.alloc->bytesize, 0);
     s->graph_allocs[H(graph)].allocs.push_back(p);
+    s->graph_allocs[H(graph)].bytes[p] = spec.alloc->bytesize;
   } else if (spec.type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
     s->graph_allocs[H(graph)].frees.push_back(spec.free_ptr);
   } else if (spec.type == CU_GRAPH_NODE_TYPE_CONDITIONAL) {
@@ -272,6 +275,11 @@ CUresult ExecOnStream(Fn fn, CUgraphExec exec, CUstream stream) {
   if (r == CUDA_SUCCESS && fn != Fn::cuGraphUpload) {
     auto it = s->exec_host_nodes.find(H(exec));
     if (it != s->exec_host_nodes.end() && it->second > 0) HostNodeRunsLaunched(it->second);
+    if (auto o = s->exec_outliving.find(H(exec)); o != s->exec_outliving.end()) {
+      for (const auto& [p, n] : o->second) {
+        if (!s->allocs.count(p)) RecordDeviceAlloc(s, p, n, 0);
+      }
+    }
   }
   return r;
 }
@@ -346,10 +354,23 @@ CUresult Dependencies(Fn fn, CUgraph graph, const CUgraphNode* from, const CUgra
   return CallSync(l.session(), Op(fn), w, nullptr);
 }
 
-// Reads an executable graph's host-node count from a reply and remembers it.
-void RememberHostNodes(Session* s, uint64_t exec, Reader& rd) {
+// Reads an executable graph's host-node count from a reply and remembers it, with the graph
+// allocations of `graph` that outlive a launch.
+void RememberExec(Session* s, uint64_t exec, uint64_t graph, Reader& rd) {
   uint32_t host = 0;
   if (rd.U32(&host) && exec) s->exec_host_nodes[exec] = host;
+  if (exec == 0) return;
+  s->exec_outliving.erase(exec);
+  auto g = s->graph_allocs.find(graph);
+  if (g == s->graph_allocs.end()) return;
+  std::map<uint64_t, size_t> allocated;
+  for (uint64_t p : g->second.allocs) ++allocated[p];
+  for (const auto& [p, n] : allocated) {
+    const bool freed = std::find(g->second.frees.begin(), g->second.frees.end(), p) != g->second.frees.end();
+    if (freed && n <= 1) continue;
+    auto b = g->second.bytes.find(p);
+    s->exec_outliving[exec].emplace_back(p, b == g->second.bytes.end() ? 1 : b->second);
+  }
 }
 
 }  // namespace
@@ -567,7 +588,7 @@ CUresult Impl_cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsi
   if (r != CUDA_SUCCESS) return r;
   uint64_t e = 0;
   if (!rv.reader.U64(&e)) return CUDA_ERROR_UNKNOWN;
-  RememberHostNodes(l.session(), e, rv.reader);
+  RememberExec(l.session(), e, H(graph), rv.reader);
   *exec = reinterpret_cast<CUgraphExec>(e);
   return CUDA_SUCCESS;
 }
@@ -592,7 +613,7 @@ CUresult Impl_cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph,
   rv.reader.U64(&e);
   rv.reader.U32(&status);
   if (!rv.reader.U64(&err_node)) return CUDA_ERROR_UNKNOWN;
-  RememberHostNodes(l.session(), e, rv.reader);
+  RememberExec(l.session(), e, H(graph), rv.reader);
   params->result_out = static_cast<CUgraphInstantiateResult>(status);
   params->hErrNode_out = reinterpret_cast<CUgraphNode>(err_node);
   if (result == CUDA_SUCCESS) *exec = reinterpret_cast<CUgraphExec>(e);
@@ -687,7 +708,7 @@ CUresult Impl_cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecU
   rv.reader.U32(&status);
   rv.reader.U64(&err);
   if (!rv.reader.U64(&err_from)) return CUDA_ERROR_UNKNOWN;
-  RememberHostNodes(l.session(), H(exec), rv.reader);
+  RememberExec(l.session(), H(exec), H(graph), rv.reader);
   ForgetGraphHostCopies(l.session(), H(exec));
   info->result = static_cast<CUgraphExecUpdateResult>(status);
   info->errorNode = reinterpret_cast<CUgraphNode>(err);
@@ -700,6 +721,7 @@ CUresult Impl_cuGraphExecDestroy(CUgraphExec exec) {
   if (r == CUDA_SUCCESS) {
     TF_LOCK(l);
     l.session()->exec_host_nodes.erase(H(exec));
+    l.session()->exec_outliving.erase(H(exec));
     ForgetGraphHostCopies(l.session(), H(exec));
   }
   return r;
@@ -714,10 +736,12 @@ CUresult Impl_cuGraphDestroy(CUgraph graph) {
   Session* s = l.session();
   auto it = s->graph_allocs.find(H(graph));
   if (it == s->graph_allocs.end()) return CUDA_SUCCESS;
-  for (uint64_t p : it->second.allocs) {
-    for (uint64_t f : it->second.frees) {
-      if (f == p) s->allocs.erase(p);
-    }
+  // An address the graph allocates again after freeing it (the driver reuses it) stays.
+  std::map<uint64_t, size_t> allocated;
+  for (uint64_t p : it->second.allocs) ++allocated[p];
+  for (const auto& [p, n] : allocated) {
+    const auto& f = it->second.frees;
+    if (n <= 1 && std::find(f.begin(), f.end(), p) != f.end()) s->allocs.erase(p);
   }
   s->graph_allocs.erase(it);
   return CUDA_SUCCESS;

@@ -34,6 +34,7 @@ void DropContextState(Session* s) {
   s->answers.clear();
   s->exec_host_nodes.clear();
   s->graph_allocs.clear();
+  s->exec_outliving.clear();
   s->capture_deps.clear();
   s->capture_edges.clear();
   ForgetOccupancy(s);

@@ -429,6 +429,7 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
       if (r != CUDA_SUCCESS) return r;
       h_.AddAllocation(p.dptr, bytes);
       graphs_[g].allocs.push_back(p.dptr);
+      graphs_[g].alloc_bytes[p.dptr] = bytes;
       out.U64(Learn(node, g));
       out.U64(p.dptr);
       return CUDA_SUCCESS;
@@ -790,10 +791,25 @@ uint64_t SessionGraphs::CountHostNodes(CUgraph g, int depth) {
   return host;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> SessionGraphs::Outliving(uint64_t g) const {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  auto it = graphs_.find(g);
+  if (it == graphs_.end()) return out;
+  std::map<uint64_t, size_t> allocated;
+  for (uint64_t p : it->second.allocs) ++allocated[p];
+  for (const auto& [p, n] : allocated) {
+    if (it->second.frees.count(p) && n <= 1) continue;
+    auto b = it->second.alloc_bytes.find(p);
+    out.emplace_back(p, b == it->second.alloc_bytes.end() ? 1 : b->second);
+  }
+  return out;
+}
+
 void SessionGraphs::RecordExec(CUgraphExec e, uint64_t g) {
   ExecEntry& x = execs_[H(e)];
   x.graphs = {g};
   x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
+  x.outliving = Outliving(g);
   h_.HostCopies().Instantiated(e, As<CUgraph>(g));
 }
 
@@ -853,6 +869,11 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       CUresult r = fn == Fn::cuGraphLaunch ? CALL(cuGraphLaunch, As<CUgraphExec>(e), As<CUstream>(s))
                                            : CALL(cuGraphLaunch_ptsz, As<CUgraphExec>(e), As<CUstream>(s));
       if (r != CUDA_SUCCESS) h_.HostRunsEnqueued(-static_cast<int64_t>(it->second.host_nodes));
+      // Its allocations that outlive the launch are the session's again (a cuMemFree of one
+      // after an earlier launch had retired it).
+      if (r == CUDA_SUCCESS) {
+        for (const auto& [p, n] : it->second.outliving) h_.AddAllocation(p, n);
+      }
       if (r == CUDA_SUCCESS) r = h_.HostCopies().Launched(As<CUgraphExec>(e), As<CUstream>(s));
       return r;
     }
@@ -870,6 +891,7 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
       if (r == CUDA_SUCCESS) {
         x.graphs.insert(g);
         x.host_nodes = CountHostNodes(As<CUgraph>(g), 0);
+        x.outliving = Outliving(g);
         h_.HostCopies().Instantiated(As<CUgraphExec>(e), As<CUgraph>(g));
       }
       const uint64_t err_node = Learn(info.errorNode, g);

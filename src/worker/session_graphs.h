@@ -97,6 +97,7 @@ class SessionGraphs {
   friend class GraphGeneratedHost;  // the generated graph calls (session_graph_nodes.cc)
   struct GraphEntry {
     std::vector<uint64_t> allocs;  // graph allocations its mem-alloc nodes made
+    std::map<uint64_t, uint64_t> alloc_bytes;  // their sizes
     std::set<uint64_t> frees;      // pointers its mem-free nodes free
     uint64_t capturing_stream = 0;  // a capture graph the driver owns until the capture ends
     uint64_t body_of = 0;  // a conditional node's body: the driver destroys it with this graph
@@ -104,9 +105,13 @@ class SessionGraphs {
   struct ExecEntry {
     std::set<uint64_t> graphs;  // instantiated from, or updated with
     uint64_t host_nodes = 0;    // host-node runs per launch
+    // Graph allocations that outlive a launch (not freed in the graph): live again after each
+    // launch, until cuMemFree(Async) or a graph that frees them.
+    std::vector<std::pair<uint64_t, uint64_t>> outliving;
     bool device_launch = false;  // CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: named by its real handle
   };
   const driver::DriverTable& d() const { return h_.Driver(); }
+  std::vector<std::pair<uint64_t, uint64_t>> Outliving(uint64_t g) const;
   CUresult AddNode(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult SetExecParams(driver::Fn fn, transport::Reader& rd);
   CUresult Query(driver::Fn fn, transport::Reader& rd, transport::Writer& out);

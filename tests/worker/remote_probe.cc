@@ -1121,6 +1121,11 @@ int GraphNodes() {
     CHECK(cuStreamSynchronize(s));
     std::printf("graph_alloc_reused=%d,%d\n", first.dptr == second.dptr,
                 static_cast<int>(cuMemFree(second.dptr)));
+    // Launched again, the graph allocates it again: freed in stream order this time.
+    CHECK(cuGraphLaunch(re, s));
+    const CUresult again = cuMemFreeAsync(second.dptr, s);
+    CHECK(cuStreamSynchronize(s));
+    std::printf("graph_alloc_relaunched_free=%d\n", static_cast<int>(again));
     CHECK(cuGraphExecDestroy(re));
   }
   // A device-to-host memcpy node into page-locked memory.
