@@ -30,7 +30,7 @@ import traceback
 
 PARTS = ["resnet50_b64_eager", "gpt2_fwd_b1_s128", "gpt2_fwd_b8_s512", "resnet50_b1_eager",
          "resnet50_b16_eager", "gpt2_generate32_b1", "resnet50_b1_compile", "resnet50_b16_compile",
-         "resnet50_b64_compile"]
+         "resnet50_b64_compile", "resnet50_b32_train"]
 # The parts remote_compare.sh runs first (the GPU-bound targets of the issue), and the rest.
 GROUPS = {"key": PARTS[:3], "rest": PARTS[3:], "all": PARTS}
 
@@ -146,6 +146,30 @@ class Bench:
         r["images_per_s"] = batch * 1000.0 / r["ms"]
         return r
 
+    def resnet_train(self, batch, deadline):
+        """One training step of ResNet-50 (fp16 autocast, SGD with momentum, channels-last):
+        forward, loss, backward, optimizer step."""
+        torch = self.torch
+        import torchvision
+        torch.manual_seed(0)
+        model = torchvision.models.resnet50(weights=None).cuda().to(memory_format=torch.channels_last).train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        x = torch.randn(batch, 3, 224, 224, device="cuda", generator=gen).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 1000, (batch,), device="cuda", generator=gen)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+
+        r = self.measure(step, deadline)
+        r["images_per_s"] = batch * 1000.0 / r["ms"]
+        return r
+
     def gpt2_model(self):
         if self.gpt2 is None:
             from transformers import GPT2Config, GPT2LMHeadModel
@@ -187,6 +211,8 @@ class Bench:
         kind, rest = name.split("_", 1)
         if kind == "resnet50":
             batch, mode = rest.split("_")
+            if mode == "train":
+                return self.resnet_train(int(batch[1:]), deadline)
             return self.resnet_part(int(batch[1:]), mode == "compile", deadline)
         if rest.startswith("fwd_"):
             _, b, s = rest.split("_")

@@ -18,10 +18,11 @@
 #                (kernel, graph)
 #   samples      tests/gpu/samples: CUDA-samples-style programs (SAMPLE/RESULT lines, compared)
 #   models-rest  bench/gpu/torch_models.py --parts rest: other batches, generation, torch.compile
-#   rounds       GPT-2 8x512 and ResNet-50 b64 eager, then remote_micro's async-call costs and
-#                1 GiB copies, in TF_REMOTE_ROUNDS (default 3) rounds of native, shm, tcp in turn,
-#                so that drift of the host hits every mode alike; rounds.md gives the median per
-#                mode and the median of each round's ratios (not in the default phases)
+#   rounds       GPT-2 8x512, ResNet-50 b64 eager and a ResNet-50 b32 training step, then
+#                remote_micro's async-call costs and 1 GiB copies, in TF_REMOTE_ROUNDS (default 3)
+#                rounds of native, shm, tcp in turn, so that drift of the host hits every mode
+#                alike; rounds.md gives the median per mode and the median of each round's ratios
+#                (not in the default phases)
 # Environment: TF_REMOTE_BUDGET_S (default 540) bounds the whole run: every command runs under
 # `timeout`, and what no longer fits is reported as SKIP. TF_REMOTE_PHASES (comma-separated,
 # default all six), TF_REMOTE_MODES (default "native shm tcp"), TF_REMOTE_PORT (default 7611),
@@ -279,7 +280,7 @@ if has_phase rounds; then
   for r in $(seq "$ROUNDS"); do
     for m in $MODES; do
       step rounds "rounds-r$r" "$m" "rounds-$m-r$r.log" 150 "${MODEL_ENV[@]}" "$PY" \
-        "$REPO/bench/gpu/torch_models.py" --parts gpt2_fwd_b8_s512,resnet50_b64_eager --reps 7 --gpu-busy \
+        "$REPO/bench/gpu/torch_models.py" --parts gpt2_fwd_b8_s512,resnet50_b64_eager,resnet50_b32_train --reps 7 --gpu-busy \
         --part-budget-s 60 --total-budget-s 120
       step rounds "micro-rounds-r$r" "$m" "micro-$m-r$r.log" 90 "$MICRO" --parts async,bandwidth \
         --min-bytes 1GiB --max-bytes 1GiB --seconds 10
