@@ -466,7 +466,11 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
     }
     case CU_GRAPH_NODE_TYPE_MEM_FREE: {
       uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish() || !h_.DeviceRange(p, 1)) return CUDA_ERROR_INVALID_VALUE;
+      // Live memory of the session, or a graph allocation between launches (a free node in
+      // another graph for what an executable graph allocates again at each launch).
+      if (!rd.U64(&p) || !rd.Finish() || (!h_.DeviceRange(p, 1) && !GraphAllocation(p))) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       r = CALL(cuGraphAddMemFreeNode, &node, graph, dp, nd, p);
       if (r == CUDA_SUCCESS) graphs_[g].frees.insert(p);
       break;
@@ -789,6 +793,18 @@ uint64_t SessionGraphs::CountHostNodes(CUgraph g, int depth) {
     }
   }
   return host;
+}
+
+bool SessionGraphs::GraphAllocation(uint64_t p) const {
+  for (const auto& [g, e] : graphs_) {
+    if (e.alloc_bytes.count(p)) return true;
+  }
+  for (const auto& [e, x] : execs_) {
+    for (const auto& [a, n] : x.outliving) {
+      if (a == p) return true;
+    }
+  }
+  return false;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> SessionGraphs::Outliving(uint64_t g) const {

@@ -112,6 +112,8 @@ class SessionGraphs {
   };
   const driver::DriverTable& d() const { return h_.Driver(); }
   std::vector<std::pair<uint64_t, uint64_t>> Outliving(uint64_t g) const;
+  // p is the address of a graph allocation of a graph or executable graph the session knows.
+  bool GraphAllocation(uint64_t p) const;
   CUresult AddNode(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult SetExecParams(driver::Fn fn, transport::Reader& rd);
   CUresult Query(driver::Fn fn, transport::Reader& rd, transport::Writer& out);

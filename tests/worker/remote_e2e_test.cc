@@ -878,6 +878,7 @@ TEST_F(RemoteTest, GraphNodesOfEveryKindRunQueryAndUpdateRemotely) {
     EXPECT_EQ(r.kv["graph_alloc_reused"], "1,0");
     EXPECT_EQ(r.kv["graph_alloc_reused"], direct.kv["graph_alloc_reused"]);
     EXPECT_EQ(r.kv["graph_alloc_relaunched_free"], "0") << "a relaunch allocates it again";
+    EXPECT_EQ(r.kv["graph_alloc_freed_in_other_graph"], "0") << "a free node for it between launches";
     // Page-locked memory is shared over shared memory, copied through a shadow over TCP;
     // pageable memory through a shadow on both (GraphCopiesOfPageableMemory...).
     EXPECT_EQ(r.kv["pinned_copy_rc"], "0");

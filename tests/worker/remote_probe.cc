@@ -1126,6 +1126,23 @@ int GraphNodes() {
     const CUresult again = cuMemFreeAsync(second.dptr, s);
     CHECK(cuStreamSynchronize(s));
     std::printf("graph_alloc_relaunched_free=%d\n", static_cast<int>(again));
+    // Freed in a different graph: its free node is made while the address is not live (the
+    // next launch of the first graph allocates it again before the free runs).
+    CUgraph fg;
+    CHECK(cuGraphCreate(&fg, 0));
+    CUgraphNode nfree;
+    const CUresult added = cuGraphAddMemFreeNode(&nfree, fg, nullptr, 0, second.dptr);
+    CUresult freed_elsewhere = added;
+    if (added == CUDA_SUCCESS) {
+      CUgraphExec fe;
+      CHECK(cuGraphInstantiateWithFlags(&fe, fg, 0));
+      CHECK(cuGraphLaunch(re, s));
+      freed_elsewhere = cuGraphLaunch(fe, s);
+      CHECK(cuStreamSynchronize(s));
+      CHECK(cuGraphExecDestroy(fe));
+    }
+    CHECK(cuGraphDestroy(fg));
+    std::printf("graph_alloc_freed_in_other_graph=%d\n", static_cast<int>(freed_elsewhere));
     CHECK(cuGraphExecDestroy(re));
   }
   // A device-to-host memcpy node into page-locked memory.
