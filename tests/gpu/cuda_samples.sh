@@ -14,7 +14,7 @@
 # Exit status 0 is PASS, 2 WAIVED (the samples' own code for "not applicable here"), anything else
 # FAIL. OUT_DIR receives samples.md (a table per sample and mode, and how many of those that pass
 # natively pass in each other mode) and samples-logs.tar.gz. TF_SAMPLES_JOBS (default 4) samples
-# run at once per mode.
+# run at once per mode; TF_SAMPLES_ONLY="NAME ..." runs only those samples of list.txt.
 set -uo pipefail
 
 if [ $# -ne 3 ]; then
@@ -59,7 +59,18 @@ build_one() {
 }
 export -f build_one
 export NVCC ARCH SRC WORK LOGS
-grep -v '^ *$' "$SRC/list.txt" | xargs -P "$(nproc)" -I{} bash -c 'build_one {}'
+LIST=$WORK/list.txt
+# TF_SAMPLES_ONLY (space-separated sample names, e.g. "graphMemoryNodes simpleCudaGraphs"): only
+# those of list.txt.
+if [ -n "${TF_SAMPLES_ONLY:-}" ]; then
+  for s in $(grep -v '^ *$' "$SRC/list.txt"); do
+    for want in $TF_SAMPLES_ONLY; do [ "$(basename "$s")" = "$want" ] && echo "$s"; done
+  done > "$LIST"
+  [ -s "$LIST" ] || { echo "TF_SAMPLES_ONLY: none of '$TF_SAMPLES_ONLY' is in $SRC/list.txt" >&2; exit 2; }
+else
+  grep -v '^ *$' "$SRC/list.txt" > "$LIST"
+fi
+xargs -P "$(nproc)" -I{} bash -c 'build_one {}' < "$LIST"
 
 TOKEN=samples-$$-$RANDOM
 SOCK=$WORK/worker.sock
@@ -89,7 +100,7 @@ run_one() {
 export -f run_one
 export TF TOKEN SOCK PORT
 for m in $MODES; do
-  grep -v '^ *$' "$SRC/list.txt" | xargs -P "$JOBS" -I{} bash -c "run_one {} $m"
+  xargs -P "$JOBS" -I{} bash -c "run_one {} $m" < "$LIST"
 done
 kill "$WPID" 2> /dev/null
 wait "$WPID" 2> /dev/null
@@ -101,14 +112,14 @@ wait "$WPID" 2> /dev/null
   echo
   echo "| sample | $(echo $MODES | sed 's/ / | /g') |"
   echo "|$(for _ in sample $MODES; do printf ' --- |'; done)"
-  for s in $(grep -v '^ *$' "$SRC/list.txt"); do
+  for s in $(cat "$LIST"); do
     n=$(basename "$s")
     row="| $n |"
     for m in $MODES; do row="$row $(cat "$WORK/$m-$n.status" 2> /dev/null || echo '-') |"; done
     echo "$row"
   done
   echo
-  total=$(grep -vc '^ *$' "$SRC/list.txt")
+  total=$(grep -vc '^ *$' "$LIST")
   native_ok=$(grep -l PASS "$WORK"/native-*.status 2> /dev/null | wc -l)
   echo "Samples: $total; PASS natively: $native_ok."
   for m in $MODES; do
