@@ -228,6 +228,10 @@ void HandleEventFrame(Session* s, const transport::InFrame& in);
 // MirrorMap/Unmap require State().mu with a live session.
 CUresult MirrorMap(Session* s, uint64_t base, uint64_t size, uint32_t kind, bool anonymous);
 CUresult MirrorUnmap(Session* s, uint64_t base);
+// A primary-context reset dropped every mirror of s on the worker (client_reset.cc): their twins
+// go here too, without a message, so no later call compares or sends them. The memory itself
+// stays mapped (the caller frees what the driver would). REQUIRES State().mu.
+void ForgetMirrors(Session* s);
 void PushMirrors(Session* s);
 bool ApplyMirrorData(Session* s, const transport::InFrame& in);
 

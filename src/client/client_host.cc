@@ -603,6 +603,34 @@ CUresult FreeManaged(Session* s, uint64_t p) {
   return CUDA_SUCCESS;
 }
 
+std::vector<HostRange> HostMemoryFreedByReset(Session* s, uint64_t ctx) {
+  std::vector<HostRange> freed;
+  std::lock_guard<std::mutex> g(g_host_mu);
+  for (const auto& [base, h] : HostRanges()) {
+    if (h.registered) continue;
+    if (h.owner == s || (h.region_id == 0 && !h.mirror && h.ctx == ctx)) freed.push_back(h);
+  }
+  return freed;
+}
+
+void HostMemoryAfterReset(Session* s, const std::vector<HostRange>& freed) {
+  ForgetMirrors(s);
+  std::lock_guard<std::mutex> g(g_host_mu);
+  for (const HostRange& h : freed) {
+    HostRanges().erase(h.base);
+    if (h.managed) ForgetManagedAdvice(h.base);
+    munmap(reinterpret_cast<void*>(h.base), h.mapped);
+  }
+  for (auto& [base, h] : HostRanges()) {
+    if (!h.mirror || h.owner != s) continue;
+    h.mirror = false;  // registered memory: the program's again, as before it was mirrored
+    h.owner = nullptr;
+    h.same_address = false;
+    h.device_ptr = 0;
+    StoreLocked(h);  // within the span MirrorKernelPointers looks at
+  }
+}
+
 CUresult Impl_cuMemHostGetFlags(unsigned int* flags, void* p) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);

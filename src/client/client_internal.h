@@ -141,6 +141,16 @@ struct HostRange {
   bool managed = false;         // cuMemAllocManaged (a region or a mirror); flags: CU_MEM_ATTACH_*
 };
 bool FindHostRange(uint64_t p, HostRange* out);
+// A primary-context reset (client_reset.cc) frees what the driver frees with the context: the
+// page-locked allocations (cuMemAllocHost, cuMemHostAlloc) and managed memory of this session
+// (regions and mirrors of s, and plain memory allocated in context `ctx`); registered memory
+// stays the program's. HostMemoryFreedByReset lists those ranges before the call;
+// HostMemoryAfterReset, once the worker has reset (and dropped every mirror and the listed
+// regions), frees them here as cuMemFreeHost / cuMemFree would and turns registered ranges that
+// were mirrored into plain ones (mirrored again when a kernel may be given them). REQUIRES
+// State().mu.
+std::vector<HostRange> HostMemoryFreedByReset(Session* s, uint64_t ctx);
+void HostMemoryAfterReset(Session* s, const std::vector<HostRange>& freed);
 // Managed memory (client_host.cc): host memory that kernels on the worker reach at the same
 // address, a host region (shared memory) or a mirror (TCP). CUDA_ERROR_NOT_SUPPORTED when the
 // connection has neither. Require the session and the thread's context.

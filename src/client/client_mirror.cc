@@ -118,6 +118,19 @@ CUresult MirrorUnmap(Session* s, uint64_t base) {
   return r;
 }
 
+void ForgetMirrors(Session* s) {
+  std::lock_guard<std::mutex> g(g_mirror_mu);
+  for (auto it = Mirrors().begin(); it != Mirrors().end();) {
+    if (it->second.owner != s) {
+      ++it;
+      continue;
+    }
+    munmap(it->second.twin, it->second.size);
+    it = Mirrors().erase(it);
+    s->mirror_count.fetch_sub(1);
+  }
+}
+
 void PushMirrors(Session* s) {
   std::lock_guard<std::mutex> g(g_mirror_mu);
   remote::MirrorRunPacker packer(std::min<uint64_t>(s->transport->max_bulk_bytes(), 8ull << 20),

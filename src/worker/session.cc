@@ -289,7 +289,8 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void PollStaged(bool wait);
   void Cleanup();
   // cuDevicePrimaryCtxReset_v2 (below Cleanup): everything the session made in the device's
-  // primary context goes, its names retired; host regions are registered again afterwards.
+  // primary context goes, its names retired; every mirror is dropped, the host regions the
+  // client names are freed, and the others are registered again afterwards.
   CUresult PrimaryCtxReset(Reader& rd);
   void DestroyObjects();
 
@@ -2543,6 +2544,23 @@ void Session::DestroyObjects() {
 CUresult Session::PrimaryCtxReset(Reader& rd) {
   int32_t dev = 0;
   if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  // The host regions the client frees with the context (its page-locked allocations and managed
+  // memory, which the driver frees): each a region of this session, named once. A client that
+  // names none (or sends only the device) keeps them all.
+  std::set<uint64_t> freed;
+  if (rd.remaining() != 0) {
+    uint32_t n = 0;
+    bool ok = rd.U32(&n) && n <= region_ids_.size();
+    for (uint32_t i = 0; ok && i < n; ++i) {
+      uint64_t id = 0;
+      ok = rd.U64(&id) && region_ids_.count(id) != 0 && freed.insert(id).second;
+    }
+    if (!ok || !rd.Finish()) {
+      SessionLog("cuDevicePrimaryCtxReset(%d) refused: the host regions to free are not regions of "
+                 "this session, or named twice", dev);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   // What the session holds is only known to belong to one context while it has no other: with
   // a created or green context, or another device's primary context, the reset is refused.
   uint64_t primary = 0;
@@ -2554,13 +2572,29 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
     }
     primary = c;
   }
-  if (mirrors_.Count() != 0) {
-    SessionLog("cuDevicePrimaryCtxReset(%d) refused: the session has mirrored host memory", dev);
-    return CUDA_ERROR_NOT_SUPPORTED;
+  // Host functions were drained before this call (IsBlocking); wait for the context's work, so
+  // that copies and kernels still in flight into mirrored memory have finished.
+  if (primary != 0 && CALL(cuCtxSetCurrent, As<CUcontext>(primary)) == CUDA_SUCCESS) CALL(cuCtxSynchronize);
+  // Every mirror goes, after what the device wrote into it has gone to the client (registered
+  // memory stays the program's, with those bytes); the client forgets its twins after the reply.
+  mirrors_.Pull(t_.get(), &event_seq_);
+  const size_t mirrors = mirrors_.Clear();
+  // The regions the driver frees with the context: unregistered and unmapped, as at cuMemFreeHost.
+  for (uint64_t id : freed) {
+    auto it = regions_.find(region_ids_[id]);
+    CALL(cuMemHostUnregister, it->second.local);
+    munmap(it->second.local, it->second.length);
+    host_mem_.Release(&it->second.charge);
+    mapped_host_.erase(it->first);
+    regions_.erase(it);
+    region_ids_.erase(id);
   }
-  if (primary == 0) return CALL(cuDevicePrimaryCtxReset_v2, dev);  // nothing of the session in it
-  // Host functions were drained before this call (IsBlocking); wait for the context's work.
-  if (CALL(cuCtxSetCurrent, As<CUcontext>(primary)) == CUDA_SUCCESS) CALL(cuCtxSynchronize);
+  if (primary == 0) {  // nothing else of the session in it
+    CUresult r = CALL(cuDevicePrimaryCtxReset_v2, dev);
+    SessionLog("primary context of device %d reset (%s): %zu mirrors dropped, %zu host regions freed",
+               dev, r == CUDA_SUCCESS ? "ok" : "failed", mirrors, freed.size());
+    return r;
+  }
   PollStaged(true);
   for (CUevent e : copy_events_) CALL(cuEventDestroy_v2, e);
   copy_events_.clear();
@@ -2632,9 +2666,10 @@ CUresult Session::PrimaryCtxReset(Reader& rd) {
     ++dropped;
   }
   SessionLog("primary context of device %d reset (%s): freed %zu allocations, %zu streams, %zu events, "
-             "%zu modules; %zu names retired; %zu host regions kept, %zu dropped",
+             "%zu modules; %zu names retired; %zu mirrors dropped; %zu host regions freed, %zu kept, "
+             "%zu dropped",
              dev, r == CUDA_SUCCESS ? "ok" : "failed", allocations, streams, events, modules, retired,
-             regions_.size(), dropped);
+             mirrors, freed.size(), regions_.size(), dropped);
   return r;
 }
 

@@ -463,10 +463,11 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-// Destroys what the process made in the device's primary context: its streams, its device and
-// managed allocations, and (when no other context of the process lives) every event and module;
-// libraries (context-independent) stay; the retains stay, and the context can be used again at
-// once. Graphs, arrays and page-locked host memory are not tracked by context here and stay.
+// Destroys what the process made in the device's primary context: its streams, its device,
+// managed and page-locked (cuMemAllocHost, cuMemHostAlloc) allocations, and (when no other
+// context of the process lives) every event and module; libraries (context-independent) stay; the
+// retains stay, and the context can be used again at once. Graphs, arrays and registrations
+// (cuMemHostRegister) are not tracked by context here and stay.
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   FAKECUDA_ENTER();
   if (CUresult r = fakecuda::CheckDevice(dev); r != CUDA_SUCCESS) return r;
@@ -480,13 +481,14 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   }
   fakecuda::SynchronizeContextStreams(ctx, /*blocking_only=*/false);
   fakecuda::RetireContextStreams(ctx);
-  std::vector<uintptr_t> frees;
+  std::vector<uintptr_t> frees, host_frees;
   {
     std::lock_guard<std::mutex> lock(d.mu);
     for (const auto& [base, a] : d.allocations) {
       if (a.ctx == ctx && (a.kind == fakecuda::MemoryKind::kDevice || a.kind == fakecuda::MemoryKind::kManaged)) {
         frees.push_back(base);
       }
+      if (a.ctx == ctx && a.kind == fakecuda::MemoryKind::kHost) host_frees.push_back(base);
     }
     if (only) {
       d.events.clear();
@@ -498,6 +500,7 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   }
   cuCtxPushCurrent_v2(reinterpret_cast<CUcontext>(ctx));
   for (uintptr_t p : frees) cuMemFree_v2(p);
+  for (uintptr_t p : host_frees) cuMemFreeHost(reinterpret_cast<void*>(p));
   CUcontext popped = nullptr;
   cuCtxPopCurrent_v2(&popped);
   return CUDA_SUCCESS;

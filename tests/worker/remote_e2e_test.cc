@@ -651,6 +651,49 @@ TEST_F(RemoteTest, PrimaryContextResetRetiresTheContextsObjectsAndNewOnesWork) {
   }
 }
 
+// cudaDeviceReset with managed, mapped and registered memory alive (over TCP all mirrored; over
+// shared memory host regions, and the unaligned registration mirrored), while a copy into the
+// registered memory is in flight: the reset succeeds, the copy's bytes are in the registered
+// memory, the managed and mapped memory fail afterwards as after a free, as on the driver, new
+// managed and mapped memory work, and the dropped mirrors cost nothing more: no change is sent
+// for them (the worker would refuse it and say so).
+TEST_F(RemoteTest, PrimaryContextResetFreesManagedAndMappedMemoryAndDropsMirrors) {
+  StartWorker();
+  Result direct = DirectProgram({TF_RESET_PROBE, "mirrors"});
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["done"], "1") << direct.out;
+  const std::string count = std::to_string(4096ull);
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = RemoteProgram(addr, {TF_RESET_PROBE, "mirrors"});
+    ASSERT_EQ(r.rc, 0) << addr << "\n" << r.out;
+    EXPECT_EQ(r.kv["done"], "1") << r.out;
+    EXPECT_EQ(r.kv["reset"], "0") << r.out;
+    EXPECT_EQ(r.kv["managed_read_by_device_sum"], std::to_string(4095ull * 4096 / 2));
+    EXPECT_EQ(r.kv["mapped_sum"], std::to_string(3ull * 4096));
+    EXPECT_EQ(r.kv["registered_sum"], std::to_string(4ull * 4096));
+    EXPECT_EQ(r.kv["registered_after_reset_sum"], std::to_string(8ull * 4096)) << r.out;
+    EXPECT_EQ(r.kv["old_managed_free"], "1");      // CUDA_ERROR_INVALID_VALUE
+    EXPECT_EQ(r.kv["old_managed_range"], "500");   // CUDA_ERROR_NOT_FOUND
+    EXPECT_EQ(r.kv["old_mapped_free"], "1");
+    EXPECT_EQ(r.kv["old_mapped_flags"], "1");
+    EXPECT_EQ(r.kv["old_mapped_device_pointer"], "1");
+    EXPECT_EQ(r.kv["registered_flags"], "0:2");     // CU_MEMHOSTREGISTER_DEVICEMAP
+    EXPECT_EQ(r.kv["new_managed_read_by_device_sum"], std::to_string(4095ull * 4096));
+    EXPECT_EQ(r.kv["new_managed_sum"], std::to_string(6ull * 4096));
+    EXPECT_EQ(r.kv["new_mapped_sum"], std::to_string(7ull * 4096));
+    EXPECT_EQ(r.kv["registered_host_writes_seen_sum"], count);
+    EXPECT_EQ(r.kv["registered_again_sum"], std::to_string(10ull * 4096));
+    ExpectSameKeys(direct, r);
+    // TCP: managed, mapped and registered memory were mirrors; shared memory: the registration.
+    const bool tcp = addr == tcp_;
+    EXPECT_TRUE(worker_.WaitFor(tcp ? "3 mirrors dropped; 0 host regions freed"
+                                    : "1 mirrors dropped; 2 host regions freed", 5000)) << worker_.out;
+    EXPECT_EQ(worker_.out.find("mirror data refused"), std::string::npos) << worker_.out;
+    EXPECT_EQ(worker_.out.find("mirror unmap of"), std::string::npos) << worker_.out;
+    worker_.out.clear();
+  }
+}
+
 // A reset while the session also has a created context is refused remotely with
 // CUDA_ERROR_NOT_SUPPORTED and a log line (the driver would reset), and nothing of the session is
 // lost: its allocation keeps working.
@@ -1894,6 +1937,77 @@ TEST_F(RemoteTest, BadGraphCopyDataIsRefusedAndChangesNothing) {
   EXPECT_EQ(c.Call(remote::kOpGraphHostCopies, q, &out), 0);
   EXPECT_EQ(out, std::vector<uint8_t>(4, 0)) << "an unknown executable graph copies nothing";
   EXPECT_EQ(sync(), 0) << "the session goes on";
+}
+
+// A reset drops the session's mirrors: what the device wrote into one (an async memset still in
+// flight) reaches the client before the reset's reply; a reset naming host regions that are not
+// the session's, or named twice, or with bytes left over, fails and changes nothing; after the
+// reset, mirror data and an unmap naming the dropped mirror (a client that missed the reset) fail
+// that call only, and the same address can be mirrored again.
+TEST_F(RemoteTest, MirrorMessagesAfterAResetFailThatCallOnly) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[256];
+  std::vector<uint8_t> out;
+  const uint64_t base = 0x5e0000000000ull;  // free in the worker's session process
+  auto map = [&] {
+    Writer w(buf, sizeof(buf));
+    w.U64(base);
+    w.U64(8192);
+    w.U32(remote::kMirrorMapped);
+    return c.Call(remote::kOpMirrorMap, w, &out);
+  };
+  auto reset = [&](const std::vector<uint64_t>& regions, bool extra_byte) {
+    Writer w(buf, sizeof(buf));
+    w.I32(0);
+    w.U32(static_cast<uint32_t>(regions.size()));
+    for (uint64_t id : regions) w.U64(id);
+    if (extra_byte) w.U8(0);
+    return c.Call(remote::Op(Fn::cuDevicePrimaryCtxReset_v2), w);
+  };
+  auto data = [&](uint64_t addr) { c.SendRuns(remote::kOpMirrorData, {{addr, 4}}, {1, 2, 3, 4}); };
+  auto sync = [&] { return c.Call(remote::Op(Fn::cuCtxSynchronize), Writer(nullptr, 0)); };
+  ASSERT_EQ(map(), 0);
+  EXPECT_EQ(reset({77}, false), 1);  // CUDA_ERROR_INVALID_VALUE: not a region of this session
+  EXPECT_EQ(reset({}, true), 1);
+  ASSERT_TRUE(worker_.WaitFor("refused: the host regions to free are not regions", 2000)) << worker_.out;
+  data(base + 8);
+  EXPECT_EQ(sync(), 0) << "the mirror is still there";
+  // An async memset through the device pointer, then the reset: its bytes come back first.
+  Writer ms(buf, sizeof(buf));
+  ms.U64(base + 32);
+  ms.U32(0xab);
+  ms.U64(4);
+  ms.U64(0);
+  ASSERT_NE(c.Send(remote::Op(Fn::cuMemsetD8Async), 0, ms), 0u);
+  c.events.clear();
+  EXPECT_EQ(reset({}, false), 0);
+  ASSERT_EQ(c.events.size(), 1u);
+  std::vector<tf::remote::MirrorRun> runs;
+  ASSERT_TRUE(tf::remote::DecodeMirrorRuns(c.events[0].payload.data(),
+                                           static_cast<uint32_t>(c.events[0].payload.size()),
+                                           c.events[0].bulk.size(), &runs));
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].addr, base + 32);
+  EXPECT_EQ(c.events[0].bulk, (std::vector<uint8_t>{0xab, 0xab, 0xab, 0xab}));
+  ASSERT_TRUE(worker_.WaitFor("1 mirrors dropped", 2000)) << worker_.out;
+  // What a client that missed the reset sends fails that call only.
+  data(base + 8);
+  EXPECT_EQ(sync(), 1);
+  ASSERT_TRUE(worker_.WaitFor("is not inside a mirror of this session", 2000)) << worker_.out;
+  EXPECT_EQ(sync(), 0);
+  Writer u(buf, sizeof(buf));
+  u.U64(base);
+  EXPECT_EQ(c.Call(remote::kOpMirrorUnmap, u), 1);
+  EXPECT_EQ(sync(), 0);
+  ASSERT_EQ(map(), 0) << "the address is free again in the session";
+  data(base + 8);
+  EXPECT_EQ(sync(), 0);
 }
 
 TEST_F(RemoteTest, BadMirrorMessagesAreRefusedAndChangeNothing) {

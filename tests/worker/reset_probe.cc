@@ -161,11 +161,130 @@ int WithOtherContext() {
   return 0;
 }
 
+// Managed, mapped (cuMemHostAlloc with DEVICEMAP) and registered memory alive at a reset. Remotely
+// over TCP all three are mirrors; over shared memory the first two are host regions and the
+// registration, not page-aligned, is a mirror. They are written by the host and by kernels, a
+// sleep, a fill and a copy into the registered memory are still in flight when the device is
+// reset; afterwards the managed and mapped memory are gone (every call naming them fails as after
+// a free), the registered memory holds what the copy wrote and is still registered, and new
+// managed and mapped memory work.
+int Mirrors() {
+  CUcontext ctx = Setup();
+  CUmodule mod;
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CUfunction fill, sleep_us;
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  CHECK(cuModuleGetFunction(&sleep_us, mod, "sleep_us"));
+  CUstream st;
+  CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr d;
+  CHECK(cuMemAlloc_v2(&d, kBytes));
+  CUdeviceptr managed;
+  CHECK(cuMemAllocManaged(&managed, kBytes, CU_MEM_ATTACH_GLOBAL));
+  void* mapped = nullptr;
+  CHECK(cuMemHostAlloc(&mapped, kBytes, CU_MEMHOSTALLOC_DEVICEMAP));
+  CUdeviceptr mapped_dev;
+  CHECK(cuMemHostGetDevicePointer_v2(&mapped_dev, mapped, 0));
+  std::vector<unsigned> storage(kCount + 1);
+  unsigned* registered = storage.data() + 1;  // not page-aligned: mirrored over shared memory too
+  CHECK(cuMemHostRegister_v2(registered, kBytes, CU_MEMHOSTREGISTER_DEVICEMAP));
+  CUdeviceptr registered_dev;
+  CHECK(cuMemHostGetDevicePointer_v2(&registered_dev, registered, 0));
+
+  // Used: the host writes managed memory and the device reads it; kernels write the others.
+  auto* m = reinterpret_cast<unsigned*>(managed);
+  for (size_t i = 0; i < kCount; ++i) m[i] = static_cast<unsigned>(i);
+  CHECK(cuMemcpyDtoD_v2(d, managed, kBytes));
+  Fill(fill, mapped_dev, 3, kCount, st);
+  Fill(fill, registered_dev, 4, kCount, st);
+  CHECK(cuStreamSynchronize(st));
+  std::vector<unsigned> h(kCount);
+  CHECK(cuMemcpyDtoH_v2(h.data(), d, kBytes));
+  std::printf("managed_read_by_device_sum=%llu\n", Sum(h.data()));
+  std::printf("mapped_sum=%llu\n", Sum(static_cast<unsigned*>(mapped)));
+  std::printf("registered_sum=%llu\n", Sum(registered));
+
+  // In flight at the reset: a sleep, then a fill of device memory copied into the registered
+  // memory, and a fill of managed memory; the reset waits for them.
+  unsigned us = 20000;
+  void* sleep_params[] = {&us};
+  CHECK(cuLaunchKernel(sleep_us, 1, 1, 1, 1, 1, 1, 0, st, sleep_params, nullptr));
+  Fill(fill, d, 8, kCount, st);
+  CHECK(cuMemcpyDtoHAsync_v2(registered, d, kBytes, st));
+  Fill(fill, managed, 9, kCount, st);
+  std::printf("reset=%d\n", static_cast<int>(cuDevicePrimaryCtxReset_v2(0)));
+  std::printf("registered_after_reset_sum=%llu\n", Sum(registered));
+
+  // The managed and mapped memory are freed: every call naming them fails (codes compared).
+  size_t size = 0;
+  CUdeviceptr base = 0;
+  unsigned flags = 0;
+  int is_managed = 0;
+  CUdeviceptr dptr = 0;
+  std::printf("old_managed_free=%d\n", static_cast<int>(cuMemFree_v2(managed)));
+  std::printf("old_managed_range=%d\n", static_cast<int>(cuMemGetAddressRange_v2(&base, &size, managed)));
+  std::printf("old_managed_attribute=%d\n",
+              static_cast<int>(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, managed)));
+  std::printf("old_mapped_free=%d\n", static_cast<int>(cuMemFreeHost(mapped)));
+  std::printf("old_mapped_flags=%d\n", static_cast<int>(cuMemHostGetFlags(&flags, mapped)));
+  std::printf("old_mapped_device_pointer=%d\n", static_cast<int>(cuMemHostGetDevicePointer_v2(&dptr, mapped, 0)));
+  // The registration stays; the program's writes to it go nowhere until a kernel may be given it.
+  flags = 99;
+  const CUresult registered_flags = cuMemHostGetFlags(&flags, registered);
+  std::printf("registered_flags=%d:%u\n", static_cast<int>(registered_flags), flags);
+  for (size_t i = 0; i < kCount; ++i) registered[i] = 1;
+  CHECK(cuCtxSynchronize());
+
+  // New objects, managed and mapped memory in the same (still retained) context.
+  CUcontext ctx2;
+  CHECK(cuDevicePrimaryCtxRetain(&ctx2, 0));
+  CHECK(cuCtxSetCurrent(ctx2));
+  std::printf("same_context=%d\n", ctx2 == ctx);
+  CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+  CHECK(cuModuleGetFunction(&fill, mod, "fill_u32"));
+  CHECK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+  CHECK(cuMemAlloc_v2(&d, kBytes));
+  CUdeviceptr managed2;
+  CHECK(cuMemAllocManaged(&managed2, kBytes, CU_MEM_ATTACH_GLOBAL));
+  auto* m2 = reinterpret_cast<unsigned*>(managed2);
+  for (size_t i = 0; i < kCount; ++i) m2[i] = static_cast<unsigned>(2 * i);
+  CHECK(cuMemcpyDtoD_v2(d, managed2, kBytes));
+  CHECK(cuMemcpyDtoH_v2(h.data(), d, kBytes));
+  std::printf("new_managed_read_by_device_sum=%llu\n", Sum(h.data()));
+  Fill(fill, managed2, 6, kCount, st);
+  CHECK(cuStreamSynchronize(st));
+  std::printf("new_managed_sum=%llu\n", Sum(m2));
+  void* mapped2 = nullptr;
+  CHECK(cuMemHostAlloc(&mapped2, kBytes, CU_MEMHOSTALLOC_DEVICEMAP));
+  CHECK(cuMemHostGetDevicePointer_v2(&dptr, mapped2, 0));
+  Fill(fill, dptr, 7, kCount, st);
+  CHECK(cuStreamSynchronize(st));
+  std::printf("new_mapped_sum=%llu\n", Sum(static_cast<unsigned*>(mapped2)));
+  // The registration used by kernels again, with what the host wrote since the reset.
+  CHECK(cuMemHostGetDevicePointer_v2(&registered_dev, registered, 0));
+  CHECK(cuMemcpyDtoH_v2(h.data(), registered_dev, kBytes));
+  std::printf("registered_host_writes_seen_sum=%llu\n", Sum(h.data()));
+  Fill(fill, registered_dev, 10, kCount, st);
+  CHECK(cuStreamSynchronize(st));
+  std::printf("registered_again_sum=%llu\n", Sum(registered));
+  CHECK(cuMemHostUnregister(registered));
+  CHECK(cuMemFree_v2(managed2));
+  CHECK(cuMemFreeHost(mapped2));
+  CHECK(cuMemFree_v2(d));
+  CHECK(cuStreamDestroy_v2(st));
+  CHECK(cuModuleUnload(mod));
+  CHECK(cuDevicePrimaryCtxRelease_v2(0));
+  CHECK(cuDevicePrimaryCtxRelease_v2(0));
+  std::printf("done=1\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "reset") == 0) return Reset();
   if (argc >= 2 && std::strcmp(argv[1], "other_context") == 0) return WithOtherContext();
-  std::fprintf(stderr, "usage: reset_probe reset|other_context\n");
+  if (argc >= 2 && std::strcmp(argv[1], "mirrors") == 0) return Mirrors();
+  std::fprintf(stderr, "usage: reset_probe reset|other_context|mirrors\n");
   return 2;
 }
