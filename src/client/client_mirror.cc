@@ -148,7 +148,7 @@ void PushMirrors(Session* s) {
 bool ApplyMirrorData(Session* s, const transport::InFrame& in) {
   static std::vector<remote::MirrorRun>* runs = new std::vector<remote::MirrorRun>();
   std::lock_guard<std::mutex> g(g_mirror_mu);
-  if (!remote::DecodeMirrorRuns(in.payload, in.payload_length, in.bulk_length, runs)) return false;
+  if (!remote::DecodeMirrorData(in.payload, in.payload_length, in.bulk, in.bulk_length, runs)) return false;
   return remote::ApplyMirrorRuns(*runs, in.bulk, [&](uint64_t addr, uint64_t len) -> uint8_t* {
     uint64_t base = 0;
     const Mirror* m = FindLocked(s, addr, len, &base);

@@ -11,7 +11,10 @@
 // A "run" is a maximal span of bytes that differ from the twin. Runs are exact: a byte equal to
 // its twin is never inside one, because the other side may have changed that byte meanwhile (a
 // kernel writing other bytes of the same page, the application writing other fields of a struct)
-// and sending our stale copy of it would undo that write.
+// and sending our stale copy of it would undo that write. Where runs lie close together (a kernel
+// that adds to every int of an array changes its low bytes only: a run of one byte every four),
+// one "masked run" carries them instead: a span, a bitmap of the bytes that differ and those bytes
+// only, so the same guarantee holds at a fraction of the per-run cost.
 #pragma once
 
 #include <fcntl.h>
@@ -158,6 +161,7 @@ class MirrorRunPacker {
   // The run of `len` bytes at address `addr`, whose current bytes are src; twin receives them.
   // False when a send failed (later adds are dropped).
   bool Add(uint64_t addr, const uint8_t* src, uint8_t* twin, uint64_t len) {
+    if (len == 0) return ok_;
     while (len > 0 && ok_) {
       if (runs_.size() == kMaxMirrorRuns || bulk_.size() == limit_) Flush();
       const uint64_t take = std::min<uint64_t>(len, limit_ - bulk_.size());
@@ -173,13 +177,70 @@ class MirrorRunPacker {
     }
     return ok_;
   }
+  // The bytes of [addr, addr + len) that differ from the twin, as one masked run (bitmap and
+  // those bytes) from a snapshot of src; twin receives the snapshot. Falls back to exact runs when
+  // the span does not fit a message of this packer.
+  bool AddMasked(uint64_t addr, const uint8_t* src, uint8_t* twin, uint64_t len) {
+    if (len == 0 || len > kMaxMaskedSpan || !ok_) return ok_;
+    snap_.assign(src, src + len);
+    const uint64_t mask_bytes = (len + 7) / 8;
+    mask_.assign(mask_bytes, 0);
+    uint64_t changed = 0;
+    for (uint64_t i = 0; i < len; ++i) {
+      if (snap_[i] != twin[i]) {
+        mask_[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+        ++changed;
+      }
+    }
+    if (changed == 0) return ok_;
+    const uint64_t need = mask_bytes + changed;
+    if (need > limit_) {
+      ForEachChangedRun(snap_.data(), twin, len, [&](uint64_t off, uint64_t n) {
+        Add(addr + off, snap_.data() + off, twin + off, n);
+      });
+      return ok_;
+    }
+    if (runs_.size() == kMaxMirrorRuns || bulk_.size() + need > limit_) Flush();
+    if (!ok_) return ok_;
+    bulk_.insert(bulk_.end(), mask_.begin(), mask_.end());
+    for (uint64_t i = 0; i < len; ++i) {
+      if (mask_[i / 8] & (1u << (i % 8))) bulk_.push_back(snap_[i]);
+    }
+    memcpy(twin, snap_.data(), len);
+    runs_.push_back({addr, len | kMaskedRun});
+    return ok_;
+  }
   // Adds every run where the mirror at `addr` (size bytes, in this process at that address)
-  // differs from its twin.
+  // differs from its twin: runs separated by fewer than kMaskGap equal bytes go as one masked run
+  // where that is smaller than sending them one by one.
   void AddChanges(uint64_t addr, uint64_t size, uint8_t* twin) {
     const auto* cur = reinterpret_cast<const uint8_t*>(addr);
+    uint64_t start = 0, end = 0, runs = 0;  // the pending group: [start, end), runs runs
+    auto flush_group = [&]() {
+      if (runs == 0) return;
+      const uint64_t len = end - start;
+      if (runs > 1 && (runs - 1) * 16 > (len + 7) / 8) {
+        AddMasked(addr + start, cur + start, twin + start, len);
+      } else {
+        // Exact runs, found again (the memory may have changed since).
+        ForEachChangedRun(cur + start, twin + start, len, [&](uint64_t off, uint64_t n) {
+          Add(addr + start + off, cur + start + off, twin + start + off, n);
+        });
+      }
+      runs = 0;
+    };
     ForEachChangedRun(cur, twin, size, [&](uint64_t off, uint64_t n) {
-      Add(addr + off, cur + off, twin + off, n);
+      if (runs > 0 && off - end < kMaskGap && off + n - start <= kMaxMaskedSpan) {
+        end = off + n;
+        ++runs;
+        return;
+      }
+      flush_group();
+      start = off;
+      end = off + n;
+      runs = 1;
     });
+    flush_group();
   }
   // Sends what is collected. False when a send failed.
   bool Flush() {
@@ -208,12 +269,16 @@ class MirrorRunPacker {
   std::vector<Run> runs_;
   std::vector<uint8_t> bulk_;
   std::vector<uint8_t> payload_;
+  std::vector<uint8_t> snap_, mask_;
 };
 
 // Decodes a message's runs: false unless 1 <= n <= kMaxMirrorRuns, every length is non-zero, the
-// payload has nothing else and the lengths add up to bulk_len. Each (address, length) goes to out.
+// payload has nothing else and the runs' bytes add up to bulk_len. Each run goes to out with where
+// its bytes start in the bulk. Exact runs only: a masked run (mirror data) is refused here.
 struct MirrorRun {
   uint64_t addr = 0, len = 0;
+  bool masked = false;    // len bytes of span; the bulk holds its bitmap, then the bytes set in it
+  uint64_t bulk_off = 0;  // where its bytes (or bitmap) start in the bulk
 };
 inline bool DecodeMirrorRuns(const uint8_t* payload, uint32_t payload_len, uint64_t bulk_len,
                              std::vector<MirrorRun>* out) {
@@ -227,25 +292,76 @@ inline bool DecodeMirrorRuns(const uint8_t* payload, uint32_t payload_len, uint6
         r.addr + r.len < r.addr) {
       return false;
     }
+    r.masked = false;
+    r.bulk_off = total;
     total += r.len;
   }
   return rd.Finish() && total == bulk_len;
 }
 
-// Writes decoded runs (their bytes in order in bulk) to their addresses and to the twins, all or
-// none: twin_of(addr, len) gives where the run's bytes go in its mirror's twin, or nullptr when
-// the run is not wholly inside one mirror of this connection (then nothing is written).
+// As DecodeMirrorRuns, also taking masked runs (kOpMirrorData, kEvtMirrorData): a length with
+// kMaskedRun set names a span of at most kMaxMaskedSpan bytes whose bulk is a bitmap of
+// ceil(span / 8) bytes (no bit set past the span, at least one set) followed by one byte per set
+// bit.
+inline bool DecodeMirrorData(const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
+                             uint64_t bulk_len, std::vector<MirrorRun>* out) {
+  transport::Reader rd(payload, payload_len);
+  uint32_t n = 0;
+  if (!rd.U32(&n) || n == 0 || n > kMaxMirrorRuns || (bulk == nullptr && bulk_len != 0)) return false;
+  out->resize(n);
+  uint64_t total = 0;
+  for (MirrorRun& r : *out) {
+    uint64_t len = 0;
+    if (!rd.U64(&r.addr) || !rd.U64(&len)) return false;
+    r.masked = (len & kMaskedRun) != 0;
+    r.len = len & ~kMaskedRun;
+    r.bulk_off = total;
+    if (r.len == 0 || r.addr + r.len < r.addr) return false;
+    if (!r.masked) {
+      if (r.len > kMaxMirrorBytes || r.len > bulk_len - total) return false;
+      total += r.len;
+      continue;
+    }
+    const uint64_t mask_bytes = (r.len + 7) / 8;
+    if (r.len > kMaxMaskedSpan || mask_bytes > bulk_len - total) return false;
+    const uint8_t* mask = bulk + total;
+    uint64_t set = 0;
+    for (uint64_t i = 0; i < mask_bytes; ++i) set += static_cast<uint64_t>(__builtin_popcount(mask[i]));
+    const unsigned tail = static_cast<unsigned>(r.len % 8);
+    if (set == 0 || (tail != 0 && (mask[mask_bytes - 1] >> tail) != 0)) return false;
+    if (set > bulk_len - total - mask_bytes) return false;
+    total += mask_bytes + set;
+  }
+  return rd.Finish() && total == bulk_len;
+}
+
+// Writes decoded runs to their addresses and to the twins, all or none: twin_of(addr, len) gives
+// where the run's bytes go in its mirror's twin, or nullptr when the run is not wholly inside one
+// mirror of this connection (then nothing is written). A masked run writes the bytes its bitmap
+// names only.
 template <class TwinOf>
 bool ApplyMirrorRuns(const std::vector<MirrorRun>& runs, const uint8_t* bulk, TwinOf twin_of) {
   if (bulk == nullptr) return false;
   for (const MirrorRun& r : runs) {
     if (twin_of(r.addr, r.len) == nullptr) return false;
   }
-  uint64_t off = 0;
   for (const MirrorRun& r : runs) {
-    memcpy(reinterpret_cast<void*>(r.addr), bulk + off, r.len);
-    memcpy(twin_of(r.addr, r.len), bulk + off, r.len);
-    off += r.len;
+    auto* dst = reinterpret_cast<uint8_t*>(r.addr);
+    uint8_t* twin = twin_of(r.addr, r.len);
+    if (!r.masked) {
+      memcpy(dst, bulk + r.bulk_off, r.len);
+      memcpy(twin, bulk + r.bulk_off, r.len);
+      continue;
+    }
+    const uint8_t* mask = bulk + r.bulk_off;
+    const uint8_t* data = mask + (r.len + 7) / 8;
+    for (uint64_t i = 0; i < r.len; ++i) {
+      if (mask[i / 8] & (1u << (i % 8))) {
+        dst[i] = *data;
+        twin[i] = *data;
+        ++data;
+      }
+    }
   }
   return true;
 }

@@ -78,7 +78,8 @@ constexpr bool IsHostRegionOp(uint16_t op) {
 //   kOpMirrorUnmap  reply-expected; u64 address (as mapped): unregistered and unmapped after the
 //                   context finished its work.
 //   kOpMirrorData   fire-and-forget; "runs": u32 n (1 .. kMaxMirrorRuns), n x (u64 address,
-//                   u64 length); bulk: the n runs' bytes, in order (the sum of the lengths). Every
+//                   u64 length); bulk: the n runs' bytes, in order (the sum of the lengths; a
+//                   masked run, below, takes its bitmap and the bytes it names). Every
 //                   run lies wholly inside one mirror of the session, else the whole message is
 //                   refused (a deferred CUDA_ERROR_INVALID_VALUE) and nothing of it is applied.
 // 0x0019 is reserved for this family.
@@ -89,6 +90,12 @@ inline constexpr uint32_t kMirrorMapped = 0;   // page-locked memory a kernel ma
 inline constexpr uint32_t kMirrorManaged = 1;  // cuMemAllocManaged
 inline constexpr uint32_t kMaxMirrorRuns = 4096;
 inline constexpr uint64_t kMaxMirrorBytes = 1ull << 40;
+// A run's length with this bit set is a masked run (mirror data only, mirror_runs.h): a span of
+// at most kMaxMaskedSpan bytes; its bulk is a bitmap of ceil(span / 8) bytes, then the bytes whose
+// bits are set, in order. Runs closer than kMaskGap bytes go as one masked run.
+inline constexpr uint64_t kMaskedRun = 1ull << 63;
+inline constexpr uint64_t kMaxMaskedSpan = 64 * 1024;
+inline constexpr uint64_t kMaskGap = 16;
 constexpr bool IsMirrorOp(uint16_t op) { return op == kOpMirrorMap || op == kOpMirrorUnmap; }
 // Graph memcpy nodes with pageable memory of the client (docs/remote.md "Graph copies with
 // pageable memory"; worker session_graph_host.h, client client_graph_host.cc). Such a node copies

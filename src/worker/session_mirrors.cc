@@ -172,7 +172,7 @@ CUresult SessionMirrors::Unmap(uint64_t addr) {
 
 CUresult SessionMirrors::Apply(const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
                                uint64_t bulk_len) {
-  if (!remote::DecodeMirrorRuns(payload, payload_len, bulk_len, &runs_) || bulk == nullptr) {
+  if (!remote::DecodeMirrorData(payload, payload_len, bulk, bulk_len, &runs_) || bulk == nullptr) {
     SessionLog("mirror data refused: malformed message");
     return CUDA_ERROR_INVALID_VALUE;
   }

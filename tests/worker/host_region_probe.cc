@@ -371,6 +371,21 @@ int Mapped() {
   CHECK(cuCtxSynchronize());
   std::printf("registered_pushed=%d\nregistered_kernel=%x,%x,%d\n", pushed, reg[100], reg[102],
               reg[103] == Pattern(103, 4));
+  // Scattered changes both ways (simpleStreams): the host adds to every int (a byte in four
+  // changes), the device sees it; a copy writes the ints back with another small addition, the
+  // host sees exactly that (masked runs over TCP).
+  for (size_t i = 0; i < reg_bytes / 4; ++i) reg[i] += 3;
+  CHECK(cuMemcpyDtoD(d, dreg, reg_bytes));
+  CHECK(cuMemcpyDtoH(seen.data(), d, reg_bytes));
+  bool up = true;
+  for (size_t i = 0; i < seen.size(); ++i) up = up && seen[i] == reg[i];
+  for (size_t i = 0; i < seen.size(); ++i) seen[i] += 5;
+  CHECK(cuMemcpyHtoD(d, seen.data(), reg_bytes));
+  CHECK(cuMemcpyDtoD(dreg, d, reg_bytes));
+  CHECK(cuCtxSynchronize());
+  bool down = true;
+  for (size_t i = 0; i < seen.size(); ++i) down = down && reg[i] == seen[i];
+  std::printf("scattered_changes=%d,%d\n", up, down);
   std::printf("unregister=%d\n", static_cast<int>(cuMemHostUnregister(reg)));
   free(reg);
 

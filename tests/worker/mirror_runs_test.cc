@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -92,6 +93,89 @@ TEST(MirrorRuns, MalformedMessagesAreRefused) {
   EXPECT_FALSE(DecodeMirrorRuns(buf, encode(2, {{0x1000, 4}}), 4, &runs));  // truncated
   EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{0x1000, 0}}), 0, &runs));  // empty run
   EXPECT_FALSE(DecodeMirrorRuns(buf, encode(1, {{~0ull - 1, 4}}), 4, &runs));  // wraps
+}
+
+struct SentData {
+  int messages = 0;
+  uint64_t bytes = 0;  // payload and bulk
+  std::vector<std::vector<uint8_t>> payloads, bulks;
+};
+
+bool CollectData(void* ctx, const uint8_t* payload, uint32_t payload_len, const uint8_t* bulk,
+                 uint64_t bulk_len) {
+  auto* s = static_cast<SentData*>(ctx);
+  ++s->messages;
+  s->bytes += payload_len + bulk_len;
+  s->payloads.emplace_back(payload, payload + payload_len);
+  s->bulks.emplace_back(bulk, bulk + bulk_len);
+  return true;
+}
+
+// A kernel that adds to every int of an array changes a byte in four: those go as masked runs (a
+// bitmap and the bytes), a fraction of one run per byte; the receiver gets exactly the changed
+// bytes, and a byte it changed itself meanwhile (not changed here) keeps its value.
+TEST(MirrorRuns, ScatteredChangesGoAsMaskedRunsThatWriteOnlyTheChangedBytes) {
+  const size_t ints = 64 * 1024;  // 256 KiB
+  std::vector<uint32_t> before(ints), after(ints);
+  for (size_t i = 0; i < ints; ++i) {
+    before[i] = static_cast<uint32_t>(i * 7);
+    after[i] = before[i] + 25 + (i % 5 == 0 ? 256 : 0);  // low bytes; every fifth also the second
+  }
+  std::vector<uint8_t> twin(ints * 4);
+  memcpy(twin.data(), before.data(), twin.size());
+  SentData sent;
+  MirrorRunPacker packer(8u << 20, &CollectData, &sent);
+  const uint64_t addr = reinterpret_cast<uint64_t>(after.data());
+  packer.AddChanges(addr, ints * 4, twin.data());
+  ASSERT_TRUE(packer.Flush());
+  EXPECT_EQ(memcmp(twin.data(), after.data(), twin.size()), 0) << "the twin holds what was sent";
+  // One run per changed byte would be 16 bytes of header each (over 4 MiB here).
+  EXPECT_LT(sent.bytes, ints * 4 / 2) << sent.messages << " messages";
+  // The receiver: its memory as before, but it changed a byte this side did not (byte 2 of int 3).
+  std::vector<uint32_t> theirs(before);
+  reinterpret_cast<uint8_t*>(theirs.data())[3 * 4 + 2] = 0xee;
+  std::vector<uint8_t> their_twin(ints * 4);
+  memcpy(their_twin.data(), before.data(), their_twin.size());
+  const uint64_t shift = reinterpret_cast<uint64_t>(theirs.data()) - addr;
+  for (size_t m = 0; m < sent.payloads.size(); ++m) {
+    std::vector<MirrorRun> runs;
+    ASSERT_TRUE(tf::remote::DecodeMirrorData(sent.payloads[m].data(), static_cast<uint32_t>(sent.payloads[m].size()),
+                                             sent.bulks[m].data(), sent.bulks[m].size(), &runs));
+    EXPECT_FALSE(DecodeMirrorRuns(sent.payloads[m].data(), static_cast<uint32_t>(sent.payloads[m].size()),
+                                  sent.bulks[m].size(), &runs))
+        << "exact-only decoding (graph copy data) refuses masked runs";
+    ASSERT_TRUE(tf::remote::DecodeMirrorData(sent.payloads[m].data(), static_cast<uint32_t>(sent.payloads[m].size()),
+                                             sent.bulks[m].data(), sent.bulks[m].size(), &runs));
+    for (MirrorRun& r : runs) r.addr += shift;  // the receiver's copy lives elsewhere in this test
+    ASSERT_TRUE(tf::remote::ApplyMirrorRuns(runs, sent.bulks[m].data(), [&](uint64_t a, uint64_t) {
+      return their_twin.data() + (a - reinterpret_cast<uint64_t>(theirs.data()));
+    }));
+  }
+  std::vector<uint32_t> want(after);
+  reinterpret_cast<uint8_t*>(want.data())[3 * 4 + 2] = 0xee;
+  EXPECT_EQ(theirs, want);
+}
+
+TEST(MirrorRuns, MalformedMaskedRunsAreRefused) {
+  uint8_t payload[64], bulk[64] = {};
+  auto encode = [&](uint64_t len) {
+    tf::transport::Writer w(payload, sizeof(payload));
+    w.U32(1);
+    w.U64(0x1000);
+    w.U64(len | tf::remote::kMaskedRun);
+    return static_cast<uint32_t>(w.size());
+  };
+  std::vector<MirrorRun> runs;
+  bulk[0] = 0x05;  // span of 8: bytes 0 and 2 -> bulk = 1 mask byte + 2 data bytes
+  EXPECT_TRUE(tf::remote::DecodeMirrorData(payload, encode(8), bulk, 3, &runs));
+  EXPECT_FALSE(tf::remote::DecodeMirrorData(payload, encode(8), bulk, 4, &runs));   // bulk too long
+  EXPECT_FALSE(tf::remote::DecodeMirrorData(payload, encode(8), bulk, 2, &runs));   // truncated
+  bulk[0] = 0x81;  // bit 7 set for a span of 4
+  EXPECT_FALSE(tf::remote::DecodeMirrorData(payload, encode(4), bulk, 3, &runs));   // bit past span
+  bulk[0] = 0;
+  EXPECT_FALSE(tf::remote::DecodeMirrorData(payload, encode(8), bulk, 1, &runs));   // no byte named
+  EXPECT_FALSE(tf::remote::DecodeMirrorData(payload, encode(tf::remote::kMaxMaskedSpan + 8), bulk, 64, &runs));
+  EXPECT_FALSE(tf::remote::DecodeMirrorData(payload, encode(0), bulk, 0, &runs));   // empty span
 }
 
 }  // namespace

@@ -1445,6 +1445,7 @@ TEST_F(RemoteTest, MappedMemoryIsMirroredOverTcpAndSharedOverSharedMemory) {
     EXPECT_EQ(r.kv["after_host_func"], "77") << addr;
     EXPECT_EQ(r.kv["registered_pushed"], "1") << addr;
     EXPECT_EQ(r.kv["registered_kernel"], "cafe,cafe,1") << addr;
+    EXPECT_EQ(r.kv["scattered_changes"], "1,1") << addr << ": a byte in four changed, both ways";
     EXPECT_EQ(r.kv["plain_dptr_rc"], "0") << addr;
     EXPECT_EQ(r.kv["plain_kernel"], "5,5,31") << addr;
     EXPECT_EQ(r.kv["done"], "1");
