@@ -10,6 +10,7 @@ AllocationTable& AllocationTable::Instance() {
 void AllocationTable::Insert(AllocKind kind, uint64_t key, uint64_t charge) {
   pthread_mutex_lock(&mu_);
   entries_.emplace(Key(kind, key), Entry{kind, key, charge});
+  bytes_[static_cast<int>(kind)] += charge;
   pthread_mutex_unlock(&mu_);
 }
 
@@ -20,6 +21,7 @@ uint64_t AllocationTable::Erase(AllocKind kind, uint64_t key) {
   for (auto it = range.first; it != range.second; ++it) {
     if (it->second.kind == kind && it->second.key == key) {
       charge = it->second.charge;
+      bytes_[static_cast<int>(kind)] -= charge;
       entries_.erase(it);
       break;
     }
@@ -48,11 +50,19 @@ uint64_t AllocationTable::EraseGraph(uint64_t graph) {
   return total;
 }
 
+uint64_t AllocationTable::Bytes(AllocKind kind) {
+  pthread_mutex_lock(&mu_);
+  const uint64_t bytes = bytes_[static_cast<int>(kind)];
+  pthread_mutex_unlock(&mu_);
+  return bytes;
+}
+
 void AllocationTable::ResetAfterFork() {
   // The mutex may have been held by a parent thread at fork time: re-create it.
   pthread_mutex_init(&mu_, nullptr);
   entries_.clear();
   graph_nodes_.clear();
+  for (uint64_t& b : bytes_) b = 0;
 }
 
 }  // namespace tf::limiter

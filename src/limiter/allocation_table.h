@@ -14,7 +14,10 @@
 
 namespace tf::limiter {
 
-enum class AllocKind : uint8_t { kDevicePtr, kVmmHandle, kArray, kMipmappedArray, kGraphNode };
+// kGraphPtr: a stream-ordered allocation made while its stream captured a graph (a graph memory
+// node the driver owns), keyed by its pointer like kDevicePtr.
+enum class AllocKind : uint8_t { kDevicePtr, kVmmHandle, kArray, kMipmappedArray, kGraphNode, kGraphPtr };
+inline constexpr int kAllocKinds = 6;
 
 class AllocationTable {
  public:
@@ -28,6 +31,8 @@ class AllocationTable {
   void AttachToGraph(uint64_t graph, uint64_t node);
   // Removes every node of the graph and returns the sum of their charges.
   uint64_t EraseGraph(uint64_t graph);
+  // Bytes charged now for objects of `kind` (what VRAM tiering reports per kind).
+  uint64_t Bytes(AllocKind kind);
   // A forked child starts with nothing: the parent's allocations are the parent's.
   void ResetAfterFork();
 
@@ -43,6 +48,7 @@ class AllocationTable {
   pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
   std::unordered_multimap<uint64_t, Entry> entries_;
   std::unordered_map<uint64_t, std::vector<uint64_t>> graph_nodes_;
+  uint64_t bytes_[kAllocKinds] = {};
 };
 
 }  // namespace tf::limiter

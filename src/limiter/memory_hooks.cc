@@ -62,6 +62,16 @@ void Uncharge(AllocKind kind, uint64_t key) {
   Release(b, AllocationTable::Instance().Erase(kind, key));
 }
 
+// A freed device pointer: a plain or stream-ordered allocation, or one made during a capture.
+void UnchargePointer(CUdeviceptr dptr) {
+  Binding* b = Bound();
+  if (b == nullptr) return;
+  AllocationTable& t = AllocationTable::Instance();
+  uint64_t charge = t.Erase(AllocKind::kDevicePtr, dptr);
+  if (charge == 0) charge = t.Erase(AllocKind::kGraphPtr, dptr);
+  Release(b, charge);
+}
+
 uint64_t FormatBytes(CUarray_format f) {
   switch (f) {
     case CU_AD_FORMAT_UNSIGNED_INT8:
@@ -168,7 +178,7 @@ CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
   CUresult r = CUDA_SUCCESS;
   if (g_tiering && StreamOrderedPools::Instance().FreeNow(dptr, &r)) return r;  // charged by the pool
   if (!g_tiering || !Tiering::Instance().Free(dptr, &r)) r = fn(dptr);
-  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
+  if (r == CUDA_SUCCESS) UnchargePointer(dptr);
   return r;
 }
 
@@ -176,14 +186,19 @@ CUresult Hook_cuMemFree_v2(CUdeviceptr dptr) {
 // With tiering, pools without export handle types are served from movable ranges by
 // StreamOrderedPools, which charges the quota itself; everything else goes to the driver's pools.
 
+// With tiering, one made during a capture is charged as a graph allocation (kGraphPtr): the tier
+// report counts graph memory by what the driver holds, not by these charges.
 #define TF_ASYNC_ALLOC(name, pool, per_thread, ...)                                  \
   TF_REAL_OR_MISSING(name)                                                          \
+  bool captured = false;                                                            \
   if (g_tiering) {                                                                  \
     CUresult served = CUDA_SUCCESS;                                                 \
-    if (StreamOrderedPools::Instance().Allocate(dptr, bytesize, pool, hStream, per_thread, &served)) \
+    if (StreamOrderedPools::Instance().Allocate(dptr, bytesize, pool, hStream, per_thread, &served, \
+                                                &captured))                         \
       return served;                                                                \
   }                                                                                 \
-  return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) { \
+  const AllocKind kind = captured ? AllocKind::kGraphPtr : AllocKind::kDevicePtr;   \
+  return Charged(RoundToGranule(bytesize), kind, [&](uint64_t* key) {               \
     CUresult r = fn(__VA_ARGS__);                                                   \
     if (r == CUDA_SUCCESS) *key = *dptr;                                            \
     return r;                                                                       \
@@ -213,7 +228,7 @@ CUresult FreeAsync(Fn fn, CUdeviceptr dptr, CUstream hStream, bool per_thread) {
   CUresult r = CUDA_SUCCESS;
   if (g_tiering && StreamOrderedPools::Instance().FreeAsync(dptr, hStream, per_thread, &r)) return r;
   r = fn(dptr, hStream);
-  if (r == CUDA_SUCCESS) Uncharge(AllocKind::kDevicePtr, dptr);
+  if (r == CUDA_SUCCESS) UnchargePointer(dptr);
   return r;
 }
 }  // namespace

@@ -213,7 +213,7 @@ StreamOrderedPools& StreamOrderedPools::Instance() {
 }
 
 bool StreamOrderedPools::Allocate(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
-                                  bool per_thread, CUresult* result) {
+                                  bool per_thread, CUresult* result, bool* captured) {
   const auto& d = g_real;
   if (dptr == nullptr || bytes == 0 || bytes > (UINT64_MAX >> 2)) return false;  // the driver's answer
   auto is_capturing = per_thread ? d.cuStreamIsCapturing_ptsz : d.cuStreamIsCapturing;
@@ -227,7 +227,10 @@ bool StreamOrderedPools::Allocate(CUdeviceptr* dptr, size_t bytes, CUmemoryPool 
     *result = e;
     return true;
   }
-  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return false;  // a graph memory node: the driver's
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {  // a graph memory node: the driver's
+    if (captured != nullptr) *captured = true;
+    return false;
+  }
   if (pool == nullptr) {
     CUdevice dev = 0;
     if (d.cuCtxGetDevice(&dev) != CUDA_SUCCESS || d.cuDeviceGetMemPool == nullptr ||

@@ -38,8 +38,10 @@ class StreamOrderedPools {
   // call to the driver, *result untouched), true with the call's answer in *result otherwise.
   // `pool` nullptr: the current pool of the current context's device (cuMemAllocAsync).
   // `per_thread`: the _ptsz entry points (stream 0 is the per-thread default stream).
+  // *captured (when given) is set when the stream captures a graph: the allocation becomes a graph
+  // memory node, which stays the driver's (false is returned).
   bool Allocate(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream, bool per_thread,
-                CUresult* result);
+                CUresult* result, bool* captured = nullptr);
   bool FreeAsync(CUdeviceptr dptr, CUstream stream, bool per_thread, CUresult* result);
   // cuMemFree_v2 on a stream-ordered allocation: freed at once, after the context's queued work.
   bool FreeNow(CUdeviceptr dptr, CUresult* result);

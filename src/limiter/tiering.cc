@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "limiter/allocation_table.h"
 #include "limiter/cond_deadline.h"
 #include "limiter/core/process_identity.h"
 #include "limiter/export_support.h"
@@ -55,6 +57,7 @@ constexpr int64_t kEvictDeadlineNs = 60'000'000'000;
 // it to go idle instead of freezing it mid-burst (a lower QoS is frozen at once).
 constexpr int64_t kBusyNs = 500'000'000;
 constexpr int64_t kBudgetWaitNs = 5'000'000'000;
+constexpr int64_t kGraphReadNs = 1'000'000'000;  // resident: how often graph memory is read
 constexpr int kMaxHostWorkers = 8;
 // Scale to zero: how long parking waits for the calls inside the driver to return, and how long a
 // call of a parked or checkpointed process waits for a restorer before it fails (by default;
@@ -116,6 +119,13 @@ struct State {
   int64_t hold_retry_ns = 0;              // preemption hold: when a failed swap-out is tried again
   int64_t held_since_ns = 0;              // preemption hold: when a call first waited on it; 0 = none
   int64_t pin_ahead_next_ns = 0;          // pinning ahead: the next look at the ranges
+  // Graph memory (the driver's graph memory pool of each device our ranges' contexts use), as last
+  // read from the driver: reserved (held on the GPU, counted as fixed) and used by live graph
+  // allocations. Until a first reading the limiter's charges for graph allocations stand in.
+  bool graph_read = false;
+  uint64_t graph_reserved = 0;
+  uint64_t graph_used = 0;
+  int64_t graph_next_ns = 0;              // the tier thread's next reading while resident
 };
 
 // The disk tier's directory (TFUSION_TIER_DIR), empty when there is none.
@@ -139,6 +149,17 @@ ProcessTier* MyTier(State& s) {
   return b != nullptr ? b->region.TierOfProcess(b->slot) : nullptr;
 }
 
+// REQUIRES s.mu. What stays on the GPU when the movable ranges leave: the charged VRAM that
+// cannot move, where graph memory counts as what the driver holds for it (its reserve can exceed
+// the charges of live graph nodes, or be trimmed below them) once it has been read.
+uint64_t FixedBytes(State& s) {
+  AllocationTable& table = AllocationTable::Instance();
+  const uint64_t graph_charged = table.Bytes(AllocKind::kGraphNode) + table.Bytes(AllocKind::kGraphPtr);
+  const uint64_t charged = s.binding->region.ProcessBytes(s.binding->slot);
+  const uint64_t other = charged > s.movable + graph_charged ? charged - s.movable - graph_charged : 0;
+  return other + (s.graph_read ? s.graph_reserved : graph_charged);
+}
+
 // REQUIRES s.mu. Mirrors the process-local state into its region slot.
 void Publish(State& s) {
   ProcessTier* t = MyTier(s);
@@ -146,8 +167,7 @@ void Publish(State& s) {
   t->state.store(s.state, std::memory_order_relaxed);
   t->movable_bytes.store(s.movable, std::memory_order_relaxed);
   t->host_bytes.store(s.host, std::memory_order_relaxed);
-  uint64_t charged = s.binding->region.ProcessBytes(s.binding->slot);
-  t->fixed_bytes.store(charged > s.movable ? charged - s.movable : 0, std::memory_order_relaxed);
+  t->fixed_bytes.store(FixedBytes(s), std::memory_order_relaxed);
   t->last_active_ns.store(s.last_active_ns, std::memory_order_relaxed);
 }
 
@@ -911,6 +931,40 @@ CUresult AbortSwapOut(State& s, CUresult e, const char* why) {
   return e;
 }
 
+// REQUIRES s.mu. Reads the graph memory the driver holds on the devices of our ranges' contexts
+// into s.graph_*, after giving back what no graph uses when `trim`. False (nothing read) when the
+// driver lacks the calls, no range tells a context, or a reading failed.
+bool ReadGraphMemoryLocked(State& s, bool trim) {
+  const auto& d = g_real;
+  if (d.cuDeviceGetGraphMemAttribute == nullptr || (trim && d.cuDeviceGraphMemTrim == nullptr)) return false;
+  std::vector<CUcontext> contexts;
+  std::vector<CUdevice> devices;
+  uint64_t reserved = 0, used = 0;
+  for (auto& [base, r] : s.ranges) {
+    if (r.ctx == nullptr || std::find(contexts.begin(), contexts.end(), r.ctx) != contexts.end()) continue;
+    contexts.push_back(r.ctx);
+    CUresult e = InContext(r.ctx, [&] {
+      CUdevice dev = 0;
+      CUresult e = d.cuCtxGetDevice(&dev);
+      if (e != CUDA_SUCCESS || std::find(devices.begin(), devices.end(), dev) != devices.end()) return e;
+      devices.push_back(dev);
+      if (trim) d.cuDeviceGraphMemTrim(dev);  // a failed trim leaves what the reading shows
+      cuuint64_t res = 0, use = 0;
+      e = d.cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &res);
+      if (e == CUDA_SUCCESS) e = d.cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &use);
+      reserved += res;
+      used += use;
+      return e;
+    });
+    if (e != CUDA_SUCCESS) return false;
+  }
+  if (contexts.empty()) return false;
+  s.graph_read = true;
+  s.graph_reserved = reserved;
+  s.graph_used = used;
+  return true;
+}
+
 // REQUIRES s.mu.
 CUresult SwapOutLocked(State& s) {
   if (s.state != kTierResident) return CUDA_SUCCESS;
@@ -942,13 +996,17 @@ CUresult SwapOutLocked(State& s) {
   }
   // Graph memory nodes (stream-ordered allocations made during a capture) belong to the driver
   // and cannot move; it gives back what it keeps of them unused for the graphs' next launches.
-  if (g_real.cuDeviceGraphMemTrim != nullptr) {
-    for (CUcontext c : synced) {
-      InContext(c, [] {
-        CUdevice dev = 0;
-        if (g_real.cuCtxGetDevice(&dev) == CUDA_SUCCESS) g_real.cuDeviceGraphMemTrim(dev);
-        return CUDA_SUCCESS;
-      });
+  const uint64_t graph_before = ReadGraphMemoryLocked(s, false) ? s.graph_reserved : 0;
+  if (ReadGraphMemoryLocked(s, true) && graph_before != 0) {
+    const auto mib = [](uint64_t b) { return static_cast<unsigned long long>(b >> 20); };
+    if (s.graph_used != 0) {
+      GuestLog("vGPU '%s': graph memory: %llu MiB trimmed, %llu MiB stay resident (fixed): graph allocations "
+               "of %llu MiB are live (allocated by a graph launch and not freed yet)", s.binding->vgpu_id,
+               mib(graph_before - std::min(graph_before, s.graph_reserved)), mib(s.graph_reserved),
+               mib(s.graph_used));
+    } else {
+      GuestLog("vGPU '%s': graph memory: %llu MiB trimmed, %llu MiB stay resident (fixed)", s.binding->vgpu_id,
+               mib(graph_before - std::min(graph_before, s.graph_reserved)), mib(s.graph_reserved));
     }
   }
   int64_t t_synced = Now();
@@ -990,10 +1048,10 @@ CUresult SwapOutLocked(State& s) {
   Publish(s);
   if (TraceEnabled() || bytes >= (64ull << 20)) {
     GuestLog("vGPU '%s': swapped out %llu MiB in %.1f ms (quiesce %.1f, drain %.1f, pin and copy %.1f, "
-             "release %.1f; %llu MiB into kept pinned copies)", s.binding->vgpu_id,
+             "release %.1f; %llu MiB into kept pinned copies); %llu MiB stay resident (fixed)", s.binding->vgpu_id,
              static_cast<unsigned long long>(bytes >> 20), ns / 1e6, (t_quiet - t0) / 1e6,
              (t_synced - t_quiet) / 1e6, (t_copied - t_pinned) / 1e6, (Now() - t_copied) / 1e6,
-             static_cast<unsigned long long>(reused >> 20));
+             static_cast<unsigned long long>(reused >> 20), static_cast<unsigned long long>(FixedBytes(s) >> 20));
   }
   return CUDA_SUCCESS;
 }
@@ -1244,6 +1302,10 @@ void* TierThread(void*) {
     }
     if (!held && !capturing && s.state == kTierResident) {
       PinAheadLocked(s, now);
+      if (now >= s.graph_next_ns) {  // graph launches grow the driver's graph memory: follow it
+        s.graph_next_ns = now + kGraphReadNs;
+        ReadGraphMemoryLocked(s, false);
+      }
       now = Now();
     }
     uint64_t disk_ms = v->idle_disk_ms.load(std::memory_order_relaxed);

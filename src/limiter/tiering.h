@@ -17,7 +17,9 @@
 // allocations the tenant makes and maps itself (cuMemCreate: TenantVmm, tier_vmm.h). What does not
 // move (memory of pools with an export handle type or imported from another process, exported or
 // imported VMM handles, arrays, managed memory, graph memory nodes, module globals, the context
-// itself) stays resident and is reported as fixed_bytes.
+// itself) stays resident and is reported as fixed_bytes. Graph memory is the driver's: a swap-out
+// trims what the driver keeps of it unused (cuDeviceGraphMemTrim) and counts what it still
+// reserves (live graph allocations) as fixed.
 //
 // Thread safety: every entry point may be called from any tenant thread. The GPU-call guard is two
 // atomics on a shared line; everything else takes the tier mutex.

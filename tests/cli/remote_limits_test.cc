@@ -334,6 +334,52 @@ TEST_F(RemoteTiering, AFrozenSessionGetsEveryByteBackOnTheClientsNextCall) {
   EXPECT_NE(ReadFile(dir_ + "/worker.log").find("resumed 200 MiB"), std::string::npos) << ReadFile(dir_ + "/worker.log");
 }
 
+// Graph memory of a remote session: the session process runs the limiter, so its freeze trims the
+// graph memory its driver keeps and counts live graph allocations as fixed, as locally
+// (tests/limiter, GraphMemoryIsTrimmedAtAFreezeAndWhatStaysIsCountedAsFixed).
+TEST_F(RemoteTiering, ASessionsGraphMemoryIsTrimmedAndItsLiveGraphAllocationStaysIntact) {
+  ASSERT_EQ(Shell("mkdir -p " + dir_ + "/t").rc, 0);
+  std::string cmd = env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t -- " +
+                    TF_PROBE + " graphmem " + dir_ + "/t > " + dir_ + "/client.out 2>&1";
+  pid_t client = fork();
+  ASSERT_GE(client, 0);
+  if (client == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_TRUE(WaitFor("t/ready")) << ReadFile(dir_ + "/client.out") << ReadFile(dir_ + "/worker.log");
+  std::smatch m;
+  std::string smi = Shell(env_ + TF_TFUSION + " smi").out;
+  ASSERT_TRUE(std::regex_search(smi, m, std::regex("remote-[0-9]+"))) << smi;
+  const std::string vgpu = m.str();
+  const std::regex fixed_re("swapped, 202 MiB movable \\(202 MiB in host memory\\), ([0-9]+) MiB fixed");
+  Result frozen = Shell(env_ + TF_TFUSION + " freeze " + vgpu);
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(dir_ + "/worker.log");
+  ASSERT_TRUE(std::regex_search(frozen.out, m, fixed_re)) << frozen.out;
+  const int fixed_first = std::stoi(m.str(1));
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("graph memory: 32 MiB trimmed, 0 MiB stay resident (fixed)"),
+            std::string::npos) << ReadFile(dir_ + "/worker.log");
+  Shell("touch " + dir_ + "/t/go");
+  ASSERT_TRUE(WaitFor("t/ready2")) << ReadFile(dir_ + "/client.out") << ReadFile(dir_ + "/worker.log");
+  frozen = Shell(env_ + TF_TFUSION + " freeze " + vgpu);
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(dir_ + "/worker.log");
+  ASSERT_TRUE(std::regex_search(frozen.out, m, fixed_re)) << frozen.out;
+  EXPECT_EQ(std::stoi(m.str(1)) - fixed_first, 8) << "the live graph allocation stays, counted as fixed\n" << frozen.out;
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("8 MiB stay resident (fixed): graph allocations of 8 MiB are live"),
+            std::string::npos) << ReadFile(dir_ + "/worker.log");
+  Shell("touch " + dir_ + "/t/go2");
+  int status = 0;
+  waitpid(client, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/client.out");
+  std::string out = ReadFile(dir_ + "/client.out");
+  EXPECT_NE(out.find("swapped_reserved_mib=0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("live_graph_allocation_intact=1\nsecond_identical=3\nthird_graph_output=ok\n"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("first_graph_output=ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("second_graph_output=ok"), std::string::npos) << out;
+  EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
+}
+
 // A pooled run placed on another node's worker --tiering: the session's vGPU takes the pool
 // allocation's idle timeouts (here --idle-swap 45s given to run, and the low QoS's disk default)
 // instead of the worker's --idle-swap 0, sent in version 5 of the limits record

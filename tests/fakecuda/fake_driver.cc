@@ -492,6 +492,8 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     }
     if (only) {
       d.events.clear();
+      d.Uncharge(dev, d.devices[dev].graph_idle);  // the graph memory pool goes with the context
+      d.devices[dev].graph_idle = 0;
       for (auto it = d.modules.begin(); it != d.modules.end();) {
         if (it->second->library) ++it;  // libraries are context-independent
         else it = d.modules.erase(it);

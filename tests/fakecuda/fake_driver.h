@@ -273,6 +273,12 @@ struct DeviceState {
   int primary_refs = 0;
   std::unique_ptr<MemPool> default_pool;
   MemPool* current_pool = nullptr;
+  // Graph memory: what graphs freed stays charged to the device, reserved for their next launches
+  // (which take it before charging more), until cuDeviceGraphMemTrim gives it back, as the
+  // driver's graph memory pool does. The high watermarks: since the last reset (bytes).
+  uint64_t graph_idle = 0;
+  uint64_t graph_used_high = 0;
+  uint64_t graph_reserved_high = 0;
 };
 
 class Driver {

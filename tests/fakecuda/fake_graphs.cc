@@ -139,6 +139,23 @@ std::unique_ptr<GraphExec> Instantiate(const Graph& g) {
   return e;
 }
 
+// REQUIRES d.mu. Bytes of the live graph allocations of `device`.
+uint64_t GraphMemoryUsed(Driver& d, CUdevice device) {
+  uint64_t live = 0;
+  for (auto& [base, a] : d.allocations) {
+    if (a.kind == fakecuda::MemoryKind::kGraph && a.device == device) live += a.counted;
+  }
+  return live;
+}
+
+// REQUIRES d.mu. Raises the graph memory high watermarks of `device` to what it holds now.
+void NoteGraphMemoryHighs(Driver& d, CUdevice device) {
+  fakecuda::DeviceState& st = d.devices[device];
+  const uint64_t used = GraphMemoryUsed(d, device);
+  st.graph_used_high = std::max(st.graph_used_high, used);
+  st.graph_reserved_high = std::max(st.graph_reserved_high, used + st.graph_idle);
+}
+
 // Frees a graph allocation when its free node runs. Runs on a stream worker.
 void FreeGraphAllocation(uintptr_t dptr) {
   Driver& d = Driver::Get();
@@ -149,7 +166,7 @@ void FreeGraphAllocation(uintptr_t dptr) {
     --it->second.graph_reallocs;  // a later alloc node of the launch takes the address again
     return;
   }
-  d.Uncharge(it->second.device, it->second.counted);
+  d.devices[it->second.device].graph_idle += it->second.counted;  // kept by the graph memory pool
   d.allocations.erase(it);
 }
 
@@ -862,12 +879,16 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
         ++d.allocations[node.dptr].graph_reallocs;  // an address the graph frees, then reuses
         continue;
       }
+      // What the graph memory pool keeps from earlier launches is used first.
+      uint64_t& idle = d.devices[node.device].graph_idle;
+      const size_t reused = std::min<uint64_t>(idle, counted);
       if (d.allocations.count(node.dptr) != 0) {
         failure = CUDA_ERROR_INVALID_VALUE;  // the previous launch's allocation is still live
-      } else if (!d.Charge(node.device, counted)) {
+      } else if (reused < counted && !d.Charge(node.device, counted - reused)) {
         failure = CUDA_ERROR_OUT_OF_MEMORY;
       }
       if (failure != CUDA_SUCCESS) break;
+      idle -= reused;
       fakecuda::Allocation a;
       a.base = node.dptr;
       a.size = node.bytes;
@@ -879,12 +900,13 @@ CUresult cuGraphLaunch(CUgraphExec handle, CUstream stream_handle) {
       charged.push_back(&node);
     }
     if (failure != CUDA_SUCCESS) {
-      for (const GraphNode* node : charged) {
-        d.Uncharge(node->device, d.allocations[node->dptr].counted);
+      for (const GraphNode* node : charged) {  // their memory stays in the graph memory pool
+        d.devices[node->device].graph_idle += d.allocations[node->dptr].counted;
         d.allocations.erase(node->dptr);
       }
       return failure;
     }
+    for (const GraphNode* node : charged) NoteGraphMemoryHighs(d, node->device);
   }
   stream->worker.Enqueue([nodes, events] {
     // Conditional handles with CU_GRAPH_COND_ASSIGN_DEFAULT start each launch at their default.
@@ -1061,15 +1083,15 @@ CUresult cuGraphNodeGetEnabled(CUgraphExec handle, CUgraphNode node, unsigned in
   return CUDA_SUCCESS;
 }
 
-// Graph memory: the fake keeps no reserve, so trimming frees nothing; the attributes read the
-// graph allocations live now (used and reserved alike), the high watermarks since the last reset.
-namespace {
-uint64_t g_graph_mem_high = 0;
-}  // namespace
-
+// Graph memory: used is what live graph allocations hold; reserved adds what the graphs freed and
+// the pool keeps (DeviceState::graph_idle), which a trim gives back to the device.
 CUresult cuDeviceGraphMemTrim(CUdevice device) {
   FAKECUDA_ENTER();
-  if (device < 0 || device >= Driver::Get().topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
+  Driver& d = Driver::Get();
+  if (device < 0 || device >= d.topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.Uncharge(device, d.devices[device].graph_idle);
+  d.devices[device].graph_idle = 0;
   return CUDA_SUCCESS;
 }
 
@@ -1079,19 +1101,20 @@ CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr
   Driver& d = Driver::Get();
   if (device < 0 || device >= d.topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard<std::mutex> lock(d.mu);
-  uint64_t live = 0;
-  for (auto& [base, a] : d.allocations) {
-    if (a.kind == fakecuda::MemoryKind::kGraph && a.device == device) live += a.counted;
-  }
-  g_graph_mem_high = std::max(g_graph_mem_high, live);
+  NoteGraphMemoryHighs(d, device);
+  const fakecuda::DeviceState& st = d.devices[device];
   switch (attr) {
     case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+      *static_cast<cuuint64_t*>(value) = GraphMemoryUsed(d, device);
+      return CUDA_SUCCESS;
     case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
-      *static_cast<cuuint64_t*>(value) = live;
+      *static_cast<cuuint64_t*>(value) = GraphMemoryUsed(d, device) + st.graph_idle;
       return CUDA_SUCCESS;
     case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+      *static_cast<cuuint64_t*>(value) = st.graph_used_high;
+      return CUDA_SUCCESS;
     case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
-      *static_cast<cuuint64_t*>(value) = g_graph_mem_high;
+      *static_cast<cuuint64_t*>(value) = st.graph_reserved_high;
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
@@ -1109,6 +1132,7 @@ CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr
     return CUDA_ERROR_INVALID_VALUE;
   }
   std::lock_guard<std::mutex> lock(d.mu);
-  g_graph_mem_high = 0;
+  if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH) d.devices[device].graph_used_high = 0;
+  else d.devices[device].graph_reserved_high = 0;
   return CUDA_SUCCESS;
 }

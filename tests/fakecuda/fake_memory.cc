@@ -60,7 +60,9 @@ CUresult ForgetDeviceAllocation(Driver& d, CUdeviceptr ptr, std::pair<void*, siz
   Allocation& a = it->second;
   // An exported allocation's memfd: processes that opened it keep their mappings (fake_ipc.cc).
   if (a.ipc_fd >= 0) close(a.ipc_fd);
-  d.Uncharge(a.device, a.counted);
+  // A graph allocation freed outside its graph goes back to the graph memory pool (fake_graphs.cc).
+  if (a.kind == MemoryKind::kGraph) d.devices[a.device].graph_idle += a.counted;
+  else d.Uncharge(a.device, a.counted);
   // Pool lookups need the pool to be alive: cuMemPoolDestroy clears `pool` of its allocations.
   if (a.pool != nullptr) a.pool->used_bytes -= a.counted;
   *unmap = {reinterpret_cast<void*>(a.base), a.mapped};

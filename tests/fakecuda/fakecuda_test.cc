@@ -40,7 +40,7 @@ constexpr size_t kMiB = 1u << 20;
   X(cuMemFreeAsync) X(cuLibraryLoadData) X(cuLibraryGetKernel) X(cuKernelGetFunction)         \
   X(cuGetErrorName) X(cuMemsetD8Async) X(cuMemRetainAllocationHandle)                          \
   X(cuMemGetAllocationPropertiesFromHandle) X(cuMemExportToShareableHandle)                    \
-  X(cuMemImportFromShareableHandle)
+  X(cuMemImportFromShareableHandle) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)
 
 struct FakeCuda {
 #define DECLARE(name) decltype(&::name) name = nullptr;
@@ -376,17 +376,35 @@ TEST_F(FakeCudaTest, GraphAllocatesRunsKernelAndFrees) {
   ASSERT_EQ(cu().cuGraphLaunch(exec, stream), CUDA_SUCCESS);
   EXPECT_EQ(after_result - FreeBytes(), 4 * kMiB);  // 3 MiB rounded to the granularity
   ASSERT_EQ(cu().cuStreamSynchronize(stream), CUDA_SUCCESS);
+  // Freed by its free node, the memory stays reserved for the graph's next launch (as the driver's
+  // graph memory pool keeps it) until a trim gives it back.
+  auto graph_mem = [](CUgraphMem_attribute attr) {
+    cuuint64_t v = 7;
+    EXPECT_EQ(cu().cuDeviceGetGraphMemAttribute(0, attr, &v), CUDA_SUCCESS);
+    return v;
+  };
+  EXPECT_EQ(after_result - FreeBytes(), 4 * kMiB);
+  EXPECT_EQ(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT), 0u);
+  EXPECT_EQ(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 4 * kMiB);
+  EXPECT_EQ(graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH), 4 * kMiB);
+  ASSERT_EQ(cu().cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+  EXPECT_EQ(graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), 0u);
   EXPECT_EQ(FreeBytes(), after_result);
   // The kernel node wrote the graph allocation (its address stays mapped while the graph lives).
   EXPECT_EQ(reinterpret_cast<unsigned*>(alloc.dptr)[count - 1], 42u);
 
-  // A second launch works again because the free node released the first allocation.
+  // A second launch works again because the free node released the first allocation; a third
+  // reuses what the pool kept instead of charging the device again.
   ASSERT_EQ(cu().cuGraphLaunch(exec, stream), CUDA_SUCCESS);
   ASSERT_EQ(cu().cuStreamSynchronize(stream), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuGraphLaunch(exec, stream), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuStreamSynchronize(stream), CUDA_SUCCESS);
+  EXPECT_EQ(after_result - FreeBytes(), 4 * kMiB);
   EXPECT_EQ(cu().cuGraphExecDestroy(exec), CUDA_SUCCESS);
   EXPECT_EQ(cu().cuGraphDestroy(graph), CUDA_SUCCESS);
   EXPECT_EQ(cu().cuStreamDestroy_v2(stream), CUDA_SUCCESS);
   EXPECT_EQ(cu().cuMemFree_v2(result), CUDA_SUCCESS);
+  ASSERT_EQ(cu().cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
   EXPECT_EQ(FreeBytes(), before);
 }
 

@@ -16,6 +16,13 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              cuMemCreate handles it maps itself): about 2 GiB of tensors, one freed and its room
              reused; --cycles freezes (every other one ended by `tfusion thaw`), each with checksums,
              the process's VRAM (nvidia-smi) before and while swapped, the freeze's figures and a matmul
+  graphmem   graph memory nodes (PyTorch under PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, so a
+             captured graph's allocations are graph memory nodes): 1 GiB of movable tensors and a
+             CUDA graph whose capture allocates 256 MiB temporaries (freed inside the graph) and a
+             256 MiB output (a live graph allocation after each replay); replayed, frozen (graph
+             memory the driver keeps unused is trimmed), thawed, replayed: the driver's graph memory
+             figures and the process's VRAM before, while swapped and after, the freeze's fixed
+             figure, the output and the tensors' checksums
   train      GPT-2 small from config, --steps AdamW steps on fixed random tokens; --freeze-at K
              freezes and resumes before step K; prints the loss of every step
   swap       --gib GiB in one tensor: --cycles freeze + first-call timings and a checksum
@@ -305,6 +312,70 @@ def run_expandable(a):
     print(json.dumps(res))
 
 
+def graph_memory_mib(lib):
+    """The driver's graph memory of this process's device (cuDeviceGetGraphMemAttribute, a host-only
+    call): [used by live graph allocations, reserved] in MiB."""
+    out = []
+    for attr in (0, 2):  # CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT
+        v = ctypes.c_uint64(0)
+        rc = lib.cuDeviceGetGraphMemAttribute(ctypes.c_int(torch.cuda.current_device()), ctypes.c_int(attr),
+                                              ctypes.byref(v))
+        out.append(v.value >> 20 if rc == 0 else f"error {rc}")
+    return out
+
+
+def run_graphmem(a):
+    assert "cudaMallocAsync" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "run with backend:cudaMallocAsync"
+    torch.manual_seed(5)
+    lib = cuda_lib()
+    base = torch.randn(256 << 20, device="cuda")  # 1 GiB, movable
+    base_ref = checksum(base)
+    static_in = torch.randn(64 << 20, device="cuda")  # 256 MiB
+
+    def f(x):
+        t1 = x * 2  # temporaries: allocated and freed inside the captured graph
+        t2 = t1.relu()
+        return t2 + 1  # the output outlives the replay: a live graph allocation
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up before capture, as PyTorch asks
+        for _ in range(2):
+            f(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = f(static_in)
+    g.replay()
+    torch.cuda.synchronize()
+    out_ref = checksum(static_out)
+    res = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+           "output_matches_eager": bool(torch.equal(static_out, f(static_in)))}
+    torch.cuda.synchronize()
+    small = torch.zeros(16, device="cuda")
+    res["graph_used_reserved_mib_before"] = graph_memory_mib(lib)
+    res["vram_mib_before"] = process_vram_mib()
+    out_ms, text = freeze()
+    res.update({"freeze_cli_ms": round(out_ms, 1), **freeze_figures(text)})
+    res["graph_used_reserved_mib_swapped"] = graph_memory_mib(lib)
+    res["vram_mib_swapped"] = process_vram_mib()
+    res["thaw_cli_ms"] = round(freeze(thaw=True)[0], 1)
+    res["first_call_ms"] = round(first_call_ms(small), 2)
+    res["output_intact_after_thaw"] = checksum(static_out) == out_ref
+    res["tensors_intact"] = checksum(base) == base_ref
+    g.replay()
+    torch.cuda.synchronize()
+    res["replay_after_thaw"] = checksum(static_out) == out_ref
+    res["graph_used_reserved_mib_after"] = graph_memory_mib(lib)
+    res["vram_mib_after"] = process_vram_mib()
+    before, swapped = res["graph_used_reserved_mib_before"], res["graph_used_reserved_mib_swapped"]
+    numbers = all(isinstance(v, int) for v in before + swapped + [res["vram_mib_before"], res["vram_mib_swapped"]])
+    res["ok"] = (res["output_matches_eager"] and res["output_intact_after_thaw"] and res["tensors_intact"] and
+                 res["replay_after_thaw"] and numbers and swapped[1] <= before[1] and
+                 res["vram_mib_swapped"] <= res["vram_mib_before"] - 900)
+    print(json.dumps(res))
+
+
 def run_train(a):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(1234)
@@ -578,7 +649,7 @@ def run_serve(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("checks", "pool", "pools", "expandable", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
+    ap.add_argument("mode", choices=("checks", "pool", "pools", "expandable", "graphmem", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
                                      "zero", "firstfreeze", "idlezero"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
@@ -598,7 +669,7 @@ def main():
     ap.add_argument("--ready", default="")
     ap.add_argument("--go", default="")
     a = ap.parse_args()
-    {"checks": run_checks, "pool": run_pool, "pools": run_pools, "expandable": run_expandable, "train": run_train, "swap": run_swap, "gen": run_gen,
+    {"checks": run_checks, "pool": run_pool, "pools": run_pools, "expandable": run_expandable, "graphmem": run_graphmem, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
      "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero}[a.mode](a)
 

@@ -13,6 +13,13 @@ Phases (tier_tenant.py does the work inside each tenant):
   expandable  the tenant's own VMM memory moves: PyTorch under expandable_segments:True with about
           2 GiB of tensors, two freeze cycles (the second ended by `tfusion thaw`): checksums, the
           process's VRAM (nvidia-smi) before and while swapped (ok: at least 1800 MiB less), a matmul
+  graphmem  graph memory nodes: PyTorch under backend:cudaMallocAsync replays a CUDA graph whose
+          capture allocates (temporaries freed inside the graph, a 256 MiB output that stays live)
+          beside 1 GiB of tensors; one freeze (trims what the driver keeps unused) and a thaw: the
+          driver's graph memory used/reserved and the process's VRAM before, while swapped and
+          after, the fixed figure, the limiter's graph memory log line, the output after the thaw
+          and after a replay (ok: intact, reserved not above before, VRAM at least 900 MiB lower
+          while swapped); under 40 s
   train   GPT-2 training: two uninterrupted runs and one frozen and resumed mid-run, losses compared
   swap    swap-out/swap-in of 1, 4 and 16 GiB (three cycles each)
   idle    1, 4 and 16 GiB swapped out by the idle timeout (4 s; host copies pinned ahead from 2 s),
@@ -110,7 +117,7 @@ class Runner:
         # The limiter's own account of each swap (its log lines on stderr).
         swaps = [l.split("tfusion: ", 1)[-1] for l in err.splitlines()
                  if "swapped out" in l or "resumed" in l or "disk tier" in l or "kept host copies" in l
-                 or "ahead of" in l]
+                 or "ahead of" in l or "graph memory" in l]
         for line in reversed(out.strip().splitlines()):
             if line.startswith("{"):
                 d = json.loads(line)
@@ -145,6 +152,12 @@ def phase_expandable(r):
     d = r.tenant(["expandable", "--cycles", "2"], TIERED + ["--vgpu", "tier-expandable"],
                  env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, timeout=120)
     r.record("expandable", d)
+
+
+def phase_graphmem(r):
+    d = r.tenant(["graphmem"], TIERED + ["--vgpu", "tier-graphmem"],
+                 env={"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, timeout=60)
+    r.record("graphmem", d)
 
 
 def phase_train(r):
@@ -663,7 +676,7 @@ def phase_preempt(r, gib=8):
         r.record("preempt", res)
 
 
-PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "train": phase_train, "swap": phase_swap,
+PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
           "firstfreeze": phase_firstfreeze}

@@ -690,6 +690,128 @@ int Run(const std::string& dir) {
 }
 
 }  // namespace vmm
+
+// Graph memory nodes under tiering, driven through files in `dir`. 200 MiB of known buffers and a
+// 2 MiB `out` buffer move; graph A allocates 32 MiB, fills it, copies its first word to `out` and
+// frees it (the driver keeps the 32 MiB reserved for A's next launch); "ready", then at "go" (the
+// test froze the tenant meanwhile) the graph memory is read while swapped (host-only calls), A
+// runs again and graph B allocates 8 MiB and fills it without freeing it (a live graph
+// allocation); "ready2", then at "go2" (a second freeze and a thaw) B's memory and the buffers
+// are read back.
+namespace graphmem {
+
+constexpr size_t kFreedBytes = 32u << 20;
+constexpr size_t kLiveBytes = 8u << 20;
+constexpr unsigned kFreedWord = 0x11223344u;
+constexpr unsigned kLiveWord = 0x5a5a5a5au;
+
+cuuint64_t GraphMiB(CUgraphMem_attribute attr) {
+  cuuint64_t v = 0;
+  CHECK(cuDeviceGetGraphMemAttribute(0, attr, &v));
+  return v >> 20;
+}
+
+void PrintGraphMemory(const char* when) {
+  std::printf("%s_reserved_mib=%llu\n%s_used_mib=%llu\n", when,
+              static_cast<unsigned long long>(GraphMiB(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)), when,
+              static_cast<unsigned long long>(GraphMiB(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)));
+  std::fflush(stdout);
+}
+
+// An allocation node of `bytes` on device 0 and a memset node filling it with `word` after it.
+CUgraphNode AllocAndFill(CUgraph g, CUcontext ctx, size_t bytes, unsigned word, CUdeviceptr* dptr) {
+  CUDA_MEM_ALLOC_NODE_PARAMS ap = {};
+  ap.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  ap.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  ap.poolProps.location.id = 0;
+  ap.bytesize = bytes;
+  CUgraphNode alloc, fill;
+  CHECK(cuGraphAddMemAllocNode(&alloc, g, nullptr, 0, &ap));
+  CUDA_MEMSET_NODE_PARAMS ms = {};
+  ms.dst = ap.dptr;
+  ms.elementSize = 4;
+  ms.width = bytes / 4;
+  ms.height = 1;
+  ms.value = word;
+  CHECK(cuGraphAddMemsetNode(&fill, g, &alloc, 1, &ms, ctx));
+  *dptr = ap.dptr;
+  return fill;
+}
+
+int Run(const std::string& dir) {
+  CUcontext ctx = Setup();
+  KnownBuffers known;
+  known.Fill();
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr out;
+  CHECK(cuMemAlloc(&out, 4096));
+
+  CUgraph ga;
+  CHECK(cuGraphCreate(&ga, 0));
+  CUdeviceptr a = 0;
+  CUgraphNode filled = AllocAndFill(ga, ctx, kFreedBytes, kFreedWord, &a);
+  CUDA_MEMCPY3D copy = {};
+  copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = a;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = out;
+  copy.WidthInBytes = 4096;
+  copy.Height = 1;
+  copy.Depth = 1;
+  CUgraphNode copied, freed;
+  CHECK(cuGraphAddMemcpyNode(&copied, ga, &filled, 1, &copy, ctx));
+  CHECK(cuGraphAddMemFreeNode(&freed, ga, &copied, 1, a));
+  CUgraphExec ea;
+  CHECK(cuGraphInstantiateWithFlags(&ea, ga, 0));
+  auto run_a = [&](const char* round) {
+    unsigned word = 0;
+    CHECK(cuMemsetD32(out, 0, 1024));
+    CHECK(cuGraphLaunch(ea, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuMemcpyDtoH(&word, out, sizeof(word)));
+    std::printf("%s_graph_output=%s\n", round, word == kFreedWord ? "ok" : "wrong");
+  };
+  run_a("first");
+  PrintGraphMemory("before");
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  PrintGraphMemory("swapped");
+  known.Verify("first");
+  run_a("second");
+
+  CUgraph gb;
+  CHECK(cuGraphCreate(&gb, 0));
+  CUdeviceptr live = 0;
+  AllocAndFill(gb, ctx, kLiveBytes, kLiveWord, &live);
+  CUgraphExec eb;
+  CHECK(cuGraphInstantiateWithFlags(&eb, gb, 0));
+  CHECK(cuGraphLaunch(eb, s));
+  CHECK(cuStreamSynchronize(s));
+  PrintGraphMemory("live");
+  Touch(dir + "/ready2");
+  if (!WaitFile(dir + "/go2")) return 4;
+  std::vector<unsigned> got(kLiveBytes / 4);
+  CHECK(cuMemcpyDtoH(got.data(), live, kLiveBytes));
+  bool intact = true;
+  for (unsigned w : got) intact = intact && w == kLiveWord;
+  std::printf("live_graph_allocation_intact=%d\n", intact ? 1 : 0);
+  known.Verify("second");
+  run_a("third");
+  CHECK(cuMemFree(live));  // back to the driver's graph memory pool
+  CHECK(cuGraphExecDestroy(eb));
+  CHECK(cuGraphExecDestroy(ea));
+  CHECK(cuGraphDestroy(gb));
+  CHECK(cuGraphDestroy(ga));
+  CHECK(cuDeviceGraphMemTrim(0));
+  PrintGraphMemory("end");
+  for (auto b : known.bufs) CHECK(cuMemFree(b));
+  CHECK(cuMemFree(out));
+  std::printf("freed=1\n");
+  return 0;
+}
+
+}  // namespace graphmem
 }  // namespace
 
 // A pitched allocation with known rows: says "ready" with its pitch, waits for "go" (the test
@@ -748,6 +870,7 @@ int main(int argc, char** argv) {
   if (cmd == "pitched" && argc > 2) return Pitched(argv[2]);
   if (cmd == "pools" && argc > 2) return Pools(argv[2]);
   if (cmd == "vmm" && argc > 2) return vmm::Run(argv[2]);
+  if (cmd == "graphmem" && argc > 2) return graphmem::Run(argv[2]);
   if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;

@@ -479,6 +479,61 @@ TEST_F(TieringTest, TheTenantsOwnVmmMemoryMovesAndItsHandlesKeepWorking) {
   EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
 }
 
+// Graph memory nodes stay the driver's: a freeze trims what the driver keeps of them unused for the
+// graphs' next launches (the fake, like the driver, keeps a graph's freed allocations reserved),
+// and counts what stays as fixed. First freeze: the tenant's graph freed its 32 MiB inside the
+// graph, so nothing of it stays (0 MiB on the device while swapped). Second freeze: a graph
+// allocation of 8 MiB is live; it stays resident, is reported as fixed (freeze, smi, the log),
+// and holds its bytes after the thaw.
+TEST_F(TieringTest, GraphMemoryIsTrimmedAtAFreezeAndWhatStaysIsCountedAsFixed) {
+  const std::string shm = "/tf-lt-" + std::to_string(getpid());
+  const std::string cmd = Tfusion("--vram 1GiB --vgpu graphs --tiering --idle-swap 0", "graphmem " + dir_) +
+                          " > " + dir_ + "/tenant.out 2>&1";
+  pid_t pid = StartProbe(cmd);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  // 200 MiB of buffers, 2 MiB `out`, 32 MiB the graph freed and the driver keeps.
+  EXPECT_EQ(DeviceUsedMiB(shm), 234);
+  Result frozen = Tf("freeze graphs");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 202 MiB movable (202 MiB in host memory), 0 MiB fixed"), std::string::npos)
+      << frozen.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 0) << "the graph memory the driver kept was trimmed";
+  std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("graph memory: 32 MiB trimmed, 0 MiB stay resident (fixed)\n"), std::string::npos) << out;
+  Touch("go");
+  ASSERT_TRUE(WaitFor("ready2")) << Run("cat " + dir_ + "/tenant.out").out;
+  // A's relaunch reserved 32 MiB again; B holds 8 MiB of it, live.
+  EXPECT_EQ(DeviceUsedMiB(shm), 234);
+  frozen = Tf("freeze graphs");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 202 MiB movable (202 MiB in host memory), 8 MiB fixed"), std::string::npos)
+      << frozen.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 8) << "only the live graph allocation stays on the GPU";
+  EXPECT_TRUE(SmiShows("8 MiB")) << Tf("smi -p").out;
+  out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("graph memory: 24 MiB trimmed, 8 MiB stay resident (fixed): graph allocations of 8 MiB are "
+                     "live (allocated by a graph launch and not freed yet)"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("MiB into kept pinned copies); 8 MiB stay resident (fixed)"), std::string::npos) << out;
+  Result thawed = Tf("thaw graphs");
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 210);
+  Touch("go2");
+  EXPECT_EQ(Finish(pid), 0);
+  out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("first_graph_output=ok\nbefore_reserved_mib=32\nbefore_used_mib=0\n"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("swapped_reserved_mib=0\nswapped_used_mib=0\n"), std::string::npos)
+      << "reading graph memory while swapped must not wake the tenant\n" << out;
+  EXPECT_NE(out.find("first_identical=3\nsecond_graph_output=ok\nlive_reserved_mib=32\nlive_used_mib=8\n"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("live_graph_allocation_intact=1\nsecond_identical=3\nthird_graph_output=ok\n"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("end_reserved_mib=0\nend_used_mib=0\nfreed=1"), std::string::npos) << out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 0);
+}
+
 TEST_F(TieringTest, AFullHostTierLeavesTheTenantResidentAndRunning) {
   env_ += "TFUSION_HOST_TIER_BUDGET=64MiB ";
   pid_t pid = StartTenant("--vram 1GiB --vgpu tight --tiering --idle-swap 0");
