@@ -362,7 +362,7 @@ CUresult Impl_cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CU
   return CUDA_SUCCESS;
 }
 
-// ---- pointer attributes that can be set, atomic capabilities
+// ---- pointer attributes that can be set
 
 CUresult Impl_cuPointerSetAttribute(const void* value, CUpointer_attribute attribute, CUdeviceptr ptr) {
   // The driver sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS only.
@@ -382,48 +382,6 @@ CUresult Impl_cuPointerSetAttribute(const void* value, CUpointer_attribute attri
   // The pointer queries are answered here (client_local.cc): keep what was set.
   if (r == CUDA_SUCCESS) const_cast<DeviceAlloc*>(a)->sync_memops = v != 0;
   return r;
-}
-
-namespace {
-
-CUresult AtomicCaps(Fn fn, unsigned* caps, const CUatomicOperation* ops, unsigned count, CUdevice src,
-                    CUdevice dst, bool p2p) {
-  if (caps == nullptr || ops == nullptr || count == 0 || count > remote::kMaxAtomicOps) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  for (unsigned i = 0; i < count; ++i) {
-    if (ops[i] < CU_ATOMIC_OPERATION_INTEGER_ADD || ops[i] >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
-  }
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  std::vector<uint8_t> buf(16 + 4 * static_cast<size_t>(count));
-  Writer w(buf.data(), buf.size());
-  w.I32(src);
-  if (p2p) w.I32(dst);
-  w.U32(count);
-  for (unsigned i = 0; i < count; ++i) w.U32(static_cast<uint32_t>(ops[i]));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  std::vector<unsigned> got(count);
-  for (unsigned i = 0; i < count; ++i) {
-    uint32_t c = 0;
-    if (!rv.reader.U32(&c)) return CUDA_ERROR_UNKNOWN;
-    got[i] = c;
-  }
-  std::memcpy(caps, got.data(), sizeof(unsigned) * count);
-  return CUDA_SUCCESS;
-}
-
-}  // namespace
-
-CUresult Impl_cuDeviceGetHostAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
-                                                unsigned int count, CUdevice dev) {
-  return AtomicCaps(Fn::cuDeviceGetHostAtomicCapabilities, capabilities, operations, count, dev, 0, false);
-}
-CUresult Impl_cuDeviceGetP2PAtomicCapabilities(unsigned int* capabilities, const CUatomicOperation* operations,
-                                               unsigned int count, CUdevice src, CUdevice dst) {
-  return AtomicCaps(Fn::cuDeviceGetP2PAtomicCapabilities, capabilities, operations, count, src, dst, true);
 }
 
 // ---- 3D peer copies: a session serves one device, so a peer copy between two of its contexts is

@@ -1,12 +1,12 @@
 // Queries and host-side encodings forwarded to the worker (worker half: src/worker/
-// session_queries.cc, where the wire format of each call is written down): stream attributes,
-// context ids, PCI bus ids, function loading, and the tensor-map encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes from the
-// arguments, which travel by value; the map comes back into the caller's).
+// session_queries.cc, where the wire format of each call is written down): PCI bus ids and the
+// tensor-map encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes
+// from the arguments, which travel by value; the map comes back into the caller's).
 //
 // Answers that only this client can change are asked once and then answered here (Session::answers):
-// a context's id until it is destroyed, a device's PCI bus id for the connection; the stream
-// getters (generated, api/remote_surface.tsv) are kept until the stream is destroyed or its
-// priority set (ForgetStreamAnswers).
+// a device's PCI bus id for the connection; the generated queries (api/remote_surface.tsv) keep a
+// context's id until it is destroyed (ForgetContextAnswers) and the stream getters until the
+// stream is destroyed (ForgetStreamAnswers) or an attribute set (the priority may change).
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -25,18 +25,6 @@ using transport::Writer;
 constexpr uint32_t kMaxTensorRank = 5;
 constexpr Fn kStreamQueries[] = {Fn::cuStreamGetPriority, Fn::cuStreamGetFlags, Fn::cuStreamGetId,
                                  Fn::cuStreamGetDevice, Fn::cuStreamGetCtx};
-
-bool ReadOne(transport::Reader& r, uint32_t* v) { return r.U32(v); }
-bool ReadOne(transport::Reader& r, uint64_t* v) { return r.U64(v); }
-
-// A forwarded call whose reply is one value; *v is set only on success.
-template <typename T>
-CUresult CallForValue(Session* s, Fn fn, const Writer& w, T* v) {
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(fn), w, &rv);
-  if (r == CUDA_SUCCESS && !ReadOne(rv.reader, v)) r = CUDA_ERROR_UNKNOWN;
-  return r;
-}
 
 // A device's bus id as the worker's driver writes it, asked once per connection.
 CUresult BusId(Session* s, CUdevice dev, std::string* out) {
@@ -157,60 +145,6 @@ CUresult Impl_cuStreamGetCtx_v2(CUstream st, CUcontext* ctx, CUgreenCtx* green) 
   return CUDA_SUCCESS;
 }
 
-CUresult Impl_cuStreamGetAttribute(CUstream st, CUstreamAttrID attr, CUstreamAttrValue* value) {
-  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(st));
-  w.U32(static_cast<uint32_t>(attr));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuStreamGetAttribute), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  CUstreamAttrValue got;
-  if (!rv.reader.Bytes(&got, sizeof(got))) return CUDA_ERROR_UNKNOWN;
-  *value = got;
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuStreamSetAttribute(CUstream st, CUstreamAttrID attr, const CUstreamAttrValue* value) {
-  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[16 + sizeof(CUstreamAttrValue)];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(st));
-  w.U32(static_cast<uint32_t>(attr));
-  w.Bytes(value, sizeof(*value));
-  CUresult r = Simple(l, Fn::cuStreamSetAttribute, w);
-  ForgetStreamAnswers(l.session(), H(st));  // the priority may have changed
-  return r;
-}
-
-// ---- contexts
-
-CUresult Impl_cuCtxGetId(CUcontext ctx, unsigned long long* id) {
-  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  Session* s = l.session();
-  const uint64_t c = ctx != nullptr ? H(ctx) : CurrentContext();
-  if (c == 0 || !s->contexts.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
-  uint64_t v = 0;
-  if (CachedAnswer(s, Fn::cuCtxGetId, c, 0, 0, &v)) {
-    *id = v;
-    return CUDA_SUCCESS;
-  }
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(c);
-  CUresult r = CallForValue(s, Fn::cuCtxGetId, w, &v);
-  if (r != CUDA_SUCCESS) return r;
-  StoreAnswer(s, Fn::cuCtxGetId, c, 0, 0, v);
-  *id = v;
-  return CUDA_SUCCESS;
-}
-
 // ---- devices
 
 CUresult Impl_cuDeviceGetPCIBusId(char* pci_bus_id, int len, CUdevice dev) {
@@ -243,30 +177,6 @@ CUresult Impl_cuDeviceGetByPCIBusId(CUdevice* dev, const char* pci_bus_id) {
     }
   }
   return CUDA_ERROR_INVALID_DEVICE;
-}
-
-// ---- functions and modules
-
-CUresult Impl_cuFuncLoad(CUfunction f) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(f));
-  return Simple(l, Fn::cuFuncLoad, w);
-}
-
-CUresult Impl_cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction f) {
-  if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(f));
-  uint32_t v = 0;
-  CUresult r = CallForValue(l.session(), Fn::cuFuncIsLoaded, w, &v);
-  if (r == CUDA_SUCCESS) *state = static_cast<CUfunctionLoadingState>(v);
-  return r;
 }
 
 // ---- tensor maps (Hopper's bulk tensor copies; XLA and Triton encode them on the host)

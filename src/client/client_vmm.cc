@@ -1,6 +1,6 @@
-// Virtual memory management (PyTorch's expandable segments): cuMemGetAllocationGranularity,
-// cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap, cuMemSetAccess, forwarded
-// synchronously (they are not stream-ordered and each answers something the next call needs).
+// Virtual memory management (PyTorch's expandable segments; cuMemGetAllocationGranularity is
+// generated from api/remote_surface.tsv): cuMemAddressReserve/Free, cuMemCreate/Release,
+// cuMemMap/Unmap, cuMemSetAccess, forwarded synchronously (they are not stream-ordered and each answers something the next call needs).
 // Addresses and handles are the worker's; a mapped range is device memory to the client's pointer
 // attributes and copy-direction guesses until it is unmapped. Exporting handles (IPC) is not
 // forwarded.
@@ -28,24 +28,6 @@ CUresult WriteProp(Writer& w, const CUmemAllocationProp* prop) {
 }
 
 }  // namespace
-
-CUresult Impl_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
-                                            CUmemAllocationGranularity_flags option) {
-  if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[32];
-  Writer w(buf, sizeof(buf));
-  if (CUresult r = WriteProp(w, prop); r != CUDA_SUCCESS) return r;
-  w.U32(static_cast<uint32_t>(option));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetAllocationGranularity), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t g = 0;
-  if (!rv.reader.U64(&g)) return CUDA_ERROR_UNKNOWN;
-  *granularity = g;
-  return CUDA_SUCCESS;
-}
 
 CUresult Impl_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                                   unsigned long long flags) {

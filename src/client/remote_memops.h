@@ -24,13 +24,10 @@
 //   cuMemPoolGetAccess                      u64 pool, LOC -> u32 CUmemAccess_flags
 //   cuPointerSetAttribute                   u64 address (device memory of the session), u32 value
 //                                           (CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, the only settable one)
-//   cuDeviceGetHostAtomicCapabilities       i32 device, u32 count (1..kMaxAtomicOps),
-//                                           count x u32 CUatomicOperation -> count x u32 capabilities
-//   cuDeviceGetP2PAtomicCapabilities        i32 source, i32 destination, then as above
 //
 // cuStreamWaitValue32/64_v2, cuStreamWriteValue32/64_v2, cuMemcpyPeer(Async),
-// cuCtxEnablePeerAccess/DisablePeerAccess, cuStreamCopyAttributes and cuDeviceSetMemPool are
-// generated (api/remote_surface.tsv). Batched copies, prefetches and discards never travel as
+// cuCtxEnablePeerAccess/DisablePeerAccess, cuStreamCopyAttributes, cuDeviceSetMemPool and the
+// atomic-capability queries (count=capabilities:count:64) are generated (api/remote_surface.tsv). Batched copies, prefetches and discards never travel as
 // such: the client sends each copy through the copy paths of its kind (client_memops.cc).
 #pragma once
 
@@ -42,7 +39,5 @@ namespace tf::remote {
 inline constexpr uint32_t kMaxBatchMemOps = 256;
 // The most access descriptors one cuMemPoolSetAccess may carry.
 inline constexpr uint32_t kMaxPoolAccess = 64;
-// The most operations one atomic-capability query may name.
-inline constexpr uint32_t kMaxAtomicOps = 64;
 
 }  // namespace tf::remote

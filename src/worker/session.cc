@@ -133,13 +133,14 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void AfterCall(Fn fn, CUresult) override {
     if (fn == Fn::cuStreamSynchronize || fn == Fn::cuStreamQuery) PollStaged(false);
   }
-  // Functions, modules, libraries and kernels resolve as in the hand-written calls: a function
-  // may be a kernel in its place, and each must be in the session's own table too.
+  // Contexts, functions, modules, libraries and kernels resolve as in the hand-written calls: a
+  // function may be a kernel in its place, and each must be in the session's own table too.
   bool Resolve(HandleKind k, uint64_t wire, uint64_t* real) override {
     uint64_t v = wire;
     bool ok = false;
     switch (k) {
-      case HandleKind::kFunction: ok = KnownFunction(v); break;
+      case HandleKind::kContext: ok = Context(v); break;
+      case HandleKind::kFunction: ok = Function(v) && functions_.count(v) != 0; break;
       case HandleKind::kModule: ok = Module(v); break;
       case HandleKind::kLibrary: ok = Library(v); break;
       case HandleKind::kKernel: ok = Kernel(v); break;
@@ -177,9 +178,6 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     (void)t_->Send(f);  // thread-safe; a client that is gone has nothing left to call
   }
   void StreamGone(uint64_t s) override { streams_.erase(s); }
-  // SessionQueries::Host (stream, context, module and function queries: session_queries.cc).
-  bool KnownModule(uint64_t& m) const override { return Module(m); }
-  bool KnownFunction(uint64_t& f) const override { return Function(f) && functions_.count(f) != 0; }
   void* HostRegionAddress(uint64_t host, uint64_t n) override {
     uint64_t base = 0;
     HostRegion* r = n > 0 ? FindRegion(host, n, &base) : nullptr;
@@ -698,7 +696,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       }
       return r;
     }
-    case Fn::cuMemGetAllocationGranularity:
     case Fn::cuMemAddressReserve:
     case Fn::cuMemAddressFree:
     case Fn::cuMemCreate:
@@ -2031,16 +2028,6 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
     return it->first + it->second > p;
   };
   switch (fn) {
-    case Fn::cuMemGetAllocationGranularity: {
-      CUmemAllocationProp prop;
-      uint32_t option = 0;
-      if (!ReadProp(rd, &prop) || !rd.U32(&option) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      size_t g = 0;
-      CUresult r = CALL(cuMemGetAllocationGranularity, &g, &prop,
-                        static_cast<CUmemAllocationGranularity_flags>(option));
-      out.U64(g);
-      return r;
-    }
     case Fn::cuMemAddressReserve: {
       uint64_t size = 0, align = 0, addr = 0, flags = 0;
       rd.U64(&size);

@@ -28,8 +28,6 @@ bool SessionMemops::Handles(Fn fn) {
     case Fn::cuMemPoolSetAccess:
     case Fn::cuMemPoolGetAccess:
     case Fn::cuPointerSetAttribute:
-    case Fn::cuDeviceGetHostAtomicCapabilities:
-    case Fn::cuDeviceGetP2PAtomicCapabilities:
       return true;
     default:
       return false;
@@ -39,9 +37,6 @@ bool SessionMemops::Handles(Fn fn) {
 CUresult SessionMemops::Call(Fn fn, Reader& rd, Writer& out) {
   if (fn == Fn::cuStreamBatchMemOp_v2) return BatchMemOp(rd);
   if (fn == Fn::cuPointerSetAttribute) return SetAttribute(rd);
-  if (fn == Fn::cuDeviceGetHostAtomicCapabilities || fn == Fn::cuDeviceGetP2PAtomicCapabilities) {
-    return AtomicCaps(fn, rd, out);
-  }
   if (fn != Fn::cuDeviceGetMemPool) return PoolCall(fn, rd, out);
   // i32 device -> u64 pool
   int32_t dev = 0;
@@ -138,36 +133,6 @@ CUresult SessionMemops::SetAttribute(Reader& rd) {
   if (d_.cuPointerSetAttribute == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   unsigned value = v;
   return d_.cuPointerSetAttribute(&value, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p);
-}
-
-// i32 device [, i32 destination], u32 count, count x u32 operation -> count x u32 capabilities
-CUresult SessionMemops::AtomicCaps(Fn fn, Reader& rd, Writer& out) {
-  const bool p2p = fn == Fn::cuDeviceGetP2PAtomicCapabilities;
-  int32_t src = 0, dst = 0;
-  uint32_t count = 0;
-  rd.I32(&src);
-  if (p2p) rd.I32(&dst);
-  if (!rd.U32(&count) || count == 0 || count > remote::kMaxAtomicOps) return CUDA_ERROR_INVALID_VALUE;
-  std::vector<CUatomicOperation> ops(count);
-  for (CUatomicOperation& op : ops) {
-    uint32_t v = 0;
-    if (!rd.U32(&v) || v >= CU_ATOMIC_OPERATION_MAX) return CUDA_ERROR_INVALID_VALUE;
-    op = static_cast<CUatomicOperation>(v);
-  }
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!host_.KnownDevice(src) || (p2p && !host_.KnownDevice(dst))) return CUDA_ERROR_INVALID_DEVICE;
-  std::vector<unsigned> caps(count, 0);
-  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
-  if (p2p) {
-    if (d_.cuDeviceGetP2PAtomicCapabilities != nullptr) {
-      r = d_.cuDeviceGetP2PAtomicCapabilities(caps.data(), ops.data(), count, src, dst);
-    }
-  } else if (d_.cuDeviceGetHostAtomicCapabilities != nullptr) {
-    r = d_.cuDeviceGetHostAtomicCapabilities(caps.data(), ops.data(), count, src);
-  }
-  if (r != CUDA_SUCCESS) return r;
-  for (unsigned c : caps) out.U32(c);
-  return CUDA_SUCCESS;
 }
 
 // u64 stream, u32 count, u32 flags, count x (u32 operation, u32 flags, u64 address, u64 value)

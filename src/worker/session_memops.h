@@ -41,7 +41,6 @@ class SessionMemops {
  private:
   CUresult BatchMemOp(transport::Reader& rd);
   CUresult SetAttribute(transport::Reader& rd);
-  CUresult AtomicCaps(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult PoolCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   // Reads a location (u32 type, i32 id): a device of the session.
   CUresult ReadLocation(transport::Reader& rd, CUmemLocation* loc) const;

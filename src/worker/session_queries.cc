@@ -19,32 +19,13 @@ T As(uint64_t v) {
 constexpr uint32_t kMaxTensorRank = 5;
 constexpr size_t kTensorMapBytes = sizeof(CUtensorMap);  // 128
 
-// The stream attributes that have a meaning for streams (cuda.h CU_STREAM_ATTRIBUTE_*).
-bool StreamAttribute(uint32_t a) {
-  switch (a) {
-    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
-    case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY:
-    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-    case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace
 
 #define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
 
 bool SessionQueries::Handles(Fn fn) {
   switch (fn) {
-    case Fn::cuStreamGetAttribute:
-    case Fn::cuStreamSetAttribute:
-    case Fn::cuCtxGetId:
     case Fn::cuDeviceGetPCIBusId:
-    case Fn::cuFuncLoad:
-    case Fn::cuFuncIsLoaded:
     case Fn::cuTensorMapEncodeTiled:
     case Fn::cuTensorMapEncodeIm2col:
     case Fn::cuTensorMapEncodeIm2colWide:
@@ -57,24 +38,11 @@ bool SessionQueries::Handles(Fn fn) {
 
 CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
-    case Fn::cuStreamGetAttribute:
-    case Fn::cuStreamSetAttribute:
-      return StreamQuery(fn, rd, out);
     case Fn::cuTensorMapEncodeTiled:
     case Fn::cuTensorMapEncodeIm2col:
     case Fn::cuTensorMapEncodeIm2colWide:
     case Fn::cuTensorMapReplaceAddress:
       return TensorMap(fn, rd, out);
-    // u64 context (0: the current one) -> u64 id.
-    case Fn::cuCtxGetId: {
-      uint64_t c = 0;
-      if (!rd.U64(&c) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (c != 0 && !host_.KnownContext(c)) return CUDA_ERROR_INVALID_CONTEXT;
-      unsigned long long id = 0;
-      CUresult r = CALL(cuCtxGetId, As<CUcontext>(c), &id);
-      out.U64(id);
-      return r;
-    }
     // i32 device -> blob bus id (the driver's text, without its NUL).
     case Fn::cuDeviceGetPCIBusId: {
       int32_t dev = 0;
@@ -86,53 +54,9 @@ CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
       out.Blob(id, static_cast<uint32_t>(strnlen(id, sizeof(id) - 1)));
       return CUDA_SUCCESS;
     }
-    // u64 function [-> u32 loading state].
-    case Fn::cuFuncLoad:
-    case Fn::cuFuncIsLoaded: {
-      uint64_t f = 0;
-      if (!rd.U64(&f) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownFunction(f)) return CUDA_ERROR_INVALID_HANDLE;
-      if (fn == Fn::cuFuncLoad) return CALL(cuFuncLoad, As<CUfunction>(f));
-      CUfunctionLoadingState st = CU_FUNCTION_LOADING_STATE_UNLOADED;
-      CUresult r = CALL(cuFuncIsLoaded, &st, As<CUfunction>(f));
-      out.U32(static_cast<uint32_t>(st));
-      return r;
-    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
-}
-
-// u64 stream, then: cuStreamGetAttribute u32 attribute -> 64 bytes; cuStreamSetAttribute u32
-// attribute, 64 bytes (the CUstreamAttrValue union, by value: the access-policy window's base pointer is a
-// device address).
-CUresult SessionQueries::StreamQuery(Fn fn, Reader& rd, Writer& out) {
-  uint64_t s = 0;
-  if (!rd.U64(&s)) return CUDA_ERROR_INVALID_VALUE;
-  uint32_t attr = 0;
-  CUstreamAttrValue value;
-  memset(&value, 0, sizeof(value));
-  if (!rd.U32(&attr)) return CUDA_ERROR_INVALID_VALUE;
-  if (fn == Fn::cuStreamSetAttribute && !rd.Bytes(&value, sizeof(value))) {
-    return CUDA_ERROR_INVALID_VALUE;
-  }
-  if (!StreamAttribute(attr)) return CUDA_ERROR_INVALID_VALUE;
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!host_.KnownStream(s)) return CUDA_ERROR_INVALID_HANDLE;
-  const CUstream st = As<CUstream>(s);
-  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
-  switch (fn) {
-    case Fn::cuStreamGetAttribute:
-      r = CALL(cuStreamGetAttribute, st, static_cast<CUstreamAttrID>(attr), &value);
-      out.Bytes(&value, sizeof(value));
-      break;
-    case Fn::cuStreamSetAttribute:
-      r = CALL(cuStreamSetAttribute, st, static_cast<CUstreamAttrID>(attr), &value);
-      break;
-    default:
-      break;
-  }
-  return r;
 }
 
 // Tensor maps: every argument by value, the 128-byte map back.

@@ -62,6 +62,9 @@ struct Stream {
   bool capture_invalidated = false;  // an unsafe call ran during it (EndCapture then fails)
   bool capture_to_existing = false;  // cuStreamBeginCaptureToGraph: the graph is the caller's
   std::vector<GraphNode*> capture_deps;  // what the next captured node depends on
+  // cuStreamSetAttribute's values but the priority's (fake_stream_attributes.cc); guarded by
+  // Driver::mu.
+  std::map<int, CUlaunchAttributeValue> attributes;
 };
 
 // The counters of an interprocess event (CU_EVENT_INTERPROCESS) live in a shared page (a memfd

@@ -134,6 +134,22 @@ class FuzzHost : public tf::worker::GeneratedHost {
       *ms = 1.5f;
       return CUDA_SUCCESS;
     };
+    // An array with a count, a structure and a union come back (count=, structures, bytes=).
+    d_.cuDeviceGetHostAtomicCapabilities = [](unsigned int* caps, const CUatomicOperation* ops, unsigned int n,
+                                              CUdevice) {
+      Check(n >= 1 && n <= 64);
+      for (unsigned i = 0; i < n; ++i) caps[i] = static_cast<unsigned>(ops[i]) + 1;
+      return CUDA_SUCCESS;
+    };
+    d_.cuMemGetAllocationGranularity = [](size_t* g, const CUmemAllocationProp* p, CUmemAllocationGranularity_flags) {
+      Check(p->win32HandleMetaData == nullptr);  // pointer fields never travel
+      *g = 2 << 20;
+      return CUDA_SUCCESS;
+    };
+    d_.cuStreamGetAttribute = [](CUstream, CUstreamAttrID, CUstreamAttrValue* v) {
+      memset(v, 0x5a, sizeof(*v));
+      return CUDA_SUCCESS;
+    };
     t_.Publish(tf::worker::HandleKind::kContext, 0x1000);
     t_.Publish(tf::worker::HandleKind::kStream, 0x2000);
     t_.Publish(tf::worker::HandleKind::kEvent, 0x3000);

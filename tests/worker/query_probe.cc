@@ -182,6 +182,64 @@ int Modules() {
   return 0;
 }
 
+// Function loading and stream attributes: what is set is read back (a device address in the
+// access-policy window unchanged, the priority also through cuStreamGetPriority); attributes a
+// stream does not have, NULL values and bad handles fail that call only.
+int LoadingAndAttributes() {
+  CUfunction f = Kernel("fill_u32");
+  CUfunctionLoadingState state = CU_FUNCTION_LOADING_STATE_MAX;
+  const CUresult load = cuFuncLoad(f);
+  const CUresult is = cuFuncIsLoaded(&state, f);
+  std::printf("func_loaded=%d:%d:%d\n", static_cast<int>(load), static_cast<int>(is), static_cast<int>(state));
+  CUfunction bogus = reinterpret_cast<CUfunction>(0x5a5a5a0);
+  std::printf("func_bad=%d:%d:%d\n", static_cast<int>(cuFuncLoad(bogus)),
+              static_cast<int>(cuFuncIsLoaded(&state, bogus)), static_cast<int>(cuFuncIsLoaded(nullptr, f)));
+
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr p;
+  CHECK(cuMemAlloc(&p, 1 << 16));
+  CUstreamAttrValue v{}, got{};
+  v.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(p);
+  v.accessPolicyWindow.num_bytes = 1 << 16;
+  v.accessPolicyWindow.hitRatio = 0.5f;
+  v.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+  v.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+  CUresult set = cuStreamSetAttribute(s, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &v);
+  CUresult get = cuStreamGetAttribute(s, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, &got);
+  std::printf("stream_attr_window=%d:%d:%d:%zu:%g:%d:%d\n", static_cast<int>(set), static_cast<int>(get),
+              got.accessPolicyWindow.base_ptr == reinterpret_cast<void*>(p), got.accessPolicyWindow.num_bytes,
+              static_cast<double>(got.accessPolicyWindow.hitRatio), static_cast<int>(got.accessPolicyWindow.hitProp),
+              static_cast<int>(got.accessPolicyWindow.missProp));
+  v = CUstreamAttrValue{};
+  v.syncPolicy = CU_SYNC_POLICY_YIELD;
+  set = cuStreamSetAttribute(s, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &v);
+  got = CUstreamAttrValue{};
+  get = cuStreamGetAttribute(s, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY, &got);
+  std::printf("stream_attr_sync=%d:%d:%d\n", static_cast<int>(set), static_cast<int>(get),
+              static_cast<int>(got.syncPolicy));
+  // The priority: a getter answered before the change answers the new one after it.
+  int before = 1, after = 1;
+  CHECK(cuStreamGetPriority(s, &before));
+  v = CUstreamAttrValue{};
+  v.priority = -2;
+  set = cuStreamSetAttribute(s, CU_STREAM_ATTRIBUTE_PRIORITY, &v);
+  CHECK(cuStreamGetPriority(s, &after));
+  got = CUstreamAttrValue{};
+  get = cuStreamGetAttribute(s, CU_STREAM_ATTRIBUTE_PRIORITY, &got);
+  std::printf("stream_attr_priority=%d:%d:%d:%d:%d\n", static_cast<int>(set), static_cast<int>(get), before,
+              after, got.priority);
+  std::printf("stream_attr_bad=%d:%d:%d:%d\n",
+              static_cast<int>(cuStreamGetAttribute(s, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &got)),
+              static_cast<int>(cuStreamSetAttribute(s, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v)),
+              static_cast<int>(cuStreamGetAttribute(s, CU_STREAM_ATTRIBUTE_PRIORITY, nullptr)),
+              static_cast<int>(cuStreamGetAttribute(reinterpret_cast<CUstream>(0x5a5a5a0),
+                                                    CU_STREAM_ATTRIBUTE_PRIORITY, &got)));
+  CHECK(cuMemFree(p));
+  CHECK(cuStreamDestroy(s));
+  return 0;
+}
+
 int Queries() {
   CUcontext ctx = Setup();
   if (int rc = Streams(ctx)) return rc;
@@ -189,6 +247,7 @@ int Queries() {
   if (int rc = Pci()) return rc;
   if (int rc = TensorMaps()) return rc;
   if (int rc = Modules()) return rc;
+  if (int rc = LoadingAndAttributes()) return rc;
   std::printf("done=1\n");
   return 0;
 }

@@ -412,6 +412,12 @@ TEST_F(RemoteTest, StreamContextPciAndTensorMapQueriesMatchTheDriver) {
     EXPECT_EQ(r.kv["tiled_bad_rank"], "1");
     EXPECT_EQ(r.kv["replaced_misaligned"], "1");
     EXPECT_EQ(r.kv["function_count"].substr(1), ":1:1") << "CUDA_ERROR_INVALID_VALUE, then a stale module";
+    EXPECT_EQ(r.kv["func_loaded"], "0:0:1");   // CU_FUNCTION_LOADING_STATE_LOADED
+    EXPECT_EQ(r.kv["func_bad"], "400:400:1");  // CUDA_ERROR_INVALID_HANDLE, then a NULL output
+    EXPECT_EQ(r.kv["stream_attr_window"], "0:0:1:65536:0.5:2:1");
+    EXPECT_EQ(r.kv["stream_attr_sync"], "0:0:3");  // CU_SYNC_POLICY_YIELD
+    EXPECT_EQ(r.kv["stream_attr_priority"], "0:0:0:-2:-2") << "the cached priority is dropped";
+    EXPECT_EQ(r.kv["stream_attr_bad"], "1:1:1:400");
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
   }
@@ -2187,6 +2193,55 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     EXPECT_NE(c.Send(remote::Op(Fn::cuStreamWaitEvent), 0, w), 0u);
     EXPECT_EQ(on(Fn::cuStreamSynchronize, stream), CUDA_ERROR_INVALID_HANDLE);
     EXPECT_EQ(on(Fn::cuStreamSynchronize, stream), 0);
+  }
+  // Arrays with a count (count=), structures and restricted enumerations (values=): a count
+  // outside 1..64 or other than the elements sent, an operation cuda.h does not define, a
+  // structure one byte short, an attribute streams do not have.
+  {
+    uint8_t big[512];
+    auto caps = [&](uint32_t count, uint32_t sent, uint32_t op) {
+      Writer w(big, sizeof(big));
+      w.U32(count);
+      w.I32(0);  // the device
+      for (uint32_t i = 0; i < sent; ++i) w.U32(op);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuDeviceGetHostAtomicCapabilities), w, &out);
+    };
+    EXPECT_EQ(caps(2, 2, CU_ATOMIC_OPERATION_INTEGER_ADD), 0);
+    EXPECT_EQ(out.size(), 8u);
+    EXPECT_EQ(caps(0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(caps(65, 65, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(caps(2, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(caps(1, 2, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(caps(1, 1, CU_ATOMIC_OPERATION_MAX), CUDA_ERROR_INVALID_VALUE);
+    auto granularity = [&](bool short_by_one) {
+      Writer w(big, sizeof(big));
+      w.U32(CU_MEM_ALLOCATION_TYPE_PINNED);
+      w.U32(0);  // requested handle types
+      w.U32(CU_MEM_LOCATION_TYPE_DEVICE);
+      w.I32(0);
+      w.U8(0);  // compression, RDMA, usage, 4 reserved bytes
+      w.U8(0);
+      w.U16(0);
+      for (int i = short_by_one ? 1 : 0; i < 4; ++i) w.U8(0);
+      w.U32(CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuMemGetAllocationGranularity), w, &out);
+    };
+    EXPECT_EQ(granularity(false), 0);
+    EXPECT_EQ(out.size(), 8u);
+    EXPECT_EQ(granularity(true), CUDA_ERROR_INVALID_VALUE);
+    auto attribute = [&](uint32_t attr) {
+      Writer w(big, sizeof(big));
+      w.U64(stream);
+      w.U32(attr);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuStreamGetAttribute), w, &out);
+    };
+    EXPECT_EQ(attribute(CU_LAUNCH_ATTRIBUTE_PRIORITY), 0);
+    EXPECT_EQ(out.size(), sizeof(CUstreamAttrValue));
+    EXPECT_EQ(attribute(CU_LAUNCH_ATTRIBUTE_COOPERATIVE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(attribute(999), CUDA_ERROR_INVALID_VALUE);
   }
   // Nothing else changed: the objects and the limit are as they were.
   EXPECT_EQ(on(Fn::cuStreamQuery, stream), 0);

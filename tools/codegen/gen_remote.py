@@ -90,7 +90,123 @@ def parse_types(pp):
             if not re.search(r"(_MAX|FORCE_INT)$", em.group(1)):
                 vals.append(v & 0xFFFFFFFF)
         values[tag] = sorted(set(vals)) if ok else None
-    return typedefs, {name: values.get(tag) for name, tag in enums.items()}
+    return typedefs, {name: values.get(tag) for name, tag in enums.items()}, known
+
+
+def parse_aggregates(pp):
+    """typedef'd structure and union definitions -> {name: (struct|union, body)}, by typedef name
+    and by tag; the bodies are parsed into shapes when a generated call uses them."""
+    aggs = {}
+    for m in re.finditer(r"typedef (struct|union) (\w+ )?\{", pp):
+        depth, i = 1, m.end()
+        while depth and i < len(pp):
+            depth += {"{": 1, "}": -1}.get(pp[i], 0)
+            i += 1
+        tail = re.match(r"\s*(\w+)\s*;", pp[i:])
+        if depth or not tail:
+            continue
+        agg = (m.group(1), pp[m.end():i - 1])
+        aggs.setdefault(tail.group(1), agg)
+        if m.group(2):
+            aggs.setdefault("%s %s" % (m.group(1), m.group(2).strip()), agg)
+    return aggs
+
+
+def split_top(body, sep):
+    """body split at sep outside braces and brackets."""
+    parts, depth, cur = [], 0, ""
+    for ch in body:
+        if ch == sep and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "{[("
+        depth -= ch in "}])"
+        cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return [p for p in parts if p]
+
+
+class Shape:
+    """How one value behind a pointer travels: `scalar` (its wire type), `enum` (32 bits), `ptr` (a pointer field:
+    never travels), `handle` (not generated inside structures), `struct` (its fields in order),
+    `union` (its bytes), `array` (n elements)."""
+
+    def __init__(self, kind, wire=None, fields=None, elem=None, n=0):
+        self.kind, self.wire, self.fields, self.elem, self.n = kind, wire, fields or [], elem, n
+
+    def refs(self):
+        """Whether a pointer or a handle lies anywhere inside."""
+        if self.kind in ("ptr", "handle"):
+            return True
+        if self.kind == "array":
+            return self.elem.refs()
+        return any(f.refs() for _, f in self.fields)
+
+
+class Types:
+    """cuda.h's types as the generator needs them."""
+
+    def __init__(self, pp):
+        self.typedefs, self.enums, self.known = parse_types(pp)
+        self.aggs = parse_aggregates(pp)
+
+    def enum_of(self, t):
+        if t in self.enums:
+            return t
+        r = resolve(t, self.typedefs)
+        return r if r in self.enums else None
+
+    def aggregate(self, t):
+        """The shape of a structure or union type, or None for any other type."""
+        r = resolve(t, self.typedefs)
+        if r not in self.aggs:
+            return None
+        kind, body = self.aggs[r]
+        fields = []
+        for decl in split_top(body, ";"):
+            fields.append(self.field(r, decl))
+        return Shape(kind, fields=fields)
+
+    def field(self, owner, decl):
+        nested = re.match(r"^(struct|union)\s*(\w+\s*)?\{(.*)\}\s*(\w*)\s*((?:\[[^\]]*\])*)$", decl)
+        if nested:
+            kind, _, body, name, dims = nested.groups()
+            inner = Shape(kind, fields=[self.field(owner, d) for d in split_top(body, ";")])
+        else:
+            m = re.match(r"^(.*?)\s*(\w+)\s*((?:\[[^\]]*\])*)$", decl)
+            if not m or ":" in decl:
+                raise SurfaceError("%s: field %r is not generated" % (owner, decl))
+            ctype, name, dims = m.groups()
+            inner = self.value(owner, ctype.replace("const ", "").strip())
+        if not name:
+            raise SurfaceError("%s: an anonymous member is not generated" % owner)
+        for d in reversed(re.findall(r"\[([^\]]*)\]", dims)):
+            if not re.match(r"^[0-9]+$", d.strip()):
+                raise SurfaceError("%s: array field %s[%s] is not generated" % (owner, name, d))
+            inner = Shape("array", elem=inner, n=int(d))
+        return name, inner
+
+    def value(self, owner, t):
+        if t.endswith("*"):
+            return Shape("ptr")
+        if t in HANDLE_KINDS:
+            return Shape("handle")
+        if self.enum_of(t):
+            return Shape("enum", wire="u32")
+        r = resolve(t, self.typedefs)
+        if r.endswith("*"):
+            return Shape("ptr")
+        if r in SCALARS:
+            return Shape("scalar", wire=SCALARS[r])
+        if r in ("char", "signed char"):
+            return Shape("scalar", wire="u8")
+        agg = self.aggregate(t)
+        if agg is None:
+            # Refused only where a generated call moves it field by field (not inside a union).
+            return Shape("bad", wire="%s: a field of type %s is not generated" % (owner, t))
+        return agg
 
 
 def resolve(t, typedefs):
@@ -102,13 +218,17 @@ def resolve(t, typedefs):
 
 
 class Arg:
-    def __init__(self, fn, index, ctype, name, ann, typedefs, enums):
+    def __init__(self, fn, index, ctype, name, ann, types):
         self.ctype, self.name = ctype, name
         self.dir = "in"
         self.wire = None      # scalar wire type
         self.kind = None      # handle kind
         self.enum = None      # enum type name (values checked)
         self.device = False
+        self.shape = None     # a structure or union behind the pointer (struct_lines)
+        self.count = ann.get("count", {}).get(name)     # count=ARR:N:MAX: (N, MAX)
+        self.bytes = name in ann.get("bytes", set())
+        self.values = ann.get("values", {}).get(name)   # values=ARG:V,...
         self.mask = ann.get("flags", {}).get(name)
         self.nullable = name in ann.get("null", set())
         self.weak = name in ann.get("weak", set())
@@ -120,35 +240,111 @@ class Arg:
             base = t[:-1].strip()
             if "*" in base or base in ("void", "char"):
                 raise SurfaceError("%s: argument %s (%s) needs a hand-written family" % (fn, name, ctype))
-            if ctype.startswith("const"):
-                raise SurfaceError("%s: input pointer %s (%s) is not generated yet" % (fn, name, ctype))
-            self.dir = "out"
+            self.dir = "in" if ctype.startswith("const") else "out"
             t = base
             self.base = base
+            self.shape = types.aggregate(base)
+            if self.shape is not None:
+                if self.count:
+                    raise SurfaceError("%s: count=%s: arrays of structures are not generated" % (fn, name))
+                if self.shape.kind == "union" and self.shape.refs() and not self.bytes:
+                    raise SurfaceError("%s: union %s (%s) holds pointers or handles: bytes=%s says it may "
+                                       "travel as its bytes" % (fn, name, ctype, name))
+                if self.shape.kind == "struct":
+                    struct_lines(fn, self.shape, "x", "w", "enc", self.dir == "out")  # refuses what cannot travel
+                return
+            if self.dir == "in" and not self.count:
+                raise SurfaceError("%s: input pointer %s (%s) is not generated yet" % (fn, name, ctype))
             if base in HANDLE_KINDS:
+                if self.count:
+                    raise SurfaceError("%s: count=%s: arrays of handles are not generated" % (fn, name))
                 self.kind = HANDLE_KINDS[base]
                 self.created = "Create" in fn and index == 0
                 return
+        elif self.count:
+            raise SurfaceError("%s: count=%s names no pointer" % (fn, name))
         if t in HANDLE_KINDS:
             self.kind = HANDLE_KINDS[t]
             return
         if t == "CUdevice":
             self.device = self.dir == "in"
-        if t in enums:
-            self.enum = t
-            self.enum_values = enums[t]
+        if types.enum_of(t):
+            self.enum = types.enum_of(t)
+            self.enum_values = types.enums[self.enum]
             self.wire = "u32"
             return
-        r = resolve(t, typedefs)
+        r = resolve(t, types.typedefs)
         if r not in SCALARS:
             raise SurfaceError("%s: argument %s has type %s (%s), which is not generated" % (fn, name, ctype, r))
         self.wire = SCALARS[r]
-        if self.wire == "f32" and self.dir == "in":
-            raise SurfaceError("%s: float inputs are not generated" % fn)
+        if self.wire == "f32" and (self.dir == "in" or self.count):
+            raise SurfaceError("%s: float inputs and arrays are not generated" % fn)
 
     @property
     def value_type(self):
         return self.base if self.dir == "out" else self.ctype
+
+    @property
+    def scalar(self):
+        """Travels as one wire value (a scalar, an enumeration or a handle)."""
+        return self.shape is None and not self.count
+
+
+def struct_lines(fn, shape, expr, io, mode, is_out, depth=0):
+    """C++ statements that move the structure or union value `expr` of `shape` through the
+    Writer or Reader `io`: mode `enc` writes it, `dec` reads it back into place. Fields travel
+    in declaration order (scalars and enumerations by value, nested structures in place, fixed
+    arrays element by element); a union travels as its bytes (nothing says which member is
+    live); a pointer field never travels (an input's must be NULL: ptr_checks; the other side
+    sees NULL); an output's pointer fields and any handle field are not generated."""
+    if shape.kind == "bad":
+        raise SurfaceError("%s: %s" % (fn, shape.wire))
+    if shape.kind == "scalar" and shape.wire == "f32":
+        if mode == "enc":
+            return ["{ uint32_t b_ = 0; memcpy(&b_, &%s, 4); %s.U32(b_); }" % (expr, io)]
+        return ["{ uint32_t b_ = 0; %s.U32(&b_); memcpy(&%s, &b_, 4); }" % (io, expr)]
+    if shape.kind == "enum":
+        # Moved as its 32 bits: a value cuda.h does not name is the driver's to refuse, and C++
+        # may not hold it in the enumeration type by conversion.
+        if mode == "enc":
+            return ["{ uint32_t v_ = 0; static_assert(sizeof(%s) == 4); memcpy(&v_, &%s, 4); %s.U32(v_); }"
+                    % (expr, expr, io)]
+        return ["{ uint32_t v_ = 0; %s.U32(&v_); static_assert(sizeof(%s) == 4); memcpy(&%s, &v_, 4); }"
+                % (io, expr, expr)]
+    if shape.kind == "scalar":
+        if mode == "enc":
+            return ["%s.%s(static_cast<%s>(%s));" % (io, READ[shape.wire], WIRE_C[shape.wire], expr)]
+        return ["{ %s v_ = 0; %s.%s(&v_); %s = static_cast<std::remove_reference_t<decltype(%s)>>(v_); }"
+                % (WIRE_C[shape.wire], io, READ[shape.wire], expr, expr)]
+    if shape.kind == "ptr":
+        if is_out:
+            raise SurfaceError("%s: %s: a pointer inside an output structure is not generated" % (fn, expr))
+        return []
+    if shape.kind == "handle":
+        raise SurfaceError("%s: %s: a handle inside a structure is not generated" % (fn, expr))
+    if shape.kind == "union":
+        if mode == "enc":
+            return ["%s.Bytes(&%s, sizeof(%s));" % (io, expr, expr)]
+        return ["%s.Bytes(&%s, sizeof(%s));" % (io, expr, expr)]
+    if shape.kind == "array":
+        if shape.elem.kind == "ptr":
+            raise SurfaceError("%s: %s: an array of pointers is not generated" % (fn, expr))
+        i = "i%d_" % depth
+        inner = struct_lines(fn, shape.elem, "%s[%s]" % (expr, i), io, mode, is_out, depth + 1)
+        return ["for (size_t %s = 0; %s < %d; ++%s) {" % (i, i, shape.n, i)] + ["  " + l for l in inner] + ["}"]
+    out = []
+    for name, f in shape.fields:
+        out += struct_lines(fn, f, "%s.%s" % (expr, name), io, mode, is_out, depth)
+    return out
+
+
+def ptr_checks(shape, expr):
+    """The pointer fields of an input structure (they must be NULL: they do not travel)."""
+    if shape.kind == "ptr":
+        return [expr]
+    if shape.kind == "struct":
+        return [p for name, f in shape.fields for p in ptr_checks(f, "%s.%s" % (expr, name))]
+    return []
 
 
 def parse_surface(path, exports, typed):
@@ -180,7 +376,7 @@ def parse_surface(path, exports, typed):
 
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
-           "publish": {}, "of": {}}
+           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -198,8 +394,9 @@ def parse_annotations(fn, text, params):
         elif key == "cache" and val:
             keys = val.split(",")
             for k in keys:
-                if k != "ctx" and k not in names and not (k.startswith("sctx:") and k[5:] in names):
-                    raise SurfaceError("%s: cache key %s is neither ctx, sctx:ARG nor an argument" % (fn, k))
+                if k != "ctx" and k not in names and not (k.startswith("sctx:") and k[5:] in names) and \
+                        not (k.startswith("ctx:") and k[4:] in names):
+                    raise SurfaceError("%s: cache key %s is neither ctx, ctx:ARG, sctx:ARG nor an argument" % (fn, k))
             if len(keys) > 4:
                 raise SurfaceError("%s: at most 4 cache keys" % fn)
             ann["cache"] = keys
@@ -210,6 +407,18 @@ def parse_annotations(fn, text, params):
             if a not in names or other not in names or a == other:
                 raise SurfaceError("%s: %s=%s names no two arguments" % (fn, key, val))
             ann[key][a] = other
+        elif key == "count" and val.count(":") == 2:
+            a, n, most = val.split(":")
+            if a not in names or n not in names or not re.match(r"^[0-9]+$", most) or not 0 < int(most) <= 256:
+                raise SurfaceError("%s: count=%s wants ARRAY:COUNT:MAX (MAX 1 to 256)" % (fn, val))
+            ann["count"][a] = (n, int(most))
+        elif key == "bytes" and val in names:
+            ann["bytes"].add(val)
+        elif key == "values" and ":" in val:
+            a, vals = val.split(":", 1)
+            if a not in names or not vals:
+                raise SurfaceError("%s: values=%s names no argument" % (fn, val))
+            ann["values"][a] = vals.split(",")
         elif key == "dptr" and ":" in val:
             a, size = val.split(":", 1)
             if a not in names:
@@ -223,24 +432,46 @@ def parse_annotations(fn, text, params):
 
 
 class Call:
-    def __init__(self, name, cls, text, params, typedefs, enums):
+    def __init__(self, name, cls, text, params, types):
         self.name, self.cls = name, cls
         self.params = params
         self.ann = parse_annotations(name, text, params)
-        self.args = [Arg(name, i, t, n, self.ann, typedefs, enums) for i, (t, n) in enumerate(params)]
-        self.ins = [a for a in self.args if a.dir == "in"]
-        self.outs = [a for a in self.args if a.dir == "out"]
+        self.args = [Arg(name, i, t, n, self.ann, types) for i, (t, n) in enumerate(params)]
+        # On the wire: the inputs in prototype order, then the input arrays (their counts come
+        # first); the reply likewise.
+        self.ins = [a for a in self.args if a.dir == "in" and not a.count] + \
+                   [a for a in self.args if a.dir == "in" and a.count]
+        self.outs = [a for a in self.args if a.dir == "out" and not a.count] + \
+                     [a for a in self.args if a.dir == "out" and a.count]
+        by_name = {a.name: a for a in self.args}
+        for a in self.args:
+            if a.count and not (by_name[a.count[0]].dir == "in" and by_name[a.count[0]].scalar and
+                                by_name[a.count[0]].wire in ("u32", "u64")):
+                raise SurfaceError("%s: count=%s: the count is an unsigned integer input" % (name, a.name))
+            if a.bytes and not (a.shape is not None and a.shape.kind == "union"):
+                raise SurfaceError("%s: bytes=%s is for a union behind a pointer" % (name, a.name))
+            if a.values:
+                if not (a.dir == "in" and a.enum and a.scalar):
+                    raise SurfaceError("%s: values=%s is for an enumeration input" % (name, a.name))
+                vs = []
+                for v in a.values:
+                    if re.match(r"^[0-9]+$", v):
+                        vs.append(int(v))
+                    elif v in types.known:
+                        vs.append(types.known[v] & 0xFFFFFFFF)
+                    else:
+                        raise SurfaceError("%s: values=%s: %s is not in cuda.h" % (name, a.name, v))
+                a.values = vs
         if cls == "async" and self.outs:
             raise SurfaceError("%s: an async call cannot have outputs" % name)
         handles = [a for a in self.ins if a.kind]
         if "Destroy" in name and len(handles) == 1:
             handles[0].destroyed = True
-        if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32"):
+        if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32" or not self.outs[0].scalar):
             raise SurfaceError("%s: a cached call has exactly one integer or handle output" % name)
         for a in self.args:
             if a.weak and not (a.dir == "out" and a.kind and not a.created):
                 raise SurfaceError("%s: weak=%s is for a handle output the call does not create" % (name, a.name))
-        by_name = {a.name: a for a in self.args}
         for a in self.args:
             if a.parent and not (a.dir == "out" and a.kind and not a.created and not a.weak and
                                  by_name[a.parent].dir == "in" and by_name[a.parent].kind):
@@ -278,7 +509,39 @@ def cache_key(k):
         return "CurrentContext()"
     if k.startswith("sctx:"):
         return "(H(%s) <= 2 ? CurrentContext() : 0)" % k[5:]
+    if k.startswith("ctx:"):
+        return "(%s != nullptr ? H(%s) : CurrentContext())" % (k[4:], k[4:])
     return "static_cast<uint64_t>(%s)" % k
+
+
+def wire_bytes(a):
+    """A C++ expression bounding the bytes input a takes on the wire."""
+    if a.count:
+        return "%d" % (a.count[1] * 8)
+    if a.shape is not None:
+        return "sizeof(%s)" % a.base if a.shape.kind == "union" else "%d" % (8 * leaves(a.shape))
+    return "8"
+
+
+def leaves(shape):
+    if shape.kind == "array":
+        return shape.n * leaves(shape.elem)
+    if shape.kind in ("struct",):
+        return sum(leaves(f) for _, f in shape.fields)
+    if shape.kind == "union":
+        return 0  # bounded by sizeof, added by wire_bytes
+    return 1 if shape.kind in ("scalar", "enum") else 0
+
+
+def count_checks(c):
+    """`count=` arrays: the count must be 1 to MAX (one check per count argument)."""
+    seen, out = set(), []
+    for a in c.args:
+        if a.count and a.count[0] not in seen:
+            seen.add(a.count[0])
+            most = min(x.count[1] for x in c.args if x.count and x.count[0] == a.count[0])
+            out.append((a.count[0], most))
+    return out
 
 
 def gen_client_impl(c, decl):
@@ -286,6 +549,16 @@ def gen_client_impl(c, decl):
     o.append("CUresult Impl_%s(%s) {\n" % (c.name, decl(c.name)))
     for a in c.outs:
         o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
+    for a in c.ins:
+        if a.shape is not None or a.count:
+            o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
+    for n, most in count_checks(c):
+        o.append("  if (%s < 1 || %s > %d) return CUDA_ERROR_INVALID_VALUE;\n" % (n, n, most))
+    for a in c.ins:
+        if a.shape is not None:
+            for p in ptr_checks(a.shape, "(*%s)" % a.name):
+                # A pointer field does not travel (the worker's host is not this one).
+                o.append("  if (%s != nullptr) return CUDA_ERROR_NOT_SUPPORTED;\n" % p)
     for a in c.ins:
         if a.kind and a.kind != "kStream" and not a.nullable:
             o.append("  if (%s == nullptr) return %s;\n" % (a.name, HANDLE_ERROR.get(a.kind, "CUDA_ERROR_INVALID_HANDLE")))
@@ -308,11 +581,18 @@ def gen_client_impl(c, decl):
         o.append("  uint64_t cached_ = 0;\n")
         o.append("  if (CachedAnswer(s_, Fn::%s, %s, %s, %s, &cached_, %s)) {\n" % (c.name, keys[0], keys[1], keys[2], keys[3]))
         o.append("    *%s = %s;\n    return CUDA_SUCCESS;\n  }\n" % (c.outs[0].name, client_from_u64(c.outs[0], "cached_")))
-    size = sum(8 for a in c.ins)
-    o.append("  uint8_t buf_[%d];\n" % max(size, 1))
+    size = " + ".join([wire_bytes(a) for a in c.ins] or ["1"])
+    o.append("  uint8_t buf_[%s];\n" % size)
     o.append("  Writer w_(buf_, sizeof(buf_));\n")
     for a in c.ins:
-        o.append(client_write(a))
+        if a.count:
+            o.append("  for (size_t i_ = 0; i_ < %s; ++i_) w_.%s(static_cast<%s>(%s[i_]));\n"
+                     % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
+        elif a.shape is not None:
+            for l in struct_lines(c.name, a.shape, "(*%s)" % a.name, "w_", "enc", False):
+                o.append("  %s\n" % l)
+        else:
+            o.append(client_write(a))
     forget = ""
     for f in c.ann["forget"]:
         forget += "  ForgetOccupancy(s_);\n" if f == "occupancy" else "  ForgetAnswers(s_, Fn::%s);\n" % f
@@ -327,14 +607,29 @@ def gen_client_impl(c, decl):
         o.append("  CUresult r_ = CallSync(s_, Op(Fn::%s), w_, nullptr);\n" % c.name)
     o.append(forget)
     o.append("  if (r_ != CUDA_SUCCESS) return r_;\n")
+    # Outputs are read whole before any is stored: a short reply changes nothing.
     for a in c.outs:
-        wire = "u64" if a.kind else a.wire
-        o.append("  %s o_%s = 0;\n" % (WIRE_C[wire], a.name))
+        if a.count:
+            o.append("  %s o_%s[%d] = {};\n" % (WIRE_C[a.wire], a.name, a.count[1]))
+            o.append("  for (size_t i_ = 0; i_ < %s; ++i_) rv_.reader.%s(&o_%s[i_]);\n"
+                     % (a.count[0], READ[a.wire], a.name))
+        elif a.shape is not None:
+            o.append("  %s o_%s{};\n" % (a.base, a.name))
+            for l in struct_lines(c.name, a.shape, "o_" + a.name, "rv_.reader", "dec", True):
+                o.append("  %s\n" % l)
+        else:
+            wire = "u64" if a.kind else a.wire
+            o.append("  %s o_%s = 0;\n" % (WIRE_C[wire], a.name))
+            o.append("  rv_.reader.%s(&o_%s);\n" % (READ[wire], a.name))
     if c.outs:
-        o.append("  if (!(%s && rv_.reader.Finish())) return CUDA_ERROR_UNKNOWN;\n" % " && ".join(
-            "rv_.reader.%s(&o_%s)" % (READ["u64" if a.kind else a.wire], a.name) for a in c.outs))
+        o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
-        if a.wire == "f32":
+        if a.count:
+            o.append("  for (size_t i_ = 0; i_ < %s; ++i_) %s[i_] = static_cast<%s>(o_%s[i_]);\n"
+                     % (a.count[0], a.name, a.base, a.name))
+        elif a.shape is not None:
+            o.append("  *%s = o_%s;\n" % (a.name, a.name))
+        elif a.wire == "f32":
             o.append("  memcpy(%s, &o_%s, sizeof(float));\n" % (a.name, a.name))
         else:
             o.append("  *%s = %s;\n" % (a.name, client_from_u64(a, "o_" + a.name)))
@@ -355,16 +650,51 @@ def gen_client_impl(c, decl):
 
 # ---------------------------------------------------------------- worker
 
+def worker_reads(c, fail):
+    """Declarations and reads of c's inputs from `rd` (wire order); `fail` is the statement a
+    message that does not decode whole returns."""
+    o = []
+    for a in c.ins:
+        if a.count:
+            o.append("      %s a_%s[%d]{};\n" % (WIRE_C[a.wire], a.name, a.count[1]))
+        elif a.shape is not None:
+            o.append("      %s a_%s{};\n" % (a.base, a.name))
+        else:
+            wire = "u64" if a.kind else a.wire
+            o.append("      %s a_%s = 0;\n" % (WIRE_C[wire], a.name))
+    for a in c.ins:
+        if a.count:
+            continue
+        if a.shape is not None:
+            for l in struct_lines(c.name, a.shape, "a_" + a.name, "rd", "dec", False):
+                o.append("      %s\n" % l)
+        else:
+            o.append("      rd.%s(&a_%s);\n" % (READ["u64" if a.kind else a.wire], a.name))
+    for n, most in count_checks(c):
+        o.append("      if (a_%s < 1 || a_%s > %d) %s\n" % (n, n, most, fail))
+    for a in c.ins:
+        if a.count:
+            o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) rd.%s(&a_%s[i_]);\n"
+                     % (a.count[0], READ[a.wire], a.name))
+    o.append("      if (!rd.Finish()) %s\n" % fail)
+    return o
+
+
 def gen_worker_case(c):
     o = ["    case Fn::%s: {\n" % c.name]
+    o += worker_reads(c, "return CUDA_ERROR_INVALID_VALUE;")
     for a in c.ins:
-        wire = "u64" if a.kind else a.wire
-        o.append("      %s a_%s = 0;\n" % (WIRE_C[wire], a.name))
-    reads = ["rd.%s(&a_%s)" % (READ["u64" if a.kind else a.wire], a.name) for a in c.ins]
-    o.append("      if (!(%s)) return CUDA_ERROR_INVALID_VALUE;\n" % " && ".join(reads + ["rd.Finish()"]))
-    for a in c.ins:
+        if a.count:
+            if a.enum and a.enum_values is not None:
+                o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n"
+                         "        if (!Valid_%s(a_%s[i_])) return CUDA_ERROR_INVALID_VALUE;\n"
+                         "      }\n" % (a.count[0], a.enum, a.name))
+            continue
         if a.enum and a.enum_values is not None:
             o.append("      if (!Valid_%s(a_%s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a.enum, a.name))
+        if a.values:
+            o.append("      if (%s) return CUDA_ERROR_INVALID_VALUE;\n"
+                     % " && ".join("a_%s != %uu" % (a.name, v) for v in a.values))
         if a.mask is not None:
             o.append("      if ((a_%s & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.mask))
     for a, size in c.ann["dptr"]:
@@ -399,12 +729,23 @@ def gen_worker_case(c):
                 o.append("      if (!host.Belongs(HandleKind::%s, r_%s, HandleKind::%s, r_%s)) return %s;\n"
                          % (b.kind, b.name, by_name[b.owner].kind, b.owner,
                             HANDLE_ERROR.get(b.kind, "CUDA_ERROR_INVALID_HANDLE")))
+    for a in c.ins:
+        if a.count:  # checked: now in the driver's type
+            o.append("      %s c_%s[%d]{};\n      for (size_t i_ = 0; i_ < a_%s; ++i_) c_%s[i_] = static_cast<%s>(a_%s[i_]);\n"
+                     % (a.base, a.name, a.count[1], a.count[0], a.name, a.base, a.name))
     for a in c.outs:
-        o.append("      %s o_%s{};\n" % (a.base, a.name))
+        if a.count:
+            o.append("      %s o_%s[%d]{};\n" % (a.base, a.name, a.count[1]))
+        else:
+            o.append("      %s o_%s{};\n" % (a.base, a.name))
     call = []
     for a in c.args:
         if a.dir == "out":
-            call.append("&o_" + a.name)
+            call.append("o_" + a.name if a.count else "&o_" + a.name)
+        elif a.count:
+            call.append("c_" + a.name)
+        elif a.shape is not None:
+            call.append("&a_" + a.name)
         elif a.kind:
             call.append("reinterpret_cast<%s>(r_%s)" % (a.ctype, a.name))
         else:
@@ -417,7 +758,13 @@ def gen_worker_case(c):
             o.append("      host.Handles().Retire(HandleKind::%s, a_%s);\n" % (a.kind, a.name))
             o.append("      host.Destroyed(HandleKind::%s, r_%s);\n" % (a.kind, a.name))
     for a in c.outs:
-        if a.kind and a.created:
+        if a.count:
+            o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) out.%s(static_cast<%s>(o_%s[i_]));\n"
+                     % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
+        elif a.shape is not None:
+            for l in struct_lines(c.name, a.shape, "o_" + a.name, "out", "enc", True):
+                o.append("      %s\n" % l)
+        elif a.kind and a.created:
             o.append("      const uint64_t w_%s = host.Handles().Publish(HandleKind::%s, H(o_%s));\n" % (a.name, a.kind, a.name))
             o.append("      host.Created(HandleKind::%s, H(o_%s));\n" % (a.kind, a.name))
             o.append("      out.U64(w_%s);\n" % a.name)
@@ -451,14 +798,20 @@ def gen_worker_case(c):
 
 def gen_format_case(c):
     o = ["    case Fn::%s: {\n" % c.name]
+    o += worker_reads(c, "return Bad(\"%s\", buf, cap);" % c.name)
     for a in c.ins:
-        wire = "u64" if a.kind else a.wire
-        o.append("      %s a_%s = 0;\n" % (WIRE_C[wire], a.name))
-    reads = ["rd.%s(&a_%s)" % (READ["u64" if a.kind else a.wire], a.name) for a in c.ins]
-    o.append("      if (!(%s)) return Bad(\"%s\", buf, cap);\n" % (" && ".join(reads + ["rd.Finish()"]), c.name))
+        if a.count or a.shape is not None:
+            o.append("      (void)a_%s;  // decoded to check the payload; not shown\n" % a.name)
     fmt, vals = [], []
-    for a in c.ins:
-        if a.kind:
+    for a in c.args:
+        if a.dir != "in":
+            continue
+        if a.count:
+            fmt.append("%s=[%%llu]" % a.name)
+            vals.append("static_cast<unsigned long long>(a_%s)" % a.count[0])
+        elif a.shape is not None:
+            fmt.append("%s={...}" % a.name)
+        elif a.kind:
             fmt.append("%s=0x%%llx" % a.name)
             vals.append("static_cast<unsigned long long>(a_%s)" % a.name)
         elif a.wire in ("i32", "i64"):
@@ -475,8 +828,9 @@ def gen_format_case(c):
 def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
     """Returns the set of entry points the client implements (every class but refused)."""
     rows = parse_surface(surface_path, exports, typed)
-    typedefs, enums = parse_types(pp)
-    calls = [Call(n, cls, rest, protos[n], typedefs, enums)
+    types = Types(pp)
+    enums = types.enums
+    calls = [Call(n, cls, rest, protos[n], types)
              for n, (cls, rest) in sorted(rows.items()) if cls in ("sync", "async")]
     implemented = sorted(n for n, (cls, _) in rows.items() if cls != "refused")
     with open(os.path.join(out_dir, "client_implemented.txt"), "w") as f:
@@ -492,7 +846,7 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
     with open(os.path.join(out_dir, "tf_remote_client.cc"), "w") as f:
         f.write(BANNER)
         f.write("// %d generated entry points (api/remote_surface.tsv: sync and async).\n" % len(calls))
-        f.write('#include <cstring>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
+        f.write('#include <cstring>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
             f.write(gen_client_impl(c, decl))
@@ -501,7 +855,7 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
     used_enums = sorted({a.enum for c in calls for a in c.ins if a.enum and a.enum_values is not None})
     with open(os.path.join(out_dir, "tf_remote_worker.cc"), "w") as f:
         f.write(BANNER)
-        f.write('#include <cstdio>\n#include <cstring>\n\n#include "worker/generated_calls.h"\n\n')
+        f.write('#include <cstdio>\n#include <cstring>\n#include <type_traits>\n\n#include "worker/generated_calls.h"\n\n')
         f.write("namespace tf::worker {\nnamespace {\n\nusing driver::Fn;\n\n")
         f.write("uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }\n\n")
         for e in used_enums:
