@@ -279,9 +279,9 @@ has_phase models-rest && models rest
 if has_phase rounds; then
   for r in $(seq "$ROUNDS"); do
     for m in $MODES; do
-      step rounds "rounds-r$r" "$m" "rounds-$m-r$r.log" 150 "${MODEL_ENV[@]}" "$PY" \
+      step rounds "rounds-r$r" "$m" "rounds-$m-r$r.log" 240 "${MODEL_ENV[@]}" "$PY" \
         "$REPO/bench/gpu/torch_models.py" --parts gpt2_fwd_b8_s512,resnet50_b64_eager,resnet50_b32_train --reps 7 --gpu-busy \
-        --part-budget-s 60 --total-budget-s 120
+        --part-budget-s 60 --total-budget-s 200
       step rounds "micro-rounds-r$r" "$m" "micro-$m-r$r.log" 90 "$MICRO" --parts async,bandwidth \
         --min-bytes 1GiB --max-bytes 1GiB --seconds 10
     done
