@@ -10,7 +10,6 @@
 // region), mirrored memory, or any other memory of this process through a shadow on the worker
 // (client_graph_host.cc: the bytes travel at each launch).
 #include <algorithm>
-#include <map>
 #include <vector>
 
 #include "client/client_graphs.h"
@@ -354,6 +353,13 @@ CUresult Dependencies(Fn fn, CUgraph graph, const CUgraphNode* from, const CUgra
   return CallSync(l.session(), Op(fn), w, nullptr);
 }
 
+// A graph allocation at p outlives a launch unless the graph frees it; the driver may give a later
+// allocation the address of one the graph freed before it, and that one outlives it.
+bool Outlives(const Session::GraphAllocs& g, uint64_t p) {
+  return std::count(g.allocs.begin(), g.allocs.end(), p) > 1 ||
+         std::find(g.frees.begin(), g.frees.end(), p) == g.frees.end();
+}
+
 // Reads an executable graph's host-node count from a reply and remembers it, with the graph
 // allocations of `graph` that outlive a launch.
 void RememberExec(Session* s, uint64_t exec, uint64_t graph, Reader& rd) {
@@ -363,13 +369,8 @@ void RememberExec(Session* s, uint64_t exec, uint64_t graph, Reader& rd) {
   s->exec_outliving.erase(exec);
   auto g = s->graph_allocs.find(graph);
   if (g == s->graph_allocs.end()) return;
-  std::map<uint64_t, size_t> allocated;
-  for (uint64_t p : g->second.allocs) ++allocated[p];
-  for (const auto& [p, n] : allocated) {
-    const bool freed = std::find(g->second.frees.begin(), g->second.frees.end(), p) != g->second.frees.end();
-    if (freed && n <= 1) continue;
-    auto b = g->second.bytes.find(p);
-    s->exec_outliving[exec].emplace_back(p, b == g->second.bytes.end() ? 1 : b->second);
+  for (const auto& [p, n] : g->second.bytes) {
+    if (Outlives(g->second, p)) s->exec_outliving[exec].emplace_back(p, n);
   }
 }
 
@@ -736,12 +737,8 @@ CUresult Impl_cuGraphDestroy(CUgraph graph) {
   Session* s = l.session();
   auto it = s->graph_allocs.find(H(graph));
   if (it == s->graph_allocs.end()) return CUDA_SUCCESS;
-  // An address the graph allocates again after freeing it (the driver reuses it) stays.
-  std::map<uint64_t, size_t> allocated;
-  for (uint64_t p : it->second.allocs) ++allocated[p];
-  for (const auto& [p, n] : allocated) {
-    const auto& f = it->second.frees;
-    if (n <= 1 && std::find(f.begin(), f.end(), p) != f.end()) s->allocs.erase(p);
+  for (const auto& [p, n] : it->second.bytes) {
+    if (!Outlives(it->second, p)) s->allocs.erase(p);
   }
   s->graph_allocs.erase(it);
   return CUDA_SUCCESS;

@@ -734,10 +734,8 @@ void SessionGraphs::ForgetGraph(uint64_t g, bool free_allocations) {
   auto it = graphs_.find(g);
   if (it == graphs_.end()) return;
   if (free_allocations) {
-    std::map<uint64_t, size_t> allocated;
-    for (uint64_t p : it->second.allocs) ++allocated[p];
-    for (const auto& [p, n] : allocated) {
-      if (it->second.frees.count(p) && n <= 1) h_.RemoveAllocation(p);
+    for (const auto& [p, n] : it->second.alloc_bytes) {
+      if (!it->second.Outlives(p)) h_.RemoveAllocation(p);
     }
   }
   graphs_.erase(it);
@@ -811,12 +809,8 @@ std::vector<std::pair<uint64_t, uint64_t>> SessionGraphs::Outliving(uint64_t g) 
   std::vector<std::pair<uint64_t, uint64_t>> out;
   auto it = graphs_.find(g);
   if (it == graphs_.end()) return out;
-  std::map<uint64_t, size_t> allocated;
-  for (uint64_t p : it->second.allocs) ++allocated[p];
-  for (const auto& [p, n] : allocated) {
-    if (it->second.frees.count(p) && n <= 1) continue;
-    auto b = it->second.alloc_bytes.find(p);
-    out.emplace_back(p, b == it->second.alloc_bytes.end() ? 1 : b->second);
+  for (const auto& [p, n] : it->second.alloc_bytes) {
+    if (it->second.Outlives(p)) out.emplace_back(p, n);
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <map>
 #include <set>
 #include <vector>
@@ -101,6 +102,11 @@ class SessionGraphs {
     std::set<uint64_t> frees;      // pointers its mem-free nodes free
     uint64_t capturing_stream = 0;  // a capture graph the driver owns until the capture ends
     uint64_t body_of = 0;  // a conditional node's body: the driver destroys it with this graph
+    // The allocation at p outlives a launch unless the graph frees it (an address the driver
+    // gave again after the graph freed it outlives it).
+    bool Outlives(uint64_t p) const {
+      return std::count(allocs.begin(), allocs.end(), p) > 1 || !frees.count(p);
+    }
   };
   struct ExecEntry {
     std::set<uint64_t> graphs;  // instantiated from, or updated with
