@@ -355,6 +355,12 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt) {
     hold_.store(false, std::memory_order_release);
     return;
   }
+  if (turn_.turns_unpaid == 1 && !unpaid_logged_) {
+    unpaid_logged_ = true;
+    GuestLog("compute: this process did more beside the other tenants without turns than with them; "
+             "it runs beside them without turns (checked again every %lld s)",
+             static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000));
+  }
   const bool hold = v.hold != ShareHold::kRun;
   pthread_mutex_lock(&mu_);
   hold_.store(hold, std::memory_order_release);
@@ -399,7 +405,7 @@ void* ComputeGovernor::Main(void* self) {
     if (dt < g->next_tick_ns_ / 2) continue;  // woken early (a launch after sleep): not due yet
     if (dt > kMaxTickNs) dt = kMaxTickNs;
     last = now;
-    g->launches_.store(0, std::memory_order_relaxed);
+    g->turn_.tick_launches += static_cast<int64_t>(g->launches_.exchange(0, std::memory_order_relaxed));
     pthread_mutex_unlock(&g->mu_);
     g->Tick(now, dt);
     g->last_tick_ns_.store(now, std::memory_order_relaxed);

@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,6 +62,7 @@ class Ctx:
         self.mps_pipe = None  # the MPS daemon's pipe directory while the mps phase runs
         self.live = []  # the tenants of the group that runs now (killed if the run is interrupted)
         self.results = {}
+        self.last_cpu = None  # the host's CPU busy fraction during the last group's timed part
 
     def left(self):
         return self.deadline - time.monotonic()
@@ -87,6 +89,14 @@ def tenant_env(ctx):
     return dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=ctx.mps_pipe)
 
 
+def cpu_ticks():
+    """(busy, total) jiffies of all of the host's cores, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
 def run_group(ctx, name, tenants, seconds):
     """tenants: list of (prefix argv, model, batch). Returns per-tenant items/s (None = failed)."""
     ctx.seq += 1
@@ -102,6 +112,12 @@ def run_group(ctx, name, tenants, seconds):
     ctx.live = procs
     ok = tc.wait_files(readies, 150, procs)
     tc.touch(go)
+    # The host's CPU busy fraction over the middle of the timed part (from 10% to 90% of it): a
+    # launch-bound group may be capped by the host's cores rather than by the GPU.
+    cpu = []
+    sampler = threading.Thread(target=lambda: (time.sleep(seconds * 0.1), cpu.append(cpu_ticks()),
+                                               time.sleep(seconds * 0.8), cpu.append(cpu_ticks())), daemon=True)
+    sampler.start()
     smi = None
     if ok and any(p[0] for p in tenants):
         time.sleep(seconds / 2)
@@ -117,8 +133,13 @@ def run_group(ctx, name, tenants, seconds):
     if smi:
         with open(os.path.join(ctx.logs, f"{tag}.smi.txt"), "w") as f:
             f.write(smi)
+    sampler.join(5)
+    ctx.last_cpu = None
+    if len(cpu) == 2 and cpu[1][1] > cpu[0][1]:
+        ctx.last_cpu = (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1])
     shown = " ".join("-" if v is None else f"{v:.1f}" for v in out)
-    print(f"  {tag}: {shown}" + ("" if ok else " (not all ready)"), flush=True)
+    busy_txt = "" if ctx.last_cpu is None else f" (host CPU {100 * ctx.last_cpu:.0f}% busy)"
+    print(f"  {tag}: {shown}{busy_txt}" + ("" if ok else " (not all ready)"), flush=True)
     return out
 
 
@@ -147,19 +168,22 @@ def phase_coloc(ctx, md, ns=None, label="coloc"):
             pct = 100.0 / n
             for rnd in range(ctx.args.rounds):
                 nat = run_group(ctx, f"{label}-{model}{batch}-n{n}-native", [([], model, batch)] * n, ctx.args.seconds)
+                nat_cpu = ctx.last_cpu
                 lim = run_group(ctx, f"{label}-{model}{batch}-n{n}-limiter",
                                 [(limiter_prefix(ctx, pct), model, batch)] * n, ctx.args.seconds)
                 rows.append({"model": model, "batch": batch, "n": n, "round": rnd, "percent": pct,
                              "native": nat, "limiter": lim, "native_total": total(nat),
-                             "limiter_total": total(lim), "ratio": ratio(total(lim), total(nat))})
+                             "limiter_total": total(lim), "ratio": ratio(total(lim), total(nat)),
+                             "cpu_native": nat_cpu, "cpu_limiter": ctx.last_cpu})
     ctx.results[label] = rows
     md += [f"### {label}: aggregate throughput, N tenants at 100/N % each vs native ({ctx.args.seconds:g} s)", "",
-           "| model | batch | N | share each | native items/s (sum) | limiter items/s (sum) | limiter / native | per tenant, limiter |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| model | batch | N | share each | native items/s (sum) | limiter items/s (sum) | limiter / native | per tenant, limiter | host CPU busy, native / limiter |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    pct_of = lambda v: "-" if v is None else f"{100 * v:.0f}%"  # noqa: E731
     for r in rows:
         md.append(f"| {r['model']} | {r['batch']} | {r['n']} | {r['percent']:.1f}% | {fmt(r['native_total'])} | "
                   f"{fmt(r['limiter_total'])} | {fmt(r['ratio'], 3)} | "
-                  f"{' '.join(fmt(v, 0) for v in r['limiter'])} |")
+                  f"{' '.join(fmt(v, 0) for v in r['limiter'])} | {pct_of(r['cpu_native'])} / {pct_of(r['cpu_limiter'])} |")
     md.append("")
 
 
@@ -302,26 +326,34 @@ def phase_probe(ctx, md):
 
 
 def phase_remote(ctx, md):
-    sock = os.path.join(ctx.work, "coloc-worker.sock")
-    worker = tc.start([ctx.tfusion, "worker", "--listen", "unix:" + sock, "--token", "coloc"],
-                      os.path.join(ctx.logs, "worker.log"))
-    for _ in range(100):
-        if os.path.exists(sock):
-            break
-        time.sleep(0.1)
-    ctx.remote = "unix:" + sock
-    try:
-        saved = ctx.args.models
-        ctx.args.models = ctx.args.remote_models
-        phase_coloc(ctx, md, ns=[int(n) for n in ctx.args.remote_ns.split(",")], label="remote-coloc")
-        ctx.args.models = saved
-        phase_noisy(ctx, md, label="remote-noisy")
-        if ctx.args.remote_burst:
-            phase_burst(ctx, md, label="remote-burst")
-    finally:
-        ctx.remote = None
-        tc.kill_group(worker)
-        tc.finish(worker, 5)
+    # --remote-spins: one worker per value of its --spin-us (how long a session waits awake for the
+    # next call), the co-location groups under each; the noisy and burst phases run under the first.
+    spins = [v for v in ctx.args.remote_spins.split(",") if v] or [None]
+    for i, spin in enumerate(spins):
+        sock = os.path.join(ctx.work, f"coloc-worker{i}.sock")
+        argv = [ctx.tfusion, "worker", "--listen", "unix:" + sock, "--token", "coloc"]
+        if spin is not None:
+            argv += ["--spin-us", spin]
+        worker = tc.start(argv, os.path.join(ctx.logs, f"worker{i}.log"))
+        for _ in range(100):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.1)
+        ctx.remote = "unix:" + sock
+        try:
+            saved = ctx.args.models
+            ctx.args.models = ctx.args.remote_models
+            label = "remote-coloc" if spin is None else f"remote-coloc (worker --spin-us {spin})"
+            phase_coloc(ctx, md, ns=[int(n) for n in ctx.args.remote_ns.split(",")], label=label)
+            ctx.args.models = saved
+            if i == 0 and not ctx.args.skip_remote_noisy:
+                phase_noisy(ctx, md, label="remote-noisy")
+                if ctx.args.remote_burst:
+                    phase_burst(ctx, md, label="remote-burst")
+        finally:
+            ctx.remote = None
+            tc.kill_group(worker)
+            tc.finish(worker, 5)
 
 
 class MpsDaemon:
@@ -413,6 +445,9 @@ def main():
     ap.add_argument("--ns", default="1,2,4,8", help="tenant counts of the coloc phase")
     ap.add_argument("--remote-ns", default="4", help="tenant counts of the remote phase's coloc")
     ap.add_argument("--remote-burst", action="store_true", help="the remote phase runs burst too")
+    ap.add_argument("--remote-spins", default="",
+                    help="worker --spin-us values, comma-separated: the remote co-location groups under each")
+    ap.add_argument("--skip-remote-noisy", action="store_true", help="the remote phase runs no noisy neighbour")
     ap.add_argument("--solo-models", default="gpt2:1,r50:1")
     ap.add_argument("--solo-rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)

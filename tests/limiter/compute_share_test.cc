@@ -5,6 +5,7 @@
 // time) is the whole dt.
 #include <unistd.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -27,6 +28,11 @@ struct Tenant {
   std::function<double(int64_t t)> demand = [](int64_t) { return 1.0; };
   // Ticks at which it is between batches: nothing queued, nothing submitted (still reports).
   std::function<bool(int64_t t)> pause = [](int64_t) { return false; };
+  // Fraction of the GPU its kernels fill while it runs (1: the whole GPU, as spin kernels do). A
+  // tenant below 1 (batch-1 inference) keeps work queued all the time yet runs side by side with
+  // others of its kind: k of them each progress at min(1, 1 / their summed fills) of their rate alone.
+  double fills = 1.0;
+  double work = 0;         // progress in the measured interval, in ns of running alone
   uint32_t slot = 0;
   bool held = false;
   double carry = 0;        // demand not yet served (a sparse tenant queues work)
@@ -63,11 +69,17 @@ class ComputeShareTest : public RegionTest {
         t->carry += d;
         if (!t->held && t->carry >= 1.0) running.push_back(t);
       }
+      double fills_sum = 0;
+      for (Tenant* r : running) fills_sum += r->fills;
       for (Tenant* t : ts) {
         bool runs = false;
         for (Tenant* r : running) runs = runs || r == t;
         const double lost = running.size() > 1 ? switch_loss_ : 0.0;
         int64_t real = runs ? static_cast<int64_t>(kTick * (1.0 - lost)) / static_cast<int64_t>(running.size()) : 0;
+        double progress = 0;
+        if (runs) progress = t->fills < 1.0 ? std::min(1.0, 1.0 / fills_sum) : (1.0 - lost) / static_cast<double>(running.size());
+        t->turn.tick_launches += static_cast<int64_t>(progress * 100.0 + 0.5);
+        if (now >= measure_from) t->work += progress * kTick;
         if (runs) t->carry -= 1.0 / static_cast<double>(running.size());
         if (t->carry > 4) t->carry = 4;
         if (now >= measure_from) {
@@ -304,6 +316,60 @@ TEST_F(ComputeShareTest, ATenantThatLeavesGapsStopsTheTurnsWhileItWantsTheGpu) {
     EXPECT_GT(t->turn_held_ticks, 0) << t->id << " takes turns once alone with saturating ones";
     EXPECT_NEAR(Share(*t, 4000 * kMs), 25.0, 1.0) << t->id;
   }
+}
+
+TEST_F(ComputeShareTest, TenantsThatRunSideBySideStopTakingTurnsThatDoNotPay) {
+  // Four batch-1 inference tenants at 25% each (request = limit): each keeps work queued all the
+  // time, so it looks saturating, but alone it fills 38% of the GPU and four run side by side
+  // at 0.66 of their rate alone each. Exclusive turns would give each 0.25. Each finds that turns
+  // do not pay and leaves them; the four then deliver what they deliver without turns.
+  switch_loss_ = 0.09;
+  std::vector<Tenant> ts = {{"i0", 250'000, 250'000}, {"i1", 250'000, 250'000}, {"i2", 250'000, 250'000},
+                            {"i3", 250'000, 250'000}};
+  std::vector<Tenant*> ps;
+  for (auto& t : ts) {
+    t.fills = 0.38;
+    Add(&t);
+    ps.push_back(&t);
+  }
+  // (Probe without turns, then turns until the comparison: about 2 s.)
+  Run(ps, kMs, 4001 * kMs, 3001 * kMs);
+  uint32_t unpaid = 0;
+  double sum = 0;
+  for (auto& t : ts) {
+    unpaid += t.turn.turns_unpaid;
+    sum += t.work / (1000.0 * kMs);
+    EXPECT_EQ(t.turn_held_ticks, 0) << t.id << " waits for no turn once turns stopped";
+  }
+  EXPECT_GE(unpaid, 1u);
+  // Without turns: 4 x min(1, 1/1.52) = 2.63 tenants' worth; with turns it would be 1.0.
+  EXPECT_GT(sum, 0.95 * 4 / 1.52) << "turns stopped";
+  // Turns are tried again after kTurnsUnpaidNs and dropped again: over 70 s they cost little.
+  for (auto& t : ts) t.work = 0;
+  Run(ps, 4001 * kMs, 74001 * kMs, 4001 * kMs);
+  uint32_t again = 0;
+  sum = 0;
+  for (auto& t : ts) {
+    again += t.turn.turns_unpaid;
+    sum += t.work / (70000.0 * kMs);
+  }
+  EXPECT_GT(again, unpaid) << "checked again";
+  EXPECT_GT(sum, 0.95 * 4 / 1.52) << "the recheck costs less than 5%";
+}
+
+TEST_F(ComputeShareTest, SaturatingTenantsFindThatTurnsPayAndKeepThem) {
+  // Two saturating spin tenants at 25/75: without turns the smaller one gets less (the switching
+  // loss); the comparison finds turns paying, and the split stays accurate over 40 s, a recheck
+  // (a probe without turns after 30 s) included.
+  switch_loss_ = 0.09;
+  Tenant a{"a", 250'000, 250'000}, b{"b", 750'000, 750'000};
+  for (Tenant* t : {&a, &b}) Add(t);
+  Run({&a, &b}, kMs, 41001 * kMs, 1001 * kMs);
+  EXPECT_EQ(a.turn.turns_unpaid, 0u);
+  EXPECT_EQ(b.turn.turns_unpaid, 0u);
+  EXPECT_GT(a.turn.next_probe_ns, t0_ + 30000 * kMs) << "compared twice";
+  EXPECT_NEAR(Share(a, 40000 * kMs), 25.0, 1.0);
+  EXPECT_NEAR(Share(b, 40000 * kMs), 75.0, 1.0);
 }
 
 TEST_F(ComputeShareTest, ATurnHolderThatIsKilledHoldsNobodyBackLongerThanOneTurn) {

@@ -44,6 +44,21 @@
 // vGPU's share of the period, taken with tokens for most of it, and handed over on time
 // (PlannedTurns below).
 //
+// Turns that do not pay. "Queued 95% of the time" does not mean the process fills the GPU: a
+// batch-1 inference process keeps a kernel or two queued all the time, yet several of them run
+// side by side on the GPU (four ResNet-50 b1 processes natively deliver 2.6 times what one does
+// alone), and exclusive turns take that away (the same four at 25% each delivered 0.31 of native
+// with planned turns on an H100). So each saturating process checks that turns pay: it adds up its
+// launches and the time while it saturates beside others, with turns in force and without (from
+// kTurnsPaySettleNs into each stretch: a stretch without turns starts by spending the tokens saved
+// waiting for turns). It first measures without turns (a probe of kTurnsPayProbeNs as it starts
+// contending, which stops turns for everyone while it wants the GPU), then with them, and after
+// kTurnsPayWindowNs with turns compares the two launch rates. Launches stand for work: the same process, the same loop. Doing more than
+// kTurnsPayPermille/1000 times as much without turns, it leaves turns for kTurnsUnpaidNs (as a gappy
+// holder does); otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating
+// spin kernels do 0.86-1.0 times as much without turns (the switching loss, and the smaller share
+// of an uneven split), so they keep them.
+//
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
 // nobody back for longer than that.
@@ -314,6 +329,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
       turn->turn_held_ns = turn->turn_busy_ns = 0;
     }
   }
+  if (hard && turn->busy_avg_ppm >= kSaturatedPpm) CheckTurnsPay(mine, now_ns, tick_ns, holder != 0, turn);
   turn->saturating = hard && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
   const uint64_t bit = 1ULL << mine;
   uint64_t mask = sb->saturating.load(std::memory_order_relaxed);
@@ -367,6 +383,51 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
     sb->turns_total.fetch_add(1, std::memory_order_relaxed);
     turn->turn_held_ns = turn->turn_busy_ns = 0;
   }
+}
+
+bool GpuRegion::OthersWant(uint32_t mine, int64_t now_ns) const {
+  for (uint32_t i = 0; i < kMaxVgpus; ++i) {
+    if (i != mine && Wanting(vgpu(i), now_ns)) return true;
+  }
+  return false;
+}
+
+void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool turn_in_force,
+                              ShareTurn* turn) const {
+  const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
+  turn->tick_launches = 0;
+  if (turn_in_force != turn->regime_turns || turn->regime_since_ns == 0) {
+    turn->regime_turns = turn_in_force;
+    turn->regime_since_ns = now_ns;
+  }
+  if (!OthersWant(mine, now_ns)) return;  // alone: neither rate is about sharing
+  if (now_ns - turn->regime_since_ns < kTurnsPaySettleNs) return;
+  if (turn_in_force) {
+    turn->with_turns_ns += tick_ns;
+    turn->with_turns_launches += launches;
+  } else {
+    turn->without_ns += tick_ns;
+    turn->without_launches += launches;
+  }
+  if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
+  if (turn->without_ns < kTurnsPayProbeNs - kTurnsPaySettleNs) {
+    // No rate without turns yet (a process that just started contending, or a recheck): leave
+    // turns for a probe, which stops them for everyone while it wants the GPU.
+    turn->gappy_until_ns = now_ns + kTurnsPayProbeNs;
+    return;
+  }
+  if (turn->with_turns_ns < kTurnsPayWindowNs) return;
+  // Rates in launches per ns, compared by cross-multiplying (both times are below a minute of ns,
+  // launches below a few million: no overflow in 128 bits).
+  const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_ns * 1000;
+  const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_ns * kTurnsPayPermille;
+  if (without > with) {
+    turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
+    ++turn->turns_unpaid;
+  } else {
+    turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
+  }
+  turn->with_turns_ns = turn->with_turns_launches = turn->without_ns = turn->without_launches = 0;
 }
 
 bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {

@@ -72,6 +72,16 @@ struct ShareTurn {
   int64_t gappy_until_ns = 0;   // holding the turn it left the GPU idle: no turns until then
   bool saturating = false;      // the last tick's verdict
   uint64_t held_word = 0;       // the turn word of the turn it holds (a new one restarts the window)
+  // Do turns pay? (compute_share.cc, "Turns that do not pay".) The governor sets tick_launches
+  // to the launches its process made since the last tick; the region adds them up, with the
+  // time, while the process saturates beside others with turns in force and without.
+  int64_t tick_launches = 0;
+  int64_t with_turns_ns = 0, with_turns_launches = 0;
+  int64_t without_ns = 0, without_launches = 0;
+  int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
+  int64_t regime_since_ns = 0;  // since when turns have been in force (or not), without a break
+  bool regime_turns = false;
+  uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying (for the log)
 };
 // A turn's length unless TFUSION_SHARE_TURN_MS says otherwise (0: off), and how long a
 // tenant found gappy stays out of turns.
@@ -81,6 +91,19 @@ inline constexpr int64_t kShareTurnNs = 25'000'000;
 // tenants hand the GPU over about ten times a second whatever their split.
 inline constexpr int64_t kShareTurnPeriodNs = 200'000'000;
 inline constexpr int64_t kShareGappyNs = 5'000'000'000;
+// Turns that do not pay: a saturating process that starts contending measures its launch rate
+// without turns (a probe of kTurnsPayProbeNs) and then with them; after kTurnsPayWindowNs with
+// turns it compares the two, and when it did more than kTurnsPayPermille /
+// 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
+// again after kTurnsPayRecheckNs. Only time at least kTurnsPaySettleNs into a stretch with (or
+// without) turns counts: tokens saved while waiting for turns are spent at the start of a stretch
+// without them, and would make it look faster than it is.
+inline constexpr int64_t kTurnsPaySettleNs = 300'000'000;
+inline constexpr int64_t kTurnsPayWindowNs = 500'000'000;
+inline constexpr int64_t kTurnsPayProbeNs = 600'000'000;
+inline constexpr int64_t kTurnsPayPermille = 1150;
+inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
+inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
 const char* ShareHoldName(ShareHold h);
 
 struct ShareVerdict {
@@ -376,6 +399,8 @@ class GpuRegion {
                     uint64_t word, bool alive, ShareTurn* turn, ShareVerdict* out);
   // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
   bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
+  bool OthersWant(uint32_t mine, int64_t now_ns) const;
+  void CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool turn_in_force, ShareTurn* turn) const;
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 
