@@ -311,32 +311,38 @@ Status NodeAgent::SyncAllocationsOnce() {
   Status st = regions_->Sync(want, &lingering);
   std::set<std::string> wanted_ids;
   for (const VgpuAssignment& a : want) wanted_ids.insert(a.id);
-  std::set<std::string> still_running;  // taken back, processes still alive
+  std::set<std::string> still_running;  // vGPUs taken back, processes still alive
+  std::set<std::string> allocations_running;  // their allocations (a session's: the one it is bound to)
   for (const LingeringVgpu& v : lingering) {
-    std::string reason;
-    if (auto e = evicted.find(v.id); e != evicted.end()) reason = e->second;
-    else if (known_.count(v.id)) reason = "released";
-    else continue;  // never seen wanted by this agent (it restarted): removed once its processes exit
-    if (stop_reason_.emplace(v.id, reason).second) {
+    const std::string& allocation = v.allocation_id();
+    std::string reason = v.reason;
+    if (reason.empty()) {
+      if (auto e = evicted.find(allocation); e != evicted.end()) reason = e->second;
+      else if (known_.count(allocation)) reason = "released";
+      else continue;  // never seen wanted by this agent (it restarted): removed once its processes exit
+    }
+    if (stop_reason_.emplace(v.id, Stopping{reason, allocation}).second) {
       std::lock_guard<std::mutex> lock(mu_);
       ++stopped_by_reason_[reason];
     }
     stopper_.Step(v, reason);
     still_running.insert(v.id);
+    allocations_running.insert(allocation);
   }
-  std::map<std::string, int> finished;  // vGPU id -> processes that were signalled
+  std::map<std::string, int> finished;  // allocation id -> processes that were signalled
   for (auto it = stop_reason_.begin(); it != stop_reason_.end();) {
     if (still_running.count(it->first)) {
       ++it;
       continue;
     }
-    finished[it->first] = std::max(0, stopper_.Finish(it->first));
+    finished[it->second.allocation] += std::max(0, stopper_.Finish(it->first));
     it = stop_reason_.erase(it);
   }
-  // Tell the controller about every eviction of this node whose vGPU has no process left (also
-  // those that never had one here); until it hears, the eviction stays "stopping".
+  // Tell the controller about every eviction of this node whose vGPUs (its own, its sessions')
+  // have no process left (also those that never had one here); until it hears, the eviction stays
+  // "stopping".
   for (const std::string& id : unreported) {
-    if (still_running.count(id)) continue;
+    if (allocations_running.count(id)) continue;
     auto f = finished.find(id);
     json body = {{"processes", f == finished.end() ? 0 : f->second}};
     Status reported = FromHttp(client_.Post("/v1/evictions/" + id + "/stopped", body.dump()),
@@ -344,7 +350,7 @@ Status NodeAgent::SyncAllocationsOnce() {
     if (!reported.ok() && st.ok()) st = reported;
   }
   known_ = wanted_ids;
-  known_.insert(still_running.begin(), still_running.end());
+  known_.insert(allocations_running.begin(), allocations_running.end());
   if (st.ok() && !evictions_status.ok()) st = evictions_status;
   std::lock_guard<std::mutex> lock(mu_);
   vgpus_ = want.size();

@@ -111,7 +111,11 @@ class NodeAgent {
   // Allocation ids whose vGPU this agent has seen wanted (or is stopping): a vGPU that disappears
   // from the controller's list after being seen was taken back, and its processes are stopped.
   std::set<std::string> known_;
-  std::map<std::string, std::string> stop_reason_;  // vGPU id -> why it is being stopped
+  struct Stopping {
+    std::string reason;      // why it is being stopped
+    std::string allocation;  // whose vGPU it is (a worker session's: the allocation it is bound to)
+  };
+  std::map<std::string, Stopping> stop_reason_;  // by vGPU id
   bool discovered_ = false;
   std::string discovery_message_;
 

@@ -113,7 +113,7 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
         t->api_thaw_gen.store(a.thaw_requests);
       }
     }
-    note(SyncBoundSessions(*r, *sessions[a.gpu_uuid], a, keeper_alive));
+    note(SyncBoundSessions(*r, *sessions[a.gpu_uuid], a, keeper_alive, lingering));
     if (limiter::VgpuTier* t = made == RegionError::kOk ? r->TierOfVgpu(index) : nullptr;
         t != nullptr && (t->held.load() != 0) != a.held) {
       note(RegionStatus(r->SetHold(index, a.held), "hold of vGPU " + a.id));
@@ -122,6 +122,8 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
       if (!a.held && t->enabled.load() != 0) note(RegionStatus(r->RequestThaw(index, nullptr), "thaw of vGPU " + a.id));
     }
   }
+  std::set<std::string> allocations;  // every GPU's: a session may sit on another GPU than its allocation
+  for (const VgpuAssignment& a : assignments) allocations.insert(a.id);
   auto snapshot = std::make_unique<limiter::RegionSnapshot>();
   for (auto& [uuid, r] : regions_) {
     r->Snapshot(snapshot.get());
@@ -129,11 +131,25 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
     for (uint32_t i = 0; i < snapshot->vgpu_count; ++i) {
       const limiter::VgpuInfo& v = snapshot->vgpus[i];
       std::string id = v.id;
+      if (const std::string bound = BoundAllocation(id); !bound.empty() && !allocations.count(bound)) {
+        // A worker session of an allocation taken back: its session process is stopped as the
+        // allocation's own processes are; the worker removes the vGPU when the session ends.
+        std::vector<limiter::ProcessInfo> session = LiveSessionProcess(*snapshot, v);
+        if (lingering != nullptr && !session.empty()) {
+          LingeringVgpu l;
+          l.gpu_uuid = uuid;
+          l.id = id;
+          l.processes = std::move(session);
+          l.allocation = bound;
+          lingering->push_back(std::move(l));
+        }
+        continue;
+      }
       if (id.rfind("a-", 0) != 0 || keep.count(id)) continue;
       RegionError e = r->RemoveVgpu(v.index);
       if (e == RegionError::kBusy) {  // a live process still uses it: next Sync
         if (lingering == nullptr) continue;
-        LingeringVgpu l{uuid, id, {}};
+        LingeringVgpu l{uuid, id, {}, "", "", false};
         for (uint32_t p = 0; p < snapshot->process_count; ++p) {
           const limiter::ProcessInfo& info = snapshot->processes[p];
           if (info.vgpu_index == v.index && limiter::ProcessAlive(info.pid, info.start_time_ticks))

@@ -13,6 +13,9 @@
 // stops its processes when the controller took the allocation back: VgpuStopper) and removed by
 // a later Sync once its processes have exited. A suspended allocation's vGPU is held
 // (VgpuAssignment::held); the hold lives in the region, so a restarted agent finds it in place.
+// The vGPUs of worker sessions bound to an allocation (remote_sessions.h) follow it: held with it,
+// and their session process reported as lingering once the allocation is gone (the worker removes
+// the vGPU when its session ends).
 //
 // Thread safety: none; the agent calls it from its one control thread.
 #pragma once
@@ -35,11 +38,19 @@ std::string DefaultRegionDir();
 // The region files ("gpu-<uuid>.region") in `dir`, sorted; none when it does not exist.
 std::vector<std::string> RegionFiles(const std::string& dir);
 
-// A vGPU of an allocation that is gone which live processes still use.
+// A vGPU of an allocation that is gone which live processes still use; or the vGPU of a worker
+// session bound to such an allocation ("remote-PID@a-...", remote_sessions.h), whose one process
+// is the session; or one of a suspended allocation's session that has no tiering to be held with.
 struct LingeringVgpu {
   std::string gpu_uuid;
-  std::string id;  // the allocation id
+  std::string id;  // the allocation id, or the session's vGPU id
   std::vector<limiter::ProcessInfo> processes;  // the live ones (pid, start time, VRAM held)
+  std::string allocation;  // a session's: the allocation it is bound to; empty: `id` is the allocation
+  std::string reason;      // set when the regions know it ("preempted"); else the agent's to decide
+  // A suspended allocation's session whose vGPU has no tiering (its worker runs without
+  // --tiering): it cannot be held swapped out, so it is stopped (reason "preempted").
+  bool cannot_hold = false;
+  const std::string& allocation_id() const { return allocation.empty() ? id : allocation; }
 };
 
 // One vGPU the controller placed on this node.

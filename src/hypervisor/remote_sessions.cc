@@ -56,6 +56,25 @@ std::string BoundAllocation(const std::string& vgpu_id) {
 
 bool IsVgpuOfSession(const std::string& vgpu_id, pid_t session) { return SessionPidOf(vgpu_id) == session; }
 
+pid_t SessionOfVgpu(const std::string& vgpu_id) {
+  const long pid = SessionPidOf(vgpu_id);
+  return pid > 0 && pid <= 0x7FFFFFFF ? static_cast<pid_t>(pid) : -1;
+}
+
+std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapshot& snap, const limiter::VgpuInfo& v) {
+  std::vector<limiter::ProcessInfo> out;
+  const pid_t session = SessionOfVgpu(v.id);
+  if (session <= 0) return out;
+  for (uint32_t k = 0; k < snap.process_count; ++k) {
+    const limiter::ProcessInfo& p = snap.processes[k];
+    if (p.vgpu_index == v.index && p.pid == session && limiter::ProcessAlive(p.pid, p.start_time_ticks)) {
+      out.push_back(p);
+      break;
+    }
+  }
+  return out;
+}
+
 Status MarkSessionVgpuNotAdopted(const std::string& region_path, const std::string& vgpu_id) {
   limiter::GpuRegion region;
   limiter::RegionErrorDetail why;
@@ -101,8 +120,30 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir) {
   return alive;
 }
 
+// The allocation's suspension reaches its session's vGPU `id` (slot `index`, tier block `t`, with
+// tiering) as it reaches the allocation's own (QuotaRegions::Sync): held with the least compute
+// share, then the allocation's request and limit again and a thaw. Also before the session's
+// process has bound to it, so that a session binding while its allocation is held starts held.
+Status SyncSessionHold(limiter::GpuRegion& r, uint32_t index, limiter::VgpuTier* t, const std::string& id,
+                       const VgpuAssignment& a) {
+  if ((t->held.load() != 0) == a.held) return Status::Ok();
+  uint64_t share = a.compute_share_ppm > 0 ? a.compute_share_ppm : limiter::kShareWholeGpuPpm;
+  uint64_t limit = std::max(a.compute_limit_ppm, share);
+  if (a.held) share = limit = kHeldSharePpm;
+  Status st = RegionStatus(r.SetHold(index, a.held), "hold of vGPU " + id);
+  Status compute = RegionStatus(r.UpdateVgpuCompute(id.c_str(), share, limit), "compute share of vGPU " + id);
+  if (st.ok()) st = compute;
+  std::fprintf(stderr, "hypervisor: allocation %s: remote session vGPU %s %s\n", a.id.c_str(), id.c_str(),
+               a.held ? "suspended: held swapped out until the controller resumes it" : "resumed: hold released");
+  if (!a.held) {
+    Status thaw = RegionStatus(r.RequestThaw(index, nullptr), "thaw of vGPU " + id);
+    if (st.ok()) st = thaw;
+  }
+  return st;
+}
+
 Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& snap, const VgpuAssignment& a,
-                         bool keeper_alive) {
+                         bool keeper_alive, std::vector<LingeringVgpu>* stop) {
   Status first;
   auto note = [&](const Status& s) {
     if (!s.ok() && first.ok()) first = s;
@@ -111,16 +152,34 @@ Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& s
     const limiter::VgpuInfo& v = snap.vgpus[i];
     const std::string id = v.id;
     if (BoundAllocation(id) != a.id) continue;
-    // Only once its session process has bound to it (the worker makes the vGPU just before).
+    uint32_t index = 0;
+    if (r.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk || index != v.index) continue;
+    limiter::VgpuTier* t = r.TierOfVgpu(index);
+    if (t == nullptr) continue;
+    if (t->enabled.load() != 0) note(SyncSessionHold(r, index, t, id, a));
+    // The rest only once its session process has bound to it (the worker makes the vGPU just
+    // before).
     bool live = false;
     for (uint32_t k = 0; k < snap.process_count && !live; ++k) {
       const limiter::ProcessInfo& p = snap.processes[k];
       live = p.vgpu_index == v.index && limiter::ProcessAlive(p.pid, p.start_time_ticks);
     }
-    uint32_t index = 0;
-    if (!live || r.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk || index != v.index) continue;
-    limiter::VgpuTier* t = r.TierOfVgpu(index);
-    if (t == nullptr) continue;
+    if (!live) continue;
+    if (a.held && t->enabled.load() == 0) {
+      // Nothing to swap out: the session would keep the VRAM its preemptor was promised.
+      std::vector<limiter::ProcessInfo> session = LiveSessionProcess(snap, v);
+      if (stop != nullptr && !session.empty()) {
+        LingeringVgpu l;
+        l.gpu_uuid = a.gpu_uuid;
+        l.id = id;
+        l.processes = std::move(session);
+        l.allocation = a.id;
+        l.reason = "preempted";
+        l.cannot_hold = true;
+        stop->push_back(std::move(l));
+      }
+      continue;
+    }
     if (t->api_freeze_gen.load() == kRequestsNotAdopted || t->api_thaw_gen.load() == kRequestsNotAdopted ||
         t->api_zero_gen.load() == kRequestsNotAdopted) {
       t->api_freeze_gen.store(a.freeze_requests);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "limiter/core/gpu_region.h"
@@ -18,6 +19,7 @@
 namespace tf::hypervisor {
 
 struct VgpuAssignment;
+struct LingeringVgpu;
 
 // A valid allocation id as the controller makes them and a client may send it: "a-" followed by
 // 1 to 40 of [0-9a-z].
@@ -32,6 +34,8 @@ std::string BoundAllocation(const std::string& vgpu_id);
 
 // True when `vgpu_id` is the vGPU of session `session`, bound or not.
 bool IsVgpuOfSession(const std::string& vgpu_id, pid_t session);
+// The session pid of a session vGPU id ("remote-PID[@...]"), or -1 when `vgpu_id` is not one.
+pid_t SessionOfVgpu(const std::string& vgpu_id);
 
 // The API request generations (VgpuTier::api_freeze_gen, api_thaw_gen, api_zero_gen) of a bound
 // session's vGPU before the node agent has seen it: it then takes the allocation's counts as
@@ -55,7 +59,17 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir);
 // tiering) and the allocation's freeze, zero and thaw requests made since the agent first saw it.
 // A zero request for a session whose worker has no zero keeper (`keeper_alive` false) is refused:
 // neither the freeze nor the zero reaches that session, and the agent's log says why.
+// A suspended allocation (a.held) holds its sessions as its own vGPU: `held` and kHeldSharePpm
+// while it lasts (a session that binds meanwhile starts held), then the allocation's compute
+// request and limit again and a thaw. A session without tiering cannot be held swapped out: it
+// is added to `stop` (reason "preempted"), as a victim without tiering is stopped.
 Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& snap, const VgpuAssignment& a,
-                         bool keeper_alive);
+                         bool keeper_alive, std::vector<LingeringVgpu>* stop = nullptr);
+
+// The live worker session process of a bound session vGPU `v` of `snap`: only the process whose
+// pid is the one in the vGPU's id and that registered on that vGPU itself (its pid and start
+// time as the region recorded them, still naming the same process in /proc). Empty when it is
+// gone, or when only other processes use the vGPU (never the session: they are left alone).
+std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapshot& snap, const limiter::VgpuInfo& v);
 
 }  // namespace tf::hypervisor

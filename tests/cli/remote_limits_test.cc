@@ -750,6 +750,39 @@ class RemotePooledZero : public RemoteZero {
     b.session = session;
     return b;
   }
+  // The agent ended the session (`why`: the reason its log gives): no session process, no vGPU,
+  // no VRAM; then the client's next call fails (the probe says so and waits for go2), and the
+  // client ends with an error.
+  void ExpectSessionEndedAndTheClientsNextCallFails(const BoundSession& b, const std::string& why) {
+    bool ended = false;
+    for (int i = 0; i < 200 && !ended; ++i) {
+      ended = kill(b.session, 0) != 0 && SessionPid() == 0;
+      if (!ended) usleep(50000);
+    }
+    EXPECT_TRUE(ended) << Shell(env_ + TF_TFUSION + " smi -p").out << Logs();
+    EXPECT_EQ(DeviceUsedMiB(), 0) << Logs();
+    EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/agent.log"),
+                                  std::regex("allocation " + b.allocation + " was " + why + " by the controller.*: stopping "
+                                             "the worker session " + std::to_string(b.session) + " of its remote session "
+                                             "vGPU " + b.vgpu)))
+        << Logs();
+    Shell("touch " + dir_ + "/t/go");
+    ASSERT_TRUE(WaitFor("t/failed")) << Logs();
+    std::smatch m;
+    const std::string out = ReadFile(dir_ + "/client.out");
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("first_call=([0-9]+)"))) << out;
+    EXPECT_NE(m.str(1), "0") << out;
+    Shell("touch " + dir_ + "/t/go2");
+    int status = 0;
+    bool exited = false;
+    for (int i = 0; i < 200 && !exited; ++i) {
+      exited = waitpid(b.client, &status, WNOHANG) == b.client;
+      if (!exited) usleep(50000);
+    }
+    if (!exited) kill(-b.client, SIGKILL);
+    ASSERT_TRUE(exited) << "the client hung\n" << Logs();
+    EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Logs();
+  }
   std::string url_;
   pid_t controller_ = -1, agent_ = -1;
 };
@@ -822,6 +855,82 @@ TEST_F(RemotePooledZero, AnIdleZeroOrAllocationTheWorkerCannotTakeIsRefusedWithA
   EXPECT_TRUE(gone) << Shell(env_ + TF_TFUSION + " smi").out;
 }
 
+// A higher-QoS request suspends the allocation (a pool that oversells VRAM): the node agent holds
+// its bound session as it holds a local vGPU. The session's movable VRAM leaves the device, the
+// client's next GPU call waits while the preemptor runs, and once the preemptor is deleted the
+// controller resumes the allocation, the agent lifts the hold and the call completes with every
+// byte of the four buffers.
+TEST_F(RemotePooledZero, ASuspendedAllocationsSessionIsHeldSwappedOutAndResumesWithEveryByte) {
+  const BoundSession b = StartBoundSession("--idle-swap 0");
+  ASSERT_GT(b.session, 0);
+  const long long before = DeviceUsedMiB();
+  EXPECT_GE(before, 70) << "the probe's buffers are on the device";
+  tf::controller::HttpClient client(url_, "t");
+  // 95% of both GPUs of the node: it fits only without the session's 10%.
+  auto r = client.Post("/v1/allocations", R"({"percent": 95, "vram_mib": 1024, "gpu_count": 2, "qos": "critical"})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_NE(r->body.find("\"preempted_suspended\":[\"" + b.allocation + "\"]"), std::string::npos) << r->body;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r->body, m, std::regex("\"id\":\"(a-[0-9a-f]+)\""))) << r->body;
+  const std::string winner = m.str(1);
+  ASSERT_TRUE(WaitLog("agent.log", "remote session vGPU " + b.vgpu + " suspended")) << Logs();
+  // Swapped out: the 76 MiB of movable buffers leave the device; what stays is the fixed memory
+  // the session reports (the 1 MiB array among it).
+  long long used = -1;
+  for (int i = 0; i < 200; ++i) {
+    used = DeviceUsedMiB();
+    if (used >= 0 && used <= before - 76) break;
+    usleep(50000);
+  }
+  EXPECT_LE(used, before - 76) << Shell(env_ + TF_TFUSION + " smi -p").out << Logs();
+  EXPECT_LE(used, 2) << Logs();
+  EXPECT_GE(used, 1);
+  EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/worker.log"),
+                                std::regex("vGPU '" + b.vgpu + "': swapped out 7[0-9] MiB.*; " + std::to_string(used) +
+                                           " MiB stay resident \\(fixed\\)")))
+      << Logs();
+  EXPECT_TRUE(std::regex_search(Shell(env_ + TF_TFUSION + " smi -p").out, std::regex(b.vgpu + " .*swapped")))
+      << Shell(env_ + TF_TFUSION + " smi -p").out;
+  // The client's next GPU call waits while held.
+  Shell("touch " + dir_ + "/t/go");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  EXPECT_EQ(ReadFile(dir_ + "/client.out").find("first_call="), std::string::npos) << Logs();
+  EXPECT_EQ(waitpid(b.client, nullptr, WNOHANG), 0) << Logs();
+  EXPECT_EQ(DeviceUsedMiB(), used) << "the waiting call did not swap the session in";
+  std::string ps = Shell(std::string(TF_TFUSION) + " ps --url " + url_ + " --token t").out;
+  EXPECT_NE(ps.find("suspended by " + winner), std::string::npos) << ps;
+
+  // The preemptor goes: resumed, the waiting call completes with every byte.
+  auto gone = client.Delete("/v1/allocations/" + winner);
+  ASSERT_TRUE(gone.ok() && gone->status == 200);
+  ASSERT_TRUE(WaitFor("t/verified")) << Logs();
+  const std::string out = ReadFile(dir_ + "/client.out");
+  EXPECT_NE(out.find("first_call=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("zero_identical=4"), std::string::npos) << out;
+  EXPECT_NE(ReadFile(dir_ + "/agent.log").find("remote session vGPU " + b.vgpu + " resumed: hold released"),
+            std::string::npos) << Logs();
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("is suspended (preempted by a higher QoS)"), std::string::npos)
+      << Logs();
+  Shell("touch " + dir_ + "/t/go3");
+  int status = 0;
+  waitpid(b.client, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Logs();
+}
+
+// The allocation taken back (deleted here) while its session runs: the node agent ends the session
+// process as it stops an allocation's local processes, the worker removes its vGPU, its VRAM is
+// freed, and the client's next call fails with a CUDA error instead of hanging.
+TEST_F(RemotePooledZero, DeletingTheAllocationEndsItsRemoteSessionAndTheClientsNextCallFails) {
+  const BoundSession b = StartBoundSession("--idle-swap 0");
+  ASSERT_GT(b.session, 0);
+  EXPECT_GT(DeviceUsedMiB(), 0);
+  tf::controller::HttpClient client(url_, "t");
+  auto gone = client.Delete("/v1/allocations/" + b.allocation);
+  ASSERT_TRUE(gone.ok() && gone->status == 200);
+  ExpectSessionEndedAndTheClientsNextCallFails(b, "released");
+}
+
 // A worker without --tiering has no zero keeper: the node agent refuses the allocation's zero
 // freeze for its session (a checkpointed session with nobody to restore it would hang its
 // client), says so in its log, and the session goes on untouched.
@@ -847,4 +956,19 @@ TEST_F(RemotePooledNoKeeper, AZeroFreezeOfASessionWhoseWorkerHasNoKeeperIsRefuse
   EXPECT_GT(before, 0);
   EXPECT_EQ(DeviceUsedMiB(), before) << "the session kept its VRAM";
   ExpectRestoredIntact(b.client, session);
+}
+
+// Suspended while its worker has no tiering: the session cannot be held swapped out, so the node
+// agent stops it, as a local victim without tiering is stopped; the client's next call fails.
+TEST_F(RemotePooledNoKeeper, ASuspendedAllocationsSessionWithoutTieringIsEnded) {
+  const BoundSession b = StartBoundSession("--idle-swap 0");
+  ASSERT_GT(b.session, 0);
+  tf::controller::HttpClient client(url_, "t");
+  auto r = client.Post("/v1/allocations", R"({"percent": 95, "vram_mib": 1024, "gpu_count": 2, "qos": "critical"})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_NE(r->body.find("\"preempted_suspended\":[\"" + b.allocation + "\"]"), std::string::npos) << r->body;
+  ExpectSessionEndedAndTheClientsNextCallFails(b, "suspended");
+  EXPECT_NE(ReadFile(dir_ + "/agent.log").find("its remote session has no tiering to be held swapped out with"),
+            std::string::npos) << Logs();
 }

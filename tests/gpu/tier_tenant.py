@@ -41,6 +41,10 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              process's first explicit freeze and first call: their timings, matmuls per second
              while busy (pinning ahead runs meanwhile unless TFUSION_TIER_PIN_AHEAD=off), checksum
   hold       --gib GiB, print a checksum, wait for --go, check it again (the checkpoint-API tenant)
+  rhold      a remote session's preemption (tiering.py's phase rhold): --gib GiB, then --ready; at
+             --go a checksum (a GPU call that waits while the session is held), then READY.checked;
+             at --go2 (the allocation deleted, its session ended) one more GPU call, which must fail
+             with a CUDA error rather than hang; one JSON line with both
   serve      an image-generation-style service: GPT-2 fp16 plus a --gib GiB working set; after --go,
              bursts of --burst requests separated by idle gaps for --seconds; every request runs a
              forward pass and reads the whole working set, and checks both against references
@@ -608,6 +612,36 @@ def run_hold(a):
     print(json.dumps({"intact": same, "check_ms": round((time.monotonic() - t0) * 1000, 1)}))
 
 
+def run_rhold(a):
+    t = torch.empty(a.gib << 28, device="cuda")
+    t.view(torch.int32).random_()
+    want = checksum(t)
+    torch.cuda.synchronize()
+    open(a.ready, "w").close()
+
+    def wait_for(path):
+        deadline = time.monotonic() + 300
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    wait_for(a.go)
+    t0 = time.monotonic()
+    res = {"intact": checksum(t) == want}  # waits while the session is held
+    res["check_ms"] = round((time.monotonic() - t0) * 1000, 1)
+    open(a.ready + ".checked", "w").close()
+    wait_for(a.go + "2")
+    t1 = time.monotonic()
+    try:
+        checksum(t)
+        torch.cuda.synchronize()
+        res["after_delete"] = "returned"
+    except RuntimeError as ex:  # what PyTorch raises for a CUDA error
+        res["after_delete"] = "error: " + str(ex).strip().splitlines()[0][:200]
+    res["after_delete_ms"] = round((time.monotonic() - t1) * 1000, 1)
+    print(json.dumps(res), flush=True)
+    os._exit(0)  # no teardown through a connection that is gone
+
+
 def run_serve(a):
     import random
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -650,7 +684,7 @@ def run_serve(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("checks", "pool", "pools", "expandable", "graphmem", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
-                                     "zero", "firstfreeze", "idlezero"))
+                                     "rhold", "zero", "firstfreeze", "idlezero"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -670,7 +704,7 @@ def main():
     ap.add_argument("--go", default="")
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "pools": run_pools, "expandable": run_expandable, "graphmem": run_graphmem, "train": run_train, "swap": run_swap, "gen": run_gen,
-     "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve,
+     "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve, "rhold": run_rhold,
      "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero}[a.mode](a)
 
 

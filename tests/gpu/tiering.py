@@ -55,6 +55,15 @@ Phases (tier_tenant.py does the work inside each tenant):
           (remote-PID@a-...); idle until the worker's keeper checkpoints the session by the
           allocation's timeout (VRAM then: ok needs 0), then its first call restores it (checksum);
           under 60 s
+  rhold   QoS preemption of a remote session bound to a pool allocation: `tfusion controller`,
+          `tfusion worker --tiering` and `tfusion hypervisor` naming the worker's loopback TCP
+          address, all on this host; a 1 GiB PyTorch tenant under `tfusion run --controller --qos low`
+          without a GPU of its own (no NVML) runs through the worker (remote-PID@a-...); a critical
+          allocation on every GPU of the node suspends it: the session's VRAM (nvidia-smi) drops
+          (ok: by at least 900 MiB), the tenant's next GPU call waits (still waiting after 3 s),
+          the critical allocation is deleted and the call completes intact; then the tenant's own
+          allocation is deleted: the node agent ends the session (its process and vGPU gone) and
+          the tenant's next call fails with a CUDA error instead of hanging; under 60 s
   preempt QoS preemption through the control plane: `tfusion up` on this host, a pool that oversells
           VRAM, a low-QoS `tfusion run --controller` tenant holding 8 GiB, then a critical
           allocation that needs its compute: the tenant is suspended (swapped out, held), its
@@ -580,6 +589,174 @@ def phase_rpool(r, gib=1):
         r.record("rpool_logs", {"lines": lines[-20:]})
 
 
+def phase_rhold(r, gib=1):
+    """A preemption's hold and an allocation taken back reach a remote session bound to the
+    allocation: controller, node agent and worker on this host (loopback only)."""
+    import re
+    import secrets
+    import urllib.request
+    token = secrets.token_hex(16)
+    work = os.path.join(r.out, "rhold-work")
+    os.makedirs(work, exist_ok=True)
+    ready, go = os.path.join(work, "tenant-ready"), os.path.join(work, "tenant-go")
+    for f in (ready, ready + ".checked", go, go + "2"):
+        if os.path.exists(f):
+            os.unlink(f)
+    procs = []
+    res = {"gib": gib}
+    tenant = None
+    t_phase = time.monotonic()
+
+    def start(name, args):
+        p = subprocess.Popen([r.tfusion] + args, stdout=open(os.path.join(r.logs, f"rhold-{name}.log"), "w"),
+                             stderr=subprocess.STDOUT, env=r.env)
+        procs.append(p)
+        return p
+
+    def read_log(name):
+        with open(os.path.join(r.logs, f"rhold-{name}.log")) as f:
+            return f.read()
+
+    def wait(cond, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            v = cond()
+            if v:
+                return v
+            time.sleep(0.05)
+        return None
+
+    def smi(*flags):
+        return subprocess.run([r.tfusion, "smi", *flags], capture_output=True, text=True, env=r.env).stdout
+
+    def session_vram_mib(pid):
+        """nvidia-smi's VRAM of process `pid`; None when it is not listed (it holds none)."""
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60, env=env).stdout
+        for line in out.splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            if len(parts) == 2 and parts[0] == str(pid):
+                return int(parts[1]) if parts[1].isdigit() else parts[1]
+        return None
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie the worker has not reaped yet is gone too.
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    try:
+        start("controller", ["controller", "--port", "0", "--token", token, "--store", "sqlite:" + os.path.join(work, "state.db")])
+        wready = os.path.join(work, "worker-ready")
+        if os.path.exists(wready):
+            os.unlink(wready)
+        start("worker", ["worker", "--listen", "127.0.0.1:0", "--token", token, "--tiering", "--ready-file", wready])
+        url = wait(lambda: (re.search(r"http://127\.0\.0\.1:[0-9]+", read_log("controller")) or [None])[0], 10)
+        tcp = wait(lambda: os.path.exists(wready) and (re.search(r"tcp (\S+)", open(wready).read()) or [None, None])[1], 10)
+        if not url or not tcp:
+            res["error"] = "controller or worker not ready (see logs/rhold-*.log)"
+            return
+        start("agent", ["hypervisor", "--controller", url, "--token", token, "--node", "rhold-node", "--metrics-port", "-1",
+                        "--credential-file", os.path.join(work, "node.cred"), "--worker-address", tcp])
+
+        def api(method, path, body=None):
+            req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+
+        gpus = wait(lambda: api("GET", "/v1/gpus")[1].get("gpus"), 15)
+        if not gpus:
+            res["error"] = "the node agent registered no GPU (see logs/rhold-agent.log)"
+            return
+        api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+        cmd = [r.tfusion, "run", "--controller", url, "--token", token, "--nvml", "/nonexistent/libnvidia-ml.so.1",
+               "--vram", "8GiB", "--percent", "50", "--qos", "low", "--idle-swap", "0", "--",
+               sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
+        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, "rhold-tenant.log"), "w"),
+                                  text=True, env=r.env)
+        if not wait(lambda: os.path.exists(ready) or tenant.poll() is not None, 60) or not os.path.exists(ready):
+            res["error"] = "the tenant did not get ready (see logs/rhold-tenant.log)"
+            return
+        m = re.search(r"remote-([0-9]+)@(a-[0-9a-z]+)", smi())
+        if not m:
+            res["error"] = "no bound session vGPU in tfusion smi"
+            return
+        session, allocation, vgpu = int(m.group(1)), m.group(2), m.group(0)
+        res["vgpu"] = vgpu
+        wait(lambda: f"follows allocation {allocation}" in read_log("agent"), 5)
+        res["session_vram_mib_before"] = session_vram_mib(session)
+
+        # A critical allocation on every GPU of the node: only the session's room makes it fit.
+        t0 = time.monotonic()
+        st, body = api("POST", "/v1/allocations", {"percent": 60, "vram_mib": 1024, "gpu_count": len(gpus),
+                                                   "qos": "critical"})
+        res["critical_status"] = st
+        res["preempted_suspended"] = body.get("preempted_suspended")
+        winner = body.get("id")
+        swapped = wait(lambda: any(vgpu in l and "swapped" in l for l in smi("-p").splitlines()), 15)
+        res["suspended_and_swapped_s"] = round(time.monotonic() - t0, 2) if swapped else None
+        res["session_vram_mib_suspended"] = session_vram_mib(session)
+        res["agent_held_it"] = f"remote session vGPU {vgpu} suspended" in read_log("agent")
+        open(go, "w").close()  # the tenant's GPU call must now wait
+        time.sleep(3)
+        res["call_still_waiting_after_3s"] = not os.path.exists(ready + ".checked") and tenant.poll() is None
+        t1 = time.monotonic()
+        res["delete_critical_status"] = api("DELETE", "/v1/allocations/" + winner)[0] if winner else None
+        resumed = wait(lambda: os.path.exists(ready + ".checked") or tenant.poll() is not None, 30)
+        res["resumed_call_done_s"] = round(time.monotonic() - t1, 2) if resumed and os.path.exists(ready + ".checked") else None
+        res["session_vram_mib_resumed"] = session_vram_mib(session)
+
+        # The tenant's own allocation taken back: the agent ends the session.
+        t2 = time.monotonic()
+        res["delete_allocation_status"] = api("DELETE", "/v1/allocations/" + allocation)[0]
+        ended = wait(lambda: not alive(session) and vgpu not in smi(), 20)
+        res["session_ended_s"] = round(time.monotonic() - t2, 2) if ended else None
+        res["session_vram_mib_after_delete"] = session_vram_mib(session)
+        open(go + "2", "w").close()
+        out, _ = tenant.communicate(timeout=30)
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        res["tenant"] = json.loads(lines[-1]) if lines else None
+        res["tenant_rc"] = tenant.returncode
+        t = res["tenant"] or {}
+        before, held = res["session_vram_mib_before"], res["session_vram_mib_suspended"]
+        res["ok"] = (bool(t.get("intact")) and res["call_still_waiting_after_3s"] and t.get("check_ms", 0) >= 3000
+                     and isinstance(before, int) and isinstance(held, int) and before - held >= 900
+                     and res["session_ended_s"] is not None and res["session_vram_mib_after_delete"] is None
+                     and str(t.get("after_delete", "")).startswith("error"))
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)
+    finally:
+        if tenant is not None and tenant.poll() is None:
+            tenant.kill()
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        res["phase_s"] = round(time.monotonic() - t_phase, 1)
+        r.record("rhold", res)
+        lines = []
+        for name in ("worker", "agent"):
+            path = os.path.join(r.logs, f"rhold-{name}.log")
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines += [f"{name}: {l.strip()}" for l in f if "suspended" in l or "resumed" in l or "stopping" in l
+                              or "swapped out" in l or "SIG" in l or "follows allocation" in l]
+        r.record("rhold_logs", {"lines": lines[-24:]})
+
+
 class UpOnThisHost:
     """`tfusion up` (controller and node agent) in a fresh folder, its log in logs/NAME-up.log; url
     and token empty when it did not start; api(method, path, body) -> (status, JSON)."""
@@ -679,6 +856,7 @@ def phase_preempt(r, gib=8):
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
+          "rhold": phase_rhold,
           "firstfreeze": phase_firstfreeze}
 
 

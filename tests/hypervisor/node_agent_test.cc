@@ -822,4 +822,200 @@ TEST(NodeAgent, AnAllocationsTierRequestsReachTheRemoteSessionsBoundToIt) {
   r->DetachProcess(slot);
 }
 
+
+// A suspension reaches the worker sessions bound to the allocation as it reaches the allocation's
+// own vGPU: held with the least compute share (a session that binds meanwhile starts held), then
+// the allocation's request and limit again and a thaw when the controller resumes it. A session
+// whose worker has no tiering cannot be held swapped out: its session process is stopped, and no
+// other process on its vGPU is.
+TEST(NodeAgent, ASuspensionHoldsTheRemoteSessionsBoundToTheAllocationAndTheResumeReleasesThem) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-rh", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-rh", "", "", ""}, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(c.PatchPool("default", std::nullopt, 100, std::nullopt, std::nullopt).ok());
+  controller::AllocationRequest low_req{"", "", 0, 1024, 1, "low", ""};
+  low_req.percent = 60;
+  low_req.percent_limit = 80;
+  auto low = c.Allocate(low_req);
+  ASSERT_TRUE(low.ok()) << low.status().ToString();
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-rh");
+  ASSERT_NE(r, nullptr);
+
+  // The worker's session vGPU with tiering (PrepareVgpu, then the mark), not bound by a process yet.
+  const std::string vgpu = SessionVgpuId(getpid(), low->id);
+  EXPECT_EQ(SessionOfVgpu(vgpu), getpid());
+  EXPECT_EQ(SessionOfVgpu("a-123"), -1);
+  uint32_t index = 0, slot = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu(vgpu.c_str(), 1ull << 30, 600'000, 800'000, 0, &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->SetTierPolicy(index, true, 600'000, 0), limiter::RegionError::kOk);
+  ASSERT_TRUE(MarkSessionVgpuNotAdopted(r->path(), vgpu).ok());
+  limiter::VgpuTier* t = r->TierOfVgpu(index);
+  auto compute = [&](const std::string& id) {
+    auto snap = std::make_unique<limiter::RegionSnapshot>();
+    r->Snapshot(snap.get());
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i)
+      if (id == snap->vgpus[i].id) return std::pair{snap->vgpus[i].compute_share_ppm, snap->vgpus[i].compute_limit_ppm};
+    return std::pair<uint64_t, uint64_t>{0, 0};
+  };
+
+  controller::AllocationRequest crit_req{"", "", 0, 1024, 1, "critical", ""};
+  crit_req.percent = 60;
+  std::vector<controller::Allocation> preempted;
+  auto crit = c.Allocate(crit_req, &preempted);
+  ASSERT_TRUE(crit.ok()) << crit.status().ToString();
+  ASSERT_EQ(preempted.size(), 1u);
+  ASSERT_TRUE(preempted[0].suspended);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->held.load(), 1u) << "held before its session binds: the session starts held";
+  EXPECT_EQ(compute(vgpu), (std::pair<uint64_t, uint64_t>{kHeldSharePpm, kHeldSharePpm}));
+  const uint32_t freeze0 = t->freeze_gen.load(), thaw0 = t->thaw_gen.load();
+
+  // The session binds while held: it stays held, and nothing else happens to it.
+  ASSERT_EQ(r->AttachProcess(index, getpid(), &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->held.load(), 1u);
+  EXPECT_EQ(t->freeze_gen.load(), freeze0);
+  EXPECT_EQ(t->thaw_gen.load(), thaw0) << "no thaw while held";
+  EXPECT_EQ(compute(vgpu), (std::pair<uint64_t, uint64_t>{kHeldSharePpm, kHeldSharePpm}));
+
+  // A second session of the allocation on a worker without tiering: its session process is
+  // stopped (as a victim without tiering); another process on its vGPU is not.
+  pid_t session = StartTenant(false), stranger = StartTenant(false);
+  ASSERT_GT(session, 0);
+  ASSERT_GT(stranger, 0);
+  const std::string plain = SessionVgpuId(session, low->id);
+  uint32_t plain_index = 0, s1 = 0, s2 = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu(plain.c_str(), 1ull << 30, 600'000, 600'000, 0, &plain_index),
+            limiter::RegionError::kOk);
+  ASSERT_TRUE(MarkSessionVgpuNotAdopted(r->path(), plain).ok());
+  ASSERT_EQ(r->AttachProcess(plain_index, session, &s1), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(plain_index, stranger, &s2), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(session, 2000), SIGTERM);
+  EXPECT_EQ(EndedBySignal(stranger, 300), 0) << "only the session whose pid its vGPU id names";
+  EXPECT_EQ(Metric(agent, "tf_node_vgpu_stops_total", {{"reason", "preempted"}}), 1);
+  kill(stranger, SIGKILL);
+  EXPECT_EQ(EndedBySignal(stranger, 2000), SIGKILL);
+  r->ReapDead();
+  ASSERT_EQ(r->RemoveVgpu(plain_index), limiter::RegionError::kOk);  // what the worker does when a session ends
+
+  // The preemptor goes: the controller resumes the allocation, the agent lifts the session's hold,
+  // gives it the allocation's compute share back and asks for a thaw.
+  ASSERT_TRUE(c.Release(crit->id).ok());
+  ASSERT_FALSE(c.GetAllocation(low->id)->suspended);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->held.load(), 0u);
+  EXPECT_EQ(compute(vgpu), (std::pair<uint64_t, uint64_t>{600'000, 800'000}));
+  EXPECT_EQ(t->thaw_gen.load(), thaw0 + 1);
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  EXPECT_EQ(t->thaw_gen.load(), thaw0 + 1) << "one thaw per resume";
+  r->DetachProcess(slot);
+}
+
+// A session vGPU the worker has already removed is never made again by the agent's compute change.
+TEST(NodeAgent, UpdatingTheComputeShareOfAVgpuNeverCreatesIt) {
+  char tmpl[] = "/tmp/tfagent-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  limiter::GpuRegion r;
+  ASSERT_EQ(limiter::GpuRegion::Create(dir.c_str(), "GPU-u0", "NVIDIA L4", 1ull << 34, 121'000, &r),
+            limiter::RegionError::kOk);
+  EXPECT_EQ(r.UpdateVgpuCompute("remote-1@a-1", 1, 1), limiter::RegionError::kNotFound);
+  uint32_t index = 0;
+  EXPECT_EQ(r.FindVgpu("remote-1@a-1", &index), limiter::RegionError::kNotFound);
+  ASSERT_EQ(r.CreateOrUpdateVgpu("remote-1@a-1", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
+  EXPECT_EQ(r.UpdateVgpuCompute("remote-1@a-1", 200, 100), limiter::RegionError::kInvalidArgument);
+  EXPECT_EQ(r.UpdateVgpuCompute("remote-1@a-1", 0, 100), limiter::RegionError::kInvalidArgument);
+  EXPECT_EQ(r.UpdateVgpuCompute("remote-1@a-1", 1, 1), limiter::RegionError::kOk);
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  r.Snapshot(snap.get());
+  ASSERT_EQ(snap->vgpu_count, 1u);
+  EXPECT_EQ(snap->vgpus[0].compute_share_ppm, 1u);
+  EXPECT_EQ(snap->vgpus[0].compute_limit_ppm, 1u);
+  EXPECT_EQ(snap->vgpus[0].vram_limit_bytes, 1u << 20) << "nothing else changes";
+  std::filesystem::remove_all(dir);
+}
+
+// An allocation taken back (released) while a worker session is bound to it: the agent stops the
+// session process (the worker then removes its vGPU) and reports it with the allocation's stops;
+// a process on the session's vGPU that is not the session, and the session of an allocation this
+// agent never saw, are left alone.
+TEST_F(StopTest, AnAllocationTakenBackStopsTheWorkerSessionsBoundToItAndNoOtherProcess) {
+  pid_t session = Tenant(false), stranger = Tenant(false), unknown = Tenant(false);
+  ASSERT_GT(session, 0);
+  ASSERT_GT(stranger, 0);
+  ASSERT_GT(unknown, 0);
+  controller::Allocation a = AllocateAndUse("medium", {});
+  limiter::GpuRegion* r = regions_->region("GPU-s0");
+  uint32_t index = 0, other = 0, slot = 0;
+  const std::string vgpu = SessionVgpuId(session, a.id);
+  ASSERT_EQ(r->CreateOrUpdateVgpu(vgpu.c_str(), 1 << 30, 600'000, &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, session, &slot), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, stranger, &slot), limiter::RegionError::kOk);
+  const std::string never = SessionVgpuId(unknown, "a-0000000000000bad");
+  ASSERT_EQ(r->CreateOrUpdateVgpu(never.c_str(), 1 << 20, 100'000, &other), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(other, unknown, &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(session, 300), 0) << "its allocation is still there";
+
+  ASSERT_TRUE(c_->Release(a.id).ok());
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(session, 2000), SIGTERM);
+  EXPECT_EQ(EndedBySignal(stranger, 300), 0) << "not the session of its vGPU";
+  EXPECT_EQ(EndedBySignal(unknown, 0), 0) << "an allocation this agent never saw";
+  EXPECT_FALSE(HasVgpu(a.id));
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 1);
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpus_stopping"), 1);
+  clock_.AdvanceMs(6'000);  // past the grace: the stranger is still not the session's to stop
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(stranger, 300), 0);
+  EXPECT_EQ(EndedBySignal(unknown, 0), 0);
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpus_stopping"), 0) << "the session is gone";
+  EXPECT_EQ(Metric(*agent_, "tf_node_process_signals_total", {{"signal", "SIGTERM"}}), 1);
+  EXPECT_EQ(Metric(*agent_, "tf_node_process_signals_total", {{"signal", "SIGKILL"}}), 0);
+  EXPECT_TRUE(HasVgpu(vgpu)) << "the worker removes a session's vGPU, not the agent";
+}
+
+// The stopper signals a process only while its pid still names the process the region recorded
+// (pid and start time), and on a session's vGPU only the session whose pid the id names.
+TEST(VgpuStopper, NeverSignalsAPidThatNamesAnotherProcessNow) {
+  controller::FakeClock clock;
+  VgpuStopper stopper(&clock, 1'000);
+  pid_t tenant = StartTenant(false), other = StartTenant(false);
+  ASSERT_GT(tenant, 0);
+  ASSERT_GT(other, 0);
+  limiter::ProcessStat st;
+  ASSERT_TRUE(limiter::ReadProcessStat(tenant, &st));
+  limiter::ProcessInfo reused{};
+  reused.pid = tenant;
+  reused.start_time_ticks = st.start_time_ticks + 1;  // the pid, reused by another process since
+  LingeringVgpu local{"GPU-x", "a-1", {reused}, "", "", false};
+  stopper.Step(local, "released");
+  clock.AdvanceMs(2'000);
+  stopper.Step(local, "released");  // past the grace: SIGKILL round
+  EXPECT_EQ(EndedBySignal(tenant, 300), 0);
+  EXPECT_EQ(stopper.sigterm_total() + stopper.sigkill_total(), 0u);
+
+  limiter::ProcessStat ost;
+  ASSERT_TRUE(limiter::ReadProcessStat(other, &ost));
+  limiter::ProcessInfo foreign{};
+  foreign.pid = other;
+  foreign.start_time_ticks = ost.start_time_ticks;
+  limiter::ProcessInfo same{};
+  same.pid = tenant;
+  same.start_time_ticks = st.start_time_ticks;
+  LingeringVgpu session{"GPU-x", SessionVgpuId(tenant, "a-1"), {foreign, same}, "a-1", "", false};
+  stopper.Step(session, "released");
+  EXPECT_EQ(EndedBySignal(tenant, 2000), SIGTERM);
+  EXPECT_EQ(EndedBySignal(other, 300), 0) << "not the session its vGPU id names";
+  EXPECT_EQ(stopper.sigterm_total(), 1u);
+  kill(other, SIGKILL);
+  EXPECT_EQ(EndedBySignal(other, 2000), SIGKILL);
+}
+
 }  // namespace tf::hypervisor

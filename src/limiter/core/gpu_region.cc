@@ -375,6 +375,21 @@ RegionError GpuRegion::FindVgpu(const char* id, uint32_t* index_out) const {
   return RegionError::kNotFound;
 }
 
+RegionError GpuRegion::UpdateVgpuCompute(const char* id, uint64_t request_ppm, uint64_t limit_ppm) {
+  if (base_ == nullptr || id == nullptr || request_ppm == 0 || limit_ppm < request_ppm) return RegionError::kInvalidArgument;
+  RegionError e = LockTable();  // serialized with creation and removal
+  if (e != RegionError::kOk) return e;
+  RobustGuard table(&header()->table_mutex);
+  for (uint32_t i = 0; i < kMaxVgpus; ++i) {
+    VgpuSlot* v = vgpu(i);
+    if (v->state.load(std::memory_order_acquire) != kSlotActive || !FieldEquals(v->id, kVgpuIdBytes, id)) continue;
+    v->compute_share_ppm.store(request_ppm, std::memory_order_relaxed);
+    v->compute_limit_ppm.store(limit_ppm, std::memory_order_relaxed);
+    return RegionError::kOk;
+  }
+  return RegionError::kNotFound;
+}
+
 RegionError GpuRegion::RemoveVgpu(uint32_t vgpu_index) {
   if (base_ == nullptr || vgpu_index >= kMaxVgpus) return RegionError::kInvalidArgument;
   if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;

@@ -254,6 +254,10 @@ class GpuRegion {
   RegionError CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes,
                                  uint64_t compute_share_ppm, uint32_t* index_out);
   RegionError FindVgpu(const char* id, uint32_t* index_out) const;
+  // Changes the compute request and limit of the existing vGPU `id` in place, never creating one
+  // (a vGPU its owner just removed stays removed): kNotFound when there is none; kInvalidArgument
+  // for values CreateOrUpdateVgpu refuses, changing nothing.
+  RegionError UpdateVgpuCompute(const char* id, uint64_t request_ppm, uint64_t limit_ppm);
   // Frees the vGPU slot. Reaps dead processes first; kBusy while a live process is attached.
   RegionError RemoveVgpu(uint32_t vgpu_index);
 
