@@ -33,6 +33,7 @@ struct Tenant {
   // others of its kind: k of them each progress at min(1, 1 / their summed fills) of their rate alone.
   double fills = 1.0;
   double work = 0;         // progress in the measured interval, in ns of running alone
+  int drain = 0;           // ticks of work still queued on the GPU after it is held
   uint32_t slot = 0;
   bool held = false;
   double carry = 0;        // demand not yet served (a sparse tenant queues work)
@@ -67,7 +68,10 @@ class ComputeShareTest : public RegionTest {
         double d = t->demand(now);
         if (d <= 0 || t->pause(now)) continue;
         t->carry += d;
-        if (!t->held && t->carry >= 1.0) running.push_back(t);
+        // A held process's queued kernels still run (a saturating tenant keeps about 2 ms queued).
+        if (t->carry >= 1.0 && (!t->held || t->drain > 0)) running.push_back(t);
+        if (t->carry >= 1.0 && !t->held && d >= 1.0) t->drain = 4;
+        else if (t->drain > 0) --t->drain;
       }
       double fills_sum = 0;
       for (Tenant* r : running) fills_sum += r->fills;

@@ -47,17 +47,20 @@
 // Turns that do not pay. "Queued 95% of the time" does not mean the process fills the GPU: a
 // batch-1 inference process keeps a kernel or two queued all the time, yet several of them run
 // side by side on the GPU (four ResNet-50 b1 processes natively deliver 2.6 times what one does
-// alone), and exclusive turns take that away (the same four at 25% each delivered 0.31 of native
-// with planned turns on an H100). So each saturating process checks that turns pay: it adds up its
-// launches and the time while it saturates beside others, with turns in force and without (from
-// kTurnsPaySettleNs into each stretch: a stretch without turns starts by spending the tokens saved
-// waiting for turns). It first measures without turns (a probe of kTurnsPayProbeNs as it starts
-// contending, which stops turns for everyone while it wants the GPU), then with them, and after
-// kTurnsPayWindowNs with turns compares the two launch rates. Launches stand for work: the same process, the same loop. Doing more than
-// kTurnsPayPermille/1000 times as much without turns, it leaves turns for kTurnsUnpaidNs (as a gappy
-// holder does); otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating
-// spin kernels do 0.86-1.0 times as much without turns (the switching loss, and the smaller share
-// of an uneven split), so they keep them.
+// alone), while a turn charges its holder the whole wall time for a fraction of the GPU (the same
+// four at 25% each delivered 0.31 of native with planned turns on an H100). So each saturating
+// process checks that turns pay: it adds up its launches and its charge while it saturates beside
+// others, with turns applying to it and without (from kTurnsPaySettleNs into each stretch: a
+// stretch without turns starts by spending the tokens saved waiting for turns). It first measures
+// without turns (a probe of kTurnsPayProbeNs as it starts contending, which stops turns for
+// everyone while it wants the GPU), then with them, and after kTurnsPayWindowNs with turns compares
+// its launches per charged GPU ns: work per unit of its share (launches stand for work: the same
+// process, the same loop; per charge rather than per second, so that a tenant served more than its
+// share without turns does not count that as turns not paying). Doing more than
+// kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
+// kTurnsUnpaidNs (as a gappy holder does); otherwise it keeps them and compares again after
+// kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
+// (the switching loss), so they keep them.
 //
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
@@ -329,7 +332,6 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
       turn->turn_held_ns = turn->turn_busy_ns = 0;
     }
   }
-  if (hard && turn->busy_avg_ppm >= kSaturatedPpm) CheckTurnsPay(mine, now_ns, tick_ns, holder != 0, turn);
   turn->saturating = hard && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
   const uint64_t bit = 1ULL << mine;
   uint64_t mask = sb->saturating.load(std::memory_order_relaxed);
@@ -344,6 +346,11 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // charging it twice or more and holding it at its request (docs/compute-sharing.md).
   // Looked at only by a saturating process that may run (the scan reads every vGPU slot).
   auto others_gappy = [&] { return OthersWantUnsaturated(mine, mask, now_ns); };
+  // Turns apply to it now when it is saturating and nobody wanting the GPU is not (whether it holds
+  // the turn, waits for one, or waits for the tokens of its next one).
+  if (hard && turn->busy_avg_ppm >= kSaturatedPpm) {
+    CheckTurnsPay(mine, now_ns, tick_ns, out->charged_ns, turn->saturating && !others_gappy(), turn);
+  }
   if (turn->period_ns > 0) {
     PlannedTurns(mine, now_ns, limit_tokens, limit_ppm, mask, word, alive, turn, out);
     return;
@@ -392,42 +399,48 @@ bool GpuRegion::OthersWant(uint32_t mine, int64_t now_ns) const {
   return false;
 }
 
-void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool turn_in_force,
-                              ShareTurn* turn) const {
+void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, int64_t charged_ns,
+                              bool turns_apply, ShareTurn* turn) const {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
-  if (turn_in_force != turn->regime_turns || turn->regime_since_ns == 0) {
-    turn->regime_turns = turn_in_force;
+  if (turns_apply != turn->regime_turns || turn->regime_since_ns == 0) {
+    turn->regime_turns = turns_apply;
     turn->regime_since_ns = now_ns;
   }
   if (!OthersWant(mine, now_ns)) return;  // alone: neither rate is about sharing
   if (now_ns - turn->regime_since_ns < kTurnsPaySettleNs) return;
-  if (turn_in_force) {
+  if (turns_apply) {
     turn->with_turns_ns += tick_ns;
     turn->with_turns_launches += launches;
+    turn->with_turns_charged_ns += charged_ns;
   } else {
     turn->without_ns += tick_ns;
     turn->without_launches += launches;
+    turn->without_charged_ns += charged_ns;
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
-  if (turn->without_ns < kTurnsPayProbeNs - kTurnsPaySettleNs) {
+  if (turn->without_ns < (kTurnsPayProbeNs - kTurnsPaySettleNs) / 2) {
     // No rate without turns yet (a process that just started contending, or a recheck): leave
     // turns for a probe, which stops them for everyone while it wants the GPU.
     turn->gappy_until_ns = now_ns + kTurnsPayProbeNs;
     return;
   }
   if (turn->with_turns_ns < kTurnsPayWindowNs) return;
-  // Rates in launches per ns, compared by cross-multiplying (both times are below a minute of ns,
+  // Launches per charged GPU ns, compared by cross-multiplying (charges below a minute of ns,
   // launches below a few million: no overflow in 128 bits).
-  const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_ns * 1000;
-  const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_ns * kTurnsPayPermille;
-  if (without > with) {
-    turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
-    ++turn->turns_unpaid;
-  } else {
-    turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
+  if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0) {
+    const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_charged_ns * 1000;
+    const __int128 with =
+        static_cast<__int128>(turn->with_turns_launches) * turn->without_charged_ns * kTurnsPayPermille;
+    if (without > with) {
+      turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
+      ++turn->turns_unpaid;
+    } else {
+      turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
+    }
   }
-  turn->with_turns_ns = turn->with_turns_launches = turn->without_ns = turn->without_launches = 0;
+  turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
+  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
 }
 
 bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {

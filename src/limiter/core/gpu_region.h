@@ -76,8 +76,8 @@ struct ShareTurn {
   // to the launches its process made since the last tick; the region adds them up, with the
   // time, while the process saturates beside others with turns in force and without.
   int64_t tick_launches = 0;
-  int64_t with_turns_ns = 0, with_turns_launches = 0;
-  int64_t without_ns = 0, without_launches = 0;
+  int64_t with_turns_ns = 0, with_turns_launches = 0, with_turns_charged_ns = 0;
+  int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
   int64_t regime_since_ns = 0;  // since when turns have been in force (or not), without a break
   bool regime_turns = false;
@@ -91,16 +91,16 @@ inline constexpr int64_t kShareTurnNs = 25'000'000;
 // tenants hand the GPU over about ten times a second whatever their split.
 inline constexpr int64_t kShareTurnPeriodNs = 200'000'000;
 inline constexpr int64_t kShareGappyNs = 5'000'000'000;
-// Turns that do not pay: a saturating process that starts contending measures its launch rate
-// without turns (a probe of kTurnsPayProbeNs) and then with them; after kTurnsPayWindowNs with
-// turns it compares the two, and when it did more than kTurnsPayPermille /
+// Turns that do not pay: a saturating process that starts contending measures its launches per
+// GPU ns charged without turns (a probe of kTurnsPayProbeNs) and then with them; after
+// kTurnsPayWindowNs with turns it compares the two, and when it did more than kTurnsPayPermille /
 // 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
 // again after kTurnsPayRecheckNs. Only time at least kTurnsPaySettleNs into a stretch with (or
 // without) turns counts: tokens saved while waiting for turns are spent at the start of a stretch
 // without them, and would make it look faster than it is.
-inline constexpr int64_t kTurnsPaySettleNs = 300'000'000;
-inline constexpr int64_t kTurnsPayWindowNs = 500'000'000;
-inline constexpr int64_t kTurnsPayProbeNs = 600'000'000;
+inline constexpr int64_t kTurnsPaySettleNs = 100'000'000;
+inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
+inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
@@ -404,7 +404,8 @@ class GpuRegion {
   // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
   bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
   bool OthersWant(uint32_t mine, int64_t now_ns) const;
-  void CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool turn_in_force, ShareTurn* turn) const;
+  void CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool turns_apply,
+                     ShareTurn* turn) const;
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 
