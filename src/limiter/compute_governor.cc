@@ -357,9 +357,15 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt) {
   }
   if (turn_.turns_unpaid == 1 && !unpaid_logged_) {
     unpaid_logged_ = true;
-    GuestLog("compute: this process did more beside the other tenants without turns than with them; "
-             "it runs beside them without turns (checked again every %lld s)",
+    GuestLog("compute: this process did %.2f times as much per share beside the other tenants without turns "
+             "as with them; it runs beside them without turns (checked again every %lld s)",
+             static_cast<double>(turn_.last_ratio_permille) / 1000.0,
              static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000));
+  }
+  if (turn_.turns_paid == 1 && !paid_logged_) {
+    paid_logged_ = true;
+    if (getenv("TFUSION_SHARE_DEBUG") != nullptr) GuestLog("compute: turns pay here (%.2f times as much per share without them)",
+             static_cast<double>(turn_.last_ratio_permille) / 1000.0);
   }
   const bool hold = v.hold != ShareHold::kRun;
   pthread_mutex_lock(&mu_);

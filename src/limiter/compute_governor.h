@@ -102,6 +102,7 @@ class ComputeGovernor {
   uint64_t jitter_ = 0x9e3779b97f4a7c15ULL;         // governor thread only
   ShareTurn turn_;                                  // governor thread only (set by Configure)
   bool unpaid_logged_ = false;                      // governor thread only
+  bool paid_logged_ = false;                        // governor thread only
   std::atomic<int> captures_{0};                    // stream captures active in this process
   std::atomic<bool> querying_{false};               // the governor is querying streams
 };

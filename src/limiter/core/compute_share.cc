@@ -50,8 +50,8 @@
 // alone), while a turn charges its holder the whole wall time for a fraction of the GPU (the same
 // four at 25% each delivered 0.31 of native with planned turns on an H100). So each saturating
 // process checks that turns pay: it adds up its launches and its charge while it saturates beside
-// others, with turns applying to it and without (from kTurnsPaySettleNs into each stretch: a
-// stretch without turns starts by spending the tokens saved waiting for turns). It first measures
+// others, with turns applying to it and without, tick by tick (saturation flickers for launch-bound
+// work). It first measures
 // without turns (a probe of kTurnsPayProbeNs as it starts contending, which stops turns for
 // everyone while it wants the GPU), then with them, and after kTurnsPayWindowNs with turns compares
 // its launches per charged GPU ns: work per unit of its share (launches stand for work: the same
@@ -403,12 +403,7 @@ void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, in
                               bool turns_apply, ShareTurn* turn) const {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
-  if (turns_apply != turn->regime_turns || turn->regime_since_ns == 0) {
-    turn->regime_turns = turns_apply;
-    turn->regime_since_ns = now_ns;
-  }
   if (!OthersWant(mine, now_ns)) return;  // alone: neither rate is about sharing
-  if (now_ns - turn->regime_since_ns < kTurnsPaySettleNs) return;
   if (turns_apply) {
     turn->with_turns_ns += tick_ns;
     turn->with_turns_launches += launches;
@@ -419,7 +414,7 @@ void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, in
     turn->without_charged_ns += charged_ns;
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
-  if (turn->without_ns < (kTurnsPayProbeNs - kTurnsPaySettleNs) / 2) {
+  if (turn->without_ns < kTurnsPayProbeNs / 2) {
     // No rate without turns yet (a process that just started contending, or a recheck): leave
     // turns for a probe, which stops them for everyone while it wants the GPU.
     turn->gappy_until_ns = now_ns + kTurnsPayProbeNs;
@@ -428,15 +423,17 @@ void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, in
   if (turn->with_turns_ns < kTurnsPayWindowNs) return;
   // Launches per charged GPU ns, compared by cross-multiplying (charges below a minute of ns,
   // launches below a few million: no overflow in 128 bits).
-  if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0) {
-    const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_charged_ns * 1000;
-    const __int128 with =
-        static_cast<__int128>(turn->with_turns_launches) * turn->without_charged_ns * kTurnsPayPermille;
-    if (without > with) {
+  if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0 && turn->with_turns_launches > 0) {
+    const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_charged_ns;
+    const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_charged_ns;
+    const __int128 ratio = without * 1000 / with;
+    turn->last_ratio_permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
+    if (without * 1000 > with * kTurnsPayPermille) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
       ++turn->turns_unpaid;
     } else {
       turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
+      ++turn->turns_paid;
     }
   }
   turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;

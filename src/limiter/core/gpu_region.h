@@ -79,9 +79,9 @@ struct ShareTurn {
   int64_t with_turns_ns = 0, with_turns_launches = 0, with_turns_charged_ns = 0;
   int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
-  int64_t regime_since_ns = 0;  // since when turns have been in force (or not), without a break
-  bool regime_turns = false;
-  uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying (for the log)
+  uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
+  uint32_t turns_paid = 0;
+  int64_t last_ratio_permille = 0;  // the last comparison: work per charge without turns / with, x 1000
 };
 // A turn's length unless TFUSION_SHARE_TURN_MS says otherwise (0: off), and how long a
 // tenant found gappy stays out of turns.
@@ -95,10 +95,7 @@ inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 // GPU ns charged without turns (a probe of kTurnsPayProbeNs) and then with them; after
 // kTurnsPayWindowNs with turns it compares the two, and when it did more than kTurnsPayPermille /
 // 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
-// again after kTurnsPayRecheckNs. Only time at least kTurnsPaySettleNs into a stretch with (or
-// without) turns counts: tokens saved while waiting for turns are spent at the start of a stretch
-// without them, and would make it look faster than it is.
-inline constexpr int64_t kTurnsPaySettleNs = 100'000'000;
+// again after kTurnsPayRecheckNs.
 inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
 inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
