@@ -57,13 +57,20 @@ inline void ForgetAnswersAbout(Session* s, driver::Fn fn, uint64_t a) {
                    a == UINT64_MAX ? s->answers.lower_bound({f + 1, 0, 0, 0, 0})
                                    : s->answers.lower_bound({f, a + 1, 0, 0, 0}));
 }
+// Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
+// attribute or the cache configuration of a function, kernel or context changes, and with the
+// answers about functions below.
+void ForgetOccupancy(Session* s);
+
 // Function and kernel handles may be reused once their module, library or context is gone: the
-// answers about them, and the attribute values this client set on them, go with them.
+// answers about them (occupancy included), and the attribute values this client set on them, go
+// with them.
 inline void ForgetFunctionAnswers(Session* s) {
   for (driver::Fn fn : {driver::Fn::cuKernelGetFunction, driver::Fn::cuKernelGetAttribute,
                         driver::Fn::cuKernelSetAttribute, driver::Fn::cuFuncSetAttribute}) {
     ForgetAnswers(s, fn);
   }
+  ForgetOccupancy(s);
   s->other_function_names.clear();
 }
 
@@ -77,10 +84,6 @@ void ForgetContextAnswers(Session* s);
 using worker::HandleKind;
 void NoteCreatedHandle(Session* s, HandleKind k, uint64_t h);
 void NoteDestroyedHandle(Session* s, HandleKind k, uint64_t h);
-
-// Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
-// attribute or the cache configuration of a function, kernel or context changes.
-void ForgetOccupancy(Session* s);
 
 // Reads a module or library image from a file, NUL-terminated (a PTX file is then a C string):
 // CUDA_ERROR_FILE_NOT_FOUND when it cannot be read, CUDA_ERROR_INVALID_IMAGE when it is empty.

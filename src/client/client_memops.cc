@@ -121,20 +121,8 @@ CUresult BatchMemOp(Fn fn, CUstream s, unsigned count, CUstreamBatchMemOpParams*
 
 }  // namespace
 
-// ---- stream memory operations: the legacy forms are the _v2 calls (same arguments)
+// ---- stream memory operations (the single ones and their legacy forms are generated)
 
-CUresult Impl_cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  return Impl_cuStreamWaitValue32_v2(s, addr, value, flags);
-}
-CUresult Impl_cuStreamWaitValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
-  return Impl_cuStreamWaitValue64_v2(s, addr, value, flags);
-}
-CUresult Impl_cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  return Impl_cuStreamWriteValue32_v2(s, addr, value, flags);
-}
-CUresult Impl_cuStreamWriteValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
-  return Impl_cuStreamWriteValue64_v2(s, addr, value, flags);
-}
 CUresult Impl_cuStreamBatchMemOp_v2(CUstream s, unsigned int count, CUstreamBatchMemOpParams* ops,
                                     unsigned int flags) {
   return BatchMemOp(Fn::cuStreamBatchMemOp_v2, s, count, ops, flags);

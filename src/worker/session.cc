@@ -1046,9 +1046,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuKernelGetAttribute:
     case Fn::cuKernelSetAttribute:
     case Fn::cuFuncSetAttribute:
-    case Fn::cuOccupancyAvailableDynamicSMemPerBlock:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     case Fn::cuOccupancyMaxPotentialBlockSize:
     case Fn::cuOccupancyMaxPotentialBlockSizeWithFlags:
       return LibraryCall(fn, rd, out);
@@ -1900,48 +1897,28 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       return CALL(cuFuncSetAttribute, As<CUfunction>(f), static_cast<CUfunction_attribute>(attr), value);
     }
     // in U64 function or kernel, U32 CUfunc_cache (and for a kernel I32 device).
-    // Occupancy of a function (or of a kernel, which the driver accepts in its place):
-    // in U64 function, I32 a, I32 b (block count/size, block size/limit), U64 dynamic shared
-    // memory, U32 flags; out what the driver returns. The block-size-to-shared-memory callback of
-    // cuOccupancyMaxPotentialBlockSize* lives in the client, which searches itself when it has one.
-    case Fn::cuOccupancyAvailableDynamicSMemPerBlock:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
+    // The largest potential block size of a function (or of a kernel, which the driver accepts in
+    // its place) without a block-size-to-shared-memory callback (with one, the client searches
+    // itself through the generated active-blocks query): in U64 function, I32 block size limit,
+    // U64 dynamic shared memory, U32 flags; out I32 grid, I32 block size.
     case Fn::cuOccupancyMaxPotentialBlockSize:
     case Fn::cuOccupancyMaxPotentialBlockSizeWithFlags: {
       uint64_t f = 0, smem = 0;
-      int32_t a = 0, b = 0;
+      int32_t limit = 0;
       uint32_t flags = 0;
       rd.U64(&f);
-      rd.I32(&a);
-      rd.I32(&b);
+      rd.I32(&limit);
       rd.U64(&smem);
       if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       if (!Function(f) || (!functions_.count(f) && !kernels_.count(f))) return CUDA_ERROR_INVALID_HANDLE;
       CUfunction func = As<CUfunction>(f);
-      if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
-        size_t v = 0;
-        CUresult r = CALL(cuOccupancyAvailableDynamicSMemPerBlock, &v, func, a, b);
-        out.U64(v);
-        return r;
-      }
-      if (fn == Fn::cuOccupancyMaxPotentialBlockSize ||
-          fn == Fn::cuOccupancyMaxPotentialBlockSizeWithFlags) {
-        int grid = 0, block = 0;
-        CUresult r = fn == Fn::cuOccupancyMaxPotentialBlockSize
-                         ? CALL(cuOccupancyMaxPotentialBlockSize, &grid, &block, func, nullptr, smem, b)
-                         : CALL(cuOccupancyMaxPotentialBlockSizeWithFlags, &grid, &block, func,
-                                nullptr, smem, b, flags);
-        out.I32(grid);
-        out.I32(block);
-        return r;
-      }
-      int blocks = 0;
-      CUresult r = fn == Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor
-                       ? CALL(cuOccupancyMaxActiveBlocksPerMultiprocessor, &blocks, func, b, smem)
-                       : CALL(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, &blocks, func, b,
-                              smem, flags);
-      out.I32(blocks);
+      int grid = 0, block = 0;
+      CUresult r = fn == Fn::cuOccupancyMaxPotentialBlockSize
+                       ? CALL(cuOccupancyMaxPotentialBlockSize, &grid, &block, func, nullptr, smem, limit)
+                       : CALL(cuOccupancyMaxPotentialBlockSizeWithFlags, &grid, &block, func, nullptr,
+                              smem, limit, flags);
+      out.I32(grid);
+      out.I32(block);
       return r;
     }
     default:

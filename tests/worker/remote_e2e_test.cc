@@ -440,6 +440,8 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["done"], "1");
     EXPECT_EQ(r.kv["wait_blocks"], "600") << "the waiting stream ran before the write";
     EXPECT_EQ(r.kv["wait_released"], "1:7:500000001:1234567890");
+    // The legacy forms (cuStreamWaitValue32, ...; the fake driver exports only the _v2 ones).
+    EXPECT_EQ(r.kv["legacy_memops"], "5:700000000:6:1");
     EXPECT_EQ(r.kv["batch"], "feed:abcdef0123:5eed");
     for (const char* k : {"bad_wait_addr", "bad_write_unaligned_outside", "bad_wait_flags", "bad_write_flags",
                           "bad_batch_count", "bad_batch_flags", "bad_batch_addr", "bad_batch_op",
@@ -2242,6 +2244,27 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     EXPECT_EQ(out.size(), sizeof(CUstreamAttrValue));
     EXPECT_EQ(attribute(CU_LAUNCH_ATTRIBUTE_COOPERATIVE), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(attribute(999), CUDA_ERROR_INVALID_VALUE);
+    // A field of a structure with a mask (flags=prop.handleTypes, flags=prop.flags).
+    auto multicast = [&](uint64_t handle_types, uint64_t flags) {
+      Writer w(big, sizeof(big));
+      w.U32(1);        // devices
+      w.U64(2 << 20);  // size
+      w.U64(handle_types);
+      w.U64(flags);
+      w.U32(CU_MULTICAST_GRANULARITY_MINIMUM);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuMulticastGetGranularity), w, &out);
+    };
+    EXPECT_EQ(multicast(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), 0);
+    EXPECT_EQ(out.size(), 8u);
+    EXPECT_EQ(multicast(0x10, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(multicast(0, 1), CUDA_ERROR_INVALID_VALUE);
+    // An occupancy query naming a stream where the function goes.
+    Writer occ(big, sizeof(big));
+    occ.U64(stream);
+    occ.I32(128);
+    occ.U64(0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor), occ), CUDA_ERROR_INVALID_HANDLE);
   }
   // Nothing else changed: the objects and the limit are as they were.
   EXPECT_EQ(on(Fn::cuStreamQuery, stream), 0);

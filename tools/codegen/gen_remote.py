@@ -41,7 +41,7 @@ SCALARS = {
 WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u8": "uint8_t", "u16": "uint16_t", "u64": "uint64_t",
           "i64": "int64_t", "f32": "uint32_t"}
 READ = {"i32": "I32", "u32": "U32", "u8": "U8", "u16": "U16", "u64": "U64", "i64": "I64", "f32": "U32"}
-CLASSES = ("sync", "async", "local", "refused")
+CLASSES = ("sync", "async", "local", "refused", "alias")
 
 
 class SurfaceError(Exception):
@@ -366,10 +366,14 @@ def parse_surface(path, exports, typed):
                                    % (path, ln, cls))
             if cls == "refused" and len(rest) < 10:
                 raise SurfaceError("%s:%d: %s is refused without a reason" % (path, ln, name))
+            if cls == "alias" and not re.match(r"^cu\w+$", rest):
+                raise SurfaceError("%s:%d: %s is an alias of nothing (the third column names its entry point)"
+                                   % (path, ln, name))
             if cls != "refused" and name not in typed:
                 raise SurfaceError("%s:%d: %s has no prototype in cuda.h" % (path, ln, name))
-            if cls not in ("sync", "async", "refused") and rest:
-                raise SurfaceError("%s:%d: %s: annotations are for sync and async only" % (path, ln, name))
+            if cls not in ("sync", "async", "refused", "alias") and not cls.startswith("hand:") and rest:
+                raise SurfaceError("%s:%d: %s: a third column is for sync, async, alias, refused and hand:F "
+                                   "only" % (path, ln, name))
             rows[name] = (cls, rest)
     return rows
 
@@ -384,7 +388,7 @@ def parse_annotations(fn, text, params):
             ann["ctx"] = val
         elif key == "flags" and ":" in val:
             a, mask = val.split(":", 1)
-            if a not in names:
+            if a.split(".", 1)[0] not in names:
                 raise SurfaceError("%s: flags=%s names no argument" % (fn, a))
             ann["flags"][a] = int(mask, 0)
         elif key == "null" and val in names:
@@ -484,6 +488,20 @@ class Call:
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
+        # flags=ARG.FIELD:MASK: an integer field of an input structure (checked by the worker).
+        self.field_masks = []
+        for path, mask in self.ann["flags"].items():
+            if "." not in path:
+                continue
+            head, rest = path.split(".", 1)
+            a = by_name[head]
+            shape = a.shape if a.dir == "in" else None
+            for part in rest.split("."):
+                fields = dict(shape.fields) if shape is not None and shape.kind == "struct" else {}
+                shape = fields.get(part)
+            if shape is None or shape.kind != "scalar" or shape.wire == "f32":
+                raise SurfaceError("%s: flags=%s names no integer field of an input structure" % (name, path))
+            self.field_masks.append(("a_" + path, mask))
 
 
 # ---------------------------------------------------------------- client
@@ -697,6 +715,9 @@ def gen_worker_case(c):
                      % " && ".join("a_%s != %uu" % (a.name, v) for v in a.values))
         if a.mask is not None:
             o.append("      if ((a_%s & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.mask))
+    for field, mask in c.field_masks:
+        o.append("      if ((static_cast<uint64_t>(%s) & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n"
+                 % (field, mask))
     for a, size in c.ann["dptr"]:
         # A length argument of 0 names no memory (the driver answers for it); a fixed one always does.
         if re.match(r"^[0-9]+$", size):
@@ -850,6 +871,16 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
             f.write(gen_client_impl(c, decl))
+        for n, (cls, target) in sorted(rows.items()):
+            if cls != "alias":
+                continue
+            if rows.get(target, ("",))[0] not in ("sync", "async"):
+                raise SurfaceError("%s: alias of %s, which is neither sync nor async" % (n, target))
+            if [t for t, _ in protos[n]] != [t for t, _ in protos[target]]:
+                raise SurfaceError("%s: alias of %s, whose arguments differ" % (n, target))
+            f.write("// The legacy form of %s (api/remote_surface.tsv: alias).\n" % target)
+            f.write("CUresult Impl_%s(%s) {\n  return Impl_%s(%s);\n}\n\n"
+                    % (n, decl(n), target, ", ".join(a for _, a in protos[n])))
         f.write("}  // namespace tf::client\n")
 
     used_enums = sorted({a.enum for c in calls for a in c.ins if a.enum and a.enum_values is not None})
