@@ -710,8 +710,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuIpcGetMemHandle:
     case Fn::cuIpcOpenMemHandle_v2:
     case Fn::cuIpcCloseMemHandle:
-    case Fn::cuIpcGetEventHandle:
-    case Fn::cuIpcOpenEventHandle:
     case Fn::cuMemGetAddressRange_v2:
       return IpcCall(fn, rd, out);
     case Fn::cuMemAlloc_v2: {
@@ -2234,24 +2232,6 @@ CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
         ipc_opened_.erase(p);
       }
       out.U32(static_cast<uint32_t>(left));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuIpcGetEventHandle: {
-      uint64_t e = 0;
-      if (!rd.U64(&e) || !rd.Finish() || !Event(e)) return CUDA_ERROR_INVALID_HANDLE;
-      CUipcEventHandle h{};
-      CUresult r = CALL(cuIpcGetEventHandle, &h, As<CUevent>(e));
-      if (r == CUDA_SUCCESS) out.Bytes(h.reserved, sizeof(h.reserved));
-      return r;
-    }
-    case Fn::cuIpcOpenEventHandle: {
-      CUipcEventHandle h{};
-      if (!rd.Bytes(h.reserved, sizeof(h.reserved)) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUevent e = nullptr;
-      CUresult r = CALL(cuIpcOpenEventHandle, &e, h);
-      if (r != CUDA_SUCCESS) return r;
-      events_.insert(H(e));  // destroyed with cuEventDestroy, or when the session ends
-      out.U64(Publish(HandleKind::kEvent, H(e)));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemGetAddressRange_v2: {

@@ -167,6 +167,16 @@ class FuzzHost : public tf::worker::GeneratedHost {
       *v = 48 << 10;
       return CUDA_SUCCESS;
     };
+    // An event's IPC handle (an output structure of bytes) and an event opened from one (a
+    // structure by value in, a new handle out: new=phEvent).
+    d_.cuIpcGetEventHandle = [](CUipcEventHandle* h, CUevent) {
+      memset(h->reserved, 0x3c, sizeof(h->reserved));
+      return CUDA_SUCCESS;
+    };
+    d_.cuIpcOpenEventHandle = [](CUevent* e, CUipcEventHandle) {
+      *e = reinterpret_cast<CUevent>(0x6100);
+      return CUDA_SUCCESS;
+    };
     d_.cuMulticastGetGranularity = [](size_t* g, const CUmulticastObjectProp* p, CUmulticastGranularity_flags o) {
       Check(p->flags == 0 && (p->handleTypes & ~0xfull) == 0 && o <= CU_MULTICAST_GRANULARITY_RECOMMENDED);
       *g = 2 << 20;

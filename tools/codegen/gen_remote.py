@@ -235,6 +235,7 @@ class Arg:
         self.parent = ann.get("publish", {}).get(name)  # publish=OUT:PARENT
         self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
+        self.byval = False    # a structure passed by value (travels as a `const T*` input does)
         t = ctype.replace("const ", "").strip()
         if t.endswith("*"):
             base = t[:-1].strip()
@@ -259,10 +260,14 @@ class Arg:
                 if self.count:
                     raise SurfaceError("%s: count=%s: arrays of handles are not generated" % (fn, name))
                 self.kind = HANDLE_KINDS[base]
-                self.created = "Create" in fn and index == 0
+                self.created = ("Create" in fn and index == 0) or name in ann.get("new", set())
                 return
         elif self.count:
             raise SurfaceError("%s: count=%s names no pointer" % (fn, name))
+        elif types.aggregate(t) is not None and types.aggregate(t).kind == "struct":
+            self.shape, self.base, self.byval = types.aggregate(t), t, True
+            struct_lines(fn, self.shape, "x", "w", "enc", False)  # refuses what cannot travel
+            return
         if t in HANDLE_KINDS:
             self.kind = HANDLE_KINDS[t]
             return
@@ -329,6 +334,8 @@ def struct_lines(fn, shape, expr, io, mode, is_out, depth=0):
     if shape.kind == "array":
         if shape.elem.kind == "ptr":
             raise SurfaceError("%s: %s: an array of pointers is not generated" % (fn, expr))
+        if shape.elem.kind == "scalar" and shape.elem.wire == "u8":  # bytes (an opaque handle's)
+            return ["static_assert(sizeof(%s) == %d); %s.Bytes(&%s, %d);" % (expr, shape.n, io, expr, shape.n)]
         i = "i%d_" % depth
         inner = struct_lines(fn, shape.elem, "%s[%s]" % (expr, i), io, mode, is_out, depth + 1)
         return ["for (size_t %s = 0; %s < %d; ++%s) {" % (i, i, shape.n, i)] + ["  " + l for l in inner] + ["}"]
@@ -380,7 +387,7 @@ def parse_surface(path, exports, typed):
 
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
-           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}}
+           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -395,6 +402,8 @@ def parse_annotations(fn, text, params):
             ann["null"].add(val)
         elif key == "weak" and val in names:
             ann["weak"].add(val)
+        elif key == "new" and val in names:
+            ann["new"].add(val)
         elif key == "cache" and val:
             keys = val.split(",")
             for k in keys:
@@ -473,6 +482,9 @@ class Call:
             handles[0].destroyed = True
         if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32" or not self.outs[0].scalar):
             raise SurfaceError("%s: a cached call has exactly one integer or handle output" % name)
+        for n in self.ann["new"]:
+            if not (by_name[n].dir == "out" and by_name[n].kind and not by_name[n].count):
+                raise SurfaceError("%s: new=%s is for a handle output" % (name, n))
         for a in self.args:
             if a.weak and not (a.dir == "out" and a.kind and not a.created):
                 raise SurfaceError("%s: weak=%s is for a handle output the call does not create" % (name, a.name))
@@ -568,13 +580,13 @@ def gen_client_impl(c, decl):
     for a in c.outs:
         o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
     for a in c.ins:
-        if a.shape is not None or a.count:
+        if (a.shape is not None and not a.byval) or a.count:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
     for n, most in count_checks(c):
         o.append("  if (%s < 1 || %s > %d) return CUDA_ERROR_INVALID_VALUE;\n" % (n, n, most))
     for a in c.ins:
         if a.shape is not None:
-            for p in ptr_checks(a.shape, "(*%s)" % a.name):
+            for p in ptr_checks(a.shape, a.name if a.byval else "(*%s)" % a.name):
                 # A pointer field does not travel (the worker's host is not this one).
                 o.append("  if (%s != nullptr) return CUDA_ERROR_NOT_SUPPORTED;\n" % p)
     for a in c.ins:
@@ -607,7 +619,7 @@ def gen_client_impl(c, decl):
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) w_.%s(static_cast<%s>(%s[i_]));\n"
                      % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
         elif a.shape is not None:
-            for l in struct_lines(c.name, a.shape, "(*%s)" % a.name, "w_", "enc", False):
+            for l in struct_lines(c.name, a.shape, a.name if a.byval else "(*%s)" % a.name, "w_", "enc", False):
                 o.append("  %s\n" % l)
         else:
             o.append(client_write(a))
@@ -766,7 +778,7 @@ def gen_worker_case(c):
         elif a.count:
             call.append("c_" + a.name)
         elif a.shape is not None:
-            call.append("&a_" + a.name)
+            call.append(("a_" if a.byval else "&a_") + a.name)
         elif a.kind:
             call.append("reinterpret_cast<%s>(r_%s)" % (a.ctype, a.name))
         else:
