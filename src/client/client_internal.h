@@ -85,6 +85,12 @@ using worker::HandleKind;
 void NoteCreatedHandle(Session* s, HandleKind k, uint64_t h);
 void NoteDestroyedHandle(Session* s, HandleKind k, uint64_t h);
 
+// A memory location the remote vGPU serves (the `loc=` annotation and the hand-written memory
+// calls; client_memops.cc): a device of the session (else CUDA_ERROR_INVALID_DEVICE); host
+// locations are refused with a log line naming fn (CUDA_ERROR_NOT_SUPPORTED: the worker's host is
+// not this one); NULL or any other type is CUDA_ERROR_INVALID_VALUE. REQUIRES State().mu.
+CUresult CheckMemLocation(Session* session, driver::Fn fn, const CUmemLocation* loc);
+
 // Reads a module or library image from a file, NUL-terminated (a PTX file is then a C string):
 // CUDA_ERROR_FILE_NOT_FOUND when it cannot be read, CUDA_ERROR_INVALID_IMAGE when it is empty.
 CUresult ReadImageFile(const char* fname, std::vector<char>* image);

@@ -145,31 +145,9 @@ CUresult Impl_cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* s
   return CopyBatch(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, fail_idx, s);
 }
 
-// ---- the device's current memory pool (published by the worker like its default pool)
-
-CUresult Impl_cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.I32(dev);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetMemPool), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0;
-  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
-  *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
 // ---- VMM queries, per-location pools and pool access (payloads in remote_memops.h)
 
-namespace {
-
-// A location the remote vGPU serves: a device of the session. Host locations are refused with a
-// reason (the worker's host is not the tenant's); anything else is not a location.
-CUresult CheckLocation(Session* session, Fn fn, const CUmemLocation* loc) {
+CUresult CheckMemLocation(Session* session, Fn fn, const CUmemLocation* loc) {
   if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (loc->type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
@@ -187,6 +165,8 @@ CUresult CheckLocation(Session* session, Fn fn, const CUmemLocation* loc) {
       return CUDA_ERROR_INVALID_VALUE;
   }
 }
+
+namespace {
 
 // Pools of device memory only: managed-memory pools are not served remotely (managed memory is).
 CUresult CheckPoolType(Fn fn, CUmemAllocationType type) {
@@ -206,7 +186,7 @@ void WriteLocation(Writer& w, const CUmemLocation* loc) {
 CUresult PoolAt(Fn fn, CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationType type) {
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), fn, loc); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckMemLocation(l.session(), fn, loc); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckPoolType(fn, type); r != CUDA_SUCCESS) return r;
   TF_CTX_IF_ANY(l);
   uint8_t buf[16];
@@ -227,7 +207,7 @@ CUresult PoolAt(Fn fn, CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationTy
 CUresult Impl_cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), Fn::cuMemGetAccess, location); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckMemLocation(l.session(), Fn::cuMemGetAccess, location); r != CUDA_SUCCESS) return r;
   TF_CTX(l);
   uint8_t buf[16];
   Writer w(buf, sizeof(buf));
@@ -300,7 +280,7 @@ CUresult Impl_cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmem
 
 CUresult Impl_cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
   TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), Fn::cuMemSetMemPool, location); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckMemLocation(l.session(), Fn::cuMemSetMemPool, location); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckPoolType(Fn::cuMemSetMemPool, type); r != CUDA_SUCCESS) return r;
   TF_CTX_IF_ANY(l);
   uint8_t buf[24];
@@ -309,45 +289,6 @@ CUresult Impl_cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type,
   w.U32(static_cast<uint32_t>(type));
   w.U64(reinterpret_cast<uint64_t>(pool));
   return Simple(l, Fn::cuMemSetMemPool, w);
-}
-
-CUresult Impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
-  if (count == 0 || count > remote::kMaxPoolAccess || map == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  for (size_t i = 0; i < count; ++i) {
-    if (CUresult r = CheckLocation(l.session(), Fn::cuMemPoolSetAccess, &map[i].location); r != CUDA_SUCCESS) {
-      return r;
-    }
-  }
-  TF_CTX_IF_ANY(l);
-  std::vector<uint8_t> buf(12 + 12 * count);
-  Writer w(buf.data(), buf.size());
-  w.U64(reinterpret_cast<uint64_t>(pool));
-  w.U32(static_cast<uint32_t>(count));
-  for (size_t i = 0; i < count; ++i) {
-    WriteLocation(w, &map[i].location);
-    w.U32(static_cast<uint32_t>(map[i].flags));
-  }
-  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
-  return Simple(l, Fn::cuMemPoolSetAccess, w);
-}
-
-CUresult Impl_cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
-  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), Fn::cuMemPoolGetAccess, location); r != CUDA_SUCCESS) return r;
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(reinterpret_cast<uint64_t>(pool));
-  WriteLocation(w, location);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemPoolGetAccess), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint32_t f = 0;
-  if (!rv.reader.U32(&f)) return CUDA_ERROR_UNKNOWN;
-  *flags = static_cast<CUmemAccess_flags>(f);
-  return CUDA_SUCCESS;
 }
 
 // ---- pointer attributes that can be set

@@ -125,6 +125,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   void Created(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.insert(real);
     if (k == HandleKind::kEvent) events_.insert(real);
+    if (k == HandleKind::kMemPool) pools_.insert(real);  // a device's pool (new=), as PublishPool
   }
   void Destroyed(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.erase(real);

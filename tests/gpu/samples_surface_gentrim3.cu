@@ -99,3 +99,34 @@ TF_SAMPLE(occupancy_after_attribute_change) {
   o.Result(&avail_before, sizeof(avail_before));
   o.Result(&avail_after, sizeof(avail_after));
 }
+
+// Pool access (generated with the location checks of `loc=`): the owning device's access is set
+// (to what it always is) through an array of one descriptor and read back; the device's current
+// pool (generated with `new=`) is the same handle twice.
+TF_SAMPLE(pool_access_generated) {
+  RT(o, cudaFree(nullptr));
+  CUdevice dev = 0;
+  DRV(o, cuCtxGetDevice(&dev));
+  CUmemLocation loc = {};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev;
+  CUmemPoolProps props = {};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location = loc;
+  CUmemoryPool pool = nullptr;
+  DRV(o, cuMemPoolCreate(&pool, &props));
+  CUmemAccessDesc desc = {};
+  desc.location = loc;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const int set = static_cast<int>(cuMemPoolSetAccess(pool, &desc, 1));
+  CUmemAccess_flags got = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  DRV(o, cuMemPoolGetAccess(&got, pool, &loc));
+  CUmemoryPool cur1 = nullptr, cur2 = nullptr;
+  DRV(o, cuDeviceGetMemPool(&cur1, dev));
+  DRV(o, cuDeviceGetMemPool(&cur2, dev));
+  if (cur1 == nullptr || cur1 != cur2) o.Fail("the device's current pool changed between two asks");
+  if (got != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) o.Fail("the owning device's access");
+  const int answers[2] = {set, static_cast<int>(got)};
+  o.Result(answers, sizeof(answers));
+  cuMemPoolDestroy(pool);
+}

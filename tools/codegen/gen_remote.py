@@ -241,13 +241,15 @@ class Arg:
             base = t[:-1].strip()
             if "*" in base or base in ("void", "char"):
                 raise SurfaceError("%s: argument %s (%s) needs a hand-written family" % (fn, name, ctype))
-            self.dir = "in" if ctype.startswith("const") else "out"
+            # loc=ARG: the call reads the location even where cuda.h's pointer is not const.
+            self.dir = "in" if ctype.startswith("const") or name in ann.get("loc", []) else "out"
             t = base
             self.base = base
             self.shape = types.aggregate(base)
             if self.shape is not None:
-                if self.count:
-                    raise SurfaceError("%s: count=%s: arrays of structures are not generated" % (fn, name))
+                if self.count and (self.dir != "in" or self.shape.kind != "struct" or self.shape.refs()):
+                    raise SurfaceError("%s: count=%s: only input arrays of structures without pointers or "
+                                       "handles are generated" % (fn, name))
                 if self.shape.kind == "union" and self.shape.refs() and not self.bytes:
                     raise SurfaceError("%s: union %s (%s) holds pointers or handles: bytes=%s says it may "
                                        "travel as its bytes" % (fn, name, ctype, name))
@@ -387,7 +389,7 @@ def parse_surface(path, exports, typed):
 
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
-           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set()}
+           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": []}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -427,9 +429,11 @@ def parse_annotations(fn, text, params):
             ann["count"][a] = (n, int(most))
         elif key == "bytes" and val in names:
             ann["bytes"].add(val)
+        elif key == "loc" and val.split(".", 1)[0] in names:
+            ann["loc"].append(val)
         elif key == "values" and ":" in val:
             a, vals = val.split(":", 1)
-            if a not in names or not vals:
+            if a.split(".", 1)[0] not in names or not vals:
                 raise SurfaceError("%s: values=%s names no argument" % (fn, val))
             ann["values"][a] = vals.split(",")
         elif key == "dptr" and ":" in val:
@@ -500,20 +504,42 @@ class Call:
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
-        # flags=ARG.FIELD:MASK: an integer field of an input structure (checked by the worker).
-        self.field_masks = []
-        for path, mask in self.ann["flags"].items():
-            if "." not in path:
-                continue
-            head, rest = path.split(".", 1)
+        # Checks of the fields of input structures (of each element of a count= array), by the
+        # worker once decoded: loc= first, then flags= and values= (per argument, in one pass).
+        self.field_checks = {}   # argument name -> [(kind, field path after the argument, payload)]
+
+        def field(path, what):
+            head, _, rest = path.partition(".")
             a = by_name[head]
-            shape = a.shape if a.dir == "in" else None
-            for part in rest.split("."):
-                fields = dict(shape.fields) if shape is not None and shape.kind == "struct" else {}
-                shape = fields.get(part)
-            if shape is None or shape.kind != "scalar" or shape.wire == "f32":
-                raise SurfaceError("%s: flags=%s names no integer field of an input structure" % (name, path))
-            self.field_masks.append(("a_" + path, mask))
+            shape = a.shape if a.dir == "in" and a.shape is not None and a.shape.kind == "struct" else None
+            for part in rest.split(".") if rest else []:
+                shape = dict(shape.fields).get(part) if shape is not None and shape.kind == "struct" else None
+            if shape is None:
+                raise SurfaceError("%s: %s names no field of an input structure" % (name, what))
+            return a, rest, shape
+
+        for path in self.ann["loc"]:
+            a, rest, shape = field(path, "loc=" + path)
+            if shape.kind != "struct" or [(n, f.kind) for n, f in shape.fields] != [("type", "enum"), ("id", "scalar")]:
+                raise SurfaceError("%s: loc=%s is not a CUmemLocation" % (name, path))
+            self.field_checks.setdefault(a.name, []).append(("loc", rest, None))
+        for path, mask in self.ann["flags"].items():
+            if "." in path:
+                a, rest, shape = field(path, "flags=" + path)
+                if shape.kind not in ("scalar", "enum") or shape.wire == "f32":
+                    raise SurfaceError("%s: flags=%s names no integer field" % (name, path))
+                self.field_checks.setdefault(a.name, []).append(("mask", rest, (mask, shape.kind)))
+        for path, vals in self.ann["values"].items():
+            if "." in path:
+                a, rest, shape = field(path, "values=" + path)
+                if shape.kind != "enum":
+                    raise SurfaceError("%s: values=%s names no enumeration field" % (name, path))
+                vs = []
+                for v in vals:
+                    if not (re.match(r"^[0-9]+$", v) or v in types.known):
+                        raise SurfaceError("%s: values=%s: %s is not in cuda.h" % (name, path, v))
+                    vs.append(int(v) if re.match(r"^[0-9]+$", v) else types.known[v] & 0xFFFFFFFF)
+                self.field_checks.setdefault(a.name, []).append(("values", rest, vs))
 
 
 # ---------------------------------------------------------------- client
@@ -547,7 +573,7 @@ def cache_key(k):
 def wire_bytes(a):
     """A C++ expression bounding the bytes input a takes on the wire."""
     if a.count:
-        return "%d" % (a.count[1] * 8)
+        return "%d" % (a.count[1] * 8 * (leaves(a.shape) if a.shape is not None else 1))
     if a.shape is not None:
         return "sizeof(%s)" % a.base if a.shape.kind == "union" else "%d" % (8 * leaves(a.shape))
     return "8"
@@ -598,6 +624,20 @@ def gen_client_impl(c, decl):
     elif c.ann["ctx"] == "any":
         o.append("  TF_CTX_IF_ANY(l_);\n")
     o.append("  Session* s_ = l_.session();\n")
+    for a in c.ins:
+        # loc=: a location the remote vGPU serves (a device of the session; host locations are
+        # refused with a log line), as the hand-written memory calls check it.
+        for kind, rest, _ in c.field_checks.get(a.name, []):
+            if kind != "loc":
+                continue
+            if a.count:
+                o.append("  for (size_t i_ = 0; i_ < %s; ++i_) {\n"
+                         "    if (CUresult r_ = CheckMemLocation(s_, Fn::%s, &%s[i_]%s); r_ != CUDA_SUCCESS) return r_;\n"
+                         "  }\n" % (a.count[0], c.name, a.name, "." + rest if rest else ""))
+            else:
+                expr = a.name if a.byval else "(*%s)" % a.name
+                o.append("  if (CUresult r_ = CheckMemLocation(s_, Fn::%s, &%s%s); r_ != CUDA_SUCCESS) return r_;\n"
+                         % (c.name, expr, "." + rest if rest else ""))
     for a, _ in c.ann["dptr"]:
         o.append("  MirrorIfUsedAsDevice(s_, static_cast<uint64_t>(%s));\n" % a)
     keys = []
@@ -615,7 +655,12 @@ def gen_client_impl(c, decl):
     o.append("  uint8_t buf_[%s];\n" % size)
     o.append("  Writer w_(buf_, sizeof(buf_));\n")
     for a in c.ins:
-        if a.count:
+        if a.count and a.shape is not None:  # an array of structures: element by element
+            o.append("  for (size_t i_ = 0; i_ < %s; ++i_) {\n" % a.count[0])
+            for l in struct_lines(c.name, a.shape, "%s[i_]" % a.name, "w_", "enc", False):
+                o.append("    %s\n" % l)
+            o.append("  }\n")
+        elif a.count:
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) w_.%s(static_cast<%s>(%s[i_]));\n"
                      % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
         elif a.shape is not None:
@@ -686,7 +731,7 @@ def worker_reads(c, fail):
     o = []
     for a in c.ins:
         if a.count:
-            o.append("      %s a_%s[%d]{};\n" % (WIRE_C[a.wire], a.name, a.count[1]))
+            o.append("      %s a_%s[%d]{};\n" % (a.base if a.shape is not None else WIRE_C[a.wire], a.name, a.count[1]))
         elif a.shape is not None:
             o.append("      %s a_%s{};\n" % (a.base, a.name))
         else:
@@ -703,7 +748,12 @@ def worker_reads(c, fail):
     for n, most in count_checks(c):
         o.append("      if (a_%s < 1 || a_%s > %d) %s\n" % (n, n, most, fail))
     for a in c.ins:
-        if a.count:
+        if a.count and a.shape is not None:
+            o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n" % a.count[0])
+            for l in struct_lines(c.name, a.shape, "a_%s[i_]" % a.name, "rd", "dec", False):
+                o.append("        %s\n" % l)
+            o.append("      }\n")
+        elif a.count:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) rd.%s(&a_%s[i_]);\n"
                      % (a.count[0], READ[a.wire], a.name))
     o.append("      if (!rd.Finish()) %s\n" % fail)
@@ -727,9 +777,29 @@ def gen_worker_case(c):
                      % " && ".join("a_%s != %uu" % (a.name, v) for v in a.values))
         if a.mask is not None:
             o.append("      if ((a_%s & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.mask))
-    for field, mask in c.field_masks:
-        o.append("      if ((static_cast<uint64_t>(%s) & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n"
-                 % (field, mask))
+    for a in c.ins:
+        checks = sorted(c.field_checks.get(a.name, []), key=lambda k: k[0] != "loc")
+        if not checks:
+            continue
+        ind = "      "
+        if a.count:
+            o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n" % a.count[0])
+            ind = "        "
+        for kind, rest, payload in checks:
+            e = "a_%s%s%s" % (a.name, "[i_]" if a.count else "", "." + rest if rest else "")
+            # An enumeration field holds whatever 32 bits came: read as bits, never as the enum.
+            if kind == "loc":  # a device of the session
+                o.append("%sif (Bits32(%s.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;\n" % (ind, e))
+                o.append("%sif (!host.KnownDevice(%s.id)) return CUDA_ERROR_INVALID_DEVICE;\n" % (ind, e))
+            elif kind == "mask":
+                v = ("Bits32(%s)" if payload[1] == "enum" else "static_cast<uint64_t>(%s)") % e
+                o.append("%sif ((uint64_t{%s} & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n"
+                         % (ind, v, payload[0]))
+            else:
+                o.append("%sif (%s) return CUDA_ERROR_INVALID_VALUE;\n"
+                         % (ind, " && ".join("Bits32(%s) != %uu" % (e, v) for v in payload)))
+        if a.count:
+            o.append("      }\n")
     for a, size in c.ann["dptr"]:
         # A length argument of 0 names no memory (the driver answers for it); a fixed one always does.
         if re.match(r"^[0-9]+$", size):
@@ -763,7 +833,7 @@ def gen_worker_case(c):
                          % (b.kind, b.name, by_name[b.owner].kind, b.owner,
                             HANDLE_ERROR.get(b.kind, "CUDA_ERROR_INVALID_HANDLE")))
     for a in c.ins:
-        if a.count:  # checked: now in the driver's type
+        if a.count and a.shape is None:  # checked: now in the driver's type
             o.append("      %s c_%s[%d]{};\n      for (size_t i_ = 0; i_ < a_%s; ++i_) c_%s[i_] = static_cast<%s>(a_%s[i_]);\n"
                      % (a.base, a.name, a.count[1], a.count[0], a.name, a.base, a.name))
     for a in c.outs:
@@ -776,7 +846,7 @@ def gen_worker_case(c):
         if a.dir == "out":
             call.append("o_" + a.name if a.count else "&o_" + a.name)
         elif a.count:
-            call.append("c_" + a.name)
+            call.append(("a_" if a.shape is not None else "c_") + a.name)
         elif a.shape is not None:
             call.append(("a_" if a.byval else "&a_") + a.name)
         elif a.kind:
@@ -907,6 +977,10 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
             for i in range(0, len(vals), 6):
                 f.write("    " + " ".join("case %uu:" % v for v in vals[i:i + 6]) + "\n")
             f.write("      return true;\n    default:\n      return false;\n  }\n}\n\n")
+        f.write("// The bits of an enumeration (or integer) field, whatever value they hold.\n"
+                "template <typename T>\nuint32_t Bits32(const T& v) {\n  static_assert(sizeof(T) == 4);\n"
+                "  uint32_t b = 0;\n  memcpy(&b, &v, 4);\n  return b;\n}\n"
+                "\n")
         f.write("bool Bad(const char* name, char* buf, size_t cap) {\n"
                 "  snprintf(buf, cap, \"%s(<bad payload>)\", name);\n  return true;\n}\n\n")
         f.write("}  // namespace\n\n")
