@@ -2200,7 +2200,7 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
   // outside 1..64 or other than the elements sent, an operation cuda.h does not define, a
   // structure one byte short, an attribute streams do not have.
   {
-    uint8_t big[512];
+    uint8_t big[1024];
     auto caps = [&](uint32_t count, uint32_t sent, uint32_t op) {
       Writer w(big, sizeof(big));
       w.U32(count);
@@ -2265,6 +2265,33 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     occ.I32(128);
     occ.U64(0);
     EXPECT_EQ(c.Call(remote::Op(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor), occ), CUDA_ERROR_INVALID_HANDLE);
+    // Memory locations (loc=) in an array of structures (count=) with a restricted field
+    // (values=): a host location, a device the session lacks, an undefined access flag, no
+    // descriptor; the device's pool comes from the generated cuDeviceGetMemPool (new=).
+    Writer gp(big, sizeof(big));
+    gp.I32(0);
+    out.clear();
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuDeviceGetMemPool), gp, &out), 0);
+    const uint64_t pool = u64_of(out);
+    ASSERT_NE(pool, 0u);
+    auto access = [&](uint64_t count, uint32_t type, int32_t id, uint32_t flags) {
+      Writer w(big, sizeof(big));
+      w.U64(pool);
+      w.U64(count);
+      for (uint64_t i = 0; i < count; ++i) {
+        w.U32(i + 1 == count ? type : static_cast<uint32_t>(CU_MEM_LOCATION_TYPE_DEVICE));
+        w.I32(i + 1 == count ? id : 0);
+        w.U32(flags);
+      }
+      return c.Call(remote::Op(Fn::cuMemPoolSetAccess), w);
+    };
+    EXPECT_EQ(access(1, CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), 0);
+    EXPECT_EQ(access(2, CU_MEM_LOCATION_TYPE_HOST, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(2, CU_MEM_LOCATION_TYPE_DEVICE, 7, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_EQ(access(1, 0x7fff0000u, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(1, CU_MEM_LOCATION_TYPE_DEVICE, 0, 2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(0, CU_MEM_LOCATION_TYPE_DEVICE, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(65, CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
   }
   // Nothing else changed: the objects and the limit are as they were.
   EXPECT_EQ(on(Fn::cuStreamQuery, stream), 0);
