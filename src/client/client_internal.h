@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <cstdint>
@@ -42,6 +44,17 @@ inline bool CachedAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint
 inline void StoreAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t v,
                         uint64_t d = 0) {
   s->answers[{static_cast<int>(fn), a, b, c, d}] = v;
+}
+// The same for a text answer (a generated `str=` output with `cache=`: a device's PCI bus id),
+// kept for the connection. REQUIRES State().mu.
+inline const std::string* CachedText(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c,
+                                     uint64_t d) {
+  auto it = s->text_answers.find({static_cast<int>(fn), a, b, c, d});
+  return it == s->text_answers.end() ? nullptr : &it->second;
+}
+inline void StoreText(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
+                      std::string v) {
+  s->text_answers[{static_cast<int>(fn), a, b, c, d}] = std::move(v);
 }
 // Forgets every cached answer of one entry point (after a call that may change them).
 inline void ForgetAnswers(Session* s, driver::Fn fn) {

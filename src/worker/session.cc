@@ -79,8 +79,8 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host,
-                private GeneratedHost, private SessionMemops::Host, private SessionGreen::Host,
+class Session : public GraphHost, private SessionArrays::Host, private GeneratedHost,
+                private SessionMemops::Host, private SessionGreen::Host,
                 private SessionMulticast::Host, private SessionNotifications::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
@@ -450,7 +450,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
   }
   SessionArrays arrays_{d_, *this};
-  SessionQueries queries_{d_, *this};
+  SessionQueries queries_{d_};
   SessionMemops memops_{d_, *this};
   SessionGreen green_{d_, *this};
   SessionMulticast multicast_{d_, *this};

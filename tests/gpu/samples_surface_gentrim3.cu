@@ -4,6 +4,8 @@
 // cuOccupancyMaxPotentialBlockSize that searches through them when it has a callback, and the
 // answers after a function attribute changes (the client must forget what it kept). Each runs in
 // milliseconds; one small kernel is launched.
+#include <cstring>
+
 #include "samples.h"
 
 namespace {
@@ -129,4 +131,25 @@ TF_SAMPLE(pool_access_generated) {
   const int answers[2] = {set, static_cast<int>(got)};
   o.Result(answers, sizeof(answers));
   cuMemPoolDestroy(pool);
+}
+
+// The PCI bus id (generated with `str=`, kept per connection with `cache=`): whole, cut to a short
+// buffer as the driver cuts it, asked again, through cudart, and back to the device.
+TF_SAMPLE(pci_bus_id_generated) {
+  RT(o, cudaFree(nullptr));
+  char id[64] = {}, again[64] = {}, rt[64] = {}, cut[8] = {};
+  DRV(o, cuDeviceGetPCIBusId(id, sizeof(id), 0));
+  DRV(o, cuDeviceGetPCIBusId(cut, sizeof(cut), 0));
+  DRV(o, cuDeviceGetPCIBusId(again, sizeof(again), 0));
+  RT(o, cudaDeviceGetPCIBusId(rt, sizeof(rt), 0));
+  CUdevice back = -1;
+  DRV(o, cuDeviceGetByPCIBusId(&back, id));
+  const size_t n = strnlen(id, sizeof(id));
+  if (n == 0 || strcmp(id, again) != 0 || strcmp(id, rt) != 0) o.Fail("the bus id changed between asks");
+  if (strnlen(cut, sizeof(cut)) != sizeof(cut) - 1 || strncmp(cut, id, sizeof(cut) - 1) != 0) {
+    o.Fail("the cut bus id is not the id's prefix");
+  }
+  if (back != 0) o.Fail("the bus id does not name device 0");
+  const int answers[2] = {static_cast<int>(n), static_cast<int>(back)};
+  o.Result(answers, sizeof(answers));
 }

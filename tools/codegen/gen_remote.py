@@ -236,6 +236,13 @@ class Arg:
         self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
         self.byval = False    # a structure passed by value (travels as a `const T*` input does)
+        self.str = ann.get("str", {}).get(name)  # str=TEXT:LENGTH:MAX: (LENGTH, MAX)
+        self.str_len = any(n == name for n, _ in ann.get("str", {}).values())
+        if self.str:
+            if ctype.replace(" ", "") != "char*":
+                raise SurfaceError("%s: str=%s is for a char* output" % (fn, name))
+            self.dir, self.base = "out", "char"
+            return
         t = ctype.replace("const ", "").strip()
         if t.endswith("*"):
             base = t[:-1].strip()
@@ -389,7 +396,7 @@ def parse_surface(path, exports, typed):
 
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
-           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": []}
+           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {}}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -429,6 +436,11 @@ def parse_annotations(fn, text, params):
             ann["count"][a] = (n, int(most))
         elif key == "bytes" and val in names:
             ann["bytes"].add(val)
+        elif key == "str" and val.count(":") == 2:
+            a, n, most = val.split(":")
+            if a not in names or n not in names or not re.match(r"^[0-9]+$", most) or not 1 < int(most) <= 4096:
+                raise SurfaceError("%s: str=%s wants TEXT:LENGTH:MAX (MAX 2 to 4096)" % (fn, val))
+            ann["str"][a] = (n, int(most))
         elif key == "loc" and val.split(".", 1)[0] in names:
             ann["loc"].append(val)
         elif key == "values" and ":" in val:
@@ -456,7 +468,7 @@ class Call:
         self.args = [Arg(name, i, t, n, self.ann, types) for i, (t, n) in enumerate(params)]
         # On the wire: the inputs in prototype order, then the input arrays (their counts come
         # first); the reply likewise.
-        self.ins = [a for a in self.args if a.dir == "in" and not a.count] + \
+        self.ins = [a for a in self.args if a.dir == "in" and not a.count and not a.str_len] + \
                    [a for a in self.args if a.dir == "in" and a.count]
         self.outs = [a for a in self.args if a.dir == "out" and not a.count] + \
                      [a for a in self.args if a.dir == "out" and a.count]
@@ -484,8 +496,12 @@ class Call:
         handles = [a for a in self.ins if a.kind]
         if "Destroy" in name and len(handles) == 1:
             handles[0].destroyed = True
-        if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32" or not self.outs[0].scalar):
-            raise SurfaceError("%s: a cached call has exactly one integer or handle output" % name)
+        if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32" or
+                                  not (self.outs[0].scalar or self.outs[0].str)):
+            raise SurfaceError("%s: a cached call has exactly one integer, handle or text output" % name)
+        for a in self.args:
+            if a.str_len and not (a.dir == "in" and a.wire == "i32" and a.scalar and not a.enum):
+                raise SurfaceError("%s: str=: the length %s is an int input" % (name, a.name))
         for n in self.ann["new"]:
             if not (by_name[n].dir == "out" and by_name[n].kind and not by_name[n].count):
                 raise SurfaceError("%s: new=%s is for a handle output" % (name, n))
@@ -605,6 +621,8 @@ def gen_client_impl(c, decl):
     o.append("CUresult Impl_%s(%s) {\n" % (c.name, decl(c.name)))
     for a in c.outs:
         o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
+        if a.str:
+            o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
     for a in c.ins:
         if (a.shape is not None and not a.byval) or a.count:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
@@ -648,6 +666,13 @@ def gen_client_impl(c, decl):
             else:
                 keys.append(cache_key(k))
         keys += ["0"] * (4 - len(keys))
+    if c.ann["cache"] and c.outs[0].str:
+        # A text answer, kept whole and cut to each caller's length (as the driver cuts it).
+        a = c.outs[0]
+        o.append("  if (const std::string* t_ = CachedText(s_, Fn::%s, %s, %s, %s, %s)) {\n"
+                 "    snprintf(%s, static_cast<size_t>(%s), \"%%s\", t_->c_str());\n"
+                 "    return CUDA_SUCCESS;\n  }\n" % (c.name, keys[0], keys[1], keys[2], keys[3], a.name, a.str[0]))
+    elif c.ann["cache"]:
         o.append("  uint64_t cached_ = 0;\n")
         o.append("  if (CachedAnswer(s_, Fn::%s, %s, %s, %s, &cached_, %s)) {\n" % (c.name, keys[0], keys[1], keys[2], keys[3]))
         o.append("    *%s = %s;\n    return CUDA_SUCCESS;\n  }\n" % (c.outs[0].name, client_from_u64(c.outs[0], "cached_")))
@@ -684,7 +709,11 @@ def gen_client_impl(c, decl):
     o.append("  if (r_ != CUDA_SUCCESS) return r_;\n")
     # Outputs are read whole before any is stored: a short reply changes nothing.
     for a in c.outs:
-        if a.count:
+        if a.str:  # the text, without its NUL; an empty text is no answer
+            o.append("  const uint8_t* t_%s = nullptr;\n  uint32_t n_%s = 0;\n" % (a.name, a.name))
+            o.append("  if (!rv_.reader.Blob(&t_%s, &n_%s, %d) || n_%s == 0) return CUDA_ERROR_UNKNOWN;\n"
+                     % (a.name, a.name, a.str[1] - 1, a.name))
+        elif a.count:
             o.append("  %s o_%s[%d] = {};\n" % (WIRE_C[a.wire], a.name, a.count[1]))
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) rv_.reader.%s(&o_%s[i_]);\n"
                      % (a.count[0], READ[a.wire], a.name))
@@ -699,7 +728,10 @@ def gen_client_impl(c, decl):
     if c.outs:
         o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
-        if a.count:
+        if a.str:  # cut to the caller's length, NUL-terminated, as the driver writes it
+            o.append("  snprintf(%s, static_cast<size_t>(%s), \"%%.*s\", static_cast<int>(n_%s), "
+                     "reinterpret_cast<const char*>(t_%s));\n" % (a.name, a.str[0], a.name, a.name))
+        elif a.count:
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) %s[i_] = static_cast<%s>(o_%s[i_]);\n"
                      % (a.count[0], a.name, a.base, a.name))
         elif a.shape is not None:
@@ -713,7 +745,11 @@ def gen_client_impl(c, decl):
     for a in c.ins:
         if a.destroyed:
             o.append("  NoteDestroyedHandle(s_, HandleKind::%s, H(%s));\n" % (a.kind, a.name))
-    if c.ann["cache"]:
+    if c.ann["cache"] and c.outs[0].str:
+        a = c.outs[0]
+        o.append("  StoreText(s_, Fn::%s, %s, %s, %s, %s, std::string(reinterpret_cast<const char*>(t_%s), n_%s));\n"
+                 % (c.name, keys[0], keys[1], keys[2], keys[3], a.name, a.name))
+    elif c.ann["cache"]:
         a = c.outs[0]
         v = "o_%s" % a.name
         if a.wire in ("i32", "i64"):
@@ -837,14 +873,19 @@ def gen_worker_case(c):
             o.append("      %s c_%s[%d]{};\n      for (size_t i_ = 0; i_ < a_%s; ++i_) c_%s[i_] = static_cast<%s>(a_%s[i_]);\n"
                      % (a.base, a.name, a.count[1], a.count[0], a.name, a.base, a.name))
     for a in c.outs:
-        if a.count:
+        if a.str:
+            o.append("      char o_%s[%d]{};\n" % (a.name, a.str[1]))
+        elif a.count:
             o.append("      %s o_%s[%d]{};\n" % (a.base, a.name, a.count[1]))
         else:
             o.append("      %s o_%s{};\n" % (a.base, a.name))
     call = []
     for a in c.args:
-        if a.dir == "out":
-            call.append("o_" + a.name if a.count else "&o_" + a.name)
+        if a.str_len:  # the worker's buffer, less room for the NUL
+            text = next(x for x in c.outs if x.str and x.str[0] == a.name)
+            call.append("%d" % (text.str[1] - 1))
+        elif a.dir == "out":
+            call.append("o_" + a.name if a.count or a.str else "&o_" + a.name)
         elif a.count:
             call.append(("a_" if a.shape is not None else "c_") + a.name)
         elif a.shape is not None:
@@ -861,7 +902,9 @@ def gen_worker_case(c):
             o.append("      host.Handles().Retire(HandleKind::%s, a_%s);\n" % (a.kind, a.name))
             o.append("      host.Destroyed(HandleKind::%s, r_%s);\n" % (a.kind, a.name))
     for a in c.outs:
-        if a.count:
+        if a.str:
+            o.append("      out.Blob(o_%s, static_cast<uint32_t>(strnlen(o_%s, %d)));\n" % (a.name, a.name, a.str[1] - 1))
+        elif a.count:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) out.%s(static_cast<%s>(o_%s[i_]));\n"
                      % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
         elif a.shape is not None:
@@ -907,7 +950,7 @@ def gen_format_case(c):
             o.append("      (void)a_%s;  // decoded to check the payload; not shown\n" % a.name)
     fmt, vals = [], []
     for a in c.args:
-        if a.dir != "in":
+        if a.dir != "in" or a.str_len:  # the length does not travel
             continue
         if a.count:
             fmt.append("%s=[%%llu]" % a.name)
@@ -949,7 +992,7 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
     with open(os.path.join(out_dir, "tf_remote_client.cc"), "w") as f:
         f.write(BANNER)
         f.write("// %d generated entry points (api/remote_surface.tsv: sync and async).\n" % len(calls))
-        f.write('#include <cstring>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
+        f.write('#include <cstdio>\n#include <cstring>\n#include <string>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
             f.write(gen_client_impl(c, decl))
