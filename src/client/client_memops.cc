@@ -145,7 +145,7 @@ CUresult Impl_cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* s
   return CopyBatch(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, fail_idx, s);
 }
 
-// ---- VMM queries, per-location pools and pool access (payloads in remote_memops.h)
+// ---- memory locations (the generated calls' `loc=`) and VMM queries (payloads in remote_memops.h)
 
 CUresult CheckMemLocation(Session* session, Fn fn, const CUmemLocation* loc) {
   if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -164,62 +164,6 @@ CUresult CheckMemLocation(Session* session, Fn fn, const CUmemLocation* loc) {
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
-}
-
-namespace {
-
-// Pools of device memory only: managed-memory pools are not served remotely (managed memory is).
-CUresult CheckPoolType(Fn fn, CUmemAllocationType type) {
-  if (type == CU_MEM_ALLOCATION_TYPE_MANAGED) {
-    ClientLog("%s: managed-memory pools are not served by the remote vGPU: returning "
-              "CUDA_ERROR_NOT_SUPPORTED", driver::FunctionName(fn));
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  return type == CU_MEM_ALLOCATION_TYPE_PINNED ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-void WriteLocation(Writer& w, const CUmemLocation* loc) {
-  w.U32(static_cast<uint32_t>(loc->type));
-  w.I32(loc->id);
-}
-
-CUresult PoolAt(Fn fn, CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationType type) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (CUresult r = CheckMemLocation(l.session(), fn, loc); r != CUDA_SUCCESS) return r;
-  if (CUresult r = CheckPoolType(fn, type); r != CUDA_SUCCESS) return r;
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  WriteLocation(w, loc);
-  w.U32(static_cast<uint32_t>(type));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0;
-  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
-  *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
-}  // namespace
-
-CUresult Impl_cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
-  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (CUresult r = CheckMemLocation(l.session(), Fn::cuMemGetAccess, location); r != CUDA_SUCCESS) return r;
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  WriteLocation(w, location);
-  w.U64(ptr);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetAccess), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t f = 0;
-  if (!rv.reader.U64(&f)) return CUDA_ERROR_UNKNOWN;
-  *flags = f;
-  return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
@@ -269,26 +213,6 @@ CUresult Impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, 
   if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
   *handle = h;
   return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
-  return PoolAt(Fn::cuMemGetDefaultMemPool, pool, location, type);
-}
-CUresult Impl_cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
-  return PoolAt(Fn::cuMemGetMemPool, pool, location, type);
-}
-
-CUresult Impl_cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
-  TF_LOCK(l);
-  if (CUresult r = CheckMemLocation(l.session(), Fn::cuMemSetMemPool, location); r != CUDA_SUCCESS) return r;
-  if (CUresult r = CheckPoolType(Fn::cuMemSetMemPool, type); r != CUDA_SUCCESS) return r;
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[24];
-  Writer w(buf, sizeof(buf));
-  WriteLocation(w, location);
-  w.U32(static_cast<uint32_t>(type));
-  w.U64(reinterpret_cast<uint64_t>(pool));
-  return Simple(l, Fn::cuMemSetMemPool, w);
 }
 
 // ---- pointer attributes that can be set

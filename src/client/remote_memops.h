@@ -11,20 +11,19 @@
 //
 // A location (LOC below) is u32 CUmemLocationType, i32 id; the remote vGPU serves device
 // locations of the session only (the client refuses host ones before sending).
-//   cuMemGetAccess                          LOC, u64 address (in a cuMemMap range) -> u64 flags
 //   cuMemGetAllocationPropertiesFromHandle  u64 handle -> u32 type, u32 handle types, LOC,
 //                                           u8 compression, u8 RDMA, u16 usage
 //   cuMemRetainAllocationHandle             u64 address (in a cuMemMap range) -> u64 handle (the
 //                                           name cuMemCreate gave; one more cuMemRelease is owed)
-//   cuMemGetDefaultMemPool, cuMemGetMemPool LOC, u32 CUmemAllocationType -> u64 pool (published)
-//   cuMemSetMemPool                         LOC, u32 CUmemAllocationType, u64 pool
 //   cuPointerSetAttribute                   u64 address (device memory of the session), u32 value
 //                                           (CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, the only settable one)
 //
 // cuStreamWaitValue32/64_v2, cuStreamWriteValue32/64_v2, cuMemcpyPeer(Async),
 // cuCtxEnablePeerAccess/DisablePeerAccess, cuStreamCopyAttributes, cuDeviceSetMemPool,
-// cuDeviceGetMemPool (new=pool: published as the session's pool), pool access
-// (cuMemPoolGetAccess/SetAccess, loc=: the locations checked as LOC above) and the
+// cuDeviceGetMemPool (new=pool: published as the session's pool), pools by location
+// (cuMemGetDefaultMemPool, cuMemGetMemPool, cuMemSetMemPool: loc=, unserved= for managed-memory
+// pools, values= for the pinned type), pool access (cuMemPoolGetAccess/SetAccess, loc=: the
+// locations checked as LOC above), cuMemGetAccess (loc=, vmm=: an address in a cuMemMap range) and the
 // atomic-capability queries (count=capabilities:count:64) are generated (api/remote_surface.tsv).
 // Batched copies, prefetches and discards never travel as
 // such: the client sends each copy through the copy paths of its kind (client_memops.cc).

@@ -109,23 +109,18 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   // GraphHost (session_graphs.h): what the graph tables check and change.
   const driver::DriverTable& Driver() const override { return d_; }
   bool DeviceRange(uint64_t p, uint64_t n) const override { return n > 0 && Range(p, n); }
+  bool MappedRange(uint64_t p, uint64_t n) const override { return InsideOne(vmm_mapped_, p, n); }
   bool KnownStream(uint64_t& s) const override { return Stream(s); }
   bool KnownEvent(uint64_t& e) const override { return Event(e); }
   bool KnownContext(uint64_t& c) const override { return Context(c); }
   HandleTable& Handles() override { return handles_; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
-  // SessionMemops::Host (stream memory operations, the current pool: session_memops.cc).
-  uint64_t PublishPool(uint64_t real) override {
-    pools_.insert(real);
-    return Publish(HandleKind::kMemPool, real);
-  }
-  bool KnownPool(uint64_t& p) const override { return Pool(p); }
   // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
   void Created(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.insert(real);
     if (k == HandleKind::kEvent) events_.insert(real);
-    if (k == HandleKind::kMemPool) pools_.insert(real);  // a device's pool (new=), as PublishPool
+    if (k == HandleKind::kMemPool) pools_.insert(real);  // a device's or location's pool (new=)
   }
   void Destroyed(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.erase(real);
@@ -704,7 +699,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemMap:
     case Fn::cuMemUnmap:
     case Fn::cuMemSetAccess:
-    case Fn::cuMemGetAccess:
     case Fn::cuMemGetAllocationPropertiesFromHandle:
     case Fn::cuMemRetainAllocationHandle:
       return VmmCall(fn, rd, out);
@@ -2071,23 +2065,6 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
           vmm_host_charges_.erase(c);
         }
       }
-      return r;
-    }
-    case Fn::cuMemGetAccess: {
-      uint32_t loc_type = 0;
-      int32_t loc_id = 0;
-      uint64_t p = 0;
-      rd.U32(&loc_type);
-      rd.I32(&loc_id);
-      if (!rd.U64(&p) || !rd.Finish() || loc_type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-      if (!Device(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
-      if (!InsideOne(vmm_mapped_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
-      CUmemLocation loc{};
-      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      loc.id = loc_id;
-      unsigned long long flags = 0;
-      CUresult r = CALL(cuMemGetAccess, &flags, &loc, p);
-      out.U64(flags);
       return r;
     }
     case Fn::cuMemGetAllocationPropertiesFromHandle: {

@@ -462,8 +462,13 @@ void PoolsByLocation() {
     host.id = 0;
     std::printf("loc_pool_host=%d\n",
                 static_cast<int>(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED)));
+    // Nor are managed-memory pools (managed memory itself is).
+    std::printf("loc_pool_managed=%d:%d:%d\n",
+                static_cast<int>(cuMemGetDefaultMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED)),
+                static_cast<int>(cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED)),
+                static_cast<int>(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_MANAGED, def)));
   } else {
-    std::printf("loc_pool_host=na\n");
+    std::printf("loc_pool_host=na\nloc_pool_managed=na\n");
   }
   CHECK(cuMemPoolDestroy(mine));
 }

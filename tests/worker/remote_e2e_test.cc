@@ -481,6 +481,7 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["loc_pools"], "1:1:1");
     EXPECT_EQ(r.kv["pool_access"], "3:0");
     EXPECT_EQ(r.kv["loc_pool_host"], "801") << "host locations are refused (CUDA_ERROR_NOT_SUPPORTED)";
+    EXPECT_EQ(r.kv["loc_pool_managed"], "801:801:801") << "managed-memory pools are refused";
     // SYNC_MEMOPS set remotely and answered from what was set; atomic capabilities as the driver's.
     EXPECT_EQ(r.kv["sync_memops"], "0:1");
     EXPECT_EQ(r.kv["set_attribute_other"], "1");
@@ -500,6 +501,8 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("host memory locations are not served by the remote vGPU"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("cuMemSetMemPool: type CU_MEM_ALLOCATION_TYPE_MANAGED is not served by the remote vGPU"),
+              std::string::npos) << r.out;
   }
 }
 

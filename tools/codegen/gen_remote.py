@@ -396,7 +396,8 @@ def parse_surface(path, exports, typed):
 
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
-           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {}}
+           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
+           "vmm": [], "unserved": {}}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -455,6 +456,16 @@ def parse_annotations(fn, text, params):
             if not (re.match(r"^[0-9]+$", size) or size in names):
                 raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument" % (fn, val))
             ann["dptr"].append((a, size))
+        elif key == "vmm" and ":" in val:
+            a, size = val.split(":", 1)
+            if a not in names or not re.match(r"^[0-9]+$", size):
+                raise SurfaceError("%s: vmm=%s wants ARG:BYTES" % (fn, val))
+            ann["vmm"].append((a, size))
+        elif key == "unserved" and ":" in val:
+            a, vals = val.split(":", 1)
+            if a not in names or not vals:
+                raise SurfaceError("%s: unserved=%s names no argument" % (fn, val))
+            ann["unserved"][a] = vals.split(",")
         else:
             raise SurfaceError("%s: bad annotation %r" % (fn, tok))
     return ann
@@ -502,6 +513,14 @@ class Call:
         for a in self.args:
             if a.str_len and not (a.dir == "in" and a.wire == "i32" and a.scalar and not a.enum):
                 raise SurfaceError("%s: str=: the length %s is an int input" % (name, a.name))
+        self.unserved = []   # (argument, [(value, its cuda.h name)])
+        for n, vals in self.ann["unserved"].items():
+            if not (by_name[n].dir == "in" and by_name[n].enum and by_name[n].scalar):
+                raise SurfaceError("%s: unserved=%s is for an enumeration input" % (name, n))
+            for v in vals:
+                if v not in types.known:
+                    raise SurfaceError("%s: unserved=%s: %s is not in cuda.h" % (name, n, v))
+            self.unserved.append((n, [(types.known[v] & 0xFFFFFFFF, v) for v in vals]))
         for n in self.ann["new"]:
             if not (by_name[n].dir == "out" and by_name[n].kind and not by_name[n].count):
                 raise SurfaceError("%s: new=%s is for a handle output" % (name, n))
@@ -656,6 +675,12 @@ def gen_client_impl(c, decl):
                 expr = a.name if a.byval else "(*%s)" % a.name
                 o.append("  if (CUresult r_ = CheckMemLocation(s_, Fn::%s, &%s%s); r_ != CUDA_SUCCESS) return r_;\n"
                          % (c.name, expr, "." + rest if rest else ""))
+    for n, vals in c.unserved:
+        # unserved=: values the remote vGPU does not serve, refused here with a log line.
+        for v, vname in vals:
+            o.append("  if (static_cast<uint32_t>(%s) == %uu) {\n"
+                     "    ClientLog(\"%s: %s %s is not served by the remote vGPU: returning CUDA_ERROR_NOT_SUPPORTED\");\n"
+                     "    return CUDA_ERROR_NOT_SUPPORTED;\n  }\n" % (n, v, c.name, n, vname))
     for a, _ in c.ann["dptr"]:
         o.append("  MirrorIfUsedAsDevice(s_, static_cast<uint64_t>(%s));\n" % a)
     keys = []
@@ -843,6 +868,8 @@ def gen_worker_case(c):
         else:
             o.append("      if (a_%s != 0 && !host.DeviceRange(a_%s, a_%s)) return CUDA_ERROR_INVALID_VALUE;\n"
                      % (size, a, size))
+    for a, size in c.ann["vmm"]:  # inside one range the session mapped with cuMemMap
+        o.append("      if (!host.MappedRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
     for a in c.ins:
         if a.device:
             o.append("      if (!host.KnownDevice(a_%s)) return CUDA_ERROR_INVALID_DEVICE;\n" % a.name)
