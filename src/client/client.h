@@ -37,7 +37,6 @@ struct DeviceInfo {
   CUuuid uuid = {};
   uint64_t total_mem = 0;
   std::vector<int> attrs;
-  std::string pci_bus_id;  // asked of the worker once (client_queries.cc)
 };
 
 struct FunctionInfo {
@@ -131,6 +130,8 @@ struct Session {
   // Answers of queries whose result only this client can change (client_internal.h, Answer*):
   // (entry point, four arguments) -> the 64-bit answer.
   std::map<std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>, uint64_t> answers;
+  // The same for text answers (CachedText: a device's PCI bus id).
+  std::map<std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>, std::string> text_answers;
   std::vector<uint8_t> reply_copy;             // scratch
   // Graphs (client_graphs.cc): host-node runs per launch of each executable graph; the graph
   // allocations of each graph and the pointers its free nodes free; what the last

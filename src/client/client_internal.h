@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <cstdint>
@@ -43,6 +45,17 @@ inline void StoreAnswer(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint6
                         uint64_t d = 0) {
   s->answers[{static_cast<int>(fn), a, b, c, d}] = v;
 }
+// The same for a text answer (a generated `str=` output with `cache=`: a device's PCI bus id),
+// kept for the connection. REQUIRES State().mu.
+inline const std::string* CachedText(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c,
+                                     uint64_t d) {
+  auto it = s->text_answers.find({static_cast<int>(fn), a, b, c, d});
+  return it == s->text_answers.end() ? nullptr : &it->second;
+}
+inline void StoreText(Session* s, driver::Fn fn, uint64_t a, uint64_t b, uint64_t c, uint64_t d,
+                      std::string v) {
+  s->text_answers[{static_cast<int>(fn), a, b, c, d}] = std::move(v);
+}
 // Forgets every cached answer of one entry point (after a call that may change them).
 inline void ForgetAnswers(Session* s, driver::Fn fn) {
   const int f = static_cast<int>(fn);
@@ -57,13 +70,20 @@ inline void ForgetAnswersAbout(Session* s, driver::Fn fn, uint64_t a) {
                    a == UINT64_MAX ? s->answers.lower_bound({f + 1, 0, 0, 0, 0})
                                    : s->answers.lower_bound({f, a + 1, 0, 0, 0}));
 }
+// Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
+// attribute or the cache configuration of a function, kernel or context changes, and with the
+// answers about functions below.
+void ForgetOccupancy(Session* s);
+
 // Function and kernel handles may be reused once their module, library or context is gone: the
-// answers about them, and the attribute values this client set on them, go with them.
+// answers about them (occupancy included), and the attribute values this client set on them, go
+// with them.
 inline void ForgetFunctionAnswers(Session* s) {
   for (driver::Fn fn : {driver::Fn::cuKernelGetFunction, driver::Fn::cuKernelGetAttribute,
                         driver::Fn::cuKernelSetAttribute, driver::Fn::cuFuncSetAttribute}) {
     ForgetAnswers(s, fn);
   }
+  ForgetOccupancy(s);
   s->other_function_names.clear();
 }
 
@@ -78,9 +98,11 @@ using worker::HandleKind;
 void NoteCreatedHandle(Session* s, HandleKind k, uint64_t h);
 void NoteDestroyedHandle(Session* s, HandleKind k, uint64_t h);
 
-// Drops the cached occupancy answers (client_occupancy.cc); REQUIRES State().mu. Called when an
-// attribute or the cache configuration of a function, kernel or context changes.
-void ForgetOccupancy(Session* s);
+// A memory location the remote vGPU serves (the `loc=` annotation and the hand-written memory
+// calls; client_memops.cc): a device of the session (else CUDA_ERROR_INVALID_DEVICE); host
+// locations are refused with a log line naming fn (CUDA_ERROR_NOT_SUPPORTED: the worker's host is
+// not this one); NULL or any other type is CUDA_ERROR_INVALID_VALUE. REQUIRES State().mu.
+CUresult CheckMemLocation(Session* session, driver::Fn fn, const CUmemLocation* loc);
 
 // Reads a module or library image from a file, NUL-terminated (a PTX file is then a C string):
 // CUDA_ERROR_FILE_NOT_FOUND when it cannot be read, CUDA_ERROR_INVALID_IMAGE when it is empty.

@@ -1,6 +1,6 @@
 // IPC between processes whose sessions run on one worker (torch.multiprocessing's CUDA tensors):
-// cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2), cuIpcCloseMemHandle, cuIpcGetEventHandle,
-// cuIpcOpenEventHandle, forwarded synchronously. A handle is the worker driver's 64 opaque bytes,
+// cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2), cuIpcCloseMemHandle, forwarded synchronously; the
+// event handles (cuIpcGetEventHandle, cuIpcOpenEventHandle) are generated (api/remote_surface.tsv). A handle is the worker driver's 64 opaque bytes,
 // copied through unchanged; another client of the same worker opens it in its own session, on the
 // same host and driver. Memory opened from a handle is recorded like an allocation (pointer
 // attributes, cuMemcpy's direction, cuMemGetAddressRange) until its last close; an opened event
@@ -76,35 +76,6 @@ CUresult Impl_cuIpcCloseMemHandle(CUdeviceptr dptr) {
   uint32_t opens_left = 0;
   if (!rv.reader.U32(&opens_left)) return CUDA_ERROR_UNKNOWN;
   if (opens_left == 0) l.session()->allocs.erase(dptr);
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuIpcGetEventHandle(CUipcEventHandle* handle, CUevent event) {
-  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(event));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuIpcGetEventHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  return ReadHandle(rv, handle->reserved);
-}
-
-CUresult Impl_cuIpcOpenEventHandle(CUevent* event, CUipcEventHandle handle) {
-  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[CU_IPC_HANDLE_SIZE];
-  Writer w(buf, sizeof(buf));
-  w.Bytes(handle.reserved, sizeof(handle.reserved));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuIpcOpenEventHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t e = 0;
-  if (!rv.reader.U64(&e) || e == 0) return CUDA_ERROR_UNKNOWN;
-  *event = reinterpret_cast<CUevent>(e);
   return CUDA_SUCCESS;
 }
 

@@ -121,20 +121,8 @@ CUresult BatchMemOp(Fn fn, CUstream s, unsigned count, CUstreamBatchMemOpParams*
 
 }  // namespace
 
-// ---- stream memory operations: the legacy forms are the _v2 calls (same arguments)
+// ---- stream memory operations (the single ones and their legacy forms are generated)
 
-CUresult Impl_cuStreamWaitValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  return Impl_cuStreamWaitValue32_v2(s, addr, value, flags);
-}
-CUresult Impl_cuStreamWaitValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
-  return Impl_cuStreamWaitValue64_v2(s, addr, value, flags);
-}
-CUresult Impl_cuStreamWriteValue32(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
-  return Impl_cuStreamWriteValue32_v2(s, addr, value, flags);
-}
-CUresult Impl_cuStreamWriteValue64(CUstream s, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
-  return Impl_cuStreamWriteValue64_v2(s, addr, value, flags);
-}
 CUresult Impl_cuStreamBatchMemOp_v2(CUstream s, unsigned int count, CUstreamBatchMemOpParams* ops,
                                     unsigned int flags) {
   return BatchMemOp(Fn::cuStreamBatchMemOp_v2, s, count, ops, flags);
@@ -157,31 +145,9 @@ CUresult Impl_cuMemcpyBatchAsync(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* s
   return CopyBatch(dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, fail_idx, s);
 }
 
-// ---- the device's current memory pool (published by the worker like its default pool)
+// ---- memory locations (the generated calls' `loc=`) and VMM queries (payloads in remote_memops.h)
 
-CUresult Impl_cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.I32(dev);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetMemPool), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0;
-  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
-  *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
-// ---- VMM queries, per-location pools and pool access (payloads in remote_memops.h)
-
-namespace {
-
-// A location the remote vGPU serves: a device of the session. Host locations are refused with a
-// reason (the worker's host is not the tenant's); anything else is not a location.
-CUresult CheckLocation(Session* session, Fn fn, const CUmemLocation* loc) {
+CUresult CheckMemLocation(Session* session, Fn fn, const CUmemLocation* loc) {
   if (loc == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (loc->type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
@@ -198,60 +164,6 @@ CUresult CheckLocation(Session* session, Fn fn, const CUmemLocation* loc) {
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
-}
-
-// Pools of device memory only: managed-memory pools are not served remotely (managed memory is).
-CUresult CheckPoolType(Fn fn, CUmemAllocationType type) {
-  if (type == CU_MEM_ALLOCATION_TYPE_MANAGED) {
-    ClientLog("%s: managed-memory pools are not served by the remote vGPU: returning "
-              "CUDA_ERROR_NOT_SUPPORTED", driver::FunctionName(fn));
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  return type == CU_MEM_ALLOCATION_TYPE_PINNED ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-void WriteLocation(Writer& w, const CUmemLocation* loc) {
-  w.U32(static_cast<uint32_t>(loc->type));
-  w.I32(loc->id);
-}
-
-CUresult PoolAt(Fn fn, CUmemoryPool* pool, CUmemLocation* loc, CUmemAllocationType type) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), fn, loc); r != CUDA_SUCCESS) return r;
-  if (CUresult r = CheckPoolType(fn, type); r != CUDA_SUCCESS) return r;
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  WriteLocation(w, loc);
-  w.U32(static_cast<uint32_t>(type));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0;
-  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
-  *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
-}  // namespace
-
-CUresult Impl_cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
-  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), Fn::cuMemGetAccess, location); r != CUDA_SUCCESS) return r;
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  WriteLocation(w, location);
-  w.U64(ptr);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetAccess), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t f = 0;
-  if (!rv.reader.U64(&f)) return CUDA_ERROR_UNKNOWN;
-  *flags = f;
-  return CUDA_SUCCESS;
 }
 
 CUresult Impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
@@ -300,65 +212,6 @@ CUresult Impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, 
   uint64_t h = 0;
   if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
   *handle = h;
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuMemGetDefaultMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
-  return PoolAt(Fn::cuMemGetDefaultMemPool, pool, location, type);
-}
-CUresult Impl_cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
-  return PoolAt(Fn::cuMemGetMemPool, pool, location, type);
-}
-
-CUresult Impl_cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
-  TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), Fn::cuMemSetMemPool, location); r != CUDA_SUCCESS) return r;
-  if (CUresult r = CheckPoolType(Fn::cuMemSetMemPool, type); r != CUDA_SUCCESS) return r;
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[24];
-  Writer w(buf, sizeof(buf));
-  WriteLocation(w, location);
-  w.U32(static_cast<uint32_t>(type));
-  w.U64(reinterpret_cast<uint64_t>(pool));
-  return Simple(l, Fn::cuMemSetMemPool, w);
-}
-
-CUresult Impl_cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* map, size_t count) {
-  if (count == 0 || count > remote::kMaxPoolAccess || map == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  for (size_t i = 0; i < count; ++i) {
-    if (CUresult r = CheckLocation(l.session(), Fn::cuMemPoolSetAccess, &map[i].location); r != CUDA_SUCCESS) {
-      return r;
-    }
-  }
-  TF_CTX_IF_ANY(l);
-  std::vector<uint8_t> buf(12 + 12 * count);
-  Writer w(buf.data(), buf.size());
-  w.U64(reinterpret_cast<uint64_t>(pool));
-  w.U32(static_cast<uint32_t>(count));
-  for (size_t i = 0; i < count; ++i) {
-    WriteLocation(w, &map[i].location);
-    w.U32(static_cast<uint32_t>(map[i].flags));
-  }
-  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
-  return Simple(l, Fn::cuMemPoolSetAccess, w);
-}
-
-CUresult Impl_cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
-  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (CUresult r = CheckLocation(l.session(), Fn::cuMemPoolGetAccess, location); r != CUDA_SUCCESS) return r;
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(reinterpret_cast<uint64_t>(pool));
-  WriteLocation(w, location);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemPoolGetAccess), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint32_t f = 0;
-  if (!rv.reader.U32(&f)) return CUDA_ERROR_UNKNOWN;
-  *flags = static_cast<CUmemAccess_flags>(f);
   return CUDA_SUCCESS;
 }
 

@@ -1,6 +1,6 @@
 // Multicast objects (cuMulticastCreate, cuMulticastAddDevice, cuMulticastBindMem,
-// cuMulticastBindAddr, cuMulticastUnbind, cuMulticastGetGranularity: NCCL's NVLink SHARP path),
-// forwarded synchronously; payloads and checks in src/worker/session_multicast.h. A multicast
+// cuMulticastBindAddr, cuMulticastUnbind: NCCL's NVLink SHARP path; cuMulticastGetGranularity is
+// generated), forwarded synchronously; payloads and checks in src/worker/session_multicast.h. A multicast
 // object is a VMM handle of the session: cuMemRelease releases it, cuMemMap maps it.
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
@@ -22,24 +22,6 @@ CUresult WriteProp(Writer& w, const CUmulticastObjectProp* prop) {
 }
 
 }  // namespace
-
-CUresult Impl_cuMulticastGetGranularity(size_t* granularity, const CUmulticastObjectProp* prop,
-                                        CUmulticastGranularity_flags option) {
-  if (granularity == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[40];
-  Writer w(buf, sizeof(buf));
-  if (CUresult r = WriteProp(w, prop); r != CUDA_SUCCESS) return r;
-  w.U32(static_cast<uint32_t>(option));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMulticastGetGranularity), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t g = 0;
-  if (!rv.reader.U64(&g)) return CUDA_ERROR_UNKNOWN;
-  *granularity = g;
-  return CUDA_SUCCESS;
-}
 
 CUresult Impl_cuMulticastCreate(CUmemGenericAllocationHandle* handle, const CUmulticastObjectProp* prop) {
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;

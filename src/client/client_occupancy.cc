@@ -1,9 +1,12 @@
 // Occupancy queries (cuOccupancy*), which cuBLAS asks while it creates a handle and libraries ask
 // before launches. The answer depends only on the function, its attributes and the arguments, so
 // each distinct question goes to the worker once and is kept in the session's answers until an
-// attribute of a function changes. cuOccupancyMaxPotentialBlockSize* with a block-size-to-shared-memory callback (a
-// function of this process) searches here: the callback runs in the client, outside the stub's
-// lock, and each candidate block size is an ordinary (cached) active-blocks query.
+// attribute of a function changes (ForgetOccupancy). The plain queries (active blocks, available
+// shared memory) are generated (api/remote_surface.tsv: sync with cache=); written here are
+// cuOccupancyMaxPotentialBlockSize*, whose block-size-to-shared-memory callback is a function of
+// this process: with one, the search runs here, the callback outside the stub's lock and each
+// candidate block size an ordinary (cached) active-blocks query; and the cluster queries, whose
+// launch configuration carries a stream and an array of launch attributes.
 #include <cstring>
 
 #include "client/client_internal.h"
@@ -16,41 +19,27 @@ using driver::Fn;
 using remote::Op;
 using transport::Writer;
 
-// The first 64-bit answer of an occupancy query; for cuOccupancyMaxPotentialBlockSize* the grid
-// (high half) and block size (low half).
-CUresult Query(Fn fn, CUfunction func, int32_t a, int32_t b, uint64_t smem, uint32_t flags,
-               uint64_t* answer) {
+// cuOccupancyMaxPotentialBlockSize* without a callback, asked of the worker: the grid (high half)
+// and block size (low half).
+CUresult Query(Fn fn, CUfunction func, int32_t limit, uint64_t smem, uint32_t flags, uint64_t* answer) {
   TF_LOCK(l);
   TF_CTX(l);
   Session* s = l.session();
   if (!s->functions.count(H(func)) && !s->kernels.count(H(func))) return CUDA_ERROR_INVALID_HANDLE;
-  const uint64_t ab = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  if (CachedAnswer(s, fn, H(func), ab, smem, answer, flags)) return CUDA_SUCCESS;
-  uint8_t buf[32];
+  if (CachedAnswer(s, fn, H(func), static_cast<uint32_t>(limit), smem, answer, flags)) return CUDA_SUCCESS;
+  uint8_t buf[24];
   Writer w(buf, sizeof(buf));
   w.U64(H(func));
-  w.I32(a);
-  w.I32(b);
+  w.I32(limit);
   w.U64(smem);
   w.U32(flags);
   ReplyView rv;
   CUresult r = CallSync(s, Op(fn), w, &rv);
   if (r != CUDA_SUCCESS) return r;
-  bool ok;
-  if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
-    ok = rv.reader.U64(answer);
-  } else if (fn == Fn::cuOccupancyMaxPotentialBlockSize ||
-             fn == Fn::cuOccupancyMaxPotentialBlockSizeWithFlags) {
-    int32_t grid = 0, block = 0;
-    ok = rv.reader.I32(&grid) && rv.reader.I32(&block);
-    *answer = (static_cast<uint64_t>(static_cast<uint32_t>(grid)) << 32) | static_cast<uint32_t>(block);
-  } else {
-    int32_t blocks = 0;
-    ok = rv.reader.I32(&blocks);
-    *answer = static_cast<uint64_t>(blocks);
-  }
-  if (!ok) return CUDA_ERROR_UNKNOWN;
-  StoreAnswer(s, fn, H(func), ab, smem, *answer, flags);
+  int32_t grid = 0, block = 0;
+  if (!rv.reader.I32(&grid) || !rv.reader.I32(&block)) return CUDA_ERROR_UNKNOWN;
+  *answer = (static_cast<uint64_t>(static_cast<uint32_t>(grid)) << 32) | static_cast<uint32_t>(block);
+  StoreAnswer(s, fn, H(func), static_cast<uint32_t>(limit), smem, *answer, flags);
   return CUDA_SUCCESS;
 }
 
@@ -93,7 +82,7 @@ CUresult PotentialBlockSize(Fn fn, int* min_grid, int* block_size, CUfunction fu
   if (min_grid == nullptr || block_size == nullptr || limit < 0) return CUDA_ERROR_INVALID_VALUE;
   if (cb == nullptr) {
     uint64_t a = 0;
-    CUresult r = Query(fn, func, 0, limit, smem, flags, &a);
+    CUresult r = Query(fn, func, limit, smem, flags, &a);
     if (r != CUDA_SUCCESS) return r;
     *min_grid = static_cast<int>(a >> 32);
     *block_size = static_cast<int>(a & 0xffffffffu);
@@ -105,15 +94,14 @@ CUresult PotentialBlockSize(Fn fn, int* min_grid, int* block_size, CUfunction fu
   constexpr int kWarp = 32;
   int best_threads = -1, best_block = 0, best_blocks = 0;
   for (int bs = max_block / kWarp * kWarp; bs >= kWarp; bs -= kWarp) {
-    uint64_t a = 0;
-    r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, func, 0, bs, cb(bs),
-              flags, &a);
+    int blocks = 0;
+    r = Impl_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, func, bs, cb(bs), flags);
     if (r != CUDA_SUCCESS) return r;
-    int threads = static_cast<int>(a) * bs;
+    int threads = blocks * bs;
     if (threads > best_threads) {
       best_threads = threads;
       best_block = bs;
-      best_blocks = static_cast<int>(a);
+      best_blocks = blocks;
     }
     if (best_threads >= per_sm) break;  // full occupancy: no smaller block does better
   }
@@ -130,38 +118,6 @@ void ForgetOccupancy(Session* s) {
                 Fn::cuOccupancyMaxPotentialBlockSize, Fn::cuOccupancyMaxPotentialBlockSizeWithFlags}) {
     ForgetAnswers(s, fn);
   }
-}
-
-CUresult Impl_cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func,
-                                                      int numBlocks, int blockSize) {
-  if (dynamicSmemSize == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t a = 0;
-  CUresult r = Query(Fn::cuOccupancyAvailableDynamicSMemPerBlock, func, numBlocks, blockSize, 0, 0,
-                     &a);
-  if (r == CUDA_SUCCESS) *dynamicSmemSize = a;
-  return r;
-}
-
-CUresult Impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func,
-                                                          int blockSize, size_t dynamicSMemSize) {
-  if (numBlocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t a = 0;
-  CUresult r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor, func, 0, blockSize,
-                     dynamicSMemSize, 0, &a);
-  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a);
-  return r;
-}
-
-CUresult Impl_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func,
-                                                                   int blockSize,
-                                                                   size_t dynamicSMemSize,
-                                                                   unsigned int flags) {
-  if (numBlocks == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t a = 0;
-  CUresult r = Query(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, func, 0, blockSize,
-                     dynamicSMemSize, flags, &a);
-  if (r == CUDA_SUCCESS) *numBlocks = static_cast<int>(a);
-  return r;
 }
 
 CUresult Impl_cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,

@@ -1,10 +1,12 @@
 // Queries and host-side encodings forwarded to the worker (worker half: src/worker/
-// session_queries.cc, where the wire format of each call is written down): PCI bus ids and the
-// tensor-map encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes
-// from the arguments, which travel by value; the map comes back into the caller's).
+// session_queries.cc, where the wire format of each call is written down): the tensor-map
+// encodings (cuTensorMapEncode*: a 128-byte CUtensorMap the worker's driver computes from the
+// arguments, which travel by value; the map comes back into the caller's), and the device lookup
+// by PCI bus id, answered from the snapshot.
 //
 // Answers that only this client can change are asked once and then answered here (Session::answers):
-// a device's PCI bus id for the connection; the generated queries (api/remote_surface.tsv) keep a
+// the generated queries (api/remote_surface.tsv) keep a device's PCI bus id for the connection
+// (str= with cache=: Session::text_answers), a
 // context's id until it is destroyed (ForgetContextAnswers) and the stream getters until the
 // stream is destroyed (ForgetStreamAnswers) or an attribute set (the priority may change).
 #include <cctype>
@@ -25,26 +27,6 @@ using transport::Writer;
 constexpr uint32_t kMaxTensorRank = 5;
 constexpr Fn kStreamQueries[] = {Fn::cuStreamGetPriority, Fn::cuStreamGetFlags, Fn::cuStreamGetId,
                                  Fn::cuStreamGetDevice, Fn::cuStreamGetCtx};
-
-// A device's bus id as the worker's driver writes it, asked once per connection.
-CUresult BusId(Session* s, CUdevice dev, std::string* out) {
-  if (dev < 0 || static_cast<size_t>(dev) >= s->devices.size()) return CUDA_ERROR_INVALID_DEVICE;
-  DeviceInfo& d = s->devices[dev];
-  if (d.pci_bus_id.empty()) {
-    uint8_t buf[8];
-    Writer w(buf, sizeof(buf));
-    w.I32(dev);
-    ReplyView rv;
-    CUresult r = CallSync(s, Op(Fn::cuDeviceGetPCIBusId), w, &rv);
-    if (r != CUDA_SUCCESS) return r;
-    const uint8_t* text = nullptr;
-    uint32_t n = 0;
-    if (!rv.reader.Blob(&text, &n, 63) || n == 0) return CUDA_ERROR_UNKNOWN;
-    d.pci_bus_id.assign(reinterpret_cast<const char*>(text), n);
-  }
-  *out = d.pci_bus_id;
-  return CUDA_SUCCESS;
-}
 
 // Parses "[domain:]bus:device[.function]" (hexadecimal fields, any case), the forms the driver
 // accepts. False for anything else.
@@ -146,15 +128,6 @@ CUresult Impl_cuStreamGetCtx_v2(CUstream st, CUcontext* ctx, CUgreenCtx* green) 
 }
 
 // ---- devices
-
-CUresult Impl_cuDeviceGetPCIBusId(char* pci_bus_id, int len, CUdevice dev) {
-  if (pci_bus_id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  std::string id;
-  if (CUresult r = BusId(l.session(), dev, &id); r != CUDA_SUCCESS) return r;
-  snprintf(pci_bus_id, static_cast<size_t>(len), "%s", id.c_str());  // cut to len, as the driver
-  return CUDA_SUCCESS;
-}
 
 // Answered here: the device whose PCI domain, bus and device (CU_DEVICE_ATTRIBUTE_PCI_*, from the
 // snapshot) match the text.

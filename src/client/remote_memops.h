@@ -8,26 +8,24 @@
 //       u64 stream, u32 count (1..kMaxBatchMemOps), u32 flags (0),
 //       count x (u32 CUstreamBatchMemOpType, u32 the operation's flags, u64 address, u64 value)
 //       (address and value are 0 for barriers and flushes; a 32-bit value in the low half)
-//   cuDeviceGetMemPool   i32 device -> u64 pool (the device's current pool, published)
 //
 // A location (LOC below) is u32 CUmemLocationType, i32 id; the remote vGPU serves device
 // locations of the session only (the client refuses host ones before sending).
-//   cuMemGetAccess                          LOC, u64 address (in a cuMemMap range) -> u64 flags
 //   cuMemGetAllocationPropertiesFromHandle  u64 handle -> u32 type, u32 handle types, LOC,
 //                                           u8 compression, u8 RDMA, u16 usage
 //   cuMemRetainAllocationHandle             u64 address (in a cuMemMap range) -> u64 handle (the
 //                                           name cuMemCreate gave; one more cuMemRelease is owed)
-//   cuMemGetDefaultMemPool, cuMemGetMemPool LOC, u32 CUmemAllocationType -> u64 pool (published)
-//   cuMemSetMemPool                         LOC, u32 CUmemAllocationType, u64 pool
-//   cuMemPoolSetAccess                      u64 pool, u32 count (1..kMaxPoolAccess),
-//                                           count x (LOC, u32 CUmemAccess_flags)
-//   cuMemPoolGetAccess                      u64 pool, LOC -> u32 CUmemAccess_flags
 //   cuPointerSetAttribute                   u64 address (device memory of the session), u32 value
 //                                           (CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, the only settable one)
 //
 // cuStreamWaitValue32/64_v2, cuStreamWriteValue32/64_v2, cuMemcpyPeer(Async),
-// cuCtxEnablePeerAccess/DisablePeerAccess, cuStreamCopyAttributes, cuDeviceSetMemPool and the
-// atomic-capability queries (count=capabilities:count:64) are generated (api/remote_surface.tsv). Batched copies, prefetches and discards never travel as
+// cuCtxEnablePeerAccess/DisablePeerAccess, cuStreamCopyAttributes, cuDeviceSetMemPool,
+// cuDeviceGetMemPool (new=pool: published as the session's pool), pools by location
+// (cuMemGetDefaultMemPool, cuMemGetMemPool, cuMemSetMemPool: loc=, unserved= for managed-memory
+// pools, values= for the pinned type), pool access (cuMemPoolGetAccess/SetAccess, loc=: the
+// locations checked as LOC above), cuMemGetAccess (loc=, vmm=: an address in a cuMemMap range) and the
+// atomic-capability queries (count=capabilities:count:64) are generated (api/remote_surface.tsv).
+// Batched copies, prefetches and discards never travel as
 // such: the client sends each copy through the copy paths of its kind (client_memops.cc).
 #pragma once
 
@@ -37,7 +35,5 @@ namespace tf::remote {
 
 // The most operations one cuStreamBatchMemOp may carry (the driver's documented maximum).
 inline constexpr uint32_t kMaxBatchMemOps = 256;
-// The most access descriptors one cuMemPoolSetAccess may carry.
-inline constexpr uint32_t kMaxPoolAccess = 64;
 
 }  // namespace tf::remote

@@ -27,6 +27,9 @@ class GeneratedHost {
   // [p, p + n) lies inside one range of device memory the session may name (its allocations,
   // mapped ranges, host memory the driver maps at its own address): the `dptr=` annotation.
   virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
+  // [p, p + n) lies inside one range the session mapped with cuMemMap: the `vmm=` annotation. Only
+  // a session with a VMM family can tell: by default nothing is mapped.
+  virtual bool MappedRange(uint64_t, uint64_t) const { return false; }
   // A generated call created or destroyed a driver object (real handle): the session keeps its
   // own tables in step (streams, events and contexts are also known to hand-written families).
   virtual void Created(HandleKind k, uint64_t real) = 0;

@@ -79,8 +79,8 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : public GraphHost, private SessionArrays::Host, private SessionQueries::Host,
-                private GeneratedHost, private SessionMemops::Host, private SessionGreen::Host,
+class Session : public GraphHost, private SessionArrays::Host, private GeneratedHost,
+                private SessionMemops::Host, private SessionGreen::Host,
                 private SessionMulticast::Host, private SessionNotifications::Host {
  public:
   Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
@@ -109,22 +109,18 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
   // GraphHost (session_graphs.h): what the graph tables check and change.
   const driver::DriverTable& Driver() const override { return d_; }
   bool DeviceRange(uint64_t p, uint64_t n) const override { return n > 0 && Range(p, n); }
+  bool MappedRange(uint64_t p, uint64_t n) const override { return InsideOne(vmm_mapped_, p, n); }
   bool KnownStream(uint64_t& s) const override { return Stream(s); }
   bool KnownEvent(uint64_t& e) const override { return Event(e); }
   bool KnownContext(uint64_t& c) const override { return Context(c); }
   HandleTable& Handles() override { return handles_; }
   bool KnownDevice(int32_t d) const override { return Device(d); }
-  // SessionMemops::Host (stream memory operations, the current pool: session_memops.cc).
-  uint64_t PublishPool(uint64_t real) override {
-    pools_.insert(real);
-    return Publish(HandleKind::kMemPool, real);
-  }
-  bool KnownPool(uint64_t& p) const override { return Pool(p); }
   // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
   void Created(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.insert(real);
     if (k == HandleKind::kEvent) events_.insert(real);
+    if (k == HandleKind::kMemPool) pools_.insert(real);  // a device's or location's pool (new=)
   }
   void Destroyed(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.erase(real);
@@ -449,7 +445,7 @@ class Session : public GraphHost, private SessionArrays::Host, private SessionQu
     return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
   }
   SessionArrays arrays_{d_, *this};
-  SessionQueries queries_{d_, *this};
+  SessionQueries queries_{d_};
   SessionMemops memops_{d_, *this};
   SessionGreen green_{d_, *this};
   SessionMulticast multicast_{d_, *this};
@@ -703,15 +699,12 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemMap:
     case Fn::cuMemUnmap:
     case Fn::cuMemSetAccess:
-    case Fn::cuMemGetAccess:
     case Fn::cuMemGetAllocationPropertiesFromHandle:
     case Fn::cuMemRetainAllocationHandle:
       return VmmCall(fn, rd, out);
     case Fn::cuIpcGetMemHandle:
     case Fn::cuIpcOpenMemHandle_v2:
     case Fn::cuIpcCloseMemHandle:
-    case Fn::cuIpcGetEventHandle:
-    case Fn::cuIpcOpenEventHandle:
     case Fn::cuMemGetAddressRange_v2:
       return IpcCall(fn, rd, out);
     case Fn::cuMemAlloc_v2: {
@@ -1046,9 +1039,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuKernelGetAttribute:
     case Fn::cuKernelSetAttribute:
     case Fn::cuFuncSetAttribute:
-    case Fn::cuOccupancyAvailableDynamicSMemPerBlock:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     case Fn::cuOccupancyMaxPotentialBlockSize:
     case Fn::cuOccupancyMaxPotentialBlockSizeWithFlags:
       return LibraryCall(fn, rd, out);
@@ -1900,48 +1890,28 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       return CALL(cuFuncSetAttribute, As<CUfunction>(f), static_cast<CUfunction_attribute>(attr), value);
     }
     // in U64 function or kernel, U32 CUfunc_cache (and for a kernel I32 device).
-    // Occupancy of a function (or of a kernel, which the driver accepts in its place):
-    // in U64 function, I32 a, I32 b (block count/size, block size/limit), U64 dynamic shared
-    // memory, U32 flags; out what the driver returns. The block-size-to-shared-memory callback of
-    // cuOccupancyMaxPotentialBlockSize* lives in the client, which searches itself when it has one.
-    case Fn::cuOccupancyAvailableDynamicSMemPerBlock:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor:
-    case Fn::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
+    // The largest potential block size of a function (or of a kernel, which the driver accepts in
+    // its place) without a block-size-to-shared-memory callback (with one, the client searches
+    // itself through the generated active-blocks query): in U64 function, I32 block size limit,
+    // U64 dynamic shared memory, U32 flags; out I32 grid, I32 block size.
     case Fn::cuOccupancyMaxPotentialBlockSize:
     case Fn::cuOccupancyMaxPotentialBlockSizeWithFlags: {
       uint64_t f = 0, smem = 0;
-      int32_t a = 0, b = 0;
+      int32_t limit = 0;
       uint32_t flags = 0;
       rd.U64(&f);
-      rd.I32(&a);
-      rd.I32(&b);
+      rd.I32(&limit);
       rd.U64(&smem);
       if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
       if (!Function(f) || (!functions_.count(f) && !kernels_.count(f))) return CUDA_ERROR_INVALID_HANDLE;
       CUfunction func = As<CUfunction>(f);
-      if (fn == Fn::cuOccupancyAvailableDynamicSMemPerBlock) {
-        size_t v = 0;
-        CUresult r = CALL(cuOccupancyAvailableDynamicSMemPerBlock, &v, func, a, b);
-        out.U64(v);
-        return r;
-      }
-      if (fn == Fn::cuOccupancyMaxPotentialBlockSize ||
-          fn == Fn::cuOccupancyMaxPotentialBlockSizeWithFlags) {
-        int grid = 0, block = 0;
-        CUresult r = fn == Fn::cuOccupancyMaxPotentialBlockSize
-                         ? CALL(cuOccupancyMaxPotentialBlockSize, &grid, &block, func, nullptr, smem, b)
-                         : CALL(cuOccupancyMaxPotentialBlockSizeWithFlags, &grid, &block, func,
-                                nullptr, smem, b, flags);
-        out.I32(grid);
-        out.I32(block);
-        return r;
-      }
-      int blocks = 0;
-      CUresult r = fn == Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor
-                       ? CALL(cuOccupancyMaxActiveBlocksPerMultiprocessor, &blocks, func, b, smem)
-                       : CALL(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, &blocks, func, b,
-                              smem, flags);
-      out.I32(blocks);
+      int grid = 0, block = 0;
+      CUresult r = fn == Fn::cuOccupancyMaxPotentialBlockSize
+                       ? CALL(cuOccupancyMaxPotentialBlockSize, &grid, &block, func, nullptr, smem, limit)
+                       : CALL(cuOccupancyMaxPotentialBlockSizeWithFlags, &grid, &block, func, nullptr,
+                              smem, limit, flags);
+      out.I32(grid);
+      out.I32(block);
       return r;
     }
     default:
@@ -2097,23 +2067,6 @@ CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
       }
       return r;
     }
-    case Fn::cuMemGetAccess: {
-      uint32_t loc_type = 0;
-      int32_t loc_id = 0;
-      uint64_t p = 0;
-      rd.U32(&loc_type);
-      rd.I32(&loc_id);
-      if (!rd.U64(&p) || !rd.Finish() || loc_type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-      if (!Device(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
-      if (!InsideOne(vmm_mapped_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
-      CUmemLocation loc{};
-      loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
-      loc.id = loc_id;
-      unsigned long long flags = 0;
-      CUresult r = CALL(cuMemGetAccess, &flags, &loc, p);
-      out.U64(flags);
-      return r;
-    }
     case Fn::cuMemGetAllocationPropertiesFromHandle: {
       uint64_t h = 0;
       if (!rd.U64(&h) || !rd.Finish() || !Resolve(HandleKind::kMemHandle, h) || !vmm_handles_.count(h)) {
@@ -2257,24 +2210,6 @@ CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
         ipc_opened_.erase(p);
       }
       out.U32(static_cast<uint32_t>(left));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuIpcGetEventHandle: {
-      uint64_t e = 0;
-      if (!rd.U64(&e) || !rd.Finish() || !Event(e)) return CUDA_ERROR_INVALID_HANDLE;
-      CUipcEventHandle h{};
-      CUresult r = CALL(cuIpcGetEventHandle, &h, As<CUevent>(e));
-      if (r == CUDA_SUCCESS) out.Bytes(h.reserved, sizeof(h.reserved));
-      return r;
-    }
-    case Fn::cuIpcOpenEventHandle: {
-      CUipcEventHandle h{};
-      if (!rd.Bytes(h.reserved, sizeof(h.reserved)) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUevent e = nullptr;
-      CUresult r = CALL(cuIpcOpenEventHandle, &e, h);
-      if (r != CUDA_SUCCESS) return r;
-      events_.insert(H(e));  // destroyed with cuEventDestroy, or when the session ends
-      out.U64(Publish(HandleKind::kEvent, H(e)));
       return CUDA_SUCCESS;
     }
     case Fn::cuMemGetAddressRange_v2: {

@@ -1,4 +1,4 @@
-// Stream memory operations and the device's current memory pool (session_memops.h).
+// Batches of stream memory operations and the settable pointer attribute (session_memops.h).
 #include "worker/session_memops.h"
 
 #include <vector>
@@ -21,12 +21,6 @@ constexpr uint32_t kWriteFlags = CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
 bool SessionMemops::Handles(Fn fn) {
   switch (fn) {
     case Fn::cuStreamBatchMemOp_v2:
-    case Fn::cuDeviceGetMemPool:
-    case Fn::cuMemGetDefaultMemPool:
-    case Fn::cuMemGetMemPool:
-    case Fn::cuMemSetMemPool:
-    case Fn::cuMemPoolSetAccess:
-    case Fn::cuMemPoolGetAccess:
     case Fn::cuPointerSetAttribute:
       return true;
     default:
@@ -36,92 +30,9 @@ bool SessionMemops::Handles(Fn fn) {
 
 CUresult SessionMemops::Call(Fn fn, Reader& rd, Writer& out) {
   if (fn == Fn::cuStreamBatchMemOp_v2) return BatchMemOp(rd);
+  (void)out;  // neither has outputs
   if (fn == Fn::cuPointerSetAttribute) return SetAttribute(rd);
-  if (fn != Fn::cuDeviceGetMemPool) return PoolCall(fn, rd, out);
-  // i32 device -> u64 pool
-  int32_t dev = 0;
-  if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  if (d_.cuDeviceGetMemPool == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-  CUmemoryPool p = nullptr;
-  CUresult r = d_.cuDeviceGetMemPool(&p, dev);
-  if (r != CUDA_SUCCESS) return r;
-  out.U64(host_.PublishPool(reinterpret_cast<uint64_t>(p)));
-  return CUDA_SUCCESS;
-}
-
-CUresult SessionMemops::ReadLocation(Reader& rd, CUmemLocation* loc) const {
-  uint32_t type = 0;
-  int32_t id = 0;
-  rd.U32(&type);
-  if (!rd.I32(&id) || type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-  if (!host_.KnownDevice(id)) return CUDA_ERROR_INVALID_DEVICE;
-  *loc = CUmemLocation{};
-  loc->type = CU_MEM_LOCATION_TYPE_DEVICE;
-  loc->id = id;
-  return CUDA_SUCCESS;
-}
-
-// Per-location pools and pool access (payloads in remote_memops.h).
-CUresult SessionMemops::PoolCall(Fn fn, Reader& rd, Writer& out) {
-  CUmemLocation loc{};
-  switch (fn) {
-    case Fn::cuMemGetDefaultMemPool:
-    case Fn::cuMemGetMemPool:
-    case Fn::cuMemSetMemPool: {
-      if (CUresult r = ReadLocation(rd, &loc); r != CUDA_SUCCESS) return r;
-      uint32_t type = 0;
-      uint64_t pool = 0;
-      if (!rd.U32(&type) || type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-      if (fn == Fn::cuMemSetMemPool) {
-        if (!rd.U64(&pool) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-        if (!host_.KnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
-        if (d_.cuMemSetMemPool == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-        return d_.cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, reinterpret_cast<CUmemoryPool>(pool));
-      }
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      auto get = fn == Fn::cuMemGetMemPool ? d_.cuMemGetMemPool : d_.cuMemGetDefaultMemPool;
-      if (get == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-      CUmemoryPool p = nullptr;
-      CUresult r = get(&p, &loc, CU_MEM_ALLOCATION_TYPE_PINNED);
-      if (r != CUDA_SUCCESS) return r;
-      out.U64(host_.PublishPool(reinterpret_cast<uint64_t>(p)));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemPoolSetAccess: {
-      uint64_t pool = 0;
-      uint32_t count = 0;
-      rd.U64(&pool);
-      if (!rd.U32(&count) || count == 0 || count > remote::kMaxPoolAccess) return CUDA_ERROR_INVALID_VALUE;
-      std::vector<CUmemAccessDesc> map(count);
-      for (CUmemAccessDesc& a : map) {
-        if (CUresult r = ReadLocation(rd, &a.location); r != CUDA_SUCCESS) return r;
-        uint32_t flags = 0;
-        if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-        if (flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
-            flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
-          return CUDA_ERROR_INVALID_VALUE;
-        }
-        a.flags = static_cast<CUmemAccess_flags>(flags);
-      }
-      if (!rd.Finish() || !host_.KnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
-      if (d_.cuMemPoolSetAccess == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-      return d_.cuMemPoolSetAccess(reinterpret_cast<CUmemoryPool>(pool), map.data(), map.size());
-    }
-    case Fn::cuMemPoolGetAccess: {
-      uint64_t pool = 0;
-      rd.U64(&pool);
-      if (CUresult r = ReadLocation(rd, &loc); r != CUDA_SUCCESS) return r;
-      if (!rd.Finish() || !host_.KnownPool(pool)) return CUDA_ERROR_INVALID_VALUE;
-      if (d_.cuMemPoolGetAccess == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-      CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
-      CUresult r = d_.cuMemPoolGetAccess(&flags, reinterpret_cast<CUmemoryPool>(pool), &loc);
-      out.U32(static_cast<uint32_t>(flags));
-      return r;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
-  }
+  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 // u64 address, u32 value: CU_POINTER_ATTRIBUTE_SYNC_MEMOPS of device memory of the session.

@@ -1,8 +1,9 @@
-// Stream memory operations and the device's current memory pool of a worker session (client
-// half: src/client/client_memops.cc; payloads: src/client/remote_memops.h). Every address a
-// message names must lie in the session's device memory, every operation and flag must be one
-// cuda.h defines, every stream and pool must be a live handle of the session; a bad one fails
-// that call only and nothing reaches the driver.
+// Batches of stream memory operations and CU_POINTER_ATTRIBUTE_SYNC_MEMOPS of a worker session
+// (client half: src/client/client_memops.cc; payloads: src/client/remote_memops.h; the single
+// operations, pools by location and pool access are generated: api/remote_surface.tsv). Every
+// address a message names must lie in the session's device memory, every operation and flag must
+// be one cuda.h defines, every stream must be a live handle of the session; a bad one fails that
+// call only and nothing reaches the driver.
 //
 // Threading: used by the session's replay thread only.
 #pragma once
@@ -23,13 +24,8 @@ class SessionMemops {
     virtual ~Host() = default;
     // A stream of the session (or the NULL, legacy or per-thread stream): resolved in place.
     virtual bool KnownStream(uint64_t& s) const = 0;
-    virtual bool KnownDevice(int32_t d) const = 0;
     // [p, p + n) lies in one range of device memory the session may name.
     virtual bool DeviceRange(uint64_t p, uint64_t n) const = 0;
-    // Records a pool of the driver as one the session may name and returns its wire name.
-    virtual uint64_t PublishPool(uint64_t real) = 0;
-    // A pool of the session (default, current or created): resolved in place.
-    virtual bool KnownPool(uint64_t& p) const = 0;
   };
 
   SessionMemops(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}
@@ -41,9 +37,6 @@ class SessionMemops {
  private:
   CUresult BatchMemOp(transport::Reader& rd);
   CUresult SetAttribute(transport::Reader& rd);
-  CUresult PoolCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
-  // Reads a location (u32 type, i32 id): a device of the session.
-  CUresult ReadLocation(transport::Reader& rd, CUmemLocation* loc) const;
 
   const driver::DriverTable& d_;
   Host& host_;

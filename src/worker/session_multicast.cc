@@ -38,7 +38,6 @@ bool Inside(uint64_t offset, uint64_t n, uint64_t total) {
 
 bool SessionMulticast::Handles(Fn fn) {
   switch (fn) {
-    case Fn::cuMulticastGetGranularity:
     case Fn::cuMulticastCreate:
     case Fn::cuMulticastAddDevice:
     case Fn::cuMulticastBindMem:
@@ -65,19 +64,6 @@ bool SessionMulticast::Object(uint64_t& h, uint64_t* size) {
 
 CUresult SessionMulticast::Call(Fn fn, Reader& rd, Writer& out) {
   switch (fn) {
-    case Fn::cuMulticastGetGranularity: {
-      CUmulticastObjectProp prop;
-      uint32_t option = 0;
-      if (!ReadProp(rd, &prop) || !rd.U32(&option) || !rd.Finish() ||
-          (option != CU_MULTICAST_GRANULARITY_MINIMUM && option != CU_MULTICAST_GRANULARITY_RECOMMENDED)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      size_t g = 0;
-      CUresult r = CALL(cuMulticastGetGranularity, &g, &prop, static_cast<CUmulticastGranularity_flags>(option));
-      if (r != CUDA_SUCCESS) return r;
-      out.U64(g);
-      return CUDA_SUCCESS;
-    }
     case Fn::cuMulticastCreate: {
       CUmulticastObjectProp prop;
       if (!ReadProp(rd, &prop) || !rd.Finish() || prop.size == 0 || prop.numDevices == 0) {

@@ -1,6 +1,7 @@
 // Multicast objects of a worker session (cuMulticastCreate, cuMulticastAddDevice,
-// cuMulticastBindMem, cuMulticastBindAddr, cuMulticastUnbind, cuMulticastGetGranularity): what NCCL
-// uses for NVLink SHARP reductions on NVSwitch systems.
+// cuMulticastBindMem, cuMulticastBindAddr, cuMulticastUnbind): what NCCL uses for NVLink SHARP
+// reductions on NVSwitch systems. cuMulticastGetGranularity, which names no object, is generated
+// (api/remote_surface.tsv), with the same checks of the properties.
 //
 // A multicast object is a CUmemGenericAllocationHandle, as cuMemCreate's are: the client holds a
 // HandleKind::kMemHandle name of the session, which cuMemRelease releases (and cuMemMap maps)
@@ -14,7 +15,6 @@
 // without NVSwitch: CUDA_ERROR_NOT_SUPPORTED) reach the client unchanged.
 //
 // Payloads (client: src/client/client_multicast.cc), u64 handles are wire names:
-//   cuMulticastGetGranularity  properties, u32 option      -> u64 granularity
 //   cuMulticastCreate          properties                  -> u64 multicast object
 //   cuMulticastAddDevice       u64 object, i32 device
 //   cuMulticastBindMem         u64 object, u64 object offset, u64 memory handle, u64 memory offset,

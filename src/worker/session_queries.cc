@@ -25,7 +25,6 @@ constexpr size_t kTensorMapBytes = sizeof(CUtensorMap);  // 128
 
 bool SessionQueries::Handles(Fn fn) {
   switch (fn) {
-    case Fn::cuDeviceGetPCIBusId:
     case Fn::cuTensorMapEncodeTiled:
     case Fn::cuTensorMapEncodeIm2col:
     case Fn::cuTensorMapEncodeIm2colWide:
@@ -43,17 +42,6 @@ CUresult SessionQueries::Call(Fn fn, Reader& rd, Writer& out) {
     case Fn::cuTensorMapEncodeIm2colWide:
     case Fn::cuTensorMapReplaceAddress:
       return TensorMap(fn, rd, out);
-    // i32 device -> blob bus id (the driver's text, without its NUL).
-    case Fn::cuDeviceGetPCIBusId: {
-      int32_t dev = 0;
-      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      char id[64] = {};
-      CUresult r = CALL(cuDeviceGetPCIBusId, id, static_cast<int>(sizeof(id) - 1), dev);
-      if (r != CUDA_SUCCESS) return r;
-      out.Blob(id, static_cast<uint32_t>(strnlen(id, sizeof(id) - 1)));
-      return CUDA_SUCCESS;
-    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }

@@ -1,7 +1,7 @@
 // Queries and host-side encodings of a worker session (client half: src/client/client_queries.cc):
-// PCI bus ids and the tensor-map encodings (cuTensorMapEncode*, cuTensorMapReplaceAddress: 128
-// bytes computed by the driver from arguments that travel by value). Stream attributes, context
-// ids and function loading are generated (api/remote_surface.tsv). A bad argument fails that
+// the tensor-map encodings (cuTensorMapEncode*, cuTensorMapReplaceAddress: 128 bytes computed by
+// the driver from arguments that travel by value). PCI bus ids, stream attributes, context ids and
+// function loading are generated (api/remote_surface.tsv). A bad argument fails that
 // call only. Wire formats: the comments
 // of each case in session_queries.cc, written by client_queries.cc.
 //
@@ -18,14 +18,7 @@ namespace tf::worker {
 
 class SessionQueries {
  public:
-  // What the session lends to these calls.
-  class Host {
-   public:
-    virtual ~Host() = default;
-    virtual bool KnownDevice(int32_t d) const = 0;
-  };
-
-  SessionQueries(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}
+  explicit SessionQueries(const driver::DriverTable& d) : d_(d) {}
 
   // Whether fn belongs to this family.
   static bool Handles(driver::Fn fn);
@@ -35,7 +28,6 @@ class SessionQueries {
   CUresult TensorMap(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
 
   const driver::DriverTable& d_;
-  Host& host_;
 };
 
 }  // namespace tf::worker

@@ -150,10 +150,58 @@ class FuzzHost : public tf::worker::GeneratedHost {
       memset(v, 0x5a, sizeof(*v));
       return CUDA_SUCCESS;
     };
+    // Occupancy of the one published function, and a multicast granularity whose properties
+    // passed the field checks (flags=prop.handleTypes, flags=prop.flags).
+    d_.cuOccupancyMaxActiveBlocksPerMultiprocessor = [](int* n, CUfunction f, int, size_t) {
+      Check(f == reinterpret_cast<CUfunction>(0x4100));
+      *n = 4;
+      return CUDA_SUCCESS;
+    };
+    d_.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = [](int* n, CUfunction f, int, size_t, unsigned) {
+      Check(f == reinterpret_cast<CUfunction>(0x4100));
+      *n = 2;
+      return CUDA_SUCCESS;
+    };
+    d_.cuOccupancyAvailableDynamicSMemPerBlock = [](size_t* v, CUfunction f, int, int) {
+      Check(f == reinterpret_cast<CUfunction>(0x4100));
+      *v = 48 << 10;
+      return CUDA_SUCCESS;
+    };
+    // An event's IPC handle (an output structure of bytes) and an event opened from one (a
+    // structure by value in, a new handle out: new=phEvent).
+    d_.cuIpcGetEventHandle = [](CUipcEventHandle* h, CUevent) {
+      memset(h->reserved, 0x3c, sizeof(h->reserved));
+      return CUDA_SUCCESS;
+    };
+    d_.cuIpcOpenEventHandle = [](CUevent* e, CUipcEventHandle) {
+      *e = reinterpret_cast<CUevent>(0x6100);
+      return CUDA_SUCCESS;
+    };
+    // Pool access: an array of structures whose locations (loc=) and flags (values=) were checked.
+    d_.cuMemPoolSetAccess = [](CUmemoryPool p, const CUmemAccessDesc* map, size_t n) {
+      Check(p == reinterpret_cast<CUmemoryPool>(0x9000) && n >= 1 && n <= 64);
+      for (size_t i = 0; i < n; ++i) {
+        Check(map[i].location.type == CU_MEM_LOCATION_TYPE_DEVICE && map[i].location.id == 0);
+        Check(map[i].flags == 0 || map[i].flags == 1 || map[i].flags == 3);
+      }
+      return CUDA_SUCCESS;
+    };
+    d_.cuMemPoolGetAccess = [](CUmemAccess_flags* f, CUmemoryPool, CUmemLocation* loc) {
+      Check(loc->type == CU_MEM_LOCATION_TYPE_DEVICE && loc->id == 0);
+      *f = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      return CUDA_SUCCESS;
+    };
+    d_.cuMulticastGetGranularity = [](size_t* g, const CUmulticastObjectProp* p, CUmulticastGranularity_flags o) {
+      Check(p->flags == 0 && (p->handleTypes & ~0xfull) == 0 && o <= CU_MULTICAST_GRANULARITY_RECOMMENDED);
+      *g = 2 << 20;
+      return CUDA_SUCCESS;
+    };
     t_.Publish(tf::worker::HandleKind::kContext, 0x1000);
     t_.Publish(tf::worker::HandleKind::kStream, 0x2000);
     t_.Publish(tf::worker::HandleKind::kEvent, 0x3000);
     t_.Publish(tf::worker::HandleKind::kModule, 0x4000);
+    t_.Publish(tf::worker::HandleKind::kFunction, 0x4100);
+    t_.Publish(tf::worker::HandleKind::kMemPool, 0x9000);
     // A graph with one node, instantiated: the `of=` and `publish=` calls reach the driver.
     d_.cuGraphNodeFindInClone = [](CUgraphNode* n, CUgraphNode, CUgraph) {
       *n = reinterpret_cast<CUgraphNode>(0x8300);

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
 
   // Generated driver calls (wire_fuzz's FuzzGeneratedCall): u16 selector, then arguments naming
   // the objects its host publishes (stream 0x2000, event 0x3000) and a small value.
-  for (uint16_t sel = 0; sel < 80; ++sel) {
+  for (uint16_t sel = 0; sel < 96; ++sel) {
     Writer w(buf, sizeof(buf));
     w.U16(sel);
     w.U64(sel % 2 ? 0x3000 : 0x2000);

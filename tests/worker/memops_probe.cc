@@ -7,6 +7,7 @@
 // synchronizing call (remotely, where it is fire-and-forget): `FIRST(call, stream)` prints the first
 // non-zero result of the two, the same number either way.
 #include <cuda.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -59,6 +60,34 @@ void WaitAndWrite() {
   std::printf("wait_blocks=%d\n", static_cast<int>(before));
   std::printf("wait_released=%u:%u:%llx:%llx\n", w32[0], w32[1],
               static_cast<unsigned long long>(w64[1]), static_cast<unsigned long long>(w64[2]));
+
+  // The legacy entry points (cuda.h maps the names to the _v2 forms; a library compiled against an
+  // older header calls these): where the library exports them, the same operations.
+  using Op32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+  using Op64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned);
+  auto wait32 = reinterpret_cast<Op32>(dlsym(RTLD_DEFAULT, "cuStreamWaitValue32"));
+  auto write32 = reinterpret_cast<Op32>(dlsym(RTLD_DEFAULT, "cuStreamWriteValue32"));
+  auto wait64 = reinterpret_cast<Op64>(dlsym(RTLD_DEFAULT, "cuStreamWaitValue64"));
+  auto write64 = reinterpret_cast<Op64>(dlsym(RTLD_DEFAULT, "cuStreamWriteValue64"));
+  if (wait32 && write32 && wait64 && write64) {
+    CUdeviceptr legacy;
+    CHECK(cuMemAlloc(&legacy, 32));
+    CHECK(cuMemsetD8(legacy, 0, 32));
+    CHECK(write32(a, legacy, 5, 0));
+    CHECK(wait32(a, legacy, 5, CU_STREAM_WAIT_VALUE_EQ));
+    CHECK(write64(a, legacy + 8, 0x700000000ull, 0));
+    CHECK(wait64(a, legacy + 8, 0x600000000ull, CU_STREAM_WAIT_VALUE_GEQ));
+    CHECK(write32(a, legacy + 16, 6, 0));
+    CHECK(cuStreamSynchronize(a));
+    uint64_t l64[3];
+    CHECK(cuMemcpyDtoH(l64, legacy, sizeof(l64)));
+    const int bad = FIRST(write32(a, legacy + 32, 1, 0), a);  // outside: refused as by the _v2 form
+    std::printf("legacy_memops=%llx:%llx:%llx:%d\n", static_cast<unsigned long long>(l64[0]),
+                static_cast<unsigned long long>(l64[1]), static_cast<unsigned long long>(l64[2]), bad);
+    CHECK(cuMemFree(legacy));
+  } else {
+    std::printf("legacy_memops=na\n");
+  }
 
   // A batch: write, write 64, barrier, wait on what it wrote, flush, write.
   CUstreamBatchMemOpParams ops[6];
@@ -433,8 +462,13 @@ void PoolsByLocation() {
     host.id = 0;
     std::printf("loc_pool_host=%d\n",
                 static_cast<int>(cuMemGetMemPool(&cur, &host, CU_MEM_ALLOCATION_TYPE_PINNED)));
+    // Nor are managed-memory pools (managed memory itself is).
+    std::printf("loc_pool_managed=%d:%d:%d\n",
+                static_cast<int>(cuMemGetDefaultMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED)),
+                static_cast<int>(cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED)),
+                static_cast<int>(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_MANAGED, def)));
   } else {
-    std::printf("loc_pool_host=na\n");
+    std::printf("loc_pool_host=na\nloc_pool_managed=na\n");
   }
   CHECK(cuMemPoolDestroy(mine));
 }

@@ -440,6 +440,8 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["done"], "1");
     EXPECT_EQ(r.kv["wait_blocks"], "600") << "the waiting stream ran before the write";
     EXPECT_EQ(r.kv["wait_released"], "1:7:500000001:1234567890");
+    // The legacy forms (cuStreamWaitValue32, ...; the fake driver exports only the _v2 ones).
+    EXPECT_EQ(r.kv["legacy_memops"], "5:700000000:6:1");
     EXPECT_EQ(r.kv["batch"], "feed:abcdef0123:5eed");
     for (const char* k : {"bad_wait_addr", "bad_write_unaligned_outside", "bad_wait_flags", "bad_write_flags",
                           "bad_batch_count", "bad_batch_flags", "bad_batch_addr", "bad_batch_op",
@@ -479,6 +481,7 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     EXPECT_EQ(r.kv["loc_pools"], "1:1:1");
     EXPECT_EQ(r.kv["pool_access"], "3:0");
     EXPECT_EQ(r.kv["loc_pool_host"], "801") << "host locations are refused (CUDA_ERROR_NOT_SUPPORTED)";
+    EXPECT_EQ(r.kv["loc_pool_managed"], "801:801:801") << "managed-memory pools are refused";
     // SYNC_MEMOPS set remotely and answered from what was set; atomic capabilities as the driver's.
     EXPECT_EQ(r.kv["sync_memops"], "0:1");
     EXPECT_EQ(r.kv["set_attribute_other"], "1");
@@ -498,6 +501,8 @@ TEST_F(RemoteTest, StreamMemoryOperationsBatchesPoolsAndPeerCopiesMatchTheDriver
     ExpectSameKeys(direct, r);
     EXPECT_EQ(r.out.find("not supported by the remote vGPU"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("host memory locations are not served by the remote vGPU"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("cuMemSetMemPool: type CU_MEM_ALLOCATION_TYPE_MANAGED is not served by the remote vGPU"),
+              std::string::npos) << r.out;
   }
 }
 
@@ -2198,7 +2203,7 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
   // outside 1..64 or other than the elements sent, an operation cuda.h does not define, a
   // structure one byte short, an attribute streams do not have.
   {
-    uint8_t big[512];
+    uint8_t big[1024];
     auto caps = [&](uint32_t count, uint32_t sent, uint32_t op) {
       Writer w(big, sizeof(big));
       w.U32(count);
@@ -2242,6 +2247,54 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     EXPECT_EQ(out.size(), sizeof(CUstreamAttrValue));
     EXPECT_EQ(attribute(CU_LAUNCH_ATTRIBUTE_COOPERATIVE), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(attribute(999), CUDA_ERROR_INVALID_VALUE);
+    // A field of a structure with a mask (flags=prop.handleTypes, flags=prop.flags).
+    auto multicast = [&](uint64_t handle_types, uint64_t flags) {
+      Writer w(big, sizeof(big));
+      w.U32(1);        // devices
+      w.U64(2 << 20);  // size
+      w.U64(handle_types);
+      w.U64(flags);
+      w.U32(CU_MULTICAST_GRANULARITY_MINIMUM);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuMulticastGetGranularity), w, &out);
+    };
+    EXPECT_EQ(multicast(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), 0);
+    EXPECT_EQ(out.size(), 8u);
+    EXPECT_EQ(multicast(0x10, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(multicast(0, 1), CUDA_ERROR_INVALID_VALUE);
+    // An occupancy query naming a stream where the function goes.
+    Writer occ(big, sizeof(big));
+    occ.U64(stream);
+    occ.I32(128);
+    occ.U64(0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuOccupancyMaxActiveBlocksPerMultiprocessor), occ), CUDA_ERROR_INVALID_HANDLE);
+    // Memory locations (loc=) in an array of structures (count=) with a restricted field
+    // (values=): a host location, a device the session lacks, an undefined access flag, no
+    // descriptor; the device's pool comes from the generated cuDeviceGetMemPool (new=).
+    Writer gp(big, sizeof(big));
+    gp.I32(0);
+    out.clear();
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuDeviceGetMemPool), gp, &out), 0);
+    const uint64_t pool = u64_of(out);
+    ASSERT_NE(pool, 0u);
+    auto access = [&](uint64_t count, uint32_t type, int32_t id, uint32_t flags) {
+      Writer w(big, sizeof(big));
+      w.U64(pool);
+      w.U64(count);
+      for (uint64_t i = 0; i < count; ++i) {
+        w.U32(i + 1 == count ? type : static_cast<uint32_t>(CU_MEM_LOCATION_TYPE_DEVICE));
+        w.I32(i + 1 == count ? id : 0);
+        w.U32(flags);
+      }
+      return c.Call(remote::Op(Fn::cuMemPoolSetAccess), w);
+    };
+    EXPECT_EQ(access(1, CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), 0);
+    EXPECT_EQ(access(2, CU_MEM_LOCATION_TYPE_HOST, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(2, CU_MEM_LOCATION_TYPE_DEVICE, 7, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_EQ(access(1, 0x7fff0000u, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(1, CU_MEM_LOCATION_TYPE_DEVICE, 0, 2), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(0, CU_MEM_LOCATION_TYPE_DEVICE, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(access(65, CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
   }
   // Nothing else changed: the objects and the limit are as they were.
   EXPECT_EQ(on(Fn::cuStreamQuery, stream), 0);

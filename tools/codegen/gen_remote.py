@@ -41,7 +41,7 @@ SCALARS = {
 WIRE_C = {"i32": "int32_t", "u32": "uint32_t", "u8": "uint8_t", "u16": "uint16_t", "u64": "uint64_t",
           "i64": "int64_t", "f32": "uint32_t"}
 READ = {"i32": "I32", "u32": "U32", "u8": "U8", "u16": "U16", "u64": "U64", "i64": "I64", "f32": "U32"}
-CLASSES = ("sync", "async", "local", "refused")
+CLASSES = ("sync", "async", "local", "refused", "alias")
 
 
 class SurfaceError(Exception):
@@ -235,18 +235,28 @@ class Arg:
         self.parent = ann.get("publish", {}).get(name)  # publish=OUT:PARENT
         self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
+        self.byval = False    # a structure passed by value (travels as a `const T*` input does)
+        self.str = ann.get("str", {}).get(name)  # str=TEXT:LENGTH:MAX: (LENGTH, MAX)
+        self.str_len = any(n == name for n, _ in ann.get("str", {}).values())
+        if self.str:
+            if ctype.replace(" ", "") != "char*":
+                raise SurfaceError("%s: str=%s is for a char* output" % (fn, name))
+            self.dir, self.base = "out", "char"
+            return
         t = ctype.replace("const ", "").strip()
         if t.endswith("*"):
             base = t[:-1].strip()
             if "*" in base or base in ("void", "char"):
                 raise SurfaceError("%s: argument %s (%s) needs a hand-written family" % (fn, name, ctype))
-            self.dir = "in" if ctype.startswith("const") else "out"
+            # loc=ARG: the call reads the location even where cuda.h's pointer is not const.
+            self.dir = "in" if ctype.startswith("const") or name in ann.get("loc", []) else "out"
             t = base
             self.base = base
             self.shape = types.aggregate(base)
             if self.shape is not None:
-                if self.count:
-                    raise SurfaceError("%s: count=%s: arrays of structures are not generated" % (fn, name))
+                if self.count and (self.dir != "in" or self.shape.kind != "struct" or self.shape.refs()):
+                    raise SurfaceError("%s: count=%s: only input arrays of structures without pointers or "
+                                       "handles are generated" % (fn, name))
                 if self.shape.kind == "union" and self.shape.refs() and not self.bytes:
                     raise SurfaceError("%s: union %s (%s) holds pointers or handles: bytes=%s says it may "
                                        "travel as its bytes" % (fn, name, ctype, name))
@@ -259,10 +269,14 @@ class Arg:
                 if self.count:
                     raise SurfaceError("%s: count=%s: arrays of handles are not generated" % (fn, name))
                 self.kind = HANDLE_KINDS[base]
-                self.created = "Create" in fn and index == 0
+                self.created = ("Create" in fn and index == 0) or name in ann.get("new", set())
                 return
         elif self.count:
             raise SurfaceError("%s: count=%s names no pointer" % (fn, name))
+        elif types.aggregate(t) is not None and types.aggregate(t).kind == "struct":
+            self.shape, self.base, self.byval = types.aggregate(t), t, True
+            struct_lines(fn, self.shape, "x", "w", "enc", False)  # refuses what cannot travel
+            return
         if t in HANDLE_KINDS:
             self.kind = HANDLE_KINDS[t]
             return
@@ -329,6 +343,8 @@ def struct_lines(fn, shape, expr, io, mode, is_out, depth=0):
     if shape.kind == "array":
         if shape.elem.kind == "ptr":
             raise SurfaceError("%s: %s: an array of pointers is not generated" % (fn, expr))
+        if shape.elem.kind == "scalar" and shape.elem.wire == "u8":  # bytes (an opaque handle's)
+            return ["static_assert(sizeof(%s) == %d); %s.Bytes(&%s, %d);" % (expr, shape.n, io, expr, shape.n)]
         i = "i%d_" % depth
         inner = struct_lines(fn, shape.elem, "%s[%s]" % (expr, i), io, mode, is_out, depth + 1)
         return ["for (size_t %s = 0; %s < %d; ++%s) {" % (i, i, shape.n, i)] + ["  " + l for l in inner] + ["}"]
@@ -366,17 +382,22 @@ def parse_surface(path, exports, typed):
                                    % (path, ln, cls))
             if cls == "refused" and len(rest) < 10:
                 raise SurfaceError("%s:%d: %s is refused without a reason" % (path, ln, name))
+            if cls == "alias" and not re.match(r"^cu\w+$", rest):
+                raise SurfaceError("%s:%d: %s is an alias of nothing (the third column names its entry point)"
+                                   % (path, ln, name))
             if cls != "refused" and name not in typed:
                 raise SurfaceError("%s:%d: %s has no prototype in cuda.h" % (path, ln, name))
-            if cls not in ("sync", "async", "refused") and rest:
-                raise SurfaceError("%s:%d: %s: annotations are for sync and async only" % (path, ln, name))
+            if cls not in ("sync", "async", "refused", "alias") and not cls.startswith("hand:") and rest:
+                raise SurfaceError("%s:%d: %s: a third column is for sync, async, alias, refused and hand:F "
+                                   "only" % (path, ln, name))
             rows[name] = (cls, rest)
     return rows
 
 
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
-           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}}
+           "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
+           "vmm": [], "unserved": {}}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -384,13 +405,15 @@ def parse_annotations(fn, text, params):
             ann["ctx"] = val
         elif key == "flags" and ":" in val:
             a, mask = val.split(":", 1)
-            if a not in names:
+            if a.split(".", 1)[0] not in names:
                 raise SurfaceError("%s: flags=%s names no argument" % (fn, a))
             ann["flags"][a] = int(mask, 0)
         elif key == "null" and val in names:
             ann["null"].add(val)
         elif key == "weak" and val in names:
             ann["weak"].add(val)
+        elif key == "new" and val in names:
+            ann["new"].add(val)
         elif key == "cache" and val:
             keys = val.split(",")
             for k in keys:
@@ -414,9 +437,16 @@ def parse_annotations(fn, text, params):
             ann["count"][a] = (n, int(most))
         elif key == "bytes" and val in names:
             ann["bytes"].add(val)
+        elif key == "str" and val.count(":") == 2:
+            a, n, most = val.split(":")
+            if a not in names or n not in names or not re.match(r"^[0-9]+$", most) or not 1 < int(most) <= 4096:
+                raise SurfaceError("%s: str=%s wants TEXT:LENGTH:MAX (MAX 2 to 4096)" % (fn, val))
+            ann["str"][a] = (n, int(most))
+        elif key == "loc" and val.split(".", 1)[0] in names:
+            ann["loc"].append(val)
         elif key == "values" and ":" in val:
             a, vals = val.split(":", 1)
-            if a not in names or not vals:
+            if a.split(".", 1)[0] not in names or not vals:
                 raise SurfaceError("%s: values=%s names no argument" % (fn, val))
             ann["values"][a] = vals.split(",")
         elif key == "dptr" and ":" in val:
@@ -426,6 +456,16 @@ def parse_annotations(fn, text, params):
             if not (re.match(r"^[0-9]+$", size) or size in names):
                 raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument" % (fn, val))
             ann["dptr"].append((a, size))
+        elif key == "vmm" and ":" in val:
+            a, size = val.split(":", 1)
+            if a not in names or not re.match(r"^[0-9]+$", size):
+                raise SurfaceError("%s: vmm=%s wants ARG:BYTES" % (fn, val))
+            ann["vmm"].append((a, size))
+        elif key == "unserved" and ":" in val:
+            a, vals = val.split(":", 1)
+            if a not in names or not vals:
+                raise SurfaceError("%s: unserved=%s names no argument" % (fn, val))
+            ann["unserved"][a] = vals.split(",")
         else:
             raise SurfaceError("%s: bad annotation %r" % (fn, tok))
     return ann
@@ -439,7 +479,7 @@ class Call:
         self.args = [Arg(name, i, t, n, self.ann, types) for i, (t, n) in enumerate(params)]
         # On the wire: the inputs in prototype order, then the input arrays (their counts come
         # first); the reply likewise.
-        self.ins = [a for a in self.args if a.dir == "in" and not a.count] + \
+        self.ins = [a for a in self.args if a.dir == "in" and not a.count and not a.str_len] + \
                    [a for a in self.args if a.dir == "in" and a.count]
         self.outs = [a for a in self.args if a.dir == "out" and not a.count] + \
                      [a for a in self.args if a.dir == "out" and a.count]
@@ -467,8 +507,23 @@ class Call:
         handles = [a for a in self.ins if a.kind]
         if "Destroy" in name and len(handles) == 1:
             handles[0].destroyed = True
-        if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32" or not self.outs[0].scalar):
-            raise SurfaceError("%s: a cached call has exactly one integer or handle output" % name)
+        if self.ann["cache"] and (len(self.outs) != 1 or self.outs[0].wire == "f32" or
+                                  not (self.outs[0].scalar or self.outs[0].str)):
+            raise SurfaceError("%s: a cached call has exactly one integer, handle or text output" % name)
+        for a in self.args:
+            if a.str_len and not (a.dir == "in" and a.wire == "i32" and a.scalar and not a.enum):
+                raise SurfaceError("%s: str=: the length %s is an int input" % (name, a.name))
+        self.unserved = []   # (argument, [(value, its cuda.h name)])
+        for n, vals in self.ann["unserved"].items():
+            if not (by_name[n].dir == "in" and by_name[n].enum and by_name[n].scalar):
+                raise SurfaceError("%s: unserved=%s is for an enumeration input" % (name, n))
+            for v in vals:
+                if v not in types.known:
+                    raise SurfaceError("%s: unserved=%s: %s is not in cuda.h" % (name, n, v))
+            self.unserved.append((n, [(types.known[v] & 0xFFFFFFFF, v) for v in vals]))
+        for n in self.ann["new"]:
+            if not (by_name[n].dir == "out" and by_name[n].kind and not by_name[n].count):
+                raise SurfaceError("%s: new=%s is for a handle output" % (name, n))
         for a in self.args:
             if a.weak and not (a.dir == "out" and a.kind and not a.created):
                 raise SurfaceError("%s: weak=%s is for a handle output the call does not create" % (name, a.name))
@@ -484,6 +539,42 @@ class Call:
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
+        # Checks of the fields of input structures (of each element of a count= array), by the
+        # worker once decoded: loc= first, then flags= and values= (per argument, in one pass).
+        self.field_checks = {}   # argument name -> [(kind, field path after the argument, payload)]
+
+        def field(path, what):
+            head, _, rest = path.partition(".")
+            a = by_name[head]
+            shape = a.shape if a.dir == "in" and a.shape is not None and a.shape.kind == "struct" else None
+            for part in rest.split(".") if rest else []:
+                shape = dict(shape.fields).get(part) if shape is not None and shape.kind == "struct" else None
+            if shape is None:
+                raise SurfaceError("%s: %s names no field of an input structure" % (name, what))
+            return a, rest, shape
+
+        for path in self.ann["loc"]:
+            a, rest, shape = field(path, "loc=" + path)
+            if shape.kind != "struct" or [(n, f.kind) for n, f in shape.fields] != [("type", "enum"), ("id", "scalar")]:
+                raise SurfaceError("%s: loc=%s is not a CUmemLocation" % (name, path))
+            self.field_checks.setdefault(a.name, []).append(("loc", rest, None))
+        for path, mask in self.ann["flags"].items():
+            if "." in path:
+                a, rest, shape = field(path, "flags=" + path)
+                if shape.kind not in ("scalar", "enum") or shape.wire == "f32":
+                    raise SurfaceError("%s: flags=%s names no integer field" % (name, path))
+                self.field_checks.setdefault(a.name, []).append(("mask", rest, (mask, shape.kind)))
+        for path, vals in self.ann["values"].items():
+            if "." in path:
+                a, rest, shape = field(path, "values=" + path)
+                if shape.kind != "enum":
+                    raise SurfaceError("%s: values=%s names no enumeration field" % (name, path))
+                vs = []
+                for v in vals:
+                    if not (re.match(r"^[0-9]+$", v) or v in types.known):
+                        raise SurfaceError("%s: values=%s: %s is not in cuda.h" % (name, path, v))
+                    vs.append(int(v) if re.match(r"^[0-9]+$", v) else types.known[v] & 0xFFFFFFFF)
+                self.field_checks.setdefault(a.name, []).append(("values", rest, vs))
 
 
 # ---------------------------------------------------------------- client
@@ -517,7 +608,7 @@ def cache_key(k):
 def wire_bytes(a):
     """A C++ expression bounding the bytes input a takes on the wire."""
     if a.count:
-        return "%d" % (a.count[1] * 8)
+        return "%d" % (a.count[1] * 8 * (leaves(a.shape) if a.shape is not None else 1))
     if a.shape is not None:
         return "sizeof(%s)" % a.base if a.shape.kind == "union" else "%d" % (8 * leaves(a.shape))
     return "8"
@@ -549,14 +640,16 @@ def gen_client_impl(c, decl):
     o.append("CUresult Impl_%s(%s) {\n" % (c.name, decl(c.name)))
     for a in c.outs:
         o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
+        if a.str:
+            o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
     for a in c.ins:
-        if a.shape is not None or a.count:
+        if (a.shape is not None and not a.byval) or a.count:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
     for n, most in count_checks(c):
         o.append("  if (%s < 1 || %s > %d) return CUDA_ERROR_INVALID_VALUE;\n" % (n, n, most))
     for a in c.ins:
         if a.shape is not None:
-            for p in ptr_checks(a.shape, "(*%s)" % a.name):
+            for p in ptr_checks(a.shape, a.name if a.byval else "(*%s)" % a.name):
                 # A pointer field does not travel (the worker's host is not this one).
                 o.append("  if (%s != nullptr) return CUDA_ERROR_NOT_SUPPORTED;\n" % p)
     for a in c.ins:
@@ -568,6 +661,26 @@ def gen_client_impl(c, decl):
     elif c.ann["ctx"] == "any":
         o.append("  TF_CTX_IF_ANY(l_);\n")
     o.append("  Session* s_ = l_.session();\n")
+    for a in c.ins:
+        # loc=: a location the remote vGPU serves (a device of the session; host locations are
+        # refused with a log line), as the hand-written memory calls check it.
+        for kind, rest, _ in c.field_checks.get(a.name, []):
+            if kind != "loc":
+                continue
+            if a.count:
+                o.append("  for (size_t i_ = 0; i_ < %s; ++i_) {\n"
+                         "    if (CUresult r_ = CheckMemLocation(s_, Fn::%s, &%s[i_]%s); r_ != CUDA_SUCCESS) return r_;\n"
+                         "  }\n" % (a.count[0], c.name, a.name, "." + rest if rest else ""))
+            else:
+                expr = a.name if a.byval else "(*%s)" % a.name
+                o.append("  if (CUresult r_ = CheckMemLocation(s_, Fn::%s, &%s%s); r_ != CUDA_SUCCESS) return r_;\n"
+                         % (c.name, expr, "." + rest if rest else ""))
+    for n, vals in c.unserved:
+        # unserved=: values the remote vGPU does not serve, refused here with a log line.
+        for v, vname in vals:
+            o.append("  if (static_cast<uint32_t>(%s) == %uu) {\n"
+                     "    ClientLog(\"%s: %s %s is not served by the remote vGPU: returning CUDA_ERROR_NOT_SUPPORTED\");\n"
+                     "    return CUDA_ERROR_NOT_SUPPORTED;\n  }\n" % (n, v, c.name, n, vname))
     for a, _ in c.ann["dptr"]:
         o.append("  MirrorIfUsedAsDevice(s_, static_cast<uint64_t>(%s));\n" % a)
     keys = []
@@ -578,6 +691,13 @@ def gen_client_impl(c, decl):
             else:
                 keys.append(cache_key(k))
         keys += ["0"] * (4 - len(keys))
+    if c.ann["cache"] and c.outs[0].str:
+        # A text answer, kept whole and cut to each caller's length (as the driver cuts it).
+        a = c.outs[0]
+        o.append("  if (const std::string* t_ = CachedText(s_, Fn::%s, %s, %s, %s, %s)) {\n"
+                 "    snprintf(%s, static_cast<size_t>(%s), \"%%s\", t_->c_str());\n"
+                 "    return CUDA_SUCCESS;\n  }\n" % (c.name, keys[0], keys[1], keys[2], keys[3], a.name, a.str[0]))
+    elif c.ann["cache"]:
         o.append("  uint64_t cached_ = 0;\n")
         o.append("  if (CachedAnswer(s_, Fn::%s, %s, %s, %s, &cached_, %s)) {\n" % (c.name, keys[0], keys[1], keys[2], keys[3]))
         o.append("    *%s = %s;\n    return CUDA_SUCCESS;\n  }\n" % (c.outs[0].name, client_from_u64(c.outs[0], "cached_")))
@@ -585,11 +705,16 @@ def gen_client_impl(c, decl):
     o.append("  uint8_t buf_[%s];\n" % size)
     o.append("  Writer w_(buf_, sizeof(buf_));\n")
     for a in c.ins:
-        if a.count:
+        if a.count and a.shape is not None:  # an array of structures: element by element
+            o.append("  for (size_t i_ = 0; i_ < %s; ++i_) {\n" % a.count[0])
+            for l in struct_lines(c.name, a.shape, "%s[i_]" % a.name, "w_", "enc", False):
+                o.append("    %s\n" % l)
+            o.append("  }\n")
+        elif a.count:
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) w_.%s(static_cast<%s>(%s[i_]));\n"
                      % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
         elif a.shape is not None:
-            for l in struct_lines(c.name, a.shape, "(*%s)" % a.name, "w_", "enc", False):
+            for l in struct_lines(c.name, a.shape, a.name if a.byval else "(*%s)" % a.name, "w_", "enc", False):
                 o.append("  %s\n" % l)
         else:
             o.append(client_write(a))
@@ -609,7 +734,11 @@ def gen_client_impl(c, decl):
     o.append("  if (r_ != CUDA_SUCCESS) return r_;\n")
     # Outputs are read whole before any is stored: a short reply changes nothing.
     for a in c.outs:
-        if a.count:
+        if a.str:  # the text, without its NUL; an empty text is no answer
+            o.append("  const uint8_t* t_%s = nullptr;\n  uint32_t n_%s = 0;\n" % (a.name, a.name))
+            o.append("  if (!rv_.reader.Blob(&t_%s, &n_%s, %d) || n_%s == 0) return CUDA_ERROR_UNKNOWN;\n"
+                     % (a.name, a.name, a.str[1] - 1, a.name))
+        elif a.count:
             o.append("  %s o_%s[%d] = {};\n" % (WIRE_C[a.wire], a.name, a.count[1]))
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) rv_.reader.%s(&o_%s[i_]);\n"
                      % (a.count[0], READ[a.wire], a.name))
@@ -624,7 +753,10 @@ def gen_client_impl(c, decl):
     if c.outs:
         o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
-        if a.count:
+        if a.str:  # cut to the caller's length, NUL-terminated, as the driver writes it
+            o.append("  snprintf(%s, static_cast<size_t>(%s), \"%%.*s\", static_cast<int>(n_%s), "
+                     "reinterpret_cast<const char*>(t_%s));\n" % (a.name, a.str[0], a.name, a.name))
+        elif a.count:
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) %s[i_] = static_cast<%s>(o_%s[i_]);\n"
                      % (a.count[0], a.name, a.base, a.name))
         elif a.shape is not None:
@@ -638,7 +770,11 @@ def gen_client_impl(c, decl):
     for a in c.ins:
         if a.destroyed:
             o.append("  NoteDestroyedHandle(s_, HandleKind::%s, H(%s));\n" % (a.kind, a.name))
-    if c.ann["cache"]:
+    if c.ann["cache"] and c.outs[0].str:
+        a = c.outs[0]
+        o.append("  StoreText(s_, Fn::%s, %s, %s, %s, %s, std::string(reinterpret_cast<const char*>(t_%s), n_%s));\n"
+                 % (c.name, keys[0], keys[1], keys[2], keys[3], a.name, a.name))
+    elif c.ann["cache"]:
         a = c.outs[0]
         v = "o_%s" % a.name
         if a.wire in ("i32", "i64"):
@@ -656,7 +792,7 @@ def worker_reads(c, fail):
     o = []
     for a in c.ins:
         if a.count:
-            o.append("      %s a_%s[%d]{};\n" % (WIRE_C[a.wire], a.name, a.count[1]))
+            o.append("      %s a_%s[%d]{};\n" % (a.base if a.shape is not None else WIRE_C[a.wire], a.name, a.count[1]))
         elif a.shape is not None:
             o.append("      %s a_%s{};\n" % (a.base, a.name))
         else:
@@ -673,7 +809,12 @@ def worker_reads(c, fail):
     for n, most in count_checks(c):
         o.append("      if (a_%s < 1 || a_%s > %d) %s\n" % (n, n, most, fail))
     for a in c.ins:
-        if a.count:
+        if a.count and a.shape is not None:
+            o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n" % a.count[0])
+            for l in struct_lines(c.name, a.shape, "a_%s[i_]" % a.name, "rd", "dec", False):
+                o.append("        %s\n" % l)
+            o.append("      }\n")
+        elif a.count:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) rd.%s(&a_%s[i_]);\n"
                      % (a.count[0], READ[a.wire], a.name))
     o.append("      if (!rd.Finish()) %s\n" % fail)
@@ -697,6 +838,29 @@ def gen_worker_case(c):
                      % " && ".join("a_%s != %uu" % (a.name, v) for v in a.values))
         if a.mask is not None:
             o.append("      if ((a_%s & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.mask))
+    for a in c.ins:
+        checks = sorted(c.field_checks.get(a.name, []), key=lambda k: k[0] != "loc")
+        if not checks:
+            continue
+        ind = "      "
+        if a.count:
+            o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n" % a.count[0])
+            ind = "        "
+        for kind, rest, payload in checks:
+            e = "a_%s%s%s" % (a.name, "[i_]" if a.count else "", "." + rest if rest else "")
+            # An enumeration field holds whatever 32 bits came: read as bits, never as the enum.
+            if kind == "loc":  # a device of the session
+                o.append("%sif (Bits32(%s.type) != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;\n" % (ind, e))
+                o.append("%sif (!host.KnownDevice(%s.id)) return CUDA_ERROR_INVALID_DEVICE;\n" % (ind, e))
+            elif kind == "mask":
+                v = ("Bits32(%s)" if payload[1] == "enum" else "static_cast<uint64_t>(%s)") % e
+                o.append("%sif ((uint64_t{%s} & ~uint64_t{0x%x}) != 0) return CUDA_ERROR_INVALID_VALUE;\n"
+                         % (ind, v, payload[0]))
+            else:
+                o.append("%sif (%s) return CUDA_ERROR_INVALID_VALUE;\n"
+                         % (ind, " && ".join("Bits32(%s) != %uu" % (e, v) for v in payload)))
+        if a.count:
+            o.append("      }\n")
     for a, size in c.ann["dptr"]:
         # A length argument of 0 names no memory (the driver answers for it); a fixed one always does.
         if re.match(r"^[0-9]+$", size):
@@ -704,6 +868,8 @@ def gen_worker_case(c):
         else:
             o.append("      if (a_%s != 0 && !host.DeviceRange(a_%s, a_%s)) return CUDA_ERROR_INVALID_VALUE;\n"
                      % (size, a, size))
+    for a, size in c.ann["vmm"]:  # inside one range the session mapped with cuMemMap
+        o.append("      if (!host.MappedRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
     for a in c.ins:
         if a.device:
             o.append("      if (!host.KnownDevice(a_%s)) return CUDA_ERROR_INVALID_DEVICE;\n" % a.name)
@@ -730,22 +896,27 @@ def gen_worker_case(c):
                          % (b.kind, b.name, by_name[b.owner].kind, b.owner,
                             HANDLE_ERROR.get(b.kind, "CUDA_ERROR_INVALID_HANDLE")))
     for a in c.ins:
-        if a.count:  # checked: now in the driver's type
+        if a.count and a.shape is None:  # checked: now in the driver's type
             o.append("      %s c_%s[%d]{};\n      for (size_t i_ = 0; i_ < a_%s; ++i_) c_%s[i_] = static_cast<%s>(a_%s[i_]);\n"
                      % (a.base, a.name, a.count[1], a.count[0], a.name, a.base, a.name))
     for a in c.outs:
-        if a.count:
+        if a.str:
+            o.append("      char o_%s[%d]{};\n" % (a.name, a.str[1]))
+        elif a.count:
             o.append("      %s o_%s[%d]{};\n" % (a.base, a.name, a.count[1]))
         else:
             o.append("      %s o_%s{};\n" % (a.base, a.name))
     call = []
     for a in c.args:
-        if a.dir == "out":
-            call.append("o_" + a.name if a.count else "&o_" + a.name)
+        if a.str_len:  # the worker's buffer, less room for the NUL
+            text = next(x for x in c.outs if x.str and x.str[0] == a.name)
+            call.append("%d" % (text.str[1] - 1))
+        elif a.dir == "out":
+            call.append("o_" + a.name if a.count or a.str else "&o_" + a.name)
         elif a.count:
-            call.append("c_" + a.name)
+            call.append(("a_" if a.shape is not None else "c_") + a.name)
         elif a.shape is not None:
-            call.append("&a_" + a.name)
+            call.append(("a_" if a.byval else "&a_") + a.name)
         elif a.kind:
             call.append("reinterpret_cast<%s>(r_%s)" % (a.ctype, a.name))
         else:
@@ -758,7 +929,9 @@ def gen_worker_case(c):
             o.append("      host.Handles().Retire(HandleKind::%s, a_%s);\n" % (a.kind, a.name))
             o.append("      host.Destroyed(HandleKind::%s, r_%s);\n" % (a.kind, a.name))
     for a in c.outs:
-        if a.count:
+        if a.str:
+            o.append("      out.Blob(o_%s, static_cast<uint32_t>(strnlen(o_%s, %d)));\n" % (a.name, a.name, a.str[1] - 1))
+        elif a.count:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) out.%s(static_cast<%s>(o_%s[i_]));\n"
                      % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
         elif a.shape is not None:
@@ -804,7 +977,7 @@ def gen_format_case(c):
             o.append("      (void)a_%s;  // decoded to check the payload; not shown\n" % a.name)
     fmt, vals = [], []
     for a in c.args:
-        if a.dir != "in":
+        if a.dir != "in" or a.str_len:  # the length does not travel
             continue
         if a.count:
             fmt.append("%s=[%%llu]" % a.name)
@@ -846,10 +1019,20 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
     with open(os.path.join(out_dir, "tf_remote_client.cc"), "w") as f:
         f.write(BANNER)
         f.write("// %d generated entry points (api/remote_surface.tsv: sync and async).\n" % len(calls))
-        f.write('#include <cstring>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
+        f.write('#include <cstdio>\n#include <cstring>\n#include <string>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
             f.write(gen_client_impl(c, decl))
+        for n, (cls, target) in sorted(rows.items()):
+            if cls != "alias":
+                continue
+            if rows.get(target, ("",))[0] not in ("sync", "async"):
+                raise SurfaceError("%s: alias of %s, which is neither sync nor async" % (n, target))
+            if [t for t, _ in protos[n]] != [t for t, _ in protos[target]]:
+                raise SurfaceError("%s: alias of %s, whose arguments differ" % (n, target))
+            f.write("// The legacy form of %s (api/remote_surface.tsv: alias).\n" % target)
+            f.write("CUresult Impl_%s(%s) {\n  return Impl_%s(%s);\n}\n\n"
+                    % (n, decl(n), target, ", ".join(a for _, a in protos[n])))
         f.write("}  // namespace tf::client\n")
 
     used_enums = sorted({a.enum for c in calls for a in c.ins if a.enum and a.enum_values is not None})
@@ -864,6 +1047,10 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
             for i in range(0, len(vals), 6):
                 f.write("    " + " ".join("case %uu:" % v for v in vals[i:i + 6]) + "\n")
             f.write("      return true;\n    default:\n      return false;\n  }\n}\n\n")
+        f.write("// The bits of an enumeration (or integer) field, whatever value they hold.\n"
+                "template <typename T>\nuint32_t Bits32(const T& v) {\n  static_assert(sizeof(T) == 4);\n"
+                "  uint32_t b = 0;\n  memcpy(&b, &v, 4);\n  return b;\n}\n"
+                "\n")
         f.write("bool Bad(const char* name, char* buf, size_t cap) {\n"
                 "  snprintf(buf, cap, \"%s(<bad payload>)\", name);\n  return true;\n}\n\n")
         f.write("}  // namespace\n\n")
