@@ -49,20 +49,18 @@
 // side by side on the GPU (four ResNet-50 b1 processes natively deliver 2.6 times what one does
 // alone), while a turn charges its holder the whole wall time for a fraction of the GPU (the same
 // four at 25% each delivered 0.31 of native with planned turns on an H100). So each saturating
-// process checks that turns pay: it adds up its launches and the time while it saturates beside
-// others, with turns applying to it and without (saturation flickers for launch-bound work, so
-// tick by tick). It first measures
+// process checks that turns pay: it adds up its launches and its charge while it saturates beside
+// others, with turns applying to it and without, tick by tick (saturation flickers for launch-bound
+// work). It first measures
 // without turns (a probe of kTurnsPayProbeNs as it starts contending, which stops turns for
 // everyone while it wants the GPU), then with them, and after kTurnsPayWindowNs with turns compares
-// its launch rates (launches stand for work: the same process, the same loop; with turns over
-// whole cycles, from the start of one of its turns to the start of the next). Doing more than
-// kTurnsPayPermille/1000 times as much without turns, it leaves turns for kTurnsUnpaidNs (as a
-// gappy holder does); otherwise it keeps them and compares again after kTurnsPayRecheckNs.
-// Saturating spin kernels do 0.84-0.99 times as much without turns (the switching loss, which
-// lands on the smaller share of an uneven split), so they keep them; a hard cap keeps any tenant
-// from being served more than its limit without them. (Per GPU ns charged would be wrong: a
-// launch-bound tenant alone in its turn is charged only while its queue holds work, so it looks
-// efficient while the turns hold it back with tokens to spare.)
+// its launches per charged GPU ns: work per unit of its share (launches stand for work: the same
+// process, the same loop; per charge rather than per second, so that a tenant served more than its
+// share without turns does not count that as turns not paying). Doing more than
+// kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
+// kTurnsUnpaidNs (as a gappy holder does); otherwise it keeps them and compares again after
+// kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
+// (the switching loss), so they keep them.
 //
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
@@ -320,8 +318,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   const bool expired = now_ns - since >= turn->turn_ns;
 
   // Holding the turn (the other saturating vGPUs wait): does it keep the GPU busy after all?
-  const bool my_turn_began = mine_now && word != turn->held_word;
-  if (my_turn_began) {  // a turn it took, or one handed to it
+  if (mine_now && word != turn->held_word) {  // a turn it took, or one handed to it
     turn->held_word = word;
     turn->turn_held_ns = turn->turn_busy_ns = 0;
   }
@@ -352,8 +349,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // Turns apply to it now when it is saturating and nobody wanting the GPU is not (whether it holds
   // the turn, waits for one, or waits for the tokens of its next one).
   if (hard && turn->busy_avg_ppm >= kSaturatedPpm) {
-    CheckTurnsPay(mine, now_ns, tick_ns, turn->saturating && !others_gappy(), my_turn_began, limit_tokens, limit_ppm,
-                  turn);
+    CheckTurnsPay(mine, now_ns, tick_ns, out->charged_ns, turn->saturating && !others_gappy(), turn);
   }
   if (turn->period_ns > 0) {
     PlannedTurns(mine, now_ns, limit_tokens, limit_ppm, mask, word, alive, turn, out);
@@ -403,50 +399,19 @@ bool GpuRegion::OthersWant(uint32_t mine, int64_t now_ns) const {
   return false;
 }
 
-void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool turns_apply, bool my_turn_began,
-                              int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn) const {
+void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, int64_t charged_ns,
+                              bool turns_apply, ShareTurn* turn) const {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
-  // A stretch without turns may start by spending tokens saved before it (a fresh bucket's burst,
-  // tokens saved waiting for turns): it is then charged the time those tokens stand for, as if it
-  // had run that much longer at its limit.
-  auto close_stretch = [&] {
-    if (turn->stretch_open && limit_ppm > 0 && limit_ppm < static_cast<int64_t>(kShareWholeGpuPpm) &&
-        turn->stretch_tokens > turn->stretch_last_tokens) {
-      turn->without_ns += (turn->stretch_tokens - turn->stretch_last_tokens) * 1'000'000 / limit_ppm;
-    }
-    turn->stretch_open = false;
-  };
-  if (!OthersWant(mine, now_ns)) {  // alone: neither rate is about sharing
-    close_stretch();
-    turn->cycle_open = false;
-    turn->cycle_ns = turn->cycle_launches = 0;
-    return;
-  }
+  if (!OthersWant(mine, now_ns)) return;  // alone: neither rate is about sharing
   if (turns_apply) {
-    // With turns the rate counts whole cycles, from the start of one of its turns to the start of
-    // the next: a window cut mid-cycle would count its own turn fully or not at all.
-    if (my_turn_began) {
-      if (turn->cycle_open) {
-        turn->with_turns_ns += turn->cycle_ns;
-        turn->with_turns_launches += turn->cycle_launches;
-      }
-      turn->cycle_open = true;
-      turn->cycle_ns = turn->cycle_launches = 0;
-    }
-    turn->cycle_ns += tick_ns;
-    turn->cycle_launches += launches;
-    close_stretch();
+    turn->with_turns_ns += tick_ns;
+    turn->with_turns_launches += launches;
+    turn->with_turns_charged_ns += charged_ns;
   } else {
-    turn->cycle_open = false;
-    turn->cycle_ns = turn->cycle_launches = 0;
     turn->without_ns += tick_ns;
     turn->without_launches += launches;
-    if (!turn->stretch_open) {
-      turn->stretch_open = true;
-      turn->stretch_tokens = limit_tokens;
-    }
-    turn->stretch_last_tokens = limit_tokens;
+    turn->without_charged_ns += charged_ns;
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
   if (turn->without_ns < kTurnsPayProbeNs / 2) {
@@ -456,13 +421,12 @@ void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bo
     return;
   }
   if (turn->with_turns_ns < kTurnsPayWindowNs) return;
-  close_stretch();
-  if (turn->with_turns_launches > 0 || turn->without_launches > 0) {
-    // Launches per ns, compared by cross-multiplying (times below a minute of ns, launches below
-    // a few million: no overflow in 128 bits).
-    const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_ns;
-    const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_ns;
-    const __int128 ratio = with > 0 ? without * 1000 / with : INT64_MAX;
+  // Launches per charged GPU ns, compared by cross-multiplying (charges below a minute of ns,
+  // launches below a few million: no overflow in 128 bits).
+  if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0 && turn->with_turns_launches > 0) {
+    const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_charged_ns;
+    const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_charged_ns;
+    const __int128 ratio = without * 1000 / with;
     turn->last_ratio_permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
     if (without * 1000 > with * kTurnsPayPermille) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
@@ -471,10 +435,9 @@ void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bo
       turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
       ++turn->turns_paid;
     }
-  } else {
-    turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;  // no launches counted: nothing to compare
   }
-  turn->with_turns_ns = turn->with_turns_launches = turn->without_ns = turn->without_launches = 0;
+  turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
+  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
 }
 
 bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {

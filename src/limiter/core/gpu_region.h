@@ -76,12 +76,8 @@ struct ShareTurn {
   // to the launches its process made since the last tick; the region adds them up, with the
   // time, while the process saturates beside others with turns in force and without.
   int64_t tick_launches = 0;
-  int64_t with_turns_ns = 0, with_turns_launches = 0;  // whole cycles of turns
-  int64_t without_ns = 0, without_launches = 0;
-  bool cycle_open = false;      // counting the cycle since the start of its last turn
-  int64_t cycle_ns = 0, cycle_launches = 0;
-  bool stretch_open = false;    // a stretch without turns: its limit tokens at the start and now
-  int64_t stretch_tokens = 0, stretch_last_tokens = 0;
+  int64_t with_turns_ns = 0, with_turns_launches = 0, with_turns_charged_ns = 0;
+  int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
@@ -95,12 +91,12 @@ inline constexpr int64_t kShareTurnNs = 25'000'000;
 // tenants hand the GPU over about ten times a second whatever their split.
 inline constexpr int64_t kShareTurnPeriodNs = 200'000'000;
 inline constexpr int64_t kShareGappyNs = 5'000'000'000;
-// Turns that do not pay: a saturating process that starts contending measures its launch rate
-// without turns (a probe of kTurnsPayProbeNs) and then with them, over whole cycles of turns; after
-// kTurnsPayWindowNs of those it compares the two, and when it did more than kTurnsPayPermille /
+// Turns that do not pay: a saturating process that starts contending measures its launches per
+// GPU ns charged without turns (a probe of kTurnsPayProbeNs) and then with them; after
+// kTurnsPayWindowNs with turns it compares the two, and when it did more than kTurnsPayPermille /
 // 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
 // again after kTurnsPayRecheckNs.
-inline constexpr int64_t kTurnsPayWindowNs = 150'000'000;
+inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
 inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
@@ -405,8 +401,8 @@ class GpuRegion {
   // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
   bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
   bool OthersWant(uint32_t mine, int64_t now_ns) const;
-  void CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool turns_apply, bool my_turn_began,
-                     int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn) const;
+  void CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool turns_apply,
+                     ShareTurn* turn) const;
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 
