@@ -435,6 +435,8 @@ void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, in
       turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
       ++turn->turns_paid;
     }
+  } else {
+    turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;  // nothing counted in one of them: keep turns
   }
   turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
   turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
