@@ -582,7 +582,16 @@ CUresult Impl_cuDevicePrimaryCtxRelease(CUdevice dev) { return Impl_cuDevicePrim
 
 CUresult Impl_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
+  Locked l;
+  if (l.session() == nullptr) {
+    // With the worker gone there is no primary context any more: say so rather than fail. A
+    // framework asks this while it unwinds after the error its last call got (PyTorch checks it
+    // where it cannot throw, and would abort the process instead of letting it exit cleanly).
+    if (l.result() != kLostConnectionError) return l.result();
+    *flags = 0;
+    *active = 0;
+    return CUDA_SUCCESS;
+  }
   if (!Device(l.session(), dev)) return CUDA_ERROR_INVALID_DEVICE;
   // The session's worker process serves this client alone, so the state changes only through
   // this client's retain, release, reset and flag calls, which forget the cached answer.

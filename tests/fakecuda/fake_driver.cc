@@ -422,7 +422,9 @@ CUresult cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice dev) {
   if (bus_id == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = fakecuda::CheckDevice(dev); r != CUDA_SUCCESS) return r;
   const int physical = Driver::Get().ordinal_to_physical[static_cast<size_t>(dev)];
-  std::snprintf(bus_id, static_cast<size_t>(len), "%s", fakecuda::DevicePciBusId(physical).c_str());
+  const std::string text = fakecuda::DevicePciBusId(physical);
+  if (text.size() >= static_cast<size_t>(len)) return CUDA_ERROR_INVALID_VALUE;  // as the driver: no room
+  std::snprintf(bus_id, static_cast<size_t>(len), "%s", text.c_str());
   return CUDA_SUCCESS;
 }
 

@@ -46,6 +46,10 @@ MODES=${TF_REMOTE_MODES:-native shm tcp}
 PORT=${TF_REMOTE_PORT:-7611}
 MICRO_S=${TF_REMOTE_MICRO_S:-20}
 ROUNDS=${TF_REMOTE_ROUNDS:-3}
+# TF_ROUNDS_GPU_BUSY=0: the rounds skip native's GPU-busy profile (torch.profiler), which makes a
+# native round about twice as long.
+GPU_BUSY=--gpu-busy
+[ "${TF_ROUNDS_GPU_BUSY:-1}" = 0 ] && GPU_BUSY=
 PY=${PYTHON:-python3}
 RESERVE=25  # seconds kept for stopping the worker, the summary and the tarball
 case $BUDGET in '' | *[!0-9]*) echo "TF_REMOTE_BUDGET_S must be whole seconds, got '$BUDGET'" >&2; exit 2 ;; esac
@@ -280,7 +284,7 @@ if has_phase rounds; then
   for r in $(seq "$ROUNDS"); do
     for m in $MODES; do
       step rounds "rounds-r$r" "$m" "rounds-$m-r$r.log" 240 "${MODEL_ENV[@]}" "$PY" \
-        "$REPO/bench/gpu/torch_models.py" --parts gpt2_fwd_b8_s512,resnet50_b64_eager,resnet50_b32_train --reps 7 --gpu-busy \
+        "$REPO/bench/gpu/torch_models.py" --parts gpt2_fwd_b8_s512,resnet50_b64_eager,resnet50_b32_train --reps 7 $GPU_BUSY \
         --part-budget-s 60 --total-budget-s 200
       step rounds "micro-rounds-r$r" "$m" "micro-$m-r$r.log" 90 "$MICRO" --parts async,bandwidth \
         --min-bytes 1GiB --max-bytes 1GiB --seconds 10

@@ -317,6 +317,10 @@ int Loop() {
       std::printf("loop_error=%d\n", static_cast<int>(r));
       CUdeviceptr p;
       std::printf("next_error=%d\n", static_cast<int>(cuMemAlloc(&p, 64)));
+      unsigned int flags = 7;
+      int active = 7;
+      CUresult st = cuDevicePrimaryCtxGetState(0, &flags, &active);
+      std::printf("primary_state=%d:%u:%d\n", static_cast<int>(st), flags, active);
       return 0;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

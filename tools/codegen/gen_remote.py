@@ -692,11 +692,13 @@ def gen_client_impl(c, decl):
                 keys.append(cache_key(k))
         keys += ["0"] * (4 - len(keys))
     if c.ann["cache"] and c.outs[0].str:
-        # A text answer, kept whole and cut to each caller's length (as the driver cuts it).
+        # A text answer, kept whole; a caller's buffer too short for it and its NUL is refused, as
+        # the driver refuses it.
         a = c.outs[0]
         o.append("  if (const std::string* t_ = CachedText(s_, Fn::%s, %s, %s, %s, %s)) {\n"
+                 "    if (t_->size() >= static_cast<size_t>(%s)) return CUDA_ERROR_INVALID_VALUE;\n"
                  "    snprintf(%s, static_cast<size_t>(%s), \"%%s\", t_->c_str());\n"
-                 "    return CUDA_SUCCESS;\n  }\n" % (c.name, keys[0], keys[1], keys[2], keys[3], a.name, a.str[0]))
+                 "    return CUDA_SUCCESS;\n  }\n" % (c.name, keys[0], keys[1], keys[2], keys[3], a.str[0], a.name, a.str[0]))
     elif c.ann["cache"]:
         o.append("  uint64_t cached_ = 0;\n")
         o.append("  if (CachedAnswer(s_, Fn::%s, %s, %s, %s, &cached_, %s)) {\n" % (c.name, keys[0], keys[1], keys[2], keys[3]))
@@ -753,7 +755,8 @@ def gen_client_impl(c, decl):
     if c.outs:
         o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
-        if a.str:  # cut to the caller's length, NUL-terminated, as the driver writes it
+        if a.str:  # refused when the caller's buffer cannot hold it and its NUL, as the driver refuses it
+            o.append("  if (n_%s >= static_cast<size_t>(%s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.str[0]))
             o.append("  snprintf(%s, static_cast<size_t>(%s), \"%%.*s\", static_cast<int>(n_%s), "
                      "reinterpret_cast<const char*>(t_%s));\n" % (a.name, a.str[0], a.name, a.name))
         elif a.count:
