@@ -56,11 +56,7 @@
 // everyone while it wants the GPU), then with them, and after kTurnsPayWindowNs with turns compares
 // its launches per charged GPU ns: work per unit of its share (launches stand for work: the same
 // process, the same loop; per charge rather than per second, so that a tenant served more than its
-// share without turns does not count that as turns not paying). Holding a turn it is charged the
-// turn's wall time: the others wait for it whether or not it keeps the GPU busy (a launch-bound
-// process alone in its turn leaves its queue empty part of the time, and charged only for the
-// rest it looked efficient while the turns cost two tenants of GPT-2 at batch 1 a third of their
-// throughput on an H100). Doing more than
+// share without turns does not count that as turns not paying). Doing more than
 // kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
 // kTurnsUnpaidNs (as a gappy holder does); otherwise it keeps them and compares again after
 // kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
@@ -353,10 +349,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // Turns apply to it now when it is saturating and nobody wanting the GPU is not (whether it holds
   // the turn, waits for one, or waits for the tokens of its next one).
   if (hard && turn->busy_avg_ppm >= kSaturatedPpm) {
-    // Holding the turn, the charge is the turn: the others wait for it, whether or not this
-    // process keeps the GPU busy meanwhile.
-    CheckTurnsPay(mine, now_ns, tick_ns, mine_now ? tick_ns : out->charged_ns, turn->saturating && !others_gappy(),
-                  turn);
+    CheckTurnsPay(mine, now_ns, tick_ns, out->charged_ns, turn->saturating && !others_gappy(), turn);
   }
   if (turn->period_ns > 0) {
     PlannedTurns(mine, now_ns, limit_tokens, limit_ppm, mask, word, alive, turn, out);
