@@ -340,10 +340,11 @@ bool ComputeGovernor::SampleQueued() {
   return queued;
 }
 
-void ComputeGovernor::Tick(int64_t now, int64_t dt) {
+void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   const bool queued = SampleQueued();
   Binding* b = Bound();
   if (b == nullptr) return;
+  if (launches != 0) b->region.CountLaunches(b->slot, launches);  // tfusion smi's LAUNCHES
   const bool was_held = hold_.load(std::memory_order_relaxed);
   ShareVerdict v = b->region.ShareTick(b->slot, now, dt, queued ? dt : 0, queued, was_held, &turn_);
   if (v.error != RegionError::kOk) {
@@ -411,9 +412,10 @@ void* ComputeGovernor::Main(void* self) {
     if (dt < g->next_tick_ns_ / 2) continue;  // woken early (a launch after sleep): not due yet
     if (dt > kMaxTickNs) dt = kMaxTickNs;
     last = now;
-    g->turn_.tick_launches += static_cast<int64_t>(g->launches_.exchange(0, std::memory_order_relaxed));
+    const uint64_t launches = g->launches_.exchange(0, std::memory_order_relaxed);
+    g->turn_.tick_launches += static_cast<int64_t>(launches);
     pthread_mutex_unlock(&g->mu_);
-    g->Tick(now, dt);
+    g->Tick(now, dt, launches);
     g->last_tick_ns_.store(now, std::memory_order_relaxed);
     pthread_mutex_lock(&g->mu_);
   }

@@ -79,7 +79,7 @@ class ComputeGovernor {
   void WaitWhileHeld();
   void EnsureThreadLocked();
   static void* Main(void* self);
-  void Tick(int64_t now, int64_t dt);
+  void Tick(int64_t now, int64_t dt, uint64_t launches);
   bool SampleQueued();  // governor thread: does any of the process's streams have work queued?
   void WakeIfSleeping();
 

@@ -55,16 +55,17 @@ class LocalLimitsTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     ASSERT_NE(ReadFile(log).find(ready), std::string::npos) << ReadFile(log);
   }
-  // The smi row of vGPU `id`: QOS, REQUEST, LIMIT, USE, THROTTLED s.
+  // The smi row of vGPU `id`: QOS, REQUEST, LIMIT, USE, THROTTLED s, LAUNCHES.
   struct Row {
     bool found = false;
     std::string qos, request, limit, use;
     double throttled = -1;
+    unsigned long long launches = 0;
   };
   Row SmiRow(const std::string& id) const {
     Result smi = Smi();
     std::smatch m;
-    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) )");
+    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) +(\d+) )");
     Row r;
     if (!std::regex_search(smi.out, m, re)) return r;
     r.found = true;
@@ -73,6 +74,7 @@ class LocalLimitsTest : public ::testing::Test {
     r.limit = m.str(3);
     r.use = m.str(4);
     r.throttled = std::stod(m.str(5));
+    r.launches = std::stoull(m.str(6));
     return r;
   }
 
@@ -97,6 +99,9 @@ TEST_F(LocalLimitsTest, SmiShowsRequestLimitUseAndThrottledTime) {
   ASSERT_TRUE(std::regex_match(row.use, std::regex(R"([0-9.]+%)"))) << row.use;
   for (int i = 0; i < 20 && std::stod(row.use) == 0; ++i) row = SmiRow("burst");
   EXPECT_GT(std::stod(row.use), 0) << Smi().out;
+  // Its launches are counted (the compute governor reports them at each tick).
+  for (int i = 0; i < 20 && row.launches == 0; ++i) row = SmiRow("burst");
+  EXPECT_GT(row.launches, 0u) << Smi().out;
 }
 
 TEST_F(LocalLimitsTest, ASingleValueKeepsRequestEqualToLimitAndMixedUnitsConvert) {

@@ -510,6 +510,47 @@ def phase_rzero(r, gib=1):
         r.record("rzero_worker_log", {"lines": lines[-20:]})
 
 
+class LoggedProcs:
+    """The tfusion processes of a phase (controller, worker, node agent), each logging to
+    logs/PREFIX-NAME.log, stopped in reverse order at the end."""
+
+    def __init__(self, r, prefix):
+        self.r, self.prefix, self.procs = r, prefix, []
+
+    def start(self, name, args):
+        p = subprocess.Popen([self.r.tfusion] + args, stdout=open(self.log_path(name), "w"),
+                             stderr=subprocess.STDOUT, env=self.r.env)
+        self.procs.append(p)
+        return p
+
+    def log_path(self, name):
+        return os.path.join(self.r.logs, f"{self.prefix}-{name}.log")
+
+    def read_log(self, name):
+        with open(self.log_path(name)) as f:
+            return f.read()
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def wait_until(cond, seconds, step=0.1):
+    """cond()'s first true value within `seconds`, else None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(step)
+    return None
+
+
 def phase_rpool(r, gib=1):
     """Scale to zero of a remote session bound to a pool allocation: controller, node agent and
     worker on this host (loopback only), the allocation's idle_swap_ms 2000 and idle_zero_ms 5000
@@ -520,26 +561,8 @@ def phase_rpool(r, gib=1):
     work = os.path.join(r.out, "rpool-work")
     os.makedirs(work, exist_ok=True)
     ready = os.path.join(work, "ready")
-    procs = []
-
-    def start(name, args):
-        p = subprocess.Popen([r.tfusion] + args, stdout=open(os.path.join(r.logs, f"rpool-{name}.log"), "w"),
-                             stderr=subprocess.STDOUT, env=r.env)
-        procs.append(p)
-        return p
-
-    def read_log(name):
-        with open(os.path.join(r.logs, f"rpool-{name}.log")) as f:
-            return f.read()
-
-    def wait(cond, seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            v = cond()
-            if v:
-                return v
-            time.sleep(0.1)
-        return None
+    procs = LoggedProcs(r, "rpool")
+    start, read_log, wait = procs.start, procs.read_log, wait_until
 
     try:
         start("controller", ["controller", "--port", "0", "--token", token, "--store", "sqlite:" + os.path.join(work, "state.db")])
@@ -574,13 +597,7 @@ def phase_rpool(r, gib=1):
                    and d.get("vram_checkpointed_mib") == 0 and bool(bound))
         r.record("rpool", d)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        procs.stop()
         lines = []
         for name in ("worker", "agent"):
             with open(os.path.join(r.logs, f"rpool-{name}.log")) as f:
@@ -602,29 +619,15 @@ def phase_rhold(r, gib=1):
     for f in (ready, ready + ".checked", go, go + "2"):
         if os.path.exists(f):
             os.unlink(f)
-    procs = []
+    procs = LoggedProcs(r, "rhold")
     res = {"gib": gib}
     tenant = None
     t_phase = time.monotonic()
 
-    def start(name, args):
-        p = subprocess.Popen([r.tfusion] + args, stdout=open(os.path.join(r.logs, f"rhold-{name}.log"), "w"),
-                             stderr=subprocess.STDOUT, env=r.env)
-        procs.append(p)
-        return p
-
-    def read_log(name):
-        with open(os.path.join(r.logs, f"rhold-{name}.log")) as f:
-            return f.read()
+    start, read_log = procs.start, procs.read_log
 
     def wait(cond, seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            v = cond()
-            if v:
-                return v
-            time.sleep(0.05)
-        return None
+        return wait_until(cond, seconds, 0.05)
 
     def smi(*flags):
         return subprocess.run([r.tfusion, "smi", *flags], capture_output=True, text=True, env=r.env).stdout
@@ -738,13 +741,7 @@ def phase_rhold(r, gib=1):
     finally:
         if tenant is not None and tenant.poll() is None:
             tenant.kill()
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        procs.stop()
         res["phase_s"] = round(time.monotonic() - t_phase, 1)
         r.record("rhold", res)
         lines = []
