@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <set>
 #include <sstream>
@@ -318,7 +319,7 @@ Status NodeAgent::SyncAllocationsOnce() {
     std::string reason = v.reason;
     if (reason.empty()) {
       if (auto e = evicted.find(allocation); e != evicted.end()) reason = e->second;
-      else if (known_.count(allocation)) reason = "released";
+      else if (known_.count(allocation) || released_.count(allocation)) reason = "released";
       else continue;  // never seen wanted by this agent (it restarted): removed once its processes exit
     }
     if (stop_reason_.emplace(v.id, Stopping{reason, allocation}).second) {
@@ -348,6 +349,15 @@ Status NodeAgent::SyncAllocationsOnce() {
     Status reported = FromHttp(client_.Post("/v1/evictions/" + id + "/stopped", body.dump()),
                                "reporting eviction " + id + " stopped");
     if (!reported.ok() && st.ok()) st = reported;
+  }
+  // Allocations this agent followed and that are gone are remembered for a while: a worker session
+  // that binds to one late (its client was placed just before the allocation went) is stopped too.
+  const int64_t now_ms = clock_->NowMs();
+  for (const std::string& id : known_) {
+    if (!wanted_ids.count(id)) released_[id] = now_ms + kRememberReleasedMs;
+  }
+  for (auto it = released_.begin(); it != released_.end();) {
+    it = it->second <= now_ms || wanted_ids.count(it->first) ? released_.erase(it) : std::next(it);
   }
   known_ = wanted_ids;
   known_.insert(allocations_running.begin(), allocations_running.end());

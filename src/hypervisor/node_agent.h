@@ -111,6 +111,10 @@ class NodeAgent {
   // Allocation ids whose vGPU this agent has seen wanted (or is stopping): a vGPU that disappears
   // from the controller's list after being seen was taken back, and its processes are stopped.
   std::set<std::string> known_;
+  // Allocations it followed that were taken back -> until when (clock ms) a worker session bound
+  // to one is still stopped as released.
+  std::map<std::string, int64_t> released_;
+  static constexpr int64_t kRememberReleasedMs = 10 * 60 * 1000;
   struct Stopping {
     std::string reason;      // why it is being stopped
     std::string allocation;  // whose vGPU it is (a worker session's: the allocation it is bound to)

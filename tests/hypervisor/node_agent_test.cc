@@ -981,6 +981,39 @@ TEST_F(StopTest, AnAllocationTakenBackStopsTheWorkerSessionsBoundToItAndNoOtherP
   EXPECT_TRUE(HasVgpu(vgpu)) << "the worker removes a session's vGPU, not the agent";
 }
 
+// A client placed just before its allocation was deleted binds its worker session after the
+// agent saw the allocation go: the session is stopped all the same, for as long as the agent
+// remembers allocations taken back (10 minutes), and a session of one forgotten since is not.
+TEST_F(StopTest, ASessionThatBindsToAnAllocationJustTakenBackIsStopped) {
+  pid_t late = Tenant(false), later = Tenant(false);
+  ASSERT_GT(late, 0);
+  ASSERT_GT(later, 0);
+  controller::Allocation a = AllocateAndUse("medium", {});
+  ASSERT_TRUE(c_->Release(a.id).ok());
+  ASSERT_TRUE(agent_->SyncAllocations().ok());  // gone, no session bound to it yet
+  limiter::GpuRegion* r = regions_->region("GPU-s0");
+  uint32_t index = 0, slot = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu(SessionVgpuId(late, a.id).c_str(), 1 << 30, 600'000, &index),
+            limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, late, &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(late, 2000), SIGTERM) << "bound to an allocation taken back a moment ago";
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 1);
+
+  controller::Allocation b = AllocateAndUse("medium", {});
+  ASSERT_TRUE(c_->Release(b.id).ok());
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  clock_.AdvanceMs(11 * 60 * 1000);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  ASSERT_EQ(r->CreateOrUpdateVgpu(SessionVgpuId(later, b.id).c_str(), 1 << 30, 600'000, &index),
+            limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, later, &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(later, 300), 0) << "its allocation was taken back 11 minutes ago: forgotten";
+  kill(later, SIGKILL);
+  EXPECT_EQ(EndedBySignal(later, 2000), SIGKILL);
+}
+
 // The stopper signals a process only while its pid still names the process the region recorded
 // (pid and start time), and on a session's vGPU only the session whose pid the id names.
 TEST(VgpuStopper, NeverSignalsAPidThatNamesAnotherProcessNow) {
