@@ -349,7 +349,9 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   // Turns apply to it now when it is saturating and nobody wanting the GPU is not (whether it holds
   // the turn, waits for one, or waits for the tokens of its next one).
   if (hard && turn->busy_avg_ppm >= kSaturatedPpm) {
-    CheckTurnsPay(mine, now_ns, tick_ns, out->charged_ns, turn->saturating && !others_gappy(), turn);
+    bool others_want = false, others_unsaturated = false;  // one scan for both
+    ScanOthers(mine, mask, now_ns, &others_want, &others_unsaturated);
+    CheckTurnsPay(now_ns, tick_ns, out->charged_ns, others_want, turn->saturating && !others_unsaturated, turn);
   }
   if (turn->period_ns > 0) {
     PlannedTurns(mine, now_ns, limit_tokens, limit_ppm, mask, word, alive, turn, out);
@@ -392,18 +394,19 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   }
 }
 
-bool GpuRegion::OthersWant(uint32_t mine, int64_t now_ns) const {
-  for (uint32_t i = 0; i < kMaxVgpus; ++i) {
-    if (i != mine && Wanting(vgpu(i), now_ns)) return true;
+void GpuRegion::ScanOthers(uint32_t mine, uint64_t mask, int64_t now_ns, bool* want, bool* unsaturated) const {
+  for (uint32_t i = 0; i < kMaxVgpus && !(*want && *unsaturated); ++i) {
+    if (i == mine || !Wanting(vgpu(i), now_ns)) continue;
+    *want = true;
+    if (((mask >> i) & 1) == 0) *unsaturated = true;
   }
-  return false;
 }
 
-void GpuRegion::CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, int64_t charged_ns,
-                              bool turns_apply, ShareTurn* turn) const {
+void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want,
+                              bool turns_apply, ShareTurn* turn) {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
-  if (!OthersWant(mine, now_ns)) return;  // alone: neither rate is about sharing
+  if (!others_want) return;  // alone: neither rate is about sharing
   if (turns_apply) {
     turn->with_turns_ns += tick_ns;
     turn->with_turns_launches += launches;

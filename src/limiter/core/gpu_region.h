@@ -400,9 +400,11 @@ class GpuRegion {
                     uint64_t word, bool alive, ShareTurn* turn, ShareVerdict* out);
   // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
   bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
-  bool OthersWant(uint32_t mine, int64_t now_ns) const;
-  void CheckTurnsPay(uint32_t mine, int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool turns_apply,
-                     ShareTurn* turn) const;
+  // Whether another vGPU wants the GPU, and whether one that is not saturating does (mask: the
+  // saturating vGPUs).
+  void ScanOthers(uint32_t mine, uint64_t mask, int64_t now_ns, bool* want, bool* unsaturated) const;
+  static void CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want, bool turns_apply,
+                            ShareTurn* turn);
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
   bool ValidActiveProcess(uint32_t slot) const;
 
