@@ -226,9 +226,16 @@ void CheckpointRegister() {
   CkptTable* t = Table();
   if (t == nullptr || g_own != nullptr) return;
   int32_t me = getpid();
+  // A slot that names this pid already was left by a process that had it before (pids are
+  // reused, and the table outlives its processes): nobody answers there, and FindSlot would find
+  // it first, so that a checkpoint of this process would wait for an answer that never comes.
+  for (CkptSlot& s : t->slots) {
+    int32_t stale = me;
+    __atomic_compare_exchange_n(&s.pid, &stale, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  }
   for (CkptSlot& s : t->slots) {
     int32_t holder = __atomic_load_n(&s.pid, __ATOMIC_SEQ_CST);
-    if (holder != 0 && (holder == me || Alive(holder))) continue;
+    if (holder != 0 && Alive(holder)) continue;
     if (!__atomic_compare_exchange_n(&s.pid, &holder, me, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
     __atomic_store_n(&s.state, CU_PROCESS_STATE_RUNNING, __ATOMIC_SEQ_CST);
     __atomic_store_n(&s.calls_while_locked, 0, __ATOMIC_SEQ_CST);
@@ -324,4 +331,17 @@ FAKECUDA_EXPORT int fakecuda_checkpoint_info(int pid, unsigned* state, unsigned*
   if (calls_while_locked != nullptr) *calls_while_locked = __atomic_load_n(&s->calls_while_locked, __ATOMIC_SEQ_CST);
   if (saved_bytes != nullptr) *saved_bytes = __atomic_load_n(&s->saved_bytes, __ATOMIC_SEQ_CST);
   return 0;
+}
+
+FAKECUDA_EXPORT int fakecuda_checkpoint_leave_stale_slot(int pid) {
+  fakecuda::CkptTable* t = fakecuda::Table();
+  if (t == nullptr || pid <= 0) return -1;
+  for (fakecuda::CkptSlot& s : t->slots) {
+    int32_t free_slot = 0;
+    if (!__atomic_compare_exchange_n(&s.pid, &free_slot, pid, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) continue;
+    __atomic_store_n(&s.state, CU_PROCESS_STATE_RUNNING, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&s.done_seq, __atomic_load_n(&s.request_seq, __ATOMIC_SEQ_CST), __ATOMIC_SEQ_CST);
+    return 0;
+  }
+  return -1;
 }

@@ -44,6 +44,12 @@ int fakecuda_checkpoint_info(int pid, unsigned* state, unsigned* calls_while_loc
                              unsigned long long* saved_bytes);
 typedef int (*fakecuda_checkpoint_info_t)(int, unsigned*, unsigned*, unsigned long long*);
 
+/* Leaves a slot in the checkpoint table under `pid` with nobody to answer in it, as a process
+ * that had that pid before and died leaves one (pids are reused; the table outlives its
+ * processes). Returns 0, or -1 when the table is full or cannot be opened. */
+int fakecuda_checkpoint_leave_stale_slot(int pid);
+typedef int (*fakecuda_checkpoint_leave_stale_slot_t)(int);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1055,6 +1055,55 @@ TEST_F(ZeroTest, TheFakeDriverHoldsACheckpointedProcessAndRestoresItsMemory) {
   EXPECT_EQ(Finish(pid), 0) << Out();
 }
 
+// Pids are reused and the fake's checkpoint table outlives its processes: a slot left under the
+// tenant's pid by an earlier process must not hide the tenant's own (a checkpoint then waited 60 s
+// for an answer nobody gives, and failed with CUDA_ERROR_TIMEOUT).
+TEST_F(ZeroTest, ASlotLeftUnderTheTenantsPidByAnEarlierProcessDoesNotHideIt) {
+  auto leave_stale = reinterpret_cast<fakecuda_checkpoint_leave_stale_slot_t>(
+      dlsym(fake_, "fakecuda_checkpoint_leave_stale_slot"));
+  ASSERT_NE(leave_stale, nullptr);
+  int go[2];
+  ASSERT_EQ(pipe(go), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    close(go[1]);
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(126);  // exec only once the stale slot is there
+    std::string cmd = env_ + TF_PROBE + " zero " + dir_ + " > " + dir_ + "/tenant.out 2>&1";
+    execl("/bin/sh", "sh", "-c", ("exec env " + cmd).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(go[0]);
+  // Several, so that one is below the slot the tenant will take whatever is free.
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(leave_stale(pid), 0);
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  ASSERT_EQ(ProbePid(), pid) << "exec keeps the pid";
+  auto sym = [&](const char* name) { return dlsym(fake_, name); };
+  auto init = reinterpret_cast<CUresult (*)(unsigned)>(sym("cuInit"));
+  auto lock = reinterpret_cast<CUresult (*)(int, CUcheckpointLockArgs*)>(sym("cuCheckpointProcessLock"));
+  auto checkpoint = reinterpret_cast<CUresult (*)(int, CUcheckpointCheckpointArgs*)>(sym("cuCheckpointProcessCheckpoint"));
+  auto restore = reinterpret_cast<CUresult (*)(int, CUcheckpointRestoreArgs*)>(sym("cuCheckpointProcessRestore"));
+  auto unlock = reinterpret_cast<CUresult (*)(int, CUcheckpointUnlockArgs*)>(sym("cuCheckpointProcessUnlock"));
+  ASSERT_TRUE(init && lock && checkpoint && restore && unlock);
+  ASSERT_EQ(init(0), CUDA_SUCCESS);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(lock(pid, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(checkpoint(pid, nullptr), CUDA_SUCCESS);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  EXPECT_EQ(Info().state, 2u) << "the tenant's own slot was checkpointed";
+  ASSERT_EQ(restore(pid, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(unlock(pid, nullptr), CUDA_SUCCESS);
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
+}
+
 TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
   Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
   ASSERT_EQ(full.rc, 0) << full.out;
