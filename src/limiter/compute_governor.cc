@@ -368,6 +368,17 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
     if (getenv("TFUSION_SHARE_DEBUG") != nullptr) GuestLog("compute: turns pay here (%.2f times as much per share without them)",
              static_cast<double>(turn_.last_ratio_permille) / 1000.0);
   }
+  if (turn_.comparisons != logged_comparisons_ && getenv("TFUSION_SHARE_DEBUG") != nullptr) {
+    logged_comparisons_ = turn_.comparisons;
+    const int64_t* w = turn_.last_with;
+    const int64_t* wo = turn_.last_without;
+    GuestLog("compute: turns check %u: ratio %.2f; without turns %lld ms, %lld launches, %lld ms charged; "
+             "with turns %lld ms, %lld launches, %lld ms charged",
+             turn_.comparisons, static_cast<double>(turn_.last_ratio_permille) / 1000.0,
+             static_cast<long long>(wo[0] / 1'000'000), static_cast<long long>(wo[1]),
+             static_cast<long long>(wo[2] / 1'000'000), static_cast<long long>(w[0] / 1'000'000),
+             static_cast<long long>(w[1]), static_cast<long long>(w[2] / 1'000'000));
+  }
   const bool hold = v.hold != ShareHold::kRun;
   pthread_mutex_lock(&mu_);
   hold_.store(hold, std::memory_order_release);
@@ -413,7 +424,7 @@ void* ComputeGovernor::Main(void* self) {
     if (dt > kMaxTickNs) dt = kMaxTickNs;
     last = now;
     const uint64_t launches = g->launches_.exchange(0, std::memory_order_relaxed);
-    g->turn_.tick_launches += static_cast<int64_t>(launches);
+    g->turn_.tick_launches = static_cast<int64_t>(launches);  // this tick's only
     pthread_mutex_unlock(&g->mu_);
     g->Tick(now, dt, launches);
     g->last_tick_ns_.store(now, std::memory_order_relaxed);

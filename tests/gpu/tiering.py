@@ -551,80 +551,135 @@ def wait_until(cond, seconds, step=0.1):
     return None
 
 
+class PooledWorker:
+    """A controller, a `tfusion worker --tiering` and a node agent on this host (loopback only),
+    each logging to logs/PREFIX-NAME.log; the pool may expand VRAM into host memory. `error` says
+    why when they did not come up; api(method, path, body) -> (status, JSON)."""
+
+    def __init__(self, r, prefix, work):
+        import re
+        import secrets
+        self.r, self.work, self.token = r, work, secrets.token_hex(16)
+        self.procs = LoggedProcs(r, prefix)
+        self.read_log = self.procs.read_log
+        self.url = self.tcp = self.error = None
+        self.gpus = []
+        wready = os.path.join(work, "worker-ready")
+        if os.path.exists(wready):
+            os.unlink(wready)
+        start = self.procs.start
+        start("controller", ["controller", "--port", "0", "--token", self.token, "--store",
+                             "sqlite:" + os.path.join(work, "state.db")])
+        start("worker", ["worker", "--listen", "127.0.0.1:0", "--token", self.token, "--tiering", "--ready-file", wready])
+        self.url = wait_until(lambda: (re.search(r"http://127\.0\.0\.1:[0-9]+", self.read_log("controller")) or [None])[0], 10)
+        self.tcp = wait_until(lambda: os.path.exists(wready) and
+                              (re.search(r"tcp (\S+)", open(wready).read()) or [None, None])[1], 10)
+        if not self.url or not self.tcp:
+            self.error = f"controller or worker not ready (see logs/{prefix}-*.log)"
+            return
+        start("agent", ["hypervisor", "--controller", self.url, "--token", self.token, "--node", prefix + "-node",
+                        "--metrics-port", "-1", "--credential-file", os.path.join(work, "node.cred"),
+                        "--worker-address", self.tcp])
+        self.gpus = wait_until(lambda: self.api("GET", "/v1/gpus")[1].get("gpus"), 15) or []
+        if not self.gpus:
+            self.error = f"the node agent registered no GPU (see logs/{prefix}-agent.log)"
+            return
+        self.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+
+    def api(self, method, path, body=None):
+        import urllib.request
+        req = urllib.request.Request(self.url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                     headers={"Authorization": "Bearer " + self.token, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+
+    def run_flags(self):
+        """`tfusion run` flags for a low-QoS allocation of this pool (8 GiB, 50%), bound remotely."""
+        return ["--controller", self.url, "--token", self.token, "--nvml", "/nonexistent/libnvidia-ml.so.1",
+                "--vram", "8GiB", "--percent", "50", "--qos", "low"]
+
+    def stop(self):
+        self.procs.stop()
+
+    def log_lines(self, names, keep):
+        """The lines of these logs that contain one of the strings in `keep`, prefixed by the name."""
+        lines = []
+        for name in names:
+            path = self.procs.log_path(name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    lines += [f"{name}: {l.strip()}" for l in f if any(k in l for k in keep)]
+        return lines
+
+
+def session_vram_mib(pid):
+    """nvidia-smi's VRAM of process `pid`; None when it is not listed (it holds none)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60, env=env).stdout
+    for line in out.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(pid):
+            return int(parts[1]) if parts[1].isdigit() else parts[1]
+    return None
+
+
+def alive(pid):
+    """Whether process `pid` runs (a zombie its parent has not reaped yet is gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def phase_rpool(r, gib=1):
     """Scale to zero of a remote session bound to a pool allocation: controller, node agent and
     worker on this host (loopback only), the allocation's idle_swap_ms 2000 and idle_zero_ms 5000
     reach the session (the worker has no --idle-zero), then the first call restores it."""
     import re
-    import secrets
-    token = secrets.token_hex(16)
     work = os.path.join(r.out, "rpool-work")
     os.makedirs(work, exist_ok=True)
-    ready = os.path.join(work, "ready")
-    procs = LoggedProcs(r, "rpool")
-    start, read_log, wait = procs.start, procs.read_log, wait_until
-
+    pool = PooledWorker(r, "rpool", work)
     try:
-        start("controller", ["controller", "--port", "0", "--token", token, "--store", "sqlite:" + os.path.join(work, "state.db")])
-        start("worker", ["worker", "--listen", "127.0.0.1:0", "--token", token, "--tiering", "--ready-file", ready])
-        url = wait(lambda: (re.search(r"http://127\.0\.0\.1:[0-9]+", read_log("controller")) or [None])[0], 10)
-        tcp = wait(lambda: os.path.exists(ready) and (re.search(r"tcp (\S+)", open(ready).read()) or [None, None])[1], 10)
-        if not url or not tcp:
-            r.record("rpool", {"error": "controller or worker not ready (see logs/rpool-*.log)"})
+        if pool.error:
+            r.record("rpool", {"error": pool.error})
             return
-        start("agent", ["hypervisor", "--controller", url, "--token", token, "--node", "rpool-node", "--metrics-port", "-1",
-                        "--credential-file", os.path.join(work, "node.cred"), "--worker-address", tcp])
-        import urllib.request
-
-        def api(method, path, body=None):
-            req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return json.loads(resp.read() or b"{}")
-
-        if not wait(lambda: api("GET", "/v1/gpus").get("gpus"), 15):
-            r.record("rpool", {"error": "the node agent registered no GPU (see logs/rpool-agent.log)"})
-            return
-        api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
         d = r.tenant(["idlezero", "--gib", str(gib), "--idle-wait", "25"],
-                     ["--controller", url, "--token", token, "--nvml", "/nonexistent/libnvidia-ml.so.1", "--vram", "8GiB",
-                      "--percent", "50", "--qos", "low", "--idle-swap", "2s", "--idle-zero", "5s"],
+                     pool.run_flags() + ["--idle-swap", "2s", "--idle-zero", "5s"],
                      env={"TF_REMOTE_VGPU": "find"}, timeout=45)
-        wlog = read_log("worker")
+        wlog = pool.read_log("worker")
         bound = re.findall(r"vGPU (remote-[0-9]+@a-[0-9a-f]+): process [0-9]+ idle [0-9]+ s: checkpointed", wlog)
         d["bound_session_checkpointed"] = bound[-1] if bound else None
         d["ok"] = (bool(d.get("intact")) and d.get("checkpointed_after_idle_s") is not None
                    and d.get("vram_checkpointed_mib") == 0 and bool(bound))
         r.record("rpool", d)
     finally:
-        procs.stop()
-        lines = []
-        for name in ("worker", "agent"):
-            with open(os.path.join(r.logs, f"rpool-{name}.log")) as f:
-                lines += [f"{name}: {l.strip()}" for l in f if "checkpointed" in l or "zero" in l or "restor" in l
-                          or "follows allocation" in l]
-        r.record("rpool_logs", {"lines": lines[-20:]})
+        pool.stop()
+        r.record("rpool_logs", {"lines": pool.log_lines(("worker", "agent"), (
+            "checkpointed", "zero", "restor", "follows allocation"))[-20:]})
 
 
 def phase_rhold(r, gib=1):
     """A preemption's hold and an allocation taken back reach a remote session bound to the
     allocation: controller, node agent and worker on this host (loopback only)."""
     import re
-    import secrets
-    import urllib.request
-    token = secrets.token_hex(16)
     work = os.path.join(r.out, "rhold-work")
     os.makedirs(work, exist_ok=True)
     ready, go = os.path.join(work, "tenant-ready"), os.path.join(work, "tenant-go")
     for f in (ready, ready + ".checked", go, go + "2"):
         if os.path.exists(f):
             os.unlink(f)
-    procs = LoggedProcs(r, "rhold")
     res = {"gib": gib}
     tenant = None
     t_phase = time.monotonic()
-
-    start, read_log = procs.start, procs.read_log
+    pool = PooledWorker(r, "rhold", work)
 
     def wait(cond, seconds):
         return wait_until(cond, seconds, 0.05)
@@ -632,58 +687,12 @@ def phase_rhold(r, gib=1):
     def smi(*flags):
         return subprocess.run([r.tfusion, "smi", *flags], capture_output=True, text=True, env=r.env).stdout
 
-    def session_vram_mib(pid):
-        """nvidia-smi's VRAM of process `pid`; None when it is not listed (it holds none)."""
-        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=60, env=env).stdout
-        for line in out.splitlines():
-            parts = [x.strip() for x in line.split(",")]
-            if len(parts) == 2 and parts[0] == str(pid):
-                return int(parts[1]) if parts[1].isdigit() else parts[1]
-        return None
-
-    def alive(pid):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        # A zombie the worker has not reaped yet is gone too.
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
     try:
-        start("controller", ["controller", "--port", "0", "--token", token, "--store", "sqlite:" + os.path.join(work, "state.db")])
-        wready = os.path.join(work, "worker-ready")
-        if os.path.exists(wready):
-            os.unlink(wready)
-        start("worker", ["worker", "--listen", "127.0.0.1:0", "--token", token, "--tiering", "--ready-file", wready])
-        url = wait(lambda: (re.search(r"http://127\.0\.0\.1:[0-9]+", read_log("controller")) or [None])[0], 10)
-        tcp = wait(lambda: os.path.exists(wready) and (re.search(r"tcp (\S+)", open(wready).read()) or [None, None])[1], 10)
-        if not url or not tcp:
-            res["error"] = "controller or worker not ready (see logs/rhold-*.log)"
+        if pool.error:
+            res["error"] = pool.error
             return
-        start("agent", ["hypervisor", "--controller", url, "--token", token, "--node", "rhold-node", "--metrics-port", "-1",
-                        "--credential-file", os.path.join(work, "node.cred"), "--worker-address", tcp])
-
-        def api(method, path, body=None):
-            req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                         headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
-
-        gpus = wait(lambda: api("GET", "/v1/gpus")[1].get("gpus"), 15)
-        if not gpus:
-            res["error"] = "the node agent registered no GPU (see logs/rhold-agent.log)"
-            return
-        api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
-        cmd = [r.tfusion, "run", "--controller", url, "--token", token, "--nvml", "/nonexistent/libnvidia-ml.so.1",
-               "--vram", "8GiB", "--percent", "50", "--qos", "low", "--idle-swap", "0", "--",
+        api, read_log = pool.api, pool.read_log
+        cmd = [r.tfusion, "run", *pool.run_flags(), "--idle-swap", "0", "--",
                sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
         tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, "rhold-tenant.log"), "w"),
                                   text=True, env=r.env)
@@ -701,7 +710,7 @@ def phase_rhold(r, gib=1):
 
         # A critical allocation on every GPU of the node: only the session's room makes it fit.
         t0 = time.monotonic()
-        st, body = api("POST", "/v1/allocations", {"percent": 60, "vram_mib": 1024, "gpu_count": len(gpus),
+        st, body = api("POST", "/v1/allocations", {"percent": 60, "vram_mib": 1024, "gpu_count": len(pool.gpus),
                                                    "qos": "critical"})
         res["critical_status"] = st
         res["preempted_suspended"] = body.get("preempted_suspended")
@@ -741,17 +750,108 @@ def phase_rhold(r, gib=1):
     finally:
         if tenant is not None and tenant.poll() is None:
             tenant.kill()
-        procs.stop()
+        pool.stop()
         res["phase_s"] = round(time.monotonic() - t_phase, 1)
         r.record("rhold", res)
-        lines = []
-        for name in ("worker", "agent"):
-            path = os.path.join(r.logs, f"rhold-{name}.log")
-            if os.path.exists(path):
-                with open(path) as f:
-                    lines += [f"{name}: {l.strip()}" for l in f if "suspended" in l or "resumed" in l or "stopping" in l
-                              or "swapped out" in l or "SIG" in l or "follows allocation" in l]
-        r.record("rhold_logs", {"lines": lines[-24:]})
+        r.record("rhold_logs", {"lines": pool.log_lines(("worker", "agent"), (
+            "suspended", "resumed", "stopping", "swapped out", "SIG", "follows allocation"))[-24:]})
+
+
+def phase_rkill(r, gib=1):
+    """An explicit scale to zero through the controller (`POST /v1/allocations/ID/freeze
+    {"level": "zero"}`) reaches a remote session bound to the allocation; then its client is
+    killed while the session is checkpointed. The session must end and give back its VRAM and host
+    copies, and the worker must serve the next client with every byte intact."""
+    import re
+    work = os.path.join(r.out, "rkill-work")
+    os.makedirs(work, exist_ok=True)
+    res = {"gib": gib}
+    tenants = []
+    t_phase = time.monotonic()
+    pool = PooledWorker(r, "rkill", work)
+
+    def wait(cond, seconds):
+        return wait_until(cond, seconds, 0.05)
+
+    def smi(*flags):
+        return subprocess.run([r.tfusion, "smi", *flags], capture_output=True, text=True, env=r.env).stdout
+
+    def host_tier():
+        """The worker's host tier as `tfusion smi` shows it ("host tier N MiB of M GiB")."""
+        return (re.search(r"host tier [0-9]+ MiB of [0-9.]+ [KMGT]iB", smi()) or [None])[0]
+
+    def start_tenant(name):
+        ready, go = os.path.join(work, name + "-ready"), os.path.join(work, name + "-go")
+        for f in (ready, ready + ".checked", go, go + "2"):
+            if os.path.exists(f):
+                os.unlink(f)
+        cmd = [r.tfusion, "run", *pool.run_flags(), "--idle-swap", "0", "--",
+               sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, f"rkill-{name}.log"), "w"),
+                             text=True, env=r.env, start_new_session=True)
+        tenants.append(p)
+        ok = wait(lambda: os.path.exists(ready) or p.poll() is not None, 60) and os.path.exists(ready)
+        return p, ready, go, ok
+
+    try:
+        if pool.error:
+            res["error"] = pool.error
+            return
+        victim, _, _, ok = start_tenant("victim")
+        if not ok:
+            res["error"] = "the first tenant did not get ready (see logs/rkill-victim.log)"
+            return
+        m = re.search(r"remote-([0-9]+)@(a-[0-9a-z]+)", smi())
+        if not m:
+            res["error"] = "no bound session vGPU in tfusion smi"
+            return
+        session, allocation, vgpu = int(m.group(1)), m.group(2), m.group(0)
+        res["vgpu"] = vgpu
+        wait(lambda: f"follows allocation {allocation}" in pool.read_log("agent"), 5)
+        res["session_vram_mib_before"] = session_vram_mib(session)
+        t0 = time.monotonic()
+        res["freeze_status"] = pool.api("POST", f"/v1/allocations/{allocation}/freeze", {"level": "zero"})[0]
+        zero = wait(lambda: any(vgpu in l and "checkpointed" in l for l in smi("-p").splitlines()), 30)
+        res["checkpointed_s"] = round(time.monotonic() - t0, 2) if zero else None
+        res["session_vram_mib_checkpointed"] = session_vram_mib(session)
+        res["host_tier_while_checkpointed"] = host_tier()
+
+        # The client dies at the worst moment: its session is checkpointed.
+        t1 = time.monotonic()
+        os.killpg(victim.pid, 9)
+        victim.wait(timeout=20)
+        ended = wait(lambda: not alive(session) and vgpu not in smi(), 30)
+        res["session_ended_s"] = round(time.monotonic() - t1, 2) if ended else None
+        res["session_vram_mib_after_kill"] = session_vram_mib(session)
+        res["host_tier_after_kill"] = host_tier()
+
+        # The worker serves the next client.
+        nxt, ready, go, ok = start_tenant("next")
+        res["next_ready"] = bool(ok)
+        if ok:
+            open(go, "w").close()
+            wait(lambda: os.path.exists(ready + ".checked") or nxt.poll() is not None, 60)
+            open(go + "2", "w").close()
+            out, _ = nxt.communicate(timeout=60)
+            lines = [l for l in out.splitlines() if l.startswith("{")]
+            res["next"] = json.loads(lines[-1]) if lines else {"rc": nxt.returncode}
+        n = res.get("next") or {}
+        before, frozen = res["session_vram_mib_before"], res["session_vram_mib_checkpointed"]
+        res["ok"] = bool(res["freeze_status"] in (200, 202) and res["checkpointed_s"] is not None
+                         and isinstance(before, int) and before >= 900 and (frozen is None or frozen < 100)
+                         and res["session_ended_s"] is not None and res["session_vram_mib_after_kill"] is None
+                         and n.get("intact") and n.get("after_delete") == "returned")
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)
+    finally:
+        for p in tenants:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+        pool.stop()
+        res["phase_s"] = round(time.monotonic() - t_phase, 1)
+        r.record("rkill", res)
+        r.record("rkill_logs", {"lines": pool.log_lines(("worker", "agent"), (
+            "checkpoint", "zero", "restor", "session ended", "SIG", "follows allocation"))[-24:]})
 
 
 class UpOnThisHost:
@@ -853,7 +953,7 @@ def phase_preempt(r, gib=8):
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
-          "rhold": phase_rhold,
+          "rhold": phase_rhold, "rkill": phase_rkill,
           "firstfreeze": phase_firstfreeze}
 
 

@@ -82,7 +82,7 @@ class ComputeShareTest : public RegionTest {
         int64_t real = runs ? static_cast<int64_t>(kTick * (1.0 - lost)) / static_cast<int64_t>(running.size()) : 0;
         double progress = 0;
         if (runs) progress = t->fills < 1.0 ? std::min(1.0, 1.0 / fills_sum) : (1.0 - lost) / static_cast<double>(running.size());
-        t->turn.tick_launches += static_cast<int64_t>(progress * 100.0 + 0.5);
+        t->turn.tick_launches = static_cast<int64_t>(progress * 100.0 + 0.5);
         if (now >= measure_from) t->work += progress * kTick;
         if (runs) t->carry -= 1.0 / static_cast<double>(running.size());
         if (t->carry > 4) t->carry = 4;
@@ -359,6 +359,33 @@ TEST_F(ComputeShareTest, TenantsThatRunSideBySideStopTakingTurnsThatDoNotPay) {
   }
   EXPECT_GT(again, unpaid) << "checked again";
   EXPECT_GT(sum, 0.95 * 4 / 1.52) << "the recheck costs less than 5%";
+}
+
+TEST_F(ComputeShareTest, AComparisonFooledByTheTenantsStartUpIsMadeAgainSoon) {
+  // Two batch-1 inference tenants at 50% each that run side by side (each fills half the GPU),
+  // started together. For their first 350 ms they run start-up work that fills the GPU
+  // (autotuning, first launches), so the probe without turns finds turns paying, and both keep
+  // them. That first comparison is made again after 2 s (not 30): the loop then finds turns not
+  // paying, and both run side by side.
+  switch_loss_ = 0.09;
+  Tenant a{"start-a", 500'000, 500'000}, b{"start-b", 500'000, 500'000};
+  for (Tenant* t : {&a, &b}) Add(t);
+  Run({&a, &b}, kMs, 351 * kMs, kMs);
+  for (Tenant* t : {&a, &b}) t->fills = 0.5;
+  Run({&a, &b}, 351 * kMs, 1501 * kMs, 1501 * kMs);
+  for (Tenant* t : {&a, &b}) {
+    EXPECT_EQ(t->turn.turns_paid, 1u) << t->id << ": fooled by the start-up";
+    EXPECT_LT(t->turn.last_ratio_permille, 1000) << t->id;
+    EXPECT_EQ(t->turn.turns_unpaid, 0u) << t->id;
+  }
+  Run({&a, &b}, 1501 * kMs, 5001 * kMs, 3001 * kMs);
+  double sum = 0;
+  for (Tenant* t : {&a, &b}) {
+    EXPECT_EQ(t->turn.turns_unpaid, 1u) << t->id << ": the comparison made again";
+    EXPECT_GT(t->turn.last_ratio_permille, 1500) << t->id;
+    sum += t->work / (2000.0 * kMs);
+  }
+  EXPECT_GT(sum, 0.95 * 2) << "side by side, each at its rate alone";
 }
 
 TEST_F(ComputeShareTest, SaturatingTenantsFindThatTurnsPayAndKeepThem) {

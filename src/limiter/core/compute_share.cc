@@ -402,11 +402,25 @@ void GpuRegion::ScanOthers(uint32_t mine, uint64_t mask, int64_t now_ns, bool* w
   }
 }
 
+namespace {
+void ClearTurnsPaySums(ShareTurn* turn) {
+  turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
+  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
+}
+}  // namespace
+
 void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want,
                               bool turns_apply, ShareTurn* turn) {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
   if (!others_want) return;  // alone: neither rate is about sharing
+  if (now_ns - turn->last_contended_ns > kTurnsPaySpellGapNs) {
+    // A new spell of contention (other tenants than before, perhaps): compare afresh.
+    turn->spell_checks = 0;
+    turn->next_probe_ns = 0;
+    ClearTurnsPaySums(turn);
+  }
+  turn->last_contended_ns = now_ns;
   if (turns_apply) {
     turn->with_turns_ns += tick_ns;
     turn->with_turns_launches += launches;
@@ -435,14 +449,19 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
       ++turn->turns_unpaid;
     } else {
-      turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;
+      turn->next_probe_ns = now_ns + (turn->spell_checks == 0 ? kTurnsPayFirstRecheckNs : kTurnsPayRecheckNs);
       ++turn->turns_paid;
     }
   } else {
     turn->next_probe_ns = now_ns + kTurnsPayRecheckNs;  // nothing counted in one of them: keep turns
   }
-  turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
-  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
+  ++turn->spell_checks;
+  ++turn->comparisons;
+  const int64_t with[3] = {turn->with_turns_ns, turn->with_turns_launches, turn->with_turns_charged_ns};
+  const int64_t without[3] = {turn->without_ns, turn->without_launches, turn->without_charged_ns};
+  std::copy(with, with + 3, turn->last_with);
+  std::copy(without, without + 3, turn->last_without);
+  ClearTurnsPaySums(turn);
 }
 
 bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {

@@ -79,9 +79,13 @@ struct ShareTurn {
   int64_t with_turns_ns = 0, with_turns_launches = 0, with_turns_charged_ns = 0;
   int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
+  int64_t last_contended_ns = 0;  // the last tick another vGPU wanted the GPU (a spell of contention
+  uint32_t spell_checks = 0;      //   ends after kTurnsPaySpellGapNs without), and its comparisons
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
   int64_t last_ratio_permille = 0;  // the last comparison: work per charge without turns / with, x 1000
+  uint32_t comparisons = 0;         // comparisons made, and the sums the last one compared (for
+  int64_t last_with[3] = {}, last_without[3] = {};  //   TFUSION_SHARE_DEBUG): ns, launches, charged ns
 };
 // A turn's length unless TFUSION_SHARE_TURN_MS says otherwise (0: off), and how long a
 // tenant found gappy stays out of turns.
@@ -95,8 +99,15 @@ inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 // GPU ns charged without turns (a probe of kTurnsPayProbeNs) and then with them; after
 // kTurnsPayWindowNs with turns it compares the two, and when it did more than kTurnsPayPermille /
 // 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
-// again after kTurnsPayRecheckNs.
+// again after kTurnsPayRecheckNs. The first comparison of a spell of contention is repeated after
+// kTurnsPayFirstRecheckNs when it kept turns: it is made as the tenants start, and a start-up
+// (autotuning, first launches of each kernel) can make the rate without turns look far lower than
+// the tenant's loop gets (measured on an H100: two ResNet-50 b1 tenants kept turns at 0.26).
+// A spell ends after kTurnsPaySpellGapNs in which nobody else wanted the GPU; the next one starts
+// with a fresh probe.
 inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
+inline constexpr int64_t kTurnsPayFirstRecheckNs = 2'000'000'000;
+inline constexpr int64_t kTurnsPaySpellGapNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
