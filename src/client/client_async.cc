@@ -133,27 +133,6 @@ CUresult AllocAsync(Fn fn, CUdeviceptr* dptr, size_t size, uint64_t pool, CUstre
   return CUDA_SUCCESS;
 }
 
-CUresult PoolCall(Fn fn, uint64_t pool, uint32_t attr, uint64_t value, uint64_t* out) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[24];
-  Writer w(buf, sizeof(buf));
-  w.U64(pool);
-  if (fn != Fn::cuMemPoolDestroy && fn != Fn::cuMemPoolTrimTo) w.U32(attr);
-  if (fn == Fn::cuMemPoolSetAttribute || fn == Fn::cuMemPoolTrimTo) w.U64(value);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS || out == nullptr) return r;
-  return rv.reader.U64(out) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
-}
-
-// The value type of a pool attribute: int for the reuse policies, cuuint64_t for the others.
-bool PoolAttrIsInt(CUmemPool_attribute a) {
-  return a == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
-         a == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
-         a == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-}
-
 }  // namespace
 
 // ---- launches
@@ -226,22 +205,6 @@ CUresult Impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   return r;
 }
 
-CUresult Impl_cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  if (dev < 0 || static_cast<size_t>(dev) >= l.session()->devices.size()) return CUDA_ERROR_INVALID_DEVICE;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.I32(dev);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuDeviceGetDefaultMemPool), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0;
-  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
-  *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
 CUresult Impl_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (props->win32SecurityAttributes != nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -261,41 +224,6 @@ CUresult Impl_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   uint64_t p = 0;
   if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
   *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuMemPoolDestroy(CUmemoryPool pool) {
-  return PoolCall(Fn::cuMemPoolDestroy, H(pool), 0, 0, nullptr);
-}
-
-CUresult Impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t min_bytes_to_keep) {
-  return PoolCall(Fn::cuMemPoolTrimTo, H(pool), 0, min_bytes_to_keep, nullptr);
-}
-
-CUresult Impl_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
-  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  if (PoolAttrIsInt(attr)) {
-    int i;
-    memcpy(&i, value, sizeof(i));
-    v = static_cast<uint64_t>(static_cast<int64_t>(i));
-  } else {
-    memcpy(&v, value, sizeof(v));
-  }
-  return PoolCall(Fn::cuMemPoolSetAttribute, H(pool), static_cast<uint32_t>(attr), v, nullptr);
-}
-
-CUresult Impl_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void* value) {
-  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint64_t v = 0;
-  CUresult r = PoolCall(Fn::cuMemPoolGetAttribute, H(pool), static_cast<uint32_t>(attr), 0, &v);
-  if (r != CUDA_SUCCESS) return r;
-  if (PoolAttrIsInt(attr)) {
-    int i = static_cast<int>(v);
-    memcpy(value, &i, sizeof(i));
-  } else {
-    memcpy(value, &v, sizeof(v));
-  }
   return CUDA_SUCCESS;
 }
 

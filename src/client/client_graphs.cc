@@ -1,6 +1,6 @@
 // CUDA graphs: graphs and their nodes (kernel, memcpy, memset, host, empty, event record/wait,
 // child graph, memory allocation and free), queries and edits of a graph, instantiation, launch,
-// updates of an instantiated graph, graph memory. Graph, node and executable-graph handles are
+// updates of an instantiated graph. Graph, node and executable-graph handles are
 // the worker's; the worker checks each against its session's tables (worker/session_graphs.cc).
 // Wire formats: remote_protocol.h "Graphs".
 //
@@ -879,34 +879,6 @@ CUresult Impl_cuGraphRemoveDependencies_v2(CUgraph graph, const CUgraphNode* fro
 CUresult Impl_cuGraphRemoveDependencies(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to,
                                         size_t n) {
   return Dependencies(Fn::cuGraphRemoveDependencies_v2, graph, from, to, nullptr, n);
-}
-
-// Graph memory: i32 device, u32 attribute [, u64 value] (every attribute is a cuuint64_t).
-namespace {
-CUresult GraphMem(Fn fn, CUdevice dev, CUgraphMem_attribute attr, void* value) {
-  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.I32(dev);
-  w.U32(attr);
-  if (fn == Fn::cuDeviceSetGraphMemAttribute) w.U64(*static_cast<cuuint64_t*>(value));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS || fn != Fn::cuDeviceGetGraphMemAttribute) return r;
-  uint64_t v = 0;
-  if (!rv.reader.U64(&v)) return CUDA_ERROR_UNKNOWN;
-  *static_cast<cuuint64_t*>(value) = v;
-  return CUDA_SUCCESS;
-}
-}  // namespace
-
-CUresult Impl_cuDeviceGetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
-  return GraphMem(Fn::cuDeviceGetGraphMemAttribute, dev, attr, value);
-}
-CUresult Impl_cuDeviceSetGraphMemAttribute(CUdevice dev, CUgraphMem_attribute attr, void* value) {
-  return GraphMem(Fn::cuDeviceSetGraphMemAttribute, dev, attr, value);
 }
 
 }  // namespace tf::client

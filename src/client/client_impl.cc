@@ -798,21 +798,6 @@ CUresult Impl_cuMemFree_v2(CUdeviceptr dptr) {
   return r;
 }
 
-CUresult Impl_cuMemGetInfo_v2(size_t* free, size_t* total) {
-  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetInfo_v2), Writer(nullptr, 0), &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t f = 0, t = 0;
-  rv.reader.U64(&f);
-  if (!rv.reader.U64(&t)) return CUDA_ERROR_UNKNOWN;
-  *free = f;
-  *total = t;
-  return CUDA_SUCCESS;
-}
-
 CUresult Impl_cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
   return MemcpyHtoD(dst, src, n, nullptr, false);
 }

@@ -1,6 +1,6 @@
 // Libraries and kernels, the family cudart 12/13 loads its fat binaries with: cuLibraryLoadData
 // (the image travels once per content hash, as for modules), cuLibraryUnload,
-// cuLibraryGetKernel/GetKernelCount/EnumerateKernels, cuLibraryGetModule, cuKernelGetFunction,
+// cuLibraryGetKernel/EnumerateKernels, cuKernelGetFunction (cuLibraryGetModule is generated),
 // cuKernelGet/SetAttribute, cuFuncSetAttribute; answered locally: cuKernelGetName,
 // cuKernelGetParamInfo, cuKernelGetLibrary. Kernels come with their parameter layout, like
 // functions, so a kernel (or a CUkernel cast to CUfunction, which CUDA accepts in launches) and
@@ -193,22 +193,6 @@ CUresult Impl_cuLibraryEnumerateKernels(CUkernel* kernels, unsigned int num, CUl
     }
     kernels[i] = reinterpret_cast<CUkernel>(k);
   }
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuLibraryGetModule(CUmodule* module, CUlibrary library) {
-  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(library));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuLibraryGetModule), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t m = 0;
-  if (!rv.reader.U64(&m)) return CUDA_ERROR_UNKNOWN;
-  *module = reinterpret_cast<CUmodule>(m);
   return CUDA_SUCCESS;
 }
 

@@ -211,8 +211,7 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //   cuGraphExecUpdate_v2                u64 exec, u64 graph -> i32 result, u32 update result, u64
 //                                       error node, u64 error-from node, u32 host nodes/launch
 //   cuGraphLaunch(_ptsz), cuGraphUpload u64 exec, u64 stream (fire-and-forget)
-//   cuDevice{Get,Set}GraphMemAttribute  i32 device, u32 attribute [, u64 value] [-> u64]
-//                                       (cuGraphNodeSet/GetEnabled, cuDeviceGraphMemTrim: generated)
+//   (cuGraphNodeSet/GetEnabled, cuDeviceGraphMemTrim, cuDevice{Get,Set}GraphMemAttribute: generated)
 //   cuStreamGetCaptureInfo_v3           u64 stream -> u32 status, u64 id, u64 graph, u64 n,
 //                                       n x (u64 node, u8 x 3 edge)
 //   cuStreamUpdateCaptureDependencies_v2 u64 stream, u32 flags, nodes, edges

@@ -34,6 +34,10 @@ class GeneratedHost {
   // own tables in step (streams, events and contexts are also known to hand-written families).
   virtual void Created(HandleKind k, uint64_t real) = 0;
   virtual void Destroyed(HandleKind k, uint64_t real) = 0;
+  // Whether a generated *Destroy call may destroy `real` (resolved, of kind k): a session may hold
+  // objects of a kind it did not create (a device's default pool). False fails the call as an
+  // unknown handle of kind k does.
+  virtual bool MayDestroy(HandleKind, uint64_t) const { return true; }
   // After every generated driver call, whatever its result.
   virtual void AfterCall(driver::Fn fn, CUresult r) = 0;
   // A handle argument's wire name -> the driver's handle; false when it is not a live name of

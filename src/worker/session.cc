@@ -125,6 +125,22 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   void Destroyed(HandleKind k, uint64_t real) override {
     if (k == HandleKind::kStream) streams_.erase(real);
     if (k == HandleKind::kEvent) events_.erase(real);
+    if (k == HandleKind::kMemPool) {
+      created_pools_.erase(real);
+      pools_.erase(real);
+    }
+  }
+  // publish=pMod:library (cuLibraryGetModule): a library's module joins the library's tables.
+  uint64_t Learn(HandleKind k, uint64_t real, HandleKind parent_kind, uint64_t parent) override {
+    if (k == HandleKind::kModule && parent_kind == HandleKind::kLibrary && real != 0) {
+      library_modules_[real] = parent;
+      libraries_[parent].modules.insert(real);
+    }
+    return Publish(k, real);
+  }
+  // Only pools the session created may be destroyed (not a device's default or current pool).
+  bool MayDestroy(HandleKind k, uint64_t real) const override {
+    return k != HandleKind::kMemPool || created_pools_.count(real) != 0;
   }
   void AfterCall(Fn fn, CUresult) override {
     if (fn == Fn::cuStreamSynchronize || fn == Fn::cuStreamQuery) PollStaged(false);
@@ -739,13 +755,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (r == CUDA_SUCCESS) allocs_.erase(p);
       return r;
     }
-    case Fn::cuMemGetInfo_v2: {
-      size_t f = 0, t = 0;
-      CUresult r = CALL(cuMemGetInfo_v2, &f, &t);
-      out.U64(f);
-      out.U64(t);
-      return r;
-    }
     case Fn::cuMemcpyHtoD_v2: {
       uint64_t dst = 0;
       if (!rd.U64(&dst) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
@@ -884,12 +893,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemAllocAsync:
     case Fn::cuMemAllocFromPoolAsync:
     case Fn::cuMemFreeAsync:
-    case Fn::cuDeviceGetDefaultMemPool:
     case Fn::cuMemPoolCreate:
-    case Fn::cuMemPoolDestroy:
-    case Fn::cuMemPoolSetAttribute:
-    case Fn::cuMemPoolGetAttribute:
-    case Fn::cuMemPoolTrimTo:
       return PoolOrAsyncAlloc(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
@@ -1034,7 +1038,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuLibraryGetKernel:
     case Fn::cuLibraryGetGlobal:
     case Fn::cuLibraryEnumerateKernels:
-    case Fn::cuLibraryGetModule:
     case Fn::cuKernelGetFunction:
     case Fn::cuKernelGetAttribute:
     case Fn::cuKernelSetAttribute:
@@ -1834,17 +1837,6 @@ CUresult Session::LibraryCall(Fn fn, Reader& rd, Writer& out) {
       }
       return CUDA_SUCCESS;
     }
-    case Fn::cuLibraryGetModule: {
-      uint64_t lib = 0;
-      if (!rd.U64(&lib) || !rd.Finish() || !Library(lib)) return CUDA_ERROR_INVALID_HANDLE;
-      CUmodule m = nullptr;
-      CUresult r = CALL(cuLibraryGetModule, &m, As<CUlibrary>(lib));
-      if (r != CUDA_SUCCESS) return r;
-      library_modules_[H(m)] = lib;
-      libraries_[lib].modules.insert(H(m));
-      out.U64(Publish(HandleKind::kModule, H(m)));
-      return CUDA_SUCCESS;
-    }
     case Fn::cuKernelGetFunction: {
       uint64_t k = 0;
       if (!rd.U64(&k) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
@@ -2264,16 +2256,6 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       if (r == CUDA_SUCCESS) allocs_.erase(p);
       return r;
     }
-    case Fn::cuDeviceGetDefaultMemPool: {
-      int32_t dev = 0;
-      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      CUmemoryPool p = nullptr;
-      CUresult r = CALL(cuDeviceGetDefaultMemPool, &p, dev);
-      if (r != CUDA_SUCCESS) return r;
-      pools_.insert(H(p));
-      out.U64(Publish(HandleKind::kMemPool, H(p)));
-      return CUDA_SUCCESS;
-    }
     case Fn::cuMemPoolCreate: {
       uint32_t type = 0, handles = 0, loc_type = 0;
       int32_t loc_id = 0;
@@ -2307,44 +2289,6 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       created_pools_.insert(H(p));
       out.U64(Publish(HandleKind::kMemPool, H(p)));
       return CUDA_SUCCESS;
-    }
-    case Fn::cuMemPoolDestroy: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !Pool(p) || !created_pools_.count(p)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuMemPoolDestroy, As<CUmemoryPool>(p));
-      if (r == CUDA_SUCCESS) {
-        handles_.RetireReal(HandleKind::kMemPool, p);
-        created_pools_.erase(p);
-        pools_.erase(p);
-      }
-      return r;
-    }
-    // in U64 pool, U64 bytes to keep: a pool of this session (created, or a device's default).
-    case Fn::cuMemPoolTrimTo: {
-      uint64_t p = 0, keep = 0;
-      rd.U64(&p);
-      if (!rd.U64(&keep) || !rd.Finish() || !Pool(p)) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuMemPoolTrimTo, As<CUmemoryPool>(p), static_cast<size_t>(keep));
-    }
-    case Fn::cuMemPoolSetAttribute:
-    case Fn::cuMemPoolGetAttribute: {
-      uint64_t p = 0, v = 0;
-      uint32_t attr = 0;
-      rd.U64(&p);
-      rd.U32(&attr);
-      if (fn == Fn::cuMemPoolSetAttribute) rd.U64(&v);
-      if (!rd.Finish() || !Pool(p)) return CUDA_ERROR_INVALID_VALUE;
-      const bool is_int = attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
-                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
-                          attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
-      int iv = static_cast<int>(v);
-      cuuint64_t uv = v;
-      void* value = is_int ? static_cast<void*>(&iv) : static_cast<void*>(&uv);
-      CUmemPool_attribute a = static_cast<CUmemPool_attribute>(attr);
-      if (fn == Fn::cuMemPoolSetAttribute) return CALL(cuMemPoolSetAttribute, As<CUmemoryPool>(p), a, value);
-      CUresult r = CALL(cuMemPoolGetAttribute, As<CUmemoryPool>(p), a, value);
-      out.U64(is_int ? static_cast<uint64_t>(static_cast<int64_t>(iv)) : uv);
-      return r;
     }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;

@@ -73,8 +73,6 @@ bool SessionGraphs::Handles(Fn fn) {
     case Fn::cuGraphRemoveDependencies_v2:
     case Fn::cuGraphDestroyNode:
     case Fn::cuGraphClone:
-    case Fn::cuDeviceGetGraphMemAttribute:
-    case Fn::cuDeviceSetGraphMemAttribute:
     case Fn::cuStreamBeginCapture:
     case Fn::cuStreamBeginCapture_ptsz:
     case Fn::cuStreamBeginCapture_v2:
@@ -137,9 +135,6 @@ CUresult SessionGraphs::Call(Fn fn, Reader& rd, Writer& out) {
       return Edit(fn, rd, out);
     case Fn::cuGraphConditionalHandleCreate:
       return ConditionalHandle(rd, out);
-    case Fn::cuDeviceGetGraphMemAttribute:
-    case Fn::cuDeviceSetGraphMemAttribute:
-      return GraphMemory(fn, rd, out);
     case Fn::cuStreamBeginCapture:
     case Fn::cuStreamBeginCapture_ptsz:
     case Fn::cuStreamBeginCapture_v2:
@@ -927,26 +922,6 @@ CUresult SessionGraphs::Exec(Fn fn, Reader& rd, Writer& out) {
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
-}
-
-// Get: i32 device, u32 attribute -> u64; Set: i32 device, u32 attribute, u64 value (every
-// graph-memory attribute is a cuuint64_t).
-CUresult SessionGraphs::GraphMemory(Fn fn, Reader& rd, Writer& out) {
-  int32_t dev = 0;
-  uint32_t attr = 0;
-  uint64_t v = 0;
-  rd.I32(&dev);
-  rd.U32(&attr);
-  if (fn == Fn::cuDeviceSetGraphMemAttribute) rd.U64(&v);
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!h_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  if (attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) return CUDA_ERROR_INVALID_VALUE;
-  cuuint64_t value = v;
-  auto a = static_cast<CUgraphMem_attribute>(attr);
-  if (fn == Fn::cuDeviceSetGraphMemAttribute) return CALL(cuDeviceSetGraphMemAttribute, dev, a, &value);
-  CUresult r = CALL(cuDeviceGetGraphMemAttribute, dev, a, &value);
-  out.U64(value);
-  return r;
 }
 
 // Stream capture. Begin: u64 stream [, u32 mode]; BeginCaptureToGraph: u64 stream, u64 graph,

@@ -126,7 +126,6 @@ class SessionGraphs {
   CUresult Edit(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult Exec(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult Capture(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
-  CUresult GraphMemory(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult ConditionalHandle(transport::Reader& rd, transport::Writer& out);
   // Getters and setters of nodes, generic node updates, kernel node attributes, executable graph
   // flags and cuGraphDebugDotPrint (session_graph_nodes.cc).

@@ -191,6 +191,20 @@ class FuzzHost : public tf::worker::GeneratedHost {
       *f = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
       return CUDA_SUCCESS;
     };
+    // Attribute values behind a void* (void=): an int for the reuse policies, a cuuint64_t for
+    // the others; the value buffer holds the wider of the two whatever the attribute.
+    d_.cuMemPoolGetAttribute = [](CUmemoryPool p, CUmemPool_attribute a, void* v) {
+      Check(p == reinterpret_cast<CUmemoryPool>(0x9000) && a >= 1 && a <= CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+      if (a <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) *static_cast<int*>(v) = -1;
+      else *static_cast<cuuint64_t*>(v) = ~0ull;
+      return CUDA_SUCCESS;
+    };
+    d_.cuMemPoolSetAttribute = [](CUmemoryPool p, CUmemPool_attribute a, void* v) {
+      Check(p == reinterpret_cast<CUmemoryPool>(0x9000) && a >= 1 && a <= CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+      volatile cuuint64_t sink = *static_cast<cuuint64_t*>(v);
+      (void)sink;
+      return CUDA_SUCCESS;
+    };
     d_.cuMulticastGetGranularity = [](size_t* g, const CUmulticastObjectProp* p, CUmulticastGranularity_flags o) {
       Check(p->flags == 0 && (p->handleTypes & ~0xfull) == 0 && o <= CU_MULTICAST_GRANULARITY_RECOMMENDED);
       *g = 2 << 20;

@@ -285,6 +285,17 @@ int GraphNodeAccess() {
               Err(cuGraphNodeSetEnabled(e, cn, 0)));
   CHECK(cuDeviceGraphMemTrim(0));
   std::printf("graph_mem_trim=%d\n", Err(cuDeviceGraphMemTrim(99)));
+  // Graph memory attributes (8-byte values): the high watermarks reset to 0 only; a device the
+  // session lacks, an undefined attribute and a NULL value are refused.
+  cuuint64_t high = 7, reset = 0, nonzero = 1;
+  CHECK(cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &reset));
+  CHECK(cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &high));
+  std::printf("graph_mem_attr=%llu,%d,%d,%d,%d,%d\n", static_cast<unsigned long long>(high),
+              Err(cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &nonzero)),
+              Err(cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &reset)),
+              Err(cuDeviceGetGraphMemAttribute(99, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &high)),
+              Err(cuDeviceGetGraphMemAttribute(0, static_cast<CUgraphMem_attribute>(77), &high)),
+              Err(cuDeviceGetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, nullptr)));
 
   // cuGraphDebugDotPrint: the file lands where this program said.
   std::string path = "/tmp/tf-graph-dot-" + std::to_string(getpid()) + ".dot";

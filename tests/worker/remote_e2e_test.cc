@@ -789,6 +789,11 @@ TEST_F(RemoteTest, ExtendedLaunchesWaitsMemsetsUnifiedCopiesAndPoolsRunRemotely)
     EXPECT_EQ(r.kv["pool_owner_ok"], "1");
     EXPECT_EQ(r.kv["pool_alloc"], "5");
     EXPECT_EQ(r.kv["pool_trim"], "0:0:1");  // a created pool, the default pool, a bogus handle
+    EXPECT_EQ(r.kv["pool_threshold"], "16777216");
+    EXPECT_EQ(r.kv["pool_reuse"], "1");
+    EXPECT_EQ(r.kv["pool_attr_width"], "1,-1,16777216,1") << "an int attribute writes 4 bytes";
+    EXPECT_EQ(r.kv["pool_bad"], "1:1:1:1");
+    EXPECT_EQ(r.kv["pool_destroy_twice"], "1");
     EXPECT_EQ(r.kv["wait_bogus_event"], "0") << "fire-and-forget";
     EXPECT_EQ(r.kv["after_bogus_sync"], "400") << "the bad handle surfaces at the next sync";
     // The worker validates what the fake driver does not (handles at a fire-and-forget call,
@@ -978,6 +983,7 @@ TEST_F(RemoteTest, GraphNodesReadBackAndChangeRemotelyAsNatively) {
     EXPECT_EQ(r.kv["after_bad"], "51");
     EXPECT_EQ(r.kv["exec_events"], "1,400,1,1,1") << "a node of a graph the exec was not made from";
     EXPECT_EQ(r.kv["graph_mem_trim"], "101");
+    EXPECT_EQ(r.kv["graph_mem_attr"], "0,1,1,101,1,1");
     ExpectSameKeys(direct, r);
   }
 }
@@ -1001,6 +1007,7 @@ TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
     EXPECT_EQ(r.kv["kernel_function_stable"], "1");
     EXPECT_EQ(r.kv["primary_state"], "1:1");
     EXPECT_EQ(r.kv["library_run"], "21,22,23,0");
+    EXPECT_EQ(r.kv["library_module_bad"], "1:400");
     EXPECT_EQ(r.kv["func_names"], "0:fill_u32:0:fill_u32");
     EXPECT_EQ(r.kv["func_name_bogus"], "400");
     EXPECT_EQ(r.kv["kernel_bogus"], "400");
@@ -2298,6 +2305,50 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     EXPECT_EQ(access(1, CU_MEM_LOCATION_TYPE_DEVICE, 0, 2), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(access(0, CU_MEM_LOCATION_TYPE_DEVICE, 0, 0), CUDA_ERROR_INVALID_VALUE);
     EXPECT_EQ(access(65, CU_MEM_LOCATION_TYPE_DEVICE, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+    // Attribute values behind a void* (void=): 4 bytes for an int pool attribute, 8 for the
+    // others, so a value of the other width is a malformed message; an undefined attribute.
+    auto pool_set = [&](uint32_t attr, bool wide, uint64_t value) {
+      Writer w(big, sizeof(big));
+      w.U64(pool);
+      w.U32(attr);
+      if (wide) w.U64(value);
+      else w.U32(static_cast<uint32_t>(value));
+      return c.Call(remote::Op(Fn::cuMemPoolSetAttribute), w);
+    };
+    auto pool_get = [&](uint32_t attr) {
+      Writer w(big, sizeof(big));
+      w.U64(pool);
+      w.U32(attr);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuMemPoolGetAttribute), w, &out);
+    };
+    EXPECT_EQ(pool_set(CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, false, 1), 0);
+    EXPECT_EQ(pool_set(CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, true, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(pool_set(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, false, 1), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(pool_set(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, true, 1 << 20), 0);
+    EXPECT_EQ(pool_set(99, true, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(pool_set(99, false, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(pool_get(CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC), 0);
+    EXPECT_EQ(out.size(), 4u);
+    EXPECT_EQ(pool_get(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 0);
+    EXPECT_EQ(out.size(), 8u);
+    EXPECT_EQ(u64_of(out), 1u << 20);
+    // Only a pool the session created may be destroyed: the device's pool and a forged one fail,
+    // and the device's pool goes on serving.
+    EXPECT_EQ(on(Fn::cuMemPoolDestroy, pool), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(on(Fn::cuMemPoolDestroy, 0xbad000), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(pool_get(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 0);
+    auto graph_mem = [&](int32_t dev, uint32_t attr) {
+      Writer w(big, sizeof(big));
+      w.I32(dev);
+      w.U32(attr);
+      out.clear();
+      return c.Call(remote::Op(Fn::cuDeviceGetGraphMemAttribute), w, &out);
+    };
+    EXPECT_EQ(graph_mem(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH), 0);
+    EXPECT_EQ(out.size(), 8u);
+    EXPECT_EQ(graph_mem(5, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH), CUDA_ERROR_INVALID_DEVICE);
+    EXPECT_EQ(graph_mem(0, 9), CUDA_ERROR_INVALID_VALUE);
   }
   // Nothing else changed: the objects and the limit are as they were.
   EXPECT_EQ(on(Fn::cuStreamQuery, stream), 0);

@@ -803,6 +803,18 @@ int Async() {
   CHECK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &one));
   CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &reuse));
   std::printf("pool_reuse=%d\n", reuse);
+  // An int attribute writes 4 bytes, a cuuint64_t one 8; a NULL value, a NULL pool and the
+  // device's default pool (not the program's to destroy) are refused.
+  int pair[2] = {-1, -1};
+  CHECK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, pair));
+  cuuint64_t wide[2] = {~0ull, ~0ull};
+  CHECK(cuMemPoolGetAttribute(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, wide));
+  std::printf("pool_attr_width=%d,%d,%llu,%d\n", pair[0], pair[1], static_cast<unsigned long long>(wide[0]),
+              wide[1] == ~0ull);
+  std::printf("pool_bad=%d:%d:%d:%d\n",
+              static_cast<int>(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, nullptr)),
+              static_cast<int>(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, nullptr)),
+              static_cast<int>(cuMemPoolTrimTo(nullptr, 0)), static_cast<int>(cuMemPoolDestroy(def)));
   std::printf("pool_trim=%d:%d:%d\n", static_cast<int>(cuMemPoolTrimTo(pool, 0)),
               static_cast<int>(cuMemPoolTrimTo(def, 1 << 20)),
               static_cast<int>(cuMemPoolTrimTo(reinterpret_cast<CUmemoryPool>(0xbad0), 0)));
@@ -1293,6 +1305,9 @@ int Library() {
   }
   CUmodule mod;
   CHECK(cuLibraryGetModule(&mod, lib));
+  CUmodule no_mod = nullptr;
+  std::printf("library_module_bad=%d:%d\n", static_cast<int>(cuLibraryGetModule(nullptr, lib)),
+              static_cast<int>(cuLibraryGetModule(&no_mod, reinterpret_cast<CUlibrary>(0xbad0))));
   CUfunction mf;
   CHECK(cuModuleGetFunction(&mf, mod, "fill_u32"));
   CUstream s;

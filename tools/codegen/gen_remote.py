@@ -236,6 +236,7 @@ class Arg:
         self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
         self.byval = False    # a structure passed by value (travels as a `const T*` input does)
+        self.void = ann.get("void", {}).get(name)  # void=ARG:...: one attribute value behind a void*
         self.str = ann.get("str", {}).get(name)  # str=TEXT:LENGTH:MAX: (LENGTH, MAX)
         self.str_len = any(n == name for n, _ in ann.get("str", {}).values())
         if self.str:
@@ -244,6 +245,11 @@ class Arg:
             self.dir, self.base = "out", "char"
             return
         t = ctype.replace("const ", "").strip()
+        if self.void:
+            if t.replace(" ", "") != "void*":
+                raise SurfaceError("%s: void=%s is for a void* argument" % (fn, name))
+            self.dir, self.base = self.void["dir"], "void"
+            return
         if t.endswith("*"):
             base = t[:-1].strip()
             if "*" in base or base in ("void", "char"):
@@ -363,6 +369,38 @@ def ptr_checks(shape, expr):
     return []
 
 
+def void_narrow(a, bits):
+    """The C++ condition under which the value behind a `void=` argument has its narrow size
+    (bits(NAME): that enumeration argument's 32 bits), or None when its size is fixed."""
+    v = a.void
+    if not v["attr"]:
+        return None
+    return " || ".join("%s == %uu" % (bits(v["attr"]), x) for x in v["vals"])
+
+
+def void_lines(a, bits, stmt):
+    """Statements for the value behind a `void=` argument: stmt(BYTES) for its size, chosen at run
+    time where the size depends on an enumeration argument."""
+    cond = void_narrow(a, bits)
+    if cond is None:
+        return "{ %s }" % stmt(a.void["bytes"])
+    return "if (%s) {\n  %s\n} else {\n  %s\n}" % (cond, stmt(a.void["narrow"]), stmt(a.void["bytes"]))
+
+
+def void_size(a, bits):
+    """A C++ expression: the bytes of the value behind a `void=` argument."""
+    cond = void_narrow(a, bits)
+    return "%d" % a.void["bytes"] if cond is None else "(%s ? %d : %d)" % (cond, a.void["narrow"], a.void["bytes"])
+
+
+def wire_of(nbytes):
+    return "u32" if nbytes == 4 else "u64"
+
+
+def indent(text, pad):
+    return "".join(pad + l + "\n" for l in text.split("\n"))
+
+
 def parse_surface(path, exports, typed):
     rows = {}
     with open(path) as f:
@@ -397,7 +435,7 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}}
+           "vmm": [], "unserved": {}, "void": {}}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -461,6 +499,18 @@ def parse_annotations(fn, text, params):
             if a not in names or not re.match(r"^[0-9]+$", size):
                 raise SurfaceError("%s: vmm=%s wants ARG:BYTES" % (fn, val))
             ann["vmm"].append((a, size))
+        elif key == "void" and val.count(":") in (2, 5):
+            # void=ARG:in|out:BYTES[:ENUM:NARROW:V,...]: ARG points at one value of BYTES bytes, or
+            # of NARROW bytes where the enumeration argument ENUM is one of the values V.
+            parts = val.split(":")
+            sizes = [parts[2]] + ([parts[4]] if len(parts) == 6 else [])
+            if parts[0] not in names or parts[1] not in ("in", "out") or any(b not in ("4", "8") for b in sizes) \
+                    or (len(parts) == 6 and (parts[3] not in names or not parts[5])):
+                raise SurfaceError("%s: void=%s wants ARG:in|out:BYTES[:ENUM:BYTES:V,...] (BYTES 4 or 8)" % (fn, val))
+            ann["void"][parts[0]] = {"dir": parts[1], "bytes": int(parts[2]),
+                                     "attr": parts[3] if len(parts) == 6 else None,
+                                     "narrow": int(parts[4]) if len(parts) == 6 else None,
+                                     "vals": parts[5].split(",") if len(parts) == 6 else []}
         elif key == "unserved" and ":" in val:
             a, vals = val.split(":", 1)
             if a not in names or not vals:
@@ -502,6 +552,18 @@ class Call:
                     else:
                         raise SurfaceError("%s: values=%s: %s is not in cuda.h" % (name, a.name, v))
                 a.values = vs
+        for a in self.args:
+            if not a.void or not a.void["attr"]:
+                continue
+            e = by_name[a.void["attr"]]
+            if not (e.dir == "in" and e.enum and e.scalar and self.args.index(e) < self.args.index(a)):
+                raise SurfaceError("%s: void=%s: %s is no enumeration input before it" % (name, a.name, e.name))
+            vs = []
+            for v in a.void["vals"]:
+                if v not in types.known:
+                    raise SurfaceError("%s: void=%s: %s is not in cuda.h" % (name, a.name, v))
+                vs.append(types.known[v] & 0xFFFFFFFF)
+            a.void["vals"] = vs
         if cls == "async" and self.outs:
             raise SurfaceError("%s: an async call cannot have outputs" % name)
         handles = [a for a in self.ins if a.kind]
@@ -607,6 +669,8 @@ def cache_key(k):
 
 def wire_bytes(a):
     """A C++ expression bounding the bytes input a takes on the wire."""
+    if a.void:
+        return "8"
     if a.count:
         return "%d" % (a.count[1] * 8 * (leaves(a.shape) if a.shape is not None else 1))
     if a.shape is not None:
@@ -643,7 +707,7 @@ def gen_client_impl(c, decl):
         if a.str:
             o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
     for a in c.ins:
-        if (a.shape is not None and not a.byval) or a.count:
+        if (a.shape is not None and not a.byval) or a.count or a.void:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
     for n, most in count_checks(c):
         o.append("  if (%s < 1 || %s > %d) return CUDA_ERROR_INVALID_VALUE;\n" % (n, n, most))
@@ -706,8 +770,12 @@ def gen_client_impl(c, decl):
     size = " + ".join([wire_bytes(a) for a in c.ins] or ["1"])
     o.append("  uint8_t buf_[%s];\n" % size)
     o.append("  Writer w_(buf_, sizeof(buf_));\n")
+    client_bits = lambda n: "static_cast<uint32_t>(%s)" % n
     for a in c.ins:
-        if a.count and a.shape is not None:  # an array of structures: element by element
+        if a.void:  # one value of its size, by its bytes
+            o.append(indent(void_lines(a, client_bits, lambda n: "%s v_ = 0; memcpy(&v_, %s, %d); w_.%s(v_);"
+                                       % (WIRE_C[wire_of(n)], a.name, n, READ[wire_of(n)])), "  "))
+        elif a.count and a.shape is not None:  # an array of structures: element by element
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) {\n" % a.count[0])
             for l in struct_lines(c.name, a.shape, "%s[i_]" % a.name, "w_", "enc", False):
                 o.append("    %s\n" % l)
@@ -736,7 +804,11 @@ def gen_client_impl(c, decl):
     o.append("  if (r_ != CUDA_SUCCESS) return r_;\n")
     # Outputs are read whole before any is stored: a short reply changes nothing.
     for a in c.outs:
-        if a.str:  # the text, without its NUL; an empty text is no answer
+        if a.void:
+            o.append("  alignas(8) unsigned char o_%s[8] = {};\n" % a.name)
+            o.append(indent(void_lines(a, client_bits, lambda n: "%s v_ = 0; rv_.reader.%s(&v_); memcpy(o_%s, &v_, %d);"
+                                       % (WIRE_C[wire_of(n)], READ[wire_of(n)], a.name, n)), "  "))
+        elif a.str:  # the text, without its NUL; an empty text is no answer
             o.append("  const uint8_t* t_%s = nullptr;\n  uint32_t n_%s = 0;\n" % (a.name, a.name))
             o.append("  if (!rv_.reader.Blob(&t_%s, &n_%s, %d) || n_%s == 0) return CUDA_ERROR_UNKNOWN;\n"
                      % (a.name, a.name, a.str[1] - 1, a.name))
@@ -755,7 +827,9 @@ def gen_client_impl(c, decl):
     if c.outs:
         o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
-        if a.str:  # refused when the caller's buffer cannot hold it and its NUL, as the driver refuses it
+        if a.void:
+            o.append("  memcpy(%s, o_%s, %s);\n" % (a.name, a.name, void_size(a, client_bits)))
+        elif a.str:  # refused when the caller's buffer cannot hold it and its NUL, as the driver refuses it
             o.append("  if (n_%s >= static_cast<size_t>(%s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a.name, a.str[0]))
             o.append("  snprintf(%s, static_cast<size_t>(%s), \"%%.*s\", static_cast<int>(n_%s), "
                      "reinterpret_cast<const char*>(t_%s));\n" % (a.name, a.str[0], a.name, a.name))
@@ -794,7 +868,9 @@ def worker_reads(c, fail):
     message that does not decode whole returns."""
     o = []
     for a in c.ins:
-        if a.count:
+        if a.void:  # the value as the driver reads it, in a buffer of the widest size
+            o.append("      alignas(8) unsigned char a_%s[8]{};\n" % a.name)
+        elif a.count:
             o.append("      %s a_%s[%d]{};\n" % (a.base if a.shape is not None else WIRE_C[a.wire], a.name, a.count[1]))
         elif a.shape is not None:
             o.append("      %s a_%s{};\n" % (a.base, a.name))
@@ -804,7 +880,10 @@ def worker_reads(c, fail):
     for a in c.ins:
         if a.count:
             continue
-        if a.shape is not None:
+        if a.void:
+            o.append(indent(void_lines(a, lambda n: "a_" + n, lambda n: "%s v_ = 0; rd.%s(&v_); memcpy(a_%s, &v_, %d);"
+                                       % (WIRE_C[wire_of(n)], READ[wire_of(n)], a.name, n)), "      "))
+        elif a.shape is not None:
             for l in struct_lines(c.name, a.shape, "a_" + a.name, "rd", "dec", False):
                 o.append("      %s\n" % l)
         else:
@@ -890,6 +969,8 @@ def gen_worker_case(c):
             o.append("      if (a_%s != 0 && %s) return %s;\n" % (a.name, cond, err))
         else:
             o.append("      if (%s) return %s;\n" % (cond, err))
+        if a.destroyed:  # a family may keep objects of the kind that only it may destroy
+            o.append("      if (!host.MayDestroy(HandleKind::%s, r_%s)) return %s;\n" % (a.kind, a.name, err))
         resolved.add(a.name)
         # of=ARG:OWNER: checked as soon as both are resolved (a graph node of another graph or of
         # an executable graph instantiated from another fails as an unknown node does).
@@ -903,7 +984,9 @@ def gen_worker_case(c):
             o.append("      %s c_%s[%d]{};\n      for (size_t i_ = 0; i_ < a_%s; ++i_) c_%s[i_] = static_cast<%s>(a_%s[i_]);\n"
                      % (a.base, a.name, a.count[1], a.count[0], a.name, a.base, a.name))
     for a in c.outs:
-        if a.str:
+        if a.void:
+            o.append("      alignas(8) unsigned char o_%s[8]{};\n" % a.name)
+        elif a.str:
             o.append("      char o_%s[%d]{};\n" % (a.name, a.str[1]))
         elif a.count:
             o.append("      %s o_%s[%d]{};\n" % (a.base, a.name, a.count[1]))
@@ -915,9 +998,9 @@ def gen_worker_case(c):
             text = next(x for x in c.outs if x.str and x.str[0] == a.name)
             call.append("%d" % (text.str[1] - 1))
         elif a.dir == "out":
-            call.append("o_" + a.name if a.count or a.str else "&o_" + a.name)
-        elif a.count:
-            call.append(("a_" if a.shape is not None else "c_") + a.name)
+            call.append("o_" + a.name if a.count or a.str or a.void else "&o_" + a.name)
+        elif a.count or a.void:
+            call.append(("a_" if a.shape is not None or a.void else "c_") + a.name)
         elif a.shape is not None:
             call.append(("a_" if a.byval else "&a_") + a.name)
         elif a.kind:
@@ -932,7 +1015,10 @@ def gen_worker_case(c):
             o.append("      host.Handles().Retire(HandleKind::%s, a_%s);\n" % (a.kind, a.name))
             o.append("      host.Destroyed(HandleKind::%s, r_%s);\n" % (a.kind, a.name))
     for a in c.outs:
-        if a.str:
+        if a.void:
+            o.append(indent(void_lines(a, lambda n: "a_" + n, lambda n: "%s v_ = 0; memcpy(&v_, o_%s, %d); out.%s(v_);"
+                                       % (WIRE_C[wire_of(n)], a.name, n, READ[wire_of(n)])), "      "))
+        elif a.str:
             o.append("      out.Blob(o_%s, static_cast<uint32_t>(strnlen(o_%s, %d)));\n" % (a.name, a.name, a.str[1] - 1))
         elif a.count:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) out.%s(static_cast<%s>(o_%s[i_]));\n"
@@ -978,6 +1064,9 @@ def gen_format_case(c):
     for a in c.ins:
         if a.count or a.shape is not None:
             o.append("      (void)a_%s;  // decoded to check the payload; not shown\n" % a.name)
+        elif a.void:  # the value's bytes as an integer (a narrow one in its low bytes)
+            o.append("      uint64_t f_%s = 0;\n      memcpy(&f_%s, a_%s, %s);\n"
+                     % (a.name, a.name, a.name, void_size(a, lambda n: "a_" + n)))
     fmt, vals = [], []
     for a in c.args:
         if a.dir != "in" or a.str_len:  # the length does not travel
@@ -987,6 +1076,9 @@ def gen_format_case(c):
             vals.append("static_cast<unsigned long long>(a_%s)" % a.count[0])
         elif a.shape is not None:
             fmt.append("%s={...}" % a.name)
+        elif a.void:
+            fmt.append("%s=%%llu" % a.name)
+            vals.append("static_cast<unsigned long long>(f_%s)" % a.name)
         elif a.kind:
             fmt.append("%s=0x%%llx" % a.name)
             vals.append("static_cast<unsigned long long>(a_%s)" % a.name)
