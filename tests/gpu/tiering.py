@@ -551,6 +551,15 @@ def wait_until(cond, seconds, step=0.1):
     return None
 
 
+def api_call(url, token, method, path, body=None, timeout=10):
+    """One request to the controller's HTTP API: (status, JSON)."""
+    import urllib.request
+    req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                 headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.status, json.loads(resp.read() or b"{}")
+
+
 class PooledWorker:
     """A controller, a `tfusion worker --tiering` and a node agent on this host (loopback only),
     each logging to logs/PREFIX-NAME.log; the pool may expand VRAM into host memory. `error` says
@@ -587,11 +596,7 @@ class PooledWorker:
         self.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
 
     def api(self, method, path, body=None):
-        import urllib.request
-        req = urllib.request.Request(self.url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Authorization": "Bearer " + self.token, "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
+        return api_call(self.url, self.token, method, path, body, 10)
 
     def run_flags(self):
         """`tfusion run` flags for a low-QoS allocation of this pool (8 GiB, 50%), bound remotely."""
@@ -881,11 +886,7 @@ class UpOnThisHost:
                 time.sleep(0.2)
 
     def api(self, method, path, body=None):
-        import urllib.request
-        req = urllib.request.Request(self.url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Authorization": "Bearer " + self.token, "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
+        return api_call(self.url, self.token, method, path, body, 30)
 
     def stop(self):
         self.proc.terminate()

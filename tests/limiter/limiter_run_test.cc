@@ -848,6 +848,23 @@ class ZeroTest : public TieringTest {
   }
   std::string Out() { return Run("cat " + dir_ + "/tenant.out").out; }
   std::string Fake() { return std::string(" --driver ") + TF_FAKECUDA; }
+  // The fake's checkpoint entry points, called from this process as a checkpointer would.
+  struct CkptCalls {
+    CUresult (*init)(unsigned) = nullptr;
+    CUresult (*lock)(int, CUcheckpointLockArgs*) = nullptr;
+    CUresult (*checkpoint)(int, CUcheckpointCheckpointArgs*) = nullptr;
+    CUresult (*restore)(int, CUcheckpointRestoreArgs*) = nullptr;
+    CUresult (*unlock)(int, CUcheckpointUnlockArgs*) = nullptr;
+  };
+  CkptCalls Calls() {
+    CkptCalls c;
+    c.init = reinterpret_cast<decltype(c.init)>(dlsym(fake_, "cuInit"));
+    c.lock = reinterpret_cast<decltype(c.lock)>(dlsym(fake_, "cuCheckpointProcessLock"));
+    c.checkpoint = reinterpret_cast<decltype(c.checkpoint)>(dlsym(fake_, "cuCheckpointProcessCheckpoint"));
+    c.restore = reinterpret_cast<decltype(c.restore)>(dlsym(fake_, "cuCheckpointProcessRestore"));
+    c.unlock = reinterpret_cast<decltype(c.unlock)>(dlsym(fake_, "cuCheckpointProcessUnlock"));
+    return c;
+  }
 
   void* fake_ = nullptr;
   fakecuda_checkpoint_info_t info_ = nullptr;
@@ -1026,12 +1043,12 @@ TEST_F(ZeroTest, TheFakeDriverHoldsACheckpointedProcessAndRestoresItsMemory) {
   }
   setpgid(pid, pid);
   ASSERT_TRUE(WaitFor("ready")) << Out();
-  auto sym = [&](const char* name) { return dlsym(fake_, name); };
-  auto init = reinterpret_cast<CUresult (*)(unsigned)>(sym("cuInit"));
-  auto lock = reinterpret_cast<CUresult (*)(int, CUcheckpointLockArgs*)>(sym("cuCheckpointProcessLock"));
-  auto checkpoint = reinterpret_cast<CUresult (*)(int, CUcheckpointCheckpointArgs*)>(sym("cuCheckpointProcessCheckpoint"));
-  auto restore = reinterpret_cast<CUresult (*)(int, CUcheckpointRestoreArgs*)>(sym("cuCheckpointProcessRestore"));
-  auto unlock = reinterpret_cast<CUresult (*)(int, CUcheckpointUnlockArgs*)>(sym("cuCheckpointProcessUnlock"));
+  const CkptCalls d = Calls();
+  auto init = d.init;
+  auto lock = d.lock;
+  auto checkpoint = d.checkpoint;
+  auto restore = d.restore;
+  auto unlock = d.unlock;
   ASSERT_TRUE(init && lock && checkpoint && restore && unlock);
   ASSERT_EQ(init(0), CUDA_SUCCESS);
   EXPECT_EQ(lock(getpid(), nullptr), CUDA_ERROR_NOT_SUPPORTED) << "only another process can be checkpointed";
@@ -1082,12 +1099,12 @@ TEST_F(ZeroTest, ASlotLeftUnderTheTenantsPidByAnEarlierProcessDoesNotHideIt) {
   close(go[1]);
   ASSERT_TRUE(WaitFor("ready")) << Out();
   ASSERT_EQ(ProbePid(), pid) << "exec keeps the pid";
-  auto sym = [&](const char* name) { return dlsym(fake_, name); };
-  auto init = reinterpret_cast<CUresult (*)(unsigned)>(sym("cuInit"));
-  auto lock = reinterpret_cast<CUresult (*)(int, CUcheckpointLockArgs*)>(sym("cuCheckpointProcessLock"));
-  auto checkpoint = reinterpret_cast<CUresult (*)(int, CUcheckpointCheckpointArgs*)>(sym("cuCheckpointProcessCheckpoint"));
-  auto restore = reinterpret_cast<CUresult (*)(int, CUcheckpointRestoreArgs*)>(sym("cuCheckpointProcessRestore"));
-  auto unlock = reinterpret_cast<CUresult (*)(int, CUcheckpointUnlockArgs*)>(sym("cuCheckpointProcessUnlock"));
+  const CkptCalls d = Calls();
+  auto init = d.init;
+  auto lock = d.lock;
+  auto checkpoint = d.checkpoint;
+  auto restore = d.restore;
+  auto unlock = d.unlock;
   ASSERT_TRUE(init && lock && checkpoint && restore && unlock);
   ASSERT_EQ(init(0), CUDA_SUCCESS);
   const auto t0 = std::chrono::steady_clock::now();
