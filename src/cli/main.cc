@@ -161,6 +161,11 @@ int main(int argc, char** argv) {
                          "microseconds a session waits awake for its client's next call before "
                          "sleeping (0-10000; more costs CPU, less adds a wake-up per call)")
       ->check(CLI::Range(0, 10000))->capture_default_str();
+  int worker_spin_sessions = -1;
+  worker_cmd->add_option("--spin-sessions", worker_spin_sessions,
+                         "sessions spin (--spin-us) only while at most this many are live "
+                         "(0-4096; default a quarter of this machine's cores, at least 1)")
+      ->check(CLI::Range(0, 4096));
   std::string worker_host_mem;
   worker_cmd->add_option("--session-host-mem", worker_host_mem,
                          "host memory each session may pin for its client: page-locked and mapped "
@@ -496,6 +501,7 @@ int main(int argc, char** argv) {
       return "";
     };
     hooks.spin_us = worker_spin_us;
+    hooks.spin_sessions = worker_spin_sessions;
     hooks.session_host_mem = worker_host_mem;
     hooks.vgpu_for_every_session = worker_tiering || !worker_idle_swap.empty();
     if (!worker_idle_swap.empty()) {

@@ -153,6 +153,7 @@ int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& 
   o.token = token;
   o.ready_file = ready_file;
   o.spin_us = hooks.spin_us;
+  o.spin_sessions = hooks.spin_sessions;
   o.driver_path = driver;
   if (o.driver_path.empty()) {
     if (const char* env = getenv("TFUSION_REAL_LIBCUDA"); env && *env) o.driver_path = env;

@@ -44,6 +44,7 @@ struct WorkerHooks {
   decltype(worker::WorkerOptions::session_ended) session_ended;
   decltype(worker::WorkerOptions::keeper) keeper;  // tfusion worker --tiering: the sessions' zero keeper
   uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
+  int spin_sessions = worker::WorkerOptions{}.spin_sessions;  // tfusion worker --spin-sessions
   bool vgpu_for_every_session = false;                 // tfusion worker --tiering
   std::string session_host_mem;  // tfusion worker --session-host-mem as typed ("": the default)
   // tfusion worker --tls-cert/--tls-key: TCP clients only over TLS. Without them, a TCP listener

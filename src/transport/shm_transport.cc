@@ -326,7 +326,8 @@ TransportStatus ShmTransport::AllocBulk(uint64_t n, int64_t deadline, uint64_t* 
     return half_ - (alloc_ - out_arena_->free_pos.load(std::memory_order_acquire)) >= need;
   };
   TransportStatus st = WaitFor(ready, [&] { return CheckPeer(); }, &out_arena_->space_seq,
-                               &out_arena_->producer_sleeping, deadline, options_.shm_spin_ns);
+                               &out_arena_->producer_sleeping, deadline,
+                               SpinNsNow(options_.shm_spin_ns, options_));
   if (!st.ok()) return st;
   // A peer that moved free_pos past what we allocated is broken; wait would have misfired.
   if (out_arena_->free_pos.load(std::memory_order_acquire) > alloc_) {
@@ -350,7 +351,8 @@ TransportStatus ShmTransport::Push(const uint8_t* hdr, const void* payload,
     return cap - (head_ - out_ring_->tail.load(std::memory_order_acquire)) >= pad + rec;
   };
   TransportStatus st = WaitFor(ready, [&] { return CheckPeer(); }, &out_ring_->space_seq,
-                               &out_ring_->producer_sleeping, deadline, options_.shm_spin_ns);
+                               &out_ring_->producer_sleeping, deadline,
+                               SpinNsNow(options_.shm_spin_ns, options_));
   if (!st.ok()) return st;
   if (out_ring_->tail.load(std::memory_order_acquire) > head_) {
     return ProtocolError("peer released more of the ring than was written");
@@ -479,7 +481,8 @@ TransportStatus ShmTransport::Receive(InFrame* frame, int timeout_ms) {
   for (;;) {
     auto ready = [&] { return in_ring_->head.load(std::memory_order_acquire) != tail_; };
     TransportStatus st = WaitFor(ready, [&] { return CheckPeer(); }, &in_ring_->data_seq,
-                                 &in_ring_->consumer_sleeping, deadline, options_.shm_spin_ns);
+                                 &in_ring_->consumer_sleeping, deadline,
+                                 SpinNsNow(options_.shm_spin_ns, options_));
     if (st.code() == TransportErrc::kTimeout) return st;
     if (!st.ok()) return fail(st);
     const uint64_t avail = in_ring_->head.load(std::memory_order_acquire) - tail_;

@@ -268,10 +268,11 @@ TransportStatus TcpTransport::Send(const OutFrame& f) {
 void TcpTransport::FlusherLoop() {
   MutexLock l(&tx_mu_);
   for (;;) {
-    if (queue_.size == 0 && options_.tcp_spin_ns > 0) {
+    const uint32_t spin_ns = SpinNsNow(options_.tcp_spin_ns, options_);
+    if (queue_.size == 0 && spin_ns > 0) {
       // Frames of a burst of asynchronous calls come a few microseconds apart: wait for the next
       // one awake, so the caller's Send finds no sleeper to wake.
-      const int64_t spin_end = MonotonicNowNs() + options_.tcp_spin_ns;
+      const int64_t spin_end = MonotonicNowNs() + spin_ns;
       while (!stopping_ && queue_.size == 0 && MonotonicNowNs() < spin_end) {
         tx_mu_.Unlock();
         for (int i = 0; i < 32; ++i) CpuRelax();
@@ -322,7 +323,7 @@ TransportStatus TcpTransport::ReadSome(int64_t deadline_ns) {
       rend_ += n;
       return TransportStatus::Ok();
     }
-    if (!spun && options_.tcp_spin_ns > 0) {
+    if (!spun && SpinNsNow(options_.tcp_spin_ns, options_) > 0) {
       // Nothing yet: poll for a short while before paying for a sleep and a wake-up.
       spun = true;
       spin_end = MonotonicNowNs() + options_.tcp_spin_ns;

@@ -18,6 +18,7 @@
 // is broken and every later call returns the same error.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -54,7 +55,18 @@ struct TransportOptions {
   // plaintext clients (kTlsRequired); nullptr: plaintext only. See tls_stream.h.
   const char* tls_ca_file = nullptr;
   const TlsContext* tls_server = nullptr;
+  // Both: spin (shm_spin_ns, tcp_spin_ns) only while *spin_load <= spin_load_max; nullptr: always.
+  // The worker counts its live sessions there: many sessions spinning at once take the cores the
+  // tenants' own threads need (tfusion worker --spin-sessions, docs/remote.md).
+  const std::atomic<uint32_t>* spin_load = nullptr;
+  uint32_t spin_load_max = 0;
 };
+
+// How long to spin now: `base`, or 0 while the spin load is above its maximum.
+inline uint32_t SpinNsNow(uint32_t base, const TransportOptions& o) {
+  if (base == 0 || o.spin_load == nullptr) return base;
+  return o.spin_load->load(std::memory_order_relaxed) > o.spin_load_max ? 0 : base;
+}
 
 // Where the bulk of an incoming frame should land (Transport::SetBulkPlacer): memory for
 // bulk_length bytes, or nullptr for the transport's own. Given the frame's header and payload.

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <ctime>
 #include <set>
 #include <string>
@@ -32,6 +34,17 @@ namespace {
 
 std::atomic<bool> g_signal_stop{false};
 void OnStopSignal(int) { g_signal_stop.store(true); }
+
+// The worker's live sessions, in memory the parent shares with every process it forks: the
+// parent counts a spare that became a session and a session it reaped; sessions read it before
+// spinning (WorkerOptions::spin_sessions).
+std::atomic<uint32_t>* g_live_sessions = nullptr;
+
+uint32_t SpinSessions(const WorkerOptions& o) {
+  if (o.spin_sessions >= 0) return static_cast<uint32_t>(o.spin_sessions);
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores >= 8 ? static_cast<uint32_t>(cores / 4) : 1;
+}
 
 // A session closes every listening socket it inherited (without unlinking the unix path, which
 // belongs to the parent), so a restarted worker can bind again while old sessions run.
@@ -78,6 +91,8 @@ void CloseInheritedListeners(int keep_fd) {
   topt.tls_server = tls;
   topt.shm_spin_ns = o.spin_us * 1000u;
   topt.tcp_spin_ns = o.spin_us * 1000u;
+  topt.spin_load = g_live_sessions;
+  topt.spin_load_max = SpinSessions(o);
   const int slice_ms = listeners.size() > 1 ? 50 : 500;
   for (;;) {
     for (auto& l : listeners) {
@@ -176,6 +191,13 @@ int RunWorker(const WorkerOptions& o) {
     sigaction(SIGTERM, &sa, nullptr);
   }
   signal(SIGPIPE, SIG_IGN);
+  if (g_live_sessions == nullptr) {
+    void* page = mmap(nullptr, sizeof(std::atomic<uint32_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                      -1, 0);
+    if (page != MAP_FAILED) g_live_sessions = new (page) std::atomic<uint32_t>(0);  // else: always spin
+  }
+  if (g_live_sessions != nullptr) g_live_sessions->store(0);  // this run's sessions only
+  std::set<pid_t> sessions;
   const pid_t self = getpid();
   pid_t spare = 0;
   pid_t keeper = 0;
@@ -222,7 +244,10 @@ int RunWorker(const WorkerOptions& o) {
     int n = poll(&p, 1, 200);
     if (n > 0) {
       char c;
-      if (read(notify[0], &c, 1) == 1) spare = 0;  // it became a session: start another spare
+      if (read(notify[0], &c, 1) == 1) {  // it became a session: start another spare
+        if (sessions.insert(spare).second && g_live_sessions != nullptr) g_live_sessions->fetch_add(1);
+        spare = 0;
+      }
     }
     int status;
     pid_t dead;
@@ -235,6 +260,7 @@ int RunWorker(const WorkerOptions& o) {
                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
         continue;
       }
+      if (sessions.erase(dead) != 0 && g_live_sessions != nullptr) g_live_sessions->fetch_sub(1);
       if (o.session_ended) o.session_ended(dead);
     }
   }

@@ -722,5 +722,27 @@ TEST(ShmRendezvousTest, RefusesALivePathAndReplacesAStaleOne) {
   EXPECT_TRUE(st.ok()) << Describe(st);
 }
 
+// A receiver spins before sleeping only while the load it is told to watch (the worker's live
+// sessions) is within its maximum.
+TEST(SpinLoadTest, SpinsOnlyWhileTheLoadIsWithinItsMaximum) {
+  TransportOptions o;
+  EXPECT_EQ(SpinNsNow(200'000, o), 200'000u) << "no load to watch: always";
+  std::atomic<uint32_t> live{0};
+  o.spin_load = &live;
+  o.spin_load_max = 4;
+  for (uint32_t n : {0u, 1u, 4u}) {
+    live.store(n);
+    EXPECT_EQ(SpinNsNow(200'000, o), 200'000u) << n << " live";
+  }
+  for (uint32_t n : {5u, 8u, 1000u}) {
+    live.store(n);
+    EXPECT_EQ(SpinNsNow(200'000, o), 0u) << n << " live";
+  }
+  EXPECT_EQ(SpinNsNow(0, o), 0u);
+  o.spin_load_max = 0;  // never
+  live.store(1);
+  EXPECT_EQ(SpinNsNow(200'000, o), 0u);
+}
+
 }  // namespace
 }  // namespace tf::transport
