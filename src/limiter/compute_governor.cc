@@ -340,6 +340,15 @@ bool ComputeGovernor::SampleQueued() {
   return queued;
 }
 
+namespace {
+// TFUSION_SHARE_DEBUG in the tenant's environment: log the turns check's comparisons (read once;
+// the governor ticks every half millisecond).
+bool ShareDebug() {
+  static const bool on = getenv("TFUSION_SHARE_DEBUG") != nullptr;
+  return on;
+}
+}  // namespace
+
 void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   const bool queued = SampleQueued();
   Binding* b = Bound();
@@ -365,10 +374,10 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   }
   if (turn_.turns_paid == 1 && !paid_logged_) {
     paid_logged_ = true;
-    if (getenv("TFUSION_SHARE_DEBUG") != nullptr) GuestLog("compute: turns pay here (%.2f times as much per share without them)",
+    if (ShareDebug()) GuestLog("compute: turns pay here (%.2f times as much per share without them)",
              static_cast<double>(turn_.last_ratio_permille) / 1000.0);
   }
-  if (turn_.comparisons != logged_comparisons_ && getenv("TFUSION_SHARE_DEBUG") != nullptr) {
+  if (turn_.comparisons != logged_comparisons_ && ShareDebug()) {
     logged_comparisons_ = turn_.comparisons;
     const int64_t* w = turn_.last_with;
     const int64_t* wo = turn_.last_without;

@@ -551,6 +551,18 @@ def wait_until(cond, seconds, step=0.1):
     return None
 
 
+def wait_soon(cond, seconds):
+    """wait_until, looking every 50 ms."""
+    return wait_until(cond, seconds, 0.05)
+
+
+def remove_files(*paths):
+    """Removes those of `paths` that exist (a tenant's signal files left by an earlier run)."""
+    for f in paths:
+        if os.path.exists(f):
+            os.unlink(f)
+
+
 def api_call(url, token, method, path, body=None, timeout=10):
     """One request to the controller's HTTP API: (status, JSON)."""
     import urllib.request
@@ -597,6 +609,21 @@ class PooledWorker:
 
     def api(self, method, path, body=None):
         return api_call(self.url, self.token, method, path, body, 10)
+
+    def smi(self, *flags):
+        """`tfusion smi` on this host (the worker's sessions and their vGPUs)."""
+        return subprocess.run([self.r.tfusion, "smi", *flags], capture_output=True, text=True, env=self.r.env).stdout
+
+    def bound_session(self):
+        """(session pid, allocation id, vGPU name) of the session bound to an allocation that
+        `tfusion smi` lists, once the node agent follows it; None when there is none."""
+        import re
+        m = re.search(r"remote-([0-9]+)@(a-[0-9a-z]+)", self.smi())
+        if not m:
+            return None
+        allocation = m.group(2)
+        wait_soon(lambda: f"follows allocation {allocation}" in self.read_log("agent"), 5)
+        return int(m.group(1)), allocation, m.group(0)
 
     def run_flags(self):
         """`tfusion run` flags for a low-QoS allocation of this pool (8 GiB, 50%), bound remotely."""
@@ -674,23 +701,15 @@ def phase_rpool(r, gib=1):
 def phase_rhold(r, gib=1):
     """A preemption's hold and an allocation taken back reach a remote session bound to the
     allocation: controller, node agent and worker on this host (loopback only)."""
-    import re
     work = os.path.join(r.out, "rhold-work")
     os.makedirs(work, exist_ok=True)
     ready, go = os.path.join(work, "tenant-ready"), os.path.join(work, "tenant-go")
-    for f in (ready, ready + ".checked", go, go + "2"):
-        if os.path.exists(f):
-            os.unlink(f)
+    remove_files(ready, ready + ".checked", go, go + "2")
     res = {"gib": gib}
     tenant = None
     t_phase = time.monotonic()
     pool = PooledWorker(r, "rhold", work)
-
-    def wait(cond, seconds):
-        return wait_until(cond, seconds, 0.05)
-
-    def smi(*flags):
-        return subprocess.run([r.tfusion, "smi", *flags], capture_output=True, text=True, env=r.env).stdout
+    wait, smi = wait_soon, pool.smi
 
     try:
         if pool.error:
@@ -704,13 +723,12 @@ def phase_rhold(r, gib=1):
         if not wait(lambda: os.path.exists(ready) or tenant.poll() is not None, 60) or not os.path.exists(ready):
             res["error"] = "the tenant did not get ready (see logs/rhold-tenant.log)"
             return
-        m = re.search(r"remote-([0-9]+)@(a-[0-9a-z]+)", smi())
-        if not m:
+        bound = pool.bound_session()
+        if not bound:
             res["error"] = "no bound session vGPU in tfusion smi"
             return
-        session, allocation, vgpu = int(m.group(1)), m.group(2), m.group(0)
+        session, allocation, vgpu = bound
         res["vgpu"] = vgpu
-        wait(lambda: f"follows allocation {allocation}" in read_log("agent"), 5)
         res["session_vram_mib_before"] = session_vram_mib(session)
 
         # A critical allocation on every GPU of the node: only the session's room makes it fit.
@@ -774,12 +792,7 @@ def phase_rkill(r, gib=1):
     tenants = []
     t_phase = time.monotonic()
     pool = PooledWorker(r, "rkill", work)
-
-    def wait(cond, seconds):
-        return wait_until(cond, seconds, 0.05)
-
-    def smi(*flags):
-        return subprocess.run([r.tfusion, "smi", *flags], capture_output=True, text=True, env=r.env).stdout
+    wait, smi = wait_soon, pool.smi
 
     def host_tier():
         """The worker's host tier as `tfusion smi` shows it ("host tier N MiB of M GiB")."""
@@ -787,9 +800,7 @@ def phase_rkill(r, gib=1):
 
     def start_tenant(name):
         ready, go = os.path.join(work, name + "-ready"), os.path.join(work, name + "-go")
-        for f in (ready, ready + ".checked", go, go + "2"):
-            if os.path.exists(f):
-                os.unlink(f)
+        remove_files(ready, ready + ".checked", go, go + "2")
         cmd = [r.tfusion, "run", *pool.run_flags(), "--idle-swap", "0", "--",
                sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, f"rkill-{name}.log"), "w"),
@@ -806,13 +817,12 @@ def phase_rkill(r, gib=1):
         if not ok:
             res["error"] = "the first tenant did not get ready (see logs/rkill-victim.log)"
             return
-        m = re.search(r"remote-([0-9]+)@(a-[0-9a-z]+)", smi())
-        if not m:
+        bound = pool.bound_session()
+        if not bound:
             res["error"] = "no bound session vGPU in tfusion smi"
             return
-        session, allocation, vgpu = int(m.group(1)), m.group(2), m.group(0)
+        session, allocation, vgpu = bound
         res["vgpu"] = vgpu
-        wait(lambda: f"follows allocation {allocation}" in pool.read_log("agent"), 5)
         res["session_vram_mib_before"] = session_vram_mib(session)
         t0 = time.monotonic()
         res["freeze_status"] = pool.api("POST", f"/v1/allocations/{allocation}/freeze", {"level": "zero"})[0]
