@@ -57,15 +57,17 @@ class ComputeHandoffTest : public RegionTest {
 
   // Runs saturating hard slices (request = limit) for `seconds`, measuring from `warmup`.
   // turn_ns 0: no turns; period_ns 0: fixed turns of turn_ns (the hand-off before planned turns).
+  // `limits`: per tenant, a limit above its request (a burstable vGPU); empty or 0: request = limit.
   SimResult Run(const std::vector<uint64_t>& split, int64_t turn_ns, int64_t period_ns, int64_t seconds = 6,
-                int64_t warmup = 2, int64_t depth_ns = 2'400 * kUs) {
+                int64_t warmup = 2, int64_t depth_ns = 2'400 * kUs, const std::vector<uint64_t>& limits = {}) {
     std::vector<SimTenant> ts;
     for (size_t i = 0; i < split.size(); ++i) {
       SimTenant t{"t" + std::to_string(i), split[i], depth_ns, ShareTurn{turn_ns, period_ns}};
       t.jitter = 0x9e3779b97f4a7c15ULL * (i + 1);
       t.next_tick = static_cast<int64_t>(i) * 137 * kUs % kTick;
+      const uint64_t limit = i < limits.size() && limits[i] != 0 ? limits[i] : t.share_ppm;
       uint32_t v = 0;
-      EXPECT_EQ(region_.CreateOrUpdateVgpu(t.id.c_str(), kGiB, t.share_ppm, t.share_ppm, kDefaultQos, &v),
+      EXPECT_EQ(region_.CreateOrUpdateVgpu(t.id.c_str(), kGiB, t.share_ppm, limit, kDefaultQos, &v),
                 RegionError::kOk);
       EXPECT_EQ(region_.AttachProcess(v, getpid(), &t.slot), RegionError::kOk);
       ts.push_back(t);
@@ -208,6 +210,18 @@ TEST_F(ComputeHandoffTest, EqualSplitsGetTheirSharesWithFewerSwitches) {
     for (size_t i = 0; i < split.size(); ++i) EXPECT_NEAR(planned.real[i], split[i] / 10'000.0, 1.0) << what;
     EXPECT_LT(planned.switches * 3, fixed.switches * 2) << what;
   }
+}
+
+TEST_F(ComputeHandoffTest, ABurstableTenantBesideHardSlicesTakesTurnsAtItsRequest) {
+  // The burst benchmark once the others have arrived: a saturating tenant with request 25% and
+  // limit 100% beside three saturating hard 25% slices. Time-sliced together, each got its 1/4 of
+  // what four-way slicing leaves (about 22.8% on an H100, the model's 91% for two); in turns at its
+  // request the burstable one gets its 25% like the others, and so do they.
+  const std::vector<uint64_t> split{250'000, 250'000, 250'000, 250'000};
+  SimResult r = Run(split, kShareTurnNs, kShareTurnPeriodNs, 8, 2, 2'400 * kUs, {1'000'000});
+  const std::string what = Describe(split, r);
+  EXPECT_EQ(r.idle_ns, 0) << what;
+  for (size_t i = 0; i < split.size(); ++i) EXPECT_NEAR(r.real[i], 25.0, 1.0) << what;
 }
 
 }  // namespace

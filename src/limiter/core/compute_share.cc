@@ -29,9 +29,10 @@
 // ~10 ms is saturating; saturating vGPUs that contend take turns of ShareTurn::turn_ns (25 ms,
 // measured best; TFUSION_SHARE_TURN_MS per process, 0 = off): the one holding the turn submits,
 // the others hold (kTurn) while tenants that leave gaps (inference, launch-bound work) keep running
-// beside it as before, and so do burstable vGPUs (request < limit: what they are promised is
-// latency and idle capacity, not an exact slice; a batch-1 inference tenant keeps its queue full
-// like a saturating one, and made to wait for turns it lost a third of its throughput on the GPU).
+// beside it as before. A burstable vGPU (request < limit) takes turns at its request, paid from its
+// request bucket, only while the requests of the vGPUs that want the GPU fill it (nothing left to
+// lend: its request is its share); otherwise it counts as one that leaves gaps, so what the
+// requests leave is lent by time slicing, higher QoS first.
 // While any such tenant wants the GPU nobody takes turns: beside one turn holder instead of all the
 // saturating ones it would be charged several times as much and held at its request (it kept 0.39
 // of its solo throughput that way on an H200, 0.57 without turns).
@@ -114,6 +115,20 @@ uint64_t LimitPpm(const VgpuSlot* v) {
   return lim > req ? lim : req;
 }
 
+// The bucket a vGPU's turns are paid from, and its rate: a hard slice's limit bucket at its limit;
+// a burstable vGPU's (request < limit) request bucket at its request, which is what it is owed
+// while others contend (its limit only bounds what it borrows while nobody else wants the GPU).
+struct TurnBucket {
+  const std::atomic<int64_t>* tokens;
+  int64_t ppm;
+};
+TurnBucket TurnBucketOf(const VgpuSlot* u) {
+  const int64_t req = ClampShare(u->compute_share_ppm.load(std::memory_order_relaxed));
+  const int64_t lim = ClampShare(LimitPpm(u));
+  if (req < lim) return {&u->request_tokens_ns, req};
+  return {&u->tokens_ns, lim};
+}
+
 // Planned turns. A vGPU at `ppm` runs max(turn_ns, ppm x period_ns) per turn.
 int64_t TurnLengthNs(const ShareTurn& t, int64_t ppm) {
   if (t.period_ns <= 0) return t.turn_ns;
@@ -130,23 +145,24 @@ int64_t TurnSpendNs(const ShareTurn& t, int64_t ppm) {
 // It takes a turn with 90% of that: the slack lets a holder's bucket run dry just as the next one
 // is ready, so that the turns are bounded by the buckets and nobody waits with the GPU idle.
 int64_t TurnNeedNs(const ShareTurn& t, int64_t ppm) { return TurnSpendNs(t, ppm) * 9 / 10; }
-// A saturating vGPU's limit bucket now, counting the refill since its last tick (capped as its
+// A saturating vGPU's turn bucket now, counting the refill since its last tick (capped as its
 // own ticks cap it, with this process's view of planned turns).
-int64_t LimitTokensNow(const VgpuSlot* u, int64_t now_ns, const ShareTurn& t) {
-  const int64_t lim = ClampShare(LimitPpm(u));
+int64_t TurnTokensNow(const VgpuSlot* u, int64_t now_ns, const ShareTurn& t) {
+  const TurnBucket b = TurnBucketOf(u);
+  const int64_t lim = b.ppm;
   const int64_t last = u->last_refill_ns.load(std::memory_order_relaxed);
-  const int64_t stored = u->tokens_ns.load(std::memory_order_relaxed);
+  const int64_t stored = b.tokens->load(std::memory_order_relaxed);
   int64_t cap = std::max(BurstNs(lim), TurnSpendNs(t, lim));
   if (stored > cap) cap = stored;
   return std::min(cap, stored + RefillAmount(lim, now_ns > last ? now_ns - last : 0));
 }
-// The turn holder's limit bucket now: it has been running alone since its last tick (which
+// The turn holder's turn bucket now: it has been running alone since its last tick (which
 // charged and refilled it), so it spends net (1 - share) of the time since.
 int64_t HolderTokensNow(const VgpuSlot* h, int64_t now_ns) {
-  const int64_t lim = ClampShare(LimitPpm(h));
+  const TurnBucket b = TurnBucketOf(h);
   const int64_t last = h->last_refill_ns.load(std::memory_order_relaxed);
   const int64_t gap = now_ns > last ? std::min<int64_t>(now_ns - last, 1'000'000'000) : 0;
-  return h->tokens_ns.load(std::memory_order_relaxed) - gap * (static_cast<int64_t>(kShareWholeGpuPpm) - lim) / 1'000'000;
+  return b.tokens->load(std::memory_order_relaxed) - gap * (static_cast<int64_t>(kShareWholeGpuPpm) - b.ppm) / 1'000'000;
 }
 // How long a capped vGPU running alone takes to empty a bucket at `tokens`.
 int64_t DryInNs(int64_t tokens, int64_t ppm) {
@@ -220,10 +236,12 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   // Refill both buckets for [last_refill, now): whoever moves last_refill_ns owns that interval.
   // With planned turns a saturating hard slice may save up to a whole turn's cost while it waits
   // for the others' turns; once it stops saturating its buckets go back to the usual burst.
+  // (A burstable vGPU's turns are paid from its request bucket: only that one may save more.)
+  const bool burstable = req < lim;
   int64_t cap_l = BurstNs(lim), cap_r = BurstNs(req);
-  if (turn != nullptr && turn->turn_ns > 0 && turn->period_ns > 0 && req == lim) {
+  if (turn != nullptr && turn->turn_ns > 0 && turn->period_ns > 0) {
     if (turn->saturating) {
-      cap_l = std::max(cap_l, TurnSpendNs(*turn, lim));
+      if (!burstable) cap_l = std::max(cap_l, TurnSpendNs(*turn, lim));
       cap_r = std::max(cap_r, TurnSpendNs(*turn, req));
     } else {
       ClampDown(&v->tokens_ns, cap_l);
@@ -296,14 +314,16 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     out.hold = ShareHold::kHigherQos;
     out.retry_after_ns = kDemandTtlNs;
   }
-  if (turn != nullptr && turn->turn_ns > 0) TakeTurns(mine, now_ns, tick_ns, in_flight, held, req == lim, lt, lim, turn, &out);
+  if (turn != nullptr && turn->turn_ns > 0) {
+    TakeTurns(mine, now_ns, tick_ns, in_flight, held, burstable, burstable ? rt : lt, burstable ? req : lim, turn,
+              &out);
+  }
   if (out.hold != ShareHold::kRun && !held) v->leases_total.fetch_add(1, std::memory_order_relaxed);
   return out;
 }
 
-void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool hard,
-                          int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn,
-                          ShareVerdict* out) {
+void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool burstable,
+                          int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn, ShareVerdict* out) {
   const int64_t w = tick_ns < kBusyAvgWindowNs ? tick_ns : kBusyAvgWindowNs;
   const int64_t x = in_flight || held ? static_cast<int64_t>(kShareWholeGpuPpm) : 0;
   turn->busy_avg_ppm += (x - turn->busy_avg_ppm) * w / kBusyAvgWindowNs;
@@ -332,7 +352,11 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
       turn->turn_held_ns = turn->turn_busy_ns = 0;
     }
   }
-  turn->saturating = hard && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
+  // A burstable vGPU takes turns (at its request) only while the requests of the vGPUs that want
+  // the GPU fill it: then there is nothing to borrow and its request is its share. Otherwise what
+  // the requests leave is lent by time slicing, higher QoS first, and it does not take turns.
+  const bool eligible = !burstable || RequestsFillGpu(now_ns);
+  turn->saturating = eligible && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
   const uint64_t bit = 1ULL << mine;
   uint64_t mask = sb->saturating.load(std::memory_order_relaxed);
   if (turn->saturating != ((mask & bit) != 0)) {
@@ -348,7 +372,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   auto others_gappy = [&] { return OthersWantUnsaturated(mine, mask, now_ns); };
   // Turns apply to it now when it is saturating and nobody wanting the GPU is not (whether it holds
   // the turn, waits for one, or waits for the tokens of its next one).
-  if (hard && turn->busy_avg_ppm >= kSaturatedPpm) {
+  if (eligible && turn->busy_avg_ppm >= kSaturatedPpm) {
     bool others_want = false, others_unsaturated = false;  // one scan for both
     ScanOthers(mine, mask, now_ns, &others_want, &others_unsaturated);
     CheckTurnsPay(now_ns, tick_ns, out->charged_ns, others_want, turn->saturating && !others_unsaturated, turn);
@@ -464,6 +488,15 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
   ClearTurnsPaySums(turn);
 }
 
+bool GpuRegion::RequestsFillGpu(int64_t now_ns) const {
+  int64_t sum = 0;
+  for (uint32_t i = 0; i < kMaxVgpus; ++i) {
+    const VgpuSlot* u = vgpu(i);
+    if (Wanting(u, now_ns)) sum += ClampShare(u->compute_share_ppm.load(std::memory_order_relaxed));
+  }
+  return sum >= static_cast<int64_t>(kShareWholeGpuPpm) * 99 / 100;
+}
+
 bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {
   for (uint32_t i = 0; i < kMaxVgpus; ++i) {
     if (i != mine && ((mask >> i) & 1) == 0 && Wanting(vgpu(i), now_ns)) return true;
@@ -499,9 +532,9 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
       const uint32_t i = static_cast<uint32_t>(__builtin_ctzll(m));
       const VgpuSlot* u = vgpu(i);
       if (!Wanting(u, now_ns)) continue;
-      const int64_t u_lim = ClampShare(LimitPpm(u));
+      const int64_t u_lim = TurnBucketOf(u).ppm;
       if (u_lim <= 0) continue;
-      const int64_t have = LimitTokensNow(u, now_ns, *turn) - TurnNeedNs(*turn, u_lim);
+      const int64_t have = TurnTokensNow(u, now_ns, *turn) - TurnNeedNs(*turn, u_lim);
       const int64_t ready_for = have * 1'000'000 / u_lim;  // < 0: not ready for that long
       if (ready_for >= 0 && ready_for > best_ready_for) {
         best = static_cast<int>(i);
@@ -538,7 +571,10 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
     }
     const int64_t end = since + TurnLengthNs(*turn, lim);
     int64_t soonest = INT64_MAX;
-    if (now_ns >= end) {
+    // A hard slice whose bucket ran dry is held above; a burstable one is not (its limit is
+    // higher), so its turn also ends when its request bucket does.
+    const bool dry = lim < static_cast<int64_t>(kShareWholeGpuPpm) && lt <= 0;
+    if (now_ns >= end || dry) {
       const int next = successor(&soonest);
       if (next >= 0 && hand_over(next)) {
         out->hold = ShareHold::kTurn;
@@ -566,7 +602,7 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
   int64_t holder_left = 0;
   if (alive) {
     const VgpuSlot* h = vgpu(static_cast<uint32_t>(holder - 1));
-    const int64_t h_lim = ClampShare(LimitPpm(h));
+    const int64_t h_lim = TurnBucketOf(h).ppm;
     holder_left = since + TurnLengthNs(*turn, h_lim) - now_ns;
     if (h_lim < static_cast<int64_t>(kShareWholeGpuPpm)) {
       holder_left = std::min(holder_left, DryInNs(HolderTokensNow(h, now_ns), h_lim));
