@@ -284,7 +284,8 @@ def run(tfusion, folder):
 
         # BOOKMARK moves the resume point.
         bm = api.bookmark('gpupools')
-        time.sleep(0.5)
+        wait_for(lambda: ('gpupools', int(bm)) in api.watch_sent, 'the BOOKMARK is sent on the watch')
+        time.sleep(0.5)  # and read by the reconciler
         n = len(watches(api))
         api.end_watches()
         w = wait_for(lambda: watches(api)[n:], 'the watch is opened again after a bookmark')
