@@ -259,6 +259,25 @@ Status NodeAgent::SyncAllocations() {
   return st;
 }
 
+
+// A vGPU that lingers with an allocation this agent never followed: its allocation is gone when
+// the controller answers 404 for it (a node token sees only its own node's allocations, so one
+// placed elsewhere is not this node's either). Only ids the controller issues are asked about (a
+// standalone `tfusion run` vGPU is left alone); an allocation it still has, or a failed request,
+// is asked about again after kAskAgainMs.
+bool NodeAgent::GoneAtController(const std::string& allocation, int64_t now_ms) {
+  if (!IsAllocationId(allocation)) return false;
+  if (auto it = ask_again_.find(allocation); it != ask_again_.end() && now_ms < it->second) return false;
+  StatusOr<controller::HttpResponse> r = client_.Get("/v1/allocations/" + allocation);
+  if (r.ok() && r->status == 404) {
+    ask_again_.erase(allocation);
+    released_[allocation] = now_ms + kRememberReleasedMs;
+    return true;
+  }
+  ask_again_[allocation] = now_ms + kAskAgainMs;
+  return false;
+}
+
 Status NodeAgent::SyncAllocationsOnce() {
   StatusOr<controller::HttpResponse> r = client_.Get("/v1/allocations?node=" + options_.node_name);
   TF_RETURN_IF_ERROR(FromHttp(r, "listing allocations"));
@@ -320,7 +339,8 @@ Status NodeAgent::SyncAllocationsOnce() {
     if (reason.empty()) {
       if (auto e = evicted.find(allocation); e != evicted.end()) reason = e->second;
       else if (known_.count(allocation) || released_.count(allocation)) reason = "released";
-      else continue;  // never seen wanted by this agent (it restarted): removed once its processes exit
+      else if (GoneAtController(allocation, clock_->NowMs())) reason = "released";
+      else continue;  // still at the controller, or not one of its ids: removed once its processes exit
     }
     if (stop_reason_.emplace(v.id, Stopping{reason, allocation}).second) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -349,6 +369,9 @@ Status NodeAgent::SyncAllocationsOnce() {
     Status reported = FromHttp(client_.Post("/v1/evictions/" + id + "/stopped", body.dump()),
                                "reporting eviction " + id + " stopped");
     if (!reported.ok() && st.ok()) st = reported;
+  }
+  for (auto it = ask_again_.begin(); it != ask_again_.end();) {  // forget old answers
+    it = it->second + kRememberReleasedMs <= clock_->NowMs() ? ask_again_.erase(it) : std::next(it);
   }
   // Allocations this agent followed and that are gone are remembered for a while: a worker session
   // that binds to one late (its client was placed just before the allocation went) is stopped too.

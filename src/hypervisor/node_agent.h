@@ -115,6 +115,12 @@ class NodeAgent {
   // to one is still stopped as released.
   std::map<std::string, int64_t> released_;
   static constexpr int64_t kRememberReleasedMs = 10 * 60 * 1000;
+  // Allocations a lingering vGPU names that this agent never followed (it restarted, or they went
+  // longer than kRememberReleasedMs ago): asked of the controller, and again after this long when
+  // it still has them (or could not answer) -> when (clock ms).
+  std::map<std::string, int64_t> ask_again_;
+  static constexpr int64_t kAskAgainMs = 10 * 1000;
+  bool GoneAtController(const std::string& allocation, int64_t now_ms);
   struct Stopping {
     std::string reason;      // why it is being stopped
     std::string allocation;  // whose vGPU it is (a worker session's: the allocation it is bound to)

@@ -564,8 +564,10 @@ TEST_F(StopTest, APreemptedVgpusProcessesGetSigtermThenSigkillAfterTheGrace) {
 }
 
 // Released by request while processes still use it: stopped too. A vGPU this agent never saw
-// wanted (e.g. from before it restarted) is left to end on its own.
-TEST_F(StopTest, AReleasedVgpuInUseIsStoppedButOneTheAgentNeverSawIsNot) {
+// wanted (e.g. from before it restarted) is stopped when the controller has no such allocation;
+// one that is not named after a controller allocation (a standalone `tfusion run`) is left to end
+// on its own.
+TEST_F(StopTest, AReleasedVgpuInUseIsStoppedAndSoIsOneTheControllerNoLongerHas) {
   pid_t tenant = Tenant(false);
   ASSERT_GT(tenant, 0);
   controller::Allocation a = AllocateAndUse("medium", {tenant});
@@ -583,12 +585,20 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedButOneTheAgentNeverSawIsNot) {
   ASSERT_EQ(r->CreateOrUpdateVgpu("a-0000000000000bad", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
   ASSERT_EQ(r->AttachProcess(index, other, &slot), limiter::RegionError::kOk);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
-  EXPECT_EQ(EndedBySignal(other, 200), 0);
-  EXPECT_TRUE(HasVgpu("a-0000000000000bad"));
-  kill(other, SIGKILL);
-  EXPECT_EQ(EndedBySignal(other, 2000), SIGKILL);
+  EXPECT_EQ(EndedBySignal(other, 2000), SIGTERM) << "the controller has no allocation a-0000000000000bad";
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 2);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_FALSE(HasVgpu("a-0000000000000bad"));
+
+  pid_t standalone = Tenant(false);
+  ASSERT_GT(standalone, 0);
+  ASSERT_EQ(r->CreateOrUpdateVgpu("run-4242", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, standalone, &slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(standalone, 200), 0) << "not a controller allocation's vGPU";
+  EXPECT_TRUE(HasVgpu("run-4242"));
+  kill(standalone, SIGKILL);
+  EXPECT_EQ(EndedBySignal(standalone, 2000), SIGKILL);
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {
@@ -943,23 +953,19 @@ TEST(NodeAgent, UpdatingTheComputeShareOfAVgpuNeverCreatesIt) {
 
 // An allocation taken back (released) while a worker session is bound to it: the agent stops the
 // session process (the worker then removes its vGPU) and reports it with the allocation's stops;
-// a process on the session's vGPU that is not the session, and the session of an allocation this
-// agent never saw, are left alone.
+// a process on the session's vGPU that is not the session is left alone. (A session bound to an
+// allocation this agent never saw: ASessionThatBindsToAnAllocationJustTakenBackIsStopped.)
 TEST_F(StopTest, AnAllocationTakenBackStopsTheWorkerSessionsBoundToItAndNoOtherProcess) {
-  pid_t session = Tenant(false), stranger = Tenant(false), unknown = Tenant(false);
+  pid_t session = Tenant(false), stranger = Tenant(false);
   ASSERT_GT(session, 0);
   ASSERT_GT(stranger, 0);
-  ASSERT_GT(unknown, 0);
   controller::Allocation a = AllocateAndUse("medium", {});
   limiter::GpuRegion* r = regions_->region("GPU-s0");
-  uint32_t index = 0, other = 0, slot = 0;
+  uint32_t index = 0, slot = 0;
   const std::string vgpu = SessionVgpuId(session, a.id);
   ASSERT_EQ(r->CreateOrUpdateVgpu(vgpu.c_str(), 1 << 30, 600'000, &index), limiter::RegionError::kOk);
   ASSERT_EQ(r->AttachProcess(index, session, &slot), limiter::RegionError::kOk);
   ASSERT_EQ(r->AttachProcess(index, stranger, &slot), limiter::RegionError::kOk);
-  const std::string never = SessionVgpuId(unknown, "a-0000000000000bad");
-  ASSERT_EQ(r->CreateOrUpdateVgpu(never.c_str(), 1 << 20, 100'000, &other), limiter::RegionError::kOk);
-  ASSERT_EQ(r->AttachProcess(other, unknown, &slot), limiter::RegionError::kOk);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(session, 300), 0) << "its allocation is still there";
 
@@ -967,14 +973,12 @@ TEST_F(StopTest, AnAllocationTakenBackStopsTheWorkerSessionsBoundToItAndNoOtherP
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(session, 2000), SIGTERM);
   EXPECT_EQ(EndedBySignal(stranger, 300), 0) << "not the session of its vGPU";
-  EXPECT_EQ(EndedBySignal(unknown, 0), 0) << "an allocation this agent never saw";
   EXPECT_FALSE(HasVgpu(a.id));
   EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 1);
   EXPECT_EQ(Metric(*agent_, "tf_node_vgpus_stopping"), 1);
   clock_.AdvanceMs(6'000);  // past the grace: the stranger is still not the session's to stop
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(stranger, 300), 0);
-  EXPECT_EQ(EndedBySignal(unknown, 0), 0);
   EXPECT_EQ(Metric(*agent_, "tf_node_vgpus_stopping"), 0) << "the session is gone";
   EXPECT_EQ(Metric(*agent_, "tf_node_process_signals_total", {{"signal", "SIGTERM"}}), 1);
   EXPECT_EQ(Metric(*agent_, "tf_node_process_signals_total", {{"signal", "SIGKILL"}}), 0);
@@ -982,8 +986,9 @@ TEST_F(StopTest, AnAllocationTakenBackStopsTheWorkerSessionsBoundToItAndNoOtherP
 }
 
 // A client placed just before its allocation was deleted binds its worker session after the
-// agent saw the allocation go: the session is stopped all the same, for as long as the agent
-// remembers allocations taken back (10 minutes), and a session of one forgotten since is not.
+// agent saw the allocation go: the session is stopped all the same, at once while the agent
+// remembers allocations taken back (10 minutes), and after that because the controller answers
+// that the allocation is gone. One whose allocation the controller still has is left running.
 TEST_F(StopTest, ASessionThatBindsToAnAllocationJustTakenBackIsStopped) {
   pid_t late = Tenant(false), later = Tenant(false);
   ASSERT_GT(late, 0);
@@ -1009,9 +1014,8 @@ TEST_F(StopTest, ASessionThatBindsToAnAllocationJustTakenBackIsStopped) {
             limiter::RegionError::kOk);
   ASSERT_EQ(r->AttachProcess(index, later, &slot), limiter::RegionError::kOk);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
-  EXPECT_EQ(EndedBySignal(later, 300), 0) << "its allocation was taken back 11 minutes ago: forgotten";
-  kill(later, SIGKILL);
-  EXPECT_EQ(EndedBySignal(later, 2000), SIGKILL);
+  EXPECT_EQ(EndedBySignal(later, 2000), SIGTERM) << "taken back 11 minutes ago: the controller says it is gone";
+  EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 2);
 }
 
 // The stopper signals a process only while its pid still names the process the region recorded
