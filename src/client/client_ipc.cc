@@ -1,44 +1,19 @@
 // IPC between processes whose sessions run on one worker (torch.multiprocessing's CUDA tensors):
-// cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2), cuIpcCloseMemHandle, forwarded synchronously; the
-// event handles (cuIpcGetEventHandle, cuIpcOpenEventHandle) are generated (api/remote_surface.tsv). A handle is the worker driver's 64 opaque bytes,
+// cuIpcOpenMemHandle(_v2), cuIpcCloseMemHandle, forwarded synchronously (they keep the client's
+// allocation table); cuIpcGetMemHandle and the event handles (cuIpcGetEventHandle,
+// cuIpcOpenEventHandle) are generated (api/remote_surface.tsv). A handle is the worker driver's 64 opaque bytes,
 // copied through unchanged; another client of the same worker opens it in its own session, on the
 // same host and driver. Memory opened from a handle is recorded like an allocation (pointer
 // attributes, cuMemcpy's direction, cuMemGetAddressRange) until its last close; an opened event
 // is an event of this session like any other (record, wait, synchronize, destroy).
-#include <cstring>
-
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
 
 namespace tf::client {
-namespace {
 
 using driver::Fn;
 using remote::Op;
 using transport::Writer;
-
-// Reads the 64 bytes of a handle from a reply.
-CUresult ReadHandle(ReplyView& rv, char* out) {
-  uint8_t bytes[CU_IPC_HANDLE_SIZE];
-  if (!rv.reader.Bytes(bytes, sizeof(bytes))) return CUDA_ERROR_UNKNOWN;
-  memcpy(out, bytes, sizeof(bytes));
-  return CUDA_SUCCESS;
-}
-
-}  // namespace
-
-CUresult Impl_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
-  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(dptr);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuIpcGetMemHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  return ReadHandle(rv, handle->reserved);
-}
 
 CUresult Impl_cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
   if (pdptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
