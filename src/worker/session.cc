@@ -223,6 +223,14 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   CUresult Check_cuIpcGetMemHandle(uint64_t& p) override {
     return InsideOne(allocs_, p, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   }
+  CUresult Check_cuIpcOpenMemHandle_v2(CUipcMemHandle&, uint32_t&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuIpcOpenMemHandle_v2(CUdeviceptr& p, const CUipcMemHandle& handle, const uint32_t& flags,
+                                      Writer& reply) override;
+  // A pointer the session opened and has not closed as often.
+  CUresult Check_cuIpcCloseMemHandle(uint64_t& p) override {
+    return ipc_opens_.count(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult Done_cuIpcCloseMemHandle(const uint64_t& p, Writer& reply) override;
   // Pools on a device of the session without IPC handle types (the generated half publishes the
   // pool; the session may destroy it).
   CUresult Check_cuMemPoolCreate(CUmemPoolProps& props) override;
@@ -297,9 +305,9 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
   // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
   CUresult VmmCall(Fn fn, Reader& rd);
-  // IPC between sessions of this worker (cuIpc*), and cuMemGetAddressRange_v2 for pointers the
-  // client does not know the allocation of.
-  CUresult IpcCall(Fn fn, Reader& rd, Writer& out);
+  // cuMemGetAddressRange_v2 for pointers the client does not know the allocation of (memory
+  // opened from an IPC handle included).
+  CUresult AddressRange(Reader& rd, Writer& out);
   void EraseLibrary(uint64_t lib);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
@@ -772,10 +780,8 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     }
     case Fn::cuMemSetAccess:
       return VmmCall(fn, rd);
-    case Fn::cuIpcOpenMemHandle_v2:
-    case Fn::cuIpcCloseMemHandle:
     case Fn::cuMemGetAddressRange_v2:
-      return IpcCall(fn, rd, out);
+      return AddressRange(rd, out);
     case Fn::cuMemAlloc_v2: {
       uint64_t n = 0;
       if (!rd.U64(&n) || n == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -2106,65 +2112,50 @@ CUresult Session::VmmCall(Fn fn, Reader& rd) {
   }
 }
 
-// Stream-ordered allocations and memory pools.
 // IPC handles are the driver's 64 opaque bytes, passed through unchanged: another session of this
 // worker (same host, same driver) opens them. What the client names is checked against this
-// session's tables; a handle's bytes are the driver's to judge.
-CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
-  switch (fn) {
-    case Fn::cuIpcOpenMemHandle_v2: {
-      CUipcMemHandle h{};
-      uint32_t flags = 0;
-      rd.Bytes(h.reserved, sizeof(h.reserved));
-      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUdeviceptr p = 0;
-      CUresult r = CALL(cuIpcOpenMemHandle_v2, &p, h, flags);
-      if (r != CUDA_SUCCESS) return r;
-      if (!ipc_opens_.count(p)) {
-        // The client records the mapping like an allocation: it needs its size.
-        CUdeviceptr base = 0;
-        size_t size = 0;
-        r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
-        if (r != CUDA_SUCCESS || base != p || size == 0) {
-          CALL(cuIpcCloseMemHandle, p);
-          return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
-        }
-        ipc_opened_[p] = size;
-      }
-      ++ipc_opens_[p];
-      out.U64(p);
-      out.U64(ipc_opened_[p]);
-      return CUDA_SUCCESS;
+// session's tables; a handle's bytes are the driver's to judge. An opened range is counted per
+// open; the reply tells the client its size (the client records it like an allocation).
+CUresult Session::Done_cuIpcOpenMemHandle_v2(CUdeviceptr& p, const CUipcMemHandle&, const uint32_t&, Writer& reply) {
+  if (!ipc_opens_.count(p)) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
+    if (r != CUDA_SUCCESS || base != p || size == 0) {
+      CALL(cuIpcCloseMemHandle, p);
+      return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
     }
-    case Fn::cuIpcCloseMemHandle: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish() || !ipc_opens_.count(p)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuIpcCloseMemHandle, p);
-      if (r != CUDA_SUCCESS) return r;
-      const int left = --ipc_opens_[p];
-      if (left == 0) {
-        ipc_opens_.erase(p);
-        ipc_opened_.erase(p);
-      }
-      out.U32(static_cast<uint32_t>(left));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemGetAddressRange_v2: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!Range(p, 1)) return CUDA_ERROR_NOT_FOUND;
-      CUdeviceptr base = 0;
-      size_t size = 0;
-      CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
-      out.U64(base);
-      out.U64(size);
-      return r;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
+    ipc_opened_[p] = size;
   }
+  ++ipc_opens_[p];
+  reply.U64(ipc_opened_[p]);
+  return CUDA_SUCCESS;
 }
 
+// The reply tells the client the opens left (it forgets the range at 0).
+CUresult Session::Done_cuIpcCloseMemHandle(const uint64_t& p, Writer& reply) {
+  const int left = --ipc_opens_[p];
+  if (left == 0) {
+    ipc_opens_.erase(p);
+    ipc_opened_.erase(p);
+  }
+  reply.U32(static_cast<uint32_t>(left));
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::AddressRange(Reader& rd, Writer& out) {
+  uint64_t p = 0;
+  if (!rd.U64(&p) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!Range(p, 1)) return CUDA_ERROR_NOT_FOUND;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
+  out.U64(base);
+  out.U64(size);
+  return r;
+}
+
+// Stream-ordered allocations and memory pools.
 CUresult Session::Check_cuMemPoolCreate(CUmemPoolProps& props) {
   if (static_cast<uint32_t>(props.handleTypes) != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;  // no IPC remotely
   if (static_cast<uint32_t>(props.location.type) == CU_MEM_LOCATION_TYPE_DEVICE) {

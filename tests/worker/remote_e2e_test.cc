@@ -2374,8 +2374,8 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
   EXPECT_EQ(on(Fn::cuStreamDestroy_v2, stream), 0);
 }
 
-// The generated calls with hand-written hooks (hook=): VMM reservations and handles and multicast
-// objects, sent as the stub would not send them. The generated half refuses a malformed message
+// The generated calls with hand-written hooks (hook=): VMM reservations and handles, multicast
+// objects and IPC memory, sent as the stub would not send them. The generated half refuses a malformed message
 // and a device the session lacks; the family's hook refuses what only its tables know (a size of
 // 0, a reservation freed with another size, a handle name that is not the session's, a plain
 // handle where a multicast object goes), each failing that call only.
@@ -2428,6 +2428,16 @@ TEST_F(RemoteTest, HookedGeneratedCallsCheckTheFamilysTables) {
   ASSERT_EQ(reserve(4 * mib2), 0);
   const uint64_t va = FirstU64(out);
   ASSERT_NE(va, 0u);
+  // IPC: only an allocation of the session is exported, only a range it opened is closed, and a
+  // handle one byte short is a malformed message.
+  EXPECT_EQ(call(Fn::cuIpcGetMemHandle, {va}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(call(Fn::cuIpcCloseMemHandle, {va}), CUDA_ERROR_INVALID_VALUE);
+  {
+    Writer w(buf, sizeof(buf));
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE - 1; ++i) w.U8(0);
+    w.U32(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuIpcOpenMemHandle_v2), w), CUDA_ERROR_INVALID_VALUE);
+  }
   EXPECT_EQ(free_range(va, mib2), CUDA_ERROR_INVALID_VALUE);  // not the whole reservation
   EXPECT_EQ(free_range(va + mib2, 3 * mib2), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(create(0, false), CUDA_ERROR_INVALID_VALUE);

@@ -520,7 +520,7 @@ def parse_annotations(fn, text, params):
             if a not in names or not vals:
                 raise SurfaceError("%s: unserved=%s names no argument" % (fn, val))
             ann["unserved"][a] = vals.split(",")
-        elif key == "hook" and val and set(val.split(",")) <= {"check", "done", "client"}:
+        elif key == "hook" and val and set(val.split(",")) <= {"check", "done", "client", "reply"}:
             ann["hook"] |= set(val.split(","))
         else:
             raise SurfaceError("%s: bad annotation %r" % (fn, tok))
@@ -610,6 +610,8 @@ class Call:
             raise SurfaceError("%s: hook= is for calls without count=, void= or str= arguments" % name)
         if "client" in self.ann["hook"] and cls != "sync":
             raise SurfaceError("%s: hook=client is for sync calls" % name)
+        if "reply" in self.ann["hook"] and not {"done", "client"} <= self.ann["hook"]:
+            raise SurfaceError("%s: hook=reply needs done and client (the worker writes what the client reads)" % name)
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
@@ -811,7 +813,8 @@ def gen_client_impl(c, decl):
         o.append(forget)
         o.append("  return r_;\n}\n\n")
         return "".join(o)
-    if c.outs:
+    reply = "reply" in c.ann["hook"]
+    if c.outs or reply:
         o.append("  ReplyView rv_;\n  CUresult r_ = CallSync(s_, Op(Fn::%s), w_, &rv_);\n" % c.name)
     else:
         o.append("  CUresult r_ = CallSync(s_, Op(Fn::%s), w_, nullptr);\n" % c.name)
@@ -839,7 +842,7 @@ def gen_client_impl(c, decl):
             wire = "u64" if a.kind else a.wire
             o.append("  %s o_%s = 0;\n" % (WIRE_C[wire], a.name))
             o.append("  rv_.reader.%s(&o_%s);\n" % (READ[wire], a.name))
-    if c.outs:
+    if c.outs and not reply:  # with hook=reply the client's family reads the rest
         o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
         if a.void:
@@ -872,6 +875,9 @@ def gen_client_impl(c, decl):
         if a.wire in ("i32", "i64"):
             v = "static_cast<uint64_t>(static_cast<int64_t>(%s))" % v
         o.append("  StoreAnswer(s_, Fn::%s, %s, %s, %s, %s, %s);\n" % (c.name, keys[0], keys[1], keys[2], v, keys[3]))
+    if reply:  # the client's own tables, from what the worker's family added to the reply
+        o.append("  return ClientDone_%s(s_, rv_.reader, %s);\n}\n\n" % (c.name, ", ".join(n for _, n in c.params)))
+        return "".join(o)
     if "client" in c.ann["hook"]:  # the client's own tables (hand-written)
         o.append("  ClientDone_%s(s_, %s);\n" % (c.name, ", ".join(n for _, n in c.params)))
     o.append("  return CUDA_SUCCESS;\n}\n\n")
@@ -931,6 +937,8 @@ def hook_params(c, done):
             o.append("%s%s& /*%s*/" % ("const " if done else "", t, a.name))
         elif done:
             o.append("%s& /*%s*/" % (a.base, a.name))
+    if done and "reply" in c.ann["hook"]:
+        o.append("transport::Writer& /*reply*/")
     return ", ".join(o)
 
 
@@ -941,12 +949,13 @@ def hook_args(c, done):
 
 def gen_hooks_header(calls):
     o = [BANNER, "// The hand-written halves of the generated calls with hook= (api/remote_surface.tsv).\n"
-         "#pragma once\n\n#include <cuda.h>\n\n#include <cstdint>\n\nnamespace tf::worker {\n\n"
+         "#pragma once\n\n#include <cuda.h>\n\n#include <cstdint>\n\n#include \"transport/wire.h\"\n\nnamespace tf::worker {\n\n"
          "// Check_<name> runs after the generated checks, before the driver call, with the decoded inputs\n"
          "// (handles already the driver's): it may refuse the call or rewrite an argument (a name of the\n"
          "// family's table into the driver's handle). Done_<name> runs once the driver succeeded, with all\n"
          "// arguments: it files what the call made and may rewrite an output (a driver handle into the\n"
-         "// session's name), or fail the call having undone it (a quota the memory exceeds). A family\n"
+         "// session's name), or fail the call having undone it (a quota the memory exceeds); with\n"
+         "// hook=reply it also writes what the client's family reads after the outputs. A family\n"
          "// overrides the hooks of its calls; the default Check_ refuses the call\n"
          "// (CUDA_ERROR_NOT_SUPPORTED), so a host without the family never calls the driver.\n"
          "// Threading: the session's replay thread.\n"
@@ -1080,9 +1089,11 @@ def gen_worker_case(c):
         if a.destroyed:
             o.append("      host.Handles().Retire(HandleKind::%s, a_%s);\n" % (a.kind, a.name))
             o.append("      host.Destroyed(HandleKind::%s, r_%s);\n" % (a.kind, a.name))
+    if "reply" in c.ann["hook"]:  # what the family adds to the reply, after the outputs
+        o.append("      uint8_t x_[64];\n      transport::Writer xw_(x_, sizeof(x_));\n")
     if "done" in c.ann["hook"]:  # the family files what the driver made (and may rename an output)
         o.append("      if (const CUresult h_ = host.Hooks(fn).Done_%s(%s); h_ != CUDA_SUCCESS) return h_;\n"
-                 % (c.name, hook_args(c, True)))
+                 % (c.name, hook_args(c, True) + (", xw_" if "reply" in c.ann["hook"] else "")))
     for a in c.outs:
         if a.void:
             o.append(indent(void_lines(a, lambda n: "a_" + n, lambda n: "%s v_ = 0; memcpy(&v_, o_%s, %d); out.%s(v_);"
@@ -1123,6 +1134,8 @@ def gen_worker_case(c):
                      % ((a.name,) * 5))
         else:
             o.append("      out.%s(static_cast<%s>(o_%s));\n" % (READ[a.wire], WIRE_C[a.wire], a.name))
+    if "reply" in c.ann["hook"]:
+        o.append("      out.Bytes(x_, xw_.size());\n")
     o.append("      return CUDA_SUCCESS;\n    }\n")
     return "".join(o)
 
@@ -1186,7 +1199,11 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
         f.write('#include <cstdio>\n#include <cstring>\n#include <string>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
-            if "client" in c.ann["hook"]:
+            if "reply" in c.ann["hook"]:
+                f.write("// hook=client,reply: what the client keeps once %s succeeded, from the rest of the\n"
+                        "// reply (its hand-written family); its result is the call's.\n"
+                        "CUresult ClientDone_%s(Session* s, transport::Reader& reply, %s);\n\n" % (c.name, c.name, decl(c.name)))
+            elif "client" in c.ann["hook"]:
                 f.write("// hook=client: what the client keeps once %s succeeded (its hand-written family).\n"
                         "void ClientDone_%s(Session* s, %s);\n\n" % (c.name, c.name, decl(c.name)))
         for c in calls:
