@@ -170,8 +170,8 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   }
   std::vector<uint64_t> SessionStreams() const override { return {streams_.begin(), streams_.end()}; }
   // The families whose generated calls have hand-written hooks (`hook=`): multicast objects, and
-  // the session's own VMM tables (reservations, handles, the pinned-memory charges of host-located
-  // handles), kept by the hooks below.
+  // the session's own tables, kept by the hooks below: VMM reservations, handles, retains and
+  // mappings (with the pinned-memory charges of host-located handles), IPC opens, created pools.
   GeneratedHooks& Hooks(Fn fn) override {
     if (SessionMulticast::Hooked(fn)) return multicast_;
     return *this;
@@ -303,8 +303,8 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   // Libraries and kernels (cuLibrary*, cuKernel*).
   CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
-  // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
-  CUresult VmmCall(Fn fn, Reader& rd);
+  // cuMemSetAccess (the rest of virtual memory management is generated, with the hooks above).
+  CUresult SetAccess(Reader& rd);
   // cuMemGetAddressRange_v2 for pointers the client does not know the allocation of (memory
   // opened from an IPC handle included).
   CUresult AddressRange(Reader& rd, Writer& out);
@@ -779,7 +779,7 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       return r;
     }
     case Fn::cuMemSetAccess:
-      return VmmCall(fn, rd);
+      return SetAccess(rd);
     case Fn::cuMemGetAddressRange_v2:
       return AddressRange(rd, out);
     case Fn::cuMemAlloc_v2: {
@@ -2084,32 +2084,28 @@ CUresult Session::Check_cuMemUnmap(uint64_t& p, uint64_t& size) {
   return at == end ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-CUresult Session::VmmCall(Fn fn, Reader& rd) {
-  switch (fn) {
-    case Fn::cuMemSetAccess: {
-      uint64_t p = 0, size = 0;
-      uint32_t count = 0;
-      rd.U64(&p);
-      rd.U64(&size);
-      if (!rd.U32(&count) || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
-      std::vector<CUmemAccessDesc> desc(count);
-      for (auto& d : desc) {
-        uint32_t loc_type = 0, flags = 0;
-        int32_t id = 0;
-        rd.U32(&loc_type);
-        rd.I32(&id);
-        if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-        d.location.type = static_cast<CUmemLocationType>(loc_type);
-        d.location.id = id;
-        d.flags = static_cast<CUmemAccess_flags>(flags);
-      }
-      if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
-      if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuMemSetAccess, p, size, desc.data(), count);
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
+// cuMemSetAccess: [p, p + size) inside one reservation of the session; the descriptors are the
+// driver's to judge.
+CUresult Session::SetAccess(Reader& rd) {
+  uint64_t p = 0, size = 0;
+  uint32_t count = 0;
+  rd.U64(&p);
+  rd.U64(&size);
+  if (!rd.U32(&count) || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUmemAccessDesc> desc(count);
+  for (auto& d : desc) {
+    uint32_t loc_type = 0, flags = 0;
+    int32_t id = 0;
+    rd.U32(&loc_type);
+    rd.I32(&id);
+    if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+    d.location.type = static_cast<CUmemLocationType>(loc_type);
+    d.location.id = id;
+    d.flags = static_cast<CUmemAccess_flags>(flags);
   }
+  if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
+  return CALL(cuMemSetAccess, p, size, desc.data(), count);
 }
 
 // IPC handles are the driver's 64 opaque bytes, passed through unchanged: another session of this
