@@ -2153,7 +2153,8 @@ CUresult Session::AddressRange(Reader& rd, Writer& out) {
 
 // Stream-ordered allocations and memory pools.
 CUresult Session::Check_cuMemPoolCreate(CUmemPoolProps& props) {
-  if (static_cast<uint32_t>(props.handleTypes) != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;  // no IPC remotely
+  // No IPC handle types remotely.
+  if (static_cast<uint32_t>(props.handleTypes) != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;
   if (static_cast<uint32_t>(props.location.type) == CU_MEM_LOCATION_TYPE_DEVICE) {
     return Device(props.location.id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
   }

@@ -43,7 +43,8 @@ CUresult SessionMulticast::Check_cuMulticastCreate(CUmulticastObjectProp& prop) 
   return prop.size == 0 || prop.numDevices == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
-CUresult SessionMulticast::Done_cuMulticastCreate(CUmemGenericAllocationHandle& mc, const CUmulticastObjectProp& prop) {
+CUresult SessionMulticast::Done_cuMulticastCreate(CUmemGenericAllocationHandle& mc,
+                                                  const CUmulticastObjectProp& prop) {
   mc = host_.PublishVmmHandle(mc, prop.size);
   objects_[mc] = prop.size;
   return CUDA_SUCCESS;
