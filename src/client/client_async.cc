@@ -205,26 +205,4 @@ CUresult Impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
   return r;
 }
 
-CUresult Impl_cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
-  if (pool == nullptr || props == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (props->win32SecurityAttributes != nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[40];
-  Writer w(buf, sizeof(buf));
-  w.U32(static_cast<uint32_t>(props->allocType));
-  w.U32(static_cast<uint32_t>(props->handleTypes));
-  w.U32(static_cast<uint32_t>(props->location.type));
-  w.I32(props->location.id);
-  w.U64(props->maxSize);
-  w.U16(props->usage);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemPoolCreate), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0;
-  if (!rv.reader.U64(&p)) return CUDA_ERROR_UNKNOWN;
-  *pool = reinterpret_cast<CUmemoryPool>(p);
-  return CUDA_SUCCESS;
-}
-
 }  // namespace tf::client

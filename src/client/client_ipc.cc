@@ -1,81 +1,30 @@
 // IPC between processes whose sessions run on one worker (torch.multiprocessing's CUDA tensors):
-// cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2), cuIpcCloseMemHandle, forwarded synchronously; the
-// event handles (cuIpcGetEventHandle, cuIpcOpenEventHandle) are generated (api/remote_surface.tsv). A handle is the worker driver's 64 opaque bytes,
+// every call is generated (api/remote_surface.tsv); here is what the client keeps of the memory
+// ones (hook=client,reply: its allocation table). A handle is the worker driver's 64 opaque bytes,
 // copied through unchanged; another client of the same worker opens it in its own session, on the
 // same host and driver. Memory opened from a handle is recorded like an allocation (pointer
 // attributes, cuMemcpy's direction, cuMemGetAddressRange) until its last close; an opened event
 // is an event of this session like any other (record, wait, synchronize, destroy).
-#include <cstring>
-
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
 
 namespace tf::client {
-namespace {
 
-using driver::Fn;
-using remote::Op;
-using transport::Writer;
-
-// Reads the 64 bytes of a handle from a reply.
-CUresult ReadHandle(ReplyView& rv, char* out) {
-  uint8_t bytes[CU_IPC_HANDLE_SIZE];
-  if (!rv.reader.Bytes(bytes, sizeof(bytes))) return CUDA_ERROR_UNKNOWN;
-  memcpy(out, bytes, sizeof(bytes));
+// hook=client,reply: memory opened from a handle is recorded like an allocation with the size
+// the worker's reply adds; opened again (the driver counts opens), the record stays as it is.
+CUresult ClientDone_cuIpcOpenMemHandle_v2(Session* s, transport::Reader& reply, CUdeviceptr* pdptr, CUipcMemHandle,
+                                          unsigned int) {
+  uint64_t size = 0;
+  if (!reply.U64(&size) || !reply.Finish() || *pdptr == 0 || size == 0) return CUDA_ERROR_UNKNOWN;
+  if (s->allocs.count(*pdptr) == 0) RecordDeviceAlloc(s, *pdptr, size, 0);
   return CUDA_SUCCESS;
 }
 
-}  // namespace
-
-CUresult Impl_cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
-  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(dptr);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuIpcGetMemHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  return ReadHandle(rv, handle->reserved);
-}
-
-CUresult Impl_cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
-  if (pdptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[CU_IPC_HANDLE_SIZE + 4];
-  Writer w(buf, sizeof(buf));
-  w.Bytes(handle.reserved, sizeof(handle.reserved));
-  w.U32(flags);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuIpcOpenMemHandle_v2), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0, size = 0;
-  rv.reader.U64(&p);
-  if (!rv.reader.U64(&size) || p == 0 || size == 0) return CUDA_ERROR_UNKNOWN;
-  // Opened again (the driver counts opens): the record stays as it is.
-  if (l.session()->allocs.count(p) == 0) RecordDeviceAlloc(l.session(), p, size, 0);
-  *pdptr = p;
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
-  return Impl_cuIpcOpenMemHandle_v2(pdptr, handle, flags);
-}
-
-CUresult Impl_cuIpcCloseMemHandle(CUdeviceptr dptr) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(dptr);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuIpcCloseMemHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
+// The range is forgotten with its last close (the reply adds the opens left).
+CUresult ClientDone_cuIpcCloseMemHandle(Session* s, transport::Reader& reply, CUdeviceptr dptr) {
   uint32_t opens_left = 0;
-  if (!rv.reader.U32(&opens_left)) return CUDA_ERROR_UNKNOWN;
-  if (opens_left == 0) l.session()->allocs.erase(dptr);
+  if (!reply.U32(&opens_left) || !reply.Finish()) return CUDA_ERROR_UNKNOWN;
+  if (opens_left == 0) s->allocs.erase(dptr);
   return CUDA_SUCCESS;
 }
 

@@ -166,55 +166,6 @@ CUresult CheckMemLocation(Session* session, Fn fn, const CUmemLocation* loc) {
   }
 }
 
-CUresult Impl_cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop,
-                                                      CUmemGenericAllocationHandle handle) {
-  if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(handle);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemGetAllocationPropertiesFromHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint32_t type = 0, handles = 0, loc_type = 0;
-  int32_t loc_id = 0;
-  uint8_t compression = 0, rdma = 0;
-  uint16_t usage = 0;
-  rv.reader.U32(&type);
-  rv.reader.U32(&handles);
-  rv.reader.U32(&loc_type);
-  rv.reader.I32(&loc_id);
-  rv.reader.U8(&compression);
-  rv.reader.U8(&rdma);
-  if (!rv.reader.U16(&usage)) return CUDA_ERROR_UNKNOWN;
-  *prop = CUmemAllocationProp{};
-  prop->type = static_cast<CUmemAllocationType>(type);
-  prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(handles);
-  prop->location.type = static_cast<CUmemLocationType>(loc_type);
-  prop->location.id = loc_id;
-  prop->allocFlags.compressionType = compression;
-  prop->allocFlags.gpuDirectRDMACapable = rdma;
-  prop->allocFlags.usage = usage;
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
-  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(reinterpret_cast<uint64_t>(addr));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuMemRetainAllocationHandle), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
-  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
-  *handle = h;
-  return CUDA_SUCCESS;
-}
-
 // ---- pointer attributes that can be set
 
 CUresult Impl_cuPointerSetAttribute(const void* value, CUpointer_attribute attribute, CUdeviceptr ptr) {

@@ -108,8 +108,9 @@ constexpr bool IsMirrorOp(uint16_t op) { return op == kOpMirrorMap || op == kOpM
 //                       nothing is written (a deferred CUDA_ERROR_INVALID_VALUE).
 inline constexpr uint16_t kOpGraphHostCopies = 0x001A;
 inline constexpr uint16_t kOpGraphHostData = 0x001B;
-// IPC between sessions of one worker (driver-call opcodes, reply-expected; client_ipc.cc, worker
-// Session::IpcCall). A handle is the driver's CU_IPC_HANDLE_SIZE bytes, unchanged.
+// IPC between sessions of one worker (driver-call opcodes, reply-expected; generated, the memory
+// calls with the hooks of client_ipc.cc and the worker's session). A handle is the driver's
+// CU_IPC_HANDLE_SIZE bytes, unchanged.
 //   cuIpcGetMemHandle        u64 pointer                   -> handle
 //   cuIpcOpenMemHandle_v2    handle, u32 flags             -> u64 pointer, u64 allocation size
 //   cuIpcCloseMemHandle      u64 pointer                   -> u32 opens left (0: unmapped)

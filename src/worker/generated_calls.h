@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "driver/driver_table.h"
+#include "client/tf_remote_hooks.h"
 #include "transport/wire.h"
 #include "worker/session_handles.h"
 
@@ -51,6 +52,12 @@ class GeneratedHost {
   // the driver handed out about `parent` (not created by this call; 0 stays 0). The family files
   // it in its tables; by default it is only published.
   virtual uint64_t Learn(HandleKind k, uint64_t real, HandleKind, uint64_t) { return Handles().Publish(k, real); }
+  // The `hook=` annotation: the family that serves fn's hand-written checks and bookkeeping
+  // (client/tf_remote_hooks.h). By default none: such a call is refused.
+  virtual GeneratedHooks& Hooks(driver::Fn) {
+    static GeneratedHooks none;
+    return none;
+  }
 };
 
 // Whether fn is generated (then DispatchGenerated serves it).

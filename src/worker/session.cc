@@ -79,7 +79,7 @@ struct Image {
   uint64_t filled = 0;
 };
 
-class Session : public GraphHost, private SessionArrays::Host, private GeneratedHost,
+class Session : public GraphHost, private SessionArrays::Host, private GeneratedHost, private GeneratedHooks,
                 private SessionMemops::Host, private SessionGreen::Host,
                 private SessionMulticast::Host, private SessionNotifications::Host {
  public:
@@ -142,8 +142,9 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   bool MayDestroy(HandleKind k, uint64_t real) const override {
     return k != HandleKind::kMemPool || created_pools_.count(real) != 0;
   }
-  void AfterCall(Fn fn, CUresult) override {
+  void AfterCall(Fn fn, CUresult r) override {
     if (fn == Fn::cuStreamSynchronize || fn == Fn::cuStreamQuery) PollStaged(false);
+    if (fn == Fn::cuMemCreate && r != CUDA_SUCCESS) host_mem_.Release(&vmm_pending_charge_);
   }
   // Contexts, functions, modules, libraries and kernels resolve as in the hand-written calls: a
   // function may be a kernel in its place, and each must be in the session's own table too.
@@ -168,6 +169,75 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
     WriteContextInfo(As<CUcontext>(c), dev, false, out);
   }
   std::vector<uint64_t> SessionStreams() const override { return {streams_.begin(), streams_.end()}; }
+  // The families whose generated calls have hand-written hooks (`hook=`): multicast objects, and
+  // the session's own tables, kept by the hooks below: VMM reservations, handles, retains and
+  // mappings (with the pinned-memory charges of host-located handles), IPC opens, created pools.
+  GeneratedHooks& Hooks(Fn fn) override {
+    if (SessionMulticast::Hooked(fn)) return multicast_;
+    return *this;
+  }
+  CUresult Check_cuMemAddressReserve(uint64_t& size, uint64_t&, uint64_t&, uint64_t&) override {
+    return size == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  }
+  CUresult Done_cuMemAddressReserve(CUdeviceptr& p, const uint64_t& size, const uint64_t&, const uint64_t&,
+                                    const uint64_t&) override {
+    vmm_reserved_[p] = size;
+    return CUDA_SUCCESS;
+  }
+  // A whole reservation of the session, by its base and size.
+  CUresult Check_cuMemAddressFree(uint64_t& p, uint64_t& size) override {
+    auto it = vmm_reserved_.find(p);
+    return it == vmm_reserved_.end() || it->second != size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  }
+  CUresult Done_cuMemAddressFree(const uint64_t& p, const uint64_t&) override {
+    vmm_reserved_.erase(p);
+    return CUDA_SUCCESS;
+  }
+  CUresult Check_cuMemCreate(uint64_t& size, CUmemAllocationProp& prop, uint64_t& flags) override;
+  CUresult Done_cuMemCreate(CUmemGenericAllocationHandle& h, const uint64_t& size, const CUmemAllocationProp& prop,
+                            const uint64_t& flags) override;
+  // A VMM handle name of the session (cuMemCreate's, a retained one, or a multicast object),
+  // resolved in place.
+  CUresult VmmName(uint64_t& h) const {
+    return Resolve(HandleKind::kMemHandle, h) && vmm_handles_.count(h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult Check_cuMemRelease(uint64_t& h) override { return VmmName(h); }
+  CUresult Done_cuMemRelease(const uint64_t& h) override;
+  CUresult Check_cuMemGetAllocationPropertiesFromHandle(uint64_t& h) override { return VmmName(h); }
+  // The address lies in a range the session mapped (vmm=addr:1).
+  CUresult Check_cuMemRetainAllocationHandle(uint64_t&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle& h, const uint64_t&) override;
+  CUresult Check_cuMemMap(uint64_t& p, uint64_t& size, uint64_t& offset, uint64_t& h, uint64_t& flags) override;
+  CUresult Done_cuMemMap(const uint64_t& p, const uint64_t& size, const uint64_t&, const uint64_t&,
+                         const uint64_t&) override {
+    vmm_mapped_[p] = size;
+    return CUDA_SUCCESS;
+  }
+  CUresult Check_cuMemUnmap(uint64_t& p, uint64_t& size) override;
+  CUresult Done_cuMemUnmap(const uint64_t& p, const uint64_t& size) override {
+    vmm_mapped_.erase(vmm_mapped_.lower_bound(p), vmm_mapped_.lower_bound(p + size));
+    return CUDA_SUCCESS;
+  }
+  // Only a pointer inside one of the session's cuMemAlloc allocations may be exported (not any
+  // device range).
+  CUresult Check_cuIpcGetMemHandle(uint64_t& p) override {
+    return InsideOne(allocs_, p, 1) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult Check_cuIpcOpenMemHandle_v2(CUipcMemHandle&, uint32_t&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuIpcOpenMemHandle_v2(CUdeviceptr& p, const CUipcMemHandle& handle, const uint32_t& flags,
+                                      Writer& reply) override;
+  // A pointer the session opened and has not closed as often.
+  CUresult Check_cuIpcCloseMemHandle(uint64_t& p) override {
+    return ipc_opens_.count(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult Done_cuIpcCloseMemHandle(const uint64_t& p, Writer& reply) override;
+  // Pools on a device of the session without IPC handle types (the generated half publishes the
+  // pool; the session may destroy it).
+  CUresult Check_cuMemPoolCreate(CUmemPoolProps& props) override;
+  CUresult Done_cuMemPoolCreate(CUmemoryPool& pool, const CUmemPoolProps&) override {
+    created_pools_.insert(H(pool));
+    return CUDA_SUCCESS;
+  }
   // SessionMulticast::Host (multicast objects are VMM handles: session_multicast.cc).
   bool KnownVmmHandle(uint64_t& h, uint64_t* size) const override {
     if (!Resolve(HandleKind::kMemHandle, h)) return false;
@@ -233,11 +303,11 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   // Libraries and kernels (cuLibrary*, cuKernel*).
   CUresult LibraryCall(Fn fn, Reader& rd, Writer& out);
   CUresult ClusterOccupancy(Fn fn, Reader& rd, Writer& out);
-  // Virtual memory management (cuMemAddressReserve, cuMemCreate, cuMemMap, ...).
-  CUresult VmmCall(Fn fn, Reader& rd, Writer& out);
-  // IPC between sessions of this worker (cuIpc*), and cuMemGetAddressRange_v2 for pointers the
-  // client does not know the allocation of.
-  CUresult IpcCall(Fn fn, Reader& rd, Writer& out);
+  // cuMemSetAccess (the rest of virtual memory management is generated, with the hooks above).
+  CUresult SetAccess(Reader& rd);
+  // cuMemGetAddressRange_v2 for pointers the client does not know the allocation of (memory
+  // opened from an IPC handle included).
+  CUresult AddressRange(Reader& rd, Writer& out);
   void EraseLibrary(uint64_t lib);
   // Host functions (cuLaunchHostFunc, cuStreamAddCallback): the driver's stream thread tells the
   // client and waits for its acknowledgement (kOpHostFuncDone), so later work on the stream runs
@@ -433,6 +503,7 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   GraphHostCopies graph_host_{d_, host_mem_};  // graph copies of pageable memory (session_graph_host.h)
   SessionHostMemory::Charge arena_charge_;     // the registered bulk arena
   std::map<uint64_t, SessionHostMemory::Charge> vmm_host_charges_;  // host-located cuMemCreate
+  SessionHostMemory::Charge vmm_pending_charge_;  // of the cuMemCreate between its hooks
   bool unified_addressing_ = false;            // device 0 reports unified addressing
   int arena_state_ = 0;                        // 0 not tried, 1 registered, -1 unavailable
   void* arena_base_ = nullptr;
@@ -464,7 +535,7 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   SessionQueries queries_{d_};
   SessionMemops memops_{d_, *this};
   SessionGreen green_{d_, *this};
-  SessionMulticast multicast_{d_, *this};
+  SessionMulticast multicast_{*this};
   SessionNotifications notifications_{d_, *this};
 };
 
@@ -631,7 +702,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
   if (SessionMemops::Handles(fn)) return memops_.Call(fn, rd, out);
   if (SessionGreen::Handles(fn)) return green_.Call(fn, rd, out);
-  if (SessionMulticast::Handles(fn)) return multicast_.Call(fn, rd, out);
   if (SessionNotifications::Handles(fn)) return notifications_.Call(fn, rd, out);
   if (IsGenerated(fn)) return DispatchGenerated(fn, rd, out, *this);
   switch (fn) {
@@ -708,21 +778,10 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       }
       return r;
     }
-    case Fn::cuMemAddressReserve:
-    case Fn::cuMemAddressFree:
-    case Fn::cuMemCreate:
-    case Fn::cuMemRelease:
-    case Fn::cuMemMap:
-    case Fn::cuMemUnmap:
     case Fn::cuMemSetAccess:
-    case Fn::cuMemGetAllocationPropertiesFromHandle:
-    case Fn::cuMemRetainAllocationHandle:
-      return VmmCall(fn, rd, out);
-    case Fn::cuIpcGetMemHandle:
-    case Fn::cuIpcOpenMemHandle_v2:
-    case Fn::cuIpcCloseMemHandle:
+      return SetAccess(rd);
     case Fn::cuMemGetAddressRange_v2:
-      return IpcCall(fn, rd, out);
+      return AddressRange(rd, out);
     case Fn::cuMemAlloc_v2: {
       uint64_t n = 0;
       if (!rd.U64(&n) || n == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -893,7 +952,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
     case Fn::cuMemAllocAsync:
     case Fn::cuMemAllocFromPoolAsync:
     case Fn::cuMemFreeAsync:
-    case Fn::cuMemPoolCreate:
       return PoolOrAsyncAlloc(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
@@ -1951,273 +2009,159 @@ CUresult Session::ClusterOccupancy(Fn fn, Reader& rd, Writer& out) {
   return r;
 }
 
-// Virtual memory management. Properties travel as U32 type, U32 requested handle types, U32
-// location type, I32 location id, U8 compression, U8 RDMA-capable, U16 usage. The session keeps
+// Virtual memory management (reservations and handles are made, queried and released by generated
+// calls with the hooks above and below). The session keeps
 // what it reserved, created and mapped: a mapping must lie inside one of its reservations and
 // within one of its allocations, an unmap or free must match, and mapped ranges are device
 // memory the client may copy to and from.
-namespace {
-bool ReadProp(Reader& rd, CUmemAllocationProp* prop) {
-  uint32_t type = 0, handles = 0, loc_type = 0;
-  int32_t loc_id = 0;
-  uint8_t compression = 0, rdma = 0;
-  uint16_t usage = 0;
-  rd.U32(&type);
-  rd.U32(&handles);
-  rd.U32(&loc_type);
-  rd.I32(&loc_id);
-  rd.U8(&compression);
-  rd.U8(&rdma);
-  if (!rd.U16(&usage)) return false;
-  *prop = CUmemAllocationProp{};
-  prop->type = static_cast<CUmemAllocationType>(type);
-  prop->requestedHandleTypes = static_cast<CUmemAllocationHandleType>(handles);
-  prop->location.type = static_cast<CUmemLocationType>(loc_type);
-  prop->location.id = loc_id;
-  prop->allocFlags.compressionType = compression;
-  prop->allocFlags.gpuDirectRDMACapable = rdma;
-  prop->allocFlags.usage = usage;
-  return true;
+//
+// Host-located physical memory is pinned host memory of the session: charged before the driver
+// makes it (nothing is made beyond the limit), the charge given back if the driver fails.
+CUresult Session::Check_cuMemCreate(uint64_t& size, CUmemAllocationProp& prop, uint64_t&) {
+  if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+  host_mem_.Release(&vmm_pending_charge_);  // a call that never reached the driver
+  if (static_cast<uint32_t>(prop.location.type) == CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_SUCCESS;
+  return host_mem_.ChargePinned(size, "host-located cuMemCreate memory", &vmm_pending_charge_);
 }
-}  // namespace
 
-CUresult Session::VmmCall(Fn fn, Reader& rd, Writer& out) {
-  auto overlaps = [](const std::map<uint64_t, uint64_t>& m, uint64_t p, uint64_t n) {
-    auto it = m.lower_bound(p);
-    if (it != m.end() && it->first < p + n) return true;
-    if (it == m.begin()) return false;
-    --it;
-    return it->first + it->second > p;
-  };
-  switch (fn) {
-    case Fn::cuMemAddressReserve: {
-      uint64_t size = 0, align = 0, addr = 0, flags = 0;
-      rd.U64(&size);
-      rd.U64(&align);
-      rd.U64(&addr);
-      if (!rd.U64(&flags) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
-      CUdeviceptr p = 0;
-      CUresult r = CALL(cuMemAddressReserve, &p, size, align, addr, flags);
-      if (r != CUDA_SUCCESS) return r;
-      vmm_reserved_[p] = size;
-      out.U64(p);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemAddressFree: {
-      uint64_t p = 0, size = 0;
-      rd.U64(&p);
-      if (!rd.U64(&size) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      auto it = vmm_reserved_.find(p);
-      if (it == vmm_reserved_.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuMemAddressFree, p, size);
-      if (r == CUDA_SUCCESS) vmm_reserved_.erase(it);
-      return r;
-    }
-    case Fn::cuMemCreate: {
-      uint64_t size = 0, flags = 0;
-      CUmemAllocationProp prop;
-      rd.U64(&size);
-      if (!ReadProp(rd, &prop) || !rd.U64(&flags) || !rd.Finish() || size == 0) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      // Host-located physical memory is pinned host memory of the session.
-      SessionHostMemory::Charge charge;
-      if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
-        CUresult c = host_mem_.ChargePinned(size, "host-located cuMemCreate memory", &charge);
-        if (c != CUDA_SUCCESS) return c;
-      }
-      CUmemGenericAllocationHandle h = 0;
-      CUresult r = CALL(cuMemCreate, &h, size, &prop, flags);
-      if (r != CUDA_SUCCESS) {
-        host_mem_.Release(&charge);
-        return r;
-      }
-      vmm_handles_[h] = size;
-      if (charge.bytes != 0) vmm_host_charges_[h] = charge;
-      out.U64(Publish(HandleKind::kMemHandle, h));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemRelease: {
-      uint64_t h = 0;
-      if (!rd.U64(&h) || !rd.Finish() || !Resolve(HandleKind::kMemHandle, h) || !vmm_handles_.count(h)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (auto owed = vmm_retains_.find(h); owed != vmm_retains_.end()) {
-        // A retained handle: this release balances a cuMemRetainAllocationHandle.
-        CUresult r = CALL(cuMemRelease, h);
-        if (r == CUDA_SUCCESS && --owed->second == 0) vmm_retains_.erase(owed);
-        return r;
-      }
-      CUresult r = CALL(cuMemRelease, h);
-      if (r == CUDA_SUCCESS) {
-        vmm_handles_.erase(h);
-        handles_.RetireReal(HandleKind::kMemHandle, h);
-        if (auto c = vmm_host_charges_.find(h); c != vmm_host_charges_.end()) {
-          host_mem_.Release(&c->second);
-          vmm_host_charges_.erase(c);
-        }
-      }
-      return r;
-    }
-    case Fn::cuMemGetAllocationPropertiesFromHandle: {
-      uint64_t h = 0;
-      if (!rd.U64(&h) || !rd.Finish() || !Resolve(HandleKind::kMemHandle, h) || !vmm_handles_.count(h)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      CUmemAllocationProp prop{};
-      CUresult r = CALL(cuMemGetAllocationPropertiesFromHandle, &prop, h);
-      if (r != CUDA_SUCCESS) return r;
-      out.U32(static_cast<uint32_t>(prop.type));
-      out.U32(static_cast<uint32_t>(prop.requestedHandleTypes));
-      out.U32(static_cast<uint32_t>(prop.location.type));
-      out.I32(prop.location.id);
-      out.U8(prop.allocFlags.compressionType);
-      out.U8(prop.allocFlags.gpuDirectRDMACapable);
-      out.U16(prop.allocFlags.usage);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemRetainAllocationHandle: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish() || !InsideOne(vmm_mapped_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
-      CUmemGenericAllocationHandle h = 0;
-      CUresult r = CALL(cuMemRetainAllocationHandle, &h, reinterpret_cast<void*>(p));
-      if (r != CUDA_SUCCESS) return r;
-      if (!vmm_handles_.count(h)) {  // mapped by this session, so never expected
-        CALL(cuMemRelease, h);
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      ++vmm_retains_[h];
-      out.U64(Publish(HandleKind::kMemHandle, h));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemMap: {
-      uint64_t p = 0, size = 0, offset = 0, h = 0, flags = 0;
-      rd.U64(&p);
-      rd.U64(&size);
-      rd.U64(&offset);
-      rd.U64(&h);
-      if (!rd.U64(&flags) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
-      if (!Resolve(HandleKind::kMemHandle, h)) return CUDA_ERROR_INVALID_VALUE;
-      auto hit = vmm_handles_.find(h);
-      if (hit == vmm_handles_.end() || offset > hit->second || size > hit->second - offset) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (!InsideOne(vmm_reserved_, p, size) || overlaps(vmm_mapped_, p, size)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      CUresult r = CALL(cuMemMap, p, size, offset, h, flags);
-      if (r == CUDA_SUCCESS) vmm_mapped_[p] = size;
-      return r;
-    }
-    case Fn::cuMemUnmap: {
-      uint64_t p = 0, size = 0;
-      rd.U64(&p);
-      if (!rd.U64(&size) || !rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
-      // Whole mappings only, one or several back to back.
-      uint64_t end = p + size;
-      if (end < p) return CUDA_ERROR_INVALID_VALUE;
-      uint64_t at = p;
-      auto it = vmm_mapped_.find(p);
-      while (it != vmm_mapped_.end() && it->first == at && at < end) {
-        at += it->second;
-        ++it;
-      }
-      if (at != end) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuMemUnmap, p, size);
-      if (r == CUDA_SUCCESS) vmm_mapped_.erase(vmm_mapped_.find(p), it);
-      return r;
-    }
-    case Fn::cuMemSetAccess: {
-      uint64_t p = 0, size = 0;
-      uint32_t count = 0;
-      rd.U64(&p);
-      rd.U64(&size);
-      if (!rd.U32(&count) || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
-      std::vector<CUmemAccessDesc> desc(count);
-      for (auto& d : desc) {
-        uint32_t loc_type = 0, flags = 0;
-        int32_t id = 0;
-        rd.U32(&loc_type);
-        rd.I32(&id);
-        if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-        d.location.type = static_cast<CUmemLocationType>(loc_type);
-        d.location.id = id;
-        d.flags = static_cast<CUmemAccess_flags>(flags);
-      }
-      if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
-      if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuMemSetAccess, p, size, desc.data(), count);
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
+CUresult Session::Done_cuMemCreate(CUmemGenericAllocationHandle& h, const uint64_t& size, const CUmemAllocationProp&,
+                                   const uint64_t&) {
+  if (vmm_pending_charge_.bytes != 0) {
+    vmm_host_charges_[h] = vmm_pending_charge_;
+    vmm_pending_charge_ = {};
   }
+  vmm_handles_[h] = size;
+  h = Publish(HandleKind::kMemHandle, h);
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::Done_cuMemRelease(const uint64_t& h) {
+  if (auto owed = vmm_retains_.find(h); owed != vmm_retains_.end()) {
+    // A retained handle: this release balanced a cuMemRetainAllocationHandle.
+    if (--owed->second == 0) vmm_retains_.erase(owed);
+    return CUDA_SUCCESS;
+  }
+  vmm_handles_.erase(h);
+  handles_.RetireReal(HandleKind::kMemHandle, h);
+  if (auto c = vmm_host_charges_.find(h); c != vmm_host_charges_.end()) {
+    host_mem_.Release(&c->second);
+    vmm_host_charges_.erase(c);
+  }
+  return CUDA_SUCCESS;
+}
+
+// The answer is the name cuMemCreate gave (mem handles are virtual); the session owes the driver
+// one more cuMemRelease of it, which the client's next release (or the session's end) makes.
+CUresult Session::Done_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle& h, const uint64_t&) {
+  if (!vmm_handles_.count(h)) {  // mapped by this session, so never expected
+    CALL(cuMemRelease, h);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  ++vmm_retains_[h];
+  h = Publish(HandleKind::kMemHandle, h);
+  return CUDA_SUCCESS;
+}
+
+// A mapping: [p, p + size) inside one reservation of the session, overlapping no mapping, of
+// [offset, offset + size) of one of its VMM handles.
+CUresult Session::Check_cuMemMap(uint64_t& p, uint64_t& size, uint64_t& offset, uint64_t& h, uint64_t&) {
+  if (size == 0 || VmmName(h) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t bytes = vmm_handles_[h];
+  if (offset > bytes || size > bytes - offset) return CUDA_ERROR_INVALID_VALUE;
+  if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
+  auto it = vmm_mapped_.lower_bound(p);
+  if (it != vmm_mapped_.end() && it->first < p + size) return CUDA_ERROR_INVALID_VALUE;
+  if (it != vmm_mapped_.begin() && std::prev(it)->first + std::prev(it)->second > p) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+// Whole mappings only, one or several back to back.
+CUresult Session::Check_cuMemUnmap(uint64_t& p, uint64_t& size) {
+  const uint64_t end = p + size;
+  if (size == 0 || end < p) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t at = p;
+  for (auto it = vmm_mapped_.find(p); it != vmm_mapped_.end() && it->first == at && at < end; ++it) at += it->second;
+  return at == end ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// cuMemSetAccess: [p, p + size) inside one reservation of the session; the descriptors are the
+// driver's to judge.
+CUresult Session::SetAccess(Reader& rd) {
+  uint64_t p = 0, size = 0;
+  uint32_t count = 0;
+  rd.U64(&p);
+  rd.U64(&size);
+  if (!rd.U32(&count) || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<CUmemAccessDesc> desc(count);
+  for (auto& d : desc) {
+    uint32_t loc_type = 0, flags = 0;
+    int32_t id = 0;
+    rd.U32(&loc_type);
+    rd.I32(&id);
+    if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
+    d.location.type = static_cast<CUmemLocationType>(loc_type);
+    d.location.id = id;
+    d.flags = static_cast<CUmemAccess_flags>(flags);
+  }
+  if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;
+  return CALL(cuMemSetAccess, p, size, desc.data(), count);
+}
+
+// IPC handles are the driver's 64 opaque bytes, passed through unchanged: another session of this
+// worker (same host, same driver) opens them. What the client names is checked against this
+// session's tables; a handle's bytes are the driver's to judge. An opened range is counted per
+// open; the reply tells the client its size (the client records it like an allocation).
+CUresult Session::Done_cuIpcOpenMemHandle_v2(CUdeviceptr& p, const CUipcMemHandle&, const uint32_t&, Writer& reply) {
+  if (!ipc_opens_.count(p)) {
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    const CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
+    if (r != CUDA_SUCCESS || base != p || size == 0) {
+      CALL(cuIpcCloseMemHandle, p);
+      return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+    }
+    ipc_opened_[p] = size;
+  }
+  ++ipc_opens_[p];
+  reply.U64(ipc_opened_[p]);
+  return CUDA_SUCCESS;
+}
+
+// The reply tells the client the opens left (it forgets the range at 0).
+CUresult Session::Done_cuIpcCloseMemHandle(const uint64_t& p, Writer& reply) {
+  const int left = --ipc_opens_[p];
+  if (left == 0) {
+    ipc_opens_.erase(p);
+    ipc_opened_.erase(p);
+  }
+  reply.U32(static_cast<uint32_t>(left));
+  return CUDA_SUCCESS;
+}
+
+CUresult Session::AddressRange(Reader& rd, Writer& out) {
+  uint64_t p = 0;
+  if (!rd.U64(&p) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+  if (!Range(p, 1)) return CUDA_ERROR_NOT_FOUND;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
+  out.U64(base);
+  out.U64(size);
+  return r;
 }
 
 // Stream-ordered allocations and memory pools.
-// IPC handles are the driver's 64 opaque bytes, passed through unchanged: another session of this
-// worker (same host, same driver) opens them. What the client names is checked against this
-// session's tables; a handle's bytes are the driver's to judge.
-CUresult Session::IpcCall(Fn fn, Reader& rd, Writer& out) {
-  switch (fn) {
-    case Fn::cuIpcGetMemHandle: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish() || !InsideOne(allocs_, p, 1)) return CUDA_ERROR_INVALID_VALUE;
-      CUipcMemHandle h{};
-      CUresult r = CALL(cuIpcGetMemHandle, &h, p);
-      if (r == CUDA_SUCCESS) out.Bytes(h.reserved, sizeof(h.reserved));
-      return r;
-    }
-    case Fn::cuIpcOpenMemHandle_v2: {
-      CUipcMemHandle h{};
-      uint32_t flags = 0;
-      rd.Bytes(h.reserved, sizeof(h.reserved));
-      if (!rd.U32(&flags) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUdeviceptr p = 0;
-      CUresult r = CALL(cuIpcOpenMemHandle_v2, &p, h, flags);
-      if (r != CUDA_SUCCESS) return r;
-      if (!ipc_opens_.count(p)) {
-        // The client records the mapping like an allocation: it needs its size.
-        CUdeviceptr base = 0;
-        size_t size = 0;
-        r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
-        if (r != CUDA_SUCCESS || base != p || size == 0) {
-          CALL(cuIpcCloseMemHandle, p);
-          return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
-        }
-        ipc_opened_[p] = size;
-      }
-      ++ipc_opens_[p];
-      out.U64(p);
-      out.U64(ipc_opened_[p]);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuIpcCloseMemHandle: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish() || !ipc_opens_.count(p)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuIpcCloseMemHandle, p);
-      if (r != CUDA_SUCCESS) return r;
-      const int left = --ipc_opens_[p];
-      if (left == 0) {
-        ipc_opens_.erase(p);
-        ipc_opened_.erase(p);
-      }
-      out.U32(static_cast<uint32_t>(left));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemGetAddressRange_v2: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!Range(p, 1)) return CUDA_ERROR_NOT_FOUND;
-      CUdeviceptr base = 0;
-      size_t size = 0;
-      CUresult r = CALL(cuMemGetAddressRange_v2, &base, &size, p);
-      out.U64(base);
-      out.U64(size);
-      return r;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
+CUresult Session::Check_cuMemPoolCreate(CUmemPoolProps& props) {
+  // No IPC handle types remotely.
+  if (static_cast<uint32_t>(props.handleTypes) != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;
+  if (static_cast<uint32_t>(props.location.type) == CU_MEM_LOCATION_TYPE_DEVICE) {
+    return Device(props.location.id) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
   }
+  // Its allocations would be pinned host memory outside the session's host-memory limit (and the
+  // device reports host-located pools as unsupported).
+  SessionLog("cuMemPoolCreate refused: pools of host-located memory are not served remotely");
+  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
@@ -2255,40 +2199,6 @@ CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
       CUresult r = CALL(cuMemFreeAsync, p, As<CUstream>(s));
       if (r == CUDA_SUCCESS) allocs_.erase(p);
       return r;
-    }
-    case Fn::cuMemPoolCreate: {
-      uint32_t type = 0, handles = 0, loc_type = 0;
-      int32_t loc_id = 0;
-      uint64_t max_size = 0;
-      uint16_t usage = 0;
-      rd.U32(&type);
-      rd.U32(&handles);
-      rd.U32(&loc_type);
-      rd.I32(&loc_id);
-      rd.U64(&max_size);
-      if (!rd.U16(&usage) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (handles != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_NOT_SUPPORTED;  // no IPC remotely
-      if (loc_type == CU_MEM_LOCATION_TYPE_DEVICE && !Device(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
-      if (loc_type != CU_MEM_LOCATION_TYPE_DEVICE) {
-        // Its allocations would be pinned host memory outside the session's host-memory limit
-        // (and the device reports host-located pools as unsupported).
-        SessionLog("cuMemPoolCreate refused: pools of host-located memory are not served remotely");
-        return CUDA_ERROR_NOT_SUPPORTED;
-      }
-      CUmemPoolProps props = {};
-      props.allocType = static_cast<CUmemAllocationType>(type);
-      props.handleTypes = static_cast<CUmemAllocationHandleType>(handles);
-      props.location.type = static_cast<CUmemLocationType>(loc_type);
-      props.location.id = loc_id;
-      props.maxSize = max_size;
-      props.usage = usage;
-      CUmemoryPool p = nullptr;
-      CUresult r = CALL(cuMemPoolCreate, &p, &props);
-      if (r != CUDA_SUCCESS) return r;
-      pools_.insert(H(p));
-      created_pools_.insert(H(p));
-      out.U64(Publish(HandleKind::kMemPool, H(p)));
-      return CUDA_SUCCESS;
     }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;

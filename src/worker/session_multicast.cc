@@ -1,33 +1,10 @@
-// Multicast objects of a worker session (session_multicast.h).
+// Multicast objects of a worker session (session_multicast.h): the hooks of the generated calls.
 #include "worker/session_multicast.h"
 
 namespace tf::worker {
 namespace {
 
 using driver::Fn;
-using transport::Reader;
-using transport::Writer;
-
-#define CALL(fn, ...) (d_.fn ? d_.fn(__VA_ARGS__) : CUDA_ERROR_NOT_SUPPORTED)
-
-// Every CUmemAllocationHandleType bit (POSIX file descriptor, Win32, Win32 KMT, fabric).
-constexpr uint64_t kHandleTypeMask = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |
-                                     CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC;
-
-bool ReadProp(Reader& rd, CUmulticastObjectProp* p) {
-  uint32_t devices = 0;
-  uint64_t size = 0, types = 0, flags = 0;
-  rd.U32(&devices);
-  rd.U64(&size);
-  rd.U64(&types);
-  if (!rd.U64(&flags) || (types & ~kHandleTypeMask) != 0 || flags != 0) return false;
-  *p = CUmulticastObjectProp{};
-  p->numDevices = devices;
-  p->size = size;
-  p->handleTypes = types;
-  p->flags = flags;
-  return true;
-}
 
 // [offset, offset + n) lies inside [0, total), n > 0.
 bool Inside(uint64_t offset, uint64_t n, uint64_t total) {
@@ -36,7 +13,7 @@ bool Inside(uint64_t offset, uint64_t n, uint64_t total) {
 
 }  // namespace
 
-bool SessionMulticast::Handles(Fn fn) {
+bool SessionMulticast::Hooked(Fn fn) {
   switch (fn) {
     case Fn::cuMulticastCreate:
     case Fn::cuMulticastAddDevice:
@@ -62,69 +39,43 @@ bool SessionMulticast::Object(uint64_t& h, uint64_t* size) {
   return true;
 }
 
-CUresult SessionMulticast::Call(Fn fn, Reader& rd, Writer& out) {
-  switch (fn) {
-    case Fn::cuMulticastCreate: {
-      CUmulticastObjectProp prop;
-      if (!ReadProp(rd, &prop) || !rd.Finish() || prop.size == 0 || prop.numDevices == 0) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      CUmemGenericAllocationHandle h = 0;
-      CUresult r = CALL(cuMulticastCreate, &h, &prop);
-      if (r != CUDA_SUCCESS) return r;
-      const uint64_t wire = host_.PublishVmmHandle(h, prop.size);
-      objects_[wire] = prop.size;
-      out.U64(wire);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMulticastAddDevice: {
-      uint64_t mc = 0, size = 0;
-      int32_t dev = 0;
-      rd.U64(&mc);
-      if (!rd.I32(&dev) || !rd.Finish() || !Object(mc, &size)) return CUDA_ERROR_INVALID_VALUE;
-      if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      return CALL(cuMulticastAddDevice, mc, dev);
-    }
-    case Fn::cuMulticastBindMem: {
-      uint64_t mc = 0, mc_offset = 0, mem = 0, mem_offset = 0, n = 0, flags = 0, mc_size = 0, mem_size = 0;
-      rd.U64(&mc);
-      rd.U64(&mc_offset);
-      rd.U64(&mem);
-      rd.U64(&mem_offset);
-      rd.U64(&n);
-      if (!rd.U64(&flags) || !rd.Finish() || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-      if (objects_.count(mem)) return CUDA_ERROR_INVALID_VALUE;  // a multicast object is no memory
-      if (!Object(mc, &mc_size) || !host_.KnownVmmHandle(mem, &mem_size)) return CUDA_ERROR_INVALID_VALUE;
-      if (!Inside(mc_offset, n, mc_size) || !Inside(mem_offset, n, mem_size)) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuMulticastBindMem, mc, mc_offset, mem, mem_offset, n, flags);
-    }
-    case Fn::cuMulticastBindAddr: {
-      uint64_t mc = 0, mc_offset = 0, p = 0, n = 0, flags = 0, mc_size = 0;
-      rd.U64(&mc);
-      rd.U64(&mc_offset);
-      rd.U64(&p);
-      rd.U64(&n);
-      if (!rd.U64(&flags) || !rd.Finish() || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-      if (!Object(mc, &mc_size) || !Inside(mc_offset, n, mc_size) || !host_.DeviceRange(p, n)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      return CALL(cuMulticastBindAddr, mc, mc_offset, p, n, flags);
-    }
-    case Fn::cuMulticastUnbind: {
-      uint64_t mc = 0, mc_offset = 0, n = 0, mc_size = 0;
-      int32_t dev = 0;
-      rd.U64(&mc);
-      rd.I32(&dev);
-      rd.U64(&mc_offset);
-      if (!rd.U64(&n) || !rd.Finish() || !Object(mc, &mc_size) || !Inside(mc_offset, n, mc_size)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (!host_.KnownDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      return CALL(cuMulticastUnbind, mc, dev, mc_offset, n);
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
-  }
+CUresult SessionMulticast::Check_cuMulticastCreate(CUmulticastObjectProp& prop) {
+  return prop.size == 0 || prop.numDevices == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult SessionMulticast::Done_cuMulticastCreate(CUmemGenericAllocationHandle& mc,
+                                                  const CUmulticastObjectProp& prop) {
+  mc = host_.PublishVmmHandle(mc, prop.size);
+  objects_[mc] = prop.size;
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionMulticast::Check_cuMulticastAddDevice(uint64_t& mc, int32_t&) {
+  uint64_t size = 0;
+  return Object(mc, &size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult SessionMulticast::Check_cuMulticastBindMem(uint64_t& mc, uint64_t& mc_offset, uint64_t& mem,
+                                                    uint64_t& mem_offset, uint64_t& size, uint64_t&) {
+  uint64_t mc_size = 0, mem_size = 0;
+  if (objects_.count(mem)) return CUDA_ERROR_INVALID_VALUE;  // a multicast object is no memory
+  if (!Object(mc, &mc_size) || !host_.KnownVmmHandle(mem, &mem_size)) return CUDA_ERROR_INVALID_VALUE;
+  if (!Inside(mc_offset, size, mc_size) || !Inside(mem_offset, size, mem_size)) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionMulticast::Check_cuMulticastBindAddr(uint64_t& mc, uint64_t& mc_offset, uint64_t&, uint64_t& size,
+                                                     uint64_t&) {
+  return ObjectRange(mc, mc_offset, size);
+}
+
+CUresult SessionMulticast::Check_cuMulticastUnbind(uint64_t& mc, int32_t&, uint64_t& mc_offset, uint64_t& size) {
+  return ObjectRange(mc, mc_offset, size);
+}
+
+CUresult SessionMulticast::ObjectRange(uint64_t& mc, uint64_t offset, uint64_t n) {
+  uint64_t size = 0;
+  return Object(mc, &size) && Inside(offset, n, size) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 }  // namespace tf::worker

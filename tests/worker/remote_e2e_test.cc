@@ -1726,6 +1726,26 @@ TEST_F(RemoteTest, AKilledClientsHostRegionsAreUnregisteredAndUnmapped) {
   EXPECT_TRUE(worker_.WaitFor("3 host regions", 1000)) << worker_.out;
 }
 
+// The first u64 of a reply's outputs (0 when it has fewer than 8 bytes).
+uint64_t FirstU64(const std::vector<uint8_t>& v) {
+  uint64_t x = 0;
+  if (v.size() >= 8) memcpy(&x, v.data(), 8);
+  return x;
+}
+
+// A CUmemAllocationProp of pinned memory on device 0 as the generated calls send it, field by
+// field; `reserved` of its 4 reserved bytes (fewer make a malformed message).
+void WriteDeviceAllocationProp(tf::transport::Writer& w, int reserved = 4) {
+  w.U32(CU_MEM_ALLOCATION_TYPE_PINNED);
+  w.U32(0);  // requested handle types
+  w.U32(CU_MEM_LOCATION_TYPE_DEVICE);
+  w.I32(0);
+  w.U8(0);  // compression, RDMA, usage
+  w.U8(0);
+  w.U16(0);
+  for (int i = 0; i < reserved; ++i) w.U8(0);
+}
+
 // A client that speaks the protocol itself and sends host-region messages the stub never would.
 class RawClient {
  public:
@@ -2124,16 +2144,11 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
   ASSERT_TRUE(c.UsePrimaryContext());
   uint8_t buf[64];
   std::vector<uint8_t> out;
-  auto u64_of = [&](const std::vector<uint8_t>& v) {
-    uint64_t x = 0;
-    if (v.size() >= 8) memcpy(&x, v.data(), 8);
-    return x;
-  };
   auto create = [&](Fn fn, uint32_t flags) -> uint64_t {
     Writer w(buf, sizeof(buf));
     w.U32(flags);
     out.clear();
-    return c.Call(remote::Op(fn), w, &out) == 0 ? u64_of(out) : 0;
+    return c.Call(remote::Op(fn), w, &out) == 0 ? FirstU64(out) : 0;
   };
   auto on = [&](Fn fn, uint64_t h) {
     Writer w(buf, sizeof(buf));
@@ -2145,7 +2160,7 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     w.U32(limit);
     out.clear();
     int r = c.Call(remote::Op(Fn::cuCtxGetLimit), w, &out);
-    *v = u64_of(out);
+    *v = FirstU64(out);
     return r;
   };
   const uint64_t stream = create(Fn::cuStreamCreate, 0);
@@ -2231,14 +2246,7 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     EXPECT_EQ(caps(1, 1, CU_ATOMIC_OPERATION_MAX), CUDA_ERROR_INVALID_VALUE);
     auto granularity = [&](bool short_by_one) {
       Writer w(big, sizeof(big));
-      w.U32(CU_MEM_ALLOCATION_TYPE_PINNED);
-      w.U32(0);  // requested handle types
-      w.U32(CU_MEM_LOCATION_TYPE_DEVICE);
-      w.I32(0);
-      w.U8(0);  // compression, RDMA, usage, 4 reserved bytes
-      w.U8(0);
-      w.U16(0);
-      for (int i = short_by_one ? 1 : 0; i < 4; ++i) w.U8(0);
+      WriteDeviceAllocationProp(w, short_by_one ? 3 : 4);
       w.U32(CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       out.clear();
       return c.Call(remote::Op(Fn::cuMemGetAllocationGranularity), w, &out);
@@ -2285,7 +2293,7 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     gp.I32(0);
     out.clear();
     ASSERT_EQ(c.Call(remote::Op(Fn::cuDeviceGetMemPool), gp, &out), 0);
-    const uint64_t pool = u64_of(out);
+    const uint64_t pool = FirstU64(out);
     ASSERT_NE(pool, 0u);
     auto access = [&](uint64_t count, uint32_t type, int32_t id, uint32_t flags) {
       Writer w(big, sizeof(big));
@@ -2332,7 +2340,7 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
     EXPECT_EQ(out.size(), 4u);
     EXPECT_EQ(pool_get(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 0);
     EXPECT_EQ(out.size(), 8u);
-    EXPECT_EQ(u64_of(out), 1u << 20);
+    EXPECT_EQ(FirstU64(out), 1u << 20);
     // Only a pool the session created may be destroyed: the device's pool and a forged one fail,
     // and the device's pool goes on serving.
     EXPECT_EQ(on(Fn::cuMemPoolDestroy, pool), CUDA_ERROR_INVALID_VALUE);
@@ -2364,6 +2372,99 @@ TEST_F(RemoteTest, BadGeneratedCallsFailThatCallOnly) {
   EXPECT_EQ(v, stack);
   EXPECT_EQ(on(Fn::cuEventDestroy_v2, event), 0);
   EXPECT_EQ(on(Fn::cuStreamDestroy_v2, stream), 0);
+}
+
+// The generated calls with hand-written hooks (hook=): VMM reservations and handles, multicast
+// objects and IPC memory, sent as the stub would not send them. The generated half refuses a malformed message
+// and a device the session lacks; the family's hook refuses what only its tables know (a size of
+// 0, a reservation freed with another size, a handle name that is not the session's, a plain
+// handle where a multicast object goes), each failing that call only.
+TEST_F(RemoteTest, HookedGeneratedCallsCheckTheFamilysTables) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[128];
+  std::vector<uint8_t> out;
+  // A call whose arguments are all u64 (sizes, addresses, handle names, flags).
+  auto call = [&](Fn fn, std::initializer_list<uint64_t> args) {
+    Writer w(buf, sizeof(buf));
+    for (uint64_t a : args) w.U64(a);
+    out.clear();
+    return c.Call(remote::Op(fn), w, &out);
+  };
+  auto reserve = [&](uint64_t size) { return call(Fn::cuMemAddressReserve, {size, 0, 0, 0}); };
+  auto free_range = [&](uint64_t p, uint64_t size) { return call(Fn::cuMemAddressFree, {p, size}); };
+  auto create = [&](uint64_t size, bool short_by_one) {
+    Writer w(buf, sizeof(buf));
+    w.U64(size);
+    WriteDeviceAllocationProp(w);
+    if (!short_by_one) w.U64(0);  // flags
+    else w.U32(0);
+    out.clear();
+    return c.Call(remote::Op(Fn::cuMemCreate), w, &out);
+  };
+  auto release = [&](uint64_t h) { return call(Fn::cuMemRelease, {h}); };
+  auto mc_create = [&](uint32_t devices, uint64_t size) {
+    Writer w(buf, sizeof(buf));
+    w.U32(devices);
+    w.U64(size);
+    w.U64(0);  // handle types, flags
+    w.U64(0);
+    out.clear();
+    return c.Call(remote::Op(Fn::cuMulticastCreate), w, &out);
+  };
+  auto mc_add = [&](uint64_t mc, int32_t dev) {
+    Writer w(buf, sizeof(buf));
+    w.U64(mc);
+    w.I32(dev);
+    return c.Call(remote::Op(Fn::cuMulticastAddDevice), w);
+  };
+  const uint64_t mib2 = 2u << 20;
+  EXPECT_EQ(reserve(0), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(reserve(4 * mib2), 0);
+  const uint64_t va = FirstU64(out);
+  ASSERT_NE(va, 0u);
+  // IPC: only an allocation of the session is exported, only a range it opened is closed, and a
+  // handle one byte short is a malformed message.
+  EXPECT_EQ(call(Fn::cuIpcGetMemHandle, {va}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(call(Fn::cuIpcCloseMemHandle, {va}), CUDA_ERROR_INVALID_VALUE);
+  {
+    Writer w(buf, sizeof(buf));
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE - 1; ++i) w.U8(0);
+    w.U32(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuIpcOpenMemHandle_v2), w), CUDA_ERROR_INVALID_VALUE);
+  }
+  EXPECT_EQ(free_range(va, mib2), CUDA_ERROR_INVALID_VALUE);  // not the whole reservation
+  EXPECT_EQ(free_range(va + mib2, 3 * mib2), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(create(0, false), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(create(mib2, true), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(create(mib2, false), 0);
+  const uint64_t mem = FirstU64(out);
+  ASSERT_NE(mem, 0u);
+  EXPECT_EQ(release(mem ^ (1ull << 30)), CUDA_ERROR_INVALID_VALUE);  // forged
+  EXPECT_EQ(mc_create(0, mib2), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(mc_create(1, 0), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(mc_create(1, mib2), 0);
+  const uint64_t mc = FirstU64(out);
+  ASSERT_NE(mc, 0u);
+  EXPECT_EQ(mc_add(mem, 0), CUDA_ERROR_INVALID_VALUE);  // a plain handle is no multicast object
+  EXPECT_EQ(mc_add(mc, 7), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(mc_add(mc ^ (1ull << 30), 7), CUDA_ERROR_INVALID_DEVICE);  // the device is checked first
+  EXPECT_EQ(mc_add(mc, 0), 0);
+  // Released: the names are stale; the reservation goes with its own size.
+  EXPECT_EQ(release(mc), 0);
+  EXPECT_EQ(mc_add(mc, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(release(mem), 0);
+  EXPECT_EQ(release(mem), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(free_range(va, 4 * mib2), 0);
+  EXPECT_EQ(free_range(va, 4 * mib2), CUDA_ERROR_INVALID_VALUE);
+  // The session goes on: a new handle is made and released.
+  ASSERT_EQ(create(mib2, false), 0);
+  EXPECT_EQ(release(FirstU64(out)), 0);
 }
 
 // Array messages the stub would not send: unknown handles, regions outside the array or the

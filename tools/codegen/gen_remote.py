@@ -8,6 +8,8 @@ Outputs (into the client's generated folder, never edited by hand):
   tf_remote_worker.cc   tf::worker::DispatchGenerated: per entry point, decode, validate (length,
                         enumerations, devices, handles by kind), call the driver, encode outputs;
                         and FormatGeneratedCall, the trace formatter of the same payloads
+  tf_remote_hooks.h     tf::worker::GeneratedHooks: the Check_/Done_ hooks of the calls with hook=,
+                        which the worker's families implement
   client_implemented.txt, client_refused.tsv   the lists the tests read, derived from the manifest
 """
 import os
@@ -245,6 +247,10 @@ class Arg:
             self.dir, self.base = "out", "char"
             return
         t = ctype.replace("const ", "").strip()
+        self.addr = False     # a `void*` naming device memory (dptr= or vmm=): travels as a u64 address
+        if t.replace(" ", "") == "void*" and any(n == name for n, _ in ann.get("dptr", []) + ann.get("vmm", [])):
+            self.addr, self.wire = True, "u64"
+            return
         if self.void:
             if t.replace(" ", "") != "void*":
                 raise SurfaceError("%s: void=%s is for a void* argument" % (fn, name))
@@ -316,7 +322,7 @@ def struct_lines(fn, shape, expr, io, mode, is_out, depth=0):
     in declaration order (scalars and enumerations by value, nested structures in place, fixed
     arrays element by element); a union travels as its bytes (nothing says which member is
     live); a pointer field never travels (an input's must be NULL: ptr_checks; the other side
-    sees NULL); an output's pointer fields and any handle field are not generated."""
+    sees NULL; an output's comes back NULL); a handle field is not generated."""
     if shape.kind == "bad":
         raise SurfaceError("%s: %s" % (fn, shape.wire))
     if shape.kind == "scalar" and shape.wire == "f32":
@@ -336,9 +342,7 @@ def struct_lines(fn, shape, expr, io, mode, is_out, depth=0):
             return ["%s.%s(static_cast<%s>(%s));" % (io, READ[shape.wire], WIRE_C[shape.wire], expr)]
         return ["{ %s v_ = 0; %s.%s(&v_); %s = static_cast<std::remove_reference_t<decltype(%s)>>(v_); }"
                 % (WIRE_C[shape.wire], io, READ[shape.wire], expr, expr)]
-    if shape.kind == "ptr":
-        if is_out:
-            raise SurfaceError("%s: %s: a pointer inside an output structure is not generated" % (fn, expr))
+    if shape.kind == "ptr":  # never travels: an output's comes back NULL (the client's copy is zeroed)
         return []
     if shape.kind == "handle":
         raise SurfaceError("%s: %s: a handle inside a structure is not generated" % (fn, expr))
@@ -435,7 +439,7 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}, "void": {}}
+           "vmm": [], "unserved": {}, "void": {}, "hook": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -516,8 +520,12 @@ def parse_annotations(fn, text, params):
             if a not in names or not vals:
                 raise SurfaceError("%s: unserved=%s names no argument" % (fn, val))
             ann["unserved"][a] = vals.split(",")
+        elif key == "hook" and val and set(val.split(",")) <= {"check", "done", "client", "reply"}:
+            ann["hook"] |= set(val.split(","))
         else:
             raise SurfaceError("%s: bad annotation %r" % (fn, tok))
+    if "done" in ann["hook"] and "check" not in ann["hook"]:
+        raise SurfaceError("%s: hook=done needs hook=check (a host without the family refuses the call there)" % fn)
     return ann
 
 
@@ -598,6 +606,12 @@ class Call:
                                 by_name[a.owner].kind and not a.nullable and not by_name[a.owner].nullable):
                 raise SurfaceError("%s: of=%s:%s is for two handle inputs that may not be NULL"
                                    % (name, a.name, a.owner))
+        if self.ann["hook"] and any(a.count or a.void or a.str or a.str_len for a in self.args):
+            raise SurfaceError("%s: hook= is for calls without count=, void= or str= arguments" % name)
+        if "client" in self.ann["hook"] and cls != "sync":
+            raise SurfaceError("%s: hook=client is for sync calls" % name)
+        if "reply" in self.ann["hook"] and not {"done", "client"} <= self.ann["hook"]:
+            raise SurfaceError("%s: hook=reply needs done and client (the worker writes what the client reads)" % name)
         for f in self.ann["forget"]:
             if f != "occupancy" and not re.match(r"^cu\w+$", f):
                 raise SurfaceError("%s: forget=%s" % (name, f))
@@ -646,6 +660,8 @@ def client_write(a, w="w_"):
         return "  %s.U64(H(%s));\n" % (w, a.name)
     if a.wire == "f32":
         raise SurfaceError("float input")
+    if a.addr:
+        return "  %s.U64(reinterpret_cast<uint64_t>(%s));\n" % (w, a.name)
     return "  %s.%s(static_cast<%s>(%s));\n" % (w, READ[a.wire], WIRE_C[a.wire], a.name)
 
 
@@ -746,7 +762,8 @@ def gen_client_impl(c, decl):
                      "    ClientLog(\"%s: %s %s is not served by the remote vGPU: returning CUDA_ERROR_NOT_SUPPORTED\");\n"
                      "    return CUDA_ERROR_NOT_SUPPORTED;\n  }\n" % (n, v, c.name, n, vname))
     for a, _ in c.ann["dptr"]:
-        o.append("  MirrorIfUsedAsDevice(s_, static_cast<uint64_t>(%s));\n" % a)
+        cast = "reinterpret_cast" if next(x for x in c.args if x.name == a).addr else "static_cast"
+        o.append("  MirrorIfUsedAsDevice(s_, %s<uint64_t>(%s));\n" % (cast, a))
     keys = []
     if c.ann["cache"]:
         for k in c.ann["cache"]:
@@ -796,7 +813,8 @@ def gen_client_impl(c, decl):
         o.append(forget)
         o.append("  return r_;\n}\n\n")
         return "".join(o)
-    if c.outs:
+    reply = "reply" in c.ann["hook"]
+    if c.outs or reply:
         o.append("  ReplyView rv_;\n  CUresult r_ = CallSync(s_, Op(Fn::%s), w_, &rv_);\n" % c.name)
     else:
         o.append("  CUresult r_ = CallSync(s_, Op(Fn::%s), w_, nullptr);\n" % c.name)
@@ -824,7 +842,7 @@ def gen_client_impl(c, decl):
             wire = "u64" if a.kind else a.wire
             o.append("  %s o_%s = 0;\n" % (WIRE_C[wire], a.name))
             o.append("  rv_.reader.%s(&o_%s);\n" % (READ[wire], a.name))
-    if c.outs:
+    if c.outs and not reply:  # with hook=reply the client's family reads the rest
         o.append("  if (!rv_.reader.Finish()) return CUDA_ERROR_UNKNOWN;\n")
     for a in c.outs:
         if a.void:
@@ -857,6 +875,11 @@ def gen_client_impl(c, decl):
         if a.wire in ("i32", "i64"):
             v = "static_cast<uint64_t>(static_cast<int64_t>(%s))" % v
         o.append("  StoreAnswer(s_, Fn::%s, %s, %s, %s, %s, %s);\n" % (c.name, keys[0], keys[1], keys[2], v, keys[3]))
+    if reply:  # the client's own tables, from what the worker's family added to the reply
+        o.append("  return ClientDone_%s(s_, rv_.reader, %s);\n}\n\n" % (c.name, ", ".join(n for _, n in c.params)))
+        return "".join(o)
+    if "client" in c.ann["hook"]:  # the client's own tables (hand-written)
+        o.append("  ClientDone_%s(s_, %s);\n" % (c.name, ", ".join(n for _, n in c.params)))
     o.append("  return CUDA_SUCCESS;\n}\n\n")
     return "".join(o)
 
@@ -901,6 +924,51 @@ def worker_reads(c, fail):
                      % (a.count[0], READ[a.wire], a.name))
     o.append("      if (!rd.Finish()) %s\n" % fail)
     return o
+
+
+def hook_params(c, done):
+    """The parameters of c's hook (names as comments: the defaults use none), in prototype order:
+    its inputs as decoded (handles resolved), by reference (const for Done_), and for Done_ its
+    outputs as the driver wrote them."""
+    o = []
+    for a in c.args:
+        if a.dir == "in":
+            t = a.base if a.shape is not None else "uint64_t" if a.kind else WIRE_C[a.wire]
+            o.append("%s%s& /*%s*/" % ("const " if done else "", t, a.name))
+        elif done:
+            o.append("%s& /*%s*/" % (a.base, a.name))
+    if done and "reply" in c.ann["hook"]:
+        o.append("transport::Writer& /*reply*/")
+    return ", ".join(o)
+
+
+def hook_args(c, done):
+    return ", ".join(("r_" if a.kind else "a_") + a.name if a.dir == "in" else "o_" + a.name
+                     for a in c.args if a.dir == "in" or done)
+
+
+def gen_hooks_header(calls):
+    o = [BANNER, "// The hand-written halves of the generated calls with hook= (api/remote_surface.tsv).\n"
+         "#pragma once\n\n#include <cuda.h>\n\n#include <cstdint>\n\n#include \"transport/wire.h\"\n\nnamespace tf::worker {\n\n"
+         "// Check_<name> runs after the generated checks, before the driver call, with the decoded inputs\n"
+         "// (handles already the driver's): it may refuse the call or rewrite an argument (a name of the\n"
+         "// family's table into the driver's handle). Done_<name> runs once the driver succeeded, with all\n"
+         "// arguments: it files what the call made and may rewrite an output (a driver handle into the\n"
+         "// session's name), or fail the call having undone it (a quota the memory exceeds); with\n"
+         "// hook=reply it also writes what the client's family reads after the outputs. A family\n"
+         "// overrides the hooks of its calls; the default Check_ refuses the call\n"
+         "// (CUDA_ERROR_NOT_SUPPORTED), so a host without the family never calls the driver.\n"
+         "// Threading: the session's replay thread.\n"
+         "class GeneratedHooks {\n public:\n  virtual ~GeneratedHooks() = default;\n"]
+    for c in calls:
+        if "check" in c.ann["hook"]:
+            o.append("  virtual CUresult Check_%s(%s) { return CUDA_ERROR_NOT_SUPPORTED; }\n"
+                     % (c.name, hook_params(c, False)))
+        if "done" in c.ann["hook"]:
+            o.append("  virtual CUresult Done_%s(%s) { return CUDA_ERROR_NOT_SUPPORTED; }\n"
+                     % (c.name, hook_params(c, True)))
+    o.append("};\n\n}  // namespace tf::worker\n")
+    return "".join(o)
 
 
 def gen_worker_case(c):
@@ -979,6 +1047,11 @@ def gen_worker_case(c):
                 o.append("      if (!host.Belongs(HandleKind::%s, r_%s, HandleKind::%s, r_%s)) return %s;\n"
                          % (b.kind, b.name, by_name[b.owner].kind, b.owner,
                             HANDLE_ERROR.get(b.kind, "CUDA_ERROR_INVALID_HANDLE")))
+    if "check" in c.ann["hook"]:
+        # hook=check: the family's own checks, after the generated ones (it may rewrite a name of
+        # its tables into the driver's handle).
+        o.append("      if (const CUresult h_ = host.Hooks(fn).Check_%s(%s); h_ != CUDA_SUCCESS) return h_;\n"
+                 % (c.name, hook_args(c, False)))
     for a in c.ins:
         if a.count and a.shape is None:  # checked: now in the driver's type
             o.append("      %s c_%s[%d]{};\n      for (size_t i_ = 0; i_ < a_%s; ++i_) c_%s[i_] = static_cast<%s>(a_%s[i_]);\n"
@@ -1005,6 +1078,8 @@ def gen_worker_case(c):
             call.append(("a_" if a.byval else "&a_") + a.name)
         elif a.kind:
             call.append("reinterpret_cast<%s>(r_%s)" % (a.ctype, a.name))
+        elif a.addr:
+            call.append("reinterpret_cast<%s>(a_%s)" % (a.ctype, a.name))
         else:
             call.append("static_cast<%s>(a_%s)" % (a.ctype, a.name))
     o.append("      if (d.%s == nullptr) return CUDA_ERROR_NOT_SUPPORTED;\n" % c.name)
@@ -1014,6 +1089,11 @@ def gen_worker_case(c):
         if a.destroyed:
             o.append("      host.Handles().Retire(HandleKind::%s, a_%s);\n" % (a.kind, a.name))
             o.append("      host.Destroyed(HandleKind::%s, r_%s);\n" % (a.kind, a.name))
+    if "reply" in c.ann["hook"]:  # what the family adds to the reply, after the outputs
+        o.append("      uint8_t x_[64];\n      transport::Writer xw_(x_, sizeof(x_));\n")
+    if "done" in c.ann["hook"]:  # the family files what the driver made (and may rename an output)
+        o.append("      if (const CUresult h_ = host.Hooks(fn).Done_%s(%s); h_ != CUDA_SUCCESS) return h_;\n"
+                 % (c.name, hook_args(c, True) + (", xw_" if "reply" in c.ann["hook"] else "")))
     for a in c.outs:
         if a.void:
             o.append(indent(void_lines(a, lambda n: "a_" + n, lambda n: "%s v_ = 0; memcpy(&v_, o_%s, %d); out.%s(v_);"
@@ -1054,6 +1134,8 @@ def gen_worker_case(c):
                      % ((a.name,) * 5))
         else:
             o.append("      out.%s(static_cast<%s>(o_%s));\n" % (READ[a.wire], WIRE_C[a.wire], a.name))
+    if "reply" in c.ann["hook"]:
+        o.append("      out.Bytes(x_, xw_.size());\n")
     o.append("      return CUDA_SUCCESS;\n    }\n")
     return "".join(o)
 
@@ -1117,6 +1199,14 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
         f.write('#include <cstdio>\n#include <cstring>\n#include <string>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
+            if "reply" in c.ann["hook"]:
+                f.write("// hook=client,reply: what the client keeps once %s succeeded, from the rest of the\n"
+                        "// reply (its hand-written family); its result is the call's.\n"
+                        "CUresult ClientDone_%s(Session* s, transport::Reader& reply, %s);\n\n" % (c.name, c.name, decl(c.name)))
+            elif "client" in c.ann["hook"]:
+                f.write("// hook=client: what the client keeps once %s succeeded (its hand-written family).\n"
+                        "void ClientDone_%s(Session* s, %s);\n\n" % (c.name, c.name, decl(c.name)))
+        for c in calls:
             f.write(gen_client_impl(c, decl))
         for n, (cls, target) in sorted(rows.items()):
             if cls != "alias":
@@ -1129,6 +1219,9 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
             f.write("CUresult Impl_%s(%s) {\n  return Impl_%s(%s);\n}\n\n"
                     % (n, decl(n), target, ", ".join(a for _, a in protos[n])))
         f.write("}  // namespace tf::client\n")
+
+    with open(os.path.join(out_dir, "tf_remote_hooks.h"), "w") as f:
+        f.write(gen_hooks_header(calls))
 
     used_enums = sorted({a.enum for c in calls for a in c.ins if a.enum and a.enum_values is not None})
     with open(os.path.join(out_dir, "tf_remote_worker.cc"), "w") as f:
