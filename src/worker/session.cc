@@ -2094,14 +2094,7 @@ CUresult Session::SetAccess(Reader& rd) {
   if (!rd.U32(&count) || count == 0 || count > 64) return CUDA_ERROR_INVALID_VALUE;
   std::vector<CUmemAccessDesc> desc(count);
   for (auto& d : desc) {
-    uint32_t loc_type = 0, flags = 0;
-    int32_t id = 0;
-    rd.U32(&loc_type);
-    rd.I32(&id);
-    if (!rd.U32(&flags)) return CUDA_ERROR_INVALID_VALUE;
-    d.location.type = static_cast<CUmemLocationType>(loc_type);
-    d.location.id = id;
-    d.flags = static_cast<CUmemAccess_flags>(flags);
+    if (!ReadAccessDesc(rd, &d)) return CUDA_ERROR_INVALID_VALUE;
   }
   if (!rd.Finish() || size == 0) return CUDA_ERROR_INVALID_VALUE;
   if (!InsideOne(vmm_reserved_, p, size)) return CUDA_ERROR_INVALID_VALUE;

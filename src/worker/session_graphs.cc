@@ -402,16 +402,7 @@ CUresult SessionGraphs::AddNode(Fn fn, Reader& rd, Writer& out) {
       rd.U64(&bytes);
       if (!rd.U32(&naccess) || naccess > remote::kMaxDevices) return CUDA_ERROR_INVALID_VALUE;
       std::vector<CUmemAccessDesc> access(naccess);
-      for (auto& a : access) {
-        uint32_t t = 0, flags = 0;
-        int32_t id = 0;
-        rd.U32(&t);
-        rd.I32(&id);
-        rd.U32(&flags);
-        a.location.type = static_cast<CUmemLocationType>(t);
-        a.location.id = id;
-        a.flags = static_cast<CUmemAccess_flags>(flags);
-      }
+      for (auto& a : access) ReadAccessDesc(rd, &a);  // rd.Finish() below checks the end
       if (!rd.Finish() || bytes == 0 || bytes > kMaxExtent) return CUDA_ERROR_INVALID_VALUE;
       if (loc_type == CU_MEM_LOCATION_TYPE_DEVICE && !h_.KnownDevice(loc_id)) return CUDA_ERROR_INVALID_DEVICE;
       p.poolProps.allocType = static_cast<CUmemAllocationType>(alloc_type);

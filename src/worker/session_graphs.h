@@ -20,6 +20,21 @@ namespace tf::worker {
 
 class GraphHostCopies;
 
+// One CUmemAccessDesc as the client encodes it (location type, location id, flags), for
+// cuMemSetAccess and a memory node's access list; the values are the driver's to judge. False
+// when the message ended early.
+inline bool ReadAccessDesc(transport::Reader& rd, CUmemAccessDesc* d) {
+  uint32_t type = 0, flags = 0;
+  int32_t id = 0;
+  rd.U32(&type);
+  rd.I32(&id);
+  const bool ok = rd.U32(&flags);
+  d->location.type = static_cast<CUmemLocationType>(type);
+  d->location.id = id;
+  d->flags = static_cast<CUmemAccess_flags>(flags);
+  return ok;
+}
+
 // Decoded kernel arguments; the pointers point into the frame's private copy.
 struct KernelArgs {
   void* params[remote::kMaxKernelParams];
