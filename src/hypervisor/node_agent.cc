@@ -259,7 +259,6 @@ Status NodeAgent::SyncAllocations() {
   return st;
 }
 
-
 // A vGPU that lingers with an allocation this agent never followed: its allocation is gone when
 // the controller answers 404 for it (a node token sees only its own node's allocations, so one
 // placed elsewhere is not this node's either). Only ids the controller issues are asked about (a

@@ -259,12 +259,14 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
 
   // Who else wants the GPU now, and is any of them owed or of higher QoS?
   bool others_want = false, owed_elsewhere = false, higher_qos_borrowing = false;
+  int64_t others_req = 0;  // the requests of the others that want the GPU
   for (uint32_t i = 0; i < kMaxVgpus; ++i) {
     if (i == mine) continue;
     const VgpuSlot* u = vgpu(i);
     if (!Wanting(u, now_ns)) continue;
     others_want = true;
     int64_t u_req = ClampShare(u->compute_share_ppm.load(std::memory_order_relaxed));
+    others_req += u_req;
     int64_t u_lim = ClampShare(LimitPpm(u));
     int64_t u_last = u->last_refill_ns.load(std::memory_order_relaxed);
     int64_t gap = now_ns > u_last ? now_ns - u_last : 0;
@@ -315,14 +317,19 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     out.retry_after_ns = kDemandTtlNs;
   }
   if (turn != nullptr && turn->turn_ns > 0) {
-    TakeTurns(mine, now_ns, tick_ns, in_flight, held, burstable, burstable ? rt : lt, burstable ? req : lim, turn,
+    // A burstable vGPU takes turns (at its request) only while the requests of the vGPUs that want
+    // the GPU fill it: then there is nothing to borrow and its request is its share. Otherwise what
+    // the requests leave is lent by time slicing, higher QoS first, and it does not take turns.
+    const int64_t requests = others_req + (Wanting(v, now_ns) ? req : 0);
+    const bool eligible = !burstable || requests >= static_cast<int64_t>(kShareWholeGpuPpm) * 99 / 100;
+    TakeTurns(mine, now_ns, tick_ns, in_flight, held, eligible, burstable ? rt : lt, burstable ? req : lim, turn,
               &out);
   }
   if (out.hold != ShareHold::kRun && !held) v->leases_total.fetch_add(1, std::memory_order_relaxed);
   return out;
 }
 
-void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool burstable,
+void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool eligible,
                           int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn, ShareVerdict* out) {
   const int64_t w = tick_ns < kBusyAvgWindowNs ? tick_ns : kBusyAvgWindowNs;
   const int64_t x = in_flight || held ? static_cast<int64_t>(kShareWholeGpuPpm) : 0;
@@ -352,10 +359,6 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
       turn->turn_held_ns = turn->turn_busy_ns = 0;
     }
   }
-  // A burstable vGPU takes turns (at its request) only while the requests of the vGPUs that want
-  // the GPU fill it: then there is nothing to borrow and its request is its share. Otherwise what
-  // the requests leave is lent by time slicing, higher QoS first, and it does not take turns.
-  const bool eligible = !burstable || RequestsFillGpu(now_ns);
   turn->saturating = eligible && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
   const uint64_t bit = 1ULL << mine;
   uint64_t mask = sb->saturating.load(std::memory_order_relaxed);
@@ -486,15 +489,6 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
   std::copy(with, with + 3, turn->last_with);
   std::copy(without, without + 3, turn->last_without);
   ClearTurnsPaySums(turn);
-}
-
-bool GpuRegion::RequestsFillGpu(int64_t now_ns) const {
-  int64_t sum = 0;
-  for (uint32_t i = 0; i < kMaxVgpus; ++i) {
-    const VgpuSlot* u = vgpu(i);
-    if (Wanting(u, now_ns)) sum += ClampShare(u->compute_share_ppm.load(std::memory_order_relaxed));
-  }
-  return sum >= static_cast<int64_t>(kShareWholeGpuPpm) * 99 / 100;
 }
 
 bool GpuRegion::OthersWantUnsaturated(uint32_t mine, uint64_t mask, int64_t now_ns) const {

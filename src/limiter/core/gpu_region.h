@@ -404,13 +404,13 @@ class GpuRegion {
     return reinterpret_cast<ProcessSlot*>(base_ + kProcessArrayOffset) + i;
   }
   LeaseBlock* lease() const { return reinterpret_cast<LeaseBlock*>(base_ + kLeaseOffset); }
-  void TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool burstable,
+  // eligible: this vGPU may take turns now (a hard slice always; a burstable one while the
+  // requests of the vGPUs that want the GPU fill it).
+  void TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool in_flight, bool held, bool eligible,
                  int64_t limit_tokens, int64_t limit_ppm, ShareTurn* turn, ShareVerdict* out);
   // Planned turns (turn->period_ns > 0): the holder hands over at its planned end.
   void PlannedTurns(uint32_t mine, int64_t now_ns, int64_t limit_tokens, int64_t limit_ppm, uint64_t mask,
                     uint64_t word, bool alive, ShareTurn* turn, ShareVerdict* out);
-  // The requests of the vGPUs that want the GPU add up to (almost) all of it: nothing to lend.
-  bool RequestsFillGpu(int64_t now_ns) const;
   // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
   bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
   // Whether another vGPU wants the GPU, and whether one that is not saturating does (mask: the
