@@ -67,7 +67,7 @@ class ComputeGovernor {
   void CaptureEnds();
 
   // Governor tick period while the process has GPU work (ns): kTickNs, or
-  // $TFUSION_SHARE_TICK_US (100..5000) for measurements of the sampling rate's cost.
+  // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
   // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
   // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc); planned: each

@@ -314,7 +314,7 @@ def phase_solo(ctx, md):
 def phase_probe(ctx, md):
     """Diagnosis: four ResNet-50 b1 tenants at several shares and tick periods."""
     rows = []
-    for pct, tick in ((25, None), (25, 2000), (30, None), (40, None)):
+    for pct, tick in ((25, None), (25, 1000), (30, None), (40, None)):
         env = ["env", f"TFUSION_SHARE_TICK_US={tick}"] if tick else []
         r = run_group(ctx, f"probe-p{pct}-t{tick or 500}", [(env + limiter_prefix(ctx, pct), "r50", 1)] * 4,
                       ctx.args.seconds)

@@ -247,7 +247,8 @@ class SummaryTest(unittest.TestCase):
 
 class TorchScriptsTest(unittest.TestCase):
     """The PyTorch programs compile, and refuse bad flags before importing torch."""
-    SCRIPTS = [os.path.join(HERE, "torch_remote.py"), os.path.join(HERE, "..", "..", "bench", "gpu", "torch_models.py")]
+    SCRIPTS = [os.path.join(HERE, "torch_remote.py"), os.path.join(HERE, "..", "..", "bench", "gpu", "torch_models.py"),
+               os.path.join(HERE, "..", "..", "bench", "gpu", "gpt2_probe.py")]
 
     def test_scripts_compile(self):
         for path in self.SCRIPTS:
@@ -257,8 +258,10 @@ class TorchScriptsTest(unittest.TestCase):
         for args, reason in ((["--parts", "resnet50_b64_eager,bogus"], "unknown part 'bogus'"),
                              (["--reps", "0"], "must be > 0"),
                              (["--checks", "eager_ops,bogus"], "unknown checks ['bogus']"),
-                             (["--check-budget-s", "-1", "--out", "x"], "budgets must be > 0")):
-            script = self.SCRIPTS[0] if args[0].startswith("--check") else self.SCRIPTS[1]
+                             (["--check-budget-s", "-1", "--out", "x"], "budgets must be > 0"),
+                             (["--steps", "0"], "every count must be positive")):
+            script = (self.SCRIPTS[0] if args[0].startswith("--check") else
+                      self.SCRIPTS[2] if args[0] == "--steps" else self.SCRIPTS[1])
             proc = subprocess.run([sys.executable, script] + args, capture_output=True, text=True, timeout=60)
             self.assertEqual(proc.returncode, 2, proc.stderr)
             self.assertIn(reason, proc.stderr)
