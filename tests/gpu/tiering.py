@@ -452,6 +452,9 @@ def phase_remote(r):
             flags = ["--remote", addr, "--token", token]
             res = {"transport": via}
             res["checks"] = r.tenant(["checks", "--cycles", "6"], flags, env=env, timeout=400)
+            # A stream-ordered pool (PyTorch's cudaMallocAsync backend) swapped and resumed.
+            res["pool"] = r.tenant(["pool"], flags, env=dict(env, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync"),
+                                   timeout=300)
             runs = {name: r.tenant(["train", "--steps", "30"] + extra, flags, env=env, timeout=400)
                     for name, extra in (("plain", []), ("frozen", ["--freeze-at", "15"]))}
             la, lf = runs["plain"].get("losses", []), runs["frozen"].get("losses", [])
