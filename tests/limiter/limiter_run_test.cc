@@ -645,6 +645,23 @@ TEST_F(TieringTest, ADamagedSwapFileIsRefusedWithACudaError) {
   EXPECT_NE(out.out.find(":214"), std::string::npos) << "CUDA_ERROR_ECC_UNCORRECTABLE\n" << out.out;
 }
 
+TEST_F(TieringTest, ATenantKilledWhileSwappedGivesItsHostMemoryBack) {
+  pid_t pid = StartTenant("--vram 1GiB --vgpu killed --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze killed");
+  ASSERT_EQ(frozen.rc, 0) << frozen.out;
+  ASSERT_NE(frozen.out.find("200 MiB in host memory"), std::string::npos) << frozen.out;
+  ASSERT_TRUE(SmiShows("host tier 200 MiB of")) << Tf("smi").out;
+  // Killed while its only copy of 200 MiB is in host memory: the copy dies with its process and
+  // the host tier's budget is returned at the next look at the region (here `tfusion smi`).
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(SmiShows("host tier 0 MiB of")) << Tf("smi").out;
+  const std::string after = Tf("smi -p").out;
+  EXPECT_EQ(after.find("swapped"), std::string::npos) << "no process of the vGPU is left swapped\n" << after;
+}
+
 TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   Result unknown = Tf("freeze nosuch");
   EXPECT_EQ(unknown.rc, 2);
