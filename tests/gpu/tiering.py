@@ -348,13 +348,19 @@ def phase_alloc(r):
 
 def phase_steady(r):
     res = {}
+    models = os.environ.get("TF_STEADY_MODELS", "r50,gpt2").split(",")
     for model, batch in (("r50", 64), ("gpt2", 8)):
+        if model not in models:
+            continue
         for rnd in range(int(os.environ.get("TF_STEADY_ROUNDS", "2"))):
             for name, flags in (("native", None), ("limiter", LIMITED), ("tiering", TIERED)):
                 d = r.tenant(["steady", "--model", model, "--batch", str(batch), "--seconds", os.environ.get("TF_STEADY_SECONDS", "6")], flags)
                 res.setdefault(f"{model}_b{batch}", {}).setdefault(name, []).append(d.get("items_per_s", d))
     for key, v in res.items():
         try:
+            per_round = [round(t / l, 4) for t, l in zip(v["tiering"], v["limiter"])]
+            v["tiering_over_limiter_per_round"] = per_round
+            v["tiering_over_limiter_median"] = sorted(per_round)[len(per_round) // 2]
             nat = sum(v["native"]) / len(v["native"])
             v["limiter_over_native"] = round(sum(v["limiter"]) / len(v["limiter"]) / nat, 4)
             v["tiering_over_native"] = round(sum(v["tiering"]) / len(v["tiering"]) / nat, 4)
@@ -964,11 +970,65 @@ def phase_preempt(r, gib=8):
         r.record("preempt", res)
 
 
+def phase_patch(r, gib=1):
+    """`tfusion patch` on a live allocation: a local tenant of a pool allocation that never swaps
+    when idle (`--idle-swap 0`) holds GIB and waits; it must stay resident; then `tfusion patch ID
+    --idle-swap 2s` must make its vGPU swap out by itself within seconds (the node agent writes the
+    new timeout into the region at its next sync), and its next GPU call must find every byte."""
+    up = UpOnThisHost(r, "patch")
+    res = {"gib": gib}
+    tenant = None
+    try:
+        if not up.url or not up.token:
+            res["error"] = "tfusion up did not start (logs/patch-up.log)"
+            return
+        up.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})  # tiering needs an overselling pool
+        ready, go = os.path.join(r.out, "patch-ready"), os.path.join(r.out, "patch-go")
+        remove_files(ready, go)
+        run_client = ["--controller", up.url, "--token", up.token]
+        cmd = [r.tfusion, "run", *run_client, "--qos", "low", "--vram", "8GiB", "--percent", "50", "--idle-swap", "0",
+               "--", sys.executable, TENANT, "hold", "--gib", str(gib), "--ready", ready, "--go", go]
+        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, "patch-tenant.log"), "w"),
+                                  text=True, env=r.env)
+        if not wait_until(lambda: os.path.exists(ready) or tenant.poll() is not None, 120) or not os.path.exists(ready):
+            res["error"] = "the tenant did not get ready (logs/patch-tenant.log)"
+            return
+        smi = lambda: subprocess.run([r.tfusion, "smi", "-p"], capture_output=True, text=True, env=r.env).stdout
+        allocs = up.api("GET", "/v1/allocations")[1].get("allocations", [])
+        ids = [a.get("id") for a in allocs if a.get("qos") == "low"]
+        if len(ids) != 1:
+            res["error"] = f"expected one low allocation, found {allocs!r}"[:400]
+            return
+        time.sleep(8)  # idle, but its allocation says never: it stays resident
+        res["smi_before"] = smi().strip().splitlines()[-3:]
+        res["swapped_before_patch"] = "swapped" in smi()
+        t0 = time.monotonic()
+        p = subprocess.run([r.tfusion, "patch", ids[0], "--idle-swap", "2s", "--url", up.url, "--token", up.token], capture_output=True, text=True,
+                           env=r.env, timeout=30)
+        res["patch_rc"], res["patch_out"] = p.returncode, (p.stdout + p.stderr).strip()[-400:]
+        swapped = wait_until(lambda: "swapped" in smi(), 30)
+        res["swapped_after_patch_s"] = round(time.monotonic() - t0, 2) if swapped else None
+        res["smi_after"] = smi().strip().splitlines()[-3:]
+        open(go, "w").close()
+        out, _ = tenant.communicate(timeout=120)
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        res["tenant"] = json.loads(lines[-1]) if lines else {"rc": tenant.returncode}
+        res["ok"] = (not res["swapped_before_patch"] and p.returncode == 0 and swapped is not None
+                     and bool(res["tenant"].get("intact")))
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)
+    finally:
+        if tenant is not None and tenant.poll() is None:
+            tenant.kill()
+        up.stop()
+        r.record("patch", res)
+
+
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
           "rhold": phase_rhold, "rkill": phase_rkill,
-          "firstfreeze": phase_firstfreeze}
+          "firstfreeze": phase_firstfreeze, "patch": phase_patch}
 
 
 def main():
