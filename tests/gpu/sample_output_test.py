@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CI test (no GPU) of the GPU tier's output comparisons: sample_output.py (what cuda_samples.sh
 compares between a sample's native and remote stdout) on lines written in the form NVIDIA's
-samples print them, its report on a synthetic run folder, and framework_checks.py's VRAM-cap
-verdicts (frameworks.sh); the two scripts parse (bash -n)."""
+samples print them, its report on a synthetic run folder, cuda_samples.sh end to end with a
+stand-in nvcc, nvidia-smi and tfusion, and framework_checks.py's VRAM-cap verdicts (frameworks.sh);
+the two scripts parse (bash -n)."""
 import os
 import subprocess
 import sys
@@ -185,6 +186,86 @@ class FrameworkMemoryVerdictTest(unittest.TestCase):
         self.assertIn("above the cap", self.fc.limit_verdict(60 * gib, 8192))  # the whole GPU's 75%
         self.assertIn("below half", self.fc.limit_verdict(1 * gib, 8192))
         self.assertIn("no bytes_limit", self.fc.limit_verdict(0, 8192))
+
+
+FAKE_NVCC = r"""#!/usr/bin/env bash
+# Stands in for nvcc: the "program" it builds prints what a sample prints; remotely (FAKE_REMOTE=1,
+# set by the fake tfusion) one sample prints a different result and one fails.
+if [ "$1" = --version ]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; echo "Build"; exit 0; fi
+out=""; src=""
+while [ $# -gt 0 ]; do case $1 in -o) out=$2; shift ;; *.cu|*.cpp) src=$1 ;; esac; shift; done
+name=$(basename "$(dirname "$src")")
+[ "$name" = brokenBuild ] && { echo "error: no such header" >&2; exit 1; }
+cat > "$out" <<PROG
+#!/usr/bin/env bash
+echo "[$name] - Starting..."
+echo "Processing time: \$((RANDOM % 100)).\$RANDOM (ms)"
+echo "stub log line" >&2
+if [ "$name" = resultDiffers ] && [ -n "\${FAKE_REMOTE:-}" ]; then echo "checksum = 41"; else echo "checksum = 42"; fi
+[ "$name" = failsRemotely ] && [ -n "\${FAKE_REMOTE:-}" ] && exit 1
+echo "Result = PASS"
+PROG
+chmod +x "$out"
+"""
+FAKE_TFUSION = r"""#!/usr/bin/env bash
+# Stands in for tfusion: a worker that only says it is ready, and `run` that marks remote runs.
+case $1 in
+  worker) while [ $# -gt 0 ]; do [ "$1" = --ready-file ] && touch "$2"; shift; done; exec sleep 300 ;;
+  run) remote=""; while [ "$1" != -- ]; do [ "$1" = --remote ] && remote=1; shift; done; shift
+       FAKE_REMOTE=$remote exec "$@" ;;
+esac
+exit 2
+"""
+FAKE_SMI = """#!/usr/bin/env bash
+case "$*" in *compute_cap*) echo 9.0 ;; *) echo "NVIDIA H100 80GB HBM3, 580.159.04" ;; esac
+"""
+
+
+class CudaSamplesScriptTest(unittest.TestCase):
+    """cuda_samples.sh end to end with a stand-in nvcc, nvidia-smi and tfusion: what it keeps and
+    what samples.md says."""
+
+    def test_outputs_are_kept_apart_and_compared_with_native(self):
+        import tarfile
+        with tempfile.TemporaryDirectory() as d:
+            bindir, build, src, out = (os.path.join(d, x) for x in ("bin", "build", "samples", "out"))
+            os.makedirs(os.path.join(build, "src", "cli"))
+            os.makedirs(bindir)
+            for path, text in ((os.path.join(bindir, "nvcc"), FAKE_NVCC), (os.path.join(bindir, "nvidia-smi"), FAKE_SMI),
+                               (os.path.join(build, "src", "cli", "tfusion"), FAKE_TFUSION)):
+                with open(path, "w") as f:
+                    f.write(text)
+                os.chmod(path, 0o755)
+            names = ["sameEverywhere", "resultDiffers", "failsRemotely", "brokenBuild"]
+            os.makedirs(os.path.join(src, "Common"))
+            for n in names + ["notListed"]:
+                os.makedirs(os.path.join(src, "Samples", "0_Introduction", n))
+                open(os.path.join(src, "Samples", "0_Introduction", n, n + ".cu"), "w").close()
+            os.makedirs(os.path.join(src, "Samples", "6_Performance", "otherFolder"))
+            with open(os.path.join(src, "list.txt"), "w") as f:
+                f.write("".join(f"0_Introduction/{n}\n" for n in names) + "6_Performance/otherFolder\n")
+            env = dict(os.environ, PATH=bindir + os.pathsep + os.environ["PATH"], TF_SAMPLES_ONLY="0_Introduction",
+                       TF_SAMPLES_MODES="native local tcp", TF_SAMPLES_BUDGET_S="120")
+            r = subprocess.run(["bash", os.path.join(HERE, "cuda_samples.sh"), build, src, out], env=env,
+                               capture_output=True, text=True, timeout=180)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            with open(os.path.join(out, "samples.md")) as f:
+                md = f.read()
+            with tarfile.open(os.path.join(out, "samples-logs.tar.gz")) as t:
+                members = set(t.getnames())
+                native_out = t.extractfile("logs/runs/native-sameEverywhere.out").read().decode()
+        self.assertIn("NVIDIA H100 80GB HBM3, 580.159.04", md)
+        self.assertIn("| sameEverywhere | PASS | PASS, same output | PASS, same output |", md)
+        self.assertIn("| resultDiffers | PASS | PASS, same output | PASS, **DIFFERENT OUTPUT** |", md)
+        self.assertIn("| failsRemotely | PASS | PASS, same output | FAIL(1) |", md)
+        self.assertIn("| brokenBuild | BUILD-FAIL | BUILD-FAIL | BUILD-FAIL |", md)
+        self.assertNotIn("otherFolder", md)
+        self.assertIn("Of those, PASS over tcp: 2; same output as native: 1, different: 1", md)
+        self.assertIn('- resultDiffers (tcp): line 3: native "checksum = 42" / here "checksum = 41"', md)
+        self.assertNotIn("stub log line", native_out)  # stderr is kept apart
+        self.assertIn("Processing time:", native_out)
+        self.assertIn("logs/runs/tcp-resultDiffers.err", members)
+        self.assertIn("logs/build-brokenBuild.log", members)
 
 
 class ScriptsParseTest(unittest.TestCase):
