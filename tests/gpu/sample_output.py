@@ -7,23 +7,26 @@ exactly those, by the rules below, and leaves every other character alone, so re
 "Result = PASS", computed values, error counts, sizes) are still compared:
 
   1. A number followed by a unit of time or of rate (`12.5 ms`, `3.1 (ms)`, `0.01 sec`,
-     `812.4 GB/s`, `55.2 MB/sec`, `1.2e+03 GFlop/s`, `7.5 Mops/s`, `3 MElements/s`) becomes `<T>`
-     (time) or `<R>` (rate).
+     `812.4 GB/s`, `55.2 MB/sec`, `1.2e+03 GFlop/s`, `7.5 sims/s`: any `UNIT/s` or `UNIT/sec`)
+     becomes `<T>` (time) or `<R>` (rate).
   2. A number after a word that names a timing or a rate and a `=` or `:` (`Time = 1.234`,
      `Throughput= 33`, `Performance = 12`, `Average clocks/block = 1234`, `elapsed: 3`,
-     `Bandwidth: 12`) becomes `<T>`; the word itself stays.
+     `Bandwidth: 12`, `TFLOPS: 410.2`) becomes `<T>`; the word itself stays.
   3. Dates (`2026-11-26`, `Thu Nov 26`) and clock times (`23:14:05`) become `<DATE>` / `<CLOCK>`.
   4. A process id after `pid`/`PID`/`process` becomes `<PID>`.
   5. Hexadecimal addresses of 6 or more digits (`0x7f3a2c000000`) become `<ADDR>`.
   6. PCI bus ids (`0000:19:00.0`, `00000000:19:00.0`) become `<BUSID>`; in a line naming a
      `Bus ID` or `PCI`, every number becomes `<N>` (the device's slot, not a result).
   7. Trailing white space and carriage returns go; lines are otherwise kept as printed.
+  8. Per sample (SAMPLE_MASKS), timings printed without a unit: simpleStreams' `memcopy:`,
+     `kernel:`, `non-streamed:` and `N streams:` (ms), simplePitchLinearTexture's bandwidth and
+     fetch rate of each layout.
 
 Some samples print what no rule can mask without masking results: they are listed in
 NOT_COMPARED (the outputs are not compared, with the reason) or UNORDERED (the lines are compared
 as a multiset: the GPU or the OpenMP threads decide their order).
 
-  sample_output.py normalize FILE            the normalized lines of FILE
+  sample_output.py normalize FILE [SAMPLE]   the normalized lines of FILE
   sample_output.py compare SAMPLE A B         SAME, or DIFFERENT and the first differing line
   sample_output.py report WORK LIST MODES OUT the Markdown report of cuda_samples.sh (see there)
 """
@@ -31,10 +34,9 @@ import os
 import re
 import sys
 
-TIME_UNITS = r"(?:ns|nsec|us|usec|µs|ms|msec|s|sec|secs|seconds?|milliseconds?|microseconds?|minutes?|clocks?|cycles)"
-RATE_UNITS = (r"(?:[KMGT]i?B/s(?:ec)?|B/s|[KMGT]?[Ff][Ll][Oo][Pp]/?[Ss]|[KMGT]?FLOPS|GOPS|[KMG]?ops/s|"
-              r"[KMG]?Elements/s|MPixels/s|[KMG]?Keys/s|[KMG]?Pairs/s|[KMG]?[Ss]amples/s|[KMG]?Options/s|"
-              r"kernels/s|launches/s|items/s|iter(?:ation)?s/s)")
+TIME_UNITS = r"(?:ns|nsec|us|usec|usecs|µs|ms|msec|msecs|s|sec|secs|seconds?|milliseconds?|microseconds?|minutes?|clocks?|cycles)"
+# Any "<unit>/s" or "<unit>/sec" (GB/s, MB/sec, MPixels/sec, Mpix/s, sims/s, GFlop/s, ...) and FLOPS.
+RATE_UNITS = r"(?:[A-Za-z]+/s(?:ec)?|[KMGT]?FLOPS|GOPS)"
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 # Rule 1: a number and its unit, the unit optionally in parentheses or brackets.
@@ -42,7 +44,7 @@ _RATE = re.compile(rf"(?<![\w.]){NUM}(\s*[(\[]?\s*)({RATE_UNITS})(?![A-Za-z])")
 _TIME = re.compile(rf"(?<![\w.]){NUM}(\s*[(\[]?\s*)({TIME_UNITS})(?![A-Za-z/])")
 # Rule 2: a timing or rate word, then `=` or `:` and a number (possibly after a parenthesized unit).
 _KEYED = re.compile(
-    r"(?i)(\b(?:time|timing|elapsed|duration|latency|throughput|bandwidth|performance|gflop/?s|"
+    r"(?i)(\b(?:time|timing|elapsed|duration|latency|throughput|bandwidth|performance|[kmgt]?flop/?s|"
     r"clocks?(?:/block)?)\b[^=:\n]{0,40}?[=:]\s*(?:\([^)]*\)\s*)?)" + NUM)
 # Rule 3
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|"
@@ -56,6 +58,11 @@ _ADDR = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
 _BUSID = re.compile(r"\b[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 _BUS_LINE = re.compile(r"(?i)bus id|\bpci\b")
 _ANY_NUM = re.compile(r"\b\d+\b")
+# Rule 8: timings a sample prints without a unit (sample -> the text before each such number).
+SAMPLE_MASKS = {
+    "simpleStreams": re.compile(r"^((?:memcopy|kernel|non-streamed|\d+ streams):\s*)" + NUM + "$"),
+    "simplePitchLinearTexture": re.compile(r"((?:pitch linear|for array): )" + NUM),
+}
 
 # Outputs no rule can make comparable without masking results: sample -> why.
 NOT_COMPARED = {
@@ -73,8 +80,8 @@ UNORDERED = {
 }
 
 
-def normalize_line(line):
-    """One printed line with what varies between runs masked (rules 1-7 above)."""
+def normalize_line(line, sample=None):
+    """One printed line with what varies between runs masked (rules 1-8 above)."""
     line = line.rstrip("\r\n").rstrip()
     line = _DATE.sub("<DATE>", line)
     line = _CLOCK.sub("<CLOCK>", line)
@@ -86,12 +93,14 @@ def normalize_line(line):
     line = _RATE.sub(r"<R>\1\2", line)
     line = _TIME.sub(r"<T>\1\2", line)
     line = _KEYED.sub(lambda m: m.group(1) + "<T>", line)
+    if sample in SAMPLE_MASKS:
+        line = SAMPLE_MASKS[sample].sub(lambda m: m.group(1) + "<T>", line)
     return line
 
 
-def normalize(text):
+def normalize(text, sample=None):
     """The normalized lines of a sample's stdout (a str)."""
-    return [normalize_line(l) for l in text.splitlines()]
+    return [normalize_line(l, sample) for l in text.splitlines()]
 
 
 def compare(sample, native_text, other_text):
@@ -99,7 +108,7 @@ def compare(sample, native_text, other_text):
     ('NOT COMPARED', why) for a sample in NOT_COMPARED."""
     if sample in NOT_COMPARED:
         return "NOT COMPARED", NOT_COMPARED[sample]
-    a, b = normalize(native_text), normalize(other_text)
+    a, b = normalize(native_text, sample), normalize(other_text, sample)
     if sample in UNORDERED:
         if sorted(a) == sorted(b):
             return "SAME", ""
@@ -183,8 +192,8 @@ def report(work, list_file, modes, header=""):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "normalize":
-        sys.stdout.write("\n".join(normalize(_read(argv[2]) or "")) + "\n")
+    if len(argv) in (3, 4) and argv[1] == "normalize":
+        sys.stdout.write("\n".join(normalize(_read(argv[2]) or "", argv[3] if len(argv) == 4 else None)) + "\n")
         return 0
     if len(argv) == 5 and argv[1] == "compare":
         a, b = _read(argv[3]), _read(argv[4])

@@ -97,6 +97,32 @@ class NormalizerTest(unittest.TestCase):
                      "[1, 3]:\t\tValue is:10", "Error count: 0", "simpleAtomicIntrinsics completed, returned OK"]:
             self.assertEqual(so.normalize_line(line), line)
 
+    def test_lines_of_nvidia_samples_lose_only_their_timings_and_rates(self):
+        cases = [
+            (None, "MonteCarloEstimatePiP, Performance = 1234.56 sims/s, Time = 12.34(ms), NumDevsUsed = 1",
+             "MonteCarloEstimatePiP, Performance = <R> sims/s, Time = <T>(ms), NumDevsUsed = 1"),
+            (None, "FP64 TFLOPS: 50.1", "FP64 TFLOPS: <T>"),
+            (None, "convolutionSeparable, Throughput = 1234.5678 MPixels/sec, Time = 0.00123 s, Size = 9437184 Pixels",
+             "convolutionSeparable, Throughput = <R> MPixels/sec, Time = <T> s, Size = 9437184 Pixels"),
+            (None, "Average convolutionRowsGPU() time: 0.123 msecs; //1234.5 Mpix/s",
+             "Average convolutionRowsGPU() time: <T> msecs; //<R> Mpix/s"),
+            (None, "Running saxpy with 1024 blocks x 256 threads = 0.123 ms 3.210 TB/s",
+             "Running saxpy with 1024 blocks x 256 threads = <T> ms <R> TB/s"),
+            (None, "2048 elements scanned in 0.012 ms -> 170.6 MegaElements/s",
+             "2048 elements scanned in <T> ms -> <R> MegaElements/s"),
+            (None, "time spent executing by the GPU: 12.34", "time spent executing by the GPU: <T>"),
+            (None, "> 132 Multiprocessor(s) x 128 (Cores/Multiprocessor) = 16896 (Cores)",
+             "> 132 Multiprocessor(s) x 128 (Cores/Multiprocessor) = 16896 (Cores)"),
+            ("simpleStreams", "4 streams:\t1.23", "4 streams:\t<T>"),
+            ("simpleStreams", "> array_size   = 16777216", "> array_size   = 16777216"),
+            ("simplePitchLinearTexture", "Texture fetch rate (Mpix/s) for pitch linear: 1.23e+04; for array: 9.87e+03",
+             "Texture fetch rate (Mpix/s) for pitch linear: <T>; for array: <T>"),
+        ]
+        for sample, line, want in cases:
+            self.assertEqual(so.normalize_line(line, sample), want)
+        # Rule 8 is the sample's own: another sample's "4 streams: 1.23" is a result.
+        self.assertEqual(so.normalize_line("4 streams:\t1.23", "vectorAdd"), "4 streams:\t1.23")
+
     def test_unordered_samples_compare_lines_as_a_multiset(self):
         a = "[0, 0]:\t\tValue is:10\n[1, 0]:\t\tValue is:10\n"
         b = "[1, 0]:\t\tValue is:10\n[0, 0]:\t\tValue is:10\n"
