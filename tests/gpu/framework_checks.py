@@ -8,6 +8,14 @@ JAX parts:  matmul (jit), conv (lax.conv_general_dilated), scan (lax.scan), grad
 CuPy parts: blas (matmul), fft (1D, 2D, plan reuse), solver (cholesky, solve, eigh), sparse
             (CSR matvec), random (cuRAND), rawkernel (NVRTC), memory (mem_get_info and pool)
 Prints `RESULT framework=F part=P status=ok|error:...` per part; exit 0 when every part ran.
+
+--vram-mib N (the VRAM cap the run was given, `tfusion run --vram`) makes the memory parts assert
+that the framework sees that cap: CuPy's cudaMemGetInfo total is N MiB, a pool limit set as a
+fraction of the device is that fraction of N MiB and binds, and an allocation above N MiB is
+refused; JAX's allocator limit (memory_stats bytes_limit, XLA's memory fraction of the total) lies
+within [N/2, N] MiB and an array above it is refused. Without it (native) the same values are
+printed and the refusal of an allocation above the device's total is checked. What the memory parts
+save for --compare does not depend on the cap (it is the same natively and under one).
 """
 import argparse
 import os
@@ -15,11 +23,31 @@ import sys
 import time
 import traceback
 
-import numpy as np
+MIB = 1 << 20
 
 
-def jax_parts():
+def total_verdict(total_bytes, cap_mib):
+    """'' when the device total a framework reports is the cap (or there is no cap), else why not."""
+    if cap_mib and total_bytes != cap_mib * MIB:
+        return f"total {total_bytes / MIB:.0f} MiB is not the cap {cap_mib} MiB"
+    return ""
+
+
+def limit_verdict(bytes_limit, cap_mib):
+    """'' when XLA's allocator limit lies within [cap/2, cap] (its memory fraction of the cap; 0.75
+    by default, up to 1 under JAX's growth policy), else why not. Without a cap: only present."""
+    if bytes_limit <= 0:
+        return "no bytes_limit in the device's memory_stats"
+    if cap_mib and bytes_limit > cap_mib * MIB:
+        return f"bytes_limit {bytes_limit / MIB:.0f} MiB is above the cap {cap_mib} MiB"
+    if cap_mib and bytes_limit < cap_mib * MIB // 2:
+        return f"bytes_limit {bytes_limit / MIB:.0f} MiB is below half the cap {cap_mib} MiB"
+    return ""
+
+
+def jax_parts(cap_mib):
     import jax
+    import numpy as np
     import jax.numpy as jnp
     from jax import lax
 
@@ -69,17 +97,34 @@ def jax_parts():
     def memory():
         d = jax.devices()[0]
         stats = d.memory_stats() or {}
-        limit = stats.get("bytes_limit", 0)
-        print(f"INFO jax device={d.device_kind} bytes_limit={limit} "
+        limit = int(stats.get("bytes_limit", 0))
+        print(f"INFO jax device={d.device_kind} bytes_limit={limit} cap_mib={cap_mib or 'none'} "
               f"preallocate={os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE', 'default')}", flush=True)
-        return {"bytes_limit_mib": np.asarray([limit // (1 << 20)])}
+        why = limit_verdict(limit, cap_mib)
+        if why:
+            raise AssertionError(why)
+        # Under a cap, an array larger than the cap is refused (RESOURCE_EXHAUSTED), not granted
+        # beyond it, and the process goes on. Natively XLA may grow past its limit (JAX's 0.75+
+        # policy), so there is nothing to refuse.
+        if cap_mib:
+            refused = False
+            try:
+                jnp.zeros((cap_mib * MIB + 256 * MIB,), jnp.uint8).block_until_ready()
+            except Exception as e:  # noqa: BLE001 - jaxlib's error type moved between releases
+                refused = "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower()
+                print(f"INFO jax over-cap array refused: {str(e).splitlines()[0][:160]}", flush=True)
+            if not refused:
+                raise AssertionError("an array of the cap + 256 MiB was not refused as out of memory")
+        ok = jnp.ones((64 * MIB // 4,), jnp.float32)
+        return {"cap_seen": np.asarray([1]), "after_refusal_sum": np.asarray(jnp.sum(ok))}
 
     return [("matmul", matmul), ("conv", conv), ("scan", scan), ("grad", grad), ("random", random),
             ("memory", memory)]
 
 
-def cupy_parts():
+def cupy_parts(cap_mib):
     import cupy as cp
+    import numpy as np
 
     def blas():
         rs = cp.random.RandomState(1)
@@ -134,21 +179,52 @@ extern "C" __global__ void axpy(const float* x, float* y, float a, int n) {
 
     def memory():
         free, total = cp.cuda.runtime.memGetInfo()
+        print(f"INFO cupy total_mib={total >> 20} free_mib={free >> 20} cap_mib={cap_mib or 'none'}", flush=True)
+        why = total_verdict(total, cap_mib)
+        if why:
+            raise AssertionError(why)
         pool = cp.get_default_memory_pool()
-        a = cp.zeros(64 << 20, dtype=cp.uint8)
-        used = pool.used_bytes()
+        pool.free_all_blocks()
+        before = pool.used_bytes()
+        a = cp.zeros(64 * MIB, dtype=cp.uint8)
+        used = pool.used_bytes() - before
+        # A pool limit given as a fraction of the device is that fraction of what the device
+        # reports (the cap), and an allocation beyond it is refused by the pool.
+        pool.set_limit(fraction=0.25)
+        limit = pool.get_limit()
+        try:
+            if abs(limit - total // 4) > MIB:
+                raise AssertionError(f"pool limit {limit >> 20} MiB at fraction 0.25 of {total >> 20} MiB")
+            try:
+                cp.empty(limit, dtype=cp.uint8)
+                raise AssertionError(f"an array of the pool limit ({limit >> 20} MiB) beside 64 MiB was granted")
+            except cp.cuda.memory.OutOfMemoryError:
+                pass
+        finally:
+            pool.set_limit(size=0)
+        # Past the device's total (the cap) the driver refuses the allocation itself.
+        try:
+            cp.cuda.runtime.free(cp.cuda.runtime.malloc(total + 256 * MIB))
+            raise AssertionError(f"cudaMalloc of total + 256 MiB ({(total >> 20) + 256} MiB) succeeded")
+        except cp.cuda.runtime.CUDARuntimeError as e:
+            print(f"INFO cupy over-total malloc refused: {e}", flush=True)
         del a
-        print(f"INFO cupy total_mib={total >> 20} free_mib={free >> 20} pool_used={used}", flush=True)
-        return {"total_mib": np.asarray([total >> 20])}
+        return {"cap_seen": np.asarray([1]), "pool_used_mib": np.asarray([used >> 20])}
 
     return [("blas", blas), ("fft", fft), ("solver", solver), ("sparse", sparse), ("random", random),
             ("rawkernel", rawkernel), ("memory", memory)]
 
 
 def run(args):
+    import numpy as np
     os.makedirs(args.out, exist_ok=True)
-    parts = jax_parts() if args.framework == "jax" else cupy_parts()
+    parts = jax_parts(args.vram_mib) if args.framework == "jax" else cupy_parts(args.vram_mib)
     wanted = set(args.parts.split(",")) if args.parts else None
+    unknown = sorted((wanted or set()) - {name for name, _ in parts})
+    if unknown:
+        print(f"unknown {args.framework} parts: {','.join(unknown)} (known: {','.join(n for n, _ in parts)})",
+              file=sys.stderr)
+        return 2
     failed = 0
     for name, fn in parts:
         if wanted and name not in wanted:
@@ -169,6 +245,7 @@ def run(args):
 
 def compare(a, b, rtol):
     """Compares the .npz files of two runs; prints one line per part and returns 1 on a difference."""
+    import numpy as np
     bad = 0
     for f in sorted(os.listdir(a)):
         if not f.endswith(".npz"):
@@ -203,7 +280,11 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
     ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("--vram-mib", type=int, default=0,
+                    help="the VRAM cap of this run in MiB (tfusion run --vram): the memory parts assert it")
     args = ap.parse_args()
+    if args.vram_mib < 0:
+        ap.error("--vram-mib must be 0 (no cap) or a positive number of MiB")
     if args.compare:
         return compare(args.compare[0], args.compare[1], args.rtol)
     if not args.framework or not args.out:

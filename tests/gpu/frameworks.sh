@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # JAX and CuPy on a GPU host: tests/gpu/framework_checks.py for each framework natively, under the
-# limiter (`tfusion run --percent 100`), through a worker over shared memory and over loopback TCP,
-# each remote and local run's outputs compared with the native run's (--compare). Usage (from the
-# repository root):
+# limiter (`tfusion run --percent 100 --vram CAP`), through a worker over shared memory and over
+# loopback TCP (`tfusion run --remote ... --vram CAP`: the session gets a vGPU of CAP), each remote
+# and local run's outputs compared with the native run's (--compare). The capped runs get
+# --vram-mib, so their memory parts assert that the framework sees the cap (CuPy's memGetInfo
+# total and pool limits, JAX's allocator limit) and that an allocation beyond it is refused.
+# Usage (from the repository root):
 #
 #   bash tests/gpu/frameworks.sh BUILD_DIR OUT_DIR
 #
@@ -10,10 +13,11 @@
 # frameworks.md (one Markdown table: framework, part, mode, status, comparison with native) and
 # frameworks-logs.tar.gz (one log per run and comparison, the worker's log). Every run is bounded
 # by TF_FRAMEWORKS_RUN_S seconds (default 240), the whole script by TF_FRAMEWORKS_BUDGET_S
-# (default 1500; a run that no longer fits is reported as skipped). PYTHON (default python3) must
+# (default 470, under 8 minutes; a run that no longer fits is reported as skipped).
+# TF_FRAMEWORKS_PARTS (comma-separated, e.g. "memory,blas") runs only those parts. PYTHON (default python3) must
 # import jax and cupy; TF_FRAMEWORKS (default "jax cupy"), TF_FRAMEWORKS_MODES (default "native
-# local shm tcp"), TF_FRAMEWORKS_PORT (default 7621). Exit status: 0 when every run passed and
-# matched native.
+# local shm tcp"), TF_FRAMEWORKS_PORT (default 7621), TF_FRAMEWORKS_VRAM_MIB (the cap of the local
+# and remote runs, default 8192). Exit status: 0 when every run passed and matched native.
 set -uo pipefail
 
 if [ $# -ne 2 ]; then
@@ -22,14 +26,18 @@ if [ $# -ne 2 ]; then
 fi
 START=$(date +%s)
 RUN_S=${TF_FRAMEWORKS_RUN_S:-240}
-BUDGET=${TF_FRAMEWORKS_BUDGET_S:-1500}
+BUDGET=${TF_FRAMEWORKS_BUDGET_S:-470}
+PARTS=${TF_FRAMEWORKS_PARTS:-}
 FRAMEWORKS=${TF_FRAMEWORKS:-jax cupy}
 MODES=${TF_FRAMEWORKS_MODES:-native local shm tcp}
 PORT=${TF_FRAMEWORKS_PORT:-7621}
 PY=${PYTHON:-python3}
-for v in "$RUN_S" "$BUDGET" "$PORT"; do
-  case $v in '' | *[!0-9]*) echo "TF_FRAMEWORKS_RUN_S, _BUDGET_S and _PORT are whole numbers, got '$v'" >&2; exit 2 ;; esac
+VRAM_MIB=${TF_FRAMEWORKS_VRAM_MIB:-8192}
+for v in "$RUN_S" "$BUDGET" "$PORT" "$VRAM_MIB"; do
+  case $v in '' | *[!0-9]*) echo "TF_FRAMEWORKS_RUN_S, _BUDGET_S, _PORT and _VRAM_MIB are whole numbers, got '$v'" >&2; exit 2 ;; esac
 done
+((VRAM_MIB >= 1024)) || { echo "TF_FRAMEWORKS_VRAM_MIB must be at least 1024 (the checks need about 1 GiB)" >&2; exit 2; }
+case $PARTS in *[!a-z0-9_,]*) echo "TF_FRAMEWORKS_PARTS: comma-separated part names, got '$PARTS'" >&2; exit 2 ;; esac
 for f in $FRAMEWORKS; do
   case $f in jax | cupy) ;; *) echo "TF_FRAMEWORKS: unknown framework '$f' (jax cupy)" >&2; exit 2 ;; esac
 done
@@ -81,7 +89,7 @@ start_worker() {
 finish() {
   stop_worker
   {
-    echo "# JAX and CuPy: native, local (limiter), remote over shm and TCP"
+    echo "# JAX and CuPy: native, local (limiter), remote over shm and TCP; VRAM cap ${VRAM_MIB} MiB but natively"
     echo
     echo "$(date -u +%FT%TZ), $(timeout 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(($(date +%s) - START)) s"
     echo
@@ -118,10 +126,14 @@ run() {
   fi
   ((t > room)) && t=$room
   local cmd=("$PY" "$CHECKS" --framework "$fw" --out "$WORK/$fw-$mode")
+  # Every mode but native runs on a vGPU of VRAM_MIB, and its memory parts check that cap.
+  [ "$mode" = native ] || cmd+=(--vram-mib "$VRAM_MIB")
+  [ -z "$PARTS" ] || cmd+=(--parts "$PARTS")
+  local cap=(--vram "${VRAM_MIB}MiB")
   case $mode in
-    local) cmd=("$TF" run --percent 100 -- "${cmd[@]}") ;;
-    shm) cmd=("$TF" run --remote "unix:$SOCK" --token "$TOKEN" -- "${cmd[@]}") ;;
-    tcp) cmd=("$TF" run --remote "127.0.0.1:$PORT" --token "$TOKEN" -- "${cmd[@]}") ;;
+    local) cmd=("$TF" run --percent 100 "${cap[@]}" -- "${cmd[@]}") ;;
+    shm) cmd=("$TF" run --remote "unix:$SOCK" --token "$TOKEN" "${cap[@]}" -- "${cmd[@]}") ;;
+    tcp) cmd=("$TF" run --remote "127.0.0.1:$PORT" --token "$TOKEN" "${cap[@]}" -- "${cmd[@]}") ;;
   esac
   if [ "$mode" = shm ] || [ "$mode" = tcp ]; then
     if [ -z "$WPID" ] || ! kill -0 "$WPID" 2>/dev/null; then
