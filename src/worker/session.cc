@@ -462,6 +462,10 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   std::atomic<uint64_t> event_seq_{1};
   std::vector<uint8_t> bulk_copy_;  // every pool handle the client got; those it created
   std::map<int32_t, int> primary_retains_;  // device -> retains held by the client
+  // Device 0's primary context, retained the first time a library's kernel was described while
+  // the client had no context current (the driver answers a kernel's parameters only in one);
+  // released at the session's end.
+  CUcontext lookup_ctx_ = nullptr;
   std::map<uint64_t, int32_t> primary_ctx_;  // context -> device
   std::map<uint64_t, std::set<uint64_t>> modules_;  // module -> its functions
   struct FunctionEntry {
@@ -1715,6 +1719,19 @@ Session::FunctionEntry& Session::RecordModuleFunction(uint64_t m, uint64_t f) {
 }
 
 void Session::WriteFunctionInfo(uint64_t h, bool kernel, FunctionEntry& fe, Writer& out) {
+  // A library is loaded before any context exists when a program's first CUDA call is a launch
+  // (cudart loads its image and looks the kernel up, then retains the primary context): the
+  // driver then fails cuKernelGetParamInfo with CUDA_ERROR_INVALID_CONTEXT, and the kernel's
+  // attributes with it. Such a kernel is described in device 0's primary context, which the
+  // client is about to retain anyway.
+  CUcontext current = nullptr;
+  bool pushed = false;
+  if (kernel && CALL(cuCtxGetCurrent, &current) == CUDA_SUCCESS && current == nullptr) {
+    if (lookup_ctx_ == nullptr && CALL(cuDevicePrimaryCtxRetain, &lookup_ctx_, 0) != CUDA_SUCCESS) {
+      lookup_ctx_ = nullptr;
+    }
+    pushed = lookup_ctx_ != nullptr && CALL(cuCtxPushCurrent_v2, lookup_ctx_) == CUDA_SUCCESS;
+  }
   CUdevice dev = 0;
   CALL(cuCtxGetDevice, &dev);
   auto param_info = [&](size_t i, size_t* off, size_t* size) {
@@ -1737,6 +1754,9 @@ void Session::WriteFunctionInfo(uint64_t h, bool kernel, FunctionEntry& fe, Writ
   fe.sizes.clear();
   fe.layout_known = false;
   if (pr != CUDA_ERROR_INVALID_VALUE) {
+    SessionLog("the driver does not describe the parameters of %s %#llx (parameter %zu: error %d): "
+               "the client cannot forward its kernelParams", kernel ? "kernel" : "function",
+               static_cast<unsigned long long>(h), layout.size(), static_cast<int>(pr));
     out.U32(remote::kUnknownParamCount);
   } else {
     fe.layout_known = true;
@@ -1753,6 +1773,10 @@ void Session::WriteFunctionInfo(uint64_t h, bool kernel, FunctionEntry& fe, Writ
     int v = 0;
     if (attribute(&v, static_cast<CUfunction_attribute>(a)) != CUDA_SUCCESS) v = 0;
     out.I32(v);
+  }
+  if (pushed) {
+    CUcontext popped = nullptr;
+    CALL(cuCtxPopCurrent_v2, &popped);
   }
 }
 
@@ -2279,6 +2303,8 @@ void Session::Cleanup() {
   for (auto& [dev, n] : primary_retains_) {
     for (int i = 0; i < n; ++i) CALL(cuDevicePrimaryCtxRelease_v2, dev);
   }
+  if (lookup_ctx_ != nullptr) CALL(cuDevicePrimaryCtxRelease_v2, 0);
+  lookup_ctx_ = nullptr;
   SessionLog("session ended: freed %zu allocations, %zu streams, %zu events, %zu modules, %zu graphs, "
       "%zu host regions, %zu mirrors, %zu IPC mappings",
       allocs_.size(), streams_.size(), events_.size(), modules_.size(), graphs, regions, mirrors,

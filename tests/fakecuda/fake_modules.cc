@@ -531,6 +531,9 @@ CUresult cuKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, siz
   FAKECUDA_ENTER();
   std::shared_ptr<Kernel> k = fakecuda::FindKernel(kernel);
   if (k == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // As driver 580: a library's kernel is described only while a context is current.
+  FAKECUDA_REQUIRE_CONTEXT(ctx);
+  (void)ctx;
   if (!k->layout_known || index >= k->sizes.size()) return CUDA_ERROR_INVALID_VALUE;
   if (offset != nullptr) *offset = k->offsets[index];
   if (size != nullptr) *size = k->sizes[index];

@@ -115,6 +115,10 @@ class NormalizerTest(unittest.TestCase):
              "> 132 Multiprocessor(s) x 128 (Cores/Multiprocessor) = 16896 (Cores)"),
             ("simpleStreams", "4 streams:\t1.23", "4 streams:\t<T>"),
             ("simpleStreams", "> array_size   = 16777216", "> array_size   = 16777216"),
+            ("asyncAPI", "CPU executed 4059 iterations while waiting for GPU to finish",
+             "CPU executed <T> iterations while waiting for GPU to finish"),
+            ("asyncAPI", "time spent by CPU in CUDA calls: 0.02", "time spent by CPU in CUDA calls: <T>"),
+            ("immaTensorCoreGemm", "TOPS: 201.53", "TOPS: <T>"),
             ("simplePitchLinearTexture", "Texture fetch rate (Mpix/s) for pitch linear: 1.23e+04; for array: 9.87e+03",
              "Texture fetch rate (Mpix/s) for pitch linear: <T>; for array: <T>"),
         ]

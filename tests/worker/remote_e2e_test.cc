@@ -1017,6 +1017,25 @@ TEST_F(RemoteTest, LibrariesAndKernelsLoadAndLaunchRemotely) {
   }
 }
 
+// A program whose first CUDA call is a launch (NVIDIA's simpleCooperativeGroups): the kernel is
+// looked up before any context exists, when the driver does not describe its parameters; the
+// launch must still forward them.
+TEST_F(RemoteTest, AKernelLookedUpBeforeAnyContextLaunchesWithItsParameters) {
+  StartWorker();
+  Result direct = Direct("libraryfirst");
+  ASSERT_EQ(direct.rc, 0) << direct.out;
+  EXPECT_EQ(direct.kv["context_at_lookup"], "0");
+  for (const std::string& addr : {tcp_, unix_}) {
+    Result r = Remote(addr, "libraryfirst");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["context_at_lookup"], "0");
+    EXPECT_EQ(r.kv["library_first_run"], "31,0");
+    EXPECT_EQ(r.kv["library_first_threads_positive"], "1");
+    EXPECT_EQ(r.kv["done"], "1");
+    ExpectSameKeys(direct, r);
+  }
+}
+
 TEST_F(RemoteTest, StreamCaptureRecordsLaunchesIntoAGraphRemotely) {
   StartWorker();
   Result direct = Direct("capture");

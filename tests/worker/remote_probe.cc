@@ -1221,6 +1221,32 @@ int GraphNodes() {
   return 0;
 }
 
+// A program whose first CUDA call is a launch: cudart loads its image and looks the kernel up
+// before any context exists, then retains the primary context and launches with kernelParams.
+int LibraryBeforeContext() {
+  CHECK(cuInit(0));
+  CUlibrary lib;
+  CHECK(cuLibraryLoadData(&lib, "fakecuda:builtin", nullptr, nullptr, 0, nullptr, nullptr, 0));
+  CUkernel k;
+  CHECK(cuLibraryGetKernel(&k, lib, "fill_u32"));
+  CUcontext current = nullptr;
+  CHECK(cuCtxGetCurrent(&current));
+  std::printf("context_at_lookup=%d\n", current == nullptr ? 0 : 1);
+  Setup();
+  CUdeviceptr a;
+  CHECK(cuMemAlloc(&a, 4096));
+  CHECK(cuMemsetD32(a, 0, 1024));
+  Fill(reinterpret_cast<CUfunction>(k), a, 31, 256, nullptr);
+  CHECK(cuCtxSynchronize());
+  int threads = 0;
+  CHECK(cuKernelGetAttribute(&threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, k, 0));
+  std::printf("library_first_run=%u,%u\nlibrary_first_threads_positive=%d\n", Word(a), Word(a + 1024),
+              threads > 0 ? 1 : 0);
+  CHECK(cuLibraryUnload(lib));
+  std::printf("done=1\n");
+  return 0;
+}
+
 // Libraries and kernels (the family cudart loads its fat binaries with).
 int Library() {
   Setup();
@@ -1611,6 +1637,7 @@ int main(int argc, char** argv) {
     return CallbackFree(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 3);
   }
   if (!strcmp(mode, "library")) return Library();
+  if (!strcmp(mode, "libraryfirst")) return LibraryBeforeContext();
   if (!strcmp(mode, "capture")) return Capture();
   if (!strcmp(mode, "perthread")) return PerThread();
   if (!strcmp(mode, "smallstack")) return SmallStack();
