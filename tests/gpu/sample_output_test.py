@@ -119,6 +119,8 @@ class NormalizerTest(unittest.TestCase):
              "CPU executed <T> iterations while waiting for GPU to finish"),
             ("asyncAPI", "time spent by CPU in CUDA calls: 0.02", "time spent by CPU in CUDA calls: <T>"),
             ("immaTensorCoreGemm", "TOPS: 201.53", "TOPS: <T>"),
+            ("graphMemoryFootprint", "05:     FOOTPRINT: 335544320 bytes", "05:     FOOTPRINT: <T> bytes"),
+            ("graphMemoryFootprint", "    FOOTPRINT: 0 bytes", "    FOOTPRINT: 0 bytes"),
             ("simplePitchLinearTexture", "Texture fetch rate (Mpix/s) for pitch linear: 1.23e+04; for array: 9.87e+03",
              "Texture fetch rate (Mpix/s) for pitch linear: <T>; for array: <T>"),
         ]
