@@ -141,14 +141,21 @@ CUresult MemcpyHtoD(CUdeviceptr dst, const void* src, size_t n, CUstream stream,
   for (uint64_t off = 0; off < n; off += slice) {
     uint64_t len = std::min<uint64_t>(slice, n - off);
     const bool last = off + len == n;
-    uint8_t buf[32];
+    uint8_t buf[48];  // dst, stream, host, whole host and length
     Writer w(buf, sizeof(buf));
     w.U64(dst + off);
     CUresult r;
     if (async || (s->pipelined_copies && !last)) {
       w.U64(async ? H(stream) : 0);
-      // Where the bytes come from: a capturing stream records a copy from a shadow of it.
-      if (async) w.U64(H(p + off));
+      // Where the bytes come from: a capturing stream records a copy from a shadow of it; a copy
+      // sent in slices names the whole copy too, so that a capture records one node, as natively.
+      if (async) {
+        w.U64(H(p + off));
+        if (n > slice) {
+          w.U64(H(p));
+          w.U64(n);
+        }
+      }
       r = SendAsync(s, Op(Fn::cuMemcpyHtoDAsync_v2), w, p + off, len);
     } else {
       r = CallSync(s, Op(Fn::cuMemcpyHtoD_v2), w, nullptr, p + off, len);

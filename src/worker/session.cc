@@ -828,10 +828,28 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       uint64_t dst = 0, s = 0, host = 0;
       rd.U64(&dst);
       if (!rd.U64(&s) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;
-      if (rd.remaining() > 0 && (!rd.U64(&host) || !rd.Finish())) return CUDA_ERROR_INVALID_VALUE;
+      // A slice of a larger copy also names the whole one: host address and length.
+      uint64_t whole_host = 0, whole_n = 0;
+      if (rd.remaining() > 0 && !rd.U64(&host)) return CUDA_ERROR_INVALID_VALUE;
+      if (rd.remaining() > 0 && (!rd.U64(&whole_host) || !rd.U64(&whole_n))) return CUDA_ERROR_INVALID_VALUE;
+      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
+      if (whole_n != 0 && (host < whole_host || host - whole_host > whole_n ||
+                           bulk_len > whole_n - (host - whole_host) || dst < host - whole_host ||
+                           !Range(dst - (host - whole_host), whole_n))) {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
       // Captured: the graph copies from a shadow of the client's memory, refreshed at each launch
-      // (session_graph_host.h).
+      // (session_graph_host.h). The slices of one copy fill one shadow, and the last one records
+      // the whole copy as one node (the program's graph has the nodes it has natively).
+      if (host != 0 && whole_n != 0 && Capturing(As<CUstream>(s))) {
+        auto* shadow = static_cast<uint8_t*>(graph_host_.Shadow(whole_host, whole_n));
+        if (shadow == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+        const uint64_t off = host - whole_host;
+        memcpy(shadow + off, bulk, bulk_len);
+        if (off + bulk_len < whole_n) return CUDA_SUCCESS;
+        return CALL(cuMemcpyHtoDAsync_v2, dst - off, shadow, whole_n, As<CUstream>(s));
+      }
       if (host != 0 && Capturing(As<CUstream>(s))) {
         void* shadow = graph_host_.Shadow(host, bulk_len);
         if (shadow == nullptr) return CUDA_ERROR_NOT_SUPPORTED;

@@ -163,6 +163,33 @@ int GraphPageable() {
   }
   std::printf("captured_ok=%d\n", captured_ok);
   CHECK(cuGraphExecDestroy(e));
+  // simpleCudaGraphs over TCP: a captured copy larger than one slice of the transport is one node
+  // of the graph, as natively, and moves every byte at each launch.
+  {
+    const size_t big = 40u << 20;
+    CUdeviceptr bdev;
+    CHECK(cuMemAlloc(&bdev, big));
+    std::vector<uint8_t> bin(big), bout(big, 0);
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemcpyHtoDAsync(bdev, bin.data(), big, s));
+    CHECK(cuMemcpyDtoHAsync(bout.data(), bdev, big, s));
+    CHECK(cuStreamEndCapture(s, &g));
+    size_t nodes = 0;
+    CHECK(cuGraphGetNodes(g, nullptr, &nodes));
+    std::printf("captured_big_nodes=%zu\n", nodes);
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    int big_ok = 0;
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < big; ++i) bin[i] = static_cast<uint8_t>(i * 5 + (i >> 20) + round * 7);
+      CHECK(cuGraphLaunch(e, s));
+      CHECK(cuStreamSynchronize(s));
+      big_ok += memcmp(bin.data(), bout.data(), big) == 0;
+    }
+    std::printf("captured_big_ok=%d\n", big_ok);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+    CHECK(cuMemFree(bdev));
+  }
   // simpleCudaGraphs: a host function captured after a copy into a stack variable runs at every
   // launch and sees what the copy wrote.
   {

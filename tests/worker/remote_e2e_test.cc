@@ -884,6 +884,8 @@ TEST_F(RemoteTest, GraphCopiesOfPageableMemoryMoveTheBytesOfEachLaunch) {
     EXPECT_EQ(r.kv["captured_untouched"], "1") << addr << ": a capture copies nothing";
     EXPECT_EQ(r.kv["captured_ok"], "2") << addr << ": captured copies move each launch's bytes";
     // A host function captured after a copy runs at each launch and sees the copy's bytes.
+    EXPECT_EQ(r.kv["captured_big_nodes"], "2") << addr << ": a copy sent in slices is one node";
+    EXPECT_EQ(r.kv["captured_big_ok"], "2") << addr;
     EXPECT_EQ(r.kv["captured_host_untouched"], "1") << addr;
     EXPECT_EQ(r.kv["captured_host_runs"], "3") << addr;
     EXPECT_EQ(r.kv["captured_host_saw_copy"], "1") << addr;
