@@ -76,6 +76,49 @@ class PooledRunTest : public ::testing::Test {
            " --nvml " + TF_FAKENVML + " " + flags + " -- " + TF_PROBE + " " + probe_args;
   }
 
+  // In a pool whose VRAM expands into host memory, the tier probe (`limiter_probe tier D`) under
+  // `tfusion run --controller --idle-swap 0`, its output in `log`, `env` before the command; *run
+  // is `tfusion run`'s pid once the probe has filled its buffers.
+  void StartTierTenant(const std::string& env, const std::string& d, const std::string& log, pid_t* run) {
+    tf::controller::HttpClient client(url_, token_);
+    auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+    ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
+    ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
+    *run = fork();
+    ASSERT_GE(*run, 0);
+    if (*run == 0) {
+      std::string cmd = env + PooledRun("--vram 1GiB --percent 60 --idle-swap 0", "tier " + d) + " > " + log + " 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ASSERT_TRUE(WaitUntil([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  }
+  // Polls `done` for up to 10 s.
+  template <typename Done>
+  static bool WaitUntil(Done&& done) {
+    for (int i = 0; i < 400; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  }
+  // Lets the tier probe in `d` run to its end (15 s at most): every byte must have come back.
+  void ResumeToTheEndIntact(pid_t run, const std::string& d, const std::string& log) {
+    for (const char* name : {"/go", "/go2", "/go3"}) ASSERT_EQ(Shell("touch " + d + name).rc, 0);
+    bool ended = false;
+    for (int i = 0; i < 300 && !ended; ++i) {
+      ended = waitpid(run, nullptr, WNOHANG) == run;
+      if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!ended) {
+      kill(run, SIGKILL);
+      waitpid(run, nullptr, 0);
+    }
+    const std::string out = ReadFile(log);
+    EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
+    EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
+  }
+
   std::string dir_, env_, url_, token_;
   pid_t up_ = -1;
 };
@@ -238,28 +281,12 @@ TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsByte
 // pooled tenant with tiering pins its copies, `tfusion up` (controller and node agent) is killed,
 // and a freeze from the CLI still copies into them; every byte comes back.
 TEST_F(PooledRunTest, HostCopiesPinnedAheadSurviveTheNodeAgentsDeath) {
-  tf::controller::HttpClient client(url_, token_);
-  auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
-  ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
   const std::string d = dir_ + "/tenant";
-  ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
   const std::string log = dir_ + "/tenant.log";
-  pid_t run = fork();
-  ASSERT_GE(run, 0);
-  if (run == 0) {
-    std::string cmd = "TFUSION_TIER_PIN_AHEAD=0.2 " + PooledRun("--vram 1GiB --percent 60 --idle-swap 0", "tier " + d) +
-                      " > " + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  auto wait_for = [&](auto&& done) {
-    for (int i = 0; i < 400; ++i) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    return false;
-  };
-  ASSERT_TRUE(wait_for([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  pid_t run = -1;
+  StartTierTenant("TFUSION_TIER_PIN_AHEAD=0.2 ", d, log, &run);
+  ASSERT_FALSE(HasFatalFailure());
+  auto wait_for = [](auto&& done) { return WaitUntil(done); };
   const std::string smi = env_ + TF_TFUSION + " smi";
   ASSERT_TRUE(wait_for([&] { return Shell(smi).out.find("host tier 200 MiB of") != std::string::npos; }))
       << Shell(smi).out << ReadFile(log);
@@ -276,19 +303,7 @@ TEST_F(PooledRunTest, HostCopiesPinnedAheadSurviveTheNodeAgentsDeath) {
   EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(log);
   EXPECT_NE(frozen.out.find("(200 MiB in host memory)"), std::string::npos) << frozen.out;
   EXPECT_NE(ReadFile(log).find("200 MiB into kept pinned copies"), std::string::npos) << ReadFile(log);
-  for (const char* name : {"/go", "/go2", "/go3"}) ASSERT_EQ(Shell("touch " + d + name).rc, 0);
-  bool ended = false;
-  for (int i = 0; i < 300 && !ended; ++i) {
-    ended = waitpid(run, nullptr, WNOHANG) == run;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (!ended) {
-    kill(run, SIGKILL);
-    waitpid(run, nullptr, 0);
-  }
-  out = ReadFile(log);
-  EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
-  EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
+  ResumeToTheEndIntact(run, d, log);
 }
 
 // The node agent killed (with its controller: `tfusion up`, SIGKILL) while a pooled tenant is
@@ -297,28 +312,12 @@ TEST_F(PooledRunTest, HostCopiesPinnedAheadSurviveTheNodeAgentsDeath) {
 // does not repeat the freeze it passed before, and a thaw through the controller reaches the
 // tenant through it: the tenant is resident again before its next call and every byte is intact.
 TEST_F(PooledRunTest, ASwappedTenantOutlivesANodeAgentRestartAndTheNewAgentThawsIt) {
-  tf::controller::HttpClient client(url_, token_);
-  auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
-  ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
   const std::string d = dir_ + "/tenant";
-  ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
   const std::string log = dir_ + "/tenant.log";
-  pid_t run = fork();
-  ASSERT_GE(run, 0);
-  if (run == 0) {
-    std::string cmd = "TFUSION_TIER_PIN_AHEAD=off " + PooledRun("--vram 1GiB --percent 60 --idle-swap 0", "tier " + d) +
-                      " > " + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  auto wait_for = [&](auto&& done) {
-    for (int i = 0; i < 400; ++i) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    return false;
-  };
-  ASSERT_TRUE(wait_for([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  pid_t run = -1;
+  StartTierTenant("TFUSION_TIER_PIN_AHEAD=off ", d, log, &run);
+  ASSERT_FALSE(HasFatalFailure());
+  auto wait_for = [](auto&& done) { return WaitUntil(done); };
   std::smatch m;
   std::string out = ReadFile(log);
   ASSERT_TRUE(std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"))) << out;
@@ -350,19 +349,8 @@ TEST_F(PooledRunTest, ASwappedTenantOutlivesANodeAgentRestartAndTheNewAgentThaws
   // The new agent passes only requests made after it started: the old freeze is not repeated.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   EXPECT_EQ(Shell(smi).out.find("swapped"), std::string::npos) << Shell(smi).out;
-  for (const char* name : {"/go", "/go2", "/go3"}) ASSERT_EQ(Shell("touch " + d + name).rc, 0);
-  bool ended = false;
-  for (int i = 0; i < 300 && !ended; ++i) {
-    ended = waitpid(run, nullptr, WNOHANG) == run;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (!ended) {
-    kill(run, SIGKILL);
-    waitpid(run, nullptr, 0);
-  }
+  ResumeToTheEndIntact(run, d, log);
   out = ReadFile(log);
-  EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
-  EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
   EXPECT_EQ(out.find("resumed 200 MiB"), out.rfind("resumed 200 MiB")) << "one swap-in only: the thaw's\n" << out;
 }
 
