@@ -155,6 +155,27 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
       return 2;
     }
   }
+  // Every process already out of VRAM: a new request would change nothing (and a checkpointed
+  // process could not even answer it), so none is made.
+  int out_of_vram = 0, tiered = 0;
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
+    ++tiered;
+    out_of_vram += p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk ||
+                   p.tier_state == limiter::kTierCheckpointed;
+  }
+  if (freeze && tiered != 0 && out_of_vram == tiered) {
+    std::printf("vGPU '%s' is already swapped out: nothing changed\n", vgpu.c_str());
+    for (uint32_t i = 0; i < snap->process_count; ++i) {
+      const auto& p = snap->processes[i];
+      if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
+      std::printf("process %d: %s, %s movable (%s in host memory), %s fixed\n", p.pid, TierStateName(p.tier_state),
+                  FormatBytes(p.movable_bytes).c_str(), FormatBytes(p.host_bytes).c_str(),
+                  FormatBytes(p.fixed_bytes).c_str());
+    }
+    return zero.zero ? CheckpointVgpu(region, found->index, vgpu, zero) : 0;
+  }
   if (!freeze && RestoreVgpu(region, found->index, zero) != 0) return 1;
   uint32_t gen = 0;
   RegionError e = freeze ? region.RequestFreeze(found->index, &gen) : region.RequestThaw(found->index, &gen);

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -1246,6 +1247,13 @@ bool ZeroHeldLocked(State& s) {
 
 // The tier thread: requests, idle timeout, activity.
 void* TierThread(void*) {
+  // A swap file that the tenant's file size limit (RLIMIT_FSIZE) stops must fail its write with
+  // EFBIG, not kill the tenant: the kernel sends SIGXFSZ to the writing thread, this one, where it
+  // stays blocked.
+  sigset_t xfsz;
+  sigemptyset(&xfsz);
+  sigaddset(&xfsz, SIGXFSZ);
+  pthread_sigmask(SIG_BLOCK, &xfsz, nullptr);
   State& s = S();
   pthread_mutex_lock(&s.mu);
   while (!s.stop) {

@@ -30,23 +30,29 @@ class PooledRunTest : public ::testing::Test {
     char tmpl[] = "/tmp/tf-pooled-XXXXXX";
     dir_ = mkdtemp(tmpl);
     env_ = "TFUSION_SHM_DIR=" + dir_ + "/shm FAKECUDA_SHM_NAME=/tf-pooled-" + std::to_string(getpid()) + " ";
+    StartUp(0, "up.log");
+  }
+  // `tfusion up` in dir_ (state folder dir_/.tfusion) on `port` (0: any), its output in dir_/LOG;
+  // returns once its node agent has registered the fake GPU.
+  void StartUp(int port, const std::string& log) {
     up_ = fork();
     ASSERT_GE(up_, 0);
     if (up_ == 0) {
       if (chdir(dir_.c_str()) != 0) _exit(126);
       std::string cmd = "exec env " + env_ + "LD_LIBRARY_PATH=" + TF_FAKECUDA_DIR + " " + TF_TFUSION +
-                        " up --port 0 --metrics-port 0 > up.log 2>&1";
+                        " up --port " + std::to_string(port) + " --metrics-port 0 > " + log + " 2>&1";
       execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     std::regex url_re("http://127\\.0\\.0\\.1:[0-9]+");
+    url_.clear();
     for (int i = 0; i < 200 && url_.empty(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       std::smatch m;
-      std::string log = ReadFile(dir_ + "/up.log");
-      if (std::regex_search(log, m, url_re)) url_ = m.str();
+      std::string out = ReadFile(dir_ + "/" + log);
+      if (std::regex_search(out, m, url_re)) url_ = m.str();
     }
-    ASSERT_FALSE(url_.empty()) << ReadFile(dir_ + "/up.log");
+    ASSERT_FALSE(url_.empty()) << ReadFile(dir_ + "/" + log);
     token_ = ReadFile(dir_ + "/.tfusion/token");
     while (!token_.empty() && (token_.back() == '\n' || token_.back() == ' ')) token_.pop_back();
     // Wait until the node agent has registered the fake GPU.
@@ -56,7 +62,7 @@ class PooledRunTest : public ::testing::Test {
       ready = r.out.find("ready") != std::string::npos && r.out.find("989.4") != std::string::npos;
       if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    ASSERT_TRUE(ready) << ReadFile(dir_ + "/up.log");
+    ASSERT_TRUE(ready) << ReadFile(dir_ + "/" + log);
   }
   void TearDown() override {
     if (up_ > 0) {
@@ -68,6 +74,49 @@ class PooledRunTest : public ::testing::Test {
   std::string PooledRun(const std::string& flags, const std::string& probe_args) const {
     return env_ + TF_TFUSION + " run --controller " + url_ + " --token " + token_ + " --driver " + TF_FAKECUDA +
            " --nvml " + TF_FAKENVML + " " + flags + " -- " + TF_PROBE + " " + probe_args;
+  }
+
+  // In a pool whose VRAM expands into host memory, the tier probe (`limiter_probe tier D`) under
+  // `tfusion run --controller --idle-swap 0`, its output in `log`, `env` before the command; *run
+  // is `tfusion run`'s pid once the probe has filled its buffers.
+  void StartTierTenant(const std::string& env, const std::string& d, const std::string& log, pid_t* run) {
+    tf::controller::HttpClient client(url_, token_);
+    auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+    ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
+    ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
+    *run = fork();
+    ASSERT_GE(*run, 0);
+    if (*run == 0) {
+      std::string cmd = env + PooledRun("--vram 1GiB --percent 60 --idle-swap 0", "tier " + d) + " > " + log + " 2>&1";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ASSERT_TRUE(WaitUntil([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  }
+  // Polls `done` for up to 10 s.
+  template <typename Done>
+  static bool WaitUntil(Done&& done) {
+    for (int i = 0; i < 400; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  }
+  // Lets the tier probe in `d` run to its end (15 s at most): every byte must have come back.
+  void ResumeToTheEndIntact(pid_t run, const std::string& d, const std::string& log) {
+    for (const char* name : {"/go", "/go2", "/go3"}) ASSERT_EQ(Shell("touch " + d + name).rc, 0);
+    bool ended = false;
+    for (int i = 0; i < 300 && !ended; ++i) {
+      ended = waitpid(run, nullptr, WNOHANG) == run;
+      if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!ended) {
+      kill(run, SIGKILL);
+      waitpid(run, nullptr, 0);
+    }
+    const std::string out = ReadFile(log);
+    EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
+    EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
   }
 
   std::string dir_, env_, url_, token_;
@@ -232,28 +281,12 @@ TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsByte
 // pooled tenant with tiering pins its copies, `tfusion up` (controller and node agent) is killed,
 // and a freeze from the CLI still copies into them; every byte comes back.
 TEST_F(PooledRunTest, HostCopiesPinnedAheadSurviveTheNodeAgentsDeath) {
-  tf::controller::HttpClient client(url_, token_);
-  auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
-  ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
   const std::string d = dir_ + "/tenant";
-  ASSERT_EQ(Shell("mkdir -p " + d).rc, 0);
   const std::string log = dir_ + "/tenant.log";
-  pid_t run = fork();
-  ASSERT_GE(run, 0);
-  if (run == 0) {
-    std::string cmd = "TFUSION_TIER_PIN_AHEAD=0.2 " + PooledRun("--vram 1GiB --percent 60 --idle-swap 0", "tier " + d) +
-                      " > " + log + " 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  auto wait_for = [&](auto&& done) {
-    for (int i = 0; i < 400; ++i) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    return false;
-  };
-  ASSERT_TRUE(wait_for([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  pid_t run = -1;
+  StartTierTenant("TFUSION_TIER_PIN_AHEAD=0.2 ", d, log, &run);
+  ASSERT_FALSE(HasFatalFailure());
+  auto wait_for = [](auto&& done) { return WaitUntil(done); };
   const std::string smi = env_ + TF_TFUSION + " smi";
   ASSERT_TRUE(wait_for([&] { return Shell(smi).out.find("host tier 200 MiB of") != std::string::npos; }))
       << Shell(smi).out << ReadFile(log);
@@ -270,19 +303,55 @@ TEST_F(PooledRunTest, HostCopiesPinnedAheadSurviveTheNodeAgentsDeath) {
   EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(log);
   EXPECT_NE(frozen.out.find("(200 MiB in host memory)"), std::string::npos) << frozen.out;
   EXPECT_NE(ReadFile(log).find("200 MiB into kept pinned copies"), std::string::npos) << ReadFile(log);
-  for (const char* name : {"/go", "/go2", "/go3"}) ASSERT_EQ(Shell("touch " + d + name).rc, 0);
-  bool ended = false;
-  for (int i = 0; i < 300 && !ended; ++i) {
-    ended = waitpid(run, nullptr, WNOHANG) == run;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (!ended) {
-    kill(run, SIGKILL);
-    waitpid(run, nullptr, 0);
-  }
+  ResumeToTheEndIntact(run, d, log);
+}
+
+// The node agent killed (with its controller: `tfusion up`, SIGKILL) while a pooled tenant is
+// swapped out, and a new one started on the same state folder and port: the new agent finds the
+// vGPU swapped in its region and reports it (`tfusion ps` through the controller, `tfusion smi`),
+// does not repeat the freeze it passed before, and a thaw through the controller reaches the
+// tenant through it: the tenant is resident again before its next call and every byte is intact.
+TEST_F(PooledRunTest, ASwappedTenantOutlivesANodeAgentRestartAndTheNewAgentThawsIt) {
+  const std::string d = dir_ + "/tenant";
+  const std::string log = dir_ + "/tenant.log";
+  pid_t run = -1;
+  StartTierTenant("TFUSION_TIER_PIN_AHEAD=off ", d, log, &run);
+  ASSERT_FALSE(HasFatalFailure());
+  auto wait_for = [](auto&& done) { return WaitUntil(done); };
+  std::smatch m;
+  std::string out = ReadFile(log);
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"))) << out;
+  const std::string vgpu = m.str(1);
+  const std::string as_client = " --url " + url_ + " --token " + token_;
+  Result frozen = Shell(std::string(TF_TFUSION) + " freeze " + vgpu + " --controller" + as_client);
+  ASSERT_EQ(frozen.rc, 0) << frozen.out;
+  const std::string smi = env_ + TF_TFUSION + " smi -p";
+  ASSERT_TRUE(wait_for([&] { return Shell(smi).out.find("swapped") != std::string::npos; })) << Shell(smi).out << ReadFile(log);
+
+  const int port = std::stoi(url_.substr(url_.rfind(':') + 1));
+  kill(up_, SIGKILL);
+  waitpid(up_, nullptr, 0);
+  up_ = -1;
+  EXPECT_NE(Shell(smi).out.find("swapped"), std::string::npos) << "the copy lives in the tenant\n" << Shell(smi).out;
+  StartUp(port, "up2.log");
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string ps = std::string(TF_TFUSION) + " ps" + as_client;
+  EXPECT_TRUE(wait_for([&] { return Shell(ps).out.find("running, swapped 200 MiB") != std::string::npos; }))
+      << Shell(ps).out << ReadFile(dir_ + "/up2.log");
+  EXPECT_NE(Shell(smi).out.find("swapped"), std::string::npos) << Shell(smi).out;
+  EXPECT_EQ(ReadFile(log).find("resumed"), std::string::npos) << "nothing woke it\n" << ReadFile(log);
+
+  Result thawed = Shell(std::string(TF_TFUSION) + " thaw " + vgpu + " --controller" + as_client);
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  EXPECT_TRUE(wait_for([&] { return ReadFile(log).find("resumed 200 MiB") != std::string::npos; }))
+      << ReadFile(log) << ReadFile(dir_ + "/up2.log");
+  EXPECT_TRUE(wait_for([&] { return Shell(ps).out.find("running, resident") != std::string::npos; })) << Shell(ps).out;
+  // The new agent passes only requests made after it started: the old freeze is not repeated.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(Shell(smi).out.find("swapped"), std::string::npos) << Shell(smi).out;
+  ResumeToTheEndIntact(run, d, log);
   out = ReadFile(log);
-  EXPECT_NE(out.find("first_identical=3"), std::string::npos) << out;
-  EXPECT_NE(out.find("second_identical=3"), std::string::npos) << out;
+  EXPECT_EQ(out.find("resumed 200 MiB"), out.rfind("resumed 200 MiB")) << "one swap-in only: the thaw's\n" << out;
 }
 
 // `tfusion run --controller --idle-swap` in a pool that oversells VRAM: the flag becomes the

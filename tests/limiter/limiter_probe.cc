@@ -3,6 +3,7 @@
 // like any CUDA program; the library path decides whether it gets the driver or the limiter.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -296,13 +297,28 @@ unsigned FillAndReadFirst(CUdeviceptr buf, unsigned value) {
   return first;
 }
 
+// With LIMITER_PROBE_FSIZE_MIB set: between "ready" and "go" (while the test freezes the tenant)
+// no file of the process may grow past that many MiB (RLIMIT_FSIZE, as `ulimit -f` sets it; SIGXFSZ
+// keeps its default action). Outside that window it is lifted: the fake driver backs device memory
+// with memfds, which the limit would also stop.
+void LimitFileSize(bool on) {
+  const char* mib = std::getenv("LIMITER_PROBE_FSIZE_MIB");
+  if (mib == nullptr) return;
+  rlimit lim{};
+  CHECK(getrlimit(RLIMIT_FSIZE, &lim) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM);
+  lim.rlim_cur = on ? static_cast<rlim_t>(std::strtoull(mib, nullptr, 10)) << 20 : lim.rlim_max;
+  CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM);
+}
+
 int Tier(const std::string& dir) {
   Setup();
   KnownBuffers known;
   known.Fill();
   auto& bufs = known.bufs;
+  LimitFileSize(true);
   Touch(dir + "/ready");
   if (!WaitFile(dir + "/go")) return 4;
+  LimitFileSize(false);
   size_t free = 0, total = 0;
   CHECK(cuMemGetInfo(&free, &total));
   CUdevice dev;
@@ -324,6 +340,46 @@ int Tier(const std::string& dir) {
   std::printf("late_buffer=%s\n", first == value ? "ok" : "wrong");
   for (auto b : bufs) CHECK(cuMemFree(b));
   CHECK(cuMemFree(late));
+  std::printf("freed=1\n");
+  return 0;
+}
+
+// Tiering faults, driven through files in `dir`. Fills the known buffers, says "ready" and waits
+// for "go" (the test freezes the vGPU meanwhile). Then, as `mode` says:
+//   retry: reads one buffer (a GPU call), prints "resume_error=<CUresult>" without exiting on an
+//          error, says "refused" and waits for "go2";
+//   busy:  queues a kernel that sleeps `sleep_ms` on the default stream (a swap-out requested now
+//          stays "swapping out" until it ends), says "launched" and waits for "go2".
+// Then verifies every buffer (which resumes the tenant), says "verified", waits for "go3" and
+// verifies again.
+int TierFault(const std::string& dir, const std::string& mode, unsigned sleep_ms) {
+  Setup();
+  KnownBuffers known;
+  known.Fill();
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  if (mode == "retry") {
+    unsigned char first = 0;
+    CUresult e = cuMemcpyDtoH(&first, known.bufs[0], 1);
+    std::printf("resume_error=%d\n", static_cast<int>(e));
+    std::fflush(stdout);
+    Touch(dir + "/refused");
+  } else {
+    CUmodule mod;
+    CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
+    CUfunction f;
+    CHECK(cuModuleGetFunction(&f, mod, "sleep_us"));
+    unsigned us = sleep_ms * 1000u;
+    void* params[] = {&us};
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr));
+    Touch(dir + "/launched");
+  }
+  if (!WaitFile(dir + "/go2")) return 4;
+  known.Verify("first");
+  Touch(dir + "/verified");
+  if (!WaitFile(dir + "/go3")) return 4;
+  known.Verify("second");
+  for (auto b : known.bufs) CHECK(cuMemFree(b));
   std::printf("freed=1\n");
   return 0;
 }
@@ -866,6 +922,7 @@ int main(int argc, char** argv) {
   if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
+  if (cmd == "tierfault" && argc > 3) return TierFault(argv[2], argv[3], argc > 4 ? std::atoi(argv[4]) : 0);
   if (cmd == "zero" && argc > 2) return Zero(argv[2], argc > 3 ? argv[3] : "pool");
   if (cmd == "pitched" && argc > 2) return Pitched(argv[2]);
   if (cmd == "pools" && argc > 2) return Pools(argv[2]);

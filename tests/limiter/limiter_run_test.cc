@@ -223,6 +223,15 @@ class TieringTest : public LimiterRunTest {
     waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
+  // Lets the tier probe (frozen, waiting for "go") run to its end: it must resume with every byte.
+  void ResumeToTheEndIntact(pid_t pid) {
+    Touch("go");
+    Touch("go2");
+    ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+    Touch("go3");
+    EXPECT_EQ(Finish(pid), 0) << Run("cat " + dir_ + "/tenant.out").out;
+    ExpectIntact();
+  }
 };
 
 TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
@@ -677,6 +686,131 @@ TEST_F(TieringTest, FreezeRequestsThatCannotBeMetAreRefusedClearly) {
   Result bad = Run(Tfusion("--vram 1GiB --idle-swap 5parsecs", "alloc"));
   EXPECT_EQ(bad.rc, 2);
   EXPECT_NE(bad.out.find("--idle-swap 5parsecs"), std::string::npos) << bad.out;
+}
+
+// The disk tier cannot take the copies: while frozen, the tenant runs under a file size limit of
+// 80 MiB (RLIMIT_FSIZE, as `ulimit -f` sets it, with SIGXFSZ at its default action; the probe lifts
+// it before its next GPU call, as the fake driver's device memory is made of files), so writing a
+// swap file of 132 MiB fails with EFBIG, as a full disk fails with ENOSPC. Whatever could not be
+// written stays in host memory, the tenant is neither killed nor damaged, its log says why, and it
+// resumes with every byte.
+TEST_F(TieringTest, ADiskTierThatCannotBeWrittenKeepsTheCopyInHostMemory) {
+  ASSERT_EQ(Run("mkdir -p " + dir_ + "/nvme").rc, 0);
+  pid_t pid = StartProbe("LIMITER_PROBE_FSIZE_MIB=80 " +
+                         Tfusion("--vram 1GiB --vgpu fsize --tiering --idle-swap 0 --disk-tier " + dir_ +
+                                 "/nvme --idle-disk 100ms", "tier " + dir_) +
+                         " > " + dir_ + "/tenant.out 2>&1");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze fsize");
+  ASSERT_EQ(frozen.rc, 0) << frozen.out;
+  const std::regex failed("writing [0-9]+ MiB to the disk tier failed \\(File too large\\): it stays in host memory");
+  bool logged = false;
+  for (int i = 0; i < 200 && !logged; ++i) {
+    logged = std::regex_search(Run("cat " + dir_ + "/tenant.out").out, failed);
+    if (!logged) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  EXPECT_TRUE(logged) << Run("cat " + dir_ + "/tenant.out").out;
+  // Swapped, not "on disk": the 132 MiB copy is in host memory.
+  const std::string smi = Tf("smi -p").out;
+  EXPECT_NE(smi.find("swapped"), std::string::npos) << smi;
+  EXPECT_EQ(smi.find("on disk"), std::string::npos) << smi;
+  EXPECT_TRUE(std::regex_search(smi, std::regex("swapped +(132|200) MiB"))) << smi;
+  EXPECT_EQ(Run("ls -A " + dir_ + "/nvme").out, "") << "no partial file is left behind";
+  ResumeToTheEndIntact(pid);
+}
+
+// A frozen tenant's VRAM is taken meanwhile by a tenant without tiering (a 300 MiB GPU; 200 MiB
+// held by the other): its next GPU call cannot bring its 200 MiB back. That call fails with
+// CUDA_ERROR_OUT_OF_MEMORY, the tenant stays swapped with its copy in host memory, and once the
+// other tenant has gone its next call resumes it with every byte.
+TEST_F(TieringTest, ASwapInWithoutRoomFailsTheCallAndTheNextOneResumesIntact) {
+  env_ += "FAKECUDA_TOTAL_MIB=300 TFUSION_HOST_TIER_BUDGET=1GiB ";
+  pid_t a = StartProbe(Tfusion("--vram 256MiB --vgpu late --tiering --idle-swap 0", "tierfault " + dir_ + " retry") +
+                       " > " + dir_ + "/tenant.out 2>&1");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result frozen = Tf("freeze late");
+  ASSERT_EQ(frozen.rc, 0) << frozen.out;
+  ASSERT_NE(frozen.out.find("(200 MiB in host memory)"), std::string::npos) << frozen.out;
+  pid_t b = StartHolder("--vram 256MiB --vgpu taker", 200, "taker");
+  ASSERT_GT(b, 0) << Run("cat " + dir_ + "/taker.out").out;
+  Touch("go");
+  ASSERT_TRUE(WaitFor("refused")) << Run("cat " + dir_ + "/tenant.out").out;
+  std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("resume_error=2"), std::string::npos) << "CUDA_ERROR_OUT_OF_MEMORY expected\n" << out;
+  EXPECT_NE(out.find("resume failed (CUDA error 2); the swapped copy is kept"), std::string::npos) << out;
+  const std::string smi = Tf("smi -p").out;
+  EXPECT_TRUE(std::regex_search(smi, std::regex("swapped +200 MiB"))) << smi;
+  EXPECT_NE(smi.find("host tier 200 MiB of"), std::string::npos) << smi;
+  // A thaw meanwhile fails the same way and says so.
+  Result thaw = Tf("thaw late");
+  EXPECT_EQ(thaw.rc, 1) << thaw.out;
+  EXPECT_NE(thaw.out.find("thaw FAILED (CUDA error 2): it keeps running swapped; its next GPU call retries"),
+            std::string::npos) << thaw.out;
+  kill(b, SIGTERM);  // tfusion run stops its command and reaps it: its VRAM comes back
+  waitpid(b, nullptr, 0);
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(Tf("smi -p").out.find("resident"), std::string::npos) << Tf("smi -p").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(a), 0) << Run("cat " + dir_ + "/tenant.out").out;
+  ExpectIntact();
+}
+
+// `tfusion freeze` of a vGPU whose swap-out is still going on (it waits for a 3 s kernel) is
+// refused with exit code 2, as is a thaw then; a freeze of a vGPU already swapped out says so and
+// changes nothing. The tenant resumes intact.
+TEST_F(TieringTest, FreezingAVgpuAlreadySwappingOrSwappedChangesNothing) {
+  pid_t pid = StartProbe(Tfusion("--vram 1GiB --vgpu twice --tiering --idle-swap 0", "tierfault " + dir_ + " busy 3000") +
+                         " > " + dir_ + "/tenant.out 2>&1");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Touch("go");
+  ASSERT_TRUE(WaitFor("launched")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result first = Tf("freeze twice --no-wait");
+  ASSERT_EQ(first.rc, 0) << first.out;
+  ASSERT_TRUE(SmiShows("swapping out")) << Tf("smi -p").out;
+  Result again = Tf("freeze twice");
+  EXPECT_EQ(again.rc, 2) << again.out;
+  EXPECT_NE(again.out.find("vGPU 'twice' is already swapping out"), std::string::npos) << again.out;
+  Result thaw = Tf("thaw twice");
+  EXPECT_EQ(thaw.rc, 2) << thaw.out;
+  EXPECT_NE(thaw.out.find("already swapping out"), std::string::npos) << thaw.out;
+  ASSERT_TRUE(SmiShows("swapped ")) << Tf("smi -p").out;
+  Result swapped = Tf("freeze twice");
+  EXPECT_EQ(swapped.rc, 0) << swapped.out;
+  EXPECT_NE(swapped.out.find("vGPU 'twice' is already swapped out: nothing changed"), std::string::npos) << swapped.out;
+  EXPECT_NE(swapped.out.find("swapped, 200 MiB movable (200 MiB in host memory)"), std::string::npos) << swapped.out;
+  Touch("go2");
+  ASSERT_TRUE(WaitFor("verified")) << Run("cat " + dir_ + "/tenant.out").out;
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Run("cat " + dir_ + "/tenant.out").out;
+  ExpectIntact();
+  // One swap-out and one swap-in: the refused requests did not add any.
+  EXPECT_EQ(Run("grep -c 'resumed 200 MiB' " + dir_ + "/tenant.out").out, "1\n") << Run("cat " + dir_ + "/tenant.out").out;
+}
+
+// Files in the disk tier's folder that the tiering did not make (another node's copy, a stale file
+// named as the fallback names its private files, one with our header's magic) are never read,
+// changed or removed: the tenant's copies go to files of its own, its resume reads them only, and
+// the folder holds exactly the foreign files before, during and after.
+TEST_F(TieringTest, ForeignFilesInTheDiskTierAreLeftAloneAndNeverRead) {
+  const std::string nvme = dir_ + "/nvme";
+  ASSERT_EQ(Run("mkdir -p " + nvme + " && head -c 3145728 /dev/urandom > " + nvme + "/node-b.swap && "
+                "printf 'TFSWAP01' > " + nvme + "/.tfusion-swap-AbC123 && head -c 8388608 /dev/urandom >> " + nvme +
+                "/.tfusion-swap-AbC123 && head -c 4096 /dev/zero > " + nvme + "/tenant-4242.swap && "
+                "touch -d '2026-01-01 00:00' " + nvme + "/*").rc, 0);
+  const std::string fingerprint = "cd " + nvme + " && ls -A --full-time && sha256sum $(ls -A)";
+  const std::string before = Run(fingerprint).out;
+  pid_t pid = StartTenant("--vram 1GiB --vgpu foreign --tiering --idle-swap 0 --disk-tier " + nvme + " --idle-disk 100ms");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  ASSERT_EQ(Tf("freeze foreign").rc, 0);
+  ASSERT_TRUE(SmiShows("on disk")) << Tf("smi -p").out << Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_EQ(Run(fingerprint).out, before) << "while the copies are on disk";
+  ResumeToTheEndIntact(pid);
+  ASSERT_FALSE(HasFatalFailure());
+  const std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("moved 200 MiB to the disk tier"), std::string::npos) << out;
+  EXPECT_EQ(out.find("refused"), std::string::npos) << out;
+  EXPECT_EQ(Run(fingerprint).out, before) << "after the tenant resumed and exited";
 }
 
 // Pinning ahead (TFUSION_TIER_PIN_AHEAD): once a tenant's movable ranges have existed that long,
