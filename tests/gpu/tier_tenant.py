@@ -427,6 +427,30 @@ def run_swap(a):
     print(json.dumps({"gib": a.gib, "cycles": cycles, "intact": checksum(t) == want}))
 
 
+def run_ipcfix(a):
+    """Legacy CUDA IPC from a tiered tenant: one of two buffers is exported the way
+    torch.multiprocessing shares a CUDA tensor (cudaIpcGetMemHandle); a freeze must leave that one
+    resident (fixed) and move the other, and both must be intact after."""
+    n = a.gib << 28  # float32 elements
+    kept = torch.empty(n, device="cuda")
+    kept.view(torch.int32).random_()
+    shared = torch.empty(n, device="cuda")
+    shared.view(torch.int32).random_()
+    want = (checksum(kept), checksum(shared))
+    torch.cuda.synchronize()
+    res = {"gib": a.gib}
+    try:
+        shared.untyped_storage()._share_cuda_()
+        res["export"] = "ok"
+    except Exception as ex:  # what the program would see
+        res["export"] = repr(ex)[:300]
+    ms, text = freeze()
+    res["freeze_cli_ms"] = round(ms, 1)
+    res["freeze"] = text.splitlines()[-1] if text else ""
+    res["intact"] = (checksum(kept), checksum(shared)) == want
+    print(json.dumps(res))
+
+
 def run_firstfreeze(a):
     n = a.gib << 28  # float32 elements
     t = torch.empty(n, device="cuda")
@@ -684,7 +708,7 @@ def run_serve(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("checks", "pool", "pools", "expandable", "graphmem", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
-                                     "rhold", "zero", "firstfreeze", "idlezero"))
+                                     "rhold", "zero", "firstfreeze", "idlezero", "ipcfix"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -705,7 +729,7 @@ def main():
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "pools": run_pools, "expandable": run_expandable, "graphmem": run_graphmem, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve, "rhold": run_rhold,
-     "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero}[a.mode](a)
+     "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero, "ipcfix": run_ipcfix}[a.mode](a)
 
 
 if __name__ == "__main__":

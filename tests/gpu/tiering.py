@@ -970,6 +970,12 @@ def phase_preempt(r, gib=8):
         r.record("preempt", res)
 
 
+def phase_ipcfix(r):
+    """Legacy CUDA IPC (torch.multiprocessing's export of a CUDA tensor) from a tiered tenant: the
+    exported buffer stays resident and is counted fixed, the other one moves, both intact."""
+    d = r.tenant(["ipcfix", "--gib", "1"], TIERED + ["--vgpu", "tier-ipcfix"], timeout=120)
+    r.record("ipcfix", d)
+
 def phase_patch(r, gib=1):
     """`tfusion patch` on a live allocation: a local tenant of a pool allocation that never swaps
     when idle (`--idle-swap 0`) holds GIB and waits; it must stay resident; then `tfusion patch ID
@@ -1028,7 +1034,7 @@ PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, 
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
           "rhold": phase_rhold, "rkill": phase_rkill,
-          "firstfreeze": phase_firstfreeze, "patch": phase_patch}
+          "firstfreeze": phase_firstfreeze, "patch": phase_patch, "ipcfix": phase_ipcfix}
 
 
 def main():
