@@ -565,6 +565,11 @@ def wait_soon(cond, seconds):
     return wait_until(cond, seconds, 0.05)
 
 
+def last_json(out, rc):
+    """The last JSON line a tenant printed, else {"rc": rc}."""
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"rc": rc}
+
 def remove_files(*paths):
     """Removes those of `paths` that exist (a tenant's signal files left by an earlier run)."""
     for f in paths:
@@ -958,8 +963,7 @@ def phase_preempt(r, gib=8):
         res["delete_status"] = api("DELETE", "/v1/allocations/" + winner)[0] if winner else None
         out, _ = tenant.communicate(timeout=120)
         res["resumed_and_done_s"] = round(time.monotonic() - t1, 2)
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        res["tenant"] = json.loads(lines[-1]) if lines else {"rc": tenant.returncode}
+        res["tenant"] = last_json(out, tenant.returncode)
         res["tenant_rc"] = tenant.returncode
     except Exception as ex:  # keep what was measured
         res["error"] = repr(ex)
@@ -1017,8 +1021,7 @@ def phase_patch(r, gib=1):
         res["smi_after"] = smi().strip().splitlines()[-3:]
         open(go, "w").close()
         out, _ = tenant.communicate(timeout=120)
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        res["tenant"] = json.loads(lines[-1]) if lines else {"rc": tenant.returncode}
+        res["tenant"] = last_json(out, tenant.returncode)
         res["ok"] = (not res["swapped_before_patch"] and p.returncode == 0 and swapped is not None
                      and bool(res["tenant"].get("intact")))
     except Exception as ex:  # keep what was measured
