@@ -226,6 +226,11 @@ TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsByte
   ASSERT_TRUE(std::regex_search(out, m, std::regex("waited_ms=([0-9]+)"))) << out;
   EXPECT_GE(std::stoll(m.str(1)), 1500) << out;
   EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPU " + victim), std::string::npos) << ReadFile(dir_ + "/up.log");
+  // The agent's log has the swap-out with its cause.
+  EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/up.log"),
+                                std::regex("vGPU " + victim + ": process [0-9]+ \\(limiter_probe\\) swapped out 200 MiB "
+                                           "to host memory in [0-9.]+ ms \\(cause: preemption\\)")))
+      << ReadFile(dir_ + "/up.log");
 }
 
 // Host copies pinned ahead (TFUSION_TIER_PIN_AHEAD) belong to the tenant, not to the node agent: a
