@@ -99,6 +99,8 @@ Status NodeAgent::Discover() {
       }
       zero_keeper_ = std::make_unique<ZeroRestorer>(libcuda, paths, "", "a-", "hypervisor");
       zero_keeper_->Start();
+      tier_log_ = std::make_unique<TierEventLog>(paths);
+      tier_log_->Start();
     }
     std::fprintf(stderr, "hypervisor: %zu GPU(s) discovered\n", gpus.size());
   }

@@ -23,6 +23,7 @@
 #include "hypervisor/gpu_source.h"
 #include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
+#include "hypervisor/tier_event_log.h"
 #include "hypervisor/vgpu_stopper.h"
 
 namespace tf::hypervisor {
@@ -131,6 +132,8 @@ class NodeAgent {
 
   // Restorer and checkpointer of the allocations' vGPUs (scale to zero), started with discovery.
   std::unique_ptr<ZeroRestorer> zero_keeper_;
+  // One log line per swap-out, swap-in and move to disk of any process of the regions' vGPUs.
+  std::unique_ptr<TierEventLog> tier_log_;
   mutable std::mutex mu_;  // guards gpus_ and the counters
   std::vector<AgentGpu> gpus_;
   uint64_t heartbeats_ok_ = 0;

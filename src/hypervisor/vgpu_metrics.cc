@@ -53,7 +53,7 @@ const TierFamily kTierFamilies[] = {
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.movable_bytes); }},
     {"tf_vgpu_tier_host_bytes", Type::kGauge, "VRAM of the vGPU swapped out to host memory, bytes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.host_bytes); }},
-    {"tf_vgpu_tier_fixed_bytes", Type::kGauge, "VRAM of the vGPU that cannot move (exported pools and VMM handles, arrays, graph memory the driver holds), bytes.",
+    {"tf_vgpu_tier_fixed_bytes", Type::kGauge, "VRAM of the vGPU that cannot move (exported pools and VMM handles, memory exported with legacy IPC, arrays, graph memory the driver holds), bytes.",
      [](const limiter::ProcessInfo& p) { return static_cast<double>(p.fixed_bytes); }},
     {"tf_vgpu_tier_swapped_processes", Type::kGauge, "Processes of the vGPU swapped out now.",
      [](const limiter::ProcessInfo& p) {

@@ -28,6 +28,7 @@
 #include "limiter/guest_log.h"
 #include "limiter/in_context.h"
 #include "limiter/runtime.h"
+#include "limiter/tier_pools.h"
 #include "limiter/tier_vmm.h"
 
 namespace tf::limiter {
@@ -100,6 +101,9 @@ struct State {
   pthread_cond_t cv = PTHREAD_COND_INITIALIZER;     // tier thread stop
   Binding* binding = nullptr;
   std::map<CUdeviceptr, Range> ranges;
+  // cuMemAlloc ranges exported with cuIpcGetMemHandle: another process may map their physical
+  // memory, so they stay resident until freed (charged, not movable: counted as fixed).
+  std::map<CUdeviceptr, Range> exported;
   uint32_t state = kTierResident;
   uint64_t movable = 0;
   uint64_t host = 0;
@@ -336,7 +340,7 @@ bool EvictOther(Binding* b, uint64_t* tried) {
   const VgpuInfo& victim = snap->vgpus[best];
   *tried |= 1ull << victim.index;
   uint32_t gen = 0;
-  if (b->region.RequestFreeze(victim.index, &gen) != RegionError::kOk) return true;
+  if (b->region.RequestPressureFreeze(victim.index, &gen) != RegionError::kOk) return true;
   GuestLog("vGPU '%s': VRAM is held by other tenants: freezing vGPU '%s' (%llu MiB resident, idle %.1f s)",
            b->vgpu_id, victim.id, static_cast<unsigned long long>(best_bytes >> 20),
            best_active > 0 ? (Now() - best_active) / 1e9 : 0.0);
@@ -647,7 +651,26 @@ CUresult CopyIn(State& s) {
   return lanes.err;
 }
 
-void CountSwap(State& s, bool out, uint64_t bytes, int64_t ns, CUresult err) {
+uint32_t Micros(int64_t ns) {
+  return ns / 1000 > static_cast<int64_t>(UINT32_MAX) ? UINT32_MAX : static_cast<uint32_t>(ns / 1000);
+}
+
+// A completed swap event, for the node agent's log (ProcessTierLog). `cause`: TierEventCause.
+void RecordEvent(State& s, uint32_t kind, uint32_t cause, int64_t ns, uint64_t host_bytes, uint64_t disk_bytes) {
+  Binding* b = s.binding != nullptr ? Bound() : nullptr;
+  if (b == nullptr) return;
+  TierEvent e;
+  e.kind = kind;
+  e.cause = cause;
+  e.duration_us = Micros(ns);
+  e.host_bytes = host_bytes;
+  e.disk_bytes = disk_bytes;
+  b->region.RecordTierEvent(b->slot, e);
+}
+
+// `disk_bytes` (a swap-in): of `bytes`, those read back from the disk tier.
+void CountSwap(State& s, bool out, uint64_t bytes, int64_t ns, CUresult err, uint32_t cause = kTierCauseUnknown,
+               uint64_t disk_bytes = 0) {
   Binding* b = s.binding;
   ProcessTier* t = MyTier(s);
   if (b == nullptr || t == nullptr) return;
@@ -658,11 +681,12 @@ void CountSwap(State& s, bool out, uint64_t bytes, int64_t ns, CUresult err) {
     return;
   }
   t->last_error.store(0, std::memory_order_relaxed);
-  uint32_t us = ns / 1000 > static_cast<int64_t>(UINT32_MAX) ? UINT32_MAX : static_cast<uint32_t>(ns / 1000);
+  uint32_t us = Micros(ns);
   (out ? t->swaps_out : t->swaps_in).fetch_add(1, std::memory_order_relaxed);
   (out ? t->last_out_us : t->last_in_us).store(us, std::memory_order_relaxed);
   (out ? h->swaps_out_total : h->swaps_in_total).fetch_add(1, std::memory_order_relaxed);
   (out ? h->bytes_out_total : h->bytes_in_total).fetch_add(bytes, std::memory_order_relaxed);
+  RecordEvent(s, out ? kTierEventSwapOut : kTierEventSwapIn, cause, ns, bytes - std::min(bytes, disk_bytes), disk_bytes);
 }
 
 // ---- the disk tier: each host copy moves to an unnamed file (O_TMPFILE) in the tier directory,
@@ -780,6 +804,7 @@ void ToDiskLocked(State& s) {
   if (s.host == 0 && s.disk > 0) s.state = kTierOnDisk;
   Publish(s);
   if (moved > 0) {
+    RecordEvent(s, kTierEventToDisk, kTierCauseIdle, Now() - t0, 0, moved);
     GuestLog("vGPU '%s': moved %llu MiB to the disk tier in %.1f ms", s.binding->vgpu_id,
              static_cast<unsigned long long>(moved >> 20), (Now() - t0) / 1e6);
   }
@@ -825,17 +850,18 @@ CUresult FromDisk(State& s, CUdeviceptr base, Range* r) {
   });
 }
 
-// REQUIRES s.mu, s.state == kTierSwapped.
-CUresult SwapInLocked(State& s) {
+// REQUIRES s.mu, s.state == kTierSwapped. `cause`: TierEventCause.
+CUresult SwapInLocked(State& s, uint32_t cause) {
   int64_t t0 = Now();
   s.state = kTierSwappingIn;
   Publish(s);
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, from_disk = 0;
   CUresult e = CUDA_SUCCESS;
   for (auto& [base, r] : s.ranges) {
     if (r.resident || r.fd < 0 || r.host != nullptr) continue;
     e = FromDisk(s, base, &r);
     if (e != CUDA_SUCCESS) break;
+    from_disk += r.size;
   }
   int64_t t_loaded = Now();
   for (auto& [base, r] : s.ranges) {
@@ -885,7 +911,7 @@ CUresult SwapInLocked(State& s) {
   }
   s.state = kTierResident;
   int64_t ns = Now() - t0;
-  CountSwap(s, false, bytes, ns, CUDA_SUCCESS);
+  CountSwap(s, false, bytes, ns, CUDA_SUCCESS, cause, from_disk);
   s.last_active_ns = Now();
   Publish(s);  // host_bytes down before host_kept_bytes up: a death in between leaks, never doubles
   if (kept != 0) {
@@ -966,8 +992,8 @@ bool ReadGraphMemoryLocked(State& s, bool trim) {
   return true;
 }
 
-// REQUIRES s.mu.
-CUresult SwapOutLocked(State& s) {
+// REQUIRES s.mu. `cause`: TierEventCause.
+CUresult SwapOutLocked(State& s, uint32_t cause) {
   if (s.state != kTierResident) return CUDA_SUCCESS;
   FreePendingLocked(s);
   uint64_t bytes = 0;
@@ -1045,7 +1071,7 @@ CUresult SwapOutLocked(State& s) {
   s.host += bytes;
   s.state = kTierSwapped;
   int64_t ns = Now() - t0;
-  CountSwap(s, true, bytes, ns, CUDA_SUCCESS);
+  CountSwap(s, true, bytes, ns, CUDA_SUCCESS, cause);
   Publish(s);
   if (TraceEnabled() || bytes >= (64ull << 20)) {
     GuestLog("vGPU '%s': swapped out %llu MiB in %.1f ms (quiesce %.1f, drain %.1f, pin and copy %.1f, "
@@ -1294,17 +1320,20 @@ void* TierThread(void*) {
     // global mode forbids from any thread (they would invalidate it). Requests wait for its end.
     const bool capturing = g_tier_captures.load(std::memory_order_acquire) > 0;
     if (freeze != s.freeze_done && !capturing) {
-      SwapOutLocked(s);
+      // Another tenant short of VRAM asked for one of the requests acted on now.
+      const uint32_t pressure = v->pressure_freeze_gen.load(std::memory_order_acquire);
+      const bool by_pressure = Reached(freeze, pressure) && !Reached(s.freeze_done, pressure);
+      SwapOutLocked(s, by_pressure ? kTierCausePressure : kTierCauseFreeze);
       s.freeze_done = freeze;
       t->freeze_done_gen.store(freeze, std::memory_order_release);
     }
     // Preemption: a held vGPU stays swapped out; a thaw waits for the hold's end.
     const bool held = v->held.load(std::memory_order_acquire) != 0;
     if (held && !capturing && s.state == kTierResident && now >= s.hold_retry_ns) {
-      if (SwapOutLocked(s) != CUDA_SUCCESS) s.hold_retry_ns = now + 1'000'000'000;
+      if (SwapOutLocked(s, kTierCausePreemption) != CUDA_SUCCESS) s.hold_retry_ns = now + 1'000'000'000;
     }
     if (thaw != s.thaw_done && !held) {
-      if (IsSwapped(s.state)) SwapInLocked(s);
+      if (IsSwapped(s.state)) SwapInLocked(s, kTierCauseThaw);
       s.thaw_done = thaw;
       t->thaw_done_gen.store(thaw, std::memory_order_release);
     }
@@ -1333,7 +1362,7 @@ void* TierThread(void*) {
     }
     if (idle_ms > 0 && !capturing && s.state == kTierResident && now - s.last_active_ns >= static_cast<int64_t>(idle_ms) * 1'000'000) {
       // A failed attempt waits for another idle period rather than retrying every tick.
-      if (SwapOutLocked(s) != CUDA_SUCCESS) s.last_active_ns = now;
+      if (SwapOutLocked(s, kTierCauseIdle) != CUDA_SUCCESS) s.last_active_ns = now;
     }
     Publish(s);
   }
@@ -1466,6 +1495,17 @@ void ForgetCopiesLocked(State& s, Range* r) {
 bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
   State& s = S();
   pthread_mutex_lock(&s.mu);
+  if (auto x = s.exported.find(dptr); x != s.exported.end()) {
+    Range r = x->second;
+    s.exported.erase(x);
+    CUresult e = drain ? InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); }) : CUDA_SUCCESS;
+    UnmapPhysical(dptr, &r);
+    g_real.cuMemAddressFree(dptr, r.size);
+    Publish(s);
+    pthread_mutex_unlock(&s.mu);
+    *result = e == CUDA_ERROR_INVALID_CONTEXT ? CUDA_SUCCESS : e;
+    return true;
+  }
   auto it = s.ranges.find(dptr);
   if (it == s.ranges.end() || it->second.tenant) {  // a tenant handle's key is no address
     pthread_mutex_unlock(&s.mu);
@@ -1488,13 +1528,51 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
   return true;
 }
 
+bool Tiering::ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult (*fn)(CUipcMemHandle*, CUdeviceptr),
+                        CUresult* result) {
+  // Stream-ordered memory: the driver refuses legacy IPC on a pool's memory (cuMemPoolExportPointer
+  // is the way), and so do we for the pools we serve.
+  CUmemoryPool pool = nullptr;
+  if (StreamOrderedPools::Instance().PoolOf(dptr, &pool)) {
+    *result = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
+  State& s = S();
+  pthread_mutex_lock(&s.mu);
+  auto it = s.ranges.upper_bound(dptr);
+  if (it == s.ranges.begin() || (--it)->second.tenant || dptr >= it->first + it->second.size) {
+    pthread_mutex_unlock(&s.mu);
+    return false;  // not a movable range of ours (or exported already): the driver's answer
+  }
+  const CUdeviceptr base = it->first;
+  // Its physical memory must be there to be shared (the wait for a hold releases the mutex).
+  CUresult e = WaitWhileHeldLocked(s);
+  if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s, kTierCauseCall);
+  if (e == CUDA_SUCCESS) e = fn(handle, dptr);
+  if (e == CUDA_SUCCESS && (it = s.ranges.find(base)) != s.ranges.end()) {
+    Range r = it->second;
+    s.ranges.erase(it);
+    s.movable -= r.size;
+    ForgetCopiesLocked(s, &r);  // a kept copy pinned ahead is of no use any more
+    r.seen_ns = 0;
+    s.exported[base] = r;
+    Publish(s);
+    GuestLog("vGPU '%s': %llu MiB of cuMemAlloc memory at 0x%llx stay resident (fixed) from now on: exported with "
+             "cuIpcGetMemHandle (another process may map it)", s.binding != nullptr ? s.binding->vgpu_id : "?",
+             static_cast<unsigned long long>(r.size >> 20), static_cast<unsigned long long>(base));
+  }
+  pthread_mutex_unlock(&s.mu);
+  *result = e;
+  return true;
+}
+
 TierLock::TierLock() { pthread_mutex_lock(&S().mu); }
 TierLock::~TierLock() { pthread_mutex_unlock(&S().mu); }
 
 CUresult TierResidentLocked() {
   State& s = S();
   CUresult e = WaitWhileHeldLocked(s);
-  if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s);
+  if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s, kTierCauseCall);
   return e;
 }
 
@@ -1551,7 +1629,7 @@ CUresult TierWait() {
       pthread_mutex_unlock(&s.mu);
       continue;
     }
-    if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s);
+    if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s, kTierCauseCall);
     pthread_mutex_unlock(&s.mu);
     return e;
   }
@@ -1629,6 +1707,7 @@ void Tiering::ResetAfterFork() {
     if (r.fd >= 0) close(r.fd);
   }
   s.ranges.clear();
+  s.exported.clear();
   TenantVmm::Instance().ResetAfterFork();
   s.to_free.clear();
   s.movable = s.host = s.disk = s.kept = 0;

@@ -149,6 +149,13 @@ class Tiering {
   // `drain`: first wait for the work queued in the range's context, as the driver's free does;
   // false when the caller knows that work is done (a stream-ordered free whose event completed).
   bool Free(CUdeviceptr dptr, CUresult* result, bool drain = true);
+  // cuIpcGetMemHandle: true when `dptr` lies in one of our movable cuMemAlloc ranges (then
+  // *result is the answer). The process is made resident first, and a range the driver exported
+  // stays resident until freed (another process may map it): it no longer moves and counts as
+  // fixed. Memory of the stream-ordered pools we serve is refused (CUDA_ERROR_INVALID_VALUE), as
+  // the driver refuses its pools' memory.
+  bool ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult (*fn)(CUipcMemHandle*, CUdeviceptr),
+                 CUresult* result);
   // At exit: stops the tier thread. After fork: the child holds nothing.
   void Shutdown();
   void ResetAfterFork();

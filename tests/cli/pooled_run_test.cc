@@ -275,6 +275,11 @@ TEST_F(PooledRunTest, APreemptedRunWithTieringIsSuspendedAndContinuesWithItsByte
   ASSERT_TRUE(std::regex_search(out, m, std::regex("waited_ms=([0-9]+)"))) << out;
   EXPECT_GE(std::stoll(m.str(1)), 1500) << out;
   EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPU " + victim), std::string::npos) << ReadFile(dir_ + "/up.log");
+  // The agent's log has the swap-out with its cause.
+  EXPECT_TRUE(std::regex_search(ReadFile(dir_ + "/up.log"),
+                                std::regex("vGPU " + victim + ": process [0-9]+ \\(limiter_probe\\) swapped out 200 MiB "
+                                           "to host memory in [0-9.]+ ms \\(cause: preemption\\)")))
+      << ReadFile(dir_ + "/up.log");
 }
 
 // Host copies pinned ahead (TFUSION_TIER_PIN_AHEAD) belong to the tenant, not to the node agent: a
@@ -352,6 +357,92 @@ TEST_F(PooledRunTest, ASwappedTenantOutlivesANodeAgentRestartAndTheNewAgentThaws
   ResumeToTheEndIntact(run, d, log);
   out = ReadFile(log);
   EXPECT_EQ(out.find("resumed 200 MiB"), out.rfind("resumed 200 MiB")) << "one swap-in only: the thaw's\n" << out;
+}
+
+// The node agent logs every swap of the vGPUs in its regions, one line per completed event, with
+// the vGPU, the process, the MiB per tier, the duration and the cause: an allocation's tenant
+// frozen and thawed from the CLI, and a local `tfusion run` tenant swapped out by its idle timeout
+// and brought back by its next GPU call.
+TEST_F(PooledRunTest, TheNodeAgentLogsEachSwapWithItsCause) {
+  tf::controller::HttpClient client(url_, token_);
+  auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
+  ASSERT_TRUE(pool.ok() && pool->status == 200) << (pool.ok() ? pool->body : pool.status().ToString());
+  const std::string d = dir_ + "/tenant", idle = dir_ + "/idle";
+  ASSERT_EQ(Shell("mkdir -p " + d + " " + idle).rc, 0);
+  const std::string log = dir_ + "/tenant.log", idle_log = dir_ + "/idle.log";
+  auto start = [](const std::string& cmd) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  pid_t run = start(PooledRun("--vram 1GiB --percent 30 --idle-swap 0", "tier " + d) + " > " + log + " 2>&1");
+  ASSERT_GT(run, 0);
+  pid_t local = start(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                      " --vram 1GiB --vgpu idle --tiering --idle-swap 1s -- " + TF_PROBE + " tier " + idle + " > " +
+                      idle_log + " 2>&1");
+  ASSERT_GT(local, 0);
+  auto wait_for = [&](auto&& done) {
+    for (int i = 0; i < 400; ++i) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    return false;
+  };
+  auto finish = [&](pid_t pid, const std::string& dir) {
+    for (const char* name : {"/go", "/go2", "/go3"}) EXPECT_EQ(Shell("touch " + dir + name).rc, 0);
+    bool ended = false;
+    for (int i = 0; i < 300 && !ended; ++i) {
+      ended = waitpid(pid, nullptr, WNOHANG) == pid;
+      if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!ended) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  };
+  ASSERT_TRUE(wait_for([&] { return access((d + "/ready").c_str(), F_OK) == 0; })) << ReadFile(log);
+  ASSERT_TRUE(wait_for([&] { return access((idle + "/ready").c_str(), F_OK) == 0; })) << ReadFile(idle_log);
+  std::smatch m;
+  std::string out = ReadFile(log);
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocation (a-[0-9a-f]+)"))) << out;
+  const std::string vgpu = m.str(1);
+
+  Result frozen = Shell(env_ + TF_TFUSION + " freeze " + vgpu);
+  EXPECT_EQ(frozen.rc, 0) << frozen.out << ReadFile(log);
+  Result thawed = Shell(env_ + TF_TFUSION + " thaw " + vgpu);
+  EXPECT_EQ(thawed.rc, 0) << thawed.out << ReadFile(log);
+  const std::string who = "vGPU " + vgpu + ": process [0-9]+ \\(limiter_probe\\) ";
+  const std::regex out_line(who + "swapped out 200 MiB to host memory in [0-9]+\\.[0-9] ms \\(cause: freeze\\)\n");
+  const std::regex in_line(who + "swapped in 200 MiB \\(200 MiB from host memory, 0 MiB from the disk tier\\) in "
+                           "[0-9]+\\.[0-9] ms \\(cause: thaw\\)\n");
+  EXPECT_TRUE(wait_for([&] {
+    const std::string up = ReadFile(dir_ + "/up.log");
+    return std::regex_search(up, out_line) && std::regex_search(up, in_line);
+  })) << ReadFile(dir_ + "/up.log");
+
+  // The local tenant goes idle for 1 s: swapped out; its next GPU call brings it back.
+  const std::regex idle_out("vGPU idle: process [0-9]+ \\(limiter_probe\\) swapped out 200 MiB to host memory in "
+                            "[0-9]+\\.[0-9] ms \\(cause: idle\\)\n");
+  EXPECT_TRUE(wait_for([&] { return std::regex_search(ReadFile(dir_ + "/up.log"), idle_out); }))
+      << ReadFile(dir_ + "/up.log") << ReadFile(idle_log);
+  finish(local, idle);
+  const std::regex idle_in("vGPU idle: process [0-9]+ \\(limiter_probe\\) swapped in 200 MiB \\(200 MiB from host "
+                           "memory, 0 MiB from the disk tier\\) in [0-9]+\\.[0-9] ms \\(cause: GPU call\\)\n");
+  EXPECT_TRUE(wait_for([&] { return std::regex_search(ReadFile(dir_ + "/up.log"), idle_in); }))
+      << ReadFile(dir_ + "/up.log") << ReadFile(idle_log);
+  finish(run, d);
+  const std::string up = ReadFile(dir_ + "/up.log");
+  // One line per event, nothing per tick: the allocation's tenant (no idle timeout) has exactly the
+  // freeze's and the thaw's. (The local one may go idle more than once on a loaded machine.)
+  size_t lines = 0;
+  const std::string mine = "vGPU " + vgpu + ": process ";
+  for (size_t at = up.find(mine); at != std::string::npos; at = up.find(mine, at + 1)) ++lines;
+  EXPECT_EQ(lines, 2u) << up;
+  EXPECT_NE(ReadFile(log).find("first_identical=3"), std::string::npos) << ReadFile(log);
+  EXPECT_NE(ReadFile(idle_log).find("second_identical=3"), std::string::npos) << ReadFile(idle_log);
 }
 
 // `tfusion run --controller --idle-swap` in a pool that oversells VRAM: the flag becomes the

@@ -160,6 +160,7 @@ struct Allocation {
   Context* ctx = nullptr;
   MemPool* pool = nullptr;                // stream-ordered allocations
   PhysicalMemory* physical = nullptr;     // kVmmMapping: the mapped handle
+  size_t vmm_offset = 0;                  // kVmmMapping: where in the handle the mapping starts
   unsigned vmm_access = 0;                // kVmmMapping: the flags cuMemSetAccess gave it
   bool sync_memops = false;               // cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS)
   unsigned graph_reallocs = 0;            // kGraph: later alloc nodes of the launch at this address
@@ -176,6 +177,7 @@ struct PhysicalMemory {
   CUdevice device = 0;
   size_t size = 0;
   int fd = -1;
+  uint64_t serial = 0;  // in its memfd's name, "fakecuda-vmm-PID-SERIAL" (legacy IPC names it)
   int mappings = 0;
   bool released = false;
   int retains = 0;                          // cuMemRetainAllocationHandle, each released once more

@@ -471,7 +471,12 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     std::lock_guard<std::mutex> lock(d.mu);
     if (!d.Charge(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+  static std::atomic<uint64_t> next_serial{1};
+  const uint64_t serial = next_serial.fetch_add(1);
+  char name[64];
+  snprintf(name, sizeof(name), "fakecuda-vmm-%u-%llu", static_cast<unsigned>(getpid()),
+           static_cast<unsigned long long>(serial));
+  int fd = memfd_create(name, MFD_CLOEXEC);
   std::lock_guard<std::mutex> lock(d.mu);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
     if (fd >= 0) close(fd);
@@ -482,6 +487,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   phys->device = dev;
   phys->size = size;
   phys->fd = fd;
+  phys->serial = serial;
   phys->handle_types = prop->requestedHandleTypes;
   phys->prop = *prop;
   phys->prop.win32HandleMetaData = nullptr;
@@ -583,6 +589,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   a.device = phys->device;
   a.ctx = d.CurrentContextLocked();
   a.physical = phys;
+  a.vmm_offset = offset;
   d.allocations[ptr] = a;
   return CUDA_SUCCESS;
 }

@@ -913,6 +913,92 @@ int Pitched(const std::string& dir) {
   return 0;
 }
 
+// Legacy IPC of a tiered tenant's cudaMalloc memory, through files in `dir`. The exporter ("ipc")
+// allocates A (8 MiB, exported with cuIpcGetMemHandle; the handle goes to dir/handle) and B
+// (16 MiB, not exported), both with known bytes, and tries to export stream-ordered memory (the
+// driver refuses a pool's memory); "ready". At "go" it reads both back (a GPU call: it resumes
+// if frozen) and writes new bytes into A, "written"; at "go2" it frees them. The opener
+// ("ipcopen", another process) maps A from the handle, "opened"; at "check1" and "check2" it reads
+// it and says whether it holds the first or the new bytes.
+namespace ipc {
+
+constexpr size_t kA = 8u << 20, kB = 16u << 20;
+using vmm::Pattern;
+
+bool Holds(CUdeviceptr p, const std::vector<unsigned char>& want) {
+  std::vector<unsigned char> got(want.size());
+  CHECK(cuMemcpyDtoH(got.data(), p, got.size()));
+  return got == want;
+}
+
+int Export(const std::string& dir) {
+  Setup();
+  CUdeviceptr a, b;
+  CHECK(cuMemAlloc(&a, kA));
+  CHECK(cuMemAlloc(&b, kB));
+  const auto a1 = Pattern(kA, 0x1234567u), a2 = Pattern(kA, 0x7654321u), bb = Pattern(kB, 0xBADC0DEu);
+  CHECK(cuMemcpyHtoD(a, a1.data(), kA));
+  CHECK(cuMemcpyHtoD(b, bb.data(), kB));
+  CUipcMemHandle h;
+  CHECK(cuIpcGetMemHandle(&h, a + 4096));  // any address inside it names the allocation
+  FILE* f = std::fopen((dir + "/handle.tmp").c_str(), "wb");
+  if (f == nullptr || std::fwrite(&h, sizeof(h), 1, f) != 1) return 5;
+  std::fclose(f);
+  std::rename((dir + "/handle.tmp").c_str(), (dir + "/handle").c_str());
+  CUstream s;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr pooled;
+  CHECK(cuMemAllocAsync(&pooled, 2u << 20, s));
+  CUipcMemHandle refused;
+  std::printf("ipc_exported=1\nipc_of_pool_memory=%d\n", static_cast<int>(cuIpcGetMemHandle(&refused, pooled)));
+  CHECK(cuMemFreeAsync(pooled, s));
+  CHECK(cuStreamSynchronize(s));
+  CUmemoryPool def;
+  CHECK(cuDeviceGetDefaultMemPool(&def, 0));
+  CHECK(cuMemPoolTrimTo(def, 0));  // nothing of the pool left to move or count
+  std::fflush(stdout);
+  Touch(dir + "/ready");
+  if (!WaitFile(dir + "/go")) return 4;
+  std::printf("first_identical=%d\n", static_cast<int>(Holds(a, a1)) + static_cast<int>(Holds(b, bb)));
+  CHECK(cuMemcpyHtoD(a, a2.data(), kA));
+  CHECK(cuCtxSynchronize());
+  std::fflush(stdout);
+  Touch(dir + "/written");
+  if (!WaitFile(dir + "/go2")) return 4;
+  CHECK(cuMemFree(a));
+  CHECK(cuMemFree(b));
+  std::printf("freed=1\n");
+  return 0;
+}
+
+int Open(const std::string& dir) {
+  Setup();
+  if (!WaitFile(dir + "/handle")) return 4;
+  CUipcMemHandle h;
+  FILE* f = std::fopen((dir + "/handle").c_str(), "rb");
+  if (f == nullptr || std::fread(&h, sizeof(h), 1, f) != 1) return 5;
+  std::fclose(f);
+  CUdeviceptr p;
+  CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  Touch(dir + "/opened");
+  const auto a1 = Pattern(kA, 0x1234567u), a2 = Pattern(kA, 0x7654321u);
+  auto say = [&](const char* key) {
+    std::vector<unsigned char> got(kA);
+    CHECK(cuMemcpyDtoH(got.data(), p, kA));
+    std::printf("%s=%s\n", key, got == a1 ? "first" : got == a2 ? "new" : "other");
+    std::fflush(stdout);
+  };
+  if (!WaitFile(dir + "/check1")) return 4;
+  say("opener_check1");
+  Touch(dir + "/checked1");
+  if (!WaitFile(dir + "/check2")) return 4;
+  say("opener_check2");
+  CHECK(cuIpcCloseMemHandle(p));
+  return 0;
+}
+
+}  // namespace ipc
+
 int main(int argc, char** argv) {
   std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "alloc") return Alloc();
@@ -929,6 +1015,8 @@ int main(int argc, char** argv) {
   if (cmd == "vmm" && argc > 2) return vmm::Run(argv[2]);
   if (cmd == "graphmem" && argc > 2) return graphmem::Run(argv[2]);
   if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
+  if (cmd == "ipc" && argc > 2) return ipc::Export(argv[2]);
+  if (cmd == "ipcopen" && argc > 2) return ipc::Open(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;
 }

@@ -492,6 +492,55 @@ TEST_F(TieringTest, TheTenantsOwnVmmMemoryMovesAndItsHandlesKeepWorking) {
   EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
 }
 
+// Legacy IPC (cuIpcGetMemHandle) of a tiered tenant's cudaMalloc memory: another process maps
+// it, so the exported range stays resident from then on (counted as fixed by freeze and smi, named
+// in the tenant's log) while the rest of the tenant still swaps; the other process reads it while
+// the tenant is swapped out and sees what the tenant writes after it came back. Stream-ordered
+// memory is refused, as the driver refuses a pool's memory.
+TEST_F(TieringTest, MemoryExportedWithLegacyIpcStaysResidentAndSharedWhileTheRestSwaps) {
+  const std::string shm = "/tf-lt-" + std::to_string(getpid());
+  pid_t exporter = StartProbe(Tfusion("--vram 1GiB --vgpu ipc --tiering --idle-swap 0", "ipc " + dir_) + " > " +
+                              dir_ + "/tenant.out 2>&1");
+  ASSERT_GT(exporter, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  pid_t opener = StartProbe(Tfusion("--vram 1GiB --vgpu reader", "ipcopen " + dir_) + " > " + dir_ +
+                            "/opener.out 2>&1");
+  ASSERT_GT(opener, 0);
+  ASSERT_TRUE(WaitFor("opened")) << Run("cat " + dir_ + "/opener.out").out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 24);
+  std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("ipc_exported=1\nipc_of_pool_memory=1\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("8 MiB of cuMemAlloc memory at 0x"), std::string::npos) << out;
+  EXPECT_NE(out.find("stay resident (fixed) from now on: exported with cuIpcGetMemHandle"), std::string::npos) << out;
+
+  Result frozen = Tf("freeze ipc");
+  EXPECT_EQ(frozen.rc, 0) << frozen.out;
+  EXPECT_NE(frozen.out.find("swapped, 16 MiB movable (16 MiB in host memory), 8 MiB fixed"), std::string::npos)
+      << frozen.out;
+  EXPECT_EQ(DeviceUsedMiB(shm), 8) << "only the exported range stays on the GPU";
+  EXPECT_TRUE(SmiShows("8 MiB")) << Tf("smi -p").out;
+  Touch("check1");
+  ASSERT_TRUE(WaitFor("checked1")) << Run("cat " + dir_ + "/opener.out").out;
+  EXPECT_NE(Tf("smi -p").out.find("swapped"), std::string::npos) << Tf("smi -p").out;
+
+  Touch("go");  // the tenant resumes, checks its bytes and writes new ones into the exported range
+  ASSERT_TRUE(WaitFor("written")) << Run("cat " + dir_ + "/tenant.out").out;
+  Touch("check2");
+  EXPECT_EQ(Finish(opener), 0);
+  Touch("go2");
+  EXPECT_EQ(Finish(exporter), 0);
+  out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("first_identical=2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
+  const std::string opened = Run("cat " + dir_ + "/opener.out").out;
+  EXPECT_NE(opened.find("opener_check1=first\n"), std::string::npos) << "read while the exporter was swapped\n"
+                                                                        << opened;
+  EXPECT_NE(opened.find("opener_check2=new\n"), std::string::npos) << "still the exporter's memory after its resume\n"
+                                                                      << opened;
+  EXPECT_EQ(DeviceUsedMiB(shm), 0);
+  EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
 // Graph memory nodes stay the driver's: a freeze trims what the driver keeps of them unused for the
 // graphs' next launches (the fake, like the driver, keeps a graph's freed allocations reserved),
 // and counts what stays as fixed. First freeze: the tenant's graph freed its 32 MiB inside the

@@ -430,6 +430,7 @@ RegionError GpuRegion::AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* s
       p->host_kept_bytes.store(0, std::memory_order_relaxed);
       ResetProcessTier(TierOfProcess(i));
       ResetProcessZero(ZeroOfProcess(i));
+      ResetProcessTierLog(TierLogOfProcess(i));
       p->state.store(kSlotActive, std::memory_order_release);  // publish last
       if (slot_out != nullptr) *slot_out = i;
       return RegionError::kOk;

@@ -211,6 +211,27 @@ void ResetProcessTier(ProcessTier* t);
 // snapshot entry (tier_state becomes kTierCheckpointed while the driver holds its checkpoint).
 void ResetProcessZero(ProcessZero* z);
 void FillZeroInfo(const ProcessZero* z, ProcessInfo* out);
+// Swap events (tier_events.cc): zeroes a newly attached process's ring; "idle", "freeze",
+// "pressure", "preemption", "thaw", "GPU call", else "unknown".
+void ResetProcessTierLog(ProcessTierLog* l);
+const char* TierEventCauseLabel(uint32_t cause);
+
+// A swap event as the process records it (bytes are rounded up to MiB in the region).
+struct TierEvent {
+  uint32_t kind = 0;   // TierEventKind
+  uint32_t cause = 0;  // TierEventCause
+  uint32_t duration_us = 0;
+  uint64_t host_bytes = 0;
+  uint64_t disk_bytes = 0;
+};
+// A swap event as read back, checked: kind and cause known, MiB not above the GPU's VRAM.
+struct TierEventRead {
+  uint32_t kind = 0;
+  uint32_t cause = 0;
+  uint32_t duration_us = 0;
+  uint32_t host_mib = 0;
+  uint32_t disk_mib = 0;
+};
 // The host tier of a new region: the GPU's VRAM, at most half of this machine's memory.
 uint64_t DefaultHostTierBudget(uint64_t total_vram_bytes);
 
@@ -365,6 +386,9 @@ class GpuRegion {
   // returns the request's generation (compare with ProcessTier::freeze_done_gen/thaw_done_gen).
   // kInvalidArgument for a vGPU without tiering, kNotFound for a free slot.
   RegionError RequestFreeze(uint32_t vgpu_index, uint32_t* gen_out);
+  // The same, asked by a tenant short of VRAM: the swap-outs it causes are reported as pressure
+  // (VgpuTier::pressure_freeze_gen).
+  RegionError RequestPressureFreeze(uint32_t vgpu_index, uint32_t* gen_out);
   RegionError RequestThaw(uint32_t vgpu_index, uint32_t* gen_out);
   // Scale to zero, carried out by the vGPU's zero keeper (hypervisor::ZeroRestorer in `tfusion
   // run` and the node agent): the idle time after which a swapped process is checkpointed too
@@ -390,6 +414,13 @@ class GpuRegion {
   // Scale to zero: the process's checkpoint handshake block (protocol in region_layout.h).
   // nullptr for an index out of range.
   ProcessZero* ZeroOfProcess(uint32_t slot) const;
+  // Swap events (ProcessTierLog): the owning process records each completed one; readers get the
+  // number completed so far and event n (1-based) while it is still in the ring, intact and valid
+  // (false otherwise: overwritten, being written, or out of range).
+  ProcessTierLog* TierLogOfProcess(uint32_t slot) const;
+  void RecordTierEvent(uint32_t slot, const TierEvent& e);
+  uint32_t TierEventCount(uint32_t slot) const;
+  bool ReadTierEvent(uint32_t slot, uint32_t n, TierEventRead* out) const;
   TierHeader* tier_header() const { return reinterpret_cast<TierHeader*>(base_ + kTierHeaderOffset); }
 
   // ---- observation ----

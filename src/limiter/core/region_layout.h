@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 6.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 7.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 6;
+inline constexpr uint32_t kLayoutVersion = 7;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -204,7 +204,9 @@ struct alignas(kCacheLine) VgpuTier {
   std::atomic<uint32_t> zero_gen;          // bumped by a zero request: checkpoint after the swap-out
   std::atomic<uint32_t> zero_done_gen;     // the zero keeper: the last zero_gen it carried out
   std::atomic<uint32_t> api_zero_gen;      // node agent: the allocation's API zero requests passed on
-  uint8_t reserved[4];
+  // Layout 7. The freeze_gen of the last freeze asked for by another tenant short of VRAM (memory
+  // pressure), so that the swap-out it causes is reported as such. Written just before that bump.
+  std::atomic<uint32_t> pressure_freeze_gen;
 };
 
 // 64 bytes per process slot, written only by the limiter of that process (its tier thread and
@@ -259,6 +261,48 @@ struct alignas(kCacheLine) ProcessZero {
   uint8_t reserved[28];
 };
 
+// ---- Swap events (layout 7): after the ProcessZero array, one ProcessTierLog per process slot.
+// Each completed swap-out, swap-in and move to the disk tier of the process, so that the node agent
+// can log it with its cause. Written only by the limiter of the process; read by anyone, who must
+// treat every field as untrusted (another process wrote it).
+
+enum TierEventKind : uint32_t {
+  kTierEventSwapOut = 1,  // VRAM -> host memory
+  kTierEventSwapIn = 2,   // host memory and the disk tier -> VRAM
+  kTierEventToDisk = 3,   // host memory -> the disk tier (swapped and idle)
+};
+
+// Why it happened, where the process knows it.
+enum TierEventCause : uint32_t {
+  kTierCauseUnknown = 0,
+  kTierCauseIdle = 1,        // the idle timeout (idle_swap_ms, idle_disk_ms)
+  kTierCauseFreeze = 2,      // a freeze request (tfusion freeze, the API, the node agent)
+  kTierCausePressure = 3,    // another tenant of the GPU was short of VRAM
+  kTierCausePreemption = 4,  // the vGPU is held by a preemption (VgpuTier::held)
+  kTierCauseThaw = 5,        // a thaw request (tfusion thaw, the API, the end of a hold)
+  kTierCauseCall = 6,        // a call of the tenant that needs the GPU
+  kTierCauseMax = 6,
+};
+
+// 16 bytes. A seqlock of one word: `tag` is 0 while the record is being written, then
+// (event number & 0xFFFFFF) << 8 | cause << 4 | kind, stored last with release.
+struct TierEventRecord {
+  std::atomic<uint32_t> tag;
+  std::atomic<uint32_t> duration_us;  // the whole event
+  std::atomic<uint32_t> host_mib;     // MiB written to (swap-out) or read from (swap-in) host memory
+  std::atomic<uint32_t> disk_mib;     // MiB written to (to disk) or read from (swap-in) the disk tier
+};
+
+inline constexpr uint32_t kTierLogDepth = 3;
+
+// 64 bytes per process slot. Event n (1, 2, ...) is in ring[(n - 1) % kTierLogDepth]; `events`
+// is stored after its record is complete. Reset when the process slot is attached.
+struct alignas(kCacheLine) ProcessTierLog {
+  std::atomic<uint32_t> events;  // events completed
+  uint32_t reserved0[3];
+  TierEventRecord ring[kTierLogDepth];
+};
+
 inline constexpr int64_t kNoDeadline = INT64_MAX;
 
 inline constexpr uint64_t kVgpuArrayOffset = sizeof(RegionHeader);
@@ -269,7 +313,8 @@ inline constexpr uint64_t kTierHeaderOffset = kShareOffset + sizeof(ShareBlock);
 inline constexpr uint64_t kVgpuTierOffset = kTierHeaderOffset + sizeof(TierHeader);
 inline constexpr uint64_t kProcessTierOffset = kVgpuTierOffset + kMaxVgpus * sizeof(VgpuTier);
 inline constexpr uint64_t kProcessZeroOffset = kProcessTierOffset + kMaxProcesses * sizeof(ProcessTier);
-inline constexpr uint64_t kRegionTotalSize = kProcessZeroOffset + kMaxProcesses * sizeof(ProcessZero);
+inline constexpr uint64_t kProcessTierLogOffset = kProcessZeroOffset + kMaxProcesses * sizeof(ProcessZero);
+inline constexpr uint64_t kRegionTotalSize = kProcessTierLogOffset + kMaxProcesses * sizeof(ProcessTierLog);
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
@@ -309,6 +354,9 @@ static_assert(offsetof(VgpuTier, idle_zero_ms) == 40 && offsetof(VgpuTier, api_z
 static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952);
 static_assert(sizeof(ProcessZero) == 64 && std::is_standard_layout_v<ProcessZero>);
 static_assert(offsetof(ProcessZero, actor_pid) == 16 && offsetof(ProcessZero, last_restore_us) == 32);
-static_assert(kProcessZeroOffset == 86720 && kRegionTotalSize == 119488);
+static_assert(kProcessZeroOffset == 86720 && kProcessTierLogOffset == 119488);
+static_assert(sizeof(TierEventRecord) == 16 && sizeof(ProcessTierLog) == 64 && std::is_standard_layout_v<ProcessTierLog>);
+static_assert(offsetof(ProcessTierLog, ring) == 16 && offsetof(VgpuTier, pressure_freeze_gen) == 60);
+static_assert(kRegionTotalSize == 152256);
 
 }  // namespace tf::limiter

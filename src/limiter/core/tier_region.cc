@@ -106,11 +106,14 @@ void GpuRegion::SetHostTierBudget(uint64_t bytes) {
 }
 
 namespace {
-RegionError Bump(const GpuRegion& r, uint32_t vgpu_index, bool freeze, uint32_t* gen_out) {
+RegionError Bump(const GpuRegion& r, uint32_t vgpu_index, bool freeze, uint32_t* gen_out, bool pressure = false) {
   VgpuTier* t = r.TierOfVgpu(vgpu_index);
   if (t == nullptr) return RegionError::kInvalidArgument;
   if (t->enabled.load(std::memory_order_acquire) == 0) return RegionError::kInvalidArgument;
   std::atomic<uint32_t>& g = freeze ? t->freeze_gen : t->thaw_gen;
+  // Before the bump, so that a process acting on it already sees why (a request racing it may be
+  // reported as pressure too: both were made).
+  if (pressure) t->pressure_freeze_gen.store(g.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   uint32_t gen = g.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (gen_out != nullptr) *gen_out = gen;
   return RegionError::kOk;
@@ -121,6 +124,12 @@ RegionError GpuRegion::RequestFreeze(uint32_t vgpu_index, uint32_t* gen_out) {
   if (vgpu_index >= kMaxVgpus || base_ == nullptr) return RegionError::kInvalidArgument;
   if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
   return Bump(*this, vgpu_index, true, gen_out);
+}
+
+RegionError GpuRegion::RequestPressureFreeze(uint32_t vgpu_index, uint32_t* gen_out) {
+  if (vgpu_index >= kMaxVgpus || base_ == nullptr) return RegionError::kInvalidArgument;
+  if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
+  return Bump(*this, vgpu_index, true, gen_out, true);
 }
 
 RegionError GpuRegion::RequestThaw(uint32_t vgpu_index, uint32_t* gen_out) {
