@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -1548,7 +1549,17 @@ bool Tiering::ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult (*fn)
   // Its physical memory must be there to be shared (the wait for a hold releases the mutex).
   CUresult e = WaitWhileHeldLocked(s);
   if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s, kTierCauseCall);
-  if (e == CUDA_SUCCESS) e = fn(handle, dptr);
+  if (e == CUDA_SUCCESS) {
+    e = fn(handle, dptr);
+    // Driver 580 refuses legacy IPC on VMM memory (cuMemCreate + cuMemMap), which movable ranges
+    // are: say why once, so that the program's failure has an explanation.
+    static std::atomic<bool> told{false};
+    if (e != CUDA_SUCCESS && !told.exchange(true)) {
+      GuestLog("vGPU '%s': cuIpcGetMemHandle -> %d: the driver gives no legacy IPC handle for movable (tiered) "
+               "memory; run a tenant that shares cudaMalloc memory with other processes without --tiering",
+               s.binding != nullptr ? s.binding->vgpu_id : "?", static_cast<int>(e));
+    }
+  }
   if (e == CUDA_SUCCESS && (it = s.ranges.find(base)) != s.ranges.end()) {
     Range r = it->second;
     s.ranges.erase(it);
