@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "hypervisor/quota_regions.h"
+
 namespace tf::hypervisor {
 namespace {
 
@@ -206,15 +208,7 @@ void ZeroRestorer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ZeroRestorer::AttachLazily() {
-  if (regions_.size() == region_paths_.size()) return;
-  regions_.clear();
-  for (const auto& p : region_paths_) {
-    auto r = std::make_unique<limiter::GpuRegion>();
-    limiter::GpuRegion::Attach(p.c_str(), r.get());
-    regions_.push_back(std::move(r));
-  }
-}
+void ZeroRestorer::AttachLazily() { AttachRegionsOnce(region_paths_, &regions_); }
 
 bool ZeroRestorer::Wanted(const char* vgpu_id) const {
   if (!only_vgpu_.empty() && only_vgpu_ != vgpu_id) return false;

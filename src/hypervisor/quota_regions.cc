@@ -45,6 +45,16 @@ std::vector<std::string> RegionFiles(const std::string& dir) {
   return files;
 }
 
+void AttachRegionsOnce(const std::vector<std::string>& paths, std::vector<std::unique_ptr<limiter::GpuRegion>>* regions) {
+  if (regions->size() == paths.size()) return;
+  regions->clear();
+  for (const auto& p : paths) {
+    auto r = std::make_unique<limiter::GpuRegion>();
+    limiter::GpuRegion::Attach(p.c_str(), r.get());
+    regions->push_back(std::move(r));
+  }
+}
+
 QuotaRegions::QuotaRegions(std::string dir) : dir_(dir.empty() ? DefaultRegionDir() : std::move(dir)) {}
 
 Status QuotaRegions::AttachGpu(const DiscoveredGpu& gpu, double capacity_tflops) {

@@ -37,6 +37,9 @@ namespace tf::hypervisor {
 std::string DefaultRegionDir();
 // The region files ("gpu-<uuid>.region") in `dir`, sorted; none when it does not exist.
 std::vector<std::string> RegionFiles(const std::string& dir);
+// Attaches to each of `paths` once, the first time it is called (a region that does not attach
+// stays unattached: GpuRegion::attached()); later calls change nothing.
+void AttachRegionsOnce(const std::vector<std::string>& paths, std::vector<std::unique_ptr<limiter::GpuRegion>>* regions);
 
 // A vGPU of an allocation that is gone which live processes still use; or the vGPU of a worker
 // session bound to such an allocation ("remote-PID@a-...", remote_sessions.h), whose one process

@@ -8,6 +8,8 @@
 #include <iterator>
 #include <set>
 
+#include "hypervisor/quota_regions.h"
+
 namespace tf::hypervisor {
 
 namespace {
@@ -90,15 +92,7 @@ void TierEventLog::Emit(const std::string& line) {
   }
 }
 
-void TierEventLog::AttachLazily() {
-  if (regions_.size() == region_paths_.size()) return;
-  regions_.clear();
-  for (const auto& p : region_paths_) {
-    auto r = std::make_unique<limiter::GpuRegion>();
-    limiter::GpuRegion::Attach(p.c_str(), r.get());
-    regions_.push_back(std::move(r));
-  }
-}
+void TierEventLog::AttachLazily() { AttachRegionsOnce(region_paths_, &regions_); }
 
 int TierEventLog::ScanOnce() {
   AttachLazily();

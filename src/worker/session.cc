@@ -466,6 +466,7 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   // the client had no context current (the driver answers a kernel's parameters only in one);
   // released at the session's end.
   CUcontext lookup_ctx_ = nullptr;
+  bool told_unknown_layout_ = false;  // a function without a parameter layout was logged
   std::map<uint64_t, int32_t> primary_ctx_;  // context -> device
   std::map<uint64_t, std::set<uint64_t>> modules_;  // module -> its functions
   struct FunctionEntry {
@@ -842,19 +843,17 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       // Captured: the graph copies from a shadow of the client's memory, refreshed at each launch
       // (session_graph_host.h). The slices of one copy fill one shadow, and the last one records
       // the whole copy as one node (the program's graph has the nodes it has natively).
-      if (host != 0 && whole_n != 0 && Capturing(As<CUstream>(s))) {
+      if (host != 0 && Capturing(As<CUstream>(s))) {
+        if (whole_n == 0) {  // sent whole: the copy is this message
+          whole_host = host;
+          whole_n = bulk_len;
+        }
         auto* shadow = static_cast<uint8_t*>(graph_host_.Shadow(whole_host, whole_n));
         if (shadow == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
         const uint64_t off = host - whole_host;
         memcpy(shadow + off, bulk, bulk_len);
         if (off + bulk_len < whole_n) return CUDA_SUCCESS;
         return CALL(cuMemcpyHtoDAsync_v2, dst - off, shadow, whole_n, As<CUstream>(s));
-      }
-      if (host != 0 && Capturing(As<CUstream>(s))) {
-        void* shadow = graph_host_.Shadow(host, bulk_len);
-        if (shadow == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-        memcpy(shadow, bulk, bulk_len);
-        return CALL(cuMemcpyHtoDAsync_v2, dst, shadow, bulk_len, As<CUstream>(s));
       }
       CUresult held = CUDA_SUCCESS;
       if (CopyFromHeldBulk(dst, bulk, bulk_len, As<CUstream>(s), &held)) return held;
@@ -1772,9 +1771,12 @@ void Session::WriteFunctionInfo(uint64_t h, bool kernel, FunctionEntry& fe, Writ
   fe.sizes.clear();
   fe.layout_known = false;
   if (pr != CUDA_ERROR_INVALID_VALUE) {
-    SessionLog("the driver does not describe the parameters of %s %#llx (parameter %zu: error %d): "
-               "the client cannot forward its kernelParams", kernel ? "kernel" : "function",
-               static_cast<unsigned long long>(h), layout.size(), static_cast<int>(pr));
+    if (!told_unknown_layout_) {  // once per session: a module may hold many such functions
+      told_unknown_layout_ = true;
+      SessionLog("the driver does not describe the parameters of %s %#llx (parameter %zu: error %d): "
+                 "the client cannot forward its kernelParams", kernel ? "kernel" : "function",
+                 static_cast<unsigned long long>(h), layout.size(), static_cast<int>(pr));
+    }
     out.U32(remote::kUnknownParamCount);
   } else {
     fe.layout_known = true;
