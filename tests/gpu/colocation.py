@@ -17,6 +17,10 @@ Phases (--phases, comma-separated):
           native in the same run.
   solo    one tenant of each --solo-models (default gpt2:1,r50:1) alone at 100%, native and under
           the limiter alternating, --solo-rounds rounds; the median ratio.
+  correct the busy correction (docs/compute-sharing.md): for each --models and --ns, natively, under
+          the limiter at 100/N % each with the correction and without it (TFUSION_BUSY_CORRECTION=0),
+          interleaved, --rounds rounds; then each --solo-models tenant alone at a hard 25% the same
+          three ways, --solo-rounds rounds. The factor `tfusion smi` showed mid-run is recorded.
   mps     (added by --mps DIR) noisy, and coloc of ResNet-50 b1 at N = 4, with every tenant,
           native and limiter, under a private MPS daemon: the harness starts
           `nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY=DIR/pipe and
@@ -31,8 +35,10 @@ Every limiter group also saves a `tfusion smi` taken mid-run (request, limit, us
 Output: OUT/colocation.md (tables), OUT/colocation.json, logs under OUT/logs.
 """
 import argparse
+import glob
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -311,6 +317,73 @@ def phase_solo(ctx, md):
     md.append("")
 
 
+def smi_correction(ctx):
+    """The busy correction the last group's `tfusion smi` showed ("charges x F"), or "1"."""
+    path = os.path.join(ctx.logs, f"{ctx.seq:03d}-*.smi.txt")
+    for f in glob.glob(path):
+        with open(f) as fh:
+            m = re.search(r"charges x ([0-9.]+) \(busy correction\)", fh.read())
+            return m.group(1) if m else "1"
+    return "-"
+
+
+def phase_correct(ctx, md):
+    """The busy correction: N tenants at 100/N % each natively, under the limiter with the correction
+    and without it (TFUSION_BUSY_CORRECTION=0), interleaved; then one tenant alone at a hard 25%."""
+    off = ["env", "TFUSION_BUSY_CORRECTION=0"]
+    rows = []
+    for spec in ctx.args.models.split(","):
+        model, batch = spec.split(":")
+        batch = int(batch)
+        for n in [int(x) for x in ctx.args.ns.split(",")]:
+            pct = 100.0 / n
+            for rnd in range(ctx.args.rounds):
+                if ctx.left() < 60:
+                    md.append(f"(skipped {model} b{batch} N={n}: time budget spent)")
+                    continue
+                nat = run_group(ctx, f"corr-{model}{batch}-n{n}-native", [([], model, batch)] * n, ctx.args.seconds)
+                on = run_group(ctx, f"corr-{model}{batch}-n{n}-on", [(limiter_prefix(ctx, pct), model, batch)] * n,
+                               ctx.args.seconds)
+                factor = smi_correction(ctx)
+                no = run_group(ctx, f"corr-{model}{batch}-n{n}-off",
+                               [(off + limiter_prefix(ctx, pct), model, batch)] * n, ctx.args.seconds)
+                rows.append({"model": model, "batch": batch, "n": n, "round": rnd, "native": total(nat),
+                             "on": total(on), "off": total(no), "factor": factor,
+                             "ratio_on": ratio(total(on), total(nat)), "ratio_off": ratio(total(no), total(nat))})
+    ctx.results["correct"] = rows
+    md += [f"### correct: N tenants at 100/N % each, with and without the busy correction ({ctx.args.seconds:g} s)", "",
+           "| model | batch | N | round | native (sum) | corrected (sum) | not corrected (sum) | corrected / native | "
+           "not corrected / native | smi factor |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        md.append(f"| {r['model']} | {r['batch']} | {r['n']} | {r['round'] + 1} | {fmt(r['native'])} | {fmt(r['on'])} | "
+                  f"{fmt(r['off'])} | {fmt(r['ratio_on'], 3)} | {fmt(r['ratio_off'], 3)} | {r['factor']} |")
+    md.append("")
+    alone = []
+    for spec in ctx.args.solo_models.split(","):
+        model, batch = spec.split(":")
+        batch = int(batch)
+        for rnd in range(ctx.args.solo_rounds):
+            if ctx.left() < 40:
+                break
+            nat = run_group(ctx, f"alone-{model}{batch}-native", [([], model, batch)], ctx.args.seconds)
+            on = run_group(ctx, f"alone-{model}{batch}-p25-on", [(limiter_prefix(ctx, 25), model, batch)],
+                           ctx.args.seconds)
+            factor = smi_correction(ctx)
+            no = run_group(ctx, f"alone-{model}{batch}-p25-off", [(off + limiter_prefix(ctx, 25), model, batch)],
+                           ctx.args.seconds)
+            alone.append({"model": model, "batch": batch, "round": rnd, "native": total(nat), "on": total(on),
+                          "off": total(no), "factor": factor})
+    ctx.results["correct_alone"] = alone
+    md += ["### correct: one tenant alone at a hard 25%, with and without the busy correction", "",
+           "| model | batch | round | native | corrected | not corrected | corrected / native | not corrected / native | smi factor |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in alone:
+        md.append(f"| {r['model']} | {r['batch']} | {r['round'] + 1} | {fmt(r['native'])} | {fmt(r['on'])} | "
+                  f"{fmt(r['off'])} | {fmt(ratio(r['on'], r['native']), 3)} | {fmt(ratio(r['off'], r['native']), 3)} | "
+                  f"{r['factor']} |")
+    md.append("")
+
+
 def phase_probe(ctx, md):
     """Diagnosis: four ResNet-50 b1 tenants at several shares and tick periods."""
     rows = []
@@ -470,7 +543,8 @@ def main():
     md = []
     for phase in phases:
         fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote,
-              "probe": phase_probe, "mps": phase_mps, "solo": phase_solo}.get(phase)
+              "probe": phase_probe, "mps": phase_mps, "solo": phase_solo,
+              "correct": phase_correct}.get(phase)
         if fn is None:
             raise SystemExit(f"unknown phase {phase!r}")
         if ctx.left() < 45:
