@@ -24,9 +24,7 @@
 #include "cli/remote_run.h"
 #include "common/gpu_catalog.h"
 #include "controller/model.h"
-#include "hypervisor/busy_correction.h"
 #include "hypervisor/mps.h"
-#include "hypervisor/nvml_gpu_source.h"
 #include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
 #include "hypervisor/vgpu_metrics.h"
@@ -487,21 +485,6 @@ int RunCommand(const RunOptions& o) {
       restorer.emplace(*driver, std::vector<std::string>{region_path}, vgpu_id);
       restorer->Start();
     }
-    // A governed vGPU: the GPU's utilization corrects the charges of its tenants, unless the node
-    // agent (or another run) already does (docs/compute-sharing.md, "The busy correction").
-    std::unique_ptr<hypervisor::NvmlGpuSource> utilization;
-    std::optional<hypervisor::BusyCorrection> correction;
-    const char* correct_env = getenv("TFUSION_BUSY_CORRECTION");
-    const bool correct = correct_env == nullptr || std::string(correct_env) != "0";
-    if (correct && (limits->share_ppm < limiter::kShareWholeGpuPpm || limits->limit_ppm < limiter::kShareWholeGpuPpm)) {
-      utilization = std::make_unique<hypervisor::NvmlGpuSource>(*nvml);
-      const bool debug = getenv("TFUSION_SHARE_DEBUG") != nullptr;
-      correction.emplace(utilization.get(), std::vector<std::string>{region_path}, "tfusion run",
-                         [debug](const std::string& line) {
-                           if (debug) std::fprintf(stderr, "tfusion run: %s\n", line.c_str());
-                         });
-      correction->Start();
-    }
     while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
     }
   }
@@ -730,14 +713,9 @@ int SmiCommand(bool all_processes, double sample_seconds) {
   for (Sampled& s : regions) {
     s.region.Snapshot(s.after.get());
     const limiter::RegionSnapshot& snap = *s.after;
-    // The busy correction, while it applies (docs/compute-sharing.md): USE and GPU BUSY are charges.
-    char correction[64] = "";
-    if (snap.busy_correction_ppm < limiter::kShareWholeGpuPpm)
-      std::snprintf(correction, sizeof correction, "  charges x %.2f (busy correction)", snap.busy_correction_ppm / 1e6);
-    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS  host tier %s of %s%s\n", snap.gpu_uuid, snap.gpu_name,
+    std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS  host tier %s of %s\n", snap.gpu_uuid, snap.gpu_name,
                 FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0,
-                FormatBytes(snap.host_tier_used_bytes).c_str(), FormatBytes(snap.host_tier_budget_bytes).c_str(),
-                correction);
+                FormatBytes(snap.host_tier_used_bytes).c_str(), FormatBytes(snap.host_tier_budget_bytes).c_str());
     std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %10s %5s %-9s %10s\n", "VGPU", "QOS",
                 "VRAM USED", "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s",
                 "LAUNCHES", "OOMS", "TIER", "SWAPPED");

@@ -101,8 +101,6 @@ Status NodeAgent::Discover() {
       zero_keeper_->Start();
       tier_log_ = std::make_unique<TierEventLog>(paths);
       tier_log_->Start();
-      busy_correction_ = std::make_unique<BusyCorrection>(source_, paths, "hypervisor");
-      busy_correction_->Start();
     }
     std::fprintf(stderr, "hypervisor: %zu GPU(s) discovered\n", gpus.size());
   }

@@ -20,7 +20,6 @@
 #include "common/gpu_catalog.h"
 #include "controller/clock.h"
 #include "controller/http_client.h"
-#include "hypervisor/busy_correction.h"
 #include "hypervisor/gpu_source.h"
 #include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
@@ -135,7 +134,6 @@ class NodeAgent {
   std::unique_ptr<ZeroRestorer> zero_keeper_;
   // One log line per swap-out, swap-in and move to disk of any process of the regions' vGPUs.
   std::unique_ptr<TierEventLog> tier_log_;
-  std::unique_ptr<BusyCorrection> busy_correction_;  // the GPUs' utilization corrects the compute charges
   mutable std::mutex mu_;  // guards gpus_ and the counters
   std::vector<AgentGpu> gpus_;
   uint64_t heartbeats_ok_ = 0;

@@ -91,9 +91,6 @@ const GpuFamily kGpuFamilies[] = {
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_used_bytes); }},
     {"tf_gpu_host_tier_budget_bytes", Type::kGauge, "Host memory the GPU's swapped tenants may hold, bytes.",
      [](const limiter::RegionSnapshot& s) { return static_cast<double>(s.host_tier_budget_bytes); }},
-    {"tf_gpu_busy_correction_ratio", Type::kGauge,
-     "Factor the compute charges of the GPU's vGPUs are multiplied by, from the GPU's utilization (1: none).",
-     [](const limiter::RegionSnapshot& s) { return s.busy_correction_ppm / 1e6; }},
 };
 
 }  // namespace

@@ -197,16 +197,13 @@ FAKENVML_EXPORT nvmlReturn_t nvmlDeviceGetMultiProcessorCount(nvmlDevice_t devic
   return NVML_SUCCESS;
 }
 
-// The fake has no busy time to report: utilization is zero, or FAKENVML_UTILIZATION (a percent,
-// 0..100) for a test that needs a GPU running kernels part of the time.
+// The fake has no busy time to report: utilization is always zero.
 FAKENVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
                                                            nvmlUtilization_t* utilization) {
   FAKENVML_DEVICE(i, device);
   (void)i;
   if (utilization == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
-  const char* busy = std::getenv("FAKENVML_UTILIZATION");
-  const int percent = busy != nullptr ? std::atoi(busy) : 0;
-  utilization->gpu = percent >= 0 && percent <= 100 ? static_cast<unsigned>(percent) : 0;
+  utilization->gpu = 0;
   utilization->memory = 0;
   return NVML_SUCCESS;
 }

@@ -17,10 +17,9 @@ Phases (--phases, comma-separated):
           native in the same run.
   solo    one tenant of each --solo-models (default gpt2:1,r50:1) alone at 100%, native and under
           the limiter alternating, --solo-rounds rounds; the median ratio.
-  correct the busy correction (docs/compute-sharing.md): for each --models and --ns, natively, under
-          the limiter at 100/N % each with the correction and without it (TFUSION_BUSY_CORRECTION=0),
-          interleaved, --rounds rounds; then each --solo-models tenant alone at a hard 25% the same
-          three ways, --solo-rounds rounds. The factor `tfusion smi` showed mid-run is recorded.
+  ab      limiter variants beside native, interleaved: for each --models and --ns a native group,
+          then one group per --ab-variants entry (NAME=PERCENT[:VAR=VALUE,...], e.g.
+          "p25=25;ungoverned=100;tick1ms=25:TFUSION_SHARE_TICK_US=1000"), --rounds rounds.
   mps     (added by --mps DIR) noisy, and coloc of ResNet-50 b1 at N = 4, with every tenant,
           native and limiter, under a private MPS daemon: the harness starts
           `nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY=DIR/pipe and
@@ -35,10 +34,8 @@ Every limiter group also saves a `tfusion smi` taken mid-run (request, limit, us
 Output: OUT/colocation.md (tables), OUT/colocation.json, logs under OUT/logs.
 """
 import argparse
-import glob
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -103,6 +100,35 @@ def cpu_ticks():
     return sum(v) - idle, sum(v)
 
 
+class BusyMeter:
+    """NVML's GPU utilization (nvidia-smi every 100 ms, the number HAMi's and TensorFusion's limiters
+    read) over a window of a group's timed part."""
+
+    def __init__(self):
+        self.samples = []
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                      "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        self.window = None
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.monotonic(), float(line.split(",")[0])))
+            except ValueError:
+                pass
+
+    def mark(self):
+        return time.monotonic()
+
+    def result(self, a, b):
+        self.proc.terminate()
+        self.proc.wait(5)
+        util = [u for t, u in self.samples if a <= t <= b]
+        return sum(util) / len(util) if util else None
+
+
 def run_group(ctx, name, tenants, seconds):
     """tenants: list of (prefix argv, model, batch). Returns per-tenant items/s (None = failed)."""
     ctx.seq += 1
@@ -121,8 +147,12 @@ def run_group(ctx, name, tenants, seconds):
     # The host's CPU busy fraction over the middle of the timed part (from 10% to 90% of it): a
     # launch-bound group may be capped by the host's cores rather than by the GPU.
     cpu = []
+    meter = BusyMeter() if ctx.args.busy_meter else None
+    marks = []
     sampler = threading.Thread(target=lambda: (time.sleep(seconds * 0.1), cpu.append(cpu_ticks()),
-                                               time.sleep(seconds * 0.8), cpu.append(cpu_ticks())), daemon=True)
+                                               meter and marks.append(meter.mark()),
+                                               time.sleep(seconds * 0.8), cpu.append(cpu_ticks()),
+                                               meter and marks.append(meter.mark())), daemon=True)
     sampler.start()
     smi = None
     if ok and any(p[0] for p in tenants):
@@ -140,6 +170,10 @@ def run_group(ctx, name, tenants, seconds):
         with open(os.path.join(ctx.logs, f"{tag}.smi.txt"), "w") as f:
             f.write(smi)
     sampler.join(5)
+    ctx.last_busy = None
+    if meter:
+        ctx.last_busy = meter.result(*marks) if len(marks) == 2 else meter.result(0, 0)
+        print(f"  {tag}: NVML utilization {fmt(ctx.last_busy)}% (mean over the middle 80%)", flush=True)
     ctx.last_cpu = None
     if len(cpu) == 2 and cpu[1][1] > cpu[0][1]:
         ctx.last_cpu = (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1])
@@ -317,70 +351,40 @@ def phase_solo(ctx, md):
     md.append("")
 
 
-def smi_correction(ctx):
-    """The busy correction the last group's `tfusion smi` showed ("charges x F"), or "1"."""
-    path = os.path.join(ctx.logs, f"{ctx.seq:03d}-*.smi.txt")
-    for f in glob.glob(path):
-        with open(f) as fh:
-            m = re.search(r"charges x ([0-9.]+) \(busy correction\)", fh.read())
-            return m.group(1) if m else "1"
-    return "-"
-
-
-def phase_correct(ctx, md):
-    """The busy correction: N tenants at 100/N % each natively, under the limiter with the correction
-    and without it (TFUSION_BUSY_CORRECTION=0), interleaved; then one tenant alone at a hard 25%."""
-    off = ["env", "TFUSION_BUSY_CORRECTION=0"]
+def phase_ab(ctx, md):
+    """Variants of the limiter beside native, interleaved: for each --models and --ns, a native
+    group, then one group per --ab-variants entry (NAME=PERCENT[:VAR=VALUE,...]: every tenant under
+    `tfusion run --percent PERCENT` with those variables), --rounds rounds."""
+    variants = []
+    for spec in ctx.args.ab_variants.split(";"):
+        name, rest = spec.split("=", 1)
+        pct, _, env = rest.partition(":")
+        variants.append((name, float(pct), [e for e in env.split(",") if e]))
     rows = []
     for spec in ctx.args.models.split(","):
         model, batch = spec.split(":")
         batch = int(batch)
         for n in [int(x) for x in ctx.args.ns.split(",")]:
-            pct = 100.0 / n
             for rnd in range(ctx.args.rounds):
                 if ctx.left() < 60:
-                    md.append(f"(skipped {model} b{batch} N={n}: time budget spent)")
+                    md.append(f"(skipped {model} b{batch} N={n} round {rnd + 1}: time budget spent)")
                     continue
-                nat = run_group(ctx, f"corr-{model}{batch}-n{n}-native", [([], model, batch)] * n, ctx.args.seconds)
-                on = run_group(ctx, f"corr-{model}{batch}-n{n}-on", [(limiter_prefix(ctx, pct), model, batch)] * n,
-                               ctx.args.seconds)
-                factor = smi_correction(ctx)
-                no = run_group(ctx, f"corr-{model}{batch}-n{n}-off",
-                               [(off + limiter_prefix(ctx, pct), model, batch)] * n, ctx.args.seconds)
-                rows.append({"model": model, "batch": batch, "n": n, "round": rnd, "native": total(nat),
-                             "on": total(on), "off": total(no), "factor": factor,
-                             "ratio_on": ratio(total(on), total(nat)), "ratio_off": ratio(total(no), total(nat))})
-    ctx.results["correct"] = rows
-    md += [f"### correct: N tenants at 100/N % each, with and without the busy correction ({ctx.args.seconds:g} s)", "",
-           "| model | batch | N | round | native (sum) | corrected (sum) | not corrected (sum) | corrected / native | "
-           "not corrected / native | smi factor |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                row = {"model": model, "batch": batch, "n": n, "round": rnd,
+                       "native": total(run_group(ctx, f"ab-{model}{batch}-n{n}-native", [([], model, batch)] * n,
+                                                 ctx.args.seconds))}
+                for name, pct, env in variants:
+                    prefix = (["env"] + env if env else []) + limiter_prefix(ctx, pct)
+                    row[name] = total(run_group(ctx, f"ab-{model}{batch}-n{n}-{name}", [(prefix, model, batch)] * n,
+                                                ctx.args.seconds))
+                rows.append(row)
+    ctx.results["ab"] = rows
+    names = [v[0] for v in variants]
+    md += [f"### ab: limiter variants beside native ({ctx.args.seconds:g} s; items/s summed, ratio to native)", "",
+           "| model | batch | N | round | native | " + " | ".join(names) + " |",
+           "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |"]
     for r in rows:
-        md.append(f"| {r['model']} | {r['batch']} | {r['n']} | {r['round'] + 1} | {fmt(r['native'])} | {fmt(r['on'])} | "
-                  f"{fmt(r['off'])} | {fmt(r['ratio_on'], 3)} | {fmt(r['ratio_off'], 3)} | {r['factor']} |")
-    md.append("")
-    alone = []
-    for spec in ctx.args.solo_models.split(","):
-        model, batch = spec.split(":")
-        batch = int(batch)
-        for rnd in range(ctx.args.solo_rounds):
-            if ctx.left() < 40:
-                break
-            nat = run_group(ctx, f"alone-{model}{batch}-native", [([], model, batch)], ctx.args.seconds)
-            on = run_group(ctx, f"alone-{model}{batch}-p25-on", [(limiter_prefix(ctx, 25), model, batch)],
-                           ctx.args.seconds)
-            factor = smi_correction(ctx)
-            no = run_group(ctx, f"alone-{model}{batch}-p25-off", [(off + limiter_prefix(ctx, 25), model, batch)],
-                           ctx.args.seconds)
-            alone.append({"model": model, "batch": batch, "round": rnd, "native": total(nat), "on": total(on),
-                          "off": total(no), "factor": factor})
-    ctx.results["correct_alone"] = alone
-    md += ["### correct: one tenant alone at a hard 25%, with and without the busy correction", "",
-           "| model | batch | round | native | corrected | not corrected | corrected / native | not corrected / native | smi factor |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in alone:
-        md.append(f"| {r['model']} | {r['batch']} | {r['round'] + 1} | {fmt(r['native'])} | {fmt(r['on'])} | "
-                  f"{fmt(r['off'])} | {fmt(ratio(r['on'], r['native']), 3)} | {fmt(ratio(r['off'], r['native']), 3)} | "
-                  f"{r['factor']} |")
+        cells = [f"{fmt(r[n])} ({fmt(ratio(r[n], r['native']), 3)})" for n in names]
+        md.append(f"| {r['model']} | {r['batch']} | {r['n']} | {r['round'] + 1} | {fmt(r['native'])} | " + " | ".join(cells) + " |")
     md.append("")
 
 
@@ -525,6 +529,10 @@ def main():
     ap.add_argument("--solo-rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--ab-variants", default="limiter=25",
+                    help="the ab phase's variants: NAME=PERCENT[:VAR=VALUE,...] separated by ';'")
+    ap.add_argument("--busy-meter", action="store_true",
+                    help="log each group's mean NVML utilization (nvidia-smi every 100 ms)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--mps", metavar="DIR",
@@ -544,7 +552,7 @@ def main():
     for phase in phases:
         fn = {"coloc": phase_coloc, "noisy": phase_noisy, "burst": phase_burst, "remote": phase_remote,
               "probe": phase_probe, "mps": phase_mps, "solo": phase_solo,
-              "correct": phase_correct}.get(phase)
+              "ab": phase_ab}.get(phase)
         if fn is None:
             raise SystemExit(f"unknown phase {phase!r}")
         if ctx.left() < 45:

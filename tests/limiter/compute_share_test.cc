@@ -7,11 +7,9 @@
 
 #include <algorithm>
 #include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "hypervisor/busy_correction.h"
 #include "limiter/core/process_identity.h"
 #include "tests/limiter/region_test_util.h"
 
@@ -61,20 +59,6 @@ class ComputeShareTest : public RegionTest {
   double switch_loss_ = 0;
   // Whether tenants report their turn state, as governors do.
   bool turns_ = true;
-  // With a corrector: every 100 ms of simulated time the busy correction (the node agent's) reads
-  // the GPU's utilization, which the model gives as the share of each tick kernels ran (each
-  // running tenant fills its `fills` of the GPU), and writes the region's factor.
-  std::unique_ptr<hypervisor::FakeGpuSource> utilization_;
-  std::unique_ptr<hypervisor::BusyCorrection> corrector_;
-  double busy_sum_ = 0;
-  int busy_ticks_ = 0;
-  void StartCorrector() {
-    hypervisor::DiscoveredGpu g;
-    g.uuid = kUuid;
-    utilization_ = std::make_unique<hypervisor::FakeGpuSource>(std::vector<hypervisor::DiscoveredGpu>{g});
-    corrector_ = std::make_unique<hypervisor::BusyCorrection>(utilization_.get(), std::vector<std::string>{RegionFile()},
-                                                              "test", [](const std::string&) {});
-  }
 
   // Runs [from, to) in ticks; counts what each tenant got in [measure_from, to).
   void Run(std::vector<Tenant*> ts, int64_t from, int64_t to, int64_t measure_from) {
@@ -91,16 +75,6 @@ class ComputeShareTest : public RegionTest {
       }
       double fills_sum = 0;
       for (Tenant* r : running) fills_sum += r->fills;
-      if (corrector_) {
-        const double lost = running.size() > 1 ? switch_loss_ : 0.0;
-        busy_sum_ += running.empty() ? 0.0 : std::min(1.0, fills_sum) * (1.0 - lost);
-        if (++busy_ticks_ == 100 * kMs / kTick) {
-          utilization_->utilization_percent = 100.0 * busy_sum_ / busy_ticks_;
-          corrector_->CorrectOnce(t0_ + now);
-          busy_sum_ = 0;
-          busy_ticks_ = 0;
-        }
-      }
       for (Tenant* t : ts) {
         bool runs = false;
         for (Tenant* r : running) runs = runs || r == t;
@@ -462,93 +436,6 @@ TEST_F(ComputeShareTest, BadReportsAreRefusedAndChangeNothing) {
       << "a limit below the request";
   EXPECT_EQ(region_.CreateOrUpdateVgpu("bad", kGiB, 500'000, 500'000, kMaxQos + 1, &v), RegionError::kInvalidArgument);
   EXPECT_EQ(region_.FindVgpu("bad", &v), RegionError::kNotFound);
-}
-
-}  // namespace
-}  // namespace tf::limiter::testing
-
-namespace tf::limiter::testing {
-namespace {
-
-TEST_F(ComputeShareTest, TheBusyCorrectionScalesChargesWhileItIsInForce) {
-  Tenant a{"corrected", 250'000, 250'000};
-  Add(&a);
-  const int64_t now = t0_ + 10 * kMs;
-  const uint64_t raw0 = region_.RawChargedNsTotal();
-  EXPECT_EQ(region_.BusyCorrectionPpm(now), kShareWholeGpuPpm) << "none set";
-  ASSERT_TRUE(region_.SetBusyCorrection(300'000, 4242, now, 1000 * kMs));
-  ShareVerdict v = region_.ShareTick(a.slot, now, kTick, kTick, true, false);
-  EXPECT_EQ(v.charged_ns, kTick * 3 / 10) << "alone: the whole tick, times 0.3";
-  EXPECT_EQ(region_.RawChargedNsTotal() - raw0, static_cast<uint64_t>(kTick)) << "counted before the correction";
-  // Another writer is refused while the setting is in force; the writer itself renews it.
-  EXPECT_FALSE(region_.SetBusyCorrection(500'000, 4343, now + kMs, 1000 * kMs));
-  EXPECT_EQ(region_.BusyCorrectionPpm(now + kMs), 300'000u);
-  EXPECT_TRUE(region_.SetBusyCorrection(400'000, 4242, now + kMs, 1000 * kMs));
-  EXPECT_EQ(region_.BusyCorrectionPpm(now + 2 * kMs), 400'000u);
-  // Out of range: refused, nothing changes.
-  EXPECT_FALSE(region_.SetBusyCorrection(10'000, 4242, now, 1000 * kMs));
-  EXPECT_FALSE(region_.SetBusyCorrection(1'000'001, 4242, now, 1000 * kMs));
-  EXPECT_FALSE(region_.SetBusyCorrection(500'000, 4242, now, 60'000 * kMs)) << "a ttl above 4 s";
-  EXPECT_FALSE(region_.SetBusyCorrection(500'000, 0, now, 1000 * kMs));
-  EXPECT_EQ(region_.BusyCorrectionPpm(now + 2 * kMs), 400'000u);
-  // Expired: charges are time shares again, and another writer may take over.
-  const int64_t later = now + 1002 * kMs;
-  EXPECT_EQ(region_.BusyCorrectionPpm(later), kShareWholeGpuPpm);
-  v = region_.ShareTick(a.slot, later, kTick, kTick, true, false);
-  EXPECT_EQ(v.charged_ns, kTick);
-  EXPECT_TRUE(region_.SetBusyCorrection(500'000, 4343, later, 1000 * kMs));
-  EXPECT_EQ(region_.BusyCorrectionPpm(later), 500'000u);
-}
-
-TEST_F(ComputeShareTest, ABusyCorrectionWordOutOfRangeIsIgnored) {
-  // The word is written by another process: a factor out of range reads as no correction.
-  Tenant a{"forged", 250'000, 250'000};
-  Add(&a);
-  const int64_t now = t0_ + 10 * kMs;
-  ASSERT_TRUE(region_.SetBusyCorrection(300'000, 4242, now, 1000 * kMs));
-  RawRegion raw(RegionFile());
-  std::atomic<uint64_t>* word = &reinterpret_cast<ShareBlock*>(raw.base + kShareOffset)->busy_correction;
-  const uint64_t w = word->load();
-  for (uint64_t forged_ppm : {uint64_t{0}, uint64_t{1}, uint64_t{49'999}, uint64_t{1'000'001}, uint64_t{(1ULL << 20) - 1}}) {
-    word->store((w & ((1ULL << 44) - 1)) | (forged_ppm << 44));
-    EXPECT_EQ(region_.BusyCorrectionPpm(now), kShareWholeGpuPpm) << forged_ppm;
-    EXPECT_EQ(region_.ShareTick(a.slot, now, kTick, kTick, true, false).charged_ns, kTick) << forged_ppm;
-  }
-}
-
-TEST_F(ComputeShareTest, ALaunchBoundTenantAloneUnderAHardCapRunsFreelyWithTheBusyCorrection) {
-  // Batch-1 inference alone under a hard 25% cap: it keeps a kernel queued 60% of the time while
-  // its kernels fill 15% of the GPU. The time share binds (it is held at 25% of 60%); with the
-  // GPU's utilization correcting the charge it runs as it would alone, below its cap.
-  auto pattern = [](int64_t t) { return (t / kTick) % 5 < 3; };  // queued 3 ticks of 5
-  Tenant plain{"b1-plain", 250'000, 250'000};
-  plain.fills = 0.25;
-  plain.pause = [&](int64_t t) { return !pattern(t); };
-  Add(&plain);
-  Run({&plain}, kMs, 3001 * kMs, 1001 * kMs);
-  EXPECT_GT(plain.held_ticks, 400) << "held by the time share";
-
-  StartCorrector();
-  Tenant b1{"b1-corrected", 250'000, 250'000};
-  b1.fills = 0.25;
-  b1.pause = plain.pause;
-  Add(&b1);
-  Run({&b1}, 4001 * kMs, 7001 * kMs, 5001 * kMs);
-  EXPECT_EQ(b1.held_ticks, 0) << "kernels ran 15% of the time: charges x " << corrector_->LastFactorPpm(0) / 1e6;
-  // Kernels 15% of the time over a 60% time share, over the 0.8 at which the correction stops.
-  EXPECT_NEAR(corrector_->LastFactorPpm(0), 312'500.0, 20'000.0);
-  EXPECT_GT(b1.work, 1.5 * plain.work);
-}
-
-TEST_F(ComputeShareTest, SaturatingSplitsAreUnchangedByTheBusyCorrection) {
-  // Spin kernels fill the GPU: its utilization is what the tenants are charged, so the factor stays
-  // 1 and every split keeps its accuracy.
-  switch_loss_ = 0.09;
-  StartCorrector();
-  std::vector<double> got = RunSplit({250'000, 750'000}, kMs);
-  EXPECT_EQ(corrector_->LastFactorPpm(0), kShareWholeGpuPpm);
-  EXPECT_NEAR(got[0], 25.0 * 0.91, 2.0);
-  EXPECT_GT(got[1], 60.0);
 }
 
 }  // namespace

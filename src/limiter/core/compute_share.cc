@@ -189,18 +189,6 @@ const char* ShareHoldName(ShareHold h) {
   return "unknown";
 }
 
-namespace {
-constexpr uint64_t kCorrectionMsMask = (1ULL << 22) - 1;
-constexpr uint64_t kCorrectionPidMask = (1ULL << 22) - 1;
-uint64_t CorrectionMs(int64_t ns) { return static_cast<uint64_t>(ns / 1'000'000) & kCorrectionMsMask; }
-// Whether a setting that expires at `expiry` (ms modulo 2^22) is still in force at now_ns.
-bool CorrectionLive(uint64_t word, int64_t now_ns) {
-  if (word == 0) return false;
-  const uint64_t ahead = ((word & kCorrectionMsMask) - CorrectionMs(now_ns)) & kCorrectionMsMask;
-  return ahead != 0 && ahead <= static_cast<uint64_t>(kMaxBusyCorrectionTtlNs / 1'000'000);
-}
-}  // namespace
-
 uint32_t GpuRegion::ActiveProcesses(uint32_t self, int64_t now_ns, uint64_t* vgpus_in_flight) const {
   uint32_t k = 1;
   uint64_t mask = 0;
@@ -240,17 +228,7 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   uint64_t in_flight_mask = 0;
   const uint32_t k = ActiveProcesses(slot, now_ns, &in_flight_mask);
   out.scale_ppm = kShareWholeGpuPpm / k;
-  // The time share, then the busy correction: where the GPU ran kernels a smaller part of the
-  // time than the time shares add up to, each charge is scaled down by that (docs/compute-sharing.md).
-  const int64_t raw_share = raw_busy_ns / k;
-  if (raw_share > 0) share()->raw_charged_ns_total.fetch_add(static_cast<uint64_t>(raw_share), std::memory_order_relaxed);
-  const uint32_t correction = BusyCorrectionPpm(now_ns);
-  if (correction == kShareWholeGpuPpm) {
-    // An expired setting goes, so that the expiry's wrap-around (70 minutes) never revives it.
-    uint64_t w = share()->busy_correction.load(std::memory_order_relaxed);
-    if (w != 0 && !CorrectionLive(w, now_ns)) share()->busy_correction.compare_exchange_strong(w, 0);
-  }
-  out.charged_ns = correction >= kShareWholeGpuPpm ? raw_share : raw_share * correction / static_cast<int64_t>(kShareWholeGpuPpm);
+  out.charged_ns = raw_busy_ns / k;
   share()->scale_ppm.store(out.scale_ppm, std::memory_order_relaxed);
   share()->active_processes.store(in_flight ? k : k - 1, std::memory_order_relaxed);
   share()->ticks_total.fetch_add(1, std::memory_order_relaxed);
@@ -633,36 +611,6 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
     sb->turns_total.fetch_add(1, std::memory_order_relaxed);
     turn->turn_held_ns = turn->turn_busy_ns = 0;
   }
-}
-
-
-uint64_t GpuRegion::RawChargedNsTotal() const {
-  return share()->raw_charged_ns_total.load(std::memory_order_relaxed);
-}
-
-bool GpuRegion::SetBusyCorrection(uint32_t factor_ppm, int32_t owner_pid, int64_t now_ns, int64_t ttl_ns) {
-  if (factor_ppm < kMinBusyCorrectionPpm || factor_ppm > kShareWholeGpuPpm || owner_pid <= 0 ||
-      ttl_ns < 1'000'000 || ttl_ns > kMaxBusyCorrectionTtlNs || now_ns < 0) {
-    return false;
-  }
-  const uint64_t pid = static_cast<uint64_t>(owner_pid) & kCorrectionPidMask;
-  uint64_t expiry = CorrectionMs(now_ns + ttl_ns);
-  if (expiry == 0) expiry = 1;  // 0 with everything else 0 would read as "none"
-  const uint64_t word = (static_cast<uint64_t>(factor_ppm) << 44) | (pid << 22) | expiry;
-  uint64_t old = share()->busy_correction.load(std::memory_order_acquire);
-  do {
-    const bool mine = ((old >> 22) & kCorrectionPidMask) == pid;
-    if (!mine && CorrectionLive(old, now_ns)) return false;  // another corrector is in charge
-  } while (!share()->busy_correction.compare_exchange_weak(old, word, std::memory_order_acq_rel));
-  return true;
-}
-
-uint32_t GpuRegion::BusyCorrectionPpm(int64_t now_ns) const {
-  const uint64_t w = share()->busy_correction.load(std::memory_order_acquire);
-  if (!CorrectionLive(w, now_ns)) return kShareWholeGpuPpm;
-  const uint64_t ppm = w >> 44;
-  if (ppm < kMinBusyCorrectionPpm || ppm > kShareWholeGpuPpm) return kShareWholeGpuPpm;
-  return static_cast<uint32_t>(ppm);
 }
 
 void GpuRegion::ShareIdle(uint32_t slot) {

@@ -534,8 +534,6 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
   if (out->contention_scale_ppm == 0) out->contention_scale_ppm = kShareWholeGpuPpm;
   out->snapshot_ns = MonotonicNowNs();
   out->active_processes = share()->active_processes.load(std::memory_order_relaxed);
-  out->busy_correction_ppm = BusyCorrectionPpm(out->snapshot_ns);
-  out->raw_charged_ns_total = RawChargedNsTotal();
   const TierHeader* th = tier_header();
   out->host_tier_budget_bytes = th->host_budget_bytes.load(std::memory_order_relaxed);
   out->host_tier_used_bytes = th->host_used_bytes.load(std::memory_order_relaxed);

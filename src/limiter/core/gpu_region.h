@@ -123,11 +123,6 @@ struct ShareVerdict {
   uint64_t scale_ppm = 0;        // the contention scale applied (1,000,000 = none)
 };
 
-// The busy correction's bounds: charges are never scaled below 5% of the time share, and a
-// setting expires at most 4 s after it was written (a corrector that dies stops counting then).
-inline constexpr uint32_t kMinBusyCorrectionPpm = 50'000;
-inline constexpr int64_t kMaxBusyCorrectionTtlNs = 4'000'000'000;
-
 // A vGPU whose processes had work in flight or were held back within this long is "wanting".
 inline constexpr int64_t kDemandTtlNs = 3'000'000;
 
@@ -197,8 +192,6 @@ struct RegionSnapshot {
   uint64_t lease_steals_total;
   uint64_t contention_scale_ppm;  // shared mode: raw busy time is charged x this / 1e6
   uint32_t active_processes;      // shared mode: processes with work in flight at the last tick
-  uint32_t busy_correction_ppm;   // shared mode: charges x this / 1e6 (1,000,000 = no correction)
-  uint64_t raw_charged_ns_total;  // shared mode: every charge before the correction
   int64_t snapshot_ns;            // CLOCK_MONOTONIC ns the snapshot was taken
   uint64_t host_tier_budget_bytes;
   uint64_t host_tier_used_bytes;
@@ -379,17 +372,6 @@ class GpuRegion {
                          bool in_flight, bool held, ShareTurn* turn = nullptr);
   // The process has no work in flight and wants nothing (stops counting it as active).
   void ShareIdle(uint32_t slot);
-
-  // ---- the busy correction (layout 8; docs/compute-sharing.md, "The busy correction") ----
-  // Every tick's charge before the correction, summed over the processes of this GPU (ns).
-  uint64_t RawChargedNsTotal() const;
-  // Sets the factor ShareTick multiplies charges by, as `owner_pid`, until now + ttl_ns (at most
-  // kMaxBusyCorrectionTtlNs). false, changing nothing, while another writer's setting is in force,
-  // or for a factor outside kMinBusyCorrectionPpm..1,000,000 or a ttl out of range.
-  bool SetBusyCorrection(uint32_t factor_ppm, int32_t owner_pid, int64_t now_ns, int64_t ttl_ns);
-  // The factor in force at now_ns: 1,000,000 when none was set, it expired, or the word holds a
-  // value out of range (it is written by another process).
-  uint32_t BusyCorrectionPpm(int64_t now_ns) const;
 
   // ---- VRAM tiering (tier_region.cc; the protocol is in docs/shm-layout.md) ----
   // Owner side: whether the vGPU's processes allocate movable VRAM, and its idle timeout

@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 8.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 7.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 8;
+inline constexpr uint32_t kLayoutVersion = 7;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -149,14 +149,7 @@ struct alignas(kCacheLine) ShareBlock {
   std::atomic<uint64_t> turn;
   std::atomic<uint64_t> turns_total;       // turns taken
   std::atomic<uint64_t> saturating;        // bit i: a process of vGPU i saturates (its last tick)
-  // Layout 8: the busy correction (compute_share.cc, hypervisor/busy_correction.h). Every tick's
-  // charge before the correction, summed over every process of this GPU.
-  std::atomic<uint64_t> raw_charged_ns_total;
-  // What the charges are multiplied by, from the GPU's own utilization, written by one corrector
-  // (the node agent or a `tfusion run`). Bits 63..44: the factor in ppm (50,000..1,000,000; any
-  // other value reads as 1,000,000); bits 43..22: the writer's pid modulo 2^22; bits 21..0: when it
-  // expires, CLOCK_MONOTONIC ms modulo 2^22 (compared with wrap-around). 0 = none.
-  std::atomic<uint64_t> busy_correction;
+  uint8_t reserved[16];
 };
 
 // ---- VRAM tiering (layout 3): after the ShareBlock, one TierHeader, then a VgpuTier per vGPU
