@@ -1030,6 +1030,17 @@ def phase_patch(r, gib=1):
         if tenant is not None and tenant.poll() is None:
             tenant.kill()
         up.stop()
+        # The node agent's log of swaps (docs/tiering.md): the idle swap-out and the resume by the
+        # tenant's GPU call, each with its cause.
+        try:
+            lines = [l.strip() for l in open(up.log_path) if "(cause:" in l]
+        except OSError:
+            lines = []
+        res["agent_swap_log"] = lines[-6:]
+        res["agent_logged_idle_out"] = any("swapped out" in l and "cause: idle" in l for l in lines)
+        res["agent_logged_call_in"] = any("swapped in" in l and "cause: GPU call" in l for l in lines)
+        if "ok" in res:
+            res["ok"] = res["ok"] and res["agent_logged_idle_out"] and res["agent_logged_call_in"]
         r.record("patch", res)
 
 
