@@ -1245,6 +1245,11 @@ TEST_F(RemoteTest, ArraysAnd2D3DCopiesRoundTripDataOverBothTransports) {
     EXPECT_EQ(r.kv["mip_levels"], "32x32,16x16,8x8");
     EXPECT_EQ(r.kv["mip_level_copy"], "1");
     EXPECT_EQ(r.kv["mip_requirements"], "1");
+    // Generated calls: the driver's values, its errors (compared with the driver's below too).
+    EXPECT_EQ(r.kv["create_null"], "1:1:1");  // CUDA_ERROR_INVALID_VALUE
+    EXPECT_EQ(r.kv["requirements_bad_device"], "101:101:7");  // CUDA_ERROR_INVALID_DEVICE
+    EXPECT_EQ(r.kv["array_requirements_values"], direct.kv["array_requirements_values"]);
+    EXPECT_EQ(r.kv["mip_requirements_values"], direct.kv["mip_requirements_values"]);
     EXPECT_EQ(r.kv["tex_objects"], "1");
     EXPECT_EQ(r.kv["surf_object"], "1");
     EXPECT_EQ(r.kv["surf_of_linear"], "1");
@@ -2511,7 +2516,7 @@ TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
     d.NumChannels = 1;  // rows of 64 bytes, 1024 bytes in all
     Writer w(buf, sizeof(buf));
     remote::WriteArrayDesc(d, w);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuArrayCreate_v2), w, &out), 0);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuArray3DCreate_v2), w, &out), 0);
     memcpy(&array, out.data(), 8);
   }
   const uint64_t bogus = 0xbad0;
@@ -2626,7 +2631,7 @@ TEST_F(RemoteTest, ArrayNamesFailInAnotherSessionForgedOrAfterDestroy) {
     if (levels) w.U32(levels);
     uint64_t name = 0;
     out.clear();
-    if (c.Call(remote::Op(levels ? Fn::cuMipmappedArrayCreate : Fn::cuArrayCreate_v2), w, &out) == 0 &&
+    if (c.Call(remote::Op(levels ? Fn::cuMipmappedArrayCreate : Fn::cuArray3DCreate_v2), w, &out) == 0 &&
         out.size() >= 8) {
       memcpy(&name, out.data(), 8);
     }

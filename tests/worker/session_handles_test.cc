@@ -344,6 +344,7 @@ class ArraysHost : public SessionArrays::Host {
   uint64_t CallDataLimit() const override { return 1 << 20; }
   void KeepUntilStreamDone(std::unique_ptr<uint8_t[]>, CUstream) override {}
   HandleTable& Handles() override { return table_; }
+  bool KnownDevice(int32_t d) const override { return d == 0; }
   std::vector<uint8_t> received;  // device-to-host data of the last calls
 
  private:
@@ -370,7 +371,7 @@ class SessionArraysTest : public SessionGraphsTest {
     d.Height = 16;
     d.Format = CU_AD_FORMAT_FLOAT;
     d.NumChannels = 1;
-    CUresult r = Call(s, levels ? Fn::cuMipmappedArrayCreate : Fn::cuArrayCreate_v2,
+    CUresult r = Call(s, levels ? Fn::cuMipmappedArrayCreate : Fn::cuArray3DCreate_v2,
                       [&](transport::Writer& w) {
                         remote::WriteArrayDesc(d, w);
                         if (levels) w.U32(levels);
@@ -525,6 +526,58 @@ TEST_F(SessionArraysTest, ArraysAndMipmappedArraysAreNamesThatFailOutsideTheirSe
   EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 0u);
   EXPECT_EQ(hb.Handles().Live(HandleKind::kArray), 0u);
   EXPECT_EQ(AtoH(a, fresh, 16), CUDA_ERROR_INVALID_VALUE);
+}
+
+// The generated array calls (api/remote_surface.tsv) through the family: a created array's reply
+// is its name and then the driver's descriptor; a malformed message, a device the session lacks
+// and an array in place of a mipmapped array fail that call only and change nothing.
+TEST_F(SessionArraysTest, GeneratedArrayCallsReplyWithTheDriversValuesAndRefuseBadArguments) {
+  ArraysHost ha(0xaaaa);
+  SessionArrays a(d_, ha);
+  uint64_t arr = 0, mip = 0;
+  ASSERT_EQ(Create(a, 0, &arr), CUDA_SUCCESS);
+  {
+    transport::Reader rd(out_, out_len_);
+    uint64_t name = 0;
+    CUDA_ARRAY3D_DESCRIPTOR got = {};
+    rd.U64(&name);
+    ASSERT_TRUE(remote::ReadArrayDesc(rd, &got));
+    EXPECT_TRUE(rd.Finish());
+    EXPECT_EQ(got.Width, 16u);
+    EXPECT_EQ(got.Height, 16u);
+    EXPECT_EQ(got.Format, CU_AD_FORMAT_FLOAT);
+  }
+  // cuArrayCreate_v2 takes the 2D descriptor: width, height, format, channels.
+  CUresult r = Call(a, Fn::cuArrayCreate_v2, [](transport::Writer& w) {
+    w.U64(8);
+    w.U64(4);
+    w.U32(CU_AD_FORMAT_UNSIGNED_INT8);
+    w.U32(2);
+  });
+  ASSERT_EQ(r, CUDA_SUCCESS);
+  EXPECT_TRUE(HandleTable::LooksLikeName(OutU64(0)));
+  EXPECT_EQ(OutU64(1), 8u);  // the descriptor's width, after the name
+  ASSERT_EQ(Create(a, 2, &mip), CUDA_SUCCESS);
+  ASSERT_EQ(Requirements(a, Fn::cuArrayGetMemoryRequirements, arr), CUDA_SUCCESS);
+  EXPECT_GE(OutU64(0), 16u * 16u * 4u);  // size, alignment, then the four reserved words
+  EXPECT_EQ(out_len_, 8u + 8u + 4u * 4u);
+  const size_t live = ha.Handles().Live(HandleKind::kArray);
+  EXPECT_EQ(Call(a, Fn::cuArrayGetMemoryRequirements, [&](transport::Writer& w) {
+              w.U64(arr);
+              w.I32(3);  // the session has device 0 only
+            }),
+            CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(Call(a, Fn::cuArrayGetMemoryRequirements, [&](transport::Writer& w) { w.U64(arr); }),
+            CUDA_ERROR_INVALID_VALUE);  // truncated
+  EXPECT_EQ(Call(a, Fn::cuArray3DCreate_v2, [](transport::Writer& w) { w.U64(16); }),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayGetSparseProperties, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuArrayGetSparseProperties, mip), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayDestroy, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), live);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kMipmappedArray), 1u);
+  a.Cleanup();
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 0u);
 }
 #endif  // TF_FAKECUDA
 
