@@ -979,6 +979,7 @@ TEST_F(RemoteTest, GraphNodesReadBackAndChangeRemotelyAsNatively) {
     EXPECT_EQ(r.kv["exec_flags"], "8");
     EXPECT_EQ(r.kv["user_object"], "0,1,1") << "destroyed once, after the executable graph went";
     EXPECT_EQ(r.kv["user_object_refs"], "1,1,11");
+    EXPECT_EQ(r.kv["user_object_graph_refs"], "1,1,1,1,0,1,111");  // CUDA_ERROR_INVALID_VALUE but one
     EXPECT_EQ(r.kv["dot"], "1,1,5") << "the DOT file is written where the program asked";
     EXPECT_EQ(r.kv["dot_bad_dir"], "304");
     EXPECT_EQ(r.kv["bad_attr"], "1,1");

@@ -328,6 +328,53 @@ TEST_F(SessionGraphsTest, GraphsNodesAndExecsAreNamesThatFailOutsideTheirSession
   EXPECT_EQ(One(a, Fn::cuGraphDestroy, g2), CUDA_SUCCESS);
 }
 
+// User objects (the generated reference calls, their counts kept by the graph family's hooks): a
+// name of another session, a forged one, a count of 0, a release beyond the references held and a
+// graph that holds none fail that call only; the name is retired with the last reference.
+TEST_F(SessionGraphsTest, UserObjectReferencesAreCountedPerSessionAndGraph) {
+  TestHost ha(d_, 0xaaaa), hb(d_, 0xbbbb);
+  SessionGraphs a(ha), b(hb);
+  auto create = [&](SessionGraphs& g, uint64_t* name) {
+    CUresult r = Call(g, Fn::cuUserObjectCreate, [](transport::Writer& w) {
+      w.U64(7);  // the client's id of its destroy callback
+      w.U32(1);
+      w.U32(CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+    });
+    *name = r == CUDA_SUCCESS ? OutU64(0) : 0;
+    return r;
+  };
+  auto refs = [&](SessionGraphs& g, Fn fn, uint64_t graph, uint64_t o, uint32_t count) {
+    return Call(g, fn, [&](transport::Writer& w) {
+      if (fn == Fn::cuGraphRetainUserObject || fn == Fn::cuGraphReleaseUserObject) w.U64(graph);
+      w.U64(o);
+      w.U32(count);
+      if (fn == Fn::cuGraphRetainUserObject) w.U32(0);
+    });
+  };
+  uint64_t uo = 0, other = 0, g = 0;
+  ASSERT_EQ(create(a, &uo), CUDA_SUCCESS);
+  ASSERT_EQ(create(b, &other), CUDA_SUCCESS);
+  ASSERT_EQ(Create(a, &g), CUDA_SUCCESS);
+  EXPECT_TRUE(HandleTable::LooksLikeName(uo));
+  const uint64_t forged = uo ^ (1ull << 30);
+  for (uint64_t bad : {other, forged}) {
+    EXPECT_EQ(refs(a, Fn::cuUserObjectRetain, 0, bad, 1), CUDA_ERROR_INVALID_VALUE) << std::hex << bad;
+    EXPECT_EQ(refs(a, Fn::cuGraphRetainUserObject, g, bad, 1), CUDA_ERROR_INVALID_VALUE);
+  }
+  EXPECT_EQ(refs(a, Fn::cuUserObjectRetain, 0, uo, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(refs(a, Fn::cuUserObjectRelease, 0, uo, 2), CUDA_ERROR_INVALID_VALUE);  // holds 1
+  EXPECT_EQ(refs(a, Fn::cuGraphReleaseUserObject, g, uo, 1), CUDA_ERROR_INVALID_VALUE);  // gave none
+  ASSERT_EQ(refs(a, Fn::cuUserObjectRetain, 0, uo, 1), CUDA_SUCCESS);
+  ASSERT_EQ(refs(a, Fn::cuGraphRetainUserObject, g, uo, 1), CUDA_SUCCESS);
+  ASSERT_EQ(refs(a, Fn::cuUserObjectRelease, 0, uo, 2), CUDA_SUCCESS);
+  uint64_t real = 0;
+  EXPECT_TRUE(ha.Handles().Resolve(HandleKind::kUserObject, uo, &real));  // the graph holds one
+  ASSERT_EQ(refs(a, Fn::cuGraphReleaseUserObject, g, uo, 1), CUDA_SUCCESS);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kUserObject), 0u);
+  EXPECT_EQ(refs(a, Fn::cuUserObjectRetain, 0, uo, 1), CUDA_ERROR_INVALID_VALUE);  // retired
+  EXPECT_EQ(refs(b, Fn::cuUserObjectRelease, 0, other, 1), CUDA_SUCCESS);
+}
+
 // Arrays and mipmapped arrays of a session (SessionArrays) on the fake driver: created, copied,
 // queried and destroyed by names of the session's table; a name of another session, a forged, a
 // stale or the driver's own handle fails that call only; a mipmapped array's levels die with it.
