@@ -531,6 +531,7 @@ TEST_F(RemoteTest, GreenContextsSplitSmsRunWorkAndRejectForeignHandles) {
     EXPECT_EQ(r.kv["green_id"], "1:1");
     EXPECT_EQ(r.kv["green_stream_default"], "1");
     EXPECT_EQ(r.kv["green_ctx_flags"], "2");  // CU_CTX_SCHED_YIELD
+    EXPECT_EQ(r.kv["ctx_flags_bad"], "1");     // CUDA_ERROR_INVALID_VALUE
     EXPECT_EQ(r.kv["cross_events_sum"], "1056");
     EXPECT_EQ(r.kv["altered_resource"], "1");  // CUDA_ERROR_INVALID_VALUE
     EXPECT_EQ(r.kv["split_again"], "915");     // CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
