@@ -1,10 +1,11 @@
 // CUDA arrays, mipmapped arrays, array and 2D/3D copies, texture and surface objects: forwarded
-// to the worker (payloads: remote_arrays.h). Host operands of copies travel as data: a source is
-// gathered into packed rows and sent in parts of at most the transport's bulk limit; a
-// destination's packed rows arrive as kEvtCopyData events and are scattered into its pitch here.
-// Array descriptors and the descriptors of texture and surface objects are answered locally; a
-// plane of a multi-planar array (cuArrayGetPlane) is an array of its own there, kept until its
-// owner is destroyed.
+// to the worker (payloads: remote_arrays.h). Creating, destroying and querying arrays and
+// mipmapped arrays is generated (api/remote_surface.tsv); what the client keeps of those calls is
+// here (ClientDone_ hooks). Host operands of copies travel as data: a source is gathered into
+// packed rows and sent in parts of at most the transport's bulk limit; a destination's packed
+// rows arrive as kEvtCopyData events and are scattered into its pitch here. Array descriptors and
+// the descriptors of texture and surface objects are answered locally; a plane of a multi-planar
+// array (cuArrayGetPlane) is an array of its own there, kept until its owner is destroyed.
 #include <cstring>
 #include <unordered_set>
 #include <vector>
@@ -30,68 +31,12 @@ uint64_t PartLimit(Session* s) {
 
 // ---- arrays
 
-CUresult CreateArray(Fn fn, const CUDA_ARRAY3D_DESCRIPTOR& desc, CUarray* out) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  uint8_t buf[64];
-  Writer w(buf, sizeof(buf));
-  remote::WriteArrayDesc(desc, w);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
-  Session::ArrayInfo info;
-  rv.reader.U64(&h);
-  if (!remote::ReadArrayDesc(rv.reader, &info.desc)) return CUDA_ERROR_UNKNOWN;
-  s->arrays[h] = info;
-  *out = reinterpret_cast<CUarray>(h);
-  return CUDA_SUCCESS;
-}
-
-CUresult MemoryRequirements(Fn fn, uint64_t handle, CUdevice dev,
-                            CUDA_ARRAY_MEMORY_REQUIREMENTS* req) {
-  if (req == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(handle);
-  w.I32(dev);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t size = 0, align = 0;
-  rv.reader.U64(&size);
-  if (!rv.reader.U64(&align)) return CUDA_ERROR_UNKNOWN;
-  *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
-  req->size = size;
-  req->alignment = align;
-  return CUDA_SUCCESS;
-}
-
 // The planes of these arrays leave the table with them.
 void ForgetPlanes(Session* s, const std::unordered_set<uint64_t>& owners) {
   for (auto it = s->arrays.begin(); it != s->arrays.end();) {
     if (it->second.plane_of != 0 && owners.count(it->second.plane_of)) it = s->arrays.erase(it);
     else ++it;
   }
-}
-
-CUresult SparseProperties(Fn fn, uint64_t handle, CUDA_ARRAY_SPARSE_PROPERTIES* props) {
-  if (props == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(handle);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  CUDA_ARRAY_SPARSE_PROPERTIES got;
-  if (!remote::ReadSparseProperties(rv.reader, &got)) return CUDA_ERROR_UNKNOWN;
-  *props = got;
-  return CUDA_SUCCESS;
 }
 
 // ---- linear copies with an array (the array's bytes in row-major order, as the driver counts
@@ -440,72 +385,63 @@ CUresult DestroyObject(Fn fn, uint64_t object) {
   return r;
 }
 
-}  // namespace
-
-CUresult Impl_cuArrayCreate_v2(CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
-  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  CUDA_ARRAY3D_DESCRIPTOR d3{};
-  d3.Width = desc->Width;
-  d3.Height = desc->Height;
-  d3.Format = desc->Format;
-  d3.NumChannels = desc->NumChannels;
-  return CreateArray(Fn::cuArrayCreate_v2, d3, handle);
-}
-
-CUresult Impl_cuArray3DCreate_v2(CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
-  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return CreateArray(Fn::cuArray3DCreate_v2, *desc, handle);
-}
-
-CUresult Impl_cuArrayDestroy(CUarray array) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  auto it = s->arrays.find(H(array));
-  if (it == s->arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
-  // A level of a mipmapped array, or a plane of a multi-planar array, goes with its owner.
-  if (it->second.mipmap != 0 || it->second.plane_of != 0) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(array));
-  CUresult r = Simple(l, Fn::cuArrayDestroy, w);
-  if (r == CUDA_SUCCESS) {
-    s->arrays.erase(H(array));
-    ForgetPlanes(s, {H(array)});
-  }
-  return r;
-}
-
-CUresult Impl_cuArrayGetPlane(CUarray* plane, CUarray array, unsigned int index) {
-  if (plane == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  if (!s->arrays.count(H(array))) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(array));
-  w.U32(index);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuArrayGetPlane), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
+// The generated array calls (api/remote_surface.tsv, hook=client): what the client keeps of
+// them. An array's descriptor (the driver's, after the handle in the reply) answers the
+// descriptor queries and sizes batch operations; a level or a plane goes with its owner.
+CUresult FileArray(Session* s, transport::Reader& reply, CUarray a, uint64_t mipmap, uint64_t plane_of) {
   Session::ArrayInfo info;
-  info.plane_of = H(array);
-  rv.reader.U64(&h);
-  if (!remote::ReadArrayDesc(rv.reader, &info.desc)) return CUDA_ERROR_UNKNOWN;
-  s->arrays[h] = info;
-  *plane = reinterpret_cast<CUarray>(h);
+  info.mipmap = mipmap;
+  info.plane_of = plane_of;
+  if (!remote::ReadArrayDesc(reply, &info.desc) || !reply.Finish()) return CUDA_ERROR_UNKNOWN;
+  s->arrays[H(a)] = info;
   return CUDA_SUCCESS;
 }
 
-CUresult Impl_cuArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* props, CUarray array) {
-  return SparseProperties(Fn::cuArrayGetSparseProperties, H(array), props);
+}  // namespace
+
+CUresult ClientDone_cuArrayCreate_v2(Session* s, transport::Reader& reply, CUarray* handle,
+                                     const CUDA_ARRAY_DESCRIPTOR*) {
+  return FileArray(s, reply, *handle, 0, 0);
 }
 
-CUresult Impl_cuMipmappedArrayGetSparseProperties(CUDA_ARRAY_SPARSE_PROPERTIES* props,
-                                                  CUmipmappedArray mipmap) {
-  return SparseProperties(Fn::cuMipmappedArrayGetSparseProperties, H(mipmap), props);
+CUresult ClientDone_cuArray3DCreate_v2(Session* s, transport::Reader& reply, CUarray* handle,
+                                       const CUDA_ARRAY3D_DESCRIPTOR*) {
+  return FileArray(s, reply, *handle, 0, 0);
+}
+
+CUresult ClientDone_cuArrayGetPlane(Session* s, transport::Reader& reply, CUarray* plane, CUarray array,
+                                    unsigned int) {
+  return FileArray(s, reply, *plane, 0, H(array));
+}
+
+CUresult ClientDone_cuMipmappedArrayGetLevel(Session* s, transport::Reader& reply, CUarray* level,
+                                             CUmipmappedArray mipmap, unsigned int) {
+  return FileArray(s, reply, *level, H(mipmap), 0);
+}
+
+void ClientDone_cuArrayDestroy(Session* s, CUarray array) {
+  s->arrays.erase(H(array));
+  ForgetPlanes(s, {H(array)});
+}
+
+void ClientDone_cuMipmappedArrayCreate(Session* s, CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR*,
+                                       unsigned int) {
+  s->mipmaps.insert(H(*handle));
+}
+
+// Its levels die with it, and their planes.
+void ClientDone_cuMipmappedArrayDestroy(Session* s, CUmipmappedArray mipmap) {
+  s->mipmaps.erase(H(mipmap));
+  std::unordered_set<uint64_t> levels;
+  for (auto it = s->arrays.begin(); it != s->arrays.end();) {
+    if (it->second.mipmap == H(mipmap)) {
+      levels.insert(it->first);
+      it = s->arrays.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ForgetPlanes(s, levels);
 }
 
 CUresult Impl_cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* desc, CUarray array) {
@@ -529,85 +465,6 @@ CUresult Impl_cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* desc, CUarray a
   if (it == l.session()->arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
   *desc = it->second.desc;
   return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray array,
-                                           CUdevice dev) {
-  return MemoryRequirements(Fn::cuArrayGetMemoryRequirements, H(array), dev, req);
-}
-
-CUresult Impl_cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req,
-                                                    CUmipmappedArray mipmap, CUdevice dev) {
-  return MemoryRequirements(Fn::cuMipmappedArrayGetMemoryRequirements, H(mipmap), dev, req);
-}
-
-CUresult Impl_cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
-                                     unsigned int levels) {
-  if (handle == nullptr || desc == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  uint8_t buf[64];
-  Writer w(buf, sizeof(buf));
-  remote::WriteArrayDesc(*desc, w);
-  w.U32(levels);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuMipmappedArrayCreate), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
-  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
-  s->mipmaps.insert(h);
-  *handle = reinterpret_cast<CUmipmappedArray>(h);
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuMipmappedArrayGetLevel(CUarray* level_array, CUmipmappedArray mipmap,
-                                       unsigned int level) {
-  if (level_array == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  if (!s->mipmaps.count(H(mipmap))) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(mipmap));
-  w.U32(level);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuMipmappedArrayGetLevel), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
-  Session::ArrayInfo info;
-  info.mipmap = H(mipmap);
-  rv.reader.U64(&h);
-  if (!remote::ReadArrayDesc(rv.reader, &info.desc)) return CUDA_ERROR_UNKNOWN;
-  s->arrays[h] = info;
-  *level_array = reinterpret_cast<CUarray>(h);
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuMipmappedArrayDestroy(CUmipmappedArray mipmap) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  if (!s->mipmaps.count(H(mipmap))) return CUDA_ERROR_INVALID_HANDLE;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(mipmap));
-  CUresult r = Simple(l, Fn::cuMipmappedArrayDestroy, w);
-  if (r == CUDA_SUCCESS) {
-    s->mipmaps.erase(H(mipmap));
-    std::unordered_set<uint64_t> levels;
-    for (auto it = s->arrays.begin(); it != s->arrays.end();) {
-      if (it->second.mipmap == H(mipmap)) {
-        levels.insert(it->first);
-        it = s->arrays.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    ForgetPlanes(s, levels);
-  }
-  return r;
 }
 
 CUresult Impl_cuMemcpyHtoA_v2(CUarray dst, size_t offset, const void* src, size_t n) {

@@ -1,6 +1,7 @@
 // Green contexts and device resources (the hand-written half; cuGreenCtxStreamCreate,
-// cuGreenCtxRecordEvent/WaitEvent, cuGreenCtxGetId and cuStreamGetGreenCtx are generated from
-// api/remote_surface.tsv) and cuCtxSetFlags. Payloads: src/worker/session_green.h.
+// cuGreenCtxRecordEvent/WaitEvent, cuGreenCtxGetId, cuStreamGetGreenCtx and cuCtxSetFlags are
+// generated from api/remote_surface.tsv; what the client keeps of cuCtxSetFlags is here).
+// Payloads: src/worker/session_green.h.
 //
 // A CUdevResource travels as its bytes and comes back unchanged (the worker accepts only the ones
 // it handed out); a CUdevResourceDesc and a CUgreenCtx are the session's names. The CUcontext of
@@ -178,19 +179,10 @@ CUresult Impl_cuGreenCtxDestroy(CUgreenCtx green) {
   return CUDA_SUCCESS;
 }
 
-CUresult Impl_cuCtxSetFlags(unsigned int flags) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U32(flags);
-  CUresult r = Simple(l, Fn::cuCtxSetFlags, w);
-  ForgetAnswers(s, Fn::cuDevicePrimaryCtxGetState);  // a primary context's flags are its device's
-  if (r != CUDA_SUCCESS) return r;
+// hook=client (the call is generated): the current context's flags, which cuCtxGetFlags answers.
+void ClientDone_cuCtxSetFlags(Session* s, unsigned int flags) {
   auto it = s->context_info.find(CurrentContext());
   if (it != s->context_info.end()) it->second.flags = flags;
-  return CUDA_SUCCESS;
 }
 
 }  // namespace tf::client

@@ -5,17 +5,10 @@
 // extent or one device allocation of the session. docs/remote.md "Arrays and 2D/3D copies".
 //
 //   array descriptor   u64 width, u64 height, u64 depth, u32 CUarray_format, u32 channels, u32 flags
-//   cuArrayCreate_v2, cuArray3DCreate_v2      descriptor -> u64 array, descriptor (the driver's)
-//   cuMipmappedArrayCreate                    descriptor, u32 levels -> u64 mipmapped array
-//   cuMipmappedArrayGetLevel                  u64 mipmapped array, u32 level -> u64 array, descriptor
-//   cuArrayGetPlane                           u64 array, u32 plane -> u64 array, descriptor
-//   cuArrayDestroy, cuMipmappedArrayDestroy   u64 handle
-//   cuArrayGetSparseProperties, cuMipmappedArrayGetSparseProperties
-//                                             u64 handle -> sparse properties (u32 tile width,
-//                                             u32 tile height, u32 tile depth, u32 mip tail's
-//                                             first level, u64 mip tail size, u32 flags)
-//   cuArrayGetMemoryRequirements, cuMipmappedArrayGetMemoryRequirements
-//                                             u64 handle, i32 device -> u64 size, u64 alignment
+//   Creating, destroying and querying arrays and mipmapped arrays is generated (api/remote_surface.tsv,
+//   its wire format in docs/remote.md "The remote surface"); the reply of cuArrayCreate_v2,
+//   cuArray3DCreate_v2, cuArrayGetPlane and cuMipmappedArrayGetLevel carries the array's
+//   descriptor (the driver's) after its handle (hook=reply).
 //   cuMemcpyHtoA_v2                           u64 array, u64 offset; bulk: the bytes (one slice)
 //   cuMemcpyHtoAAsync_v2                      u64 array, u64 offset, u64 stream; bulk (fire-and-forget)
 //   cuMemcpyAtoH_v2                           u64 array, u64 offset, u64 length
@@ -84,34 +77,6 @@ inline bool ReadArrayDesc(transport::Reader& rd, CUDA_ARRAY3D_DESCRIPTOR* d) {
   d->Format = static_cast<CUarray_format>(format);
   d->NumChannels = channels;
   d->Flags = flags;
-  return true;
-}
-
-inline void WriteSparseProperties(const CUDA_ARRAY_SPARSE_PROPERTIES& p, transport::Writer& w) {
-  w.U32(p.tileExtent.width);
-  w.U32(p.tileExtent.height);
-  w.U32(p.tileExtent.depth);
-  w.U32(p.miptailFirstLevel);
-  w.U64(p.miptailSize);
-  w.U32(p.flags);
-}
-
-inline bool ReadSparseProperties(transport::Reader& rd, CUDA_ARRAY_SPARSE_PROPERTIES* p) {
-  uint32_t tw = 0, th = 0, td = 0, first = 0, flags = 0;
-  uint64_t size = 0;
-  rd.U32(&tw);
-  rd.U32(&th);
-  rd.U32(&td);
-  rd.U32(&first);
-  rd.U64(&size);
-  if (!rd.U32(&flags)) return false;
-  *p = CUDA_ARRAY_SPARSE_PROPERTIES{};
-  p->tileExtent.width = tw;
-  p->tileExtent.height = th;
-  p->tileExtent.depth = td;
-  p->miptailFirstLevel = first;
-  p->miptailSize = size;
-  p->flags = flags;
   return true;
 }
 

@@ -247,8 +247,8 @@ inline constexpr uint32_t kMaxLibraryKernels = 65536;
 //                                       references, u32 flags -> u64 object; when the driver
 //                                       releases it the worker sends kEvtHostFunc with that id
 //                                       and waits for nothing (the client sends no kOpHostFuncDone)
-//   cuUserObject{Retain,Release}        u64 object, u32 count
-//   cuGraph{Retain,Release}UserObject   u64 graph, u64 object, u32 count [, u32 flags: Retain]
+//   cuUserObject{Retain,Release}, cuGraph{Retain,Release}UserObject: generated
+//                                       (api/remote_surface.tsv), the counts kept by hooks
 
 // JIT options and the linker (client_link.cc, session_link.cc).
 //   "JIT options": u32 count (<= kMaxJitOptions), count x (u32 CUjit_option, u64 value): the

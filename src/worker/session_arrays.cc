@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "client/remote_arrays.h"
+#include "worker/generated_calls.h"
 
 namespace tf::worker {
 namespace {
@@ -94,89 +95,8 @@ bool SessionArrays::IsSyncPoint(Fn fn) {
 }
 
 CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bulk_len, Writer& out) {
+  if (IsGenerated(fn)) return GeneratedCall(fn, rd, out);
   switch (fn) {
-    case Fn::cuArrayCreate_v2:
-    case Fn::cuArray3DCreate_v2:
-    case Fn::cuMipmappedArrayCreate:
-      return Create(fn, rd, out);
-    case Fn::cuMipmappedArrayGetLevel: {
-      uint64_t m = 0;
-      uint32_t level = 0;
-      rd.U64(&m);
-      if (!rd.U32(&level) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (!Real(HandleKind::kMipmappedArray, m)) return CUDA_ERROR_INVALID_HANDLE;
-      auto it = mipmaps_.find(m);
-      if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
-      CUarray a = nullptr;
-      CUresult r = CALL(cuMipmappedArrayGetLevel, &a, As<CUmipmappedArray>(m), level);
-      if (r != CUDA_SUCCESS) return r;
-      it->second.insert(H(a));
-      Record(a, CUDA_ARRAY3D_DESCRIPTOR{}, m, out);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuArrayGetPlane:
-      return GetPlane(rd, out);
-    case Fn::cuArrayGetSparseProperties:
-    case Fn::cuMipmappedArrayGetSparseProperties:
-      return SparseProperties(fn, rd, out);
-    case Fn::cuArrayDestroy: {
-      uint64_t a = 0;
-      if (!rd.U64(&a) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      const uint64_t wire = a;
-      if (!Real(HandleKind::kArray, a)) return CUDA_ERROR_INVALID_HANDLE;
-      auto it = arrays_.find(a);
-      // A level of a mipmapped array, or a plane of an array, goes with its owner.
-      if (it == arrays_.end() || it->second.mipmap != 0 || it->second.plane_of != 0) {
-        return CUDA_ERROR_INVALID_HANDLE;
-      }
-      CUresult r = CALL(cuArrayDestroy, As<CUarray>(a));
-      if (r == CUDA_SUCCESS) {
-        arrays_.erase(it);
-        host_.Handles().Retire(HandleKind::kArray, wire);
-        ForgetPlanes({a});
-      }
-      return r;
-    }
-    case Fn::cuMipmappedArrayDestroy: {
-      uint64_t m = 0;
-      if (!rd.U64(&m) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      const uint64_t wire = m;
-      if (!Real(HandleKind::kMipmappedArray, m)) return CUDA_ERROR_INVALID_HANDLE;
-      auto it = mipmaps_.find(m);
-      if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
-      CUresult r = CALL(cuMipmappedArrayDestroy, As<CUmipmappedArray>(m));
-      if (r == CUDA_SUCCESS) {
-        // Its levels die with it (and their planes): their names fail from now on.
-        for (uint64_t a : it->second) {
-          arrays_.erase(a);
-          host_.Handles().RetireReal(HandleKind::kArray, a);
-        }
-        ForgetPlanes(it->second);
-        mipmaps_.erase(it);
-        host_.Handles().Retire(HandleKind::kMipmappedArray, wire);
-      }
-      return r;
-    }
-    case Fn::cuArrayGetMemoryRequirements:
-    case Fn::cuMipmappedArrayGetMemoryRequirements: {
-      uint64_t h = 0;
-      int32_t dev = 0;
-      rd.U64(&h);
-      if (!rd.I32(&dev) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      CUDA_ARRAY_MEMORY_REQUIREMENTS req = {};
-      CUresult r;
-      if (fn == Fn::cuArrayGetMemoryRequirements) {
-        if (!Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
-        r = CALL(cuArrayGetMemoryRequirements, &req, As<CUarray>(h), dev);
-      } else {
-        if (!Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
-        r = CALL(cuMipmappedArrayGetMemoryRequirements, &req, As<CUmipmappedArray>(h), dev);
-      }
-      if (r != CUDA_SUCCESS) return r;
-      out.U64(req.size);
-      out.U64(req.alignment);
-      return CUDA_SUCCESS;
-    }
     case Fn::cuMemcpyHtoA_v2:
     case Fn::cuMemcpyHtoAAsync_v2:
     case Fn::cuMemcpyAtoH_v2:
@@ -210,51 +130,15 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
   }
 }
 
-void SessionArrays::Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap,
-                           Writer& out) {
+void SessionArrays::File(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap, uint64_t plane_of,
+                         Writer& reply) {
   ArrayEntry e;
   e.mipmap = mipmap;
+  e.plane_of = plane_of;
   // What the driver says the array is (the client answers descriptor queries with it).
   if (CALL(cuArray3DGetDescriptor_v2, &e.desc, a) != CUDA_SUCCESS) e.desc = asked;
   arrays_[H(a)] = e;
-  out.U64(host_.Handles().Publish(HandleKind::kArray, H(a)));
-  remote::WriteArrayDesc(e.desc, out);
-}
-
-CUresult SessionArrays::Create(Fn fn, Reader& rd, Writer& out) {
-  CUDA_ARRAY3D_DESCRIPTOR desc;
-  uint32_t levels = 1;
-  if (!remote::ReadArrayDesc(rd, &desc)) return CUDA_ERROR_INVALID_VALUE;
-  if (fn == Fn::cuMipmappedArrayCreate) rd.U32(&levels);
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  switch (fn) {
-    case Fn::cuArrayCreate_v2: {
-      if (desc.Depth != 0 || desc.Flags != 0) return CUDA_ERROR_INVALID_VALUE;
-      CUDA_ARRAY_DESCRIPTOR d2 = {};
-      d2.Width = desc.Width;
-      d2.Height = desc.Height;
-      d2.Format = desc.Format;
-      d2.NumChannels = desc.NumChannels;
-      CUarray a = nullptr;
-      CUresult r = CALL(cuArrayCreate_v2, &a, &d2);
-      if (r == CUDA_SUCCESS) Record(a, desc, 0, out);
-      return r;
-    }
-    case Fn::cuArray3DCreate_v2: {
-      CUarray a = nullptr;
-      CUresult r = CALL(cuArray3DCreate_v2, &a, &desc);
-      if (r == CUDA_SUCCESS) Record(a, desc, 0, out);
-      return r;
-    }
-    default: {
-      CUmipmappedArray m = nullptr;
-      CUresult r = CALL(cuMipmappedArrayCreate, &m, &desc, levels);
-      if (r != CUDA_SUCCESS) return r;
-      mipmaps_[H(m)];
-      out.U64(host_.Handles().Publish(HandleKind::kMipmappedArray, H(m)));
-      return CUDA_SUCCESS;
-    }
-  }
+  remote::WriteArrayDesc(e.desc, reply);
 }
 
 bool SessionArrays::Extent(uint64_t array, uint64_t* row_bytes, uint64_t* rows,
@@ -661,38 +545,6 @@ void SessionArrays::Cleanup() {
   mipmaps_.clear();
 }
 
-CUresult SessionArrays::GetPlane(Reader& rd, Writer& out) {
-  uint64_t a = 0;
-  uint32_t index = 0;
-  rd.U64(&a);
-  if (!rd.U32(&index) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  if (!Real(HandleKind::kArray, a) || !arrays_.count(a)) return CUDA_ERROR_INVALID_HANDLE;
-  CUarray plane = nullptr;
-  CUresult r = CALL(cuArrayGetPlane, &plane, As<CUarray>(a), index);
-  if (r != CUDA_SUCCESS) return r;
-  // The driver gives the same plane the same handle, and so it keeps its name.
-  Record(plane, CUDA_ARRAY3D_DESCRIPTOR{}, 0, out);
-  arrays_[H(plane)].plane_of = a;
-  return CUDA_SUCCESS;
-}
-
-CUresult SessionArrays::SparseProperties(Fn fn, Reader& rd, Writer& out) {
-  uint64_t h = 0;
-  if (!rd.U64(&h) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  CUDA_ARRAY_SPARSE_PROPERTIES p = {};
-  CUresult r;
-  if (fn == Fn::cuArrayGetSparseProperties) {
-    if (!Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
-    r = CALL(cuArrayGetSparseProperties, &p, As<CUarray>(h));
-  } else {
-    if (!Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_HANDLE;
-    r = CALL(cuMipmappedArrayGetSparseProperties, &p, As<CUmipmappedArray>(h));
-  }
-  if (r != CUDA_SUCCESS) return r;
-  remote::WriteSparseProperties(p, out);
-  return CUDA_SUCCESS;
-}
-
 void SessionArrays::ForgetPlanes(const std::set<uint64_t>& owners) {
   for (auto it = arrays_.begin(); it != arrays_.end();) {
     if (it->second.plane_of != 0 && owners.count(it->second.plane_of)) {
@@ -702,6 +554,89 @@ void SessionArrays::ForgetPlanes(const std::set<uint64_t>& owners) {
       ++it;
     }
   }
+}
+
+// The array tables as the generated calls see them (api/remote_surface.tsv): an array or
+// mipmapped array resolves only when this family filed it; a level or a plane may not be
+// destroyed by itself; destroying an array forgets its planes, a mipmapped array its levels (and
+// their planes). Created arrays, levels and planes are filed by the Done_ hooks below, which
+// also send the driver's descriptor to the client.
+class ArraysGeneratedHost final : public GeneratedHost {
+ public:
+  explicit ArraysGeneratedHost(SessionArrays& a) : a_(a) {}
+  const driver::DriverTable& Driver() const override { return a_.d_; }
+  HandleTable& Handles() override { return a_.host_.Handles(); }
+  bool KnownDevice(int32_t d) const override { return a_.host_.KnownDevice(d); }
+  bool DeviceRange(uint64_t p, uint64_t n) const override { return a_.host_.DeviceRange(p, n); }
+  void AfterCall(Fn, CUresult) override {}
+  GeneratedHooks& Hooks(Fn) override { return a_; }
+  bool Resolve(HandleKind k, uint64_t wire, uint64_t* real) override {
+    if (!Handles().Resolve(k, wire, real)) return false;
+    if (k == HandleKind::kArray) return a_.arrays_.count(*real) != 0;
+    if (k == HandleKind::kMipmappedArray) return a_.mipmaps_.count(*real) != 0;
+    return true;
+  }
+  void Created(HandleKind k, uint64_t real) override {
+    if (k == HandleKind::kMipmappedArray) a_.mipmaps_[real];
+  }
+  bool MayDestroy(HandleKind k, uint64_t real) const override {
+    if (k != HandleKind::kArray) return true;
+    auto it = a_.arrays_.find(real);
+    return it != a_.arrays_.end() && it->second.mipmap == 0 && it->second.plane_of == 0;
+  }
+  void Destroyed(HandleKind k, uint64_t real) override {
+    if (k == HandleKind::kArray) {
+      a_.arrays_.erase(real);
+      a_.ForgetPlanes({real});
+      return;
+    }
+    auto it = a_.mipmaps_.find(real);
+    if (k != HandleKind::kMipmappedArray || it == a_.mipmaps_.end()) return;
+    // Its levels die with it (and their planes): their names fail from now on.
+    for (uint64_t a : it->second) {
+      a_.arrays_.erase(a);
+      Handles().RetireReal(HandleKind::kArray, a);
+    }
+    a_.ForgetPlanes(it->second);
+    a_.mipmaps_.erase(it);
+  }
+
+ private:
+  SessionArrays& a_;
+};
+
+CUresult SessionArrays::GeneratedCall(Fn fn, Reader& rd, Writer& out) {
+  ArraysGeneratedHost host(*this);
+  return DispatchGenerated(fn, rd, out, host);
+}
+
+CUresult SessionArrays::Done_cuArrayCreate_v2(CUarray& a, const CUDA_ARRAY_DESCRIPTOR& d, Writer& reply) {
+  CUDA_ARRAY3D_DESCRIPTOR asked = {};
+  asked.Width = d.Width;
+  asked.Height = d.Height;
+  asked.Format = d.Format;
+  asked.NumChannels = d.NumChannels;
+  File(a, asked, 0, 0, reply);
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionArrays::Done_cuArray3DCreate_v2(CUarray& a, const CUDA_ARRAY3D_DESCRIPTOR& d, Writer& reply) {
+  File(a, d, 0, 0, reply);
+  return CUDA_SUCCESS;
+}
+
+// The driver gives the same plane (or level) the same handle, and so it keeps its name.
+CUresult SessionArrays::Done_cuArrayGetPlane(CUarray& plane, const uint64_t& array, const uint32_t&,
+                                             Writer& reply) {
+  File(plane, CUDA_ARRAY3D_DESCRIPTOR{}, 0, array, reply);
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionArrays::Done_cuMipmappedArrayGetLevel(CUarray& level, const uint64_t& mipmap, const uint32_t&,
+                                                      Writer& reply) {
+  mipmaps_[mipmap].insert(H(level));
+  File(level, CUDA_ARRAY3D_DESCRIPTOR{}, mipmap, 0, reply);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace tf::worker

@@ -22,13 +22,16 @@
 #include <set>
 #include <vector>
 
+#include "client/tf_remote_hooks.h"
 #include "driver/driver_table.h"
 #include "transport/wire.h"
 #include "worker/session_handles.h"
 
 namespace tf::worker {
 
-class SessionArrays {
+class ArraysGeneratedHost;
+
+class SessionArrays : public GeneratedHooks {
  public:
   // What the session lends to the array calls.
   class Host {
@@ -47,6 +50,8 @@ class SessionArrays {
     virtual void KeepUntilStreamDone(std::unique_ptr<uint8_t[]> bytes, CUstream st) = 0;
     // The session's handle table: arrays and mipmapped arrays are published in it.
     virtual HandleTable& Handles() = 0;
+    // A device ordinal of the session (the memory-requirement queries).
+    virtual bool KnownDevice(int32_t d) const = 0;
   };
 
   SessionArrays(const driver::DriverTable& d, Host& host) : d_(d), host_(host) {}
@@ -56,7 +61,8 @@ class SessionArrays {
   // The family's synchronizing calls (they report an earlier asynchronous failure).
   static bool IsSyncPoint(driver::Fn fn);
 
-  // Replays one call. bulk: the request's bulk (host source data), or nullptr.
+  // Replays one call (the generated ones through DispatchGenerated, with this family's tables and
+  // hooks). bulk: the request's bulk (host source data), or nullptr.
   CUresult Call(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len,
                 transport::Writer& out);
 
@@ -64,7 +70,22 @@ class SessionArrays {
   // REQUIRES a current context; the streams are idle.
   void Cleanup();
 
+  // hook=check,done (api/remote_surface.tsv): a created array, a plane and a level are filed with
+  // the driver's descriptor, which goes to the client after the handle.
+  CUresult Check_cuArrayCreate_v2(CUDA_ARRAY_DESCRIPTOR&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuArrayCreate_v2(CUarray& a, const CUDA_ARRAY_DESCRIPTOR& d, transport::Writer& reply) override;
+  CUresult Check_cuArray3DCreate_v2(CUDA_ARRAY3D_DESCRIPTOR&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuArray3DCreate_v2(CUarray& a, const CUDA_ARRAY3D_DESCRIPTOR& d, transport::Writer& reply) override;
+  CUresult Check_cuArrayGetPlane(uint64_t&, uint32_t&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuArrayGetPlane(CUarray& plane, const uint64_t& array, const uint32_t& index,
+                                transport::Writer& reply) override;
+  CUresult Check_cuMipmappedArrayGetLevel(uint64_t&, uint32_t&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuMipmappedArrayGetLevel(CUarray& level, const uint64_t& mipmap, const uint32_t& index,
+                                         transport::Writer& reply) override;
+
  private:
+  friend class ArraysGeneratedHost;  // the generated array calls (session_arrays.cc)
+
   struct ArrayEntry {
     CUDA_ARRAY3D_DESCRIPTOR desc = {};
     uint64_t mipmap = 0;    // a level of this mipmapped array
@@ -73,7 +94,7 @@ class SessionArrays {
   // A copy's operand after the checks, ready for the driver.
   struct Operand;
 
-  CUresult Create(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult GeneratedCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult LinearCopy(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len);
   CUresult BoxCopy(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len);
   CUresult CreateObject(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
@@ -82,13 +103,11 @@ class SessionArrays {
   // Bytes of the array's rows (width x element size), rows per slice and slices; false when
   // the array's format is unknown here.
   bool Extent(uint64_t array, uint64_t* row_bytes, uint64_t* rows, uint64_t* slices) const;
-  // Records an array the driver made and writes its handle and descriptor.
-  void Record(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap,
-              transport::Writer& out);
+  // Files an array the driver made (a level of `mipmap`, a plane of `plane_of`, or neither) and
+  // writes its descriptor to the reply.
+  void File(CUarray a, const CUDA_ARRAY3D_DESCRIPTOR& asked, uint64_t mipmap, uint64_t plane_of,
+            transport::Writer& reply);
   CUresult RunCopy(driver::Fn fn, const CUDA_MEMCPY3D& c, CUstream st);
-  // cuArrayGetPlane and the sparse properties of arrays and mipmapped arrays.
-  CUresult GetPlane(transport::Reader& rd, transport::Writer& out);
-  CUresult SparseProperties(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   // The planes of these arrays (real handles) went with them: forgotten, their names retired.
   void ForgetPlanes(const std::set<uint64_t>& owners);
   // Resolves a wire name of kind k (kArray, kMipmappedArray) in place to the driver's handle;

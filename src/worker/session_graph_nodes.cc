@@ -86,8 +86,10 @@ Fn ExecSetter(uint32_t type) {
 // The graph tables as the generated calls see them: handles resolve as the hand-written graph
 // calls resolve them (a node, graph or executable graph must be in the tables, an executable
 // graph for device launch passes by its real handle, events and contexts as the session knows
-// them); `of=` asks the node table, `publish=` files a clone's node under its graph and a child
-// graph under its node's graph. Nothing is created or destroyed by the generated graph calls.
+// them, user objects by the session's references); `of=` asks the node table, `publish=` files a
+// clone's node under its graph and a child graph under its node's graph; the user-object
+// reference calls keep their counts through the family's hooks. Nothing is created or destroyed
+// by the generated graph calls.
 class GraphGeneratedHost final : public GeneratedHost {
  public:
   explicit GraphGeneratedHost(SessionGraphs& g) : g_(g), h_(g.h_) {}
@@ -98,6 +100,7 @@ class GraphGeneratedHost final : public GeneratedHost {
   void Created(HandleKind, uint64_t) override {}
   void Destroyed(HandleKind, uint64_t) override {}
   void AfterCall(Fn, CUresult) override {}
+  GeneratedHooks& Hooks(Fn) override { return g_; }  // the user-object reference counts
   bool Resolve(HandleKind k, uint64_t wire, uint64_t* real) override {
     uint64_t v = wire;
     switch (k) {
@@ -106,6 +109,7 @@ class GraphGeneratedHost final : public GeneratedHost {
       case HandleKind::kGraph: *real = g_.Real(k, wire); return g_.graphs_.count(*real) != 0;
       case HandleKind::kEvent: if (!h_.KnownEvent(v)) return false; *real = v; return true;
       case HandleKind::kContext: if (!h_.KnownContext(v)) return false; *real = v; return true;
+      case HandleKind::kUserObject: return g_.user_objects_.count(wire) && h_.Handles().Resolve(k, wire, real);
       default: return h_.Handles().Resolve(k, wire, real);
     }
   }

@@ -98,7 +98,7 @@ class GraphHost {
 
 class GraphGeneratedHost;
 
-class SessionGraphs {
+class SessionGraphs : public GeneratedHooks {
  public:
   explicit SessionGraphs(GraphHost& host) : h_(host) {}
 
@@ -108,6 +108,18 @@ class SessionGraphs {
   // Ends captures still under way and destroys every executable graph and graph left.
   void Cleanup();
   size_t graph_count() const { return graphs_.size(); }
+
+  // hook=check,done (api/remote_surface.tsv): the generated user-object reference calls check and
+  // keep the counts below (session_user_objects.cc).
+  CUresult Check_cuUserObjectRetain(uint64_t& o, uint32_t& count) override;
+  CUresult Done_cuUserObjectRetain(const uint64_t& o, const uint32_t& count) override;
+  CUresult Check_cuUserObjectRelease(uint64_t& o, uint32_t& count) override;
+  CUresult Done_cuUserObjectRelease(const uint64_t& o, const uint32_t& count) override;
+  CUresult Check_cuGraphRetainUserObject(uint64_t& g, uint64_t& o, uint32_t& count, uint32_t& flags) override;
+  CUresult Done_cuGraphRetainUserObject(const uint64_t& g, const uint64_t& o, const uint32_t& count,
+                                        const uint32_t& flags) override;
+  CUresult Check_cuGraphReleaseUserObject(uint64_t& g, uint64_t& o, uint32_t& count) override;
+  CUresult Done_cuGraphReleaseUserObject(const uint64_t& g, const uint64_t& o, const uint32_t& count) override;
 
  private:
   friend class GraphGeneratedHost;  // the generated graph calls (session_graph_nodes.cc)
@@ -152,7 +164,8 @@ class SessionGraphs {
   CUresult GeneratedCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult DotPrint(transport::Reader& rd);
   // User objects (session_user_objects.cc): the references the client holds and those it gave
-  // graphs; a name is retired when neither holds one.
+  // graphs; a name is retired when neither holds one. UserObjectCall serves cuUserObjectCreate,
+  // the generated reference calls come through GeneratedCall and the hooks above.
   static bool HandlesUserObjectCall(driver::Fn fn);
   CUresult UserObjectCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   void ForgetUserObjectRefs(uint64_t graph);
@@ -229,6 +242,12 @@ class SessionGraphs {
     std::map<uint64_t, uint64_t> graph_refs;  // graph -> references the client gave it
   };
   std::map<uint64_t, UserObjectEntry> user_objects_;  // by wire name
+  // The entry of the user object `real` (its wire name in *wire), or nullptr when the session has
+  // none or count is 0 or too large for one call.
+  UserObjectEntry* UserObject(uint64_t real, uint32_t count, uint64_t* wire);
+  // The hooks' check (CUDA_ERROR_INVALID_VALUE) and bookkeeping (session_user_objects.cc).
+  CUresult MayCount(uint64_t real, uint32_t count, bool held, uint64_t graph);
+  CUresult Count(uint64_t real, uint32_t count, int client, int graph, uint64_t g);
 };
 
 }  // namespace tf::worker

@@ -27,8 +27,6 @@ bool KnownType(uint32_t t) { return t == CU_DEV_RESOURCE_TYPE_INVALID || t == CU
 constexpr uint32_t kSplitFlags =
     CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING | CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE;
 constexpr uint32_t kGreenFlags = CU_GREEN_CTX_DEFAULT_STREAM;
-// cuCtxSetFlags: the bits of CU_CTX_FLAGS_MASK (scheduling, map-host, local-memory resize, ...).
-constexpr uint32_t kCtxFlags = CU_CTX_FLAGS_MASK;
 
 }  // namespace
 
@@ -42,7 +40,6 @@ bool SessionGreen::Handles(Fn fn) {
     case Fn::cuGreenCtxCreate:
     case Fn::cuCtxFromGreenCtx:
     case Fn::cuGreenCtxDestroy:
-    case Fn::cuCtxSetFlags:
       return true;
     default:
       return false;
@@ -106,11 +103,6 @@ CUresult SessionGreen::Call(Fn fn, Reader& rd, Writer& out) {
     }
     case Fn::cuGreenCtxDestroy:
       return Destroy(rd, out);
-    case Fn::cuCtxSetFlags: {
-      uint32_t flags = 0;
-      if (!rd.U32(&flags) || !rd.Finish() || (flags & ~kCtxFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
-      return CALL(cuCtxSetFlags, flags);
-    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }

@@ -1,8 +1,8 @@
 // Green contexts and device resources of a worker session (cuGreenCtx*, cuDevSmResourceSplitByCount,
-// cuDevResourceGenerateDesc, cuDeviceGetDevResource, cuCtxGetDevResource, cuCtxFromGreenCtx) and
-// cuCtxSetFlags: the hand-written half of the family whose other calls are generated
-// (api/remote_surface.tsv: cuGreenCtxStreamCreate, cuGreenCtxRecordEvent/WaitEvent,
-// cuGreenCtxGetId, cuStreamGetGreenCtx).
+// cuDevResourceGenerateDesc, cuDeviceGetDevResource, cuCtxGetDevResource, cuCtxFromGreenCtx): the
+// hand-written half of the family whose other calls are generated (api/remote_surface.tsv:
+// cuGreenCtxStreamCreate, cuGreenCtxRecordEvent/WaitEvent, cuGreenCtxGetId, cuStreamGetGreenCtx,
+// cuCtxSetFlags).
 //
 // Names: a green context is a HandleKind::kGreenCtx name; its CUcontext (the driver's
 // cuCtxFromGreenCtx) is published as an ordinary context of the session when the green context is
@@ -24,7 +24,6 @@
 //   cuCtxFromGreenCtx           u64 green                     -> u64 context, i32 device, context info
 //   cuGreenCtxDestroy           u64 green                     -> u64 context, u32 n, n x u64 stream
 //                                                                (the names that went with it)
-//   cuCtxSetFlags               u32 flags
 // where a resource is sizeof(CUdevResource) bytes.
 //
 // Threading: used by the session's replay thread only.

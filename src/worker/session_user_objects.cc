@@ -70,54 +70,60 @@ CUresult SessionGraphs::UserObjectCall(Fn fn, Reader& rd, Writer& out) {
     out.U64(wire);
     return CUDA_SUCCESS;
   }
-  // Retain/Release: u64 object, u32 count. Graph{Retain,Release}UserObject: u64 graph, u64 object,
-  // u32 count [, u32 flags: Retain].
-  uint64_t g = 0, wire = 0;
-  uint32_t count = 0, flags = 0;
-  const bool graph = fn == Fn::cuGraphRetainUserObject || fn == Fn::cuGraphReleaseUserObject;
-  if (graph) ReadReal(rd, HandleKind::kGraph, &g);
-  rd.U64(&wire);
-  rd.U32(&count);
-  if (fn == Fn::cuGraphRetainUserObject) rd.U32(&flags);
-  if (!rd.Finish() || count == 0 || count > kMaxRefs) return CUDA_ERROR_INVALID_VALUE;
-  auto it = user_objects_.find(wire);
-  if (it == user_objects_.end()) return CUDA_ERROR_INVALID_VALUE;
-  if (graph && !graphs_.count(g)) return CUDA_ERROR_INVALID_VALUE;
-  UserObjectEntry& e = it->second;
-  CUuserObject o = reinterpret_cast<CUuserObject>(e.real);
-  CUresult r = CUDA_SUCCESS;
-  switch (fn) {
-    case Fn::cuUserObjectRetain:
-      r = CALL(cuUserObjectRetain, o, count);
-      if (r == CUDA_SUCCESS) e.client_refs += count;
-      return r;
-    case Fn::cuUserObjectRelease:
-      if (count > e.client_refs) return CUDA_ERROR_INVALID_VALUE;
-      r = CALL(cuUserObjectRelease, o, count);
-      if (r == CUDA_SUCCESS) e.client_refs -= count;
-      break;
-    case Fn::cuGraphRetainUserObject: {
-      const bool move = (flags & CU_GRAPH_USER_OBJECT_MOVE) != 0;
-      if ((flags & ~CU_GRAPH_USER_OBJECT_MOVE) || (move && count > e.client_refs)) return CUDA_ERROR_INVALID_VALUE;
-      r = CALL(cuGraphRetainUserObject, reinterpret_cast<CUgraph>(g), o, count, flags);
-      if (r == CUDA_SUCCESS) {
-        e.graph_refs[g] += count;
-        if (move) e.client_refs -= count;
-      }
-      break;
-    }
-    case Fn::cuGraphReleaseUserObject: {
-      auto gr = e.graph_refs.find(g);
-      if (gr == e.graph_refs.end() || count > gr->second) return CUDA_ERROR_INVALID_VALUE;
-      r = CALL(cuGraphReleaseUserObject, reinterpret_cast<CUgraph>(g), o, count);
-      if (r == CUDA_SUCCESS && (gr->second -= count) == 0) e.graph_refs.erase(gr);
-      break;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// ---- the generated reference calls (api/remote_surface.tsv, hook=check,done): the references the
+// client holds and those it gave each graph, so that a release beyond them fails that call. A
+// count of 0 or above kMaxRefs is CUDA_ERROR_INVALID_VALUE, as an unknown object is.
+
+SessionGraphs::UserObjectEntry* SessionGraphs::UserObject(uint64_t real, uint32_t count, uint64_t* wire) {
+  if (count == 0 || count > kMaxRefs || !h_.Handles().WireOf(HandleKind::kUserObject, real, wire)) return nullptr;
+  auto it = user_objects_.find(*wire);
+  return it == user_objects_.end() ? nullptr : &it->second;
+}
+
+// The object is the session's and, with `held`, the client (graph 0) or graph g holds count.
+CUresult SessionGraphs::MayCount(uint64_t real, uint32_t count, bool held, uint64_t g) {
+  uint64_t wire = 0;
+  const UserObjectEntry* e = UserObject(real, count, &wire);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t have = held ? e->client_refs : count;
+  if (held && g != 0) {
+    auto gr = e->graph_refs.find(g);
+    have = gr == e->graph_refs.end() ? 0 : gr->second;
   }
-  RetireUserObjectIfUnused(wire);
-  return r;
+  return count <= have ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// After the driver: count references more (or fewer) for the client and for graph g.
+CUresult SessionGraphs::Count(uint64_t real, uint32_t count, int client, int graph, uint64_t g) {
+  uint64_t wire = 0;
+  if (UserObjectEntry* e = UserObject(real, count, &wire)) {
+    e->client_refs += static_cast<uint64_t>(int64_t{client} * count);
+    if (graph != 0 && (e->graph_refs[g] += static_cast<uint64_t>(int64_t{graph} * count)) == 0) e->graph_refs.erase(g);
+    RetireUserObjectIfUnused(wire);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult SessionGraphs::Check_cuUserObjectRetain(uint64_t& o, uint32_t& n) { return MayCount(o, n, false, 0); }
+CUresult SessionGraphs::Done_cuUserObjectRetain(const uint64_t& o, const uint32_t& n) { return Count(o, n, 1, 0, 0); }
+CUresult SessionGraphs::Check_cuUserObjectRelease(uint64_t& o, uint32_t& n) { return MayCount(o, n, true, 0); }
+CUresult SessionGraphs::Done_cuUserObjectRelease(const uint64_t& o, const uint32_t& n) { return Count(o, n, -1, 0, 0); }
+// CU_GRAPH_USER_OBJECT_MOVE (flags=flags:0x1) moves references the client holds to the graph.
+CUresult SessionGraphs::Check_cuGraphRetainUserObject(uint64_t&, uint64_t& o, uint32_t& n, uint32_t& flags) {
+  return MayCount(o, n, (flags & CU_GRAPH_USER_OBJECT_MOVE) != 0, 0);
+}
+CUresult SessionGraphs::Done_cuGraphRetainUserObject(const uint64_t& g, const uint64_t& o, const uint32_t& n,
+                                                     const uint32_t& flags) {
+  return Count(o, n, (flags & CU_GRAPH_USER_OBJECT_MOVE) != 0 ? -1 : 0, 1, g);
+}
+CUresult SessionGraphs::Check_cuGraphReleaseUserObject(uint64_t& g, uint64_t& o, uint32_t& n) {
+  return MayCount(o, n, true, g);
+}
+CUresult SessionGraphs::Done_cuGraphReleaseUserObject(const uint64_t& g, const uint64_t& o, const uint32_t& n) {
+  return Count(o, n, 0, -1, g);
 }
 
 // A graph that goes releases what the client gave it (the driver does the same).

@@ -109,10 +109,11 @@ CUresult DestroyArray(FakeArray* array, bool mipmapped) {
   return CUDA_SUCCESS;
 }
 
-CUresult ArrayRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, FakeArray* array, bool mipmapped) {
+CUresult ArrayRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, FakeArray* array, CUdevice dev, bool mipmapped) {
   if (req == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = Driver::Get();
   std::lock_guard<std::mutex> lock(d.mu);
+  if (dev < 0 || dev >= d.topology.device_count) return CUDA_ERROR_INVALID_DEVICE;
   auto it = d.arrays.find(array);
   if (it == d.arrays.end() || it->second->mipmapped != mipmapped) return CUDA_ERROR_INVALID_HANDLE;
   *req = CUDA_ARRAY_MEMORY_REQUIREMENTS{};
@@ -377,8 +378,7 @@ CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* desc, CUarray handle) {
 CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req, CUarray handle,
                                       CUdevice dev) {
   FAKECUDA_ENTER();
-  (void)dev;
-  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle), false);
+  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle), dev, false);
 }
 
 CUresult cuMipmappedArrayCreate(CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
@@ -420,8 +420,7 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray handle) {
 CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS* req,
                                                CUmipmappedArray handle, CUdevice dev) {
   FAKECUDA_ENTER();
-  (void)dev;
-  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle), true);
+  return fakecuda::ArrayRequirements(req, reinterpret_cast<fakecuda::FakeArray*>(handle), dev, true);
 }
 
 // ---- Copies with arrays (1D: the array's bytes in row-major order) ----

@@ -114,6 +114,10 @@ int Arrays() {
   CUDA_ARRAY_MEMORY_REQUIREMENTS req = {};
   CHECK(cuArrayGetMemoryRequirements(&req, a, 0));
   std::printf("array_requirements=%d\n", req.size >= 64 * 32 * 4 && req.alignment > 0);
+  std::printf("array_requirements_values=%zu:%zu:%u\n", req.size, req.alignment, req.reserved[0]);
+  CUarray none = nullptr;
+  std::printf("create_null=%d:%d:%d\n", static_cast<int>(cuArrayCreate(&none, nullptr)),
+              static_cast<int>(cuArray3DCreate(&none, nullptr)), static_cast<int>(cuArrayCreate(nullptr, &d2)));
 
   // Linear copies: the array's bytes in row-major order.
   std::vector<uint8_t> in = Pattern(1, 8192), out(8192, 0);
@@ -345,6 +349,11 @@ int Arrays() {
   std::printf("mip_level_copy=%d\n", lin1 == lout);
   CHECK(cuMipmappedArrayGetMemoryRequirements(&req, mip, 0));
   std::printf("mip_requirements=%d\n", req.size >= 32 * 32 * 4);
+  std::printf("mip_requirements_values=%zu:%zu\n", req.size, req.alignment);
+  // A device the program does not have: CUDA_ERROR_INVALID_DEVICE, and nothing written.
+  req.size = 7;
+  std::printf("requirements_bad_device=%d:%d:%zu\n", static_cast<int>(cuArrayGetMemoryRequirements(&req, a, 99)),
+              static_cast<int>(cuMipmappedArrayGetMemoryRequirements(&req, mip, -1)), req.size);
 
   // Texture and surface objects over each kind of resource; descriptors answered back.
   CUDA_TEXTURE_DESC td = {};

@@ -345,6 +345,24 @@ int GraphNodeAccess() {
   const int before_last = g_destroyed.load();
   CHECK(cuUserObjectRelease(uo2, 1));
   std::printf("user_object_refs=%d,%d,%d\n", over, before_last, WaitDestroyed(11));
+  // A graph's references: given, a release beyond them, counts of 0, an undefined flag, released,
+  // and released again once none is left; the program's last reference then destroys the object.
+  int weight100 = 100;
+  CUuserObject uo3;
+  CHECK(cuUserObjectCreate(&uo3, &weight100, Destroyed, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+  CUgraph gr;
+  CHECK(cuGraphCreate(&gr, 0));
+  CHECK(cuGraphRetainUserObject(gr, uo3, 2, 0));
+  const int beyond = Err(cuGraphReleaseUserObject(gr, uo3, 3));
+  const int zero = Err(cuGraphReleaseUserObject(gr, uo3, 0));
+  const int zero_retain = Err(cuUserObjectRetain(uo3, 0));
+  const int bad_flag = Err(cuGraphRetainUserObject(gr, uo3, 1, 2));
+  const int released = Err(cuGraphReleaseUserObject(gr, uo3, 2));
+  const int none_left = Err(cuGraphReleaseUserObject(gr, uo3, 1));
+  CHECK(cuUserObjectRelease(uo3, 1));
+  std::printf("user_object_graph_refs=%d,%d,%d,%d,%d,%d,%d\n", beyond, zero, zero_retain, bad_flag, released,
+              none_left, WaitDestroyed(111));
+  CHECK(cuGraphDestroy(gr));
   CUuserObject bad_uo;
   std::printf("user_object_bad=%d,%d\n",
               Err(cuUserObjectCreate(&bad_uo, &weight, Destroyed, 1, 0)),

@@ -91,6 +91,8 @@ int Green(bool foreign) {
   CHECK(cuStreamGetGreenCtx(gs_default, &of_default));
   unsigned flags = 0;
   CHECK(cuCtxSetFlags(CU_CTX_SCHED_YIELD));
+  // A flag outside CU_CTX_FLAGS_MASK: CUDA_ERROR_INVALID_VALUE, and the flags stay.
+  std::printf("ctx_flags_bad=%d\n", static_cast<int>(cuCtxSetFlags(0x100)));
   CHECK(cuCtxGetFlags(&flags));
   std::printf("green_stream_default=%d\n", of_default == green);
   std::printf("green_ctx_flags=%u\n", flags);

@@ -531,6 +531,7 @@ TEST_F(RemoteTest, GreenContextsSplitSmsRunWorkAndRejectForeignHandles) {
     EXPECT_EQ(r.kv["green_id"], "1:1");
     EXPECT_EQ(r.kv["green_stream_default"], "1");
     EXPECT_EQ(r.kv["green_ctx_flags"], "2");  // CU_CTX_SCHED_YIELD
+    EXPECT_EQ(r.kv["ctx_flags_bad"], "1");     // CUDA_ERROR_INVALID_VALUE
     EXPECT_EQ(r.kv["cross_events_sum"], "1056");
     EXPECT_EQ(r.kv["altered_resource"], "1");  // CUDA_ERROR_INVALID_VALUE
     EXPECT_EQ(r.kv["split_again"], "915");     // CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION
@@ -979,6 +980,7 @@ TEST_F(RemoteTest, GraphNodesReadBackAndChangeRemotelyAsNatively) {
     EXPECT_EQ(r.kv["exec_flags"], "8");
     EXPECT_EQ(r.kv["user_object"], "0,1,1") << "destroyed once, after the executable graph went";
     EXPECT_EQ(r.kv["user_object_refs"], "1,1,11");
+    EXPECT_EQ(r.kv["user_object_graph_refs"], "1,1,1,1,0,1,111");  // CUDA_ERROR_INVALID_VALUE but one
     EXPECT_EQ(r.kv["dot"], "1,1,5") << "the DOT file is written where the program asked";
     EXPECT_EQ(r.kv["dot_bad_dir"], "304");
     EXPECT_EQ(r.kv["bad_attr"], "1,1");
@@ -1245,6 +1247,11 @@ TEST_F(RemoteTest, ArraysAnd2D3DCopiesRoundTripDataOverBothTransports) {
     EXPECT_EQ(r.kv["mip_levels"], "32x32,16x16,8x8");
     EXPECT_EQ(r.kv["mip_level_copy"], "1");
     EXPECT_EQ(r.kv["mip_requirements"], "1");
+    // Generated calls: the driver's values, its errors (compared with the driver's below too).
+    EXPECT_EQ(r.kv["create_null"], "1:1:1");  // CUDA_ERROR_INVALID_VALUE
+    EXPECT_EQ(r.kv["requirements_bad_device"], "101:101:7");  // CUDA_ERROR_INVALID_DEVICE
+    EXPECT_EQ(r.kv["array_requirements_values"], direct.kv["array_requirements_values"]);
+    EXPECT_EQ(r.kv["mip_requirements_values"], direct.kv["mip_requirements_values"]);
     EXPECT_EQ(r.kv["tex_objects"], "1");
     EXPECT_EQ(r.kv["surf_object"], "1");
     EXPECT_EQ(r.kv["surf_of_linear"], "1");
@@ -2511,7 +2518,7 @@ TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
     d.NumChannels = 1;  // rows of 64 bytes, 1024 bytes in all
     Writer w(buf, sizeof(buf));
     remote::WriteArrayDesc(d, w);
-    ASSERT_EQ(c.Call(remote::Op(Fn::cuArrayCreate_v2), w, &out), 0);
+    ASSERT_EQ(c.Call(remote::Op(Fn::cuArray3DCreate_v2), w, &out), 0);
     memcpy(&array, out.data(), 8);
   }
   const uint64_t bogus = 0xbad0;
@@ -2626,7 +2633,7 @@ TEST_F(RemoteTest, ArrayNamesFailInAnotherSessionForgedOrAfterDestroy) {
     if (levels) w.U32(levels);
     uint64_t name = 0;
     out.clear();
-    if (c.Call(remote::Op(levels ? Fn::cuMipmappedArrayCreate : Fn::cuArrayCreate_v2), w, &out) == 0 &&
+    if (c.Call(remote::Op(levels ? Fn::cuMipmappedArrayCreate : Fn::cuArray3DCreate_v2), w, &out) == 0 &&
         out.size() >= 8) {
       memcpy(&name, out.data(), 8);
     }

@@ -328,6 +328,53 @@ TEST_F(SessionGraphsTest, GraphsNodesAndExecsAreNamesThatFailOutsideTheirSession
   EXPECT_EQ(One(a, Fn::cuGraphDestroy, g2), CUDA_SUCCESS);
 }
 
+// User objects (the generated reference calls, their counts kept by the graph family's hooks): a
+// name of another session, a forged one, a count of 0, a release beyond the references held and a
+// graph that holds none fail that call only; the name is retired with the last reference.
+TEST_F(SessionGraphsTest, UserObjectReferencesAreCountedPerSessionAndGraph) {
+  TestHost ha(d_, 0xaaaa), hb(d_, 0xbbbb);
+  SessionGraphs a(ha), b(hb);
+  auto create = [&](SessionGraphs& g, uint64_t* name) {
+    CUresult r = Call(g, Fn::cuUserObjectCreate, [](transport::Writer& w) {
+      w.U64(7);  // the client's id of its destroy callback
+      w.U32(1);
+      w.U32(CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+    });
+    *name = r == CUDA_SUCCESS ? OutU64(0) : 0;
+    return r;
+  };
+  auto refs = [&](SessionGraphs& g, Fn fn, uint64_t graph, uint64_t o, uint32_t count) {
+    return Call(g, fn, [&](transport::Writer& w) {
+      if (fn == Fn::cuGraphRetainUserObject || fn == Fn::cuGraphReleaseUserObject) w.U64(graph);
+      w.U64(o);
+      w.U32(count);
+      if (fn == Fn::cuGraphRetainUserObject) w.U32(0);
+    });
+  };
+  uint64_t uo = 0, other = 0, g = 0;
+  ASSERT_EQ(create(a, &uo), CUDA_SUCCESS);
+  ASSERT_EQ(create(b, &other), CUDA_SUCCESS);
+  ASSERT_EQ(Create(a, &g), CUDA_SUCCESS);
+  EXPECT_TRUE(HandleTable::LooksLikeName(uo));
+  const uint64_t forged = uo ^ (1ull << 30);
+  for (uint64_t bad : {other, forged}) {
+    EXPECT_EQ(refs(a, Fn::cuUserObjectRetain, 0, bad, 1), CUDA_ERROR_INVALID_VALUE) << std::hex << bad;
+    EXPECT_EQ(refs(a, Fn::cuGraphRetainUserObject, g, bad, 1), CUDA_ERROR_INVALID_VALUE);
+  }
+  EXPECT_EQ(refs(a, Fn::cuUserObjectRetain, 0, uo, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(refs(a, Fn::cuUserObjectRelease, 0, uo, 2), CUDA_ERROR_INVALID_VALUE);  // holds 1
+  EXPECT_EQ(refs(a, Fn::cuGraphReleaseUserObject, g, uo, 1), CUDA_ERROR_INVALID_VALUE);  // gave none
+  ASSERT_EQ(refs(a, Fn::cuUserObjectRetain, 0, uo, 1), CUDA_SUCCESS);
+  ASSERT_EQ(refs(a, Fn::cuGraphRetainUserObject, g, uo, 1), CUDA_SUCCESS);
+  ASSERT_EQ(refs(a, Fn::cuUserObjectRelease, 0, uo, 2), CUDA_SUCCESS);
+  uint64_t real = 0;
+  EXPECT_TRUE(ha.Handles().Resolve(HandleKind::kUserObject, uo, &real));  // the graph holds one
+  ASSERT_EQ(refs(a, Fn::cuGraphReleaseUserObject, g, uo, 1), CUDA_SUCCESS);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kUserObject), 0u);
+  EXPECT_EQ(refs(a, Fn::cuUserObjectRetain, 0, uo, 1), CUDA_ERROR_INVALID_VALUE);  // retired
+  EXPECT_EQ(refs(b, Fn::cuUserObjectRelease, 0, other, 1), CUDA_SUCCESS);
+}
+
 // Arrays and mipmapped arrays of a session (SessionArrays) on the fake driver: created, copied,
 // queried and destroyed by names of the session's table; a name of another session, a forged, a
 // stale or the driver's own handle fails that call only; a mipmapped array's levels die with it.
@@ -344,6 +391,7 @@ class ArraysHost : public SessionArrays::Host {
   uint64_t CallDataLimit() const override { return 1 << 20; }
   void KeepUntilStreamDone(std::unique_ptr<uint8_t[]>, CUstream) override {}
   HandleTable& Handles() override { return table_; }
+  bool KnownDevice(int32_t d) const override { return d == 0; }
   std::vector<uint8_t> received;  // device-to-host data of the last calls
 
  private:
@@ -370,7 +418,7 @@ class SessionArraysTest : public SessionGraphsTest {
     d.Height = 16;
     d.Format = CU_AD_FORMAT_FLOAT;
     d.NumChannels = 1;
-    CUresult r = Call(s, levels ? Fn::cuMipmappedArrayCreate : Fn::cuArrayCreate_v2,
+    CUresult r = Call(s, levels ? Fn::cuMipmappedArrayCreate : Fn::cuArray3DCreate_v2,
                       [&](transport::Writer& w) {
                         remote::WriteArrayDesc(d, w);
                         if (levels) w.U32(levels);
@@ -525,6 +573,58 @@ TEST_F(SessionArraysTest, ArraysAndMipmappedArraysAreNamesThatFailOutsideTheirSe
   EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 0u);
   EXPECT_EQ(hb.Handles().Live(HandleKind::kArray), 0u);
   EXPECT_EQ(AtoH(a, fresh, 16), CUDA_ERROR_INVALID_VALUE);
+}
+
+// The generated array calls (api/remote_surface.tsv) through the family: a created array's reply
+// is its name and then the driver's descriptor; a malformed message, a device the session lacks
+// and an array in place of a mipmapped array fail that call only and change nothing.
+TEST_F(SessionArraysTest, GeneratedArrayCallsReplyWithTheDriversValuesAndRefuseBadArguments) {
+  ArraysHost ha(0xaaaa);
+  SessionArrays a(d_, ha);
+  uint64_t arr = 0, mip = 0;
+  ASSERT_EQ(Create(a, 0, &arr), CUDA_SUCCESS);
+  {
+    transport::Reader rd(out_, out_len_);
+    uint64_t name = 0;
+    CUDA_ARRAY3D_DESCRIPTOR got = {};
+    rd.U64(&name);
+    ASSERT_TRUE(remote::ReadArrayDesc(rd, &got));
+    EXPECT_TRUE(rd.Finish());
+    EXPECT_EQ(got.Width, 16u);
+    EXPECT_EQ(got.Height, 16u);
+    EXPECT_EQ(got.Format, CU_AD_FORMAT_FLOAT);
+  }
+  // cuArrayCreate_v2 takes the 2D descriptor: width, height, format, channels.
+  CUresult r = Call(a, Fn::cuArrayCreate_v2, [](transport::Writer& w) {
+    w.U64(8);
+    w.U64(4);
+    w.U32(CU_AD_FORMAT_UNSIGNED_INT8);
+    w.U32(2);
+  });
+  ASSERT_EQ(r, CUDA_SUCCESS);
+  EXPECT_TRUE(HandleTable::LooksLikeName(OutU64(0)));
+  EXPECT_EQ(OutU64(1), 8u);  // the descriptor's width, after the name
+  ASSERT_EQ(Create(a, 2, &mip), CUDA_SUCCESS);
+  ASSERT_EQ(Requirements(a, Fn::cuArrayGetMemoryRequirements, arr), CUDA_SUCCESS);
+  EXPECT_GE(OutU64(0), 16u * 16u * 4u);  // size, alignment, then the four reserved words
+  EXPECT_EQ(out_len_, 8u + 8u + 4u * 4u);
+  const size_t live = ha.Handles().Live(HandleKind::kArray);
+  EXPECT_EQ(Call(a, Fn::cuArrayGetMemoryRequirements, [&](transport::Writer& w) {
+              w.U64(arr);
+              w.I32(3);  // the session has device 0 only
+            }),
+            CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(Call(a, Fn::cuArrayGetMemoryRequirements, [&](transport::Writer& w) { w.U64(arr); }),
+            CUDA_ERROR_INVALID_VALUE);  // truncated
+  EXPECT_EQ(Call(a, Fn::cuArray3DCreate_v2, [](transport::Writer& w) { w.U64(16); }),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayGetSparseProperties, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuArrayGetSparseProperties, mip), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(One(a, Fn::cuMipmappedArrayDestroy, arr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), live);
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kMipmappedArray), 1u);
+  a.Cleanup();
+  EXPECT_EQ(ha.Handles().Live(HandleKind::kArray), 0u);
 }
 #endif  // TF_FAKECUDA
 

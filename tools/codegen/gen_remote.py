@@ -27,11 +27,11 @@ HANDLE_KINDS = {
     "CUdevResourceDesc": "kDevResourceDesc",
 }
 # The CUDA error a bad handle of each kind gets (the driver's own choice for contexts; graphs, their
-# nodes and executable graphs answer CUDA_ERROR_INVALID_VALUE, as their hand-written family always
-# has); every other kind gets CUDA_ERROR_INVALID_HANDLE.
+# nodes, executable graphs and user objects answer CUDA_ERROR_INVALID_VALUE, as their hand-written
+# family always has); every other kind gets CUDA_ERROR_INVALID_HANDLE.
 HANDLE_ERROR = {"kContext": "CUDA_ERROR_INVALID_CONTEXT", "kMemPool": "CUDA_ERROR_INVALID_VALUE",
                 "kGraph": "CUDA_ERROR_INVALID_VALUE", "kGraphNode": "CUDA_ERROR_INVALID_VALUE",
-                "kGraphExec": "CUDA_ERROR_INVALID_VALUE"}
+                "kGraphExec": "CUDA_ERROR_INVALID_VALUE", "kUserObject": "CUDA_ERROR_INVALID_VALUE"}
 SCALARS = {
     "int": "i32", "unsigned int": "u32", "unsigned": "u32", "unsigned char": "u8",
     "unsigned short": "u16", "float": "f32", "size_t": "u64",
