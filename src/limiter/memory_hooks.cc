@@ -139,14 +139,6 @@ CUresult Hook_cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t Width
   });
 }
 
-// Legacy IPC of a movable range: it stays resident from then on (Tiering::ExportIpc).
-CUresult Hook_cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
-  TF_REAL_OR_MISSING(cuIpcGetMemHandle)
-  CUresult r = CUDA_SUCCESS;
-  if (g_tiering && Tiering::Instance().ExportIpc(pHandle, dptr, fn, &r)) return r;
-  return fn(pHandle, dptr);
-}
-
 CUresult Hook_cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   TF_REAL_OR_MISSING(cuMemAllocManaged)
   return Charged(RoundToGranule(bytesize), AllocKind::kDevicePtr, [&](uint64_t* key) {

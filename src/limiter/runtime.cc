@@ -16,6 +16,7 @@
 #include "limiter/compute_governor.h"
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
+#include "limiter/movable_ipc.h"
 #include "limiter/tier_pools.h"
 #include "limiter/tiering.h"
 
@@ -119,6 +120,8 @@ void AtForkChild() {
   ComputeGovernor::Instance().ResetAfterFork();
   Tiering::Instance().ResetAfterFork();
   StreamOrderedPools::Instance().ResetAfterFork();
+  IpcExports::Instance().ResetAfterFork();
+  IpcImports::Instance().ResetAfterFork();
 }
 
 // Load-time set-up that touches neither CUDA nor the environment: the opaque forwarders answer

@@ -28,6 +28,7 @@
 #include "limiter/export_support.h"
 #include "limiter/guest_log.h"
 #include "limiter/in_context.h"
+#include "limiter/movable_ipc.h"
 #include "limiter/runtime.h"
 #include "limiter/tier_pools.h"
 #include "limiter/tier_vmm.h"
@@ -194,6 +195,11 @@ size_t Granularity(int device) {
   return g;
 }
 
+// Movable ranges' chunks are created exportable to a file descriptor, so that legacy IPC can hand
+// them to another process (movable_ipc.h). A driver that refuses the handle type gets plain chunks
+// from then on (said once; an export then fails with the driver's error).
+std::atomic<bool> g_plain_chunks{false};
+
 // Physical memory for `r` at its address, readable and writable by its device. REQUIRES s.mu
 // for a tenant's handle.
 CUresult MapPhysical(CUdeviceptr base, Range* r) {
@@ -208,7 +214,21 @@ CUresult MapPhysical(CUdeviceptr base, Range* r) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = r->device;
   CUmemGenericAllocationHandle h = 0;
-  CUresult e = d.cuMemCreate(&h, r->size, &prop, 0);
+  CUresult e = CUDA_ERROR_NOT_SUPPORTED;
+  if (!g_plain_chunks.load(std::memory_order_relaxed)) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    e = d.cuMemCreate(&h, r->size, &prop, 0);
+    if (e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE) {
+      if (!g_plain_chunks.exchange(true)) {
+        GuestLog("the driver creates no exportable device memory (%d): legacy IPC of movable memory is off",
+                 static_cast<int>(e));
+      }
+    }
+  }
+  if (g_plain_chunks.load(std::memory_order_relaxed)) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    e = d.cuMemCreate(&h, r->size, &prop, 0);
+  }
   if (e != CUDA_SUCCESS) return e;
   e = d.cuMemMap(base, r->size, 0, h, 0);
   if (e != CUDA_SUCCESS) {
@@ -1500,6 +1520,8 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
     Range r = x->second;
     s.exported.erase(x);
     CUresult e = drain ? InContext(r.ctx, [] { return g_real.cuCtxSynchronize(); }) : CUDA_SUCCESS;
+    // Importers that mapped it keep its physical memory until they close it (VMM semantics).
+    IpcExports::Instance().Forget(dptr);
     UnmapPhysical(dptr, &r);
     g_real.cuMemAddressFree(dptr, r.size);
     Publish(s);
@@ -1529,8 +1551,7 @@ bool Tiering::Free(CUdeviceptr dptr, CUresult* result, bool drain) {
   return true;
 }
 
-bool Tiering::ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult (*fn)(CUipcMemHandle*, CUdeviceptr),
-                        CUresult* result) {
+bool Tiering::ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result) {
   // Stream-ordered memory: the driver refuses legacy IPC on a pool's memory (cuMemPoolExportPointer
   // is the way), and so do we for the pools we serve.
   CUmemoryPool pool = nullptr;
@@ -1538,29 +1559,44 @@ bool Tiering::ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult (*fn)
     *result = CUDA_ERROR_INVALID_VALUE;
     return true;
   }
+  if (handle == nullptr) {
+    *result = CUDA_ERROR_INVALID_VALUE;
+    return true;
+  }
   State& s = S();
   pthread_mutex_lock(&s.mu);
+  // Exported already: the same export (resident, fixed).
+  auto x = s.exported.upper_bound(dptr);
+  if (x != s.exported.begin() && dptr < (--x)->first + x->second.size) {
+    *result = IpcExports::Instance().Export(x->first, x->second.size, x->second.handle, dptr, handle);
+    pthread_mutex_unlock(&s.mu);
+    return true;
+  }
   auto it = s.ranges.upper_bound(dptr);
   if (it == s.ranges.begin() || (--it)->second.tenant || dptr >= it->first + it->second.size) {
     pthread_mutex_unlock(&s.mu);
-    return false;  // not a movable range of ours (or exported already): the driver's answer
+    return false;  // not a movable cuMemAlloc range of ours: the driver's answer
   }
   const CUdeviceptr base = it->first;
   // Its physical memory must be there to be shared (the wait for a hold releases the mutex).
+  // The driver gives no legacy IPC handle for VMM memory (driver 580 refuses it), which movable
+  // ranges are, so the handle is always ours: one path whatever the driver would say.
   CUresult e = WaitWhileHeldLocked(s);
   if (e == CUDA_SUCCESS && IsSwapped(s.state)) e = SwapInLocked(s, kTierCauseCall);
   if (e == CUDA_SUCCESS) {
-    e = fn(handle, dptr);
-    // Driver 580 refuses legacy IPC on VMM memory (cuMemCreate + cuMemMap), which movable ranges
-    // are: say why once, so that the program's failure has an explanation.
+    it = s.ranges.find(base);
+    if (it == s.ranges.end() || !it->second.resident) {
+      e = CUDA_ERROR_INVALID_VALUE;  // freed by another thread while this one waited
+    } else {
+      e = IpcExports::Instance().Export(base, it->second.size, it->second.handle, dptr, handle);
+    }
     static std::atomic<bool> told{false};
     if (e != CUDA_SUCCESS && !told.exchange(true)) {
-      GuestLog("vGPU '%s': cuIpcGetMemHandle -> %d: the driver gives no legacy IPC handle for movable (tiered) "
-               "memory; run a tenant that shares cudaMalloc memory with other processes without --tiering",
+      GuestLog("vGPU '%s': cuIpcGetMemHandle of movable memory -> %d: no handle given",
                s.binding != nullptr ? s.binding->vgpu_id : "?", static_cast<int>(e));
     }
   }
-  if (e == CUDA_SUCCESS && (it = s.ranges.find(base)) != s.ranges.end()) {
+  if (e == CUDA_SUCCESS) {
     Range r = it->second;
     s.ranges.erase(it);
     s.movable -= r.size;

@@ -150,12 +150,12 @@ class Tiering {
   // false when the caller knows that work is done (a stream-ordered free whose event completed).
   bool Free(CUdeviceptr dptr, CUresult* result, bool drain = true);
   // cuIpcGetMemHandle: true when `dptr` lies in one of our movable cuMemAlloc ranges (then
-  // *result is the answer). The process is made resident first, and a range the driver exported
-  // stays resident until freed (another process may map it): it no longer moves and counts as
-  // fixed. Memory of the stream-ordered pools we serve is refused (CUDA_ERROR_INVALID_VALUE), as
-  // the driver refuses its pools' memory.
-  bool ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult (*fn)(CUipcMemHandle*, CUdeviceptr),
-                 CUresult* result);
+  // *result is the answer). The process is made resident first; the handle is our own
+  // (IpcExports, movable_ipc.h: the driver gives none for VMM memory), and an exported range stays
+  // resident until freed (another process may map it): it no longer moves and counts as fixed.
+  // Memory of the stream-ordered pools we serve is refused (CUDA_ERROR_INVALID_VALUE), as the
+  // driver refuses its pools' memory.
+  bool ExportIpc(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result);
   // At exit: stops the tier thread. After fork: the child holds nothing.
   void Shutdown();
   void ResetAfterFork();

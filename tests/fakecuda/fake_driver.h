@@ -177,7 +177,7 @@ struct PhysicalMemory {
   CUdevice device = 0;
   size_t size = 0;
   int fd = -1;
-  uint64_t serial = 0;  // in its memfd's name, "fakecuda-vmm-PID-SERIAL" (legacy IPC names it)
+  uint64_t serial = 0;  // in its memfd's name, "fakecuda-vmm-PID-SERIAL"
   int mappings = 0;
   bool released = false;
   int retains = 0;                          // cuMemRetainAllocationHandle, each released once more

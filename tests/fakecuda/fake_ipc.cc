@@ -10,15 +10,14 @@
 // processes of one user on one host, which is what IPC between sessions of one worker needs, and
 // nothing else (no sockets, no helper process).
 //
-// Memory mapped with cuMemMap (the whole of one cuMemCreate handle, from its start: what a VMM
-// allocator such as the limiter's movable ranges makes of a cudaMalloc) is exported as its
-// handle's memfd, already shared; whether the real driver does the same for such memory is not
-// known, the fake assumes it does.
+// Memory mapped with cuMemMap (VMM memory: cuMemCreate + cuMemMap, what the limiter's movable
+// ranges make of a cudaMalloc) is refused with CUDA_ERROR_INVALID_VALUE, as driver 580 refuses it
+// on an H100: legacy IPC is for cuMemAlloc memory; VMM memory is shared through
+// cuMemExportToShareableHandle (fake_memory.cc).
 //
 // Handle layout (64 bytes): 8 bytes magic ("FKCUIPCM" memory, "FKCUIPCE" event), u32 pid, i32 fd,
-// u64 serial, u64 size (memory: bytes requested), u64 mapped bytes, u8 source (memory: 0 a
-// cuMemAlloc memfd "fakecuda-ipc-...", 1 a cuMemCreate memfd "fakecuda-vmm-..."), the rest zero;
-// native byte order (a handle never leaves the host).
+// u64 serial, u64 size (memory: bytes requested), u64 mapped bytes, the rest zero; native byte
+// order (a handle never leaves the host).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -47,7 +46,6 @@ struct HandleFields {
   uint64_t serial = 0;
   uint64_t size = 0;
   uint64_t mapped = 0;
-  uint8_t vmm = 0;
 };
 
 void EncodeHandle(char* out, const char (&magic)[8], const HandleFields& f) {
@@ -58,7 +56,6 @@ void EncodeHandle(char* out, const char (&magic)[8], const HandleFields& f) {
   memcpy(out + 16, &f.serial, 8);
   memcpy(out + 24, &f.size, 8);
   memcpy(out + 32, &f.mapped, 8);
-  out[40] = static_cast<char>(f.vmm);
 }
 
 bool DecodeHandle(const char* in, const char (&magic)[8], HandleFields* f) {
@@ -68,7 +65,6 @@ bool DecodeHandle(const char* in, const char (&magic)[8], HandleFields* f) {
   memcpy(&f->serial, in + 16, 8);
   memcpy(&f->size, in + 24, 8);
   memcpy(&f->mapped, in + 32, 8);
-  f->vmm = static_cast<uint8_t>(in[40]);
   return f->pid != 0 && f->fd >= 0;
 }
 
@@ -226,21 +222,6 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
   {
     std::lock_guard<std::mutex> lock(d.mu);
     Allocation* a = d.FindAllocation(dptr);
-    if (a != nullptr && a->kind == MemoryKind::kVmmMapping) {
-      fakecuda::PhysicalMemory* phys = a->physical;
-      if (a->vmm_offset != 0 || a->size != phys->size || phys->imported || phys->multicast) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      fakecuda::HandleFields f;
-      f.pid = static_cast<uint32_t>(getpid());
-      f.fd = phys->fd;
-      f.serial = phys->serial;
-      f.size = a->size;
-      f.mapped = phys->size;
-      f.vmm = 1;
-      fakecuda::EncodeHandle(handle->reserved, fakecuda::kMemMagic, f);
-      return CUDA_SUCCESS;
-    }
     if (a == nullptr || a->kind != MemoryKind::kDevice || a->pool != nullptr) {
       return CUDA_ERROR_INVALID_VALUE;
     }
@@ -280,8 +261,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsign
   // The exporting process maps its own memory; it cannot open its handle (as on the driver).
   if (f.pid == static_cast<uint32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
   Driver& d = Driver::Get();
-  // The two kinds of memfd number their serials apart.
-  const uint64_t key_serial = f.vmm == 1 ? (f.serial | (1ull << 63)) : f.serial;
+  const uint64_t key_serial = f.serial;
   const std::pair<uint32_t, uint64_t> key{f.pid, key_serial};
   {
     std::lock_guard<std::mutex> lock(d.mu);
@@ -292,7 +272,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle, unsign
       return CUDA_SUCCESS;
     }
   }
-  int fd = fakecuda::OpenExported(f.vmm == 1 ? "vmm" : "ipc", f);
+  int fd = fakecuda::OpenExported("ipc", f);
   if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
   void* p = mmap(nullptr, f.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);

@@ -40,7 +40,8 @@ constexpr size_t kMiB = 1u << 20;
   X(cuMemFreeAsync) X(cuLibraryLoadData) X(cuLibraryGetKernel) X(cuKernelGetFunction)         \
   X(cuGetErrorName) X(cuMemsetD8Async) X(cuMemRetainAllocationHandle)                          \
   X(cuMemGetAllocationPropertiesFromHandle) X(cuMemExportToShareableHandle)                    \
-  X(cuMemImportFromShareableHandle) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)
+  X(cuMemImportFromShareableHandle) X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)    \
+  X(cuIpcGetMemHandle)
 
 struct FakeCuda {
 #define DECLARE(name) decltype(&::name) name = nullptr;
@@ -439,7 +440,8 @@ TEST_F(FakeCudaTest, VirtualMemoryMapsPhysicalAllocations) {
 }
 
 // A handle found by address owes one more release; an exportable handle travels as a file
-// descriptor and its import maps the same memory without charging it again.
+// descriptor and its import maps the same memory without charging it again. Legacy IPC refuses
+// VMM memory, as driver 580 does.
 TEST_F(FakeCudaTest, VirtualMemoryHandlesAreRetainedExportedAndImported) {
   size_t before = FreeBytes();
   CUmemAllocationProp prop{};
@@ -461,6 +463,8 @@ TEST_F(FakeCudaTest, VirtualMemoryHandlesAreRetainedExportedAndImported) {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   ASSERT_EQ(cu().cuMemSetAccess(va, 2 * kMiB, &access, 1), CUDA_SUCCESS);
   ASSERT_EQ(cu().cuMemsetD32_v2(va, 7, 16), CUDA_SUCCESS);
+  CUipcMemHandle legacy{};
+  EXPECT_EQ(cu().cuIpcGetMemHandle(&legacy, va), CUDA_ERROR_INVALID_VALUE);
   ASSERT_EQ(cu().cuMemRetainAllocationHandle(&retained, reinterpret_cast<void*>(va + 64)), CUDA_SUCCESS);
   EXPECT_EQ(retained, handle);
   int fd = -1;

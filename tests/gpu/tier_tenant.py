@@ -40,6 +40,8 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
   firstfreeze --gib GiB in one tensor, busy with matmuls for --busy seconds (never idle), then the
              process's first explicit freeze and first call: their timings, matmuls per second
              while busy (pinning ahead runs meanwhile unless TFUSION_TIER_PIN_AHEAD=off), checksum
+  ipcfix     --gib GiB in two tensors; one passed to a torch.multiprocessing (spawn) child (legacy
+             CUDA IPC) that reads it and writes into it; a freeze; checksums in both processes
   hold       --gib GiB, print a checksum, wait for --go, check it again (the checkpoint-API tenant)
   rhold      a remote session's preemption (tiering.py's phase rhold): --gib GiB, then --ready; at
              --go a checksum (a GPU call that waits while the session is held), then READY.checked;
@@ -427,27 +429,82 @@ def run_swap(a):
     print(json.dumps({"gib": a.gib, "cycles": cycles, "intact": checksum(t) == want}))
 
 
+def ipc_child(inbox, outbox):
+    """torch.multiprocessing (spawn) child of run_ipcfix: receives the shared CUDA tensor (opened
+    from the parent's legacy IPC handle), reports its checksum, writes 7 into its first 1024 int32
+    words, and at "check" (after the parent's freeze) reports its checksum again."""
+    try:
+        t = inbox.get(timeout=120)
+        outbox.put(("seen", checksum(t)))
+        t.view(torch.int32)[:1024].fill_(7)
+        torch.cuda.synchronize()
+        outbox.put(("written", 0))
+        while True:
+            cmd = inbox.get(timeout=300)
+            if cmd == "check":
+                outbox.put(("after_freeze", checksum(t)))
+            elif cmd == "bye":
+                break
+        del t
+    except Exception as ex:  # the parent reports it
+        outbox.put(("error", repr(ex)[:300]))
+
+
 def run_ipcfix(a):
-    """Legacy CUDA IPC from a tiered tenant: one of two buffers is exported the way
-    torch.multiprocessing shares a CUDA tensor (cudaIpcGetMemHandle); a freeze must leave that one
-    resident (fixed) and move the other, and both must be intact after."""
+    """Legacy CUDA IPC from a tiered tenant: one of two buffers is passed to a torch.multiprocessing
+    (spawn) child the way PyTorch shares a CUDA tensor (cudaIpcGetMemHandle in the parent,
+    cudaIpcOpenMemHandle in the child; both processes under the same `tfusion run --tiering`). The
+    child reads it and writes into it; the parent sees the write; a freeze must leave the shared
+    one resident (fixed) and move the other; both intact after, and the child still reads the
+    shared one."""
+    import torch.multiprocessing as mp
     n = a.gib << 28  # float32 elements
     kept = torch.empty(n, device="cuda")
     kept.view(torch.int32).random_()
     shared = torch.empty(n, device="cuda")
     shared.view(torch.int32).random_()
-    want = (checksum(kept), checksum(shared))
+    expected = shared.clone()
+    expected.view(torch.int32)[:1024].fill_(7)
+    want = (checksum(kept), checksum(shared), checksum(expected))  # kept, shared before and after the child's write
+    del expected
     torch.cuda.synchronize()
     res = {"gib": a.gib}
+    child = None
     try:
-        shared.untyped_storage()._share_cuda_()
-        res["export"] = "ok"
-    except Exception as ex:  # what the program would see
-        res["export"] = repr(ex)[:300]
-    ms, text = freeze()
-    res["freeze_cli_ms"] = round(ms, 1)
-    res["freeze"] = text.splitlines()[-1] if text else ""
-    res["intact"] = (checksum(kept), checksum(shared)) == want
+        try:
+            shared.untyped_storage()._share_cuda_()
+            res["export"] = "ok"
+        except Exception as ex:  # what the program would see
+            res["export"] = repr(ex)[:300]
+        ctx = mp.get_context("spawn")
+        inbox, outbox = ctx.Queue(), ctx.Queue()
+        child = ctx.Process(target=ipc_child, args=(inbox, outbox))
+        child.start()
+        inbox.put(shared)
+        got = dict([outbox.get(timeout=180)])
+        if "seen" in got:
+            got.update([outbox.get(timeout=120)])
+        res["child_error"] = got.get("error")
+        res["child_read_ok"] = got.get("seen") == want[1]
+        res["child_write_seen"] = "written" in got and checksum(shared) == want[2]
+        ms, text = freeze()
+        res["freeze_cli_ms"] = round(ms, 1)
+        res["freeze"] = text.splitlines()[-1] if text else ""
+        res.update(freeze_figures(res["freeze"]))
+        res["intact"] = (checksum(kept), checksum(shared)) == (want[0], want[2])
+        inbox.put("check")
+        after = outbox.get(timeout=120)
+        res["child_after_freeze_ok"] = after == ("after_freeze", want[2])
+        inbox.put("bye")
+        child.join(60)
+        res["child_rc"] = child.exitcode
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)[:300]
+    finally:
+        if child is not None and child.is_alive():
+            child.kill()
+    res["ok"] = bool(res.get("export") == "ok" and res.get("child_read_ok") and res.get("child_write_seen")
+                     and res.get("intact") and res.get("child_after_freeze_ok") and res.get("child_rc") == 0)
     print(json.dumps(res))
 
 

@@ -38,6 +38,10 @@ Phases (tier_tenant.py does the work inside each tenant):
           agent checkpoints when idle and restores at its first call
   gen     GPT-2 time to first token: cold process vs after a freeze
   alloc   cuMemAlloc/cuMemFree latency: native, limiter, limiter with tiering
+  ipcfix  legacy CUDA IPC from tiered tenants (the limiter's own handle): tests/gpu/ipc_pair natively
+          and with producer and consumer under `tfusion run --tiering`; a PyTorch tenant passing a
+          1 GiB CUDA tensor to a torch.multiprocessing (spawn) child that reads and modifies it, a
+          freeze (the shared tensor stays fixed, the other moves), all checked
   steady  ResNet-50 b64 and GPT-2 b8 throughput, interleaved: native, limiter, limiter with tiering
   remote  the same checks, GPT-2 training frozen mid-run, and 1/4/16 GiB swaps for a remote session:
           a `tfusion worker --tiering --idle-swap 0` on this host, the tenant under
@@ -92,6 +96,7 @@ def log(msg):
 class Runner:
     def __init__(self, build, out):
         self.tfusion = os.path.join(build, "src/cli/tfusion")
+        self.build = build
         self.out = out
         self.logs = os.path.join(out, "logs")
         os.makedirs(self.logs, exist_ok=True)
@@ -983,10 +988,29 @@ def phase_preempt(r, gib=8):
 
 
 def phase_ipcfix(r):
-    """Legacy CUDA IPC (torch.multiprocessing's export of a CUDA tensor) from a tiered tenant: the
-    exported buffer stays resident and is counted fixed, the other one moves, both intact."""
-    d = r.tenant(["ipcfix", "--gib", "1"], TIERED + ["--vgpu", "tier-ipcfix"], timeout=120)
-    r.record("ipcfix", d)
+    """Legacy CUDA IPC from a tiered tenant, through the limiter's own handle: tests/gpu/ipc_pair
+    (producer and consumer processes, memory and interprocess events) natively and with both
+    processes under `tfusion run --tiering`; then PyTorch: a tiered tenant passes a CUDA tensor to
+    a torch.multiprocessing (spawn) child that reads and modifies it (tier_tenant.py ipcfix), the
+    shared buffer stays resident (fixed) through a freeze, the other moves, all checked."""
+    res = {}
+    pair = os.path.join(r.build, "tests/gpu/ipc_pair")
+    for mode, prefix in (("native", []), ("tiered", [r.tfusion, "run"] + TIERED + ["--vgpu", "tier-ipcpair", "--"])):
+        try:
+            p = subprocess.run(prefix + [pair, "--mib", "64"], capture_output=True, text=True, timeout=120, env=r.env)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as ex:
+            rc, out, err = -9, str(ex.stdout or ""), "TIMEOUT"
+        with open(os.path.join(r.logs, f"ipcfix-ipc_pair-{mode}.log"), "w") as f:
+            f.write(f"rc={rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        results = [l[len("RESULT "):] for l in out.splitlines() if l.startswith("RESULT ")]
+        verdict = [l.split("=", 1)[1] for l in results if l.startswith("verdict=")]
+        res[f"ipc_pair_{mode}"] = {"rc": rc, "verdict": verdict[-1] if verdict else None, "results": results[:80]}
+    res["torch"] = r.tenant(["ipcfix", "--gib", "1"], TIERED + ["--vgpu", "tier-ipcfix"], timeout=300)
+    res["ok"] = (res["ipc_pair_native"]["verdict"] == "PASS" and res["ipc_pair_tiered"]["verdict"] == "PASS"
+                 and bool(res["torch"].get("ok")) and not str(res["torch"].get("fixed", "0 ")).startswith("0 "))
+    r.record("ipcfix", res)
+
 
 def phase_patch(r, gib=1):
     """`tfusion patch` on a live allocation: a local tenant of a pool allocation that never swaps

@@ -917,9 +917,12 @@ int Pitched(const std::string& dir) {
 // allocates A (8 MiB, exported with cuIpcGetMemHandle; the handle goes to dir/handle) and B
 // (16 MiB, not exported), both with known bytes, and tries to export stream-ordered memory (the
 // driver refuses a pool's memory); "ready". At "go" it reads both back (a GPU call: it resumes
-// if frozen) and writes new bytes into A, "written"; at "go2" it frees them. The opener
-// ("ipcopen", another process) maps A from the handle, "opened"; at "check1" and "check2" it reads
-// it and says whether it holds the first or the new bytes.
+// if frozen), says whether the second half of A holds what the opener wrote there, and writes new
+// bytes into all of A, "written"; at "go2" it frees them. The opener ("ipcopen", another process)
+// maps A from the handle, opens it a second time, tries forged handles, "opened"; at "check1" it
+// reads A (first or new bytes?) and writes its own bytes into A's second half, "checked1"; at
+// "check2" it reads A again, closes it and closes it once more. "ipcopenonce" opens the handle
+// and says what the open returned.
 namespace ipc {
 
 constexpr size_t kA = 8u << 20, kB = 16u << 20;
@@ -931,20 +934,30 @@ bool Holds(CUdeviceptr p, const std::vector<unsigned char>& want) {
   return got == want;
 }
 
+std::vector<unsigned char> Half(const std::vector<unsigned char>& v, bool second) {
+  return second ? std::vector<unsigned char>(v.begin() + v.size() / 2, v.end())
+                : std::vector<unsigned char>(v.begin(), v.begin() + v.size() / 2);
+}
+
 int Export(const std::string& dir) {
   Setup();
   CUdeviceptr a, b;
   CHECK(cuMemAlloc(&a, kA));
   CHECK(cuMemAlloc(&b, kB));
   const auto a1 = Pattern(kA, 0x1234567u), a2 = Pattern(kA, 0x7654321u), bb = Pattern(kB, 0xBADC0DEu);
+  const auto w = Pattern(kA, 0x0FE4E12u);  // the opener's, in A's second half
   CHECK(cuMemcpyHtoD(a, a1.data(), kA));
   CHECK(cuMemcpyHtoD(b, bb.data(), kB));
   CUipcMemHandle h;
   CHECK(cuIpcGetMemHandle(&h, a + 4096));  // any address inside it names the allocation
+  CUipcMemHandle again;
+  CHECK(cuIpcGetMemHandle(&again, a));
   FILE* f = std::fopen((dir + "/handle.tmp").c_str(), "wb");
   if (f == nullptr || std::fwrite(&h, sizeof(h), 1, f) != 1) return 5;
   std::fclose(f);
   std::rename((dir + "/handle.tmp").c_str(), (dir + "/handle").c_str());
+  CUdeviceptr own = 0;
+  std::printf("open_own_handle=%d\n", static_cast<int>(cuIpcOpenMemHandle(&own, h, 0)));
   CUstream s;
   CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUdeviceptr pooled;
@@ -959,7 +972,11 @@ int Export(const std::string& dir) {
   std::fflush(stdout);
   Touch(dir + "/ready");
   if (!WaitFile(dir + "/go")) return 4;
-  std::printf("first_identical=%d\n", static_cast<int>(Holds(a, a1)) + static_cast<int>(Holds(b, bb)));
+  std::vector<unsigned char> got(kA);
+  CHECK(cuMemcpyDtoH(got.data(), a, kA));
+  std::printf("first_identical=%d\nopener_write_seen=%d\n",
+              static_cast<int>(Half(got, false) == Half(a1, false)) + static_cast<int>(Holds(b, bb)),
+              static_cast<int>(Half(got, true) == Half(w, true)));
   CHECK(cuMemcpyHtoD(a, a2.data(), kA));
   CHECK(cuCtxSynchronize());
   std::fflush(stdout);
@@ -971,17 +988,54 @@ int Export(const std::string& dir) {
   return 0;
 }
 
+bool ReadHandle(const std::string& dir, CUipcMemHandle* h) {
+  if (!WaitFile(dir + "/handle")) return false;
+  FILE* f = std::fopen((dir + "/handle").c_str(), "rb");
+  bool ok = f != nullptr && std::fread(h, sizeof(*h), 1, f) == 1;
+  if (f != nullptr) std::fclose(f);
+  return ok;
+}
+
+// What opening a copy of `h` with `len` bytes at `at` replaced by `bytes` returns.
+int OpenForged(CUipcMemHandle h, size_t at, const void* bytes, size_t len) {
+  std::memcpy(h.reserved + at, bytes, len);
+  CUdeviceptr p = 0;
+  CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r == CUDA_SUCCESS) cuIpcCloseMemHandle(p);
+  return static_cast<int>(r);
+}
+
 int Open(const std::string& dir) {
   Setup();
-  if (!WaitFile(dir + "/handle")) return 4;
   CUipcMemHandle h;
-  FILE* f = std::fopen((dir + "/handle").c_str(), "rb");
-  if (f == nullptr || std::fread(&h, sizeof(h), 1, f) != 1) return 5;
-  std::fclose(f);
-  CUdeviceptr p;
+  if (!ReadHandle(dir, &h)) return 5;
+  size_t free_before = 0, free_after = 0, total = 0;
+  CHECK(cuMemGetInfo(&free_before, &total));
+  CUdeviceptr p, p2;
   CHECK(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  CHECK(cuMemGetInfo(&free_after, &total));
+  std::printf("opener_charged_mib=%lld\n",
+              (static_cast<long long>(free_before) - static_cast<long long>(free_after)) >> 20);
+  CHECK(cuIpcOpenMemHandle(&p2, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  std::printf("open_again_same=%d\n", p2 == p ? 1 : 0);
+  CHECK(cuIpcCloseMemHandle(p2));  // one open left
+  // Forged: a wrong secret, a wrong export id, another pid, another version (our magic each time).
+  uint64_t word = 0;
+  std::memcpy(&word, h.reserved + 16, 8);
+  word ^= 0x5A5A5A5A5A5A5A5Aull;
+  const int wrong_secret = OpenForged(h, 16, &word, 8);
+  std::memcpy(&word, h.reserved + 24, 8);
+  word += 1000;
+  const int wrong_export = OpenForged(h, 24, &word, 8);
+  const uint32_t pid = static_cast<uint32_t>(getppid());
+  const int wrong_pid = OpenForged(h, 12, &pid, 4);
+  const uint16_t version = 2;
+  const int wrong_version = OpenForged(h, 8, &version, 2);
+  std::printf("forged_secret=%d\nforged_export=%d\nforged_pid=%d\nforged_version=%d\n", wrong_secret, wrong_export,
+              wrong_pid, wrong_version);
+  std::fflush(stdout);
   Touch(dir + "/opened");
-  const auto a1 = Pattern(kA, 0x1234567u), a2 = Pattern(kA, 0x7654321u);
+  const auto a1 = Pattern(kA, 0x1234567u), a2 = Pattern(kA, 0x7654321u), w = Pattern(kA, 0x0FE4E12u);
   auto say = [&](const char* key) {
     std::vector<unsigned char> got(kA);
     CHECK(cuMemcpyDtoH(got.data(), p, kA));
@@ -990,10 +1044,22 @@ int Open(const std::string& dir) {
   };
   if (!WaitFile(dir + "/check1")) return 4;
   say("opener_check1");
+  CHECK(cuMemcpyHtoD(p + kA / 2, w.data() + kA / 2, kA / 2));
+  CHECK(cuCtxSynchronize());
   Touch(dir + "/checked1");
   if (!WaitFile(dir + "/check2")) return 4;
   say("opener_check2");
   CHECK(cuIpcCloseMemHandle(p));
+  std::printf("second_close=%d\n", static_cast<int>(cuIpcCloseMemHandle(p)));
+  return 0;
+}
+
+int OpenOnce(const std::string& dir) {
+  Setup();
+  CUipcMemHandle h;
+  if (!ReadHandle(dir, &h)) return 5;
+  CUdeviceptr p = 0;
+  std::printf("open=%d\n", static_cast<int>(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)));
   return 0;
 }
 
@@ -1017,6 +1083,7 @@ int main(int argc, char** argv) {
   if (cmd == "suspended" && argc > 2) return Suspended(argv[2]);
   if (cmd == "ipc" && argc > 2) return ipc::Export(argv[2]);
   if (cmd == "ipcopen" && argc > 2) return ipc::Open(argv[2]);
+  if (cmd == "ipcopenonce" && argc > 2) return ipc::OpenOnce(argv[2]);
   std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
   return 2;
 }

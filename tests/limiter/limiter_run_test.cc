@@ -492,11 +492,14 @@ TEST_F(TieringTest, TheTenantsOwnVmmMemoryMovesAndItsHandlesKeepWorking) {
   EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
 }
 
-// Legacy IPC (cuIpcGetMemHandle) of a tiered tenant's cudaMalloc memory: another process maps
-// it, so the exported range stays resident from then on (counted as fixed by freeze and smi, named
-// in the tenant's log) while the rest of the tenant still swaps; the other process reads it while
-// the tenant is swapped out and sees what the tenant writes after it came back. Stream-ordered
-// memory is refused, as the driver refuses a pool's memory.
+// Legacy IPC (cuIpcGetMemHandle) of a tiered tenant's cudaMalloc memory. The fake refuses legacy
+// IPC on VMM memory as driver 580 does, so the handle is the limiter's own and another process
+// (without tiering) opens it through the limiter: it maps the exporter's memory without being
+// charged for it, opening it twice gives the same address, forged handles are refused. The
+// exported range stays resident from then on (counted as fixed by freeze and smi, named in the
+// tenant's log) while the rest of the tenant still swaps; the other process reads it while the
+// tenant is swapped out, writes bytes the tenant sees after it came back, and sees what the tenant
+// writes. Stream-ordered memory is refused, as the driver refuses a pool's memory.
 TEST_F(TieringTest, MemoryExportedWithLegacyIpcStaysResidentAndSharedWhileTheRestSwaps) {
   const std::string shm = "/tf-lt-" + std::to_string(getpid());
   pid_t exporter = StartProbe(Tfusion("--vram 1GiB --vgpu ipc --tiering --idle-swap 0", "ipc " + dir_) + " > " +
@@ -507,11 +510,18 @@ TEST_F(TieringTest, MemoryExportedWithLegacyIpcStaysResidentAndSharedWhileTheRes
                             "/opener.out 2>&1");
   ASSERT_GT(opener, 0);
   ASSERT_TRUE(WaitFor("opened")) << Run("cat " + dir_ + "/opener.out").out;
-  EXPECT_EQ(DeviceUsedMiB(shm), 24);
+  EXPECT_EQ(DeviceUsedMiB(shm), 24) << "the opener maps the exporter's memory, it allocates none";
   std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("open_own_handle=201\n"), std::string::npos) << "CUDA_ERROR_INVALID_CONTEXT, as the driver\n"
+                                                                  << out;
   EXPECT_NE(out.find("ipc_exported=1\nipc_of_pool_memory=1\n"), std::string::npos) << out;
   EXPECT_NE(out.find("8 MiB of cuMemAlloc memory at 0x"), std::string::npos) << out;
   EXPECT_NE(out.find("stay resident (fixed) from now on: exported with cuIpcGetMemHandle"), std::string::npos) << out;
+  std::string opened = Run("cat " + dir_ + "/opener.out").out;
+  EXPECT_NE(opened.find("opener_charged_mib=0\nopen_again_same=1\n"), std::string::npos) << opened;
+  // CUDA_ERROR_INVALID_HANDLE for each forged handle.
+  EXPECT_NE(opened.find("forged_secret=400\nforged_export=400\nforged_pid=400\nforged_version=400\n"),
+            std::string::npos) << opened;
 
   Result frozen = Tf("freeze ipc");
   EXPECT_EQ(frozen.rc, 0) << frozen.out;
@@ -519,26 +529,56 @@ TEST_F(TieringTest, MemoryExportedWithLegacyIpcStaysResidentAndSharedWhileTheRes
       << frozen.out;
   EXPECT_EQ(DeviceUsedMiB(shm), 8) << "only the exported range stays on the GPU";
   EXPECT_TRUE(SmiShows("8 MiB")) << Tf("smi -p").out;
-  Touch("check1");
+  Touch("check1");  // the opener reads A and writes A's second half while the exporter is swapped
   ASSERT_TRUE(WaitFor("checked1")) << Run("cat " + dir_ + "/opener.out").out;
   EXPECT_NE(Tf("smi -p").out.find("swapped"), std::string::npos) << Tf("smi -p").out;
 
   Touch("go");  // the tenant resumes, checks its bytes and writes new ones into the exported range
   ASSERT_TRUE(WaitFor("written")) << Run("cat " + dir_ + "/tenant.out").out;
   Touch("check2");
-  EXPECT_EQ(Finish(opener), 0);
+  EXPECT_EQ(Finish(opener), 0) << Run("cat " + dir_ + "/opener.out").out;
   Touch("go2");
   EXPECT_EQ(Finish(exporter), 0);
   out = Run("cat " + dir_ + "/tenant.out").out;
-  EXPECT_NE(out.find("first_identical=2\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("first_identical=2\nopener_write_seen=1\n"), std::string::npos) << out;
   EXPECT_NE(out.find("freed=1"), std::string::npos) << out;
-  const std::string opened = Run("cat " + dir_ + "/opener.out").out;
+  opened = Run("cat " + dir_ + "/opener.out").out;
   EXPECT_NE(opened.find("opener_check1=first\n"), std::string::npos) << "read while the exporter was swapped\n"
                                                                         << opened;
   EXPECT_NE(opened.find("opener_check2=new\n"), std::string::npos) << "still the exporter's memory after its resume\n"
                                                                       << opened;
+  EXPECT_NE(opened.find("second_close=1\n"), std::string::npos) << "CUDA_ERROR_INVALID_VALUE, as the driver\n"
+                                                                 << opened;
   EXPECT_EQ(DeviceUsedMiB(shm), 0);
   EXPECT_NE(Tf("smi").out.find("host tier 0 MiB of"), std::string::npos) << Tf("smi").out;
+}
+
+// A handle whose exporter died: the open fails with CUDA_ERROR_INVALID_HANDLE (the exporter's
+// socket went with it), in a tiered opener too, and the opener carries on.
+TEST_F(TieringTest, OpeningTheHandleOfAnExporterThatDiedFails) {
+  pid_t exporter = StartProbe(Tfusion("--vram 1GiB --vgpu ipc --tiering --idle-swap 0", "ipc " + dir_) + " > " +
+                              dir_ + "/tenant.out 2>&1");
+  ASSERT_GT(exporter, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  kill(-exporter, SIGKILL);
+  Finish(exporter);
+  Result opened = Run(Tfusion("--vram 1GiB --vgpu reader --tiering", "ipcopenonce " + dir_));
+  EXPECT_EQ(opened.rc, 0) << opened.out;
+  EXPECT_EQ(opened.kv["open"], "400") << opened.out;
+  EXPECT_NE(opened.out.find("the exporting process is gone"), std::string::npos) << "its log says why\n" << opened.out;
+}
+
+// tests/gpu/ipc_pair (the program the GPU tier runs) with its producer and its consumer (a forked
+// child) both under `tfusion run --tiering`: memory through the limiter's handle, interprocess
+// events through the driver's; every check of the program passes, as natively.
+TEST_F(TieringTest, IpcPairPassesWithBothProcessesTiered) {
+  Result native = Run(env_ + "LD_LIBRARY_PATH=" + TF_FAKECUDA_DIR + " " + TF_IPC_PAIR + " --mib 8");
+  EXPECT_NE(native.out.find("RESULT verdict=PASS"), std::string::npos) << native.out;
+  Result tiered = Run(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                      " --vram 1GiB --vgpu pair --tiering --idle-swap 0 -- " + TF_IPC_PAIR + " --mib 8");
+  EXPECT_EQ(tiered.rc, 0) << tiered.out;
+  EXPECT_NE(tiered.out.find("RESULT verdict=PASS"), std::string::npos) << tiered.out;
+  EXPECT_NE(tiered.out.find("exported with cuIpcGetMemHandle"), std::string::npos) << tiered.out;
 }
 
 // Graph memory nodes stay the driver's: a freeze trims what the driver keeps of them unused for the
