@@ -489,7 +489,10 @@ def run_ipcfix(a):
         res["child_write_seen"] = "written" in got and checksum(shared) == want[2]
         ms, text = freeze()
         res["freeze_cli_ms"] = round(ms, 1)
-        res["freeze"] = text.splitlines()[-1] if text else ""
+        # `tfusion freeze` prints a line per process of the vGPU (the child is one too): ours.
+        lines = text.splitlines() if text else []
+        mine = [l for l in lines if f"process {os.getpid()}:" in l]
+        res["freeze"] = mine[-1] if mine else (lines[-1] if lines else "")
         res.update(freeze_figures(res["freeze"]))
         res["intact"] = (checksum(kept), checksum(shared)) == (want[0], want[2])
         inbox.put("check")
