@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 namespace fakecuda {
 namespace {
@@ -48,7 +49,6 @@ class BoardMap {
   Board* Open(int device) {
     if (device < 0 || device >= kMaxBoards) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
-    if (boards_[device] != nullptr) return boards_[device];
     const char* prefix = std::getenv("FAKECUDA_SHM_NAME");
     char name[256];
     if (prefix != nullptr && *prefix != '\0') {
@@ -57,6 +57,11 @@ class BoardMap {
       std::snprintf(name, sizeof(name), "/fakecuda-%u-dev%d", static_cast<unsigned>(getuid()),
                     device);
     }
+    // The board of the name the environment gives now: a process that changes FAKECUDA_SHM_NAME
+    // (a test binary running one test's fake GPU after another's) reads the new one. The old
+    // mapping stays (a slot pointer may still be in use); this process's slot is claimed anew.
+    if (boards_[device] != nullptr && names_[device] == name) return boards_[device];
+    own_[device] = nullptr;
     int fd = shm_open(name, O_RDWR | O_CREAT, 0600);
     if (fd < 0) return nullptr;
     if (ftruncate(fd, sizeof(Board)) != 0) {
@@ -75,6 +80,7 @@ class BoardMap {
       return nullptr;
     }
     boards_[device] = board;
+    names_[device] = name;
     return board;
   }
   // This process's slot on `board`, claimed on first use (a free slot or one of a dead process).
@@ -100,6 +106,7 @@ class BoardMap {
  private:
   std::mutex mu_;
   Board* boards_[kMaxBoards] = {};
+  std::string names_[kMaxBoards];
   Slot* own_[kMaxBoards] = {};
 };
 

@@ -139,7 +139,10 @@ class RemoteAuthTest : public ::testing::Test {
   void SetUp() override {
     char tmpl[] = "/tmp/tf-remote-auth-XXXXXX";
     dir_ = mkdtemp(tmpl);
-    shm_name_ = "/tf-ra-" + std::to_string(getpid());
+    // One fake device board per test: TearDown removes it, and a later test of this process must not
+    // read the removed one through the fake NVML it keeps loaded.
+    static int tests = 0;
+    shm_name_ = "/tf-ra-" + std::to_string(getpid()) + "-" + std::to_string(++tests);
   }
   void TearDown() override {
     StopWorker();
