@@ -464,12 +464,19 @@ def phase_remote(r):
             r.record("remote", {"error": "worker not ready (see logs/remote-worker.log)"})
             return
         env = {"TF_REMOTE_VGPU": "find", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-        vias = os.environ.get("TF_REMOTE_TRANSPORTS", "shm,tcp").split(",")
-        for via, addr in (("shm", "unix:" + sock_path), ("tcp", f"127.0.0.1:{port}")):
-            if via not in vias:
-                continue
-            flags = ["--remote", addr, "--token", token]
+        # TF_REMOTE_TRANSPORTS: which transports, in that order (a transport may repeat);
+        # TF_REMOTE_SWAP_ONLY=1: only the swap sizes (TF_REMOTE_SWAP_GIB), not the checks.
+        addrs = {"shm": "unix:" + sock_path, "tcp": f"127.0.0.1:{port}"}
+        vias = [v for v in os.environ.get("TF_REMOTE_TRANSPORTS", "shm,tcp").split(",") if v in addrs]
+        swap_only = os.environ.get("TF_REMOTE_SWAP_ONLY") == "1"
+        for via in vias:
+            flags = ["--remote", addrs[via], "--token", token]
             res = {"transport": via}
+            if swap_only:
+                res["swap"] = [r.tenant(["swap", "--gib", g, "--cycles", "2"], flags, env=env, timeout=400)
+                               for g in os.environ.get("TF_REMOTE_SWAP_GIB", "16").split(",") if g]
+                r.record("remote", res)
+                continue
             res["checks"] = r.tenant(["checks", "--cycles", "6"], flags, env=env, timeout=400)
             # A stream-ordered pool (PyTorch's cudaMallocAsync backend) swapped and resumed.
             res["pool"] = r.tenant(["pool"], flags, env=dict(env, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync"),
