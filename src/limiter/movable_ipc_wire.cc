@@ -3,11 +3,12 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+
+#include "limiter/core/process_identity.h"
 
 namespace tf::limiter::ipcwire {
 namespace {
@@ -48,11 +49,7 @@ bool WaitFor(int sock, short events, int64_t until_ms) {
 
 }  // namespace
 
-int64_t NowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
-}
+int64_t NowMs() { return MonotonicNowNs() / 1'000'000; }
 
 void EncodeHandle(const Handle& h, char out[kHandleBytes]) {
   memset(out, 0, kHandleBytes);

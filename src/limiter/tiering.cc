@@ -214,18 +214,14 @@ CUresult MapPhysical(CUdeviceptr base, Range* r) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = r->device;
   CUmemGenericAllocationHandle h = 0;
-  CUresult e = CUDA_ERROR_NOT_SUPPORTED;
-  if (!g_plain_chunks.load(std::memory_order_relaxed)) {
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    e = d.cuMemCreate(&h, r->size, &prop, 0);
-    if (e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE) {
-      if (!g_plain_chunks.exchange(true)) {
-        GuestLog("the driver creates no exportable device memory (%d): legacy IPC of movable memory is off",
-                 static_cast<int>(e));
-      }
+  const bool exportable = !g_plain_chunks.load(std::memory_order_relaxed);
+  prop.requestedHandleTypes = exportable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+  CUresult e = d.cuMemCreate(&h, r->size, &prop, 0);
+  if (exportable && (e == CUDA_ERROR_NOT_SUPPORTED || e == CUDA_ERROR_INVALID_VALUE)) {
+    if (!g_plain_chunks.exchange(true)) {
+      GuestLog("the driver creates no exportable device memory (%d): legacy IPC of movable memory is off",
+               static_cast<int>(e));
     }
-  }
-  if (g_plain_chunks.load(std::memory_order_relaxed)) {
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
     e = d.cuMemCreate(&h, r->size, &prop, 0);
   }
