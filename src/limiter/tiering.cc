@@ -1732,12 +1732,12 @@ void Tiering::Shutdown() {
   if (started && !pthread_equal(pthread_self(), s.thread)) pthread_join(s.thread, nullptr);
   pthread_mutex_lock(&s.mu);
   s.thread_started = false;
-  // Parked or checkpointed: no driver call (it would block inside the driver); the reap of this
-  // process's slot returns the budget instead.
-  if (s.binding != nullptr && !Parked()) {  // their budget goes back now, not at the reap
-    FreePendingLocked(s);
-    FreeKeptLocked(s);
-  }
+  // The process is going away: nothing is unpinned or unmapped (exit releases both). A driver
+  // call here could block inside a parked or checkpointed driver, or find per-thread state of the
+  // driver or of another library already destroyed (exit runs the main thread's thread_local
+  // destructors before atexit handlers). The budget of the kept and pending copies goes back when
+  // the process's slot is detached right after this (GpuRegion::FreeProcessSlotLocked), or at the
+  // reap.
   pthread_mutex_unlock(&s.mu);
 }
 
