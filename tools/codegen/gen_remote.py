@@ -439,7 +439,7 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}, "void": {}, "hook": set()}
+           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": []}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -495,9 +495,17 @@ def parse_annotations(fn, text, params):
             a, size = val.split(":", 1)
             if a not in names:
                 raise SurfaceError("%s: dptr=%s names no argument" % (fn, a))
-            if not (re.match(r"^[0-9]+$", size) or size in names):
-                raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument" % (fn, val))
+            # LEN is a number of bytes, or a length argument counting elements of K bytes (N*K).
+            length, _, elem = size.partition("*")
+            if not (re.match(r"^[0-9]+$", size) or (length in names and (not elem or re.match(r"^[1-8]$", elem)))):
+                raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument (N or N*K)" % (fn, val))
             ann["dptr"].append((a, size))
+        elif key == "rows" and val.count(":") == 4:
+            # rows=ARG:PITCH:WIDTH:HEIGHT:K: HEIGHT rows of WIDTH elements of K bytes, PITCH bytes apart.
+            parts = val.split(":")
+            if any(p not in names for p in parts[:4]) or not re.match(r"^[1-8]$", parts[4]):
+                raise SurfaceError("%s: rows=%s wants ARG:PITCH:WIDTH:HEIGHT:K (K 1 to 8)" % (fn, val))
+            ann["rows"].append(tuple(parts[:4]) + (int(parts[4]),))
         elif key == "vmm" and ":" in val:
             a, size = val.split(":", 1)
             if a not in names or not re.match(r"^[0-9]+$", size):
@@ -542,6 +550,8 @@ class Call:
         self.outs = [a for a in self.args if a.dir == "out" and not a.count] + \
                      [a for a in self.args if a.dir == "out" and a.count]
         by_name = {a.name: a for a in self.args}
+        if self.ann["rows"] and self.outs:
+            raise SurfaceError("%s: rows= answers an empty rectangle itself: for calls without outputs" % name)
         for a in self.args:
             if a.count and not (by_name[a.count[0]].dir == "in" and by_name[a.count[0]].scalar and
                                 by_name[a.count[0]].wire in ("u32", "u64")):
@@ -761,7 +771,7 @@ def gen_client_impl(c, decl):
             o.append("  if (static_cast<uint32_t>(%s) == %uu) {\n"
                      "    ClientLog(\"%s: %s %s is not served by the remote vGPU: returning CUDA_ERROR_NOT_SUPPORTED\");\n"
                      "    return CUDA_ERROR_NOT_SUPPORTED;\n  }\n" % (n, v, c.name, n, vname))
-    for a, _ in c.ann["dptr"]:
+    for a, _ in c.ann["dptr"] + [(r[0], None) for r in c.ann["rows"]]:
         cast = "reinterpret_cast" if next(x for x in c.args if x.name == a).addr else "static_cast"
         o.append("  MirrorIfUsedAsDevice(s_, %s<uint64_t>(%s));\n" % (cast, a))
     keys = []
@@ -1013,11 +1023,25 @@ def gen_worker_case(c):
             o.append("      }\n")
     for a, size in c.ann["dptr"]:
         # A length argument of 0 names no memory (the driver answers for it); a fixed one always does.
+        length, _, elem = size.partition("*")
         if re.match(r"^[0-9]+$", size):
             o.append("      if (!host.DeviceRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
+        elif elem and elem != "1":  # N elements of K bytes: a count whose bytes overflow names no range
+            o.append("      if (a_%s != 0 && (a_%s > ~uint64_t{0} / %s || !host.DeviceRange(a_%s, a_%s * %s))) "
+                     "return CUDA_ERROR_INVALID_VALUE;\n" % (length, length, elem, a, length, elem))
         else:
             o.append("      if (a_%s != 0 && !host.DeviceRange(a_%s, a_%s)) return CUDA_ERROR_INVALID_VALUE;\n"
-                     % (size, a, size))
+                     % (length, a, length))
+    for a, pitch, width, height, elem in c.ann["rows"]:
+        # An empty rectangle is done without the driver; else every row lies inside one range:
+        # rows fit the pitch and the last row ends inside (sizes below 2^56, so nothing overflows).
+        o.append("      if (a_%s == 0 || a_%s == 0) return CUDA_SUCCESS;\n"
+                 "      if (a_%s > (~uint64_t{0} >> 8) / %d) return CUDA_ERROR_INVALID_VALUE;\n"
+                 "      if (a_%s > 1 && (a_%s * %d > a_%s || a_%s > (~uint64_t{0} >> 8) ||\n"
+                 "                       a_%s - 1 > (~uint64_t{0} >> 8) / (a_%s + 1))) return CUDA_ERROR_INVALID_VALUE;\n"
+                 "      if (!host.DeviceRange(a_%s, (a_%s - 1) * a_%s + a_%s * %d)) return CUDA_ERROR_INVALID_VALUE;\n"
+                 % (width, height, width, elem, height, width, elem, pitch, pitch, height, pitch,
+                    a, height, pitch, width, elem))
     for a, size in c.ann["vmm"]:  # inside one range the session mapped with cuMemMap
         o.append("      if (!host.MappedRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
     for a in c.ins:
