@@ -1,9 +1,8 @@
 // Queries and host-side encodings of a worker session (client half: src/client/client_queries.cc):
-// the tensor-map encodings (cuTensorMapEncode*, cuTensorMapReplaceAddress: 128 bytes computed by
-// the driver from arguments that travel by value). PCI bus ids, stream attributes, context ids and
-// function loading are generated (api/remote_surface.tsv). A bad argument fails that
-// call only. Wire formats: the comments
-// of each case in session_queries.cc, written by client_queries.cc.
+// cuTensorMapReplaceAddress (a 128-byte map the driver rewrites: an input and an output). The
+// tensor-map encodings, PCI bus ids, stream attributes, context ids and function loading are
+// generated (api/remote_surface.tsv). A bad argument fails that call only. Wire format: the
+// comment in session_queries.cc, written by client_queries.cc.
 //
 // Threading: used by the session's replay thread only.
 #pragma once
@@ -25,7 +24,7 @@ class SessionQueries {
   CUresult Call(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
 
  private:
-  CUresult TensorMap(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
+  CUresult ReplaceAddress(transport::Reader& rd, transport::Writer& out);
 
   const driver::DriverTable& d_;
 };

@@ -181,6 +181,8 @@ class Types:
             if not m or ":" in decl:
                 raise SurfaceError("%s: field %r is not generated" % (owner, decl))
             ctype, name, dims = m.groups()
+            # An alignment specifier (CUtensorMap's) says where the field lies, not what it holds.
+            ctype = re.sub(r"\b(_Alignas|alignas)\s*\([^)]*\)", "", ctype)
             inner = self.value(owner, ctype.replace("const ", "").strip())
         if not name:
             raise SurfaceError("%s: an anonymous member is not generated" % owner)
@@ -248,7 +250,8 @@ class Arg:
             return
         t = ctype.replace("const ", "").strip()
         self.addr = False     # a `void*` naming device memory (dptr= or vmm=): travels as a u64 address
-        if t.replace(" ", "") == "void*" and any(n == name for n, _ in ann.get("dptr", []) + ann.get("vmm", [])):
+        if t.replace(" ", "") == "void*" and (any(n == name for n, _ in ann.get("dptr", []) + ann.get("vmm", []))
+                                               or name in ann.get("addr", set())):
             self.addr, self.wire = True, "u64"
             return
         if self.void:
@@ -439,7 +442,7 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": []}
+           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": [], "addr": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -472,11 +475,17 @@ def parse_annotations(fn, text, params):
             if a not in names or other not in names or a == other:
                 raise SurfaceError("%s: %s=%s names no two arguments" % (fn, key, val))
             ann[key][a] = other
-        elif key == "count" and val.count(":") == 2:
-            a, n, most = val.split(":")
-            if a not in names or n not in names or not re.match(r"^[0-9]+$", most) or not 0 < int(most) <= 256:
-                raise SurfaceError("%s: count=%s wants ARRAY:COUNT:MAX (MAX 1 to 256)" % (fn, val))
-            ann["count"][a] = (n, int(most))
+        elif key == "count" and val.count(":") in (2, 3):
+            # count=ARR:N[-K]:MAX[:0]: N - K elements (an argument N less K, 0 to 9), 1 to MAX of
+            # them, or 0 to MAX with :0 (then ARR may be NULL when there are none).
+            a, n, most, least = (val.split(":") + ["1"])[:4]
+            base = re.match(r"^(\w+)(-[0-9])?$", n)
+            if a not in names or not base or base.group(1) not in names or not re.match(r"^[0-9]+$", most) \
+                    or not 0 < int(most) <= 256 or least not in ("0", "1"):
+                raise SurfaceError("%s: count=%s wants ARRAY:COUNT[-K]:MAX[:0] (MAX 1 to 256)" % (fn, val))
+            ann["count"][a] = (n, int(most), base.group(1), int(least))
+        elif key == "addr" and val in names:
+            ann["addr"].add(val)
         elif key == "bytes" and val in names:
             ann["bytes"].add(val)
         elif key == "str" and val.count(":") == 2:
@@ -553,8 +562,8 @@ class Call:
         if self.ann["rows"] and self.outs:
             raise SurfaceError("%s: rows= answers an empty rectangle itself: for calls without outputs" % name)
         for a in self.args:
-            if a.count and not (by_name[a.count[0]].dir == "in" and by_name[a.count[0]].scalar and
-                                by_name[a.count[0]].wire in ("u32", "u64")):
+            if a.count and not (by_name[a.count[2]].dir == "in" and by_name[a.count[2]].scalar and
+                                by_name[a.count[2]].wire in ("u32", "u64")):
                 raise SurfaceError("%s: count=%s: the count is an unsigned integer input" % (name, a.name))
             if a.bytes and not (a.shape is not None and a.shape.kind == "union"):
                 raise SurfaceError("%s: bytes=%s is for a union behind a pointer" % (name, a.name))
@@ -715,14 +724,21 @@ def leaves(shape):
 
 
 def count_checks(c):
-    """`count=` arrays: the count must be 1 to MAX (one check per count argument)."""
+    """`count=` arrays: the count must be 1 (or 0) to MAX (one check per count expression).
+    (expression, MAX, least); an expression N-K of an unsigned N below K wraps above MAX."""
     seen, out = set(), []
     for a in c.args:
         if a.count and a.count[0] not in seen:
             seen.add(a.count[0])
-            most = min(x.count[1] for x in c.args if x.count and x.count[0] == a.count[0])
-            out.append((a.count[0], most))
+            same = [x.count for x in c.args if x.count and x.count[0] == a.count[0]]
+            out.append((a.count[0], min(x[1] for x in same), max(x[3] for x in same)))
     return out
+
+
+def count_bounds(n, most, least, prefix=""):
+    """The C++ condition refusing a count expression outside least..MAX."""
+    e = prefix + n
+    return ("%s > %d" % (e, most)) if least == 0 else ("%s < 1 || %s > %d" % (e, e, most))
 
 
 def gen_client_impl(c, decl):
@@ -733,10 +749,12 @@ def gen_client_impl(c, decl):
         if a.str:
             o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
     for a in c.ins:
-        if (a.shape is not None and not a.byval) or a.count or a.void:
+        if a.count and a.count[3] == 0:  # may be NULL when it holds no element
+            o.append("  if (%s != 0 && %s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % (a.count[0], a.name))
+        elif (a.shape is not None and not a.byval) or a.count or a.void:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
-    for n, most in count_checks(c):
-        o.append("  if (%s < 1 || %s > %d) return CUDA_ERROR_INVALID_VALUE;\n" % (n, n, most))
+    for n, most, least in count_checks(c):
+        o.append("  if (%s) return CUDA_ERROR_INVALID_VALUE;\n" % count_bounds(n, most, least))
     for a in c.ins:
         if a.shape is not None:
             for p in ptr_checks(a.shape, a.name if a.byval else "(*%s)" % a.name):
@@ -921,8 +939,8 @@ def worker_reads(c, fail):
                 o.append("      %s\n" % l)
         else:
             o.append("      rd.%s(&a_%s);\n" % (READ["u64" if a.kind else a.wire], a.name))
-    for n, most in count_checks(c):
-        o.append("      if (a_%s < 1 || a_%s > %d) %s\n" % (n, n, most, fail))
+    for n, most, least in count_checks(c):
+        o.append("      if (%s) %s\n" % (count_bounds(n, most, least, "a_"), fail))
     for a in c.ins:
         if a.count and a.shape is not None:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n" % a.count[0])
