@@ -1,7 +1,5 @@
-// Queries and host-side encodings forwarded to the worker (worker half: src/worker/
-// session_queries.cc, where the wire format is written down): cuTensorMapReplaceAddress (the
-// caller's 128-byte CUtensorMap goes to the worker's driver and comes back rewritten; the
-// encodings are generated), and the device lookup by PCI bus id, answered from the snapshot.
+// Queries answered in the client: the device lookup by PCI bus id, from the snapshot. (The
+// tensor-map encodings and cuTensorMapReplaceAddress are generated: api/remote_surface.tsv.)
 //
 // Answers that only this client can change are asked once and then answered here (Session::answers):
 // the generated queries (api/remote_surface.tsv) keep a device's PCI bus id for the connection
@@ -118,25 +116,6 @@ CUresult Impl_cuDeviceGetByPCIBusId(CUdevice* dev, const char* pci_bus_id) {
     }
   }
   return CUDA_ERROR_INVALID_DEVICE;
-}
-
-// ---- tensor maps (Hopper's bulk tensor copies; XLA and Triton encode them on the host)
-
-CUresult Impl_cuTensorMapReplaceAddress(CUtensorMap* map, void* address) {
-  if (map == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  uint8_t buf[sizeof(CUtensorMap) + 8];
-  Writer w(buf, sizeof(buf));
-  w.Bytes(map, sizeof(*map));
-  w.U64(H(address));
-  TF_LOCK(l);
-  TF_CTX_IF_ANY(l);
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(Fn::cuTensorMapReplaceAddress), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  CUtensorMap got;
-  if (!rv.reader.Bytes(&got, sizeof(got))) return CUDA_ERROR_UNKNOWN;
-  *map = got;
-  return CUDA_SUCCESS;
 }
 
 }  // namespace tf::client

@@ -39,7 +39,6 @@
 #include "worker/session_memops.h"
 #include "worker/session_graph_host.h"
 #include "worker/session_mirrors.h"
-#include "worker/session_queries.h"
 
 namespace tf::worker {
 
@@ -537,7 +536,6 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
     return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
   }
   SessionArrays arrays_{d_, *this};
-  SessionQueries queries_{d_};
   SessionMemops memops_{d_, *this};
   SessionGreen green_{d_, *this};
   SessionMulticast multicast_{*this};
@@ -704,7 +702,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
-  if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
   if (SessionMemops::Handles(fn)) return memops_.Call(fn, rd, out);
   if (SessionGreen::Handles(fn)) return green_.Call(fn, rd, out);
   if (SessionNotifications::Handles(fn)) return notifications_.Call(fn, rd, out);

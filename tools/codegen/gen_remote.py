@@ -239,6 +239,7 @@ class Arg:
         self.parent = ann.get("publish", {}).get(name)  # publish=OUT:PARENT
         self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
+        self.inout = name in ann.get("inout", set())  # inout=ARG: a structure read and rewritten
         self.byval = False    # a structure passed by value (travels as a `const T*` input does)
         self.void = ann.get("void", {}).get(name)  # void=ARG:...: one attribute value behind a void*
         self.str = ann.get("str", {}).get(name)  # str=TEXT:LENGTH:MAX: (LENGTH, MAX)
@@ -249,7 +250,7 @@ class Arg:
             self.dir, self.base = "out", "char"
             return
         t = ctype.replace("const ", "").strip()
-        self.addr = False     # a `void*` naming device memory (dptr= or vmm=): travels as a u64 address
+        self.addr = False     # a `void*` address (dptr=, vmm= or addr=): travels as a u64
         if t.replace(" ", "") == "void*" and (any(n == name for n, _ in ann.get("dptr", []) + ann.get("vmm", []))
                                                or name in ann.get("addr", set())):
             self.addr, self.wire = True, "u64"
@@ -442,7 +443,7 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": [], "addr": set()}
+           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": [], "addr": set(), "inout": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -486,6 +487,8 @@ def parse_annotations(fn, text, params):
             ann["count"][a] = (n, int(most), base.group(1), int(least))
         elif key == "addr" and val in names:
             ann["addr"].add(val)
+        elif key == "inout" and val in names:
+            ann["inout"].add(val)
         elif key == "bytes" and val in names:
             ann["bytes"].add(val)
         elif key == "str" and val.count(":") == 2:
@@ -554,11 +557,16 @@ class Call:
         self.args = [Arg(name, i, t, n, self.ann, types) for i, (t, n) in enumerate(params)]
         # On the wire: the inputs in prototype order, then the input arrays (their counts come
         # first); the reply likewise.
-        self.ins = [a for a in self.args if a.dir == "in" and not a.count and not a.str_len] + \
+        self.ins = [a for a in self.args if (a.dir == "in" or a.inout) and not a.count and not a.str_len] + \
                    [a for a in self.args if a.dir == "in" and a.count]
         self.outs = [a for a in self.args if a.dir == "out" and not a.count] + \
                      [a for a in self.args if a.dir == "out" and a.count]
         by_name = {a.name: a for a in self.args}
+        for a in self.args:
+            if a.inout and not (a.dir == "out" and a.shape is not None and a.shape.kind == "struct"
+                                and not a.count and not a.shape.refs()):
+                raise SurfaceError("%s: inout=%s is for a structure without pointers or handles behind a "
+                                   "pointer" % (name, a.name))
         if self.ann["rows"] and self.outs:
             raise SurfaceError("%s: rows= answers an empty rectangle itself: for calls without outputs" % name)
         for a in self.args:
@@ -749,6 +757,8 @@ def gen_client_impl(c, decl):
         if a.str:
             o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
     for a in c.ins:
+        if a.inout:  # checked with the outputs
+            continue
         if a.count and a.count[3] == 0:  # may be NULL when it holds no element
             o.append("  if (%s != 0 && %s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % (a.count[0], a.name))
         elif (a.shape is not None and not a.byval) or a.count or a.void:
@@ -1105,6 +1115,8 @@ def gen_worker_case(c):
             o.append("      char o_%s[%d]{};\n" % (a.name, a.str[1]))
         elif a.count:
             o.append("      %s o_%s[%d]{};\n" % (a.base, a.name, a.count[1]))
+        elif a.inout:  # the driver rewrites what came
+            o.append("      %s o_%s = a_%s;\n" % (a.base, a.name, a.name))
         else:
             o.append("      %s o_%s{};\n" % (a.base, a.name))
     call = []
