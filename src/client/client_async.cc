@@ -1,5 +1,5 @@
 // Stream-ordered calls added after the first slice: cuLaunchKernelEx, stream waits, event records
-// with flags, 16-bit and 2D memsets, unified-addressing copies (cuMemcpy, cuMemcpyAsync: the
+// with flags, unified-addressing copies (cuMemcpy, cuMemcpyAsync: the
 // client's allocation tables tell device from host pointers), stream-ordered allocation and pools.
 #include <cstring>
 
@@ -69,25 +69,6 @@ CUresult LaunchEx(Fn fn, const CUlaunchConfig* config, CUfunction f, void** para
   return SendAsync(s, Op(fn), w);
 }
 
-CUresult Memset2D(Fn fn, CUdeviceptr dst, size_t pitch, uint32_t value, size_t width,
-                  size_t height, CUstream stream, bool async) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  MirrorIfUsedAsDevice(l.session(), dst);
-  uint8_t buf[48];
-  Writer w(buf, sizeof(buf));
-  w.U64(dst);
-  w.U64(pitch);
-  w.U32(value);
-  w.U64(width);
-  w.U64(height);
-  if (async) {
-    w.U64(H(stream));
-    return SendAsync(l.session(), Op(fn), w);
-  }
-  return CallSync(l.session(), Op(fn), w, nullptr);
-}
-
 bool IsDevice(uint64_t p) {
   Locked l;
   return l.session() != nullptr && FindDeviceAlloc(l.session(), p) != nullptr;
@@ -144,30 +125,6 @@ CUresult Impl_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void*
 CUresult Impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
                                     void** extra) {
   return LaunchEx(Fn::cuLaunchKernelEx_ptsz, config, f, params, extra);
-}
-
-// ---- memsets
-
-CUresult Impl_cuMemsetD2D8_v2(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h) {
-  return Memset2D(Fn::cuMemsetD2D8_v2, dst, pitch, v, w, h, nullptr, false);
-}
-CUresult Impl_cuMemsetD2D16_v2(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h) {
-  return Memset2D(Fn::cuMemsetD2D16_v2, dst, pitch, v, w, h, nullptr, false);
-}
-CUresult Impl_cuMemsetD2D32_v2(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h) {
-  return Memset2D(Fn::cuMemsetD2D32_v2, dst, pitch, v, w, h, nullptr, false);
-}
-CUresult Impl_cuMemsetD2D8Async(CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h,
-                                CUstream s) {
-  return Memset2D(Fn::cuMemsetD2D8Async, dst, pitch, v, w, h, s, true);
-}
-CUresult Impl_cuMemsetD2D16Async(CUdeviceptr dst, size_t pitch, unsigned short v, size_t w,
-                                 size_t h, CUstream s) {
-  return Memset2D(Fn::cuMemsetD2D16Async, dst, pitch, v, w, h, s, true);
-}
-CUresult Impl_cuMemsetD2D32Async(CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h,
-                                 CUstream s) {
-  return Memset2D(Fn::cuMemsetD2D32Async, dst, pitch, v, w, h, s, true);
 }
 
 // ---- unified copies

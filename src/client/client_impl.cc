@@ -246,22 +246,6 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   return r;
 }
 
-CUresult Memset(Fn fn, CUdeviceptr dst, uint32_t value, size_t n, CUstream stream, bool async) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  MirrorIfUsedAsDevice(l.session(), dst);
-  uint8_t buf[32];
-  Writer w(buf, sizeof(buf));
-  w.U64(dst);
-  w.U32(value);
-  w.U64(n);
-  if (async) {
-    w.U64(H(stream));
-    return SendAsync(l.session(), Op(fn), w);
-  }
-  return Simple(l, fn, w);
-}
-
 CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                 unsigned by, unsigned bz, unsigned shmem, CUstream stream, void** params,
                 void** extra) {
@@ -845,24 +829,6 @@ CUresult Impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, C
   return SendAsync(l.session(), Op(Fn::cuMemcpyDtoDAsync_v2), w);
 }
 
-CUresult Impl_cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
-  return Memset(Fn::cuMemsetD8_v2, dst, v, n, nullptr, false);
-}
-CUresult Impl_cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, size_t n) {
-  return Memset(Fn::cuMemsetD32_v2, dst, v, n, nullptr, false);
-}
-CUresult Impl_cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n) {
-  return Memset(Fn::cuMemsetD16_v2, dst, v, n, nullptr, false);
-}
-CUresult Impl_cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, CUstream stream) {
-  return Memset(Fn::cuMemsetD16Async, dst, v, n, stream, true);
-}
-CUresult Impl_cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream) {
-  return Memset(Fn::cuMemsetD8Async, dst, v, n, stream, true);
-}
-CUresult Impl_cuMemsetD32Async(CUdeviceptr dst, unsigned int v, size_t n, CUstream stream) {
-  return Memset(Fn::cuMemsetD32Async, dst, v, n, stream, true);
-}
 
 // ---- modules and launches
 

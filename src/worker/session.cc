@@ -39,7 +39,6 @@
 #include "worker/session_memops.h"
 #include "worker/session_graph_host.h"
 #include "worker/session_mirrors.h"
-#include "worker/session_queries.h"
 
 namespace tf::worker {
 
@@ -537,7 +536,6 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
     return [this](uint64_t lo, uint64_t hi, uint64_t n) { return FindImage(lo, hi, n); };
   }
   SessionArrays arrays_{d_, *this};
-  SessionQueries queries_{d_};
   SessionMemops memops_{d_, *this};
   SessionGreen green_{d_, *this};
   SessionMulticast multicast_{*this};
@@ -704,7 +702,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
   const Fn fn = static_cast<Fn>(transport::DriverCallId(op));
   if (SessionGraphs::Handles(fn)) return graphs_.Call(fn, rd, out);
   if (SessionArrays::Handles(fn)) return arrays_.Call(fn, rd, bulk, bulk_len, out);
-  if (SessionQueries::Handles(fn)) return queries_.Call(fn, rd, out);
   if (SessionMemops::Handles(fn)) return memops_.Call(fn, rd, out);
   if (SessionGreen::Handles(fn)) return green_.Call(fn, rd, out);
   if (SessionNotifications::Handles(fn)) return notifications_.Call(fn, rd, out);
@@ -900,75 +897,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
       return fn == Fn::cuMemcpyDtoD_v2 ? CALL(cuMemcpyDtoD_v2, dst, src, n)
                                        : CALL(cuMemcpyDtoDAsync_v2, dst, src, n, As<CUstream>(s));
-    }
-    case Fn::cuMemsetD8_v2:
-    case Fn::cuMemsetD16_v2:
-    case Fn::cuMemsetD32_v2:
-    case Fn::cuMemsetD8Async:
-    case Fn::cuMemsetD16Async:
-    case Fn::cuMemsetD32Async: {
-      uint64_t dst = 0, n = 0, s = 0;
-      uint32_t v = 0;
-      rd.U64(&dst);
-      rd.U32(&v);
-      rd.U64(&n);
-      const bool async =
-          fn == Fn::cuMemsetD8Async || fn == Fn::cuMemsetD16Async || fn == Fn::cuMemsetD32Async;
-      const uint64_t elem = (fn == Fn::cuMemsetD8_v2 || fn == Fn::cuMemsetD8Async)     ? 1
-                            : (fn == Fn::cuMemsetD16_v2 || fn == Fn::cuMemsetD16Async) ? 2
-                                                                                       : 4;
-      if (async) rd.U64(&s);
-      if (!rd.ok() || n > (~0ull / elem) || !Range(dst, n * elem)) return CUDA_ERROR_INVALID_VALUE;
-      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      switch (fn) {
-        case Fn::cuMemsetD8_v2: return CALL(cuMemsetD8_v2, dst, static_cast<unsigned char>(v), n);
-        case Fn::cuMemsetD16_v2: return CALL(cuMemsetD16_v2, dst, static_cast<unsigned short>(v), n);
-        case Fn::cuMemsetD16Async:
-          return CALL(cuMemsetD16Async, dst, static_cast<unsigned short>(v), n, As<CUstream>(s));
-        case Fn::cuMemsetD32_v2: return CALL(cuMemsetD32_v2, dst, v, n);
-        case Fn::cuMemsetD8Async:
-          return CALL(cuMemsetD8Async, dst, static_cast<unsigned char>(v), n, As<CUstream>(s));
-        default: return CALL(cuMemsetD32Async, dst, v, n, As<CUstream>(s));
-      }
-    }
-    case Fn::cuMemsetD2D8_v2:
-    case Fn::cuMemsetD2D16_v2:
-    case Fn::cuMemsetD2D32_v2:
-    case Fn::cuMemsetD2D8Async:
-    case Fn::cuMemsetD2D16Async:
-    case Fn::cuMemsetD2D32Async: {
-      uint64_t dst = 0, pitch = 0, w = 0, h = 0, s = 0;
-      uint32_t v = 0;
-      rd.U64(&dst);
-      rd.U64(&pitch);
-      rd.U32(&v);
-      rd.U64(&w);
-      rd.U64(&h);
-      const bool async = fn == Fn::cuMemsetD2D8Async || fn == Fn::cuMemsetD2D16Async ||
-                         fn == Fn::cuMemsetD2D32Async;
-      const uint64_t elem = (fn == Fn::cuMemsetD2D8_v2 || fn == Fn::cuMemsetD2D8Async)     ? 1
-                            : (fn == Fn::cuMemsetD2D16_v2 || fn == Fn::cuMemsetD2D16Async) ? 2
-                                                                                           : 4;
-      if (async) rd.U64(&s);
-      if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      if (w == 0 || h == 0) return CUDA_SUCCESS;
-      // Every row inside one allocation: rows fit the pitch, the last row ends inside.
-      if (w > (~0ull >> 8) / elem || (h > 1 && w * elem > pitch) || h - 1 > (~0ull >> 8) / (pitch + 1) ||
-          !Range(dst, (h - 1) * pitch + w * elem)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      CUstream st = As<CUstream>(s);
-      switch (fn) {
-        case Fn::cuMemsetD2D8_v2: return CALL(cuMemsetD2D8_v2, dst, pitch, static_cast<unsigned char>(v), w, h);
-        case Fn::cuMemsetD2D16_v2: return CALL(cuMemsetD2D16_v2, dst, pitch, static_cast<unsigned short>(v), w, h);
-        case Fn::cuMemsetD2D32_v2: return CALL(cuMemsetD2D32_v2, dst, pitch, v, w, h);
-        case Fn::cuMemsetD2D8Async:
-          return CALL(cuMemsetD2D8Async, dst, pitch, static_cast<unsigned char>(v), w, h, st);
-        case Fn::cuMemsetD2D16Async:
-          return CALL(cuMemsetD2D16Async, dst, pitch, static_cast<unsigned short>(v), w, h, st);
-        default: return CALL(cuMemsetD2D32Async, dst, pitch, v, w, h, st);
-      }
     }
     case Fn::cuMemAllocAsync:
     case Fn::cuMemAllocFromPoolAsync:

@@ -148,6 +148,19 @@ int TensorMaps() {
                   &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, addr, nullptr, strides, box, elem,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)));
+  // Rank 1 has no strides (NULL is fine); an undefined swizzle is not cuda.h's.
+  const cuuint64_t dims1[1] = {4096};
+  std::printf("tiled_rank1=%d\n",
+              static_cast<int>(cuTensorMapEncodeTiled(
+                  &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1, addr, dims1, nullptr, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)));
+  std::printf("tiled_rank1_map=%s\n", Hex(&map, sizeof(map)).c_str());
+  std::printf("tiled_bad_swizzle=%d\n",
+              static_cast<int>(cuTensorMapEncodeTiled(
+                  &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, addr, dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, static_cast<CUtensorMapSwizzle>(99),
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)));
   const cuuint64_t dims4[4] = {64, 16, 16, 2};
   const cuuint64_t strides4[3] = {128, 128 * 16, 128 * 16 * 16};
   const cuuint32_t elem4[4] = {1, 1, 1, 1};
@@ -157,6 +170,11 @@ int TensorMaps() {
                               CU_TENSOR_MAP_SWIZZLE_64B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   std::printf("im2col=%d:%s\n", static_cast<int>(r), Hex(&map, sizeof(map)).c_str());
+  std::printf("im2col_rank2=%d\n",
+              static_cast<int>(cuTensorMapEncodeIm2col(
+                  &map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, addr, dims4, strides4, lower, upper, 64,
+                  32, elem4, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)));
   r = cuTensorMapEncodeIm2colWide(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, addr, dims4, strides4,
                                   -1, 1, 64, 32, elem4, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                   CU_TENSOR_MAP_IM2COL_WIDE_MODE_W, CU_TENSOR_MAP_SWIZZLE_64B,

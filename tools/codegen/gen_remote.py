@@ -181,6 +181,8 @@ class Types:
             if not m or ":" in decl:
                 raise SurfaceError("%s: field %r is not generated" % (owner, decl))
             ctype, name, dims = m.groups()
+            # An alignment specifier (CUtensorMap's) says where the field lies, not what it holds.
+            ctype = re.sub(r"\b(_Alignas|alignas)\s*\([^)]*\)", "", ctype)
             inner = self.value(owner, ctype.replace("const ", "").strip())
         if not name:
             raise SurfaceError("%s: an anonymous member is not generated" % owner)
@@ -237,6 +239,7 @@ class Arg:
         self.parent = ann.get("publish", {}).get(name)  # publish=OUT:PARENT
         self.owner = ann.get("of", {}).get(name)        # of=ARG:OWNER
         self.created = self.destroyed = False
+        self.inout = name in ann.get("inout", set())  # inout=ARG: a structure read and rewritten
         self.byval = False    # a structure passed by value (travels as a `const T*` input does)
         self.void = ann.get("void", {}).get(name)  # void=ARG:...: one attribute value behind a void*
         self.str = ann.get("str", {}).get(name)  # str=TEXT:LENGTH:MAX: (LENGTH, MAX)
@@ -247,8 +250,9 @@ class Arg:
             self.dir, self.base = "out", "char"
             return
         t = ctype.replace("const ", "").strip()
-        self.addr = False     # a `void*` naming device memory (dptr= or vmm=): travels as a u64 address
-        if t.replace(" ", "") == "void*" and any(n == name for n, _ in ann.get("dptr", []) + ann.get("vmm", [])):
+        self.addr = False     # a `void*` address (dptr=, vmm= or addr=): travels as a u64
+        if t.replace(" ", "") == "void*" and (any(n == name for n, _ in ann.get("dptr", []) + ann.get("vmm", []))
+                                               or name in ann.get("addr", set())):
             self.addr, self.wire = True, "u64"
             return
         if self.void:
@@ -439,7 +443,7 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}, "void": {}, "hook": set()}
+           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": [], "addr": set(), "inout": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -472,11 +476,19 @@ def parse_annotations(fn, text, params):
             if a not in names or other not in names or a == other:
                 raise SurfaceError("%s: %s=%s names no two arguments" % (fn, key, val))
             ann[key][a] = other
-        elif key == "count" and val.count(":") == 2:
-            a, n, most = val.split(":")
-            if a not in names or n not in names or not re.match(r"^[0-9]+$", most) or not 0 < int(most) <= 256:
-                raise SurfaceError("%s: count=%s wants ARRAY:COUNT:MAX (MAX 1 to 256)" % (fn, val))
-            ann["count"][a] = (n, int(most))
+        elif key == "count" and val.count(":") in (2, 3):
+            # count=ARR:N[-K]:MAX[:0]: N - K elements (an argument N less K, 0 to 9), 1 to MAX of
+            # them, or 0 to MAX with :0 (then ARR may be NULL when there are none).
+            a, n, most, least = (val.split(":") + ["1"])[:4]
+            base = re.match(r"^(\w+)(-[0-9])?$", n)
+            if a not in names or not base or base.group(1) not in names or not re.match(r"^[0-9]+$", most) \
+                    or not 0 < int(most) <= 256 or least not in ("0", "1"):
+                raise SurfaceError("%s: count=%s wants ARRAY:COUNT[-K]:MAX[:0] (MAX 1 to 256)" % (fn, val))
+            ann["count"][a] = (n, int(most), base.group(1), int(least))
+        elif key == "addr" and val in names:
+            ann["addr"].add(val)
+        elif key == "inout" and val in names:
+            ann["inout"].add(val)
         elif key == "bytes" and val in names:
             ann["bytes"].add(val)
         elif key == "str" and val.count(":") == 2:
@@ -495,9 +507,17 @@ def parse_annotations(fn, text, params):
             a, size = val.split(":", 1)
             if a not in names:
                 raise SurfaceError("%s: dptr=%s names no argument" % (fn, a))
-            if not (re.match(r"^[0-9]+$", size) or size in names):
-                raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument" % (fn, val))
+            # LEN is a number of bytes, or a length argument counting elements of K bytes (N*K).
+            length, _, elem = size.partition("*")
+            if not (re.match(r"^[0-9]+$", size) or (length in names and (not elem or re.match(r"^[1-8]$", elem)))):
+                raise SurfaceError("%s: dptr=%s: the length is neither a number nor an argument (N or N*K)" % (fn, val))
             ann["dptr"].append((a, size))
+        elif key == "rows" and val.count(":") == 4:
+            # rows=ARG:PITCH:WIDTH:HEIGHT:K: HEIGHT rows of WIDTH elements of K bytes, PITCH bytes apart.
+            parts = val.split(":")
+            if any(p not in names for p in parts[:4]) or not re.match(r"^[1-8]$", parts[4]):
+                raise SurfaceError("%s: rows=%s wants ARG:PITCH:WIDTH:HEIGHT:K (K 1 to 8)" % (fn, val))
+            ann["rows"].append(tuple(parts[:4]) + (int(parts[4]),))
         elif key == "vmm" and ":" in val:
             a, size = val.split(":", 1)
             if a not in names or not re.match(r"^[0-9]+$", size):
@@ -537,14 +557,21 @@ class Call:
         self.args = [Arg(name, i, t, n, self.ann, types) for i, (t, n) in enumerate(params)]
         # On the wire: the inputs in prototype order, then the input arrays (their counts come
         # first); the reply likewise.
-        self.ins = [a for a in self.args if a.dir == "in" and not a.count and not a.str_len] + \
+        self.ins = [a for a in self.args if (a.dir == "in" or a.inout) and not a.count and not a.str_len] + \
                    [a for a in self.args if a.dir == "in" and a.count]
         self.outs = [a for a in self.args if a.dir == "out" and not a.count] + \
                      [a for a in self.args if a.dir == "out" and a.count]
         by_name = {a.name: a for a in self.args}
         for a in self.args:
-            if a.count and not (by_name[a.count[0]].dir == "in" and by_name[a.count[0]].scalar and
-                                by_name[a.count[0]].wire in ("u32", "u64")):
+            if a.inout and not (a.dir == "out" and a.shape is not None and a.shape.kind == "struct"
+                                and not a.count and not a.shape.refs()):
+                raise SurfaceError("%s: inout=%s is for a structure without pointers or handles behind a "
+                                   "pointer" % (name, a.name))
+        if self.ann["rows"] and self.outs:
+            raise SurfaceError("%s: rows= answers an empty rectangle itself: for calls without outputs" % name)
+        for a in self.args:
+            if a.count and not (by_name[a.count[2]].dir == "in" and by_name[a.count[2]].scalar and
+                                by_name[a.count[2]].wire in ("u32", "u64")):
                 raise SurfaceError("%s: count=%s: the count is an unsigned integer input" % (name, a.name))
             if a.bytes and not (a.shape is not None and a.shape.kind == "union"):
                 raise SurfaceError("%s: bytes=%s is for a union behind a pointer" % (name, a.name))
@@ -705,14 +732,21 @@ def leaves(shape):
 
 
 def count_checks(c):
-    """`count=` arrays: the count must be 1 to MAX (one check per count argument)."""
+    """`count=` arrays: the count must be 1 (or 0) to MAX (one check per count expression).
+    (expression, MAX, least); an expression N-K of an unsigned N below K wraps above MAX."""
     seen, out = set(), []
     for a in c.args:
         if a.count and a.count[0] not in seen:
             seen.add(a.count[0])
-            most = min(x.count[1] for x in c.args if x.count and x.count[0] == a.count[0])
-            out.append((a.count[0], most))
+            same = [x.count for x in c.args if x.count and x.count[0] == a.count[0]]
+            out.append((a.count[0], min(x[1] for x in same), max(x[3] for x in same)))
     return out
+
+
+def count_bounds(n, most, least, prefix=""):
+    """The C++ condition refusing a count expression outside least..MAX."""
+    e = prefix + n
+    return ("%s > %d" % (e, most)) if least == 0 else ("%s < 1 || %s > %d" % (e, e, most))
 
 
 def gen_client_impl(c, decl):
@@ -723,10 +757,14 @@ def gen_client_impl(c, decl):
         if a.str:
             o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
     for a in c.ins:
-        if (a.shape is not None and not a.byval) or a.count or a.void:
+        if a.inout:  # checked with the outputs
+            continue
+        if a.count and a.count[3] == 0:  # may be NULL when it holds no element
+            o.append("  if (%s != 0 && %s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % (a.count[0], a.name))
+        elif (a.shape is not None and not a.byval) or a.count or a.void:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
-    for n, most in count_checks(c):
-        o.append("  if (%s < 1 || %s > %d) return CUDA_ERROR_INVALID_VALUE;\n" % (n, n, most))
+    for n, most, least in count_checks(c):
+        o.append("  if (%s) return CUDA_ERROR_INVALID_VALUE;\n" % count_bounds(n, most, least))
     for a in c.ins:
         if a.shape is not None:
             for p in ptr_checks(a.shape, a.name if a.byval else "(*%s)" % a.name):
@@ -761,7 +799,7 @@ def gen_client_impl(c, decl):
             o.append("  if (static_cast<uint32_t>(%s) == %uu) {\n"
                      "    ClientLog(\"%s: %s %s is not served by the remote vGPU: returning CUDA_ERROR_NOT_SUPPORTED\");\n"
                      "    return CUDA_ERROR_NOT_SUPPORTED;\n  }\n" % (n, v, c.name, n, vname))
-    for a, _ in c.ann["dptr"]:
+    for a, _ in c.ann["dptr"] + [(r[0], None) for r in c.ann["rows"]]:
         cast = "reinterpret_cast" if next(x for x in c.args if x.name == a).addr else "static_cast"
         o.append("  MirrorIfUsedAsDevice(s_, %s<uint64_t>(%s));\n" % (cast, a))
     keys = []
@@ -911,8 +949,8 @@ def worker_reads(c, fail):
                 o.append("      %s\n" % l)
         else:
             o.append("      rd.%s(&a_%s);\n" % (READ["u64" if a.kind else a.wire], a.name))
-    for n, most in count_checks(c):
-        o.append("      if (a_%s < 1 || a_%s > %d) %s\n" % (n, n, most, fail))
+    for n, most, least in count_checks(c):
+        o.append("      if (%s) %s\n" % (count_bounds(n, most, least, "a_"), fail))
     for a in c.ins:
         if a.count and a.shape is not None:
             o.append("      for (size_t i_ = 0; i_ < a_%s; ++i_) {\n" % a.count[0])
@@ -1013,11 +1051,25 @@ def gen_worker_case(c):
             o.append("      }\n")
     for a, size in c.ann["dptr"]:
         # A length argument of 0 names no memory (the driver answers for it); a fixed one always does.
+        length, _, elem = size.partition("*")
         if re.match(r"^[0-9]+$", size):
             o.append("      if (!host.DeviceRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
+        elif elem and elem != "1":  # N elements of K bytes: a count whose bytes overflow names no range
+            o.append("      if (a_%s != 0 && (a_%s > ~uint64_t{0} / %s || !host.DeviceRange(a_%s, a_%s * %s))) "
+                     "return CUDA_ERROR_INVALID_VALUE;\n" % (length, length, elem, a, length, elem))
         else:
             o.append("      if (a_%s != 0 && !host.DeviceRange(a_%s, a_%s)) return CUDA_ERROR_INVALID_VALUE;\n"
-                     % (size, a, size))
+                     % (length, a, length))
+    for a, pitch, width, height, elem in c.ann["rows"]:
+        # An empty rectangle is done without the driver; else every row lies inside one range:
+        # rows fit the pitch and the last row ends inside (sizes below 2^56, so nothing overflows).
+        o.append("      if (a_%s == 0 || a_%s == 0) return CUDA_SUCCESS;\n"
+                 "      if (a_%s > (~uint64_t{0} >> 8) / %d) return CUDA_ERROR_INVALID_VALUE;\n"
+                 "      if (a_%s > 1 && (a_%s * %d > a_%s || a_%s > (~uint64_t{0} >> 8) ||\n"
+                 "                       a_%s - 1 > (~uint64_t{0} >> 8) / (a_%s + 1))) return CUDA_ERROR_INVALID_VALUE;\n"
+                 "      if (!host.DeviceRange(a_%s, (a_%s - 1) * a_%s + a_%s * %d)) return CUDA_ERROR_INVALID_VALUE;\n"
+                 % (width, height, width, elem, height, width, elem, pitch, pitch, height, pitch,
+                    a, height, pitch, width, elem))
     for a, size in c.ann["vmm"]:  # inside one range the session mapped with cuMemMap
         o.append("      if (!host.MappedRange(a_%s, %s)) return CUDA_ERROR_INVALID_VALUE;\n" % (a, size))
     for a in c.ins:
@@ -1063,6 +1115,8 @@ def gen_worker_case(c):
             o.append("      char o_%s[%d]{};\n" % (a.name, a.str[1]))
         elif a.count:
             o.append("      %s o_%s[%d]{};\n" % (a.base, a.name, a.count[1]))
+        elif a.inout:  # the driver rewrites what came
+            o.append("      %s o_%s = a_%s;\n" % (a.base, a.name, a.name))
         else:
             o.append("      %s o_%s{};\n" % (a.base, a.name))
     call = []
