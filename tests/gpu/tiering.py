@@ -1236,6 +1236,8 @@ def fault_swapin_without_room(c, gib=4):
     error (out of memory), it stays swapped in host memory, `tfusion thaw` exits 1; once the hog has
     gone, its next op resumes it intact."""
     res, vgpu = c.res, "faults-noroom"
+    res["note"] = ("the failing op is an in-place add on a small tensor (no new allocation), so the error is the "
+                   "resume's, not PyTorch's caching allocator's; the hog runs natively, outside the limiter")
     t = c.tenant("tenant", gib, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--"])
     res["ready"] = t.wait_ready()
     if "error" in res["ready"]:
@@ -1373,6 +1375,7 @@ def fault_freeze_twice(c, gib=16):
     first swap-out faults fresh memory in and lasts about a second): exit 2; of one already swapped
     out: exit 0, nothing changed; the tenant resumes intact after one swap-out and one swap-in."""
     res, vgpu = c.res, "faults-twice"
+    res["note"] = "TFUSION_TIER_PIN_AHEAD=off: the first swap-out faults in fresh host memory, a longer window"
     t = c.tenant("tenant", gib, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--"], env={"TFUSION_TIER_PIN_AHEAD": "off"})
     res["ready"] = t.wait_ready(120)
     if "error" in res["ready"]:
@@ -1450,6 +1453,7 @@ def fault_agent_restart(c, gib=4):
     a new one on the same state folder and port reports it swapped, and a thaw through the
     controller resumes it intact."""
     res = c.res
+    res["note"] = "TFUSION_TIER_PIN_AHEAD=off, as in the fake-driver test"
     up = UpOnThisHost(c.r, "faults-agent")
     c.others.append(lambda: up.stop() if up.proc.poll() is None else None)
     if not up.url or not up.token:
@@ -1487,11 +1491,16 @@ def fault_agent_restart(c, gib=4):
                      and res["ps_resident"] and res["step"].get("intact") and res["rc"] == 0 and res["swap_ins"] == 1)
 
 
-def fault_node_budget(c, gib=4, budget_gib=6):
+def fault_node_budget(c, gib=4, budget_mib=6 * 1024):
     """The node agent's host tier budget (`tfusion up --host-tier-budget`) smaller than two
     tenants' copies: the first freeze swaps out, the second exits 1 and that tenant stays resident
     and running; both intact. The GPU region's earlier budget is set back at the end."""
     res = c.res
+    res["note"] = ("TFUSION_TIER_PIN_AHEAD=off (no kept copies in the budget); the budget is the agent's flag, "
+                   "tfusion run sets none")
+    if c.host_tier() is None:  # no region yet: make it, with its default budget, to set back at the end
+        subprocess.run([c.r.tfusion, "run", "--vram", "1GiB", "--vgpu", "faults-budget-restore", "--", "true"],
+                       capture_output=True, timeout=60, env=c.r.env)
     before = c.host_tier()
     res["host_tier_before"] = before
     if before:
@@ -1499,7 +1508,7 @@ def fault_node_budget(c, gib=4, budget_gib=6):
         restore = dict(c.r.env, TFUSION_HOST_TIER_BUDGET=before[1].replace(" ", ""))
         c.others.insert(0, lambda: subprocess.run([c.r.tfusion, "run", "--vram", "1GiB", "--vgpu", "faults-budget-restore",
                                                    "--", "true"], capture_output=True, timeout=60, env=restore))
-    up = UpOnThisHost(c.r, "faults-budget", extra=["--host-tier-budget", f"{budget_gib}GiB"])
+    up = UpOnThisHost(c.r, "faults-budget", extra=["--host-tier-budget", f"{budget_mib}MiB"])
     c.others.append(lambda: up.stop() if up.proc.poll() is None else None)
     if not up.url or not up.token:
         res["error"] = "tfusion up did not start (logs/faults-budget-up.log)"
@@ -1521,7 +1530,7 @@ def fault_node_budget(c, gib=4, budget_gib=6):
     res["second_step"] = b.step()
     res["first_step"] = a.step()
     res["rcs"] = [a.finish(), b.finish()]
-    res["ok"] = bool(res["gpus_host_tier_budget_mib"] and all(x == budget_gib * 1024 for x in res["gpus_host_tier_budget_mib"])
+    res["ok"] = bool(res["gpus_host_tier_budget_mib"] and all(x == budget_mib for x in res["gpus_host_tier_budget_mib"])
                      and res["first_freeze_rc"] == 0 and res["second_freeze_rc"] == 1
                      and "freeze FAILED (CUDA error 2): it keeps running resident" in res["second_freeze"]
                      and res["second_tier"] == "resident" and res["second_logged_budget"]
