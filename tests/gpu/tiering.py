@@ -1122,7 +1122,7 @@ class FaultTenant:
         os.makedirs(self.dir)
         self.ready, self.go = os.path.join(self.dir, "ready"), os.path.join(self.dir, "go")
         self.log_path = os.path.join(r.logs, f"faults-{name}.log")
-        self.k = 0
+        self.name, self.k, self.killed = name, 0, False
         full = list(cmd) + [sys.executable, TENANT, "fault", "--gib", str(gib), "--ready", self.ready, "--go", self.go]
         with open(os.path.join(r.logs, f"faults-{name}.out"), "w") as out, open(self.log_path, "w") as err:
             err.write("$ " + " ".join(full) + "\n")
@@ -1164,6 +1164,7 @@ class FaultTenant:
             return None
 
     def kill(self):
+        self.killed = True
         try:
             os.killpg(self.proc.pid, 9)
         except (ProcessLookupError, PermissionError):
@@ -1223,6 +1224,9 @@ class FaultCase:
         for t in self.tenants:
             if t.alive():
                 t.kill()
+            elif not t.killed and t.proc.returncode != 0:  # how it ended, for the verdict's reader
+                tail = [l for l in t.log().splitlines() if l.strip()][-2:]
+                self.res.setdefault("tenant_exits", {})[t.name] = {"rc": t.proc.returncode, "log_tail": tail}
         for stop in reversed(self.others):
             try:
                 stop()
