@@ -95,7 +95,7 @@ Phases (tier_tenant.py does the work inside each tenant):
           agent_restart: `tfusion up`, a tenant of a pool allocation frozen through the
             controller, the agent killed (SIGKILL) and started again on its state folder and port:
             `tfusion ps` shows it swapped, a thaw through the controller resumes it intact
-          node_budget: `tfusion up --host-tier-budget 6GiB`, two 4 GiB tenants of pool
+          node_budget: `tfusion up --host-tier-budget` of 6 GiB, two 4 GiB tenants of pool
             allocations: the first freeze succeeds, the second exits 1 and that tenant stays
             resident; both intact; the region's earlier budget is set back
           under about 4 minutes
@@ -1285,6 +1285,7 @@ def fault_swapin_without_room(c, gib=4):
     res["ok"] = bool(res["freeze_rc"] == 0 and "error" in refused and refused.get("out_of_memory")
                      and res["alive_after_refusal"] and res["logged_resume_failed"]
                      and res["tier_while_refused"] == "swapped"
+                     and (res["host_tier_while_refused"] or ("0 MiB",))[0] != "0 MiB"
                      and res["thaw_rc"] == 1
                      and "thaw FAILED (CUDA error 2): it keeps running swapped; its next GPU call retries" in res["thaw"]
                      and resumed.get("intact") and res["tier_after"] == "resident" and res["rc"] == 0)
