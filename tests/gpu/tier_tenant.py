@@ -47,6 +47,13 @@ wait while its tier thread swaps it out), then resumes by using the GPU, and pri
              --go a checksum (a GPU call that waits while the session is held), then READY.checked;
              at --go2 (the allocation deleted, its session ended) one more GPU call, which must fail
              with a CUDA error rather than hang; one JSON line with both
+  fault      tiering.py's phase faults: --gib GiB in 1 GiB tensors with checksums, then READY.0 (a
+             JSON line); for k = 1, 2, ... it waits for GO.k, runs one step (an in-place op on a small
+             tensor, then every checksum: GPU calls that resume it when swapped), prints one JSON
+             line (intact, or the CUDA error PyTorch raised: the process goes on) and writes it to
+             READY.k; GO.end ends it
+  hog        tiering.py's phase faults, natively: takes the GPU's free memory but --leave-mib
+             (torch.cuda.mem_get_info), writes one JSON line to --ready, exits at --go
   serve      an image-generation-style service: GPT-2 fp16 plus a --gib GiB working set; after --go,
              bursts of --burst requests separated by idle gaps for --seconds; every request runs a
              forward pass and reads the whole working set, and checks both against references
@@ -751,6 +758,74 @@ def run_rhold(a):
     os._exit(0)  # no teardown through a connection that is gone
 
 
+def wait_for_file(*paths, seconds=300):
+    """The first of `paths` to exist within `seconds`, else None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for p in paths:
+            if os.path.exists(p):
+                return p
+        time.sleep(0.01)
+    return None
+
+
+def write_line(path, d):
+    """One JSON line on stdout and in `path` (written whole, then renamed: the coordinator never
+    reads half of it)."""
+    line = json.dumps(d)
+    print(line, flush=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(line + "\n")
+    os.rename(path + ".tmp", path)
+
+
+def run_fault(a):
+    """Holds --gib GiB and answers the coordinator step by step (tiering.py, phase faults)."""
+    tensors = []
+    for _ in range(a.gib):
+        t = torch.empty(1 << 28, device="cuda")  # 1 GiB of float32
+        t.view(torch.int32).random_()
+        tensors.append(t)
+    small = torch.zeros(16, device="cuda")
+    want = [checksum(t) for t in tensors]
+    torch.cuda.synchronize()
+    write_line(a.ready + ".0", {"step": 0, "pid": os.getpid(), "gib": a.gib,
+                                "vgpu": os.environ.get("TFUSION_VGPU", "")})
+    k = 0
+    while True:
+        k += 1
+        if wait_for_file(f"{a.go}.{k}", a.go + ".end") != f"{a.go}.{k}":
+            return
+        t0 = time.monotonic()
+        res = {"step": k}
+        try:
+            small.add_(1)  # needs the GPU: resumes a swapped tenant, or fails with its CUDA error
+            torch.cuda.synchronize()
+            sums = [checksum(t) for t in tensors]
+            res["intact"] = sums == want
+            res["tensors_changed"] = sum(x != y for x, y in zip(sums, want))
+        except RuntimeError as ex:  # what PyTorch raises for a CUDA error; the process goes on
+            text = str(ex).strip()
+            res["error"] = text.splitlines()[0][:200] if text else repr(ex)[:200]
+            res["out_of_memory"] = "out of memory" in text.lower()
+        res["ms"] = round((time.monotonic() - t0) * 1000, 1)
+        write_line(f"{a.ready}.{k}", res)
+
+
+def run_hog(a):
+    """Natively (not under tiering): takes the GPU's free memory but --leave-mib."""
+    torch.zeros(1, device="cuda")  # the context first: its memory is not free memory
+    free, total = torch.cuda.mem_get_info()
+    take = max(0, free - (a.leave_mib << 20))
+    held = torch.empty(take, dtype=torch.uint8, device="cuda") if take else None
+    torch.cuda.synchronize()
+    after, _ = torch.cuda.mem_get_info()
+    write_line(a.ready, {"free_before_mib": free >> 20, "held_mib": take >> 20, "free_after_mib": after >> 20,
+                         "total_mib": total >> 20})
+    wait_for_file(a.go)
+    del held
+
+
 def run_serve(a):
     import random
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -793,7 +868,7 @@ def run_serve(a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("checks", "pool", "pools", "expandable", "graphmem", "train", "swap", "gen", "alloc", "steady", "hold", "serve",
-                                     "rhold", "zero", "firstfreeze", "idlezero", "ipcfix"))
+                                     "rhold", "zero", "firstfreeze", "idlezero", "ipcfix", "fault", "hog"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--gap-min", type=float, default=3)
@@ -811,10 +886,12 @@ def main():
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--ready", default="")
     ap.add_argument("--go", default="")
+    ap.add_argument("--leave-mib", type=int, default=1024)
     a = ap.parse_args()
     {"checks": run_checks, "pool": run_pool, "pools": run_pools, "expandable": run_expandable, "graphmem": run_graphmem, "train": run_train, "swap": run_swap, "gen": run_gen,
      "alloc": run_alloc, "steady": run_steady, "hold": run_hold, "serve": run_serve, "rhold": run_rhold,
-     "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero, "ipcfix": run_ipcfix}[a.mode](a)
+     "zero": run_zero, "firstfreeze": run_firstfreeze, "idlezero": run_idlezero, "ipcfix": run_ipcfix,
+     "fault": run_fault, "hog": run_hog}[a.mode](a)
 
 
 if __name__ == "__main__":

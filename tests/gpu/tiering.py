@@ -75,6 +75,30 @@ Phases (tier_tenant.py does the work inside each tenant):
   oversub four tenants of 30 GiB working sets (about 40% of the GPU each) serving bursts with idle
           gaps on one GPU with tiering, against one such tenant alone (running the four one after
           another serves requests at the rate of one alone)
+  faults  docs/tiering.md "Faults" on the GPU, seven sub-cases, each with its own verdict (ok and the
+          facts) and killing what it started; TF_FAULT_CASES=a,b runs some (names below); a
+          tenant is tier_tenant.py fault (GiB of tensors with checksums, stepped through go files):
+          swapin_without_room: a frozen 4 GiB tenant whose VRAM a native PyTorch process took (all
+            but 1 GiB free): its next op fails with out of memory and it lives on, swapped in host
+            memory; `tfusion thaw` exits 1; once the hog exits its next op resumes it intact
+          disk_unwritable: a 1 GiB tenant under `ulimit -f` (64 MiB) with a disk tier: the move to
+            disk fails (File too large), it stays swapped in host memory, the folder stays empty,
+            resumes intact
+          foreign_files: files in the disk tier's folder that it did not make keep names, sizes,
+            mtimes and sha256 through a move to disk and a resume
+          freeze_twice: `tfusion freeze --no-wait` of a 16 GiB tenant (host copies not pinned
+            ahead), then `tfusion freeze` while it swaps out (exit 2; the facts say so if the
+            swap-out was already done), then once swapped (exit 0, nothing changed); one swap-out
+            and one swap-in
+          killed_while_swapped: a 4 GiB tenant killed (SIGKILL) while swapped: the host tier back
+            to 0 MiB (`tfusion smi`); a next tenant swaps and resumes
+          agent_restart: `tfusion up`, a tenant of a pool allocation frozen through the
+            controller, the agent killed (SIGKILL) and started again on its state folder and port:
+            `tfusion ps` shows it swapped, a thaw through the controller resumes it intact
+          node_budget: `tfusion up --host-tier-budget` of 6 GiB, two 4 GiB tenants of pool
+            allocations: the first freeze succeeds, the second exits 1 and that tenant stays
+            resident; both intact; the region's earlier budget is set back
+          under about 4 minutes
 Every phase appends its results to OUT/tiering.json (one JSON object per line) as it finishes.
 """
 import argparse
@@ -905,15 +929,17 @@ def phase_rkill(r, gib=1):
 
 class UpOnThisHost:
     """`tfusion up` (controller and node agent) in a fresh folder, its log in logs/NAME-up.log; url
-    and token empty when it did not start; api(method, path, body) -> (status, JSON)."""
+    and token empty when it did not start; api(method, path, body) -> (status, JSON). `home` and
+    `port`: start again on the state folder and port of an earlier one; `extra`: more flags."""
 
-    def __init__(self, r, name):
+    def __init__(self, r, name, home=None, port=0, extra=()):
         import re
         import tempfile
-        home = tempfile.mkdtemp(prefix=f"tf-{name}-")
+        self.home = home = home or tempfile.mkdtemp(prefix=f"tf-{name}-")
         self.log_path = os.path.join(r.logs, f"{name}-up.log")
-        self.proc = subprocess.Popen([r.tfusion, "up", "--port", "0", "--metrics-port", "0"], cwd=home,
-                                     stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=r.env)
+        self.proc = subprocess.Popen([r.tfusion, "up", "--port", str(port), "--metrics-port", "0", *extra], cwd=home,
+                                     stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=r.env,
+                                     start_new_session=True)
         self.url = self.token = ""
         for _ in range(300):
             m = re.search(r"http://127\.0\.0\.1:[0-9]+", open(self.log_path).read())
@@ -1083,11 +1109,469 @@ def phase_patch(r, gib=1):
         r.record("patch", res)
 
 
+class FaultTenant:
+    """A `tier_tenant.py fault` process (its own process group) holding GIB, stepped through go
+    files in OUT/faults/NAME; its stdout in logs/faults-NAME.out, stderr (the limiter's log) in
+    logs/faults-NAME.log. `cmd` is the command line before the tenant's own (`tfusion run ... --`,
+    maybe behind a shell that sets a limit)."""
+
+    def __init__(self, r, name, gib, cmd, env=None):
+        import shutil
+        self.dir = os.path.join(r.out, "faults", name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.ready, self.go = os.path.join(self.dir, "ready"), os.path.join(self.dir, "go")
+        self.log_path = os.path.join(r.logs, f"faults-{name}.log")
+        self.name, self.k, self.killed = name, 0, False
+        full = list(cmd) + [sys.executable, TENANT, "fault", "--gib", str(gib), "--ready", self.ready, "--go", self.go]
+        with open(os.path.join(r.logs, f"faults-{name}.out"), "w") as out, open(self.log_path, "w") as err:
+            err.write("$ " + " ".join(full) + "\n")
+            err.flush()
+            self.proc = subprocess.Popen(full, stdout=out, stderr=err, env=dict(r.env, **(env or {})),
+                                         start_new_session=True)
+
+    def _answer(self, k, seconds):
+        path = f"{self.ready}.{k}"
+        if not wait_soon(lambda: os.path.exists(path) or self.proc.poll() is not None, seconds) or not os.path.exists(path):
+            return {"step": k, "error": f"no answer within {seconds} s", "rc": self.proc.poll()}
+        with open(path) as f:
+            return json.loads(f.read())
+
+    def wait_ready(self, seconds=90):
+        """The tenant's first line once its tensors are filled, else an error record."""
+        return self._answer(0, seconds)
+
+    def step(self, seconds=60):
+        """One step (a GPU op and the checksums): its JSON line, else an error record."""
+        self.k += 1
+        open(f"{self.go}.{self.k}", "w").close()
+        return self._answer(self.k, seconds)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def finish(self, seconds=30):
+        """Lets it exit; killed (its whole group) after `seconds`. Its exit status, None if killed."""
+        open(self.go + ".end", "w").close()
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self):
+        self.killed = True
+        try:
+            os.killpg(self.proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class FaultCase:
+    """One sub-case of phase faults: its facts (`res`), the processes it started (killed at the end
+    whatever happened) and the tfusion CLI with a timeout."""
+
+    def __init__(self, r, name):
+        self.r, self.name, self.res, self.tenants, self.others = r, name, {"case": name}, [], []
+        self.t0 = time.monotonic()
+
+    def tenant(self, name, gib, cmd, env=None):
+        t = FaultTenant(self.r, f"{self.name}-{name}", gib, cmd, env)
+        self.tenants.append(t)
+        return t
+
+    def tf(self, *args, timeout=60):
+        """(exit status or None on timeout, stdout and stderr together) of `tfusion ARGS`."""
+        try:
+            p = subprocess.run([self.r.tfusion, *args], capture_output=True, text=True, timeout=timeout, env=self.r.env)
+            return p.returncode, (p.stdout + p.stderr).strip()
+        except subprocess.TimeoutExpired:
+            return None, "TIMEOUT"
+
+    def smi(self):
+        return self.tf("smi", "-p", timeout=30)[1]
+
+    def smi_lines(self, vgpu):
+        """The lines of `tfusion smi -p` naming the vGPU (its own line, then its processes')."""
+        return [l.strip() for l in self.smi().splitlines() if vgpu in l.split()]
+
+    def tier_state(self, vgpu):
+        """The TIER column of the vGPU's line in `tfusion smi -p` ("resident", "swapping out", ...)."""
+        lines = self.smi_lines(vgpu)
+        if not lines:
+            return None
+        line = f" {' '.join(lines[0].split())} "
+        for state in ("swapping out", "swapping in", "on disk", "checkpointed", "swapped", "resident", "mixed"):
+            if f" {state} " in line:
+                return state
+        return None
+
+    def host_tier(self):
+        """("used", "budget") of the first GPU's host tier as `tfusion smi` shows them, else None."""
+        import re
+        m = re.search(r"host tier ([0-9.]+ [KMGT]iB) of ([0-9.]+ [KMGT]iB)", self.tf("smi", timeout=30)[1])
+        return (m.group(1), m.group(2)) if m else None
+
+    def close(self):
+        for t in self.tenants:
+            if t.alive():
+                t.kill()
+            elif not t.killed and t.proc.returncode != 0:  # how it ended, for the verdict's reader
+                tail = [l for l in t.log().splitlines() if l.strip()][-2:]
+                self.res.setdefault("tenant_exits", {})[t.name] = {"rc": t.proc.returncode, "log_tail": tail}
+        for stop in reversed(self.others):
+            try:
+                stop()
+            except Exception as ex:  # keep going: the next sub-case needs the GPU free
+                self.res.setdefault("cleanup_errors", []).append(repr(ex)[:200])
+        self.res["case_s"] = round(time.monotonic() - self.t0, 1)
+
+
+def fault_swapin_without_room(c, gib=4):
+    """A frozen tenant whose VRAM a process without tiering took: its next op fails with a CUDA
+    error (out of memory), it stays swapped in host memory, `tfusion thaw` exits 1; once the hog has
+    gone, its next op resumes it intact."""
+    res, vgpu = c.res, "faults-noroom"
+    res["note"] = ("the failing op is an in-place add on a small tensor (no new allocation), so the error is the "
+                   "resume's, not PyTorch's caching allocator's; the hog runs natively, outside the limiter")
+    t = c.tenant("tenant", gib, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--"])
+    res["ready"] = t.wait_ready()
+    if "error" in res["ready"]:
+        return
+    res["freeze_rc"], res["freeze"] = c.tf("freeze", vgpu)
+    hog_dir = os.path.join(c.r.out, "faults", "noroom-hog")
+    os.makedirs(hog_dir, exist_ok=True)
+    hog_ready, hog_go = os.path.join(hog_dir, "ready"), os.path.join(hog_dir, "go")
+    remove_files(hog_ready, hog_go)
+    hog = subprocess.Popen([sys.executable, TENANT, "hog", "--leave-mib", "1024", "--ready", hog_ready, "--go", hog_go],
+                           stdout=subprocess.DEVNULL, stderr=open(os.path.join(c.r.logs, "faults-noroom-hog.log"), "w"),
+                           env=c.r.env, start_new_session=True)
+
+    def stop_hog():
+        open(hog_go, "w").close()
+        try:
+            hog.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(hog.pid, 9)
+            hog.wait(timeout=20)
+    c.others.append(stop_hog)
+    if not wait_soon(lambda: os.path.exists(hog_ready) or hog.poll() is not None, 60) or not os.path.exists(hog_ready):
+        res["error"] = "the hog did not take the memory (logs/faults-noroom-hog.log)"
+        return
+    with open(hog_ready) as f:
+        res["hog"] = json.loads(f.read())
+    res["refused_step"] = t.step()
+    res["alive_after_refusal"] = t.alive()
+    log = t.log()
+    res["logged_resume_failed"] = "resume failed (CUDA error 2); the swapped copy is kept" in log
+    res["smi_while_refused"] = c.smi_lines(vgpu)
+    res["tier_while_refused"] = c.tier_state(vgpu)
+    res["host_tier_while_refused"] = c.host_tier()
+    res["thaw_rc"], res["thaw"] = c.tf("thaw", vgpu)
+    stop_hog()
+    c.others.remove(stop_hog)
+    res["resumed_step"] = t.step()
+    res["tier_after"] = c.tier_state(vgpu)
+    res["rc"] = t.finish()
+    refused, resumed = res["refused_step"], res["resumed_step"]
+    res["ok"] = bool(res["freeze_rc"] == 0 and "error" in refused and refused.get("out_of_memory")
+                     and res["alive_after_refusal"] and res["logged_resume_failed"]
+                     and res["tier_while_refused"] == "swapped"
+                     and (res["host_tier_while_refused"] or ("0 MiB",))[0] != "0 MiB"
+                     and res["thaw_rc"] == 1
+                     and "thaw FAILED (CUDA error 2): it keeps running swapped; its next GPU call retries" in res["thaw"]
+                     and resumed.get("intact") and res["tier_after"] == "resident" and res["rc"] == 0)
+
+
+def disk_dir(name):
+    import shutil
+    d = os.path.join(os.environ.get("TF_DISK_DIR", "/tmp/tf-disk-tier"), name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d
+
+
+def fault_disk_unwritable(c, gib=1, limit_mib=64):
+    """A tenant under a file size limit (`ulimit -f`) smaller than its copy, with a disk tier: the
+    move to disk fails (EFBIG), the copy stays in host memory, nothing is left in the folder, and
+    the tenant resumes intact."""
+    import re
+    res, vgpu = c.res, "faults-fsize"
+    d = disk_dir("faults-fsize")
+    res["file_size_limit_mib"] = limit_mib
+    shell = ["bash", "-c", f'ulimit -f {limit_mib * 1024}; exec "$@"', "bash"]
+    t = c.tenant("tenant", gib, shell + [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--disk-tier", d,
+                                         "--idle-disk", "1s", "--"])
+    res["ready"] = t.wait_ready()
+    if "error" in res["ready"]:
+        return
+    res["freeze_rc"], res["freeze"] = c.tf("freeze", vgpu)
+    failed = re.compile(r"writing [0-9]+ MiB to the disk tier failed \(File too large\): it stays in host memory")
+    res["logged_write_failed"] = bool(wait_until(lambda: failed.search(t.log()), 30))
+    res["log_lines"] = [l.split("tfusion: ", 1)[-1] for l in t.log().splitlines() if "disk tier" in l][-4:]
+    res["alive"] = t.alive()
+    res["tier_while_swapped"] = c.tier_state(vgpu)
+    res["smi_while_swapped"] = c.smi_lines(vgpu)
+    res["folder_while_swapped"] = sorted(os.listdir(d))
+    res["step"] = t.step()
+    res["rc"] = t.finish()
+    res["folder_after"] = sorted(os.listdir(d))
+    res["ok"] = bool(res["freeze_rc"] == 0 and res["logged_write_failed"] and res["alive"]
+                     and res["tier_while_swapped"] == "swapped" and res["folder_while_swapped"] == []
+                     and res["step"].get("intact") and res["rc"] == 0 and res["folder_after"] == [])
+
+
+def fingerprint(d):
+    """Name, size, mtime (ns) and sha256 of every file of folder d."""
+    import hashlib
+    out = []
+    for name in sorted(os.listdir(d)):
+        p = os.path.join(d, name)
+        st = os.stat(p)
+        with open(p, "rb") as f:
+            out.append([name, st.st_size, st.st_mtime_ns, hashlib.sha256(f.read()).hexdigest()])
+    return out
+
+
+def fault_foreign_files(c, gib=1):
+    """Files in the disk tier's folder that the tiering did not make (another node's copy, a name
+    like the fallback's private files, one with our header's magic) are never read, changed or
+    removed through a move to disk and a resume."""
+    res, vgpu = c.res, "faults-foreign"
+    d = disk_dir("faults-foreign")
+    with open(os.path.join(d, "node-b.swap"), "wb") as f:
+        f.write(os.urandom(3 << 20))
+    with open(os.path.join(d, ".tfusion-swap-AbC123"), "wb") as f:
+        f.write(b"TFSWAP01" + os.urandom(8 << 20))
+    with open(os.path.join(d, "tenant-4242.swap"), "wb") as f:
+        f.write(bytes(4096))
+    for name in os.listdir(d):
+        os.utime(os.path.join(d, name), (1767225600, 1767225600))  # 2026-01-01 00:00 UTC
+    before = fingerprint(d)
+    res["foreign_files"] = [x[:2] for x in before]
+    t = c.tenant("tenant", gib, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--disk-tier", d, "--idle-disk", "1s", "--"])
+    res["ready"] = t.wait_ready()
+    if "error" in res["ready"]:
+        return
+    res["freeze_rc"], res["freeze"] = c.tf("freeze", vgpu)
+    res["on_disk"] = bool(wait_until(lambda: c.tier_state(vgpu) == "on disk", 30, 0.2))
+    res["unchanged_while_on_disk"] = fingerprint(d) == before
+    res["step"] = t.step()
+    res["rc"] = t.finish()
+    log = t.log()
+    res["logged_moved"] = "to the disk tier in" in log
+    res["refused_in_log"] = "refused" in log
+    res["unchanged_after"] = fingerprint(d) == before
+    res["ok"] = bool(res["freeze_rc"] == 0 and res["on_disk"] and res["unchanged_while_on_disk"]
+                     and res["step"].get("intact") and res["rc"] == 0 and res["logged_moved"]
+                     and not res["refused_in_log"] and res["unchanged_after"])
+
+
+def fault_freeze_twice(c, gib=16):
+    """`tfusion freeze` of a vGPU still swapping out (16 GiB, host copies not pinned ahead, so the
+    first swap-out faults fresh memory in and lasts about a second): exit 2; of one already swapped
+    out: exit 0, nothing changed; the tenant resumes intact after one swap-out and one swap-in."""
+    res, vgpu = c.res, "faults-twice"
+    res["note"] = "TFUSION_TIER_PIN_AHEAD=off: the first swap-out faults in fresh host memory, a longer window"
+    t = c.tenant("tenant", gib, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--"], env={"TFUSION_TIER_PIN_AHEAD": "off"})
+    res["ready"] = t.wait_ready(120)
+    if "error" in res["ready"]:
+        return
+    res["no_wait_rc"], res["no_wait"] = c.tf("freeze", vgpu, "--no-wait")
+    seen = wait_soon(lambda: (lambda state: state if state in ("swapping out", "swapped") else None)(c.tier_state(vgpu)), 10)
+    res["state_before_second_freeze"] = seen
+    res["second_rc"], res["second"] = c.tf("freeze", vgpu)
+    busy = f"vGPU '{vgpu}' is already swapping out"
+    nothing = f"vGPU '{vgpu}' is already swapped out: nothing changed"
+    if res["second_rc"] == 2 and busy in res["second"]:
+        res["second_saw"] = "swapping out"
+    elif res["second_rc"] == 0 and nothing in res["second"]:
+        res["second_saw"] = "already swapped: the swap-out was done before the second freeze"
+    else:
+        res["second_saw"] = None
+    res["swapped"] = bool(wait_until(lambda: c.tier_state(vgpu) == "swapped", 30))
+    res["third_rc"], res["third"] = c.tf("freeze", vgpu)
+    res["step"] = t.step(120)
+    res["rc"] = t.finish()
+    log = t.log()
+    res["swap_outs"] = log.count(f"vGPU '{vgpu}': swapped out")
+    res["swap_ins"] = log.count(f"vGPU '{vgpu}': resumed")
+    res["ok"] = bool(res["no_wait_rc"] == 0 and res["second_saw"] and res["swapped"] and res["third_rc"] == 0
+                     and nothing in res["third"] and res["step"].get("intact") and res["rc"] == 0
+                     and res["swap_outs"] == 1 and res["swap_ins"] == 1)
+
+
+def fault_killed_while_swapped(c, gib=4):
+    """A tenant killed (SIGKILL) while swapped: the host tier it held is back within seconds
+    (`tfusion smi`); then a new tenant runs, swaps and resumes as usual."""
+    res, vgpu = c.res, "faults-killed"
+    res["host_tier_before"] = c.host_tier()
+    t = c.tenant("victim", gib, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu, "--"])
+    res["ready"] = t.wait_ready()
+    if "error" in res["ready"]:
+        return
+    res["freeze_rc"], res["freeze"] = c.tf("freeze", vgpu)
+    res["host_tier_while_swapped"] = c.host_tier()
+    t0 = time.monotonic()
+    t.kill()
+    base = (res["host_tier_before"] or ("?",))[0]
+    back = wait_until(lambda: (c.host_tier() or ("?",))[0] == base, 15, 0.2)
+    res["host_tier_back_s"] = round(time.monotonic() - t0, 2) if back else None
+    res["host_tier_after_kill"] = c.host_tier()
+    res["swapped_left"] = [l for l in c.smi_lines(vgpu) if "swapped" in l]
+    nxt = c.tenant("next", 1, [c.r.tfusion, "run", *TIERED, "--vgpu", vgpu + "-next", "--"])
+    res["next_ready"] = nxt.wait_ready()
+    if "error" in res["next_ready"]:
+        return
+    res["next_freeze_rc"], res["next_freeze"] = c.tf("freeze", vgpu + "-next")
+    res["next_step"] = nxt.step()
+    res["next_rc"] = nxt.finish()
+    res["ok"] = bool(res["freeze_rc"] == 0 and base == "0 MiB" and res["host_tier_back_s"] is not None
+                     and not res["swapped_left"] and res["next_freeze_rc"] == 0
+                     and "in host memory" in res["next_freeze"] and res["next_step"].get("intact")
+                     and res["next_rc"] == 0)
+
+
+def pooled_tenant(c, up, name, gib, env=None):
+    """A tenant of a pool allocation (`tfusion run --controller`, the pool expanding VRAM into host
+    memory: tiering) that never swaps when idle; (tenant, its vGPU a-... or None)."""
+    import re
+    t = c.tenant(name, gib, [c.r.tfusion, "run", "--controller", up.url, "--token", up.token, "--qos", "low",
+                             "--vram", f"{gib + 4}GiB", "--percent", "30", "--idle-swap", "0", "--"], env=env)
+    ready = t.wait_ready(120)
+    c.res[name + "_ready"] = ready
+    m = re.search(r"allocation (a-[0-9a-f]+)", t.log())
+    vgpu = ready.get("vgpu") or (m.group(1) if m else None)
+    return t, (vgpu if "error" not in ready else None)
+
+
+def fault_agent_restart(c, gib=4):
+    """The node agent (`tfusion up`) killed with SIGKILL while its allocation's tenant is swapped;
+    a new one on the same state folder and port reports it swapped, and a thaw through the
+    controller resumes it intact."""
+    res = c.res
+    res["note"] = "TFUSION_TIER_PIN_AHEAD=off, as in the fake-driver test"
+    up = UpOnThisHost(c.r, "faults-agent")
+    c.others.append(lambda: up.stop() if up.proc.poll() is None else None)
+    if not up.url or not up.token:
+        res["error"] = "tfusion up did not start (logs/faults-agent-up.log)"
+        return
+    up.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+    t, vgpu = pooled_tenant(c, up, "tenant", gib, env={"TFUSION_TIER_PIN_AHEAD": "off"})
+    res["vgpu"] = vgpu
+    if not vgpu:
+        return
+    client = ["--url", up.url, "--token", up.token]
+    res["freeze_rc"], res["freeze"] = c.tf("freeze", vgpu, "--controller", *client)
+    res["swapped"] = bool(wait_until(lambda: c.tier_state(vgpu) == "swapped", 30))
+    port = int(up.url.rsplit(":", 1)[1])
+    os.killpg(up.proc.pid, 9)
+    up.proc.wait(timeout=20)
+    res["swapped_without_agent"] = c.tier_state(vgpu) == "swapped"
+    up2 = UpOnThisHost(c.r, "faults-agent2", home=up.home, port=port)
+    c.others.append(lambda: up2.stop() if up2.proc.poll() is None else None)
+    if not up2.url:
+        res["error"] = "the second tfusion up did not start (logs/faults-agent2-up.log)"
+        return
+    ps = lambda: c.tf("ps", *client, timeout=30)[1]
+    res["ps_swapped"] = bool(wait_until(lambda: "running, swapped" in ps(), 20, 0.25))
+    res["ps"] = [l for l in ps().splitlines() if vgpu in l][-2:]
+    res["resumed_before_thaw"] = "resumed" in t.log()
+    res["thaw_rc"], res["thaw"] = c.tf("thaw", vgpu, "--controller", *client)
+    res["resumed_by_thaw"] = bool(wait_until(lambda: f"vGPU '{vgpu}': resumed" in t.log(), 30))
+    res["ps_resident"] = bool(wait_until(lambda: "running, resident" in ps(), 20, 0.25))
+    res["step"] = t.step()
+    res["rc"] = t.finish()
+    res["swap_ins"] = t.log().count(f"vGPU '{vgpu}': resumed")
+    res["ok"] = bool(res["freeze_rc"] == 0 and res["swapped"] and res["swapped_without_agent"] and res["ps_swapped"]
+                     and not res["resumed_before_thaw"] and res["thaw_rc"] == 0 and res["resumed_by_thaw"]
+                     and res["ps_resident"] and res["step"].get("intact") and res["rc"] == 0 and res["swap_ins"] == 1)
+
+
+def fault_node_budget(c, gib=4, budget_mib=6 * 1024):
+    """The node agent's host tier budget (`tfusion up --host-tier-budget`) smaller than two
+    tenants' copies: the first freeze swaps out, the second exits 1 and that tenant stays resident
+    and running; both intact. The GPU region's earlier budget is set back at the end."""
+    res = c.res
+    res["note"] = ("TFUSION_TIER_PIN_AHEAD=off (no kept copies in the budget); the budget is the agent's flag, "
+                   "tfusion run sets none")
+    if c.host_tier() is None:  # no region yet: make it, with its default budget, to set back at the end
+        subprocess.run([c.r.tfusion, "run", "--vram", "1GiB", "--vgpu", "faults-budget-restore", "--", "true"],
+                       capture_output=True, timeout=60, env=c.r.env)
+    before = c.host_tier()
+    res["host_tier_before"] = before
+    if before:
+        # The region keeps a budget after its agent has gone: give the next phases theirs back.
+        restore = dict(c.r.env, TFUSION_HOST_TIER_BUDGET=before[1].replace(" ", ""))
+        c.others.insert(0, lambda: subprocess.run([c.r.tfusion, "run", "--vram", "1GiB", "--vgpu", "faults-budget-restore",
+                                                   "--", "true"], capture_output=True, timeout=60, env=restore))
+    up = UpOnThisHost(c.r, "faults-budget", extra=["--host-tier-budget", f"{budget_mib}MiB"])
+    c.others.append(lambda: up.stop() if up.proc.poll() is None else None)
+    if not up.url or not up.token:
+        res["error"] = "tfusion up did not start (logs/faults-budget-up.log)"
+        return
+    up.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+    res["gpus_host_tier_budget_mib"] = [g.get("host_tier_budget_mib") for g in up.api("GET", "/v1/gpus")[1].get("gpus", [])]
+    env = {"TFUSION_TIER_PIN_AHEAD": "off", "TFUSION_HOST_TIER_BUDGET": ""}  # the agent's budget, not one of run's
+    a, va = pooled_tenant(c, up, "first", gib, env)
+    b, vb = pooled_tenant(c, up, "second", gib, env)
+    res["vgpus"] = [va, vb]
+    if not va or not vb:
+        return
+    res["host_tier_of_agent"] = c.host_tier()
+    res["first_freeze_rc"], res["first_freeze"] = c.tf("freeze", va)
+    res["second_freeze_rc"], res["second_freeze"] = c.tf("freeze", vb)
+    res["second_tier"] = c.tier_state(vb)
+    res["host_tier_after"] = c.host_tier()
+    res["second_logged_budget"] = "the host tier's budget is exhausted" in b.log()
+    res["second_step"] = b.step()
+    res["first_step"] = a.step()
+    res["rcs"] = [a.finish(), b.finish()]
+    res["ok"] = bool(res["gpus_host_tier_budget_mib"] and all(x == budget_mib for x in res["gpus_host_tier_budget_mib"])
+                     and res["first_freeze_rc"] == 0 and res["second_freeze_rc"] == 1
+                     and "freeze FAILED (CUDA error 2): it keeps running resident" in res["second_freeze"]
+                     and res["second_tier"] == "resident" and res["second_logged_budget"]
+                     and res["second_step"].get("intact") and res["first_step"].get("intact") and res["rcs"] == [0, 0])
+
+
+FAULT_CASES = (("swapin_without_room", fault_swapin_without_room), ("disk_unwritable", fault_disk_unwritable),
+               ("foreign_files", fault_foreign_files), ("freeze_twice", fault_freeze_twice),
+               ("killed_while_swapped", fault_killed_while_swapped), ("agent_restart", fault_agent_restart),
+               ("node_budget", fault_node_budget))
+
+
+def phase_faults(r):
+    """docs/tiering.md "Faults" on the GPU, one sub-case each (TF_FAULT_CASES=a,b picks some):
+    every one kills what it started, whatever happened, and records its own verdict."""
+    pick = [x for x in os.environ.get("TF_FAULT_CASES", "").split(",") if x]
+    for name, case in FAULT_CASES:
+        if pick and name not in pick:
+            continue
+        c = FaultCase(r, name)
+        try:
+            case(c)
+        except Exception as ex:  # keep what was measured; the next case runs
+            c.res["error"] = repr(ex)[:400]
+        finally:
+            c.close()
+            c.res.setdefault("ok", False)
+            r.record("faults", c.res)
+
+
 PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
           "rhold": phase_rhold, "rkill": phase_rkill,
-          "firstfreeze": phase_firstfreeze, "patch": phase_patch, "ipcfix": phase_ipcfix}
+          "firstfreeze": phase_firstfreeze, "patch": phase_patch, "ipcfix": phase_ipcfix,
+          "faults": phase_faults}
 
 
 def main():
