@@ -1,7 +1,7 @@
 // CUDA arrays, mipmapped arrays, array and 2D/3D copies, texture and surface objects: forwarded
 // to the worker (payloads: remote_arrays.h). Creating, destroying and querying arrays and
-// mipmapped arrays is generated (api/remote_surface.tsv); what the client keeps of those calls is
-// here (ClientDone_ hooks). Host operands of copies travel as data: a source is gathered into
+// mipmapped arrays, and creating and destroying texture and surface objects, is generated
+// (api/remote_surface.tsv); what the client keeps of those calls is here (ClientDone_ hooks). Host operands of copies travel as data: a source is gathered into
 // packed rows and sent in parts of at most the transport's bulk limit; a destination's packed
 // rows arrive as kEvtCopyData events and are scattered into its pitch here. Array descriptors and
 // the descriptors of texture and surface objects are answered locally; a plane of a multi-planar
@@ -309,82 +309,6 @@ CUresult Copy3D(Fn fn, const CUDA_MEMCPY3D* c, CUstream stream, bool async) {
   return Copy(fn, async, stream, b, &Resolve3D, c);
 }
 
-// ---- texture and surface objects
-
-CUresult WriteResourceDesc(Session* s, const CUDA_RESOURCE_DESC& d, Writer& w) {
-  w.U32(static_cast<uint32_t>(d.resType));
-  switch (d.resType) {
-    case CU_RESOURCE_TYPE_ARRAY:
-      if (!s->arrays.count(H(d.res.array.hArray))) return CUDA_ERROR_INVALID_VALUE;
-      w.U64(H(d.res.array.hArray));
-      break;
-    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-      if (!s->mipmaps.count(H(d.res.mipmap.hMipmappedArray))) return CUDA_ERROR_INVALID_VALUE;
-      w.U64(H(d.res.mipmap.hMipmappedArray));
-      break;
-    case CU_RESOURCE_TYPE_LINEAR:
-      w.U64(d.res.linear.devPtr);
-      w.U32(static_cast<uint32_t>(d.res.linear.format));
-      w.U32(d.res.linear.numChannels);
-      w.U64(d.res.linear.sizeInBytes);
-      break;
-    case CU_RESOURCE_TYPE_PITCH2D:
-      w.U64(d.res.pitch2D.devPtr);
-      w.U32(static_cast<uint32_t>(d.res.pitch2D.format));
-      w.U32(d.res.pitch2D.numChannels);
-      w.U64(d.res.pitch2D.width);
-      w.U64(d.res.pitch2D.height);
-      w.U64(d.res.pitch2D.pitchInBytes);
-      break;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
-  }
-  w.U32(d.flags);
-  return CUDA_SUCCESS;
-}
-
-void WriteTextureDesc(const CUDA_TEXTURE_DESC& t, Writer& w) {
-  for (int i = 0; i < 3; ++i) w.U32(static_cast<uint32_t>(t.addressMode[i]));
-  w.U32(static_cast<uint32_t>(t.filterMode));
-  w.U32(t.flags);
-  w.U32(t.maxAnisotropy);
-  w.U32(static_cast<uint32_t>(t.mipmapFilterMode));
-  w.U32(remote::F32Bits(t.mipmapLevelBias));
-  w.U32(remote::F32Bits(t.minMipmapLevelClamp));
-  w.U32(remote::F32Bits(t.maxMipmapLevelClamp));
-  for (int i = 0; i < 4; ++i) w.U32(remote::F32Bits(t.borderColor[i]));
-}
-
-void WriteViewDesc(const CUDA_RESOURCE_VIEW_DESC* v, Writer& w) {
-  w.U8(v != nullptr ? 1 : 0);
-  if (v == nullptr) return;
-  w.U32(static_cast<uint32_t>(v->format));
-  w.U64(v->width);
-  w.U64(v->height);
-  w.U64(v->depth);
-  w.U32(v->firstMipmapLevel);
-  w.U32(v->lastMipmapLevel);
-  w.U32(v->firstLayer);
-  w.U32(v->lastLayer);
-}
-
-CUresult DestroyObject(Fn fn, uint64_t object) {
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  const bool tex = fn == Fn::cuTexObjectDestroy;
-  if (tex ? !s->textures.count(object) : !s->surfaces.count(object)) return CUDA_ERROR_INVALID_VALUE;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(object);
-  CUresult r = Simple(l, fn, w);
-  if (r == CUDA_SUCCESS) {
-    if (tex) s->textures.erase(object);
-    else s->surfaces.erase(object);
-  }
-  return r;
-}
-
 // The generated array calls (api/remote_surface.tsv, hook=client): what the client keeps of
 // them. An array's descriptor (the driver's, after the handle in the reply) answers the
 // descriptor queries and sizes batch operations; a level or a plane goes with its owner.
@@ -540,34 +464,24 @@ CUresult Impl_cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* c, CUstream stream) {
   return Copy3D(Fn::cuMemcpy3DAsync_v2, c, stream, true);
 }
 
-CUresult Impl_cuTexObjectCreate(CUtexObject* object, const CUDA_RESOURCE_DESC* res,
-                                const CUDA_TEXTURE_DESC* tex, const CUDA_RESOURCE_VIEW_DESC* view) {
-  if (object == nullptr || res == nullptr || tex == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  uint8_t buf[256];
-  Writer w(buf, sizeof(buf));
-  if (CUresult r = WriteResourceDesc(s, *res, w); r != CUDA_SUCCESS) return r;
-  WriteTextureDesc(*tex, w);
-  WriteViewDesc(view, w);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuTexObjectCreate), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
-  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
-  Session::TextureInfo& info = s->textures[h];
+// The generated texture and surface object calls (api/remote_surface.tsv, hook=client): the
+// client keeps what it sent, which answers the descriptor queries (class local).
+void ClientDone_cuTexObjectCreate(Session* s, CUtexObject* object, const CUDA_RESOURCE_DESC* res,
+                                  const CUDA_TEXTURE_DESC* tex, const CUDA_RESOURCE_VIEW_DESC* view) {
+  Session::TextureInfo& info = s->textures[*object];
   info.res = *res;
   info.tex = *tex;
   info.has_view = view != nullptr;
   info.view = view != nullptr ? *view : CUDA_RESOURCE_VIEW_DESC{};
-  *object = h;
-  return CUDA_SUCCESS;
 }
 
-CUresult Impl_cuTexObjectDestroy(CUtexObject object) {
-  return DestroyObject(Fn::cuTexObjectDestroy, object);
+void ClientDone_cuTexObjectDestroy(Session* s, CUtexObject object) { s->textures.erase(object); }
+
+void ClientDone_cuSurfObjectCreate(Session* s, CUsurfObject* object, const CUDA_RESOURCE_DESC* res) {
+  s->surfaces[*object] = *res;
 }
+
+void ClientDone_cuSurfObjectDestroy(Session* s, CUsurfObject object) { s->surfaces.erase(object); }
 
 CUresult Impl_cuTexObjectGetResourceDesc(CUDA_RESOURCE_DESC* res, CUtexObject object) {
   if (res == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -594,29 +508,6 @@ CUresult Impl_cuTexObjectGetResourceViewDesc(CUDA_RESOURCE_VIEW_DESC* view, CUte
   if (it == l.session()->textures.end() || !it->second.has_view) return CUDA_ERROR_INVALID_VALUE;
   *view = it->second.view;
   return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuSurfObjectCreate(CUsurfObject* object, const CUDA_RESOURCE_DESC* res) {
-  if (object == nullptr || res == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (res->resType != CU_RESOURCE_TYPE_ARRAY) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  Session* s = l.session();
-  uint8_t buf[64];
-  Writer w(buf, sizeof(buf));
-  if (CUresult r = WriteResourceDesc(s, *res, w); r != CUDA_SUCCESS) return r;
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuSurfObjectCreate), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t h = 0;
-  if (!rv.reader.U64(&h)) return CUDA_ERROR_UNKNOWN;
-  s->surfaces[h] = *res;
-  *object = h;
-  return CUDA_SUCCESS;
-}
-
-CUresult Impl_cuSurfObjectDestroy(CUsurfObject object) {
-  return DestroyObject(Fn::cuSurfObjectDestroy, object);
 }
 
 CUresult Impl_cuSurfObjectGetResourceDesc(CUDA_RESOURCE_DESC* res, CUsurfObject object) {

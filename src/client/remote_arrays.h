@@ -1,6 +1,5 @@
 // Payloads of the array family of the remote vGPU protocol (client_arrays.cc, worker
-// session_arrays.cc): CUDA arrays, mipmapped arrays, array and 2D/3D copies, texture and surface
-// objects. Fields are little-endian, written with transport::Writer and read with Reader; the
+// session_arrays.cc): CUDA arrays, mipmapped arrays, array and 2D/3D copies. Fields are little-endian, written with transport::Writer and read with Reader; the
 // worker checks every handle against its session's tables and every region against the array's
 // extent or one device allocation of the session. docs/remote.md "Arrays and 2D/3D copies".
 //
@@ -29,16 +28,8 @@
 //       CU_MEMORYTYPE_ARRAY:  u64 array, u64 x bytes, u64 y, u64 z
 //     A copy with a host side larger than the transport's bulk limit is sent as several copies of
 //     sub-boxes (SplitCopyBox); host to host never leaves the client.
-//   resource descriptor u32 CUresourcetype, then ARRAY: u64 array; MIPMAPPED_ARRAY: u64 mipmapped
-//     array; LINEAR: u64 pointer, u32 format, u32 channels, u64 bytes; PITCH2D: u64 pointer,
-//     u32 format, u32 channels, u64 width, u64 height, u64 pitch in bytes; then u32 flags
-//   cuTexObjectCreate   resource descriptor, texture descriptor (u32 address mode x3, u32 filter,
-//                       u32 flags, u32 max anisotropy, u32 mipmap filter, f32 level bias, f32 min
-//                       clamp, f32 max clamp, f32 border colour x4; f32 as its bits), u8 has view,
-//                       [view: u32 format, u64 width, u64 height, u64 depth, u32 first level,
-//                       u32 last level, u32 first layer, u32 last layer] -> u64 texture object
-//   cuSurfObjectCreate  resource descriptor -> u64 surface object
-//   cuTexObjectDestroy, cuSurfObjectDestroy   u64 object
+//   Texture and surface objects are generated too (their resource descriptor's union travels as
+//   its bytes: bytes=pResDesc.res, checked by the worker's array family by its resType).
 // Descriptors of arrays and objects are answered by the client from what it sent and got back.
 #pragma once
 
@@ -110,17 +101,6 @@ inline uint32_t FormatBytes(uint32_t format) {
     default:
       return 0;
   }
-}
-
-inline uint32_t F32Bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof(u));
-  return u;
-}
-inline float BitsF32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof(f));
-  return f;
 }
 
 // One side of a 2D/3D copy as it travels (host sides carry no fields).

@@ -111,20 +111,6 @@ CUresult SessionArrays::Call(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t bu
     case Fn::cuMemcpy3D_v2:
     case Fn::cuMemcpy3DAsync_v2:
       return BoxCopy(fn, rd, bulk, bulk_len);
-    case Fn::cuTexObjectCreate:
-    case Fn::cuSurfObjectCreate:
-      return CreateObject(fn, rd, out);
-    case Fn::cuTexObjectDestroy:
-    case Fn::cuSurfObjectDestroy: {
-      uint64_t o = 0;
-      if (!rd.U64(&o) || !rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-      std::set<uint64_t>& table = fn == Fn::cuTexObjectDestroy ? textures_ : surfaces_;
-      if (!table.count(o)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = fn == Fn::cuTexObjectDestroy ? CALL(cuTexObjectDestroy, o)
-                                                : CALL(cuSurfObjectDestroy, o);
-      if (r == CUDA_SUCCESS) table.erase(o);
-      return r;
-    }
     default:
       return CUDA_ERROR_NOT_SUPPORTED;
   }
@@ -406,121 +392,79 @@ CUresult SessionArrays::BoxCopy(Fn fn, Reader& rd, const uint8_t* bulk, uint64_t
   return r;
 }
 
-CUresult SessionArrays::ReadResource(Reader& rd, CUDA_RESOURCE_DESC* res) {
+// The live member of a resource descriptor, by its type, into a descriptor of that member alone
+// (the rest zeroed, as the driver has always seen it here): an array or mipmapped array of the
+// session (its name into the driver's handle), or device memory wholly inside one range of the
+// session (linear: its bytes; pitch 2D: every row).
+CUresult SessionArrays::CheckResource(CUDA_RESOURCE_DESC& res) {
   uint32_t type = 0;
-  if (!rd.U32(&type)) return CUDA_ERROR_INVALID_VALUE;
-  *res = CUDA_RESOURCE_DESC{};
-  res->resType = static_cast<CUresourcetype>(type);
-  uint64_t h = 0;
+  memcpy(&type, &res.resType, sizeof(type));
+  CUDA_RESOURCE_DESC checked{};
+  checked.resType = res.resType;
+  checked.flags = res.flags;
   switch (type) {
-    case CU_RESOURCE_TYPE_ARRAY:
-      if (!rd.U64(&h) || !Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_VALUE;
-      res->res.array.hArray = As<CUarray>(h);
+    case CU_RESOURCE_TYPE_ARRAY: {
+      uint64_t h = reinterpret_cast<uint64_t>(res.res.array.hArray);
+      if (!Real(HandleKind::kArray, h) || !arrays_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      checked.res.array.hArray = As<CUarray>(h);
       break;
-    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-      if (!rd.U64(&h) || !Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) {
-        return CUDA_ERROR_INVALID_VALUE;
-      }
-      res->res.mipmap.hMipmappedArray = As<CUmipmappedArray>(h);
+    }
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+      uint64_t h = reinterpret_cast<uint64_t>(res.res.mipmap.hMipmappedArray);
+      if (!Real(HandleKind::kMipmappedArray, h) || !mipmaps_.count(h)) return CUDA_ERROR_INVALID_VALUE;
+      checked.res.mipmap.hMipmappedArray = As<CUmipmappedArray>(h);
       break;
+    }
     case CU_RESOURCE_TYPE_LINEAR: {
-      uint32_t format = 0, channels = 0;
-      uint64_t bytes = 0;
-      rd.U64(&h);
-      rd.U32(&format);
-      rd.U32(&channels);
-      if (!rd.U64(&bytes) || bytes == 0 || !host_.DeviceRange(h, bytes)) return CUDA_ERROR_INVALID_VALUE;
-      res->res.linear.devPtr = h;
-      res->res.linear.format = static_cast<CUarray_format>(format);
-      res->res.linear.numChannels = channels;
-      res->res.linear.sizeInBytes = bytes;
+      const auto& l = res.res.linear;
+      if (l.sizeInBytes == 0 || !host_.DeviceRange(l.devPtr, l.sizeInBytes)) return CUDA_ERROR_INVALID_VALUE;
+      checked.res.linear.devPtr = l.devPtr;
+      checked.res.linear.format = l.format;
+      checked.res.linear.numChannels = l.numChannels;
+      checked.res.linear.sizeInBytes = l.sizeInBytes;
       break;
     }
     case CU_RESOURCE_TYPE_PITCH2D: {
-      uint32_t format = 0, channels = 0;
-      uint64_t width = 0, height = 0, pitch = 0, row = 0, span = 0;
-      rd.U64(&h);
-      rd.U32(&format);
-      rd.U32(&channels);
-      rd.U64(&width);
-      rd.U64(&height);
-      if (!rd.U64(&pitch)) return CUDA_ERROR_INVALID_VALUE;
+      const auto& p = res.res.pitch2D;
+      uint32_t format = 0;
+      memcpy(&format, &p.format, sizeof(format));
       // Every row inside one allocation: rows fit the pitch, the last one ends inside.
-      const uint64_t elem = uint64_t{remote::FormatBytes(format)} * channels;
-      if (elem == 0 || width == 0 || height == 0 || !MulAdd(width, elem, 0, &row) || row > pitch ||
-          !MulAdd(height - 1, pitch, row, &span) || !host_.DeviceRange(h, span)) {
+      const uint64_t elem = uint64_t{remote::FormatBytes(format)} * p.numChannels;
+      uint64_t row = 0, span = 0;
+      if (elem == 0 || p.width == 0 || p.height == 0 || !MulAdd(p.width, elem, 0, &row) || row > p.pitchInBytes ||
+          !MulAdd(p.height - 1, p.pitchInBytes, row, &span) || !host_.DeviceRange(p.devPtr, span)) {
         return CUDA_ERROR_INVALID_VALUE;
       }
-      res->res.pitch2D.devPtr = h;
-      res->res.pitch2D.format = static_cast<CUarray_format>(format);
-      res->res.pitch2D.numChannels = channels;
-      res->res.pitch2D.width = width;
-      res->res.pitch2D.height = height;
-      res->res.pitch2D.pitchInBytes = pitch;
+      checked.res.pitch2D.devPtr = p.devPtr;
+      checked.res.pitch2D.format = p.format;
+      checked.res.pitch2D.numChannels = p.numChannels;
+      checked.res.pitch2D.width = p.width;
+      checked.res.pitch2D.height = p.height;
+      checked.res.pitch2D.pitchInBytes = p.pitchInBytes;
       break;
     }
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
-  if (!rd.U32(&res->flags)) return CUDA_ERROR_INVALID_VALUE;
+  res = checked;
   return CUDA_SUCCESS;
 }
 
-CUresult SessionArrays::CreateObject(Fn fn, Reader& rd, Writer& out) {
-  CUDA_RESOURCE_DESC res;
-  if (CUresult r = ReadResource(rd, &res); r != CUDA_SUCCESS) return r;
-  if (fn == Fn::cuSurfObjectCreate) {
-    if (!rd.Finish() || res.resType != CU_RESOURCE_TYPE_ARRAY) return CUDA_ERROR_INVALID_VALUE;
-    CUsurfObject o = 0;
-    CUresult r = CALL(cuSurfObjectCreate, &o, &res);
-    if (r != CUDA_SUCCESS) return r;
-    surfaces_.insert(o);
-    out.U64(o);
-    return CUDA_SUCCESS;
-  }
-  CUDA_TEXTURE_DESC tex = {};
-  uint32_t v = 0;
-  for (auto& mode : tex.addressMode) {
-    rd.U32(&v);
-    mode = static_cast<CUaddress_mode>(v);
-  }
-  rd.U32(&v);
-  tex.filterMode = static_cast<CUfilter_mode>(v);
-  rd.U32(&tex.flags);
-  rd.U32(&tex.maxAnisotropy);
-  rd.U32(&v);
-  tex.mipmapFilterMode = static_cast<CUfilter_mode>(v);
-  for (float* f : {&tex.mipmapLevelBias, &tex.minMipmapLevelClamp, &tex.maxMipmapLevelClamp,
-                   &tex.borderColor[0], &tex.borderColor[1], &tex.borderColor[2],
-                   &tex.borderColor[3]}) {
-    rd.U32(&v);
-    *f = remote::BitsF32(v);
-  }
-  uint8_t has_view = 0;
-  CUDA_RESOURCE_VIEW_DESC view = {};
-  if (!rd.U8(&has_view) || has_view > 1) return CUDA_ERROR_INVALID_VALUE;
-  if (has_view) {
-    uint64_t width = 0, height = 0, depth = 0;
-    rd.U32(&v);
-    view.format = static_cast<CUresourceViewFormat>(v);
-    rd.U64(&width);
-    rd.U64(&height);
-    rd.U64(&depth);
-    view.width = width;
-    view.height = height;
-    view.depth = depth;
-    rd.U32(&view.firstMipmapLevel);
-    rd.U32(&view.lastMipmapLevel);
-    rd.U32(&view.firstLayer);
-    rd.U32(&view.lastLayer);
-  }
-  if (!rd.Finish()) return CUDA_ERROR_INVALID_VALUE;
-  CUtexObject o = 0;
-  CUresult r = CALL(cuTexObjectCreate, &o, &res, &tex, has_view ? &view : nullptr);
-  if (r != CUDA_SUCCESS) return r;
-  textures_.insert(o);
-  out.U64(o);
+// Texture and surface objects (generated, hook=check,done): the resource is checked as above, the
+// reserved words reach the driver zeroed (as they always have); an object is filed once made and
+// only a filed one may be destroyed (else CUDA_ERROR_INVALID_VALUE).
+CUresult SessionArrays::Check_cuTexObjectCreate(CUDA_RESOURCE_DESC& res, CUDA_TEXTURE_DESC& tex,
+                                                CUDA_RESOURCE_VIEW_DESC* view) {
+  if (CUresult r = CheckResource(res); r != CUDA_SUCCESS) return r;
+  memset(tex.reserved, 0, sizeof(tex.reserved));
+  if (view != nullptr) memset(view->reserved, 0, sizeof(view->reserved));
   return CUDA_SUCCESS;
+}
+
+// A surface reads and writes an array only.
+CUresult SessionArrays::Check_cuSurfObjectCreate(CUDA_RESOURCE_DESC& res) {
+  if (CUresult r = CheckResource(res); r != CUDA_SUCCESS) return r;
+  return res.resType == CU_RESOURCE_TYPE_ARRAY ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 void SessionArrays::Cleanup() {

@@ -82,6 +82,22 @@ class SessionArrays : public GeneratedHooks {
   CUresult Check_cuMipmappedArrayGetLevel(uint64_t&, uint32_t&) override { return CUDA_SUCCESS; }
   CUresult Done_cuMipmappedArrayGetLevel(CUarray& level, const uint64_t& mipmap, const uint32_t& index,
                                          transport::Writer& reply) override;
+  // Texture and surface objects: the resource descriptor is checked by its type (CheckResource),
+  // made objects are filed, only filed ones destroyed. The objects stay the driver's values.
+  CUresult Check_cuTexObjectCreate(CUDA_RESOURCE_DESC& res, CUDA_TEXTURE_DESC& tex,
+                                   CUDA_RESOURCE_VIEW_DESC* view) override;
+  CUresult Done_cuTexObjectCreate(CUtexObject& o, const CUDA_RESOURCE_DESC&, const CUDA_TEXTURE_DESC&,
+                                  const CUDA_RESOURCE_VIEW_DESC*) override {
+    return FileObject(textures_, o);
+  }
+  CUresult Check_cuTexObjectDestroy(uint64_t& o) override { return ObjectFiled(textures_, o); }
+  CUresult Done_cuTexObjectDestroy(const uint64_t& o) override { return ForgetObject(textures_, o); }
+  CUresult Check_cuSurfObjectCreate(CUDA_RESOURCE_DESC& res) override;
+  CUresult Done_cuSurfObjectCreate(CUsurfObject& o, const CUDA_RESOURCE_DESC&) override {
+    return FileObject(surfaces_, o);
+  }
+  CUresult Check_cuSurfObjectDestroy(uint64_t& o) override { return ObjectFiled(surfaces_, o); }
+  CUresult Done_cuSurfObjectDestroy(const uint64_t& o) override { return ForgetObject(surfaces_, o); }
 
  private:
   friend class ArraysGeneratedHost;  // the generated array calls (session_arrays.cc)
@@ -97,9 +113,22 @@ class SessionArrays : public GeneratedHooks {
   CUresult GeneratedCall(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
   CUresult LinearCopy(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len);
   CUresult BoxCopy(driver::Fn fn, transport::Reader& rd, const uint8_t* bulk, uint64_t bulk_len);
-  CUresult CreateObject(driver::Fn fn, transport::Reader& rd, transport::Writer& out);
-  // Reads and checks a resource descriptor (texture and surface objects).
-  CUresult ReadResource(transport::Reader& rd, CUDA_RESOURCE_DESC* res);
+  // An object table (textures_, surfaces_): filing a made object, whether one is filed
+  // (CUDA_ERROR_INVALID_VALUE if not, as the driver answers), forgetting a destroyed one.
+  static CUresult FileObject(std::set<uint64_t>& t, uint64_t o) {
+    t.insert(o);
+    return CUDA_SUCCESS;
+  }
+  static CUresult ObjectFiled(const std::set<uint64_t>& t, uint64_t o) {
+    return t.count(o) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  static CUresult ForgetObject(std::set<uint64_t>& t, uint64_t o) {
+    t.erase(o);
+    return CUDA_SUCCESS;
+  }
+  // Checks a resource descriptor's live member (texture and surface objects) and rewrites the
+  // descriptor to that member alone, an array's name turned into the driver's handle.
+  CUresult CheckResource(CUDA_RESOURCE_DESC& res);
   // Bytes of the array's rows (width x element size), rows per slice and slices; false when
   // the array's format is unknown here.
   bool Extent(uint64_t array, uint64_t* row_bytes, uint64_t* rows, uint64_t* slices) const;

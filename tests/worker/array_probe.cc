@@ -445,6 +445,20 @@ int Arrays() {
   badlin.res.linear.sizeInBytes = 8193;
   CUtexObject tb;
   std::printf("tex_bad_linear=%d\n", static_cast<int>(cuTexObjectCreate(&tb, &badlin, &td, nullptr)));
+  // A resource naming no array of this program, memory it does not own, or no resource type.
+  CUDA_RESOURCE_DESC forged = rd[0];
+  forged.res.array.hArray = bogus;
+  CUsurfObject sb;
+  std::printf("tex_forged_array=%d\n", static_cast<int>(cuTexObjectCreate(&tb, &forged, &td, nullptr)));
+  std::printf("surf_forged_array=%d\n", static_cast<int>(cuSurfObjectCreate(&sb, &forged)));
+  CUDA_RESOURCE_DESC outside = rd[2];
+  outside.res.linear.devPtr = 0x1000;
+  outside.res.linear.sizeInBytes = 64;
+  std::printf("tex_outside_linear=%d\n", static_cast<int>(cuTexObjectCreate(&tb, &outside, &td, nullptr)));
+  CUDA_RESOURCE_DESC untyped = rd[0];
+  untyped.resType = static_cast<CUresourcetype>(9);
+  std::printf("tex_bad_type=%d\n", static_cast<int>(cuTexObjectCreate(&tb, &untyped, &td, nullptr)));
+  std::printf("tex_destroy_bogus=%d\n", static_cast<int>(cuTexObjectDestroy(0xbad0)));
   std::printf("destroy_bogus_array=%d\n", static_cast<int>(cuArrayDestroy(bogus)));
   std::printf("destroy_level=%d\n", static_cast<int>(cuArrayDestroy(lv[1])));
   CHECK(cuMemcpyAtoH(out.data(), a, 0, out.size()));
@@ -461,6 +475,8 @@ int Arrays() {
   CHECK(cuArrayDestroy(v));
   CHECK(cuArrayDestroy(big));
   std::printf("destroy_twice=%d\n", static_cast<int>(cuArrayDestroy(a)));
+  std::printf("tex_destroyed_array=%d\n", static_cast<int>(cuTexObjectCreate(&tb, &rd[0], &td, nullptr)));
+  std::printf("surf_destroyed_array=%d\n", static_cast<int>(cuSurfObjectCreate(&sb, &rd[0])));
   // Destroyed arrays, a destroyed mipmapped array and its levels fail every later use.
   std::printf("stale_array_copy=%d\n", cuMemcpyAtoH(out.data(), a, 0, 16) != CUDA_SUCCESS);
   std::printf("stale_array_requirements=%d\n", cuArrayGetMemoryRequirements(&req, b, 0) != CUDA_SUCCESS);

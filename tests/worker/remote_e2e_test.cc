@@ -259,6 +259,21 @@ TEST_F(RemoteTest, ForgedStaleWrongKindAndOtherSessionsGraphHandlesFailTheirCall
 }
 
 // Keys both runs print must agree; `only_remote` keys are checked by the caller.
+// A resource descriptor as the generated texture and surface calls carry it
+// (api/remote_surface.tsv, bytes=pResDesc.res): its type, its union's bytes, its flags.
+void WriteResource(const CUDA_RESOURCE_DESC& res, tf::transport::Writer& w) {
+  w.U32(static_cast<uint32_t>(res.resType));
+  w.Bytes(&res.res, sizeof(res.res));
+  w.U32(res.flags);
+}
+
+// cuTexObjectCreate's message: the resource, a texture descriptor of zeros (its 26 words) and no view.
+void WriteTexture(const CUDA_RESOURCE_DESC& res, tf::transport::Writer& w) {
+  WriteResource(res, w);
+  for (int i = 0; i < 26; ++i) w.U32(0);
+  w.U8(0);
+}
+
 void ExpectSameKeys(const Result& direct, const Result& remote) {
   for (const auto& [k, v] : direct.kv) {
     if (v == "na") continue;
@@ -1272,6 +1287,10 @@ TEST_F(RemoteTest, ArraysAnd2D3DCopiesRoundTripDataOverBothTransports) {
     EXPECT_EQ(r.kv["bad_linear_offset"], "1");
     EXPECT_EQ(r.kv["bad_dtoa_length"], "1");
     EXPECT_EQ(r.kv["tex_bad_linear"], "1");
+    for (const char* k : {"tex_forged_array", "surf_forged_array", "tex_outside_linear", "tex_bad_type",
+                          "tex_destroy_bogus", "tex_destroyed_array", "surf_destroyed_array"}) {
+      EXPECT_EQ(r.kv[k], "1") << k;  // CUDA_ERROR_INVALID_VALUE, as the driver answers (ExpectSameKeys)
+    }
     EXPECT_EQ(r.kv["destroy_bogus_array"], "400");
     EXPECT_EQ(r.kv["destroy_level"], "400");
     EXPECT_EQ(r.kv["after_errors"], "1");
@@ -2663,23 +2682,25 @@ TEST_F(RemoteTest, BadArrayMessagesGetAClearErrorAndTheSessionGoesOn) {
     EXPECT_EQ(c.Call(remote::Op(Fn::cuTexObjectDestroy), w), 1);
   }
   {
+    CUDA_RESOURCE_DESC res = {};
+    res.resType = CU_RESOURCE_TYPE_ARRAY;
+    res.res.array.hArray = reinterpret_cast<CUarray>(bogus);
     Writer w(buf, sizeof(buf));
-    w.U32(CU_RESOURCE_TYPE_ARRAY);
-    w.U64(bogus);
-    w.U32(0);
+    WriteResource(res, w);
     EXPECT_EQ(c.Call(remote::Op(Fn::cuSurfObjectCreate), w), 1);
   }
   {
+    CUDA_RESOURCE_DESC res = {};
+    res.resType = CU_RESOURCE_TYPE_PITCH2D;  // 64 rows of 64 bytes, 256 apart: past the 4096 bytes
+    res.res.pitch2D.devPtr = dev;
+    res.res.pitch2D.format = CU_AD_FORMAT_FLOAT;
+    res.res.pitch2D.numChannels = 1;
+    res.res.pitch2D.width = 16;
+    res.res.pitch2D.height = 64;
+    res.res.pitch2D.pitchInBytes = 256;
     Writer w(buf, sizeof(buf));
-    w.U32(CU_RESOURCE_TYPE_PITCH2D);  // 64 rows of 64 bytes, 256 apart: past the 4096 bytes
-    w.U64(dev);
-    w.U32(CU_AD_FORMAT_FLOAT);
-    w.U32(1);
-    w.U64(16);
-    w.U64(64);
-    w.U64(256);
-    w.U32(0);
-    EXPECT_EQ(c.Call(remote::Op(Fn::cuSurfObjectCreate), w), 1);
+    WriteTexture(res, w);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuTexObjectCreate), w), 1);
   }
   // The session goes on: a copy into the array and back.
   EXPECT_EQ(box(Fn::cuMemcpy2D_v2, devs, arr, 64, 16, 1), 0);
@@ -2743,10 +2764,45 @@ TEST_F(RemoteTest, ArrayNamesFailInAnotherSessionForgedOrAfterDestroy) {
     w.U64(h);
     return c.Call(remote::Op(fn), w);
   };
+  // A texture over an array or a range of device memory: the object (0 when refused).
+  auto texture = [&](RawClient& c, uint32_t type, uint64_t h, uint64_t* object) {
+    CUDA_RESOURCE_DESC res = {};
+    res.resType = static_cast<CUresourcetype>(type);
+    if (type == CU_RESOURCE_TYPE_ARRAY) {
+      res.res.array.hArray = reinterpret_cast<CUarray>(h);
+    } else {
+      res.res.linear.devPtr = h;
+      res.res.linear.format = CU_AD_FORMAT_FLOAT;
+      res.res.linear.numChannels = 1;
+      res.res.linear.sizeInBytes = 256;
+    }
+    Writer w(buf, sizeof(buf));
+    WriteTexture(res, w);
+    out.clear();
+    *object = 0;
+    int r = c.Call(remote::Op(Fn::cuTexObjectCreate), w, &out);
+    if (r == 0 && out.size() >= 8) memcpy(object, out.data(), 8);
+    return r;
+  };
   const uint64_t a1 = create(c1, 0), a2 = create(c2, 0);
   ASSERT_NE(a1, 0u);
   ASSERT_NE(a2, 0u);
   EXPECT_EQ(a1 >> 56 & 0xf0, 0x40u) << std::hex << a1;  // a name, not a pointer
+  // Texture objects: only over this session's arrays and memory (CUDA_ERROR_INVALID_VALUE), and
+  // destroyed only by the session that made them.
+  const uint64_t dev1 = c1.Alloc(4096);
+  ASSERT_NE(dev1, 0u);
+  uint64_t t1 = 0, t2 = 0, tl = 0;
+  ASSERT_EQ(texture(c1, CU_RESOURCE_TYPE_ARRAY, a1, &t1), 0);
+  EXPECT_EQ(texture(c2, CU_RESOURCE_TYPE_ARRAY, a1, &t2), 1);                // another session's
+  EXPECT_EQ(texture(c1, CU_RESOURCE_TYPE_ARRAY, a1 ^ (1ull << 30), &t2), 1);  // forged
+  EXPECT_EQ(texture(c1, CU_RESOURCE_TYPE_LINEAR, dev1 + 3840, &tl), 0);      // its last 256 bytes
+  EXPECT_EQ(one(c1, Fn::cuTexObjectDestroy, tl), 0);
+  EXPECT_EQ(texture(c1, CU_RESOURCE_TYPE_LINEAR, dev1 + 3841, &tl), 1);      // one byte past
+  EXPECT_EQ(texture(c2, CU_RESOURCE_TYPE_LINEAR, dev1, &tl), 1);             // another session's memory
+  EXPECT_EQ(one(c2, Fn::cuTexObjectDestroy, t1), 1);                         // another session's object
+  EXPECT_EQ(one(c1, Fn::cuTexObjectDestroy, t1), 0);
+  EXPECT_EQ(one(c1, Fn::cuTexObjectDestroy, t1), 1);
   EXPECT_EQ(atoh(c1, a1), 0);
   EXPECT_EQ(atoh(c2, a1), 1);                              // another session's
   EXPECT_EQ(one(c2, Fn::cuArrayDestroy, a1), 400);
@@ -2770,6 +2826,7 @@ TEST_F(RemoteTest, ArrayNamesFailInAnotherSessionForgedOrAfterDestroy) {
   // Destroy retires the name; a new array gets another.
   EXPECT_EQ(one(c1, Fn::cuArrayDestroy, a1), 0);
   EXPECT_EQ(atoh(c1, a1), 1);
+  EXPECT_EQ(texture(c1, CU_RESOURCE_TYPE_ARRAY, a1, &t1), 1);  // a destroyed array
   EXPECT_EQ(one(c1, Fn::cuArrayDestroy, a1), 400);
   const uint64_t a3 = create(c1, 0);
   ASSERT_NE(a3, 0u);

@@ -473,9 +473,12 @@ class SessionArraysTest : public SessionGraphsTest {
     });
   }
   CUresult Surface(SessionArrays& s, uint32_t type, uint64_t h) {
+    // The generated message: the type, the union's bytes (the handle first), the flags.
     return Call(s, Fn::cuSurfObjectCreate, [&](transport::Writer& w) {
+      CUDA_RESOURCE_DESC res = {};
+      memcpy(&res.res, &h, sizeof(h));
       w.U32(type);
-      w.U64(h);
+      w.Bytes(&res.res, sizeof(res.res));
       w.U32(0);
     });
   }

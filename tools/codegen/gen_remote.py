@@ -278,6 +278,18 @@ class Arg:
                                        "travel as its bytes" % (fn, name, ctype, name))
                 if self.shape.kind == "struct":
                     struct_lines(fn, self.shape, "x", "w", "enc", self.dir == "out")  # refuses what cannot travel
+                    # A union holding pointers or handles inside an input structure travels as its
+                    # bytes only where bytes=ARG.FIELD says so and the family's Check_ reads it
+                    # (which member is live is the family's to know: a resource descriptor's type).
+                    for path in union_refs(self.shape, name):
+                        if self.dir == "in" and path not in ann.get("bytes", set()):
+                            raise SurfaceError("%s: union %s holds pointers or handles: bytes=%s and hook=check "
+                                               "say the family checks it" % (fn, path, path))
+                        if self.dir == "in" and "check" not in ann.get("hook", set()):
+                            raise SurfaceError("%s: bytes=%s needs hook=check (the family checks the union)"
+                                               % (fn, path))
+                if self.nullable and (self.dir != "in" or self.shape.kind != "struct" or self.count):
+                    raise SurfaceError("%s: null=%s is for a handle or an input structure" % (fn, name))
                 return
             if self.dir == "in" and not self.count:
                 raise SurfaceError("%s: input pointer %s (%s) is not generated yet" % (fn, name, ctype))
@@ -318,6 +330,15 @@ class Arg:
     def scalar(self):
         """Travels as one wire value (a scalar, an enumeration or a handle)."""
         return self.shape is None and not self.count
+
+
+def union_refs(shape, path):
+    """The paths (ARG.FIELD...) of the unions inside a structure that hold pointers or handles."""
+    if shape.kind == "union":
+        return [path] if shape.refs() else []
+    if shape.kind == "struct":
+        return [p for name, f in shape.fields for p in union_refs(f, "%s.%s" % (path, name))]
+    return []
 
 
 def struct_lines(fn, shape, expr, io, mode, is_out, depth=0):
@@ -433,9 +454,9 @@ def parse_surface(path, exports, typed):
                                    % (path, ln, name))
             if cls != "refused" and name not in typed:
                 raise SurfaceError("%s:%d: %s has no prototype in cuda.h" % (path, ln, name))
-            if cls not in ("sync", "async", "refused", "alias") and not cls.startswith("hand:") and rest:
-                raise SurfaceError("%s:%d: %s: a third column is for sync, async, alias, refused and hand:F "
-                                   "only" % (path, ln, name))
+            if cls not in ("sync", "async", "refused", "alias", "local") and not cls.startswith("hand:") and rest:
+                raise SurfaceError("%s:%d: %s: a third column is for sync, async, alias, local, refused and "
+                                   "hand:F only" % (path, ln, name))
             rows[name] = (cls, rest)
     return rows
 
@@ -489,7 +510,7 @@ def parse_annotations(fn, text, params):
             ann["addr"].add(val)
         elif key == "inout" and val in names:
             ann["inout"].add(val)
-        elif key == "bytes" and val in names:
+        elif key == "bytes" and val.split(".", 1)[0] in names:
             ann["bytes"].add(val)
         elif key == "str" and val.count(":") == 2:
             a, n, most = val.split(":")
@@ -587,6 +608,11 @@ class Call:
                     else:
                         raise SurfaceError("%s: values=%s: %s is not in cuda.h" % (name, a.name, v))
                 a.values = vs
+        for path in self.ann["bytes"]:
+            head = path.split(".", 1)[0]
+            if "." in path and (by_name[head].shape is None or path not in union_refs(by_name[head].shape, head)):
+                raise SurfaceError("%s: bytes=%s names no union with pointers or handles of an input structure"
+                                   % (name, path))
         for a in self.args:
             if not a.void or not a.void["attr"]:
                 continue
@@ -712,13 +738,33 @@ def cache_key(k):
 
 def wire_bytes(a):
     """A C++ expression bounding the bytes input a takes on the wire."""
+    if a.shape is not None and a.nullable:  # the byte saying whether it follows
+        return "1 + " + wire_bytes_of(a)
+    return wire_bytes_of(a)
+
+
+def wire_bytes_of(a):
     if a.void:
         return "8"
     if a.count:
+        if a.shape is not None and has_union(a.shape):  # its unions' bytes, bounded by the whole's
+            return "%d * (%d + sizeof(%s))" % (a.count[1], 8 * leaves(a.shape), a.base)
         return "%d" % (a.count[1] * 8 * (leaves(a.shape) if a.shape is not None else 1))
     if a.shape is not None:
-        return "sizeof(%s)" % a.base if a.shape.kind == "union" else "%d" % (8 * leaves(a.shape))
+        if a.shape.kind == "union":
+            return "sizeof(%s)" % a.base
+        if has_union(a.shape):  # a union inside travels as its bytes: bounded by the structure's size
+            return "%d + sizeof(%s)" % (8 * leaves(a.shape), a.base)
+        return "%d" % (8 * leaves(a.shape))
     return "8"
+
+
+def has_union(shape):
+    if shape.kind == "union":
+        return True
+    if shape.kind == "array":
+        return has_union(shape.elem)
+    return shape.kind == "struct" and any(has_union(f) for _, f in shape.fields)
 
 
 def leaves(shape):
@@ -761,7 +807,7 @@ def gen_client_impl(c, decl):
             continue
         if a.count and a.count[3] == 0:  # may be NULL when it holds no element
             o.append("  if (%s != 0 && %s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % (a.count[0], a.name))
-        elif (a.shape is not None and not a.byval) or a.count or a.void:
+        elif ((a.shape is not None and not a.byval) or a.count or a.void) and not a.nullable:
             o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
     for n, most, least in count_checks(c):
         o.append("  if (%s) return CUDA_ERROR_INVALID_VALUE;\n" % count_bounds(n, most, least))
@@ -769,7 +815,8 @@ def gen_client_impl(c, decl):
         if a.shape is not None:
             for p in ptr_checks(a.shape, a.name if a.byval else "(*%s)" % a.name):
                 # A pointer field does not travel (the worker's host is not this one).
-                o.append("  if (%s != nullptr) return CUDA_ERROR_NOT_SUPPORTED;\n" % p)
+                o.append("  if (%s%s != nullptr) return CUDA_ERROR_NOT_SUPPORTED;\n"
+                         % ("%s != nullptr && " % a.name if a.nullable else "", p))
     for a in c.ins:
         if a.kind and a.kind != "kStream" and not a.nullable:
             o.append("  if (%s == nullptr) return %s;\n" % (a.name, HANDLE_ERROR.get(a.kind, "CUDA_ERROR_INVALID_HANDLE")))
@@ -838,6 +885,11 @@ def gen_client_impl(c, decl):
         elif a.count:
             o.append("  for (size_t i_ = 0; i_ < %s; ++i_) w_.%s(static_cast<%s>(%s[i_]));\n"
                      % (a.count[0], READ[a.wire], WIRE_C[a.wire], a.name))
+        elif a.shape is not None and a.nullable:  # null=: a byte saying whether the structure follows
+            o.append("  w_.U8(%s != nullptr ? 1 : 0);\n  if (%s != nullptr) {\n" % (a.name, a.name))
+            for l in struct_lines(c.name, a.shape, "(*%s)" % a.name, "w_", "enc", False):
+                o.append("    %s\n" % l)
+            o.append("  }\n")
         elif a.shape is not None:
             for l in struct_lines(c.name, a.shape, a.name if a.byval else "(*%s)" % a.name, "w_", "enc", False):
                 o.append("  %s\n" % l)
@@ -935,11 +987,19 @@ def worker_reads(c, fail):
             o.append("      %s a_%s[%d]{};\n" % (a.base if a.shape is not None else WIRE_C[a.wire], a.name, a.count[1]))
         elif a.shape is not None:
             o.append("      %s a_%s{};\n" % (a.base, a.name))
+            if a.nullable:  # null=: whether the structure came (else the driver sees NULL)
+                o.append("      uint8_t n_%s = 0;\n" % a.name)
         else:
             wire = "u64" if a.kind else a.wire
             o.append("      %s a_%s = 0;\n" % (WIRE_C[wire], a.name))
     for a in c.ins:
         if a.count:
+            continue
+        if a.shape is not None and a.nullable:
+            o.append("      if (!rd.U8(&n_%s) || n_%s > 1) %s\n      if (n_%s == 1) {\n" % (a.name, a.name, fail, a.name))
+            for l in struct_lines(c.name, a.shape, "a_" + a.name, "rd", "dec", False):
+                o.append("        %s\n" % l)
+            o.append("      }\n")
             continue
         if a.void:
             o.append(indent(void_lines(a, lambda n: "a_" + n, lambda n: "%s v_ = 0; rd.%s(&v_); memcpy(a_%s, &v_, %d);"
@@ -970,7 +1030,9 @@ def hook_params(c, done):
     outputs as the driver wrote them."""
     o = []
     for a in c.args:
-        if a.dir == "in":
+        if a.dir == "in" and a.shape is not None and a.nullable:  # NULL when it did not come
+            o.append("%s%s* /*%s*/" % ("const " if done else "", a.base, a.name))
+        elif a.dir == "in":
             t = a.base if a.shape is not None else "uint64_t" if a.kind else WIRE_C[a.wire]
             o.append("%s%s& /*%s*/" % ("const " if done else "", t, a.name))
         elif done:
@@ -981,8 +1043,8 @@ def hook_params(c, done):
 
 
 def hook_args(c, done):
-    return ", ".join(("r_" if a.kind else "a_") + a.name if a.dir == "in" else "o_" + a.name
-                     for a in c.args if a.dir == "in" or done)
+    return ", ".join(("r_" if a.kind else "p_" if a.shape is not None and a.nullable else "a_") + a.name
+                     if a.dir == "in" else "o_" + a.name for a in c.args if a.dir == "in" or done)
 
 
 def gen_hooks_header(calls):
@@ -1099,6 +1161,9 @@ def gen_worker_case(c):
                 o.append("      if (!host.Belongs(HandleKind::%s, r_%s, HandleKind::%s, r_%s)) return %s;\n"
                          % (b.kind, b.name, by_name[b.owner].kind, b.owner,
                             HANDLE_ERROR.get(b.kind, "CUDA_ERROR_INVALID_HANDLE")))
+    for a in c.ins:
+        if a.shape is not None and a.nullable:
+            o.append("      %s* p_%s = n_%s == 1 ? &a_%s : nullptr;\n" % (a.base, a.name, a.name, a.name))
     if "check" in c.ann["hook"]:
         # hook=check: the family's own checks, after the generated ones (it may rewrite a name of
         # its tables into the driver's handle).
@@ -1128,6 +1193,8 @@ def gen_worker_case(c):
             call.append("o_" + a.name if a.count or a.str or a.void else "&o_" + a.name)
         elif a.count or a.void:
             call.append(("a_" if a.shape is not None or a.void else "c_") + a.name)
+        elif a.shape is not None and a.nullable:
+            call.append("p_" + a.name)
         elif a.shape is not None:
             call.append(("a_" if a.byval else "&a_") + a.name)
         elif a.kind:
