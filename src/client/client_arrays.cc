@@ -1,11 +1,12 @@
 // CUDA arrays, mipmapped arrays, array and 2D/3D copies, texture and surface objects: forwarded
 // to the worker (payloads: remote_arrays.h). Creating, destroying and querying arrays and
 // mipmapped arrays, and creating and destroying texture and surface objects, is generated
-// (api/remote_surface.tsv); what the client keeps of those calls is here (ClientDone_ hooks). Host operands of copies travel as data: a source is gathered into
-// packed rows and sent in parts of at most the transport's bulk limit; a destination's packed
-// rows arrive as kEvtCopyData events and are scattered into its pitch here. Array descriptors and
-// the descriptors of texture and surface objects are answered locally; a plane of a multi-planar
-// array (cuArrayGetPlane) is an array of its own there, kept until its owner is destroyed.
+// (api/remote_surface.tsv); what the client keeps of those calls is here (ClientDone_ hooks).
+// Host operands of copies travel as data: a source is gathered into packed rows and sent in parts
+// of at most the transport's bulk limit; a destination's packed rows arrive as kEvtCopyData events
+// and are scattered into its pitch here. Array descriptors and the descriptors of texture and
+// surface objects are answered locally; a plane of a multi-planar array (cuArrayGetPlane) is an
+// array of its own there, kept until its owner is destroyed.
 #include <cstring>
 #include <unordered_set>
 #include <vector>

@@ -1,7 +1,8 @@
 // Payloads of the array family of the remote vGPU protocol (client_arrays.cc, worker
-// session_arrays.cc): CUDA arrays, mipmapped arrays, array and 2D/3D copies. Fields are little-endian, written with transport::Writer and read with Reader; the
-// worker checks every handle against its session's tables and every region against the array's
-// extent or one device allocation of the session. docs/remote.md "Arrays and 2D/3D copies".
+// session_arrays.cc): CUDA arrays, mipmapped arrays, array and 2D/3D copies. Fields are
+// little-endian, written with transport::Writer and read with Reader; the worker checks every
+// handle against its session's tables and every region against the array's extent or one device
+// allocation of the session. docs/remote.md "Arrays and 2D/3D copies".
 //
 //   array descriptor   u64 width, u64 height, u64 depth, u32 CUarray_format, u32 channels, u32 flags
 //   Creating, destroying and querying arrays and mipmapped arrays is generated (api/remote_surface.tsv,
