@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "client/client_internal.h"
 #include "client/op_times.h"
 #include "client/parallel_copy.h"
 #include "tf_client_impl.h"
@@ -194,6 +195,10 @@ CUresult SendFrame(Session* s, uint16_t op, uint16_t flags, const transport::Wri
 }  // namespace
 
 CUresult PrepareContextIfAny(Session* s) { return t_ctx == 0 ? CUDA_SUCCESS : PrepareContext(s, true); }
+
+CUresult Simple(Locked& l, driver::Fn fn, const transport::Writer& w) {
+  return CallSync(l.session(), remote::Op(fn), w, nullptr);
+}
 
 CUresult PrepareContext(Session* s, bool needs_ctx) {
   if (!needs_ctx) return CUDA_SUCCESS;

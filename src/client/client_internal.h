@@ -1,5 +1,5 @@
-// Helpers shared by the client stub's entry-point files (client_impl.cc and the per-family files
-// client_local.cc, client_async.cc, client_host.cc, client_callbacks.cc, client_graphs.cc).
+// Helpers shared by the client stub's entry-point files (client_F.cc, one per family of
+// api/remote_surface.tsv, and client_local.cc for what is answered without a round trip).
 #pragma once
 
 #include <functional>
@@ -123,6 +123,12 @@ inline void WriteLaunchGeometry(const CUlaunchConfig* config, transport::Writer&
 }
 
 inline uint64_t H(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// The device of the session with ordinal dev (from the snapshot taken at connect), or nullptr.
+inline const DeviceInfo* FindDevice(Session* s, CUdevice dev) {
+  if (dev < 0 || static_cast<size_t>(dev) >= s->devices.size()) return nullptr;
+  return &s->devices[dev];
+}
 
 // Writes a launch's arguments (u32 mode + its encoding, remote_protocol.h) for function `fi`.
 // CUDA_ERROR_INVALID_VALUE / NOT_SUPPORTED when they cannot be forwarded.

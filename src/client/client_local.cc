@@ -1,9 +1,10 @@
 // Entry points the stub answers without a round trip: pointer attributes of the allocations it
 // made, function attributes cached with the handle, stream capture state (never capturing: capture
-// is not forwarded), context queries from what came with the context handle, and the per-thread
-// context stack.
+// is not forwarded), context queries from what came with the context handle, the per-thread
+// context stack and current context, and the device queries (from the snapshot taken at connect).
 #include <pthread.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -233,6 +234,96 @@ CUresult Impl_cuCtxPopCurrent_v2(CUcontext* pctx) {
     SetCurrentContext(below.back());
     below.pop_back();
   }
+  return CUDA_SUCCESS;
+}
+
+// ---- devices: from the snapshot taken at connect
+
+CUresult Impl_cuDeviceGetCount(int* count) {
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  *count = static_cast<int>(l.session()->devices.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGet(CUdevice* device, int ordinal) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  if (!FindDevice(l.session(), ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGetName(char* name, int len, CUdevice dev) {
+  if (name == nullptr || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = FindDevice(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, static_cast<size_t>(len), "%s", d->name);
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = FindDevice(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  *uuid = d->uuid;
+  return CUDA_SUCCESS;
+}
+CUresult Impl_cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return Impl_cuDeviceGetUuid_v2(uuid, dev); }
+
+CUresult Impl_cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  if (bytes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = FindDevice(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = d->total_mem;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  const DeviceInfo* d = FindDevice(l.session(), dev);
+  if (!d) return CUDA_ERROR_INVALID_DEVICE;
+  int a = static_cast<int>(attrib);
+  if (a < 0 || static_cast<size_t>(a) >= d->attrs.size()) return CUDA_ERROR_INVALID_VALUE;
+  *pi = d->attrs[a];
+  return CUDA_SUCCESS;
+}
+
+// ---- the thread's current context, from the client's context table
+
+CUresult Impl_cuCtxGetCurrent(CUcontext* pctx) {
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  *pctx = reinterpret_cast<CUcontext>(CurrentContext());
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxSetCurrent(CUcontext ctx) {
+  TF_LOCK(l);
+  if (ctx != nullptr && !l.session()->contexts.count(H(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+  SetCurrentContext(H(ctx));
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxGetDevice(CUdevice* device) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->contexts.find(CurrentContext());
+  if (it == l.session()->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = it->second;
+  return CUDA_SUCCESS;
+}
+
+CUresult Impl_cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  TF_LOCK(l);
+  auto it = l.session()->contexts.find(ctx != nullptr ? H(ctx) : CurrentContext());
+  if (it == l.session()->contexts.end()) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = it->second;
   return CUDA_SUCCESS;
 }
 

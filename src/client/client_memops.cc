@@ -347,13 +347,4 @@ CUresult Impl_cuMemcpy3DBatchAsync(size_t num_ops, CUDA_MEMCPY3D_BATCH_OP* ops, 
   return Copy3DBatch(num_ops, ops, flags, fail_idx, stream);
 }
 
-// ---- legacy context creation: cuCtxCreate_v4 without create parameters
-
-CUresult Impl_cuCtxCreate(CUcontext* pctx, unsigned int flags, CUdevice dev) {
-  return Impl_cuCtxCreate_v4(pctx, nullptr, flags, dev);
-}
-CUresult Impl_cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
-  return Impl_cuCtxCreate_v4(pctx, nullptr, flags, dev);
-}
-
 }  // namespace tf::client

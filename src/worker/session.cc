@@ -117,6 +117,7 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
   void Created(HandleKind k, uint64_t real) override {
+    if (k == HandleKind::kContext) contexts_.insert(real);  // a primary context retained (new=)
     if (k == HandleKind::kStream) streams_.insert(real);
     if (k == HandleKind::kEvent) events_.insert(real);
     if (k == HandleKind::kMemPool) pools_.insert(real);  // a device's or location's pool (new=)
@@ -174,6 +175,45 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   GeneratedHooks& Hooks(Fn fn) override {
     if (SessionMulticast::Hooked(fn)) return multicast_;
     return *this;
+  }
+  // Primary contexts: the retains the client holds per device (released at the session's end),
+  // and each retained context's device; the client gets the context's description after it.
+  CUresult Check_cuDevicePrimaryCtxRetain(int32_t&) override { return CUDA_SUCCESS; }
+  CUresult Done_cuDevicePrimaryCtxRetain(CUcontext& c, const int32_t& dev, Writer& reply) override {
+    primary_ctx_[H(c)] = dev;
+    ++primary_retains_[dev];
+    WriteContextInfo(c, dev, true, reply);
+    return CUDA_SUCCESS;
+  }
+  // Only a retain the client holds may be released.
+  CUresult Check_cuDevicePrimaryCtxRelease_v2(int32_t& dev) override {
+    return primary_retains_[dev] == 0 ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+  }
+  CUresult Done_cuDevicePrimaryCtxRelease_v2(const int32_t& dev) override {
+    --primary_retains_[dev];
+    return CUDA_SUCCESS;
+  }
+  // Device memory: the session's allocations (base -> bytes), which every device range is checked
+  // against; only an allocation of the session may be freed.
+  CUresult Check_cuMemAlloc_v2(uint64_t& n) override { return n == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
+  CUresult Done_cuMemAlloc_v2(CUdeviceptr& p, const uint64_t& n) override {
+    allocs_[p] = n;
+    return CUDA_SUCCESS;
+  }
+  CUresult Check_cuMemAllocPitch_v2(uint64_t& width, uint64_t& height, uint32_t&) override {
+    return width == 0 || height == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  }
+  CUresult Done_cuMemAllocPitch_v2(CUdeviceptr& p, size_t& pitch, const uint64_t&, const uint64_t& height,
+                                   const uint32_t&) override {
+    allocs_[p] = static_cast<uint64_t>(pitch) * height;
+    return CUDA_SUCCESS;
+  }
+  CUresult Check_cuMemFree_v2(uint64_t& p) override {
+    return allocs_.count(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult Done_cuMemFree_v2(const uint64_t& p) override {
+    allocs_.erase(p);
+    return CUDA_SUCCESS;
   }
   CUresult Check_cuMemAddressReserve(uint64_t& size, uint64_t&, uint64_t&, uint64_t&) override {
     return size == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
@@ -712,28 +752,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       if (!rd.U64(&c) || (c != 0 && !Context(c))) return CUDA_ERROR_INVALID_CONTEXT;
       return CALL(cuCtxSetCurrent, As<CUcontext>(c));
     }
-    case Fn::cuDevicePrimaryCtxRetain: {
-      int32_t dev = 0;
-      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      CUcontext c = nullptr;
-      CUresult r = CALL(cuDevicePrimaryCtxRetain, &c, dev);
-      if (r != CUDA_SUCCESS) return r;
-      contexts_.insert(H(c));
-      handles_.Publish(HandleKind::kContext, H(c));
-      primary_ctx_[H(c)] = dev;
-      ++primary_retains_[dev];
-      out.U64(Publish(HandleKind::kContext, H(c)));
-      WriteContextInfo(c, dev, true, out);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuDevicePrimaryCtxRelease_v2: {
-      int32_t dev = 0;
-      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      if (primary_retains_[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
-      CUresult r = CALL(cuDevicePrimaryCtxRelease_v2, dev);
-      if (r == CUDA_SUCCESS) --primary_retains_[dev];
-      return r;
-    }
     case Fn::cuDevicePrimaryCtxReset_v2:
       return PrimaryCtxReset(rd);
     case Fn::cuDevicePrimaryCtxGetState: {
@@ -745,13 +763,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       out.U32(flags);
       out.I32(active);
       return r;
-    }
-    case Fn::cuDevicePrimaryCtxSetFlags_v2: {
-      int32_t dev = 0;
-      uint32_t flags = 0;
-      rd.I32(&dev);
-      if (!rd.U32(&flags) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      return CALL(cuDevicePrimaryCtxSetFlags_v2, dev, flags);
     }
     case Fn::cuCtxCreate_v4: {
       uint32_t flags = 0;
@@ -784,38 +795,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       return SetAccess(rd);
     case Fn::cuMemGetAddressRange_v2:
       return AddressRange(rd, out);
-    case Fn::cuMemAlloc_v2: {
-      uint64_t n = 0;
-      if (!rd.U64(&n) || n == 0) return CUDA_ERROR_INVALID_VALUE;
-      CUdeviceptr p = 0;
-      CUresult r = CALL(cuMemAlloc_v2, &p, n);
-      if (r != CUDA_SUCCESS) return r;
-      allocs_[p] = n;
-      out.U64(p);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemAllocPitch_v2: {
-      uint64_t width = 0, height = 0;
-      uint32_t element = 0;
-      rd.U64(&width);
-      rd.U64(&height);
-      if (!rd.U32(&element) || !rd.Finish() || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
-      CUdeviceptr p = 0;
-      size_t pitch = 0;
-      CUresult r = CALL(cuMemAllocPitch_v2, &p, &pitch, width, height, element);
-      if (r != CUDA_SUCCESS) return r;
-      allocs_[p] = static_cast<uint64_t>(pitch) * height;
-      out.U64(p);
-      out.U64(pitch);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemFree_v2: {
-      uint64_t p = 0;
-      if (!rd.U64(&p) || !allocs_.count(p)) return CUDA_ERROR_INVALID_VALUE;
-      CUresult r = CALL(cuMemFree_v2, p);
-      if (r == CUDA_SUCCESS) allocs_.erase(p);
-      return r;
-    }
     case Fn::cuMemcpyHtoD_v2: {
       uint64_t dst = 0;
       if (!rd.U64(&dst) || bulk == nullptr || !Range(dst, bulk_len)) return CUDA_ERROR_INVALID_VALUE;

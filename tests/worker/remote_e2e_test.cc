@@ -199,7 +199,18 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["module_bogus"], "400");
   EXPECT_EQ(r.kv["unsupported"], "801");  // CUDA_ERROR_NOT_SUPPORTED
   EXPECT_NE(r.out.find("cuMemBatchDecompressAsync is not supported"), std::string::npos) << r.out;
+  EXPECT_EQ(r.kv["free_never_allocated"], "1");  // refused by the worker's allocation table
+  EXPECT_EQ(r.kv["alloc_zero"], "1");
+  EXPECT_EQ(r.kv["pitch_bad_element"], "1");
+  EXPECT_EQ(r.kv["pitch_zero_height"], "1");
+  EXPECT_EQ(r.kv["primary_retain_bad_device"], "101");  // CUDA_ERROR_INVALID_DEVICE
+  EXPECT_EQ(r.kv["primary_release_bad_device"], "101");
+  EXPECT_EQ(r.kv["primary_flags_bad_device"], "101");
+  EXPECT_EQ(r.kv["forged_ctx_current"], "201");  // CUDA_ERROR_INVALID_CONTEXT
+  EXPECT_EQ(r.kv["forged_ctx_destroy"], "201");
   EXPECT_EQ(r.kv["still_works"], "0");
+  EXPECT_EQ(r.kv["free_twice"], "0:1");
+  EXPECT_EQ(r.kv["primary_release_twice"], "0:201");  // no retain left to release
   EXPECT_EQ(r.kv["procaddr_is_export"], "1");
 }
 
@@ -2595,6 +2606,81 @@ TEST_F(RemoteTest, HookedGeneratedCallsCheckTheFamilysTables) {
   // The session goes on: a new handle is made and released.
   ASSERT_EQ(create(mib2, false), 0);
   EXPECT_EQ(release(FirstU64(out)), 0);
+}
+
+// Allocation and primary-context messages the stub would not send (generated calls whose hooks
+// keep the session's tables): each gets its CUDA error and the session goes on.
+TEST_F(RemoteTest, GeneratedAllocationAndPrimaryContextCallsCheckTheSessionsTables) {
+  using tf::transport::Writer;
+  namespace remote = tf::remote;
+  using tf::driver::Fn;
+  StartWorker();
+  RawClient c;
+  ASSERT_TRUE(c.Connect(unix_.substr(5)));
+  ASSERT_TRUE(c.UsePrimaryContext());
+  uint8_t buf[64];
+  std::vector<uint8_t> out;
+  auto dev_call = [&](Fn fn, int32_t dev) {
+    Writer w(buf, sizeof(buf));
+    w.I32(dev);
+    out.clear();
+    return c.Call(remote::Op(fn), w, &out);
+  };
+  auto free_ptr = [&](uint64_t p) {
+    Writer w(buf, sizeof(buf));
+    w.U64(p);
+    return c.Call(remote::Op(Fn::cuMemFree_v2), w);
+  };
+  auto pitch = [&](uint64_t width, uint64_t height) {
+    Writer w(buf, sizeof(buf));
+    w.U64(width);
+    w.U64(height);
+    w.U32(4);
+    out.clear();
+    return c.Call(remote::Op(Fn::cuMemAllocPitch_v2), w, &out);
+  };
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRetain, 64), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRetain, -1), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 64), CUDA_ERROR_INVALID_DEVICE);
+  {
+    Writer w(buf, sizeof(buf));
+    w.I32(64);
+    w.U32(0);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuDevicePrimaryCtxSetFlags_v2), w), CUDA_ERROR_INVALID_DEVICE);
+  }
+  // A retain comes back with the context's description: flags, API version, priorities, primary.
+  ASSERT_EQ(dev_call(Fn::cuDevicePrimaryCtxRetain, 0), 0);
+  ASSERT_EQ(out.size(), 8u + 17u);
+  EXPECT_EQ(out.back(), 1) << "primary";
+  // Device memory: a size of 0, an empty pitched allocation and a short message are refused; only
+  // an allocation of the session is freed, once.
+  EXPECT_EQ(c.Alloc(0), 0u);
+  EXPECT_EQ(pitch(0, 4), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(pitch(64, 0), CUDA_ERROR_INVALID_VALUE);
+  {
+    Writer w(buf, sizeof(buf));
+    w.U32(4096);
+    EXPECT_EQ(c.Call(remote::Op(Fn::cuMemAlloc_v2), w), CUDA_ERROR_INVALID_VALUE);
+  }
+  const uint64_t p = c.Alloc(4096);
+  ASSERT_NE(p, 0u);
+  EXPECT_EQ(free_ptr(p + 16), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(free_ptr(0x7f0000100000ull), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(free_ptr(p), 0);
+  EXPECT_EQ(free_ptr(p), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(pitch(64, 4), 0);
+  ASSERT_EQ(out.size(), 16u);
+  EXPECT_EQ(free_ptr(FirstU64(out)), 0);
+  // Two retains held: two releases, and no third.
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), CUDA_ERROR_INVALID_CONTEXT);
+  // The session goes on.
+  ASSERT_EQ(dev_call(Fn::cuDevicePrimaryCtxRetain, 0), 0);
+  Writer current(buf, sizeof(buf));
+  current.U64(FirstU64(out));
+  ASSERT_NE(c.Send(remote::Op(Fn::cuCtxSetCurrent), 0, current), 0u);
+  EXPECT_NE(c.Alloc(4096), 0u);
 }
 
 // Array messages the stub would not send: unknown handles, regions outside the array or the

@@ -192,7 +192,27 @@ int BadHandles() {
   auto decompress = reinterpret_cast<Decompress>(dlsym(RTLD_DEFAULT, "cuMemBatchDecompressAsync"));
   std::printf("unsupported=%d\n",
               decompress ? static_cast<int>(decompress(nullptr, 0, 0, nullptr, nullptr)) : -1);
+  // Allocation and primary contexts are generated calls: the client and the worker refuse what
+  // the session's tables do not hold, the session goes on.
+  std::printf("free_never_allocated=%d\n", static_cast<int>(cuMemFree(0x7f0000100000ull)));
+  CUdeviceptr none = 0;
+  size_t pitch = 0;
+  std::printf("alloc_zero=%d\n", static_cast<int>(cuMemAlloc(&none, 0)));
+  std::printf("pitch_bad_element=%d\n", static_cast<int>(cuMemAllocPitch(&none, &pitch, 64, 4, 3)));
+  std::printf("pitch_zero_height=%d\n", static_cast<int>(cuMemAllocPitch(&none, &pitch, 64, 0, 4)));
+  CUcontext primary = nullptr;
+  std::printf("primary_retain_bad_device=%d\n", static_cast<int>(cuDevicePrimaryCtxRetain(&primary, 64)));
+  std::printf("primary_release_bad_device=%d\n", static_cast<int>(cuDevicePrimaryCtxRelease(64)));
+  std::printf("primary_flags_bad_device=%d\n", static_cast<int>(cuDevicePrimaryCtxSetFlags(64, 0)));
+  std::printf("forged_ctx_current=%d\n", static_cast<int>(cuCtxSetCurrent(reinterpret_cast<CUcontext>(0x7f0000002000ull))));
+  std::printf("forged_ctx_destroy=%d\n", static_cast<int>(cuCtxDestroy(reinterpret_cast<CUcontext>(0x7f0000002000ull))));
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
+  const CUresult freed = cuMemFree(a);
+  std::printf("free_twice=%d:%d\n", static_cast<int>(freed), static_cast<int>(cuMemFree(a)));
+  // Setup's retain released, then one more than the program holds.
+  const CUresult released = cuDevicePrimaryCtxRelease(0);
+  std::printf("primary_release_twice=%d:%d\n", static_cast<int>(released),
+              static_cast<int>(cuDevicePrimaryCtxRelease(0)));
   // Lookups through cuGetProcAddress land on this library's own exports.
   void* p = nullptr;
   CUdriverProcAddressQueryResult st;

@@ -561,7 +561,7 @@ def parse_annotations(fn, text, params):
             if a not in names or not vals:
                 raise SurfaceError("%s: unserved=%s names no argument" % (fn, val))
             ann["unserved"][a] = vals.split(",")
-        elif key == "hook" and val and set(val.split(",")) <= {"check", "done", "client", "reply"}:
+        elif key == "hook" and val and set(val.split(",")) <= {"check", "done", "client", "reply", "clientcheck"}:
             ann["hook"] |= set(val.split(","))
         else:
             raise SurfaceError("%s: bad annotation %r" % (fn, tok))
@@ -661,8 +661,8 @@ class Call:
                                    % (name, a.name, a.owner))
         if self.ann["hook"] and any(a.count or a.void or a.str or a.str_len for a in self.args):
             raise SurfaceError("%s: hook= is for calls without count=, void= or str= arguments" % name)
-        if "client" in self.ann["hook"] and cls != "sync":
-            raise SurfaceError("%s: hook=client is for sync calls" % name)
+        if ({"client", "clientcheck"} & self.ann["hook"]) and cls != "sync":
+            raise SurfaceError("%s: hook=client and hook=clientcheck are for sync calls" % name)
         if "reply" in self.ann["hook"] and not {"done", "client"} <= self.ann["hook"]:
             raise SurfaceError("%s: hook=reply needs done and client (the worker writes what the client reads)" % name)
         for f in self.ann["forget"]:
@@ -821,6 +821,11 @@ def gen_client_impl(c, decl):
         if a.kind and a.kind != "kStream" and not a.nullable:
             o.append("  if (%s == nullptr) return %s;\n" % (a.name, HANDLE_ERROR.get(a.kind, "CUDA_ERROR_INVALID_HANDLE")))
     o.append("  TF_LOCK(l_);\n")
+    if "clientcheck" in c.ann["hook"]:
+        # hook=clientcheck: the client's family checks the call first, or answers it itself.
+        o.append("  bool answered_ = false;\n"
+                 "  if (const CUresult c_ = ClientCheck_%s(l_.session(), &answered_, %s); c_ != CUDA_SUCCESS || answered_) {\n"
+                 "    return c_;\n  }\n" % (c.name, ", ".join(n for _, n in c.params)))
     if c.ann["ctx"] == "need":
         o.append("  TF_CTX(l_);\n")
     elif c.ann["ctx"] == "any":
@@ -1320,6 +1325,11 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
         f.write('#include <cstdio>\n#include <cstring>\n#include <string>\n#include <type_traits>\n\n#include "client/client_internal.h"\n#include "tf_client_impl.h"\n\n')
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
+            if "clientcheck" in c.ann["hook"]:
+                f.write("// hook=clientcheck: the client's own checks of %s, with the lock held and before the\n"
+                        "// context check (its hand-written family): an error refuses the call; *answered says the\n"
+                        "// family answered it itself (the result is then the call's) and nothing is sent.\n"
+                        "CUresult ClientCheck_%s(Session* s, bool* answered, %s);\n\n" % (c.name, c.name, decl(c.name)))
             if "reply" in c.ann["hook"]:
                 f.write("// hook=client,reply: what the client keeps once %s succeeded, from the rest of the\n"
                         "// reply (its hand-written family); its result is the call's.\n"

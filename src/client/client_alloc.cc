@@ -1,0 +1,50 @@
+// Device-memory allocation (api/remote_surface.tsv: cuMemAlloc_v2, cuMemAllocPitch_v2 and
+// cuMemFree_v2 are generated, hook=clientcheck,client): the client's checks before the call, and
+// its allocation table (client_local.cc answers the pointer queries from it) after it.
+#include "client/client_internal.h"
+#include "tf_client_impl.h"
+
+namespace tf::client {
+
+CUresult ClientCheck_cuMemAlloc_v2(Session*, bool*, CUdeviceptr*, size_t bytesize) {
+  return bytesize == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+void ClientDone_cuMemAlloc_v2(Session* s, CUdeviceptr* dptr, size_t bytesize) {
+  RecordDeviceAlloc(s, *dptr, bytesize, 0);
+}
+
+// Pitched allocation: the worker's driver chooses the pitch; the allocation is pitch * height
+// bytes, freed with cuMemFree like any other.
+CUresult ClientCheck_cuMemAllocPitch_v2(Session*, bool*, CUdeviceptr*, size_t*, size_t width, size_t height,
+                                        unsigned int element_bytes) {
+  if (width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+void ClientDone_cuMemAllocPitch_v2(Session* s, CUdeviceptr* dptr, size_t* pitch, size_t, size_t height,
+                                   unsigned int) {
+  RecordDeviceAlloc(s, *dptr, *pitch * height, 0);
+}
+
+// Answered here: freeing NULL, and managed memory (the client's mirror of it).
+CUresult ClientCheck_cuMemFree_v2(Session* s, bool* answered, CUdeviceptr dptr) {
+  if (CUresult r = PrepareContext(s, true); r != CUDA_SUCCESS) return r;
+  // Freeing NULL succeeds, as on the driver: cudart's cudaFree(0), which cuBLAS's cudart uses to
+  // bind its context, reaches us as cuMemFree_v2(0).
+  if (dptr == 0) {
+    *answered = true;
+    return CUDA_SUCCESS;
+  }
+  if (HostRange h; FindHostRange(dptr, &h) && h.managed) {
+    // Managed memory: the worker unmaps it once the context's work is done.
+    *answered = true;
+    if (h.base != dptr) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = FreeManaged(s, dptr);
+    if (r == CUDA_SUCCESS) ForgetManagedAdvice(dptr);
+    return r;
+  }
+  return CUDA_SUCCESS;
+}
+void ClientDone_cuMemFree_v2(Session* s, CUdeviceptr dptr) { s->allocs.erase(dptr); }
+
+}  // namespace tf::client
