@@ -6,7 +6,7 @@
 
 namespace tf::client {
 
-CUresult ClientCheck_cuMemAlloc_v2(Session*, bool*, CUdeviceptr*, size_t bytesize) {
+CUresult ClientCheck_cuMemAlloc_v2(bool*, CUdeviceptr*, size_t bytesize) {
   return bytesize == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 void ClientDone_cuMemAlloc_v2(Session* s, CUdeviceptr* dptr, size_t bytesize) {
@@ -15,7 +15,7 @@ void ClientDone_cuMemAlloc_v2(Session* s, CUdeviceptr* dptr, size_t bytesize) {
 
 // Pitched allocation: the worker's driver chooses the pitch; the allocation is pitch * height
 // bytes, freed with cuMemFree like any other.
-CUresult ClientCheck_cuMemAllocPitch_v2(Session*, bool*, CUdeviceptr*, size_t*, size_t width, size_t height,
+CUresult ClientCheck_cuMemAllocPitch_v2(bool*, CUdeviceptr*, size_t*, size_t width, size_t height,
                                         unsigned int element_bytes) {
   if (width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
   if (element_bytes != 4 && element_bytes != 8 && element_bytes != 16) return CUDA_ERROR_INVALID_VALUE;
@@ -27,8 +27,9 @@ void ClientDone_cuMemAllocPitch_v2(Session* s, CUdeviceptr* dptr, size_t* pitch,
 }
 
 // Answered here: freeing NULL, and managed memory (the client's mirror of it).
-CUresult ClientCheck_cuMemFree_v2(Session* s, bool* answered, CUdeviceptr dptr) {
-  if (CUresult r = PrepareContext(s, true); r != CUDA_SUCCESS) return r;
+CUresult ClientCheck_cuMemFree_v2(bool* answered, CUdeviceptr dptr) {
+  TF_LOCK(l);
+  TF_CTX(l);
   // Freeing NULL succeeds, as on the driver: cudart's cudaFree(0), which cuBLAS's cudart uses to
   // bind its context, reaches us as cuMemFree_v2(0).
   if (dptr == 0) {
@@ -39,7 +40,7 @@ CUresult ClientCheck_cuMemFree_v2(Session* s, bool* answered, CUdeviceptr dptr) 
     // Managed memory: the worker unmaps it once the context's work is done.
     *answered = true;
     if (h.base != dptr) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = FreeManaged(s, dptr);
+    CUresult r = FreeManaged(l.session(), dptr);
     if (r == CUDA_SUCCESS) ForgetManagedAdvice(dptr);
     return r;
   }

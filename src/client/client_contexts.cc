@@ -1,6 +1,7 @@
 // Contexts (api/remote_surface.tsv, hand:contexts): the client's context table (each context's
-// device and the description that came with it) and the thread's context stack. Retaining,
-// releasing and flagging a primary context are generated; their hooks here keep the table.
+// device and the description that came with it) and the thread's context stack. Creating and
+// destroying a context and retaining, releasing and flagging a primary context are generated;
+// their hooks here keep the table.
 #include "client/client_internal.h"
 #include "client/export_tables.h"
 #include "tf_client_impl.h"
@@ -99,32 +100,25 @@ CUresult Impl_cuCtxSynchronize_v2(CUcontext ctx) {
   return r != CUDA_SUCCESS ? r : p;
 }
 
-CUresult Impl_cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
-                             CUdevice dev) {
-  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  // Execution affinity and CIG parameters are not forwarded; empty ones (NVIDIA's samples pass a
-  // zeroed CUctxCreateParams) are the plain form, as natively.
+// Execution affinity and CIG parameters are not forwarded; empty ones (NVIDIA's samples pass a
+// zeroed CUctxCreateParams) are the plain form, as natively.
+CUresult ClientCheck_cuCtxCreate_v4(bool*, CUcontext*, CUctxCreateParams* params, unsigned int, CUdevice) {
   if (params != nullptr &&
       (params->execAffinityParams != nullptr || params->numExecAffinityParams != 0 || params->cigParams != nullptr)) {
     return Unsupported(Fn::cuCtxCreate_v4);
   }
-  TF_LOCK(l);
-  Session* s = l.session();
-  if (!FindDevice(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U32(flags);
-  w.I32(dev);
-  ReplyView rv;
-  CUresult r = CallSync(s, Op(Fn::cuCtxCreate_v4), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t c = 0;
-  if (!rv.reader.U64(&c)) return CUDA_ERROR_UNKNOWN;
+  return CUDA_SUCCESS;
+}
+
+// hook=client,reply: the new context joins the context table with its description; as CUDA, it
+// is current on the session's thread and pushed on the calling thread's stack.
+CUresult ClientDone_cuCtxCreate_v4(Session* s, transport::Reader& reply, CUcontext* pctx, CUctxCreateParams*,
+                                   unsigned int, CUdevice dev) {
+  const uint64_t c = H(*pctx);
   s->contexts[c] = dev;
-  ReadContextInfo(rv.reader, dev, &s->context_info[c]);
-  s->worker_ctx = c;  // cuCtxCreate makes it current on the session's thread
-  PushCurrentContext(c);  // as CUDA: pushed on the calling thread's stack
-  *pctx = reinterpret_cast<CUcontext>(c);
+  ReadContextInfo(reply, dev, &s->context_info[c]);
+  s->worker_ctx = c;
+  PushCurrentContext(c);
   return CUDA_SUCCESS;
 }
 
@@ -136,24 +130,20 @@ CUresult Impl_cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) 
   return Impl_cuCtxCreate_v4(pctx, nullptr, flags, dev);
 }
 
-CUresult Impl_cuCtxDestroy_v2(CUcontext ctx) {
-  ReleaseContextStorage(H(ctx));  // export_tables.h: cudart's per-context destructors, unlocked
-  TF_LOCK(l);
-  Session* s = l.session();
-  if (!s->contexts.count(H(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
-  uint8_t buf[8];
-  Writer w(buf, sizeof(buf));
-  w.U64(H(ctx));
-  CUresult r = Simple(l, Fn::cuCtxDestroy_v2, w);
-  if (r == CUDA_SUCCESS) {
-    s->contexts.erase(H(ctx));
-    s->context_info.erase(H(ctx));
-    s->worker_ctx = ~0ull;
-    if (CurrentContext() == H(ctx)) SetCurrentContext(0);
-    ForgetFunctionAnswers(s);  // the context's modules and functions are gone
-    ForgetContextAnswers(s);   // and its streams
-  }
-  return r;
+// cudart's per-context destructors run first, without the client's lock (export_tables.h).
+CUresult ClientCheck_cuCtxDestroy_v2(bool*, CUcontext ctx) {
+  ReleaseContextStorage(H(ctx));
+  return CUDA_SUCCESS;
+}
+
+// hook=client: the context leaves the table (and the thread, where it was current).
+void ClientDone_cuCtxDestroy_v2(Session* s, CUcontext ctx) {
+  s->contexts.erase(H(ctx));
+  s->context_info.erase(H(ctx));
+  s->worker_ctx = ~0ull;
+  if (CurrentContext() == H(ctx)) SetCurrentContext(0);
+  ForgetFunctionAnswers(s);  // the context's modules and functions are gone
+  ForgetContextAnswers(s);   // and its streams
 }
 
 }  // namespace tf::client

@@ -117,12 +117,16 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   // GeneratedHost (the generated calls, api/remote_surface.tsv): the handle table (above), and the
   // session's own tables of streams, events and contexts kept in step with it.
   void Created(HandleKind k, uint64_t real) override {
-    if (k == HandleKind::kContext) contexts_.insert(real);  // a primary context retained (new=)
+    if (k == HandleKind::kContext) contexts_.insert(real);  // created, or a primary context retained (new=)
     if (k == HandleKind::kStream) streams_.insert(real);
     if (k == HandleKind::kEvent) events_.insert(real);
     if (k == HandleKind::kMemPool) pools_.insert(real);  // a device's or location's pool (new=)
   }
   void Destroyed(HandleKind k, uint64_t real) override {
+    if (k == HandleKind::kContext) {
+      created_contexts_.erase(real);
+      contexts_.erase(real);
+    }
     if (k == HandleKind::kStream) streams_.erase(real);
     if (k == HandleKind::kEvent) events_.erase(real);
     if (k == HandleKind::kMemPool) {
@@ -138,8 +142,10 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
     }
     return Publish(k, real);
   }
-  // Only pools the session created may be destroyed (not a device's default or current pool).
+  // Only pools and contexts the session created may be destroyed (not a device's default or
+  // current pool, a primary or a green context).
   bool MayDestroy(HandleKind k, uint64_t real) const override {
+    if (k == HandleKind::kContext) return created_contexts_.count(real) != 0;
     return k != HandleKind::kMemPool || created_pools_.count(real) != 0;
   }
   void AfterCall(Fn fn, CUresult r) override {
@@ -175,6 +181,17 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   GeneratedHooks& Hooks(Fn fn) override {
     if (SessionMulticast::Hooked(fn)) return multicast_;
     return *this;
+  }
+  // Contexts: without execution-affinity parameters (their pointers never travel); a created one
+  // is the session's to destroy, and the client gets its description after it.
+  CUresult Check_cuCtxCreate_v4(CUctxCreateParams* params, uint32_t&, int32_t&) override {
+    return params != nullptr && params->numExecAffinityParams != 0 ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
+  }
+  CUresult Done_cuCtxCreate_v4(CUcontext& c, const CUctxCreateParams*, const uint32_t&, const int32_t& dev,
+                               Writer& reply) override {
+    created_contexts_.insert(H(c));
+    WriteContextInfo(c, dev, false, reply);
+    return CUDA_SUCCESS;
   }
   // Primary contexts: the retains the client holds per device (released at the session's end),
   // and each retained context's device; the client gets the context's description after it.
@@ -762,33 +779,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       CUresult r = CALL(cuDevicePrimaryCtxGetState, dev, &flags, &active);
       out.U32(flags);
       out.I32(active);
-      return r;
-    }
-    case Fn::cuCtxCreate_v4: {
-      uint32_t flags = 0;
-      int32_t dev = 0;
-      rd.U32(&flags);
-      if (!rd.I32(&dev) || !Device(dev)) return CUDA_ERROR_INVALID_DEVICE;
-      CUcontext c = nullptr;
-      CUresult r = CALL(cuCtxCreate_v4, &c, nullptr, flags, dev);
-      if (r != CUDA_SUCCESS) return r;
-      contexts_.insert(H(c));
-      handles_.Publish(HandleKind::kContext, H(c));
-      created_contexts_.insert(H(c));
-      out.U64(Publish(HandleKind::kContext, H(c)));
-      WriteContextInfo(c, dev, false, out);
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuCtxDestroy_v2: {
-      uint64_t c = 0;
-      if (!rd.U64(&c) || !Context(c) || !created_contexts_.count(c)) return CUDA_ERROR_INVALID_CONTEXT;
-      CUresult r = CALL(cuCtxDestroy_v2, As<CUcontext>(c));
-      if (r == CUDA_SUCCESS) {
-        handles_.RetireReal(HandleKind::kContext, c);
-        created_contexts_.erase(c);
-        contexts_.erase(c);
-        handles_.Retire(HandleKind::kContext, c);
-      }
       return r;
     }
     case Fn::cuMemSetAccess:

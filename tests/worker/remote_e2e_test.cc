@@ -208,6 +208,10 @@ TEST_F(RemoteTest, BadHandlesAndPointersFailTheirCallOnly) {
   EXPECT_EQ(r.kv["primary_flags_bad_device"], "101");
   EXPECT_EQ(r.kv["forged_ctx_current"], "201");  // CUDA_ERROR_INVALID_CONTEXT
   EXPECT_EQ(r.kv["forged_ctx_destroy"], "201");
+  EXPECT_EQ(r.kv["ctx_destroy_primary"], "201");  // refused by the worker: not one the program made
+  EXPECT_EQ(r.kv["ctx_destroy_twice"], "0:201");
+  EXPECT_EQ(r.kv["ctx_affinity"], "801");  // CUDA_ERROR_NOT_SUPPORTED
+  EXPECT_NE(r.out.find("cuCtxCreate_v4 is not supported"), std::string::npos) << r.out;
   EXPECT_EQ(r.kv["still_works"], "0");
   EXPECT_EQ(r.kv["free_twice"], "0:1");
   EXPECT_EQ(r.kv["primary_release_twice"], "0:201");  // no retain left to release
@@ -2608,9 +2612,9 @@ TEST_F(RemoteTest, HookedGeneratedCallsCheckTheFamilysTables) {
   EXPECT_EQ(release(FirstU64(out)), 0);
 }
 
-// Allocation and primary-context messages the stub would not send (generated calls whose hooks
-// keep the session's tables): each gets its CUDA error and the session goes on.
-TEST_F(RemoteTest, GeneratedAllocationAndPrimaryContextCallsCheckTheSessionsTables) {
+// Allocation and context messages the stub would not send (generated calls whose hooks keep the
+// session's tables): each gets its CUDA error and the session goes on.
+TEST_F(RemoteTest, GeneratedAllocationAndContextCallsCheckTheSessionsTables) {
   using tf::transport::Writer;
   namespace remote = tf::remote;
   using tf::driver::Fn;
@@ -2675,6 +2679,34 @@ TEST_F(RemoteTest, GeneratedAllocationAndPrimaryContextCallsCheckTheSessionsTabl
   EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);
   EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);
   EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), CUDA_ERROR_INVALID_CONTEXT);
+  // Contexts: execution-affinity parameters are refused, a primary context or a forged one is not
+  // destroyed, a created one once.
+  auto create = [&](bool params, int32_t affinity) {
+    Writer w(buf, sizeof(buf));
+    w.U8(params ? 1 : 0);
+    if (params) w.I32(affinity);
+    w.U32(0);  // flags
+    w.I32(0);  // device
+    out.clear();
+    return c.Call(remote::Op(Fn::cuCtxCreate_v4), w, &out);
+  };
+  auto destroy = [&](uint64_t ctx) {
+    Writer w(buf, sizeof(buf));
+    w.U64(ctx);
+    return c.Call(remote::Op(Fn::cuCtxDestroy_v2), w);
+  };
+  ASSERT_EQ(dev_call(Fn::cuDevicePrimaryCtxRetain, 0), 0);
+  const uint64_t primary = FirstU64(out);
+  EXPECT_EQ(create(true, 1), CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(destroy(primary), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(destroy(primary ^ (1ull << 30)), CUDA_ERROR_INVALID_CONTEXT);
+  ASSERT_EQ(create(true, 0), 0);  // empty parameters: the plain form
+  ASSERT_EQ(out.size(), 8u + 17u);
+  EXPECT_EQ(out.back(), 0) << "not primary";
+  const uint64_t made = FirstU64(out);
+  EXPECT_EQ(destroy(made), 0);
+  EXPECT_EQ(destroy(made), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);
   // The session goes on.
   ASSERT_EQ(dev_call(Fn::cuDevicePrimaryCtxRetain, 0), 0);
   Writer current(buf, sizeof(buf));

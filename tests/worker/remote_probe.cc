@@ -206,6 +206,18 @@ int BadHandles() {
   std::printf("primary_flags_bad_device=%d\n", static_cast<int>(cuDevicePrimaryCtxSetFlags(64, 0)));
   std::printf("forged_ctx_current=%d\n", static_cast<int>(cuCtxSetCurrent(reinterpret_cast<CUcontext>(0x7f0000002000ull))));
   std::printf("forged_ctx_destroy=%d\n", static_cast<int>(cuCtxDestroy(reinterpret_cast<CUcontext>(0x7f0000002000ull))));
+  // Contexts: only one the program created is destroyed, once; execution-affinity parameters are
+  // not forwarded.
+  CUcontext current = nullptr, made = nullptr;
+  CHECK(cuCtxGetCurrent(&current));
+  std::printf("ctx_destroy_primary=%d\n", static_cast<int>(cuCtxDestroy(current)));
+  CHECK(cuCtxCreate(&made, nullptr, 0, 0));
+  const CUresult destroyed = cuCtxDestroy(made);
+  std::printf("ctx_destroy_twice=%d:%d\n", static_cast<int>(destroyed), static_cast<int>(cuCtxDestroy(made)));
+  CUctxCreateParams affinity = {};
+  affinity.numExecAffinityParams = 1;
+  std::printf("ctx_affinity=%d\n", static_cast<int>(cuCtxCreate(&made, &affinity, 0, 0)));
+  CHECK(cuCtxSetCurrent(current));
   std::printf("still_works=%d\n", static_cast<int>(cuMemcpyHtoD(a, buf.data(), 4096)));
   const CUresult freed = cuMemFree(a);
   std::printf("free_twice=%d:%d\n", static_cast<int>(freed), static_cast<int>(cuMemFree(a)));

@@ -264,11 +264,14 @@ class Arg:
             base = t[:-1].strip()
             if "*" in base or base in ("void", "char"):
                 raise SurfaceError("%s: argument %s (%s) needs a hand-written family" % (fn, name, ctype))
-            # loc=ARG: the call reads the location even where cuda.h's pointer is not const.
-            self.dir = "in" if ctype.startswith("const") or name in ann.get("loc", []) else "out"
+            # loc=ARG and in=ARG: the call reads the structure even where cuda.h's pointer is not const.
+            self.dir = "in" if ctype.startswith("const") or name in ann.get("loc", []) or name in ann.get("in", set()) \
+                else "out"
             t = base
             self.base = base
             self.shape = types.aggregate(base)
+            if name in ann.get("in", set()) and (self.shape is None or self.shape.kind != "struct"):
+                raise SurfaceError("%s: in=%s is for a structure behind a pointer" % (fn, name))
             if self.shape is not None:
                 if self.count and (self.dir != "in" or self.shape.kind != "struct" or self.shape.refs()):
                     raise SurfaceError("%s: count=%s: only input arrays of structures without pointers or "
@@ -464,7 +467,8 @@ def parse_surface(path, exports, typed):
 def parse_annotations(fn, text, params):
     ann = {"ctx": "need", "flags": {}, "null": set(), "cache": [], "forget": [], "dptr": [], "weak": set(),
            "publish": {}, "of": {}, "count": {}, "bytes": set(), "values": {}, "new": set(), "loc": [], "str": {},
-           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": [], "addr": set(), "inout": set()}
+           "vmm": [], "unserved": {}, "void": {}, "hook": set(), "rows": [], "addr": set(), "inout": set(),
+           "in": set()}
     names = [n for _, n in params]
     for tok in text.split():
         key, _, val = tok.partition("=")
@@ -510,6 +514,8 @@ def parse_annotations(fn, text, params):
             ann["addr"].add(val)
         elif key == "inout" and val in names:
             ann["inout"].add(val)
+        elif key == "in" and val in names:
+            ann["in"].add(val)
         elif key == "bytes" and val.split(".", 1)[0] in names:
             ann["bytes"].add(val)
         elif key == "str" and val.count(":") == 2:
@@ -802,6 +808,12 @@ def gen_client_impl(c, decl):
         o.append("  if (%s == nullptr) return CUDA_ERROR_INVALID_VALUE;\n" % a.name)
         if a.str:
             o.append("  if (%s <= 0) return CUDA_ERROR_INVALID_VALUE;\n" % a.str[0])
+    if "clientcheck" in c.ann["hook"]:
+        # hook=clientcheck: the client's family checks the call first (before its inputs and the
+        # lock), or answers it itself.
+        o.append("  bool answered_ = false;\n"
+                 "  if (const CUresult c_ = ClientCheck_%s(&answered_, %s); c_ != CUDA_SUCCESS || answered_) return c_;\n"
+                 % (c.name, ", ".join(n for _, n in c.params)))
     for a in c.ins:
         if a.inout:  # checked with the outputs
             continue
@@ -821,11 +833,6 @@ def gen_client_impl(c, decl):
         if a.kind and a.kind != "kStream" and not a.nullable:
             o.append("  if (%s == nullptr) return %s;\n" % (a.name, HANDLE_ERROR.get(a.kind, "CUDA_ERROR_INVALID_HANDLE")))
     o.append("  TF_LOCK(l_);\n")
-    if "clientcheck" in c.ann["hook"]:
-        # hook=clientcheck: the client's family checks the call first, or answers it itself.
-        o.append("  bool answered_ = false;\n"
-                 "  if (const CUresult c_ = ClientCheck_%s(l_.session(), &answered_, %s); c_ != CUDA_SUCCESS || answered_) {\n"
-                 "    return c_;\n  }\n" % (c.name, ", ".join(n for _, n in c.params)))
     if c.ann["ctx"] == "need":
         o.append("  TF_CTX(l_);\n")
     elif c.ann["ctx"] == "any":
@@ -1326,10 +1333,10 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
         f.write("namespace tf::client {\n\nusing driver::Fn;\nusing remote::Op;\nusing transport::Writer;\n\n")
         for c in calls:
             if "clientcheck" in c.ann["hook"]:
-                f.write("// hook=clientcheck: the client's own checks of %s, with the lock held and before the\n"
-                        "// context check (its hand-written family): an error refuses the call; *answered says the\n"
-                        "// family answered it itself (the result is then the call's) and nothing is sent.\n"
-                        "CUresult ClientCheck_%s(Session* s, bool* answered, %s);\n\n" % (c.name, c.name, decl(c.name)))
+                f.write("// hook=clientcheck: the client's own checks of %s (its hand-written family), after the\n"
+                        "// checks of its outputs, before those of its inputs and the lock: an error refuses the call;\n"
+                        "// *answered says the family answered it itself (the result is then the call's).\n"
+                        "CUresult ClientCheck_%s(bool* answered, %s);\n\n" % (c.name, c.name, decl(c.name)))
             if "reply" in c.ann["hook"]:
                 f.write("// hook=client,reply: what the client keeps once %s succeeded, from the rest of the\n"
                         "// reply (its hand-written family); its result is the call's.\n"
