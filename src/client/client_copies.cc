@@ -1,10 +1,11 @@
 // The copies between host and device memory and within device memory (api/remote_surface.tsv,
-// hand:copies): pageable memory travels through the transport's bulk memory in slices, page-locked
-// memory the worker shares as addresses only.
+// hand:copies), and cuMemcpy(Async) under unified addressing: pageable memory travels through the
+// transport's bulk memory in slices, page-locked memory the worker shares as addresses only.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "client/client_internal.h"
 #include "client/parallel_copy.h"
@@ -143,6 +144,31 @@ CUresult MemcpyDtoH(void* dst, CUdeviceptr src, size_t n, CUstream stream, bool 
   return r;
 }
 
+bool IsDevice(uint64_t p) {
+  Locked l;
+  return l.session() != nullptr && FindDeviceAlloc(l.session(), p) != nullptr;
+}
+
+// cuMemcpy(Async) under unified addressing: the pointers the client allocated on the device are
+// device pointers, everything else is host memory of this process.
+CUresult UnifiedCopy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, bool async) {
+  if (n == 0) return CUDA_SUCCESS;
+  const bool dd = IsDevice(dst), sd = IsDevice(src);
+  void* hdst = reinterpret_cast<void*>(dst);
+  const void* hsrc = reinterpret_cast<const void*>(src);
+  if (dd && sd) {
+    return async ? Impl_cuMemcpyDtoDAsync_v2(dst, src, n, stream) : Impl_cuMemcpyDtoD_v2(dst, src, n);
+  }
+  if (dd) return async ? Impl_cuMemcpyHtoDAsync_v2(dst, hsrc, n, stream) : Impl_cuMemcpyHtoD_v2(dst, hsrc, n);
+  if (sd) return async ? Impl_cuMemcpyDtoHAsync_v2(hdst, src, n, stream) : Impl_cuMemcpyDtoH_v2(hdst, src, n);
+  // Host to host: in stream order (after the work queued before it), then a plain copy.
+  CUresult r = async ? Impl_cuStreamSynchronize(stream) : Impl_cuCtxSynchronize();
+  if (r != CUDA_SUCCESS) return r;
+  if (hdst == nullptr || hsrc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  memmove(hdst, hsrc, n);
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 CUresult Impl_cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
@@ -183,6 +209,14 @@ CUresult Impl_cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, C
   w.U64(n);
   w.U64(H(stream));
   return SendAsync(l.session(), Op(Fn::cuMemcpyDtoDAsync_v2), w);
+}
+
+// Under unified addressing (the client's allocation tables tell device from host pointers).
+CUresult Impl_cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return UnifiedCopy(dst, src, n, nullptr, false);
+}
+CUresult Impl_cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+  return UnifiedCopy(dst, src, n, stream, true);
 }
 
 }  // namespace tf::client

@@ -1,5 +1,6 @@
-// Kernel launches (api/remote_surface.tsv, hand:launch): the arguments travel by the layout the
-// worker described with the function, fire-and-forget.
+// Kernel launches (api/remote_surface.tsv, hand:launch), with a launch configuration's attributes
+// for cuLaunchKernelEx: the arguments travel by the layout the worker described with the function,
+// fire-and-forget.
 #include <atomic>
 #include <cstring>
 
@@ -37,6 +38,62 @@ CUresult Launch(Fn fn, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
   w.U32(bz);
   w.U32(shmem);
   w.U64(H(stream));
+  MirrorKernelPointers(s, it->second, params);
+  if (CUresult r = WriteLaunchArgs(it->second, params, extra, w); r != CUDA_SUCCESS) return r;
+  if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
+  return SendAsync(s, Op(fn), w);
+}
+
+
+CUresult LaunchEx(Fn fn, const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (config->gridDimX == 0 || config->gridDimY == 0 || config->gridDimZ == 0 ||
+      config->blockDimX == 0 || config->blockDimY == 0 || config->blockDimZ == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (config->numAttrs > remote::kMaxLaunchAttributes ||
+      (config->numAttrs > 0 && config->attrs == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  TF_LOCK(l);
+  TF_CTX(l);
+  Session* s = l.session();
+  auto it = s->functions.find(H(f));
+  if (it == s->functions.end()) return CUDA_ERROR_INVALID_HANDLE;
+  uint8_t* buf = ThreadScratch(Scratch::kLaunchEx);
+  if (buf == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Writer w(buf, ScratchBytes(Scratch::kLaunchEx));
+  w.U64(H(f));
+  WriteLaunchGeometry(config, w);
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const CUlaunchAttribute& a = config->attrs[i];
+    const uint32_t id = static_cast<uint32_t>(a.id);
+    w.U32(id);
+    if (id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT) {
+      w.U64(H(a.value.programmaticEvent.event));
+      w.I32(a.value.programmaticEvent.flags);
+      w.I32(a.value.programmaticEvent.triggerAtBlockStart);
+    } else if (id == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT) {
+      w.U64(H(a.value.launchCompletionEvent.event));
+      w.I32(a.value.launchCompletionEvent.flags);
+      w.I32(0);
+    } else if (id == CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+      const CUaccessPolicyWindow& apw = a.value.accessPolicyWindow;
+      uint32_t ratio;
+      memcpy(&ratio, &apw.hitRatio, sizeof(ratio));
+      w.U64(H(apw.base_ptr));
+      w.U64(apw.num_bytes);
+      w.U32(ratio);
+      w.U32(static_cast<uint32_t>(apw.hitProp));
+      w.U32(static_cast<uint32_t>(apw.missProp));
+    } else if (remote::IsPlainLaunchAttribute(id)) {
+      static_assert(sizeof(a.value) == 64, "CUlaunchAttributeValue is 64 bytes");
+      w.Bytes(&a.value, sizeof(a.value));
+    } else {
+      return Unsupported(fn);  // device-updatable graph nodes and attributes newer than us
+    }
+  }
   MirrorKernelPointers(s, it->second, params);
   if (CUresult r = WriteLaunchArgs(it->second, params, extra, w); r != CUDA_SUCCESS) return r;
   if (!w.ok()) return CUDA_ERROR_INVALID_VALUE;
@@ -101,6 +158,15 @@ CUresult Impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsi
                                              void** params) {
   return Launch(Fn::cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shmem, stream,
                 params, nullptr);
+}
+
+CUresult Impl_cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
+                               void** extra) {
+  return LaunchEx(Fn::cuLaunchKernelEx, config, f, params, extra);
+}
+CUresult Impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
+                                    void** extra) {
+  return LaunchEx(Fn::cuLaunchKernelEx_ptsz, config, f, params, extra);
 }
 
 }  // namespace tf::client

@@ -4,7 +4,7 @@
 //
 // cuStreamBatchMemOp travels as one fire-and-forget message that the worker checks operation by
 // operation. Batched copies never travel as such: every copy goes through the copy path of its
-// kind (client_async.cc UnifiedCopy: device to device on the worker, pageable host memory of this
+// kind (client_copies.cc UnifiedCopy: device to device on the worker, pageable host memory of this
 // process sent or fetched as by cuMemcpyHtoD/DtoH), in the order given, on the batch's stream, so
 // that host memory here is never handed to the worker as an address.
 #include <cstdint>
