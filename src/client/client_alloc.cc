@@ -1,38 +1,11 @@
 // Device-memory allocation (api/remote_surface.tsv): cuMemAlloc_v2, cuMemAllocPitch_v2 and
 // cuMemFree_v2 are generated (hook=clientcheck,client: the client's checks before the call, and its
-// allocation table, which client_local.cc answers the pointer queries from, after it); the
-// stream-ordered ones are written here (hand:alloc).
+// allocation table, which client_local.cc answers the pointer queries from, after it), and so are
+// the stream-ordered ones (the reply names the pool the memory came from).
 #include "client/client_internal.h"
 #include "tf_client_impl.h"
 
 namespace tf::client {
-namespace {
-
-using driver::Fn;
-using remote::Op;
-using transport::Writer;
-
-CUresult AllocAsync(Fn fn, CUdeviceptr* dptr, size_t size, uint64_t pool, CUstream stream) {
-  if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-  TF_LOCK(l);
-  TF_CTX(l);
-  uint8_t buf[24];
-  Writer w(buf, sizeof(buf));
-  w.U64(size);
-  if (fn == Fn::cuMemAllocFromPoolAsync) w.U64(pool);
-  w.U64(H(stream));
-  ReplyView rv;
-  CUresult r = CallSync(l.session(), Op(fn), w, &rv);
-  if (r != CUDA_SUCCESS) return r;
-  uint64_t p = 0, used_pool = 0;
-  rv.reader.U64(&p);
-  if (!rv.reader.U64(&used_pool)) return CUDA_ERROR_UNKNOWN;
-  RecordDeviceAlloc(l.session(), p, size, used_pool);
-  *dptr = p;
-  return CUDA_SUCCESS;
-}
-
-}  // namespace
 
 CUresult ClientCheck_cuMemAlloc_v2(bool*, CUdeviceptr*, size_t bytesize) {
   return bytesize == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
@@ -76,30 +49,31 @@ CUresult ClientCheck_cuMemFree_v2(bool* answered, CUdeviceptr dptr) {
 }
 void ClientDone_cuMemFree_v2(Session* s, CUdeviceptr dptr) { s->allocs.erase(dptr); }
 
-// ---- stream-ordered allocation and pools (hand:alloc)
-
-CUresult Impl_cuMemAllocAsync(CUdeviceptr* dptr, size_t size, CUstream stream) {
-  return AllocAsync(Fn::cuMemAllocAsync, dptr, size, 0, stream);
+// Stream-ordered allocation: the reply names the pool the memory came from, kept with it.
+CUresult ClientCheck_cuMemAllocAsync(bool*, CUdeviceptr*, size_t size, CUstream) {
+  return size == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
-CUresult Impl_cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t size, CUmemoryPool pool,
-                                      CUstream stream) {
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AllocAsync(Fn::cuMemAllocFromPoolAsync, dptr, size, H(pool), stream);
+CUresult ClientDone_cuMemAllocAsync(Session* s, transport::Reader& reply, CUdeviceptr* dptr, size_t size,
+                                    CUstream) {
+  uint64_t pool = 0;
+  if (!reply.U64(&pool)) return CUDA_ERROR_UNKNOWN;
+  RecordDeviceAlloc(s, *dptr, size, pool);
+  return CUDA_SUCCESS;
+}
+CUresult ClientCheck_cuMemAllocFromPoolAsync(bool*, CUdeviceptr* dptr, size_t size, CUmemoryPool, CUstream stream) {
+  return ClientCheck_cuMemAllocAsync(nullptr, dptr, size, stream);
+}
+CUresult ClientDone_cuMemAllocFromPoolAsync(Session* s, transport::Reader& reply, CUdeviceptr* dptr, size_t size,
+                                            CUmemoryPool, CUstream stream) {
+  return ClientDone_cuMemAllocAsync(s, reply, dptr, size, stream);
 }
 
-CUresult Impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+// Only an allocation of the client's table is freed (fire-and-forget: refused here, not later).
+CUresult ClientCheck_cuMemFreeAsync(bool*, CUdeviceptr dptr, CUstream) {
   TF_LOCK(l);
   TF_CTX(l);
-  Session* s = l.session();
-  auto it = s->allocs.find(dptr);
-  if (it == s->allocs.end()) return CUDA_ERROR_INVALID_VALUE;
-  uint8_t buf[16];
-  Writer w(buf, sizeof(buf));
-  w.U64(dptr);
-  w.U64(H(stream));
-  CUresult r = SendAsync(s, Op(Fn::cuMemFreeAsync), w);
-  if (r == CUDA_SUCCESS) s->allocs.erase(it);
-  return r;
+  return l.session()->allocs.count(dptr) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+void ClientDone_cuMemFreeAsync(Session* s, CUdeviceptr dptr, CUstream) { s->allocs.erase(dptr); }
 
 }  // namespace tf::client

@@ -210,8 +210,8 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
     --primary_retains_[dev];
     return CUDA_SUCCESS;
   }
-  // Device memory: the session's allocations (base -> bytes), which every device range is checked
-  // against; only an allocation of the session may be freed.
+  // Device memory, stream-ordered included: the session's allocations (base -> bytes), which every
+  // device range is checked against; only an allocation of the session may be freed.
   CUresult Check_cuMemAlloc_v2(uint64_t& n) override { return n == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
   CUresult Done_cuMemAlloc_v2(CUdeviceptr& p, const uint64_t& n) override {
     allocs_[p] = n;
@@ -223,6 +223,24 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   CUresult Done_cuMemAllocPitch_v2(CUdeviceptr& p, size_t& pitch, const uint64_t&, const uint64_t& height,
                                    const uint32_t&) override {
     allocs_[p] = static_cast<uint64_t>(pitch) * height;
+    return CUDA_SUCCESS;
+  }
+  CUresult Check_cuMemAllocAsync(uint64_t& n, uint64_t&) override { return n == 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
+  CUresult Done_cuMemAllocAsync(CUdeviceptr& p, const uint64_t& n, const uint64_t& stream, Writer& reply) override;
+  CUresult Check_cuMemAllocFromPoolAsync(uint64_t& n, uint64_t& pool, uint64_t&) override {
+    return n == 0 || !pools_.count(pool) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  }
+  CUresult Done_cuMemAllocFromPoolAsync(CUdeviceptr& p, const uint64_t& n, const uint64_t& pool, const uint64_t&,
+                                        Writer& reply) override {
+    allocs_[p] = n;
+    reply.U64(Publish(HandleKind::kMemPool, pool));
+    return CUDA_SUCCESS;
+  }
+  CUresult Check_cuMemFreeAsync(uint64_t& p, uint64_t&) override {
+    return allocs_.count(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult Done_cuMemFreeAsync(const uint64_t& p, const uint64_t&) override {
+    allocs_.erase(p);
     return CUDA_SUCCESS;
   }
   CUresult Check_cuMemFree_v2(uint64_t& p) override {
@@ -387,7 +405,6 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
     std::lock_guard<std::mutex> g(hf_mu_);
     return hf_outstanding_ != 0;
   }
-  CUresult PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out);
   // Host regions (remote_protocol.h kOpHostRegion*): page-locked memory the client shares.
   CUresult HostRegionCall(uint16_t op, Reader& rd, Writer& out);
   // The region holding [host, host + n) by client address (*base: its client address), or
@@ -867,10 +884,6 @@ CUresult Session::Dispatch(uint16_t op, Reader& rd, const uint8_t* bulk, uint64_
       return fn == Fn::cuMemcpyDtoD_v2 ? CALL(cuMemcpyDtoD_v2, dst, src, n)
                                        : CALL(cuMemcpyDtoDAsync_v2, dst, src, n, As<CUstream>(s));
     }
-    case Fn::cuMemAllocAsync:
-    case Fn::cuMemAllocFromPoolAsync:
-    case Fn::cuMemFreeAsync:
-      return PoolOrAsyncAlloc(fn, rd, out);
     case Fn::cuLaunchHostFunc:
     case Fn::cuStreamAddCallback: {
       uint64_t s = 0, id = 0;
@@ -2098,45 +2111,19 @@ CUresult Session::Check_cuMemPoolCreate(CUmemPoolProps& props) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-CUresult Session::PoolOrAsyncAlloc(Fn fn, Reader& rd, Writer& out) {
-  switch (fn) {
-    case Fn::cuMemAllocAsync:
-    case Fn::cuMemAllocFromPoolAsync: {
-      uint64_t n = 0, pool = 0, s = 0;
-      rd.U64(&n);
-      if (fn == Fn::cuMemAllocFromPoolAsync) rd.U64(&pool);
-      if (!rd.U64(&s) || n == 0) return CUDA_ERROR_INVALID_VALUE;
-      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      if (fn == Fn::cuMemAllocFromPoolAsync && !Pool(pool)) return CUDA_ERROR_INVALID_VALUE;
-      CUdeviceptr p = 0;
-      CUresult r = fn == Fn::cuMemAllocAsync
-                       ? CALL(cuMemAllocAsync, &p, n, As<CUstream>(s))
-                       : CALL(cuMemAllocFromPoolAsync, &p, n, As<CUmemoryPool>(pool), As<CUstream>(s));
-      if (r != CUDA_SUCCESS) return r;
-      if (pool == 0) {
-        CUmemoryPool used = nullptr;
-        if (CALL(cuPointerGetAttribute, &used, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS) {
-          pool = H(used);
-          if (pool) pools_.insert(pool);
-        }
-      }
-      allocs_[p] = n;
-      out.U64(p);
-      out.U64(Publish(HandleKind::kMemPool, pool));
-      return CUDA_SUCCESS;
-    }
-    case Fn::cuMemFreeAsync: {
-      uint64_t p = 0, s = 0;
-      rd.U64(&p);
-      if (!rd.U64(&s) || !allocs_.count(p)) return CUDA_ERROR_INVALID_VALUE;
-      if (!Stream(s)) return CUDA_ERROR_INVALID_HANDLE;
-      CUresult r = CALL(cuMemFreeAsync, p, As<CUstream>(s));
-      if (r == CUDA_SUCCESS) allocs_.erase(p);
-      return r;
-    }
-    default:
-      return CUDA_ERROR_NOT_SUPPORTED;
+// Stream-ordered allocation: the allocation joins the session's table, and the reply names the
+// pool it came from (the stream's device's current pool for cuMemAllocAsync, which joins the
+// session's pool table), which the client keeps with it.
+CUresult Session::Done_cuMemAllocAsync(CUdeviceptr& p, const uint64_t& n, const uint64_t&, Writer& reply) {
+  uint64_t pool = 0;
+  CUmemoryPool used = nullptr;
+  if (CALL(cuPointerGetAttribute, &used, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p) == CUDA_SUCCESS) {
+    pool = H(used);
+    if (pool) pools_.insert(pool);
   }
+  allocs_[p] = n;
+  reply.U64(Publish(HandleKind::kMemPool, pool));
+  return CUDA_SUCCESS;
 }
 
 void Session::Reply(uint64_t seq, CUresult r, const Writer& out) {

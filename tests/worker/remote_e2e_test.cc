@@ -2675,6 +2675,26 @@ TEST_F(RemoteTest, GeneratedAllocationAndContextCallsCheckTheSessionsTables) {
   ASSERT_EQ(pitch(64, 4), 0);
   ASSERT_EQ(out.size(), 16u);
   EXPECT_EQ(free_ptr(FirstU64(out)), 0);
+  // Stream-ordered: a size of 0, a forged stream or pool are refused; the reply names the pool.
+  auto async_alloc = [&](std::initializer_list<uint64_t> args, Fn fn) {
+    Writer w(buf, sizeof(buf));
+    for (uint64_t a : args) w.U64(a);
+    out.clear();
+    return c.Call(remote::Op(fn), w, &out);
+  };
+  EXPECT_EQ(async_alloc({0, 0}, Fn::cuMemAllocAsync), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(async_alloc({4096, 0x4a00000000000123ull}, Fn::cuMemAllocAsync), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(async_alloc({4096, 0x4f00000000000123ull, 0}, Fn::cuMemAllocFromPoolAsync), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(async_alloc({4096, 0}, Fn::cuMemAllocAsync), 0);
+  ASSERT_EQ(out.size(), 16u) << "the pointer and the pool it came from";
+  const uint64_t stream_ordered = FirstU64(out);
+  uint64_t pool = 0;
+  memcpy(&pool, out.data() + 8, 8);
+  ASSERT_NE(pool, 0u);
+  ASSERT_EQ(async_alloc({4096, pool, 0}, Fn::cuMemAllocFromPoolAsync), 0);
+  EXPECT_EQ(out.size(), 16u);
+  EXPECT_EQ(free_ptr(stream_ordered), 0);
+  EXPECT_EQ(free_ptr(FirstU64(out)), 0);
   // Two retains held: two releases, and no third.
   EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);
   EXPECT_EQ(dev_call(Fn::cuDevicePrimaryCtxRelease_v2, 0), 0);

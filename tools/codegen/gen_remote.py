@@ -667,8 +667,8 @@ class Call:
                                    % (name, a.name, a.owner))
         if self.ann["hook"] and any(a.count or a.void or a.str or a.str_len for a in self.args):
             raise SurfaceError("%s: hook= is for calls without count=, void= or str= arguments" % name)
-        if ({"client", "clientcheck"} & self.ann["hook"]) and cls != "sync":
-            raise SurfaceError("%s: hook=client and hook=clientcheck are for sync calls" % name)
+        if "reply" in self.ann["hook"] and cls != "sync":
+            raise SurfaceError("%s: hook=reply is for sync calls" % name)
         if "reply" in self.ann["hook"] and not {"done", "client"} <= self.ann["hook"]:
             raise SurfaceError("%s: hook=reply needs done and client (the worker writes what the client reads)" % name)
         for f in self.ann["forget"]:
@@ -913,6 +913,8 @@ def gen_client_impl(c, decl):
     if c.cls == "async":
         o.append("  CUresult r_ = SendAsync(s_, Op(Fn::%s), w_);\n" % c.name)
         o.append(forget)
+        if "client" in c.ann["hook"]:  # the client's own tables, once the call is sent (hand-written)
+            o.append("  if (r_ == CUDA_SUCCESS) ClientDone_%s(s_, %s);\n" % (c.name, ", ".join(n for _, n in c.params)))
         o.append("  return r_;\n}\n\n")
         return "".join(o)
     reply = "reply" in c.ann["hook"]
@@ -1342,7 +1344,7 @@ def generate(out_dir, surface_path, exports, typed, protos, pp, decl):
                         "// reply (its hand-written family); its result is the call's.\n"
                         "CUresult ClientDone_%s(Session* s, transport::Reader& reply, %s);\n\n" % (c.name, c.name, decl(c.name)))
             elif "client" in c.ann["hook"]:
-                f.write("// hook=client: what the client keeps once %s succeeded (its hand-written family).\n"
+                f.write("// hook=client: what the client keeps once %s succeeded, or was sent (its hand-written family).\n"
                         "void ClientDone_%s(Session* s, %s);\n\n" % (c.name, c.name, decl(c.name)))
         for c in calls:
             f.write(gen_client_impl(c, decl))
