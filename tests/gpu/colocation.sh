@@ -36,11 +36,13 @@ for p in ${PHASES//,/ }; do
     overhead)
       echo "== overhead ($(date +%T))"
       L=$B/bench/gpu/launch_overhead
-      for round in 1 2; do
-        for mode in native p100 p50; do
+      # p99: governed (every launch goes through the governor's path) but never held alone.
+      for round in 1 2 3; do
+        for mode in native p100 p99 p50; do
           case $mode in
             native) cmd=("$L") ;;
             p100) cmd=("$T" run --vram 4GiB --percent 100 -- "$L") ;;
+            p99) cmd=("$T" run --vram 4GiB --percent 99 -- "$L") ;;
             p50) cmd=("$T" run --vram 4GiB --percent 50 -- "$L") ;;
           esac
           echo "-- $mode round $round"
