@@ -421,7 +421,15 @@ def phase_remote(ctx, md):
             saved = ctx.args.models
             ctx.args.models = ctx.args.remote_models
             label = "remote-coloc" if spin is None else f"remote-coloc (worker --spin-us {spin})"
-            phase_coloc(ctx, md, ns=[int(n) for n in ctx.args.remote_ns.split(",")], label=label)
+            if ctx.args.remote_ab:
+                # The ab variants through the worker (--percent 100: a session the worker does not govern).
+                saved_ns = ctx.args.ns
+                ctx.args.ns = ctx.args.remote_ns
+                md += [f"#### {label}: ab", ""]
+                phase_ab(ctx, md)
+                ctx.args.ns = saved_ns
+            else:
+                phase_coloc(ctx, md, ns=[int(n) for n in ctx.args.remote_ns.split(",")], label=label)
             ctx.args.models = saved
             if i == 0 and not ctx.args.skip_remote_noisy:
                 phase_noisy(ctx, md, label="remote-noisy")
@@ -525,6 +533,8 @@ def main():
     ap.add_argument("--remote-spins", default="",
                     help="worker --spin-us values, comma-separated: the remote co-location groups under each")
     ap.add_argument("--skip-remote-noisy", action="store_true", help="the remote phase runs no noisy neighbour")
+    ap.add_argument("--remote-ab", action="store_true",
+                    help="the remote phase runs the ab variants (--ab-variants, --rounds) instead of coloc")
     ap.add_argument("--solo-models", default="gpt2:1,r50:1")
     ap.add_argument("--solo-rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5)
