@@ -1,6 +1,7 @@
 #include "limiter/compute_governor.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "limiter/cond_deadline.h"
@@ -105,6 +106,25 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
     } else {
       GuestLog("TFUSION_SHARE_TURN_MS=%s is not a whole number of milliseconds in 0..100: using %lld", env,
                static_cast<long long>(kShareTurnNs / 1'000'000));
+    }
+  }
+  // Out of turns, a capped vGPU's limit bucket may hold its share of this window (default: 100 ms,
+  // as in turns).
+  if (const char* env = getenv("TFUSION_SHARE_LIMIT_WINDOW_MS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    long ms = strtol(env, &end, 10);
+    if (end != nullptr && *end == '\0' && ms >= 100 && ms <= 5000) {
+      turn_.limit_window_ns = ms * 1'000'000;
+    } else {
+      GuestLog("TFUSION_SHARE_LIMIT_WINDOW_MS=%s is not a whole number of milliseconds in 100..5000: using 100", env);
+    }
+  }
+  // The turns check also leaves turns on work per second (compute_share.cc).
+  if (const char* env = getenv("TFUSION_SHARE_TURNS_PER_SECOND"); env != nullptr && *env != '\0') {
+    if (strcmp(env, "1") == 0 || strcmp(env, "0") == 0) {
+      turn_.turns_per_second = env[0] == '1';
+    } else {
+      GuestLog("TFUSION_SHARE_TURNS_PER_SECOND=%s is not 0 or 1: using 0", env);
     }
   }
   // Planned turns (each its share of a 200 ms period, handed over on time); 0 = fixed turns.
@@ -370,9 +390,10 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   }
   if (turn_.turns_unpaid == 1 && !unpaid_logged_) {
     unpaid_logged_ = true;
-    GuestLog("compute: this process did %.2f times as much per share beside the other tenants without turns "
-             "as with them; it runs beside them without turns (checked again every %lld s)",
+    GuestLog("compute: this process did %.2f times as much per share (%.2f per second) beside the other tenants "
+             "without turns as with them; it runs beside them without turns (checked again every %lld s)",
              static_cast<double>(turn_.last_ratio_permille) / 1000.0,
+             static_cast<double>(turn_.last_wall_permille) / 1000.0,
              static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000));
   }
   if (turn_.turns_paid == 1 && !paid_logged_) {
@@ -384,9 +405,10 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
     logged_comparisons_ = turn_.comparisons;
     const int64_t* w = turn_.last_with;
     const int64_t* wo = turn_.last_without;
-    GuestLog("compute: turns check %u: ratio %.2f; without turns %lld ms, %lld launches, %lld ms charged; "
-             "with turns %lld ms, %lld launches, %lld ms charged",
+    GuestLog("compute: turns check %u: ratio %.2f per charge, %.2f per second; without turns %lld ms, %lld launches, "
+             "%lld ms charged; with turns %lld ms, %lld launches, %lld ms charged",
              turn_.comparisons, static_cast<double>(turn_.last_ratio_permille) / 1000.0,
+             static_cast<double>(turn_.last_wall_permille) / 1000.0,
              static_cast<long long>(wo[0] / 1'000'000), static_cast<long long>(wo[1]),
              static_cast<long long>(wo[2] / 1'000'000), static_cast<long long>(w[0] / 1'000'000),
              static_cast<long long>(w[1]), static_cast<long long>(w[2] / 1'000'000));

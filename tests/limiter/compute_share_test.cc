@@ -361,6 +361,69 @@ TEST_F(ComputeShareTest, TenantsThatRunSideBySideStopTakingTurnsThatDoNotPay) {
   EXPECT_GT(sum, 0.95 * 4 / 1.52) << "the recheck costs less than 5%";
 }
 
+TEST_F(ComputeShareTest, TurnsThatCostWorkPerSecondAreLeftWhenTheCheckCountsSeconds) {
+  // Two launch-bound tenants at 50% each that each fill 89% of the GPU alone: side by side each
+  // does 1 / 1.78 = 0.56 of its rate alone, with turns 0.5 (alone half the time). Per charge turns
+  // look nearly as good (1.12, below 1.15), so by default both keep them; with
+  // TFUSION_SHARE_TURNS_PER_SECOND=1 (ShareTurn::turns_per_second) the check sees 1.12 times the
+  // work per second and at least 1.03 per charge without turns, and both leave them.
+  switch_loss_ = 0.0;
+  auto run = [&](const char* a_id, const char* b_id, bool per_second, uint32_t* unpaid, double* sum,
+                 uint32_t* comparisons) {
+    Tenant a{a_id, 500'000, 500'000}, b{b_id, 500'000, 500'000};
+    for (Tenant* t : {&a, &b}) {
+      t->fills = 0.89;
+      t->turn.turns_per_second = per_second;
+      Add(t);
+    }
+    Run({&a, &b}, kMs, 6001 * kMs, 3001 * kMs);
+    *unpaid = a.turn.turns_unpaid + b.turn.turns_unpaid;
+    *comparisons = a.turn.comparisons + b.turn.comparisons;
+    *sum = (a.work + b.work) / (3000.0 * kMs);
+    for (Tenant* t : {&a, &b}) {
+      region_.DetachProcess(t->slot);
+      uint32_t v = 0;
+      if (region_.FindVgpu(t->id, &v) == RegionError::kOk) region_.RemoveVgpu(v);
+    }
+  };
+  uint32_t unpaid = 0, comparisons = 0;
+  double by_charge = 0, by_second = 0;
+  run("charge-a", "charge-b", false, &unpaid, &by_charge, &comparisons);
+  EXPECT_GE(comparisons, 2u) << "both compared";
+  EXPECT_EQ(unpaid, 0u) << "per charge, turns look as good: both keep them";
+  run("second-a", "second-b", true, &unpaid, &by_second, &comparisons);
+  EXPECT_GE(unpaid, 1u) << "per second, turns cost work: they are left";
+  EXPECT_GT(by_second, 1.08 * by_charge) << "side by side they do more than taking turns";
+}
+
+TEST_F(ComputeShareTest, ALimitWindowLetsACappedTenantOutOfTurnsRideOutItsBursts) {
+  // A tenant capped at 50% (turns off) that works in bursts: 300 ms saturating, 300 ms idle, 50% on
+  // average. With the usual 100 ms limit bucket it is held in every burst once 50 ms are spent;
+  // with TFUSION_SHARE_LIMIT_WINDOW_MS=1000 (ShareTurn::limit_window_ns) it saves its share of 1 s
+  // while idle and runs each burst through, and over the run it stays within its limit.
+  auto run = [&](const char* id, int64_t window_ns, int64_t* held, double* share) {
+    Tenant a{id, 500'000, 500'000};
+    a.turn = ShareTurn{0, 0};
+    a.turn.limit_window_ns = window_ns;
+    a.demand = [](int64_t t) { return (t / (300 * kMs)) % 2 == 0 ? 1.0 : 0.0; };
+    Add(&a);
+    Run({&a}, kMs, 6001 * kMs, 1201 * kMs);
+    *held = a.held_ticks;
+    *share = Share(a, 4800 * kMs);
+    region_.DetachProcess(a.slot);
+    uint32_t v = 0;
+    if (region_.FindVgpu(a.id, &v) == RegionError::kOk) region_.RemoveVgpu(v);
+  };
+  int64_t held_default = 0, held_window = 0;
+  double share_default = 0, share_window = 0;
+  run("bursts-100ms", 0, &held_default, &share_default);
+  run("bursts-1s", 1000 * kMs, &held_window, &share_window);
+  EXPECT_GT(held_default, 1000) << "held in every burst";
+  EXPECT_EQ(held_window, 0) << "never held: each burst is within what it saved";
+  EXPECT_GT(share_window, share_default + 5.0);
+  EXPECT_LE(share_window, 50.5) << "still within its limit over the run";
+}
+
 TEST_F(ComputeShareTest, AComparisonFooledByTheTenantsStartUpIsMadeAgainSoon) {
   // Two batch-1 inference tenants at 50% each that run side by side (each fills half the GPU),
   // started together. For their first 350 ms they run start-up work that fills the GPU

@@ -1378,6 +1378,23 @@ TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
   EXPECT_LT(h / f, 0.70) << full.out << half.out;
 }
 
+// The turns check's and the limit window's settings (docs/compute-sharing.md): a bad value is named
+// in the tenant's log and the default applies; the tenant runs and is held at its share as before.
+TEST_F(LimiterRunTest, BadShareSettingsAreNamedAndTheDefaultsApply) {
+  Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
+  ASSERT_EQ(full.rc, 0) << full.out;
+  env_ += "TFUSION_SHARE_TURNS_PER_SECOND=yes TFUSION_SHARE_LIMIT_WINDOW_MS=10 ";
+  Result half = Run(Tfusion("--vram 1GiB --percent 50", "launch 1.5"));
+  ASSERT_EQ(half.rc, 0) << half.out;
+  EXPECT_NE(half.out.find("TFUSION_SHARE_TURNS_PER_SECOND=yes is not 0 or 1: using 0"), std::string::npos) << half.out;
+  EXPECT_NE(half.out.find("TFUSION_SHARE_LIMIT_WINDOW_MS=10 is not a whole number of milliseconds in 100..5000"),
+            std::string::npos)
+      << half.out;
+  const double h = std::stod(half.kv["busy_fraction"]) / std::stod(full.kv["busy_fraction"]);
+  EXPECT_GT(h, 0.40) << full.out << half.out;
+  EXPECT_LT(h, 0.70) << full.out << half.out;
+}
+
 TEST_F(LimiterRunTest, ARequestBelowItsLimitBurstsToTheLimitWhileAlone) {
   Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
   ASSERT_EQ(full.rc, 0) << full.out;

@@ -61,7 +61,10 @@
 // kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
 // kTurnsUnpaidNs (as a gappy holder does); otherwise it keeps them and compares again after
 // kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
-// (the switching loss), so they keep them.
+// (the switching loss), so they keep them. Per charge, a launch-bound holder's idle gaps are not
+// charged, so two batch-1 tenants may keep turns that halve what they do per second; with
+// TFUSION_SHARE_TURNS_PER_SECOND=1 such a tenant also leaves turns when it did a little more per
+// charge (kTurnsPayFloorPermille) and clearly more per second (kTurnsPayWallPermille) without them.
 //
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
@@ -239,10 +242,17 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   // (A burstable vGPU's turns are paid from its request bucket: only that one may save more.)
   const bool burstable = req < lim;
   int64_t cap_l = BurstNs(lim), cap_r = BurstNs(req);
+  // With a limit window (TFUSION_SHARE_LIMIT_WINDOW_MS), a capped vGPU out of turns (not
+  // saturating, out of turns that did not pay, or turns off) may save its share of that window:
+  // beside tenants that leave gaps its charge rises whenever they pause (it is charged alone then),
+  // and it is held for exceeding its share over the window rather than over 100 ms.
+  const bool window = turn != nullptr && turn->limit_window_ns > 0 && lim < static_cast<int64_t>(kShareWholeGpuPpm);
+  if (window && !(turn->turn_ns > 0 && turn->saturating)) cap_l = std::max(cap_l, lim * (turn->limit_window_ns / 1'000'000));
   if (turn != nullptr && turn->turn_ns > 0 && turn->period_ns > 0) {
     if (turn->saturating) {
       if (!burstable) cap_l = std::max(cap_l, TurnSpendNs(*turn, lim));
       cap_r = std::max(cap_r, TurnSpendNs(*turn, req));
+      if (window) ClampDown(&v->tokens_ns, cap_l);  // what it saved out of turns
     } else {
       ClampDown(&v->tokens_ns, cap_l);
       ClampDown(&v->request_tokens_ns, cap_r);
@@ -472,7 +482,14 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_charged_ns;
     const __int128 ratio = without * 1000 / with;
     turn->last_ratio_permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
-    if (without * 1000 > with * kTurnsPayPermille) {
+    // The same per second (launches per ns of each).
+    const __int128 without_wall = static_cast<__int128>(turn->without_launches) * turn->with_turns_ns;
+    const __int128 with_wall = static_cast<__int128>(turn->with_turns_launches) * turn->without_ns;
+    const __int128 wall = with_wall > 0 ? without_wall * 1000 / with_wall : 0;
+    turn->last_wall_permille = wall > INT64_MAX ? INT64_MAX : static_cast<int64_t>(wall);
+    const bool unpaid_per_second = turn->turns_per_second && without * 1000 >= with * kTurnsPayFloorPermille &&
+                                   without_wall * 1000 >= with_wall * kTurnsPayWallPermille;
+    if (without * 1000 > with * kTurnsPayPermille || unpaid_per_second) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
       ++turn->turns_unpaid;
     } else {

@@ -66,6 +66,8 @@ struct ShareTurn {
   int64_t turn_ns = 0;          // length of a turn (the shortest, with period_ns); 0 = never take turns
   int64_t period_ns = 0;        // planned turns: a vGPU's turn is max(turn_ns, its share x period_ns),
                                 //   taken with tokens for most of it; 0 = every turn turn_ns long
+  int64_t limit_window_ns = 0;  // out of turns, the limit bucket holds share x this (0: the usual 100 ms)
+  bool turns_per_second = false;  // the turns check also leaves turns on work per second (below)
   int64_t busy_avg_ppm = 0;     // share of the last ~10 ms it had work queued or was held
   int64_t turn_held_ns = 0;     // the current window of ticks holding the turn,
   int64_t turn_busy_ns = 0;    //   and how much of it it had work queued
@@ -84,6 +86,7 @@ struct ShareTurn {
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
   int64_t last_ratio_permille = 0;  // the last comparison: work per charge without turns / with, x 1000
+  int64_t last_wall_permille = 0;   //   and work per second without turns / with, x 1000
   uint32_t comparisons = 0;         // comparisons made, and the sums the last one compared (for
   int64_t last_with[3] = {}, last_without[3] = {};  //   TFUSION_SHARE_DEBUG): ns, launches, charged ns
 };
@@ -110,6 +113,13 @@ inline constexpr int64_t kTurnsPayFirstRecheckNs = 2'000'000'000;
 inline constexpr int64_t kTurnsPaySpellGapNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
+// With ShareTurn::turns_per_second (TFUSION_SHARE_TURNS_PER_SECOND=1) it also leaves them when it
+// did kTurnsPayFloorPermille / 1000 times as much per charge and kTurnsPayWallPermille / 1000 times
+// as much per second without them: a launch-bound tenant whose turns leave the GPU idle (on an
+// H100 two batch-1 ResNet-50 tenants at 50% did 1.01-1.11 per charge and 1.05-1.45 per second,
+// and kept turns by the charge alone; spin kernels do 0.87-0.98 per charge).
+inline constexpr int64_t kTurnsPayFloorPermille = 1030;
+inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
 const char* ShareHoldName(ShareHold h);
