@@ -61,6 +61,19 @@ bool IsPerThreadDefault(CUstream s, bool per_thread) {
   return s == CU_STREAM_PER_THREAD || (reinterpret_cast<uintptr_t>(s) == 0 && per_thread);
 }
 
+// A whole number from the tenant's environment, in [lo, hi] units of `unit_ns`, as ns; a bad one is
+// named in the log and `fallback_ns` applies (as does an unset or empty one).
+int64_t EnvWhole(const char* name, const char* units, long lo, long hi, int64_t unit_ns, int64_t fallback_ns) {
+  const char* env = getenv(name);
+  if (env == nullptr || *env == '\0') return fallback_ns;
+  char* end = nullptr;
+  long v = strtol(env, &end, 10);
+  if (end != nullptr && *end == '\0' && v >= lo && v <= hi) return v * unit_ns;
+  GuestLog("%s=%s is not a whole number of %s in %ld..%ld: using %lld", name, env, units, lo, hi,
+           static_cast<long long>(fallback_ns / unit_ns));
+  return fallback_ns;
+}
+
 }  // namespace
 
 ComputeGovernor& ComputeGovernor::Instance() {
@@ -81,62 +94,27 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
   }
   delete snap;
   if (governed_) binding->unthrottled = false;
-  if (const char* env = getenv("TFUSION_SHARE_TICK_US"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    long us = strtol(env, &end, 10);
-    // At most 1 ms: the region sees a process as contending for 2 ms after its last tick with work
-    // queued (kActiveTtlNs), so a slower tick hides contenders and charges each one the whole
-    // GPU (a 5 ms tick held two ResNet-50 b1 tenants at 50% to 0.57 of native on an H100).
-    if (end != nullptr && *end == '\0' && us >= 100 && us <= 1000) {
-      tick_ns_ = us * 1000;
-      next_tick_ns_ = tick_ns_;
-    } else {
-      GuestLog("TFUSION_SHARE_TICK_US=%s is not a whole number of microseconds in 100..1000: using %lld",
-               env, static_cast<long long>(kTickNs / 1000));
-    }
-  }
+  // At most 1 ms: the region sees a process as contending for 2 ms after its last tick with work
+  // queued (kActiveTtlNs), so a slower tick hides contenders and charges each one the whole
+  // GPU (a 5 ms tick held two ResNet-50 b1 tenants at 50% to 0.57 of native on an H100).
+  tick_ns_ = EnvWhole("TFUSION_SHARE_TICK_US", "microseconds", 100, 1000, 1000, kTickNs);
+  next_tick_ns_ = tick_ns_;
   // Turns are on by default (25 ms): they make hard slices of saturating work exact, and they stop
   // while any tenant that leaves gaps wants the GPU (docs/compute-sharing.md). 0 turns them off.
   turn_ = ShareTurn{kShareTurnNs};
-  if (const char* env = getenv("TFUSION_SHARE_TURN_MS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    long ms = strtol(env, &end, 10);
-    if (end != nullptr && *end == '\0' && ms >= 0 && ms <= 100) {
-      turn_.turn_ns = ms * 1'000'000;
-    } else {
-      GuestLog("TFUSION_SHARE_TURN_MS=%s is not a whole number of milliseconds in 0..100: using %lld", env,
-               static_cast<long long>(kShareTurnNs / 1'000'000));
-    }
-  }
-  // Out of turns, a capped vGPU's limit bucket may hold its share of this window (default: 100 ms,
-  // as in turns).
-  if (const char* env = getenv("TFUSION_SHARE_LIMIT_WINDOW_MS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    long ms = strtol(env, &end, 10);
-    if (end != nullptr && *end == '\0' && ms >= 100 && ms <= 5000) {
-      turn_.limit_window_ns = ms * 1'000'000;
-    } else {
-      GuestLog("TFUSION_SHARE_LIMIT_WINDOW_MS=%s is not a whole number of milliseconds in 100..5000: using 100", env);
-    }
-  }
+  turn_.turn_ns = EnvWhole("TFUSION_SHARE_TURN_MS", "milliseconds", 0, 100, 1'000'000, kShareTurnNs);
+  // Planned turns (each its share of a 200 ms period, handed over on time); 0 = fixed turns.
+  turn_.period_ns = EnvWhole("TFUSION_SHARE_TURN_PERIOD_MS", "milliseconds", 0, 1000, 1'000'000, kShareTurnPeriodNs);
+  // Out of turns, a capped vGPU's limit bucket may hold its share of this window (default 100 ms,
+  // as in turns: no window).
+  const int64_t window = EnvWhole("TFUSION_SHARE_LIMIT_WINDOW_MS", "milliseconds", 100, 5000, 1'000'000, 100'000'000);
+  turn_.limit_window_ns = window == 100'000'000 ? 0 : window;
   // The turns check also leaves turns on work per second (compute_share.cc).
   if (const char* env = getenv("TFUSION_SHARE_TURNS_PER_SECOND"); env != nullptr && *env != '\0') {
     if (strcmp(env, "1") == 0 || strcmp(env, "0") == 0) {
       turn_.turns_per_second = env[0] == '1';
     } else {
       GuestLog("TFUSION_SHARE_TURNS_PER_SECOND=%s is not 0 or 1: using 0", env);
-    }
-  }
-  // Planned turns (each its share of a 200 ms period, handed over on time); 0 = fixed turns.
-  turn_.period_ns = kShareTurnPeriodNs;
-  if (const char* env = getenv("TFUSION_SHARE_TURN_PERIOD_MS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    long ms = strtol(env, &end, 10);
-    if (end != nullptr && *end == '\0' && ms >= 0 && ms <= 1000) {
-      turn_.period_ns = ms * 1'000'000;
-    } else {
-      GuestLog("TFUSION_SHARE_TURN_PERIOD_MS=%s is not a whole number of milliseconds in 0..1000: using %lld",
-               env, static_cast<long long>(kShareTurnPeriodNs / 1'000'000));
     }
   }
 }
