@@ -247,17 +247,18 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   // beside tenants that leave gaps its charge rises whenever they pause (it is charged alone then),
   // and it is held for exceeding its share over the window rather than over 100 ms.
   const bool window = turn != nullptr && turn->limit_window_ns > 0 && lim < static_cast<int64_t>(kShareWholeGpuPpm);
-  if (window && !(turn->turn_ns > 0 && turn->saturating)) cap_l = std::max(cap_l, lim * (turn->limit_window_ns / 1'000'000));
+  const bool in_turns = turn != nullptr && turn->turn_ns > 0 && turn->saturating;
+  if (window && !in_turns) cap_l = std::max(cap_l, lim * (turn->limit_window_ns / 1'000'000));
   if (turn != nullptr && turn->turn_ns > 0 && turn->period_ns > 0) {
     if (turn->saturating) {
       if (!burstable) cap_l = std::max(cap_l, TurnSpendNs(*turn, lim));
       cap_r = std::max(cap_r, TurnSpendNs(*turn, req));
-      if (window) ClampDown(&v->tokens_ns, cap_l);  // what it saved out of turns
     } else {
       ClampDown(&v->tokens_ns, cap_l);
       ClampDown(&v->request_tokens_ns, cap_r);
     }
   }
+  if (window && in_turns) ClampDown(&v->tokens_ns, cap_l);  // what it saved out of turns, fixed turns too
   int64_t last = v->last_refill_ns.load(std::memory_order_acquire);
   while (now_ns > last) {
     if (v->last_refill_ns.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) {
