@@ -129,6 +129,18 @@ class BusyMeter:
         return sum(util) / len(util) if util else None
 
 
+def pin_prefix(ctx, i):
+    """With --pin C: tenant i of a group runs on its own C host CPUs (i*C .. i*C+C-1, wrapping), the
+    same for native and limited groups, so that where the host's scheduler places launch-bound
+    tenants does not change from group to group."""
+    c = ctx.args.pin
+    if not c:
+        return []
+    n = os.cpu_count() or 1
+    cpus = sorted({(i * c + j) % n for j in range(c)})
+    return ["taskset", "-c", ",".join(map(str, cpus))]
+
+
 def run_group(ctx, name, tenants, seconds):
     """tenants: list of (prefix argv, model, batch). Returns per-tenant items/s (None = failed)."""
     ctx.seq += 1
@@ -137,8 +149,9 @@ def run_group(ctx, name, tenants, seconds):
     procs, readies = [], []
     for i, (prefix, model, batch) in enumerate(tenants):
         ready = os.path.join(ctx.work, f"{tag}.{i}.ready")
-        cmd = list(prefix) + [ctx.args.python, os.path.join(HERE, "infer_tenant.py"), "--model", model,
-                              "--batch", str(batch), "--seconds", str(seconds), "--ready", ready, "--go", go]
+        cmd = pin_prefix(ctx, i) + list(prefix) + [
+            ctx.args.python, os.path.join(HERE, "infer_tenant.py"), "--model", model, "--batch", str(batch),
+            "--seconds", str(seconds), "--ready", ready, "--go", go]
         procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log"), tenant_env(ctx)))
         readies.append(ready)
     ctx.live = procs
@@ -544,6 +557,8 @@ def main():
     ap.add_argument("--busy-meter", action="store_true",
                     help="log each group's mean NVML utilization (nvidia-smi every 100 ms)")
     ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--pin", type=int, default=0, metavar="C",
+                    help="run tenant i of each group on host CPUs i*C..i*C+C-1 (taskset), natively and limited")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--mps", metavar="DIR",
                     help="also run the mps phase (last) under a private MPS daemon whose pipe and log "
@@ -554,6 +569,8 @@ def main():
         phases.append("mps")
     if "mps" in phases and not args.mps:
         raise SystemExit("phase mps needs --mps DIR")
+    if args.pin < 0 or args.pin > (os.cpu_count() or 1):
+        raise SystemExit(f"--pin must be 0..{os.cpu_count()} CPUs per tenant")
     # A signal (timeout's SIGTERM, Ctrl-C) unwinds through the phases' cleanup: the mps phase stops
     # its daemon.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -3,7 +3,8 @@
 
 Builds the model (random weights, fp16, nothing downloaded), warms it up, touches --ready, waits
 for --go, then runs forward passes in a loop for --seconds, synchronizing after each, and prints
-one line: `items_per_s=X iters=N seconds=S` (items = images for ResNet-50, sequences for GPT-2).
+`items_per_s=X iters=N seconds=S` (items = images for ResNet-50, sequences for GPT-2), then
+`items_each_second=A,B,...`: the items finished in each whole second of the run.
 With --timeline FILE it also writes the end time (monotonic ns) of every iteration.
 
   --model r50   torchvision ResNet-50, channels-last, input batch x 3 x 224 x 224
@@ -54,14 +55,13 @@ def main():
                 raise SystemExit("no go signal within 120 s")
             time.sleep(0.002)
         ends = []
-        n, t0 = 0, time.monotonic()
+        n, t0, t0_ns = 0, time.monotonic(), time.monotonic_ns()
         while True:
             step()
             torch.cuda.synchronize()
             n += 1
             now = time.monotonic()
-            if args.timeline:
-                ends.append(time.monotonic_ns())
+            ends.append(time.monotonic_ns())
             if now - t0 >= args.seconds:
                 break
     secs = now - t0
@@ -69,6 +69,13 @@ def main():
         with open(args.timeline, "w") as f:
             f.write("\n".join(map(str, ends)) + "\n")
     print(f"items_per_s={n * args.batch / secs:.2f} iters={n} seconds={secs:.3f}")
+    # Items in each whole second since the go signal: where in the run a tenant slowed down.
+    per_second = [0] * int(secs)
+    for e in ends:
+        i = (e - t0_ns) // 1_000_000_000
+        if i < len(per_second):
+            per_second[i] += args.batch
+    print("items_each_second=" + ",".join(map(str, per_second)))
     sys.stdout.flush()
 
 
