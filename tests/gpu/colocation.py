@@ -130,14 +130,14 @@ class BusyMeter:
 
 
 def pin_prefix(ctx, i):
-    """With --pin C: tenant i of a group runs on its own C host CPUs (i*C .. i*C+C-1, wrapping), the
-    same for native and limited groups, so that where the host's scheduler places launch-bound
-    tenants does not change from group to group."""
+    """With --pin C: tenant i of a group runs on its own C of the CPUs this harness may use (the
+    i*C-th to the i*C+C-1-th, wrapping), the same for native and limited groups, so that where the
+    host's scheduler places launch-bound tenants does not change from group to group."""
     c = ctx.args.pin
     if not c:
         return []
-    n = os.cpu_count() or 1
-    cpus = sorted({(i * c + j) % n for j in range(c)})
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = sorted({allowed[(i * c + j) % len(allowed)] for j in range(c)})
     return ["taskset", "-c", ",".join(map(str, cpus))]
 
 
@@ -569,7 +569,7 @@ def main():
                     help="log each group's mean NVML utilization (nvidia-smi every 100 ms)")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--pin", type=int, default=0, metavar="C",
-                    help="run tenant i of each group on host CPUs i*C..i*C+C-1 (taskset), natively and limited")
+                    help="run tenant i of each group on its own C host CPUs (taskset), natively and limited alike")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--mps", metavar="DIR",
                     help="also run the mps phase (last) under a private MPS daemon whose pipe and log "
@@ -580,8 +580,9 @@ def main():
         phases.append("mps")
     if "mps" in phases and not args.mps:
         raise SystemExit("phase mps needs --mps DIR")
-    if args.pin < 0 or args.pin > (os.cpu_count() or 1):
-        raise SystemExit(f"--pin must be 0..{os.cpu_count()} CPUs per tenant")
+    usable = len(os.sched_getaffinity(0))
+    if args.pin < 0 or args.pin > usable:
+        raise SystemExit(f"--pin {args.pin}: must be 0 (off) to {usable} (the CPUs this process may use) per tenant")
     # A signal (timeout's SIGTERM, Ctrl-C) unwinds through the phases' cleanup: the mps phase stops
     # its daemon.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
