@@ -129,14 +129,15 @@ class BusyMeter:
         return sum(util) / len(util) if util else None
 
 
-def pin_prefix(ctx, i):
+def pin_prefix(ctx, i, n):
     """With --pin C: tenant i of a group runs on its own C of the CPUs this harness may use (the
-    i*C-th to the i*C+C-1-th, wrapping), the same for native and limited groups, so that where the
-    host's scheduler places launch-bound tenants does not change from group to group."""
-    c = ctx.args.pin
-    if not c:
+    i*C-th to the i*C+C-1-th, wrapping); with --pin auto, C is those CPUs / the group's n tenants
+    (at least 1). The same for native and limited groups, so that where the host's scheduler
+    places launch-bound tenants does not change from group to group."""
+    if not ctx.args.pin:
         return []
     allowed = sorted(os.sched_getaffinity(0))
+    c = max(1, len(allowed) // n) if ctx.args.pin == "auto" else int(ctx.args.pin)
     cpus = sorted({allowed[(i * c + j) % len(allowed)] for j in range(c)})
     return ["taskset", "-c", ",".join(map(str, cpus))]
 
@@ -149,7 +150,7 @@ def run_group(ctx, name, tenants, seconds):
     procs, readies = [], []
     for i, (prefix, model, batch) in enumerate(tenants):
         ready = os.path.join(ctx.work, f"{tag}.{i}.ready")
-        cmd = pin_prefix(ctx, i) + list(prefix) + [
+        cmd = pin_prefix(ctx, i, len(tenants)) + list(prefix) + [
             ctx.args.python, os.path.join(HERE, "infer_tenant.py"), "--model", model, "--batch", str(batch),
             "--seconds", str(seconds), "--ready", ready, "--go", go]
         procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log"), tenant_env(ctx)))
@@ -568,8 +569,9 @@ def main():
     ap.add_argument("--busy-meter", action="store_true",
                     help="log each group's mean NVML utilization (nvidia-smi every 100 ms)")
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--pin", type=int, default=0, metavar="C",
-                    help="run tenant i of each group on its own C host CPUs (taskset), natively and limited alike")
+    ap.add_argument("--pin", default="", metavar="C|auto",
+                    help="run tenant i of each group on its own C host CPUs (taskset; auto: the CPUs / the "
+                         "group's tenants), natively and limited alike")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--mps", metavar="DIR",
                     help="also run the mps phase (last) under a private MPS daemon whose pipe and log "
@@ -581,8 +583,11 @@ def main():
     if "mps" in phases and not args.mps:
         raise SystemExit("phase mps needs --mps DIR")
     usable = len(os.sched_getaffinity(0))
-    if args.pin < 0 or args.pin > usable:
-        raise SystemExit(f"--pin {args.pin}: must be 0 (off) to {usable} (the CPUs this process may use) per tenant")
+    if args.pin not in ("", "auto") and not (args.pin.isdigit() and int(args.pin) <= usable):
+        raise SystemExit(f"--pin {args.pin}: must be auto, or 0 (off) to {usable} (the CPUs this process may "
+                         "use) per tenant")
+    if args.pin == "0":
+        args.pin = ""
     # A signal (timeout's SIGTERM, Ctrl-C) unwinds through the phases' cleanup: the mps phase stops
     # its daemon.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -76,11 +76,25 @@ class AbPhase(unittest.TestCase):
         self.assertEqual(md.count("| 200.0 | 180.0 (0.900) |"), 2, md)
         self.assertIn("| r50 | 1 | 2 | 0.900 (0.900-0.900, 2) |", md)
 
+    def test_auto_splits_the_cpus_among_a_groups_tenants(self):
+        allowed = sorted(os.sched_getaffinity(0))
+        r = self.run_ab("auto")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        c = max(1, len(allowed) // 2)
+        want = {",".join(map(str, sorted({allowed[(i * c + j) % len(allowed)] for j in range(c)}))) for i in (0, 1)}
+        got = set()
+        logs = os.path.join(self.out, "logs")
+        for name in os.listdir(logs):
+            if name.endswith(".log"):
+                with open(os.path.join(logs, name)) as f:
+                    got.add(re.search(r"^cpus=(.*)$", f.read(), re.M).group(1))
+        self.assertEqual(got, want)
+
     def test_a_bad_pin_is_refused_and_nothing_is_made(self):
-        for bad in (-1, len(os.sched_getaffinity(0)) + 1):
+        for bad in ("-1", str(len(os.sched_getaffinity(0)) + 1), "two", "1.5"):
             r = self.run_ab(bad)
             self.assertNotEqual(r.returncode, 0)
-            self.assertIn(f"--pin {bad}: must be 0 (off) to", r.stderr)
+            self.assertIn(f"--pin {bad}: must be auto, or 0 (off) to", r.stderr)
             self.assertFalse(os.path.exists(self.out))
 
 
