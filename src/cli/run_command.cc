@@ -716,9 +716,9 @@ int SmiCommand(bool all_processes, double sample_seconds) {
     std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS  host tier %s of %s\n", snap.gpu_uuid, snap.gpu_name,
                 FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0,
                 FormatBytes(snap.host_tier_used_bytes).c_str(), FormatBytes(snap.host_tier_budget_bytes).c_str());
-    std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %10s %5s %-9s %10s\n", "VGPU", "QOS",
+    std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %9s %10s %5s %-9s %10s\n", "VGPU", "QOS",
                 "VRAM USED", "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s",
-                "LAUNCHES", "OOMS", "TIER", "SWAPPED");
+                "TURNS s", "LAUNCHES", "OOMS", "TIER", "SWAPPED");
     for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
       const auto& v = snap.vgpus[i];
       const double use = sample_seconds > 0 ? UsePpm(*s.before, snap, v) : -1;
@@ -736,11 +736,11 @@ int SmiCommand(bool all_processes, double sample_seconds) {
       }
       const char* tier = !v.tier_enabled ? "-" : tier_state < 0 ? "resident" : tier_state == 99 ? "mixed"
                                                                    : TierStateText(static_cast<uint32_t>(tier_state));
-      std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %10llu %5llu %-9s %10s\n", v.id,
+      std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %9.3f %10llu %5llu %-9s %10s\n", v.id,
                   hypervisor::QosLabel(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
                   Percent(static_cast<double>(v.compute_share_ppm)).c_str(),
                   Percent(static_cast<double>(std::max(v.compute_limit_ppm, v.compute_share_ppm))).c_str(), use_text,
-                  v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9,
+                  v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9, v.held_turn_ns_total / 1e9,
                   static_cast<unsigned long long>(v.launches_total), static_cast<unsigned long long>(v.oom_total),
                   tier, v.tier_enabled ? FormatBytes(swapped).c_str() : "-");
     }

@@ -55,17 +55,17 @@ class LocalLimitsTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     ASSERT_NE(ReadFile(log).find(ready), std::string::npos) << ReadFile(log);
   }
-  // The smi row of vGPU `id`: QOS, REQUEST, LIMIT, USE, THROTTLED s, LAUNCHES.
+  // The smi row of vGPU `id`: QOS, REQUEST, LIMIT, USE, THROTTLED s, TURNS s, LAUNCHES.
   struct Row {
     bool found = false;
     std::string qos, request, limit, use;
-    double throttled = -1;
+    double throttled = -1, turns = -1;
     unsigned long long launches = 0;
   };
   Row SmiRow(const std::string& id) const {
     Result smi = Smi();
     std::smatch m;
-    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) +(\d+) )");
+    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) +([0-9.]+) +(\d+) )");
     Row r;
     if (!std::regex_search(smi.out, m, re)) return r;
     r.found = true;
@@ -74,7 +74,8 @@ class LocalLimitsTest : public ::testing::Test {
     r.limit = m.str(3);
     r.use = m.str(4);
     r.throttled = std::stod(m.str(5));
-    r.launches = std::stoull(m.str(6));
+    r.turns = std::stod(m.str(6));
+    r.launches = std::stoull(m.str(7));
     return r;
   }
 
@@ -95,6 +96,7 @@ TEST_F(LocalLimitsTest, SmiShowsRequestLimitUseAndThrottledTime) {
   EXPECT_EQ(row.request, "25.0%");
   EXPECT_EQ(row.limit, "100%");
   EXPECT_GE(row.throttled, 0);
+  EXPECT_EQ(row.turns, 0) << "a burstable vGPU alone never waits for turns\n" << Smi().out;
   // The probe keeps the GPU busy: two snapshots half a second apart see it use some of it.
   ASSERT_TRUE(std::regex_match(row.use, std::regex(R"([0-9.]+%)"))) << row.use;
   for (int i = 0; i < 20 && std::stod(row.use) == 0; ++i) row = SmiRow("burst");

@@ -487,6 +487,60 @@ TEST_F(ComputeShareTest, ATurnHolderThatIsKilledHoldsNobodyBackLongerThanOneTurn
   EXPECT_GT(Share(b, 200 * kMs), 50.0) << "its own limit and saved burst, no longer waiting";
 }
 
+// tfusion smi's TURNS s and the node agent's tf_vgpu_held_*_seconds_total: every held tick is
+// counted once more under why it was held (the verdict it was held on), so the three parts add up
+// to the throttled time.
+TEST_F(ComputeShareTest, HeldTimeIsCountedByWhyItWasHeld) {
+  auto info = [&](const char* id) {
+    RegionSnapshot* snap = new RegionSnapshot();
+    region_.Snapshot(snap);
+    VgpuInfo out{};
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      if (std::string(snap->vgpus[i].id) == id) out = snap->vgpus[i];
+    }
+    delete snap;
+    return out;
+  };
+  auto adds_up = [](const VgpuInfo& v) {
+    return v.held_turn_ns_total + v.held_limit_ns_total + v.held_others_ns_total == v.throttled_ns_total;
+  };
+  // A capped tenant alone: held at its limit only.
+  Tenant capped{"capped", 300'000, 300'000};
+  Add(&capped);
+  Run({&capped}, kMs, 1001 * kMs, kMs);
+  VgpuInfo c = info("capped");
+  EXPECT_GT(c.throttled_ns_total, 500u * kMs);
+  EXPECT_EQ(c.held_limit_ns_total, c.throttled_ns_total);
+  EXPECT_EQ(c.held_turn_ns_total + c.held_others_ns_total, 0u);
+  region_.DetachProcess(capped.slot);
+  // Two saturating hard halves with the GPU's switching loss take turns: most of their held time
+  // is waiting for the other's turn.
+  switch_loss_ = 0.09;
+  Tenant a{"half-a", 500'000, 500'000}, b{"half-b", 500'000, 500'000};
+  Add(&a);
+  Add(&b);
+  Run({&a, &b}, 1001 * kMs, 4001 * kMs, 2001 * kMs);
+  for (const char* id : {"half-a", "half-b"}) {
+    VgpuInfo v = info(id);
+    EXPECT_TRUE(adds_up(v)) << id;
+    EXPECT_GT(v.held_turn_ns_total, v.throttled_ns_total / 2) << id;
+  }
+  EXPECT_GT(a.turn_held_ticks, 0);
+  region_.DetachProcess(a.slot);
+  region_.DetachProcess(b.slot);
+  // Borrowers over their request while a sparse tenant is owed its own: held for the others.
+  switch_loss_ = 0;
+  Tenant small{"small", 250'000, 1'000'000};
+  small.demand = [](int64_t) { return 0.2; };
+  Tenant x{"x", 250'000, 1'000'000}, y{"y", 250'000, 1'000'000};
+  for (Tenant* t : {&small, &x, &y}) Add(t);
+  Run({&small, &x, &y}, 4001 * kMs, 6001 * kMs, 4001 * kMs);
+  VgpuInfo vx = info("x");
+  EXPECT_TRUE(adds_up(vx));
+  EXPECT_GT(vx.held_others_ns_total, 0u);
+  EXPECT_EQ(vx.held_turn_ns_total, 0u) << "burstable vGPUs beside one that leaves gaps take no turns";
+}
+
 TEST_F(ComputeShareTest, BadReportsAreRefusedAndChangeNothing) {
   Tenant a{"a", 250'000, 250'000};
   Add(&a);

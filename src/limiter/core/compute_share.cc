@@ -312,6 +312,12 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   if (held && tick_ns > 0) {
     p->throttled_ns.fetch_add(static_cast<uint64_t>(tick_ns), std::memory_order_relaxed);
     v->throttled_ns_total.fetch_add(static_cast<uint64_t>(tick_ns), std::memory_order_relaxed);
+    // Why: the verdict it was held on (the last one this tick's caller was given).
+    const uint32_t why = p->last_hold.load(std::memory_order_relaxed);
+    std::atomic<uint64_t>* by = why == static_cast<uint32_t>(ShareHold::kTurn)      ? &v->held_turn_ns_total
+                                : why == static_cast<uint32_t>(ShareHold::kAtLimit) ? &v->held_limit_ns_total
+                                                                                    : &v->held_others_ns_total;
+    by->fetch_add(static_cast<uint64_t>(tick_ns), std::memory_order_relaxed);
   }
   if (in_flight || raw_busy_ns > 0 || held) v->last_demand_ns.store(now_ns, std::memory_order_relaxed);
 
@@ -337,6 +343,7 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
               &out);
   }
   if (out.hold != ShareHold::kRun && !held) v->leases_total.fetch_add(1, std::memory_order_relaxed);
+  p->last_hold.store(static_cast<uint32_t>(out.hold), std::memory_order_relaxed);
   return out;
 }
 

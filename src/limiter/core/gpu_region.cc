@@ -355,6 +355,9 @@ RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_by
   v->last_refill_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   v->busy_ns_total.store(0, std::memory_order_relaxed);
   v->throttled_ns_total.store(0, std::memory_order_relaxed);
+  v->held_turn_ns_total.store(0, std::memory_order_relaxed);
+  v->held_limit_ns_total.store(0, std::memory_order_relaxed);
+  v->held_others_ns_total.store(0, std::memory_order_relaxed);
   v->launches_total.store(0, std::memory_order_relaxed);
   v->leases_total.store(0, std::memory_order_relaxed);
   ResetVgpuTier(TierOfVgpu(static_cast<uint32_t>(free_index)));
@@ -426,6 +429,7 @@ RegionError GpuRegion::AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* s
       p->vgpu_index.store(vgpu_index, std::memory_order_relaxed);
       p->vram_bytes.store(0, std::memory_order_relaxed);
       p->throttled_ns.store(0, std::memory_order_relaxed);
+      p->last_hold.store(0, std::memory_order_relaxed);
       p->wait_since_ns.store(0, std::memory_order_relaxed);
       p->host_kept_bytes.store(0, std::memory_order_relaxed);
       ResetProcessTier(TierOfProcess(i));
@@ -587,6 +591,9 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     vi.tokens_ns = v->tokens_ns.load(std::memory_order_relaxed);
     vi.busy_ns_total = v->busy_ns_total.load(std::memory_order_relaxed);
     vi.throttled_ns_total = v->throttled_ns_total.load(std::memory_order_relaxed);
+    vi.held_turn_ns_total = v->held_turn_ns_total.load(std::memory_order_relaxed);
+    vi.held_limit_ns_total = v->held_limit_ns_total.load(std::memory_order_relaxed);
+    vi.held_others_ns_total = v->held_others_ns_total.load(std::memory_order_relaxed);
     vi.launches_total = v->launches_total.load(std::memory_order_relaxed);
     vi.leases_total = v->leases_total.load(std::memory_order_relaxed);
     vi.oom_total = v->oom_total.load(std::memory_order_relaxed);

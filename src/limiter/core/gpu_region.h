@@ -149,6 +149,11 @@ struct VgpuInfo {
   int64_t last_demand_ns;       // CLOCK_MONOTONIC ns it last had work in flight or was held
   uint64_t busy_ns_total;
   uint64_t throttled_ns_total;
+  // Shared mode: the part of throttled_ns_total spent waiting for another vGPU's turn, at the
+  // limit, and over the request while another vGPU was owed or a higher QoS borrowed.
+  uint64_t held_turn_ns_total;
+  uint64_t held_limit_ns_total;
+  uint64_t held_others_ns_total;
   uint64_t launches_total;
   uint64_t leases_total;
   uint64_t oom_total;

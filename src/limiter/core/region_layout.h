@@ -1,4 +1,4 @@
-// The byte layout of the per-physical-GPU shared-memory region, layout_version 7.
+// The byte layout of the per-physical-GPU shared-memory region, layout_version 8.
 //
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
@@ -20,7 +20,7 @@
 namespace tf::limiter {
 
 inline constexpr char kRegionMagic[8] = {'T', 'F', 'V', 'G', 'P', 'U', '0', '1'};
-inline constexpr uint32_t kLayoutVersion = 7;
+inline constexpr uint32_t kLayoutVersion = 8;
 inline constexpr uint32_t kMaxVgpus = 64;
 inline constexpr uint32_t kMaxProcesses = 512;
 inline constexpr size_t kCacheLine = 64;
@@ -83,6 +83,12 @@ struct alignas(kCacheLine) VgpuSlot {
   char id[kVgpuIdBytes];
   // Line 2: robust, process-shared; guards vram_used_bytes and the vram_bytes of its processes.
   alignas(kCacheLine) pthread_mutex_t mutex;
+  // Shared mode: throttled_ns_total by why the processes were held (lock-free adds, per held
+  // tick): waiting for another vGPU's turn, at the vGPU's limit, and over its request while
+  // another vGPU was owed its own or a higher QoS borrowed (compute_share.cc).
+  std::atomic<uint64_t> held_turn_ns_total;
+  std::atomic<uint64_t> held_limit_ns_total;
+  std::atomic<uint64_t> held_others_ns_total;
   // Line 3: compute token bucket and counters, updated lock-free by lease holders and waiters.
   // The limit bucket: GPU-busy ns this vGPU may still use, refilled at compute_limit_ppm; may be
   // negative (debt). (Exclusive-lease mode: the only bucket, refilled at compute_share_ppm.)
@@ -104,7 +110,7 @@ struct alignas(kCacheLine) ProcessSlot {
   std::atomic<uint32_t> state;        // SlotState; flips under table_mutex (and the vGPU mutex to free)
   std::atomic<uint32_t> vgpu_index;   // set before state becomes active, then immutable
   std::atomic<int32_t> pid;           // in the PID namespace of the process that attached it
-  uint32_t reserved0;
+  std::atomic<uint32_t> last_hold;    // shared mode: the ShareHold of its last verdict (0 = run)
   std::atomic<uint64_t> start_time_ticks;  // /proc/<pid>/stat field 22 (clock ticks since boot)
   std::atomic<uint64_t> vram_bytes;        // VRAM this process holds; written under the vGPU mutex
   std::atomic<uint64_t> throttled_ns;      // ns this process waited for the lease
@@ -333,6 +339,9 @@ static_assert(sizeof(VgpuSlot) == 256);
 static_assert(offsetof(VgpuSlot, id) == 64);
 static_assert(offsetof(VgpuSlot, mutex) == 128);
 static_assert(offsetof(VgpuSlot, tokens_ns) == 192);
+static_assert(offsetof(VgpuSlot, held_turn_ns_total) == 168 && offsetof(VgpuSlot, held_others_ns_total) == 184,
+              "the held-by-reason counters fill line 2 after a 40-byte mutex");
+static_assert(offsetof(ProcessSlot, last_hold) == 12);
 static_assert(sizeof(ProcessSlot) == 64);
 static_assert(offsetof(ProcessSlot, start_time_ticks) == 16 && offsetof(ProcessSlot, wait_since_ns) == 40);
 static_assert(sizeof(LeaseBlock) == 64);
