@@ -410,6 +410,12 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   EXPECT_EQ(m.Value("tf_vgpu_compute_limit_ratio", labels), 1.0);
   EXPECT_EQ(m.Value("tf_vgpu_busy_seconds_total", labels), v.busy_ns_total / 1e9);
   EXPECT_EQ(m.Value("tf_vgpu_throttled_seconds_total", labels), v.throttled_ns_total / 1e9);
+  // The held tick above followed no verdict (a fresh process): counted under "others". The three
+  // families add up to the throttled seconds.
+  EXPECT_GT(v.throttled_ns_total, 0u);
+  EXPECT_EQ(m.Value("tf_vgpu_held_turn_seconds_total", labels), 0);
+  EXPECT_EQ(m.Value("tf_vgpu_held_limit_seconds_total", labels), 0);
+  EXPECT_EQ(m.Value("tf_vgpu_held_others_seconds_total", labels), v.throttled_ns_total / 1e9);
   // VRAM tiering: per-GPU swap counters always; per-vGPU tier gauges for a vGPU with tiering.
   EXPECT_EQ(m.Value("tf_gpu_swap_outs_total", {{"gpu", "GPU-q0"}}), 0);
   EXPECT_TRUE(m.families["tf_vgpu_tier_host_bytes"].samples.empty()) << "tiering is off for this vGPU";
