@@ -388,8 +388,10 @@ TEST_F(PooledRunTest, TheNodeAgentLogsEachSwapWithItsCause) {
                       " --vram 1GiB --vgpu idle --tiering --idle-swap 1s -- " + TF_PROBE + " tier " + idle + " > " +
                       idle_log + " 2>&1");
   ASSERT_GT(local, 0);
+  // Up to 30 s: the tenants pin their host copies ahead at start, which took 10 s on a loaded
+  // two-core CI machine.
   auto wait_for = [&](auto&& done) {
-    for (int i = 0; i < 400; ++i) {
+    for (int i = 0; i < 1200; ++i) {
       if (done()) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
