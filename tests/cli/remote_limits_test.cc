@@ -296,8 +296,10 @@ TEST_F(RemoteLimits, TheProgramGetsASessionTicketAndNeverTheWorkersToken) {
 class RemoteTiering : public RemoteLimits {
  protected:
   std::string WorkerFlags() const override { return "--tiering --idle-swap 0"; }
+  // Up to 30 s: a tiered tenant pins its host copies ahead at start, which can take over 10 s on a
+  // loaded two-core machine.
   bool WaitFor(const std::string& name) {
-    for (int i = 0; i < 400; ++i) {
+    for (int i = 0; i < 1200; ++i) {
       if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return true;
       usleep(25000);
     }
@@ -488,8 +490,10 @@ class RemoteZero : public RemoteLimits {
         dlsym(fake_, "fakecuda_checkpoint_info"));
     ASSERT_NE(info_, nullptr);
   }
+  // Up to 30 s: a tiered tenant pins its host copies ahead at start, which can take over 10 s on a
+  // loaded two-core machine.
   bool WaitFor(const std::string& name) {
-    for (int i = 0; i < 400; ++i) {
+    for (int i = 0; i < 1200; ++i) {
       if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return true;
       usleep(25000);
     }

@@ -195,8 +195,10 @@ class TieringTest : public LimiterRunTest {
     setpgid(pid, pid);
     return pid;
   }
+  // Up to 30 s: a tiered tenant pins its host copies ahead at start, which can take over 10 s on a
+  // loaded two-core machine.
   bool WaitFor(const std::string& name) {
-    for (int i = 0; i < 400; ++i) {
+    for (int i = 0; i < 1200; ++i) {
       if (access((dir_ + "/" + name).c_str(), F_OK) == 0) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
