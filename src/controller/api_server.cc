@@ -613,6 +613,12 @@ void ApiServer::Routes() {
           if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
           if (u.busy_ns_total < 0 || u.throttled_ns_total < 0)
             return ReplyError(res, InvalidArgument("vgpus: busy_ns_total and throttled_ns_total must be >= 0"));
+          if (v.contains("held_turn_ns_total")) {
+            u.held_turn_ns_total = vf.Int("held_turn_ns_total");
+            if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
+            if (u.held_turn_ns_total < 0 || u.held_turn_ns_total > u.throttled_ns_total)
+              return ReplyError(res, InvalidArgument("vgpus: held_turn_ns_total must be 0..throttled_ns_total"));
+          }
           if (const json* ps = vf.Array("processes")) {
             if (ps->size() > kMaxReportedProcesses)
               return ReplyError(res, InvalidArgument("vgpus: at most " + std::to_string(kMaxReportedProcesses) +
@@ -757,7 +763,8 @@ void ApiServer::Routes() {
     std::vector<Allocation> list = node.empty() ? c->ListAllocations() : c->ListAllocationsOnNode(node);
     if (!OwnTenant().empty()) std::erase_if(list, [](const Allocation& a) { return !MaySee(a); });
     // Each vGPU with the use its node last reported: use_percent (over the last heartbeat
-    // interval; absent until two reports) and throttled_seconds.
+    // interval; absent until two reports), throttled_seconds and, of it, turn_seconds (waiting for
+    // other vGPUs' turns; absent from nodes that do not report it).
     ReplyList(req, res, "allocations", list,
               [](const Allocation& a) -> const std::string& { return a.id; },
               [c](const Allocation& a) {
@@ -767,6 +774,7 @@ void ApiServer::Routes() {
                   if (!u.ok()) continue;
                   if (u->use_percent >= 0) v["use_percent"] = u->use_percent;
                   v["throttled_seconds"] = u->throttled_seconds;
+                  if (u->turn_seconds >= 0) v["turn_seconds"] = u->turn_seconds;
                   if (!u->tier_state.empty()) {
                     v["tier_state"] = u->tier_state;
                     v["swapped_mib"] = u->swapped_bytes >> 20;

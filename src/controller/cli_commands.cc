@@ -906,7 +906,8 @@ Status TopTable(const ClientOptions& c, std::ostream& out) {
   }
   PrintTable(out, rows);
   std::vector<std::vector<std::string>> vgpus{
-      {"ALLOCATION", "GPU", "QOS", "REQ_TFLOPS", "LIMIT_TFLOPS", "REQ%", "LIMIT%", "USE%", "THROTTLED_S", "VRAM_MIB"}};
+      {"ALLOCATION", "GPU", "QOS", "REQ_TFLOPS", "LIMIT_TFLOPS", "REQ%", "LIMIT%", "USE%", "THROTTLED_S", "TURNS_S",
+       "VRAM_MIB"}};
   for (const json& a : (*allocs)["allocations"]) {
     for (const json& v : a["vgpus"]) {
       const double t = v.value("tflops", 0.0);
@@ -915,6 +916,7 @@ Status TopTable(const ClientOptions& c, std::ostream& out) {
                        SharePercent(v, "limit_ppm", "share_ppm"),
                        v.contains("use_percent") ? Fixed(v.value("use_percent", 0.0)) + "%" : "-",
                        v.contains("throttled_seconds") ? Fixed(v.value("throttled_seconds", 0.0)) : "-",
+                       v.contains("turn_seconds") ? Fixed(v.value("turn_seconds", 0.0)) : "-",
                        std::to_string(v.value("vram_mib", int64_t{0}))});
     }
   }

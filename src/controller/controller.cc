@@ -749,6 +749,7 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
       k.busy_ns = v.busy_ns_total;
       k.sampled_ms = now;
       k.use.throttled_seconds = static_cast<double>(v.throttled_ns_total) / 1e9;
+      k.use.turn_seconds = v.held_turn_ns_total >= 0 ? static_cast<double>(v.held_turn_ns_total) / 1e9 : -1;
       k.use.sampled_ms = now;
       k.use.tier_state = v.tier_state;
       k.use.swapped_bytes = v.swapped_bytes;

@@ -95,6 +95,7 @@ struct VgpuUseSample {
   int64_t applied_idle_swap_ms = -1;
   int64_t applied_idle_disk_ms = -1;
   int64_t applied_idle_zero_ms = -1;
+  int64_t held_turn_ns_total = -1;  // of throttled_ns_total, waiting for other vGPUs' turns; -1: not reported
 };
 
 // What `tfusion top` shows per vGPU: its compute use over the last heartbeat interval (percent of
@@ -102,6 +103,7 @@ struct VgpuUseSample {
 struct VgpuUse {
   double use_percent = -1;
   double throttled_seconds = 0;
+  double turn_seconds = -1;  // of throttled_seconds, waiting for other vGPUs' turns; -1: not reported
   int64_t sampled_ms = 0;
   std::string tier_state;  // as last reported (empty: none)
   int64_t swapped_bytes = 0;

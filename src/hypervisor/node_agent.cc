@@ -202,7 +202,8 @@ Status NodeAgent::HeartbeatOnce() {
       if (std::string(v.id).rfind("a-", 0) != 0) continue;  // not an allocation's vGPU
       json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
                     {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
-                    {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)}};
+                    {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)},
+                    {"held_turn_ns_total", static_cast<int64_t>(v.held_turn_ns_total)}};
       // Its live processes (pids as the region records them) and, with tiering, where their VRAM
       // is (mixed when they differ). The worker sessions bound to the allocation count as its
       // processes (remote_sessions.h).

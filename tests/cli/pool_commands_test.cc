@@ -91,14 +91,15 @@ TEST_F(PoolCommandsTest, TopShowsEachVgpusRequestLimitUseAndThrottledTime) {
   auto beat = [&](int64_t busy) {
     return client.Post("/v1/nodes/gpu-node-1/heartbeat",
                        nlohmann::json{{"vgpus", {{{"allocation", id}, {"gpu", "GPU-top-0"}, {"busy_ns_total", busy},
-                                                  {"throttled_ns_total", 2'500'000'000}}}}}.dump());
+                                                  {"throttled_ns_total", 2'500'000'000},
+                                                  {"held_turn_ns_total", 1'500'000'000}}}}}.dump());
   };
   ASSERT_TRUE(beat(0).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ASSERT_TRUE(beat(50'000'000).ok());
   Result r = Tf("top --once");
   ASSERT_EQ(r.rc, 0) << r.out;
-  for (const char* column : {"REQ%", "LIMIT%", "USE%", "THROTTLED_S"}) EXPECT_NE(r.out.find(column), std::string::npos) << r.out;
+  for (const char* column : {"REQ%", "LIMIT%", "USE%", "THROTTLED_S", "TURNS_S"}) EXPECT_NE(r.out.find(column), std::string::npos) << r.out;
   std::istringstream lines(r.out);
   std::string line, row;
   while (std::getline(lines, line))
@@ -107,13 +108,14 @@ TEST_F(PoolCommandsTest, TopShowsEachVgpusRequestLimitUseAndThrottledTime) {
   std::istringstream cells(row);
   std::vector<std::string> c;
   for (std::string cell; cells >> cell;) c.push_back(cell);
-  ASSERT_EQ(c.size(), 10u) << row;
+  ASSERT_EQ(c.size(), 11u) << row;
   EXPECT_EQ(c[5], "25.0%") << row;
   EXPECT_EQ(c[6], "60.0%") << row;
   const double use = std::stod(c[7]);  // 50 ms busy in the ~200 ms between the two reports
   EXPECT_GT(use, 0.5) << row;  // (a slow machine stretches the interval)
   EXPECT_LT(use, 26.0) << row;
   EXPECT_EQ(c[8], "2.5") << row;    // THROTTLED_S
+  EXPECT_EQ(c[9], "1.5") << row;    // TURNS_S: of those, waiting for other vGPUs' turns
 }
 
 // Client commands find the token where `tfusion up` leaves it (.tfusion/token in the current

@@ -314,6 +314,20 @@ TEST_F(ApiServerTest, HeartbeatsCarryVgpuUseIntoTheAllocationList) {
   for (int i = 1; i <= 257; ++i) many["vgpus"][0]["processes"].push_back({{"pid", i}, {"vram_bytes", 0}});
   EXPECT_EQ(client_->Post("/v1/nodes/n1/heartbeat", many.dump())->status, 400);
   EXPECT_EQ(vgpu()["processes"], json::parse(R"([{"pid":4242,"vram_mib":512}])")) << "refused reports change nothing";
+  EXPECT_FALSE(vgpu().contains("turn_seconds")) << "not reported: not shown";
+  // Of the throttled time, the part spent waiting for other vGPUs' turns (0..throttled).
+  json turns = {{"vgpus", {{{"allocation", id}, {"gpu", "GPU-1"}, {"busy_ns_total", 1'500'000'000},
+                             {"throttled_ns_total", 300'000'000}, {"held_turn_ns_total", 200'000'000}}}}};
+  ASSERT_EQ(client_->Post("/v1/nodes/n1/heartbeat", turns.dump())->status, 200);
+  EXPECT_NEAR(vgpu()["turn_seconds"].get<double>(), 0.2, 1e-9);
+  for (json bad_turns : {json(-1), json(300'000'001), json("1")}) {
+    json b = turns;
+    b["vgpus"][0]["held_turn_ns_total"] = bad_turns;
+    r = client_->Post("/v1/nodes/n1/heartbeat", b.dump());
+    EXPECT_EQ(r->status, 400) << b.dump();
+    EXPECT_EQ(Body(r)["error"]["code"], "invalid_argument") << b.dump();
+  }
+  EXPECT_NEAR(vgpu()["turn_seconds"].get<double>(), 0.2, 1e-9) << "refused reports change nothing";
   // Counters that go back (the vGPU was made again) start a new interval.
   clock_.AdvanceMs(1'000);
   ASSERT_EQ(beat(10, 0)->status, 200);
