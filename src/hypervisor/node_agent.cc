@@ -203,7 +203,8 @@ Status NodeAgent::HeartbeatOnce() {
       json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
                     {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
                     {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)},
-                    {"held_turn_ns_total", static_cast<int64_t>(v.held_turn_ns_total)}};
+                    // Read apart from throttled_ns_total while processes add to both: never above it.
+                    {"held_turn_ns_total", static_cast<int64_t>(std::min(v.held_turn_ns_total, v.throttled_ns_total))}};
       // Its live processes (pids as the region records them) and, with tiering, where their VRAM
       // is (mixed when they differ). The worker sessions bound to the allocation count as its
       // processes (remote_sessions.h).
