@@ -437,6 +437,7 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   ASSERT_TRUE(use.ok()) << use.status().ToString();
   EXPECT_NEAR(use->use_percent, 10.0, 1e-6);  // 100 ms charged in the 1 s between heartbeats
   EXPECT_NEAR(use->throttled_seconds, v.throttled_ns_total / 1e9, 1e-9);
+  EXPECT_EQ(use->turn_seconds, 0) << "reported (none of it waiting for turns), so not -1";
   r->DetachProcess(slot);
 }
 
