@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -28,10 +29,41 @@ long EnvLong(const char* name, long fallback, long min, long max) {
 constexpr uint32_t kBoardMagic = 0xfa4ec0d1;
 constexpr int kSlots = 256;
 struct Slot {
-  int32_t pid;  // 0: free
-  uint32_t pad;
+  // The holder: its pid in the low 32 bits (0: free), the low 32 bits of its start time in clock
+  // ticks above them (0: unknown), claimed in one compare-and-swap.
+  uint64_t owner;
   int64_t used_bytes;
 };
+
+// Low 32 bits of `pid`'s start time (field 22 of /proc/PID/stat), 0 when unreadable. A board
+// outlives its processes, and a name built from a test's pid meets its board again once the pid is
+// reused: a slot counts only while its holder is the very process that claimed it.
+uint32_t StartTicks(int32_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return 0;
+  char text[1024];
+  size_t n = std::fread(text, 1, sizeof(text) - 1, f);
+  std::fclose(f);
+  text[n] = '\0';
+  const char* p = std::strrchr(text, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr) return 0;
+  for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  if (p == nullptr) return 0;
+  return static_cast<uint32_t>(std::strtoull(p + 1, nullptr, 10));
+}
+
+int32_t OwnerPid(uint64_t owner) { return static_cast<int32_t>(owner & 0xffffffffu); }
+
+// Whether the process that claimed a slot (its `owner` word) still runs.
+bool HolderAlive(uint64_t owner) {
+  int32_t pid = OwnerPid(owner);
+  if (pid == 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  uint32_t start = static_cast<uint32_t>(owner >> 32);
+  return start == 0 || start == StartTicks(pid);
+}
 struct Board {
   uint32_t magic;
   uint32_t pad;
@@ -88,12 +120,12 @@ class BoardMap {
     std::lock_guard<std::mutex> lock(mu_);
     if (own_[device] != nullptr) return own_[device];
     int32_t me = getpid();
+    const uint64_t mine = (static_cast<uint64_t>(StartTicks(me)) << 32) | static_cast<uint32_t>(me);
     for (Slot& slot : board->slots) {
-      int32_t holder = __atomic_load_n(&slot.pid, __ATOMIC_SEQ_CST);
-      bool claimable = holder == 0 || (holder != me && kill(holder, 0) != 0 && errno == ESRCH);
-      if (holder == me) claimable = true;
+      uint64_t holder = __atomic_load_n(&slot.owner, __ATOMIC_SEQ_CST);
+      bool claimable = OwnerPid(holder) == 0 || OwnerPid(holder) == me || !HolderAlive(holder);
       if (claimable &&
-          __atomic_compare_exchange_n(&slot.pid, &holder, me, false, __ATOMIC_SEQ_CST,
+          __atomic_compare_exchange_n(&slot.owner, &holder, mine, false, __ATOMIC_SEQ_CST,
                                       __ATOMIC_SEQ_CST)) {
         __atomic_store_n(&slot.used_bytes, 0, __ATOMIC_SEQ_CST);
         own_[device] = &slot;
@@ -199,9 +231,8 @@ uint64_t UsageBoard::Used(int device) {
   if (board == nullptr) return 0;
   int64_t sum = 0;
   for (Slot& slot : board->slots) {
-    int32_t pid = __atomic_load_n(&slot.pid, __ATOMIC_SEQ_CST);
-    if (pid == 0) continue;
-    if (pid != getpid() && kill(pid, 0) != 0 && errno == ESRCH) continue;
+    uint64_t owner = __atomic_load_n(&slot.owner, __ATOMIC_SEQ_CST);
+    if (!HolderAlive(owner)) continue;
     sum += __atomic_load_n(&slot.used_bytes, __ATOMIC_SEQ_CST);
   }
   return sum > 0 ? static_cast<uint64_t>(sum) : 0;

@@ -13,11 +13,13 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/cli/cli_test_util.h"
 #include "tests/fakecuda/fakecuda_api.h"
@@ -102,6 +104,39 @@ TEST_F(LimiterRunTest, WithoutTheLimiterTheWholeDeviceIsAvailable) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(r.kv["allocated_mib"], "4096") << r.out;
   EXPECT_EQ(r.kv["total_mib"], "4096");
+}
+
+// The fake GPU's usage board (tests/fakecuda/fake_device_identity.cc) outlives its processes,
+// and a board named after a test's pid meets a later test again once the pid is reused. A slot
+// whose pid now belongs to another process (same pid, another start time) counts nothing; the
+// same slot with the right start time counts, so the board is read at all.
+TEST_F(LimiterRunTest, AStaleSlotOfAReusedPidOnTheFakeBoardCountsNothing) {
+  const std::string name = "tf-lt-stale-" + std::to_string(getpid());
+  std::string stat;
+  {
+    std::ifstream in("/proc/self/stat");
+    std::getline(in, stat);
+  }
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // field 3 onward
+  std::string field;
+  for (int i = 3; i <= 22; ++i) fields >> field;
+  const uint64_t start = std::stoull(field) & 0xffffffffu;
+  for (uint64_t owner_start : {start + 1, start}) {
+    {
+      // Magic and pad, then 256 slots of {owner: pid | start << 32, used bytes}.
+      std::vector<uint64_t> board(1 + 256 * 2, 0);
+      board[0] = 0xfa4ec0d1u;
+      board[1] = (owner_start << 32) | static_cast<uint32_t>(getpid());
+      board[2] = 64ull << 20;
+      std::ofstream out("/dev/shm/" + name + "-dev0", std::ios::binary | std::ios::trunc);
+      out.write(reinterpret_cast<const char*>(board.data()), board.size() * sizeof(uint64_t));
+    }
+    Result r = Run(env_ + "FAKECUDA_SHM_NAME=/" + name + " FAKECUDA_TOTAL_MIB=4096 LD_LIBRARY_PATH=" +
+                   TF_FAKECUDA_DIR + " " + TF_PROBE + " alloc");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.kv["allocated_mib"], owner_start == start ? "4032" : "4096") << r.out;
+  }
+  unlink(("/dev/shm/" + name + "-dev0").c_str());
 }
 
 TEST_F(LimiterRunTest, EveryAllocationPathStopsAtTheCeiling) {
