@@ -20,6 +20,8 @@ Phases (--phases, comma-separated):
   ab      limiter variants beside native, interleaved: for each --models and --ns a native group,
           then one group per --ab-variants entry (NAME=PERCENT[:VAR=VALUE,...], e.g.
           "p25=25;ungoverned=100;tick1ms=25:TFUSION_SHARE_TICK_US=1000"), --rounds rounds.
+          With --warm the groups start once and each round is a timed window of the same
+          tenants (the other groups' tenants stopped meanwhile): the rounds cost no start-up.
   mps     (added by --mps DIR) noisy, and coloc of ResNet-50 b1 at N = 4, with every tenant,
           native and limiter, under a private MPS daemon: the harness starts
           `nvidia-cuda-mps-control -d` with CUDA_MPS_PIPE_DIRECTORY=DIR/pipe and
@@ -142,10 +144,9 @@ def pin_prefix(ctx, i, n):
     return ["taskset", "-c", ",".join(map(str, cpus))]
 
 
-def run_group(ctx, name, tenants, seconds):
-    """tenants: list of (prefix argv, model, batch). Returns per-tenant items/s (None = failed)."""
-    ctx.seq += 1
-    tag = f"{ctx.seq:03d}-{name}"
+def start_group(ctx, tag, tenants, seconds, windows=0):
+    """Starts a group's tenants (list of (prefix argv, model, batch)); with windows > 0 each runs that
+    many timed windows (infer_tenant.py --windows). Returns (procs, ready files, go file)."""
     go = os.path.join(ctx.work, tag + ".go")
     procs, readies = [], []
     for i, (prefix, model, batch) in enumerate(tenants):
@@ -153,13 +154,19 @@ def run_group(ctx, name, tenants, seconds):
         cmd = pin_prefix(ctx, i, len(tenants)) + list(prefix) + [
             ctx.args.python, os.path.join(HERE, "infer_tenant.py"), "--model", model, "--batch", str(batch),
             "--seconds", str(seconds), "--ready", ready, "--go", go]
+        if windows:
+            cmd += ["--windows", str(windows)]
         procs.append(tc.start(cmd, os.path.join(ctx.logs, f"{tag}.{i}.log"), tenant_env(ctx)))
         readies.append(ready)
-    ctx.live = procs
-    ok = tc.wait_files(readies, 150, procs)
-    tc.touch(go)
-    # The host's CPU busy fraction over the middle of the timed part (from 10% to 90% of it): a
-    # launch-bound group may be capped by the host's cores rather than by the GPU.
+    return procs, readies, go
+
+
+def timed_part(ctx, tag, limited, seconds, collect):
+    """A group's timed part, from its go signal: collect() waits for the tenants and returns their
+    items/s. Meanwhile the host's CPU busy fraction over its middle (from 10% to 90% of it) goes to
+    ctx.last_cpu (a launch-bound group may be capped by the host's cores rather than by the GPU),
+    NVML's utilization with --busy-meter to ctx.last_busy, and a limited group's `tfusion smi`,
+    taken halfway, to the logs."""
     cpu = []
     meter = BusyMeter() if ctx.args.busy_meter else None
     marks = []
@@ -169,17 +176,10 @@ def run_group(ctx, name, tenants, seconds):
                                                meter and marks.append(meter.mark())), daemon=True)
     sampler.start()
     smi = None
-    if ok and any(p[0] for p in tenants):
+    if limited:
         time.sleep(seconds / 2)
         smi = subprocess.run([ctx.tfusion, "smi"], capture_output=True, text=True, timeout=20).stdout
-    out = []
-    for p in procs:
-        rc, text = tc.finish(p, seconds + 60)
-        r = None
-        for line in text.splitlines():
-            if line.startswith("items_per_s="):
-                r = float(line.split()[0].split("=")[1])
-        out.append(r if rc == 0 else None)
+    out = collect()
     if smi:
         with open(os.path.join(ctx.logs, f"{tag}.smi.txt"), "w") as f:
             f.write(smi)
@@ -193,8 +193,83 @@ def run_group(ctx, name, tenants, seconds):
         ctx.last_cpu = (cpu[1][0] - cpu[0][0]) / (cpu[1][1] - cpu[0][1])
     shown = " ".join("-" if v is None else f"{v:.1f}" for v in out)
     busy_txt = "" if ctx.last_cpu is None else f" (host CPU {100 * ctx.last_cpu:.0f}% busy)"
-    print(f"  {tag}: {shown}{busy_txt}" + ("" if ok else " (not all ready)"), flush=True)
+    return out, shown + busy_txt
+
+
+def rate_in(text, prefix=""):
+    """The items/s a tenant's log reports (after `prefix`, e.g. "window=3 "), None if none."""
+    r = None
+    for line in text.splitlines():
+        if line.startswith(prefix + "items_per_s="):
+            r = float(line[len(prefix):].split()[0].split("=")[1])
+    return r
+
+
+def run_group(ctx, name, tenants, seconds):
+    """tenants: list of (prefix argv, model, batch). Returns per-tenant items/s (None = failed)."""
+    ctx.seq += 1
+    tag = f"{ctx.seq:03d}-{name}"
+    procs, readies, go = start_group(ctx, tag, tenants, seconds)
+    ctx.live = procs
+    ok = tc.wait_files(readies, 150, procs)
+    tc.touch(go)
+
+    def collect():
+        out = []
+        for p in procs:
+            rc, text = tc.finish(p, seconds + 60)
+            out.append(rate_in(text) if rc == 0 else None)
+        return out
+
+    out, shown = timed_part(ctx, tag, ok and any(p[0] for p in tenants), seconds, collect)
+    print(f"  {tag}: {shown}" + ("" if ok else " (not all ready)"), flush=True)
     return out
+
+
+class WarmGroup:
+    """A group whose tenants live through every round (--warm): started once with --windows, stopped
+    (SIGSTOP to each tenant's process group) except during its own windows, so that the groups of
+    a round run one at a time as fresh groups do, without paying the tenants' start-up each round."""
+
+    def __init__(self, ctx, name, tenants, windows):
+        ctx.seq += 1
+        self.ctx, self.tenants, self.limited = ctx, tenants, any(p[0] for p in tenants)
+        self.tag = f"{ctx.seq:03d}-{name}"
+        self.procs, self.readies, self.go = start_group(ctx, self.tag, tenants, ctx.args.seconds, windows)
+
+    def signal(self, sig):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def window(self, k):
+        """Runs window k (the group resumed, timed, stopped again); per-tenant items/s."""
+        ctx, seconds = self.ctx, self.ctx.args.seconds
+        self.signal(signal.SIGCONT)
+        time.sleep(0.2)  # every tenant back on its CPUs before the go signal
+        tc.touch(f"{self.go}.{k}")
+        done = [f"{r}.{k}" for r in self.readies]
+
+        def collect():
+            tc.wait_files(done, seconds + 60, self.procs)
+            return [rate_in(tc.read(p.log_path), f"window={k} ") if os.path.exists(d) else None
+                    for p, d in zip(self.procs, done)]
+
+        out, shown = timed_part(ctx, f"{self.tag}.w{k}", self.limited, seconds, collect)
+        self.signal(signal.SIGSTOP)
+        print(f"  {self.tag} window {k}: {shown}", flush=True)
+        return out
+
+    def finish(self, wait_s):
+        """Resumes the tenants and gives them wait_s to exit (they do after their last window);
+        the rest are killed."""
+        self.signal(signal.SIGCONT)
+        deadline = time.monotonic() + wait_s
+        for p in self.procs:
+            tc.finish(p, deadline - time.monotonic())
 
 
 def total(values):
@@ -379,15 +454,17 @@ def phase_ab(ctx, md):
         model, batch = spec.split(":")
         batch = int(batch)
         for n in [int(x) for x in ctx.args.ns.split(",")]:
+            groups = [("native", [])] + [(name, (["env"] + env if env else []) + limiter_prefix(ctx, pct))
+                                         for name, pct, env in variants]
+            if ctx.args.warm:
+                rows += ab_rounds_warm(ctx, md, model, batch, n, groups)
+                continue
             for rnd in range(ctx.args.rounds):
                 if ctx.left() < 60:
                     md.append(f"(skipped {model} b{batch} N={n} round {rnd + 1}: time budget spent)")
                     continue
-                row = {"model": model, "batch": batch, "n": n, "round": rnd,
-                       "native": total(run_group(ctx, f"ab-{model}{batch}-n{n}-native", [([], model, batch)] * n,
-                                                 ctx.args.seconds))}
-                for name, pct, env in variants:
-                    prefix = (["env"] + env if env else []) + limiter_prefix(ctx, pct)
+                row = {"model": model, "batch": batch, "n": n, "round": rnd}
+                for name, prefix in groups:
                     row[name] = total(run_group(ctx, f"ab-{model}{batch}-n{n}-{name}", [(prefix, model, batch)] * n,
                                                 ctx.args.seconds))
                 rows.append(row)
@@ -411,6 +488,37 @@ def phase_ab(ctx, md):
             cells.append(f"{fmt(statistics.mean(rs), 3)} ({fmt(min(rs), 3)}-{fmt(max(rs), 3)}, {len(rs)})" if rs else "-")
         md.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
     md.append("")
+
+
+def ab_rounds_warm(ctx, md, model, batch, n, groups):
+    """The ab phase's rounds with --warm: every group (native and each variant, n tenants each)
+    starts once and runs one window per round, the groups of a round one after another."""
+    if ctx.left() < 90:
+        md.append(f"(skipped {model} b{batch} N={n}: time budget spent)")
+        return []
+    warm = [WarmGroup(ctx, f"ab-{model}{batch}-n{n}-{name}", [(prefix, model, batch)] * n, ctx.args.rounds)
+            for name, prefix in groups]
+    ctx.live = [p for g in warm for p in g.procs]
+    rows = []
+    try:
+        ready = tc.wait_files([r for g in warm for r in g.readies], 300, ctx.live)
+        for g in warm:
+            g.signal(signal.SIGSTOP)
+        if not ready:
+            md.append(f"(skipped {model} b{batch} N={n}: not every tenant started)")
+            return []
+        for rnd in range(ctx.args.rounds):
+            if ctx.left() < len(warm) * (ctx.args.seconds + 5):
+                md.append(f"(skipped {model} b{batch} N={n} round {rnd + 1}: time budget spent)")
+                break
+            row = {"model": model, "batch": batch, "n": n, "round": rnd}
+            for (name, _), g in zip(groups, warm):
+                row[name] = total(g.window(rnd))
+            rows.append(row)
+    finally:
+        for g in warm:
+            g.finish(15)
+    return rows
 
 
 def phase_probe(ctx, md):
@@ -569,6 +677,9 @@ def main():
     ap.add_argument("--busy-meter", action="store_true",
                     help="log each group's mean NVML utilization (nvidia-smi every 100 ms)")
     ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--warm", action="store_true",
+                    help="the ab phase starts each group once and runs its rounds as timed windows of the "
+                         "same tenants, stopped between their windows")
     ap.add_argument("--pin", default="", metavar="C|auto",
                     help="run tenant i of each group on its own C host CPUs (taskset; auto: the CPUs / the "
                          "group's tenants), natively and limited alike")
