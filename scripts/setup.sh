@@ -7,7 +7,7 @@ SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 PKGS="cmake ninja-build g++ python3 libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       libsqlite3-dev libcpp-httplib-dev libcli11-dev etcd-server etcd-client clang libclang-rt-14-dev
-      chromium chromium-driver python3-selenium python3-kubernetes python3-jsonschema python3-yaml openssl libssl-dev
+      chromium chromium-driver g++-aarch64-linux-gnu python3-selenium python3-kubernetes python3-jsonschema python3-yaml openssl libssl-dev
       prometheus systemd"
 missing=""
 # gRPC and protobuf: the kubelet device plugin (src/deviceplugin) and its tests.

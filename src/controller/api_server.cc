@@ -613,7 +613,7 @@ void ApiServer::Routes() {
           if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
           if (u.busy_ns_total < 0 || u.throttled_ns_total < 0)
             return ReplyError(res, InvalidArgument("vgpus: busy_ns_total and throttled_ns_total must be >= 0"));
-          if (v.contains("held_turn_ns_total")) {
+          if (v.contains("held_turn_ns_total") && !v.at("held_turn_ns_total").is_null()) {  // null: not reported
             u.held_turn_ns_total = vf.Int("held_turn_ns_total");
             if (!vf.status().ok()) return ReplyError(res, InvalidArgument("vgpus: " + vf.status().message()));
             if (u.held_turn_ns_total < 0 || u.held_turn_ns_total > u.throttled_ns_total)

@@ -22,7 +22,9 @@ std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std:
 // sample per vGPU with labels node, gpu, vgpu and qos: tf_vgpu_compute_request_ratio and
 // tf_vgpu_compute_limit_ratio (gauges, fraction of the GPU), tf_vgpu_busy_seconds_total (counter:
 // GPU-busy time charged to the vGPU; its rate is the current use), tf_vgpu_throttled_seconds_total
-// (counter: time its processes were held back), tf_vgpu_vram_used_bytes and
+// (counter: time its processes were held back) and, of it, tf_vgpu_held_turn_seconds_total,
+// tf_vgpu_held_limit_seconds_total and tf_vgpu_held_others_seconds_total (counters: held waiting
+// for another vGPU's turn, at its limit, over its request for others), tf_vgpu_vram_used_bytes and
 // tf_vgpu_vram_limit_bytes (gauges); the tiering families per vGPU with tiering, and per GPU.
 void WriteVgpuMetrics(prom::Exposition* out, const std::string& dir, const std::string& node);
 

@@ -328,6 +328,10 @@ TEST_F(ApiServerTest, HeartbeatsCarryVgpuUseIntoTheAllocationList) {
     EXPECT_EQ(Body(r)["error"]["code"], "invalid_argument") << b.dump();
   }
   EXPECT_NEAR(vgpu()["turn_seconds"].get<double>(), 0.2, 1e-9) << "refused reports change nothing";
+  json unreported = turns;
+  unreported["vgpus"][0]["held_turn_ns_total"] = nullptr;
+  ASSERT_EQ(client_->Post("/v1/nodes/n1/heartbeat", unreported.dump())->status, 200);
+  EXPECT_FALSE(vgpu().contains("turn_seconds")) << "null is as if not reported, not 0";
   // Counters that go back (the vGPU was made again) start a new interval.
   clock_.AdvanceMs(1'000);
   ASSERT_EQ(beat(10, 0)->status, 200);

@@ -317,7 +317,9 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     std::atomic<uint64_t>* by = why == static_cast<uint32_t>(ShareHold::kTurn)      ? &v->held_turn_ns_total
                                 : why == static_cast<uint32_t>(ShareHold::kAtLimit) ? &v->held_limit_ns_total
                                                                                     : &v->held_others_ns_total;
-    by->fetch_add(static_cast<uint64_t>(tick_ns), std::memory_order_relaxed);
+    // Release after the throttled add: a reader that loads the reasons (acquire) before the
+    // throttled total never sees them add up to more than it (GpuRegion::Snapshot).
+    by->fetch_add(static_cast<uint64_t>(tick_ns), std::memory_order_release);
   }
   if (in_flight || raw_busy_ns > 0 || held) v->last_demand_ns.store(now_ns, std::memory_order_relaxed);
 

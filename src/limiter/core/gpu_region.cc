@@ -590,10 +590,12 @@ void GpuRegion::Snapshot(RegionSnapshot* out) const {
     vi.last_demand_ns = v->last_demand_ns.load(std::memory_order_relaxed);
     vi.tokens_ns = v->tokens_ns.load(std::memory_order_relaxed);
     vi.busy_ns_total = v->busy_ns_total.load(std::memory_order_relaxed);
+    // The reasons before the total they are part of (each added after it, with release: ShareTick),
+    // so that they never add up to more than the throttled time read here.
+    vi.held_turn_ns_total = v->held_turn_ns_total.load(std::memory_order_acquire);
+    vi.held_limit_ns_total = v->held_limit_ns_total.load(std::memory_order_acquire);
+    vi.held_others_ns_total = v->held_others_ns_total.load(std::memory_order_acquire);
     vi.throttled_ns_total = v->throttled_ns_total.load(std::memory_order_relaxed);
-    vi.held_turn_ns_total = v->held_turn_ns_total.load(std::memory_order_relaxed);
-    vi.held_limit_ns_total = v->held_limit_ns_total.load(std::memory_order_relaxed);
-    vi.held_others_ns_total = v->held_others_ns_total.load(std::memory_order_relaxed);
     vi.launches_total = v->launches_total.load(std::memory_order_relaxed);
     vi.leases_total = v->leases_total.load(std::memory_order_relaxed);
     vi.oom_total = v->oom_total.load(std::memory_order_relaxed);

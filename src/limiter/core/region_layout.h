@@ -78,17 +78,20 @@ struct alignas(kCacheLine) VgpuSlot {
   std::atomic<uint64_t> drift_events;     // Release() of more than was held (clamped at zero)
   std::atomic<uint64_t> oom_total;        // Reserve() refusals
   std::atomic<uint64_t> compute_limit_ppm;  // the ceiling, >= compute_share_ppm
-  uint8_t reserved1[8];
+  // Shared mode: of throttled_ns_total, the ns held over the request while another vGPU was owed
+  // its own or a higher QoS borrowed (and any hold of no other reason). Lock-free adds per held
+  // tick; the other two reasons are in line 2.
+  std::atomic<uint64_t> held_others_ns_total;
   // Line 1: identity string, written before state becomes active, then immutable.
   char id[kVgpuIdBytes];
-  // Line 2: robust, process-shared; guards vram_used_bytes and the vram_bytes of its processes.
-  alignas(kCacheLine) pthread_mutex_t mutex;
-  // Shared mode: throttled_ns_total by why the processes were held (lock-free adds, per held
-  // tick): waiting for another vGPU's turn, at the vGPU's limit, and over its request while
-  // another vGPU was owed its own or a higher QoS borrowed (compute_share.cc).
-  std::atomic<uint64_t> held_turn_ns_total;
+  // Line 2. Shared mode: of throttled_ns_total, the ns held waiting for another vGPU's turn and
+  // at the vGPU's limit (lock-free adds per held tick, compute_share.cc; the third reason is in
+  // line 0). Before the mutex, so that their offsets do not depend on its size (40 bytes on
+  // x86-64 glibc, 48 on aarch64).
+  alignas(kCacheLine) std::atomic<uint64_t> held_turn_ns_total;
   std::atomic<uint64_t> held_limit_ns_total;
-  std::atomic<uint64_t> held_others_ns_total;
+  // Robust, process-shared; guards vram_used_bytes and the vram_bytes of its processes.
+  pthread_mutex_t mutex;
   // Line 3: compute token bucket and counters, updated lock-free by lease holders and waiters.
   // The limit bucket: GPU-busy ns this vGPU may still use, refilled at compute_limit_ppm; may be
   // negative (debt). (Exclusive-lease mode: the only bucket, refilled at compute_share_ppm.)
@@ -337,10 +340,11 @@ static_assert(offsetof(RegionHeader, gpu_name) == 192);
 static_assert(offsetof(RegionHeader, table_mutex) == 320);
 static_assert(sizeof(VgpuSlot) == 256);
 static_assert(offsetof(VgpuSlot, id) == 64);
-static_assert(offsetof(VgpuSlot, mutex) == 128);
+static_assert(offsetof(VgpuSlot, held_others_ns_total) == 56 && offsetof(VgpuSlot, held_turn_ns_total) == 128 &&
+              offsetof(VgpuSlot, held_limit_ns_total) == 136);
+static_assert(offsetof(VgpuSlot, mutex) == 144 && sizeof(pthread_mutex_t) <= 48,
+              "the vGPU's mutex ends line 2 (40 bytes on x86-64 glibc, 48 on aarch64)");
 static_assert(offsetof(VgpuSlot, tokens_ns) == 192);
-static_assert(offsetof(VgpuSlot, held_turn_ns_total) == 168 && offsetof(VgpuSlot, held_others_ns_total) == 184,
-              "the held-by-reason counters fill line 2 after a 40-byte mutex");
 static_assert(offsetof(ProcessSlot, last_hold) == 12);
 static_assert(sizeof(ProcessSlot) == 64);
 static_assert(offsetof(ProcessSlot, start_time_ticks) == 16 && offsetof(ProcessSlot, wait_since_ns) == 40);
