@@ -165,6 +165,17 @@ StatusOr<std::string> LoadOrCreateCredential(const std::string& file) {
   if (!ok) return Unavailable("cannot write the node credential " + file);
   return std::string(fresh);
 }
+
+// A region counter or size as a heartbeat carries it. The region is shared memory that tenants
+// of the GPU can write: a value past int64 would reach the controller negative and have the
+// node's whole heartbeat refused, so it is reported as the largest int64 instead.
+int64_t Reported(uint64_t v) {
+  return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
+}
+int64_t AddReported(int64_t a, uint64_t b) {
+  const int64_t r = Reported(b);
+  return a > INT64_MAX - r ? INT64_MAX : a + r;
+}
 }  // namespace
 
 Status NodeAgent::Start() {
@@ -201,10 +212,10 @@ Status NodeAgent::HeartbeatOnce() {
       const limiter::VgpuInfo& v = snap->vgpus[i];
       if (std::string(v.id).rfind("a-", 0) != 0) continue;  // not an allocation's vGPU
       json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
-                    {"busy_ns_total", static_cast<int64_t>(v.busy_ns_total)},
-                    {"throttled_ns_total", static_cast<int64_t>(v.throttled_ns_total)},
-                    // Read apart from throttled_ns_total while processes add to both: never above it.
-                    {"held_turn_ns_total", static_cast<int64_t>(std::min(v.held_turn_ns_total, v.throttled_ns_total))}};
+                    {"busy_ns_total", Reported(v.busy_ns_total)},
+                    {"throttled_ns_total", Reported(v.throttled_ns_total)},
+                    // Never above the throttled time, whatever the region holds.
+                    {"held_turn_ns_total", Reported(std::min(v.held_turn_ns_total, v.throttled_ns_total))}};
       // Its live processes (pids as the region records them) and, with tiering, where their VRAM
       // is (mixed when they differ). The worker sessions bound to the allocation count as its
       // processes (remote_sessions.h).
@@ -222,13 +233,15 @@ Status NodeAgent::HeartbeatOnce() {
       for (uint32_t k = 0; k < snap->process_count; ++k) {
         const limiter::ProcessInfo& p = snap->processes[k];
         if (!mine.count(p.vgpu_index)) continue;
-        if (procs.size() < 256)  // what the controller accepts per vGPU
-          procs.push_back({{"pid", p.pid}, {"vram_bytes", static_cast<int64_t>(p.vram_bytes)}});
+        // What the controller accepts: 256 processes per vGPU, pids 1..4194304 and at most 1 PiB
+        // each (a slot a tenant scribbled on is left out or clamped, not a refused heartbeat).
+        if (procs.size() < 256 && p.pid >= 1 && p.pid <= 4194304)
+          procs.push_back({{"pid", p.pid}, {"vram_bytes", std::min<int64_t>(Reported(p.vram_bytes), int64_t{1} << 50)}});
         if (!tiered.count(p.vgpu_index) || p.tier_state == limiter::kTierOff) continue;
         const std::string s = limiter::TierStateLabel(p.tier_state);
         state = state.empty() || state == s ? s : "mixed";
-        swapped += static_cast<int64_t>(p.host_bytes) +
-                   (p.tier_state == limiter::kTierOnDisk ? static_cast<int64_t>(p.movable_bytes) : 0);
+        swapped = AddReported(swapped, p.host_bytes);
+        if (p.tier_state == limiter::kTierOnDisk) swapped = AddReported(swapped, p.movable_bytes);
       }
       entry["processes"] = std::move(procs);
       if (v.tier_enabled) {

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -438,6 +439,43 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   EXPECT_NEAR(use->use_percent, 10.0, 1e-6);  // 100 ms charged in the 1 s between heartbeats
   EXPECT_NEAR(use->throttled_seconds, v.throttled_ns_total / 1e9, 1e-9);
   EXPECT_EQ(use->turn_seconds, 0) << "reported (none of it waiting for turns), so not -1";
+  r->DetachProcess(slot);
+}
+
+// The region is shared memory any tenant of the GPU can write. Counters and sizes a tenant set past
+// what the controller accepts are reported clamped, so the node's heartbeat (every allocation's
+// use, and the node staying alive) is never refused for them.
+TEST(NodeAgent, CountersATenantScribbledOnStillHeartbeatClamped) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  controller::Controller& c = *rig.c;
+  FakeGpuSource source({{0, "GPU-s0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions");
+  NodeAgent agent({rig.url(), "tok", "host-s", "", "", ""}, &source, &regions, &rig.clock);
+  ASSERT_TRUE(agent.Start().ok());
+  controller::AllocationRequest req{"", "", 0, 1024, 1, "high", ""};
+  req.percent = 25;
+  auto a = c.Allocate(req);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(agent.SyncAllocations().ok());
+  limiter::GpuRegion* r = regions.region("GPU-s0");
+  ASSERT_NE(r, nullptr);
+  uint32_t index = 0, slot = 0;
+  ASSERT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, getpid(), &slot), limiter::RegionError::kOk);
+  // As a tenant would: straight into the file, at the offsets of docs/shm-layout.md.
+  int fd = ::open(r->path(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const uint64_t huge = ~uint64_t{0};
+  const off_t vgpu = 512 + 256 * static_cast<off_t>(index);
+  for (off_t field : {vgpu + 208, vgpu + 216, vgpu + 128, 16896 + 64 * static_cast<off_t>(slot) + 24})
+    ASSERT_EQ(::pwrite(fd, &huge, sizeof huge, field), static_cast<ssize_t>(sizeof huge));
+  ::close(fd);
+  ASSERT_TRUE(agent.HeartbeatOnce().ok()) << "a scribbled region must not get the heartbeat refused";
+  StatusOr<controller::VgpuUse> use = c.GetVgpuUse(a->id, "GPU-s0");
+  ASSERT_TRUE(use.ok()) << use.status().ToString();
+  EXPECT_NEAR(use->throttled_seconds, static_cast<double>(INT64_MAX) / 1e9, 1.0);
+  EXPECT_NEAR(use->turn_seconds, static_cast<double>(INT64_MAX) / 1e9, 1.0);
   r->DetachProcess(slot);
 }
 
