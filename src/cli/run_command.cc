@@ -712,6 +712,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
   if (sample_seconds > 0 && !regions.empty()) usleep(static_cast<useconds_t>(sample_seconds * 1e6));
   for (Sampled& s : regions) {
     s.region.Snapshot(s.after.get());
+    hypervisor::MakePrintable(s.after.get());  // ids and names a tenant wrote: no terminal escapes
     const limiter::RegionSnapshot& snap = *s.after;
     std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS  host tier %s of %s\n", snap.gpu_uuid, snap.gpu_name,
                 FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0,

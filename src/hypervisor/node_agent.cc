@@ -247,9 +247,13 @@ Status NodeAgent::HeartbeatOnce() {
       if (v.tier_enabled) {
         entry["tier_state"] = state.empty() ? "resident" : state;
         entry["swapped_bytes"] = swapped;
-        entry["applied_idle_swap_ms"] = static_cast<int64_t>(v.idle_swap_ms);
-        entry["applied_idle_disk_ms"] = static_cast<int64_t>(v.idle_disk_ms);
-        entry["applied_idle_zero_ms"] = static_cast<int64_t>(v.idle_zero_ms);
+        // As the controller accepts them (0..30 days); a value a tenant wrote past that is left out.
+        for (auto [name, ms] : {std::pair{"applied_idle_swap_ms", v.idle_swap_ms},
+                                std::pair{"applied_idle_disk_ms", v.idle_disk_ms},
+                                std::pair{"applied_idle_zero_ms", v.idle_zero_ms}}) {
+          if (static_cast<uint64_t>(ms) <= static_cast<uint64_t>(controller::kMaxTierIdleMs))
+            entry[name] = static_cast<int64_t>(ms);
+        }
       }
       vgpus.push_back(std::move(entry));
     }

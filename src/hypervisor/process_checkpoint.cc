@@ -24,12 +24,15 @@ int64_t NowUs() {
 
 uint32_t ClampUs(int64_t us) { return us < 0 ? 0 : us > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(us); }
 
-// The pid of an active process slot, 0 when the slot is free or out of range.
+// The pid of an active process slot, 0 when the slot is free or out of range, or when the pid it
+// names is not a tenant of the region (IsTenantOfRegion: the pid and start time a tenant could
+// have written there are checked against /proc before the driver is asked to lock anything).
 int SlotPid(const limiter::GpuRegion& region, uint32_t slot) {
   auto snap = std::make_unique<limiter::RegionSnapshot>();
   region.Snapshot(snap.get());
   for (uint32_t i = 0; i < snap->process_count; ++i) {
-    if (snap->processes[i].slot == slot) return snap->processes[i].pid;
+    const limiter::ProcessInfo& p = snap->processes[i];
+    if (p.slot == slot) return IsTenantOfRegion(p.pid, p.start_time_ticks, region.path()) ? p.pid : 0;
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 #include "hypervisor/quota_regions.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -30,6 +32,28 @@ Status RegionStatus(RegionError e, const std::string& what, const limiter::Regio
 std::string DefaultRegionDir() {
   const char* env = getenv("TFUSION_SHM_DIR");
   return env && *env ? env : limiter::kDefaultRegionDir;
+}
+
+bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path) {
+  if (pid <= 0 || !limiter::ProcessAlive(pid, start_ticks)) return false;
+  struct stat st {};
+  if (stat(region_path.c_str(), &st) != 0) return false;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/maps", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  // Each line: range perms offset major:minor inode [path].
+  char line[4352];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned major_no = 0, minor_no = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(line, "%*s %*s %*s %x:%x %llu", &major_no, &minor_no, &inode) != 3) continue;
+    found = inode == static_cast<unsigned long long>(st.st_ino) && major_no == major(st.st_dev) &&
+            minor_no == minor(st.st_dev);
+  }
+  std::fclose(f);
+  return found && limiter::ProcessAlive(pid, start_ticks);  // still that process after the read
 }
 
 std::vector<std::string> RegionFiles(const std::string& dir) {
@@ -144,7 +168,7 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
       if (const std::string bound = BoundAllocation(id); !bound.empty() && !allocations.count(bound)) {
         // A worker session of an allocation taken back: its session process is stopped as the
         // allocation's own processes are; the worker removes the vGPU when the session ends.
-        std::vector<limiter::ProcessInfo> session = LiveSessionProcess(*snapshot, v);
+        std::vector<limiter::ProcessInfo> session = LiveSessionProcess(*snapshot, v, r->path());
         if (lingering != nullptr && !session.empty()) {
           LingeringVgpu l;
           l.gpu_uuid = uuid;
@@ -162,7 +186,7 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
         LingeringVgpu l{uuid, id, {}, "", "", false};
         for (uint32_t p = 0; p < snapshot->process_count; ++p) {
           const limiter::ProcessInfo& info = snapshot->processes[p];
-          if (info.vgpu_index == v.index && limiter::ProcessAlive(info.pid, info.start_time_ticks))
+          if (info.vgpu_index == v.index && IsTenantOfRegion(info.pid, info.start_time_ticks, r->path()))
             l.processes.push_back(info);
         }
         lingering->push_back(std::move(l));

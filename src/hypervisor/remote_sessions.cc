@@ -61,13 +61,14 @@ pid_t SessionOfVgpu(const std::string& vgpu_id) {
   return pid > 0 && pid <= 0x7FFFFFFF ? static_cast<pid_t>(pid) : -1;
 }
 
-std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapshot& snap, const limiter::VgpuInfo& v) {
+std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapshot& snap, const limiter::VgpuInfo& v,
+                                                     const std::string& region_path) {
   std::vector<limiter::ProcessInfo> out;
   const pid_t session = SessionOfVgpu(v.id);
   if (session <= 0) return out;
   for (uint32_t k = 0; k < snap.process_count; ++k) {
     const limiter::ProcessInfo& p = snap.processes[k];
-    if (p.vgpu_index == v.index && p.pid == session && limiter::ProcessAlive(p.pid, p.start_time_ticks)) {
+    if (p.vgpu_index == v.index && p.pid == session && IsTenantOfRegion(p.pid, p.start_time_ticks, region_path)) {
       out.push_back(p);
       break;
     }
@@ -167,7 +168,7 @@ Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& s
     if (!live) continue;
     if (a.held && t->enabled.load() == 0) {
       // Nothing to swap out: the session would keep the VRAM its preemptor was promised.
-      std::vector<limiter::ProcessInfo> session = LiveSessionProcess(snap, v);
+      std::vector<limiter::ProcessInfo> session = LiveSessionProcess(snap, v, r.path());
       if (stop != nullptr && !session.empty()) {
         LingeringVgpu l;
         l.gpu_uuid = a.gpu_uuid;

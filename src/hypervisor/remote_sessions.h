@@ -68,8 +68,10 @@ Status SyncBoundSessions(limiter::GpuRegion& r, const limiter::RegionSnapshot& s
 
 // The live worker session process of a bound session vGPU `v` of `snap`: only the process whose
 // pid is the one in the vGPU's id and that registered on that vGPU itself (its pid and start
-// time as the region recorded them, still naming the same process in /proc). Empty when it is
-// gone, or when only other processes use the vGPU (never the session: they are left alone).
-std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapshot& snap, const limiter::VgpuInfo& v);
+// time as the region recorded them, still naming the same process in /proc, which has the region
+// at `region_path` mapped: IsTenantOfRegion). Empty when it is gone, or when only other processes
+// use the vGPU (never the session: they are left alone).
+std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapshot& snap, const limiter::VgpuInfo& v,
+                                                     const std::string& region_path);
 
 }  // namespace tf::hypervisor

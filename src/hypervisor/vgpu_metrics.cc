@@ -116,9 +116,22 @@ std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std:
     if (limiter::GpuRegion::Attach(file.c_str(), &region) != limiter::RegionError::kOk) continue;
     auto snap = std::make_unique<limiter::RegionSnapshot>();
     region.Snapshot(snap.get());
+    MakePrintable(snap.get());
     snapshots.push_back(std::move(snap));
   }
   return snapshots;
+}
+
+void MakePrintable(limiter::RegionSnapshot* snap) {
+  auto clean = [](char* text, size_t size) {
+    for (size_t i = 0; i < size && text[i] != '\0'; ++i) {
+      const unsigned char c = static_cast<unsigned char>(text[i]);
+      if (c < 0x20 || c >= 0x7f) text[i] = '?';
+    }
+  };
+  clean(snap->gpu_uuid, sizeof(snap->gpu_uuid));
+  clean(snap->gpu_name, sizeof(snap->gpu_name));
+  for (uint32_t i = 0; i < snap->vgpu_count; ++i) clean(snap->vgpus[i].id, sizeof(snap->vgpus[i].id));
 }
 
 void WriteVgpuMetrics(prom::Exposition* out, const std::string& dir, const std::string& node) {

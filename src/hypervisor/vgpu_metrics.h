@@ -15,8 +15,15 @@
 
 namespace tf::hypervisor {
 
-// A snapshot of every region file in `dir` that can be attached (the others are skipped).
+// A snapshot of every region file in `dir` that can be attached (the others are skipped), its
+// text made printable (MakePrintable).
 std::vector<std::unique_ptr<limiter::RegionSnapshot>> SnapshotRegions(const std::string& dir);
+
+// Replaces every byte outside printable ASCII in the snapshot's GPU UUID, GPU name and vGPU ids
+// with '?'. The region is shared memory tenants can write: raw, such text would be invalid UTF-8 in
+// JSON (a heartbeat that cannot be encoded) and Prometheus labels (a refused scrape), or terminal
+// escapes in `tfusion smi`.
+void MakePrintable(limiter::RegionSnapshot* snap);
 
 // The families of every region file in `dir` that can be attached (the others are skipped), one
 // sample per vGPU with labels node, gpu, vgpu and qos: tf_vgpu_compute_request_ratio and

@@ -476,6 +476,23 @@ TEST(NodeAgent, CountersATenantScribbledOnStillHeartbeatClamped) {
   ASSERT_TRUE(use.ok()) << use.status().ToString();
   EXPECT_NEAR(use->throttled_seconds, static_cast<double>(INT64_MAX) / 1e9, 1.0);
   EXPECT_NEAR(use->turn_seconds, static_cast<double>(INT64_MAX) / 1e9, 1.0);
+
+  // Text that is not UTF-8 (a vGPU id, the GPU's name) and an idle timeout past 30 days: the
+  // heartbeat is still encoded and accepted, and the metrics still parse.
+  uint32_t other = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu("a-0000000000000abc", 1 << 20, 100'000, &other), limiter::RegionError::kOk);
+  ASSERT_EQ(r->SetTierPolicy(index, true, 10'000), limiter::RegionError::kOk);
+  r->TierOfVgpu(index)->idle_swap_ms.store(huge);
+  fd = ::open(r->path(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const char bad[] = "\xff\xfe\x1b[2J";
+  ASSERT_EQ(::pwrite(fd, bad, 4, 512 + 256 * static_cast<off_t>(other) + 64 + 2), 4);  // inside the id
+  ASSERT_EQ(::pwrite(fd, bad, 4, 192), 4);                                              // the GPU's name
+  ::close(fd);
+  ASSERT_TRUE(agent.HeartbeatOnce().ok());
+  tf::testing::ParsedExposition m;
+  ASSERT_EQ(tf::testing::ParseExposition(agent.MetricsText(), &m), "") << agent.MetricsText();
+  EXPECT_NE(agent.MetricsText().find("vgpu=\"a-???[000000000abc\""), std::string::npos) << agent.MetricsText();
   r->DetachProcess(slot);
 }
 
@@ -644,6 +661,37 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedAndSoIsOneTheControllerNoLongerHas) 
   EXPECT_TRUE(HasVgpu("run-4242"));
   kill(standalone, SIGKILL);
   EXPECT_EQ(EndedBySignal(standalone, 2000), SIGKILL);
+}
+
+// The region is shared memory any tenant can write: a slot that names some other process of the
+// machine (its pid and start time copied from /proc) under a vGPU the controller does not have
+// must not get that process signalled. Only a process that has the region mapped is a tenant.
+TEST_F(StopTest, AProcessThatDoesNotMapTheRegionIsNeverSignalledWhateverTheRegionSays) {
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  limiter::GpuRegion* r = regions_->region("GPU-s0");
+  ASSERT_NE(r, nullptr);
+  // Not a tenant: a fresh program (exec drops the mappings it was forked with).
+  pid_t bystander = fork();
+  if (bystander == 0) {
+    execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(bystander, 0);
+  tenants_.push_back(bystander);
+  usleep(100'000);  // past the exec
+  uint32_t index = 0, slot = 0;
+  ASSERT_EQ(r->CreateOrUpdateVgpu("a-00000000000000ff", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(index, bystander, &slot), limiter::RegionError::kOk);  // pid and start time as /proc has them
+  pid_t tenant = Tenant(false);  // forked here: it has the region mapped, as a tenant's limiter does
+  ASSERT_GT(tenant, 0);
+  uint32_t tenant_slot = 0;
+  ASSERT_EQ(r->AttachProcess(index, tenant, &tenant_slot), limiter::RegionError::kOk);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(tenant, 2000), SIGTERM) << "the controller has no allocation a-00000000000000ff";
+  clock_.AdvanceMs(10'000);  // past the grace period: what is left would get SIGKILL
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(bystander, 300), 0) << "a process without the region mapped is not a tenant";
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {
