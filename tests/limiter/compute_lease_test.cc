@@ -274,5 +274,29 @@ TEST_F(LeaseRenewalTest, AWaitingTenantWithBudgetGetsItsTurnInstead) {
   EXPECT_EQ(region_.ExtendLease(sb, now, 10 * kMs, 0).error, RegionError::kNotHolder);
 }
 
+// ---- A region another tenant scribbled (any process can write any byte of it) ----
+
+class ScribbledLeaseTest : public ComputeLeaseTest {};
+
+TEST_F(ScribbledLeaseTest, AWaiterWithAVgpuIndexOutOfRangeIsSkippedAndTheHolderRenewsAndReleases) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  for (uint32_t ghost : {sa + 1, sa + 2}) {
+    raw.process(ghost)->state.store(kSlotActive);
+    raw.process(ghost)->pid.store(getpid());
+    raw.process(ghost)->wait_since_ns.store(1);  // waiting longest of all
+  }
+  raw.process(sa + 1)->vgpu_index.store(0xFFFFFFFF);  // past the mapping
+  raw.process(sa + 2)->vgpu_index.store(kMaxVgpus);   // the first index past the vGPU array
+  raw.lease()->wanting.store(2);
+  int64_t now = MonotonicNowNs();
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, 10 * kMs).granted);
+  EXPECT_TRUE(region_.ExtendLease(sa, now, 10 * kMs, kMs).granted) << "no real waiter to hand over to";
+  ASSERT_EQ(region_.ReleaseLease(sa, kMs, now, kMs), RegionError::kOk);
+  EXPECT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted) << "no hint for a slot that is no waiter";
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing

@@ -100,13 +100,14 @@ int64_t GpuRegion::RefillTokens(VgpuSlot* v, int64_t now_ns) {
 
 LeaseGrant GpuRegion::TryAcquireLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns) {
   LeaseGrant g;
-  if (!ValidActiveProcess(slot) || quantum_ns <= 0) {
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi) || quantum_ns <= 0) {
     g.denial = LeaseDenial::kError;
     g.error = RegionError::kInvalidArgument;
     return g;
   }
   ProcessSlot* p = process(slot);
-  VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
+  VgpuSlot* v = vgpu(vi);
   uint64_t share_ppm = v->compute_share_ppm.load(std::memory_order_relaxed);
   if (share_ppm >= kShareWholeGpuPpm) {
     g.granted = true;
@@ -187,7 +188,11 @@ int32_t GpuRegion::PickHandoffTarget(uint32_t releaser, int64_t now_ns) const {
     if (i == releaser || p->state.load(std::memory_order_acquire) != kSlotActive) continue;
     int64_t since = p->wait_since_ns.load(std::memory_order_relaxed);
     if (since == 0 || since >= best_since) continue;
-    const VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
+    // Loaded once and checked: a slot's index is written by a tenant (the region is world-writable)
+    // and one out of range would address memory outside the vGPU array. Such a slot is no waiter.
+    const uint32_t vi = p->vgpu_index.load(std::memory_order_relaxed);
+    if (vi >= kMaxVgpus) continue;
+    const VgpuSlot* v = vgpu(vi);
     int64_t share = ClampShare(v->compute_share_ppm.load(std::memory_order_relaxed));
     int64_t last = v->last_refill_ns.load(std::memory_order_relaxed);
     int64_t tokens = v->tokens_ns.load(std::memory_order_relaxed);
@@ -202,7 +207,8 @@ int32_t GpuRegion::PickHandoffTarget(uint32_t releaser, int64_t now_ns) const {
 LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns,
                                   int64_t provisional_ns) {
   LeaseGrant g;
-  if (!ValidActiveProcess(slot) || quantum_ns <= 0 || provisional_ns < 0) {
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi) || quantum_ns <= 0 || provisional_ns < 0) {
     g.denial = LeaseDenial::kError;
     g.error = RegionError::kInvalidArgument;
     return g;
@@ -219,7 +225,7 @@ LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum
     g.denial = LeaseDenial::kHandoff;  // someone else can use the GPU: take turns
     return g;
   }
-  VgpuSlot* v = vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
+  VgpuSlot* v = vgpu(vi);
   int64_t tokens = RefillTokens(v, now_ns);
   if (tokens - provisional_ns <= 0) {
     g.denial = LeaseDenial::kNoTokens;
@@ -240,8 +246,9 @@ LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum
 
 RegionError GpuRegion::ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns,
                                     int64_t already_charged_ns) {
-  if (!ValidActiveProcess(slot)) return RegionError::kInvalidArgument;
-  VgpuSlot* v = vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi)) return RegionError::kInvalidArgument;
+  VgpuSlot* v = vgpu(vi);
   if (measured_busy_ns < 0) measured_busy_ns = 0;
   if (already_charged_ns < 0) already_charged_ns = 0;
   v->busy_ns_total.fetch_add(static_cast<uint64_t>(measured_busy_ns), std::memory_order_relaxed);
@@ -275,9 +282,10 @@ void GpuRegion::FreeLeaseIfHeldBy(uint32_t slot) {
 }
 
 int64_t GpuRegion::WaitForLease(uint32_t slot, int64_t timeout_ns) {
-  if (!ValidActiveProcess(slot) || timeout_ns <= 0) return 0;
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi) || timeout_ns <= 0) return 0;
   ProcessSlot* p = process(slot);
-  VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
+  VgpuSlot* v = vgpu(vi);
   uint64_t share_ppm = v->compute_share_ppm.load(std::memory_order_relaxed);
   if (share_ppm >= kShareWholeGpuPpm) return 0;
   LeaseBlock* l = lease();
@@ -332,9 +340,8 @@ void GpuRegion::CancelWait(uint32_t slot) {
 }
 
 void GpuRegion::CountLaunches(uint32_t slot, uint64_t n) {
-  if (!ValidActiveProcess(slot)) return;
-  vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed))
-      ->launches_total.fetch_add(n, std::memory_order_relaxed);
+  uint32_t vi = 0;
+  if (ValidActiveProcess(slot, &vi)) vgpu(vi)->launches_total.fetch_add(n, std::memory_order_relaxed);
 }
 
 }  // namespace tf::limiter

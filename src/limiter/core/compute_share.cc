@@ -212,12 +212,12 @@ uint32_t GpuRegion::ActiveProcesses(uint32_t self, int64_t now_ns, uint64_t* vgp
 ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns, int64_t raw_busy_ns,
                                   bool in_flight, bool held, ShareTurn* turn) {
   ShareVerdict out;
-  if (!ValidActiveProcess(slot) || tick_ns < 0 || raw_busy_ns < 0) {
+  uint32_t mine = 0;
+  if (!ValidActiveProcess(slot, &mine) || tick_ns < 0 || raw_busy_ns < 0) {
     out.error = RegionError::kInvalidArgument;
     return out;
   }
   ProcessSlot* p = process(slot);
-  const uint32_t mine = p->vgpu_index.load(std::memory_order_relaxed);
   VgpuSlot* v = vgpu(mine);
   const int64_t req = ClampShare(v->compute_share_ppm.load(std::memory_order_relaxed));
   const int64_t lim = ClampShare(LimitPpm(v));
