@@ -298,5 +298,22 @@ TEST_F(ScribbledLeaseTest, AWaiterWithAVgpuIndexOutOfRangeIsSkippedAndTheHolderR
   EXPECT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted) << "no hint for a slot that is no waiter";
 }
 
+TEST_F(ScribbledLeaseTest, ALeaseWordOwnedByNoProcessSlotIsTakenAtOnce) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  const int64_t now = MonotonicNowNs();
+  // Owner bits 1023 (slot 1022: there are 512), a deadline 10 s ahead and 10 ms past.
+  for (int64_t deadline : {now + 10'000 * kMs, now - 10 * kMs}) {
+    const uint64_t ms = (static_cast<uint64_t>(deadline) / 1'000'000) & ((1ULL << 22) - 1);
+    raw.lease()->word.store((1023ULL << 54) | (ms << 32) | 7);
+    LeaseGrant g = region_.TryAcquireLease(sa, now, kMs);
+    EXPECT_TRUE(g.granted) << static_cast<int>(g.denial);
+    ASSERT_EQ(region_.ReleaseLease(sa, 0, now), RegionError::kOk);
+  }
+  EXPECT_EQ(region_.WaitForLease(sa, 50 * kMs), 0) << "nobody holds it: no wait";
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing

@@ -145,7 +145,9 @@ LeaseGrant GpuRegion::TryAcquireLease(uint32_t slot, int64_t now_ns, int64_t qua
   } else {
     int64_t overdue = OverdueMs(w, now_ns);
     bool steal = false;
-    if (overdue > kStealOverdueMs) {
+    if (overdue > kStealOverdueMs || owner > kMaxProcesses) {
+      // Far overdue, or an owner that is no process slot (a scribbled word: 10 bits hold up to
+      // 1023) and so no holder at all.
       steal = true;
     } else if (overdue > 0) {  // late: is the holder still alive? (a /proc read, rare)
       const ProcessSlot* hp = process(owner - 1);
@@ -307,7 +309,7 @@ int64_t GpuRegion::WaitForLease(uint32_t slot, int64_t timeout_ns) {
     if (until < wait) wait = until;
   }
   uint32_t owner = OwnerOf(w);
-  if (owner != 0 && owner != slot + 1) {
+  if (owner != 0 && owner != slot + 1 && owner <= kMaxProcesses) {
     // Until the release; a late holder is re-checked (for stealing) every kOverdueRecheckNs.
     int64_t left = -OverdueMs(w, start) * 1'000'000;
     int64_t until = (left > 0 ? left : 0) + kOverdueRecheckNs;
