@@ -315,5 +315,38 @@ TEST_F(ScribbledLeaseTest, ALeaseWordOwnedByNoProcessSlotIsTakenAtOnce) {
   EXPECT_EQ(region_.WaitForLease(sa, 50 * kMs), 0) << "nobody holds it: no wait";
 }
 
+TEST_F(ScribbledLeaseTest, BucketWordsNearTheInt64LimitsAreReadAsAFullOrEmptyBucket) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  VgpuSlot* v = raw.vgpu(a);
+  int64_t now = MonotonicNowNs();
+  // Nearly INT64_MAX tokens and a refill due: a full bucket (its burst), not a wrapped-around debt.
+  v->tokens_ns.store(INT64_MAX - 10);
+  v->last_refill_ns.store(now - 1000 * kMs);
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted);
+  EXPECT_EQ(v->tokens_ns.load(), 50 * kMs) << "the burst of 50%";
+  ASSERT_EQ(region_.ReleaseLease(sa, 0, now), RegionError::kOk);
+  // A last refill at INT64_MIN: the longest refill there is, a full bucket again.
+  v->tokens_ns.store(0);
+  v->last_refill_ns.store(INT64_MIN);
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted);
+  EXPECT_EQ(v->tokens_ns.load(), 50 * kMs);
+  ASSERT_EQ(region_.ReleaseLease(sa, 0, now), RegionError::kOk);
+  // INT64_MIN tokens and no refill due: a debt to wait out, for a positive (capped) time.
+  v->tokens_ns.store(INT64_MIN);
+  v->last_refill_ns.store(now);
+  LeaseGrant g = region_.TryAcquireLease(sa, now, kMs);
+  EXPECT_EQ(g.denial, LeaseDenial::kNoTokens);
+  EXPECT_GT(g.retry_after_ns, 0);
+  EXPECT_GT(region_.WaitForLease(sa, kMs), 0) << "waits its timeout out";
+  // A provisional charge beyond what INT64_MIN tokens leave is refused, not wrapped into credit.
+  v->tokens_ns.store(kMs);
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted);
+  v->tokens_ns.store(INT64_MIN + 5);
+  EXPECT_EQ(region_.ExtendLease(sa, now, kMs, 10).denial, LeaseDenial::kNoTokens);
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing

@@ -59,7 +59,9 @@ uint64_t MakeHandoff(uint32_t target_plus1, int64_t expiry_ns) {
 
 using bucket::BurstNs;
 using bucket::ClampShare;
+using bucket::ElapsedNs;
 using bucket::RefillAmount;
+using bucket::SaneTokens;
 // Nanoseconds of wall time until a bucket at `tokens` (<= 0) is positive again.
 int64_t NsUntilPositive(int64_t tokens, int64_t share_ppm) {
   return bucket::NsUntilPositive(tokens, share_ppm, INT64_MAX / 2);
@@ -86,11 +88,11 @@ int64_t GpuRegion::RefillTokens(VgpuSlot* v, int64_t now_ns) {
   while (now_ns > last) {
     // Whoever moves last_refill_ns forward owns the refill of [last, now): no time is credited twice.
     if (v->last_refill_ns.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) {
-      int64_t add = RefillAmount(share, now_ns - last);
+      int64_t add = RefillAmount(share, ElapsedNs(now_ns, last));
       int64_t t = v->tokens_ns.load(std::memory_order_relaxed);
       int64_t nt;
       do {
-        nt = t + add < burst ? t + add : burst;
+        nt = t < burst - add ? t + add : burst;  // t + add < burst, without overflow whatever t holds
       } while (!v->tokens_ns.compare_exchange_weak(t, nt, std::memory_order_relaxed));
       break;
     }
@@ -198,7 +200,9 @@ int32_t GpuRegion::PickHandoffTarget(uint32_t releaser, int64_t now_ns) const {
     int64_t share = ClampShare(v->compute_share_ppm.load(std::memory_order_relaxed));
     int64_t last = v->last_refill_ns.load(std::memory_order_relaxed);
     int64_t tokens = v->tokens_ns.load(std::memory_order_relaxed);
-    if (now_ns > last) tokens += RefillAmount(share, now_ns - last);
+    // Refilled only when empty (all that matters is whether it is positive), so that the sum cannot
+    // overflow whatever the bucket's words hold.
+    if (tokens <= 0 && now_ns > last) tokens = SaneTokens(tokens) + RefillAmount(share, ElapsedNs(now_ns, last));
     if (tokens <= 0) continue;  // it could not use the lease now anyway
     best = static_cast<int32_t>(i);
     best_since = since;
@@ -229,7 +233,7 @@ LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum
   }
   VgpuSlot* v = vgpu(vi);
   int64_t tokens = RefillTokens(v, now_ns);
-  if (tokens - provisional_ns <= 0) {
+  if (tokens <= provisional_ns) {
     g.denial = LeaseDenial::kNoTokens;
     return g;
   }
