@@ -274,5 +274,79 @@ TEST_F(LeaseRenewalTest, AWaitingTenantWithBudgetGetsItsTurnInstead) {
   EXPECT_EQ(region_.ExtendLease(sb, now, 10 * kMs, 0).error, RegionError::kNotHolder);
 }
 
+// ---- A region another tenant scribbled (any process can write any byte of it) ----
+
+class ScribbledLeaseTest : public ComputeLeaseTest {};
+
+TEST_F(ScribbledLeaseTest, AWaiterWithAVgpuIndexOutOfRangeIsSkippedAndTheHolderRenewsAndReleases) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  for (uint32_t ghost : {sa + 1, sa + 2}) {
+    raw.process(ghost)->state.store(kSlotActive);
+    raw.process(ghost)->pid.store(getpid());
+    raw.process(ghost)->wait_since_ns.store(1);  // waiting longest of all
+  }
+  raw.process(sa + 1)->vgpu_index.store(0xFFFFFFFF);  // past the mapping
+  raw.process(sa + 2)->vgpu_index.store(kMaxVgpus);   // the first index past the vGPU array
+  raw.lease()->wanting.store(2);
+  int64_t now = MonotonicNowNs();
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, 10 * kMs).granted);
+  EXPECT_TRUE(region_.ExtendLease(sa, now, 10 * kMs, kMs).granted) << "no real waiter to hand over to";
+  ASSERT_EQ(region_.ReleaseLease(sa, kMs, now, kMs), RegionError::kOk);
+  EXPECT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted) << "no hint for a slot that is no waiter";
+}
+
+TEST_F(ScribbledLeaseTest, ALeaseWordOwnedByNoProcessSlotIsTakenAtOnce) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  const int64_t now = MonotonicNowNs();
+  // Owner bits 1023 (slot 1022: there are 512), a deadline 10 s ahead and 10 ms past.
+  for (int64_t deadline : {now + 10'000 * kMs, now - 10 * kMs}) {
+    const uint64_t ms = (static_cast<uint64_t>(deadline) / 1'000'000) & ((1ULL << 22) - 1);
+    raw.lease()->word.store((1023ULL << 54) | (ms << 32) | 7);
+    LeaseGrant g = region_.TryAcquireLease(sa, now, kMs);
+    EXPECT_TRUE(g.granted) << static_cast<int>(g.denial);
+    ASSERT_EQ(region_.ReleaseLease(sa, 0, now), RegionError::kOk);
+  }
+  EXPECT_EQ(region_.WaitForLease(sa, 50 * kMs), 0) << "nobody holds it: no wait";
+}
+
+TEST_F(ScribbledLeaseTest, BucketWordsNearTheInt64LimitsAreReadAsAFullOrEmptyBucket) {
+  uint32_t a = 0, sa = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 500'000, &a), RegionError::kOk);
+  ASSERT_EQ(region_.AttachProcess(a, getpid(), &sa), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  VgpuSlot* v = raw.vgpu(a);
+  int64_t now = MonotonicNowNs();
+  // Nearly INT64_MAX tokens and a refill due: a full bucket (its burst), not a wrapped-around debt.
+  v->tokens_ns.store(INT64_MAX - 10);
+  v->last_refill_ns.store(now - 1000 * kMs);
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted);
+  EXPECT_EQ(v->tokens_ns.load(), 50 * kMs) << "the burst of 50%";
+  ASSERT_EQ(region_.ReleaseLease(sa, 0, now), RegionError::kOk);
+  // A last refill at INT64_MIN: the longest refill there is, a full bucket again.
+  v->tokens_ns.store(0);
+  v->last_refill_ns.store(INT64_MIN);
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted);
+  EXPECT_EQ(v->tokens_ns.load(), 50 * kMs);
+  ASSERT_EQ(region_.ReleaseLease(sa, 0, now), RegionError::kOk);
+  // INT64_MIN tokens and no refill due: a debt to wait out, for a positive (capped) time.
+  v->tokens_ns.store(INT64_MIN);
+  v->last_refill_ns.store(now);
+  LeaseGrant g = region_.TryAcquireLease(sa, now, kMs);
+  EXPECT_EQ(g.denial, LeaseDenial::kNoTokens);
+  EXPECT_GT(g.retry_after_ns, 0);
+  EXPECT_GT(region_.WaitForLease(sa, kMs), 0) << "waits its timeout out";
+  // A provisional charge beyond what INT64_MIN tokens leave is refused, not wrapped into credit.
+  v->tokens_ns.store(kMs);
+  ASSERT_TRUE(region_.TryAcquireLease(sa, now, kMs).granted);
+  v->tokens_ns.store(INT64_MIN + 5);
+  EXPECT_EQ(region_.ExtendLease(sa, now, kMs, 10).denial, LeaseDenial::kNoTokens);
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing

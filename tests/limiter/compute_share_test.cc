@@ -555,5 +555,74 @@ TEST_F(ComputeShareTest, BadReportsAreRefusedAndChangeNothing) {
   EXPECT_EQ(region_.FindVgpu("bad", &v), RegionError::kNotFound);
 }
 
+// ---- A region another tenant scribbled (any process can write any byte of it) ----
+
+TEST_F(ComputeShareTest, ADemandTimeScribbledFarInThePastIsNoDemand) {
+  // A higher-QoS vGPU whose last_demand_ns was set to INT64_MIN has not wanted the GPU for ages:
+  // a tenant over its request keeps borrowing beside it.
+  Tenant a{"a", 250'000, 1'000'000};
+  Tenant hi{"hi", 250'000, 1'000'000, kMaxQos};
+  Add(&a);
+  Add(&hi);
+  uint32_t va = 0, vh = 0;
+  ASSERT_EQ(region_.FindVgpu("a", &va), RegionError::kOk);
+  ASSERT_EQ(region_.FindVgpu("hi", &vh), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  const int64_t now = t0_;
+  raw.vgpu(va)->last_refill_ns.store(now);
+  raw.vgpu(va)->request_tokens_ns.store(-5 * kMs);  // over its request
+  raw.vgpu(vh)->last_demand_ns.store(INT64_MIN);
+  EXPECT_EQ(region_.ShareTick(a.slot, now, kTick, kTick, true, false).hold, ShareHold::kRun);
+  // The same with a real demand holds it back: the rule the scribbled time must not reach.
+  raw.vgpu(va)->request_tokens_ns.store(-5 * kMs);
+  raw.vgpu(vh)->last_demand_ns.store(now);
+  EXPECT_EQ(region_.ShareTick(a.slot, now, kTick, kTick, true, false).hold, ShareHold::kHigherQos);
+}
+
+TEST_F(ComputeShareTest, ATurnScribbledAsTakenInTheFarFutureIsOverAndExtremeWordsGiveSaneVerdicts) {
+  // Two hard slices take planned turns; then the turn word says b took the turn at 2^62 ns (ages
+  // from now) and b's demand and request bucket hold extreme values. a, ready for a turn of its
+  // own, takes it at once instead of waiting out b's "turn"; then b's limit bucket and refill time
+  // go extreme too, and every verdict either process gets stays well formed.
+  Tenant a{"a", 500'000, 500'000};
+  Tenant b{"b", 500'000, 500'000};
+  Add(&a);
+  Add(&b);
+  Run({&a, &b}, kMs, 501 * kMs, 501 * kMs);
+  uint32_t va = 0, vb = 0;
+  ASSERT_EQ(region_.FindVgpu("a", &va), RegionError::kOk);
+  ASSERT_EQ(region_.FindVgpu("b", &vb), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  const int64_t from = t0_ + 501 * kMs;
+  raw.vgpu(vb)->request_tokens_ns.store(INT64_MIN);
+  raw.vgpu(vb)->last_demand_ns.store(INT64_MAX);  // wants the GPU for ever (editing: accepted)
+  raw.vgpu(vb)->tokens_ns.store(50 * kMs);
+  raw.vgpu(vb)->last_refill_ns.store(from);
+  raw.share()->turn.store((static_cast<uint64_t>(vb + 1) << 56) | (1ULL << 52));
+  a.turn.gappy_until_ns = 0;  // a keeps taking turns (no probe of whether they pay)
+  a.turn.next_probe_ns = INT64_MAX;
+  raw.vgpu(va)->tokens_ns.store(50 * kMs);  // ready for a whole turn of its own
+  raw.vgpu(va)->last_refill_ns.store(from);
+  auto sane = [](const ShareVerdict& v) {
+    return v.error == RegionError::kOk && v.retry_after_ns >= 0 && v.retry_after_ns <= 20 * kMs;
+  };
+  int ticks = 0, first_run = -1;
+  for (int64_t now = from; now < from + 200 * kMs; now += kTick, ++ticks) {
+    if (ticks == 100) {
+      raw.vgpu(vb)->tokens_ns.store(INT64_MAX);
+      raw.vgpu(vb)->last_refill_ns.store(INT64_MIN);
+      EXPECT_TRUE(sane(region_.ShareTick(b.slot, now, kTick, kTick, true, false, &b.turn)));
+      raw.vgpu(vb)->tokens_ns.store(INT64_MIN);
+      raw.vgpu(vb)->last_refill_ns.store(INT64_MAX);
+    }
+    ShareVerdict v = region_.ShareTick(a.slot, now, kTick, a.held ? 0 : kTick, !a.held, a.held, &a.turn);
+    ASSERT_TRUE(sane(v)) << "tick " << ticks << ": retry " << v.retry_after_ns;
+    a.held = v.hold != ShareHold::kRun;
+    if (!a.held && first_run < 0) first_run = ticks;
+  }
+  EXPECT_GE(first_run, 0);
+  EXPECT_LT(first_run, 4) << "a turn taken in the far future is over, not waited out";
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing

@@ -2,8 +2,12 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
+#include <cstddef>
 #include <string>
+#include <thread>
 
+#include "limiter/core/process_identity.h"
 #include "tests/limiter/region_test_util.h"
 
 namespace tf::limiter::testing {
@@ -191,6 +195,96 @@ TEST_F(RegionTest, SnapshotListsVgpusAndProcesses) {
   EXPECT_EQ(snap->processes[0].vram_bytes, 3 * kMiB);
   EXPECT_EQ(snap->lease_owner_slot, -1);
   delete snap;
+}
+
+// Any tenant can write any byte of the region. A dead slot whose vgpu_index is past the vGPU array
+// (0xFFFFFFFF: outside the mapping; 100: inside it, over the process array) is freed by the reap of
+// a full table, without locking or writing anything at that index.
+TEST_F(RegionTest, AFullTableReapsSlotsScribbledWithAVgpuIndexOutOfRangeWithoutTouchingThatIndex) {
+  uint32_t v = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("a", kGiB, 1'000'000, &v), RegionError::kOk);
+  RawRegion raw(RegionFile());
+  for (uint32_t i = 0; i < kMaxProcesses; ++i) ASSERT_EQ(region_.AttachProcess(v, getpid(), nullptr), RegionError::kOk);
+  // vGPU 100's vram_used_bytes would be a word of another process slot.
+  uint8_t* used_100 = raw.base + kVgpuArrayOffset + 100 * sizeof(VgpuSlot) + offsetof(VgpuSlot, vram_used_bytes);
+  const uint64_t victim = 12345;
+  memcpy(used_100, &victim, sizeof(victim));
+  for (uint32_t slot : {7u, 9u}) {
+    raw.process(slot)->pid.store(0);
+    raw.process(slot)->vram_bytes.store(5 * kMiB);
+  }
+  raw.process(7)->vgpu_index.store(100);
+  raw.process(9)->vgpu_index.store(0xFFFFFFFF);
+
+  uint32_t slot = 0;
+  ASSERT_EQ(region_.AttachProcess(v, getpid(), &slot), RegionError::kOk);
+  EXPECT_TRUE(slot == 7 || slot == 9) << slot;
+  uint64_t after = 0;
+  memcpy(&after, used_100, sizeof(after));
+  EXPECT_EQ(after, victim) << "the reap wrote through the scribbled index";
+  RegionSnapshot* snap = new RegionSnapshot;
+  region_.Snapshot(snap);
+  EXPECT_EQ(snap->process_count, kMaxProcesses - 1) << "both scribbled slots freed, one reused";
+  delete snap;
+  EXPECT_EQ(region_.ReapDead(), 0u);
+}
+
+// A tenant flipping another process's slot between its vGPU and an index out of range: the
+// victim's calls each see one index (valid: they work; not: kInvalidArgument), never a checked
+// one and then the other. The victim runs in a child so that a crash is reported, not suffered.
+TEST_F(RegionTest, AProcessWhoseSlotIsFlippedToAnIndexOutOfRangeSurvivesEveryCall) {
+  uint32_t v = 0, w = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("victim", kGiB, 300'000, 600'000, kDefaultQos, &v), RegionError::kOk);
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("lease", kGiB, 300'000, &w), RegionError::kOk);
+  const std::string file = RegionFile();
+  std::atomic<bool> stop{false};
+  int fd = -1;
+  pid_t kid = ForkChild([&](int out) {
+    GpuRegion r;
+    if (GpuRegion::Attach(file.c_str(), &r) != RegionError::kOk) return 10;
+    uint32_t share_slot = 0, lease_slot = 0;
+    if (r.AttachProcess(v, getpid(), &share_slot) != RegionError::kOk) return 11;
+    if (r.AttachProcess(w, getpid(), &lease_slot) != RegionError::kOk) return 12;
+    WriteAll(out, share_slot);
+    WriteAll(out, lease_slot);
+    ShareTurn turn{25'000'000, 100'000'000};
+    const int64_t end = MonotonicNowNs() + 400'000'000;
+    for (int64_t now = MonotonicNowNs(); now < end; now = MonotonicNowNs()) {
+      for (uint32_t s : {share_slot, lease_slot}) {
+        if (r.Reserve(s, kMiB) == RegionError::kOk) r.Release(s, kMiB);
+        r.CountLaunches(s, 1);
+        r.ShareTick(s, now, 500'000, 500'000, true, false, &turn);
+        LeaseGrant g = r.TryAcquireLease(s, now, 1'000'000);
+        if (g.granted) {
+          r.ExtendLease(s, now, 1'000'000, 0);
+          r.ReleaseLease(s, 1000, now);
+        } else {
+          r.WaitForLease(s, 1000);
+          r.CancelWait(s);
+        }
+      }
+    }
+    return 0;
+  }, &fd);
+  uint32_t share_slot = 0, lease_slot = 0;
+  ASSERT_TRUE(ReadAll(fd, &share_slot));
+  ASSERT_TRUE(ReadAll(fd, &lease_slot));
+  close(fd);
+  RawRegion raw(RegionFile());
+  std::thread flipper([&] {
+    std::atomic<uint32_t>* a = &raw.process(share_slot)->vgpu_index;
+    std::atomic<uint32_t>* b = &raw.process(lease_slot)->vgpu_index;
+    while (!stop.load(std::memory_order_relaxed)) {
+      a->store(0xFFFFFFFF, std::memory_order_relaxed);
+      b->store(0xFFFFFFFF, std::memory_order_relaxed);
+      a->store(v, std::memory_order_relaxed);
+      b->store(w, std::memory_order_relaxed);
+    }
+  });
+  const int rc = WaitExit(kid);
+  stop = true;
+  flipper.join();
+  EXPECT_EQ(rc, 0) << "the victim died of signal " << rc - 128;
 }
 
 }  // namespace

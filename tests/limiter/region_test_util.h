@@ -104,6 +104,8 @@ struct RawRegion {
   RegionHeader* header() { return reinterpret_cast<RegionHeader*>(base); }
   VgpuSlot* vgpu(uint32_t i) { return reinterpret_cast<VgpuSlot*>(base + kVgpuArrayOffset) + i; }
   ProcessSlot* process(uint32_t i) { return reinterpret_cast<ProcessSlot*>(base + kProcessArrayOffset) + i; }
+  LeaseBlock* lease() { return reinterpret_cast<LeaseBlock*>(base + kLeaseOffset); }
+  ShareBlock* share() { return reinterpret_cast<ShareBlock*>(base + kShareOffset); }
   uint8_t* base;
 };
 

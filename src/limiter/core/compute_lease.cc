@@ -59,7 +59,9 @@ uint64_t MakeHandoff(uint32_t target_plus1, int64_t expiry_ns) {
 
 using bucket::BurstNs;
 using bucket::ClampShare;
+using bucket::ElapsedNs;
 using bucket::RefillAmount;
+using bucket::SaneTokens;
 // Nanoseconds of wall time until a bucket at `tokens` (<= 0) is positive again.
 int64_t NsUntilPositive(int64_t tokens, int64_t share_ppm) {
   return bucket::NsUntilPositive(tokens, share_ppm, INT64_MAX / 2);
@@ -86,11 +88,11 @@ int64_t GpuRegion::RefillTokens(VgpuSlot* v, int64_t now_ns) {
   while (now_ns > last) {
     // Whoever moves last_refill_ns forward owns the refill of [last, now): no time is credited twice.
     if (v->last_refill_ns.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) {
-      int64_t add = RefillAmount(share, now_ns - last);
+      int64_t add = RefillAmount(share, ElapsedNs(now_ns, last));
       int64_t t = v->tokens_ns.load(std::memory_order_relaxed);
       int64_t nt;
       do {
-        nt = t + add < burst ? t + add : burst;
+        nt = t < burst - add ? t + add : burst;  // t + add < burst, without overflow whatever t holds
       } while (!v->tokens_ns.compare_exchange_weak(t, nt, std::memory_order_relaxed));
       break;
     }
@@ -100,13 +102,14 @@ int64_t GpuRegion::RefillTokens(VgpuSlot* v, int64_t now_ns) {
 
 LeaseGrant GpuRegion::TryAcquireLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns) {
   LeaseGrant g;
-  if (!ValidActiveProcess(slot) || quantum_ns <= 0) {
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi) || quantum_ns <= 0) {
     g.denial = LeaseDenial::kError;
     g.error = RegionError::kInvalidArgument;
     return g;
   }
   ProcessSlot* p = process(slot);
-  VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
+  VgpuSlot* v = vgpu(vi);
   uint64_t share_ppm = v->compute_share_ppm.load(std::memory_order_relaxed);
   if (share_ppm >= kShareWholeGpuPpm) {
     g.granted = true;
@@ -144,7 +147,9 @@ LeaseGrant GpuRegion::TryAcquireLease(uint32_t slot, int64_t now_ns, int64_t qua
   } else {
     int64_t overdue = OverdueMs(w, now_ns);
     bool steal = false;
-    if (overdue > kStealOverdueMs) {
+    if (overdue > kStealOverdueMs || owner > kMaxProcesses) {
+      // Far overdue, or an owner that is no process slot (a scribbled word: 10 bits hold up to
+      // 1023) and so no holder at all.
       steal = true;
     } else if (overdue > 0) {  // late: is the holder still alive? (a /proc read, rare)
       const ProcessSlot* hp = process(owner - 1);
@@ -187,11 +192,17 @@ int32_t GpuRegion::PickHandoffTarget(uint32_t releaser, int64_t now_ns) const {
     if (i == releaser || p->state.load(std::memory_order_acquire) != kSlotActive) continue;
     int64_t since = p->wait_since_ns.load(std::memory_order_relaxed);
     if (since == 0 || since >= best_since) continue;
-    const VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
+    // Loaded once and checked: a slot's index is written by a tenant (the region is world-writable)
+    // and one out of range would address memory outside the vGPU array. Such a slot is no waiter.
+    const uint32_t vi = p->vgpu_index.load(std::memory_order_relaxed);
+    if (vi >= kMaxVgpus) continue;
+    const VgpuSlot* v = vgpu(vi);
     int64_t share = ClampShare(v->compute_share_ppm.load(std::memory_order_relaxed));
     int64_t last = v->last_refill_ns.load(std::memory_order_relaxed);
     int64_t tokens = v->tokens_ns.load(std::memory_order_relaxed);
-    if (now_ns > last) tokens += RefillAmount(share, now_ns - last);
+    // Refilled only when empty (all that matters is whether it is positive), so that the sum cannot
+    // overflow whatever the bucket's words hold.
+    if (tokens <= 0 && now_ns > last) tokens = SaneTokens(tokens) + RefillAmount(share, ElapsedNs(now_ns, last));
     if (tokens <= 0) continue;  // it could not use the lease now anyway
     best = static_cast<int32_t>(i);
     best_since = since;
@@ -202,7 +213,8 @@ int32_t GpuRegion::PickHandoffTarget(uint32_t releaser, int64_t now_ns) const {
 LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum_ns,
                                   int64_t provisional_ns) {
   LeaseGrant g;
-  if (!ValidActiveProcess(slot) || quantum_ns <= 0 || provisional_ns < 0) {
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi) || quantum_ns <= 0 || provisional_ns < 0) {
     g.denial = LeaseDenial::kError;
     g.error = RegionError::kInvalidArgument;
     return g;
@@ -219,9 +231,9 @@ LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum
     g.denial = LeaseDenial::kHandoff;  // someone else can use the GPU: take turns
     return g;
   }
-  VgpuSlot* v = vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
+  VgpuSlot* v = vgpu(vi);
   int64_t tokens = RefillTokens(v, now_ns);
-  if (tokens - provisional_ns <= 0) {
+  if (tokens <= provisional_ns) {
     g.denial = LeaseDenial::kNoTokens;
     return g;
   }
@@ -240,8 +252,9 @@ LeaseGrant GpuRegion::ExtendLease(uint32_t slot, int64_t now_ns, int64_t quantum
 
 RegionError GpuRegion::ReleaseLease(uint32_t slot, int64_t measured_busy_ns, int64_t now_ns,
                                     int64_t already_charged_ns) {
-  if (!ValidActiveProcess(slot)) return RegionError::kInvalidArgument;
-  VgpuSlot* v = vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi)) return RegionError::kInvalidArgument;
+  VgpuSlot* v = vgpu(vi);
   if (measured_busy_ns < 0) measured_busy_ns = 0;
   if (already_charged_ns < 0) already_charged_ns = 0;
   v->busy_ns_total.fetch_add(static_cast<uint64_t>(measured_busy_ns), std::memory_order_relaxed);
@@ -275,9 +288,10 @@ void GpuRegion::FreeLeaseIfHeldBy(uint32_t slot) {
 }
 
 int64_t GpuRegion::WaitForLease(uint32_t slot, int64_t timeout_ns) {
-  if (!ValidActiveProcess(slot) || timeout_ns <= 0) return 0;
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi) || timeout_ns <= 0) return 0;
   ProcessSlot* p = process(slot);
-  VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
+  VgpuSlot* v = vgpu(vi);
   uint64_t share_ppm = v->compute_share_ppm.load(std::memory_order_relaxed);
   if (share_ppm >= kShareWholeGpuPpm) return 0;
   LeaseBlock* l = lease();
@@ -299,7 +313,7 @@ int64_t GpuRegion::WaitForLease(uint32_t slot, int64_t timeout_ns) {
     if (until < wait) wait = until;
   }
   uint32_t owner = OwnerOf(w);
-  if (owner != 0 && owner != slot + 1) {
+  if (owner != 0 && owner != slot + 1 && owner <= kMaxProcesses) {
     // Until the release; a late holder is re-checked (for stealing) every kOverdueRecheckNs.
     int64_t left = -OverdueMs(w, start) * 1'000'000;
     int64_t until = (left > 0 ? left : 0) + kOverdueRecheckNs;
@@ -332,9 +346,8 @@ void GpuRegion::CancelWait(uint32_t slot) {
 }
 
 void GpuRegion::CountLaunches(uint32_t slot, uint64_t n) {
-  if (!ValidActiveProcess(slot)) return;
-  vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed))
-      ->launches_total.fetch_add(n, std::memory_order_relaxed);
+  uint32_t vi = 0;
+  if (ValidActiveProcess(slot, &vi)) vgpu(vi)->launches_total.fetch_add(n, std::memory_order_relaxed);
 }
 
 }  // namespace tf::limiter

@@ -90,18 +90,28 @@ constexpr int64_t kSaturatedPpm = 950'000;
 constexpr uint64_t kTurnTimeMask = (1ULL << 56) - 1;
 
 // An active vGPU one of whose processes had work in flight or was held within the demand TTL.
+// (demand is compared, not subtracted: any tenant may have written any value into it.)
 bool Wanting(const VgpuSlot* u, int64_t now_ns) {
   int64_t demand = u->last_demand_ns.load(std::memory_order_relaxed);
-  return u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 && now_ns - demand <= kDemandTtlNs;
+  return u->state.load(std::memory_order_acquire) == kSlotActive && demand != 0 && demand >= now_ns - kDemandTtlNs;
 }
 
 uint64_t TurnWord(uint32_t vgpu, int64_t now_ns) {
   return (static_cast<uint64_t>(vgpu + 1) << 56) | ((static_cast<uint64_t>(now_ns) >> 10) & kTurnTimeMask);
 }
+// How long ago the turn in `word` was taken, saturated (bucket::ElapsedNs). Any tenant may have
+// written the word: a time more than kMaxRefillGapNs ahead of ours is no time of this boot and
+// counts as a turn long over.
+int64_t TurnAgeNs(uint64_t word, int64_t now_ns) {
+  const int64_t age = bucket::ElapsedNs(now_ns, static_cast<int64_t>((word & kTurnTimeMask) << 10));
+  return age > -bucket::kMaxRefillGapNs ? age : bucket::kMaxRefillGapNs;
+}
 
 using bucket::BurstNs;
 using bucket::ClampShare;
+using bucket::ElapsedNs;
 using bucket::RefillAmount;
+using bucket::SaneTokens;
 int64_t NsUntilPositive(int64_t tokens, int64_t ppm) {
   return bucket::NsUntilPositive(tokens, ppm, kMaxHoldRetryNs);
 }
@@ -154,18 +164,19 @@ int64_t TurnTokensNow(const VgpuSlot* u, int64_t now_ns, const ShareTurn& t) {
   const TurnBucket b = TurnBucketOf(u);
   const int64_t lim = b.ppm;
   const int64_t last = u->last_refill_ns.load(std::memory_order_relaxed);
-  const int64_t stored = b.tokens->load(std::memory_order_relaxed);
+  const int64_t stored = SaneTokens(b.tokens->load(std::memory_order_relaxed));
   int64_t cap = std::max(BurstNs(lim), TurnSpendNs(t, lim));
   if (stored > cap) cap = stored;
-  return std::min(cap, stored + RefillAmount(lim, now_ns > last ? now_ns - last : 0));
+  return std::min(cap, stored + RefillAmount(lim, now_ns > last ? ElapsedNs(now_ns, last) : 0));
 }
 // The turn holder's turn bucket now: it has been running alone since its last tick (which
 // charged and refilled it), so it spends net (1 - share) of the time since.
 int64_t HolderTokensNow(const VgpuSlot* h, int64_t now_ns) {
   const TurnBucket b = TurnBucketOf(h);
   const int64_t last = h->last_refill_ns.load(std::memory_order_relaxed);
-  const int64_t gap = now_ns > last ? std::min<int64_t>(now_ns - last, 1'000'000'000) : 0;
-  return b.tokens->load(std::memory_order_relaxed) - gap * (static_cast<int64_t>(kShareWholeGpuPpm) - b.ppm) / 1'000'000;
+  const int64_t gap = now_ns > last ? std::min<int64_t>(ElapsedNs(now_ns, last), 1'000'000'000) : 0;
+  return SaneTokens(b.tokens->load(std::memory_order_relaxed)) -
+         gap * (static_cast<int64_t>(kShareWholeGpuPpm) - b.ppm) / 1'000'000;
 }
 // How long a capped vGPU running alone takes to empty a bucket at `tokens`.
 int64_t DryInNs(int64_t tokens, int64_t ppm) {
@@ -212,12 +223,12 @@ uint32_t GpuRegion::ActiveProcesses(uint32_t self, int64_t now_ns, uint64_t* vgp
 ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns, int64_t raw_busy_ns,
                                   bool in_flight, bool held, ShareTurn* turn) {
   ShareVerdict out;
-  if (!ValidActiveProcess(slot) || tick_ns < 0 || raw_busy_ns < 0) {
+  uint32_t mine = 0;
+  if (!ValidActiveProcess(slot, &mine) || tick_ns < 0 || raw_busy_ns < 0) {
     out.error = RegionError::kInvalidArgument;
     return out;
   }
   ProcessSlot* p = process(slot);
-  const uint32_t mine = p->vgpu_index.load(std::memory_order_relaxed);
   VgpuSlot* v = vgpu(mine);
   const int64_t req = ClampShare(v->compute_share_ppm.load(std::memory_order_relaxed));
   const int64_t lim = ClampShare(LimitPpm(v));
@@ -262,8 +273,9 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   int64_t last = v->last_refill_ns.load(std::memory_order_acquire);
   while (now_ns > last) {
     if (v->last_refill_ns.compare_exchange_weak(last, now_ns, std::memory_order_acq_rel)) {
-      AddCapped(&v->tokens_ns, RefillAmount(lim, now_ns - last), cap_l);
-      AddCapped(&v->request_tokens_ns, RefillAmount(req, now_ns - last), cap_r);
+      const int64_t gap = ElapsedNs(now_ns, last);
+      AddCapped(&v->tokens_ns, RefillAmount(lim, gap), cap_l);
+      AddCapped(&v->request_tokens_ns, RefillAmount(req, gap), cap_r);
       break;
     }
   }
@@ -280,9 +292,9 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     others_req += u_req;
     int64_t u_lim = ClampShare(LimitPpm(u));
     int64_t u_last = u->last_refill_ns.load(std::memory_order_relaxed);
-    int64_t gap = now_ns > u_last ? now_ns - u_last : 0;
-    int64_t u_rt = u->request_tokens_ns.load(std::memory_order_relaxed) + RefillAmount(u_req, gap);
-    int64_t u_lt = u->tokens_ns.load(std::memory_order_relaxed) + RefillAmount(u_lim, gap);
+    int64_t gap = now_ns > u_last ? ElapsedNs(now_ns, u_last) : 0;
+    int64_t u_rt = SaneTokens(u->request_tokens_ns.load(std::memory_order_relaxed)) + RefillAmount(u_req, gap);
+    int64_t u_lt = SaneTokens(u->tokens_ns.load(std::memory_order_relaxed)) + RefillAmount(u_lim, gap);
     bool u_can_run = u_lim >= static_cast<int64_t>(kShareWholeGpuPpm) || u_lt > 0;
     if (!u_can_run) continue;  // at its own ceiling: it cannot use what we would leave
     // Owed only while it has work queued now: what it leaves between its kernels is lent.
@@ -298,7 +310,7 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
       int64_t floor = -BurstNs(req);
       int64_t nt;
       do {
-        nt = t - out.charged_ns < floor ? floor : t - out.charged_ns;
+        nt = t < floor + out.charged_ns ? floor : t - out.charged_ns;  // no overflow whatever t holds
       } while (!v->request_tokens_ns.compare_exchange_weak(t, nt, std::memory_order_relaxed));
     } else {
       // Alone: borrowing idle capacity is not debt, the bucket only empties.
@@ -323,8 +335,8 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   }
   if (in_flight || raw_busy_ns > 0 || held) v->last_demand_ns.store(now_ns, std::memory_order_relaxed);
 
-  const int64_t lt = v->tokens_ns.load(std::memory_order_relaxed);
-  const int64_t rt = v->request_tokens_ns.load(std::memory_order_relaxed);
+  const int64_t lt = SaneTokens(v->tokens_ns.load(std::memory_order_relaxed));
+  const int64_t rt = SaneTokens(v->request_tokens_ns.load(std::memory_order_relaxed));
   if (lim < static_cast<int64_t>(kShareWholeGpuPpm) && lt <= 0) {
     out.hold = ShareHold::kAtLimit;
     out.retry_after_ns = NsUntilPositive(lt, lim);
@@ -358,11 +370,11 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   ShareBlock* sb = share();
   uint64_t word = sb->turn.load(std::memory_order_acquire);
   const uint64_t holder = word >> 56;  // vGPU index + 1; 0 = free
-  const int64_t since = static_cast<int64_t>((word & kTurnTimeMask) << 10);
+  const int64_t age = TurnAgeNs(word, now_ns);
   const bool mine_now = holder == mine + 1;
   bool alive = false;  // another vGPU holds the turn and still wants the GPU
   if (holder != 0 && !mine_now && holder <= kMaxVgpus) alive = Wanting(vgpu(static_cast<uint32_t>(holder - 1)), now_ns);
-  const bool expired = now_ns - since >= turn->turn_ns;
+  const bool expired = age >= turn->turn_ns;
 
   // Holding the turn (the other saturating vGPUs wait): does it keep the GPU busy after all?
   if (mine_now && word != turn->held_word) {  // a turn it took, or one handed to it
@@ -431,7 +443,7 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   }
   if (!enough || (alive && !expired)) {
     out->hold = ShareHold::kTurn;
-    int64_t left = alive ? since + turn->turn_ns - now_ns : 0;
+    int64_t left = alive ? turn->turn_ns - age : 0;
     out->retry_after_ns = left > 0 && left < kMaxHoldRetryNs ? left : 1'000'000;
     return;
   }
@@ -539,7 +551,7 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
                              bool alive, ShareTurn* turn, ShareVerdict* out) {
   ShareBlock* sb = share();
   const uint64_t holder = word >> 56;
-  const int64_t since = static_cast<int64_t>((word & kTurnTimeMask) << 10);
+  const int64_t age = TurnAgeNs(word, now_ns);
   const bool mine_now = holder == mine + 1;
   const bool may_run = turn->saturating && out->hold == ShareHold::kRun;
   const uint64_t bit = 1ULL << mine;
@@ -590,12 +602,12 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
       hand_over(-1);  // turns stop while such a tenant wants the GPU
       return;
     }
-    const int64_t end = since + TurnLengthNs(*turn, lim);
+    const int64_t to_end = TurnLengthNs(*turn, lim) - age;  // until its planned end (<= 0: past it)
     int64_t soonest = INT64_MAX;
     // A hard slice whose bucket ran dry is held above; a burstable one is not (its limit is
     // higher), so its turn also ends when its request bucket does.
     const bool dry = lim < static_cast<int64_t>(kShareWholeGpuPpm) && lt <= 0;
-    if (now_ns >= end || dry) {
+    if (to_end <= 0 || dry) {
       const int next = successor(&soonest);
       if (next >= 0 && hand_over(next)) {
         out->hold = ShareHold::kTurn;
@@ -604,7 +616,7 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
     }
     // Tick again at the planned end: the turn is over, its bucket runs dry, or (past its end)
     // the first waiter becomes ready.
-    int64_t left = now_ns < end ? end - now_ns : soonest;
+    int64_t left = to_end > 0 ? to_end : soonest;
     if (lim < static_cast<int64_t>(kShareWholeGpuPpm)) left = std::min(left, DryInNs(lt, lim));
     if (left < INT64_MAX) tick_in(left);
     return;
@@ -624,7 +636,7 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
   if (alive) {
     const VgpuSlot* h = vgpu(static_cast<uint32_t>(holder - 1));
     const int64_t h_lim = TurnBucketOf(h).ppm;
-    holder_left = since + TurnLengthNs(*turn, h_lim) - now_ns;
+    holder_left = TurnLengthNs(*turn, h_lim) - age;
     if (h_lim < static_cast<int64_t>(kShareWholeGpuPpm)) {
       holder_left = std::min(holder_left, DryInNs(HolderTokensNow(h, now_ns), h_lim));
     }

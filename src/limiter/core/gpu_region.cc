@@ -298,10 +298,13 @@ RegionError GpuRegion::LockTable() {
   return LockRobust(&header()->table_mutex, nullptr, nullptr);
 }
 
-bool GpuRegion::ValidActiveProcess(uint32_t slot) const {
-  return base_ != nullptr && slot < kMaxProcesses &&
-         process(slot)->state.load(std::memory_order_acquire) == kSlotActive &&
-         process(slot)->vgpu_index.load(std::memory_order_relaxed) < kMaxVgpus;
+bool GpuRegion::ValidActiveProcess(uint32_t slot, uint32_t* vgpu_index) const {
+  if (base_ == nullptr || slot >= kMaxProcesses) return false;
+  if (process(slot)->state.load(std::memory_order_acquire) != kSlotActive) return false;
+  const uint32_t v = process(slot)->vgpu_index.load(std::memory_order_relaxed);
+  if (v >= kMaxVgpus) return false;
+  if (vgpu_index != nullptr) *vgpu_index = v;
+  return true;
 }
 
 RegionError GpuRegion::CreateOrUpdateVgpu(const char* id, uint64_t vram_limit_bytes,
@@ -443,15 +446,17 @@ RegionError GpuRegion::AttachProcess(uint32_t vgpu_index, pid_t pid, uint32_t* s
   return RegionError::kFull;
 }
 
-void GpuRegion::FreeProcessSlotLocked(uint32_t slot) {
+void GpuRegion::FreeProcessSlotLocked(uint32_t slot, uint32_t vgpu_index) {
   // Update order for kill -9 safety: the vGPU total first, the slot after. A death in between
   // leaves the vGPU mutex EOWNERDEAD, whose recovery recomputes the total from the (still active)
   // slots; the later reap then frees the slot consistently.
   ProcessSlot* p = process(slot);
-  VgpuSlot* v = vgpu(p->vgpu_index.load(std::memory_order_relaxed));
-  uint64_t held = p->vram_bytes.load(std::memory_order_relaxed);
-  uint64_t used = v->vram_used_bytes.load(std::memory_order_relaxed);
-  v->vram_used_bytes.store(used >= held ? used - held : 0, std::memory_order_relaxed);
+  if (vgpu_index < kMaxVgpus) {
+    VgpuSlot* v = vgpu(vgpu_index);
+    uint64_t held = p->vram_bytes.load(std::memory_order_relaxed);
+    uint64_t used = v->vram_used_bytes.load(std::memory_order_relaxed);
+    v->vram_used_bytes.store(used >= held ? used - held : 0, std::memory_order_relaxed);
+  }
   p->vram_bytes.store(0, std::memory_order_relaxed);
   // A process gone while swapped (or keeping copies for its next swap-out): its host copies died
   // with it; its share of the budget returns.
@@ -470,10 +475,17 @@ RegionError GpuRegion::DetachProcess(uint32_t slot) {
   RobustGuard table(&header()->table_mutex);
   if (process(slot)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kInvalidArgument;
   FreeLeaseIfHeldBy(slot);
-  e = LockVgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed));
+  // Loaded once more under the table lock (it may have been rewritten since the check above) and
+  // used only as loaded: out of range, the slot is freed without a vGPU to return its bytes to.
+  const uint32_t vi = process(slot)->vgpu_index.load(std::memory_order_relaxed);
+  if (vi >= kMaxVgpus) {
+    FreeProcessSlotLocked(slot, vi);
+    return RegionError::kOk;
+  }
+  e = LockVgpu(vi);
   if (e != RegionError::kOk) return e;
-  RobustGuard vg(&vgpu(process(slot)->vgpu_index.load(std::memory_order_relaxed))->mutex);
-  FreeProcessSlotLocked(slot);
+  RobustGuard vg(&vgpu(vi)->mutex);
+  FreeProcessSlotLocked(slot, vi);
   return RegionError::kOk;
 }
 
@@ -512,9 +524,17 @@ uint32_t GpuRegion::Reap(int64_t only_vgpu) {
       continue;
     }
     FreeLeaseIfHeldBy(dead[k].slot);
-    uint32_t v = p->vgpu_index.load(std::memory_order_relaxed);
+    // Loaded once, under the table lock, and used only as loaded. A slot whose vGPU index is out
+    // of range (written by a tenant: the region is world-writable) is freed without touching any
+    // vGPU; its index would address memory outside the vGPU array.
+    const uint32_t v = p->vgpu_index.load(std::memory_order_relaxed);
+    if (v >= kMaxVgpus) {
+      FreeProcessSlotLocked(dead[k].slot, v);
+      ++reaped;
+      continue;
+    }
     if (LockVgpu(v) != RegionError::kOk) continue;
-    FreeProcessSlotLocked(dead[k].slot);
+    FreeProcessSlotLocked(dead[k].slot, v);
     pthread_mutex_unlock(&vgpu(v)->mutex);
     ++reaped;
   }

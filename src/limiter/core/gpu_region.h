@@ -465,12 +465,17 @@ class GpuRegion {
   static void CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want, bool turns_apply,
                             ShareTurn* turn);
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
-  bool ValidActiveProcess(uint32_t slot) const;
+  // Whether `slot` is an active process slot of a valid vGPU; *vgpu_index (when given) gets the
+  // index it checked. Callers use that value and never load the slot's vgpu_index again: any
+  // tenant may rewrite it between two loads (the region is world-writable).
+  bool ValidActiveProcess(uint32_t slot, uint32_t* vgpu_index = nullptr) const;
 
   RegionError LockTable();
   RegionError LockVgpu(uint32_t vgpu_index);
-  // REQUIRES table_mutex and the slot's vGPU mutex held.
-  void FreeProcessSlotLocked(uint32_t slot);
+  // REQUIRES table_mutex and the mutex of vGPU `vgpu_index` held, where vgpu_index (the slot's,
+  // loaded once by the caller) is < kMaxVgpus; one >= kMaxVgpus (a scribbled slot) frees the slot
+  // without returning its bytes to any vGPU.
+  void FreeProcessSlotLocked(uint32_t slot, uint32_t vgpu_index);
   uint32_t Reap(int64_t only_vgpu);  // only_vgpu < 0: all
   // Lease helpers (compute_lease.cc).
   int64_t RefillTokens(VgpuSlot* v, int64_t now_ns);

@@ -41,9 +41,9 @@ RegionError GpuRegion::LockVgpu(uint32_t vgpu_index) {
 }
 
 RegionError GpuRegion::Reserve(uint32_t slot, uint64_t bytes) {
-  if (!ValidActiveProcess(slot)) return RegionError::kInvalidArgument;
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi)) return RegionError::kInvalidArgument;
   ProcessSlot* p = process(slot);
-  uint32_t vi = p->vgpu_index.load(std::memory_order_relaxed);
   VgpuSlot* v = vgpu(vi);
   for (int attempt = 0; attempt < 2; ++attempt) {
     RegionError e = LockVgpu(vi);
@@ -68,9 +68,9 @@ RegionError GpuRegion::Reserve(uint32_t slot, uint64_t bytes) {
 }
 
 RegionError GpuRegion::Release(uint32_t slot, uint64_t bytes) {
-  if (!ValidActiveProcess(slot)) return RegionError::kInvalidArgument;
+  uint32_t vi = 0;
+  if (!ValidActiveProcess(slot, &vi)) return RegionError::kInvalidArgument;
   ProcessSlot* p = process(slot);
-  uint32_t vi = p->vgpu_index.load(std::memory_order_relaxed);
   VgpuSlot* v = vgpu(vi);
   RegionError e = LockVgpu(vi);
   if (e != RegionError::kOk) return e;
