@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "hypervisor/quota_regions.h"
+#include "hypervisor/remote_sessions.h"
 
 namespace tf::hypervisor {
 namespace {
@@ -26,13 +27,21 @@ uint32_t ClampUs(int64_t us) { return us < 0 ? 0 : us > UINT32_MAX ? UINT32_MAX 
 
 // The pid of an active process slot, 0 when the slot is free or out of range, or when the pid it
 // names is not a tenant of the region (IsTenantOfRegion: the pid and start time a tenant could
-// have written there are checked against /proc before the driver is asked to lock anything).
+// have written there, and the vGPU its environment was started for, are checked against /proc
+// before the driver is asked to lock anything).
 int SlotPid(const limiter::GpuRegion& region, uint32_t slot) {
   auto snap = std::make_unique<limiter::RegionSnapshot>();
   region.Snapshot(snap.get());
   for (uint32_t i = 0; i < snap->process_count; ++i) {
     const limiter::ProcessInfo& p = snap->processes[i];
-    if (p.slot == slot) return IsTenantOfRegion(p.pid, p.start_time_ticks, region.path()) ? p.pid : 0;
+    if (p.slot != slot) continue;
+    for (uint32_t k = 0; k < snap->vgpu_count; ++k) {
+      if (snap->vgpus[k].index != p.vgpu_index) continue;
+      // The id its environment must name; a worker session's environment is its worker's.
+      const std::string vgpu = SessionOfVgpu(snap->vgpus[k].id) > 0 ? "" : snap->vgpus[k].id;
+      return IsTenantOfRegion(p.pid, p.start_time_ticks, region.path(), vgpu) ? p.pid : 0;
+    }
+    return 0;  // its vGPU is not in the table
   }
   return 0;
 }

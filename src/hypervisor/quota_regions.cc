@@ -34,8 +34,53 @@ std::string DefaultRegionDir() {
   return env && *env ? env : limiter::kDefaultRegionDir;
 }
 
-bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path) {
+namespace {
+
+// Whether `pid`'s environment at its start (/proc/PID/environ) holds TFUSION_VGPU=`vgpu_id`.
+bool StartedForVgpu(pid_t pid, const std::string& vgpu_id) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/environ", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  const std::string want = "TFUSION_VGPU=" + vgpu_id;
+  std::string entry;
+  bool found = false;
+  size_t read = 0;
+  for (int c; !found && read < (4u << 20) && (c = std::fgetc(f)) != EOF; ++read) {
+    if (c != '\0') {
+      entry += static_cast<char>(c);
+      continue;
+    }
+    found = entry == want;
+    entry.clear();
+  }
+  found = found || entry == want;
+  std::fclose(f);
+  return found;
+}
+
+// Whether a child of `pid` (/proc/PID/task/PID/children: those its main thread forked, as
+// `tfusion run` forks its command) was started for `vgpu_id`.
+bool ParentOfVgpuTenant(pid_t pid, const std::string& vgpu_id) {
+  char path[96];
+  std::snprintf(path, sizeof(path), "/proc/%d/task/%d/children", static_cast<int>(pid), static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return false;
+  bool found = false;
+  for (int child = 0, n = 0; !found && n < 4096 && std::fscanf(f, "%d", &child) == 1; ++n) {
+    found = child > 0 && StartedForVgpu(child, vgpu_id);
+  }
+  std::fclose(f);
+  return found;
+}
+
+}  // namespace
+
+bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path, const std::string& vgpu_id) {
   if (pid <= 0 || !limiter::ProcessAlive(pid, start_ticks)) return false;
+  // A tenant was started for its vGPU; `tfusion run`, which registers itself beside its command
+  // (and forwards signals to it), is the parent of one that was.
+  if (!vgpu_id.empty() && !StartedForVgpu(pid, vgpu_id) && !ParentOfVgpuTenant(pid, vgpu_id)) return false;
   struct stat st {};
   if (stat(region_path.c_str(), &st) != 0) return false;
   char path[64];
@@ -186,7 +231,7 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
         LingeringVgpu l{uuid, id, {}, "", "", false};
         for (uint32_t p = 0; p < snapshot->process_count; ++p) {
           const limiter::ProcessInfo& info = snapshot->processes[p];
-          if (info.vgpu_index == v.index && IsTenantOfRegion(info.pid, info.start_time_ticks, r->path()))
+          if (info.vgpu_index == v.index && IsTenantOfRegion(info.pid, info.start_time_ticks, r->path(), id))
             l.processes.push_back(info);
         }
         lingering->push_back(std::move(l));

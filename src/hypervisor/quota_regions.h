@@ -37,11 +37,16 @@ namespace tf::hypervisor {
 std::string DefaultRegionDir();
 // The region files ("gpu-<uuid>.region") in `dir`, sorted; none when it does not exist.
 std::vector<std::string> RegionFiles(const std::string& dir);
-// Whether process `pid` is the process that started at `start_ticks` and has the region file
-// `region_path` mapped (the same device and inode, whatever path its mount namespace gives it):
-// what a tenant of that region is, by facts that another tenant cannot write into the region. The
-// agent checks it before it signals or checkpoints a pid the region names.
-bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path);
+// Whether process `pid` is the process that started at `start_ticks`, has the region file
+// `region_path` mapped (the same device and inode, whatever path its mount namespace gives it)
+// and, unless `vgpu_id` is empty, was started with TFUSION_VGPU=`vgpu_id` (its /proc environ, as
+// `tfusion run` and the admission webhook give it) or is the parent of a process that was (`tfusion
+// run` itself): what a tenant of that vGPU is, by facts that
+// another tenant cannot write into the region. The agent checks it before it signals or
+// checkpoints a pid the region names. Worker sessions (whose environment is their worker's) are
+// checked with an empty id.
+bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path,
+                      const std::string& vgpu_id = "");
 // Attaches to each of `paths` once, the first time it is called (a region that does not attach
 // stays unattached: GpuRegion::attached()); later calls change nothing.
 void AttachRegionsOnce(const std::vector<std::string>& paths, std::vector<std::unique_ptr<limiter::GpuRegion>>* regions);

@@ -497,13 +497,31 @@ TEST(NodeAgent, CountersATenantScribbledOnStillHeartbeatClamped) {
 }
 
 // A child process that stands for a tenant: it ignores SIGTERM when asked to (a tenant that does
-// not shut down), tells the parent it is ready, then waits to be killed.
-pid_t StartTenant(bool ignore_sigterm) {
+// not shut down), tells the parent it is ready, then waits to be killed. With `vgpu` it is what
+// the agent takes for a tenant of that vGPU (IsTenantOfRegion): a program started with
+// TFUSION_VGPU=`vgpu` that maps the region file `region`; without, a fork of this process.
+pid_t StartTenant(bool ignore_sigterm, const std::string& vgpu = "", const std::string& region = "") {
   int fds[2];
   if (pipe(fds) != 0) return -1;
   pid_t pid = fork();
   if (pid == 0) {
-    if (ignore_sigterm) signal(SIGTERM, SIG_IGN);
+    if (ignore_sigterm) signal(SIGTERM, SIG_IGN);  // kept across exec
+    if (!vgpu.empty()) {
+      const std::string env = "TFUSION_VGPU=" + vgpu;
+      const std::string fd = std::to_string(fds[1]);
+      const char* script =
+          "import mmap, os, signal, sys\n"
+          "f = open(sys.argv[1], 'r+b')\n"
+          "m = mmap.mmap(f.fileno(), 0)\n"
+          "os.write(int(sys.argv[2]), b'1')\n"
+          "while True:\n"
+          "    signal.pause()\n";
+      char* const argv[] = {const_cast<char*>("python3"), const_cast<char*>("-c"), const_cast<char*>(script),
+                            const_cast<char*>(region.c_str()), const_cast<char*>(fd.c_str()), nullptr};
+      char* const envp[] = {const_cast<char*>(env.c_str()), const_cast<char*>("PATH=/usr/bin:/bin"), nullptr};
+      execvpe("python3", argv, envp);
+      _exit(127);
+    }
     char c = 1;
     if (write(fds[1], &c, 1) != 1) _exit(3);
     for (;;) pause();
@@ -550,13 +568,16 @@ class StopTest : public ::testing::Test {
     api_->Stop();
     std::filesystem::remove_all(dir_);
   }
-  pid_t Tenant(bool ignore_sigterm) {
-    pid_t p = StartTenant(ignore_sigterm);
+  // A tenant (StartTenant) this test kills if it fails; with `vgpu`, one of that vGPU.
+  pid_t Tenant(bool ignore_sigterm, const std::string& vgpu = "") {
+    pid_t p = StartTenant(ignore_sigterm, vgpu, vgpu.empty() ? "" : regions_->region("GPU-s0")->path());
     if (p > 0) tenants_.push_back(p);
     return p;
   }
-  // Allocates on the one GPU, syncs the agent and registers `tenants` on the vGPU.
-  controller::Allocation AllocateAndUse(const std::string& qos, const std::vector<pid_t>& tenants) {
+  // Allocates on the one GPU, syncs the agent and starts a tenant of the vGPU for each of
+  // `ignore_sigterm` (their pids in `tenants`), registered on it as its limiter would.
+  controller::Allocation AllocateAndUse(const std::string& qos, const std::vector<bool>& ignore_sigterm = {},
+                                        std::vector<pid_t>* tenants = nullptr) {
     controller::AllocationRequest req{"", "", 0, 1024, 1, qos, ""};
     req.percent = 60;
     auto a = c_->Allocate(req);
@@ -565,7 +586,12 @@ class StopTest : public ::testing::Test {
     limiter::GpuRegion* r = regions_->region("GPU-s0");
     uint32_t index = 0, slot = 0;
     EXPECT_EQ(r->FindVgpu(a->id.c_str(), &index), limiter::RegionError::kOk);
-    for (pid_t p : tenants) EXPECT_EQ(r->AttachProcess(index, p, &slot), limiter::RegionError::kOk);
+    for (bool ignore : ignore_sigterm) {
+      const pid_t p = Tenant(ignore, a->id);
+      EXPECT_GT(p, 0);
+      EXPECT_EQ(r->AttachProcess(index, p, &slot), limiter::RegionError::kOk);
+      if (tenants != nullptr) tenants->push_back(p);
+    }
     return *a;
   }
   bool HasVgpu(const std::string& id) {
@@ -587,10 +613,10 @@ class StopTest : public ::testing::Test {
 // Preemption stops the victim: SIGTERM to every process on its vGPU, SIGKILL to those still
 // alive after the grace period, then the vGPU goes and the controller hears it.
 TEST_F(StopTest, APreemptedVgpusProcessesGetSigtermThenSigkillAfterTheGrace) {
-  pid_t polite = Tenant(false), stubborn = Tenant(true);
-  ASSERT_GT(polite, 0);
-  ASSERT_GT(stubborn, 0);
-  controller::Allocation low = AllocateAndUse("low", {polite, stubborn});
+  std::vector<pid_t> pids;
+  controller::Allocation low = AllocateAndUse("low", {false, true}, &pids);
+  ASSERT_EQ(pids.size(), 2u);
+  const pid_t polite = pids[0], stubborn = pids[1];
   controller::AllocationRequest req{"", "", 0, 1024, 1, "critical", ""};
   req.percent = 60;
   std::vector<controller::Allocation> preempted;
@@ -630,9 +656,10 @@ TEST_F(StopTest, APreemptedVgpusProcessesGetSigtermThenSigkillAfterTheGrace) {
 // one that is not named after a controller allocation (a standalone `tfusion run`) is left to end
 // on its own.
 TEST_F(StopTest, AReleasedVgpuInUseIsStoppedAndSoIsOneTheControllerNoLongerHas) {
-  pid_t tenant = Tenant(false);
-  ASSERT_GT(tenant, 0);
-  controller::Allocation a = AllocateAndUse("medium", {tenant});
+  std::vector<pid_t> pids;
+  controller::Allocation a = AllocateAndUse("medium", {false}, &pids);
+  ASSERT_EQ(pids.size(), 1u);
+  const pid_t tenant = pids[0];
   ASSERT_TRUE(c_->Release(a.id).ok());
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(tenant, 2000), SIGTERM);
@@ -640,7 +667,7 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedAndSoIsOneTheControllerNoLongerHas) 
   EXPECT_FALSE(HasVgpu(a.id));
   EXPECT_EQ(Metric(*agent_, "tf_node_vgpu_stops_total", {{"reason", "released"}}), 1);
 
-  pid_t other = Tenant(false);
+  pid_t other = Tenant(false, "a-0000000000000bad");
   ASSERT_GT(other, 0);
   limiter::GpuRegion* r = regions_->region("GPU-s0");
   uint32_t index = 0, slot = 0;
@@ -665,8 +692,9 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedAndSoIsOneTheControllerNoLongerHas) 
 
 // The region is shared memory any tenant can write: a slot that names some other process of the
 // machine (its pid and start time copied from /proc) under a vGPU the controller does not have
-// must not get that process signalled. Only a process that has the region mapped is a tenant.
-TEST_F(StopTest, AProcessThatDoesNotMapTheRegionIsNeverSignalledWhateverTheRegionSays) {
+// must not get that process signalled. Only a process that has the region mapped and was started
+// for that vGPU is its tenant.
+TEST_F(StopTest, AProcessThatIsNoTenantOfTheVgpuIsNeverSignalledWhateverTheRegionSays) {
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   limiter::GpuRegion* r = regions_->region("GPU-s0");
   ASSERT_NE(r, nullptr);
@@ -682,16 +710,42 @@ TEST_F(StopTest, AProcessThatDoesNotMapTheRegionIsNeverSignalledWhateverTheRegio
   uint32_t index = 0, slot = 0;
   ASSERT_EQ(r->CreateOrUpdateVgpu("a-00000000000000ff", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
   ASSERT_EQ(r->AttachProcess(index, bystander, &slot), limiter::RegionError::kOk);  // pid and start time as /proc has them
-  pid_t tenant = Tenant(false);  // forked here: it has the region mapped, as a tenant's limiter does
+  // Another vGPU's tenant: it maps the region, but was started for a-0000000000000abc.
+  pid_t neighbour = Tenant(false, "a-0000000000000abc");
+  ASSERT_GT(neighbour, 0);
+  uint32_t neighbour_slot = 0;
+  ASSERT_EQ(r->AttachProcess(index, neighbour, &neighbour_slot), limiter::RegionError::kOk);
+  pid_t tenant = Tenant(false, "a-00000000000000ff");  // maps the region, started for this vGPU
   ASSERT_GT(tenant, 0);
   uint32_t tenant_slot = 0;
   ASSERT_EQ(r->AttachProcess(index, tenant, &tenant_slot), limiter::RegionError::kOk);
+  // As `tfusion run`: registered itself, without the variable, the parent of a tenant with it.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t wrapper = fork();
+  if (wrapper == 0) {
+    const pid_t command = StartTenant(false, "a-00000000000000ff", r->path());
+    if (write(fds[1], &command, sizeof command) != sizeof command) _exit(3);
+    for (;;) pause();
+  }
+  ASSERT_GT(wrapper, 0);
+  tenants_.push_back(wrapper);
+  pid_t command = -1;
+  ASSERT_EQ(read(fds[0], &command, sizeof command), static_cast<ssize_t>(sizeof command));
+  close(fds[0]);
+  close(fds[1]);
+  ASSERT_GT(command, 0);
+  uint32_t wrapper_slot = 0;
+  ASSERT_EQ(r->AttachProcess(index, wrapper, &wrapper_slot), limiter::RegionError::kOk);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(tenant, 2000), SIGTERM) << "the controller has no allocation a-00000000000000ff";
+  EXPECT_EQ(EndedBySignal(wrapper, 2000), SIGTERM) << "the parent of its tenant is stopped too";
+  kill(command, SIGKILL);  // not registered: left to this test (it is the wrapper's child)
   clock_.AdvanceMs(10'000);  // past the grace period: what is left would get SIGKILL
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(bystander, 300), 0) << "a process without the region mapped is not a tenant";
+  EXPECT_EQ(EndedBySignal(neighbour, 300), 0) << "a process started for another vGPU is not its tenant";
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {
