@@ -177,7 +177,7 @@ class Components(unittest.TestCase):
         self.assertEqual(m["/dev/shm/tensorfusion"]["hostPath"]["path"], "/dev/shm/tensorfusion")
         self.assertEqual(m["/var/lib/tensorfusion"]["hostPath"]["path"], "/var/lib/tensorfusion")
         self.assertEqual(container(ds)["securityContext"]["capabilities"],
-                         {"drop": ["ALL"], "add": ["KILL"]})
+                         {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE"]})
 
     def test_agent_with_everything_on(self):
         ds = find(objects([ALL_ON]), "DaemonSet", "tf-agent")
