@@ -5,6 +5,7 @@
 #include <sys/sysmacros.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -36,51 +37,61 @@ std::string DefaultRegionDir() {
 
 namespace {
 
-// Whether `pid`'s environment at its start (/proc/PID/environ) holds TFUSION_VGPU=`vgpu_id`.
-bool StartedForVgpu(pid_t pid, const std::string& vgpu_id) {
+// The TFUSION_VGPU of `pid`'s environment at its start (/proc/PID/environ): its value, "" when it
+// has none, nullopt when it cannot be read.
+std::optional<std::string> VgpuOfEnvironment(pid_t pid) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/environ", static_cast<int>(pid));
   FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return false;
-  const std::string want = "TFUSION_VGPU=" + vgpu_id;
-  std::string entry;
-  bool found = false;
+  if (f == nullptr) return std::nullopt;
+  static constexpr char kKey[] = "TFUSION_VGPU=";
+  std::string entry, value;
   size_t read = 0;
-  for (int c; !found && read < (4u << 20) && (c = std::fgetc(f)) != EOF; ++read) {
+  for (int c; read < (4u << 20) && (c = std::fgetc(f)) != EOF; ++read) {
     if (c != '\0') {
       entry += static_cast<char>(c);
       continue;
     }
-    found = entry == want;
+    if (entry.rfind(kKey, 0) == 0) value = entry.substr(sizeof(kKey) - 1);
     entry.clear();
   }
-  found = found || entry == want;
+  if (entry.rfind(kKey, 0) == 0) value = entry.substr(sizeof(kKey) - 1);
   std::fclose(f);
-  return found;
+  return value;
 }
 
-// Whether a child of `pid` (/proc/PID/task/PID/children: those its main thread forked, as
-// `tfusion run` forks its command) was started for `vgpu_id`.
-bool ParentOfVgpuTenant(pid_t pid, const std::string& vgpu_id) {
+// The TFUSION_VGPU of each child of `pid` (/proc/PID/task/PID/children: those its main thread
+// forked, as `tfusion run` forks its command) that has one.
+std::vector<std::string> VgpusOfChildren(pid_t pid) {
+  std::vector<std::string> out;
   char path[96];
   std::snprintf(path, sizeof(path), "/proc/%d/task/%d/children", static_cast<int>(pid), static_cast<int>(pid));
   FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return false;
-  bool found = false;
-  for (int child = 0, n = 0; !found && n < 4096 && std::fscanf(f, "%d", &child) == 1; ++n) {
-    found = child > 0 && StartedForVgpu(child, vgpu_id);
+  if (f == nullptr) return out;
+  for (int child = 0, n = 0; n < 4096 && std::fscanf(f, "%d", &child) == 1; ++n) {
+    if (child <= 0) continue;
+    if (std::optional<std::string> v = VgpuOfEnvironment(child); v && !v->empty()) out.push_back(*v);
   }
   std::fclose(f);
-  return found;
+  return out;
+}
+
+// Whether `pid` was started for `vgpu_id` (or, for "", is a worker session: started for no vGPU
+// and the parent of no process that was). `tfusion run`, which registers itself beside its
+// command (and forwards signals to it), is the parent of a process started for its vGPU.
+bool StartedFor(pid_t pid, const std::string& vgpu_id) {
+  const std::optional<std::string> own = VgpuOfEnvironment(pid);
+  if (!own) return false;
+  const std::vector<std::string> children = VgpusOfChildren(pid);
+  if (vgpu_id.empty()) return own->empty() && children.empty();
+  return *own == vgpu_id || std::find(children.begin(), children.end(), vgpu_id) != children.end();
 }
 
 }  // namespace
 
 bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path, const std::string& vgpu_id) {
   if (pid <= 0 || !limiter::ProcessAlive(pid, start_ticks)) return false;
-  // A tenant was started for its vGPU; `tfusion run`, which registers itself beside its command
-  // (and forwards signals to it), is the parent of one that was.
-  if (!vgpu_id.empty() && !StartedForVgpu(pid, vgpu_id) && !ParentOfVgpuTenant(pid, vgpu_id)) return false;
+  if (!StartedFor(pid, vgpu_id)) return false;
   struct stat st {};
   if (stat(region_path.c_str(), &st) != 0) return false;
   char path[64];

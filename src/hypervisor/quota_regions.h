@@ -39,14 +39,14 @@ std::string DefaultRegionDir();
 std::vector<std::string> RegionFiles(const std::string& dir);
 // Whether process `pid` is the process that started at `start_ticks`, has the region file
 // `region_path` mapped (the same device and inode, whatever path its mount namespace gives it)
-// and, unless `vgpu_id` is empty, was started with TFUSION_VGPU=`vgpu_id` (its /proc environ, as
-// `tfusion run` and the admission webhook give it) or is the parent of a process that was (`tfusion
-// run` itself): what a tenant of that vGPU is, by facts that
-// another tenant cannot write into the region. The agent checks it before it signals or
-// checkpoints a pid the region names. Worker sessions (whose environment is their worker's) are
-// checked with an empty id.
+// and was started for vGPU `vgpu_id`: TFUSION_VGPU=`vgpu_id` in its /proc environ (as `tfusion
+// run` and the admission webhook give it), or the parent of a process with it (`tfusion run`
+// itself). A worker session, whose environment is its worker's, is checked with an empty id: then
+// neither it nor a child of it may have been started for any vGPU, so an ordinary tenant is never
+// taken for a session. What a tenant of that vGPU is, by facts that another tenant cannot write
+// into the region: the agent checks it before it signals or checkpoints a pid the region names.
 bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path,
-                      const std::string& vgpu_id = "");
+                      const std::string& vgpu_id);
 // Attaches to each of `paths` once, the first time it is called (a region that does not attach
 // stays unattached: GpuRegion::attached()); later calls change nothing.
 void AttachRegionsOnce(const std::vector<std::string>& paths, std::vector<std::unique_ptr<limiter::GpuRegion>>* regions);

@@ -68,7 +68,8 @@ std::vector<limiter::ProcessInfo> LiveSessionProcess(const limiter::RegionSnapsh
   if (session <= 0) return out;
   for (uint32_t k = 0; k < snap.process_count; ++k) {
     const limiter::ProcessInfo& p = snap.processes[k];
-    if (p.vgpu_index == v.index && p.pid == session && IsTenantOfRegion(p.pid, p.start_time_ticks, region_path)) {
+    // "": a worker session, started for no vGPU itself.
+    if (p.vgpu_index == v.index && p.pid == session && IsTenantOfRegion(p.pid, p.start_time_ticks, region_path, "")) {
       out.push_back(p);
       break;
     }

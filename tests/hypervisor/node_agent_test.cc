@@ -746,6 +746,14 @@ TEST_F(StopTest, AProcessThatIsNoTenantOfTheVgpuIsNeverSignalledWhateverTheRegio
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(bystander, 300), 0) << "a process without the region mapped is not a tenant";
   EXPECT_EQ(EndedBySignal(neighbour, 300), 0) << "a process started for another vGPU is not its tenant";
+  // Nor is it a worker session, whatever a session-shaped vGPU id says (remote-PID@a-...).
+  uint32_t session_index = 0, session_slot = 0;
+  const std::string session_id = "remote-" + std::to_string(neighbour) + "@a-00000000000000ee";
+  ASSERT_EQ(r->CreateOrUpdateVgpu(session_id.c_str(), 1 << 20, 100'000, &session_index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(session_index, neighbour, &session_slot), limiter::RegionError::kOk);
+  clock_.AdvanceMs(10'000);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_EQ(EndedBySignal(neighbour, 300), 0) << "a process started for a vGPU is no worker session";
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {
