@@ -3,8 +3,13 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <sstream>
+#include <mutex>
+#include <cstring>
+#include <cerrno>
 #include <optional>
 #include <cstdio>
 #include <cstdlib>
@@ -37,60 +42,108 @@ std::string DefaultRegionDir() {
 
 namespace {
 
-// The TFUSION_VGPU of `pid`'s environment at its start (/proc/PID/environ): its value, "" when it
-// has none, nullopt when it cannot be read.
-std::optional<std::string> VgpuOfEnvironment(pid_t pid) {
+// The contents of /proc/PID/NAME, at most `max` bytes; nullopt when it cannot be read (gone, or
+// another user's process without CAP_SYS_PTRACE: said once per pid on stderr).
+std::optional<std::string> ProcFile(pid_t pid, const char* name, size_t max) {
   char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/environ", static_cast<int>(pid));
+  std::snprintf(path, sizeof(path), "/proc/%d/%s", static_cast<int>(pid), name);
   FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return std::nullopt;
-  static constexpr char kKey[] = "TFUSION_VGPU=";
-  std::string entry, value;
-  size_t read = 0;
-  for (int c; read < (4u << 20) && (c = std::fgetc(f)) != EOF; ++read) {
-    if (c != '\0') {
-      entry += static_cast<char>(c);
-      continue;
+  if (f == nullptr) {
+    if (errno == EACCES || errno == EPERM) {
+      static std::mutex mu;
+      static std::set<pid_t> told;
+      std::lock_guard<std::mutex> lock(mu);
+      if (told.size() < 4096 && told.insert(pid).second) {
+        std::fprintf(stderr, "hypervisor: cannot read %s (%s): without it process %d cannot be checked as a "
+                     "tenant and is not signalled or checkpointed (the agent needs CAP_SYS_PTRACE)\n",
+                     path, std::strerror(errno), static_cast<int>(pid));
+      }
     }
-    if (entry.rfind(kKey, 0) == 0) value = entry.substr(sizeof(kKey) - 1);
-    entry.clear();
+    return std::nullopt;
   }
-  if (entry.rfind(kKey, 0) == 0) value = entry.substr(sizeof(kKey) - 1);
-  std::fclose(f);
-  return value;
-}
-
-// The TFUSION_VGPU of each child of `pid` (/proc/PID/task/PID/children: those its main thread
-// forked, as `tfusion run` forks its command) that has one.
-std::vector<std::string> VgpusOfChildren(pid_t pid) {
-  std::vector<std::string> out;
-  char path[96];
-  std::snprintf(path, sizeof(path), "/proc/%d/task/%d/children", static_cast<int>(pid), static_cast<int>(pid));
-  FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return out;
-  for (int child = 0, n = 0; n < 4096 && std::fscanf(f, "%d", &child) == 1; ++n) {
-    if (child <= 0) continue;
-    if (std::optional<std::string> v = VgpuOfEnvironment(child); v && !v->empty()) out.push_back(*v);
-  }
+  std::string out;
+  char buf[4096];
+  size_t n = 0;
+  while (out.size() < max && (n = std::fread(buf, 1, std::min(sizeof(buf), max - out.size()), f)) > 0) out.append(buf, n);
   std::fclose(f);
   return out;
 }
 
-// Whether `pid` was started for `vgpu_id` (or, for "", is a worker session: started for no vGPU
-// and the parent of no process that was). `tfusion run`, which registers itself beside its
-// command (and forwards signals to it), is the parent of a process started for its vGPU.
+// The first TFUSION_VGPU of `pid`'s environment at its start (/proc/PID/environ, as getenv reads
+// it): its value, "" when it has none, nullopt when it cannot be read.
+std::optional<std::string> VgpuOfEnvironment(pid_t pid) {
+  const std::optional<std::string> env = ProcFile(pid, "environ", 256u << 10);
+  if (!env) return std::nullopt;
+  static constexpr char kKey[] = "TFUSION_VGPU=";
+  for (size_t at = 0; at < env->size();) {
+    size_t end = env->find('\0', at);
+    if (end == std::string::npos) end = env->size();
+    if (env->compare(at, sizeof(kKey) - 1, kKey) == 0) return env->substr(at + sizeof(kKey) - 1, end - at - (sizeof(kKey) - 1));
+    at = end + 1;
+  }
+  return std::string();
+}
+
+// The parent of `pid` (/proc/PID/stat field 4), 0 when unreadable.
+pid_t ParentOf(pid_t pid) {
+  const std::optional<std::string> stat = ProcFile(pid, "stat", 4096);
+  if (!stat) return 0;
+  const size_t paren = stat->rfind(')');  // the command name may hold spaces and parentheses
+  int ppid = 0;
+  if (paren == std::string::npos || std::sscanf(stat->c_str() + paren + 1, " %*c %d", &ppid) != 1) return 0;
+  return ppid;
+}
+
+// The TFUSION_VGPU of each child of `pid` that has one (/proc/PID/task/PID/children: those its
+// main thread forked, as `tfusion run` forks its command; at most 256 looked at).
+std::vector<std::string> VgpusOfChildren(pid_t pid) {
+  std::vector<std::string> out;
+  char name[48];
+  std::snprintf(name, sizeof(name), "task/%d/children", static_cast<int>(pid));
+  const std::optional<std::string> list = ProcFile(pid, name, 4096);
+  if (!list) return out;
+  std::istringstream in(*list);
+  int child = 0;
+  for (int n = 0; n < 256 && in >> child; ++n) {
+    if (child <= 0) continue;
+    if (std::optional<std::string> v = VgpuOfEnvironment(child); v && !v->empty()) out.push_back(*v);
+  }
+  return out;
+}
+
+// Whether `pid` was started for `vgpu_id`, or, for "", is a worker session.
 bool StartedFor(pid_t pid, const std::string& vgpu_id) {
   const std::optional<std::string> own = VgpuOfEnvironment(pid);
   if (!own) return false;
   const std::vector<std::string> children = VgpusOfChildren(pid);
-  if (vgpu_id.empty()) return own->empty() && children.empty();
-  return *own == vgpu_id || std::find(children.begin(), children.end(), vgpu_id) != children.end();
+  if (vgpu_id.empty()) {
+    // A worker session: started for no vGPU, nor the parent of a process that was, and forked by
+    // its worker without an exec (its parent runs the same program with the same command line).
+    if (!own->empty() || !children.empty()) return false;
+    const pid_t parent = ParentOf(pid);
+    if (parent <= 1) return false;
+    const std::optional<std::string> cmd = ProcFile(pid, "cmdline", 64u << 10);
+    return cmd && !cmd->empty() && cmd == ProcFile(parent, "cmdline", 64u << 10);
+  }
+  // Its own variable, or a child's (`tfusion run`, which registers itself beside its command).
+  if (*own == vgpu_id || std::find(children.begin(), children.end(), vgpu_id) != children.end()) return true;
+  if (!own->empty()) return false;  // started for another vGPU
+  // None of its own (a program that rewrote its environment area, as setproctitle does, or was
+  // started with a cleared environment): the variable of its nearest ancestor that has one.
+  pid_t a = ParentOf(pid);
+  for (int depth = 0; a > 1 && depth < 4; ++depth, a = ParentOf(a)) {
+    const std::optional<std::string> v = VgpuOfEnvironment(a);
+    if (!v) return false;
+    if (!v->empty()) return *v == vgpu_id;
+  }
+  return false;
 }
 
 }  // namespace
 
 bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path, const std::string& vgpu_id) {
-  if (pid <= 0 || !limiter::ProcessAlive(pid, start_ticks)) return false;
+  // Never the agent itself, whatever a slot says.
+  if (pid <= 0 || pid == getpid() || !limiter::ProcessAlive(pid, start_ticks)) return false;
   if (!StartedFor(pid, vgpu_id)) return false;
   struct stat st {};
   if (stat(region_path.c_str(), &st) != 0) return false;

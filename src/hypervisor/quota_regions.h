@@ -37,14 +37,16 @@ namespace tf::hypervisor {
 std::string DefaultRegionDir();
 // The region files ("gpu-<uuid>.region") in `dir`, sorted; none when it does not exist.
 std::vector<std::string> RegionFiles(const std::string& dir);
-// Whether process `pid` is the process that started at `start_ticks`, has the region file
-// `region_path` mapped (the same device and inode, whatever path its mount namespace gives it)
-// and was started for vGPU `vgpu_id`: TFUSION_VGPU=`vgpu_id` in its /proc environ (as `tfusion
-// run` and the admission webhook give it), or the parent of a process with it (`tfusion run`
-// itself). A worker session, whose environment is its worker's, is checked with an empty id: then
-// neither it nor a child of it may have been started for any vGPU, so an ordinary tenant is never
-// taken for a session. What a tenant of that vGPU is, by facts that another tenant cannot write
-// into the region: the agent checks it before it signals or checkpoints a pid the region names.
+// Whether process `pid` is the process that started at `start_ticks`, is not this process, has
+// the region file `region_path` mapped (the same device and inode, whatever path its mount
+// namespace gives it) and was started for vGPU `vgpu_id`: the first TFUSION_VGPU of its /proc
+// environ is `vgpu_id` (as `tfusion run` and the admission webhook give it), or a child's is
+// (`tfusion run` itself), or, having none, its nearest ancestor's (within 4) is. A worker session,
+// whose environment is its worker's, is checked with an empty id: then neither it nor a child of
+// it was started for any vGPU, and it is a fork without exec of its parent (the same command line).
+// What a tenant of that vGPU is, by facts that another tenant cannot write into the region: the
+// agent checks it before it signals or checkpoints a pid the region names. A process whose /proc
+// files it cannot read (without CAP_SYS_PTRACE) fails the check, said once on stderr.
 bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path,
                       const std::string& vgpu_id);
 // Attaches to each of `paths` once, the first time it is called (a region that does not attach

@@ -238,12 +238,12 @@ class WarmGroup:
         self.procs, self.readies, self.go = start_group(ctx, self.tag, tenants, ctx.args.seconds, windows)
 
     def signal(self, sig):
+        # Every tenant's process group, also one whose leader exited (its children may not have).
         for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    pass
+            try:
+                os.killpg(p.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def window(self, k):
         """Runs window k (the group resumed, timed, stopped again); per-tenant items/s."""
@@ -264,9 +264,18 @@ class WarmGroup:
         return out
 
     def finish(self, wait_s):
-        """Resumes the tenants and gives them wait_s to exit (they do after their last window);
-        the rest are killed."""
+        """Resumes the tenants and gives them wait_s to exit (they do after their last window). Those
+        still waiting for a window (rounds cut short) get SIGTERM, which `tfusion run` forwards
+        before it removes its vGPU, and another wait_s; the rest are killed."""
         self.signal(signal.SIGCONT)
+        deadline = time.monotonic() + wait_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+        if any(p.poll() is None for p in self.procs):
+            self.signal(signal.SIGTERM)
         deadline = time.monotonic() + wait_s
         for p in self.procs:
             tc.finish(p, deadline - time.monotonic())

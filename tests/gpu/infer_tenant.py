@@ -61,17 +61,23 @@ def main():
         for k in range(args.windows):
             # Between windows the harness may keep the process stopped for as long as the other
             # groups' windows take.
-            report(step, args, f"{args.go}.{k}", f"window={k} ", 3600)
+            report(step, args, f"{args.go}.{k}", f"window={k} ", 3600, warm_steps=3)
             open(f"{args.ready}.{k}", "w").close()
 
 
-def report(step, args, go, prefix, wait_s):
-    """Waits for `go`, runs forward passes for --seconds and prints the window's rate lines."""
+def report(step, args, go, prefix, wait_s, warm_steps=0):
+    """Waits for `go`, runs `warm_steps` untimed forward passes (a process resumed after a stop:
+    the GPU's clocks and caches back up), then forward passes for --seconds, and prints the
+    window's rate lines."""
     deadline = time.monotonic() + wait_s
     while not os.path.exists(go):
         if time.monotonic() > deadline:
             raise SystemExit(f"no go signal within {wait_s} s")
         time.sleep(0.002)
+    for _ in range(warm_steps):
+        step()
+    if warm_steps:
+        torch.cuda.synchronize()
     ends = []
     n, t0, t0_ns = 0, time.monotonic(), time.monotonic_ns()
     while True:

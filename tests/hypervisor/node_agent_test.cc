@@ -499,7 +499,8 @@ TEST(NodeAgent, CountersATenantScribbledOnStillHeartbeatClamped) {
 // A child process that stands for a tenant: it ignores SIGTERM when asked to (a tenant that does
 // not shut down), tells the parent it is ready, then waits to be killed. With `vgpu` it is what
 // the agent takes for a tenant of that vGPU (IsTenantOfRegion): a program started with
-// TFUSION_VGPU=`vgpu` that maps the region file `region`; without, a fork of this process.
+// TFUSION_VGPU=`vgpu` that maps the region file `region` (none if empty); without, a fork of this
+// process.
 pid_t StartTenant(bool ignore_sigterm, const std::string& vgpu = "", const std::string& region = "") {
   int fds[2];
   if (pipe(fds) != 0) return -1;
@@ -511,8 +512,9 @@ pid_t StartTenant(bool ignore_sigterm, const std::string& vgpu = "", const std::
       const std::string fd = std::to_string(fds[1]);
       const char* script =
           "import mmap, os, signal, sys\n"
-          "f = open(sys.argv[1], 'r+b')\n"
-          "m = mmap.mmap(f.fileno(), 0)\n"
+          "if sys.argv[1]:\n"
+          "    f = open(sys.argv[1], 'r+b')\n"
+          "    m = mmap.mmap(f.fileno(), 0)\n"
           "os.write(int(sys.argv[2]), b'1')\n"
           "while True:\n"
           "    signal.pause()\n";
@@ -710,6 +712,12 @@ TEST_F(StopTest, AProcessThatIsNoTenantOfTheVgpuIsNeverSignalledWhateverTheRegio
   uint32_t index = 0, slot = 0;
   ASSERT_EQ(r->CreateOrUpdateVgpu("a-00000000000000ff", 1 << 20, 100'000, &index), limiter::RegionError::kOk);
   ASSERT_EQ(r->AttachProcess(index, bystander, &slot), limiter::RegionError::kOk);  // pid and start time as /proc has them
+  // Started for this vGPU, but without the region mapped.
+  pid_t unmapped = StartTenant(false, "a-00000000000000ff", "");
+  ASSERT_GT(unmapped, 0);
+  tenants_.push_back(unmapped);
+  uint32_t unmapped_slot = 0;
+  ASSERT_EQ(r->AttachProcess(index, unmapped, &unmapped_slot), limiter::RegionError::kOk);
   // Another vGPU's tenant: it maps the region, but was started for a-0000000000000abc.
   pid_t neighbour = Tenant(false, "a-0000000000000abc");
   ASSERT_GT(neighbour, 0);
@@ -744,7 +752,8 @@ TEST_F(StopTest, AProcessThatIsNoTenantOfTheVgpuIsNeverSignalledWhateverTheRegio
   clock_.AdvanceMs(10'000);  // past the grace period: what is left would get SIGKILL
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   ASSERT_TRUE(agent_->SyncAllocations().ok());
-  EXPECT_EQ(EndedBySignal(bystander, 300), 0) << "a process without the region mapped is not a tenant";
+  EXPECT_EQ(EndedBySignal(bystander, 300), 0) << "a process started for no vGPU is not a tenant";
+  EXPECT_EQ(EndedBySignal(unmapped, 300), 0) << "a process without the region mapped is not a tenant";
   EXPECT_EQ(EndedBySignal(neighbour, 300), 0) << "a process started for another vGPU is not its tenant";
   // Nor is it a worker session, whatever a session-shaped vGPU id says (remote-PID@a-...).
   uint32_t session_index = 0, session_slot = 0;
@@ -754,6 +763,14 @@ TEST_F(StopTest, AProcessThatIsNoTenantOfTheVgpuIsNeverSignalledWhateverTheRegio
   clock_.AdvanceMs(10'000);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_EQ(EndedBySignal(neighbour, 300), 0) << "a process started for a vGPU is no worker session";
+  // Nor is the agent (this test process) one: it would not survive the next syncs.
+  uint32_t self_index = 0, self_slot = 0;
+  const std::string self_id = "remote-" + std::to_string(getpid()) + "@a-00000000000000dd";
+  ASSERT_EQ(r->CreateOrUpdateVgpu(self_id.c_str(), 1 << 20, 100'000, &self_index), limiter::RegionError::kOk);
+  ASSERT_EQ(r->AttachProcess(self_index, getpid(), &self_slot), limiter::RegionError::kOk);
+  clock_.AdvanceMs(10'000);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(agent_->SyncAllocations().ok());
+  r->DetachProcess(self_slot);
 }
 
 TEST(NodeAgent, NoDriverRegistersZeroGpus) {
