@@ -6,14 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <sstream>
-#include <mutex>
-#include <cstring>
 #include <cerrno>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <sstream>
 
 #include "hypervisor/remote_sessions.h"
 #include "limiter/core/process_identity.h"
@@ -84,14 +84,10 @@ std::optional<std::string> VgpuOfEnvironment(pid_t pid) {
   return std::string();
 }
 
-// The parent of `pid` (/proc/PID/stat field 4), 0 when unreadable.
+// The parent of `pid`, 0 when unreadable.
 pid_t ParentOf(pid_t pid) {
-  const std::optional<std::string> stat = ProcFile(pid, "stat", 4096);
-  if (!stat) return 0;
-  const size_t paren = stat->rfind(')');  // the command name may hold spaces and parentheses
-  int ppid = 0;
-  if (paren == std::string::npos || std::sscanf(stat->c_str() + paren + 1, " %*c %d", &ppid) != 1) return 0;
-  return ppid;
+  limiter::ProcessStat st;
+  return limiter::ReadProcessStat(pid, &st) ? st.parent : 0;
 }
 
 // The TFUSION_VGPU of each child of `pid` that has one (/proc/PID/task/PID/children: those its
@@ -115,6 +111,7 @@ std::vector<std::string> VgpusOfChildren(pid_t pid) {
 bool StartedFor(pid_t pid, const std::string& vgpu_id) {
   const std::optional<std::string> own = VgpuOfEnvironment(pid);
   if (!own) return false;
+  if (!vgpu_id.empty() && *own == vgpu_id) return true;  // the common case: a tenant itself
   const std::vector<std::string> children = VgpusOfChildren(pid);
   if (vgpu_id.empty()) {
     // A worker session: started for no vGPU, nor the parent of a process that was, and forked by
@@ -125,8 +122,8 @@ bool StartedFor(pid_t pid, const std::string& vgpu_id) {
     const std::optional<std::string> cmd = ProcFile(pid, "cmdline", 64u << 10);
     return cmd && !cmd->empty() && cmd == ProcFile(parent, "cmdline", 64u << 10);
   }
-  // Its own variable, or a child's (`tfusion run`, which registers itself beside its command).
-  if (*own == vgpu_id || std::find(children.begin(), children.end(), vgpu_id) != children.end()) return true;
+  // A child's variable (`tfusion run`, which registers itself beside its command).
+  if (std::find(children.begin(), children.end(), vgpu_id) != children.end()) return true;
   if (!own->empty()) return false;  // started for another vGPU
   // None of its own (a program that rewrote its environment area, as setproctitle does, or was
   // started with a cleared environment): the variable of its nearest ancestor that has one.

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +44,7 @@ bool ReadProcessStat(pid_t pid, ProcessStat* out) {
   }
   p += 2;
   out->state = *p;
+  if (p[1] == ' ') out->parent = static_cast<pid_t>(strtol(p + 2, nullptr, 10));
   // p is at field 3; step to field 22.
   for (int field = 3; field < 22; ++field) {
     p = strchr(p, ' ');

@@ -18,6 +18,7 @@ int64_t MonotonicNowNs();
 struct ProcessStat {
   uint64_t start_time_ticks = 0;  // /proc/<pid>/stat field 22
   char state = '?';               // field 3: R, S, D, Z (zombie), X (dead), ...
+  pid_t parent = 0;               // field 4
 };
 
 // Reads /proc/<pid>/stat. Returns false (errno set: ENOENT/ESRCH when the process is gone) when
