@@ -19,7 +19,8 @@ Phases (--phases, comma-separated):
           the limiter alternating, --solo-rounds rounds; the median ratio.
   ab      limiter variants beside native, interleaved: for each --models and --ns a native group,
           then one group per --ab-variants entry (NAME=PERCENT[:VAR=VALUE,...], e.g.
-          "p25=25;ungoverned=100;tick1ms=25:TFUSION_SHARE_TICK_US=1000"), --rounds rounds.
+          "p25=25;ungoverned=100;tick1ms=25:TFUSION_SHARE_TICK_US=1000"; PERCENT "even" is
+          100/N), --rounds rounds.
           With --warm the groups start once and each round is a timed window of the same
           tenants (the other groups' tenants stopped meanwhile): the rounds cost no start-up.
   mps     (added by --mps DIR) noisy, and coloc of ResNet-50 b1 at N = 4, with every tenant,
@@ -452,18 +453,20 @@ def phase_solo(ctx, md):
 def phase_ab(ctx, md):
     """Variants of the limiter beside native, interleaved: for each --models and --ns, a native
     group, then one group per --ab-variants entry (NAME=PERCENT[:VAR=VALUE,...]: every tenant under
-    `tfusion run --percent PERCENT` with those variables), --rounds rounds."""
+    `tfusion run --percent PERCENT` with those variables; PERCENT `even` is 100/N), --rounds rounds."""
     variants = []
     for spec in ctx.args.ab_variants.split(";"):
         name, rest = spec.split("=", 1)
         pct, _, env = rest.partition(":")
-        variants.append((name, float(pct), [e for e in env.split(",") if e]))
+        # "even": 100/N % each, whatever the group's N.
+        variants.append((name, pct if pct == "even" else float(pct), [e for e in env.split(",") if e]))
     rows = []
     for spec in ctx.args.models.split(","):
         model, batch = spec.split(":")
         batch = int(batch)
         for n in [int(x) for x in ctx.args.ns.split(",")]:
-            groups = [("native", [])] + [(name, (["env"] + env if env else []) + limiter_prefix(ctx, pct))
+            groups = [("native", [])] + [(name, (["env"] + env if env else []) +
+                                          limiter_prefix(ctx, 100.0 / n if pct == "even" else pct))
                                          for name, pct, env in variants]
             if ctx.args.warm:
                 rows += ab_rounds_warm(ctx, md, model, batch, n, groups)

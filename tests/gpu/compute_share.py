@@ -36,6 +36,9 @@ SCENARIOS = [
     # Every other submission path is governed too: extended, cooperative and graph launches.
     ("50/50 ex+graph", "limiter", [50, 50], ["ex", "graph"]),
     ("30/70 coop+kernel", "limiter", [30, 70], ["coop", "kernel"]),
+    # Each path alone in a pair (which one a miss of the mixed pair comes from).
+    ("50/50 ex", "limiter", [50, 50], ["ex", "ex"]),
+    ("50/50 graph", "limiter", [50, 50], ["graph", "graph"]),
 ]
 
 

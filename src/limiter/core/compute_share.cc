@@ -261,7 +261,9 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
   const bool in_turns = turn != nullptr && turn->turn_ns > 0 && turn->saturating;
   if (window && !in_turns) cap_l = std::max(cap_l, lim * (turn->limit_window_ns / 1'000'000));
   if (turn != nullptr && turn->turn_ns > 0 && turn->period_ns > 0) {
-    if (turn->saturating) {
+    // Out of turns for a probe, it keeps what it saved for its next turn: the probe is over
+    // within a period, and then it takes its turn as it would have.
+    if (turn->saturating || now_ns < turn->probe_until_ns) {
       if (!burstable) cap_l = std::max(cap_l, TurnSpendNs(*turn, lim));
       cap_r = std::max(cap_r, TurnSpendNs(*turn, req));
     } else {
@@ -490,10 +492,14 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->without_charged_ns += charged_ns;
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
-  if (turn->without_ns < kTurnsPayProbeNs / 2) {
+  const bool whole_period = turn->period_ns >= 100'000'000 && turn->period_ns <= kTurnsPayProbeNs;
+  const int64_t probe_ns = turn->spell_checks == 0 ? kTurnsPayProbeNs
+                           : whole_period          ? turn->period_ns
+                                                   : kTurnsPayRecheckProbeNs;
+  if (turn->without_ns < probe_ns / 2) {
     // No rate without turns yet (a process that just started contending, or a recheck): leave
     // turns for a probe, which stops them for everyone while it wants the GPU.
-    turn->gappy_until_ns = now_ns + kTurnsPayProbeNs;
+    turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
     return;
   }
   if (turn->with_turns_ns < kTurnsPayWindowNs) return;
@@ -641,7 +647,14 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
       holder_left = std::min(holder_left, DryInNs(HolderTokensNow(h, now_ns), h_lim));
     }
   }
-  if (not_ready_ns > 0 || holder_left > 0) {
+  // Just after its probe nobody holds the turn, and nobody may be ready for one (the probe left
+  // every bucket as it was, one turn cut short): rather than leave the GPU idle until one is, the
+  // waiter nearest to ready takes it with what it has. (Only then: in steady turns the hand-over
+  // is planned, and short turns taken whenever the turn is free made the shares per second uneven.)
+  const bool after_probe = now_ns < turn->probe_until_ns + kTurnsPayRecheckProbeNs;
+  const bool take_short = after_probe && not_ready_ns > 0 && !alive && lt > 0 && lim > 0 &&
+                          NearestToReady(mine, lt - need, lim, mask, now_ns, *turn);
+  if (!take_short && (not_ready_ns > 0 || holder_left > 0)) {
     out->hold = ShareHold::kTurn;
     tick_in(std::max(not_ready_ns, holder_left));
     return;
@@ -650,6 +663,21 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
     sb->turns_total.fetch_add(1, std::memory_order_relaxed);
     turn->turn_held_ns = turn->turn_busy_ns = 0;
   }
+}
+
+bool GpuRegion::NearestToReady(uint32_t mine, int64_t have, int64_t lim, uint64_t mask, int64_t now_ns,
+                               const ShareTurn& turn) const {
+  const int64_t mine_for = have * 1'000'000 / lim;
+  for (uint64_t m = mask & ~(1ULL << mine); m != 0; m &= m - 1) {
+    const uint32_t i = static_cast<uint32_t>(__builtin_ctzll(m));
+    const VgpuSlot* u = vgpu(i);
+    if (!Wanting(u, now_ns)) continue;
+    const int64_t u_lim = TurnBucketOf(u).ppm;
+    if (u_lim <= 0) continue;
+    const int64_t u_for = (TurnTokensNow(u, now_ns, turn) - TurnNeedNs(turn, u_lim)) * 1'000'000 / u_lim;
+    if (u_for > mine_for || (u_for == mine_for && i < mine)) return false;
+  }
+  return true;
 }
 
 void GpuRegion::ShareIdle(uint32_t slot) {

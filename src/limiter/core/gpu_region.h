@@ -81,6 +81,7 @@ struct ShareTurn {
   int64_t with_turns_ns = 0, with_turns_launches = 0, with_turns_charged_ns = 0;
   int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
+  int64_t probe_until_ns = 0;   // the probe under way ends then (its saved turn tokens are kept)
   int64_t last_contended_ns = 0;  // the last tick another vGPU wanted the GPU (a spell of contention
   uint32_t spell_checks = 0;      //   ends after kTurnsPaySpellGapNs without), and its comparisons
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
@@ -112,6 +113,11 @@ inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
 inline constexpr int64_t kTurnsPayFirstRecheckNs = 2'000'000'000;
 inline constexpr int64_t kTurnsPaySpellGapNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
+// A recheck's probe lasts one period of planned turns (kTurnsPayRecheckProbeNs with fixed turns or
+// a period outside 100-300 ms): in a period every hard slice has its one turn, so a probe that
+// replaces one leaves each tenant as many turns as it would have had. (A probe of 300 ms, half a
+// period more, handed the next turn out of order, and one tenant lost a turn in that second.)
+inline constexpr int64_t kTurnsPayRecheckProbeNs = 200'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
 // With ShareTurn::turns_per_second (TFUSION_SHARE_TURNS_PER_SECOND=1) it also leaves them when it
 // did kTurnsPayFloorPermille / 1000 times as much per charge and kTurnsPayWallPermille / 1000 times
@@ -457,6 +463,10 @@ class GpuRegion {
   // Planned turns (turn->period_ns > 0): the holder hands over at its planned end.
   void PlannedTurns(uint32_t mine, int64_t now_ns, int64_t limit_tokens, int64_t limit_ppm, uint64_t mask,
                     uint64_t word, bool alive, ShareTurn* turn, ShareVerdict* out);
+  // Among the saturating vGPUs that want the GPU (`mask`), whether this one (`have` ns of tokens
+  // beyond what a turn needs, at `lim` ppm) is nearest to ready for its turn (ties: lowest index).
+  bool NearestToReady(uint32_t mine, int64_t have, int64_t lim, uint64_t mask, int64_t now_ns,
+                      const ShareTurn& turn) const;
   // Another vGPU wants the GPU and is not saturating (nobody takes turns then).
   bool OthersWantUnsaturated(uint32_t mine, uint64_t saturating_mask, int64_t now_ns) const;
   // Whether another vGPU wants the GPU, and whether one that is not saturating does (mask: the
