@@ -671,5 +671,23 @@ TEST_F(ComputeShareTest, TheRecheckOfWhetherTurnsPayCostsEachTenantLittleInTheSe
   }
 }
 
+TEST_F(ComputeShareTest, AStallOfTheHostDoesNotStopTheTurnsForSeconds) {
+  // Two saturating hard slices at 50% take turns; every 500 ms one of them stalls for 4 ms (its
+  // host thread descheduled, as on a noisy VM) and its queue runs dry, often while it holds the
+  // turn. A stall gives the turn up, but it is no reason to stop taking turns for 5 s (which would
+  // time-slice both, losing the switching cost): a holder is found gappy only after three windows
+  // of one turn.
+  switch_loss_ = 0.09;
+  Tenant a{"stall-a", 500'000, 500'000}, b{"stall-b", 500'000, 500'000};
+  a.pause = [](int64_t t) { return t > 1000 * kMs && (t % (500 * kMs)) < 4 * kMs; };
+  for (Tenant* t : {&a, &b}) Add(t);
+  Run({&a, &b}, kMs, 6001 * kMs, 2001 * kMs);
+  // (Each stall still costs: the stalled holder gives its turn up, and until it saturates again
+  // the two are time-sliced. Stopping turns for 5 s at a stall gave 91.1 and 45.1 / 46.0.)
+  EXPECT_GT(Share(a, 4000 * kMs) + Share(b, 4000 * kMs), 95.0) << "turns all along";
+  EXPECT_GT(Share(a, 4000 * kMs), 46.5);
+  EXPECT_GT(Share(b, 4000 * kMs), 47.5);
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing
