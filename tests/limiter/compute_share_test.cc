@@ -672,21 +672,43 @@ TEST_F(ComputeShareTest, TheRecheckOfWhetherTurnsPayCostsEachTenantLittleInTheSe
 }
 
 TEST_F(ComputeShareTest, AStallOfTheHostDoesNotStopTheTurnsForSeconds) {
-  // Two saturating hard slices at 50% take turns; every 500 ms one of them stalls for 4 ms (its
+  // Two saturating hard slices at 50% take turns; every 1.5 s one of them stalls for 4 ms (its
   // host thread descheduled, as on a noisy VM) and its queue runs dry, often while it holds the
   // turn. A stall gives the turn up, but it is no reason to stop taking turns for 5 s (which would
-  // time-slice both, losing the switching cost): a holder is found gappy only after three windows
-  // of one turn.
+  // time-slice both, losing the switching cost): a holder is found gappy only after three idle
+  // windows, each within 1 s of the last. The stall falls in a turn of a's in the window measured.
   switch_loss_ = 0.09;
   Tenant a{"stall-a", 500'000, 500'000}, b{"stall-b", 500'000, 500'000};
-  a.pause = [](int64_t t) { return t > 1000 * kMs && (t % (500 * kMs)) < 4 * kMs; };
+  int64_t stalls_holding = 0;
+  a.pause = [&](int64_t t) {
+    const bool stall = t > 1000 * kMs && (t % (1500 * kMs)) < 4 * kMs;
+    if (stall && !a.held && t >= 2001 * kMs) ++stalls_holding;
+    return stall;
+  };
   for (Tenant* t : {&a, &b}) Add(t);
   Run({&a, &b}, kMs, 6001 * kMs, 2001 * kMs);
+  EXPECT_GT(stalls_holding, 0) << "a stall while it runs";
   // (Each stall still costs: the stalled holder gives its turn up, and until it saturates again
   // the two are time-sliced. Stopping turns for 5 s at a stall gave 91.1 and 45.1 / 46.0.)
   EXPECT_GT(Share(a, 4000 * kMs) + Share(b, 4000 * kMs), 95.0) << "turns all along";
   EXPECT_GT(Share(a, 4000 * kMs), 46.5);
   EXPECT_GT(Share(b, 4000 * kMs), 47.5);
+}
+
+TEST_F(ComputeShareTest, ATenantThatLeavesAGapInEachOfItsTurnsStaysOutOfTurns) {
+  // Beside a saturating hard slice, a tenant at 50% that pauses 1.5 ms every 40 ms (a launch-bound
+  // loop between steps) looks saturating between its pauses, so it keeps coming back into turns
+  // and, holding one, leaves the GPU idle at its next pause. Its idle windows chain up over its
+  // turns, and it stays out of turns for 5 s at a time (time-sliced beside the other, it runs
+  // between its pauses instead of waiting for turns it cannot fill).
+  switch_loss_ = 0.09;
+  Tenant a{"gaps-a", 500'000, 500'000}, b{"gaps-b", 500'000, 500'000};
+  a.pause = [](int64_t t) { return (t % (40 * kMs)) < 3 * kTick; };
+  for (Tenant* t : {&a, &b}) Add(t);
+  const int64_t end = 4001 * kMs;
+  Run({&a, &b}, kMs, end, 2001 * kMs);
+  EXPECT_GT(a.turn.gappy_until_ns, t0_ + end + 1000 * kMs) << "out of turns for seconds";
+  EXPECT_LT(a.turn_held_ticks + b.turn_held_ticks, 200) << "almost no waiting for turns once out of them";
 }
 
 }  // namespace

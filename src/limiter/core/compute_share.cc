@@ -86,7 +86,8 @@ constexpr int64_t kActiveTtlNs = 2'000'000;
 constexpr int64_t kMaxHoldRetryNs = 20'000'000;
 constexpr int64_t kBusyAvgWindowNs = 10'000'000;
 constexpr int64_t kTurnWindowNs = 5'000'000;
-constexpr uint32_t kGappyWindowsPerTurn = 3;
+constexpr uint32_t kGappyWindows = 3;
+constexpr int64_t kGappyChainNs = 1'000'000'000;
 constexpr int64_t kSaturatedPpm = 950'000;
 constexpr uint64_t kTurnTimeMask = (1ULL << 56) - 1;
 
@@ -383,17 +384,22 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   if (mine_now && word != turn->held_word) {  // a turn it took, or one handed to it
     turn->held_word = word;
     turn->turn_held_ns = turn->turn_busy_ns = 0;
-    turn->turn_gappy_windows = 0;
   }
   if (mine_now && !held) {
     turn->turn_held_ns += tick_ns;
     if (in_flight) turn->turn_busy_ns += tick_ns;
     if (turn->turn_held_ns >= kTurnWindowNs) {
-      // Gappy in kGappyWindowsPerTurn windows of one turn: one stall of the host (a few ms, as a
-      // noisy VM has) empties a queue once, and would otherwise stop everyone's turns for 5 s.
-      if (turn->turn_busy_ns * static_cast<int64_t>(kShareWholeGpuPpm) < kSaturatedPpm * turn->turn_held_ns &&
-          ++turn->turn_gappy_windows >= kGappyWindowsPerTurn) {
-        turn->gappy_until_ns = now_ns + kShareGappyNs;
+      // Gappy in kGappyWindows windows held, each within kGappyChainNs of the one before (over
+      // several turns: a tenant that leaves gaps gives each turn up early): one stall of the host
+      // (a few ms, as a noisy VM has) empties a queue once, and would otherwise stop everyone's
+      // turns for 5 s.
+      if (turn->turn_busy_ns * static_cast<int64_t>(kShareWholeGpuPpm) < kSaturatedPpm * turn->turn_held_ns) {
+        if (now_ns - turn->last_gappy_window_ns > kGappyChainNs) turn->gappy_windows = 0;
+        turn->last_gappy_window_ns = now_ns;
+        if (++turn->gappy_windows >= kGappyWindows) {
+          turn->gappy_until_ns = now_ns + kShareGappyNs;
+          turn->gappy_windows = 0;
+        }
       }
       turn->turn_held_ns = turn->turn_busy_ns = 0;
     }

@@ -71,8 +71,9 @@ struct ShareTurn {
   int64_t busy_avg_ppm = 0;     // share of the last ~10 ms it had work queued or was held
   int64_t turn_held_ns = 0;     // the current window of ticks holding the turn,
   int64_t turn_busy_ns = 0;    //   and how much of it it had work queued
-  uint32_t turn_gappy_windows = 0;  // windows of the turn it holds in which it left the GPU idle
-  int64_t gappy_until_ns = 0;   // holding a turn it left the GPU idle (3 windows): no turns until then
+  uint32_t gappy_windows = 0;   // windows of its turns in which it left the GPU idle, in a chain
+  int64_t last_gappy_window_ns = 0;  //   each within 1 s of the last (compute_share.cc)
+  int64_t gappy_until_ns = 0;   // holding turns it left the GPU idle (3 windows): no turns until then
   bool saturating = false;      // the last tick's verdict
   uint64_t held_word = 0;       // the turn word of the turn it holds (a new one restarts the window)
   // Do turns pay? (compute_share.cc, "Turns that do not pay".) The governor sets tick_launches
