@@ -676,18 +676,18 @@ TEST_F(ComputeShareTest, AStallOfTheHostDoesNotStopTheTurnsForSeconds) {
   // host thread descheduled, as on a noisy VM) and its queue runs dry, often while it holds the
   // turn. A stall gives the turn up, but it is no reason to stop taking turns for 5 s (which would
   // time-slice both, losing the switching cost): a holder is found gappy only after three idle
-  // windows, each within 1 s of the last. The stall falls in a turn of a's in the window measured.
+  // windows, each within 1 s of the last. A stall falls while a runs in the window measured.
   switch_loss_ = 0.09;
   Tenant a{"stall-a", 500'000, 500'000}, b{"stall-b", 500'000, 500'000};
-  int64_t stalls_holding = 0;
+  int64_t stalls_running = 0;
   a.pause = [&](int64_t t) {
     const bool stall = t > 1000 * kMs && (t % (1500 * kMs)) < 4 * kMs;
-    if (stall && !a.held && t >= 2001 * kMs) ++stalls_holding;
+    if (stall && !a.held && t >= 2001 * kMs) ++stalls_running;
     return stall;
   };
   for (Tenant* t : {&a, &b}) Add(t);
   Run({&a, &b}, kMs, 6001 * kMs, 2001 * kMs);
-  EXPECT_GT(stalls_holding, 0) << "a stall while it runs";
+  EXPECT_GT(stalls_running, 0) << "a stall while it runs";
   // (Each stall still costs: the stalled holder gives its turn up, and until it saturates again
   // the two are time-sliced. Stopping turns for 5 s at a stall gave 91.1 and 45.1 / 46.0.)
   EXPECT_GT(Share(a, 4000 * kMs) + Share(b, 4000 * kMs), 95.0) << "turns all along";
