@@ -391,6 +391,13 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
              static_cast<long long>(wo[2] / 1'000'000), static_cast<long long>(w[0] / 1'000'000),
              static_cast<long long>(w[1]), static_cast<long long>(w[2] / 1'000'000));
   }
+  if (ShareDebug() && turn_.gappy_until_ns != logged_gappy_until_ns_) {
+    logged_gappy_until_ns_ = turn_.gappy_until_ns;
+    // A probe without turns (200-300 ms), a holder that left the GPU idle (5 s), turns that do not
+    // pay (60 s): when and why a group stopped taking turns.
+    GuestLog("compute: at %lld ms, out of turns for %lld ms", static_cast<long long>(now / 1'000'000),
+             static_cast<long long>((turn_.gappy_until_ns - now) / 1'000'000));
+  }
   const bool hold = v.hold != ShareHold::kRun;
   pthread_mutex_lock(&mu_);
   hold_.store(hold, std::memory_order_release);

@@ -59,8 +59,9 @@
 // process, the same loop; per charge rather than per second, so that a tenant served more than its
 // share without turns does not count that as turns not paying). Doing more than
 // kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
-// kTurnsUnpaidNs (as a gappy holder does); otherwise it keeps them and compares again after
-// kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
+// kTurnsUnpaidNs (as a gappy holder does), unless the spell's last comparison kept turns and this
+// one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first;
+// otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
 // (the switching loss), so they keep them. Per charge, a launch-bound holder's idle gaps are not
 // charged, so two batch-1 tenants may keep turns that halve what they do per second; with
 // TFUSION_SHARE_TURNS_PER_SECOND=1 such a tenant also leaves turns when it did a little more per
@@ -490,6 +491,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // A new spell of contention (other tenants than before, perhaps): compare afresh.
     turn->spell_checks = 0;
     turn->next_probe_ns = 0;
+    turn->last_check_paid = false;
     ClearTurnsPaySums(turn);
   }
   turn->last_contended_ns = now_ns;
@@ -528,11 +530,19 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->last_wall_permille = wall > INT64_MAX ? INT64_MAX : static_cast<int64_t>(wall);
     const bool unpaid_per_second = turn->turns_per_second && without * 1000 >= with * kTurnsPayFloorPermille &&
                                    without_wall * 1000 >= with_wall * kTurnsPayWallPermille;
-    if (without * 1000 > with * kTurnsPayPermille || unpaid_per_second) {
+    const bool unpaid = without * 1000 > with * kTurnsPayPermille || unpaid_per_second;
+    if (unpaid && turn->last_check_paid && without * 1000 < with * kTurnsPayConfirmPermille) {
+      // Narrowly against the last comparison: compare once more before leaving turns for a minute.
+      turn->last_check_paid = false;
+      turn->next_probe_ns = now_ns + kTurnsPayConfirmNs;
+      ++turn->checks_repeated;
+    } else if (unpaid) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
+      turn->last_check_paid = false;
       ++turn->turns_unpaid;
     } else {
       turn->next_probe_ns = now_ns + (turn->spell_checks == 0 ? kTurnsPayFirstRecheckNs : kTurnsPayRecheckNs);
+      turn->last_check_paid = true;
       ++turn->turns_paid;
     }
   } else {

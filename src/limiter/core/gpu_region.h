@@ -88,6 +88,8 @@ struct ShareTurn {
   uint32_t spell_checks = 0;      //   ends after kTurnsPaySpellGapNs without), and its comparisons
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
+  bool last_check_paid = false;  // the spell's last comparison kept turns (a narrow contrary one is made again)
+  uint32_t checks_repeated = 0;  // comparisons made again before turns were left (for the log)
   int64_t last_ratio_permille = 0;  // the last comparison: work per charge without turns / with, x 1000
   int64_t last_wall_permille = 0;   //   and work per second without turns / with, x 1000
   uint32_t comparisons = 0;         // comparisons made, and the sums the last one compared (for
@@ -129,6 +131,15 @@ inline constexpr int64_t kTurnsPayPermille = 1150;
 inline constexpr int64_t kTurnsPayFloorPermille = 1030;
 inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
+// A comparison that finds turns not paying by less than kTurnsPayConfirmPermille / 1000, after
+// the spell's last comparison found them paying, is made once more before turns are left: it
+// starts again (kTurnsPayConfirmNs with turns, then a probe). One short probe among noisy turns
+// can read high: on an H100 a 4 x 25 group of spin tenants read 1.12-1.26 two seconds in (0.95-1.05
+// at its first comparison), and the one tenant past 1.15 stopped everyone's turns for a minute.
+// The cost: a launch-bound pair whose first comparison was fooled by its start-up and that reads
+// 1.15-1.3 at the recheck (ResNet-50 b1 pairs read 1.15-1.21) keeps turns about a second longer.
+inline constexpr int64_t kTurnsPayConfirmPermille = 1300;
+inline constexpr int64_t kTurnsPayConfirmNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
 const char* ShareHoldName(ShareHold h);
 
