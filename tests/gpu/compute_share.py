@@ -22,6 +22,9 @@ import time
 import tier_common as tc
 
 WINDOW_NS = 1_000_000_000
+# The host's stalls: 100 ms bins in which a saturating group kept the GPU less than 85% busy.
+IDLE_BIN_NS = 100_000_000
+IDLE_UNDER_PCT = 85.0
 
 # name, mode, targets (None: native, no limiter)[, launch path per tenant]
 SCENARIOS = [
@@ -70,12 +73,34 @@ def busy_in(merged, lo, hi):
     return total
 
 
+def measured_span(all_segments):
+    """[start, end) measured: the tenants' common active window less its first second."""
+    return max(s[0][0] for s in all_segments) + WINDOW_NS, min(s[-1][1] for s in all_segments)
+
+
+def idle_bins(all_segments, bin_ns=IDLE_BIN_NS, under_pct=IDLE_UNDER_PCT):
+    """(bins, all bins) of the measured span, in bins of bin_ns, in which the tenants' kernels
+    together ran less than under_pct % of the time. In a group of saturating tenants that is the
+    host not submitting (a stall of the VM, a descheduled thread), not a division of time; it
+    tells a miss this host caused from one the limiter did."""
+    if any(not s for s in all_segments):
+        return 0, 0
+    start, end = measured_span(all_segments)
+    idle = total = 0
+    t = start
+    while t + bin_ns <= end:
+        busy = sum(busy_in(s, t, t + bin_ns) for s in all_segments)
+        idle += 100.0 * busy / bin_ns < under_pct
+        total += 1
+        t += bin_ns
+    return idle, total
+
+
 def window_shares(all_segments):
     """Per tenant list of % shares per 1 s window over the common active window."""
     if any(not s for s in all_segments):
         return None
-    start = max(s[0][0] for s in all_segments) + WINDOW_NS  # drop the first second
-    end = min(s[-1][1] for s in all_segments)
+    start, end = measured_span(all_segments)
     windows = []
     t = start
     while t + WINDOW_NS <= end:
@@ -141,8 +166,12 @@ def run_scenario(args, name, mode, targets, results_rows, throughput, launches=N
         if target is not None and abs(mean - target) > args.tolerance:
             verdict_notes.append(f"t{i} {mean:.1f}% vs {target}%")
     total = sum(statistics.mean(s) for s in shares)
+    idle, bins = idle_bins(segments)
     results_rows.append({"split": name, "tenant": "sum", "target": None, "mean": total,
-                         "min": None, "max": None, "stdev": None, "windows": len(shares[0])})
+                         "min": None, "max": None, "stdev": None, "windows": len(shares[0]),
+                         "idle_bins": idle, "bins": bins})
+    if verdict_notes and idle:
+        verdict_notes.append(f"the GPU under {IDLE_UNDER_PCT:g}% busy in {idle} of {bins} 100 ms bins (the host)")
     if len(targets) == 1:
         r = tc.parse_results(statuses[0][1])
         throughput[name] = {k: float(r[k]) for k in ("gpu_kernels_per_s", "host_kernels_per_s", "kernels")
@@ -221,12 +250,14 @@ def main():
 
     lines = [f"### Compute isolation ({args.seconds:g} s runs, {args.spin_us:g} µs spin kernels, "
              f"{args.depth} queued per tenant, 1 s windows, first second dropped)", "",
-             "| split | tenant | target % | measured mean % | min % | max % | stdev | windows |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| split | tenant | target % | measured mean % | min % | max % | stdev | windows | "
+             f"100 ms bins under {IDLE_UNDER_PCT:g}% busy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         target = "native" if r["target"] is None and r["tenant"] != "sum" else fmt(r["target"], 0)
+        idle = f"{r['idle_bins']} of {r['bins']}" if "idle_bins" in r else "-"
         lines.append(f"| {r['split']} | {r['tenant']} | {target} | {fmt(r['mean'])} | {fmt(r['min'])} | "
-                     f"{fmt(r['max'])} | {fmt(r['stdev'], 2)} | {r['windows']} |")
+                     f"{fmt(r['max'])} | {fmt(r['stdev'], 2)} | {r['windows']} | {idle} |")
     lines += ["", "### Compute throughput, one tenant at 100%", "",
               "| run | kernels | kernels/s (GPU clock) | kernels/s (host) | loss vs native |",
               "| --- | --- | --- | --- | --- |"]
