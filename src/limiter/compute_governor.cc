@@ -391,6 +391,11 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
              static_cast<long long>(wo[2] / 1'000'000), static_cast<long long>(w[0] / 1'000'000),
              static_cast<long long>(w[1]), static_cast<long long>(w[2] / 1'000'000));
   }
+  if (ShareDebug() && turn_.checks_repeated != logged_repeats_) {
+    logged_repeats_ = turn_.checks_repeated;
+    GuestLog("compute: turns check %u found turns narrowly not paying after one that kept them: made again "
+             "before leaving them", turn_.comparisons);
+  }
   if (ShareDebug() && turn_.gappy_until_ns != logged_gappy_until_ns_) {
     logged_gappy_until_ns_ = turn_.gappy_until_ns;
     // A probe without turns (200-300 ms), a holder that left the GPU idle (5 s), turns that do not

@@ -60,9 +60,9 @@
 // share without turns does not count that as turns not paying). Doing more than
 // kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
 // kTurnsUnpaidNs (as a gappy holder does), unless the spell's last comparison kept turns and this
-// one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first;
-// otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating spin kernels do about 0.91 times as much per charge without turns
-// (the switching loss), so they keep them. Per charge, a launch-bound holder's idle gaps are not
+// one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first.
+// Otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating spin kernels do
+// about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per charge, a launch-bound holder's idle gaps are not
 // charged, so two batch-1 tenants may keep turns that halve what they do per second; with
 // TFUSION_SHARE_TURNS_PER_SECOND=1 such a tenant also leaves turns when it did a little more per
 // charge (kTurnsPayFloorPermille) and clearly more per second (kTurnsPayWallPermille) without them.

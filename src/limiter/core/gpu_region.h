@@ -89,7 +89,7 @@ struct ShareTurn {
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
   bool last_check_paid = false;  // the spell's last comparison kept turns (a narrow contrary one is made again)
-  uint32_t checks_repeated = 0;  // comparisons made again before turns were left (for the log)
+  uint32_t checks_repeated = 0;  // narrow comparisons made again before turns were left (for the log)
   int64_t last_ratio_permille = 0;  // the last comparison: work per charge without turns / with, x 1000
   int64_t last_wall_permille = 0;   //   and work per second without turns / with, x 1000
   uint32_t comparisons = 0;         // comparisons made, and the sums the last one compared (for
