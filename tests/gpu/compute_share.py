@@ -22,7 +22,7 @@ import time
 import tier_common as tc
 
 WINDOW_NS = 1_000_000_000
-# The host's stalls: 100 ms bins in which a saturating group kept the GPU less than 85% busy.
+# 100 ms bins in which a saturating group kept the GPU less than 85% busy (a stall of the host).
 IDLE_BIN_NS = 100_000_000
 IDLE_UNDER_PCT = 85.0
 
@@ -52,14 +52,7 @@ def load_segments(path):
             continue
         a, b = line.split()
         segs.append((int(a), int(b)))
-    segs.sort()
-    merged = []
-    for a, b in segs:
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
+    return merge(segs)
 
 
 def busy_in(merged, lo, hi):
@@ -78,18 +71,30 @@ def measured_span(all_segments):
     return max(s[0][0] for s in all_segments) + WINDOW_NS, min(s[-1][1] for s in all_segments)
 
 
+def merge(segments):
+    """One sorted list of (start, end) with overlaps joined."""
+    merged = []
+    for a, b in sorted(segments):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 def idle_bins(all_segments, bin_ns=IDLE_BIN_NS, under_pct=IDLE_UNDER_PCT):
-    """(bins, all bins) of the measured span, in bins of bin_ns, in which the tenants' kernels
-    together ran less than under_pct % of the time. In a group of saturating tenants that is the
-    host not submitting (a stall of the VM, a descheduled thread), not a division of time; it
-    tells a miss this host caused from one the limiter did."""
+    """(bins, all bins) of the measured span, in bins of bin_ns, in which no tenant's kernel ran
+    for more than (100 - under_pct) % of the time. A group of saturating tenants leaves the GPU idle
+    only when no tenant submits: a stall of the host (the VM, a descheduled thread), or the limiter
+    holding every tenant; not a division of time between them."""
     if any(not s for s in all_segments):
         return 0, 0
     start, end = measured_span(all_segments)
+    any_kernel = merge([seg for s in all_segments for seg in s])
     idle = total = 0
     t = start
     while t + bin_ns <= end:
-        busy = sum(busy_in(s, t, t + bin_ns) for s in all_segments)
+        busy = busy_in(any_kernel, t, t + bin_ns)
         idle += 100.0 * busy / bin_ns < under_pct
         total += 1
         t += bin_ns
@@ -171,7 +176,8 @@ def run_scenario(args, name, mode, targets, results_rows, throughput, launches=N
                          "min": None, "max": None, "stdev": None, "windows": len(shares[0]),
                          "idle_bins": idle, "bins": bins})
     if verdict_notes and idle:
-        verdict_notes.append(f"the GPU under {IDLE_UNDER_PCT:g}% busy in {idle} of {bins} 100 ms bins (the host)")
+        verdict_notes.append(f"the GPU under {IDLE_UNDER_PCT:g}% busy in {idle} of {bins} 100 ms bins "
+                             "(a stall of the host, or every tenant held)")
     if len(targets) == 1:
         r = tc.parse_results(statuses[0][1])
         throughput[name] = {k: float(r[k]) for k in ("gpu_kernels_per_s", "host_kernels_per_s", "kernels")

@@ -79,6 +79,14 @@ class ComputeShareMeasures(unittest.TestCase):
         shares = cs.window_shares(segs)
         self.assertLess(shares[0][2], 24.0)
 
+    def test_tenants_running_side_by_side_count_once(self):
+        # Time-sliced tenants (no turns): each has kernels in flight all the time, their segments
+        # overlapping, and a 40 ms stall of the host leaves the GPU idle in one bin. Adding the
+        # tenants' busy time would read that bin 120% busy; what ran on the GPU was 60%.
+        a = [(0, 3000 * MS), (3040 * MS, 6000 * MS)]
+        segs = self.load([a, list(a)])
+        self.assertEqual(cs.idle_bins(segs), (1, 50))
+
     def test_overlapping_segments_count_once(self):
         a = [(0, 2000 * MS), (500 * MS, 1500 * MS), (1000 * MS, 3000 * MS)]
         b = [(0, 3000 * MS)]

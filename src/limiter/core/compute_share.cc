@@ -62,8 +62,9 @@
 // kTurnsUnpaidNs (as a gappy holder does), unless the spell's last comparison kept turns and this
 // one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first.
 // Otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating spin kernels do
-// about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per charge, a launch-bound holder's idle gaps are not
-// charged, so two batch-1 tenants may keep turns that halve what they do per second; with
+// about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per
+// charge, a launch-bound holder's idle gaps are not charged, so two batch-1 tenants may keep turns
+// that halve what they do per second; with
 // TFUSION_SHARE_TURNS_PER_SECOND=1 such a tenant also leaves turns when it did a little more per
 // charge (kTurnsPayFloorPermille) and clearly more per second (kTurnsPayWallPermille) without them.
 //
@@ -530,8 +531,12 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->last_wall_permille = wall > INT64_MAX ? INT64_MAX : static_cast<int64_t>(wall);
     const bool unpaid_per_second = turn->turns_per_second && without * 1000 >= with * kTurnsPayFloorPermille &&
                                    without_wall * 1000 >= with_wall * kTurnsPayWallPermille;
-    const bool unpaid = without * 1000 > with * kTurnsPayPermille || unpaid_per_second;
-    if (unpaid && turn->last_check_paid && without * 1000 < with * kTurnsPayConfirmPermille) {
+    const bool unpaid_per_charge = without * 1000 > with * kTurnsPayPermille;
+    // Narrow: per charge, and below kTurnsPayConfirmPermille (a verdict of the per-second rule alone
+    // is not made again).
+    const bool narrow = unpaid_per_charge && without * 1000 < with * kTurnsPayConfirmPermille;
+    const bool unpaid = unpaid_per_charge || unpaid_per_second;
+    if (unpaid && narrow && turn->last_check_paid) {
       // Narrowly against the last comparison: compare once more before leaving turns for a minute.
       turn->last_check_paid = false;
       turn->next_probe_ns = now_ns + kTurnsPayConfirmNs;

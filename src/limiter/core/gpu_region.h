@@ -131,13 +131,15 @@ inline constexpr int64_t kTurnsPayPermille = 1150;
 inline constexpr int64_t kTurnsPayFloorPermille = 1030;
 inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
-// A comparison that finds turns not paying by less than kTurnsPayConfirmPermille / 1000, after
-// the spell's last comparison found them paying, is made once more before turns are left: it
-// starts again (kTurnsPayConfirmNs with turns, then a probe). One short probe among noisy turns
-// can read high: on an H100 a 4 x 25 group of spin tenants read 1.12-1.26 two seconds in (0.95-1.05
-// at its first comparison), and the one tenant past 1.15 stopped everyone's turns for a minute.
-// The cost: a launch-bound pair whose first comparison was fooled by its start-up and that reads
-// 1.15-1.3 at the recheck (ResNet-50 b1 pairs read 1.15-1.21) keeps turns about a second longer.
+// A comparison that finds turns not paying per charge by less than kTurnsPayConfirmPermille / 1000,
+// after the spell's last comparison found them paying, is made once more before turns are left: it
+// starts again (kTurnsPayConfirmNs with turns, then a probe). A recheck can read high: on an H100 a
+// 4 x 25 group of spin tenants read 1.12-1.26 two seconds in (0.95-1.05 at its first comparison),
+// and the one tenant past 1.15 stopped everyone's turns for a minute. The repeat is made by that
+// tenant alone (the others keep their turns). The cost: a launch-bound pair whose first comparison
+// was fooled by its start-up and that reads 1.15-1.3 at the recheck keeps turns 1.2 s longer
+// (ResNet-50 b1 pairs read 1.15-1.21 at their first comparison); a tenant whose readings alternate
+// around 1.15 keeps turns, with one more probe each 30 s.
 inline constexpr int64_t kTurnsPayConfirmPermille = 1300;
 inline constexpr int64_t kTurnsPayConfirmNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
