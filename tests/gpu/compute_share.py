@@ -83,10 +83,10 @@ def merge(segments):
 
 
 def idle_bins(all_segments, bin_ns=IDLE_BIN_NS, under_pct=IDLE_UNDER_PCT):
-    """(bins, all bins) of the measured span, in bins of bin_ns, in which no tenant's kernel ran
-    for more than (100 - under_pct) % of the time. A group of saturating tenants leaves the GPU idle
-    only when no tenant submits: a stall of the host (the VM, a descheduled thread), or the limiter
-    holding every tenant; not a division of time between them."""
+    """(bins, all bins) of the measured span, in bins of bin_ns, in which a kernel of any tenant
+    ran less than under_pct % of the time (the GPU idle the rest). A group of saturating tenants
+    leaves the GPU idle only when no tenant submits: a stall of the host (the VM, a descheduled
+    thread), or the limiter holding every tenant; not a division of time between them."""
     if any(not s for s in all_segments):
         return 0, 0
     start, end = measured_span(all_segments)

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """CI test (no GPU) of compute_share.py's measures on synthetic kernel segments: each tenant's
 share per 1 s window (first second dropped), and the 100 ms bins in which a saturating group left
-the GPU idle, which tell a stall of the host from a division of time."""
+the GPU idle, which tell a stall of the host from a division of time; and share_bins.py, which
+prints a kept group's shares per bin."""
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -10,6 +13,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compute_share as cs  # noqa: E402
+import share_bins  # noqa: E402
 
 MS = 1_000_000
 
@@ -92,6 +96,49 @@ class ComputeShareMeasures(unittest.TestCase):
         b = [(0, 3000 * MS)]
         segs = self.load([a, b])
         self.assertEqual(cs.busy_in(segs[0], 0, 3000 * MS), 3000 * MS)
+
+
+class ShareBins(unittest.TestCase):
+    def run_main(self, argv):
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = share_bins.main(argv)
+            except SystemExit as e:
+                code = e.code
+        return code, out.getvalue(), err.getvalue()
+
+    def test_a_stall_shows_in_the_bin_it_fell_in_and_whose_turn_it_cut(self):
+        with tempfile.TemporaryDirectory() as d:
+            for i, segs in enumerate(turns(0, 3000, [0.25, 0.75], gaps=[(2012, 2040)])):
+                write(os.path.join(d, f"t{i}.seg"), segs)
+            code, out, _ = self.run_main([d, "--bin-ms", "10", "--from-ms", "1950", "--to-ms", "2050"])
+        self.assertEqual(code, 0)
+        bins = out.split("per 1 s window")[0].splitlines()[1:]  # below the header: ms, t0, t1, sum[, idle]
+        lines = {int(line.split()[0]): line.split() for line in bins}
+        self.assertEqual(sorted(lines), list(range(1950, 2050, 10)))
+        # The common window starts 50 ms in (the second tenant's first turn): 2012-2040 ms of the
+        # run are 1962-1990 ms of it, inside the first tenant's turn (1950-2000 of the window). The
+        # bin at 1960 ran a kernel 20% of its time: idle (the GPU idle more than 15% of it).
+        self.assertEqual(lines[1960][1:], ["20.0", "0.0", "20.0", "idle"])
+        self.assertEqual(lines[1970][-1], "idle")
+        self.assertNotIn("idle", lines[1950])
+        self.assertIn("per 1 s window (first second dropped):", out)
+
+    def test_bad_input_is_named(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, _, err = self.run_main([d])
+            self.assertEqual(code, 2)
+            self.assertIn("no t*.seg files", err)
+            write(os.path.join(d, "t0.seg"), [(0, MS)])
+            code, _, err = self.run_main([d, "--bin-ms", "0"])
+            self.assertEqual(code, 2)
+            self.assertIn("--bin-ms 0 is not in 0.1..10000", err)
+            write(os.path.join(d, "t1.seg"), [])
+            code, _, err = self.run_main([d])
+            self.assertEqual(code, 2)
+            self.assertIn("no kernel segments in t1.seg", err)
 
 
 if __name__ == "__main__":
