@@ -3,7 +3,7 @@
     python3 tests/gpu/share_bins.py WORK/25-75 [--bin-ms 100] [--from-ms 0] [--to-ms END]
 Reads the group's t*.seg files (one per tenant, in tenant order), prints one row per bin of the
 tenants' common active window (time from its start, each tenant's %, their sum, and `idle` where the
-GPU ran no kernel for more than 15% of the bin), then the same per 1 s window as compute_share.py measures
+GPU sat idle more than 15% of the bin), then the same per 1 s window as compute_share.py measures
 them (first second dropped). What a turn lost, and to whom, shows in bins of 10-100 ms."""
 import argparse
 import glob
