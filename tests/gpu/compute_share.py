@@ -82,6 +82,19 @@ def merge(segments):
     return merged
 
 
+def bins(all_segments, start, end, bin_ns):
+    """[(bin start ns, [each tenant's %], % of the bin a kernel of any tenant ran)] for the whole
+    bins of bin_ns in [start, end)."""
+    any_kernel = merge([seg for s in all_segments for seg in s])
+    out = []
+    t = start
+    while t + bin_ns <= end:
+        shares = [100.0 * busy_in(s, t, t + bin_ns) / bin_ns for s in all_segments]
+        out.append((t, shares, 100.0 * busy_in(any_kernel, t, t + bin_ns) / bin_ns))
+        t += bin_ns
+    return out
+
+
 def idle_bins(all_segments, bin_ns=IDLE_BIN_NS, under_pct=IDLE_UNDER_PCT):
     """(bins, all bins) of the measured span, in bins of bin_ns, in which a kernel of any tenant
     ran less than under_pct % of the time (the GPU idle the rest). A group of saturating tenants
@@ -89,16 +102,8 @@ def idle_bins(all_segments, bin_ns=IDLE_BIN_NS, under_pct=IDLE_UNDER_PCT):
     thread), or the limiter holding every tenant; not a division of time between them."""
     if any(not s for s in all_segments):
         return 0, 0
-    start, end = measured_span(all_segments)
-    any_kernel = merge([seg for s in all_segments for seg in s])
-    idle = total = 0
-    t = start
-    while t + bin_ns <= end:
-        busy = busy_in(any_kernel, t, t + bin_ns)
-        idle += 100.0 * busy / bin_ns < under_pct
-        total += 1
-        t += bin_ns
-    return idle, total
+    rows = bins(all_segments, *measured_span(all_segments), bin_ns)
+    return sum(busy < under_pct for _, _, busy in rows), len(rows)
 
 
 def window_shares(all_segments):

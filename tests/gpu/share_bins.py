@@ -19,14 +19,7 @@ def rows(all_segments, bin_ns, from_ns=0, to_ns=None):
     end = min(s[-1][1] for s in all_segments)
     if to_ns is not None:
         end = min(end, start + to_ns)
-    any_kernel = cs.merge([seg for s in all_segments for seg in s])
-    out = []
-    t = start + from_ns
-    while t + bin_ns <= end:
-        shares = [100.0 * cs.busy_in(s, t, t + bin_ns) / bin_ns for s in all_segments]
-        out.append((t - start, shares, 100.0 * cs.busy_in(any_kernel, t, t + bin_ns) / bin_ns))
-        t += bin_ns
-    return out
+    return [(t - start, shares, busy) for t, shares, busy in cs.bins(all_segments, start + from_ns, end, bin_ns)]
 
 
 def main(argv=None):
