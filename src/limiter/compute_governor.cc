@@ -369,10 +369,13 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   if (turn_.turns_unpaid == 1 && !unpaid_logged_) {
     unpaid_logged_ = true;
     GuestLog("compute: this process did %.2f times as much per share (%.2f per second) beside the other tenants "
-             "without turns as with them; it runs beside them without turns (checked again every %lld s)",
+             "without turns as with them; it runs beside them without turns (it tries them again when, at the end "
+             "of a %lld s spell, it does less than %.2f times as much per share without them, and after %lld s)",
              static_cast<double>(turn_.last_ratio_permille) / 1000.0,
              static_cast<double>(turn_.last_wall_permille) / 1000.0,
-             static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000));
+             static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000),
+             static_cast<double>(kTurnsPayConfirmPermille) / 1000.0,
+             static_cast<long long>(kTurnsUnpaidMaxNs / 1'000'000'000));
   }
   if (turn_.turns_paid == 1 && !paid_logged_) {
     paid_logged_ = true;
@@ -395,6 +398,11 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
     logged_repeats_ = turn_.checks_repeated;
     GuestLog("compute: turns check %u found turns narrowly not paying after one that kept them: made again "
              "before leaving them", turn_.comparisons);
+  }
+  if (ShareDebug() && turn_.unpaid_extended != logged_extended_) {
+    logged_extended_ = turn_.unpaid_extended;
+    GuestLog("compute: still %.2f times as much per share without turns as with them: stays out of turns",
+             static_cast<double>(turn_.last_extend_permille) / 1000.0);
   }
   if (ShareDebug() && turn_.gappy_until_ns != logged_gappy_until_ns_) {
     logged_gappy_until_ns_ = turn_.gappy_until_ns;

@@ -351,17 +351,72 @@ TEST_F(ComputeShareTest, TenantsThatRunSideBySideStopTakingTurnsThatDoNotPay) {
   EXPECT_GE(unpaid, 1u);
   // Without turns: 4 x min(1, 1/1.52) = 2.63 tenants' worth; with turns it would be 1.0.
   EXPECT_GT(sum, 0.95 * 4 / 1.52) << "turns stopped";
-  // Turns are tried again after kTurnsUnpaidNs and dropped again: over 70 s they cost little.
+  // Their work does not change: as kTurnsUnpaidNs ends, the one that left turns still does by far
+  // more per charge without them than it did with them, and stays out without trying them again.
   for (auto& t : ts) t.work = 0;
   Run(ps, 4001 * kMs, 74001 * kMs, 4001 * kMs);
-  uint32_t again = 0;
+  uint32_t again = 0, extended = 0;
   sum = 0;
   for (auto& t : ts) {
     again += t.turn.turns_unpaid;
+    extended += t.turn.unpaid_extended;
     sum += t.work / (70000.0 * kMs);
+    EXPECT_EQ(t.turn_held_ticks, 0) << t.id << " waits for no turn in the next minute either";
   }
-  EXPECT_GT(again, unpaid) << "checked again";
-  EXPECT_GT(sum, 0.95 * 4 / 1.52) << "the recheck costs less than 5%";
+  EXPECT_EQ(again, unpaid) << "no comparison with turns again";
+  EXPECT_GE(extended, 1u) << "stayed out as the minute ended";
+  EXPECT_GT(sum, 0.99 * 4 / 1.52) << "turns cost nothing more";
+}
+
+TEST_F(ComputeShareTest, TenantsOutOfTurnsThatDoNotPayTryThemAgainWhenTheirWorkChangesOrAfterTenMinutes) {
+  // Four launch-bound tenants at 25% (as above) leave turns. (1) While their work stays the same
+  // they stay out until kTurnsUnpaidMaxNs after the comparison, then try turns again, find them
+  // still not paying and leave them. (2) When their kernels come to fill the GPU (spin kernels),
+  // a minute's end finds no more work per charge without turns than with them: they try turns,
+  // find them paying and keep them, and each gets its share.
+  switch_loss_ = 0.09;
+  std::vector<Tenant> ts = {{"w0", 250'000, 250'000}, {"w1", 250'000, 250'000}, {"w2", 250'000, 250'000},
+                            {"w3", 250'000, 250'000}};
+  std::vector<Tenant*> ps;
+  for (auto& t : ts) {
+    t.fills = 0.38;
+    Add(&t);
+    ps.push_back(&t);
+  }
+  Run(ps, kMs, 4001 * kMs, 4001 * kMs);
+  uint32_t unpaid = 0;
+  for (auto& t : ts) unpaid += t.turn.turns_unpaid;
+  ASSERT_GE(unpaid, 1u);
+  // Up to just before ten minutes: out of turns all along.
+  Run(ps, 4001 * kMs, 595001 * kMs, 4001 * kMs);
+  for (auto& t : ts) {
+    EXPECT_EQ(t.turn_held_ticks, 0) << t.id << " stayed out of turns";
+    EXPECT_EQ(t.turn.turns_paid, 0u) << t.id;
+  }
+  uint32_t now_unpaid = 0;
+  for (auto& t : ts) now_unpaid += t.turn.turns_unpaid;
+  EXPECT_EQ(now_unpaid, unpaid) << "turns not tried again within ten minutes";
+  // Past ten minutes: tried again (with turns, then compared) and left again.
+  Run(ps, 595001 * kMs, 640001 * kMs, 595001 * kMs);
+  uint32_t after = 0, paid = 0;
+  for (auto& t : ts) {
+    after += t.turn.turns_unpaid;
+    paid += t.turn.turns_paid;
+  }
+  EXPECT_GT(after, unpaid) << "turns tried again after ten minutes";
+  EXPECT_EQ(paid, 0u) << "and still found not paying";
+  // Their kernels now fill the GPU: within two minutes (the first one's rate without turns is
+  // mostly the old work's) they try turns and keep them.
+  for (auto& t : ts) {
+    t.fills = 1.0;
+    t.got_ns = 0;
+  }
+  Run(ps, 640001 * kMs, 765001 * kMs, 760001 * kMs);
+  for (auto& t : ts) {
+    EXPECT_GE(t.turn.turns_paid, 1u) << t.id << " found turns paying";
+    EXPECT_GT(t.turn_held_ticks, 0) << t.id << " takes turns";
+    EXPECT_NEAR(Share(t, 5000 * kMs), 25.0, 1.0) << t.id;
+  }
 }
 
 TEST_F(ComputeShareTest, TurnsThatCostWorkPerSecondAreLeftWhenTheCheckCountsSeconds) {

@@ -61,6 +61,8 @@
 // kTurnsPayPermille/1000 times as much per charge without turns, it leaves turns for
 // kTurnsUnpaidNs (as a gappy holder does), unless the spell's last comparison kept turns and this
 // one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first.
+// Out of turns so, it tries them again only once its work per charge without them falls toward
+// what it did with them (StillUnpaid), or kTurnsUnpaidMaxNs after that comparison.
 // Otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating spin kernels do
 // about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per
 // charge, a launch-bound holder's idle gaps are not charged, so two batch-1 tenants may keep turns
@@ -406,6 +408,11 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
       turn->turn_held_ns = turn->turn_busy_ns = 0;
     }
   }
+  // Out of turns that did not pay: stay out while its work has not changed (decided before it
+  // counts as saturating, so that the others do not see it take turns for a tick).
+  if (turn->unpaid_since_ns != 0 && now_ns >= turn->gappy_until_ns && !StillUnpaid(now_ns, turn)) {
+    turn->unpaid_since_ns = 0;  // try turns again, then compare (CheckTurnsPay)
+  }
   turn->saturating = eligible && turn->busy_avg_ppm >= kSaturatedPpm && now_ns >= turn->gappy_until_ns;
   const uint64_t bit = 1ULL << mine;
   uint64_t mask = sb->saturating.load(std::memory_order_relaxed);
@@ -483,6 +490,27 @@ void ClearTurnsPaySums(ShareTurn* turn) {
 }
 }  // namespace
 
+// Out of turns that did not pay, at the end of kTurnsUnpaidNs: is its work per charge without
+// turns since then still by far (kTurnsPayConfirmPermille) what the comparison that left them
+// measured with them? Then it stays out another kTurnsUnpaidNs (up to kTurnsUnpaidMaxNs after that
+// comparison) rather than paying for turns to learn the same again.
+bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
+  const int64_t with_launches = turn->last_with[1], with_charged = turn->last_with[2];
+  if (now_ns - turn->unpaid_since_ns >= kTurnsUnpaidMaxNs || turn->without_ns < kTurnsPayWindowNs ||
+      turn->without_charged_ns <= 0 || with_launches <= 0 || with_charged <= 0) {
+    return false;
+  }
+  const __int128 without = static_cast<__int128>(turn->without_launches) * with_charged;
+  const __int128 with = static_cast<__int128>(with_launches) * turn->without_charged_ns;
+  const __int128 ratio = without * 1000 / with;
+  turn->last_extend_permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
+  if (without * 1000 < with * kTurnsPayConfirmPermille) return false;
+  turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
+  ++turn->unpaid_extended;
+  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
+  return true;
+}
+
 void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want,
                               bool turns_apply, ShareTurn* turn) {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
@@ -497,6 +525,12 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
   }
   turn->last_contended_ns = now_ns;
   if (turns_apply) {
+    // Sums with turns from before a second without them are another time's (the tenants it
+    // waited for to take turns again may have left them meanwhile): start them afresh.
+    if (now_ns - turn->last_with_tick_ns > kTurnsPaySpellGapNs) {
+      turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
+    }
+    turn->last_with_tick_ns = now_ns;
     turn->with_turns_ns += tick_ns;
     turn->with_turns_launches += launches;
     turn->with_turns_charged_ns += charged_ns;
@@ -504,6 +538,12 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->without_ns += tick_ns;
     turn->without_launches += launches;
     turn->without_charged_ns += charged_ns;
+    if (turn->without_ns > kTurnsUnpaidNs) {
+      // Waiting longer than that for turns: weigh the last minute most.
+      turn->without_ns /= 2;
+      turn->without_launches /= 2;
+      turn->without_charged_ns /= 2;
+    }
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
   const bool whole_period = turn->period_ns >= 100'000'000 && turn->period_ns <= kTurnsPayProbeNs;
@@ -543,6 +583,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
       ++turn->checks_repeated;
     } else if (unpaid) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
+      turn->unpaid_since_ns = now_ns;
       turn->last_check_paid = false;
       ++turn->turns_unpaid;
     } else {

@@ -81,6 +81,7 @@ struct ShareTurn {
   // time, while the process saturates beside others with turns in force and without.
   int64_t tick_launches = 0;
   int64_t with_turns_ns = 0, with_turns_launches = 0, with_turns_charged_ns = 0;
+  int64_t last_with_tick_ns = 0;  // the last tick added to the sums with turns
   int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
   int64_t probe_until_ns = 0;   // the probe under way ends then (its saved turn tokens are kept)
@@ -89,6 +90,9 @@ struct ShareTurn {
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
   bool last_check_paid = false;  // the spell's last comparison kept turns (a narrow contrary one is made again)
+  int64_t unpaid_since_ns = 0;   // the comparison that left turns (0: out of turns for no such verdict),
+  uint32_t unpaid_extended = 0;  //   how often it stayed out without trying turns, and the last
+  int64_t last_extend_permille = 0;  //   work per charge it read then against that comparison's with turns
   uint32_t checks_repeated = 0;  // narrow comparisons made again before turns were left (for the log)
   int64_t last_ratio_permille = 0;  // the last comparison: work per charge without turns / with, x 1000
   int64_t last_wall_permille = 0;   //   and work per second without turns / with, x 1000
@@ -131,6 +135,15 @@ inline constexpr int64_t kTurnsPayPermille = 1150;
 inline constexpr int64_t kTurnsPayFloorPermille = 1030;
 inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
+// Out of turns that did not pay, a tenant tries them again only when its work has changed: as
+// kTurnsUnpaidNs ends it compares its launches per charge over that time (without turns) to what
+// the comparison that left turns measured with them, and while that is still kTurnsPayConfirmPermille
+// / 1000 times as much it stays out another kTurnsUnpaidNs, up to kTurnsUnpaidMaxNs after that
+// comparison. A turn alone is charged its whole length, so the rate with turns is the tenant's own,
+// whoever its neighbours are. Trying turns costs a launch-bound tenant most of that time's work
+// (four ResNet-50 b1 tenants at 25% each run a quarter of their rate for 300 ms: about 0.4% of
+// each minute, and several points of an 8 s benchmark round that a retry falls in).
+inline constexpr int64_t kTurnsUnpaidMaxNs = 600'000'000'000;
 // A comparison that finds turns not paying per charge by less than kTurnsPayConfirmPermille / 1000,
 // after the spell's last comparison found them paying, is made once more before turns are left: it
 // starts again (kTurnsPayConfirmNs with turns, then a probe). A recheck can read high: on an H100 a
@@ -487,6 +500,7 @@ class GpuRegion {
   // Whether another vGPU wants the GPU, and whether one that is not saturating does (mask: the
   // saturating vGPUs).
   void ScanOthers(uint32_t mine, uint64_t mask, int64_t now_ns, bool* want, bool* unsaturated) const;
+  static bool StillUnpaid(int64_t now_ns, ShareTurn* turn);
   static void CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want, bool turns_apply,
                             ShareTurn* turn);
   ShareBlock* share() const { return reinterpret_cast<ShareBlock*>(base_ + kShareOffset); }
