@@ -636,12 +636,8 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
     int64_t best_ready_for = -1;
     for (uint64_t m = mask & ~bit; m != 0; m &= m - 1) {
       const uint32_t i = static_cast<uint32_t>(__builtin_ctzll(m));
-      const VgpuSlot* u = vgpu(i);
-      if (!Wanting(u, now_ns)) continue;
-      const int64_t u_lim = TurnBucketOf(u).ppm;
-      if (u_lim <= 0) continue;
-      const int64_t have = TurnTokensNow(u, now_ns, *turn) - TurnNeedNs(*turn, u_lim);
-      const int64_t ready_for = have * 1'000'000 / u_lim;  // < 0: not ready for that long
+      int64_t ready_for = 0;  // < 0: not ready for that long
+      if (!ReadyFor(i, now_ns, *turn, &ready_for)) continue;
       if (ready_for >= 0 && ready_for > best_ready_for) {
         best = static_cast<int>(i);
         best_ready_for = ready_for;
@@ -732,16 +728,22 @@ void GpuRegion::PlannedTurns(uint32_t mine, int64_t now_ns, int64_t lt, int64_t 
   }
 }
 
+bool GpuRegion::ReadyFor(uint32_t i, int64_t now_ns, const ShareTurn& turn, int64_t* ready_for) const {
+  const VgpuSlot* u = vgpu(i);
+  if (!Wanting(u, now_ns)) return false;
+  const int64_t u_lim = TurnBucketOf(u).ppm;
+  if (u_lim <= 0) return false;
+  *ready_for = (TurnTokensNow(u, now_ns, turn) - TurnNeedNs(turn, u_lim)) * 1'000'000 / u_lim;
+  return true;
+}
+
 bool GpuRegion::NearestToReady(uint32_t mine, int64_t have, int64_t lim, uint64_t mask, int64_t now_ns,
                                const ShareTurn& turn) const {
   const int64_t mine_for = have * 1'000'000 / lim;
   for (uint64_t m = mask & ~(1ULL << mine); m != 0; m &= m - 1) {
     const uint32_t i = static_cast<uint32_t>(__builtin_ctzll(m));
-    const VgpuSlot* u = vgpu(i);
-    if (!Wanting(u, now_ns)) continue;
-    const int64_t u_lim = TurnBucketOf(u).ppm;
-    if (u_lim <= 0) continue;
-    const int64_t u_for = (TurnTokensNow(u, now_ns, turn) - TurnNeedNs(turn, u_lim)) * 1'000'000 / u_lim;
+    int64_t u_for = 0;
+    if (!ReadyFor(i, now_ns, turn, &u_for)) continue;
     if (u_for > mine_for || (u_for == mine_for && i < mine)) return false;
   }
   return true;

@@ -491,6 +491,9 @@ class GpuRegion {
   // Planned turns (turn->period_ns > 0): the holder hands over at its planned end.
   void PlannedTurns(uint32_t mine, int64_t now_ns, int64_t limit_tokens, int64_t limit_ppm, uint64_t mask,
                     uint64_t word, bool alive, ShareTurn* turn, ShareVerdict* out);
+  // How long vGPU i has had the tokens for its turn, in ns of its share (< 0: how long until it
+  // has them); false when it does not want the GPU or has no bucket to take turns with.
+  bool ReadyFor(uint32_t i, int64_t now_ns, const ShareTurn& turn, int64_t* ready_for) const;
   // Among the saturating vGPUs that want the GPU (`mask`), whether this one (`have` ns of tokens
   // beyond what a turn needs, at `lim` ppm) is nearest to ready for its turn (ties: lowest index).
   bool NearestToReady(uint32_t mine, int64_t have, int64_t lim, uint64_t mask, int64_t now_ns,
