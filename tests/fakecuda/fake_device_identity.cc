@@ -35,10 +35,12 @@ struct Slot {
   int64_t used_bytes;
 };
 
-// Low 32 bits of `pid`'s start time (field 22 of /proc/PID/stat), 0 when unreadable. A board
-// outlives its processes, and a name built from a test's pid meets its board again once the pid is
-// reused: a slot counts only while its holder is the very process that claimed it.
-uint32_t StartTicks(int32_t pid) {
+// Low 32 bits of `pid`'s start time (field 22 of /proc/PID/stat), 0 when unreadable; *state (when
+// given) gets its state letter (field 3; 0 when unreadable). A board outlives its processes, and a
+// name built from a test's pid meets its board again once the pid is reused: a slot counts only
+// while its holder is the very process that claimed it.
+uint32_t StartTicks(int32_t pid, char* state = nullptr) {
+  if (state != nullptr) *state = 0;
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
   FILE* f = std::fopen(path, "r");
@@ -49,6 +51,7 @@ uint32_t StartTicks(int32_t pid) {
   text[n] = '\0';
   const char* p = std::strrchr(text, ')');  // the command name may hold spaces and parentheses
   if (p == nullptr) return 0;
+  if (state != nullptr && p[1] == ' ') *state = p[2];
   for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
   if (p == nullptr) return 0;
   return static_cast<uint32_t>(std::strtoull(p + 1, nullptr, 10));
@@ -56,13 +59,18 @@ uint32_t StartTicks(int32_t pid) {
 
 int32_t OwnerPid(uint64_t owner) { return static_cast<int32_t>(owner & 0xffffffffu); }
 
-// Whether the process that claimed a slot (its `owner` word) still runs.
+// Whether the process that claimed a slot (its `owner` word) still runs. One that exited and was
+// not reaped yet (a zombie: an orphan whose new parent does not wait for it) holds nothing, as the
+// driver frees a process's memory when it exits.
 bool HolderAlive(uint64_t owner) {
   int32_t pid = OwnerPid(owner);
   if (pid == 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char state = 0;
+  const uint32_t now_start = StartTicks(pid, &state);
+  if (state == 'Z' || state == 'X') return false;
   uint32_t start = static_cast<uint32_t>(owner >> 32);
-  return start == 0 || start == StartTicks(pid);
+  return start == 0 || start == now_start;
 }
 struct Board {
   uint32_t magic;

@@ -255,7 +255,14 @@ class WarmGroup:
         done = [f"{r}.{k}" for r in self.readies]
 
         def collect():
-            tc.wait_files(done, seconds + 60, self.procs)
+            # A tenant exits after its last window, possibly while the others' still run: wait
+            # for every tenant's window, giving up only on tenants that exited without one.
+            deadline = time.monotonic() + seconds + 60
+            while time.monotonic() < deadline:
+                waiting = [(p, d) for p, d in zip(self.procs, done) if not os.path.exists(d) and p.poll() is None]
+                if not waiting:
+                    break
+                tc.wait_files([d for _, d in waiting], deadline - time.monotonic(), [p for p, _ in waiting])
             return [rate_in(tc.read(p.log_path), f"window={k} ") if os.path.exists(d) else None
                     for p, d in zip(self.procs, done)]
 
