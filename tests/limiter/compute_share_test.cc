@@ -410,6 +410,7 @@ TEST_F(ComputeShareTest, TenantsOutOfTurnsThatDoNotPayTryThemAgainWhenTheirWorkC
   for (auto& t : ts) {
     t.fills = 1.0;
     t.got_ns = 0;
+    t.turn_held_ticks = 0;
   }
   Run(ps, 640001 * kMs, 765001 * kMs, 760001 * kMs);
   for (auto& t : ts) {

@@ -484,9 +484,29 @@ void GpuRegion::ScanOthers(uint32_t mine, uint64_t mask, int64_t now_ns, bool* w
 }
 
 namespace {
+void ClearWithTurns(ShareTurn* turn) { turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0; }
+void ClearWithoutTurns(ShareTurn* turn) { turn->without_ns = turn->without_launches = turn->without_charged_ns = 0; }
 void ClearTurnsPaySums(ShareTurn* turn) {
-  turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
-  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
+  ClearWithTurns(turn);
+  ClearWithoutTurns(turn);
+}
+
+// Launches per unit (charged ns, or ns) without turns against with them, cross-multiplied
+// (charges and times below a minute of ns, launches below a few million: no overflow in 128 bits),
+// and their ratio x 1000 (0 when there is nothing to divide by).
+struct Rates {
+  __int128 without = 0, with = 0;
+  int64_t permille = 0;
+};
+Rates CompareRates(int64_t without_launches, int64_t without_units, int64_t with_launches, int64_t with_units) {
+  Rates r;
+  r.without = static_cast<__int128>(without_launches) * with_units;
+  r.with = static_cast<__int128>(with_launches) * without_units;
+  if (r.with > 0) {
+    const __int128 ratio = r.without * 1000 / r.with;
+    r.permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
+  }
+  return r;
 }
 }  // namespace
 
@@ -500,14 +520,12 @@ bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
       turn->without_charged_ns <= 0 || with_launches <= 0 || with_charged <= 0) {
     return false;
   }
-  const __int128 without = static_cast<__int128>(turn->without_launches) * with_charged;
-  const __int128 with = static_cast<__int128>(with_launches) * turn->without_charged_ns;
-  const __int128 ratio = without * 1000 / with;
-  turn->last_extend_permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
-  if (without * 1000 < with * kTurnsPayConfirmPermille) return false;
+  const Rates r = CompareRates(turn->without_launches, turn->without_charged_ns, with_launches, with_charged);
+  turn->last_extend_permille = r.permille;
+  if (r.without * 1000 < r.with * kTurnsPayConfirmPermille) return false;
   turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
   ++turn->unpaid_extended;
-  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
+  ClearWithoutTurns(turn);
   return true;
 }
 
@@ -525,11 +543,10 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
   }
   turn->last_contended_ns = now_ns;
   if (turns_apply) {
-    // Sums with turns from before a second without them are another time's (the tenants it
-    // waited for to take turns again may have left them meanwhile): start them afresh.
-    if (now_ns - turn->last_with_tick_ns > kTurnsPaySpellGapNs) {
-      turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
-    }
+    // Sums with turns from before a recheck's interval without them are another time's (the
+    // tenants it waited for to take turns again left them meanwhile, and it waited minutes): start
+    // them afresh. (Shorter gaps, such as a tenant's own bursts, are summed across.)
+    if (now_ns - turn->last_with_tick_ns > kTurnsPayRecheckNs) ClearWithTurns(turn);
     turn->last_with_tick_ns = now_ns;
     turn->with_turns_ns += tick_ns;
     turn->with_turns_launches += launches;
@@ -538,12 +555,6 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->without_ns += tick_ns;
     turn->without_launches += launches;
     turn->without_charged_ns += charged_ns;
-    if (turn->without_ns > kTurnsUnpaidNs) {
-      // Waiting longer than that for turns: weigh the last minute most.
-      turn->without_ns /= 2;
-      turn->without_launches /= 2;
-      turn->without_charged_ns /= 2;
-    }
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
   const bool whole_period = turn->period_ns >= 100'000'000 && turn->period_ns <= kTurnsPayProbeNs;
@@ -557,18 +568,16 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     return;
   }
   if (turn->with_turns_ns < kTurnsPayWindowNs) return;
-  // Launches per charged GPU ns, compared by cross-multiplying (charges below a minute of ns,
-  // launches below a few million: no overflow in 128 bits).
+  // Launches per charged GPU ns, and per ns (per second).
   if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0 && turn->with_turns_launches > 0) {
-    const __int128 without = static_cast<__int128>(turn->without_launches) * turn->with_turns_charged_ns;
-    const __int128 with = static_cast<__int128>(turn->with_turns_launches) * turn->without_charged_ns;
-    const __int128 ratio = without * 1000 / with;
-    turn->last_ratio_permille = ratio > INT64_MAX ? INT64_MAX : static_cast<int64_t>(ratio);
-    // The same per second (launches per ns of each).
-    const __int128 without_wall = static_cast<__int128>(turn->without_launches) * turn->with_turns_ns;
-    const __int128 with_wall = static_cast<__int128>(turn->with_turns_launches) * turn->without_ns;
-    const __int128 wall = with_wall > 0 ? without_wall * 1000 / with_wall : 0;
-    turn->last_wall_permille = wall > INT64_MAX ? INT64_MAX : static_cast<int64_t>(wall);
+    const Rates charge = CompareRates(turn->without_launches, turn->without_charged_ns, turn->with_turns_launches,
+                                      turn->with_turns_charged_ns);
+    const Rates wall_rates =
+        CompareRates(turn->without_launches, turn->without_ns, turn->with_turns_launches, turn->with_turns_ns);
+    const __int128 without = charge.without, with = charge.with;
+    const __int128 without_wall = wall_rates.without, with_wall = wall_rates.with;
+    turn->last_ratio_permille = charge.permille;
+    turn->last_wall_permille = wall_rates.permille;
     const bool unpaid_per_second = turn->turns_per_second && without * 1000 >= with * kTurnsPayFloorPermille &&
                                    without_wall * 1000 >= with_wall * kTurnsPayWallPermille;
     const bool unpaid_per_charge = without * 1000 > with * kTurnsPayPermille;

@@ -116,7 +116,7 @@ inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 // (autotuning, first launches of each kernel) can make the rate without turns look far lower than
 // the tenant's loop gets (measured on an H100: two ResNet-50 b1 tenants kept turns at 0.26).
 // A spell ends after kTurnsPaySpellGapNs in which nobody else wanted the GPU; the next one starts
-// with a fresh probe.
+// with a fresh probe (a tenant out of turns that did not pay stays out: kTurnsUnpaidMaxNs).
 inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
 inline constexpr int64_t kTurnsPayFirstRecheckNs = 2'000'000'000;
 inline constexpr int64_t kTurnsPaySpellGapNs = 1'000'000'000;
@@ -139,8 +139,9 @@ inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
 // kTurnsUnpaidNs ends it compares its launches per charge over that time (without turns) to what
 // the comparison that left turns measured with them, and while that is still kTurnsPayConfirmPermille
 // / 1000 times as much it stays out another kTurnsUnpaidNs, up to kTurnsUnpaidMaxNs after that
-// comparison. A turn alone is charged its whole length, so the rate with turns is the tenant's own,
-// whoever its neighbours are. Trying turns costs a launch-bound tenant most of that time's work
+// comparison (across spells of contention). A turn alone is charged its whole length, so the rate
+// with turns is the tenant's own; a change of its own work lowers the rate without them, new
+// neighbours lower its launches and its charge alike and do not. Trying turns costs a launch-bound tenant most of that time's work
 // (four ResNet-50 b1 tenants at 25% each run a quarter of their rate for 300 ms: about 0.4% of
 // each minute, and several points of an 8 s benchmark round that a retry falls in).
 inline constexpr int64_t kTurnsUnpaidMaxNs = 600'000'000'000;
