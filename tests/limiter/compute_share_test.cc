@@ -127,6 +127,19 @@ class ComputeShareTest : public RegionTest {
     }
     return out;
   }
+  // Adds tenants as batch-1 inference on the GPU: each keeps work queued all the time, yet alone
+  // fills 38% of it (k of them run side by side at min(1, 1 / (0.38 k)) each), with the GPU's 9%
+  // switching loss. Returns the tenants to Run.
+  std::vector<Tenant*> AddLaunchBound(std::vector<Tenant>* ts) {
+    switch_loss_ = 0.09;
+    std::vector<Tenant*> ps;
+    for (auto& t : *ts) {
+      t.fills = 0.38;
+      Add(&t);
+      ps.push_back(&t);
+    }
+    return ps;
+  }
   static double Share(const Tenant& t, int64_t ns) { return 100.0 * static_cast<double>(t.got_ns) / ns; }
 };
 
@@ -330,15 +343,9 @@ TEST_F(ComputeShareTest, TenantsThatRunSideBySideStopTakingTurnsThatDoNotPay) {
   // time, so it looks saturating, but alone it fills 38% of the GPU and four run side by side
   // at 0.66 of their rate alone each. Exclusive turns would give each 0.25. Each finds that turns
   // do not pay and leaves them; the four then deliver what they deliver without turns.
-  switch_loss_ = 0.09;
   std::vector<Tenant> ts = {{"i0", 250'000, 250'000}, {"i1", 250'000, 250'000}, {"i2", 250'000, 250'000},
                             {"i3", 250'000, 250'000}};
-  std::vector<Tenant*> ps;
-  for (auto& t : ts) {
-    t.fills = 0.38;
-    Add(&t);
-    ps.push_back(&t);
-  }
+  std::vector<Tenant*> ps = AddLaunchBound(&ts);
   // (Probe without turns, then turns until the comparison: about 2 s.)
   Run(ps, kMs, 4001 * kMs, 3001 * kMs);
   uint32_t unpaid = 0;
@@ -374,15 +381,9 @@ TEST_F(ComputeShareTest, TenantsOutOfTurnsThatDoNotPayTryThemAgainWhenTheirWorkC
   // still not paying and leave them. (2) When their kernels come to fill the GPU (spin kernels),
   // a minute's end finds no more work per charge without turns than with them: they try turns,
   // find them paying and keep them, and each gets its share.
-  switch_loss_ = 0.09;
   std::vector<Tenant> ts = {{"w0", 250'000, 250'000}, {"w1", 250'000, 250'000}, {"w2", 250'000, 250'000},
                             {"w3", 250'000, 250'000}};
-  std::vector<Tenant*> ps;
-  for (auto& t : ts) {
-    t.fills = 0.38;
-    Add(&t);
-    ps.push_back(&t);
-  }
+  std::vector<Tenant*> ps = AddLaunchBound(&ts);
   Run(ps, kMs, 4001 * kMs, 4001 * kMs);
   uint32_t unpaid = 0;
   for (auto& t : ts) unpaid += t.turn.turns_unpaid;
