@@ -484,7 +484,9 @@ void GpuRegion::ScanOthers(uint32_t mine, uint64_t mask, int64_t now_ns, bool* w
 }
 
 namespace {
-void ClearWithTurns(ShareTurn* turn) { turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0; }
+void ClearWithTurns(ShareTurn* turn) {
+  turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
+}
 void ClearWithoutTurns(ShareTurn* turn) { turn->without_ns = turn->without_launches = turn->without_charged_ns = 0; }
 void ClearTurnsPaySums(ShareTurn* turn) {
   ClearWithTurns(turn);
