@@ -69,9 +69,10 @@ class ComputeGovernor {
   // Governor tick period while the process has GPU work (ns): kTickNs, or
   // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
-  // Whether a stream has work queued is asked of the driver every kQueryEveryTicks-th tick, or
-  // every $TFUSION_SHARE_QUERY_EVERY-th (1..8); between, the last answer stands. Each query costs
-  // the launching thread time (docs/compute-sharing.md, "What the governor costs").
+  // Whether a stream launched into since the last tick has work queued is asked of the driver
+  // every kQueryEveryTicks-th tick, or every $TFUSION_SHARE_QUERY_EVERY-th (1..8); between, its
+  // last answer stands. Each query costs the launching thread time (docs/compute-sharing.md,
+  // "What the governor costs"). A stream with work queued and no launch since is asked every tick.
   static constexpr int kQueryEveryTicks = 2;
   // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
   // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc); planned: each

@@ -1435,14 +1435,15 @@ TEST_F(LimiterRunTest, BadShareSettingsAreNamedAndTheDefaultsApply) {
   EXPECT_LT(h, 0.70) << full.out << half.out;
 }
 
-// The governor asks the driver whether the tenant's streams have work queued on every other tick
-// (each query costs the launching thread time; docs/compute-sharing.md), and sets its own current
-// context once, not on every tick. The fake driver counts the calls (FAKECUDA_CALL_LOG).
+// The governor asks the driver whether a stream launched into since its last tick has work queued
+// on every other tick only (each query costs the launching thread time; docs/compute-sharing.md),
+// and sets its own current context once, not on every tick. The fake driver counts the calls
+// (FAKECUDA_CALL_LOG). 100 µs kernels, so that every tick finds launches.
 TEST_F(LimiterRunTest, TheGovernorQueriesStreamsOnEveryOtherTickAndSetsItsContextOnce) {
   const std::string log = dir_ + "/calls.log";
   auto calls = [&](const std::string& extra_env, long* queries, long* set_current) {
     unlink(log.c_str());
-    Result r = Run(extra_env + " FAKECUDA_CALL_LOG=" + log + " " + Tfusion("--vram 1GiB --percent 99", "launch 1.5"));
+    Result r = Run(extra_env + " FAKECUDA_CALL_LOG=" + log + " " + Tfusion("--vram 1GiB --percent 99", "launch 1.5 100"));
     ASSERT_EQ(r.rc, 0) << r.out;
     // One line per process that initialised the driver; the probe is the one that queried.
     *queries = *set_current = -1;
@@ -1459,7 +1460,7 @@ TEST_F(LimiterRunTest, TheGovernorQueriesStreamsOnEveryOtherTickAndSetsItsContex
   long every_q = 0, every_c = 0, def_q = 0, def_c = 0;
   ASSERT_NO_FATAL_FAILURE(calls("TFUSION_SHARE_QUERY_EVERY=1", &every_q, &every_c));
   ASSERT_NO_FATAL_FAILURE(calls("", &def_q, &def_c));
-  // 1.5 s of 0.5 ms ticks with a kernel always queued: about 3000 ticks.
+  // 1.5 s of 0.5 ms ticks with kernels always queued: about 3000 ticks.
   EXPECT_GT(every_q, 1000);
   EXPECT_GT(def_q, every_q * 35 / 100) << def_q << " of " << every_q;
   EXPECT_LT(def_q, every_q * 65 / 100) << def_q << " of " << every_q;
