@@ -63,7 +63,8 @@ record() {  # record NAME PASS|FAIL|SKIP|INFO NOTE
 left() { echo $((START + BUDGET - $(date +%s))); }
 
 # step LOG TIMEOUT CMD...: runs CMD with stdout+stderr into logs/LOG under
-# timeout min(TIMEOUT, budget left - 15 s). Returns CMD's status, 124 on timeout, 125 if skipped.
+# timeout min(TIMEOUT, budget left - 15 s). Returns CMD's status, 124 on timeout, 125 if skipped
+# or stopped at a limit the budget shortened.
 step() {
   local log=$1 t=$2
   shift 2
@@ -72,13 +73,19 @@ step() {
     echo "SKIPPED: time budget spent" > "$LOGS/$log"
     return 125
   fi
-  ((t > room)) && t=$room
+  local cut=0
+  ((t > room)) && t=$room && cut=1
   echo "\$ $*" > "$LOGS/$log"
   local t0
   t0=$(date +%s%N)
   timeout -k 5 "$t" "$@" >> "$LOGS/$log" 2>&1
   local rc=$?
   echo "$log rc=$rc $((($(date +%s%N) - t0) / 1000000)) ms" >> "$LOGS/timing.txt"
+  # Stopped at a limit the time budget shortened: the budget ran out, not the step.
+  if ((cut && (rc == 124 || rc == 137))); then
+    echo "stopped after $t s: the time budget ran out (its own limit is longer)" >> "$LOGS/$log"
+    return 125
+  fi
   return $rc
 }
 
