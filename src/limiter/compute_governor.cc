@@ -25,14 +25,12 @@ struct ComputeGovernor::Track {
   bool thread_keyed = false;
   std::atomic<bool> touched{false}; // launched into since the governor last found it idle
   bool queued = false;              // governor: work queued at the last sample
-  bool answered = false;            // governor: queried since the track was (re)registered
   CUevent marker = nullptr;         // per-thread default stream: recorded after each launch
 
   void Reset() {  // REQUIRES mu; the context is still alive
     if (marker != nullptr) Real().cuEventDestroy_v2(marker);
     marker = nullptr;
     queued = false;
-    answered = false;
     touched.store(false, std::memory_order_relaxed);
     used = false;
   }
@@ -101,7 +99,6 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
   // GPU (a 5 ms tick held two ResNet-50 b1 tenants at 50% to 0.57 of native on an H100).
   tick_ns_ = EnvWhole("TFUSION_SHARE_TICK_US", "microseconds", 100, 1000, 1000, kTickNs);
   next_tick_ns_ = tick_ns_;
-  query_every_ = static_cast<int>(EnvWhole("TFUSION_SHARE_QUERY_EVERY", "ticks", 1, 8, 1, kQueryEveryTicks));
   // Turns are on by default (25 ms): they make hard slices of saturating work exact, and they stop
   // while any tenant that leaves gaps wants the GPU (docs/compute-sharing.md). 0 turns them off.
   turn_ = ShareTurn{kShareTurnNs};
@@ -132,8 +129,6 @@ void ComputeGovernor::ResetAfterFork() {
   last_tick_ns_.store(0);
   captures_.store(0);
   querying_.store(false);
-  current_ctx_ = nullptr;
-  ticks_ = 0;
   // The parent's streams and events are not the child's: forget them without driver calls.
   int n = g_track_count.load();
   for (int i = 0; i < n; ++i) {
@@ -142,7 +137,6 @@ void ComputeGovernor::ResetAfterFork() {
     t.used = false;
     t.marker = nullptr;
     t.queued = false;
-    t.answered = false;
   }
   g_track_count.store(0);
   generation_.fetch_add(1);
@@ -218,7 +212,6 @@ ComputeGovernor::Track* ComputeGovernor::Lookup(CUstream stream, bool per_thread
       t.thread = self;
       t.thread_keyed = thread_keyed;
       t.queued = false;
-      t.answered = false;
       t.marker = nullptr;
       t.touched.store(false, std::memory_order_relaxed);
       pthread_mutex_unlock(&t.mu);
@@ -323,36 +316,22 @@ bool ComputeGovernor::SampleQueued() {
     querying_.store(false, std::memory_order_seq_cst);
     return last_queued_;
   }
-  // The thread's current context stays set between ticks; a forgotten context may be gone (and
-  // its handle reused), so after one the context is set again.
-  const uint64_t gen = generation_.load(std::memory_order_acquire);
-  if (gen != current_ctx_generation_) current_ctx_ = nullptr;
-  current_ctx_generation_ = gen;
-  CUcontext& current = current_ctx_;
-  // A stream launched into since the last tick is queried on every query_every_-th tick only;
-  // between, its last answer stands (the ticks are jittered, so the answers stay a fair sample of
-  // the time with work queued). A stream that had work queued and was not launched into since is
-  // queried on every tick: a held tenant's drain must be seen at once, or it is charged for time
-  // it left the GPU idle (every split of the accuracy runs fell 2-8 points under its share).
-  const bool query_tick = ++ticks_ % static_cast<uint32_t>(query_every_) == 0;
+  CUcontext current = nullptr;
   int n = g_track_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     Track& t = g_tracks[i];
     if (!t.touched.load(std::memory_order_relaxed) && !t.queued) continue;  // idle and untouched
     pthread_mutex_lock(&t.mu);
     if (t.used) {
-      const bool touched = t.touched.exchange(false, std::memory_order_relaxed);
-      if (query_tick || !touched || !t.answered) {
-        t.answered = true;
-        CUresult q;
-        if (t.thread_keyed) {
-          q = t.marker != nullptr ? real.cuEventQuery(t.marker) : CUDA_SUCCESS;
-        } else {
-          if (t.ctx != current && real.cuCtxSetCurrent(t.ctx) == CUDA_SUCCESS) current = t.ctx;
-          q = t.per_thread ? real.cuStreamQuery_ptsz(t.stream) : real.cuStreamQuery(t.stream);
-        }
-        t.queued = q == CUDA_ERROR_NOT_READY;
+      t.touched.store(false, std::memory_order_relaxed);
+      CUresult q;
+      if (t.thread_keyed) {
+        q = t.marker != nullptr ? real.cuEventQuery(t.marker) : CUDA_SUCCESS;
+      } else {
+        if (t.ctx != current && real.cuCtxSetCurrent(t.ctx) == CUDA_SUCCESS) current = t.ctx;
+        q = t.per_thread ? real.cuStreamQuery_ptsz(t.stream) : real.cuStreamQuery(t.stream);
       }
+      t.queued = q == CUDA_ERROR_NOT_READY;
       queued = queued || t.queued;
     }
     pthread_mutex_unlock(&t.mu);

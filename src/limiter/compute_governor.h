@@ -69,11 +69,6 @@ class ComputeGovernor {
   // Governor tick period while the process has GPU work (ns): kTickNs, or
   // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
-  // Whether a stream launched into since the last tick has work queued is asked of the driver
-  // every kQueryEveryTicks-th tick, or every $TFUSION_SHARE_QUERY_EVERY-th (1..8); between, its
-  // last answer stands. Each query costs the launching thread time (docs/compute-sharing.md,
-  // "What the governor costs"). A stream with work queued and no launch since is asked every tick.
-  static constexpr int kQueryEveryTicks = 2;
   // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
   // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc); planned: each
   // its share of a 200 ms period, or $TFUSION_SHARE_TURN_PERIOD_MS (0..1000; 0 = fixed turns).
@@ -104,10 +99,6 @@ class ComputeGovernor {
   int64_t next_tick_ns_ = kTickNs;                  // guarded by mu_
   int64_t idle_ticks_ = 0;                          // governor thread only
   bool last_queued_ = false;                        // governor thread only
-  int query_every_ = kQueryEveryTicks;              // set by Configure
-  uint32_t ticks_ = 0;                              // governor thread only
-  CUcontext current_ctx_ = nullptr;                 // governor thread only: its current context
-  uint64_t current_ctx_generation_ = 0;             // governor thread only: generation_ it was set in
   uint64_t jitter_ = 0x9e3779b97f4a7c15ULL;         // governor thread only
   ShareTurn turn_;                                  // governor thread only (set by Configure)
   bool unpaid_logged_ = false;                      // governor thread only

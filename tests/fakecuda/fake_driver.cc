@@ -261,23 +261,6 @@ void ArmFaultsFromEnv() {
   }
 }
 
-std::atomic<long> g_stream_queries{0};
-std::atomic<long> g_ctx_set_current_calls{0};
-
-void LogCallsAtExit() {
-  static const char* path = nullptr;
-  const char* env = getenv("FAKECUDA_CALL_LOG");
-  if (env == nullptr || *env == '\0' || path != nullptr) return;
-  path = strdup(env);
-  atexit([] {
-    if (FILE* f = fopen(path, "a")) {
-      fprintf(f, "pid=%d cuStreamQuery=%ld cuCtxSetCurrent=%ld\n", static_cast<int>(getpid()),
-              g_stream_queries.load(), g_ctx_set_current_calls.load());
-      fclose(f);
-    }
-  });
-}
-
 void* MapHostMemory(size_t bytes) {
   void* p = mmap(nullptr, RoundUp(bytes == 0 ? 1 : bytes, 4096), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -353,7 +336,6 @@ CUresult cuInit(unsigned int flags) {
   }
   d.initialized.store(true, std::memory_order_release);
   fakecuda::ArmFaultsFromEnv();
-  fakecuda::LogCallsAtExit();
   fakecuda::CheckpointRegister();
   // FAKECUDA_ENV_LOG: one line per process that initialised, with the MPS client variables the
   // real driver reads at this point (tests assert what a tenant's driver saw).
@@ -615,7 +597,6 @@ CUresult cuCtxGetCurrent(CUcontext* pctx) {
 
 CUresult cuCtxSetCurrent(CUcontext handle) {
   FAKECUDA_ENTER();
-  fakecuda::g_ctx_set_current_calls.fetch_add(1, std::memory_order_relaxed);
   Context* ctx = reinterpret_cast<Context*>(handle);
   auto& stack = fakecuda::tls_context_stack;
   if (ctx == nullptr) {
