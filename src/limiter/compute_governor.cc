@@ -25,12 +25,14 @@ struct ComputeGovernor::Track {
   bool thread_keyed = false;
   std::atomic<bool> touched{false}; // launched into since the governor last found it idle
   bool queued = false;              // governor: work queued at the last sample
+  bool answered = false;            // governor: asked since the track was (re)registered
   CUevent marker = nullptr;         // per-thread default stream: recorded after each launch
 
   void Reset() {  // REQUIRES mu; the context is still alive
     if (marker != nullptr) Real().cuEventDestroy_v2(marker);
     marker = nullptr;
     queued = false;
+    answered = false;
     touched.store(false, std::memory_order_relaxed);
     used = false;
   }
@@ -99,6 +101,7 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
   // GPU (a 5 ms tick held two ResNet-50 b1 tenants at 50% to 0.57 of native on an H100).
   tick_ns_ = EnvWhole("TFUSION_SHARE_TICK_US", "microseconds", 100, 1000, 1000, kTickNs);
   next_tick_ns_ = tick_ns_;
+  query_every_ = static_cast<uint32_t>(EnvWhole("TFUSION_SHARE_QUERY_EVERY", "ticks", 1, 8, 1, 1));
   // Turns are on by default (25 ms): they make hard slices of saturating work exact, and they stop
   // while any tenant that leaves gaps wants the GPU (docs/compute-sharing.md). 0 turns them off.
   turn_ = ShareTurn{kShareTurnNs};
@@ -129,6 +132,8 @@ void ComputeGovernor::ResetAfterFork() {
   last_tick_ns_.store(0);
   captures_.store(0);
   querying_.store(false);
+  query_ticks_ = 0;
+  query_all_ticks_ = 0;
   // The parent's streams and events are not the child's: forget them without driver calls.
   int n = g_track_count.load();
   for (int i = 0; i < n; ++i) {
@@ -137,6 +142,7 @@ void ComputeGovernor::ResetAfterFork() {
     t.used = false;
     t.marker = nullptr;
     t.queued = false;
+    t.answered = false;
   }
   g_track_count.store(0);
   generation_.fetch_add(1);
@@ -212,6 +218,7 @@ ComputeGovernor::Track* ComputeGovernor::Lookup(CUstream stream, bool per_thread
       t.thread = self;
       t.thread_keyed = thread_keyed;
       t.queued = false;
+      t.answered = false;
       t.marker = nullptr;
       t.touched.store(false, std::memory_order_relaxed);
       pthread_mutex_unlock(&t.mu);
@@ -299,7 +306,7 @@ void ComputeGovernor::EnsureThreadLocked() {
   pthread_attr_destroy(&attr);
 }
 
-bool ComputeGovernor::SampleQueued() {
+bool ComputeGovernor::SampleQueued(bool query_all) {
   const auto& real = Real();
   bool queued = false;
   // Parked for the driver's checkpoint (tiering.h): no stream may be queried, and none has work
@@ -317,21 +324,27 @@ bool ComputeGovernor::SampleQueued() {
     return last_queued_;
   }
   CUcontext current = nullptr;
+  // TFUSION_SHARE_QUERY_EVERY (compute_governor.h): on the ticks between, a launched-into stream
+  // keeps its last answer.
+  const bool query_tick = query_all || query_every_ <= 1 || ++query_ticks_ % query_every_ == 0;
   int n = g_track_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {
     Track& t = g_tracks[i];
     if (!t.touched.load(std::memory_order_relaxed) && !t.queued) continue;  // idle and untouched
     pthread_mutex_lock(&t.mu);
     if (t.used) {
-      t.touched.store(false, std::memory_order_relaxed);
-      CUresult q;
-      if (t.thread_keyed) {
-        q = t.marker != nullptr ? real.cuEventQuery(t.marker) : CUDA_SUCCESS;
-      } else {
-        if (t.ctx != current && real.cuCtxSetCurrent(t.ctx) == CUDA_SUCCESS) current = t.ctx;
-        q = t.per_thread ? real.cuStreamQuery_ptsz(t.stream) : real.cuStreamQuery(t.stream);
+      const bool touched = t.touched.exchange(false, std::memory_order_relaxed);
+      if (query_tick || !touched || !t.answered) {
+        t.answered = true;
+        CUresult q;
+        if (t.thread_keyed) {
+          q = t.marker != nullptr ? real.cuEventQuery(t.marker) : CUDA_SUCCESS;
+        } else {
+          if (t.ctx != current && real.cuCtxSetCurrent(t.ctx) == CUDA_SUCCESS) current = t.ctx;
+          q = t.per_thread ? real.cuStreamQuery_ptsz(t.stream) : real.cuStreamQuery(t.stream);
+        }
+        t.queued = q == CUDA_ERROR_NOT_READY;
       }
-      t.queued = q == CUDA_ERROR_NOT_READY;
       queued = queued || t.queued;
     }
     pthread_mutex_unlock(&t.mu);
@@ -351,7 +364,7 @@ bool ShareDebug() {
 }  // namespace
 
 void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
-  const bool queued = SampleQueued();
+  const bool queued = SampleQueued(query_all_ticks_ > 0);
   Binding* b = Bound();
   if (b == nullptr) return;
   if (launches != 0) b->region.CountLaunches(b->slot, launches);  // tfusion smi's LAUNCHES
@@ -412,6 +425,14 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
              static_cast<long long>((turn_.gappy_until_ns - now) / 1'000'000));
   }
   const bool hold = v.hold != ShareHold::kRun;
+  // Held (a turn elsewhere, or its buckets empty): the next two ticks ask about every stream, so
+  // that the launches after the hold lifts are seen at once (a turn holder taken for idle at the
+  // start of its turn stops turns).
+  if (hold) {
+    query_all_ticks_ = 2;
+  } else if (query_all_ticks_ > 0) {
+    --query_all_ticks_;
+  }
   pthread_mutex_lock(&mu_);
   hold_.store(hold, std::memory_order_release);
   // Jittered so that sampling does not lock onto a periodic workload.

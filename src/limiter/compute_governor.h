@@ -69,6 +69,11 @@ class ComputeGovernor {
   // Governor tick period while the process has GPU work (ns): kTickNs, or
   // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
+  // Opt-in, for measurements of what the governor's stream queries cost (docs/compute-sharing.md):
+  // $TFUSION_SHARE_QUERY_EVERY=N (2..8) asks the driver whether a stream launched into since the
+  // last tick has work queued on every Nth tick only; between, its last answer stands. A stream
+  // with work queued and no launch since, and every stream in the two ticks after a tick that
+  // held the process (a turn that begins), are asked on every tick. Default 1: every tick.
   // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
   // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc); planned: each
   // its share of a 200 ms period, or $TFUSION_SHARE_TURN_PERIOD_MS (0..1000; 0 = fixed turns).
@@ -80,7 +85,9 @@ class ComputeGovernor {
   void EnsureThreadLocked();
   static void* Main(void* self);
   void Tick(int64_t now, int64_t dt, uint64_t launches);
-  bool SampleQueued();  // governor thread: does any of the process's streams have work queued?
+  // Governor thread: does any of the process's streams have work queued? `query_all`: ask the
+  // driver about every stream this tick, whatever TFUSION_SHARE_QUERY_EVERY says.
+  bool SampleQueued(bool query_all);
   void WakeIfSleeping();
 
   Binding* binding_ = nullptr;
@@ -99,6 +106,9 @@ class ComputeGovernor {
   int64_t next_tick_ns_ = kTickNs;                  // guarded by mu_
   int64_t idle_ticks_ = 0;                          // governor thread only
   bool last_queued_ = false;                        // governor thread only
+  uint32_t query_every_ = 1;                        // set by Configure
+  uint32_t query_ticks_ = 0;                        // governor thread only
+  int query_all_ticks_ = 0;                         // governor thread only: ticks left to ask about all
   uint64_t jitter_ = 0x9e3779b97f4a7c15ULL;         // governor thread only
   ShareTurn turn_;                                  // governor thread only (set by Configure)
   bool unpaid_logged_ = false;                      // governor thread only

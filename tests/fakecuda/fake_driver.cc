@@ -261,6 +261,21 @@ void ArmFaultsFromEnv() {
   }
 }
 
+std::atomic<long> g_stream_queries{0};
+
+void LogCallsAtExit() {
+  static const char* path = nullptr;
+  const char* env = getenv("FAKECUDA_CALL_LOG");
+  if (env == nullptr || *env == '\0' || path != nullptr) return;
+  path = strdup(env);
+  atexit([] {
+    if (FILE* f = fopen(path, "a")) {
+      fprintf(f, "pid=%d cuStreamQuery=%ld\n", static_cast<int>(getpid()), g_stream_queries.load());
+      fclose(f);
+    }
+  });
+}
+
 void* MapHostMemory(size_t bytes) {
   void* p = mmap(nullptr, RoundUp(bytes == 0 ? 1 : bytes, 4096), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -336,6 +351,7 @@ CUresult cuInit(unsigned int flags) {
   }
   d.initialized.store(true, std::memory_order_release);
   fakecuda::ArmFaultsFromEnv();
+  fakecuda::LogCallsAtExit();
   fakecuda::CheckpointRegister();
   // FAKECUDA_ENV_LOG: one line per process that initialised, with the MPS client variables the
   // real driver reads at this point (tests assert what a tenant's driver saw).

@@ -349,6 +349,10 @@ void SynchronizeContextStreams(Context* ctx, bool blocking_only);
 // Blocks the caller first while another process holds this one locked for a checkpoint.
 CUresult InjectedFault(const char* function);
 void ArmFaultsFromEnv();
+// FAKECUDA_CALL_LOG: at exit, one line per process that initialised with how often it called
+// cuStreamQuery (tests assert what the limiter's governor asked the driver).
+extern std::atomic<long> g_stream_queries;
+void LogCallsAtExit();
 // fake_checkpoint.cc: at cuInit, this process's slot in the shared checkpoint table and its
 // restore thread; at every entry, blocks (and counts the call) while the process is locked.
 void CheckpointRegister();

@@ -96,6 +96,7 @@ CUresult cuStreamSynchronize(CUstream handle) {
 
 CUresult cuStreamQuery(CUstream handle) {
   FAKECUDA_ENTER();
+  fakecuda::g_stream_queries.fetch_add(1, std::memory_order_relaxed);
   CUresult err = CUDA_SUCCESS;
   std::shared_ptr<Stream> stream = fakecuda::ResolveStream(handle, &err);
   if (stream == nullptr) return err;

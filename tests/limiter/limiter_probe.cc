@@ -182,7 +182,7 @@ int Hold(size_t mib) {
 
 // Launches `seconds` worth of 2 ms sleep kernels open-loop (4 in flight) and reports how many
 // completed per second: the kernel time share this process got.
-int Launch(double seconds) {
+int Launch(double seconds, unsigned kernel_us) {
   Setup();
   CUmodule mod;
   CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
@@ -190,7 +190,7 @@ int Launch(double seconds) {
   CHECK(cuModuleGetFunction(&f, mod, "sleep_us"));
   CUstream s;
   CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  static unsigned us = 2000;
+  unsigned us = kernel_us;
   void* params[] = {&us};
   auto t0 = std::chrono::steady_clock::now();
   long launched = 0;
@@ -207,7 +207,7 @@ int Launch(double seconds) {
   }
   CHECK(cuStreamSynchronize(s));
   double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("kernels=%ld\nseconds=%.3f\nbusy_fraction=%.3f\n", launched, el, launched * 0.002 / el);
+  std::printf("kernels=%ld\nseconds=%.3f\nbusy_fraction=%.3f\n", launched, el, launched * (kernel_us / 1e6) / el);
   // Tear down like a tidy program does, while a compute lease may still be open.
   CHECK(cuStreamDestroy(s));
   CHECK(cuDevicePrimaryCtxRelease(0));
@@ -1071,7 +1071,7 @@ int main(int argc, char** argv) {
   if (cmd == "paths") return Paths();
   if (cmd == "procaddr") return ProcAddr();
   if (cmd == "hold" && argc > 2) return Hold(std::strtoull(argv[2], nullptr, 10));
-  if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]));
+  if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]), argc > 3 ? std::atoi(argv[3]) : 2000);
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   if (cmd == "tierfault" && argc > 3) return TierFault(argv[2], argv[3], argc > 4 ? std::atoi(argv[4]) : 0);

@@ -1420,16 +1420,55 @@ TEST_F(LimiterRunTest, AHalfShareHalvesKernelThroughput) {
 TEST_F(LimiterRunTest, BadShareSettingsAreNamedAndTheDefaultsApply) {
   Result full = Run(Tfusion("--vram 1GiB", "launch 1.5"));
   ASSERT_EQ(full.rc, 0) << full.out;
-  env_ += "TFUSION_SHARE_TURNS_PER_SECOND=yes TFUSION_SHARE_LIMIT_WINDOW_MS=10 ";
+  env_ += "TFUSION_SHARE_TURNS_PER_SECOND=yes TFUSION_SHARE_LIMIT_WINDOW_MS=10 TFUSION_SHARE_QUERY_EVERY=0 ";
   Result half = Run(Tfusion("--vram 1GiB --percent 50", "launch 1.5"));
   ASSERT_EQ(half.rc, 0) << half.out;
   EXPECT_NE(half.out.find("TFUSION_SHARE_TURNS_PER_SECOND=yes is not 0 or 1: using 0"), std::string::npos) << half.out;
   EXPECT_NE(half.out.find("TFUSION_SHARE_LIMIT_WINDOW_MS=10 is not a whole number of milliseconds in 100..5000"),
             std::string::npos)
       << half.out;
+  EXPECT_NE(half.out.find("TFUSION_SHARE_QUERY_EVERY=0 is not a whole number of ticks in 1..8: using 1"),
+            std::string::npos)
+      << half.out;
   const double h = std::stod(half.kv["busy_fraction"]) / std::stod(full.kv["busy_fraction"]);
   EXPECT_GT(h, 0.40) << full.out << half.out;
   EXPECT_LT(h, 0.70) << full.out << half.out;
+}
+
+// TFUSION_SHARE_QUERY_EVERY=2 (opt-in; docs/compute-sharing.md): the governor asks the driver
+// whether a stream launched into since its last tick has work queued on every other tick only,
+// and the share still holds. The fake driver counts the queries (FAKECUDA_CALL_LOG); 100 µs
+// kernels, so that every tick finds launches.
+TEST_F(LimiterRunTest, QueryingEveryOtherTickHalvesTheGovernorsQueriesAndTheShareHolds) {
+  const std::string log = dir_ + "/calls.log";
+  auto run = [&](const std::string& extra_env, const std::string& percent, const std::string& probe,
+                 long* queries, double* busy) {
+    unlink(log.c_str());
+    Result r = Run(extra_env + " FAKECUDA_CALL_LOG=" + log + " " + Tfusion("--vram 1GiB " + percent, probe));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    *busy = std::stod(r.kv["busy_fraction"]);
+    // One line per process that initialised the driver; the probe is the one that queried.
+    *queries = -1;
+    std::istringstream lines(Run("cat " + log).out);
+    for (std::string line; std::getline(lines, line);) {
+      long q = 0;
+      if (sscanf(line.c_str(), "pid=%*d cuStreamQuery=%ld", &q) == 1 && q > *queries) *queries = q;
+    }
+    ASSERT_GE(*queries, 0) << Run("cat " + log).out;
+  };
+  long every = 0, other = 0, unused = 0;
+  double full = 0, busy = 0, half = 0;
+  ASSERT_NO_FATAL_FAILURE(run("", "--percent 99", "launch 1.5 100", &every, &busy));
+  ASSERT_NO_FATAL_FAILURE(run("TFUSION_SHARE_QUERY_EVERY=2", "--percent 99", "launch 1.5 100", &other, &busy));
+  // 1.5 s of 0.5 ms ticks with kernels always queued: about 3000 ticks.
+  EXPECT_GT(every, 1000);
+  EXPECT_GT(other, every * 35 / 100) << other << " of " << every;
+  EXPECT_LT(other, every * 65 / 100) << other << " of " << every;
+  // Held at half its share: 2 ms kernels, as in AHalfShareHalvesKernelThroughput.
+  ASSERT_NO_FATAL_FAILURE(run("", "", "launch 1.5", &unused, &full));
+  ASSERT_NO_FATAL_FAILURE(run("TFUSION_SHARE_QUERY_EVERY=2", "--percent 50", "launch 1.5", &unused, &half));
+  EXPECT_GT(half / full, 0.40) << half << " of " << full;
+  EXPECT_LT(half / full, 0.70) << half << " of " << full;
 }
 
 TEST_F(LimiterRunTest, ARequestBelowItsLimitBurstsToTheLimitWhileAlone) {
