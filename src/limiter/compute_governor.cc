@@ -333,8 +333,10 @@ bool ComputeGovernor::SampleQueued(bool query_all) {
     if (!t.touched.load(std::memory_order_relaxed) && !t.queued) continue;  // idle and untouched
     pthread_mutex_lock(&t.mu);
     if (t.used) {
-      const bool touched = t.touched.exchange(false, std::memory_order_relaxed);
-      if (query_tick || !touched || !t.answered) {
+      // A launched-into stream that is not asked this tick keeps its launch mark, so that the
+      // next query tick asks it even if nothing is launched meanwhile.
+      if (query_tick || !t.touched.load(std::memory_order_relaxed) || !t.answered) {
+        t.touched.store(false, std::memory_order_relaxed);
         t.answered = true;
         CUresult q;
         if (t.thread_keyed) {

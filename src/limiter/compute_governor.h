@@ -70,10 +70,10 @@ class ComputeGovernor {
   // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
   // Opt-in, for measurements of what the governor's stream queries cost (docs/compute-sharing.md):
-  // $TFUSION_SHARE_QUERY_EVERY=N (2..8) asks the driver whether a stream launched into since the
-  // last tick has work queued on every Nth tick only; between, its last answer stands. A stream
-  // with work queued and no launch since, and every stream in the two ticks after a tick that
-  // held the process (a turn that begins), are asked on every tick. Default 1: every tick.
+  // $TFUSION_SHARE_QUERY_EVERY=N (1..8; default 1, every tick) asks the driver whether a stream
+  // launched into since it was last asked has work queued on every Nth tick only; between, its
+  // last answer stands. A stream with work queued and no launch since, and every stream in the
+  // two ticks after a tick that held the process (a turn that begins), are asked on every tick.
   // This process's saturating hard slices take turns of 25 ms, or $TFUSION_SHARE_TURN_MS (0..100;
   // 0 = never), while no tenant that leaves gaps wants the GPU (compute_share.cc); planned: each
   // its share of a 200 ms period, or $TFUSION_SHARE_TURN_PERIOD_MS (0..1000; 0 = fixed turns).

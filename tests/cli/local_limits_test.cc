@@ -34,6 +34,7 @@ class LocalLimitsTest : public ::testing::Test {
       waitpid(p, nullptr, 0);
     }
     EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+    tf::cli::testing::RemoveFakeDriverShm("tf-limits-" + std::to_string(getpid()));
   }
   std::string Run(const std::string& flags, const std::string& probe_args) const {
     return env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " " + flags + " -- " +

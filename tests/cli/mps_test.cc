@@ -42,6 +42,7 @@ class MpsTest : public ::testing::Test {
       waitpid(up_, nullptr, 0);
     }
     Shell("rm -rf '" + dir_ + "'");
+    tf::cli::testing::RemoveFakeDriverShm("tf-mps-" + std::to_string(getpid()));
   }
   // `tfusion run FLAGS -- sh -c 'env'` on the fake GPU: the tenant's CUDA_MPS_* variables, one
   // per line, then "ran" (so a refused run is told apart from a run without MPS).

@@ -70,6 +70,7 @@ class PooledRunTest : public ::testing::Test {
       waitpid(up_, nullptr, 0);
     }
     EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+    tf::cli::testing::RemoveFakeDriverShm("tf-pooled-" + std::to_string(getpid()));
   }
   std::string PooledRun(const std::string& flags, const std::string& probe_args) const {
     return env_ + TF_TFUSION + " run --controller " + url_ + " --token " + token_ + " --driver " + TF_FAKECUDA +

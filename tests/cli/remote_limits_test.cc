@@ -50,8 +50,7 @@ class RemoteLimits : public ::testing::Test {
       waitpid(worker_, nullptr, 0);
     }
     Shell("rm -rf " + dir_);
-    for (int i = 0; i < 2; ++i)
-      shm_unlink(("/tf-rl-" + std::to_string(getpid()) + "-dev" + std::to_string(i)).c_str());
+    tf::cli::testing::RemoveFakeDriverShm("tf-rl-" + std::to_string(getpid()));
   }
   virtual std::string WorkerFlags() const { return ""; }
   Result Run(const std::string& flags, const std::string& probe_mode = "fill") {

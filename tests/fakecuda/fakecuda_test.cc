@@ -609,5 +609,6 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int result = RUN_ALL_TESTS();
   for (int i = 0; i < kDevices; ++i) shm_unlink(("/" + shm + "-dev" + std::to_string(i)).c_str());
+  shm_unlink(("/" + shm + "-ckpt").c_str());
   return result;
 }

@@ -180,9 +180,10 @@ int Hold(size_t mib) {
   for (;;) pause();
 }
 
-// Launches `seconds` worth of 2 ms sleep kernels open-loop (4 in flight) and reports how many
-// completed per second: the kernel time share this process got.
-int Launch(double seconds, unsigned kernel_us) {
+// Launches `seconds` worth of sleep kernels of `kernel_us` (2 ms by default) open-loop (4 in
+// flight) and reports how many completed per second: the kernel time share this process got.
+// With `gap_us`, one kernel at a time: each waited for, then `gap_us` on the host before the next.
+int Launch(double seconds, unsigned kernel_us, unsigned gap_us) {
   Setup();
   CUmodule mod;
   CHECK(cuModuleLoadData(&mod, "fakecuda:builtin"));
@@ -204,6 +205,10 @@ int Launch(double seconds, unsigned kernel_us) {
     CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
     CHECK(cuEventRecord(e, s));
     ++launched;
+    if (gap_us > 0) {
+      CHECK(cuStreamSynchronize(s));
+      usleep(gap_us);
+    }
   }
   CHECK(cuStreamSynchronize(s));
   double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1071,7 +1076,9 @@ int main(int argc, char** argv) {
   if (cmd == "paths") return Paths();
   if (cmd == "procaddr") return ProcAddr();
   if (cmd == "hold" && argc > 2) return Hold(std::strtoull(argv[2], nullptr, 10));
-  if (cmd == "launch" && argc > 2) return Launch(std::atof(argv[2]), argc > 3 ? std::atoi(argv[3]) : 2000);
+  if (cmd == "launch" && argc > 2) {
+    return Launch(std::atof(argv[2]), argc > 3 ? std::atoi(argv[3]) : 2000, argc > 4 ? std::atoi(argv[4]) : 0);
+  }
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   if (cmd == "tierfault" && argc > 3) return TierFault(argv[2], argv[3], argc > 4 ? std::atoi(argv[4]) : 0);
@@ -1084,6 +1091,6 @@ int main(int argc, char** argv) {
   if (cmd == "ipc" && argc > 2) return ipc::Export(argv[2]);
   if (cmd == "ipcopen" && argc > 2) return ipc::Open(argv[2]);
   if (cmd == "ipcopenonce" && argc > 2) return ipc::OpenOnce(argv[2]);
-  std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS\n");
+  std::fprintf(stderr, "usage: limiter_probe alloc|paths|procaddr|hold MIB|launch SECONDS [KERNEL_US [GAP_US]]\n");
   return 2;
 }
