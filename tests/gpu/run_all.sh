@@ -104,6 +104,15 @@ judge() {
     record "$name" FAIL "exit $rc ${why:-} $(note_of "$log") (logs/$log)"
   fi
 }
+# harness NAME LOG RC: a harness that records its own results: only its failure (or its skip by the
+# time budget) is recorded here.
+harness() {
+  if (($3 == 125)); then
+    record "$1" SKIP "time budget spent"
+  elif (($3 != 0)); then
+    record "$1" FAIL "exit $3 (logs/$2)"
+  fi
+}
 note_of() {
   local n=""
   local total err
@@ -191,12 +200,7 @@ echo "driver tests done ($(($(date +%s) - START)) s)"
 if have "vgpu sharing" "$DRV" && have_limiter "vgpu sharing"; then
   step vgpu-share.log 150 "$PY" "$HERE/vgpu_share.py" --tfusion "$TFUSION" --drvtest "$DRV" \
     --work "$WORK/vgpu" --logs "$LOGS" --results "$RESULTS"
-  rc=$?
-  if ((rc == 125)); then
-    record "vgpu sharing harness" SKIP "time budget spent"
-  elif ((rc != 0)); then
-    record "vgpu sharing harness" FAIL "exit $rc (logs/vgpu-share.log)"
-  fi
+  harness "vgpu sharing harness" vgpu-share.log $?
 fi
 rc=0
 
@@ -211,12 +215,7 @@ if have "compute share" "$TENANT" && have_limiter "compute share"; then
     --tenant "$TENANT" --work "$WORK/compute" --logs "$LOGS" --results "$RESULTS" \
     --md "$LOGS/compute-share.md" --json "$LOGS/compute-share.json" \
     --seconds 6 --spin-us 300 --depth 8 --budget-s "$cs_budget"
-    rc=$?
-    if ((rc == 125)); then
-      record "compute share harness" SKIP "time budget spent"
-    elif ((rc != 0)); then
-      record "compute share harness" FAIL "exit $rc (logs/compute-share.log)"
-    fi
+    harness "compute share harness" compute-share.log $?
   fi
 fi
 echo "sharing tests done ($(($(date +%s) - START)) s)"
