@@ -411,7 +411,8 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   }
   if (ShareDebug() && turn_.checks_repeated != logged_repeats_) {
     logged_repeats_ = turn_.checks_repeated;
-    GuestLog("compute: turns check %u found turns narrowly not paying: made again before leaving them", turn_.comparisons);
+    GuestLog("compute: turns check %u found turns narrowly not paying after one that kept them: made again "
+             "before leaving them", turn_.comparisons);
   }
   if (ShareDebug() && turn_.unpaid_extended != logged_extended_) {
     logged_extended_ = turn_.unpaid_extended;

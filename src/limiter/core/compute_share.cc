@@ -539,9 +539,8 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
   if (now_ns - turn->last_contended_ns > kTurnsPaySpellGapNs) {
     // A new spell of contention (other tenants than before, perhaps): compare afresh.
     turn->spell_checks = 0;
-    turn->spell_paid = 0;
     turn->next_probe_ns = 0;
-    turn->repeating = false;
+    turn->last_check_paid = false;
     ClearTurnsPaySums(turn);
   }
   turn->last_contended_ns = now_ns;
@@ -588,21 +587,19 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // is not made again).
     const bool narrow = unpaid_per_charge && without * 1000 < with * kTurnsPayConfirmPermille;
     const bool unpaid = unpaid_per_charge || unpaid_per_second;
-    if (unpaid && narrow && !turn->repeating) {
-      // Narrowly: compare once more before leaving turns for a minute.
-      turn->repeating = true;
+    if (unpaid && narrow && turn->last_check_paid) {
+      // Narrowly against the last comparison: compare once more before leaving turns for a minute.
+      turn->last_check_paid = false;
       turn->next_probe_ns = now_ns + kTurnsPayConfirmNs;
       ++turn->checks_repeated;
     } else if (unpaid) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
       turn->unpaid_since_ns = now_ns;
-      turn->repeating = false;
+      turn->last_check_paid = false;
       ++turn->turns_unpaid;
     } else {
-      // The spell's first verdict for turns is checked again soon (a start-up can fool it).
-      turn->next_probe_ns = now_ns + (turn->spell_paid == 0 ? kTurnsPayFirstRecheckNs : kTurnsPayRecheckNs);
-      turn->repeating = false;
-      ++turn->spell_paid;
+      turn->next_probe_ns = now_ns + (turn->spell_checks == 0 ? kTurnsPayFirstRecheckNs : kTurnsPayRecheckNs);
+      turn->last_check_paid = true;
       ++turn->turns_paid;
     }
   } else {

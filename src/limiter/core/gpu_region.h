@@ -86,11 +86,10 @@ struct ShareTurn {
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
   int64_t probe_until_ns = 0;   // the probe under way ends then (its saved turn tokens are kept)
   int64_t last_contended_ns = 0;  // the last tick another vGPU wanted the GPU (a spell of contention
-  uint32_t spell_checks = 0;      //   ends after kTurnsPaySpellGapNs without), its comparisons,
-  uint32_t spell_paid = 0;        //   and those that kept turns
+  uint32_t spell_checks = 0;      //   ends after kTurnsPaySpellGapNs without), and its comparisons
   uint32_t turns_unpaid = 0;    // how many comparisons found turns not paying, and paying (for the log)
   uint32_t turns_paid = 0;
-  bool repeating = false;        // a narrow verdict against turns is being made again
+  bool last_check_paid = false;  // the spell's last comparison kept turns (a narrow contrary one is made again)
   int64_t unpaid_since_ns = 0;   // the comparison that left turns (0: out of turns for no such verdict),
   uint32_t unpaid_extended = 0;  //   how often it stayed out without trying turns, and the last
   int64_t last_extend_permille = 0;  //   work per charge it read then against that comparison's with turns
@@ -147,18 +146,15 @@ inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
 // rate for 300 ms: about 0.4% of each minute, and several points of an 8 s benchmark round that a
 // retry falls in).
 inline constexpr int64_t kTurnsUnpaidMaxNs = 600'000'000'000;
-// A comparison that finds turns not paying per charge by less than kTurnsPayConfirmPermille / 1000
-// is made once more before turns are left: it starts again (kTurnsPayConfirmNs with turns, then a
-// probe). A recheck can read high: on an H100 a 4 x 25 group of spin tenants read 1.12-1.26 two
-// seconds in (0.95-1.05 at its first comparison), and the one tenant past 1.15 stopped everyone's
-// turns for a minute. So can a first comparison: the 25% tenant of a 25/75 spin pair read 1.15
-// (3.54 per second: it had spent its tokens in the probe and launched little in the 300 ms with
-// turns), and time-sliced for a minute it got 20.6% of the GPU. The repeat is made by that tenant
-// alone (the others keep their turns); when it keeps turns and is the spell's first verdict for
-// them, the recheck follows after kTurnsPayFirstRecheckNs as usual. The cost: a launch-bound
-// tenant that reads 1.15-1.3 keeps turns 1.2 s longer (ResNet-50 b1 pairs read 1.15-1.21 at their
-// first comparison); a tenant whose readings alternate around 1.15 keeps turns, with one more
-// probe each 30 s.
+// A comparison that finds turns not paying per charge by less than kTurnsPayConfirmPermille / 1000,
+// after the spell's last comparison found them paying, is made once more before turns are left: it
+// starts again (kTurnsPayConfirmNs with turns, then a probe). A recheck can read high: on an H100 a
+// 4 x 25 group of spin tenants read 1.12-1.26 two seconds in (0.95-1.05 at its first comparison),
+// and the one tenant past 1.15 stopped everyone's turns for a minute. The repeat is made by that
+// tenant alone (the others keep their turns). The cost: a launch-bound pair whose first comparison
+// was fooled by its start-up and that reads 1.15-1.3 at the recheck keeps turns 1.2 s longer
+// (ResNet-50 b1 pairs read 1.15-1.21 at their first comparison); a tenant whose readings alternate
+// around 1.15 keeps turns, with one more probe each 30 s.
 inline constexpr int64_t kTurnsPayConfirmPermille = 1300;
 inline constexpr int64_t kTurnsPayConfirmNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
