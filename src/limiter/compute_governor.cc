@@ -414,6 +414,11 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
     GuestLog("compute: turns check %u found turns narrowly not paying after one that kept them: made again "
              "before leaving them", turn_.comparisons);
   }
+  if (ShareDebug() && turn_.thin_waits != logged_thin_waits_) {
+    logged_thin_waits_ = turn_.thin_waits;
+    GuestLog("compute: turns narrowly not paying on %lld ms charged with turns: waits for more before comparing",
+             static_cast<long long>(turn_.with_turns_charged_ns / 1'000'000));
+  }
   if (ShareDebug() && turn_.unpaid_extended != logged_extended_) {
     logged_extended_ = turn_.unpaid_extended;
     GuestLog("compute: still %.2f times as much per share without turns as with them: stays out of turns",

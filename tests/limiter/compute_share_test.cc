@@ -793,6 +793,50 @@ TEST_F(ComputeShareTest, ARecheckThatReadsTurnsNarrowlyUnpaidIsMadeAgainBeforeTu
   }
 }
 
+TEST(TurnsCheckTest, ANarrowVerdictOnAThinSampleWithTurnsWaitsForMoreBeforeLeavingThem) {
+  // One process's turns check driven tick by tick (0.5 ms) at a 25% limit: a 300 ms probe
+  // without turns, then turns. As seen on an H100 (the 25% tenant of a 25/75 spin pair, which had
+  // spent its tokens in the probe), its first 300 ms with turns charge it little (30 ms, where
+  // its share is 75) and read 1.2 times as much per charge without turns: narrowly against turns.
+  // Leaving turns on that would time-slice it for a minute (20.6% of the GPU on the H100); it
+  // waits for more with turns, where it runs at 0.9, and keeps them. Not thin, or by far: left.
+  constexpr int64_t kTick = 500'000;
+  struct Case {
+    const char* name;
+    int64_t thin_charge_ns;  // charge per tick in its first 300 ms with turns
+    double reading;          // work per charge without turns / with, then
+    bool kept;
+    uint32_t waits;
+  };
+  const Case cases[] = {{"thin and narrow", 50'000, 1.2, true, 1},
+                        {"narrow, not thin", 80'000, 1.2, false, 0},
+                        {"thin, by far", 50'000, 1.6, false, 0}};
+  for (const Case& c : cases) {
+    ShareTurn turn{kShareTurnNs, kShareTurnPeriodNs};
+    const double rate = 100.0 / 155'000;  // launches per charged ns without turns
+    int64_t now = 1'000'000'000;
+    for (int64_t t = 0; t < 1'500'000'000 && turn.comparisons == 0; t += kTick, now += kTick) {
+      const bool with = t >= 300'000'000;
+      const int64_t charge = !with ? 155'000 : t < 600'000'000 ? c.thin_charge_ns : 83'000;
+      const double r = !with ? rate : t < 600'000'000 ? rate / c.reading : rate / 0.9;
+      turn.tick_launches = static_cast<int64_t>(static_cast<double>(charge) * r + 0.5);
+      GpuRegion::CheckTurnsPay(now, kTick, charge, 250'000, true, with, &turn);
+    }
+    EXPECT_EQ(turn.comparisons, 1u) << c.name;
+    EXPECT_EQ(turn.thin_waits, c.waits) << c.name;
+    EXPECT_EQ(turn.turns_unpaid, c.kept ? 0u : 1u) << c.name;
+    EXPECT_EQ(turn.turns_paid, c.kept ? 1u : 0u) << c.name;
+    if (c.kept) {
+      // It compared on more than its first 300 ms with turns, as soon as the sums read for them
+      // (or it had half its share's charge, 37.5 ms): within 100 ms.
+      EXPECT_GT(turn.last_with[0], 300'000'000) << c.name;
+      EXPECT_LT(turn.last_with[0], 400'000'000) << c.name;
+    } else {
+      EXPECT_EQ(turn.last_with[0], 300'000'000) << c.name;
+    }
+  }
+}
+
 TEST_F(ComputeShareTest, AStallOfTheHostDoesNotStopTheTurnsForSeconds) {
   // Two saturating hard slices at 50% take turns; every 1.5 s one of them stalls for 4 ms (its
   // host thread descheduled, as on a noisy VM) and its queue runs dry, often while it holds the

@@ -432,7 +432,8 @@ void GpuRegion::TakeTurns(uint32_t mine, int64_t now_ns, int64_t tick_ns, bool i
   if (eligible && turn->busy_avg_ppm >= kSaturatedPpm) {
     bool others_want = false, others_unsaturated = false;  // one scan for both
     ScanOthers(mine, mask, now_ns, &others_want, &others_unsaturated);
-    CheckTurnsPay(now_ns, tick_ns, out->charged_ns, others_want, turn->saturating && !others_unsaturated, turn);
+    CheckTurnsPay(now_ns, tick_ns, out->charged_ns, limit_ppm, others_want, turn->saturating && !others_unsaturated,
+                  turn);
   }
   if (turn->period_ns > 0) {
     PlannedTurns(mine, now_ns, limit_tokens, limit_ppm, mask, word, alive, turn, out);
@@ -531,8 +532,8 @@ bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
   return true;
 }
 
-void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, bool others_want,
-                              bool turns_apply, ShareTurn* turn) {
+void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_ns, int64_t limit_ppm,
+                              bool others_want, bool turns_apply, ShareTurn* turn) {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
   if (!others_want) return;  // alone: neither rate is about sharing
@@ -587,6 +588,16 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // is not made again).
     const bool narrow = unpaid_per_charge && without * 1000 < with * kTurnsPayConfirmPermille;
     const bool unpaid = unpaid_per_charge || unpaid_per_second;
+    // Thin: charged with turns less than half its limit's share of a window. A narrow verdict on
+    // so few kernels waits for more of them (the sums with turns go on) up to kTurnsPayThinMaxNs.
+    const bool thin = turn->with_turns_charged_ns * static_cast<int64_t>(2 * kShareWholeGpuPpm) <
+                      limit_ppm * kTurnsPayWindowNs;
+    if (unpaid && narrow && thin && turn->with_turns_ns < kTurnsPayThinMaxNs) {
+      if (!turn->thinning) ++turn->thin_waits;
+      turn->thinning = true;
+      return;
+    }
+    turn->thinning = false;
     if (unpaid && narrow && turn->last_check_paid) {
       // Narrowly against the last comparison: compare once more before leaving turns for a minute.
       turn->last_check_paid = false;
