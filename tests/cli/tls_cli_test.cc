@@ -81,6 +81,7 @@ class TlsControllerTest : public ::testing::Test {
     Stop(agent_);
     Stop(controller_);
     EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+    tf::cli::testing::RemoveFakeDriverShm("tf-tls-" + std::to_string(getpid()));
   }
   // Starts the controller with TLS on `port` (0: any) and returns its https URL.
   std::string StartController(int port, const std::string& extra = "") {
@@ -417,6 +418,7 @@ TEST(UpTls, OneFlagServesHttpsAndRunWorksOverIt) {
   kill(up, SIGTERM);
   waitpid(up, nullptr, 0);
   EXPECT_EQ(system(("rm -rf '" + dir + "'").c_str()), 0);
+  tf::cli::testing::RemoveFakeDriverShm("tf-uptls-" + std::to_string(getpid()));
 }
 
 }  // namespace

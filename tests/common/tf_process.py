@@ -1,6 +1,8 @@
 """Helpers for tests that run the built daemons as real processes: a free port, polling against a
 deadline, a JSON call to an HTTP API, and stopping what was started."""
 import json
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -56,3 +58,22 @@ def stop_processes(procs, timeout=20):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def remove_fake_driver_shm(name):
+    """Remove the fake driver's shared memory objects of FAKECUDA_SHM_NAME `name` (its per-device
+    tables, NAME-devN, and its checkpoint table, NAME-ckpt) once the processes using them stopped."""
+    name = name.lstrip("/")
+    if not name:
+        return
+    pattern = re.compile(re.escape(name) + r"-(ckpt|dev[0-9]+)")
+    try:
+        entries = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for entry in entries:
+        if pattern.fullmatch(entry):
+            try:
+                os.unlink(os.path.join("/dev/shm", entry))
+            except OSError:
+                pass

@@ -16,6 +16,8 @@ import tempfile
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "common"))
+from tf_process import remove_fake_driver_shm  # noqa: E402
 BUILD, FAKECUDA, FAKENVML = sys.argv[1:4] if len(sys.argv) >= 4 else ("", "", "")
 
 # Native tenants report 100 items/s, tenants under `tfusion run` (TFUSION_VGPU set) 90: ratios 0.900.
@@ -63,6 +65,7 @@ for k in range(int(args[args.index("--windows") + 1])):
 class AbPhase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="tf-coloc-ab-")
+        self.shm = f"/tf-coloc-ab-{os.getpid()}"  # the fake driver's shared memory
         d = self.tmp.name
         self.out = os.path.join(d, "out")
         self.tenant = os.path.join(d, "tenant")
@@ -70,10 +73,11 @@ class AbPhase(unittest.TestCase):
             f.write(TENANT)
         os.chmod(self.tenant, os.stat(self.tenant).st_mode | stat.S_IXUSR)
         self.env = dict(os.environ, TFUSION_SHM_DIR=os.path.join(d, "shm"), TFUSION_REAL_LIBCUDA=FAKECUDA,
-                        TFUSION_REAL_LIBNVML=FAKENVML, FAKECUDA_SHM_NAME=f"/tf-coloc-ab-{os.getpid()}")
+                        TFUSION_REAL_LIBNVML=FAKENVML, FAKECUDA_SHM_NAME=self.shm)
 
     def tearDown(self):
         self.tmp.cleanup()
+        remove_fake_driver_shm(self.shm)
 
     def run_ab(self, pin, more=(), rounds=2):
         cmd = [sys.executable, os.path.join(HERE, "colocation.py"), "--build", BUILD, "--out", self.out,

@@ -18,6 +18,8 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "common"))
+from tf_process import remove_fake_driver_shm  # noqa: E402
 BUILD, FAKECUDA, FAKENVML = sys.argv[1:4] if len(sys.argv) >= 4 else ("", "", "")
 
 MPS_CONTROL = """#!/bin/sh
@@ -56,6 +58,7 @@ def write_exe(path, text):
 class MpsPhase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="tf-coloc-mps-")
+        self.shm = f"/tf-coloc-mps-{os.getpid()}"  # the fake driver's shared memory
         d = self.tmp.name
         self.out = os.path.join(d, "out")
         self.bin = os.path.join(d, "bin")
@@ -64,11 +67,12 @@ class MpsPhase(unittest.TestCase):
         self.tenant = os.path.join(d, "tenant")
         write_exe(self.tenant, TENANT)
         self.env = dict(os.environ, TFUSION_SHM_DIR=os.path.join(d, "shm"), TFUSION_REAL_LIBCUDA=FAKECUDA,
-                        TFUSION_REAL_LIBNVML=FAKENVML, FAKECUDA_SHM_NAME=f"/tf-coloc-mps-{os.getpid()}")
+                        TFUSION_REAL_LIBNVML=FAKENVML, FAKECUDA_SHM_NAME=self.shm)
         self.env.pop("CUDA_MPS_PIPE_DIRECTORY", None)
 
     def tearDown(self):
         self.tmp.cleanup()
+        remove_fake_driver_shm(self.shm)
 
     def start(self, with_daemon=True, extra_env=None):
         env = dict(self.env, **(extra_env or {}))

@@ -20,7 +20,9 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
 import tf_process  # noqa: E402
-from tf_process import free_port, http_json, stop_processes  # noqa: E402
+from tf_process import free_port, http_json, remove_fake_driver_shm, stop_processes  # noqa: E402
+
+FAKE_SHM = f"/tf-prom-{os.getpid()}"  # the fake driver's shared memory, removed at the end
 
 TFUSION, FAKE_LIB_DIR, DASHBOARD = (map(os.path.abspath, sys.argv[1:4]) if len(sys.argv) >= 4
                                     else (None, None, None))
@@ -58,6 +60,7 @@ class PrometheusScrapesTensorFusion(unittest.TestCase):
         for f in cls.logs:
             f.close()
         shutil.rmtree(cls.dir, ignore_errors=True)
+        remove_fake_driver_shm(FAKE_SHM)
 
     @classmethod
     def spawn(cls, name, argv, env=None):
@@ -98,7 +101,7 @@ class PrometheusScrapesTensorFusion(unittest.TestCase):
         env = dict(os.environ,
                    LD_LIBRARY_PATH=FAKE_LIB_DIR,  # libnvidia-ml.so.1 = the fake NVML
                    FAKECUDA_DEVICES="2", FAKECUDA_TOTAL_MIB=str(FAKE_GPU_MIB),
-                   FAKECUDA_SHM_NAME=f"/tf-prom-{os.getpid()}",
+                   FAKECUDA_SHM_NAME=FAKE_SHM,
                    TFUSION_SHM_DIR=os.path.join(cls.dir, "shm"))
         p = cls.spawn("agent", [TFUSION, "hypervisor", "--controller", cls.url, "--token", cls.token,
                                 "--node", "gpu-node-1", "--metrics-port", "0",

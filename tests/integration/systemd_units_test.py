@@ -24,7 +24,9 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
 import tf_process  # noqa: E402
-from tf_process import free_port, stop_processes  # noqa: E402
+from tf_process import free_port, remove_fake_driver_shm, stop_processes  # noqa: E402
+
+FAKE_SHM = f"/tf-systemd-{os.getpid()}"  # the fake driver's shared memory, removed after each test
 
 TFUSION, FAKE_LIB_DIR, UNITS = (map(os.path.abspath, sys.argv[1:4]) if len(sys.argv) >= 4
                                 else (None, None, None))
@@ -98,6 +100,7 @@ class SystemdUnits(unittest.TestCase):
     def tearDown(self):
         stop_processes(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
+        remove_fake_driver_shm(FAKE_SHM)
 
     def service(self, name):
         return dict(read_unit(os.path.join(UNITS, self.units[name])).get("Service", []))
@@ -200,7 +203,7 @@ class SystemdUnits(unittest.TestCase):
         agent, agent_log, _ = self.start(
             "agent", {"TFUSION_CONTROLLER": f"http://127.0.0.1:{api_port}", "TFUSION_NODE": "unit-node",
                       "TFUSION_METRICS_LISTEN": "127.0.0.1", "TFUSION_METRICS_PORT": metrics_port},
-            {"LD_LIBRARY_PATH": FAKE_LIB_DIR, "FAKECUDA_SHM_NAME": f"/tf-systemd-{os.getpid()}",
+            {"LD_LIBRARY_PATH": FAKE_LIB_DIR, "FAKECUDA_SHM_NAME": FAKE_SHM,
              "TFUSION_SHM_DIR": os.path.join(self.dir, "shm")})
         self.wait_log(agent, agent_log, r"node unit-node registered .*\(1 GPU")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:

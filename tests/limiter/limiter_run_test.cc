@@ -137,7 +137,7 @@ TEST_F(LimiterRunTest, AStaleSlotOfAReusedPidOnTheFakeBoardCountsNothing) {
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.kv["allocated_mib"], owner_start == start ? "4032" : "4096") << r.out;
   }
-  unlink(("/dev/shm/" + name + "-dev0").c_str());
+  tf::cli::testing::RemoveFakeDriverShm(name);  // the board and the checkpoint table the probe made
 }
 
 TEST_F(LimiterRunTest, EveryAllocationPathStopsAtTheCeiling) {
