@@ -799,7 +799,8 @@ TEST(TurnsCheckTest, ANarrowVerdictOnAThinSampleWithTurnsWaitsForMoreBeforeLeavi
   // spent its tokens in the probe), its first 300 ms with turns charge it little (30 ms, where
   // its share is 75) and read 1.2 times as much per charge without turns: narrowly against turns.
   // Leaving turns on that would time-slice it for a minute (20.6% of the GPU on the H100); it
-  // waits for more with turns, where it runs at 0.9, and keeps them. Not thin, or by far: left.
+  // waits for more with turns, where it runs at 0.9, and keeps them. Not thin, or by far: left;
+  // and thin for a whole second with turns, left then.
   constexpr int64_t kTick = 500'000;
   struct Case {
     const char* name;
@@ -810,15 +811,18 @@ TEST(TurnsCheckTest, ANarrowVerdictOnAThinSampleWithTurnsWaitsForMoreBeforeLeavi
   };
   const Case cases[] = {{"thin and narrow", 50'000, 1.2, true, 1},
                         {"narrow, not thin", 80'000, 1.2, false, 0},
-                        {"thin, by far", 50'000, 1.6, false, 0}};
+                        {"thin, by far", 50'000, 1.6, false, 0},
+                        {"thin and narrow for 1 s", 5'000, 1.2, false, 1}};
   for (const Case& c : cases) {
     ShareTurn turn{kShareTurnNs, kShareTurnPeriodNs};
-    const double rate = 100.0 / 155'000;  // launches per charged ns without turns
+    const double rate = 1000.0 / 155'000;  // launches per charged ns without turns
     int64_t now = 1'000'000'000;
     for (int64_t t = 0; t < 1'500'000'000 && turn.comparisons == 0; t += kTick, now += kTick) {
       const bool with = t >= 300'000'000;
-      const int64_t charge = !with ? 155'000 : t < 600'000'000 ? c.thin_charge_ns : 83'000;
-      const double r = !with ? rate : t < 600'000'000 ? rate / c.reading : rate / 0.9;
+      // After its first 300 ms with turns it runs at its share and reads 0.9, unless it stays thin.
+      const bool first = t < 600'000'000 || c.thin_charge_ns < 10'000;
+      const int64_t charge = !with ? 155'000 : first ? c.thin_charge_ns : 83'000;
+      const double r = !with ? rate : first ? rate / c.reading : rate / 0.9;
       turn.tick_launches = static_cast<int64_t>(static_cast<double>(charge) * r + 0.5);
       GpuRegion::CheckTurnsPay(now, kTick, charge, 250'000, true, with, &turn);
     }
@@ -831,8 +835,11 @@ TEST(TurnsCheckTest, ANarrowVerdictOnAThinSampleWithTurnsWaitsForMoreBeforeLeavi
       // (or it had half its share's charge, 37.5 ms): within 100 ms.
       EXPECT_GT(turn.last_with[0], 300'000'000) << c.name;
       EXPECT_LT(turn.last_with[0], 400'000'000) << c.name;
-    } else {
+    } else if (c.waits == 0) {
       EXPECT_EQ(turn.last_with[0], 300'000'000) << c.name;
+    } else {
+      // Thin all along (5 ms charged a second, 1%): it waited its 1 s with turns, then left them.
+      EXPECT_EQ(turn.last_with[0], kTurnsPayThinMaxNs) << c.name;
     }
   }
 }

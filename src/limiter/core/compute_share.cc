@@ -542,6 +542,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->spell_checks = 0;
     turn->next_probe_ns = 0;
     turn->last_check_paid = false;
+    turn->thinning = false;
     ClearTurnsPaySums(turn);
   }
   turn->last_contended_ns = now_ns;
@@ -590,8 +591,8 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     const bool unpaid = unpaid_per_charge || unpaid_per_second;
     // Thin: charged with turns less than half its limit's share of a window. A narrow verdict on
     // so few kernels waits for more of them (the sums with turns go on) up to kTurnsPayThinMaxNs.
-    const bool thin = turn->with_turns_charged_ns * static_cast<int64_t>(2 * kShareWholeGpuPpm) <
-                      limit_ppm * kTurnsPayWindowNs;
+    const bool thin = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
+                      static_cast<__int128>(limit_ppm) * kTurnsPayWindowNs;
     if (unpaid && narrow && thin && turn->with_turns_ns < kTurnsPayThinMaxNs) {
       if (!turn->thinning) ++turn->thin_waits;
       turn->thinning = true;
