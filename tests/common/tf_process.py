@@ -1,5 +1,6 @@
 """Helpers for tests that run the built daemons as real processes: a free port, polling against a
-deadline, a JSON call to an HTTP API, and stopping what was started."""
+deadline, a JSON call to an HTTP API, stopping what was started, and removing the fake driver's
+shared memory afterwards."""
 import json
 import os
 import re
