@@ -63,7 +63,9 @@
 // one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first.
 // Out of turns so, it tries them again only once its work per charge without them falls toward
 // what it did with them (StillUnpaid), or kTurnsUnpaidMaxNs after that comparison.
-// Otherwise it keeps them and compares again after kTurnsPayRecheckNs. Saturating spin kernels do
+// Otherwise it keeps them and compares again after kTurnsPayRecheckNs (after
+// kTurnsPayFirstRecheckNs when a spell's first comparison read far below the switching loss: the
+// tenants' start-up may have fallen in its probe). Saturating spin kernels do
 // about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per
 // charge, a launch-bound holder's idle gaps are not charged, so two batch-1 tenants may keep turns
 // that halve what they do per second; with
@@ -610,7 +612,10 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
       turn->last_check_paid = false;
       ++turn->turns_unpaid;
     } else {
-      turn->next_probe_ns = now_ns + (turn->spell_checks == 0 ? kTurnsPayFirstRecheckNs : kTurnsPayRecheckNs);
+      // A spell's first comparison reading far below the switching loss may be the tenants'
+      // start-up: made again soon. Any other stands until the usual recheck.
+      const bool start_up = turn->spell_checks == 0 && charge.permille < kTurnsPayStartUpPermille;
+      turn->next_probe_ns = now_ns + (start_up ? kTurnsPayFirstRecheckNs : kTurnsPayRecheckNs);
       turn->last_check_paid = true;
       ++turn->turns_paid;
     }
