@@ -488,9 +488,10 @@ TEST_F(ComputeShareTest, AComparisonFooledByTheTenantsStartUpIsMadeAgainSoon) {
   // Two batch-1 inference tenants at 50% each that run side by side (each fills half the GPU),
   // started together. For their first 350 ms they run start-up work that fills the GPU with few,
   // long kernels (autotuning, first launches), so the probe without turns reads far fewer
-  // launches per charge than turns then give (0.26 on an H100), and both keep turns. A first
-  // comparison that far below the switching loss is made again after 2 s (not 30): the loop then
-  // finds turns not paying, and both run side by side.
+  // launches per charge than turns then give (0.36-0.38), and both keep turns. A first comparison
+  // that far below the switching loss is made again after 2 s (not 30): the loop then finds turns
+  // not paying, and both run side by side. (A start-up with as many launches per charge as the
+  // loop reads about 0.9, like the switching loss, and would keep turns until the 30 s recheck.)
   switch_loss_ = 0.09;
   Tenant a{"start-a", 500'000, 500'000}, b{"start-b", 500'000, 500'000};
   for (Tenant* t : {&a, &b}) {
@@ -717,7 +718,8 @@ TEST_F(ComputeShareTest, TheRecheckOfWhetherTurnsPayCostsEachTenantLittleInTheSe
       std::vector<int64_t> before;
       for (auto& t : ts) before.push_back(t.got_ns);
       Run(ps, start + w * 1000 * kMs, start + (w + 1) * 1000 * kMs, start);
-      if (w == 0 || (w > 8 && w < 29)) continue;  // contention starts: the first probe and comparison
+      // Second 0: contention starts (the first probe and comparison); seconds 9-28 are not checked.
+      if (w == 0 || (w > 8 && w < 29)) continue;
       if (w == 8) {
         for (int i = 0; i < n; ++i) EXPECT_EQ(ts[i].turn.comparisons, 1u) << kIds[n / 4][i] << ": no recheck yet";
       }
@@ -772,9 +774,11 @@ TEST_F(ComputeShareTest, ARecheckThatReadsTurnsNarrowlyUnpaidIsMadeAgainBeforeTu
     std::vector<Tenant> ts;
     ts.reserve(4);
     for (int i = 0; i < 4; ++i) ts.push_back(Tenant{ids[i].c_str(), 250'000, 250'000});
-    // The recheck's probe: 0.3 s probe + 0.3 s of turns + 30 s from the start, 200 ms long (the
-    // comparison is made as it ends, against the 30 s with turns before it); the repeat's 1 s
-    // after it ends.
+    // The recheck's probe: 30 s after the first comparison (a 0.3 s probe and 0.3 s of turns,
+    // about 0.63 s in), so 30.63-30.83 s, and the comparison is made as it ends, against the 30 s
+    // with turns before it. The high reading must end there: read into the turns after it, it
+    // would raise the repeat's rate with turns too (the repeat compares the 1 s with turns after
+    // the recheck). The repeat's probe is 31.83-32.03 s.
     ts[0].launch_reading = [c, start](int64_t t) {
       const int64_t at = t - start;
       const bool recheck = at >= 30500 * kMs && at < 30830 * kMs;

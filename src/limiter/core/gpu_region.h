@@ -115,12 +115,14 @@ inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 // 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
 // again after kTurnsPayRecheckNs. The first comparison of a spell of contention is repeated after
 // kTurnsPayFirstRecheckNs when it kept turns on a reading below kTurnsPayStartUpPermille / 1000: it
-// is made as the tenants start, and a start-up (autotuning, first launches of each kernel) can make
-// the rate without turns look far lower than the tenant's loop gets (measured on an H100: two
-// ResNet-50 b1 tenants kept turns at 0.26; batch-1 tenants at N = 4 read 0.54-0.66). A reading the
-// GPU's switching loss explains (spin kernels: 0.82-1.02 at 48 first comparisons on an H100) stands
-// until kTurnsPayRecheckNs: a recheck's probe time-slices every tenant for a period, and on an H100
-// it cost the 25% tenant of a 25/75 spin pair 15-20 ms of GPU time each time.
+// is made as the tenants start, and a start-up (autotuning, first launches of each kernel) may make
+// the rate without turns look far lower than the tenant's loop gets. (On an H100 batch-1 tenants
+// kept turns at 0.20-0.66, all before a fix of the governor's launch counting; since it every
+// launch-bound first comparison seen read 0.97 or more.) A reading the GPU's switching loss
+// explains (spin kernels: 0.81-1.02 at 108 first comparisons on an H100) stands until
+// kTurnsPayRecheckNs: a recheck's probe time-slices every tenant for a period, and on an H100 it
+// cost the 25% tenant of a 25/75 spin pair 15-20 ms of GPU time each time. A start-up that reads
+// like the switching loss keeps turns until then.
 // A spell ends after kTurnsPaySpellGapNs in which nobody else wanted the GPU; the next one starts
 // with a fresh probe (a tenant out of turns that did not pay stays out: kTurnsUnpaidMaxNs).
 inline constexpr int64_t kTurnsPayWindowNs = 300'000'000;
