@@ -171,8 +171,9 @@ inline constexpr int64_t kTurnsPayConfirmPermille = 1300;
 // On an H100 the 25% tenant of a 25/75 spin pair read 1.15 at its first comparison (3.54 times as
 // much per second): by those two ratios it was charged about 30 ms in its 300 ms with turns (most
 // likely having spent its tokens in the probe; 49-52 ms in six other groups that day, which read
-// 0.84-0.93), and time-sliced for a minute it got 20.6% of the GPU. Launch-bound tenants are thin but read by far: ResNet-50 b1 at
-// N = 4 (13-15 ms charged at 25%) read 1.47-1.68; pairs at 50% are charged 113-138 ms, not thin.
+// 0.84-0.93), and time-sliced for a minute it got 20.6% of the GPU. Launch-bound tenants are thin
+// but read by far: ResNet-50 b1 at N = 4 (13-15 ms charged at 25%) read 1.47-1.68; pairs at 50%
+// are charged 113-138 ms, not thin.
 inline constexpr int64_t kTurnsPayThinMaxNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayConfirmNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
