@@ -456,6 +456,33 @@ TEST_F(ComputeShareTest, TurnsThatCostWorkPerSecondAreLeftWhenTheCheckCountsSeco
   EXPECT_GT(by_second, 1.08 * by_charge) << "side by side they do more than taking turns";
 }
 
+TEST_F(ComputeShareTest, TenantsThatLeftTurnsOnWorkPerSecondStayOutWhileItStillCostsThem) {
+  // The pair above, with TFUSION_SHARE_TURNS_PER_SECOND=1, leaves turns on work per second (1.12
+  // per charge, below what keeps a tenant out by the charge alone at a minute's end). As each
+  // minute out of turns ends, the per-second rule that left them is read again over that minute,
+  // and while it still holds they stay out without trying turns (read by the charge alone, they
+  // would try turns every minute).
+  switch_loss_ = 0.0;
+  Tenant a{"stay-a", 500'000, 500'000}, b{"stay-b", 500'000, 500'000};
+  for (Tenant* t : {&a, &b}) {
+    t->fills = 0.89;
+    t->turn.turns_per_second = true;
+    Add(t);
+  }
+  Run({&a, &b}, kMs, 6001 * kMs, 6001 * kMs);
+  ASSERT_GE(a.turn.turns_unpaid + b.turn.turns_unpaid, 1u) << "left turns on work per second";
+  for (Tenant* t : {&a, &b}) {
+    if (t->turn.turns_unpaid > 0) {
+      EXPECT_TRUE(t->turn.unpaid_by_second) << t->id;
+    }
+  }
+  const uint32_t comparisons = a.turn.comparisons + b.turn.comparisons;
+  Run({&a, &b}, 6001 * kMs, 135001 * kMs, 6001 * kMs);
+  EXPECT_GE(a.turn.unpaid_extended + b.turn.unpaid_extended, 2u) << "stayed out as each minute ended";
+  EXPECT_EQ(a.turn.comparisons + b.turn.comparisons, comparisons) << "no turns tried again";
+  EXPECT_EQ(a.turn_held_ticks + b.turn_held_ticks, 0) << "nobody waited for a turn";
+}
+
 TEST_F(ComputeShareTest, ALimitWindowLetsACappedTenantOutOfTurnsRideOutItsBursts) {
   // A tenant capped at 50% (turns off) that works in bursts: 300 ms saturating, 300 ms idle, 50% on
   // average. With the usual 100 ms limit bucket it is held in every burst once 50 ms are spent;

@@ -68,9 +68,9 @@
 // tenants' start-up may have fallen in its probe). Saturating spin kernels do
 // about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per
 // charge, a launch-bound holder's idle gaps are not charged, so two batch-1 tenants may keep turns
-// that halve what they do per second; with
-// TFUSION_SHARE_TURNS_PER_SECOND=1 such a tenant also leaves turns when it did a little more per
-// charge (kTurnsPayFloorPermille) and clearly more per second (kTurnsPayWallPermille) without them.
+// that halve what they do per second. With TFUSION_SHARE_TURNS_PER_SECOND=1
+// (ShareTurn::turns_per_second) such a tenant also leaves turns when it did a little more per charge
+// (kTurnsPayFloorPermille) and clearly more per second (kTurnsPayWallPermille) without them.
 //
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
@@ -515,19 +515,28 @@ Rates CompareRates(int64_t without_launches, int64_t without_units, int64_t with
 }
 }  // namespace
 
-// Out of turns that did not pay, at the end of kTurnsUnpaidNs: is its work per charge without
-// turns since then still by far (kTurnsPayConfirmPermille) what the comparison that left them
-// measured with them? Then it stays out another kTurnsUnpaidNs (up to kTurnsUnpaidMaxNs after that
+// Out of turns that did not pay, at the end of kTurnsUnpaidNs: is its work without turns since
+// then still what made the comparison that left them leave them, against what that comparison
+// measured with them? By far per charge (kTurnsPayConfirmPermille), or, when work per second left
+// them, the per-second rule again (kTurnsPayFloorPermille per charge and kTurnsPayWallPermille per
+// second). Then it stays out another kTurnsUnpaidNs (up to kTurnsUnpaidMaxNs after that
 // comparison) rather than paying for turns to learn the same again.
 bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
-  const int64_t with_launches = turn->last_with[1], with_charged = turn->last_with[2];
+  const int64_t with_ns = turn->last_with[0], with_launches = turn->last_with[1], with_charged = turn->last_with[2];
   if (now_ns - turn->unpaid_since_ns >= kTurnsUnpaidMaxNs || turn->without_ns < kTurnsPayWindowNs ||
-      turn->without_charged_ns <= 0 || with_launches <= 0 || with_charged <= 0) {
+      turn->without_charged_ns <= 0 || with_ns <= 0 || with_launches <= 0 || with_charged <= 0) {
     return false;
   }
   const Rates r = CompareRates(turn->without_launches, turn->without_charged_ns, with_launches, with_charged);
   turn->last_extend_permille = r.permille;
-  if (r.without * 1000 < r.with * kTurnsPayConfirmPermille) return false;
+  if (turn->unpaid_by_second) {
+    const Rates wall = CompareRates(turn->without_launches, turn->without_ns, with_launches, with_ns);
+    if (r.without * 1000 < r.with * kTurnsPayFloorPermille || wall.without * 1000 < wall.with * kTurnsPayWallPermille) {
+      return false;
+    }
+  } else if (r.without * 1000 < r.with * kTurnsPayConfirmPermille) {
+    return false;
+  }
   turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
   ++turn->unpaid_extended;
   ClearWithoutTurns(turn);
@@ -609,6 +618,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     } else if (unpaid) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
       turn->unpaid_since_ns = now_ns;
+      turn->unpaid_by_second = !unpaid_per_charge;
       turn->last_check_paid = false;
       ++turn->turns_unpaid;
     } else {

@@ -93,6 +93,7 @@ struct ShareTurn {
   int64_t unpaid_since_ns = 0;   // the comparison that left turns (0: out of turns for no such verdict),
   uint32_t unpaid_extended = 0;  //   how often it stayed out without trying turns, and the last
   int64_t last_extend_permille = 0;  //   work per charge it read then against that comparison's with turns
+  bool unpaid_by_second = false;  // that comparison left turns on work per second alone (StillUnpaid)
   uint32_t checks_repeated = 0;  // narrow comparisons made again before turns were left (for the log)
   bool thinning = false;         // a narrow comparison on a thin sample with turns waits for more,
   uint32_t thin_waits = 0;       //   and how often one did (for the log)
@@ -139,8 +140,9 @@ inline constexpr int64_t kTurnsPayPermille = 1150;
 // With ShareTurn::turns_per_second (TFUSION_SHARE_TURNS_PER_SECOND=1) it also leaves them when it
 // did kTurnsPayFloorPermille / 1000 times as much per charge and kTurnsPayWallPermille / 1000 times
 // as much per second without them: a launch-bound tenant whose turns leave the GPU idle (on an
-// H100 two batch-1 ResNet-50 tenants at 50% did 1.01-1.11 per charge and 1.05-1.45 per second,
-// and kept turns by the charge alone; spin kernels do 0.87-0.98 per charge).
+// H100 two batch-1 ResNet-50 tenants at 50% did 1.00-1.16 per charge and 1.05-1.45 per second,
+// and kept turns by the charge alone; spin kernels do 0.85-1.02 per charge, and 0.70-1.70 per
+// second, so the per-charge floor is what keeps them in turns).
 inline constexpr int64_t kTurnsPayFloorPermille = 1030;
 inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
