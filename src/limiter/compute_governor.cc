@@ -1,5 +1,6 @@
 #include "limiter/compute_governor.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -383,13 +384,19 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   }
   if (turn_.turns_unpaid == 1 && !unpaid_logged_) {
     unpaid_logged_ = true;
+    char also[96] = "";
+    if (turn_.unpaid_by_second) {
+      snprintf(also, sizeof(also), " (nor %.2f times as much per share and %.2f per second)",
+               static_cast<double>(kTurnsPayFloorPermille) / 1000.0,
+               static_cast<double>(kTurnsPayWallPermille) / 1000.0);
+    }
     GuestLog("compute: this process did %.2f times as much per share (%.2f per second) beside the other tenants "
              "without turns as with them; it runs beside them without turns (it tries them again when, at the end "
-             "of a %lld s spell, it does less than %.2f times as much per share without them, and after %lld s)",
+             "of a %lld s spell, it no longer does %.2f times as much per share without them%s, and after %lld s)",
              static_cast<double>(turn_.last_ratio_permille) / 1000.0,
              static_cast<double>(turn_.last_wall_permille) / 1000.0,
              static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000),
-             static_cast<double>(kTurnsPayConfirmPermille) / 1000.0,
+             static_cast<double>(kTurnsPayConfirmPermille) / 1000.0, also,
              static_cast<long long>(kTurnsUnpaidMaxNs / 1'000'000'000));
   }
   if (turn_.turns_paid == 1 && !paid_logged_) {
@@ -421,8 +428,10 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   }
   if (ShareDebug() && turn_.unpaid_extended != logged_extended_) {
     logged_extended_ = turn_.unpaid_extended;
-    GuestLog("compute: still %.2f times as much per share without turns as with them: stays out of turns",
-             static_cast<double>(turn_.last_extend_permille) / 1000.0);
+    GuestLog("compute: still %.2f times as much per share (%.2f per second) without turns as with them: stays out "
+             "of turns",
+             static_cast<double>(turn_.last_extend_permille) / 1000.0,
+             static_cast<double>(turn_.last_extend_wall_permille) / 1000.0);
   }
   if (ShareDebug() && turn_.gappy_until_ns != logged_gappy_until_ns_) {
     logged_gappy_until_ns_ = turn_.gappy_until_ns;

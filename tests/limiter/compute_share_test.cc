@@ -483,6 +483,55 @@ TEST_F(ComputeShareTest, TenantsThatLeftTurnsOnWorkPerSecondStayOutWhileItStillC
   EXPECT_EQ(a.turn_held_ticks + b.turn_held_ticks, 0) << "nobody waited for a turn";
 }
 
+TEST_F(ComputeShareTest, TenantsKeptOutByWorkPerSecondTryTurnsAgainWhenItNoLongerCostsThem) {
+  // The pair above, kept out of turns by the per-second rule. (1) A third saturating tenant at 50%
+  // joins: the pair's launches and charges fall alike (still more than 1.03 times as much per charge
+  // without turns), but per second they no longer do 1.10 times what they did with them, so at a
+  // minute's end they try turns again.
+  // (2) A pair whose kernels come to fill the GPU: per second and per charge turns cost nothing
+  // any more, so they try turns, find them paying and keep them.
+  auto pair = [&](const char* a_id, const char* b_id, Tenant* a, Tenant* b) {
+    *a = Tenant{a_id, 500'000, 500'000};
+    *b = Tenant{b_id, 500'000, 500'000};
+    for (Tenant* t : {a, b}) {
+      t->fills = 0.89;
+      t->turn.turns_per_second = true;
+      Add(t);
+    }
+  };
+  switch_loss_ = 0.0;
+  {
+    Tenant a{"", 0, 0}, b{"", 0, 0}, c{"join-c", 500'000, 500'000};
+    pair("join-a", "join-b", &a, &b);
+    c.demand = [](int64_t t) { return t >= 70001 * kMs ? 1.0 : 0.0; };
+    Add(&c);
+    Run({&a, &b, &c}, kMs, 70001 * kMs, 70001 * kMs);
+    ASSERT_GE(a.turn.unpaid_extended + b.turn.unpaid_extended, 1u) << "stayed out at the first minute's end";
+    const uint32_t comparisons = a.turn.comparisons + b.turn.comparisons;
+    Run({&a, &b, &c}, 70001 * kMs, 200001 * kMs, 70001 * kMs);
+    EXPECT_GT(a.turn.comparisons + b.turn.comparisons, comparisons) << "turns tried again beside the newcomer";
+    for (Tenant* t : {&a, &b, &c}) {
+      region_.DetachProcess(t->slot);
+      uint32_t v = 0;
+      if (region_.FindVgpu(t->id, &v) == RegionError::kOk) region_.RemoveVgpu(v);
+    }
+  }
+  {
+    Tenant a{"", 0, 0}, b{"", 0, 0};
+    pair("fill-a", "fill-b", &a, &b);
+    Run({&a, &b}, kMs, 70001 * kMs, 70001 * kMs);
+    ASSERT_GE(a.turn.unpaid_extended + b.turn.unpaid_extended, 1u) << "stayed out at the first minute's end";
+    switch_loss_ = 0.09;
+    for (Tenant* t : {&a, &b}) t->fills = 1.0;
+    Run({&a, &b}, 70001 * kMs, 260001 * kMs, 255001 * kMs);
+    for (Tenant* t : {&a, &b}) {
+      EXPECT_GE(t->turn.turns_paid, 1u) << t->id << " found turns paying";
+      EXPECT_GT(t->turn_held_ticks, 0) << t->id << " takes turns";
+      EXPECT_NEAR(Share(*t, 5000 * kMs), 50.0, 1.0) << t->id;
+    }
+  }
+}
+
 TEST_F(ComputeShareTest, ALimitWindowLetsACappedTenantOutOfTurnsRideOutItsBursts) {
   // A tenant capped at 50% (turns off) that works in bursts: 300 ms saturating, 300 ms idle, 50% on
   // average. With the usual 100 ms limit bucket it is held in every burst once 50 ms are spent;

@@ -62,7 +62,8 @@
 // kTurnsUnpaidNs (as a gappy holder does), unless the spell's last comparison kept turns and this
 // one is narrowly against it (below kTurnsPayConfirmPermille): then it compares once more first.
 // Out of turns so, it tries them again only once its work per charge without them falls toward
-// what it did with them (StillUnpaid), or kTurnsUnpaidMaxNs after that comparison.
+// what it did with them (StillUnpaid; where the per-second rule below left them, once that rule no
+// longer holds either), or kTurnsUnpaidMaxNs after that comparison.
 // Otherwise it keeps them and compares again after kTurnsPayRecheckNs (after
 // kTurnsPayFirstRecheckNs when a spell's first comparison read far below the switching loss: the
 // tenants' start-up may have fallen in its probe). Saturating spin kernels do
@@ -515,12 +516,12 @@ Rates CompareRates(int64_t without_launches, int64_t without_units, int64_t with
 }
 }  // namespace
 
-// Out of turns that did not pay, at the end of kTurnsUnpaidNs: is its work without turns since
-// then still what made the comparison that left them leave them, against what that comparison
-// measured with them? By far per charge (kTurnsPayConfirmPermille), or, when work per second left
-// them, the per-second rule again (kTurnsPayFloorPermille per charge and kTurnsPayWallPermille per
-// second). Then it stays out another kTurnsUnpaidNs (up to kTurnsUnpaidMaxNs after that
-// comparison) rather than paying for turns to learn the same again.
+// Out of turns that did not pay, at the end of kTurnsUnpaidNs: does its work without turns (the
+// sums of the current spell of contention) still leave turns, against what the comparison that
+// left them measured with them? By far per charge (kTurnsPayConfirmPermille), or, when the
+// per-second rule held at that comparison, that rule again (kTurnsPayFloorPermille per charge and
+// kTurnsPayWallPermille per second). Then it stays out another kTurnsUnpaidNs (up to
+// kTurnsUnpaidMaxNs after that comparison) rather than paying for turns to learn the same again.
 bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
   const int64_t with_ns = turn->last_with[0], with_launches = turn->last_with[1], with_charged = turn->last_with[2];
   if (now_ns - turn->unpaid_since_ns >= kTurnsUnpaidMaxNs || turn->without_ns < kTurnsPayWindowNs ||
@@ -529,14 +530,12 @@ bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
   }
   const Rates r = CompareRates(turn->without_launches, turn->without_charged_ns, with_launches, with_charged);
   turn->last_extend_permille = r.permille;
-  if (turn->unpaid_by_second) {
-    const Rates wall = CompareRates(turn->without_launches, turn->without_ns, with_launches, with_ns);
-    if (r.without * 1000 < r.with * kTurnsPayFloorPermille || wall.without * 1000 < wall.with * kTurnsPayWallPermille) {
-      return false;
-    }
-  } else if (r.without * 1000 < r.with * kTurnsPayConfirmPermille) {
-    return false;
-  }
+  const Rates wall = CompareRates(turn->without_launches, turn->without_ns, with_launches, with_ns);
+  turn->last_extend_wall_permille = wall.permille;
+  const bool by_charge = r.without * 1000 >= r.with * kTurnsPayConfirmPermille;
+  const bool by_second = turn->unpaid_by_second && r.without * 1000 >= r.with * kTurnsPayFloorPermille &&
+                         wall.without * 1000 >= wall.with * kTurnsPayWallPermille;
+  if (!by_charge && !by_second) return false;
   turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
   ++turn->unpaid_extended;
   ClearWithoutTurns(turn);
@@ -618,7 +617,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     } else if (unpaid) {
       turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
       turn->unpaid_since_ns = now_ns;
-      turn->unpaid_by_second = !unpaid_per_charge;
+      turn->unpaid_by_second = unpaid_per_second;
       turn->last_check_paid = false;
       ++turn->turns_unpaid;
     } else {

@@ -93,7 +93,8 @@ struct ShareTurn {
   int64_t unpaid_since_ns = 0;   // the comparison that left turns (0: out of turns for no such verdict),
   uint32_t unpaid_extended = 0;  //   how often it stayed out without trying turns, and the last
   int64_t last_extend_permille = 0;  //   work per charge it read then against that comparison's with turns
-  bool unpaid_by_second = false;  // that comparison left turns on work per second alone (StillUnpaid)
+  bool unpaid_by_second = false;  // the per-second rule held at that comparison (StillUnpaid), and
+  int64_t last_extend_wall_permille = 0;  //   the work per second read at the last extension
   uint32_t checks_repeated = 0;  // narrow comparisons made again before turns were left (for the log)
   bool thinning = false;         // a narrow comparison on a thin sample with turns waits for more,
   uint32_t thin_waits = 0;       //   and how often one did (for the log)
@@ -140,19 +141,22 @@ inline constexpr int64_t kTurnsPayPermille = 1150;
 // With ShareTurn::turns_per_second (TFUSION_SHARE_TURNS_PER_SECOND=1) it also leaves them when it
 // did kTurnsPayFloorPermille / 1000 times as much per charge and kTurnsPayWallPermille / 1000 times
 // as much per second without them: a launch-bound tenant whose turns leave the GPU idle (on an
-// H100 two batch-1 ResNet-50 tenants at 50% did 1.00-1.16 per charge and 1.05-1.45 per second,
-// and kept turns by the charge alone; spin kernels do 0.85-1.02 per charge, and 0.70-1.70 per
-// second, so the per-charge floor is what keeps them in turns).
+// H100 two batch-1 ResNet-50 tenants at 50% read 1.00-1.11 per charge and 1.05-1.45 per second at
+// their first comparisons, and kept turns by the charge alone; spin kernels read 0.81-1.02 per
+// charge at first comparisons and 0.70-1.70 per second, so the per-charge floor is what keeps them
+// in turns).
 inline constexpr int64_t kTurnsPayFloorPermille = 1030;
 inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
 // Out of turns that did not pay, a tenant tries them again only when its work has changed: as
 // kTurnsUnpaidNs ends it compares its launches per charge over that time (without turns) to what
 // the comparison that left turns measured with them, and while that is still kTurnsPayConfirmPermille
-// / 1000 times as much it stays out another kTurnsUnpaidNs, up to kTurnsUnpaidMaxNs after that
-// comparison (across spells of contention). A turn alone is charged its whole length, so the rate
-// with turns is the tenant's own; a change of its own work lowers the rate without them, new
-// neighbours lower its launches and its charge alike and do not. Trying turns costs a launch-bound
+// / 1000 times as much (or, where the per-second rule held at that comparison, while that rule still
+// holds) it stays out another kTurnsUnpaidNs, up to kTurnsUnpaidMaxNs after that comparison (across
+// spells of contention; the sums without turns are the current spell's). A turn alone is charged its
+// whole length, so the rate with turns is the tenant's own; a change of its own work lowers the rate
+// without them, new neighbours lower its launches and its charge alike and do not (per second they
+// do: a tenant kept out by the per-second rule alone tries turns again beside them). Trying turns costs a launch-bound
 // tenant most of that time's work (four ResNet-50 b1 tenants at 25% each run a quarter of their
 // rate for 300 ms: about 0.4% of each minute, and several points of an 8 s benchmark round that a
 // retry falls in).
