@@ -386,13 +386,14 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
     unpaid_logged_ = true;
     char also[96] = "";
     if (turn_.unpaid_by_second) {
-      snprintf(also, sizeof(also), " (nor %.2f times as much per share and %.2f per second)",
+      snprintf(also, sizeof(also), " nor %.2f times as much per share and %.2f per second",
                static_cast<double>(kTurnsPayFloorPermille) / 1000.0,
                static_cast<double>(kTurnsPayWallPermille) / 1000.0);
     }
     GuestLog("compute: this process did %.2f times as much per share (%.2f per second) beside the other tenants "
              "without turns as with them; it runs beside them without turns (it tries them again when, at the end "
-             "of a %lld s spell, it no longer does %.2f times as much per share without them%s, and after %lld s)",
+             "of a %lld s spell, it no longer does %.2f times as much per share without them%s, or at the latest "
+             "after %lld s)",
              static_cast<double>(turn_.last_ratio_permille) / 1000.0,
              static_cast<double>(turn_.last_wall_permille) / 1000.0,
              static_cast<long long>(kTurnsUnpaidNs / 1'000'000'000),

@@ -487,9 +487,9 @@ TEST_F(ComputeShareTest, TenantsKeptOutByWorkPerSecondTryTurnsAgainWhenItNoLonge
   // The pair above, kept out of turns by the per-second rule. (1) A third saturating tenant at 50%
   // joins: the pair's launches and charges fall alike (still more than 1.03 times as much per charge
   // without turns), but per second they no longer do 1.10 times what they did with them, so at a
-  // minute's end they try turns again.
-  // (2) A pair whose kernels come to fill the GPU: per second and per charge turns cost nothing
-  // any more, so they try turns, find them paying and keep them.
+  // minute's end they try turns again (compared afresh beside the newcomer, they may leave them
+  // again). (2) A pair whose kernels come to fill the GPU: per charge they no longer do 1.03 times
+  // as much without turns, so they try turns, find them paying and keep them.
   auto pair = [&](const char* a_id, const char* b_id, Tenant* a, Tenant* b) {
     *a = Tenant{a_id, 500'000, 500'000};
     *b = Tenant{b_id, 500'000, 500'000};

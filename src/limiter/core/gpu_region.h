@@ -156,10 +156,10 @@ inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
 // spells of contention; the sums without turns are the current spell's). A turn alone is charged its
 // whole length, so the rate with turns is the tenant's own; a change of its own work lowers the rate
 // without them, new neighbours lower its launches and its charge alike and do not (per second they
-// do: a tenant kept out by the per-second rule alone tries turns again beside them). Trying turns costs a launch-bound
-// tenant most of that time's work (four ResNet-50 b1 tenants at 25% each run a quarter of their
-// rate for 300 ms: about 0.4% of each minute, and several points of an 8 s benchmark round that a
-// retry falls in).
+// do: a tenant kept out by the per-second rule alone tries turns again beside them). Trying turns
+// costs a launch-bound tenant most of that time's work (four ResNet-50 b1 tenants at 25% each run a
+// quarter of their rate for 300 ms: about 0.4% of each minute, and several points of an 8 s
+// benchmark round that a retry falls in).
 inline constexpr int64_t kTurnsUnpaidMaxNs = 600'000'000'000;
 // A comparison that finds turns not paying per charge by less than kTurnsPayConfirmPermille / 1000,
 // after the spell's last comparison found them paying, is made once more before turns are left: it
