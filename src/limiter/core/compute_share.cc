@@ -514,6 +514,13 @@ Rates CompareRates(int64_t without_launches, int64_t without_units, int64_t with
   }
   return r;
 }
+
+// The per-second rule (ShareTurn::turns_per_second): at least kTurnsPayFloorPermille / 1000 times
+// as much per charge and kTurnsPayWallPermille / 1000 times as much per second without turns.
+bool PerSecondRuleHolds(const Rates& charge, const Rates& wall) {
+  return charge.without * 1000 >= charge.with * kTurnsPayFloorPermille &&
+         wall.without * 1000 >= wall.with * kTurnsPayWallPermille;
+}
 }  // namespace
 
 // Out of turns that did not pay, at the end of kTurnsUnpaidNs: does its work without turns (the
@@ -533,8 +540,7 @@ bool GpuRegion::StillUnpaid(int64_t now_ns, ShareTurn* turn) {
   const Rates wall = CompareRates(turn->without_launches, turn->without_ns, with_launches, with_ns);
   turn->last_extend_wall_permille = wall.permille;
   const bool by_charge = r.without * 1000 >= r.with * kTurnsPayConfirmPermille;
-  const bool by_second = turn->unpaid_by_second && r.without * 1000 >= r.with * kTurnsPayFloorPermille &&
-                         wall.without * 1000 >= wall.with * kTurnsPayWallPermille;
+  const bool by_second = turn->unpaid_by_second && PerSecondRuleHolds(r, wall);
   if (!by_charge && !by_second) return false;
   turn->gappy_until_ns = now_ns + kTurnsUnpaidNs;
   ++turn->unpaid_extended;
@@ -589,11 +595,9 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     const Rates wall_rates =
         CompareRates(turn->without_launches, turn->without_ns, turn->with_turns_launches, turn->with_turns_ns);
     const __int128 without = charge.without, with = charge.with;
-    const __int128 without_wall = wall_rates.without, with_wall = wall_rates.with;
     turn->last_ratio_permille = charge.permille;
     turn->last_wall_permille = wall_rates.permille;
-    const bool unpaid_per_second = turn->turns_per_second && without * 1000 >= with * kTurnsPayFloorPermille &&
-                                   without_wall * 1000 >= with_wall * kTurnsPayWallPermille;
+    const bool unpaid_per_second = turn->turns_per_second && PerSecondRuleHolds(charge, wall_rates);
     const bool unpaid_per_charge = without * 1000 > with * kTurnsPayPermille;
     // Narrow: per charge, and below kTurnsPayConfirmPermille (a verdict of the per-second rule alone
     // is not made again).
