@@ -979,5 +979,40 @@ TEST_F(ComputeShareTest, ATenantThatLeavesAGapInEachOfItsTurnsStaysOutOfTurns) {
   EXPECT_LT(a.turn_held_ticks + b.turn_held_ticks, 200) << "almost no waiting for turns once out of them";
 }
 
+TEST_F(ComputeShareTest, ThePerSecondRuleMeasuresWholePeriodsOfPlannedTurns) {
+  // Two saturating spin tenants at 50% each take planned turns of 100 ms in a 200 ms period. Over
+  // 300 ms with turns one of them gets two turns and the other one, so their work per second with
+  // turns read 1.4 and 0.7 times what it is (as on an H200). With the per-second rule the
+  // comparison measures two whole periods with turns, and both read what the switching loss costs
+  // them without turns (the same as per charge); the default's comparison keeps its 300 ms.
+  switch_loss_ = 0.09;
+  auto run = [&](const char* a_id, const char* b_id, bool per_second, int64_t start) {
+    Tenant a{a_id, 500'000, 500'000}, b{b_id, 500'000, 500'000};
+    for (Tenant* t : {&a, &b}) {
+      t->turn.turns_per_second = per_second;
+      Add(t);
+    }
+    Run({&a, &b}, start, start + 3000 * kMs, start + 1000 * kMs);
+    for (Tenant* t : {&a, &b}) {
+      EXPECT_EQ(t->turn.comparisons, 1u) << t->id;
+      EXPECT_EQ(t->turn.turns_unpaid, 0u) << t->id << " keeps turns";
+      EXPECT_NEAR(Share(*t, 2000 * kMs), 50.0, 1.0) << t->id;
+      const int64_t with_ms = t->turn.last_with[0] / kMs;
+      if (per_second) {
+        EXPECT_EQ(with_ms, 400) << t->id << ": two periods with turns";
+        EXPECT_NEAR(t->turn.last_wall_permille, t->turn.last_ratio_permille, 30) << t->id << ": per second as per charge";
+        EXPECT_LT(t->turn.last_wall_permille, 1000) << t->id;
+      } else {
+        EXPECT_EQ(with_ms, 300) << t->id;
+      }
+      region_.DetachProcess(t->slot);
+      uint32_t v = 0;
+      if (region_.FindVgpu(t->id, &v) == RegionError::kOk) region_.RemoveVgpu(v);
+    }
+  };
+  run("period-a", "period-b", true, kMs);
+  run("default-a", "default-b", false, 3001 * kMs);
+}
+
 }  // namespace
 }  // namespace tf::limiter::testing
