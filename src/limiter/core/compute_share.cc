@@ -69,9 +69,10 @@
 // tenants' start-up may have fallen in its probe). Saturating spin kernels do
 // about 0.91 times as much per charge without turns (the switching loss), so they keep them. Per
 // charge, a launch-bound holder's idle gaps are not charged, so two batch-1 tenants may keep turns
-// that halve what they do per second. With TFUSION_SHARE_TURNS_PER_SECOND=1
-// (ShareTurn::turns_per_second) such a tenant also leaves turns when it did a little more per charge
-// (kTurnsPayFloorPermille) and clearly more per second (kTurnsPayWallPermille) without them.
+// that halve what they do per second. So (ShareTurn::turns_per_second, the governor's default;
+// TFUSION_SHARE_TURNS_PER_SECOND=0 turns it off) such a tenant also leaves turns when it did a
+// little more per charge (kTurnsPayFloorPermille) and clearly more per second
+// (kTurnsPayWallPermille) without them.
 //
 // Faults: nothing here is exclusive. A process killed mid-kernel stops adding raw time (its
 // window contribution ends with it) and its activity marks expire after kDemandTtlNs, so it holds
@@ -516,15 +517,33 @@ Rates CompareRates(int64_t without_launches, int64_t without_units, int64_t with
 }
 
 // How long the comparison measures with turns: kTurnsPayWindowNs, or, for the per-second rule
-// (ShareTurn::turns_per_second) with planned turns, whole periods (the fewest that last that long).
-// Each saturating hard slice runs one turn a period, so over whole periods each tenant gets its
-// share of the time at whatever phase the window starts; over 300 ms of a 200 ms period one
-// tenant of a 50/50 pair of spin tenants gets two turns and the other one, and their work per
-// second with turns reads 1.4 and 0.7 times what it is (as on an H200: 1.37-1.38 and 0.69-0.70).
-// Work per charge does not depend on the phase: the default's comparison keeps its 300 ms.
-int64_t TurnsPayWindowNs(const ShareTurn& turn) {
+// (ShareTurn::turns_per_second) with planned turns, whole cycles of its turns (the fewest that last
+// that long). A saturating hard slice runs one turn a period, or, when its share of a period is
+// shorter than a turn, one every turn / share (250 ms for 10% of 200 ms periods with 25 ms turns):
+// over whole cycles it gets its share of the time at whatever phase the window starts. Over 300
+// ms of a 200 ms period one tenant of a 50/50 pair of spin tenants gets two turns and the other
+// one, and their work per second with turns reads 1.4 and 0.7 times what it is (as on an H200:
+// 1.37-1.38 and 0.69-0.70). Work per charge does not depend on the phase: the default's
+// comparison keeps its 300 ms.
+int64_t TurnsPayWindowNs(const ShareTurn& turn, int64_t limit_ppm) {
   if (!turn.turns_per_second || turn.period_ns <= 0) return kTurnsPayWindowNs;
-  return (kTurnsPayWindowNs + turn.period_ns - 1) / turn.period_ns * turn.period_ns;
+  int64_t cycle = turn.period_ns;
+  if (limit_ppm > 0 && limit_ppm < static_cast<int64_t>(kShareWholeGpuPpm)) {
+    const int64_t own = static_cast<int64_t>(static_cast<__int128>(turn.turn_ns) * kShareWholeGpuPpm / limit_ppm);
+    if (own > cycle) cycle = own;
+  }
+  if (cycle >= kTurnsPayWindowNs) return cycle < kTurnsPayThinMaxNs ? cycle : kTurnsPayThinMaxNs;
+  return (kTurnsPayWindowNs + cycle - 1) / cycle * cycle;
+}
+
+// Work per second is counted over the time a capped tenant took to earn what it was charged, when
+// that is longer than the time measured: a tenant that comes to a probe with its bucket full (the
+// small one of an uneven split, waiting for the tokens of its next turn) runs on them for a while,
+// and would read up to 1.7 times its work per second without turns.
+int64_t EarnedOverNs(int64_t ns, int64_t charged_ns, int64_t limit_ppm) {
+  if (limit_ppm <= 0 || limit_ppm >= static_cast<int64_t>(kShareWholeGpuPpm) || charged_ns <= 0) return ns;
+  const __int128 earned = static_cast<__int128>(charged_ns) * kShareWholeGpuPpm / limit_ppm;
+  return earned > ns ? static_cast<int64_t>(earned < INT64_MAX ? earned : INT64_MAX) : ns;
 }
 
 // The per-second rule (ShareTurn::turns_per_second): at least kTurnsPayFloorPermille / 1000 times
@@ -599,13 +618,13 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
     return;
   }
-  if (turn->with_turns_ns < TurnsPayWindowNs(*turn)) return;
+  if (turn->with_turns_ns < TurnsPayWindowNs(*turn, limit_ppm)) return;
   // Launches per charged GPU ns, and per ns (per second).
   if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0 && turn->with_turns_launches > 0) {
     const Rates charge = CompareRates(turn->without_launches, turn->without_charged_ns, turn->with_turns_launches,
                                       turn->with_turns_charged_ns);
-    const Rates wall_rates =
-        CompareRates(turn->without_launches, turn->without_ns, turn->with_turns_launches, turn->with_turns_ns);
+    const Rates wall_rates = CompareRates(turn->without_launches, EarnedOverNs(turn->without_ns, turn->without_charged_ns, limit_ppm),
+                                          turn->with_turns_launches, EarnedOverNs(turn->with_turns_ns, turn->with_turns_charged_ns, limit_ppm));
     const __int128 without = charge.without, with = charge.with;
     turn->last_ratio_permille = charge.permille;
     turn->last_wall_permille = wall_rates.permille;

@@ -67,7 +67,8 @@ struct ShareTurn {
   int64_t period_ns = 0;        // planned turns: a vGPU's turn is max(turn_ns, its share x period_ns),
                                 //   taken with tokens for most of it; 0 = every turn turn_ns long
   int64_t limit_window_ns = 0;  // out of turns, the limit bucket holds share x this (0: the usual 100 ms)
-  bool turns_per_second = false;  // the turns check also leaves turns on work per second (below)
+  bool turns_per_second = false;  // the turns check also leaves turns on work per second (below;
+                                  //   the governor's default)
   int64_t busy_avg_ppm = 0;     // share of the last ~10 ms it had work queued or was held
   int64_t turn_held_ns = 0;     // the current window of ticks holding the turn,
   int64_t turn_busy_ns = 0;    //   and how much of it it had work queued
@@ -138,13 +139,14 @@ inline constexpr int64_t kTurnsPayProbeNs = 300'000'000;
 // period more, handed the next turn out of order, and one tenant lost a turn in that second.)
 inline constexpr int64_t kTurnsPayRecheckProbeNs = 200'000'000;
 inline constexpr int64_t kTurnsPayPermille = 1150;
-// With ShareTurn::turns_per_second (TFUSION_SHARE_TURNS_PER_SECOND=1) it also leaves them when it
-// did kTurnsPayFloorPermille / 1000 times as much per charge and kTurnsPayWallPermille / 1000 times
-// as much per second without them: a launch-bound tenant whose turns leave the GPU idle (on an
-// H100 two batch-1 ResNet-50 tenants at 50% read 1.00-1.11 per charge and 1.05-1.45 per second at
-// their first comparisons, and kept turns by the charge alone; spin kernels read 0.81-1.02 per
-// charge at first comparisons and 0.70-1.70 per second, so the per-charge floor is what keeps them
-// in turns).
+// With ShareTurn::turns_per_second (the governor's default; TFUSION_SHARE_TURNS_PER_SECOND=0 turns
+// it off) it also leaves them when it did kTurnsPayFloorPermille / 1000 times as much per charge and
+// kTurnsPayWallPermille / 1000 times as much per second without them: a launch-bound tenant whose
+// turns leave the GPU idle (on an H200 two batch-1 ResNet-50 tenants at 50% read 0.96-1.22 per
+// charge and 1.10-1.47 per second at their comparisons, and kept turns by the charge alone).
+// Saturating spin tenants read 0.81-1.02 per charge at first comparisons on an H100; per second
+// they read 0.70-1.73 until the rule measured whole cycles of turns and counted work over the time
+// it was earned in (compute_share.cc, TurnsPayWindowNs), and since then, as per charge, below 1.
 inline constexpr int64_t kTurnsPayFloorPermille = 1030;
 inline constexpr int64_t kTurnsPayWallPermille = 1100;
 inline constexpr int64_t kTurnsUnpaidNs = 60'000'000'000;
