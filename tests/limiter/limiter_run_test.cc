@@ -1424,7 +1424,8 @@ TEST_F(LimiterRunTest, BadShareSettingsAreNamedAndTheDefaultsApply) {
   env_ += "TFUSION_SHARE_TURNS_PER_SECOND=yes TFUSION_SHARE_LIMIT_WINDOW_MS=10 TFUSION_SHARE_QUERY_EVERY=0 ";
   Result half = Run(Tfusion("--vram 1GiB --percent 50", "launch 1.5"));
   ASSERT_EQ(half.rc, 0) << half.out;
-  EXPECT_NE(half.out.find("TFUSION_SHARE_TURNS_PER_SECOND=yes is not 0 or 1: using 1"), std::string::npos) << half.out;
+  EXPECT_NE(half.out.find("TFUSION_SHARE_TURNS_PER_SECOND=yes is not 0 or 1: using 1"), std::string::npos)
+      << half.out;
   EXPECT_NE(half.out.find("TFUSION_SHARE_LIMIT_WINDOW_MS=10 is not a whole number of milliseconds in 100..5000"),
             std::string::npos)
       << half.out;

@@ -54,7 +54,8 @@
 // others, with turns applying to it and without, tick by tick (saturation flickers for launch-bound
 // work). It first measures
 // without turns (a probe of kTurnsPayProbeNs as it starts contending, which stops turns for
-// everyone while it wants the GPU), then with them, and after kTurnsPayWindowNs with turns compares
+// everyone while it wants the GPU), then with them, and after kTurnsPayWindowNs with turns (whole
+// cycles of its turns with the per-second rule: TurnsPayWindowNs) compares
 // its launches per charged GPU ns: work per unit of its share (launches stand for work: the same
 // process, the same loop; per charge rather than per second, so that a tenant served more than its
 // share without turns does not count that as turns not paying). Doing more than
@@ -516,23 +517,25 @@ Rates CompareRates(int64_t without_launches, int64_t without_units, int64_t with
   return r;
 }
 
+// The time in which a vGPU at limit_ppm earns `ns` of GPU time (0 when it is not capped).
+int64_t AtShareNs(int64_t ns, int64_t limit_ppm) {
+  if (ns <= 0 || limit_ppm <= 0 || limit_ppm >= static_cast<int64_t>(kShareWholeGpuPpm)) return 0;
+  const __int128 t = static_cast<__int128>(ns) * kShareWholeGpuPpm / limit_ppm;
+  return t < INT64_MAX ? static_cast<int64_t>(t) : INT64_MAX;
+}
+
 // How long the comparison measures with turns: kTurnsPayWindowNs, or, for the per-second rule
 // (ShareTurn::turns_per_second) with planned turns, whole cycles of its turns (the fewest that last
-// that long). A saturating hard slice runs one turn a period, or, when its share of a period is
-// shorter than a turn, one every turn / share (250 ms for 10% of 200 ms periods with 25 ms turns):
-// over whole cycles it gets its share of the time at whatever phase the window starts. Over 300
-// ms of a 200 ms period one tenant of a 50/50 pair of spin tenants gets two turns and the other
-// one, and their work per second with turns reads 1.4 and 0.7 times what it is (as on an H200:
-// 1.37-1.38 and 0.69-0.70). Work per charge does not depend on the phase: the default's
-// comparison keeps its 300 ms.
+// that long, at most kTurnsPayCycleMaxNs). A saturating hard slice runs one turn a period, or, when
+// its share of a period is shorter than a turn, one every turn / share (250 ms for 10% of 200 ms
+// periods with 25 ms turns): over whole cycles it gets its share of the time at whatever phase the
+// window starts. Over 300 ms of a 200 ms period one tenant of a 50/50 pair of spin tenants gets
+// two turns and the other one, and their work per second with turns reads 1.4 and 0.7 times what
+// it is (as on an H200: 1.37-1.38 and 0.69-0.70). Work per charge does not depend on the phase.
 int64_t TurnsPayWindowNs(const ShareTurn& turn, int64_t limit_ppm) {
   if (!turn.turns_per_second || turn.period_ns <= 0) return kTurnsPayWindowNs;
-  int64_t cycle = turn.period_ns;
-  if (limit_ppm > 0 && limit_ppm < static_cast<int64_t>(kShareWholeGpuPpm)) {
-    const int64_t own = static_cast<int64_t>(static_cast<__int128>(turn.turn_ns) * kShareWholeGpuPpm / limit_ppm);
-    if (own > cycle) cycle = own;
-  }
-  if (cycle >= kTurnsPayWindowNs) return cycle < kTurnsPayThinMaxNs ? cycle : kTurnsPayThinMaxNs;
+  const int64_t cycle = std::max(turn.period_ns, AtShareNs(turn.turn_ns, limit_ppm));
+  if (cycle >= kTurnsPayWindowNs) return std::min(cycle, kTurnsPayCycleMaxNs);
   return (kTurnsPayWindowNs + cycle - 1) / cycle * cycle;
 }
 
@@ -541,9 +544,7 @@ int64_t TurnsPayWindowNs(const ShareTurn& turn, int64_t limit_ppm) {
 // small one of an uneven split, waiting for the tokens of its next turn) runs on them for a while,
 // and would read up to 1.7 times its work per second without turns.
 int64_t EarnedOverNs(int64_t ns, int64_t charged_ns, int64_t limit_ppm) {
-  if (limit_ppm <= 0 || limit_ppm >= static_cast<int64_t>(kShareWholeGpuPpm) || charged_ns <= 0) return ns;
-  const __int128 earned = static_cast<__int128>(charged_ns) * kShareWholeGpuPpm / limit_ppm;
-  return earned > ns ? static_cast<int64_t>(earned < INT64_MAX ? earned : INT64_MAX) : ns;
+  return std::max(ns, AtShareNs(charged_ns, limit_ppm));
 }
 
 // The per-second rule (ShareTurn::turns_per_second): at least kTurnsPayFloorPermille / 1000 times
@@ -618,26 +619,37 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
     return;
   }
-  if (turn->with_turns_ns < TurnsPayWindowNs(*turn, limit_ppm)) return;
+  const int64_t window_ns = TurnsPayWindowNs(*turn, limit_ppm);
+  if (turn->with_turns_ns < window_ns) return;
   // Launches per charged GPU ns, and per ns (per second).
   if (turn->with_turns_charged_ns > 0 && turn->without_charged_ns > 0 && turn->with_turns_launches > 0) {
     const Rates charge = CompareRates(turn->without_launches, turn->without_charged_ns, turn->with_turns_launches,
                                       turn->with_turns_charged_ns);
-    const Rates wall_rates = CompareRates(turn->without_launches, EarnedOverNs(turn->without_ns, turn->without_charged_ns, limit_ppm),
-                                          turn->with_turns_launches, EarnedOverNs(turn->with_turns_ns, turn->with_turns_charged_ns, limit_ppm));
+    const int64_t without_earned_ns = EarnedOverNs(turn->without_ns, turn->without_charged_ns, limit_ppm);
+    const int64_t with_earned_ns = EarnedOverNs(turn->with_turns_ns, turn->with_turns_charged_ns, limit_ppm);
+    const Rates wall_rates =
+        CompareRates(turn->without_launches, without_earned_ns, turn->with_turns_launches, with_earned_ns);
     const __int128 without = charge.without, with = charge.with;
     turn->last_ratio_permille = charge.permille;
     turn->last_wall_permille = wall_rates.permille;
-    const bool unpaid_per_second = turn->turns_per_second && PerSecondRuleHolds(charge, wall_rates);
+    // Thin: charged with turns less than half its limit's share of the window. A narrow verdict on
+    // so few kernels waits for more of them (the sums with turns go on) up to kTurnsPayThinMaxNs.
+    const bool thin = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
+                      static_cast<__int128>(limit_ppm) * window_ns;
+    // Work per second says nothing about turns of a tenant charged less than half its share of
+    // the time with them (still so after a thin sample's wait): it ran on few tokens, having spent
+    // them in the probe (the 25% tenant of a 25/75 spin pair on an H100 read 3.54 times as much
+    // per second without turns so), rather than on turns that leave the GPU idle (ResNet-50 b1
+    // pairs at 50% are charged 38-49% of the time with turns).
+    const bool ran_little = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
+                            static_cast<__int128>(limit_ppm) * turn->with_turns_ns;
+    const bool unpaid_per_second =
+        turn->turns_per_second && !ran_little && PerSecondRuleHolds(charge, wall_rates);
     const bool unpaid_per_charge = without * 1000 > with * kTurnsPayPermille;
     // Narrow: per charge, and below kTurnsPayConfirmPermille (a verdict of the per-second rule alone
     // is not made again).
     const bool narrow = unpaid_per_charge && without * 1000 < with * kTurnsPayConfirmPermille;
     const bool unpaid = unpaid_per_charge || unpaid_per_second;
-    // Thin: charged with turns less than half its limit's share of a window. A narrow verdict on
-    // so few kernels waits for more of them (the sums with turns go on) up to kTurnsPayThinMaxNs.
-    const bool thin = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
-                      static_cast<__int128>(limit_ppm) * kTurnsPayWindowNs;
     if (unpaid && narrow && thin && turn->with_turns_ns < kTurnsPayThinMaxNs) {
       if (!turn->thinning) ++turn->thin_waits;
       turn->thinning = true;

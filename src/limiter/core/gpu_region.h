@@ -67,7 +67,7 @@ struct ShareTurn {
   int64_t period_ns = 0;        // planned turns: a vGPU's turn is max(turn_ns, its share x period_ns),
                                 //   taken with tokens for most of it; 0 = every turn turn_ns long
   int64_t limit_window_ns = 0;  // out of turns, the limit bucket holds share x this (0: the usual 100 ms)
-  bool turns_per_second = false;  // the turns check also leaves turns on work per second (below;
+  bool turns_per_second = true;  // the turns check also leaves turns on work per second (below;
                                   //   the governor's default)
   int64_t busy_avg_ppm = 0;     // share of the last ~10 ms it had work queued or was held
   int64_t turn_held_ns = 0;     // the current window of ticks holding the turn,
@@ -114,8 +114,9 @@ inline constexpr int64_t kShareTurnPeriodNs = 200'000'000;
 inline constexpr int64_t kShareGappyNs = 5'000'000'000;
 // Turns that do not pay: a saturating process that starts contending measures its launches per
 // GPU ns charged without turns (a probe of kTurnsPayProbeNs) and then with them; after
-// kTurnsPayWindowNs with turns it compares the two, and when it did more than kTurnsPayPermille /
-// 1000 times as much without them it leaves turns for kTurnsUnpaidNs; when turns pay, it compares
+// kTurnsPayWindowNs with turns (with the per-second rule, whole cycles of its turns) it compares
+// the two, and when it did more than kTurnsPayPermille / 1000 times as much without them it leaves
+// turns for kTurnsUnpaidNs; when turns pay, it compares
 // again after kTurnsPayRecheckNs. The first comparison of a spell of contention is repeated after
 // kTurnsPayFirstRecheckNs when it kept turns on a reading below kTurnsPayStartUpPermille / 1000: it
 // is made as the tenants start, and a start-up (autotuning, first launches of each kernel) may make
@@ -143,7 +144,8 @@ inline constexpr int64_t kTurnsPayPermille = 1150;
 // it off) it also leaves them when it did kTurnsPayFloorPermille / 1000 times as much per charge and
 // kTurnsPayWallPermille / 1000 times as much per second without them: a launch-bound tenant whose
 // turns leave the GPU idle (on an H200 two batch-1 ResNet-50 tenants at 50% read 0.96-1.22 per
-// charge and 1.10-1.47 per second at their comparisons, and kept turns by the charge alone).
+// charge and 1.00-1.47 per second at their comparisons, all but one 1.10 or more, and by the
+// charge alone kept turns except at five comparisons of 1.15-1.22).
 // Saturating spin tenants read 0.81-1.02 per charge at first comparisons on an H100; per second
 // they read 0.70-1.73 until the rule measured whole cycles of turns and counted work over the time
 // it was earned in (compute_share.cc, TurnsPayWindowNs), and since then, as per charge, below 1.
@@ -183,6 +185,8 @@ inline constexpr int64_t kTurnsPayConfirmPermille = 1300;
 // but read by far: ResNet-50 b1 at N = 4 (13-15 ms charged at 25%) read 1.47-1.68; pairs at 50%
 // are charged 113-138 ms, not thin.
 inline constexpr int64_t kTurnsPayThinMaxNs = 1'000'000'000;
+// The longest the per-second rule measures with turns (whole cycles of a small share's turns).
+inline constexpr int64_t kTurnsPayCycleMaxNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayConfirmNs = 1'000'000'000;
 inline constexpr int64_t kTurnsPayRecheckNs = 30'000'000'000;
 const char* ShareHoldName(ShareHold h);
