@@ -636,13 +636,18 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // so few kernels waits for more of them (the sums with turns go on) up to kTurnsPayThinMaxNs.
     const bool thin = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
                       static_cast<__int128>(limit_ppm) * window_ns;
-    // Work per second says nothing about turns of a tenant charged less than half its share of
-    // the time with them (still so after a thin sample's wait): it ran on few tokens, having spent
-    // them in the probe (the 25% tenant of a 25/75 spin pair on an H100 read 3.54 times as much
-    // per second without turns so), rather than on turns that leave the GPU idle (ResNet-50 b1
-    // pairs at 50% are charged 38-49% of the time with turns).
-    const bool ran_little = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
-                            static_cast<__int128>(limit_ppm) * turn->with_turns_ns;
+    // Work per second says nothing about turns of a tenant that ran on its saved tokens in the
+    // probe (charged more than its share of the time without turns) and then on few with turns
+    // (less than half its share of the time, still so after a thin sample's wait): the 25% tenant
+    // of a 25/75 spin pair on an H100 read 3.54 times as much per second without turns so. A
+    // tenant charged little with turns that did not run ahead without them is one whose turns
+    // leave the GPU idle, which is what the rule is for (ResNet-50 b1 pairs at 50% on an H200
+    // were charged 35-49% of the time with turns, and 47-48% without).
+    const bool ran_ahead = static_cast<__int128>(turn->without_charged_ns) * kShareWholeGpuPpm >
+                           static_cast<__int128>(limit_ppm) * turn->without_ns;
+    const bool charged_little = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
+                                static_cast<__int128>(limit_ppm) * turn->with_turns_ns;
+    const bool ran_little = ran_ahead && charged_little;
     const bool unpaid_per_second =
         turn->turns_per_second && !ran_little && PerSecondRuleHolds(charge, wall_rates);
     const bool unpaid_per_charge = without * 1000 > with * kTurnsPayPermille;
