@@ -113,8 +113,8 @@ void ComputeGovernor::Configure(Binding* binding, bool exclusive) {
   // as in turns: no window).
   const int64_t window = EnvWhole("TFUSION_SHARE_LIMIT_WINDOW_MS", "milliseconds", 100, 5000, 1'000'000, 100'000'000);
   turn_.limit_window_ns = window == 100'000'000 ? 0 : window;
-  // The turns check also leaves turns on work per second (compute_share.cc); 0 turns that off.
-  turn_.turns_per_second = true;
+  // The turns check also leaves turns on work per second (compute_share.cc; ShareTurn's default);
+  // 0 turns that off.
   if (const char* env = getenv("TFUSION_SHARE_TURNS_PER_SECOND"); env != nullptr && *env != '\0') {
     if (strcmp(env, "1") == 0 || strcmp(env, "0") == 0) {
       turn_.turns_per_second = env[0] == '1';

@@ -105,8 +105,11 @@ class ComputeShareTest : public RegionTest {
     }
   }
   // Runs one split of saturating tenants (request = limit) for 3 s from `start` and returns each
-  // one's share of the GPU over the last 2 s; the vGPUs are removed afterwards.
-  std::vector<double> RunSplit(const std::vector<uint64_t>& split, int64_t start) {
+  // one's share of the GPU over the last 2 s; the vGPUs are removed afterwards. `setup` is called
+  // for each tenant before it is added, `check` for each one after the run, before it is removed.
+  std::vector<double> RunSplit(const std::vector<uint64_t>& split, int64_t start,
+                               const std::function<void(Tenant&)>& setup = nullptr,
+                               const std::function<void(const Tenant&)>& check = nullptr) {
     std::vector<std::string> ids;
     for (size_t i = 0; i < split.size(); ++i) ids.push_back("split" + std::to_string(start / kMs) + "-" + std::to_string(i));
     std::vector<Tenant> ts;
@@ -114,12 +117,14 @@ class ComputeShareTest : public RegionTest {
     for (size_t i = 0; i < split.size(); ++i) ts.push_back(Tenant{ids[i].c_str(), split[i], split[i]});
     std::vector<Tenant*> ps;
     for (auto& t : ts) {
+      if (setup) setup(t);
       Add(&t);
       ps.push_back(&t);
     }
     Run(ps, start, start + 3000 * kMs, start + 1000 * kMs);
     std::vector<double> out;
     for (auto& t : ts) {
+      if (check) check(t);
       out.push_back(Share(t, 2000 * kMs));
       uint32_t v = 0;
       region_.DetachProcess(t.slot);
@@ -1029,24 +1034,13 @@ TEST_F(ComputeShareTest, ThePerSecondRuleReadsSaturatingSplitsAsThePerChargeRule
   const std::vector<std::vector<uint64_t>> splits = {{500'000, 500'000}, {250'000, 750'000}, {100'000, 900'000},
                                                      {300'000, 700'000}, {250'000, 250'000, 250'000, 250'000}};
   auto run = [&](const std::vector<uint64_t>& split, bool per_second, double probe_reading, int64_t start) {
-    std::vector<std::string> ids;
-    for (size_t i = 0; i < split.size(); ++i) {
-      ids.push_back("ps" + std::to_string(start / kMs) + "-" + std::to_string(i));
-    }
-    std::vector<Tenant> ts;
-    ts.reserve(split.size());
-    for (size_t i = 0; i < split.size(); ++i) ts.push_back(Tenant{ids[i].c_str(), split[i], split[i]});
-    std::vector<Tenant*> ps;
-    for (auto& t : ts) {
+    auto setup = [&](Tenant& t) {
       t.turn.turns_per_second = per_second;
       t.launch_reading = [start, probe_reading](int64_t now) {
         return now - start < 300 * kMs ? probe_reading : 1.0;
       };
-      Add(&t);
-      ps.push_back(&t);
-    }
-    Run(ps, start, start + 3000 * kMs, start + 1000 * kMs);
-    for (auto& t : ts) {
+    };
+    RunSplit(split, start, setup, [&](const Tenant& t) {
       const uint64_t pct = t.limit_ppm / 10'000;
       EXPECT_EQ(t.turn.comparisons, 1u) << t.id;
       EXPECT_EQ(t.turn.turns_unpaid, 0u) << pct << "% keeps turns";
@@ -1064,10 +1058,7 @@ TEST_F(ComputeShareTest, ThePerSecondRuleReadsSaturatingSplitsAsThePerChargeRule
       } else {
         EXPECT_EQ(with_ms, 300) << pct << "%";
       }
-      region_.DetachProcess(t.slot);
-      uint32_t v = 0;
-      if (region_.FindVgpu(t.id, &v) == RegionError::kOk) region_.RemoveVgpu(v);
-    }
+    });
   };
   int64_t start = kMs;
   for (const auto& split : splits) {

@@ -632,10 +632,14 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     const __int128 without = charge.without, with = charge.with;
     turn->last_ratio_permille = charge.permille;
     turn->last_wall_permille = wall_rates.permille;
+    // Charged with turns less than half its limit's share of `ns`.
+    auto under_half_share = [&](int64_t ns) {
+      return static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
+             static_cast<__int128>(limit_ppm) * ns;
+    };
     // Thin: charged with turns less than half its limit's share of the window. A narrow verdict on
     // so few kernels waits for more of them (the sums with turns go on) up to kTurnsPayThinMaxNs.
-    const bool thin = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
-                      static_cast<__int128>(limit_ppm) * window_ns;
+    const bool thin = under_half_share(window_ns);
     // Work per second says nothing about turns of a tenant that ran on its saved tokens in the
     // probe (charged more than its share of the time without turns) and then on few with turns
     // (less than half its share of the time, still so after a thin sample's wait): the 25% tenant
@@ -645,9 +649,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // were charged 35-49% of the time with turns, and 47-48% without).
     const bool ran_ahead = static_cast<__int128>(turn->without_charged_ns) * kShareWholeGpuPpm >
                            static_cast<__int128>(limit_ppm) * turn->without_ns;
-    const bool charged_little = static_cast<__int128>(turn->with_turns_charged_ns) * (2 * kShareWholeGpuPpm) <
-                                static_cast<__int128>(limit_ppm) * turn->with_turns_ns;
-    const bool ran_little = ran_ahead && charged_little;
+    const bool ran_little = ran_ahead && under_half_share(turn->with_turns_ns);
     const bool unpaid_per_second =
         turn->turns_per_second && !ran_little && PerSecondRuleHolds(charge, wall_rates);
     const bool unpaid_per_charge = without * 1000 > with * kTurnsPayPermille;
