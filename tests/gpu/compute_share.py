@@ -171,7 +171,8 @@ def run_scenario(args, name, mode, targets, results_rows, throughput, launches=N
     for i, (target, series) in enumerate(zip(targets, shares)):
         mean = statistics.mean(series)
         row = {"split": name, "tenant": i, "target": target, "mean": mean, "min": min(series),
-               "max": max(series), "stdev": statistics.pstdev(series), "windows": len(series)}
+               "max": max(series), "stdev": statistics.pstdev(series), "windows": len(series),
+               "series": [round(v, 2) for v in series]}
         results_rows.append(row)
         if target is not None and abs(mean - target) > args.tolerance:
             verdict_notes.append(f"t{i} {mean:.1f}% vs {target}%")
