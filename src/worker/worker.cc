@@ -271,6 +271,15 @@ int RunWorker(const WorkerOptions& o) {
     kill(keeper, SIGKILL);
     waitpid(keeper, nullptr, 0);
   }
+  // Stopping the worker ends its sessions (they would die with it anyway: PR_SET_PDEATHSIG); each
+  // is waited for, so that what it leaves behind (its vGPU) is cleaned up as when it ends alone.
+  for (pid_t s : sessions) kill(s, SIGKILL);
+  for (pid_t s : sessions) {
+    while (waitpid(s, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    if (o.session_ended) o.session_ended(s);
+  }
+  if (g_live_sessions != nullptr) g_live_sessions->store(0);
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   for (auto& l : listeners) l->Close();

@@ -104,6 +104,36 @@ TEST_F(RemoteLimits, TheClientGetsTheVramItAskedForAndTheVgpuGoesWithTheSession)
   EXPECT_EQ(smi.find("remote-"), std::string::npos) << smi;
 }
 
+// Stopping the worker ends its sessions (docs/remote.md); their vGPUs go with them, so that a
+// restarted worker's machine shows no vGPU nobody uses (and the region's slots do not run out).
+TEST_F(RemoteLimits, StoppingTheWorkerRemovesTheVgpusOfTheSessionsItEnds) {
+  std::string cmd = env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t " +
+                    "--vram 64MiB --percent 25 -- " + TF_PROBE + " launch 30 > " + dir_ + "/client.out 2>&1";
+  pid_t client = fork();
+  ASSERT_GE(client, 0);
+  if (client == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const std::regex session_vgpu("remote-[0-9]+");
+  std::string smi;
+  for (int i = 0; i < 200 && !std::regex_search(smi, session_vgpu); ++i) {
+    usleep(50000);
+    smi = Shell(env_ + TF_TFUSION + " smi").out;
+  }
+  ASSERT_TRUE(std::regex_search(smi, session_vgpu)) << smi << ReadFile(dir_ + "/worker.log");
+  kill(worker_, SIGTERM);
+  int status = 0;
+  waitpid(worker_, &status, 0);
+  worker_ = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/worker.log");
+  smi = Shell(env_ + TF_TFUSION + " smi").out;
+  EXPECT_FALSE(std::regex_search(smi, session_vgpu)) << "the ended session's vGPU is gone\n" << smi;
+  // The client learns that its worker is gone (an error, not a hang).
+  waitpid(client, &status, 0);
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/client.out");
+}
+
 TEST_F(RemoteLimits, WithoutLimitsTheClientGetsTheWholeGpu) {
   Result r = Run("");
   ASSERT_EQ(r.rc, 0) << r.out;
