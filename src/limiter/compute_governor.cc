@@ -428,6 +428,11 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
     GuestLog("compute: turns narrowly not paying on %lld ms charged with turns: waits for more before comparing",
              static_cast<long long>(turn_.with_turns_charged_ns / 1'000'000));
   }
+  if (ShareDebug() && turn_.probes_unsaturated != logged_unsaturated_) {
+    logged_unsaturated_ = turn_.probes_unsaturated;
+    GuestLog("compute: work queued less than half of its probe without turns: no turns for %lld s, then a "
+             "fresh probe", static_cast<long long>(kShareGappyNs / 1'000'000'000));
+  }
   if (ShareDebug() && turn_.unpaid_extended != logged_extended_) {
     logged_extended_ = turn_.unpaid_extended;
     GuestLog("compute: still %.2f times as much per share (%.2f per second) without turns as with them: stays out "

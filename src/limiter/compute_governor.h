@@ -117,6 +117,7 @@ class ComputeGovernor {
   int64_t logged_gappy_until_ns_ = 0;               // governor thread only (TFUSION_SHARE_DEBUG)
   uint32_t logged_repeats_ = 0;                     // governor thread only (TFUSION_SHARE_DEBUG)
   uint32_t logged_thin_waits_ = 0;                  // governor thread only (TFUSION_SHARE_DEBUG)
+  uint32_t logged_unsaturated_ = 0;                 // governor thread only (TFUSION_SHARE_DEBUG)
   uint32_t logged_extended_ = 0;                    // governor thread only (TFUSION_SHARE_DEBUG)
   std::atomic<int> captures_{0};                    // stream captures active in this process
   std::atomic<bool> querying_{false};               // the governor is querying streams

@@ -831,6 +831,33 @@ TEST_F(ComputeShareTest, TheRecheckOfWhetherTurnsPayCostsEachTenantLittleInTheSe
   }
 }
 
+TEST_F(ComputeShareTest, TenantsThatSaturateOnlyNowAndThenTakeNoTurns) {
+  // Two batch-1 tenants at 50% whose work is queued without a gap for 40 ms in each 100 ms and
+  // leaves a 1 ms gap every 6 ms the rest of the time (as GPT-2 b1 pairs on an H200: they have
+  // work queued less than half of their probe without turns). Taking turns whenever both happen to
+  // saturate stops each one for the other's turn while its own would not fill the GPU; their probe
+  // finds them saturating too little of it, and they stay out of turns like a holder that leaves
+  // gaps (kShareGappyNs), then probe afresh. Without that one of them compared once (unpaid, after
+  // 7 s) and they were held for turns 81 and 248 ms of the 11 s; with a plain 5 s out of turns and
+  // no fresh probe, 90 and 310 ms (turns came back with the first saturated moments after it).
+  switch_loss_ = 0.09;
+  std::vector<Tenant> ts{Tenant{"nt0", 500'000, 500'000}, Tenant{"nt1", 500'000, 500'000}};
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const int64_t phase = static_cast<int64_t>(i) * 23 * kMs;  // not in step with each other
+    ts[i].pause = [phase](int64_t t) {
+      const int64_t in = (t + phase) % (100 * kMs);
+      return in >= 40 * kMs && (in / kMs) % 6 == 0;
+    };
+  }
+  std::vector<Tenant*> ps = AddLaunchBound(&ts);
+  Run(ps, kMs, 12001 * kMs, 1001 * kMs);
+  for (const Tenant& t : ts) {
+    EXPECT_EQ(t.turn.turns_paid + t.turn.turns_unpaid, 0u) << t.id << ": no comparison on a few saturated moments";
+    EXPECT_EQ(t.turn_held_ticks, 0) << t.id << " held for turns " << t.turn_held_ticks * kTick / kMs << " ms of 11 s";
+    EXPECT_GE(t.turn.probes_unsaturated, 2u) << t.id << ": probed again after each 5 s out of turns";
+  }
+}
+
 TEST_F(ComputeShareTest, ARecheckThatReadsTurnsNarrowlyUnpaidIsMadeAgainBeforeTurnsAreLeft) {
   // Four saturating hard slices at 25% keep turns at their first comparison. At the recheck 30 s
   // later one tenant's launches read high in the probe (as seen on an H100: 1.12-1.26 per charge

@@ -591,6 +591,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->next_probe_ns = 0;
     turn->last_check_paid = false;
     turn->thinning = false;
+    turn->probed = turn->reprobe = false;
     ClearTurnsPaySums(turn);
   }
   turn->last_contended_ns = now_ns;
@@ -609,16 +610,34 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->without_charged_ns += charged_ns;
   }
   if (now_ns < turn->gappy_until_ns || now_ns < turn->next_probe_ns) return;
+  if (turn->reprobe) {
+    turn->reprobe = false;
+    ClearWithoutTurns(turn);
+  }
   const bool whole_period = turn->period_ns >= 100'000'000 && turn->period_ns <= kTurnsPayProbeNs;
   const int64_t probe_ns = turn->spell_checks == 0 ? kTurnsPayProbeNs
                            : whole_period          ? turn->period_ns
                                                    : kTurnsPayRecheckProbeNs;
   if (turn->without_ns < probe_ns / 2) {
+    if (turn->probed) {
+      // It had work queued less than half of the probe it just made: a tenant that saturates only
+      // now and then (GPT-2 b1 pairs on an H200), whose turns would be taken in the moments both
+      // happen to and stop the other for a turn its own work does not fill. Out of turns as a
+      // holder that leaves gaps, then probed afresh (what it did meanwhile without turns is not a
+      // probe: it would let it take turns whenever it saturates again).
+      turn->probed = false;
+      turn->reprobe = true;
+      turn->gappy_until_ns = now_ns + kShareGappyNs;
+      ++turn->probes_unsaturated;
+      return;
+    }
     // No rate without turns yet (a process that just started contending, or a recheck): leave
     // turns for a probe, which stops them for everyone while it wants the GPU.
     turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
+    turn->probed = true;
     return;
   }
+  turn->probed = false;
   const int64_t window_ns = TurnsPayWindowNs(*turn, limit_ppm);
   if (turn->with_turns_ns < window_ns) return;
   // Launches per charged GPU ns, and per ns (per second).
