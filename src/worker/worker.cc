@@ -264,20 +264,37 @@ int RunWorker(const WorkerOptions& o) {
       if (o.session_ended) o.session_ended(dead);
     }
   }
-  if (spare > 0) kill(spare, SIGKILL);
   if (keeper > 0) {
     kill(keeper, SIGTERM);  // it stops between two scans (a checkpoint under way finishes first)
     for (int i = 0; i < 100 && waitpid(keeper, nullptr, WNOHANG) == 0; ++i) usleep(50'000);
     kill(keeper, SIGKILL);
     waitpid(keeper, nullptr, 0);
   }
-  // Stopping the worker ends its sessions (they would die with it anyway: PR_SET_PDEATHSIG); each
-  // is waited for, so that what it leaves behind (its vGPU) is cleaned up as when it ends alone.
-  for (pid_t s : sessions) kill(s, SIGKILL);
-  for (pid_t s : sessions) {
-    while (waitpid(s, nullptr, 0) < 0 && errno == EINTR) {
+  // Stopping the worker ends its sessions (they would die with it anyway: PR_SET_PDEATHSIG), and
+  // the spare, which may have become one as the worker stopped. Each is waited for up to
+  // kStopWaitS, so that what it leaves behind (its vGPU) is cleaned up as when it ends alone; one
+  // the driver takes longer to tear down is left to exit on its own, and the worker says so.
+  constexpr int64_t kStopWaitS = 10;
+  std::set<pid_t> ending = sessions;
+  if (spare > 0) ending.insert(spare);
+  for (pid_t s : ending) kill(s, SIGKILL);
+  const int64_t stop_deadline = monotonic_s() + kStopWaitS;
+  while (!ending.empty()) {
+    for (auto it = ending.begin(); it != ending.end();) {
+      const pid_t r = waitpid(*it, nullptr, WNOHANG);
+      if (r == *it || (r < 0 && errno == ECHILD)) {
+        if (o.session_ended) o.session_ended(*it);
+        it = ending.erase(it);
+      } else {
+        ++it;
+      }
     }
-    if (o.session_ended) o.session_ended(s);
+    if (ending.empty() || monotonic_s() >= stop_deadline) break;
+    usleep(20'000);
+  }
+  for (pid_t s : ending) {
+    fprintf(stderr, "tfusion worker: session %d did not end within %lld s of being killed; its vGPU stays\n",
+            static_cast<int>(s), static_cast<long long>(kStopWaitS));
   }
   if (g_live_sessions != nullptr) g_live_sessions->store(0);
   while (waitpid(-1, nullptr, WNOHANG) > 0) {
