@@ -858,6 +858,21 @@ TEST_F(ComputeShareTest, TenantsThatSaturateOnlyNowAndThenTakeNoTurns) {
   }
 }
 
+TEST_F(ComputeShareTest, ASaturatingTenantBesideOneThatWantsTheGpuInBurstsIsNotTakenForOneThatSaturatesNowAndThen) {
+  // A spin tenant at 50% beside another that wants the GPU 150 ms in each 500 ms: its probes fall
+  // partly where it is alone, ticks the turns check does not count. Judged against the whole
+  // probe it read as saturating less than half of it and left turns for 5 s at a time; judged
+  // against the part in which the other wanted the GPU, it saturated all of it.
+  switch_loss_ = 0.09;
+  Tenant steady{"steady", 500'000, 500'000};
+  Tenant bursty{"bursty", 500'000, 500'000};
+  bursty.demand = [](int64_t t) { return t % (500 * kMs) < 150 * kMs ? 1.0 : 0.0; };
+  Add(&steady);
+  Add(&bursty);
+  Run({&steady, &bursty}, kMs, 10001 * kMs, 1001 * kMs);
+  EXPECT_EQ(steady.turn.probes_unsaturated, 0u);
+}
+
 TEST_F(ComputeShareTest, ARecheckThatReadsTurnsNarrowlyUnpaidIsMadeAgainBeforeTurnsAreLeft) {
   // Four saturating hard slices at 25% keep turns at their first comparison. At the recheck 30 s
   // later one tenant's launches read high in the probe (as seen on an H100: 1.12-1.26 per charge

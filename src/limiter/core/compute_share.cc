@@ -585,7 +585,11 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
                               bool others_want, bool turns_apply, ShareTurn* turn) {
   const int64_t launches = turn->tick_launches > 0 ? turn->tick_launches : 0;
   turn->tick_launches = 0;
-  if (!others_want) return;  // alone: neither rate is about sharing
+  if (!others_want) {
+    // Alone: neither rate is about sharing. (In a probe: time the probe does not judge it by.)
+    if (turn->probed && now_ns < turn->probe_until_ns) turn->probe_alone_ns += tick_ns;
+    return;
+  }
   if (now_ns - turn->last_contended_ns > kTurnsPaySpellGapNs) {
     // A new spell of contention (other tenants than before, perhaps): compare afresh.
     turn->spell_checks = 0;
@@ -620,12 +624,15 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
                            : whole_period          ? turn->period_ns
                                                    : kTurnsPayRecheckProbeNs;
   if (turn->without_ns < probe_ns / 2) {
-    if (turn->probed) {
-      // It had work queued less than half of the probe it just made: a tenant that saturates only
-      // now and then (GPT-2 b1 pairs on an H200), whose turns would be taken in the moments both
-      // happen to and stop the other for a turn its own work does not fill. Out of turns as a
-      // holder that leaves gaps, then probed afresh (what it did meanwhile without turns is not a
-      // probe: it would let it take turns whenever it saturates again).
+    const int64_t contended_ns = probe_ns - std::min(turn->probe_alone_ns, probe_ns);
+    if (turn->probed && turn->without_ns < contended_ns / 2) {
+      // It had work queued less than half of the probe it just made, while others wanted the GPU:
+      // a tenant that saturates only now and then (GPT-2 b1 pairs on an H200), whose turns would
+      // be taken in the moments both happen to and stop the other for a turn its own work does not
+      // fill. Out of turns as a holder that leaves gaps, then probed afresh (what it did meanwhile
+      // without turns is not a probe: it would let it take turns whenever it saturates again).
+      // (A tenant that saturated throughout beside one that wanted the GPU in bursts is judged by
+      // the contended part: out of turns, it would stop them for everyone.)
       turn->probed = false;
       turn->reprobe = true;
       turn->gappy_until_ns = now_ns + kShareGappyNs;
@@ -636,6 +643,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // turns for a probe, which stops them for everyone while it wants the GPU.
     turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
     turn->probed = true;
+    turn->probe_alone_ns = 0;
     return;
   }
   turn->probed = false;
