@@ -522,13 +522,16 @@ TEST_F(ComputeShareTest, TenantsKeptOutByWorkPerSecondTryTurnsAgainWhenItNoLonge
     }
   }
   {
+    // After the first block's simulated time: the new vGPUs' buckets are stamped with the real
+    // clock, which has moved on while the first block ran (by more than a second under load).
+    const int64_t s = 200000 * kMs;
     Tenant a{"", 0, 0}, b{"", 0, 0};
     pair("fill-a", "fill-b", &a, &b);
-    Run({&a, &b}, kMs, 70001 * kMs, 70001 * kMs);
+    Run({&a, &b}, s + kMs, s + 70001 * kMs, s + 70001 * kMs);
     ASSERT_GE(a.turn.unpaid_extended + b.turn.unpaid_extended, 1u) << "stayed out at the first minute's end";
     switch_loss_ = 0.09;
     for (Tenant* t : {&a, &b}) t->fills = 1.0;
-    Run({&a, &b}, 70001 * kMs, 260001 * kMs, 255001 * kMs);
+    Run({&a, &b}, s + 70001 * kMs, s + 260001 * kMs, s + 255001 * kMs);
     for (Tenant* t : {&a, &b}) {
       EXPECT_GE(t->turn.turns_paid, 1u) << t->id << " found turns paying";
       EXPECT_GT(t->turn_held_ticks, 0) << t->id << " takes turns";
