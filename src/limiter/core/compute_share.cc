@@ -54,8 +54,9 @@
 // others, with turns applying to it and without, tick by tick (saturation flickers for launch-bound
 // work). It first measures
 // without turns (a probe of kTurnsPayProbeNs as it starts contending, which stops turns for
-// everyone while it wants the GPU; one that saturated less than half of its probe saturates only
-// now and then, and stays out of turns for kShareGappyNs before it probes afresh), then with them, and after kTurnsPayWindowNs with turns (whole
+// everyone while it wants the GPU; one that saturated less than half of its probe, while others
+// wanted the GPU, saturates only now and then, and stays out of turns for kShareGappyNs before it
+// probes afresh), then with them, and after kTurnsPayWindowNs with turns (whole
 // cycles of its turns with the per-second rule: TurnsPayWindowNs) compares
 // its launches per charged GPU ns: work per unit of its share (launches stand for work: the same
 // process, the same loop; per charge rather than per second, so that a tenant served more than its
