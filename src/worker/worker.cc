@@ -266,9 +266,13 @@ int RunWorker(const WorkerOptions& o) {
   }
   if (keeper > 0) {
     kill(keeper, SIGTERM);  // it stops between two scans (a checkpoint under way finishes first)
-    for (int i = 0; i < 100 && waitpid(keeper, nullptr, WNOHANG) == 0; ++i) usleep(50'000);
-    kill(keeper, SIGKILL);
-    waitpid(keeper, nullptr, 0);
+    pid_t r = 0;
+    for (int i = 0; i < 100 && (r = waitpid(keeper, nullptr, WNOHANG)) == 0; ++i) usleep(50'000);
+    if (r == 0) {
+      kill(keeper, SIGKILL);
+      for (int i = 0; i < 200 && (r = waitpid(keeper, nullptr, WNOHANG)) == 0; ++i) usleep(50'000);
+      if (r == 0) fprintf(stderr, "tfusion worker: the zero keeper (pid %d) did not end\n", static_cast<int>(keeper));
+    }
   }
   // Stopping the worker ends its sessions (they would die with it anyway: PR_SET_PDEATHSIG), and
   // the spare, which may have become one as the worker stopped. Each is waited for up to
@@ -297,7 +301,8 @@ int RunWorker(const WorkerOptions& o) {
             static_cast<int>(s), static_cast<long long>(kStopWaitS));
   }
   if (g_live_sessions != nullptr) g_live_sessions->store(0);
-  while (waitpid(-1, nullptr, WNOHANG) > 0) {
+  for (pid_t dead; (dead = waitpid(-1, nullptr, WNOHANG)) > 0;) {
+    if (ending.count(dead) != 0 && o.session_ended) o.session_ended(dead);  // one that just made it
   }
   for (auto& l : listeners) l->Close();
   return 0;
