@@ -865,7 +865,9 @@ TEST_F(ComputeShareTest, ASaturatingTenantBesideOneThatWantsTheGpuInBurstsIsNotT
   // A spin tenant at 50% beside another that wants the GPU 150 ms in each 500 ms: its probes fall
   // partly where it is alone, ticks the turns check does not count. Judged against the whole
   // probe it read as saturating less than half of it and left turns for 5 s at a time; judged
-  // against the part in which the other wanted the GPU, it saturated all of it.
+  // against the part in which the other wanted the GPU, it saturated all of it. (Here the bursty
+  // tenant is itself judged to saturate now and then, so no turns are taken either way: the test
+  // pins the verdict on the steady one.)
   switch_loss_ = 0.09;
   Tenant steady{"steady", 500'000, 500'000};
   Tenant bursty{"bursty", 500'000, 500'000};

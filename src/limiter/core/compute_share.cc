@@ -495,7 +495,10 @@ namespace {
 void ClearWithTurns(ShareTurn* turn) {
   turn->with_turns_ns = turn->with_turns_launches = turn->with_turns_charged_ns = 0;
 }
-void ClearWithoutTurns(ShareTurn* turn) { turn->without_ns = turn->without_launches = turn->without_charged_ns = 0; }
+void ClearWithoutTurns(ShareTurn* turn) {
+  turn->without_ns = turn->without_launches = turn->without_charged_ns = 0;
+  turn->probe_span_ns = turn->probe_alone_ns = 0;
+}
 void ClearTurnsPaySums(ShareTurn* turn) {
   ClearWithTurns(turn);
   ClearWithoutTurns(turn);
@@ -625,7 +628,8 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
                            : whole_period          ? turn->period_ns
                                                    : kTurnsPayRecheckProbeNs;
   if (turn->without_ns < probe_ns / 2) {
-    const int64_t contended_ns = probe_ns - std::min(turn->probe_alone_ns, probe_ns);
+    // The probes summed in without_ns (one, or more when one was mostly alone), less their time alone.
+    const int64_t contended_ns = turn->probe_span_ns - std::min(turn->probe_alone_ns, turn->probe_span_ns);
     if (turn->probed && turn->without_ns < contended_ns / 2) {
       // It had work queued less than half of the probe it just made, while others wanted the GPU:
       // a tenant that saturates only now and then (GPT-2 b1 pairs on an H200), whose turns would
@@ -644,7 +648,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // turns for a probe, which stops them for everyone while it wants the GPU.
     turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
     turn->probed = true;
-    turn->probe_alone_ns = 0;
+    turn->probe_span_ns += probe_ns;
     return;
   }
   turn->probed = false;
