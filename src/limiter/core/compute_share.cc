@@ -591,7 +591,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
   turn->tick_launches = 0;
   if (!others_want) {
     // Alone: neither rate is about sharing. (In a probe: time the probe does not judge it by.)
-    if (turn->probed && now_ns < turn->probe_until_ns) turn->probe_alone_ns += tick_ns;
+    if (now_ns < turn->probe_until_ns) turn->probe_alone_ns += tick_ns;
     return;
   }
   if (now_ns - turn->last_contended_ns > kTurnsPaySpellGapNs) {
@@ -600,7 +600,7 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     turn->next_probe_ns = 0;
     turn->last_check_paid = false;
     turn->thinning = false;
-    turn->probed = turn->reprobe = false;
+    turn->reprobe = false;
     ClearTurnsPaySums(turn);
   }
   turn->last_contended_ns = now_ns;
@@ -628,9 +628,10 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
                            : whole_period          ? turn->period_ns
                                                    : kTurnsPayRecheckProbeNs;
   if (turn->without_ns < probe_ns / 2) {
-    // The probes summed in without_ns (one, or more when one was mostly alone), less their time alone.
+    // The probes summed in without_ns (none yet, one, or more when one was mostly alone), less
+    // their time alone.
     const int64_t contended_ns = turn->probe_span_ns - std::min(turn->probe_alone_ns, turn->probe_span_ns);
-    if (turn->probed && turn->without_ns < contended_ns / 2) {
+    if (turn->without_ns < contended_ns / 2) {
       // It had work queued less than half of the probe it just made, while others wanted the GPU:
       // a tenant that saturates only now and then (GPT-2 b1 pairs on an H200), whose turns would
       // be taken in the moments both happen to and stop the other for a turn its own work does not
@@ -638,7 +639,6 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
       // without turns is not a probe: it would let it take turns whenever it saturates again).
       // (A tenant that saturated throughout beside one that wanted the GPU in bursts is judged by
       // the contended part: out of turns, it would stop them for everyone.)
-      turn->probed = false;
       turn->reprobe = true;
       turn->gappy_until_ns = now_ns + kShareGappyNs;
       ++turn->probes_unsaturated;
@@ -647,11 +647,9 @@ void GpuRegion::CheckTurnsPay(int64_t now_ns, int64_t tick_ns, int64_t charged_n
     // No rate without turns yet (a process that just started contending, or a recheck): leave
     // turns for a probe, which stops them for everyone while it wants the GPU.
     turn->gappy_until_ns = turn->probe_until_ns = now_ns + probe_ns;
-    turn->probed = true;
     turn->probe_span_ns += probe_ns;
     return;
   }
-  turn->probed = false;
   const int64_t window_ns = TurnsPayWindowNs(*turn, limit_ppm);
   if (turn->with_turns_ns < window_ns) return;
   // Launches per charged GPU ns, and per ns (per second).

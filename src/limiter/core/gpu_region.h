@@ -86,8 +86,7 @@ struct ShareTurn {
   int64_t without_ns = 0, without_launches = 0, without_charged_ns = 0;
   int64_t next_probe_ns = 0;    // when the next comparison may start a probe without turns
   int64_t probe_until_ns = 0;   // the probe under way ends then (its saved turn tokens are kept)
-  bool probed = false;          // a probe ran and no rate without turns came of it yet;
-  int64_t probe_span_ns = 0;    //   the probes' length since the sums without turns were cleared,
+  int64_t probe_span_ns = 0;    // the probes' length since the sums without turns were cleared,
   int64_t probe_alone_ns = 0;   //   and their ticks saturating with nobody else wanting the GPU
   bool reprobe = false;         // a probe found it saturating too little: the next check probes afresh
   uint32_t probes_unsaturated = 0;  // probes in which it had work queued less than half of the time
