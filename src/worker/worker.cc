@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -264,14 +265,23 @@ int RunWorker(const WorkerOptions& o) {
       if (o.session_ended) o.session_ended(dead);
     }
   }
+  // Reaps `pid` if it ends within `seconds` (or was already reaped); false if it is still running.
+  auto reaped_within = [&](pid_t pid, int64_t seconds) {
+    const int64_t deadline = monotonic_s() + seconds;
+    for (;;) {
+      const pid_t r = waitpid(pid, nullptr, WNOHANG);
+      if (r == pid || (r < 0 && errno == ECHILD)) return true;
+      if (monotonic_s() >= deadline) return false;
+      usleep(20'000);
+    }
+  };
   if (keeper > 0) {
     kill(keeper, SIGTERM);  // it stops between two scans (a checkpoint under way finishes first)
-    pid_t r = 0;
-    for (int i = 0; i < 100 && (r = waitpid(keeper, nullptr, WNOHANG)) == 0; ++i) usleep(50'000);
-    if (r == 0) {
+    if (!reaped_within(keeper, 5)) {
       kill(keeper, SIGKILL);
-      for (int i = 0; i < 200 && (r = waitpid(keeper, nullptr, WNOHANG)) == 0; ++i) usleep(50'000);
-      if (r == 0) fprintf(stderr, "tfusion worker: the zero keeper (pid %d) did not end\n", static_cast<int>(keeper));
+      if (!reaped_within(keeper, 10)) {
+        fprintf(stderr, "tfusion worker: the zero keeper (pid %d) did not end\n", static_cast<int>(keeper));
+      }
     }
   }
   // Stopping the worker ends its sessions (they would die with it anyway: PR_SET_PDEATHSIG), and
@@ -282,19 +292,15 @@ int RunWorker(const WorkerOptions& o) {
   std::set<pid_t> ending = sessions;
   if (spare > 0) ending.insert(spare);
   for (pid_t s : ending) kill(s, SIGKILL);
+  // All were killed at once: each gets what is left of the same kStopWaitS.
   const int64_t stop_deadline = monotonic_s() + kStopWaitS;
-  while (!ending.empty()) {
-    for (auto it = ending.begin(); it != ending.end();) {
-      const pid_t r = waitpid(*it, nullptr, WNOHANG);
-      if (r == *it || (r < 0 && errno == ECHILD)) {
-        if (o.session_ended) o.session_ended(*it);
-        it = ending.erase(it);
-      } else {
-        ++it;
-      }
+  for (auto it = ending.begin(); it != ending.end();) {
+    if (reaped_within(*it, std::max<int64_t>(0, stop_deadline - monotonic_s()))) {
+      if (o.session_ended) o.session_ended(*it);
+      it = ending.erase(it);
+    } else {
+      ++it;
     }
-    if (ending.empty() || monotonic_s() >= stop_deadline) break;
-    usleep(20'000);
   }
   for (pid_t s : ending) {
     fprintf(stderr, "tfusion worker: session %d did not end within %lld s of being killed; its vGPU stays\n",
