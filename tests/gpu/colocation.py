@@ -589,8 +589,23 @@ def phase_remote(ctx, md):
                     phase_burst(ctx, md, label="remote-burst")
         finally:
             ctx.remote = None
-            tc.kill_group(worker)
-            tc.finish(worker, 5)
+            # Stopped as an operator stops it (SIGTERM): it ends its sessions and removes their
+            # vGPUs; a vGPU named remote-* still listed afterwards is reported.
+            try:
+                worker.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            rc, _ = tc.finish(worker, 20)
+            left = []
+            try:
+                smi = subprocess.run([ctx.tfusion, "smi"], capture_output=True, text=True, timeout=20).stdout
+                left = sorted({w for w in smi.split() if w.startswith("remote-")})
+            except (OSError, subprocess.SubprocessError):
+                smi = None
+            verdict = "none" if smi is not None and not left else ("unknown (smi failed)" if smi is None else ", ".join(left))
+            md += ["", f"Worker {i} stopped with SIGTERM: exit {rc if rc is not None else 'killed after 20 s'}; "
+                   f"remote vGPUs left afterwards: {verdict}.", ""]
+            print(f"worker {i} stop: rc={rc} left={verdict}", flush=True)
 
 
 class MpsDaemon:
