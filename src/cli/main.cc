@@ -12,6 +12,7 @@
 #include "cli/quantity.h"
 #include "cli/remote_run.h"
 #include "cli/worker_sessions.h"
+#include "hypervisor/remote_sessions.h"
 #include "cli/worker_zero.h"
 #include "controller/model.h"
 #include "limiter/core/gpu_region.h"
@@ -489,6 +490,13 @@ int main(int argc, char** argv) {
       } else {
         ro.mps_pipe_dir = mps_dir;
       }
+      // Held by the session until it exits: a worker killed outright leaves the vGPU, and this
+      // tells the next worker (or `tfusion smi`) that its session is gone.
+      std::string unlocked;
+      if (tf::hypervisor::HoldSessionVgpuLock(tf::cli::RegionDir(), vgpu_id, &unlocked) < 0) {
+        std::fprintf(stderr, "tfusion worker: session %d: %s; its vGPU stays if the worker is killed outright\n",
+                     static_cast<int>(session), unlocked.c_str());
+      }
       auto prepared = tf::cli::PrepareVgpu(ro, vgpu_id);
       if (!prepared.ok()) return prepared.status().message();
       if (tf::Status f = tf::cli::FinishSessionVgpu(prepared->region_path, vgpu_id); !f.ok()) return f.message();
@@ -545,6 +553,13 @@ int main(int argc, char** argv) {
     hooks.session_ended = [](pid_t session) {
       tf::cli::RemoveSessionVgpus(session);
     };
+    // What sessions of a worker killed outright (SIGKILL) left: their vGPUs, no longer used.
+    if (std::vector<std::string> gone = tf::cli::RemoveEndedSessionVgpus(); !gone.empty()) {
+      std::string ids;
+      for (const std::string& id : gone) ids += (ids.empty() ? "" : ", ") + id;
+      std::fprintf(stderr, "tfusion worker: removed the vGPUs of %zu session(s) that ended with an earlier worker: %s\n",
+                   gone.size(), ids.c_str());
+    }
     return tf::cli::RunWorkerCommand(worker_listen, worker_token, worker_driver, worker_env,
                                      worker_ready, hooks);
   }

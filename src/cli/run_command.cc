@@ -22,6 +22,7 @@
 #include "cli/pool_allocation.h"
 #include "cli/quantity.h"
 #include "cli/remote_run.h"
+#include "cli/worker_sessions.h"
 #include "common/gpu_catalog.h"
 #include "controller/model.h"
 #include "hypervisor/mps.h"
@@ -694,6 +695,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
   };
   std::vector<Sampled> regions;
   int rc = 0;
+  RemoveEndedSessionVgpus();  // left by a worker killed outright: not listed as if still there
   for (const auto& f : files) {
     Sampled s;
     s.file = f;

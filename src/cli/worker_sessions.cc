@@ -1,8 +1,15 @@
 // `tfusion worker`'s session vGPUs and their pool allocations: see worker_sessions.h.
 #include "cli/worker_sessions.h"
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <set>
+#include <string_view>
+#include <vector>
 
 #include "cli/compute_flags.h"
 #include "cli/local_vgpu.h"
@@ -63,6 +70,51 @@ void RemoveSessionVgpus(pid_t session) {
     for (uint32_t i = 0; i < snap->vgpu_count; ++i)
       if (hypervisor::IsVgpuOfSession(snap->vgpus[i].id, session)) RemovePreparedVgpu(f, snap->vgpus[i].id);
   }
+  // Its lock file, and what sessions that died with an earlier worker left.
+  RemoveEndedSessionVgpus();
+}
+
+std::vector<std::string> RemoveEndedSessionVgpus() {
+  const std::string dir = RegionDir();
+  std::vector<std::string> removed;
+  std::set<std::string> present;  // session vGPU ids still in a region afterwards
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  for (const std::string& f : hypervisor::RegionFiles(dir)) {
+    limiter::GpuRegion region;
+    if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
+    region.Snapshot(snap.get());
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      std::string id(snap->vgpus[i].id, strnlen(snap->vgpus[i].id, sizeof(snap->vgpus[i].id)));
+      int held = -1;
+      if (hypervisor::SessionVgpuEnded(dir, id, &held)) {
+        RemovePreparedVgpu(f, id);  // refused (kept) while a live process still uses it
+        uint32_t index = 0;
+        if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kNotFound) {
+          removed.push_back(id);
+          hypervisor::DropSessionVgpuLock(dir, id, held);
+          continue;
+        }
+        close(held);
+      }
+      if (hypervisor::SessionOfVgpu(id) > 0) present.insert(id);
+    }
+  }
+  // Lock files whose vGPU is gone (its session ended before making it, or it was removed above).
+  if (DIR* d = opendir(dir.c_str())) {
+    constexpr std::string_view kPrefix = "session-", kSuffix = ".lock";
+    std::vector<std::string> ids;
+    while (dirent* e = readdir(d)) {
+      std::string_view name = e->d_name;
+      if (name.size() <= kPrefix.size() + kSuffix.size() || name.substr(0, kPrefix.size()) != kPrefix ||
+          name.substr(name.size() - kSuffix.size()) != kSuffix)
+        continue;
+      ids.emplace_back(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
+    }
+    closedir(d);
+    for (const std::string& id : ids)
+      if (present.count(id) == 0) hypervisor::ReleaseEndedSessionVgpuLock(dir, id);  // only if no one holds it
+  }
+  return removed;
 }
 
 }  // namespace tf::cli

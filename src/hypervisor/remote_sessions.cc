@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "hypervisor/quota_regions.h"
 #include "limiter/core/process_identity.h"
@@ -120,6 +121,80 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir) {
   }
   close(fd);
   return alive;
+}
+
+namespace {
+
+// True when `fd` and `path` name the same file (it was not removed or replaced since `fd` opened it).
+bool SameFile(int fd, const std::string& path) {
+  struct stat a, b;
+  return fstat(fd, &a) == 0 && lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id) {
+  const pid_t session = SessionOfVgpu(vgpu_id);
+  // Only the canonical spelling: the id comes from a region any tenant can write, and it names a file.
+  if (session <= 0 || SessionVgpuId(session, BoundAllocation(vgpu_id)) != vgpu_id) return "";
+  return region_dir + "/session-" + vgpu_id + ".lock";
+}
+
+int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, std::string* why) {
+  const std::string path = SessionVgpuLockPath(region_dir, vgpu_id);
+  if (path.empty()) {
+    *why = "\"" + vgpu_id + "\" is not a session vGPU id";
+    return -1;
+  }
+  if (mkdir(region_dir.c_str(), 01777) == 0) chmod(region_dir.c_str(), 01777);  // as GpuRegion::Create makes it
+  // A reaper holds it exclusively for a moment; a file removed while we waited is opened afresh.
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    int fd = open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW, 0644);  // not O_CLOEXEC: held to the end
+    if (fd < 0) {
+      *why = "cannot open " + path + ": " + strerror(errno);
+      return -1;
+    }
+    fchmod(fd, 0644);
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+      if (SameFile(fd, path)) return fd;
+    } else if (errno != EWOULDBLOCK && errno != EINTR) {
+      *why = "cannot lock " + path + ": " + strerror(errno);
+      close(fd);
+      return -1;
+    }
+    close(fd);
+    usleep(10'000);
+  }
+  *why = "another process kept " + path + " locked for 2 s";
+  return -1;
+}
+
+bool SessionVgpuEnded(const std::string& region_dir, const std::string& vgpu_id, int* held_fd) {
+  *held_fd = -1;
+  const std::string path = SessionVgpuLockPath(region_dir, vgpu_id);
+  if (path.empty()) return false;
+  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !SameFile(fd, path)) {
+    close(fd);
+    return false;
+  }
+  *held_fd = fd;
+  return true;
+}
+
+void DropSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, int held_fd) {
+  if (held_fd < 0) return;
+  const std::string path = SessionVgpuLockPath(region_dir, vgpu_id);
+  if (!path.empty() && SameFile(held_fd, path)) unlink(path.c_str());
+  close(held_fd);
+}
+
+bool ReleaseEndedSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id) {
+  int fd = -1;
+  if (!SessionVgpuEnded(region_dir, vgpu_id, &fd)) return false;
+  DropSessionVgpuLock(region_dir, vgpu_id, fd);
+  return true;
 }
 
 // The allocation's suspension reaches its session's vGPU `id` (slot `index`, tier block `t`, with

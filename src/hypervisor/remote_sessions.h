@@ -54,6 +54,29 @@ int HoldRemoteZeroKeeperLock(const std::string& region_dir);
 // True while some worker's zero keeper holds the lock.
 bool RemoteZeroKeeperAlive(const std::string& region_dir);
 
+// Each session holds a shared lock on a file of its own in the region folder from before its
+// vGPU is made until it exits, so that the vGPU of a session that died with its worker (a worker
+// killed with SIGKILL cannot remove it) is told from a live one by any process, in any PID
+// namespace that shares the folder: the kernel drops the lock with the session.
+// The lock file of session vGPU `vgpu_id` ("" when `vgpu_id` is not a well-formed session id:
+// "remote-PID" or "remote-PID@ALLOCATION").
+std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id);
+// Takes that lock for the calling process and returns the descriptor that holds it (kept open
+// until the process exits), or -1 with `why` set when it cannot (the folder or the file cannot be
+// opened, or another process kept it locked for 2 s).
+int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, std::string* why);
+// True when session vGPU `vgpu_id` has a lock file and no process holds it: its session is gone.
+// While true, the lock stays taken (exclusively) by `*held_fd`, so that no new session of the
+// same id takes it meanwhile; the caller removes the vGPU, then calls DropSessionVgpuLock. A vGPU
+// without a lock file (made by an older worker, or by a session that could not take it) is never
+// reported.
+bool SessionVgpuEnded(const std::string& region_dir, const std::string& vgpu_id, int* held_fd);
+// Removes the lock file (if `held_fd`, taken by SessionVgpuEnded, still names it) and closes `held_fd`.
+void DropSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, int held_fd);
+// What a session known to have ended left of its lock: the file is removed unless a process holds
+// it again (a later session of the same pid). False when it is held or there is none.
+bool ReleaseEndedSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id);
+
 // The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a
 // session bound to it that a live process uses takes the allocation's idle timeouts (when it has
 // tiering) and the allocation's freeze, zero and thaw requests made since the agent first saw it.

@@ -275,6 +275,11 @@ int RunWorker(const WorkerOptions& o) {
       usleep(20'000);
     }
   };
+  // No new clients from here: the listeners close at once (a unix socket's name goes), and the
+  // spare, which accepts on copies of them, is killed, not left to take a client while the keeper
+  // and the sessions are waited for below.
+  for (auto& l : listeners) l->Close();
+  if (spare > 0) kill(spare, SIGKILL);
   if (keeper > 0) {
     kill(keeper, SIGTERM);  // it stops between two scans (a checkpoint under way finishes first)
     if (!reaped_within(keeper, 5)) {
@@ -310,7 +315,6 @@ int RunWorker(const WorkerOptions& o) {
   for (pid_t dead; (dead = waitpid(-1, nullptr, WNOHANG)) > 0;) {
     if (ending.count(dead) != 0 && o.session_ended) o.session_ended(dead);  // one that just made it
   }
-  for (auto& l : listeners) l->Close();
   return 0;
 }
 

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -32,6 +33,11 @@ class RemoteLimits : public ::testing::Test {
     // Two fake GPUs on the worker's machine (16 GiB each).
     env_ = "TFUSION_SHM_DIR=" + dir_ + "/shm FAKECUDA_DEVICES=2 FAKECUDA_SHM_NAME=tf-rl-" +
            std::to_string(getpid()) + " ";
+    ASSERT_NO_FATAL_FAILURE(StartWorker());
+  }
+  // `tfusion worker` on dir_/w.sock and a TCP port, logging to dir_/worker.log.
+  void StartWorker() {
+    unlink((dir_ + "/ready").c_str());
     std::string cmd = env_ + "exec " + std::string(TF_TFUSION) + " worker --listen unix:" + dir_ +
                       "/w.sock --listen 127.0.0.1:0 --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
                       " --ready-file " + dir_ + "/ready " + WorkerFlags() + " > " + dir_ + "/worker.log 2>&1";
@@ -134,6 +140,78 @@ TEST_F(RemoteLimits, StoppingTheWorkerRemovesTheVgpusOfTheSessionsItEnds) {
   ASSERT_TRUE(WIFEXITED(status)) << ReadFile(dir_ + "/client.out");
   EXPECT_NE(WEXITSTATUS(status), 0) << ReadFile(dir_ + "/client.out");
   EXPECT_NE(WEXITSTATUS(status), 124) << ReadFile(dir_ + "/client.out");
+}
+
+// A worker killed outright (SIGKILL) cannot remove its sessions' vGPUs; they die with it
+// (PR_SET_PDEATHSIG), and the next worker removes what they left, telling them from live sessions
+// by the lock each session holds while it lives. A live session's vGPU is never taken.
+TEST_F(RemoteLimits, TheNextWorkerRemovesTheVgpusOfSessionsThatDiedWithAWorkerKilledOutright) {
+  auto start_client = [&](const std::string& out) {
+    std::string cmd = env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t " +
+                      "--vram 64MiB --percent 25 -- " + TF_PROBE + " launch 30 > " + out + " 2>&1";
+    pid_t client = fork();
+    if (client == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return client;
+  };
+  auto session_vgpus = [&](const std::string& smi) {
+    std::set<std::string> ids;
+    const std::regex id("remote-[0-9]+");
+    for (auto it = std::sregex_iterator(smi.begin(), smi.end(), id); it != std::sregex_iterator(); ++it)
+      ids.insert(it->str());
+    return ids;
+  };
+  auto wait_for_vgpus = [&](size_t n) {
+    std::set<std::string> ids;
+    for (int i = 0; i < 200 && ids.size() < n; ++i) {
+      usleep(50000);
+      ids = session_vgpus(Shell(env_ + TF_TFUSION + " smi").out);
+    }
+    return ids;
+  };
+  pid_t first = start_client(dir_ + "/client1.out");
+  ASSERT_GT(first, 0);
+  std::set<std::string> killed = wait_for_vgpus(1);
+  ASSERT_EQ(killed.size(), 1u) << ReadFile(dir_ + "/worker.log");
+  kill(worker_, SIGKILL);
+  waitpid(worker_, nullptr, 0);
+  worker_ = -1;
+  int status = 0;
+  waitpid(first, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 124)
+      << ReadFile(dir_ + "/client1.out");
+  // The next worker removes the vGPU its dead session left and says so.
+  ASSERT_NO_FATAL_FAILURE(StartWorker());
+  const std::string log = ReadFile(dir_ + "/worker.log");
+  EXPECT_NE(log.find("removed the vGPUs of 1 session(s) that ended with an earlier worker: " + *killed.begin()),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(session_vgpus(Shell(env_ + TF_TFUSION + " smi").out).empty());
+  // A live session of the new worker keeps its vGPU through `tfusion smi` and another worker's start.
+  pid_t second = start_client(dir_ + "/client2.out");
+  ASSERT_GT(second, 0);
+  std::set<std::string> live = wait_for_vgpus(1);
+  ASSERT_EQ(live.size(), 1u) << ReadFile(dir_ + "/worker.log");
+  const pid_t serving = worker_;
+  std::string other_cmd = env_ + "exec " + std::string(TF_TFUSION) + " worker --listen unix:" + dir_ +
+                          "/w2.sock --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " --ready-file " +
+                          dir_ + "/ready2 > " + dir_ + "/worker2.log 2>&1";
+  pid_t other = fork();
+  if (other == 0) {
+    execl("/bin/sh", "sh", "-c", other_cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 100 && access((dir_ + "/ready2").c_str(), F_OK) != 0; ++i) usleep(50000);
+  EXPECT_EQ(access((dir_ + "/ready2").c_str(), F_OK), 0) << ReadFile(dir_ + "/worker2.log");
+  kill(other, SIGTERM);
+  waitpid(other, nullptr, 0);
+  EXPECT_EQ(ReadFile(dir_ + "/worker2.log").find("removed the vGPUs"), std::string::npos);
+  EXPECT_EQ(session_vgpus(Shell(env_ + TF_TFUSION + " smi").out), live);
+  kill(second, SIGKILL);
+  waitpid(second, nullptr, 0);
+  EXPECT_EQ(worker_, serving);
 }
 
 TEST_F(RemoteLimits, WithoutLimitsTheClientGetsTheWholeGpu) {

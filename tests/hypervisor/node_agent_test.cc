@@ -1227,4 +1227,50 @@ TEST(VgpuStopper, NeverSignalsAPidThatNamesAnotherProcessNow) {
   EXPECT_EQ(EndedBySignal(other, 2000), SIGKILL);
 }
 
+// The lock a worker session holds while it lives tells a session vGPU left by a worker killed
+// outright from a live one, whatever the pid in its id names here (in another PID namespace it
+// may name no process, or another one): only the lock counts. Ids that are not a session's
+// canonical spelling name no file.
+TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
+  char tmpl[] = "/tmp/tf-session-locks.XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12"), dir + "/session-remote-12.lock");
+  EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12@a-x1"), dir + "/session-remote-12@a-x1.lock");
+  for (const char* bad : {"remote-012", "remote-12@../x", "remote-12@a-../x", "remote-", "a-x1", "remote-0"})
+    EXPECT_EQ(SessionVgpuLockPath(dir, bad), "") << bad;
+  std::string why;
+  EXPECT_LT(HoldSessionVgpuLock(dir, "remote-12@../x", &why), 0);
+  EXPECT_NE(why.find("not a session vGPU id"), std::string::npos) << why;
+  int held = -1;
+  EXPECT_FALSE(SessionVgpuEnded(dir, "remote-1", &held)) << "no lock file: nothing is known";
+  // A session in "another namespace": its id names pid 1, the lock is held by the child.
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t session = fork();
+  ASSERT_GE(session, 0);
+  if (session == 0) {
+    std::string w;
+    const bool ok = HoldSessionVgpuLock(dir, "remote-1", &w) >= 0;
+    (void)!write(ready[1], ok ? "y" : "n", 1);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y');
+  EXPECT_FALSE(SessionVgpuEnded(dir, "remote-1", &held));
+  EXPECT_FALSE(ReleaseEndedSessionVgpuLock(dir, "remote-1"));
+  EXPECT_EQ(access((dir + "/session-remote-1.lock").c_str(), F_OK), 0) << "a live session's lock stays";
+  kill(session, SIGKILL);
+  waitpid(session, nullptr, 0);
+  ASSERT_TRUE(SessionVgpuEnded(dir, "remote-1", &held));
+  ASSERT_GE(held, 0);
+  DropSessionVgpuLock(dir, "remote-1", held);
+  EXPECT_NE(access((dir + "/session-remote-1.lock").c_str(), F_OK), 0) << "the ended session's lock file is gone";
+  EXPECT_FALSE(ReleaseEndedSessionVgpuLock(dir, "remote-1"));
+  close(ready[0]);
+  close(ready[1]);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace tf::hypervisor
