@@ -491,9 +491,13 @@ int main(int argc, char** argv) {
         ro.mps_pipe_dir = mps_dir;
       }
       // Held by the session until it exits: a worker killed outright leaves the vGPU, and this
-      // tells the next worker (or `tfusion smi`) that its session is gone.
+      // tells the next worker (or `tfusion smi`) that its session is gone. Without a lock folder
+      // of its own nothing is ever removed that way, and the session runs (logged); a lock file
+      // it made but could not lock would be taken for an ended session's, so it is refused.
       std::string unlocked;
       if (tf::hypervisor::HoldSessionVgpuLock(tf::cli::RegionDir(), vgpu_id, &unlocked) < 0) {
+        if (tf::hypervisor::SessionLockDirTrusted(tf::cli::RegionDir(), false, nullptr))
+          return "cannot take the session's lock: " + unlocked;
         std::fprintf(stderr, "tfusion worker: session %d: %s; its vGPU stays if the worker is killed outright\n",
                      static_cast<int>(session), unlocked.c_str());
       }

@@ -1,14 +1,12 @@
 // `tfusion worker`'s session vGPUs and their pool allocations: see worker_sessions.h.
 #include "cli/worker_sessions.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
-#include <string_view>
 #include <vector>
 
 #include "cli/compute_flags.h"
@@ -62,13 +60,21 @@ Status FinishSessionVgpu(const std::string& region_path, const std::string& vgpu
 }
 
 void RemoveSessionVgpus(pid_t session) {
+  const std::string dir = RegionDir();
   auto snap = std::make_unique<limiter::RegionSnapshot>();
-  for (const std::string& f : hypervisor::RegionFiles(RegionDir())) {
+  for (const std::string& f : hypervisor::RegionFiles(dir)) {
     limiter::GpuRegion region;
     if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
     region.Snapshot(snap.get());
-    for (uint32_t i = 0; i < snap->vgpu_count; ++i)
-      if (hypervisor::IsVgpuOfSession(snap->vgpus[i].id, session)) RemovePreparedVgpu(f, snap->vgpus[i].id);
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      const std::string id(snap->vgpus[i].id, strnlen(snap->vgpus[i].id, sizeof(snap->vgpus[i].id)));
+      if (!hypervisor::IsVgpuOfSession(id, session)) continue;
+      // A held lock: a live session of another worker whose pid (in its own PID namespace) is the same.
+      int held = -1;
+      if (hypervisor::SessionVgpuState(dir, id, &held) == hypervisor::SessionState::kLive) continue;
+      RemovePreparedVgpu(f, id);
+      if (held >= 0) hypervisor::DropSessionVgpuLock(dir, id, held);
+    }
   }
   // Its lock file, and what sessions that died with an earlier worker left.
   RemoveEndedSessionVgpus();
@@ -77,42 +83,45 @@ void RemoveSessionVgpus(pid_t session) {
 std::vector<std::string> RemoveEndedSessionVgpus() {
   const std::string dir = RegionDir();
   std::vector<std::string> removed;
-  std::set<std::string> present;  // session vGPU ids still in a region afterwards
+  if (!hypervisor::SessionLockDirTrusted(dir, false, nullptr)) return removed;
+  const std::vector<std::string> files = hypervisor::RegionFiles(dir);
+  // Every session vGPU id of a region, and every lock file's (its session may have ended before
+  // making its vGPU).
+  std::set<std::string> ids;
   auto snap = std::make_unique<limiter::RegionSnapshot>();
-  for (const std::string& f : hypervisor::RegionFiles(dir)) {
+  for (const std::string& f : files) {
     limiter::GpuRegion region;
     if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
     region.Snapshot(snap.get());
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       std::string id(snap->vgpus[i].id, strnlen(snap->vgpus[i].id, sizeof(snap->vgpus[i].id)));
-      int held = -1;
-      if (hypervisor::SessionVgpuEnded(dir, id, &held)) {
-        RemovePreparedVgpu(f, id);  // refused (kept) while a live process still uses it
-        uint32_t index = 0;
-        if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kNotFound) {
-          removed.push_back(id);
-          hypervisor::DropSessionVgpuLock(dir, id, held);
-          continue;
-        }
-        close(held);
-      }
-      if (hypervisor::SessionOfVgpu(id) > 0) present.insert(id);
+      if (hypervisor::SessionOfVgpu(id) > 0) ids.insert(std::move(id));
     }
   }
-  // Lock files whose vGPU is gone (its session ended before making it, or it was removed above).
-  if (DIR* d = opendir(dir.c_str())) {
-    constexpr std::string_view kPrefix = "session-", kSuffix = ".lock";
-    std::vector<std::string> ids;
-    while (dirent* e = readdir(d)) {
-      std::string_view name = e->d_name;
-      if (name.size() <= kPrefix.size() + kSuffix.size() || name.substr(0, kPrefix.size()) != kPrefix ||
-          name.substr(name.size() - kSuffix.size()) != kSuffix)
+  for (std::string& id : hypervisor::SessionLockIds(dir)) ids.insert(std::move(id));
+  for (const std::string& id : ids) {
+    int held = -1;
+    if (hypervisor::SessionVgpuState(dir, id, &held) != hypervisor::SessionState::kEnded) continue;
+    // Looked up again while the lock is held: no session of this id can make its vGPU meanwhile.
+    bool had = false, left = false;
+    for (const std::string& f : files) {
+      limiter::GpuRegion region;
+      if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) {
+        left = true;  // unknown: its lock file stays, and so does the question
         continue;
-      ids.emplace_back(name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size()));
+      }
+      uint32_t index = 0;
+      if (region.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk) continue;
+      had = true;
+      RemovePreparedVgpu(f, id);  // refused (kept) while a live process still uses it
+      if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk) left = true;
     }
-    closedir(d);
-    for (const std::string& id : ids)
-      if (present.count(id) == 0) hypervisor::ReleaseEndedSessionVgpuLock(dir, id);  // only if no one holds it
+    if (left) {
+      close(held);
+      continue;
+    }
+    hypervisor::DropSessionVgpuLock(dir, id, held);
+    if (had) removed.push_back(id);
   }
   return removed;
 }

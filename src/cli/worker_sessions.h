@@ -29,16 +29,17 @@ Status ApplyClientAllocation(const worker::SessionLimits& l, pid_t session, bool
 // allocation's earlier tier requests instead of carrying them out.
 Status FinishSessionVgpu(const std::string& region_path, const std::string& vgpu_id);
 
-// Removes the vGPU of session `session` (bound or not) from every GPU region, once it has exited
-// (then RemoveEndedSessionVgpus).
+// Removes the vGPU of session `session` (bound or not) from every GPU region, once it has exited,
+// unless its lock is held (a live session of another worker with the same pid in another PID
+// namespace); then RemoveEndedSessionVgpus.
 void RemoveSessionVgpus(pid_t session);
 
 // Removes from every GPU region the vGPUs of sessions that have ended, which only a worker killed
-// outright (SIGKILL) leaves behind: each session holds a lock while it lives
-// (hypervisor::HoldSessionVgpuLock), so this is safe while other workers, in this PID namespace or
-// another sharing the region folder, serve theirs. A vGPU a live process still uses is kept, and so
-// is one made by a session that held no lock. Lock files left without a vGPU are removed too.
-// Returns the ids removed.
+// outright (SIGKILL) leaves behind, and the lock files they leave: a session's lock
+// (hypervisor::HoldSessionVgpuLock) is held while it lives, whatever PID namespace it runs in. A
+// vGPU a live process still uses is kept, and so is one without a lock file (made by an older
+// worker). Nothing is done without a trusted lock folder (another user's, or none yet). Returns
+// the ids of the vGPUs removed.
 std::vector<std::string> RemoveEndedSessionVgpus();
 
 }  // namespace tf::cli

@@ -1,6 +1,7 @@
 // Remote worker sessions bound to a pool allocation: see remote_sessions.h.
 #include "hypervisor/remote_sessions.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 #include "hypervisor/quota_regions.h"
 #include "limiter/core/process_identity.h"
@@ -131,13 +133,50 @@ bool SameFile(int fd, const std::string& path) {
   return fstat(fd, &a) == 0 && lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+// A lock file of the lock folder, opened read-only (a lock needs no more), never blocking (a FIFO
+// put there would block a plain open) and never through a link; -1 unless it is a regular file.
+int OpenLockFile(const std::string& path, bool create) {
+  int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    errno = EINVAL;
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
+
+std::string SessionLockDir(const std::string& region_dir) { return region_dir + "/session-locks"; }
+
+bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::string* why) {
+  const std::string dir = SessionLockDir(region_dir);
+  if (create) {
+    if (mkdir(region_dir.c_str(), 01777) == 0) chmod(region_dir.c_str(), 01777);  // as GpuRegion::Create makes it
+    mkdir(dir.c_str(), 0700);
+  }
+  struct stat st;
+  std::string problem;
+  if (lstat(dir.c_str(), &st) != 0) problem = std::string("cannot read it: ") + strerror(errno);
+  else if (!S_ISDIR(st.st_mode)) problem = "it is not a directory";
+  else if (st.st_uid != geteuid() && geteuid() != 0) problem = "another user owns it";
+  else if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    problem = std::string("other users can use it (mode ") + mode + ", not 700)";
+  }
+  if (problem.empty()) return true;
+  if (why != nullptr) *why = "the session lock folder " + dir + " is not usable: " + problem;
+  return false;
+}
 
 std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id) {
   const pid_t session = SessionOfVgpu(vgpu_id);
   // Only the canonical spelling: the id comes from a region any tenant can write, and it names a file.
   if (session <= 0 || SessionVgpuId(session, BoundAllocation(vgpu_id)) != vgpu_id) return "";
-  return region_dir + "/session-" + vgpu_id + ".lock";
+  return SessionLockDir(region_dir) + "/" + vgpu_id + ".lock";
 }
 
 int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, std::string* why) {
@@ -146,15 +185,15 @@ int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_i
     *why = "\"" + vgpu_id + "\" is not a session vGPU id";
     return -1;
   }
-  if (mkdir(region_dir.c_str(), 01777) == 0) chmod(region_dir.c_str(), 01777);  // as GpuRegion::Create makes it
-  // A reaper holds it exclusively for a moment; a file removed while we waited is opened afresh.
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    int fd = open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW, 0644);  // not O_CLOEXEC: held to the end
+  if (!SessionLockDirTrusted(region_dir, true, why)) return -1;
+  // A reaper holds it exclusively while it removes a vGPU of the same id (a session of an earlier
+  // worker with this pid); a file it removed meanwhile is made afresh.
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    int fd = OpenLockFile(path, true);
     if (fd < 0) {
       *why = "cannot open " + path + ": " + strerror(errno);
       return -1;
     }
-    fchmod(fd, 0644);
     if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
       if (SameFile(fd, path)) return fd;
     } else if (errno != EWOULDBLOCK && errno != EINTR) {
@@ -165,22 +204,22 @@ int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_i
     close(fd);
     usleep(10'000);
   }
-  *why = "another process kept " + path + " locked for 2 s";
+  *why = "another process kept " + path + " locked for 10 s";
   return -1;
 }
 
-bool SessionVgpuEnded(const std::string& region_dir, const std::string& vgpu_id, int* held_fd) {
+SessionState SessionVgpuState(const std::string& region_dir, const std::string& vgpu_id, int* held_fd) {
   *held_fd = -1;
   const std::string path = SessionVgpuLockPath(region_dir, vgpu_id);
-  if (path.empty()) return false;
-  int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return false;
+  if (path.empty() || !SessionLockDirTrusted(region_dir, false, nullptr)) return SessionState::kUnknown;
+  int fd = OpenLockFile(path, false);
+  if (fd < 0) return errno == ENOENT ? SessionState::kUnknown : SessionState::kLive;  // not ours to judge
   if (flock(fd, LOCK_EX | LOCK_NB) != 0 || !SameFile(fd, path)) {
     close(fd);
-    return false;
+    return SessionState::kLive;
   }
   *held_fd = fd;
-  return true;
+  return SessionState::kEnded;
 }
 
 void DropSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, int held_fd) {
@@ -190,11 +229,21 @@ void DropSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_
   close(held_fd);
 }
 
-bool ReleaseEndedSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id) {
-  int fd = -1;
-  if (!SessionVgpuEnded(region_dir, vgpu_id, &fd)) return false;
-  DropSessionVgpuLock(region_dir, vgpu_id, fd);
-  return true;
+std::vector<std::string> SessionLockIds(const std::string& region_dir) {
+  std::vector<std::string> ids;
+  if (!SessionLockDirTrusted(region_dir, false, nullptr)) return ids;
+  const std::string dir = SessionLockDir(region_dir);
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return ids;
+  constexpr std::string_view kSuffix = ".lock";
+  while (dirent* e = readdir(d)) {
+    std::string_view name = e->d_name;
+    if (name.size() <= kSuffix.size() || name.substr(name.size() - kSuffix.size()) != kSuffix) continue;
+    std::string id(name.substr(0, name.size() - kSuffix.size()));
+    if (SessionVgpuLockPath(region_dir, id) == dir + "/" + std::string(name)) ids.push_back(std::move(id));
+  }
+  closedir(d);
+  return ids;
 }
 
 // The allocation's suspension reaches its session's vGPU `id` (slot `index`, tier block `t`, with

@@ -54,28 +54,37 @@ int HoldRemoteZeroKeeperLock(const std::string& region_dir);
 // True while some worker's zero keeper holds the lock.
 bool RemoteZeroKeeperAlive(const std::string& region_dir);
 
-// Each session holds a shared lock on a file of its own in the region folder from before its
-// vGPU is made until it exits, so that the vGPU of a session that died with its worker (a worker
-// killed with SIGKILL cannot remove it) is told from a live one by any process, in any PID
-// namespace that shares the folder: the kernel drops the lock with the session.
+// Each session holds a shared lock on a file of its own from before its vGPU is made until it
+// exits, so that the vGPU of a session that died with its worker (a worker killed with SIGKILL
+// cannot remove it) is told from a live one by any process of the worker's user (or root), even
+// in another PID namespace sharing the region folder, where the pid in the id means nothing: the
+// kernel drops the lock with the session. The lock files are in a folder of the region folder that
+// only the worker's user can use (0700), so that no other user can make, hold or replace one.
+std::string SessionLockDir(const std::string& region_dir);
+// True when that folder is a real directory (not a link), owned by this user (any owner for root)
+// and closed to everyone else; `create` makes it when missing. Else false, with `why` (if given).
+bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::string* why);
 // The lock file of session vGPU `vgpu_id` ("" when `vgpu_id` is not a well-formed session id:
-// "remote-PID" or "remote-PID@ALLOCATION").
+// "remote-PID" or "remote-PID@ALLOCATION"; ids come from a region any tenant can write).
 std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id);
 // Takes that lock for the calling process and returns the descriptor that holds it (kept open
-// until the process exits), or -1 with `why` set when it cannot (the folder or the file cannot be
-// opened, or another process kept it locked for 2 s).
+// until the process exits), or -1 with `why` set when it cannot: the folder cannot be made or is
+// not trusted, the file cannot be made, or a reaper kept it locked for 10 s.
 int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, std::string* why);
-// True when session vGPU `vgpu_id` has a lock file and no process holds it: its session is gone.
-// While true, the lock stays taken (exclusively) by `*held_fd`, so that no new session of the
-// same id takes it meanwhile; the caller removes the vGPU, then calls DropSessionVgpuLock. A vGPU
-// without a lock file (made by an older worker, or by a session that could not take it) is never
-// reported.
-bool SessionVgpuEnded(const std::string& region_dir, const std::string& vgpu_id, int* held_fd);
-// Removes the lock file (if `held_fd`, taken by SessionVgpuEnded, still names it) and closes `held_fd`.
+
+enum class SessionState {
+  kUnknown,  // no lock file (a vGPU of an older worker, or of a session that never took one) or no trusted folder
+  kLive,     // its lock is held (or the file is not a plain file: left alone)
+  kEnded,    // its lock file is there and nobody holds it: its session is gone
+};
+// What the lock of session vGPU `vgpu_id` says. kEnded leaves the lock taken (exclusively) by
+// `*held_fd`, so that no new session of the same id takes it meanwhile; the caller removes the
+// vGPU, then calls DropSessionVgpuLock (or just closes `*held_fd` when the vGPU stays).
+SessionState SessionVgpuState(const std::string& region_dir, const std::string& vgpu_id, int* held_fd);
+// Removes the lock file (if `held_fd`, from SessionVgpuState, still names it) and closes `held_fd`.
 void DropSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, int held_fd);
-// What a session known to have ended left of its lock: the file is removed unless a process holds
-// it again (a later session of the same pid). False when it is held or there is none.
-bool ReleaseEndedSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id);
+// The session vGPU ids of the lock files in the lock folder (none when it is not trusted).
+std::vector<std::string> SessionLockIds(const std::string& region_dir);
 
 // The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a
 // session bound to it that a live process uses takes the allocation's idle timeouts (when it has

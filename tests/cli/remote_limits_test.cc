@@ -147,13 +147,16 @@ TEST_F(RemoteLimits, StoppingTheWorkerRemovesTheVgpusOfTheSessionsItEnds) {
 // by the lock each session holds while it lives. A live session's vGPU is never taken.
 TEST_F(RemoteLimits, TheNextWorkerRemovesTheVgpusOfSessionsThatDiedWithAWorkerKilledOutright) {
   auto start_client = [&](const std::string& out) {
-    std::string cmd = env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t " +
+    // --foreground: timeout stays in the client's process group (else it makes one of its own).
+    std::string cmd = env_ + "exec timeout --foreground 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t " +
                       "--vram 64MiB --percent 25 -- " + TF_PROBE + " launch 30 > " + out + " 2>&1";
     pid_t client = fork();
     if (client == 0) {
+      setpgid(0, 0);  // a group of its own: the test ends it whole
       execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
+    setpgid(client, client);
     return client;
   };
   auto session_vgpus = [&](const std::string& smi) {
@@ -194,7 +197,6 @@ TEST_F(RemoteLimits, TheNextWorkerRemovesTheVgpusOfSessionsThatDiedWithAWorkerKi
   ASSERT_GT(second, 0);
   std::set<std::string> live = wait_for_vgpus(1);
   ASSERT_EQ(live.size(), 1u) << ReadFile(dir_ + "/worker.log");
-  const pid_t serving = worker_;
   std::string other_cmd = env_ + "exec " + std::string(TF_TFUSION) + " worker --listen unix:" + dir_ +
                           "/w2.sock --token t --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " --ready-file " +
                           dir_ + "/ready2 > " + dir_ + "/worker2.log 2>&1";
@@ -209,9 +211,17 @@ TEST_F(RemoteLimits, TheNextWorkerRemovesTheVgpusOfSessionsThatDiedWithAWorkerKi
   waitpid(other, nullptr, 0);
   EXPECT_EQ(ReadFile(dir_ + "/worker2.log").find("removed the vGPUs"), std::string::npos);
   EXPECT_EQ(session_vgpus(Shell(env_ + TF_TFUSION + " smi").out), live);
-  kill(second, SIGKILL);
+  // That session ends: its worker removes its vGPU and its lock file.
+  kill(-second, SIGKILL);
   waitpid(second, nullptr, 0);
-  EXPECT_EQ(worker_, serving);
+  std::string locks;
+  for (int i = 0; i < 100; ++i) {
+    locks = Shell("ls " + dir_ + "/shm/session-locks").out;
+    if (locks.empty() && session_vgpus(Shell(env_ + TF_TFUSION + " smi").out).empty()) break;
+    usleep(50000);
+  }
+  EXPECT_EQ(locks, "") << "the lock files of ended sessions are gone";
+  EXPECT_TRUE(session_vgpus(Shell(env_ + TF_TFUSION + " smi").out).empty());
 }
 
 TEST_F(RemoteLimits, WithoutLimitsTheClientGetsTheWholeGpu) {

@@ -13,6 +13,8 @@
 #             (union of the kernel's running segments per 1 s window, first second dropped)
 #   gpu       (hosts with 2 or more GPUs) --gpu 1 and --gpu <GPU 1's UUID>: the client sees one
 #             device, GPU 1 (its UUID), with the VRAM limit; --gpu 99 is refused
+#   killed    a worker killed with SIGKILL while a client runs: the next worker removes the
+#             vGPU its session left
 #   cleanup   after the clients exit, `tfusion smi` lists no remote vGPU
 # OUT_DIR gets limits-summary.txt (PASS/FAIL lines, the numbers) and one log per command.
 # Exit status 0 when nothing failed.
@@ -143,6 +145,27 @@ if [ "${NGPU:-0}" -ge 2 ]; then
   done
 else
   echo "SKIP gpu: this host has ${NGPU:-0} GPU(s); --gpu needs 2" | tee -a "$SUM"
+fi
+
+# A worker killed outright (SIGKILL): its session dies with it and leaves its vGPU; the next
+# worker removes it (the session's lock file is no longer held) and says so.
+remote shm --vram 2GiB --percent 50 -- "$B/tests/gpu/compute_tenant" --seconds 30 --spin-us 300 --depth 8 \
+  > "$OUT/killed-client.log" 2>&1 &
+c=$!
+for _ in $(seq 100); do "$TF" smi 2>/dev/null | grep -q "remote-" && break; sleep 0.1; done
+held=$("$TF" smi 2>/dev/null | grep -o "remote-[0-9]*" | head -1)
+kill -KILL $WPID; wait $WPID 2>/dev/null
+wait $c; crc=$?
+locks=$(ls "$TFUSION_SHM_DIR" | grep -c "^session-remote-")
+"$TF" worker --listen "unix:$W/w.sock" --listen "127.0.0.1:$PORT" --token "$TOKEN" \
+  --ready-file "$W/ready2" > "$OUT/worker2.log" 2>&1 &
+WPID=$!
+for _ in $(seq 100); do [ -f "$W/ready2" ] && break; sleep 0.1; done
+if [ -n "$held" ] && [ "$crc" != 0 ] && [ "$locks" -ge 1 ] && grep -q "removed the vGPUs of 1 session(s) that ended with an earlier worker: $held" "$OUT/worker2.log" &&
+   ! "$TF" smi 2>&1 | grep -q "remote-"; then
+  pass "worker killed outright: its session's vGPU $held (client exit $crc) removed by the next worker"
+else
+  fail "worker killed outright: vGPU '${held:-none}', client exit $crc, $locks lock file(s), next worker: $(grep -m1 removed "$OUT/worker2.log")"
 fi
 
 left=""

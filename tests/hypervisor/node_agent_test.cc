@@ -1230,19 +1230,21 @@ TEST(VgpuStopper, NeverSignalsAPidThatNamesAnotherProcessNow) {
 // The lock a worker session holds while it lives tells a session vGPU left by a worker killed
 // outright from a live one, whatever the pid in its id names here (in another PID namespace it
 // may name no process, or another one): only the lock counts. Ids that are not a session's
-// canonical spelling name no file.
+// canonical spelling name no file; a lock folder others can use, and anything in it that is not a
+// plain file, are left alone without blocking.
 TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   char tmpl[] = "/tmp/tf-session-locks.XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12"), dir + "/session-remote-12.lock");
-  EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12@a-x1"), dir + "/session-remote-12@a-x1.lock");
+  const std::string locks = dir + "/session-locks";
+  EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12"), locks + "/remote-12.lock");
+  EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12@a-x1"), locks + "/remote-12@a-x1.lock");
   for (const char* bad : {"remote-012", "remote-12@../x", "remote-12@a-../x", "remote-", "a-x1", "remote-0"})
     EXPECT_EQ(SessionVgpuLockPath(dir, bad), "") << bad;
   std::string why;
   EXPECT_LT(HoldSessionVgpuLock(dir, "remote-12@../x", &why), 0);
   EXPECT_NE(why.find("not a session vGPU id"), std::string::npos) << why;
   int held = -1;
-  EXPECT_FALSE(SessionVgpuEnded(dir, "remote-1", &held)) << "no lock file: nothing is known";
+  EXPECT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kUnknown) << "no lock folder: nothing is known";
   // A session in "another namespace": its id names pid 1, the lock is held by the child.
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
@@ -1258,16 +1260,29 @@ TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   char c = 0;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
   EXPECT_EQ(c, 'y');
-  EXPECT_FALSE(SessionVgpuEnded(dir, "remote-1", &held));
-  EXPECT_FALSE(ReleaseEndedSessionVgpuLock(dir, "remote-1"));
-  EXPECT_EQ(access((dir + "/session-remote-1.lock").c_str(), F_OK), 0) << "a live session's lock stays";
+  struct stat st;
+  ASSERT_EQ(lstat(locks.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << "only the worker's user may use the lock folder";
+  EXPECT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kLive);
+  EXPECT_EQ(held, -1);
+  EXPECT_EQ(SessionLockIds(dir), std::vector<std::string>{"remote-1"});
   kill(session, SIGKILL);
   waitpid(session, nullptr, 0);
-  ASSERT_TRUE(SessionVgpuEnded(dir, "remote-1", &held));
+  ASSERT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kEnded);
   ASSERT_GE(held, 0);
   DropSessionVgpuLock(dir, "remote-1", held);
-  EXPECT_NE(access((dir + "/session-remote-1.lock").c_str(), F_OK), 0) << "the ended session's lock file is gone";
-  EXPECT_FALSE(ReleaseEndedSessionVgpuLock(dir, "remote-1"));
+  EXPECT_NE(access((locks + "/remote-1.lock").c_str(), F_OK), 0) << "the ended session's lock file is gone";
+  EXPECT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kUnknown);
+  // A FIFO named like a lock file neither blocks nor counts as ended; a session cannot use it.
+  ASSERT_EQ(mkfifo((locks + "/remote-2.lock").c_str(), 0600), 0);
+  EXPECT_EQ(SessionVgpuState(dir, "remote-2", &held), SessionState::kLive);
+  EXPECT_LT(HoldSessionVgpuLock(dir, "remote-2", &why), 0);
+  // A lock folder others can use is not trusted: nothing in it is judged, and no lock is taken.
+  ASSERT_EQ(chmod(locks.c_str(), 0777), 0);
+  EXPECT_FALSE(SessionLockDirTrusted(dir, false, &why));
+  EXPECT_NE(why.find("not 700"), std::string::npos) << why;
+  EXPECT_LT(HoldSessionVgpuLock(dir, "remote-3", &why), 0);
+  EXPECT_TRUE(SessionLockIds(dir).empty());
   close(ready[0]);
   close(ready[1]);
   std::filesystem::remove_all(dir);
