@@ -557,13 +557,18 @@ int main(int argc, char** argv) {
     hooks.session_ended = [](pid_t session) {
       tf::cli::RemoveSessionVgpus(session);
     };
-    // What sessions of a worker killed outright (SIGKILL) left: their vGPUs, no longer used.
-    if (std::vector<std::string> gone = tf::cli::RemoveEndedSessionVgpus(); !gone.empty()) {
-      std::string ids;
-      for (const std::string& id : gone) ids += (ids.empty() ? "" : ", ") + id;
-      std::fprintf(stderr, "tfusion worker: removed the vGPUs of %zu session(s) that ended with an earlier worker: %s\n",
-                   gone.size(), ids.c_str());
-    }
+    // What sessions of a worker killed outright (SIGKILL) left: their vGPUs, no longer used. At
+    // start, then every 10 s (sessions still dying at start, stuck in the driver's teardown,
+    // hold their locks until they are gone).
+    hooks.periodic = [] {
+      if (std::vector<std::string> gone = tf::cli::RemoveEndedSessionVgpus(); !gone.empty()) {
+        std::string ids;
+        for (const std::string& id : gone) ids += (ids.empty() ? "" : ", ") + id;
+        std::fprintf(stderr, "tfusion worker: removed the vGPUs of %zu ended session(s) that a worker killed outright "
+                     "left: %s\n", gone.size(), ids.c_str());
+      }
+    };
+    hooks.periodic();
     return tf::cli::RunWorkerCommand(worker_listen, worker_token, worker_driver, worker_env,
                                      worker_ready, hooks);
   }

@@ -222,6 +222,7 @@ int RunWorkerCommand(const std::vector<std::string>& listen, const std::string& 
   o.prepare_limits = hooks.prepare_limits;
   o.vgpu_for_every_session = hooks.vgpu_for_every_session;
   o.session_ended = hooks.session_ended;
+  o.periodic = hooks.periodic;
   o.keeper = hooks.keeper;
   return worker::RunWorker(o);
 }

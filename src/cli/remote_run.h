@@ -42,6 +42,7 @@ int RunRemote(const std::string& remote, const std::string& token,
 struct WorkerHooks {
   decltype(worker::WorkerOptions::prepare_limits) prepare_limits;
   decltype(worker::WorkerOptions::session_ended) session_ended;
+  decltype(worker::WorkerOptions::periodic) periodic;
   decltype(worker::WorkerOptions::keeper) keeper;  // tfusion worker --tiering: the sessions' zero keeper
   uint32_t spin_us = worker::WorkerOptions{}.spin_us;  // tfusion worker --spin-us
   int spin_sessions = worker::WorkerOptions{}.spin_sessions;  // tfusion worker --spin-sessions

@@ -210,7 +210,12 @@ int RunWorker(const WorkerOptions& o) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<int64_t>(ts.tv_sec);
   };
+  int64_t periodic_last = monotonic_s();
   while (!stopping()) {
+    if (o.periodic && monotonic_s() - periodic_last >= o.periodic_s) {
+      periodic_last = monotonic_s();
+      o.periodic();
+    }
     if (o.keeper && keeper == 0 && monotonic_s() - keeper_started >= 1) {
       keeper_started = monotonic_s();
       keeper = fork();

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -58,6 +59,10 @@ struct WorkerOptions {
   bool vgpu_for_every_session = false;
   // Called in the worker once a session process has exited (its vGPU, if any, can go).
   std::function<void(pid_t session)> session_ended;
+  // Called in the worker every periodic_s seconds while it runs (housekeeping: what the sessions
+  // of a worker killed outright left, once they have finished dying). Not set: never.
+  std::function<void()> periodic;
+  int64_t periodic_s = 10;
   // Scale to zero of sessions (tfusion worker --tiering): runs in a process of its own, a child of
   // the worker forked like the spares from the parent that never loads the driver, so that the
   // driver it loads (to checkpoint and restore sessions, which the driver requires to come from
