@@ -463,7 +463,16 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   int64_t next = tick_ns_ / 2 + static_cast<int64_t>((jitter_ >> 33) % static_cast<uint64_t>(tick_ns_));
   // Sooner when held and told when to look again, or when the turn it holds ends then.
   if (v.retry_after_ns > 0 && v.retry_after_ns < next) next = v.retry_after_ns;
-  if (next < 50'000) next = 50'000;
+  // Held at its limit with work still queued and nobody else wanting the GPU: the queue drains at
+  // the GPU's pace while nothing is launched, and a tick is charged whole or not at all, so the
+  // tick that finds it empty loses the part of its interval the drain ran. Alone, a capped tenant
+  // is held that way every few ticks, and lost most of a tick each time (a lone 25% tenant of 50
+  // µs kernels, eight queued, ran at 35% of an H200); looked at every kDrainPollNs until the queue
+  // is empty, the drain is charged to within that. Not while others want the GPU: there the
+  // arbitration and the turns were measured as they are, and polling every hold there made the
+  // turns of two 50% tenants uneven from one second to the next (docs/compute-sharing.md).
+  if (v.hold == ShareHold::kAtLimit && !v.others_want && queued && next > kDrainPollNs) next = kDrainPollNs;
+  if (next < kDrainPollNs) next = kDrainPollNs;
   next_tick_ns_ = next;
   if (!hold) pthread_cond_broadcast(&cv_);
   pthread_mutex_unlock(&mu_);

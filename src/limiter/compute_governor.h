@@ -69,6 +69,7 @@ class ComputeGovernor {
   // Governor tick period while the process has GPU work (ns): kTickNs, or
   // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
+  static constexpr int64_t kDrainPollNs = 50'000;  // a held process's ticks until its queue is empty
   // Opt-in, for measurements of what the governor's stream queries cost (docs/compute-sharing.md):
   // $TFUSION_SHARE_QUERY_EVERY=N (1..8; default 1, every tick) asks the driver whether a stream
   // launched into since it was last asked has work queued on every Nth tick only; between, its

@@ -317,6 +317,7 @@ ShareVerdict GpuRegion::ShareTick(uint32_t slot, int64_t now_ns, int64_t tick_ns
     else if (u->qos.load(std::memory_order_relaxed) > my_qos) higher_qos_borrowing = true;
   }
 
+  out.others_want = others_want;
   if (out.charged_ns > 0) {
     v->tokens_ns.fetch_sub(out.charged_ns, std::memory_order_relaxed);
     if (others_want) {

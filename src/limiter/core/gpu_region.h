@@ -203,6 +203,7 @@ struct ShareVerdict {
                                  //   when the turn this process holds ends
   int64_t charged_ns = 0;        // GPU-busy ns this tick charged to the vGPU
   uint64_t scale_ppm = 0;        // the contention scale applied (1,000,000 = none)
+  bool others_want = false;      // another vGPU wants the GPU (alone otherwise)
 };
 
 // A vGPU whose processes had work in flight or were held back within this long is "wanting".
