@@ -136,6 +136,7 @@ void ComputeGovernor::ResetAfterFork() {
   querying_.store(false);
   query_ticks_ = 0;
   query_all_ticks_ = 0;
+  drain_since_ns_ = 0;
   // The parent's streams and events are not the child's: forget them without driver calls.
   int n = g_track_count.load();
   for (int i = 0; i < n; ++i) {
@@ -471,7 +472,15 @@ void ComputeGovernor::Tick(int64_t now, int64_t dt, uint64_t launches) {
   // is empty, the drain is charged to within that. Not while others want the GPU: there the
   // arbitration and the turns were measured as they are, and polling every hold there made the
   // turns of two 50% tenants uneven from one second to the next (docs/compute-sharing.md).
-  if (v.hold == ShareHold::kAtLimit && !v.others_want && queued && next > kDrainPollNs) next = kDrainPollNs;
+  // For at most kDrainPollMaxNs per hold: a queue of long kernels (or a stream that waits on
+  // something other than the GPU) would be polled for as long as it lasts, and a tick lost at the
+  // end of a long drain is small beside it.
+  if (v.hold == ShareHold::kAtLimit && !v.others_want && queued) {
+    if (drain_since_ns_ == 0) drain_since_ns_ = now;
+    if (now - drain_since_ns_ < kDrainPollMaxNs && next > kDrainPollNs) next = kDrainPollNs;
+  } else {
+    drain_since_ns_ = 0;
+  }
   if (next < kDrainPollNs) next = kDrainPollNs;
   next_tick_ns_ = next;
   if (!hold) pthread_cond_broadcast(&cv_);

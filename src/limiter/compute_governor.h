@@ -70,6 +70,7 @@ class ComputeGovernor {
   // $TFUSION_SHARE_TICK_US (100..1000) for measurements of the sampling rate's cost.
   static constexpr int64_t kTickNs = 500'000;
   static constexpr int64_t kDrainPollNs = 50'000;  // a held process's ticks until its queue is empty
+  static constexpr int64_t kDrainPollMaxNs = 8'000'000;  // for at most this long per hold
   // Opt-in, for measurements of what the governor's stream queries cost (docs/compute-sharing.md):
   // $TFUSION_SHARE_QUERY_EVERY=N (1..8; default 1, every tick) asks the driver whether a stream
   // launched into since it was last asked has work queued on every Nth tick only; between, its
@@ -106,6 +107,7 @@ class ComputeGovernor {
   int64_t tick_ns_ = kTickNs;                       // set by Configure
   int64_t next_tick_ns_ = kTickNs;                  // guarded by mu_
   int64_t idle_ticks_ = 0;                          // governor thread only
+  int64_t drain_since_ns_ = 0;                      // governor thread only: when the polled drain began (0: none)
   bool last_queued_ = false;                        // governor thread only
   uint32_t query_every_ = 1;                        // set by Configure
   uint32_t query_ticks_ = 0;                        // governor thread only

@@ -1482,15 +1482,23 @@ TEST_F(LimiterRunTest, QueryingEveryOtherTickHalvesTheGovernorsQueriesAndEveryKe
 // drain is now looked at until the queue is empty. The fake's kernels are host sleeps, longer
 // than asked, so each run is compared with an unthrottled one of the same kernels.
 TEST_F(LimiterRunTest, ALoneTenantOfShortKernelsIsHeldAtItsLimit) {
-  Result full = Run(Tfusion("--vram 1GiB", "launch 3 100"));
-  ASSERT_EQ(full.rc, 0) << full.out;
-  // A host too busy to run the fake's 100 µs kernels near their length cannot time a limit.
-  if (std::stod(full.kv["busy_fraction"]) < 0.3) GTEST_SKIP() << "host too loaded: " << full.out;
-  Result capped = Run(Tfusion("--vram 1GiB --percent 25", "launch 3 100"));
-  ASSERT_EQ(capped.rc, 0) << capped.out;
-  const double c = std::stod(capped.kv["busy_fraction"]) / std::stod(full.kv["busy_fraction"]);
-  EXPECT_LT(c, 0.34) << full.out << capped.out;  // 0.39 while the drains went uncharged
-  EXPECT_GT(c, 0.18) << full.out << capped.out;
+  // The capped run over an unthrottled one just before it; a second pair when a busy host
+  // (other tests running) upset the first (without the change both read 0.39-0.40).
+  std::string runs;
+  double c = 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Result full = Run(Tfusion("--vram 1GiB", "launch 3 50"));
+    ASSERT_EQ(full.rc, 0) << full.out;
+    // A host too busy to run the fake's 50 µs kernels near their length cannot time a limit.
+    if (std::stod(full.kv["busy_fraction"]) < 0.2) GTEST_SKIP() << "host too loaded: " << full.out;
+    Result capped = Run(Tfusion("--vram 1GiB --percent 25", "launch 3 50"));
+    ASSERT_EQ(capped.rc, 0) << capped.out;
+    c = std::stod(capped.kv["busy_fraction"]) / std::stod(full.kv["busy_fraction"]);
+    runs += full.out + capped.out;
+    if (c < 0.34 && c > 0.18) break;
+  }
+  EXPECT_LT(c, 0.34) << runs;  // now about 0.30
+  EXPECT_GT(c, 0.18) << runs;
 }
 
 TEST_F(LimiterRunTest, ARequestBelowItsLimitBurstsToTheLimitWhileAlone) {
