@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <set>
 #include <vector>
@@ -67,7 +66,7 @@ void RemoveSessionVgpus(pid_t session) {
     if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
     region.Snapshot(snap.get());
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
-      const std::string id(snap->vgpus[i].id, strnlen(snap->vgpus[i].id, sizeof(snap->vgpus[i].id)));
+      const std::string id = snap->vgpus[i].id;  // Snapshot ends every id
       if (!hypervisor::IsVgpuOfSession(id, session)) continue;
       // A held lock: a live session of another worker whose pid (in its own PID namespace) is the same.
       int held = -1;
@@ -94,7 +93,7 @@ std::vector<std::string> RemoveEndedSessionVgpus() {
     if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
     region.Snapshot(snap.get());
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
-      std::string id(snap->vgpus[i].id, strnlen(snap->vgpus[i].id, sizeof(snap->vgpus[i].id)));
+      std::string id = snap->vgpus[i].id;
       if (hypervisor::SessionOfVgpu(id) > 0) ids.insert(std::move(id));
     }
   }
