@@ -564,8 +564,8 @@ int main(int argc, char** argv) {
       if (std::vector<std::string> gone = tf::cli::RemoveEndedSessionVgpus(); !gone.empty()) {
         std::string ids;
         for (const std::string& id : gone) ids += (ids.empty() ? "" : ", ") + id;
-        std::fprintf(stderr, "tfusion worker: removed the vGPUs of %zu ended session(s) that an earlier worker left "
-                     "(killed outright, or its stop timed out): %s\n", gone.size(), ids.c_str());
+        std::fprintf(stderr, "tfusion worker: removed %zu vGPU(s) that ended sessions or runs left (a worker or a "
+                     "tfusion run killed outright, or a stop that timed out): %s\n", gone.size(), ids.c_str());
       }
     };
     hooks.periodic();

@@ -1,5 +1,6 @@
 #include "cli/run_command.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -28,6 +29,7 @@
 #include "hypervisor/mps.h"
 #include "hypervisor/process_checkpoint.h"
 #include "hypervisor/quota_regions.h"
+#include "hypervisor/remote_sessions.h"
 #include "hypervisor/vgpu_metrics.h"
 #include "limiter/core/gpu_region.h"
 
@@ -401,8 +403,27 @@ int RunCommand(const RunOptions& o) {
     if (!bytes.ok()) return Fail(bytes.status().message());
     region.SetHostTierBudget(*bytes);
   }
-  std::string vgpu_id = !pooled_id.empty() ? pooled_id : o.vgpu.empty() ? "run-" + std::to_string(getpid()) : o.vgpu;
+  const bool own_vgpu = pooled_id.empty() && o.vgpu.empty();
+  std::string vgpu_id = !pooled_id.empty() ? pooled_id : own_vgpu ? hypervisor::RunVgpuId(getpid()) : o.vgpu;
   if (vgpu_id.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
+  // Our own vGPU's lock, held by us and inherited by the command: should we be killed outright
+  // (SIGKILL), whoever sweeps next (`tfusion smi`, a worker, the next run to end) removes the vGPU
+  // once the command has exited too. Without a lock folder of our user's the
+  // run goes on, and nothing is removed that way.
+  int run_lock = -1;
+  if (own_vgpu) {
+    std::string why;
+    run_lock = hypervisor::HoldSessionVgpuLock(RegionDir(), vgpu_id, &why);
+    if (run_lock < 0 && hypervisor::SessionLockDirTrusted(RegionDir(), false, nullptr))
+      return Fail("cannot take the lock of vGPU '" + vgpu_id + "': " + why);
+    // A vGPU of this id that no live process uses was left by an earlier run of the same pid
+    // killed outright: ours starts afresh, not with its counters.
+    uint32_t stale = 0;
+    if (region.FindVgpu(vgpu_id.c_str(), &stale) == RegionError::kOk) {
+      region.ReapDeadOfVgpu(stale);
+      region.RemoveVgpu(stale);
+    }
+  }
   uint32_t existing = 0;
   if (!o.vgpu.empty() && region.FindVgpu(vgpu_id.c_str(), &existing) == RegionError::kOk) {
     uint64_t old_limit = region.Limit(existing);
@@ -455,6 +476,7 @@ int RunCommand(const RunOptions& o) {
     setenv("TFUSION_REAL_LIBNVML", nvml->c_str(), 1);
     setenv("TFUSION_REGION", region_path.c_str(), 1);
     setenv("TFUSION_VGPU", vgpu_id.c_str(), 1);
+    if (run_lock >= 0) fcntl(run_lock, F_SETFD, 0);  // the command holds the vGPU's lock too
     if (!o.disk_tier.empty()) setenv("TFUSION_TIER_DIR", o.disk_tier.c_str(), 1);
     setenv("CUDA_VISIBLE_DEVICES", gpu->uuid.c_str(), 1);
     setenv("TRITON_LIBCUDA_PATH", inject->c_str(), 1);
@@ -496,6 +518,10 @@ int RunCommand(const RunOptions& o) {
   if (pooled_id.empty()) {
     region.ReapDeadOfVgpu(index);
     region.RemoveVgpu(index);
+  }
+  if (run_lock >= 0) {
+    close(run_lock);
+    RemoveEndedSessionVgpus();  // our lock file (our vGPU too once no process uses it), and what others left
   }
   if (!pooled_id.empty()) ReleaseAfterRun(o, pooled_id);
   if (WIFEXITED(status)) return WEXITSTATUS(status);

@@ -84,8 +84,8 @@ std::vector<std::string> RemoveEndedSessionVgpus() {
   std::vector<std::string> removed;
   if (!hypervisor::SessionLockDirTrusted(dir, false, nullptr)) return removed;
   const std::vector<std::string> files = hypervisor::RegionFiles(dir);
-  // Every session vGPU id of a region, and every lock file's (its session may have ended before
-  // making its vGPU).
+  // Every session or run vGPU id of a region, and every lock file's (its session may have ended
+  // before making its vGPU).
   std::set<std::string> ids;
   auto snap = std::make_unique<limiter::RegionSnapshot>();
   for (const std::string& f : files) {
@@ -94,7 +94,7 @@ std::vector<std::string> RemoveEndedSessionVgpus() {
     region.Snapshot(snap.get());
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       std::string id = snap->vgpus[i].id;
-      if (hypervisor::SessionOfVgpu(id) > 0) ids.insert(std::move(id));
+      if (!hypervisor::SessionVgpuLockPath(dir, id).empty()) ids.insert(std::move(id));
     }
   }
   for (std::string& id : hypervisor::SessionLockIds(dir)) ids.insert(std::move(id));

@@ -22,11 +22,12 @@ namespace tf::hypervisor {
 namespace {
 
 constexpr char kSessionPrefix[] = "remote-";
+constexpr char kRunPrefix[] = "run-";
 
-// The pid part of "remote-PID[@...]", or -1.
-long SessionPidOf(const std::string& vgpu_id) {
-  if (vgpu_id.rfind(kSessionPrefix, 0) != 0) return -1;
-  size_t i = sizeof(kSessionPrefix) - 1;
+// The pid part of "PREFIX-PID[@...]", or -1.
+long PidAfter(const std::string& vgpu_id, std::string_view prefix) {
+  if (vgpu_id.rfind(prefix, 0) != 0) return -1;
+  size_t i = prefix.size();
   long pid = 0;
   size_t digits = 0;
   for (; i < vgpu_id.size() && vgpu_id[i] >= '0' && vgpu_id[i] <= '9' && digits < 10; ++i, ++digits)
@@ -34,6 +35,8 @@ long SessionPidOf(const std::string& vgpu_id) {
   if (digits == 0 || (i < vgpu_id.size() && vgpu_id[i] != '@')) return -1;
   return pid;
 }
+
+long SessionPidOf(const std::string& vgpu_id) { return PidAfter(vgpu_id, kSessionPrefix); }
 
 }  // namespace
 
@@ -172,17 +175,22 @@ bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::stri
   return false;
 }
 
+std::string RunVgpuId(pid_t run) { return kRunPrefix + std::to_string(run); }
+
 std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id) {
   const pid_t session = SessionOfVgpu(vgpu_id);
+  const long run = PidAfter(vgpu_id, kRunPrefix);
   // Only the canonical spelling: the id comes from a region any tenant can write, and it names a file.
-  if (session <= 0 || SessionVgpuId(session, BoundAllocation(vgpu_id)) != vgpu_id) return "";
+  const bool canonical = session > 0 ? SessionVgpuId(session, BoundAllocation(vgpu_id)) == vgpu_id
+                                     : run > 0 && run <= 0x7FFFFFFF && RunVgpuId(static_cast<pid_t>(run)) == vgpu_id;
+  if (!canonical) return "";
   return SessionLockDir(region_dir) + "/" + vgpu_id + ".lock";
 }
 
 int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, std::string* why) {
   const std::string path = SessionVgpuLockPath(region_dir, vgpu_id);
   if (path.empty()) {
-    *why = "\"" + vgpu_id + "\" is not a session vGPU id";
+    *why = "\"" + vgpu_id + "\" is not a session or run vGPU id";
     return -1;
   }
   if (!SessionLockDirTrusted(region_dir, true, why)) return -1;

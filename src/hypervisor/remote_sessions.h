@@ -37,6 +37,10 @@ bool IsVgpuOfSession(const std::string& vgpu_id, pid_t session);
 // The session pid of a session vGPU id ("remote-PID[@...]"), or -1 when `vgpu_id` is not one.
 pid_t SessionOfVgpu(const std::string& vgpu_id);
 
+// The id of the vGPU that `tfusion run` (process `run`) makes for itself when given no --vgpu
+// name and no pool: "run-PID". It is locked as a session's is (SessionVgpuLockPath).
+std::string RunVgpuId(pid_t run);
+
 // The API request generations (VgpuTier::api_freeze_gen, api_thaw_gen, api_zero_gen) of a bound
 // session's vGPU before the node agent has seen it: it then takes the allocation's counts as
 // already passed on, so that a session never acts on requests made before it existed.
@@ -58,14 +62,17 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir);
 // exits, so that the vGPU of a session that died with its worker (a worker killed with SIGKILL
 // cannot remove it) is told from a live one by any process of the worker's user (or root), even
 // in another PID namespace sharing the region folder, where the pid in the id means nothing: the
-// kernel drops the lock with the session. The lock files are in a folder of the region folder that
+// kernel drops the lock with the session. `tfusion run` does the same for its "run-PID" vGPU, and
+// its command inherits the lock, so that the vGPU of a run killed outright counts as live until
+// the command and every process that kept the descriptor have exited. The lock files are in a folder of the region folder that
 // only the worker's user can use (0700), so that no other user can make, hold or replace one.
 std::string SessionLockDir(const std::string& region_dir);
 // True when that folder is a real directory (not a link), owned by this user (any owner for root)
 // and closed to everyone else; `create` makes it when missing. Else false, with `why` (if given).
 bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::string* why);
-// The lock file of session vGPU `vgpu_id` ("" when `vgpu_id` is not a well-formed session id:
-// "remote-PID" or "remote-PID@ALLOCATION"; ids come from a region any tenant can write).
+// The lock file of session vGPU `vgpu_id` ("" when `vgpu_id` is not a well-formed session or run
+// id: "remote-PID", "remote-PID@ALLOCATION" or "run-PID"; ids come from a region any tenant can
+// write).
 std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id);
 // Takes that lock for the calling process and returns the descriptor that holds it (kept open
 // until the process exits), or -1 with `why` set when it cannot: the folder cannot be made or is

@@ -1,7 +1,8 @@
 // `tfusion run` on a local vGPU with a compute request and limit (--percent/--tflops and
 // --percent-limit/--tflops-limit) and a QoS, in front of the fake driver: what the region holds is
 // what `tfusion smi` shows (request, limit, current use, time throttled), and every bad
-// combination is refused with its message and changes nothing.
+// combination is refused with its message and changes nothing; the vGPU a run makes for itself
+// goes even when the run is killed outright.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -186,6 +187,40 @@ TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
   EXPECT_EQ(pooled.rc, 2) << pooled.out;
   EXPECT_NE(pooled.out.find("give the limit in the request's unit"), std::string::npos) << pooled.out;
   EXPECT_EQ(pooled.out.find("using a local vGPU"), std::string::npos) << pooled.out;
+}
+
+// `tfusion run` killed outright (SIGKILL) cannot remove the vGPU it made for itself. Its command
+// holds the vGPU's lock with it, so the vGPU stays while the command runs, and the next sweep
+// (`tfusion smi` here) removes it, with its lock file, once the command has ended too. Before,
+// such a vGPU stayed in the region for good, taking one of its 64 slots.
+TEST_F(LocalLimitsTest, TheVgpuOfARunKilledOutrightGoesOnceItsCommandHasEnded) {
+  Background(Run("--vram 1GiB", "hold 1"), dir_ + "/killed.log", "holding=1");
+  const pid_t run = background_.back();  // `env` and the shell exec'd into tfusion: the run's own pid
+  const std::string id = "run-" + std::to_string(run);
+  const std::string lock = dir_ + "/session-locks/" + id + ".lock";
+  ASSERT_TRUE(SmiRow(id).found) << Smi().out;
+  EXPECT_EQ(access(lock.c_str(), F_OK), 0) << lock;
+  ASSERT_EQ(kill(run, SIGKILL), 0);
+  ASSERT_EQ(waitpid(run, nullptr, 0), run);
+  // Its command still runs and uses the vGPU: sweeps leave it.
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(SmiRow(id).found) << "the command of the killed run still runs\n" << Smi().out;
+  }
+  kill(-run, SIGKILL);  // the command, left in the run's process group
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone = !SmiRow(id).found;
+  }
+  EXPECT_TRUE(gone) << Smi().out;
+  EXPECT_NE(access(lock.c_str(), F_OK), 0) << "the lock file goes with the vGPU";
+  // A run that ends as usual leaves neither its vGPU nor its lock file.
+  Result r = Shell(Run("--vram 1GiB", "alloc"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(Smi().out.find("run-"), std::string::npos) << Smi().out;
+  Result left = Shell("ls -A '" + dir_ + "/session-locks'");
+  EXPECT_EQ(left.out, "") << left.out;
 }
 
 }  // namespace

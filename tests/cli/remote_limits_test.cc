@@ -188,7 +188,7 @@ TEST_F(RemoteLimits, TheNextWorkerRemovesTheVgpusOfSessionsThatDiedWithAWorkerKi
   // The next worker removes the vGPU its dead session left and says so.
   ASSERT_NO_FATAL_FAILURE(StartWorker());
   // At its start, or at one of its next sweeps (every 10 s) should the session still be dying then.
-  const std::string removed = "removed the vGPUs of 1 ended session(s) that an earlier worker left (killed outright, or its stop timed out): ";
+  const std::string removed = "removed 1 vGPU(s) that ended sessions or runs left (a worker or a tfusion run killed outright, or a stop that timed out): ";
   std::string log;
   for (int i = 0; i < 500 && log.find(removed) == std::string::npos; ++i) {
     if (i > 0) usleep(50000);

@@ -167,7 +167,7 @@ for _ in $(seq 100); do [ -f "$W/ready2" ] && break; sleep 0.1; done
 t0=$(date +%s.%N)
 found=""
 for _ in $(seq 250); do
-  grep -qE "removed the vGPUs of 1 ended session\(s\) that an earlier worker left \(killed outright, or its stop timed out\): $held\$" "$OUT/worker2.log" && { found=1; break; }
+  grep -qE "removed 1 vGPU\(s\) that ended sessions or runs left \(a worker or a tfusion run killed outright, or a stop that timed out\): $held\$" "$OUT/worker2.log" && { found=1; break; }
   sleep 0.1
 done
 t1=$(date +%s.%N)

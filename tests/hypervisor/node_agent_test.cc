@@ -1238,11 +1238,13 @@ TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   const std::string locks = dir + "/session-locks";
   EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12"), locks + "/remote-12.lock");
   EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12@a-x1"), locks + "/remote-12@a-x1.lock");
-  for (const char* bad : {"remote-012", "remote-12@../x", "remote-12@a-../x", "remote-", "a-x1", "remote-0"})
+  EXPECT_EQ(SessionVgpuLockPath(dir, "run-12"), locks + "/run-12.lock") << "a `tfusion run` of its own vGPU";
+  for (const char* bad : {"remote-012", "remote-12@../x", "remote-12@a-../x", "remote-", "a-x1", "remote-0", "run-012",
+                          "run-12@a-x1", "run-0", "run-", "run-12/../x", "run-99999999999"})
     EXPECT_EQ(SessionVgpuLockPath(dir, bad), "") << bad;
   std::string why;
   EXPECT_LT(HoldSessionVgpuLock(dir, "remote-12@../x", &why), 0);
-  EXPECT_NE(why.find("not a session vGPU id"), std::string::npos) << why;
+  EXPECT_NE(why.find("not a session or run vGPU id"), std::string::npos) << why;
   int held = -1;
   EXPECT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kUnknown) << "no lock folder: nothing is known";
   // A session in "another namespace": its id names pid 1, the lock is held by the child.
