@@ -407,8 +407,8 @@ int RunCommand(const RunOptions& o) {
   std::string vgpu_id = !pooled_id.empty() ? pooled_id : own_vgpu ? hypervisor::RunVgpuId(getpid()) : o.vgpu;
   if (vgpu_id.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
   // Our own vGPU's lock, held by us and inherited by the command: should we be killed outright
-  // (SIGKILL), whoever sweeps next (`tfusion smi`, a worker, the next run to end) removes the vGPU
-  // once the command has exited too. Without a lock folder of our user's the
+  // (SIGKILL), whoever sweeps next (`tfusion smi`, a worker, the node agent, the next run to end)
+  // removes the vGPU once the command has exited too. Without a lock folder of our user's the
   // run goes on, and nothing is removed that way.
   int run_lock = -1;
   if (own_vgpu) {
@@ -656,12 +656,7 @@ void RemoveVgpuEverywhere(const std::string& vgpu_id) {
 }
 
 void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id) {
-  GpuRegion region;
-  if (GpuRegion::Attach(region_path.c_str(), &region) != RegionError::kOk) return;
-  uint32_t index = 0;
-  if (region.FindVgpu(vgpu_id.c_str(), &index) != RegionError::kOk) return;
-  region.ReapDeadOfVgpu(index);
-  region.RemoveVgpu(index);
+  hypervisor::RemoveUnusedVgpu(region_path, vgpu_id);
 }
 
 namespace {

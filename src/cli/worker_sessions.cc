@@ -79,50 +79,6 @@ void RemoveSessionVgpus(pid_t session) {
   RemoveEndedSessionVgpus();
 }
 
-std::vector<std::string> RemoveEndedSessionVgpus() {
-  const std::string dir = RegionDir();
-  std::vector<std::string> removed;
-  if (!hypervisor::SessionLockDirTrusted(dir, false, nullptr)) return removed;
-  const std::vector<std::string> files = hypervisor::RegionFiles(dir);
-  // Every session or run vGPU id of a region, and every lock file's (its session may have ended
-  // before making its vGPU).
-  std::set<std::string> ids;
-  auto snap = std::make_unique<limiter::RegionSnapshot>();
-  for (const std::string& f : files) {
-    limiter::GpuRegion region;
-    if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
-    region.Snapshot(snap.get());
-    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
-      std::string id = snap->vgpus[i].id;
-      if (!hypervisor::SessionVgpuLockPath(dir, id).empty()) ids.insert(std::move(id));
-    }
-  }
-  for (std::string& id : hypervisor::SessionLockIds(dir)) ids.insert(std::move(id));
-  for (const std::string& id : ids) {
-    int held = -1;
-    if (hypervisor::SessionVgpuState(dir, id, &held) != hypervisor::SessionState::kEnded) continue;
-    // Looked up again while the lock is held: no session of this id can make its vGPU meanwhile.
-    bool had = false, left = false;
-    for (const std::string& f : files) {
-      limiter::GpuRegion region;
-      if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) {
-        left = true;  // unknown: its lock file stays, and so does the question
-        continue;
-      }
-      uint32_t index = 0;
-      if (region.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk) continue;
-      had = true;
-      RemovePreparedVgpu(f, id);  // refused (kept) while a live process still uses it
-      if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk) left = true;
-    }
-    if (left) {
-      close(held);
-      continue;
-    }
-    hypervisor::DropSessionVgpuLock(dir, id, held);
-    if (had) removed.push_back(id);
-  }
-  return removed;
-}
+std::vector<std::string> RemoveEndedSessionVgpus() { return hypervisor::RemoveEndedSessionVgpus(RegionDir()); }
 
 }  // namespace tf::cli

@@ -34,13 +34,7 @@ Status FinishSessionVgpu(const std::string& region_path, const std::string& vgpu
 // namespace); then RemoveEndedSessionVgpus.
 void RemoveSessionVgpus(pid_t session);
 
-// Removes from every GPU region the vGPUs of sessions and runs that have ended, which only a
-// worker or a `tfusion run` killed outright (SIGKILL) leaves behind, and the lock files they
-// leave: a session's lock (hypervisor::HoldSessionVgpuLock) is held while it lives, whatever PID
-// namespace it runs in, and a run's while it or its command lives. A vGPU a live process still
-// uses is kept, and so is one without a lock file (made by an older version). Nothing is done
-// without a trusted lock folder (another user's, or none yet). Returns the ids of the vGPUs
-// removed.
+// hypervisor::RemoveEndedSessionVgpus of this machine's region folder.
 std::vector<std::string> RemoveEndedSessionVgpus();
 
 }  // namespace tf::cli

@@ -349,6 +349,10 @@ Status NodeAgent::SyncAllocationsOnce() {
 
   std::vector<LingeringVgpu> lingering;
   Status st = regions_->Sync(want, &lingering);
+  // What a worker session or a `tfusion run` killed outright left (its lock is free): also where
+  // no worker or `tfusion smi` runs to remove it.
+  for (const std::string& id : RemoveEndedSessionVgpus(regions_->dir()))
+    std::fprintf(stderr, "hypervisor: removed vGPU %s: its session or run ended without removing it\n", id.c_str());
   std::set<std::string> wanted_ids;
   for (const VgpuAssignment& a : want) wanted_ids.insert(a.id);
   std::set<std::string> still_running;  // vGPUs taken back, processes still alive

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
+#include <set>
 #include <cstdio>
 #include <cstring>
 #include <string_view>
@@ -252,6 +254,60 @@ std::vector<std::string> SessionLockIds(const std::string& region_dir) {
   }
   closedir(d);
   return ids;
+}
+
+std::vector<std::string> RemoveEndedSessionVgpus(const std::string& dir) {
+  std::vector<std::string> removed;
+  if (!SessionLockDirTrusted(dir, false, nullptr)) return removed;
+  const std::vector<std::string> files = RegionFiles(dir);
+  // Every session or run vGPU id of a region, and every lock file's (its session may have ended
+  // before making its vGPU).
+  std::set<std::string> ids;
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  for (const std::string& f : files) {
+    limiter::GpuRegion region;
+    if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) continue;
+    region.Snapshot(snap.get());
+    for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
+      std::string id = snap->vgpus[i].id;  // Snapshot ends every id
+      if (!SessionVgpuLockPath(dir, id).empty()) ids.insert(std::move(id));
+    }
+  }
+  for (std::string& id : SessionLockIds(dir)) ids.insert(std::move(id));
+  for (const std::string& id : ids) {
+    int held = -1;
+    if (SessionVgpuState(dir, id, &held) != SessionState::kEnded) continue;
+    // Looked up again while the lock is held: no session of this id can make its vGPU meanwhile.
+    bool had = false, left = false;
+    for (const std::string& f : files) {
+      limiter::GpuRegion region;
+      if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) {
+        left = true;  // unknown: its lock file stays, and so does the question
+        continue;
+      }
+      uint32_t index = 0;
+      if (region.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk) continue;
+      had = true;
+      RemoveUnusedVgpu(f, id);  // refused (kept) while a live process still uses it
+      if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk) left = true;
+    }
+    if (left) {
+      close(held);
+      continue;
+    }
+    DropSessionVgpuLock(dir, id, held);
+    if (had) removed.push_back(id);
+  }
+  return removed;
+}
+
+void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id) {
+  limiter::GpuRegion region;
+  if (limiter::GpuRegion::Attach(region_path.c_str(), &region) != limiter::RegionError::kOk) return;
+  uint32_t index = 0;
+  if (region.FindVgpu(vgpu_id.c_str(), &index) != limiter::RegionError::kOk) return;
+  region.ReapDeadOfVgpu(index);
+  region.RemoveVgpu(index);
 }
 
 // The allocation's suspension reaches its session's vGPU `id` (slot `index`, tier block `t`, with

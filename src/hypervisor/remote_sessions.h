@@ -93,6 +93,18 @@ void DropSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_
 // The session vGPU ids of the lock files in the lock folder (none when it is not trusted).
 std::vector<std::string> SessionLockIds(const std::string& region_dir);
 
+// Removes from every GPU region of `region_dir` the vGPUs of sessions and runs that have ended,
+// which only a worker or a `tfusion run` killed outright (SIGKILL) leaves behind, and the lock
+// files they leave: a session's lock (HoldSessionVgpuLock) is held while it lives, whatever PID
+// namespace it runs in, and a run's while it or its command lives. A vGPU a live process still
+// uses is kept, and so is one without a lock file (made by an older version). Nothing is done
+// without a trusted lock folder (another user's, or none yet). Returns the ids of the vGPUs
+// removed.
+std::vector<std::string> RemoveEndedSessionVgpus(const std::string& region_dir);
+// Removes vGPU `vgpu_id` from the region at `region_path` unless a live process still uses it
+// (its dead processes' slots are reaped first); nothing when either is not there.
+void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id);
+
 // The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a
 // session bound to it that a live process uses takes the allocation's idle timeouts (when it has
 // tiering) and the allocation's freeze, zero and thaw requests made since the agent first saw it.

@@ -692,6 +692,54 @@ TEST_F(StopTest, AReleasedVgpuInUseIsStoppedAndSoIsOneTheControllerNoLongerHas) 
   EXPECT_EQ(EndedBySignal(standalone, 2000), SIGKILL);
 }
 
+// A worker session or a `tfusion run` killed outright leaves its vGPU, and its lock file, which
+// nobody holds any more. The agent removes such vGPUs at each sync, also on a node where no
+// worker or `tfusion smi` runs; a vGPU whose lock is held (its run or session lives), and one
+// without a lock file (made by an older version), stay.
+TEST_F(StopTest, TheAgentRemovesTheVgpusOfSessionsAndRunsThatEndedWithoutRemovingThem) {
+  const std::string dir = regions_->dir();
+  // Takes the lock of `id` in a child, which keeps it until killed (or gives it up at once).
+  auto locker = [&](const std::string& id, bool keep) {
+    int ready[2];
+    EXPECT_EQ(pipe(ready), 0);
+    pid_t p = fork();
+    if (p == 0) {
+      std::string why;
+      const bool ok = HoldSessionVgpuLock(dir, id, &why) >= 0;
+      (void)!write(ready[1], ok ? "y" : "n", 1);
+      if (keep) pause();
+      _exit(0);
+    }
+    char c = 0;
+    EXPECT_EQ(read(ready[0], &c, 1), 1);
+    EXPECT_EQ(c, 'y') << id;
+    close(ready[0]);
+    close(ready[1]);
+    if (!keep) waitpid(p, nullptr, 0);
+    else tenants_.push_back(p);
+    return p;
+  };
+  limiter::GpuRegion* r = regions_->region("GPU-s0");
+  uint32_t index = 0;
+  for (const char* id : {"run-4243", "remote-4244@a-x1", "run-4245", "run-4246"})
+    ASSERT_EQ(r->CreateOrUpdateVgpu(id, 1 << 20, 100'000, &index), limiter::RegionError::kOk) << id;
+  locker("run-4243", false);          // a run killed outright, its command gone
+  locker("remote-4244@a-x1", false);  // a session that died with its worker
+  const pid_t live = locker("run-4245", true);
+  // run-4246: no lock file.
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_FALSE(HasVgpu("run-4243"));
+  EXPECT_FALSE(HasVgpu("remote-4244@a-x1"));
+  EXPECT_NE(access((dir + "/session-locks/run-4243.lock").c_str(), F_OK), 0) << "its lock file goes with it";
+  EXPECT_TRUE(HasVgpu("run-4245")) << "its run lives";
+  EXPECT_TRUE(HasVgpu("run-4246")) << "nothing says it ended";
+  kill(live, SIGKILL);
+  waitpid(live, nullptr, 0);
+  ASSERT_TRUE(agent_->SyncAllocations().ok());
+  EXPECT_FALSE(HasVgpu("run-4245"));
+  EXPECT_TRUE(HasVgpu("run-4246"));
+}
+
 // The region is shared memory any tenant can write: a slot that names some other process of the
 // machine (its pid and start time copied from /proc) under a vGPU the controller does not have
 // must not get that process signalled. Only a process that has the region mapped and was started
