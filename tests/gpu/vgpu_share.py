@@ -9,6 +9,9 @@ concurrency N: N processes of one vGPU (--vram 2GiB) start allocating 32 MiB chu
 kill: a lone process of a fresh vGPU first measures what it can allocate (B). Then a child holds
   1 GiB, a waiter process of the same vGPU starts and waits, the child is killed with SIGKILL,
   and the waiter must allocate B - 64 MiB within 2 s of the kill.
+runkill: `tfusion run` (its own vGPU, run-PID) is killed with SIGKILL while its command holds
+  512 MiB: the vGPU must stay while the command lives, and `tfusion smi` must no longer list it
+  within 10 s of the command's end.
 """
 import argparse
 import os
@@ -102,6 +105,48 @@ def kill_reclaim(args):
     tc.record(args.results, name, "PASS" if wrc == 0 and r.get("verdict") == "PASS" else "FAIL", note)
 
 
+def run_killed(args):
+    name = "vgpu of a run killed outright"
+    work = os.path.join(args.work, "runkill")
+    os.makedirs(work, exist_ok=True)
+    ready = os.path.join(work, "child.ready")
+    run = tc.start(tc.limited(args.tfusion, "2GiB", 100, "", [
+        args.drvtest, "hold", "--chunk", "64MiB", "--target", "512MiB", "--ready-file", ready, "--hold-seconds", "60"]),
+        os.path.join(args.logs, "runkill.log"))
+    vgpu = f"run-{run.pid}"
+
+    def listed(tag):
+        _rc, text = tc.run([args.tfusion, "smi"], os.path.join(args.logs, f"runkill-smi-{tag}.log"), 15)
+        return any(line.split()[:1] == [vgpu] for line in text.splitlines())
+
+    if not tc.wait_files([ready], 40, [run]):
+        tc.finish(run, 0)
+        tc.record(args.results, name, "FAIL", "the command did not start")
+        return
+    command_pid = int(tc.read(ready).split()[0])
+    before = listed("before")
+    os.kill(run.pid, signal.SIGKILL)
+    tc.finish(run, 5)  # only tfusion run: its command is in the same group, but still running
+    try:
+        os.kill(command_pid, 0)
+        command_lived = True
+    except ProcessLookupError:
+        command_lived = False
+    during = listed("during")
+    os.kill(command_pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    gone_s = None
+    while time.monotonic() - t0 < 10:
+        if not listed("after"):
+            gone_s = time.monotonic() - t0
+            break
+        time.sleep(0.2)
+    note = (f"{vgpu}: listed before the kill {before}, while its command lived {during} "
+            f"(command alive after the kill: {command_lived}); "
+            + (f"gone {gone_s:.1f} s after the command was killed" if gone_s is not None else "still listed after 10 s"))
+    tc.record(args.results, name, "PASS" if before and during and command_lived and gone_s is not None else "FAIL", note)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tfusion", required=True)
@@ -109,13 +154,14 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--logs", required=True)
     ap.add_argument("--results", required=True)
-    ap.add_argument("--parts", default="conc2,conc4,kill")
+    ap.add_argument("--parts", default="conc2,conc4,kill,runkill")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.logs, exist_ok=True)
     parts = {"conc2": ("vram concurrency 2 processes", lambda: concurrency(args, 2)),
              "conc4": ("vram concurrency 4 processes", lambda: concurrency(args, 4)),
-             "kill": ("vram reclaim after kill -9", lambda: kill_reclaim(args))}
+             "kill": ("vram reclaim after kill -9", lambda: kill_reclaim(args)),
+             "runkill": ("vgpu of a run killed outright", lambda: run_killed(args))}
     for part in args.parts.split(","):
         name, fn = parts[part]
         try:
