@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <memory>
-#include <set>
 #include <vector>
 
 #include "cli/compute_flags.h"

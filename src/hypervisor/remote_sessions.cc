@@ -9,10 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <memory>
-#include <set>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <set>
 #include <string_view>
 
 #include "hypervisor/quota_regions.h"

@@ -64,8 +64,9 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir);
 // in another PID namespace sharing the region folder, where the pid in the id means nothing: the
 // kernel drops the lock with the session. `tfusion run` does the same for its "run-PID" vGPU, and
 // its command inherits the lock, so that the vGPU of a run killed outright counts as live until
-// the command and every process that kept the descriptor have exited. The lock files are in a folder of the region folder that
-// only the worker's user can use (0700), so that no other user can make, hold or replace one.
+// the command and every process that kept the descriptor have exited. The lock files are in a
+// folder of the region folder that only their user can use (0700), so that no other user can
+// make, hold or replace one.
 std::string SessionLockDir(const std::string& region_dir);
 // True when that folder is a real directory (not a link), owned by this user (any owner for root)
 // and closed to everyone else; `create` makes it when missing. Else false, with `why` (if given).
