@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "cli/compute_flags.h"
@@ -412,16 +413,31 @@ int RunCommand(const RunOptions& o) {
   // run goes on, and nothing is removed that way.
   int run_lock = -1;
   if (own_vgpu) {
-    std::string why;
-    run_lock = hypervisor::HoldSessionVgpuLock(RegionDir(), vgpu_id, &why);
-    if (run_lock < 0 && hypervisor::SessionLockDirTrusted(RegionDir(), false, nullptr))
-      return Fail("cannot take the lock of vGPU '" + vgpu_id + "': " + why);
-    // A vGPU of this id that no live process uses was left by an earlier run of the same pid
-    // killed outright: ours starts afresh, not with its counters.
+    // A vGPU of this id left by an earlier run of the same pid killed outright is removed, so that
+    // ours starts afresh; while a process still holds its lock or uses it (that run's command, or
+    // a run of another PID namespace) the id is taken, and ours gets a name of its own, unlocked.
+    const std::string dir = RegionDir();
+    int held = -1;
+    hypervisor::SessionState state = hypervisor::SessionVgpuState(dir, vgpu_id, &held);
     uint32_t stale = 0;
-    if (region.FindVgpu(vgpu_id.c_str(), &stale) == RegionError::kOk) {
+    bool taken = state == hypervisor::SessionState::kLive;
+    if (!taken && region.FindVgpu(vgpu_id.c_str(), &stale) == RegionError::kOk) {
       region.ReapDeadOfVgpu(stale);
-      region.RemoveVgpu(stale);
+      taken = region.RemoveVgpu(stale) != RegionError::kOk;
+    }
+    if (held >= 0) {
+      if (taken) close(held);
+      else hypervisor::DropSessionVgpuLock(dir, vgpu_id, held);
+    }
+    if (taken) {
+      char suffix[16];
+      std::snprintf(suffix, sizeof(suffix), "-%08x", static_cast<unsigned>(std::random_device{}()));
+      vgpu_id += suffix;
+    } else {
+      std::string why;
+      run_lock = hypervisor::HoldSessionVgpuLock(dir, vgpu_id, &why);
+      if (run_lock < 0 && hypervisor::SessionLockDirTrusted(dir, false, nullptr))
+        return Fail("cannot take the lock of vGPU '" + vgpu_id + "': " + why);
     }
   }
   uint32_t existing = 0;

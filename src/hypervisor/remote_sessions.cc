@@ -154,7 +154,9 @@ int OpenLockFile(const std::string& path, bool create) {
 
 }  // namespace
 
-std::string SessionLockDir(const std::string& region_dir) { return region_dir + "/session-locks"; }
+std::string SessionLockDir(const std::string& region_dir) {
+  return region_dir + "/session-locks-" + std::to_string(geteuid());
+}
 
 bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::string* why) {
   const std::string dir = SessionLockDir(region_dir);
@@ -166,7 +168,7 @@ bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::stri
   std::string problem;
   if (lstat(dir.c_str(), &st) != 0) problem = std::string("cannot read it: ") + strerror(errno);
   else if (!S_ISDIR(st.st_mode)) problem = "it is not a directory";
-  else if (st.st_uid != geteuid() && geteuid() != 0) problem = "another user owns it";
+  else if (st.st_uid != geteuid()) problem = "another user owns it";
   else if ((st.st_mode & 077) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));

@@ -60,16 +60,16 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir);
 
 // Each session holds a shared lock on a file of its own from before its vGPU is made until it
 // exits, so that the vGPU of a session that died with its worker (a worker killed with SIGKILL
-// cannot remove it) is told from a live one by any process of the worker's user (or root), even
+// cannot remove it) is told from a live one by any process of the worker's user, even
 // in another PID namespace sharing the region folder, where the pid in the id means nothing: the
 // kernel drops the lock with the session. `tfusion run` does the same for its "run-PID" vGPU, and
 // its command inherits the lock, so that the vGPU of a run killed outright counts as live until
-// the command and every process that kept the descriptor have exited. The lock files are in a
-// folder of the region folder that only their user can use (0700), so that no other user can
-// make, hold or replace one.
+// the command and every process that kept the descriptor have exited. Each user has a lock folder
+// of its own in the region folder, "session-locks-<uid>" (0700), so that no other user can make,
+// hold or replace one of its lock files, and each user (root too) sweeps only its own folder's.
 std::string SessionLockDir(const std::string& region_dir);
-// True when that folder is a real directory (not a link), owned by this user (any owner for root)
-// and closed to everyone else; `create` makes it when missing. Else false, with `why` (if given).
+// True when this user's folder is a real directory (not a link), owned by this user and closed to
+// everyone else; `create` makes it when missing. Else false, with `why` (if given).
 bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::string* why);
 // The lock file of session vGPU `vgpu_id` ("" when `vgpu_id` is not a well-formed session or run
 // id: "remote-PID", "remote-PID@ALLOCATION" or "run-PID"; ids come from a region any tenant can

@@ -197,12 +197,13 @@ TEST_F(LocalLimitsTest, TheVgpuOfARunKilledOutrightGoesOnceItsCommandHasEnded) {
   Background(Run("--vram 1GiB", "hold 1"), dir_ + "/killed.log", "holding=1");
   const pid_t run = background_.back();  // `env` and the shell exec'd into tfusion: the run's own pid
   const std::string id = "run-" + std::to_string(run);
-  const std::string lock = dir_ + "/session-locks/" + id + ".lock";
+  const std::string lock = dir_ + "/session-locks-" + std::to_string(geteuid()) + "/" + id + ".lock";
   ASSERT_TRUE(SmiRow(id).found) << Smi().out;
   EXPECT_EQ(access(lock.c_str(), F_OK), 0) << lock;
   ASSERT_EQ(kill(run, SIGKILL), 0);
   ASSERT_EQ(waitpid(run, nullptr, 0), run);
-  // Its command still runs and uses the vGPU: sweeps leave it.
+  // Its command still runs, holds the lock it inherited, and uses the vGPU: sweeps leave it.
+  EXPECT_NE(Shell("flock -n '" + lock + "' true").rc, 0) << "the command holds the run's lock";
   for (int i = 0; i < 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     EXPECT_TRUE(SmiRow(id).found) << "the command of the killed run still runs\n" << Smi().out;
@@ -219,7 +220,7 @@ TEST_F(LocalLimitsTest, TheVgpuOfARunKilledOutrightGoesOnceItsCommandHasEnded) {
   Result r = Shell(Run("--vram 1GiB", "alloc"));
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(Smi().out.find("run-"), std::string::npos) << Smi().out;
-  Result left = Shell("ls -A '" + dir_ + "/session-locks'");
+  Result left = Shell("ls -A '" + dir_ + "/session-locks-" + std::to_string(geteuid()) + "'");
   EXPECT_EQ(left.out, "") << left.out;
 }
 

@@ -215,14 +215,14 @@ TEST_F(RemoteLimits, TheNextWorkerRemovesTheVgpusOfSessionsThatDiedWithAWorkerKi
   EXPECT_EQ(access((dir_ + "/ready2").c_str(), F_OK), 0) << ReadFile(dir_ + "/worker2.log");
   kill(other, SIGTERM);
   waitpid(other, nullptr, 0);
-  EXPECT_EQ(ReadFile(dir_ + "/worker2.log").find("removed the vGPUs"), std::string::npos);
+  EXPECT_EQ(ReadFile(dir_ + "/worker2.log").find("vGPU(s) that ended sessions or runs left"), std::string::npos);
   EXPECT_EQ(session_vgpus(Shell(env_ + TF_TFUSION + " smi").out), live);
   // That session ends: its worker removes its vGPU and its lock file.
   kill(-second, SIGKILL);
   waitpid(second, nullptr, 0);
   std::string locks;
   for (int i = 0; i < 100; ++i) {
-    locks = Shell("ls " + dir_ + "/shm/session-locks").out;
+    locks = Shell("ls " + dir_ + "/shm/session-locks-" + std::to_string(geteuid())).out;
     if (locks.empty() && session_vgpus(Shell(env_ + TF_TFUSION + " smi").out).empty()) break;
     usleep(50000);
   }

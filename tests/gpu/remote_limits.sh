@@ -156,7 +156,7 @@ for _ in $(seq 100); do "$TF" smi 2>/dev/null | grep -q "remote-" && break; slee
 held=$("$TF" smi 2>/dev/null | grep -o "remote-[0-9]*" | head -1)
 kill -KILL $WPID; wait $WPID 2>/dev/null
 wait $c; crc=$?
-locks=$(ls "$TFUSION_SHM_DIR/session-locks" 2>/dev/null | grep -c "^remote-")
+locks=$(ls "$TFUSION_SHM_DIR/session-locks-$(id -u)" 2>/dev/null | grep -c "^remote-")
 "$TF" worker --listen "unix:$W/w.sock" --listen "127.0.0.1:$PORT" --token "$TOKEN" \
   --ready-file "$W/ready2" > "$OUT/worker2.log" 2>&1 &
 WPID=$!

@@ -730,7 +730,7 @@ TEST_F(StopTest, TheAgentRemovesTheVgpusOfSessionsAndRunsThatEndedWithoutRemovin
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_FALSE(HasVgpu("run-4243"));
   EXPECT_FALSE(HasVgpu("remote-4244@a-x1"));
-  EXPECT_NE(access((dir + "/session-locks/run-4243.lock").c_str(), F_OK), 0) << "its lock file goes with it";
+  EXPECT_NE(access((SessionLockDir(dir) + "/run-4243.lock").c_str(), F_OK), 0) << "its lock file goes with it";
   EXPECT_TRUE(HasVgpu("run-4245")) << "its run lives";
   EXPECT_TRUE(HasVgpu("run-4246")) << "nothing says it ended";
   kill(live, SIGKILL);
@@ -1283,7 +1283,8 @@ TEST(VgpuStopper, NeverSignalsAPidThatNamesAnotherProcessNow) {
 TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   char tmpl[] = "/tmp/tf-session-locks.XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  const std::string locks = dir + "/session-locks";
+  const std::string locks = dir + "/session-locks-" + std::to_string(geteuid());
+  EXPECT_EQ(SessionLockDir(dir), locks) << "each user's own folder";
   EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12"), locks + "/remote-12.lock");
   EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12@a-x1"), locks + "/remote-12@a-x1.lock");
   EXPECT_EQ(SessionVgpuLockPath(dir, "run-12"), locks + "/run-12.lock") << "a `tfusion run` of its own vGPU";
@@ -1327,6 +1328,13 @@ TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   ASSERT_EQ(mkfifo((locks + "/remote-2.lock").c_str(), 0600), 0);
   EXPECT_EQ(SessionVgpuState(dir, "remote-2", &held), SessionState::kLive);
   EXPECT_LT(HoldSessionVgpuLock(dir, "remote-2", &why), 0);
+  // A lock folder another user owns is not trusted, by root either.
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(locks.c_str(), 65534, 65534), 0);
+    EXPECT_FALSE(SessionLockDirTrusted(dir, false, &why));
+    EXPECT_NE(why.find("another user owns it"), std::string::npos) << why;
+    ASSERT_EQ(chown(locks.c_str(), 0, 0), 0);
+  }
   // A lock folder others can use is not trusted: nothing in it is judged, and no lock is taken.
   ASSERT_EQ(chmod(locks.c_str(), 0777), 0);
   EXPECT_FALSE(SessionLockDirTrusted(dir, false, &why));
