@@ -600,6 +600,9 @@ TEST_F(TieringTest, OpeningTheHandleOfAnExporterThatDiedFails) {
   ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
   kill(-exporter, SIGKILL);
   Finish(exporter);
+  // The probe itself (tfusion run's child, in its group) may still be exiting, its socket still
+  // accepting: wait until the group is gone (a zombie left unreaped has closed its sockets).
+  for (int i = 0; i < 500 && kill(-exporter, 0) == 0; ++i) usleep(10'000);
   Result opened = Run(Tfusion("--vram 1GiB --vgpu reader --tiering", "ipcopenonce " + dir_));
   EXPECT_EQ(opened.rc, 0) << opened.out;
   EXPECT_EQ(opened.kv["open"], "400") << opened.out;
