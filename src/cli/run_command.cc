@@ -419,11 +419,11 @@ int RunCommand(const RunOptions& o) {
     const std::string dir = RegionDir();
     int held = -1;
     hypervisor::SessionState state = hypervisor::SessionVgpuState(dir, vgpu_id, &held);
-    uint32_t stale = 0;
     bool taken = state == hypervisor::SessionState::kLive;
-    if (!taken && region.FindVgpu(vgpu_id.c_str(), &stale) == RegionError::kOk) {
-      region.ReapDeadOfVgpu(stale);
-      taken = region.RemoveVgpu(stale) != RegionError::kOk;
+    if (!taken) {
+      hypervisor::RemoveUnusedVgpu(region.path(), vgpu_id);
+      uint32_t stale = 0;
+      taken = region.FindVgpu(vgpu_id.c_str(), &stale) == RegionError::kOk;
     }
     if (held >= 0) {
       if (taken) close(held);
@@ -668,11 +668,7 @@ Status ParseGpuSelector(const std::string& text, RunOptions* o) {
 }
 
 void RemoveVgpuEverywhere(const std::string& vgpu_id) {
-  for (const std::string& f : hypervisor::RegionFiles(RegionDir())) RemovePreparedVgpu(f, vgpu_id);
-}
-
-void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id) {
-  hypervisor::RemoveUnusedVgpu(region_path, vgpu_id);
+  for (const std::string& f : hypervisor::RegionFiles(RegionDir())) hypervisor::RemoveUnusedVgpu(f, vgpu_id);
 }
 
 namespace {

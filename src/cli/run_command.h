@@ -68,9 +68,8 @@ std::string PublishedMpsPipeDirectoryIfRunning(const std::string& program);
 
 // `--gpu` as typed: an index (digits) or a UUID ("GPU-..."), into o->gpu or o->gpu_uuid.
 Status ParseGpuSelector(const std::string& text, RunOptions* o);
-// Removes such a vGPU once its processes are gone (a live one keeps it: busy).
-void RemovePreparedVgpu(const std::string& region_path, const std::string& vgpu_id);
-// The same for every GPU region of this machine that has a vGPU `vgpu_id`.
+// Removes vGPU `vgpu_id` from every GPU region of this machine once its processes are gone (a
+// live one keeps it: busy; hypervisor::RemoveUnusedVgpu).
 void RemoveVgpuEverywhere(const std::string& vgpu_id);
 
 // The compute flags of `o`.

@@ -70,7 +70,7 @@ void RemoveSessionVgpus(pid_t session) {
       // A held lock: a live session of another worker whose pid (in its own PID namespace) is the same.
       int held = -1;
       if (hypervisor::SessionVgpuState(dir, id, &held) == hypervisor::SessionState::kLive) continue;
-      RemovePreparedVgpu(f, id);
+      hypervisor::RemoveUnusedVgpu(f, id);
       if (held >= 0) hypervisor::DropSessionVgpuLock(dir, id, held);
     }
   }
