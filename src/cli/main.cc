@@ -494,6 +494,10 @@ int main(int argc, char** argv) {
       // tells the next worker (or `tfusion smi`) that its session is gone. Without a lock folder
       // of its own nothing is ever removed that way, and the session runs (logged); a lock file
       // it made but could not lock would be taken for an ended session's, so it is refused.
+      // A vGPU of this id that a dead session of the same pid left (its worker killed outright,
+      // no sweep since) is removed first, so that this session does not take over its counters.
+      // Still in use (a live session of another PID namespace with this pid): shared, as before.
+      tf::hypervisor::ClearEndedVgpuOfId(tf::cli::RegionDir(), vgpu_id);
       std::string unlocked;
       if (tf::hypervisor::HoldSessionVgpuLock(tf::cli::RegionDir(), vgpu_id, &unlocked) < 0) {
         if (tf::hypervisor::SessionLockDirTrusted(tf::cli::RegionDir(), false, nullptr))

@@ -407,34 +407,25 @@ int RunCommand(const RunOptions& o) {
   const bool own_vgpu = pooled_id.empty() && o.vgpu.empty();
   std::string vgpu_id = !pooled_id.empty() ? pooled_id : own_vgpu ? hypervisor::RunVgpuId(getpid()) : o.vgpu;
   if (vgpu_id.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
-  // Our own vGPU's lock, held by us and inherited by the command: should we be killed outright
+  // The vGPU's lock, held by us and inherited by the command: should we be killed outright
   // (SIGKILL), whoever sweeps next (`tfusion smi`, a worker, the node agent, the next run to end)
-  // removes the vGPU once the command has exited too. Without a lock folder of our user's the
-  // run goes on, and nothing is removed that way.
+  // removes the vGPU once the command has exited too (with `--vgpu NAME`, once every run of that
+  // name and its command have). Without a lock folder of our user's the run goes on, and nothing
+  // is removed that way. A pool allocation's vGPU, or a `--vgpu` name of that form ("a-..."), is the
+  // node agent's to remove.
   int run_lock = -1;
-  if (own_vgpu) {
+  if (pooled_id.empty()) {
+    const std::string dir = RegionDir();
     // A vGPU of this id left by an earlier run of the same pid killed outright is removed, so that
     // ours starts afresh; while a process still holds its lock or uses it (that run's command, or
-    // a run of another PID namespace) the id is taken, and ours gets a name of its own, unlocked.
-    const std::string dir = RegionDir();
-    int held = -1;
-    hypervisor::SessionState state = hypervisor::SessionVgpuState(dir, vgpu_id, &held);
-    bool taken = state == hypervisor::SessionState::kLive;
-    if (!taken) {
-      hypervisor::RemoveUnusedVgpu(region.path(), vgpu_id);
-      uint32_t stale = 0;
-      taken = region.FindVgpu(vgpu_id.c_str(), &stale) == RegionError::kOk;
-    }
-    if (held >= 0) {
-      if (taken) close(held);
-      else hypervisor::DropSessionVgpuLock(dir, vgpu_id, held);
-    }
-    if (taken) {
+    // a run of another PID namespace) the id is taken, and ours gets a name of its own.
+    if (own_vgpu && !hypervisor::ClearEndedVgpuOfId(dir, vgpu_id)) {
       char suffix[16];
       std::snprintf(suffix, sizeof(suffix), "-%08x", static_cast<unsigned>(std::random_device{}()));
       vgpu_id += suffix;
-    } else {
-      std::string why;
+    }
+    std::string why;
+    if (!hypervisor::SessionVgpuLockPath(dir, vgpu_id).empty()) {  // not a name of the pool's ("a-...")
       run_lock = hypervisor::HoldSessionVgpuLock(dir, vgpu_id, &why);
       if (run_lock < 0 && hypervisor::SessionLockDirTrusted(dir, false, nullptr))
         return Fail("cannot take the lock of vGPU '" + vgpu_id + "': " + why);

@@ -25,6 +25,20 @@ namespace {
 
 constexpr char kSessionPrefix[] = "remote-";
 constexpr char kRunPrefix[] = "run-";
+constexpr char kNamedLockPrefix[] = "vgpu-";  // the lock file of a run vGPU of another name: "vgpu-HEX.lock"
+
+// The bytes hex digits (lower case, two per byte) spell, or "" when `hex` is not such a spelling.
+std::string FromHex(const std::string& hex) {
+  auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  std::string out;
+  if (hex.size() % 2 != 0) return "";
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = digit(hex[i]), lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return "";
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
 
 // The pid part of "PREFIX-PID[@...]", or -1.
 long PidAfter(const std::string& vgpu_id, std::string_view prefix) {
@@ -187,8 +201,19 @@ std::string SessionVgpuLockPath(const std::string& region_dir, const std::string
   // Only the canonical spelling: the id comes from a region any tenant can write, and it names a file.
   const bool canonical = session > 0 ? SessionVgpuId(session, BoundAllocation(vgpu_id)) == vgpu_id
                                      : run > 0 && run <= 0x7FFFFFFF && RunVgpuId(static_cast<pid_t>(run)) == vgpu_id;
-  if (!canonical) return "";
-  return SessionLockDir(region_dir) + "/" + vgpu_id + ".lock";
+  if (canonical) return SessionLockDir(region_dir) + "/" + vgpu_id + ".lock";
+  // Any other name a run may give (`--vgpu NAME`, or "run-PID-XXXXXXXX"), spelt in hex: it may hold
+  // any character. Not a pool allocation's ("a-..."), which the node agent makes and removes.
+  if (session > 0 || vgpu_id.empty() || vgpu_id.size() >= limiter::kVgpuIdBytes || vgpu_id.rfind("a-", 0) == 0 ||
+      vgpu_id.find('\0') != std::string::npos)
+    return "";
+  std::string path = SessionLockDir(region_dir) + "/" + kNamedLockPrefix;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (unsigned char c : vgpu_id) {
+    path += kHex[c >> 4];
+    path += kHex[c & 15];
+  }
+  return path + ".lock";
 }
 
 int HoldSessionVgpuLock(const std::string& region_dir, const std::string& vgpu_id, std::string* why) {
@@ -252,6 +277,7 @@ std::vector<std::string> SessionLockIds(const std::string& region_dir) {
     std::string_view name = e->d_name;
     if (name.size() <= kSuffix.size() || name.substr(name.size() - kSuffix.size()) != kSuffix) continue;
     std::string id(name.substr(0, name.size() - kSuffix.size()));
+    if (id.rfind(kNamedLockPrefix, 0) == 0) id = FromHex(id.substr(std::strlen(kNamedLockPrefix)));
     if (SessionVgpuLockPath(region_dir, id) == dir + "/" + std::string(name)) ids.push_back(std::move(id));
   }
   closedir(d);
@@ -310,6 +336,23 @@ void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id
   if (region.FindVgpu(vgpu_id.c_str(), &index) != limiter::RegionError::kOk) return;
   region.ReapDeadOfVgpu(index);
   region.RemoveVgpu(index);
+}
+
+bool ClearEndedVgpuOfId(const std::string& region_dir, const std::string& vgpu_id) {
+  int held = -1;
+  if (SessionVgpuState(region_dir, vgpu_id, &held) == SessionState::kLive) return false;
+  bool used = false;
+  for (const std::string& f : RegionFiles(region_dir)) {
+    RemoveUnusedVgpu(f, vgpu_id);
+    limiter::GpuRegion region;
+    uint32_t index = 0;
+    if (limiter::GpuRegion::Attach(f.c_str(), &region) == limiter::RegionError::kOk &&
+        region.FindVgpu(vgpu_id.c_str(), &index) == limiter::RegionError::kOk)
+      used = true;
+  }
+  if (used) close(held);  // -1 is harmless
+  else DropSessionVgpuLock(region_dir, vgpu_id, held);
+  return !used;
 }
 
 // The allocation's suspension reaches its session's vGPU `id` (slot `index`, tier block `t`, with

@@ -62,18 +62,21 @@ bool RemoteZeroKeeperAlive(const std::string& region_dir);
 // exits, so that the vGPU of a session that died with its worker (a worker killed with SIGKILL
 // cannot remove it) is told from a live one by any process of the worker's user, even
 // in another PID namespace sharing the region folder, where the pid in the id means nothing: the
-// kernel drops the lock with the session. `tfusion run` does the same for its "run-PID" vGPU, and
-// its command inherits the lock, so that the vGPU of a run killed outright counts as live until
-// the command and every process that kept the descriptor have exited. Each user has a lock folder
+// kernel drops the lock with the session. `tfusion run` does the same for the vGPU it makes
+// ("run-PID", or the `--vgpu` name several runs share), and its command inherits the lock, so that
+// the vGPU of a run killed outright counts as live until the command and every process that kept
+// the descriptor (of every run of that name) have exited. Each user has a lock folder
 // of its own in the region folder, "session-locks-<uid>" (0700), so that no other user can make,
 // hold or replace one of its lock files, and each user (root too) sweeps only its own folder's.
 std::string SessionLockDir(const std::string& region_dir);
 // True when this user's folder is a real directory (not a link), owned by this user and closed to
 // everyone else; `create` makes it when missing. Else false, with `why` (if given).
 bool SessionLockDirTrusted(const std::string& region_dir, bool create, std::string* why);
-// The lock file of session vGPU `vgpu_id` ("" when `vgpu_id` is not a well-formed session or run
-// id: "remote-PID", "remote-PID@ALLOCATION" or "run-PID"; ids come from a region any tenant can
-// write).
+// The lock file of session or run vGPU `vgpu_id`: "<id>.lock" for "remote-PID",
+// "remote-PID@ALLOCATION" and "run-PID", "vgpu-<id in hex>.lock" for any other name a run gives
+// its vGPU (`tfusion run --vgpu NAME`; all the runs of a name hold its lock). "" for a pool
+// allocation's id ("a-..."), a session id not spelt as SessionVgpuId spells it, and an id that
+// cannot be a vGPU's (ids come from a region any tenant can write, and this names a file).
 std::string SessionVgpuLockPath(const std::string& region_dir, const std::string& vgpu_id);
 // Takes that lock for the calling process and returns the descriptor that holds it (kept open
 // until the process exits), or -1 with `why` set when it cannot: the folder cannot be made or is
@@ -97,7 +100,7 @@ std::vector<std::string> SessionLockIds(const std::string& region_dir);
 // Removes from every GPU region of `region_dir` the vGPUs of sessions and runs that have ended,
 // which only a worker or a `tfusion run` killed outright (SIGKILL) leaves behind, and the lock
 // files they leave: a session's lock (HoldSessionVgpuLock) is held while it lives, whatever PID
-// namespace it runs in, and a run's while it or its command lives. A vGPU a live process still
+// namespace it runs in, and a run's while it or its command lives (while any run of a name does). A vGPU a live process still
 // uses is kept, and so is one without a lock file (made by an older version). Nothing is done
 // without a trusted lock folder (another user's, or none yet). Returns the ids of the vGPUs
 // removed.
@@ -105,6 +108,12 @@ std::vector<std::string> RemoveEndedSessionVgpus(const std::string& region_dir);
 // Removes vGPU `vgpu_id` from the region at `region_path` unless a live process still uses it
 // (its dead processes' slots are reaped first); nothing when either is not there.
 void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id);
+// Before a session or run takes the lock of `vgpu_id` and makes its vGPU: removes from every GPU
+// region of `region_dir` a vGPU of that id that an ended session or run left (its lock free, or
+// it has no lock file) and no live process uses, with its lock file, so that the new vGPU starts
+// afresh instead of taking over the dead one's counters (pids are reused). False when the id is
+// still in use: its lock is held, or a live process uses a vGPU of that id.
+bool ClearEndedVgpuOfId(const std::string& region_dir, const std::string& vgpu_id);
 
 // The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a
 // session bound to it that a live process uses takes the allocation's idle timeouts (when it has

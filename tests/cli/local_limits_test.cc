@@ -224,4 +224,45 @@ TEST_F(LocalLimitsTest, TheVgpuOfARunKilledOutrightGoesOnceItsCommandHasEnded) {
   EXPECT_EQ(left.out, "") << left.out;
 }
 
+// The same for a vGPU that several runs share by name (`--vgpu NAME`): it stays while any run of
+// that name or its command lives, and goes with its lock file once the last has ended, however
+// they ended.
+TEST_F(LocalLimitsTest, ANamedVgpuWhoseRunsWereAllKilledOutrightGoesWithTheirCommands) {
+  const std::string lock = dir_ + "/session-locks-" + std::to_string(geteuid()) + "/vgpu-7465616d5f61.lock";  // "team_a"
+  Background(Run("--vram 1GiB --vgpu team_a", "hold 1"), dir_ + "/first.log", "holding=1");
+  const pid_t first = background_.back();
+  Background(Run("--vram 1GiB --vgpu team_a", "hold 1"), dir_ + "/second.log", "holding=1");
+  const pid_t second = background_.back();
+  ASSERT_TRUE(SmiRow("team_a").found) << Smi().out;
+  EXPECT_EQ(access(lock.c_str(), F_OK), 0) << lock;
+  // The first run and its command killed outright: the second run still uses the vGPU.
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  ASSERT_EQ(waitpid(first, nullptr, 0), first);
+  kill(-first, SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_TRUE(SmiRow("team_a").found) << "a run of that name lives\n" << Smi().out;
+  // The second run killed outright: its command still holds the lock.
+  ASSERT_EQ(kill(second, SIGKILL), 0);
+  ASSERT_EQ(waitpid(second, nullptr, 0), second);
+  EXPECT_NE(Shell("flock -n '" + lock + "' true").rc, 0) << "the command holds the run's lock";
+  for (int i = 0; i < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(SmiRow("team_a").found) << "the command of the killed run still runs\n" << Smi().out;
+  }
+  kill(-second, SIGKILL);
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone = !SmiRow("team_a").found;
+  }
+  EXPECT_TRUE(gone) << Smi().out;
+  EXPECT_NE(access(lock.c_str(), F_OK), 0) << "the lock file goes with the vGPU";
+  // Runs of a name that end as usual leave neither the vGPU nor its lock file.
+  Result r = Shell(Run("--vram 1GiB --vgpu team_a", "alloc"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_FALSE(SmiRow("team_a").found) << Smi().out;
+  Result left = Shell("ls -A '" + dir_ + "/session-locks-" + std::to_string(geteuid()) + "'");
+  EXPECT_EQ(left.out, "") << left.out;
+}
+
 }  // namespace

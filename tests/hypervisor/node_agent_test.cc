@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -721,23 +722,77 @@ TEST_F(StopTest, TheAgentRemovesTheVgpusOfSessionsAndRunsThatEndedWithoutRemovin
   };
   limiter::GpuRegion* r = regions_->region("GPU-s0");
   uint32_t index = 0;
-  for (const char* id : {"run-4243", "remote-4244@a-x1", "run-4245", "run-4246"})
+  for (const char* id : {"run-4243", "remote-4244@a-x1", "run-4245", "run-4246", "my job/1", "shared"})
     ASSERT_EQ(r->CreateOrUpdateVgpu(id, 1 << 20, 100'000, &index), limiter::RegionError::kOk) << id;
   locker("run-4243", false);          // a run killed outright, its command gone
   locker("remote-4244@a-x1", false);  // a session that died with its worker
+  locker("my job/1", false);          // `tfusion run --vgpu "my job/1"`: its one run killed outright
   const pid_t live = locker("run-4245", true);
+  const pid_t live_named = locker("shared", true);  // one run of `--vgpu shared` ended, one lives
+  locker("shared", false);
   // run-4246: no lock file.
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_FALSE(HasVgpu("run-4243"));
   EXPECT_FALSE(HasVgpu("remote-4244@a-x1"));
+  EXPECT_FALSE(HasVgpu("my job/1"));
   EXPECT_NE(access((SessionLockDir(dir) + "/run-4243.lock").c_str(), F_OK), 0) << "its lock file goes with it";
+  EXPECT_NE(access(SessionVgpuLockPath(dir, "my job/1").c_str(), F_OK), 0) << "its lock file goes with it";
   EXPECT_TRUE(HasVgpu("run-4245")) << "its run lives";
+  EXPECT_TRUE(HasVgpu("shared")) << "a run of that name lives";
   EXPECT_TRUE(HasVgpu("run-4246")) << "nothing says it ended";
   kill(live, SIGKILL);
   waitpid(live, nullptr, 0);
+  kill(live_named, SIGKILL);
+  waitpid(live_named, nullptr, 0);
   ASSERT_TRUE(agent_->SyncAllocations().ok());
   EXPECT_FALSE(HasVgpu("run-4245"));
+  EXPECT_FALSE(HasVgpu("shared"));
   EXPECT_TRUE(HasVgpu("run-4246"));
+}
+
+// A session or run whose id a dead one of the same pid left (its worker or run killed outright,
+// no sweep since: pids are reused) starts on a fresh vGPU instead of taking over the dead one's
+// counters; an id still in use is reported, and its vGPU kept.
+TEST_F(StopTest, ASessionOrRunStartsAfreshWhereADeadOneOfTheSameIdLeftItsVgpu) {
+  const std::string dir = regions_->dir();
+  limiter::GpuRegion* r = regions_->region("GPU-s0");
+  uint32_t index = 0, slot = 0;
+  for (const char* id : {"remote-4250", "run-4251", "run-4252", "run-4253"})
+    ASSERT_EQ(r->CreateOrUpdateVgpu(id, 1 << 20, 100'000, &index), limiter::RegionError::kOk) << id;
+  // run-4251's lock: taken by a process that then died. run-4252's: held by a live one.
+  std::string why;
+  pid_t ended = fork();
+  if (ended == 0) _exit(HoldSessionVgpuLock(dir, "run-4251", &why) >= 0 ? 0 : 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(ended, &status, 0), ended);
+  ASSERT_EQ(status, 0);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t holder = fork();
+  if (holder == 0) {
+    (void)!write(ready[1], HoldSessionVgpuLock(dir, "run-4252", &why) >= 0 ? "y" : "n", 1);
+    pause();
+    _exit(0);
+  }
+  tenants_.push_back(holder);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'y');
+  close(ready[0]);
+  close(ready[1]);
+  ASSERT_EQ(r->AttachProcess(index, holder, &slot), limiter::RegionError::kOk);  // a live process uses run-4253
+  ASSERT_EQ(r->Reserve(slot, 1 << 20), limiter::RegionError::kOk);
+  EXPECT_TRUE(ClearEndedVgpuOfId(dir, "remote-4250")) << "no lock file, no live process: an older version's";
+  EXPECT_FALSE(HasVgpu("remote-4250"));
+  EXPECT_TRUE(ClearEndedVgpuOfId(dir, "run-4251"));
+  EXPECT_FALSE(HasVgpu("run-4251"));
+  EXPECT_NE(access(SessionVgpuLockPath(dir, "run-4251").c_str(), F_OK), 0) << "its lock file goes with it";
+  EXPECT_FALSE(ClearEndedVgpuOfId(dir, "run-4252")) << "its lock is held";
+  EXPECT_TRUE(HasVgpu("run-4252"));
+  EXPECT_FALSE(ClearEndedVgpuOfId(dir, "run-4253")) << "a live process uses it";
+  EXPECT_TRUE(HasVgpu("run-4253"));
+  EXPECT_EQ(r->Used(index), uint64_t{1} << 20) << "its counters are left as they were";
+  EXPECT_TRUE(ClearEndedVgpuOfId(dir, "run-4254")) << "no vGPU of that id";
 }
 
 // The region is shared memory any tenant can write: a slot that names some other process of the
@@ -1288,9 +1343,14 @@ TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12"), locks + "/remote-12.lock");
   EXPECT_EQ(SessionVgpuLockPath(dir, "remote-12@a-x1"), locks + "/remote-12@a-x1.lock");
   EXPECT_EQ(SessionVgpuLockPath(dir, "run-12"), locks + "/run-12.lock") << "a `tfusion run` of its own vGPU";
-  for (const char* bad : {"remote-012", "remote-12@../x", "remote-12@a-../x", "remote-", "a-x1", "remote-0", "run-012",
-                          "run-12@a-x1", "run-0", "run-", "run-12/../x", "run-99999999999"})
+  // Not a session's spelling (the worker spells its ids), a pool allocation's, or no vGPU id.
+  for (const std::string& bad : std::vector<std::string>{"remote-012", "remote-12@../x", "remote-12@a-../x", "a-x1",
+                                                        "a-", "", std::string(64, 'x'), std::string("x\0y", 3)})
     EXPECT_EQ(SessionVgpuLockPath(dir, bad), "") << bad;
+  // Any other name a run may give its vGPU (`tfusion run --vgpu NAME`) is spelt in hex.
+  EXPECT_EQ(SessionVgpuLockPath(dir, "run-12/../x"), locks + "/vgpu-72756e2d31322f2e2e2f78.lock");
+  EXPECT_EQ(SessionVgpuLockPath(dir, "run-012"), locks + "/vgpu-72756e2d303132.lock");
+  EXPECT_EQ(SessionVgpuLockPath(dir, std::string(63, 'x')).size(), locks.size() + 1 + 5 + 126 + 5);
   std::string why;
   EXPECT_LT(HoldSessionVgpuLock(dir, "remote-12@../x", &why), 0);
   EXPECT_NE(why.find("not a session or run vGPU id"), std::string::npos) << why;
@@ -1317,6 +1377,16 @@ TEST(SessionVgpuLocks, OnlyASessionsReleasedLockMarksItsVgpuAsEnded) {
   EXPECT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kLive);
   EXPECT_EQ(held, -1);
   EXPECT_EQ(SessionLockIds(dir), std::vector<std::string>{"remote-1"});
+  // Lock files of names are listed by name; files that spell no name this way are not.
+  for (const char* file : {"vgpu-6d79206a6f62.lock", "vgpu-6D79.lock", "vgpu-6d7.lock", "vgpu-zz.lock", "vgpu-.lock",
+                           "vgpu-612d78.lock", "x.lock"})
+    close(open((locks + "/" + file).c_str(), O_CREAT | O_WRONLY, 0600));
+  std::vector<std::string> ids = SessionLockIds(dir);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"my job", "remote-1"}));
+  for (const char* file : {"vgpu-6d79206a6f62.lock", "vgpu-6D79.lock", "vgpu-6d7.lock", "vgpu-zz.lock", "vgpu-.lock",
+                           "vgpu-612d78.lock", "x.lock"})
+    unlink((locks + "/" + file).c_str());
   kill(session, SIGKILL);
   waitpid(session, nullptr, 0);
   ASSERT_EQ(SessionVgpuState(dir, "remote-1", &held), SessionState::kEnded);
