@@ -12,6 +12,7 @@ kill: a lone process of a fresh vGPU first measures what it can allocate (B). Th
 runkill: `tfusion run` (its own vGPU, run-PID) is killed with SIGKILL while its command holds
   512 MiB: the vGPU must stay while the command lives, and `tfusion smi` must no longer list it
   within 10 s of the command's end.
+runkillnamed: the same with a vGPU the run shares by name (`--vgpu NAME`).
 """
 import argparse
 import os
@@ -105,18 +106,20 @@ def kill_reclaim(args):
     tc.record(args.results, name, "PASS" if wrc == 0 and r.get("verdict") == "PASS" else "FAIL", note)
 
 
-def run_killed(args):
-    name = "vgpu of a run killed outright"
-    work = os.path.join(args.work, "runkill")
+def run_killed(args, named):
+    name = "vgpu shared by name, its run killed outright" if named else "vgpu of a run killed outright"
+    part = "runkillnamed" if named else "runkill"
+    work = os.path.join(args.work, part)
     os.makedirs(work, exist_ok=True)
     ready = os.path.join(work, "child.ready")
-    run = tc.start(tc.limited(args.tfusion, "2GiB", 100, "", [
+    shared = f"named-{os.getpid()}-{int(time.time())}" if named else ""
+    run = tc.start(tc.limited(args.tfusion, "2GiB", 100, shared, [
         args.drvtest, "hold", "--chunk", "64MiB", "--target", "512MiB", "--ready-file", ready, "--hold-seconds", "60"]),
-        os.path.join(args.logs, "runkill.log"))
-    vgpu = f"run-{run.pid}"
+        os.path.join(args.logs, f"{part}.log"))
+    vgpu = shared or f"run-{run.pid}"
 
     def listed(tag):
-        _rc, text = tc.run([args.tfusion, "smi"], os.path.join(args.logs, f"runkill-smi-{tag}.log"), 15)
+        _rc, text = tc.run([args.tfusion, "smi"], os.path.join(args.logs, f"{part}-smi-{tag}.log"), 15)
         return any(line.split()[:1] == [vgpu] for line in text.splitlines())
 
     if not tc.wait_files([ready], 40, [run]):
@@ -154,14 +157,15 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--logs", required=True)
     ap.add_argument("--results", required=True)
-    ap.add_argument("--parts", default="conc2,conc4,kill,runkill")
+    ap.add_argument("--parts", default="conc2,conc4,kill,runkill,runkillnamed")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.logs, exist_ok=True)
     parts = {"conc2": ("vram concurrency 2 processes", lambda: concurrency(args, 2)),
              "conc4": ("vram concurrency 4 processes", lambda: concurrency(args, 4)),
              "kill": ("vram reclaim after kill -9", lambda: kill_reclaim(args)),
-             "runkill": ("vgpu of a run killed outright", lambda: run_killed(args))}
+             "runkill": ("vgpu of a run killed outright", lambda: run_killed(args, False)),
+             "runkillnamed": ("vgpu shared by name, its run killed outright", lambda: run_killed(args, True))}
     for part in args.parts.split(","):
         name, fn = parts[part]
         try:
