@@ -519,16 +519,18 @@ int RunCommand(const RunOptions& o) {
     }
   }
   // The vGPU goes with its last process: RemoveVgpu refuses (busy) while another live process
-  // still uses it, e.g. a second `tfusion run --vgpu NAME`, whose own exit removes it later.
+  // still uses it, e.g. a second `tfusion run --vgpu NAME`, whose own exit removes it later. A
+  // locked vGPU goes once nobody holds its lock either: a process the command left running in the
+  // background that has not started CUDA yet keeps it, and the sweep after its exit removes it.
   // Pool allocations ("a-...") belong to the node agent, which removes them on release.
   if (guarded) region.DetachProcess(guard_slot);
-  if (pooled_id.empty()) {
+  if (pooled_id.empty() && run_lock < 0) {
     region.ReapDeadOfVgpu(index);
-    region.RemoveVgpu(index);
+    region.RemoveVgpu(index, vgpu_id.c_str());
   }
   if (run_lock >= 0) {
     close(run_lock);
-    RemoveEndedSessionVgpus();  // our lock file (our vGPU too once no process uses it), and what others left
+    RemoveEndedSessionVgpus();  // our vGPU and lock file unless still held or used, and what others left
   }
   if (!pooled_id.empty()) ReleaseAfterRun(o, pooled_id);
   if (WIFEXITED(status)) return WEXITSTATUS(status);

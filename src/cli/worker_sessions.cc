@@ -71,7 +71,14 @@ void RemoveSessionVgpus(pid_t session) {
       int held = -1;
       if (hypervisor::SessionVgpuState(dir, id, &held) == hypervisor::SessionState::kLive) continue;
       hypervisor::RemoveUnusedVgpu(f, id);
-      if (held >= 0) hypervisor::DropSessionVgpuLock(dir, id, held);
+      uint32_t index = 0;
+      // Its lock file goes with it; while a live process still uses it (a forked child that
+      // outlived the session), the file stays, so that a later sweep removes it then.
+      if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk) {
+        if (held >= 0) close(held);
+      } else {
+        hypervisor::DropSessionVgpuLock(dir, id, held);
+      }
     }
   }
   // Its lock file, and what sessions that died with an earlier worker left.

@@ -299,6 +299,11 @@ bool NodeAgent::GoneAtController(const std::string& allocation, int64_t now_ms) 
 }
 
 Status NodeAgent::SyncAllocationsOnce() {
+  // What a worker session or a `tfusion run` of root's killed outright left (its lock, in root's
+  // lock folder, is free): also where no worker or `tfusion smi` runs to remove it, and while the
+  // controller cannot be reached. Other users' are theirs to sweep (their own `smi`, workers, runs).
+  for (const std::string& id : RemoveEndedSessionVgpus(regions_->dir()))
+    std::fprintf(stderr, "hypervisor: removed vGPU %s: its session or run ended without removing it\n", id.c_str());
   StatusOr<controller::HttpResponse> r = client_.Get("/v1/allocations?node=" + options_.node_name);
   TF_RETURN_IF_ERROR(FromHttp(r, "listing allocations"));
   json j = json::parse(r->body, nullptr, false);
@@ -349,10 +354,6 @@ Status NodeAgent::SyncAllocationsOnce() {
 
   std::vector<LingeringVgpu> lingering;
   Status st = regions_->Sync(want, &lingering);
-  // What a worker session or a `tfusion run` killed outright left (its lock is free): also where
-  // no worker or `tfusion smi` runs to remove it.
-  for (const std::string& id : RemoveEndedSessionVgpus(regions_->dir()))
-    std::fprintf(stderr, "hypervisor: removed vGPU %s: its session or run ended without removing it\n", id.c_str());
   std::set<std::string> wanted_ids;
   for (const VgpuAssignment& a : want) wanted_ids.insert(a.id);
   std::set<std::string> still_running;  // vGPUs taken back, processes still alive

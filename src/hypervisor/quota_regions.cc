@@ -286,7 +286,7 @@ Status QuotaRegions::Sync(const std::vector<VgpuAssignment>& assignments,
         continue;
       }
       if (id.rfind("a-", 0) != 0 || keep.count(id)) continue;
-      RegionError e = r->RemoveVgpu(v.index);
+      RegionError e = r->RemoveVgpu(v.index, v.id);
       if (e == RegionError::kBusy) {  // a live process still uses it: next Sync
         if (lingering == nullptr) continue;
         LingeringVgpu l{uuid, id, {}, "", "", false};

@@ -335,23 +335,30 @@ void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id
   uint32_t index = 0;
   if (region.FindVgpu(vgpu_id.c_str(), &index) != limiter::RegionError::kOk) return;
   region.ReapDeadOfVgpu(index);
-  region.RemoveVgpu(index);
+  region.RemoveVgpu(index, vgpu_id.c_str());
 }
 
 bool ClearEndedVgpuOfId(const std::string& region_dir, const std::string& vgpu_id) {
   int held = -1;
-  if (SessionVgpuState(region_dir, vgpu_id, &held) == SessionState::kLive) return false;
+  const SessionState state = SessionVgpuState(region_dir, vgpu_id, &held);
+  if (state == SessionState::kLive) return false;
   bool used = false;
   for (const std::string& f : RegionFiles(region_dir)) {
-    RemoveUnusedVgpu(f, vgpu_id);
+    // Removed only on our own ended lock's word: without a lock file in our folder the vGPU may be
+    // another user's (whose lock we cannot see), or a process of another PID namespace's, whose
+    // pids this /proc cannot judge.
+    if (state == SessionState::kEnded) RemoveUnusedVgpu(f, vgpu_id);
     limiter::GpuRegion region;
     uint32_t index = 0;
     if (limiter::GpuRegion::Attach(f.c_str(), &region) == limiter::RegionError::kOk &&
         region.FindVgpu(vgpu_id.c_str(), &index) == limiter::RegionError::kOk)
       used = true;
   }
-  if (used) close(held);  // -1 is harmless
-  else DropSessionVgpuLock(region_dir, vgpu_id, held);
+  if (used) {
+    if (held >= 0) close(held);
+  } else {
+    DropSessionVgpuLock(region_dir, vgpu_id, held);
+  }
   return !used;
 }
 

@@ -109,10 +109,11 @@ std::vector<std::string> RemoveEndedSessionVgpus(const std::string& region_dir);
 // (its dead processes' slots are reaped first); nothing when either is not there.
 void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id);
 // Before a session or run takes the lock of `vgpu_id` and makes its vGPU: removes from every GPU
-// region of `region_dir` a vGPU of that id that an ended session or run left (its lock free, or
-// it has no lock file) and no live process uses, with its lock file, so that the new vGPU starts
+// region of `region_dir` a vGPU of that id that an ended session or run of this user left (its
+// lock file free) and no live process uses, with its lock file, so that the new vGPU starts
 // afresh instead of taking over the dead one's counters (pids are reused). False when the id is
-// still in use: its lock is held, or a live process uses a vGPU of that id.
+// still taken: its lock is held, or a vGPU of that id is left (a live process uses it, or it has
+// no lock file of this user's: another user's, an older version's, or made without a lock).
 bool ClearEndedVgpuOfId(const std::string& region_dir, const std::string& vgpu_id);
 
 // The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a

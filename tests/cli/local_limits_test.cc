@@ -257,6 +257,21 @@ TEST_F(LocalLimitsTest, ANamedVgpuWhoseRunsWereAllKilledOutrightGoesWithTheirCom
   }
   EXPECT_TRUE(gone) << Smi().out;
   EXPECT_NE(access(lock.c_str(), F_OK), 0) << "the lock file goes with the vGPU";
+  // A process the command left in the background keeps the vGPU (it holds the lock) until it exits,
+  // though it has not started CUDA: it may yet.
+  const std::string pid_file = dir_ + "/background.pid";
+  Result bg = Shell(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                    " --vram 1GiB --vgpu team_a -- sh -c 'sleep 30 > /dev/null 2>&1 & echo $! > " + pid_file + "'");
+  ASSERT_EQ(bg.rc, 0) << bg.out;
+  const pid_t background = static_cast<pid_t>(std::stol(ReadFile(pid_file)));
+  EXPECT_TRUE(SmiRow("team_a").found) << "the background process holds the lock\n" << Smi().out;
+  ASSERT_EQ(kill(background, SIGKILL), 0);
+  gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone = !SmiRow("team_a").found;
+  }
+  EXPECT_TRUE(gone) << Smi().out;
   // Runs of a name that end as usual leave neither the vGPU nor its lock file.
   Result r = Shell(Run("--vram 1GiB --vgpu team_a", "alloc"));
   ASSERT_EQ(r.rc, 0) << r.out;

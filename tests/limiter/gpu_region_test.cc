@@ -140,6 +140,14 @@ TEST_F(RegionTest, VgpuTableCreateUpdateFindRemove) {
   EXPECT_EQ(region_.RemoveVgpu(a), RegionError::kOk);
   EXPECT_EQ(region_.FindVgpu("a", nullptr), RegionError::kNotFound);
   EXPECT_EQ(region_.FindVgpu("b", nullptr), RegionError::kOk);
+  // An index looked up for "a" whose slot another vGPU took since: left alone when the id is given.
+  uint32_t c = 0;
+  ASSERT_EQ(region_.CreateOrUpdateVgpu("c", kGiB, 250'000, &c), RegionError::kOk);
+  EXPECT_EQ(c, a) << "the freed slot is reused";
+  EXPECT_EQ(region_.RemoveVgpu(a, "a"), RegionError::kNotFound);
+  EXPECT_EQ(region_.FindVgpu("c", nullptr), RegionError::kOk);
+  EXPECT_EQ(region_.RemoveVgpu(c, "c"), RegionError::kOk);
+  EXPECT_EQ(region_.FindVgpu("c", nullptr), RegionError::kNotFound);
 }
 
 TEST_F(RegionTest, VgpuTableIsFullAt64) {

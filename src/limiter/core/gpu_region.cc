@@ -396,13 +396,17 @@ RegionError GpuRegion::UpdateVgpuCompute(const char* id, uint64_t request_ppm, u
   return RegionError::kNotFound;
 }
 
-RegionError GpuRegion::RemoveVgpu(uint32_t vgpu_index) {
+RegionError GpuRegion::RemoveVgpu(uint32_t vgpu_index, const char* expected_id) {
   if (base_ == nullptr || vgpu_index >= kMaxVgpus) return RegionError::kInvalidArgument;
   if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive) return RegionError::kNotFound;
   Reap(vgpu_index);
   RegionError e = LockTable();
   if (e != RegionError::kOk) return e;
   RobustGuard table(&header()->table_mutex);
+  if (vgpu(vgpu_index)->state.load(std::memory_order_acquire) != kSlotActive ||
+      (expected_id != nullptr && !FieldEquals(vgpu(vgpu_index)->id, kVgpuIdBytes, expected_id))) {
+    return RegionError::kNotFound;
+  }
   for (uint32_t i = 0; i < kMaxProcesses; ++i) {
     const ProcessSlot* p = process(i);
     if (p->state.load(std::memory_order_acquire) == kSlotActive &&

@@ -376,7 +376,10 @@ class GpuRegion {
   // for values CreateOrUpdateVgpu refuses, changing nothing.
   RegionError UpdateVgpuCompute(const char* id, uint64_t request_ppm, uint64_t limit_ppm);
   // Frees the vGPU slot. Reaps dead processes first; kBusy while a live process is attached.
-  RegionError RemoveVgpu(uint32_t vgpu_index);
+  // With `expected_id`: kNotFound unless the slot still holds the vGPU of that id (checked under
+  // the table lock, so that a slot freed and taken by another vGPU since its index was looked up
+  // is left alone).
+  RegionError RemoveVgpu(uint32_t vgpu_index, const char* expected_id = nullptr);
 
   // ---- process table ----
 
