@@ -322,6 +322,7 @@ Status Controller::Rebuild() {
   for (const auto& [name, n] : nodes_) last_heartbeat_ms_[name] = now;
   EnsurePlacementLocked();
   serving_ = true;
+  serving_since_ms_ = now;
   return Status::Ok();
 }
 
@@ -1503,9 +1504,14 @@ void Controller::Tick() {
       }
     }
     // Allocations whose lease ran out: the command that held them is gone (killed, its machine lost).
+    // A holder renews against a serving controller: while none served (all replicas down, or an
+    // election), its renewals failed, so a lease runs out no earlier than one whole lease after
+    // this replica began to serve, as a node gets a fresh heartbeat timeout.
     std::vector<std::string> lapsed;
     for (const auto& [id, a] : allocations_)
-      if (a.value.lease_expires_ms > 0 && now > a.value.lease_expires_ms) lapsed.push_back(id);
+      if (a.value.lease_expires_ms > 0 && now > a.value.lease_expires_ms &&
+          now > serving_since_ms_ + a.value.lease_ms)
+        lapsed.push_back(id);
     for (const std::string& id : lapsed) {
       Status st = ReleaseLocked(id, "lease-expired");
       if (!st.ok()) std::fprintf(stderr, "controller: releasing %s (lease expired) failed: %s\n", id.c_str(), st.ToString().c_str());

@@ -339,6 +339,7 @@ class Controller {
 
   mutable std::mutex mu_;
   bool serving_ = false;
+  int64_t serving_since_ms_ = 0;  // when this replica last started serving (Rebuild)
   std::map<std::string, Versioned<Pool>> pools_;
   std::map<std::string, Versioned<Node>> nodes_;
   std::map<std::string, Versioned<Gpu>> gpus_;

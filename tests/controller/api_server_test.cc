@@ -488,6 +488,33 @@ TEST_F(ApiServerTest, AnAllocationWhoseLeaseIsNotRenewedIsReleased) {
   }
 }
 
+// A controller that was down longer than a lease does not release, as it comes back, the
+// allocations whose holders could not renew meanwhile: each gets one whole lease from then, as
+// each node gets a fresh heartbeat timeout. One still not renewed after that is released.
+TEST_F(ApiServerTest, ALeaseDoesNotRunOutWhileNoControllerServed) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  auto renewing = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"lease_s":60})");
+  ASSERT_EQ(renewing->status, 201) << renewing->body;
+  auto gone = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"lease_s":60})");
+  ASSERT_EQ(gone->status, 201) << gone->body;
+  const std::string renewing_id = Body(renewing)["id"], gone_id = Body(gone)["id"];
+  api_->Stop();
+  clock_.AdvanceMs(80'000);  // down for 80 s: neither holder could renew its 60 s lease
+  Controller again(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
+  ASSERT_TRUE(again.Rebuild().ok());
+  again.Tick();
+  EXPECT_TRUE(again.GetAllocation(renewing_id).ok()) << "released as the controller came back";
+  EXPECT_TRUE(again.GetAllocation(gone_id).ok()) << "released as the controller came back";
+  clock_.AdvanceMs(20'000);  // the holder that still runs renews within its lease
+  ASSERT_TRUE(again.RenewLease(renewing_id).ok());
+  again.Tick();
+  EXPECT_TRUE(again.GetAllocation(gone_id).ok()) << "it has a whole lease from the restart";
+  clock_.AdvanceMs(41'000);  // 61 s after the restart
+  again.Tick();
+  EXPECT_TRUE(again.GetAllocation(renewing_id).ok());
+  EXPECT_FALSE(again.GetAllocation(gone_id).ok()) << "not renewed within a lease of the restart";
+}
+
 TEST_F(ApiServerTest, ARetriedCreateWithTheSameRequestIdGetsTheSameAllocation) {
   ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
   const char* body = R"({"tflops":30,"vram_mib":1000,"tenant":"t1","request_id":"run-abc123"})";
