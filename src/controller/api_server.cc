@@ -1,6 +1,7 @@
 #include "controller/api_server.h"
 
 #include <httplib.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -354,8 +355,9 @@ void ApiServer::Routes() {
     t_request_start = std::chrono::steady_clock::now();
     if (req.path == "/healthz" || IsConsolePath(req.path)) return httplib::Server::HandlerResponse::Unhandled;
     std::string auth = req.get_header_value("Authorization");
-    static const std::string kBearer = "Bearer ";
-    const std::string presented = auth.rfind(kBearer, 0) == 0 ? auth.substr(kBearer.size()) : "";
+    // The scheme is case-insensitive (RFC 7235): "bearer " as "Bearer ".
+    const bool bearer = auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0;
+    const std::string presented = bearer ? auth.substr(7) : "";
     bool ok = !presented.empty() && TokenEquals(token_, presented);
     t_who = ApiToken{"bootstrap", Role::kAdmin, "", "", "", "", 0};
     if (!ok && !presented.empty()) {
@@ -371,7 +373,11 @@ void ApiServer::Routes() {
         return httplib::Server::HandlerResponse::Handled;
       }
     }
-    if (ok && req.path.rfind("/v1/", 0) == 0 && !controller_->Serving()) {
+    // A standby knows only the bootstrap token (the others are loaded when it leads): whoever
+    // presents another is sent on to the leader like any caller (nothing is served to it), not
+    // refused as a stranger, so that an agent or client with a token made by `token create`
+    // moves on to the next replica.
+    if ((ok || !presented.empty()) && req.path.rfind("/v1/", 0) == 0 && !controller_->Serving()) {
       // A standby (or a replica that lost its store) answers nothing from its state, reads
       // included: an agent reading "no allocations" from it would stop its tenants.
       const std::string leader = leader_lookup_ ? leader_lookup_() : "";

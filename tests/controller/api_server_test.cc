@@ -1,6 +1,7 @@
 #include "controller/api_server.h"
 
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <set>
 
@@ -38,6 +39,12 @@ TEST_F(ApiServerTest, MissingOrWrongTokenIs401) {
   EXPECT_EQ(wrong.Get("/metrics")->status, 401);
   EXPECT_EQ(none.Get("/healthz")->status, 200);
   EXPECT_EQ(c_->ListPools().size(), 1u);  // only "default": nothing was created
+  // The scheme is case-insensitive (RFC 7235); the token is not.
+  httplib::Client raw(url_);
+  EXPECT_EQ(raw.Get("/v1/pools", {{"Authorization", "bearer s3cret"}})->status, 200);
+  EXPECT_EQ(raw.Get("/v1/pools", {{"Authorization", "BEARER s3cret"}})->status, 200);
+  EXPECT_EQ(raw.Get("/v1/pools", {{"Authorization", "Bearer S3CRET"}})->status, 401);
+  EXPECT_EQ(raw.Get("/v1/pools", {{"Authorization", "Bearers3cret"}})->status, 401);
 }
 
 TEST_F(ApiServerTest, BadJsonIs400WithAMessage) {

@@ -152,6 +152,16 @@ TEST_F(EtcdTest, KillNineOfTheLeaderLosesAndDuplicatesNothing) {
     EXPECT_EQ(r->get_header_value("X-TF-Leader"), "first") << path;
     EXPECT_NE(r->body.find("not the leader"), std::string::npos) << r->body;
   }
+  // A token made at the leader (a node agent's, a tenant's) is sent on to the leader by the
+  // standby too, not refused as unknown: its holder then tries the next replica.
+  auto made = clients[p1]->Post("/v1/tokens", R"({"role":"tenant","tenant":"alice"})");
+  ASSERT_EQ(made->status, 201) << made->body;
+  const std::string alice = json::parse(made->body)["token"].get<std::string>();
+  auto sent_on = HttpClient("http://127.0.0.1:" + std::to_string(p2), alice, 2000).Get("/v1/allocations");
+  ASSERT_TRUE(sent_on.ok()) << sent_on.status().ToString();
+  EXPECT_EQ(sent_on->status, 503) << sent_on->body;
+  EXPECT_EQ(sent_on->get_header_value("X-TF-Leader"), "first");
+  EXPECT_EQ(HttpClient("http://127.0.0.1:" + std::to_string(p1), alice, 2000).Get("/v1/allocations")->status, 200);
 
   json node = {{"name", "n1"}, {"gpus", json::array()}};
   for (int g = 0; g < 4; ++g)
