@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <regex>
 #include <set>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -199,7 +200,26 @@ Status ReadTierIdle(const json& body, bool null_clears, std::optional<std::optio
 }
 
 // A pool from a request body; `name` (from the path) wins over the body's.
+// Refuses a body field that request `request` does not take: ignored, a typo would pass for a
+// field left out (a quota PUT with "max_vram_gib" cleared every limit of the tenant).
+Status OnlyKnownFields(const json& body, const std::vector<std::string_view>& known, const char* request) {
+  for (const auto& [key, value] : body.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string list;
+    for (std::string_view k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+    return InvalidArgument("field '" + key + "' is not known here (" + request + " takes " + list + ")");
+  }
+  return Status::Ok();
+}
+
+const std::vector<std::string_view>& PoolFields() {
+  static const std::vector<std::string_view> fields = {
+      "name", "placement_mode", "tflops_oversell_ratio", "vram_expand_to_host_percent", "vram_expand_to_disk_percent"};
+  return fields;
+}
+
 StatusOr<Pool> PoolSpec(const json& body, const std::string& name) {
+  TF_RETURN_IF_ERROR(OnlyKnownFields(body, PoolFields(), "a pool"));
   Fields f(body);
   Pool p;
   p.name = name.empty() ? f.Str("name", true) : name;
@@ -484,6 +504,8 @@ void ApiServer::Routes() {
   s.Patch(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
+    if (Status st = OnlyKnownFields(*body, PoolFields(), "a pool"); !st.ok()) return ReplyError(res, st);
+    if (body->contains("name")) return ReplyError(res, InvalidArgument("a pool's name cannot be changed"));
     Fields f(*body);
     std::optional<std::string> mode;
     std::optional<double> ratio;
@@ -510,6 +532,8 @@ void ApiServer::Routes() {
   s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
+    if (Status st = OnlyKnownFields(*body, {"max_tflops", "max_vram_mib", "max_gpus"}, "a quota"); !st.ok())
+      return ReplyError(res, st);
     Fields f(*body);
     TenantQuota q{req.matches[1], f.Tflops("max_tflops"), f.Int("max_vram_mib"),
                   static_cast<int>(f.IntIn("max_gpus", 0, 1'000'000))};
@@ -739,6 +763,8 @@ void ApiServer::Routes() {
   s.Post("/v1/tokens", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
+    if (Status st = OnlyKnownFields(*body, {"role", "tenant", "node", "description"}, "a token"); !st.ok())
+      return ReplyError(res, st);
     Fields f(*body);
     ApiToken spec;
     StatusOr<Role> role = ParseRole(f.Str("role", true));
@@ -800,6 +826,13 @@ void ApiServer::Routes() {
   s.Post("/v1/allocations", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
+    if (Status st = OnlyKnownFields(*body,
+                                    {"workload", "pool", "tflops", "percent", "tflops_limit", "percent_limit", "vram_mib",
+                                     "gpu_count", "qos", "gpu_model", "tenant", "node", "request_id", "lease_s",
+                                     "allow_preemption", "idle_swap_ms", "idle_disk_ms", "idle_zero_ms"},
+                                    "an allocation");
+        !st.ok())
+      return ReplyError(res, st);
     Fields f(*body);
     AllocationRequest a{f.Str("workload"), f.Str("pool"),  f.Num("tflops"), f.Int("vram_mib"),
                         static_cast<int>(f.IntIn("gpu_count", 1, 64)), f.Str("qos"), f.Str("gpu_model"),

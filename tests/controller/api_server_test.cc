@@ -64,6 +64,32 @@ TEST_F(ApiServerTest, BadJsonIs400WithAMessage) {
   EXPECT_EQ(Body(r)["error"]["message"], "request body must be a JSON object");
 }
 
+// A field a request does not take is refused, and nothing changes: ignored, a typo passes for a
+// field left out (a quota PUT with "max_vram_gib" cleared the tenant's limits).
+TEST_F(ApiServerTest, AFieldTheRequestDoesNotTakeIsRefusedAndChangesNothing) {
+  ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_tflops":600,"max_gpus":4})")->status, 200);
+  auto r = client_->Put("/v1/quotas/acme", R"({"max_vram_gib":100})");
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(Body(r)["error"]["message"].get<std::string>().find("field 'max_vram_gib' is not known here (a quota takes "
+                                                                 "max_tflops, max_vram_mib, max_gpus)"),
+            std::string::npos)
+      << r->body;
+  const json quotas = Body(client_->Get("/v1/quotas"))["quotas"];
+  ASSERT_EQ(quotas.size(), 1u);
+  EXPECT_EQ(quotas[0]["max_tflops"], 600.0) << "the refused PUT changed nothing";
+  EXPECT_EQ(quotas[0]["max_gpus"], 4);
+  r = client_->Post("/v1/allocations", R"({"tflops":1,"vram_mib":10,"bogus_field":1})");
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_TRUE(Body(client_->Get("/v1/allocations"))["allocations"].empty());
+  ASSERT_EQ(client_->Post("/v1/pools", R"({"name":"p1"})")->status, 201);
+  for (const char* bad : {R"({"foo":1})", R"({"name":"p2"})"})
+    EXPECT_EQ(client_->Patch("/v1/pools/p1", bad)->status, 400) << bad;
+  EXPECT_EQ(client_->Put("/v1/pools/p1", R"({"tflops_oversell":2})")->status, 400);
+  EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"p3","mode":"FragAware"})")->status, 400);
+  EXPECT_EQ(client_->Get("/v1/pools/p3")->status, 404);
+  EXPECT_EQ(client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"acme","expires":"1d"})")->status, 400);
+}
+
 TEST_F(ApiServerTest, AllocateReleaseAndExhaustion) {
   auto r = client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})");
   ASSERT_EQ(r->status, 200) << r->body;
