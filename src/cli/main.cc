@@ -313,12 +313,15 @@ int main(int argc, char** argv) {
 
   auto* quota_cmd = app.add_subcommand("quota", "per-tenant quotas on TFLOPS, VRAM and vGPUs");
   quota_cmd->require_subcommand(1);
-  std::string quota_tenant, quota_tflops, quota_vram, quota_gpus;
+  std::string quota_tenant, quota_tflops, quota_vram, quota_gpus, quota_max_qos;
   auto* quota_set = quota_cmd->add_subcommand("set", "set a tenant's limits (others keep their value; 0 = no limit)");
   quota_set->add_option("tenant", quota_tenant)->required();
   quota_set->add_option("--tflops", quota_tflops, "FP16 TFLOPS the tenant's allocations may hold in total");
   quota_set->add_option("--vram", quota_vram, "VRAM in total, e.g. 40GiB");
   quota_set->add_option("--gpus", quota_gpus, "vGPUs in total");
+  quota_set->add_option("--max-qos", quota_max_qos,
+                        "the highest QoS its allocations may ask for (low, medium, high, critical; any = no cap): "
+                        "QoS decides who preempts whom");
   auto* quota_get = quota_cmd->add_subcommand("get", "a tenant's limits and use");
   quota_get->add_option("tenant", quota_tenant)->required();
   auto* quota_ls = quota_cmd->add_subcommand("ls", "every tenant's limits and use");
@@ -640,7 +643,12 @@ int main(int argc, char** argv) {
                               : tf::controller::PoolCreate(client, settings);
   }
   if (quota_set->parsed()) {
-    tf::controller::QuotaSettings q{quota_tenant, std::nullopt, std::nullopt, std::nullopt};
+    tf::controller::QuotaSettings q{quota_tenant, std::nullopt, std::nullopt, std::nullopt, std::nullopt};
+    if (!quota_max_qos.empty()) {
+      if (quota_max_qos != "any" && !tf::controller::ParseQos(quota_max_qos).ok())
+        return UsageError("tfusion quota", tf::InvalidArgument("--max-qos must be one of low, medium, high, critical, any"));
+      q.max_qos = quota_max_qos == "any" ? "" : quota_max_qos;
+    }
     if (!quota_tflops.empty()) {
       tf::StatusOr<double> t = tf::cli::ParseLimit("--tflops", quota_tflops);
       if (!t.ok()) return UsageError("tfusion quota", t.status());

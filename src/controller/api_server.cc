@@ -532,11 +532,11 @@ void ApiServer::Routes() {
   s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
-    if (Status st = OnlyKnownFields(*body, {"max_tflops", "max_vram_mib", "max_gpus"}, "a quota"); !st.ok())
+    if (Status st = OnlyKnownFields(*body, {"max_tflops", "max_vram_mib", "max_gpus", "max_qos"}, "a quota"); !st.ok())
       return ReplyError(res, st);
     Fields f(*body);
     TenantQuota q{req.matches[1], f.Tflops("max_tflops"), f.Int("max_vram_mib"),
-                  static_cast<int>(f.IntIn("max_gpus", 0, 1'000'000))};
+                  static_cast<int>(f.IntIn("max_gpus", 0, 1'000'000)), f.Str("max_qos")};
     if (!f.status().ok()) return ReplyError(res, f.status());
     StatusOr<TenantQuota> out = c->SetTenantQuota(q);
     if (!out.ok()) return ReplyError(res, out.status());

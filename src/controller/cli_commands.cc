@@ -741,7 +741,7 @@ int PrintQuotas(const ClientOptions& c, const std::string& only_tenant) {
   StatusOr<json> allocs = CallList(c, "/v1/allocations", "allocations");
   if (!allocs.ok()) return Fail(allocs.status());
   std::vector<std::vector<std::string>> rows{
-      {"TENANT", "TFLOPS", "MAX_TFLOPS", "VRAM_MIB", "MAX_VRAM_MIB", "GPUS", "MAX_GPUS"}};
+      {"TENANT", "TFLOPS", "MAX_TFLOPS", "VRAM_MIB", "MAX_VRAM_MIB", "GPUS", "MAX_GPUS", "MAX_QOS"}};
   auto limit = [](double v, int digits) { return v > 0 ? Fixed(v, digits) : std::string("-"); };
   for (const json& q : (*quotas)["quotas"]) {
     const std::string tenant = q.value("tenant", "");
@@ -758,7 +758,7 @@ int PrintQuotas(const ClientOptions& c, const std::string& only_tenant) {
     }
     rows.push_back({tenant, Fixed(t), limit(q.value("max_tflops", 0.0), 1), std::to_string(v),
                     limit(static_cast<double>(q.value("max_vram_mib", int64_t{0})), 0), std::to_string(g),
-                    limit(q.value("max_gpus", 0), 0)});
+                    limit(q.value("max_gpus", 0), 0), q.value("max_qos", "").empty() ? "-" : q.value("max_qos", "")});
   }
   if (!only_tenant.empty() && rows.size() == 1)
     return Fail(NotFound("tenant '" + only_tenant + "' has no quota (set one with: tfusion quota set " +
@@ -771,8 +771,8 @@ int PrintQuotas(const ClientOptions& c, const std::string& only_tenant) {
 
 int QuotaSet(const ClientOptions& c, const QuotaSettings& q) {
   if (int rc = CheckName("tenant", q.tenant)) return rc;
-  if (!q.max_tflops && !q.max_vram_mib && !q.max_gpus)
-    return Fail(InvalidArgument("nothing to set: give --tflops, --vram and/or --gpus (0 = no limit)")), 2;
+  if (!q.max_tflops && !q.max_vram_mib && !q.max_gpus && !q.max_qos)
+    return Fail(InvalidArgument("nothing to set: give --tflops, --vram, --gpus (0 = no limit) and/or --max-qos")), 2;
   StatusOr<json> quotas = CallList(c, "/v1/quotas", "quotas");
   if (!quotas.ok()) return Fail(quotas.status());
   json current = {{"max_tflops", 0.0}, {"max_vram_mib", 0}, {"max_gpus", 0}};
@@ -780,7 +780,8 @@ int QuotaSet(const ClientOptions& c, const QuotaSettings& q) {
     if (e.value("tenant", "") == q.tenant) current = e;
   json body = {{"max_tflops", q.max_tflops.value_or(current.value("max_tflops", 0.0))},
                {"max_vram_mib", q.max_vram_mib.value_or(current.value("max_vram_mib", int64_t{0}))},
-               {"max_gpus", q.max_gpus.value_or(current.value("max_gpus", 0))}};
+               {"max_gpus", q.max_gpus.value_or(current.value("max_gpus", 0))},
+               {"max_qos", q.max_qos.value_or(current.value("max_qos", ""))}};
   StatusOr<json> r = Call(c, "PUT", "/v1/quotas/" + q.tenant, body.dump());
   if (!r.ok()) return Fail(r.status());
   return PrintQuotas(c, q.tenant);

@@ -145,6 +145,7 @@ struct QuotaSettings {
   std::optional<double> max_tflops;
   std::optional<int64_t> max_vram_mib;
   std::optional<int> max_gpus;
+  std::optional<std::string> max_qos;  // "" = any
 };
 int QuotaSet(const ClientOptions& client, const QuotaSettings& quota);  // tfusion quota set TENANT
 int QuotaGet(const ClientOptions& client, const std::string& tenant);   // tfusion quota get TENANT

@@ -489,6 +489,10 @@ StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
       return InvalidArgument("quota limits must be numbers >= 0 (0 = unlimited)");
     if (q.max_milli_tflops > ToMilliTflops(kMaxQuotaTflops) || q.max_vram_mib > kMaxQuotaVramMib || q.max_gpus > kMaxQuotaGpus)
       return InvalidArgument("quota limits must be at most max_tflops 1e9, max_vram_mib 2^40, max_gpus 1000000");
+    if (!q.max_qos.empty()) {
+      StatusOr<Qos> cap = ParseQos(q.max_qos);
+      if (!cap.ok()) return InvalidArgument("max_qos: " + cap.status().message() + " (\"\" = any)");
+    }
     std::lock_guard<std::mutex> lock(mu_);
     TF_RETURN_IF_ERROR(CheckServingLocked());
     auto it = quotas_.find(q.tenant);
@@ -1081,6 +1085,15 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         return InvalidArgument("node '" + pr.node + "' is in pool '" + n->second.value.pool + "', not in '" + pr.pool + "'");
     }
 
+    // QoS decides who preempts whom: a tenant's quota may cap it, so that no tenant takes other
+    // tenants' running work by asking for a higher QoS than the operator gave it.
+    if (auto quota = quotas_.find(pr.tenant); !pr.tenant.empty() && quota != quotas_.end() &&
+                                               !quota->second.value.max_qos.empty()) {
+      StatusOr<Qos> cap = ParseQos(quota->second.value.max_qos);
+      if (cap.ok() && static_cast<int>(pr.qos) > static_cast<int>(*cap))
+        return PermissionDenied("tenant '" + pr.tenant + "' may ask for QoS up to '" + QosName(*cap) +
+                                "' (its quota's max_qos), not '" + QosName(pr.qos) + "'");
+    }
     if (auto pool = pools_.find(pr.pool); pool != pools_.end()) {
       pr.tiering = pool->second.value.vram_expand_to_host_percent + pool->second.value.vram_expand_to_disk_percent > 0;
     }

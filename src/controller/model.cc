@@ -47,7 +47,7 @@ json ToJson(const Pool& p) {
 json ToJson(const TenantQuota& q) {
   return {{"tenant", q.tenant}, {"max_tflops", ToTflops(q.max_milli_tflops)},
           {"max_milli_tflops", q.max_milli_tflops}, {"max_vram_mib", q.max_vram_mib},
-          {"max_gpus", q.max_gpus}};
+          {"max_gpus", q.max_gpus}, {"max_qos", q.max_qos}};
 }
 
 const char* EvictionStateName(EvictionState s) {
@@ -265,6 +265,7 @@ StatusOr<TenantQuota> TenantQuotaFromJson(const std::string& text) {
     q.max_milli_tflops = ReadMilli(j, "max_milli_tflops", "max_tflops", 0);
     q.max_vram_mib = j.value("max_vram_mib", int64_t{0});
     q.max_gpus = j.value("max_gpus", 0);
+    q.max_qos = j.value("max_qos", "");
   });
 }
 

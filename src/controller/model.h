@@ -58,6 +58,7 @@ struct TenantQuota {
   MilliTflops max_milli_tflops = 0;
   int64_t max_vram_mib = 0;
   int max_gpus = 0;  // vGPUs
+  std::string max_qos;  // the highest QoS its allocations may ask for ("" = any): QoS decides who preempts whom
 };
 
 enum class NodeState { kReady, kLost };

@@ -187,8 +187,8 @@ TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
   ASSERT_TRUE(a.ok() && a->status == 201) << (a.ok() ? a->body : "");
   Result get = Tf("quota get acme");
   ASSERT_EQ(get.rc, 0) << get.out;
-  // TENANT TFLOPS MAX_TFLOPS VRAM_MIB MAX_VRAM_MIB GPUS MAX_GPUS
-  EXPECT_TRUE(std::regex_search(get.out, std::regex("acme +20\\.0 +50\\.0 +2048 +8192 +1 +1\\n"))) << get.out;
+  // TENANT TFLOPS MAX_TFLOPS VRAM_MIB MAX_VRAM_MIB GPUS MAX_GPUS MAX_QOS
+  EXPECT_TRUE(std::regex_search(get.out, std::regex("acme +20\\.0 +50\\.0 +2048 +8192 +1 +1 +-\\n"))) << get.out;
   // The quota holds: a second vGPU for acme is refused.
   auto b = client.Post("/v1/allocations", R"({"tflops": 1, "vram_mib": 1, "tenant": "acme"})");
   ASSERT_TRUE(b.ok());
@@ -197,7 +197,17 @@ TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
   Result ls = Tf("quota ls");
   ASSERT_EQ(ls.rc, 0) << ls.out;
   EXPECT_NE(ls.out.find("acme"), std::string::npos);
-  EXPECT_TRUE(std::regex_search(ls.out, std::regex("other +0\\.0 +- +0 +- +0 +-\\n"))) << ls.out;
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex("other +0\\.0 +- +0 +- +0 +- +-\\n"))) << ls.out;
+  // --max-qos caps the QoS the tenant asks for ("any": no cap); the other limits keep their value.
+  ASSERT_EQ(Tf("quota set other --max-qos high").rc, 0);
+  EXPECT_TRUE(std::regex_search(Tf("quota get other").out, std::regex("other +0\\.0 +- +0 +- +0 +- +high\\n")))
+      << Tf("quota get other").out;
+  Result bad_qos = Tf("quota set other --max-qos urgent");
+  EXPECT_EQ(bad_qos.rc, 2) << bad_qos.out;
+  EXPECT_NE(bad_qos.out.find("--max-qos must be one of low, medium, high, critical, any"), std::string::npos)
+      << bad_qos.out;
+  ASSERT_EQ(Tf("quota set other --max-qos any").rc, 0);
+  EXPECT_TRUE(std::regex_search(Tf("quota get other").out, std::regex("other +0\\.0 +- +0 +- +0 +- +-\\n")));
 
   // tfusion run --tenant counts against the same quota, and says so when it is full.
   Result run = Shell(std::string(TF_TFUSION) + " run --controller " + url_ +

@@ -71,7 +71,7 @@ TEST_F(ApiServerTest, AFieldTheRequestDoesNotTakeIsRefusedAndChangesNothing) {
   auto r = client_->Put("/v1/quotas/acme", R"({"max_vram_gib":100})");
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_NE(Body(r)["error"]["message"].get<std::string>().find("field 'max_vram_gib' is not known here (a quota takes "
-                                                                 "max_tflops, max_vram_mib, max_gpus)"),
+                                                                 "max_tflops, max_vram_mib, max_gpus, max_qos)"),
             std::string::npos)
       << r->body;
   const json quotas = Body(client_->Get("/v1/quotas"))["quotas"];
@@ -546,6 +546,34 @@ TEST_F(ApiServerTest, ALeaseDoesNotRunOutWhileNoControllerServed) {
   again.Tick();
   EXPECT_TRUE(again.GetAllocation(renewing_id).ok());
   EXPECT_FALSE(again.GetAllocation(gone_id).ok()) << "not renewed within a lease of the restart";
+}
+
+// QoS decides who preempts whom, so an operator may cap the QoS a tenant asks for: a tenant
+// whose quota says max_qos "high" cannot take another tenant's running work with "critical".
+TEST_F(ApiServerTest, AQuotasMaxQosKeepsATenantFromPreemptingWithAHigherQos) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  auto made = client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"acme"})");
+  ASSERT_EQ(made->status, 201);
+  HttpClient acme(url_, Body(made)["token"].get<std::string>());
+  auto beta = client_->Post("/v1/allocations", R"({"tflops":100,"vram_mib":1000,"tenant":"beta","qos":"medium"})");
+  ASSERT_EQ(beta->status, 201) << beta->body;
+  ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_qos":"high"})")->status, 200);
+  EXPECT_EQ(Body(client_->Get("/v1/quotas"))["quotas"][0]["max_qos"], "high");
+  auto r = acme.Post("/v1/allocations", R"({"tflops":100,"vram_mib":1000,"qos":"critical"})");
+  EXPECT_EQ(r->status, 403) << r->body;
+  EXPECT_NE(r->body.find("may ask for QoS up to 'high' (its quota's max_qos), not 'critical'"), std::string::npos)
+      << r->body;
+  EXPECT_EQ(client_->Get("/v1/allocations/" + std::string(Body(beta)["id"]))->status, 200) << "nothing was preempted";
+  r = acme.Post("/v1/allocations", R"({"tflops":10,"vram_mib":1000,"qos":"high"})");
+  EXPECT_EQ(r->status, 201) << r->body;
+  for (const char* bad : {R"({"max_qos":"urgent"})", R"({"max_qos":3})"})
+    EXPECT_EQ(client_->Put("/v1/quotas/acme", bad)->status, 400) << bad;
+  EXPECT_EQ(Body(client_->Get("/v1/quotas"))["quotas"][0]["max_qos"], "high") << "refusals changed nothing";
+  // Without a cap (the default) any QoS is taken, as before.
+  ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_qos":""})")->status, 200);
+  r = acme.Post("/v1/allocations", R"({"tflops":100,"vram_mib":1000,"qos":"critical"})");
+  EXPECT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["preempted"].size(), 1u);
 }
 
 TEST_F(ApiServerTest, ARetriedCreateWithTheSameRequestIdGetsTheSameAllocation) {
