@@ -433,10 +433,33 @@ int RunCommand(const RunOptions& o) {
   }
   uint32_t existing = 0;
   if (!o.vgpu.empty() && region.FindVgpu(vgpu_id.c_str(), &existing) == RegionError::kOk) {
-    uint64_t old_limit = region.Limit(existing);
-    if (old_limit != limits->vram_bytes && region.Used(existing) > limits->vram_bytes) {
-      return Fail("vGPU '" + vgpu_id + "' already uses " + FormatBytes(region.Used(existing)) +
-                  ", more than --vram " + o.vram);
+    // A vGPU that live processes use keeps the limits they were started under: a run that joins
+    // it takes them when it gives none, and is refused when it gives others (it would change
+    // them under every process of the vGPU, and for good).
+    region.ReapDeadOfVgpu(existing);
+    auto snap = std::make_unique<limiter::RegionSnapshot>();
+    region.Snapshot(snap.get());
+    uint32_t users = 0;
+    for (uint32_t k = 0; k < snap->process_count; ++k)
+      if (snap->processes[k].vgpu_index == existing) ++users;
+    const limiter::VgpuInfo* in_use = nullptr;
+    for (uint32_t i = 0; i < snap->vgpu_count && users > 0; ++i)
+      if (snap->vgpus[i].index == existing && vgpu_id == snap->vgpus[i].id) in_use = &snap->vgpus[i];
+    if (in_use != nullptr) {
+      const Limits current{in_use->vram_limit_bytes, in_use->compute_share_ppm, in_use->compute_limit_ppm, in_use->qos};
+      const bool given = !o.vram.empty() || !o.tflops.empty() || !o.percent.empty() || !o.tflops_limit.empty() ||
+                         !o.percent_limit.empty() || !o.qos.empty();
+      if (!given) {
+        limits = current;
+      } else if (limits->vram_bytes != current.vram_bytes || limits->share_ppm != current.share_ppm ||
+                 limits->limit_ppm != current.limit_ppm || limits->qos != current.qos) {
+        char shares[96];
+        std::snprintf(shares, sizeof(shares), "request %.1f%%, limit %.1f%%, qos %s", current.share_ppm / 1e4,
+                      current.limit_ppm / 1e4, hypervisor::QosLabel(current.qos));
+        return Fail("vGPU '" + vgpu_id + "' is in use (" + std::to_string(users) + " process(es)) with --vram " +
+                    FormatBytes(current.vram_bytes) + ", " + shares +
+                    ": a run that joins it gives the same limits, or none to take them");
+      }
     }
   }
   // This process holds a slot (and no VRAM) until the command ends, so that another run of the

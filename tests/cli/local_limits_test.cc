@@ -176,6 +176,38 @@ TEST_F(LocalLimitsTest, BadLimitsAreRefusedWithAMessageAndChangeNothing) {
   EXPECT_FALSE(SmiRow("fresh").found) << Smi().out;
 }
 
+// A run that joins a vGPU in use (`--vgpu NAME`) takes the limits its processes were started
+// under: given none, it adopts them; given others, it is refused and changes nothing (before, it
+// rewrote them under every process of the vGPU, for good).
+TEST_F(LocalLimitsTest, ARunJoiningAVgpuInUseTakesItsLimitsAndCannotChangeThem) {
+  Background(Run("--vram 2GiB --percent 20 --qos low --vgpu shared_b", "hold 1"), dir_ + "/first.log", "holding=1");
+  Result join = Shell(Run("--vgpu shared_b", "alloc"));
+  ASSERT_EQ(join.rc, 0) << join.out;
+  Row row = SmiRow("shared_b");
+  ASSERT_TRUE(row.found) << Smi().out;
+  EXPECT_EQ(row.request, "20.0%");
+  EXPECT_EQ(row.limit, "20.0%");
+  EXPECT_EQ(row.qos, "low");
+  EXPECT_TRUE(std::regex_search(join.out, std::regex("allocated_mib=(19[0-9][0-9]|20[0-4][0-9])\n")))
+      << "the joiner is held to the vGPU's 2 GiB\n" << join.out;
+  for (const char* other : {"--vram 4GiB --percent 20 --qos low", "--percent 50", "--qos critical",
+                            "--vram 2GiB --percent 20 --percent-limit 90 --qos low"}) {
+    Result r = Shell(Run(std::string(other) + " --vgpu shared_b", "alloc"));
+    EXPECT_NE(r.rc, 0) << other << "\n" << r.out;
+    EXPECT_NE(r.out.find(" process(es)) with --vram 2.0 GiB, request 20.0%, limit 20.0%, qos low: a run that joins it "
+                         "gives the same limits, or none to take them"),
+              std::string::npos)
+        << other << "\n" << r.out;
+    EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
+  }
+  // The same limits join.
+  EXPECT_EQ(Shell(Run("--vram 2GiB --percent 20 --qos low --vgpu shared_b", "alloc")).rc, 0);
+  row = SmiRow("shared_b");
+  EXPECT_EQ(row.request, "20.0%");
+  EXPECT_EQ(row.limit, "20.0%");
+  EXPECT_EQ(row.qos, "low");
+}
+
 TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
   // A remote worker takes a limit (remote_limits_test.cc), checked here as far as it can be
   // without the worker's GPU.
