@@ -13,6 +13,7 @@
 #include <ctime>
 #include <utility>
 
+#include "cli/forward_signals.h"
 #include "cli/quantity.h"
 #include "worker/session_host_memory.h"
 #include "controller/tls_files.h"
@@ -24,9 +25,6 @@ namespace tf::cli {
 namespace {
 
 pid_t g_remote_child = 0;
-void ForwardSignal(int sig) {
-  if (g_remote_child > 0) kill(g_remote_child, sig);
-}
 
 bool IsFile(const std::string& p) {
   struct stat st;
@@ -132,11 +130,7 @@ int RunRemote(const std::string& remote, const std::string& token,
     fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
   }
-  struct sigaction sa = {};
-  sa.sa_handler = &ForwardSignal;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  ForwardSignalsTo(g_remote_child);
   int status = 0;
   while (waitpid(g_remote_child, &status, 0) < 0 && errno == EINTR) {
   }

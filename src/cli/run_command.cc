@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cli/compute_flags.h"
+#include "cli/forward_signals.h"
 #include "cli/local_vgpu.h"
 #include "cli/pool_allocation.h"
 #include "cli/quantity.h"
@@ -46,9 +47,6 @@ int Fail(const std::string& message) {
 }
 
 pid_t g_child = 0;
-void Forward(int sig) {
-  if (g_child > 0) kill(g_child, sig);
-}
 
 // Limits in the region's units from the flags: VRAM bytes, compute request and limit in parts
 // per million of the GPU, QoS 0..3.
@@ -523,11 +521,7 @@ int RunCommand(const RunOptions& o) {
     std::fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], std::strerror(errno));
     _exit(127);
   }
-  struct sigaction sa = {};
-  sa.sa_handler = &Forward;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  ForwardSignalsTo(g_child);
   int status = 0;
   {
     std::optional<LeaseKeeper> lease;  // started after the fork: the child runs no thread of ours

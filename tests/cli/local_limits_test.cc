@@ -4,6 +4,8 @@
 // combination is refused with its message and changes nothing; the vGPU a run makes for itself
 // goes even when the run is killed outright.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -206,6 +208,57 @@ TEST_F(LocalLimitsTest, ARunJoiningAVgpuInUseTakesItsLimitsAndCannotChangeThem) 
   EXPECT_EQ(row.request, "20.0%");
   EXPECT_EQ(row.limit, "20.0%");
   EXPECT_EQ(row.qos, "low");
+}
+
+// Ctrl-C in a terminal reaches the whole foreground process group, the command included: the run
+// must not send it on again (a program that saves its work on the first interrupt was cut short
+// by the second). One sent to the run alone still reaches the command.
+TEST_F(LocalLimitsTest, CtrlCReachesTheCommandOnceAndAKillOfTheRunReachesItToo) {
+  const std::string counter = "python3 -c \"import signal, time\n"
+                              "n = 0\n"
+                              "def on(sig, frame):\n"
+                              "    global n\n"
+                              "    n += 1\n"
+                              "signal.signal(signal.SIGINT, on)\n"
+                              "print('ready', flush=True)\n"
+                              "end = time.time() + 2\n"
+                              "while time.time() < end: time.sleep(0.02)\n"
+                              "print('interrupts=%d' % n, flush=True)\"";
+  for (const bool from_terminal : {true, false}) {
+    int master = -1;
+    pid_t run = forkpty(&master, nullptr, nullptr, nullptr);
+    ASSERT_GE(run, 0);
+    if (run == 0) {
+      execl("/bin/sh", "sh", "-c",
+            ("exec env " + env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+             " --vram 1GiB -- " + counter)
+                .c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    std::string out;
+    auto read_until = [&](const std::string& what, int ms) {
+      for (int waited = 0; waited < ms && out.find(what) == std::string::npos; waited += 10) {
+        pollfd p{master, POLLIN, 0};
+        if (poll(&p, 1, 10) > 0) {
+          char buf[256];
+          ssize_t n = read(master, buf, sizeof(buf));
+          if (n <= 0) break;
+          out.append(buf, static_cast<size_t>(n));
+        }
+      }
+      return out.find(what) != std::string::npos;
+    };
+    ASSERT_TRUE(read_until("ready", 10000)) << out;
+    if (from_terminal) ASSERT_EQ(write(master, "\x03", 1), 1);  // Ctrl-C: the terminal signals its foreground group
+    else ASSERT_EQ(kill(run, SIGINT), 0);
+    EXPECT_TRUE(read_until("interrupts=", 10000)) << out;
+    EXPECT_NE(out.find("interrupts=1"), std::string::npos) << (from_terminal ? "Ctrl-C" : "kill -INT of the run") << "\n"
+                                                           << out;
+    int status = 0;
+    waitpid(run, &status, 0);
+    close(master);
+  }
 }
 
 TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
