@@ -43,7 +43,12 @@ StatusOr<uint64_t> TflopsPpm(const char* flag, const std::string& text, double v
   return ppm == 0 ? 1 : ppm;
 }
 
-uint64_t PercentPpm(double percent) { return static_cast<uint64_t>(std::llround(percent * 10'000)); }
+// At least 1 part per million, as TflopsPpm: a positive share that rounds to nothing is the least
+// one (0 would be refused by the region as no share at all).
+uint64_t PercentPpm(double percent) {
+  const uint64_t ppm = static_cast<uint64_t>(std::llround(percent * 10'000));
+  return ppm == 0 ? 1 : ppm;
+}
 
 }  // namespace
 

@@ -390,6 +390,21 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
 
+  if (run_cmd->parsed()) {
+    // Left empty, these mean "no limit" (the whole GPU, no cap): an empty value given (an unset
+    // variable, `--vram "$VRAM"`) is refused rather than taken for that.
+    for (const char* name : {"--vram", "--tflops", "--percent", "--tflops-limit", "--percent-limit", "--qos", "--gpu",
+                             "--vgpu"}) {
+      const CLI::Option* opt = run_cmd->get_option(name);
+      bool empty = opt->count() > 0 && opt->results().empty();
+      for (const std::string& value : opt->results()) empty = empty || value.empty();
+      if (empty) {
+        std::fprintf(stderr, "tfusion run: %s was given an empty value (an unset variable?); leave the flag out for "
+                             "its default\n", name);
+        return 2;
+      }
+    }
+  }
   if (run_cmd->parsed() && !run_gpu.empty()) {
     if (auto g = tf::cli::ParseGpuSelector(run_gpu, &run); !g.ok()) {
       std::fprintf(stderr, "tfusion run: %s\n", g.message().c_str());

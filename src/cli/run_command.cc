@@ -305,6 +305,11 @@ int RunCommand(const RunOptions& o) {
   StatusOr<std::string> mps_dir = ChooseMpsPipeDirectory(o.mps_pipe_dir, "tfusion run");
   if (!mps_dir.ok()) return Fail(mps_dir.status().message());
   std::optional<Pooled> pooled;
+  if (!o.controller.empty() && !o.vgpu.empty()) {
+    // Each pooled run gets an allocation of its own: a name would not make two runs share one.
+    return Fail("--vgpu names a vGPU of this machine; a run the pool places (--controller, or TFUSION_URL) gets an "
+                "allocation of its own: leave out --vgpu, or --controller and TFUSION_URL to share a local vGPU");
+  }
   if (!o.controller.empty()) {
     auto placed = PlaceThroughController(o, LocalGpusIfAny(o), idle_swap_ms, idle_disk_ms, idle_zero_ms);
     if (!placed.ok()) return Fail(placed.status().message());

@@ -261,6 +261,25 @@ TEST_F(LocalLimitsTest, CtrlCReachesTheCommandOnceAndAKillOfTheRunReachesItToo) 
   }
 }
 
+// An empty value (an unset variable) is refused, not taken for "no limit"; the smallest positive
+// share is one part per million, not an error of the region; a name does not make pooled runs
+// share an allocation, so it is refused there.
+TEST_F(LocalLimitsTest, EmptyValuesTinySharesAndNamesOfPooledRunsAreHandledPlainly) {
+  for (const char* flag : {"--vram", "--percent", "--qos", "--gpu", "--vgpu", "--tflops-limit"}) {
+    Result r = Shell(Run(std::string(flag) + " ''", "alloc"));
+    EXPECT_EQ(r.rc, 2) << flag << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string(flag) + " was given an empty value (an unset variable?)"), std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
+  }
+  Background(Run("--vram 1GiB --percent 0.00001 --vgpu tiny", "hold 1"), dir_ + "/tiny.log", "holding=1");
+  EXPECT_EQ(SmiRow("tiny").request, "0.0%") << Smi().out;
+  Result pooled = Shell(Run("--controller http://127.0.0.1:1 --vram 1GiB --percent 10 --vgpu team", "alloc"));
+  EXPECT_EQ(pooled.rc, 2) << pooled.out;
+  EXPECT_NE(pooled.out.find("--vgpu names a vGPU of this machine; a run the pool places"), std::string::npos)
+      << pooled.out;
+}
+
 TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
   // A remote worker takes a limit (remote_limits_test.cc), checked here as far as it can be
   // without the worker's GPU.
