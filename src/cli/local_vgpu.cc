@@ -1,10 +1,12 @@
 #include "cli/local_vgpu.h"
 
+#include <dirent.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -79,12 +81,47 @@ StatusOr<std::string> FindDriverLibrary(const std::string& soname, const std::st
                      " is not installed; is this a GPU host?)");
 }
 
+namespace {
+
+// The first line of the GPU cache: what its list holds for (this boot, this NVML library, the
+// GPUs the driver has now: a GPU added or taken away, or the driver reloaded, makes it stale).
+std::string GpuCacheKey(const std::string& nvml_path) {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(boot, id);
+  std::vector<std::string> gpus;
+  if (DIR* d = opendir("/proc/driver/nvidia/gpus"); d != nullptr) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') gpus.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(gpus.begin(), gpus.end());
+  std::string key = "# boot " + id + " nvml " + nvml_path + " gpus";
+  for (const std::string& g : gpus) key += " " + g;
+  return key;
+}
+
+// The cache file, opened for reading, when this user (or root) made it and no one else may write
+// it: the region folder is open to every user, and another's list could name other GPUs.
+bool OpenGpuCache(const std::string& path, std::ifstream* in) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 022) != 0 ||
+      (st.st_uid != geteuid() && st.st_uid != 0))
+    return false;
+  in->open(path);
+  return in->is_open();
+}
+
+}  // namespace
+
 StatusOr<std::vector<LocalGpu>> DiscoverGpus(const std::string& nvml_path) {
-  std::string cache = RegionDir() + "/gpus.tsv";
-  {
-    std::ifstream in(cache);
+  // One per user: another user's cannot be replaced (the folder is sticky), nor trusted.
+  const std::string cache = RegionDir() + "/gpus-" + std::to_string(geteuid()) + ".tsv";
+  const std::string key = GpuCacheKey(nvml_path);
+  if (std::ifstream in; OpenGpuCache(cache, &in)) {
     std::vector<LocalGpu> gpus;
     std::string line;
+    if (!std::getline(in, line) || line != key) in.setstate(std::ios::failbit);  // another boot, or driver
     while (std::getline(in, line)) {
       std::istringstream fields(line);
       LocalGpu g;
@@ -114,6 +151,8 @@ StatusOr<std::vector<LocalGpu>> DiscoverGpus(const std::string& nvml_path) {
   std::string tmp = cache + "." + std::to_string(getpid());
   {
     std::ofstream out(tmp);
+    out << key << '\n';
+    chmod(tmp.c_str(), 0644);  // whatever the umask: read only if no one else may write it
     for (const auto& g : gpus) out << g.index << '\t' << g.uuid << '\t' << g.name << '\t' << g.total_bytes << '\n';
   }
   if (rename(tmp.c_str(), cache.c_str()) != 0) unlink(tmp.c_str());

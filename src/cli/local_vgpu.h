@@ -27,7 +27,7 @@ std::string RegionDir();
 StatusOr<std::string> FindDriverLibrary(const std::string& soname, const std::string& explicit_path,
                                         const char* env_var);
 
-// GPUs of this machine through NVML (cached in RegionDir()/gpus.tsv, valid until reboot).
+// GPUs of this machine through NVML (cached per user in RegionDir()/gpus-UID.tsv for this boot and NVML library).
 StatusOr<std::vector<LocalGpu>> DiscoverGpus(const std::string& nvml_path);
 
 // The folder `tfusion run` puts first on LD_LIBRARY_PATH (libcuda.so.1 -> the limiter).

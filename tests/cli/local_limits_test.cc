@@ -8,10 +8,12 @@
 #include <pty.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <thread>
@@ -278,6 +280,44 @@ TEST_F(LocalLimitsTest, EmptyValuesTinySharesAndNamesOfPooledRunsAreHandledPlain
   EXPECT_EQ(pooled.rc, 2) << pooled.out;
   EXPECT_NE(pooled.out.find("--vgpu names a vGPU of this machine; a run the pool places"), std::string::npos)
       << pooled.out;
+}
+
+// The GPU list a run keeps in the region folder (so that the next one skips NVML's start-up) is
+// read only when this user wrote it, for this boot, NVML library and set of GPUs: one left by an
+// older version, written for another driver, or planted by another user (the folder is open to
+// all) says nothing.
+TEST_F(LocalLimitsTest, AGpuListLeftByAnotherBootDriverOrUserIsNotBelieved) {
+  const std::string cache = dir_ + "/gpus-" + std::to_string(geteuid()) + ".tsv";
+  const std::string huge = "0\tGPU-planted\tNVIDIA H100\t1099511627776\n";  // 1 TiB
+  for (const std::string& text : {"# boot another nvml " + std::string(TF_FAKENVML) + " gpus\n" + huge, huge,
+                                  "# boot x\n" + huge}) {
+    {
+      std::ofstream out(cache);
+      out << text;
+    }
+    chmod(cache.c_str(), 0644);
+    Result r = Shell(Run("--vram 100GiB", "alloc"));
+    EXPECT_EQ(r.rc, 2) << text << "\n" << r.out;
+    EXPECT_NE(r.out.find("--vram 100GiB is more than GPU 0"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << r.out;
+  }
+  // A list the run wrote itself is used, and one others may write is not.
+  ASSERT_EQ(Shell(Run("--vram 1GiB", "alloc")).rc, 0);
+  const std::string written = ReadFile(cache);
+  EXPECT_EQ(written.rfind("# boot ", 0), 0u) << written;
+  auto plant = [&](mode_t mode) {
+    {
+      std::ofstream out(cache);
+      out << written.substr(0, written.find('\n') + 1) << huge;
+    }
+    ASSERT_EQ(chmod(cache.c_str(), mode), 0);
+  };
+  plant(0666);
+  EXPECT_EQ(Shell(Run("--vram 100GiB", "alloc")).rc, 2) << "a list others may write is not read";
+  plant(0644);
+  Result believed = Shell(Run("--vram 100GiB", "alloc"));
+  EXPECT_EQ(believed.out.find("is more than GPU 0"), std::string::npos)
+      << "the same list, ours and closed: read (it names a 1 TiB GPU)\n" << believed.out;
 }
 
 TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
