@@ -168,7 +168,11 @@ StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& a,
     return FailedPrecondition("the controller placed this vGPU on node " + a.node + " (GPU " + a.gpu_uuid +
                               "), not on this machine, and that node has no worker address registered: "
                               "run `tfusion worker` there and start its node agent with --worker-address "
-                              "HOST:PORT, or run the command on " + a.node);
+                              "HOST:PORT, or run the command on " + a.node +
+                              (local_gpu_uuids.empty() ? std::string(" (this machine's GPUs were not found through NVML "
+                                                                     "either: if it is " + a.node +
+                                                                     ", give --nvml or TFUSION_REAL_LIBNVML)")
+                                                       : std::string()));
   }
   return RunPlacement{true, node_worker_address};
 }

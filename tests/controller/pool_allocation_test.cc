@@ -115,6 +115,14 @@ TEST(ChooseRunPlacement, LocalGpuRunsHereAnotherNodeRunsThroughItsWorkerOrIsRefu
   EXPECT_NE(refused.status().message().find("node gpu-node-7 (GPU GPU-far)"), std::string::npos);
   EXPECT_NE(refused.status().message().find("no worker address registered"), std::string::npos);
   EXPECT_NE(refused.status().message().find("--worker-address HOST:PORT"), std::string::npos);
+  EXPECT_EQ(refused.status().message().find("NVML"), std::string::npos) << "this machine's GPUs were found";
+  // No GPU of this machine found (its driver not where tfusion looks): say so, it may be that node.
+  auto unseen = cli::ChooseRunPlacement(a, {}, "");
+  ASSERT_FALSE(unseen.ok());
+  EXPECT_NE(unseen.status().message().find("this machine's GPUs were not found through NVML either: if it is "
+                                           "gpu-node-7, give --nvml or TFUSION_REAL_LIBNVML"),
+            std::string::npos)
+      << unseen.status().message();
 }
 
 TEST_F(PoolAllocationTest, NodesRegisterAValidatedWorkerAddress) {
