@@ -67,6 +67,11 @@ StatusOr<HttpResponse> HttpClient::Exchange(const char* method, const std::strin
     case httplib::Error::SSLConnection:
       return Unavailable(what + ": the TLS handshake failed (is the server at " + base_url_ +
                          " serving plain HTTP? then use http://)");
+    case httplib::Error::Connection:
+      return Unavailable(what + ": cannot connect (nothing answers at " + base_url_ +
+                         ": is the server running there, and is the URL right?)");
+    case httplib::Error::ConnectionTimeout:
+      return Unavailable(what + ": the connection timed out (is " + base_url_ + " reachable from here?)");
     case httplib::Error::Read:
       if (!tls_) {
         return Unavailable(what + ": the connection closed without an HTTP answer (if the server serves "

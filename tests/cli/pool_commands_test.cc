@@ -145,6 +145,16 @@ TEST_F(PoolCommandsTest, TopRejectsABadIntervalClearly) {
   }
 }
 
+// A controller that is not there is named, with what to check (not just "Connection").
+TEST_F(PoolCommandsTest, AControllerThatIsNotThereIsSaidPlainly) {
+  Result r = Shell(std::string(TF_TFUSION) + " pool ls --url http://127.0.0.1:1 --token tok");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("cannot connect (nothing answers at http://127.0.0.1:1: is the server running there, and is "
+                       "the URL right?)"),
+            std::string::npos)
+      << r.out;
+}
+
 // Without --once, top redraws every --interval seconds until Ctrl-C (SIGINT), then exits 0.
 TEST_F(PoolCommandsTest, TopRedrawsUntilInterrupted) {
   const std::string out = dir_ + "/top.out";
