@@ -110,7 +110,7 @@ StatusOr<PoolCompute> PoolComputeFromFlags(const ComputeFlags& f) {
   if ((!f.tflops.empty() && !f.percent_limit.empty()) || (!f.percent.empty() && !f.tflops_limit.empty())) {
     return InvalidArgument("give the limit in the request's unit when the pool places the vGPU (" +
                            Typed(RequestFlag(f), RequestValue(f)) + " with " +
-                           (f.tflops.empty() ? "--percent-limit" : "--tflops-limit") +
+                           (f.tflops.empty() ? "--tflops-limit" : "--percent-limit") +
                            "): the GPU, and so the conversion, is known only after placement");
   }
   PoolCompute c;

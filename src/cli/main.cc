@@ -63,7 +63,9 @@ int main(int argc, char** argv) {
   auto* run_cmd = app.add_subcommand("run", "run a command on a vGPU of this machine");
   run_cmd->add_option("--vram", run.vram, "VRAM ceiling, e.g. 8GiB or 512MiB (default: the whole GPU)");
   run_cmd->add_option("--tflops", run.tflops, "compute request (guaranteed) in FP16 dense TFLOPS");
-  run_cmd->add_option("--percent", run.percent, "compute request (guaranteed) in percent of the GPU");
+  run_cmd->add_option("--percent", run.percent,
+                      "compute request (guaranteed) in percent of the GPU (without --tflops or --percent: the whole "
+                      "GPU's compute, in a pool too)");
   run_cmd->add_option("--tflops-limit", run.tflops_limit,
                       "compute limit (ceiling it may burst to) in FP16 dense TFLOPS (default: the request)");
   run_cmd->add_option("--percent-limit", run.percent_limit,

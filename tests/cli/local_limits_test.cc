@@ -330,6 +330,8 @@ TEST_F(LocalLimitsTest, RemoteAndPooledRunsSayWhatTheyCannotTake) {
                             "alloc"));
   EXPECT_EQ(pooled.rc, 2) << pooled.out;
   EXPECT_NE(pooled.out.find("give the limit in the request's unit"), std::string::npos) << pooled.out;
+  EXPECT_NE(pooled.out.find("(--tflops 100 with --percent-limit)"), std::string::npos) << "the flags given\n"
+                                                                                      << pooled.out;
   EXPECT_EQ(pooled.out.find("using a local vGPU"), std::string::npos) << pooled.out;
 }
 
