@@ -425,9 +425,13 @@ void ApiServer::Routes() {
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 413) {
       res.set_header("Connection", "close");
-      Reply(res, 413, {{"error", {{"code", "payload_too_large"},
-                                  {"message", "request body is larger than " + std::to_string(kMaxBodyBytes) +
-                                                  " bytes"}}}});
+      // The HTTP library holds form bodies (curl -d's default type) to 8 KiB, below our limit.
+      const bool form = req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0;
+      const std::string why = form ? "a request body sent as a form (Content-Type: application/x-www-form-urlencoded, "
+                                     "curl -d's default) is limited to 8192 bytes: send it with Content-Type: "
+                                     "application/json (up to " + std::to_string(kMaxBodyBytes) + " bytes)"
+                                   : "request body is larger than " + std::to_string(kMaxBodyBytes) + " bytes";
+      Reply(res, 413, {{"error", {{"code", "payload_too_large"}, {"message", why}}}});
       return;
     }
     if (res.status != 404 || !res.body.empty()) return;
