@@ -23,9 +23,12 @@ Status Bad(std::string_view flag, std::string_view text, const char* why) {
 StatusOr<double> ParsePositive(std::string_view flag, std::string_view text, double max) {
   std::string s(text);
   char* end = nullptr;
+  // Decimal only: strtod would also take hex ("0x32" as 50), "inf" and "nan".
+  if (s.find_first_not_of("0123456789.eE+-") != std::string::npos) return Bad(flag, text, "not a number");
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end == s.c_str() || *end != '\0') return Bad(flag, text, "not a number");
-  if (!std::isfinite(v) || v <= 0) return Bad(flag, text, "must be greater than zero");
+  if (!std::isfinite(v)) return Bad(flag, text, "too large");
+  if (v <= 0) return Bad(flag, text, "must be greater than zero");
   if (max > 0 && v > max) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "must be at most %g", max);

@@ -127,8 +127,9 @@ int RunRemote(const std::string& remote, const std::string& token,
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
+    const int why = errno;
+    fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], strerror(why));
+    _exit(why == ENOENT ? 127 : 126);  // as a shell: not found, or found and not runnable
   }
   ForwardSignalsTo(g_remote_child);
   int status = 0;

@@ -523,8 +523,9 @@ int RunCommand(const RunOptions& o) {
     for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     execvp(argv[0], argv.data());
-    std::fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
+    const int why = errno;
+    std::fprintf(stderr, "tfusion run: cannot run %s: %s\n", argv[0], std::strerror(why));
+    _exit(why == ENOENT ? 127 : 126);  // as a shell: not found, or found and not runnable
   }
   ForwardSignalsTo(g_child);
   int status = 0;

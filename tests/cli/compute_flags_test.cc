@@ -61,6 +61,9 @@ TEST(ComputeFlags, BadCombinationsAreRefusedWithTheirMessage) {
       {{"100", "20", "", ""}, "give either --tflops or --percent, not both"},
       {{"", "30", "", "0"}, "--percent-limit 0: must be greater than zero"},
       {{"", "30", "", "x"}, "--percent-limit x: not a number"},
+      {{"", "0x32", "", ""}, "--percent 0x32: not a number"},  // strtod alone took it for 50
+      {{"", "inf", "", ""}, "--percent inf: not a number"},
+      {{"", "1e400", "", ""}, "--percent 1e400: too large"},
   };
   for (const Case& c : cases) {
     StatusOr<ComputeShares> s = ResolveComputeShares(c.flags, kH100);

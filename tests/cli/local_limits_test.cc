@@ -274,6 +274,14 @@ TEST_F(LocalLimitsTest, EmptyValuesTinySharesAndNamesOfPooledRunsAreHandledPlain
         << r.out;
     EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
   }
+  // A command that cannot run exits as a shell's would: 127 not found, 126 not runnable.
+  EXPECT_EQ(Shell(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                  " --vram 1GiB -- /nonexistent/program").rc,
+            127);
+  EXPECT_EQ(Shell(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " --vram 1GiB -- " +
+                  dir_).rc,
+            126)
+      << "a folder";
   Background(Run("--vram 1GiB --percent 0.00001 --vgpu tiny", "hold 1"), dir_ + "/tiny.log", "holding=1");
   EXPECT_EQ(SmiRow("tiny").request, "0.0%") << Smi().out;
   Result pooled = Shell(Run("--controller http://127.0.0.1:1 --vram 1GiB --percent 10 --vgpu team", "alloc"));
