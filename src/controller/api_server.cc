@@ -386,8 +386,16 @@ void ApiServer::Routes() {
         ok = true;
       }
     }
-    if (ok && req.path != "/metrics") {
-      if (Status allowed = Authorize(t_who, req.method, req.path); !allowed.ok()) {
+    if (ok) {
+      // /metrics names every tenant's allocations: an admin's or a node's to read (a scraper's
+      // token), not a tenant's, which the API shows only its own.
+      Status allowed = req.path != "/metrics" ? Authorize(t_who, req.method, req.path)
+                       : t_who.role == Role::kTenant
+                           ? PermissionDenied("a tenant token (tenant '" + t_who.tenant +
+                                              "') may not read /metrics: it names every tenant's allocations; "
+                                              "scrape with an admin or node token")
+                           : Status::Ok();
+      if (!allowed.ok()) {
         res.set_header("Connection", "close");
         ReplyError(res, allowed);
         return httplib::Server::HandlerResponse::Handled;

@@ -595,6 +595,11 @@ TEST_F(ApiServerTest, AQuotasMaxQosKeepsATenantFromPreemptingWithAHigherQos) {
   auto made = client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"acme"})");
   ASSERT_EQ(made->status, 201);
   HttpClient acme(url_, Body(made)["token"].get<std::string>());
+  // /metrics names every tenant's allocations: not a tenant token's to read.
+  auto metrics = acme.Get("/metrics");
+  EXPECT_EQ(metrics->status, 403) << metrics->body;
+  EXPECT_NE(metrics->body.find("scrape with an admin or node token"), std::string::npos) << metrics->body;
+  EXPECT_EQ(client_->Get("/metrics")->status, 200);
   auto beta = client_->Post("/v1/allocations", R"({"tflops":100,"vram_mib":1000,"tenant":"beta","qos":"medium"})");
   ASSERT_EQ(beta->status, 201) << beta->body;
   ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_qos":"high"})")->status, 200);
