@@ -510,10 +510,10 @@ StatusOr<std::pair<ApiToken, std::string>> Controller::CreateToken(ApiToken t) {
   return Durably([&]() -> StatusOr<std::pair<ApiToken, std::string>> {
     if (t.role == Role::kTenant) {
       TF_RETURN_IF_ERROR(ValidateName("tenant", t.tenant));
-      t.node.clear();
+      if (!t.node.empty()) return InvalidArgument("a tenant token names no node (it is not confined to one)");
     } else if (t.role == Role::kNode) {
       TF_RETURN_IF_ERROR(ValidateName("node", t.node));
-      t.tenant.clear();
+      if (!t.tenant.empty()) return InvalidArgument("a node token names no tenant (it acts for its node's agent)");
     } else if (!t.tenant.empty() || !t.node.empty()) {
       return InvalidArgument("an admin token names no tenant and no node");
     }

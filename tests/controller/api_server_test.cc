@@ -118,6 +118,11 @@ TEST_F(ApiServerTest, AFieldTheRequestDoesNotTakeIsRefusedAndChangesNothing) {
   EXPECT_EQ(client_->Post("/v1/pools", R"({"name":"p3","mode":"FragAware"})")->status, 400);
   EXPECT_EQ(client_->Get("/v1/pools/p3")->status, 404);
   EXPECT_EQ(client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"acme","expires":"1d"})")->status, 400);
+  // A field the role does not take is refused, not dropped.
+  r = client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"acme","node":"vm"})");
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("a tenant token names no node"), std::string::npos) << r->body;
+  EXPECT_EQ(client_->Post("/v1/tokens", R"({"role":"node","node":"vm","tenant":"acme"})")->status, 400);
 }
 
 TEST_F(ApiServerTest, AllocateReleaseAndExhaustion) {
