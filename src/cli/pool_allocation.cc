@@ -28,6 +28,9 @@ Status FromReply(int http_status, const std::string& body, const std::string& wh
   message = what + ": " + message;
   if (code == "invalid_argument" || http_status == 400) return InvalidArgument(message);
   if (code == "unauthenticated" || http_status == 401) return Unauthenticated(message);
+  // A refusal of this token (a tenant's QoS cap, another tenant named): not a controller that
+  // cannot be reached, which a run may work around on a local vGPU.
+  if (code == "permission_denied" || http_status == 403) return PermissionDenied(message);
   if (code == "not_found" || http_status == 404) return NotFound(message);
   if (code == "out_of_memory") return OutOfMemory(message);
   if (code == "resource_exhausted") return ResourceExhausted(message);

@@ -549,6 +549,12 @@ void ApiServer::Routes() {
     Fields f(*body);
     TenantQuota q{req.matches[1], f.Tflops("max_tflops"), f.Int("max_vram_mib"),
                   static_cast<int>(f.IntIn("max_gpus", 0, 1'000'000)), f.Str("max_qos")};
+    // Left out, the QoS cap stays (a client that knows only the three limits must not lift it);
+    // "" lifts it.
+    if (!body->contains("max_qos")) {
+      for (const TenantQuota& old : c->ListTenantQuotas())
+        if (old.tenant == q.tenant) q.max_qos = old.max_qos;
+    }
     if (!f.status().ok()) return ReplyError(res, f.status());
     StatusOr<TenantQuota> out = c->SetTenantQuota(q);
     if (!out.ok()) return ReplyError(res, out.status());

@@ -1065,6 +1065,19 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       if (!q.ok()) return q.status();
       pr.qos = *q;
     }
+    // QoS decides who preempts whom: a tenant's quota may cap it, so that no tenant takes other
+    // tenants' running work by asking for a higher QoS than the operator gave it. The default QoS
+    // (none asked for, nor by the workload) is lowered to the cap; one asked for above it is refused.
+    if (auto quota = quotas_.find(pr.tenant); !pr.tenant.empty() && quota != quotas_.end() &&
+                                               !quota->second.value.max_qos.empty()) {
+      StatusOr<Qos> cap = ParseQos(quota->second.value.max_qos);
+      if (cap.ok() && static_cast<int>(pr.qos) > static_cast<int>(*cap)) {
+        if (!qos.empty())
+          return PermissionDenied("tenant '" + pr.tenant + "' may ask for QoS up to '" + QosName(*cap) +
+                                  "' (its quota's max_qos), not '" + QosName(pr.qos) + "'");
+        pr.qos = *cap;
+      }
+    }
     TF_RETURN_IF_ERROR(ValidateName("pool name", pr.pool));
     if (!pr.tenant.empty()) TF_RETURN_IF_ERROR(ValidateName("tenant", pr.tenant));
     if (idle_zero_ms) {
@@ -1085,15 +1098,6 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
         return InvalidArgument("node '" + pr.node + "' is in pool '" + n->second.value.pool + "', not in '" + pr.pool + "'");
     }
 
-    // QoS decides who preempts whom: a tenant's quota may cap it, so that no tenant takes other
-    // tenants' running work by asking for a higher QoS than the operator gave it.
-    if (auto quota = quotas_.find(pr.tenant); !pr.tenant.empty() && quota != quotas_.end() &&
-                                               !quota->second.value.max_qos.empty()) {
-      StatusOr<Qos> cap = ParseQos(quota->second.value.max_qos);
-      if (cap.ok() && static_cast<int>(pr.qos) > static_cast<int>(*cap))
-        return PermissionDenied("tenant '" + pr.tenant + "' may ask for QoS up to '" + QosName(*cap) +
-                                "' (its quota's max_qos), not '" + QosName(pr.qos) + "'");
-    }
     if (auto pool = pools_.find(pr.pool); pool != pools_.end()) {
       pr.tiering = pool->second.value.vram_expand_to_host_percent + pool->second.value.vram_expand_to_disk_percent > 0;
     }

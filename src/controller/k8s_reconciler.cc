@@ -770,7 +770,8 @@ Status KubeReconciler::ReconcileWorkload(const Json& obj, const std::vector<Allo
       if (a.ok()) {
         placed = *a;
         log_once("placed as allocation " + a->id + " on node " + a->node);
-      } else if (a.status().code() == StatusCode::kInvalidArgument || a.status().code() == StatusCode::kNotFound) {
+      } else if (a.status().code() == StatusCode::kInvalidArgument || a.status().code() == StatusCode::kNotFound ||
+                 a.status().code() == StatusCode::kPermissionDenied) {  // e.g. a QoS above its tenant's cap
         phase = "Failed";
         reason = "InvalidSpec";
         message = a.status().message();

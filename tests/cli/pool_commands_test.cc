@@ -225,6 +225,16 @@ TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
   EXPECT_EQ(run.rc, 2) << run.out;
   EXPECT_NE(run.out.find("the controller refused the vGPU"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("acme"), std::string::npos) << run.out;
+  // A QoS above the tenant's cap is refused by the controller: the run says so and stops, not
+  // "controller not reachable: using a local vGPU".
+  ASSERT_EQ(Tf("quota set other --max-qos low").rc, 0);
+  Result capped = Shell(std::string(TF_TFUSION) + " run --controller " + url_ +
+                        " --token tok --tenant other --qos high --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB "
+                        "--percent 1 -- true");
+  EXPECT_EQ(capped.rc, 2) << capped.out;
+  EXPECT_NE(capped.out.find("the controller refused the vGPU"), std::string::npos) << capped.out;
+  EXPECT_NE(capped.out.find("may ask for QoS up to 'low'"), std::string::npos) << capped.out;
+  EXPECT_EQ(capped.out.find("using a local vGPU"), std::string::npos) << capped.out;
 
   Result missing = Tf("quota get nobody");
   EXPECT_EQ(missing.rc, 1);

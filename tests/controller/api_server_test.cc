@@ -619,6 +619,15 @@ TEST_F(ApiServerTest, AQuotasMaxQosKeepsATenantFromPreemptingWithAHigherQos) {
   for (const char* bad : {R"({"max_qos":"urgent"})", R"({"max_qos":3})"})
     EXPECT_EQ(client_->Put("/v1/quotas/acme", bad)->status, 400) << bad;
   EXPECT_EQ(Body(client_->Get("/v1/quotas"))["quotas"][0]["max_qos"], "high") << "refusals changed nothing";
+  // A PUT that leaves max_qos out (a client that knows only the three limits) keeps the cap.
+  ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_gpus":8})")->status, 200);
+  EXPECT_EQ(Body(client_->Get("/v1/quotas"))["quotas"][0]["max_qos"], "high");
+  // Under a cap below the default QoS, a request that names none gets the cap, not a refusal.
+  ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_qos":"low"})")->status, 200);
+  r = acme.Post("/v1/allocations", R"({"tflops":1,"vram_mib":10})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["qos"], "low");
+  EXPECT_EQ(acme.Post("/v1/allocations", R"({"tflops":1,"vram_mib":10,"qos":"medium"})")->status, 403);
   // Without a cap (the default) any QoS is taken, as before.
   ASSERT_EQ(client_->Put("/v1/quotas/acme", R"({"max_qos":""})")->status, 200);
   r = acme.Post("/v1/allocations", R"({"tflops":100,"vram_mib":1000,"qos":"critical"})");
