@@ -1,6 +1,7 @@
 // Signals passed on to the command: see forward_signals.h.
 #include "cli/forward_signals.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,12 +12,13 @@ namespace {
 volatile pid_t g_forward_to = 0;
 
 void Forward(int sig, siginfo_t* info, void*) {
+  const int saved_errno = errno;  // it may interrupt any thread of ours
   const pid_t child = g_forward_to;
-  if (child <= 0) return;
   // The kernel sent it (a terminal's): the command got it as well, if it is still in our
   // foreground process group. getpgid is a plain system call here.
-  if (info != nullptr && info->si_code == SI_KERNEL && getpgid(child) == getpgrp()) return;
-  kill(child, sig);
+  if (child > 0 && !(info != nullptr && info->si_code == SI_KERNEL && getpgid(child) == getpgrp()))
+    kill(child, sig);
+  errno = saved_errno;
 }
 
 }  // namespace
@@ -31,5 +33,7 @@ void ForwardSignalsTo(pid_t child) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
 }
+
+void StopForwardingSignals() { g_forward_to = 0; }
 
 }  // namespace tf::cli

@@ -10,5 +10,7 @@ namespace tf::cli {
 // foreground process group, the command included): sent on too, each reached the command
 // twice, and a program that saves its work on the first interrupt was cut short by the second.
 void ForwardSignalsTo(pid_t child);
+// Once the child has been waited for: its pid may be another process's from then on.
+void StopForwardingSignals();
 
 }  // namespace tf::cli

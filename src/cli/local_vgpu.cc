@@ -1,6 +1,7 @@
 #include "cli/local_vgpu.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -149,13 +150,16 @@ StatusOr<std::vector<LocalGpu>> DiscoverGpus(const std::string& nvml_path) {
   // Best effort: the next run skips NVML start-up. Written whole, then renamed.
   mkdir(RegionDir().c_str(), 01777);
   std::string tmp = cache + "." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp);
-    out << key << '\n';
-    chmod(tmp.c_str(), 0644);  // whatever the umask: read only if no one else may write it
-    for (const auto& g : gpus) out << g.index << '\t' << g.uuid << '\t' << g.name << '\t' << g.total_bytes << '\n';
-  }
-  if (rename(tmp.c_str(), cache.c_str()) != 0) unlink(tmp.c_str());
+  // A new file of ours, never through a link another user put there (the folder is open to all).
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return gpus;
+  fchmod(fd, 0644);  // whatever the umask: read only if no one else may write it
+  std::string text = key + '\n';
+  for (const auto& g : gpus)
+    text += std::to_string(g.index) + '\t' + g.uuid + '\t' + g.name + '\t' + std::to_string(g.total_bytes) + '\n';
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!written || rename(tmp.c_str(), cache.c_str()) != 0) unlink(tmp.c_str());
   return gpus;
 }
 

@@ -135,6 +135,7 @@ int RunRemote(const std::string& remote, const std::string& token,
   int status = 0;
   while (waitpid(g_remote_child, &status, 0) < 0 && errno == EINTR) {
   }
+  StopForwardingSignals();
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

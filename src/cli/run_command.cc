@@ -269,6 +269,12 @@ std::vector<LocalGpu> LocalGpusIfAny(const RunOptions& o) {
 
 int RunCommand(const RunOptions& o) {
   if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
+  // Checked before anything is made (the region folder, the GPU list).
+  if (o.vgpu.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
+  if (o.vgpu.rfind("a-", 0) == 0) {
+    return Fail("--vgpu " + o.vgpu + ": names starting with a- are the pool's allocations, which the node agent "
+                "makes and removes: choose another name");
+  }
   if (o.gpu < 0) return Fail("--gpu must be 0 or more");
   const bool tiering = o.tiering || !o.idle_swap.empty() || !o.disk_tier.empty() || !o.idle_zero.empty();
   std::optional<uint64_t> idle_swap_ms, idle_disk_ms, idle_zero_ms;
@@ -414,8 +420,7 @@ int RunCommand(const RunOptions& o) {
   // (SIGKILL), whoever sweeps next (`tfusion smi`, a worker, the node agent, the next run to end)
   // removes the vGPU once the command has exited too (with `--vgpu NAME`, once every run of that
   // name and its command have). Without a lock folder of our user's the run goes on, and nothing
-  // is removed that way. A pool allocation's vGPU, or a `--vgpu` name of that form ("a-..."), is the
-  // node agent's to remove.
+  // is removed that way. A pool allocation's vGPU is the node agent's to remove.
   int run_lock = -1;
   if (pooled_id.empty()) {
     const std::string dir = RegionDir();
@@ -428,7 +433,7 @@ int RunCommand(const RunOptions& o) {
       vgpu_id += suffix;
     }
     std::string why;
-    if (!hypervisor::SessionVgpuLockPath(dir, vgpu_id).empty()) {  // not a name of the pool's ("a-...")
+    if (!hypervisor::SessionVgpuLockPath(dir, vgpu_id).empty()) {
       run_lock = hypervisor::HoldSessionVgpuLock(dir, vgpu_id, &why);
       if (run_lock < 0 && hypervisor::SessionLockDirTrusted(dir, false, nullptr))
         return Fail("cannot take the lock of vGPU '" + vgpu_id + "': " + why);
@@ -540,6 +545,7 @@ int RunCommand(const RunOptions& o) {
     }
     while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
     }
+    StopForwardingSignals();
   }
   // The vGPU goes with its last process: RemoveVgpu refuses (busy) while another live process
   // still uses it, e.g. a second `tfusion run --vgpu NAME`, whose own exit removes it later. A

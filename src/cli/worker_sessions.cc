@@ -69,7 +69,12 @@ void RemoveSessionVgpus(pid_t session) {
       if (!hypervisor::IsVgpuOfSession(id, session)) continue;
       // A held lock: a live session of another worker whose pid (in its own PID namespace) is the same.
       int held = -1;
-      if (hypervisor::SessionVgpuState(dir, id, &held) == hypervisor::SessionState::kLive) continue;
+      const hypervisor::SessionState state = hypervisor::SessionVgpuState(dir, id, &held);
+      if (state == hypervisor::SessionState::kLive) continue;
+      // No lock file of ours while our folder is usable (our sessions all take one there): not our
+      // session's, but another user's worker's whose session has this pid in another PID namespace.
+      if (state == hypervisor::SessionState::kUnknown && hypervisor::SessionLockDirTrusted(dir, false, nullptr))
+        continue;
       hypervisor::RemoveUnusedVgpu(f, id);
       uint32_t index = 0;
       // Its lock file goes with it; while a live process still uses it (a forked child that

@@ -407,13 +407,15 @@ void ApiServer::Routes() {
     // moves on to the next replica.
     if ((ok || !presented.empty()) && req.path.rfind("/v1/", 0) == 0 && !controller_->Serving()) {
       // A standby (or a replica that lost its store) answers nothing from its state, reads
-      // included: an agent reading "no allocations" from it would stop its tenants.
-      const std::string leader = leader_lookup_ ? leader_lookup_() : "";
+      // included: an agent reading "no allocations" from it would stop its tenants. The leader is
+      // named to a verified token only.
+      const std::string leader = ok && leader_lookup_ ? leader_lookup_() : "";
       if (!leader.empty()) res.set_header("X-TF-Leader", leader);
       res.set_header("Connection", "close");
       ReplyError(res, Unavailable("this controller replica is not the leader" +
-                                  (leader.empty() ? std::string(" (no leader is known right now; retry)")
-                                                  : ": send requests to the leader, " + leader)));
+                                  (!ok ? std::string(": send requests to another replica")
+                                   : leader.empty() ? std::string(" (no leader is known right now; retry)")
+                                                    : ": send requests to the leader, " + leader)));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (ok) return httplib::Server::HandlerResponse::Unhandled;

@@ -282,6 +282,11 @@ TEST_F(LocalLimitsTest, EmptyValuesTinySharesAndNamesOfPooledRunsAreHandledPlain
                   dir_).rc,
             126)
       << "a folder";
+  // Names of the pool's form are the node agent's: refused before anything is made.
+  Result pool_name = Shell(Run("--vram 1GiB --vgpu a-123", "alloc"));
+  EXPECT_EQ(pool_name.rc, 2) << pool_name.out;
+  EXPECT_NE(pool_name.out.find("names starting with a- are the pool's allocations"), std::string::npos)
+      << pool_name.out;
   Background(Run("--vram 1GiB --percent 0.00001 --vgpu tiny", "hold 1"), dir_ + "/tiny.log", "holding=1");
   EXPECT_EQ(SmiRow("tiny").request, "0.0%") << Smi().out;
   Result pooled = Shell(Run("--controller http://127.0.0.1:1 --vram 1GiB --percent 10 --vgpu team", "alloc"));

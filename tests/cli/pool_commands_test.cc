@@ -248,6 +248,8 @@ TEST_F(PoolCommandsTest, QuotaInputIsValidatedBeforeAnythingChanges) {
   } cases[] = {{"quota set acme --tflops -5", "--tflops -5"},
                {"quota set acme --tflops lots", "--tflops lots: not a number"},
                {"quota set acme --vram 12XB", "--vram 12XB"},
+               {"quota set acme --vram 0x10GiB", "--vram 0x10GiB: not a size"},  // hex is not a size
+               {"quota set acme --tflops 0x32", "--tflops 0x32: not a number"},
                {"quota set acme --gpus 1.5", "--gpus 1.5: not a whole number"},
                {"quota set acme", "nothing to set"},
                {"quota set bad/name --gpus 1", "may only hold"}};
