@@ -61,8 +61,8 @@ StatusOr<uint64_t> ParseVramSize(std::string_view flag, std::string_view text) {
   char* end = nullptr;
   // The number part decimal only (strtod would also take hex, "inf" and "nan").
   const size_t number = s.find_first_not_of("0123456789.eE+-");
-  if (number == 0 || (number != std::string::npos && (s.compare(number, 1, "x") == 0 || s.compare(number, 1, "X") == 0)))
-    return Bad(flag, text, "not a size (examples: 8GiB, 512MiB)");
+  const bool hex = s.size() > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  if (number == 0 || hex) return Bad(flag, text, "not a size (examples: 8GiB, 512MiB)");
   double v = std::strtod(s.c_str(), &end);
   if (s.empty() || end == s.c_str()) return Bad(flag, text, "not a size (examples: 8GiB, 512MiB)");
   std::string unit = Lower(std::string_view(end));
