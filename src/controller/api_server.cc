@@ -734,6 +734,12 @@ void ApiServer::Routes() {
   s.Post("/v1/workloads", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<json> body = ParseBody(req);
     if (!body.ok()) return ReplyError(res, body.status());
+    if (Status st = OnlyKnownFields(*body,
+                                    {"name", "pool", "tflops", "tflops_limit", "vram_mib", "gpu_count", "qos",
+                                     "idle_swap_ms", "idle_disk_ms", "idle_zero_ms"},
+                                    "a workload");
+        !st.ok())
+      return ReplyError(res, st);
     Fields f(*body);
     Workload w{f.Str("name", true), f.Str("pool"), f.Tflops("tflops", true), f.Int("vram_mib", true),
                body->contains("gpu_count") ? static_cast<int>(f.IntIn("gpu_count", 1, 64)) : 1, Qos::kMedium,

@@ -608,6 +608,13 @@ Status Controller::DeletePool(const std::string& name) {
     for (const auto& [n, node] : nodes_)
       if (node.value.pool == name)
         return FailedPrecondition("pool '" + name + "' still has node '" + n + "'");
+    // A workload or allocation naming a deleted pool could never be placed again.
+    for (const auto& [n, w] : workloads_)
+      if (w.value.pool == name)
+        return FailedPrecondition("pool '" + name + "' still has workload '" + n + "' (delete it first)");
+    for (const auto& [id, a] : allocations_)
+      if (a.value.pool == name)
+        return FailedPrecondition("pool '" + name + "' still has allocation '" + id + "' (release it first)");
     StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(name), it->second.revision)},
                                          {Write::Delete(PoolKey(name))});
     if (!rev.ok()) return rev.status();

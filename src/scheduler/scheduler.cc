@@ -349,10 +349,14 @@ StatusOr<Placement> Scheduler::Place(const Request& r, PlacementMode mode) const
 
 namespace {
 
+// TFLOPS as a user wrote them: up to three decimals, no trailing zeros (520, 12.5, 0.001).
 std::string TflopsText(MilliTflops m) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4g", ToTflops(m));
-  return buf;
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.3f", ToTflops(m));
+  std::string s = buf;
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
 }
 
 // Why request `r` does not fit node `n` (whose Evaluate said no), in the order Evaluate checks.
@@ -492,16 +496,18 @@ Status Scheduler::CheckQuota(const Request& r, const Placement& p) const {
   const int64_t n = static_cast<int64_t>(p.gpus.size());
   const std::string who = "tenant '" + r.tenant + "' (request '" + r.id + "')";
   if (q->max_tflops > 0 && u.compute + n * p.compute_per_gpu > ToMilliTflops(q->max_tflops)) {
-    return ResourceExhausted(who + " would exceed its TFLOPS quota: uses " + std::to_string(ToTflops(u.compute)) +
-                             " of " + std::to_string(q->max_tflops));
+    return ResourceExhausted(who + " would exceed its TFLOPS quota: uses " + TflopsText(u.compute) + " of " +
+                             TflopsText(ToMilliTflops(q->max_tflops)) + " TFLOPS and asks " +
+                             TflopsText(n * p.compute_per_gpu));
   }
   if (q->max_vram_mib > 0 && u.vram_mib + n * p.vram_per_gpu_mib > q->max_vram_mib) {
     return ResourceExhausted(who + " would exceed its VRAM quota: uses " + std::to_string(u.vram_mib) + " of " +
-                             std::to_string(q->max_vram_mib) + " MiB");
+                             std::to_string(q->max_vram_mib) + " MiB and asks " +
+                             std::to_string(n * p.vram_per_gpu_mib));
   }
   if (q->max_gpus > 0 && u.gpus + n > q->max_gpus) {
     return ResourceExhausted(who + " would exceed its vGPU quota: holds " + std::to_string(u.gpus) + " of " +
-                             std::to_string(q->max_gpus));
+                             std::to_string(q->max_gpus) + " and asks " + std::to_string(n));
   }
   return Status::Ok();
 }

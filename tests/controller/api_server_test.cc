@@ -111,6 +111,10 @@ TEST_F(ApiServerTest, AFieldTheRequestDoesNotTakeIsRefusedAndChangesNothing) {
   r = client_->Post("/v1/allocations", R"({"tflops":1,"vram_mib":10,"bogus_field":1})");
   EXPECT_EQ(r->status, 400) << r->body;
   EXPECT_TRUE(Body(client_->Get("/v1/allocations"))["allocations"].empty());
+  r = client_->Post("/v1/workloads", R"({"name":"w","tflops":1,"vram_mib":10,"gpus":2})");
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("field 'gpus' is not known here (a workload takes "), std::string::npos) << r->body;
+  EXPECT_EQ(client_->Get("/v1/workloads/w")->status, 404);
   ASSERT_EQ(client_->Post("/v1/pools", R"({"name":"p1"})")->status, 201);
   for (const char* bad : {R"({"foo":1})", R"({"name":"p2"})"})
     EXPECT_EQ(client_->Patch("/v1/pools/p1", bad)->status, 400) << bad;
@@ -702,6 +706,12 @@ TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   EXPECT_EQ(client_->Get("/v1/pools/none")->status, 404);
   EXPECT_EQ(client_->Post("/v1/workloads", R"({"name":"w","pool":"train","tflops":5,"vram_mib":10})")->status, 201);
   EXPECT_EQ(client_->Post("/v1/workloads", R"({"name":"w2","pool":"zzz","tflops":5,"vram_mib":10})")->status, 404);
+  // A pool a workload names stays until the workload goes: its allocations could never be placed.
+  auto r = client_->Delete("/v1/pools/train");
+  EXPECT_EQ(r->status, 409) << r->body;
+  EXPECT_NE(r->body.find("pool 'train' still has workload 'w' (delete it first)"), std::string::npos) << r->body;
+  EXPECT_EQ(client_->Get("/v1/pools/train")->status, 200);
+  EXPECT_EQ(client_->Delete("/v1/workloads/w")->status, 200);
   EXPECT_EQ(client_->Delete("/v1/pools/train")->status, 200);
   EXPECT_EQ(client_->Get("/v1/nothing")->status, 404);
   EXPECT_EQ(client_->Post("/v1/nodes/ghost/heartbeat", "{}")->status, 404);

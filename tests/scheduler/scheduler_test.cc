@@ -186,7 +186,10 @@ TEST(SchedulerTest, TenantQuotaIsEnforcedAndFreedOnRelease) {
   ASSERT_TRUE(s.Schedule(Req("a", 100)).ok());
   auto over = s.Schedule(Req("b", 100));
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(over.status().message().find("TFLOPS quota"), std::string::npos);
+  // In the user's units, with what it asks: not "100.000000 of 150.000000".
+  EXPECT_NE(over.status().message().find("would exceed its TFLOPS quota: uses 100 of 150 TFLOPS and asks 100"),
+            std::string::npos)
+      << over.status().message();
   ASSERT_TRUE(s.Release("a").ok());
   EXPECT_TRUE(s.Schedule(Req("b", 100)).ok());
   s.SetTenantQuota("t", TenantQuota{0, 0, 1});
