@@ -444,6 +444,13 @@ void ApiServer::Routes() {
       Reply(res, 413, {{"error", {{"code", "payload_too_large"}, {"message", why}}}});
       return;
     }
+    if (res.status == 400 && res.body.empty()) {
+      // The HTTP library refused the request before any route saw it (most often a POST or PUT
+      // whose body has neither a Content-Length nor chunked encoding, as `curl -X POST` sends).
+      res.set_header("Connection", "close");
+      return ReplyError(res, InvalidArgument("the HTTP request could not be read: a POST, PUT or PATCH needs a "
+                                             "Content-Length header (send {} when there is nothing to send)"));
+    }
     if (res.status != 404 || !res.body.empty()) return;
     std::string allowed;  // the methods this path has, when it has any
     for (const auto& [method, pattern] : routes_) {

@@ -25,7 +25,9 @@ class ApiServerTest : public ApiServerFixture {
 
 // One HTTP/1.1 request written as given (headers this test chooses, the body as is) to the
 // server at `url` ("http://127.0.0.1:PORT"); the status and body of its answer (0 when none).
-std::pair<int, std::string> RawRequest(const std::string& url, const std::string& head, const std::string& body) {
+// Without `content_length` the request has no Content-Length header (as `curl -X POST` sends).
+std::pair<int, std::string> RawRequest(const std::string& url, const std::string& head, const std::string& body,
+                                       bool content_length = true) {
   const int port = std::stoi(url.substr(url.rfind(':') + 1));
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -36,8 +38,9 @@ std::pair<int, std::string> RawRequest(const std::string& url, const std::string
     close(fd);
     return {0, ""};
   }
-  const std::string request = head + "Host: 127.0.0.1\r\nConnection: close\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request =
+      head + "Host: 127.0.0.1\r\nConnection: close\r\n" +
+      (content_length ? "Content-Length: " + std::to_string(body.size()) + "\r\n" : std::string()) + "\r\n" + body;
   for (size_t sent = 0; sent < request.size();) {
     ssize_t n = write(fd, request.data() + sent, request.size() - sent);
     if (n <= 0) break;  // the server may answer (413) and close before it has read everything
@@ -509,6 +512,15 @@ TEST_F(ApiServerTest, AWrongMethodIs405WithAllowAndAHugeBodyIs413) {
   EXPECT_NE(answer.find("send it with Content-Type: application/json (up to 1048576 bytes)"), std::string::npos)
       << answer;
   EXPECT_TRUE(c_->ListNodes().empty());
+  // A POST without Content-Length (`curl -X POST URL`) is refused by the HTTP library before any
+  // route sees it: the answer still says why, as JSON.
+  std::tie(status, answer) =
+      RawRequest(url_, "POST /v1/allocations/a-1/renew HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n", "", false);
+  EXPECT_EQ(status, 400) << answer;
+  EXPECT_EQ(json::parse(answer, nullptr, false)["error"]["message"],
+            "the HTTP request could not be read: a POST, PUT or PATCH needs a Content-Length header (send {} when "
+            "there is nothing to send)")
+      << answer;
 }
 
 // PATCH changes only what it names; PUT replaces (absent fields get their defaults).
