@@ -389,7 +389,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error exits 2, as other command-line tools do
+    // (CLI11's own codes, 105-115, read like a command's exit status under `tfusion run`).
+    return app.exit(e) == 0 ? 0 : 2;
   }
 
   if (run_cmd->parsed()) {

@@ -1540,6 +1540,13 @@ TEST_F(LimiterRunTest, BadFlagsAreRefusedWithAClearMessage) {
   Result nodriver = Run(env_ + TF_TFUSION + " run --driver /nonexistent/libcuda.so.1 -- true");
   EXPECT_EQ(nodriver.rc, 2);
   EXPECT_NE(nodriver.out.find("no such file"), std::string::npos) << nodriver.out;
+  // Usage errors exit 2 too (CLI11's own codes, 105-115, read like the command's status).
+  for (const char* usage : {" run --", " run", " run --vram", " run --nonsense -- true", " nonsense"}) {
+    Result r = Run(env_ + TF_TFUSION + usage);
+    EXPECT_EQ(r.rc, 2) << usage << "\n" << r.out;
+    EXPECT_FALSE(r.out.empty()) << usage;
+  }
+  EXPECT_EQ(Run(env_ + TF_TFUSION + " run --help").rc, 0);
 }
 
 }  // namespace
