@@ -439,6 +439,24 @@ int RunCommand(const RunOptions& o) {
         return Fail("cannot take the lock of vGPU '" + vgpu_id + "': " + why);
     }
   }
+  // The tier policy this run writes into its vGPU: a pool's (the allocation's overrides, else the
+  // QoS's, as the node agent writes them), else the flags' (--idle-swap, else the QoS's default).
+  // The defaults follow the QoS, which a run joining a vGPU in use may take from it: resolved
+  // once the limits are.
+  bool tier_on = tiering || (pooled && pooled->tiering);
+  bool write_tier = tier_on;
+  uint64_t swap_ms = 0, disk_ms = 0, zero_ms = 0;
+  auto resolve_tier_policy = [&] {
+    const uint32_t qos = limits->qos;
+    swap_ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(qos);
+    disk_ms = o.disk_tier.empty() ? 0 : idle_disk_ms ? *idle_disk_ms : limiter::DefaultIdleDiskMs(qos);
+    zero_ms = idle_zero_ms ? *idle_zero_ms : 0;
+    if (pooled && pooled->tiering) {
+      swap_ms = pooled->idle_swap_ms >= 0 ? static_cast<uint64_t>(pooled->idle_swap_ms) : limiter::DefaultIdleSwapMs(qos);
+      disk_ms = pooled->idle_disk_ms >= 0 ? static_cast<uint64_t>(pooled->idle_disk_ms) : limiter::DefaultIdleDiskMs(qos);
+      zero_ms = pooled->idle_zero_ms > 0 ? static_cast<uint64_t>(pooled->idle_zero_ms) : 0;
+    }
+  };
   uint32_t existing = 0;
   if (!o.vgpu.empty() && region.FindVgpu(vgpu_id.c_str(), &existing) == RegionError::kOk) {
     // A vGPU that live processes use keeps the limits they were started under: a run that joins
@@ -468,6 +486,22 @@ int RunCommand(const RunOptions& o) {
                     FormatBytes(current.vram_bytes) + ", " + shares +
                     ": a run that joins it gives the same limits, or none to take them");
       }
+      // Its tier policy likewise: a joiner with no tier flag takes it (and restores its processes
+      // scaled to zero while it waits), one whose flags ask for another is refused.
+      resolve_tier_policy();
+      auto ms_text = [](uint64_t ms) { return ms == 0 ? std::string("never") : std::to_string(ms) + "ms"; };
+      if (tiering && (!in_use->tier_enabled || in_use->idle_swap_ms != swap_ms || in_use->idle_disk_ms != disk_ms ||
+                      in_use->idle_zero_ms != zero_ms)) {
+        const std::string policy = !in_use->tier_enabled
+                                       ? std::string("tiering off")
+                                       : "--idle-swap " + ms_text(in_use->idle_swap_ms) + ", --idle-disk " +
+                                             ms_text(in_use->idle_disk_ms) + ", --idle-zero " +
+                                             ms_text(in_use->idle_zero_ms);
+        return Fail("vGPU '" + vgpu_id + "' is in use (" + std::to_string(users) + " process(es)) with " + policy +
+                    ": a run that joins it gives the same tier flags, or none to take them");
+      }
+      tier_on = in_use->tier_enabled;
+      write_tier = false;
     }
   }
   // This process holds a slot (and no VRAM) until the command ends, so that another run of the
@@ -486,18 +520,11 @@ int RunCommand(const RunOptions& o) {
     guarded = region.FindVgpu(vgpu_id.c_str(), &now) == RegionError::kOk && now == index;
     if (!guarded) region.DetachProcess(guard_slot);  // the slot was reused for another vGPU
   }
-  if (guarded && (tiering || (pooled && pooled->tiering))) {
-    uint64_t ms = idle_swap_ms ? *idle_swap_ms : limiter::DefaultIdleSwapMs(limits->qos);
-    uint64_t disk_ms = o.disk_tier.empty() ? 0 : idle_disk_ms ? *idle_disk_ms : limiter::DefaultIdleDiskMs(limits->qos);
-    if (pooled && pooled->tiering) {  // what the node agent writes too: the allocation's overrides, else the QoS's
-      ms = pooled->idle_swap_ms >= 0 ? static_cast<uint64_t>(pooled->idle_swap_ms) : limiter::DefaultIdleSwapMs(limits->qos);
-      disk_ms = pooled->idle_disk_ms >= 0 ? static_cast<uint64_t>(pooled->idle_disk_ms) : limiter::DefaultIdleDiskMs(limits->qos);
-    }
-    e = region.SetTierPolicy(index, true, ms, disk_ms);
+  if (guarded && write_tier) {
+    resolve_tier_policy();
+    e = region.SetTierPolicy(index, true, swap_ms, disk_ms);
     if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
     // Scale to zero after idle_zero: this process's zero keeper (below) checkpoints the tenant.
-    uint64_t zero_ms = idle_zero_ms ? *idle_zero_ms : 0;
-    if (pooled && pooled->tiering) zero_ms = pooled->idle_zero_ms > 0 ? static_cast<uint64_t>(pooled->idle_zero_ms) : 0;
     e = region.SetIdleZero(index, zero_ms);
     if (e != RegionError::kOk) return Fail("cannot set --idle-zero on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
@@ -539,7 +566,7 @@ int RunCommand(const RunOptions& o) {
     if (!pooled_id.empty()) lease.emplace(o, pooled_id);
     // Scale to zero: a checkpointed process of this vGPU asks for its restore while we wait.
     std::optional<hypervisor::ZeroRestorer> restorer;
-    if (guarded && (tiering || (pooled && pooled->tiering))) {
+    if (guarded && tier_on) {
       restorer.emplace(*driver, std::vector<std::string>{region_path}, vgpu_id);
       restorer->Start();
     }

@@ -64,14 +64,14 @@ class LocalLimitsTest : public ::testing::Test {
   // The smi row of vGPU `id`: QOS, REQUEST, LIMIT, USE, THROTTLED s, TURNS s, LAUNCHES.
   struct Row {
     bool found = false;
-    std::string qos, request, limit, use;
+    std::string qos, request, limit, use, tier;
     double throttled = -1, turns = -1;
     unsigned long long launches = 0;
   };
   Row SmiRow(const std::string& id) const {
     Result smi = Smi();
     std::smatch m;
-    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) +([0-9.]+) +(\d+) )");
+    std::regex re(id + R"( +(\S+) +\S+ \S+ +\S+ \S+ +(\S+) +(\S+) +(\S+) +\d+ +[0-9.]+ +([0-9.]+) +([0-9.]+) +(\d+) +\d+ +(\S+))");
     Row r;
     if (!std::regex_search(smi.out, m, re)) return r;
     r.found = true;
@@ -82,6 +82,7 @@ class LocalLimitsTest : public ::testing::Test {
     r.throttled = std::stod(m.str(5));
     r.turns = std::stod(m.str(6));
     r.launches = std::stoull(m.str(7));
+    r.tier = m.str(8);
     return r;
   }
 
@@ -210,6 +211,34 @@ TEST_F(LocalLimitsTest, ARunJoiningAVgpuInUseTakesItsLimitsAndCannotChangeThem) 
   EXPECT_EQ(row.request, "20.0%");
   EXPECT_EQ(row.limit, "20.0%");
   EXPECT_EQ(row.qos, "low");
+  // Its tier policy too: tier flags that differ are refused and change nothing.
+  for (const char* tier : {"--tiering", "--idle-swap 5s", "--idle-zero 1h"}) {
+    Result r = Shell(Run(std::string(tier) + " --vgpu shared_b", "alloc"));
+    EXPECT_NE(r.rc, 0) << tier << "\n" << r.out;
+    EXPECT_NE(r.out.find(" process(es)) with tiering off: a run that joins it gives the same tier flags, or none to "
+                         "take them"),
+              std::string::npos)
+        << tier << "\n" << r.out;
+    EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
+  }
+  EXPECT_EQ(SmiRow("shared_b").tier, "-") << "tiering stays off";
+}
+
+// A vGPU with tiering: a joiner without tier flags takes its policy (and does not switch tiering
+// off or rewrite its timeouts); one asking for other timeouts is refused.
+TEST_F(LocalLimitsTest, ARunJoiningATieredVgpuInUseTakesItsTierPolicy) {
+  Background(Run("--vram 1GiB --tiering --idle-swap 0 --vgpu tiered_b", "hold 1"), dir_ + "/first.log", "holding=1");
+  ASSERT_EQ(SmiRow("tiered_b").tier, "resident") << Smi().out;
+  Result join = Shell(Run("--vgpu tiered_b", "alloc"));
+  EXPECT_EQ(join.rc, 0) << join.out;
+  EXPECT_EQ(SmiRow("tiered_b").tier, "resident") << "a joiner without tier flags left tiering on\n" << Smi().out;
+  EXPECT_EQ(Shell(Run("--tiering --idle-swap 0 --vgpu tiered_b", "alloc")).rc, 0) << "the same flags join";
+  Result other = Shell(Run("--idle-swap 5s --vgpu tiered_b", "alloc"));
+  EXPECT_NE(other.rc, 0) << other.out;
+  EXPECT_NE(other.out.find("with --idle-swap never, --idle-disk never, --idle-zero never: a run that joins it gives "
+                           "the same tier flags"),
+            std::string::npos)
+      << other.out;
 }
 
 // Ctrl-C in a terminal reaches the whole foreground process group, the command included: the run
