@@ -432,6 +432,9 @@ int RunCommand(const RunOptions& o) {
       std::snprintf(suffix, sizeof(suffix), "-%08x", static_cast<unsigned>(std::random_device{}()));
       vgpu_id += suffix;
     }
+    // A named vGPU whose runs were all killed outright (its lock ended, nothing sweeping since) is
+    // removed too: ours starts on fresh counters, not on theirs. One in use is joined below.
+    if (!o.vgpu.empty()) hypervisor::ClearEndedVgpuOfId(dir, vgpu_id);
     std::string why;
     if (!hypervisor::SessionVgpuLockPath(dir, vgpu_id).empty()) {
       run_lock = hypervisor::HoldSessionVgpuLock(dir, vgpu_id, &why);

@@ -415,6 +415,29 @@ TEST_F(LocalLimitsTest, TheVgpuOfARunKilledOutrightGoesOnceItsCommandHasEnded) {
 // The same for a vGPU that several runs share by name (`--vgpu NAME`): it stays while any run of
 // that name or its command lives, and goes with its lock file once the last has ended, however
 // they ended.
+// The next run of a name whose runs were all killed outright, with no sweep between, starts on a
+// fresh vGPU: not on the dead runs' counters (launches, GPU time, throttling).
+TEST_F(LocalLimitsTest, ARunOfANameWhoseRunsWereAllKilledStartsAfresh) {
+  Background(Run("--vram 1GiB --percent 50 --vgpu team_c", "launch 10"), dir_ + "/first.log", "");
+  Row row;
+  for (int i = 0; i < 100 && row.launches == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    row = SmiRow("team_c");
+  }
+  ASSERT_GT(row.launches, 0u) << Smi().out;
+  const pid_t first = background_.back();
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  ASSERT_EQ(waitpid(first, nullptr, 0), first);
+  kill(-first, SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // No smi in between: smi sweeps, and the run must do it itself.
+  Background(Run("--vram 1GiB --percent 50 --vgpu team_c", "hold 1"), dir_ + "/second.log", "holding=1");
+  row = SmiRow("team_c");
+  ASSERT_TRUE(row.found) << Smi().out;
+  EXPECT_EQ(row.launches, 0u) << "the new run took the killed runs' counters\n" << Smi().out;
+  EXPECT_EQ(row.throttled, 0) << Smi().out;
+}
+
 TEST_F(LocalLimitsTest, ANamedVgpuWhoseRunsWereAllKilledOutrightGoesWithTheirCommands) {
   const std::string lock = dir_ + "/session-locks-" + std::to_string(geteuid()) + "/vgpu-7465616d5f61.lock";  // "team_a"
   Background(Run("--vram 1GiB --vgpu team_a", "hold 1"), dir_ + "/first.log", "holding=1");
