@@ -244,6 +244,7 @@ Status Controller::Rebuild() {
   } clear_staged;
   std::lock_guard<std::mutex> lock(mu_);
   serving_ = false;
+  NoteUnservedLocked(clock_->NowMs());
   pools_.clear();
   nodes_.clear();
   gpus_.clear();
@@ -322,8 +323,27 @@ Status Controller::Rebuild() {
   for (const auto& [name, n] : nodes_) last_heartbeat_ms_[name] = now;
   EnsurePlacementLocked();
   serving_ = true;
-  serving_since_ms_ = now;
+  if (!unserved_.empty() && unserved_.back().second == INT64_MAX) unserved_.back().second = now;
   return Status::Ok();
+}
+
+void Controller::NoteUnservedLocked(int64_t now_ms) {
+  if (!unserved_.empty() && unserved_.back().second == INT64_MAX) return;  // already not serving
+  constexpr size_t kMaxUnservedSpans = 64;
+  if (unserved_.size() >= kMaxUnservedSpans) {  // merged: a longer grace, never a shorter one
+    unserved_[1].first = unserved_[0].first;
+    unserved_.erase(unserved_.begin());
+  }
+  unserved_.emplace_back(now_ms, INT64_MAX);
+}
+
+int64_t Controller::UnservedMsLocked(int64_t from_ms, int64_t now_ms) const {
+  int64_t total = 0;
+  for (const auto& [start, end] : unserved_) {
+    const int64_t a = std::max(start, from_ms), b = std::min(end, now_ms);
+    if (b > a) total += b - a;
+  }
+  return total;
 }
 
 bool Controller::Serving() const {
@@ -334,6 +354,7 @@ bool Controller::Serving() const {
 void Controller::StopServing() {
   std::lock_guard<std::mutex> lock(mu_);
   serving_ = false;
+  NoteUnservedLocked(clock_->NowMs());
 }
 
 Status Controller::CheckServingLocked() const {
@@ -1528,14 +1549,18 @@ void Controller::Tick() {
       }
     }
     // Allocations whose lease ran out: the command that held them is gone (killed, its machine lost).
-    // A holder renews against a serving controller: while none served (all replicas down, or an
-    // election), its renewals failed, so a lease runs out no earlier than one whole lease after
-    // this replica began to serve, as a node gets a fresh heartbeat timeout.
+    // A holder renews against a serving controller: while this replica did not serve (before it
+    // started, in an election, while its store failed) its renewals failed, so a lease runs out
+    // that much later (a replica that starts gives every lease a whole one, as a node gets a fresh
+    // heartbeat timeout). Only the time not served since the lease was last renewed counts: a store
+    // that fails now and then delays a lease by its failures, not by a whole lease each time.
     std::vector<std::string> lapsed;
-    for (const auto& [id, a] : allocations_)
-      if (a.value.lease_expires_ms > 0 && now > a.value.lease_expires_ms &&
-          now > serving_since_ms_ + a.value.lease_ms)
+    for (const auto& [id, a] : allocations_) {
+      const int64_t expires = a.value.lease_expires_ms;
+      if (expires > 0 && now > expires &&
+          now > expires + UnservedMsLocked(expires - a.value.lease_ms, now))
         lapsed.push_back(id);
+    }
     for (const std::string& id : lapsed) {
       Status st = ReleaseLocked(id, "lease-expired");
       if (!st.ok()) std::fprintf(stderr, "controller: releasing %s (lease expired) failed: %s\n", id.c_str(), st.ToString().c_str());

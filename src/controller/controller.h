@@ -20,6 +20,7 @@
 // a later caller may see (not be acknowledged on) state whose fsync is still in flight.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -339,7 +340,12 @@ class Controller {
 
   mutable std::mutex mu_;
   bool serving_ = false;
-  int64_t serving_since_ms_ = 0;  // when this replica last started serving (Rebuild)
+  // The spans [from, to) in which this replica did not serve (to = INT64_MAX while it does not;
+  // the first from its start, unknown, on): holders could not renew their leases then, so a lease
+  // runs out that much later. Oldest first, at most kMaxUnservedSpans (the oldest merged).
+  std::vector<std::pair<int64_t, int64_t>> unserved_{{INT64_MIN, INT64_MAX}};
+  void NoteUnservedLocked(int64_t now_ms);
+  int64_t UnservedMsLocked(int64_t from_ms, int64_t now_ms) const;
   std::map<std::string, Versioned<Pool>> pools_;
   std::map<std::string, Versioned<Node>> nodes_;
   std::map<std::string, Versioned<Gpu>> gpus_;

@@ -609,6 +609,48 @@ TEST_F(ApiServerTest, ALeaseDoesNotRunOutWhileNoControllerServed) {
   EXPECT_FALSE(again.GetAllocation(gone_id).ok()) << "not renewed within a lease of the restart";
 }
 
+// A replica that stops serving now and then (a store that fails, an election) delays a lease by
+// the time it did not serve, not by a whole lease each time: a holder gone for good still loses
+// its allocation.
+TEST_F(ApiServerTest, ALeaseRunsOutBesideAStoreThatFailsNowAndThen) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  auto gone = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"lease_s":60})");
+  ASSERT_EQ(gone->status, 201) << gone->body;
+  const std::string id = Body(gone)["id"];
+  // Every 20 s, 1 s without serving: 3 s in its first 60 s.
+  for (int i = 0; i < 3; ++i) {
+    clock_.AdvanceMs(19'000);
+    c_->StopServing();
+    clock_.AdvanceMs(1'000);
+    ASSERT_TRUE(c_->Rebuild().ok());
+    c_->Tick();
+    ASSERT_TRUE(c_->GetAllocation(id).ok()) << "released " << (i + 1) * 20 << " s after its last renewal";
+  }
+  clock_.AdvanceMs(2'000);  // 62 s: within 60 s + the 3 s not served
+  c_->Tick();
+  EXPECT_TRUE(c_->GetAllocation(id).ok());
+  clock_.AdvanceMs(2'000);  // 64 s
+  c_->Tick();
+  EXPECT_FALSE(c_->GetAllocation(id).ok()) << "each failure gave the lease a whole new one";
+  // A lease renewed in the meantime is kept by the same failures, and runs out once it stops.
+  auto kept = client_->Post("/v1/allocations", R"({"tflops":30,"vram_mib":1000,"lease_s":60})");
+  ASSERT_EQ(kept->status, 201) << kept->body;
+  const std::string kept_id = Body(kept)["id"];
+  clock_.AdvanceMs(50'000);
+  c_->StopServing();
+  clock_.AdvanceMs(20'000);  // 70 s: its lease ran out while nothing served
+  ASSERT_TRUE(c_->Rebuild().ok());
+  c_->Tick();
+  EXPECT_TRUE(c_->GetAllocation(kept_id).ok()) << "its holder could not renew while nothing served";
+  ASSERT_TRUE(c_->RenewLease(kept_id).ok());
+  clock_.AdvanceMs(59'000);
+  c_->Tick();
+  EXPECT_TRUE(c_->GetAllocation(kept_id).ok());
+  clock_.AdvanceMs(2'000);
+  c_->Tick();
+  EXPECT_FALSE(c_->GetAllocation(kept_id).ok());
+}
+
 // QoS decides who preempts whom, so an operator may cap the QoS a tenant asks for: a tenant
 // whose quota says max_qos "high" cannot take another tenant's running work with "critical".
 TEST_F(ApiServerTest, AQuotasMaxQosKeepsATenantFromPreemptingWithAHigherQos) {
