@@ -847,6 +847,19 @@ Status Controller::UpdateTierBudgetsLocked(const std::string& name, const std::v
   return Status::Ok();
 }
 
+// The placement engine names a request by the allocation id it was to get: refused, that id was
+// never made, and a user would look it up in vain.
+namespace {
+Status WithoutUnmadeId(const Status& refusal, const std::string& id) {
+  std::string m = refusal.message();
+  for (const std::string& named : {" (request '" + id + "')", "request '" + id + "'"}) {
+    const std::string as = named[0] == ' ' ? "" : "the request";
+    for (size_t at; (at = m.find(named)) != std::string::npos;) m.replace(at, named.size(), as);
+  }
+  return Status(refusal.code(), std::move(m));
+}
+}  // namespace
+
 Status Controller::WithTierBudgetHintLocked(const Status& refusal, const PlacementRequest& pr) const {
   auto pool = pools_.find(pr.pool);
   if (refusal.code() != StatusCode::kOutOfMemory || pool == pools_.end()) return refusal;
@@ -1137,7 +1150,7 @@ StatusOr<Allocation> Controller::Allocate(const AllocationRequest& req,
       StatusOr<PlacementDecision> d = placement_->Place(pr, req.allow_preemption);
       if (!d.ok()) {
         ++counters_.placements[{pr.pool, PlacementResultOf(d.status())}];
-        return WithTierBudgetHintLocked(d.status(), pr);
+        return WithTierBudgetHintLocked(WithoutUnmadeId(d.status(), pr.id), pr);
       }
       Allocation a{pr.id, req.workload, pr.pool, d->node, pr.qos, {}, clock_->NowMs(), pr.tenant, req.request_id};
       a.tiering = pr.tiering;

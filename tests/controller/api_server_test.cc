@@ -213,7 +213,14 @@ TEST_F(ApiServerTest, ComputeLimitRoundTripsAndBadLimitsAreRefusedWithAMessage) 
     auto bad = client_->Post("/v1/allocations", k.body);
     EXPECT_EQ(bad->status, k.status) << k.body << " " << bad->body;
     EXPECT_NE(bad->body.find(k.says), std::string::npos) << k.body << " " << bad->body;
+    // Refused, it got no id: the answer names none for the user to look up in vain.
+    EXPECT_EQ(bad->body.find("'a-"), std::string::npos) << k.body << " " << bad->body;
   }
+  ASSERT_EQ(client_->Put("/v1/quotas/t", R"({"max_tflops":5})")->status, 200);
+  auto over = client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":100,"tenant":"t"})");
+  EXPECT_NE(over->body.find("tenant 't' would exceed its TFLOPS quota: uses 0 of 5 TFLOPS and asks 10\""),
+            std::string::npos)
+      << over->body;
   EXPECT_EQ(client_->Post("/v1/workloads", R"({"name":"x","tflops":10,"tflops_limit":5,"vram_mib":100})")->status, 400);
   EXPECT_EQ(Body(client_->Get("/v1/allocations"))["allocations"].size(), 2u);
   EXPECT_EQ(client_->Get("/v1/workloads/x")->status, 404);
