@@ -33,6 +33,24 @@
 #include "hypervisor/nvml_gpu_source.h"
 
 namespace tf::controller {
+
+// Control characters (an escape sequence a node or tenant wrote, a newline that breaks the table)
+// and UTF-8 C1 controls become '?'. Stored values are checked as they come in; this also covers
+// what a store written before that holds.
+std::string PrintableCell(const std::string& cell) {
+  std::string out = cell;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto c = static_cast<unsigned char>(out[i]);
+    if (c < 0x20 || c == 0x7f) {
+      out[i] = '?';
+    } else if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(out[i + 1]) <= 0x9f) {
+      out.replace(i, 2, "?");
+    }
+  }
+  return out;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -364,7 +382,10 @@ int CheckName(const char* what, const std::string& name) {
 }
 
 // Prints rows as left-aligned columns sized to their widest cell.
-void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& table) {
+  std::vector<std::vector<std::string>> rows = table;
+  for (auto& r : rows)
+    for (std::string& cell : r) cell = PrintableCell(cell);
   std::vector<size_t> w;
   for (const auto& r : rows)
     for (size_t i = 0; i < r.size(); ++i) {

@@ -97,6 +97,9 @@ struct ClientOptions {
 };
 
 // Runs until SIGINT/SIGTERM (or RequestShutdown()).
+// A table cell as a terminal may show it: control characters and UTF-8 C1 controls become '?'.
+std::string PrintableCell(const std::string& cell);
+
 int RunController(const ControllerOptions& options);
 int RunHypervisor(const HypervisorOptions& options);
 int RunUp(const UpOptions& options);

@@ -654,9 +654,11 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
     TF_RETURN_IF_ERROR(ValidateName("pool name", reg.pool));
     if (!reg.worker_address.empty()) TF_RETURN_IF_ERROR(ValidateWorkerAddress(reg.worker_address));
+    TF_RETURN_IF_ERROR(ValidateText("address", reg.address, 300));
     std::set<std::string> seen;
     for (const GpuReport& g : reg.gpus) {
       TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
+      TF_RETURN_IF_ERROR(ValidateText("GPU " + g.uuid + ": model", g.model, 128));
       if (!seen.insert(g.uuid).second) return InvalidArgument("GPU " + g.uuid + " is listed twice");
       if (!std::isfinite(g.tflops) || g.tflops < 0 || g.tflops > kMaxRegisteredGpuTflops)
         return InvalidArgument("GPU " + g.uuid + ": tflops must be a number from 0 to 1e6");

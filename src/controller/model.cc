@@ -401,6 +401,14 @@ Status ValidateWorkerAddress(const std::string& address) {
   return Status::Ok();
 }
 
+Status ValidateText(const std::string& what, const std::string& text, size_t max_bytes) {
+  if (text.size() > max_bytes) return InvalidArgument(what + " must be at most " + std::to_string(max_bytes) + " characters");
+  for (char c : text)
+    if (c < 0x20 || c > 0x7e)  // control characters, and bytes of other scripts (C1 controls among them)
+      return InvalidArgument(what + " may only hold printable ASCII characters (no control characters)");
+  return Status::Ok();
+}
+
 Status ValidateName(const std::string& what, const std::string& name) {
   if (name.empty() || name.size() > 128)
     return InvalidArgument(what + " must be 1-128 characters long");

@@ -245,5 +245,9 @@ Status ValidateName(const std::string& what, const std::string& name);
 // A worker address "HOST:PORT": HOST a name or IPv4 address ([A-Za-z0-9.-], 1-253 characters)
 // or a bracketed IPv6 address, PORT 1-65535.
 Status ValidateWorkerAddress(const std::string& address);
+// Free text a node reports (its metrics address, a GPU's model name) that tables and terminals
+// print: printable ASCII only (a node token could otherwise write escape sequences into an
+// operator's terminal), at most `max_bytes`.
+Status ValidateText(const std::string& what, const std::string& text, size_t max_bytes);
 
 }  // namespace tf::controller

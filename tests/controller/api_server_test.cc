@@ -92,6 +92,16 @@ TEST_F(ApiServerTest, BadJsonIs400WithAMessage) {
   r = client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","tflops":10}]})");
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(Body(r)["error"]["message"], "gpus: field 'vram_mib' is required");
+  // Free text a node reports is printed by tables and terminals: no control characters (a node
+  // token could write escape sequences into an operator's terminal).
+  for (const char* bad : {R"({"name":"n1","address":"\u001b[2J\u001b[Hfake prompt$ "})",
+                          R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"\u001b]0;owned\u0007H100","tflops":10,"vram_mib":1}]})",
+                          R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"H100\nnewline","tflops":10,"vram_mib":1}]})"}) {
+    r = client_->Post("/v1/nodes", bad);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_NE(r->body.find("may only hold printable ASCII characters"), std::string::npos) << r->body;
+  }
+  EXPECT_TRUE(c_->ListNodes().empty());
   r = client_->Post("/v1/pools", R"([1,2])");
   EXPECT_EQ(r->status, 400);
   EXPECT_EQ(Body(r)["error"]["message"], "request body must be a JSON object");
