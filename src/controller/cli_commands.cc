@@ -259,8 +259,11 @@ int AgentLoop(const HypervisorOptions& o, const std::string& token) {
   }
   Status st = agent.Start();
   while (!st.ok() && !g_stop.load()) {
-    // A refused token or controller certificate will not get better by retrying.
-    const bool final = st.code() == StatusCode::kUnauthenticated;
+    // A refused token or controller certificate, or a registration the controller refuses as
+    // such (a bad node name: 400; a node token for another node: 403), will not get better by
+    // retrying.
+    const bool final = st.code() == StatusCode::kUnauthenticated || st.code() == StatusCode::kInvalidArgument ||
+                       st.code() == StatusCode::kPermissionDenied;
     std::fprintf(stderr, "hypervisor: %s%s\n", st.ToString().c_str(), final ? "" : " (retrying)");
     if (final) break;
     SleepUntilStop(2000);
@@ -566,7 +569,11 @@ int RunUp(const UpOptions& o) {
   ho.host_tier_budget_bytes = o.host_tier_budget_bytes;
   ho.disk_tier_dir = o.disk_tier_dir;
   int rc = AgentLoop(ho, token);
-  while (!g_stop.load()) SleepUntilStop(1000);  // the agent failed: keep the controller up
+  if (rc != 0 && !g_stop.load()) {
+    // `up` is the controller and this machine's agent: a controller alone, saying it is up, would
+    // serve no GPU of this machine and not say why.
+    std::fprintf(stderr, "tfusion up: this machine's node agent did not start (above): stopping\n");
+  }
   rt.Stop();
   return rc;
 }

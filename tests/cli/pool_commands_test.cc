@@ -75,6 +75,17 @@ class PoolCommandsTest : public ::testing::Test {
   pid_t controller_ = -1;
 };
 
+// A registration the controller refuses as such (a bad node name: 400) will not get better by
+// retrying: the agent says why and exits, instead of retrying every second for ever.
+TEST_F(PoolCommandsTest, AnAgentWhoseRegistrationIsRefusedAsInvalidStops) {
+  Result r = Shell("env TFUSION_SHM_DIR='" + dir_ + "/shm' timeout 30 " + TF_TFUSION + " hypervisor --controller " +
+                   url_ + " --token tok --node 'bad<name>' --metrics-port -1 " +
+                   "--credential-file '" + dir_ + "/credential'");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("node name 'bad<name>' may only hold [A-Za-z0-9._:-]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("(retrying)"), std::string::npos) << r.out;
+}
+
 TEST_F(PoolCommandsTest, TopOncePrintsTheGpuTableAndExits) {
   Result r = Tf("top --once");
   ASSERT_EQ(r.rc, 0) << r.out;

@@ -4,6 +4,10 @@
 // handlers and runs until SIGTERM).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -93,6 +97,53 @@ TEST(RunUp, StartsControllerAndAgentAndServesClientCommands) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status)) << status;
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// `up` is the controller and this machine's agent: when the agent cannot start (its metrics port
+// is taken), `up` stops and says so instead of serving on as a controller with no node.
+TEST(RunUp, StopsWhenItsNodeAgentCannotStart) {
+  testing::TempDir dir;
+  const int busy = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(busy, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(busy, 1), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(busy, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string err = dir.path() + "/stderr";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, STDERR_FILENO);
+    UpOptions o;
+    o.state_dir = dir.path() + "/state";
+    o.port = 0;
+    o.metrics_port = ntohs(addr.sin_port);
+    o.nvml_library = "libnvidia-ml-absent-in-this-test.so.1";
+    o.region_dir = dir.path() + "/regions";
+    _exit(RunUp(o));
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 200 && done == 0; ++i) {
+    done = waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  close(busy);
+  std::stringstream log;
+  log << std::ifstream(err).rdbuf();
+  ASSERT_EQ(done, pid) << "tfusion up kept running without its agent\n" << log.str();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(log.str().find("cannot listen for metrics"), std::string::npos) << log.str();
+  EXPECT_NE(log.str().find("tfusion up: this machine's node agent did not start (above): stopping"), std::string::npos)
+      << log.str();
 }
 
 }  // namespace
