@@ -382,6 +382,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   k8s_cmd->add_option("--worker-token-secret", k8s.worker_token_secret,
                       "remote pods: Secret (key token) with what the client stub presents to the worker");
+  k8s_cmd->add_option("--host-shm-dir", k8s.host_shm_dir,
+                      "local pods: the node agents' quota regions on the host (their --region-dir)")
+      ->capture_default_str();
   k8s_cmd->add_option("--kube-api", k8s.kube_api, "Kubernetes API server, https://HOST:PORT or in-cluster (default)");
   k8s_cmd->add_option("--kube-token-file", k8s.kube_token_file, "its token (default: the service account's)");
   k8s_cmd->add_option("--kube-ca-file", k8s.kube_ca_file, "its CA (default: the service account's)");

@@ -105,7 +105,7 @@ StatusOr<json> BuildPatch(const json& pod, const PodGpuRequest& r, const Webhook
 
   json volumes = json::array({{{"name", kLibVolume}, {"emptyDir", json::object()}}});
   if (r.local) {
-    volumes.push_back({{"name", kShmVolume}, {"hostPath", {{"path", kRegionDir}, {"type", "Directory"}}}});
+    volumes.push_back({{"name", kShmVolume}, {"hostPath", {{"path", o.host_shm_dir}, {"type", "Directory"}}}});
   }
   if (auto v = spec.find("volumes"); v != spec.end() && v->is_array()) {
     for (const json& existing : *v) {

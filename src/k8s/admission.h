@@ -32,13 +32,16 @@ struct WebhookOptions {
   // Remote pods: the Secret (key "token") holding what the client stub presents to the worker;
   // empty: no TFUSION_TOKEN is injected.
   std::string worker_token_secret;
+  // The node agents' quota regions on the host (their --region-dir; the chart's
+  // agent.hostShmDir): local pods get it mounted at kRegionDir.
+  std::string host_shm_dir = "/dev/shm/tensorfusion";
   // A workload profile's sizes (the controller's workload of that name); kNotFound when unknown.
   std::function<StatusOr<WorkloadDefaults>(const std::string& name)> lookup_profile;
 };
 
 // Where the init container puts the libraries in every container.
 inline constexpr char kLibMount[] = "/tensorfusion";
-// The node's quota regions, mounted at the same path in local pods.
+// Where local pods see the node's quota regions (WebhookOptions::host_shm_dir on the host).
 inline constexpr char kRegionDir[] = "/dev/shm/tensorfusion";
 
 struct WebhookReply {

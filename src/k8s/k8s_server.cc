@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -78,6 +79,9 @@ int RunK8s(const K8sOptions& o) {
     if (!Readable(*f)) return Fail("cannot read " + *f);
   }
   if (o.controller_url.empty()) return Fail("--controller URL is required");
+  if (o.host_shm_dir.empty() || o.host_shm_dir[0] != '/' || o.host_shm_dir.find("/../") != std::string::npos ||
+      std::any_of(o.host_shm_dir.begin(), o.host_shm_dir.end(), [](char c) { return c < 0x20 || c == 0x7f; }))
+    return Fail("--host-shm-dir " + o.host_shm_dir + ": must be an absolute path on the nodes");
   std::string token;
   if (!o.token_file.empty()) {
     std::ifstream in(o.token_file);
@@ -108,6 +112,7 @@ int RunK8s(const K8sOptions& o) {
   webhook.scheduler_name = o.scheduler_name;
   webhook.limiter_image = o.limiter_image;
   webhook.worker_token_secret = o.worker_token_secret;
+  webhook.host_shm_dir = o.host_shm_dir;
   webhook.lookup_profile = [&controller](const std::string& name) { return LookupProfile(&controller, name); };
 
   httplib::SSLServer server(o.tls_cert.c_str(), o.tls_key.c_str());

@@ -25,6 +25,7 @@ struct K8sOptions {
   std::string scheduler_name = "tensor-fusion-scheduler";
   std::string limiter_image = "tensorfusion/tensorfusion-lib:latest";
   std::string worker_token_secret; // remote pods: Secret whose key "token" the stub presents
+  std::string host_shm_dir = "/dev/shm/tensorfusion";  // the agents' quota regions on the host
   std::string kube_api;            // https://HOST:PORT or in-cluster; empty: in-cluster
   std::string kube_token_file;     // empty: the service account's
   std::string kube_ca_file;        // empty: the service account's

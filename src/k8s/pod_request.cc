@@ -69,7 +69,9 @@ const std::string* Find(const Annotations& a, std::string_view name) {
 StatusOr<double> Tflops(std::string_view name, const std::string& v) {
   double d = 0;
   if (!ParseDecimal(v, &d)) return Bad(name, v, "is not a number of TFLOPS (expected e.g. 10)");
-  if (d <= 0 || d > kMaxTflops) return Bad(name, v, "is out of range (expected TFLOPS above 0, e.g. 10)");
+  // The controller counts compute in thousandths of a TFLOPS: less would be admitted and then
+  // refused by every node.
+  if (d < 0.001 || d > kMaxTflops) return Bad(name, v, "is out of range (expected at least 0.001 TFLOPS, e.g. 10)");
   return d;
 }
 

@@ -234,7 +234,8 @@ class Components(unittest.TestCase):
             "k8s", "--listen", "0.0.0.0", "--port", "9443",
             "--tls-cert", "/etc/tensorfusion/tls/tls.crt",
             "--tls-key", "/etc/tensorfusion/tls/tls.key",
-            "--controller", self.url, "--token-file", "/etc/tensorfusion/token/token"])
+            "--controller", self.url, "--token-file", "/etc/tensorfusion/token/token",
+            "--scheduler-name", "tensor-fusion-scheduler", "--host-shm-dir", "/dev/shm/tensorfusion"])
         self.assertEqual(mounts(dep)["/etc/tensorfusion/tls"]["secret"]["secretName"],
                          "tf-webhook-tls")
         self.assertEqual(container(dep)["readinessProbe"]["httpGet"],
@@ -319,6 +320,14 @@ class Components(unittest.TestCase):
                                  "tf-scheduler-config")["data"]["config.yaml"])
         self.assertEqual(on["profiles"][0]["schedulerName"], "gpu-pool-scheduler")
         self.assertEqual(on["extenders"][0]["weight"], 5)
+        # The webhook gives pods that scheduler, and mounts the agents' quota regions from where
+        # the agents keep them.
+        args = container(find(objects([ALL_ON]), "Deployment", "tf-webhook"))["args"]
+        flags = dict(zip(args[1::2], args[2::2]))
+        self.assertEqual(flags["--scheduler-name"], "gpu-pool-scheduler")
+        self.assertEqual(flags["--host-shm-dir"], "/run/tensorfusion-shm")
+        self.assertEqual(flags["--limiter-image"], "registry.example.com/gpu/tfusion-lib:0.1.0-test")
+        self.assertEqual(flags["--worker-token-secret"], "worker-token")
 
     def test_components_can_be_switched_off(self):
         off = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tf-off-{os.getpid()}.yaml")

@@ -198,7 +198,7 @@ class K8sServerTest : public ::testing::Test {
     api_ = std::make_unique<FakeApiServer>(d + "server.pem", d + "server.key");
     k8s_ = Spawn(std::string(TF_TFUSION) + " k8s --listen 127.0.0.1 --port 0 --tls-cert " + d + "server.pem --tls-key " +
                  d + "server.key --controller " + controller_url_ + " --token-file " + d +
-                 "token --limiter-image registry.example/tensorfusion-lib:0.1 --kube-api https://127.0.0.1:" +
+                 "token --limiter-image registry.example/tensorfusion-lib:0.1 --host-shm-dir /run/tf-regions --kube-api https://127.0.0.1:" +
                  std::to_string(api_->port()) + " --kube-token-file " + d + "kube-token --kube-ca-file " + d +
                  "ca.pem > " + d + "k8s.log 2>&1");
     const std::string k8s_port = WaitFor(d + "k8s.log", std::regex("listening on https://127.0.0.1:([0-9]+)"));
@@ -285,8 +285,10 @@ TEST_F(K8sServerTest, ALocalPodGetsTheLimiterTheSchedulerAndItsRecordedRequest) 
   ASSERT_EQ(pod["spec"]["volumes"].size(), 3u);
   EXPECT_EQ(pod["spec"]["volumes"][0]["name"], "kube-api-access-7xk2p");
   EXPECT_EQ(pod["spec"]["volumes"][1], json::parse(R"({"name":"tensorfusion-lib","emptyDir":{}})"));
+  // The agents' quota regions from where they keep them on the host (--host-shm-dir), where the
+  // limiter looks for them in the pod.
   EXPECT_EQ(pod["spec"]["volumes"][2],
-            json::parse(R"({"name":"tensorfusion-shm","hostPath":{"path":"/dev/shm/tensorfusion","type":"Directory"}})"));
+            json::parse(R"({"name":"tensorfusion-shm","hostPath":{"path":"/run/tf-regions","type":"Directory"}})"));
   // The init container array did not exist: it is created with ours.
   ASSERT_EQ(pod["spec"]["initContainers"].size(), 1u);
   EXPECT_EQ(pod["spec"]["initContainers"][0]["image"], "registry.example/tensorfusion-lib:0.1");

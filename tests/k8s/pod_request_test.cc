@@ -96,6 +96,9 @@ TEST(PodRequestTest, BadAnnotationsAreRefusedNamingTheAnnotationAndTheForm) {
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
       {{"vram-request", "lots"}, "tensor-fusion.ai/vram-request: \"lots\" is not a quantity (expected e.g. 8Gi)"},
       {{"tflops-request", "ten"}, "tensor-fusion.ai/tflops-request: \"ten\" is not a number of TFLOPS (expected e.g. 10)"},
+      // Below what the controller counts: admitted, it would be refused by every node.
+      {{"tflops-request", "0.0000001"},
+       "tensor-fusion.ai/tflops-request: \"0.0000001\" is out of range (expected at least 0.001 TFLOPS, e.g. 10)"},
       {{"tflops-limit", "5"},
        "tensor-fusion.ai/tflops-limit: \"5\" is below the request of 10 TFLOPS (the limit is the ceiling: give at "
        "least the request)"},
