@@ -327,7 +327,9 @@ int main(int argc, char** argv) {
   auto* quota_get = quota_cmd->add_subcommand("get", "a tenant's limits and use");
   quota_get->add_option("tenant", quota_tenant)->required();
   auto* quota_ls = quota_cmd->add_subcommand("ls", "every tenant's limits and use");
-  for (auto* c : {quota_set, quota_get, quota_ls}) AddClientFlags(c, &client);
+  auto* quota_rm = quota_cmd->add_subcommand("rm", "remove a tenant's quota (its allocations stay)");
+  quota_rm->add_option("tenant", quota_tenant)->required();
+  for (auto* c : {quota_set, quota_get, quota_ls, quota_rm}) AddClientFlags(c, &client);
   auto* node_cmd = app.add_subcommand("node", "list nodes");
   node_cmd->require_subcommand(1);
   auto* node_ls = node_cmd->add_subcommand("ls", "list nodes and their GPUs");
@@ -690,6 +692,7 @@ int main(int argc, char** argv) {
   }
   if (quota_get->parsed()) return tf::controller::QuotaGet(client, quota_tenant);
   if (quota_ls->parsed()) return tf::controller::QuotaList(client);
+  if (quota_rm->parsed()) return tf::controller::QuotaRemove(client, quota_tenant);
   if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
   if (node_ls->parsed()) return tf::controller::NodeList(client);
   if (node_rm->parsed()) return tf::controller::NodeRemove(client, node_rm_name);

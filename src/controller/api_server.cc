@@ -569,6 +569,12 @@ void ApiServer::Routes() {
     if (!out.ok()) return ReplyError(res, out.status());
     Reply(res, 200, ToJson(*out));
   });
+  Record("DELETE", R"(/v1/quotas/([^/]+))");
+  s.Delete(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    Status st = c->DeleteTenantQuota(req.matches[1]);
+    if (!st.ok()) return ReplyError(res, st);
+    Reply(res, 200, {{"deleted", std::string(req.matches[1])}});
+  });
   Record("GET", R"(/v1/pools/([^/]+))");
   s.Get(R"(/v1/pools/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
     StatusOr<Pool> p = c->GetPool(req.matches[1]);

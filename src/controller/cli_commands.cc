@@ -822,6 +822,14 @@ int QuotaGet(const ClientOptions& c, const std::string& tenant) {
 
 int QuotaList(const ClientOptions& c) { return PrintQuotas(c, ""); }
 
+int QuotaRemove(const ClientOptions& c, const std::string& tenant) {
+  if (int rc = CheckName("tenant", tenant)) return rc;
+  StatusOr<json> r = Call(c, "DELETE", "/v1/quotas/" + tenant);
+  if (!r.ok()) return Fail(r.status());
+  Out(c) << "quota of tenant " << tenant << " removed (its allocations stay; new ones are not limited)\n";
+  return 0;
+}
+
 namespace {
 
 // An allocation's compute summed over its vGPUs, TFLOPS; records without a limit: the request.

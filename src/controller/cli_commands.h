@@ -152,6 +152,7 @@ struct QuotaSettings {
 };
 int QuotaSet(const ClientOptions& client, const QuotaSettings& quota);  // tfusion quota set TENANT
 int QuotaGet(const ClientOptions& client, const std::string& tenant);   // tfusion quota get TENANT
+int QuotaRemove(const ClientOptions& client, const std::string& tenant);  // tfusion quota rm TENANT
 int QuotaList(const ClientOptions& client);                             // tfusion quota ls
 int Ps(const ClientOptions& client);                                // tfusion ps (allocations)
 // tfusion top: the GPUs of the pool, their allocation and use. Redraws every interval_seconds

@@ -527,6 +527,21 @@ StatusOr<TenantQuota> Controller::SetTenantQuota(const TenantQuota& q) {
   });
 }
 
+Status Controller::DeleteTenantQuota(const std::string& tenant) {
+  return Durably([&]() -> Status {
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = quotas_.find(tenant);
+    if (it == quotas_.end()) return NotFound("tenant '" + tenant + "' has no quota");
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(QuotaKey(tenant), it->second.revision)},
+                                         {Write::Delete(QuotaKey(tenant))});
+    if (!rev.ok()) return rev.status();
+    quotas_.erase(it);
+    placement_dirty_ = true;
+    return Status::Ok();
+  });
+}
+
 StatusOr<std::pair<ApiToken, std::string>> Controller::CreateToken(ApiToken t) {
   return Durably([&]() -> StatusOr<std::pair<ApiToken, std::string>> {
     if (t.role == Role::kTenant) {

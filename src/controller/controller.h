@@ -270,6 +270,8 @@ class Controller {
 
   // Tenant quotas (0 = unlimited). A quota below current use refuses new allocations only.
   StatusOr<TenantQuota> SetTenantQuota(const TenantQuota& q);
+  // Removes a tenant's quota: its allocations stay; new ones are no longer limited. kNotFound.
+  Status DeleteTenantQuota(const std::string& tenant);
   std::vector<TenantQuota> ListTenantQuotas() const;
 
   // kInvalidArgument (bad request), kNotFound (pool or workload), kOutOfMemory (no capacity),

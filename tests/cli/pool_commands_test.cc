@@ -250,6 +250,24 @@ TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
   Result missing = Tf("quota get nobody");
   EXPECT_EQ(missing.rc, 1);
   EXPECT_NE(missing.out.find("tenant 'nobody' has no quota"), std::string::npos) << missing.out;
+
+  // quota rm removes the row; the tenant's allocations stay, and new ones are not limited.
+  Result rm = Tf("quota rm acme");
+  ASSERT_EQ(rm.rc, 0) << rm.out;
+  EXPECT_NE(rm.out.find("quota of tenant acme removed"), std::string::npos) << rm.out;
+  EXPECT_EQ(Tf("quota ls").out.find("acme"), std::string::npos) << Tf("quota ls").out;
+  EXPECT_EQ(client.Get("/v1/allocations/" + nlohmann::json::parse(a->body)["id"].get<std::string>())->status, 200);
+  auto c = client.Post("/v1/allocations", R"({"tflops": 1, "vram_mib": 1, "tenant": "acme"})");
+  EXPECT_EQ(c->status, 201) << c->body;
+  Result again = Tf("quota rm acme");
+  EXPECT_EQ(again.rc, 1);
+  EXPECT_NE(again.out.find("tenant 'acme' has no quota"), std::string::npos) << again.out;
+  // Not a tenant token's to remove.
+  auto t = client.Post("/v1/tokens", R"({"role":"tenant","tenant":"other"})");
+  ASSERT_EQ(t->status, 201);
+  tf::controller::HttpClient tenant(url_, nlohmann::json::parse(t->body)["token"].get<std::string>());
+  EXPECT_EQ(tenant.Delete("/v1/quotas/other")->status, 403);
+  EXPECT_NE(Tf("quota ls").out.find("other"), std::string::npos);
 }
 
 TEST_F(PoolCommandsTest, QuotaInputIsValidatedBeforeAnythingChanges) {
