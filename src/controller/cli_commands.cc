@@ -694,6 +694,10 @@ int AllocationPatch(const ClientOptions& c, const std::string& id, const IdlePat
 }
 
 int TokenCreate(const ClientOptions& c, const TokenSpec& t) {
+  if (t.role == "tenant" && t.tenant.empty())
+    return Fail(InvalidArgument("token create --role tenant needs --tenant NAME (the tenant it speaks for)")), 2;
+  if (t.role == "node" && t.node.empty())
+    return Fail(InvalidArgument("token create --role node needs --node NAME (the node whose agent holds it)")), 2;
   json body = {{"role", t.role}};
   if (!t.tenant.empty()) body["tenant"] = t.tenant;
   if (!t.node.empty()) body["node"] = t.node;
@@ -711,10 +715,18 @@ int TokenCreate(const ClientOptions& c, const TokenSpec& t) {
 int TokenList(const ClientOptions& c) {
   StatusOr<json> tokens = CallList(c, "/v1/tokens", "tokens");
   if (!tokens.ok()) return Fail(tokens.status());
-  std::vector<std::vector<std::string>> rows{{"ID", "ROLE", "TENANT", "NODE", "CREATED_MS", "DESCRIPTION"}};
+  std::vector<std::vector<std::string>> rows{{"ID", "ROLE", "TENANT", "NODE", "CREATED (UTC)", "DESCRIPTION"}};
   for (const json& t : (*tokens)["tokens"]) {
-    rows.push_back({t.value("id", ""), t.value("role", ""), t.value("tenant", ""), t.value("node", ""),
-                    std::to_string(t.value("created_ms", int64_t{0})), t.value("description", "")});
+    const int64_t ms = t.value("created_ms", int64_t{0});
+    std::string created = "-";
+    if (ms > 0) {
+      const time_t secs = static_cast<time_t>(ms / 1000);
+      std::tm tm{};
+      char buf[32];
+      if (gmtime_r(&secs, &tm) != nullptr && std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm) > 0) created = buf;
+    }
+    rows.push_back({t.value("id", ""), t.value("role", ""), t.value("tenant", ""), t.value("node", ""), created,
+                    t.value("description", "")});
   }
   PrintTable(Out(c), rows);
   return 0;

@@ -454,6 +454,8 @@ TEST_F(PoolCommandsTest, TenantAndNodeTokensReachOnlyWhatTheyOwn) {
   EXPECT_EQ(ls.rc, 0) << ls.out;
   EXPECT_EQ(Count(ls.out, " tenant "), 2u) << ls.out;
   EXPECT_NE(ls.out.find("acme CI"), std::string::npos) << ls.out;
+  EXPECT_TRUE(std::regex_search(ls.out, std::regex(" 20[0-9]{2}-[01][0-9]-[0-3][0-9] [0-2][0-9]:[0-5][0-9]:[0-5][0-9] ")))
+      << "created as a UTC time, not epoch milliseconds\n" << ls.out;
   EXPECT_EQ(ls.out.find(acme.substr(21)), std::string::npos) << "no secret in the list";
   auto listed = tf::controller::HttpClient(url_, "tok").Get("/v1/tokens");
   ASSERT_TRUE(listed.ok());
@@ -468,8 +470,8 @@ TEST_F(PoolCommandsTest, TenantAndNodeTokensReachOnlyWhatTheyOwn) {
     const char* args;
     const char* says;
   } cases[] = {{"token create --role root", "role must be one of admin, tenant, node"},
-               {"token create --role tenant", "tenant"},
-               {"token create --role node", "node"},
+               {"token create --role tenant", "token create --role tenant needs --tenant NAME"},
+               {"token create --role node", "token create --role node needs --node NAME"},
                {"token create --role admin --tenant acme", "an admin token names no tenant"},
                {"token rm 0000000000000000", "not found"}};
   for (const Case& c : cases) {
