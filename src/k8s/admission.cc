@@ -226,8 +226,9 @@ WebhookReply Handle(const std::string& body, const WebhookOptions& o) {
   auto req = review.find("request");
   if (req == review.end() || !req->is_object()) return Malformed("request is missing");
   auto uid_it = req->find("uid");
-  if (uid_it == req->end() || !uid_it->is_string() || uid_it->get<std::string>().empty())
-    return Malformed("request.uid is missing");
+  if (uid_it == req->end() || uid_it->is_null()) return Malformed("request.uid is missing");
+  if (!uid_it->is_string()) return Malformed("request.uid must be a string");
+  if (uid_it->get<std::string>().empty()) return Malformed("request.uid is empty");
   const std::string uid = uid_it->get<std::string>();
   if (uid.size() > 128) return Malformed("request.uid is longer than 128 characters");
 

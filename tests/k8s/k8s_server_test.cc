@@ -405,6 +405,8 @@ TEST_F(K8sServerTest, PodsWithoutTheLabelAndOtherOperationsAreAdmittedUnchanged)
 TEST_F(K8sServerTest, MalformedReviewsGet400AndTheServerKeepsServing) {
   json no_uid = Payload("admission-review-local.json");
   no_uid["request"].erase("uid");
+  json number_uid = Payload("admission-review-local.json");
+  number_uid["request"]["uid"] = 5;
   json old_version = Payload("admission-review-local.json");
   old_version["apiVersion"] = "admission.k8s.io/v1beta1";
   json bad_containers = Payload("admission-review-local.json");
@@ -415,6 +417,7 @@ TEST_F(K8sServerTest, MalformedReviewsGet400AndTheServerKeepsServing) {
       {"{not json", "the body is not JSON"},
       {"[1,2]", "the body is not a JSON object"},
       {no_uid.dump(), "request.uid is missing"},
+      {number_uid.dump(), "request.uid must be a string"},
       {old_version.dump(), "apiVersion must be admission.k8s.io/v1 (got \"admission.k8s.io/v1beta1\")"},
       {R"({"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"})", "request is missing"},
       {bad_containers.dump(), "the pod has no containers"},
