@@ -284,6 +284,42 @@ std::vector<std::string> SessionLockIds(const std::string& region_dir) {
   return ids;
 }
 
+namespace {
+
+struct EndedSweep {
+  bool had = false;   // a region file held a vGPU of the id
+  bool left = false;  // one still does (a live process uses it), or a file could not be read
+};
+
+// With the ended lock of `id` held (`held`, from SessionVgpuState), removes the vGPU of that id
+// from every region file unless a live process still uses it, looked up again while the lock is
+// held (no session or run of this id can make its vGPU meanwhile). Its lock file goes once no
+// vGPU of the id is left; otherwise it stays for a later sweep, and `held` is closed.
+EndedSweep SweepEndedVgpu(const std::string& dir, const std::vector<std::string>& files, const std::string& id,
+                          int held) {
+  EndedSweep out;
+  for (const std::string& f : files) {
+    limiter::GpuRegion region;
+    if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) {
+      out.left = true;  // unknown: its lock file stays, and so does the question
+      continue;
+    }
+    uint32_t index = 0;
+    if (region.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk) continue;
+    out.had = true;
+    RemoveUnusedVgpu(f, id);  // refused (kept) while a live process still uses it
+    if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk) out.left = true;
+  }
+  if (out.left) {
+    close(held);
+  } else {
+    DropSessionVgpuLock(dir, id, held);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::string> RemoveEndedSessionVgpus(const std::string& dir) {
   std::vector<std::string> removed;
   if (!SessionLockDirTrusted(dir, false, nullptr)) return removed;
@@ -305,26 +341,8 @@ std::vector<std::string> RemoveEndedSessionVgpus(const std::string& dir) {
   for (const std::string& id : ids) {
     int held = -1;
     if (SessionVgpuState(dir, id, &held) != SessionState::kEnded) continue;
-    // Looked up again while the lock is held: no session of this id can make its vGPU meanwhile.
-    bool had = false, left = false;
-    for (const std::string& f : files) {
-      limiter::GpuRegion region;
-      if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk) {
-        left = true;  // unknown: its lock file stays, and so does the question
-        continue;
-      }
-      uint32_t index = 0;
-      if (region.FindVgpu(id.c_str(), &index) != limiter::RegionError::kOk) continue;
-      had = true;
-      RemoveUnusedVgpu(f, id);  // refused (kept) while a live process still uses it
-      if (region.FindVgpu(id.c_str(), &index) == limiter::RegionError::kOk) left = true;
-    }
-    if (left) {
-      close(held);
-      continue;
-    }
-    DropSessionVgpuLock(dir, id, held);
-    if (had) removed.push_back(id);
+    const EndedSweep swept = SweepEndedVgpu(dir, files, id, held);
+    if (swept.had && !swept.left) removed.push_back(id);
   }
   return removed;
 }
@@ -342,24 +360,19 @@ bool ClearEndedVgpuOfId(const std::string& region_dir, const std::string& vgpu_i
   int held = -1;
   const SessionState state = SessionVgpuState(region_dir, vgpu_id, &held);
   if (state == SessionState::kLive) return false;
-  bool used = false;
-  for (const std::string& f : RegionFiles(region_dir)) {
-    // Removed only on our own ended lock's word: without a lock file in our folder the vGPU may be
-    // another user's (whose lock we cannot see), or a process of another PID namespace's, whose
-    // pids this /proc cannot judge.
-    if (state == SessionState::kEnded) RemoveUnusedVgpu(f, vgpu_id);
+  const std::vector<std::string> files = RegionFiles(region_dir);
+  if (state == SessionState::kEnded) return !SweepEndedVgpu(region_dir, files, vgpu_id, held).left;
+  // Without a lock file in our folder the vGPU may be another user's (whose lock we cannot see),
+  // or a process of another PID namespace's, whose pids this /proc cannot judge: nothing is
+  // removed on this /proc's word, and the id is free only where no region holds it.
+  for (const std::string& f : files) {
     limiter::GpuRegion region;
     uint32_t index = 0;
-    if (limiter::GpuRegion::Attach(f.c_str(), &region) == limiter::RegionError::kOk &&
+    if (limiter::GpuRegion::Attach(f.c_str(), &region) != limiter::RegionError::kOk ||
         region.FindVgpu(vgpu_id.c_str(), &index) == limiter::RegionError::kOk)
-      used = true;
+      return false;
   }
-  if (used) {
-    if (held >= 0) close(held);
-  } else {
-    DropSessionVgpuLock(region_dir, vgpu_id, held);
-  }
-  return !used;
+  return true;
 }
 
 // The allocation's suspension reaches its session's vGPU `id` (slot `index`, tier block `t`, with

@@ -113,7 +113,8 @@ void RemoveUnusedVgpu(const std::string& region_path, const std::string& vgpu_id
 // lock file free) and no live process uses, with its lock file, so that the new vGPU starts
 // afresh instead of taking over the dead one's counters (pids are reused). False when the id is
 // still taken: its lock is held, or a vGPU of that id is left (a live process uses it, or it has
-// no lock file of this user's: another user's, an older version's, or made without a lock).
+// no lock file of this user's: another user's, an older version's, or made without a lock), or a
+// region file could not be read.
 bool ClearEndedVgpuOfId(const std::string& region_dir, const std::string& vgpu_id);
 
 // The node agent's part (QuotaRegions::Sync), for allocation `a` on region `r`: every vGPU of a
