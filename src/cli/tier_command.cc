@@ -86,18 +86,36 @@ int RestoreVgpu(GpuRegion& region, uint32_t index, const ZeroOptions& zero) {
   region.Snapshot(snap.get());
   std::unique_ptr<hypervisor::CheckpointDriver> driver;
   int failed = 0;
+  auto load = [&]() -> bool {
+    if (driver) return true;
+    auto loaded = LoadCheckpointDriver(zero.driver);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "tfusion thaw: cannot restore checkpointed processes: %s\n", loaded.status().message().c_str());
+      return false;
+    }
+    driver = std::move(*loaded);
+    return true;
+  };
   for (uint32_t i = 0; i < snap->process_count; ++i) {
     const auto& p = snap->processes[i];
-    if (p.vgpu_index != index || p.zero_state != limiter::kZeroCheckpointed) continue;
-    if (!driver) {
-      auto loaded = LoadCheckpointDriver(zero.driver);
-      if (!loaded.ok()) {
-        std::fprintf(stderr, "tfusion thaw: cannot restore checkpointed processes: %s\n",
-                     loaded.status().message().c_str());
-        return 1;
+    if (p.vgpu_index != index || p.zero_state == limiter::kZeroNone) continue;
+    if (p.zero_state != limiter::kZeroCheckpointed) {
+      // Mid-way: a freeze --zero or thaw killed outright left it (RecoverFromGoneActor), or one
+      // still works on it. Parked, it is put back without the driver.
+      int e = hypervisor::RecoverFromGoneActor(region, p.slot, nullptr);
+      if (e < 0 && (p.zero_state == limiter::kZeroCheckpointing || p.zero_state == limiter::kZeroRestoring)) {
+        if (!load()) return 1;
+        e = hypervisor::RecoverFromGoneActor(region, p.slot, driver.get());
       }
-      driver = std::move(*loaded);
+      if (e == 0) std::printf("process %d: a checkpoint or restore killed mid-way had left it; put back\n", p.pid);
+      if (e > 0) {
+        ++failed;
+        std::printf("process %d: a checkpoint or restore killed mid-way had left it; putting it back FAILED (CUDA "
+                    "error %d)\n", p.pid, e);
+      }
+      continue;
     }
+    if (!load()) return 1;
     int e = hypervisor::RestoreProcess(region, p.slot, *driver);
     if (e != 0) {
       ++failed;

@@ -3,14 +3,21 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <iterator>
 
 #include <chrono>
 #include <cstdio>
 
 #include "hypervisor/quota_regions.h"
 #include "hypervisor/remote_sessions.h"
+#include "limiter/core/process_identity.h"
 
 namespace tf::hypervisor {
 namespace {
@@ -45,6 +52,93 @@ int SlotPid(const limiter::GpuRegion& region, uint32_t slot) {
   }
   return 0;
 }
+
+// This process as an actor of ProcessZero::actor: its pid and the inode of its PID namespace.
+uint64_t OwnActor() {
+  static const uint64_t ns = [] {
+    struct stat st {};
+    return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino & 0xffffffffu) : 0;
+  }();
+  return ns << 32 | static_cast<uint32_t>(getpid());
+}
+
+// True only when `actor` names a process of our PID namespace that is gone (or a zombie): an
+// actor of another namespace, or none known (0, an older build), is never judged.
+bool ActorGone(uint64_t actor) {
+  if (actor == 0 || actor >> 32 != OwnActor() >> 32 || (OwnActor() >> 32) == 0) return false;
+  const pid_t pid = static_cast<pid_t>(actor & 0xffffffffu);
+  if (pid <= 0) return false;
+  limiter::ProcessStat st;
+  if (!limiter::ReadProcessStat(pid, &st)) return errno == ENOENT || errno == ESRCH;
+  return st.state == 'Z' || st.state == 'X';
+}
+
+// Claims the slot's actor word for this process (after winning the state's compare-and-swap).
+void SetActor(limiter::ProcessZero* z) {
+  z->actor.store(OwnActor(), std::memory_order_release);
+  z->actor_pid.store(getpid(), std::memory_order_relaxed);
+}
+
+void ClearActor(limiter::ProcessZero* z) {
+  z->actor_pid.store(0, std::memory_order_relaxed);
+  z->actor.store(0, std::memory_order_release);
+}
+
+// Ctrl-C (and SIGTERM, SIGHUP, SIGQUIT) wait while a process (`tfusion freeze`, `thaw`) hands a
+// tenant to the driver or back: killed between two driver calls, it would leave the tenant locked
+// or half-done. A signal whose action is the default (death) is caught meanwhile and raised again
+// once the tenant's state is whole; the driver's own threads would take a blocked one, so it is
+// caught rather than blocked. A process that handles these signals itself (the node agent,
+// `tfusion run`) keeps its handlers: it does not die of them mid-way.
+std::atomic<int> g_deferred_signal{0};
+extern "C" void DeferSignal(int sig) { g_deferred_signal.store(sig, std::memory_order_relaxed); }
+
+class TerminationDeferred {
+ public:
+  TerminationDeferred() {
+    for (size_t i = 0; i < std::size(kSignals); ++i) {
+      struct sigaction now {};
+      if (sigaction(kSignals[i], nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;
+      struct sigaction defer {};
+      defer.sa_handler = DeferSignal;
+      sigemptyset(&defer.sa_mask);
+      caught_[i] = sigaction(kSignals[i], &defer, &old_[i]) == 0;
+    }
+  }
+  ~TerminationDeferred() {
+    for (size_t i = 0; i < std::size(kSignals); ++i)
+      if (caught_[i]) sigaction(kSignals[i], &old_[i], nullptr);
+    if (const int sig = g_deferred_signal.exchange(0, std::memory_order_relaxed); sig != 0) {
+      std::fprintf(stderr, "interrupted (signal %d): the checkpoint or restore in progress was finished first\n", sig);
+      raise(sig);
+    }
+  }
+  TerminationDeferred(const TerminationDeferred&) = delete;
+  TerminationDeferred& operator=(const TerminationDeferred&) = delete;
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  struct sigaction old_[std::size(kSignals)] {};
+  bool caught_[std::size(kSignals)] = {};
+};
+
+// The driver side of a restore, whatever an earlier attempt left: checkpointed -> restore;
+// locked -> unlock; running: nothing. CUresult.
+int PutBackInDriver(CheckpointDriver& driver, int pid) {
+  int state = -1;
+  int e = driver.State(pid, &state);
+  if (e == CUDA_SUCCESS && state == CU_PROCESS_STATE_CHECKPOINTED) {
+    e = driver.Restore(pid);
+    if (e == CUDA_SUCCESS) e = driver.State(pid, &state);
+  }
+  if (e == CUDA_SUCCESS && state == CU_PROCESS_STATE_LOCKED) e = driver.Unlock(pid);
+  else if (e == CUDA_SUCCESS && state != CU_PROCESS_STATE_RUNNING) e = CUDA_ERROR_ILLEGAL_STATE;
+  return e;
+}
+
+// A restore's end, by the party that claimed `z` in state restoring: running again (0), or still
+// checkpointed with the driver's error for the waiting call. `wake` is the wake_gen read before.
+void FinishRestore(limiter::ProcessZero* z, int e, uint32_t wake, int64_t t0_us);
 
 template <typename Fn>
 bool Resolve(void* handle, const char* name, Fn* out) {
@@ -109,11 +203,20 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
     out.why = "the process is gone";
     return out;
   }
+  const TerminationDeferred deferred;
+  // What a checkpointer or restorer killed outright left: put back first.
+  if (int e = RecoverFromGoneActor(region, slot, &driver); e > 0) {
+    out.error = static_cast<uint32_t>(e);
+    out.why = "a killed checkpointer or restorer left it locked, and the driver refused to put it back (CUDA error " +
+              std::to_string(e) + ")";
+    return out;
+  }
   uint32_t expect = limiter::kZeroNone;
   if (!z->state.compare_exchange_strong(expect, limiter::kZeroParkRequested, std::memory_order_acq_rel)) {
     out.why = expect == limiter::kZeroCheckpointed ? "it is checkpointed already" : "another checkpoint or restore is under way";
     return out;
   }
+  SetActor(z);
   const int64_t t0 = NowUs();
   uint32_t st = limiter::kZeroParkRequested;
   while (st == limiter::kZeroParkRequested && NowUs() - t0 < park_timeout_ms * 1000) {
@@ -124,6 +227,7 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
   if (st != limiter::kZeroParked) {
     expect = limiter::kZeroParkRequested;
     z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel);  // withdrawn
+    ClearActor(z);
     out.why = st == limiter::kZeroNone ? "its limiter refused (it is not swapped out or not quiet; its log says why)"
                                        : "its limiter did not answer within " + std::to_string(park_timeout_ms) + " ms";
     return out;
@@ -131,9 +235,8 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
   expect = limiter::kZeroParked;
   if (!z->state.compare_exchange_strong(expect, limiter::kZeroCheckpointing, std::memory_order_acq_rel)) {
     out.why = "its state changed under us";
-    return out;
+    return out;  // taken over: the actor is no longer ours to clear
   }
-  z->actor_pid.store(getpid(), std::memory_order_relaxed);
   const int64_t t1 = NowUs();
   int e = driver.Lock(out.pid, 10'000);
   if (e == CUDA_SUCCESS) {
@@ -141,53 +244,97 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
     if (e != CUDA_SUCCESS) driver.Unlock(out.pid);
   }
   out.checkpoint_ms = (NowUs() - t1) / 1000.0;
-  z->actor_pid.store(0, std::memory_order_relaxed);
   if (e != CUDA_SUCCESS) {
     out.error = static_cast<uint32_t>(e);
     out.why = "the driver refused (CUDA error " + std::to_string(e) + ")";
     z->last_error.store(out.error, std::memory_order_relaxed);
     z->state.store(limiter::kZeroNone, std::memory_order_release);  // unparked: it resumes as usual
+    ClearActor(z);
     return out;
   }
   z->last_error.store(0, std::memory_order_relaxed);
   z->last_checkpoint_us.store(ClampUs(NowUs() - t1), std::memory_order_relaxed);
   z->checkpoints.fetch_add(1, std::memory_order_relaxed);
   z->state.store(limiter::kZeroCheckpointed, std::memory_order_release);
+  ClearActor(z);
   out.ok = true;
   return out;
 }
 
-int RestoreProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver& driver) {
-  ProcessZero* z = region.ZeroOfProcess(slot);
-  const int pid = SlotPid(region, slot);
-  if (z == nullptr || pid == 0) return CUDA_SUCCESS;
-  const uint32_t wake = z->wake_gen.load(std::memory_order_acquire);
-  uint32_t expect = limiter::kZeroCheckpointed;
-  if (!z->state.compare_exchange_strong(expect, limiter::kZeroRestoring, std::memory_order_acq_rel)) {
-    return expect == limiter::kZeroNone ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
-  }
-  z->actor_pid.store(getpid(), std::memory_order_relaxed);
-  const int64_t t0 = NowUs();
-  // Whatever an earlier attempt left: checkpointed -> restore; locked -> unlock.
-  int state = -1;
-  int e = driver.State(pid, &state);
-  if (e == CUDA_SUCCESS && state == CU_PROCESS_STATE_CHECKPOINTED) {
-    e = driver.Restore(pid);
-    if (e == CUDA_SUCCESS) e = driver.State(pid, &state);
-  }
-  if (e == CUDA_SUCCESS && state == CU_PROCESS_STATE_LOCKED) e = driver.Unlock(pid);
-  else if (e == CUDA_SUCCESS && state != CU_PROCESS_STATE_RUNNING) e = CUDA_ERROR_ILLEGAL_STATE;
-  z->actor_pid.store(0, std::memory_order_relaxed);
+namespace {
+
+void FinishRestore(ProcessZero* z, int e, uint32_t wake, int64_t t0_us) {
   if (e == CUDA_SUCCESS) {
     z->last_error.store(0, std::memory_order_relaxed);
-    z->last_restore_us.store(ClampUs(NowUs() - t0), std::memory_order_relaxed);
+    z->last_restore_us.store(ClampUs(NowUs() - t0_us), std::memory_order_relaxed);
     z->restores.fetch_add(1, std::memory_order_relaxed);
     z->state.store(limiter::kZeroNone, std::memory_order_release);
   } else {
     z->last_error.store(static_cast<uint32_t>(e), std::memory_order_relaxed);
     z->state.store(limiter::kZeroCheckpointed, std::memory_order_release);
   }
+  ClearActor(z);
   z->wake_done_gen.store(wake, std::memory_order_release);  // after the state: see ZeroWait
+}
+
+}  // namespace
+
+int RecoverFromGoneActor(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver* driver) {
+  ProcessZero* z = region.ZeroOfProcess(slot);
+  if (z == nullptr) return -1;
+  uint32_t st = z->state.load(std::memory_order_acquire);
+  if (st != limiter::kZeroParkRequested && st != limiter::kZeroParked && st != limiter::kZeroCheckpointing &&
+      st != limiter::kZeroRestoring)
+    return -1;
+  uint64_t gone = z->actor.load(std::memory_order_acquire);
+  if (!ActorGone(gone)) return -1;
+  const bool driver_touched = st == limiter::kZeroCheckpointing || st == limiter::kZeroRestoring;
+  if (driver_touched && driver == nullptr) return -1;  // left for a party with the driver
+  // One party takes the slot over: the one whose compare-and-swap of the whole word wins.
+  if (!z->actor.compare_exchange_strong(gone, OwnActor(), std::memory_order_acq_rel)) return -1;
+  z->actor_pid.store(getpid(), std::memory_order_relaxed);
+  st = z->state.load(std::memory_order_acquire);
+  // Parked (or asked to, and its limiter may park it meanwhile): the driver was not touched; back
+  // to none, and its calls go on.
+  for (uint32_t parked : {limiter::kZeroParkRequested, limiter::kZeroParked}) {
+    uint32_t expect = parked;
+    if (z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel)) {
+      ClearActor(z);
+      return CUDA_SUCCESS;
+    }
+  }
+  st = z->state.load(std::memory_order_acquire);
+  uint32_t expect = st;
+  if ((st != limiter::kZeroCheckpointing && st != limiter::kZeroRestoring) || driver == nullptr ||
+      !z->state.compare_exchange_strong(expect, limiter::kZeroRestoring, std::memory_order_acq_rel)) {
+    // It moved on meanwhile (the limiter answered the park request): nothing of ours to do.
+    if (z->actor.load(std::memory_order_acquire) == OwnActor()) ClearActor(z);
+    return -1;
+  }
+  const uint32_t wake = z->wake_gen.load(std::memory_order_acquire);
+  const int64_t t0 = NowUs();
+  const int pid = SlotPid(region, slot);
+  const int e = pid == 0 ? CUDA_SUCCESS : PutBackInDriver(*driver, pid);  // gone: nothing to put back
+  FinishRestore(z, e, wake, t0);
+  return e;
+}
+
+int RestoreProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver& driver) {
+  ProcessZero* z = region.ZeroOfProcess(slot);
+  const int pid = SlotPid(region, slot);
+  if (z == nullptr || pid == 0) return CUDA_SUCCESS;
+  const TerminationDeferred deferred;
+  // What a checkpointer or restorer killed outright left: its recovery is this restore.
+  if (int e = RecoverFromGoneActor(region, slot, &driver); e >= 0) return e;
+  const uint32_t wake = z->wake_gen.load(std::memory_order_acquire);
+  uint32_t expect = limiter::kZeroCheckpointed;
+  if (!z->state.compare_exchange_strong(expect, limiter::kZeroRestoring, std::memory_order_acq_rel)) {
+    return expect == limiter::kZeroNone ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
+  }
+  SetActor(z);
+  const int64_t t0 = NowUs();
+  const int e = PutBackInDriver(driver, pid);
+  FinishRestore(z, e, wake, t0);
   return e;
 }
 
@@ -248,24 +395,40 @@ int ZeroRestorer::PollOnce() {
     if (!region->attached()) continue;
     const bool filtered = !only_vgpu_.empty() || !vgpu_prefix_.empty();
     std::unique_ptr<limiter::RegionSnapshot> snap;  // taken only when a wake request needs the filter
+    auto mine = [&](uint32_t slot) {
+      if (!filtered) return true;
+      if (!snap) {
+        snap = std::make_unique<limiter::RegionSnapshot>();
+        region->Snapshot(snap.get());
+      }
+      bool found = false;
+      for (uint32_t i = 0; i < snap->process_count && !found; ++i) {
+        if (snap->processes[i].slot != slot) continue;
+        for (uint32_t v = 0; v < snap->vgpu_count; ++v)
+          found = found || (snap->vgpus[v].index == snap->processes[i].vgpu_index && Wanted(snap->vgpus[v].id));
+      }
+      return found;
+    };
     for (uint32_t slot = 0; slot < limiter::kMaxProcesses; ++slot) {
       ProcessZero* z = region->ZeroOfProcess(slot);
       // Cheap checks first: nearly every slot is free or not checkpointed.
-      if (z->state.load(std::memory_order_acquire) != limiter::kZeroCheckpointed) continue;
-      if (z->wake_gen.load(std::memory_order_acquire) == z->wake_done_gen.load(std::memory_order_acquire)) continue;
-      if (filtered) {
-        if (!snap) {
-          snap = std::make_unique<limiter::RegionSnapshot>();
-          region->Snapshot(snap.get());
+      const uint32_t st = z->state.load(std::memory_order_acquire);
+      if (st != limiter::kZeroNone && st != limiter::kZeroCheckpointed &&
+          z->actor.load(std::memory_order_acquire) != 0 && mine(slot)) {
+        // Mid-way with an actor: taken over when that actor was killed outright.
+        const bool needs_driver = st == limiter::kZeroCheckpointing || st == limiter::kZeroRestoring;
+        const int e = RecoverFromGoneActor(*region, slot, needs_driver ? Driver() : nullptr);
+        if (e >= 0) {
+          ++attempted;
+          std::fprintf(stderr, "%s: a checkpointer or restorer was killed mid-way: process slot %u put back%s\n",
+                       log_prefix_.c_str(), slot,
+                       e == CUDA_SUCCESS ? "" : (" failed (CUDA error " + std::to_string(e) + ")").c_str());
         }
-        bool mine = false;
-        for (uint32_t i = 0; i < snap->process_count && !mine; ++i) {
-          if (snap->processes[i].slot != slot) continue;
-          for (uint32_t v = 0; v < snap->vgpu_count; ++v)
-            mine = mine || (snap->vgpus[v].index == snap->processes[i].vgpu_index && Wanted(snap->vgpus[v].id));
-        }
-        if (!mine) continue;
+        continue;
       }
+      if (st != limiter::kZeroCheckpointed) continue;
+      if (z->wake_gen.load(std::memory_order_acquire) == z->wake_done_gen.load(std::memory_order_acquire)) continue;
+      if (!mine(slot)) continue;
       ++attempted;
       CheckpointDriver* driver = Driver();
       if (driver == nullptr) {

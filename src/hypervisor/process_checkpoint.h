@@ -74,6 +74,14 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
 // process stays checkpointed).
 int RestoreProcess(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver& driver);
 
+// When the checkpointer or restorer acting on process slot `slot` is gone (killed outright: its
+// actor no longer exists in our PID namespace) and left it parked, checkpointing or restoring,
+// takes the slot over and puts the process back: unparked when the driver was not touched, else
+// restored and unlocked as the driver's state requires (`driver` may be null only for the first
+// case; otherwise the slot is left for a party that has one). Returns -1 when there was nothing
+// to take over, else the CUresult of putting it back (recorded as for RestoreProcess).
+int RecoverFromGoneActor(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver* driver);
+
 // The zero keeper of a set of GPU regions, on its own thread: it restores the processes whose
 // calls asked for it (a 5 ms scan of the regions' process tables) and, every 100 ms, carries out
 // the vGPUs' scale-to-zero policy:

@@ -268,13 +268,36 @@ void CheckpointGate() {
 
 using fakecuda::CkptSlot;
 
+namespace fakecuda {
+namespace {
+
+// Faults of the calling process (a checkpointer or restorer the test runs as a separate program):
+// FAKECUDA_CKPT_SLOW=name:ms sleeps that long inside entry point `name` (a large checkpoint);
+// FAKECUDA_CKPT_DIE_AFTER=name kills the caller outright (SIGKILL) once `name` succeeded.
+void SlowIn(const char* name) {
+  const char* env = std::getenv("FAKECUDA_CKPT_SLOW");
+  const size_t n = std::strlen(name);
+  if (env == nullptr || std::strncmp(env, name, n) != 0 || env[n] != ':') return;
+  usleep(static_cast<useconds_t>(std::atoi(env + n + 1)) * 1000);
+}
+CUresult DieAfter(const char* name, CUresult result) {
+  const char* env = std::getenv("FAKECUDA_CKPT_DIE_AFTER");
+  if (result == CUDA_SUCCESS && env != nullptr && std::strcmp(env, name) == 0) raise(SIGKILL);
+  return result;
+}
+
+}  // namespace
+}  // namespace fakecuda
+
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs* args) {
   FAKECUDA_ENTER();
   (void)args;  // the timeout: calls already inside the fake are not waited for
   CkptSlot* s = nullptr;
   if (CUresult e = fakecuda::Target(pid, &s); e != CUDA_SUCCESS) return e;
-  return fakecuda::Transition(s, CU_PROCESS_STATE_RUNNING, CU_PROCESS_STATE_LOCKED) ? CUDA_SUCCESS
-                                                                                    : CUDA_ERROR_ILLEGAL_STATE;
+  return fakecuda::DieAfter("cuCheckpointProcessLock",
+                            fakecuda::Transition(s, CU_PROCESS_STATE_RUNNING, CU_PROCESS_STATE_LOCKED)
+                                ? CUDA_SUCCESS
+                                : CUDA_ERROR_ILLEGAL_STATE);
 }
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args) {
@@ -283,7 +306,8 @@ CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs* args
   CkptSlot* s = nullptr;
   if (CUresult e = fakecuda::Target(pid, &s); e != CUDA_SUCCESS) return e;
   if (__atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != CU_PROCESS_STATE_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
-  return fakecuda::Ask(s, fakecuda::kDoCheckpoint);
+  fakecuda::SlowIn("cuCheckpointProcessCheckpoint");
+  return fakecuda::DieAfter("cuCheckpointProcessCheckpoint", fakecuda::Ask(s, fakecuda::kDoCheckpoint));
 }
 
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
@@ -292,7 +316,7 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs* args) {
   CkptSlot* s = nullptr;
   if (CUresult e = fakecuda::Target(pid, &s); e != CUDA_SUCCESS) return e;
   if (__atomic_load_n(&s->state, __ATOMIC_SEQ_CST) != CU_PROCESS_STATE_CHECKPOINTED) return CUDA_ERROR_ILLEGAL_STATE;
-  return fakecuda::Ask(s, fakecuda::kDoRestore);
+  return fakecuda::DieAfter("cuCheckpointProcessRestore", fakecuda::Ask(s, fakecuda::kDoRestore));
 }
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs* args) {

@@ -1324,6 +1324,103 @@ TEST_F(ZeroTest, ACheckpointedTenantWithoutARestorerGetsATimeoutAndThawBringsItB
   EXPECT_TRUE(freed) << Out();
 }
 
+// A checkpointer or restorer killed outright between two driver calls (SIGKILL, the OOM killer:
+// nothing of it runs again) left the tenant parked at our layer, locked or half-restored in the
+// driver. Its keeper (`tfusion run`) takes the slot over and puts it back at once; the tenant's
+// next call finds every byte, and nothing waits out the 60 s bound.
+class ZeroKilledTest : public ZeroTest {
+ protected:
+  // Kills the freeze --zero (or, with `thaw`, the thaw of a zero-frozen tenant) right after `call`.
+  void KilledAfter(const std::string& call, const std::string& vgpu, bool thaw) {
+    pid_t pid = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=20 ", vgpu);
+    ASSERT_TRUE(WaitFor("ready")) << Out();
+    if (thaw) {
+      ASSERT_EQ(Tf("freeze " + vgpu + " --zero" + Fake()).rc, 0) << Out();
+    }
+    Result killed = Tf((thaw ? "thaw " : "freeze ") + vgpu + (thaw ? "" : " --zero") + Fake(),
+                       "FAKECUDA_CKPT_DIE_AFTER=" + call + " ");
+    EXPECT_NE(killed.rc, 0) << killed.out;
+    bool back = false;  // running in the driver, and not checkpointed for us
+    for (int i = 0; i < 100 && !back; ++i) {
+      back = Info().state == 0 && Tf("smi -p").out.find("checkpointed") == std::string::npos;
+      if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_TRUE(back) << "driver state " << Info().state << "\n" << Tf("smi -p").out << Out();
+    const auto t0 = std::chrono::steady_clock::now();
+    Touch("go");
+    ASSERT_TRUE(WaitFor("verified")) << Out();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << Out();
+    EXPECT_NE(Out().find("first_call=0"), std::string::npos) << Out();
+    EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+    EXPECT_EQ(Info().calls_while_locked, 0u) << "a call of the tenant reached the driver while it was locked";
+    Touch("go3");
+    EXPECT_EQ(Finish(pid), 0) << Out();
+  }
+};
+
+TEST_F(ZeroKilledTest, ACheckpointerKilledAfterTheLockIsTakenOverByTheKeeper) {
+  KilledAfter("cuCheckpointProcessLock", "zklock", false);
+}
+
+TEST_F(ZeroKilledTest, ACheckpointerKilledAfterTheCheckpointIsTakenOverByTheKeeper) {
+  KilledAfter("cuCheckpointProcessCheckpoint", "zkckpt", false);
+}
+
+TEST_F(ZeroKilledTest, ARestorerKilledAfterTheRestoreIsTakenOverByTheKeeper) {
+  KilledAfter("cuCheckpointProcessRestore", "zkrest", true);
+}
+
+// Without a keeper (its `tfusion run` killed too), `tfusion thaw` puts back what a killed
+// checkpointer left, and says so.
+TEST_F(ZeroKilledTest, WithoutAKeeperThawPutsBackWhatAKilledCheckpointerLeft) {
+  pid_t run = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=20 ", "zkthaw");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  kill(run, SIGKILL);  // tfusion run only: the tenant goes on without its keeper
+  Finish(run);
+  Result killed = Tf("freeze zkthaw --zero" + Fake(), "FAKECUDA_CKPT_DIE_AFTER=cuCheckpointProcessCheckpoint ");
+  EXPECT_NE(killed.rc, 0) << killed.out;
+  EXPECT_EQ(Info().state, 2u) << "checkpointed, and nobody left to restore it";
+  EXPECT_NE(Tf("smi -p").out.find("checkpointed"), std::string::npos) << "smi shows it held by the driver";
+  Result thawed = Tf("thaw zkthaw" + Fake());
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  EXPECT_NE(thawed.out.find("a checkpoint or restore killed mid-way had left it; put back"), std::string::npos)
+      << thawed.out;
+  EXPECT_EQ(Info().state, 0u);
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  Touch("go3");
+  for (int i = 0; i < 100 && Out().find("done") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// Ctrl-C while the driver checkpoints a large tenant waits for the checkpoint: the tenant is left
+// checkpointed (whole), not locked half-way, and its next call brings it back.
+TEST_F(ZeroKilledTest, CtrlCDuringTheCheckpointWaitsForItAndLeavesTheTenantWhole) {
+  pid_t pid = StartZeroTenant("", "zkint");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  pid_t freeze = StartProbe(env_ + "FAKECUDA_CKPT_SLOW=cuCheckpointProcessCheckpoint:1500 " + TF_TFUSION +
+                            " freeze zkint --zero" + Fake() + " > " + dir_ + "/freeze.out 2>&1");
+  bool locked = false;
+  for (int i = 0; i < 200 && !locked; ++i) {
+    locked = Info().state == 1;
+    if (!locked) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(locked) << Run("cat " + dir_ + "/freeze.out").out;
+  ASSERT_EQ(kill(freeze, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(freeze, &status, 0), freeze);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status;
+  EXPECT_EQ(Info().state, 2u) << "checkpointed whole before the interrupt took effect";
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("first_call=0"), std::string::npos) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  Touch("go3");
+  EXPECT_EQ(Finish(pid), 0) << Out();
+}
+
+
 // What the tests above rely on: the fake holds every call of a locked process (and counts it),
 // drops its device memory at the checkpoint and brings every byte back at the restore.
 TEST_F(ZeroTest, TheFakeDriverHoldsACheckpointedProcessAndRestoresItsMemory) {

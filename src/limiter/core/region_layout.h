@@ -3,6 +3,8 @@
 // docs/shm-layout.md is the prose version of this file (offsets, units, writers, locking); the
 // static_asserts at the bottom pin every documented offset so the two cannot drift silently.
 // Changing any field, size or meaning REQUIRES bumping kLayoutVersion: attach refuses a mismatch.
+// (Reserved bytes given a meaning for which zero, what every earlier writer left there, means
+// "nothing" are the one exception: both versions keep working on the same region.)
 //
 // Everything here lives in a MAP_SHARED mapping used by unrelated processes, so:
 //  - only fixed-width fields; std::atomic only of always-lock-free types (asserted below);
@@ -267,7 +269,14 @@ struct alignas(kCacheLine) ProcessZero {
   std::atomic<uint32_t> restores;            // completed restores
   std::atomic<uint32_t> last_checkpoint_us;  // lock + checkpoint
   std::atomic<uint32_t> last_restore_us;     // restore + unlock
-  uint8_t reserved[28];
+  uint32_t reserved0;
+  // Who acts now, as one word so that it is read and taken over whole: the pid of the checkpointer
+  // (from its park request on) or restorer in the low 32 bits, the inode number of its PID
+  // namespace in the high 32; 0 = none known. Another party takes over (compare-and-swap) only
+  // from an actor that is gone in its own namespace, so that a checkpointer or restorer killed
+  // outright does not leave the process parked, locked or checkpointed for good.
+  std::atomic<uint64_t> actor;
+  uint8_t reserved[16];
 };
 
 // ---- Swap events (layout 7): after the ProcessZero array, one ProcessTierLog per process slot.
@@ -367,6 +376,7 @@ static_assert(offsetof(VgpuTier, idle_zero_ms) == 40 && offsetof(VgpuTier, api_z
 static_assert(kVgpuTierOffset == 49856 && kProcessTierOffset == 53952);
 static_assert(sizeof(ProcessZero) == 64 && std::is_standard_layout_v<ProcessZero>);
 static_assert(offsetof(ProcessZero, actor_pid) == 16 && offsetof(ProcessZero, last_restore_us) == 32);
+static_assert(offsetof(ProcessZero, actor) == 40);
 static_assert(kProcessZeroOffset == 86720 && kProcessTierLogOffset == 119488);
 static_assert(sizeof(TierEventRecord) == 16 && sizeof(ProcessTierLog) == 64 && std::is_standard_layout_v<ProcessTierLog>);
 static_assert(offsetof(ProcessTierLog, ring) == 16 && offsetof(VgpuTier, pressure_freeze_gen) == 60);

@@ -10,6 +10,7 @@ void ResetProcessZero(ProcessZero* z) {
   z->state.store(kZeroNone, std::memory_order_relaxed);
   z->last_error.store(0, std::memory_order_relaxed);
   z->actor_pid.store(0, std::memory_order_relaxed);
+  z->actor.store(0, std::memory_order_relaxed);
   z->checkpoints.store(0, std::memory_order_relaxed);
   z->restores.store(0, std::memory_order_relaxed);
   z->last_checkpoint_us.store(0, std::memory_order_relaxed);
@@ -25,7 +26,10 @@ void FillZeroInfo(const ProcessZero* z, ProcessInfo* out) {
   out->restores = z->restores.load(std::memory_order_relaxed);
   out->last_checkpoint_us = z->last_checkpoint_us.load(std::memory_order_relaxed);
   out->last_restore_us = z->last_restore_us.load(std::memory_order_relaxed);
-  if (out->zero_state == kZeroCheckpointed) out->tier_state = kTierCheckpointed;
+  // Mid-way in or out of the driver's checkpoint counts as checkpointed: the driver holds it.
+  if (out->zero_state == kZeroCheckpointed || out->zero_state == kZeroCheckpointing ||
+      out->zero_state == kZeroRestoring)
+    out->tier_state = kTierCheckpointed;
 }
 
 ProcessZero* GpuRegion::ZeroOfProcess(uint32_t slot) const {
