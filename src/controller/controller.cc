@@ -327,21 +327,44 @@ Status Controller::Rebuild() {
   return Status::Ok();
 }
 
+void Controller::AddUnservedSpanLocked(int64_t from_ms, int64_t to_ms) {
+  constexpr size_t kMaxUnservedSpans = 64;
+  if (unserved_.size() >= kMaxUnservedSpans) unserved_.erase(unserved_.begin());
+  unserved_.emplace_back(from_ms, to_ms);
+}
+
 void Controller::NoteUnservedLocked(int64_t now_ms) {
   if (!unserved_.empty() && unserved_.back().second == INT64_MAX) return;  // already not serving
-  constexpr size_t kMaxUnservedSpans = 64;
-  if (unserved_.size() >= kMaxUnservedSpans) {  // merged: a longer grace, never a shorter one
-    unserved_[1].first = unserved_[0].first;
-    unserved_.erase(unserved_.begin());
-  }
-  unserved_.emplace_back(now_ms, INT64_MAX);
+  AddUnservedSpanLocked(now_ms, INT64_MAX);
+}
+
+void Controller::NoteWriteFailedLocked() {
+  if (write_failing_since_ms_ != 0) return;
+  const int64_t last_ok = last_durable_ok_ms_.load(std::memory_order_relaxed);
+  write_failing_since_ms_ = last_ok > 0 ? last_ok : clock_->NowMs();
+  write_failing_.store(true, std::memory_order_relaxed);
+}
+
+void Controller::NoteWriteDurable() {
+  const int64_t now = clock_->NowMs();
+  last_durable_ok_ms_.store(now, std::memory_order_relaxed);
+  if (!write_failing_.load(std::memory_order_relaxed)) return;  // the usual case: no lock taken
+  std::lock_guard<std::mutex> lock(mu_);
+  if (write_failing_since_ms_ != 0) AddUnservedSpanLocked(write_failing_since_ms_, now);
+  write_failing_since_ms_ = 0;
+  write_failing_.store(false, std::memory_order_relaxed);
 }
 
 int64_t Controller::UnservedMsLocked(int64_t from_ms, int64_t now_ms) const {
-  int64_t total = 0;
-  for (const auto& [start, end] : unserved_) {
-    const int64_t a = std::max(start, from_ms), b = std::min(end, now_ms);
+  // The union of the spans (a rebuild after a failed write falls inside the write outage).
+  std::vector<std::pair<int64_t, int64_t>> spans = unserved_;
+  if (write_failing_since_ms_ != 0) spans.emplace_back(write_failing_since_ms_, INT64_MAX);
+  std::sort(spans.begin(), spans.end());
+  int64_t total = 0, covered_to = from_ms;
+  for (const auto& [start, end] : spans) {
+    const int64_t a = std::max(start, covered_to), b = std::min(end, now_ms);
     if (b > a) total += b - a;
+    covered_to = std::max(covered_to, b);
   }
   return total;
 }
@@ -371,6 +394,7 @@ StatusOr<int64_t> Controller::CommitLocked(std::vector<Compare> compares,
   }
   StatusOr<int64_t> rev = store_->Stage(compares, writes);
   if (!rev.ok() && rev.status().code() == StatusCode::kAborted) ++counters_.commit_conflicts;
+  if (!rev.ok() && rev.status().code() != StatusCode::kAborted) NoteWriteFailedLocked();
   if (rev.ok()) t_staged_revision = std::max(t_staged_revision, *rev);
   return rev;
 }
@@ -385,7 +409,14 @@ auto Controller::Durably(F&& body) -> decltype(body()) {
   const auto waiting = std::chrono::steady_clock::now();
   Status durable = store_->WaitDurable(rev);
   stage_times_.durable_wait.Record(SecondsSince(waiting));
-  if (durable.ok()) return result;
+  if (durable.ok()) {
+    NoteWriteDurable();
+    return result;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    NoteWriteFailedLocked();
+  }
   // The batch holding our transaction never reached the disk: the in-memory state is ahead of
   // the store. Re-read it (or stop serving) before anyone else acts on it.
   std::fprintf(stderr, "controller: %s; rebuilding from the store\n", durable.ToString().c_str());

@@ -20,6 +20,7 @@
 // a later caller may see (not be acknowledged on) state whose fsync is still in flight.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -343,10 +344,20 @@ class Controller {
   mutable std::mutex mu_;
   bool serving_ = false;
   // The spans [from, to) in which this replica did not serve (to = INT64_MAX while it does not;
-  // the first from its start, unknown, on): holders could not renew their leases then, so a lease
-  // runs out that much later. Oldest first, at most kMaxUnservedSpans (the oldest merged).
+  // the first from its start, unknown, on) or its store's writes failed: holders could not renew
+  // their leases then, so a lease runs out that much later. Oldest first, at most 64 (the oldest
+  // dropped: a span that old is behind every lease window that matters).
   std::vector<std::pair<int64_t, int64_t>> unserved_{{INT64_MIN, INT64_MAX}};
+  // Writes failing (a batch that did not reach the disk, a store that refused a transaction):
+  // since when, counted from the last write that did reach it (a renewal after that one may have
+  // been lost); 0 = they succeed. Closed into unserved_ by the next durable write.
+  int64_t write_failing_since_ms_ = 0;
+  std::atomic<int64_t> last_durable_ok_ms_{0};
+  std::atomic<bool> write_failing_{false};  // write_failing_since_ms_ != 0, read without mu_
   void NoteUnservedLocked(int64_t now_ms);
+  void AddUnservedSpanLocked(int64_t from_ms, int64_t to_ms);
+  void NoteWriteFailedLocked();
+  void NoteWriteDurable();
   int64_t UnservedMsLocked(int64_t from_ms, int64_t now_ms) const;
   std::map<std::string, Versioned<Pool>> pools_;
   std::map<std::string, Versioned<Node>> nodes_;

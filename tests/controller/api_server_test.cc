@@ -626,7 +626,7 @@ TEST_F(ApiServerTest, ALeaseDoesNotRunOutWhileNoControllerServed) {
   EXPECT_FALSE(again.GetAllocation(gone_id).ok()) << "not renewed within a lease of the restart";
 }
 
-// A replica that stops serving now and then (a store that fails, an election) delays a lease by
+// A replica that stops serving now and then (an election lost and won back) delays a lease by
 // the time it did not serve, not by a whole lease each time: a holder gone for good still loses
 // its allocation.
 TEST_F(ApiServerTest, ALeaseRunsOutBesideAStoreThatFailsNowAndThen) {

@@ -29,6 +29,79 @@ class ControllerTest : public ::testing::Test {
   std::unique_ptr<Controller> c_;
 };
 
+// A store whose writes fail while `failing` (a full disk: reads work, every batch fails to reach
+// it; nothing of a failed batch is applied), over a real one.
+class FailingWritesStore : public Store {
+ public:
+  explicit FailingWritesStore(std::unique_ptr<Store> inner) : inner_(std::move(inner)) {}
+  StatusOr<std::optional<KeyValue>> Get(const std::string& key) override { return inner_->Get(key); }
+  StatusOr<std::vector<KeyValue>> List(const std::string& prefix) override { return inner_->List(prefix); }
+  StatusOr<int64_t> Commit(const std::vector<Compare>& compares, const std::vector<Write>& writes) override {
+    if (failing) return Unavailable("disk full");
+    return inner_->Commit(compares, writes);
+  }
+  // Staged as if it would be written (revisions no real one reaches), then lost at WaitDurable.
+  StatusOr<int64_t> Stage(const std::vector<Compare>& compares, const std::vector<Write>& writes) override {
+    if (failing) return kLost + ++lost_;
+    return inner_->Stage(compares, writes);
+  }
+  Status WaitDurable(int64_t revision) override {
+    if (revision > kLost) return Unavailable("disk full: the batch did not reach the disk");
+    return inner_->WaitDurable(revision);
+  }
+  std::string Describe() const override { return inner_->Describe(); }
+  bool failing = false;
+
+ private:
+  static constexpr int64_t kLost = int64_t{1} << 50;
+  std::unique_ptr<Store> inner_;
+  int64_t lost_ = 0;
+};
+
+// While the store's writes fail (every renewal with them) for longer than a lease, no lease runs
+// out: once they succeed again, a holder that still runs has its usual time to renew, and one
+// that is gone loses its allocation a lease after the outage (which lasts, as far as the
+// controller can tell, until a write reaches the store again).
+TEST(LeaseOutageTest, LeasesOutliveAStoreWhoseWritesFailAndRunOutAfterward) {
+  testing::TempDir dir;
+  FailingWritesStore store(std::move(SqliteStore::Open(dir.path() + "/state.db")).value());
+  FakeClock clock;
+  ControllerConfig cfg;
+  cfg.heartbeat_timeout_ms = 3'600'000;  // the node stays ready: only leases are tested
+  Controller c(&store, &clock, MakeSchedulerPlacement(), nullptr, cfg);
+  ASSERT_TRUE(c.Rebuild().ok());
+  testing::AddNodes(c, 1, 1);
+  AllocationRequest req{"", "", 10, 1024, 1, "", ""};
+  req.lease_ms = 60'000;
+  auto live = c.Allocate(req), gone = c.Allocate(req);
+  ASSERT_TRUE(live.ok() && gone.ok());
+  clock.AdvanceMs(10'000);
+  ASSERT_TRUE(c.RenewLease(live->id).ok());
+  ASSERT_TRUE(c.RenewLease(gone->id).ok());  // its holder's last renewal: it dies now
+  store.failing = true;
+  for (int s = 0; s < 14; ++s) {  // 70 s of failing writes: the live holder's renewals fail
+    clock.AdvanceMs(5'000);
+    if (s % 3 == 0) {
+      EXPECT_FALSE(c.RenewLease(live->id).ok());
+    }
+    c.Tick();
+  }
+  store.failing = false;
+  clock.AdvanceMs(500);
+  c.Tick();
+  EXPECT_TRUE(c.GetAllocation(live->id).ok()) << "released before its holder could renew again";
+  EXPECT_TRUE(c.GetAllocation(gone->id).ok());
+  clock.AdvanceMs(10'000);
+  ASSERT_TRUE(c.RenewLease(live->id).ok());
+  c.Tick();
+  clock.AdvanceMs(30'000);
+  ASSERT_TRUE(c.RenewLease(live->id).ok());  // its holder renews as usual
+  clock.AdvanceMs(31'000);  // 61 s after the first write that reached the store again: a lease
+  c.Tick();
+  EXPECT_TRUE(c.GetAllocation(live->id).ok());
+  EXPECT_FALSE(c.GetAllocation(gone->id).ok()) << "a holder gone for good keeps its allocation";
+}
+
 TEST_F(ControllerTest, AllocatesUntilCapacityIsExhaustedThenReleases) {
   testing::AddNodes(*c_, 1, 2);
   std::vector<std::string> ids;
