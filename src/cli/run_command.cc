@@ -504,7 +504,7 @@ int RunCommand(const RunOptions& o) {
                     ": a run that joins it gives the same tier flags, or none to take them");
       }
       tier_on = in_use->tier_enabled;
-      write_tier = false;
+      write_tier = tiering;  // the same values again: kept should the vGPU be made afresh below
     }
   }
   // This process holds a slot (and no VRAM) until the command ends, so that another run of the
@@ -514,22 +514,25 @@ int RunCommand(const RunOptions& o) {
   uint32_t index = 0;
   uint32_t guard_slot = 0;
   bool guarded = false;
+  if (write_tier) resolve_tier_policy();
   for (int attempt = 0; attempt < 20 && !guarded; ++attempt) {
     e = region.CreateOrUpdateVgpu(vgpu_id.c_str(), limits->vram_bytes, limits->share_ppm, limits->limit_ppm,
                                   limits->qos, &index);
     if (e != RegionError::kOk) return Fail("cannot create vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+    uint32_t made = 0;
+    if (write_tier && region.FindVgpu(vgpu_id.c_str(), &made) == RegionError::kOk && made == index) {
+      // Before our slot makes it "in use": a run of the same name joining meanwhile sees no user
+      // yet (and writes the same) or the whole policy, never a vGPU in use without it.
+      e = region.SetTierPolicy(index, true, swap_ms, disk_ms);
+      if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+      // Scale to zero after idle_zero: this process's zero keeper (below) checkpoints the tenant.
+      e = region.SetIdleZero(index, zero_ms);
+      if (e != RegionError::kOk) return Fail("cannot set --idle-zero on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
+    }
     if (region.AttachProcess(index, getpid(), &guard_slot) != RegionError::kOk) continue;
     uint32_t now = 0;
     guarded = region.FindVgpu(vgpu_id.c_str(), &now) == RegionError::kOk && now == index;
     if (!guarded) region.DetachProcess(guard_slot);  // the slot was reused for another vGPU
-  }
-  if (guarded && write_tier) {
-    resolve_tier_policy();
-    e = region.SetTierPolicy(index, true, swap_ms, disk_ms);
-    if (e != RegionError::kOk) return Fail("cannot enable tiering on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
-    // Scale to zero after idle_zero: this process's zero keeper (below) checkpoints the tenant.
-    e = region.SetIdleZero(index, zero_ms);
-    if (e != RegionError::kOk) return Fail("cannot set --idle-zero on vGPU '" + vgpu_id + "': " + limiter::RegionErrorName(e));
   }
 
   std::string ld = *inject;

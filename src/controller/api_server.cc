@@ -445,11 +445,16 @@ void ApiServer::Routes() {
       return;
     }
     if (res.status == 400 && res.body.empty()) {
-      // The HTTP library refused the request before any route saw it (most often a POST or PUT
-      // whose body has neither a Content-Length nor chunked encoding, as `curl -X POST` sends).
+      // The HTTP library refused the request before any route saw it: most often a POST or PUT
+      // whose body has neither a Content-Length nor chunked encoding (as `curl -X POST` sends);
+      // else a malformed request line or header, or a body it could not read.
       res.set_header("Connection", "close");
-      return ReplyError(res, InvalidArgument("the HTTP request could not be read: a POST, PUT or PATCH needs a "
-                                             "Content-Length header (send {} when there is nothing to send)"));
+      const bool unsized = (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+                           !req.has_header("Content-Length") && !req.has_header("Transfer-Encoding");
+      return ReplyError(res, InvalidArgument(unsized ? "the HTTP request could not be read: a POST, PUT or PATCH needs a "
+                                                       "Content-Length header (send {} when there is nothing to send)"
+                                                     : "the HTTP request could not be read (a malformed request line "
+                                                       "or header, or a body that could not be read)"));
     }
     if (res.status != 404 || !res.body.empty()) return;
     std::string allowed;  // the methods this path has, when it has any
@@ -749,7 +754,9 @@ void ApiServer::Routes() {
     if (!body.ok()) return ReplyError(res, body.status());
     if (Status st = OnlyKnownFields(*body,
                                     {"name", "pool", "tflops", "tflops_limit", "vram_mib", "gpu_count", "qos",
-                                     "idle_swap_ms", "idle_disk_ms", "idle_zero_ms"},
+                                     "idle_swap_ms", "idle_disk_ms", "idle_zero_ms",
+                                     // What GET answers besides, ignored: its output posts back as is.
+                                     "milli_tflops", "milli_tflops_limit"},
                                     "a workload");
         !st.ok())
       return ReplyError(res, st);

@@ -96,10 +96,10 @@ struct ClientOptions {
   std::string ca_file;                   // https:// URLs: HttpClient's ca_file
 };
 
-// Runs until SIGINT/SIGTERM (or RequestShutdown()).
 // A table cell as a terminal may show it: control characters and UTF-8 C1 controls become '?'.
 std::string PrintableCell(const std::string& cell);
 
+// Runs until SIGINT/SIGTERM (or RequestShutdown()).
 int RunController(const ControllerOptions& options);
 int RunHypervisor(const HypervisorOptions& options);
 int RunUp(const UpOptions& options);

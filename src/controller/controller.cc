@@ -678,10 +678,11 @@ Status Controller::DeletePool(const std::string& name) {
     // A workload or allocation naming a deleted pool could never be placed again.
     for (const auto& [n, w] : workloads_)
       if (w.value.pool == name)
-        return FailedPrecondition("pool '" + name + "' still has workload '" + n + "' (delete it first)");
+        return FailedPrecondition("pool '" + name + "' still has workload '" + n + "' (delete it first: DELETE /v1/workloads/" + n + ")");
     for (const auto& [id, a] : allocations_)
       if (a.value.pool == name)
-        return FailedPrecondition("pool '" + name + "' still has allocation '" + id + "' (release it first)");
+        return FailedPrecondition("pool '" + name + "' still has allocation '" + id +
+                                  "' (release it first: DELETE /v1/allocations/" + id + ")");
     StatusOr<int64_t> rev = CommitLocked({Compare::At(PoolKey(name), it->second.revision)},
                                          {Write::Delete(PoolKey(name))});
     if (!rev.ok()) return rev.status();

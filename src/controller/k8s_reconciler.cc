@@ -634,6 +634,14 @@ Status KubeReconciler::ReconcilePool(const Json& obj, const Objects& templates, 
       });
     }
     Status del = controller_->DeletePool(name);
+    if (del.code() == StatusCode::kFailedPrecondition) {
+      // An allocation placed in the pool since this pass's snapshot: wait for it as above.
+      for (const Allocation& a : controller_->ListAllocations()) {
+        if (a.pool != name) continue;
+        log_once("being deleted: waiting for allocation " + a.id + " in pool '" + name + "' to be released");
+        return Status::Ok();
+      }
+    }
     if (del.ok()) {
       log_once("deleted: pool removed from the controller, finalizer removed");
     } else if (del.code() == StatusCode::kNotFound) {

@@ -44,6 +44,7 @@ Status FromHttp(const StatusOr<controller::HttpResponse>& r, const std::string& 
   StatusCode code = r->status == 401   ? StatusCode::kUnauthenticated
                     : r->status == 404 ? StatusCode::kNotFound
                     : r->status == 400 ? StatusCode::kInvalidArgument
+                    : r->status == 403 ? StatusCode::kPermissionDenied
                     : r->status == 409 ? StatusCode::kFailedPrecondition
                                        : StatusCode::kUnavailable;
   return Status(code, what + ": HTTP " + std::to_string(r->status) + ": " + msg);

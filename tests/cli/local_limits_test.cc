@@ -224,8 +224,8 @@ TEST_F(LocalLimitsTest, ARunJoiningAVgpuInUseTakesItsLimitsAndCannotChangeThem) 
   EXPECT_EQ(SmiRow("shared_b").tier, "-") << "tiering stays off";
 }
 
-// A vGPU with tiering: a joiner without tier flags takes its policy (and does not switch tiering
-// off or rewrite its timeouts); one asking for other timeouts is refused.
+// A vGPU with tiering: a joiner without tier flags, or with the same ones, joins and leaves the
+// policy as it is (as before); one asking for other timeouts is refused (it rewrote them).
 TEST_F(LocalLimitsTest, ARunJoiningATieredVgpuInUseTakesItsTierPolicy) {
   Background(Run("--vram 1GiB --tiering --idle-swap 0 --vgpu tiered_b", "hold 1"), dir_ + "/first.log", "holding=1");
   ASSERT_EQ(SmiRow("tiered_b").tier, "resident") << Smi().out;
@@ -412,9 +412,6 @@ TEST_F(LocalLimitsTest, TheVgpuOfARunKilledOutrightGoesOnceItsCommandHasEnded) {
   EXPECT_EQ(left.out, "") << left.out;
 }
 
-// The same for a vGPU that several runs share by name (`--vgpu NAME`): it stays while any run of
-// that name or its command lives, and goes with its lock file once the last has ended, however
-// they ended.
 // The next run of a name whose runs were all killed outright, with no sweep between, starts on a
 // fresh vGPU: not on the dead runs' counters (launches, GPU time, throttling).
 TEST_F(LocalLimitsTest, ARunOfANameWhoseRunsWereAllKilledStartsAfresh) {
@@ -438,6 +435,9 @@ TEST_F(LocalLimitsTest, ARunOfANameWhoseRunsWereAllKilledStartsAfresh) {
   EXPECT_EQ(row.throttled, 0) << Smi().out;
 }
 
+// The same for a vGPU that several runs share by name (`--vgpu NAME`): it stays while any run of
+// that name or its command lives, and goes with its lock file once the last has ended, however
+// they ended.
 TEST_F(LocalLimitsTest, ANamedVgpuWhoseRunsWereAllKilledOutrightGoesWithTheirCommands) {
   const std::string lock = dir_ + "/session-locks-" + std::to_string(geteuid()) + "/vgpu-7465616d5f61.lock";  // "team_a"
   Background(Run("--vram 1GiB --vgpu team_a", "hold 1"), dir_ + "/first.log", "holding=1");

@@ -84,6 +84,16 @@ TEST_F(PoolCommandsTest, AnAgentWhoseRegistrationIsRefusedAsInvalidStops) {
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("node name 'bad<name>' may only hold [A-Za-z0-9._:-]"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("(retrying)"), std::string::npos) << r.out;
+  // A node token of another node: 403, as final.
+  tf::controller::HttpClient admin(url_, "tok");
+  auto made = admin.Post("/v1/tokens", R"({"role":"node","node":"other-node"})");
+  ASSERT_EQ(made->status, 201) << made->body;
+  const std::string other = nlohmann::json::parse(made->body)["token"];
+  r = Shell("env TFUSION_SHM_DIR='" + dir_ + "/shm' timeout 30 " + TF_TFUSION + " hypervisor --controller " + url_ +
+            " --token " + other + " --node this-node --metrics-port -1 --credential-file '" + dir_ + "/credential2'");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("HTTP 403"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("(retrying)"), std::string::npos) << r.out;
 }
 
 TEST_F(PoolCommandsTest, TopOncePrintsTheGpuTableAndExits) {

@@ -538,6 +538,10 @@ TEST_F(ApiServerTest, AWrongMethodIs405WithAllowAndAHugeBodyIs413) {
             "the HTTP request could not be read: a POST, PUT or PATCH needs a Content-Length header (send {} when "
             "there is nothing to send)")
       << answer;
+  // Any other request it cannot read is not blamed on a Content-Length.
+  std::tie(status, answer) = RawRequest(url_, "GET /v1/pools HTTP/1.1 trailing words\r\n", "");
+  EXPECT_EQ(status, 400) << answer;
+  EXPECT_NE(answer.find("a malformed request line or header"), std::string::npos) << answer;
 }
 
 // PATCH changes only what it names; PUT replaces (absent fields get their defaults).
@@ -780,7 +784,9 @@ TEST_F(ApiServerTest, PoolsWorkloadsAndUnknownRoutes) {
   // A pool a workload names stays until the workload goes: its allocations could never be placed.
   auto r = client_->Delete("/v1/pools/train");
   EXPECT_EQ(r->status, 409) << r->body;
-  EXPECT_NE(r->body.find("pool 'train' still has workload 'w' (delete it first)"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("pool 'train' still has workload 'w' (delete it first: DELETE /v1/workloads/w)"),
+            std::string::npos)
+      << r->body;
   EXPECT_EQ(client_->Get("/v1/pools/train")->status, 200);
   EXPECT_EQ(client_->Delete("/v1/workloads/w")->status, 200);
   EXPECT_EQ(client_->Delete("/v1/pools/train")->status, 200);
