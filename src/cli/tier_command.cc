@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -195,6 +196,11 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
     return zero.zero ? CheckpointVgpu(region, found->index, vgpu, zero) : 0;
   }
   if (!freeze && RestoreVgpu(region, found->index, zero) != 0) return 1;
+  // Each process's completed swap-outs before the request (slot -> pid, count): a busy process
+  // swaps out and, at its next GPU call, straight back in, which is no failure.
+  std::map<uint32_t, std::pair<int32_t, uint32_t>> swaps_before;
+  for (uint32_t i = 0; i < snap->process_count; ++i)
+    swaps_before[snap->processes[i].slot] = {snap->processes[i].pid, snap->processes[i].swaps_out};
   uint32_t gen = 0;
   RegionError e = freeze ? region.RequestFreeze(found->index, &gen) : region.RequestThaw(found->index, &gen);
   if (e != RegionError::kOk) {
@@ -247,7 +253,14 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
                         p.movable_bytes == 0)
                      : p.tier_state == limiter::kTierResident;
     double ms = (freeze ? p.last_out_us : p.last_in_us) / 1000.0;
-    if (ok) {
+    const auto before = swaps_before.find(p.slot);
+    const bool swapped_and_back = freeze && !ok && p.tier_last_error == 0 && before != swaps_before.end() &&
+                                  before->second.first == p.pid && p.swaps_out != before->second.second;
+    if (swapped_and_back) {
+      std::printf("process %d: swapped out in %.1f ms, then back in VRAM: its GPU calls needed it (a busy process "
+                  "does not stay swapped out); %s movable\n",
+                  p.pid, ms, FormatBytes(p.movable_bytes).c_str());
+    } else if (ok) {
       std::printf("process %d: %s, %s movable (%s in host memory), %s fixed; last %s %.1f ms\n", p.pid,
                   TierStateName(p.tier_state), FormatBytes(p.movable_bytes).c_str(), FormatBytes(p.host_bytes).c_str(),
                   FormatBytes(p.fixed_bytes).c_str(), freeze ? "swap-out" : "swap-in", ms);

@@ -220,6 +220,30 @@ int Launch(double seconds, unsigned kernel_us, unsigned gap_us) {
 }
 
 // Launches n no-op kernels back to back (for instruction counts of the launch path).
+// A busy tenant: writes a new pattern into `mib` of device memory and reads it back, over and
+// over for `seconds` (a freeze meanwhile swaps it out, and its next copy straight back in);
+// prints "busy_ready" once started, then the rounds and the bytes that did not come back.
+int Busy(size_t mib, double seconds) {
+  Setup();
+  const size_t bytes = mib << 20;
+  CUdeviceptr d;
+  CHECK(cuMemAlloc(&d, bytes));
+  std::vector<unsigned char> out(bytes), back(bytes);
+  std::printf("busy_ready=1\n");
+  std::fflush(stdout);
+  long rounds = 0, mismatches = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    for (size_t i = 0; i < bytes; i += 4096) out[i] = static_cast<unsigned char>(rounds + i / 4096);
+    CHECK(cuMemcpyHtoD(d, out.data(), bytes));
+    CHECK(cuMemcpyDtoH(back.data(), d, bytes));
+    for (size_t i = 0; i < bytes; i += 4096) mismatches += back[i] != out[i];
+    ++rounds;
+  }
+  std::printf("busy_rounds=%ld\nbusy_mismatches=%ld\n", rounds, mismatches);
+  return 0;
+}
+
 int LaunchLoop(long n) {
   Setup();
   CUmodule mod;
@@ -1080,6 +1104,7 @@ int main(int argc, char** argv) {
     return Launch(std::atof(argv[2]), argc > 3 ? std::atoi(argv[3]) : 2000, argc > 4 ? std::atoi(argv[4]) : 0);
   }
   if (cmd == "launchloop" && argc > 2) return LaunchLoop(std::atol(argv[2]));
+  if (cmd == "busy" && argc > 3) return Busy(std::strtoull(argv[2], nullptr, 10), std::atof(argv[3]));
   if (cmd == "tier" && argc > 2) return Tier(argv[2]);
   if (cmd == "tierfault" && argc > 3) return TierFault(argv[2], argv[3], argc > 4 ? std::atoi(argv[4]) : 0);
   if (cmd == "zero" && argc > 2) return Zero(argv[2], argc > 3 ? argv[3] : "pool");

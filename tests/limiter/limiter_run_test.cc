@@ -314,6 +314,34 @@ TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
   EXPECT_NE(out.out.find("freed=1"), std::string::npos) << out.out;
 }
 
+// A freeze of a busy tenant swaps it out, and its next copy brings it straight back: the freeze
+// did what it was asked and says so (it said "FAILED (CUDA error 0)" and exited 1); the tenant's
+// bytes all come back.
+TEST_F(TieringTest, AFreezeOfABusyTenantSaysItSwappedOutAndCameBack) {
+  pid_t pid = StartProbe(Tfusion("--vram 1GiB --vgpu busy --tiering --idle-swap 0", "busy 16 4") + " > " + dir_ +
+                         "/tenant.out 2>&1");
+  bool started = false;
+  for (int i = 0; i < 200 && !started; ++i) {
+    started = Run("cat " + dir_ + "/tenant.out").out.find("busy_ready=1") != std::string::npos;
+    if (!started) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_TRUE(started) << Run("cat " + dir_ + "/tenant.out").out;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int came_back = 0;
+  for (int i = 0, done = 0; i < 30 && done < 3; ++i) {
+    Result frozen = Tf("freeze busy");
+    if (frozen.out.find("try again when it is done") != std::string::npos) continue;  // caught mid-swap
+    ++done;
+    EXPECT_EQ(frozen.rc, 0) << frozen.out;
+    EXPECT_EQ(frozen.out.find("FAILED"), std::string::npos) << frozen.out;
+    came_back += frozen.out.find("then back in VRAM: its GPU calls needed it") != std::string::npos;
+  }
+  EXPECT_GT(came_back, 0) << "the tenant's copies never brought it back between a swap-out and the report";
+  EXPECT_EQ(Finish(pid), 0);
+  const std::string out = Run("cat " + dir_ + "/tenant.out").out;
+  EXPECT_NE(out.find("busy_mismatches=0"), std::string::npos) << out;
+}
+
 TEST_F(TieringTest, KeptHostCopiesAreFreedWhenAnotherTenantNeedsTheBudget) {
   // Room in the host tier for one tenant's 200 MiB, not two.
   env_ += "TFUSION_HOST_TIER_BUDGET=300MiB ";
