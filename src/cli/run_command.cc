@@ -822,7 +822,8 @@ int SmiCommand(bool all_processes, double sample_seconds) {
       for (uint32_t k = 0; k < snap.process_count; ++k) {
         const auto& p = snap.processes[k];
         if (p.vgpu_index != v.index || p.tier_state == limiter::kTierOff) continue;
-        swapped += p.host_bytes;
+        // Out of VRAM: in host memory, or all of it on the disk tier (its host copies let go).
+        swapped += p.tier_state == limiter::kTierOnDisk ? std::max(p.movable_bytes, p.host_bytes) : p.host_bytes;
         tier_state = tier_state < 0 || tier_state == static_cast<int>(p.tier_state) ? static_cast<int>(p.tier_state) : 99;
       }
       const char* tier = !v.tier_enabled ? "-" : tier_state < 0 ? "resident" : tier_state == 99 ? "mixed"
