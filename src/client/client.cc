@@ -428,14 +428,30 @@ CUresult FetchSessionInfo(Session* s) {
     d.attrs.resize(n);
     for (auto& v : d.attrs) rd.I32(&v);
   }
+  // A refusal of our limits says why, where the worker sends it (kFeatureRefusalReason).
+  std::string refusal;
+  if (init_result == CUDA_ERROR_INVALID_VALUE && count == 0 &&
+      (s->transport->session().features & transport::kFeatureRefusalReason) != 0 && rd.remaining() > 0) {
+    const uint8_t* why = nullptr;
+    uint32_t why_len = 0;
+    if (rd.Blob(&why, &why_len, transport::kMaxRefusalReasonBytes) && why != nullptr) {
+      for (uint32_t i = 0; i < why_len; ++i)  // the worker's text: printable only
+        refusal.push_back(why[i] >= 0x20 && why[i] < 0x7f ? static_cast<char>(why[i]) : '?');
+    }
+  }
   if (!rd.Finish()) {
     return LoseConnection(s, TransportStatus::Error(transport::TransportErrc::kProtocol, 0,
                                                     "malformed session info"));
   }
   AdjustRemoteAttributes(s);
   if (asked && init_result == CUDA_ERROR_INVALID_VALUE) {
-    ClientLog("the worker refused the vGPU this client asked for (--vram/--tflops/--percent/--gpu); "
-              "its log says why");
+    s->limits_refused = true;
+    if (!refusal.empty()) {
+      ClientLog("the worker refused the vGPU this client asked for: %s", refusal.c_str());
+    } else {
+      ClientLog("the worker refused the vGPU this client asked for (--vram/--tflops/--percent/--gpu); "
+                "its log says why");
+    }
     if (asked_v3) {
       ClientLog("(a worker whose log says 'unknown limits record' is older than this client and takes no "
                 "--tflops-limit, --percent-limit or --qos)");
@@ -523,7 +539,7 @@ CUresult ConnectLocked() {
                !MirrorsDisabled();
   CUresult r = FetchSessionInfo(s);
   if (r != CUDA_SUCCESS) {
-    if (s->sticky == CUDA_SUCCESS) ClientLog("the worker's driver failed cuInit with error %d", r);
+    if (s->sticky == CUDA_SUCCESS && !s->limits_refused) ClientLog("the worker's driver failed cuInit with error %d", r);
     s->transport->Close();
     delete s;
     return r;

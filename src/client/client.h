@@ -75,6 +75,7 @@ struct Session {
   CUresult sticky = CUDA_SUCCESS;   // a sticky CUDA error or the lost connection
   uint64_t worker_ctx = ~0ull;      // the context the session was last told to use; ~0 unknown
   int driver_version = 0;
+  bool limits_refused = false;      // the worker refused the vGPU limits asked for (said so already)
   std::vector<DeviceInfo> devices;
   std::unordered_set<uint64_t> images_sent;  // by hash_lo ^ rotated hash_hi
   std::unordered_map<uint64_t, FunctionInfo> functions;

@@ -32,9 +32,14 @@ inline constexpr uint64_t kFeatureHostRegions = 1ull << 2;
 inline constexpr uint64_t kFeatureMirrors = 1ull << 3;
 // The server accepts the managed-memory bit in host-region map messages (docs/remote.md).
 inline constexpr uint64_t kFeatureManagedRegions = 1ull << 4;
+// A refused session-info reply (the client's vGPU limits refused) carries the reason after its
+// empty device list (docs/remote.md), for the client to print.
+inline constexpr uint64_t kFeatureRefusalReason = 1ull << 5;
 inline constexpr uint64_t kKnownFeatures = kFeatureDeferredErrors | kFeatureBulkArena |
                                            kFeatureHostRegions | kFeatureMirrors |
-                                           kFeatureManagedRegions;
+                                           kFeatureManagedRegions | kFeatureRefusalReason;
+// The longest refusal reason sent.
+inline constexpr uint32_t kMaxRefusalReasonBytes = 512;
 
 // What a client holds to open a session: the worker's token, or a session ticket minted from it
 // ("tkt1.<expiry>.<nonce>.<mac>", src/worker/session_ticket.h). Neither crosses the wire: the

@@ -2547,6 +2547,10 @@ int Session::Run() {
           fail.I32(refused.empty() ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_INVALID_VALUE);
           fail.I32(0);
           fail.U32(0);
+          if (!refused.empty() && (t_->session().features & transport::kFeatureRefusalReason) != 0) {
+            fail.Blob(refused.data(), static_cast<uint32_t>(
+                                          std::min<size_t>(refused.size(), transport::kMaxRefusalReasonBytes)));
+          }
           OutFrame f;
           f.opcode = static_cast<uint16_t>(transport::Opcode::kCallReply);
           f.sequence = in.header.sequence;

@@ -285,6 +285,12 @@ TEST_F(RemoteLimits, ALimitTheWorkerCannotGiveIsRefusedWithAReason) {
   EXPECT_NE(big.out.find("the worker refused the vGPU"), std::string::npos) << big.out;
   EXPECT_NE(ReadFile(dir_ + "/worker.log").find("--tflops-limit 100000: GPU 0"), std::string::npos)
       << ReadFile(dir_ + "/worker.log");
+  // The client is told why too (its user may not read the GPU host's log), and not that the
+  // worker's driver failed.
+  EXPECT_NE(big.out.find("the worker refused the vGPU this client asked for: --tflops-limit 100000: GPU 0"),
+            std::string::npos)
+      << big.out;
+  EXPECT_EQ(big.out.find("failed cuInit"), std::string::npos) << big.out;
   for (auto [flags, says] : {std::pair{"--percent 40 --percent-limit 30", "is below the request --percent 40"},
                              std::pair{"--percent 40 --qos urgent", "--qos: qos must be one of"},
                              std::pair{"--percent-limit 50", "needs a request"}}) {
