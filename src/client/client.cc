@@ -514,10 +514,15 @@ CUresult ConnectLocked() {
                            : transport::ConnectTcp(remote, hello, opt, &t);
   if (!ts.ok()) {
     if (ts.code() == transport::TransportErrc::kRefused) {
-      ClientLog("the worker at %s refused this client: %s", remote, ts.message());
-      return ts.refusal_reason() == static_cast<uint16_t>(transport::RefusalReason::kBadToken)
-                 ? CUDA_ERROR_NOT_PERMITTED
-                 : CUDA_ERROR_NO_DEVICE;
+      const bool bad_token = ts.refusal_reason() == static_cast<uint16_t>(transport::RefusalReason::kBadToken);
+      if (bad_token && (token == nullptr || *token == '\0')) {
+        // Not a wrong token: none was given, and this worker takes one.
+        ClientLog("the worker at %s wants a token and this client has none (tfusion run --token T, or "
+                  "TFUSION_TOKEN)", remote);
+      } else {
+        ClientLog("the worker at %s refused this client: %s", remote, ts.message());
+      }
+      return bad_token ? CUDA_ERROR_NOT_PERMITTED : CUDA_ERROR_NO_DEVICE;
     }
     ClientLog("cannot connect to the worker at %s: %s: %s", remote,
               transport::TransportErrcName(ts.code()), ts.message());

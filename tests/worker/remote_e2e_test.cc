@@ -183,6 +183,10 @@ TEST_F(RemoteTest, AWrongTokenIsRefusedAtCuInitWithAClearMessage) {
   EXPECT_EQ(r.kv["init"], "800") << "CUDA_ERROR_NOT_PERMITTED expected\n" << r.out;
   EXPECT_NE(r.out.find("refused this client"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bad_token"), std::string::npos) << r.out;
+  // No token at all is not called a wrong one.
+  Result none = Remote(tcp_, "init", "");
+  EXPECT_EQ(none.kv["init"], "800") << none.out;
+  EXPECT_NE(none.out.find("wants a token and this client has none"), std::string::npos) << none.out;
   Result ok = Remote(tcp_, "init");
   EXPECT_EQ(ok.kv["init"], "0") << "the worker keeps serving after a refusal\n" << ok.out;
 }
