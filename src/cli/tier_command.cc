@@ -195,6 +195,16 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
     }
     return zero.zero ? CheckpointVgpu(region, found->index, vgpu, zero) : 0;
   }
+  int resident = 0;
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    resident += p.vgpu_index == found->index && p.tier_state == limiter::kTierResident &&
+                p.zero_state == limiter::kZeroNone;
+  }
+  if (!freeze && tiered != 0 && resident == tiered) {
+    std::printf("vGPU '%s' is already resident: nothing changed\n", vgpu.c_str());
+    return 0;
+  }
   if (!freeze && RestoreVgpu(region, found->index, zero) != 0) return 1;
   // Each process's completed swap-outs before the request (slot -> pid, count): a busy process
   // swaps out and, at its next GPU call, straight back in, which is no failure.

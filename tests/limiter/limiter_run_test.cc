@@ -342,6 +342,15 @@ TEST_F(TieringTest, AFreezeOfABusyTenantSaysItSwappedOutAndCameBack) {
   EXPECT_NE(out.find("busy_mismatches=0"), std::string::npos) << out;
 }
 
+TEST_F(TieringTest, AThawOfAResidentVgpuSaysNothingChanged) {
+  pid_t pid = StartTenant("--vram 1GiB --vgpu warm --tiering --idle-swap 0");
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  Result thawed = Tf("thaw warm");
+  EXPECT_EQ(thawed.rc, 0) << thawed.out;
+  EXPECT_NE(thawed.out.find("vGPU 'warm' is already resident: nothing changed"), std::string::npos) << thawed.out;
+  ResumeToTheEndIntact(pid);
+}
+
 TEST_F(TieringTest, KeptHostCopiesAreFreedWhenAnotherTenantNeedsTheBudget) {
   // Room in the host tier for one tenant's 200 MiB, not two.
   env_ += "TFUSION_HOST_TIER_BUDGET=300MiB ";
