@@ -121,12 +121,12 @@ int main(int argc, char** argv) {
   auto* freeze_cmd = app.add_subcommand("freeze", "swap a local vGPU's VRAM out to host memory");
   freeze_cmd->add_option("vgpu", freeze_vgpu, "vGPU name (tfusion smi)")->required();
   freeze_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(CLI::Number)->check(CLI::Range(0.1, 86400.0));
   freeze_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
   auto* thaw_cmd = app.add_subcommand("thaw", "bring a frozen local vGPU's VRAM back to the GPU");
   thaw_cmd->add_option("vgpu", thaw_vgpu, "vGPU name (tfusion smi)")->required();
   thaw_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
-      ->check(CLI::Range(0.1, 86400.0));
+      ->check(CLI::Number)->check(CLI::Range(0.1, 86400.0));
   thaw_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
   tf::cli::ZeroOptions freeze_zero;
   freeze_cmd->add_flag("--zero", freeze_zero.zero,
@@ -163,12 +163,12 @@ int main(int argc, char** argv) {
   worker_cmd->add_option("--spin-us", worker_spin_us,
                          "microseconds a session waits awake for its client's next call before "
                          "sleeping (0-10000; more costs CPU, less adds a wake-up per call)")
-      ->check(CLI::Range(0, 10000))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(0, 10000))->capture_default_str();
   int worker_spin_sessions = -1;
   worker_cmd->add_option("--spin-sessions", worker_spin_sessions,
                          "sessions spin (--spin-us) only while at most this many are live "
                          "(0-4096; default a quarter of this machine's cores, at least 1)")
-      ->check(CLI::Range(0, 4096));
+      ->check(CLI::Number)->check(CLI::Range(0, 4096));
   std::string worker_host_mem;
   worker_cmd->add_option("--session-host-mem", worker_host_mem,
                          "host memory each session may pin for its client: page-locked and mapped "
@@ -203,10 +203,10 @@ int main(int argc, char** argv) {
                      "tfusion; power loss may lose about the last second)")->capture_default_str();
   up_cmd->add_option("--stop-grace", up.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
-      ->check(CLI::Range(0, 3600))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(0, 3600))->capture_default_str();
   up_cmd->add_option("--history-interval", up.history_interval_seconds,
                      "seconds between two samples of the usage history (console charts; kept 1 h)")
-      ->check(CLI::Range(1, 60))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(1, 60))->capture_default_str();
   up_cmd->add_flag("--tls", up.tls,
                    "serve HTTPS with a CA and server certificate made in the state folder (tls/ca.pem is "
                    "what clients pass as --ca-file)");
@@ -240,10 +240,10 @@ int main(int argc, char** argv) {
   ctl_cmd->add_option("--leader-ttl", ctl.leader_ttl_seconds,
                       "seconds the leader's etcd lease lives without renewal: a standby takes over about this "
                       "long after the leader dies (renewed every third of it)")
-      ->check(CLI::Range(2, 60))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(2, 60))->capture_default_str();
   ctl_cmd->add_option("--history-interval", ctl.history_interval_seconds,
                       "seconds between two samples of the usage history (console charts; kept 1 h)")
-      ->check(CLI::Range(1, 60))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(1, 60))->capture_default_str();
   AddServerTlsFlags(ctl_cmd, &ctl.tls_cert, &ctl.tls_key, &ctl.insecure_listen);
   ctl_cmd->add_option("--kube-api", ctl.kube_api,
                       "reconcile tensor-fusion.ai objects with this Kubernetes API server: https://HOST:PORT, "
@@ -254,7 +254,7 @@ int main(int argc, char** argv) {
                       "CA bundle that verifies --kube-api (default: the pod's service-account ca.crt)");
   ctl_cmd->add_option("--kube-resync", ctl.kube_resync_seconds,
                       "seconds between two status refreshes when no object changes")
-      ->check(CLI::Range(1, 3600))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(1, 3600))->capture_default_str();
 
   tf::controller::HypervisorOptions hv;
   auto* hv_cmd = app.add_subcommand("hypervisor", "run the node agent of this machine");
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
                      "HOST:PORT of this node's tfusion worker: commands placed here from other machines run through it");
   hv_cmd->add_option("--stop-grace", hv.stop_grace_seconds,
                      "seconds between SIGTERM and SIGKILL for processes of a preempted vGPU")
-      ->check(CLI::Range(0, 3600))->capture_default_str();
+      ->check(CLI::Number)->check(CLI::Range(0, 3600))->capture_default_str();
   hv_cmd->add_option("--mps-pipe-dir", hv.mps_pipe_dir,
                      "pipe directory of the MPS daemon an operator runs: tenants started here run under it")
       ->envname("TFUSION_MPS_PIPE_DIRECTORY");
