@@ -151,8 +151,8 @@ int main(int argc, char** argv) {
                        "every session gets a vGPU with movable VRAM (tfusion freeze remote-PID; idle sessions "
                        "are swapped out to host memory)");
   worker_cmd->add_option("--idle-swap", worker_idle_swap,
-                         "with --tiering: swap a session out after this long without GPU calls (default: by "
-                         "QoS, medium 60s; 0 = never)");
+                         "swap a session out after this long without GPU calls (implies --tiering; default: "
+                         "by QoS, medium 60s; 0 = never)");
   std::string worker_idle_zero;
   worker_cmd->add_option("--idle-zero", worker_idle_zero,
                          "with --tiering: checkpoint a swapped session with the driver after this long "
