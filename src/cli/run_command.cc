@@ -728,6 +728,20 @@ void RemoveVgpuEverywhere(const std::string& vgpu_id) {
 
 namespace {
 
+// True when `pid` runs this very program (a `tfusion run` holding its vGPU's slot, as smi is
+// `tfusion` too); false when it cannot be told (another user's process under hidepid).
+bool IsRunWrapper(int32_t pid) {
+  static const struct stat self = [] {
+    struct stat st {};
+    stat("/proc/self/exe", &st);
+    return st;
+  }();
+  struct stat st {};
+  const std::string exe = "/proc/" + std::to_string(pid) + "/exe";
+  return pid > 0 && self.st_ino != 0 && stat(exe.c_str(), &st) == 0 && st.st_ino == self.st_ino &&
+         st.st_dev == self.st_dev;
+}
+
 // "25.0%", "100%".
 std::string Percent(double ppm) {
   char buf[24];
@@ -828,11 +842,16 @@ int SmiCommand(bool all_processes, double sample_seconds) {
       }
       const char* tier = !v.tier_enabled ? "-" : tier_state < 0 ? "resident" : tier_state == 99 ? "mixed"
                                                                    : TierStateText(static_cast<uint32_t>(tier_state));
+      // The `tfusion run` that holds a slot of its vGPU while its command runs is not one of the
+      // vGPU's programs: PROCS counts those only.
+      uint32_t programs = v.process_count;
+      for (uint32_t k = 0; k < snap.process_count; ++k)
+        if (snap.processes[k].vgpu_index == v.index && programs > 0 && IsRunWrapper(snap.processes[k].pid)) --programs;
       std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %9.3f %10llu %5llu %-9s %10s\n", v.id,
                   hypervisor::QosLabel(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
                   Percent(static_cast<double>(v.compute_share_ppm)).c_str(),
                   Percent(static_cast<double>(std::max(v.compute_limit_ppm, v.compute_share_ppm))).c_str(), use_text,
-                  v.process_count, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9, v.held_turn_ns_total / 1e9,
+                  programs, v.busy_ns_total / 1e9, v.throttled_ns_total / 1e9, v.held_turn_ns_total / 1e9,
                   static_cast<unsigned long long>(v.launches_total), static_cast<unsigned long long>(v.oom_total),
                   tier, v.tier_enabled ? FormatBytes(swapped).c_str() : "-");
     }

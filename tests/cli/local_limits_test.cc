@@ -224,6 +224,20 @@ TEST_F(LocalLimitsTest, ARunJoiningAVgpuInUseTakesItsLimitsAndCannotChangeThem) 
   EXPECT_EQ(SmiRow("shared_b").tier, "-") << "tiering stays off";
 }
 
+// PROCS counts a vGPU's programs, not the `tfusion run` that holds its slot while its command runs.
+TEST_F(LocalLimitsTest, SmiCountsTheProgramsOfAVgpuNotTheRunsHoldingIt) {
+  auto procs = [&]() -> int {
+    std::smatch m;
+    const std::string out = Smi().out;
+    if (!std::regex_search(out, m, std::regex(R"(procs_a +\S+ +\S+ \S+ +\S+ \S+ +\S+ +\S+ +\S+ +(\d+) )"))) return -1;
+    return std::stoi(m.str(1));
+  };
+  Background(Run("--vram 1GiB --vgpu procs_a", "hold 1"), dir_ + "/first.log", "holding=1");
+  EXPECT_EQ(procs(), 1) << Smi().out;
+  Background(Run("--vgpu procs_a", "hold 1"), dir_ + "/second.log", "holding=1");
+  EXPECT_EQ(procs(), 2) << Smi().out;
+}
+
 // A vGPU with tiering: a joiner without tier flags, or with the same ones, joins and leaves the
 // policy as it is (as before); one asking for other timeouts is refused (it rewrote them).
 TEST_F(LocalLimitsTest, ARunJoiningATieredVgpuInUseTakesItsTierPolicy) {
