@@ -271,6 +271,12 @@ int RunCommand(const RunOptions& o) {
   if (o.command.empty()) return Fail("no command given (usage: tfusion run [flags] -- CMD ARGS)");
   // Checked before anything is made (the region folder, the GPU list).
   if (o.vgpu.size() >= limiter::kVgpuIdBytes) return Fail("--vgpu: the name is longer than 63 characters");
+  // Names are shown in tables, logs and metrics labels, and name lock files: plain ASCII only.
+  for (char c : o.vgpu) {
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-')
+      continue;
+    return Fail("--vgpu: a vGPU name may hold only letters, digits, '.', '_' and '-'");
+  }
   if (o.vgpu.rfind("a-", 0) == 0) {
     return Fail("--vgpu " + o.vgpu + ": names starting with a- are the pool's allocations, which the node agent "
                 "makes and removes: choose another name");
@@ -768,14 +774,22 @@ double UsePpm(const limiter::RegionSnapshot& before, const limiter::RegionSnapsh
 // `tfusion smi -p`: the idle timeouts each tiered vGPU's processes follow (its allocation's
 // overrides or the QoS defaults, as the region holds them); IDLE ZERO is carried out by the
 // vGPU's zero keeper (tfusion run, the node agent).
+// The VGPU column: 24 characters, wider for a longer name (up to 63), so the columns stay aligned.
+int VgpuColumnWidth(const limiter::RegionSnapshot& snap) {
+  size_t w = 24;
+  for (uint32_t i = 0; i < snap.vgpu_count; ++i) w = std::max(w, strnlen(snap.vgpus[i].id, limiter::kVgpuIdBytes));
+  return static_cast<int>(w);
+}
+
 void PrintTierIdlePolicy(const limiter::RegionSnapshot& snap) {
+  const int w = VgpuColumnWidth(snap);
   bool header = false;
   for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
     const auto& v = snap.vgpus[i];
     if (!v.tier_enabled) continue;
-    if (!header) std::printf("  %-24s %-10s %-10s %s\n", "VGPU", "IDLE SWAP", "IDLE DISK", "IDLE ZERO");
+    if (!header) std::printf("  %-*s %-10s %-10s %s\n", w, "VGPU", "IDLE SWAP", "IDLE DISK", "IDLE ZERO");
     header = true;
-    std::printf("  %-24s %-10s %-10s %s\n", v.id, controller::TierIdleText(static_cast<int64_t>(v.idle_swap_ms)).c_str(),
+    std::printf("  %-*s %-10s %-10s %s\n", w, v.id, controller::TierIdleText(static_cast<int64_t>(v.idle_swap_ms)).c_str(),
                 controller::TierIdleText(static_cast<int64_t>(v.idle_disk_ms)).c_str(),
                 controller::TierIdleText(static_cast<int64_t>(v.idle_zero_ms)).c_str());
   }
@@ -818,10 +832,11 @@ int SmiCommand(bool all_processes, double sample_seconds) {
     s.region.Snapshot(s.after.get());
     hypervisor::MakePrintable(s.after.get());  // ids and names a tenant wrote: no terminal escapes
     const limiter::RegionSnapshot& snap = *s.after;
+    const int w = VgpuColumnWidth(snap);
     std::printf("GPU %s  %s  %s VRAM  %.1f TFLOPS  host tier %s of %s\n", snap.gpu_uuid, snap.gpu_name,
                 FormatBytes(snap.total_vram_bytes).c_str(), snap.capacity_mtflops / 1000.0,
                 FormatBytes(snap.host_tier_used_bytes).c_str(), FormatBytes(snap.host_tier_budget_bytes).c_str());
-    std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %9s %10s %5s %-9s %10s\n", "VGPU", "QOS",
+    std::printf("  %-*s %-8s %12s %12s %8s %8s %6s %6s %12s %12s %9s %10s %5s %-9s %10s\n", w, "VGPU", "QOS",
                 "VRAM USED", "VRAM LIMIT", "REQUEST", "LIMIT", "USE", "PROCS", "GPU BUSY s", "THROTTLED s",
                 "TURNS s", "LAUNCHES", "OOMS", "TIER", "SWAPPED");
     for (uint32_t i = 0; i < snap.vgpu_count; ++i) {
@@ -847,7 +862,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
       uint32_t programs = v.process_count;
       for (uint32_t k = 0; k < snap.process_count; ++k)
         if (snap.processes[k].vgpu_index == v.index && programs > 0 && IsRunWrapper(snap.processes[k].pid)) --programs;
-      std::printf("  %-24s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %9.3f %10llu %5llu %-9s %10s\n", v.id,
+      std::printf("  %-*s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %9.3f %10llu %5llu %-9s %10s\n", w, v.id,
                   hypervisor::QosLabel(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
                   Percent(static_cast<double>(v.compute_share_ppm)).c_str(),
                   Percent(static_cast<double>(std::max(v.compute_limit_ppm, v.compute_share_ppm))).c_str(), use_text,
@@ -856,7 +871,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
                   tier, v.tier_enabled ? FormatBytes(swapped).c_str() : "-");
     }
     if (all_processes) {
-      std::printf("  %-8s %-24s %12s %12s %-12s %12s %12s %8s\n", "PID", "VGPU", "VRAM", "THROTTLED s", "TIER",
+      std::printf("  %-8s %-*s %12s %12s %-12s %12s %12s %8s\n", "PID", w, "VGPU", "VRAM", "THROTTLED s", "TIER",
                   "IN HOST", "FIXED", "IDLE s");
       for (uint32_t i = 0; i < snap.process_count; ++i) {
         const auto& p = snap.processes[i];
@@ -869,7 +884,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
           std::snprintf(idle, sizeof(idle), "%.1f", (snap.snapshot_ns - p.last_active_ns) / 1e9);
         }
         const bool tiered = p.tier_state != limiter::kTierOff;
-        std::printf("  %-8d %-24s %12s %12.3f %-12s %12s %12s %8s\n", p.pid, id, FormatBytes(p.vram_bytes).c_str(),
+        std::printf("  %-8d %-*s %12s %12.3f %-12s %12s %12s %8s\n", p.pid, w, id, FormatBytes(p.vram_bytes).c_str(),
                     p.throttled_ns / 1e9, TierStateText(p.tier_state), tiered ? FormatBytes(p.host_bytes).c_str() : "-",
                     tiered ? FormatBytes(p.fixed_bytes).c_str() : "-", tiered ? idle : "-");
       }

@@ -224,6 +224,25 @@ TEST_F(LocalLimitsTest, ARunJoiningAVgpuInUseTakesItsLimitsAndCannotChangeThem) 
   EXPECT_EQ(SmiRow("shared_b").tier, "-") << "tiering stays off";
 }
 
+// vGPU names are plain ASCII (they name lock files and fill tables, logs and metric labels), and
+// a long one widens smi's VGPU column instead of pushing its row out of line.
+TEST_F(LocalLimitsTest, VgpuNamesArePlainAndALongOneKeepsSmisColumnsAligned) {
+  for (const char* bad : {"caf\xc3\xa9", "two words", "a/b", "tab\tname"}) {
+    Result r = Shell(Run("--vgpu '" + std::string(bad) + "'", "alloc"));
+    EXPECT_EQ(r.rc, 2) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find("a vGPU name may hold only letters, digits, '.', '_' and '-'"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("allocated_mib"), std::string::npos) << "the command must not run\n" << r.out;
+  }
+  const std::string long_name = "a_rather_long_vgpu_name_for_the_team_x_2026";  // 43 characters
+  Background(Run("--vram 1GiB --vgpu " + long_name, "hold 1"), dir_ + "/long.log", "holding=1");
+  const std::string out = Smi().out;
+  const size_t header = out.find("  VGPU"), row = out.find("  " + long_name);
+  ASSERT_NE(header, std::string::npos) << out;
+  ASSERT_NE(row, std::string::npos) << out;
+  const size_t qos_column = out.find("QOS", header) - header;
+  EXPECT_EQ(out.find("medium", row) - row, qos_column) << out;
+}
+
 // PROCS counts a vGPU's programs, not the `tfusion run` that holds its slot while its command runs.
 TEST_F(LocalLimitsTest, SmiCountsTheProgramsOfAVgpuNotTheRunsHoldingIt) {
   auto procs = [&]() -> int {
