@@ -852,7 +852,9 @@ int SmiCommand(bool all_processes, double sample_seconds) {
         const auto& p = snap.processes[k];
         if (p.vgpu_index != v.index || p.tier_state == limiter::kTierOff) continue;
         // Out of VRAM: in host memory, or all of it on the disk tier (its host copies let go).
-        swapped += p.tier_state == limiter::kTierOnDisk ? std::max(p.movable_bytes, p.host_bytes) : p.host_bytes;
+        swapped += p.tier_state == limiter::kTierOnDisk || p.tier_state == limiter::kTierCheckpointed
+                       ? std::max(p.movable_bytes, p.host_bytes)
+                       : p.host_bytes;
         tier_state = tier_state < 0 || tier_state == static_cast<int>(p.tier_state) ? static_cast<int>(p.tier_state) : 99;
       }
       const char* tier = !v.tier_enabled ? "-" : tier_state < 0 ? "resident" : tier_state == 99 ? "mixed"

@@ -68,7 +68,23 @@ int CheckpointVgpu(GpuRegion& region, uint32_t index, const std::string& vgpu, c
   for (uint32_t i = 0; i < snap->process_count; ++i) {
     const auto& p = snap->processes[i];
     if (p.vgpu_index != index || p.tier_state == limiter::kTierOff || p.zero_state == limiter::kZeroCheckpointed) continue;
-    if (p.tier_state != limiter::kTierSwapped && p.tier_state != limiter::kTierOnDisk) continue;
+    if (p.zero_state != limiter::kZeroNone) {
+      // Mid-way: a checkpoint or restore killed outright left it (put back first), or one works on it.
+      const int e = hypervisor::RecoverFromGoneActor(region, p.slot, driver->get());
+      if (e < 0) {
+        std::printf("process %d: a checkpoint or restore is under way; left to it\n", p.pid);
+        continue;
+      }
+      std::printf("process %d: a checkpoint or restore killed mid-way had left it; put back%s\n", p.pid,
+                  e == 0 ? "" : (" FAILED (CUDA error " + std::to_string(e) + ")").c_str());
+      if (e != 0) {
+        rc = 1;
+        continue;
+      }
+      // Back to swapped and running: checkpointed below like any other.
+    } else if (p.tier_state != limiter::kTierSwapped && p.tier_state != limiter::kTierOnDisk) {
+      continue;
+    }
     hypervisor::CheckpointOutcome o = hypervisor::CheckpointProcess(region, p.slot, **driver);
     if (o.ok) {
       std::printf("process %d: checkpointed, %s fixed left the GPU with its context; park %.1f ms, checkpoint %.1f ms\n",
@@ -260,7 +276,7 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
     if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
     ++shown;
     bool ok = freeze ? (p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk ||
-                        p.movable_bytes == 0)
+                        p.tier_state == limiter::kTierCheckpointed || p.movable_bytes == 0)
                      : p.tier_state == limiter::kTierResident;
     double ms = (freeze ? p.last_out_us : p.last_in_us) / 1000.0;
     const auto before = swaps_before.find(p.slot);

@@ -63,14 +63,23 @@ uint64_t OwnActor() {
 }
 
 // True only when `actor` names a process of our PID namespace that is gone (or a zombie): an
-// actor of another namespace, or none known (0, an older build), is never judged.
+// actor of another namespace, or none known (0, an older build), is never judged. Existence is
+// asked of the kernel (kill 0: our namespace, whatever /proc's hidepid hides); /proc only tells a
+// zombie, where it can be read.
 bool ActorGone(uint64_t actor) {
   if (actor == 0 || actor >> 32 != OwnActor() >> 32 || (OwnActor() >> 32) == 0) return false;
   const pid_t pid = static_cast<pid_t>(actor & 0xffffffffu);
   if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
   limiter::ProcessStat st;
-  if (!limiter::ReadProcessStat(pid, &st)) return errno == ENOENT || errno == ESRCH;
-  return st.state == 'Z' || st.state == 'X';
+  return limiter::ReadProcessStat(pid, &st) && (st.state == 'Z' || st.state == 'X');
+}
+
+// The word judged: an older build acting on the slot writes actor_pid (its pid while it
+// checkpoints or restores, 0 otherwise) but never `actor`; a word whose pid is not actor_pid is
+// stale (left by a new build killed outright) and is not judged.
+bool ActorCorroborated(const limiter::ProcessZero* z, uint64_t actor) {
+  return z->actor_pid.load(std::memory_order_acquire) == static_cast<int32_t>(actor & 0xffffffffu);
 }
 
 // Claims the slot's actor word for this process (after winning the state's compare-and-swap).
@@ -79,9 +88,11 @@ void SetActor(limiter::ProcessZero* z) {
   z->actor_pid.store(getpid(), std::memory_order_relaxed);
 }
 
+// Ours only: a party that claimed the slot since (its terminal state was published) keeps its word.
 void ClearActor(limiter::ProcessZero* z) {
-  z->actor_pid.store(0, std::memory_order_relaxed);
-  z->actor.store(0, std::memory_order_release);
+  uint64_t own = OwnActor();
+  if (z->actor.compare_exchange_strong(own, 0, std::memory_order_acq_rel))
+    z->actor_pid.store(0, std::memory_order_relaxed);
 }
 
 // Ctrl-C (and SIGTERM, SIGHUP, SIGQUIT) wait while a process (`tfusion freeze`, `thaw`) hands a
@@ -101,6 +112,7 @@ class TerminationDeferred {
       if (sigaction(kSignals[i], nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;
       struct sigaction defer {};
       defer.sa_handler = DeferSignal;
+      defer.sa_flags = SA_RESTART;  // the driver's calls in flight go on, unaware
       sigemptyset(&defer.sa_mask);
       caught_[i] = sigaction(kSignals[i], &defer, &old_[i]) == 0;
     }
@@ -109,6 +121,7 @@ class TerminationDeferred {
     for (size_t i = 0; i < std::size(kSignals); ++i)
       if (caught_[i]) sigaction(kSignals[i], &old_[i], nullptr);
     if (const int sig = g_deferred_signal.exchange(0, std::memory_order_relaxed); sig != 0) {
+      std::fflush(stdout);
       std::fprintf(stderr, "interrupted (signal %d): the checkpoint or restore in progress was finished first\n", sig);
       raise(sig);
     }
@@ -139,6 +152,15 @@ int PutBackInDriver(CheckpointDriver& driver, int pid) {
 // A restore's end, by the party that claimed `z` in state restoring: running again (0), or still
 // checkpointed with the driver's error for the waiting call. `wake` is the wake_gen read before.
 void FinishRestore(limiter::ProcessZero* z, int e, uint32_t wake, int64_t t0_us);
+
+// The pid an active process slot names, unverified (0: free).
+int RawSlotPid(const limiter::GpuRegion& region, uint32_t slot) {
+  auto snap = std::make_unique<limiter::RegionSnapshot>();
+  region.Snapshot(snap.get());
+  for (uint32_t i = 0; i < snap->process_count; ++i)
+    if (snap->processes[i].slot == slot) return snap->processes[i].pid;
+  return 0;
+}
 
 template <typename Fn>
 bool Resolve(void* handle, const char* name, Fn* out) {
@@ -226,7 +248,13 @@ CheckpointOutcome CheckpointProcess(const limiter::GpuRegion& region, uint32_t s
   out.park_ms = (NowUs() - t0) / 1000.0;
   if (st != limiter::kZeroParked) {
     expect = limiter::kZeroParkRequested;
-    z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel);  // withdrawn
+    if (!z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel) &&
+        expect == limiter::kZeroParked) {
+      // Parked just as the wait ran out: withdrawn from there too (it would stay parked for good).
+      expect = limiter::kZeroParked;
+      z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel);
+      st = limiter::kZeroNone;
+    }
     ClearActor(z);
     out.why = st == limiter::kZeroNone ? "its limiter refused (it is not swapped out or not quiet; its log says why)"
                                        : "its limiter did not answer within " + std::to_string(park_timeout_ms) + " ms";
@@ -282,38 +310,48 @@ void FinishRestore(ProcessZero* z, int e, uint32_t wake, int64_t t0_us) {
 int RecoverFromGoneActor(const limiter::GpuRegion& region, uint32_t slot, CheckpointDriver* driver) {
   ProcessZero* z = region.ZeroOfProcess(slot);
   if (z == nullptr) return -1;
-  uint32_t st = z->state.load(std::memory_order_acquire);
-  if (st != limiter::kZeroParkRequested && st != limiter::kZeroParked && st != limiter::kZeroCheckpointing &&
-      st != limiter::kZeroRestoring)
+  const uint32_t judged = z->state.load(std::memory_order_acquire);
+  if (judged != limiter::kZeroParkRequested && judged != limiter::kZeroParked && judged != limiter::kZeroCheckpointing &&
+      judged != limiter::kZeroRestoring)
     return -1;
   uint64_t gone = z->actor.load(std::memory_order_acquire);
-  if (!ActorGone(gone)) return -1;
-  const bool driver_touched = st == limiter::kZeroCheckpointing || st == limiter::kZeroRestoring;
+  if (!ActorCorroborated(z, gone) || !ActorGone(gone)) return -1;
+  const bool driver_touched = judged == limiter::kZeroCheckpointing || judged == limiter::kZeroRestoring;
   if (driver_touched && driver == nullptr) return -1;  // left for a party with the driver
+  // The tenant as this party can tell it. One it cannot verify (another user's, whose /proc it may
+  // not read) but that lives is left to a party that can: it would be marked running while the
+  // driver still holds it.
+  int pid = 0;
+  if (driver_touched) {
+    pid = SlotPid(region, slot);
+    const int raw = RawSlotPid(region, slot);
+    if (pid == 0 && raw > 0 && (kill(raw, 0) == 0 || errno == EPERM)) return -1;
+  }
+  const TerminationDeferred deferred;
   // One party takes the slot over: the one whose compare-and-swap of the whole word wins.
   if (!z->actor.compare_exchange_strong(gone, OwnActor(), std::memory_order_acq_rel)) return -1;
-  z->actor_pid.store(getpid(), std::memory_order_relaxed);
-  st = z->state.load(std::memory_order_acquire);
-  // Parked (or asked to, and its limiter may park it meanwhile): the driver was not touched; back
-  // to none, and its calls go on.
-  for (uint32_t parked : {limiter::kZeroParkRequested, limiter::kZeroParked}) {
-    uint32_t expect = parked;
-    if (z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel)) {
-      ClearActor(z);
-      return CUDA_SUCCESS;
+  z->actor_pid.store(getpid(), std::memory_order_release);
+  if (!driver_touched) {
+    // Parked (or asked to, and its limiter may park it meanwhile): the driver was not touched;
+    // back to none, and its calls go on.
+    for (uint32_t parked : {limiter::kZeroParkRequested, limiter::kZeroParked}) {
+      uint32_t expect = parked;
+      if (z->state.compare_exchange_strong(expect, limiter::kZeroNone, std::memory_order_acq_rel)) {
+        ClearActor(z);
+        return CUDA_SUCCESS;
+      }
     }
+    ClearActor(z);  // its limiter answered meanwhile (refused: none)
+    return -1;
   }
-  st = z->state.load(std::memory_order_acquire);
-  uint32_t expect = st;
-  if ((st != limiter::kZeroCheckpointing && st != limiter::kZeroRestoring) || driver == nullptr ||
-      !z->state.compare_exchange_strong(expect, limiter::kZeroRestoring, std::memory_order_acq_rel)) {
-    // It moved on meanwhile (the limiter answered the park request): nothing of ours to do.
-    if (z->actor.load(std::memory_order_acquire) == OwnActor()) ClearActor(z);
+  // Only the state judged: one that moved since was not left by a dead actor.
+  uint32_t expect = judged;
+  if (!z->state.compare_exchange_strong(expect, limiter::kZeroRestoring, std::memory_order_acq_rel)) {
+    ClearActor(z);
     return -1;
   }
   const uint32_t wake = z->wake_gen.load(std::memory_order_acquire);
   const int64_t t0 = NowUs();
-  const int pid = SlotPid(region, slot);
   const int e = pid == 0 ? CUDA_SUCCESS : PutBackInDriver(*driver, pid);  // gone: nothing to put back
   FinishRestore(z, e, wake, t0);
   return e;
@@ -414,7 +452,7 @@ int ZeroRestorer::PollOnce() {
       // Cheap checks first: nearly every slot is free or not checkpointed.
       const uint32_t st = z->state.load(std::memory_order_acquire);
       if (st != limiter::kZeroNone && st != limiter::kZeroCheckpointed &&
-          z->actor.load(std::memory_order_acquire) != 0 && mine(slot)) {
+          ActorGone(z->actor.load(std::memory_order_acquire)) && mine(slot)) {
         // Mid-way with an actor: taken over when that actor was killed outright.
         const bool needs_driver = st == limiter::kZeroCheckpointing || st == limiter::kZeroRestoring;
         const int e = RecoverFromGoneActor(*region, slot, needs_driver ? Driver() : nullptr);

@@ -1433,6 +1433,32 @@ TEST_F(ZeroKilledTest, WithoutAKeeperThawPutsBackWhatAKilledCheckpointerLeft) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
 }
 
+// Without a keeper, the next `tfusion freeze --zero` puts back what a checkpointer killed after
+// the lock left, then checkpoints the tenant itself; `thaw` brings it back intact.
+TEST_F(ZeroKilledTest, WithoutAKeeperTheNextFreezeToZeroPutsBackAndCheckpoints) {
+  pid_t run = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=20 ", "zkfreeze");
+  ASSERT_TRUE(WaitFor("ready")) << Out();
+  kill(run, SIGKILL);  // tfusion run only: the tenant goes on without its keeper
+  Finish(run);
+  Result killed = Tf("freeze zkfreeze --zero" + Fake(), "FAKECUDA_CKPT_DIE_AFTER=cuCheckpointProcessLock ");
+  EXPECT_NE(killed.rc, 0) << killed.out;
+  EXPECT_EQ(Info().state, 1u) << "locked by the killed checkpointer";
+  Result again = Tf("freeze zkfreeze --zero" + Fake());
+  EXPECT_EQ(again.rc, 0) << again.out;
+  EXPECT_NE(again.out.find("a checkpoint or restore killed mid-way had left it; put back"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("checkpointed, "), std::string::npos) << again.out;
+  EXPECT_EQ(Info().state, 2u) << "checkpointed by the second freeze";
+  ASSERT_EQ(Tf("thaw zkfreeze" + Fake()).rc, 0);
+  Touch("go");
+  ASSERT_TRUE(WaitFor("verified")) << Out();
+  EXPECT_NE(Out().find("zero_identical=4"), std::string::npos) << Out();
+  EXPECT_EQ(Info().calls_while_locked, 0u);
+  Touch("go3");
+  for (int i = 0; i < 100 && Out().find("freed=1") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 // Ctrl-C while the driver checkpoints a large tenant waits for the checkpoint: the tenant is left
 // checkpointed (whole), not locked half-way, and its next call brings it back.
 TEST_F(ZeroKilledTest, CtrlCDuringTheCheckpointWaitsForItAndLeavesTheTenantWhole) {
