@@ -323,19 +323,33 @@ Status Controller::Rebuild() {
   for (const auto& [name, n] : nodes_) last_heartbeat_ms_[name] = now;
   EnsurePlacementLocked();
   serving_ = true;
-  if (!unserved_.empty() && unserved_.back().second == INT64_MAX) unserved_.back().second = now;
+  if (not_serving_) AddUnservedSpanLocked(not_serving_since_ms_, now);
+  not_serving_ = false;
   return Status::Ok();
 }
 
 void Controller::AddUnservedSpanLocked(int64_t from_ms, int64_t to_ms) {
-  constexpr size_t kMaxUnservedSpans = 64;
-  if (unserved_.size() >= kMaxUnservedSpans) unserved_.erase(unserved_.begin());
+  // Merged with those it overlaps or touches (a rebuild after a failed write falls inside the
+  // write outage): that never lengthens a grace, and keeps one outage one span.
   unserved_.emplace_back(from_ms, to_ms);
+  std::sort(unserved_.begin(), unserved_.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& span : unserved_) {
+    if (!merged.empty() && span.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, span.second);
+    } else {
+      merged.push_back(span);
+    }
+  }
+  constexpr size_t kMaxUnservedSpans = 64;
+  if (merged.size() > kMaxUnservedSpans) merged.erase(merged.begin(), merged.end() - kMaxUnservedSpans);
+  unserved_ = std::move(merged);
 }
 
 void Controller::NoteUnservedLocked(int64_t now_ms) {
-  if (!unserved_.empty() && unserved_.back().second == INT64_MAX) return;  // already not serving
-  AddUnservedSpanLocked(now_ms, INT64_MAX);
+  if (not_serving_) return;  // already not serving
+  not_serving_ = true;
+  not_serving_since_ms_ = now_ms;
 }
 
 void Controller::NoteWriteFailedLocked() {
@@ -358,6 +372,7 @@ void Controller::NoteWriteDurable() {
 int64_t Controller::UnservedMsLocked(int64_t from_ms, int64_t now_ms) const {
   // The union of the spans (a rebuild after a failed write falls inside the write outage).
   std::vector<std::pair<int64_t, int64_t>> spans = unserved_;
+  if (not_serving_) spans.emplace_back(not_serving_since_ms_, INT64_MAX);
   if (write_failing_since_ms_ != 0) spans.emplace_back(write_failing_since_ms_, INT64_MAX);
   std::sort(spans.begin(), spans.end());
   int64_t total = 0, covered_to = from_ms;

@@ -343,11 +343,13 @@ class Controller {
 
   mutable std::mutex mu_;
   bool serving_ = false;
-  // The spans [from, to) in which this replica did not serve (to = INT64_MAX while it does not;
-  // the first from its start, unknown, on) or its store's writes failed: holders could not renew
-  // their leases then, so a lease runs out that much later. Oldest first, at most 64 (the oldest
-  // dropped: a span that old is behind every lease window that matters).
-  std::vector<std::pair<int64_t, int64_t>> unserved_{{INT64_MIN, INT64_MAX}};
+  // The closed spans [from, to) in which this replica did not serve or its store's writes failed:
+  // holders could not renew their leases then, so a lease runs out that much later. Sorted,
+  // overlapping ones merged, at most 64 (the oldest dropped: behind every lease window that
+  // matters). The open ones are kept apart: not serving since (from its start, unknown, on) ...
+  std::vector<std::pair<int64_t, int64_t>> unserved_;
+  bool not_serving_ = true;
+  int64_t not_serving_since_ms_ = INT64_MIN;
   // Writes failing (a batch that did not reach the disk, a store that refused a transaction):
   // since when, counted from the last write that did reach it (a renewal after that one may have
   // been lost); 0 = they succeed. Closed into unserved_ by the next durable write.
