@@ -97,8 +97,9 @@ int CheckpointVgpu(GpuRegion& region, uint32_t index, const std::string& vgpu, c
   return rc;
 }
 
-// Restores every checkpointed process of the vGPU (before a thaw). Returns processes that failed.
-int RestoreVgpu(GpuRegion& region, uint32_t index, const ZeroOptions& zero) {
+// Restores every checkpointed process of the vGPU (before a thaw). Returns processes that failed;
+// `*busy`: those a live checkpoint or restore works on now.
+int RestoreVgpu(GpuRegion& region, uint32_t index, const ZeroOptions& zero, int* busy) {
   auto snap = std::make_unique<limiter::RegionSnapshot>();
   region.Snapshot(snap.get());
   std::unique_ptr<hypervisor::CheckpointDriver> driver;
@@ -123,6 +124,11 @@ int RestoreVgpu(GpuRegion& region, uint32_t index, const ZeroOptions& zero) {
       if (e < 0 && (p.zero_state == limiter::kZeroCheckpointing || p.zero_state == limiter::kZeroRestoring)) {
         if (!load()) return 1;
         e = hypervisor::RecoverFromGoneActor(region, p.slot, driver.get());
+      }
+      if (e < 0) {
+        ++*busy;
+        std::fprintf(stderr, "tfusion thaw: process %d: a checkpoint or restore is under way; try again when it is done\n",
+                     p.pid);
       }
       if (e == 0) std::printf("process %d: a checkpoint or restore killed mid-way had left it; put back\n", p.pid);
       if (e > 0) {
@@ -221,7 +227,11 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
     std::printf("vGPU '%s' is already resident: nothing changed\n", vgpu.c_str());
     return 0;
   }
-  if (!freeze && RestoreVgpu(region, found->index, zero) != 0) return 1;
+  if (!freeze) {
+    int busy = 0;
+    if (RestoreVgpu(region, found->index, zero, &busy) != 0) return 1;
+    if (busy != 0) return 2;  // nothing requested, as for a vGPU swapping in or out
+  }
   // Each process's completed swap-outs before the request (slot -> pid, count): a busy process
   // swaps out and, at its next GPU call, straight back in, which is no failure.
   std::map<uint32_t, std::pair<int32_t, uint32_t>> swaps_before;

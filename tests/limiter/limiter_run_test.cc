@@ -1476,6 +1476,11 @@ TEST_F(ZeroKilledTest, CtrlCDuringTheCheckpointWaitsForItAndLeavesTheTenantWhole
     if (!locked) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(locked) << Run("cat " + dir_ + "/freeze.out").out;
+  // A thaw meanwhile says the checkpoint is under way, and asks for nothing.
+  Result busy = Tf("thaw zkint" + Fake());
+  EXPECT_EQ(busy.rc, 2) << busy.out;
+  EXPECT_NE(busy.out.find("a checkpoint or restore is under way; try again when it is done"), std::string::npos)
+      << busy.out;
   ASSERT_EQ(kill(freeze, SIGINT), 0);
   int status = 0;
   ASSERT_EQ(waitpid(freeze, &status, 0), freeze);
