@@ -35,13 +35,16 @@ uint32_t ClampUs(int64_t us) { return us < 0 ? 0 : us > UINT32_MAX ? UINT32_MAX 
 // The pid of an active process slot, 0 when the slot is free or out of range, or when the pid it
 // names is not a tenant of the region (IsTenantOfRegion: the pid and start time a tenant could
 // have written there, and the vGPU its environment was started for, are checked against /proc
-// before the driver is asked to lock anything).
-int SlotPid(const limiter::GpuRegion& region, uint32_t slot) {
+// before the driver is asked to lock anything). `raw`, when given: the pid the slot names,
+// unverified (0: free).
+int SlotPid(const limiter::GpuRegion& region, uint32_t slot, int* raw = nullptr) {
   auto snap = std::make_unique<limiter::RegionSnapshot>();
   region.Snapshot(snap.get());
+  if (raw != nullptr) *raw = 0;
   for (uint32_t i = 0; i < snap->process_count; ++i) {
     const limiter::ProcessInfo& p = snap->processes[i];
     if (p.slot != slot) continue;
+    if (raw != nullptr) *raw = p.pid;
     for (uint32_t k = 0; k < snap->vgpu_count; ++k) {
       if (snap->vgpus[k].index != p.vgpu_index) continue;
       // The id its environment must name; a worker session's environment is its worker's.
@@ -152,15 +155,6 @@ int PutBackInDriver(CheckpointDriver& driver, int pid) {
 // A restore's end, by the party that claimed `z` in state restoring: running again (0), or still
 // checkpointed with the driver's error for the waiting call. `wake` is the wake_gen read before.
 void FinishRestore(limiter::ProcessZero* z, int e, uint32_t wake, int64_t t0_us);
-
-// The pid an active process slot names, unverified (0: free).
-int RawSlotPid(const limiter::GpuRegion& region, uint32_t slot) {
-  auto snap = std::make_unique<limiter::RegionSnapshot>();
-  region.Snapshot(snap.get());
-  for (uint32_t i = 0; i < snap->process_count; ++i)
-    if (snap->processes[i].slot == slot) return snap->processes[i].pid;
-  return 0;
-}
 
 template <typename Fn>
 bool Resolve(void* handle, const char* name, Fn* out) {
@@ -323,8 +317,8 @@ int RecoverFromGoneActor(const limiter::GpuRegion& region, uint32_t slot, Checkp
   // driver still holds it.
   int pid = 0;
   if (driver_touched) {
-    pid = SlotPid(region, slot);
-    const int raw = RawSlotPid(region, slot);
+    int raw = 0;
+    pid = SlotPid(region, slot, &raw);
     if (pid == 0 && raw > 0 && (kill(raw, 0) == 0 || errno == EPERM)) return -1;
   }
   const TerminationDeferred deferred;
