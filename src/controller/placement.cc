@@ -176,11 +176,14 @@ StatusOr<sched::Request> PlacementEngine::ToSchedRequest(const PlacementRequest&
 }
 
 // A TFLOPS limit is a ceiling on one GPU: above a GPU's physical capacity it can never be
-// honoured there. GPUs too small for it are left out through the model allow list (the placement
-// arithmetic, which counts requests against the oversold capacity, is unchanged); a limit above
-// every GPU of the pool is refused.
+// honoured there. Without a limit the request is the ceiling (a hard cap), and an oversold pool
+// must not place one vGPU above its GPU either: oversell lets the requests of several vGPUs add
+// up to more than the GPU, not one vGPU be more than it. GPUs too small are left out through the
+// model allow list (the placement arithmetic, which counts requests against the oversold
+// capacity, is unchanged); a ceiling above every GPU of the pool is refused.
 Status PlacementEngine::RestrictToGpusThatHost(const PlacementRequest& in, sched::Request* r) const {
-  const double need_tflops = in.tflops_limit;
+  const bool implied = in.tflops_limit <= 0;
+  const double need_tflops = implied ? in.tflops : in.tflops_limit;
   if (need_tflops <= 0 || in.gpu_count <= 0) return Status::Ok();
   const sched::ClusterState& state = scheduler_->state();
   const int pool = state.PoolIndex(in.pool);
@@ -203,8 +206,14 @@ Status PlacementEngine::RestrictToGpusThatHost(const PlacementRequest& in, sched
   if (largest == 0) return Status::Ok();  // no GPU at all: the scheduler says there is no room
   if (hosting == 0) {
     char buf[256];
-    std::snprintf(buf, sizeof(buf), "tflops_limit %g is more than any GPU in pool '%s' has (the largest has %g "
-                  "TFLOPS): the limit is a ceiling on one GPU", need_tflops, in.pool.c_str(), sched::ToTflops(largest));
+    if (implied) {
+      std::snprintf(buf, sizeof(buf), "tflops %g is more than any GPU in pool '%s' has (the largest has %g "
+                    "TFLOPS): a vGPU is a slice of one GPU; ask for more GPUs (gpu_count) instead",
+                    need_tflops, in.pool.c_str(), sched::ToTflops(largest));
+    } else {
+      std::snprintf(buf, sizeof(buf), "tflops_limit %g is more than any GPU in pool '%s' has (the largest has %g "
+                    "TFLOPS): the limit is a ceiling on one GPU", need_tflops, in.pool.c_str(), sched::ToTflops(largest));
+    }
     return OutOfMemory(buf);
   }
   if (!any_too_small) return Status::Ok();

@@ -195,6 +195,7 @@ Status ClusterState::Place(const Request& request, const Placement& p, bool coun
   Allocation& stored = allocs_[static_cast<size_t>(slot)];
   alloc_by_id_.emplace(request.id, slot);
   n.allocations.push_back(slot);
+  for (int gi : stored.placement.gpus) ++n.gpus[static_cast<size_t>(gi)].vgpus;
   if (count) {
     Apply(stored, +1);
   } else {
@@ -212,6 +213,8 @@ StatusOr<Request> ClusterState::Release(std::string_view request_id) {
   if (!a.suspended) Apply(a, -1);
   NodeState& n = nodes_[static_cast<size_t>(a.placement.node)];
   n.allocations.erase(std::find(n.allocations.begin(), n.allocations.end(), slot));
+  for (int gi : a.placement.gpus) --n.gpus[static_cast<size_t>(gi)].vgpus;
+  ++n.version;
   a.live = false;
   a.suspended = false;
   alloc_by_id_.erase(it);

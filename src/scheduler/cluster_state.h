@@ -14,6 +14,11 @@
 
 namespace tf::sched {
 
+// The vGPUs one GPU can hold: its node's quota region has this many slots (limiter::kMaxVgpus).
+// Placement counts every allocation placed on a GPU, suspended ones too (their vGPU stays), and
+// puts no more there.
+inline constexpr int kMaxVgpusPerGpu = 64;
+
 struct GpuState {
   int model_id = 0;
   MilliTflops capacity = 0;      // physical
@@ -23,7 +28,8 @@ struct GpuState {
   int64_t vram_used_mib = 0;
   int numa_node = 0;
   uint64_t nvlink_peers = 0;
-  int allocations = 0;
+  int allocations = 0;   // counted allocations (not suspended)
+  int vgpus = 0;         // every placed allocation, suspended or not: each holds a vGPU slot
 
   MilliTflops free_compute() const { return schedulable - used; }
   int64_t free_vram() const { return vram_capacity_mib - vram_used_mib; }

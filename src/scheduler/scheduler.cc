@@ -30,6 +30,7 @@ void RemoveFromScratch(NodeState& n, const Allocation& a) {
     GpuState& g = n.gpus[static_cast<size_t>(gi)];
     g.used -= a.placement.compute_per_gpu;
     g.vram_used_mib -= a.placement.vram_per_gpu_mib;
+    if (!a.request.suspendable) --g.vgpus;  // a suspended victim keeps its vGPU on the node
   }
   n.cpu_used -= a.host_cpu;
   n.mem_used -= a.host_mem;
@@ -147,7 +148,7 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
       const GpuState& g = n.gpus[static_cast<size_t>(i)];
       if (((mm >> g.model_id) & 1) == 0) continue;
       MilliTflops want = pct ? ClusterState::ComputeNeed(r, g) : fixed;
-      if (g.free_compute() >= want && g.free_vram() >= r.vram_request_mib) {
+      if (g.free_compute() >= want && g.free_vram() >= r.vram_request_mib && g.vgpus < kMaxVgpusPerGpu) {
         need[i] = want;
         cand[nc++] = i;
       }
@@ -368,7 +369,7 @@ std::string WhyNotFits(const NodeState& n, const Request& r, uint64_t mm) {
     return "it has " + std::to_string(n.gpus.size()) + " GPU(s), the request needs " + std::to_string(r.gpu_count);
   }
   if (r.gpu_count > 0 && (n.model_mask & mm) == 0) return "none of its GPUs is of an allowed model";
-  int with_room = 0;
+  int with_room = 0, full_of_vgpus = 0;
   MilliTflops most_compute = 0;
   int64_t most_vram = 0;
   MilliTflops want = 0;
@@ -377,10 +378,17 @@ std::string WhyNotFits(const NodeState& n, const Request& r, uint64_t mm) {
     want = ClusterState::ComputeNeed(r, g);
     most_compute = std::max(most_compute, g.free_compute());
     most_vram = std::max(most_vram, g.free_vram());
-    if (g.free_compute() >= want && g.free_vram() >= r.vram_request_mib) ++with_room;
+    if (g.free_compute() >= want && g.free_vram() >= r.vram_request_mib) {
+      if (g.vgpus < kMaxVgpusPerGpu) ++with_room;
+      else ++full_of_vgpus;
+    }
   }
   std::string need = TflopsText(want) + " TFLOPS and " + std::to_string(r.vram_request_mib) + " MiB VRAM";
   if (with_room >= r.gpu_count) return "no set of its GPUs with room suits the request";
+  if (with_room + full_of_vgpus >= r.gpu_count) {
+    return std::to_string(full_of_vgpus) + " of its GPUs with room hold " + std::to_string(kMaxVgpusPerGpu) +
+           " vGPUs each, the most a GPU can (needs " + std::to_string(r.gpu_count) + " GPU(s) with room for one more)";
+  }
   return std::to_string(with_room) + " of its GPUs have " + need + " free (needs " +
          std::to_string(r.gpu_count) + "); the most free: " + TflopsText(std::max<MilliTflops>(0, most_compute)) +
          " TFLOPS, " + std::to_string(std::max<int64_t>(0, most_vram)) + " MiB VRAM";
@@ -408,6 +416,39 @@ StatusOr<std::vector<NodeFit>> Scheduler::RankNodes(const Request& r) const {
     out.push_back(std::move(f));
   }
   return out;
+}
+
+std::string Scheduler::NoRoomDetail(const Request& r, int pool, uint64_t mm) const {
+  if (r.gpu_count == 0) return "";
+  // Could the request ever fit a node of the pool, with nothing else on it? And does some node
+  // have the room now but not the vGPU slots?
+  bool ever = false;
+  int slot_bound = 0;
+  for (NodeId id : state_.pool_nodes(pool)) {
+    const NodeState& n = state_.node(id);
+    if (!r.node.empty() && n.name != r.node) continue;
+    int empty_fit = 0, room = 0, room_and_slot = 0;
+    for (const GpuState& g : n.gpus) {
+      if (((mm >> g.model_id) & 1) == 0) continue;
+      const MilliTflops need = ClusterState::ComputeNeed(r, g);
+      if (g.schedulable >= need && g.vram_capacity_mib >= r.vram_request_mib) ++empty_fit;
+      if (g.free_compute() >= need && g.free_vram() >= r.vram_request_mib) {
+        ++room;
+        if (g.vgpus < kMaxVgpusPerGpu) ++room_and_slot;
+      }
+    }
+    if (empty_fit >= r.gpu_count) ever = true;
+    if (n.schedulable && room >= r.gpu_count && room_and_slot < r.gpu_count) ++slot_bound;
+  }
+  if (!ever) {
+    return " (nor would it with nothing placed: no node of it has " + std::to_string(r.gpu_count) +
+           " GPU(s) of the allowed models with that much TFLOPS and VRAM)";
+  }
+  if (slot_bound > 0) {
+    return " (" + std::to_string(slot_bound) + " node(s) have the TFLOPS and VRAM, but their GPUs hold " +
+           std::to_string(kMaxVgpusPerGpu) + " vGPUs each, the most a GPU can)";
+  }
+  return "";
 }
 
 StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode mode) const {
@@ -471,11 +512,11 @@ StatusOr<Placement> Scheduler::PlaceIn(const Request& r, int pool, PlacementMode
   }
   if (best < 0 && !r.node.empty()) {
     return Unavailable("request '" + r.id + "': node '" + r.node + "' of pool '" +
-                       state_.pools()[static_cast<size_t>(pool)].name + "' has no room");
+                       state_.pools()[static_cast<size_t>(pool)].name + "' has no room" + NoRoomDetail(r, pool, mm));
   }
   if (best < 0) {
     return Unavailable("request '" + r.id + "': no node in pool '" +
-                       state_.pools()[static_cast<size_t>(pool)].name + "' has room");
+                       state_.pools()[static_cast<size_t>(pool)].name + "' has room" + NoRoomDetail(r, pool, mm));
   }
   const NodeState& n = state_.node(best);
   Placement p;

@@ -155,6 +155,9 @@ class Scheduler {
   void Account(const Request& r, const Placement& p, int sign);
   StatusOr<PlacementMode> ModeFor(const Request& r, int* pool) const;
   StatusOr<Placement> PlaceIn(const Request& r, int pool, PlacementMode mode) const;
+  // Why nothing in the pool fits, after "has no room": that nothing ever could, or that the
+  // vGPU slots are what is missing; empty otherwise. Computed on a refusal only.
+  std::string NoRoomDetail(const Request& r, int pool, uint64_t mm) const;
 
   SchedulerOptions options_;
   ClusterState state_;

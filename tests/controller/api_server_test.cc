@@ -217,7 +217,8 @@ TEST_F(ApiServerTest, ComputeLimitRoundTripsAndBadLimitsAreRefusedWithAMessage) 
       {R"({"tflops":30,"tflops_limit":"lots","vram_mib":100})", 400, "'tflops_limit' must be a number"},
       {R"({"tflops":30,"percent_limit":50,"vram_mib":100})", 400, "in the request's unit"},
       {R"({"tflops":10,"tflops_limit":150,"vram_mib":100})", 409, "tflops_limit 150 is more than any GPU"},
-      {R"({"tflops":500,"vram_mib":100})", 409, "has room"},
+      {R"({"tflops":500,"vram_mib":100})", 409, "tflops 500 is more than any GPU in pool 'default' has"},
+      {R"({"tflops":50,"vram_mib":100,"gpu_count":3})", 409, "nor would it with nothing placed"},
   };
   for (const Case& k : cases) {
     auto bad = client_->Post("/v1/allocations", k.body);

@@ -163,6 +163,13 @@ TEST_F(ControllerTest, OversellRatioLetsRequestsExceedPhysicalTflops) {
   EXPECT_TRUE(c_->Allocate({"", "over", 90, 1, 1, "", ""}).ok());
   EXPECT_TRUE(c_->Allocate({"", "over", 90, 1, 1, "", ""}).ok());
   EXPECT_EQ(c_->Allocate({"", "over", 30, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  // Oversell lets several vGPUs add up to more than the GPU, never one vGPU be more than it.
+  ASSERT_TRUE(c_->Release(c_->ListAllocations()[0].id).ok());
+  auto too_big = c_->Allocate({"", "over", 150, 1, 1, "", ""});
+  EXPECT_EQ(too_big.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(too_big.status().message().find("tflops 150 is more than any GPU in pool 'over' has (the largest has 100"),
+            std::string::npos) << too_big.status().ToString();
+  EXPECT_EQ(c_->ListAllocations().size(), 1u);
   spec.tflops_oversell_ratio = 0.5;
   EXPECT_EQ(c_->UpdatePool(spec).status().code(), StatusCode::kInvalidArgument);
 }
@@ -432,7 +439,7 @@ TEST_F(ControllerTest, BadComputeLimitsAreRefusedAndChangeNothing) {
       {0, 30, 60, 0, StatusCode::kInvalidArgument, "in the request's unit"},
       {50, 0, -1, 0, StatusCode::kInvalidArgument, "tflops_limit must be a positive number"},
       {50, 0, 150, 0, StatusCode::kOutOfMemory, "tflops_limit 150 is more than any GPU in pool 'default' has"},
-      {150, 0, 0, 0, StatusCode::kOutOfMemory, "has room"},
+      {150, 0, 0, 0, StatusCode::kOutOfMemory, "tflops 150 is more than any GPU in pool 'default' has"},
   };
   for (const Case& k : cases) {
     AllocationRequest r{"", "", k.tflops, 1024, 1, "", ""};

@@ -99,6 +99,9 @@ TEST(SchedulerTest, ARequestForOneNodeGoesThereOrNowhereAndRankNodesSaysWhy) {
   Request on_n1 = Req("x", 100);
   on_n1.node = "n1";
   EXPECT_EQ(s.Place(on_n1).status().message(), "request 'x': node 'n1' of pool 'p' has no room");
+  EXPECT_EQ(s.Place(Req("huge", 100, 1024, Qos::kMedium, 2)).status().message(),
+            "request 'huge': no node in pool 'p' has room (nor would it with nothing placed: no node of it has 2 "
+            "GPU(s) of the allowed models with that much TFLOPS and VRAM)");
   Request on_n2 = Req("y", 100);
   on_n2.node = "n2";
   EXPECT_EQ(s.Place(on_n2)->node_name, "n2");
@@ -215,6 +218,45 @@ TEST(SchedulerTest, PreemptionPicksFewestVictimsOnOneGpu) {
 // A victim whose VRAM can be swapped out is suspended, not evicted: it stays bound to its GPU but
 // takes no room (the preemptor fits), is never a victim again, still counts for its tenant's
 // quota, and resumes on the same GPU once the room is back, not before.
+// A GPU's quota region holds 64 vGPUs: small slices that still fit by TFLOPS and VRAM go to another
+// GPU after the 64th, and where none has a slot left the request is refused, saying why. A
+// suspended allocation keeps its vGPU (and its slot) on the node.
+TEST(SchedulerTest, AGpuTakesNoMoreThan64VgpusHoweverSmallTheSlices) {
+  Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 2, "H100", 989.4, 81920)});
+  for (int i = 0; i < 2 * kMaxVgpusPerGpu; ++i) {
+    auto p = s.Schedule(Req("s" + std::to_string(i), 1, 100));
+    ASSERT_TRUE(p.ok()) << i << ": " << p.status().ToString();
+    EXPECT_EQ(p->gpus, (std::vector<int>{i < kMaxVgpusPerGpu ? 0 : 1})) << i;
+  }
+  EXPECT_EQ(s.state().node(0).gpus[0].vgpus, kMaxVgpusPerGpu);
+  auto refused = s.Place(Req("one-more", 1, 100));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "request 'one-more': no node in pool 'p' has room (1 node(s) have the TFLOPS and VRAM, but their GPUs "
+            "hold 64 vGPUs each, the most a GPU can)");
+  auto ranks = s.RankNodes(Req("one-more", 1, 100));
+  ASSERT_TRUE(ranks.ok());
+  ASSERT_EQ(ranks->size(), 1u);
+  EXPECT_EQ((*ranks)[0].why_not,
+            "2 of its GPUs with room hold 64 vGPUs each, the most a GPU can (needs 1 GPU(s) with room for one more)");
+  // A released slice frees its slot; a suspended one does not.
+  ASSERT_TRUE(s.Release("s3").ok());
+  EXPECT_EQ(s.Place(Req("one-more", 1, 100))->gpus, (std::vector<int>{0}));
+  Request low = Req("low", 1, 100, Qos::kLow);
+  low.suspendable = true;
+  ASSERT_TRUE(s.Commit(low, Placement{"low", 0, "n", {0}, ToMilliTflops(1), 100}).ok());
+  EXPECT_FALSE(s.PlanPreemption(Req("med", 1, 100)).ok()) << "suspending the low one would free no slot";
+  ASSERT_TRUE(s.Suspend("low").ok());
+  EXPECT_FALSE(s.Place(Req("one-more", 1, 100)).ok()) << "the suspended allocation keeps its vGPU";
+  ASSERT_TRUE(s.Release("low").ok());
+  EXPECT_TRUE(s.Place(Req("one-more", 1, 100)).ok());
+  // Evicting a lower-QoS slice does free one.
+  ASSERT_TRUE(s.Schedule(Req("fill", 1, 100, Qos::kLow)).ok());
+  auto plan = s.PlanPreemption(Req("med", 1, 100));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->victims, (std::vector<std::string>{"fill"}));
+}
+
 TEST(SchedulerTest, ASuspendableVictimIsSuspendedAndResumesOnItsGpuWhenTheRoomIsBack) {
   Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 2, "A100-80GB", 100, 40960)});
   Request low = Req("low", 70, 30000, Qos::kLow);
