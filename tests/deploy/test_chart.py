@@ -121,6 +121,10 @@ class RenderAndValidate(unittest.TestCase):
         try:
             with self.assertRaisesRegex(TemplateError, "token.create needs token.value"):
                 objects([bad])
+            with open(bad, "w") as f:
+                yaml.safe_dump({"agent": {"metricsListen": ""}}, f)
+            with self.assertRaisesRegex(TemplateError, "agent.metricsListen needs an address"):
+                objects([bad])
         finally:
             os.unlink(bad)
 
@@ -170,6 +174,12 @@ class Components(unittest.TestCase):
         self.assertEqual(flags["--node"], "$(NODE_NAME)")
         self.assertEqual(flags["--token-file"], "/etc/tensorfusion/token/token")
         self.assertEqual(flags["--credential-file"], "/var/lib/tensorfusion/node-credential")
+        # Prometheus scrapes the pod's IP: the metrics port listens on every interface of the
+        # pod, not on the agent's own default (127.0.0.1, which only the pod itself reaches).
+        self.assertEqual(flags["--metrics-port"], "9400")
+        self.assertEqual(flags["--metrics-listen"], "0.0.0.0")
+        self.assertEqual(container(ds)["ports"], [{"name": "metrics", "containerPort": 9400,
+                                                   "protocol": "TCP"}])
         env = {e["name"]: e for e in container(ds)["env"]}
         self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
         self.assertEqual(env["TFUSION_SHM_DIR"]["value"], "/dev/shm/tensorfusion")
@@ -535,8 +545,11 @@ class ChartCommandsRun(unittest.TestCase):
             return status == 200 and "gpu-node-1" in json.dumps(json.loads(body))
         self.wait_for("the agent's node registration", node_registered)
         self.assertTrue(os.path.exists(os.path.join(self.tmp, "agent-state", "node-credential")))
+        # Prometheus connects to the pod's IP, never to its 127.0.0.1: scrape at another address
+        # of this machine (127.0.0.2 is one on every Linux host, and a port bound to 127.0.0.1
+        # alone refuses it).
         status, metrics = self.wait_for(
-            "agent metrics", lambda: http_get(f"http://127.0.0.1:{self.metrics_port}/metrics"))
+            "agent metrics", lambda: http_get(f"http://127.0.0.2:{self.metrics_port}/metrics"))
         self.assertEqual(status, 200)
         self.assertIn("tf_", metrics)
 
