@@ -385,7 +385,7 @@ int main(int argc, char** argv) {
   k8s_cmd->add_option("--worker-token-secret", k8s.worker_token_secret,
                       "remote pods: Secret (key token) with what the client stub presents to the worker");
   k8s_cmd->add_option("--host-shm-dir", k8s.host_shm_dir,
-                      "local pods: the node agents' quota regions on the host (their --region-dir)")
+                      "local pods: the node agents' quota regions on the host (their $TFUSION_SHM_DIR)")
       ->capture_default_str();
   k8s_cmd->add_option("--kube-api", k8s.kube_api, "Kubernetes API server, https://HOST:PORT or in-cluster (default)");
   k8s_cmd->add_option("--kube-token-file", k8s.kube_token_file, "its token (default: the service account's)");

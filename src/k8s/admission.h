@@ -32,7 +32,7 @@ struct WebhookOptions {
   // Remote pods: the Secret (key "token") holding what the client stub presents to the worker;
   // empty: no TFUSION_TOKEN is injected.
   std::string worker_token_secret;
-  // The node agents' quota regions on the host (their --region-dir; the chart's
+  // The node agents' quota regions on the host (their $TFUSION_SHM_DIR; the chart's
   // agent.hostShmDir): local pods get it mounted at kRegionDir.
   std::string host_shm_dir = "/dev/shm/tensorfusion";
   // A workload profile's sizes (the controller's workload of that name); kNotFound when unknown.
