@@ -118,13 +118,17 @@ int main(int argc, char** argv) {
   double freeze_timeout = 120;
   bool freeze_no_wait = false;
   bool freeze_via_controller = false;
-  auto* freeze_cmd = app.add_subcommand("freeze", "swap a local vGPU's VRAM out to host memory");
-  freeze_cmd->add_option("vgpu", freeze_vgpu, "vGPU name (tfusion smi)")->required();
+  auto* freeze_cmd = app.add_subcommand("freeze", "swap a vGPU's VRAM out to host memory (a local vGPU, or with "
+                                                  "--controller a pooled allocation on any node)");
+  freeze_cmd->add_option("vgpu", freeze_vgpu, "vGPU name (tfusion smi); with --controller, the allocation id")
+      ->required();
   freeze_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
       ->check(CLI::Number)->check(CLI::Range(0.1, 86400.0));
   freeze_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
-  auto* thaw_cmd = app.add_subcommand("thaw", "bring a frozen local vGPU's VRAM back to the GPU");
-  thaw_cmd->add_option("vgpu", thaw_vgpu, "vGPU name (tfusion smi)")->required();
+  auto* thaw_cmd = app.add_subcommand("thaw", "bring a frozen vGPU's VRAM back to the GPU (a local vGPU, or with "
+                                              "--controller a pooled allocation on any node)");
+  thaw_cmd->add_option("vgpu", thaw_vgpu, "vGPU name (tfusion smi); with --controller, the allocation id")
+      ->required();
   thaw_cmd->add_option("--timeout", freeze_timeout, "seconds to wait for every process (default 120)")
       ->check(CLI::Number)->check(CLI::Range(0.1, 86400.0));
   thaw_cmd->add_flag("--no-wait", freeze_no_wait, "return once the request is made");
@@ -291,13 +295,14 @@ int main(int argc, char** argv) {
                 "ask the controller instead (a pooled allocation, on any node; VGPU is its allocation id)");
     AddClientFlags(c, &client);
   }
-  auto* pool_cmd = app.add_subcommand("pool", "list, create or remove pools");
+  auto* pool_cmd = app.add_subcommand("pool", "list, create, change or remove pools");
   pool_cmd->require_subcommand(1);
   auto* pool_ls = pool_cmd->add_subcommand("ls", "list pools");
   std::string pool_name, pool_mode, pool_oversell, pool_expand_host, pool_expand_disk;
   auto* pool_create = pool_cmd->add_subcommand("create", "create a pool");
   pool_create->add_option("name", pool_name)->required();
-  auto* pool_set = pool_cmd->add_subcommand("set", "change a pool's placement mode or oversell ratio");
+  auto* pool_set = pool_cmd->add_subcommand("set", "change a pool's placement mode, oversell ratio or VRAM "
+                                                   "expansion into host memory or disk");
   pool_set->add_option("name", pool_name)->required();
   for (auto* c : {pool_create, pool_set}) {
     c->add_option("--mode", pool_mode, "placement mode: NodeCompactGPULowLoad, CompactFirst, LowLoadFirst, "
@@ -330,7 +335,7 @@ int main(int argc, char** argv) {
   auto* quota_rm = quota_cmd->add_subcommand("rm", "remove a tenant's quota (its allocations stay)");
   quota_rm->add_option("tenant", quota_tenant)->required();
   for (auto* c : {quota_set, quota_get, quota_ls, quota_rm}) AddClientFlags(c, &client);
-  auto* node_cmd = app.add_subcommand("node", "list nodes");
+  auto* node_cmd = app.add_subcommand("node", "list nodes, or remove one");
   node_cmd->require_subcommand(1);
   auto* node_ls = node_cmd->add_subcommand("ls", "list nodes and their GPUs");
   AddClientFlags(node_ls, &client);
