@@ -745,6 +745,10 @@ TransportStatus ShmListener::Accept(const ServerPolicy& policy, const TransportO
     if (errno == EAGAIN) return TransportStatus::Error(TransportErrc::kTimeout, 0, "accept");
     return internal::ErrnoStatus(errno, "shm accept");
   }
+  if (options.on_accept != nullptr && !options.on_accept(cfd, options.on_accept_ctx)) {
+    close(cfd);
+    return TransportStatus::Error(TransportErrc::kResourceExhausted, 0, "connection turned away before its handshake");
+  }
   const int64_t deadline = DeadlineAfterMs(options.connect_timeout_ms);
   RendezvousChannel ch(cfd, deadline);
   ClientHello hello;

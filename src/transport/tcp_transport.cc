@@ -514,6 +514,10 @@ TransportStatus TcpListener::Accept(const ServerPolicy& policy, const TransportO
     if (errno == EAGAIN) return TransportStatus::Error(TransportErrc::kTimeout, 0, "accept");
     return internal::ErrnoStatus(errno, "accept");
   }
+  if (options.on_accept != nullptr && !options.on_accept(cfd, options.on_accept_ctx)) {
+    close(cfd);
+    return TransportStatus::Error(TransportErrc::kResourceExhausted, 0, "connection turned away before its handshake");
+  }
   ConfigureSocket(cfd, options);
   std::unique_ptr<ByteStream> io;
   ServerHello accept;

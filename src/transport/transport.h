@@ -60,6 +60,12 @@ struct TransportOptions {
   // tenants' own threads need (tfusion worker --spin-sessions, docs/remote.md).
   const std::atomic<uint32_t>* spin_load = nullptr;
   uint32_t spin_load_max = 0;
+  // Server: called with each accepted connection before its handshake (and before TLS). False
+  // closes it at once and Accept returns kResourceExhausted without a handshake. The worker starts
+  // its next acceptor here, so that one silent peer cannot hold up every other client's handshake,
+  // and turns away a peer with too many handshakes under way. nullptr: nothing is called.
+  bool (*on_accept)(int fd, void* ctx) = nullptr;
+  void* on_accept_ctx = nullptr;
 };
 
 // How long to spin now: `base`, or 0 while the spin load is above its maximum.

@@ -3,6 +3,7 @@
 // that has not touched CUDA, and a session that crashes takes no other client with it.
 #include "worker/worker.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 #include <sys/prctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +42,112 @@ void OnStopSignal(int) { g_signal_stop.store(true); }
 // parent counts a spare that became a session and a session it reaped; sessions read it before
 // spinning (WorkerOptions::spin_sessions).
 std::atomic<uint32_t>* g_live_sessions = nullptr;
+
+// Handshakes run in parallel: a spare that accepts a connection tells the parent at once, and the
+// parent starts the next spare while the first one shakes hands, so a peer that connects and says
+// nothing holds up no one else's handshake (each ends at the connect timeout, 5 s). At most
+// kMaxHandshakes are under way (beyond, connections wait in the listen backlog). Once half of
+// them are, a peer (an IP address; a uid on the unix socket) with kHandshakesPerPeer under way
+// already has its further connections closed at once, before their handshake, and the worker
+// says so: one peer cannot take the slots of the others, while a burst of clients of one host
+// (tenants started together) is never turned away by a worker that has room.
+constexpr int kMaxHandshakes = 64;
+constexpr int kHandshakesPerPeer = 4;
+struct Handshakes {  // in the memory shared with every forked process; slot free when pid is 0
+  std::atomic<int32_t> pid[kMaxHandshakes];
+  std::atomic<uint64_t> peer[kMaxHandshakes];
+};
+Handshakes* g_handshakes = nullptr;
+
+// A spare's message to the parent on the pipe they share (one write each, atomic).
+struct SpareNote {
+  int32_t pid;
+  char what;  // 'a': accepted a connection, shaking hands; 's': became a session
+};
+void Note(int fd, char what) {
+  SpareNote n{static_cast<int32_t>(getpid()), what};
+  ssize_t ignored = write(fd, &n, sizeof(n));
+  (void)ignored;
+}
+
+// Who is at the other end of an accepted connection, as a key and in words.
+uint64_t PeerKey(int fd, std::string* who) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return 0;
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+    *who = text;
+    return (uint64_t{4} << 56) | ntohl(a->sin_addr.s_addr);
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+    *who = text;
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the address
+    for (uint8_t b : a->sin6_addr.s6_addr) h = (h ^ b) * 1099511628211ull;
+    return (uint64_t{6} << 56) | (h >> 8);
+  }
+  if (ss.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t n = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) != 0) return 0;
+    *who = "uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + ")";
+    return (uint64_t{0x55} << 56) | cred.uid;
+  }
+  return 0;
+}
+
+struct AcceptContext {
+  int notify_fd = -1;
+  bool accepted = false;  // told the parent; this process shakes hands and then ends or serves
+  int slot = -1;          // its slot in g_handshakes
+  bool turned_away = false;  // the last connection was closed before its handshake
+  int64_t last_turned_away_s = 0;
+};
+
+void ReleaseHandshakeSlot(AcceptContext* c) {
+  if (g_handshakes != nullptr && c->slot >= 0) g_handshakes->pid[c->slot].store(0);
+  c->slot = -1;
+}
+
+bool OnAccepted(int fd, void* ctx) {
+  auto* c = static_cast<AcceptContext*>(ctx);
+  std::string who = "?";
+  const uint64_t key = PeerKey(fd, &who);
+  if (g_handshakes != nullptr) {
+    int same = 0, busy = 0;
+    for (int i = 0; i < kMaxHandshakes; ++i) {
+      if (g_handshakes->pid[i].load() == 0) continue;
+      ++busy;
+      if (g_handshakes->peer[i].load() == key) ++same;
+    }
+    if (same >= kHandshakesPerPeer && busy >= kMaxHandshakes / 2) {
+      const int64_t now = time(nullptr);
+      if (now != c->last_turned_away_s) {  // at most a line a second
+        c->last_turned_away_s = now;
+        fprintf(stderr, "tfusion-worker: turned away a connection from %s: %d of its handshakes are under way, "
+                "%d in all (at most %d per peer once %d are)\n", who.c_str(), same, busy, kHandshakesPerPeer,
+                kMaxHandshakes / 2);
+      }
+      c->turned_away = true;
+      return false;
+    }
+    // (Two spares counting at once may each let one more in: the bound is a few, not exact.)
+    for (int i = 0; i < kMaxHandshakes && c->slot < 0; ++i) {
+      int32_t free_pid = 0;
+      if (g_handshakes->pid[i].compare_exchange_strong(free_pid, static_cast<int32_t>(getpid()))) {
+        g_handshakes->peer[i].store(key);
+        c->slot = i;
+      }
+    }
+  }
+  c->accepted = true;
+  Note(c->notify_fd, 'a');
+  return true;
+}
 
 uint32_t SpinSessions(const WorkerOptions& o) {
   if (o.spin_sessions >= 0) return static_cast<uint32_t>(o.spin_sessions);
@@ -94,20 +202,29 @@ void CloseInheritedListeners(int keep_fd) {
   topt.tcp_spin_ns = o.spin_us * 1000u;
   topt.spin_load = g_live_sessions;
   topt.spin_load_max = SpinSessions(o);
+  AcceptContext accept_ctx;
+  accept_ctx.notify_fd = notify_fd;
+  topt.on_accept = &OnAccepted;
+  topt.on_accept_ctx = &accept_ctx;
   const int slice_ms = listeners.size() > 1 ? 50 : 500;
   for (;;) {
     for (auto& l : listeners) {
       std::unique_ptr<transport::Transport> t;
       transport::ClientHello peer;
       transport::TransportStatus st = l->Accept(policy, topt, slice_ms, &t, &peer);
-      if (st.code() == transport::TransportErrc::kTimeout) continue;
+      if (st.code() == transport::TransportErrc::kTimeout && !accept_ctx.accepted) continue;
       if (!st.ok()) {
-        fprintf(stderr, "tfusion-worker: %s: %s\n", l->address(), st.message());
+        if (accept_ctx.accepted) {  // its handshake failed: the parent has another spare waiting
+          fprintf(stderr, "tfusion-worker: %s: %s\n", l->address(), st.message());
+          ReleaseHandshakeSlot(&accept_ctx);
+          _exit(0);
+        }
+        if (!accept_ctx.turned_away) fprintf(stderr, "tfusion-worker: %s: %s\n", l->address(), st.message());
+        accept_ctx.turned_away = false;  // said in OnAccepted
         continue;
       }
-      char one = 1;
-      ssize_t ignored = write(notify_fd, &one, 1);
-      (void)ignored;
+      ReleaseHandshakeSlot(&accept_ctx);
+      Note(notify_fd, 's');
       close(notify_fd);
       CloseInheritedListeners(-1);
       fprintf(stderr, "tfusion-worker[%d]: session %llx for client pid %u on %.*s via %s\n",
@@ -193,17 +310,34 @@ int RunWorker(const WorkerOptions& o) {
   }
   signal(SIGPIPE, SIG_IGN);
   if (g_live_sessions == nullptr) {
-    void* page = mmap(nullptr, sizeof(std::atomic<uint32_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                      -1, 0);
-    if (page != MAP_FAILED) g_live_sessions = new (page) std::atomic<uint32_t>(0);  // else: always spin
+    struct Shared {
+      std::atomic<uint32_t> live_sessions;
+      Handshakes handshakes;
+    };
+    void* page = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (page != MAP_FAILED) {  // else: always spin, and no limit per peer
+      auto* shared = new (page) Shared{};
+      g_live_sessions = &shared->live_sessions;
+      g_handshakes = &shared->handshakes;
+    }
   }
   if (g_live_sessions != nullptr) g_live_sessions->store(0);  // this run's sessions only
+  if (g_handshakes != nullptr)
+    for (auto& pid : g_handshakes->pid) pid.store(0);
   std::set<pid_t> sessions;
+  std::set<pid_t> handshaking;  // spares that accepted a connection and shake hands
   const pid_t self = getpid();
   pid_t spare = 0;
   pid_t keeper = 0;
   int64_t keeper_started = 0;  // CLOCK_MONOTONIC s of its last start
+  int64_t full_said = 0;       // when "every handshake slot is in use" was last said
+  // One pipe from every spare to the parent (SpareNote messages).
   int notify[2] = {-1, -1};
+  if (pipe2(notify, O_CLOEXEC) != 0) {
+    fprintf(stderr, "tfusion worker: pipe: %s\n", strerror(errno));
+    return 2;
+  }
+  fcntl(notify[0], F_SETFL, fcntl(notify[0], F_GETFL) | O_NONBLOCK);
   auto stopping = [&] { return g_signal_stop.load() || (o.stop && o.stop->load()); };
   auto monotonic_s = [] {
     timespec ts;
@@ -223,15 +357,15 @@ int RunWorker(const WorkerOptions& o) {
         fprintf(stderr, "tfusion worker: fork (zero keeper): %s\n", strerror(errno));
         keeper = 0;
       } else if (keeper == 0) {
-        KeeperMain(o, self, notify[0] >= 0 ? notify[0] : -1);
+        close(notify[1]);
+        KeeperMain(o, self, notify[0]);
       }
     }
-    if (spare == 0) {
-      if (notify[0] >= 0) close(notify[0]);
-      if (pipe2(notify, O_CLOEXEC) != 0) {
-        fprintf(stderr, "tfusion worker: pipe: %s\n", strerror(errno));
-        return 2;
-      }
+    if (spare == 0 && static_cast<int>(handshaking.size()) >= kMaxHandshakes && monotonic_s() != full_said) {
+      full_said = monotonic_s();
+      fprintf(stderr, "tfusion worker: all %d handshake slots are in use; new connections wait\n", kMaxHandshakes);
+    }
+    if (spare == 0 && static_cast<int>(handshaking.size()) < kMaxHandshakes) {
       spare = fork();
       if (spare < 0) {
         fprintf(stderr, "tfusion worker: fork: %s\n", strerror(errno));
@@ -243,21 +377,29 @@ int RunWorker(const WorkerOptions& o) {
         close(notify[0]);
         SpareMain(o, listeners, tls.get(), self, notify[1]);
       }
-      close(notify[1]);
-      notify[1] = -1;
     }
     pollfd p{notify[0], POLLIN, 0};
-    int n = poll(&p, 1, 200);
-    if (n > 0) {
-      char c;
-      if (read(notify[0], &c, 1) == 1) {  // it became a session: start another spare
-        if (sessions.insert(spare).second && g_live_sessions != nullptr) g_live_sessions->fetch_add(1);
-        spare = 0;
+    if (poll(&p, 1, 200) > 0) {
+      SpareNote note;
+      while (read(notify[0], &note, sizeof(note)) == static_cast<ssize_t>(sizeof(note))) {
+        if (note.what == 'a' && note.pid == spare) {  // shaking hands: start the next spare
+          handshaking.insert(spare);
+          spare = 0;
+        } else if (note.what == 's' && handshaking.erase(note.pid) != 0) {  // became a session
+          if (sessions.insert(note.pid).second && g_live_sessions != nullptr) g_live_sessions->fetch_add(1);
+        }
       }
     }
     int status;
     pid_t dead;
     while ((dead = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (g_handshakes != nullptr) {  // a spare killed while shaking hands frees its slot
+        for (auto& pid : g_handshakes->pid) {
+          int32_t was = static_cast<int32_t>(dead);
+          pid.compare_exchange_strong(was, 0);
+        }
+      }
+      handshaking.erase(dead);
       if (dead == spare) spare = 0;
       if (dead == keeper) {
         keeper = 0;
@@ -285,6 +427,7 @@ int RunWorker(const WorkerOptions& o) {
   // and the sessions are waited for below.
   for (auto& l : listeners) l->Close();
   if (spare > 0) kill(spare, SIGKILL);
+  for (pid_t h : handshaking) kill(h, SIGKILL);
   if (keeper > 0) {
     kill(keeper, SIGTERM);  // it stops between two scans (a checkpoint under way finishes first)
     if (!reaped_within(keeper, 5)) {
@@ -301,6 +444,7 @@ int RunWorker(const WorkerOptions& o) {
   constexpr int64_t kStopWaitS = 10;
   std::set<pid_t> ending = sessions;
   if (spare > 0) ending.insert(spare);
+  ending.insert(handshaking.begin(), handshaking.end());
   for (pid_t s : ending) kill(s, SIGKILL);
   // All were killed at once: each gets what is left of the same kStopWaitS.
   const int64_t stop_deadline = monotonic_s() + kStopWaitS;
@@ -317,6 +461,8 @@ int RunWorker(const WorkerOptions& o) {
             static_cast<int>(s), static_cast<long long>(kStopWaitS));
   }
   if (g_live_sessions != nullptr) g_live_sessions->store(0);
+  close(notify[0]);
+  close(notify[1]);
   for (pid_t dead; (dead = waitpid(-1, nullptr, WNOHANG)) > 0;) {
     if (ending.count(dead) != 0 && o.session_ended) o.session_ended(dead);  // one that just made it
   }

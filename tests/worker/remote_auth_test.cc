@@ -17,6 +17,7 @@
 #include <ctime>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -405,6 +406,73 @@ TEST_F(RemoteAuthTest, APlaintextWorkerOffLoopbackWarnsAtStart) {
   StartWorker("127.0.0.1:0");
   EXPECT_TRUE(worker_.WaitFor("listening on", 5000)) << worker_.out;
   EXPECT_FALSE(Contains(worker_.out, "without TLS")) << worker_.out;
+}
+
+// A TCP connection to host_port from source address `from` (any 127.x.y.z is this machine).
+int ConnectFrom(const char* from, const std::string& host_port) {
+  tp::HostPort hp;
+  if (!tp::ParseHostPort(host_port.c_str(), &hp).ok()) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &src.sin_addr);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(hp.port);
+  inet_pton(AF_INET, hp.host, &a.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when the worker closes fd within timeout_ms (it reads end-of-file or a reset).
+bool ClosedByPeerWithin(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) <= 0) return false;
+  char c;
+  return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+// Peers that connect and never say anything (no token needed) hold up no other client: handshakes
+// run in parallel (up to 64), and once half of them are under way a peer with 4 already has its
+// further connections closed at once, and the worker says so. Before, a single spare shook hands
+// with one connection at a time, and five silent connections kept every client out.
+TEST_F(RemoteAuthTest, SilentConnectionsHoldUpNoOtherClient) {
+  StartWorker("127.0.0.1:0");
+  const auto first = std::chrono::steady_clock::now();
+  std::vector<int> silent;
+  for (int i = 0; i < 40; ++i) {
+    int fd = ConnectFrom("127.0.0.2", tcp_);
+    ASSERT_GE(fd, 0);
+    silent.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = Probe(tcp_, "basic", kToken);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.kv["done"], "1") << r.out;
+  EXPECT_LT(took, 3.0) << "a client waited behind silent connections";
+  // Until well before the handshakes' timeout (5 s), exactly the 8 beyond the first 32 are closed.
+  std::set<int> turned_away;
+  while (std::chrono::steady_clock::now() < first + std::chrono::milliseconds(3500)) {
+    for (int fd : silent)
+      if (!turned_away.count(fd) && ClosedByPeerWithin(fd, 0)) turned_away.insert(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(turned_away.size(), 8u) << "32 handshakes wait for their hello, the peer's others are closed";
+  EXPECT_TRUE(worker_.WaitFor("turned away a connection from 127.0.0.2", 2000)) << worker_.out;
+  // The silent ones run out at the handshake's timeout, and the peer may try again.
+  int ended = 0;
+  for (int fd : silent) ended += ClosedByPeerWithin(fd, 8000) ? 1 : 0;
+  EXPECT_EQ(ended, 40);
+  for (int fd : silent) close(fd);
+  int again = ConnectFrom("127.0.0.2", tcp_);
+  ASSERT_GE(again, 0);
+  EXPECT_FALSE(ClosedByPeerWithin(again, 500)) << "the peer's handshakes were not given back";
+  close(again);
 }
 
 TEST_F(RemoteAuthTest, ABadCertificateOrKeyStopsTheWorkerAtStart) {
