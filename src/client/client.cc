@@ -444,6 +444,10 @@ CUresult FetchSessionInfo(Session* s) {
                                                     "malformed session info"));
   }
   AdjustRemoteAttributes(s);
+  if (!asked && init_result == CUDA_ERROR_INVALID_VALUE && !refusal.empty()) {
+    s->limits_refused = true;  // e.g. a session ticket bound to limits this client did not ask for
+    ClientLog("the worker refused this client: %s", refusal.c_str());
+  }
   if (asked && init_result == CUDA_ERROR_INVALID_VALUE) {
     s->limits_refused = true;
     if (!refusal.empty()) {

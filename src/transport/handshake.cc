@@ -10,8 +10,10 @@ namespace tf::transport {
 
 CredentialParts SplitCredential(const uint8_t* credential, size_t n) {
   CredentialParts p;
-  // A session ticket: "tkt1." <expiry> "." <nonce> "." <mac>; the id is all before the last dot.
-  if (n > 5 && memcmp(credential, "tkt1.", 5) == 0) {
+  // A session ticket: "tkt1." <expiry> "." <nonce> "." <mac>, or "tkt2." <expiry> "." <nonce> "."
+  // <limits digest> "." <mac>; the id is all before the last dot.
+  const bool v2 = n > 5 && memcmp(credential, "tkt2.", 5) == 0;
+  if (n > 5 && (v2 || memcmp(credential, "tkt1.", 5) == 0)) {
     size_t dots = 0, last = 0;
     for (size_t i = 0; i < n; ++i) {
       if (credential[i] == '.') {
@@ -19,7 +21,7 @@ CredentialParts SplitCredential(const uint8_t* credential, size_t n) {
         last = i;
       }
     }
-    if (dots == 3 && last + 1 < n) {
+    if (dots == (v2 ? 4u : 3u) && last + 1 < n) {
       p.id = credential;
       p.id_length = last;
       p.key = credential + last + 1;

@@ -42,9 +42,9 @@ inline constexpr uint64_t kKnownFeatures = kFeatureDeferredErrors | kFeatureBulk
 inline constexpr uint32_t kMaxRefusalReasonBytes = 512;
 
 // What a client holds to open a session: the worker's token, or a session ticket minted from it
-// ("tkt1.<expiry>.<nonce>.<mac>", src/worker/session_ticket.h). Neither crosses the wire: the
-// hello carries the credential's public id (empty for the token, "tkt1.<expiry>.<nonce>" for a
-// ticket) and the client proves it knows the key (the token, or the ticket's mac) by answering
+// ("tkt1.<expiry>.<nonce>.<mac>", or tkt2 with a limits digest before the mac;
+// src/worker/session_ticket.h). Neither crosses the wire: the hello carries the credential's
+// public id (empty for the token, all of a ticket before its mac) and the client proves it knows the key (the token, or the ticket's mac) by answering
 // the server's challenge (docs/protocol.md, "Handshake").
 inline constexpr uint32_t kMaxCredentialIdBytes = kMaxTokenBytes;
 inline constexpr size_t kAuthNonceBytes = 32;

@@ -1,5 +1,6 @@
 // The session replay loop: one frame at a time, in order, on one thread.
 #include "worker/session.h"
+#include "worker/session_ticket.h"
 
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -82,8 +83,8 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
                 private SessionMemops::Host, private SessionGreen::Host,
                 private SessionMulticast::Host, private SessionNotifications::Host {
  public:
-  Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t)
-      : opt_(o), t_(std::move(t)) {
+  Session(const WorkerOptions& o, std::unique_ptr<transport::Transport> t, std::string ticket_limits)
+      : ticket_limits_(std::move(ticket_limits)), opt_(o), t_(std::move(t)) {
     graph_host_.SetTransport(t_.get(), &event_seq_);
   }
 
@@ -439,6 +440,9 @@ class Session : public GraphHost, private SessionArrays::Host, private Generated
   std::string PrepareLimits(Reader& rd);
   std::vector<std::pair<std::string, std::string>> limits_env_;
   std::string limits_driver_;
+  // The limits digest of the session ticket the client proved (session_ticket.h); "" when its
+  // credential binds none (the token, a tkt1 ticket).
+  std::string ticket_limits_;
   void PollStaged(bool wait);
   void Cleanup();
   // cuDevicePrimaryCtxReset_v2 (below Cleanup): everything the session made in the device's
@@ -2391,6 +2395,11 @@ std::string Session::PrepareLimits(Reader& rd) {
     }
     if (!rd.Finish()) return "malformed limits record";
   }
+  if (!ticket_limits_.empty() && SessionLimitsDigest(l) != ticket_limits_) {
+    SessionLog("refused: the client's limits are not those its session ticket was made for");
+    return "the limits this client asks for (TFUSION_REMOTE_*) are not those its session ticket was made for: "
+           "run it through `tfusion run --remote` with the limits it should have";
+  }
   const bool asked = !l.vram.empty() || !l.tflops.empty() || !l.percent.empty() || !l.gpu.empty() ||
                      !l.tflops_limit.empty() || !l.percent_limit.empty() || !l.qos.empty();
   if (!asked && !opt_.vgpu_for_every_session) return "";
@@ -2537,8 +2546,14 @@ int Session::Run() {
     if (!loaded) {
       // The driver loads at the client's first request, which may ask for a vGPU of its own.
       std::string refused;
-      if (op == remote::kOpSessionInfo && (!payload_.empty() || opt_.vgpu_for_every_session)) {
+      // A session of a ticket bound to limits checks them whatever the client sends, and only
+      // its session info may come first (the stub always sends it first; anything else would run
+      // on the driver before its limits were checked).
+      if (op == remote::kOpSessionInfo &&
+          (!payload_.empty() || opt_.vgpu_for_every_session || !ticket_limits_.empty())) {
         refused = PrepareLimits(rd);
+      } else if (!ticket_limits_.empty()) {
+        refused = "a session of a ticket bound to limits must ask for them in its first request";
       }
       if (!refused.empty() || !LoadDriver()) {
         if (!refused.empty()) SessionLog("refused the client's vGPU limits: %s", refused.c_str());
@@ -2694,8 +2709,9 @@ int Session::Run() {
 
 }  // namespace
 
-int RunSession(const WorkerOptions& options, std::unique_ptr<transport::Transport> transport) {
-  Session s(options, std::move(transport));
+int RunSession(const WorkerOptions& options, std::unique_ptr<transport::Transport> transport,
+               const std::string& credential_id) {
+  Session s(options, std::move(transport), TicketLimitsDigest(credential_id));
   return s.Run();
 }
 

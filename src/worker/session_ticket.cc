@@ -34,23 +34,51 @@ bool IsHex(const std::string& s) {
 
 }  // namespace
 
-std::string MintSessionTicket(const std::string& worker_token, int64_t expires_unix_s) {
+std::string SessionLimitsDigest(const SessionLimits& l) {
+  std::string canonical;
+  for (const std::string* f : {&l.vram, &l.tflops, &l.percent, &l.gpu, &l.tflops_limit, &l.percent_limit, &l.qos,
+                               &l.idle_swap, &l.idle_disk, &l.idle_zero, &l.allocation}) {
+    canonical += std::to_string(f->size()) + ":" + *f + ";";  // length-prefixed: no value can fake a split
+  }
+  uint8_t out[transport::kSha256Bytes];
+  transport::Sha256Digest(canonical.data(), canonical.size(), out);
+  return Hex(out, 16);
+}
+
+std::string TicketLimitsDigest(const std::string& id) {
+  if (id.compare(0, 5, "tkt2.") != 0) return "";
+  const size_t dot = id.rfind('.');
+  const std::string digest = dot == std::string::npos ? "" : id.substr(dot + 1);
+  return digest.size() == 32 && IsHex(digest) ? digest : "";
+}
+
+std::string MintSessionTicket(const std::string& worker_token, int64_t expires_unix_s,
+                              const std::string& limits_digest) {
   if (worker_token.empty() || expires_unix_s <= 0) return "";
+  if (!limits_digest.empty() && (limits_digest.size() != 32 || !IsHex(limits_digest))) return "";
   unsigned char nonce[16];
   if (!transport::internal::RandomBytes(nonce, sizeof(nonce))) return "";
-  const std::string body = "tkt1." + std::to_string(expires_unix_s) + "." + Hex(nonce, sizeof(nonce));
+  const std::string body = limits_digest.empty()
+      ? "tkt1." + std::to_string(expires_unix_s) + "." + Hex(nonce, sizeof(nonce))
+      : "tkt2." + std::to_string(expires_unix_s) + "." + Hex(nonce, sizeof(nonce)) + "." + limits_digest;
   const std::string mac = Mac(worker_token, body);
   return mac.empty() ? "" : body + "." + mac;
 }
 
 std::string SessionTicketKey(const std::string& worker_token, const std::string& id, int64_t now_unix_s) {
-  if (worker_token.empty() || id.size() > 200 || id.compare(0, 5, "tkt1.") != 0) return "";
+  if (worker_token.empty() || id.size() > 200) return "";
+  const bool v2 = id.compare(0, 5, "tkt2.") == 0;
+  if (!v2 && id.compare(0, 5, "tkt1.") != 0) return "";
   const size_t a = id.find('.', 5);
-  if (a == std::string::npos || a == 5 || a - 5 > 19 || id.size() - a - 1 != 32) return "";
-  const std::string expiry = id.substr(5, a - 5), nonce = id.substr(a + 1);
+  if (a == std::string::npos || a == 5 || a - 5 > 19) return "";
+  const size_t rest = id.size() - a - 1;  // nonce, then for tkt2 "." and the digest
+  if (rest != (v2 ? 32 + 1 + 32 : 32) || (v2 && id[a + 1 + 32] != '.')) return "";
+  const std::string expiry = id.substr(5, a - 5), nonce = id.substr(a + 1, 32);
   for (char c : expiry)
     if (c < '0' || c > '9') return "";
-  if (!IsHex(nonce) || std::strtoll(expiry.c_str(), nullptr, 10) < now_unix_s) return "";
+  if (!IsHex(nonce) || (v2 && TicketLimitsDigest(id).empty()) ||
+      std::strtoll(expiry.c_str(), nullptr, 10) < now_unix_s)
+    return "";
   return Mac(worker_token, id);
 }
 

@@ -231,7 +231,9 @@ void CloseInheritedListeners(int keep_fd) {
               static_cast<int>(getpid()), static_cast<unsigned long long>(t->session().session_id),
               peer.client_pid, static_cast<int>(peer.host_id_length), peer.host_id,
               t->description());
-      _exit(RunSession(o, std::move(t)));
+      _exit(RunSession(o, std::move(t),
+                       std::string(reinterpret_cast<const char*>(peer.credential_id),
+                                   std::min<size_t>(peer.credential_id_length, sizeof(peer.credential_id)))));
     }
   }
 }

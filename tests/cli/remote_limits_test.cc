@@ -236,6 +236,29 @@ TEST_F(RemoteLimits, WithoutLimitsTheClientGetsTheWholeGpu) {
   EXPECT_NE(r.out.find("meminfo_total_mib=16384\n"), std::string::npos) << r.out;
 }
 
+// The program of a `tfusion run --remote --vram 64MiB` holds a session ticket bound to those
+// limits: a session it opens with the limits removed from its environment (which used to give it
+// the whole GPU), or changed, is refused, and says why; the run's own session keeps its 64 MiB.
+TEST_F(RemoteLimits, ATenantCannotShedItsLimitsByOpeningASessionOfItsOwn) {
+  const std::string probe = TF_REMOTE_PROBE;
+  Result r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t --vram 64MiB -- sh -c '" +
+                   probe + " fill; echo ===; env -u TFUSION_REMOTE_VRAM " + probe + " init; echo ===; TFUSION_REMOTE_VRAM=16GiB " +
+                   probe + " init' 2>&1");
+  const size_t a = r.out.find("==="), b = r.out.find("===", a + 1);
+  ASSERT_NE(b, std::string::npos) << r.out;
+  const std::string own = r.out.substr(0, a), shed = r.out.substr(a, b - a), bigger = r.out.substr(b);
+  EXPECT_NE(own.find("fill_total_mib=64\n"), std::string::npos) << own;
+  for (const std::string& part : {shed, bigger}) {
+    EXPECT_EQ(part.find("init=0\n"), std::string::npos) << part;
+    EXPECT_NE(part.find("not those its session ticket was made for"), std::string::npos) << part;
+  }
+  EXPECT_NE(ReadFile(dir_ + "/worker.log").find("refused: the client's limits are not those its session ticket"),
+            std::string::npos);
+  // A run without limits gets a ticket bound to none: its program's sessions ask for none.
+  Result plain = Run("");
+  EXPECT_EQ(plain.rc, 0) << plain.out;
+}
+
 TEST_F(RemoteLimits, LimitsTheGpuCannotGiveAreRefusedWithAReason) {
   Result r = Run("--vram 9000TiB");
   EXPECT_NE(r.rc, 0) << r.out;
@@ -409,7 +432,7 @@ TEST_F(RemoteLimits, TheProgramGetsASessionTicketAndNeverTheWorkersToken) {
   Result env = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +
                      "/w.sock --token t -- sh -c 'echo token=$TFUSION_TOKEN; exec " + TF_REMOTE_PROBE + " basic'");
   ASSERT_EQ(env.rc, 0) << env.out << ReadFile(dir_ + "/worker.log");
-  EXPECT_NE(env.out.find("token=tkt1."), std::string::npos) << env.out;
+  EXPECT_NE(env.out.find("token=tkt2."), std::string::npos) << env.out;
   EXPECT_EQ(env.out.find("token=t\n"), std::string::npos) << env.out;
   EXPECT_NE(env.out.find("device_count="), std::string::npos) << "the ticket opened a session\n" << env.out;
   Result late = Shell(env_ + "TFUSION_TICKET_TTL=1 timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ +

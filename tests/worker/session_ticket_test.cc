@@ -44,5 +44,31 @@ TEST(SessionTicket, ForgedOrForeignTicketsAreRefused) {
   EXPECT_FALSE(CheckSessionTicket("", t, kNow));
 }
 
+// A tkt2 ticket names the limits it was made for under its MAC: a holder cannot change them.
+TEST(SessionTicket, ATicketBoundToLimitsNamesThemAndCannotBeRebound) {
+  SessionLimits l;
+  l.vram = "512MiB";
+  l.percent = "10";
+  const std::string digest = SessionLimitsDigest(l);
+  ASSERT_EQ(digest.size(), 32u);
+  SessionLimits other = l;
+  other.vram = "16GiB";
+  EXPECT_NE(SessionLimitsDigest(other), digest);
+  SessionLimits shifted;  // the same characters split across fields differently
+  shifted.vram = "512MiB1";
+  shifted.percent = "0";
+  EXPECT_NE(SessionLimitsDigest(shifted), digest);
+  const std::string t = MintSessionTicket("secret", kNow + 60, digest);
+  ASSERT_EQ(t.rfind("tkt2.", 0), 0u) << t;
+  EXPECT_TRUE(CheckSessionTicket("secret", t, kNow));
+  const std::string id = t.substr(0, t.rfind('.'));
+  EXPECT_EQ(TicketLimitsDigest(id), digest);
+  // The same MAC with another digest in the id does not verify.
+  const std::string rebound = id.substr(0, id.rfind('.') + 1) + SessionLimitsDigest(other) + t.substr(t.rfind('.'));
+  EXPECT_FALSE(CheckSessionTicket("secret", rebound, kNow));
+  EXPECT_EQ(TicketLimitsDigest(MintSessionTicket("secret", kNow + 60).substr(0, 60)), "");
+  EXPECT_EQ(MintSessionTicket("secret", kNow + 60, "not-a-digest"), "");
+}
+
 }  // namespace
 }  // namespace tf::worker
