@@ -120,6 +120,10 @@ struct State {
   std::vector<Range> to_free;
   uint64_t disk = 0;                      // bytes of copies on the disk tier
   uint64_t kept = 0;                      // bytes of kept copies (Range::kept)
+  // Host budget reserved for copies being made now (pinning ahead, a swap-out's copy): counted
+  // with `kept` in the slot's host_kept_bytes, so that a process killed meanwhile gives it back
+  // when its slot is reaped.
+  uint64_t pinning = 0;
   uint32_t reclaim_seen = 0;              // TierHeader::reclaim_gen acted on
   int64_t disk_attempt_ns = 0;            // the last move to the disk tier tried
   int64_t prepared_for_ns = -1;           // the idle period (its last_active_ns) already prepared
@@ -166,6 +170,9 @@ uint64_t FixedBytes(State& s) {
   const uint64_t other = charged > s.movable + graph_charged ? charged - s.movable - graph_charged : 0;
   return other + (s.graph_read ? s.graph_reserved : graph_charged);
 }
+
+// REQUIRES s.mu. The slot's kept bytes: kept copies and the reservation of copies being made.
+void PublishKept(State& s) { s.binding->region.SetHostKept(s.binding->slot, s.kept + s.pinning); }
 
 // REQUIRES s.mu. Mirrors the process-local state into its region slot.
 void Publish(State& s) {
@@ -444,7 +451,7 @@ void FreeKeptLocked(State& s) {
   if (s.kept == 0) return;
   const uint64_t bytes = s.kept;
   s.kept = 0;
-  s.binding->region.SetHostKept(s.binding->slot, 0);
+  PublishKept(s);
   s.binding->region.ReleaseHostTier(bytes);
   for (auto& [base, r] : s.ranges) {
     if (r.kept != nullptr) DropKept(&r);
@@ -933,7 +940,7 @@ CUresult SwapInLocked(State& s, uint32_t cause) {
   Publish(s);  // host_bytes down before host_kept_bytes up: a death in between leaks, never doubles
   if (kept != 0) {
     s.kept += kept;
-    s.binding->region.SetHostKept(s.binding->slot, s.kept);
+    PublishKept(s);
   }
   g_tier_blocked.fetch_and(~kBlockedSwap, std::memory_order_seq_cst);
   pthread_cond_broadcast(&s.cv);  // the tier thread frees the host copies
@@ -1070,22 +1077,28 @@ CUresult SwapOutLocked(State& s, uint32_t cause) {
     reserved = s.binding->region.ReserveHostTier(need);
   }
   if (!reserved) return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
+  // While it copies, the whole reservation is in the slot's kept bytes: a process killed meanwhile
+  // gives it back when its slot is reaped (it leaked for good before).
+  s.pinning = need;
+  PublishKept(s);
   int64_t t_pinned = Now();
   CUresult e = CopyOut(s);  // takes over the kept copies
   int64_t t_copied = Now();
-  if (s.kept != 0) {
-    s.kept = 0;
-    s.binding->region.SetHostKept(s.binding->slot, 0);  // now part of this swap's `bytes`
-  }
+  s.kept = 0;
+  s.pinning = 0;
   if (e != CUDA_SUCCESS) {
+    PublishKept(s);  // a death in between leaks, never doubles
     s.binding->region.ReleaseHostTier(bytes);
     return AbortSwapOut(s, e, e == CUDA_ERROR_OUT_OF_MEMORY ? "host memory could not be allocated or pinned"
                                                             : "copying to host memory failed");
   }
+  // From kept bytes to host bytes: the same reservation, counted in one of the two at a time.
+  s.host += bytes;
+  PublishKept(s);
+  if (ProcessTier* t = MyTier(s)) t->host_bytes.store(s.host, std::memory_order_relaxed);
   for (auto& [base, r] : s.ranges) {
     if (r.resident) UnmapPhysical(base, &r);
   }
-  s.host += bytes;
   s.state = kTierSwapped;
   int64_t ns = Now() - t0;
   CountSwap(s, true, bytes, ns, CUDA_SUCCESS, cause);
@@ -1144,6 +1157,10 @@ bool PrepareLocked(State& s, PrepareFor why, int64_t seen_by = INT64_MAX, int ma
     need += r.size;
   }
   if (need == 0 || !s.binding->region.ReserveHostTier(need)) return false;
+  // Counted in the slot's kept bytes while it pins: a process killed meanwhile gives the
+  // reservation back when its slot is reaped (it leaked for good before).
+  s.pinning += need;
+  PublishKept(s);
   const int64_t t0 = Now();
   auto p = std::make_unique<HostPipeline>();
   bool mapped = true;
@@ -1171,10 +1188,11 @@ bool PrepareLocked(State& s, PrepareFor why, int64_t seen_by = INT64_MAX, int ma
       returned += fresh[k].size;
     }
   }
+  s.kept += attached;
+  s.pinning -= need;
+  PublishKept(s);  // before the release: a death in between leaks, never doubles
   if (returned != 0) s.binding->region.ReleaseHostTier(returned);
   if (attached != 0) {
-    s.kept += attached;
-    s.binding->region.SetHostKept(s.binding->slot, s.kept);
     GuestLog(why == PrepareFor::kIdle ? "vGPU '%s': idle: pinned %llu MiB of host copies in %.1f ms ahead of its swap-out"
                                       : "vGPU '%s': pinned %llu MiB of host copies in %.1f ms ahead of a freeze",
              s.binding->vgpu_id, static_cast<unsigned long long>(attached >> 20), (Now() - t0) / 1e6);
@@ -1492,7 +1510,7 @@ void ForgetCopiesLocked(State& s, Range* r) {
   }
   if (r->kept != nullptr) {
     s.kept -= r->size;
-    s.binding->region.SetHostKept(s.binding->slot, s.kept);
+    PublishKept(s);
     s.binding->region.ReleaseHostTier(r->size);
     DropKept(r);
   }
@@ -1753,7 +1771,7 @@ void Tiering::ResetAfterFork() {
   s.exported.clear();
   TenantVmm::Instance().ResetAfterFork();
   s.to_free.clear();
-  s.movable = s.host = s.disk = s.kept = 0;
+  s.movable = s.host = s.disk = s.kept = s.pinning = 0;
   s.state = kTierResident;
   s.thread_started = false;
   s.stop = false;

@@ -992,15 +992,18 @@ TEST_F(RemotePooledZero, AZeroFreezeOfTheAllocationReachesItsRemoteSessionThroug
 
 // What a client sends is checked by the worker: a timeout that is not a duration, longer than 30
 // days or not longer than the session's swap timeout, or an allocation id that is not one, is
-// refused with the reason in the worker's log, and no vGPU is left behind.
+// refused with the reason in the worker's log, and no vGPU is left behind. The client here holds
+// the worker's token (a session ticket would refuse any limits but its own first).
 TEST_F(RemotePooledZero, AnIdleZeroOrAllocationTheWorkerCannotTakeIsRefusedWithAReason) {
+  const std::string tfusion = TF_TFUSION;
+  const std::string stub = "LD_LIBRARY_PATH=" + tfusion.substr(0, tfusion.rfind('/')) + "/../client/inject" +
+                           " TFUSION_REMOTE=unix:" + dir_ + "/w.sock TFUSION_TOKEN=t TFUSION_REMOTE_VRAM=64MiB ";
   for (auto [env, why] : {std::pair{"TFUSION_REMOTE_IDLE_ZERO=1000h", "the allocation's idle zero timeout 1000h: at most 30 days"},
                           std::pair{"TFUSION_REMOTE_IDLE_ZERO=-5s", "the allocation's idle zero timeout -5s: give a duration"},
                           std::pair{"TFUSION_REMOTE_IDLE_ZERO=5m", "the allocation's idle zero timeout (5m) must be longer than its idle swap timeout (10m)"},
                           std::pair{"TFUSION_REMOTE_ALLOCATION=a-../x", "the client's allocation 'a-../x' is not an allocation id"}}) {
     SCOPED_TRACE(env);
-    Result r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --remote unix:" + dir_ + "/w.sock --token t --vram 64MiB -- sh -c '" +
-                     env + " exec " + TF_REMOTE_PROBE + " basic'");
+    Result r = Shell(env_ + "timeout 60 env " + stub + env + " " + TF_REMOTE_PROBE + " basic 2>&1");
     EXPECT_NE(r.rc, 0) << r.out;
     EXPECT_NE(r.out.find("the worker refused the vGPU"), std::string::npos) << r.out;
     EXPECT_NE(ReadFile(dir_ + "/worker.log").find(why), std::string::npos) << ReadFile(dir_ + "/worker.log");

@@ -233,6 +233,11 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int 
 // addresses): overlapping an existing host range is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED.
 CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
   FAKECUDA_ENTER();
+  // FAKECUDA_HOST_REGISTER_SLOW_MS=N: each registration takes N ms more (pinning a large host
+  // range), so that a test can kill the caller while it pins.
+  if (const char* slow = std::getenv("FAKECUDA_HOST_REGISTER_SLOW_MS"); slow != nullptr && *slow) {
+    usleep(static_cast<useconds_t>(std::atoi(slow)) * 1000);
+  }
   // Unsafe during a global-mode capture, as on the real driver (it invalidates the capture).
   if (CUresult r = fakecuda::CheckUnsafeDuringCapture(); r != CUDA_SUCCESS) return r;
   if (p == nullptr || bytesize == 0 ||

@@ -314,6 +314,34 @@ TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
   EXPECT_NE(out.out.find("freed=1"), std::string::npos) << out.out;
 }
 
+// A tiered tenant killed outright while it pins host copies (each registration slowed to 400 ms,
+// so a 200 MiB swap-out takes seconds) gives its reservation of the host tier back when its slot
+// is reaped: it stayed counted for good before, and enough such deaths left every other tenant's
+// swap-out refused for lack of budget.
+TEST_F(TieringTest, ATenantKilledWhilePinningGivesItsHostTierBack) {
+  env_ += "FAKECUDA_HOST_REGISTER_SLOW_MS=400 ";
+  pid_t pid = StartTenant("--vram 1GiB --vgpu dies --tiering --idle-swap 0");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor("ready")) << Run("cat " + dir_ + "/tenant.out").out;
+  pid_t freezer = StartProbe(env_ + TF_TFUSION + " freeze dies > " + dir_ + "/freeze.out 2>&1");
+  // The swap-out has reserved its 200 MiB and is pinning.
+  bool reserved = false;
+  for (int i = 0; i < 200 && !reserved; ++i) {
+    reserved = Tf("smi").out.find("host tier 200 MiB of") != std::string::npos;
+    if (!reserved) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(reserved) << Tf("smi").out;
+  kill(-pid, SIGKILL);  // the run and the tenant (its process group)
+  Finish(pid);
+  Finish(freezer);
+  bool returned = false;
+  for (int i = 0; i < 100 && !returned; ++i) {  // the next smi reaps the dead slot
+    returned = Tf("smi").out.find("host tier 0 MiB of") != std::string::npos;
+    if (!returned) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(returned) << Tf("smi").out;
+}
+
 // A freeze of a busy tenant swaps it out, and its next copy brings it straight back: the freeze
 // did what it was asked and says so (it said "FAILED (CUDA error 0)" and exited 1); the tenant's
 // bytes all come back.
