@@ -84,7 +84,20 @@ void InitOnce() {
   }
   const char* region = getenv("TFUSION_REGION");
   const char* vgpu = getenv("TFUSION_VGPU");
-  if (region && *region && vgpu && *vgpu) {
+  const bool has_region = region && *region, has_vgpu = vgpu && *vgpu;
+  if (has_region != has_vgpu) {
+    // Half a binding: an environment cut short (a launcher or wrapper that passed one variable
+    // on). Unlimited would be the wrong guess: allocations fail, and the log says why.
+    g_binding.configured = true;
+    g_binding.failed = true;
+    GuestLog("%s is set but %s is not: no vGPU to bind to, so allocations fail (pass both on, as "
+             "`tfusion run` sets them)", has_region ? "TFUSION_REGION" : "TFUSION_VGPU",
+             has_region ? "TFUSION_VGPU" : "TFUSION_REGION");
+  } else if (!has_region) {
+    GuestLog("loaded with no vGPU named (TFUSION_REGION and TFUSION_VGPU are unset): this process has "
+             "the whole GPU, unlimited");
+  }
+  if (has_region && has_vgpu) {
     g_binding.configured = true;
     RegionErrorDetail why;
     RegionError e = GpuRegion::Attach(region, &g_binding.region, &why);

@@ -146,6 +146,22 @@ TEST_F(LocalLimitsTest, TheTenantsEnvironmentHoldsNoToken) {
   EXPECT_EQ(r.out.find("admin-secret"), std::string::npos) << r.out;
 }
 
+// A child of a run whose environment lost one of the two binding variables (a launcher that
+// passes only some on) fails its CUDA calls (cuInit) and says why; it used to get the whole GPU,
+// unlimited, in silence. One that lost both is told it runs unlimited.
+TEST_F(LocalLimitsTest, AChildThatLostItsVgpuBindingFailsItsCallsAndSaysWhy) {
+  for (const char* dropped : {"TFUSION_VGPU", "TFUSION_REGION"}) {
+    Result r = Shell(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                     " --vram 512MiB -- sh -c 'env -u " + dropped + " " + TF_PROBE + " alloc' 2>&1");
+    EXPECT_NE(r.out.find("error=cuInit(0):304"), std::string::npos) << dropped << ": " << r.out;  // OPERATING_SYSTEM
+    EXPECT_EQ(r.out.find("allocated_mib="), std::string::npos) << dropped << ": " << r.out;
+    EXPECT_NE(r.out.find(std::string(" is not: no vGPU to bind to, so allocations fail")), std::string::npos) << r.out;
+  }
+  Result both = Shell(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                      " --vram 512MiB -- sh -c 'env -u TFUSION_VGPU -u TFUSION_REGION " + TF_PROBE + " alloc' 2>&1");
+  EXPECT_NE(both.out.find("this process has the whole GPU, unlimited"), std::string::npos) << both.out;
+}
+
 TEST_F(LocalLimitsTest, BadLimitsAreRefusedWithAMessageAndChangeNothing) {
   // A vGPU in use: a bad re-run of it must leave its values as they are.
   Background(Run("--vram 1GiB --percent 30 --percent-limit 60 --vgpu keep", "hold 1"), dir_ + "/keep.log",
