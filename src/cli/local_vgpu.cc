@@ -62,6 +62,20 @@ StatusOr<std::string> FindDriverLibrary(const std::string& soname, const std::st
     std::string p = std::string(dir) + "/" + soname;
     if (IsFile(p) && !IsOurs(p)) return RealPath(p);
   }
+  // Folders the loader would search first (a driver outside the system's folders, as some
+  // container images have it), skipping ours.
+  if (const char* ld = getenv("LD_LIBRARY_PATH"); ld != nullptr && *ld) {
+    std::string paths = ld;
+    for (size_t start = 0; start <= paths.size();) {
+      size_t end = paths.find(':', start);
+      if (end == std::string::npos) end = paths.size();
+      std::string dir = paths.substr(start, end - start);
+      start = end + 1;
+      if (dir.empty()) continue;
+      std::string p = dir + "/" + soname;
+      if (IsFile(p) && !IsOurs(p)) return RealPath(p);
+    }
+  }
   // The loader cache knows folders configured in /etc/ld.so.conf.d.
   if (FILE* f = popen("/sbin/ldconfig -p 2>/dev/null", "r")) {
     char line[1024];
@@ -78,8 +92,10 @@ StatusOr<std::string> FindDriverLibrary(const std::string& soname, const std::st
     pclose(f);
     if (!found.empty()) return RealPath(found);
   }
-  return Unavailable("no NVIDIA driver found on this machine (" + soname +
-                     " is not installed; is this a GPU host?)");
+  const bool nvml = soname.find("nvidia-ml") != std::string::npos;
+  return Unavailable("no NVIDIA driver found on this machine (" + soname + " is not in the system's library " +
+                     "folders, LD_LIBRARY_PATH or the loader cache; is this a GPU host?). Where it lives elsewhere, " +
+                     "name it with " + (nvml ? "--nvml" : "--driver") + " or " + env_var);
 }
 
 namespace {

@@ -590,6 +590,12 @@ int main(int argc, char** argv) {
                      libcuda.status().message().c_str());
       }
     }
+    // Sessions that ask for a vGPU need NVML to find their GPU: said at start, not at each
+    // refused client.
+    if (auto nvml = tf::cli::FindDriverLibrary("libnvidia-ml.so.1", worker_nvml, "TFUSION_REAL_LIBNVML"); !nvml.ok()) {
+      std::fprintf(stderr, "tfusion worker: clients that ask for a vGPU (--vram, --tflops, --percent, --gpu) will be "
+                   "refused: %s\n", nvml.status().message().c_str());
+    }
     hooks.session_ended = [](pid_t session) {
       tf::cli::RemoveSessionVgpus(session);
     };

@@ -49,7 +49,7 @@ Status Authorize(const ApiToken& who, const std::string& method, const std::stri
     return Status::Ok();
   }
   if (who.role == Role::kTenant) {
-    if (read && path == "/v1/quotas") return Status::Ok();
+    if (read && (path == "/v1/quotas" || path == "/v1/quotas/" + who.tenant)) return Status::Ok();
     if (method == "POST" && path == "/v1/allocations") return Status::Ok();
     if (method == "DELETE" && matches(kOneAllocation)) return Status::Ok();
     if (method == "PATCH" && matches(kOneAllocation)) return Status::Ok();  // tier idle overrides
@@ -553,6 +553,13 @@ void ApiServer::Routes() {
     if (!OwnTenant().empty()) std::erase_if(list, [](const TenantQuota& q) { return q.tenant != OwnTenant(); });
     ReplyList(req, res, "quotas", list, [](const TenantQuota& q) -> const std::string& { return q.tenant; },
               [](const TenantQuota& q) { return ToJson(q); });
+  });
+  Record("GET", R"(/v1/quotas/([^/]+))");
+  s.Get(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {
+    const std::string tenant = req.matches[1];
+    for (const TenantQuota& q : c->ListTenantQuotas())
+      if (q.tenant == tenant) return Reply(res, 200, ToJson(q));
+    ReplyError(res, NotFound("tenant '" + tenant + "' has no quota: nothing limits it"));
   });
   Record("PUT", R"(/v1/quotas/([^/]+))");
   s.Put(R"(/v1/quotas/([^/]+))", [c](const httplib::Request& req, httplib::Response& res) {

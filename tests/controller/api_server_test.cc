@@ -868,6 +868,18 @@ TEST_F(ApiServerTest, TierIdleOverridesAreStoredShownPatchedAndValidated) {
   HttpClient alice(url_, Body(made)["token"].get<std::string>());
   EXPECT_EQ(alice.Patch("/v1/allocations/" + id, R"({"idle_swap_ms":1000})")->status, 404);
 
+  // A tenant reads its own quota, not another's; an admin reads any.
+  ASSERT_EQ(client_->Put("/v1/quotas/alice", R"({"max_tflops":50})")->status, 200);
+  ASSERT_EQ(client_->Put("/v1/quotas/bob", R"({"max_tflops":70})")->status, 200);
+  auto own = alice.Get("/v1/quotas/alice");
+  EXPECT_EQ(own->status, 200) << own->body;
+  EXPECT_EQ(Body(own)["max_tflops"], 50.0) << own->body;
+  EXPECT_EQ(alice.Get("/v1/quotas/bob")->status, 403);
+  EXPECT_EQ(Body(client_->Get("/v1/quotas/bob"))["max_tflops"], 70.0);
+  auto none = client_->Get("/v1/quotas/carol");
+  EXPECT_EQ(none->status, 404);
+  EXPECT_NE(none->body.find("tenant 'carol' has no quota"), std::string::npos) << none->body;
+
   // A controller rebuilt from the store has them.
   Controller again(store_.get(), &clock_, MakeSchedulerPlacement(), nullptr);
   ASSERT_TRUE(again.Rebuild().ok());

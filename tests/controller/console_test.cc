@@ -64,7 +64,8 @@ TEST_F(ConsoleTest, ApiAnswersAreNotCachedAndNeedTheToken) {
 }
 
 TEST_F(ConsoleTest, UsageShowsPhysicalAndVirtualCapacity) {
-  ASSERT_EQ(client_->Post("/v1/pools", R"({"name":"over","tflops_oversell_ratio":2,"vram_expand_to_host_percent":50})")
+  ASSERT_EQ(client_->Post("/v1/pools", R"({"name":"over","tflops_oversell_ratio":2,"vram_expand_to_host_percent":50,
+                                             "placement_mode":"CompactFirst"})")
                 ->status,
             201);
   ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","pool":"over","gpus":[
@@ -73,9 +74,13 @@ TEST_F(ConsoleTest, UsageShowsPhysicalAndVirtualCapacity) {
                 ->status,
             200);
   ASSERT_EQ(client_->Post("/v1/nodes/n1/heartbeat", R"({"gpus":[{"uuid":"GPU-1","utilization_percent":50,"memory_used_mib":1000}]})")->status, 200);
-  auto a = client_->Post("/v1/allocations", R"({"pool":"over","tflops":150,"vram_mib":100000})");
+  // 150 TFLOPS of vGPUs on one 100-TFLOPS GPU (no one vGPU may be more than its GPU).
+  auto a = client_->Post("/v1/allocations", R"({"pool":"over","tflops":100,"vram_mib":60000})");
   ASSERT_EQ(a->status, 201) << a->body;
   const std::string placed = json::parse(a->body)["vgpus"][0]["gpu"];
+  auto b = client_->Post("/v1/allocations", R"({"pool":"over","tflops":50,"vram_mib":40000})");
+  ASSERT_EQ(b->status, 201) << b->body;
+  ASSERT_EQ(json::parse(b->body)["vgpus"][0]["gpu"], placed) << "CompactFirst packs the same GPU";
 
   json u = json::parse(client_->Get("/v1/usage")->body);
   json pool;
