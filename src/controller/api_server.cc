@@ -235,6 +235,7 @@ json NodeJson(const NodeStatus& n) {
   json j = ToJson(n.node);
   j.erase("credential_sha256");  // stored, never shown
   j["last_heartbeat_ms"] = n.last_heartbeat_ms;
+  j["allocations"] = n.allocations;
   return j;
 }
 
@@ -644,6 +645,27 @@ void ApiServer::Routes() {
     if (!n.ok()) return ReplyError(res, n.status());
     Reply(res, 200, NodeJson(*n));
   });
+  // Cordon (admin): the node keeps its allocations and takes no new ones until uncordoned
+  // (docs/operations.md, "Maintenance: cordon and drain"). Tenant and node tokens: 403 (Authorize).
+  for (const char* action : {"cordon", "uncordon"}) {
+    const std::string pattern = std::string(R"(/v1/nodes/([^/]+)/)") + action;
+    routes_.emplace_back("POST", std::regex(pattern));
+    const bool cordon = std::string(action) == "cordon";
+    s.Post(pattern, [c, cordon](const httplib::Request& req, httplib::Response& res) {
+      if (!req.body.empty()) {
+        StatusOr<json> body = ParseBody(req);
+        if (!body.ok()) return ReplyError(res, body.status());
+        for (const auto& [key, value] : body->items())
+          return ReplyError(res, InvalidArgument("field '" + key + "' is not known here (" +
+                                                 (cordon ? "a cordon" : "an uncordon") + " takes no fields)"));
+      }
+      StatusOr<Node> n = c->SetNodeCordoned(req.matches[1], cordon);
+      if (!n.ok()) return ReplyError(res, n.status());
+      StatusOr<NodeStatus> now = c->GetNode(n->name);
+      if (!now.ok()) return ReplyError(res, now.status());
+      Reply(res, 200, NodeJson(*now));
+    });
+  }
   Record("POST", R"(/v1/nodes/([^/]+)/heartbeat)");
   s.Post(R"(/v1/nodes/([^/]+)/heartbeat)", [c](const httplib::Request& req, httplib::Response& res) {
     std::vector<GpuSample> samples;

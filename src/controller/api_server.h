@@ -9,7 +9,8 @@
 //   GET  /metrics                        Prometheus text
 //   GET|POST /v1/pools, GET|PUT|DELETE /v1/pools/{name}   (placement_mode, tflops_oversell_ratio)
 //   GET /v1/quotas, PUT|DELETE /v1/quotas/{tenant}        (max_tflops, max_vram_mib, max_gpus, max_qos)
-//   GET|POST /v1/nodes (POST registers), GET /v1/nodes/{name}, POST /v1/nodes/{name}/heartbeat
+//   GET|POST /v1/nodes (POST registers), GET /v1/nodes/{name}, POST /v1/nodes/{name}/heartbeat,
+//   POST /v1/nodes/{name}/cordon and /uncordon (admin)
 //   GET  /v1/gpus[?pool=NAME]
 //   GET|POST /v1/workloads, GET|DELETE /v1/workloads/{name}
 //   GET|POST /v1/allocations[?node=NAME], GET|DELETE /v1/allocations/{id}

@@ -748,6 +748,8 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     if (node_it != nodes_.end()) {
       TF_RETURN_IF_ERROR(CheckNodeCredential(node_it->second.value, reg.credential));
       node.credential_sha256 = node_it->second.value.credential_sha256;
+      node.cordoned = node_it->second.value.cordoned;  // an agent's restart does not undo a cordon
+      node.cordoned_ms = node_it->second.value.cordoned_ms;
     }
     if (node.credential_sha256.empty() && !reg.credential.empty()) node.credential_sha256 = Sha256Hex(reg.credential);
     node.disk_tier_budget_mib = reg.disk_tier_budget_mib;
@@ -934,7 +936,7 @@ Status Controller::WithTierBudgetHintLocked(const Status& refusal, const Placeme
   for (const auto& [uuid, g] : gpus_) {
     if (g.value.pool != pr.pool || !g.value.schedulable) continue;
     auto node = nodes_.find(g.value.node);
-    if (node == nodes_.end() || node->second.value.state != NodeState::kReady) continue;
+    if (node == nodes_.end() || node->second.value.state != NodeState::kReady || node->second.value.cordoned) continue;
     largest = std::max(largest, SchedulableVramMib(g.value, &p, &node->second.value, per_node.at(g.value.node)));
     largest_unbounded = std::max(largest_unbounded, SchedulableVramMib(g.value, &p, nullptr, 0));
   }
@@ -950,6 +952,30 @@ std::map<std::string, size_t> Controller::GpusPerNodeLocked() const {
   std::map<std::string, size_t> n;
   for (const auto& [uuid, g] : gpus_) ++n[g.value.node];
   return n;
+}
+
+StatusOr<Node> Controller::SetNodeCordoned(const std::string& name, bool cordoned) {
+  return Durably([&]() -> StatusOr<Node> {
+    TF_RETURN_IF_ERROR(ValidateName("node name", name));
+    std::lock_guard<std::mutex> lock(mu_);
+    TF_RETURN_IF_ERROR(CheckServingLocked());
+    auto it = nodes_.find(name);
+    if (it == nodes_.end()) return NotFound("node '" + name + "' is not registered");
+    if (it->second.value.cordoned == cordoned) return it->second.value;
+    Node node = it->second.value;
+    node.cordoned = cordoned;
+    node.cordoned_ms = cordoned ? clock_->NowMs() : 0;
+    StatusOr<int64_t> rev = CommitLocked({Compare::At(NodeKey(name), it->second.revision)},
+                                         {Write::Put(NodeKey(name), Dump(node))});
+    if (!rev.ok()) return rev.status();
+    it->second = {node, *rev};
+    placement_dirty_ = true;  // the mirror takes the node out of (or back into) placement
+    // Suspended allocations wait for their GPUs to have room, and a cordoned node never has.
+    if (!cordoned) ResumeSuspendedLocked(name);
+    std::fprintf(stderr, "controller: node %s %s\n", name.c_str(),
+                 cordoned ? "cordoned: it takes no new allocations" : "uncordoned: it takes allocations again");
+    return node;
+  });
 }
 
 Status Controller::DeregisterNode(const std::string& name) {
@@ -1007,9 +1033,14 @@ std::vector<NodeStatus> Controller::ListNodes() const {
   std::vector<NodeStatus> out;
   for (const auto& [name, n] : nodes_) {
     auto hb = last_heartbeat_ms_.find(name);
-    out.push_back({n.value, hb == last_heartbeat_ms_.end() ? 0 : hb->second});
+    out.push_back({n.value, hb == last_heartbeat_ms_.end() ? 0 : hb->second, AllocationsOnNodeLocked(name)});
   }
   return out;
+}
+
+size_t Controller::AllocationsOnNodeLocked(const std::string& node) const {
+  auto held = allocations_by_node_.find(node);
+  return held == allocations_by_node_.end() ? 0 : held->second.size();
 }
 
 StatusOr<NodeStatus> Controller::GetNode(const std::string& name) const {
@@ -1017,7 +1048,7 @@ StatusOr<NodeStatus> Controller::GetNode(const std::string& name) const {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return NotFound("node '" + name + "' not found");
   auto hb = last_heartbeat_ms_.find(name);
-  return NodeStatus{it->second.value, hb == last_heartbeat_ms_.end() ? 0 : hb->second};
+  return NodeStatus{it->second.value, hb == last_heartbeat_ms_.end() ? 0 : hb->second, AllocationsOnNodeLocked(name)};
 }
 
 std::vector<GpuStatus> Controller::ListGpus(const std::string& pool_filter) const {

@@ -163,6 +163,7 @@ struct GpuStatus {  // a GPU with its latest heartbeat sample
 struct NodeStatus {
   Node node;
   int64_t last_heartbeat_ms = 0;
+  size_t allocations = 0;  // live allocations on it, suspended ones included (a drain waits for 0)
 };
 
 // Outcome of one placement attempt (POST /v1/allocations that reached the scheduler), the
@@ -234,6 +235,10 @@ class Controller {
   Status Heartbeat(const std::string& node, const std::vector<GpuSample>& samples,
                    const std::vector<VgpuUseSample>& vgpus = {}, const std::string& credential = "",
                    int64_t disk_tier_budget_mib = -1);
+  // Cordons a node (`cordoned`: it keeps its allocations, takes no new ones, preemption included)
+  // or uncordons it; stored with the node, so it outlasts agent re-registrations and controller
+  // restarts. Idempotent (an unchanged node is not written). kNotFound for an unknown node.
+  StatusOr<Node> SetNodeCordoned(const std::string& name, bool cordoned);
   // Removes a node and its GPUs: kFailedPrecondition while allocations are on it. Its agent may
   // then enroll again (with any credential).
   Status DeregisterNode(const std::string& name);
@@ -382,6 +387,7 @@ class Controller {
   Status UpdateTierBudgetsLocked(const std::string& node, const std::vector<GpuSample>& samples,
                                  int64_t disk_tier_budget_mib);
   std::map<std::string, size_t> GpusPerNodeLocked() const;
+  size_t AllocationsOnNodeLocked(const std::string& node) const;
   // A refusal for lack of room, with why when the request would fit the pool's VRAM expansion but
   // the nodes' tier budgets bound it below the request.
   Status WithTierBudgetHintLocked(const Status& refusal, const PlacementRequest& request) const;

@@ -47,6 +47,10 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   o.Family("tf_controller_nodes", Type::kGauge, "Registered nodes by state.");
   o.Sample("tf_controller_nodes", {{"state", "ready"}}, static_cast<double>(ready));
   o.Sample("tf_controller_nodes", {{"state", "lost"}}, static_cast<double>(lost));
+  size_t cordoned = 0;
+  for (const auto& [n, node] : nodes_) cordoned += node.value.cordoned ? 1 : 0;
+  o.Family("tf_controller_nodes_cordoned", Type::kGauge, "Registered nodes cordoned (taking no new allocations).");
+  o.Sample("tf_controller_nodes_cordoned", {}, static_cast<double>(cordoned));
 
   struct PoolSums {
     MilliTflops cap_milli = 0, used_milli = 0;  // exact sums

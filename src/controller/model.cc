@@ -92,7 +92,9 @@ json ToJson(const Node& n) {
           {"registered_ms", n.registered_ms},
           {"lost_since_ms", n.lost_since_ms},
           {"credential_sha256", n.credential_sha256},
-          {"disk_tier_budget_mib", n.disk_tier_budget_mib}};
+          {"disk_tier_budget_mib", n.disk_tier_budget_mib},
+          {"cordoned", n.cordoned},
+          {"cordoned_ms", n.cordoned_ms}};
 }
 
 int64_t DiskTierShareMib(int64_t node_disk_tier_budget_mib, size_t node_gpus) {
@@ -280,6 +282,8 @@ StatusOr<Node> NodeFromJson(const std::string& text) {
     n.lost_since_ms = j.value("lost_since_ms", int64_t{0});
     n.credential_sha256 = j.value("credential_sha256", "");
     n.disk_tier_budget_mib = j.value("disk_tier_budget_mib", int64_t{-1});
+    n.cordoned = j.value("cordoned", false);  // absent in records written before cordons existed
+    n.cordoned_ms = j.value("cordoned_ms", int64_t{0});
   });
 }
 

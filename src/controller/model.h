@@ -80,6 +80,11 @@ struct Node {
   // shared evenly by its GPUs (DiskTierShareMib); 0: no disk tier; -1: not reported (an older
   // agent): the pool's disk expansion counts in full.
   int64_t disk_tier_budget_mib = -1;
+  // Cordoned by an operator (tfusion node cordon): the node keeps its allocations and running
+  // work but takes no new placements, preemption included, until uncordoned. Its agent's
+  // re-registration keeps it; only uncordon (or removing the node) clears it.
+  bool cordoned = false;
+  int64_t cordoned_ms = 0;  // when it was cordoned; 0 while not
 };
 
 struct Gpu {

@@ -109,9 +109,9 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
     Status st = scheduler_->Commit(r, p);
     if (!st.ok()) std::fprintf(stderr, "placement: GPU %s residual usage: %s\n", g->uuid.c_str(), st.ToString().c_str());
   }
-  // Lost nodes take no new work (cordoned after their allocations were mirrored).
+  // Lost and cordoned nodes take no new work (taken out after their allocations were mirrored).
   for (const Node* n : snap.nodes)
-    if (n->state == NodeState::kLost) (void)scheduler_->SetSchedulable(n->name, false);
+    if (n->state == NodeState::kLost || n->cordoned) (void)scheduler_->SetSchedulable(n->name, false);
   // Quotas last: a quota lowered below current use must not drop existing allocations.
   for (const TenantQuota* q : snap.quotas)
     scheduler_->SetTenantQuota(q->tenant, {ToTflops(q->max_milli_tflops), q->max_vram_mib, q->max_gpus});

@@ -958,5 +958,62 @@ TEST_F(ApiServerTest, IdleZeroAndTheFreezeLevelAreValidatedAndStored) {
   EXPECT_EQ(again.GetAllocation(id)->zero_requests, 1u) << "stored";
 }
 
+// Trial 44, F2: cordon and uncordon (admin) over HTTP. The node keeps its allocations, shows as
+// cordoned with how many it holds, stays cordoned when its agent registers again; tenant and node
+// tokens may not cordon; an unknown node is a 404 that says so.
+TEST_F(ApiServerTest, CordonAndUncordonANodeOverHttp) {
+  for (const char* n : {"n1", "n2"}) {
+    const std::string reg = std::string(R"({"name":")") + n + R"(","gpus":[{"uuid":"GPU-)" + n +
+                            R"(","model":"L4","tflops":120,"vram_mib":23034}]})";
+    ASSERT_EQ(client_->Post("/v1/nodes", reg)->status, 200);
+  }
+  auto a = client_->Post("/v1/allocations", R"({"tflops":60,"vram_mib":1000,"node":"n1"})");
+  ASSERT_EQ(a->status, 201) << a->body;
+  auto r = client_->Post("/v1/nodes/n1/cordon", "");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Body(r)["cordoned"], true);
+  EXPECT_EQ(Body(r)["allocations"], 1);
+  EXPECT_EQ(Body(r).count("credential_sha256"), 0u);
+  r = client_->Get("/v1/nodes/n1");
+  EXPECT_EQ(Body(r)["cordoned"], true);
+  EXPECT_EQ(Body(r)["state"], "ready");
+  r = client_->Get("/v1/nodes");
+  EXPECT_EQ(Body(r)["nodes"][0]["cordoned"], true);
+  EXPECT_EQ(Body(r)["nodes"][1]["cordoned"], false);
+  EXPECT_EQ(Body(r)["nodes"][1]["allocations"], 0);
+  // New work goes to n2 only; pinned to n1 it is refused.
+  r = client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":100})");
+  ASSERT_EQ(r->status, 201) << r->body;
+  EXPECT_EQ(Body(r)["node"], "n2");
+  r = client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":100,"node":"n1"})");
+  EXPECT_EQ(r->status, 409) << r->body;
+  // The agent registers again (it restarted): the cordon stays.
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-n1","model":"L4","tflops":120,"vram_mib":23034}]})")->status, 200);
+  EXPECT_EQ(Body(client_->Get("/v1/nodes/n1"))["cordoned"], true);
+  // Who may: an admin only.
+  auto made = client_->Post("/v1/tokens", R"({"role":"tenant","tenant":"acme"})");
+  ASSERT_EQ(made->status, 201);
+  HttpClient acme(url_, Body(made)["token"].get<std::string>());
+  r = acme.Post("/v1/nodes/n1/uncordon", "");
+  EXPECT_EQ(r->status, 403) << r->body;
+  made = client_->Post("/v1/tokens", R"({"role":"node","node":"n1"})");
+  ASSERT_EQ(made->status, 201);
+  HttpClient agent(url_, Body(made)["token"].get<std::string>());
+  EXPECT_EQ(agent.Post("/v1/nodes/n1/uncordon", "")->status, 403);
+  EXPECT_TRUE(c_->GetNode("n1")->node.cordoned);
+  r = client_->Post("/v1/nodes/nope/cordon", "");
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(Body(r)["error"]["message"], "node 'nope' is not registered");
+  r = client_->Post("/v1/nodes/n1/uncordon", R"({"schedulable":true})");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(Body(r)["error"]["message"], "field 'schedulable' is not known here (an uncordon takes no fields)");
+  EXPECT_EQ(client_->Get("/v1/nodes/n1/cordon")->status, 405);
+  r = client_->Post("/v1/nodes/n1/uncordon", "");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Body(r)["cordoned"], false);
+  r = client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":100,"node":"n1"})");
+  EXPECT_EQ(r->status, 201) << r->body;
+}
+
 }  // namespace
 }  // namespace tf::controller

@@ -499,5 +499,81 @@ TEST_F(ControllerTest, TwoControllersOnOneStoreNeverDoubleAllocate) {
   EXPECT_TRUE(other.Allocate({"", "", 30, 1, 1, "", ""}).ok());
 }
 
+// Maintenance (trial 44, F2): a cordoned node keeps what it holds and takes nothing new, across its
+// agent's re-registration, its loss and return, and a controller restart, until uncordoned.
+TEST_F(ControllerTest, ACordonedNodeKeepsItsAllocationsAndTakesNoNewOnesUntilUncordoned) {
+  testing::AddNodes(*c_, 2, 1);
+  auto a = c_->Allocate({"", "", 30, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok());
+  const std::string busy = a->node, other = busy == "node-0" ? "node-1" : "node-0";
+  StatusOr<Node> n = c_->SetNodeCordoned(busy, true);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_TRUE(n->cordoned);
+  EXPECT_EQ(n->cordoned_ms, clock_.NowMs());
+  EXPECT_TRUE(c_->SetNodeCordoned(busy, true).ok());  // again: no change, no error
+  ASSERT_TRUE(c_->GetAllocation(a->id).ok());
+  EXPECT_EQ(c_->GetNode(busy)->allocations, 1u);
+  // The default mode packs onto the busiest node; cordoned, the work goes to the other one.
+  auto b = c_->Allocate({"", "", 30, 1, 1, "", ""});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->node, other);
+  AllocationRequest pinned{"", "", 10, 1, 1, "", ""};
+  pinned.node = busy;
+  EXPECT_EQ(c_->Allocate(pinned).status().code(), StatusCode::kOutOfMemory);
+  ASSERT_TRUE(c_->Allocate({"", "", 70, 1, 1, "", ""}).ok());  // the other node is full now
+  EXPECT_EQ(c_->Allocate({"", "", 10, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory)
+      << "placed on the cordoned node, which has 70 TFLOPS free";
+  // The agent restarts and registers again: still cordoned.
+  NodeRegistration reg{busy, "", "", {{"GPU-" + busy.substr(5) + "-0", "H100-SXM", 0, 0, 100.0, 81920}}};
+  ASSERT_TRUE(c_->RegisterNode(reg).ok());
+  EXPECT_TRUE(c_->GetNode(busy)->node.cordoned);
+  EXPECT_EQ(c_->Allocate({"", "", 10, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  // Lost and back: still cordoned, its allocation kept (within the grace period).
+  clock_.AdvanceMs(11'000);
+  ASSERT_TRUE(c_->Heartbeat(other, {}).ok());
+  c_->Tick();
+  ASSERT_EQ(c_->GetNode(busy)->node.state, NodeState::kLost);
+  ASSERT_TRUE(c_->Heartbeat(busy, {}).ok());
+  EXPECT_EQ(c_->GetNode(busy)->node.state, NodeState::kReady);
+  EXPECT_TRUE(c_->GetNode(busy)->node.cordoned);
+  // Stored with the node: a restarted controller still keeps new work off it.
+  Restart();
+  EXPECT_TRUE(c_->GetNode(busy)->node.cordoned);
+  EXPECT_FALSE(c_->GetNode(other)->node.cordoned);
+  EXPECT_TRUE(c_->GetAllocation(a->id).ok());
+  EXPECT_EQ(c_->Allocate({"", "", 10, 1, 1, "", ""}).status().code(), StatusCode::kOutOfMemory);
+  // Uncordoned, it takes work again.
+  n = c_->SetNodeCordoned(busy, false);
+  ASSERT_TRUE(n.ok());
+  EXPECT_FALSE(n->cordoned);
+  EXPECT_EQ(n->cordoned_ms, 0);
+  auto c = c_->Allocate({"", "", 10, 1, 1, "", ""});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->node, busy);
+  Restart();
+  EXPECT_FALSE(c_->GetNode(busy)->node.cordoned);
+  EXPECT_EQ(c_->SetNodeCordoned("no-such-node", true).status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(ControllerTest, PreemptionDoesNotPlaceOnACordonedNode) {
+  testing::AddNodes(*c_, 2, 1);
+  auto low0 = c_->Allocate({"", "", 100, 1, 1, "low", ""});
+  auto low1 = c_->Allocate({"", "", 100, 1, 1, "low", ""});
+  ASSERT_TRUE(low0.ok() && low1.ok());
+  ASSERT_TRUE(c_->SetNodeCordoned(low0->node, true).ok());
+  std::vector<Allocation> preempted;
+  auto crit = c_->Allocate({"", "", 100, 1, 1, "critical", ""}, &preempted);
+  ASSERT_TRUE(crit.ok()) << crit.status().ToString();
+  EXPECT_EQ(crit->node, low1->node);
+  ASSERT_EQ(preempted.size(), 1u);
+  EXPECT_EQ(preempted[0].id, low1->id);
+  // Both cordoned: nothing to place on, and the low allocation on the cordoned node stays.
+  ASSERT_TRUE(c_->SetNodeCordoned(low1->node, true).ok());
+  preempted.clear();
+  EXPECT_EQ(c_->Allocate({"", "", 100, 1, 1, "critical", ""}, &preempted).status().code(), StatusCode::kOutOfMemory);
+  EXPECT_TRUE(preempted.empty());
+  EXPECT_TRUE(c_->GetAllocation(low0->id).ok());
+}
+
 }  // namespace
 }  // namespace tf::controller
