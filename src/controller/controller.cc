@@ -709,6 +709,28 @@ Status Controller::DeletePool(const std::string& name) {
 
 // ---- nodes ----
 
+namespace {
+// A GPU re-registered with less than its allocations hold (a smaller reported VRAM, a changed
+// catalog override, a typo in an agent's overrides file) would be over 100% allocated and nothing
+// would say so: refused, naming what it holds and what it reports. Tier budgets do not count here:
+// they follow free host memory and disk, and heartbeats change them without a refusal.
+Status HoldsWhatItsAllocationsNeed(const Gpu& reported, const Pool& pool) {
+  if (reported.used_milli_tflops <= 0 && reported.used_vram_mib <= 0) return Status::Ok();
+  const sched::SchedulableCapacity cap = UnboundedSchedulableCapacity(reported, pool);
+  if (reported.used_milli_tflops <= cap.compute && reported.used_vram_mib <= cap.vram_mib) return Status::Ok();
+  char buf[640];
+  std::snprintf(buf, sizeof(buf),
+                "GPU %s holds allocations of %g TFLOPS and %lld MiB but now reports %g TFLOPS and %lld MiB "
+                "(%g TFLOPS and %lld MiB to allocate in pool '%s'); the registration changed nothing: release "
+                "its allocations first (tfusion ps lists them) or fix the GPU's report",
+                reported.uuid.c_str(), ToTflops(reported.used_milli_tflops),
+                static_cast<long long>(reported.used_vram_mib), ToTflops(reported.milli_tflops),
+                static_cast<long long>(reported.vram_mib), ToTflops(cap.compute), static_cast<long long>(cap.vram_mib),
+                pool.name.c_str());
+  return FailedPrecondition(buf);
+}
+}  // namespace
+
 StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
   return Durably([&]() -> StatusOr<Node> {
     NodeRegistration reg = reg_in;
@@ -766,6 +788,7 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
         if (g.used_milli_tflops > 0 && g.pool != it->second.value.pool)
           return FailedPrecondition("GPU " + r.uuid + " holds allocations in pool '" +
                                     it->second.value.pool + "'; release them before moving the node");
+        TF_RETURN_IF_ERROR(HoldsWhatItsAllocationsNeed(g, pools_.at(reg.pool).value));
         compares.push_back(Compare::At(GpuKey(r.uuid), it->second.revision));
       } else {
         compares.push_back(Compare::Absent(GpuKey(r.uuid)));

@@ -289,14 +289,25 @@ sched::TierBudgets GpuTierBudgets(const Gpu& gpu, const Node* node, size_t node_
   return {gpu.host_tier_budget_mib, node ? DiskTierShareMib(node->disk_tier_budget_mib, node_gpus) : -1};
 }
 
-int64_t SchedulableVramMib(const Gpu& gpu, const Pool* pool, const Node* node, size_t node_gpus) {
+namespace {
+sched::PoolSpec CapacitySpec(const Pool* pool) {
   sched::PoolSpec spec;
   if (pool != nullptr) {
+    spec.tflops_oversell_ratio = std::max(1.0, pool->tflops_oversell_ratio);
     spec.vram_expand_to_host_percent = pool->vram_expand_to_host_percent;
     spec.vram_expand_to_disk_percent = pool->vram_expand_to_disk_percent;
   }
-  return sched::GpuSchedulableCapacity(ToTflops(gpu.milli_tflops), gpu.vram_mib, spec,
+  return spec;
+}
+}  // namespace
+
+int64_t SchedulableVramMib(const Gpu& gpu, const Pool* pool, const Node* node, size_t node_gpus) {
+  return sched::GpuSchedulableCapacity(ToTflops(gpu.milli_tflops), gpu.vram_mib, CapacitySpec(pool),
                                        GpuTierBudgets(gpu, node, node_gpus)).vram_mib;
+}
+
+sched::SchedulableCapacity UnboundedSchedulableCapacity(const Gpu& gpu, const Pool& pool) {
+  return sched::GpuSchedulableCapacity(ToTflops(gpu.milli_tflops), gpu.vram_mib, CapacitySpec(&pool));
 }
 
 }  // namespace tf::controller

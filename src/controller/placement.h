@@ -118,5 +118,9 @@ sched::TierBudgets GpuTierBudgets(const Gpu& gpu, const Node* node, size_t node_
 // The VRAM placement counts on `gpu` (MiB): physical, plus its pool's expansion as far as the
 // node's tier budgets allow. `pool` null: no expansion. `node_gpus`: the GPUs of its node.
 int64_t SchedulableVramMib(const Gpu& gpu, const Pool* pool, const Node* node, size_t node_gpus);
+// What placement may count on `gpu` in `pool` when no tier budget bounds the VRAM expansion: its
+// physical TFLOPS x the pool's oversell ratio, its VRAM plus the pool's full expansion. Budgets
+// change with the node's free memory and disk; this changes only with the GPU or the pool.
+sched::SchedulableCapacity UnboundedSchedulableCapacity(const Gpu& gpu, const Pool& pool);
 
 }  // namespace tf::controller

@@ -1015,5 +1015,20 @@ TEST_F(ApiServerTest, CordonAndUncordonANodeOverHttp) {
   EXPECT_EQ(r->status, 201) << r->body;
 }
 
+// Trial 44, F2: an agent registering a GPU below what its allocations hold gets a 409 naming the
+// GPU, and the stored GPU stays as it was.
+TEST_F(ApiServerTest, ARegistrationThatShrinksABusyGpuIs409AndChangesNothing) {
+  ASSERT_EQ(client_->Post("/v1/nodes", R"({"name":"l4-a","gpus":[{"uuid":"GPU-l4-a-0","model":"L4","tflops":121,"vram_mib":23034}]})")->status, 200);
+  ASSERT_EQ(client_->Post("/v1/allocations", R"({"tflops":121,"vram_mib":23034})")->status, 201);
+  auto r = client_->Post("/v1/nodes", R"({"name":"l4-a","gpus":[{"uuid":"GPU-l4-a-0","model":"L4","tflops":50,"vram_mib":10000}]})");
+  EXPECT_EQ(r->status, 409) << r->body;
+  EXPECT_EQ(Body(r)["error"]["code"], "failed_precondition");
+  const std::string m = Body(r)["error"]["message"];
+  EXPECT_EQ(m.rfind("GPU GPU-l4-a-0 holds allocations of 121 TFLOPS and 23034 MiB but now reports 50 TFLOPS and 10000 MiB", 0), 0u) << m;
+  auto gpus = Body(client_->Get("/v1/gpus"))["gpus"];
+  EXPECT_EQ(gpus[0]["tflops"], 121);
+  EXPECT_EQ(gpus[0]["vram_mib"], 23034);
+}
+
 }  // namespace
 }  // namespace tf::controller

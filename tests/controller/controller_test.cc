@@ -575,5 +575,54 @@ TEST_F(ControllerTest, PreemptionDoesNotPlaceOnACordonedNode) {
   EXPECT_TRUE(c_->GetAllocation(low0->id).ok());
 }
 
+// Trial 44, F2: a node re-registered with a GPU smaller than what its allocations hold was accepted
+// silently (230% of its VRAM allocated). It is refused, naming the GPU, and nothing changes.
+TEST_F(ControllerTest, ReRegisteringAGpuBelowWhatItsAllocationsHoldIsRefused) {
+  Pool spec;
+  spec.name = "infer";
+  spec.tflops_oversell_ratio = 2.0;
+  ASSERT_TRUE(c_->CreatePool(spec).ok());
+  NodeRegistration reg{"l4-a", "infer", "10.0.0.5:9400", {{"GPU-l4-a-0", "NVIDIA-L4", 0, 0, 121.0, 23034}}};
+  ASSERT_TRUE(c_->RegisterNode(reg).ok());
+  auto a = c_->Allocate({"", "infer", 121, 23034, 1, "", ""});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto gpu = [&] { return c_->ListGpus("infer").at(0).gpu; };
+  NodeRegistration smaller = reg;
+  smaller.address = "10.0.0.6:9400";
+  smaller.gpus[0].tflops = 50;  // 100 to allocate at oversell 2: below the 121 held
+  smaller.gpus[0].vram_mib = 10000;
+  StatusOr<Node> n = c_->RegisterNode(smaller);
+  ASSERT_EQ(n.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(HttpStatusFor(n.status()), 409);
+  EXPECT_EQ(n.status().message(),
+            "GPU GPU-l4-a-0 holds allocations of 121 TFLOPS and 23034 MiB but now reports 50 TFLOPS and 10000 MiB "
+            "(100 TFLOPS and 10000 MiB to allocate in pool 'infer'); the registration changed nothing: release its "
+            "allocations first (tfusion ps lists them) or fix the GPU's report");
+  EXPECT_EQ(gpu().milli_tflops, 121000);
+  EXPECT_EQ(gpu().vram_mib, 23034);
+  EXPECT_EQ(c_->GetNode("l4-a")->node.address, "10.0.0.5:9400");
+  // VRAM alone below what is held: refused too.
+  smaller.gpus[0].tflops = 121;
+  EXPECT_EQ(c_->RegisterNode(smaller).status().code(), StatusCode::kFailedPrecondition);
+  // Smaller, but the oversold compute still covers what is held: accepted.
+  smaller.gpus[0].tflops = 61;
+  smaller.gpus[0].vram_mib = 23034;
+  ASSERT_TRUE(c_->RegisterNode(smaller).ok());
+  EXPECT_EQ(gpu().milli_tflops, 61000);
+  // The refused agent keeps retrying and sends no heartbeats: lost past the grace period, the
+  // node's allocations are released as node-lost, and then the smaller GPU registers.
+  smaller.gpus[0].tflops = 10;
+  smaller.gpus[0].vram_mib = 1000;
+  ASSERT_EQ(c_->RegisterNode(smaller).status().code(), StatusCode::kFailedPrecondition);
+  clock_.AdvanceMs(11'000);
+  c_->Tick();
+  clock_.AdvanceMs(31'000);
+  c_->Tick();
+  EXPECT_FALSE(c_->GetAllocation(a->id).ok());
+  EXPECT_EQ(c_->ListEvictions("l4-a").at(0).reason, "node-lost");
+  ASSERT_TRUE(c_->RegisterNode(smaller).ok());
+  EXPECT_EQ(gpu().vram_mib, 1000);
+}
+
 }  // namespace
 }  // namespace tf::controller
