@@ -335,7 +335,7 @@ int main(int argc, char** argv) {
   auto* quota_rm = quota_cmd->add_subcommand("rm", "remove a tenant's quota (its allocations stay)");
   quota_rm->add_option("tenant", quota_tenant)->required();
   for (auto* c : {quota_set, quota_get, quota_ls, quota_rm}) AddClientFlags(c, &client);
-  auto* node_cmd = app.add_subcommand("node", "list nodes, or remove one");
+  auto* node_cmd = app.add_subcommand("node", "list nodes, cordon or uncordon one, or remove one");
   node_cmd->require_subcommand(1);
   auto* node_ls = node_cmd->add_subcommand("ls", "list nodes and their GPUs");
   AddClientFlags(node_ls, &client);
@@ -343,6 +343,14 @@ int main(int argc, char** argv) {
   auto* node_rm = node_cmd->add_subcommand("rm", "remove a node that holds no allocations (its agent may enroll again)");
   node_rm->add_option("name", node_rm_name)->required();
   AddClientFlags(node_rm, &client);
+  std::string node_cordon_name;
+  auto* node_cordon = node_cmd->add_subcommand(
+      "cordon", "keep new allocations off a node (admin): it keeps its allocations and running work; to drain it "
+                "for maintenance, cordon it and wait until `tfusion node ls` shows 0 under ALLOCS");
+  node_cordon->add_option("name", node_cordon_name)->required();
+  auto* node_uncordon = node_cmd->add_subcommand("uncordon", "let a cordoned node take new allocations again (admin)");
+  node_uncordon->add_option("name", node_cordon_name)->required();
+  for (auto* c : {node_cordon, node_uncordon}) AddClientFlags(c, &client);
   tf::controller::TokenSpec token_spec;
   std::string token_rm_id;
   auto* token_cmd = app.add_subcommand("token", "API tokens with a role: admin, tenant (its own allocations), node");
@@ -707,6 +715,8 @@ int main(int argc, char** argv) {
   if (pool_rm->parsed()) return tf::controller::PoolDelete(client, pool_name);
   if (node_ls->parsed()) return tf::controller::NodeList(client);
   if (node_rm->parsed()) return tf::controller::NodeRemove(client, node_rm_name);
+  if (node_cordon->parsed()) return tf::controller::NodeCordon(client, node_cordon_name, true);
+  if (node_uncordon->parsed()) return tf::controller::NodeCordon(client, node_cordon_name, false);
   if (token_create->parsed()) return tf::controller::TokenCreate(client, token_spec);
   if (token_ls->parsed()) return tf::controller::TokenList(client);
   if (token_rm->parsed()) return tf::controller::TokenRevoke(client, token_rm_id);

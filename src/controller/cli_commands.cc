@@ -661,6 +661,20 @@ int NodeRemove(const ClientOptions& c, const std::string& name) {
   return 0;
 }
 
+int NodeCordon(const ClientOptions& c, const std::string& name, bool cordon) {
+  if (int rc = CheckName("node name", name)) return rc;
+  StatusOr<json> r = Call(c, "POST", "/v1/nodes/" + name + (cordon ? "/cordon" : "/uncordon"));
+  if (!r.ok()) return Fail(r.status());
+  const int64_t held = r->value("allocations", int64_t{0});
+  if (cordon) {
+    Out(c) << "node " << name << " cordoned: it takes no new allocations and keeps its " << held
+           << " allocation(s); drained once `tfusion node ls` shows 0 under ALLOCS\n";
+  } else {
+    Out(c) << "node " << name << " uncordoned: it takes new allocations again\n";
+  }
+  return 0;
+}
+
 int AllocationTier(const ClientOptions& c, const std::string& id, bool freeze, bool zero) {
   if (int rc = CheckName("allocation id", id)) return rc;
   const json body = freeze ? json{{"level", zero ? "zero" : "host"}} : json::object();
@@ -746,8 +760,8 @@ int NodeList(const ClientOptions& c) {
   StatusOr<json> gpus = CallList(c, "/v1/gpus", "gpus");
   if (!gpus.ok()) return Fail(gpus.status());
   std::vector<std::vector<std::string>> rows{
-      {"NODE", "POOL", "STATE", "GPUS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER", "SCHED_VRAM_MIB", "HOST_TIER_MIB",
-       "DISK_TIER_MIB"}};
+      {"NODE", "POOL", "STATE", "GPUS", "ALLOCS", "TFLOPS", "VRAM_MIB", "ADDRESS", "WORKER", "SCHED_VRAM_MIB",
+       "HOST_TIER_MIB", "DISK_TIER_MIB"}};
   // A tier budget as the agent reported it; "-" when it did not (the pool's expansion counts in full).
   auto budget = [](int64_t mib) { return mib < 0 ? std::string("-") : std::to_string(mib); };
   for (const json& n : (*nodes)["nodes"]) {
@@ -763,7 +777,10 @@ int NodeList(const ClientOptions& c) {
         sv += g.value("schedulable_vram_mib", g.value("vram_mib", int64_t{0}));
         if (const int64_t h = g.value("host_tier_budget_mib", int64_t{-1}); h >= 0) host = std::max<int64_t>(host, 0) + h;
       }
-    rows.push_back({name, n.value("pool", ""), n.value("state", ""), std::to_string(count), Fixed(t),
+    // A cordoned node reads "ready,cordoned" (one word: the table splits on blanks).
+    const std::string state = n.value("state", "") + (n.value("cordoned", false) ? ",cordoned" : "");
+    rows.push_back({name, n.value("pool", ""), state, std::to_string(count),
+                    std::to_string(n.value("allocations", int64_t{0})), Fixed(t),
                     std::to_string(v), n.value("address", ""),
                     n.value("worker_address", "").empty() ? "-" : n.value("worker_address", ""), std::to_string(sv),
                     budget(host), budget(n.value("disk_tier_budget_mib", int64_t{-1}))});

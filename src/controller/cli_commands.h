@@ -123,6 +123,8 @@ int PoolSet(const ClientOptions& client, const PoolSettings& pool);     // tfusi
 int PoolDelete(const ClientOptions& client, const std::string& name);  // tfusion pool rm NAME
 int NodeList(const ClientOptions& client);                          // tfusion node ls
 int NodeRemove(const ClientOptions& client, const std::string& name);  // tfusion node rm NAME
+// tfusion node cordon / uncordon NAME (admin): the node keeps its allocations and takes no new ones.
+int NodeCordon(const ClientOptions& client, const std::string& name, bool cordon);
 // tfusion token create/ls/rm (admin): API tokens with a role (admin, tenant, node).
 struct TokenSpec {
   std::string role, tenant, node, description;

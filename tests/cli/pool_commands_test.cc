@@ -588,4 +588,82 @@ TEST_F(PoolCommandsTest, NodeTierBudgetsBoundAPoolsVramExpansion) {
   EXPECT_TRUE(std::regex_search(Tf("node ls").out, std::regex("tier-small .* 24576 +8192 +0\n"))) << Tf("node ls").out;
 }
 
+// Trial 44, F2: `tfusion node cordon` keeps new work off a node that keeps its allocations, `node ls`
+// shows it cordoned with how many it still holds (drained at 0), `node uncordon` undoes it; a tenant
+// cannot; an unknown node is named.
+TEST_F(PoolCommandsTest, NodeCordonAndUncordonForMaintenance) {
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 40, "vram_mib": 1000})");
+  ASSERT_TRUE(a.ok() && a->status == 201) << (a.ok() ? a->body : a.status().ToString());
+  const std::string id = nlohmann::json::parse(a->body)["id"];
+  Result r = Tf("node cordon gpu-node-1");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("node gpu-node-1 cordoned: it takes no new allocations and keeps its 1 allocation(s)"),
+            std::string::npos) << r.out;
+  r = Tf("node ls");
+  EXPECT_NE(r.out.find(" ALLOCS "), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("gpu-node-1 +default +ready,cordoned +1 +1 "))) << r.out;
+  auto refused = client.Post("/v1/allocations", R"({"tflops": 10, "vram_mib": 100})");
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->status, 409) << refused->body;
+  // Drained: its last allocation released, `node ls` shows 0.
+  ASSERT_EQ(client.Delete("/v1/allocations/" + id)->status, 200);
+  EXPECT_TRUE(std::regex_search(Tf("node ls").out, std::regex("gpu-node-1 +default +ready,cordoned +1 +0 ")))
+      << Tf("node ls").out;
+  // A tenant token may not uncordon; an unknown node is a clear 404.
+  auto made = client.Post("/v1/tokens", R"({"role":"tenant","tenant":"acme"})");
+  ASSERT_EQ(made->status, 201) << made->body;
+  const std::string acme = nlohmann::json::parse(made->body)["token"];
+  r = Shell(std::string(TF_TFUSION) + " node uncordon gpu-node-1 --url " + url_ + " --token " + acme);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("403"), std::string::npos) << r.out;
+  r = Tf("node cordon no-such-node");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("node 'no-such-node' is not registered"), std::string::npos) << r.out;
+  r = Tf("node uncordon gpu-node-1");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("node gpu-node-1 uncordoned"), std::string::npos) << r.out;
+  EXPECT_TRUE(std::regex_search(Tf("node ls").out, std::regex("gpu-node-1 +default +ready +1 +0 "))) << Tf("node ls").out;
+  auto placed = client.Post("/v1/allocations", R"({"tflops": 10, "vram_mib": 100})");
+  EXPECT_EQ(placed->status, 201) << placed->body;
+  r = Tf("node --help");
+  EXPECT_NE(r.out.find("cordon"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("uncordon"), std::string::npos) << r.out;
+}
+
+// Trial 44, F2: an agent whose GPU now reports less than its allocations hold (here a catalog
+// override) is refused with a 409; it says why and keeps retrying, it does not give up silently,
+// and the controller keeps the GPU as it was.
+TEST_F(PoolCommandsTest, AnAgentRefusedForAShrunkenBusyGpuSaysWhyAndKeepsRetrying) {
+  const std::string shm = "/tf-poolcmd-" + std::to_string(getpid());
+  const std::string agent = "env TFUSION_SHM_DIR='" + dir_ + "/shm' FAKECUDA_SHM_NAME=" + shm +
+                            " FAKECUDA_DEVICES=1 LD_LIBRARY_PATH=" + TF_FAKECUDA_DIR + " timeout 5 " + TF_TFUSION +
+                            " hypervisor --controller " + url_ + " --token tok --node shrink-node --metrics-port -1" +
+                            " --credential-file '" + dir_ + "/credential'";
+  Result r = Shell(agent);  // registers, then runs until the timeout
+  ASSERT_EQ(r.rc, 124) << r.out;
+  tf::controller::HttpClient client(url_, "tok");
+  auto a = client.Post("/v1/allocations", R"({"tflops": 500, "vram_mib": 1000, "node": "shrink-node"})");
+  ASSERT_TRUE(a.ok() && a->status == 201) << (a.ok() ? a->body : a.status().ToString());
+  {
+    std::ofstream overrides(dir_ + "/overrides");
+    overrides << "H100 100\n";
+  }
+  r = Shell(agent + " --catalog-overrides '" + dir_ + "/overrides'");
+  EXPECT_EQ(r.rc, 124) << "the agent gave up: " << r.out;
+  EXPECT_NE(r.out.find("HTTP 409: GPU "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("holds allocations of 500 TFLOPS and 1000 MiB but now reports 100 TFLOPS"), std::string::npos)
+      << r.out;
+  EXPECT_GE(Count(r.out, "(retrying)"), 2u) << r.out;
+  auto gpus = nlohmann::json::parse(client.Get("/v1/gpus?limit=100")->body)["gpus"];
+  bool seen = false;
+  for (const auto& g : gpus) {
+    if (g["node"] != "shrink-node") continue;
+    seen = true;
+    EXPECT_EQ(g["tflops"], 989.4);
+  }
+  EXPECT_TRUE(seen) << gpus.dump();
+  tf::cli::testing::RemoveFakeDriverShm(shm);
+}
+
 }  // namespace

@@ -232,7 +232,7 @@
       cells: {
         name: n.name,
         pool: n.pool,
-        state: n.state,
+        state: n.cordoned ? n.state + ', cordoned' : n.state,
         gpus: String(count.get(n.name) || 0),
         address: n.address || '',
         worker: n.worker_address || '',
@@ -240,6 +240,7 @@
       },
     })), 'No node has registered.'));
 
+    const cordoned = new Set(nodes.filter((n) => n.cordoned).map((n) => n.name));
     replace('gpus', table([
       { key: 'node', label: 'Node' },
       { key: 'index', label: 'GPU', num: true },
@@ -263,12 +264,13 @@
         vram: `${mib(g.used_vram_mib)} / ${mib(g.vram_mib)} / ${mib(g.schedulable_vram_mib)}`,
         utilization: g.sampled_ms > 0 ? num(g.utilization_percent) + '%' : 'not reported',
         memory_used: g.sampled_ms > 0 ? mib(g.memory_used_mib) : '-',
-        schedulable: g.schedulable ? 'yes' : 'no (node lost)',
+        schedulable: !g.schedulable ? 'no (node lost)' : cordoned.has(g.node) ? 'no (node cordoned)' : 'yes',
       },
     })), 'No GPUs.'));
   }
 
-  function renderFragmentation(usage) {
+  function renderFragmentation(usage, nodes) {
+    const cordoned = new Set(nodes.filter((n) => n.cordoned).map((n) => n.name));
     const byNode = new Map();
     for (const g of usage.gpus) {
       if (!byNode.has(g.node)) byNode.set(g.node, []);
@@ -277,10 +279,10 @@
     const blocks = [];
     for (const [node, gpus] of byNode) {
       let best = null;
-      for (const g of gpus) if (g.schedulable && (!best || g.free_tflops > best.free_tflops)) best = g;
+      if (!cordoned.has(node)) for (const g of gpus) if (g.schedulable && (!best || g.free_tflops > best.free_tflops)) best = g;
       const summary = best
         ? `Largest single-GPU slice on this node: ${num(best.free_tflops)} TFLOPS with ${mib(best.free_vram_mib)} MiB (GPU ${best.index})`
-        : 'No GPU of this node takes work.';
+        : cordoned.has(node) ? 'Cordoned: this node takes no new work.' : 'No GPU of this node takes work.';
       const cards = gpus.map((g) => el('div', { class: 'frag-gpu', 'data-uuid': g.uuid },
         el('div', { class: 'frag-title' }, `GPU ${g.index} `, el('span', { class: 'model' }, g.model)),
         el('div', { class: 'frag-line' }, bar(g.used_tflops, g.tflops, g.schedulable_tflops,
@@ -292,7 +294,8 @@
           el('span', { class: 'frag-text', 'data-field': 'vram' },
             `VRAM ${mib(g.used_vram_mib)} MiB allocated, ${mib(g.free_vram_mib)} MiB free (physical ${mib(g.vram_mib)}, virtual ${mib(g.schedulable_vram_mib)})`)),
         el('div', { class: 'frag-slice', 'data-field': 'slice' },
-          g.schedulable ? `Largest slice: ${num(g.free_tflops)} TFLOPS, ${mib(g.free_vram_mib)} MiB` : 'Takes no work (node lost)')));
+          !g.schedulable ? 'Takes no work (node lost)' : cordoned.has(node) ? 'Takes no work (node cordoned)'
+            : `Largest slice: ${num(g.free_tflops)} TFLOPS, ${mib(g.free_vram_mib)} MiB`)));
       blocks.push(el('div', { class: 'frag-node', 'data-node': node },
         el('h3', {}, node), el('p', { class: 'frag-summary' }, summary), el('div', { class: 'frag-gpus' }, ...cards)));
     }
@@ -473,7 +476,7 @@
       if (sessionStorage.getItem(TOKEN_KEY) !== token) return;  // logged out meanwhile
       renderPools(usage, pools.pools, allocations.allocations, quotas ? quotas.quotas : null);
       renderNodes(nodes.nodes, usage);
-      renderFragmentation(usage);
+      renderFragmentation(usage, nodes.nodes);
       renderAllocations(allocations.allocations);
       renderEvictions(evictions.evictions);
       renderCharts(history);
