@@ -176,7 +176,25 @@ Scheduler::Evaluation Scheduler::Evaluate(const NodeState& n, const Request& r, 
                       : 0;
     s.cpu_milli = r.remote ? 0 : r.cpu_milli;
     s.memory_mib = r.remote ? 0 : r.memory_mib;
-    self_mix = WorkloadMix({s});
+    // With no configured mix (the controller has none), the later demand is unknown: besides
+    // copies of this request, count whole GPUs and a whole node of this one's size as demand
+    // too, so that a slice packs onto a GPU already broken rather than break a whole one, and onto
+    // a small node rather than break a large one (scored against copies of itself only, FGD and
+    // FragAware spread small slices over empty GPUs of large nodes, and whole-node jobs that a
+    // careful packing left room for were refused).
+    std::vector<WorkloadShape> shapes = {s};
+    if (k > 0) {
+      WorkloadShape whole_gpu;
+      whole_gpu.gpu_count = 1;
+      whole_gpu.gpu_milli = 1000;
+      shapes.push_back(whole_gpu);
+      if (ng > 1) {
+        WorkloadShape whole_node = whole_gpu;
+        whole_node.gpu_count = ng;
+        shapes.push_back(whole_node);
+      }
+    }
+    self_mix = WorkloadMix(std::move(shapes));
     mix = &self_mix;
     id = -1;  // the per-node cache holds the configured mix only
   }

@@ -221,6 +221,23 @@ TEST(SchedulerTest, PreemptionPicksFewestVictimsOnOneGpu) {
 // A GPU's quota region holds 64 vGPUs: small slices that still fit by TFLOPS and VRAM go to another
 // GPU after the 64th, and where none has a slot left the request is refused, saying why. A
 // suspended allocation keeps its vGPU (and its slot) on the node.
+// With no workload mix configured (the controller's case), the fragmentation-aware modes count
+// whole GPUs and a whole node as later demand: 24 slices of 100 TFLOPS on two 8-GPU and two 4-GPU
+// nodes of 312-TFLOPS GPUs pack three to a GPU on the small nodes, as BestFit does, and both
+// 8-GPU jobs fit afterwards. Scored against copies of the slice only, FGD spread them so that
+// neither fitted, and FragAware left room for one.
+TEST(SchedulerTest, WithoutAMixFragmentationAwareModesKeepWholeNodesForWholeNodeJobs) {
+  for (PlacementMode mode : {PlacementMode::kFragAware, PlacementMode::kFgd, PlacementMode::kBestFit}) {
+    SCOPED_TRACE(std::string(PlacementModeName(mode)));
+    Scheduler s = Cluster(mode, {Node("n8a", 8), Node("n8b", 8), Node("n4a", 4), Node("n4b", 4)});
+    for (int i = 0; i < 24; ++i) ASSERT_TRUE(s.Schedule(Req("s" + std::to_string(i), 100, 10240)).ok()) << i;
+    for (const char* big : {"big1", "big2"}) {
+      auto p = s.Schedule(Req(big, 312, 81920, Qos::kMedium, 8));
+      EXPECT_TRUE(p.ok()) << big << ": " << p.status().ToString();
+    }
+  }
+}
+
 TEST(SchedulerTest, AGpuTakesNoMoreThan64VgpusHoweverSmallTheSlices) {
   Scheduler s = Cluster(PlacementMode::kCompactFirst, {Node("n", 2, "H100", 989.4, 81920)});
   for (int i = 0; i < 2 * kMaxVgpusPerGpu; ++i) {
