@@ -401,6 +401,16 @@ int RunCommand(const RunOptions& o) {
     }
     limits = pooled->limits;
   }
+  // A run that fails before its command starts (its vGPU cannot be made, a fork fails) gives its
+  // allocation back at once: it stayed held until its lease ran out, a minute later.
+  struct ReleaseIfNotStarted {
+    const RunOptions& o;
+    const std::string& id;
+    bool started = false;
+    ~ReleaseIfNotStarted() {
+      if (!started && !id.empty()) (void)ReleasePoolAllocation(o.controller, o.token, id);
+    }
+  } release_if_not_started{o, pooled_id};
   if (pooled_id.empty()) limits = ResolveLimits(o, *gpu);
   if (!limits.ok()) return Fail(limits.status().message());
 
@@ -547,6 +557,7 @@ int RunCommand(const RunOptions& o) {
 
   g_child = fork();
   if (g_child < 0) return Fail(std::string("fork: ") + std::strerror(errno));
+  release_if_not_started.started = true;  // from here the command's end releases it (below)
   if (g_child == 0) {
     setenv("LD_LIBRARY_PATH", ld.c_str(), 1);
     setenv("TFUSION_REAL_LIBCUDA", driver->c_str(), 1);

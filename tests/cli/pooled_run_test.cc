@@ -140,6 +140,18 @@ TEST_F(PooledRunTest, ThePoolPlacesTheVgpuAndTheAllocationIsReleasedAfterwards) 
   EXPECT_EQ(ps.out.find(m.str(1)), std::string::npos) << "released after the command\n" << ps.out;
 }
 
+// A run that fails after the pool placed it, before its command starts, gives the allocation
+// back at once (it was held until its lease ran out, a minute later).
+TEST_F(PooledRunTest, ARunThatFailsBeforeItsCommandStartsReleasesItsAllocation) {
+  Result r = Shell("TFUSION_HOST_TIER_BUDGET=lots " + PooledRun("--vram 1GiB --percent 50", "alloc"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("allocation (a-[0-9a-f]+)"))) << r.out;
+  EXPECT_NE(r.out.find("TFUSION_HOST_TIER_BUDGET"), std::string::npos) << r.out;
+  Result ps = Shell(std::string(TF_TFUSION) + " ps --url " + url_ + " --token " + token_);
+  EXPECT_EQ(ps.out.find(m.str(1)), std::string::npos) << "released at once\n" << ps.out;
+}
+
 TEST_F(PooledRunTest, ARequestThePoolCannotHoldIsRefusedClearly) {
   Result r = Shell(PooledRun("--vram 100GiB", "alloc"));
   EXPECT_EQ(r.rc, 2) << r.out;
