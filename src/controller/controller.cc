@@ -744,6 +744,11 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
       TF_RETURN_IF_ERROR(ValidateName("GPU uuid", g.uuid));
       TF_RETURN_IF_ERROR(ValidateText("GPU " + g.uuid + ": model", g.model, 128));
       if (!seen.insert(g.uuid).second) return InvalidArgument("GPU " + g.uuid + " is listed twice");
+      // The index is the GPU's number on its node (as nvidia-smi numbers them): runs and the
+      // agent find the GPU by it.
+      if (g.index < 0 || g.index > 63) return InvalidArgument("GPU " + g.uuid + ": index must be from 0 to 63");
+      if (g.numa_node < -1 || g.numa_node > 1023)
+        return InvalidArgument("GPU " + g.uuid + ": numa_node must be from 0 to 1023, or -1 (unknown)");
       if (!std::isfinite(g.tflops) || g.tflops < 0 || g.tflops > kMaxRegisteredGpuTflops)
         return InvalidArgument("GPU " + g.uuid + ": tflops must be a number from 0 to 1e6");
       if (g.vram_mib < 0 || g.vram_mib > kMaxGpuVramMib)

@@ -101,6 +101,15 @@ TEST_F(ApiServerTest, BadJsonIs400WithAMessage) {
     EXPECT_EQ(r->status, 400) << bad;
     EXPECT_NE(r->body.find("may only hold printable ASCII characters"), std::string::npos) << r->body;
   }
+  // A GPU's number on its node and its NUMA node are in range.
+  for (auto [bad, says] : {std::pair{R"({"name":"n1","gpus":[{"uuid":"GPU-1","index":-5,"tflops":10,"vram_mib":1}]})",
+                                     "GPU GPU-1: index must be from 0 to 63"},
+                           std::pair{R"({"name":"n1","gpus":[{"uuid":"GPU-1","numa_node":-7,"tflops":10,"vram_mib":1}]})",
+                                     "GPU GPU-1: numa_node must be from 0 to 1023, or -1 (unknown)"}}) {
+    r = client_->Post("/v1/nodes", bad);
+    EXPECT_EQ(r->status, 400) << bad;
+    EXPECT_NE(r->body.find(says), std::string::npos) << r->body;
+  }
   EXPECT_TRUE(c_->ListNodes().empty());
   r = client_->Post("/v1/pools", R"([1,2])");
   EXPECT_EQ(r->status, 400);
