@@ -513,9 +513,22 @@ CUresult ConnectLocked() {
   // OpenSSL is loaded only then (transport/tls_stream.h).
   if (const char* ca = getenv("TFUSION_CA_FILE"); ca != nullptr && *ca != '\0') opt.tls_ca_file = ca;
   std::unique_ptr<transport::Transport> t;
-  TransportStatus ts = strncmp(remote, "unix:", 5) == 0
-                           ? transport::ConnectShm(remote + 5, hello, opt, &t)
-                           : transport::ConnectTcp(remote, hello, opt, &t);
+  auto connect = [&] {
+    return strncmp(remote, "unix:", 5) == 0 ? transport::ConnectShm(remote + 5, hello, opt, &t)
+                                            : transport::ConnectTcp(remote, hello, opt, &t);
+  };
+  TransportStatus ts = connect();
+  // A worker busy with many handshakes from this client's host closes a further connection at
+  // once, before its handshake (docs/remote.md): tried again a few times, 50 ms to 0.8 s apart.
+  for (int delay_ms = 50; !ts.ok() && delay_ms <= 800 &&
+                          (ts.code() == transport::TransportErrc::kPeerClosed ||
+                           ts.code() == transport::TransportErrc::kPeerDead);
+       delay_ms *= 2) {
+    timespec pause{0, delay_ms * 1'000'000L};
+    nanosleep(&pause, nullptr);
+    t.reset();
+    ts = connect();
+  }
   if (!ts.ok()) {
     if (ts.code() == transport::TransportErrc::kRefused) {
       const bool bad_token = ts.refusal_reason() == static_cast<uint16_t>(transport::RefusalReason::kBadToken);

@@ -1087,8 +1087,13 @@ CUresult SwapOutLocked(State& s, uint32_t cause) {
   s.kept = 0;
   s.pinning = 0;
   if (e != CUDA_SUCCESS) {
+    // Copies it took over are freed with the swap-out (AbortSwapOut); kept copies of ranges it
+    // did not reach stay kept, with their budget (released with the rest, they would have been
+    // released twice: again when they are freed).
+    for (auto& [base, r] : s.ranges)
+      if (r.kept != nullptr) s.kept += r.size;
     PublishKept(s);  // a death in between leaks, never doubles
-    s.binding->region.ReleaseHostTier(bytes);
+    s.binding->region.ReleaseHostTier(bytes - std::min(bytes, s.kept));
     return AbortSwapOut(s, e, e == CUDA_ERROR_OUT_OF_MEMORY ? "host memory could not be allocated or pinned"
                                                             : "copying to host memory failed");
   }

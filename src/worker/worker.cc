@@ -56,7 +56,12 @@ constexpr int kHandshakesPerPeer = 4;
 struct Handshakes {  // in the memory shared with every forked process; slot free when pid is 0
   std::atomic<int32_t> pid[kMaxHandshakes];
   std::atomic<uint64_t> peer[kMaxHandshakes];
+  // The spare the parent counts on to accept next. A spare whose handshake failed goes on
+  // accepting while it is still that one (a connection that closes at once costs no fork); once
+  // the parent has started another (the handshake took longer than kHandOverMs), it exits.
+  std::atomic<int32_t> designated;
 };
+constexpr int64_t kHandOverMs = 20;
 Handshakes* g_handshakes = nullptr;
 
 // A spare's message to the parent on the pipe they share (one write each, atomic).
@@ -86,8 +91,14 @@ uint64_t PeerKey(int fd, std::string* who) {
     const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
     inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
     *who = text;
-    uint64_t h = 1469598103934665603ull;  // FNV-1a of the address
-    for (uint8_t b : a->sin6_addr.s6_addr) h = (h ^ b) * 1099511628211ull;
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {  // an IPv4 client of a dual-stack listener
+      uint32_t v4 = 0;
+      memcpy(&v4, a->sin6_addr.s6_addr + 12, 4);
+      return (uint64_t{4} << 56) | ntohl(v4);
+    }
+    // Its /64: one host may hold a whole /64 of addresses.
+    uint64_t h = 1469598103934665603ull;  // FNV-1a of the first 8 bytes
+    for (int i = 0; i < 8; ++i) h = (h ^ a->sin6_addr.s6_addr[i]) * 1099511628211ull;
     return (uint64_t{6} << 56) | (h >> 8);
   }
   if (ss.ss_family == AF_UNIX) {
@@ -214,10 +225,14 @@ void CloseInheritedListeners(int keep_fd) {
       transport::TransportStatus st = l->Accept(policy, topt, slice_ms, &t, &peer);
       if (st.code() == transport::TransportErrc::kTimeout && !accept_ctx.accepted) continue;
       if (!st.ok()) {
-        if (accept_ctx.accepted) {  // its handshake failed: the parent has another spare waiting
+        if (accept_ctx.accepted) {  // its handshake failed
           fprintf(stderr, "tfusion-worker: %s: %s\n", l->address(), st.message());
           ReleaseHandshakeSlot(&accept_ctx);
-          _exit(0);
+          accept_ctx.accepted = false;
+          // Still the spare the parent counts on: accept on. Else another one took over: end.
+          if (g_handshakes == nullptr || g_handshakes->designated.load() != static_cast<int32_t>(getpid())) _exit(0);
+          Note(notify_fd, 'f');
+          continue;
         }
         if (!accept_ctx.turned_away) fprintf(stderr, "tfusion-worker: %s: %s\n", l->address(), st.message());
         accept_ctx.turned_away = false;  // said in OnAccepted
@@ -328,6 +343,7 @@ int RunWorker(const WorkerOptions& o) {
     for (auto& pid : g_handshakes->pid) pid.store(0);
   std::set<pid_t> sessions;
   std::set<pid_t> handshaking;  // spares that accepted a connection and shake hands
+  int64_t spare_busy_since_ms = 0;  // the spare accepted a connection then; 0 = it waits
   const pid_t self = getpid();
   pid_t spare = 0;
   pid_t keeper = 0;
@@ -345,6 +361,11 @@ int RunWorker(const WorkerOptions& o) {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return static_cast<int64_t>(ts.tv_sec);
+  };
+  auto monotonic_ms = [] {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1'000'000;
   };
   int64_t periodic_last = monotonic_s();
   while (!stopping()) {
@@ -367,6 +388,13 @@ int RunWorker(const WorkerOptions& o) {
       full_said = monotonic_s();
       fprintf(stderr, "tfusion worker: all %d handshake slots are in use; new connections wait\n", kMaxHandshakes);
     }
+    // A spare shaking hands for longer than kHandOverMs (a silent peer, a slow one) hands over:
+    // the next spare is started, and it ends or becomes a session on its own.
+    if (spare != 0 && spare_busy_since_ms != 0 && monotonic_ms() - spare_busy_since_ms >= kHandOverMs) {
+      handshaking.insert(spare);
+      spare = 0;
+      spare_busy_since_ms = 0;
+    }
     if (spare == 0 && static_cast<int>(handshaking.size()) < kMaxHandshakes) {
       spare = fork();
       if (spare < 0) {
@@ -379,15 +407,28 @@ int RunWorker(const WorkerOptions& o) {
         close(notify[0]);
         SpareMain(o, listeners, tls.get(), self, notify[1]);
       }
+      if (g_handshakes != nullptr) g_handshakes->designated.store(static_cast<int32_t>(spare));
     }
     pollfd p{notify[0], POLLIN, 0};
-    if (poll(&p, 1, 200) > 0) {
+    const int wait_ms = spare_busy_since_ms != 0
+        ? static_cast<int>(std::clamp<int64_t>(kHandOverMs - (monotonic_ms() - spare_busy_since_ms), 1, kHandOverMs))
+        : 200;
+    if (poll(&p, 1, wait_ms) > 0) {
       SpareNote note;
       while (read(notify[0], &note, sizeof(note)) == static_cast<ssize_t>(sizeof(note))) {
-        if (note.what == 'a' && note.pid == spare) {  // shaking hands: start the next spare
-          handshaking.insert(spare);
-          spare = 0;
-        } else if (note.what == 's' && handshaking.erase(note.pid) != 0) {  // became a session
+        if (note.what == 'a' && note.pid == spare) {  // shaking hands: handed over if it takes long
+          spare_busy_since_ms = monotonic_ms();
+        } else if (note.what == 'f' && note.pid == spare) {  // failed; it accepts on
+          spare_busy_since_ms = 0;
+        } else if (note.what == 'f') {  // handed over already, and another spare accepts: end it
+          kill(note.pid, SIGKILL);
+        } else if (note.what == 's') {  // became a session
+          if (note.pid == spare) {
+            spare = 0;
+            spare_busy_since_ms = 0;
+          } else if (handshaking.erase(note.pid) == 0) {
+            continue;  // reaped already
+          }
           if (sessions.insert(note.pid).second && g_live_sessions != nullptr) g_live_sessions->fetch_add(1);
         }
       }
@@ -401,8 +442,12 @@ int RunWorker(const WorkerOptions& o) {
           pid.compare_exchange_strong(was, 0);
         }
       }
+      const bool was_session = sessions.count(dead) != 0;
       handshaking.erase(dead);
-      if (dead == spare) spare = 0;
+      if (dead == spare) {
+        spare = 0;
+        spare_busy_since_ms = 0;
+      }
       if (dead == keeper) {
         keeper = 0;
         fprintf(stderr, "tfusion worker: the zero keeper (pid %d) ended (%s %d); starting another\n",
@@ -411,7 +456,10 @@ int RunWorker(const WorkerOptions& o) {
         continue;
       }
       if (sessions.erase(dead) != 0 && g_live_sessions != nullptr) g_live_sessions->fetch_sub(1);
-      if (o.session_ended) o.session_ended(dead);
+      // A spare that never became a session made nothing to clean up (a flood of connections
+      // that close at once would otherwise cost a scan of every region each). One whose note
+      // came too late is swept by `periodic`.
+      if (was_session && o.session_ended) o.session_ended(dead);
     }
   }
   // Reaps `pid` if it ends within `seconds` (or was already reaped); false if it is still running.

@@ -475,6 +475,36 @@ TEST_F(RemoteAuthTest, SilentConnectionsHoldUpNoOtherClient) {
   close(again);
 }
 
+// Connections that close at once (a port scanner, a health check, a flood) cost the worker no
+// process each: the spare that accepted one goes on accepting. 300 of them make far fewer than
+// 300 processes on the whole machine (the kernel's count of forks, /proc/stat), and a client's
+// session starts as quickly afterwards.
+TEST_F(RemoteAuthTest, ConnectionsThatCloseAtOnceCostNoProcessEach) {
+  StartWorker("127.0.0.1:0");
+  auto forks = [] {
+    std::ifstream in("/proc/stat");
+    std::string key;
+    long long value = 0;
+    while (in >> key) {
+      if (key == "processes" && in >> value) return value;
+      in.ignore(1 << 20, '\n');
+    }
+    return value;
+  };
+  const long long before = forks();
+  for (int i = 0; i < 300; ++i) {
+    int fd = ConnectFrom("127.0.0.3", tcp_);
+    ASSERT_GE(fd, 0);
+    close(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(forks() - before, 150) << worker_.out;
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = Probe(tcp_, "basic", kToken);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+}
+
 TEST_F(RemoteAuthTest, ABadCertificateOrKeyStopsTheWorkerAtStart) {
   auto tls = MakeTls("tls");
   auto other = MakeTls("other");
