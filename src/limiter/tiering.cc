@@ -1508,8 +1508,9 @@ namespace {
 void ForgetCopiesLocked(State& s, Range* r) {
   if (r->host != nullptr) {
     if (r->budgeted) {
-      s.binding->region.ReleaseHostTier(r->size);
       s.host -= r->size;
+      Publish(s);  // host_bytes down before the release: a death in between leaks, never doubles
+      s.binding->region.ReleaseHostTier(r->size);
     }
     FreeHostCopy(r);
   }

@@ -35,10 +35,15 @@ bool IsHex(const std::string& s) {
 }  // namespace
 
 std::string SessionLimitsDigest(const SessionLimits& l) {
+  // In the limits record's order, up to the last field given: a field added to the record later
+  // (empty for older runs) leaves the digest of every ticket made before it unchanged.
+  const std::string* fields[] = {&l.vram, &l.tflops, &l.percent, &l.gpu, &l.tflops_limit, &l.percent_limit, &l.qos,
+                                 &l.idle_swap, &l.idle_disk, &l.idle_zero, &l.allocation};
+  size_t count = sizeof(fields) / sizeof(fields[0]);
+  while (count > 0 && fields[count - 1]->empty()) --count;
   std::string canonical;
-  for (const std::string* f : {&l.vram, &l.tflops, &l.percent, &l.gpu, &l.tflops_limit, &l.percent_limit, &l.qos,
-                               &l.idle_swap, &l.idle_disk, &l.idle_zero, &l.allocation}) {
-    canonical += std::to_string(f->size()) + ":" + *f + ";";  // length-prefixed: no value can fake a split
+  for (size_t i = 0; i < count; ++i) {
+    canonical += std::to_string(fields[i]->size()) + ":" + *fields[i] + ";";  // length-prefixed: no value can fake a split
   }
   uint8_t out[transport::kSha256Bytes];
   transport::Sha256Digest(canonical.data(), canonical.size(), out);
