@@ -92,20 +92,8 @@ int RunRemote(const std::string& remote, const std::string& token,
   }
   // Bound to the limits the program is given below: a session it opens without them, or with
   // others, is refused by the worker (docs/remote.md, "Session tickets").
-  worker::SessionLimits bound;
-  bound.vram = limits.vram;
-  bound.tflops = limits.tflops;
-  bound.percent = limits.percent;
-  bound.gpu = limits.gpu;
-  bound.tflops_limit = limits.tflops_limit;
-  bound.percent_limit = limits.percent_limit;
-  bound.qos = limits.qos;
-  bound.idle_swap = limits.idle_swap;
-  bound.idle_disk = limits.idle_disk;
-  bound.idle_zero = limits.idle_zero;
-  bound.allocation = limits.allocation;
   const std::string ticket =
-      token.empty() ? "" : worker::MintSessionTicket(token, time(nullptr) + ttl, worker::SessionLimitsDigest(bound));
+      token.empty() ? "" : worker::MintSessionTicket(token, time(nullptr) + ttl, worker::SessionLimitsDigest(limits));
   if (!token.empty() && ticket.empty()) {
     fprintf(stderr, "tfusion run: cannot make a session ticket (no randomness)\n");
     return 2;

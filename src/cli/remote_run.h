@@ -20,14 +20,10 @@ namespace tf::cli {
 // the vGPU the client asks the worker for, spelled as `tfusion run`'s flags (empty: not given;
 // nothing at all: what the worker gives every session); the worker enforces them with the
 // limiter. gpu: the worker's GPU to run on, its index or UUID (empty: the worker's GPU 0); the
-// session sees it alone, as device 0.
-struct RemoteLimits {
-  std::string vram, tflops, percent, gpu;
-  std::string tflops_limit, percent_limit, qos;
-  std::string idle_swap, idle_disk;  // a pool allocation's tier idle timeouts ("45000ms"), for the worker
-  std::string idle_zero;             // its idle zero timeout ("600000ms", "never")
-  std::string allocation;            // its id: the worker binds the session's vGPU to it
-};
+// session sees it alone, as device 0. A pool allocation adds its tier idle timeouts and its id
+// (the worker binds the session's vGPU to it). The same record the worker receives, field for
+// field: the session ticket is bound to its digest (worker/session_ticket.h).
+using RemoteLimits = worker::SessionLimits;
 int RunRemote(const std::string& remote, const std::string& token,
               const std::vector<std::string>& command, const RemoteLimits& limits = {});
 
