@@ -87,10 +87,10 @@ void InitOnce() {
   const bool has_region = region && *region, has_vgpu = vgpu && *vgpu;
   if (has_region != has_vgpu) {
     // Half a binding: an environment cut short (a launcher or wrapper that passed one variable
-    // on). Unlimited would be the wrong guess: allocations fail, and the log says why.
+    // on). Unlimited would be the wrong guess: its CUDA calls fail, and the log says why.
     g_binding.configured = true;
     g_binding.failed = true;
-    GuestLog("%s is set but %s is not: no vGPU to bind to, so allocations fail (pass both on, as "
+    GuestLog("%s is set but %s is not: no vGPU to bind to, so CUDA calls fail (pass both on, as "
              "`tfusion run` sets them)", has_region ? "TFUSION_REGION" : "TFUSION_VGPU",
              has_region ? "TFUSION_VGPU" : "TFUSION_REGION");
   } else if (!has_region) {

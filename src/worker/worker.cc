@@ -43,9 +43,10 @@ void OnStopSignal(int) { g_signal_stop.store(true); }
 // spinning (WorkerOptions::spin_sessions).
 std::atomic<uint32_t>* g_live_sessions = nullptr;
 
-// Handshakes run in parallel: a spare that accepts a connection tells the parent at once, and the
-// parent starts the next spare while the first one shakes hands, so a peer that connects and says
-// nothing holds up no one else's handshake (each ends at the connect timeout, 5 s). At most
+// Handshakes run in parallel: a spare that accepts a connection tells the parent at once, and
+// when its handshake takes longer than kHandOverMs the parent starts the next spare while the
+// first one goes on, so a peer that connects and says nothing holds up no one else's handshake
+// (each ends at the connect timeout, 5 s). At most
 // kMaxHandshakes are under way (beyond, connections wait in the listen backlog). Once half of
 // them are, a peer (an IP address; a uid on the unix socket) with kHandshakesPerPeer under way
 // already has its further connections closed at once, before their handshake, and the worker
@@ -67,7 +68,8 @@ Handshakes* g_handshakes = nullptr;
 // A spare's message to the parent on the pipe they share (one write each, atomic).
 struct SpareNote {
   int32_t pid;
-  char what;  // 'a': accepted a connection, shaking hands; 's': became a session
+  char what;  // 'a': accepted a connection, shaking hands; 's': became a session; 'f': its
+              // handshake failed and, still the designated spare, it accepts on
 };
 void Note(int fd, char what) {
   SpareNote n{static_cast<int32_t>(getpid()), what};
@@ -146,7 +148,8 @@ bool OnAccepted(int fd, void* ctx) {
       c->turned_away = true;
       return false;
     }
-    // (Two spares counting at once may each let one more in: the bound is a few, not exact.)
+    // (Two spares counting at once, one handed over and its successor, may each let one more
+    // in: the bound is a few, not exact.)
     for (int i = 0; i < kMaxHandshakes && c->slot < 0; ++i) {
       int32_t free_pid = 0;
       if (g_handshakes->pid[i].compare_exchange_strong(free_pid, static_cast<int32_t>(getpid()))) {

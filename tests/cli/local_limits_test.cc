@@ -155,7 +155,7 @@ TEST_F(LocalLimitsTest, AChildThatLostItsVgpuBindingFailsItsCallsAndSaysWhy) {
                      " --vram 512MiB -- sh -c 'env -u " + dropped + " " + TF_PROBE + " alloc' 2>&1");
     EXPECT_NE(r.out.find("error=cuInit(0):304"), std::string::npos) << dropped << ": " << r.out;  // OPERATING_SYSTEM
     EXPECT_EQ(r.out.find("allocated_mib="), std::string::npos) << dropped << ": " << r.out;
-    EXPECT_NE(r.out.find(std::string(" is not: no vGPU to bind to, so allocations fail")), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string(" is not: no vGPU to bind to, so CUDA calls fail")), std::string::npos) << r.out;
   }
   Result both = Shell(env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
                       " --vram 512MiB -- sh -c 'env -u TFUSION_VGPU -u TFUSION_REGION " + TF_PROBE + " alloc' 2>&1");
