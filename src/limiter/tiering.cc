@@ -1079,13 +1079,13 @@ CUresult SwapOutLocked(State& s, uint32_t cause) {
   if (!reserved) return AbortSwapOut(s, CUDA_ERROR_OUT_OF_MEMORY, "the host tier's budget is exhausted");
   // While it copies, the whole reservation is in the slot's kept bytes: a process killed meanwhile
   // gives it back when its slot is reaped (it leaked for good before).
-  s.pinning = need;
+  s.pinning += need;  // added to, not set: a pin ahead may be pinning unlocked meanwhile
   PublishKept(s);
   int64_t t_pinned = Now();
   CUresult e = CopyOut(s);  // takes over the kept copies
   int64_t t_copied = Now();
   s.kept = 0;
-  s.pinning = 0;
+  s.pinning -= need;
   if (e != CUDA_SUCCESS) {
     // Copies it took over are freed with the swap-out (AbortSwapOut); kept copies of ranges it
     // did not reach stay kept, with their budget (released with the rest, they would have been
