@@ -11,6 +11,11 @@ ReplicaLoop::~ReplicaLoop() { Stop(); }
 
 void ReplicaLoop::RunOnce() {
   if (!controller_->Serving()) {
+    if (led_) {  // said once: a standby that stayed silent looked like a second leader in its log
+      std::fprintf(stderr, "controller: %s no longer leads (its leadership lapsed or the store fenced it off); "
+                   "standing by\n", election_ ? election_->Identity().c_str() : "this replica");
+      led_ = false;
+    }
     controller_->StopServing();
     bool lead = true;
     if (election_) {
@@ -31,6 +36,7 @@ void ReplicaLoop::RunOnce() {
     }
     std::fprintf(stderr, "controller: %s leads; state rebuilt from the store\n",
                  election_ ? election_->Identity().c_str() : "this replica");
+    led_ = true;
   }
   controller_->Tick();
 }

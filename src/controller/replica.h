@@ -25,6 +25,7 @@ class ReplicaLoop {
   Controller* const controller_;
   LeaderElection* const election_;
   const int period_ms_;
+  bool led_ = false;  // this replica served after its last rebuild (a loss of it is logged once)
   PeriodicThread thread_;
 };
 

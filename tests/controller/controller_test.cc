@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "controller/replica.h"
 #include "controller/sqlite_store.h"
 #include "test_cluster.h"
 
@@ -622,6 +623,32 @@ TEST_F(ControllerTest, ReRegisteringAGpuBelowWhatItsAllocationsHoldIsRefused) {
   EXPECT_EQ(c_->ListEvictions("l4-a").at(0).reason, "node-lost");
   ASSERT_TRUE(c_->RegisterNode(smaller).ok());
   EXPECT_EQ(gpu().vram_mib, 1000);
+}
+
+}  // namespace
+}  // namespace tf::controller
+
+namespace tf::controller {
+namespace {
+
+// A replica that stops leading says so once (a standby that stayed silent looked like a second
+// leader in its log), and says it leads again once it has rebuilt.
+TEST_F(ControllerTest, AReplicaThatStopsLeadingSaysSoOnce) {
+  ReplicaLoop loop(c_.get(), nullptr, 1000);
+  c_->StopServing();
+  ::testing::internal::CaptureStderr();
+  loop.RunOnce();  // not serving: rebuilds, leads
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("this replica leads; state rebuilt from the store"),
+            std::string::npos);
+  c_->StopServing();  // as a lapsed lease or a fenced write leaves it
+  ::testing::internal::CaptureStderr();
+  loop.RunOnce();
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("this replica no longer leads"), std::string::npos) << said;
+  EXPECT_NE(said.find("this replica leads; state rebuilt"), std::string::npos) << said;
+  ::testing::internal::CaptureStderr();
+  loop.RunOnce();  // serving: nothing to say
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("leads"), std::string::npos);
 }
 
 }  // namespace
