@@ -1397,6 +1397,14 @@ TEST_F(ZeroTest, ACheckpointedTenantWithoutARestorerGetsATimeoutAndThawBringsItB
 // next call finds every byte, and nothing waits out the 60 s bound.
 class ZeroKilledTest : public ZeroTest {
  protected:
+  // Starts a zero-capable tenant of vGPU `vgpu` and kills its `tfusion run` (its keeper) once it
+  // is ready: the tenant goes on without it.
+  void StartWithoutItsKeeper(const std::string& vgpu) {
+    pid_t run = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=20 ", vgpu);
+    ASSERT_TRUE(WaitFor("ready")) << Out();
+    kill(run, SIGKILL);
+    Finish(run);
+  }
   // Lets a tenant whose `tfusion run` was killed run to its end (it is not our child any more:
   // its last line says it is done).
   void EndWithoutItsKeeper() {
@@ -1448,10 +1456,7 @@ TEST_F(ZeroKilledTest, ARestorerKilledAfterTheRestoreIsTakenOverByTheKeeper) {
 // Without a keeper (its `tfusion run` killed too), `tfusion thaw` puts back what a killed
 // checkpointer left, and says so.
 TEST_F(ZeroKilledTest, WithoutAKeeperThawPutsBackWhatAKilledCheckpointerLeft) {
-  pid_t run = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=20 ", "zkthaw");
-  ASSERT_TRUE(WaitFor("ready")) << Out();
-  kill(run, SIGKILL);  // tfusion run only: the tenant goes on without its keeper
-  Finish(run);
+  ASSERT_NO_FATAL_FAILURE(StartWithoutItsKeeper("zkthaw"));
   Result killed = Tf("freeze zkthaw --zero" + Fake(), "FAKECUDA_CKPT_DIE_AFTER=cuCheckpointProcessCheckpoint ");
   EXPECT_NE(killed.rc, 0) << killed.out;
   EXPECT_EQ(Info().state, 2u) << "checkpointed, and nobody left to restore it";
@@ -1470,10 +1475,7 @@ TEST_F(ZeroKilledTest, WithoutAKeeperThawPutsBackWhatAKilledCheckpointerLeft) {
 // Without a keeper, the next `tfusion freeze --zero` puts back what a checkpointer killed after
 // the lock left, then checkpoints the tenant itself; `thaw` brings it back intact.
 TEST_F(ZeroKilledTest, WithoutAKeeperTheNextFreezeToZeroPutsBackAndCheckpoints) {
-  pid_t run = StartZeroTenant("TFUSION_TIER_ZERO_TIMEOUT=20 ", "zkfreeze");
-  ASSERT_TRUE(WaitFor("ready")) << Out();
-  kill(run, SIGKILL);  // tfusion run only: the tenant goes on without its keeper
-  Finish(run);
+  ASSERT_NO_FATAL_FAILURE(StartWithoutItsKeeper("zkfreeze"));
   Result killed = Tf("freeze zkfreeze --zero" + Fake(), "FAKECUDA_CKPT_DIE_AFTER=cuCheckpointProcessLock ");
   EXPECT_NE(killed.rc, 0) << killed.out;
   EXPECT_EQ(Info().state, 1u) << "locked by the killed checkpointer";
