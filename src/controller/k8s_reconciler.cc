@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -465,12 +466,14 @@ KubeReconciler::KubeReconciler(Controller* controller, const Clock* clock, KubeR
   workloads_ = cache("tensorfusionworkloads", "");
   gpunodes_ = cache("gpunodes", managed);
   gpus_ = cache("gpus", managed);
+  pods_ = std::make_unique<KubeObjectCache>(options_.api, "/api/v1/pods", std::string(kKubePodLabel) + "=true",
+                                            options_.watch_timeout_s, changed, active);
 }
 
 KubeReconciler::~KubeReconciler() { Stop(); }
 
 void KubeReconciler::Start() {
-  for (auto* c : {pools_.get(), templates_.get(), workloads_.get(), gpunodes_.get(), gpus_.get()}) c->Start();
+  for (auto* c : {pools_.get(), templates_.get(), workloads_.get(), gpunodes_.get(), gpus_.get(), pods_.get()}) c->Start();
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -481,7 +484,7 @@ void KubeReconciler::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  for (auto* c : {pools_.get(), templates_.get(), workloads_.get(), gpunodes_.get(), gpus_.get()}) c->Stop();
+  for (auto* c : {pools_.get(), templates_.get(), workloads_.get(), gpunodes_.get(), gpus_.get(), pods_.get()}) c->Stop();
 }
 
 void KubeReconciler::Wake() {
@@ -506,7 +509,7 @@ void KubeReconciler::Run() {
     const bool serving = controller_->Serving();
     if (was_serving && !serving) {
       Log("this replica stopped leading: no more reconciling");
-      for (auto* c : {pools_.get(), templates_.get(), workloads_.get(), gpunodes_.get(), gpus_.get()}) c->Interrupt();
+      for (auto* c : {pools_.get(), templates_.get(), workloads_.get(), gpunodes_.get(), gpus_.get(), pods_.get()}) c->Interrupt();
     }
     was_serving = serving;
     Status st = ReconcileOnce();
@@ -599,9 +602,51 @@ Status KubeReconciler::ReconcileOnce() {
   for (const auto& [key, obj] : pools_->Snapshot()) note(ReconcilePool(obj, templates, usage, allocations));
   for (const auto& [key, obj] : workloads_->Snapshot()) note(ReconcileWorkload(obj, allocations));
   allocations = controller_->ListAllocations();  // workloads may have placed or released some
+  if (pods_->synced()) {
+    note(ReleaseEndedPods(allocations));
+    allocations = controller_->ListAllocations();
+  }
   usage = TakeUsageSnapshot(*controller_, clock_->NowMs());
   note(MirrorNodes(usage));
   note(MirrorGpus(usage, allocations));
+  return first;
+}
+
+Status KubeReconciler::ReleaseEndedPods(const std::vector<Allocation>& allocations) {
+  // By uid: the pods that still run (or wait to), and the ones that ended, with their names.
+  std::set<std::string> live;
+  std::map<std::string, std::string> ended;  // uid -> "namespace/name (phase)"
+  for (const auto& [key, pod] : pods_->Snapshot()) {
+    const std::string uid = Str(Field(pod, "metadata"), "uid");
+    if (uid.empty()) continue;
+    const std::string phase = Str(Field(pod, "status"), "phase");
+    if (phase == "Succeeded" || phase == "Failed") {
+      ended[uid] = key + " (" + phase + ")";
+    } else {
+      live.insert(uid);
+    }
+  }
+  const int64_t now = clock_->NowMs();
+  Status first = Status::Ok();
+  for (const Allocation& a : allocations) {
+    if (a.request_id.compare(0, 4, "pod-") != 0) continue;
+    const std::string uid = a.request_id.substr(4);
+    if (live.count(uid)) continue;
+    std::string why;
+    if (auto it = ended.find(uid); it != ended.end()) {
+      why = "pod " + it->second + " ended";
+    } else if (now - a.created_ms >= kPodBindGraceMs) {
+      why = "pod uid " + uid + " of namespace " + a.tenant + " is gone";
+    } else {
+      continue;  // just bound: its pod may not have reached the watch yet
+    }
+    Status st = controller_->Release(a.id);
+    if (st.ok()) {
+      Log(why + ": allocation " + a.id + " released");
+    } else if (st.code() != StatusCode::kNotFound && first.ok()) {
+      first = Status(st.code(), why + ": releasing allocation " + a.id + ": " + st.message());
+    }
+  }
   return first;
 }
 

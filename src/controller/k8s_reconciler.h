@@ -7,6 +7,10 @@
 //     invalid spec changes nothing and is reported in the GPUPool's Ready condition.
 //   - TensorFusionWorkload spec -> one allocation per workload (tenant = its namespace, idempotent
 //     through the object's uid); deleting the object releases it.
+//   - Pods the scheduler extender bound (label tensor-fusion.ai/enabled=true; their allocation's
+//     request_id is "pod-<uid>"): the allocation is released once the pod has ended (phase
+//     Succeeded or Failed) or is gone (deleted, and the allocation older than kPodBindGraceMs, so
+//     that a pod the watch has not delivered yet is not taken for a deleted one).
 //   - our state -> status: GPUPool (capacity, allocated, nodes), TensorFusionWorkload (where it
 //     was placed), and GPUNode / GPU objects that mirror the nodes and GPUs agents registered.
 //
@@ -47,6 +51,8 @@ inline constexpr char kKubeFinalizer[] = "tensor-fusion.ai/controller";
 // The label on the GPUNode and GPU objects the reconciler creates (and may therefore delete).
 inline constexpr char kKubeManagedByLabel[] = "app.kubernetes.io/managed-by";
 inline constexpr char kKubeManagedByValue[] = "tensorfusion-controller";
+// The label of the pods the admission webhook prepares (=true) and the extender binds.
+inline constexpr char kKubePodLabel[] = "tensor-fusion.ai/enabled";
 
 // One resource's objects, kept current by list + watch on its own thread.
 class KubeObjectCache {
@@ -96,6 +102,11 @@ class KubeObjectCache {
   std::thread thread_;
 };
 
+// How old an allocation of a pod ("pod-<uid>") must be before a pod missing from the watched
+// pods counts as deleted: the extender creates the allocation while binding, possibly before
+// the pod's watch event reaches this replica.
+inline constexpr int64_t kPodBindGraceMs = 20'000;
+
 struct KubeReconcilerOptions {
   KubeApiConfig api;
   int resync_ms = 10'000;       // status refresh period when nothing changes
@@ -133,6 +144,8 @@ class KubeReconciler {
   Status ReconcilePool(const Json& pool, const Objects& templates, const UsageSnapshot& usage,
                        const std::vector<Allocation>& allocations);
   Status ReconcileWorkload(const Json& workload, const std::vector<Allocation>& allocations);
+  // Releases the allocations of pods that ended or are gone; nothing until the pods are listed.
+  Status ReleaseEndedPods(const std::vector<Allocation>& allocations);
   Status MirrorNodes(const UsageSnapshot& usage);
   Status MirrorGpus(const UsageSnapshot& usage, const std::vector<Allocation>& allocations);
   // Creates the mirror object `name` of kind `kind` (collection `plural`) unless it exists.
@@ -145,6 +158,9 @@ class KubeReconciler {
   KubeApi api_;  // the worker's writes and re-reads
 
   std::unique_ptr<KubeObjectCache> pools_, templates_, workloads_, gpunodes_, gpus_;
+  // The labelled pods. Apart from the others: a chart without the pods rule leaves it unsynced,
+  // which stops only the release of ended pods' allocations, not the rest.
+  std::unique_ptr<KubeObjectCache> pods_;
 
   std::mutex mu_;
   std::condition_variable cv_;

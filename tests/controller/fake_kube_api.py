@@ -1,4 +1,4 @@
-"""A fake Kubernetes API server for the tensor-fusion.ai/v1 resources, over real HTTPS.
+"""A fake Kubernetes API server for the tensor-fusion.ai/v1 resources and core v1 pods, over real HTTPS.
 
 It answers the way the API server does, with the same payload shapes: lists
 ({"kind": "GPUPoolList", "metadata": {"resourceVersion"}, "items"}), watch streams (chunked, one
@@ -29,8 +29,9 @@ GROUP_PATH = '/apis/tensor-fusion.ai/v1/'
 KINDS = {'gpupools': 'GPUPool', 'gpunodes': 'GPUNode', 'gpus': 'GPU',
          'schedulingconfigtemplates': 'SchedulingConfigTemplate',
          'tensorfusionworkloads': 'TensorFusionWorkload', 'workloadprofiles': 'WorkloadProfile',
-         'tensorfusionconnections': 'TensorFusionConnection'}
-PATH_RE = re.compile(r'^/apis/tensor-fusion\.ai/v1/(?:namespaces/([a-z0-9-]+)/)?([a-z]+)(?:/([a-z0-9.-]+))?(/status)?$')
+         'tensorfusionconnections': 'TensorFusionConnection', 'pods': 'Pod'}
+CORE = {'pods'}  # served under /api/v1, the others under GROUP_PATH
+PATH_RE = re.compile(r'^/(apis/tensor-fusion\.ai|api)/v1/(?:namespaces/([a-z0-9-]+)/)?([a-z]+)(?:/([a-z0-9.-]+))?(/status)?$')
 
 
 def status_object(code, reason, message):
@@ -121,7 +122,7 @@ class FakeKubeApi:
             self.rv += 1
             cur = self.objects[plural].get(key)
             if cur is None:
-                obj.setdefault('apiVersion', 'tensor-fusion.ai/v1')
+                obj.setdefault('apiVersion', 'v1' if plural in CORE else 'tensor-fusion.ai/v1')
                 obj.setdefault('kind', KINDS[plural])
                 obj['metadata'].update({'uid': str(uuid.uuid4()), 'resourceVersion': str(self.rv),
                                         'generation': 1, 'creationTimestamp': now_rfc3339()})
@@ -135,6 +136,15 @@ class FakeKubeApi:
             cur['metadata']['resourceVersion'] = str(self.rv)
             self._emit(plural, 'MODIFIED', cur, emit)
             return copy.deepcopy(cur)
+
+    def set_status(self, plural, key, status):
+        """What a controller of the object (the kubelet, for a pod) writes: a new status."""
+        with self.lock:
+            cur = self.objects[plural][key]
+            self.rv += 1
+            cur['status'] = copy.deepcopy(status)
+            cur['metadata']['resourceVersion'] = str(self.rv)
+            self._emit(plural, 'MODIFIED', cur)
 
     def delete(self, plural, key):
         """kubectl delete: with finalizers the object only gets its deletionTimestamp."""
@@ -221,10 +231,10 @@ class FakeKubeApi:
             rec['status'] = 401
             return self._reply(h, 401, status_object(401, 'Unauthorized', 'Unauthorized'))
         m = PATH_RE.match(url.path)
-        if not m or m.group(2) not in KINDS:
+        if not m or m.group(3) not in KINDS or (m.group(1) == 'api') != (m.group(3) in CORE):
             rec['status'] = 404
             return self._reply(h, 404, status_object(404, 'NotFound', 'the server could not find the requested resource'))
-        ns, plural, name, sub = m.groups()
+        _, ns, plural, name, sub = m.groups()
         key = (ns + '/' + name if ns else name) if name else None
         if method == 'GET' and name is None and query.get('watch') == 'true':
             rec['status'] = 200

@@ -19,6 +19,9 @@ tenants use it. Checked, in order:
 - an invalid spec (unknown placement mode) changes nothing and is reported in the Ready condition;
 - a TensorFusionWorkload is placed as an allocation of its namespace, shown in its status, and
   released when it is deleted;
+- the allocation the extender made for a pod (request_id pod-<uid>) is released when the pod
+  ends (phase Succeeded or Failed) or is deleted, and not while the pod runs or, for a pod the
+  watch has not delivered, before the grace after the bind;
 - deleting a GPUPool that holds allocations keeps the finalizer until they are released;
 - a standby replica (the store's lock is held by the leader) sends the API server nothing;
 - bad --kube-api flags are refused before anything starts, and a CA that did not sign the server's
@@ -348,6 +351,40 @@ def run(tfusion, folder):
                  'the deleted workload is gone once its finalizer is removed')
         check(wa['id'] not in {a['id'] for a in c.ok('GET', '/v1/allocations')['allocations']},
               'and its allocation was released')
+
+        # Pods the extender bound: the allocation goes when the pod ends or is deleted.
+        def labelled_pod(name):
+            return {'kind': 'Pod', 'metadata': {'name': name, 'namespace': 'team-a',
+                                                'labels': {'tensor-fusion.ai/enabled': 'true'}},
+                    'spec': {'containers': [{'name': 'main', 'image': 'trainer:1'}]}}
+
+        def pod_allocation(uid):
+            return c.ok('POST', '/v1/allocations', {'pool': 'train', 'tflops': 1, 'vram_mib': 1024, 'tenant': 'team-a',
+                                                    'request_id': 'pod-' + uid, 'allow_preemption': False})
+
+        def held():
+            return {a['id'] for a in c.ok('GET', '/v1/allocations')['allocations']}
+
+        job = api.apply('pods', labelled_pod('job-0'))
+        server = api.apply('pods', labelled_pod('server-0'))
+        wait_for(lambda: any(w['path'] == '/api/v1/pods' and w['query'].get('labelSelector') ==
+                             'tensor-fusion.ai/enabled=true' for w in api.recorded('GET')),
+                 'the reconciler lists and watches the labelled pods')
+        job_a = pod_allocation(job['metadata']['uid'])
+        server_a = pod_allocation(server['metadata']['uid'])
+        unseen_a = pod_allocation('0b5e3c4e-2f61-4b1e-9a57-1d2c3b4a5f60')  # bound; its pod not delivered yet
+        made_at = time.time()
+        api.set_status('pods', 'team-a/job-0', {'phase': 'Succeeded'})
+        wait_for(lambda: job_a['id'] not in held(), 'the allocation of a pod that ended (Succeeded) is released')
+        check(time.time() - made_at < 15 and {server_a['id'], unseen_a['id']} <= held(),
+              'at once, while a running pod and a just-bound pod the watch has not shown keep theirs')
+        check('pod team-a/job-0 (Succeeded) ended: allocation %s released' % job_a['id'] in open(c.log_path).read(),
+              'the log says which pod ended and which allocation went')
+        wait_for(lambda: unseen_a['id'] not in held(), 'a pod missing after the grace counts as gone', timeout=40)
+        check(time.time() - made_at >= 19, 'not before the grace (%.1f s)' % (time.time() - made_at))
+        check(server_a['id'] in held(), 'the running pod keeps its allocation')
+        api.delete('pods', 'team-a/server-0')
+        wait_for(lambda: server_a['id'] not in held(), 'a deleted pod\'s allocation is released')
 
         # Deleting a GPUPool with allocations keeps the finalizer until they are released.
         api.delete('gpupools', 'train')
