@@ -397,6 +397,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   k8s_cmd->add_option("--worker-token-secret", k8s.worker_token_secret,
                       "remote pods: Secret (key token) with what the client stub presents to the worker");
+  k8s_cmd->add_option("--worker-token-file", k8s.worker_token_file,
+                      "remote pods: file whose first line is the workers' token; each pod gets its own session "
+                      "ticket, bound to its limits and allocation (instead of --worker-token-secret)");
+  k8s_cmd->add_option("--ticket-days", k8s.ticket_days, "how long a pod's session ticket opens sessions, 1 to 3650")
+      ->capture_default_str();
   k8s_cmd->add_option("--host-shm-dir", k8s.host_shm_dir,
                       "local pods: the node agents' quota regions on the host (their $TFUSION_SHM_DIR)")
       ->capture_default_str();

@@ -112,19 +112,10 @@ int RunRemote(const std::string& remote, const std::string& token,
     setenv("TRITON_LIBCUDA_PATH", inject.c_str(), 1);
     unsetenv("TFUSION_REAL_LIBCUDA");
     // The stub sends these with its first request; the worker validates them.
-    for (auto [name, value] : {std::pair{"TFUSION_REMOTE_VRAM", &limits.vram},
-                               std::pair{"TFUSION_REMOTE_TFLOPS", &limits.tflops},
-                               std::pair{"TFUSION_REMOTE_PERCENT", &limits.percent},
-                               std::pair{"TFUSION_REMOTE_GPU", &limits.gpu},
-                               std::pair{"TFUSION_REMOTE_TFLOPS_LIMIT", &limits.tflops_limit},
-                               std::pair{"TFUSION_REMOTE_PERCENT_LIMIT", &limits.percent_limit},
-                               std::pair{"TFUSION_REMOTE_QOS", &limits.qos},
-                               std::pair{"TFUSION_REMOTE_IDLE_SWAP", &limits.idle_swap},
-                               std::pair{"TFUSION_REMOTE_IDLE_DISK", &limits.idle_disk},
-                               std::pair{"TFUSION_REMOTE_IDLE_ZERO", &limits.idle_zero},
-                               std::pair{"TFUSION_REMOTE_ALLOCATION", &limits.allocation}}) {
-      unsetenv(name);
-      if (!value->empty()) setenv(name, value->c_str(), 1);
+    for (const worker::LimitsEnvVar& v : worker::kLimitsEnv) {
+      const std::string& value = limits.*v.field;
+      unsetenv(v.name);
+      if (!value.empty()) setenv(v.name, value.c_str(), 1);
     }
     std::vector<char*> argv;
     for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));

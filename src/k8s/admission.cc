@@ -65,29 +65,21 @@ json ContainerEnv(const PodGpuRequest& r, const WebhookOptions& o) {
     env.push_back(Plain("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"));
   } else {
     env.push_back(FromAnnotation("TFUSION_REMOTE", kWorkerAnnotation));
-    env.push_back(Plain("TFUSION_REMOTE_GPU", "$(TFUSION_GPU_UUID)"));
-    env.push_back(Plain("TFUSION_REMOTE_VRAM", std::to_string(r.vram_mib) + "MiB"));
-    char buf[32];
-    if (r.tflops > 0) {
-      std::snprintf(buf, sizeof(buf), "%g", r.tflops);
-      env.push_back(Plain("TFUSION_REMOTE_TFLOPS", buf));
-      if (r.tflops_limit > r.tflops) {
-        std::snprintf(buf, sizeof(buf), "%g", r.tflops_limit);
-        env.push_back(Plain("TFUSION_REMOTE_TFLOPS_LIMIT", buf));
-      }
-    } else {
-      std::snprintf(buf, sizeof(buf), "%g", r.percent);
-      env.push_back(Plain("TFUSION_REMOTE_PERCENT", buf));
-      if (r.percent_limit > r.percent) {
-        std::snprintf(buf, sizeof(buf), "%g", r.percent_limit);
-        env.push_back(Plain("TFUSION_REMOTE_PERCENT_LIMIT", buf));
+    // The limits the stub sends the worker; the GPU and the allocation are the Binding's
+    // annotations. The extender's session ticket is bound to exactly these (RemotePodLimits).
+    const worker::SessionLimits limits = RemotePodLimits(r);
+    for (const worker::LimitsEnvVar& v : worker::kLimitsEnv) {
+      if (v.field == &worker::SessionLimits::gpu) {
+        env.push_back(Plain(v.name, "$(TFUSION_GPU_UUID)"));
+      } else if (v.field == &worker::SessionLimits::allocation) {
+        env.push_back(FromAnnotation(v.name, kAllocationAnnotation));
+      } else if (!(limits.*v.field).empty()) {
+        env.push_back(Plain(v.name, limits.*v.field));
       }
     }
-    // The worker makes the session's vGPU with the limit and QoS too (a version-3 limits record;
-    // docs/remote.md): medium, the default, is left out so that older workers keep serving pods
-    // that ask for no more.
-    if (r.qos != "medium") env.push_back(Plain("TFUSION_REMOTE_QOS", r.qos));
-    if (!o.worker_token_secret.empty()) {
+    if (o.pod_tickets) {
+      env.push_back(FromAnnotation("TFUSION_TOKEN", kTicketAnnotation));
+    } else if (!o.worker_token_secret.empty()) {
       env.push_back({{"name", "TFUSION_TOKEN"},
                      {"valueFrom", {{"secretKeyRef", {{"name", o.worker_token_secret}, {"key", "token"}}}}}});
     }
@@ -204,6 +196,26 @@ StatusOr<Annotations> AnnotationsOf(const json& meta) {
 WebhookReply Handle(const std::string& body, const WebhookOptions& o);
 
 }  // namespace
+
+worker::SessionLimits RemotePodLimits(const PodGpuRequest& r) {
+  worker::SessionLimits l;
+  l.vram = std::to_string(r.vram_mib) + "MiB";
+  auto number = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", v);
+    return std::string(buf);
+  };
+  if (r.tflops > 0) {
+    l.tflops = number(r.tflops);
+    if (r.tflops_limit > r.tflops) l.tflops_limit = number(r.tflops_limit);
+  } else {
+    l.percent = number(r.percent);
+    if (r.percent_limit > r.percent) l.percent_limit = number(r.percent_limit);
+  }
+  // Medium, the default, is left out (a version-2 record when nothing else of version 3 is).
+  if (r.qos != "medium") l.qos = r.qos;
+  return l;
+}
 
 WebhookReply HandleAdmissionReview(const std::string& body, const WebhookOptions& o) {
   try {

@@ -22,6 +22,7 @@
 
 #include "common/status.h"
 #include "k8s/pod_request.h"
+#include "worker/worker.h"
 
 namespace tf::k8s {
 
@@ -32,6 +33,10 @@ struct WebhookOptions {
   // Remote pods: the Secret (key "token") holding what the client stub presents to the worker;
   // empty: no TFUSION_TOKEN is injected.
   std::string worker_token_secret;
+  // Remote pods: TFUSION_TOKEN is the session ticket the extender's bind mints for each pod
+  // (kTicketAnnotation, downward API), bound to its limits and allocation. Excludes
+  // worker_token_secret.
+  bool pod_tickets = false;
   // The node agents' quota regions on the host (their $TFUSION_SHM_DIR; the chart's
   // agent.hostShmDir): local pods get it mounted at kRegionDir.
   std::string host_shm_dir = "/dev/shm/tensorfusion";
@@ -52,5 +57,9 @@ struct WebhookReply {
 // `body` is the AdmissionReview the API server POSTed. A body that is not an AdmissionReview v1
 // with request.uid gets 400; everything else gets 200 and a response echoing the uid.
 WebhookReply HandleAdmissionReview(const std::string& body, const WebhookOptions& options);
+
+// The vGPU limits a remote pod's client stub sends the worker, as the webhook writes them into the
+// pod's environment, without the GPU and the allocation (the Binding's annotations give those).
+worker::SessionLimits RemotePodLimits(const PodGpuRequest& r);
 
 }  // namespace tf::k8s

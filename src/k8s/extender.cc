@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <map>
 #include <vector>
 
@@ -10,7 +12,9 @@
 
 #include "controller/model.h"
 #include "controller/placement.h"
+#include "k8s/admission.h"
 #include "k8s/pod_request.h"
+#include "worker/session_ticket.h"
 
 namespace tf::k8s {
 namespace {
@@ -308,6 +312,15 @@ ExtenderReply Extender::Prioritize(const std::string& body) const {
   return {200, list.dump()};
 }
 
+StatusOr<std::string> ReadWorkerToken(const std::string& path) {
+  std::ifstream in(path);
+  std::string token;
+  if (!in) return Unavailable("cannot read the workers' token file " + path);
+  if (!std::getline(in, token) || token.empty())
+    return InvalidArgument("the workers' token file " + path + " is empty (its first line is the token)");
+  return token;
+}
+
 ExtenderReply Extender::Bind(const std::string& body) const {
   StatusOr<json> args = ParseArgs(body);
   if (!args.ok()) return BadRequest(args.status().message());
@@ -384,6 +397,17 @@ ExtenderReply Extender::Bind(const std::string& body) const {
       return release("node " + Str(a, "node") + ", where the vGPU was placed, has no worker for remote pods "
                      "(tfusion hypervisor --worker-address)");
     annotations[kWorkerAnnotation] = worker;
+    if (!tickets_.worker_token_file.empty()) {
+      StatusOr<std::string> token = ReadWorkerToken(tickets_.worker_token_file);
+      if (!token.ok()) return release(token.status().message());
+      worker::SessionLimits limits = RemotePodLimits(r);
+      limits.gpu = gpus;
+      limits.allocation = id;
+      const std::string ticket =
+          worker::MintSessionTicket(*token, time(nullptr) + tickets_.ttl_s, worker::SessionLimitsDigest(limits));
+      if (ticket.empty()) return release("cannot make the pod's session ticket (no randomness)");
+      annotations[kTicketAnnotation] = ticket;
+    }
   }
   if (bound == node) return {200, json::object().dump()};  // bound before; the answer was lost
 

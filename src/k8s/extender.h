@@ -13,13 +13,19 @@
 // Bind creates the allocation in the controller (request_id = the pod's uid, so a retried bind
 // gets the same allocation back instead of a second one; local pods on exactly the chosen node)
 // and then POSTs the pod's Binding to the API server, with annotations the pod's environment reads
-// (allocation id, GPU UUID, worker address). A failed binding releases the allocation.
+// (allocation id, GPU UUID, worker address). A failed binding releases the allocation. With the
+// workers' token (TicketOptions), a remote pod's Binding also carries its own session ticket
+// (kTicketAnnotation), bound to the limits the webhook gave the pod, its GPU and its allocation:
+// the pod never sees a credential that opens anything else.
 //
 // Thread safety: the handlers may run concurrently; each builds its own view of the state.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
+#include "common/status.h"
 #include "controller/http_client.h"
 #include "controller/kube_api.h"
 
@@ -30,11 +36,21 @@ struct ExtenderReply {
   std::string body;
 };
 
+// Per-pod session tickets for remote pods.
+struct TicketOptions {
+  std::string worker_token_file;  // the workers' token (read at each bind: a rotated one applies); empty: none
+  int64_t ttl_s = 365 * 24 * 3600;  // how long a pod's ticket opens sessions
+};
+
+// The workers' token from `path`: its first line, as `tfusion worker --token-file` reads it.
+StatusOr<std::string> ReadWorkerToken(const std::string& path);
+
 class Extender {
  public:
   // Both must outlive the extender. `kube` is the Kubernetes API client the controller's reconciler
   // uses too (it reads pods and creates their Bindings).
-  Extender(controller::HttpClient* controller, controller::KubeApi* kube) : controller_(controller), kube_(kube) {}
+  Extender(controller::HttpClient* controller, controller::KubeApi* kube, TicketOptions tickets = {})
+      : controller_(controller), kube_(kube), tickets_(std::move(tickets)) {}
 
   ExtenderReply Filter(const std::string& body) const;
   ExtenderReply Prioritize(const std::string& body) const;
@@ -43,6 +59,7 @@ class Extender {
  private:
   controller::HttpClient* const controller_;
   controller::KubeApi* const kube_;
+  const TicketOptions tickets_;
 };
 
 }  // namespace tf::k8s

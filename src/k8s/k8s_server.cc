@@ -105,13 +105,22 @@ int RunK8s(const K8sOptions& o) {
   if (kube_config->url.rfind("https://", 0) != 0)
     return Fail("--kube-api " + kube_config->url + ": must be an https:// URL (the service account token is sent)");
 
+  if (!o.worker_token_file.empty() && !o.worker_token_secret.empty())
+    return Fail("give --worker-token-file (a ticket per pod) or --worker-token-secret (one credential for every "
+                "pod), not both");
+  if (o.ticket_days < 1 || o.ticket_days > 3650) return Fail("--ticket-days must be 1 to 3650");
+  if (!o.worker_token_file.empty()) {
+    if (StatusOr<std::string> t = ReadWorkerToken(o.worker_token_file); !t.ok()) return Fail(t.status().message());
+  }
+
   controller::HttpClient controller(o.controller_url, token, 5000, o.ca_file);
   controller::KubeApi kube(*kube_config);
-  Extender extender(&controller, &kube);
+  Extender extender(&controller, &kube, TicketOptions{o.worker_token_file, o.ticket_days * 24 * 3600});
   WebhookOptions webhook;
   webhook.scheduler_name = o.scheduler_name;
   webhook.limiter_image = o.limiter_image;
   webhook.worker_token_secret = o.worker_token_secret;
+  webhook.pod_tickets = !o.worker_token_file.empty();
   webhook.host_shm_dir = o.host_shm_dir;
   webhook.lookup_profile = [&controller](const std::string& name) { return LookupProfile(&controller, name); };
 

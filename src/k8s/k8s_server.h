@@ -10,6 +10,7 @@
 // over TLS (the webhook configuration's caBundle, the extender's tlsConfig).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace tf::k8s {
@@ -25,6 +26,8 @@ struct K8sOptions {
   std::string scheduler_name = "tensor-fusion-scheduler";
   std::string limiter_image = "tensorfusion/tensorfusion-lib:latest";
   std::string worker_token_secret; // remote pods: Secret whose key "token" the stub presents
+  std::string worker_token_file;   // remote pods: the workers' token; each pod gets its own ticket
+  int64_t ticket_days = 365;       // how long such a ticket opens sessions
   std::string host_shm_dir = "/dev/shm/tensorfusion";  // the agents' quota regions on the host
   std::string kube_api;            // https://HOST:PORT or in-cluster; empty: in-cluster
   std::string kube_token_file;     // empty: the service account's

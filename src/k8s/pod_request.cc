@@ -113,7 +113,7 @@ StatusOr<PodGpuRequest> ParsePodAnnotations(const Annotations& annotations, cons
     if (key.rfind(kDomain, 0) != 0) continue;
     const std::string name = key.substr(sizeof(kDomain) - 1);
     if (key == kRequestAnnotation || key == kAllocationAnnotation || key == kGpuIdsAnnotation ||
-        key == kWorkerAnnotation) {
+        key == kWorkerAnnotation || key == kTicketAnnotation) {
       return InvalidArgument(key + " is written by TensorFusion, not by the pod: remove it");
     }
     if (!kSupported.count(name)) {

@@ -26,6 +26,9 @@ inline constexpr char kRequestAnnotation[] = "tensor-fusion.ai/vgpu-request";
 inline constexpr char kAllocationAnnotation[] = "tensor-fusion.ai/allocation";
 inline constexpr char kGpuIdsAnnotation[] = "tensor-fusion.ai/gpu-ids";
 inline constexpr char kWorkerAnnotation[] = "tensor-fusion.ai/worker-address";
+// Written by the extender's bind of a remote pod when it holds the workers' token
+// (--worker-token-file): the pod's own session ticket, bound to its limits and allocation.
+inline constexpr char kTicketAnnotation[] = "tensor-fusion.ai/session-ticket";
 
 // Per vGPU. Exactly one of tflops / percent is > 0; a limit is in the same unit, 0 = the request.
 struct PodGpuRequest {

@@ -32,6 +32,26 @@ struct SessionLimits {
   std::string idle_zero, allocation;
 };
 
+// The environment variable of the client stub (src/client) that gives each limits-record field,
+// in the record's order; `tfusion run --remote` and the Kubernetes webhook set them.
+struct LimitsEnvVar {
+  const char* name;
+  std::string SessionLimits::*field;
+};
+inline constexpr LimitsEnvVar kLimitsEnv[] = {
+    {"TFUSION_REMOTE_VRAM", &SessionLimits::vram},
+    {"TFUSION_REMOTE_TFLOPS", &SessionLimits::tflops},
+    {"TFUSION_REMOTE_PERCENT", &SessionLimits::percent},
+    {"TFUSION_REMOTE_GPU", &SessionLimits::gpu},
+    {"TFUSION_REMOTE_TFLOPS_LIMIT", &SessionLimits::tflops_limit},
+    {"TFUSION_REMOTE_PERCENT_LIMIT", &SessionLimits::percent_limit},
+    {"TFUSION_REMOTE_QOS", &SessionLimits::qos},
+    {"TFUSION_REMOTE_IDLE_SWAP", &SessionLimits::idle_swap},
+    {"TFUSION_REMOTE_IDLE_DISK", &SessionLimits::idle_disk},
+    {"TFUSION_REMOTE_IDLE_ZERO", &SessionLimits::idle_zero},
+    {"TFUSION_REMOTE_ALLOCATION", &SessionLimits::allocation},
+};
+
 struct WorkerOptions {
   // Each "HOST:PORT" (TCP; port 0 picks one) or "unix:/path" (shared memory, same host).
   std::vector<std::string> listen;

@@ -125,6 +125,10 @@ class RenderAndValidate(unittest.TestCase):
                 yaml.safe_dump({"agent": {"metricsListen": ""}}, f)
             with self.assertRaisesRegex(TemplateError, "agent.metricsListen needs an address"):
                 objects([bad])
+            with open(bad, "w") as f:
+                yaml.safe_dump({"webhook": {"workerTokenSecret": "shared", "ticketTokenSecret": "workers"}}, f)
+            with self.assertRaisesRegex(TemplateError, "set one, not both"):
+                objects([bad])
         finally:
             os.unlink(bad)
 
@@ -338,6 +342,29 @@ class Components(unittest.TestCase):
         self.assertEqual(flags["--host-shm-dir"], "/run/tensorfusion-shm")
         self.assertEqual(flags["--limiter-image"], "registry.example.com/gpu/tfusion-lib:0.1.0-test")
         self.assertEqual(flags["--worker-token-secret"], "worker-token")
+
+    def test_webhook_mints_a_ticket_per_pod_from_the_workers_token_secret(self):
+        values = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tf-tickets-{os.getpid()}.yaml")
+        with open(values, "w") as f:
+            yaml.safe_dump({"webhook": {"ticketTokenSecret": "worker-token", "ticketDays": 30}}, f)
+        try:
+            objs = objects([values])
+        finally:
+            os.unlink(values)
+        self.assertEqual(all_errors(objs), [])
+        dep = find(objs, "Deployment", "tf-webhook")
+        args = container(dep)["args"]
+        flags = dict(zip(args[1::2], args[2::2]))
+        self.assertEqual(flags["--worker-token-file"], "/etc/tensorfusion/worker-token/token")
+        self.assertEqual(flags["--ticket-days"], "30")
+        self.assertNotIn("--worker-token-secret", flags)
+        vol = mounts(dep)["/etc/tensorfusion/worker-token"]
+        self.assertEqual(vol["secret"]["secretName"], "worker-token")
+        self.assertEqual(vol["secret"]["items"], [{"key": "token", "path": "token"}])
+        if TFUSION:
+            r = subprocess.run([TFUSION, "k8s", "--help"], capture_output=True, text=True)
+            for flag in ("--worker-token-file", "--ticket-days"):
+                self.assertIn(flag, r.stdout)
 
     def test_components_can_be_switched_off(self):
         off = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tf-off-{os.getpid()}.yaml")

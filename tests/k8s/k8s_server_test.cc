@@ -670,6 +670,123 @@ TEST_F(K8sServerTest, AnHttpsControllerIsVerifiedAgainstTheCaFile) {
   waitpid(tls_controller, nullptr, 0);
 }
 
+// The value a container's environment entry has once the kubelet made it: a fieldRef to an
+// annotation reads the pod's (the Binding's) annotation, $(NAME) expands an earlier entry.
+std::map<std::string, std::string> Resolved(const json& container, const json& annotations) {
+  std::map<std::string, std::string> out;
+  for (const json& e : container.at("env")) {
+    std::string value;
+    if (e.contains("valueFrom")) {
+      const std::string path = e["valueFrom"]["fieldRef"]["fieldPath"];
+      const std::string key = path.substr(std::string("metadata.annotations['").size());
+      value = annotations.value(key.substr(0, key.size() - 2), "");
+    } else {
+      value = e["value"];
+      for (const auto& [name, v] : out) {
+        for (size_t at; (at = value.find("$(" + name + ")")) != std::string::npos;)
+          value.replace(at, name.size() + 3, v);
+      }
+    }
+    out[e["name"]] = value;
+  }
+  return out;
+}
+
+// With the workers' token (--worker-token-file) the extender mints each remote pod its own
+// session ticket at bind, bound to the limits the webhook put in the pod's environment, its GPU and
+// its allocation. End to end on a real worker (fake driver): the pod's program, with the
+// environment the kubelet would give it, opens its session and gets its VRAM limit; the same
+// program asking for more, or without its limits, is refused; no pod sees the workers' token.
+TEST_F(K8sServerTest, ARemotePodGetsItsOwnTicketBoundToItsLimitsAndAllocation) {
+  const std::string d = dir_ + "/";
+  std::ofstream(d + "worker-token") << "workers-secret\n";
+  const std::string fake = "TFUSION_SHM_DIR=" + d + "shm FAKECUDA_DEVICES=1 FAKECUDA_SHM_NAME=tf-k8s-" +
+                           std::to_string(getpid()) + " ";
+  pid_t worker = Spawn("env " + fake + TF_TFUSION + " worker --listen 127.0.0.1:0 --token-file " + d +
+                       "worker-token --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML + " --ready-file " + d +
+                       "ready > " + d + "worker.log 2>&1");
+  const std::string address = WaitFor(d + "ready", std::regex("tcp (127.0.0.1:[0-9]+)"));
+  ASSERT_FALSE(address.empty()) << ReadFile(d + "worker.log");
+  auto pool = ctl_->Post("/v1/pools", R"({"name":"remote"})", "application/json");
+  ASSERT_TRUE(pool && pool->status == 201) << (pool ? pool->body : "no answer");
+  const std::string uuid = "GPU-fa4ec0da-0000-4000-8000-000000000000";  // the fake's device 0
+  Register(R"({"name":"gpu-w","pool":"remote","worker_address":")" + address + R"(","gpus":[{"uuid":")" + uuid +
+           R"(","model":"H100-SXM","index":0,"tflops":100,"vram_mib":16384}]})");
+  const std::string kube = " --kube-api https://127.0.0.1:" + std::to_string(api_->port()) + " --kube-token-file " +
+                           d + "kube-token --kube-ca-file " + d + "ca.pem";
+  Started both = StartK8s(dir_, "k8s-both", "", "--controller " + controller_url_ + " --worker-token-file " + d +
+                          "worker-token --worker-token-secret shared" + kube);
+  EXPECT_TRUE(both.port.empty());
+  EXPECT_NE(both.log.find("not both"), std::string::npos) << both.log;
+  Started missing = StartK8s(dir_, "k8s-no-token", "", "--controller " + controller_url_ + " --worker-token-file " +
+                             d + "nope" + kube);
+  EXPECT_NE(missing.log.find("cannot read the workers' token file " + d + "nope"), std::string::npos) << missing.log;
+  EXPECT_NE(missing.log.find("[exit 2]"), std::string::npos) << missing.log;
+  Started k = StartK8s(dir_, "k8s-tickets", "", "--controller " + controller_url_ + " --worker-token-file " + d +
+                       "worker-token" + kube);
+  ASSERT_FALSE(k.port.empty()) << k.log;
+  httplib::Client hook("https://127.0.0.1:" + k.port);
+  hook.set_ca_cert_path((d + "ca.pem").c_str());
+  hook.enable_server_certificate_verification(true);
+  hook.set_read_timeout(20, 0);
+
+  // Admission: the ticket and the allocation come from the Binding's annotations.
+  json review = Payload("admission-review-remote.json");
+  json& meta = review["request"]["object"]["metadata"];
+  meta["annotations"]["tensor-fusion.ai/vram-request"] = "64Mi";
+  meta["annotations"]["tensor-fusion.ai/gpupool"] = "remote";
+  auto mutated = hook.Post("/mutate", review.dump(), "application/json");
+  ASSERT_TRUE(mutated && mutated->status == 200);
+  ASSERT_EQ(json::parse(mutated->body)["response"]["allowed"], true) << mutated->body;
+  json pod = Patched(review["request"]["object"], json::parse(mutated->body)["response"]);
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(EnvNamed(c, "TFUSION_TOKEN")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.annotations['tensor-fusion.ai/session-ticket']");
+  EXPECT_EQ(EnvNamed(c, "TFUSION_REMOTE_ALLOCATION")["valueFrom"]["fieldRef"]["fieldPath"],
+            "metadata.annotations['tensor-fusion.ai/allocation']");
+  EXPECT_EQ(pod.dump().find("secretKeyRef"), std::string::npos) << "no shared credential";
+
+  // Bind: the extender places the vGPU on gpu-w and puts the pod's ticket on the Binding.
+  pod["metadata"]["uid"] = "7c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e";
+  api_->AddPod(pod);
+  json bind = {{"podName", "infer"}, {"podNamespace", "serving"}, {"podUID", pod["metadata"]["uid"]}, {"node", "cpu-c"}};
+  auto bound = hook.Post("/bind", bind.dump(), "application/json");
+  ASSERT_TRUE(bound && bound->status == 200);
+  EXPECT_FALSE(json::parse(bound->body).contains("error")) << bound->body;
+  ASSERT_EQ(api_->bindings().size(), 1u);
+  const json annotations = api_->bindings()[0]["metadata"]["annotations"];
+  EXPECT_EQ(annotations["tensor-fusion.ai/gpu-ids"], uuid);
+  EXPECT_EQ(annotations["tensor-fusion.ai/worker-address"], address);
+  const std::string ticket = annotations.value("tensor-fusion.ai/session-ticket", "");
+  EXPECT_EQ(ticket.rfind("tkt2.", 0), 0u) << ticket;
+  EXPECT_EQ(ticket.find("workers-secret"), std::string::npos);
+
+  // The pod's program, with the environment the kubelet resolves, through the client stub.
+  std::string env = fake + "LD_LIBRARY_PATH=" + std::string(TF_TFUSION).substr(0, std::string(TF_TFUSION).rfind('/')) +
+                    "/../client/inject ";
+  for (const auto& [name, value] : Resolved(c, annotations)) {
+    if (name != "LD_PRELOAD") env += name + "='" + value + "' ";
+  }
+  auto probe = [&](const std::string& extra, const std::string& mode) {
+    Sh("env " + env + extra + " timeout 60 " + TF_REMOTE_PROBE + " " + mode + " > " + d + "probe.out 2>&1");
+    return ReadFile(d + "probe.out");
+  };
+  const std::string own = probe("", "fill");
+  EXPECT_NE(own.find("fill_total_mib=64\n"), std::string::npos) << own << ReadFile(d + "worker.log");
+  for (const std::string& extra : {std::string("TFUSION_REMOTE_VRAM=16GiB"), std::string("TFUSION_REMOTE_ALLOCATION=")}) {
+    const std::string out = probe(extra, "init");
+    EXPECT_EQ(out.find("init=0\n"), std::string::npos) << extra << ": " << out;
+    EXPECT_NE(out.find("not those its session ticket was made for"), std::string::npos) << extra << ": " << out;
+  }
+  EXPECT_NE(ReadFile(d + "worker.log").find("allocation " + annotations.value("tensor-fusion.ai/allocation", "?")),
+            std::string::npos)
+      << "the session was bound to the pod's allocation: " << ReadFile(d + "worker.log");
+  StopK8s(k);
+  kill(worker, SIGTERM);
+  waitpid(worker, nullptr, 0);
+  Sh("rm -f /dev/shm/tf-k8s-" + std::to_string(getpid()) + "*");
+}
+
 // The Kubernetes API flags, now read by the controller's client: https only, in-cluster by default.
 TEST_F(K8sServerTest, BadKubernetesApiFlagsStopItAtStart) {
   const std::string d = dir_ + "/";
