@@ -363,11 +363,12 @@ int RunCommand(const RunOptions& o) {
         // applies only to clients that send none.
         const int64_t zero = placed->idle_zero_ms > 0 ? placed->idle_zero_ms : static_cast<int64_t>(limiter::DefaultIdleZeroMs(qos));
         limits.idle_zero = zero == 0 ? "never" : std::to_string(zero) + "ms";
-        // The session's vGPU is bound to the allocation: its node agent passes the allocation's
-        // freeze, zero and thaw requests on to it. (Only with tiering: a pool that does not
-        // oversell VRAM keeps a record that older workers take.)
-        limits.allocation = placed->allocation_id;
       }
+      // The session's vGPU is bound to the allocation, tiering or not: the node agent reports its
+      // use and processes as the allocation's, stops it when the allocation is taken back
+      // (released, preempted, its lease or node lost), and passes the allocation's freeze, zero
+      // and thaw requests on to it.
+      limits.allocation = placed->allocation_id;
       int rc = 0;
       {
         LeaseKeeper lease(o, placed->allocation_id);

@@ -856,10 +856,12 @@ class RemotePooledZero : public RemoteZero {
       ready = Shell(std::string(TF_TFUSION) + " node ls --url " + url_ + " --token t").out.find("ready") != std::string::npos;
       if (!ready) usleep(50000);
     }
+    if (!PoolOversellsVram()) return ready;
     tf::controller::HttpClient client(url_, "t");
     auto pool = client.Patch("/v1/pools/default", R"({"vram_expand_to_host_percent":100})");
     return ready && pool.ok() && pool->status == 200;
   }
+  virtual bool PoolOversellsVram() const { return true; }
   // The probe ("zero" mode) under `tfusion run --controller`, which finds no GPU here (no NVML)
   // and runs it through the node's worker, in a process group of its own.
   pid_t StartPooledClient(const std::string& flags) {
@@ -1087,6 +1089,34 @@ TEST_F(RemotePooledZero, DeletingTheAllocationEndsItsRemoteSessionAndTheClientsN
   ASSERT_GT(b.session, 0);
   EXPECT_GT(DeviceUsedMiB(), 0);
   tf::controller::HttpClient client(url_, "t");
+  auto gone = client.Delete("/v1/allocations/" + b.allocation);
+  ASSERT_TRUE(gone.ok() && gone->status == 200);
+  ExpectSessionEndedAndTheClientsNextCallFails(b, "released");
+}
+
+// A pool that does not oversell VRAM (the default) and a worker without --tiering: the pooled
+// run's session is bound to its allocation all the same, so the controller sees the session's
+// process as the allocation's, and the allocation taken back stops the session (it used to run
+// on, unseen, while `tfusion ps` said its eviction was done).
+class RemotePooledPlain : public RemotePooledZero {
+ protected:
+  std::string WorkerFlags() const override { return ""; }
+  bool PoolOversellsVram() const override { return false; }
+};
+
+TEST_F(RemotePooledPlain, ASessionInAPoolWithoutTieringIsTheAllocationsAndEndsWithIt) {
+  const BoundSession b = StartBoundSession("");
+  ASSERT_GT(b.session, 0);
+  tf::controller::HttpClient client(url_, "t");
+  bool seen = false;
+  std::string body;
+  for (int i = 0; i < 200 && !seen; ++i) {
+    auto a = client.Get("/v1/allocations");  // the list carries each allocation's use and processes
+    body = a.ok() ? a->body : a.status().ToString();
+    seen = body.find("\"pid\":" + std::to_string(b.session)) != std::string::npos;
+    if (!seen) usleep(50000);
+  }
+  EXPECT_TRUE(seen) << "the allocation's processes name the session: " << body << Logs();
   auto gone = client.Delete("/v1/allocations/" + b.allocation);
   ASSERT_TRUE(gone.ok() && gone->status == 200);
   ExpectSessionEndedAndTheClientsNextCallFails(b, "released");
