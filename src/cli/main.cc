@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   std::string remote;
   run_cmd->add_option("--remote", remote, "run on a remote GPU worker: HOST:PORT (TCP) or unix:PATH");
   run_cmd->add_option("--token", run.token, "token of the controller or remote worker")->envname("TFUSION_TOKEN");
-  run_cmd->add_option("--controller", run.controller, "controller URL: the pool places the vGPU")
+  run_cmd->add_option("--controller", run.controller,
+                      "controller URL: the pool places the vGPU; several replicas: comma-separated (the run follows the leader)")
       ->envname("TFUSION_URL");
   run_cmd->add_option("--pool", run.pool, "pool to place the vGPU in");
   std::string run_ca_file;

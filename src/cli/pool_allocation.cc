@@ -37,6 +37,9 @@ Status FromReply(int http_status, const std::string& body, const std::string& wh
   if (code == "aborted") return Status(StatusCode::kAborted, message);
   if (code == "failed_precondition") return FailedPrecondition(message);
   if (code == "already_exists") return AlreadyExists(message);
+  // Every replica answered, and none serves (standbys, or a leader without its store): not a
+  // controller that cannot be reached.
+  if (http_status == 503) return FailedPrecondition(message + " (HTTP 503: no replica serves now; try again shortly)");
   return Unavailable(message + " (HTTP " + std::to_string(http_status) + ")");
 }
 
@@ -78,7 +81,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
   std::snprintf(key, sizeof key, "run-%08x%08x%08x", rd(), rd(), rd());
   body["request_id"] = key;
 
-  controller::HttpClient client(url, token);
+  controller::ReplicaClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations", body.dump());
   for (int retry = 0; retry < 2 && !r.ok() && r.status().code() == StatusCode::kUnavailable; ++retry) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500 << retry));
@@ -112,7 +115,7 @@ StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std
 
 Status RenewPoolAllocation(const std::string& url, const std::string& token, const std::string& id) {
   if (id.empty()) return InvalidArgument("allocation id must not be empty");
-  controller::HttpClient client(url, token);
+  controller::ReplicaClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Post("/v1/allocations/" + id + "/renew", "{}");
   if (!r.ok()) return r.status();
   if (r->status != 200) return FromReply(r->status, r->body, "renewing " + id);
@@ -121,7 +124,7 @@ Status RenewPoolAllocation(const std::string& url, const std::string& token, con
 
 Status ReleasePoolAllocation(const std::string& url, const std::string& token, const std::string& id) {
   if (id.empty()) return InvalidArgument("allocation id must not be empty");
-  controller::HttpClient client(url, token);
+  controller::ReplicaClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Delete("/v1/allocations/" + id);
   if (!r.ok()) return r.status();
   if (r->status != 200) return FromReply(r->status, r->body, "releasing " + id);
@@ -133,7 +136,7 @@ namespace {
 // GET `path` from the controller as a JSON object; `what` names the lookup in errors.
 StatusOr<json> GetObject(const std::string& url, const std::string& token, const std::string& path,
                          const std::string& what) {
-  controller::HttpClient client(url, token);
+  controller::ReplicaClient client(url, token);
   StatusOr<controller::HttpResponse> r = client.Get(path);
   if (!r.ok()) return r.status();
   if (r->status != 200) return FromReply(r->status, r->body, "looking up " + what);

@@ -41,7 +41,9 @@ struct PoolAllocation {
 // QoS medium); `tenant` may be empty (no quota applies), else its quota is checked. `idle_swap_ms`
 // and `idle_disk_ms` (>= 0) are the allocation's tier idle overrides; -1: the QoS defaults. Errors: kInvalidArgument (bad input, also as the controller reports it),
 // kOutOfMemory (no GPU has room), kResourceExhausted (tenant quota), kUnauthenticated (token),
-// kNotFound (pool), kUnavailable (controller unreachable or not the leader).
+// kNotFound (pool), kUnavailable (no replica reachable), kFailedPrecondition (no replica serves:
+// standbys, a leader without its store). `url` may list the replicas, comma-separated: every call
+// here goes to the replica that answered last and moves on past unreachable ones and 503s.
 StatusOr<PoolAllocation> RequestPoolAllocation(const std::string& url, const std::string& token,
                                                double tflops_or_0, double percent_or_0,
                                                uint64_t vram_bytes, const std::string& pool,

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -228,10 +229,32 @@ class LeaseKeeper {
  private:
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
+    int64_t failing_since = 0;  // seconds since the epoch of the first failed renewal in a row
     while (!cv_.wait_for(lock, std::chrono::seconds(kRunRenewSeconds), [this] { return stop_; })) {
       lock.unlock();
       Status st = RenewPoolAllocation(o_.controller, o_.token, id_);
-      if (!st.ok()) std::fprintf(stderr, "tfusion run: renewing allocation %s: %s\n", id_.c_str(), st.ToString().c_str());
+      const int64_t now = static_cast<int64_t>(time(nullptr));
+      if (st.code() == StatusCode::kNotFound) {
+        // Taken back: nothing to renew any more, and the node agent stops the command.
+        StatusOr<std::string> why = EvictionReason(o_.controller, o_.token, id_);
+        std::fprintf(stderr, "tfusion run: allocation %s is no longer held by the controller (%s): its node agent "
+                     "stops the command\n", id_.c_str(),
+                     why.ok() ? why->c_str()
+                              : failing_since > 0 ? "its lease ran out while no replica could renew it"
+                                                  : "released");
+        return;
+      }
+      if (st.ok()) {
+        if (failing_since > 0)
+          std::fprintf(stderr, "tfusion run: allocation %s renewed again\n", id_.c_str());
+        failing_since = 0;
+      } else {
+        if (failing_since == 0) failing_since = now;
+        std::fprintf(stderr, "tfusion run: renewing allocation %s: %s (its lease runs out %lld s after the last "
+                     "renewal; give --controller every replica, comma-separated, to follow a failover)\n",
+                     id_.c_str(), st.ToString().c_str(),
+                     std::max<long long>(0, kRunLeaseSeconds - (now - failing_since) - kRunRenewSeconds));
+      }
       lock.lock();
     }
   }
@@ -246,13 +269,21 @@ class LeaseKeeper {
 // Releases the run's pool allocation once the command has ended; when it was already gone, says
 // why (preempted, node lost), so the command's exit status (usually 143, SIGTERM) is explained.
 void ReleaseAfterRun(const RunOptions& o, const std::string& id) {
+  // A controller restarting or failing over for a moment: tried for about 6 s, then the lease
+  // releases it (within kRunLeaseSeconds).
   Status released = ReleasePoolAllocation(o.controller, o.token, id);
+  for (int retry = 0; retry < 4 && (released.code() == StatusCode::kUnavailable ||
+                                    released.code() == StatusCode::kFailedPrecondition); ++retry) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 << retry));
+    released = ReleasePoolAllocation(o.controller, o.token, id);
+  }
   if (released.code() == StatusCode::kNotFound) {
     StatusOr<std::string> why = EvictionReason(o.controller, o.token, id);
     if (why.ok())
       std::fprintf(stderr, "tfusion run: allocation %s was %s while the command ran\n", id.c_str(), why->c_str());
   } else if (!released.ok()) {
-    std::fprintf(stderr, "tfusion run: releasing allocation %s: %s\n", id.c_str(), released.ToString().c_str());
+    std::fprintf(stderr, "tfusion run: releasing allocation %s: %s (the controller releases it when its lease "
+                 "runs out, within %d s)\n", id.c_str(), released.ToString().c_str(), kRunLeaseSeconds);
   }
 }
 

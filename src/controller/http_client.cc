@@ -140,4 +140,8 @@ StatusOr<HttpResponse> ReplicaClient::Post(const std::string& path, const std::s
   return Request([&](HttpClient& c) { return c.Post(path, json_body); });
 }
 
+StatusOr<HttpResponse> ReplicaClient::Delete(const std::string& path) {
+  return Request([&](HttpClient& c) { return c.Delete(path); });
+}
+
 }  // namespace tf::controller

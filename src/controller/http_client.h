@@ -84,6 +84,7 @@ class ReplicaClient {
 
   StatusOr<HttpResponse> Get(const std::string& path);
   StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
+  StatusOr<HttpResponse> Delete(const std::string& path);
 
  private:
   template <typename F>

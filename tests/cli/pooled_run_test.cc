@@ -152,6 +152,42 @@ TEST_F(PooledRunTest, ARunThatFailsBeforeItsCommandStartsReleasesItsAllocation) 
   EXPECT_EQ(ps.out.find(m.str(1)), std::string::npos) << "released at once\n" << ps.out;
 }
 
+// `--controller` takes the replicas, comma-separated, as node agents do: the run is placed by the
+// one that serves, past an unreachable one and a standby (503). When only standbys answer, the
+// run is refused with the reason: it used to run on a local vGPU the pool knew nothing of.
+TEST_F(PooledRunTest, TheRunGoesToTheServingReplicaAndStandbysAloneRefuseIt) {
+  pid_t standby = fork();
+  ASSERT_GE(standby, 0);
+  if (standby == 0) {
+    std::string cmd = std::string("exec ") + TF_TFUSION + " controller --port 0 --store sqlite:" + dir_ +
+                      "/.tfusion/state.db --token-file " + dir_ + "/.tfusion/token > " + dir_ + "/standby.log 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string standby_url;
+  ASSERT_TRUE(WaitUntil([&] {
+    std::smatch m;
+    const std::string log = ReadFile(dir_ + "/standby.log");
+    if (std::regex_search(log, m, std::regex("(http://127\\.0\\.0\\.1:[0-9]+).*standby"))) standby_url = m.str(1);
+    return !standby_url.empty();
+  })) << ReadFile(dir_ + "/standby.log");
+  auto run = [&](const std::string& urls) {
+    return Shell(env_ + TF_TFUSION + " run --controller " + urls + " --token " + token_ + " --driver " + TF_FAKECUDA +
+                 " --nvml " + TF_FAKENVML + " --vram 1GiB --percent 20 -- " + TF_PROBE + " alloc");
+  };
+  Result placed = run("http://127.0.0.1:1," + standby_url + "," + url_);
+  EXPECT_EQ(placed.rc, 0) << placed.out;
+  EXPECT_TRUE(std::regex_search(placed.out, std::regex("allocation a-[0-9a-f]+ on GPU 0"))) << placed.out;
+  EXPECT_NE(placed.out.find("allocated_mib=1024"), std::string::npos) << placed.out;
+  EXPECT_EQ(placed.out.find("local vGPU"), std::string::npos) << placed.out;
+  Result refused = run(standby_url);
+  EXPECT_EQ(refused.rc, 2) << refused.out;
+  EXPECT_NE(refused.out.find("no replica serves now"), std::string::npos) << refused.out;
+  EXPECT_EQ(refused.out.find("local vGPU"), std::string::npos) << refused.out;
+  kill(standby, SIGTERM);
+  waitpid(standby, nullptr, 0);
+}
+
 TEST_F(PooledRunTest, ARequestThePoolCannotHoldIsRefusedClearly) {
   Result r = Shell(PooledRun("--vram 100GiB", "alloc"));
   EXPECT_EQ(r.rc, 2) << r.out;
