@@ -59,6 +59,11 @@ Phases (tier_tenant.py does the work inside each tenant):
           (remote-PID@a-...); idle until the worker's keeper checkpoints the session by the
           allocation's timeout (VRAM then: ok needs 0), then its first call restores it (checksum);
           under 60 s
+  rplain  a remote session of a pool that does not oversell VRAM (the default): controller, worker and
+          node agent on this host; a 1 GiB PyTorch tenant under `tfusion run --controller` without
+          a GPU of its own runs bound to its allocation (remote-PID@a-...), `GET /v1/allocations`
+          lists the session's pid under the allocation, its call completes intact, and deleting
+          the allocation ends the session (its next call fails with a CUDA error); under 60 s
   rhold   QoS preemption of a remote session bound to a pool allocation: `tfusion controller`,
           `tfusion worker --tiering` and `tfusion hypervisor` naming the worker's loopback TCP
           address, all on this host; a 1 GiB PyTorch tenant under `tfusion run --controller --qos low`
@@ -635,7 +640,7 @@ class PooledWorker:
     each logging to logs/PREFIX-NAME.log; the pool may expand VRAM into host memory. `error` says
     why when they did not come up; api(method, path, body) -> (status, JSON)."""
 
-    def __init__(self, r, prefix, work):
+    def __init__(self, r, prefix, work, oversell=True):
         import re
         import secrets
         self.r, self.work, self.token = r, work, secrets.token_hex(16)
@@ -663,7 +668,8 @@ class PooledWorker:
         if not self.gpus:
             self.error = f"the node agent registered no GPU (see logs/{prefix}-agent.log)"
             return
-        self.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
+        if oversell:
+            self.api("PATCH", "/v1/pools/default", {"vram_expand_to_host_percent": 100})
 
     def api(self, method, path, body=None):
         return api_call(self.url, self.token, method, path, body, 10)
@@ -754,6 +760,68 @@ def phase_rpool(r, gib=1):
         pool.stop()
         r.record("rpool_logs", {"lines": pool.log_lines(("worker", "agent"), (
             "checkpointed", "zero", "restor", "follows allocation"))[-20:]})
+
+
+def phase_rplain(r, gib=1):
+    """A remote session of a pool that does not oversell VRAM (the default) is bound to its
+    allocation all the same: the controller lists the session's process under the allocation, and
+    the allocation taken back ends the session (the tenant's next call fails with a CUDA error)."""
+    work = os.path.join(r.out, "rplain-work")
+    os.makedirs(work, exist_ok=True)
+    ready, go = os.path.join(work, "tenant-ready"), os.path.join(work, "tenant-go")
+    remove_files(ready, ready + ".checked", go, go + "2")
+    res = {"gib": gib}
+    tenant = None
+    pool = PooledWorker(r, "rplain", work, oversell=False)
+    wait, smi = wait_soon, pool.smi
+    try:
+        if pool.error:
+            res["error"] = pool.error
+            return
+        api = pool.api
+        cmd = [r.tfusion, "run", *pool.run_flags(), "--",
+               sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
+        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, "rplain-tenant.log"), "w"),
+                                  text=True, env=r.env)
+        if not wait(lambda: os.path.exists(ready) or tenant.poll() is not None, 60) or not os.path.exists(ready):
+            res["error"] = "the tenant did not get ready (see logs/rplain-tenant.log)"
+            return
+        bound = pool.bound_session()
+        if not bound:
+            res["error"] = "no bound session vGPU in tfusion smi: " + smi()[-400:]
+            return
+        session, allocation, vgpu = bound
+        res["vgpu"] = vgpu
+        res["pool_tiering"] = api("GET", "/v1/pools/default")[1].get("vram_expand_to_host_percent")
+
+        def listed():
+            for a in api("GET", "/v1/allocations")[1].get("allocations", []):
+                if a.get("id") == allocation:
+                    return [p.get("pid") for v in a.get("vgpus", []) for p in v.get("processes", []) or []]
+            return []
+        res["allocation_processes"] = wait(lambda: session in listed(), 15) and listed()
+        open(go, "w").close()
+        res["call_done"] = wait(lambda: os.path.exists(ready + ".checked") or tenant.poll() is not None, 30) and \
+            os.path.exists(ready + ".checked")
+        t2 = time.monotonic()
+        res["delete_allocation_status"] = api("DELETE", "/v1/allocations/" + allocation)[0]
+        ended = wait(lambda: not alive(session) and vgpu not in smi(), 20)
+        res["session_ended_s"] = round(time.monotonic() - t2, 2) if ended else None
+        open(go + "2", "w").close()
+        out, _ = tenant.communicate(timeout=30)
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        res["tenant"] = json.loads(lines[-1]) if lines else None
+        res["tenant_rc"] = tenant.returncode
+        t = res["tenant"] or {}
+        res["ok"] = (bool(t.get("intact")) and res["call_done"] and bool(res["allocation_processes"])
+                     and res["session_ended_s"] is not None and str(t.get("after_delete", "")).startswith("error"))
+    except Exception as ex:  # keep what was measured
+        res["error"] = repr(ex)
+    finally:
+        if tenant is not None and tenant.poll() is None:
+            tenant.kill()
+        pool.stop()
+        r.record("rplain", res)
 
 
 def phase_rhold(r, gib=1):
@@ -1566,7 +1634,7 @@ def phase_faults(r):
             r.record("faults", c.res)
 
 
-PHASES = {"preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
+PHASES = {"rplain": phase_rplain, "preempt": phase_preempt, "remote": phase_remote, "idle": phase_idle, "checks": phase_checks, "pool": phase_pool, "pools": phase_pools, "expandable": phase_expandable, "graphmem": phase_graphmem, "train": phase_train, "swap": phase_swap,
           "ckpt": phase_ckpt, "disk": phase_disk, "gen": phase_gen, "alloc": phase_alloc, "steady": phase_steady,
           "oversub": phase_oversub, "zero": phase_zero, "rzero": phase_rzero, "rpool": phase_rpool,
           "rhold": phase_rhold, "rkill": phase_rkill,
