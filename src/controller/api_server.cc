@@ -684,6 +684,8 @@ void ApiServer::Routes() {
           Fields gf(g);
           GpuSample smp{gf.Str("uuid", true), gf.Num("utilization_percent"), gf.Int("memory_used_mib")};
           if (g.contains("host_tier_budget_mib")) smp.host_tier_budget_mib = gf.Int("host_tier_budget_mib");
+          if (g.contains("unpooled_share_ppm")) smp.unpooled_share_ppm = gf.Int("unpooled_share_ppm");
+          if (g.contains("unpooled_vram_mib")) smp.unpooled_vram_mib = gf.Int("unpooled_vram_mib");
           if (!gf.status().ok()) return ReplyError(res, InvalidArgument("gpus: " + gf.status().message()));
           samples.push_back(std::move(smp));
         }

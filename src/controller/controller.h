@@ -74,6 +74,10 @@ struct GpuSample {  // one heartbeat sample for one GPU
   double utilization_percent = 0;
   int64_t memory_used_mib = 0;
   int64_t host_tier_budget_mib = -1;  // as now configured; -1: not reported (unchanged)
+  // Of the GPU, what vGPUs that are no allocation's are guaranteed (parts per million of its
+  // compute) and may hold (VRAM limits, MiB); -1: not reported (unchanged). Gpu::unpooled_*.
+  int64_t unpooled_share_ppm = -1;
+  int64_t unpooled_vram_mib = -1;
 };
 
 // One process of a vGPU: its pid in the PID namespace it attached from, and the VRAM it holds.

@@ -117,7 +117,9 @@ json ToJson(const Gpu& g) {
           {"used_tflops", ToTflops(g.used_milli_tflops)}, {"used_milli_tflops", g.used_milli_tflops},
           {"used_vram_mib", g.used_vram_mib},
           {"schedulable", g.schedulable},
-          {"host_tier_budget_mib", g.host_tier_budget_mib}};
+          {"host_tier_budget_mib", g.host_tier_budget_mib},
+          {"unpooled_tflops", ToTflops(g.unpooled_milli_tflops)}, {"unpooled_milli_tflops", g.unpooled_milli_tflops},
+          {"unpooled_vram_mib", g.unpooled_vram_mib}};
 }
 
 namespace {
@@ -301,6 +303,8 @@ StatusOr<Gpu> GpuFromJson(const std::string& text) {
     g.used_vram_mib = j.value("used_vram_mib", int64_t{0});
     g.schedulable = j.value("schedulable", true);
     g.host_tier_budget_mib = j.value("host_tier_budget_mib", int64_t{-1});
+    g.unpooled_milli_tflops = j.value("unpooled_milli_tflops", MilliTflops{0});
+    g.unpooled_vram_mib = j.value("unpooled_vram_mib", int64_t{0});
   });
 }
 

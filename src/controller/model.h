@@ -102,6 +102,11 @@ struct Gpu {
   // Host memory the swapped VRAM of this GPU's tenants may hold (the node's host tier budget),
   // MiB; -1: not reported (an older agent): the pool's host expansion counts in full.
   int64_t host_tier_budget_mib = -1;
+  // What vGPUs of the node that are no allocation's hold of this GPU (a local `tfusion run`
+  // without --controller, a worker session without an allocation), as its node agent reports it:
+  // guaranteed compute and VRAM limits. Placement counts it as used; 0 when none (or an older agent).
+  MilliTflops unpooled_milli_tflops = 0;
+  int64_t unpooled_vram_mib = 0;
 };
 
 // One GPU's share of its node's disk tier: the node's budget / its GPU count; -1 stays -1.

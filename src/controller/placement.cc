@@ -95,8 +95,14 @@ void PlacementEngine::Reset(const ClusterSnapshot& snap) {
     auto ref = gpu_refs_.find(g->uuid);
     if (ref == gpu_refs_.end()) continue;
     const auto& ex = explained[g->uuid];
-    sched::MilliTflops compute = g->used_milli_tflops - ex.first;
-    int64_t vram = g->used_vram_mib - ex.second;
+    // Plus what vGPUs outside the pool hold (its node agent reports them), up to what is left.
+    double ratio = 1;
+    for (const Pool* p : snap.pools)
+      if (p->name == g->pool) ratio = std::max(1.0, p->tflops_oversell_ratio);
+    const sched::MilliTflops room = std::max<sched::MilliTflops>(
+        0, static_cast<sched::MilliTflops>(static_cast<double>(g->milli_tflops) * ratio) - g->used_milli_tflops);
+    sched::MilliTflops compute = g->used_milli_tflops - ex.first + std::min(g->unpooled_milli_tflops, room);
+    int64_t vram = g->used_vram_mib - ex.second + std::min(g->unpooled_vram_mib, std::max<int64_t>(0, g->vram_mib - g->used_vram_mib));
     if (compute <= 0 && vram <= 0) continue;
     sched::Request r;
     r.id = kResidualPrefix + g->uuid;

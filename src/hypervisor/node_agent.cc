@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -208,9 +209,22 @@ Status NodeAgent::HeartbeatOnce() {
   }
   // The use of the allocations' vGPUs, as the regions count it (tfusion top shows it).
   json vgpus = json::array();
+  // Per GPU, what the vGPUs that are no allocation's are guaranteed and may hold (a local
+  // `tfusion run` without --controller, a worker session without an allocation): the controller
+  // counts it as used, so that it never places allocations on capacity they already have.
+  struct Unpooled {
+    uint64_t share_ppm = 0, vram_bytes = 0;
+  };
+  std::map<std::string, Unpooled> unpooled;  // by GPU UUID
   for (const auto& snap : SnapshotRegions(regions_->dir())) {
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       const limiter::VgpuInfo& v = snap->vgpus[i];
+      if (std::string(v.id).rfind("a-", 0) != 0 && BoundAllocation(v.id).empty()) {
+        // Values a tenant scribbled on are clamped to the whole GPU each (at most 64 vGPUs).
+        Unpooled& u = unpooled[snap->gpu_uuid];
+        u.share_ppm += std::min<uint64_t>(v.compute_share_ppm, 1'000'000);
+        u.vram_bytes += std::min<uint64_t>(v.vram_limit_bytes, snap->total_vram_bytes);
+      }
       if (std::string(v.id).rfind("a-", 0) != 0) continue;  // not an allocation's vGPU
       json entry = {{"allocation", v.id}, {"gpu", snap->gpu_uuid},
                     {"busy_ns_total", Reported(v.busy_ns_total)},
@@ -258,6 +272,11 @@ Status NodeAgent::HeartbeatOnce() {
       }
       vgpus.push_back(std::move(entry));
     }
+  }
+  for (json& g : gpus) {
+    const Unpooled& u = unpooled[g.value("uuid", "")];
+    g["unpooled_share_ppm"] = static_cast<int64_t>(u.share_ppm);
+    g["unpooled_vram_mib"] = static_cast<int64_t>(u.vram_bytes >> 20);
   }
   Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
                                     json{{"gpus", gpus}, {"vgpus", vgpus}, {"credential", credential_},

@@ -8,12 +8,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
 #include "controller/http_client.h"
@@ -186,6 +189,41 @@ TEST_F(PooledRunTest, TheRunGoesToTheServingReplicaAndStandbysAloneRefuseIt) {
   EXPECT_EQ(refused.out.find("local vGPU"), std::string::npos) << refused.out;
   kill(standby, SIGTERM);
   waitpid(standby, nullptr, 0);
+}
+
+// A vGPU made on a pool node without the controller (`tfusion run` without --controller) takes
+// capacity the pool would otherwise place allocations on: its node agent reports it, and the
+// controller counts it as used until it is gone. It used to be invisible: the controller placed a
+// 60% allocation beside a local 60% one on the same GPU.
+TEST_F(PooledRunTest, ALocalVgpuOnAPoolNodeTakesCapacityThePoolNoLongerPlaces) {
+  tf::controller::HttpClient client(url_, token_);
+  auto unpooled = [&] {
+    auto r = client.Get("/v1/gpus");
+    if (!r.ok() || r->status != 200) return -1.0;
+    const auto j = nlohmann::json::parse(r->body, nullptr, false);
+    return j.is_object() && !j["gpus"].empty() ? j["gpus"][0].value("unpooled_tflops", -1.0) : -1.0;
+  };
+  pid_t local = fork();
+  ASSERT_GE(local, 0);
+  if (local == 0) {
+    std::string cmd = "exec env " + env_ + TF_TFUSION + " run --driver " + TF_FAKECUDA + " --nvml " + TF_FAKENVML +
+                      " --vram 1GiB --percent 60 -- " + TF_PROBE + " launch 20 > " + dir_ + "/local.log 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // 60% of the fake's 989.4 TFLOPS, once the node agent's heartbeat has carried it.
+  const bool counted = WaitUntil([&] { return std::abs(unpooled() - 593.64) < 0.01; });
+  Result beside = Shell(PooledRun("--vram 1GiB --percent 60", "alloc"));
+  Result fits = Shell(PooledRun("--vram 1GiB --percent 30", "alloc"));
+  kill(local, SIGTERM);
+  waitpid(local, nullptr, 0);
+  ASSERT_TRUE(counted) << unpooled() << "\n" << ReadFile(dir_ + "/local.log") << ReadFile(dir_ + "/up.log");
+  EXPECT_EQ(beside.rc, 2) << beside.out;
+  EXPECT_NE(beside.out.find("has room"), std::string::npos) << beside.out;
+  EXPECT_EQ(fits.rc, 0) << fits.out;
+  EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPUs outside the pool now hold 593.6 TFLOPS and 1024 MiB"),
+            std::string::npos) << ReadFile(dir_ + "/up.log");
+  EXPECT_TRUE(WaitUntil([&] { return unpooled() == 0; })) << "gone with the local vGPU: " << unpooled();
 }
 
 TEST_F(PooledRunTest, ARequestThePoolCannotHoldIsRefusedClearly) {

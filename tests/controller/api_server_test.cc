@@ -440,6 +440,30 @@ TEST_F(ApiServerTest, HeartbeatsCarryVgpuUseIntoTheAllocationList) {
   EXPECT_FALSE(vgpu().contains("use_percent"));
 }
 
+// The node agent reports what vGPUs outside the pool hold of each GPU; the GPU shows it, and
+// placement counts it as used. Out-of-range reports are refused and change nothing.
+TEST_F(ApiServerTest, UnpooledUseOfAGpuIsShownAndCountedByPlacement) {
+  auto r = client_->Post("/v1/nodes", R"({"name":"n1","gpus":[{"uuid":"GPU-1","model":"L4","tflops":100,"vram_mib":20000}]})");
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto beat = [&](const std::string& gpu) {
+    return client_->Post("/v1/nodes/n1/heartbeat", R"({"gpus":[{"uuid":"GPU-1","utilization_percent":0,"memory_used_mib":0)" + gpu + "}]}");
+  };
+  ASSERT_EQ(beat(R"(,"unpooled_share_ppm":600000,"unpooled_vram_mib":12000)")->status, 200);
+  json gpu = Body(client_->Get("/v1/gpus"))["gpus"][0];
+  EXPECT_EQ(gpu["unpooled_tflops"], 60.0);
+  EXPECT_EQ(gpu["unpooled_vram_mib"], 12000);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":100})")->status, 409) << "only 40 TFLOPS left";
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":9000})")->status, 409) << "only 8000 MiB left";
+  for (const char* bad : {R"(,"unpooled_share_ppm":-2)", R"(,"unpooled_share_ppm":64000001)",
+                          R"(,"unpooled_vram_mib":1280001)", R"(,"unpooled_vram_mib":"1")"}) {
+    r = beat(bad);
+    EXPECT_EQ(r->status, 400) << bad;
+  }
+  EXPECT_EQ(Body(client_->Get("/v1/gpus"))["gpus"][0]["unpooled_tflops"], 60.0) << "refused reports change nothing";
+  ASSERT_EQ(beat(R"(,"unpooled_share_ppm":0,"unpooled_vram_mib":0)")->status, 200);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":100})")->status, 201) << "gone: room again";
+}
+
 // A second server on a port in use fails at start with a message naming it (no SO_REUSEPORT
 // split brain between two controllers).
 TEST_F(ApiServerTest, ASecondServerOnAPortInUseFailsToStart) {
