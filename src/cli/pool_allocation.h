@@ -79,6 +79,11 @@ StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& allocation,
                                           const std::vector<std::string>& local_gpu_uuids,
                                           const std::string& node_worker_address);
 
+// Whether a TCP connection to a node's worker ("HOST:PORT", "[v6]:PORT") opens within timeout_ms:
+// kUnavailable saying why (refused, no route, timed out, unknown host) when it does not. The
+// connection is closed at once; the worker counts no session for it.
+Status ProbeWorkerAddress(const std::string& host_port, int timeout_ms);
+
 // Why the controller took allocation `id` back while it was in use: "preempted by a-..." or
 // "node-lost". kNotFound when it did not (it is live, was released by request, or is unknown).
 StatusOr<std::string> EvictionReason(const std::string& url, const std::string& token,

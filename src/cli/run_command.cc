@@ -176,6 +176,14 @@ StatusOr<Pooled> PlaceThroughController(const RunOptions& o, const std::vector<L
   StatusOr<std::string> worker = std::string();
   if (gpu == nullptr) worker = NodeWorkerAddress(o.controller, o.token, a->node);
   StatusOr<RunPlacement> where = worker.ok() ? ChooseRunPlacement(*a, local, *worker) : worker.status();
+  if (where.ok() && where->remote) {
+    // A worker that is down would fail the command's first CUDA call instead: say so now.
+    if (Status up = ProbeWorkerAddress(where->worker_address, 3000); !up.ok()) {
+      where = FailedPrecondition("the controller placed this vGPU on node " + a->node + " (GPU " + a->gpu_uuid +
+                                 "), whose worker does not answer (" + up.message() + "); the allocation was "
+                                 "released. Start `tfusion worker` there, or run the command on " + a->node);
+    }
+  }
   if (!where.ok()) {
     ReleasePoolAllocation(o.controller, o.token, a->id);
     return where.status();

@@ -426,6 +426,35 @@ TEST_F(RemoteLimits, APooledRunOnAnotherNodeLandsOnTheAllocationsGpu) {
       << ReadFile(dir_ + "/worker.log");
 }
 
+// A pooled run placed on a node whose registered worker does not answer is refused at once with
+// the reason, and its allocation released (its command's first CUDA call used to fail instead).
+TEST_F(RemoteLimits, APooledRunOnANodeWhoseWorkerIsDownIsRefusedAndReleased) {
+  std::string url;
+  pid_t controller = StartController(&url);
+  ASSERT_GE(controller, 0);
+  Result r;
+  std::string allocations;
+  if (!url.empty()) {
+    tf::controller::HttpClient client(url, "t");
+    auto reg = client.Post("/v1/nodes", std::string(R"({"name": "gpu-node", "worker_address": "127.0.0.1:1", )") +
+                                            R"("gpus": [{"uuid": ")" + kGpu1Uuid +
+                                            R"(", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 16384}]})");
+    EXPECT_TRUE(reg.ok() && reg->status == 200) << (reg.ok() ? reg->body : reg.status().ToString());
+    r = Shell(env_ + "timeout 60 " + TF_TFUSION + " run --controller " + url +
+              " --token t --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 -- " + TF_REMOTE_PROBE + " basic");
+    auto list = client.Get("/v1/allocations");
+    allocations = list.ok() ? list->body : list.status().ToString();
+  }
+  kill(controller, SIGTERM);
+  waitpid(controller, nullptr, 0);
+  ASSERT_FALSE(url.empty()) << ReadFile(dir_ + "/controller.log");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("whose worker does not answer (cannot connect to 127.0.0.1:1: Connection refused); the "
+                       "allocation was released"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("device_count"), std::string::npos) << "the command did not start: " << r.out;
+  EXPECT_EQ(allocations.find("a-"), std::string::npos) << allocations;
+}
+
 // The tenant program holds a session ticket, never the worker's token; an expired ticket opens
 // nothing.
 TEST_F(RemoteLimits, TheProgramGetsASessionTicketAndNeverTheWorkersToken) {
