@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <chrono>
 #include <mutex>
 
 #include "controller/tls_files.h"
@@ -11,7 +12,7 @@ namespace tf::controller {
 
 HttpClient::HttpClient(const std::string& base_url, std::string bearer_token, int timeout_ms,
                        const std::string& ca_file)
-    : base_url_(base_url), token_(std::move(bearer_token)), tls_(base_url.rfind("https://", 0) == 0),
+    : base_url_(base_url), token_(std::move(bearer_token)), timeout_ms_(timeout_ms), tls_(base_url.rfind("https://", 0) == 0),
       cli_(std::make_unique<httplib::Client>(base_url)) {
   cli_->set_keep_alive(true);
   cli_->set_tcp_nodelay(true);
@@ -44,6 +45,7 @@ StatusOr<HttpResponse> HttpClient::Exchange(const char* method, const std::strin
   const std::string what = std::string(method) + " " + base_url_ + path;
   if (!config_.ok()) return Status(config_.code(), what + ": " + config_.message());
   std::lock_guard<std::mutex> lock(mu_);
+  const auto started = std::chrono::steady_clock::now();
   httplib::Result r = call();
   if (r) {
     HttpResponse out{r->status, r->body, {}};
@@ -73,6 +75,12 @@ StatusOr<HttpResponse> HttpClient::Exchange(const char* method, const std::strin
     case httplib::Error::ConnectionTimeout:
       return Unavailable(what + ": the connection timed out (is " + base_url_ + " reachable from here?)");
     case httplib::Error::Read:
+      // A read that ran into the timeout: the server took the request and never answered (a hung
+      // store behind it, a stopped process), which has nothing to do with the URL's scheme.
+      if (std::chrono::steady_clock::now() - started >= std::chrono::milliseconds(timeout_ms_ * 9 / 10)) {
+        return Unavailable(what + ": no answer within " + std::to_string(timeout_ms_) +
+                           " ms (the server took the connection but did not answer: stopped or overloaded?)");
+      }
       if (!tls_) {
         return Unavailable(what + ": the connection closed without an HTTP answer (if the server serves "
                            "HTTPS, use an https:// URL)");

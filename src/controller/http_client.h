@@ -64,6 +64,7 @@ class HttpClient {
 
   const std::string base_url_;
   const std::string token_;
+  const int timeout_ms_;
   const bool tls_;
   std::string ca_file_;  // "" with tls_: the system's trust store
   Status config_;        // a bad CA file: every request fails with it

@@ -2,12 +2,17 @@
 // `tfusion up --tls` makes (verified with the openssl command, not with our own code), and the
 // HTTPS server against the HTTP client: the right CA works, any other CA, a certificate that
 // does not name the host and plain HTTP all fail, each with a message saying so.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <ctime>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "controller/api_server.h"
 #include "controller/http_client.h"
@@ -270,3 +275,39 @@ TEST(HttpsApi, AServerWithUnloadableFilesDoesNotBind) {
 
 }  // namespace
 }  // namespace tf::controller
+
+// A server that takes the connection and never answers (a stopped process, a hung store behind
+// it) is reported as that, with the time waited, not as a scheme mistake; one that closes the
+// connection at once still gets the scheme hint.
+TEST(HttpClientErrors, ASilentServerIsReportedAsNotAnsweringNotAsTheWrongScheme) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  // The kernel completes the handshake from the backlog; nobody reads or answers.
+  tf::controller::HttpClient silent(url, "t", 600);
+  auto r = silent.Get("/v1/pools");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no answer within 600 ms"), std::string::npos) << r.status().message();
+  EXPECT_EQ(r.status().message().find("https://"), std::string::npos) << r.status().message();
+  // One that accepts and closes at once.
+  std::thread closer([listener] {
+    for (int i = 0; i < 4; ++i) {
+      const int c = accept(listener, nullptr, nullptr);
+      if (c >= 0) close(c);
+    }
+  });
+  tf::controller::HttpClient closing(url, "t", 3000);
+  auto c = closing.Get("/v1/pools");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("closed without an HTTP answer"), std::string::npos) << c.status().message();
+  shutdown(listener, SHUT_RDWR);
+  close(listener);
+  closer.detach();
+}
