@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,8 +236,12 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
   // Each process's completed swap-outs before the request (slot -> pid, count): a busy process
   // swaps out and, at its next GPU call, straight back in, which is no failure.
   std::map<uint32_t, std::pair<int32_t, uint32_t>> swaps_before;
-  for (uint32_t i = 0; i < snap->process_count; ++i)
-    swaps_before[snap->processes[i].slot] = {snap->processes[i].pid, snap->processes[i].swaps_out};
+  std::map<uint32_t, int32_t> tiered_before;  // slot -> pid of the vGPU's processes that use tiering
+  for (uint32_t i = 0; i < snap->process_count; ++i) {
+    const auto& p = snap->processes[i];
+    swaps_before[p.slot] = {p.pid, p.swaps_out};
+    if (p.vgpu_index == found->index && p.tier_state != limiter::kTierOff) tiered_before[p.slot] = p.pid;
+  }
   uint32_t gen = 0;
   RegionError e = freeze ? region.RequestFreeze(found->index, &gen) : region.RequestThaw(found->index, &gen);
   if (e != RegionError::kOk) {
@@ -281,10 +286,12 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
   }
   int rc = 0;
   int shown = 0;
+  std::set<int32_t> answered;
   for (uint32_t i = 0; i < snap->process_count; ++i) {
     const auto& p = snap->processes[i];
     if (p.vgpu_index != found->index || p.tier_state == limiter::kTierOff) continue;
     ++shown;
+    answered.insert(p.pid);
     bool ok = freeze ? (p.tier_state == limiter::kTierSwapped || p.tier_state == limiter::kTierOnDisk ||
                         p.tier_state == limiter::kTierCheckpointed || p.movable_bytes == 0)
                      : p.tier_state == limiter::kTierResident;
@@ -306,7 +313,20 @@ int FreezeCommand(const std::string& vgpu, bool freeze, double timeout_s, bool w
                   freeze ? "resident" : "swapped; its next GPU call retries");
     }
   }
-  if (shown == 0) std::printf("vGPU '%s' has no process holding movable VRAM: nothing to %s\n", vgpu.c_str(), verb);
+  // Processes that held movable VRAM when the request was made and exited before acting on it: what
+  // was asked did not happen to them, which a script that goes on to rely on it must hear.
+  int exited = 0;
+  for (const auto& [slot, before] : tiered_before) {
+    if (answered.count(before)) continue;
+    ++exited;
+    std::printf("process %d: exited during the %s\n", before, verb);
+  }
+  if (exited != 0) {
+    rc = 1;
+    std::fprintf(stderr, "tfusion %s: %d process(es) of vGPU '%s' exited during the %s\n", verb, exited, vgpu.c_str(), verb);
+  } else if (shown == 0) {
+    std::printf("vGPU '%s' has no process holding movable VRAM: nothing to %s\n", vgpu.c_str(), verb);
+  }
   if (freeze && zero.zero && rc == 0 && shown != 0) rc = CheckpointVgpu(region, found->index, vgpu, zero);
   return rc;
 }

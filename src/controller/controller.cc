@@ -856,11 +856,10 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
                                std::to_string(g->second.value.vram_mib) + " MiB)");
       if (s.host_tier_budget_mib != -1)
         TF_RETURN_IF_ERROR(ValidateTierBudget("GPU " + s.uuid + ": host_tier_budget_mib", s.host_tier_budget_mib));
-      // 64 vGPUs of at most the whole GPU each.
-      if (s.unpooled_share_ppm < -1 || s.unpooled_share_ppm > 64'000'000)
-        return InvalidArgument("GPU " + s.uuid + ": unpooled_share_ppm must be from 0 to 64000000");
-      if (s.unpooled_vram_mib < -1 || s.unpooled_vram_mib > 64 * g->second.value.vram_mib)
-        return InvalidArgument("GPU " + s.uuid + ": unpooled_vram_mib must be from 0 to 64 times its VRAM");
+      // Above the whole GPU is taken as the whole GPU (UpdateTierBudgetsLocked), not refused: the
+      // rest of the node's heartbeat must not be lost over it.
+      if (s.unpooled_share_ppm < -1) return InvalidArgument("GPU " + s.uuid + ": unpooled_share_ppm must not be negative");
+      if (s.unpooled_vram_mib < -1) return InvalidArgument("GPU " + s.uuid + ": unpooled_vram_mib must not be negative");
     }
     if (disk_tier_budget_mib != -1) TF_RETURN_IF_ERROR(ValidateTierBudget("disk_tier_budget_mib", disk_tier_budget_mib));
     TF_RETURN_IF_ERROR(UpdateTierBudgetsLocked(name, samples, disk_tier_budget_mib));
@@ -934,10 +933,10 @@ Status Controller::UpdateTierBudgetsLocked(const std::string& name, const std::v
     if (s.host_tier_budget_mib >= 0) u.host_tier_budget_mib = s.host_tier_budget_mib;
     if (s.unpooled_share_ppm >= 0) {
       // In the GPU's TFLOPS, as allocations count (ppm of its capacity, rounded up).
-      u.unpooled_milli_tflops = static_cast<MilliTflops>(
-          (static_cast<__int128>(s.unpooled_share_ppm) * g.value.milli_tflops + 999'999) / 1'000'000);
+      const int64_t ppm = std::min<int64_t>(s.unpooled_share_ppm, 1'000'000);
+      u.unpooled_milli_tflops = static_cast<MilliTflops>((static_cast<__int128>(ppm) * g.value.milli_tflops + 999'999) / 1'000'000);
     }
-    if (s.unpooled_vram_mib >= 0) u.unpooled_vram_mib = s.unpooled_vram_mib;
+    if (s.unpooled_vram_mib >= 0) u.unpooled_vram_mib = std::min(s.unpooled_vram_mib, g.value.vram_mib);
     if (u.host_tier_budget_mib == g.value.host_tier_budget_mib &&
         u.unpooled_milli_tflops == g.value.unpooled_milli_tflops && u.unpooled_vram_mib == g.value.unpooled_vram_mib)
       continue;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include "controller/tls_files.h"
 
@@ -129,6 +130,7 @@ template <typename F>
 StatusOr<HttpResponse> ReplicaClient::Request(F&& call) {
   const size_t first = current_.load(std::memory_order_relaxed);
   StatusOr<HttpResponse> last = Unavailable("no controller URL");
+  std::optional<HttpResponse> answered;  // a 503: a replica that is up, which says more than one that is not
   for (size_t i = 0; i < replicas_.size(); ++i) {
     const size_t at = (first + i) % replicas_.size();
     last = call(*replicas_[at]);
@@ -136,8 +138,10 @@ StatusOr<HttpResponse> ReplicaClient::Request(F&& call) {
       current_.store(at, std::memory_order_relaxed);
       return last;
     }
+    if (last.ok()) answered = *last;
   }
-  return last;  // every replica failed: the last answer says why
+  if (answered) return *answered;
+  return last;  // no replica answered: the last failure says why
 }
 
 StatusOr<HttpResponse> ReplicaClient::Get(const std::string& path) {

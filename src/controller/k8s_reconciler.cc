@@ -635,10 +635,24 @@ Status KubeReconciler::ReleaseEndedPods(const std::vector<Allocation>& allocatio
     std::string why;
     if (auto it = ended.find(uid); it != ended.end()) {
       why = "pod " + it->second + " ended";
-    } else if (now - a.created_ms >= kPodBindGraceMs) {
+    } else if (now - a.created_ms >= kPodBindGraceMs && IsKubeName(a.tenant)) {
+      // Missing from the watched pods, which may lag (a watch backing off after an error) or have
+      // lost it to a label change: asked of the API server itself, every pod of the allocation's
+      // namespace, before anything is released.
+      StatusOr<KubeResponse> r = api_.Call("GET", "/api/v1/namespaces/" + a.tenant + "/pods");
+      if (!r.ok() || r->status != 200) continue;  // cannot tell now: the next pass asks again
+      const Json list = Json::parse(r->body, nullptr, false);
+      if (!Field(list, "items").is_array()) continue;
+      bool present = false;
+      for (const Json& pod : Field(list, "items")) {
+        if (Str(Field(pod, "metadata"), "uid") != uid) continue;
+        const std::string phase = Str(Field(pod, "status"), "phase");
+        present = phase != "Succeeded" && phase != "Failed";
+      }
+      if (present) continue;
       why = "pod uid " + uid + " of namespace " + a.tenant + " is gone";
     } else {
-      continue;  // just bound: its pod may not have reached the watch yet
+      continue;  // just bound (its pod may not have reached the watch yet), or not a pod's namespace
     }
     Status st = controller_->Release(a.id);
     if (st.ok()) {

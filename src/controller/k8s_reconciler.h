@@ -9,8 +9,9 @@
 //     through the object's uid); deleting the object releases it.
 //   - Pods the scheduler extender bound (label tensor-fusion.ai/enabled=true; their allocation's
 //     request_id is "pod-<uid>"): the allocation is released once the pod has ended (phase
-//     Succeeded or Failed) or is gone (deleted, and the allocation older than kPodBindGraceMs, so
-//     that a pod the watch has not delivered yet is not taken for a deleted one).
+//     Succeeded or Failed) or is gone (missing from the watched pods and from a list of its
+//     namespace's, and the allocation older than kPodBindGraceMs, so that a pod the watch has not
+//     delivered yet, or a watch that lags, is not taken for a deleted one).
 //   - our state -> status: GPUPool (capacity, allocated, nodes), TensorFusionWorkload (where it
 //     was placed), and GPUNode / GPU objects that mirror the nodes and GPUs agents registered.
 //

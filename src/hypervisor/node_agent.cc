@@ -274,9 +274,18 @@ Status NodeAgent::HeartbeatOnce() {
     }
   }
   for (json& g : gpus) {
-    const Unpooled& u = unpooled[g.value("uuid", "")];
-    g["unpooled_share_ppm"] = static_cast<int64_t>(u.share_ppm);
-    g["unpooled_vram_mib"] = static_cast<int64_t>(u.vram_bytes >> 20);
+    // At most the whole GPU, as this agent registered it: the regions are written by tenants too
+    // (a region's VRAM total or a second region naming the GPU must not inflate it).
+    const std::string uuid = g.value("uuid", "");
+    const Unpooled& u = unpooled[uuid];
+    int64_t vram_mib = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const AgentGpu& a : gpus_)
+        if (a.device.uuid == uuid) vram_mib = static_cast<int64_t>(a.device.memory_total_mib);
+    }
+    g["unpooled_share_ppm"] = static_cast<int64_t>(std::min<uint64_t>(u.share_ppm, 1'000'000));
+    g["unpooled_vram_mib"] = std::min(static_cast<int64_t>(u.vram_bytes >> 20), vram_mib);
   }
   Status st = FromHttp(client_.Post("/v1/nodes/" + options_.node_name + "/heartbeat",
                                     json{{"gpus", gpus}, {"vgpus", vgpus}, {"credential", credential_},

@@ -183,10 +183,12 @@ TEST_F(PooledRunTest, TheRunGoesToTheServingReplicaAndStandbysAloneRefuseIt) {
   EXPECT_TRUE(std::regex_search(placed.out, std::regex("allocation a-[0-9a-f]+ on GPU 0"))) << placed.out;
   EXPECT_NE(placed.out.find("allocated_mib=1024"), std::string::npos) << placed.out;
   EXPECT_EQ(placed.out.find("local vGPU"), std::string::npos) << placed.out;
-  Result refused = run(standby_url);
-  EXPECT_EQ(refused.rc, 2) << refused.out;
-  EXPECT_NE(refused.out.find("no replica serves now"), std::string::npos) << refused.out;
-  EXPECT_EQ(refused.out.find("local vGPU"), std::string::npos) << refused.out;
+  for (const std::string& urls : {standby_url, standby_url + ",http://127.0.0.1:1", "http://127.0.0.1:1," + standby_url}) {
+    Result refused = run(urls);
+    EXPECT_EQ(refused.rc, 2) << urls << ": " << refused.out;
+    EXPECT_NE(refused.out.find("no replica serves now"), std::string::npos) << urls << ": " << refused.out;
+    EXPECT_EQ(refused.out.find("local vGPU"), std::string::npos) << urls << ": " << refused.out;
+  }
   kill(standby, SIGTERM);
   waitpid(standby, nullptr, 0);
 }

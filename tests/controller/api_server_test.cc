@@ -454,12 +454,17 @@ TEST_F(ApiServerTest, UnpooledUseOfAGpuIsShownAndCountedByPlacement) {
   EXPECT_EQ(gpu["unpooled_vram_mib"], 12000);
   EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":100})")->status, 409) << "only 40 TFLOPS left";
   EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":10,"vram_mib":9000})")->status, 409) << "only 8000 MiB left";
-  for (const char* bad : {R"(,"unpooled_share_ppm":-2)", R"(,"unpooled_share_ppm":64000001)",
-                          R"(,"unpooled_vram_mib":1280001)", R"(,"unpooled_vram_mib":"1")"}) {
+  for (const char* bad : {R"(,"unpooled_share_ppm":-2)", R"(,"unpooled_vram_mib":-5)", R"(,"unpooled_vram_mib":"1")"}) {
     r = beat(bad);
     EXPECT_EQ(r->status, 400) << bad;
   }
   EXPECT_EQ(Body(client_->Get("/v1/gpus"))["gpus"][0]["unpooled_tflops"], 60.0) << "refused reports change nothing";
+  // More than the GPU (a tenant wrote its region) is the whole GPU; the heartbeat is kept.
+  ASSERT_EQ(beat(R"(,"unpooled_share_ppm":90000000,"unpooled_vram_mib":999999999)")->status, 200);
+  gpu = Body(client_->Get("/v1/gpus"))["gpus"][0];
+  EXPECT_EQ(gpu["unpooled_tflops"], 100.0);
+  EXPECT_EQ(gpu["unpooled_vram_mib"], 20000);
+  EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":1,"vram_mib":100})")->status, 409) << "the GPU is full";
   ASSERT_EQ(beat(R"(,"unpooled_share_ppm":0,"unpooled_vram_mib":0)")->status, 200);
   EXPECT_EQ(client_->Post("/v1/allocations", R"({"tflops":50,"vram_mib":100})")->status, 201) << "gone: room again";
 }

@@ -21,7 +21,7 @@ tenants use it. Checked, in order:
   released when it is deleted;
 - the allocation the extender made for a pod (request_id pod-<uid>) is released when the pod
   ends (phase Succeeded or Failed) or is deleted, and not while the pod runs or, for a pod the
-  watch has not delivered, before the grace after the bind;
+  watch has not delivered, before the grace after the bind, or ever while the API server lists it;
 - deleting a GPUPool that holds allocations keeps the finalizer until they are released;
 - a standby replica (the store's lock is held by the leader) sends the API server nothing;
 - bad --kube-api flags are refused before anything starts, and a CA that did not sign the server's
@@ -370,6 +370,10 @@ def run(tfusion, folder):
         wait_for(lambda: any(w['path'] == '/api/v1/pods' and w['query'].get('labelSelector') ==
                              'tensor-fusion.ai/enabled=true' for w in api.recorded('GET')),
                  'the reconciler lists and watches the labelled pods')
+        # A pod the watch never delivered (a watch that lags or backs off after an error): the
+        # API server has it, so its allocation stays.
+        lagging = api.apply('pods', labelled_pod('lagging-0'), emit=False)
+        lagging_a = pod_allocation(lagging['metadata']['uid'])
         job_a = pod_allocation(job['metadata']['uid'])
         server_a = pod_allocation(server['metadata']['uid'])
         unseen_a = pod_allocation('0b5e3c4e-2f61-4b1e-9a57-1d2c3b4a5f60')  # bound; its pod not delivered yet
@@ -383,6 +387,9 @@ def run(tfusion, folder):
         wait_for(lambda: unseen_a['id'] not in held(), 'a pod missing after the grace counts as gone', timeout=40)
         check(time.time() - made_at >= 19, 'not before the grace (%.1f s)' % (time.time() - made_at))
         check(server_a['id'] in held(), 'the running pod keeps its allocation')
+        check(lagging_a['id'] in held(), 'and so does a pod the watch has not shown but the API server has')
+        api.delete('pods', 'team-a/lagging-0')
+        wait_for(lambda: lagging_a['id'] not in held(), 'once the API server no longer has it, its allocation goes')
         api.delete('pods', 'team-a/server-0')
         wait_for(lambda: server_a['id'] not in held(), 'a deleted pod\'s allocation is released')
 
