@@ -961,14 +961,21 @@ Status TopTable(const ClientOptions& c, std::ostream& out) {
   if (!gpus.ok()) return gpus.status();
   StatusOr<json> allocs = CallList(c, "/v1/allocations", "allocations");
   if (!allocs.ok()) return allocs.status();
-  std::vector<std::vector<std::string>> rows{{"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB"}};
+  std::vector<std::vector<std::string>> rows{
+      {"GPU", "NODE", "MODEL", "UTIL%", "MEM_USED_MIB", "ALLOC_TFLOPS", "ALLOC_VRAM_MIB", "UNPOOLED"}};
   for (const json& g : (*gpus)["gpus"]) {
+    // What vGPUs outside the pool hold there (placement counts it as used): "-" when none.
+    const double unpooled_tflops = g.value("unpooled_tflops", 0.0);
+    const int64_t unpooled_vram = g.value("unpooled_vram_mib", int64_t{0});
     rows.push_back({g.value("uuid", ""), g.value("node", ""), g.value("model", ""),
                     Fixed(g.value("utilization_percent", 0.0), 0),
                     std::to_string(g.value("memory_used_mib", int64_t{0})),
                     Fixed(g.value("used_tflops", 0.0)) + "/" + Fixed(g.value("tflops", 0.0)),
                     std::to_string(g.value("used_vram_mib", int64_t{0})) + "/" +
-                        std::to_string(g.value("vram_mib", int64_t{0}))});
+                        std::to_string(g.value("vram_mib", int64_t{0})),
+                    unpooled_tflops > 0 || unpooled_vram > 0
+                        ? Fixed(unpooled_tflops) + " TFLOPS, " + std::to_string(unpooled_vram) + " MiB"
+                        : "-"});
   }
   PrintTable(out, rows);
   std::vector<std::vector<std::string>> vgpus{

@@ -107,6 +107,17 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
   for (const auto& [uuid, g] : gpus_)
     o.Sample("tf_gpu_allocated_vram_bytes", {{"pool", g.value.pool}, {"node", g.value.node}, {"gpu", uuid}},
              static_cast<double>(g.value.used_vram_mib) * kMiB);
+  o.Family("tf_gpu_unpooled_tflops", Type::kGauge,
+           "TFLOPS guaranteed on the GPU to vGPUs that are no allocation's (a tfusion run without a controller, "
+           "an unbound worker session), as its node agent reports; placement counts them as used.");
+  for (const auto& [uuid, g] : gpus_)
+    o.Sample("tf_gpu_unpooled_tflops", {{"pool", g.value.pool}, {"node", g.value.node}, {"gpu", uuid}},
+             ToTflops(g.value.unpooled_milli_tflops));
+  o.Family("tf_gpu_unpooled_vram_bytes", Type::kGauge,
+           "VRAM limits of the GPU's vGPUs that are no allocation's, bytes; placement counts them as used.");
+  for (const auto& [uuid, g] : gpus_)
+    o.Sample("tf_gpu_unpooled_vram_bytes", {{"pool", g.value.pool}, {"node", g.value.node}, {"gpu", uuid}},
+             static_cast<double>(g.value.unpooled_vram_mib) * kMiB);
 
   // One sample per vGPU of each live allocation: what was asked, with who asked and where it went.
   auto per_vgpu = [&](const char* name, const char* help, auto get) {

@@ -215,11 +215,13 @@ TEST_F(PooledRunTest, ALocalVgpuOnAPoolNodeTakesCapacityThePoolNoLongerPlaces) {
   }
   // 60% of the fake's 989.4 TFLOPS, once the node agent's heartbeat has carried it.
   const bool counted = WaitUntil([&] { return std::abs(unpooled() - 593.64) < 0.01; });
+  Result top = Shell(std::string(TF_TFUSION) + " top --once --url " + url_ + " --token " + token_);
   Result beside = Shell(PooledRun("--vram 1GiB --percent 60", "alloc"));
   Result fits = Shell(PooledRun("--vram 1GiB --percent 30", "alloc"));
   kill(local, SIGTERM);
   waitpid(local, nullptr, 0);
   ASSERT_TRUE(counted) << unpooled() << "\n" << ReadFile(dir_ + "/local.log") << ReadFile(dir_ + "/up.log");
+  EXPECT_NE(top.out.find("593.6 TFLOPS, 1024 MiB"), std::string::npos) << "top's UNPOOLED column\n" << top.out;
   EXPECT_EQ(beside.rc, 2) << beside.out;
   EXPECT_NE(beside.out.find("has room"), std::string::npos) << beside.out;
   EXPECT_EQ(fits.rc, 0) << fits.out;
