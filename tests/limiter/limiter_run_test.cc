@@ -315,8 +315,8 @@ TEST_F(TieringTest, AFrozenTenantResumesOnItsFirstGpuCallWithEveryByteIntact) {
 }
 
 // A tiered tenant killed outright while it pins host copies (each registration slowed to 400 ms,
-// so a 200 MiB swap-out takes seconds) gives its reservation of the host tier back when its slot
-// is reaped: it stayed counted for good before, and enough such deaths left every other tenant's
+// so a 200 MiB swap-out takes seconds) fails the freeze that waited for it, and gives its
+// reservation of the host tier back when its slot is reaped: it stayed counted for good before, and enough such deaths left every other tenant's
 // swap-out refused for lack of budget.
 TEST_F(TieringTest, ATenantKilledWhilePinningGivesItsHostTierBack) {
   env_ += "FAKECUDA_HOST_REGISTER_SLOW_MS=400 ";
@@ -333,7 +333,10 @@ TEST_F(TieringTest, ATenantKilledWhilePinningGivesItsHostTierBack) {
   ASSERT_TRUE(reserved) << Tf("smi").out;
   kill(-pid, SIGKILL);  // the run and the tenant (its process group)
   Finish(pid);
-  Finish(freezer);
+  // The freeze says the tenant died under it and fails (it said "nothing to freeze" and exited 0).
+  EXPECT_EQ(Finish(freezer), 1) << Run("cat " + dir_ + "/freeze.out").out;
+  EXPECT_NE(Run("cat " + dir_ + "/freeze.out").out.find("1 process(es) of vGPU 'dies' exited during the freeze"),
+            std::string::npos) << Run("cat " + dir_ + "/freeze.out").out;
   bool returned = false;
   for (int i = 0; i < 100 && !returned; ++i) {  // the next smi reaps the dead slot
     returned = Tf("smi").out.find("host tier 0 MiB of") != std::string::npos;
