@@ -732,7 +732,7 @@ Status HoldsWhatItsAllocationsNeed(const Gpu& reported, const Pool& pool) {
 }  // namespace
 
 StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
-  return Durably([&]() -> StatusOr<Node> {
+  StatusOr<Node> out = Durably([&]() -> StatusOr<Node> {
     NodeRegistration reg = reg_in;
     if (reg.pool.empty()) reg.pool = config_.default_pool;
     TF_RETURN_IF_ERROR(ValidateName("node name", reg.name));
@@ -833,6 +833,29 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     }
     return node;
   });
+  // Refusals are what the controller decided about this node; a replica that cannot decide (not
+  // serving, its store failing, conflicting writers) refuses nothing. Names that fail validation
+  // are not logged (nothing to tell the node by).
+  const StatusCode code = out.status().code();
+  if (!out.ok() && (code == StatusCode::kUnavailable || code == StatusCode::kAborted)) return out;
+  if (!ValidateName("node name", reg_in.name).ok()) return out;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (out.ok()) {
+    refused_registrations_.erase(reg_in.name);
+    return out;
+  }
+  // The message may quote what the agent sent: only printable ASCII reaches the log.
+  std::string why = out.status().ToString().substr(0, 512);
+  for (char& c : why)
+    if (c < 0x20 || c > 0x7e) c = '?';
+  auto it = refused_registrations_.find(reg_in.name);
+  if (it != refused_registrations_.end() && it->second == why) return out;
+  if (it == refused_registrations_.end() && refused_registrations_.size() >= kMaxRefusedRegistrations)
+    refused_registrations_.erase(refused_registrations_.begin());
+  refused_registrations_[reg_in.name] = why;
+  std::fprintf(stderr, "controller: registration of node %s refused: %s (logged again only if the reason changes)\n",
+               reg_in.name.c_str(), why.c_str());
+  return out;
 }
 
 Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSample>& samples,

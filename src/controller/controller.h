@@ -231,6 +231,8 @@ class Controller {
   StatusOr<Pool> GetPool(const std::string& name) const;
   Status DeletePool(const std::string& name);  // kFailedPrecondition while nodes use it
 
+  // A refusal is logged once per node and reason (its agent retries every few seconds), again
+  // when the reason changes, and forgotten once the node registers.
   StatusOr<Node> RegisterNode(const NodeRegistration& reg);
   // `vgpus`: use of the node's allocations' vGPUs; samples of allocations not on this node are
   // ignored (one released meanwhile), counters that go back start the interval again.
@@ -384,6 +386,10 @@ class Controller {
   std::map<std::string, Versioned<Eviction>> evictions_;  // by allocation id
   bool placement_dirty_ = true;  // the engine's mirror must be rebuilt before the next Place
   std::unordered_map<std::string, int64_t> last_heartbeat_ms_;        // by node
+  // Nodes whose last registration was refused -> why (logged once: RegisterNode), at most
+  // kMaxRefusedRegistrations of them.
+  std::map<std::string, std::string> refused_registrations_;
+  static constexpr size_t kMaxRefusedRegistrations = 1024;
   std::unordered_map<std::string, GpuSample> samples_;                // by GPU uuid
   std::unordered_map<std::string, int64_t> sampled_ms_;               // by GPU uuid
   double MaxGpuTflopsLocked() const;  // the bound of a TFLOPS request (catalog or pool)

@@ -142,7 +142,16 @@ Status NodeAgent::Register() {
                {"credential", credential_}, {"disk_tier_budget_mib", budgets.disk_mib}};
   if (!options_.worker_address.empty()) body["worker_address"] = options_.worker_address;
   if (!options_.pool.empty()) body["pool"] = options_.pool;
-  return FromHttp(client_.Post("/v1/nodes", body.dump()), "registering node " + options_.node_name);
+  StatusOr<controller::HttpResponse> r = client_.Post("/v1/nodes", body.dump());
+  Status st = FromHttp(r, "registering node " + options_.node_name);
+  // An agent the controller refuses retries for ever without a heartbeat to fail: these are what
+  // an operator alerts on. "refused": the controller answered no (a GPU registered to another node,
+  // a bad token); "failed": no answer (unreachable, a standby, its store failing).
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool refused = r.ok() && r->status >= 400 && r->status < 500;
+  ++registrations_[st.ok() ? "ok" : refused ? "refused" : "failed"];
+  registered_ = st.ok();
+  return st;
 }
 
 namespace {
@@ -489,6 +498,15 @@ std::string NodeAgent::MetricsText() const {
     o.Family("tf_node_process_signals_total", Type::kCounter, "Signals sent to tenant processes of taken-back vGPUs.");
     o.Sample("tf_node_process_signals_total", {{"node", node}, {"signal", "SIGTERM"}}, static_cast<double>(sigterm_total_));
     o.Sample("tf_node_process_signals_total", {{"node", node}, {"signal", "SIGKILL"}}, static_cast<double>(sigkill_total_));
+    o.Family("tf_node_registered", Type::kGauge, "1 when the controller accepted this agent's last registration.");
+    o.Sample("tf_node_registered", {{"node", node}}, registered_ ? 1 : 0);
+    o.Family("tf_node_registrations_total", Type::kCounter,
+             "Registrations with the controller, by result: ok, refused (the controller said no), failed (no answer).");
+    for (const char* result : {"ok", "refused", "failed"}) {
+      auto it = registrations_.find(result);
+      o.Sample("tf_node_registrations_total", {{"node", node}, {"result", result}},
+               it == registrations_.end() ? 0.0 : static_cast<double>(it->second));
+    }
     o.Family("tf_node_heartbeats_total", Type::kCounter, "Heartbeats sent, by result.");
     o.Sample("tf_node_heartbeats_total", {{"node", node}, {"result", "ok"}}, static_cast<double>(heartbeats_ok_));
     o.Sample("tf_node_heartbeats_total", {{"node", node}, {"result", "failed"}}, static_cast<double>(heartbeats_failed_));

@@ -81,7 +81,7 @@ class NodeAgent {
   // Discovers GPUs and attaches their regions (never fails for lack of GPUs), then registers.
   // Returns the registration error (the controller unreachable, a bad token); Start may be
   // called again.
-  Status Start();
+  Status Start();  // counted in tf_node_registrations_total{result}, tf_node_registered
   // Samples utilization and sends one heartbeat; re-registers when the controller no longer
   // knows this node (e.g. a new leader whose store lost it).
   Status HeartbeatOnce();
@@ -136,6 +136,8 @@ class NodeAgent {
   std::unique_ptr<TierEventLog> tier_log_;
   mutable std::mutex mu_;  // guards gpus_ and the counters
   std::vector<AgentGpu> gpus_;
+  bool registered_ = false;  // the controller accepted the last registration
+  std::map<std::string, uint64_t> registrations_;  // by result: ok, refused, failed
   uint64_t heartbeats_ok_ = 0;
   uint64_t heartbeats_failed_ = 0;
   uint64_t syncs_ok_ = 0;

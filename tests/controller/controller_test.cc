@@ -653,3 +653,44 @@ TEST_F(ControllerTest, AReplicaThatStopsLeadingSaysSoOnce) {
 
 }  // namespace
 }  // namespace tf::controller
+
+namespace tf::controller {
+namespace {
+
+size_t Occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// An agent refused at registration retries every 2 s: the operator reads why once per node and
+// reason (not once per retry), again when the reason changes or after the node registered.
+TEST_F(ControllerTest, ARefusedRegistrationIsLoggedOncePerNodeAndReason) {
+  testing::AddNodes(*c_, 1, 1);  // node-0 holds GPU-0-0
+  NodeRegistration clone{"node-b", "", "", {{"GPU-0-0", "H100-SXM", 0, 0, 100.0, 81920}}};
+  ::testing::internal::CaptureStderr();
+  for (int retry = 0; retry < 3; ++retry) EXPECT_EQ(c_->RegisterNode(clone).status().code(), StatusCode::kAlreadyExists);
+  std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Occurrences(said, "registration of node node-b refused"), 1u) << said;
+  EXPECT_NE(said.find("GPU GPU-0-0 is registered to node 'node-0'"), std::string::npos) << said;
+
+  // Another reason: said again, once.
+  clone.pool = "nopool";
+  ::testing::internal::CaptureStderr();
+  for (int retry = 0; retry < 2; ++retry) EXPECT_EQ(c_->RegisterNode(clone).status().code(), StatusCode::kNotFound);
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Occurrences(said, "registration of node node-b refused"), 1u) << said;
+  EXPECT_NE(said.find("pool 'nopool' not found"), std::string::npos) << said;
+
+  // Registered (its own GPU), then refused for the first reason again: said again.
+  NodeRegistration fixed{"node-b", "", "", {{"GPU-b-0", "H100-SXM", 0, 0, 100.0, 81920}}};
+  ASSERT_TRUE(c_->RegisterNode(fixed).ok());
+  clone.pool = "";
+  ::testing::internal::CaptureStderr();
+  EXPECT_FALSE(c_->RegisterNode(clone).ok());
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Occurrences(said, "registration of node node-b refused"), 1u) << said;
+}
+
+}  // namespace
+}  // namespace tf::controller

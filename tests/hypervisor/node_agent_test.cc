@@ -202,6 +202,49 @@ TEST(NodeAgent, ACloneClaimingAnEnrolledNodeIsRefusedUntilTheNodeIsRemoved) {
   EXPECT_EQ(sb.st_mode & 0777, 0600u);
 }
 
+// An agent the controller refuses never heartbeats, so failed heartbeats cannot show it: its
+// metrics say it is not registered and count the refusals; one that cannot reach the controller
+// counts failures instead.
+TEST(NodeAgent, ARefusedOrFailedRegistrationShowsInTheMetrics) {
+  ControllerRig rig;
+  ASSERT_TRUE(rig.ok());
+  FakeGpuSource source({{0, "GPU-m0", "NVIDIA L4", 23034, 0, 0, 0}});
+  QuotaRegions regions(rig.dir + "/regions"), moved_regions(rig.dir + "/moved-regions");
+  NodeAgent agent({rig.url(), "tok", "host-m", "", "", ""}, &source, &regions, &rig.clock);
+  EXPECT_EQ(Metric(agent, "tf_node_registered"), 0) << "not registered before it starts";
+  ASSERT_TRUE(agent.Start().ok());
+  EXPECT_EQ(Metric(agent, "tf_node_registered"), 1);
+  EXPECT_EQ(Metric(agent, "tf_node_registrations_total", {{"result", "ok"}}), 1);
+
+  // The same GPU on another node (a GPU moved between hosts, a cloned machine): HTTP 409, retried.
+  NodeAgent moved({rig.url(), "tok", "host-n", "", "", ""}, &source, &moved_regions, &rig.clock);
+  for (int retry = 0; retry < 2; ++retry) {
+    Status st = moved.Start();
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  }
+  EXPECT_EQ(Metric(moved, "tf_node_registered"), 0);
+  EXPECT_EQ(Metric(moved, "tf_node_registrations_total", {{"result", "refused"}}), 2);
+  EXPECT_EQ(Metric(moved, "tf_node_registrations_total", {{"result", "ok"}}), 0);
+  EXPECT_EQ(Metric(moved, "tf_node_registrations_total", {{"result", "failed"}}), 0);
+
+  // No controller to answer: a port nothing listens on (bound, then closed).
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(probe);
+  const std::string url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  QuotaRegions lone_regions(rig.dir + "/lone-regions");
+  NodeAgent lone({url, "tok", "host-l", "", "", ""}, &source, &lone_regions, &rig.clock);
+  EXPECT_FALSE(lone.Start().ok());
+  EXPECT_EQ(Metric(lone, "tf_node_registered"), 0);
+  EXPECT_EQ(Metric(lone, "tf_node_registrations_total", {{"result", "failed"}}), 1);
+  EXPECT_EQ(Metric(lone, "tf_node_registrations_total", {{"result", "refused"}}), 0);
+}
+
 // An agent given several replicas' URLs follows the leader: an unreachable replica and a standby
 // (503 to every request) are passed over. Behind the standby alone it never reads "no
 // allocations", so the vGPUs of its tenants stay.
