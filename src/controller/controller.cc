@@ -1528,7 +1528,10 @@ Status Controller::Release(const std::string& id) {
 }
 
 Status Controller::ReleaseLocked(const std::string& id, const char* eviction_reason) {
-  const bool lost_node = eviction_reason != nullptr && std::string(eviction_reason) == "node-lost";
+  const std::string reason = eviction_reason == nullptr ? "" : eviction_reason;
+  uint64_t& released = reason == "node-lost"       ? counters_.allocations_released_lost_node
+                       : reason == "lease-expired" ? counters_.allocations_lease_expired
+                                                   : counters_.allocations_released;
   Status last;
   for (int attempt = 0; attempt < kMaxCommitAttempts; ++attempt) {
     auto it = allocations_.find(id);
@@ -1564,7 +1567,7 @@ Status Controller::ReleaseLocked(const std::string& id, const char* eviction_rea
       placement_->Release(it->second.value);
       EraseAllocationLocked(it);
       if (evicted) evictions_[id] = {std::move(*evicted), *rev};
-      ++(lost_node ? counters_.allocations_released_lost_node : counters_.allocations_released);
+      ++released;
       return Status::Ok();
     }
     last = rev.status();

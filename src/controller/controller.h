@@ -187,8 +187,9 @@ struct ControllerCounters {
   // Placement attempts by pool and result (existing pools only: requests naming an unknown pool
   // are refused before they reach the scheduler, so outside input cannot add label values).
   std::map<std::pair<std::string, PlacementResult>, uint64_t> placements;
-  uint64_t allocations_released = 0;
+  uint64_t allocations_released = 0;  // by request (DELETE)
   uint64_t allocations_released_lost_node = 0;
+  uint64_t allocations_lease_expired = 0;  // their holder stopped renewing (killed, cut off)
   uint64_t allocations_preempted = 0;
   uint64_t allocations_suspended = 0;  // preempted with tiering: kept, swapped out
   uint64_t allocations_resumed = 0;    // suspended ones that counted again

@@ -166,6 +166,9 @@ void Controller::WriteMetrics(prom::Exposition* out) const {
           counters_.allocations_resumed);
   counter("tf_controller_allocations_released_lost_node_total", "Allocations released because their node was lost.",
           counters_.allocations_released_lost_node);
+  counter("tf_controller_allocations_lease_expired_total",
+          "Allocations released because their lease expired (the command holding them stopped renewing).",
+          counters_.allocations_lease_expired);
   counter("tf_controller_commit_conflicts_total", "Store transactions refused by a compare (CAS).",
           counters_.commit_conflicts);
   counter("tf_controller_nodes_marked_lost_total", "Times a node was marked lost.", counters_.nodes_marked_lost);

@@ -6,6 +6,7 @@
 
 #include "controller/replica.h"
 #include "controller/sqlite_store.h"
+#include "exposition_parser.h"
 #include "test_cluster.h"
 
 namespace tf::controller {
@@ -690,6 +691,37 @@ TEST_F(ControllerTest, ARefusedRegistrationIsLoggedOncePerNodeAndReason) {
   EXPECT_FALSE(c_->RegisterNode(clone).ok());
   said = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(Occurrences(said, "registration of node node-b refused"), 1u) << said;
+}
+
+}  // namespace
+}  // namespace tf::controller
+
+namespace tf::controller {
+namespace {
+
+// A lease that runs out means the command holding the allocation died or lost the controller:
+// counted on its own, not as a release by request (nor as a lost node's).
+TEST_F(ControllerTest, LeaseExpiriesAreCountedApartFromReleasesByRequest) {
+  testing::AddNodes(*c_, 1, 1);
+  AllocationRequest leased{"", "", 10, 1, 1, "", ""};
+  leased.lease_ms = 60'000;
+  auto dropped = c_->Allocate(leased);
+  auto plain = c_->Allocate({"", "", 10, 1, 1, "", ""});
+  ASSERT_TRUE(dropped.ok() && plain.ok());
+  ASSERT_TRUE(c_->Release(plain->id).ok());
+  for (int s = 0; s < 7; ++s) {  // 70 s: the node beats, nobody renews the lease
+    clock_.AdvanceMs(10'000);
+    ASSERT_TRUE(c_->Heartbeat("node-0", {}).ok());
+    c_->Tick();
+  }
+  ASSERT_FALSE(c_->GetAllocation(dropped->id).ok());
+  tf::testing::ParsedExposition m;
+  const std::string text = c_->MetricsText();
+  ASSERT_EQ(tf::testing::ParseExposition(text, &m), "") << text;
+  EXPECT_EQ(m.families["tf_controller_allocations_lease_expired_total"].type, "counter");
+  EXPECT_EQ(m.Value("tf_controller_allocations_lease_expired_total", {}), 1);
+  EXPECT_EQ(m.Value("tf_controller_allocations_released_total", {}), 1) << "only the release by request";
+  EXPECT_EQ(m.Value("tf_controller_allocations_released_lost_node_total", {}), 0);
 }
 
 }  // namespace
