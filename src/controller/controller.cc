@@ -819,6 +819,9 @@ StatusOr<Node> Controller::RegisterNode(const NodeRegistration& reg_in) {
     }
     StatusOr<int64_t> rev = CommitLocked(compares, writes);
     if (!rev.ok()) return rev.status();
+    if (node_it != nodes_.end() && node_it->second.value.state == NodeState::kLost)
+      std::fprintf(stderr, "controller: node %s registered again after %lld ms lost: ready again\n", reg.name.c_str(),
+                   static_cast<long long>(now - node_it->second.value.lost_since_ms));
     nodes_[reg.name] = {node, *rev};
     for (const std::string& uuid : removed) gpus_.erase(uuid);
     for (const Gpu& g : new_gpus) gpus_[g.uuid] = {g, *rev};
@@ -930,6 +933,8 @@ Status Controller::Heartbeat(const std::string& name, const std::vector<GpuSampl
     }
     StatusOr<int64_t> rev = CommitLocked(compares, writes);
     if (!rev.ok()) return rev.status();
+    std::fprintf(stderr, "controller: node %s is back after %lld ms lost: ready again\n", name.c_str(),
+                 static_cast<long long>(now - it->second.value.lost_since_ms));
     it->second = {node, *rev};
     for (const Gpu& g : updated) gpus_[g.uuid] = {g, *rev};
     placement_dirty_ = true;
@@ -1720,12 +1725,19 @@ void Controller::Tick() {
       std::vector<std::string> ids;
       if (auto on = allocations_by_node_.find(name); on != allocations_by_node_.end())
         ids.assign(on->second.begin(), on->second.end());
+      std::string released;
+      size_t count = 0;
       for (const std::string& id : ids) {
         Status st = ReleaseLocked(id, "node-lost");
         if (!st.ok())
           std::fprintf(stderr, "controller: releasing %s of lost node %s failed: %s\n", id.c_str(),
                        name.c_str(), st.ToString().c_str());
+        else released += (count++ ? ", " : "") + id;
       }
+      if (count > 0)
+        std::fprintf(stderr, "controller: node %s lost for %lld ms: released its %zu allocation(s) as node-lost: %s\n",
+                     name.c_str(), static_cast<long long>(now - nodes_.at(name).value.lost_since_ms), count,
+                     released.c_str());
     }
     // Allocations whose lease ran out: the command that held them is gone (killed, its machine lost).
     // A holder renews against a serving controller: while this replica did not serve (before it

@@ -726,3 +726,54 @@ TEST_F(ControllerTest, LeaseExpiriesAreCountedApartFromReleasesByRequest) {
 
 }  // namespace
 }  // namespace tf::controller
+
+namespace tf::controller {
+namespace {
+
+// The controller's log tells what happened to a lost node: one line naming the node and the
+// allocations released as node-lost when the grace ends (not repeated), one when it is back.
+TEST_F(ControllerTest, ALostNodesReleasesAndItsReturnAreLogged) {
+  testing::AddNodes(*c_, 2, 1);
+  auto a = c_->Allocate({"", "", 10, 1, 1, "", ""});
+  auto b = c_->Allocate({"", "", 10, 1, 1, "", ""});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->node, b->node);  // packed onto one node
+  const std::string busy = a->node, other = busy == "node-0" ? "node-1" : "node-0";
+  ::testing::internal::CaptureStderr();
+  for (int s = 0; s < 45; ++s) {  // silent 45 s: lost at 10 s, released after the 30 s grace
+    clock_.AdvanceMs(1'000);
+    ASSERT_TRUE(c_->Heartbeat(other, {}).ok());
+    c_->Tick();
+  }
+  std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(c_->ListAllocations().empty());
+  EXPECT_EQ(Occurrences(said, "node " + busy + " lost for"), 1u) << said;
+  const size_t line = said.find("node " + busy + " lost for");
+  ASSERT_NE(line, std::string::npos) << said;
+  const std::string released = said.substr(line, said.find('\n', line) - line);
+  EXPECT_NE(released.find("released its 2 allocation(s) as node-lost"), std::string::npos) << released;
+  EXPECT_NE(released.find(a->id), std::string::npos) << released;
+  EXPECT_NE(released.find(b->id), std::string::npos) << released;
+
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(c_->Heartbeat(busy, {}).ok());
+  ASSERT_TRUE(c_->Heartbeat(busy, {}).ok());
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Occurrences(said, "node " + busy + " is back after"), 1u) << said;
+
+  // An agent that restarts while its node is lost registers instead of heartbeating: said too.
+  for (int s = 0; s < 12; ++s) {
+    clock_.AdvanceMs(1'000);
+    ASSERT_TRUE(c_->Heartbeat(other, {}).ok());
+    c_->Tick();
+  }
+  ASSERT_EQ(c_->GetNode(busy)->node.state, NodeState::kLost);
+  ::testing::internal::CaptureStderr();
+  testing::AddNodes(*c_, 2, 1);
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(Occurrences(said, "node " + busy + " registered again after"), 1u) << said;
+  EXPECT_EQ(Occurrences(said, "node " + other + " registered again"), 0u) << said;
+}
+
+}  // namespace
+}  // namespace tf::controller
