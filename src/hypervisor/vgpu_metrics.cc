@@ -48,6 +48,10 @@ const Family kFamilies[] = {
      [](const limiter::VgpuInfo& v) { return static_cast<double>(v.vram_used_bytes); }},
     {"tf_vgpu_vram_limit_bytes", Type::kGauge, "VRAM ceiling of the vGPU, bytes.",
      [](const limiter::VgpuInfo& v) { return static_cast<double>(v.vram_limit_bytes); }},
+    // What tenants see as CUDA out-of-memory errors at their ceiling (tfusion smi's OOMS).
+    {"tf_vgpu_vram_refusals_total", Type::kCounter,
+     "VRAM allocations refused because they would take the vGPU past its ceiling (out of memory).",
+     [](const limiter::VgpuInfo& v) { return static_cast<double>(v.oom_total); }},
 };
 
 // VRAM tiering, summed over the vGPU's live processes.

@@ -32,7 +32,8 @@ void MakePrintable(limiter::RegionSnapshot* snap);
 // (counter: time its processes were held back) and, of it, tf_vgpu_held_turn_seconds_total,
 // tf_vgpu_held_limit_seconds_total and tf_vgpu_held_others_seconds_total (counters: held waiting
 // for another vGPU's turn, at its limit, over its request for others), tf_vgpu_vram_used_bytes and
-// tf_vgpu_vram_limit_bytes (gauges); the tiering families per vGPU with tiering, and per GPU.
+// tf_vgpu_vram_limit_bytes (gauges), tf_vgpu_vram_refusals_total (counter: allocations refused at
+// the VRAM ceiling); the tiering families per vGPU with tiering, and per GPU.
 void WriteVgpuMetrics(prom::Exposition* out, const std::string& dir, const std::string& node);
 
 // "low", "medium", "high", "critical" for a region QoS value; "unknown" beyond.

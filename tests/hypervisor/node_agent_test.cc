@@ -461,6 +461,16 @@ TEST(NodeAgent, RequestLimitAndQosReachTheRegionAndTheMetrics) {
   EXPECT_EQ(m.Value("tf_vgpu_held_turn_seconds_total", labels), 0);
   EXPECT_EQ(m.Value("tf_vgpu_held_limit_seconds_total", labels), 0);
   EXPECT_EQ(m.Value("tf_vgpu_held_others_seconds_total", labels), v.throttled_ns_total / 1e9);
+  // An allocation past the vGPU's 1 GiB ceiling is refused (the tenant's CUDA out-of-memory
+  // error) and counted, so that it is seen off the node too.
+  EXPECT_EQ(m.families["tf_vgpu_vram_refusals_total"].type, "counter");
+  EXPECT_EQ(m.Value("tf_vgpu_vram_refusals_total", labels), 0);
+  ASSERT_EQ(r->Reserve(slot, 768u << 20), limiter::RegionError::kOk);
+  EXPECT_EQ(r->Reserve(slot, 512u << 20), limiter::RegionError::kOutOfMemory);
+  EXPECT_EQ(r->Reserve(slot, 512u << 20), limiter::RegionError::kOutOfMemory);
+  EXPECT_EQ(Metric(agent, "tf_vgpu_vram_refusals_total", labels), 2);
+  EXPECT_EQ(Metric(agent, "tf_vgpu_vram_used_bytes", labels), 768.0 * 1024 * 1024) << "a refusal holds nothing";
+  ASSERT_EQ(r->Release(slot, 768u << 20), limiter::RegionError::kOk);
   // VRAM tiering: per-GPU swap counters always; per-vGPU tier gauges for a vGPU with tiering.
   EXPECT_EQ(m.Value("tf_gpu_swap_outs_total", {{"gpu", "GPU-q0"}}), 0);
   EXPECT_TRUE(m.families["tf_vgpu_tier_host_bytes"].samples.empty()) << "tiering is off for this vGPU";
