@@ -220,15 +220,20 @@ Status NodeAgent::HeartbeatOnce() {
   json vgpus = json::array();
   // Per GPU, what the vGPUs that are no allocation's are guaranteed and may hold (a local
   // `tfusion run` without --controller, a worker session without an allocation): the controller
-  // counts it as used, so that it never places allocations on capacity they already have.
+  // counts it as used, so that it never places allocations on capacity they already have. A
+  // program of several CUDA processes through a worker has a session vGPU of the allocation's size
+  // per process: all but one of an allocation's sessions count here too.
   struct Unpooled {
     uint64_t share_ppm = 0, vram_bytes = 0;
   };
   std::map<std::string, Unpooled> unpooled;  // by GPU UUID
+  std::set<std::string> sessions_seen;       // allocations with a bound session counted as theirs
   for (const auto& snap : SnapshotRegions(regions_->dir())) {
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       const limiter::VgpuInfo& v = snap->vgpus[i];
-      if (std::string(v.id).rfind("a-", 0) != 0 && BoundAllocation(v.id).empty()) {
+      const std::string bound = BoundAllocation(v.id);
+      const bool extra_session = !bound.empty() && !sessions_seen.insert(bound).second;
+      if ((std::string(v.id).rfind("a-", 0) != 0 && bound.empty()) || extra_session) {
         // Values a tenant scribbled on are clamped to the whole GPU each (at most 64 vGPUs).
         Unpooled& u = unpooled[snap->gpu_uuid];
         u.share_ppm += std::min<uint64_t>(v.compute_share_ppm, 1'000'000);

@@ -1151,6 +1151,47 @@ TEST_F(RemotePooledPlain, ASessionInAPoolWithoutTieringIsTheAllocationsAndEndsWi
   ExpectSessionEndedAndTheClientsNextCallFails(b, "released");
 }
 
+// A program of two CUDA processes through the worker has a session vGPU of the allocation's size
+// per process: the controller counts the second as use outside the pool, so that placement does
+// not hand that capacity to someone else; gone with the program.
+TEST_F(RemotePooledPlain, ASecondSessionOfOneAllocationCountsAsUnpooledUse) {
+  ASSERT_TRUE(StartControlPlane()) << Logs();
+  const std::string probe = TF_PROBE;
+  pid_t client = fork();
+  ASSERT_GE(client, 0);
+  if (client == 0) {
+    setpgid(0, 0);
+    std::string cmd = env_ + "exec timeout 60 " + TF_TFUSION + " run --controller " + url_ +
+                      " --token t --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 -- sh -c '" + probe +
+                      " launch 6 & " + probe + " launch 6; wait' > " + dir_ + "/client.out 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  tf::controller::HttpClient client_api(url_, "t");
+  std::string body;
+  bool counted = false;
+  for (int i = 0; i < 200 && !counted; ++i) {
+    auto g = client_api.Get("/v1/gpus");
+    body = g.ok() ? g->body : g.status().ToString();
+    // 10% of the fake's 989.4 TFLOPS and 1 GiB: one session's worth.
+    counted = body.find("\"unpooled_tflops\":98.94") != std::string::npos &&
+              body.find("\"unpooled_vram_mib\":1024") != std::string::npos;
+    if (!counted) usleep(50000);
+  }
+  EXPECT_TRUE(counted) << body << Shell(env_ + TF_TFUSION + " smi").out << Logs();
+  int status = 0;
+  waitpid(client, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(dir_ + "/client.out");
+  bool cleared = false;
+  for (int i = 0; i < 200 && !cleared; ++i) {
+    auto g = client_api.Get("/v1/gpus");
+    body = g.ok() ? g->body : g.status().ToString();
+    cleared = body.find("\"unpooled_tflops\":98.94") == std::string::npos;
+    if (!cleared) usleep(50000);
+  }
+  EXPECT_TRUE(cleared) << body;
+}
+
 // A worker without --tiering has no zero keeper: the node agent refuses the allocation's zero
 // freeze for its session (a checkpointed session with nobody to restore it would hang its
 // client), says so in its log, and the session goes on untouched.
