@@ -45,7 +45,9 @@ void AddServerTlsFlags(CLI::App* cmd, std::string* cert, std::string* key, bool*
 }
 
 void AddClientFlags(CLI::App* cmd, tf::controller::ClientOptions* c) {
-  cmd->add_option("--url", c->url, "controller URL")->envname("TFUSION_URL")->capture_default_str();
+  cmd->add_option("--url", c->url, "controller URL; several replicas: comma-separated (the one that serves answers)")
+      ->envname("TFUSION_URL")
+      ->capture_default_str();
   cmd->add_option("--token", c->token, "API token")->envname("TFUSION_TOKEN");
   cmd->add_option("--token-file", c->token_file, "file holding the API token (default: .tfusion/token when present)");
   AddCaFileFlag(cmd, &c->ca_file);

@@ -328,7 +328,7 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   std::string source;
   StatusOr<std::string> token = ClientToken(c, &source);
   if (!token.ok()) return token.status();
-  HttpClient client(c.url, *token, 5000, c.ca_file);
+  ReplicaClient client(c.url, *token, 5000, c.ca_file);  // a comma list of replicas: the one that serves
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
                              : method == "POST" ? client.Post(path, body)
                              : method == "PUT"  ? client.Put(path, body)

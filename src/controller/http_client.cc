@@ -156,4 +156,12 @@ StatusOr<HttpResponse> ReplicaClient::Delete(const std::string& path) {
   return Request([&](HttpClient& c) { return c.Delete(path); });
 }
 
+StatusOr<HttpResponse> ReplicaClient::Put(const std::string& path, const std::string& json_body) {
+  return Request([&](HttpClient& c) { return c.Put(path, json_body); });
+}
+
+StatusOr<HttpResponse> ReplicaClient::Patch(const std::string& path, const std::string& json_body) {
+  return Request([&](HttpClient& c) { return c.Patch(path, json_body); });
+}
+
 }  // namespace tf::controller

@@ -86,6 +86,10 @@ class ReplicaClient {
   StatusOr<HttpResponse> Get(const std::string& path);
   StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
   StatusOr<HttpResponse> Delete(const std::string& path);
+  // Also moved on past unreachable replicas and 503s, which did not act on the request: for the
+  // client commands, whose writes name what they change (PUT a quota, PATCH a pool).
+  StatusOr<HttpResponse> Put(const std::string& path, const std::string& json_body);
+  StatusOr<HttpResponse> Patch(const std::string& path, const std::string& json_body);
 
  private:
   template <typename F>

@@ -189,6 +189,14 @@ TEST_F(PooledRunTest, TheRunGoesToTheServingReplicaAndStandbysAloneRefuseIt) {
     EXPECT_NE(refused.out.find("no replica serves now"), std::string::npos) << urls << ": " << refused.out;
     EXPECT_EQ(refused.out.find("local vGPU"), std::string::npos) << urls << ": " << refused.out;
   }
+  // The client commands take the same list (--url, TFUSION_URL).
+  Result ps = Shell(std::string(TF_TFUSION) + " node ls --url http://127.0.0.1:1," + standby_url + "," + url_ +
+                    " --token " + token_);
+  EXPECT_EQ(ps.rc, 0) << ps.out;
+  EXPECT_NE(ps.out.find("ready"), std::string::npos) << ps.out;
+  Result only_standby = Shell(std::string(TF_TFUSION) + " node ls --url " + standby_url + " --token " + token_);
+  EXPECT_NE(only_standby.rc, 0) << only_standby.out;
+  EXPECT_NE(only_standby.out.find("HTTP 503"), std::string::npos) << only_standby.out;
   kill(standby, SIGTERM);
   waitpid(standby, nullptr, 0);
 }
