@@ -1,9 +1,12 @@
 // The client commands of `tfusion` (top, quota, pool) against a real controller: the test starts
 // `tfusion controller` on port 0 with a SQLite store in a temporary folder and registers a node
 // through the API, then runs the binary as a user would and checks what it prints.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -494,9 +497,10 @@ TEST_F(PoolCommandsTest, TenantAndNodeTokensReachOnlyWhatTheyOwn) {
 }
 
 // `tfusion run --controller` from a machine whose GPUs are not the ones the pool chose: the node
-// that holds the vGPU runs it through its worker, or the run is refused when it has none. The
-// command here (`true`) makes no CUDA call, so no worker needs to answer: what is tested is which
-// path the run takes, what it says, and that the allocation is released either way.
+// that holds the vGPU runs it through its worker, or the run is refused when it has none or its
+// worker does not answer. The command here (`true`) makes no CUDA call, so the worker only needs
+// to take a connection (a listening socket stands in for it): what is tested is which path the run
+// takes, what it says, and that the allocation is released either way.
 TEST_F(PoolCommandsTest, RunPlacedOnAnotherNodeGoesThroughItsWorkerOrSaysWhyNot) {
   const std::string run = std::string(TF_TFUSION) + " run --controller " + url_ +
                           " --token tok --nvml /nonexistent/libnvidia-ml.so.1 --vram 1GiB --percent 10 -- true";
@@ -514,11 +518,30 @@ TEST_F(PoolCommandsTest, RunPlacedOnAnotherNodeGoesThroughItsWorkerOrSaysWhyNot)
       {"uuid": "GPU-top-0", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 81920}]})");
   ASSERT_TRUE(r.ok() && r->status == 200);
   EXPECT_NE(Tf("node ls").out.find("127.0.0.1:1"), std::string::npos);
+  Result down = Shell(run);
+  EXPECT_EQ(down.rc, 2) << down.out;
+  EXPECT_NE(down.out.find("whose worker does not answer (cannot connect to 127.0.0.1:1"), std::string::npos) << down.out;
+  EXPECT_EQ(Tf("ps").out.find("running"), std::string::npos) << "released after the refusal";
+
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string worker = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  r = client.Post("/v1/nodes", R"({"name": "gpu-node-1", "worker_address": ")" + worker + R"(", "gpus": [
+      {"uuid": "GPU-top-0", "model": "H100", "index": 0, "tflops": 100, "vram_mib": 81920}]})");
+  ASSERT_TRUE(r.ok() && r->status == 200) << (r.ok() ? r->body : r.status().ToString());
   Result remote = Shell(run);
+  close(listener);
   EXPECT_EQ(remote.rc, 0) << remote.out;
   EXPECT_TRUE(std::regex_search(remote.out, std::regex("allocation a-[0-9a-f]+ on node gpu-node-1 \\(GPU GPU-top-0\\): "
                                                        "1\\.0 GiB VRAM, 10\\.0% of the GPU; running remotely through "
-                                                       "its worker 127\\.0\\.0\\.1:1")))
+                                                       "its worker " + worker)))
       << remote.out;
   EXPECT_EQ(Tf("ps").out.find("running"), std::string::npos) << "released when the command ended";
 
