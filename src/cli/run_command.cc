@@ -258,10 +258,11 @@ class LeaseKeeper {
         failing_since = 0;
       } else {
         if (failing_since == 0) failing_since = now;
+        const bool one_url = o_.controller.find(',') == std::string::npos;
         std::fprintf(stderr, "tfusion run: renewing allocation %s: %s (its lease runs out %lld s after the last "
-                     "renewal; give --controller every replica, comma-separated, to follow a failover)\n",
-                     id_.c_str(), st.ToString().c_str(),
-                     std::max<long long>(0, kRunLeaseSeconds - (now - failing_since) - kRunRenewSeconds));
+                     "renewal%s)\n", id_.c_str(), st.ToString().c_str(),
+                     std::max<long long>(0, kRunLeaseSeconds - (now - failing_since) - kRunRenewSeconds),
+                     one_url ? "; give --controller every replica, comma-separated, to follow a failover" : "");
       }
       lock.lock();
     }
@@ -280,8 +281,11 @@ void ReleaseAfterRun(const RunOptions& o, const std::string& id) {
   // A controller restarting or failing over for a moment: tried for about 6 s, then the lease
   // releases it (within kRunLeaseSeconds).
   Status released = ReleasePoolAllocation(o.controller, o.token, id);
-  for (int retry = 0; retry < 4 && (released.code() == StatusCode::kUnavailable ||
-                                    released.code() == StatusCode::kFailedPrecondition); ++retry) {
+  auto passing = [](const Status& s) {  // no replica reachable, or none serving (503) for now
+    return s.code() == StatusCode::kUnavailable ||
+           (s.code() == StatusCode::kFailedPrecondition && s.message().find("(HTTP 503") != std::string::npos);
+  };
+  for (int retry = 0; retry < 4 && passing(released); ++retry) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500 << retry));
     released = ReleasePoolAllocation(o.controller, o.token, id);
   }

@@ -813,7 +813,8 @@ def phase_rplain(r, gib=1):
         res["tenant"] = json.loads(lines[-1]) if lines else None
         res["tenant_rc"] = tenant.returncode
         t = res["tenant"] or {}
-        res["ok"] = (bool(t.get("intact")) and res["call_done"] and bool(res["allocation_processes"])
+        res["ok"] = (res["pool_tiering"] == 0 and bool(t.get("intact")) and res["call_done"]
+                     and bool(res["allocation_processes"])
                      and res["session_ended_s"] is not None and str(t.get("after_delete", "")).startswith("error"))
     except Exception as ex:  # keep what was measured
         res["error"] = repr(ex)
