@@ -909,7 +909,7 @@ int Ps(const ClientOptions& c) {
   StatusOr<json> evictions = CallList(c, "/v1/evictions", "evictions");
   if (!evictions.ok()) return Fail(evictions.status());
   std::vector<std::vector<std::string>> rows{
-      {"ALLOCATION", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "TFLOPS_LIMIT", "VRAM_MIB", "STATE"}};
+      {"ALLOCATION", "TENANT", "WORKLOAD", "POOL", "NODE", "QOS", "GPUS", "TFLOPS", "TFLOPS_LIMIT", "VRAM_MIB", "STATE"}};
   auto row = [&rows](const json& a, const std::string& state) {
     std::string gpus;
     int64_t v = 0;
@@ -918,7 +918,9 @@ int Ps(const ClientOptions& c) {
       v += g.value("vram_mib", int64_t{0});
     }
     const ComputeSums c = SumCompute(a);
-    rows.push_back({a.value("id", ""), a.value("workload", "-").empty() ? "-" : a.value("workload", "-"),
+    const std::string tenant = a.value("tenant", "");
+    rows.push_back({a.value("id", ""), tenant.empty() ? "-" : tenant,
+                    a.value("workload", "-").empty() ? "-" : a.value("workload", "-"),
                     a.value("pool", ""), a.value("node", ""), a.value("qos", ""), gpus, Fixed(c.request),
                     Fixed(c.limit), std::to_string(v), state});
   };

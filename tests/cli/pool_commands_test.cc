@@ -223,6 +223,10 @@ TEST_F(PoolCommandsTest, QuotaSetGetAndListShowLimitsAndUse) {
   ASSERT_EQ(get.rc, 0) << get.out;
   // TENANT TFLOPS MAX_TFLOPS VRAM_MIB MAX_VRAM_MIB GPUS MAX_GPUS MAX_QOS
   EXPECT_TRUE(std::regex_search(get.out, std::regex("acme +20\\.0 +50\\.0 +2048 +8192 +1 +1 +-\\n"))) << get.out;
+  // `ps` says whose each allocation is.
+  Result ps = Tf("ps");
+  EXPECT_TRUE(std::regex_search(ps.out, std::regex("ALLOCATION +TENANT +WORKLOAD"))) << ps.out;
+  EXPECT_TRUE(std::regex_search(ps.out, std::regex("a-[0-9a-f]+ +acme +- +default "))) << ps.out;
   // The quota holds: a second vGPU for acme is refused.
   auto b = client.Post("/v1/allocations", R"({"tflops": 1, "vram_mib": 1, "tenant": "acme"})");
   ASSERT_TRUE(b.ok());
