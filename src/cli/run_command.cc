@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <ctime>
 #include <memory>
 #include <mutex>
@@ -789,18 +790,23 @@ void RemoveVgpuEverywhere(const std::string& vgpu_id) {
 
 namespace {
 
-// True when `pid` runs this very program (a `tfusion run` holding its vGPU's slot, as smi is
-// `tfusion` too); false when it cannot be told (another user's process under hidepid).
+// True when `pid` is a `tfusion run` holding its vGPU's slot for its command: its command line is
+// `tfusion ... run ...` (before any `--`), whichever build of tfusion it is. A worker's session
+// process (`tfusion worker`) is a program of its vGPU. False when it cannot be told (another
+// user's process under hidepid).
 bool IsRunWrapper(int32_t pid) {
-  static const struct stat self = [] {
-    struct stat st {};
-    stat("/proc/self/exe", &st);
-    return st;
-  }();
-  struct stat st {};
-  const std::string exe = "/proc/" + std::to_string(pid) + "/exe";
-  return pid > 0 && self.st_ino != 0 && stat(exe.c_str(), &st) == 0 && st.st_ino == self.st_ino &&
-         st.st_dev == self.st_dev;
+  if (pid <= 0) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string arg;
+  if (!std::getline(in, arg, '\0')) return false;
+  const size_t slash = arg.rfind('/');
+  if ((slash == std::string::npos ? arg : arg.substr(slash + 1)) != "tfusion") return false;
+  for (int i = 0; i < 64 && std::getline(in, arg, '\0'); ++i) {
+    if (arg == "--") return false;
+    if (arg == "run") return true;
+    if (arg.empty() || arg[0] != '-') return false;  // another subcommand
+  }
+  return false;
 }
 
 // "25.0%", "100%".

@@ -128,6 +128,12 @@ TEST_F(RemoteLimits, StoppingTheWorkerRemovesTheVgpusOfTheSessionsItEnds) {
     smi = Shell(env_ + TF_TFUSION + " smi").out;
   }
   ASSERT_TRUE(std::regex_search(smi, session_vgpu)) << smi << ReadFile(dir_ + "/worker.log");
+  // `smi` counts the session process as the vGPU's program (it is tfusion too, but no `tfusion
+  // run` wrapper: it showed PROCS 0).
+  const size_t header = smi.find("  VGPU"), row = smi.find("  remote-");
+  ASSERT_NE(header, std::string::npos) << smi;
+  const size_t column = smi.find("PROCS", header) - header;
+  EXPECT_EQ(std::stoi(smi.substr(row + column, 8)), 1) << smi;
   kill(worker_, SIGTERM);
   int status = 0;
   waitpid(worker_, &status, 0);
