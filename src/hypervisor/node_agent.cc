@@ -232,8 +232,10 @@ Status NodeAgent::HeartbeatOnce() {
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       const limiter::VgpuInfo& v = snap->vgpus[i];
       const std::string bound = BoundAllocation(v.id);
-      const bool extra_session = !bound.empty() && !sessions_seen.insert(bound).second;
-      if ((std::string(v.id).rfind("a-", 0) != 0 && bound.empty()) || extra_session) {
+      const bool extra_session = !bound.empty() && v.process_count > 0 && !sessions_seen.insert(bound).second;
+      // Only vGPUs with processes: one a run or session left behind (another user's, which this
+      // agent does not sweep) must not keep its capacity from the pool.
+      if ((std::string(v.id).rfind("a-", 0) != 0 && bound.empty() && v.process_count > 0) || extra_session) {
         // Values a tenant scribbled on are clamped to the whole GPU each (at most 64 vGPUs).
         Unpooled& u = unpooled[snap->gpu_uuid];
         u.share_ppm += std::min<uint64_t>(v.compute_share_ppm, 1'000'000);
