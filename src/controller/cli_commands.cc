@@ -176,6 +176,8 @@ struct ControllerRuntime {
         StatusOr<std::string> leader = etcd->CurrentLeader();
         return leader.ok() ? *leader : std::string();
       });
+    } else if (auto* lock = dynamic_cast<SqliteLeaderLock*>(election.get())) {
+      api->SetLeaderLookup([lock] { return lock->CurrentLeader(); });
     }
     StatusOr<int> p = api->Bind(o.listen_host, o.port);
     if (!p.ok()) return p.status();

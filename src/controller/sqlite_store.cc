@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 
 namespace tf::controller {
@@ -355,6 +356,27 @@ StatusOr<bool> SqliteLeaderLock::TryAcquire() {
   }
   fd_ = fd;
   return true;
+}
+
+std::string SqliteLeaderLock::CurrentLeader() const {
+  if (fd_ >= 0) return identity_;
+  const int fd = ::open(lock_path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string leader;
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);  // nobody holds it: no leader
+  } else {
+    char buf[256];
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    if (n > 0) {
+      leader.assign(buf, static_cast<size_t>(n));
+      leader = leader.substr(0, leader.find('\n'));
+      if (std::any_of(leader.begin(), leader.end(), [](char c) { return c < 0x20 || c > 0x7e; }))
+        leader.clear();  // not an identity a replica wrote
+    }
+  }
+  ::close(fd);
+  return leader;
 }
 
 void SqliteLeaderLock::Resign() {

@@ -136,6 +136,9 @@ class SqliteLeaderLock : public LeaderElection {
   std::optional<Compare> Fence() const override { return std::nullopt; }
   void Resign() override;
   std::string Identity() const override { return identity_; }
+  // The identity of the replica that holds the lock (it writes it into the lock file), "" when
+  // none does or it cannot be read.
+  std::string CurrentLeader() const;
 
  private:
   const std::string lock_path_;

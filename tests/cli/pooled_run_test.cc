@@ -197,6 +197,8 @@ TEST_F(PooledRunTest, TheRunGoesToTheServingReplicaAndStandbysAloneRefuseIt) {
   Result only_standby = Shell(std::string(TF_TFUSION) + " node ls --url " + standby_url + " --token " + token_);
   EXPECT_NE(only_standby.rc, 0) << only_standby.out;
   EXPECT_NE(only_standby.out.find("HTTP 503"), std::string::npos) << only_standby.out;
+  // A standby on the same SQLite store names the replica that holds it (it said no leader was known).
+  EXPECT_NE(only_standby.out.find("send requests to the leader, "), std::string::npos) << only_standby.out;
   kill(standby, SIGTERM);
   waitpid(standby, nullptr, 0);
 }
