@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <ctime>
 #include <memory>
 #include <mutex>
@@ -790,25 +789,6 @@ void RemoveVgpuEverywhere(const std::string& vgpu_id) {
 
 namespace {
 
-// True when `pid` is a `tfusion run` holding its vGPU's slot for its command: its command line is
-// `tfusion ... run ...` (before any `--`), whichever build of tfusion it is. A worker's session
-// process (`tfusion worker`) is a program of its vGPU. False when it cannot be told (another
-// user's process under hidepid).
-bool IsRunWrapper(int32_t pid) {
-  if (pid <= 0) return false;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-  std::string arg;
-  if (!std::getline(in, arg, '\0')) return false;
-  const size_t slash = arg.rfind('/');
-  if ((slash == std::string::npos ? arg : arg.substr(slash + 1)) != "tfusion") return false;
-  for (int i = 0; i < 64 && std::getline(in, arg, '\0'); ++i) {
-    if (arg == "--") return false;
-    if (arg == "run") return true;
-    if (arg.empty() || arg[0] != '-') return false;  // another subcommand
-  }
-  return false;
-}
-
 // "25.0%", "100%".
 std::string Percent(double ppm) {
   char buf[24];
@@ -924,7 +904,7 @@ int SmiCommand(bool all_processes, double sample_seconds) {
       // vGPU's programs: PROCS counts those only.
       uint32_t programs = v.process_count;
       for (uint32_t k = 0; k < snap.process_count; ++k)
-        if (snap.processes[k].vgpu_index == v.index && programs > 0 && IsRunWrapper(snap.processes[k].pid)) --programs;
+        if (snap.processes[k].vgpu_index == v.index && programs > 0 && hypervisor::IsRunWrapper(snap.processes[k].pid)) --programs;
       std::printf("  %-*s %-8s %12s %12s %8s %8s %6s %6u %12.3f %12.3f %9.3f %10llu %5llu %-9s %10s\n", w, v.id,
                   hypervisor::QosLabel(v.qos), FormatBytes(v.vram_used_bytes).c_str(), FormatBytes(v.vram_limit_bytes).c_str(),
                   Percent(static_cast<double>(v.compute_share_ppm)).c_str(),

@@ -264,6 +264,9 @@ Status NodeAgent::HeartbeatOnce() {
       for (uint32_t k = 0; k < snap->process_count; ++k) {
         const limiter::ProcessInfo& p = snap->processes[k];
         if (!mine.count(p.vgpu_index)) continue;
+        // The `tfusion run` that holds the slot for its command is not one of its programs (as
+        // `tfusion smi` counts them).
+        if (p.vram_bytes == 0 && IsRunWrapper(p.pid)) continue;
         // What the controller accepts: 256 processes per vGPU, pids 1..4194304 and at most 1 PiB
         // each (a slot a tenant scribbled on is left out or clamped, not a refused heartbeat).
         if (procs.size() < 256 && p.pid >= 1 && p.pid <= 4194304)

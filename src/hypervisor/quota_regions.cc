@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -137,6 +138,21 @@ bool StartedFor(pid_t pid, const std::string& vgpu_id) {
 }
 
 }  // namespace
+
+bool IsRunWrapper(int32_t pid) {
+  if (pid <= 0) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string arg;
+  if (!std::getline(in, arg, '\0')) return false;
+  const size_t slash = arg.rfind('/');
+  if ((slash == std::string::npos ? arg : arg.substr(slash + 1)) != "tfusion") return false;
+  for (int i = 0; i < 64 && std::getline(in, arg, '\0'); ++i) {
+    if (arg == "--") return false;
+    if (arg == "run") return true;
+    if (arg.empty() || arg[0] != '-') return false;  // another subcommand
+  }
+  return false;
+}
 
 bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path, const std::string& vgpu_id) {
   // Never the agent itself, whatever a slot says.

@@ -49,6 +49,11 @@ std::vector<std::string> RegionFiles(const std::string& dir);
 // files it cannot read (without CAP_SYS_PTRACE) fails the check, said once on stderr.
 bool IsTenantOfRegion(pid_t pid, uint64_t start_ticks, const std::string& region_path,
                       const std::string& vgpu_id);
+// True when `pid` is a `tfusion run` holding its vGPU's process slot for its command: its command
+// line is `tfusion ... run ...` (before any `--`), whichever build of tfusion it is. A worker's
+// session process (`tfusion worker`) is a program of its vGPU. False when it cannot be told
+// (another user's process under hidepid).
+bool IsRunWrapper(int32_t pid);
 // Attaches to each of `paths` once, the first time it is called (a region that does not attach
 // stays unattached: GpuRegion::attached()); later calls change nothing.
 void AttachRegionsOnce(const std::vector<std::string>& paths, std::vector<std::unique_ptr<limiter::GpuRegion>>* regions);

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -238,6 +239,34 @@ TEST_F(PooledRunTest, ALocalVgpuOnAPoolNodeTakesCapacityThePoolNoLongerPlaces) {
   EXPECT_NE(ReadFile(dir_ + "/up.log").find("vGPUs outside the pool now hold 593.6 TFLOPS and 1024 MiB"),
             std::string::npos) << ReadFile(dir_ + "/up.log");
   EXPECT_TRUE(WaitUntil([&] { return unpooled() == 0; })) << "gone with the local vGPU: " << unpooled();
+}
+
+// The allocation's processes, as the controller lists them (API, console), are its programs: the
+// `tfusion run` that holds the vGPU's slot for its command is not one, as `tfusion smi` counts them.
+TEST_F(PooledRunTest, TheAllocationsProcessesAreItsProgramsNotTheRunHoldingIt) {
+  pid_t run = fork();
+  ASSERT_GE(run, 0);
+  if (run == 0) {
+    std::string cmd = "exec env " + PooledRun("--vram 1GiB --percent 20", "launch 10") + " > " + dir_ + "/run.log 2>&1";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  tf::controller::HttpClient client(url_, token_);
+  std::vector<int> pids;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto r = client.Get("/v1/allocations");
+    if (!r.ok() || r->status != 200) return false;
+    const auto j = nlohmann::json::parse(r->body, nullptr, false);
+    pids.clear();
+    for (const auto& a : j.value("allocations", nlohmann::json::array()))
+      for (const auto& v : a.value("vgpus", nlohmann::json::array()))
+        for (const auto& p : v.value("processes", nlohmann::json::array())) pids.push_back(p.value("pid", 0));
+    return !pids.empty();
+  })) << ReadFile(dir_ + "/run.log");
+  kill(run, SIGTERM);
+  waitpid(run, nullptr, 0);
+  ASSERT_EQ(pids.size(), 1u) << "one program";
+  EXPECT_NE(pids[0], run) << "not the tfusion run (" << run << ") that holds the slot";
 }
 
 TEST_F(PooledRunTest, ARequestThePoolCannotHoldIsRefusedClearly) {
