@@ -330,9 +330,11 @@ StatusOr<json> Call(const ClientOptions& c, const std::string& method, const std
   std::string source;
   StatusOr<std::string> token = ClientToken(c, &source);
   if (!token.ok()) return token.status();
-  ReplicaClient client(c.url, *token, 5000, c.ca_file);  // a comma list of replicas: the one that serves
+  // A comma list of replicas: the one that serves answers. A write goes to another replica only when
+  // the first did not take it (ReplicaClient's writes_once).
+  ReplicaClient client(c.url, *token, 5000, c.ca_file, /*writes_once=*/true);
   StatusOr<HttpResponse> r = method == "GET"    ? client.Get(path)
-                             : method == "POST" ? client.Post(path, body)
+                             : method == "POST" ? client.PostOnce(path, body)
                              : method == "PUT"  ? client.Put(path, body)
                              : method == "PATCH" ? client.Patch(path, body)
                                                 : client.Delete(path);

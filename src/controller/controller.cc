@@ -1732,8 +1732,9 @@ void Controller::Tick() {
         if (!st.ok())
           std::fprintf(stderr, "controller: releasing %s of lost node %s failed: %s\n", id.c_str(),
                        name.c_str(), st.ToString().c_str());
-        else released += (count++ ? ", " : "") + id;
+        else if (count++ < 20) released += (count > 1 ? ", " : "") + id;
       }
+      if (count > 20) released += " and " + std::to_string(count - 20) + " more";
       if (count > 0)
         std::fprintf(stderr, "controller: node %s lost for %lld ms: released its %zu allocation(s) as node-lost: %s\n",
                      name.c_str(), static_cast<long long>(now - nodes_.at(name).value.lost_since_ms), count,

@@ -114,7 +114,8 @@ StatusOr<HttpResponse> HttpClient::Delete(const std::string& path) {
 }
 
 ReplicaClient::ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms,
-                             const std::string& ca_file) {
+                             const std::string& ca_file, bool writes_once)
+    : writes_once_(writes_once) {
   size_t start = 0;
   while (start <= urls.size()) {
     size_t comma = urls.find(',', start);
@@ -126,8 +127,16 @@ ReplicaClient::ReplicaClient(const std::string& urls, const std::string& bearer_
   if (replicas_.empty()) replicas_.push_back(std::make_unique<HttpClient>(urls, bearer_token, timeout_ms, ca_file));
 }
 
+namespace {
+// The request never reached a server: nothing answered the connection (HttpClient::Exchange).
+bool NotSent(const Status& s) {
+  return s.message().find(": cannot connect (nothing answers at ") != std::string::npos ||
+         s.message().find(": the connection timed out (is ") != std::string::npos;
+}
+}  // namespace
+
 template <typename F>
-StatusOr<HttpResponse> ReplicaClient::Request(F&& call) {
+StatusOr<HttpResponse> ReplicaClient::Request(F&& call, bool write) {
   const size_t first = current_.load(std::memory_order_relaxed);
   StatusOr<HttpResponse> last = Unavailable("no controller URL");
   std::optional<HttpResponse> answered;  // a 503: a replica that is up, which says more than one that is not
@@ -139,6 +148,8 @@ StatusOr<HttpResponse> ReplicaClient::Request(F&& call) {
       return last;
     }
     if (last.ok()) answered = *last;
+    // A write a replica may have acted on is not sent again to another: its outcome is unknown.
+    if (write && writes_once_ && !last.ok() && !NotSent(last.status())) return last;
   }
   if (answered) return *answered;
   return last;  // no replica answered: the last failure says why
@@ -153,15 +164,19 @@ StatusOr<HttpResponse> ReplicaClient::Post(const std::string& path, const std::s
 }
 
 StatusOr<HttpResponse> ReplicaClient::Delete(const std::string& path) {
-  return Request([&](HttpClient& c) { return c.Delete(path); });
+  return Request([&](HttpClient& c) { return c.Delete(path); }, true);
 }
 
 StatusOr<HttpResponse> ReplicaClient::Put(const std::string& path, const std::string& json_body) {
-  return Request([&](HttpClient& c) { return c.Put(path, json_body); });
+  return Request([&](HttpClient& c) { return c.Put(path, json_body); }, true);
 }
 
 StatusOr<HttpResponse> ReplicaClient::Patch(const std::string& path, const std::string& json_body) {
-  return Request([&](HttpClient& c) { return c.Patch(path, json_body); });
+  return Request([&](HttpClient& c) { return c.Patch(path, json_body); }, true);
+}
+
+StatusOr<HttpResponse> ReplicaClient::PostOnce(const std::string& path, const std::string& json_body) {
+  return Request([&](HttpClient& c) { return c.Post(path, json_body); }, true);
 }
 
 }  // namespace tf::controller

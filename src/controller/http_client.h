@@ -79,24 +79,28 @@ class HttpClient {
 // heartbeats, reads, idempotent reports). Thread safety: as HttpClient.
 class ReplicaClient {
  public:
-  // `ca_file`: as HttpClient's, for every replica.
+  // `ca_file`: as HttpClient's, for every replica. `writes_once`: a PUT, PATCH or DELETE moves on
+  // only past a replica that did not take it (refused the connection, answered 503), never after
+  // one that may have acted on it (it timed out or closed the connection before answering): the
+  // client commands, whose writes are not all idempotent.
   ReplicaClient(const std::string& urls, const std::string& bearer_token, int timeout_ms = 5000,
-                const std::string& ca_file = "");
+                const std::string& ca_file = "", bool writes_once = false);
 
   StatusOr<HttpResponse> Get(const std::string& path);
   StatusOr<HttpResponse> Post(const std::string& path, const std::string& json_body);
   StatusOr<HttpResponse> Delete(const std::string& path);
-  // Also moved on past unreachable replicas and 503s, which did not act on the request: for the
-  // client commands, whose writes name what they change (PUT a quota, PATCH a pool).
   StatusOr<HttpResponse> Put(const std::string& path, const std::string& json_body);
   StatusOr<HttpResponse> Patch(const std::string& path, const std::string& json_body);
+  // A POST that is not safe to repeat (`tfusion token create`): as a write with writes_once.
+  StatusOr<HttpResponse> PostOnce(const std::string& path, const std::string& json_body);
 
  private:
   template <typename F>
-  StatusOr<HttpResponse> Request(F&& call);
+  StatusOr<HttpResponse> Request(F&& call, bool write = false);
 
   std::vector<std::unique_ptr<HttpClient>> replicas_;
   std::atomic<size_t> current_{0};
+  const bool writes_once_ = false;
 };
 
 }  // namespace tf::controller

@@ -380,10 +380,10 @@ std::string SqliteLeaderLock::CurrentLeader() const {
 }
 
 void SqliteLeaderLock::Resign() {
-  if (fd_ < 0) return;
-  ::flock(fd_, LOCK_UN);
-  ::close(fd_);
-  fd_ = -1;
+  const int fd = fd_.exchange(-1);
+  if (fd < 0) return;
+  ::flock(fd, LOCK_UN);
+  ::close(fd);
 }
 
 }  // namespace tf::controller

@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <atomic>
 #include <string>
 #include <thread>
 #include <utility>
@@ -132,7 +133,7 @@ class SqliteLeaderLock : public LeaderElection {
   ~SqliteLeaderLock() override { Resign(); }
 
   StatusOr<bool> TryAcquire() override;
-  bool IsLeader() const override { return fd_ >= 0; }
+  bool IsLeader() const override { return fd_.load() >= 0; }
   std::optional<Compare> Fence() const override { return std::nullopt; }
   void Resign() override;
   std::string Identity() const override { return identity_; }
@@ -143,7 +144,7 @@ class SqliteLeaderLock : public LeaderElection {
  private:
   const std::string lock_path_;
   const std::string identity_;
-  int fd_ = -1;
+  std::atomic<int> fd_{-1};  // written by the election, read by request threads (CurrentLeader)
 };
 
 }  // namespace tf::controller

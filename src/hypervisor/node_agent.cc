@@ -227,12 +227,13 @@ Status NodeAgent::HeartbeatOnce() {
     uint64_t share_ppm = 0, vram_bytes = 0;
   };
   std::map<std::string, Unpooled> unpooled;  // by GPU UUID
-  std::set<std::string> sessions_seen;       // allocations with a bound session counted as theirs
+  std::set<std::string> sessions_seen;       // "GPU/allocation": one bound session counted as the allocation's
   for (const auto& snap : SnapshotRegions(regions_->dir())) {
     for (uint32_t i = 0; i < snap->vgpu_count; ++i) {
       const limiter::VgpuInfo& v = snap->vgpus[i];
       const std::string bound = BoundAllocation(v.id);
-      const bool extra_session = !bound.empty() && v.process_count > 0 && !sessions_seen.insert(bound).second;
+      const bool extra_session =
+          !bound.empty() && v.process_count > 0 && !sessions_seen.insert(std::string(snap->gpu_uuid) + "/" + bound).second;
       // Only vGPUs with processes: one a run or session left behind (another user's, which this
       // agent does not sweep) must not keep its capacity from the pool.
       if ((std::string(v.id).rfind("a-", 0) != 0 && bound.empty() && v.process_count > 0) || extra_session) {

@@ -294,6 +294,16 @@ TEST(HttpClientErrors, ASilentServerIsReportedAsNotAnsweringNotAsTheWrongScheme)
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("no answer within 600 ms"), std::string::npos) << r.status().message();
   EXPECT_EQ(r.status().message().find("https://"), std::string::npos) << r.status().message();
+  // The client commands' replica list: a write the silent replica may have acted on is not sent
+  // again to the next one (its outcome is unknown); a read moves on.
+  tf::controller::ReplicaClient replicas(url + ",http://127.0.0.1:1", "t", 600, "", /*writes_once=*/true);
+  auto put = replicas.Put("/v1/quotas/acme", "{}");
+  ASSERT_FALSE(put.ok());
+  EXPECT_NE(put.status().message().find("no answer within 600 ms"), std::string::npos) << put.status().message();
+  auto get = replicas.Get("/v1/pools");
+  ASSERT_FALSE(get.ok());
+  EXPECT_NE(get.status().message().find("cannot connect (nothing answers at http://127.0.0.1:1"), std::string::npos)
+      << get.status().message();
   shutdown(listener, SHUT_RDWR);
   close(listener);
 }
