@@ -202,6 +202,20 @@ TEST(NodeAgent, ACloneClaimingAnEnrolledNodeIsRefusedUntilTheNodeIsRemoved) {
   EXPECT_EQ(sb.st_mode & 0777, 0600u);
 }
 
+// An http:// URL of a loopback port nothing listens on (bound, then closed: connections are
+// refused at once); "" when no port could be had.
+std::string ClosedPortUrl() {
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (probe >= 0) close(probe);
+  return ok ? "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) : "";
+}
+
 // An agent the controller refuses never heartbeats, so failed heartbeats cannot show it: its
 // metrics say it is not registered and count the refusals; one that cannot reach the controller
 // counts failures instead.
@@ -227,16 +241,9 @@ TEST(NodeAgent, ARefusedOrFailedRegistrationShowsInTheMetrics) {
   EXPECT_EQ(Metric(moved, "tf_node_registrations_total", {{"result", "ok"}}), 0);
   EXPECT_EQ(Metric(moved, "tf_node_registrations_total", {{"result", "failed"}}), 0);
 
-  // No controller to answer: a port nothing listens on (bound, then closed).
-  int probe = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(probe);
-  const std::string url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  // No controller to answer.
+  const std::string url = ClosedPortUrl();
+  ASSERT_FALSE(url.empty());
   QuotaRegions lone_regions(rig.dir + "/lone-regions");
   NodeAgent lone({url, "tok", "host-l", "", "", ""}, &source, &lone_regions, &rig.clock);
   EXPECT_FALSE(lone.Start().ok());
@@ -258,16 +265,8 @@ TEST(NodeAgent, AnAgentGivenSeveralReplicasFollowsTheLeaderAndNeverObeysAStandby
   const int standby_port = *standby_api.Bind("127.0.0.1", 0);
   standby_api.Start();
   const std::string standby_url = "http://127.0.0.1:" + std::to_string(standby_port);
-  // A port nothing listens on: bound, then closed (connections are refused at once).
-  int probe = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(probe);
-  const std::string gone_url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const std::string gone_url = ClosedPortUrl();
+  ASSERT_FALSE(gone_url.empty());
 
   FakeGpuSource source({{0, "GPU-f0", "NVIDIA L4", 23034, 0, 0, 0}});
   QuotaRegions regions(rig.dir + "/regions");
