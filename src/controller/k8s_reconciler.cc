@@ -628,6 +628,10 @@ Status KubeReconciler::ReleaseEndedPods(const std::vector<Allocation>& allocatio
   }
   const int64_t now = clock_->NowMs();
   Status first = Status::Ok();
+  std::set<std::string> held;
+  for (const Allocation& a : allocations) held.insert(a.id);
+  for (auto it = pod_asked_again_ms_.begin(); it != pod_asked_again_ms_.end();)  // released meanwhile
+    it = held.count(it->first) ? std::next(it) : pod_asked_again_ms_.erase(it);
   for (const Allocation& a : allocations) {
     if (a.request_id.compare(0, 4, "pod-") != 0) continue;
     const std::string uid = a.request_id.substr(4);
@@ -638,7 +642,10 @@ Status KubeReconciler::ReleaseEndedPods(const std::vector<Allocation>& allocatio
     } else if (now - a.created_ms >= kPodBindGraceMs && IsKubeName(a.tenant)) {
       // Missing from the watched pods, which may lag (a watch backing off after an error) or have
       // lost it to a label change: asked of the API server itself, every pod of the allocation's
-      // namespace, before anything is released.
+      // namespace, before anything is released; a pod found there is not asked about again for
+      // 15 s.
+      if (auto next = pod_asked_again_ms_.find(a.id); next != pod_asked_again_ms_.end() && now < next->second) continue;
+      pod_asked_again_ms_.erase(a.id);
       StatusOr<KubeResponse> r = api_.Call("GET", "/api/v1/namespaces/" + a.tenant + "/pods");
       if (!r.ok() || r->status != 200) continue;  // cannot tell now: the next pass asks again
       const Json list = Json::parse(r->body, nullptr, false);
@@ -649,7 +656,10 @@ Status KubeReconciler::ReleaseEndedPods(const std::vector<Allocation>& allocatio
         const std::string phase = Str(Field(pod, "status"), "phase");
         present = phase != "Succeeded" && phase != "Failed";
       }
-      if (present) continue;
+      if (present) {
+        pod_asked_again_ms_[a.id] = now + 15'000;
+        continue;
+      }
       why = "pod uid " + uid + " of namespace " + a.tenant + " is gone";
     } else {
       continue;  // just bound (its pod may not have reached the watch yet), or not a pod's namespace

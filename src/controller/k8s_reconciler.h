@@ -169,6 +169,8 @@ class KubeReconciler {
   bool stop_ = false;
   std::thread thread_;
   std::map<std::string, std::string> last_logged_;  // per object: the last message logged (worker only)
+  // Allocations of pods the watch does not show but the API server did: when to ask again (worker only).
+  std::map<std::string, int64_t> pod_asked_again_ms_;
 };
 
 }  // namespace tf::controller

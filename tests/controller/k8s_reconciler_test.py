@@ -389,7 +389,8 @@ def run(tfusion, folder):
         check(server_a['id'] in held(), 'the running pod keeps its allocation')
         check(lagging_a['id'] in held(), 'and so does a pod the watch has not shown but the API server has')
         api.delete('pods', 'team-a/lagging-0')
-        wait_for(lambda: lagging_a['id'] not in held(), 'once the API server no longer has it, its allocation goes')
+        wait_for(lambda: lagging_a['id'] not in held(), 'once the API server no longer has it, its allocation goes',
+                 timeout=40)
         api.delete('pods', 'team-a/server-0')
         wait_for(lambda: server_a['id'] not in held(), 'a deleted pod\'s allocation is released')
 
