@@ -1,11 +1,7 @@
 #include "cli/pool_allocation.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "controller/http_client.h"
+#include "transport/tcp_transport.h"
 
 namespace tf::cli {
 namespace {
@@ -173,41 +170,17 @@ StatusOr<std::string> NodeWorkerAddress(const std::string& url, const std::strin
 }
 
 Status ProbeWorkerAddress(const std::string& host_port, int timeout_ms) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos || colon == 0) return InvalidArgument("worker address '" + host_port + "' is not HOST:PORT");
-  std::string host = host_port.substr(0, colon);
-  const std::string port = host_port.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0)
-    return Unavailable("cannot resolve " + host_port + ": " + gai_strerror(e));
-  std::string why = "no address";
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    int err = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-    if (err == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      const int n = poll(&p, 1, timeout_ms);
-      socklen_t len = sizeof(err);
-      if (n == 0) err = ETIMEDOUT;
-      else if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    }
+  int fd = -1;
+  const transport::TransportStatus st = transport::DialTcp(host_port.c_str(), timeout_ms, &fd);
+  if (st.ok()) {
     close(fd);
-    if (err == 0) {
-      freeaddrinfo(found);
-      return Status::Ok();
-    }
-    why = err == ETIMEDOUT ? "no answer within " + std::to_string(timeout_ms) + " ms" : std::strerror(err);
+    return Status::Ok();
   }
-  freeaddrinfo(found);
-  return Unavailable("cannot connect to " + host_port + ": " + why);
+  if (st.code() == transport::TransportErrc::kTimeout)
+    return Unavailable("cannot connect to " + host_port + ": no answer within " + std::to_string(timeout_ms) + " ms");
+  if (st.code() == transport::TransportErrc::kPeerDead && st.sys_errno() != 0)
+    return Unavailable("cannot connect to " + host_port + ": " + std::strerror(st.sys_errno()));
+  return Unavailable(st.message());  // a bad address, a name that does not resolve
 }
 
 StatusOr<RunPlacement> ChooseRunPlacement(const PoolAllocation& a,

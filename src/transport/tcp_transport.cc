@@ -656,9 +656,8 @@ TransportStatus ListenTcp(const char* host_port, std::unique_ptr<Listener>* out)
   return st;
 }
 
-TransportStatus ConnectTcp(const char* host_port, const ClientHello& hello,
-                           const TransportOptions& options, std::unique_ptr<Transport>* out) {
-  const int64_t deadline = DeadlineAfterMs(options.connect_timeout_ms);
+TransportStatus DialTcp(const char* host_port, int timeout_ms, int* out_fd, HostPort* out_hp) {
+  const int64_t deadline = DeadlineAfterMs(timeout_ms);
   HostPort hp;
   addrinfo* res = nullptr;
   TF_TRANSPORT_RETURN_IF_ERROR(Resolve(host_port, /*passive=*/false, &hp, &res));
@@ -689,10 +688,20 @@ TransportStatus ConnectTcp(const char* host_port, const ClientHello& hello,
   }
   freeaddrinfo(res);
   if (fd < 0) return st;
+  *out_fd = fd;
+  if (out_hp != nullptr) *out_hp = hp;
+  return TransportStatus::Ok();
+}
+
+TransportStatus ConnectTcp(const char* host_port, const ClientHello& hello,
+                           const TransportOptions& options, std::unique_ptr<Transport>* out) {
+  HostPort hp;
+  int fd = -1;
+  TF_TRANSPORT_RETURN_IF_ERROR(DialTcp(host_port, options.connect_timeout_ms, &fd, &hp));
   ConfigureSocket(fd, options);
   std::unique_ptr<ByteStream> io;
   ServerHello session;
-  st = internal::OpenTcpSession(fd, hp.host, hello, options, &io, &session);
+  TransportStatus st = internal::OpenTcpSession(fd, hp.host, hello, options, &io, &session);
   if (!st.ok()) {
     io.reset();
     close(fd);

@@ -36,6 +36,12 @@ TransportStatus ParseHostPort(const char* text, HostPort* out);
 
 TransportStatus ListenTcp(const char* host_port, std::unique_ptr<Listener>* out);
 
+// Opens a TCP connection to `host_port` within timeout_ms, trying each address it resolves to:
+// *fd is the connected socket (non-blocking, close-on-exec), *hp the parsed address when given.
+// kTimeout when nothing answered in time; kPeerDead with the errno (refused, no route) otherwise.
+// ConnectTcp's first step, before its handshake.
+TransportStatus DialTcp(const char* host_port, int timeout_ms, int* fd, HostPort* hp = nullptr);
+
 // Connects, sends `hello` and waits for the server's answer, all within
 // options.connect_timeout_ms. A refusal returns kRefused with the server's reason and message.
 TransportStatus ConnectTcp(const char* host_port, const ClientHello& hello,

@@ -689,6 +689,38 @@ class PooledWorker:
         wait_soon(lambda: f"follows allocation {allocation}" in self.read_log("agent"), 5)
         return int(m.group(1)), allocation, m.group(0)
 
+    def start_rhold_tenant(self, name, gib, ready, go, extra=()):
+        """The rhold tenant (tier_tenant.py) under `tfusion run` with run_flags() and `extra`, stderr
+        in logs/NAME-tenant.log: (tenant, (session, allocation, vgpu), error). The error says why
+        when it did not get ready or no session bound to its allocation shows in `tfusion smi`."""
+        cmd = [self.r.tfusion, "run", *self.run_flags(), *extra, "--",
+               sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
+        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                  stderr=open(os.path.join(self.r.logs, name + "-tenant.log"), "w"),
+                                  text=True, env=self.r.env)
+        if not wait_soon(lambda: os.path.exists(ready) or tenant.poll() is not None, 60) or not os.path.exists(ready):
+            return tenant, None, f"the tenant did not get ready (see logs/{name}-tenant.log)"
+        bound = self.bound_session()
+        if not bound:
+            return tenant, None, "no bound session vGPU in tfusion smi: " + self.smi()[-400:]
+        return tenant, bound, None
+
+    def delete_and_finish(self, tenant, bound, go, res):
+        """Deletes the tenant's allocation, waits for the node agent to end its session, lets the
+        tenant make its next call (go + "2") and reads its JSON: fills res's delete_allocation_status,
+        session_ended_s, tenant and tenant_rc."""
+        session, allocation, vgpu = bound
+        t0 = time.monotonic()
+        res["delete_allocation_status"] = self.api("DELETE", "/v1/allocations/" + allocation)[0]
+        ended = wait_soon(lambda: not alive(session) and vgpu not in self.smi(), 20)
+        res["session_ended_s"] = round(time.monotonic() - t0, 2) if ended else None
+        res["session_vram_mib_after_delete"] = session_vram_mib(session)
+        open(go + "2", "w").close()
+        out, _ = tenant.communicate(timeout=30)
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        res["tenant"] = json.loads(lines[-1]) if lines else None
+        res["tenant_rc"] = tenant.returncode
+
     def run_flags(self):
         """`tfusion run` flags for a low-QoS allocation of this pool (8 GiB, 50%), bound remotely."""
         return ["--controller", self.url, "--token", self.token, "--nvml", "/nonexistent/libnvidia-ml.so.1",
@@ -773,23 +805,16 @@ def phase_rplain(r, gib=1):
     res = {"gib": gib}
     tenant = None
     pool = PooledWorker(r, "rplain", work, oversell=False)
-    wait, smi = wait_soon, pool.smi
+    wait = wait_soon
     try:
         if pool.error:
             res["error"] = pool.error
             return
         api = pool.api
-        cmd = [r.tfusion, "run", *pool.run_flags(), "--",
-               sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
-        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, "rplain-tenant.log"), "w"),
-                                  text=True, env=r.env)
-        if not wait(lambda: os.path.exists(ready) or tenant.poll() is not None, 60) or not os.path.exists(ready):
-            res["error"] = "the tenant did not get ready (see logs/rplain-tenant.log)"
+        tenant, bound, res["error"] = pool.start_rhold_tenant("rplain", gib, ready, go)
+        if res["error"]:
             return
-        bound = pool.bound_session()
-        if not bound:
-            res["error"] = "no bound session vGPU in tfusion smi: " + smi()[-400:]
-            return
+        del res["error"]
         session, allocation, vgpu = bound
         res["vgpu"] = vgpu
         res["pool_tiering"] = api("GET", "/v1/pools/default")[1].get("vram_expand_to_host_percent")
@@ -803,15 +828,7 @@ def phase_rplain(r, gib=1):
         open(go, "w").close()
         res["call_done"] = wait(lambda: os.path.exists(ready + ".checked") or tenant.poll() is not None, 30) and \
             os.path.exists(ready + ".checked")
-        t2 = time.monotonic()
-        res["delete_allocation_status"] = api("DELETE", "/v1/allocations/" + allocation)[0]
-        ended = wait(lambda: not alive(session) and vgpu not in smi(), 20)
-        res["session_ended_s"] = round(time.monotonic() - t2, 2) if ended else None
-        open(go + "2", "w").close()
-        out, _ = tenant.communicate(timeout=30)
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        res["tenant"] = json.loads(lines[-1]) if lines else None
-        res["tenant_rc"] = tenant.returncode
+        pool.delete_and_finish(tenant, bound, go, res)
         t = res["tenant"] or {}
         res["ok"] = (res["pool_tiering"] == 0 and bool(t.get("intact")) and res["call_done"]
                      and bool(res["allocation_processes"])
@@ -843,17 +860,10 @@ def phase_rhold(r, gib=1):
             res["error"] = pool.error
             return
         api, read_log = pool.api, pool.read_log
-        cmd = [r.tfusion, "run", *pool.run_flags(), "--idle-swap", "0", "--",
-               sys.executable, TENANT, "rhold", "--gib", str(gib), "--ready", ready, "--go", go]
-        tenant = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(os.path.join(r.logs, "rhold-tenant.log"), "w"),
-                                  text=True, env=r.env)
-        if not wait(lambda: os.path.exists(ready) or tenant.poll() is not None, 60) or not os.path.exists(ready):
-            res["error"] = "the tenant did not get ready (see logs/rhold-tenant.log)"
+        tenant, bound, res["error"] = pool.start_rhold_tenant("rhold", gib, ready, go, ["--idle-swap", "0"])
+        if res["error"]:
             return
-        bound = pool.bound_session()
-        if not bound:
-            res["error"] = "no bound session vGPU in tfusion smi"
-            return
+        del res["error"]
         session, allocation, vgpu = bound
         res["vgpu"] = vgpu
         res["session_vram_mib_before"] = session_vram_mib(session)
@@ -879,16 +889,7 @@ def phase_rhold(r, gib=1):
         res["session_vram_mib_resumed"] = session_vram_mib(session)
 
         # The tenant's own allocation taken back: the agent ends the session.
-        t2 = time.monotonic()
-        res["delete_allocation_status"] = api("DELETE", "/v1/allocations/" + allocation)[0]
-        ended = wait(lambda: not alive(session) and vgpu not in smi(), 20)
-        res["session_ended_s"] = round(time.monotonic() - t2, 2) if ended else None
-        res["session_vram_mib_after_delete"] = session_vram_mib(session)
-        open(go + "2", "w").close()
-        out, _ = tenant.communicate(timeout=30)
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        res["tenant"] = json.loads(lines[-1]) if lines else None
-        res["tenant_rc"] = tenant.returncode
+        pool.delete_and_finish(tenant, bound, go, res)
         t = res["tenant"] or {}
         before, held = res["session_vram_mib_before"], res["session_vram_mib_suspended"]
         res["ok"] = (bool(t.get("intact")) and res["call_still_waiting_after_3s"] and t.get("check_ms", 0) >= 3000
